@@ -1,0 +1,276 @@
+//! The conformance suite: every distlock backend configuration runs the same cases against a
+//! real server.
+//!
+//! A backend provides a [`Harness`] (how to make independent clients, which ttl to test with,
+//! and fault hooks: remove a lock behind its holder's back, cut a client's connection, stop and
+//! start the server), and instantiates the whole suite with one line:
+//!
+//! ```text
+//! conformance_tests::conformance_suite!(redis, conformance_tests::redis::harness);
+//! ```
+//!
+//! which creates one named test per case (`redis::exclusive_under_contention`, ...). Cases a
+//! backend cannot run (a fault hook it lacks, a capability it does not declare) pass with one
+//! `SKIP` line on stderr that says why. A harness whose server variable is unset skips the
+//! whole suite loudly, unless `DISTLOCK_TEST_REQUIRE` names the backend (or is `all`): then the
+//! tests fail. Every case uses names under a random prefix, so runs never see each other's
+//! locks.
+
+use std::future::Future;
+use std::io::Write as _;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{AcquireOptions, DistributedLock, Error};
+
+pub mod cases;
+pub mod memory;
+
+/// A fresh client made by a [`Harness`], with the tag the harness uses to find its connection.
+#[derive(Clone, Debug)]
+pub struct TestClient {
+    /// The client.
+    pub lock: Arc<dyn DistributedLock>,
+    /// Harness-specific identity (e.g. a Redis client name), for [`Harness::cut_connection`].
+    pub tag: String,
+}
+
+impl std::ops::Deref for TestClient {
+    type Target = dyn DistributedLock;
+    fn deref(&self) -> &Self::Target {
+        &*self.lock
+    }
+}
+
+/// Why a fault hook could not run.
+#[derive(Debug)]
+pub enum HookError {
+    /// The backend configuration has no such fault: the case is skipped with this reason.
+    Unsupported(String),
+    /// The hook failed: the case fails.
+    Failed(String),
+}
+
+/// Result of a fault hook.
+pub type HookResult = Result<(), HookError>;
+
+fn unsupported(what: &str) -> HookResult {
+    Err(HookError::Unsupported(format!(
+        "the harness has no `{what}` fault hook"
+    )))
+}
+
+/// One backend configuration under test.
+#[async_trait]
+pub trait Harness: Send + Sync + 'static {
+    /// A fresh client with its own connections, configured with
+    /// [`operation_timeout`](Harness::operation_timeout).
+    async fn client(&self) -> Result<TestClient, Error>;
+
+    /// The base ttl of the cases: short, but several server round trips long.
+    fn ttl(&self) -> Duration;
+
+    /// Allowance for timing checks (server expiry granularity, scheduling on a loaded machine).
+    fn slack(&self) -> Duration {
+        Duration::from_millis(500)
+    }
+
+    /// The per-operation timeout the harness's clients are configured with.
+    fn operation_timeout(&self) -> Duration;
+
+    /// How many names the "many locks" case holds at once.
+    fn many_locks(&self) -> usize {
+        1000
+    }
+
+    /// Removes the lock `name` behind its holder's back (an operator deleting the key).
+    async fn remove_lock(&self, name: &str) -> HookResult {
+        let _ = name;
+        unsupported("remove_lock")
+    }
+
+    /// Cuts the connection(s) of `client` on the server side.
+    async fn cut_connection(&self, client: &TestClient) -> HookResult {
+        let _ = client;
+        unsupported("cut_connection")
+    }
+
+    /// Stops the server (or makes it unreachable).
+    async fn stop_server(&self) -> HookResult {
+        unsupported("stop_server")
+    }
+
+    /// Starts the server again (data kept), and returns once it serves.
+    async fn start_server(&self) -> HookResult {
+        unsupported("start_server")
+    }
+}
+
+/// What a case concluded.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every check held.
+    Passed,
+    /// The case does not apply to this configuration, for the given reason.
+    Skipped(String),
+}
+
+/// What a case gets: the harness and a unique name prefix.
+#[derive(Clone)]
+pub struct Ctx {
+    harness: Arc<dyn Harness>,
+    prefix: String,
+}
+
+impl std::fmt::Debug for Ctx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ctx")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ctx {
+    /// The harness.
+    pub fn harness(&self) -> &dyn Harness {
+        &*self.harness
+    }
+
+    /// A lock name unique to this run and case.
+    pub fn name(&self, suffix: &str) -> String {
+        format!("{}{suffix}", self.prefix)
+    }
+
+    /// The run-and-case prefix of every name this case uses.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// A new client; panics with the backend's error if it cannot connect.
+    pub async fn client(&self) -> TestClient {
+        match self.harness.client().await {
+            Ok(client) => client,
+            Err(err) => panic!("cannot create a client: {err}"),
+        }
+    }
+
+    /// Options with the harness's ttl and default renewal.
+    pub fn opts(&self) -> AcquireOptions {
+        AcquireOptions::default().with_ttl(self.harness.ttl())
+    }
+
+    /// The harness's base ttl.
+    pub fn ttl(&self) -> Duration {
+        self.harness.ttl()
+    }
+
+    /// The harness's timing slack.
+    pub fn slack(&self) -> Duration {
+        self.harness.slack()
+    }
+}
+
+/// A boxed case future.
+pub type CaseFuture = Pin<Box<dyn Future<Output = Outcome> + Send>>;
+
+/// Writes straight to the process's stderr, past the test harness's output capture, so that
+/// skip lines are always visible.
+pub fn loud(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// Runs one case for one configuration; used by [`conformance_suite!`].
+pub async fn run_case<M, MF>(config: &str, case: &str, make: M, body: fn(Ctx) -> CaseFuture)
+where
+    M: FnOnce() -> MF,
+    MF: Future<Output = Option<Arc<dyn Harness>>>,
+{
+    let Some(harness) = make().await else {
+        loud(&format!(
+            "SKIP {config}::{case}: the {config} test server is not configured"
+        ));
+        return;
+    };
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let prefix = format!("ct-{}/{case}/", &run[..8]);
+    match body(Ctx { harness, prefix }).await {
+        Outcome::Passed => {}
+        Outcome::Skipped(reason) => loud(&format!("SKIP {config}::{case}: {reason}")),
+    }
+}
+
+/// Reads a server variable for `backend`, or decides to skip: `None` with a loud line when it
+/// is unset, unless `DISTLOCK_TEST_REQUIRE` (`all` or a comma list) names the backend, which
+/// makes a missing variable a failure.
+///
+/// # Panics
+/// When the backend is required and the variable is unset.
+pub fn server_var(backend: &str, var: &str) -> Option<String> {
+    if let Ok(value) = std::env::var(var)
+        && !value.trim().is_empty()
+    {
+        return Some(value);
+    }
+    let required = std::env::var("DISTLOCK_TEST_REQUIRE").unwrap_or_default();
+    let required = required
+        .split(',')
+        .map(str::trim)
+        .any(|r| r == "all" || r == backend);
+    assert!(
+        !required,
+        "{var} is not set but DISTLOCK_TEST_REQUIRE requires the {backend} backend; run `eval \"$(scripts/services.sh start)\"` first"
+    );
+    loud(&format!(
+        "SKIP {backend}: {var} is not set (start the servers with scripts/services.sh start)"
+    ));
+    None
+}
+
+/// Instantiates every conformance case for one backend configuration: a module `$config` with
+/// one `#[tokio::test]` per case. `$make` is an `async fn() -> Option<Arc<dyn Harness>>`.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($config:ident, $make:expr) => {
+        mod $config {
+            $crate::conformance_suite!(@cases $config, $make;
+                exclusive_under_contention,
+                try_acquire_on_held_lock_returns_none,
+                acquire_times_out_at_deadline,
+                release_frees_lock_at_once,
+                release_wakes_blocked_waiter,
+                crashed_holder_frees_after_ttl,
+                dropped_guard_frees_lock_promptly,
+                renewal_keeps_lock_beyond_ttl,
+                stale_holder_cannot_release_or_renew,
+                fencing_tokens_strictly_increase,
+                removed_lock_is_reported_lost,
+                valid_until_is_conservative,
+                hold_limit_stops_renewal,
+                distinct_names_are_independent,
+                invalid_input_is_rejected,
+                cancelled_acquires_leave_nothing_behind,
+                reentrancy_by_explicit_owner,
+                fifo_fairness,
+                many_locks_stay_held,
+                cut_connection_is_survived_or_reported,
+                server_unavailable_then_recovers,
+            );
+        }
+    };
+    (@cases $config:ident, $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                $crate::run_case(
+                    stringify!($config),
+                    stringify!($case),
+                    $make,
+                    |ctx| ::std::boxed::Box::pin($crate::cases::$case(ctx)),
+                )
+                .await;
+            }
+        )*
+    };
+}

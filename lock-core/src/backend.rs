@@ -1,0 +1,183 @@
+//! The backend-facing interface: the few protocol primitives a backend implements.
+//!
+//! See the crate documentation, section "Writing a backend".
+
+use std::fmt::Debug;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+
+use crate::{Capabilities, FencingToken, LockName, LossReason, Result};
+
+/// A lock server protocol. Everything else (validation, waiting, renewal scheduling, loss
+/// detection, guards, reentrancy, tracing) is done once by [`LockClient`](crate::LockClient).
+#[async_trait]
+pub trait LockBackend: Send + Sync + Debug + 'static {
+    /// A short name for logs and reports, e.g. `"redis"`.
+    fn name(&self) -> &'static str;
+
+    /// What this backend guarantees; checked against [`AcquireOptions`](crate::AcquireOptions).
+    fn capabilities(&self) -> Capabilities;
+
+    /// Starts one acquisition. Must not do I/O: the first [`Attempt::poll`] does.
+    fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt>;
+
+    /// Reads who holds `name`, for diagnostics. The default says the backend cannot tell.
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let _ = name;
+        Err(crate::Error::Unsupported(format!(
+            "{} cannot inspect locks",
+            self.name()
+        )))
+    }
+}
+
+/// What an acquisition asks for.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct AcquireRequest {
+    /// The lock.
+    pub name: LockName,
+    /// A value unique to this acquisition (a UUID, prefixed with the explicit owner id if one
+    /// was given). Store it on the server; renew and release must check it.
+    pub owner: String,
+    /// The lease length.
+    pub ttl: Duration,
+    /// Whether the caller waits ([`AttemptMode::Wait`]) or tries once.
+    pub mode: AttemptMode,
+}
+
+/// Whether an attempt may queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttemptMode {
+    /// `try_acquire`: take the lock only if it is free (and, for fair backends, nobody waits);
+    /// never leave a queue entry behind.
+    Try,
+    /// `acquire`: the attempt may join a queue; [`Attempt::abandon`] leaves it.
+    Wait,
+}
+
+/// One acquisition in progress. Created by [`LockBackend::begin`], driven by the core.
+///
+/// Cancel safety: the core may drop a [`poll`](Attempt::poll) or [`changed`](Attempt::changed)
+/// future at any await point (operation timeout, wait deadline, the caller dropping `acquire`).
+/// The attempt must stay usable for the next call and for [`abandon`](Attempt::abandon), which
+/// the core always calls (from a spawned task if the caller was cancelled) when the attempt ends
+/// without a guard.
+#[async_trait]
+pub trait Attempt: Send + 'static {
+    /// Tries to take the lock (or checks the attempt's place in the queue).
+    async fn poll(&mut self) -> Result<Step>;
+
+    /// Resolves when calling [`poll`](Attempt::poll) again is worthwhile (a release was
+    /// published, the predecessor disappeared). Must not miss a change that happened after the
+    /// last `poll` started. The default never resolves: the core then polls with backoff.
+    async fn changed(&mut self) {
+        std::future::pending::<()>().await;
+    }
+
+    /// Removes every trace of this attempt from the server: a queue entry, or a lock taken by a
+    /// `poll` whose reply never arrived (owner-checked, by [`AcquireRequest::owner`]).
+    async fn abandon(self: Box<Self>) -> Result<()>;
+}
+
+/// The result of one [`Attempt::poll`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Step {
+    /// The lock is ours.
+    Acquired(Acquired),
+    /// Somebody else holds it (or is ahead in the queue).
+    Busy {
+        /// When polling again makes sense even without a wake-up, typically the holder's
+        /// remaining lease.
+        retry_after: Option<Duration>,
+    },
+}
+
+impl Step {
+    /// Shorthand for a busy lock with a known remaining lease.
+    pub fn busy(retry_after: Option<Duration>) -> Self {
+        Self::Busy { retry_after }
+    }
+}
+
+/// A lock just taken.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Acquired {
+    /// The handle to renew and release it.
+    pub lease: Box<dyn Lease>,
+    /// Its fencing token.
+    pub token: FencingToken,
+    /// If the server's lease clock started before the request that returned this (e.g. a lease
+    /// granted when the attempt joined a queue), the monotonic instant before that request was
+    /// sent. The core takes the earlier of this and the start of the successful `poll`.
+    pub lease_started: Option<Instant>,
+}
+
+impl Acquired {
+    /// A lock whose lease started with the poll that returned it.
+    pub fn new(lease: Box<dyn Lease>, token: FencingToken) -> Self {
+        Self {
+            lease,
+            token,
+            lease_started: None,
+        }
+    }
+
+    /// Sets an earlier lease start.
+    #[must_use]
+    pub fn with_lease_started(mut self, started: Instant) -> Self {
+        self.lease_started = Some(started);
+        self
+    }
+}
+
+/// The server-side handle of a held lock.
+#[async_trait]
+pub trait Lease: Send + Sync + Debug + 'static {
+    /// Extends the lease to `ttl` from now, only if this owner still holds it.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`](crate::Error::NotHeld) when the server says the owner no longer holds
+    /// the lock; [`Error::Unavailable`](crate::Error::Unavailable) when the server cannot be
+    /// reached (the core retries until the local deadline).
+    async fn renew(&self, ttl: Duration) -> Result<()>;
+
+    /// Releases the lock, only if this owner still holds it, and wakes waiters.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`](crate::Error::NotHeld) when the owner no longer held it.
+    async fn release(&self) -> Result<()>;
+
+    /// A future that resolves when the backend itself learns the lock is gone (session expiry,
+    /// a watch on the key). `None` (the default): loss is detected by renewal only.
+    fn loss_signal(&self) -> Option<BoxFuture<'static, LossReason>> {
+        None
+    }
+}
+
+/// What [`LockBackend::inspect`] can tell about a lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The holder's owner value.
+    pub owner: String,
+    /// The holder's fencing token, if the backend can tell.
+    pub token: Option<FencingToken>,
+    /// The remaining lease, if the backend can tell.
+    pub remaining: Option<Duration>,
+}
+
+impl LockInfo {
+    /// Describes a held lock.
+    pub fn new(owner: String, token: Option<FencingToken>, remaining: Option<Duration>) -> Self {
+        Self {
+            owner,
+            token,
+            remaining,
+        }
+    }
+}

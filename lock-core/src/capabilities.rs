@@ -1,0 +1,88 @@
+//! What a backend can do, so that callers (and the conformance suite) can tell.
+
+use std::time::Duration;
+
+use crate::FencingGuarantee;
+
+/// The properties of a backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// How far the fencing tokens can be trusted.
+    pub fencing: FencingGuarantee,
+    /// Whether waiters get the lock in arrival order.
+    pub fifo: bool,
+    /// How a waiter learns that the lock may be free.
+    pub wake_up: WakeUp,
+    /// Shortest ttl the backend accepts.
+    pub min_ttl: Duration,
+    /// Longest ttl the backend accepts.
+    pub max_ttl: Duration,
+    /// How a holder learns it lost the lock.
+    pub loss_detection: LossDetection,
+}
+
+impl Capabilities {
+    /// Capabilities with the given fencing guarantee; not FIFO, polling, ttl 1 ms ..= 1 day,
+    /// loss detected by renewal.
+    pub fn new(fencing: FencingGuarantee) -> Self {
+        Self {
+            fencing,
+            fifo: false,
+            wake_up: WakeUp::Polling,
+            min_ttl: Duration::from_millis(1),
+            max_ttl: Duration::from_secs(24 * 3600),
+            loss_detection: LossDetection::Renewal,
+        }
+    }
+
+    /// Declares FIFO fairness.
+    #[must_use]
+    pub fn with_fifo(mut self, fifo: bool) -> Self {
+        self.fifo = fifo;
+        self
+    }
+
+    /// Declares the wake-up mechanism.
+    #[must_use]
+    pub fn with_wake_up(mut self, wake_up: WakeUp) -> Self {
+        self.wake_up = wake_up;
+        self
+    }
+
+    /// Declares the accepted ttl range.
+    #[must_use]
+    pub fn with_ttl_range(mut self, min: Duration, max: Duration) -> Self {
+        self.min_ttl = min;
+        self.max_ttl = max;
+        self
+    }
+
+    /// Declares how loss is detected.
+    #[must_use]
+    pub fn with_loss_detection(mut self, loss_detection: LossDetection) -> Self {
+        self.loss_detection = loss_detection;
+        self
+    }
+}
+
+/// How a waiting client learns that it may now get the lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WakeUp {
+    /// The server notifies waiters (pub/sub, watch, LISTEN/NOTIFY, in-process signal).
+    Event,
+    /// Waiters re-try with jittered backoff, bounded by the holder's remaining lease.
+    Polling,
+}
+
+/// How a holder learns that it may have lost the lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LossDetection {
+    /// An owner-checked renewal is refused, or the local deadline passes without one.
+    Renewal,
+    /// As `Renewal`, plus the server's session or lease state (ZooKeeper session, etcd
+    /// keepalive) is watched and reported as soon as it ends.
+    Session,
+}

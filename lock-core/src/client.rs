@@ -1,0 +1,430 @@
+//! The generic client: the one implementation of [`DistributedLock`] over any [`LockBackend`].
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use rand::Rng;
+use tracing::{Instrument, debug};
+
+use crate::backend::{AcquireRequest, Attempt, AttemptMode, LockBackend, Step};
+use crate::guard::{Held, LockGuard, NewGuard};
+use crate::{
+    AcquireOptions, Backoff, Capabilities, ClientConfig, DistributedLock, Error, LockInfo,
+    LockName, OwnerId, Result, WakeUp,
+};
+
+/// A lock client over one backend. Cheap to clone (clones share connections and the
+/// reentrancy table).
+///
+/// ```
+/// # async fn demo() -> Result<(), lock_core::Error> {
+/// use std::sync::Arc;
+/// use lock_core::{DistributedLock, LockClient, memory::{MemoryBackend, MemoryStore}};
+///
+/// let client = LockClient::new(MemoryBackend::new(MemoryStore::new()));
+/// let shared: Arc<dyn DistributedLock> = Arc::new(client);
+/// assert_eq!(shared.backend(), "memory");
+/// # Ok(()) }
+/// ```
+pub struct LockClient<B> {
+    inner: Arc<Inner<B>>,
+}
+
+struct Inner<B> {
+    backend: B,
+    config: ClientConfig,
+    caps: Capabilities,
+    registry: Arc<Registry>,
+}
+
+impl<B> Clone for LockClient<B> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<B: LockBackend> fmt::Debug for LockClient<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockClient")
+            .field("backend", &self.inner.backend)
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: LockBackend> LockClient<B> {
+    /// A client with the default [`ClientConfig`].
+    pub fn new(backend: B) -> Self {
+        Self::build(backend, ClientConfig::default())
+    }
+
+    /// A client with the given configuration.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] if the configuration is inconsistent.
+    pub fn with_config(backend: B, config: ClientConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(Self::build(backend, config))
+    }
+
+    fn build(backend: B, config: ClientConfig) -> Self {
+        let caps = backend.capabilities();
+        Self {
+            inner: Arc::new(Inner {
+                backend,
+                config,
+                caps,
+                registry: Arc::default(),
+            }),
+        }
+    }
+
+    /// The backend.
+    pub fn backend_ref(&self) -> &B {
+        &self.inner.backend
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
+    /// This client as a shared trait object.
+    pub fn into_dyn(self) -> Arc<dyn DistributedLock> {
+        Arc::new(self)
+    }
+
+    async fn acquire_with(
+        &self,
+        name: &str,
+        options: &AcquireOptions,
+        mode: AttemptMode,
+    ) -> Result<Option<LockGuard>> {
+        let name = LockName::new(name)?;
+        options.validate(&self.inner.caps)?;
+        let Some(owner) = options.owner.clone() else {
+            return self.acquire_fresh(name, options, mode, None).await;
+        };
+        // Reentrant path: one acquisition at a time per (name, owner), so that a second
+        // acquire by the same owner joins the first lease instead of queueing behind it.
+        let key = RegistryKey {
+            name: name.clone(),
+            owner,
+        };
+        let slot = self.inner.registry.slot(&key);
+        let mut current = slot.lock().await;
+        if let Some(guard) = current.upgrade().and_then(|held| LockGuard::reenter(&held)) {
+            debug!(name = %name, "reentrant acquisition");
+            return Ok(Some(guard));
+        }
+        let reentry = Some((Arc::downgrade(&self.inner.registry), key.clone()));
+        let acquired = self.acquire_fresh(name, options, mode, reentry).await;
+        if let Ok(Some(guard)) = &acquired {
+            *current = Arc::downgrade(guard.held());
+        }
+        drop(current);
+        drop(slot);
+        self.inner.registry.tidy(&key);
+        acquired
+    }
+
+    async fn acquire_fresh(
+        &self,
+        name: LockName,
+        options: &AcquireOptions,
+        mode: AttemptMode,
+        reentry: Option<(Weak<Registry>, RegistryKey)>,
+    ) -> Result<Option<LockGuard>> {
+        let started = Instant::now();
+        let deadline = match mode {
+            AttemptMode::Try => None,
+            AttemptMode::Wait => options.wait.map(|w| started + w),
+        };
+        let owner = match &options.owner {
+            Some(id) => format!("{}:{}", id.as_str(), uuid::Uuid::new_v4().simple()),
+            None => uuid::Uuid::new_v4().simple().to_string(),
+        };
+        let request = AcquireRequest {
+            name: name.clone(),
+            owner: owner.clone(),
+            ttl: options.ttl,
+            mode,
+        };
+        let op_timeout = self.inner.config.operation_timeout;
+        let mut attempt = AttemptCleanup::new(self.inner.backend.begin(request), op_timeout);
+        let mut backoff = BackoffState::new(&options.backoff);
+        let mut last_error: Option<Error>;
+        loop {
+            let sent = Instant::now();
+            let step = match tokio::time::timeout(op_timeout, attempt.get().poll()).await {
+                Ok(step) => step,
+                Err(_) => Err(Error::Unavailable {
+                    message: format!("acquire attempt got no answer within {op_timeout:?}"),
+                    source: None,
+                }),
+            };
+            let delay = match step {
+                Ok(Step::Acquired(acquired)) => {
+                    attempt.disarm();
+                    let lease_started = acquired.lease_started.map_or(sent, |s| s.min(sent));
+                    return Ok(Some(LockGuard::start(NewGuard {
+                        name,
+                        owner,
+                        token: acquired.token,
+                        backend: self.inner.backend.name(),
+                        lease: acquired.lease,
+                        ttl: options.ttl,
+                        config: self.inner.config.clone(),
+                        lease_started,
+                        renewal_interval: options.renewal_interval(),
+                        max_hold: options.renewal.max_hold,
+                        reentry,
+                    })));
+                }
+                Ok(Step::Busy { retry_after }) => {
+                    last_error = None;
+                    self.busy_delay(&mut backoff, retry_after)
+                }
+                Err(err) if err.is_retryable() && mode == AttemptMode::Wait => {
+                    debug!(%err, "acquire attempt failed, retrying");
+                    let delay = backoff.next();
+                    last_error = Some(err);
+                    delay
+                }
+                Err(err) => {
+                    attempt.abandon().await;
+                    return Err(err);
+                }
+            };
+            if mode == AttemptMode::Try {
+                attempt.abandon().await;
+                return Ok(None);
+            }
+            let now = Instant::now();
+            let sleep = match deadline {
+                Some(deadline) if now >= deadline => {
+                    attempt.abandon().await;
+                    return Err(last_error.unwrap_or_else(|| Error::Timeout {
+                        name: name.to_string(),
+                        waited: started.elapsed(),
+                    }));
+                }
+                Some(deadline) => delay.min(deadline - now),
+                None => delay,
+            };
+            tokio::select! {
+                () = attempt.get().changed() => backoff.reset(),
+                () = tokio::time::sleep(sleep) => {}
+            }
+        }
+    }
+
+    /// How long to wait after a busy answer before polling again (a wake-up may come sooner).
+    fn busy_delay(&self, backoff: &mut BackoffState, retry_after: Option<Duration>) -> Duration {
+        // Just after the holder's lease runs out, plus a little jitter to spread the herd.
+        let after_expiry =
+            retry_after.map(|d| d + Duration::from_micros(rand::rng().random_range(500..2_000)));
+        match self.inner.caps.wake_up {
+            // Events wake us; the backoff maximum is only a safety net against a lost event.
+            WakeUp::Event => after_expiry.map_or(backoff.max(), |d| d.min(backoff.max())),
+            _ => {
+                let next = backoff.next();
+                after_expiry.map_or(next, |d| d.min(next))
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl<B: LockBackend> DistributedLock for LockClient<B> {
+    fn backend(&self) -> &'static str {
+        self.inner.backend.name()
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    async fn try_acquire(&self, name: &str, options: &AcquireOptions) -> Result<Option<LockGuard>> {
+        let span = tracing::debug_span!("distlock.try_acquire", backend = self.backend(), name);
+        self.acquire_with(name, options, AttemptMode::Try)
+            .instrument(span)
+            .await
+    }
+
+    async fn acquire(&self, name: &str, options: &AcquireOptions) -> Result<LockGuard> {
+        let span = tracing::debug_span!("distlock.acquire", backend = self.backend(), name);
+        let acquired = self
+            .acquire_with(name, options, AttemptMode::Wait)
+            .instrument(span)
+            .await?;
+        acquired.ok_or_else(|| Error::Backend {
+            message: "backend returned no lock in wait mode".into(),
+            source: None,
+        })
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        let name = LockName::new(name)?;
+        let timeout = self.inner.config.operation_timeout;
+        tokio::time::timeout(timeout, self.inner.backend.inspect(&name))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::Unavailable {
+                    message: format!("inspect got no answer within {timeout:?}"),
+                    source: None,
+                })
+            })
+    }
+}
+
+/// Makes sure an attempt that ends without a guard is abandoned, also when the caller's
+/// future is dropped mid-way (then from a spawned task).
+struct AttemptCleanup {
+    attempt: Option<Box<dyn Attempt>>,
+    timeout: Duration,
+}
+
+impl AttemptCleanup {
+    fn new(attempt: Box<dyn Attempt>, timeout: Duration) -> Self {
+        Self {
+            attempt: Some(attempt),
+            timeout,
+        }
+    }
+
+    fn get(&mut self) -> &mut dyn Attempt {
+        self.attempt
+            .as_deref_mut()
+            .expect("attempt is present until disarmed or abandoned")
+    }
+
+    fn disarm(&mut self) {
+        self.attempt = None;
+    }
+
+    async fn abandon(&mut self) {
+        if let Some(attempt) = self.attempt.take() {
+            abandon_quietly(attempt, self.timeout).await;
+        }
+    }
+}
+
+async fn abandon_quietly(attempt: Box<dyn Attempt>, timeout: Duration) {
+    match tokio::time::timeout(timeout, attempt.abandon()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => {
+            debug!(%err, "abandoning an attempt failed; its traces expire with the ttl")
+        }
+        Err(_) => debug!("abandoning an attempt timed out; its traces expire with the ttl"),
+    }
+}
+
+impl Drop for AttemptCleanup {
+    fn drop(&mut self) {
+        if let Some(attempt) = self.attempt.take()
+            && let Ok(handle) = tokio::runtime::Handle::try_current()
+        {
+            handle.spawn(abandon_quietly(attempt, self.timeout));
+        }
+    }
+}
+
+/// Jittered exponential backoff state.
+struct BackoffState {
+    min: Duration,
+    max: Duration,
+    factor: f64,
+    current: Duration,
+}
+
+impl BackoffState {
+    fn new(cfg: &Backoff) -> Self {
+        Self {
+            min: cfg.min,
+            max: cfg.max,
+            factor: cfg.factor,
+            current: cfg.min,
+        }
+    }
+
+    fn next(&mut self) -> Duration {
+        let low = self.min.as_nanos() as u64;
+        let high = (self.current.as_nanos() as u64).max(low);
+        let delay = Duration::from_nanos(rand::rng().random_range(low..=high));
+        self.current = self.current.mul_f64(self.factor).min(self.max);
+        delay
+    }
+
+    fn max(&self) -> Duration {
+        self.max
+    }
+
+    fn reset(&mut self) {
+        self.current = self.min;
+    }
+}
+
+/// Identifies a reentrant holder.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct RegistryKey {
+    name: LockName,
+    owner: OwnerId,
+}
+
+type Slot = Arc<tokio::sync::Mutex<Weak<Held>>>;
+
+/// The leases held by explicit owners through one client.
+#[derive(Default)]
+pub(crate) struct Registry {
+    slots: Mutex<HashMap<RegistryKey, Slot>>,
+}
+
+impl Registry {
+    fn slot(&self, key: &RegistryKey) -> Slot {
+        let mut slots = self
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        slots.entry(key.clone()).or_default().clone()
+    }
+
+    /// Removes the entry for `key` if nobody uses it.
+    fn tidy(&self, key: &RegistryKey) {
+        let mut slots = self
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(slot) = slots.get(key) {
+            let unused = Arc::strong_count(slot) == 1
+                && slot
+                    .try_lock()
+                    .is_ok_and(|held| held.upgrade().is_none_or(|h| h.is_lost()));
+            if unused {
+                slots.remove(key);
+            }
+        }
+    }
+
+    /// Called when `held` is released: its entry no longer offers reentry.
+    pub(crate) fn forget(&self, key: &RegistryKey, held: &Arc<Held>) {
+        let mut slots = self
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let stale = slots.get(key).is_some_and(|slot| {
+            Arc::strong_count(slot) == 1
+                && slot
+                    .try_lock()
+                    .is_ok_and(|current| current.upgrade().is_none_or(|h| Arc::ptr_eq(&h, held)))
+        });
+        if stale {
+            slots.remove(key);
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! The error type shared by every backend, and the reasons a held lock can be lost.
+
+use std::fmt;
+use std::time::Duration;
+
+/// A boxed error from a backend's client library, kept as the `source` of an [`Error`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Errors of every lock operation, whatever the backend.
+///
+/// Variants are backend-neutral; the backend's own error is kept as the `source`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lock name is not acceptable (empty, too long, contains NUL).
+    #[error("invalid lock name {name:?}: {reason}")]
+    InvalidName {
+        /// The rejected name (truncated).
+        name: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// The options are inconsistent or outside the backend's limits.
+    #[error("invalid options: {0}")]
+    InvalidOptions(String),
+    /// A URL, endpoint list or backend configuration is malformed.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// `acquire` did not get the lock before its wait deadline.
+    #[error("timed out after {waited:?} waiting for lock {name:?}")]
+    Timeout {
+        /// The lock name.
+        name: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+    /// The lock was held by this guard but has been lost.
+    #[error("lock {name:?} was lost: {reason}")]
+    Lost {
+        /// The lock name.
+        name: String,
+        /// Why it was lost.
+        reason: LossReason,
+    },
+    /// The server says this owner does not hold the lock (it expired, or somebody else holds it).
+    #[error("lock {name:?} is not held by this owner")]
+    NotHeld {
+        /// The lock name.
+        name: String,
+    },
+    /// A quorum-based backend (Redlock) could not get a majority.
+    #[error("quorum not reached for lock {name:?}: {reached} of {needed} needed ({})", NodeOutcome::list(.nodes))]
+    QuorumNotReached {
+        /// The lock name.
+        name: String,
+        /// Nodes that agreed.
+        reached: usize,
+        /// Nodes needed (a majority).
+        needed: usize,
+        /// What each node answered.
+        nodes: Vec<NodeOutcome>,
+    },
+    /// The server could not be reached, or did not answer within the operation timeout.
+    #[error("backend unavailable: {message}")]
+    Unavailable {
+        /// What failed, in plain words.
+        message: String,
+        /// The client library's error, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// The server answered with something the lock protocol cannot work with (a key of the wrong
+    /// type, a table of the wrong shape, a read-only replica, a script error).
+    #[error("backend error: {message}")]
+    Backend {
+        /// What went wrong, in plain words.
+        message: String,
+        /// The client library's error, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// The backend, or the cargo feature that would provide it, does not support this operation.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+}
+
+impl Error {
+    /// Whether trying the same operation again later can succeed.
+    ///
+    /// True for [`Error::Timeout`], [`Error::Unavailable`] and [`Error::QuorumNotReached`].
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::Timeout { .. } | Self::Unavailable { .. } | Self::QuorumNotReached { .. }
+        )
+    }
+
+    /// An [`Error::Unavailable`] with a source.
+    pub fn unavailable(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Unavailable {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// An [`Error::Backend`] with a source.
+    pub fn backend(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Backend {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// Whether the error says the caller does not (or no longer) hold the lock.
+    pub fn is_not_held(&self) -> bool {
+        matches!(self, Self::NotHeld { .. } | Self::Lost { .. })
+    }
+}
+
+/// Why a held lock is no longer (certainly) held. Reported by [`LockGuard::lost`](crate::LockGuard::lost).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// A renewal reached the server and was refused: somebody removed or took the lock.
+    RenewalRejected,
+    /// The conservative local deadline passed without a successful renewal (renewal disabled,
+    /// or too slow).
+    LeaseExpired,
+    /// Renewals kept failing (server unreachable) until the local deadline passed.
+    ConnectionLost,
+    /// The backend's session ended (ZooKeeper session expiry, etcd lease revoked).
+    SessionExpired,
+    /// The backend observed the lock being deleted or taken by someone else.
+    ReleasedElsewhere,
+    /// Renewal stopped because the configured maximum hold time was reached.
+    HoldLimitReached,
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::RenewalRejected => "the server refused a renewal (the lock was removed or taken)",
+            Self::LeaseExpired => "the lease expired before it was renewed",
+            Self::ConnectionLost => "renewals failed until the lease expired (server unreachable)",
+            Self::SessionExpired => "the backend session expired",
+            Self::ReleasedElsewhere => "the lock was deleted or taken by someone else",
+            Self::HoldLimitReached => "the maximum hold time was reached",
+        })
+    }
+}
+
+/// One node's answer in a quorum-based acquisition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeOutcome {
+    /// The node's address.
+    pub node: String,
+    /// What it answered.
+    pub result: NodeResult,
+}
+
+impl NodeOutcome {
+    fn list(nodes: &[Self]) -> String {
+        nodes
+            .iter()
+            .map(|n| format!("{}: {}", n.node, n.result))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The answer of one node in a quorum-based acquisition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NodeResult {
+    /// The node granted the lock.
+    Acquired,
+    /// Another owner holds the lock on this node.
+    HeldByAnother,
+    /// The node did not answer within the per-node timeout.
+    TimedOut,
+    /// The node answered with an error.
+    Failed(String),
+}
+
+impl fmt::Display for NodeResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Acquired => f.write_str("acquired"),
+            Self::HeldByAnother => f.write_str("held by another owner"),
+            Self::TimedOut => f.write_str("timed out"),
+            Self::Failed(e) => write!(f, "error: {e}"),
+        }
+    }
+}
+
+/// Shorthand for results of lock operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,426 @@
+//! The lock guard, its renewal watchdog and loss detection.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio::time::sleep_until;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, warn};
+
+use crate::backend::Lease;
+use crate::client::Registry;
+use crate::{ClientConfig, Error, FencingToken, LockName, LossReason, Result};
+
+/// A held lock.
+///
+/// The guard renews its lease in the background (unless renewal is disabled) and tells you the
+/// moment the lock may be lost: [`is_lost`](Self::is_lost) and [`lost`](Self::lost). Pass
+/// [`token`](Self::token) with every write to the protected resource.
+///
+/// # Dropping
+///
+/// Prefer [`release`](Self::release), which reports whether the lock was still yours. Dropping
+/// a guard without releasing stops renewal at once and releases the lock from a background task
+/// when a tokio runtime is available; without one (or if that release fails), the lock is freed
+/// by the server when its ttl runs out. [`abandon`](Self::abandon) stops renewal and leaves the
+/// lock to expire, as a crashed holder would.
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct LockGuard {
+    held: Arc<Held>,
+    finished: bool,
+}
+
+pub(crate) struct Held {
+    pub(crate) name: LockName,
+    pub(crate) owner: String,
+    pub(crate) token: FencingToken,
+    pub(crate) backend: &'static str,
+    lease: Box<dyn Lease>,
+    ttl: Duration,
+    config: ClientConfig,
+    acquired_at: Instant,
+    /// Renewal stops so that the lock is not held past this instant.
+    hold_limit: Option<Instant>,
+    valid_until: Mutex<Instant>,
+    lost: watch::Sender<Option<LossReason>>,
+    /// Ends the watchdog (release, drop, abandon).
+    stop: CancellationToken,
+    /// Reentrant holds still outstanding; 0 once released or abandoned.
+    holds: Mutex<usize>,
+    reentry: Option<(Weak<Registry>, crate::client::RegistryKey)>,
+}
+
+/// What the core knows when it turns a backend's `Acquired` into a guard.
+pub(crate) struct NewGuard {
+    pub(crate) name: LockName,
+    pub(crate) owner: String,
+    pub(crate) token: FencingToken,
+    pub(crate) backend: &'static str,
+    pub(crate) lease: Box<dyn Lease>,
+    pub(crate) ttl: Duration,
+    pub(crate) config: ClientConfig,
+    pub(crate) lease_started: Instant,
+    pub(crate) renewal_interval: Option<Duration>,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) reentry: Option<(Weak<Registry>, crate::client::RegistryKey)>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock only means another thread panicked while holding it; the data (an
+    // instant, a counter) is still consistent.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl LockGuard {
+    pub(crate) fn start(new: NewGuard) -> Self {
+        let hold_limit = new.max_hold.map(|m| new.lease_started + m);
+        let mut valid_until = new.lease_started + new.ttl - new.config.drift(new.ttl);
+        if let Some(limit) = hold_limit {
+            valid_until = valid_until.min(limit);
+        }
+        let held = Arc::new(Held {
+            name: new.name,
+            owner: new.owner,
+            token: new.token,
+            backend: new.backend,
+            lease: new.lease,
+            ttl: new.ttl,
+            config: new.config,
+            acquired_at: new.lease_started,
+            hold_limit,
+            valid_until: Mutex::new(valid_until),
+            lost: watch::Sender::new(None),
+            stop: CancellationToken::new(),
+            holds: Mutex::new(1),
+            reentry: new.reentry,
+        });
+        let span =
+            tracing::debug_span!("distlock.watchdog", backend = held.backend, name = %held.name);
+        tokio::spawn(watchdog(held.clone(), new.renewal_interval).instrument(span));
+        Self {
+            held,
+            finished: false,
+        }
+    }
+
+    /// Another guard on the same lease (reentrant acquisition), if it is still held.
+    pub(crate) fn reenter(held: &Arc<Held>) -> Option<Self> {
+        let mut holds = lock(&held.holds);
+        if *holds == 0 || held.is_lost() {
+            return None;
+        }
+        *holds += 1;
+        Some(Self {
+            held: held.clone(),
+            finished: false,
+        })
+    }
+
+    pub(crate) fn held(&self) -> &Arc<Held> {
+        &self.held
+    }
+
+    /// The lock name.
+    pub fn name(&self) -> &LockName {
+        &self.held.name
+    }
+
+    /// The unique owner value stored on the server for this acquisition.
+    pub fn owner(&self) -> &str {
+        &self.held.owner
+    }
+
+    /// The fencing token of this acquisition.
+    pub fn token(&self) -> FencingToken {
+        self.held.token
+    }
+
+    /// The lease length this lock was acquired with.
+    pub fn ttl(&self) -> Duration {
+        self.held.ttl
+    }
+
+    /// The monotonic instant until which the lock is certainly held, unless the server lost
+    /// data. Computed from when the last successful acquire or renew request was *sent*, minus
+    /// the drift margin, so it is never later than the server-side expiry.
+    pub fn valid_until(&self) -> Instant {
+        self.held.valid_until()
+    }
+
+    /// Whether the lock may be lost: a loss was reported, or [`valid_until`](Self::valid_until)
+    /// has passed.
+    pub fn is_lost(&self) -> bool {
+        self.held.is_lost()
+    }
+
+    /// Why the lock was lost, if a loss has been reported.
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        self.held.lost.borrow().clone()
+    }
+
+    /// A future that resolves when the lock is lost (renewal refused, lease expired, session
+    /// expired, renewals failing past the deadline, hold limit reached). It does not depend on
+    /// the guard's lifetime; after a clean release it never resolves.
+    ///
+    /// Cancel safe: dropping it has no effect.
+    pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
+        let mut rx = self.held.lost.subscribe();
+        async move {
+            let reason = match rx.wait_for(Option::is_some).await {
+                Ok(reason) => reason.clone(),
+                Err(_) => None,
+            };
+            match reason {
+                Some(reason) => reason,
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    /// Renews the lease now, independently of automatic renewal.
+    ///
+    /// # Errors
+    /// [`Error::Lost`] if a loss was already reported; [`Error::NotHeld`] if the server says
+    /// the lock is no longer ours (the guard is then lost); [`Error::Unavailable`] if the server
+    /// did not answer in time.
+    pub async fn renew(&self) -> Result<()> {
+        self.held.renew_once().await
+    }
+
+    /// Releases the lock (or one reentrant hold of it).
+    ///
+    /// # Errors
+    /// [`Error::Lost`] or [`Error::NotHeld`] if the lock was no longer ours;
+    /// [`Error::Unavailable`] if the server did not answer (the lock then expires by its ttl).
+    pub async fn release(mut self) -> Result<()> {
+        self.finished = true;
+        if !self.held.drop_hold() {
+            return Ok(());
+        }
+        self.held.clone().release_on_server().await
+    }
+
+    /// Stops renewal and forgets the lock without releasing it, as a crashed holder would: the
+    /// lock stays held on the server until its ttl runs out. Other reentrant guards on the same
+    /// lease are abandoned too.
+    pub fn abandon(mut self) {
+        self.finished = true;
+        *lock(&self.held.holds) = 0;
+        debug!(name = %self.held.name, "guard abandoned, the lock is left to expire");
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.finished || !self.held.drop_hold() {
+            return;
+        }
+        self.held.stop.cancel();
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                let held = self.held.clone();
+                let span = tracing::debug_span!("distlock.release_on_drop", backend = held.backend, name = %held.name);
+                handle.spawn(
+                    async move {
+                        if let Err(err) = held.release_on_server().await {
+                            debug!(%err, "release after drop failed; the ttl frees the lock");
+                        }
+                    }
+                    .instrument(span),
+                );
+            }
+            Err(_) => {
+                debug!(name = %self.held.name, "guard dropped outside a runtime; the ttl frees the lock")
+            }
+        }
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("backend", &self.held.backend)
+            .field("name", &self.held.name)
+            .field("token", &self.held.token)
+            .field("owner", &self.held.owner)
+            .field("lost", &self.loss_reason())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Held {
+    pub(crate) fn valid_until(&self) -> Instant {
+        *lock(&self.valid_until)
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.borrow().is_some() || Instant::now() >= self.valid_until()
+    }
+
+    fn loss_reason(&self) -> Option<LossReason> {
+        self.lost.borrow().clone()
+    }
+
+    /// Records a loss once; the first reason wins.
+    fn mark_lost(&self, reason: LossReason) {
+        let changed = self.lost.send_if_modified(|current| {
+            if current.is_some() {
+                return false;
+            }
+            *current = Some(reason.clone());
+            true
+        });
+        if changed {
+            warn!(backend = self.backend, name = %self.name, token = %self.token, %reason, "lock lost");
+        }
+    }
+
+    /// Drops one hold; true if it was the last one and the lock must now be released.
+    fn drop_hold(&self) -> bool {
+        let mut holds = lock(&self.holds);
+        if *holds == 0 {
+            return false;
+        }
+        *holds -= 1;
+        *holds == 0
+    }
+
+    fn lost_error(&self, reason: LossReason) -> Error {
+        Error::Lost {
+            name: self.name.to_string(),
+            reason,
+        }
+    }
+
+    async fn renew_once(&self) -> Result<()> {
+        if let Some(reason) = self.loss_reason() {
+            return Err(self.lost_error(reason));
+        }
+        let sent = Instant::now();
+        let timeout = self.config.operation_timeout;
+        match tokio::time::timeout(timeout, self.lease.renew(self.ttl)).await {
+            Ok(Ok(())) => {
+                let mut until = sent + self.ttl - self.config.drift(self.ttl);
+                if let Some(limit) = self.hold_limit {
+                    until = until.min(limit);
+                }
+                let mut valid = lock(&self.valid_until);
+                *valid = (*valid).max(until);
+                Ok(())
+            }
+            Ok(Err(err)) if err.is_not_held() => {
+                self.mark_lost(LossReason::RenewalRejected);
+                Err(err)
+            }
+            Ok(Err(err)) => Err(err),
+            Err(_) => Err(Error::Unavailable {
+                message: format!(
+                    "renewal of {:?} got no answer within {timeout:?}",
+                    self.name.as_str()
+                ),
+                source: None,
+            }),
+        }
+    }
+
+    async fn release_on_server(self: Arc<Self>) -> Result<()> {
+        self.stop.cancel();
+        if let Some((registry, key)) = &self.reentry
+            && let Some(registry) = registry.upgrade()
+        {
+            registry.forget(key, &self);
+        }
+        let timeout = self.config.operation_timeout;
+        let result = match tokio::time::timeout(timeout, self.lease.release()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) if err.is_not_held() => match self.loss_reason() {
+                Some(reason) => Err(self.lost_error(reason)),
+                None => {
+                    self.mark_lost(LossReason::ReleasedElsewhere);
+                    Err(err)
+                }
+            },
+            Ok(Err(err)) => Err(err),
+            Err(_) => Err(Error::Unavailable {
+                message: format!(
+                    "release of {:?} got no answer within {timeout:?}",
+                    self.name.as_str()
+                ),
+                source: None,
+            }),
+        };
+        debug!(backend = self.backend, name = %self.name, ok = result.is_ok(), "released");
+        result
+    }
+
+    /// False once every guard is gone or the lock was abandoned.
+    fn renewing(&self) -> bool {
+        *lock(&self.holds) > 0
+    }
+}
+
+/// Renews the lease every `interval` (if any) and reports loss: refused renewal, the backend's
+/// own loss signal, or the local deadline passing. Ends when the guard is released or dropped.
+async fn watchdog(held: Arc<Held>, interval: Option<Duration>) {
+    let mut loss_signal = held.lease.loss_signal();
+    let mut next_renewal = interval.map(|i| held.acquired_at + i);
+    let mut failing = false;
+    loop {
+        let valid_until = held.valid_until();
+        // Renew only before the hold limit; `valid_until` is clamped to it anyway.
+        let renew_at = next_renewal.filter(|at| held.hold_limit.is_none_or(|limit| *at < limit));
+        tokio::select! {
+            biased;
+            () = held.stop.cancelled() => return,
+            reason = async { loss_signal.as_mut().expect("guarded by the select condition").await }, if loss_signal.is_some() => {
+                held.mark_lost(reason);
+                return;
+            }
+            () = sleep_until(valid_until.into()) => {
+                if Instant::now() >= held.valid_until() {
+                    let reason = if failing {
+                        LossReason::ConnectionLost
+                    } else if held.hold_limit.is_some_and(|limit| valid_until >= limit) {
+                        LossReason::HoldLimitReached
+                    } else {
+                        LossReason::LeaseExpired
+                    };
+                    held.mark_lost(reason);
+                    return;
+                }
+            }
+            () = async { sleep_until(renew_at.expect("guarded by the select condition").into()).await }, if renew_at.is_some() => {
+                let interval = interval.unwrap_or(held.ttl / 3);
+                if !held.renewing() {
+                    // Abandoned: keep only the deadline timer, so that `lost()` still fires.
+                    next_renewal = None;
+                    continue;
+                }
+                tokio::select! {
+                    biased;
+                    () = held.stop.cancelled() => return,
+                    () = sleep_until(valid_until.into()) => {
+                        held.mark_lost(LossReason::ConnectionLost);
+                        return;
+                    }
+                    result = held.renew_once() => match result {
+                        Ok(()) => {
+                            failing = false;
+                            next_renewal = Some(Instant::now() + interval);
+                        }
+                        Err(err) if err.is_not_held() => return,
+                        Err(err) => {
+                            failing = true;
+                            let retry = (interval / 4).clamp(Duration::from_millis(5), Duration::from_secs(1));
+                            debug!(%err, ?retry, "renewal failed, retrying");
+                            next_renewal = Some(Instant::now() + retry);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! The core of distlock: one [`DistributedLock`] trait for every backend, the shared machinery
+//! behind it, and the in-memory backend.
+//!
+//! A distributed lock is a lease. It expires, because holders crash, so a holder must renew it
+//! while it works, must learn the moment it may have lost it, and must pass a [`FencingToken`]
+//! with every write so that the protected resource can refuse a late write from a paused former
+//! holder. This crate does all of that once:
+//!
+//! - [`LockClient`] implements [`DistributedLock`] over any [`LockBackend`]: name and option
+//!   validation, the wait loop (deadline, cancellation, jittered backoff, backend wake-ups),
+//!   per-operation timeouts, explicit-owner reentrancy and `tracing` spans;
+//! - [`LockGuard`] carries the token, renews the lease in the background (every `ttl / 3` by
+//!   default, with an optional cap on the total hold time), keeps a conservative local deadline
+//!   ([`LockGuard::valid_until`], counted on the monotonic clock from when the acquire or renew
+//!   request was *sent*, minus a drift margin) and reports loss through
+//!   [`LockGuard::is_lost`] and the [`LockGuard::lost`] future;
+//! - [`memory`] is the reference backend for one process.
+//!
+//! ```
+//! # async fn demo() -> Result<(), lock_core::Error> {
+//! use std::time::Duration;
+//! use lock_core::{AcquireOptions, DistributedLock, memory::MemoryStore};
+//!
+//! let store = MemoryStore::new();
+//! let (a, b) = (store.client(), store.client());
+//! let opts = AcquireOptions::default().with_ttl(Duration::from_secs(5));
+//!
+//! let guard = a.acquire("invoices", &opts).await?;
+//! assert!(b.try_acquire("invoices", &opts).await?.is_none()); // held elsewhere: not an error
+//! let token = guard.token();
+//! guard.release().await?;
+//!
+//! let next = b.acquire("invoices", &opts).await?;
+//! assert!(next.token() > token); // fencing tokens strictly increase
+//! # next.release().await }
+//! # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+//! ```
+//!
+//! # Writing a backend
+//!
+//! A backend speaks its server's protocol and nothing else. It implements three small traits
+//! from [`backend`]:
+//!
+//! 1. [`LockBackend`]: its [`Capabilities`] (fencing guarantee, FIFO, wake-up mechanism, ttl
+//!    limits, loss detection) and [`LockBackend::begin`], which creates an [`Attempt`] for one
+//!    acquisition. The [`AcquireRequest`] carries the validated name, a unique owner value to
+//!    store on the server, the ttl, and whether the caller waits or tries once.
+//! 2. [`Attempt`]: [`poll`](Attempt::poll) makes one atomic try (or checks the attempt's place
+//!    in a server-side queue) and answers [`Step::Acquired`] with a lease and a fencing token,
+//!    or [`Step::Busy`] with the holder's remaining lease when known;
+//!    [`changed`](Attempt::changed) resolves when polling again is worthwhile (pub/sub
+//!    message, watch event, NOTIFY), and may be left at its default (never) for polling
+//!    backends; [`abandon`](Attempt::abandon) removes the attempt's traces from the server,
+//!    including a lock taken by a request whose reply was lost (match it by the owner value).
+//! 3. [`Lease`]: owner-checked, atomic [`renew`](Lease::renew) and
+//!    [`release`](Lease::release) that answer [`Error::NotHeld`] when the lock is no longer
+//!    the owner's, and optionally a [`loss_signal`](Lease::loss_signal) future for servers
+//!    that report loss themselves (session expiry).
+//!
+//! Then `LockClient::new(backend)` is a complete [`DistributedLock`], and one line in the
+//! conformance suite (`conformance_tests::conformance_suite!`) proves it against a real server.
+//! Rules: every call may be cancelled at an await point and must leave the attempt usable;
+//! never compare timestamps from two machines (use server-side TTLs); report transport
+//! failures as [`Error::Unavailable`] (retried by the core) and protocol surprises as
+//! [`Error::Backend`].
+
+pub mod backend;
+mod capabilities;
+mod client;
+mod error;
+mod guard;
+mod lock;
+pub mod memory;
+mod name;
+mod options;
+mod token;
+
+pub use backend::{
+    AcquireRequest, Acquired, Attempt, AttemptMode, Lease, LockBackend, LockInfo, Step,
+};
+pub use capabilities::{Capabilities, LossDetection, WakeUp};
+pub use client::LockClient;
+pub use error::{BoxError, Error, LossReason, NodeOutcome, NodeResult, Result};
+pub use guard::LockGuard;
+pub use lock::DistributedLock;
+pub use name::LockName;
+pub use options::{AcquireOptions, Backoff, ClientConfig, OwnerId, Renewal};
+pub use token::{FencingGuarantee, FencingToken};

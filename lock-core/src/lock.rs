@@ -1,0 +1,73 @@
+//! The user-facing trait.
+
+use std::fmt::Debug;
+
+use async_trait::async_trait;
+
+use crate::{AcquireOptions, Capabilities, LockGuard, LockInfo, Result};
+
+/// A distributed lock service: one client of one backend.
+///
+/// Object safe: `Arc<dyn DistributedLock>` works, which is what
+/// `distlock::connect(url)` returns. Every backend gives the same guarantees, except those its
+/// [`Capabilities`] declare otherwise (fencing strength, fairness, wake-up mechanism).
+///
+/// ```
+/// # async fn demo() -> Result<(), lock_core::Error> {
+/// use std::time::Duration;
+/// use lock_core::{AcquireOptions, DistributedLock, memory::MemoryStore};
+///
+/// let locks = MemoryStore::new().client();
+/// let opts = AcquireOptions::default().with_ttl(Duration::from_secs(10));
+/// let guard = locks.acquire("reports/daily", &opts).await?;
+/// println!("fencing token {}", guard.token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+/// ```
+#[async_trait]
+pub trait DistributedLock: Send + Sync + Debug {
+    /// The backend's short name, e.g. `"redis"`.
+    fn backend(&self) -> &'static str;
+
+    /// What the backend guarantees.
+    fn capabilities(&self) -> &Capabilities;
+
+    /// Takes the lock if it is free right now (for FIFO backends: free and nobody queued).
+    ///
+    /// Returns `Ok(None)` when somebody else holds it: that is not an error. The guard renews
+    /// the lease as `options.renewal` says. `options.wait` is ignored.
+    ///
+    /// Cancel safe: if the future is dropped, whatever the attempt left on the server is
+    /// removed in the background, and at worst expires after the ttl.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`](crate::Error::InvalidName),
+    /// [`Error::InvalidOptions`](crate::Error::InvalidOptions), or the backend's error
+    /// ([`Error::Unavailable`](crate::Error::Unavailable) after the operation timeout).
+    async fn try_acquire(&self, name: &str, options: &AcquireOptions) -> Result<Option<LockGuard>>;
+
+    /// Waits until the lock is acquired or `options.wait` has passed.
+    ///
+    /// Waiters are woken by the backend's release events where it has them, and otherwise
+    /// poll with jittered backoff bounded by the holder's remaining lease. With an explicit
+    /// `options.owner`, an owner that already holds the lock through this client gets another
+    /// guard on the same lease at once (reentrancy); the lock is released when the last of them
+    /// is released.
+    ///
+    /// Cancel safe, as [`try_acquire`](Self::try_acquire): a dropped `acquire` leaves no queue
+    /// entry and no lock behind for longer than the ttl.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`](crate::Error::Timeout) when the wait deadline passes while the lock
+    /// is busy; the last backend error when the deadline passes while the backend was failing
+    /// (e.g. [`Error::Unavailable`](crate::Error::Unavailable)); validation errors as
+    /// `try_acquire`.
+    async fn acquire(&self, name: &str, options: &AcquireOptions) -> Result<LockGuard>;
+
+    /// Reads who holds `name`, for diagnostics (`Ok(None)`: free).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) when the backend cannot tell.
+    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>>;
+}

@@ -1,0 +1,316 @@
+//! Acquisition options, renewal policy, backoff and client configuration.
+
+use std::time::Duration;
+
+use crate::{Capabilities, Error};
+
+/// How a lock is acquired and held. Built from [`AcquireOptions::default`] with the `with_*`
+/// methods.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_core::{AcquireOptions, Renewal};
+///
+/// let opts = AcquireOptions::default()
+///     .with_ttl(Duration::from_secs(10))
+///     .with_wait(Duration::from_secs(2))
+///     .with_renewal(Renewal::auto().max_hold(Duration::from_secs(600)));
+/// assert_eq!(opts.ttl, Duration::from_secs(10));
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct AcquireOptions {
+    /// Lease length on the server. A holder that stops renewing (crash, pause) loses the lock at
+    /// most this long after its last successful renewal. Default 30 s.
+    pub ttl: Duration,
+    /// How long [`acquire`](crate::DistributedLock::acquire) waits for the lock before failing
+    /// with [`Error::Timeout`]. `None` waits forever. Ignored by `try_acquire`. Default `None`.
+    pub wait: Option<Duration>,
+    /// Automatic renewal while the guard lives. Default: on, every `ttl / 3`, no cap.
+    pub renewal: Renewal,
+    /// Retry pacing while waiting, for backends that poll and as a safety net for those that
+    /// are woken by events.
+    pub backoff: Backoff,
+    /// An explicit owner for reentrancy: the same owner acquiring the same name again through
+    /// the same client gets another guard on the same lease instead of blocking. `None` (the
+    /// default) means every acquisition is a new owner, and a second acquire blocks.
+    pub owner: Option<OwnerId>,
+}
+
+impl Default for AcquireOptions {
+    fn default() -> Self {
+        Self {
+            ttl: Duration::from_secs(30),
+            wait: None,
+            renewal: Renewal::auto(),
+            backoff: Backoff::default(),
+            owner: None,
+        }
+    }
+}
+
+impl AcquireOptions {
+    /// Sets the lease length.
+    #[must_use]
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Sets how long `acquire` waits (`Duration::ZERO` tries once).
+    #[must_use]
+    pub fn with_wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// Waits forever in `acquire`.
+    #[must_use]
+    pub fn wait_forever(mut self) -> Self {
+        self.wait = None;
+        self
+    }
+
+    /// Sets the renewal policy.
+    #[must_use]
+    pub fn with_renewal(mut self, renewal: Renewal) -> Self {
+        self.renewal = renewal;
+        self
+    }
+
+    /// Sets the retry pacing.
+    #[must_use]
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Sets an explicit owner, which makes the acquisition reentrant for that owner.
+    #[must_use]
+    pub fn with_owner(mut self, owner: OwnerId) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+
+    /// The interval between automatic renewals, if renewal is on.
+    pub fn renewal_interval(&self) -> Option<Duration> {
+        self.renewal
+            .enabled
+            .then(|| self.renewal.interval.unwrap_or(self.ttl / 3))
+    }
+
+    /// Checks the options against themselves and the backend's limits.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`] naming the offending value.
+    pub fn validate(&self, caps: &Capabilities) -> Result<(), Error> {
+        let bad = |msg: String| Err(Error::InvalidOptions(msg));
+        if self.ttl.is_zero() {
+            return bad("ttl must be greater than zero".into());
+        }
+        if self.ttl < caps.min_ttl || self.ttl > caps.max_ttl {
+            return bad(format!(
+                "ttl {:?} is outside this backend's limits ({:?} ..= {:?})",
+                self.ttl, caps.min_ttl, caps.max_ttl
+            ));
+        }
+        if let Some(interval) = self.renewal.interval
+            && (interval.is_zero() || interval >= self.ttl)
+        {
+            return bad(format!(
+                "renewal interval {interval:?} must be greater than zero and shorter than the ttl {:?}",
+                self.ttl
+            ));
+        }
+        if self.renewal.max_hold.is_some_and(|m| m.is_zero()) {
+            return bad("max_hold must be greater than zero".into());
+        }
+        if self.backoff.min.is_zero() || self.backoff.min > self.backoff.max {
+            return bad(format!(
+                "backoff needs 0 < min <= max, got min {:?}, max {:?}",
+                self.backoff.min, self.backoff.max
+            ));
+        }
+        if !(self.backoff.factor.is_finite() && self.backoff.factor >= 1.0) {
+            return bad(format!(
+                "backoff factor must be >= 1, got {}",
+                self.backoff.factor
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Automatic renewal (the "watchdog") of a held lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Renewal {
+    /// Whether the guard renews its lease in the background.
+    pub enabled: bool,
+    /// Interval between renewals; `None` means `ttl / 3`. Must be shorter than the ttl.
+    pub interval: Option<Duration>,
+    /// Cap on the total hold time: renewal stops so that the lease ends no later than this long
+    /// after acquisition, and the guard then reports [`LossReason::HoldLimitReached`](crate::LossReason::HoldLimitReached).
+    pub max_hold: Option<Duration>,
+}
+
+impl Renewal {
+    /// Renew every `ttl / 3` with no cap.
+    pub fn auto() -> Self {
+        Self {
+            enabled: true,
+            interval: None,
+            max_hold: None,
+        }
+    }
+
+    /// No renewal: the lease ends after one ttl unless renewed by hand.
+    pub fn disabled() -> Self {
+        Self {
+            enabled: false,
+            interval: None,
+            max_hold: None,
+        }
+    }
+
+    /// Renew at this interval instead of `ttl / 3`.
+    #[must_use]
+    pub fn every(mut self, interval: Duration) -> Self {
+        self.interval = Some(interval);
+        self
+    }
+
+    /// Stop renewing so that the lock is held at most this long.
+    #[must_use]
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+}
+
+impl Default for Renewal {
+    fn default() -> Self {
+        Self::auto()
+    }
+}
+
+/// Jittered exponential backoff between attempts while waiting.
+///
+/// Each delay is drawn uniformly from `[min, current]`, where `current` starts at `min` and is
+/// multiplied by `factor` after every attempt up to `max`. Event-driven backends use `max` only
+/// as a safety net between wake-ups.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Backoff {
+    /// Smallest delay. Default 2 ms.
+    pub min: Duration,
+    /// Largest delay. Default 250 ms.
+    pub max: Duration,
+    /// Growth per attempt. Default 2.
+    pub factor: f64,
+}
+
+impl Backoff {
+    /// A backoff between `min` and `max`, doubling.
+    pub fn new(min: Duration, max: Duration) -> Self {
+        Self {
+            min,
+            max,
+            factor: 2.0,
+        }
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new(Duration::from_millis(2), Duration::from_millis(250))
+    }
+}
+
+/// An explicit owner identity for reentrant acquisition (see [`AcquireOptions::owner`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct OwnerId(String);
+
+impl OwnerId {
+    /// Maximum length in bytes.
+    pub const MAX_LEN: usize = 128;
+
+    /// Validates an owner id: non-empty, at most [`OwnerId::MAX_LEN`] bytes, no NUL.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`] otherwise.
+    pub fn new(id: impl Into<String>) -> Result<Self, Error> {
+        let id = id.into();
+        if id.is_empty() || id.len() > Self::MAX_LEN || id.contains('\0') {
+            return Err(Error::InvalidOptions(format!(
+                "an owner id must be 1..={} bytes without NUL",
+                Self::MAX_LEN
+            )));
+        }
+        Ok(Self(id))
+    }
+
+    /// The id as given.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Client-wide settings of a [`LockClient`](crate::LockClient).
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct ClientConfig {
+    /// Upper bound for any single backend operation (one acquire attempt, a renewal, a release).
+    /// An operation that takes longer fails with [`Error::Unavailable`]. Default 5 s.
+    pub operation_timeout: Duration,
+    /// Clock drift allowance as a fraction of the ttl, subtracted from every lease when
+    /// computing `valid_until`. Default 0.01.
+    pub drift_factor: f64,
+    /// Fixed clock drift allowance added to the above. Default 2 ms.
+    pub drift_fixed: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            operation_timeout: Duration::from_secs(5),
+            drift_factor: 0.01,
+            drift_fixed: Duration::from_millis(2),
+        }
+    }
+}
+
+impl ClientConfig {
+    /// Sets the per-operation timeout.
+    #[must_use]
+    pub fn with_operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
+        self
+    }
+
+    /// The drift margin for a lease of `ttl`: `ttl * drift_factor + drift_fixed`, at most half
+    /// the ttl.
+    pub fn drift(&self, ttl: Duration) -> Duration {
+        let margin = ttl.mul_f64(self.drift_factor.clamp(0.0, 0.5)) + self.drift_fixed;
+        margin.min(ttl / 2)
+    }
+
+    /// Checks the configuration.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a zero timeout or a drift factor outside `0..0.5`.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.operation_timeout.is_zero() {
+            return Err(Error::InvalidConfig(
+                "operation_timeout must be greater than zero".into(),
+            ));
+        }
+        if !(0.0..0.5).contains(&self.drift_factor) {
+            return Err(Error::InvalidConfig(format!(
+                "drift_factor must be in 0..0.5, got {}",
+                self.drift_factor
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,6 @@
+//! PostgreSQL, MySQL/MariaDB and SQLite backends for distlock, one cargo feature each.
+//!
+//! The protocol lands with its backend issue; until then this crate only reserves its place in
+//! the workspace and re-exports [`lock_core`], so that depending on it already compiles.
+
+pub use lock_core;
