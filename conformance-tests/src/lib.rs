@@ -6,7 +6,8 @@
 //! start the server), and instantiates the whole suite with one line:
 //!
 //! ```text
-//! conformance_tests::conformance_suite!(redis, conformance_tests::redis::harness);
+//! // lock-redis/tests/conformance.rs
+//! conformance_tests::conformance_suite!(redis, harness);
 //! ```
 //!
 //! which creates one named test per case (`redis::exclusive_under_contention`, ...). Cases a
@@ -181,12 +182,24 @@ pub fn loud(line: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
+/// Cases that stop the server or cut connections, and so must not overlap other cases.
+pub const DISRUPTIVE: &[&str] = &["server_unavailable_then_recovers", "cut_connection_is_survived_or_reported"];
+
 /// Runs one case for one configuration; used by [`conformance_suite!`].
 pub async fn run_case<M, MF>(config: &str, case: &str, make: M, body: fn(Ctx) -> CaseFuture)
 where
     M: FnOnce() -> MF,
     MF: Future<Output = Option<Arc<dyn Harness>>>,
 {
+    // Cases that take the server away run alone; the others share it. Test binaries run one
+    // after another, so a process-wide lock is enough.
+    static SERVER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+    let (_shared, _exclusive);
+    if DISRUPTIVE.contains(&case) {
+        _exclusive = SERVER.write().await;
+    } else {
+        _shared = SERVER.read().await;
+    }
     let Some(harness) = make().await else {
         loud(&format!(
             "SKIP {config}::{case}: the {config} test server is not configured"
