@@ -1,1 +1,135 @@
-//! placeholder
+//! Distributed locks with fencing tokens, automatic renewal and loss detection, over Redis,
+//! Redlock, etcd, ZooKeeper, PostgreSQL, MySQL/MariaDB and SQLite, behind one trait.
+//!
+//! ```
+//! # async fn demo() -> Result<(), distlock::Error> {
+//! use std::time::Duration;
+//! use distlock::{AcquireOptions, DistributedLock};
+//!
+//! let locks = distlock::connect("memory://demo").await?;
+//! let opts = AcquireOptions::default().with_ttl(Duration::from_secs(10));
+//! let guard = locks.acquire("nightly-report", &opts).await?;
+//! // Pass guard.token() with every write to the protected resource.
+//! println!("holding with fencing token {}", guard.token());
+//! guard.release().await?;
+//! # Ok(()) }
+//! # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+//! ```
+//!
+//! # Backends and cargo features
+//!
+//! | URL | cargo feature | crate |
+//! |---|---|---|
+//! | `memory://[NAME]` | always | [`lock_core::memory`] |
+//! | `sqlite://PATH`, `sqlite::memory:` | `sqlite` (default) | `lock-sql` |
+//! | `postgres://user@host:port/db` | `postgres` | `lock-sql` |
+//! | `mysql://user@host:port/db` | `mysql` | `lock-sql` |
+//! | `redis://host:port` | `redis` | `lock-redis` |
+//! | `redlock://h1:p1,h2:p2,h3:p3` | `redis` | `lock-redis` |
+//! | `etcd://h1:p1,h2:p2` | `etcd` | `lock-etcd` |
+//! | `zk://h1:p1,h2:p2[/chroot]` | `zookeeper` | `lock-zk` |
+//!
+//! `all-backends` enables every one. A URL whose backend is not compiled in gives an
+//! [`Error::Unsupported`] that names the feature to enable.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+pub use lock_core::*;
+
+/// Connects to the lock service at `url` with the default [`ClientConfig`].
+///
+/// # Errors
+/// [`Error::InvalidConfig`] for a malformed URL, [`Error::Unsupported`] for a scheme whose
+/// cargo feature is off, and the backend's connection errors.
+pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
+    connect_with(url, ClientConfig::default()).await
+}
+
+/// Connects to the lock service at `url` with the given client configuration.
+///
+/// # Errors
+/// As [`connect`], plus [`Error::InvalidConfig`] for an invalid configuration.
+pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Arc<dyn DistributedLock>> {
+    config.validate()?;
+    let url = url.trim();
+    let scheme = scheme_of(url)?;
+    match scheme {
+        "memory" => {
+            let store = named_memory_store(&url["memory://".len()..]);
+            Ok(LockClient::with_config(memory::MemoryBackend::new(store), config)?.into_dyn())
+        }
+        other => match feature_of(other) {
+            Some(feature) => Err(Error::Unsupported(format!(
+                "the {other}:// backend is not compiled in: enable the cargo feature `{feature}` of distlock"
+            ))),
+            None => Err(Error::InvalidConfig(format!(
+                "unknown URL scheme {other:?} in {url:?}; expected one of memory, sqlite, postgres, mysql, redis, redlock, etcd, zk"
+            ))),
+        },
+    }
+}
+
+fn scheme_of(url: &str) -> Result<&str> {
+    if url.starts_with("sqlite:") {
+        return Ok("sqlite");
+    }
+    match url.split_once("://") {
+        Some((scheme, _)) if !scheme.is_empty() => Ok(scheme),
+        _ => Err(Error::InvalidConfig(format!(
+            "{url:?} is not a lock service URL: expected SCHEME://..., e.g. redis://127.0.0.1:6379"
+        ))),
+    }
+}
+
+/// The cargo feature that provides a scheme.
+fn feature_of(scheme: &str) -> Option<&'static str> {
+    Some(match scheme {
+        "sqlite" => "sqlite",
+        "postgres" | "postgresql" => "postgres",
+        "mysql" | "mariadb" => "mysql",
+        "redis" | "rediss" | "redlock" => "redis",
+        "etcd" => "etcd",
+        "zk" | "zookeeper" => "zookeeper",
+        _ => return None,
+    })
+}
+
+/// `memory://NAME` URLs with the same NAME share one store within the process.
+fn named_memory_store(name: &str) -> memory::MemoryStore {
+    static STORES: OnceLock<Mutex<HashMap<String, memory::MemoryStore>>> = OnceLock::new();
+    let stores = STORES.get_or_init(Mutex::default);
+    let mut stores = stores.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    stores.entry(name.to_owned()).or_default().clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn memory_urls_share_a_store_by_name() {
+        let opts = AcquireOptions::default();
+        let a = connect("memory://shared").await.unwrap();
+        let b = connect("memory://shared").await.unwrap();
+        let c = connect("memory://other").await.unwrap();
+        let guard = a.try_acquire("x", &opts).await.unwrap().unwrap();
+        assert!(b.try_acquire("x", &opts).await.unwrap().is_none());
+        let other = c.try_acquire("x", &opts).await.unwrap().unwrap();
+        guard.release().await.unwrap();
+        other.release().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn bad_urls_are_explained() {
+        for (url, needle) in [
+            ("", "not a lock service URL"),
+            ("127.0.0.1:6379", "not a lock service URL"),
+            ("ftp://x", "unknown URL scheme"),
+        ] {
+            let err = connect(url).await.unwrap_err();
+            assert!(matches!(err, Error::InvalidConfig(_)), "{url}: {err}");
+            assert!(err.to_string().contains(needle), "{url}: {err}");
+        }
+    }
+}

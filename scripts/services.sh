@@ -1,0 +1,786 @@
+#!/usr/bin/env bash
+# Throw-away test servers for distlock, on 127.0.0.1 with fixed ports (DESIGN.md, "Test servers:
+# fixed contract"). No Docker, no systemd: plain processes from Debian packages.
+#
+# Usage:
+#   scripts/services.sh start            install missing packages (as root), start every server,
+#                                        wait until each answers, print the export lines
+#   scripts/services.sh stop             stop every recorded server, wait until it is gone,
+#                                        remove all data dirs, pid files and generated config
+#                                        (log files are kept for post-mortems, truncated by the
+#                                        next cold start)
+#   scripts/services.sh status           one line per server: running / stopped (exit 1 if any
+#                                        server is not running and answering)
+#   scripts/services.sh env              print the export lines only (starts nothing)
+#   scripts/services.sh stop-one NAME    stop one server, KEEP its data dir (fault injection)
+#   scripts/services.sh start-one NAME   (re)start one server on its existing data dir, wait ready
+#
+# Only the export lines go to stdout, everything else to stderr, so this works:
+#   exports=$(scripts/services.sh start) && eval "$exports"
+#
+# NAME is one of:
+#   redis-16379 .. redis-16383   5 independent Redis masters (no persistence: a restart is empty)
+#   etcd                         single etcd member, client 12379, peer 12380
+#   etcd-cluster-1..3            3-member etcd cluster, client 12381..12383, peer 12391..12393
+#   zookeeper                    standalone ZooKeeper 12181 (tickTime 200, session 400..60000 ms)
+#   postgres                     PostgreSQL 15 on 15432, database distlock, user postgres, trust
+#   mariadb                      MariaDB on 13306, database distlock, root without password
+#
+# State lives in ${DISTLOCK_SERVICES_DIR:-<repo>/target/services}:
+#   data/NAME/     data dir of each server      logs/NAME.log   stdout+stderr of each server
+#   run/NAME.pid   pid of each server process   conf/zoo.cfg    generated ZooKeeper config
+# `cargo clean` deletes target/services: stop the servers first (otherwise their pid files are
+# gone and `start` reports the leftover processes holding the ports, with candidate pids).
+# `start` is idempotent: a server whose recorded process is alive is left alone (it is only waited
+# for). A data dir left by `stop-one` (or a crash) is reused by `start` / `start-one`.
+# PostgreSQL refuses to run as root, so (when run as root) initdb and the server run as the
+# `postgres` user on data/postgres/ (chowned to postgres, mode 700). If the postgres user cannot
+# reach that directory (e.g. the repo is under /root) or the socket path would be too long, the
+# PostgreSQL directory is /tmp/distlock-pg-<hash of state dir> instead (recorded in
+# run/postgres.base and removed by `stop`).
+# `stop` and `stop-one` signal only the pids recorded in run/*.pid, and only when the process
+# still is the expected program (/proc/PID/comm); they wait on /proc/PID/stat (a zombie counts
+# as gone), escalating to SIGKILL after DISTLOCK_SERVICES_STOP_TIMEOUT (default 30) seconds. The
+# etcd cluster members are stopped one at a time (all at once, the leader spends ~7 s trying to
+# hand over leadership).
+# The ports are fixed, so only one state dir can run servers at a time: `start` registers its
+# state dir in /tmp/distlock-services.d and, when another registered state dir still has running
+# servers, fails with the command that stops them, or stops them itself when
+# DISTLOCK_SERVICES_TAKEOVER=1 (scripts/test.sh sets that under CI=true: CI runs in a fresh clone
+# on the same machine, maybe while the developer's servers still run).
+# Environment: DISTLOCK_SERVICES_DIR (state dir), DISTLOCK_SERVICES_TIMEOUT (readiness timeout per
+# server, default 60 s), DISTLOCK_SERVICES_STOP_TIMEOUT (default 30 s).
+set -euo pipefail
+
+PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
+export PATH
+
+SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
+REPO=$(cd -- "$SCRIPT_DIR/.." && pwd -P)
+STATE=$(realpath -m -- "${DISTLOCK_SERVICES_DIR:-$REPO/target/services}")
+READY_TIMEOUT=${DISTLOCK_SERVICES_TIMEOUT:-60}
+STOP_TIMEOUT=${DISTLOCK_SERVICES_STOP_TIMEOUT:-30}
+
+PG_BIN=/usr/lib/postgresql/15/bin
+ZK_JAR=/usr/share/java/zookeeper.jar
+SLF4J_SIMPLE_JAR=/usr/share/java/slf4j-simple.jar
+HOST=127.0.0.1
+
+REDIS_PORTS=(16379 16380 16381 16382 16383)
+ETCD_CLIENT_PORT=12379
+ETCD_PEER_PORT=12380
+CLUSTER_CLIENT_PORTS=(12381 12382 12383)
+CLUSTER_PEER_PORTS=(12391 12392 12393)
+ZK_PORT=12181
+PG_PORT=15432
+MARIADB_PORT=13306
+
+ALL_SERVERS=(
+  redis-16379 redis-16380 redis-16381 redis-16382 redis-16383
+  etcd etcd-cluster-1 etcd-cluster-2 etcd-cluster-3
+  zookeeper postgres mariadb
+)
+
+log() { printf 'services: %s\n' "$*" >&2; }
+die() {
+  log "ERROR: $*"
+  exit 1
+}
+
+now_ms() {
+  local s
+  s=$(date +%s%N)
+  printf '%s\n' "$((s / 1000000))"
+}
+
+is_server() {
+  local s
+  for s in "${ALL_SERVERS[@]}"; do
+    [[ $s == "$1" ]] && return 0
+  done
+  return 1
+}
+
+# Index (0..2) of an etcd cluster member.
+member_index() { printf '%s\n' "$((${1#etcd-cluster-} - 1))"; }
+
+# The port that identifies a server (client port).
+server_port() {
+  case $1 in
+    redis-*) printf '%s\n' "${1#redis-}" ;;
+    etcd) printf '%s\n' "$ETCD_CLIENT_PORT" ;;
+    etcd-cluster-*) printf '%s\n' "${CLUSTER_CLIENT_PORTS[$(member_index "$1")]}" ;;
+    zookeeper) printf '%s\n' "$ZK_PORT" ;;
+    postgres) printf '%s\n' "$PG_PORT" ;;
+    mariadb) printf '%s\n' "$MARIADB_PORT" ;;
+  esac
+}
+
+# Every port a server listens on (checked for foreign listeners before starting).
+server_ports() {
+  server_port "$1"
+  case $1 in
+    etcd) printf '%s\n' "$ETCD_PEER_PORT" ;;
+    etcd-cluster-*) printf '%s\n' "${CLUSTER_PEER_PORTS[$(member_index "$1")]}" ;;
+  esac
+}
+
+# Expected /proc/PID/comm of a server process.
+server_comm() {
+  case $1 in
+    redis-*) printf 'redis-server\n' ;;
+    etcd | etcd-cluster-*) printf 'etcd\n' ;;
+    zookeeper) printf 'java\n' ;;
+    postgres) printf 'postgres\n' ;;
+    mariadb) printf 'mariadbd\n' ;;
+  esac
+}
+
+data_dir() { printf '%s\n' "$STATE/data/$1"; }
+log_file() { printf '%s\n' "$STATE/logs/$1.log"; }
+pid_file() { printf '%s\n' "$STATE/run/$1.pid"; }
+
+state_hash() { printf '%s' "$STATE" | md5sum | cut -c1-10; }
+
+# --------------------------------------------------------------------------------------------
+# Processes
+
+# Process state letter from /proc/PID/stat, or empty when there is no such process.
+proc_state() {
+  local stat rest
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+  rest=${stat##*) }
+  printf '%s\n' "${rest%% *}"
+}
+
+# Alive = exists and is neither a zombie nor dead.
+pid_alive() {
+  local st
+  st=$(proc_state "$1")
+  [[ -n $st && $st != Z && $st != X ]]
+}
+
+recorded_pid() {
+  local f pid
+  f=$(pid_file "$1")
+  [[ -f $f ]] || return 1
+  pid=$(<"$f")
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  printf '%s\n' "$pid"
+}
+
+# True when the recorded process of server $1 is alive and is the expected program.
+is_running() {
+  local pid comm
+  pid=$(recorded_pid "$1") || return 1
+  pid_alive "$pid" || return 1
+  comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
+  [[ $comm == "$(server_comm "$1")" ]]
+}
+
+# Start "$@" in the background as server $1: new session, stdin /dev/null, stdout+stderr to the
+# server's log, every other inherited file descriptor closed (so neither a caller's pipe nor our
+# lock is held by the server). The subshell execs (no fork anywhere), so $! is the server's pid.
+spawn() {
+  local name=$1 logf pidf
+  shift
+  logf=$(log_file "$name")
+  pidf=$(pid_file "$name")
+  printf '=== %s services.sh: %s\n' "$(date '+%F %T')" "$*" >>"$logf"
+  (
+    cd /
+    for fd in /proc/"$BASHPID"/fd/*; do
+      fd=${fd##*/}
+      if ((fd > 2)); then
+        eval "exec ${fd}>&-" 2>/dev/null || true
+      fi
+    done
+    exec setsid "$@" </dev/null >>"$logf" 2>&1
+  ) &
+  printf '%s\n' "$!" >"$pidf"
+}
+
+port_open() {
+  timeout 2 bash -c "exec 3<>/dev/tcp/$HOST/$1" 2>/dev/null
+}
+
+# Pids (other than ours) whose command line mentions $1: a hint for a foreign listener.
+port_users() {
+  local f pid cmd out=""
+  for f in /proc/[0-9]*/cmdline; do
+    pid=${f#/proc/}
+    pid=${pid%/cmdline}
+    [[ $pid == "$$" ]] && continue
+    cmd=$(tr '\0' ' ' <"$f" 2>/dev/null) || continue
+    [[ $cmd == *"$1"* ]] && out+="${out:+ }$pid"
+  done
+  printf '%s\n' "$out"
+}
+
+# Fails when one of the server's ports already has a listener (one we did not record).
+check_ports_free() {
+  local port hint
+  while read -r port; do
+    if port_open "$port"; then
+      hint=$(port_users "$port")
+      log "port $port (needed by $1) is already in use by a process not recorded in $STATE/run" \
+        "(candidate pids: ${hint:-unknown}; a previous state dir may have been deleted, e.g. by" \
+        "cargo clean, while its servers ran: stop those processes by pid)"
+      return 1
+    fi
+  done < <(server_ports "$1")
+}
+
+# --------------------------------------------------------------------------------------------
+# Packages
+
+ensure_packages() {
+  local missing=() pkg
+  add() {
+    local p
+    for p in "${missing[@]}"; do [[ $p == "$1" ]] && return 0; done
+    missing+=("$1")
+  }
+  command -v redis-server >/dev/null || add redis-server
+  command -v redis-cli >/dev/null || add redis-tools
+  command -v etcd >/dev/null || add etcd-server
+  command -v etcdctl >/dev/null || add etcd-client
+  [[ -f $ZK_JAR ]] || add zookeeper
+  command -v java >/dev/null || add zookeeper
+  command -v mariadbd >/dev/null || add mariadb-server
+  command -v mariadb-install-db >/dev/null || add mariadb-server
+  command -v mariadb >/dev/null || add mariadb-client
+  command -v protoc >/dev/null || add protobuf-compiler
+  # etcd-client's build needs the well-known types (google/protobuf/*.proto) besides protoc.
+  [[ -f /usr/include/google/protobuf/descriptor.proto ]] || add libprotobuf-dev
+  [[ -x $PG_BIN/postgres && -x $PG_BIN/initdb && -x $PG_BIN/psql ]] || add postgresql-15
+  ((${#missing[@]} == 0)) && return 0
+
+  if ((EUID != 0)); then
+    log "missing packages: ${missing[*]}; install them with:"
+    printf '  sudo apt-get update && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends %s\n' \
+      "${missing[*]}" >&2
+    exit 1
+  fi
+  log "installing: ${missing[*]}"
+  local t0
+  t0=$(now_ms)
+  apt-get -q -o DPkg::Lock::Timeout=300 update >&2
+  DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=300 install -y \
+    --no-install-recommends "${missing[@]}" >&2
+  log "installed in $(($(now_ms) - t0)) ms"
+  for pkg in redis-server etcd etcdctl mariadbd protoc; do
+    command -v "$pkg" >/dev/null || die "$pkg still missing after apt-get install"
+  done
+  [[ -f $ZK_JAR ]] || die "$ZK_JAR still missing after apt-get install"
+}
+
+# --------------------------------------------------------------------------------------------
+# PostgreSQL placement
+
+# Directory holding PostgreSQL's data dir (data/) and its unix socket; owned by postgres.
+pg_base() {
+  local rec="$STATE/run/postgres.base"
+  if [[ -f $rec ]]; then
+    cat "$rec"
+  else
+    data_dir postgres
+  fi
+}
+
+# Chooses (first time) and prepares pg_base; prints it.
+pg_prepare_base() {
+  local rec="$STATE/run/postgres.base" base
+  if [[ -f $rec ]]; then
+    base=$(<"$rec")
+  else
+    base=$(data_dir postgres)
+    local sock="$base/.s.PGSQL.$PG_PORT"
+    if ((${#sock} > 100)) || ! pg_dir_usable "$base"; then
+      base="/tmp/distlock-pg-$(state_hash)"
+      log "postgres: using $base (the state dir is not usable by the postgres user or too long)"
+      pg_dir_usable "$base" || die "postgres: cannot prepare $base for the postgres user"
+    fi
+    printf '%s\n' "$base" >"$rec"
+  fi
+  mkdir -p "$base"
+  if ((EUID == 0)); then
+    chown postgres:postgres "$base"
+  fi
+  chmod 700 "$base"
+  printf '%s\n' "$base"
+}
+
+# Creates $1 owned by postgres and checks that the postgres user can write in it.
+pg_dir_usable() {
+  mkdir -p "$1" || return 1
+  ((EUID == 0)) || return 0
+  chown postgres:postgres "$1" && chmod 700 "$1" || return 1
+  runuser -u postgres -- test -w "$1" -a -x "$1" 2>/dev/null
+}
+
+pg_run() {
+  if ((EUID == 0)); then
+    (cd / && runuser -u postgres -- "$@")
+  else
+    "$@"
+  fi
+}
+
+# --------------------------------------------------------------------------------------------
+# Per-server preparation and launch (both idempotent on an existing data dir)
+
+etcd_token() {
+  local f="$STATE/data/$1.token"
+  if [[ ! -s $f ]]; then
+    printf 'distlock-%s-%s-%s\n' "$1" "$(date +%s%N)" "$$" >"$f"
+  fi
+  cat "$f"
+}
+
+write_zoo_cfg() {
+  mkdir -p "$STATE/conf"
+  cat >"$STATE/conf/zoo.cfg" <<EOF
+# generated by scripts/services.sh
+dataDir=$(data_dir zookeeper)
+clientPort=$ZK_PORT
+clientPortAddress=$HOST
+tickTime=200
+minSessionTimeout=400
+maxSessionTimeout=60000
+maxClientCnxns=0
+4lw.commands.whitelist=ruok,srvr,stat,mntr
+admin.enableServer=false
+preAllocSize=4096
+EOF
+}
+
+launch() {
+  local name=$1 dir
+  dir=$(data_dir "$name")
+  case $name in
+    redis-*)
+      mkdir -p "$dir"
+      spawn "$name" redis-server --port "${name#redis-}" --bind "$HOST" --save '' \
+        --appendonly no --daemonize no --dir "$dir"
+      ;;
+    etcd)
+      mkdir -p "$dir"
+      chmod 700 "$dir"
+      spawn "$name" etcd --name etcd-single --data-dir "$dir" --logger zap \
+        --listen-client-urls "http://$HOST:$ETCD_CLIENT_PORT" \
+        --advertise-client-urls "http://$HOST:$ETCD_CLIENT_PORT" \
+        --listen-peer-urls "http://$HOST:$ETCD_PEER_PORT" \
+        --initial-advertise-peer-urls "http://$HOST:$ETCD_PEER_PORT" \
+        --initial-cluster "etcd-single=http://$HOST:$ETCD_PEER_PORT" \
+        --initial-cluster-token "$(etcd_token etcd)" --initial-cluster-state new
+      ;;
+    etcd-cluster-*)
+      local i initial="" j
+      i=$(member_index "$name")
+      for j in 0 1 2; do
+        initial+="${initial:+,}etcd-cluster-$((j + 1))=http://$HOST:${CLUSTER_PEER_PORTS[j]}"
+      done
+      mkdir -p "$dir"
+      chmod 700 "$dir"
+      spawn "$name" etcd --name "$name" --data-dir "$dir" --logger zap \
+        --listen-client-urls "http://$HOST:${CLUSTER_CLIENT_PORTS[i]}" \
+        --advertise-client-urls "http://$HOST:${CLUSTER_CLIENT_PORTS[i]}" \
+        --listen-peer-urls "http://$HOST:${CLUSTER_PEER_PORTS[i]}" \
+        --initial-advertise-peer-urls "http://$HOST:${CLUSTER_PEER_PORTS[i]}" \
+        --initial-cluster "$initial" \
+        --initial-cluster-token "$(etcd_token etcd-cluster)" --initial-cluster-state new
+      ;;
+    zookeeper)
+      mkdir -p "$dir"
+      write_zoo_cfg
+      [[ -f $SLF4J_SIMPLE_JAR ]] || log "zookeeper: $SLF4J_SIMPLE_JAR missing, its log stays empty"
+      spawn "$name" java -Xmx256m -XX:+UseSerialGC -Djava.net.preferIPv4Stack=true \
+        -Dzookeeper.admin.enableServer=false -Dorg.slf4j.simpleLogger.showDateTime=true \
+        '-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd HH:mm:ss.SSS' \
+        -cp "/etc/zookeeper/conf:$ZK_JAR:$SLF4J_SIMPLE_JAR" \
+        org.apache.zookeeper.server.ZooKeeperServerMain "$STATE/conf/zoo.cfg"
+      ;;
+    postgres)
+      local base pgdata
+      base=$(pg_prepare_base)
+      pgdata="$base/data"
+      if [[ ! -f $base/.initialized ]]; then
+        rm -rf "$pgdata"
+        pg_run "$PG_BIN/initdb" -D "$pgdata" -A trust -U postgres -E UTF8 --locale=C.UTF-8 \
+          --no-sync >>"$(log_file postgres)" 2>&1 ||
+          die "postgres: initdb failed, see $(log_file postgres)"
+        touch "$base/.initialized"
+      fi
+      local cmd=("$PG_BIN/postgres" -D "$pgdata" -c "listen_addresses=$HOST" -p "$PG_PORT"
+        -c "unix_socket_directories=$base" -c dynamic_shared_memory_type=mmap -c fsync=on
+        -c max_connections=200)
+      if ((EUID == 0)); then
+        spawn "$name" setpriv --reuid=postgres --regid=postgres --init-groups -- "${cmd[@]}"
+      else
+        spawn "$name" "${cmd[@]}"
+      fi
+      ;;
+    mariadb)
+      local sock="$dir/mysqld.sock" user=()
+      ((${#sock} <= 100)) || sock="/tmp/distlock-mariadb-$(state_hash).sock"
+      ((EUID == 0)) && user=(--user=root)
+      if [[ ! -f $dir/.distlock-initialized ]]; then
+        rm -rf "$dir"
+        mkdir -p "$dir"
+        mariadb-install-db --no-defaults --datadir="$dir" --auth-root-authentication-method=normal \
+          "${user[@]}" --skip-test-db >>"$(log_file mariadb)" 2>&1 ||
+          die "mariadb: mariadb-install-db failed, see $(log_file mariadb)"
+        touch "$dir/.distlock-initialized"
+      fi
+      spawn "$name" mariadbd --no-defaults "${user[@]}" --datadir="$dir" --port="$MARIADB_PORT" \
+        --bind-address="$HOST" --socket="$sock" --pid-file="$STATE/run/mariadbd.pid" \
+        --skip-name-resolve --max-connections=300 --character-set-server=utf8mb4 \
+        --collation-server=utf8mb4_unicode_ci
+      ;;
+  esac
+}
+
+# --------------------------------------------------------------------------------------------
+# Readiness
+
+zk_srvr() {
+  timeout 2 bash -c "exec 3<>/dev/tcp/$HOST/$ZK_PORT && printf srvr >&3 && cat <&3" 2>/dev/null
+}
+
+# mariadb_sql SQL [DATABASE]
+mariadb_sql() {
+  mariadb --no-defaults --protocol=tcp -h"$HOST" -P"$MARIADB_PORT" -uroot --connect-timeout=2 \
+    -e "$1" ${2:+"$2"}
+}
+
+pg_sql() {
+  "$PG_BIN/psql" -X -q -h "$HOST" -p "$PG_PORT" -U postgres -d "$1" -tAc "$2"
+}
+
+# One readiness probe, no waiting.
+probe() {
+  case $1 in
+    redis-*) [[ $(timeout 2 redis-cli -h "$HOST" -p "${1#redis-}" ping 2>/dev/null) == PONG ]] ;;
+    etcd | etcd-cluster-*)
+      ETCDCTL_API=3 timeout 5 etcdctl --endpoints="http://$HOST:$(server_port "$1")" \
+        --dial-timeout=1s --command-timeout=2s endpoint health >/dev/null 2>&1
+      ;;
+    zookeeper) zk_srvr | grep -q '^Mode:' ;;
+    postgres) "$PG_BIN/pg_isready" -q -h "$HOST" -p "$PG_PORT" -t 2 ;;
+    mariadb) mariadb_sql 'select 1' >/dev/null 2>&1 ;;
+  esac
+}
+
+# Work after the first successful probe (idempotent).
+post_ready() {
+  case $1 in
+    postgres)
+      if [[ $(pg_sql postgres "SELECT 1 FROM pg_database WHERE datname = 'distlock'") != 1 ]]; then
+        pg_sql postgres 'CREATE DATABASE distlock' >&2
+      fi
+      [[ $(pg_sql distlock 'SELECT 1') == 1 ]]
+      ;;
+    mariadb)
+      mariadb_sql 'CREATE DATABASE IF NOT EXISTS distlock' >&2 &&
+        mariadb_sql 'SELECT 1' distlock >/dev/null
+      ;;
+  esac
+}
+
+# Waits until server $1 answers; on failure prints why and the tail of its log.
+wait_ready() {
+  local name=$1 t0 deadline pid
+  t0=$(now_ms)
+  deadline=$((t0 + READY_TIMEOUT * 1000))
+  while :; do
+    if probe "$name"; then
+      if post_ready "$name"; then
+        log "$name ready ($(($(now_ms) - t0)) ms)"
+        return 0
+      fi
+      log "$name answers but its setup (database distlock) failed"
+      break
+    fi
+    pid=$(recorded_pid "$name" || true)
+    if [[ -z $pid ]] || ! pid_alive "$pid"; then
+      log "$name: process ${pid:-?} exited before answering"
+      break
+    fi
+    if (($(now_ms) > deadline)); then
+      log "$name did not answer within ${READY_TIMEOUT} s"
+      break
+    fi
+    sleep 0.05
+  done
+  log "---- last lines of $(log_file "$name") ----"
+  tail -n 30 "$(log_file "$name")" >&2 || true
+  log "----"
+  return 1
+}
+
+# --------------------------------------------------------------------------------------------
+# Stop
+
+stop_signal() {
+  case $1 in
+    postgres) printf 'INT\n' ;; # fast shutdown (TERM would wait for clients)
+    *) printf 'TERM\n' ;;
+  esac
+}
+
+# Sends the stop signal to server $1 if its recorded process is alive; prints its pid.
+signal_server() {
+  local name=$1 pid
+  pid=$(recorded_pid "$name") || return 0
+  if is_running "$name"; then
+    kill -s "$(stop_signal "$name")" "$pid" 2>/dev/null || true
+    printf '%s\n' "$pid"
+  elif pid_alive "$pid"; then
+    log "$name: pid $pid is now $(cat "/proc/$pid/comm" 2>/dev/null || echo '?'), not ours: left alone"
+  fi
+}
+
+# Waits until pid $2 of server $1 is gone; SIGKILL after STOP_TIMEOUT.
+wait_gone() {
+  local name=$1 pid=$2 deadline t0
+  t0=$(now_ms)
+  deadline=$((t0 + STOP_TIMEOUT * 1000))
+  while pid_alive "$pid"; do
+    if (($(now_ms) > deadline)); then
+      log "$name (pid $pid) still running after ${STOP_TIMEOUT} s: SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+      deadline=$(($(now_ms) + 10000))
+      while pid_alive "$pid"; do
+        (($(now_ms) > deadline)) && die "$name (pid $pid) survives SIGKILL"
+        sleep 0.05
+      done
+      break
+    fi
+    sleep 0.05
+  done
+  if (($(now_ms) - t0 > 1000)); then
+    log "$name took $(($(now_ms) - t0)) ms to stop"
+  fi
+  rm -f "$(pid_file "$name")"
+}
+
+stop_one() {
+  local name=$1 pid t0
+  t0=$(now_ms)
+  pid=$(signal_server "$name")
+  if [[ -n $pid ]]; then
+    wait_gone "$name" "$pid"
+    log "$name stopped ($(($(now_ms) - t0)) ms, data kept)"
+  else
+    rm -f "$(pid_file "$name")"
+    log "$name was not running"
+  fi
+}
+
+stop_all() {
+  local name pid t0 names=() pids=()
+  t0=$(now_ms)
+  for name in "${ALL_SERVERS[@]}"; do
+    [[ $name == etcd-cluster-* ]] && continue
+    pid=$(signal_server "$name")
+    if [[ -n $pid ]]; then
+      names+=("$name")
+      pids+=("$pid")
+    fi
+  done
+  # Cluster members one at a time, while the others shut down.
+  for name in etcd-cluster-1 etcd-cluster-2 etcd-cluster-3; do
+    pid=$(signal_server "$name")
+    [[ -n $pid ]] && wait_gone "$name" "$pid"
+  done
+  local i
+  for i in "${!names[@]}"; do
+    wait_gone "${names[i]}" "${pids[i]}"
+  done
+  rm -rf "$STATE/data" "$STATE/conf" "$STATE/run" "/tmp/distlock-pg-$(state_hash)" \
+    "/tmp/distlock-mariadb-$(state_hash).sock"
+  unregister_state
+  log "stopped everything in $(($(now_ms) - t0)) ms; data removed (logs kept in $STATE/logs)"
+}
+
+# --------------------------------------------------------------------------------------------
+# Other state dirs (another checkout, e.g. CI's fresh clone while a developer's servers still run)
+
+REGISTRY=/tmp/distlock-services.d
+
+register_state() {
+  { mkdir -p "$REGISTRY" && printf '%s\n' "$STATE" >"$REGISTRY/$(state_hash)"; } 2>/dev/null || true
+}
+
+unregister_state() { rm -f "$REGISTRY/$(state_hash)" 2>/dev/null || true; }
+
+# Servers of other registered state dirs hold our fixed ports: stop them when
+# DISTLOCK_SERVICES_TAKEOVER=1 (scripts/test.sh sets it under CI=true), otherwise fail with the
+# command that stops them.
+check_other_instances() {
+  local f other name busy
+  for f in "$REGISTRY"/*; do
+    [[ -f $f ]] || continue
+    other=$(<"$f")
+    [[ $other != "$STATE" ]] || continue
+    busy=""
+    for name in "${ALL_SERVERS[@]}"; do
+      if STATE=$other is_running "$name"; then busy+="${busy:+ }$name"; fi
+    done
+    if [[ -z $busy ]]; then
+      rm -f "$f"
+      continue
+    fi
+    if [[ ${DISTLOCK_SERVICES_TAKEOVER:-0} == 1 ]]; then
+      log "servers of another state dir $other are running ($busy): stopping them (takeover)"
+      DISTLOCK_SERVICES_DIR=$other "$0" stop || return 1
+    else
+      log "servers of another state dir $other hold the fixed ports ($busy); stop them with:"
+      log "  DISTLOCK_SERVICES_DIR=$other $0 stop    (or set DISTLOCK_SERVICES_TAKEOVER=1)"
+      return 1
+    fi
+  done
+}
+
+# --------------------------------------------------------------------------------------------
+# Start
+
+prepare_state() {
+  mkdir -p "$STATE/data" "$STATE/logs" "$STATE/run" "$STATE/conf"
+  # Traversable, so the postgres user can reach data/postgres.
+  chmod 755 "$STATE" "$STATE/data" 2>/dev/null || true
+}
+
+# Starts the given servers (those not running), then waits for all of them.
+start_servers() {
+  local name t0 failed=() bg_names=() bg_pids=() to_wait=()
+  t0=$(now_ms)
+  ensure_packages
+  check_other_instances || return 1
+  prepare_state
+  register_state
+  # initdb / mariadb-install-db are the slow part of a cold start: begin with them.
+  local ordered=() n
+  for n in "$@"; do [[ $n == postgres || $n == mariadb ]] && ordered+=("$n"); done
+  for n in "$@"; do [[ $n == postgres || $n == mariadb ]] || ordered+=("$n"); done
+  for name in "${ordered[@]}"; do
+    if is_running "$name"; then
+      log "$name already running (pid $(recorded_pid "$name"))"
+      to_wait+=("$name")
+      continue
+    fi
+    rm -f "$(pid_file "$name")"
+    if ! check_ports_free "$name"; then
+      failed+=("$name")
+      continue
+    fi
+    # Cold start truncates the log; a restart of a kept data dir appends.
+    [[ -d $(data_dir "$name") ]] || : >"$(log_file "$name")"
+    case $name in
+      postgres | mariadb)
+        # initdb / install-db take ~1 s: run them in parallel with everything else.
+        launch "$name" &
+        bg_names+=("$name")
+        bg_pids+=("$!")
+        ;;
+      *) launch "$name" ;;
+    esac
+    to_wait+=("$name")
+  done
+  local i
+  for i in "${!bg_names[@]}"; do
+    if ! wait "${bg_pids[i]}"; then
+      failed+=("${bg_names[i]}")
+      tail -n 30 "$(log_file "${bg_names[i]}")" >&2 || true
+    fi
+  done
+  for name in "${to_wait[@]}"; do
+    local skip=0 f
+    for f in "${failed[@]}"; do [[ $f == "$name" ]] && skip=1; done
+    ((skip)) && continue
+    wait_ready "$name" || failed+=("$name")
+  done
+  if ((${#failed[@]})); then
+    log "FAILED to start: ${failed[*]} (state in $STATE; run '$0 stop' to clean up)"
+    return 1
+  fi
+  log "all requested servers ready in $(($(now_ms) - t0)) ms"
+}
+
+print_env() {
+  local urls="" p
+  for p in "${REDIS_PORTS[@]}"; do urls+="${urls:+,}redis://$HOST:$p"; done
+  printf 'export DISTLOCK_TEST_REDIS_URLS=%s\n' "$urls"
+  printf 'export DISTLOCK_TEST_ETCD_ENDPOINTS=http://%s:%s\n' "$HOST" "$ETCD_CLIENT_PORT"
+  urls=""
+  for p in "${CLUSTER_CLIENT_PORTS[@]}"; do urls+="${urls:+,}http://$HOST:$p"; done
+  printf 'export DISTLOCK_TEST_ETCD_CLUSTER_ENDPOINTS=%s\n' "$urls"
+  printf 'export DISTLOCK_TEST_ZK_CONNECT=%s:%s\n' "$HOST" "$ZK_PORT"
+  printf 'export DISTLOCK_TEST_POSTGRES_URL=postgres://postgres@%s:%s/distlock\n' "$HOST" "$PG_PORT"
+  printf 'export DISTLOCK_TEST_MYSQL_URL=mysql://root@%s:%s/distlock\n' "$HOST" "$MARIADB_PORT"
+  printf 'export DISTLOCK_SERVICES_DIR=%q\n' "$STATE"
+}
+
+status() {
+  local name pid all=0
+  for name in "${ALL_SERVERS[@]}"; do
+    if is_running "$name"; then
+      pid=$(recorded_pid "$name")
+      if probe "$name"; then
+        printf '%-15s running  pid %-7s %s:%s\n' "$name" "$pid" "$HOST" "$(server_port "$name")"
+      else
+        printf '%-15s running  pid %-7s %s:%s (not answering)\n' "$name" "$pid" "$HOST" \
+          "$(server_port "$name")"
+        all=1
+      fi
+    else
+      printf '%-15s stopped\n' "$name"
+      all=1
+    fi
+  done
+  return "$all"
+}
+
+lock_state() {
+  mkdir -p "$STATE"
+  exec 9>"$STATE/.lock"
+  flock -w 600 9 || die "another services.sh holds $STATE/.lock"
+}
+
+usage() {
+  sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" >&2
+  exit 2
+}
+
+main() {
+  local action=${1:-}
+  case $action in
+    start)
+      lock_state
+      start_servers "${ALL_SERVERS[@]}"
+      print_env
+      ;;
+    stop)
+      lock_state
+      stop_all
+      ;;
+    status) status ;;
+    env) print_env ;;
+    start-one | stop-one)
+      if [[ $# -ne 2 ]] || ! is_server "$2"; then
+        log "$action needs one NAME of: ${ALL_SERVERS[*]}"
+        exit 2
+      fi
+      lock_state
+      if [[ $action == start-one ]]; then
+        start_servers "$2"
+      else
+        stop_one "$2"
+      fi
+      ;;
+    *) usage ;;
+  esac
+}
+
+main "$@"

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The project's test command (CI runs it through .ci/run).
+#
+# Starts every test server (scripts/services.sh start; installs the Debian packages on first use,
+# including protoc, which the etcd-client build needs), exports their addresses with
+# DISTLOCK_TEST_REQUIRE=all (a missing backend fails instead of skipping), then runs:
+#   cargo fmt --all -- --check
+#   cargo clippy --workspace --all-targets --all-features -- -D warnings
+#   RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --all-features --no-deps
+#   cargo test --workspace --all-features
+# Every step runs even when an earlier one failed (so one run reports everything); the script
+# exits with the exit code of the first failing step (or of the server start-up), 0 otherwise.
+# The servers are stopped on exit, also on failure or interruption, unless all of them were
+# already running before this script started (a developer's `scripts/services.sh start`): then
+# they are left running (set DISTLOCK_TEST_STOP_SERVICES=1 to stop them anyway).
+# Extra arguments are passed to `cargo test` (e.g. scripts/test.sh -- --nocapture).
+set -euo pipefail
+
+cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.."
+REPO=$(pwd -P)
+
+if ! command -v cargo >/dev/null 2>&1; then
+  for dir in "${CARGO_HOME:-$HOME/.cargo}/bin" "$HOME/.cargo/bin" /usr/local/cargo/bin; do
+    if [[ -x $dir/cargo ]]; then
+      PATH="$dir:$PATH"
+      break
+    fi
+  done
+  export PATH
+fi
+command -v cargo >/dev/null 2>&1 || {
+  echo "test.sh: cargo not found (looked on PATH, ~/.cargo/bin, /usr/local/cargo/bin)" >&2
+  exit 127
+}
+
+SERVICES="$REPO/scripts/services.sh"
+# In CI (a fresh clone on the developer's machine) stop servers a developer left running.
+if [[ ${CI:-} == true || ${CI:-} == 1 ]]; then
+  export DISTLOCK_SERVICES_TAKEOVER=${DISTLOCK_SERVICES_TAKEOVER:-1}
+fi
+services_started=0
+
+# shellcheck disable=SC2317  # invoked by the EXIT trap
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  if ((services_started)); then
+    "$SERVICES" stop || echo "test.sh: stopping the servers failed" >&2
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+now_ms() {
+  local s
+  s=$(date +%s%N)
+  printf '%s\n' "$((s / 1000000))"
+}
+
+fmt_ms() { printf '%d.%01ds' "$(($1 / 1000))" "$((($1 % 1000) / 100))"; }
+
+first_rc=0
+summary=()
+
+# run_step NAME COMMAND... : runs the command, records its time and exit code, never exits.
+run_step() {
+  local name=$1 t0 rc=0 took
+  shift
+  echo "==> test.sh: $name: $*" >&2
+  t0=$(now_ms)
+  "$@" || rc=$?
+  took=$(fmt_ms "$(($(now_ms) - t0))")
+  if ((rc == 0)); then
+    echo "==> test.sh: $name ok ($took)" >&2
+    summary+=("$name ok $took")
+  else
+    echo "==> test.sh: $name FAILED with exit code $rc ($took)" >&2
+    summary+=("$name FAILED(rc=$rc) $took")
+    ((first_rc != 0)) || first_rc=$rc
+  fi
+}
+
+echo "==> test.sh: $(cargo --version), $(rustc --version)" >&2
+
+t0=$(now_ms)
+if "$SERVICES" status >/dev/null 2>&1 && [[ ${DISTLOCK_TEST_STOP_SERVICES:-0} != 1 ]]; then
+  echo "==> test.sh: all servers already running: using them and leaving them running" >&2
+else
+  services_started=1
+fi
+exports=$("$SERVICES" start) || {
+  rc=$?
+  echo "==> test.sh: starting the test servers FAILED with exit code $rc" >&2
+  exit "$rc"
+}
+eval "$exports"
+echo "==> test.sh: servers ready ($(fmt_ms "$(($(now_ms) - t0))")):" >&2
+while IFS= read -r line; do printf '    %s\n' "$line"; done <<<"$exports" >&2
+export DISTLOCK_TEST_REQUIRE=all
+
+run_step fmt cargo fmt --all -- --check
+run_step clippy cargo clippy --workspace --all-targets --all-features -- -D warnings
+run_step doc env RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --all-features --no-deps
+run_step test cargo test --workspace --all-features "$@"
+
+echo "==> test.sh summary: ${summary[*]}" >&2
+exit "$first_rc"
