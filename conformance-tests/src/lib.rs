@@ -183,7 +183,10 @@ pub fn loud(line: &str) {
 }
 
 /// Cases that stop the server or cut connections, and so must not overlap other cases.
-pub const DISRUPTIVE: &[&str] = &["server_unavailable_then_recovers", "cut_connection_is_survived_or_reported"];
+pub const DISRUPTIVE: &[&str] = &[
+    "server_unavailable_then_recovers",
+    "cut_connection_is_survived_or_reported",
+];
 
 /// Runs one case for one configuration; used by [`conformance_suite!`].
 pub async fn run_case<M, MF>(config: &str, case: &str, make: M, body: fn(Ctx) -> CaseFuture)

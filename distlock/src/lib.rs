@@ -99,7 +99,9 @@ fn feature_of(scheme: &str) -> Option<&'static str> {
 fn named_memory_store(name: &str) -> memory::MemoryStore {
     static STORES: OnceLock<Mutex<HashMap<String, memory::MemoryStore>>> = OnceLock::new();
     let stores = STORES.get_or_init(Mutex::default);
-    let mut stores = stores.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut stores = stores
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     stores.entry(name.to_owned()).or_default().clone()
 }
 
