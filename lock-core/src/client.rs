@@ -428,3 +428,21 @@ impl Registry {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_within_bounds_and_resets() {
+        let cfg = Backoff::new(Duration::from_millis(2), Duration::from_millis(50));
+        let mut state = BackoffState::new(&cfg);
+        for _ in 0..100 {
+            let delay = state.next();
+            assert!(delay >= cfg.min && delay <= cfg.max, "{delay:?}");
+        }
+        assert_eq!(state.current, cfg.max);
+        state.reset();
+        assert_eq!(state.next(), cfg.min);
+    }
+}

@@ -314,3 +314,74 @@ impl ClientConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::FencingGuarantee;
+
+    #[test]
+    fn defaults_are_valid_and_renew_at_a_third() {
+        let opts = AcquireOptions::default();
+        opts.validate(&Capabilities::new(FencingGuarantee::Linearizable))
+            .unwrap();
+        assert_eq!(opts.renewal_interval(), Some(Duration::from_secs(10)));
+        assert_eq!(
+            opts.clone()
+                .with_renewal(Renewal::disabled())
+                .renewal_interval(),
+            None
+        );
+    }
+
+    #[test]
+    fn drift_is_bounded_by_half_the_ttl() {
+        let config = ClientConfig::default();
+        assert_eq!(
+            config.drift(Duration::from_secs(10)),
+            Duration::from_millis(102)
+        );
+        assert_eq!(
+            config.drift(Duration::from_millis(2)),
+            Duration::from_millis(1)
+        );
+        assert!(
+            ClientConfig {
+                drift_factor: 0.7,
+                ..ClientConfig::default()
+            }
+            .validate()
+            .is_err()
+        );
+        assert!(
+            ClientConfig::default()
+                .with_operation_timeout(Duration::ZERO)
+                .validate()
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn ttl_limits_come_from_the_backend() {
+        let caps = Capabilities::new(FencingGuarantee::Linearizable)
+            .with_ttl_range(Duration::from_secs(1), Duration::from_secs(60));
+        let opts = AcquireOptions::default();
+        assert!(
+            opts.clone()
+                .with_ttl(Duration::from_millis(999))
+                .validate(&caps)
+                .is_err()
+        );
+        assert!(
+            opts.clone()
+                .with_ttl(Duration::from_secs(61))
+                .validate(&caps)
+                .is_err()
+        );
+        assert!(
+            opts.with_ttl(Duration::from_secs(60))
+                .validate(&caps)
+                .is_ok()
+        );
+    }
+}
