@@ -1,0 +1,261 @@
+//! S2: K clients contending for one name.
+//!
+//! Each client loops: `acquire` (bounded by [`BenchConfig::acquire_wait`]), hold for
+//! [`BenchConfig::hold`], release, re-acquire at once. Just before calling `release`, the
+//! holder writes `(its id, now)` into a shared record and decrements a shared holder gauge;
+//! just after `acquire` returns, the next holder increments the gauge (a non-zero previous
+//! value is an exclusivity violation) and reads the record. If the record names another
+//! client, `now - release instant` is one handoff latency; if it names itself, the handoff
+//! went back to the same client and is only counted. Statistics cover the critical sections
+//! whose `acquire` returned inside the measured window.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use lock_core::{AcquireOptions, DistributedLock, Error};
+
+use crate::BenchConfig;
+use crate::report::{ClientShare, S2Result};
+use crate::stats::{Progress, Recorder, micros, rate, share};
+
+struct Shared {
+    name: String,
+    options: AcquireOptions,
+    hold: Duration,
+    measure_from: Instant,
+    measure_until: Instant,
+    /// Clients inside a critical section right now: must never exceed 1.
+    holders: AtomicU64,
+    max_holders: AtomicU64,
+    violations: AtomicU64,
+    /// The last holder about to release: (client id, instant just before `release`).
+    last_release: Mutex<Option<(usize, Instant)>>,
+    /// Critical sections in the measured window so far, for progress lines.
+    measured: AtomicU64,
+    /// Set when a client fails, so that the others stop too.
+    stop: AtomicBool,
+}
+
+/// One client's statistics over the measured window.
+struct ClientStats {
+    critical_sections: u64,
+    to_other: u64,
+    to_self: u64,
+    held: Duration,
+    longest_wait: Duration,
+    /// Handoffs from another client to this one.
+    handoff: Recorder,
+    /// Every `acquire` call of this client.
+    wait: Recorder,
+}
+
+impl ClientStats {
+    fn new() -> Self {
+        Self {
+            critical_sections: 0,
+            to_other: 0,
+            to_self: 0,
+            held: Duration::ZERO,
+            longest_wait: Duration::ZERO,
+            handoff: Recorder::new(),
+            wait: Recorder::new(),
+        }
+    }
+}
+
+async fn client_loop(
+    id: usize,
+    client: Arc<dyn DistributedLock>,
+    shared: Arc<Shared>,
+) -> (ClientStats, Option<Error>) {
+    let mut stats = ClientStats::new();
+    let mut error = None;
+    while !shared.stop.load(Ordering::Relaxed) && Instant::now() < shared.measure_until {
+        let asked = Instant::now();
+        let guard = match client.acquire(&shared.name, &shared.options).await {
+            Ok(guard) => guard,
+            Err(err) => {
+                error = Some(err);
+                break;
+            }
+        };
+        let acquired = Instant::now();
+        let before = shared.holders.fetch_add(1, Ordering::SeqCst);
+        shared.max_holders.fetch_max(before + 1, Ordering::SeqCst);
+        if before != 0 {
+            shared.violations.fetch_add(1, Ordering::SeqCst);
+        }
+        let previous = *shared
+            .last_release
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let measured = acquired >= shared.measure_from && acquired < shared.measure_until;
+        if measured {
+            shared.measured.fetch_add(1, Ordering::Relaxed);
+            stats.critical_sections += 1;
+            let waited = acquired - asked;
+            stats.wait.record(waited);
+            stats.longest_wait = stats.longest_wait.max(waited);
+            match previous {
+                Some((holder, released)) if holder != id => {
+                    stats.to_other += 1;
+                    stats
+                        .handoff
+                        .record(acquired.saturating_duration_since(released));
+                }
+                Some(_) => stats.to_self += 1,
+                None => {}
+            }
+        }
+
+        tokio::time::sleep(shared.hold).await;
+
+        let releasing = Instant::now();
+        if measured {
+            stats.held += releasing - acquired;
+        }
+        *shared
+            .last_release
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some((id, releasing));
+        shared.holders.fetch_sub(1, Ordering::SeqCst);
+        if let Err(err) = guard.release().await {
+            error = Some(err);
+            break;
+        }
+    }
+    if error.is_some() {
+        shared.stop.store(true, Ordering::Relaxed);
+    }
+    (stats, error)
+}
+
+pub(crate) async fn run_s2(
+    clients: Vec<Arc<dyn DistributedLock>>,
+    name: String,
+    config: &BenchConfig,
+    mut progress: Progress,
+) -> Result<S2Result, Error> {
+    let start = Instant::now();
+    let measure_from = start + config.s2_warmup;
+    let shared = Arc::new(Shared {
+        name,
+        options: AcquireOptions::default()
+            .with_ttl(config.ttl)
+            .with_wait(config.acquire_wait),
+        hold: config.hold,
+        measure_from,
+        measure_until: measure_from + config.duration,
+        holders: AtomicU64::new(0),
+        max_holders: AtomicU64::new(0),
+        violations: AtomicU64::new(0),
+        last_release: Mutex::new(None),
+        measured: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+    });
+    let client_count = clients.len();
+    let handles: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(id, client)| tokio::spawn(client_loop(id, client, shared.clone())))
+        .collect();
+    let aborts: Vec<_> = handles
+        .iter()
+        .map(tokio::task::JoinHandle::abort_handle)
+        .collect();
+
+    // Generous: every waiter may wait its full bound, and a lost lock frees after one ttl.
+    let deadline = shared.measure_until + config.acquire_wait + config.ttl + Duration::from_secs(5);
+    let total = config.s2_warmup + config.duration;
+    let mut joined = std::pin::pin!(futures::future::join_all(handles));
+    let outcomes = loop {
+        let now = Instant::now();
+        if now >= deadline {
+            aborts.iter().for_each(tokio::task::AbortHandle::abort);
+            return Err(Error::Backend {
+                message: format!(
+                    "the contended run did not finish within {:?}",
+                    deadline - start
+                ),
+                source: None,
+            });
+        }
+        let step = (deadline - now).min(Duration::from_millis(250));
+        match tokio::time::timeout(step, joined.as_mut()).await {
+            Ok(outcomes) => break outcomes,
+            Err(_) => progress.tick(|| {
+                format!(
+                    "{:.1}s / {:.1}s, {} critical sections measured",
+                    start.elapsed().as_secs_f64(),
+                    total.as_secs_f64(),
+                    shared.measured.load(Ordering::Relaxed)
+                )
+            }),
+        }
+    };
+
+    let mut handoff = Recorder::new();
+    let mut wait = Recorder::new();
+    let mut per_client = Vec::with_capacity(client_count);
+    let (mut total_cs, mut to_other, mut to_self) = (0, 0, 0);
+    let mut held = Duration::ZERO;
+    let mut longest_wait = Duration::ZERO;
+    let mut first_error = None;
+    for (id, outcome) in outcomes.into_iter().enumerate() {
+        let (stats, error) = match outcome {
+            Ok(outcome) => outcome,
+            Err(join) => (
+                ClientStats::new(),
+                Some(Error::Backend {
+                    message: format!("client {id} failed: {join}"),
+                    source: None,
+                }),
+            ),
+        };
+        if first_error.is_none() {
+            first_error = error;
+        }
+        total_cs += stats.critical_sections;
+        to_other += stats.to_other;
+        to_self += stats.to_self;
+        held += stats.held;
+        longest_wait = longest_wait.max(stats.longest_wait);
+        handoff.merge(&stats.handoff);
+        wait.merge(&stats.wait);
+        per_client.push(ClientShare {
+            client: id,
+            critical_sections: stats.critical_sections,
+            share: 0.0,
+            longest_wait_us: micros(stats.longest_wait),
+        });
+    }
+    if let Some(err) = first_error {
+        return Err(err);
+    }
+    for client in &mut per_client {
+        client.share = share(client.critical_sections, total_cs).unwrap_or(0.0);
+    }
+    Ok(S2Result {
+        clients: client_count,
+        measured_ms: config.duration.as_secs_f64() * 1000.0,
+        critical_sections: total_cs,
+        critical_sections_per_sec: rate(total_cs, config.duration),
+        handoff: handoff.summary(),
+        handoffs_to_other: to_other,
+        handoffs_to_self: to_self,
+        handoff_other_share: share(to_other, to_other + to_self),
+        acquire_wait: wait.summary(),
+        longest_wait_us: micros(longest_wait),
+        mean_hold_us: if total_cs > 0 {
+            micros(held) / total_cs as f64
+        } else {
+            0.0
+        },
+        held_share: held.as_secs_f64() / config.duration.as_secs_f64(),
+        per_client,
+        max_holders: shared.max_holders.load(Ordering::SeqCst),
+        exclusivity_violations: shared.violations.load(Ordering::SeqCst),
+        floor_ratio: None,
+    })
+}

@@ -1,0 +1,177 @@
+//! The shared distlock benchmark harness: every backend measured the same way, next to the
+//! cheapest correct lock its server allows.
+//!
+//! A [`Target`] is a label, a factory of independent `Arc<dyn DistributedLock>` clients and an
+//! optional [`RawFloor`]. [`run`] measures each target with the same [`BenchConfig`]:
+//!
+//! - **Floor**: the backend's raw acquire + release (e.g. Redis `SET NX PX` + `EVALSHA`
+//!   compare-and-delete), one connection, with the S1 loop. Every scenario reports its
+//!   throughput as a ratio to it (lock ops/s ÷ floor ops/s).
+//! - **S1, uncontended**: one client acquires and releases one name, `cycles` times after
+//!   `warmup_cycles`: cycles/s and cycle latency p50/p99/max, plus acquire and release alone.
+//! - **S2, contended**: `clients` clients (each from its own factory call) loop on one name:
+//!   `acquire`, hold for `hold`, release, re-acquire at once, for `duration` after
+//!   `s2_warmup`. Critical sections/s; handoff latency to *another* client, measured from the
+//!   instant just before the holder calls `release` to the instant the next holder's `acquire`
+//!   returns (handoffs back to the same client are only counted, in
+//!   [`S2Result::handoff_other_share`]); the longest single acquire; each client's share; and
+//!   an exclusivity check (a shared holder gauge that must never exceed one).
+//!
+//! Lock names live under a random prefix per run, so concurrent or repeated runs against one
+//! server do not collide. A failing part (connection refused, lock lost) is recorded in the
+//! [`Report`] and the run goes on. The report renders as Markdown
+//! ([`Report::to_markdown`]) and JSON ([`Report::to_json`]) and carries the parameters.
+//!
+//! ```
+//! use std::time::Duration;
+//! use lock_bench::{BenchConfig, Target};
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let config = BenchConfig::default()
+//!     .with_cycles(100)
+//!     .with_warmup_cycles(10)
+//!     .with_duration(Duration::from_millis(100))
+//!     .with_s2_warmup(Duration::from_millis(20));
+//! let report = lock_bench::run(&[Target::memory()], &config).await?;
+//! assert!(!report.has_failures());
+//! println!("{}", report.to_markdown());
+//! # Ok::<(), lock_core::Error>(())
+//! # }).unwrap();
+//! ```
+//!
+//! Other backends register a target the same way, with a factory that opens a new client
+//! per call (the `lock-bench` binary offers `--backend memory` only until the URL facade
+//! exists):
+//!
+//! ```
+//! # use std::sync::Arc;
+//! # use lock_bench::Target;
+//! # use lock_core::{DistributedLock, Error};
+//! # async fn connect(_url: &str) -> Result<Arc<dyn DistributedLock>, Error> {
+//! #     Ok(lock_core::memory::MemoryStore::new().client())
+//! # }
+//! let url = "redis://127.0.0.1:16379".to_owned();
+//! let target = Target::new("redis", move || {
+//!     let url = url.clone();
+//!     async move { connect(&url).await }
+//! });
+//! ```
+
+mod cli;
+mod config;
+mod contended;
+mod report;
+mod stats;
+mod target;
+mod uncontended;
+
+pub use cli::BenchArgs;
+pub use config::{BenchConfig, S1Call, ScenarioSelection};
+pub use report::{
+    ClientShare, FloorResult, Report, S1Result, S2Result, ScenarioError, TargetResult,
+};
+pub use stats::LatencySummary;
+pub use target::{ClientFuture, FloorFuture, RawFloor, Target};
+
+use lock_core::Error;
+use stats::Progress;
+
+/// Measures every target with `config`, one after another, and returns all results.
+///
+/// Must run inside a tokio runtime (S2 spawns one task per client); a multi-threaded runtime
+/// gives contending clients real parallelism.
+///
+/// # Errors
+/// [`Error::InvalidConfig`] if `config` is invalid. Failures while measuring are recorded in
+/// the report ([`TargetResult::errors`]) instead.
+pub async fn run(targets: &[Target], config: &BenchConfig) -> Result<Report, Error> {
+    config.validate()?;
+    let mut results = Vec::with_capacity(targets.len());
+    for target in targets {
+        results.push(run_target(target, config).await);
+    }
+    Ok(Report {
+        tool: format!("lock-bench {}", env!("CARGO_PKG_VERSION")),
+        config: config.clone(),
+        targets: results,
+    })
+}
+
+async fn run_target(target: &Target, config: &BenchConfig) -> TargetResult {
+    let label = target.label();
+    let base = format!("{}/{label}", config.name_prefix);
+    let mut result = TargetResult {
+        target: label.to_owned(),
+        backend: None,
+        floor: None,
+        uncontended: None,
+        contended: None,
+        errors: Vec::new(),
+    };
+    let progress = |scenario| Progress::new(config.progress, label, scenario);
+
+    match target.floor().await {
+        Ok(Some(mut floor)) => {
+            match uncontended::run_floor(
+                floor.as_mut(),
+                &format!("{base}/floor"),
+                config,
+                progress("floor"),
+            )
+            .await
+            {
+                Ok(f) => result.floor = Some(f),
+                Err(e) => result.errors.push(ScenarioError::new("floor", &e)),
+            }
+        }
+        Ok(None) => {}
+        Err(e) => result.errors.push(ScenarioError::new("floor", &e)),
+    }
+    let floor_ops = result
+        .floor
+        .as_ref()
+        .map(|f| f.ops_per_sec)
+        .filter(|ops| *ops > 0.0);
+
+    if config.scenarios.uncontended() {
+        let s1 = async {
+            let client = target.connect().await?;
+            result.backend = Some(client.backend().to_owned());
+            uncontended::run_s1(
+                client.as_ref(),
+                &format!("{base}/s1"),
+                config,
+                progress("s1"),
+            )
+            .await
+        };
+        match s1.await {
+            Ok(mut s1) => {
+                s1.floor_ratio = floor_ops.map(|f| s1.ops_per_sec / f);
+                result.uncontended = Some(s1);
+            }
+            Err(e) => result.errors.push(ScenarioError::new("s1", &e)),
+        }
+    }
+
+    if config.scenarios.contended() {
+        let s2 = async {
+            let mut clients = Vec::with_capacity(config.clients);
+            for _ in 0..config.clients {
+                clients.push(target.connect().await?);
+            }
+            if let Some(client) = clients.first() {
+                result.backend = Some(client.backend().to_owned());
+            }
+            contended::run_s2(clients, format!("{base}/s2"), config, progress("s2")).await
+        };
+        match s2.await {
+            Ok(mut s2) => {
+                s2.floor_ratio = floor_ops.map(|f| s2.critical_sections_per_sec / f);
+                result.contended = Some(s2);
+            }
+            Err(e) => result.errors.push(ScenarioError::new("s2", &e)),
+        }
+    }
+    result
+}

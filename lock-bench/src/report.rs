@@ -1,0 +1,300 @@
+//! Results: serializable structures and the Markdown rendering.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::{BenchConfig, LatencySummary, S1Call};
+
+/// Everything one [`run`](crate::run) measured, with its parameters.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct Report {
+    /// `lock-bench` and its version, to tell report formats apart.
+    pub tool: String,
+    /// The scenario parameters (durations in milliseconds).
+    pub config: BenchConfig,
+    /// One entry per target, in the order given.
+    pub targets: Vec<TargetResult>,
+}
+
+/// The results of one target.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct TargetResult {
+    /// The target's label.
+    pub target: String,
+    /// The backend name its clients report ([`DistributedLock::backend`](lock_core::DistributedLock::backend)),
+    /// once a client was created.
+    pub backend: Option<String>,
+    /// The raw floor, if the target has one and it ran without error.
+    pub floor: Option<FloorResult>,
+    /// S1, if selected and successful.
+    pub uncontended: Option<S1Result>,
+    /// S2, if selected and successful.
+    pub contended: Option<S2Result>,
+    /// What failed: a failing part is reported here and the run goes on with the next part.
+    pub errors: Vec<ScenarioError>,
+}
+
+/// A part of a run that failed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ScenarioError {
+    /// `"floor"`, `"s1"` or `"s2"`.
+    pub scenario: String,
+    /// The error, displayed with its sources.
+    pub message: String,
+}
+
+impl ScenarioError {
+    pub(crate) fn new(scenario: &str, error: &lock_core::Error) -> Self {
+        let mut message = error.to_string();
+        let mut source = std::error::Error::source(error);
+        while let Some(s) = source {
+            let _ = write!(message, ": {s}");
+            source = s.source();
+        }
+        Self {
+            scenario: scenario.to_owned(),
+            message,
+        }
+    }
+}
+
+/// The raw floor, measured with the S1 loop.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct FloorResult {
+    /// What a floor cycle does.
+    pub label: String,
+    /// Measured cycles.
+    pub cycles: u64,
+    /// Wall time of the measured cycles.
+    pub elapsed_ms: f64,
+    /// Cycles per second.
+    pub ops_per_sec: f64,
+    /// Latency of one cycle.
+    pub cycle: LatencySummary,
+}
+
+/// S1: one client acquiring and releasing one name, back to back.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct S1Result {
+    /// The acquire call timed.
+    pub call: S1Call,
+    /// Measured cycles.
+    pub cycles: u64,
+    /// Wall time of the measured cycles.
+    pub elapsed_ms: f64,
+    /// Acquire + release cycles per second.
+    pub ops_per_sec: f64,
+    /// Latency of one acquire + release cycle.
+    pub cycle: LatencySummary,
+    /// Latency of the acquire call alone.
+    pub acquire: LatencySummary,
+    /// Latency of the release call alone.
+    pub release: LatencySummary,
+    /// `ops_per_sec / floor.ops_per_sec`, when the target has a floor.
+    pub floor_ratio: Option<f64>,
+}
+
+/// S2: several clients contending for one name.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct S2Result {
+    /// Contending clients.
+    pub clients: usize,
+    /// The measured window.
+    pub measured_ms: f64,
+    /// Critical sections whose `acquire` returned inside the measured window.
+    pub critical_sections: u64,
+    /// `critical_sections` per second of the window.
+    pub critical_sections_per_sec: f64,
+    /// Handoff latency to ANOTHER client: from the instant just before the holder calls
+    /// `release` to the instant the next holder's `acquire` returns. Handoffs back to the same
+    /// client are not included.
+    pub handoff: LatencySummary,
+    /// Handoffs where the next holder was another client.
+    pub handoffs_to_other: u64,
+    /// Handoffs where the releasing client got the lock again.
+    pub handoffs_to_self: u64,
+    /// `handoffs_to_other / (handoffs_to_other + handoffs_to_self)`; `None` without handoffs.
+    pub handoff_other_share: Option<f64>,
+    /// Duration of every `acquire` call in the window, from call to return.
+    pub acquire_wait: LatencySummary,
+    /// The longest single `acquire` of any client (exact, not histogram-rounded).
+    pub longest_wait_us: f64,
+    /// Mean time between `acquire` returning and `release` being called (the requested hold
+    /// plus timer granularity).
+    pub mean_hold_us: f64,
+    /// Fraction of the window the lock was held (sum of holds / window): 1 would be perfect
+    /// handoffs with no gap.
+    pub held_share: f64,
+    /// Each client's share of the critical sections.
+    pub per_client: Vec<ClientShare>,
+    /// The most clients ever inside a critical section at once (must be 1).
+    pub max_holders: u64,
+    /// Acquisitions that found another client still inside its critical section (must be 0).
+    pub exclusivity_violations: u64,
+    /// `critical_sections_per_sec / floor.ops_per_sec`, when the target has a floor.
+    pub floor_ratio: Option<f64>,
+}
+
+/// One S2 client's part.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct ClientShare {
+    /// The client's index, from 0.
+    pub client: usize,
+    /// Its critical sections in the window.
+    pub critical_sections: u64,
+    /// Its share of all critical sections in the window.
+    pub share: f64,
+    /// Its longest single `acquire`.
+    pub longest_wait_us: f64,
+}
+
+impl Report {
+    /// Whether any part failed or any exclusivity violation was seen.
+    pub fn has_failures(&self) -> bool {
+        self.targets.iter().any(|t| {
+            !t.errors.is_empty()
+                || t.contended
+                    .as_ref()
+                    .is_some_and(|c| c.exclusivity_violations > 0)
+        })
+    }
+
+    /// The report as pretty-printed JSON.
+    ///
+    /// # Errors
+    /// Never in practice (all fields serialize); kept for serde's signature.
+    pub fn to_json(&self) -> serde_json::Result<String> {
+        serde_json::to_string_pretty(self)
+    }
+
+    /// The parameters, one line per scenario.
+    pub fn parameters(&self) -> String {
+        let c = &self.config;
+        let mut out = String::new();
+        if c.scenarios.uncontended() {
+            let _ = writeln!(
+                out,
+                "- S1 uncontended: one client, {} × ({} + release) after {} warm-up cycles, ttl {}; \
+                 latency = one cycle.",
+                c.cycles,
+                c.s1_call.as_str(),
+                c.warmup_cycles,
+                human(c.ttl)
+            );
+        }
+        if c.scenarios.contended() {
+            let _ = writeln!(
+                out,
+                "- S2 contended: {} clients on one name, hold {}, measured {} after {} warm-up, \
+                 ttl {}, acquire wait bound {}; latency = handoff to another client (holder about \
+                 to call release → next holder's acquire returns).",
+                c.clients,
+                human(c.hold),
+                human(c.duration),
+                human(c.s2_warmup),
+                human(c.ttl),
+                human(c.acquire_wait)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "- Floor: the backend's minimal raw acquire + release, same loop as S1; ratio = ops/s ÷ floor ops/s. \
+             Names under `{}`.",
+            c.name_prefix
+        );
+        out
+    }
+
+    /// A Markdown rendering: the parameters, one row per target × scenario (with the floor and
+    /// the ratio), S2 details, and the errors if any.
+    pub fn to_markdown(&self) -> String {
+        let mut out = self.parameters();
+        out.push('\n');
+        out.push_str("| target | scenario | ops/s | p50 µs | p99 µs | max µs | floor | floor ops/s | ratio |\n");
+        out.push_str("|---|---|--:|--:|--:|--:|---|--:|--:|\n");
+        for t in &self.targets {
+            let floor_label = t.floor.as_ref().map_or("-", |f| f.label.as_str());
+            let floor_ops = t
+                .floor
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), |f| format!("{:.0}", f.ops_per_sec));
+            let ratio = |r: Option<f64>| match r {
+                None => "-".to_owned(),
+                Some(r) if r != 0.0 && r < 0.01 => format!("{r:.2e}"),
+                Some(r) => format!("{r:.3}"),
+            };
+            let mut row = |scenario: &str, ops: f64, lat: &LatencySummary, r: Option<f64>| {
+                let _ = writeln!(
+                    out,
+                    "| {} | {scenario} | {ops:.0} | {:.1} | {:.1} | {:.1} | {floor_label} | {floor_ops} | {} |",
+                    t.target,
+                    lat.p50_us,
+                    lat.p99_us,
+                    lat.max_us,
+                    ratio(r)
+                );
+            };
+            if let Some(s1) = &t.uncontended {
+                row("S1 uncontended", s1.ops_per_sec, &s1.cycle, s1.floor_ratio);
+            }
+            if let Some(s2) = &t.contended {
+                row(
+                    "S2 contended",
+                    s2.critical_sections_per_sec,
+                    &s2.handoff,
+                    s2.floor_ratio,
+                );
+            }
+            for e in &t.errors {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | error: {} | | | | | | |",
+                    t.target,
+                    e.scenario,
+                    e.message.replace('|', "\\|")
+                );
+            }
+        }
+        let contended: Vec<_> = self
+            .targets
+            .iter()
+            .filter_map(|t| t.contended.as_ref().map(|c| (t, c)))
+            .collect();
+        if !contended.is_empty() {
+            out.push_str("\n| target | S2 critical sections | to another client | longest wait ms | mean hold µs | held % | per-client share | violations |\n");
+            out.push_str("|---|--:|--:|--:|--:|--:|---|--:|\n");
+            for (t, c) in contended {
+                let shares: Vec<_> = c
+                    .per_client
+                    .iter()
+                    .map(|p| format!("{:.0}%", p.share * 100.0))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {:.1} | {:.0} | {:.1} | {} | {} |",
+                    t.target,
+                    c.critical_sections,
+                    c.handoff_other_share
+                        .map_or_else(|| "-".to_owned(), |s| format!("{:.1}%", s * 100.0)),
+                    c.longest_wait_us / 1000.0,
+                    c.mean_hold_us,
+                    c.held_share * 100.0,
+                    shares.join(" / "),
+                    c.exclusivity_violations
+                );
+            }
+        }
+        out
+    }
+}
+
+fn human(d: std::time::Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(d)
+}

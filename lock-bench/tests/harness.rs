@@ -1,0 +1,316 @@
+//! The harness on the in-memory backend, with small parameters: result structure, floor
+//! plumbing, error reporting and the flag defaults. No timing assertions.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use clap::Parser;
+use lock_bench::{
+    BenchArgs, BenchConfig, LatencySummary, RawFloor, Report, S1Call, ScenarioSelection, Target,
+};
+use lock_core::Error;
+use lock_core::memory::MemoryStore;
+
+fn small() -> BenchConfig {
+    BenchConfig::default()
+        .with_cycles(200)
+        .with_warmup_cycles(20)
+        .with_duration(Duration::from_millis(300))
+        .with_s2_warmup(Duration::from_millis(50))
+}
+
+fn assert_sane(latency: &LatencySummary, what: &str) {
+    assert!(latency.count > 0, "{what}: no samples");
+    assert!(
+        latency.p50_us <= latency.p99_us,
+        "{what}: p50 > p99: {latency:?}"
+    );
+    assert!(
+        latency.p99_us <= latency.max_us,
+        "{what}: p99 > max: {latency:?}"
+    );
+    assert!(latency.mean_us > 0.0, "{what}: zero mean: {latency:?}");
+}
+
+/// A floor that costs two scheduler round trips and counts its cycles.
+#[derive(Debug)]
+struct YieldFloor {
+    cycles: Arc<AtomicU64>,
+}
+
+#[async_trait]
+impl RawFloor for YieldFloor {
+    fn label(&self) -> &str {
+        "two yields"
+    }
+
+    async fn cycle(&mut self, name: &str) -> Result<(), Error> {
+        assert!(name.ends_with("/floor"), "floor name {name:?}");
+        tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+        self.cycles.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+fn memory_target_with_floor(label: &str, cycles: Arc<AtomicU64>) -> Target {
+    let store = MemoryStore::new();
+    Target::new(label, move || {
+        let store = store.clone();
+        async move { Ok(store.client()) }
+    })
+    .with_floor(move || {
+        let cycles = cycles.clone();
+        async move { Ok(Box::new(YieldFloor { cycles }) as Box<dyn RawFloor>) }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_scenarios_on_memory_give_sane_results() {
+    let config = small();
+    let report = lock_bench::run(&[Target::memory()], &config).await.unwrap();
+    assert!(!report.has_failures(), "{report:#?}");
+    assert_eq!(report.targets.len(), 1);
+    let t = &report.targets[0];
+    assert_eq!(t.target, "memory");
+    assert_eq!(t.backend.as_deref(), Some("memory"));
+    assert!(t.errors.is_empty(), "{:?}", t.errors);
+
+    let floor = t.floor.as_ref().expect("the memory target has a floor");
+    assert_eq!(floor.cycles, 200);
+    assert_sane(&floor.cycle, "floor");
+    assert_eq!(floor.cycle.count, 200);
+    assert!(floor.ops_per_sec > 0.0);
+
+    let s1 = t.uncontended.as_ref().expect("S1 ran");
+    assert_eq!(s1.call, S1Call::TryAcquire);
+    assert_eq!(s1.cycle.count, 200);
+    assert_sane(&s1.cycle, "s1 cycle");
+    assert_sane(&s1.acquire, "s1 acquire");
+    assert_sane(&s1.release, "s1 release");
+    assert!(s1.ops_per_sec > 0.0);
+    // The measured cycles are disjoint parts of the measured wall time.
+    let summed = s1.cycle.mean_us * s1.cycle.count as f64;
+    assert!(
+        summed <= s1.elapsed_ms * 1000.0 * 1.01,
+        "cycles sum to {summed} µs in {} ms",
+        s1.elapsed_ms
+    );
+    assert!(s1.cycle.max_us * 1.01 >= s1.acquire.max_us.max(s1.release.max_us));
+    assert!(s1.floor_ratio.is_some_and(|r| r > 0.0));
+
+    let s2 = t.contended.as_ref().expect("S2 ran");
+    assert_eq!(s2.clients, 4);
+    assert!(s2.critical_sections > 0);
+    assert!(s2.critical_sections_per_sec > 0.0);
+    assert_eq!(s2.exclusivity_violations, 0);
+    assert_eq!(s2.max_holders, 1);
+    assert_sane(&s2.handoff, "s2 handoff");
+    assert_eq!(s2.handoff.count, s2.handoffs_to_other);
+    assert_sane(&s2.acquire_wait, "s2 acquire");
+    assert_eq!(s2.acquire_wait.count, s2.critical_sections);
+    let share = s2.handoff_other_share.expect("there were handoffs");
+    assert!((0.0..=1.0).contains(&share), "handoff share {share}");
+    assert!(s2.handoffs_to_other + s2.handoffs_to_self <= s2.critical_sections);
+    assert!(s2.longest_wait_us > 0.0);
+    // The exact longest wait and the histogram's maximum agree (3 significant digits).
+    let (exact, recorded) = (s2.longest_wait_us, s2.acquire_wait.max_us);
+    assert!(
+        (recorded - exact).abs() <= exact * 0.002 + 0.01,
+        "exact {exact} µs, histogram {recorded} µs"
+    );
+    assert!(
+        s2.mean_hold_us >= 1000.0,
+        "hold is at least the requested 1 ms: {}",
+        s2.mean_hold_us
+    );
+    assert!(s2.held_share > 0.0);
+    assert_eq!(s2.per_client.len(), 4);
+    let total: u64 = s2.per_client.iter().map(|c| c.critical_sections).sum();
+    assert_eq!(total, s2.critical_sections);
+    let shares: f64 = s2.per_client.iter().map(|c| c.share).sum();
+    assert!((shares - 1.0).abs() < 1e-9, "shares sum to {shares}");
+    for c in &s2.per_client {
+        assert!((0.0..=1.0).contains(&c.share));
+        assert!(c.longest_wait_us <= s2.longest_wait_us);
+    }
+    assert!(s2.floor_ratio.is_some_and(|r| r > 0.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_floor_plumbing() {
+    let cycles = Arc::new(AtomicU64::new(0));
+    let config = small().with_scenarios(ScenarioSelection::S1);
+    let report = lock_bench::run(&[memory_target_with_floor("fake", cycles.clone())], &config)
+        .await
+        .unwrap();
+    assert!(!report.has_failures(), "{report:#?}");
+    let t = &report.targets[0];
+    // Warm-up and measured cycles, each exactly once.
+    assert_eq!(cycles.load(Ordering::Relaxed), 220);
+    let floor = t.floor.as_ref().unwrap();
+    assert_eq!(floor.label, "two yields");
+    assert_eq!(floor.cycle.count, 200);
+    let s1 = t.uncontended.as_ref().unwrap();
+    let ratio = s1.floor_ratio.unwrap();
+    assert!((ratio - s1.ops_per_sec / floor.ops_per_sec).abs() <= 1e-9 * ratio.max(1.0));
+    assert!(t.contended.is_none(), "S2 was not selected");
+
+    let markdown = report.to_markdown();
+    assert!(markdown.contains("| fake | S1 uncontended |"), "{markdown}");
+    assert!(markdown.contains("| two yields |"), "{markdown}");
+    assert!(!markdown.contains("S2 contended"), "{markdown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn targets_without_floor_have_no_ratio() {
+    let store = MemoryStore::new();
+    let target = Target::new("bare", move || {
+        let store = store.clone();
+        async move { Ok(store.client()) }
+    });
+    let config = small().with_s1_call(S1Call::Acquire).with_clients(2);
+    let report = lock_bench::run(&[target], &config).await.unwrap();
+    assert!(!report.has_failures(), "{report:#?}");
+    let t = &report.targets[0];
+    assert!(t.floor.is_none());
+    let s1 = t.uncontended.as_ref().unwrap();
+    assert_eq!(s1.call, S1Call::Acquire);
+    assert_eq!(s1.floor_ratio, None);
+    let s2 = t.contended.as_ref().unwrap();
+    assert_eq!(s2.per_client.len(), 2);
+    assert_eq!(s2.exclusivity_violations, 0);
+    assert_eq!(s2.floor_ratio, None);
+    assert!(report.to_markdown().contains("| bare | S2 contended |"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_reported_and_the_run_goes_on() {
+    let broken = Target::new("broken", || async {
+        Err::<Arc<dyn lock_core::DistributedLock>, _>(Error::Unavailable {
+            message: "connection refused".into(),
+            source: None,
+        })
+    })
+    .with_floor(|| async {
+        Err::<Box<dyn RawFloor>, _>(Error::Unsupported("no floor today".into()))
+    });
+    let config = small().with_duration(Duration::from_millis(100));
+    let report = lock_bench::run(&[broken, Target::memory()], &config)
+        .await
+        .unwrap();
+    assert!(report.has_failures());
+    let broken = &report.targets[0];
+    let failed: Vec<_> = broken.errors.iter().map(|e| e.scenario.as_str()).collect();
+    assert_eq!(failed, ["floor", "s1", "s2"]);
+    assert!(broken.errors[1].message.contains("connection refused"));
+    assert!(broken.uncontended.is_none() && broken.contended.is_none() && broken.backend.is_none());
+    let memory = &report.targets[1];
+    assert!(memory.errors.is_empty() && memory.uncontended.is_some() && memory.contended.is_some());
+    assert!(
+        report
+            .to_markdown()
+            .contains("| broken | s1 | error: backend unavailable: connection refused")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_carries_parameters_and_results() {
+    let config = small().with_name_prefix("test-prefix");
+    let report: Report = lock_bench::run(&[Target::memory()], &config).await.unwrap();
+    let json: serde_json::Value = serde_json::from_str(&report.to_json().unwrap()).unwrap();
+    let params = &json["config"];
+    assert_eq!(params["cycles"], 200);
+    assert_eq!(params["warmup_cycles"], 20);
+    assert_eq!(params["clients"], 4);
+    assert_eq!(params["ttl_ms"], 10_000.0);
+    assert_eq!(params["hold_ms"], 1.0);
+    assert_eq!(params["duration_ms"], 300.0);
+    assert_eq!(params["scenarios"], "all");
+    assert_eq!(params["s1_call"], "try_acquire");
+    assert_eq!(params["name_prefix"], "test-prefix");
+    let target = &json["targets"][0];
+    assert_eq!(target["target"], "memory");
+    assert!(target["floor"]["ops_per_sec"].as_f64().unwrap() > 0.0);
+    assert!(target["uncontended"]["cycle"]["p99_us"].is_number());
+    assert_eq!(target["contended"]["exclusivity_violations"], 0);
+    assert!(target["contended"]["handoff_other_share"].is_number());
+    assert_eq!(
+        target["contended"]["per_client"].as_array().unwrap().len(),
+        4
+    );
+    assert!(json["tool"].as_str().unwrap().starts_with("lock-bench "));
+}
+
+#[tokio::test]
+async fn invalid_config_is_rejected() {
+    for config in [
+        small().with_clients(0),
+        small().with_cycles(0),
+        small().with_duration(Duration::ZERO),
+    ] {
+        let err = lock_bench::run(&[Target::memory()], &config)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
+    }
+}
+
+#[test]
+fn name_prefixes_are_random_per_config() {
+    let (a, b) = (BenchConfig::default(), BenchConfig::default());
+    assert_ne!(a.name_prefix, b.name_prefix);
+    assert!(a.name_prefix.starts_with("lock-bench/"));
+}
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    bench: BenchArgs,
+}
+
+#[test]
+fn flag_defaults_match_config_defaults() {
+    let parsed = Cli::parse_from(["lock-bench", "--quiet"]).bench.config();
+    let default = BenchConfig::default().with_name_prefix(parsed.name_prefix.clone());
+    assert_eq!(parsed, default);
+
+    let cli = Cli::parse_from([
+        "lock-bench",
+        "--scenario",
+        "s1",
+        "--cycles",
+        "5",
+        "--warmup",
+        "0",
+        "--clients",
+        "3",
+        "--hold",
+        "500us",
+        "--duration",
+        "2s",
+        "--ttl",
+        "3s",
+        "--s1-call",
+        "acquire",
+        "--json",
+        "out.json",
+    ]);
+    let config = cli.bench.config();
+    assert_eq!(config.scenarios, ScenarioSelection::S1);
+    assert_eq!(
+        (config.cycles, config.warmup_cycles, config.clients),
+        (5, 0, 3)
+    );
+    assert_eq!(config.hold, Duration::from_micros(500));
+    assert_eq!(config.duration, Duration::from_secs(2));
+    assert_eq!(config.ttl, Duration::from_secs(3));
+    assert_eq!(config.s1_call, S1Call::Acquire);
+    assert!(config.progress);
+    assert_eq!(
+        cli.bench.json.as_deref(),
+        Some(std::path::Path::new("out.json"))
+    );
+}
