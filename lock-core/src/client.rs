@@ -145,9 +145,11 @@ impl<B: LockBackend> LockClient<B> {
             AttemptMode::Try => None,
             AttemptMode::Wait => options.wait.map(|w| started + w),
         };
+        // A random v4 UUID from the thread-local generator: no syscall per acquisition.
+        let unique = uuid::Builder::from_random_bytes(rand::rng().random()).into_uuid();
         let owner = match &options.owner {
-            Some(id) => format!("{}:{}", id.as_str(), uuid::Uuid::new_v4().simple()),
-            None => uuid::Uuid::new_v4().simple().to_string(),
+            Some(id) => format!("{}:{}", id.as_str(), unique.simple()),
+            None => unique.simple().to_string(),
         };
         let request = AcquireRequest {
             name: name.clone(),

@@ -1,6 +1,129 @@
-//! Redis single-master and Redlock backend for distlock.
+//! Redis backend for distlock: one master (`redis://`) or Redlock over N independent masters
+//! (`redlock://`), with fencing tokens, renewal, pub/sub wake-ups and a starvation-free
+//! default.
 //!
-//! The protocol lands with its backend issue; until then this crate only reserves its place in
-//! the workspace and re-exports [`lock_core`], so that depending on it already compiles.
+//! ```no_run
+//! # async fn demo() -> Result<(), lock_core::Error> {
+//! use std::time::Duration;
+//! use lock_core::{AcquireOptions, ClientConfig, DistributedLock};
+//!
+//! let locks = lock_redis::connect("redis://127.0.0.1:6379", ClientConfig::default()).await?;
+//! let guard = locks
+//!     .acquire("invoices", &AcquireOptions::default().with_ttl(Duration::from_secs(10)))
+//!     .await?;
+//! println!("fencing token {}", guard.token()); // pass it with every write
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Keys
+//!
+//! A lock name maps to keys `distlock:{<fnv64 of the name>}:<kind>:<name>` ([`LockKeys`]):
+//! the name verbatim after a fixed-length prefix (so distinct names never collide) and a hash
+//! tag so that all keys of a name share one Redis Cluster slot. Kinds: `l` the lock (a string
+//! holding the owner value, the lease as its TTL), `f` the fencing counter, `q` and `a` the
+//! waiter queue (arrival order, and liveness deadlines), `r` the handoff reservation, and `c`
+//! the pub/sub channel of releases.
+//!
+//! # Protocol (single master)
+//!
+//! - **Acquire** is one Lua script (`EVALSHA`, reloaded automatically after `NOSCRIPT`): if
+//!   the lock is free (and not reserved for another waiter, or, in fair mode, this attempt
+//!   heads the queue) it runs `SET l owner PX ttl` and `INCR f` and returns the counter as
+//!   the fencing token. Otherwise it returns the remaining lease and, for a waiting attempt,
+//!   records the waiter in the queue with a liveness deadline (the server's `TIME` plus
+//!   [`RedisConfig::waiter_timeout`]); waiters that stop polling are dropped from the queue by
+//!   the next script that looks at it. A retried poll whose earlier reply was lost finds the
+//!   lock already its own and gets the same token back, with the lease restarted.
+//! - **Renew** is an owner-checked `PEXPIRE`; **release** an owner-checked `DEL` that then
+//!   picks the oldest live waiter and `PUBLISH`es its owner value on the name's channel.
+//!   Both answer [`lock_core::Error::NotHeld`] when the owner no longer holds the lock.
+//! - **Wake-ups**: a waiting attempt polls once; only at the first busy answer does it
+//!   subscribe the name's channel on the client's single subscriber connection (shared by all
+//!   names, one per node), and its next `changed()` returns as soon as the subscription is
+//!   active, so that a release between the poll and the subscription is never missed. A
+//!   message addressed to another waiter does not wake it; an empty one (or a broken
+//!   subscriber connection) wakes everyone. Expiry of a crashed holder's lease is caught by
+//!   sleeping until the remaining `PTTL` that the busy answer carried. Channels are
+//!   unsubscribed when no attempt waits on them any more.
+//! - **No starvation (default)**: a release reserves the lock for the oldest waiter for
+//!   [`RedisConfig::handoff`] (key `r`) and wakes only that waiter, so a releaser that comes
+//!   straight back finds the lock reserved and queues behind the others; waiters are served
+//!   in turn. A reserved waiter that does not come in time loses the reservation (dead
+//!   waiters cost at most one handoff window each). New arrivals may still take a free,
+//!   unreserved lock, so this is not strict FIFO.
+//! - **Fair mode** (`?fair=true`, [`RedisConfig::fair`]): strict FIFO by the queue (like
+//!   Redisson's fair lock): only the head of the queue may take the lock, `try_acquire` fails
+//!   while anybody waits, and a dead head is skipped once its liveness deadline passes.
+//!
+//! The fencing guarantee is [`SingleNode`](lock_core::FencingGuarantee::SingleNode): tokens
+//! strictly increase as long as that server keeps its data. A failover to a lagging replica,
+//! or a restart without an fsynced AOF, can hand out a lock twice and reuse tokens.
+//!
+//! # Redlock
+//!
+//! Over N >= 3 independent masters (odd recommended), every operation goes to all nodes at
+//! once, each with a per-node timeout much smaller than the ttl
+//! ([`RedisConfig::node_timeout`]). An acquisition succeeds iff a majority acquired AND the
+//! elapsed time plus the clock drift allowance (ttl x 0.01 + 2 ms by default, from
+//! [`lock_core::ClientConfig`]) is below the ttl; the guard's validity is ttl - elapsed - drift.
+//! On failure the lock is released on all nodes (also those whose answer was lost) and the
+//! attempt retries after a random delay; when too few nodes answer at all the error is
+//! [`lock_core::Error::QuorumNotReached`], listing each node's outcome. A renewal counts only
+//! if a majority renewed within the validity. The fencing token is the maximum of the
+//! majority's counters (the lagging nodes of the majority are raised to it), declared
+//! [`BestEffort`](lock_core::FencingGuarantee::BestEffort).
+//!
+//! What Redlock does not protect against: process pauses and network delays longer than the
+//! lease (the holder still believes it holds the lock), clock jumps on the servers (a key
+//! expires early), and a node restarting without persistence while others hold the same
+//! majority (it may help a second client to a majority). Use fencing tokens checked by the
+//! resource, and prefer the etcd, ZooKeeper or SQL backends for locks that guard correctness.
+//!
+//! # Errors
+//!
+//! Connection problems are [`lock_core::Error::Unavailable`] (retryable); a key of another
+//! type where the lock's keys live (`WRONGTYPE`), a read-only replica (`READONLY`) and other
+//! server errors are [`lock_core::Error::Backend`]. The source is a [`RedisError`] with a
+//! [`RedisErrorKind`] to tell them apart.
 
+mod backend;
+#[cfg(feature = "bench")]
+pub mod bench;
+mod config;
+mod error;
+mod keys;
+mod scripts;
+mod subscriber;
+
+pub use backend::RedisBackend;
+pub use config::RedisConfig;
+pub use error::{RedisError, RedisErrorKind};
+pub use keys::LockKeys;
 pub use lock_core;
+pub use redis;
+
+use lock_core::{ClientConfig, Error, LockClient};
+
+/// Connects to `redis://host:port[/db]` (one master) or `redlock://h1:p1,h2:p2,h3:p3` (Redlock),
+/// with the query options of [`RedisConfig::from_url`].
+///
+/// # Errors
+/// [`Error::InvalidConfig`] for a bad URL or option; [`Error::Unavailable`] when the server (or
+/// a Redlock majority) cannot be reached within the operation timeout.
+pub async fn connect(url: &str, config: ClientConfig) -> Result<LockClient<RedisBackend>, Error> {
+    connect_with(RedisConfig::from_url(url)?, config).await
+}
+
+/// Connects with an explicit [`RedisConfig`] (e.g. [`RedisConfig::redlock`] over a list of
+/// `redis://` URLs).
+///
+/// # Errors
+/// As [`connect`].
+pub async fn connect_with(
+    redis: RedisConfig,
+    config: ClientConfig,
+) -> Result<LockClient<RedisBackend>, Error> {
+    let backend = RedisBackend::connect(redis, config.clone()).await?;
+    LockClient::with_config(backend, config)
+}

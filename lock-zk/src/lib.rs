@@ -1,6 +1,110 @@
-//! ZooKeeper backend for distlock.
+//! ZooKeeper backend for distlock: a fair (FIFO) lock queue of ephemeral sequential nodes,
+//! woken by watches on the predecessor only, with `czxid` fencing tokens and session-loss
+//! detection.
 //!
-//! The protocol lands with its backend issue; until then this crate only reserves its place in
-//! the workspace and re-exports [`lock_core`], so that depending on it already compiles.
+//! ```no_run
+//! # async fn demo() -> Result<(), lock_core::Error> {
+//! use std::time::Duration;
+//! use lock_core::{AcquireOptions, ClientConfig, DistributedLock};
+//!
+//! let client = lock_zk::connect("zk://127.0.0.1:2181,127.0.0.1:2182/myapp", ClientConfig::default()).await?;
+//! let opts = AcquireOptions::default().with_ttl(Duration::from_secs(10));
+//! let guard = client.acquire("invoices", &opts).await?;
+//! // pass guard.token() with every write to the protected resource
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Nodes
+//!
+//! Every lock name maps to one *lock node* `<chroot>/distlock/<escaped name>`, a container
+//! node (ZooKeeper 3.5+ deletes it once it has been emptied). Names are escaped byte by byte:
+//! ASCII letters, digits, `_` and `-` stay, every other byte becomes `%XX`, so distinct names
+//! never share a node, and `/`, `.`, `..`, `%2F`, emoji or control characters are all valid.
+//!
+//! Each acquisition creates one `EPHEMERAL_SEQUENTIAL` child `<escaped owner>.<sequence>`,
+//! where the owner is the unique value lock-core gives every acquisition. The child with the
+//! lowest sequence holds the lock; the others wait in sequence order (FIFO), each watching only
+//! its predecessor (no herd effect). Because the name carries the unique owner, a create whose
+//! reply was lost is found again by listing the children (Curator's "protected mode"), and
+//! [`Attempt::abandon`](lock_core::Attempt::abandon) deletes it, so no orphan blocks the queue.
+//!
+//! The first poll sends the create and the listing back to back on the session (ZooKeeper
+//! serves a session's requests in order), so an uncontended acquire costs one round trip and
+//! a release one more: the same as the raw create + delete.
+//!
+//! # Leases on the server's clock
+//!
+//! ZooKeeper's own liveness unit is the session, shared by every lock of a client, and kept
+//! alive by the client library's heartbeats even when a holder stops renewing. The lock's ttl
+//! is therefore kept on the holder's node: its data is `H<ttl ms>` and its lease runs from the
+//! node's `mtime` (the server's clock when the create or the last renewal was committed).
+//! Renewal is a `set_data` of the holder's own node (which only the holder writes, and which
+//! exists only while it holds: owner-checked and atomic), release a `delete`. A contender that
+//! is next in line reads the head node and the server's current time (the `mtime` of a write
+//! to its own node) in one round trip; if `now - mtime > ttl` it deletes the head with the
+//! version it read, which fails if the holder renewed meanwhile. A waiter's node says `W`
+//! until it reaches the head, so it is never mistaken for an expired holder. Both timestamps
+//! come from the server (the leader of an ensemble): clients' clocks are never compared.
+//! Caveat: across a leader change two different servers' clocks are compared; they must agree
+//! within the drift margin.
+//!
+//! # Sessions and ttls
+//!
+//! One session per backend, opened by [`connect`] with the configured session timeout
+//! (default 30 s, `?session_timeout=` in the URL). The longest accepted ttl is the timeout the
+//! server granted: a holder cut off from the ensemble keeps believing it holds the lock until
+//! its local deadline (at most one ttl after its last renewal was sent), and the server must
+//! not delete its node (session expiry) before that. The shortest ttl is 100 ms. A crashed
+//! process's held locks are freed after their ttl by contenders; its queue entries (waiters)
+//! go when its session expires.
+//!
+//! While the connection is down, guards are uncertain: renewals fail and are retried by
+//! lock-core until the local deadline. [`LockGuard::lost`](lock_core::LockGuard::lost) fires
+//! when the session expires ([`LossReason::SessionExpired`](lock_core::LossReason)), when the
+//! holder's node is deleted (a watch on it: `ReleasedElsewhere`, or `LeaseExpired` after the
+//! lease ran out), or when the local deadline passes, whichever comes first. After a session
+//! expiry, the next operation opens a new session transparently.
+//!
+//! # Guarantees
+//!
+//! | fencing | fairness | wake-up | loss detection |
+//! |---|---|---|---|
+//! | `Linearizable`: the holder node's `czxid` | FIFO (sequence order) | watch on the predecessor | session state + watch on the own node + renewal |
+//!
+//! Tokens strictly increase per name: nodes are granted in sequence order, which is `czxid`
+//! order, and zxids only grow, also across server restarts (the epoch is in the high bits).
 
+mod backend;
+#[cfg(feature = "bench")]
+pub mod bench;
+mod config;
+mod names;
+
+pub use backend::ZkBackend;
+pub use config::ZkConfig;
 pub use lock_core;
+pub use zookeeper_client;
+
+use lock_core::{ClientConfig, LockClient, Result};
+
+/// Connects to ZooKeeper from a `zk://h1:p1,h2:p2[/chroot][?session_timeout=30s]` URL.
+///
+/// # Errors
+/// [`Error::InvalidConfig`](lock_core::Error::InvalidConfig) for a malformed URL or client
+/// configuration; [`Error::Unavailable`](lock_core::Error::Unavailable) when no server answers
+/// within the operation timeout.
+pub async fn connect(url: &str, config: ClientConfig) -> Result<LockClient<ZkBackend>> {
+    let zk_config = ZkConfig::from_url(url)?;
+    connect_with(zk_config, config).await
+}
+
+/// Connects with an explicit [`ZkConfig`].
+///
+/// # Errors
+/// As [`connect`].
+pub async fn connect_with(zk_config: ZkConfig, config: ClientConfig) -> Result<LockClient<ZkBackend>> {
+    config.validate()?;
+    let backend = ZkBackend::connect(zk_config, &config).await?;
+    LockClient::with_config(backend, config)
+}
