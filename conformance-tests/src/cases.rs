@@ -348,12 +348,13 @@ pub async fn fencing_tokens_strictly_increase(ctx: Ctx) -> Outcome {
         let client = ctx.client().await;
         let (names, log, taken, opts) = (names.clone(), log.clone(), taken.clone(), ctx.opts());
         tasks.push(tokio::spawn(async move {
-            loop {
+            for round in 0.. {
                 let n = taken.fetch_add(1, Ordering::SeqCst);
                 if n >= TOTAL {
                     return;
                 }
-                let which = (n + c) % 2;
+                // Each client alternates between the names, so both see many holders.
+                let which = (round + c) % 2;
                 // A few acquisitions end by expiry instead of release.
                 let expire = n % 40 == 7;
                 let opts = if expire {
