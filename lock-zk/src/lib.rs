@@ -103,7 +103,10 @@ pub async fn connect(url: &str, config: ClientConfig) -> Result<LockClient<ZkBac
 ///
 /// # Errors
 /// As [`connect`].
-pub async fn connect_with(zk_config: ZkConfig, config: ClientConfig) -> Result<LockClient<ZkBackend>> {
+pub async fn connect_with(
+    zk_config: ZkConfig,
+    config: ClientConfig,
+) -> Result<LockClient<ZkBackend>> {
     config.validate()?;
     let backend = ZkBackend::connect(zk_config, &config).await?;
     LockClient::with_config(backend, config)

@@ -1,0 +1,111 @@
+//! The raw floor of ZooKeeper for the shared benchmark harness (feature `bench`).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use lock_bench::{RawFloor, Target};
+use lock_core::{ClientConfig, Error, LockName};
+use zookeeper_client as zk;
+
+use crate::ZkConfig;
+
+const EPHEMERAL_SEQUENTIAL: zk::CreateOptions<'static> =
+    zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+const PERSISTENT: zk::CreateOptions<'static> =
+    zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+
+fn unavailable(what: &str, err: zk::Error) -> Error {
+    Error::unavailable(format!("ZooKeeper {what}: {err}"), err)
+}
+
+/// The cheapest ZooKeeper lock cycle: create an ephemeral sequential node under the lock's
+/// node, then delete it (two writes, each one round trip and one fsync).
+pub struct ZkFloor {
+    client: zk::Client,
+    config: ZkConfig,
+    created: std::collections::HashSet<String>,
+}
+
+impl std::fmt::Debug for ZkFloor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkFloor")
+            .field("hosts", &self.config.hosts())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ZkFloor {
+    /// Opens its own session.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] if no server answers.
+    pub async fn connect(config: &ZkConfig) -> Result<Self, Error> {
+        let client = zk::Client::connector()
+            .with_session_timeout(config.session_timeout())
+            .with_fail_eagerly()
+            .connect(&config.connect_string())
+            .await
+            .map_err(|e| unavailable("connecting", e))?;
+        Ok(Self {
+            client,
+            config: config.clone(),
+            created: Default::default(),
+        })
+    }
+
+    /// Runs `cycles` raw cycles on a scratch name, to warm the server's JVM up (the first
+    /// ~1000 operations after a start run 2-4x slower).
+    ///
+    /// # Errors
+    /// The first failed cycle.
+    pub async fn warm_up(&mut self, cycles: u64) -> Result<(), Error> {
+        for _ in 0..cycles {
+            self.cycle("lock-zk-warm-up").await?;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl RawFloor for ZkFloor {
+    fn label(&self) -> &str {
+        "create ephemeral-sequential + delete"
+    }
+
+    async fn cycle(&mut self, name: &str) -> Result<(), Error> {
+        let parent = self.config.lock_path(&LockName::new(name)?);
+        if !self.created.contains(&parent) {
+            self.client
+                .mkdir(&parent, &PERSISTENT)
+                .await
+                .map_err(|e| unavailable("creating the lock node", e))?;
+            self.created.insert(parent.clone());
+        }
+        let (_, seq) = self
+            .client
+            .create(&format!("{parent}/floor."), b"", &EPHEMERAL_SEQUENTIAL)
+            .await
+            .map_err(|e| unavailable("create", e))?;
+        self.client
+            .delete(&format!("{parent}/floor.{seq}"), None)
+            .await
+            .map_err(|e| unavailable("delete", e))
+    }
+}
+
+/// A benchmark target for `config`: every client opens its own session; the floor is
+/// [`ZkFloor`].
+pub fn target(label: &str, config: &ZkConfig) -> Target {
+    let (clients, floor) = (Arc::new(config.clone()), Arc::new(config.clone()));
+    Target::new(label, move || {
+        let config = clients.clone();
+        async move {
+            let client = crate::connect_with((*config).clone(), ClientConfig::default()).await?;
+            Ok(client.into_dyn())
+        }
+    })
+    .with_floor(move || {
+        let config = floor.clone();
+        async move { Ok(Box::new(ZkFloor::connect(&config).await?) as Box<dyn RawFloor>) }
+    })
+}

@@ -1,0 +1,106 @@
+//! Mapping lock names and owners to znode names without collisions.
+
+/// Escapes `s` into a valid znode name segment: ASCII letters, digits, `_` and `-` stay, every
+/// other byte becomes `%XX` (uppercase hex). The mapping is injective (decoding is unique), the
+/// result never contains `/` or `.` (so it is never `.` or `..`, and `.` can separate fields),
+/// and it contains no character ZooKeeper rejects.
+pub(crate) fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+    }
+    out
+}
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
+
+/// Reverses [`escape`]; `None` if `s` is not an escaped string.
+pub(crate) fn unescape(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// One queue entry: a child `<escaped owner>.<sequence>` of a lock node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Entry {
+    /// The child's name.
+    pub(crate) name: String,
+    /// Its sequence number (the queue position).
+    pub(crate) seq: i64,
+}
+
+impl Entry {
+    /// Parses a child name; `None` for a node this crate did not create.
+    pub(crate) fn parse(name: String) -> Option<Self> {
+        let (_, digits) = name.rsplit_once('.')?;
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let seq = digits.parse().ok()?;
+        Some(Self { name, seq })
+    }
+
+    /// The escaped owner part (before the last `.`).
+    pub(crate) fn owner_part(&self) -> &str {
+        self.name.rsplit_once('.').map_or("", |(owner, _)| owner)
+    }
+}
+
+/// The children of a lock node in queue order (lowest sequence first); foreign nodes dropped.
+pub(crate) fn queue(children: Vec<String>) -> Vec<Entry> {
+    let mut entries: Vec<Entry> = children.into_iter().filter_map(Entry::parse).collect();
+    entries.sort_by_key(|e| e.seq);
+    entries
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_is_injective_and_path_safe() {
+        let names = [
+            "", "/", "/x", "x", "X", "a/b", "a%2Fb", "a%2fb", "a_b", "a:b", "a*b", "a%b", "a'b",
+            "a\"b", "a\\b", "..", ".", "/..", "a b", " a", "a ", "🔒", "{tag}", "é", "e\u{301}",
+            "\t",
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for name in names {
+            let e = escape(name);
+            assert!(!e.contains('/') && !e.contains('.'), "{e}");
+            assert!(e.bytes().all(|b| b.is_ascii_graphic()), "{e}");
+            assert_eq!(unescape(&e).as_deref(), Some(name));
+            assert!(seen.insert(e), "{name:?} collides");
+        }
+    }
+
+    #[test]
+    fn queue_orders_by_sequence_and_skips_foreign_nodes() {
+        let q = queue(vec![
+            "b.0000000010".into(),
+            "foreign".into(),
+            "a.0000000002".into(),
+            "c.".into(),
+        ]);
+        assert_eq!(q.iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 10]);
+        assert_eq!(q[0].owner_part(), "a");
+    }
+}

@@ -1,0 +1,227 @@
+//! Shared test helpers: the ZooKeeper harness, a cuttable TCP proxy, services.sh hooks.
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use conformance_tests::{Harness, HookError, HookResult, TestClient};
+use lock_core::{ClientConfig, Error, LockClient, LockName};
+use lock_zk::zookeeper_client as zk;
+use lock_zk::{ZkBackend, ZkConfig};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+pub const OP_TIMEOUT: Duration = Duration::from_secs(2);
+/// Long enough for the suite's 30 s ttls (the longest ttl is the session timeout).
+pub const SESSION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A TCP proxy in front of the server whose live connections can be cut.
+pub struct Proxy {
+    pub port: u16,
+    conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    accept: JoinHandle<()>,
+}
+
+impl Proxy {
+    pub async fn start(target: String) -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let conns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let tracked = conns.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let target = target.clone();
+                let task = tokio::spawn(async move {
+                    if let Ok(mut outbound) = TcpStream::connect(&target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                let mut conns = tracked.lock().unwrap();
+                conns.retain(|t| !t.is_finished());
+                conns.push(task);
+            }
+        });
+        Ok(Self {
+            port,
+            conns,
+            accept,
+        })
+    }
+
+    /// Closes every connection open through the proxy (new ones are accepted).
+    pub fn cut(&self) -> usize {
+        let conns: Vec<_> = self.conns.lock().unwrap().drain(..).collect();
+        let live = conns.iter().filter(|t| !t.is_finished()).count();
+        for task in conns {
+            task.abort();
+        }
+        live
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.cut();
+    }
+}
+
+pub fn services() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/services.sh")
+}
+
+/// `scripts/services.sh stop-one|start-one zookeeper`.
+pub async fn service(action: &str) -> Result<(), String> {
+    let out = tokio::process::Command::new("bash")
+        .arg(services())
+        .arg(action)
+        .arg("zookeeper")
+        .output()
+        .await
+        .map_err(|e| format!("running services.sh: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "services.sh {action} zookeeper: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// Clients of one ZooKeeper server, each through its own proxy, all under one chroot.
+pub struct ZkHarness {
+    pub server: String,
+    pub chroot: String,
+    pub admin: zk::Client,
+    proxies: Mutex<HashMap<String, Proxy>>,
+}
+
+impl ZkHarness {
+    pub async fn new(server: &str) -> Self {
+        let run = uuid::Uuid::new_v4().simple().to_string();
+        let server = server.split(',').next().unwrap_or(server).trim().to_owned();
+        let admin = zk::Client::connect(&server)
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to ZooKeeper at {server}: {e}"));
+        Self {
+            server,
+            chroot: format!("/distlock-test/{}", &run[..8]),
+            admin,
+            proxies: Mutex::default(),
+        }
+    }
+
+    pub fn config(&self, host: &str) -> ZkConfig {
+        ZkConfig::new(&format!("{host}{}", self.chroot))
+            .expect("valid connect string")
+            .with_session_timeout(SESSION_TIMEOUT)
+    }
+
+    /// A backend connected directly (no proxy).
+    pub async fn backend(&self) -> Result<LockClient<ZkBackend>, Error> {
+        lock_zk::connect_with(self.config(&self.server), client_config()).await
+    }
+
+    /// A backend connected through a new proxy, returned with the proxy's tag.
+    pub async fn proxied(&self) -> Result<(LockClient<ZkBackend>, String), Error> {
+        let proxy = Proxy::start(self.server.clone())
+            .await
+            .map_err(|e| Error::unavailable("starting the test proxy", e))?;
+        let tag = format!("proxy-{}", proxy.port);
+        let client = lock_zk::connect_with(
+            self.config(&format!("127.0.0.1:{}", proxy.port)),
+            client_config(),
+        )
+        .await?;
+        self.proxies.lock().unwrap().insert(tag.clone(), proxy);
+        Ok((client, tag))
+    }
+
+    pub fn cut(&self, tag: &str) -> Option<usize> {
+        self.proxies.lock().unwrap().get(tag).map(Proxy::cut)
+    }
+
+    /// The lock node of `name`.
+    pub fn lock_path(&self, name: &str) -> String {
+        self.config(&self.server)
+            .lock_path(&LockName::new(name).expect("valid name"))
+    }
+
+    /// The queue of `name`, lowest sequence first.
+    pub async fn queue(&self, name: &str) -> Vec<String> {
+        let mut children = match self.admin.list_children(&self.lock_path(name)).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => panic!("listing {name:?}: {e}"),
+        };
+        children.sort_by_key(|c| c.rsplit_once('.').map(|(_, s)| s.to_owned()));
+        children
+    }
+}
+
+pub fn client_config() -> ClientConfig {
+    ClientConfig::default().with_operation_timeout(OP_TIMEOUT)
+}
+
+#[async_trait]
+impl Harness for ZkHarness {
+    async fn client(&self) -> Result<TestClient, Error> {
+        let (client, tag) = self.proxied().await?;
+        Ok(TestClient {
+            lock: client.into_dyn(),
+            tag,
+        })
+    }
+
+    /// Several renewal round trips long, short enough to keep the suite quick.
+    fn ttl(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    /// fsync'ed writes on a shared 2-core machine: a few ms typical, tens at p99.
+    fn slack(&self) -> Duration {
+        Duration::from_millis(750)
+    }
+
+    fn operation_timeout(&self) -> Duration {
+        OP_TIMEOUT
+    }
+
+    /// Each held lock is renewed (one fsync'ed write) every ttl/3.
+    fn many_locks(&self) -> usize {
+        200
+    }
+
+    async fn remove_lock(&self, name: &str) -> HookResult {
+        let queue = self.queue(name).await;
+        let Some(head) = queue.first() else {
+            return Err(HookError::Failed(format!("{name:?} has no holder node")));
+        };
+        self.admin
+            .delete(&format!("{}/{head}", self.lock_path(name)), None)
+            .await
+            .map_err(|e| HookError::Failed(format!("deleting {head}: {e}")))
+    }
+
+    async fn cut_connection(&self, client: &TestClient) -> HookResult {
+        match self.cut(&client.tag) {
+            Some(n) if n > 0 => Ok(()),
+            Some(_) => Err(HookError::Failed(
+                "the client had no open connection".into(),
+            )),
+            None => Err(HookError::Failed(format!("no proxy {:?}", client.tag))),
+        }
+    }
+
+    async fn stop_server(&self) -> HookResult {
+        service("stop-one").await.map_err(HookError::Failed)
+    }
+
+    async fn start_server(&self) -> HookResult {
+        service("start-one").await.map_err(HookError::Failed)
+    }
+}

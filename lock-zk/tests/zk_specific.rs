@@ -1,0 +1,211 @@
+//! ZooKeeper-specific behaviour: session expiry, restarts, escaping, bad input.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{ZkHarness, service};
+use lock_core::{AcquireOptions, ClientConfig, DistributedLock, Error, LossReason};
+use lock_zk::zookeeper_client as zk;
+
+/// Tests of this binary that take the server away or expire sessions run one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn harness() -> Option<ZkHarness> {
+    let server = conformance_tests::server_var("zk", "DISTLOCK_TEST_ZK_CONNECT")?;
+    Some(ZkHarness::new(&server).await)
+}
+
+fn opts() -> AcquireOptions {
+    AcquireOptions::default()
+        .with_ttl(Duration::from_secs(2))
+        .with_wait(Duration::from_secs(20))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_session_is_reported_and_a_new_session_serves() {
+    let _serial = SERIAL.lock().await;
+    let Some(h) = harness().await else { return };
+    let client = h.backend().await.expect("connect");
+    let other = h.backend().await.expect("connect");
+    let guard = client.acquire("expiry", &opts()).await.expect("acquire");
+    let lost = guard.lost();
+    let old_session = client.backend_ref().session_info();
+
+    // Expire the session: attach a second connection to it and close that one.
+    let thief = zk::Client::connector()
+        .with_session(old_session.clone())
+        .with_session_timeout(common::SESSION_TIMEOUT)
+        .connect(&h.server)
+        .await
+        .expect("attach to the session");
+    drop(thief);
+    let reason = tokio::time::timeout(Duration::from_secs(10), lost)
+        .await
+        .expect("lost() did not fire after the session expired");
+    assert_eq!(reason, LossReason::SessionExpired);
+    assert!(guard.is_lost());
+    // The ephemeral node went with the session: the lock is free at once.
+    let taken = other
+        .try_acquire("expiry", &opts())
+        .await
+        .expect("try_acquire")
+        .expect("the expired session's lock is still held");
+    assert!(matches!(
+        guard.release().await,
+        Err(Error::Lost { .. } | Error::NotHeld { .. })
+    ));
+    taken.release().await.expect("release");
+
+    // The same client serves new acquisitions on a new session.
+    let again = client
+        .acquire("expiry", &opts())
+        .await
+        .expect("acquire on a new session");
+    assert_ne!(client.backend_ref().session_info().id(), old_session.id());
+    again.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_keep_increasing_across_a_server_restart() {
+    let _serial = SERIAL.lock().await;
+    let Some(h) = harness().await else { return };
+    let client = h.backend().await.expect("connect");
+    let guard = client.acquire("restart", &opts()).await.expect("acquire");
+    let before = guard.token();
+    guard.release().await.expect("release");
+
+    service("stop-one").await.expect("stop zookeeper");
+    let restarted = service("start-one").await;
+    restarted.expect("start zookeeper");
+
+    let guard = client
+        .acquire("restart", &opts())
+        .await
+        .expect("acquire after the restart");
+    assert!(
+        guard.token() > before,
+        "token {} after the restart is not above {before}",
+        guard.token()
+    );
+    guard.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_hosts_fail_typed_within_the_timeout() {
+    let timeout = Duration::from_millis(800);
+    let config = ClientConfig::default().with_operation_timeout(timeout);
+    let started = Instant::now();
+    // Nothing listens on ports 1 and 2 of loopback.
+    let result = lock_zk::connect("zk://127.0.0.1:1,127.0.0.1:2/x", config.clone()).await;
+    assert!(
+        matches!(result, Err(Error::Unavailable { .. })),
+        "expected Unavailable, got {result:?}"
+    );
+    assert!(
+        started.elapsed() < timeout + Duration::from_millis(500),
+        "took {:?}",
+        started.elapsed()
+    );
+
+    for bad in [
+        "zk://",
+        "zk://h:notaport",
+        "etcd://h:1",
+        "zk://h:1?bogus=1",
+        "zk://h:1//x",
+    ] {
+        let result = lock_zk::connect(bad, config.clone()).await;
+        assert!(
+            matches!(result, Err(Error::InvalidConfig(_))),
+            "{bad:?}: expected InvalidConfig, got {result:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_are_escaped_into_single_path_segments() {
+    let _serial = SERIAL.lock().await;
+    let Some(h) = harness().await else { return };
+    let client = h.backend().await.expect("connect");
+    for name in [
+        "a/b/../c",
+        ".",
+        "..",
+        "%2F",
+        "zookeeper",
+        "x\u{1}y",
+        "🔒 {tag}",
+    ] {
+        let guard = client
+            .try_acquire(name, &opts())
+            .await
+            .unwrap_or_else(|e| panic!("{name:?} rejected: {e}"))
+            .unwrap_or_else(|| panic!("{name:?} held"));
+        let path = h.lock_path(name);
+        let (base, segment) = path.rsplit_once('/').expect("a path");
+        assert_eq!(base, format!("{}/distlock", h.chroot));
+        assert!(
+            !segment.is_empty() && !segment.contains(['.', '/']),
+            "{segment:?}"
+        );
+        assert_eq!(
+            h.queue(name).await.len(),
+            1,
+            "{name:?} has no node at {path}"
+        );
+        guard.release().await.expect("release");
+        assert!(
+            h.queue(name).await.is_empty(),
+            "{name:?}: release left a node"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_queue_in_order_and_leave_no_node_behind() {
+    let _serial = SERIAL.lock().await;
+    let Some(h) = harness().await else { return };
+    let holder = h.backend().await.expect("connect");
+    let guard = holder.acquire("queue", &opts()).await.expect("acquire");
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        let client = h.backend().await.expect("connect");
+        waiters.push(tokio::spawn(async move {
+            let guard = client.acquire("queue", &opts()).await.expect("acquire");
+            let token = guard.token();
+            guard.release().await.expect("release");
+            token
+        }));
+        // Joined the queue: one more node.
+        let want = waiters.len() + 1;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while h.queue("queue").await.len() < want {
+            assert!(Instant::now() < deadline, "waiter did not join the queue");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let first = guard.token();
+    guard.release().await.expect("release");
+    let mut last = first;
+    for waiter in waiters {
+        let token = waiter.await.expect("waiter");
+        assert!(token > last, "tokens out of queue order");
+        last = token;
+    }
+    assert!(h.queue("queue").await.is_empty());
+
+    // A waiter that gives up removes its node.
+    let guard = holder.acquire("queue", &opts()).await.expect("acquire");
+    let quitter = h.backend().await.expect("connect");
+    let r = quitter
+        .acquire("queue", &opts().with_wait(Duration::from_millis(300)))
+        .await;
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert_eq!(
+        h.queue("queue").await.len(),
+        1,
+        "the timed-out waiter left its node"
+    );
+    guard.release().await.expect("release");
+}
