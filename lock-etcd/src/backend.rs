@@ -1,0 +1,1021 @@
+//! The protocol: shared leases, the revision-ordered queue, watches and the reaper.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, LeaseKeepAliveStream,
+    LeaseKeeper, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType,
+    WatchOptions, WatchStream,
+};
+use lock_core::{
+    AcquireRequest, Acquired, Attempt, AttemptMode, Capabilities, Error, FencingGuarantee,
+    FencingToken, Lease, LockBackend, LockInfo, LockName, LossDetection, Result, Step, WakeUp,
+};
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::debug;
+
+use crate::config::EtcdConfig;
+use crate::keys;
+
+/// The shortest lease etcd grants with its default heartbeat settings (shorter requests are
+/// silently raised to it).
+pub const MIN_TTL: Duration = Duration::from_secs(2);
+/// The longest ttl this backend accepts.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// The etcd lock protocol over one [`etcd_client::Client`] (one connection pool, one lease per
+/// distinct ttl). Build it with [`EtcdBackend::connect`] and wrap it in a
+/// [`lock_core::LockClient`], or use [`crate::connect`].
+#[derive(Clone)]
+pub struct EtcdBackend {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    client: Client,
+    prefix: String,
+    endpoints: Vec<String>,
+    /// One lease per ttl in whole seconds, granted on first use, replaced when it is gone.
+    leases: tokio::sync::Mutex<HashMap<i64, Arc<LeaseSlot>>>,
+    /// The renewal batcher's queue, started on first use.
+    checks: OnceLock<mpsc::UnboundedSender<KeyCheck>>,
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("endpoints", &self.shared.endpoints)
+            .field("prefix", &self.shared.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdBackend {
+    /// Connects to the cluster of `config`. The connection is made lazily: an unreachable
+    /// cluster shows up as [`Error::Unavailable`] on the first operation, within the core's
+    /// operation timeout (`connect_timeout` bounds each connection attempt).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] if the client library rejects an endpoint.
+    pub async fn connect(config: &EtcdConfig, connect_timeout: Duration) -> Result<Self> {
+        let options = ConnectOptions::new()
+            .with_connect_timeout(connect_timeout)
+            .with_keep_alive(Duration::from_secs(2), connect_timeout)
+            .with_keep_alive_while_idle(true);
+        let connecting = Client::connect(config.endpoints(), Some(options));
+        let client = match tokio::time::timeout(connect_timeout, connecting).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(
+                err @ (etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_)),
+            )) => {
+                return Err(Error::InvalidConfig(format!(
+                    "etcd endpoints {:?}: {err}",
+                    config.endpoints()
+                )));
+            }
+            Ok(Err(err)) => return Err(map_err("connecting to etcd", err)),
+            Err(_) => {
+                return Err(Error::Unavailable {
+                    message: format!("connecting to etcd took longer than {connect_timeout:?}"),
+                    source: None,
+                });
+            }
+        };
+        Ok(Self::from_client(client, config))
+    }
+
+    /// Uses an existing client (its endpoints are taken from `config` for diagnostics only).
+    pub fn from_client(client: Client, config: &EtcdConfig) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                client,
+                prefix: config.prefix().to_owned(),
+                endpoints: config.endpoints().to_vec(),
+                leases: tokio::sync::Mutex::default(),
+                checks: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// The underlying etcd client.
+    pub fn client(&self) -> &Client {
+        &self.shared.client
+    }
+
+    /// The key prefix under which the queue keys of `name` live (a range: every key of the
+    /// name starts with it, and no key of another name does).
+    pub fn key_range(&self, name: &str) -> String {
+        keys::name_range(&self.shared.prefix, name)
+    }
+}
+
+#[async_trait]
+impl LockBackend for EtcdBackend {
+    fn name(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(FencingGuarantee::Linearizable)
+            .with_fifo(true)
+            .with_wake_up(WakeUp::Event)
+            .with_ttl_range(MIN_TTL, MAX_TTL)
+            .with_loss_detection(LossDetection::Renewal)
+    }
+
+    fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
+        let range = keys::name_range(&self.shared.prefix, request.name.as_str());
+        let key = keys::entry_key(&range, &request.owner);
+        Box::new(EtcdAttempt {
+            shared: self.shared.clone(),
+            name: request.name.as_str().to_owned(),
+            mode: request.mode,
+            ttl: request.ttl,
+            owner: request.owner,
+            range,
+            key,
+            slot: None,
+            maybe_put: false,
+            rev: None,
+            watch_target: None,
+            watch: None,
+        })
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let range = keys::name_range(&self.shared.prefix, name.as_str());
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let mut failures = 0;
+        let resp = loop {
+            match self
+                .shared
+                .client
+                .kv_client()
+                .get(range.clone(), Some(options.clone()))
+                .await
+            {
+                Err(err) if retryable(&err) && failures < TRANSPORT_RETRIES => {
+                    retry_pause(&mut failures).await;
+                }
+                other => break other.map_err(|e| map_err("reading the lock queue", e))?,
+            }
+        };
+        Ok(resp.kvs().first().map(|kv| {
+            LockInfo::new(
+                String::from_utf8_lossy(kv.value()).into_owned(),
+                Some(token(kv.create_revision())),
+                None,
+            )
+        }))
+    }
+}
+
+fn token(revision: i64) -> FencingToken {
+    FencingToken::new(u64::try_from(revision).unwrap_or(0))
+}
+
+/// Maps a client error: transport and availability problems are retryable.
+fn map_err(what: &str, err: etcd_client::Error) -> Error {
+    let message = format!("{what}: {err}");
+    if retryable(&err) {
+        Error::unavailable(message, err)
+    } else {
+        Error::backend(message, err)
+    }
+}
+
+/// Whether a client error is a transport or availability problem (worth retrying).
+fn retryable(err: &etcd_client::Error) -> bool {
+    use etcd_client::Error as E;
+    match err {
+        // Not retryable: INVALID_ARGUMENT 3, NOT_FOUND 5, ALREADY_EXISTS 6, PERMISSION_DENIED 7,
+        // FAILED_PRECONDITION 9, OUT_OF_RANGE 11, UNIMPLEMENTED 12, UNAUTHENTICATED 16.
+        E::GRpcStatus(status) => !matches!(status.code() as i32, 3 | 5 | 6 | 7 | 9 | 11 | 12 | 16),
+        E::TransportError(_)
+        | E::IoError(_)
+        | E::WatchError(_)
+        | E::LeaseKeepAliveError(_)
+        | E::EndpointError(_) => true,
+        _ => false,
+    }
+}
+
+/// How often one operation is retried at once after a transport error.
+const TRANSPORT_RETRIES: u32 = 4;
+
+/// A short, growing pause before retrying after a transport error (10, 20, 40, 80 ms).
+async fn retry_pause(failures: &mut u32) {
+    tokio::time::sleep(Duration::from_millis(10 << *failures)).await;
+    *failures += 1;
+}
+
+/// Whether a request certainly never reached a server (the connection could not be made).
+fn not_sent(err: &etcd_client::Error) -> bool {
+    match err {
+        etcd_client::Error::GRpcStatus(status) => {
+            // UNAVAILABLE 14, from a failed connection attempt.
+            status.code() as i32 == 14 && status.message().contains("connect")
+        }
+        _ => false,
+    }
+}
+
+/// Whether a write failed because its lease is gone.
+fn lease_not_found(err: &etcd_client::Error) -> bool {
+    matches!(err, etcd_client::Error::GRpcStatus(s) if s.message().contains("lease not found"))
+}
+
+fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Shared {
+    /// Whether `key` still exists with create revision `rev`. Concurrent checks of one client
+    /// are batched into one transaction (see [`check_keys`]).
+    async fn key_is_ours(&self, key: &str, rev: i64) -> Result<bool> {
+        let queue = self.checks.get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(check_keys(self.client.clone(), rx));
+            tx
+        });
+        let (reply, answer) = oneshot::channel();
+        let check = KeyCheck {
+            key: key.to_owned(),
+            rev,
+            reply,
+        };
+        if queue.send(check).is_ok()
+            && let Ok(ours) = answer.await
+        {
+            return ours;
+        }
+        // The batcher is gone (the runtime that started it shut down): read directly.
+        let options = GetOptions::new().with_keys_only();
+        let resp = self
+            .client
+            .kv_client()
+            .get(key, Some(options))
+            .await
+            .map_err(|e| map_err("renewing", e))?;
+        Ok(resp
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.create_revision() == rev))
+    }
+
+    /// The client's lease for `ttl` (rounded up to whole seconds), granted if needed.
+    async fn slot(&self, ttl: Duration) -> Result<Arc<LeaseSlot>> {
+        let secs = i64::try_from(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0))
+            .unwrap_or(i64::MAX)
+            .max(1);
+        let mut leases = self.leases.lock().await;
+        if let Some(slot) = leases.get(&secs)
+            && !slot.is_dead()
+        {
+            return Ok(slot.clone());
+        }
+        let sent = Instant::now();
+        let resp = self
+            .client
+            .lease_client()
+            .grant(secs, None)
+            .await
+            .map_err(|e| map_err("granting a lease", e))?;
+        if !resp.error().is_empty() {
+            return Err(Error::Backend {
+                message: format!("etcd refused a lease: {}", resp.error()),
+                source: None,
+            });
+        }
+        // etcd may raise a short ttl to its minimum; never lower.
+        let granted = u64::try_from(resp.ttl().max(secs)).unwrap_or(u64::MAX);
+        let slot = Arc::new(LeaseSlot {
+            id: resp.id(),
+            ttl: Duration::from_secs(granted),
+            refreshed: StdMutex::new(sent),
+            dead: AtomicBool::new(false),
+            keepalive: tokio::sync::Mutex::default(),
+        });
+        debug!(lease = slot.id, ttl = granted, "granted a lease");
+        leases.insert(secs, slot.clone());
+        Ok(slot)
+    }
+
+    /// A live lease for `ttl` whose last refresh is recent, refreshing it (one cheap
+    /// keepalive, no raft round) or granting a new one when needed.
+    async fn fresh_slot(&self, ttl: Duration) -> Result<Arc<LeaseSlot>> {
+        for _ in 0..3 {
+            let slot = self.slot(ttl).await?;
+            if slot.refreshed().elapsed() < slot.ttl / 10 {
+                return Ok(slot);
+            }
+            if slot.keep_alive(&self.client, Instant::now()).await? {
+                return Ok(slot);
+            }
+        }
+        Err(Error::Backend {
+            message: "etcd leases kept disappearing right after being granted".into(),
+            source: None,
+        })
+    }
+}
+
+/// One lease shared by the client's queue entries of one ttl, with its keepalive stream.
+struct LeaseSlot {
+    id: i64,
+    ttl: Duration,
+    /// When the last successful grant or keepalive was sent: the server keeps the lease at
+    /// least until this instant + `ttl`.
+    refreshed: StdMutex<Instant>,
+    dead: AtomicBool,
+    keepalive: tokio::sync::Mutex<KeepAlive>,
+}
+
+#[derive(Default)]
+struct KeepAlive {
+    stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    /// Keepalives sent on `stream` whose answer was not read yet (a cancelled call).
+    unanswered: usize,
+}
+
+impl LeaseSlot {
+    fn refreshed(&self) -> Instant {
+        *lock(&self.refreshed)
+    }
+
+    fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    fn mark_dead(&self) {
+        self.dead.store(true, Ordering::Release);
+    }
+
+    /// Keeps the lease alive: `Ok(true)` if it is (a keepalive sent at or after `since`
+    /// succeeded), `Ok(false)` if the server says it is gone. Cancel safe.
+    async fn keep_alive(&self, client: &Client, since: Instant) -> Result<bool> {
+        let mut guard = self.keepalive.lock().await;
+        if self.is_dead() {
+            return Ok(false);
+        }
+        if self.refreshed() >= since {
+            return Ok(true); // coalesced with a concurrent caller's keepalive
+        }
+        let KeepAlive { stream, unanswered } = &mut *guard;
+        let sent = Instant::now();
+        let alive = match stream {
+            Some((keeper, responses)) => {
+                if let Err(err) = keeper.keep_alive().await {
+                    *stream = None;
+                    *unanswered = 0;
+                    return Err(map_err("sending a lease keepalive", err));
+                }
+                *unanswered += 1;
+                let mut ttl = 0;
+                while *unanswered > 0 {
+                    match responses.message().await {
+                        Ok(Some(resp)) => {
+                            *unanswered -= 1;
+                            ttl = resp.ttl();
+                        }
+                        Ok(None) => {
+                            *stream = None;
+                            *unanswered = 0;
+                            return Err(Error::Unavailable {
+                                message: "the lease keepalive stream ended".into(),
+                                source: None,
+                            });
+                        }
+                        Err(err) => {
+                            *stream = None;
+                            *unanswered = 0;
+                            return Err(map_err("reading a lease keepalive answer", err));
+                        }
+                    }
+                }
+                ttl > 0
+            }
+            None => match client.lease_client().keep_alive(self.id).await {
+                Ok(opened) => {
+                    *stream = Some(opened);
+                    *unanswered = 0;
+                    true
+                }
+                // The library's way of saying the first answer had ttl 0.
+                Err(etcd_client::Error::LeaseKeepAliveError(_)) => false,
+                Err(err) => return Err(map_err("opening a lease keepalive stream", err)),
+            },
+        };
+        if alive {
+            let mut refreshed = lock(&self.refreshed);
+            *refreshed = (*refreshed).max(sent);
+        } else {
+            debug!(lease = self.id, "lease is gone");
+            self.mark_dead();
+        }
+        Ok(alive)
+    }
+}
+
+/// One acquisition: a queue key `<range><owner>` on the client's lease.
+struct EtcdAttempt {
+    shared: Arc<Shared>,
+    name: String,
+    mode: AttemptMode,
+    ttl: Duration,
+    owner: String,
+    range: String,
+    key: String,
+    /// The lease the key is attached to.
+    slot: Option<Arc<LeaseSlot>>,
+    /// A put of `key` may have reached the server.
+    maybe_put: bool,
+    /// The key's create revision once it is known to be queued.
+    rev: Option<i64>,
+    /// The predecessor to watch and the revision to watch from.
+    watch_target: Option<(String, i64)>,
+    watch: Option<(String, WatchStream)>,
+}
+
+impl EtcdAttempt {
+    fn acquired(
+        &mut self,
+        slot: Arc<LeaseSlot>,
+        rev: i64,
+        lease_started: Instant,
+        poll_started: Instant,
+    ) -> Step {
+        self.watch = None;
+        let (reaper, rx) = watch::channel(Some(poll_started + self.ttl));
+        tokio::spawn(reap(self.shared.clone(), self.key.clone(), rev, rx));
+        let lease = EtcdLease {
+            shared: self.shared.clone(),
+            slot,
+            name: self.name.clone(),
+            key: self.key.clone(),
+            rev,
+            reaper,
+        };
+        Step::Acquired(Acquired::new(Box::new(lease), token(rev)).with_lease_started(lease_started))
+    }
+
+    fn put_op(&self, slot: &LeaseSlot) -> TxnOp {
+        TxnOp::put(
+            self.key.clone(),
+            self.owner.clone(),
+            Some(PutOptions::new().with_lease(slot.id)),
+        )
+    }
+
+    /// `try_acquire`: put the key only if the name has no key at all (nobody holds or waits).
+    async fn poll_try(&mut self, started: Instant) -> Result<Option<Step>> {
+        let slot = self.shared.fresh_slot(self.ttl).await?;
+        let lease_started = slot.refreshed();
+        // Otherwise read the first key: ours if an earlier poll's answer was lost.
+        let first = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1)
+            .with_keys_only();
+        let txn = Txn::new()
+            .when([Compare::create_revision(self.range.clone(), CompareOp::Equal, 0).with_prefix()])
+            .and_then([self.put_op(&slot)])
+            .or_else([TxnOp::get(self.range.clone(), Some(first))]);
+        let before = self.maybe_put;
+        self.maybe_put = true;
+        self.slot = Some(slot.clone());
+        match self.shared.client.kv_client().txn(txn).await {
+            Err(err) if lease_not_found(&err) => {
+                slot.mark_dead();
+                self.maybe_put = before;
+                Ok(None)
+            }
+            Err(err) => Err(map_err("acquiring", err)),
+            Ok(resp) if resp.succeeded() => {
+                let rev = header_revision(resp.header())?;
+                Ok(Some(self.acquired(slot, rev, lease_started, started)))
+            }
+            Ok(resp) => {
+                let first = match resp.op_responses().into_iter().next() {
+                    Some(TxnOpResponse::Get(mut get)) => get.take_kvs().into_iter().next(),
+                    _ => None,
+                };
+                match first {
+                    Some(kv) if before && kv.key() == self.key.as_bytes() => {
+                        let rev = kv.create_revision();
+                        Ok(Some(self.acquired(slot, rev, lease_started, started)))
+                    }
+                    _ => {
+                        self.maybe_put = before;
+                        Ok(Some(Step::busy(None)))
+                    }
+                }
+            }
+        }
+    }
+
+    /// `acquire`, first step: join the queue and learn the predecessor in one transaction.
+    async fn poll_enqueue(&mut self, started: Instant) -> Result<Option<Step>> {
+        let slot = self.shared.fresh_slot(self.ttl).await?;
+        let lease_started = slot.refreshed();
+        let last = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(1)
+            .with_keys_only();
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.key.clone(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([
+                TxnOp::get(self.range.clone(), Some(last)),
+                self.put_op(&slot),
+            ])
+            .or_else([TxnOp::get(self.key.clone(), None)]);
+        let before = self.maybe_put;
+        self.maybe_put = true;
+        let resp = match self.shared.client.kv_client().txn(txn).await {
+            Err(err) if lease_not_found(&err) => {
+                slot.mark_dead();
+                self.maybe_put = before;
+                return Ok(None);
+            }
+            Err(err) => return Err(map_err("joining the lock queue", err)),
+            Ok(resp) => resp,
+        };
+        let revision = header_revision(resp.header())?;
+        let first_kvs = match resp.op_responses().into_iter().next() {
+            Some(TxnOpResponse::Get(mut get)) => get.take_kvs(),
+            _ => return Err(protocol("a transaction answered without its read")),
+        };
+        if !resp.succeeded() {
+            // Our key exists already: an earlier poll's answer was lost. Find its place.
+            match first_kvs.first() {
+                Some(kv) => {
+                    self.rev = Some(kv.create_revision());
+                    if self.slot.is_none() {
+                        self.slot = Some(slot);
+                    }
+                }
+                None => self.rev = None,
+            }
+            return Ok(None);
+        }
+        self.slot = Some(slot.clone());
+        match first_kvs.first() {
+            None => Ok(Some(self.acquired(slot, revision, lease_started, started))),
+            Some(pred) => {
+                self.rev = Some(revision);
+                self.watch_target = Some((key_string(pred.key()), revision + 1));
+                Ok(Some(Step::busy(None)))
+            }
+        }
+    }
+
+    /// `acquire`, later steps: is there still a key before ours?
+    async fn poll_position(&mut self, rev: i64, started: Instant) -> Result<Option<Step>> {
+        let Some(slot) = self.slot.clone() else {
+            self.rev = None;
+            return Ok(None);
+        };
+        if slot.refreshed().elapsed() >= slot.ttl / 10
+            && !slot.keep_alive(&self.shared.client, Instant::now()).await?
+        {
+            self.rev = None; // the lease and our key are gone: queue again
+            return Ok(None);
+        }
+        let lease_started = slot.refreshed();
+        let before = GetOptions::new()
+            .with_prefix()
+            .with_max_create_revision(rev - 1)
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(1)
+            .with_keys_only();
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.key.clone(),
+                CompareOp::Equal,
+                rev,
+            )])
+            .and_then([TxnOp::get(self.range.clone(), Some(before))]);
+        let resp = self
+            .shared
+            .client
+            .kv_client()
+            .txn(txn)
+            .await
+            .map_err(|e| map_err("checking the lock queue", e))?;
+        if !resp.succeeded() {
+            debug!(name = %self.name, "our queue key vanished; queueing again");
+            self.rev = None;
+            self.watch = None;
+            self.watch_target = None;
+            return Ok(None);
+        }
+        let revision = header_revision(resp.header())?;
+        let kvs = match resp.op_responses().into_iter().next() {
+            Some(TxnOpResponse::Get(mut get)) => get.take_kvs(),
+            _ => return Err(protocol("a transaction answered without its read")),
+        };
+        match kvs.first() {
+            None => Ok(Some(self.acquired(slot, rev, lease_started, started))),
+            Some(pred) => {
+                self.watch_target = Some((key_string(pred.key()), revision + 1));
+                Ok(Some(Step::busy(None)))
+            }
+        }
+    }
+}
+
+fn key_string(key: &[u8]) -> String {
+    String::from_utf8_lossy(key).into_owned()
+}
+
+fn header_revision(header: Option<&etcd_client::ResponseHeader>) -> Result<i64> {
+    header
+        .map(etcd_client::ResponseHeader::revision)
+        .filter(|r| *r > 0)
+        .ok_or_else(|| protocol("a response without a revision"))
+}
+
+fn protocol(message: &str) -> Error {
+    Error::Backend {
+        message: format!("unexpected etcd answer: {message}"),
+        source: None,
+    }
+}
+
+#[async_trait]
+impl Attempt for EtcdAttempt {
+    async fn poll(&mut self) -> Result<Step> {
+        let started = Instant::now();
+        // A few rounds: a lease that vanished, or a lost answer, costs one more round. Every
+        // step is safe to repeat (a repeated put finds its own key), so a transport error is
+        // retried at once: the client balances over the endpoints, and a request routed to a
+        // member that just went down fails before the balancer skips it.
+        let mut failures = 0;
+        for _ in 0..4 {
+            let step = loop {
+                let result = match (self.mode, self.rev) {
+                    (AttemptMode::Try, _) => self.poll_try(started).await,
+                    (AttemptMode::Wait, None) => self.poll_enqueue(started).await,
+                    (AttemptMode::Wait, Some(rev)) => self.poll_position(rev, started).await,
+                };
+                match result {
+                    Err(err) if err.is_retryable() && failures < TRANSPORT_RETRIES => {
+                        debug!(%err, "retrying an acquire step");
+                        retry_pause(&mut failures).await;
+                    }
+                    other => break other?,
+                }
+            };
+            if let Some(step) = step {
+                return Ok(step);
+            }
+        }
+        Err(Error::Unavailable {
+            message: "the lock queue kept changing under this attempt".into(),
+            source: None,
+        })
+    }
+
+    async fn changed(&mut self) {
+        loop {
+            if let Some((pred, from)) = self.watch_target.clone()
+                && self.watch.as_ref().is_none_or(|(k, _)| *k != pred)
+            {
+                self.watch = None;
+                let options = WatchOptions::new()
+                    .with_start_revision(from)
+                    .with_filters([WatchFilterType::NoPut]);
+                match self
+                    .shared
+                    .client
+                    .watch_client()
+                    .watch(pred.clone(), Some(options))
+                    .await
+                {
+                    Ok(stream) => self.watch = Some((pred, stream)),
+                    Err(err) => {
+                        // Leave it to the core's backoff to poll again.
+                        debug!(%err, "cannot watch the predecessor");
+                        self.watch_target = None;
+                    }
+                }
+            }
+            // While queued, our key lives on the client's lease: keep it alive.
+            let keepalive_at = self.slot.as_ref().map(|s| s.refreshed() + s.ttl / 3);
+            tokio::select! {
+                event = next_event(&mut self.watch) => match event {
+                    Some(true) => {
+                        self.watch = None;
+                        self.watch_target = None;
+                        return;
+                    }
+                    Some(false) => {}
+                    None => {
+                        self.watch = None;
+                        self.watch_target = None;
+                    }
+                },
+                () = sleep_until(keepalive_at) => {
+                    if let Some(slot) = &self.slot {
+                        match slot.keep_alive(&self.shared.client, Instant::now()).await {
+                            Ok(true) => {}
+                            Ok(false) => return, // our key is gone: poll queues again
+                            Err(err) => {
+                                debug!(%err, "keepalive while queued failed");
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn abandon(self: Box<Self>) -> Result<()> {
+        if !self.maybe_put {
+            return Ok(());
+        }
+        let mut kv = self.shared.client.kv_client();
+        if self.rev.is_some() {
+            // A known queue entry: remove it now, so that the next client is not blocked.
+            kv.delete(self.key.clone(), None)
+                .await
+                .map_err(|e| map_err("leaving the lock queue", e))?;
+            return Ok(());
+        }
+        // A put whose answer never came (the server may be down): clean up in the background
+        // rather than making the caller wait a second timeout; the key expires with the lease
+        // otherwise.
+        let key = self.key.clone();
+        tokio::spawn(async move {
+            for _ in 0..5 {
+                match kv.delete(key.clone(), None).await {
+                    Ok(_) => return,
+                    Err(err) => {
+                        debug!(%err, %key, "removing an unanswered queue entry failed, retrying");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+}
+
+/// The next watch answer: `Some(true)` for a deletion (or a cancelled watch), `Some(false)` for
+/// anything else, `None` when the stream failed. Never resolves without a watch.
+async fn next_event(watch: &mut Option<(String, WatchStream)>) -> Option<bool> {
+    let Some((_, stream)) = watch else {
+        return std::future::pending().await;
+    };
+    match stream.message().await {
+        Ok(Some(resp)) => Some(
+            resp.canceled()
+                || resp
+                    .events()
+                    .iter()
+                    .any(|e| e.event_type() == EventType::Delete),
+        ),
+        Ok(None) | Err(_) => None,
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A held lock: its queue key, first in line, on the client's lease.
+struct EtcdLease {
+    shared: Arc<Shared>,
+    slot: Arc<LeaseSlot>,
+    name: String,
+    key: String,
+    rev: i64,
+    /// The instant after which the reaper deletes the key; `None` once released.
+    reaper: watch::Sender<Option<Instant>>,
+}
+
+impl fmt::Debug for EtcdLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdLease")
+            .field("key", &self.key)
+            .field("revision", &self.rev)
+            .field("lease", &self.slot.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdLease {
+    fn not_held(&self) -> Error {
+        Error::NotHeld {
+            name: self.name.clone(),
+        }
+    }
+}
+
+#[async_trait]
+impl Lease for EtcdLease {
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        let started = Instant::now();
+        let (alive, ours) = tokio::join!(
+            self.slot.keep_alive(&self.shared.client, started),
+            self.shared.key_is_ours(&self.key, self.rev)
+        );
+        if !alive? || !ours? {
+            return Err(self.not_held());
+        }
+        self.reaper.send_if_modified(|deadline| match deadline {
+            Some(d) if *d < started + ttl => {
+                *d = started + ttl;
+                true
+            }
+            _ => false,
+        });
+        Ok(())
+    }
+
+    async fn release(&self) -> Result<()> {
+        let mut failures = 0;
+        let resp = loop {
+            match self
+                .shared
+                .client
+                .kv_client()
+                .delete(self.key.clone(), None)
+                .await
+            {
+                // Only a request that never left may be repeated: a repeated delete whose first
+                // answer was lost would find nothing and answer `NotHeld`.
+                Err(err) if not_sent(&err) && failures < TRANSPORT_RETRIES => {
+                    retry_pause(&mut failures).await;
+                }
+                other => break other.map_err(|e| map_err("releasing", e))?,
+            }
+        };
+        self.reaper.send_replace(None);
+        if resp.deleted() == 0 {
+            return Err(self.not_held());
+        }
+        Ok(())
+    }
+}
+
+/// Deletes a held key whose guard stopped renewing (abandoned, hold limit, renewal disabled)
+/// once its ttl has passed, so that the lease other guards keep alive does not keep it held.
+async fn reap(
+    shared: Arc<Shared>,
+    key: String,
+    rev: i64,
+    mut rx: watch::Receiver<Option<Instant>>,
+) {
+    loop {
+        let Some(deadline) = *rx.borrow_and_update() else {
+            return;
+        };
+        tokio::select! {
+            () = tokio::time::sleep_until(deadline.into()) => {
+                if *rx.borrow() == Some(deadline) {
+                    break;
+                }
+            }
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    // The lease handle is gone without a release: wait out the last deadline.
+                    let Some(deadline) = *rx.borrow() else { return };
+                    tokio::time::sleep_until(deadline.into()).await;
+                    break;
+                }
+            }
+        }
+    }
+    for _ in 0..10 {
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
+            .and_then([TxnOp::delete(key.clone(), None)]);
+        match shared.client.kv_client().txn(txn).await {
+            Ok(resp) => {
+                if resp.succeeded() {
+                    debug!(%key, "expired lock key deleted");
+                }
+                return;
+            }
+            Err(err) => {
+                debug!(%err, %key, "deleting an expired lock key failed, retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
+/// One key-existence check of a renewal.
+struct KeyCheck {
+    key: String,
+    rev: i64,
+    reply: oneshot::Sender<Result<bool>>,
+}
+
+/// The most reads in one transaction (etcd's default `--max-txn-ops` is 128).
+const CHECKS_PER_TXN: usize = 100;
+/// The most transactions one batch sends at once.
+const TXNS_PER_BATCH: usize = 8;
+
+/// The renewal batcher of one client: every renewal must confirm that its key still exists
+/// with its create revision. Checks that arrive while a batch is in flight wait for the next
+/// one, which reads all their keys in one transaction per [`CHECKS_PER_TXN`] keys (group
+/// commit: no added delay when idle, one round trip for a burst). Ends with the client.
+async fn check_keys(client: Client, mut queue: mpsc::UnboundedReceiver<KeyCheck>) {
+    let mut batch = Vec::new();
+    while queue
+        .recv_many(&mut batch, CHECKS_PER_TXN * TXNS_PER_BATCH)
+        .await
+        > 0
+    {
+        let chunks: Vec<Vec<KeyCheck>> = {
+            let mut chunks = Vec::new();
+            while !batch.is_empty() {
+                let rest = batch.split_off(batch.len().min(CHECKS_PER_TXN));
+                chunks.push(std::mem::replace(&mut batch, rest));
+            }
+            chunks
+        };
+        futures::future::join_all(chunks.into_iter().map(|chunk| check_chunk(&client, chunk)))
+            .await;
+    }
+}
+
+async fn check_chunk(client: &Client, chunk: Vec<KeyCheck>) {
+    let reads = chunk
+        .iter()
+        .map(|c| TxnOp::get(c.key.clone(), Some(GetOptions::new().with_keys_only())));
+    let txn = Txn::new().and_then(reads.collect::<Vec<_>>());
+    let mut failures = 0;
+    let answer = loop {
+        // Read only: safe to repeat.
+        match client.kv_client().txn(txn.clone()).await {
+            Err(err) if retryable(&err) && failures < TRANSPORT_RETRIES => {
+                retry_pause(&mut failures).await;
+            }
+            other => break other,
+        }
+    };
+    match answer {
+        Ok(resp) => {
+            let mut answers = resp.op_responses().into_iter();
+            for check in chunk {
+                let ours = match answers.next() {
+                    Some(TxnOpResponse::Get(get)) => Ok(get
+                        .kvs()
+                        .first()
+                        .is_some_and(|kv| kv.create_revision() == check.rev)),
+                    _ => Err(protocol("a transaction answered without its read")),
+                };
+                let _ = check.reply.send(ours);
+            }
+        }
+        Err(err) => {
+            let err = Arc::new(err);
+            for check in chunk {
+                let _ = check.reply.send(Err(shared_err("renewing", &err)));
+            }
+        }
+    }
+}
+
+/// [`map_err`] for an error shared by several callers (the source is kept behind an `Arc`).
+fn shared_err(what: &str, err: &Arc<etcd_client::Error>) -> Error {
+    #[derive(Debug)]
+    struct Shared(Arc<etcd_client::Error>);
+    impl fmt::Display for Shared {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            self.0.fmt(f)
+        }
+    }
+    impl std::error::Error for Shared {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&*self.0)
+        }
+    }
+    let message = format!("{what}: {err}");
+    let source = Shared(err.clone());
+    if retryable(err) {
+        Error::unavailable(message, source)
+    } else {
+        Error::backend(message, source)
+    }
+}

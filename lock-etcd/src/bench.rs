@@ -1,0 +1,164 @@
+//! The raw floors of etcd for the shared benchmark harness (feature `bench`).
+
+use async_trait::async_trait;
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
+use lock_bench::{RawFloor, Target};
+use lock_core::{ClientConfig, Error};
+
+use crate::EtcdConfig;
+
+fn unavailable(what: &str, err: etcd_client::Error) -> Error {
+    Error::unavailable(format!("{what}: {err}"), err)
+}
+
+/// The cheapest correct etcd lock cycle: a transaction that creates the key only if it does
+/// not exist, then a delete (two raft rounds).
+pub struct TxnFloor {
+    client: Client,
+    prefix: String,
+}
+
+impl TxnFloor {
+    /// Connects its own client to `config`'s endpoints.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] if the client cannot be built.
+    pub async fn connect(config: &EtcdConfig) -> Result<Self, Error> {
+        let client = Client::connect(config.endpoints(), None)
+            .await
+            .map_err(|e| unavailable("connecting", e))?;
+        Ok(Self {
+            client,
+            prefix: format!("{}/floor/", config.prefix()),
+        })
+    }
+}
+
+#[async_trait]
+impl RawFloor for TxnFloor {
+    fn label(&self) -> &str {
+        "txn create-if-absent + delete"
+    }
+
+    async fn cycle(&mut self, name: &str) -> Result<(), Error> {
+        let key = format!("{}{name}", self.prefix);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.clone(), "floor", None)]);
+        let resp = self
+            .client
+            .txn(txn)
+            .await
+            .map_err(|e| unavailable("txn", e))?;
+        if !resp.succeeded() {
+            return Err(Error::Backend {
+                message: format!("{key:?} already exists"),
+                source: None,
+            });
+        }
+        self.client
+            .delete(key, None)
+            .await
+            .map_err(|e| unavailable("delete", e))?;
+        Ok(())
+    }
+}
+
+/// etcd's own Lock API (v3lockpb): `lock` with a session lease granted once, then `unlock`.
+pub struct LockApiFloor {
+    client: Client,
+    lease: i64,
+    prefix: String,
+}
+
+impl LockApiFloor {
+    /// Connects its own client and grants its session lease (60 s, not renewed: a benchmark
+    /// run is shorter).
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] if the server cannot be reached.
+    pub async fn connect(config: &EtcdConfig) -> Result<Self, Error> {
+        let mut client = Client::connect(config.endpoints(), None)
+            .await
+            .map_err(|e| unavailable("connecting", e))?;
+        let lease = client
+            .lease_grant(60, None)
+            .await
+            .map_err(|e| unavailable("lease grant", e))?
+            .id();
+        Ok(Self {
+            client,
+            lease,
+            prefix: format!("{}/lockapi/", config.prefix()),
+        })
+    }
+}
+
+#[async_trait]
+impl RawFloor for LockApiFloor {
+    fn label(&self) -> &str {
+        "etcd Lock API lock + unlock"
+    }
+
+    async fn cycle(&mut self, name: &str) -> Result<(), Error> {
+        let options = etcd_client::LockOptions::new().with_lease(self.lease);
+        let resp = self
+            .client
+            .lock(format!("{}{name}", self.prefix), Some(options))
+            .await
+            .map_err(|e| unavailable("lock", e))?;
+        self.client
+            .unlock(resp.key().to_vec())
+            .await
+            .map_err(|e| unavailable("unlock", e))?;
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for TxnFloor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxnFloor")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for LockApiFloor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockApiFloor")
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A benchmark target: distlock over etcd at `config`, next to [`TxnFloor`].
+pub fn target(label: &str, config: &EtcdConfig) -> Target {
+    let (a, b) = (config.clone(), config.clone());
+    Target::new(label, move || {
+        let config = a.clone();
+        async move {
+            let client = crate::connect_config(&config, ClientConfig::default()).await?;
+            Ok(client.into_dyn())
+        }
+    })
+    .with_floor(move || {
+        let config = b.clone();
+        async move { Ok(Box::new(TxnFloor::connect(&config).await?) as Box<dyn RawFloor>) }
+    })
+}
+
+/// The same target next to [`LockApiFloor`] instead.
+pub fn lock_api_target(label: &str, config: &EtcdConfig) -> Target {
+    let (a, b) = (config.clone(), config.clone());
+    Target::new(label, move || {
+        let config = a.clone();
+        async move {
+            let client = crate::connect_config(&config, ClientConfig::default()).await?;
+            Ok(client.into_dyn())
+        }
+    })
+    .with_floor(move || {
+        let config = b.clone();
+        async move { Ok(Box::new(LockApiFloor::connect(&config).await?) as Box<dyn RawFloor>) }
+    })
+}

@@ -1,0 +1,50 @@
+//! The key layout: `<prefix>/<escaped name>/<escaped owner>`.
+
+/// Percent-escapes every byte outside `[A-Za-z0-9._-]`. The result never contains `/`, and
+/// the mapping is injective (`%` itself is escaped), so `<prefix>/<escaped name>/` is a key
+/// range that holds the keys of exactly one name.
+pub(crate) fn escape(s: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = String::with_capacity(s.len());
+    for &b in s.as_bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-') {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xF)]));
+        }
+    }
+    out
+}
+
+/// The key range (a prefix ending in `/`) of one lock name.
+pub(crate) fn name_range(prefix: &str, name: &str) -> String {
+    format!("{prefix}/{}/", escape(name))
+}
+
+/// The queue key of one acquisition.
+pub(crate) fn entry_key(range: &str, owner: &str) -> String {
+    format!("{range}{}", escape(owner))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaping_is_injective_and_slash_free() {
+        let names = [
+            "a/b", "a%2Fb", "a%2fb", "a_b", "", "/", "..", "🔒", "a b", "A",
+        ];
+        let escaped: Vec<String> = names.iter().map(|n| escape(n)).collect();
+        for (i, a) in escaped.iter().enumerate() {
+            assert!(!a.contains('/'));
+            for b in &escaped[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        let (x, xy) = (name_range("p", "x"), name_range("p", "x/y"));
+        assert!(!xy.starts_with(&x));
+    }
+}

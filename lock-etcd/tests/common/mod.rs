@@ -1,0 +1,103 @@
+//! Shared by the etcd test binaries: clients, admin access and the server hooks.
+#![allow(dead_code, unreachable_pub)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lock_core::{ClientConfig, Error, LockClient};
+use lock_etcd::etcd_client::{Client, GetOptions};
+use lock_etcd::{EtcdBackend, EtcdConfig};
+
+pub const OP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Test servers and a random key prefix for one test process.
+#[derive(Clone)]
+pub struct Etcd {
+    pub config: EtcdConfig,
+    pub admin: Client,
+    /// services.sh names of the members.
+    pub members: Vec<&'static str>,
+}
+
+impl Etcd {
+    pub async fn new(endpoints: &str, members: Vec<&'static str>) -> Self {
+        let run = uuid::Uuid::new_v4().simple().to_string();
+        let config = EtcdConfig::new(endpoints.split(','))
+            .and_then(|c| c.with_prefix(&format!("distlock-test-{}", &run[..8])))
+            .expect("valid test endpoints");
+        let admin = Client::connect(config.endpoints(), None)
+            .await
+            .expect("admin client");
+        Self {
+            config,
+            admin,
+            members,
+        }
+    }
+
+    pub async fn client(&self) -> Result<LockClient<EtcdBackend>, Error> {
+        let config = ClientConfig::default().with_operation_timeout(OP_TIMEOUT);
+        lock_etcd::connect_config(&self.config, config).await
+    }
+
+    pub async fn backend(&self) -> EtcdBackend {
+        EtcdBackend::connect(&self.config, OP_TIMEOUT)
+            .await
+            .expect("backend")
+    }
+
+    /// The queue keys of `name` (key, create revision, lease).
+    pub async fn entries(&self, name: &str) -> Vec<(String, i64, i64)> {
+        let range = self.backend().await.key_range(name);
+        // Retried: with a cluster member down, a request may be routed to it first.
+        let mut tries = 0;
+        let resp = loop {
+            let read = self
+                .admin
+                .clone()
+                .get(range.clone(), Some(GetOptions::new().with_prefix()))
+                .await;
+            match read {
+                Err(err) if tries < 10 => {
+                    tries += 1;
+                    eprintln!("admin get failed, retrying: {err}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                other => break other.expect("admin get"),
+            }
+        };
+        resp.kvs()
+            .iter()
+            .map(|kv| {
+                (
+                    String::from_utf8_lossy(kv.key()).into_owned(),
+                    kv.create_revision(),
+                    kv.lease(),
+                )
+            })
+            .collect()
+    }
+}
+
+fn services() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/services.sh")
+}
+
+/// `scripts/services.sh stop-one|start-one NAME`.
+pub async fn service(action: &str, member: &str) -> Result<(), String> {
+    let out = tokio::process::Command::new("bash")
+        .arg(services())
+        .arg(action)
+        .arg(member)
+        .output()
+        .await
+        .map_err(|e| format!("running services.sh: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "services.sh {action} {member}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}

@@ -1,0 +1,280 @@
+//! etcd-specific behaviour: lease revocation, a cluster member going down, fencing across a
+//! restart, FIFO order of waiters, cancelled waits, bad input.
+//!
+//! Tests that stop a server take [`SERVERS`] for writing; the others take it for reading, so
+//! that no test runs while a server of this binary is down.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Etcd, OP_TIMEOUT, service};
+use conformance_tests::server_var;
+use futures::FutureExt;
+use lock_core::{AcquireOptions, ClientConfig, DistributedLock, Error, LossReason};
+use lock_etcd::etcd_client::GetOptions;
+use tokio::sync::RwLock;
+
+static SERVERS: RwLock<()> = RwLock::const_new(());
+
+const TTL: Duration = Duration::from_secs(3);
+/// Lease expiry is checked by the leader every 500 ms; raft rounds fsync on a busy machine.
+const SLACK: Duration = Duration::from_millis(1500);
+
+fn opts() -> AcquireOptions {
+    AcquireOptions::default()
+        .with_ttl(TTL)
+        .with_wait(Duration::from_secs(10))
+}
+
+fn unique(name: &str) -> String {
+    format!("{name}-{}", uuid::Uuid::new_v4().simple())
+}
+
+async fn single() -> Option<Etcd> {
+    let endpoints = server_var("etcd", "DISTLOCK_TEST_ETCD_ENDPOINTS")?;
+    Some(Etcd::new(&endpoints, vec!["etcd"]).await)
+}
+
+async fn cluster() -> Option<Etcd> {
+    let endpoints = server_var("etcd", "DISTLOCK_TEST_ETCD_CLUSTER_ENDPOINTS")?;
+    let members = vec!["etcd-cluster-1", "etcd-cluster-2", "etcd-cluster-3"];
+    Some(Etcd::new(&endpoints, members).await)
+}
+
+/// Waits until a quorum answers a linearizable read again.
+async fn serving(etcd: &Etcd) {
+    for _ in 0..150 {
+        let mut admin = etcd.admin.clone();
+        let read = admin.get("distlock-probe", Some(GetOptions::new().with_count_only()));
+        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), read).await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("etcd did not serve again");
+}
+
+/// Runs `body` with `member` stopped and starts it again afterwards, also when `body` panics.
+async fn with_member_stopped<F>(etcd: &Etcd, member: &str, body: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    service("stop-one", member).await.expect("stop the member");
+    let outcome = std::panic::AssertUnwindSafe(body).catch_unwind().await;
+    service("start-one", member)
+        .await
+        .expect("start the member again");
+    serving(etcd).await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+#[tokio::test]
+async fn revoking_the_lease_is_reported_as_loss() {
+    let _serial = SERVERS.read().await;
+    let Some(etcd) = single().await else { return };
+    let (a, b) = (etcd.client().await.unwrap(), etcd.client().await.unwrap());
+    let name = unique("revoke");
+    let guard = a.acquire(&name, &opts()).await.unwrap();
+    let entries = etcd.entries(&name).await;
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let lease = entries[0].2;
+    assert_ne!(lease, 0, "the queue key is attached to a lease");
+    etcd.admin.clone().lease_revoke(lease).await.unwrap();
+    // The next renewal (every ttl/3) learns that the lease is gone.
+    let reason = tokio::time::timeout(TTL + SLACK, guard.lost())
+        .await
+        .expect("the loss is reported within the ttl");
+    assert!(
+        matches!(
+            reason,
+            LossReason::RenewalRejected | LossReason::LeaseExpired
+        ),
+        "{reason:?}"
+    );
+    assert!(etcd.entries(&name).await.is_empty());
+    let other = b.try_acquire(&name, &opts()).await.unwrap();
+    let other = other.expect("the name is free once the lease is revoked");
+    other.release().await.unwrap();
+    // The client grants itself a new lease.
+    let again = a.acquire(&name, &opts()).await.unwrap();
+    assert_ne!(etcd.entries(&name).await[0].2, lease);
+    again.release().await.unwrap();
+    assert!(matches!(guard.release().await, Err(Error::Lost { .. })));
+}
+
+#[tokio::test]
+async fn stopping_one_cluster_member_keeps_locks_working() {
+    let _serial = SERVERS.write().await;
+    let Some(etcd) = cluster().await else { return };
+    let etcd = Arc::new(etcd);
+    let (a, b) = (etcd.client().await.unwrap(), etcd.client().await.unwrap());
+    let name = unique("member-down");
+    let held = a.acquire(&name, &opts()).await.unwrap();
+    let token = held.token();
+    let body = {
+        let etcd = etcd.clone();
+        async move {
+            // Longer than two ttls: the holder keeps renewing through the remaining members.
+            let until = Instant::now() + TTL * 2 + SLACK;
+            let mut rounds = 0;
+            while Instant::now() < until {
+                assert!(!held.is_lost(), "the holder lost its lease");
+                let busy = b.try_acquire(&name, &opts()).await.unwrap();
+                assert!(busy.is_none(), "another client took a held lock");
+                let other = b.acquire(&unique("member-down-other"), &opts()).await;
+                let other = other.expect("locks keep working with one member down");
+                assert!(other.token() > token);
+                other.release().await.unwrap();
+                rounds += 1;
+                tokio::time::sleep(TTL / 6).await;
+            }
+            assert!(rounds >= 3);
+            assert_eq!(etcd.entries(&name).await.len(), 1);
+            held.release().await.expect("the holder still holds");
+        }
+    };
+    with_member_stopped(&etcd, "etcd-cluster-1", body).await;
+    let after = a.acquire(&unique("member-back"), &opts()).await.unwrap();
+    after.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn fencing_tokens_grow_across_a_restart() {
+    let _serial = SERVERS.write().await;
+    let Some(etcd) = single().await else { return };
+    let etcd = Arc::new(etcd);
+    let client = etcd.client().await.unwrap();
+    let name = unique("restart");
+    let first = client.acquire(&name, &opts()).await.unwrap();
+    let before = first.token();
+    first.release().await.unwrap();
+    with_member_stopped(&etcd, "etcd", async {}).await;
+    // The same client reconnects; a fresh one sees the same counter.
+    let fresh = etcd.client().await.unwrap();
+    for lock in [&client, &fresh] {
+        let guard = lock.acquire(&name, &opts()).await.unwrap();
+        assert!(
+            guard.token() > before,
+            "{:?} after the restart, {before:?} before",
+            guard.token()
+        );
+        guard.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn waiters_are_served_in_arrival_order() {
+    let _serial = SERVERS.read().await;
+    let Some(etcd) = single().await else { return };
+    let name = unique("fifo");
+    let holder = etcd.client().await.unwrap();
+    let held = holder.acquire(&name, &opts()).await.unwrap();
+    let (order_tx, mut order_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let client = etcd.client().await.unwrap();
+        let (waiter_name, order) = (name.clone(), order_tx.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = client.acquire(&waiter_name, &opts()).await.unwrap();
+            order.send((i, guard.token())).unwrap();
+            guard.release().await.unwrap();
+        }));
+        // The next waiter arrives once this one is queued.
+        for _ in 0..200 {
+            if etcd.entries(&name).await.len() == i + 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(etcd.entries(&name).await.len(), i + 2, "waiter {i} queued");
+    }
+    drop(order_tx);
+    held.release().await.unwrap();
+    let mut order = Vec::new();
+    while let Some(entry) = order_rx.recv().await {
+        order.push(entry);
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let served: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
+    assert_eq!(served, [0, 1, 2, 3, 4]);
+    assert!(order.windows(2).all(|w| w[0].1 < w[1].1), "{order:?}");
+    assert!(etcd.entries(&name).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_timed_out_waiter_leaves_the_queue() {
+    let _serial = SERVERS.read().await;
+    let Some(etcd) = single().await else { return };
+    let (a, b) = (etcd.client().await.unwrap(), etcd.client().await.unwrap());
+    let name = unique("leave");
+    let held = a.acquire(&name, &opts()).await.unwrap();
+    let short = opts().with_wait(Duration::from_millis(300));
+    let err = b.acquire(&name, &short).await.unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
+    // Cancelled by dropping the future, too.
+    let long = opts();
+    let cancelled = tokio::time::timeout(Duration::from_millis(300), b.acquire(&name, &long));
+    assert!(cancelled.await.is_err());
+    // Abandoning a cancelled attempt runs in the background.
+    for _ in 0..100 {
+        if etcd.entries(&name).await.len() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        etcd.entries(&name).await.len(),
+        1,
+        "only the holder remains"
+    );
+    held.release().await.unwrap();
+    assert!(etcd.entries(&name).await.is_empty());
+}
+
+#[tokio::test]
+async fn bad_urls_are_typed_errors() {
+    for url in [
+        "etcd://",
+        "etcd://host:notaport",
+        "etcd://host:1?opt=1",
+        "etcd://a:1,,b:2",
+        "http://127.0.0.1:2379",
+        "etcd://user@host:1",
+    ] {
+        let result = lock_etcd::connect(url, ClientConfig::default()).await;
+        assert!(
+            matches!(result, Err(Error::InvalidConfig(_))),
+            "{url}: {result:?}"
+        );
+    }
+    let bad_timeout = ClientConfig::default().with_operation_timeout(Duration::ZERO);
+    let result = lock_etcd::connect("etcd://127.0.0.1:12379", bad_timeout).await;
+    assert!(matches!(result, Err(Error::InvalidConfig(_))), "{result:?}");
+}
+
+#[tokio::test]
+async fn an_unreachable_endpoint_is_unavailable_within_the_timeout() {
+    // Port 1 on loopback: connection refused at once.
+    let timeout = Duration::from_millis(500);
+    let config = ClientConfig::default().with_operation_timeout(timeout);
+    let started = Instant::now();
+    let result = match lock_etcd::connect("etcd://127.0.0.1:1", config).await {
+        Ok(client) => client.try_acquire("x", &opts()).await.map(|_| ()),
+        Err(err) => Err(err),
+    };
+    let err = result.expect_err("nothing listens there");
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    assert!(err.is_retryable());
+    // Connecting and the operation each have the timeout.
+    assert!(
+        started.elapsed() < timeout * 2 + OP_TIMEOUT,
+        "{:?}",
+        started.elapsed()
+    );
+}
