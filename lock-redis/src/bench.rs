@@ -1,0 +1,151 @@
+//! The raw floors for the shared benchmark harness: `SET name owner NX PX ttl` followed by an
+//! `EVALSHA` compare-and-delete, on one multiplexed connection ([`RedisFloor`]) or on N
+//! masters at once ([`RedlockFloor`]).
+
+use async_trait::async_trait;
+use lock_bench::RawFloor;
+use lock_core::Error;
+use redis::aio::MultiplexedConnection;
+
+use crate::error::RedisError;
+use crate::scripts;
+
+/// The cheapest correct Redis lock: two round trips, no fencing, no renewal, no queue.
+#[derive(Debug)]
+pub struct RedisFloor {
+    conn: MultiplexedConnection,
+    addr: String,
+    counter: u64,
+}
+
+impl RedisFloor {
+    /// Opens one connection to `url` (`redis://...`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] or [`Error::Unavailable`].
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        let client = redis::Client::open(url)
+            .map_err(|e| Error::InvalidConfig(format!("invalid Redis URL {url:?}: {e}")))?;
+        let conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| RedisError::classify(url, e).into_lock_error("connect"))?;
+        Ok(Self {
+            conn,
+            addr: url.to_owned(),
+            counter: 0,
+        })
+    }
+}
+
+#[async_trait]
+impl RawFloor for RedisFloor {
+    fn label(&self) -> &str {
+        "SET NX PX + EVALSHA compare-and-delete"
+    }
+
+    async fn cycle(&mut self, name: &str) -> Result<(), Error> {
+        self.counter += 1;
+        let owner = format!("floor-{}", self.counter);
+        let set: Option<String> = redis::cmd("SET")
+            .arg(name)
+            .arg(&owner)
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000)
+            .query_async(&mut self.conn)
+            .await
+            .map_err(|e| RedisError::classify(&self.addr, e).into_lock_error("SET NX"))?;
+        if set.is_none() {
+            return Err(Error::Backend {
+                message: format!("{name:?} is already held"),
+                source: None,
+            });
+        }
+        let deleted: i64 = scripts::COMPARE_AND_DELETE
+            .key(name)
+            .arg(&owner)
+            .invoke_async(&mut self.conn)
+            .await
+            .map_err(|e| RedisError::classify(&self.addr, e).into_lock_error("EVALSHA del"))?;
+        if deleted == 1 {
+            Ok(())
+        } else {
+            Err(Error::NotHeld {
+                name: name.to_owned(),
+            })
+        }
+    }
+}
+
+/// The cheapest Redlock: `SET NX PX` on all masters at once, then the compare-and-delete on
+/// all of them (a majority must agree). No fencing, no validity check, no retry.
+#[derive(Debug)]
+pub struct RedlockFloor {
+    nodes: Vec<RedisFloor>,
+    counter: u64,
+}
+
+impl RedlockFloor {
+    /// Opens one connection to each `redis://` URL.
+    ///
+    /// # Errors
+    /// As [`RedisFloor::connect`].
+    pub async fn connect<S: AsRef<str> + Sync>(urls: &[S]) -> Result<Self, Error> {
+        let mut nodes = Vec::with_capacity(urls.len());
+        for url in urls {
+            nodes.push(RedisFloor::connect(url.as_ref()).await?);
+        }
+        Ok(Self { nodes, counter: 0 })
+    }
+}
+
+#[async_trait]
+impl RawFloor for RedlockFloor {
+    fn label(&self) -> &str {
+        "SET NX PX + EVALSHA del on all masters"
+    }
+
+    async fn cycle(&mut self, name: &str) -> Result<(), Error> {
+        self.counter += 1;
+        let owner = format!("floor-{}", self.counter);
+        let quorum = self.nodes.len() / 2 + 1;
+        let sets = futures::future::join_all(self.nodes.iter().map(|node| {
+            let mut conn = node.conn.clone();
+            let owner = owner.clone();
+            async move {
+                redis::cmd("SET")
+                    .arg(name)
+                    .arg(&owner)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(30_000)
+                    .query_async::<Option<String>>(&mut conn)
+                    .await
+            }
+        }))
+        .await;
+        let acquired = sets.iter().filter(|r| matches!(r, Ok(Some(_)))).count();
+        let dels = futures::future::join_all(self.nodes.iter().map(|node| {
+            let mut conn = node.conn.clone();
+            let owner = owner.clone();
+            async move {
+                scripts::COMPARE_AND_DELETE
+                    .key(name)
+                    .arg(&owner)
+                    .invoke_async::<i64>(&mut conn)
+                    .await
+            }
+        }))
+        .await;
+        let released = dels.iter().filter(|r| matches!(r, Ok(1))).count();
+        if acquired >= quorum && released >= quorum {
+            Ok(())
+        } else {
+            Err(Error::Backend {
+                message: format!("{name:?}: {acquired} acquired, {released} released"),
+                source: None,
+            })
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! How lock names map to Redis keys and channels.
+
+use lock_core::LockName;
+
+/// The Redis keys and the pub/sub channel of one lock name.
+///
+/// Every key is `distlock:{<tag>}:<kind>:<name>`, where `<tag>` is the 64-bit FNV-1a hash of
+/// the name in hex and `<kind>` one letter. The name is appended verbatim (Redis keys are binary
+/// safe), after a fixed-length prefix, so two distinct names always give distinct keys, and the
+/// one-letter kind sits before the name, so no name's counter can be another name's lock key.
+/// The hash tag puts all keys of one name into the same Redis Cluster slot (the name itself
+/// cannot be the tag: it may contain `{` and `}`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockKeys {
+    /// The lock itself: a string holding the owner value, with the lease as its TTL.
+    pub lock: String,
+    /// The fencing counter (`INCR` on every acquisition). Never expires.
+    pub fence: String,
+    /// Waiters in arrival order (sorted set scored by arrival time).
+    pub queue: String,
+    /// Waiter liveness (sorted set scored by the server time at which a waiter that stopped
+    /// polling is considered dead).
+    pub alive: String,
+    /// The handoff reservation for the next waiter (default mode only), with a short TTL.
+    pub reservation: String,
+    /// The channel on which releases are published (payload: the owner value of the waiter
+    /// served next, or empty).
+    pub channel: String,
+}
+
+impl LockKeys {
+    /// The keys of `name`.
+    pub fn new(name: &LockName) -> Self {
+        let name = name.as_str();
+        let tag = fnv1a(name.as_bytes());
+        let key = |kind: &str| format!("distlock:{{{tag:016x}}}:{kind}:{name}");
+        Self {
+            lock: key("l"),
+            fence: key("f"),
+            queue: key("q"),
+            alive: key("a"),
+            reservation: key("r"),
+            channel: key("c"),
+        }
+    }
+
+    /// The keys of `name`, validating it first.
+    ///
+    /// # Errors
+    /// [`lock_core::Error::InvalidName`] for an invalid name.
+    pub fn for_name(name: &str) -> lock_core::Result<Self> {
+        Ok(Self::new(&LockName::new(name)?))
+    }
+}
+
+/// 64-bit FNV-1a: stable across processes and versions (unlike `DefaultHasher`).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in bytes {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn distinct_names_give_distinct_keys_and_one_slot_tag() {
+        let a = LockKeys::for_name("a/b").unwrap();
+        let b = LockKeys::for_name("a%2Fb").unwrap();
+        let c = LockKeys::for_name("{tag}").unwrap();
+        assert_ne!(a.lock, b.lock);
+        assert!(c.lock.starts_with("distlock:{"));
+        let tag = |k: &str| k[..k.find('}').unwrap() + 1].to_owned();
+        assert_eq!(tag(&c.lock), tag(&c.fence));
+        assert_eq!(tag(&c.lock), tag(&c.queue));
+        assert_ne!(a.lock, a.fence);
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+    }
+}

@@ -1,0 +1,184 @@
+//! The Lua scripts. Each runs atomically on the server; all use the server's own clock
+//! (`TIME`) only, never a client's.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Acquire (or check the queue), one round trip. The uncontended path (lock free, no queue,
+/// no reservation) is `GET`, `EXISTS`, `SET PX`, `INCR`.
+///
+/// KEYS: lock, fence, queue, alive, reservation.
+/// ARGV: owner, ttl ms, wait ("1" to queue), fair ("1"), waiter timeout ms, arrival score
+/// ("" = the server's time in microseconds).
+/// Returns `{1, token}` when acquired, `{0, retry_ms}` when busy (`retry_ms` < 0: unknown).
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local owner = ARGV[1]
+local ttl = tonumber(ARGV[2])
+local holder = redis.call('GET', KEYS[1])
+if holder == owner then
+  -- A retry after a lost reply: the lock is already ours; restart its lease.
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
+end
+if not holder and redis.call('EXISTS', KEYS[3], KEYS[5]) == 0 then
+  -- Uncontended: free, nobody queued, nothing reserved.
+  redis.call('SET', KEYS[1], owner, 'PX', ttl)
+  return {1, redis.call('INCR', KEYS[2])}
+end
+local wait = ARGV[3] == '1'
+local fair = ARGV[4] == '1'
+local wto = tonumber(ARGV[5])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, 64)
+for _, w in ipairs(dead) do
+  redis.call('ZREM', KEYS[3], w)
+  redis.call('ZREM', KEYS[4], w)
+end
+local blocked = nil
+local reserved = redis.call('GET', KEYS[5])
+if holder then
+  blocked = redis.call('PTTL', KEYS[1])
+elseif fair then
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if head and head ~= owner then
+    local alive = tonumber(redis.call('ZSCORE', KEYS[4], head) or now)
+    blocked = math.max(alive - now, 1)
+  end
+elseif reserved and reserved ~= owner then
+  blocked = redis.call('PTTL', KEYS[5])
+end
+if blocked then
+  if wait then
+    local score = ARGV[6]
+    if score == '' then
+      score = t[1] .. string.format('%06d', tonumber(t[2]))
+    end
+    redis.call('ZADD', KEYS[3], 'NX', score, owner)
+    redis.call('ZADD', KEYS[4], now + wto, owner)
+    redis.call('PEXPIRE', KEYS[3], wto * 2)
+    redis.call('PEXPIRE', KEYS[4], wto * 2)
+  end
+  return {0, blocked}
+end
+redis.call('SET', KEYS[1], owner, 'PX', ttl)
+local token = redis.call('INCR', KEYS[2])
+redis.call('ZREM', KEYS[3], owner)
+redis.call('ZREM', KEYS[4], owner)
+if reserved == owner then
+  redis.call('DEL', KEYS[5])
+end
+return {1, token}
+",
+    )
+});
+
+/// Owner-checked extension. KEYS: lock. ARGV: owner, ttl ms. Returns 1 or 0.
+pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+",
+    )
+});
+
+/// Owner-checked release with handoff, abandonment of an attempt, or a Redlock retreat.
+///
+/// KEYS: lock, queue, alive, reservation.
+/// ARGV: owner, fair ("1"), handoff ms, channel, mode: "release" (the owner is done: also
+/// leave the queue and drop a stale reservation), "abandon" (the same, for an attempt that
+/// ends without the lock) or "retreat" (Redlock, after a failed majority: only give the lock
+/// back, keep the place in the queue).
+/// Then, if the lock is free and this call freed it (or gave up a turn), picks the oldest live
+/// waiter, reserves the lock for it for `handoff` ms (default mode; the fair mode's queue needs
+/// no reservation) and publishes its owner value on the channel (empty payload: nobody
+/// waits). Returns 1 if the lock was released, else 0.
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local owner = ARGV[1]
+if ARGV[5] == 'release' and redis.call('EXISTS', KEYS[2], KEYS[4]) == 0 then
+  -- Nobody queued, nothing reserved: nobody to hand over to or to wake.
+  if redis.call('GET', KEYS[1]) == owner then
+    redis.call('DEL', KEYS[1])
+    return 1
+  end
+  return 0
+end
+local fair = ARGV[2] == '1'
+local handoff = false
+if ARGV[5] ~= 'retreat' then
+  if redis.call('ZRANGE', KEYS[2], 0, 0)[1] == owner then handoff = true end
+  redis.call('ZREM', KEYS[2], owner)
+  redis.call('ZREM', KEYS[3], owner)
+  if redis.call('GET', KEYS[4]) == owner then
+    redis.call('DEL', KEYS[4])
+    handoff = true
+  end
+end
+local released = 0
+local holder = redis.call('GET', KEYS[1])
+if holder == owner then
+  redis.call('DEL', KEYS[1])
+  released = 1
+  handoff = true
+elseif holder then
+  return 0
+end
+if not handoff then return released end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 64)
+for _, w in ipairs(dead) do
+  redis.call('ZREM', KEYS[2], w)
+  redis.call('ZREM', KEYS[3], w)
+end
+local nxt = redis.call('GET', KEYS[4])
+if not nxt then
+  nxt = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  if nxt and not fair then
+    redis.call('SET', KEYS[4], nxt, 'PX', ARGV[3])
+    redis.call('ZREM', KEYS[2], nxt)
+    redis.call('ZREM', KEYS[3], nxt)
+  end
+end
+redis.call('PUBLISH', ARGV[4], nxt or '')
+return released
+",
+    )
+});
+
+/// Raises a fencing counter to at least a value (Redlock, so that every node of a later
+/// majority continues above the token just handed out). KEYS: fence. ARGV: value.
+pub(crate) static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+local want = tonumber(ARGV[1])
+if cur < want then
+  redis.call('SET', KEYS[1], ARGV[1])
+  return want
+end
+return cur
+",
+    )
+});
+
+/// The raw floor's compare-and-delete. KEYS: lock. ARGV: owner.
+pub(crate) static COMPARE_AND_DELETE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+",
+    )
+});

@@ -1,0 +1,251 @@
+//! One pub/sub connection per node and client, shared by every waiting attempt of that client.
+//!
+//! Channels are subscribed when the first attempt starts waiting on a name and unsubscribed
+//! when the last one stops. Messages are fanned out to the attempts through a broadcast
+//! channel per name. When the connection breaks, every waiter is woken (it re-polls, so no
+//! release is missed) and the next [`Subscription::ensure`] reconnects and re-subscribes.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::{broadcast, oneshot};
+
+use crate::error::RedisError;
+
+/// A wake-up: the published payload (the owner value of the waiter served next; empty when
+/// anybody may try, or when the connection was reset).
+pub(crate) type Wake = Arc<[u8]>;
+
+#[derive(Debug)]
+pub(crate) struct Subscriber {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    client: redis::Client,
+    node: String,
+    timeout: Duration,
+    channels: Mutex<HashMap<String, Channel>>,
+    /// Serializes connecting, subscribing and unsubscribing.
+    conn: tokio::sync::Mutex<Option<Conn>>,
+}
+
+#[derive(Debug)]
+struct Channel {
+    tx: broadcast::Sender<Wake>,
+    waiters: usize,
+    /// The connection generation on which this channel is subscribed.
+    subscribed: Option<u64>,
+}
+
+#[derive(Debug)]
+struct Conn {
+    sink: redis::aio::PubSubSink,
+    generation: u64,
+    /// Dropping it stops the reader task (and closes the connection).
+    _shutdown: oneshot::Sender<()>,
+    alive: Arc<std::sync::atomic::AtomicBool>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Subscriber {
+    pub(crate) fn new(client: redis::Client, node: String, timeout: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                client,
+                node,
+                timeout,
+                channels: Mutex::new(HashMap::new()),
+                conn: tokio::sync::Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Registers interest in `channel`. Messages are buffered from now on, but only delivered
+    /// once [`Subscription::ensure`] has made the server-side subscription active.
+    pub(crate) fn subscribe(&self, channel: &str) -> Subscription {
+        let mut channels = lock(&self.inner.channels);
+        let entry = channels
+            .entry(channel.to_owned())
+            .or_insert_with(|| Channel {
+                tx: broadcast::channel(16).0,
+                waiters: 0,
+                subscribed: None,
+            });
+        entry.waiters += 1;
+        Subscription {
+            inner: self.inner.clone(),
+            channel: channel.to_owned(),
+            rx: entry.tx.subscribe(),
+        }
+    }
+}
+
+/// One attempt's interest in one channel. Unsubscribes on drop when it was the last one.
+#[derive(Debug)]
+pub(crate) struct Subscription {
+    inner: Arc<Inner>,
+    channel: String,
+    rx: broadcast::Receiver<Wake>,
+}
+
+impl Subscription {
+    /// Whether the channel is subscribed on a live connection.
+    pub(crate) fn is_active(&self) -> bool {
+        let channels = lock(&self.inner.channels);
+        let Some(subscribed) = channels.get(&self.channel).and_then(|c| c.subscribed) else {
+            return false;
+        };
+        drop(channels);
+        match self.inner.conn.try_lock() {
+            Ok(conn) => conn.as_ref().is_some_and(|c| {
+                c.generation == subscribed && c.alive.load(std::sync::atomic::Ordering::SeqCst)
+            }),
+            // Someone is (re)subscribing right now: let `ensure` wait for it.
+            Err(_) => false,
+        }
+    }
+
+    /// Makes the server-side subscription active, connecting if needed. Cancel safe.
+    pub(crate) async fn ensure(&self) -> Result<(), RedisError> {
+        let inner = &self.inner;
+        let mut conn = inner.conn.lock().await;
+        let live = conn
+            .as_ref()
+            .is_some_and(|c| c.alive.load(std::sync::atomic::Ordering::SeqCst));
+        if !live {
+            *conn = None;
+            let pubsub = tokio::time::timeout(inner.timeout, inner.client.get_async_pubsub())
+                .await
+                .map_err(|_| RedisError::timeout(&inner.node))?
+                .map_err(|e| RedisError::classify(&inner.node, e))?;
+            let (sink, stream) = pubsub.split();
+            let generation = NEXT_GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let (shutdown, stopped) = oneshot::channel();
+            let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+            tokio::spawn(read(
+                Arc::downgrade(inner),
+                stream,
+                stopped,
+                alive.clone(),
+                generation,
+            ));
+            *conn = Some(Conn {
+                sink,
+                generation,
+                _shutdown: shutdown,
+                alive,
+            });
+        }
+        let Some(current) = conn.as_mut() else {
+            return Err(RedisError::timeout(&inner.node));
+        };
+        let done = lock(&inner.channels)
+            .get(&self.channel)
+            .is_some_and(|c| c.subscribed == Some(current.generation));
+        if done {
+            return Ok(());
+        }
+        let subscribed = tokio::time::timeout(inner.timeout, current.sink.subscribe(&self.channel))
+            .await
+            .map_err(|_| RedisError::timeout(&inner.node))
+            .and_then(|r| r.map_err(|e| RedisError::classify(&inner.node, e)));
+        if let Err(err) = subscribed {
+            *conn = None;
+            return Err(err);
+        }
+        if let Some(channel) = lock(&inner.channels).get_mut(&self.channel) {
+            channel.subscribed = Some(current.generation);
+        }
+        Ok(())
+    }
+
+    /// The next wake-up. Cancel safe.
+    pub(crate) async fn next(&mut self) -> Wake {
+        match self.rx.recv().await {
+            Ok(wake) => wake,
+            // Missed some: wake up and look.
+            Err(broadcast::error::RecvError::Lagged(_)) => Arc::from(&b""[..]),
+            Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut channels = lock(&self.inner.channels);
+        let last = match channels.get_mut(&self.channel) {
+            Some(entry) => {
+                entry.waiters -= 1;
+                entry.waiters == 0
+            }
+            None => false,
+        };
+        if !last {
+            return;
+        }
+        let was_subscribed = channels.remove(&self.channel).and_then(|c| c.subscribed);
+        drop(channels);
+        let Some(generation) = was_subscribed else {
+            return;
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let inner = self.inner.clone();
+        let channel = std::mem::take(&mut self.channel);
+        handle.spawn(async move {
+            let mut conn = inner.conn.lock().await;
+            // Re-subscribed meanwhile (under this same mutex): keep it.
+            if lock(&inner.channels).contains_key(&channel) {
+                return;
+            }
+            if let Some(current) = conn.as_mut()
+                && current.generation == generation
+            {
+                let _ =
+                    tokio::time::timeout(inner.timeout, current.sink.unsubscribe(&channel)).await;
+            }
+        });
+    }
+}
+
+static NEXT_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+async fn read(
+    inner: Weak<Inner>,
+    mut stream: redis::aio::PubSubStream,
+    mut stopped: oneshot::Receiver<()>,
+    alive: Arc<std::sync::atomic::AtomicBool>,
+    generation: u64,
+) {
+    loop {
+        let msg = tokio::select! {
+            _ = &mut stopped => break,
+            msg = stream.next() => msg,
+        };
+        let Some(msg) = msg else { break };
+        let Some(inner) = inner.upgrade() else { break };
+        let channels = lock(&inner.channels);
+        if let Some(channel) = channels.get(msg.get_channel_name()) {
+            let _ = channel.tx.send(Arc::from(msg.get_payload_bytes()));
+        }
+    }
+    alive.store(false, std::sync::atomic::Ordering::SeqCst);
+    // The connection is gone: releases may have been missed. Wake everyone to re-poll.
+    if let Some(inner) = inner.upgrade() {
+        let mut channels = lock(&inner.channels);
+        for channel in channels.values_mut() {
+            if channel.subscribed == Some(generation) {
+                channel.subscribed = None;
+                let _ = channel.tx.send(Arc::from(&b""[..]));
+            }
+        }
+    }
+}

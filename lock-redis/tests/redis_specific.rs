@@ -1,0 +1,531 @@
+//! Redis-specific behaviour: bad input, server errors, starvation-free handoff, the fair queue,
+//! Redlock quorum rules under node failures. Tests that stop a server hold `OUTAGE`, so they
+//! never overlap another test of this binary that uses the same servers.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use lock_core::{AcquireOptions, DistributedLock, Error, LockClient, NodeResult, Renewal};
+use lock_redis::{LockKeys, RedisBackend, RedisConfig, RedisError, RedisErrorKind};
+
+/// Every test takes it: shared for normal tests, exclusive for those that stop servers.
+static OUTAGE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+const OP: Duration = Duration::from_secs(2);
+
+fn name(case: &str) -> String {
+    format!(
+        "rs-{}/{case}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
+}
+
+fn opts() -> AcquireOptions {
+    AcquireOptions::default().with_ttl(Duration::from_secs(10))
+}
+
+async fn client(urls: &[String], fair: bool) -> LockClient<RedisBackend> {
+    lock_redis::connect_with(common::config(urls, fair), common::client_config(OP))
+        .await
+        .expect("connect")
+}
+
+fn kind(err: &Error) -> Option<RedisErrorKind> {
+    let mut source = std::error::Error::source(err);
+    while let Some(s) = source {
+        if let Some(redis) = s.downcast_ref::<RedisError>() {
+            return Some(redis.kind);
+        }
+        source = s.source();
+    }
+    None
+}
+
+#[tokio::test]
+async fn invalid_urls_are_typed_config_errors() {
+    for url in [
+        "",
+        "redis",
+        "http://127.0.0.1:6379",
+        "rediss://127.0.0.1:6379",
+        "redis://",
+        "redis://127.0.0.1:notaport",
+        "redis://127.0.0.1:0",
+        "redis://127.0.0.1:6379/db",
+        "redis://a:1,b:2",
+        "redlock://a:1,b:2",
+        "redlock://a:1,,b:2,c:3",
+        "redis://127.0.0.1:6379?fair=maybe",
+        "redis://127.0.0.1:6379?handoff_ms=0",
+        "redis://127.0.0.1:6379?unknown=1",
+        "redis://127.0.0.1:6379?client_name=has%20space",
+    ] {
+        let started = Instant::now();
+        let result = lock_redis::connect(url, common::client_config(OP)).await;
+        match result {
+            Err(Error::InvalidConfig(msg)) => assert!(!msg.is_empty()),
+            other => panic!("{url:?}: expected InvalidConfig, got {other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_millis(100),
+            "{url:?} did I/O"
+        );
+    }
+    let ok = RedisConfig::from_url("redis://127.0.0.1:6379/3?fair=true&handoff_ms=20").unwrap();
+    assert!(ok.fair);
+    assert_eq!(ok.handoff, Duration::from_millis(20));
+    assert!(RedisConfig::redlock(&["redis://a:1", "redis://b:1"]).is_err());
+}
+
+#[tokio::test]
+async fn unreachable_host_is_unavailable_within_the_timeout() {
+    let timeout = Duration::from_millis(500);
+    for url in [
+        "redis://127.0.0.1:1",
+        "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+    ] {
+        let started = Instant::now();
+        let result = lock_redis::connect(url, common::client_config(timeout)).await;
+        assert!(
+            matches!(&result, Err(e @ Error::Unavailable { .. }) if e.is_retryable()),
+            "{url}: {result:?}"
+        );
+        assert!(
+            started.elapsed() < timeout * 2,
+            "{url}: took {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_key_of_another_type_is_a_clear_error_not_a_hang() {
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    let name = name("wrongtype");
+    let keys = LockKeys::for_name(&name).unwrap();
+    let mut raw = common::raw(&urls[0]).await;
+    let _: () = redis::cmd("RPUSH")
+        .arg(&keys.lock)
+        .arg("x")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let locks = client(&urls[..1], false).await;
+    // Waiting forever must still end: the error is not retryable.
+    let result = tokio::time::timeout(OP * 2, locks.acquire(&name, &opts().wait_forever()))
+        .await
+        .expect("acquire hung on a WRONGTYPE key");
+    let err = result.expect_err("acquired over a list");
+    assert!(matches!(err, Error::Backend { .. }), "{err:?}");
+    assert_eq!(kind(&err), Some(RedisErrorKind::WrongType), "{err}");
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    let _: () = redis::cmd("DEL")
+        .arg(&keys.lock)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    // A counter that is not a number is just as clear.
+    let _: () = redis::cmd("SET")
+        .arg(&keys.fence)
+        .arg("abc")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let err = locks
+        .try_acquire(&name, &opts())
+        .await
+        .expect_err("INCR on text");
+    assert!(matches!(err, Error::Backend { .. }), "{err:?}");
+    let _: () = redis::cmd("DEL")
+        .arg(&keys.fence)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    // Redlock: a misconfigured majority is not retried forever either.
+    let rl = client(&urls[..3], false).await;
+    for url in &urls[..3] {
+        let mut raw = common::raw(url).await;
+        let _: () = redis::cmd("RPUSH")
+            .arg(&keys.lock)
+            .arg("x")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+    }
+    let result = tokio::time::timeout(OP * 2, rl.acquire(&name, &opts().wait_forever()))
+        .await
+        .expect("Redlock acquire hung on WRONGTYPE keys");
+    assert!(matches!(result, Err(Error::Backend { .. })), "{result:?}");
+    for url in &urls[..3] {
+        let mut raw = common::raw(url).await;
+        let _: () = redis::cmd("DEL")
+            .arg(&keys.lock)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn scripts_are_reloaded_after_script_flush() {
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _exclusive = OUTAGE.write().await;
+    let locks = client(&urls[..1], false).await;
+    let name = name("noscript");
+    let guard = locks.acquire(&name, &opts()).await.unwrap();
+    let mut raw = common::raw(&urls[0]).await;
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    guard.renew().await.expect("renew after SCRIPT FLUSH");
+    guard.release().await.expect("release after SCRIPT FLUSH");
+    let guard = locks
+        .try_acquire(&name, &opts())
+        .await
+        .unwrap()
+        .expect("free");
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_read_only_replica_is_a_clear_error() {
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let master_port = urls[0]
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .to_owned();
+    let dir = std::env::temp_dir().join(format!("distlock-replica-{port}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut replica = tokio::process::Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--replicaof", "127.0.0.1", &master_port])
+        .arg("--dir")
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("redis-server is installed by scripts/services.sh");
+    let url = format!("redis://127.0.0.1:{port}");
+    common::wait_ready(&url).await;
+    let locks = lock_redis::connect(&url, common::client_config(OP))
+        .await
+        .unwrap();
+    let err = locks
+        .try_acquire(&name("replica"), &opts())
+        .await
+        .expect_err("wrote to a replica");
+    assert!(matches!(err, Error::Backend { .. }), "{err:?}");
+    assert_eq!(kind(&err), Some(RedisErrorKind::ReadOnly), "{err}");
+    let _ = replica.kill().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Default mode: a releaser that comes straight back finds the lock reserved for the waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releaser_does_not_retake_while_another_waits() {
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    // A long reservation, so that a slow machine cannot make the check below race its end.
+    let config = || common::config(&urls[..1], false).with_handoff(Duration::from_secs(5));
+    let a = lock_redis::connect_with(config(), common::client_config(OP))
+        .await
+        .unwrap();
+    let b = lock_redis::connect_with(config(), common::client_config(OP))
+        .await
+        .unwrap();
+    let name = name("handoff");
+    for _ in 0..5 {
+        let held = a.acquire(&name, &opts()).await.unwrap();
+        let waiter = {
+            let (b, name) = (b.clone(), name.clone());
+            tokio::spawn(async move { b.acquire(&name, &opts()).await })
+        };
+        // Until the waiter is queued, the lock is simply held.
+        let keys = LockKeys::for_name(&name).unwrap();
+        let mut raw = common::raw(&urls[0]).await;
+        loop {
+            let queued: i64 = redis::cmd("ZCARD")
+                .arg(&keys.queue)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            if queued == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        held.release().await.unwrap();
+        let again = a.try_acquire(&name, &opts()).await.unwrap();
+        assert!(
+            again.is_none(),
+            "the releaser re-took the lock while another client waited"
+        );
+        let guard = waiter.await.unwrap().expect("the waiter gets the lock");
+        guard.release().await.unwrap();
+    }
+}
+
+/// Fair mode: strict FIFO; try_acquire fails while anybody waits; a dead waiter is skipped
+/// after the waiter timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_mode_queue_and_dead_waiter_expiry() {
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    let waiter_timeout = Duration::from_millis(300);
+    let config = common::config(&urls[..1], true).with_waiter_timeout(waiter_timeout);
+    let locks = lock_redis::connect_with(config, common::client_config(OP))
+        .await
+        .unwrap();
+    assert!(locks.capabilities().fifo);
+    let name = name("fair");
+    let keys = LockKeys::for_name(&name).unwrap();
+    let mut raw = common::raw(&urls[0]).await;
+    // A ghost waiter that will never poll again: queued first, alive for one waiter timeout.
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut raw).await.unwrap();
+    let now_ms = secs * 1000 + micros / 1000;
+    let _: () = redis::cmd("ZADD")
+        .arg(&keys.queue)
+        .arg(0)
+        .arg("ghost")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("ZADD")
+        .arg(&keys.alive)
+        .arg(now_ms + 1000)
+        .arg("ghost")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    assert!(
+        locks.try_acquire(&name, &opts()).await.unwrap().is_none(),
+        "try_acquire jumped the queue"
+    );
+    let guard = locks
+        .acquire(&name, &opts().with_wait(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "the ghost waiter was skipped before its timeout"
+    );
+    let ghost: Option<f64> = redis::cmd("ZSCORE")
+        .arg(&keys.queue)
+        .arg("ghost")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(ghost.is_none(), "the dead waiter is still queued");
+    guard.release().await.unwrap();
+}
+
+/// The subscriber unsubscribes a name's channel when no attempt waits on it any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channels_are_unsubscribed_when_nobody_waits() {
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    let (a, b) = (
+        client(&urls[..1], false).await,
+        client(&urls[..1], false).await,
+    );
+    let name = name("unsub");
+    let keys = LockKeys::for_name(&name).unwrap();
+    let mut raw = common::raw(&urls[0]).await;
+    let numsub = |raw: &mut redis::aio::MultiplexedConnection| {
+        let mut raw = raw.clone();
+        let channel = keys.channel.clone();
+        async move {
+            let (_, n): (String, i64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channel)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            n
+        }
+    };
+    let held = a.acquire(&name, &opts()).await.unwrap();
+    let waiter = {
+        let (b, name) = (b.clone(), name.clone());
+        tokio::spawn(async move { b.acquire(&name, &opts()).await })
+    };
+    while numsub(&mut raw).await == 0 {
+        tokio::task::yield_now().await;
+    }
+    held.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while numsub(&mut raw).await != 0 {
+        assert!(Instant::now() < deadline, "the channel stayed subscribed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_survives_one_node_down_and_reports_a_lost_majority() {
+    let Some(urls) = common::urls("redlock3") else {
+        return;
+    };
+    let _exclusive = OUTAGE.write().await;
+    let nodes = &urls[..3];
+    let locks = client(nodes, false).await;
+    let name = name("quorum");
+    let down = [
+        common::service_name(&nodes[0]),
+        common::service_name(&nodes[1]),
+    ];
+    common::services("stop-one", &down[0]).await.unwrap();
+    let one_down = locks.try_acquire(&name, &opts()).await;
+    let mut majority_down = None;
+    if one_down.is_ok() {
+        common::services("stop-one", &down[1]).await.unwrap();
+        majority_down = Some(locks.try_acquire(&format!("{name}-2"), &opts()).await);
+    }
+    // Restart before asserting, so that a failure leaves the servers up.
+    for name in &down {
+        let _ = common::services("start-one", name).await;
+    }
+    for url in &nodes[..2] {
+        common::wait_ready(url).await;
+    }
+    let guard = one_down
+        .expect("one node down")
+        .expect("acquired with 2 of 3 nodes");
+    let err = majority_down
+        .expect("ran")
+        .expect_err("acquired without a majority");
+    match &err {
+        Error::QuorumNotReached {
+            reached,
+            needed,
+            nodes: outcomes,
+            ..
+        } => {
+            assert_eq!((*reached, *needed), (1, 2), "{err}");
+            assert_eq!(outcomes.len(), 3);
+            for (outcome, url) in outcomes.iter().zip(nodes) {
+                assert!(url.ends_with(&outcome.node), "{} vs {url}", outcome.node);
+            }
+            assert!(matches!(
+                outcomes[0].result,
+                NodeResult::Failed(_) | NodeResult::TimedOut
+            ));
+            assert_eq!(outcomes[2].result, NodeResult::Acquired);
+        }
+        other => panic!("expected QuorumNotReached, got {other:?}"),
+    }
+    assert!(
+        err.to_string()
+            .contains(nodes[0].trim_start_matches("redis://")),
+        "{err}"
+    );
+    assert!(!guard.is_lost());
+    guard.release().await.expect("release with all nodes back");
+}
+
+/// A node restarted empty does not let a second client in while the majority still holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_node_restarted_empty_does_not_admit_a_second_holder() {
+    let Some(urls) = common::urls("redlock3") else {
+        return;
+    };
+    let _exclusive = OUTAGE.write().await;
+    let nodes = &urls[..3];
+    let (a, b) = (client(nodes, false).await, client(nodes, false).await);
+    let name = name("restart");
+    let guard = a.acquire(&name, &opts()).await.unwrap();
+    let token = guard.token();
+    let restarted = common::service_name(&nodes[0]);
+    common::services("stop-one", &restarted).await.unwrap();
+    common::services("start-one", &restarted).await.unwrap();
+    common::wait_ready(&nodes[0]).await;
+    let mut raw = common::raw(&nodes[0]).await;
+    let keys = LockKeys::for_name(&name).unwrap();
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&keys.lock)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(
+        exists, 0,
+        "the restarted node kept its data (no persistence expected)"
+    );
+    assert!(
+        b.try_acquire(&name, &opts()).await.unwrap().is_none(),
+        "a second client got the lock with the help of the emptied node"
+    );
+    guard.renew().await.expect("the majority still holds");
+    guard.release().await.unwrap();
+    let next = b
+        .try_acquire(&name, &opts())
+        .await
+        .unwrap()
+        .expect("free after release");
+    assert!(
+        next.token() > token,
+        "fencing token went back: {} <= {token}",
+        next.token()
+    );
+    next.release().await.unwrap();
+}
+
+/// Killing the holder's connections: the client reconnects and renewal goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connection_is_reconnected() {
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _exclusive = OUTAGE.write().await;
+    let tag = common::tag();
+    let config = common::config(&urls[..1], false).with_client_name(tag.clone());
+    let locks = lock_redis::connect_with(config, common::client_config(OP))
+        .await
+        .unwrap();
+    let name = name("kill");
+    let ttl = Duration::from_secs(1);
+    let guard = locks
+        .acquire(&name, &opts().with_ttl(ttl).with_renewal(Renewal::auto()))
+        .await
+        .unwrap();
+    assert!(common::kill_tagged(&urls[0], &tag).await.unwrap() >= 1);
+    tokio::time::sleep(ttl * 2).await;
+    assert!(
+        !guard.is_lost(),
+        "lost after a reconnect: {:?}",
+        guard.loss_reason()
+    );
+    guard.release().await.unwrap();
+}
