@@ -37,6 +37,19 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 pub use lock_core::*;
 
+/// The etcd backend (feature `etcd`).
+#[cfg(feature = "etcd")]
+pub use lock_etcd as etcd;
+/// The Redis and Redlock backends (feature `redis`).
+#[cfg(feature = "redis")]
+pub use lock_redis as redis;
+/// The SQL backends (features `postgres`, `mysql`, `sqlite`).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use lock_sql as sql;
+/// The ZooKeeper backend (feature `zookeeper`).
+#[cfg(feature = "zookeeper")]
+pub use lock_zk as zookeeper;
+
 /// Connects to the lock service at `url` with the default [`ClientConfig`].
 ///
 /// # Errors
@@ -59,6 +72,18 @@ pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Arc<dyn Dis
             let store = named_memory_store(&url["memory://".len()..]);
             Ok(LockClient::with_config(memory::MemoryBackend::new(store), config)?.into_dyn())
         }
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(lock_sql::connect(url, config).await?.into_dyn()),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(lock_sql::connect(url, config).await?.into_dyn()),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Ok(lock_sql::connect(url, config).await?.into_dyn()),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" | "redlock" => Ok(lock_redis::connect(url, config).await?.into_dyn()),
+        #[cfg(feature = "etcd")]
+        "etcd" => Ok(lock_etcd::connect(url, config).await?.into_dyn()),
+        #[cfg(feature = "zookeeper")]
+        "zk" => Ok(lock_zk::connect(url, config).await?.into_dyn()),
         other => match feature_of(other) {
             Some(feature) => Err(Error::Unsupported(format!(
                 "the {other}:// backend is not compiled in: enable the cargo feature `{feature}` of distlock"
@@ -90,7 +115,7 @@ fn feature_of(scheme: &str) -> Option<&'static str> {
         "mysql" | "mariadb" => "mysql",
         "redis" | "rediss" | "redlock" => "redis",
         "etcd" => "etcd",
-        "zk" | "zookeeper" => "zookeeper",
+        "zk" => "zookeeper",
         _ => return None,
     })
 }

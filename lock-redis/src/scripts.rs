@@ -172,6 +172,7 @@ return cur
 });
 
 /// The raw floor's compare-and-delete. KEYS: lock. ARGV: owner.
+#[cfg(feature = "bench")]
 pub(crate) static COMPARE_AND_DELETE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
