@@ -35,7 +35,7 @@
 //!   as long as rows are never deleted (releases keep the row; do not delete them by hand).
 //! - **Renew** and **release** are `UPDATE .. WHERE name = ? AND owner = ? AND version = ? AND
 //!   expires_at > now`; the affected-row count decides, and zero answers
-//!   [`Error::NotHeld`](lock_core::Error::NotHeld).
+//!   [`Error::NotHeld`].
 //! - **Abandon** (an attempt that ends without a guard) clears the owner's lock and
 //!   reservation by owner value, so a lock granted by a reply that never arrived is freed.
 //! - **Waiters**: a waiting attempt that finds the lock busy claims the single reservation
@@ -43,17 +43,21 @@
 //!   live one; the upsert refuses everybody else while the reservation lives (1 s, renewed by
 //!   the waiter's polls). The oldest waiter therefore gets the lock next, so a client that
 //!   releases and re-acquires at once cannot starve the others. It is not strict FIFO (the
-//!   slot goes to the oldest waiter *that has polled*), so `fifo` is not declared.
-//! - **Wake-ups**: PostgreSQL releases run `pg_notify('distlock:<table>', name)` in the
-//!   releasing statement and a `LISTEN`ing connection per backend wakes the waiters of that
-//!   name ([`WakeUp::Event`](lock_core::WakeUp::Event)). MySQL and SQLite poll
-//!   ([`WakeUp::Polling`](lock_core::WakeUp::Polling)) with the core's jittered backoff
-//!   bounded by the holder's remaining lease; the reserved waiter polls every 1-20 ms.
+//!   slot goes to the oldest waiter *that has polled*), so `fifo` is not declared. After its
+//!   first busy answer a waiter reads the row before it writes: busy polls cost no commit, and
+//!   the reservation is written only when it is claimed or half expired.
+//! - **Wake-ups**: on PostgreSQL the releasing statement runs
+//!   `pg_notify('distlock:<table>', ...)` when a waiter holds the reservation, addressed to
+//!   that waiter; a `LISTEN`ing connection per backend wakes it ([`WakeUp::Event`]). When it
+//!   takes the lock it wakes the other waiters, so the next one claims the reservation. A
+//!   lost notification (listener reconnect) wakes everybody; the core's backoff maximum is the
+//!   safety net. MySQL and SQLite poll ([`WakeUp::Polling`]) with the core's jittered backoff
+//!   bounded by the holder's remaining lease; the reserved waiter reads every 1-20 ms.
 //! - **Loss** is detected by renewal (a refused owner-checked renewal, or the local deadline).
 //!
 //! Errors: a dropped connection, a refused connection, SQLite `BUSY` and deadlocks are
-//! [`Error::Unavailable`](lock_core::Error::Unavailable) (retried by the core); anything else
-//! the database says is [`Error::Backend`](lock_core::Error::Backend) with sqlx's error as
+//! [`Error::Unavailable`] (retried by the core); anything else
+//! the database says is [`Error::Backend`] with sqlx's error as
 //! the source.
 //!
 //! SQLite: a file (`sqlite://PATH`, created if missing) or `sqlite::memory:` (one database
@@ -305,6 +309,9 @@ impl LockBackend for SqlBackend {
             since: None,
             head_polls: 0,
             subscription: None,
+            maybe_owned: false,
+            maybe_reserved: false,
+            busy_before: false,
         })
     }
 
@@ -333,6 +340,64 @@ struct SqlAttempt {
     since: Option<i64>,
     head_polls: u32,
     subscription: Option<Subscription>,
+    /// Whether an acquire statement was sent without a definite "not taken" answer (its
+    /// reply lost or cancelled): `abandon` must then free the lock by owner.
+    maybe_owned: bool,
+    /// Whether this attempt may hold the waiter reservation.
+    maybe_reserved: bool,
+    /// Whether the lock was found busy before: later polls read before they write.
+    busy_before: bool,
+}
+
+/// Whether the row refuses `owner` now: a live holder or a live reservation of somebody else.
+fn blocked(peek: &db::Peek, owner: &str) -> bool {
+    let held = peek.remaining_us.is_some() && peek.owner.as_deref() != Some(owner);
+    let reserved = peek.next_remaining_us.is_some() && peek.next_owner.as_deref() != Some(owner);
+    held || reserved
+}
+
+impl SqlAttempt {
+    /// The answer to a busy lock: a waiting attempt claims or keeps the reservation when it
+    /// is free, expiring, or held by a younger waiter (one write, only then).
+    async fn busy(&mut self, peek: db::Peek) -> Result<Step> {
+        self.busy_before = true;
+        let mut retry = peek.remaining_us.map(remaining);
+        if self.request.mode == AttemptMode::Try {
+            return Ok(Step::busy(retry));
+        }
+        let db = &self.inner.db;
+        let (name, owner) = (self.request.name.as_str(), self.request.owner.as_str());
+        let since = *self.since.get_or_insert(peek.version);
+        let mine = peek.next_owner.as_deref() == Some(owner) && peek.next_remaining_us.is_some();
+        let claim = if mine {
+            peek.next_remaining_us
+                .is_some_and(|us| remaining(us) < RESERVATION / 2)
+        } else {
+            peek.next_remaining_us.is_none() || peek.next_since.is_none_or(|s| s > since)
+        };
+        let head = if claim {
+            self.maybe_reserved = true;
+            let head = db
+                .reserve(name, owner, since, micros(RESERVATION))
+                .await
+                .map_err(|e| map_err("acquire", e))?;
+            // Refused: an older waiter's live reservation replaced any of ours.
+            self.maybe_reserved = head;
+            head
+        } else {
+            mine
+        };
+        if head && !db.has_events() {
+            // The next holder polls briskly; the others back off.
+            let step = Duration::from_millis(1) * 2u32.saturating_pow(self.head_polls.min(8));
+            self.head_polls = self.head_polls.saturating_add(1);
+            let delay = step.min(HEAD_POLL_MAX);
+            retry = Some(retry.map_or(delay, |r| r.min(delay)));
+        } else if !head {
+            self.head_polls = 0;
+        }
+        Ok(Step::busy(retry))
+    }
 }
 
 #[async_trait]
@@ -344,15 +409,35 @@ impl Attempt for SqlAttempt {
             // Subscribe before the statement is sent, so that no release after it is missed.
             match &mut self.subscription {
                 Some(sub) => sub.mark_seen(),
-                None => self.subscription = db.subscribe(name),
+                None => self.subscription = db.subscribe(name, owner),
+            }
+        }
+        if self.busy_before {
+            // Waiting: look before writing, so that busy polls cost no commit.
+            let peek = db.peek(name).await.map_err(|e| map_err("acquire", e))?;
+            if let Some(peek) = peek.filter(|p| blocked(p, owner)) {
+                return self.busy(peek).await;
             }
         }
         let ttl = micros(self.request.ttl);
-        if let Some(version) = db
-            .take(name, owner, ttl)
-            .await
-            .map_err(|e| map_err("acquire", e))?
-        {
+        let owned_before = std::mem::replace(&mut self.maybe_owned, true);
+        let taken = match db.take(name, owner, ttl).await {
+            Ok(taken) => taken,
+            Err(err) => {
+                if matches!(err, sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) {
+                    // No connection, so nothing was sent.
+                    self.maybe_owned = owned_before;
+                }
+                return Err(map_err("acquire", err));
+            }
+        };
+        // A definite answer: taken (the guard owns it now) or not taken.
+        self.maybe_owned = false;
+        if let Some(version) = taken {
+            if self.maybe_reserved {
+                // The taking statement cleared our reservation: let the next waiter claim it.
+                db.handed_over(name);
+            }
             let lease = SqlLease {
                 inner: self.inner.clone(),
                 name: self.request.name.clone(),
@@ -364,28 +449,11 @@ impl Attempt for SqlAttempt {
                 token_of(version)?,
             )));
         }
-        let Some(peek) = db.peek(name).await.map_err(|e| map_err("acquire", e))? else {
+        match db.peek(name).await.map_err(|e| map_err("acquire", e))? {
+            Some(peek) => self.busy(peek).await,
             // The row vanished between the two statements: try again soon.
-            return Ok(Step::busy(Some(Duration::from_millis(1))));
-        };
-        let mut retry = peek.remaining_us.map(remaining);
-        if self.request.mode == AttemptMode::Wait {
-            let since = *self.since.get_or_insert(peek.version);
-            let head = db
-                .reserve(name, owner, since, micros(RESERVATION))
-                .await
-                .map_err(|e| map_err("acquire", e))?;
-            if head && !db.has_events() {
-                // The next holder polls briskly; the others back off.
-                let step = Duration::from_millis(1) * 2u32.saturating_pow(self.head_polls.min(8));
-                self.head_polls = self.head_polls.saturating_add(1);
-                let delay = step.min(HEAD_POLL_MAX);
-                retry = Some(retry.map_or(delay, |r| r.min(delay)));
-            } else if !head {
-                self.head_polls = 0;
-            }
+            None => Ok(Step::busy(Some(Duration::from_millis(1)))),
         }
-        Ok(Step::busy(retry))
     }
 
     async fn changed(&mut self) {
@@ -396,6 +464,10 @@ impl Attempt for SqlAttempt {
     }
 
     async fn abandon(self: Box<Self>) -> Result<()> {
+        if !self.maybe_owned && !self.maybe_reserved {
+            // Every statement was answered: nothing of this attempt is on the server.
+            return Ok(());
+        }
         self.inner
             .db
             .abandon(self.request.name.as_str(), &self.request.owner)
@@ -437,7 +509,11 @@ impl Lease for SqlLease {
             .renew(self.name.as_str(), &self.owner, self.version, micros(ttl))
             .await
             .map_err(|e| map_err("renew", e))?;
-        if renewed { Ok(()) } else { Err(self.not_held()) }
+        if renewed {
+            Ok(())
+        } else {
+            Err(self.not_held())
+        }
     }
 
     async fn release(&self) -> Result<()> {

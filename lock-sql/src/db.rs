@@ -1,0 +1,272 @@
+//! What every database dialect implements: the lock table's statements, executed.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use crate::fence::FencedUpdate;
+use lock_core::Error;
+
+use crate::{SqlConfig, SqlPool, map_err};
+
+/// A row of the lock table as the attempt needs it.
+#[derive(Debug)]
+pub(crate) struct Peek {
+    /// The owner column (possibly of an expired lease).
+    pub(crate) owner: Option<String>,
+    /// The version column.
+    pub(crate) version: i64,
+    /// Remaining lease in microseconds when a live holder exists.
+    pub(crate) remaining_us: Option<i64>,
+    /// The waiter holding the reservation (possibly expired).
+    pub(crate) next_owner: Option<String>,
+    /// Its age (the version it first saw busy).
+    pub(crate) next_since: Option<i64>,
+    /// Remaining reservation in microseconds when it is live.
+    pub(crate) next_remaining_us: Option<i64>,
+}
+
+/// One database's statements. Every method is a single statement (a round trip), except
+/// where noted, and returns sqlx's error for the caller to classify.
+#[async_trait]
+pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
+    /// Whether releases are pushed to waiters (LISTEN/NOTIFY).
+    fn has_events(&self) -> bool;
+
+    /// The atomic acquire: takes the row when free, expired, or already this owner's, and not
+    /// reserved by another waiter; bumps the version. Returns the new version.
+    async fn take(&self, name: &str, owner: &str, ttl_us: i64) -> Result<Option<i64>, sqlx::Error>;
+
+    /// Reads the row.
+    async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error>;
+
+    /// Claims (or keeps) the waiter reservation unless an older waiter holds a live one.
+    async fn reserve(
+        &self,
+        name: &str,
+        owner: &str,
+        since: i64,
+        hold_us: i64,
+    ) -> Result<bool, sqlx::Error>;
+
+    /// Owner-and-version-checked extension of a live lease.
+    async fn renew(
+        &self,
+        name: &str,
+        owner: &str,
+        version: i64,
+        ttl_us: i64,
+    ) -> Result<bool, sqlx::Error>;
+
+    /// Owner-and-version-checked release of a live lease (wakes waiters).
+    async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error>;
+
+    /// Drops this owner's lock and reservation, whatever the version.
+    async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error>;
+
+    /// Frees the lock whoever holds it; the version is kept.
+    async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error>;
+
+    /// `UPDATE table SET ..., fence = token WHERE key = ? AND (fence IS NULL OR fence <= token)`.
+    async fn fenced_update(&self, update: &FencedUpdate, token: i64) -> Result<bool, sqlx::Error>;
+
+    /// A wake-up subscription for `name`, for backends with events.
+    fn subscribe(&self, name: &str, owner: &str) -> Option<Subscription> {
+        let _ = (name, owner);
+        None
+    }
+
+    /// Called when a waiter that held the reservation took the lock: the other waiters may
+    /// now claim the reservation. Must not block (event backends notify in the background).
+    fn handed_over(&self, name: &str) {
+        let _ = name;
+    }
+
+    /// The typed pool.
+    fn pool(&self) -> SqlPool;
+}
+
+/// Server-side ids of the connections a pool opened.
+#[derive(Debug, Default)]
+pub(crate) struct Sessions(Mutex<BTreeSet<i64>>);
+
+impl Sessions {
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    pub(crate) fn add(&self, id: i64) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id);
+    }
+
+    pub(crate) fn list(&self) -> Vec<i64> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .copied()
+            .collect()
+    }
+}
+
+/// Per-name wake-ups fed by a notification listener. A wake-up may target one waiter (the
+/// holder of the reservation) so that a release does not stampede every waiter.
+#[derive(Debug, Default)]
+pub(crate) struct Notifier {
+    names: Mutex<HashMap<String, watch::Sender<Wake>>>,
+}
+
+/// A wake-up generation and the owner it is meant for (`None`: everybody).
+type Wake = (u64, Option<String>);
+
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+impl Notifier {
+    fn names(&self) -> std::sync::MutexGuard<'_, HashMap<String, watch::Sender<Wake>>> {
+        self.names.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn subscribe(self: &Arc<Self>, name: &str, owner: &str) -> Subscription {
+        let rx = self
+            .names()
+            .entry(name.to_owned())
+            .or_insert_with(|| watch::Sender::new((0, None)))
+            .subscribe();
+        Subscription {
+            rx,
+            notifier: self.clone(),
+            name: name.to_owned(),
+            owner: owner.to_owned(),
+        }
+    }
+
+    /// Wakes the waiters of `name`: only `target` if given, else all.
+    pub(crate) fn wake(&self, name: &str, target: Option<&str>) {
+        if let Some(tx) = self.names().get(name) {
+            tx.send_modify(|w| *w = (w.0.wrapping_add(1), target.map(str::to_owned)));
+        }
+    }
+
+    /// After a listener reconnect, events may have been missed: wake everyone.
+    pub(crate) fn wake_all(&self) {
+        for tx in self.names().values() {
+            tx.send_modify(|w| *w = (w.0.wrapping_add(1), None));
+        }
+    }
+}
+
+/// A waiter's view of the wake-ups of one name.
+#[derive(Debug)]
+pub(crate) struct Subscription {
+    rx: watch::Receiver<Wake>,
+    notifier: Arc<Notifier>,
+    name: String,
+    owner: String,
+}
+
+impl Subscription {
+    /// Marks every wake-up so far as seen: call before a poll's statement is sent.
+    pub(crate) fn mark_seen(&mut self) {
+        self.rx.borrow_and_update();
+    }
+
+    /// Resolves on the next wake-up for this waiter after [`mark_seen`](Self::mark_seen).
+    pub(crate) async fn changed(&mut self) {
+        loop {
+            if self.rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            let wake = self.rx.borrow_and_update();
+            if wake.1.as_deref().is_none_or(|t| t == self.owner) {
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut names = self.notifier.names();
+        if names
+            .get(&self.name)
+            .is_some_and(|tx| tx.receiver_count() <= 1)
+        {
+            names.remove(&self.name);
+        }
+    }
+}
+
+/// Splits a notification payload `<owner byte length>:<owner><name>`; an empty owner
+/// addresses every waiter.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) fn parse_payload(payload: &str) -> Option<(Option<&str>, &str)> {
+    let (len, rest) = payload.split_once(':')?;
+    let len: usize = len.parse().ok()?;
+    if !rest.is_char_boundary(len) {
+        return None;
+    }
+    let (owner, name) = rest.split_at(len);
+    Some(((!owner.is_empty()).then_some(owner), name))
+}
+
+/// Binds one [`SqlValue`] to a query of any of the databases.
+macro_rules! bind_value {
+    ($query:expr, $value:expr) => {
+        match $value {
+            $crate::SqlValue::Null => $query.bind(None::<i64>),
+            $crate::SqlValue::Int(v) => $query.bind(*v),
+            $crate::SqlValue::Float(v) => $query.bind(*v),
+            $crate::SqlValue::Bool(v) => $query.bind(*v),
+            $crate::SqlValue::Text(v) => $query.bind(v.clone()),
+            $crate::SqlValue::Bytes(v) => $query.bind(v.clone()),
+        }
+    };
+}
+pub(crate) use bind_value;
+
+/// Classifies a connect error: wrong database or credentials are the caller's to fix.
+pub(crate) fn connect_err(config: &SqlConfig, err: sqlx::Error) -> Error {
+    let url = config.redacted_url();
+    match &err {
+        sqlx::Error::Database(db)
+            if matches!(
+                db.code().as_deref(),
+                Some("3D000" | "28000" | "28P01" | "42000")
+            ) =>
+        {
+            Error::backend(format!("cannot use {url}: {err}"), err)
+        }
+        sqlx::Error::Configuration(_) => Error::InvalidConfig(format!("{url}: {err}")),
+        _ => map_err(&format!("connecting to {url}"), err),
+    }
+}
+
+/// A statement that does not prepare: the table is missing or of the wrong shape.
+pub(crate) fn shape_err(table: &str, err: sqlx::Error) -> Error {
+    match &err {
+        sqlx::Error::Database(_) => Error::backend(
+            format!(
+                "the lock table {table} is missing or has the wrong shape (expected columns name, owner, \
+                 version, expires_at, next_owner, next_since, next_expires with name as primary key): {err}"
+            ),
+            err,
+        ),
+        _ => map_err("checking the lock table", err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_payload;
+
+    #[test]
+    fn payloads() {
+        assert_eq!(parse_payload("3:abcname"), Some((Some("abc"), "name")));
+        assert_eq!(parse_payload("0:a:b"), Some((None, "a:b")));
+        assert_eq!(parse_payload("2:é🔒"), Some((Some("é"), "🔒")));
+        assert_eq!(parse_payload("1:é"), None);
+        assert_eq!(parse_payload("x"), None);
+    }
+}

@@ -1,0 +1,344 @@
+//! PostgreSQL: `INSERT .. ON CONFLICT DO UPDATE .. WHERE .. RETURNING version`, `now()` as
+//! the clock, `pg_notify` in the releasing statement and one `LISTEN`ing connection.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::FutureExt;
+use lock_core::{Error, Result};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
+
+use crate::config::quote;
+use crate::db::{
+    Db, Notifier, Peek, Sessions, Subscription, bind_value, connect_err, parse_payload, shape_err,
+};
+use crate::{FencedUpdate, SqlConfig, SqlPool, map_err};
+
+#[derive(Debug)]
+struct Statements {
+    take: Arc<str>,
+    peek: Arc<str>,
+    reserve: Arc<str>,
+    renew: Arc<str>,
+    release: Arc<str>,
+    abandon: Arc<str>,
+    force: Arc<str>,
+}
+
+impl Statements {
+    fn new(table: &str) -> Self {
+        let t = quote(table, '"');
+        let us = "* interval '1 microsecond'";
+        Self {
+            take: format!(
+                "INSERT INTO {t} AS l (name, owner, version, expires_at) \
+                 VALUES ($1, $2, 1, now() + $3::bigint {us}) \
+                 ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, version = l.version + 1, \
+                 expires_at = EXCLUDED.expires_at, next_owner = NULL, next_since = NULL, next_expires = NULL \
+                 WHERE (l.owner IS NULL OR l.owner = EXCLUDED.owner OR l.expires_at <= now()) \
+                 AND (l.next_owner IS NULL OR l.next_owner = EXCLUDED.owner OR l.next_expires <= now()) \
+                 RETURNING version"
+            )
+            .into(),
+            peek: format!(
+                "SELECT owner, version, CASE WHEN owner IS NOT NULL AND expires_at > now() \
+                 THEN (EXTRACT(EPOCH FROM (expires_at - now())) * 1000000)::bigint END AS remaining, \
+                 next_owner, next_since, CASE WHEN next_owner IS NOT NULL AND next_expires > now() \
+                 THEN (EXTRACT(EPOCH FROM (next_expires - now())) * 1000000)::bigint END AS next_remaining \
+                 FROM {t} WHERE name = $1"
+            )
+            .into(),
+            reserve: format!(
+                "UPDATE {t} SET next_owner = $2, next_since = $3, next_expires = now() + $4::bigint {us} \
+                 WHERE name = $1 AND (next_owner IS NULL OR next_owner = $2 OR next_expires <= now() \
+                 OR next_since > $3)"
+            )
+            .into(),
+            renew: format!(
+                "UPDATE {t} SET expires_at = now() + $4::bigint {us} \
+                 WHERE name = $1 AND owner = $2 AND version = $3 AND expires_at > now()"
+            )
+            .into(),
+            release: format!(
+                "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = now() \
+                 WHERE name = $1 AND owner = $2 AND version = $3 AND expires_at > now() \
+                 RETURNING name, next_owner, next_expires > now() AS live) \
+                 SELECT CASE WHEN next_owner IS NULL THEN NULL \
+                 WHEN live THEN pg_notify($4, octet_length(next_owner) || ':' || next_owner || name) \
+                 ELSE pg_notify($4, '0:' || name) END FROM r"
+            )
+            .into(),
+            abandon: format!(
+                "WITH r AS (UPDATE {t} SET \
+                 expires_at = CASE WHEN owner = $2 THEN now() ELSE expires_at END, \
+                 owner = CASE WHEN owner = $2 THEN NULL ELSE owner END, \
+                 next_expires = CASE WHEN next_owner = $2 THEN NULL ELSE next_expires END, \
+                 next_since = CASE WHEN next_owner = $2 THEN NULL ELSE next_since END, \
+                 next_owner = CASE WHEN next_owner = $2 THEN NULL ELSE next_owner END \
+                 WHERE name = $1 AND (owner = $2 OR next_owner = $2) RETURNING name) \
+                 SELECT pg_notify($3, '0:' || name) FROM r"
+            )
+            .into(),
+            force: format!(
+                "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = now() \
+                 WHERE name = $1 AND owner IS NOT NULL AND expires_at > now() RETURNING name) \
+                 SELECT pg_notify($2, '0:' || name) FROM r"
+            )
+            .into(),
+        }
+    }
+
+    fn all(&self) -> [&Arc<str>; 7] {
+        [
+            &self.take,
+            &self.peek,
+            &self.reserve,
+            &self.renew,
+            &self.release,
+            &self.abandon,
+            &self.force,
+        ]
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct PgDb {
+    pool: PgPool,
+    sql: Statements,
+    channel: String,
+    notifier: Arc<Notifier>,
+    listener: tokio::task::AbortHandle,
+}
+
+impl Drop for PgDb {
+    fn drop(&mut self) {
+        self.listener.abort();
+    }
+}
+
+impl PgDb {
+    pub(crate) async fn open(config: &SqlConfig, sessions: Arc<Sessions>) -> Result<Self> {
+        let options = PgConnectOptions::from_str(&config.url).map_err(|e| {
+            Error::InvalidConfig(format!("bad PostgreSQL URL {}: {e}", config.redacted_url()))
+        })?;
+        let timeout = config.connect_timeout.unwrap_or(Duration::from_secs(5));
+        let pool = PgPoolOptions::new()
+            .max_connections(config.max_connections)
+            .acquire_timeout(timeout / 2)
+            .test_before_acquire(false)
+            .after_connect(move |conn, _meta| {
+                let sessions = sessions.clone();
+                async move {
+                    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                        .fetch_one(conn)
+                        .await?;
+                    sessions.add(pid.into());
+                    Ok(())
+                }
+                .boxed()
+            })
+            .connect_with(options)
+            .await
+            .map_err(|e| connect_err(config, e))?;
+        let table = quote(&config.table, '"');
+        if config.create_table {
+            let create = format!(
+                "CREATE TABLE IF NOT EXISTS {table} (name TEXT COLLATE \"C\" PRIMARY KEY, owner TEXT, \
+                 version BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, next_owner TEXT, \
+                 next_since BIGINT, next_expires TIMESTAMPTZ)"
+            );
+            // Concurrent first connects can race on the catalog: serialize them.
+            let mut tx = pool.begin().await.map_err(|e| map_err("create table", e))?;
+            sqlx::query("SELECT pg_advisory_xact_lock(7283160942917)")
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| map_err("create table", e))?;
+            tx.execute(AssertSqlSafe(create))
+                .await
+                .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
+            tx.commit().await.map_err(|e| map_err("create table", e))?;
+        }
+        let sql = Statements::new(&config.table);
+        for statement in sql.all() {
+            pool.prepare(AssertSqlSafe(statement.clone()).into_sql_str())
+                .await
+                .map_err(|e| shape_err(&table, e))?;
+        }
+        let channel = format!("distlock:{}", config.table);
+        let mut listener = PgListener::connect_with(&pool)
+            .await
+            .map_err(|e| map_err("LISTEN", e))?;
+        listener
+            .listen(&channel)
+            .await
+            .map_err(|e| map_err("LISTEN", e))?;
+        let notifier = Arc::new(Notifier::default());
+        let task = tokio::spawn(listen(listener, notifier.clone()));
+        Ok(Self {
+            pool,
+            sql,
+            channel,
+            notifier,
+            listener: task.abort_handle(),
+        })
+    }
+}
+
+async fn listen(mut listener: PgListener, notifier: Arc<Notifier>) {
+    loop {
+        match listener.try_recv().await {
+            Ok(Some(note)) => match parse_payload(note.payload()) {
+                Some((target, name)) => notifier.wake(name, target),
+                None => notifier.wake_all(),
+            },
+            // The connection dropped (it reconnects on the next call): events may be lost.
+            Ok(None) => notifier.wake_all(),
+            Err(err) => {
+                tracing::debug!(%err, "LISTEN connection failed, retrying");
+                notifier.wake_all();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(AssertSqlSafe(sql.clone()))
+}
+
+#[async_trait]
+impl Db for PgDb {
+    fn has_events(&self) -> bool {
+        true
+    }
+
+    async fn take(&self, name: &str, owner: &str, ttl_us: i64) -> Result<Option<i64>, sqlx::Error> {
+        let row = q(&self.sql.take)
+            .bind(name)
+            .bind(owner)
+            .bind(ttl_us)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| r.try_get::<i64, _>(0)).transpose()
+    }
+
+    async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error> {
+        let row = q(&self.sql.peek)
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| {
+            Ok(Peek {
+                owner: r.try_get(0)?,
+                version: r.try_get(1)?,
+                remaining_us: r.try_get(2)?,
+                next_owner: r.try_get(3)?,
+                next_since: r.try_get(4)?,
+                next_remaining_us: r.try_get(5)?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn reserve(
+        &self,
+        name: &str,
+        owner: &str,
+        since: i64,
+        hold_us: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let done = q(&self.sql.reserve)
+            .bind(name)
+            .bind(owner)
+            .bind(since)
+            .bind(hold_us)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn renew(
+        &self,
+        name: &str,
+        owner: &str,
+        version: i64,
+        ttl_us: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let done = q(&self.sql.renew)
+            .bind(name)
+            .bind(owner)
+            .bind(version)
+            .bind(ttl_us)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {
+        let row = q(&self.sql.release)
+            .bind(name)
+            .bind(owner)
+            .bind(version)
+            .bind(&self.channel)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.is_some())
+    }
+
+    async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error> {
+        q(&self.sql.abandon)
+            .bind(name)
+            .bind(owner)
+            .bind(&self.channel)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error> {
+        let row = q(&self.sql.force)
+            .bind(name)
+            .bind(&self.channel)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.is_some())
+    }
+
+    async fn fenced_update(&self, update: &FencedUpdate, token: i64) -> Result<bool, sqlx::Error> {
+        let sql = update.sql('"', |i| format!("${i}"));
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for (_, value) in &update.set {
+            query = bind_value!(query, value);
+        }
+        query = query.bind(token);
+        query = bind_value!(query, &update.key);
+        query = query.bind(token);
+        Ok(query.execute(&self.pool).await?.rows_affected() == 1)
+    }
+
+    fn handed_over(&self, name: &str) {
+        let (pool, channel, payload) =
+            (self.pool.clone(), self.channel.clone(), format!("0:{name}"));
+        tokio::spawn(async move {
+            let sent = sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(channel)
+                .bind(payload)
+                .execute(&pool)
+                .await;
+            if let Err(err) = sent {
+                tracing::debug!(%err, "waking the other waiters failed; they poll");
+            }
+        });
+    }
+
+    fn subscribe(&self, name: &str, owner: &str) -> Option<Subscription> {
+        Some(self.notifier.subscribe(name, owner))
+    }
+
+    fn pool(&self) -> SqlPool {
+        SqlPool::Postgres(self.pool.clone())
+    }
+}

@@ -1,0 +1,276 @@
+//! SQLite: the PostgreSQL statements in SQLite's dialect, times as integer microseconds of
+//! `unixepoch('subsec')`, WAL journal and a busy timeout so that several processes share a file.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{Error, Result};
+use sqlx::sqlite::{
+    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
+};
+use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
+
+use crate::config::quote;
+use crate::db::{Db, Peek, bind_value, connect_err, shape_err};
+use crate::{FencedUpdate, SqlConfig, SqlPool, map_err};
+
+const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
+
+#[derive(Debug)]
+struct Statements {
+    take: Arc<str>,
+    peek: Arc<str>,
+    reserve: Arc<str>,
+    renew: Arc<str>,
+    release: Arc<str>,
+    abandon: Arc<str>,
+    force: Arc<str>,
+}
+
+impl Statements {
+    fn new(table: &str) -> Self {
+        let t = quote(table, '"');
+        Self {
+            take: format!(
+                "INSERT INTO {t} AS l (name, owner, version, expires_at) VALUES (?1, ?2, 1, {NOW} + ?3) \
+                 ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, version = l.version + 1, \
+                 expires_at = excluded.expires_at, next_owner = NULL, next_since = NULL, next_expires = NULL \
+                 WHERE (l.owner IS NULL OR l.owner = excluded.owner OR l.expires_at <= {NOW}) \
+                 AND (l.next_owner IS NULL OR l.next_owner = excluded.owner OR l.next_expires <= {NOW}) \
+                 RETURNING version"
+            )
+            .into(),
+            peek: format!(
+                "SELECT owner, version, CASE WHEN owner IS NOT NULL AND expires_at > {NOW} \
+                 THEN expires_at - {NOW} END, next_owner, next_since, \
+                 CASE WHEN next_owner IS NOT NULL AND next_expires > {NOW} THEN next_expires - {NOW} END \
+                 FROM {t} WHERE name = ?1"
+            )
+            .into(),
+            reserve: format!(
+                "UPDATE {t} SET next_owner = ?2, next_since = ?3, next_expires = {NOW} + ?4 \
+                 WHERE name = ?1 AND (next_owner IS NULL OR next_owner = ?2 OR next_expires <= {NOW} \
+                 OR next_since > ?3)"
+            )
+            .into(),
+            renew: format!(
+                "UPDATE {t} SET expires_at = {NOW} + ?4 \
+                 WHERE name = ?1 AND owner = ?2 AND version = ?3 AND expires_at > {NOW}"
+            )
+            .into(),
+            release: format!(
+                "UPDATE {t} SET owner = NULL, expires_at = {NOW} \
+                 WHERE name = ?1 AND owner = ?2 AND version = ?3 AND expires_at > {NOW}"
+            )
+            .into(),
+            abandon: format!(
+                "UPDATE {t} SET \
+                 expires_at = CASE WHEN owner = ?2 THEN {NOW} ELSE expires_at END, \
+                 owner = CASE WHEN owner = ?2 THEN NULL ELSE owner END, \
+                 next_expires = CASE WHEN next_owner = ?2 THEN NULL ELSE next_expires END, \
+                 next_since = CASE WHEN next_owner = ?2 THEN NULL ELSE next_since END, \
+                 next_owner = CASE WHEN next_owner = ?2 THEN NULL ELSE next_owner END \
+                 WHERE name = ?1 AND (owner = ?2 OR next_owner = ?2)"
+            )
+            .into(),
+            force: format!(
+                "UPDATE {t} SET owner = NULL, expires_at = {NOW} \
+                 WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {NOW}"
+            )
+            .into(),
+        }
+    }
+
+    fn all(&self) -> [&Arc<str>; 7] {
+        [
+            &self.take,
+            &self.peek,
+            &self.reserve,
+            &self.renew,
+            &self.release,
+            &self.abandon,
+            &self.force,
+        ]
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct LiteDb {
+    pool: SqlitePool,
+    sql: Statements,
+}
+
+impl LiteDb {
+    pub(crate) async fn open(config: &SqlConfig) -> Result<Self> {
+        let memory = config.url.contains(":memory:");
+        let options = SqliteConnectOptions::from_str(&config.url)
+            .map_err(|e| {
+                Error::InvalidConfig(format!("bad SQLite URL {}: {e}", config.redacted_url()))
+            })?
+            .create_if_missing(true)
+            .busy_timeout(config.busy_timeout)
+            .synchronous(if config.sync_full {
+                SqliteSynchronous::Full
+            } else {
+                SqliteSynchronous::Normal
+            });
+        let options = if memory {
+            options
+        } else {
+            options.journal_mode(SqliteJournalMode::Wal)
+        };
+        let timeout = config.connect_timeout.unwrap_or(Duration::from_secs(5));
+        let mut pool = SqlitePoolOptions::new()
+            .max_connections(config.max_connections)
+            .acquire_timeout(timeout / 2)
+            .test_before_acquire(false);
+        if memory {
+            // The database lives as long as a connection does.
+            pool = pool
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None);
+        }
+        let pool = pool
+            .connect_with(options)
+            .await
+            .map_err(|e| connect_err(config, e))?;
+        let table = quote(&config.table, '"');
+        if config.create_table {
+            let create = format!(
+                "CREATE TABLE IF NOT EXISTS {table} (name TEXT NOT NULL PRIMARY KEY, owner TEXT, \
+                 version INTEGER NOT NULL, expires_at INTEGER NOT NULL, next_owner TEXT, \
+                 next_since INTEGER, next_expires INTEGER) WITHOUT ROWID"
+            );
+            pool.execute(AssertSqlSafe(create))
+                .await
+                .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
+        }
+        let sql = Statements::new(&config.table);
+        for statement in sql.all() {
+            pool.prepare(AssertSqlSafe(statement.clone()).into_sql_str())
+                .await
+                .map_err(|e| shape_err(&table, e))?;
+        }
+        Ok(Self { pool, sql })
+    }
+}
+
+fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, sqlx::Sqlite, SqliteArguments> {
+    sqlx::query(AssertSqlSafe(sql.clone()))
+}
+
+#[async_trait]
+impl Db for LiteDb {
+    fn has_events(&self) -> bool {
+        false
+    }
+
+    async fn take(&self, name: &str, owner: &str, ttl_us: i64) -> Result<Option<i64>, sqlx::Error> {
+        let row = q(&self.sql.take)
+            .bind(name.to_owned())
+            .bind(owner.to_owned())
+            .bind(ttl_us)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| r.try_get::<i64, _>(0)).transpose()
+    }
+
+    async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error> {
+        let row = q(&self.sql.peek)
+            .bind(name.to_owned())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| {
+            Ok(Peek {
+                owner: r.try_get(0)?,
+                version: r.try_get(1)?,
+                remaining_us: r.try_get(2)?,
+                next_owner: r.try_get(3)?,
+                next_since: r.try_get(4)?,
+                next_remaining_us: r.try_get(5)?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn reserve(
+        &self,
+        name: &str,
+        owner: &str,
+        since: i64,
+        hold_us: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let done = q(&self.sql.reserve)
+            .bind(name.to_owned())
+            .bind(owner.to_owned())
+            .bind(since)
+            .bind(hold_us)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn renew(
+        &self,
+        name: &str,
+        owner: &str,
+        version: i64,
+        ttl_us: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let done = q(&self.sql.renew)
+            .bind(name.to_owned())
+            .bind(owner.to_owned())
+            .bind(version)
+            .bind(ttl_us)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {
+        let done = q(&self.sql.release)
+            .bind(name.to_owned())
+            .bind(owner.to_owned())
+            .bind(version)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error> {
+        q(&self.sql.abandon)
+            .bind(name.to_owned())
+            .bind(owner.to_owned())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error> {
+        let done = q(&self.sql.force)
+            .bind(name.to_owned())
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn fenced_update(&self, update: &FencedUpdate, token: i64) -> Result<bool, sqlx::Error> {
+        let sql = update.sql('"', |i| format!("?{i}"));
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for (_, value) in &update.set {
+            query = bind_value!(query, value);
+        }
+        query = query.bind(token);
+        query = bind_value!(query, &update.key);
+        query = query.bind(token);
+        Ok(query.execute(&self.pool).await?.rows_affected() == 1)
+    }
+
+    fn pool(&self) -> SqlPool {
+        SqlPool::Sqlite(self.pool.clone())
+    }
+}

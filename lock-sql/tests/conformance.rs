@@ -1,0 +1,260 @@
+//! The conformance suite on PostgreSQL, MariaDB and a SQLite file, with real fault hooks:
+//! `force_release` (the row freed behind the holder), `pg_terminate_backend` / `KILL` of the
+//! holder's connections, `scripts/services.sh stop-one/start-one` of the server. SQLite has no
+//! server and no connection to cut: its outage is simulated by another connection holding the
+//! file's write lock (`BEGIN EXCLUSIVE`), which is what a stuck writer process does.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use conformance_tests::{Harness, HookError, HookResult, TestClient};
+use lock_core::{ClientConfig, Error, LockClient};
+use lock_sql::SqlBackend;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use lock_sql::SqlPool;
+
+const OP_TIMEOUT: Duration = Duration::from_secs(2);
+
+struct SqlHarness {
+    url: String,
+    /// The SQLite file, removed with the harness.
+    file: Option<std::path::PathBuf>,
+    service: Option<&'static str>,
+    admin: SqlBackend,
+    clients: Mutex<HashMap<String, SqlBackend>>,
+    #[cfg(feature = "sqlite")]
+    blocker: tokio::sync::Mutex<Option<sqlx::SqliteConnection>>,
+}
+
+impl SqlHarness {
+    async fn make(url: String, service: Option<&'static str>) -> Option<Arc<dyn Harness>> {
+        let admin = match lock_sql::connect(&url, ClientConfig::default()).await {
+            Ok(client) => client.backend_ref().clone(),
+            Err(err) => panic!("cannot connect to {url}: {err}"),
+        };
+        let file = url
+            .strip_prefix("sqlite://")
+            .map(|rest| rest.split('?').next().unwrap_or(rest).into());
+        Some(Arc::new(Self {
+            file,
+            url,
+            service,
+            admin,
+            clients: Mutex::default(),
+            #[cfg(feature = "sqlite")]
+            blocker: tokio::sync::Mutex::default(),
+        }))
+    }
+}
+
+#[async_trait]
+impl Harness for SqlHarness {
+    async fn client(&self) -> Result<TestClient, Error> {
+        let config = ClientConfig::default().with_operation_timeout(OP_TIMEOUT);
+        let client: LockClient<SqlBackend> = lock_sql::connect(&self.url, config).await?;
+        let tag = uuid::Uuid::new_v4().simple().to_string();
+        self.clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(tag.clone(), client.backend_ref().clone());
+        Ok(TestClient {
+            lock: client.into_dyn(),
+            tag,
+        })
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_millis(1000)
+    }
+
+    fn slack(&self) -> Duration {
+        Duration::from_millis(1000)
+    }
+
+    fn operation_timeout(&self) -> Duration {
+        OP_TIMEOUT
+    }
+
+    /// 100 leases of 1 s renewed every 333 ms (300 durable commits/s through one pool) while
+    /// the rest of the suite runs: on a loaded 2-core machine whose commits (fsync) take
+    /// several milliseconds, more than that measures the disk, not the lock.
+    fn many_locks(&self) -> usize {
+        100
+    }
+
+    async fn remove_lock(&self, name: &str) -> HookResult {
+        match self.admin.force_release(name).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(HookError::Failed(format!("{name:?} was not held"))),
+            Err(err) => Err(HookError::Failed(err.to_string())),
+        }
+    }
+
+    async fn cut_connection(&self, client: &TestClient) -> HookResult {
+        if self.service.is_none() {
+            return Err(HookError::Unsupported(
+                "SQLite is embedded: there is no connection to cut".into(),
+            ));
+        }
+        self.kill_sessions(client).await
+    }
+
+    async fn stop_server(&self) -> HookResult {
+        match self.service {
+            Some(name) => services("stop-one", name).await,
+            None => self.block_sqlite().await,
+        }
+    }
+
+    async fn start_server(&self) -> HookResult {
+        match self.service {
+            Some(name) => services("start-one", name).await,
+            None => self.unblock_sqlite().await,
+        }
+    }
+}
+
+impl Drop for SqlHarness {
+    fn drop(&mut self) {
+        if let Some(file) = &self.file {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
+            }
+        }
+    }
+}
+
+impl SqlHarness {
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    async fn kill_sessions(&self, client: &TestClient) -> HookResult {
+        let backend = self
+            .clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&client.tag)
+            .cloned()
+            .ok_or_else(|| HookError::Failed("unknown client".into()))?;
+        let ids = backend.session_ids();
+        match self.admin.pool() {
+            #[cfg(feature = "postgres")]
+            SqlPool::Postgres(pool) => {
+                for id in &ids {
+                    sqlx::query("SELECT pg_terminate_backend($1)")
+                        .bind(i32::try_from(*id).unwrap_or(0))
+                        .execute(&pool)
+                        .await
+                        .map_err(|e| HookError::Failed(e.to_string()))?;
+                }
+            }
+            #[cfg(feature = "mysql")]
+            SqlPool::MySql(pool) => {
+                for id in &ids {
+                    // Unknown ids (already closed connections) are fine.
+                    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL CONNECTION {id}")))
+                        .execute(&pool)
+                        .await;
+                }
+            }
+            #[allow(unreachable_patterns)]
+            _ => return Err(HookError::Failed("not a server database".into())),
+        }
+        if ids.is_empty() {
+            return Err(HookError::Failed("the client has no connections".into()));
+        }
+        Ok(())
+    }
+
+    #[cfg(not(any(feature = "postgres", feature = "mysql")))]
+    async fn kill_sessions(&self, _client: &TestClient) -> HookResult {
+        Err(HookError::Unsupported(
+            "no server database compiled in".into(),
+        ))
+    }
+
+    #[cfg(feature = "sqlite")]
+    async fn block_sqlite(&self) -> HookResult {
+        use sqlx::Connection;
+        let mut conn = sqlx::SqliteConnection::connect(&self.admin.config().url)
+            .await
+            .map_err(|e| HookError::Failed(e.to_string()))?;
+        sqlx::raw_sql("BEGIN EXCLUSIVE")
+            .execute(&mut conn)
+            .await
+            .map_err(|e| HookError::Failed(e.to_string()))?;
+        *self.blocker.lock().await = Some(conn);
+        Ok(())
+    }
+
+    #[cfg(feature = "sqlite")]
+    async fn unblock_sqlite(&self) -> HookResult {
+        use sqlx::Connection;
+        if let Some(mut conn) = self.blocker.lock().await.take() {
+            sqlx::raw_sql("ROLLBACK")
+                .execute(&mut conn)
+                .await
+                .map_err(|e| HookError::Failed(e.to_string()))?;
+            let _ = conn.close().await;
+        }
+        Ok(())
+    }
+
+    #[cfg(not(feature = "sqlite"))]
+    async fn block_sqlite(&self) -> HookResult {
+        Err(HookError::Unsupported("no sqlite".into()))
+    }
+
+    #[cfg(not(feature = "sqlite"))]
+    async fn unblock_sqlite(&self) -> HookResult {
+        Ok(())
+    }
+}
+
+/// Runs `scripts/services.sh COMMAND NAME`.
+async fn services(command: &str, name: &str) -> HookResult {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let out = tokio::process::Command::new("bash")
+        .arg(format!("{root}/scripts/services.sh"))
+        .arg(command)
+        .arg(name)
+        .output()
+        .await
+        .map_err(|e| HookError::Failed(format!("services.sh: {e}")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(HookError::Failed(format!(
+            "services.sh {command} {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )))
+    }
+}
+
+#[cfg(feature = "postgres")]
+async fn postgres_harness() -> Option<Arc<dyn Harness>> {
+    let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL")?;
+    SqlHarness::make(url, Some("postgres")).await
+}
+
+#[cfg(feature = "mysql")]
+async fn mysql_harness() -> Option<Arc<dyn Harness>> {
+    let url = conformance_tests::server_var("mysql", "DISTLOCK_TEST_MYSQL_URL")?;
+    SqlHarness::make(url, Some("mariadb")).await
+}
+
+#[cfg(feature = "sqlite")]
+async fn sqlite_harness() -> Option<Arc<dyn Harness>> {
+    let path = std::env::temp_dir().join(format!(
+        "distlock-sqlite-{}.db",
+        uuid::Uuid::new_v4().simple()
+    ));
+    SqlHarness::make(format!("sqlite://{}?busy_timeout=1s", path.display()), None).await
+}
+
+#[cfg(feature = "postgres")]
+conformance_tests::conformance_suite!(postgres, crate::postgres_harness);
+#[cfg(feature = "mysql")]
+conformance_tests::conformance_suite!(mysql, crate::mysql_harness);
+#[cfg(feature = "sqlite")]
+conformance_tests::conformance_suite!(sqlite, crate::sqlite_harness);
