@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use distlock::{AcquireOptions, DistributedLock};
+use distlock::AcquireOptions;
 
 #[tokio::main]
 async fn main() -> Result<(), distlock::Error> {
@@ -21,7 +21,10 @@ async fn main() -> Result<(), distlock::Error> {
         workers.push(tokio::spawn(async move {
             for round in 0..3 {
                 let guard = locks.acquire("quickstart", &opts).await?;
-                println!("worker {worker} round {round}: holding the lock with fencing token {}", guard.token());
+                println!(
+                    "worker {worker} round {round}: holding the lock with fencing token {}",
+                    guard.token()
+                );
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 guard.release().await?;
             }

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use distlock::{AcquireOptions, DistributedLock, Renewal};
+use distlock::{AcquireOptions, Renewal};
 
 #[tokio::main]
 async fn main() -> Result<(), distlock::Error> {

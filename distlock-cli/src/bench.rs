@@ -1,4 +1,5 @@
-//! `distlock bench`: the shared lock-bench scenarios against one or more URLs.
+//! `distlock bench`: the shared lock-bench scenarios against one or more URLs, each next to its
+//! backend's raw floor.
 
 use lock_bench::{BenchArgs, Target};
 
@@ -23,10 +24,11 @@ pub(crate) async fn bench(args: CliBenchArgs) -> Result<u8, Failure> {
             .await
             .map_err(|err| Failure::from_lock(&err, format!("cannot use {url}")))?;
         let owned = url.clone();
-        targets.push(Target::new(url.clone(), move || {
+        let target = Target::new(url.clone(), move || {
             let url = owned.clone();
             async move { distlock::connect(&url).await }
-        }));
+        });
+        targets.push(with_floor(target, url));
     }
     let config = args.bench.config();
     let report = lock_bench::run(&targets, &config)
@@ -47,4 +49,84 @@ pub(crate) async fn bench(args: CliBenchArgs) -> Result<u8, Failure> {
         ));
     }
     Ok(0)
+}
+
+/// Registers the raw floor of the URL's backend, when it is compiled in.
+fn with_floor(target: Target, url: &str) -> Target {
+    let scheme = url.split("://").next().unwrap_or_default();
+    let url = url.to_owned();
+    match scheme {
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" => target.with_floor(move || {
+            let url = url.clone();
+            async move {
+                let floor = lock_redis::bench::RedisFloor::connect(&url).await?;
+                Ok(Box::new(floor) as Box<dyn lock_bench::RawFloor>)
+            }
+        }),
+        #[cfg(feature = "redis")]
+        "redlock" => target.with_floor(move || {
+            let nodes = redlock_nodes(&url);
+            async move {
+                let floor = lock_redis::bench::RedlockFloor::connect(&nodes).await?;
+                Ok(Box::new(floor) as Box<dyn lock_bench::RawFloor>)
+            }
+        }),
+        #[cfg(feature = "etcd")]
+        "etcd" => target.with_floor(move || {
+            let url = url.clone();
+            async move {
+                let config = lock_etcd::EtcdConfig::from_url(&url)?;
+                let floor = lock_etcd::bench::TxnFloor::connect(&config).await?;
+                Ok(Box::new(floor) as Box<dyn lock_bench::RawFloor>)
+            }
+        }),
+        #[cfg(feature = "zookeeper")]
+        "zk" => target.with_floor(move || {
+            let url = url.clone();
+            async move {
+                let config = lock_zk::ZkConfig::from_url(&url)?;
+                let floor = lock_zk::bench::ZkFloor::connect(&config).await?;
+                Ok(Box::new(floor) as Box<dyn lock_bench::RawFloor>)
+            }
+        }),
+        #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+        s if s.starts_with("sqlite")
+            || s == "postgres"
+            || s == "postgresql"
+            || s == "mysql"
+            || s == "mariadb" =>
+        {
+            target.with_floor(move || {
+                let url = url.clone();
+                async move {
+                    let floor = lock_sql::bench::SqlFloor::connect(&url).await?;
+                    Ok(Box::new(floor) as Box<dyn lock_bench::RawFloor>)
+                }
+            })
+        }
+        _ => {
+            let _ = url;
+            target
+        }
+    }
+}
+
+/// `redlock://h1:p1,h2:p2/db?opts` -> `redis://h1:p1/db`, ...
+#[cfg(feature = "redis")]
+fn redlock_nodes(url: &str) -> Vec<String> {
+    let rest = url.trim_start_matches("redlock://");
+    let rest = rest.split('?').next().unwrap_or_default();
+    let (hosts, db) = rest.split_once('/').unwrap_or((rest, ""));
+    hosts
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| {
+            if db.is_empty() {
+                format!("redis://{h}")
+            } else {
+                format!("redis://{h}/{db}")
+            }
+        })
+        .collect()
 }

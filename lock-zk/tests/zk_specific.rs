@@ -43,7 +43,15 @@ async fn expired_session_is_reported_and_a_new_session_serves() {
     let reason = tokio::time::timeout(Duration::from_secs(10), lost)
         .await
         .expect("lost() did not fire after the session expired");
-    assert_eq!(reason, LossReason::SessionExpired);
+    // Usually the expiry event arrives first; on a loaded machine the reconnect that reports it
+    // can come after the local deadline, which the core reports as a lost connection.
+    assert!(
+        matches!(
+            reason,
+            LossReason::SessionExpired | LossReason::ConnectionLost
+        ),
+        "unexpected loss reason {reason:?}"
+    );
     assert!(guard.is_lost());
     // The ephemeral node went with the session: the lock is free at once.
     let taken = other

@@ -1,0 +1,276 @@
+//! Drives the real `distlock` binary against an embedded SQLite file shared by the processes.
+
+#![cfg(feature = "sqlite")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("sqlite://{}", self.dir.path().join("locks.db").display())
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn distlock(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
+            .env("DISTLOCK_URL", self.url())
+            .current_dir(self.dir.path());
+        cmd
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.distlock(args).output().expect("run distlock")
+    }
+
+    fn held(&self, name: &str) -> bool {
+        let out = self.run(&["status", "--name", name, "--json"]);
+        assert!(
+            out.status.success(),
+            "status failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).contains("\"held\":true")
+    }
+
+    fn wait_until_held(&self, name: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.held(name) {
+            assert!(Instant::now() < deadline, "the lock was never taken");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+#[test]
+fn two_runs_on_one_name_serialize() {
+    let env = Env::new();
+    let log = env.path("log");
+    let script = format!(
+        "echo start >> {0}; sleep 0.3; echo end >> {0}",
+        log.display()
+    );
+    let children: Vec<_> = (0..3)
+        .map(|_| {
+            env.distlock(&["run", "--name", "serial", "--", "sh", "-c", &script])
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    for mut child in children {
+        assert!(child.wait().expect("wait").success());
+    }
+    let lines: Vec<String> = read(&log).lines().map(str::to_owned).collect();
+    assert_eq!(lines.len(), 6, "{lines:?}");
+    for pair in lines.chunks(2) {
+        assert_eq!(
+            pair,
+            ["start", "end"],
+            "critical sections overlapped: {lines:?}"
+        );
+    }
+}
+
+#[test]
+fn the_command_sees_increasing_tokens_and_its_exit_status_is_returned() {
+    let env = Env::new();
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
+        let out = env.run(&[
+            "run",
+            "--name",
+            "tokens",
+            "--",
+            "sh",
+            "-c",
+            "echo $DISTLOCK_LOCK_NAME $DISTLOCK_FENCING_TOKEN",
+        ]);
+        assert!(out.status.success());
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        let (name, token) = stdout.trim().split_once(' ').expect("name and token");
+        assert_eq!(name, "tokens");
+        tokens.push(token.parse::<u64>().expect("numeric token"));
+    }
+    assert!(tokens.windows(2).all(|w| w[1] > w[0]), "{tokens:?}");
+    let out = env.run(&["run", "--name", "tokens", "--", "sh", "-c", "exit 7"]);
+    assert_eq!(out.status.code(), Some(7));
+}
+
+#[test]
+fn wait_zero_on_a_held_lock_exits_busy() {
+    let env = Env::new();
+    let mut holder = env
+        .distlock(&["run", "--name", "busy", "--", "sleep", "3"])
+        .spawn()
+        .expect("spawn");
+    env.wait_until_held("busy");
+    let out = env.run(&["run", "--name", "busy", "--wait", "0", "--", "true"]);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let started = Instant::now();
+    let out = env.run(&["run", "--name", "busy", "--wait", "300ms", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75));
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    holder.kill().expect("kill");
+    let _ = holder.wait();
+}
+
+#[test]
+fn a_killed_holder_frees_the_lock_after_the_ttl() {
+    let env = Env::new();
+    let pid_file = env.path("child.pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pid_file.display());
+    let mut holder = env
+        .distlock(&[
+            "run", "--name", "crash", "--ttl", "2s", "--", "sh", "-c", &script,
+        ])
+        .spawn()
+        .expect("spawn");
+    env.wait_until_held("crash");
+    holder.kill().expect("SIGKILL distlock");
+    let killed = Instant::now();
+    let _ = holder.wait();
+    if let Ok(pid) = read(&pid_file).trim().parse::<i32>() {
+        let _ = Command::new("kill").arg(pid.to_string()).status();
+    }
+    let out = env.run(&["run", "--name", "crash", "--wait", "20s", "--", "true"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let freed = killed.elapsed();
+    assert!(
+        freed >= Duration::from_millis(1200),
+        "freed after {freed:?}, before the ttl"
+    );
+    assert!(
+        freed <= Duration::from_secs(6),
+        "freed only after {freed:?}"
+    );
+}
+
+#[test]
+fn a_lost_lock_terminates_the_command() {
+    let env = Env::new();
+    let marker = env.path("terminated");
+    let script = format!(
+        "trap 'echo TERM > {}; exit 0' TERM; while true; do sleep 0.05; done",
+        marker.display()
+    );
+    let started = Instant::now();
+    let holder = env
+        .distlock(&[
+            "run", "--name", "stolen", "--ttl", "1500ms", "--grace", "5s", "--", "sh", "-c",
+            &script,
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    env.wait_until_held("stolen");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let config = lock_sql::SqlConfig::from_url(&env.url()).expect("url");
+        let admin = lock_sql::SqlBackend::connect(config)
+            .await
+            .expect("connect");
+        assert!(
+            admin.force_release("stolen").await.expect("steal"),
+            "the lock was not held"
+        );
+    });
+    let out = holder.wait_with_output().expect("wait");
+    assert_eq!(
+        out.status.code(),
+        Some(76),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        read(&marker).trim(),
+        "TERM",
+        "the command was not terminated"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lost"));
+    assert!(started.elapsed() < Duration::from_secs(15));
+}
+
+#[test]
+fn bad_flags_and_urls_fail_with_their_exit_codes() {
+    let env = Env::new();
+    for (args, code) in [
+        (
+            &["run", "--name", "x", "--ttl", "soon", "--", "true"][..],
+            2,
+        ),
+        (&["run", "--name", "x"][..], 2),
+        (
+            &["run", "--name", "x", "--url", "nonsense", "--", "true"][..],
+            78,
+        ),
+        (
+            &["run", "--name", "x", "--url", "ftp://host", "--", "true"][..],
+            78,
+        ),
+        (&["run", "--name", "", "--", "true"][..], 78),
+        (&["run", "--name", "x", "--ttl", "0s", "--", "true"][..], 78),
+        (
+            &["run", "--name", "x", "--", "/nonexistent/command"][..],
+            127,
+        ),
+        (&["status", "--name", "x", "--url", "nonsense"][..], 78),
+    ] {
+        let out = env.run(args);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.stderr.is_empty(), "{args:?} printed no explanation");
+    }
+}
+
+#[test]
+fn status_reports_holder_and_token() {
+    let env = Env::new();
+    let out = env.run(&["status", "--name", "st"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("st: free"));
+    let mut holder = env
+        .distlock(&["run", "--name", "st", "--", "sleep", "3"])
+        .spawn()
+        .expect("spawn");
+    env.wait_until_held("st");
+    let out = env.run(&["status", "--name", "st"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("st: held") && text.contains("token:"),
+        "{text}"
+    );
+    holder.kill().expect("kill");
+    let _ = holder.wait();
+}
