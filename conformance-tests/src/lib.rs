@@ -217,6 +217,30 @@ where
     }
 }
 
+/// Runs `scripts/services.sh ACTION NAME` (e.g. `stop-one redis-16379`, `start-one postgres`)
+/// for fault hooks that stop and start a real server.
+///
+/// # Errors
+/// The script's stderr when it fails or cannot run.
+pub async fn services(action: &str, name: &str) -> Result<(), String> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
+    let out = tokio::process::Command::new("bash")
+        .arg(script)
+        .arg(action)
+        .arg(name)
+        .output()
+        .await
+        .map_err(|e| format!("cannot run services.sh: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "services.sh {action} {name} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
 /// Reads a server variable for `backend`, or decides to skip: `None` with a loud line when it
 /// is unset, unless `DISTLOCK_TEST_REQUIRE` (`all` or a comma list) names the backend, which
 /// makes a missing variable a failure.

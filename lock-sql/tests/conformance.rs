@@ -213,22 +213,9 @@ impl SqlHarness {
 
 /// Runs `scripts/services.sh COMMAND NAME`.
 async fn services(command: &str, name: &str) -> HookResult {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-    let out = tokio::process::Command::new("bash")
-        .arg(format!("{root}/scripts/services.sh"))
-        .arg(command)
-        .arg(name)
-        .output()
+    conformance_tests::services(command, name)
         .await
-        .map_err(|e| HookError::Failed(format!("services.sh: {e}")))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(HookError::Failed(format!(
-            "services.sh {command} {name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )))
-    }
+        .map_err(HookError::Failed)
 }
 
 #[cfg(feature = "postgres")]

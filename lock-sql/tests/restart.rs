@@ -9,19 +9,9 @@ use lock_core::{AcquireOptions, ClientConfig, DistributedLock};
 static SERVER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn services(command: &str, name: &str) {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-    let out = tokio::process::Command::new("bash")
-        .arg(format!("{root}/scripts/services.sh"))
-        .arg(command)
-        .arg(name)
-        .output()
-        .await
-        .expect("services.sh runs");
-    assert!(
-        out.status.success(),
-        "services.sh {command} {name}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if let Err(err) = conformance_tests::services(command, name).await {
+        panic!("{err}");
+    }
 }
 
 #[allow(dead_code)]

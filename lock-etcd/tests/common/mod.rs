@@ -1,7 +1,6 @@
 //! Shared by the etcd test binaries: clients, admin access and the server hooks.
 #![allow(dead_code, unreachable_pub)]
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use lock_core::{ClientConfig, Error, LockClient};
@@ -79,25 +78,4 @@ impl Etcd {
     }
 }
 
-fn services() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/services.sh")
-}
-
-/// `scripts/services.sh stop-one|start-one NAME`.
-pub async fn service(action: &str, member: &str) -> Result<(), String> {
-    let out = tokio::process::Command::new("bash")
-        .arg(services())
-        .arg(action)
-        .arg(member)
-        .output()
-        .await
-        .map_err(|e| format!("running services.sh: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "services.sh {action} {member}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
-}
+pub use conformance_tests::services as service;

@@ -2,7 +2,6 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use lock_core::ClientConfig;
@@ -27,28 +26,7 @@ pub fn service_name(url: &str) -> String {
     format!("redis-{port}")
 }
 
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// Runs `scripts/services.sh <verb> <name>`.
-pub async fn services(verb: &str, name: &str) -> Result<(), String> {
-    let out = tokio::process::Command::new("bash")
-        .arg(repo_root().join("scripts/services.sh"))
-        .arg(verb)
-        .arg(name)
-        .output()
-        .await
-        .map_err(|e| format!("cannot run services.sh: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "services.sh {verb} {name} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
-}
+pub use conformance_tests::services;
 
 /// A plain connection to one node, for fault injection.
 pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {

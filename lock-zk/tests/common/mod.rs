@@ -2,7 +2,6 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -69,27 +68,9 @@ impl Drop for Proxy {
     }
 }
 
-pub fn services() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/services.sh")
-}
-
 /// `scripts/services.sh stop-one|start-one zookeeper`.
 pub async fn service(action: &str) -> Result<(), String> {
-    let out = tokio::process::Command::new("bash")
-        .arg(services())
-        .arg(action)
-        .arg("zookeeper")
-        .output()
-        .await
-        .map_err(|e| format!("running services.sh: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "services.sh {action} zookeeper: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
+    conformance_tests::services(action, "zookeeper").await
 }
 
 /// Clients of one ZooKeeper server, each through its own proxy, all under one chroot.
