@@ -32,14 +32,24 @@ async fn expired_session_is_reported_and_a_new_session_serves() {
     let lost = guard.lost();
     let old_session = client.backend_ref().session_info();
 
-    // Expire the session: attach a second connection to it and close that one.
-    let thief = zk::Client::connector()
-        .with_session(old_session.clone())
-        .with_session_timeout(common::SESSION_TIMEOUT)
-        .connect(&h.server)
-        .await
-        .expect("attach to the session");
-    drop(thief);
+    // Expire the session: attach a second connection to it and close that one. Attaching
+    // can stall on a loaded server; a stalled attempt changes nothing, so try again.
+    let mut attached = None;
+    for _ in 0..4 {
+        let attach = zk::Client::connector()
+            .with_session(old_session.clone())
+            .with_session_timeout(common::SESSION_TIMEOUT)
+            .connect(&h.server);
+        match tokio::time::timeout(Duration::from_secs(8), attach).await {
+            Ok(Ok(thief)) => {
+                attached = Some(thief);
+                break;
+            }
+            Ok(Err(err)) => eprintln!("attaching to the session failed ({err}); retrying"),
+            Err(_) => eprintln!("attaching to the session stalled; retrying"),
+        }
+    }
+    drop(attached.expect("could not attach to the holder's session"));
     let reason = tokio::time::timeout(Duration::from_secs(10), lost)
         .await
         .expect("lost() did not fire after the session expired");
