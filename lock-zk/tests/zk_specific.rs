@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use common::{ZkHarness, service};
 use lock_core::{AcquireOptions, ClientConfig, DistributedLock, Error, LossReason};
-use lock_zk::zookeeper_client as zk;
 
 /// Tests of this binary that take the server away or expire sessions run one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -26,35 +25,24 @@ fn opts() -> AcquireOptions {
 async fn expired_session_is_reported_and_a_new_session_serves() {
     let _serial = SERIAL.lock().await;
     let Some(h) = harness().await else { return };
-    let client = h.backend().await.expect("connect");
+    // The holder reaches the server through a proxy, with a short session, so that a
+    // partition longer than the session timeout makes the server expire the session.
+    let session = Duration::from_millis(1500);
+    let (client, tag) = h.proxied_with_session(session).await.expect("connect");
     let other = h.backend().await.expect("connect");
-    let guard = client.acquire("expiry", &opts()).await.expect("acquire");
+    let short = AcquireOptions::default()
+        .with_ttl(Duration::from_secs(1))
+        .with_wait(Duration::from_secs(20));
+    let guard = client.acquire("expiry", &short).await.expect("acquire");
     let lost = guard.lost();
-    let old_session = client.backend_ref().session_info();
+    let old_session = client.backend_ref().session_info().clone();
 
-    // Expire the session: attach a second connection to it and close that one. Attaching
-    // can stall on a loaded server; a stalled attempt changes nothing, so try again.
-    let mut attached = None;
-    for _ in 0..4 {
-        let attach = zk::Client::connector()
-            .with_session(old_session.clone())
-            .with_session_timeout(common::SESSION_TIMEOUT)
-            .connect(&h.server);
-        match tokio::time::timeout(Duration::from_secs(8), attach).await {
-            Ok(Ok(thief)) => {
-                attached = Some(thief);
-                break;
-            }
-            Ok(Err(err)) => eprintln!("attaching to the session failed ({err}); retrying"),
-            Err(_) => eprintln!("attaching to the session stalled; retrying"),
-        }
-    }
-    drop(attached.expect("could not attach to the holder's session"));
+    h.partition(&tag, true);
     let reason = tokio::time::timeout(Duration::from_secs(10), lost)
         .await
-        .expect("lost() did not fire after the session expired");
-    // Usually the expiry event arrives first; on a loaded machine the reconnect that reports it
-    // can come after the local deadline, which the core reports as a lost connection.
+        .expect("lost() did not fire while partitioned past the session timeout");
+    // The expiry itself is only reported on reconnection; during the partition the local
+    // deadline passes first, which the core reports as a lost connection.
     assert!(
         matches!(
             reason,
@@ -63,21 +51,21 @@ async fn expired_session_is_reported_and_a_new_session_serves() {
         "unexpected loss reason {reason:?}"
     );
     assert!(guard.is_lost());
-    // The ephemeral node went with the session: the lock is free at once.
+    // The server expires the session and its ephemeral node: another client gets the lock.
     let taken = other
-        .try_acquire("expiry", &opts())
+        .acquire("expiry", &opts())
         .await
-        .expect("try_acquire")
-        .expect("the expired session's lock is still held");
-    assert!(matches!(
-        guard.release().await,
-        Err(Error::Lost { .. } | Error::NotHeld { .. })
-    ));
+        .expect("the expired session's lock was never freed");
+    h.partition(&tag, false);
+    assert!(
+        guard.release().await.is_err(),
+        "released a lock of an expired session"
+    );
     taken.release().await.expect("release");
 
     // The same client serves new acquisitions on a new session.
     let again = client
-        .acquire("expiry", &opts())
+        .acquire("expiry", &short)
         .await
         .expect("acquire on a new session");
     assert_ne!(client.backend_ref().session_info().id(), old_session.id());

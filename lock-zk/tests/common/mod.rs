@@ -20,6 +20,8 @@ pub const SESSION_TIMEOUT: Duration = Duration::from_secs(30);
 /// A TCP proxy in front of the server whose live connections can be cut.
 pub struct Proxy {
     pub port: u16,
+    /// While set, new connections are closed at once (a network partition).
+    blocked: Arc<std::sync::atomic::AtomicBool>,
     conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
     accept: JoinHandle<()>,
 }
@@ -29,9 +31,15 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
         let conns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let blocked: Arc<std::sync::atomic::AtomicBool> = Arc::default();
         let tracked = conns.clone();
+        let refuse = blocked.clone();
         let accept = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
+                if refuse.load(std::sync::atomic::Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
                 let target = target.clone();
                 let task = tokio::spawn(async move {
                     if let Ok(mut outbound) = TcpStream::connect(&target).await {
@@ -45,9 +53,19 @@ impl Proxy {
         });
         Ok(Self {
             port,
+            blocked,
             conns,
             accept,
         })
+    }
+
+    /// Partitions (`true`) or heals (`false`) the path through the proxy: while partitioned,
+    /// live connections are cut and new ones closed at once.
+    pub fn partition(&self, on: bool) {
+        self.blocked.store(on, std::sync::atomic::Ordering::SeqCst);
+        if on {
+            self.cut();
+        }
     }
 
     /// Closes every connection open through the proxy (new ones are accepted).
@@ -109,17 +127,31 @@ impl ZkHarness {
 
     /// A backend connected through a new proxy, returned with the proxy's tag.
     pub async fn proxied(&self) -> Result<(LockClient<ZkBackend>, String), Error> {
+        self.proxied_with_session(SESSION_TIMEOUT).await
+    }
+
+    /// As [`proxied`](Self::proxied), with its own session timeout.
+    pub async fn proxied_with_session(
+        &self,
+        session_timeout: Duration,
+    ) -> Result<(LockClient<ZkBackend>, String), Error> {
         let proxy = Proxy::start(self.server.clone())
             .await
             .map_err(|e| Error::unavailable("starting the test proxy", e))?;
         let tag = format!("proxy-{}", proxy.port);
-        let client = lock_zk::connect_with(
-            self.config(&format!("127.0.0.1:{}", proxy.port)),
-            client_config(),
-        )
-        .await?;
+        let config = self
+            .config(&format!("127.0.0.1:{}", proxy.port))
+            .with_session_timeout(session_timeout);
+        let client = lock_zk::connect_with(config, client_config()).await?;
         self.proxies.lock().unwrap().insert(tag.clone(), proxy);
         Ok((client, tag))
+    }
+
+    /// Partitions or heals the proxy `tag` (see [`Proxy::partition`]).
+    pub fn partition(&self, tag: &str, on: bool) {
+        if let Some(proxy) = self.proxies.lock().unwrap().get(tag) {
+            proxy.partition(on);
+        }
     }
 
     pub fn cut(&self, tag: &str) -> Option<usize> {
