@@ -363,7 +363,7 @@ pub async fn fencing_tokens_strictly_increase(ctx: Ctx) -> Outcome {
                     opts.clone()
                 };
                 let guard = acquire(&*client, &names[which], &opts).await;
-                log.lock().expect("log").push_at(which, guard.token().get());
+                log.lock().expect("log")[which].push(guard.token().get());
                 if expire {
                     guard.abandon();
                 } else {
@@ -386,16 +386,6 @@ pub async fn fencing_tokens_strictly_increase(ctx: Ctx) -> Outcome {
         }
     }
     Outcome::Passed
-}
-
-trait PushAt {
-    fn push_at(&mut self, index: usize, value: u64);
-}
-
-impl PushAt for Vec<Vec<u64>> {
-    fn push_at(&mut self, index: usize, value: u64) {
-        self[index].push(value);
-    }
 }
 
 /// A lock removed behind its holder's back is reported lost within one renewal interval plus a

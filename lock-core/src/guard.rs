@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::time::sleep_until;
 use tokio_util::sync::CancellationToken;
@@ -375,7 +376,7 @@ async fn watchdog(held: Arc<Held>, interval: Option<Duration>) {
         tokio::select! {
             biased;
             () = held.stop.cancelled() => return,
-            reason = async { loss_signal.as_mut().expect("guarded by the select condition").await }, if loss_signal.is_some() => {
+            reason = signal(loss_signal.as_mut()) => {
                 held.mark_lost(reason);
                 return;
             }
@@ -392,7 +393,7 @@ async fn watchdog(held: Arc<Held>, interval: Option<Duration>) {
                     return;
                 }
             }
-            () = async { sleep_until(renew_at.expect("guarded by the select condition").into()).await }, if renew_at.is_some() => {
+            () = sleep_until_some(renew_at) => {
                 let interval = interval.unwrap_or(held.ttl / 3);
                 if !held.renewing() {
                     // Abandoned: keep only the deadline timer, so that `lost()` still fires.
@@ -422,5 +423,21 @@ async fn watchdog(held: Arc<Held>, interval: Option<Duration>) {
                 }
             }
         }
+    }
+}
+
+/// The backend's loss signal, or never.
+async fn signal(signal: Option<&mut BoxFuture<'static, LossReason>>) -> LossReason {
+    match signal {
+        Some(signal) => signal.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }

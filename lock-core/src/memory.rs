@@ -250,10 +250,6 @@ impl Attempt for MemoryAttempt {
             AttemptMode::Wait => entry.queue.front() == Some(&self.id),
         };
         if remaining.is_some() || !my_turn {
-            let idle = entry.is_idle();
-            if idle {
-                state.locks.remove(&self.request.name);
-            }
             return Ok(Step::busy(remaining));
         }
         if self.queued {
