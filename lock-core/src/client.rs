@@ -11,6 +11,7 @@ use tracing::{Instrument, debug};
 
 use crate::backend::{AcquireRequest, Attempt, AttemptMode, LockBackend, Step};
 use crate::guard::{Held, LockGuard, NewGuard};
+use crate::watchdog::Watchdog;
 use crate::{
     AcquireOptions, Backoff, Capabilities, ClientConfig, DistributedLock, Error, LockInfo,
     LockName, OwnerId, Result, WakeUp,
@@ -38,6 +39,7 @@ struct Inner<B> {
     config: ClientConfig,
     caps: Capabilities,
     registry: Arc<Registry>,
+    watchdog: Watchdog,
 }
 
 impl<B> Clone for LockClient<B> {
@@ -80,6 +82,7 @@ impl<B: LockBackend> LockClient<B> {
                 config,
                 caps,
                 registry: Arc::default(),
+                watchdog: Watchdog::default(),
             }),
         }
     }
@@ -92,6 +95,11 @@ impl<B: LockBackend> LockClient<B> {
     /// The configuration.
     pub fn config(&self) -> &ClientConfig {
         &self.inner.config
+    }
+
+    #[cfg(test)]
+    pub(crate) fn watchdog(&self) -> &Watchdog {
+        &self.inner.watchdog
     }
 
     /// This client as a shared trait object.
@@ -186,6 +194,7 @@ impl<B: LockBackend> LockClient<B> {
                         renewal_interval: options.renewal_interval(),
                         max_hold: options.renewal.max_hold,
                         reentry,
+                        watchdog: self.inner.watchdog.clone(),
                     })));
                 }
                 Ok(Step::Busy { retry_after }) => {

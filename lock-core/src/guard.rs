@@ -5,14 +5,13 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
 use tokio::sync::watch;
-use tokio::time::sleep_until;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, warn};
 
 use crate::backend::Lease;
 use crate::client::Registry;
+use crate::watchdog::{Schedule, Watchdog};
 use crate::{ClientConfig, Error, FencingToken, LockName, LossReason, Result};
 
 /// A held lock.
@@ -40,15 +39,17 @@ pub(crate) struct Held {
     pub(crate) token: FencingToken,
     pub(crate) backend: &'static str,
     lease: Box<dyn Lease>,
-    ttl: Duration,
+    pub(crate) ttl: Duration,
     config: ClientConfig,
-    acquired_at: Instant,
     /// Renewal stops so that the lock is not held past this instant.
-    hold_limit: Option<Instant>,
+    pub(crate) hold_limit: Option<Instant>,
     valid_until: Mutex<Instant>,
     lost: watch::Sender<Option<LossReason>>,
-    /// Ends the watchdog (release, drop, abandon).
-    stop: CancellationToken,
+    /// Ends renewal and loss watching (release, drop, a reported loss).
+    pub(crate) stop: CancellationToken,
+    /// Renewal state, driven by the client's [`Watchdog`].
+    pub(crate) schedule: Mutex<Schedule>,
+    watchdog: Watchdog,
     /// Reentrant holds still outstanding; 0 once released or abandoned.
     holds: Mutex<usize>,
     reentry: Option<(Weak<Registry>, crate::client::RegistryKey)>,
@@ -67,6 +68,7 @@ pub(crate) struct NewGuard {
     pub(crate) renewal_interval: Option<Duration>,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) reentry: Option<(Weak<Registry>, crate::client::RegistryKey)>,
+    pub(crate) watchdog: Watchdog,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -90,17 +92,34 @@ impl LockGuard {
             lease: new.lease,
             ttl: new.ttl,
             config: new.config,
-            acquired_at: new.lease_started,
             hold_limit,
             valid_until: Mutex::new(valid_until),
             lost: watch::Sender::new(None),
             stop: CancellationToken::new(),
+            schedule: Mutex::new(Schedule::new(new.lease_started, new.renewal_interval)),
+            watchdog: new.watchdog,
             holds: Mutex::new(1),
             reentry: new.reentry,
         });
-        let span =
-            tracing::debug_span!("distlock.watchdog", backend = held.backend, name = %held.name);
-        tokio::spawn(watchdog(held.clone(), new.renewal_interval).instrument(span));
+        held.watchdog.watch(&held);
+        if let Some(signal) = held.lease.loss_signal() {
+            // Only backends that learn of a loss by themselves (sessions) pay for a task.
+            let held = held.clone();
+            let span = tracing::debug_span!("distlock.loss_signal", backend = held.backend, name = %held.name);
+            tokio::spawn(
+                async move {
+                    tokio::select! {
+                        biased;
+                        () = held.stop.cancelled() => {}
+                        reason = signal => {
+                            held.mark_lost(reason);
+                            held.stop.cancel();
+                        }
+                    }
+                }
+                .instrument(span),
+            );
+        }
         Self {
             held,
             finished: false,
@@ -220,6 +239,7 @@ impl Drop for LockGuard {
             return;
         }
         self.held.stop.cancel();
+        self.held.watchdog.unwatch(&self.held);
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let held = self.held.clone();
@@ -266,7 +286,7 @@ impl Held {
     }
 
     /// Records a loss once; the first reason wins.
-    fn mark_lost(&self, reason: LossReason) {
+    pub(crate) fn mark_lost(&self, reason: LossReason) {
         let changed = self.lost.send_if_modified(|current| {
             if current.is_some() {
                 return false;
@@ -296,7 +316,7 @@ impl Held {
         }
     }
 
-    async fn renew_once(&self) -> Result<()> {
+    pub(crate) async fn renew_once(&self) -> Result<()> {
         if let Some(reason) = self.loss_reason() {
             return Err(self.lost_error(reason));
         }
@@ -329,6 +349,7 @@ impl Held {
 
     async fn release_on_server(self: Arc<Self>) -> Result<()> {
         self.stop.cancel();
+        self.watchdog.unwatch(&self);
         if let Some((registry, key)) = &self.reentry
             && let Some(registry) = registry.upgrade()
         {
@@ -358,86 +379,7 @@ impl Held {
     }
 
     /// False once every guard is gone or the lock was abandoned.
-    fn renewing(&self) -> bool {
+    pub(crate) fn renewing(&self) -> bool {
         *lock(&self.holds) > 0
-    }
-}
-
-/// Renews the lease every `interval` (if any) and reports loss: refused renewal, the backend's
-/// own loss signal, or the local deadline passing. Ends when the guard is released or dropped.
-async fn watchdog(held: Arc<Held>, interval: Option<Duration>) {
-    let mut loss_signal = held.lease.loss_signal();
-    let mut next_renewal = interval.map(|i| held.acquired_at + i);
-    let mut failing = false;
-    loop {
-        let valid_until = held.valid_until();
-        // Renew only before the hold limit; `valid_until` is clamped to it anyway.
-        let renew_at = next_renewal.filter(|at| held.hold_limit.is_none_or(|limit| *at < limit));
-        tokio::select! {
-            biased;
-            () = held.stop.cancelled() => return,
-            reason = signal(loss_signal.as_mut()) => {
-                held.mark_lost(reason);
-                return;
-            }
-            () = sleep_until(valid_until.into()) => {
-                if Instant::now() >= held.valid_until() {
-                    let reason = if failing {
-                        LossReason::ConnectionLost
-                    } else if held.hold_limit.is_some_and(|limit| valid_until >= limit) {
-                        LossReason::HoldLimitReached
-                    } else {
-                        LossReason::LeaseExpired
-                    };
-                    held.mark_lost(reason);
-                    return;
-                }
-            }
-            () = sleep_until_some(renew_at) => {
-                let interval = interval.unwrap_or(held.ttl / 3);
-                if !held.renewing() {
-                    // Abandoned: keep only the deadline timer, so that `lost()` still fires.
-                    next_renewal = None;
-                    continue;
-                }
-                tokio::select! {
-                    biased;
-                    () = held.stop.cancelled() => return,
-                    () = sleep_until(valid_until.into()) => {
-                        held.mark_lost(LossReason::ConnectionLost);
-                        return;
-                    }
-                    result = held.renew_once() => match result {
-                        Ok(()) => {
-                            failing = false;
-                            next_renewal = Some(Instant::now() + interval);
-                        }
-                        Err(err) if err.is_not_held() => return,
-                        Err(err) => {
-                            failing = true;
-                            let retry = (interval / 4).clamp(Duration::from_millis(5), Duration::from_secs(1));
-                            debug!(%err, ?retry, "renewal failed, retrying");
-                            next_renewal = Some(Instant::now() + retry);
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The backend's loss signal, or never.
-async fn signal(signal: Option<&mut BoxFuture<'static, LossReason>>) -> LossReason {
-    match signal {
-        Some(signal) => signal.await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Sleeps until `at`, or forever without one.
-async fn sleep_until_some(at: Option<Instant>) {
-    match at {
-        Some(at) => sleep_until(at.into()).await,
-        None => std::future::pending().await,
     }
 }

@@ -74,6 +74,7 @@ pub mod memory;
 mod name;
 mod options;
 mod token;
+mod watchdog;
 
 pub use backend::{
     AcquireRequest, Acquired, Attempt, AttemptMode, Lease, LockBackend, LockInfo, Step,

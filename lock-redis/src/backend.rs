@@ -1,6 +1,7 @@
 //! The backend: one master or Redlock over several, speaking the scripts of [`crate::scripts`].
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -39,6 +40,9 @@ struct Node {
     addr: String,
     conn: ConnectionManager,
     sub: Subscriber,
+    /// Whether the server takes `SET ... NX GET` (Redis >= 7.0); cleared at the first
+    /// refusal, after which every acquisition runs the script.
+    fast_path: AtomicBool,
 }
 
 /// What the release script is asked to do (see [`scripts::RELEASE`]).
@@ -55,20 +59,33 @@ enum Answer {
 }
 
 impl Node {
+    /// One acquisition attempt. `fast`: try the script-free fast path first (see
+    /// [`Self::acquire_fast`]).
     async fn acquire(
         &self,
         keys: &LockKeys,
         request: &AcquireRequest,
         config: &RedisConfig,
         score: &str,
+        fast: bool,
     ) -> Result<Answer, RedisError> {
+        if fast && self.fast_path.load(Ordering::Relaxed) {
+            match self.acquire_fast(keys, request).await {
+                Ok(Some(answer)) => return Ok(answer),
+                Ok(None) => {}
+                Err(err) if err.kind == RedisErrorKind::Unsupported => {
+                    tracing::debug!(node = %self.addr, "SET NX GET refused (Redis < 7.0): acquiring by script only");
+                    self.fast_path.store(false, Ordering::Relaxed);
+                }
+                Err(err) => return Err(err),
+            }
+        }
         let mut conn = self.conn.clone();
         let (acquired, value): (i64, i64) = scripts::ACQUIRE
             .key(&keys.lock)
             .key(&keys.fence)
             .key(&keys.queue)
             .key(&keys.alive)
-            .key(&keys.reservation)
             .arg(&request.owner)
             .arg(millis(request.ttl))
             .arg(if request.mode == AttemptMode::Wait {
@@ -86,6 +103,42 @@ impl Node {
             Answer::Acquired(u64::try_from(value).unwrap_or(0))
         } else {
             Answer::Busy(value)
+        })
+    }
+
+    /// The uncontended path without Lua (scripts cost several times a plain command on the
+    /// server): `MULTI; SET lock owner NX PX ttl GET; INCR fence; EXEC`. The transaction makes
+    /// the counter step atomic with the `SET`, so tokens still strictly increase per
+    /// acquisition; a refused `SET` burns a counter value, which is harmless. A reservation
+    /// for a waiter lives in the lock key itself, so `NX` also refuses a reserved lock.
+    ///
+    /// `None`: the script must decide (the key is this attempt's own value or reservation, or
+    /// a waiting attempt must be queued).
+    async fn acquire_fast(
+        &self,
+        keys: &LockKeys,
+        request: &AcquireRequest,
+    ) -> Result<Option<Answer>, RedisError> {
+        let mut conn = self.conn.clone();
+        let (previous, token): (Option<Vec<u8>>, u64) = redis::pipe()
+            .atomic()
+            .cmd("SET")
+            .arg(&keys.lock)
+            .arg(&request.owner)
+            .arg("NX")
+            .arg("PX")
+            .arg(millis(request.ttl))
+            .arg("GET")
+            .cmd("INCR")
+            .arg(&keys.fence)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| RedisError::classify(&self.addr, e))?;
+        Ok(match previous {
+            None => Some(Answer::Acquired(token)),
+            Some(_) if request.mode == AttemptMode::Wait => None,
+            Some(value) if is_own(&value, &request.owner) => None,
+            Some(_) => Some(Answer::Busy(-1)),
         })
     }
 
@@ -113,7 +166,6 @@ impl Node {
             .key(&keys.lock)
             .key(&keys.queue)
             .key(&keys.alive)
-            .key(&keys.reservation)
             .arg(owner)
             .arg(if config.fair { "1" } else { "0" })
             .arg(millis(config.handoff))
@@ -145,14 +197,26 @@ impl Node {
         keys: &LockKeys,
     ) -> Result<(Option<String>, Option<u64>, i64), RedisError> {
         let mut conn = self.conn.clone();
-        redis::pipe()
+        let (owner, token, pttl): (Option<String>, Option<u64>, i64) = redis::pipe()
             .get(&keys.lock)
             .get(&keys.fence)
             .pttl(&keys.lock)
             .query_async(&mut conn)
             .await
-            .map_err(|e| RedisError::classify(&self.addr, e))
+            .map_err(|e| RedisError::classify(&self.addr, e))?;
+        // A reservation for a waiter is nobody's lock (yet).
+        let owner = owner.filter(|o| !o.starts_with(scripts::RESERVED_PREFIX));
+        Ok((owner, token, pttl))
     }
+}
+
+/// Whether a lock key's value is `owner` or a reservation for it.
+fn is_own(value: &[u8], owner: &str) -> bool {
+    let reserved = scripts::RESERVED_PREFIX.as_bytes();
+    value == owner.as_bytes()
+        || value
+            .strip_prefix(reserved)
+            .is_some_and(|rest| rest == owner.as_bytes())
 }
 
 fn millis(d: Duration) -> u64 {
@@ -239,7 +303,13 @@ impl RedisBackend {
                     }
                 };
                 let sub = Subscriber::new(client, addr.clone(), timeout);
-                Ok::<_, Error>((Node { addr, conn, sub }, failure))
+                let node = Node {
+                    addr,
+                    conn,
+                    sub,
+                    fast_path: AtomicBool::new(true),
+                };
+                Ok::<_, Error>((node, failure))
             }
         });
         let mut nodes = Vec::new();
@@ -359,6 +429,7 @@ impl LockBackend for RedisBackend {
             score,
             subs: Vec::new(),
             settled: false,
+            polled: false,
         })
     }
 
@@ -417,6 +488,9 @@ struct RedisAttempt {
     /// A `try_acquire` whose last poll was answered "busy" by every node: it left nothing
     /// on the server, so abandoning it costs no round trip.
     settled: bool,
+    /// Whether a poll ran already: only the first one may take the fast path, later ones know
+    /// the lock is contended and go straight to the script (which queues the waiter).
+    polled: bool,
 }
 
 impl RedisAttempt {
@@ -451,10 +525,22 @@ impl RedisAttempt {
         Step::busy(Some(known.map_or(refresh, |k| k.min(refresh))))
     }
 
+    /// Whether this poll may try the script-free fast path: only the first one, and never in
+    /// fair mode (which must look at the queue even when the lock key is free).
+    fn fast(&self) -> bool {
+        !self.shared.config.fair && !self.polled
+    }
+
     async fn poll_single(&mut self) -> Result<Step> {
         let node = &self.shared.nodes[0];
         let answer = node
-            .acquire(&self.keys, &self.request, &self.shared.config, &self.score)
+            .acquire(
+                &self.keys,
+                &self.request,
+                &self.shared.config,
+                &self.score,
+                self.fast(),
+            )
             .await
             .map_err(|e| e.into_lock_error("acquire"))?;
         Ok(match answer {
@@ -469,12 +555,13 @@ impl RedisAttempt {
         let shared = self.shared.clone();
         let ttl = self.request.ttl;
         let timeout = shared.node_timeout(ttl);
+        let fast = self.fast();
         let started = Instant::now();
         let answers = join_all(shared.nodes.iter().map(|n| {
             within(
                 n,
                 timeout,
-                n.acquire(&self.keys, &self.request, &shared.config, &self.score),
+                n.acquire(&self.keys, &self.request, &shared.config, &self.score, fast),
             )
         }))
         .await;
@@ -587,6 +674,7 @@ impl Attempt for RedisAttempt {
         } else {
             self.poll_single().await
         };
+        self.polled = true;
         if let Ok(Step::Busy { .. }) = &step
             && self.request.mode == AttemptMode::Try
             && !self.shared.redlock()

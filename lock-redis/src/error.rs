@@ -17,6 +17,9 @@ pub enum RedisErrorKind {
     NoScript,
     /// The connection was refused (nothing listens there).
     ConnectionRefused,
+    /// The server does not understand a command the lock sends (`SET ... NX GET` needs
+    /// Redis 7.0; older servers are served by the scripts alone).
+    Unsupported,
     /// No answer in time.
     Timeout,
     /// The connection broke or could not be established.
@@ -31,6 +34,7 @@ impl fmt::Display for RedisErrorKind {
             Self::WrongType => "a lock key holds a value of another type (WRONGTYPE)",
             Self::ReadOnly => "the server is a read-only replica (READONLY)",
             Self::NoScript => "a lock script is missing on the server (NOSCRIPT)",
+            Self::Unsupported => "the server does not support a command (syntax error)",
             Self::ConnectionRefused => "connection refused",
             Self::Timeout => "no answer in time",
             Self::Connection => "connection failed",
@@ -81,12 +85,15 @@ impl RedisError {
             _ if err.is_timeout() => RedisErrorKind::Timeout,
             _ if err.is_io_error() || err.is_connection_dropped() => RedisErrorKind::Connection,
             _ => {
-                // Script errors carry the original code inside their message.
+                // Script and transaction errors carry the original code inside their message
+                // (a queued command's READONLY shows as "ReadOnly").
                 let text = err.to_string();
                 if text.contains("WRONGTYPE") {
                     RedisErrorKind::WrongType
-                } else if text.contains("READONLY") {
+                } else if text.contains("READONLY") || text.contains("ReadOnly") {
                     RedisErrorKind::ReadOnly
+                } else if text.contains("syntax error") {
+                    RedisErrorKind::Unsupported
                 } else {
                     RedisErrorKind::Other
                 }

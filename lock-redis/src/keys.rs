@@ -21,8 +21,6 @@ pub struct LockKeys {
     /// Waiter liveness (sorted set scored by the server time at which a waiter that stopped
     /// polling is considered dead).
     pub alive: String,
-    /// The handoff reservation for the next waiter (default mode only), with a short TTL.
-    pub reservation: String,
     /// The channel on which releases are published (payload: the owner value of the waiter
     /// served next, or empty).
     pub channel: String,
@@ -39,7 +37,6 @@ impl LockKeys {
             fence: key("f"),
             queue: key("q"),
             alive: key("a"),
-            reservation: key("r"),
             channel: key("c"),
         }
     }

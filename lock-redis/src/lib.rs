@@ -22,15 +22,23 @@
 //! the name verbatim after a fixed-length prefix (so distinct names never collide) and a hash
 //! tag so that all keys of a name share one Redis Cluster slot. Kinds: `l` the lock (a string
 //! holding the owner value, the lease as its TTL), `f` the fencing counter, `q` and `a` the
-//! waiter queue (arrival order, and liveness deadlines), `r` the handoff reservation, and `c`
-//! the pub/sub channel of releases.
+//! waiter queue (arrival order, and liveness deadlines), and `c` the pub/sub channel of
+//! releases.
 //!
 //! # Protocol (single master)
 //!
-//! - **Acquire** is one Lua script (`EVALSHA`, reloaded automatically after `NOSCRIPT`): if
-//!   the lock is free (and not reserved for another waiter, or, in fair mode, this attempt
-//!   heads the queue) it runs `SET l owner PX ttl` and `INCR f` and returns the counter as
-//!   the fencing token. Otherwise it returns the remaining lease and, for a waiting attempt,
+//! - **Acquire, fast path** (default mode, first poll of an attempt): one transaction without
+//!   Lua, `MULTI; SET l owner NX PX ttl GET; INCR f; EXEC` (a script costs several times a
+//!   plain command on the server). `EXEC` runs both at once, so the counter step belongs to
+//!   this acquisition and tokens strictly increase; a refused `SET` only burns a counter value.
+//!   A handoff reservation lives in `l` itself, so `NX` refuses a reserved lock as well. The
+//!   `GET` tells a busy answer from the attempt's own value; a waiting attempt that finds the
+//!   lock taken goes on to the script in the same poll, to be queued. Servers older than 7.0
+//!   (no `NX` with `GET`) are detected at the first refusal and served by the script alone.
+//! - **Acquire, script** (`EVALSHA`, reloaded automatically after `NOSCRIPT`; later polls, and
+//!   always in fair mode): if the lock is free (or reserved for this attempt, or, in fair
+//!   mode, this attempt heads the queue) it runs `SET l owner PX ttl` and `INCR f` and returns
+//!   the counter as the fencing token. Otherwise it returns the remaining lease and, for a waiting attempt,
 //!   records the waiter in the queue with a liveness deadline (the server's `TIME` plus
 //!   [`RedisConfig::waiter_timeout`]); waiters that stop polling are dropped from the queue by
 //!   the next script that looks at it. A retried poll whose earlier reply was lost finds the
@@ -47,7 +55,8 @@
 //!   sleeping until the remaining `PTTL` that the busy answer carried. Channels are
 //!   unsubscribed when no attempt waits on them any more.
 //! - **No starvation (default)**: a release reserves the lock for the oldest waiter for
-//!   [`RedisConfig::handoff`] (key `r`) and wakes only that waiter, so a releaser that comes
+//!   [`RedisConfig::handoff`] (the lock key then holds `"\0next:" + its owner value`, which
+//!   no owner value can equal) and wakes only that waiter, so a releaser that comes
 //!   straight back finds the lock reserved and queues behind the others; waiters are served
 //!   in turn. A reserved waiter that does not come in time loses the reservation (dead
 //!   waiters cost at most one handoff window each). New arrivals may still take a free,

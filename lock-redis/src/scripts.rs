@@ -5,10 +5,15 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Acquire (or check the queue), one round trip. The uncontended path (lock free, no queue,
-/// no reservation) is `GET`, `EXISTS`, `SET PX`, `INCR`.
+/// The value prefix of a handoff reservation stored in the lock key: `"\0next:" + owner`. No
+/// owner value contains a NUL byte, so a reservation never equals an owner.
+pub(crate) const RESERVED_PREFIX: &str = "\0next:";
+
+/// Acquire (or queue), one round trip: the slow path, taken when the fast path
+/// (`MULTI`, `SET NX PX GET`, `INCR`, `EXEC`; see the crate docs) found the lock key taken, and
+/// always in fair mode.
 ///
-/// KEYS: lock, fence, queue, alive, reservation.
+/// KEYS: lock, fence, queue, alive.
 /// ARGV: owner, ttl ms, wait ("1" to queue), fair ("1"), waiter timeout ms, arrival score
 /// ("" = the server's time in microseconds).
 /// Returns `{1, token}` when acquired, `{0, retry_ms}` when busy (`retry_ms` < 0: unknown).
@@ -23,14 +28,7 @@ if holder == owner then
   redis.call('PEXPIRE', KEYS[1], ttl)
   return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
-if not holder and redis.call('EXISTS', KEYS[3], KEYS[5]) == 0 then
-  -- Uncontended: free, nobody queued, nothing reserved.
-  redis.call('SET', KEYS[1], owner, 'PX', ttl)
-  return {1, redis.call('INCR', KEYS[2])}
-end
-local wait = ARGV[3] == '1'
 local fair = ARGV[4] == '1'
-local wto = tonumber(ARGV[5])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, 64)
@@ -39,20 +37,19 @@ for _, w in ipairs(dead) do
   redis.call('ZREM', KEYS[4], w)
 end
 local blocked = nil
-local reserved = redis.call('GET', KEYS[5])
-if holder then
+if holder and holder ~= '\0next:' .. owner then
+  -- Held, or reserved for another waiter.
   blocked = redis.call('PTTL', KEYS[1])
-elseif fair then
+elseif not holder and fair then
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   if head and head ~= owner then
     local alive = tonumber(redis.call('ZSCORE', KEYS[4], head) or now)
     blocked = math.max(alive - now, 1)
   end
-elseif reserved and reserved ~= owner then
-  blocked = redis.call('PTTL', KEYS[5])
 end
 if blocked then
-  if wait then
+  if ARGV[3] == '1' then
+    local wto = tonumber(ARGV[5])
     local score = ARGV[6]
     if score == '' then
       score = t[1] .. string.format('%06d', tonumber(t[2]))
@@ -68,9 +65,6 @@ redis.call('SET', KEYS[1], owner, 'PX', ttl)
 local token = redis.call('INCR', KEYS[2])
 redis.call('ZREM', KEYS[3], owner)
 redis.call('ZREM', KEYS[4], owner)
-if reserved == owner then
-  redis.call('DEL', KEYS[5])
-end
 return {1, token}
 ",
     )
@@ -91,48 +85,46 @@ return 0
 
 /// Owner-checked release with handoff, abandonment of an attempt, or a Redlock retreat.
 ///
-/// KEYS: lock, queue, alive, reservation.
+/// KEYS: lock, queue, alive.
 /// ARGV: owner, fair ("1"), handoff ms, channel, mode: "release" (the owner is done: also
-/// leave the queue and drop a stale reservation), "abandon" (the same, for an attempt that
-/// ends without the lock) or "retreat" (Redlock, after a failed majority: only give the lock
-/// back, keep the place in the queue).
-/// Then, if the lock is free and this call freed it (or gave up a turn), picks the oldest live
-/// waiter, reserves the lock for it for `handoff` ms (default mode; the fair mode's queue needs
-/// no reservation) and publishes its owner value on the channel (empty payload: nobody
-/// waits). Returns 1 if the lock was released, else 0.
+/// leave the queue), "abandon" (the same for an attempt that ends without the lock: it also
+/// gives up a reservation made for it) or "retreat" (Redlock, after a failed majority: only
+/// give the lock back, keep the place in the queue and any reservation).
+/// Then, if this call freed the lock (or gave up a turn), picks the oldest live waiter,
+/// reserves the lock for it for `handoff` ms by storing [`RESERVED_PREFIX`] + its owner in the
+/// lock key (default mode; the fair mode's queue needs no reservation) and publishes its owner
+/// value on the channel (empty payload: nobody waits). Returns 1 if the lock was released,
+/// else 0.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local owner = ARGV[1]
-if ARGV[5] == 'release' and redis.call('EXISTS', KEYS[2], KEYS[4]) == 0 then
-  -- Nobody queued, nothing reserved: nobody to hand over to or to wake.
-  if redis.call('GET', KEYS[1]) == owner then
-    redis.call('DEL', KEYS[1])
-    return 1
-  end
-  return 0
+local mode = ARGV[5]
+local holder = redis.call('GET', KEYS[1])
+if mode == 'release' and holder == owner and redis.call('EXISTS', KEYS[2]) == 0 then
+  -- Nobody queued: nobody to hand over to or to wake.
+  redis.call('DEL', KEYS[1])
+  return 1
 end
 local fair = ARGV[2] == '1'
+local released = 0
 local handoff = false
-if ARGV[5] ~= 'retreat' then
+if holder == owner then
+  redis.call('DEL', KEYS[1])
+  holder = false
+  released = 1
+  handoff = true
+elseif holder == '\0next:' .. owner and mode ~= 'retreat' then
+  redis.call('DEL', KEYS[1])
+  holder = false
+  handoff = true
+end
+if mode ~= 'retreat' then
   if redis.call('ZRANGE', KEYS[2], 0, 0)[1] == owner then handoff = true end
   redis.call('ZREM', KEYS[2], owner)
   redis.call('ZREM', KEYS[3], owner)
-  if redis.call('GET', KEYS[4]) == owner then
-    redis.call('DEL', KEYS[4])
-    handoff = true
-  end
 end
-local released = 0
-local holder = redis.call('GET', KEYS[1])
-if holder == owner then
-  redis.call('DEL', KEYS[1])
-  released = 1
-  handoff = true
-elseif holder then
-  return 0
-end
-if not handoff then return released end
+if holder or not handoff then return released end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 64)
@@ -140,14 +132,11 @@ for _, w in ipairs(dead) do
   redis.call('ZREM', KEYS[2], w)
   redis.call('ZREM', KEYS[3], w)
 end
-local nxt = redis.call('GET', KEYS[4])
-if not nxt then
-  nxt = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-  if nxt and not fair then
-    redis.call('SET', KEYS[4], nxt, 'PX', ARGV[3])
-    redis.call('ZREM', KEYS[2], nxt)
-    redis.call('ZREM', KEYS[3], nxt)
-  end
+local nxt = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+if nxt and not fair then
+  redis.call('SET', KEYS[1], '\0next:' .. nxt, 'PX', ARGV[3])
+  redis.call('ZREM', KEYS[2], nxt)
+  redis.call('ZREM', KEYS[3], nxt)
 end
 redis.call('PUBLISH', ARGV[4], nxt or '')
 return released

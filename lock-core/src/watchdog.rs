@@ -1,0 +1,331 @@
+//! The renewal and loss deadlines of all guards of one client, driven by one task.
+//!
+//! A guard costs a map entry, not a task with its own timers: acquiring and releasing touch a
+//! mutex-protected ordered map and nothing else, and the task wakes only when a deadline is
+//! due (renewals run concurrently inside it). The task starts with the first guard and ends
+//! when no deadline is left.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::Notify;
+use tokio::time::sleep_until;
+use tracing::debug;
+
+use crate::LossReason;
+use crate::guard::Held;
+
+/// Where a guard sits in the deadline map.
+pub(crate) type TimerKey = (Instant, u64);
+
+/// A guard's renewal state, kept in the guard and read by the watchdog.
+#[derive(Debug)]
+pub(crate) struct Schedule {
+    /// The guard's current entry in the map (none while a renewal runs, or once done).
+    key: Option<TimerKey>,
+    /// The next automatic renewal, if renewal is on and the lock is still renewed.
+    next_renewal: Option<Instant>,
+    /// The automatic renewal interval (none: renewal disabled).
+    interval: Option<Duration>,
+    /// The last renewal failed without an answer (the loss reason becomes ConnectionLost).
+    failing: bool,
+}
+
+impl Schedule {
+    pub(crate) fn new(acquired_at: Instant, interval: Option<Duration>) -> Self {
+        Self {
+            key: None,
+            next_renewal: interval.map(|i| acquired_at + i),
+            interval,
+            failing: false,
+        }
+    }
+}
+
+/// The deadline map and its task. Cheap to clone (clones share both).
+#[derive(Clone, Default)]
+pub(crate) struct Watchdog {
+    shared: Arc<Shared>,
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    /// Wakes the task when a deadline earlier than the one it sleeps towards arrives.
+    notify: Notify,
+    seq: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    timers: BTreeMap<TimerKey, Arc<Held>>,
+    running: bool,
+    /// The deadline the task sleeps towards.
+    wake_at: Option<Instant>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Poisoning only means a panic elsewhere while the map was consistent between operations.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Watchdog {
+    /// Starts watching a new guard.
+    pub(crate) fn watch(&self, held: &Arc<Held>) {
+        let at = next_event(held, &lock(&held.schedule));
+        self.insert(held, at);
+    }
+
+    /// Stops watching (release, drop): removes the guard's entry at once.
+    pub(crate) fn unwatch(&self, held: &Held) {
+        let key = lock(&held.schedule).key.take();
+        if let Some(key) = key {
+            lock(&self.shared.state).timers.remove(&key);
+        }
+    }
+
+    fn insert(&self, held: &Arc<Held>, at: Instant) {
+        let key = (at, self.shared.seq.fetch_add(1, Ordering::Relaxed));
+        lock(&held.schedule).key = Some(key);
+        let mut state = lock(&self.shared.state);
+        state.timers.insert(key, held.clone());
+        if !state.running {
+            state.running = true;
+            state.wake_at = Some(at);
+            drop(state);
+            tokio::spawn(run(self.clone()));
+        } else if state.wake_at.is_none_or(|wake| at < wake) {
+            state.wake_at = Some(at);
+            drop(state);
+            self.shared.notify.notify_one();
+        }
+    }
+
+    /// Handles a guard whose deadline is due: the loss deadline passed, a renewal is due (the
+    /// returned future runs it), or neither (it goes back into the map).
+    fn due(&self, held: Arc<Held>, now: Instant) -> Option<BoxFuture<'static, ()>> {
+        if held.stop.is_cancelled() {
+            return None;
+        }
+        let valid_until = held.valid_until();
+        let mut schedule = lock(&held.schedule);
+        if now >= valid_until {
+            let reason = if schedule.failing {
+                LossReason::ConnectionLost
+            } else if held.hold_limit.is_some_and(|limit| valid_until >= limit) {
+                LossReason::HoldLimitReached
+            } else {
+                LossReason::LeaseExpired
+            };
+            drop(schedule);
+            held.mark_lost(reason);
+            held.stop.cancel();
+            return None;
+        }
+        let renew_due = renew_at(&held, &schedule).is_some_and(|at| at <= now);
+        if renew_due && held.renewing() {
+            drop(schedule);
+            return Some(Box::pin(self.clone().renew(held, valid_until)));
+        }
+        if renew_due {
+            // Abandoned: keep only the loss deadline, so that `lost()` still fires.
+            schedule.next_renewal = None;
+        }
+        let at = next_event(&held, &schedule);
+        drop(schedule);
+        self.insert(&held, at);
+        None
+    }
+
+    async fn renew(self, held: Arc<Held>, valid_until: Instant) {
+        let result = tokio::select! {
+            biased;
+            () = held.stop.cancelled() => return,
+            () = sleep_until(valid_until.into()) => {
+                held.mark_lost(LossReason::ConnectionLost);
+                held.stop.cancel();
+                return;
+            }
+            result = held.renew_once() => result,
+        };
+        let mut schedule = lock(&held.schedule);
+        let interval = schedule.interval.unwrap_or(held.ttl / 3);
+        match result {
+            Ok(()) => {
+                schedule.failing = false;
+                schedule.next_renewal = Some(Instant::now() + interval);
+            }
+            // Refused: `renew_once` reported the loss.
+            Err(err) if err.is_not_held() => {
+                drop(schedule);
+                held.stop.cancel();
+                return;
+            }
+            Err(err) => {
+                schedule.failing = true;
+                let retry = (interval / 4).clamp(Duration::from_millis(5), Duration::from_secs(1));
+                debug!(%err, ?retry, name = %held.name, "renewal failed, retrying");
+                schedule.next_renewal = Some(Instant::now() + retry);
+            }
+        }
+        let at = next_event(&held, &schedule);
+        drop(schedule);
+        self.insert(&held, at);
+    }
+}
+
+/// The next renewal, unless it would fall after the hold limit (`valid_until` is clamped to
+/// the limit anyway).
+fn renew_at(held: &Held, schedule: &Schedule) -> Option<Instant> {
+    schedule
+        .next_renewal
+        .filter(|at| held.hold_limit.is_none_or(|limit| *at < limit))
+}
+
+fn next_event(held: &Held, schedule: &Schedule) -> Instant {
+    let valid_until = held.valid_until();
+    renew_at(held, schedule).map_or(valid_until, |at| at.min(valid_until))
+}
+
+/// Clears `running` if the task is dropped before it decides to end (its runtime shut down),
+/// so that the next guard starts a new one.
+struct Running {
+    watchdog: Watchdog,
+    armed: bool,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.armed {
+            lock(&self.watchdog.shared.state).running = false;
+        }
+    }
+}
+
+async fn run(watchdog: Watchdog) {
+    let mut running = Running {
+        watchdog: watchdog.clone(),
+        armed: true,
+    };
+    let shared = &watchdog.shared;
+    let mut renewals = FuturesUnordered::new();
+    loop {
+        let now = Instant::now();
+        let mut due = Vec::new();
+        let next = {
+            let mut state = lock(&shared.state);
+            while let Some(entry) = state.timers.first_entry() {
+                if entry.key().0 > now {
+                    break;
+                }
+                due.push(entry.remove());
+            }
+            let next = state.timers.keys().next().map(|key| key.0);
+            if due.is_empty() && next.is_none() && renewals.is_empty() {
+                // Decided under the lock: an insert either comes before (and is seen) or
+                // after (and starts a new task).
+                state.running = false;
+                state.wake_at = None;
+                running.armed = false;
+                return;
+            }
+            state.wake_at = next;
+            next
+        };
+        for held in due {
+            lock(&held.schedule).key = None;
+            if let Some(renewal) = watchdog.due(held, now) {
+                renewals.push(renewal);
+            }
+        }
+        let sleep = async {
+            match next {
+                Some(at) => sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = shared.notify.notified() => {}
+            () = sleep => {}
+            Some(()) = renewals.next(), if !renewals.is_empty() => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{MemoryBackend, MemoryStore};
+    use crate::{AcquireOptions, DistributedLock, LockClient, Renewal};
+
+    impl Watchdog {
+        fn entries(&self) -> usize {
+            lock(&self.shared.state).timers.len()
+        }
+
+        fn running(&self) -> bool {
+            lock(&self.shared.state).running
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_map_entry_per_guard_and_none_after_release() {
+        let client = LockClient::new(MemoryBackend::new(MemoryStore::new()));
+        let watchdog = client.watchdog().clone();
+        let options = AcquireOptions::default()
+            .with_ttl(Duration::from_millis(300))
+            .with_renewal(Renewal::auto().every(Duration::from_millis(50)));
+        let mut guards = Vec::new();
+        for i in 0..100 {
+            let name = format!("wd-{i}");
+            guards.push(client.try_acquire(&name, &options).await.unwrap().unwrap());
+        }
+        assert_eq!(watchdog.entries(), 100);
+        assert!(watchdog.running());
+        // Renewal keeps every lock well past its ttl.
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert!(guards.iter().all(|g| !g.is_lost()));
+        for guard in guards {
+            guard.release().await.unwrap();
+        }
+        // Renewals in flight at the release re-insert nothing for a stopped guard.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(watchdog.entries(), 0);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while watchdog.running() {
+            assert!(Instant::now() < deadline, "the watchdog task did not end");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // A new guard starts a new task.
+        let guard = client
+            .try_acquire("wd-again", &options)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(watchdog.running());
+        guard.release().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn abandoned_guard_reports_expiry_then_leaves_the_map() {
+        let client = LockClient::new(MemoryBackend::new(MemoryStore::new()));
+        let watchdog = client.watchdog().clone();
+        let options = AcquireOptions::default().with_ttl(Duration::from_millis(200));
+        let guard = client
+            .try_acquire("wd-abandon", &options)
+            .await
+            .unwrap()
+            .unwrap();
+        let lost = guard.lost();
+        guard.abandon();
+        let reason = tokio::time::timeout(Duration::from_secs(5), lost)
+            .await
+            .expect("lost() fires at the deadline");
+        assert_eq!(reason, LossReason::LeaseExpired);
+        assert_eq!(watchdog.entries(), 0);
+    }
+}
