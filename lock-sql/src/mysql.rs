@@ -8,11 +8,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::FutureExt;
 use lock_core::{Error, Result};
-use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 
 use crate::config::quote;
-use crate::db::{Db, Peek, Sessions, bind_value, connect_err, shape_err};
+use crate::db::{Db, HotConns, Peek, Sessions, bind_value, connect_err, shape_err};
 use crate::{FencedUpdate, SqlConfig, SqlPool, map_err};
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
@@ -106,7 +106,7 @@ impl Statements {
 
 #[derive(Debug)]
 pub(crate) struct MyDb {
-    pool: MySqlPool,
+    conns: HotConns<sqlx::MySql>,
     sql: Statements,
 }
 
@@ -152,7 +152,10 @@ impl MyDb {
                 .await
                 .map_err(|e| shape_err(&table, e))?;
         }
-        Ok(Self { pool, sql })
+        Ok(Self {
+            conns: HotConns::new(pool, config.max_connections),
+            sql,
+        })
     }
 }
 
@@ -167,31 +170,38 @@ impl Db for MyDb {
     }
 
     async fn take(&self, name: &str, owner: &str, ttl_us: i64) -> Result<Option<i64>, sqlx::Error> {
-        let mut conn = self.pool.acquire().await?;
-        let done = q(&self.sql.take)
+        let mut hot = self.conns.get().await?;
+        let result = q(&self.sql.take)
             .bind(name)
             .bind(owner)
             .bind(ttl_us)
-            .execute(&mut *conn)
-            .await?;
+            .execute(hot.conn())
+            .await;
+        let done = match result {
+            Ok(done) => done,
+            Err(err) => return hot.keep(Err(err)),
+        };
         // 2: an existing row was taken (LAST_INSERT_ID carries the new version); 1: a new row was
         // inserted, or the row was left alone (found, unchanged): ask.
         if done.rows_affected() == 2 && done.last_insert_id() > 1 {
-            return Ok(i64::try_from(done.last_insert_id()).ok());
+            return hot.keep(Ok(i64::try_from(done.last_insert_id()).ok()));
         }
-        let row = q(&self.sql.check)
+        let result = q(&self.sql.check)
             .bind(name)
             .bind(owner)
-            .fetch_optional(&mut *conn)
-            .await?;
+            .fetch_optional(hot.conn())
+            .await;
+        let row = hot.keep(result)?;
         row.map(|r| r.try_get::<i64, _>(0)).transpose()
     }
 
     async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error> {
-        let row = q(&self.sql.peek)
+        let mut hot = self.conns.get().await?;
+        let result = q(&self.sql.peek)
             .bind(name)
-            .fetch_optional(&self.pool)
-            .await?;
+            .fetch_optional(hot.conn())
+            .await;
+        let row = hot.keep(result)?;
         row.map(|r| {
             let text = |o: Option<Vec<u8>>| o.map(|o| String::from_utf8_lossy(&o).into_owned());
             Ok(Peek {
@@ -213,15 +223,17 @@ impl Db for MyDb {
         since: i64,
         hold_us: i64,
     ) -> Result<bool, sqlx::Error> {
-        let done = q(&self.sql.reserve)
+        let mut hot = self.conns.get().await?;
+        let result = q(&self.sql.reserve)
             .bind(since)
             .bind(hold_us)
             .bind(owner)
             .bind(name)
             .bind(owner)
             .bind(since)
-            .execute(&self.pool)
-            .await?;
+            .execute(hot.conn())
+            .await;
+        let done = hot.keep(result)?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -232,23 +244,27 @@ impl Db for MyDb {
         version: i64,
         ttl_us: i64,
     ) -> Result<bool, sqlx::Error> {
-        let done = q(&self.sql.renew)
+        let mut hot = self.conns.get().await?;
+        let result = q(&self.sql.renew)
             .bind(ttl_us)
             .bind(name)
             .bind(owner)
             .bind(version)
-            .execute(&self.pool)
-            .await?;
+            .execute(hot.conn())
+            .await;
+        let done = hot.keep(result)?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {
-        let done = q(&self.sql.release)
+        let mut hot = self.conns.get().await?;
+        let result = q(&self.sql.release)
             .bind(name)
             .bind(owner)
             .bind(version)
-            .execute(&self.pool)
-            .await?;
+            .execute(hot.conn())
+            .await;
+        let done = hot.keep(result)?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -257,17 +273,21 @@ impl Db for MyDb {
         for _ in 0..5 {
             query = query.bind(owner);
         }
-        query
+        let mut hot = self.conns.get().await?;
+        let result = query
             .bind(name)
             .bind(owner)
             .bind(owner)
-            .execute(&self.pool)
-            .await?;
+            .execute(hot.conn())
+            .await;
+        hot.keep(result)?;
         Ok(())
     }
 
     async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error> {
-        let done = q(&self.sql.force).bind(name).execute(&self.pool).await?;
+        let mut hot = self.conns.get().await?;
+        let result = q(&self.sql.force).bind(name).execute(hot.conn()).await;
+        let done = hot.keep(result)?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -280,10 +300,12 @@ impl Db for MyDb {
         query = query.bind(token);
         query = bind_value!(query, &update.key);
         query = query.bind(token);
-        Ok(query.execute(&self.pool).await?.rows_affected() == 1)
+        let mut hot = self.conns.get().await?;
+        let result = query.execute(hot.conn()).await;
+        Ok(hot.keep(result)?.rows_affected() == 1)
     }
 
     fn pool(&self) -> SqlPool {
-        SqlPool::MySql(self.pool.clone())
+        SqlPool::MySql(self.conns.pool().clone())
     }
 }

@@ -8,12 +8,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::FutureExt;
 use lock_core::{Error, Result};
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 
 use crate::config::quote;
 use crate::db::{
-    Db, Notifier, Peek, Sessions, Subscription, bind_value, connect_err, parse_payload, shape_err,
+    Db, HotConns, Notifier, Peek, Sessions, Subscription, bind_value, connect_err, parse_payload,
+    shape_err,
 };
 use crate::{FencedUpdate, SqlConfig, SqlPool, map_err};
 
@@ -106,7 +107,7 @@ impl Statements {
 
 #[derive(Debug)]
 pub(crate) struct PgDb {
-    pool: PgPool,
+    conns: HotConns<sqlx::Postgres>,
     sql: Statements,
     channel: String,
     notifier: Arc<Notifier>,
@@ -178,7 +179,7 @@ impl PgDb {
         let notifier = Arc::new(Notifier::default());
         let task = tokio::spawn(listen(listener, notifier.clone()));
         Ok(Self {
-            pool,
+            conns: HotConns::new(pool, config.max_connections),
             sql,
             channel,
             notifier,
@@ -216,20 +217,24 @@ impl Db for PgDb {
     }
 
     async fn take(&self, name: &str, owner: &str, ttl_us: i64) -> Result<Option<i64>, sqlx::Error> {
-        let row = q(&self.sql.take)
+        let mut hot = self.conns.get().await?;
+        let result = q(&self.sql.take)
             .bind(name)
             .bind(owner)
             .bind(ttl_us)
-            .fetch_optional(&self.pool)
-            .await?;
+            .fetch_optional(hot.conn())
+            .await;
+        let row = hot.keep(result)?;
         row.map(|r| r.try_get::<i64, _>(0)).transpose()
     }
 
     async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error> {
-        let row = q(&self.sql.peek)
+        let mut hot = self.conns.get().await?;
+        let result = q(&self.sql.peek)
             .bind(name)
-            .fetch_optional(&self.pool)
-            .await?;
+            .fetch_optional(hot.conn())
+            .await;
+        let row = hot.keep(result)?;
         row.map(|r| {
             Ok(Peek {
                 owner: r.try_get(0)?,
@@ -250,13 +255,15 @@ impl Db for PgDb {
         since: i64,
         hold_us: i64,
     ) -> Result<bool, sqlx::Error> {
-        let done = q(&self.sql.reserve)
+        let mut hot = self.conns.get().await?;
+        let result = q(&self.sql.reserve)
             .bind(name)
             .bind(owner)
             .bind(since)
             .bind(hold_us)
-            .execute(&self.pool)
-            .await?;
+            .execute(hot.conn())
+            .await;
+        let done = hot.keep(result)?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -267,43 +274,51 @@ impl Db for PgDb {
         version: i64,
         ttl_us: i64,
     ) -> Result<bool, sqlx::Error> {
-        let done = q(&self.sql.renew)
+        let mut hot = self.conns.get().await?;
+        let result = q(&self.sql.renew)
             .bind(name)
             .bind(owner)
             .bind(version)
             .bind(ttl_us)
-            .execute(&self.pool)
-            .await?;
+            .execute(hot.conn())
+            .await;
+        let done = hot.keep(result)?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {
-        let row = q(&self.sql.release)
+        let mut hot = self.conns.get().await?;
+        let result = q(&self.sql.release)
             .bind(name)
             .bind(owner)
             .bind(version)
             .bind(&self.channel)
-            .fetch_optional(&self.pool)
-            .await?;
+            .fetch_optional(hot.conn())
+            .await;
+        let row = hot.keep(result)?;
         Ok(row.is_some())
     }
 
     async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error> {
-        q(&self.sql.abandon)
+        let mut hot = self.conns.get().await?;
+        let result = q(&self.sql.abandon)
             .bind(name)
             .bind(owner)
             .bind(&self.channel)
-            .fetch_optional(&self.pool)
-            .await?;
+            .fetch_optional(hot.conn())
+            .await;
+        hot.keep(result)?;
         Ok(())
     }
 
     async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error> {
-        let row = q(&self.sql.force)
+        let mut hot = self.conns.get().await?;
+        let result = q(&self.sql.force)
             .bind(name)
             .bind(&self.channel)
-            .fetch_optional(&self.pool)
-            .await?;
+            .fetch_optional(hot.conn())
+            .await;
+        let row = hot.keep(result)?;
         Ok(row.is_some())
     }
 
@@ -316,12 +331,17 @@ impl Db for PgDb {
         query = query.bind(token);
         query = bind_value!(query, &update.key);
         query = query.bind(token);
-        Ok(query.execute(&self.pool).await?.rows_affected() == 1)
+        let mut hot = self.conns.get().await?;
+        let result = query.execute(hot.conn()).await;
+        Ok(hot.keep(result)?.rows_affected() == 1)
     }
 
     fn handed_over(&self, name: &str) {
-        let (pool, channel, payload) =
-            (self.pool.clone(), self.channel.clone(), format!("0:{name}"));
+        let (pool, channel, payload) = (
+            self.conns.pool().clone(),
+            self.channel.clone(),
+            format!("0:{name}"),
+        );
         tokio::spawn(async move {
             let sent = sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(channel)
@@ -339,6 +359,6 @@ impl Db for PgDb {
     }
 
     fn pool(&self) -> SqlPool {
-        SqlPool::Postgres(self.pool.clone())
+        SqlPool::Postgres(self.conns.pool().clone())
     }
 }

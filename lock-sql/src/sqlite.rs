@@ -8,13 +8,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lock_core::{Error, Result};
 use sqlx::sqlite::{
-    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteSynchronous,
+    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 
 use crate::config::quote;
-use crate::db::{Db, Peek, bind_value, connect_err, shape_err};
+use crate::db::{Db, HotConns, Peek, bind_value, connect_err, shape_err};
 use crate::{FencedUpdate, SqlConfig, SqlPool, map_err};
 
 const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
@@ -99,7 +98,7 @@ impl Statements {
 
 #[derive(Debug)]
 pub(crate) struct LiteDb {
-    pool: SqlitePool,
+    conns: HotConns<sqlx::Sqlite>,
     sql: Statements,
 }
 
@@ -155,7 +154,10 @@ impl LiteDb {
                 .await
                 .map_err(|e| shape_err(&table, e))?;
         }
-        Ok(Self { pool, sql })
+        Ok(Self {
+            conns: HotConns::new(pool, config.max_connections),
+            sql,
+        })
     }
 }
 
@@ -170,20 +172,24 @@ impl Db for LiteDb {
     }
 
     async fn take(&self, name: &str, owner: &str, ttl_us: i64) -> Result<Option<i64>, sqlx::Error> {
-        let row = q(&self.sql.take)
+        let mut hot = self.conns.get().await?;
+        let result = q(&self.sql.take)
             .bind(name.to_owned())
             .bind(owner.to_owned())
             .bind(ttl_us)
-            .fetch_optional(&self.pool)
-            .await?;
+            .fetch_optional(hot.conn())
+            .await;
+        let row = hot.keep(result)?;
         row.map(|r| r.try_get::<i64, _>(0)).transpose()
     }
 
     async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error> {
-        let row = q(&self.sql.peek)
+        let mut hot = self.conns.get().await?;
+        let result = q(&self.sql.peek)
             .bind(name.to_owned())
-            .fetch_optional(&self.pool)
-            .await?;
+            .fetch_optional(hot.conn())
+            .await;
+        let row = hot.keep(result)?;
         row.map(|r| {
             Ok(Peek {
                 owner: r.try_get(0)?,
@@ -204,13 +210,15 @@ impl Db for LiteDb {
         since: i64,
         hold_us: i64,
     ) -> Result<bool, sqlx::Error> {
-        let done = q(&self.sql.reserve)
+        let mut hot = self.conns.get().await?;
+        let result = q(&self.sql.reserve)
             .bind(name.to_owned())
             .bind(owner.to_owned())
             .bind(since)
             .bind(hold_us)
-            .execute(&self.pool)
-            .await?;
+            .execute(hot.conn())
+            .await;
+        let done = hot.keep(result)?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -221,40 +229,48 @@ impl Db for LiteDb {
         version: i64,
         ttl_us: i64,
     ) -> Result<bool, sqlx::Error> {
-        let done = q(&self.sql.renew)
+        let mut hot = self.conns.get().await?;
+        let result = q(&self.sql.renew)
             .bind(name.to_owned())
             .bind(owner.to_owned())
             .bind(version)
             .bind(ttl_us)
-            .execute(&self.pool)
-            .await?;
+            .execute(hot.conn())
+            .await;
+        let done = hot.keep(result)?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {
-        let done = q(&self.sql.release)
+        let mut hot = self.conns.get().await?;
+        let result = q(&self.sql.release)
             .bind(name.to_owned())
             .bind(owner.to_owned())
             .bind(version)
-            .execute(&self.pool)
-            .await?;
+            .execute(hot.conn())
+            .await;
+        let done = hot.keep(result)?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error> {
-        q(&self.sql.abandon)
+        let mut hot = self.conns.get().await?;
+        let result = q(&self.sql.abandon)
             .bind(name.to_owned())
             .bind(owner.to_owned())
-            .execute(&self.pool)
-            .await?;
+            .execute(hot.conn())
+            .await;
+        hot.keep(result)?;
         Ok(())
     }
 
     async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error> {
-        let done = q(&self.sql.force)
+        let mut hot = self.conns.get().await?;
+        let result = q(&self.sql.force)
             .bind(name.to_owned())
-            .execute(&self.pool)
-            .await?;
+            .execute(hot.conn())
+            .await;
+        let done = hot.keep(result)?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -267,10 +283,12 @@ impl Db for LiteDb {
         query = query.bind(token);
         query = bind_value!(query, &update.key);
         query = query.bind(token);
-        Ok(query.execute(&self.pool).await?.rows_affected() == 1)
+        let mut hot = self.conns.get().await?;
+        let result = query.execute(hot.conn()).await;
+        Ok(hot.keep(result)?.rows_affected() == 1)
     }
 
     fn pool(&self) -> SqlPool {
-        SqlPool::Sqlite(self.pool.clone())
+        SqlPool::Sqlite(self.conns.pool().clone())
     }
 }
