@@ -774,7 +774,8 @@ pub async fn many_locks_stay_held(ctx: Ctx) -> Outcome {
     let (a, b) = (ctx.client().await, ctx.client().await);
     let count = ctx.harness().many_locks();
     let names: Vec<String> = (0..count).map(|i| ctx.name(&format!("many-{i}"))).collect();
-    let opts = ctx.opts();
+    let ttl = ctx.harness().many_locks_ttl();
+    let opts = ctx.opts().with_ttl(ttl);
     let mut guards = Vec::with_capacity(count);
     for chunk in names.chunks(50) {
         let acquired = join_all(chunk.iter().map(|n| a.try_acquire(n, &opts))).await;
@@ -785,9 +786,9 @@ pub async fn many_locks_stay_held(ctx: Ctx) -> Outcome {
             }
         }
     }
-    let until = Instant::now() + ctx.ttl() * 3;
+    let until = Instant::now() + ttl * 3;
     while Instant::now() < until {
-        tokio::time::sleep(ctx.ttl() / 2).await;
+        tokio::time::sleep(ttl / 2).await;
         let lost = guards.iter().filter(|g| g.is_lost()).count();
         assert_eq!(lost, 0, "{lost} of {count} locks were lost while renewed");
     }

@@ -172,15 +172,18 @@ impl Subscription {
         self.rx.borrow_and_update();
     }
 
-    /// Resolves on the next wake-up for this waiter after [`mark_seen`](Self::mark_seen).
-    pub(crate) async fn changed(&mut self) {
+    /// Resolves on the next wake-up for this waiter after [`mark_seen`](Self::mark_seen):
+    /// `true` if it was addressed to this waiter alone (a release handed it the lock).
+    pub(crate) async fn changed(&mut self) -> bool {
         loop {
             if self.rx.changed().await.is_err() {
                 std::future::pending::<()>().await;
             }
             let wake = self.rx.borrow_and_update();
-            if wake.1.as_deref().is_none_or(|t| t == self.owner) {
-                return;
+            match wake.1.as_deref() {
+                None => return false,
+                Some(target) if target == self.owner => return true,
+                Some(_) => {}
             }
         }
     }

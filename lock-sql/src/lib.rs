@@ -312,6 +312,7 @@ impl LockBackend for SqlBackend {
             maybe_owned: false,
             maybe_reserved: false,
             busy_before: false,
+            handed: false,
         })
     }
 
@@ -347,6 +348,8 @@ struct SqlAttempt {
     maybe_reserved: bool,
     /// Whether the lock was found busy before: later polls read before they write.
     busy_before: bool,
+    /// The last wake-up was a release addressed to this waiter: take without reading first.
+    handed: bool,
 }
 
 /// Whether the row refuses `owner` now: a live holder or a live reservation of somebody else.
@@ -383,6 +386,14 @@ impl SqlAttempt {
                 .map_err(|e| map_err("acquire", e))?;
             // Refused: an older waiter's live reservation replaced any of ours.
             self.maybe_reserved = head;
+            if head && !mine && db.has_events() {
+                // A release between our read and our claim notified nobody (it notifies the
+                // reservation's holder only): look again before waiting for a notification.
+                let again = db.peek(name).await.map_err(|e| map_err("acquire", e))?;
+                if again.is_none_or(|p| !blocked(&p, owner)) {
+                    return Ok(Step::busy(Some(Duration::ZERO)));
+                }
+            }
             head
         } else {
             mine
@@ -412,7 +423,8 @@ impl Attempt for SqlAttempt {
                 None => self.subscription = db.subscribe(name, owner),
             }
         }
-        if self.busy_before {
+        let handed = std::mem::take(&mut self.handed);
+        if self.busy_before && !handed {
             // Waiting: look before writing, so that busy polls cost no commit.
             let peek = db.peek(name).await.map_err(|e| map_err("acquire", e))?;
             if let Some(peek) = peek.filter(|p| blocked(p, owner)) {
@@ -458,7 +470,7 @@ impl Attempt for SqlAttempt {
 
     async fn changed(&mut self) {
         match &mut self.subscription {
-            Some(sub) => sub.changed().await,
+            Some(sub) => self.handed = sub.changed().await,
             None => std::future::pending().await,
         }
     }
