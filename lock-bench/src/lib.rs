@@ -110,49 +110,54 @@ async fn run_target(target: &Target, config: &BenchConfig) -> TargetResult {
     };
     let progress = |scenario| Progress::new(config.progress, label, scenario);
 
-    match target.floor().await {
-        Ok(Some(mut floor)) => {
-            match uncontended::run_floor(
-                floor.as_mut(),
-                &format!("{base}/floor"),
-                config,
-                progress("floor"),
-            )
-            .await
-            {
-                Ok(f) => result.floor = Some(f),
-                Err(e) => result.errors.push(ScenarioError::new("floor", &e)),
+    let mut floor = match target.floor().await {
+        Ok(floor) => floor,
+        Err(e) => {
+            result.errors.push(ScenarioError::new("floor", &e));
+            None
+        }
+    };
+    let client = if config.scenarios.uncontended() {
+        match target.connect().await {
+            Ok(client) => {
+                result.backend = Some(client.backend().to_owned());
+                Some(client)
+            }
+            Err(e) => {
+                result.errors.push(ScenarioError::new("s1", &e));
+                None
             }
         }
-        Ok(None) => {}
-        Err(e) => result.errors.push(ScenarioError::new("floor", &e)),
+    } else {
+        None
+    };
+    let (s1_name, floor_name) = (format!("{base}/s1"), format!("{base}/floor"));
+    let measured = uncontended::run(
+        client.as_deref().map(|c| (c, s1_name.as_str())),
+        floor.as_deref_mut().map(|f| (f, floor_name.as_str())),
+        config,
+        progress("s1"),
+    )
+    .await;
+    match measured.floor {
+        Some(Ok(f)) => result.floor = Some(f),
+        Some(Err(e)) => result.errors.push(ScenarioError::new("floor", &e)),
+        None => {}
     }
     let floor_ops = result
         .floor
         .as_ref()
         .map(|f| f.ops_per_sec)
         .filter(|ops| *ops > 0.0);
-
-    if config.scenarios.uncontended() {
-        let s1 = async {
-            let client = target.connect().await?;
-            result.backend = Some(client.backend().to_owned());
-            uncontended::run_s1(
-                client.as_ref(),
-                &format!("{base}/s1"),
-                config,
-                progress("s1"),
-            )
-            .await
-        };
-        match s1.await {
-            Ok(mut s1) => {
-                s1.floor_ratio = floor_ops.map(|f| s1.ops_per_sec / f);
-                result.uncontended = Some(s1);
-            }
-            Err(e) => result.errors.push(ScenarioError::new("s1", &e)),
+    match measured.s1 {
+        Some(Ok(mut s1)) => {
+            s1.floor_ratio = floor_ops.map(|f| s1.ops_per_sec / f);
+            result.uncontended = Some(s1);
         }
+        Some(Err(e)) => result.errors.push(ScenarioError::new("s1", &e)),
+        None => {}
     }
+    drop(client);
 
     if config.scenarios.contended() {
         let s2 = async {

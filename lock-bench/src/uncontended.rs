@@ -1,4 +1,8 @@
-//! S1 (uncontended acquire + release) and the raw floor, measured with the same loop.
+//! S1 (uncontended acquire + release) and the raw floor, measured with the same loop and
+//! interleaved: the measured cycles of each run in [`BLOCKS`] blocks that alternate between
+//! the two (floor first in even blocks, S1 first in odd ones), so that a server whose speed
+//! drifts during the run (a write-ahead log growing, a snapshot, a JVM warming up, another
+//! process waking) weighs on both alike and the ratio compares like with like.
 
 use std::time::{Duration, Instant};
 
@@ -8,102 +12,180 @@ use crate::report::{FloorResult, S1Result};
 use crate::stats::{Progress, Recorder, rate};
 use crate::{BenchConfig, RawFloor, S1Call};
 
-/// The timings of the measured cycles of one loop.
+/// How many alternating blocks the measured cycles are split into.
+const BLOCKS: u64 = 10;
+
+/// The timings of one side (S1 or the floor) accumulated over its blocks.
 struct Timed {
     cycle: Recorder,
     elapsed: Duration,
 }
 
-/// Runs `warmup + cycles` iterations of `step` (which returns when the cycle ended and records
-/// its own partial timings) and times the measured ones, start to end, back to back.
-///
-/// A macro rather than a function taking a closure, because the step borrows the client or
-/// floor mutably across its await points.
-macro_rules! timed_loop {
-    ($config:expr, $progress:expr, |$measured:ident| $step:expr) => {{
-        let config: &BenchConfig = $config;
-        let total = config.warmup_cycles + config.cycles;
-        let mut cycle = Recorder::new();
-        let mut first_start = None;
-        let mut last_end = Instant::now();
-        for i in 0..total {
-            let $measured = i >= config.warmup_cycles;
-            let start = Instant::now();
-            if $measured && first_start.is_none() {
-                first_start = Some(start);
-            }
-            $step;
-            last_end = Instant::now();
-            if $measured {
-                cycle.record(last_end - start);
-            }
-            $progress.tick(|| format!("{} / {total} cycles", i + 1));
+impl Timed {
+    fn new() -> Self {
+        Self {
+            cycle: Recorder::new(),
+            elapsed: Duration::ZERO,
         }
-        let elapsed = first_start.map_or(Duration::ZERO, |s| last_end - s);
-        Timed { cycle, elapsed }
-    }};
+    }
 }
 
-pub(crate) async fn run_s1(
-    client: &dyn DistributedLock,
-    name: &str,
-    config: &BenchConfig,
-    mut progress: Progress,
-) -> Result<S1Result, Error> {
-    let options = AcquireOptions::default().with_ttl(config.ttl);
-    let wait_options = options.clone().with_wait(config.acquire_wait);
-    let mut acquire = Recorder::new();
-    let mut release = Recorder::new();
-    let timed = timed_loop!(config, progress, |measured| {
-        let start = Instant::now();
-        let guard = match config.s1_call {
-            S1Call::TryAcquire => {
-                client
-                    .try_acquire(name, &options)
+/// The S1 side: a client, its name and options, and its partial timings.
+struct S1Side<'a> {
+    client: &'a dyn DistributedLock,
+    name: &'a str,
+    options: AcquireOptions,
+    wait_options: AcquireOptions,
+    call: S1Call,
+    timed: Timed,
+    acquire: Recorder,
+    release: Recorder,
+}
+
+impl S1Side<'_> {
+    /// Runs `n` cycles back to back; records them if `measured`.
+    async fn block(&mut self, n: u64, measured: bool, progress: &mut Progress) -> Result<(), Error> {
+        let name = self.name;
+        let started = Instant::now();
+        for _ in 0..n {
+            let start = Instant::now();
+            let guard = match self.call {
+                S1Call::TryAcquire => self
+                    .client
+                    .try_acquire(name, &self.options)
                     .await?
                     .ok_or_else(|| Error::Backend {
                         message: format!(
                             "{name:?} was held by somebody else during the uncontended run"
                         ),
                         source: None,
-                    })?
+                    })?,
+                S1Call::Acquire => self.client.acquire(name, &self.wait_options).await?,
+            };
+            let acquired = Instant::now();
+            guard.release().await?;
+            let end = Instant::now();
+            if measured {
+                self.acquire.record(acquired - start);
+                self.release.record(end - acquired);
+                self.timed.cycle.record(end - start);
             }
-            S1Call::Acquire => client.acquire(name, &wait_options).await?,
-        };
-        let acquired = Instant::now();
-        guard.release().await?;
-        if measured {
-            acquire.record(acquired - start);
-            release.record(acquired.elapsed());
+            progress.tick(|| "s1 cycles".to_owned());
         }
-    });
-    let ops_per_sec = rate(config.cycles, timed.elapsed);
-    Ok(S1Result {
-        call: config.s1_call,
-        cycles: config.cycles,
-        elapsed_ms: timed.elapsed.as_secs_f64() * 1000.0,
-        ops_per_sec,
-        cycle: timed.cycle.summary(),
-        acquire: acquire.summary(),
-        release: release.summary(),
-        floor_ratio: None,
-    })
+        if measured {
+            self.timed.elapsed += started.elapsed();
+        }
+        Ok(())
+    }
 }
 
-pub(crate) async fn run_floor(
-    floor: &mut dyn RawFloor,
-    name: &str,
+/// The floor side.
+struct FloorSide<'a, 'f> {
+    floor: &'a mut (dyn RawFloor + 'f),
+    name: &'a str,
+    timed: Timed,
+}
+
+impl FloorSide<'_, '_> {
+    async fn block(&mut self, n: u64, measured: bool, progress: &mut Progress) -> Result<(), Error> {
+        let started = Instant::now();
+        for _ in 0..n {
+            let start = Instant::now();
+            self.floor.cycle(self.name).await?;
+            if measured {
+                self.timed.cycle.record(start.elapsed());
+            }
+            progress.tick(|| "floor cycles".to_owned());
+        }
+        if measured {
+            self.timed.elapsed += started.elapsed();
+        }
+        Ok(())
+    }
+}
+
+/// What [`run`] measured: each side's result, or why it stopped.
+pub(crate) struct Uncontended {
+    pub(crate) s1: Option<Result<S1Result, Error>>,
+    pub(crate) floor: Option<Result<FloorResult, Error>>,
+}
+
+/// Measures S1 on `client` and the raw `floor`, each if given, interleaved. A side that fails
+/// stops; the other goes on alone.
+pub(crate) async fn run<'f>(
+    client: Option<(&dyn DistributedLock, &str)>,
+    floor: Option<(&mut (dyn RawFloor + 'f), &str)>,
     config: &BenchConfig,
     mut progress: Progress,
-) -> Result<FloorResult, Error> {
-    let timed = timed_loop!(config, progress, |_measured| {
-        floor.cycle(name).await?;
+) -> Uncontended {
+    let options = AcquireOptions::default().with_ttl(config.ttl);
+    let mut s1 = client.map(|(client, name)| S1Side {
+        client,
+        name,
+        wait_options: options.clone().with_wait(config.acquire_wait),
+        options: options.clone(),
+        call: config.s1_call,
+        timed: Timed::new(),
+        acquire: Recorder::new(),
+        release: Recorder::new(),
     });
-    Ok(FloorResult {
-        label: floor.label().to_owned(),
-        cycles: config.cycles,
-        elapsed_ms: timed.elapsed.as_secs_f64() * 1000.0,
-        ops_per_sec: rate(config.cycles, timed.elapsed),
-        cycle: timed.cycle.summary(),
-    })
+    let mut floor = floor.map(|(floor, name)| FloorSide {
+        floor,
+        name,
+        timed: Timed::new(),
+    });
+    let mut s1_error = None;
+    let mut floor_error = None;
+    // Warm-up (unmeasured), then the alternating measured blocks.
+    let mut blocks = vec![(config.warmup_cycles, false)];
+    let per_block = config.cycles / BLOCKS;
+    for i in 0..BLOCKS {
+        let extra = if i == BLOCKS - 1 {
+            config.cycles % BLOCKS
+        } else {
+            0
+        };
+        blocks.push((per_block + extra, true));
+    }
+    for (i, (n, measured)) in blocks.into_iter().enumerate() {
+        let floor_first = i % 2 == 0;
+        for side in [floor_first, !floor_first] {
+            if side {
+                if let Some(f) = floor.as_mut().filter(|_| floor_error.is_none())
+                    && let Err(e) = f.block(n, measured, &mut progress).await
+                {
+                    floor_error = Some(e);
+                }
+            } else if let Some(s) = s1.as_mut().filter(|_| s1_error.is_none())
+                && let Err(e) = s.block(n, measured, &mut progress).await
+            {
+                s1_error = Some(e);
+            }
+        }
+    }
+    Uncontended {
+        s1: s1.map(|s| match s1_error {
+            Some(e) => Err(e),
+            None => Ok(S1Result {
+                call: config.s1_call,
+                cycles: config.cycles,
+                elapsed_ms: s.timed.elapsed.as_secs_f64() * 1000.0,
+                ops_per_sec: rate(config.cycles, s.timed.elapsed),
+                cycle: s.timed.cycle.summary(),
+                acquire: s.acquire.summary(),
+                release: s.release.summary(),
+                floor_ratio: None,
+            }),
+        }),
+        floor: floor.map(|f| match floor_error {
+            Some(e) => Err(e),
+            None => Ok(FloorResult {
+                label: f.floor.label().to_owned(),
+                cycles: config.cycles,
+                elapsed_ms: f.timed.elapsed.as_secs_f64() * 1000.0,
+                ops_per_sec: rate(config.cycles, f.timed.elapsed),
+                cycle: f.timed.cycle.summary(),
+            }),
+        }),
+    }
 }
