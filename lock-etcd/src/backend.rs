@@ -442,7 +442,8 @@ struct EtcdAttempt {
     rev: Option<i64>,
     /// The predecessor to watch and the revision to watch from.
     watch_target: Option<(String, i64)>,
-    watch: Option<(String, WatchStream)>,
+    /// The predecessor watched, the stream, and the revision the watch started after.
+    watch: Option<(String, WatchStream, i64)>,
 }
 
 impl EtcdAttempt {
@@ -582,6 +583,32 @@ impl EtcdAttempt {
         }
     }
 
+    /// Whether our key (created at `rev`) exists, and the last key before it.
+    async fn position_txn(&self, rev: i64, serializable: bool) -> Result<etcd_client::TxnResponse> {
+        let mut before = GetOptions::new()
+            .with_prefix()
+            .with_max_create_revision(rev - 1)
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(1)
+            .with_keys_only();
+        if serializable {
+            before = before.with_serializable();
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.key.clone(),
+                CompareOp::Equal,
+                rev,
+            )])
+            .and_then([TxnOp::get(self.range.clone(), Some(before))]);
+        self.shared
+            .client
+            .kv_client()
+            .txn(txn)
+            .await
+            .map_err(|e| map_err("checking the lock queue", e))
+    }
+
     /// `acquire`, later steps: is there still a key before ours?
     async fn poll_position(&mut self, rev: i64, started: Instant) -> Result<Option<Step>> {
         let Some(slot) = self.slot.clone() else {
@@ -595,26 +622,20 @@ impl EtcdAttempt {
             return Ok(None);
         }
         let lease_started = slot.refreshed();
-        let before = GetOptions::new()
-            .with_prefix()
-            .with_max_create_revision(rev - 1)
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(1)
-            .with_keys_only();
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                self.key.clone(),
-                CompareOp::Equal,
-                rev,
-            )])
-            .and_then([TxnOp::get(self.range.clone(), Some(before))]);
-        let resp = self
-            .shared
-            .client
-            .kv_client()
-            .txn(txn)
-            .await
-            .map_err(|e| map_err("checking the lock queue", e))?;
+        // First a serializable read, answered by whichever member the request reaches without
+        // a quorum round: any snapshot that holds our key and no key before it proves that
+        // every earlier key is gone for good (create revisions never come back). A lagging
+        // snapshot (our key not in it yet, or a predecessor that may be gone meanwhile) is
+        // confirmed by a linearizable read.
+        let mut resp = self.position_txn(rev, true).await?;
+        let head = resp.succeeded()
+            && matches!(
+                resp.op_responses().first(),
+                Some(TxnOpResponse::Get(get)) if get.kvs().is_empty()
+            );
+        if !head {
+            resp = self.position_txn(rev, false).await?;
+        }
         if !resp.succeeded() {
             debug!(name = %self.name, "our queue key vanished; queueing again");
             self.rev = None;
@@ -691,26 +712,40 @@ impl Attempt for EtcdAttempt {
 
     async fn changed(&mut self) {
         loop {
-            if let Some((pred, from)) = self.watch_target.clone()
-                && self.watch.as_ref().is_none_or(|(k, _)| *k != pred)
-            {
-                self.watch = None;
-                let options = WatchOptions::new()
-                    .with_start_revision(from)
-                    .with_filters([WatchFilterType::NoPut]);
-                match self
-                    .shared
-                    .client
-                    .watch_client()
-                    .watch(pred.clone(), Some(options))
-                    .await
-                {
-                    Ok(stream) => self.watch = Some((pred, stream)),
-                    Err(err) => {
-                        // Leave it to the core's backoff to poll again.
-                        debug!(%err, "cannot watch the predecessor");
-                        self.watch_target = None;
+            if let Some((pred, from)) = self.watch_target.clone() {
+                if self.watch.as_ref().is_none_or(|(k, _, _)| *k != pred) {
+                    self.watch = None;
+                    // From "now", not from `from`: a watch that starts in the past is served by
+                    // etcd's catch-up loop, which runs every 100 ms. The gap between our read
+                    // and the watch's start is closed below by polling once more.
+                    let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+                    match self
+                        .shared
+                        .client
+                        .watch_client()
+                        .watch(pred.clone(), Some(options))
+                        .await
+                    {
+                        Ok(mut stream) => match stream.message().await {
+                            Ok(Some(created)) if created.created() => {
+                                let start = header_revision(created.header()).unwrap_or(i64::MAX);
+                                self.watch = Some((pred, stream, start));
+                            }
+                            // Anything else (an event, an error, the end): poll again.
+                            _ => return,
+                        },
+                        Err(err) => {
+                            // Leave it to the core's backoff to poll again.
+                            debug!(%err, "cannot watch the predecessor");
+                            self.watch_target = None;
+                        }
                     }
+                }
+                if let Some((_, _, start)) = &self.watch
+                    && from <= *start
+                {
+                    // The predecessor may have gone between our read and the watch's start.
+                    return;
                 }
             }
             // While queued, our key lives on the client's lease: keep it alive.
@@ -777,8 +812,8 @@ impl Attempt for EtcdAttempt {
 
 /// The next watch answer: `Some(true)` for a deletion (or a cancelled watch), `Some(false)` for
 /// anything else, `None` when the stream failed. Never resolves without a watch.
-async fn next_event(watch: &mut Option<(String, WatchStream)>) -> Option<bool> {
-    let Some((_, stream)) = watch else {
+async fn next_event(watch: &mut Option<(String, WatchStream, i64)>) -> Option<bool> {
+    let Some((_, stream, _)) = watch else {
         return std::future::pending().await;
     };
     match stream.message().await {
