@@ -44,7 +44,12 @@ struct S1Side<'a> {
 
 impl S1Side<'_> {
     /// Runs `n` cycles back to back; records them if `measured`.
-    async fn block(&mut self, n: u64, measured: bool, progress: &mut Progress) -> Result<(), Error> {
+    async fn block(
+        &mut self,
+        n: u64,
+        measured: bool,
+        progress: &mut Progress,
+    ) -> Result<(), Error> {
         let name = self.name;
         let started = Instant::now();
         for _ in 0..n {
@@ -87,7 +92,12 @@ struct FloorSide<'a, 'f> {
 }
 
 impl FloorSide<'_, '_> {
-    async fn block(&mut self, n: u64, measured: bool, progress: &mut Progress) -> Result<(), Error> {
+    async fn block(
+        &mut self,
+        n: u64,
+        measured: bool,
+        progress: &mut Progress,
+    ) -> Result<(), Error> {
         let started = Instant::now();
         for _ in 0..n {
             let start = Instant::now();

@@ -330,6 +330,37 @@ impl<DB: sqlx::Database> HotConns<DB> {
     }
 }
 
+impl<DB: sqlx::Database> HotConns<DB>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    /// Runs one statement on a connection from [`Self::get`].
+    pub(crate) async fn execute<'q, A>(
+        &self,
+        query: sqlx::query::Query<'q, DB, A>,
+    ) -> Result<DB::QueryResult, sqlx::Error>
+    where
+        A: sqlx::IntoArguments<DB> + Send + 'q,
+    {
+        let mut hot = self.get().await?;
+        let result = query.execute(hot.conn()).await;
+        hot.keep(result)
+    }
+
+    /// Runs one statement that returns at most one row.
+    pub(crate) async fn fetch_optional<'q, A>(
+        &self,
+        query: sqlx::query::Query<'q, DB, A>,
+    ) -> Result<Option<DB::Row>, sqlx::Error>
+    where
+        A: sqlx::IntoArguments<DB> + Send + 'q,
+    {
+        let mut hot = self.get().await?;
+        let result = query.fetch_optional(hot.conn()).await;
+        hot.keep(result)
+    }
+}
+
 impl<DB: sqlx::Database> Drop for HotConns<DB> {
     fn drop(&mut self) {
         let kept = std::mem::take(self.idle.get_mut().unwrap_or_else(PoisonError::into_inner));

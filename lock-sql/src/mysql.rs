@@ -170,6 +170,7 @@ impl Db for MyDb {
     }
 
     async fn take(&self, name: &str, owner: &str, ttl_us: i64) -> Result<Option<i64>, sqlx::Error> {
+        // Two statements on one connection: LAST_INSERT_ID and the check belong to the take.
         let mut hot = self.conns.get().await?;
         let result = q(&self.sql.take)
             .bind(name)
@@ -196,12 +197,10 @@ impl Db for MyDb {
     }
 
     async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error> {
-        let mut hot = self.conns.get().await?;
-        let result = q(&self.sql.peek)
-            .bind(name)
-            .fetch_optional(hot.conn())
-            .await;
-        let row = hot.keep(result)?;
+        let row = self
+            .conns
+            .fetch_optional(q(&self.sql.peek).bind(name))
+            .await?;
         row.map(|r| {
             let text = |o: Option<Vec<u8>>| o.map(|o| String::from_utf8_lossy(&o).into_owned());
             Ok(Peek {
@@ -223,17 +222,18 @@ impl Db for MyDb {
         since: i64,
         hold_us: i64,
     ) -> Result<bool, sqlx::Error> {
-        let mut hot = self.conns.get().await?;
-        let result = q(&self.sql.reserve)
-            .bind(since)
-            .bind(hold_us)
-            .bind(owner)
-            .bind(name)
-            .bind(owner)
-            .bind(since)
-            .execute(hot.conn())
-            .await;
-        let done = hot.keep(result)?;
+        let done = self
+            .conns
+            .execute(
+                q(&self.sql.reserve)
+                    .bind(since)
+                    .bind(hold_us)
+                    .bind(owner)
+                    .bind(name)
+                    .bind(owner)
+                    .bind(since),
+            )
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -244,27 +244,24 @@ impl Db for MyDb {
         version: i64,
         ttl_us: i64,
     ) -> Result<bool, sqlx::Error> {
-        let mut hot = self.conns.get().await?;
-        let result = q(&self.sql.renew)
-            .bind(ttl_us)
-            .bind(name)
-            .bind(owner)
-            .bind(version)
-            .execute(hot.conn())
-            .await;
-        let done = hot.keep(result)?;
+        let done = self
+            .conns
+            .execute(
+                q(&self.sql.renew)
+                    .bind(ttl_us)
+                    .bind(name)
+                    .bind(owner)
+                    .bind(version),
+            )
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {
-        let mut hot = self.conns.get().await?;
-        let result = q(&self.sql.release)
-            .bind(name)
-            .bind(owner)
-            .bind(version)
-            .execute(hot.conn())
-            .await;
-        let done = hot.keep(result)?;
+        let done = self
+            .conns
+            .execute(q(&self.sql.release).bind(name).bind(owner).bind(version))
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -273,21 +270,14 @@ impl Db for MyDb {
         for _ in 0..5 {
             query = query.bind(owner);
         }
-        let mut hot = self.conns.get().await?;
-        let result = query
-            .bind(name)
-            .bind(owner)
-            .bind(owner)
-            .execute(hot.conn())
-            .await;
-        hot.keep(result)?;
+        self.conns
+            .execute(query.bind(name).bind(owner).bind(owner))
+            .await?;
         Ok(())
     }
 
     async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error> {
-        let mut hot = self.conns.get().await?;
-        let result = q(&self.sql.force).bind(name).execute(hot.conn()).await;
-        let done = hot.keep(result)?;
+        let done = self.conns.execute(q(&self.sql.force).bind(name)).await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -300,9 +290,7 @@ impl Db for MyDb {
         query = query.bind(token);
         query = bind_value!(query, &update.key);
         query = query.bind(token);
-        let mut hot = self.conns.get().await?;
-        let result = query.execute(hot.conn()).await;
-        Ok(hot.keep(result)?.rows_affected() == 1)
+        Ok(self.conns.execute(query).await?.rows_affected() == 1)
     }
 
     fn pool(&self) -> SqlPool {

@@ -217,24 +217,18 @@ impl Db for PgDb {
     }
 
     async fn take(&self, name: &str, owner: &str, ttl_us: i64) -> Result<Option<i64>, sqlx::Error> {
-        let mut hot = self.conns.get().await?;
-        let result = q(&self.sql.take)
-            .bind(name)
-            .bind(owner)
-            .bind(ttl_us)
-            .fetch_optional(hot.conn())
-            .await;
-        let row = hot.keep(result)?;
+        let row = self
+            .conns
+            .fetch_optional(q(&self.sql.take).bind(name).bind(owner).bind(ttl_us))
+            .await?;
         row.map(|r| r.try_get::<i64, _>(0)).transpose()
     }
 
     async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error> {
-        let mut hot = self.conns.get().await?;
-        let result = q(&self.sql.peek)
-            .bind(name)
-            .fetch_optional(hot.conn())
-            .await;
-        let row = hot.keep(result)?;
+        let row = self
+            .conns
+            .fetch_optional(q(&self.sql.peek).bind(name))
+            .await?;
         row.map(|r| {
             Ok(Peek {
                 owner: r.try_get(0)?,
@@ -255,15 +249,16 @@ impl Db for PgDb {
         since: i64,
         hold_us: i64,
     ) -> Result<bool, sqlx::Error> {
-        let mut hot = self.conns.get().await?;
-        let result = q(&self.sql.reserve)
-            .bind(name)
-            .bind(owner)
-            .bind(since)
-            .bind(hold_us)
-            .execute(hot.conn())
-            .await;
-        let done = hot.keep(result)?;
+        let done = self
+            .conns
+            .execute(
+                q(&self.sql.reserve)
+                    .bind(name)
+                    .bind(owner)
+                    .bind(since)
+                    .bind(hold_us),
+            )
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -274,51 +269,50 @@ impl Db for PgDb {
         version: i64,
         ttl_us: i64,
     ) -> Result<bool, sqlx::Error> {
-        let mut hot = self.conns.get().await?;
-        let result = q(&self.sql.renew)
-            .bind(name)
-            .bind(owner)
-            .bind(version)
-            .bind(ttl_us)
-            .execute(hot.conn())
-            .await;
-        let done = hot.keep(result)?;
+        let done = self
+            .conns
+            .execute(
+                q(&self.sql.renew)
+                    .bind(name)
+                    .bind(owner)
+                    .bind(version)
+                    .bind(ttl_us),
+            )
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {
-        let mut hot = self.conns.get().await?;
-        let result = q(&self.sql.release)
-            .bind(name)
-            .bind(owner)
-            .bind(version)
-            .bind(&self.channel)
-            .fetch_optional(hot.conn())
-            .await;
-        let row = hot.keep(result)?;
+        let row = self
+            .conns
+            .fetch_optional(
+                q(&self.sql.release)
+                    .bind(name)
+                    .bind(owner)
+                    .bind(version)
+                    .bind(&self.channel),
+            )
+            .await?;
         Ok(row.is_some())
     }
 
     async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error> {
-        let mut hot = self.conns.get().await?;
-        let result = q(&self.sql.abandon)
-            .bind(name)
-            .bind(owner)
-            .bind(&self.channel)
-            .fetch_optional(hot.conn())
-            .await;
-        hot.keep(result)?;
+        self.conns
+            .fetch_optional(
+                q(&self.sql.abandon)
+                    .bind(name)
+                    .bind(owner)
+                    .bind(&self.channel),
+            )
+            .await?;
         Ok(())
     }
 
     async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error> {
-        let mut hot = self.conns.get().await?;
-        let result = q(&self.sql.force)
-            .bind(name)
-            .bind(&self.channel)
-            .fetch_optional(hot.conn())
-            .await;
-        let row = hot.keep(result)?;
+        let row = self
+            .conns
+            .fetch_optional(q(&self.sql.force).bind(name).bind(&self.channel))
+            .await?;
         Ok(row.is_some())
     }
 
@@ -331,9 +325,7 @@ impl Db for PgDb {
         query = query.bind(token);
         query = bind_value!(query, &update.key);
         query = query.bind(token);
-        let mut hot = self.conns.get().await?;
-        let result = query.execute(hot.conn()).await;
-        Ok(hot.keep(result)?.rows_affected() == 1)
+        Ok(self.conns.execute(query).await?.rows_affected() == 1)
     }
 
     fn handed_over(&self, name: &str) {

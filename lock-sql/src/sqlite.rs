@@ -172,24 +172,23 @@ impl Db for LiteDb {
     }
 
     async fn take(&self, name: &str, owner: &str, ttl_us: i64) -> Result<Option<i64>, sqlx::Error> {
-        let mut hot = self.conns.get().await?;
-        let result = q(&self.sql.take)
-            .bind(name.to_owned())
-            .bind(owner.to_owned())
-            .bind(ttl_us)
-            .fetch_optional(hot.conn())
-            .await;
-        let row = hot.keep(result)?;
+        let row = self
+            .conns
+            .fetch_optional(
+                q(&self.sql.take)
+                    .bind(name.to_owned())
+                    .bind(owner.to_owned())
+                    .bind(ttl_us),
+            )
+            .await?;
         row.map(|r| r.try_get::<i64, _>(0)).transpose()
     }
 
     async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error> {
-        let mut hot = self.conns.get().await?;
-        let result = q(&self.sql.peek)
-            .bind(name.to_owned())
-            .fetch_optional(hot.conn())
-            .await;
-        let row = hot.keep(result)?;
+        let row = self
+            .conns
+            .fetch_optional(q(&self.sql.peek).bind(name.to_owned()))
+            .await?;
         row.map(|r| {
             Ok(Peek {
                 owner: r.try_get(0)?,
@@ -210,15 +209,16 @@ impl Db for LiteDb {
         since: i64,
         hold_us: i64,
     ) -> Result<bool, sqlx::Error> {
-        let mut hot = self.conns.get().await?;
-        let result = q(&self.sql.reserve)
-            .bind(name.to_owned())
-            .bind(owner.to_owned())
-            .bind(since)
-            .bind(hold_us)
-            .execute(hot.conn())
-            .await;
-        let done = hot.keep(result)?;
+        let done = self
+            .conns
+            .execute(
+                q(&self.sql.reserve)
+                    .bind(name.to_owned())
+                    .bind(owner.to_owned())
+                    .bind(since)
+                    .bind(hold_us),
+            )
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -229,48 +229,48 @@ impl Db for LiteDb {
         version: i64,
         ttl_us: i64,
     ) -> Result<bool, sqlx::Error> {
-        let mut hot = self.conns.get().await?;
-        let result = q(&self.sql.renew)
-            .bind(name.to_owned())
-            .bind(owner.to_owned())
-            .bind(version)
-            .bind(ttl_us)
-            .execute(hot.conn())
-            .await;
-        let done = hot.keep(result)?;
+        let done = self
+            .conns
+            .execute(
+                q(&self.sql.renew)
+                    .bind(name.to_owned())
+                    .bind(owner.to_owned())
+                    .bind(version)
+                    .bind(ttl_us),
+            )
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {
-        let mut hot = self.conns.get().await?;
-        let result = q(&self.sql.release)
-            .bind(name.to_owned())
-            .bind(owner.to_owned())
-            .bind(version)
-            .execute(hot.conn())
-            .await;
-        let done = hot.keep(result)?;
+        let done = self
+            .conns
+            .execute(
+                q(&self.sql.release)
+                    .bind(name.to_owned())
+                    .bind(owner.to_owned())
+                    .bind(version),
+            )
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error> {
-        let mut hot = self.conns.get().await?;
-        let result = q(&self.sql.abandon)
-            .bind(name.to_owned())
-            .bind(owner.to_owned())
-            .execute(hot.conn())
-            .await;
-        hot.keep(result)?;
+        self.conns
+            .execute(
+                q(&self.sql.abandon)
+                    .bind(name.to_owned())
+                    .bind(owner.to_owned()),
+            )
+            .await?;
         Ok(())
     }
 
     async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error> {
-        let mut hot = self.conns.get().await?;
-        let result = q(&self.sql.force)
-            .bind(name.to_owned())
-            .execute(hot.conn())
-            .await;
-        let done = hot.keep(result)?;
+        let done = self
+            .conns
+            .execute(q(&self.sql.force).bind(name.to_owned()))
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -283,9 +283,7 @@ impl Db for LiteDb {
         query = query.bind(token);
         query = bind_value!(query, &update.key);
         query = query.bind(token);
-        let mut hot = self.conns.get().await?;
-        let result = query.execute(hot.conn()).await;
-        Ok(hot.keep(result)?.rows_affected() == 1)
+        Ok(self.conns.execute(query).await?.rows_affected() == 1)
     }
 
     fn pool(&self) -> SqlPool {
