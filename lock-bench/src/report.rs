@@ -205,7 +205,7 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "- Floor: the backend's minimal raw acquire + release, same loop as S1, interleaved with it in 10 alternating blocks; ratio = ops/s ÷ floor ops/s. \
+            "- Floor: the backend's minimal raw acquire + release, same loop as S1, interleaved with it in alternating blocks of 100 cycles; ratio = ops/s ÷ floor ops/s. \
              Names under `{}`.",
             c.name_prefix
         );

@@ -1,6 +1,6 @@
 //! S1 (uncontended acquire + release) and the raw floor, measured with the same loop and
-//! interleaved: the measured cycles of each run in [`BLOCKS`] blocks that alternate between
-//! the two (floor first in even blocks, S1 first in odd ones), so that a server whose speed
+//! interleaved: the measured cycles of each run in blocks of [`BLOCK`] cycles that alternate
+//! between the two (floor first in even blocks, S1 first in odd ones), so that a server whose speed
 //! drifts during the run (a write-ahead log growing, a snapshot, a JVM warming up, another
 //! process waking) weighs on both alike and the ratio compares like with like.
 
@@ -12,8 +12,9 @@ use crate::report::{FloorResult, S1Result};
 use crate::stats::{Progress, Recorder, rate};
 use crate::{BenchConfig, RawFloor, S1Call};
 
-/// How many alternating blocks the measured cycles are split into.
-const BLOCKS: u64 = 10;
+/// Measured cycles per alternating block: short enough that drift within a block is small
+/// (0.02-0.2 s on the servers here), long enough that switching sides costs nothing.
+const BLOCK: u64 = 100;
 
 /// The timings of one side (S1 or the floor) accumulated over its blocks.
 struct Timed {
@@ -148,14 +149,11 @@ pub(crate) async fn run<'f>(
     let mut floor_error = None;
     // Warm-up (unmeasured), then the alternating measured blocks.
     let mut blocks = vec![(config.warmup_cycles, false)];
-    let per_block = config.cycles / BLOCKS;
-    for i in 0..BLOCKS {
-        let extra = if i == BLOCKS - 1 {
-            config.cycles % BLOCKS
-        } else {
-            0
-        };
-        blocks.push((per_block + extra, true));
+    let mut left = config.cycles;
+    while left > 0 {
+        let n = left.min(BLOCK);
+        blocks.push((n, true));
+        left -= n;
     }
     for (i, (n, measured)) in blocks.into_iter().enumerate() {
         let floor_first = i % 2 == 0;

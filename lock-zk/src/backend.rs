@@ -744,6 +744,25 @@ impl Lease for ZkLease {
                 }
             };
             let mut states = client.state_watcher();
+            // Most holds are short: the watch on our node (one more request) is set only after
+            // a tenth of the ttl. Until then a session expiry still ends the lease at once, and
+            // a node removed meanwhile is found by that first check (or by renewal).
+            let (_, ttl) = *lock(&renewed);
+            let arm = tokio::time::sleep(ttl / 10);
+            tokio::pin!(arm);
+            loop {
+                if states.peek_state().is_terminated() {
+                    return LossReason::SessionExpired;
+                }
+                tokio::select! {
+                    () = &mut arm => break,
+                    state = states.changed() => {
+                        if state.is_terminated() {
+                            return LossReason::SessionExpired;
+                        }
+                    }
+                }
+            }
             loop {
                 if states.peek_state().is_terminated() {
                     return LossReason::SessionExpired;
