@@ -44,42 +44,30 @@ struct S1Side<'a> {
 }
 
 impl S1Side<'_> {
-    /// Runs `n` cycles back to back; records them if `measured`.
-    async fn block(
-        &mut self,
-        n: u64,
-        measured: bool,
-        progress: &mut Progress,
-    ) -> Result<(), Error> {
+    /// One acquire + release; recorded if `measured`.
+    async fn cycle(&mut self, measured: bool) -> Result<(), Error> {
         let name = self.name;
-        let started = Instant::now();
-        for _ in 0..n {
-            let start = Instant::now();
-            let guard = match self.call {
-                S1Call::TryAcquire => self
-                    .client
-                    .try_acquire(name, &self.options)
-                    .await?
-                    .ok_or_else(|| Error::Backend {
-                        message: format!(
-                            "{name:?} was held by somebody else during the uncontended run"
-                        ),
-                        source: None,
-                    })?,
-                S1Call::Acquire => self.client.acquire(name, &self.wait_options).await?,
-            };
-            let acquired = Instant::now();
-            guard.release().await?;
-            let end = Instant::now();
-            if measured {
-                self.acquire.record(acquired - start);
-                self.release.record(end - acquired);
-                self.timed.cycle.record(end - start);
-            }
-            progress.tick(|| "s1 cycles".to_owned());
-        }
+        let start = Instant::now();
+        let guard = match self.call {
+            S1Call::TryAcquire => self
+                .client
+                .try_acquire(name, &self.options)
+                .await?
+                .ok_or_else(|| Error::Backend {
+                    message: format!(
+                        "{name:?} was held by somebody else during the uncontended run"
+                    ),
+                    source: None,
+                })?,
+            S1Call::Acquire => self.client.acquire(name, &self.wait_options).await?,
+        };
+        let acquired = Instant::now();
+        guard.release().await?;
+        let end = Instant::now();
         if measured {
-            self.timed.elapsed += started.elapsed();
+            self.acquire.record(acquired - start);
+            self.release.record(end - acquired);
+            self.timed.cycle.record(end - start);
         }
         Ok(())
     }
@@ -93,23 +81,40 @@ struct FloorSide<'a, 'f> {
 }
 
 impl FloorSide<'_, '_> {
-    async fn block(
-        &mut self,
-        n: u64,
-        measured: bool,
-        progress: &mut Progress,
-    ) -> Result<(), Error> {
+    /// One raw cycle; recorded if `measured`.
+    async fn cycle(&mut self, measured: bool) -> Result<(), Error> {
+        let start = Instant::now();
+        self.floor.cycle(self.name).await?;
+        if measured {
+            self.timed.cycle.record(start.elapsed());
+        }
+        Ok(())
+    }
+}
+
+/// One side of the comparison, for the block loop they share.
+enum Side<'s, 'a, 'f> {
+    S1(&'s mut S1Side<'a>),
+    Floor(&'s mut FloorSide<'a, 'f>),
+}
+
+impl Side<'_, '_, '_> {
+    /// Runs `n` cycles back to back and adds their wall time if `measured`.
+    async fn block(mut self, n: u64, measured: bool, progress: &mut Progress) -> Result<(), Error> {
         let started = Instant::now();
         for _ in 0..n {
-            let start = Instant::now();
-            self.floor.cycle(self.name).await?;
-            if measured {
-                self.timed.cycle.record(start.elapsed());
+            match &mut self {
+                Self::S1(s) => s.cycle(measured).await?,
+                Self::Floor(f) => f.cycle(measured).await?,
             }
-            progress.tick(|| "floor cycles".to_owned());
+            progress.tick(|| "cycles".to_owned());
         }
         if measured {
-            self.timed.elapsed += started.elapsed();
+            let timed = match self {
+                Self::S1(s) => &mut s.timed,
+                Self::Floor(f) => &mut f.timed,
+            };
+            timed.elapsed += started.elapsed();
         }
         Ok(())
     }
@@ -157,17 +162,16 @@ pub(crate) async fn run<'f>(
     }
     for (i, (n, measured)) in blocks.into_iter().enumerate() {
         let floor_first = i % 2 == 0;
-        for side in [floor_first, !floor_first] {
-            if side {
-                if let Some(f) = floor.as_mut().filter(|_| floor_error.is_none())
-                    && let Err(e) = f.block(n, measured, &mut progress).await
-                {
-                    floor_error = Some(e);
-                }
-            } else if let Some(s) = s1.as_mut().filter(|_| s1_error.is_none())
-                && let Err(e) = s.block(n, measured, &mut progress).await
+        for floor_turn in [floor_first, !floor_first] {
+            let (side, error) = if floor_turn {
+                (floor.as_mut().map(Side::Floor), &mut floor_error)
+            } else {
+                (s1.as_mut().map(Side::S1), &mut s1_error)
+            };
+            if let Some(side) = side.filter(|_| error.is_none())
+                && let Err(e) = side.block(n, measured, &mut progress).await
             {
-                s1_error = Some(e);
+                *error = Some(e);
             }
         }
     }

@@ -728,7 +728,9 @@ impl Attempt for EtcdAttempt {
                     {
                         Ok(mut stream) => match stream.message().await {
                             Ok(Some(created)) if created.created() => {
-                                let start = header_revision(created.header()).unwrap_or(i64::MAX);
+                                // No revision (never seen): trust the watch; the core's
+                                // backoff maximum bounds a missed gap, a re-poll loop would not.
+                                let start = header_revision(created.header()).unwrap_or(0);
                                 self.watch = Some((pred, stream, start));
                             }
                             // Anything else (an event, an error, the end): poll again.

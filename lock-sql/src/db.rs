@@ -323,10 +323,7 @@ impl<DB: sqlx::Database> HotConns<DB> {
             Some(conn) => conn,
             None => self.pool.acquire().await?,
         };
-        Ok(Hot {
-            home: self,
-            conn: Some(conn),
-        })
+        Ok(Hot { home: self, conn })
     }
 }
 
@@ -375,29 +372,24 @@ impl<DB: sqlx::Database> Drop for HotConns<DB> {
 /// A connection from [`HotConns::get`].
 pub(crate) struct Hot<'a, DB: sqlx::Database> {
     home: &'a HotConns<DB>,
-    conn: Option<sqlx::pool::PoolConnection<DB>>,
+    conn: sqlx::pool::PoolConnection<DB>,
 }
 
 impl<DB: sqlx::Database> Hot<'_, DB> {
     /// The connection, to run statements on.
     pub(crate) fn conn(&mut self) -> &mut DB::Connection {
-        self.conn
-            .as_deref_mut()
-            .expect("the connection is present until the statement's result is kept")
+        &mut self.conn
     }
 
     /// Passes a statement's result through: keeps the connection for the next statement if it
     /// succeeded, drops every kept connection if it failed.
-    pub(crate) fn keep<T>(mut self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
-        let mut idle = self
-            .home
-            .idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match (&result, self.conn.take()) {
-            (Ok(_), Some(conn)) if idle.len() < self.home.keep => idle.push(conn),
-            (Ok(_), _) => {}
-            (Err(_), _) => idle.clear(),
+    pub(crate) fn keep<T>(self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        let Self { home, conn } = self;
+        let mut idle = home.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        match &result {
+            Ok(_) if idle.len() < home.keep => idle.push(conn),
+            Ok(_) => {}
+            Err(_) => idle.clear(),
         }
         result
     }
