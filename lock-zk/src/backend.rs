@@ -264,6 +264,7 @@ impl LockBackend for ZkBackend {
             node: None,
             maybe_created: false,
             waiting_marked: false,
+            predecessor_gone: false,
             wake: Wake::Idle,
         })
     }
@@ -303,8 +304,9 @@ impl LockBackend for ZkBackend {
 enum Wake {
     /// No watch set (not waiting).
     Idle,
-    /// A watch on the predecessor, resolving on its deletion or change (or session events).
-    Watch(BoxFuture<'static, ()>),
+    /// A watch on the predecessor, resolving on its deletion (`true`) or change (or session
+    /// events).
+    Watch(BoxFuture<'static, bool>),
     /// Poll again at once.
     Now,
 }
@@ -324,6 +326,8 @@ struct ZkAttempt {
     maybe_created: bool,
     /// Our node's data says "waiting".
     waiting_marked: bool,
+    /// The watched node was deleted: the next poll expects to be the head.
+    predecessor_gone: bool,
     wake: Wake,
 }
 
@@ -401,7 +405,8 @@ impl ZkAttempt {
         session.check_connected()?;
         let client = &session.client;
         let held = held_data(self.request.ttl);
-        // Stat of a node created by this very call: its lease starts now.
+        // Stat of our node written by this very call (created, or marked held): its lease
+        // starts now.
         let mut fresh: Option<zk::Stat> = None;
         let children = if self.node.is_none() && !self.maybe_created {
             // Create and list in one round trip: requests of a session are served in order, so
@@ -422,6 +427,34 @@ impl ZkAttempt {
                 Err(err) => return Err(zk_error("joining the queue", err)),
             }
             listed.map_err(|e| zk_error("listing the queue", e))?
+        } else if std::mem::take(&mut self.predecessor_gone)
+            && self.request.mode == AttemptMode::Wait
+            && let Some(node) = self.node.clone()
+        {
+            // The node we watched was deleted: almost always the holder releasing, which makes
+            // us the head. Restart our lease and list in one round trip, so a handoff costs
+            // the release and this one request. Should we not be the head after all, the
+            // waiting paths below mark the node as a waiter again in their next request, so a
+            // stale "held" mark lives for one round trip at most.
+            let touch = client.set_data(&self.own_path(&node), &held, None);
+            let list = client.list_children(&self.parent);
+            let (touched, listed) = futures::join!(touch, list);
+            match touched {
+                Ok(stat) => {
+                    fresh = Some(stat);
+                    self.waiting_marked = false;
+                }
+                Err(zk::Error::NoNode) => {
+                    self.forget_node();
+                    return Ok(None);
+                }
+                Err(err) => return Err(zk_error("taking the lock", err)),
+            }
+            match listed {
+                Ok(children) => children,
+                Err(zk::Error::NoNode) => Vec::new(),
+                Err(err) => return Err(zk_error("listing the queue", err)),
+            }
         } else {
             match client.list_children(&self.parent).await {
                 Ok(children) => children,
@@ -570,7 +603,7 @@ impl ZkAttempt {
     fn set_watch(&mut self, watcher: Option<zk::OneshotWatcher>) {
         if let Some(watcher) = watcher {
             self.wake = Wake::Watch(Box::pin(async move {
-                watcher.changed().await;
+                watcher.changed().await.event_type == zk::EventType::NodeDeleted
             }));
         }
     }
@@ -593,7 +626,7 @@ impl Attempt for ZkAttempt {
     async fn changed(&mut self) {
         match &mut self.wake {
             Wake::Watch(watch) => {
-                watch.await;
+                self.predecessor_gone = watch.await;
                 self.wake = Wake::Now;
             }
             Wake::Now => {}
