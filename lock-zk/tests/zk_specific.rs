@@ -215,3 +215,76 @@ async fn waiters_queue_in_order_and_leave_no_node_behind() {
     );
     guard.release().await.expect("release");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_predecessor_gives_up_is_marked_waiting_again() {
+    let _serial = SERIAL.lock().await;
+    let Some(h) = harness().await else { return };
+    let name = "give-up";
+    let holder = h.backend().await.expect("connect");
+    let guard = holder.acquire(name, &opts()).await.expect("acquire");
+    let quitter = h.backend().await.expect("connect");
+    let quitting = tokio::spawn(async move {
+        quitter
+            .acquire(name, &opts().with_wait(Duration::from_millis(800)))
+            .await
+            .map(|_| ())
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while h.queue(name).await.len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the quitter did not join the queue"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let waiter = h.backend().await.expect("connect");
+    let waiting = tokio::spawn(async move {
+        let guard = waiter.acquire(name, &opts()).await.expect("acquire");
+        let token = guard.token();
+        guard.release().await.expect("release");
+        token
+    });
+    let queue = loop {
+        let queue = h.queue(name).await;
+        if queue.len() == 3 {
+            break queue;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the waiter did not join the queue"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let r = quitting.await.expect("quitter");
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+
+    // The quitter's node went away, so the waiter took its predecessor's deletion for a
+    // handoff and marked its node held (version 2: created held, marked waiting, marked held).
+    // It is not the head: its next request must mark it waiting again (version 3), or a
+    // contender could later expire it by that stale mark.
+    let path = format!("{}/{}", h.lock_path(name), queue[2]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (data, stat) = loop {
+        let (data, stat) = h.admin.get_data(&path).await.expect("the waiter's node");
+        if stat.version >= 3 {
+            break (data, stat);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the waiter's node stayed at version {} ({:?})",
+            stat.version,
+            String::from_utf8_lossy(&data)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(data, b"W", "version {}: not marked waiting", stat.version);
+    assert_eq!(h.queue(name).await.len(), 2);
+    assert!(!waiting.is_finished(), "the waiter got a held lock");
+
+    let first = guard.token();
+    guard.release().await.expect("release");
+    let token = waiting.await.expect("waiter");
+    assert!(token > first);
+    assert!(h.queue(name).await.is_empty());
+}
