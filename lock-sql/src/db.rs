@@ -29,6 +29,18 @@ pub(crate) struct Peek {
     pub(crate) next_remaining_us: Option<i64>,
 }
 
+/// The answer to a reservation claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// An older waiter holds a live reservation.
+    Refused,
+    /// The reservation is ours.
+    Granted,
+    /// The reservation is ours and the lock was free when it was written: a release came
+    /// between the caller's read and the claim, and notified nobody (backends with events).
+    GrantedFree,
+}
+
 /// One database's statements. Every method is a single statement (a round trip), except
 /// where noted, and returns sqlx's error for the caller to classify.
 #[async_trait]
@@ -38,7 +50,17 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
 
     /// The atomic acquire: takes the row when free, expired, or already this owner's, and not
     /// reserved by another waiter; bumps the version. Returns the new version.
-    async fn take(&self, name: &str, owner: &str, ttl_us: i64) -> Result<Option<i64>, sqlx::Error>;
+    ///
+    /// `wake_waiters`: the taker may hold the waiter reservation, which a take clears; backends
+    /// with events then tell the other waiters in the same statement, so that the next one
+    /// claims it.
+    async fn take(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl_us: i64,
+        wake_waiters: bool,
+    ) -> Result<Option<i64>, sqlx::Error>;
 
     /// Reads the row.
     async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error>;
@@ -50,7 +72,7 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
         owner: &str,
         since: i64,
         hold_us: i64,
-    ) -> Result<bool, sqlx::Error>;
+    ) -> Result<Claim, sqlx::Error>;
 
     /// Owner-and-version-checked extension of a live lease.
     async fn renew(
@@ -77,12 +99,6 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
     fn subscribe(&self, name: &str, owner: &str) -> Option<Subscription> {
         let _ = (name, owner);
         None
-    }
-
-    /// Called when a waiter that held the reservation took the lock: the other waiters may
-    /// now claim the reservation. Must not block (event backends notify in the background).
-    fn handed_over(&self, name: &str) {
-        let _ = name;
     }
 
     /// The typed pool.

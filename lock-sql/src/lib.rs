@@ -26,8 +26,10 @@
 //! | `expires_at` | end of the lease, on the **database's** clock |
 //! | `next_owner`, `next_since`, `next_expires` | the waiter reservation (below) |
 //!
-//! - **Acquire** is one upsert (`INSERT .. ON CONFLICT DO UPDATE .. WHERE`, MySQL
-//!   `ON DUPLICATE KEY UPDATE`) that takes the row only when it is free, expired (compared with
+//! - **Acquire** is one upsert statement (PostgreSQL: an `UPDATE .. WHERE free` and, for a
+//!   missing row, an `INSERT .. ON CONFLICT DO NOTHING` in one statement, so that a refused
+//!   take locks no row and writes nothing; MySQL `ON DUPLICATE KEY UPDATE`; SQLite
+//!   `ON CONFLICT DO UPDATE .. WHERE`) that takes the row only when it is free, expired (compared with
 //!   `now()` / `UTC_TIMESTAMP(6)` / SQLite's `unixepoch('subsec')`, never the client's clock) or
 //!   already this attempt's, and not reserved by another waiter; it sets the owner and the
 //!   expiry and increments `version`. The database serializes upserts of one row, so at most one
@@ -48,8 +50,10 @@
 //!   the reservation is written only when it is claimed or half expired.
 //! - **Wake-ups**: on PostgreSQL the releasing statement runs
 //!   `pg_notify('distlock:<table>', ...)` when a waiter holds the reservation, addressed to
-//!   that waiter; a `LISTEN`ing connection per backend wakes it ([`WakeUp::Event`]). When it
-//!   takes the lock it wakes the other waiters, so the next one claims the reservation. A
+//!   that waiter; a `LISTEN`ing connection per backend wakes it ([`WakeUp::Event`]). Its taking
+//!   statement wakes the other waiters, so the next one claims the reservation (a claim
+//!   returns whether the lock is free by then, so a release between a waiter's read and its
+//!   claim is not missed). A
 //!   lost notification (listener reconnect) wakes everybody; the core's backoff maximum is the
 //!   safety net. MySQL and SQLite poll ([`WakeUp::Polling`]) with the core's jittered backoff
 //!   bounded by the holder's remaining lease; the reserved waiter reads every 1-20 ms.
@@ -100,7 +104,7 @@ pub mod bench;
 pub use config::{DEFAULT_TABLE, Dialect, SqlConfig};
 pub use fence::{FencedUpdate, SqlValue};
 
-use db::{Db, Subscription};
+use db::{Claim, Db, Subscription};
 
 /// How long a waiter's reservation lives without being renewed by its polls.
 const RESERVATION: Duration = Duration::from_secs(1);
@@ -380,21 +384,18 @@ impl SqlAttempt {
         };
         let head = if claim {
             self.maybe_reserved = true;
-            let head = db
+            let claimed = db
                 .reserve(name, owner, since, micros(RESERVATION))
                 .await
                 .map_err(|e| map_err("acquire", e))?;
             // Refused: an older waiter's live reservation replaced any of ours.
-            self.maybe_reserved = head;
-            if head && !mine && db.has_events() {
+            self.maybe_reserved = claimed != Claim::Refused;
+            if claimed == Claim::GrantedFree {
                 // A release between our read and our claim notified nobody (it notifies the
-                // reservation's holder only): look again before waiting for a notification.
-                let again = db.peek(name).await.map_err(|e| map_err("acquire", e))?;
-                if again.is_none_or(|p| !blocked(&p, owner)) {
-                    return Ok(Step::busy(Some(Duration::ZERO)));
-                }
+                // reservation's holder only): take it now instead of waiting for a notification.
+                return Ok(Step::busy(Some(Duration::ZERO)));
             }
-            head
+            self.maybe_reserved
         } else {
             mine
         };
@@ -433,7 +434,7 @@ impl Attempt for SqlAttempt {
         }
         let ttl = micros(self.request.ttl);
         let owned_before = std::mem::replace(&mut self.maybe_owned, true);
-        let taken = match db.take(name, owner, ttl).await {
+        let taken = match db.take(name, owner, ttl, self.maybe_reserved).await {
             Ok(taken) => taken,
             Err(err) => {
                 if matches!(err, sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) {
@@ -446,10 +447,6 @@ impl Attempt for SqlAttempt {
         // A definite answer: taken (the guard owns it now) or not taken.
         self.maybe_owned = false;
         if let Some(version) = taken {
-            if self.maybe_reserved {
-                // The taking statement cleared our reservation: let the next waiter claim it.
-                db.handed_over(name);
-            }
             let lease = SqlLease {
                 inner: self.inner.clone(),
                 name: self.request.name.clone(),

@@ -12,7 +12,7 @@ use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 
 use crate::config::quote;
-use crate::db::{Db, HotConns, Peek, Sessions, bind_value, connect_err, shape_err};
+use crate::db::{Claim, Db, HotConns, Peek, Sessions, bind_value, connect_err, shape_err};
 use crate::{FencedUpdate, SqlConfig, SqlPool, map_err};
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
@@ -169,7 +169,13 @@ impl Db for MyDb {
         false
     }
 
-    async fn take(&self, name: &str, owner: &str, ttl_us: i64) -> Result<Option<i64>, sqlx::Error> {
+    async fn take(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl_us: i64,
+        _wake_waiters: bool,
+    ) -> Result<Option<i64>, sqlx::Error> {
         // Two statements on one connection: LAST_INSERT_ID and the check belong to the take.
         let mut hot = self.conns.get().await?;
         let result = q(&self.sql.take)
@@ -221,7 +227,7 @@ impl Db for MyDb {
         owner: &str,
         since: i64,
         hold_us: i64,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<Claim, sqlx::Error> {
         let done = self
             .conns
             .execute(
@@ -234,7 +240,11 @@ impl Db for MyDb {
                     .bind(since),
             )
             .await?;
-        Ok(done.rows_affected() == 1)
+        Ok(if done.rows_affected() == 1 {
+            Claim::Granted
+        } else {
+            Claim::Refused
+        })
     }
 
     async fn renew(

@@ -1,5 +1,7 @@
-//! PostgreSQL: `INSERT .. ON CONFLICT DO UPDATE .. WHERE .. RETURNING version`, `now()` as
-//! the clock, `pg_notify` in the releasing statement and one `LISTEN`ing connection.
+//! PostgreSQL: one statement that updates a free row or inserts a missing one (`WITH u AS
+//! (UPDATE .. WHERE free), i AS (INSERT .. WHERE NOT EXISTS u ON CONFLICT DO NOTHING)`),
+//! `now()` as the clock, `pg_notify` in the releasing statement (and in the take of a waiter
+//! that held the reservation) and one `LISTEN`ing connection.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -13,14 +15,16 @@ use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 
 use crate::config::quote;
 use crate::db::{
-    Db, HotConns, Notifier, Peek, Sessions, Subscription, bind_value, connect_err, parse_payload,
-    shape_err,
+    Claim, Db, HotConns, Notifier, Peek, Sessions, Subscription, bind_value, connect_err,
+    parse_payload, shape_err,
 };
 use crate::{FencedUpdate, SqlConfig, SqlPool, map_err};
 
 #[derive(Debug)]
 struct Statements {
     take: Arc<str>,
+    /// The take of a waiter that may hold the reservation: it wakes the other waiters.
+    take_wake: Arc<str>,
     peek: Arc<str>,
     reserve: Arc<str>,
     renew: Arc<str>,
@@ -33,17 +37,22 @@ impl Statements {
     fn new(table: &str) -> Self {
         let t = quote(table, '"');
         let us = "* interval '1 microsecond'";
+        // An UPDATE of a free row, else an INSERT of a missing one. Unlike
+        // `INSERT .. ON CONFLICT DO UPDATE .. WHERE`, a refused take locks no row, so it writes
+        // no WAL and commits without a flush: waiters polling a busy lock stay cheap.
+        let take = format!(
+            "WITH u AS (UPDATE {t} SET owner = $2, version = version + 1, \
+             expires_at = now() + $3::bigint {us}, next_owner = NULL, next_since = NULL, next_expires = NULL \
+             WHERE name = $1 AND (owner IS NULL OR owner = $2 OR expires_at <= now()) \
+             AND (next_owner IS NULL OR next_owner = $2 OR next_expires <= now()) RETURNING version), \
+             i AS (INSERT INTO {t} (name, owner, version, expires_at) \
+             SELECT $1, $2, 1, now() + $3::bigint {us} WHERE NOT EXISTS (SELECT 1 FROM u) \
+             ON CONFLICT (name) DO NOTHING RETURNING version), \
+             v AS (SELECT version FROM u UNION ALL SELECT version FROM i)"
+        );
         Self {
-            take: format!(
-                "INSERT INTO {t} AS l (name, owner, version, expires_at) \
-                 VALUES ($1, $2, 1, now() + $3::bigint {us}) \
-                 ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, version = l.version + 1, \
-                 expires_at = EXCLUDED.expires_at, next_owner = NULL, next_since = NULL, next_expires = NULL \
-                 WHERE (l.owner IS NULL OR l.owner = EXCLUDED.owner OR l.expires_at <= now()) \
-                 AND (l.next_owner IS NULL OR l.next_owner = EXCLUDED.owner OR l.next_expires <= now()) \
-                 RETURNING version"
-            )
-            .into(),
+            take: format!("{take} SELECT version FROM v").into(),
+            take_wake: format!("{take} SELECT version, pg_notify($4, '0:' || $1) FROM v").into(),
             peek: format!(
                 "SELECT owner, version, CASE WHEN owner IS NOT NULL AND expires_at > now() \
                  THEN (EXTRACT(EPOCH FROM (expires_at - now())) * 1000000)::bigint END AS remaining, \
@@ -55,7 +64,7 @@ impl Statements {
             reserve: format!(
                 "UPDATE {t} SET next_owner = $2, next_since = $3, next_expires = now() + $4::bigint {us} \
                  WHERE name = $1 AND (next_owner IS NULL OR next_owner = $2 OR next_expires <= now() \
-                 OR next_since > $3)"
+                 OR next_since > $3) RETURNING owner IS NULL OR expires_at <= now()"
             )
             .into(),
             renew: format!(
@@ -92,9 +101,10 @@ impl Statements {
         }
     }
 
-    fn all(&self) -> [&Arc<str>; 7] {
+    fn all(&self) -> [&Arc<str>; 8] {
         [
             &self.take,
+            &self.take_wake,
             &self.peek,
             &self.reserve,
             &self.renew,
@@ -216,11 +226,23 @@ impl Db for PgDb {
         true
     }
 
-    async fn take(&self, name: &str, owner: &str, ttl_us: i64) -> Result<Option<i64>, sqlx::Error> {
-        let row = self
-            .conns
-            .fetch_optional(q(&self.sql.take).bind(name).bind(owner).bind(ttl_us))
-            .await?;
+    async fn take(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl_us: i64,
+        wake_waiters: bool,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let query = if wake_waiters {
+            q(&self.sql.take_wake)
+                .bind(name)
+                .bind(owner)
+                .bind(ttl_us)
+                .bind(&self.channel)
+        } else {
+            q(&self.sql.take).bind(name).bind(owner).bind(ttl_us)
+        };
+        let row = self.conns.fetch_optional(query).await?;
         row.map(|r| r.try_get::<i64, _>(0)).transpose()
     }
 
@@ -248,10 +270,10 @@ impl Db for PgDb {
         owner: &str,
         since: i64,
         hold_us: i64,
-    ) -> Result<bool, sqlx::Error> {
-        let done = self
+    ) -> Result<Claim, sqlx::Error> {
+        let row = self
             .conns
-            .execute(
+            .fetch_optional(
                 q(&self.sql.reserve)
                     .bind(name)
                     .bind(owner)
@@ -259,7 +281,11 @@ impl Db for PgDb {
                     .bind(hold_us),
             )
             .await?;
-        Ok(done.rows_affected() == 1)
+        Ok(match row {
+            None => Claim::Refused,
+            Some(row) if row.try_get::<bool, _>(0)? => Claim::GrantedFree,
+            Some(_) => Claim::Granted,
+        })
     }
 
     async fn renew(
@@ -326,24 +352,6 @@ impl Db for PgDb {
         query = bind_value!(query, &update.key);
         query = query.bind(token);
         Ok(self.conns.execute(query).await?.rows_affected() == 1)
-    }
-
-    fn handed_over(&self, name: &str) {
-        let (pool, channel, payload) = (
-            self.conns.pool().clone(),
-            self.channel.clone(),
-            format!("0:{name}"),
-        );
-        tokio::spawn(async move {
-            let sent = sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(channel)
-                .bind(payload)
-                .execute(&pool)
-                .await;
-            if let Err(err) = sent {
-                tracing::debug!(%err, "waking the other waiters failed; they poll");
-            }
-        });
     }
 
     fn subscribe(&self, name: &str, owner: &str) -> Option<Subscription> {

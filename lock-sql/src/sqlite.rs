@@ -13,7 +13,7 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 
 use crate::config::quote;
-use crate::db::{Db, HotConns, Peek, bind_value, connect_err, shape_err};
+use crate::db::{Claim, Db, HotConns, Peek, bind_value, connect_err, shape_err};
 use crate::{FencedUpdate, SqlConfig, SqlPool, map_err};
 
 const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
@@ -171,7 +171,13 @@ impl Db for LiteDb {
         false
     }
 
-    async fn take(&self, name: &str, owner: &str, ttl_us: i64) -> Result<Option<i64>, sqlx::Error> {
+    async fn take(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl_us: i64,
+        _wake_waiters: bool,
+    ) -> Result<Option<i64>, sqlx::Error> {
         let row = self
             .conns
             .fetch_optional(
@@ -208,7 +214,7 @@ impl Db for LiteDb {
         owner: &str,
         since: i64,
         hold_us: i64,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<Claim, sqlx::Error> {
         let done = self
             .conns
             .execute(
@@ -219,7 +225,11 @@ impl Db for LiteDb {
                     .bind(hold_us),
             )
             .await?;
-        Ok(done.rows_affected() == 1)
+        Ok(if done.rows_affected() == 1 {
+            Claim::Granted
+        } else {
+            Claim::Refused
+        })
     }
 
     async fn renew(
