@@ -257,5 +257,6 @@ pub(crate) async fn run_s2(
         max_holders: shared.max_holders.load(Ordering::SeqCst),
         exclusivity_violations: shared.violations.load(Ordering::SeqCst),
         floor_ratio: None,
+        handoff_paused_floor_ratio: None,
     })
 }

@@ -16,6 +16,12 @@
 //!   returns (handoffs back to the same client are only counted, in
 //!   [`S2Result::handoff_other_share`]); the longest single acquire; each client's share; and
 //!   an exclusivity check (a shared holder gauge that must never exceed one).
+//! - **Paused floor** (with S2): floor cycles each started after a pause as long as `hold`.
+//!   A handoff starts from idle processes and CPUs (everybody slept through the hold), and
+//!   waking them costs far more than a round trip on a busy loop (here, on a virtual machine:
+//!   a PostgreSQL statement 0.36 ms back to back, 0.9 ms after 0.5 ms idle). So handoffs are
+//!   compared with this paused cycle, two round trips from idle
+//!   ([`S2Result::handoff_paused_floor_ratio`]).
 //!
 //! Lock names live under a random prefix per run, so concurrent or repeated runs against one
 //! server do not collide. A failing part (connection refused, lock lost) is recorded in the
@@ -159,6 +165,16 @@ async fn run_target(target: &Target, config: &BenchConfig) -> TargetResult {
     }
     drop(client);
 
+    if config.scenarios.contended()
+        && let (Some(raw), Some(measured)) = (floor.as_deref_mut(), result.floor.as_mut())
+    {
+        let mut progress = progress("paused floor");
+        match uncontended::paused_floor(raw, &floor_name, config.hold, &mut progress).await {
+            Ok(paused) => measured.paused_cycle = Some(paused),
+            Err(e) => result.errors.push(ScenarioError::new("floor", &e)),
+        }
+    }
+
     if config.scenarios.contended() {
         let s2 = async {
             let mut clients = Vec::with_capacity(config.clients);
@@ -173,6 +189,12 @@ async fn run_target(target: &Target, config: &BenchConfig) -> TargetResult {
         match s2.await {
             Ok(mut s2) => {
                 s2.floor_ratio = floor_ops.map(|f| s2.critical_sections_per_sec / f);
+                s2.handoff_paused_floor_ratio = result
+                    .floor
+                    .as_ref()
+                    .and_then(|f| f.paused_cycle.as_ref())
+                    .filter(|p| p.p50_us > 0.0)
+                    .map(|p| s2.handoff.p50_us / p.p50_us);
                 result.contended = Some(s2);
             }
             Err(e) => result.errors.push(ScenarioError::new("s2", &e)),

@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::uncontended::PAUSED_CYCLES;
 use crate::{BenchConfig, LatencySummary, S1Call};
 
 /// Everything one [`run`](crate::run) measured, with its parameters.
@@ -75,6 +76,10 @@ pub struct FloorResult {
     pub ops_per_sec: f64,
     /// Latency of one cycle.
     pub cycle: LatencySummary,
+    /// Latency of one cycle started after a pause as long as the S2 hold, measured when S2
+    /// runs: the state a handoff starts from (client, server and CPUs idle, so every wake-up
+    /// costs what it costs at a handoff). Two round trips from idle.
+    pub paused_cycle: Option<LatencySummary>,
 }
 
 /// S1: one client acquiring and releasing one name, back to back.
@@ -139,6 +144,9 @@ pub struct S2Result {
     pub exclusivity_violations: u64,
     /// `critical_sections_per_sec / floor.ops_per_sec`, when the target has a floor.
     pub floor_ratio: Option<f64>,
+    /// `handoff.p50_us / floor.paused_cycle.p50_us`, when the target has a floor: at most 1
+    /// means a handoff takes at most two round trips of the raw floor started from idle.
+    pub handoff_paused_floor_ratio: Option<f64>,
 }
 
 /// One S2 client's part.
@@ -209,6 +217,15 @@ impl Report {
              Names under `{}`.",
             c.name_prefix
         );
+        if c.scenarios.contended() {
+            let _ = writeln!(
+                out,
+                "- Paused floor cycle: {PAUSED_CYCLES} floor cycles, each after a {} pause (the hold), so that it starts \
+                 from the idle state a handoff starts from; one cycle = two round trips from idle. \
+                 handoff ÷ paused = S2 handoff p50 ÷ paused floor cycle p50 (≤ 1: within two round trips).",
+                human(c.hold)
+            );
+        }
         out
     }
 
@@ -268,17 +285,22 @@ impl Report {
             .filter_map(|t| t.contended.as_ref().map(|c| (t, c)))
             .collect();
         if !contended.is_empty() {
-            out.push_str("\n| target | S2 critical sections | to another client | longest wait ms | mean hold µs | held % | per-client share | violations |\n");
-            out.push_str("|---|--:|--:|--:|--:|--:|---|--:|\n");
+            out.push_str("\n| target | S2 critical sections | to another client | longest wait ms | mean hold µs | held % | per-client share | violations | paused floor cycle p50 µs | handoff ÷ paused |\n");
+            out.push_str("|---|--:|--:|--:|--:|--:|---|--:|--:|--:|\n");
             for (t, c) in contended {
                 let shares: Vec<_> = c
                     .per_client
                     .iter()
                     .map(|p| format!("{:.0}%", p.share * 100.0))
                     .collect();
+                let paused = t
+                    .floor
+                    .as_ref()
+                    .and_then(|f| f.paused_cycle.as_ref())
+                    .map_or_else(|| "-".to_owned(), |p| format!("{:.1}", p.p50_us));
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} | {:.1} | {:.0} | {:.1} | {} | {} |",
+                    "| {} | {} | {} | {:.1} | {:.0} | {:.1} | {} | {} | {paused} | {} |",
                     t.target,
                     c.critical_sections,
                     c.handoff_other_share
@@ -287,7 +309,9 @@ impl Report {
                     c.mean_hold_us,
                     c.held_share * 100.0,
                     shares.join(" / "),
-                    c.exclusivity_violations
+                    c.exclusivity_violations,
+                    c.handoff_paused_floor_ratio
+                        .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}"))
                 );
             }
         }

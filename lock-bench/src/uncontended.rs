@@ -10,7 +10,7 @@ use lock_core::{AcquireOptions, DistributedLock, Error};
 
 use crate::report::{FloorResult, S1Result};
 use crate::stats::{Progress, Recorder, rate};
-use crate::{BenchConfig, RawFloor, S1Call};
+use crate::{BenchConfig, LatencySummary, RawFloor, S1Call};
 
 /// Measured cycles per alternating block: short enough that drift within a block is small
 /// (0.02-0.2 s on the servers here), long enough that switching sides costs nothing.
@@ -90,6 +90,27 @@ impl FloorSide<'_, '_> {
         }
         Ok(())
     }
+}
+
+/// Floor cycles measured after a pause each (see [`FloorResult::paused_cycle`]).
+pub(crate) const PAUSED_CYCLES: u64 = 200;
+
+/// Runs [`PAUSED_CYCLES`] floor cycles, each after `pause`, and returns their latency.
+pub(crate) async fn paused_floor(
+    floor: &mut dyn RawFloor,
+    name: &str,
+    pause: Duration,
+    progress: &mut Progress,
+) -> Result<LatencySummary, Error> {
+    let mut cycle = Recorder::new();
+    for _ in 0..PAUSED_CYCLES {
+        tokio::time::sleep(pause).await;
+        let start = Instant::now();
+        floor.cycle(name).await?;
+        cycle.record(start.elapsed());
+        progress.tick(|| "paused floor cycles".to_owned());
+    }
+    Ok(cycle.summary())
 }
 
 /// One side of the comparison, for the block loop they share.
@@ -197,6 +218,7 @@ pub(crate) async fn run<'f>(
                 elapsed_ms: f.timed.elapsed.as_secs_f64() * 1000.0,
                 ops_per_sec: rate(config.cycles, f.timed.elapsed),
                 cycle: f.timed.cycle.summary(),
+                paused_cycle: None,
             }),
         }),
     }
