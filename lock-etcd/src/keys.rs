@@ -1,4 +1,4 @@
-//! The key layout: `<prefix>/<escaped name>/<escaped owner>`.
+//! The key layout: `<prefix>/<escaped name>/<client tag>.<number>`.
 
 /// Percent-escapes every byte outside `[A-Za-z0-9._-]`. The result never contains `/`, and
 /// the mapping is injective (`%` itself is escaped), so `<prefix>/<escaped name>/` is a key
@@ -23,9 +23,9 @@ pub(crate) fn name_range(prefix: &str, name: &str) -> String {
     format!("{prefix}/{}/", escape(name))
 }
 
-/// The queue key of one acquisition.
-pub(crate) fn entry_key(range: &str, owner: &str) -> String {
-    format!("{range}{}", escape(owner))
+/// A queue key of one client (`tag`: a random hex tag of the client) on one name.
+pub(crate) fn entry_key(range: &str, tag: &str, number: u32) -> String {
+    format!("{range}{}.{number}", escape(tag))
 }
 
 #[cfg(test)]

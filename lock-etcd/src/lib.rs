@@ -20,8 +20,14 @@
 //! **Keys.** A lock name maps to the key range `<prefix>/<escaped name>/`: every byte outside
 //! `[A-Za-z0-9._-]` is percent-escaped (`%` included), so the escaped name never contains `/`
 //! and no two names share a range (a name that is a prefix of another never sees its keys).
-//! One acquisition is the key `<range><escaped owner>`, whose value is the owner, attached to
-//! a lease. The owner is unique per acquisition, so the key is too.
+//! One acquisition is a key `<range><client tag>.<n>`, whose value is the owner, attached to
+//! a lease: the tag is random per client and `n` the smallest number that no other live
+//! attempt of the client uses on that name. Keys are reused because etcd keeps every deleted
+//! key in its index until the next compaction and each queue read walks them: with a new key
+//! per acquisition, a busy name got slower by about 0.5 µs per past acquisition until the
+//! server compacted (an uncontended cycle went from 1.6 to 3.1 ms within 1750 acquisitions).
+//! A number is reused only once its key is known to be deleted, so an attempt never mistakes
+//! an earlier key for its own, and every delete after the put compares the `create_revision`.
 //!
 //! **Leases.** A client holds one etcd lease per distinct ttl (rounded **up** to whole seconds;
 //! etcd raises anything below its minimum, 2 s with default heartbeat settings, so that is
@@ -41,7 +47,7 @@
 //! only its predecessor (no thundering herd). While queued, the attempt keeps the lease alive.
 //! `try_acquire` is one transaction that puts the key only if the name's whole range is empty
 //! (nobody holds or waits), so it never leaves a queue entry. An abandoned attempt (timeout,
-//! cancellation, error) deletes its key, also one whose put answer was lost (same unique key).
+//! cancellation, error) deletes its key, also one whose put answer was lost (same key).
 //!
 //! **Renew** sends a keepalive for the lease and, concurrently, checks that our key still
 //! exists with its `create_revision`: a lease answered with ttl 0, or a key that is gone or
@@ -50,8 +56,8 @@
 //! key checks of one client are batched: checks arriving while a batch is in flight go together
 //! in the next read-only transaction (up to 100 keys each, group-commit style, so no delay when
 //! idle). A client holding 1000 locks thus renews with a few keepalives and about a dozen
-//! transactions per renewal round instead of 1000 reads. **Release** deletes our key
-//! (owner-checked by its uniqueness); nothing deleted answers `NotHeld`.
+//! transactions per renewal round instead of 1000 reads. **Release** deletes our key if its
+//! `create_revision` is still ours; nothing deleted answers `NotHeld`.
 //!
 //! **Failover.** The client balances over all endpoints. A request routed to a member that just
 //! went down fails before the balancer skips that member, so acquire steps, key checks and

@@ -278,3 +278,48 @@ async fn an_unreachable_endpoint_is_unavailable_within_the_timeout() {
         started.elapsed()
     );
 }
+
+#[tokio::test]
+async fn a_client_reuses_its_queue_keys() {
+    let _serial = SERVERS.read().await;
+    let Some(etcd) = single().await else { return };
+    let client = etcd.client().await.unwrap();
+    let name = unique("reuse");
+    // etcd keeps deleted keys in its index until a compaction and every queue read walks
+    // them: acquisitions one after the other must use one key, not one key each.
+    let mut keys = std::collections::BTreeSet::new();
+    let mut last = None;
+    for _ in 0..20 {
+        let guard = client.acquire(&name, &opts()).await.unwrap();
+        let entries = etcd.entries(&name).await;
+        assert_eq!(entries.len(), 1);
+        keys.insert(entries[0].0.clone());
+        assert!(last < Some(guard.token()), "tokens must still increase");
+        last = Some(guard.token());
+        guard.release().await.unwrap();
+    }
+    assert_eq!(keys.len(), 1, "{keys:?}");
+
+    // Concurrent attempts of one client on one name use different keys.
+    let client = Arc::new(client);
+    let held = client.acquire(&name, &opts()).await.unwrap();
+    let waiter = {
+        let (client, name) = (client.clone(), name.clone());
+        tokio::spawn(async move {
+            let guard = client.acquire(&name, &opts()).await.unwrap();
+            guard.release().await.unwrap();
+        })
+    };
+    for _ in 0..200 {
+        if etcd.entries(&name).await.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let entries = etcd.entries(&name).await;
+    assert_eq!(entries.len(), 2, "the waiter queued under a key of its own");
+    assert_ne!(entries[0].0, entries[1].0);
+    held.release().await.unwrap();
+    waiter.await.unwrap();
+    assert!(etcd.entries(&name).await.is_empty());
+}
