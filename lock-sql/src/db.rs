@@ -41,6 +41,18 @@ pub(crate) enum Claim {
     GrantedFree,
 }
 
+impl Claim {
+    /// The answer of a backend that cannot tell whether the lock is free: granted or not.
+    #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+    pub(crate) fn granted(granted: bool) -> Self {
+        if granted {
+            Self::Granted
+        } else {
+            Self::Refused
+        }
+    }
+}
+
 /// One database's statements. Every method is a single statement (a round trip), except
 /// where noted, and returns sqlx's error for the caller to classify.
 #[async_trait]
@@ -276,20 +288,6 @@ pub(crate) fn shape_err(table: &str, err: sqlx::Error) -> Error {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::parse_payload;
-
-    #[test]
-    fn payloads() {
-        assert_eq!(parse_payload("3:abcname"), Some((Some("abc"), "name")));
-        assert_eq!(parse_payload("0:a:b"), Some((None, "a:b")));
-        assert_eq!(parse_payload("2:é🔒"), Some((Some("é"), "🔒")));
-        assert_eq!(parse_payload("1:é"), None);
-        assert_eq!(parse_payload("x"), None);
-    }
-}
-
 /// Connections kept checked out of the pool between statements.
 ///
 /// sqlx pings every connection it takes back into its pool, so a pooled statement costs a
@@ -451,5 +449,19 @@ mod hot_tests {
             hot.keep(seen).is_err(),
             "a fresh connection has no marker table"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_payload;
+
+    #[test]
+    fn payloads() {
+        assert_eq!(parse_payload("3:abcname"), Some((Some("abc"), "name")));
+        assert_eq!(parse_payload("0:a:b"), Some((None, "a:b")));
+        assert_eq!(parse_payload("2:é🔒"), Some((Some("é"), "🔒")));
+        assert_eq!(parse_payload("1:é"), None);
+        assert_eq!(parse_payload("x"), None);
     }
 }

@@ -240,11 +240,7 @@ impl Db for MyDb {
                     .bind(since),
             )
             .await?;
-        Ok(if done.rows_affected() == 1 {
-            Claim::Granted
-        } else {
-            Claim::Refused
-        })
+        Ok(Claim::granted(done.rows_affected() == 1))
     }
 
     async fn renew(

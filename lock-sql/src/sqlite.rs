@@ -225,11 +225,7 @@ impl Db for LiteDb {
                     .bind(hold_us),
             )
             .await?;
-        Ok(if done.rows_affected() == 1 {
-            Claim::Granted
-        } else {
-            Claim::Refused
-        })
+        Ok(Claim::granted(done.rows_affected() == 1))
     }
 
     async fn renew(
