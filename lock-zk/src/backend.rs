@@ -436,14 +436,14 @@ impl ZkAttempt {
             // the release and this one request. Should we not be the head after all, the
             // waiting paths below mark the node as a waiter again in their next request, so a
             // stale "held" mark lives for one round trip at most.
+            // Before sending: a write whose answer is lost (an error, a cancelled poll) may
+            // have marked the node held all the same.
+            self.waiting_marked = false;
             let touch = client.set_data(&self.own_path(&node), &held, None);
             let list = client.list_children(&self.parent);
             let (touched, listed) = futures::join!(touch, list);
             match touched {
-                Ok(stat) => {
-                    fresh = Some(stat);
-                    self.waiting_marked = false;
-                }
+                Ok(stat) => fresh = Some(stat),
                 Err(zk::Error::NoNode) => {
                     self.forget_node();
                     return Ok(None);
