@@ -137,6 +137,24 @@ async fn both_scenarios_on_memory_give_sane_results() {
         assert!(c.longest_wait_us <= s2.longest_wait_us);
     }
     assert!(s2.floor_ratio.is_some_and(|r| r > 0.0));
+
+    // With S2, the floor is also measured after pauses as long as the hold.
+    let paused = floor
+        .paused_cycle
+        .as_ref()
+        .expect("S2 ran: the paused floor too");
+    assert_eq!(paused.count, 200);
+    assert_sane(paused, "paused floor");
+    let ratio = s2
+        .handoff_paused_floor_ratio
+        .expect("a floor and handoffs: a ratio");
+    assert!((ratio - s2.handoff.p50_us / paused.p50_us).abs() <= 1e-9 * ratio.max(1.0));
+    let markdown = report.to_markdown();
+    assert!(markdown.contains("handoff ÷ paused"), "{markdown}");
+    assert!(
+        markdown.contains(&format!("| {:.1} | {ratio:.2} |", paused.p50_us)),
+        "{markdown}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -157,6 +175,10 @@ async fn raw_floor_plumbing() {
     let ratio = s1.floor_ratio.unwrap();
     assert!((ratio - s1.ops_per_sec / floor.ops_per_sec).abs() <= 1e-9 * ratio.max(1.0));
     assert!(t.contended.is_none(), "S2 was not selected");
+    assert!(
+        floor.paused_cycle.is_none(),
+        "the paused floor runs with S2 only"
+    );
 
     let markdown = report.to_markdown();
     assert!(markdown.contains("| fake | S1 uncontended |"), "{markdown}");
@@ -183,6 +205,7 @@ async fn targets_without_floor_have_no_ratio() {
     assert_eq!(s2.per_client.len(), 2);
     assert_eq!(s2.exclusivity_violations, 0);
     assert_eq!(s2.floor_ratio, None);
+    assert_eq!(s2.handoff_paused_floor_ratio, None);
     assert!(report.to_markdown().contains("| bare | S2 contended |"));
 }
 
