@@ -561,11 +561,38 @@ pub(crate) fn map_err(what: &str, err: sqlx::Error) -> Error {
 
 /// SQLSTATEs (PostgreSQL, MySQL) and SQLite result codes that mean "try again".
 fn transient_code(code: &str) -> bool {
-    if let Ok(sqlite) = code.parse::<i32>() {
-        // SQLITE_BUSY, SQLITE_LOCKED and their extended codes.
-        return matches!(sqlite & 0xff, 5 | 6);
+    if code.len() < 5 {
+        return sqlite_busy(code);
     }
     code.starts_with("08") // connection exception
         || code.starts_with("57P") // admin shutdown, crash shutdown, cannot connect now
         || matches!(code, "53300" | "40001" | "40P01" | "70100" | "HYT00")
+}
+
+/// `SQLITE_BUSY`, `SQLITE_LOCKED` and their extended codes. SQLite's codes have at most four
+/// digits, so an all-digit SQLSTATE such as `40001` is never taken for one.
+pub(crate) fn sqlite_busy(code: &str) -> bool {
+    code.len() < 5 && code.parse::<i32>().is_ok_and(|c| matches!(c & 0xff, 5 | 6))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::transient_code;
+
+    #[test]
+    fn retryable_codes_are_told_apart_by_dialect() {
+        // SQLite: BUSY, LOCKED, BUSY_SNAPSHOT (517), LOCKED_SHAREDCACHE (262); not CONSTRAINT.
+        for code in ["5", "6", "517", "262"] {
+            assert!(transient_code(code), "{code}");
+        }
+        assert!(!transient_code("19"));
+        // All-digit SQLSTATEs are not SQLite codes: serialization failure, connection failure,
+        // too many connections are retryable; a unique violation is not.
+        for code in ["40001", "08006", "53300", "40P01", "57P01", "HYT00"] {
+            assert!(transient_code(code), "{code}");
+        }
+        for code in ["23505", "42P01", "00005"] {
+            assert!(!transient_code(code), "{code}");
+        }
+    }
 }

@@ -14,7 +14,7 @@ use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 
 use crate::config::quote;
 use crate::db::{Claim, Db, HotConns, Peek, bind_value, connect_err, shape_err};
-use crate::{FencedUpdate, SqlConfig, SqlPool, map_err};
+use crate::{FencedUpdate, SqlConfig, SqlPool, map_err, sqlite_busy};
 
 const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
 
@@ -133,8 +133,8 @@ impl LiteDb {
                 .idle_timeout(None)
                 .max_lifetime(None);
         }
-        let pool = pool
-            .connect_with(options)
+        let patience = config.busy_timeout;
+        let pool = while_busy(patience, || pool.clone().connect_with(options.clone()))
             .await
             .map_err(|e| connect_err(config, e))?;
         let table = quote(&config.table, '"');
@@ -144,21 +144,50 @@ impl LiteDb {
                  version INTEGER NOT NULL, expires_at INTEGER NOT NULL, next_owner TEXT, \
                  next_since INTEGER, next_expires INTEGER) WITHOUT ROWID"
             );
-            pool.execute(AssertSqlSafe(create))
+            while_busy(patience, || pool.execute(AssertSqlSafe(create.clone())))
                 .await
                 .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
         }
         let sql = Statements::new(&config.table);
         for statement in sql.all() {
-            pool.prepare(AssertSqlSafe(statement.clone()).into_sql_str())
-                .await
-                .map_err(|e| shape_err(&table, e))?;
+            while_busy(patience, || {
+                pool.prepare(AssertSqlSafe(statement.clone()).into_sql_str())
+            })
+            .await
+            .map_err(|e| shape_err(&table, e))?;
         }
         Ok(Self {
             conns: HotConns::new(pool, config.max_connections),
             sql,
         })
     }
+}
+
+/// Runs a setup step again while the file is busy, for up to `patience`.
+///
+/// The busy timeout does not cover every contended step: SQLite answers `BUSY` at once, without
+/// calling the busy handler, where waiting could deadlock, as when two processes open a new file
+/// together and both switch it to WAL. Such a step succeeds once the other process is done.
+async fn while_busy<T, F, Fut>(patience: Duration, mut step: F) -> Result<T, sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    let started = tokio::time::Instant::now();
+    let mut delay = Duration::from_millis(2);
+    loop {
+        match step().await {
+            Err(e) if is_busy(&e) && started.elapsed() + delay < patience => {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_millis(100));
+            }
+            done => return done,
+        }
+    }
+}
+
+fn is_busy(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db) if db.code().is_some_and(|c| sqlite_busy(&c)))
 }
 
 fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, sqlx::Sqlite, SqliteArguments> {

@@ -241,6 +241,24 @@ mod sqlite {
         assert_eq!(mode, "wal");
     }
 
+    /// Clients that open a new file at the same moment all connect: SQLite refuses some of
+    /// the setup steps (the switch to WAL) at once instead of waiting out the busy timeout.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn clients_opening_a_new_file_together_all_connect() {
+        for _ in 0..10 {
+            let url = url();
+            let clients = futures::future::join_all(
+                (0..6).map(|_| lock_sql::connect(&url, ClientConfig::default())),
+            )
+            .await;
+            for c in clients {
+                if let Err(err) = c {
+                    panic!("a concurrent first connect failed: {err}");
+                }
+            }
+        }
+    }
+
     /// `sqlite::memory:` is one database shared by the pool.
     #[tokio::test]
     async fn memory_database_works() {
