@@ -34,6 +34,11 @@ async fn expired_session_is_reported_and_a_new_session_serves() {
         .with_ttl(Duration::from_secs(1))
         .with_wait(Duration::from_secs(20));
     let guard = client.acquire("expiry", &short).await.expect("acquire");
+    // Nobody contends for this one: its node goes only when the server expires the session.
+    let marker = client
+        .acquire("expiry-marker", &short)
+        .await
+        .expect("acquire the marker");
     let lost = guard.lost();
     let old_session = client.backend_ref().session_info().clone();
 
@@ -51,14 +56,23 @@ async fn expired_session_is_reported_and_a_new_session_serves() {
         "unexpected loss reason {reason:?}"
     );
     assert!(guard.is_lost());
-    // The server expires the session and its ephemeral node: another client gets the lock.
+    // Another client gets the lock: it removes the holder whose lease ran out, or the server
+    // expires the session with its ephemeral node, whichever comes first.
     let taken = other
         .acquire("expiry", &opts())
         .await
         .expect("the expired session's lock was never freed");
+    // Heal only once the server has expired the session (else the client resumes it).
+    tokio::time::timeout(Duration::from_secs(20), h.drained("expiry-marker"))
+        .await
+        .expect("the server never expired the partitioned session");
     h.partition(&tag, false);
     assert!(
         guard.release().await.is_err(),
+        "released a lock of an expired session"
+    );
+    assert!(
+        marker.release().await.is_err(),
         "released a lock of an expired session"
     );
     taken.release().await.expect("release");

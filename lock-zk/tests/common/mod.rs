@@ -164,6 +164,21 @@ impl ZkHarness {
             .lock_path(&LockName::new(name).expect("valid name"))
     }
 
+    /// Resolves once `name` has no queue node left (watch-driven, no polling).
+    pub async fn drained(&self, name: &str) {
+        let path = self.lock_path(name);
+        loop {
+            match self.admin.list_and_watch_children(&path).await {
+                Ok((children, _)) if children.is_empty() => return,
+                Ok((_, watcher)) => {
+                    watcher.changed().await;
+                }
+                Err(zk::Error::NoNode) => return,
+                Err(e) => panic!("watching the queue of {name:?}: {e}"),
+            }
+        }
+    }
+
     /// The queue of `name`, lowest sequence first.
     pub async fn queue(&self, name: &str) -> Vec<String> {
         let mut children = match self.admin.list_children(&self.lock_path(name)).await {
