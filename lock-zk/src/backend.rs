@@ -265,6 +265,7 @@ impl LockBackend for ZkBackend {
             maybe_created: false,
             waiting_marked: false,
             predecessor_gone: false,
+            created_zxid: None,
             wake: Wake::Idle,
         })
     }
@@ -328,6 +329,8 @@ struct ZkAttempt {
     waiting_marked: bool,
     /// The watched node was deleted: the next poll expects to be the head.
     predecessor_gone: bool,
+    /// Our node's creation zxid (its fencing token), once a create's answer gave it.
+    created_zxid: Option<i64>,
     wake: Wake,
 }
 
@@ -341,6 +344,7 @@ impl ZkAttempt {
         self.node = None;
         self.maybe_created = false;
         self.waiting_marked = false;
+        self.created_zxid = None;
     }
 
     /// The session to use; a node of a dead session is gone with it.
@@ -380,11 +384,11 @@ impl ZkAttempt {
         &self,
         session: Arc<Session>,
         node: &str,
-        stat: &zk::Stat,
+        czxid: i64,
         started: Instant,
     ) -> Result<Step> {
-        let token = u64::try_from(stat.czxid).map_err(|_| Error::Backend {
-            message: format!("negative czxid {} for {node}", stat.czxid),
+        let token = u64::try_from(czxid).map_err(|_| Error::Backend {
+            message: format!("negative czxid {czxid} for {node}"),
             source: None,
         })?;
         let lease = ZkLease {
@@ -408,7 +412,7 @@ impl ZkAttempt {
         // Stat of our node written by this very call (created, or marked held): its lease
         // starts now.
         let mut fresh: Option<zk::Stat> = None;
-        let children = if self.node.is_none() && !self.maybe_created {
+        let entries = if self.node.is_none() && !self.maybe_created {
             // Create and list in one round trip: requests of a session are served in order, so
             // the listing includes the new node.
             self.maybe_created = true;
@@ -417,7 +421,10 @@ impl ZkAttempt {
             let list = client.list_children(&self.parent);
             let (created, listed) = futures::join!(create, list);
             match created {
-                Ok((stat, _)) => fresh = Some(stat),
+                Ok((stat, _)) => {
+                    self.created_zxid = Some(stat.czxid);
+                    fresh = Some(stat);
+                }
                 Err(zk::Error::NoNode) => {
                     self.maybe_created = false;
                     let base = self.backend.shared.config.base_path();
@@ -426,23 +433,41 @@ impl ZkAttempt {
                 }
                 Err(err) => return Err(zk_error("joining the queue", err)),
             }
-            listed.map_err(|e| zk_error("listing the queue", e))?
+            queue(listed.map_err(|e| zk_error("listing the queue", e))?)
         } else if std::mem::take(&mut self.predecessor_gone)
             && self.request.mode == AttemptMode::Wait
             && let Some(node) = self.node.clone()
         {
             // The node we watched was deleted: almost always the holder releasing, which makes
-            // us the head. Restart our lease and list in one round trip, so a handoff costs
-            // the release and this one request. Should we not be the head after all, the
+            // us the head. List the queue and restart our lease in one round trip, so a handoff
+            // costs the release and this one request. Should we not be the head after all, the
             // waiting paths below mark the node as a waiter again in their next request, so a
             // stale "held" mark lives for one round trip at most.
             // Before sending: a write whose answer is lost (an error, a cancelled poll) may
             // have marked the node held all the same.
-            self.waiting_marked = false;
-            let touch = client.set_data(&self.own_path(&node), &held, None);
+            let was_waiting = std::mem::replace(&mut self.waiting_marked, false);
+            // The listing goes first: the server answers a read queued before our write
+            // without waiting for that write to commit.
             let list = client.list_children(&self.parent);
-            let (touched, listed) = futures::join!(touch, list);
-            match touched {
+            let touch = client.set_data(&self.own_path(&node), &held, None);
+            let entries = match list.await {
+                Ok(children) => queue(children),
+                Err(zk::Error::NoNode) => Vec::new(),
+                Err(err) => return Err(zk_error("listing the queue", err)),
+            };
+            if was_waiting
+                && let Some(czxid) = self.created_zxid
+                && entries.first().is_some_and(|head| head.name == node)
+            {
+                // Ours as the head of the queue. Until the held mark in flight commits, our
+                // node says "waiting", which no contender takes for an expired holder; the
+                // mark only starts the lease contenders see, later than `started`.
+                self.wake = Wake::Idle;
+                return self
+                    .acquired(session.clone(), &node, czxid, started)
+                    .map(Some);
+            }
+            match touch.await {
                 Ok(stat) => fresh = Some(stat),
                 Err(zk::Error::NoNode) => {
                     self.forget_node();
@@ -450,19 +475,14 @@ impl ZkAttempt {
                 }
                 Err(err) => return Err(zk_error("taking the lock", err)),
             }
-            match listed {
-                Ok(children) => children,
-                Err(zk::Error::NoNode) => Vec::new(),
-                Err(err) => return Err(zk_error("listing the queue", err)),
-            }
+            entries
         } else {
             match client.list_children(&self.parent).await {
-                Ok(children) => children,
+                Ok(children) => queue(children),
                 Err(zk::Error::NoNode) => Vec::new(),
                 Err(err) => return Err(zk_error("listing the queue", err)),
             }
         };
-        let entries = queue(children);
         let Some(index) = entries
             .iter()
             .position(|e| e.name.starts_with(&self.prefix))
@@ -489,7 +509,7 @@ impl ZkAttempt {
             };
             self.wake = Wake::Idle;
             return self
-                .acquired(session.clone(), &own, &stat, started)
+                .acquired(session.clone(), &own, stat.czxid, started)
                 .map(Some);
         }
         let head = &entries[0];

@@ -33,6 +33,13 @@
 //! serves a session's requests in order), so an uncontended acquire costs one round trip and
 //! a release one more: the same as the raw create + delete.
 //!
+//! A handoff costs the release and one read: when its predecessor's node is deleted, a
+//! waiter sends a listing and, right behind it, the "held" mark of its node (see below). The
+//! server answers the listing without waiting for the mark to commit; if it shows the waiter
+//! first, the waiter holds the lock at once. Until the mark commits, its node still says
+//! "waiting", which no contender takes for an expired holder, and its local lease counts
+//! from before the mark was sent.
+//!
 //! # Leases on the server's clock
 //!
 //! ZooKeeper's own liveness unit is the session, shared by every lock of a client, and kept

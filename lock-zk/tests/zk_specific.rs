@@ -244,14 +244,7 @@ async fn a_waiter_whose_predecessor_gives_up_is_marked_waiting_again() {
             .await
             .map(|_| ())
     });
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while h.queue(name).await.len() < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the quitter did not join the queue"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    queue_of(&h, name, 2, "the quitter").await;
     let waiter = h.backend().await.expect("connect");
     let waiting = tokio::spawn(async move {
         let guard = waiter.acquire(name, &opts()).await.expect("acquire");
@@ -259,17 +252,7 @@ async fn a_waiter_whose_predecessor_gives_up_is_marked_waiting_again() {
         guard.release().await.expect("release");
         token
     });
-    let queue = loop {
-        let queue = h.queue(name).await;
-        if queue.len() == 3 {
-            break queue;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the waiter did not join the queue"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
+    let queue = queue_of(&h, name, 3, "the waiter").await;
     let r = quitting.await.expect("quitter");
     assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
 
@@ -300,5 +283,75 @@ async fn a_waiter_whose_predecessor_gives_up_is_marked_waiting_again() {
     guard.release().await.expect("release");
     let token = waiting.await.expect("waiter");
     assert!(token > first);
+    assert!(h.queue(name).await.is_empty());
+}
+
+/// The queue of `name` once it has `len` nodes (`who` joined it).
+async fn queue_of(h: &ZkHarness, name: &str, len: usize, who: &str) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let queue = h.queue(name).await;
+        if queue.len() == len {
+            return queue;
+        }
+        assert!(Instant::now() < deadline, "{who} did not join the queue");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The data of `path` once `accept` takes it, waiting on data watches (no polling).
+async fn data_once(
+    h: &ZkHarness,
+    path: &str,
+    accept: impl Fn(&[u8]) -> bool + Send + Sync,
+) -> (Vec<u8>, i64) {
+    let wait = async {
+        loop {
+            let (data, stat, watcher) = h
+                .admin
+                .get_and_watch_data(path)
+                .await
+                .expect("reading the node");
+            if accept(&data) {
+                return (data, stat.czxid);
+            }
+            watcher.changed().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .unwrap_or_else(|_| panic!("{path} never reached the expected data"))
+}
+
+/// A waiter handed the lock by a release holds it as soon as a listing shows it first (its
+/// node said "waiting", which no contender expires), with its node's creation zxid as the
+/// token; the held mark sent with that listing lands right after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_lock_carries_the_nodes_token_and_is_marked_held() {
+    let _serial = SERIAL.lock().await;
+    let Some(h) = harness().await else { return };
+    let name = "handed";
+    let holder = h.backend().await.expect("connect");
+    let guard = holder.acquire(name, &opts()).await.expect("acquire");
+    let waiter = h.backend().await.expect("connect");
+    let waiting = tokio::spawn(async move {
+        let guard = waiter.acquire(name, &opts()).await.expect("acquire");
+        (waiter, guard)
+    });
+    let queue = queue_of(&h, name, 2, "the waiter").await;
+    let path = format!("{}/{}", h.lock_path(name), queue[1]);
+    data_once(&h, &path, |d| d == b"W").await;
+
+    let first = guard.token();
+    guard.release().await.expect("release");
+    let (_waiter, handed) = waiting.await.expect("waiter");
+    let (data, czxid) = data_once(&h, &path, |d| d.starts_with(b"H")).await;
+    assert_eq!(data, format!("H{}", opts().ttl.as_millis()).into_bytes());
+    assert_eq!(
+        handed.token().get(),
+        u64::try_from(czxid).expect("positive zxid")
+    );
+    assert!(handed.token() > first);
+    handed.release().await.expect("release");
     assert!(h.queue(name).await.is_empty());
 }
