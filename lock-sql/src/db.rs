@@ -141,18 +141,22 @@ impl Sessions {
 }
 
 /// Per-name wake-ups fed by a notification listener. A wake-up may target one waiter (the
-/// holder of the reservation) so that a release does not stampede every waiter.
+/// holder of the reservation): then only that waiter's task wakes, so a release neither
+/// stampedes the waiters nor wakes any but the next one.
 #[derive(Debug, Default)]
 pub(crate) struct Notifier {
-    names: Mutex<HashMap<String, watch::Sender<Wake>>>,
+    /// Name, then owner (unique per attempt), to the attempt's wake-ups.
+    names: Mutex<HashMap<String, HashMap<String, watch::Sender<Wake>>>>,
 }
 
-/// A wake-up generation and the owner it is meant for (`None`: everybody).
-type Wake = (u64, Option<String>);
+/// A wake-up generation, and whether the last wake-up was addressed to this waiter alone.
+type Wake = (u64, bool);
+
+type Names = HashMap<String, HashMap<String, watch::Sender<Wake>>>;
 
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 impl Notifier {
-    fn names(&self) -> std::sync::MutexGuard<'_, HashMap<String, watch::Sender<Wake>>> {
+    fn names(&self) -> std::sync::MutexGuard<'_, Names> {
         self.names.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -160,7 +164,9 @@ impl Notifier {
         let rx = self
             .names()
             .entry(name.to_owned())
-            .or_insert_with(|| watch::Sender::new((0, None)))
+            .or_default()
+            .entry(owner.to_owned())
+            .or_insert_with(|| watch::Sender::new((0, false)))
             .subscribe();
         Subscription {
             rx,
@@ -170,19 +176,33 @@ impl Notifier {
         }
     }
 
-    /// Wakes the waiters of `name`: only `target` if given, else all.
+    /// Wakes the waiters of `name`: only `target` if given (if it waits here), else all.
     pub(crate) fn wake(&self, name: &str, target: Option<&str>) {
-        if let Some(tx) = self.names().get(name) {
-            tx.send_modify(|w| *w = (w.0.wrapping_add(1), target.map(str::to_owned)));
+        let names = self.names();
+        let Some(owners) = names.get(name) else {
+            return;
+        };
+        match target {
+            Some(target) => {
+                if let Some(tx) = owners.get(target) {
+                    tx.send_modify(|w| *w = (w.0.wrapping_add(1), true));
+                }
+            }
+            None => owners.values().for_each(wake_one),
         }
     }
 
     /// After a listener reconnect, events may have been missed: wake everyone.
     pub(crate) fn wake_all(&self) {
-        for tx in self.names().values() {
-            tx.send_modify(|w| *w = (w.0.wrapping_add(1), None));
-        }
+        self.names()
+            .values()
+            .flat_map(HashMap::values)
+            .for_each(wake_one);
     }
+}
+
+fn wake_one(tx: &watch::Sender<Wake>) {
+    tx.send_modify(|w| *w = (w.0.wrapping_add(1), false));
 }
 
 /// A waiter's view of the wake-ups of one name.
@@ -203,28 +223,21 @@ impl Subscription {
     /// Resolves on the next wake-up for this waiter after [`mark_seen`](Self::mark_seen):
     /// `true` if it was addressed to this waiter alone (a release handed it the lock).
     pub(crate) async fn changed(&mut self) -> bool {
-        loop {
-            if self.rx.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-            let wake = self.rx.borrow_and_update();
-            match wake.1.as_deref() {
-                None => return false,
-                Some(target) if target == self.owner => return true,
-                Some(_) => {}
-            }
+        if self.rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
         }
+        self.rx.borrow_and_update().1
     }
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
         let mut names = self.notifier.names();
-        if names
-            .get(&self.name)
-            .is_some_and(|tx| tx.receiver_count() <= 1)
-        {
-            names.remove(&self.name);
+        if let Some(owners) = names.get_mut(&self.name) {
+            owners.remove(&self.owner);
+            if owners.is_empty() {
+                names.remove(&self.name);
+            }
         }
     }
 }
@@ -454,7 +467,7 @@ mod hot_tests {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_payload;
+    use super::{Arc, Notifier, parse_payload};
 
     #[test]
     fn payloads() {
@@ -463,5 +476,30 @@ mod tests {
         assert_eq!(parse_payload("2:é🔒"), Some((Some("é"), "🔒")));
         assert_eq!(parse_payload("1:é"), None);
         assert_eq!(parse_payload("x"), None);
+    }
+
+    /// A wake-up addressed to one waiter wakes that waiter's task only; an unaddressed one
+    /// wakes every waiter of the name; a dropped subscription leaves nothing behind.
+    #[tokio::test]
+    async fn wake_ups_reach_only_the_waiters_they_name() {
+        let notifier = Arc::new(Notifier::default());
+        let mut a = notifier.subscribe("x", "a");
+        let mut b = notifier.subscribe("x", "b");
+        let mut other = notifier.subscribe("y", "c");
+        a.mark_seen();
+        b.mark_seen();
+        other.mark_seen();
+        notifier.wake("x", Some("a"));
+        assert!(a.changed().await, "not handed to its target");
+        assert!(!b.rx.has_changed().expect("open"), "woke a bystander");
+        notifier.wake("x", Some("elsewhere"));
+        notifier.wake("x", None);
+        assert!(!a.changed().await);
+        assert!(!b.changed().await);
+        assert!(!other.rx.has_changed().expect("open"), "woke another name");
+        notifier.wake_all();
+        assert!(!other.changed().await);
+        drop((a, b, other));
+        assert!(notifier.names().is_empty());
     }
 }

@@ -50,12 +50,11 @@
 //!   the reservation is written only when it is claimed or half expired.
 //! - **Wake-ups**: on PostgreSQL the releasing statement runs
 //!   `pg_notify('distlock:<table>', ...)` when a waiter holds the reservation, addressed to
-//!   that waiter; a `LISTEN`ing connection per backend wakes it ([`WakeUp::Event`]). Its taking
-//!   statement wakes the other waiters, so the next one claims the reservation (a claim
-//!   returns whether the lock is free by then, so a release between a waiter's read and its
-//!   claim is not missed). A
-//!   lost notification (listener reconnect) wakes everybody; the core's backoff maximum is the
-//!   safety net. MySQL and SQLite poll ([`WakeUp::Polling`]) with the core's jittered backoff
+//!   that waiter; a `LISTEN`ing connection per backend wakes that waiter's task and no other
+//!   ([`WakeUp::Event`]). Its taking statement wakes the other waiters, so the next one
+//!   claims the reservation (a claim returns whether the lock is free by then, so a release
+//!   between a waiter's read and its claim is not missed). A lost notification (listener
+//!   reconnect) wakes everybody; the core's backoff maximum is the safety net. MySQL and SQLite poll ([`WakeUp::Polling`]) with the core's jittered backoff
 //!   bounded by the holder's remaining lease; the reserved waiter reads every 1-20 ms.
 //! - **Loss** is detected by renewal (a refused owner-checked renewal, or the local deadline).
 //!
@@ -68,8 +67,10 @@
 //! for the pool, so `pool_size=1`). Journal mode WAL, `synchronous=NORMAL` (a process crash
 //! loses nothing; a power loss can roll back the last acquisitions, and with them their
 //! versions: use `synchronous=full` when tokens must survive power loss), busy timeout 5 s.
-//! Several processes on one file exclude each other through SQLite's file locks. Expiry uses
-//! the machine's wall clock, shared by every process on the file.
+//! Several processes on one file exclude each other through SQLite's file locks, and may open
+//! a new file at the same moment: setup steps that SQLite refuses at once as busy (the switch
+//! to WAL) are retried for up to the busy timeout. Expiry uses the machine's wall clock,
+//! shared by every process on the file.
 //!
 //! Protected resources in the same database can be written with
 //! [`SqlBackend::fenced_update`] ([`FencedUpdate`]).
