@@ -96,6 +96,7 @@ impl KeyPool {
 /// revision, so a stale handle cannot touch a later use of the same key.
 struct QueueKey {
     shared: Arc<Shared>,
+    /// The name's key range: its whole queue.
     range: String,
     number: u32,
     key: String,
@@ -104,13 +105,13 @@ struct QueueKey {
 }
 
 impl QueueKey {
-    fn new(shared: &Arc<Shared>, range: &str) -> Arc<Self> {
-        let number = shared.keys.take(range);
+    fn new(shared: &Arc<Shared>, range: String) -> Arc<Self> {
+        let number = shared.keys.take(&range);
         Arc::new(Self {
             shared: shared.clone(),
-            range: range.to_owned(),
+            key: keys::entry_key(&range, &shared.keys.tag, number),
+            range,
             number,
-            key: keys::entry_key(range, &shared.keys.tag, number),
             may_exist: AtomicBool::new(false),
             returned: AtomicBool::new(false),
         })
@@ -232,14 +233,13 @@ impl LockBackend for EtcdBackend {
 
     fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
         let range = keys::name_range(&self.shared.prefix, request.name.as_str());
-        let key = QueueKey::new(&self.shared, &range);
+        let key = QueueKey::new(&self.shared, range);
         Box::new(EtcdAttempt {
             shared: self.shared.clone(),
             name: request.name.as_str().to_owned(),
             mode: request.mode,
             ttl: request.ttl,
             owner: request.owner,
-            range,
             key,
             slot: None,
             rev: None,
@@ -533,7 +533,6 @@ struct EtcdAttempt {
     mode: AttemptMode,
     ttl: Duration,
     owner: String,
-    range: String,
     key: Arc<QueueKey>,
     /// The lease the key is attached to.
     slot: Option<Arc<LeaseSlot>>,
@@ -586,9 +585,11 @@ impl EtcdAttempt {
             .with_limit(1)
             .with_keys_only();
         let txn = Txn::new()
-            .when([Compare::create_revision(self.range.clone(), CompareOp::Equal, 0).with_prefix()])
+            .when([
+                Compare::create_revision(self.key.range.clone(), CompareOp::Equal, 0).with_prefix(),
+            ])
             .and_then([self.put_op(&slot)])
-            .or_else([TxnOp::get(self.range.clone(), Some(first))]);
+            .or_else([TxnOp::get(self.key.range.clone(), Some(first))]);
         let before = self.key.may_exist();
         self.key.set_may_exist(true);
         self.slot = Some(slot.clone());
@@ -638,7 +639,7 @@ impl EtcdAttempt {
                 0,
             )])
             .and_then([
-                TxnOp::get(self.range.clone(), Some(last)),
+                TxnOp::get(self.key.range.clone(), Some(last)),
                 self.put_op(&slot),
             ])
             .or_else([TxnOp::get(self.key.key.clone(), None)]);
@@ -699,7 +700,7 @@ impl EtcdAttempt {
                 CompareOp::Equal,
                 rev,
             )])
-            .and_then([TxnOp::get(self.range.clone(), Some(before))]);
+            .and_then([TxnOp::get(self.key.range.clone(), Some(before))]);
         self.shared
             .client
             .kv_client()

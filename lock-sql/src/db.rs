@@ -146,11 +146,12 @@ impl Sessions {
 #[derive(Debug, Default)]
 pub(crate) struct Notifier {
     /// Name, then owner (unique per attempt), to the attempt's wake-ups.
-    names: Mutex<HashMap<String, HashMap<String, watch::Sender<Wake>>>>,
+    names: Mutex<Names>,
 }
 
-/// A wake-up generation, and whether the last wake-up was addressed to this waiter alone.
-type Wake = (u64, bool);
+/// Whether the last wake-up was addressed to this waiter alone. A send always wakes the
+/// receiver, equal value or not.
+type Wake = bool;
 
 type Names = HashMap<String, HashMap<String, watch::Sender<Wake>>>;
 
@@ -166,7 +167,7 @@ impl Notifier {
             .entry(name.to_owned())
             .or_default()
             .entry(owner.to_owned())
-            .or_insert_with(|| watch::Sender::new((0, false)))
+            .or_insert_with(|| watch::Sender::new(false))
             .subscribe();
         Subscription {
             rx,
@@ -185,7 +186,7 @@ impl Notifier {
         match target {
             Some(target) => {
                 if let Some(tx) = owners.get(target) {
-                    tx.send_modify(|w| *w = (w.0.wrapping_add(1), true));
+                    tx.send_replace(true);
                 }
             }
             None => owners.values().for_each(wake_one),
@@ -202,7 +203,7 @@ impl Notifier {
 }
 
 fn wake_one(tx: &watch::Sender<Wake>) {
-    tx.send_modify(|w| *w = (w.0.wrapping_add(1), false));
+    tx.send_replace(false);
 }
 
 /// A waiter's view of the wake-ups of one name.
@@ -226,7 +227,7 @@ impl Subscription {
         if self.rx.changed().await.is_err() {
             std::future::pending::<()>().await;
         }
-        self.rx.borrow_and_update().1
+        *self.rx.borrow_and_update()
     }
 }
 

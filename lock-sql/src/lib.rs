@@ -54,8 +54,9 @@
 //!   ([`WakeUp::Event`]). Its taking statement wakes the other waiters, so the next one
 //!   claims the reservation (a claim returns whether the lock is free by then, so a release
 //!   between a waiter's read and its claim is not missed). A lost notification (listener
-//!   reconnect) wakes everybody; the core's backoff maximum is the safety net. MySQL and SQLite poll ([`WakeUp::Polling`]) with the core's jittered backoff
-//!   bounded by the holder's remaining lease; the reserved waiter reads every 1-20 ms.
+//!   reconnect) wakes everybody; the core's backoff maximum is the safety net. MySQL and
+//!   SQLite poll ([`WakeUp::Polling`]) with the core's jittered backoff bounded by the
+//!   holder's remaining lease; the reserved waiter reads every 1-20 ms.
 //! - **Loss** is detected by renewal (a refused owner-checked renewal, or the local deadline).
 //!
 //! Errors: a dropped connection, a refused connection, SQLite `BUSY` and deadlocks are
@@ -562,10 +563,8 @@ pub(crate) fn map_err(what: &str, err: sqlx::Error) -> Error {
 
 /// SQLSTATEs (PostgreSQL, MySQL) and SQLite result codes that mean "try again".
 fn transient_code(code: &str) -> bool {
-    if code.len() < 5 {
-        return sqlite_busy(code);
-    }
-    code.starts_with("08") // connection exception
+    sqlite_busy(code)
+        || code.starts_with("08") // connection exception
         || code.starts_with("57P") // admin shutdown, crash shutdown, cannot connect now
         || matches!(code, "53300" | "40001" | "40P01" | "70100" | "HYT00")
 }
