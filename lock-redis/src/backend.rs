@@ -12,13 +12,14 @@ use lock_core::{
     NodeOutcome, NodeResult, Result, Step, WakeUp,
 };
 use rand::Rng;
-use redis::IntoConnectionInfo;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Cmd, IntoConnectionInfo};
 
+use crate::RedisConfig;
 use crate::error::{RedisError, RedisErrorKind};
 use crate::keys::LockKeys;
+use crate::scripts::{self, Invocation};
 use crate::subscriber::{Subscriber, Subscription};
-use crate::{RedisConfig, scripts};
 
 /// The Redis [`LockBackend`]: one master (`redis`) or Redlock over N masters (`redlock`).
 /// Made by [`connect`](crate::connect) or [`RedisBackend::connect`]. Cheap to clone.
@@ -81,24 +82,23 @@ impl Node {
             }
         }
         let mut conn = self.conn.clone();
-        let (acquired, value): (i64, i64) = scripts::ACQUIRE
-            .key(&keys.lock)
-            .key(&keys.fence)
-            .key(&keys.queue)
-            .key(&keys.alive)
-            .arg(&request.owner)
-            .arg(millis(request.ttl))
-            .arg(if request.mode == AttemptMode::Wait {
-                "1"
-            } else {
-                "0"
-            })
-            .arg(if config.fair { "1" } else { "0" })
-            .arg(millis(config.waiter_timeout))
-            .arg(score)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| RedisError::classify(&self.addr, e))?;
+        let (acquired, value): (i64, i64) = Invocation::new(
+            &scripts::ACQUIRE,
+            &[&keys.lock, &keys.fence, &keys.queue, &keys.alive],
+        )
+        .arg(&request.owner)
+        .arg(millis(request.ttl))
+        .arg(if request.mode == AttemptMode::Wait {
+            "1"
+        } else {
+            "0"
+        })
+        .arg(if config.fair { "1" } else { "0" })
+        .arg(millis(config.waiter_timeout))
+        .arg(score)
+        .invoke(&mut conn)
+        .await
+        .map_err(|e| RedisError::classify(&self.addr, e))?;
         Ok(if acquired == 1 {
             Answer::Acquired(u64::try_from(value).unwrap_or(0))
         } else {
@@ -119,18 +119,22 @@ impl Node {
         keys: &LockKeys,
         request: &AcquireRequest,
     ) -> Result<Option<Answer>, RedisError> {
-        let mut conn = self.conn.clone();
-        let (previous, token): (Option<Vec<u8>>, u64) = redis::pipe()
-            .atomic()
-            .cmd("SET")
+        // Commands sized up front (see `scripts::Invocation`).
+        let mut set = Cmd::with_capacity(7, 32 + keys.lock.len() + request.owner.len());
+        set.arg("SET")
             .arg(&keys.lock)
             .arg(&request.owner)
             .arg("NX")
             .arg("PX")
             .arg(millis(request.ttl))
-            .arg("GET")
-            .cmd("INCR")
-            .arg(&keys.fence)
+            .arg("GET");
+        let mut incr = Cmd::with_capacity(2, 4 + keys.fence.len());
+        incr.arg("INCR").arg(&keys.fence);
+        let mut conn = self.conn.clone();
+        let (previous, token): (Option<Vec<u8>>, u64) = redis::Pipeline::with_capacity(2)
+            .atomic()
+            .add_command(set)
+            .add_command(incr)
             .query_async(&mut conn)
             .await
             .map_err(|e| RedisError::classify(&self.addr, e))?;
@@ -144,11 +148,10 @@ impl Node {
 
     async fn renew(&self, keys: &LockKeys, owner: &str, ttl: Duration) -> Result<bool, RedisError> {
         let mut conn = self.conn.clone();
-        let renewed: i64 = scripts::RENEW
-            .key(&keys.lock)
+        let renewed: i64 = Invocation::new(&scripts::RENEW, &[&keys.lock])
             .arg(owner)
             .arg(millis(ttl))
-            .invoke_async(&mut conn)
+            .invoke(&mut conn)
             .await
             .map_err(|e| RedisError::classify(&self.addr, e))?;
         Ok(renewed == 1)
@@ -162,31 +165,28 @@ impl Node {
         mode: ReleaseMode,
     ) -> Result<bool, RedisError> {
         let mut conn = self.conn.clone();
-        let released: i64 = scripts::RELEASE
-            .key(&keys.lock)
-            .key(&keys.queue)
-            .key(&keys.alive)
-            .arg(owner)
-            .arg(if config.fair { "1" } else { "0" })
-            .arg(millis(config.handoff))
-            .arg(&keys.channel)
-            .arg(match mode {
-                ReleaseMode::Release => "release",
-                ReleaseMode::Abandon => "abandon",
-                ReleaseMode::Retreat => "retreat",
-            })
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| RedisError::classify(&self.addr, e))?;
+        let released: i64 =
+            Invocation::new(&scripts::RELEASE, &[&keys.lock, &keys.queue, &keys.alive])
+                .arg(owner)
+                .arg(if config.fair { "1" } else { "0" })
+                .arg(millis(config.handoff))
+                .arg(&keys.channel)
+                .arg(match mode {
+                    ReleaseMode::Release => "release",
+                    ReleaseMode::Abandon => "abandon",
+                    ReleaseMode::Retreat => "retreat",
+                })
+                .invoke(&mut conn)
+                .await
+                .map_err(|e| RedisError::classify(&self.addr, e))?;
         Ok(released == 1)
     }
 
     async fn raise_fence(&self, keys: &LockKeys, token: u64) -> Result<(), RedisError> {
         let mut conn = self.conn.clone();
-        let _: i64 = scripts::RAISE_FENCE
-            .key(&keys.fence)
+        let _: i64 = Invocation::new(&scripts::RAISE_FENCE, &[&keys.fence])
             .arg(token)
-            .invoke_async(&mut conn)
+            .invoke(&mut conn)
             .await
             .map_err(|e| RedisError::classify(&self.addr, e))?;
         Ok(())

@@ -8,7 +8,7 @@ use lock_core::Error;
 use redis::aio::MultiplexedConnection;
 
 use crate::error::RedisError;
-use crate::scripts;
+use crate::scripts::{self, Invocation};
 
 /// The cheapest correct Redis lock: two round trips, no fencing, no renewal, no queue.
 #[derive(Debug)]
@@ -62,10 +62,9 @@ impl RawFloor for RedisFloor {
                 source: None,
             });
         }
-        let deleted: i64 = scripts::COMPARE_AND_DELETE
-            .key(name)
+        let deleted: i64 = Invocation::new(&scripts::COMPARE_AND_DELETE, &[name])
             .arg(&owner)
-            .invoke_async(&mut self.conn)
+            .invoke(&mut self.conn)
             .await
             .map_err(|e| RedisError::classify(&self.addr, e).into_lock_error("EVALSHA del"))?;
         if deleted == 1 {
@@ -130,10 +129,9 @@ impl RawFloor for RedlockFloor {
             let mut conn = node.conn.clone();
             let owner = owner.clone();
             async move {
-                scripts::COMPARE_AND_DELETE
-                    .key(name)
+                Invocation::new(&scripts::COMPARE_AND_DELETE, &[name])
                     .arg(&owner)
-                    .invoke_async::<i64>(&mut conn)
+                    .invoke::<i64>(&mut conn)
                     .await
             }
         }))

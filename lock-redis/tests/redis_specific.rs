@@ -186,12 +186,21 @@ async fn scripts_are_reloaded_after_script_flush() {
         .await
         .unwrap();
     guard.renew().await.expect("renew after SCRIPT FLUSH");
+    let first = guard.token();
     guard.release().await.expect("release after SCRIPT FLUSH");
-    let guard = locks
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    // Fair mode always acquires by script.
+    let fair = client(&urls[..1], true).await;
+    let guard = fair
         .try_acquire(&name, &opts())
         .await
-        .unwrap()
+        .expect("acquire script after SCRIPT FLUSH")
         .expect("free");
+    assert!(guard.token() > first);
     guard.release().await.unwrap();
 }
 
