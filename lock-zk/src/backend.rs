@@ -301,6 +301,33 @@ impl LockBackend for ZkBackend {
     }
 }
 
+/// Our node as one of our own writes left it.
+#[derive(Clone, Copy)]
+struct Written {
+    /// Its creation zxid: the fencing token.
+    czxid: i64,
+    /// The write's time on the server's clock.
+    mtime: i64,
+}
+
+impl From<&zk::Stat> for Written {
+    fn from(stat: &zk::Stat) -> Self {
+        Self {
+            czxid: stat.czxid,
+            mtime: stat.mtime,
+        }
+    }
+}
+
+/// The answer to [`ZkAttempt::join_queue`].
+struct Joined {
+    /// Our node's name.
+    node: String,
+    written: Written,
+    /// Ours is the only node: we hold the lock.
+    alone: bool,
+}
+
 /// What wakes a waiter.
 enum Wake {
     /// No watch set (not waiting).
@@ -380,6 +407,47 @@ impl ZkAttempt {
         })
     }
 
+    /// Creates our node and touches the lock node in one transaction (one write, one round
+    /// trip). The lock node's stat in the answer is taken after our create: its child count
+    /// says whether ours is the only node (then we hold the lock, with no listing), and its
+    /// `mzxid` is the transaction's zxid, which is our node's `czxid` (the create's own stat is
+    /// missing from multi answers of servers with ZOOKEEPER-4026).
+    async fn join_queue(
+        client: &zk::Client,
+        parent: &str,
+        prefix: &str,
+        held: &[u8],
+    ) -> std::result::Result<Joined, zk::Error> {
+        let create_path = format!("{parent}/{prefix}");
+        let mut multi = client.new_multi_writer();
+        multi.add_create(&create_path, held, &EPHEMERAL_SEQUENTIAL)?;
+        multi.add_set_data(parent, &[], None)?;
+        let results = multi.commit().await.map_err(zk::Error::from)?;
+        let unexpected =
+            || zk::Error::UnexpectedError(format!("unexpected multi answer: {results:?}"));
+        let (
+            Some(zk::MultiWriteResult::Create { path, stat }),
+            Some(zk::MultiWriteResult::SetData { stat: parent }),
+        ) = (results.first(), results.get(1))
+        else {
+            return Err(unexpected());
+        };
+        let node = path.rsplit('/').next().unwrap_or_default().to_owned();
+        let czxid = if stat.is_invalid() {
+            parent.mzxid
+        } else {
+            stat.czxid
+        };
+        Ok(Joined {
+            node,
+            written: Written {
+                czxid,
+                mtime: parent.mtime,
+            },
+            alone: parent.num_children == 1,
+        })
+    }
+
     fn acquired(
         &self,
         session: Arc<Session>,
@@ -409,22 +477,13 @@ impl ZkAttempt {
         session.check_connected()?;
         let client = &session.client;
         let held = held_data(self.request.ttl);
-        // Stat of our node written by this very call (created, or marked held): its lease
-        // starts now.
-        let mut fresh: Option<zk::Stat> = None;
+        // Our node as written by this very call (created, or marked held): its lease starts
+        // now.
+        let mut fresh: Option<Written> = None;
         let entries = if self.node.is_none() && !self.maybe_created {
-            // Create and list in one round trip: requests of a session are served in order, so
-            // the listing includes the new node.
             self.maybe_created = true;
-            let create_path = format!("{}/{}", self.parent, self.prefix);
-            let create = client.create(&create_path, &held, &EPHEMERAL_SEQUENTIAL);
-            let list = client.list_children(&self.parent);
-            let (created, listed) = futures::join!(create, list);
-            match created {
-                Ok((stat, _)) => {
-                    self.created_zxid = Some(stat.czxid);
-                    fresh = Some(stat);
-                }
+            let joined = match Self::join_queue(client, &self.parent, &self.prefix, &held).await {
+                Ok(joined) => joined,
                 Err(zk::Error::NoNode) => {
                     self.maybe_created = false;
                     let base = self.backend.shared.config.base_path();
@@ -432,8 +491,21 @@ impl ZkAttempt {
                     return Ok(None);
                 }
                 Err(err) => return Err(zk_error("joining the queue", err)),
+            };
+            self.created_zxid = Some(joined.written.czxid);
+            self.node = Some(joined.node.clone());
+            if joined.alone {
+                self.wake = Wake::Idle;
+                return self
+                    .acquired(session.clone(), &joined.node, joined.written.czxid, started)
+                    .map(Some);
             }
-            queue(listed.map_err(|e| zk_error("listing the queue", e))?)
+            fresh = Some(joined.written);
+            match client.list_children(&self.parent).await {
+                Ok(children) => queue(children),
+                Err(zk::Error::NoNode) => Vec::new(),
+                Err(err) => return Err(zk_error("listing the queue", err)),
+            }
         } else if std::mem::take(&mut self.predecessor_gone)
             && self.request.mode == AttemptMode::Wait
             && let Some(node) = self.node.clone()
@@ -468,7 +540,7 @@ impl ZkAttempt {
                     .map(Some);
             }
             match touch.await {
-                Ok(stat) => fresh = Some(stat),
+                Ok(stat) => fresh = Some(Written::from(&stat)),
                 Err(zk::Error::NoNode) => {
                     self.forget_node();
                     return Ok(None);
@@ -495,11 +567,11 @@ impl ZkAttempt {
         self.node = Some(own.clone());
         let own_path = self.own_path(&own);
         if index == 0 {
-            let stat = match fresh {
-                Some(stat) => stat,
+            let written = match fresh {
+                Some(written) => written,
                 // Restart the lease: the node was created earlier (as a waiter).
                 None => match client.set_data(&own_path, &held, None).await {
-                    Ok(stat) => stat,
+                    Ok(stat) => Written::from(&stat),
                     Err(zk::Error::NoNode) => {
                         self.forget_node();
                         return Ok(None);
@@ -509,7 +581,7 @@ impl ZkAttempt {
             };
             self.wake = Wake::Idle;
             return self
-                .acquired(session.clone(), &own, stat.czxid, started)
+                .acquired(session.clone(), &own, written.czxid, started)
                 .map(Some);
         }
         let head = &entries[0];
@@ -560,8 +632,8 @@ impl ZkAttempt {
         let try_mode = self.request.mode == AttemptMode::Try;
         let (now_ms, head_read) = match fresh {
             // A try needs no watch, and its new node's mtime is the server's clock.
-            Some(stat) if try_mode => (
-                stat.mtime,
+            Some(written) if try_mode => (
+                written.mtime,
                 client.get_data(&head_path).await.map(|(d, s)| (d, s, None)),
             ),
             _ => {

@@ -29,9 +29,12 @@
 //! reply was lost is found again by listing the children (Curator's "protected mode"), and
 //! [`Attempt::abandon`](lock_core::Attempt::abandon) deletes it, so no orphan blocks the queue.
 //!
-//! The first poll sends the create and the listing back to back on the session (ZooKeeper
-//! serves a session's requests in order), so an uncontended acquire costs one round trip and
-//! a release one more: the same as the raw create + delete.
+//! The first poll creates the node and sets the (unused) data of the lock node in one `multi`
+//! transaction. The lock node's stat in the answer is taken after the create, so its
+//! `numChildren` says whether the new node is alone; alone, it holds the lock and no listing is
+//! needed, so an uncontended acquire costs one write and a release one more, the same as the
+//! raw create + delete. The stat's `mzxid` is the transaction's zxid, which is also the new
+//! node's `czxid`: the token. Only when other nodes exist does the poll list the children.
 //!
 //! A handoff costs the release and one read: when its predecessor's node is deleted, a
 //! waiter sends a listing and, right behind it, the "held" mark of its node (see below). The

@@ -355,3 +355,40 @@ async fn a_handed_lock_carries_the_nodes_token_and_is_marked_held() {
     handed.release().await.expect("release");
     assert!(h.queue(name).await.is_empty());
 }
+
+/// An uncontended acquisition holds at once (its node is the lock node's only child) with its
+/// node's creation zxid as the token; with another node in the queue, the same first poll
+/// finds that it is not alone and does not take the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alone_node_holds_with_its_creation_zxid_and_a_second_one_waits() {
+    let _serial = SERIAL.lock().await;
+    let Some(h) = harness().await else { return };
+    let name = "alone";
+    let locks = h.backend().await.expect("connect");
+    let mut previous = None;
+    for _ in 0..3 {
+        let guard = locks
+            .try_acquire(name, &opts())
+            .await
+            .unwrap()
+            .expect("free");
+        let queue = h.queue(name).await;
+        assert_eq!(queue.len(), 1, "{queue:?}");
+        let path = format!("{}/{}", h.lock_path(name), queue[0]);
+        let (data, czxid) = data_once(&h, &path, |_| true).await;
+        assert_eq!(data, format!("H{}", opts().ttl.as_millis()).into_bytes());
+        assert_eq!(guard.token().get(), u64::try_from(czxid).expect("zxid"));
+        assert!(previous.is_none_or(|p| guard.token() > p));
+        previous = Some(guard.token());
+
+        let other = h.backend().await.expect("connect");
+        assert!(other.try_acquire(name, &opts()).await.unwrap().is_none());
+        assert_eq!(
+            h.queue(name).await.len(),
+            1,
+            "the refused try left its node"
+        );
+        guard.release().await.expect("release");
+    }
+    assert!(h.queue(name).await.is_empty());
+}
