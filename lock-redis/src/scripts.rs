@@ -9,7 +9,9 @@ use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind
 /// owner value contains a NUL byte, so a reservation never equals an owner.
 pub(crate) const RESERVED_PREFIX: &str = "\0next:";
 
-/// Room for a call's arguments (owners are 32-80 bytes, the rest are numbers and flags).
+/// Room for a call's arguments: up to 8 (`ARGV`), of 192 bytes in all (owners are 32-80 bytes,
+/// the rest are numbers and flags). More only costs a reallocation.
+const ARGS: usize = 8;
 const ARGS_ROOM: usize = 192;
 
 /// One call of a script, written straight into an `EVALSHA` command.
@@ -28,7 +30,7 @@ impl Invocation {
     pub(crate) fn new(script: &'static Script, keys: &[&str]) -> Self {
         // Sized up front: growing the buffer argument by argument costs more than the copy.
         let data = 64 + keys.iter().map(|k| k.len()).sum::<usize>() + ARGS_ROOM;
-        let mut cmd = Cmd::with_capacity(3 + keys.len() + 8, data);
+        let mut cmd = Cmd::with_capacity(3 + keys.len() + ARGS, data);
         cmd.arg("EVALSHA")
             .arg(script.get_hash())
             .arg(keys.len())

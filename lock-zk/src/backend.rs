@@ -423,14 +423,14 @@ impl ZkAttempt {
         multi.add_create(&create_path, held, &EPHEMERAL_SEQUENTIAL)?;
         multi.add_set_data(parent, &[], None)?;
         let results = multi.commit().await.map_err(zk::Error::from)?;
-        let unexpected =
-            || zk::Error::UnexpectedError(format!("unexpected multi answer: {results:?}"));
         let (
             Some(zk::MultiWriteResult::Create { path, stat }),
             Some(zk::MultiWriteResult::SetData { stat: parent }),
         ) = (results.first(), results.get(1))
         else {
-            return Err(unexpected());
+            return Err(zk::Error::UnexpectedError(format!(
+                "unexpected multi answer: {results:?}"
+            )));
         };
         let node = path.rsplit('/').next().unwrap_or_default().to_owned();
         let czxid = if stat.is_invalid() {
