@@ -15,7 +15,7 @@ use tracing::{debug, warn};
 use zookeeper_client as zk;
 
 use crate::ZkConfig;
-use crate::names::{escape, queue, unescape};
+use crate::names::{Entry, escape, queue, unescape};
 
 /// Node data of a node that holds (or is about to hold) the lock: `H<ttl in ms>`. Its lease runs
 /// from the node's `mtime` for that many milliseconds, on the server's clock.
@@ -301,6 +301,23 @@ impl LockBackend for ZkBackend {
     }
 }
 
+/// The queue under `parent`, lowest sequence first; empty once the lock node is gone. The
+/// request is sent at the call, not when the future is first polled, so that it keeps its
+/// place among the session's requests.
+fn list_queue<'a>(
+    client: &'a zk::Client,
+    parent: &str,
+) -> impl Future<Output = Result<Vec<Entry>>> + Send + 'a {
+    let listing = client.list_children(parent);
+    async move {
+        match listing.await {
+            Ok(children) => Ok(queue(children)),
+            Err(zk::Error::NoNode) => Ok(Vec::new()),
+            Err(err) => Err(zk_error("listing the queue", err)),
+        }
+    }
+}
+
 /// Our node as one of our own writes left it.
 #[derive(Clone, Copy)]
 struct Written {
@@ -501,11 +518,7 @@ impl ZkAttempt {
                     .map(Some);
             }
             fresh = Some(joined.written);
-            match client.list_children(&self.parent).await {
-                Ok(children) => queue(children),
-                Err(zk::Error::NoNode) => Vec::new(),
-                Err(err) => return Err(zk_error("listing the queue", err)),
-            }
+            list_queue(client, &self.parent).await?
         } else if std::mem::take(&mut self.predecessor_gone)
             && self.request.mode == AttemptMode::Wait
             && let Some(node) = self.node.clone()
@@ -520,13 +533,9 @@ impl ZkAttempt {
             let was_waiting = std::mem::replace(&mut self.waiting_marked, false);
             // The listing goes first: the server answers a read queued before our write
             // without waiting for that write to commit.
-            let list = client.list_children(&self.parent);
+            let list = list_queue(client, &self.parent);
             let touch = client.set_data(&self.own_path(&node), &held, None);
-            let entries = match list.await {
-                Ok(children) => queue(children),
-                Err(zk::Error::NoNode) => Vec::new(),
-                Err(err) => return Err(zk_error("listing the queue", err)),
-            };
+            let entries = list.await?;
             if was_waiting
                 && let Some(czxid) = self.created_zxid
                 && entries.first().is_some_and(|head| head.name == node)
@@ -549,11 +558,7 @@ impl ZkAttempt {
             }
             entries
         } else {
-            match client.list_children(&self.parent).await {
-                Ok(children) => queue(children),
-                Err(zk::Error::NoNode) => Vec::new(),
-                Err(err) => return Err(zk_error("listing the queue", err)),
-            }
+            list_queue(client, &self.parent).await?
         };
         let Some(index) = entries
             .iter()

@@ -288,15 +288,14 @@ async fn a_waiter_whose_predecessor_gives_up_is_marked_waiting_again() {
 
 /// The queue of `name` once it has `len` nodes (`who` joined it).
 async fn queue_of(h: &ZkHarness, name: &str, len: usize, who: &str) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let queue = h.queue(name).await;
-        if queue.len() == len {
-            return queue;
-        }
-        assert!(Instant::now() < deadline, "{who} did not join the queue");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    tokio::time::timeout(Duration::from_secs(5), h.queue_when(name, len))
+        .await
+        .unwrap_or_else(|_| panic!("{who} did not join the queue"))
+}
+
+/// A holder's node data: `H` and the ttl of [`opts`] in milliseconds.
+fn held_mark() -> Vec<u8> {
+    format!("H{}", opts().ttl.as_millis()).into_bytes()
 }
 
 /// The data of `path` once `accept` takes it, waiting on data watches (no polling).
@@ -346,7 +345,7 @@ async fn a_handed_lock_carries_the_nodes_token_and_is_marked_held() {
     guard.release().await.expect("release");
     let (_waiter, handed) = waiting.await.expect("waiter");
     let (data, czxid) = data_once(&h, &path, |d| d.starts_with(b"H")).await;
-    assert_eq!(data, format!("H{}", opts().ttl.as_millis()).into_bytes());
+    assert_eq!(data, held_mark());
     assert_eq!(
         handed.token().get(),
         u64::try_from(czxid).expect("positive zxid")
@@ -376,7 +375,7 @@ async fn an_alone_node_holds_with_its_creation_zxid_and_a_second_one_waits() {
         assert_eq!(queue.len(), 1, "{queue:?}");
         let path = format!("{}/{}", h.lock_path(name), queue[0]);
         let (data, czxid) = data_once(&h, &path, |_| true).await;
-        assert_eq!(data, format!("H{}", opts().ttl.as_millis()).into_bytes());
+        assert_eq!(data, held_mark());
         assert_eq!(guard.token().get(), u64::try_from(czxid).expect("zxid"));
         assert!(previous.is_none_or(|p| guard.token() > p));
         previous = Some(guard.token());

@@ -166,29 +166,43 @@ impl ZkHarness {
 
     /// Resolves once `name` has no queue node left (watch-driven, no polling).
     pub async fn drained(&self, name: &str) {
+        self.queue_when(name, 0).await;
+    }
+
+    /// The queue of `name` once it has `len` nodes, lowest sequence first (watch-driven, no
+    /// polling).
+    pub async fn queue_when(&self, name: &str, len: usize) -> Vec<String> {
         let path = self.lock_path(name);
         loop {
-            match self.admin.list_and_watch_children(&path).await {
-                Ok((children, _)) if children.is_empty() => return,
-                Ok((_, watcher)) => {
-                    watcher.changed().await;
-                }
-                Err(zk::Error::NoNode) => return,
+            let watcher = match self.admin.list_and_watch_children(&path).await {
+                Ok((children, _)) if children.len() == len => return by_sequence(children),
+                Ok((_, watcher)) => watcher,
+                Err(zk::Error::NoNode) if len == 0 => return Vec::new(),
+                // No lock node yet: wait for its creation.
+                Err(zk::Error::NoNode) => match self.admin.check_and_watch_stat(&path).await {
+                    Ok((None, watcher)) => watcher,
+                    Ok((Some(_), _)) => continue, // created meanwhile: list again
+                    Err(e) => panic!("watching the lock node of {name:?}: {e}"),
+                },
                 Err(e) => panic!("watching the queue of {name:?}: {e}"),
-            }
+            };
+            watcher.changed().await;
         }
     }
 
     /// The queue of `name`, lowest sequence first.
     pub async fn queue(&self, name: &str) -> Vec<String> {
-        let mut children = match self.admin.list_children(&self.lock_path(name)).await {
-            Ok(children) => children,
+        match self.admin.list_children(&self.lock_path(name)).await {
+            Ok(children) => by_sequence(children),
             Err(zk::Error::NoNode) => Vec::new(),
             Err(e) => panic!("listing {name:?}: {e}"),
-        };
-        children.sort_by_key(|c| c.rsplit_once('.').map(|(_, s)| s.to_owned()));
-        children
+        }
     }
+}
+
+fn by_sequence(mut children: Vec<String>) -> Vec<String> {
+    children.sort_by_key(|c| c.rsplit_once('.').map(|(_, s)| s.to_owned()));
+    children
 }
 
 pub fn client_config() -> ClientConfig {
