@@ -6,7 +6,7 @@
 # DISTLOCK_TEST_REQUIRE=all (a missing backend fails instead of skipping), then runs:
 #   cargo fmt --all -- --check
 #   cargo clippy --workspace --all-targets --all-features -- -D warnings
-#   cargo clippy -p lock-sql --no-default-features --features F --all-targets (each database alone)
+#   cargo clippy -p distlock-sql --no-default-features --features F --all-targets (each database alone)
 #   RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --all-features --no-deps
 #   cargo test --workspace --all-features
 # Every step runs even when an earlier one failed (so one run reports everything); the script
@@ -103,11 +103,11 @@ export DISTLOCK_TEST_REQUIRE=all
 
 run_step fmt cargo fmt --all -- --check
 run_step clippy cargo clippy --workspace --all-targets --all-features -- -D warnings
-# Each database of lock-sql is a cargo feature that must build (and lint) alone.
+# Each database of distlock-sql is a cargo feature that must build (and lint) alone.
 lint_sql_features() {
   local feature
   for feature in postgres mysql sqlite; do
-    cargo clippy -p lock-sql --no-default-features --features "$feature" --all-targets -- -D warnings || return
+    cargo clippy -p distlock-sql --no-default-features --features "$feature" --all-targets -- -D warnings || return
   done
 }
 run_step clippy-sql-features lint_sql_features

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use lock_core::{
+use distlock_core::{
     AcquireOptions, Backoff, DistributedLock, Error, LockGuard, LockName, LossReason, OwnerId,
     Renewal,
 };

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{AcquireOptions, DistributedLock, Error};
+use distlock_core::{AcquireOptions, DistributedLock, Error};
 
 pub mod cases;
 pub mod memory;

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::memory::{MemoryBackend, MemoryStore};
-use lock_core::{ClientConfig, Error, LockClient};
+use distlock_core::memory::{MemoryBackend, MemoryStore};
+use distlock_core::{ClientConfig, Error, LockClient};
 
 use crate::{Harness, HookError, HookResult, TestClient};
 

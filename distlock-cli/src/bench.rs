@@ -1,7 +1,7 @@
 //! `distlock bench`: the shared lock-bench scenarios against one or more URLs, each next to its
 //! backend's raw floor.
 
-use lock_bench::{BenchArgs, Target};
+use distlock_bench::{BenchArgs, Target};
 
 use crate::exit::{CONFIG, Failure, OTHER};
 
@@ -31,7 +31,7 @@ pub(crate) async fn bench(args: CliBenchArgs) -> Result<u8, Failure> {
         targets.push(with_floor(target, url));
     }
     let config = args.bench.config();
-    let report = lock_bench::run(&targets, &config)
+    let report = distlock_bench::run(&targets, &config)
         .await
         .map_err(|err| Failure::from_lock(&err, "benchmark"))?;
     println!("{}", report.to_markdown());
@@ -60,34 +60,34 @@ fn with_floor(target: Target, url: &str) -> Target {
         "redis" | "rediss" => target.with_floor(move || {
             let url = url.clone();
             async move {
-                let floor = lock_redis::bench::RedisFloor::connect(&url).await?;
-                Ok(Box::new(floor) as Box<dyn lock_bench::RawFloor>)
+                let floor = distlock_redis::bench::RedisFloor::connect(&url).await?;
+                Ok(Box::new(floor) as Box<dyn distlock_bench::RawFloor>)
             }
         }),
         #[cfg(feature = "redis")]
         "redlock" => target.with_floor(move || {
             let nodes = redlock_nodes(&url);
             async move {
-                let floor = lock_redis::bench::RedlockFloor::connect(&nodes).await?;
-                Ok(Box::new(floor) as Box<dyn lock_bench::RawFloor>)
+                let floor = distlock_redis::bench::RedlockFloor::connect(&nodes).await?;
+                Ok(Box::new(floor) as Box<dyn distlock_bench::RawFloor>)
             }
         }),
         #[cfg(feature = "etcd")]
         "etcd" => target.with_floor(move || {
             let url = url.clone();
             async move {
-                let config = lock_etcd::EtcdConfig::from_url(&url)?;
-                let floor = lock_etcd::bench::TxnFloor::connect(&config).await?;
-                Ok(Box::new(floor) as Box<dyn lock_bench::RawFloor>)
+                let config = distlock_etcd::EtcdConfig::from_url(&url)?;
+                let floor = distlock_etcd::bench::TxnFloor::connect(&config).await?;
+                Ok(Box::new(floor) as Box<dyn distlock_bench::RawFloor>)
             }
         }),
         #[cfg(feature = "zookeeper")]
         "zk" => target.with_floor(move || {
             let url = url.clone();
             async move {
-                let config = lock_zk::ZkConfig::from_url(&url)?;
-                let floor = lock_zk::bench::ZkFloor::connect(&config).await?;
-                Ok(Box::new(floor) as Box<dyn lock_bench::RawFloor>)
+                let config = distlock_zookeeper::ZkConfig::from_url(&url)?;
+                let floor = distlock_zookeeper::bench::ZkFloor::connect(&config).await?;
+                Ok(Box::new(floor) as Box<dyn distlock_bench::RawFloor>)
             }
         }),
         #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
@@ -100,8 +100,8 @@ fn with_floor(target: Target, url: &str) -> Target {
             target.with_floor(move || {
                 let url = url.clone();
                 async move {
-                    let floor = lock_sql::bench::SqlFloor::connect(&url).await?;
-                    Ok(Box::new(floor) as Box<dyn lock_bench::RawFloor>)
+                    let floor = distlock_sql::bench::SqlFloor::connect(&url).await?;
+                    Ok(Box::new(floor) as Box<dyn distlock_bench::RawFloor>)
                 }
             })
         }

@@ -15,6 +15,7 @@
 
 mod bench;
 mod exit;
+mod owner;
 mod run;
 mod status;
 

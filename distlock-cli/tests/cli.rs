@@ -194,8 +194,8 @@ fn a_lost_lock_terminates_the_command() {
     env.wait_until_held("stolen");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
-        let config = lock_sql::SqlConfig::from_url(&env.url()).expect("url");
-        let admin = lock_sql::SqlBackend::connect(config)
+        let config = distlock_sql::SqlConfig::from_url(&env.url()).expect("url");
+        let admin = distlock_sql::SqlBackend::connect(config)
             .await
             .expect("connect");
         assert!(

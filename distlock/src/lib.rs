@@ -20,7 +20,7 @@
 //!
 //! | URL | cargo feature | crate |
 //! |---|---|---|
-//! | `memory://[NAME]` | always | [`lock_core::memory`] |
+//! | `memory://[NAME]` | always | [`distlock_core::memory`] |
 //! | `sqlite://PATH`, `sqlite::memory:` | `sqlite` (default) | `lock-sql` |
 //! | `postgres://user@host:port/db` | `postgres` | `lock-sql` |
 //! | `mysql://user@host:port/db` | `mysql` | `lock-sql` |
@@ -35,20 +35,20 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-pub use lock_core::*;
+pub use distlock_core::*;
 
 /// The etcd backend (feature `etcd`).
 #[cfg(feature = "etcd")]
-pub use lock_etcd as etcd;
+pub use distlock_etcd as etcd;
 /// The Redis and Redlock backends (feature `redis`).
 #[cfg(feature = "redis")]
-pub use lock_redis as redis;
+pub use distlock_redis as redis;
 /// The SQL backends (features `postgres`, `mysql`, `sqlite`).
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub use lock_sql as sql;
+pub use distlock_sql as sql;
 /// The ZooKeeper backend (feature `zookeeper`).
 #[cfg(feature = "zookeeper")]
-pub use lock_zk as zookeeper;
+pub use distlock_zookeeper as zookeeper;
 
 /// Connects to the lock service at `url` with the default [`ClientConfig`].
 ///
@@ -73,17 +73,17 @@ pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Arc<dyn Dis
             Ok(LockClient::with_config(memory::MemoryBackend::new(store), config)?.into_dyn())
         }
         #[cfg(feature = "sqlite")]
-        "sqlite" => Ok(lock_sql::connect(url, config).await?.into_dyn()),
+        "sqlite" => Ok(distlock_sql::connect(url, config).await?.into_dyn()),
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => Ok(lock_sql::connect(url, config).await?.into_dyn()),
+        "postgres" | "postgresql" => Ok(distlock_sql::connect(url, config).await?.into_dyn()),
         #[cfg(feature = "mysql")]
-        "mysql" | "mariadb" => Ok(lock_sql::connect(url, config).await?.into_dyn()),
+        "mysql" | "mariadb" => Ok(distlock_sql::connect(url, config).await?.into_dyn()),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redlock" => Ok(lock_redis::connect(url, config).await?.into_dyn()),
+        "redis" | "rediss" | "redlock" => Ok(distlock_redis::connect(url, config).await?.into_dyn()),
         #[cfg(feature = "etcd")]
-        "etcd" => Ok(lock_etcd::connect(url, config).await?.into_dyn()),
+        "etcd" => Ok(distlock_etcd::connect(url, config).await?.into_dyn()),
         #[cfg(feature = "zookeeper")]
-        "zk" => Ok(lock_zk::connect(url, config).await?.into_dyn()),
+        "zk" => Ok(distlock_zookeeper::connect(url, config).await?.into_dyn()),
         other => match feature_of(other) {
             Some(feature) => Err(Error::Unsupported(format!(
                 "the {other}:// backend is not compiled in: enable the cargo feature `{feature}` of distlock"

@@ -10,7 +10,7 @@ use crate::{BenchConfig, S1Call, ScenarioSelection};
 ///
 /// ```
 /// use clap::Parser;
-/// use lock_bench::BenchArgs;
+/// use distlock_bench::BenchArgs;
 ///
 /// #[derive(Parser)]
 /// struct Cli {

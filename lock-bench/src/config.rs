@@ -4,7 +4,7 @@ use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lock_core::Error;
+use distlock_core::Error;
 use serde::{Serialize, Serializer};
 
 /// Which scenarios a run measures. The raw floor of a target, if it has one, is measured
@@ -60,7 +60,7 @@ impl S1Call {
 ///
 /// ```
 /// use std::time::Duration;
-/// use lock_bench::{BenchConfig, ScenarioSelection};
+/// use distlock_bench::{BenchConfig, ScenarioSelection};
 ///
 /// let config = BenchConfig::default()
 ///     .with_scenarios(ScenarioSelection::S2)

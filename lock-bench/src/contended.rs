@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use lock_core::{AcquireOptions, DistributedLock, Error};
+use distlock_core::{AcquireOptions, DistributedLock, Error};
 
 use crate::BenchConfig;
 use crate::report::{ClientShare, S2Result};

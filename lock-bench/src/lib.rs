@@ -30,7 +30,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use lock_bench::{BenchConfig, Target};
+//! use distlock_bench::{BenchConfig, Target};
 //!
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! let config = BenchConfig::default()
@@ -38,10 +38,10 @@
 //!     .with_warmup_cycles(10)
 //!     .with_duration(Duration::from_millis(100))
 //!     .with_s2_warmup(Duration::from_millis(20));
-//! let report = lock_bench::run(&[Target::memory()], &config).await?;
+//! let report = distlock_bench::run(&[Target::memory()], &config).await?;
 //! assert!(!report.has_failures());
 //! println!("{}", report.to_markdown());
-//! # Ok::<(), lock_core::Error>(())
+//! # Ok::<(), distlock_core::Error>(())
 //! # }).unwrap();
 //! ```
 //!
@@ -51,10 +51,10 @@
 //!
 //! ```
 //! # use std::sync::Arc;
-//! # use lock_bench::Target;
-//! # use lock_core::{DistributedLock, Error};
+//! # use distlock_bench::Target;
+//! # use distlock_core::{DistributedLock, Error};
 //! # async fn connect(_url: &str) -> Result<Arc<dyn DistributedLock>, Error> {
-//! #     Ok(lock_core::memory::MemoryStore::new().client())
+//! #     Ok(distlock_core::memory::MemoryStore::new().client())
 //! # }
 //! let url = "redis://127.0.0.1:16379".to_owned();
 //! let target = Target::new("redis", move || {
@@ -79,7 +79,7 @@ pub use report::{
 pub use stats::LatencySummary;
 pub use target::{ClientFuture, FloorFuture, RawFloor, Target};
 
-use lock_core::Error;
+use distlock_core::Error;
 use stats::Progress;
 
 /// Measures every target with `config`, one after another, and returns all results.

@@ -2,12 +2,12 @@
 //! optionally JSON).
 //!
 //! Only the in-memory backend is available until the URL facade exists; `distlock bench`
-//! will offer every backend through the same [`lock_bench::BenchArgs`] flags.
+//! will offer every backend through the same [`distlock_bench::BenchArgs`] flags.
 
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
-use lock_bench::{BenchArgs, Target};
+use distlock_bench::{BenchArgs, Target};
 
 /// Benchmark distlock backends: uncontended acquire+release (S1) and contended critical
 /// sections (S2), next to each backend's raw floor.
@@ -35,7 +35,7 @@ async fn main() -> ExitCode {
         Backend::Memory => vec![Target::memory()],
     };
     let config = cli.bench.config();
-    let report = match lock_bench::run(&targets, &config).await {
+    let report = match distlock_bench::run(&targets, &config).await {
         Ok(report) => report,
         Err(err) => {
             eprintln!("lock-bench: {err}");

@@ -25,7 +25,7 @@ pub struct Report {
 pub struct TargetResult {
     /// The target's label.
     pub target: String,
-    /// The backend name its clients report ([`DistributedLock::backend`](lock_core::DistributedLock::backend)),
+    /// The backend name its clients report ([`DistributedLock::backend`](distlock_core::DistributedLock::backend)),
     /// once a client was created.
     pub backend: Option<String>,
     /// The raw floor, if the target has one and it ran without error.
@@ -48,7 +48,7 @@ pub struct ScenarioError {
 }
 
 impl ScenarioError {
-    pub(crate) fn new(scenario: &str, error: &lock_core::Error) -> Self {
+    pub(crate) fn new(scenario: &str, error: &distlock_core::Error) -> Self {
         let mut message = error.to_string();
         let mut source = std::error::Error::source(error);
         while let Some(s) = source {

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use lock_core::memory::MemoryStore;
-use lock_core::{DistributedLock, Error};
+use distlock_core::memory::MemoryStore;
+use distlock_core::{DistributedLock, Error};
 
 /// The future a [`Target`]'s client factory returns.
 pub type ClientFuture = BoxFuture<'static, Result<Arc<dyn DistributedLock>, Error>>;
@@ -30,7 +30,7 @@ type FloorFactory = Box<dyn Fn() -> FloorFuture + Send + Sync>;
 ///
 /// ```
 /// use async_trait::async_trait;
-/// use lock_bench::RawFloor;
+/// use distlock_bench::RawFloor;
 ///
 /// /// Costs nothing: measures the harness itself.
 /// #[derive(Debug)]
@@ -42,7 +42,7 @@ type FloorFactory = Box<dyn Fn() -> FloorFuture + Send + Sync>;
 ///         "no-op"
 ///     }
 ///
-///     async fn cycle(&mut self, _name: &str) -> Result<(), lock_core::Error> {
+///     async fn cycle(&mut self, _name: &str) -> Result<(), distlock_core::Error> {
 ///         Ok(())
 ///     }
 /// }
@@ -66,8 +66,8 @@ pub trait RawFloor: Send + fmt::Debug {
 /// connection or session), because S2's contending clients each call it once.
 ///
 /// ```
-/// use lock_bench::Target;
-/// use lock_core::memory::MemoryStore;
+/// use distlock_bench::Target;
+/// use distlock_core::memory::MemoryStore;
 ///
 /// let store = MemoryStore::new();
 /// let target = Target::new("memory", move || {

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use lock_core::{AcquireOptions, DistributedLock, Error};
+use distlock_core::{AcquireOptions, DistributedLock, Error};
 
 use crate::report::{FloorResult, S1Result};
 use crate::stats::{Progress, Recorder, rate};

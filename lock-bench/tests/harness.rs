@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use clap::Parser;
-use lock_bench::{
+use distlock_bench::{
     BenchArgs, BenchConfig, LatencySummary, RawFloor, Report, S1Call, ScenarioSelection, Target,
 };
-use lock_core::Error;
-use lock_core::memory::MemoryStore;
+use distlock_core::Error;
+use distlock_core::memory::MemoryStore;
 
 fn small() -> BenchConfig {
     BenchConfig::default()
@@ -70,7 +70,7 @@ fn memory_target_with_floor(label: &str, cycles: Arc<AtomicU64>) -> Target {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_scenarios_on_memory_give_sane_results() {
     let config = small();
-    let report = lock_bench::run(&[Target::memory()], &config).await.unwrap();
+    let report = distlock_bench::run(&[Target::memory()], &config).await.unwrap();
     assert!(!report.has_failures(), "{report:#?}");
     assert_eq!(report.targets.len(), 1);
     let t = &report.targets[0];
@@ -161,7 +161,7 @@ async fn both_scenarios_on_memory_give_sane_results() {
 async fn raw_floor_plumbing() {
     let cycles = Arc::new(AtomicU64::new(0));
     let config = small().with_scenarios(ScenarioSelection::S1);
-    let report = lock_bench::run(&[memory_target_with_floor("fake", cycles.clone())], &config)
+    let report = distlock_bench::run(&[memory_target_with_floor("fake", cycles.clone())], &config)
         .await
         .unwrap();
     assert!(!report.has_failures(), "{report:#?}");
@@ -194,7 +194,7 @@ async fn targets_without_floor_have_no_ratio() {
         async move { Ok(store.client()) }
     });
     let config = small().with_s1_call(S1Call::Acquire).with_clients(2);
-    let report = lock_bench::run(&[target], &config).await.unwrap();
+    let report = distlock_bench::run(&[target], &config).await.unwrap();
     assert!(!report.has_failures(), "{report:#?}");
     let t = &report.targets[0];
     assert!(t.floor.is_none());
@@ -212,7 +212,7 @@ async fn targets_without_floor_have_no_ratio() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_are_reported_and_the_run_goes_on() {
     let broken = Target::new("broken", || async {
-        Err::<Arc<dyn lock_core::DistributedLock>, _>(Error::Unavailable {
+        Err::<Arc<dyn distlock_core::DistributedLock>, _>(Error::Unavailable {
             message: "connection refused".into(),
             source: None,
         })
@@ -221,7 +221,7 @@ async fn failures_are_reported_and_the_run_goes_on() {
         Err::<Box<dyn RawFloor>, _>(Error::Unsupported("no floor today".into()))
     });
     let config = small().with_duration(Duration::from_millis(100));
-    let report = lock_bench::run(&[broken, Target::memory()], &config)
+    let report = distlock_bench::run(&[broken, Target::memory()], &config)
         .await
         .unwrap();
     assert!(report.has_failures());
@@ -242,7 +242,7 @@ async fn failures_are_reported_and_the_run_goes_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_carries_parameters_and_results() {
     let config = small().with_name_prefix("test-prefix");
-    let report: Report = lock_bench::run(&[Target::memory()], &config).await.unwrap();
+    let report: Report = distlock_bench::run(&[Target::memory()], &config).await.unwrap();
     let json: serde_json::Value = serde_json::from_str(&report.to_json().unwrap()).unwrap();
     let params = &json["config"];
     assert_eq!(params["cycles"], 200);
@@ -274,7 +274,7 @@ async fn invalid_config_is_rejected() {
         small().with_cycles(0),
         small().with_duration(Duration::ZERO),
     ] {
-        let err = lock_bench::run(&[Target::memory()], &config)
+        let err = distlock_bench::run(&[Target::memory()], &config)
             .await
             .unwrap_err();
         assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");

@@ -21,9 +21,9 @@ use crate::{
 /// reentrancy table).
 ///
 /// ```
-/// # async fn demo() -> Result<(), lock_core::Error> {
+/// # async fn demo() -> Result<(), distlock_core::Error> {
 /// use std::sync::Arc;
-/// use lock_core::{DistributedLock, LockClient, memory::{MemoryBackend, MemoryStore}};
+/// use distlock_core::{DistributedLock, LockClient, memory::{MemoryBackend, MemoryStore}};
 ///
 /// let client = LockClient::new(MemoryBackend::new(MemoryStore::new()));
 /// let shared: Arc<dyn DistributedLock> = Arc::new(client);

@@ -17,9 +17,9 @@
 //! - [`memory`] is the reference backend for one process.
 //!
 //! ```
-//! # async fn demo() -> Result<(), lock_core::Error> {
+//! # async fn demo() -> Result<(), distlock_core::Error> {
 //! use std::time::Duration;
-//! use lock_core::{AcquireOptions, DistributedLock, memory::MemoryStore};
+//! use distlock_core::{AcquireOptions, DistributedLock, memory::MemoryStore};
 //!
 //! let store = MemoryStore::new();
 //! let (a, b) = (store.client(), store.client());

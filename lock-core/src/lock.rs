@@ -13,9 +13,9 @@ use crate::{AcquireOptions, Capabilities, LockGuard, LockInfo, Result};
 /// [`Capabilities`] declare otherwise (fencing strength, fairness, wake-up mechanism).
 ///
 /// ```
-/// # async fn demo() -> Result<(), lock_core::Error> {
+/// # async fn demo() -> Result<(), distlock_core::Error> {
 /// use std::time::Duration;
-/// use lock_core::{AcquireOptions, DistributedLock, memory::MemoryStore};
+/// use distlock_core::{AcquireOptions, DistributedLock, memory::MemoryStore};
 ///
 /// let locks = MemoryStore::new().client();
 /// let opts = AcquireOptions::default().with_ttl(Duration::from_secs(10));

@@ -9,7 +9,7 @@ use crate::{Capabilities, Error};
 ///
 /// ```
 /// use std::time::Duration;
-/// use lock_core::{AcquireOptions, Renewal};
+/// use distlock_core::{AcquireOptions, Renewal};
 ///
 /// let opts = AcquireOptions::default()
 ///     .with_ttl(Duration::from_secs(10))

@@ -6,9 +6,9 @@
 //! cargo run --release -p lock-etcd --all-features --example bench
 //! ```
 
-use lock_bench::{BenchConfig, ScenarioSelection};
-use lock_etcd::EtcdConfig;
-use lock_etcd::bench::{lock_api_target, target};
+use distlock_bench::{BenchConfig, ScenarioSelection};
+use distlock_etcd::EtcdConfig;
+use distlock_etcd::bench::{lock_api_target, target};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -18,10 +18,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bench = BenchConfig::default()
         .with_cycles(3_000)
         .with_warmup_cycles(300);
-    let report = lock_bench::run(&[target("etcd", &config)], &bench).await?;
+    let report = distlock_bench::run(&[target("etcd", &config)], &bench).await?;
     println!("{}", report.to_markdown());
     let s1 = bench.with_scenarios(ScenarioSelection::S1);
-    let report = lock_bench::run(&[lock_api_target("etcd vs Lock API", &config)], &s1).await?;
+    let report = distlock_bench::run(&[lock_api_target("etcd vs Lock API", &config)], &s1).await?;
     println!("{}", report.to_markdown());
     Ok(())
 }

@@ -12,7 +12,7 @@ use etcd_client::{
     LeaseKeeper, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType,
     WatchOptions, WatchStream,
 };
-use lock_core::{
+use distlock_core::{
     AcquireRequest, Acquired, Attempt, AttemptMode, Capabilities, Error, FencingGuarantee,
     FencingToken, Lease, LockBackend, LockInfo, LockName, LossDetection, Result, Step, WakeUp,
 };
@@ -30,7 +30,7 @@ pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// The etcd lock protocol over one [`etcd_client::Client`] (one connection pool, one lease per
 /// distinct ttl). Build it with [`EtcdBackend::connect`] and wrap it in a
-/// [`lock_core::LockClient`], or use [`crate::connect`].
+/// [`distlock_core::LockClient`], or use [`crate::connect`].
 #[derive(Clone)]
 pub struct EtcdBackend {
     shared: Arc<Shared>,

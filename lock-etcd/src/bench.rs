@@ -2,8 +2,8 @@
 
 use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
-use lock_bench::{RawFloor, Target};
-use lock_core::{ClientConfig, Error};
+use distlock_bench::{RawFloor, Target};
+use distlock_core::{ClientConfig, Error};
 
 use crate::EtcdConfig;
 

@@ -1,6 +1,6 @@
 //! Endpoints and key prefix, from a URL or programmatically.
 
-use lock_core::Error;
+use distlock_core::Error;
 
 /// The default key prefix under which every lock lives.
 pub const DEFAULT_PREFIX: &str = "distlock";
@@ -8,7 +8,7 @@ pub const DEFAULT_PREFIX: &str = "distlock";
 /// Where the etcd cluster is and under which key prefix locks live.
 ///
 /// ```
-/// use lock_etcd::EtcdConfig;
+/// use distlock_etcd::EtcdConfig;
 ///
 /// let config = EtcdConfig::from_url("etcd://127.0.0.1:2379,127.0.0.1:22379/app/locks").unwrap();
 /// assert_eq!(config.endpoints(), ["http://127.0.0.1:2379", "http://127.0.0.1:22379"]);

@@ -2,11 +2,11 @@
 //! linearizable fencing tokens.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), lock_etcd::lock_core::Error> {
+//! # async fn demo() -> Result<(), distlock_etcd::distlock_core::Error> {
 //! use std::time::Duration;
-//! use lock_etcd::lock_core::{AcquireOptions, ClientConfig, DistributedLock};
+//! use distlock_etcd::distlock_core::{AcquireOptions, ClientConfig, DistributedLock};
 //!
-//! let client = lock_etcd::connect("etcd://127.0.0.1:2379/myapp", ClientConfig::default()).await?;
+//! let client = distlock_etcd::connect("etcd://127.0.0.1:2379/myapp", ClientConfig::default()).await?;
 //! let opts = AcquireOptions::default().with_ttl(Duration::from_secs(10));
 //! let guard = client.acquire("invoices", &opts).await?;
 //! // Pass guard.token() with every write to the protected resource.
@@ -66,7 +66,7 @@
 //! connection), since a repeated delete could not tell a lost answer from a lost lock.
 //!
 //! **The reaper.** Because the lease is shared, a guard that stops renewing (renewal disabled,
-//! hold limit reached, [`abandon`](lock_core::LockGuard::abandon)) would stay held as long as
+//! hold limit reached, [`abandon`](distlock_core::LockGuard::abandon)) would stay held as long as
 //! other guards of the same client keep the lease alive. Each held key therefore has a small
 //! task that deletes it (if its `create_revision` is still ours) once its own ttl has passed
 //! since its last successful renewal was sent. A crashed process stops every keepalive, and
@@ -76,7 +76,7 @@
 //!
 //! | | |
 //! |---|---|
-//! | fencing | `create_revision`, from etcd's linearizable revision counter: [`Linearizable`](lock_core::FencingGuarantee::Linearizable), greater after restarts (the data directory keeps it) |
+//! | fencing | `create_revision`, from etcd's linearizable revision counter: [`Linearizable`](distlock_core::FencingGuarantee::Linearizable), greater after restarts (the data directory keeps it) |
 //! | fairness | FIFO by `create_revision` |
 //! | wake-up | a watch on the predecessor's deletion |
 //! | loss detection | renewal (keepalive ttl 0 or our key gone), and the core's local deadline |
@@ -90,12 +90,12 @@ pub mod bench;
 mod config;
 mod keys;
 
-use lock_core::{ClientConfig, Error, LockClient};
+use distlock_core::{ClientConfig, Error, LockClient};
 
 pub use backend::{EtcdBackend, MAX_TTL, MIN_TTL};
 pub use config::{DEFAULT_PREFIX, EtcdConfig};
 pub use etcd_client;
-pub use lock_core;
+pub use distlock_core;
 
 /// Connects to `url` (`etcd://host1:port1,host2:port2[/prefix]`) and returns a lock client.
 ///

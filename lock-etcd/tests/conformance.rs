@@ -8,8 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::{Etcd, OP_TIMEOUT, service};
 use conformance_tests::{Harness, HookError, HookResult, TestClient, server_var};
-use lock_core::Error;
-use lock_etcd::etcd_client::GetOptions;
+use distlock_core::Error;
+use distlock_etcd::etcd_client::GetOptions;
 
 struct EtcdHarness {
     etcd: Etcd,
@@ -50,7 +50,7 @@ impl Harness for EtcdHarness {
             .clone()
             .delete(
                 range,
-                Some(lock_etcd::etcd_client::DeleteOptions::new().with_prefix()),
+                Some(distlock_etcd::etcd_client::DeleteOptions::new().with_prefix()),
             )
             .await
             .map_err(|e| HookError::Failed(e.to_string()))?;

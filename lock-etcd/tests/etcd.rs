@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use common::{Etcd, OP_TIMEOUT, service};
 use conformance_tests::server_var;
 use futures::FutureExt;
-use lock_core::{AcquireOptions, ClientConfig, DistributedLock, Error, LossReason};
-use lock_etcd::etcd_client::GetOptions;
+use distlock_core::{AcquireOptions, ClientConfig, DistributedLock, Error, LossReason};
+use distlock_etcd::etcd_client::GetOptions;
 use tokio::sync::RwLock;
 
 static SERVERS: RwLock<()> = RwLock::const_new(());
@@ -247,14 +247,14 @@ async fn bad_urls_are_typed_errors() {
         "http://127.0.0.1:2379",
         "etcd://user@host:1",
     ] {
-        let result = lock_etcd::connect(url, ClientConfig::default()).await;
+        let result = distlock_etcd::connect(url, ClientConfig::default()).await;
         assert!(
             matches!(result, Err(Error::InvalidConfig(_))),
             "{url}: {result:?}"
         );
     }
     let bad_timeout = ClientConfig::default().with_operation_timeout(Duration::ZERO);
-    let result = lock_etcd::connect("etcd://127.0.0.1:12379", bad_timeout).await;
+    let result = distlock_etcd::connect("etcd://127.0.0.1:12379", bad_timeout).await;
     assert!(matches!(result, Err(Error::InvalidConfig(_))), "{result:?}");
 }
 
@@ -264,7 +264,7 @@ async fn an_unreachable_endpoint_is_unavailable_within_the_timeout() {
     let timeout = Duration::from_millis(500);
     let config = ClientConfig::default().with_operation_timeout(timeout);
     let started = Instant::now();
-    let result = match lock_etcd::connect("etcd://127.0.0.1:1", config).await {
+    let result = match distlock_etcd::connect("etcd://127.0.0.1:1", config).await {
         Ok(client) => client.try_acquire("x", &opts()).await.map(|_| ()),
         Err(err) => Err(err),
     };

@@ -9,16 +9,16 @@
 
 use std::time::Duration;
 
-use lock_bench::{BenchConfig, RawFloor, Target};
-use lock_core::{ClientConfig, Error};
-use lock_redis::RedisConfig;
-use lock_redis::bench::{RedisFloor, RedlockFloor};
+use distlock_bench::{BenchConfig, RawFloor, Target};
+use distlock_core::{ClientConfig, Error};
+use distlock_redis::RedisConfig;
+use distlock_redis::bench::{RedisFloor, RedlockFloor};
 
 fn target(label: &str, config: RedisConfig, floor_urls: Vec<String>) -> Target {
     Target::new(label, move || {
         let config = config.clone();
         async move {
-            let client = lock_redis::connect_with(config, ClientConfig::default()).await?;
+            let client = distlock_redis::connect_with(config, ClientConfig::default()).await?;
             Ok(client.into_dyn())
         }
     })
@@ -77,7 +77,7 @@ async fn main() -> Result<(), Error> {
             urls[..5].to_vec(),
         ),
     ];
-    let report = lock_bench::run(&targets, &config).await?;
+    let report = distlock_bench::run(&targets, &config).await?;
     println!("{}", report.to_markdown());
     if report.has_failures() {
         return Err(Error::Backend {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use futures::future::join_all;
-use lock_core::{
+use distlock_core::{
     AcquireRequest, Acquired, Attempt, AttemptMode, Capabilities, ClientConfig, Error,
     FencingGuarantee, FencingToken, Lease, LockBackend, LockInfo, LockName, LossDetection,
     NodeOutcome, NodeResult, Result, Step, WakeUp,
@@ -797,7 +797,7 @@ impl Lease for RedisLease {
             source: results
                 .into_iter()
                 .find_map(Result::err)
-                .map(|e| Box::new(e) as lock_core::BoxError),
+                .map(|e| Box::new(e) as distlock_core::BoxError),
         })
     }
 

@@ -3,8 +3,8 @@
 //! masters at once ([`RedlockFloor`]).
 
 use async_trait::async_trait;
-use lock_bench::RawFloor;
-use lock_core::Error;
+use distlock_bench::RawFloor;
+use distlock_core::Error;
 use redis::aio::MultiplexedConnection;
 
 use crate::error::RedisError;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::Error;
+use distlock_core::Error;
 
 /// How the backend connects and behaves. Built with [`RedisConfig::from_url`],
 /// [`RedisConfig::single`] or [`RedisConfig::redlock`], then the `with_*` methods.
@@ -18,7 +18,7 @@ use lock_core::Error;
 /// `client_name=NAME` (reported by `CLIENT SETINFO lib-name`, visible in `CLIENT LIST`).
 ///
 /// ```
-/// use lock_redis::RedisConfig;
+/// use distlock_redis::RedisConfig;
 ///
 /// let single = RedisConfig::from_url("redis://127.0.0.1:6379/2?fair=true").unwrap();
 /// assert!(!single.is_redlock() && single.fair);

@@ -1,8 +1,8 @@
-//! Typed Redis failures, kept as the `source` of [`lock_core::Error`].
+//! Typed Redis failures, kept as the `source` of [`distlock_core::Error`].
 
 use std::fmt;
 
-use lock_core::Error;
+use distlock_core::Error;
 
 /// What went wrong on one Redis node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

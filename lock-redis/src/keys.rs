@@ -1,6 +1,6 @@
 //! How lock names map to Redis keys and channels.
 
-use lock_core::LockName;
+use distlock_core::LockName;
 
 /// The Redis keys and the pub/sub channel of one lock name.
 ///
@@ -60,8 +60,8 @@ impl LockKeys {
     /// The keys of `name`, validating it first.
     ///
     /// # Errors
-    /// [`lock_core::Error::InvalidName`] for an invalid name.
-    pub fn for_name(name: &str) -> lock_core::Result<Self> {
+    /// [`distlock_core::Error::InvalidName`] for an invalid name.
+    pub fn for_name(name: &str) -> distlock_core::Result<Self> {
         Ok(Self::new(&LockName::new(name)?))
     }
 }

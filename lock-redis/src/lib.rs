@@ -3,11 +3,11 @@
 //! default.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), lock_core::Error> {
+//! # async fn demo() -> Result<(), distlock_core::Error> {
 //! use std::time::Duration;
-//! use lock_core::{AcquireOptions, ClientConfig, DistributedLock};
+//! use distlock_core::{AcquireOptions, ClientConfig, DistributedLock};
 //!
-//! let locks = lock_redis::connect("redis://127.0.0.1:6379", ClientConfig::default()).await?;
+//! let locks = distlock_redis::connect("redis://127.0.0.1:6379", ClientConfig::default()).await?;
 //! let guard = locks
 //!     .acquire("invoices", &AcquireOptions::default().with_ttl(Duration::from_secs(10)))
 //!     .await?;
@@ -45,7 +45,7 @@
 //!   lock already its own and gets the same token back, with the lease restarted.
 //! - **Renew** is an owner-checked `PEXPIRE`; **release** an owner-checked `DEL` that then
 //!   picks the oldest live waiter and `PUBLISH`es its owner value on the name's channel.
-//!   Both answer [`lock_core::Error::NotHeld`] when the owner no longer holds the lock.
+//!   Both answer [`distlock_core::Error::NotHeld`] when the owner no longer holds the lock.
 //! - **Wake-ups**: a waiting attempt polls once; only at the first busy answer does it
 //!   subscribe the name's channel on the client's single subscriber connection (shared by all
 //!   names, one per node), and its next `changed()` returns as soon as the subscription is
@@ -65,7 +65,7 @@
 //!   Redisson's fair lock): only the head of the queue may take the lock, `try_acquire` fails
 //!   while anybody waits, and a dead head is skipped once its liveness deadline passes.
 //!
-//! The fencing guarantee is [`SingleNode`](lock_core::FencingGuarantee::SingleNode): tokens
+//! The fencing guarantee is [`SingleNode`](distlock_core::FencingGuarantee::SingleNode): tokens
 //! strictly increase as long as that server keeps its data. A failover to a lagging replica,
 //! or a restart without an fsynced AOF, can hand out a lock twice and reuse tokens.
 //!
@@ -75,13 +75,13 @@
 //! once, each with a per-node timeout much smaller than the ttl
 //! ([`RedisConfig::node_timeout`]). An acquisition succeeds iff a majority acquired AND the
 //! elapsed time plus the clock drift allowance (ttl x 0.01 + 2 ms by default, from
-//! [`lock_core::ClientConfig`]) is below the ttl; the guard's validity is ttl - elapsed - drift.
+//! [`distlock_core::ClientConfig`]) is below the ttl; the guard's validity is ttl - elapsed - drift.
 //! On failure the lock is released on all nodes (also those whose answer was lost) and the
 //! attempt retries after a random delay; when too few nodes answer at all the error is
-//! [`lock_core::Error::QuorumNotReached`], listing each node's outcome. A renewal counts only
+//! [`distlock_core::Error::QuorumNotReached`], listing each node's outcome. A renewal counts only
 //! if a majority renewed within the validity. The fencing token is the maximum of the
 //! majority's counters (the lagging nodes of the majority are raised to it), declared
-//! [`BestEffort`](lock_core::FencingGuarantee::BestEffort).
+//! [`BestEffort`](distlock_core::FencingGuarantee::BestEffort).
 //!
 //! What Redlock does not protect against: process pauses and network delays longer than the
 //! lease (the holder still believes it holds the lock), clock jumps on the servers (a key
@@ -91,9 +91,9 @@
 //!
 //! # Errors
 //!
-//! Connection problems are [`lock_core::Error::Unavailable`] (retryable); a key of another
+//! Connection problems are [`distlock_core::Error::Unavailable`] (retryable); a key of another
 //! type where the lock's keys live (`WRONGTYPE`), a read-only replica (`READONLY`) and other
-//! server errors are [`lock_core::Error::Backend`]. The source is a [`RedisError`] with a
+//! server errors are [`distlock_core::Error::Backend`]. The source is a [`RedisError`] with a
 //! [`RedisErrorKind`] to tell them apart.
 
 mod backend;
@@ -109,10 +109,10 @@ pub use backend::RedisBackend;
 pub use config::RedisConfig;
 pub use error::{RedisError, RedisErrorKind};
 pub use keys::LockKeys;
-pub use lock_core;
+pub use distlock_core;
 pub use redis;
 
-use lock_core::{ClientConfig, Error, LockClient};
+use distlock_core::{ClientConfig, Error, LockClient};
 
 /// Connects to `redis://host:port[/db]` (one master) or `redlock://h1:p1,h2:p2,h3:p3` (Redlock),
 /// with the query options of [`RedisConfig::from_url`].

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance_tests::{Harness, HookError, HookResult, TestClient};
-use lock_core::Error;
-use lock_redis::LockKeys;
+use distlock_core::Error;
+use distlock_redis::LockKeys;
 
 const OP_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -71,7 +71,7 @@ impl Harness for RedisHarness {
             // The default (ttl / 10) is tight for a debug build on a busy 2-core machine.
             config = config.with_node_timeout(self.ttl / 5);
         }
-        let client = lock_redis::connect_with(config, common::client_config(OP_TIMEOUT)).await?;
+        let client = distlock_redis::connect_with(config, common::client_config(OP_TIMEOUT)).await?;
         Ok(TestClient {
             lock: client.into_dyn(),
             tag,

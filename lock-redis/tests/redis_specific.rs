@@ -6,8 +6,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use lock_core::{AcquireOptions, DistributedLock, Error, LockClient, NodeResult, Renewal};
-use lock_redis::{LockKeys, RedisBackend, RedisConfig, RedisError, RedisErrorKind};
+use distlock_core::{AcquireOptions, DistributedLock, Error, LockClient, NodeResult, Renewal};
+use distlock_redis::{LockKeys, RedisBackend, RedisConfig, RedisError, RedisErrorKind};
 
 /// Every test takes it: shared for normal tests, exclusive for those that stop servers.
 static OUTAGE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
@@ -26,7 +26,7 @@ fn opts() -> AcquireOptions {
 }
 
 async fn client(urls: &[String], fair: bool) -> LockClient<RedisBackend> {
-    lock_redis::connect_with(common::config(urls, fair), common::client_config(OP))
+    distlock_redis::connect_with(common::config(urls, fair), common::client_config(OP))
         .await
         .expect("connect")
 }
@@ -62,7 +62,7 @@ async fn invalid_urls_are_typed_config_errors() {
         "redis://127.0.0.1:6379?client_name=has%20space",
     ] {
         let started = Instant::now();
-        let result = lock_redis::connect(url, common::client_config(OP)).await;
+        let result = distlock_redis::connect(url, common::client_config(OP)).await;
         match result {
             Err(Error::InvalidConfig(msg)) => assert!(!msg.is_empty()),
             other => panic!("{url:?}: expected InvalidConfig, got {other:?}"),
@@ -86,7 +86,7 @@ async fn unreachable_host_is_unavailable_within_the_timeout() {
         "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
     ] {
         let started = Instant::now();
-        let result = lock_redis::connect(url, common::client_config(timeout)).await;
+        let result = distlock_redis::connect(url, common::client_config(timeout)).await;
         assert!(
             matches!(&result, Err(e @ Error::Unavailable { .. }) if e.is_retryable()),
             "{url}: {result:?}"
@@ -242,7 +242,7 @@ async fn a_read_only_replica_is_a_clear_error() {
         .expect("redis-server is installed by scripts/services.sh");
     let url = format!("redis://127.0.0.1:{port}");
     common::wait_ready(&url).await;
-    let locks = lock_redis::connect(&url, common::client_config(OP))
+    let locks = distlock_redis::connect(&url, common::client_config(OP))
         .await
         .unwrap();
     let err = locks
@@ -264,10 +264,10 @@ async fn releaser_does_not_retake_while_another_waits() {
     let _shared = OUTAGE.read().await;
     // A long reservation, so that a slow machine cannot make the check below race its end.
     let config = || common::config(&urls[..1], false).with_handoff(Duration::from_secs(5));
-    let a = lock_redis::connect_with(config(), common::client_config(OP))
+    let a = distlock_redis::connect_with(config(), common::client_config(OP))
         .await
         .unwrap();
-    let b = lock_redis::connect_with(config(), common::client_config(OP))
+    let b = distlock_redis::connect_with(config(), common::client_config(OP))
         .await
         .unwrap();
     let name = name("handoff");
@@ -312,7 +312,7 @@ async fn fair_mode_queue_and_dead_waiter_expiry() {
     let _shared = OUTAGE.read().await;
     let waiter_timeout = Duration::from_millis(300);
     let config = common::config(&urls[..1], true).with_waiter_timeout(waiter_timeout);
-    let locks = lock_redis::connect_with(config, common::client_config(OP))
+    let locks = distlock_redis::connect_with(config, common::client_config(OP))
         .await
         .unwrap();
     assert!(locks.capabilities().fifo);
@@ -520,7 +520,7 @@ async fn killed_connection_is_reconnected() {
     let _exclusive = OUTAGE.write().await;
     let tag = common::tag();
     let config = common::config(&urls[..1], false).with_client_name(tag.clone());
-    let locks = lock_redis::connect_with(config, common::client_config(OP))
+    let locks = distlock_redis::connect_with(config, common::client_config(OP))
         .await
         .unwrap();
     let name = name("kill");

@@ -13,16 +13,16 @@
 
 use std::time::Duration;
 
-use lock_bench::{BenchConfig, RawFloor, Target};
-use lock_core::ClientConfig;
-use lock_sql::bench::SqlFloor;
+use distlock_bench::{BenchConfig, RawFloor, Target};
+use distlock_core::ClientConfig;
+use distlock_sql::bench::SqlFloor;
 
 fn target(label: &str, url: String) -> Target {
     let floor_url = url.clone();
     Target::new(label, move || {
         let url = url.clone();
         async move {
-            Ok(lock_sql::connect(&url, ClientConfig::default())
+            Ok(distlock_sql::connect(&url, ClientConfig::default())
                 .await?
                 .into_dyn())
         }
@@ -41,7 +41,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
-async fn main() -> Result<(), lock_core::Error> {
+async fn main() -> Result<(), distlock_core::Error> {
     let mut targets = Vec::new();
     if let Ok(url) = std::env::var("DISTLOCK_TEST_POSTGRES_URL") {
         targets.push(target("postgres", url));
@@ -61,7 +61,7 @@ async fn main() -> Result<(), lock_core::Error> {
         .with_clients(4)
         .with_hold(Duration::from_millis(1))
         .with_duration(Duration::from_secs(env_u64("DISTLOCK_BENCH_SECONDS", 5)));
-    let report = lock_bench::run(&targets, &config).await?;
+    let report = distlock_bench::run(&targets, &config).await?;
     println!("{}", report.to_markdown());
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));

@@ -5,8 +5,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use lock_bench::RawFloor;
-use lock_core::{Error, Result};
+use distlock_bench::RawFloor;
+use distlock_core::{Error, Result};
 use sqlx::{AssertSqlSafe, Executor};
 
 use crate::config::quote;

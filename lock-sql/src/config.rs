@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::Error;
+use distlock_core::Error;
 
 /// The databases this crate speaks, each behind its own cargo feature.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -51,14 +51,14 @@ impl Dialect {
 /// | `create_table` | create the table when missing (`true`/`false`) | `true` |
 ///
 /// ```
-/// use lock_sql::{Dialect, SqlConfig};
+/// use distlock_sql::{Dialect, SqlConfig};
 ///
 /// let config = SqlConfig::from_url("sqlite://data/locks.db?table=app_locks&pool_size=4&mode=rwc")?;
 /// assert_eq!(config.dialect, Dialect::Sqlite);
 /// assert_eq!(config.table, "app_locks");
 /// assert_eq!(config.max_connections, 4);
 /// assert_eq!(config.url, "sqlite://data/locks.db?mode=rwc"); // sqlx's own options pass through
-/// # Ok::<(), lock_core::Error>(())
+/// # Ok::<(), distlock_core::Error>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::fence::FencedUpdate;
-use lock_core::Error;
+use distlock_core::Error;
 
 use crate::{SqlConfig, SqlPool, map_err};
 

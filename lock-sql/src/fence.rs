@@ -1,7 +1,7 @@
 //! The fenced write: a write to a row of the same database that a stale token cannot make.
 
 use crate::config::validate_ident;
-use lock_core::Error;
+use distlock_core::Error;
 
 /// A value to bind in a [`FencedUpdate`].
 #[derive(Clone, Debug, PartialEq)]
@@ -79,11 +79,11 @@ impl From<Vec<u8>> for SqlValue {
 /// The fence column must be a nullable (or zero-defaulted) `BIGINT`.
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), lock_core::Error> {
-/// use lock_sql::{FencedUpdate, lock_core::{AcquireOptions, DistributedLock}};
+/// # async fn demo() -> Result<(), distlock_core::Error> {
+/// use distlock_sql::{FencedUpdate, distlock_core::{AcquireOptions, DistributedLock}};
 ///
 /// // CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT, fence BIGINT);
-/// let client = lock_sql::connect("sqlite://app.db", Default::default()).await?;
+/// let client = distlock_sql::connect("sqlite://app.db", Default::default()).await?;
 /// let guard = client.acquire("account-7", &AcquireOptions::default()).await?;
 /// let write = FencedUpdate::new("accounts", "id", 7, "fence").set("balance", 120);
 /// if !client.backend_ref().fenced_update(&write, guard.token()).await? {

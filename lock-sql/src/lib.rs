@@ -2,11 +2,11 @@
 //! (`postgres`, `mysql`, `sqlite`; `sqlite` is the default and the project's embedded backend).
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), lock_core::Error> {
-//! use lock_sql::lock_core::{AcquireOptions, ClientConfig, DistributedLock};
+//! # async fn demo() -> Result<(), distlock_core::Error> {
+//! use distlock_sql::distlock_core::{AcquireOptions, ClientConfig, DistributedLock};
 //!
 //! // A file next to the program: created on first use, with its table, in WAL mode.
-//! let client = lock_sql::connect("sqlite://locks.db", ClientConfig::default()).await?;
+//! let client = distlock_sql::connect("sqlite://locks.db", ClientConfig::default()).await?;
 //! let guard = client.acquire("nightly-report", &AcquireOptions::default()).await?;
 //! println!("fencing token {}", guard.token());
 //! guard.release().await?;
@@ -81,13 +81,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{
+use distlock_core::{
     AcquireRequest, Acquired, Attempt, AttemptMode, Capabilities, ClientConfig, Error,
     FencingGuarantee, FencingToken, Lease, LockBackend, LockClient, LockInfo, LockName,
     LossDetection, Result, Step, WakeUp,
 };
 
-pub use lock_core;
+pub use distlock_core;
 pub use sqlx;
 
 mod config;

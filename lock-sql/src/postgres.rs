@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::FutureExt;
-use lock_core::{Error, Result};
+use distlock_core::{Error, Result};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use lock_core::{AcquireOptions, ClientConfig, DistributedLock, Error, LockClient};
-use lock_sql::{FencedUpdate, SqlBackend, SqlPool};
+use distlock_core::{AcquireOptions, ClientConfig, DistributedLock, Error, LockClient};
+use distlock_sql::{FencedUpdate, SqlBackend, SqlPool};
 use sqlx::{AssertSqlSafe, Executor};
 
 fn unique(prefix: &str) -> String {
@@ -16,7 +16,7 @@ fn unique(prefix: &str) -> String {
 
 async fn client(url: &str) -> LockClient<SqlBackend> {
     let config = ClientConfig::default().with_operation_timeout(Duration::from_secs(2));
-    match lock_sql::connect(url, config).await {
+    match distlock_sql::connect(url, config).await {
         Ok(client) => client,
         Err(err) => panic!("connect {url}: {err}"),
     }
@@ -167,7 +167,7 @@ async fn wrong_shape_is_reported(url: &str) {
             "missing table",
         ),
     ] {
-        match lock_sql::connect(&url, ClientConfig::default()).await {
+        match distlock_sql::connect(&url, ClientConfig::default()).await {
             Err(Error::Backend { message, .. }) => {
                 assert!(message.contains(&table), "{what}: {message}");
             }
@@ -188,7 +188,7 @@ fn bad_urls_are_invalid_config() {
         "postgres://h/db?connect_timeout=0",
         "mysql://h/db?create_table=maybe",
     ] {
-        match lock_sql::SqlConfig::from_url(url) {
+        match distlock_sql::SqlConfig::from_url(url) {
             Err(Error::InvalidConfig(msg)) => assert!(!msg.is_empty()),
             other => panic!("{url}: {other:?}"),
         }
@@ -248,7 +248,7 @@ mod sqlite {
         for _ in 0..10 {
             let url = url();
             let clients = futures::future::join_all(
-                (0..6).map(|_| lock_sql::connect(&url, ClientConfig::default())),
+                (0..6).map(|_| distlock_sql::connect(&url, ClientConfig::default())),
             )
             .await;
             for c in clients {
@@ -300,7 +300,7 @@ mod postgres {
     async fn missing_database_and_unreachable_server() {
         let Some(url) = url() else { return };
         let base = url.rsplit_once('/').map(|(b, _)| b).unwrap_or(&url);
-        match lock_sql::connect(
+        match distlock_sql::connect(
             &format!("{base}/no_such_db_distlock"),
             ClientConfig::default(),
         )
@@ -313,7 +313,7 @@ mod postgres {
         }
         let config = ClientConfig::default().with_operation_timeout(Duration::from_millis(500));
         let started = std::time::Instant::now();
-        match lock_sql::connect("postgres://postgres@127.0.0.1:1/distlock", config).await {
+        match distlock_sql::connect("postgres://postgres@127.0.0.1:1/distlock", config).await {
             Err(Error::Unavailable { .. }) => {}
             other => panic!("unreachable server: {other:?}"),
         }
@@ -355,7 +355,7 @@ mod mysql {
     async fn missing_database() {
         let Some(url) = url() else { return };
         let base = url.rsplit_once('/').map(|(b, _)| b).unwrap_or(&url);
-        match lock_sql::connect(
+        match distlock_sql::connect(
             &format!("{base}/no_such_db_distlock"),
             ClientConfig::default(),
         )

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance_tests::{Harness, HookError, HookResult, TestClient};
-use lock_core::{ClientConfig, Error, LockClient};
-use lock_sql::SqlBackend;
+use distlock_core::{ClientConfig, Error, LockClient};
+use distlock_sql::SqlBackend;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-use lock_sql::SqlPool;
+use distlock_sql::SqlPool;
 
 const OP_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -30,7 +30,7 @@ struct SqlHarness {
 
 impl SqlHarness {
     async fn make(url: String, service: Option<&'static str>) -> Option<Arc<dyn Harness>> {
-        let admin = match lock_sql::connect(&url, ClientConfig::default()).await {
+        let admin = match distlock_sql::connect(&url, ClientConfig::default()).await {
             Ok(client) => client.backend_ref().clone(),
             Err(err) => panic!("cannot connect to {url}: {err}"),
         };
@@ -53,7 +53,7 @@ impl SqlHarness {
 impl Harness for SqlHarness {
     async fn client(&self) -> Result<TestClient, Error> {
         let config = ClientConfig::default().with_operation_timeout(OP_TIMEOUT);
-        let client: LockClient<SqlBackend> = lock_sql::connect(&self.url, config).await?;
+        let client: LockClient<SqlBackend> = distlock_sql::connect(&self.url, config).await?;
         let tag = uuid::Uuid::new_v4().simple().to_string();
         self.clients
             .lock()

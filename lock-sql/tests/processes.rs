@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use lock_core::{AcquireOptions, ClientConfig, DistributedLock};
+use distlock_core::{AcquireOptions, ClientConfig, DistributedLock};
 
 const CHILD_DB: &str = "DISTLOCK_SQLITE_CHILD_DB";
 const CHILD_DIR: &str = "DISTLOCK_SQLITE_CHILD_DIR";
@@ -88,7 +88,7 @@ async fn two_processes_exclude_each_other_on_one_file() {
 
 async fn child(db: &str, dir: &Path, id: &str) {
     let url = format!("sqlite://{db}");
-    let client = lock_sql::connect(&url, ClientConfig::default())
+    let client = distlock_sql::connect(&url, ClientConfig::default())
         .await
         .expect("child connects");
     let opts = AcquireOptions::default()

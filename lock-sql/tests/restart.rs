@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use lock_core::{AcquireOptions, ClientConfig, DistributedLock};
+use distlock_core::{AcquireOptions, ClientConfig, DistributedLock};
 
 static SERVER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -18,7 +18,7 @@ async fn services(command: &str, name: &str) {
 async fn tokens_increase_across_restart(url: &str, service: &str) {
     let _alone = SERVER.lock().await;
     let config = ClientConfig::default().with_operation_timeout(Duration::from_secs(2));
-    let before = lock_sql::connect(url, config.clone())
+    let before = distlock_sql::connect(url, config.clone())
         .await
         .expect("connect");
     let name = format!("restart-{}", uuid::Uuid::new_v4().simple());
@@ -33,7 +33,7 @@ async fn tokens_increase_across_restart(url: &str, service: &str) {
     }
     services("stop-one", service).await;
     services("start-one", service).await;
-    let after = lock_sql::connect(url, config)
+    let after = distlock_sql::connect(url, config)
         .await
         .expect("connect after restart");
     let guard = after

@@ -6,9 +6,9 @@
 //! cargo run --release -p lock-zk --all-features --example bench
 //! ```
 
-use lock_bench::BenchConfig;
-use lock_zk::ZkConfig;
-use lock_zk::bench::{ZkFloor, target};
+use distlock_bench::BenchConfig;
+use distlock_zookeeper::ZkConfig;
+use distlock_zookeeper::bench::{ZkFloor, target};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -20,7 +20,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bench = BenchConfig::default()
         .with_cycles(5_000)
         .with_warmup_cycles(500);
-    let report = lock_bench::run(&[target("zookeeper", &config)], &bench).await?;
+    let report = distlock_bench::run(&[target("zookeeper", &config)], &bench).await?;
     println!("{}", report.to_markdown());
     Ok(())
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use lock_core::{
+use distlock_core::{
     AcquireRequest, Acquired, Attempt, AttemptMode, Capabilities, ClientConfig, Error,
     FencingGuarantee, FencingToken, Lease, LockBackend, LockInfo, LockName, LossDetection,
     LossReason, Result, Step, WakeUp,

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use lock_bench::{RawFloor, Target};
-use lock_core::{ClientConfig, Error, LockName};
+use distlock_bench::{RawFloor, Target};
+use distlock_core::{ClientConfig, Error, LockName};
 use zookeeper_client as zk;
 
 use crate::ZkConfig;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::{Error, LockName, Result};
+use distlock_core::{Error, LockName, Result};
 
 use crate::names::escape;
 
@@ -10,13 +10,13 @@ use crate::names::escape;
 ///
 /// ```
 /// use std::time::Duration;
-/// use lock_zk::ZkConfig;
+/// use distlock_zookeeper::ZkConfig;
 ///
 /// let config = ZkConfig::from_url("zk://10.0.0.1:2181,10.0.0.2:2181/apps/billing?session_timeout=20s")?;
 /// assert_eq!(config.hosts(), ["10.0.0.1:2181", "10.0.0.2:2181"]);
 /// assert_eq!(config.chroot(), Some("/apps/billing"));
 /// assert_eq!(config.session_timeout(), Duration::from_secs(20));
-/// # Ok::<(), lock_core::Error>(())
+/// # Ok::<(), distlock_core::Error>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ZkConfig {

@@ -3,11 +3,11 @@
 //! detection.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), lock_core::Error> {
+//! # async fn demo() -> Result<(), distlock_core::Error> {
 //! use std::time::Duration;
-//! use lock_core::{AcquireOptions, ClientConfig, DistributedLock};
+//! use distlock_core::{AcquireOptions, ClientConfig, DistributedLock};
 //!
-//! let client = lock_zk::connect("zk://127.0.0.1:2181,127.0.0.1:2182/myapp", ClientConfig::default()).await?;
+//! let client = distlock_zookeeper::connect("zk://127.0.0.1:2181,127.0.0.1:2182/myapp", ClientConfig::default()).await?;
 //! let opts = AcquireOptions::default().with_ttl(Duration::from_secs(10));
 //! let guard = client.acquire("invoices", &opts).await?;
 //! // pass guard.token() with every write to the protected resource
@@ -27,7 +27,7 @@
 //! lowest sequence holds the lock; the others wait in sequence order (FIFO), each watching only
 //! its predecessor (no herd effect). Because the name carries the unique owner, a create whose
 //! reply was lost is found again by listing the children (Curator's "protected mode"), and
-//! [`Attempt::abandon`](lock_core::Attempt::abandon) deletes it, so no orphan blocks the queue.
+//! [`Attempt::abandon`](distlock_core::Attempt::abandon) deletes it, so no orphan blocks the queue.
 //!
 //! The first poll creates the node and sets the (unused) data of the lock node in one `multi`
 //! transaction. The lock node's stat in the answer is taken after the create, so its
@@ -70,8 +70,8 @@
 //! go when its session expires.
 //!
 //! While the connection is down, guards are uncertain: renewals fail and are retried by
-//! lock-core until the local deadline. [`LockGuard::lost`](lock_core::LockGuard::lost) fires
-//! when the session expires ([`LossReason::SessionExpired`](lock_core::LossReason)), when the
+//! lock-core until the local deadline. [`LockGuard::lost`](distlock_core::LockGuard::lost) fires
+//! when the session expires ([`LossReason::SessionExpired`](distlock_core::LossReason)), when the
 //! holder's node is deleted (a watch on it: `ReleasedElsewhere`, or `LeaseExpired` after the
 //! lease ran out), or when the local deadline passes, whichever comes first. After a session
 //! expiry, the next operation opens a new session transparently.
@@ -93,16 +93,16 @@ mod names;
 
 pub use backend::ZkBackend;
 pub use config::ZkConfig;
-pub use lock_core;
+pub use distlock_core;
 pub use zookeeper_client;
 
-use lock_core::{ClientConfig, LockClient, Result};
+use distlock_core::{ClientConfig, LockClient, Result};
 
 /// Connects to ZooKeeper from a `zk://h1:p1,h2:p2[/chroot][?session_timeout=30s]` URL.
 ///
 /// # Errors
-/// [`Error::InvalidConfig`](lock_core::Error::InvalidConfig) for a malformed URL or client
-/// configuration; [`Error::Unavailable`](lock_core::Error::Unavailable) when no server answers
+/// [`Error::InvalidConfig`](distlock_core::Error::InvalidConfig) for a malformed URL or client
+/// configuration; [`Error::Unavailable`](distlock_core::Error::Unavailable) when no server answers
 /// within the operation timeout.
 pub async fn connect(url: &str, config: ClientConfig) -> Result<LockClient<ZkBackend>> {
     let zk_config = ZkConfig::from_url(url)?;

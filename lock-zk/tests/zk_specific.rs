@@ -5,7 +5,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{ZkHarness, service};
-use lock_core::{AcquireOptions, ClientConfig, DistributedLock, Error, LossReason};
+use distlock_core::{AcquireOptions, ClientConfig, DistributedLock, Error, LossReason};
 
 /// Tests of this binary that take the server away or expire sessions run one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -117,7 +117,7 @@ async fn unreachable_hosts_fail_typed_within_the_timeout() {
     let config = ClientConfig::default().with_operation_timeout(timeout);
     let started = Instant::now();
     // Nothing listens on ports 1 and 2 of loopback.
-    let result = lock_zk::connect("zk://127.0.0.1:1,127.0.0.1:2/x", config.clone()).await;
+    let result = distlock_zookeeper::connect("zk://127.0.0.1:1,127.0.0.1:2/x", config.clone()).await;
     assert!(
         matches!(result, Err(Error::Unavailable { .. })),
         "expected Unavailable, got {result:?}"
@@ -135,7 +135,7 @@ async fn unreachable_hosts_fail_typed_within_the_timeout() {
         "zk://h:1?bogus=1",
         "zk://h:1//x",
     ] {
-        let result = lock_zk::connect(bad, config.clone()).await;
+        let result = distlock_zookeeper::connect(bad, config.clone()).await;
         assert!(
             matches!(result, Err(Error::InvalidConfig(_))),
             "{bad:?}: expected InvalidConfig, got {result:?}"

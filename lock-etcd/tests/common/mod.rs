@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use lock_core::{ClientConfig, Error, LockClient};
-use lock_etcd::etcd_client::{Client, GetOptions};
-use lock_etcd::{EtcdBackend, EtcdConfig};
+use distlock_core::{ClientConfig, Error, LockClient};
+use distlock_etcd::etcd_client::{Client, GetOptions};
+use distlock_etcd::{EtcdBackend, EtcdConfig};
 
 pub const OP_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -36,7 +36,7 @@ impl Etcd {
 
     pub async fn client(&self) -> Result<LockClient<EtcdBackend>, Error> {
         let config = ClientConfig::default().with_operation_timeout(OP_TIMEOUT);
-        lock_etcd::connect_config(&self.config, config).await
+        distlock_etcd::connect_config(&self.config, config).await
     }
 
     pub async fn backend(&self) -> EtcdBackend {

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use lock_core::ClientConfig;
-use lock_redis::RedisConfig;
+use distlock_core::ClientConfig;
+use distlock_redis::RedisConfig;
 
 /// The redis:// URLs of the test masters, or `None` (skip) when unset.
 pub fn urls(backend: &str) -> Option<Vec<String>> {

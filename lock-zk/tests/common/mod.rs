@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance_tests::{Harness, HookError, HookResult, TestClient};
-use lock_core::{ClientConfig, Error, LockClient, LockName};
-use lock_zk::zookeeper_client as zk;
-use lock_zk::{ZkBackend, ZkConfig};
+use distlock_core::{ClientConfig, Error, LockClient, LockName};
+use distlock_zookeeper::zookeeper_client as zk;
+use distlock_zookeeper::{ZkBackend, ZkConfig};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
@@ -122,7 +122,7 @@ impl ZkHarness {
 
     /// A backend connected directly (no proxy).
     pub async fn backend(&self) -> Result<LockClient<ZkBackend>, Error> {
-        lock_zk::connect_with(self.config(&self.server), client_config()).await
+        distlock_zookeeper::connect_with(self.config(&self.server), client_config()).await
     }
 
     /// A backend connected through a new proxy, returned with the proxy's tag.
@@ -142,7 +142,7 @@ impl ZkHarness {
         let config = self
             .config(&format!("127.0.0.1:{}", proxy.port))
             .with_session_timeout(session_timeout);
-        let client = lock_zk::connect_with(config, client_config()).await?;
+        let client = distlock_zookeeper::connect_with(config, client_config()).await?;
         self.proxies.lock().unwrap().insert(tag.clone(), proxy);
         Ok((client, tag))
     }

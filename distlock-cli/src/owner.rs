@@ -1,0 +1,62 @@
+//! The owner id that `distlock run` acquires with, so that `status` and `list` can show which
+//! host and process hold a lock.
+//!
+//! The library stores the owner value as `<owner id>:<unique suffix>` when an explicit
+//! [`OwnerId`](distlock::OwnerId) is given; `distlock run` uses the owner id
+//! `distlock-run@<host>#<pid>`. Host names cannot contain `#` or `:`, so the value parses back
+//! unambiguously.
+
+/// The prefix of every owner id that `distlock run` uses.
+const PREFIX: &str = "distlock-run@";
+
+/// Who holds a lock taken by `distlock run`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RunHolder {
+    /// The host name of the machine `distlock run` ran on.
+    pub(crate) host: String,
+    /// The process id of that `distlock run`.
+    pub(crate) pid: u32,
+}
+
+/// The owner id for this process: `distlock-run@<host>#<pid>`, cut to the library's limit.
+pub(crate) fn run_owner_id() -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .filter(|h| !h.is_empty() && !h.contains(['#', ':', '\0']))
+        .unwrap_or_else(|| "unknown-host".to_owned());
+    let pid = std::process::id();
+    let suffix = format!("#{pid}");
+    let room = distlock::OwnerId::MAX_LEN - PREFIX.len() - suffix.len();
+    let host: String = host.chars().take(room).collect();
+    let host = host.get(..room.min(host.len())).unwrap_or("unknown-host");
+    format!("{PREFIX}{host}{suffix}")
+}
+
+/// Parses the owner value a backend reports back into the `distlock run` holder, if it is one.
+pub(crate) fn parse_run_owner(owner: &str) -> Option<RunHolder> {
+    let rest = owner.strip_prefix(PREFIX)?;
+    let id = rest.split(':').next()?;
+    let (host, pid) = id.rsplit_once('#')?;
+    Some(RunHolder {
+        host: host.to_owned(),
+        pid: pid.parse().ok()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_owner_value_parses_back_to_host_and_pid() {
+        let id = run_owner_id();
+        assert!(id.len() <= distlock::OwnerId::MAX_LEN);
+        assert!(distlock::OwnerId::new(id.clone()).is_ok());
+        let holder = parse_run_owner(&format!("{id}:0123456789abcdef")).unwrap();
+        assert_eq!(holder.pid, std::process::id());
+        assert!(!holder.host.is_empty());
+        assert_eq!(parse_run_owner("0123456789abcdef"), None);
+        assert_eq!(parse_run_owner("distlock-run@host#notapid:x"), None);
+    }
+}
