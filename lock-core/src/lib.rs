@@ -73,6 +73,7 @@ mod lock;
 pub mod memory;
 mod name;
 mod options;
+pub mod service_url;
 mod token;
 mod watchdog;
 

@@ -1,0 +1,547 @@
+//! One URL syntax for every backend: parsing (with the `url` crate), option values (durations
+//! in [`humantime`] syntax), and redaction of secrets for messages.
+//!
+//! Backend URLs look like `scheme://[user[:password]@]host[:port][,host[:port]...][/path][?k=v&...]`.
+//! The scheme is case-insensitive; user, password, path and option values are percent-decoded;
+//! several hosts may be given, separated by commas (Redlock, etcd and ZooKeeper ensembles).
+//!
+//! ```
+//! use std::time::Duration;
+//! use distlock_core::service_url::ServiceUrl;
+//!
+//! let url = ServiceUrl::parse("REDLOCK://:s3cr%40t@a:1,b:2,[::1]:3/2?handoff=150ms")?;
+//! assert_eq!(url.scheme(), "redlock");
+//! assert_eq!(url.hosts().len(), 3);
+//! assert_eq!(url.hosts()[2].host(), "[::1]");
+//! assert_eq!(url.password(), Some("s3cr@t"));
+//! assert_eq!(url.path(), "2");
+//! let mut options = url.options();
+//! assert_eq!(options.duration("handoff")?, Some(Duration::from_millis(150)));
+//! options.finish(&["handoff"])?;
+//! // Secrets never reach a message:
+//! assert!(!format!("{url:?}").contains("s3cr"));
+//! # Ok::<(), distlock_core::Error>(())
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use percent_encoding::percent_decode_str;
+
+use crate::Error;
+
+/// The longest piece of user input (a URL, a host) echoed in a message; longer input is cut.
+pub const MAX_ECHO: usize = 160;
+
+/// A parsed lock service URL. Its `Debug` output hides the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ServiceUrl {
+    scheme: String,
+    username: Option<String>,
+    password: Option<String>,
+    hosts: Vec<HostPort>,
+    path: String,
+    options: Vec<(String, String)>,
+    redacted: String,
+}
+
+/// One `host[:port]` of a URL's host list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostPort {
+    host: String,
+    port: Option<u16>,
+}
+
+impl HostPort {
+    /// The host as written (IPv6 addresses normalized by the `url` crate, in brackets:
+    /// `[::1]`).
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The port, if one was given.
+    pub fn port(&self) -> Option<u16> {
+        self.port
+    }
+
+    /// `host:port`, with `default_port` when none was given.
+    pub fn with_default_port(&self, default_port: u16) -> String {
+        format!("{}:{}", self.host, self.port.unwrap_or(default_port))
+    }
+}
+
+impl fmt::Display for HostPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.port {
+            Some(port) => write!(f, "{}:{port}", self.host),
+            None => f.write_str(&self.host),
+        }
+    }
+}
+
+impl ServiceUrl {
+    /// Parses a URL of the form described in the [module docs](self).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming what is wrong, with the URL redacted and cut to
+    /// [`MAX_ECHO`] characters.
+    pub fn parse(url: &str) -> Result<Self, Error> {
+        let url = url.trim();
+        let redacted = redact(url);
+        let bad = |why: String| Error::InvalidConfig(format!("{why} (in {redacted})"));
+        let (scheme, rest) = split_scheme(url)
+            .ok_or_else(|| bad("not a URL: expected scheme://host[:port]...".to_owned()))?;
+        let scheme = scheme.to_ascii_lowercase();
+        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(authority_end);
+        let (userinfo, host_list) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (Some(userinfo), hosts),
+            None => (None, authority),
+        };
+        let (username, password) = match userinfo {
+            None => (None, None),
+            Some(userinfo) => {
+                let (user, pass) = match userinfo.split_once(':') {
+                    Some((user, pass)) => (user, Some(pass)),
+                    None => (userinfo, None),
+                };
+                let user = decode(user).map_err(|why| bad(format!("the user name {why}")))?;
+                let pass = pass
+                    .map(decode)
+                    .transpose()
+                    .map_err(|why| bad(format!("the password {why}")))?;
+                ((!user.is_empty()).then_some(user), pass)
+            }
+        };
+        if host_list.is_empty() {
+            return Err(bad("no host given".to_owned()));
+        }
+        let hosts = host_list
+            .split(',')
+            .map(parse_host)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(bad)?;
+        // The path and the query, parsed by the url crate against a placeholder host.
+        let tail_url = url::Url::parse(&format!("x://h{tail}"))
+            .map_err(|err| bad(format!("invalid path or query: {err}")))?;
+        if tail_url.fragment().is_some() {
+            return Err(bad("a #fragment is not supported".to_owned()));
+        }
+        let path = tail_url.path().strip_prefix('/').unwrap_or(tail_url.path());
+        let path = decode(path).map_err(|why| bad(format!("the path {why}")))?;
+        let options = tail_url
+            .query_pairs()
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        Ok(Self {
+            scheme,
+            username,
+            password,
+            hosts,
+            path,
+            options,
+            redacted,
+        })
+    }
+
+    /// The scheme, lowercased.
+    pub fn scheme(&self) -> &str {
+        &self.scheme
+    }
+
+    /// The user name, percent-decoded, if one was given.
+    pub fn username(&self) -> Option<&str> {
+        self.username.as_deref()
+    }
+
+    /// The password, percent-decoded, if one was given. Never print it.
+    pub fn password(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+
+    /// The hosts, in the order given (at least one).
+    pub fn hosts(&self) -> &[HostPort] {
+        &self.hosts
+    }
+
+    /// The path without its leading `/`, percent-decoded (`""` when absent).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The URL with its password replaced by `***` and cut to [`MAX_ECHO`] characters, for
+    /// messages.
+    pub fn redacted(&self) -> &str {
+        &self.redacted
+    }
+
+    /// The query options, to be taken one by one and checked with [`UrlOptions::finish`].
+    pub fn options(&self) -> UrlOptions {
+        UrlOptions {
+            pairs: self.options.clone(),
+            redacted: self.redacted.clone(),
+        }
+    }
+
+    /// An error about this URL: `why`, followed by the redacted URL.
+    pub fn error(&self, why: impl fmt::Display) -> Error {
+        Error::InvalidConfig(format!("{why} (in {})", self.redacted))
+    }
+}
+
+impl fmt::Debug for ServiceUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ServiceUrl").field(&self.redacted).finish()
+    }
+}
+
+/// The query options of a URL, consumed by key. Values are percent-decoded.
+#[derive(Debug, Clone)]
+pub struct UrlOptions {
+    pairs: Vec<(String, String)>,
+    redacted: String,
+}
+
+impl UrlOptions {
+    /// Options parsed from a query string (`a=1&b=2`), for URLs that are not host-based
+    /// (`sqlite://PATH?...`). `context` names the URL in messages (it is redacted here).
+    pub fn from_query(query: &str, context: &str) -> Self {
+        Self {
+            pairs: url::form_urlencoded::parse(query.as_bytes())
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect(),
+            redacted: redact(context),
+        }
+    }
+
+    /// Removes and returns the last value of `key` (keys are case-sensitive).
+    pub fn take(&mut self, key: &str) -> Option<String> {
+        let mut found = None;
+        self.pairs.retain(|(k, v)| {
+            if k == key {
+                found = Some(v.clone());
+                false
+            } else {
+                true
+            }
+        });
+        found
+    }
+
+    /// Takes `key` as a duration in [`humantime`] syntax (`500ms`, `5s`, `2m`, `1h 30m`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a value that is not a duration (a bare number has no unit
+    /// and is refused) or is zero.
+    pub fn duration(&mut self, key: &str) -> Result<Option<Duration>, Error> {
+        self.take(key)
+            .map(|value| parse_duration(key, &value).map_err(|why| self.error(why)))
+            .transpose()
+    }
+
+    /// Takes `key` as a boolean: `true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`; a key with
+    /// no value (`?fair`) is `true`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for another value.
+    pub fn bool(&mut self, key: &str) -> Result<Option<bool>, Error> {
+        self.take(key)
+            .map(|value| match value.to_ascii_lowercase().as_str() {
+                "" | "true" | "1" | "yes" | "on" => Ok(true),
+                "false" | "0" | "no" | "off" => Ok(false),
+                _ => Err(self.error(format!(
+                    "option {key}={:?}: expected true or false",
+                    echo(&value)
+                ))),
+            })
+            .transpose()
+    }
+
+    /// Takes `key` and parses it with [`FromStr`](std::str::FromStr); `expected` says what a
+    /// valid value looks like.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] when it does not parse.
+    pub fn parse<T: std::str::FromStr>(
+        &mut self,
+        key: &str,
+        expected: &str,
+    ) -> Result<Option<T>, Error> {
+        self.take(key)
+            .map(|value| {
+                value.parse().map_err(|_| {
+                    self.error(format!(
+                        "option {key}={:?}: expected {expected}",
+                        echo(&value)
+                    ))
+                })
+            })
+            .transpose()
+    }
+
+    /// The options not taken yet, in order.
+    pub fn remaining(&self) -> &[(String, String)] {
+        &self.pairs
+    }
+
+    /// Checks that every option was taken.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the first unknown option and the `known` ones.
+    pub fn finish(self, known: &[&str]) -> Result<(), Error> {
+        match self.pairs.first() {
+            None => Ok(()),
+            Some((key, _)) => Err(self.error(format!(
+                "unknown option {:?} (known: {})",
+                echo(key),
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            ))),
+        }
+    }
+
+    fn error(&self, why: impl fmt::Display) -> Error {
+        Error::InvalidConfig(format!("{why} (in {})", self.redacted))
+    }
+}
+
+/// Parses a duration option in [`humantime`] syntax (`500ms`, `5s`, `2m`, `1h 30m`).
+///
+/// # Errors
+/// A message naming `key` for a value without a unit, a malformed value or zero.
+pub fn parse_duration(key: &str, value: &str) -> Result<Duration, String> {
+    let value = value.trim();
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "option {key}={value}: a duration needs a unit, e.g. {value}ms or {value}s"
+        ));
+    }
+    match humantime::parse_duration(value) {
+        Ok(d) if d.is_zero() => Err(format!(
+            "option {key}: the duration must be greater than zero"
+        )),
+        Ok(d) => Ok(d),
+        Err(err) => Err(format!(
+            "option {key}={:?}: expected a duration such as 500ms, 5s or 2m ({err})",
+            echo(value)
+        )),
+    }
+}
+
+/// `url` with any password (in the user info or in a query option such as `password=`) replaced
+/// by `***`, cut to [`MAX_ECHO`] characters. Works on malformed URLs too.
+///
+/// ```
+/// use distlock_core::service_url::redact;
+///
+/// assert_eq!(redact("postgres://app:s3cret@db:5432/x"), "postgres://app:***@db:5432/x");
+/// assert_eq!(redact("redis://h?password=s3cret&db=1"), "redis://h?password=***&db=1");
+/// assert_eq!(redact("redis://h:1"), "redis://h:1");
+/// ```
+pub fn redact(url: &str) -> String {
+    let mut out = String::with_capacity(url.len().min(MAX_ECHO + 16));
+    let (head, query) = match url.split_once('?') {
+        Some((head, query)) => (head, Some(query)),
+        None => (url, None),
+    };
+    match head.find("://") {
+        Some(at) => {
+            let (scheme, rest) = head.split_at(at + 3);
+            out.push_str(scheme);
+            let authority_end = rest.find('/').unwrap_or(rest.len());
+            let (authority, path) = rest.split_at(authority_end);
+            match authority.rsplit_once('@') {
+                Some((userinfo, hosts)) => {
+                    match userinfo.split_once(':') {
+                        Some((user, _)) => {
+                            out.push_str(user);
+                            out.push_str(":***");
+                        }
+                        None => out.push_str(userinfo),
+                    }
+                    out.push('@');
+                    out.push_str(hosts);
+                }
+                None => out.push_str(authority),
+            }
+            out.push_str(path);
+        }
+        None => out.push_str(head),
+    }
+    if let Some(query) = query {
+        out.push('?');
+        for (i, pair) in query.split('&').enumerate() {
+            if i > 0 {
+                out.push('&');
+            }
+            match pair.split_once('=') {
+                Some((key, _)) if is_secret_key(key) => {
+                    out.push_str(key);
+                    out.push_str("=***");
+                }
+                _ => out.push_str(pair),
+            }
+        }
+    }
+    echo(&out)
+}
+
+/// `text` cut to [`MAX_ECHO`] characters (with a note of the full length), for messages that
+/// echo user input.
+pub fn echo(text: &str) -> String {
+    if text.chars().count() <= MAX_ECHO {
+        return text.to_owned();
+    }
+    let cut: String = text.chars().take(MAX_ECHO).collect();
+    format!("{cut}... ({} bytes in all)", text.len())
+}
+
+fn is_secret_key(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    [
+        "pass",
+        "pwd",
+        "secret",
+        "token",
+        "auth",
+        "credential",
+        "key",
+    ]
+    .iter()
+    .any(|s| key.contains(s))
+}
+
+fn split_scheme(url: &str) -> Option<(&str, &str)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let mut chars = scheme.chars();
+    let valid = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    valid.then_some((scheme, rest))
+}
+
+fn decode(text: &str) -> Result<String, &'static str> {
+    percent_decode_str(text)
+        .decode_utf8()
+        .map(|s| s.into_owned())
+        .map_err(|_| "is not valid UTF-8 after percent-decoding")
+}
+
+fn parse_host(host: &str) -> Result<HostPort, String> {
+    let host = host.trim();
+    if host.is_empty() {
+        return Err("empty host in the host list".to_owned());
+    }
+    if host.len() > 255 {
+        return Err(format!("host {} is too long", echo(host)));
+    }
+    let parsed = url::Url::parse(&format!("x://{host}/"))
+        .map_err(|err| format!("invalid host {}: {err}", echo(host)))?;
+    let name = parsed
+        .host_str()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| format!("missing host name in {}", echo(host)))?;
+    let port = parsed.port();
+    if port == Some(0) {
+        return Err(format!("invalid port 0 in {}", echo(host)));
+    }
+    Ok(HostPort {
+        host: name.to_owned(),
+        port,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_hosts_users_paths_and_options() {
+        let url = ServiceUrl::parse("Redis://user:p%3Ass@Host.Example:6380/3?a=1&b=x%20y").unwrap();
+        assert_eq!(url.scheme(), "redis");
+        assert_eq!(url.username(), Some("user"));
+        assert_eq!(url.password(), Some("p:ss"));
+        assert_eq!(url.hosts()[0].host(), "Host.Example");
+        assert_eq!(url.hosts()[0].port(), Some(6380));
+        assert_eq!(url.path(), "3");
+        let mut options = url.options();
+        assert_eq!(options.parse::<u32>("a", "a number").unwrap(), Some(1));
+        assert_eq!(options.take("b").as_deref(), Some("x y"));
+        options.finish(&[]).unwrap();
+
+        let url = ServiceUrl::parse("zk://a,b:2,[::1]:3/chroot/x").unwrap();
+        let hosts: Vec<String> = url
+            .hosts()
+            .iter()
+            .map(|h| h.with_default_port(2181))
+            .collect();
+        assert_eq!(hosts, ["a:2181", "b:2", "[::1]:3"]);
+        assert_eq!(url.path(), "chroot/x");
+    }
+
+    #[test]
+    fn rejects_malformed_urls_with_one_clear_line() {
+        for (url, needle) in [
+            ("", "not a URL"),
+            ("127.0.0.1:6379", "not a URL"),
+            ("redis://", "no host"),
+            ("redis://a,,b", "empty host"),
+            ("redis://a:x", "invalid host"),
+            ("redis://a:0", "invalid port 0"),
+            ("redis://a:70000", "invalid host"),
+            ("redis://a#frag", "fragment"),
+        ] {
+            let err = ServiceUrl::parse(url).unwrap_err().to_string();
+            assert!(err.contains(needle), "{url}: {err}");
+            assert!(!err.contains('\n'), "{url}: {err}");
+        }
+        let long = format!("redis://{}:1", "h".repeat(100_000));
+        let err = ServiceUrl::parse(&long).unwrap_err().to_string();
+        assert!(err.len() < 2 * MAX_ECHO + 200, "{} bytes", err.len());
+    }
+
+    #[test]
+    fn durations_use_humantime_and_need_a_unit() {
+        assert_eq!(parse_duration("t", "250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("t", "1m 30s"), Ok(Duration::from_secs(90)));
+        assert!(
+            parse_duration("t", "250")
+                .unwrap_err()
+                .contains("needs a unit")
+        );
+        assert!(
+            parse_duration("t", "0s")
+                .unwrap_err()
+                .contains("greater than zero")
+        );
+        assert!(parse_duration("t", "soon").is_err());
+        let mut options = ServiceUrl::parse("x://h?t=5&u=1").unwrap().options();
+        assert!(options.duration("t").is_err());
+        let err = options.finish(&["t"]).unwrap_err().to_string();
+        assert!(err.contains("unknown option \"u\" (known: t)"), "{err}");
+    }
+
+    #[test]
+    fn no_rendering_shows_the_password() {
+        let secret = "s3cr3t-Pw";
+        for url in [
+            format!("redis://:{secret}@h:1"),
+            format!("postgres://u:{secret}@h/db?sslmode=require"),
+            format!("redis://h:1?password={secret}"),
+            format!("redis://u:{secret}@h:x"),
+            format!("etcd://u:{secret}@a,b/p#f"),
+        ] {
+            let shown = [
+                redact(&url),
+                ServiceUrl::parse(&url)
+                    .map(|u| format!("{u:?} {}", u.redacted()))
+                    .unwrap_or_else(|e| format!("{e} {e:?}")),
+            ];
+            for text in shown {
+                assert!(!text.contains(secret), "{text}");
+            }
+        }
+    }
+}
