@@ -32,6 +32,8 @@
 //! `all-backends` enables every one. A URL whose backend is not compiled in gives an
 //! [`Error::Unsupported`] that names the feature to enable.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -39,15 +41,22 @@ pub use distlock_core::*;
 
 /// The etcd backend (feature `etcd`).
 #[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub use distlock_etcd as etcd;
 /// The Redis and Redlock backends (feature `redis`).
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use distlock_redis as redis;
 /// The SQL backends (features `postgres`, `mysql`, `sqlite`).
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
+)]
 pub use distlock_sql as sql;
 /// The ZooKeeper backend (feature `zookeeper`).
 #[cfg(feature = "zookeeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub use distlock_zookeeper as zookeeper;
 
 /// Connects to the lock service at `url` with the default [`ClientConfig`].

@@ -63,6 +63,8 @@
 //! });
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod cli;
 mod config;
 mod contended;

@@ -64,6 +64,8 @@
 //! failures as [`Error::Unavailable`] (retried by the core) and protocol surprises as
 //! [`Error::Backend`].
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod backend;
 mod capabilities;
 mod client;

@@ -84,8 +84,11 @@
 //!
 //! Against etcd 3.4 and newer (no `RangeStream`, no API newer than 3.4 is used).
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod backend;
 #[cfg(feature = "bench")]
+#[cfg_attr(docsrs, doc(cfg(feature = "bench")))]
 pub mod bench;
 mod config;
 mod keys;

@@ -96,8 +96,11 @@
 //! server errors are [`distlock_core::Error::Backend`]. The source is a [`RedisError`] with a
 //! [`RedisErrorKind`] to tell them apart.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod backend;
 #[cfg(feature = "bench")]
+#[cfg_attr(docsrs, doc(cfg(feature = "bench")))]
 pub mod bench;
 mod config;
 mod error;

@@ -85,8 +85,11 @@
 //! Tokens strictly increase per name: nodes are granted in sequence order, which is `czxid`
 //! order, and zxids only grow, also across server restarts (the epoch is in the high bits).
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod backend;
 #[cfg(feature = "bench")]
+#[cfg_attr(docsrs, doc(cfg(feature = "bench")))]
 pub mod bench;
 mod config;
 mod names;
