@@ -301,6 +301,8 @@ macro_rules! conformance_suite {
                 reentrancy_by_explicit_owner,
                 fifo_fairness,
                 many_locks_stay_held,
+                list_shows_held_locks,
+                force_release_hands_over_with_higher_token,
                 cut_connection_is_survived_or_reported,
                 server_unavailable_then_recovers,
             );

@@ -15,9 +15,11 @@
 
 mod bench;
 mod exit;
+mod list;
 mod owner;
 mod run;
 mod status;
+mod unlock;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -40,6 +42,8 @@ Examples:
   distlock run --name nightly-report -- ./report.sh --full
   DISTLOCK_URL=redis://127.0.0.1:6379 distlock run --name deploy --wait 0 -- make deploy
   distlock status --name deploy --url etcd://10.0.0.1:2379
+  distlock list --prefix deploy --json
+  distlock unlock --force --name deploy   (dangerous: see `distlock unlock --help`)
   distlock bench --url redis://127.0.0.1:6379 --url sqlite://bench.db --duration 3s";
 
 /// Distributed locks from the shell: run a command while holding a lock (renewed, with a
@@ -58,6 +62,11 @@ enum Command {
     Run(run::RunArgs),
     /// Show who holds a lock, its fencing token and remaining lease.
     Status(status::StatusArgs),
+    /// List held locks (name, owner, token, remaining lease) where the backend can.
+    List(list::ListArgs),
+    /// DANGEROUS: free a lock whoever holds it (needs --force; see --help).
+    #[command(after_help = unlock::AFTER_HELP)]
+    Unlock(unlock::UnlockArgs),
     /// Benchmark backends side by side (uncontended and contended scenarios).
     Bench(bench::CliBenchArgs),
 }
@@ -106,6 +115,8 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Status(args) => status::status(args).await,
+            Command::List(args) => list::list(args).await,
+            Command::Unlock(args) => unlock::unlock(args).await,
             Command::Bench(args) => bench::bench(args).await,
         }
     });

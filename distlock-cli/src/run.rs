@@ -58,6 +58,10 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, Failure> {
     if let Some(wait) = args.wait {
         opts = opts.with_wait(wait);
     }
+    // `distlock-run@<host>#<pid>`: lets `status` and `list` show which process holds it.
+    if let Ok(owner) = distlock::OwnerId::new(crate::owner::run_owner_id()) {
+        opts = opts.with_owner(owner);
+    }
     let mut interrupt = signal(SignalKind::interrupt()).map_err(signal_failure)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(signal_failure)?;
     let acquired = tokio::select! {

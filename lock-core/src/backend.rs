@@ -31,6 +31,33 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
             self.name()
         )))
     }
+
+    /// Lists held locks whose name starts with `prefix` (every held lock when `None`), at
+    /// most `limit` of them, sorted by name. When more are held, which ones are returned is
+    /// up to the backend. Expired leases and waiters are not listed. The default says the
+    /// backend cannot list; a backend that overrides it declares
+    /// [`Capabilities::list`](crate::Capabilities::list).
+    async fn list(&self, prefix: Option<&str>, limit: usize) -> Result<Vec<(LockName, LockInfo)>> {
+        let _ = (prefix, limit);
+        Err(crate::Error::Unsupported(format!(
+            "{} cannot list locks",
+            self.name()
+        )))
+    }
+
+    /// Frees `name` whoever holds it, as an operator breaking a stuck lock would, and wakes
+    /// its waiters the way a release does. Returns whether a live lock was removed.
+    ///
+    /// The fencing state must survive: the next acquisition of `name` gets a token higher than
+    /// the removed holder's. The former holder's renewal and release must then fail with
+    /// [`Error::NotHeld`](crate::Error::NotHeld). The default says the backend cannot do it.
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        let _ = name;
+        Err(crate::Error::Unsupported(format!(
+            "{} cannot force-release locks",
+            self.name()
+        )))
+    }
 }
 
 /// What an acquisition asks for.
@@ -163,7 +190,7 @@ pub trait Lease: Send + Sync + Debug + 'static {
     }
 }
 
-/// What [`LockBackend::inspect`] can tell about a lock.
+/// What [`LockBackend::inspect`] (and, per name, [`LockBackend::list`]) can tell about a lock.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockInfo {

@@ -20,11 +20,15 @@ pub struct Capabilities {
     pub max_ttl: Duration,
     /// How a holder learns it lost the lock.
     pub loss_detection: LossDetection,
+    /// Whether [`DistributedLock::list`](crate::DistributedLock::list) works.
+    pub list: bool,
+    /// Whether [`DistributedLock::force_release`](crate::DistributedLock::force_release) works.
+    pub force_release: bool,
 }
 
 impl Capabilities {
     /// Capabilities with the given fencing guarantee; not FIFO, polling, ttl 1 ms ..= 1 day,
-    /// loss detected by renewal.
+    /// loss detected by renewal, no listing, no force release.
     pub fn new(fencing: FencingGuarantee) -> Self {
         Self {
             fencing,
@@ -33,6 +37,8 @@ impl Capabilities {
             min_ttl: Duration::from_millis(1),
             max_ttl: Duration::from_secs(24 * 3600),
             loss_detection: LossDetection::Renewal,
+            list: false,
+            force_release: false,
         }
     }
 
@@ -62,6 +68,20 @@ impl Capabilities {
     #[must_use]
     pub fn with_loss_detection(mut self, loss_detection: LossDetection) -> Self {
         self.loss_detection = loss_detection;
+        self
+    }
+
+    /// Declares that held locks can be listed.
+    #[must_use]
+    pub fn with_list(mut self, list: bool) -> Self {
+        self.list = list;
+        self
+    }
+
+    /// Declares that locks can be force-released.
+    #[must_use]
+    pub fn with_force_release(mut self, force_release: bool) -> Self {
+        self.force_release = force_release;
         self
     }
 }

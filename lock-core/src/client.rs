@@ -292,6 +292,57 @@ impl<B: LockBackend> DistributedLock for LockClient<B> {
                 })
             })
     }
+
+    async fn list(&self, prefix: Option<&str>, limit: usize) -> Result<Vec<(LockName, LockInfo)>> {
+        let prefix = prefix.filter(|p| !p.is_empty());
+        if let Some(prefix) = prefix {
+            // A non-empty prefix no name could start with is rejected as that name would be.
+            LockName::new(prefix)?;
+        }
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let timeout = self.inner.config.operation_timeout;
+        let mut locks = tokio::time::timeout(timeout, self.inner.backend.list(prefix, limit))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::Unavailable {
+                    message: format!("list got no answer within {timeout:?}"),
+                    source: None,
+                })
+            })?;
+        locks.sort_by(|a, b| a.0.cmp(&b.0));
+        locks.dedup_by(|a, b| a.0 == b.0);
+        locks.retain(|(name, _)| prefix.is_none_or(|p| name.as_str().starts_with(p)));
+        locks.truncate(limit);
+        Ok(locks)
+    }
+
+    async fn force_release(&self, name: &str) -> Result<bool> {
+        let name = LockName::new(name)?;
+        let span = tracing::debug_span!(
+            "distlock.force_release",
+            backend = self.backend(),
+            name = name.as_str()
+        );
+        let timeout = self.inner.config.operation_timeout;
+        let removed = tokio::time::timeout(timeout, self.inner.backend.force_release(&name))
+            .instrument(span)
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::Unavailable {
+                    message: format!("force release got no answer within {timeout:?}"),
+                    source: None,
+                })
+            })?;
+        tracing::warn!(
+            backend = self.backend(),
+            name = name.as_str(),
+            removed,
+            "force-released a lock"
+        );
+        Ok(removed)
+    }
 }
 
 /// Makes sure an attempt that ends without a guard is abandoned, also when the caller's

@@ -4,7 +4,7 @@ use std::fmt::Debug;
 
 use async_trait::async_trait;
 
-use crate::{AcquireOptions, Capabilities, LockGuard, LockInfo, Result};
+use crate::{AcquireOptions, Capabilities, LockGuard, LockInfo, LockName, Result};
 
 /// A distributed lock service: one client of one backend.
 ///
@@ -70,4 +70,44 @@ pub trait DistributedLock: Send + Sync + Debug {
     /// # Errors
     /// [`Error::Unsupported`](crate::Error::Unsupported) when the backend cannot tell.
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>>;
+
+    /// Lists held locks whose name starts with `prefix` (all when `None`), at most `limit` of
+    /// them, sorted by name, for operators and diagnostics. When more locks are held, which of
+    /// them are returned is up to the backend. Expired leases and waiters are not listed.
+    /// [`Capabilities::list`] says whether the backend can list.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) when the backend cannot list;
+    /// [`Error::InvalidName`](crate::Error::InvalidName) for a prefix no name could start
+    /// with (longer than [`LockName::MAX_LEN`](crate::LockName::MAX_LEN), or with a NUL).
+    async fn list(&self, prefix: Option<&str>, limit: usize) -> Result<Vec<(LockName, LockInfo)>> {
+        let _ = (prefix, limit);
+        Err(crate::Error::Unsupported(format!(
+            "{} cannot list locks",
+            self.backend()
+        )))
+    }
+
+    /// **Dangerous**: frees `name` whoever holds it, as an operator breaking a stuck lock, and
+    /// wakes its waiters. Returns whether a live lock was removed (`Ok(false)`: it was free).
+    ///
+    /// The holder is not stopped: it keeps running until its next renewal is refused, and
+    /// learns of the loss through [`LockGuard::lost`] / [`LockGuard::is_lost`] (within one
+    /// renewal interval for a guard that renews; a guard without renewal only at its local
+    /// deadline). Until then it may still act as if it held the lock. What keeps a resource
+    /// safe is fencing: the next acquisition gets a higher [`FencingToken`](crate::FencingToken),
+    /// so a resource that checks tokens refuses the former holder's late writes. Its
+    /// `renew` and `release` fail with [`Error::NotHeld`](crate::Error::NotHeld) or
+    /// [`Error::Lost`](crate::Error::Lost).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) when the backend cannot do it
+    /// ([`Capabilities::force_release`]); [`Error::InvalidName`](crate::Error::InvalidName).
+    async fn force_release(&self, name: &str) -> Result<bool> {
+        let _ = name;
+        Err(crate::Error::Unsupported(format!(
+            "{} cannot force-release locks",
+            self.backend()
+        )))
+    }
 }

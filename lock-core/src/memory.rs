@@ -191,6 +191,8 @@ impl LockBackend for MemoryBackend {
                 Duration::from_secs(365 * 24 * 3600),
             )
             .with_loss_detection(LossDetection::Renewal)
+            .with_list(true)
+            .with_force_release(true)
     }
 
     fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
@@ -218,6 +220,34 @@ impl LockBackend for MemoryBackend {
                     Some(h.expires_at.saturating_duration_since(now)),
                 )
             }))
+    }
+
+    async fn list(&self, prefix: Option<&str>, limit: usize) -> Result<Vec<(LockName, LockInfo)>> {
+        let mut state = self.store.available_state()?;
+        let now = Instant::now();
+        let mut held: Vec<(LockName, LockInfo)> = state
+            .locks
+            .iter_mut()
+            .filter(|(name, _)| prefix.is_none_or(|p| name.as_str().starts_with(p)))
+            .filter_map(|(name, entry)| {
+                let h = entry.holder(now)?;
+                let info = LockInfo::new(
+                    h.owner.clone(),
+                    Some(h.token),
+                    Some(h.expires_at.saturating_duration_since(now)),
+                );
+                Some((name.clone(), info))
+            })
+            .collect();
+        held.sort_by(|a, b| a.0.cmp(&b.0));
+        held.truncate(limit);
+        Ok(held)
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        // The process-wide token counter is untouched: the next holder's token is higher.
+        drop(self.store.available_state()?);
+        Ok(self.store.remove(name.as_str()))
     }
 }
 

@@ -7,14 +7,14 @@ use std::sync::{Arc, Mutex as StdMutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use distlock_core::{
+    AcquireRequest, Acquired, Attempt, AttemptMode, Capabilities, Error, FencingGuarantee,
+    FencingToken, Lease, LockBackend, LockInfo, LockName, LossDetection, Result, Step, WakeUp,
+};
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, LeaseKeepAliveStream,
     LeaseKeeper, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType,
     WatchOptions, WatchStream,
-};
-use distlock_core::{
-    AcquireRequest, Acquired, Attempt, AttemptMode, Capabilities, Error, FencingGuarantee,
-    FencingToken, Lease, LockBackend, LockInfo, LockName, LossDetection, Result, Step, WakeUp,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::debug;
@@ -229,6 +229,8 @@ impl LockBackend for EtcdBackend {
             .with_wake_up(WakeUp::Event)
             .with_ttl_range(MIN_TTL, MAX_TTL)
             .with_loss_detection(LossDetection::Renewal)
+            .with_list(true)
+            .with_force_release(true)
     }
 
     fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
@@ -276,6 +278,145 @@ impl LockBackend for EtcdBackend {
                 None,
             )
         }))
+    }
+
+    /// Reads the keys under the prefix page by page in key order (all keys of one name are
+    /// adjacent); each name's holder is its key with the lowest create revision, as for
+    /// `inspect`. Stops once `limit` names are complete. The remaining lease is not reported.
+    async fn list(&self, prefix: Option<&str>, limit: usize) -> Result<Vec<(LockName, LockInfo)>> {
+        let base = format!("{}/", self.shared.prefix);
+        let start = format!("{base}{}", keys::escape(prefix.unwrap_or("")));
+        let end = keys::range_end(&start);
+        let mut next = start.into_bytes();
+        let mut held: Vec<(LockName, LockInfo)> = Vec::new();
+        // The name being read and its head so far: (escaped name, create revision, owner).
+        let mut current: Option<(String, i64, Vec<u8>)> = None;
+        let finish = |current: Option<(String, i64, Vec<u8>)>, held: &mut Vec<_>| {
+            if let Some((escaped, rev, owner)) = current
+                && let Some(name) = keys::unescape(&escaped).and_then(|n| LockName::new(n).ok())
+            {
+                let owner = String::from_utf8_lossy(&owner).into_owned();
+                held.push((name, LockInfo::new(owner, Some(token(rev)), None)));
+            }
+        };
+        loop {
+            let options = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(LIST_PAGE);
+            let resp = self
+                .get_retrying(next.clone(), options, "listing locks")
+                .await?;
+            for kv in resp.kvs() {
+                let key = kv.key_str().unwrap_or_default();
+                let Some((escaped, _)) = key.strip_prefix(&base).and_then(|k| k.split_once('/'))
+                else {
+                    continue;
+                };
+                match &mut current {
+                    Some((name, rev, owner)) if name == escaped => {
+                        if kv.create_revision() < *rev {
+                            *rev = kv.create_revision();
+                            *owner = kv.value().to_vec();
+                        }
+                    }
+                    _ => {
+                        finish(current.take(), &mut held);
+                        if held.len() >= limit {
+                            return Ok(held);
+                        }
+                        current = Some((
+                            escaped.to_owned(),
+                            kv.create_revision(),
+                            kv.value().to_vec(),
+                        ));
+                    }
+                }
+            }
+            match resp.kvs().last() {
+                Some(last) if resp.more() => {
+                    next = last.key().to_vec();
+                    next.push(0);
+                }
+                _ => break,
+            }
+        }
+        finish(current, &mut held);
+        held.truncate(limit);
+        Ok(held)
+    }
+
+    /// Deletes the holder's key (the name's key with the lowest create revision) if it is still
+    /// that key. The next waiter watches exactly that deletion and takes the lock; its key was
+    /// created later, so its token (create revision) is higher. The former holder's renewal
+    /// finds its key gone and reports the loss.
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        let range = keys::name_range(&self.shared.prefix, name.as_str());
+        let head = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1)
+            .with_keys_only();
+        for _ in 0..8 {
+            let resp = self
+                .get_retrying(
+                    range.clone().into_bytes(),
+                    head.clone(),
+                    "reading the lock queue",
+                )
+                .await?;
+            let Some(kv) = resp.kvs().first() else {
+                return Ok(false);
+            };
+            let key = kv.key().to_vec();
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    kv.create_revision(),
+                )])
+                .and_then([TxnOp::delete(key, None)]);
+            let done = self
+                .shared
+                .client
+                .kv_client()
+                .txn(txn)
+                .await
+                .map_err(|e| map_err("force release", e))?;
+            if done.succeeded() {
+                return Ok(true);
+            }
+            // The holder released meanwhile: look at the new head.
+        }
+        Ok(false)
+    }
+}
+
+/// Keys per page of [`LockBackend::list`]'s range reads.
+const LIST_PAGE: i64 = 512;
+
+impl EtcdBackend {
+    /// One key-range read, retried at once after a transport error as `inspect` is.
+    async fn get_retrying(
+        &self,
+        key: Vec<u8>,
+        options: GetOptions,
+        what: &str,
+    ) -> Result<etcd_client::GetResponse> {
+        let mut failures = 0;
+        loop {
+            match self
+                .shared
+                .client
+                .kv_client()
+                .get(key.clone(), Some(options.clone()))
+                .await
+            {
+                Err(err) if retryable(&err) && failures < TRANSPORT_RETRIES => {
+                    retry_pause(&mut failures).await;
+                }
+                other => return other.map_err(|e| map_err(what, e)),
+            }
+        }
     }
 }
 

@@ -18,6 +18,34 @@ pub(crate) fn escape(s: &str) -> String {
     out
 }
 
+/// Reverses [`escape`]; `None` if `s` is not an escaped string.
+pub(crate) fn unescape(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The end of the key range of every key starting with `start` (its last byte incremented;
+/// escaped keys are ASCII, so that byte is never 0xFF).
+pub(crate) fn range_end(start: &str) -> Vec<u8> {
+    let mut end = start.as_bytes().to_vec();
+    if let Some(last) = end.last_mut() {
+        *last = last.saturating_add(1);
+    }
+    end
+}
+
 /// The key range (a prefix ending in `/`) of one lock name.
 pub(crate) fn name_range(prefix: &str, name: &str) -> String {
     format!("{prefix}/{}/", escape(name))
@@ -46,5 +74,9 @@ mod tests {
         }
         let (x, xy) = (name_range("p", "x"), name_range("p", "x/y"));
         assert!(!xy.starts_with(&x));
+        for name in names {
+            assert_eq!(unescape(&escape(name)).as_deref(), Some(name));
+        }
+        assert_eq!(range_end("p/a"), b"p/b".to_vec());
     }
 }

@@ -5,12 +5,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use futures::future::join_all;
 use distlock_core::{
     AcquireRequest, Acquired, Attempt, AttemptMode, Capabilities, ClientConfig, Error,
     FencingGuarantee, FencingToken, Lease, LockBackend, LockInfo, LockName, LossDetection,
     NodeOutcome, NodeResult, Result, Step, WakeUp,
 };
+use futures::future::join_all;
 use rand::Rng;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, IntoConnectionInfo};
@@ -190,6 +190,55 @@ impl Node {
             .await
             .map_err(|e| RedisError::classify(&self.addr, e))?;
         Ok(())
+    }
+
+    /// Frees the lock whoever holds it: reads the holder and runs the owner-checked release
+    /// script as that owner, so waiters are handed the lock and woken exactly as by a release.
+    /// The fencing counter is untouched. `false`: free (or only reserved for a waiter).
+    async fn force_release(
+        &self,
+        keys: &LockKeys,
+        config: &RedisConfig,
+    ) -> Result<bool, RedisError> {
+        for _ in 0..8 {
+            let (owner, _, _) = self.inspect(keys).await?;
+            let Some(owner) = owner else {
+                return Ok(false);
+            };
+            if self
+                .release(keys, &owner, config, ReleaseMode::Release)
+                .await?
+            {
+                return Ok(true);
+            }
+            // The holder changed between the read and the script: look again.
+        }
+        Ok(false)
+    }
+
+    /// The names whose lock key exists and starts with `prefix`, by `SCAN` (never `KEYS`), until
+    /// the scan ends or `enough` are found.
+    async fn scan_names(&self, prefix: &str, enough: usize) -> Result<Vec<LockName>, RedisError> {
+        let pattern = crate::keys::lock_key_pattern(prefix);
+        let mut conn = self.conn.clone();
+        let mut names = std::collections::BTreeSet::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| RedisError::classify(&self.addr, e))?;
+            names.extend(keys.iter().filter_map(|k| crate::keys::name_of_lock_key(k)));
+            cursor = next;
+            if cursor == 0 || names.len() >= enough {
+                return Ok(names.into_iter().collect());
+            }
+        }
     }
 
     async fn inspect(
@@ -408,6 +457,8 @@ impl LockBackend for RedisBackend {
             .with_wake_up(WakeUp::Event)
             .with_ttl_range(min_ttl, Duration::from_secs(7 * 24 * 3600))
             .with_loss_detection(LossDetection::Renewal)
+            .with_list(true)
+            .with_force_release(true)
     }
 
     fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
@@ -471,6 +522,101 @@ impl LockBackend for RedisBackend {
             }
         }
         Ok(None)
+    }
+
+    /// `SCAN` over the lock keys (one master), then each candidate is read as
+    /// [`inspect`](LockBackend::inspect) reads it. Redlock: the names found on any node, each
+    /// reported only if a majority agrees on its holder (the same view `inspect` gives), so a
+    /// lock held on a minority only is not listed; fails when fewer than a majority of nodes
+    /// can be scanned.
+    async fn list(&self, prefix: Option<&str>, limit: usize) -> Result<Vec<(LockName, LockInfo)>> {
+        let shared = &self.shared;
+        let prefix = prefix.unwrap_or("");
+        // Candidates include reservations and keys expiring meanwhile: scan for some more.
+        let enough = limit.saturating_mul(2).max(limit.saturating_add(16));
+        let timeout = shared.client.operation_timeout;
+        let scans = join_all(
+            shared
+                .nodes
+                .iter()
+                .map(|n| within(n, timeout, n.scan_names(prefix, enough))),
+        )
+        .await;
+        let mut candidates = std::collections::BTreeSet::new();
+        let mut answered = 0;
+        let mut failure = None;
+        for scan in scans {
+            match scan {
+                Ok(names) => {
+                    answered += 1;
+                    candidates.extend(names);
+                }
+                Err(err) => failure = Some(err),
+            }
+        }
+        if answered < shared.quorum() {
+            return Err(match failure {
+                Some(err) if !shared.redlock() => err.into_lock_error("list"),
+                failure => Error::Unavailable {
+                    message: format!(
+                        "list reached {answered} of {} Redis masters, {} needed",
+                        shared.nodes.len(),
+                        shared.quorum()
+                    ),
+                    source: failure.map(Into::into),
+                },
+            });
+        }
+        let mut held = Vec::new();
+        for name in candidates {
+            if held.len() >= limit {
+                break;
+            }
+            if let Some(info) = self.inspect(&name).await? {
+                held.push((name, info));
+            }
+        }
+        Ok(held)
+    }
+
+    /// Runs the release script as the current holder (see `Node::force_release`) on every
+    /// node: waiters get the same handoff and pub/sub wake-up as after a release, and the
+    /// fencing counters are kept, so the next token is higher. Redlock: `true` if any node held
+    /// it; fails unless a majority of nodes answered (the others free it at expiry).
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        let keys = LockKeys::new(name);
+        let shared = &self.shared;
+        if !shared.redlock() {
+            return shared.nodes[0]
+                .force_release(&keys, &shared.config)
+                .await
+                .map_err(|e| e.into_lock_error("force release"));
+        }
+        let timeout = shared.cleanup_timeout();
+        let results = join_all(
+            shared
+                .nodes
+                .iter()
+                .map(|n| within(n, timeout, n.force_release(&keys, &shared.config))),
+        )
+        .await;
+        let answered = results.iter().filter(|r| r.is_ok()).count();
+        let removed = results.iter().any(|r| matches!(r, Ok(true)));
+        if answered >= shared.quorum() {
+            return Ok(removed);
+        }
+        Err(Error::Unavailable {
+            message: format!(
+                "force release of {:?} reached {answered} of {} Redis masters, {} needed",
+                name.as_str(),
+                shared.nodes.len(),
+                shared.quorum()
+            ),
+            source: results
+                .into_iter()
+                .find_map(Result::err)
+                .map(|e| Box::new(e) as distlock_core::BoxError),
+        })
     }
 }
 

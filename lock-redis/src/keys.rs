@@ -69,6 +69,30 @@ impl LockKeys {
 /// `distlock:{` + 16 hex digits + `}:`.
 const HEAD_LEN: usize = 28;
 
+/// A `SCAN MATCH` pattern for the lock keys of every name starting with `prefix`.
+pub(crate) fn lock_key_pattern(prefix: &str) -> String {
+    let mut pattern = String::with_capacity(HEAD_LEN + 3 + prefix.len() * 2);
+    pattern.push_str("distlock:{????????????????}:l:");
+    for c in prefix.chars() {
+        // Redis glob specials: escaped to match themselves.
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern.push('*');
+    pattern
+}
+
+/// The lock name of a lock key (`distlock:{<tag>}:l:<name>`), if it is one whose tag matches.
+pub(crate) fn name_of_lock_key(key: &str) -> Option<LockName> {
+    if key.get(HEAD_LEN..HEAD_LEN + 2) != Some("l:") {
+        return None;
+    }
+    let name = LockName::new(key.get(HEAD_LEN + 2..)?).ok()?;
+    (LockKeys::new(&name).lock == key).then_some(name)
+}
+
 /// 64-bit FNV-1a: stable across processes and versions (unlike `DefaultHasher`).
 fn fnv1a(bytes: &[u8]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -99,5 +123,17 @@ mod tests {
         assert_eq!(a.lock, format!("distlock:{{{tag:016x}}}:l:a/b"));
         assert_eq!(a.channel, format!("distlock:{{{tag:016x}}}:c:a/b"));
         assert_eq!(a.lock.len(), HEAD_LEN + 2 + "a/b".len());
+    }
+
+    #[test]
+    fn lock_keys_parse_back_and_match_the_scan_pattern() {
+        let keys = LockKeys::for_name("jobs/*x").unwrap();
+        assert_eq!(name_of_lock_key(&keys.lock).unwrap().as_str(), "jobs/*x");
+        assert_eq!(name_of_lock_key(&keys.fence), None);
+        assert_eq!(name_of_lock_key("distlock:{0000000000000000}:l:x"), None);
+        assert_eq!(
+            lock_key_pattern("a*b"),
+            "distlock:{????????????????}:l:a\\*b*"
+        );
     }
 }

@@ -29,6 +29,36 @@ pub(crate) struct Peek {
     pub(crate) next_remaining_us: Option<i64>,
 }
 
+/// A live holder as [`Db::list`] reports it.
+#[derive(Debug)]
+pub(crate) struct Listed {
+    /// The lock name.
+    pub(crate) name: String,
+    /// The owner column.
+    pub(crate) owner: String,
+    /// The version column: the holder's fencing token.
+    pub(crate) version: i64,
+    /// Remaining lease in microseconds.
+    pub(crate) remaining_us: i64,
+}
+
+impl Listed {
+    /// Reads `name, owner, version, remaining_us` from a row.
+    pub(crate) fn from_row<R: sqlx::Row>(row: &R) -> Result<Self, sqlx::Error>
+    where
+        usize: sqlx::ColumnIndex<R>,
+        for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    {
+        Ok(Self {
+            name: row.try_get(0)?,
+            owner: row.try_get(1)?,
+            version: row.try_get(2)?,
+            remaining_us: row.try_get(3)?,
+        })
+    }
+}
+
 /// The answer to a reservation claim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Claim {
@@ -103,6 +133,10 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
 
     /// Frees the lock whoever holds it; the version is kept.
     async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error>;
+
+    /// The live holders of names starting with `prefix` (`""`: all), by name, at most
+    /// `limit`. One statement on the pool (an operator's read, not a hot path).
+    async fn list(&self, prefix: &str, limit: i64) -> Result<Vec<Listed>, sqlx::Error>;
 
     /// `UPDATE table SET ..., fence = token WHERE key = ? AND (fence IS NULL OR fence <= token)`.
     async fn fenced_update(&self, update: &FencedUpdate, token: i64) -> Result<bool, sqlx::Error>;

@@ -76,6 +76,8 @@
 //! Protected resources in the same database can be written with
 //! [`SqlBackend::fenced_update`] ([`FencedUpdate`]).
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -101,6 +103,7 @@ mod postgres;
 mod sqlite;
 
 #[cfg(feature = "bench")]
+#[cfg_attr(docsrs, doc(cfg(feature = "bench")))]
 pub mod bench;
 
 pub use config::{DEFAULT_TABLE, Dialect, SqlConfig};
@@ -120,12 +123,15 @@ const HEAD_POLL_MAX: Duration = Duration::from_millis(20);
 pub enum SqlPool {
     /// PostgreSQL.
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     Postgres(sqlx::PgPool),
     /// MySQL / MariaDB.
     #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
     MySql(sqlx::MySqlPool),
     /// SQLite.
     #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     Sqlite(sqlx::SqlitePool),
 }
 
@@ -306,6 +312,8 @@ impl LockBackend for SqlBackend {
                 Duration::from_secs(365 * 24 * 3600),
             )
             .with_loss_detection(LossDetection::Renewal)
+            .with_list(true)
+            .with_force_release(true)
     }
 
     fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
@@ -337,6 +345,41 @@ impl LockBackend for SqlBackend {
             )),
             _ => None,
         }))
+    }
+
+    async fn list(&self, prefix: Option<&str>, limit: usize) -> Result<Vec<(LockName, LockInfo)>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .inner
+            .db
+            .list(prefix.unwrap_or(""), limit)
+            .await
+            .map_err(|e| map_err("list", e))?;
+        let mut held = Vec::with_capacity(rows.len());
+        for row in rows {
+            // A row written by something else than this crate may hold a name we reject.
+            let Ok(name) = LockName::new(row.name) else {
+                continue;
+            };
+            let info = LockInfo::new(
+                row.owner,
+                Some(token_of(row.version)?),
+                Some(remaining(row.remaining_us)),
+            );
+            held.push((name, info));
+        }
+        Ok(held)
+    }
+
+    /// Frees the row (owner cleared, lease ended) but keeps it and its `version`, so the next
+    /// holder's token is still higher; PostgreSQL notifies the waiters as a release does,
+    /// MySQL and SQLite waiters find it at their next poll.
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        self.inner
+            .db
+            .force_release(name.as_str())
+            .await
+            .map_err(|e| map_err("force release", e))
     }
 }
 

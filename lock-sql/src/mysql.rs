@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::FutureExt;
 use distlock_core::{Error, Result};
+use futures::FutureExt;
 use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 
 use crate::config::quote;
-use crate::db::{Claim, Db, HotConns, Peek, Sessions, bind_value, connect_err, shape_err};
+use crate::db::{Claim, Db, HotConns, Listed, Peek, Sessions, bind_value, connect_err, shape_err};
 use crate::{FencedUpdate, SqlConfig, SqlPool, map_err};
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
@@ -27,6 +27,8 @@ struct Statements {
     release: Arc<str>,
     abandon: Arc<str>,
     force: Arc<str>,
+    /// Not prepared at connect: operators' reads only.
+    list: Arc<str>,
 }
 
 impl Statements {
@@ -85,6 +87,13 @@ impl Statements {
             force: format!(
                 "UPDATE {t} SET owner = NULL, expires_at = {NOW} \
                  WHERE name = ? AND owner IS NOT NULL AND expires_at > {NOW}"
+            )
+            .into(),
+            list: format!(
+                "SELECT CAST(name AS CHAR CHARACTER SET utf8mb4), CAST(owner AS CHAR CHARACTER SET utf8mb4), \
+                 version, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) \
+                 FROM {t} WHERE owner IS NOT NULL AND expires_at > {NOW} \
+                 AND LEFT(name, LENGTH(?)) = ? ORDER BY name LIMIT ?"
             )
             .into(),
         }
@@ -285,6 +294,16 @@ impl Db for MyDb {
     async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error> {
         let done = self.conns.execute(q(&self.sql.force).bind(name)).await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn list(&self, prefix: &str, limit: i64) -> Result<Vec<Listed>, sqlx::Error> {
+        let rows = q(&self.sql.list)
+            .bind(prefix)
+            .bind(prefix)
+            .bind(limit)
+            .fetch_all(self.conns.pool())
+            .await?;
+        rows.iter().map(Listed::from_row).collect()
     }
 
     async fn fenced_update(&self, update: &FencedUpdate, token: i64) -> Result<bool, sqlx::Error> {

@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::FutureExt;
 use distlock_core::{Error, Result};
+use futures::FutureExt;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 
 use crate::config::quote;
 use crate::db::{
-    Claim, Db, HotConns, Notifier, Peek, Sessions, Subscription, bind_value, connect_err,
+    Claim, Db, HotConns, Listed, Notifier, Peek, Sessions, Subscription, bind_value, connect_err,
     parse_payload, shape_err,
 };
 use crate::{FencedUpdate, SqlConfig, SqlPool, map_err};
@@ -31,6 +31,8 @@ struct Statements {
     release: Arc<str>,
     abandon: Arc<str>,
     force: Arc<str>,
+    /// Not prepared at connect: operators' reads only.
+    list: Arc<str>,
 }
 
 impl Statements {
@@ -96,6 +98,13 @@ impl Statements {
                 "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = now() \
                  WHERE name = $1 AND owner IS NOT NULL AND expires_at > now() RETURNING name) \
                  SELECT pg_notify($2, '0:' || name) FROM r"
+            )
+            .into(),
+            list: format!(
+                "SELECT name, owner, version, \
+                 (EXTRACT(EPOCH FROM (expires_at - now())) * 1000000)::bigint \
+                 FROM {t} WHERE owner IS NOT NULL AND expires_at > now() \
+                 AND left(name, length($1)) = $1 ORDER BY name LIMIT $2"
             )
             .into(),
         }
@@ -340,6 +349,15 @@ impl Db for PgDb {
             .fetch_optional(q(&self.sql.force).bind(name).bind(&self.channel))
             .await?;
         Ok(row.is_some())
+    }
+
+    async fn list(&self, prefix: &str, limit: i64) -> Result<Vec<Listed>, sqlx::Error> {
+        let rows = q(&self.sql.list)
+            .bind(prefix)
+            .bind(limit)
+            .fetch_all(self.conns.pool())
+            .await?;
+        rows.iter().map(Listed::from_row).collect()
     }
 
     async fn fenced_update(&self, update: &FencedUpdate, token: i64) -> Result<bool, sqlx::Error> {

@@ -13,7 +13,7 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 
 use crate::config::quote;
-use crate::db::{Claim, Db, HotConns, Peek, bind_value, connect_err, shape_err};
+use crate::db::{Claim, Db, HotConns, Listed, Peek, bind_value, connect_err, shape_err};
 use crate::{FencedUpdate, SqlConfig, SqlPool, map_err, sqlite_busy};
 
 const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
@@ -27,6 +27,8 @@ struct Statements {
     release: Arc<str>,
     abandon: Arc<str>,
     force: Arc<str>,
+    /// Not prepared at connect: operators' reads only.
+    list: Arc<str>,
 }
 
 impl Statements {
@@ -78,6 +80,12 @@ impl Statements {
             force: format!(
                 "UPDATE {t} SET owner = NULL, expires_at = {NOW} \
                  WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {NOW}"
+            )
+            .into(),
+            list: format!(
+                "SELECT name, owner, version, expires_at - {NOW} \
+                 FROM {t} WHERE owner IS NOT NULL AND expires_at > {NOW} \
+                 AND substr(name, 1, length(?1)) = ?1 ORDER BY name LIMIT ?2"
             )
             .into(),
         }
@@ -307,6 +315,15 @@ impl Db for LiteDb {
             .execute(q(&self.sql.force).bind(name.to_owned()))
             .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn list(&self, prefix: &str, limit: i64) -> Result<Vec<Listed>, sqlx::Error> {
+        let rows = q(&self.sql.list)
+            .bind(prefix.to_owned())
+            .bind(limit)
+            .fetch_all(self.conns.pool())
+            .await?;
+        rows.iter().map(Listed::from_row).collect()
     }
 
     async fn fenced_update(&self, update: &FencedUpdate, token: i64) -> Result<bool, sqlx::Error> {

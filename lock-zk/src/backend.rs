@@ -5,12 +5,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use futures::future::BoxFuture;
 use distlock_core::{
     AcquireRequest, Acquired, Attempt, AttemptMode, Capabilities, ClientConfig, Error,
     FencingGuarantee, FencingToken, Lease, LockBackend, LockInfo, LockName, LossDetection,
     LossReason, Result, Step, WakeUp,
 };
+use futures::future::BoxFuture;
 use tracing::{debug, warn};
 use zookeeper_client as zk;
 
@@ -250,6 +250,8 @@ impl LockBackend for ZkBackend {
             .with_wake_up(WakeUp::Event)
             .with_ttl_range(MIN_TTL, self.shared.granted.max(MIN_TTL))
             .with_loss_detection(LossDetection::Session)
+            .with_list(true)
+            .with_force_release(true)
     }
 
     fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
@@ -298,6 +300,73 @@ impl LockBackend for ZkBackend {
             }
         }
         Ok(None)
+    }
+
+    /// The children of the base node are the escaped lock names; each is read as
+    /// [`inspect`](LockBackend::inspect) reads it, in name order, until `limit` are held.
+    /// The remaining lease is not reported.
+    async fn list(&self, prefix: Option<&str>, limit: usize) -> Result<Vec<(LockName, LockInfo)>> {
+        let session = self.session().await?;
+        session.check_connected()?;
+        let base = self.shared.config.base_path();
+        let children = match session.client.list_children(&base).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => return Ok(Vec::new()),
+            Err(err) => return Err(zk_error("listing the locks", err)),
+        };
+        let prefix = escape(prefix.unwrap_or(""));
+        let mut names: Vec<LockName> = children
+            .iter()
+            .filter(|child| child.starts_with(&prefix))
+            .filter_map(|child| LockName::new(unescape(child)?).ok())
+            .collect();
+        names.sort();
+        let mut held = Vec::new();
+        for name in names {
+            if held.len() >= limit {
+                break;
+            }
+            if let Some(info) = self.inspect(&name).await? {
+                held.push((name, info));
+            }
+        }
+        Ok(held)
+    }
+
+    /// Deletes the holder's node (the queue head, if its data says "held"), version-checked
+    /// so that a renewal in between makes it look again. ZooKeeper lets any session delete
+    /// another's ephemeral node. The next waiter's watch on its predecessor fires and it takes
+    /// the lock; its node was created later, so its token (`czxid`) is higher. The former
+    /// holder's watch on its own node reports the loss.
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        let session = self.session().await?;
+        session.check_connected()?;
+        let client = &session.client;
+        let parent = self.shared.config.lock_path(name);
+        for _ in 0..8 {
+            let children = match client.list_children(&parent).await {
+                Ok(children) => children,
+                Err(zk::Error::NoNode) => return Ok(false),
+                Err(err) => return Err(zk_error("listing the queue", err)),
+            };
+            let Some(head) = queue(children).into_iter().next() else {
+                return Ok(false);
+            };
+            let path = format!("{parent}/{}", head.name);
+            let stat = match client.get_data(&path).await {
+                Ok((data, stat)) if parse_held(&data).is_some() => stat,
+                // A waiter about to take the lock: nobody holds it now.
+                Ok(_) => return Ok(false),
+                Err(zk::Error::NoNode) => continue,
+                Err(err) => return Err(zk_error("reading the holder", err)),
+            };
+            match client.delete(&path, Some(stat.version)).await {
+                Ok(()) => return Ok(true),
+                Err(zk::Error::NoNode | zk::Error::BadVersion) => continue,
+                Err(err) => return Err(zk_error("deleting the holder", err)),
+            }
+        }
+        Ok(false)
     }
 }
 
