@@ -88,7 +88,9 @@ pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Arc<dyn Dis
         #[cfg(feature = "mysql")]
         "mysql" | "mariadb" => Ok(distlock_sql::connect(url, config).await?.into_dyn()),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redlock" => Ok(distlock_redis::connect(url, config).await?.into_dyn()),
+        "redis" | "rediss" | "redlock" => {
+            Ok(distlock_redis::connect(url, config).await?.into_dyn())
+        }
         #[cfg(feature = "etcd")]
         "etcd" => Ok(distlock_etcd::connect(url, config).await?.into_dyn()),
         #[cfg(feature = "zookeeper")]

@@ -6,9 +6,9 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
-use futures::future::BoxFuture;
 use distlock_core::memory::MemoryStore;
 use distlock_core::{DistributedLock, Error};
+use futures::future::BoxFuture;
 
 /// The future a [`Target`]'s client factory returns.
 pub type ClientFuture = BoxFuture<'static, Result<Arc<dyn DistributedLock>, Error>>;

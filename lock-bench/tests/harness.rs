@@ -70,7 +70,9 @@ fn memory_target_with_floor(label: &str, cycles: Arc<AtomicU64>) -> Target {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_scenarios_on_memory_give_sane_results() {
     let config = small();
-    let report = distlock_bench::run(&[Target::memory()], &config).await.unwrap();
+    let report = distlock_bench::run(&[Target::memory()], &config)
+        .await
+        .unwrap();
     assert!(!report.has_failures(), "{report:#?}");
     assert_eq!(report.targets.len(), 1);
     let t = &report.targets[0];
@@ -242,7 +244,9 @@ async fn failures_are_reported_and_the_run_goes_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_carries_parameters_and_results() {
     let config = small().with_name_prefix("test-prefix");
-    let report: Report = distlock_bench::run(&[Target::memory()], &config).await.unwrap();
+    let report: Report = distlock_bench::run(&[Target::memory()], &config)
+        .await
+        .unwrap();
     let json: serde_json::Value = serde_json::from_str(&report.to_json().unwrap()).unwrap();
     let params = &json["config"];
     assert_eq!(params["cycles"], 200);

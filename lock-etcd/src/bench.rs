@@ -1,9 +1,9 @@
 //! The raw floors of etcd for the shared benchmark harness (feature `bench`).
 
 use async_trait::async_trait;
-use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use distlock_bench::{RawFloor, Target};
 use distlock_core::{ClientConfig, Error};
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 
 use crate::EtcdConfig;
 

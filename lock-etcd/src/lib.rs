@@ -97,8 +97,8 @@ use distlock_core::{ClientConfig, Error, LockClient};
 
 pub use backend::{EtcdBackend, MAX_TTL, MIN_TTL};
 pub use config::{DEFAULT_PREFIX, EtcdConfig};
-pub use etcd_client;
 pub use distlock_core;
+pub use etcd_client;
 
 /// Connects to `url` (`etcd://host1:port1,host2:port2[/prefix]`) and returns a lock client.
 ///

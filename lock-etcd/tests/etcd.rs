@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::{Etcd, OP_TIMEOUT, service};
 use conformance_tests::server_var;
-use futures::FutureExt;
 use distlock_core::{AcquireOptions, ClientConfig, DistributedLock, Error, LossReason};
 use distlock_etcd::etcd_client::GetOptions;
+use futures::FutureExt;
 use tokio::sync::RwLock;
 
 static SERVERS: RwLock<()> = RwLock::const_new(());

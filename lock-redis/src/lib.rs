@@ -110,9 +110,9 @@ mod subscriber;
 
 pub use backend::RedisBackend;
 pub use config::RedisConfig;
+pub use distlock_core;
 pub use error::{RedisError, RedisErrorKind};
 pub use keys::LockKeys;
-pub use distlock_core;
 pub use redis;
 
 use distlock_core::{ClientConfig, Error, LockClient};

@@ -71,7 +71,8 @@ impl Harness for RedisHarness {
             // The default (ttl / 10) is tight for a debug build on a busy 2-core machine.
             config = config.with_node_timeout(self.ttl / 5);
         }
-        let client = distlock_redis::connect_with(config, common::client_config(OP_TIMEOUT)).await?;
+        let client =
+            distlock_redis::connect_with(config, common::client_config(OP_TIMEOUT)).await?;
         Ok(TestClient {
             lock: client.into_dyn(),
             tag,

@@ -117,7 +117,8 @@ async fn unreachable_hosts_fail_typed_within_the_timeout() {
     let config = ClientConfig::default().with_operation_timeout(timeout);
     let started = Instant::now();
     // Nothing listens on ports 1 and 2 of loopback.
-    let result = distlock_zookeeper::connect("zk://127.0.0.1:1,127.0.0.1:2/x", config.clone()).await;
+    let result =
+        distlock_zookeeper::connect("zk://127.0.0.1:1,127.0.0.1:2/x", config.clone()).await;
     assert!(
         matches!(result, Err(Error::Unavailable { .. })),
         "expected Unavailable, got {result:?}"
