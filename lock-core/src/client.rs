@@ -151,7 +151,8 @@ impl<B: LockBackend> LockClient<B> {
         let started = Instant::now();
         let deadline = match mode {
             AttemptMode::Try => None,
-            AttemptMode::Wait => options.wait.map(|w| started + w),
+            // A wait too long to represent as an instant is a wait forever.
+            AttemptMode::Wait => options.wait.and_then(|w| started.checked_add(w)),
         };
         // A random v4 UUID from the thread-local generator: no syscall per acquisition.
         let unique = uuid::Builder::from_random_bytes(rand::rng().random()).into_uuid();
@@ -416,10 +417,15 @@ impl BackoffState {
     }
 
     fn next(&mut self) -> Duration {
-        let low = self.min.as_nanos() as u64;
-        let high = (self.current.as_nanos() as u64).max(low);
+        let low = u64::try_from(self.min.as_nanos()).unwrap_or(u64::MAX);
+        let high = u64::try_from(self.current.as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(low);
         let delay = Duration::from_nanos(rand::rng().random_range(low..=high));
-        self.current = self.current.mul_f64(self.factor).min(self.max);
+        // Saturates: a huge factor (validated finite and >= 1) must not overflow.
+        self.current = Duration::try_from_secs_f64(self.current.as_secs_f64() * self.factor)
+            .unwrap_or(self.max)
+            .min(self.max);
         delay
     }
 

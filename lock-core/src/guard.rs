@@ -79,7 +79,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl LockGuard {
     pub(crate) fn start(new: NewGuard) -> Self {
-        let hold_limit = new.max_hold.map(|m| new.lease_started + m);
+        // A cap too far away to represent is no cap.
+        let hold_limit = new.max_hold.and_then(|m| new.lease_started.checked_add(m));
         let mut valid_until = new.lease_started + new.ttl - new.config.drift(new.ttl);
         if let Some(limit) = hold_limit {
             valid_until = valid_until.min(limit);

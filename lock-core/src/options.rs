@@ -291,7 +291,12 @@ impl ClientConfig {
     /// The drift margin for a lease of `ttl`: `ttl * drift_factor + drift_fixed`, at most half
     /// the ttl.
     pub fn drift(&self, ttl: Duration) -> Duration {
-        let margin = ttl.mul_f64(self.drift_factor.clamp(0.0, 0.5)) + self.drift_fixed;
+        let factor = if self.drift_factor.is_finite() {
+            self.drift_factor.clamp(0.0, 0.5)
+        } else {
+            0.5
+        };
+        let margin = ttl.mul_f64(factor).saturating_add(self.drift_fixed);
         margin.min(ttl / 2)
     }
 
