@@ -20,11 +20,12 @@ pub(crate) async fn bench(args: CliBenchArgs) -> Result<u8, Failure> {
     let mut targets = Vec::new();
     for url in &args.urls {
         // Fail fast on a bad URL before anything is measured.
-        distlock::connect(url)
-            .await
-            .map_err(|err| Failure::from_lock(&err, format!("cannot use {url}")))?;
+        distlock::connect(url).await.map_err(|err| {
+            let shown = distlock::service_url::redact(url);
+            Failure::from_lock(&err, format!("cannot use {shown}"))
+        })?;
         let owned = url.clone();
-        let target = Target::new(url.clone(), move || {
+        let target = Target::new(distlock::service_url::redact(url), move || {
             let url = owned.clone();
             async move { distlock::connect(&url).await }
         });

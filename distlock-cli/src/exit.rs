@@ -47,12 +47,53 @@ impl Failure {
             Error::Lost { .. } | Error::NotHeld { .. } => LOST,
             _ => OTHER,
         };
-        let mut message = format!("{context}: {err}");
-        let mut source = std::error::Error::source(err);
-        while let Some(cause) = source {
-            message.push_str(&format!(": {cause}"));
-            source = cause.source();
+        Self {
+            code,
+            message: with_causes(format!("{context}: {err}"), err),
         }
-        Self { code, message }
+    }
+}
+
+/// `message` followed by each cause of `err` whose text it does not already contain: one line,
+/// without the repetitions a chain of wrapped errors makes ("refused: refused: refused").
+fn with_causes(mut message: String, err: &dyn std::error::Error) -> String {
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !text.is_empty() && !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message.replace('\n', " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{0}")]
+    struct Wrapped(String, #[source] Option<Box<Wrapped>>);
+
+    #[test]
+    fn causes_are_appended_once() {
+        let io = Wrapped("Connection refused (os error 111)".into(), None);
+        let mid = Wrapped(
+            "connection refused on 127.0.0.1:1: Connection refused (os error 111)".into(),
+            Some(Box::new(io)),
+        );
+        let err = Error::Unavailable {
+            message: "cannot reach 127.0.0.1:1".into(),
+            source: Some(Box::new(mid)),
+        };
+        let failure = Failure::from_lock(&err, "cannot use redis://127.0.0.1:1");
+        assert_eq!(
+            failure.message,
+            "cannot use redis://127.0.0.1:1: backend unavailable: cannot reach 127.0.0.1:1: \
+             connection refused on 127.0.0.1:1: Connection refused (os error 111)"
+        );
+        assert_eq!(failure.message.matches("os error 111").count(), 1);
     }
 }

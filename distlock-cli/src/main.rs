@@ -91,7 +91,10 @@ impl Connection {
         let config = distlock::ClientConfig::default().with_operation_timeout(self.op_timeout);
         distlock::connect_with(&self.url, config)
             .await
-            .map_err(|err| Failure::from_lock(&err, format!("cannot use {}", self.url)))
+            .map_err(|err| {
+                let url = distlock::service_url::redact(&self.url);
+                Failure::from_lock(&err, format!("cannot use {url}"))
+            })
     }
 }
 

@@ -75,10 +75,10 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
 pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Arc<dyn DistributedLock>> {
     config.validate()?;
     let url = url.trim();
-    let scheme = scheme_of(url)?;
-    match scheme {
+    let scheme = scheme_of(url)?.to_ascii_lowercase();
+    match scheme.as_str() {
         "memory" => {
-            let store = named_memory_store(&url["memory://".len()..]);
+            let store = named_memory_store(url.get("memory://".len()..).unwrap_or_default());
             Ok(LockClient::with_config(memory::MemoryBackend::new(store), config)?.into_dyn())
         }
         #[cfg(feature = "sqlite")]
@@ -100,20 +100,26 @@ pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Arc<dyn Dis
                 "the {other}:// backend is not compiled in: enable the cargo feature `{feature}` of distlock"
             ))),
             None => Err(Error::InvalidConfig(format!(
-                "unknown URL scheme {other:?} in {url:?}; expected one of memory, sqlite, postgres, mysql, redis, redlock, etcd, zk"
+                "unknown URL scheme {:?} in {}; expected one of memory, sqlite, postgres, mysql, redis, redlock, etcd, zk",
+                service_url::echo(other),
+                service_url::redact(url)
             ))),
         },
     }
 }
 
 fn scheme_of(url: &str) -> Result<&str> {
-    if url.starts_with("sqlite:") {
+    if url
+        .get(..7)
+        .is_some_and(|s| s.eq_ignore_ascii_case("sqlite:"))
+    {
         return Ok("sqlite");
     }
     match url.split_once("://") {
         Some((scheme, _)) if !scheme.is_empty() => Ok(scheme),
         _ => Err(Error::InvalidConfig(format!(
-            "{url:?} is not a lock service URL: expected SCHEME://..., e.g. redis://127.0.0.1:6379"
+            "{} is not a lock service URL: expected SCHEME://..., e.g. redis://127.0.0.1:6379",
+            service_url::redact(url)
         ))),
     }
 }
