@@ -1,37 +1,9 @@
 //! Distributed locks with fencing tokens, automatic renewal and loss detection, over Redis,
 //! Redlock, etcd, ZooKeeper, PostgreSQL, MySQL/MariaDB and SQLite, behind one trait.
 //!
-//! ```
-//! # async fn demo() -> Result<(), distlock::Error> {
-//! use std::time::Duration;
-//! use distlock::{AcquireOptions, DistributedLock};
-//!
-//! let locks = distlock::connect("memory://demo").await?;
-//! let opts = AcquireOptions::default().with_ttl(Duration::from_secs(10));
-//! let guard = locks.acquire("nightly-report", &opts).await?;
-//! // Pass guard.token() with every write to the protected resource.
-//! println!("holding with fencing token {}", guard.token());
-//! guard.release().await?;
-//! # Ok(()) }
-//! # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
-//! ```
-//!
-//! # Backends and cargo features
-//!
-//! | URL | cargo feature | crate |
-//! |---|---|---|
-//! | `memory://[NAME]` | always | [`distlock_core::memory`] |
-//! | `sqlite://PATH`, `sqlite::memory:` | `sqlite` (default) | `lock-sql` |
-//! | `postgres://user@host:port/db` | `postgres` | `lock-sql` |
-//! | `mysql://user@host:port/db` | `mysql` | `lock-sql` |
-//! | `redis://host:port` | `redis` | `lock-redis` |
-//! | `redlock://h1:p1,h2:p2,h3:p3` | `redis` | `lock-redis` |
-//! | `etcd://h1:p1,h2:p2` | `etcd` | `lock-etcd` |
-//! | `zk://h1:p1,h2:p2[/chroot]` | `zookeeper` | `lock-zk` |
-//!
-//! `all-backends` enables every one. A URL whose backend is not compiled in gives an
-//! [`Error::Unsupported`] that names the feature to enable.
-
+//! The rest of this page is the project README; its Rust code runs as doc tests.
+#![doc = ""]
+#![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::collections::HashMap;
