@@ -188,6 +188,38 @@ impl EtcdBackend {
                 });
             }
         };
+        // etcd-client connects lazily: a dead endpoint would only show at the first lock
+        // operation, and a waiter would retry it silently. A status call verifies that some
+        // endpoint answers; requests are spread over the endpoints, so one try per endpoint
+        // (plus one) lets a cluster with a member down pass.
+        let endpoints = config.endpoints().join(",");
+        let probe = async {
+            let mut last = None;
+            for _ in 0..=config.endpoints().len() {
+                match client.clone().status().await {
+                    Ok(_) => return Ok(()),
+                    Err(err) => last = Some(err),
+                }
+            }
+            Err(last)
+        };
+        match tokio::time::timeout(connect_timeout, probe).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                return Err(Error::Unavailable {
+                    message: format!("cannot reach etcd at {endpoints}"),
+                    source: err.map(|e| Box::new(e) as distlock_core::BoxError),
+                });
+            }
+            Err(_) => {
+                return Err(Error::Unavailable {
+                    message: format!(
+                        "etcd at {endpoints} did not answer within {connect_timeout:?}"
+                    ),
+                    source: None,
+                });
+            }
+        }
         Ok(Self::from_client(client, config))
     }
 

@@ -323,3 +323,22 @@ async fn a_client_reuses_its_queue_keys() {
     waiter.await.unwrap();
     assert!(etcd.entries(&name).await.is_empty());
 }
+
+/// etcd-client connects lazily; `connect` must still fail at once, with a typed error, on an
+/// endpoint nothing listens on (before, it succeeded and a waiter retried silently forever).
+#[tokio::test]
+async fn connect_verifies_the_endpoint() {
+    let started = Instant::now();
+    let config = ClientConfig::default().with_operation_timeout(Duration::from_secs(2));
+    let err = distlock_etcd::connect("etcd://127.0.0.1:1", config)
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+    assert!(err.to_string().contains("127.0.0.1:1"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
