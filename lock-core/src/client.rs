@@ -169,6 +169,7 @@ impl<B: LockBackend> LockClient<B> {
         let op_timeout = self.inner.config.operation_timeout;
         let mut attempt = AttemptCleanup::new(self.inner.backend.begin(request), op_timeout);
         let mut backoff = BackoffState::new(&options.backoff);
+        let mut failures = FailureReport::default();
         let mut last_error: Option<Error>;
         loop {
             let sent = Instant::now();
@@ -203,7 +204,7 @@ impl<B: LockBackend> LockClient<B> {
                     self.busy_delay(&mut backoff, retry_after)
                 }
                 Err(err) if err.is_retryable() && mode == AttemptMode::Wait => {
-                    debug!(%err, "acquire attempt failed, retrying");
+                    failures.retrying(&name, &err);
                     let delay = backoff.next();
                     last_error = Some(err);
                     delay
@@ -343,6 +344,48 @@ impl<B: LockBackend> DistributedLock for LockClient<B> {
             "force-released a lock"
         );
         Ok(removed)
+    }
+}
+
+/// How often a waiter reports that its attempts keep failing.
+const FAILURE_REPORT_EVERY: Duration = Duration::from_secs(10);
+
+/// Reports the errors a waiting `acquire` retries, as they happen but rate-limited: the first
+/// one at once, then at most one every [`FAILURE_REPORT_EVERY`] with the count in between
+/// (a waiter on a dead server is not silent, nor does it flood the log).
+#[derive(Debug, Default)]
+struct FailureReport {
+    last: Option<Instant>,
+    unreported: u64,
+}
+
+impl FailureReport {
+    /// Notes a retried error; reports it (and returns true) unless one was reported recently.
+    fn retrying(&mut self, name: &LockName, err: &Error) -> bool {
+        let now = Instant::now();
+        if self
+            .last
+            .is_some_and(|last| now.saturating_duration_since(last) < FAILURE_REPORT_EVERY)
+        {
+            self.unreported += 1;
+            debug!(%err, "acquire attempt failed, retrying");
+            return false;
+        }
+        let earlier = std::mem::take(&mut self.unreported);
+        self.last = Some(now);
+        // Its own target, so that applications can filter these reports apart.
+        tracing::warn!(
+            target: "distlock_core::wait",
+            name = name.as_str(),
+            "still waiting for lock {:?}: {err}; retrying{}",
+            name.as_str(),
+            if earlier > 0 {
+                format!(" ({earlier} more failures since the last report)")
+            } else {
+                String::new()
+            }
+        );
+        true
     }
 }
 
@@ -512,5 +555,28 @@ mod tests {
         assert_eq!(state.current, cfg.max);
         state.reset();
         assert_eq!(state.next(), cfg.min);
+    }
+
+    #[test]
+    fn retried_errors_are_reported_at_once_then_rate_limited() {
+        let name = LockName::new("x").unwrap();
+        let err = Error::Unavailable {
+            message: "down".into(),
+            source: None,
+        };
+        let mut report = FailureReport::default();
+        assert!(
+            report.retrying(&name, &err),
+            "the first failure is reported"
+        );
+        assert!(!report.retrying(&name, &err));
+        assert!(!report.retrying(&name, &err));
+        assert_eq!(report.unreported, 2);
+        report.last = Instant::now().checked_sub(FAILURE_REPORT_EVERY);
+        assert!(
+            report.retrying(&name, &err),
+            "reported again after the interval"
+        );
+        assert_eq!(report.unreported, 0);
     }
 }

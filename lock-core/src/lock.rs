@@ -58,6 +58,11 @@ pub trait DistributedLock: Send + Sync + Debug {
     /// Cancel safe, as [`try_acquire`](Self::try_acquire): a dropped `acquire` leaves no queue
     /// entry and no lock behind for longer than the ttl.
     ///
+    /// Retryable backend errors (an unreachable server, a timed-out request) are retried with
+    /// backoff until the deadline; with no deadline, forever. They are not silent: each is
+    /// logged as a `tracing` warning with target `distlock_core::wait`, the first at once, then
+    /// at most one every 10 s with the number of failures in between.
+    ///
     /// # Errors
     /// [`Error::Timeout`](crate::Error::Timeout) when the wait deadline passes while the lock
     /// is busy; the last backend error when the deadline passes while the backend was failing
