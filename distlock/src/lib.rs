@@ -60,7 +60,7 @@ pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Arc<dyn Dis
         #[cfg(feature = "mysql")]
         "mysql" | "mariadb" => Ok(distlock_sql::connect(url, config).await?.into_dyn()),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redlock" => {
+        "redis" | "rediss" | "redis+unix" | "unix" | "redlock" => {
             Ok(distlock_redis::connect(url, config).await?.into_dyn())
         }
         #[cfg(feature = "etcd")]
@@ -72,13 +72,105 @@ pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Arc<dyn Dis
                 "the {other}:// backend is not compiled in: enable the cargo feature `{feature}` of distlock"
             ))),
             None => Err(Error::InvalidConfig(format!(
-                "unknown URL scheme {:?} in {}; expected one of memory, sqlite, postgres, mysql, redis, redlock, etcd, zk",
+                "unknown URL scheme {:?} in {}; expected one of {}",
                 service_url::echo(other),
-                service_url::redact(url)
+                service_url::redact(url),
+                SCHEMES
+                    .iter()
+                    .flat_map(|s| s.names)
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ))),
         },
     }
 }
+
+/// One family of URL schemes that [`connect`] understands: the cargo feature that brings it
+/// and whether this build has it. [`SCHEMES`] lists them all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Scheme {
+    /// The backend's short name, e.g. `redis`.
+    pub backend: &'static str,
+    /// The URL schemes, lower case (schemes are matched case-insensitively).
+    pub names: &'static [&'static str],
+    /// The cargo feature of `distlock` that compiles the backend in; `None`: always there.
+    pub feature: Option<&'static str>,
+    /// An example URL.
+    pub example: &'static str,
+    /// Whether this build has the backend.
+    pub enabled: bool,
+}
+
+/// Every URL scheme family of [`connect`], in the order the docs list them.
+///
+/// ```
+/// let compiled: Vec<&str> = distlock::SCHEMES
+///     .iter()
+///     .filter(|s| s.enabled)
+///     .map(|s| s.backend)
+///     .collect();
+/// assert!(compiled.contains(&"memory"));
+/// ```
+pub const SCHEMES: &[Scheme] = &[
+    Scheme {
+        backend: "sqlite",
+        names: &["sqlite"],
+        feature: Some("sqlite"),
+        example: "sqlite://PATH",
+        enabled: cfg!(feature = "sqlite"),
+    },
+    Scheme {
+        backend: "postgres",
+        names: &["postgres", "postgresql"],
+        feature: Some("postgres"),
+        example: "postgres://user@host/db",
+        enabled: cfg!(feature = "postgres"),
+    },
+    Scheme {
+        backend: "mysql",
+        names: &["mysql", "mariadb"],
+        feature: Some("mysql"),
+        example: "mysql://user@host/db",
+        enabled: cfg!(feature = "mysql"),
+    },
+    Scheme {
+        backend: "redis",
+        names: &["redis", "rediss", "redis+unix", "unix"],
+        feature: Some("redis"),
+        example: "redis://host:port",
+        enabled: cfg!(feature = "redis"),
+    },
+    Scheme {
+        backend: "redlock",
+        names: &["redlock"],
+        feature: Some("redis"),
+        example: "redlock://h1:p1,h2:p2,h3:p3",
+        enabled: cfg!(feature = "redis"),
+    },
+    Scheme {
+        backend: "etcd",
+        names: &["etcd"],
+        feature: Some("etcd"),
+        example: "etcd://h1:p1,h2:p2",
+        enabled: cfg!(feature = "etcd"),
+    },
+    Scheme {
+        backend: "zookeeper",
+        names: &["zk"],
+        feature: Some("zookeeper"),
+        example: "zk://h1:p1,h2:p2[/chroot]",
+        enabled: cfg!(feature = "zookeeper"),
+    },
+    Scheme {
+        backend: "memory",
+        names: &["memory"],
+        feature: None,
+        example: "memory://[NAME] (this process only)",
+        enabled: true,
+    },
+];
 
 fn scheme_of(url: &str) -> Result<&str> {
     if url
@@ -98,15 +190,10 @@ fn scheme_of(url: &str) -> Result<&str> {
 
 /// The cargo feature that provides a scheme.
 fn feature_of(scheme: &str) -> Option<&'static str> {
-    Some(match scheme {
-        "sqlite" => "sqlite",
-        "postgres" | "postgresql" => "postgres",
-        "mysql" | "mariadb" => "mysql",
-        "redis" | "rediss" | "redlock" => "redis",
-        "etcd" => "etcd",
-        "zk" => "zookeeper",
-        _ => return None,
-    })
+    SCHEMES
+        .iter()
+        .find(|s| s.names.contains(&scheme))
+        .and_then(|s| s.feature)
 }
 
 /// `memory://NAME` URLs with the same NAME share one store within the process.
@@ -136,12 +223,30 @@ mod tests {
         other.release().await.unwrap();
     }
 
+    #[test]
+    fn every_scheme_connect_routes_has_a_table_row() {
+        for scheme in [
+            "sqlite",
+            "postgresql",
+            "mariadb",
+            "rediss",
+            "redis+unix",
+            "redlock",
+            "zk",
+        ] {
+            assert!(feature_of(scheme).is_some(), "{scheme}");
+        }
+        assert_eq!(feature_of("memory"), None);
+        assert_eq!(feature_of("zk"), Some("zookeeper"));
+    }
+
     #[tokio::test]
     async fn bad_urls_are_explained() {
         for (url, needle) in [
             ("", "not a lock service URL"),
             ("127.0.0.1:6379", "not a lock service URL"),
             ("ftp://x", "unknown URL scheme"),
+            ("ftp://x", "redlock, etcd, zk, memory"),
         ] {
             let err = connect(url).await.unwrap_err();
             assert!(matches!(err, Error::InvalidConfig(_)), "{url}: {err}");
