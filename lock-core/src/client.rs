@@ -376,7 +376,6 @@ impl FailureReport {
         // Its own target, so that applications can filter these reports apart.
         tracing::warn!(
             target: "distlock_core::wait",
-            name = name.as_str(),
             "still waiting for lock {:?}: {err}; retrying{}",
             name.as_str(),
             if earlier > 0 {

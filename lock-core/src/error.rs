@@ -117,6 +117,64 @@ impl Error {
     }
 }
 
+/// The operating system's reason behind `err`, short: the first [`std::io::Error`] in its
+/// source chain (itself included), as `connection refused` (lower case, without the
+/// `(os error 111)`). `None` when the chain holds no I/O error. Backends use it to say in one
+/// line why a connection failed when their client library wraps the reason in layers.
+///
+/// ```
+/// let io = std::io::Error::from_raw_os_error(111); // ECONNREFUSED on Linux
+/// # #[cfg(target_os = "linux")]
+/// assert_eq!(distlock_core::io_cause(&io).as_deref(), Some("connection refused"));
+/// ```
+pub fn io_cause(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut next = Some(err);
+    while let Some(err) = next {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            let text = io.to_string();
+            let text = text
+                .find(" (os error ")
+                .map_or(text.as_str(), |at| &text[..at]);
+            let mut chars = text.chars();
+            return Some(
+                chars
+                    .next()
+                    .map(|first| first.to_lowercase().chain(chars).collect())
+                    .unwrap_or_default(),
+            );
+        }
+        next = err.source();
+    }
+    None
+}
+
+/// Why none of `hosts` (`host:port`, optionally behind `http://` or `https://`) accepts a TCP
+/// connection, short (the first host's [`io_cause`]; `no answer` after `timeout`), or `None` when
+/// one of them does. For client libraries that report a failed connection without its reason.
+pub async fn tcp_cause<S: AsRef<str> + Sync>(
+    hosts: &[S],
+    timeout: std::time::Duration,
+) -> Option<String> {
+    let mut first = None;
+    for host in hosts {
+        let host = host.as_ref();
+        let host = host
+            .split_once("://")
+            .map_or(host, |(_, rest)| rest)
+            .trim_end_matches('/');
+        match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(host)).await {
+            Ok(Ok(_)) => return None,
+            Ok(Err(err)) => {
+                first.get_or_insert_with(|| io_cause(&err).unwrap_or_else(|| err.to_string()));
+            }
+            Err(_) => {
+                first.get_or_insert_with(|| "no answer".to_owned());
+            }
+        }
+    }
+    first
+}
+
 /// Why a held lock is no longer (certainly) held. Reported by [`LockGuard::lost`](crate::LockGuard::lost).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]

@@ -84,7 +84,9 @@ pub use backend::{
 };
 pub use capabilities::{Capabilities, LossDetection, WakeUp};
 pub use client::LockClient;
-pub use error::{BoxError, Error, LossReason, NodeOutcome, NodeResult, Result};
+pub use error::{
+    BoxError, Error, LossReason, NodeOutcome, NodeResult, Result, io_cause, tcp_cause,
+};
 pub use guard::LockGuard;
 pub use lock::DistributedLock;
 pub use name::LockName;

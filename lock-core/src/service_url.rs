@@ -94,6 +94,14 @@ impl ServiceUrl {
         let scheme = scheme.to_ascii_lowercase();
         let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
         let (authority, tail) = rest.split_at(authority_end);
+        if tail.contains('@') {
+            // A password with a raw '/', '?' or '#' in it: the "host" would be part of it.
+            return Err(bad(
+                "an '@' after the host list: percent-encode '/', '?', '#' and '@' \
+                 in user names and passwords (%2F, %3F, %23, %40)"
+                    .to_owned(),
+            ));
+        }
         let (userinfo, host_list) = match authority.rsplit_once('@') {
             Some((userinfo, hosts)) => (Some(userinfo), hosts),
             None => (None, authority),
@@ -343,46 +351,62 @@ pub fn parse_duration(key: &str, value: &str) -> Result<Duration, String> {
 /// ```
 pub fn redact(url: &str) -> String {
     let mut out = String::with_capacity(url.len().min(MAX_ECHO + 16));
-    let (head, query) = match url.split_once('?') {
-        Some((head, query)) => (head, Some(query)),
-        None => (url, None),
-    };
-    match head.find("://") {
-        Some(at) => {
-            let (scheme, rest) = head.split_at(at + 3);
-            out.push_str(scheme);
-            let authority_end = rest.find('/').unwrap_or(rest.len());
-            let (authority, path) = rest.split_at(authority_end);
-            match authority.rsplit_once('@') {
-                Some((userinfo, hosts)) => {
-                    match userinfo.split_once(':') {
-                        Some((user, _)) => {
-                            out.push_str(user);
-                            out.push_str(":***");
-                        }
-                        None => out.push_str(userinfo),
-                    }
-                    out.push('@');
-                    out.push_str(hosts);
-                }
-                None => out.push_str(authority),
-            }
-            out.push_str(path);
+    // Everything between the scheme and the last '@' is user info, even when the URL is
+    // malformed (a stray "://" or '/' must not let a password through): keep the user name
+    // only. Over-redacting a malformed URL is fine; showing a password is not.
+    let last_at = url.rfind('@');
+    let start = url
+        .find("://")
+        .map(|at| at + 3)
+        .filter(|&start| last_at.is_none_or(|at| start <= at))
+        .unwrap_or(0);
+    let at = last_at;
+    let question = url[start..].find('?').map(|q| start + q);
+    let rest = match (at, question) {
+        // An '@' after a '?': a password with a '?' in it, or an '@' in the query. Either way
+        // no part of it can be told safe.
+        (Some(at), Some(q)) if q < at => {
+            out.push_str(&url[..start]);
+            out.push_str("***");
+            return echo(&out);
         }
-        None => out.push_str(head),
-    }
+        (Some(at), _) => {
+            let userinfo = &url[start..at];
+            out.push_str(&url[..start]);
+            match userinfo.split_once(':') {
+                Some((user, _)) => {
+                    out.push_str(user);
+                    out.push_str(":***");
+                }
+                None => out.push_str(userinfo),
+            }
+            &url[at..]
+        }
+        (None, _) => url,
+    };
+    let (head, query) = match rest.split_once('?') {
+        Some((head, query)) => (head, Some(query)),
+        None => (rest, None),
+    };
+    out.push_str(head);
     if let Some(query) = query {
         out.push('?');
         for (i, pair) in query.split('&').enumerate() {
             if i > 0 {
                 out.push('&');
             }
-            match pair.split_once('=') {
-                Some((key, _)) if is_secret_key(key) => {
-                    out.push_str(key);
+            // The value after the first '=' whose key names a secret (in `=password=x`, the
+            // key a parser sees is empty, but the secret is still x).
+            let secret = pair
+                .match_indices('=')
+                .map(|(at, _)| at)
+                .find(|&at| is_secret_key(&pair[..at]));
+            match secret {
+                Some(at) => {
+                    out.push_str(&pair[..at]);
                     out.push_str("=***");
                 }
-                _ => out.push_str(pair),
+                None => out.push_str(pair),
             }
         }
     }
@@ -400,7 +424,12 @@ pub fn echo(text: &str) -> String {
 }
 
 fn is_secret_key(key: &str) -> bool {
-    let key = key.to_ascii_lowercase();
+    // Letters only, so that a mangled key (`pa%73s`, `pass-word`) is still recognized.
+    let key: String = key
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
     [
         "pass",
         "pwd",
@@ -532,6 +561,14 @@ mod tests {
             format!("redis://h:1?password={secret}"),
             format!("redis://u:{secret}@h:x"),
             format!("etcd://u:{secret}@a,b/p#f"),
+            format!("://://:{secret}@[::1]/x"),
+            format!("redis://u:{secret}@h/@x"),
+            format!("redis:/u:{secret}@h"),
+            format!("redis+u?nix&://u:{secret}@h/x?a=b"),
+            format!("redis://u:{secret}?x@h"),
+            format!("redis://h?a=1&p@ss={secret}"),
+            format!("redis://h?=password={secret}"),
+            format!(":[//u:{secret}@@&xn--://x"),
         ] {
             let shown = [
                 redact(&url),
