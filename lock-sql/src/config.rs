@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use distlock_core::Error;
+use distlock_core::service_url::{self, UrlOptions};
 
 /// The databases this crate speaks, each behind its own cargo feature.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -45,10 +46,13 @@ impl Dialect {
 /// |---|---|---|
 /// | `table` | lock table name (`[A-Za-z_][A-Za-z0-9_]*`, optionally `schema.table`) | `distlock_locks` |
 /// | `pool_size` (or `max_connections`) | connections in the pool | 10 (1 for `sqlite::memory:`) |
-/// | `connect_timeout` | bound on connecting and on waiting for a pooled connection (`500ms`, `5s`, or milliseconds) | the client's operation timeout |
+/// | `connect_timeout` | bound on connecting and on waiting for a pooled connection (a duration: `500ms`, `5s`) | the client's operation timeout |
 /// | `busy_timeout` | SQLite: how long a statement waits for another writer | `5s` |
 /// | `synchronous` | SQLite: `normal` (WAL default, fast) or `full` (survives power loss) | `normal` |
 /// | `create_table` | create the table when missing (`true`/`false`) | `true` |
+///
+/// Durations use [`humantime`](https://docs.rs/humantime) syntax and need a unit. The scheme is
+/// case-insensitive.
 ///
 /// ```
 /// use distlock_sql::{Dialect, SqlConfig};
@@ -96,78 +100,98 @@ impl SqlConfig {
         let dialect = dialect_of(url)?;
         if !dialect.is_enabled() {
             return Err(Error::InvalidConfig(format!(
-                "{} URLs need the `{}` cargo feature of lock-sql (or distlock)",
+                "{} URLs need the `{}` cargo feature of distlock-sql (or distlock)",
                 dialect.feature(),
                 dialect.feature()
             )));
         }
-        let (base, query) = match url.split_once('?') {
-            Some((base, query)) => (base, query),
-            None => (url, ""),
+        // Schemes are case-insensitive; sqlx's SQLite parser is not.
+        let (scheme, rest) = url.split_once(':').unwrap_or((url, ""));
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let base = format!("{}:{rest}", scheme.to_ascii_lowercase());
+        let mut options = UrlOptions::from_query(query, url);
+        let table = options.take("table");
+        let pool_size = match options.parse::<u32>("pool_size", "a positive integer")? {
+            Some(n) => Some(n),
+            None => options.parse::<u32>("max_connections", "a positive integer")?,
         };
-        let memory = dialect == Dialect::Sqlite && base.contains(":memory:");
-        let mut config = Self {
-            dialect,
-            url: base.to_owned(),
-            table: DEFAULT_TABLE.to_owned(),
-            max_connections: if memory { 1 } else { 10 },
-            connect_timeout: None,
-            busy_timeout: Duration::from_secs(5),
-            sync_full: false,
-            create_table: true,
-        };
-        let mut rest = url::form_urlencoded::Serializer::new(String::new());
-        let mut passed = 0;
-        for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
-            match key.as_ref() {
-                "table" => config.table = value.into_owned(),
-                "pool_size" | "max_connections" => {
-                    config.max_connections = value
-                        .parse()
-                        .ok()
-                        .filter(|n| *n > 0)
-                        .ok_or_else(|| bad(&key, &value, "a positive integer"))?;
-                }
-                "connect_timeout" => {
-                    config.connect_timeout = Some(parse_duration(&value).ok_or_else(|| {
-                        bad(&key, &value, "a positive duration such as 500ms or 5s")
-                    })?);
-                }
-                "busy_timeout" => {
-                    config.busy_timeout = parse_duration(&value).ok_or_else(|| {
-                        bad(&key, &value, "a positive duration such as 500ms or 5s")
-                    })?;
-                }
-                "synchronous" => {
-                    config.sync_full = match value.to_ascii_lowercase().as_str() {
-                        "full" => true,
-                        "normal" => false,
-                        _ => return Err(bad(&key, &value, "`normal` or `full`")),
-                    }
-                }
-                "create_table" => {
-                    config.create_table = match value.as_ref() {
-                        "true" | "1" | "yes" => true,
-                        "false" | "0" | "no" => false,
-                        _ => return Err(bad(&key, &value, "true or false")),
-                    }
-                }
+        let connect_timeout = options.duration("connect_timeout")?;
+        let busy_timeout = options.duration("busy_timeout")?;
+        let sync_full = match options.take("synchronous") {
+            None => false,
+            Some(value) => match value.to_ascii_lowercase().as_str() {
+                "full" => true,
+                "normal" => false,
                 _ => {
-                    rest.append_pair(&key, &value);
-                    passed += 1;
+                    return Err(Error::InvalidConfig(format!(
+                        "option synchronous={:?}: expected normal or full (in {})",
+                        service_url::echo(&value),
+                        service_url::redact(url)
+                    )));
                 }
-            }
+            },
+        };
+        let create_table = options.bool("create_table")?.unwrap_or(true);
+        // Everything else (sslmode, SQLite's mode, ...) is sqlx's.
+        let mut passed = url::form_urlencoded::Serializer::new(String::new());
+        for (key, value) in options.remaining() {
+            passed.append_pair(key, value);
         }
-        if passed > 0 {
-            config.url = format!("{base}?{}", rest.finish());
+        let passed = passed.finish();
+        let memory = dialect == Dialect::Sqlite && sqlite_in_memory(&base, &passed);
+        if dialect == Dialect::Sqlite && !memory && sqlite_path(&base).is_empty() {
+            return Err(Error::InvalidConfig(format!(
+                "a SQLite URL needs a file path: sqlite://PATH (relative), sqlite:///PATH \
+                 (absolute) or sqlite::memory: (in {})",
+                service_url::redact(url)
+            )));
         }
+        let config = Self {
+            dialect,
+            url: if passed.is_empty() {
+                base
+            } else {
+                format!("{base}?{passed}")
+            },
+            table: table.unwrap_or_else(|| DEFAULT_TABLE.to_owned()),
+            max_connections: pool_size.unwrap_or(if memory { 1 } else { 10 }),
+            connect_timeout,
+            busy_timeout: busy_timeout.unwrap_or(Duration::from_secs(5)),
+            sync_full,
+            create_table,
+        };
         if memory && config.max_connections != 1 {
             return Err(Error::InvalidConfig(
-                "sqlite::memory: is one database per connection pool and needs pool_size=1".into(),
+                "an in-memory SQLite database is one database per connection and needs pool_size=1"
+                    .into(),
             ));
         }
-        validate_table(&config.table)?;
+        config.validate()?;
         Ok(config)
+    }
+
+    /// The database file of a SQLite configuration (`None` for an in-memory database or another
+    /// database), as sqlx will open it: relative paths are relative to the current directory.
+    ///
+    /// ```
+    /// use std::path::Path;
+    /// use distlock_sql::SqlConfig;
+    ///
+    /// let config = SqlConfig::from_url("sqlite:///var/lib/app/locks.db?table=t")?;
+    /// assert_eq!(config.sqlite_file().as_deref(), Some(Path::new("/var/lib/app/locks.db")));
+    /// assert_eq!(SqlConfig::from_url("sqlite::memory:")?.sqlite_file(), None);
+    /// # Ok::<(), distlock_core::Error>(())
+    /// ```
+    #[cfg(feature = "sqlite")]
+    pub fn sqlite_file(&self) -> Option<std::path::PathBuf> {
+        use std::str::FromStr;
+        let (base, query) = self.url.split_once('?').unwrap_or((&self.url, ""));
+        if self.dialect != Dialect::Sqlite || sqlite_in_memory(base, query) {
+            return None;
+        }
+        sqlx::sqlite::SqliteConnectOptions::from_str(&self.url)
+            .ok()
+            .map(|options| options.get_filename().to_path_buf())
     }
 
     /// Sets the lock table.
@@ -217,7 +241,7 @@ impl SqlConfig {
 
     /// The URL with any password replaced by `***`, for messages.
     pub fn redacted_url(&self) -> String {
-        redact(&self.url)
+        service_url::redact(&self.url)
     }
 }
 
@@ -228,33 +252,23 @@ fn dialect_of(url: &str) -> Result<Dialect, Error> {
         Some("mysql" | "mariadb") => Ok(Dialect::MySql),
         Some("sqlite") => Ok(Dialect::Sqlite),
         _ => Err(Error::InvalidConfig(format!(
-            "unsupported URL {:?}: lock-sql expects postgres://, mysql://, mariadb://, sqlite://PATH or sqlite::memory:",
-            redact(url)
+            "unsupported URL {}: distlock-sql expects postgres://, mysql://, mariadb://, sqlite://PATH or sqlite::memory:",
+            service_url::redact(url)
         ))),
     }
 }
 
-fn bad(key: &str, value: &str, expected: &str) -> Error {
-    Error::InvalidConfig(format!(
-        "URL parameter {key}={value:?}: expected {expected}"
-    ))
+/// The path part of a SQLite URL (`sqlite://PATH` or `sqlite:PATH`), without the query.
+fn sqlite_path(base: &str) -> &str {
+    base.strip_prefix("sqlite://")
+        .or_else(|| base.strip_prefix("sqlite:"))
+        .unwrap_or(base)
 }
 
-/// `500ms`, `5s`, `2m`, or plain milliseconds.
-pub(crate) fn parse_duration(value: &str) -> Option<Duration> {
-    let value = value.trim();
-    let (number, unit) = match value.find(|c: char| !c.is_ascii_digit()) {
-        Some(at) => value.split_at(at),
-        None => (value, "ms"),
-    };
-    let n: u64 = number.parse().ok()?;
-    let duration = match unit.trim() {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.checked_mul(60)?),
-        _ => return None,
-    };
-    (!duration.is_zero()).then_some(duration)
+/// Whether a SQLite URL names an in-memory database (`:memory:` or `mode=memory`).
+fn sqlite_in_memory(base: &str, query: &str) -> bool {
+    sqlite_path(base) == ":memory:"
+        || url::form_urlencoded::parse(query.as_bytes()).any(|(k, v)| k == "mode" && v == "memory")
 }
 
 fn is_ident(part: &str) -> bool {
@@ -288,26 +302,23 @@ pub(crate) fn quote(name: &str, quote: char) -> String {
         .join(".")
 }
 
-fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(Some("***"));
-            parsed.to_string()
-        }
-        _ => url.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn durations() {
-        assert_eq!(parse_duration("250"), Some(Duration::from_millis(250)));
-        assert_eq!(parse_duration("2s"), Some(Duration::from_secs(2)));
-        assert_eq!(parse_duration("0"), None);
-        assert_eq!(parse_duration("fast"), None);
+    fn durations_need_a_unit() {
+        let c = SqlConfig::from_url("postgres://h/db?connect_timeout=250ms&busy_timeout=1m")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.connect_timeout, Some(Duration::from_millis(250)));
+        assert_eq!(c.busy_timeout, Duration::from_secs(60));
+        for bad in ["250", "0s", "fast"] {
+            let url = format!("postgres://h/db?connect_timeout={bad}");
+            assert!(
+                matches!(SqlConfig::from_url(&url), Err(Error::InvalidConfig(_))),
+                "{url}"
+            );
+        }
     }
 
     #[test]
@@ -339,9 +350,15 @@ mod tests {
             let c = SqlConfig::from_url("sqlite::memory:").unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(c.max_connections, 1);
         }
-        assert_eq!(
-            redact("postgres://u:secret@h/db"),
-            "postgres://u:***@h/db".to_owned()
-        );
+        for url in ["sqlite:", "sqlite://", "SQLITE://?table=t"] {
+            let err = SqlConfig::from_url(url).unwrap_err().to_string();
+            assert!(err.contains("needs a file path"), "{url}: {err}");
+        }
+        let c =
+            SqlConfig::from_url("SQLite://x.db?table=t&mode=rwc").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.url, "sqlite://x.db?mode=rwc");
+        let c = SqlConfig::from_url("postgres://u:secret@h/db?sslmode=require")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.redacted_url(), "postgres://u:***@h/db?sslmode=require");
     }
 }

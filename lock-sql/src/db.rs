@@ -3,14 +3,16 @@
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::fence::FencedUpdate;
 use distlock_core::Error;
+use distlock_core::service_url;
 
-use crate::{SqlConfig, SqlPool, map_err};
+use crate::{Dialect, SqlConfig, SqlPool, map_err};
 
 /// A row of the lock table as the attempt needs it.
 #[derive(Debug)]
@@ -305,10 +307,55 @@ macro_rules! bind_value {
 }
 pub(crate) use bind_value;
 
-/// Classifies a connect error: wrong database or credentials are the caller's to fix.
+/// Opens a pool. When the pool gives up with sqlx's bare "pool timed out", one direct
+/// connection attempt (bounded by `probe`) finds the cause to report instead: connection
+/// refused, unknown host, wrong password.
+pub(crate) async fn open_pool<DB: sqlx::Database>(
+    pool: sqlx::pool::PoolOptions<DB>,
+    options: <DB::Connection as sqlx::Connection>::Options,
+    probe: Duration,
+) -> Result<sqlx::Pool<DB>, sqlx::Error> {
+    use sqlx::ConnectOptions;
+    match pool.connect_with(options.clone()).await {
+        Err(sqlx::Error::PoolTimedOut) => {
+            match tokio::time::timeout(probe, options.connect()).await {
+                Ok(Err(cause)) => Err(cause),
+                _ => Err(sqlx::Error::PoolTimedOut),
+            }
+        }
+        other => other,
+    }
+}
+
+/// Classifies a connect error: wrong database or credentials are the caller's to fix; a
+/// network failure names the server and the cause in one line.
 pub(crate) fn connect_err(config: &SqlConfig, err: sqlx::Error) -> Error {
     let url = config.redacted_url();
     match &err {
+        sqlx::Error::Io(io) => {
+            let server = url::Url::parse(&config.url)
+                .ok()
+                .and_then(|u| {
+                    let host = u.host_str()?.to_owned();
+                    Some(match u.port() {
+                        Some(port) => format!("{host}:{port}"),
+                        None => host,
+                    })
+                })
+                .map_or_else(|| url.clone(), |s| service_url::echo(&s));
+            let name = match config.dialect {
+                Dialect::Postgres => "PostgreSQL",
+                Dialect::MySql => "MySQL",
+                Dialect::Sqlite => "SQLite",
+            };
+            Error::unavailable(
+                format!(
+                    "cannot connect to {name} at {server}: {}",
+                    distlock_core::io_cause(io).unwrap_or_default()
+                ),
+                err,
+            )
+        }
         sqlx::Error::Database(db)
             if matches!(
                 db.code().as_deref(),

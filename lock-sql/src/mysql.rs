@@ -12,7 +12,9 @@ use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 
 use crate::config::quote;
-use crate::db::{Claim, Db, HotConns, Listed, Peek, Sessions, bind_value, connect_err, shape_err};
+use crate::db::{
+    Claim, Db, HotConns, Listed, Peek, Sessions, bind_value, connect_err, open_pool, shape_err,
+};
 use crate::{FencedUpdate, SqlConfig, SqlPool, map_err};
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
@@ -125,24 +127,27 @@ impl MyDb {
             Error::InvalidConfig(format!("bad MySQL URL {}: {e}", config.redacted_url()))
         })?;
         let timeout = config.connect_timeout.unwrap_or(Duration::from_secs(5));
-        let pool = MySqlPoolOptions::new()
-            .max_connections(config.max_connections)
-            .acquire_timeout(timeout / 2)
-            .test_before_acquire(false)
-            .after_connect(move |conn, _meta| {
-                let sessions = sessions.clone();
-                async move {
-                    let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
-                        .fetch_one(conn)
-                        .await?;
-                    sessions.add(i64::try_from(id).unwrap_or(i64::MAX));
-                    Ok(())
-                }
-                .boxed()
-            })
-            .connect_with(options)
-            .await
-            .map_err(|e| connect_err(config, e))?;
+        let pool = open_pool(
+            MySqlPoolOptions::new()
+                .max_connections(config.max_connections)
+                .acquire_timeout(timeout / 2)
+                .test_before_acquire(false)
+                .after_connect(move |conn, _meta| {
+                    let sessions = sessions.clone();
+                    async move {
+                        let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+                            .fetch_one(conn)
+                            .await?;
+                        sessions.add(i64::try_from(id).unwrap_or(i64::MAX));
+                        Ok(())
+                    }
+                    .boxed()
+                }),
+            options,
+            timeout / 4,
+        )
+        .await
+        .map_err(|e| connect_err(config, e))?;
         let table = quote(&config.table, '`');
         if config.create_table {
             let create = format!(

@@ -16,7 +16,7 @@ use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 use crate::config::quote;
 use crate::db::{
     Claim, Db, HotConns, Listed, Notifier, Peek, Sessions, Subscription, bind_value, connect_err,
-    parse_payload, shape_err,
+    open_pool, parse_payload, shape_err,
 };
 use crate::{FencedUpdate, SqlConfig, SqlPool, map_err};
 
@@ -145,24 +145,27 @@ impl PgDb {
             Error::InvalidConfig(format!("bad PostgreSQL URL {}: {e}", config.redacted_url()))
         })?;
         let timeout = config.connect_timeout.unwrap_or(Duration::from_secs(5));
-        let pool = PgPoolOptions::new()
-            .max_connections(config.max_connections)
-            .acquire_timeout(timeout / 2)
-            .test_before_acquire(false)
-            .after_connect(move |conn, _meta| {
-                let sessions = sessions.clone();
-                async move {
-                    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-                        .fetch_one(conn)
-                        .await?;
-                    sessions.add(pid.into());
-                    Ok(())
-                }
-                .boxed()
-            })
-            .connect_with(options)
-            .await
-            .map_err(|e| connect_err(config, e))?;
+        let pool = open_pool(
+            PgPoolOptions::new()
+                .max_connections(config.max_connections)
+                .acquire_timeout(timeout / 2)
+                .test_before_acquire(false)
+                .after_connect(move |conn, _meta| {
+                    let sessions = sessions.clone();
+                    async move {
+                        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                            .fetch_one(conn)
+                            .await?;
+                        sessions.add(pid.into());
+                        Ok(())
+                    }
+                    .boxed()
+                }),
+            options,
+            timeout / 4,
+        )
+        .await
+        .map_err(|e| connect_err(config, e))?;
         let table = quote(&config.table, '"');
         if config.create_table {
             let create = format!(

@@ -13,7 +13,7 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 
 use crate::config::quote;
-use crate::db::{Claim, Db, HotConns, Listed, Peek, bind_value, connect_err, shape_err};
+use crate::db::{Claim, Db, HotConns, Listed, Peek, bind_value, connect_err, open_pool, shape_err};
 use crate::{FencedUpdate, SqlConfig, SqlPool, map_err, sqlite_busy};
 
 const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
@@ -142,9 +142,11 @@ impl LiteDb {
                 .max_lifetime(None);
         }
         let patience = config.busy_timeout;
-        let pool = while_busy(patience, || pool.clone().connect_with(options.clone()))
-            .await
-            .map_err(|e| connect_err(config, e))?;
+        let pool = while_busy(patience, || {
+            open_pool(pool.clone(), options.clone(), timeout / 4)
+        })
+        .await
+        .map_err(|e| connect_err(config, e))?;
         let table = quote(&config.table, '"');
         if config.create_table {
             let create = format!(
