@@ -307,6 +307,7 @@ impl RedisBackend {
                     .clone()
                     .set_lib_name(&name, env!("CARGO_PKG_VERSION"));
                 let info = info.set_redis_settings(settings);
+                let db = info.redis_settings().db();
                 let client = redis::Client::open(info)
                     .map_err(|e| Error::InvalidConfig(format!("invalid Redis URL {url:?}: {e}")))?;
                 let manager_config = ConnectionManagerConfig::new()
@@ -340,6 +341,13 @@ impl RedisBackend {
                         .await
                         .unwrap_or(Ok(()));
                         (conn, None)
+                    }
+                    Err(err) if err.to_string().contains("refused to switch database") => {
+                        return Err(Error::InvalidConfig(format!(
+                            "Redis database {} does not exist on {addr} (the server has fewer \
+                             databases: see `databases` in redis.conf)",
+                            db
+                        )));
                     }
                     Err(err) => {
                         let failure = RedisError::classify(&addr, err);
@@ -377,9 +385,13 @@ impl RedisBackend {
                 (false, Some(failure)) => failure.into_lock_error("connect"),
                 (_, first) => Error::Unavailable {
                     message: format!(
-                        "only {reachable} of {} Redis masters reachable, {} needed",
+                        "only {reachable} of {} Redis masters reachable, {} needed{}",
                         nodes.len(),
-                        config.quorum()
+                        config.quorum(),
+                        first
+                            .as_ref()
+                            .map(|f| format!(" ({}: {})", f.node, f.kind))
+                            .unwrap_or_default()
                     ),
                     source: first.map(Into::into),
                 },

@@ -3,24 +3,33 @@
 use std::time::Duration;
 
 use distlock_core::Error;
+use distlock_core::service_url::{self, ServiceUrl, UrlOptions};
 
 /// How the backend connects and behaves. Built with [`RedisConfig::from_url`],
 /// [`RedisConfig::single`] or [`RedisConfig::redlock`], then the `with_*` methods.
 ///
-/// URL forms (query options apply to both):
+/// URL forms (the scheme is case-insensitive; user and password are percent-decoded):
 ///
 /// - `redis://[user:password@]host:port[/db]`: one master;
-/// - `redlock://host1:port1,host2:port2,host3:port3[/db]`: Redlock over N >= 3 independent
-///   masters.
+/// - `redis+unix:///path/to/redis.sock[?db=N&user=U&pass=P]` (or `unix://`): one master on a
+///   Unix socket;
+/// - `redlock://[user:password@]host1:port1,host2:port2,host3:port3[/db]`: Redlock over N >= 3
+///   independent masters.
 ///
-/// Query options: `fair=true` (strict FIFO queue), `handoff_ms=N` (default 100),
-/// `waiter_timeout_ms=N` (default 2000), `node_timeout_ms=N` (Redlock per-node timeout),
-/// `client_name=NAME` (reported by `CLIENT SETINFO lib-name`, visible in `CLIENT LIST`).
+/// Query options (durations in [`humantime`](https://docs.rs/humantime) syntax, with a unit):
+///
+/// | option | meaning | default |
+/// |---|---|---|
+/// | `fair` | strict FIFO queue (`true`/`false`) | `false` |
+/// | `handoff` | how long a release reserves the lock for the oldest waiter | `100ms` |
+/// | `waiter_timeout` | a waiter silent this long is dropped from the queue (at least `30ms`) | `2s` |
+/// | `node_timeout` | Redlock: how long to wait for each node | a tenth of the ttl |
+/// | `client_name` | name in `CLIENT LIST` and `CLIENT SETINFO lib-name` | `distlock` |
 ///
 /// ```
 /// use distlock_redis::RedisConfig;
 ///
-/// let single = RedisConfig::from_url("redis://127.0.0.1:6379/2?fair=true").unwrap();
+/// let single = RedisConfig::from_url("redis://127.0.0.1:6379/2?fair=true&handoff=50ms").unwrap();
 /// assert!(!single.is_redlock() && single.fair);
 /// let redlock = RedisConfig::from_url("redlock://10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379").unwrap();
 /// assert_eq!(redlock.nodes.len(), 3);
@@ -58,7 +67,8 @@ impl RedisConfig {
         let mut config = Self::from_url(url)?;
         if config.redlock {
             return Err(Error::InvalidConfig(format!(
-                "expected a redis:// URL, got {url:?}"
+                "expected a redis:// URL, got {}",
+                service_url::redact(url)
             )));
         }
         config.nodes.truncate(1);
@@ -96,129 +106,153 @@ impl RedisConfig {
         }
     }
 
-    /// Parses a `redis://` or `redlock://` URL with optional query options.
+    /// Parses a `redis://`, `redlock://` or `redis+unix://` URL with optional query options
+    /// (see the [type docs](Self)). The scheme is case-insensitive; user and password are
+    /// percent-decoded.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] naming what is wrong.
+    /// [`Error::InvalidConfig`] naming what is wrong, with the URL's password redacted.
     pub fn from_url(url: &str) -> Result<Self, Error> {
-        let bad = |why: String| Error::InvalidConfig(format!("{why} (in {url:?})"));
-        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
-            bad("expected redis://host:port or redlock://h1:p1,h2:p2,h3:p3".into())
-        })?;
-        let redlock = match scheme {
-            "redis" => false,
-            "redlock" => true,
-            "rediss" | "redis+unix" | "unix" => {
-                return Err(bad(format!(
-                    "the {scheme}:// scheme is not supported by lock-redis (use redis://)"
+        let url = url.trim();
+        let scheme = url
+            .split_once("://")
+            .map(|(scheme, _)| scheme.to_ascii_lowercase());
+        match scheme.as_deref() {
+            Some("redis+unix" | "unix") => return Self::from_unix_url(url),
+            Some("rediss") => {
+                return Err(Error::InvalidConfig(format!(
+                    "rediss:// (TLS) is not supported yet; use redis:// (in {})",
+                    service_url::redact(url)
                 )));
             }
-            other => return Err(bad(format!("unknown scheme {other:?}"))),
-        };
-        let (rest, query) = match rest.split_once('?') {
-            Some((rest, query)) => (rest, Some(query)),
-            None => (rest, None),
-        };
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, ""),
-        };
-        if !path.is_empty() && path != "/" {
-            let db = &path[1..];
-            if db.parse::<u32>().is_err() {
-                return Err(bad(format!("the database {db:?} is not a number")));
-            }
+            _ => {}
         }
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((user, hosts)) => (Some(user), hosts),
-            None => (None, authority),
+        let parsed = ServiceUrl::parse(url)?;
+        let redlock = match parsed.scheme() {
+            "redis" => false,
+            "redlock" => true,
+            other => {
+                return Err(parsed.error(format!(
+                    "unknown scheme {:?}: expected redis://, redlock:// or redis+unix://",
+                    service_url::echo(other)
+                )));
+            }
         };
+        let db = match parsed.path() {
+            "" => None,
+            db => Some(db.parse::<u32>().map_err(|_| {
+                parsed.error(format!(
+                    "the database {:?} is not a number",
+                    service_url::echo(db)
+                ))
+            })?),
+        };
+        if !redlock && parsed.hosts().len() != 1 {
+            return Err(parsed.error(
+                "a redis:// URL names one master; use redlock://h1:p1,h2:p2,h3:p3 for several",
+            ));
+        }
         let mut config = Self {
             redlock,
             ..Self::defaults()
         };
-        for host in hosts.split(',') {
-            let host = host.trim();
-            if host.is_empty() {
-                return Err(bad("empty host".into()));
+        for host in parsed.hosts() {
+            let mut node = url::Url::parse(&format!("redis://{host}/"))
+                .map_err(|err| parsed.error(format!("invalid host {host}: {err}")))?;
+            let credentials = node
+                .set_username(parsed.username().unwrap_or(""))
+                .and_then(|()| node.set_password(parsed.password()));
+            if credentials.is_err() {
+                return Err(parsed.error("the user name or password cannot be used"));
             }
-            // `host`, `host:port`, `[v6]` or `[v6]:port`.
-            let (name, port) = if host.starts_with('[') && host.ends_with(']') {
-                (host, None)
+            if let Some(db) = db {
+                node.set_path(&db.to_string());
             } else {
-                match host.rsplit_once(':') {
-                    Some((name, port)) => (name, Some(port)),
-                    None => (host, None),
-                }
-            };
-            if name.is_empty() {
-                return Err(bad(format!("missing host name in {host:?}")));
+                node.set_path("");
             }
-            if let Some(port) = port
-                && port.parse::<u16>().map_or(true, |p| p == 0)
-            {
-                return Err(bad(format!("invalid port {port:?}")));
-            }
-            let user = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
-            let node = format!("redis://{user}{host}{path}");
-            url::Url::parse(&node).map_err(|e| bad(format!("invalid address {host:?}: {e}")))?;
-            config.nodes.push(node);
+            config.nodes.push(node.into());
         }
-        if !redlock && config.nodes.len() != 1 {
+        config.take_options(parsed.options())?;
+        config.validate().map_err(|e| match e {
+            Error::InvalidConfig(msg) => parsed.error(msg),
+            other => other,
+        })?;
+        Ok(config)
+    }
+
+    /// `redis+unix:///path/to/redis.sock[?db=N&user=U&pass=P&...]` (also `unix://`): one
+    /// master on a Unix socket.
+    fn from_unix_url(url: &str) -> Result<Self, Error> {
+        let redacted = service_url::redact(url);
+        let bad = |why: String| Error::InvalidConfig(format!("{why} (in {redacted})"));
+        let parsed = url::Url::parse(url).map_err(|err| bad(format!("invalid URL: {err}")))?;
+        if parsed.host_str().is_some_and(|h| !h.is_empty()) || parsed.path().len() <= 1 {
             return Err(bad(
-                "a redis:// URL names one master; use redlock://h1:p1,h2:p2,h3:p3 for several"
-                    .into(),
+                "a Unix socket URL is redis+unix:///absolute/path/to/redis.sock".to_owned(),
             ));
         }
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let millis = || {
-                value
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|v| *v > 0)
-                    .map(Duration::from_millis)
-                    .ok_or_else(|| {
-                        bad(format!(
-                            "{key} must be a positive number of milliseconds, got {value:?}"
-                        ))
-                    })
-            };
-            match key {
-                "fair" => {
-                    config.fair = match value {
-                        "" | "true" | "1" | "yes" => true,
-                        "false" | "0" | "no" => false,
-                        _ => return Err(bad(format!("fair must be true or false, got {value:?}"))),
-                    }
-                }
-                "handoff_ms" => config.handoff = millis()?,
-                "waiter_timeout_ms" => config.waiter_timeout = millis()?,
-                "node_timeout_ms" => config.node_timeout = Some(millis()?),
-                "client_name" => {
-                    if value.is_empty()
-                        || !value
-                            .bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-                    {
-                        return Err(bad(format!(
-                            "client_name must be letters, digits, '-', '_' or '.', got {value:?}"
-                        )));
-                    }
-                    config.client_name = value.to_owned();
-                }
-                other => {
-                    return Err(bad(format!(
-                        "unknown option {other:?} (known: fair, handoff_ms, waiter_timeout_ms, node_timeout_ms, client_name)"
-                    )));
-                }
+        let mut options = UrlOptions::from_query(parsed.query().unwrap_or(""), url);
+        let db = options.parse::<u32>("db", "a database number")?;
+        let user = options.take("user");
+        let pass = options.take("pass").or_else(|| options.take("password"));
+        let mut node =
+            url::Url::parse("redis+unix:///").map_err(|err| bad(format!("invalid URL: {err}")))?;
+        node.set_path(parsed.path());
+        for (key, value) in [
+            ("db", db.map(|d| d.to_string())),
+            ("user", user),
+            ("pass", pass),
+        ] {
+            if let Some(value) = value {
+                node.query_pairs_mut().append_pair(key, &value);
             }
         }
+        let mut config = Self {
+            nodes: vec![node.into()],
+            ..Self::defaults()
+        };
+        config.take_options(options)?;
         config.validate().map_err(|e| match e {
             Error::InvalidConfig(msg) => bad(msg),
             other => other,
         })?;
         Ok(config)
+    }
+
+    /// Applies the lock's query options; any other option is an error.
+    fn take_options(&mut self, mut options: UrlOptions) -> Result<(), Error> {
+        const KNOWN: &[&str] = &[
+            "fair",
+            "handoff",
+            "waiter_timeout",
+            "node_timeout",
+            "client_name",
+        ];
+        if let Some(fair) = options.bool("fair")? {
+            self.fair = fair;
+        }
+        if let Some(handoff) = options.duration("handoff")? {
+            self.handoff = handoff;
+        }
+        if let Some(timeout) = options.duration("waiter_timeout")? {
+            self.waiter_timeout = timeout;
+        }
+        self.node_timeout = options.duration("node_timeout")?.or(self.node_timeout);
+        if let Some(name) = options.take("client_name") {
+            if name.is_empty()
+                || name.len() > 64
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            {
+                return Err(Error::InvalidConfig(format!(
+                    "option client_name={:?}: expected 1 to 64 letters, digits, '-', '_' or '.'",
+                    service_url::echo(&name)
+                )));
+            }
+            self.client_name = name;
+        }
+        options.finish(KNOWN)
     }
 
     /// Strict FIFO mode on or off.
@@ -306,7 +340,7 @@ mod tests {
         assert!(c.fair && c.client_name == "a-b");
         let c = RedisConfig::from_url("redis://[::1]").unwrap();
         assert_eq!(c.nodes, ["redis://[::1]"]);
-        let c = RedisConfig::from_url("redlock://a:1,b:2,c:3/1?node_timeout_ms=7").unwrap();
+        let c = RedisConfig::from_url("REDLOCK://a:1,b:2,c:3/1?node_timeout=7ms").unwrap();
         assert_eq!(c.nodes, ["redis://a:1/1", "redis://b:2/1", "redis://c:3/1"]);
         assert_eq!(c.node_timeout, Some(Duration::from_millis(7)));
         assert_eq!(c.quorum(), 2);
@@ -316,11 +350,38 @@ mod tests {
             "redis://a:x",
             "redis://a/x",
             "redis://a?x=1",
+            "redis://a?handoff=100",
+            "redis://a?handoff_ms=100",
+            "rediss://a",
+            "redis+unix://",
+            "redis+unix://host/x.sock",
         ] {
             assert!(
                 matches!(RedisConfig::from_url(bad), Err(Error::InvalidConfig(_))),
                 "{bad}"
             );
+        }
+        let c = RedisConfig::from_url("Redis+Unix:///run/redis.sock?db=2&pass=p%40ss&fair=true")
+            .unwrap();
+        assert_eq!(c.nodes, ["redis+unix:///run/redis.sock?db=2&pass=p%40ss"]);
+        assert!(c.fair);
+        let c = RedisConfig::from_url("redis://us%3Ar:p%40ss@h:1").unwrap();
+        assert_eq!(c.nodes, ["redis://us%3Ar:p%40ss@h:1"]);
+    }
+
+    #[test]
+    fn errors_are_one_short_line_without_the_password() {
+        let long = format!("redis://:s3cret@{}:1", "h".repeat(100_000));
+        for url in [
+            long.as_str(),
+            "redis://:s3cret@h:1/x",
+            "rediss://:s3cret@h:1",
+            "redis+unix://:s3cret@h/x",
+            "redis://:s3cret@h:1?handoff=soon",
+        ] {
+            let err = RedisConfig::from_url(url).unwrap_err().to_string();
+            assert!(!err.contains("s3cret"), "{err}");
+            assert!(err.len() < 500 && !err.contains('\n'), "{err}");
         }
     }
 }

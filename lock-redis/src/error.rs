@@ -44,9 +44,10 @@ impl fmt::Display for RedisErrorKind {
 }
 
 /// A Redis failure on one node, as the `source` of an [`Error::Backend`] or
-/// [`Error::Unavailable`]; downcast to it to tell the cases apart.
+/// [`Error::Unavailable`]; downcast to it to tell the cases apart. It displays as its kind only:
+/// the error that carries it names the node.
 #[derive(Debug, thiserror::Error)]
-#[error("{kind} on {node}")]
+#[error("{kind}")]
 pub struct RedisError {
     /// What kind of failure.
     pub kind: RedisErrorKind,
@@ -108,7 +109,16 @@ impl RedisError {
 
     /// The distlock error for this failure during `what` (e.g. "acquire").
     pub(crate) fn into_lock_error(self, what: &str) -> Error {
-        let message = format!("{what} on {}: {}", self.node, self.kind);
+        // The kind says it all, except for another server error: then the server's words.
+        let reason = match self.kind {
+            RedisErrorKind::Other => self.summary(),
+            _ => self.kind.to_string(),
+        };
+        let message = if what == "connect" {
+            format!("cannot connect to Redis at {}: {reason}", self.node)
+        } else {
+            format!("{what} on {}: {reason}", self.node)
+        };
         if self.is_transient() {
             Error::unavailable(message, self)
         } else {

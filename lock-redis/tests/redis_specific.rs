@@ -57,7 +57,8 @@ async fn invalid_urls_are_typed_config_errors() {
         "redlock://a:1,b:2",
         "redlock://a:1,,b:2,c:3",
         "redis://127.0.0.1:6379?fair=maybe",
-        "redis://127.0.0.1:6379?handoff_ms=0",
+        "redis://127.0.0.1:6379?handoff=0s",
+        "redis://127.0.0.1:6379?handoff=20",
         "redis://127.0.0.1:6379?unknown=1",
         "redis://127.0.0.1:6379?client_name=has%20space",
     ] {
@@ -72,7 +73,7 @@ async fn invalid_urls_are_typed_config_errors() {
             "{url:?} did I/O"
         );
     }
-    let ok = RedisConfig::from_url("redis://127.0.0.1:6379/3?fair=true&handoff_ms=20").unwrap();
+    let ok = RedisConfig::from_url("redis://127.0.0.1:6379/3?fair=true&handoff=20ms").unwrap();
     assert!(ok.fair);
     assert_eq!(ok.handoff, Duration::from_millis(20));
     assert!(RedisConfig::redlock(&["redis://a:1", "redis://b:1"]).is_err());
