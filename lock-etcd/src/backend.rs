@@ -206,8 +206,15 @@ impl EtcdBackend {
         match tokio::time::timeout(connect_timeout, probe).await {
             Ok(Ok(())) => {}
             Ok(Err(err)) => {
+                // The gRPC status keeps the OS's reason out of its source chain: ask the
+                // network why.
+                let reason =
+                    match distlock_core::tcp_cause(config.endpoints(), connect_timeout / 4).await {
+                        Some(io) => io,
+                        None => err.as_ref().map(cause).unwrap_or_default(),
+                    };
                 return Err(Error::Unavailable {
-                    message: format!("cannot reach etcd at {endpoints}"),
+                    message: format!("cannot connect to etcd at {endpoints}: {reason}"),
                     source: err.map(|e| Box::new(e) as distlock_core::BoxError),
                 });
             }
@@ -458,11 +465,23 @@ fn token(revision: i64) -> FencingToken {
 
 /// Maps a client error: transport and availability problems are retryable.
 fn map_err(what: &str, err: etcd_client::Error) -> Error {
-    let message = format!("{what}: {err}");
+    let message = format!("{what}: {}", cause(&err));
     if retryable(&err) {
         Error::unavailable(message, err)
     } else {
         Error::backend(message, err)
+    }
+}
+
+/// A client error in one short line: the operating system's reason for a transport failure
+/// (`connection refused`) instead of the gRPC and transport layers' debug dump.
+fn cause(err: &etcd_client::Error) -> String {
+    match (distlock_core::io_cause(err), err) {
+        (Some(io), _) => io,
+        (None, etcd_client::Error::GRpcStatus(status)) => {
+            format!("{} ({:?})", status.message(), status.code())
+        }
+        (None, other) => other.to_string(),
     }
 }
 
@@ -1326,7 +1345,7 @@ fn shared_err(what: &str, err: &Arc<etcd_client::Error>) -> Error {
             Some(&*self.0)
         }
     }
-    let message = format!("{what}: {err}");
+    let message = format!("{what}: {}", cause(err));
     let source = Shared(err.clone());
     if retryable(err) {
         Error::unavailable(message, source)

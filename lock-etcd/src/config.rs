@@ -1,6 +1,10 @@
 //! Endpoints and key prefix, from a URL or programmatically.
 
 use distlock_core::Error;
+use distlock_core::service_url::ServiceUrl;
+
+/// The port of an endpoint given without one.
+pub const DEFAULT_PORT: u16 = 2379;
 
 /// The default key prefix under which every lock lives.
 pub const DEFAULT_PREFIX: &str = "distlock";
@@ -42,45 +46,29 @@ impl EtcdConfig {
         })
     }
 
-    /// Parses `etcd://host1:port1,host2:port2[/prefix]` (port 2379 when omitted).
+    /// Parses `etcd://host1:port1,host2:port2[/prefix]` (port 2379 when omitted). The scheme is
+    /// case-insensitive and the prefix percent-decoded.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] saying what is wrong: another scheme, no host, a bad port, a
-    /// query string (no options are defined).
+    /// [`Error::InvalidConfig`] saying what is wrong: another scheme, no host, a bad port,
+    /// credentials or query options (none are defined yet).
     pub fn from_url(url: &str) -> Result<Self, Error> {
-        let bad = |why: &str| Err(Error::InvalidConfig(format!("etcd URL {url:?}: {why}")));
-        let Some(rest) = url.strip_prefix("etcd://") else {
-            return bad("the scheme must be etcd://");
-        };
-        if rest.contains('?') || rest.contains('#') {
-            return bad("query strings and fragments are not supported");
+        let parsed = ServiceUrl::parse(url)?;
+        if parsed.scheme() != "etcd" {
+            return Err(parsed.error("the scheme must be etcd://"));
         }
-        let (hosts, prefix) = match rest.split_once('/') {
-            Some((hosts, prefix)) => (hosts, Some(prefix)),
-            None => (rest, None),
-        };
-        if hosts.is_empty() {
-            return bad("no endpoint given (expected etcd://host:port[,host:port][/prefix])");
+        if parsed.username().is_some() || parsed.password().is_some() {
+            return Err(parsed.error("credentials are not supported yet"));
         }
-        let endpoints = hosts
-            .split(',')
-            .map(|h| {
-                if h.is_empty() {
-                    return Err(Error::InvalidConfig(format!(
-                        "etcd URL {url:?}: empty endpoint in the host list"
-                    )));
-                }
-                if h.contains('@') {
-                    return Err(Error::InvalidConfig(format!(
-                        "etcd URL {url:?}: credentials are not supported"
-                    )));
-                }
-                normalize_endpoint(h)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut config = Self::new(endpoints)?;
-        if let Some(prefix) = prefix {
-            config = config.with_prefix(prefix)?;
+        parsed.options().finish(&[])?;
+        let mut config = Self::new(
+            parsed
+                .hosts()
+                .iter()
+                .map(|host| host.with_default_port(DEFAULT_PORT)),
+        )?;
+        if !parsed.path().is_empty() {
+            config = config.with_prefix(parsed.path())?;
         }
         Ok(config)
     }
@@ -159,7 +147,7 @@ fn normalize_endpoint(endpoint: &str) -> Result<String, Error> {
         return bad("invalid character in the host");
     }
     let port = match port {
-        None => 2379,
+        None => DEFAULT_PORT,
         Some(p) => match p.parse::<u16>() {
             Ok(0) | Err(_) => return bad("the port must be a number in 1..=65535"),
             Ok(p) => p,
@@ -177,7 +165,7 @@ mod tests {
         let c = EtcdConfig::from_url("etcd://a:1,b").unwrap();
         assert_eq!(c.endpoints(), ["http://a:1", "http://b:2379"]);
         assert_eq!(c.prefix(), DEFAULT_PREFIX);
-        let c = EtcdConfig::from_url("etcd://[::1]:5/x/y/").unwrap();
+        let c = EtcdConfig::from_url("ETCD://[::1]:5/x/y/").unwrap();
         assert_eq!(c.endpoints(), ["http://[::1]:5"]);
         assert_eq!(c.prefix(), "x/y");
         let c = EtcdConfig::new(["http://127.0.0.1:12379"]).unwrap();

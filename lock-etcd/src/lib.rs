@@ -96,7 +96,7 @@ mod keys;
 use distlock_core::{ClientConfig, Error, LockClient};
 
 pub use backend::{EtcdBackend, MAX_TTL, MIN_TTL};
-pub use config::{DEFAULT_PREFIX, EtcdConfig};
+pub use config::{DEFAULT_PORT, DEFAULT_PREFIX, EtcdConfig};
 pub use distlock_core;
 pub use etcd_client;
 

@@ -148,8 +148,13 @@ async fn open_session(config: &ZkConfig, timeout: Duration) -> Result<Arc<Sessio
             )));
         }
         Ok(Err(err)) => {
+            // The client says only "no available hosts": ask the network why.
+            let reason = match distlock_core::tcp_cause(config.hosts(), timeout / 4).await {
+                Some(io) => io,
+                None => err.to_string(),
+            };
             return Err(Error::unavailable(
-                format!("cannot open a ZooKeeper session with {hosts}"),
+                format!("cannot connect to ZooKeeper at {hosts}: {reason}"),
                 err,
             ));
         }
@@ -838,7 +843,7 @@ impl Attempt for ZkAttempt {
         }
         match cleanup.await {
             Ok(result) => result,
-            Err(err) => Err(Error::backend("leaving the queue", err)),
+            Err(err) => Err(Error::backend(format!("leaving the queue: {err}"), err)),
         }
     }
 }

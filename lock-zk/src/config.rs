@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use distlock_core::service_url::ServiceUrl;
 use distlock_core::{Error, LockName, Result};
 
 use crate::names::escape;
@@ -30,29 +31,32 @@ impl ZkConfig {
     /// documentation, "Sessions and ttls").
     pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(30);
 
+    /// The port of a host given without one.
+    pub const DEFAULT_PORT: u16 = 2181;
+
     /// Parses a ZooKeeper connect string: `host[:port][,host[:port]...][/chroot]` (port 2181 by
     /// default).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming what is wrong.
     pub fn new(connect: &str) -> Result<Self> {
-        let bad = |msg: String| {
-            Error::InvalidConfig(format!("ZooKeeper connect string {connect:?}: {msg}"))
-        };
-        let (hosts_part, chroot) = match connect.find('/') {
-            Some(i) => (&connect[..i], Some(&connect[i..])),
-            None => (connect, None),
-        };
-        if hosts_part.trim().is_empty() {
-            return Err(bad("no host given".into()));
+        let parsed = ServiceUrl::parse(&format!("zk://{}", connect.trim()))?;
+        if parsed.username().is_some() || parsed.password().is_some() {
+            return Err(parsed.error("credentials are not supported yet"));
         }
-        let mut hosts = Vec::new();
-        for host in hosts_part.split(',') {
-            hosts.push(parse_host(host.trim()).map_err(bad)?);
-        }
-        let chroot = match chroot {
-            None | Some("/") => None,
-            Some(path) => Some(check_chroot(path).map_err(bad)?.to_owned()),
+        parsed.options().finish(&[])?;
+        Self::from_parsed(&parsed)
+    }
+
+    fn from_parsed(parsed: &ServiceUrl) -> Result<Self> {
+        let hosts = parsed
+            .hosts()
+            .iter()
+            .map(|host| host.with_default_port(Self::DEFAULT_PORT))
+            .collect();
+        let chroot = match parsed.path().trim_end_matches('/') {
+            "" if parsed.path().len() <= 1 => None,
+            path => Some(check_chroot(&format!("/{path}")).map_err(|why| parsed.error(why))?),
         };
         Ok(Self {
             hosts,
@@ -61,45 +65,31 @@ impl ZkConfig {
         })
     }
 
-    /// Parses `zk://host[:port][,host[:port]...][/chroot][?session_timeout=30s]`.
-    /// `session_timeout` accepts `ms`, `s` or `m` suffixes (plain numbers are milliseconds).
+    /// Parses `zk://host[:port][,host[:port]...][/chroot][?session_timeout=30s]` (the scheme is
+    /// case-insensitive; `session_timeout` is a duration such as `20s` or `1500ms`).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for another scheme, a malformed host list or chroot, or an
-    /// unknown or malformed query parameter.
+    /// unknown or malformed query option.
     pub fn from_url(url: &str) -> Result<Self> {
-        let Some(rest) = url.strip_prefix("zk://") else {
-            return Err(Error::InvalidConfig(format!(
-                "{url:?} is not a ZooKeeper URL: expected zk://host:port[,host:port...][/chroot]"
-            )));
-        };
-        let (connect, query) = match rest.split_once('?') {
-            Some((c, q)) => (c, Some(q)),
-            None => (rest, None),
-        };
-        let mut config = Self::new(connect)?;
-        for pair in query
-            .into_iter()
-            .flat_map(|q| q.split('&'))
-            .filter(|p| !p.is_empty())
-        {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            match key {
-                "session_timeout" => {
-                    config.session_timeout = parse_duration(value).ok_or_else(|| {
-                        Error::InvalidConfig(format!(
-                            "session_timeout={value:?} in {url:?}: expected a duration like 30s or 500ms"
-                        ))
-                    })?;
-                }
-                other => {
-                    return Err(Error::InvalidConfig(format!(
-                        "unknown parameter {other:?} in {url:?} (known: session_timeout)"
-                    )));
-                }
-            }
+        let parsed = ServiceUrl::parse(url)?;
+        if parsed.scheme() != "zk" {
+            return Err(parsed
+                .error("not a ZooKeeper URL: expected zk://host:port[,host:port...][/chroot]"));
         }
-        config.check()?;
+        if parsed.username().is_some() || parsed.password().is_some() {
+            return Err(parsed.error("credentials are not supported yet"));
+        }
+        let mut config = Self::from_parsed(&parsed)?;
+        let mut options = parsed.options();
+        if let Some(timeout) = options.duration("session_timeout")? {
+            config.session_timeout = timeout;
+        }
+        options.finish(&["session_timeout"])?;
+        config.check().map_err(|err| match err {
+            Error::InvalidConfig(why) => parsed.error(why),
+            other => other,
+        })?;
         Ok(config)
     }
 
@@ -156,48 +146,7 @@ impl ZkConfig {
     }
 }
 
-fn parse_host(host: &str) -> std::result::Result<String, String> {
-    if host.is_empty() {
-        return Err("empty host in the host list".into());
-    }
-    if host.contains(|c: char| c.is_whitespace() || c == '@' || c == '?' || c == '#') {
-        return Err(format!("invalid host {host:?}"));
-    }
-    // `[v6]:port`, `[v6]`, `name:port`, `name`.
-    let (name, port) = if let Some(rest) = host.strip_prefix('[') {
-        let Some((addr, after)) = rest.split_once(']') else {
-            return Err(format!("unclosed '[' in host {host:?}"));
-        };
-        match after.strip_prefix(':') {
-            Some(port) => (format!("[{addr}]"), Some(port)),
-            None if after.is_empty() => (format!("[{addr}]"), None),
-            None => return Err(format!("invalid host {host:?}")),
-        }
-    } else {
-        match host.rsplit_once(':') {
-            Some((name, port)) if !name.contains(':') => (name.to_owned(), Some(port)),
-            Some(_) => {
-                return Err(format!(
-                    "IPv6 address {host:?} must be written as [addr]:port"
-                ));
-            }
-            None => (host.to_owned(), None),
-        }
-    };
-    if name.is_empty() || name == "[]" {
-        return Err(format!("empty host name in {host:?}"));
-    }
-    let port = match port {
-        None => 2181,
-        Some(p) => match p.parse::<u16>() {
-            Ok(p) if p != 0 => p,
-            _ => return Err(format!("invalid port {p:?} in {host:?}")),
-        },
-    };
-    Ok(format!("{name}:{port}"))
-}
-
-fn check_chroot(path: &str) -> std::result::Result<&str, String> {
+fn check_chroot(path: &str) -> std::result::Result<String, String> {
     let path = path.strip_suffix('/').unwrap_or(path);
     for segment in path.split('/').skip(1) {
         if segment.is_empty() || segment == "." || segment == ".." {
@@ -211,22 +160,7 @@ fn check_chroot(path: &str) -> std::result::Result<&str, String> {
             ));
         }
     }
-    Ok(path)
-}
-
-fn parse_duration(value: &str) -> Option<Duration> {
-    let value = value.trim();
-    let (number, unit) = match value.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => (&value[..i], &value[i..]),
-        None => (value, "ms"),
-    };
-    let n: u64 = number.parse().ok()?;
-    match unit {
-        "ms" => Some(Duration::from_millis(n)),
-        "s" => Some(Duration::from_secs(n)),
-        "m" => Some(Duration::from_secs(n.checked_mul(60)?)),
-        _ => None,
-    }
+    Ok(path.to_owned())
 }
 
 #[cfg(test)]
@@ -235,7 +169,7 @@ mod tests {
 
     #[test]
     fn parses_hosts_chroot_and_options() {
-        let c = ZkConfig::from_url("zk://a:1,b,[::1]:3/x/y?session_timeout=1500").unwrap();
+        let c = ZkConfig::from_url("ZK://a:1,b,[::1]:3/x/y?session_timeout=1500ms").unwrap();
         assert_eq!(c.hosts(), ["a:1", "b:2181", "[::1]:3"]);
         assert_eq!(c.chroot(), Some("/x/y"));
         assert_eq!(c.session_timeout(), Duration::from_millis(1500));
@@ -244,6 +178,9 @@ mod tests {
         assert_eq!(c.chroot(), None);
         assert_eq!(c.base_path(), "/distlock");
         assert_eq!(ZkConfig::from_url("zk://h/").unwrap().chroot(), None);
+        // Dot segments are resolved as in any URL.
+        let c = ZkConfig::from_url("zk://h/a/../b").unwrap();
+        assert_eq!(c.chroot(), Some("/b"));
     }
 
     #[test]
@@ -256,10 +193,11 @@ mod tests {
             "zk://h:99999",
             "zk://a,,b",
             "zk://h//x",
-            "zk://h/a/../b",
             "zk://h?nope=1",
             "zk://h?session_timeout=abc",
             "zk://h?session_timeout=1ms",
+            "zk://h?session_timeout=1500",
+            "zk://u:p@h",
             "zk://::1:2181",
             "zk://[::1",
         ] {
