@@ -8,8 +8,9 @@ use crate::exit::{CONFIG, Failure, OTHER};
 /// Flags of `distlock bench`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct CliBenchArgs {
-    /// A lock service URL to measure; repeat for a side-by-side comparison.
-    #[arg(long = "url", required = true)]
+    /// A lock service URL to measure; repeat for a side-by-side comparison (default:
+    /// DISTLOCK_URL, else the per-user SQLite file).
+    #[arg(long = "url", env = "DISTLOCK_URL", hide_env_values = true)]
     urls: Vec<String>,
 
     #[command(flatten)]
@@ -17,8 +18,17 @@ pub(crate) struct CliBenchArgs {
 }
 
 pub(crate) async fn bench(args: CliBenchArgs) -> Result<u8, Failure> {
+    let mut urls = args.urls.clone();
+    if urls.is_empty() {
+        let default = crate::state::default_url();
+        if default.is_empty() {
+            return Err(crate::state::no_state_dir());
+        }
+        crate::state::prepare_default_db()?;
+        urls.push(default);
+    }
     let mut targets = Vec::new();
-    for url in &args.urls {
+    for url in &urls {
         // Fail fast on a bad URL before anything is measured.
         distlock::connect(url).await.map_err(|err| {
             let shown = distlock::service_url::redact(url);

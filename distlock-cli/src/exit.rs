@@ -24,7 +24,10 @@ pub(crate) const OTHER: u8 = 1;
 #[derive(Debug)]
 pub(crate) struct Failure {
     pub(crate) code: u8,
+    /// One line: what failed and why.
     pub(crate) message: String,
+    /// The error's sources, outermost first, each one line: shown with `-v`.
+    pub(crate) causes: Vec<String>,
 }
 
 impl Failure {
@@ -32,11 +35,28 @@ impl Failure {
         Self {
             code,
             message: message.into(),
+            causes: Vec::new(),
+        }
+    }
+
+    /// Prints the failure on stderr: one line, then with `verbose` the chain of causes.
+    pub(crate) fn report(&self, verbose: bool) {
+        eprintln!("distlock: {}", self.message);
+        if verbose {
+            for cause in &self.causes {
+                eprintln!("  caused by: {cause}");
+            }
         }
     }
 
     /// Maps a lock error to its exit code, with `context` in front of the message.
     pub(crate) fn from_lock(err: &Error, context: impl std::fmt::Display) -> Self {
+        let context = context.to_string();
+        let context = if context.is_empty() {
+            context
+        } else {
+            format!("{context}: ")
+        };
         let code = match err {
             Error::InvalidName { .. }
             | Error::InvalidOptions(_)
@@ -49,24 +69,28 @@ impl Failure {
         };
         Self {
             code,
-            message: with_causes(format!("{context}: {err}"), err),
+            message: one_line(&format!("{context}{err}")),
+            causes: causes(err),
         }
     }
 }
 
-/// `message` followed by each cause of `err` whose text it does not already contain: one line,
-/// without the repetitions a chain of wrapped errors makes ("refused: refused: refused").
-fn with_causes(mut message: String, err: &dyn std::error::Error) -> String {
+/// The library's errors say what failed and why in their own line (the backends put the short
+/// cause in the message); their sources are the client libraries' full errors, often layered
+/// and verbose, so they are shown only on request.
+fn one_line(text: &str) -> String {
+    text.replace(['\n', '\r'], " ")
+}
+
+/// The source chain of `err`, one line each.
+fn causes(err: &dyn std::error::Error) -> Vec<String> {
+    let mut causes = Vec::new();
     let mut source = err.source();
     while let Some(cause) = source {
-        let text = cause.to_string();
-        if !text.is_empty() && !message.contains(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
+        causes.push(one_line(&cause.to_string()));
         source = cause.source();
     }
-    message.replace('\n', " ")
+    causes
 }
 
 #[cfg(test)]
@@ -78,22 +102,23 @@ mod tests {
     struct Wrapped(String, #[source] Option<Box<Wrapped>>);
 
     #[test]
-    fn causes_are_appended_once() {
+    fn the_message_is_one_line_and_the_causes_are_kept() {
         let io = Wrapped("Connection refused (os error 111)".into(), None);
-        let mid = Wrapped(
-            "connection refused on 127.0.0.1:1: Connection refused (os error 111)".into(),
-            Some(Box::new(io)),
-        );
+        let mid = Wrapped("connection\nrefused".into(), Some(Box::new(io)));
         let err = Error::Unavailable {
-            message: "cannot reach 127.0.0.1:1".into(),
+            message: "cannot connect to Redis at 127.0.0.1:1: connection refused".into(),
             source: Some(Box::new(mid)),
         };
         let failure = Failure::from_lock(&err, "cannot use redis://127.0.0.1:1");
         assert_eq!(
             failure.message,
-            "cannot use redis://127.0.0.1:1: backend unavailable: cannot reach 127.0.0.1:1: \
-             connection refused on 127.0.0.1:1: Connection refused (os error 111)"
+            "cannot use redis://127.0.0.1:1: backend unavailable: cannot connect to Redis at \
+             127.0.0.1:1: connection refused"
         );
-        assert_eq!(failure.message.matches("os error 111").count(), 1);
+        assert_eq!(failure.code, UNAVAILABLE);
+        assert_eq!(
+            failure.causes,
+            ["connection refused", "Connection refused (os error 111)"]
+        );
     }
 }

@@ -26,11 +26,14 @@ pub(crate) struct ListArgs {
 }
 
 pub(crate) async fn list(args: ListArgs) -> Result<u8, Failure> {
-    let locks = args.connection.connect().await?;
-    let held = locks
-        .list(args.prefix.as_deref(), args.limit)
-        .await
-        .map_err(|err| Failure::from_lock(&err, "cannot list locks"))?;
+    let held = match args.connection.connect_existing().await? {
+        // No database file: nothing is held there.
+        None => Vec::new(),
+        Some(locks) => locks
+            .list(args.prefix.as_deref(), args.limit)
+            .await
+            .map_err(|err| Failure::from_lock(&err, "cannot list locks"))?,
+    };
     if args.json {
         let items: Vec<_> = held
             .iter()

@@ -14,23 +14,25 @@
 //! | 1 | any other failure |
 
 mod bench;
+mod child;
 mod exit;
 mod list;
+mod logs;
 mod owner;
 mod run;
+mod state;
 mod status;
 mod unlock;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+use distlock::DistributedLock;
 
 use crate::exit::Failure;
-
-/// The URL used when neither --url nor DISTLOCK_URL is given: an embedded SQLite file in the
-/// current directory.
-pub(crate) const DEFAULT_URL: &str = "sqlite://distlock.db";
 
 const AFTER_HELP: &str = "\
 Exit codes: the command's own status for `run` (128+N when killed by signal N); 2 bad flags;
@@ -49,10 +51,57 @@ Examples:
 /// Distributed locks from the shell: run a command while holding a lock (renewed, with a
 /// fencing token in DISTLOCK_FENCING_TOKEN), see who holds a lock, compare backends.
 #[derive(Debug, Parser)]
-#[command(name = "distlock", version, about, after_help = AFTER_HELP)]
+#[command(name = "distlock", version = version_text(), about, after_help = AFTER_HELP)]
 struct Cli {
+    /// Print only errors (no waiting notice, no warnings).
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
+
+    /// More log output on stderr: -v info, -vv debug, -vvv trace (DISTLOCK_LOG overrides).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+
     #[command(subcommand)]
     command: Command,
+}
+
+/// `distlock --version`: the version and the backends compiled in.
+fn version_text() -> String {
+    let backends: Vec<&str> = distlock::SCHEMES
+        .iter()
+        .filter(|s| s.enabled)
+        .map(|s| s.backend)
+        .collect();
+    format!(
+        "{} (backends: {})",
+        env!("CARGO_PKG_VERSION"),
+        backends.join(", ")
+    )
+}
+
+/// The help of `--url`: the URLs this build can open, and the features that add the others.
+fn url_help() -> String {
+    let mut help = String::from("Lock service URL: ");
+    let enabled: Vec<&str> = distlock::SCHEMES
+        .iter()
+        .filter(|s| s.enabled)
+        .map(|s| s.example)
+        .collect();
+    help.push_str(&enabled.join(", "));
+    let missing: Vec<String> = distlock::SCHEMES
+        .iter()
+        .filter(|s| !s.enabled)
+        .filter_map(|s| Some(format!("{} (feature {})", s.backend, s.feature?)))
+        .collect();
+    if !missing.is_empty() {
+        help.push_str(". Not in this build: ");
+        help.push_str(&missing.join(", "));
+        help.push_str(" (cargo install distlock-cli --features ...)");
+    }
+    help.push_str(
+        ". Default: one SQLite file per user (the state directory), whatever the current directory",
+    );
+    help
 }
 
 #[derive(Debug, Subcommand)]
@@ -69,14 +118,18 @@ enum Command {
     Unlock(unlock::UnlockArgs),
     /// Benchmark backends side by side (uncontended and contended scenarios).
     Bench(bench::CliBenchArgs),
+    /// Print a shell completion script (e.g. `distlock completions bash > /etc/bash_completion.d/distlock`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 /// Common connection flags.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Connection {
-    /// Lock service URL: sqlite://PATH, postgres://..., mysql://..., redis://host:port,
-    /// redlock://h1:p1,h2:p2,h3:p3, etcd://h1:p1,..., zk://h1:p1,...[/chroot], memory://.
-    #[arg(long, env = "DISTLOCK_URL", default_value = DEFAULT_URL)]
+    #[arg(long, env = "DISTLOCK_URL", hide_env_values = true, help = url_help(),
+          default_value_t = state::default_url(), hide_default_value = state::default_url().is_empty())]
     pub(crate) url: String,
 
     /// Give up on any single server operation after this long.
@@ -85,28 +138,97 @@ pub(crate) struct Connection {
 }
 
 impl Connection {
-    pub(crate) async fn connect(
+    /// Connects for taking locks; the default SQLite file is created (privately) if missing.
+    pub(crate) async fn connect(&self) -> Result<Arc<dyn DistributedLock>, Failure> {
+        if self.url.is_empty() {
+            return Err(state::no_state_dir());
+        }
+        if self.url == state::default_url() {
+            state::prepare_default_db()?;
+        }
+        self.open().await
+    }
+
+    /// Connects for reading only: `None` when the URL names a SQLite file that does not exist
+    /// (no lock can be held there, and nothing is created just to say so).
+    pub(crate) async fn connect_existing(
         &self,
-    ) -> Result<std::sync::Arc<dyn distlock::DistributedLock>, Failure> {
+    ) -> Result<Option<Arc<dyn DistributedLock>>, Failure> {
+        if self.url.is_empty() {
+            return Err(state::no_state_dir());
+        }
+        #[cfg(feature = "sqlite")]
+        if let Ok(config) = distlock_sql::SqlConfig::from_url(&self.url)
+            && let Some(file) = config.sqlite_file()
+            && !file.exists()
+        {
+            return Ok(None);
+        }
+        self.open().await.map(Some)
+    }
+
+    async fn open(&self) -> Result<Arc<dyn DistributedLock>, Failure> {
         let config = distlock::ClientConfig::default().with_operation_timeout(self.op_timeout);
         distlock::connect_with(&self.url, config)
             .await
             .map_err(|err| {
-                let url = distlock::service_url::redact(&self.url);
-                Failure::from_lock(&err, format!("cannot use {url}"))
+                // Configuration errors name the URL themselves.
+                let shown = self.shown();
+                let context = if err.to_string().contains(&shown) {
+                    String::new()
+                } else {
+                    format!("cannot use {shown}")
+                };
+                Failure::from_lock(&err, context)
             })
     }
+
+    /// The URL as messages show it: without its password, cut if very long.
+    pub(crate) fn shown(&self) -> String {
+        distlock::service_url::redact(&self.url)
+    }
+}
+
+/// The log filter: DISTLOCK_LOG if set, else from -q/-v. By default the library's warnings
+/// are shown except the ones distlock reports itself (a lost lock, a forced release).
+fn log_filter(quiet: bool, verbose: u8) -> tracing_subscriber::EnvFilter {
+    use tracing_subscriber::EnvFilter;
+    if let Ok(filter) = EnvFilter::try_from_env("DISTLOCK_LOG") {
+        return filter;
+    }
+    EnvFilter::new(match (quiet, verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn,distlock_core::guard=error,distlock_core::client=error",
+        (false, 1) => "info",
+        (false, 2) => "debug",
+        (false, _) => "trace",
+    })
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("DISTLOCK_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
+    let stderr_is_terminal = std::io::stderr().is_terminal();
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(log_filter(cli.quiet, cli.verbose))
         .with_writer(std::io::stderr)
-        .init();
+        .with_ansi(stderr_is_terminal);
+    if cli.verbose == 0 {
+        logs.event_format(logs::Plain).init();
+    } else {
+        logs.init();
+    }
+    if let Command::Completions { shell } = cli.command {
+        clap_complete::generate(
+            shell,
+            &mut Cli::command(),
+            "distlock",
+            &mut std::io::stdout(),
+        );
+        return ExitCode::SUCCESS;
+    }
+    // `block_on` polls the command's future on this (the main) thread, so `run` forks its
+    // command from the thread that lives as long as distlock: the parent-death signal is tied
+    // to the forking thread (see child.rs).
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -116,17 +238,18 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Run(args) => run::run(args).await,
+            Command::Run(args) => run::run(args, cli.quiet).await,
             Command::Status(args) => status::status(args).await,
             Command::List(args) => list::list(args).await,
             Command::Unlock(args) => unlock::unlock(args).await,
             Command::Bench(args) => bench::bench(args).await,
+            Command::Completions { .. } => Ok(0),
         }
     });
     match result {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
-            eprintln!("distlock: {}", failure.message);
+            failure.report(cli.verbose > 0);
             ExitCode::from(failure.code)
         }
     }

@@ -2,6 +2,7 @@
 
 use crate::Connection;
 use crate::exit::Failure;
+use crate::owner::parse_run_owner;
 
 /// Flags of `distlock status`.
 #[derive(Debug, clap::Args)]
@@ -19,40 +20,62 @@ pub(crate) struct StatusArgs {
 }
 
 pub(crate) async fn status(args: StatusArgs) -> Result<u8, Failure> {
-    let locks = args.connection.connect().await?;
-    let info = locks
-        .inspect(&args.name)
-        .await
-        .map_err(|err| Failure::from_lock(&err, format!("cannot inspect {:?}", args.name)))?;
+    let service = args.connection.shown();
+    let (info, backend) = match args.connection.connect_existing().await? {
+        // No database file: nothing can be held there.
+        None => (None, ""),
+        Some(locks) => {
+            let info = locks.inspect(&args.name).await.map_err(|err| {
+                Failure::from_lock(&err, format!("cannot inspect {:?}", args.name))
+            })?;
+            (info, locks.backend())
+        }
+    };
     if args.json {
         let value = match &info {
-            None => serde_json::json!({ "name": args.name, "held": false }),
-            Some(info) => serde_json::json!({
-                "name": args.name,
-                "held": true,
-                "owner": info.owner,
-                "token": info.token.map(|t| t.get()),
-                "remaining_ms": info.remaining.map(|d| d.as_millis() as u64),
-            }),
+            None => serde_json::json!({ "name": args.name, "held": false, "service": service }),
+            Some(info) => {
+                let holder = parse_run_owner(&info.owner);
+                serde_json::json!({
+                    "name": args.name,
+                    "held": true,
+                    "service": service,
+                    "owner": info.owner,
+                    "host": holder.as_ref().map(|h| h.host.as_str()),
+                    "pid": holder.as_ref().map(|h| h.pid),
+                    "token": info.token.map(|t| t.get()),
+                    "remaining_ms": info.remaining.map(|d| d.as_millis() as u64),
+                })
+            }
         };
         println!("{value}");
         return Ok(0);
     }
     match info {
-        None => println!("{}: free", args.name),
+        None => {
+            println!("{}: free", args.name);
+            println!("  service:   {service}");
+        }
         Some(info) => {
             println!("{}: held", args.name);
+            println!("  service:   {service}");
             println!("  owner:     {}", info.owner);
+            if let Some(holder) = parse_run_owner(&info.owner) {
+                println!(
+                    "  holder:    distlock run on {} (pid {})",
+                    holder.host, holder.pid
+                );
+            }
             match info.token {
                 Some(token) => println!("  token:     {token}"),
-                None => println!("  token:     (not reported by {})", locks.backend()),
+                None => println!("  token:     (not reported by {})", backend),
             }
             match info.remaining {
                 Some(left) => println!(
                     "  remaining: {}",
                     humantime::format_duration(round_ms(left))
                 ),
-                None => println!("  remaining: (not reported by {})", locks.backend()),
+                None => println!("  remaining: (not reported by {})", backend),
             }
         }
     }

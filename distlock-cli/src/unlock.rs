@@ -45,11 +45,14 @@ pub(crate) async fn unlock(args: UnlockArgs) -> Result<u8, Failure> {
             ),
         ));
     }
-    let locks = args.connection.connect().await?;
-    let removed = locks
-        .force_release(&args.name)
-        .await
-        .map_err(|err| Failure::from_lock(&err, format!("cannot unlock {:?}", args.name)))?;
+    let removed = match args.connection.connect_existing().await? {
+        // No database file: nothing was held there.
+        None => false,
+        Some(locks) => locks
+            .force_release(&args.name)
+            .await
+            .map_err(|err| Failure::from_lock(&err, format!("cannot unlock {:?}", args.name)))?,
+    };
     if removed {
         println!(
             "{}: force-released; its holder learns of it at its next renewal",

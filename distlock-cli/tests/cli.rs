@@ -2,43 +2,15 @@
 
 #![cfg(feature = "sqlite")]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+#[allow(dead_code, reason = "each test file uses a part of the harness")]
+mod common;
+
+use common::Env;
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_distlock");
-
-struct Env {
-    dir: tempfile::TempDir,
-}
-
 impl Env {
-    fn new() -> Self {
-        Self {
-            dir: tempfile::tempdir().expect("temp dir"),
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("sqlite://{}", self.dir.path().join("locks.db").display())
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn distlock(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(BIN);
-        cmd.args(args)
-            .env("DISTLOCK_URL", self.url())
-            .current_dir(self.dir.path());
-        cmd
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.distlock(args).output().expect("run distlock")
-    }
-
     fn held(&self, name: &str) -> bool {
         let out = self.run(&["status", "--name", name, "--json"]);
         assert!(

@@ -107,3 +107,179 @@ fn passwords_never_reach_a_message() {
         }
     }
 }
+
+/// Runs `distlock run` against `url` and returns (exit code, stderr) after checking that the
+/// command did not run and that stderr is one line.
+fn run_fails(dir: &tempfile::TempDir, url: &str) -> (Option<i32>, String) {
+    let out = distlock(
+        dir,
+        &[
+            "run",
+            "--name",
+            "x",
+            "--op-timeout",
+            "3s",
+            "--url",
+            url,
+            "--",
+            "echo",
+            "RAN",
+        ],
+    );
+    assert_no_panic(&out, url);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.stdout.is_empty(), "{url}: the command ran");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{url}: {stderr}");
+    (out.status.code(), stderr)
+}
+
+/// Each backend says what failed and why in one line: the server's address and the OS's
+/// reason, once (no "refused: refused: os error 111" chains).
+#[test]
+fn connection_errors_name_the_server_and_the_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cases: Vec<(&str, &str)> = Vec::new();
+    if cfg!(feature = "postgres") {
+        cases.push((
+            "postgres://app:pw@127.0.0.1:1/x",
+            "cannot connect to PostgreSQL at 127.0.0.1:1: connection refused",
+        ));
+    }
+    if cfg!(feature = "mysql") {
+        cases.push((
+            "mysql://app:pw@127.0.0.1:1/x",
+            "cannot connect to MySQL at 127.0.0.1:1: connection refused",
+        ));
+    }
+    if cfg!(feature = "redis") {
+        cases.push((
+            "redis://127.0.0.1:1",
+            "cannot connect to Redis at 127.0.0.1:1: connection refused",
+        ));
+    }
+    if cfg!(feature = "etcd") {
+        cases.push((
+            "etcd://127.0.0.1:1",
+            "cannot connect to etcd at http://127.0.0.1:1: connection refused",
+        ));
+    }
+    if cfg!(feature = "zookeeper") {
+        cases.push((
+            "zk://127.0.0.1:1",
+            "cannot connect to ZooKeeper at 127.0.0.1:1: connection refused",
+        ));
+    }
+    for (url, needle) in cases {
+        let (code, stderr) = run_fails(&dir, url);
+        assert_eq!(code, Some(69), "{url}: {stderr}");
+        assert!(stderr.contains(needle), "{url}: {stderr}");
+        assert_eq!(
+            stderr.to_lowercase().matches("refused").count(),
+            1,
+            "{stderr}"
+        );
+        assert!(!stderr.contains("os error"), "{url}: {stderr}");
+    }
+}
+
+/// Malformed URLs: a configuration error (exit 78) that says what is wrong, short.
+#[test]
+fn url_mistakes_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let long_host = format!("redis://:s3cret@{}:1", "h".repeat(100_000));
+    let mut cases: Vec<(String, &str)> = Vec::new();
+    if cfg!(feature = "sqlite") {
+        cases.push(("sqlite://".into(), "needs a file path"));
+        cases.push(("sqlite:".into(), "needs a file path"));
+    }
+    if cfg!(feature = "redis") {
+        cases.push((long_host, "bytes in all"));
+        cases.push(("redis://127.0.0.1:1?handoff=100".into(), "needs a unit"));
+        cases.push(("redis://127.0.0.1:1?handoff_ms=5".into(), "unknown option"));
+        cases.push(("redis://127.0.0.1:1/x".into(), "is not a number"));
+    }
+    if cfg!(feature = "zookeeper") {
+        cases.push(("zk://h?session_timeout=1500".into(), "needs a unit"));
+    }
+    for (url, needle) in &cases {
+        let (code, stderr) = run_fails(&dir, url);
+        assert_eq!(code, Some(78), "{stderr}");
+        assert!(stderr.contains(needle), "{needle}: {stderr}");
+        assert!(stderr.len() < 1000, "{} bytes: {stderr:.300}", stderr.len());
+        assert!(!stderr.contains("s3cret"), "{stderr:.300}");
+    }
+}
+
+/// Schemes are case-insensitive, and a database the server does not have is a configuration
+/// error that says so (not "server error").
+#[cfg(feature = "redis")]
+#[test]
+fn redis_scheme_case_and_missing_database() {
+    let Some(url) = std::env::var("DISTLOCK_TEST_REDIS_URLS")
+        .ok()
+        .and_then(|urls| urls.split(',').next().map(str::to_owned))
+    else {
+        panic!("DISTLOCK_TEST_REDIS_URLS is not set: run scripts/services.sh start");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let upper = url.replacen("redis://", "REDIS://", 1);
+    let out = distlock(
+        &dir,
+        &[
+            "run", "--name", "case", "--url", &upper, "--", "echo", "RAN",
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "RAN");
+    let (code, stderr) = run_fails(&dir, &format!("{url}/99"));
+    assert_eq!(code, Some(78), "{stderr}");
+    assert!(
+        stderr.contains("Redis database 99 does not exist"),
+        "{stderr}"
+    );
+}
+
+/// `redis+unix://` (and `unix://`) reach a server on a Unix socket.
+#[cfg(feature = "redis")]
+#[test]
+fn redis_over_a_unix_socket() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("redis.sock");
+    let mut server = Command::new("redis-server")
+        .args([
+            "--port",
+            "0",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--unixsocket",
+        ])
+        .arg(&socket)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server (scripts/services.sh installs it)");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for scheme in ["redis+unix", "Unix"] {
+        let url = format!("{scheme}://{}?db=1", socket.display());
+        let out = distlock(
+            &dir,
+            &["run", "--name", "sock", "--url", &url, "--", "echo", "RAN"],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{url}: {stderr}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "RAN");
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+}

@@ -1,0 +1,203 @@
+//! The command of `distlock run` as a process group that cannot outlive its lock.
+//!
+//! - The command leads a process group of its own: distlock signals the whole group (the
+//!   command and everything it started that stayed in the group), never only the first process.
+//! - Linux `PR_SET_PDEATHSIG`: when distlock dies in a way it cannot handle (SIGKILL, a crash,
+//!   the OOM killer), the kernel sends SIGKILL to the command at once.
+//! - distlock is a child subreaper (`PR_SET_CHILD_SUBREAPER`): processes of the group orphaned
+//!   by the command's exit become distlock's children, so distlock can wait until the whole
+//!   group is gone (and reap it) before it releases the lock.
+//! - When distlock runs in the foreground of a terminal, the command's group gets the terminal
+//!   (as a shell does for a job), so an interactive command can read it and Ctrl-C reaches it.
+
+use std::io::IsTerminal;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, killpg, pthread_sigmask};
+use nix::sys::wait::{WaitPidFlag, waitpid};
+use nix::unistd::{Pid, getpgrp, getpid, getppid, setpgid, tcgetpgrp, tcsetpgrp};
+use tokio::process::{Child, Command};
+
+/// How often the group is checked while distlock waits for it to be gone.
+const GROUP_POLL: Duration = Duration::from_millis(20);
+/// How long distlock waits for a group that got SIGKILL to disappear before it gives up.
+const AFTER_KILL: Duration = Duration::from_secs(2);
+
+/// Makes distlock the reaper of the processes its command orphans (see the module docs).
+pub(crate) fn become_subreaper() {
+    // Without it, orphans are reaped by init instead: draining the group only takes longer.
+    if let Err(err) = nix::sys::prctl::set_child_subreaper(true) {
+        tracing::debug!(%err, "cannot become a child subreaper");
+    }
+}
+
+/// The running command: the leader of its own process group.
+#[derive(Debug)]
+pub(crate) struct CommandGroup {
+    child: Child,
+    pgid: Pid,
+    /// Whether the group was given the terminal (given back by [`CommandGroup::finish`]).
+    terminal: bool,
+    finished: bool,
+}
+
+impl CommandGroup {
+    /// Starts `command` in a new process group that dies with distlock (see the module docs).
+    ///
+    /// Must be called from the thread that lives as long as distlock (the main thread): the
+    /// kernel sends the parent-death signal when the thread that forked the child exits.
+    pub(crate) fn spawn(mut command: Command) -> std::io::Result<Self> {
+        let parent = getpid();
+        let terminal = in_terminal_foreground();
+        let pre_exec = move || -> std::io::Result<()> {
+            // Between fork and exec only async-signal-safe calls: these are plain syscalls.
+            setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
+            if terminal {
+                // A background group may take the terminal only with SIGTTOU blocked.
+                let ttou = SigSet::from(Signal::SIGTTOU);
+                pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&ttou), None)?;
+                let taken = tcsetpgrp(std::io::stdin(), getpid());
+                pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&ttou), None)?;
+                taken?;
+            }
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            // distlock died before the signal was armed: do not run the command at all.
+            if getppid() != parent {
+                return Err(std::io::Error::other("distlock exited"));
+            }
+            Ok(())
+        };
+        // SAFETY: the closure runs in the forked child before exec and makes only
+        // async-signal-safe system calls (setpgid, sigprocmask, tcsetpgrp, prctl, getppid,
+        // getpid); it allocates nothing and takes no lock.
+        #[expect(
+            unsafe_code,
+            reason = "pre_exec is the only way to arm PR_SET_PDEATHSIG"
+        )]
+        unsafe {
+            command.pre_exec(pre_exec);
+        }
+        let child = command.spawn()?;
+        let pid = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .ok_or_else(|| std::io::Error::other("the command has no process id"))?;
+        Ok(Self {
+            child,
+            pgid: Pid::from_raw(pid),
+            terminal,
+            finished: false,
+        })
+    }
+
+    /// Waits for the command (the group leader) to exit. Cancel-safe.
+    pub(crate) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        self.child.wait().await
+    }
+
+    /// Sends `signal` to every process of the group.
+    pub(crate) fn signal(&self, signal: Signal) {
+        // ESRCH: the group is gone already.
+        let _ = killpg(self.pgid, signal);
+    }
+
+    /// SIGTERM to the group, then SIGKILL after `grace` if the command has not exited; returns
+    /// its status when it could be collected.
+    pub(crate) async fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
+        self.signal(Signal::SIGTERM);
+        match tokio::time::timeout(grace, self.child.wait()).await {
+            Ok(status) => status.ok(),
+            Err(_) => {
+                eprintln!(
+                    "distlock: the command ignored SIGTERM for {}; killing it",
+                    humantime::format_duration(grace)
+                );
+                self.signal(Signal::SIGKILL);
+                self.child.wait().await.ok()
+            }
+        }
+    }
+
+    /// After the command exited: waits until no process of its group is left (SIGTERM to the
+    /// stragglers, SIGKILL after `grace`), then gives the terminal back. Only then may the lock
+    /// be released. `quiet` drops the notes about stragglers.
+    pub(crate) async fn finish(&mut self, grace: Duration, quiet: bool) {
+        let started = tokio::time::Instant::now();
+        let mut termed = false;
+        let mut killed_at = None;
+        loop {
+            reap_orphans();
+            if killpg(self.pgid, None) == Err(Errno::ESRCH) {
+                break;
+            }
+            let waited = started.elapsed();
+            if !termed {
+                termed = true;
+                if !quiet {
+                    eprintln!(
+                        "distlock: the command left processes running in its group; \
+                         terminating them before the lock is released"
+                    );
+                }
+                self.signal(Signal::SIGTERM);
+            } else if killed_at.is_none() && waited >= grace {
+                if !quiet {
+                    eprintln!("distlock: processes of the command ignored SIGTERM; killing them");
+                }
+                self.signal(Signal::SIGKILL);
+                killed_at = Some(waited);
+            } else if killed_at.is_some_and(|at| waited >= at + AFTER_KILL) {
+                // Only zombies that another process must reap can be left after SIGKILL.
+                break;
+            }
+            tokio::time::sleep(GROUP_POLL).await;
+        }
+        self.give_back_terminal();
+        self.finished = true;
+    }
+
+    fn give_back_terminal(&mut self) {
+        if !std::mem::take(&mut self.terminal) {
+            return;
+        }
+        let stdin = std::io::stdin();
+        if tcgetpgrp(&stdin) != Ok(self.pgid) {
+            return;
+        }
+        let ttou = SigSet::from(Signal::SIGTTOU);
+        let mut old = SigSet::empty();
+        if pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&ttou), Some(&mut old)).is_ok() {
+            let _ = tcsetpgrp(&stdin, getpgrp());
+            let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
+        }
+    }
+}
+
+impl Drop for CommandGroup {
+    /// A group left behind by an early return (an error) is killed: it must not run on
+    /// without the lock.
+    fn drop(&mut self) {
+        if !self.finished {
+            self.signal(Signal::SIGKILL);
+            self.give_back_terminal();
+        }
+    }
+}
+
+/// Whether distlock's process group owns the terminal on standard input.
+fn in_terminal_foreground() -> bool {
+    let stdin = std::io::stdin();
+    stdin.is_terminal() && tcgetpgrp(&stdin) == Ok(getpgrp())
+}
+
+/// Reaps exited orphans that were re-parented to distlock (the subreaper), so that they leave
+/// the process group. Called only after the command itself was collected.
+fn reap_orphans() {
+    while let Ok(status) = waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+        if status == nix::sys::wait::WaitStatus::StillAlive {
+            break;
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! A dead lock server is never a silent forever-wait: `connect` checks the endpoint, and a
+//! waiting `run` whose server goes away reports the failures as they happen.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+
+/// `distlock run` against a closed port, without --wait: a one-line error, promptly.
+#[cfg(any(feature = "etcd", feature = "redis"))]
+#[test]
+fn a_dead_endpoint_fails_promptly_without_wait() {
+    let mut urls = Vec::new();
+    if cfg!(feature = "etcd") {
+        urls.push("etcd://127.0.0.1:1");
+    }
+    if cfg!(feature = "redis") {
+        urls.push("redis://127.0.0.1:1");
+    }
+    for url in urls {
+        let started = Instant::now();
+        let out = Command::new(BIN)
+            .args(["run", "--name", "x", "--op-timeout", "2s", "--url", url])
+            .args(["--", "echo", "RAN"])
+            .output()
+            .expect("run distlock");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(69), "{url}: {stderr}");
+        assert!(out.stdout.is_empty(), "{url}: the command ran");
+        assert_eq!(stderr.trim().lines().count(), 1, "{url}: {stderr}");
+        assert!(stderr.to_lowercase().contains("refused"), "{url}: {stderr}");
+        assert!(started.elapsed() < Duration::from_secs(15), "{url}");
+    }
+}
+
+/// A Redis server of our own, killed on drop.
+#[cfg(feature = "redis")]
+struct RedisServer {
+    child: std::process::Child,
+    port: u16,
+}
+
+#[cfg(feature = "redis")]
+impl RedisServer {
+    fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server (scripts/services.sh installs it)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self { child, port }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn a_waiter_whose_server_dies_reports_it() {
+    let mut server = RedisServer::start();
+    let url = format!("redis://127.0.0.1:{}", server.port);
+    let run = |args: &[&str]| {
+        Command::new(BIN)
+            .args(["run", "--url", &url, "--op-timeout", "1s"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn distlock")
+    };
+    let mut holder = run(&["--name", "dead", "--", "sleep", "30"]);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut waiter = run(&["--name", "dead", "--", "echo", "RAN"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+    std::thread::sleep(Duration::from_secs(4));
+    let _ = waiter.kill();
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let mut stderr = String::new();
+    waiter
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("read");
+    let _ = waiter.wait();
+    // Before: nothing at all, forever.
+    assert_eq!(
+        stderr.matches("distlock: waiting for lock").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("still waiting for lock \"dead\""),
+        "the failure is reported: {stderr}"
+    );
+    assert!(
+        stderr.matches("still waiting").count() <= 2,
+        "rate-limited: {stderr}"
+    );
+}
