@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Throw-away test servers for distlock, on 127.0.0.1 with fixed ports (DESIGN.md, "Test servers:
-# fixed contract"). No Docker, no systemd: plain processes from Debian packages.
+# Throw-away test servers for distlock, on 127.0.0.1 with fixed ports (the variables are a fixed
+# contract, listed in README.md, "Contributing"). No Docker, no systemd: plain processes from
+# Debian packages.
 #
 # Usage:
 #   scripts/services.sh start            install missing packages (as root), start every server,
