@@ -28,6 +28,7 @@ use distlock_core::{AcquireOptions, DistributedLock, Error};
 
 pub mod cases;
 pub mod memory;
+pub mod servers;
 
 /// A fresh client made by a [`Harness`], with the tag the harness uses to find its connection.
 #[derive(Clone, Debug)]
@@ -189,15 +190,61 @@ pub fn loud(line: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
-/// Cases that stop the server or cut connections, and so must not overlap other cases.
-pub const DISRUPTIVE: &[&str] = &[
-    "server_unavailable_then_recovers",
-    "cut_connection_is_survived_or_reported",
-];
+/// The one table of cases: every `pub async fn` of [`cases`] with whether it is disruptive (it
+/// stops the server or cuts connections, so it must not overlap other cases). The suite macro
+/// and [`CASES`] are both made from it; a test checks that it names every case function.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __case_table {
+    ($callback:ident ! { $($args:tt)* }) => {
+        $crate::$callback! { $($args)* ;
+            exclusive_under_contention: false,
+            try_acquire_on_held_lock_returns_none: false,
+            acquire_times_out_at_deadline: false,
+            release_frees_lock_at_once: false,
+            release_wakes_blocked_waiter: false,
+            crashed_holder_frees_after_ttl: false,
+            dropped_guard_frees_lock_promptly: false,
+            renewal_keeps_lock_beyond_ttl: false,
+            stale_holder_cannot_release_or_renew: false,
+            fencing_tokens_strictly_increase: false,
+            removed_lock_is_reported_lost: false,
+            valid_until_is_conservative: false,
+            hold_limit_stops_renewal: false,
+            distinct_names_are_independent: false,
+            invalid_input_is_rejected: false,
+            cancelled_acquires_leave_nothing_behind: false,
+            reentrancy_by_explicit_owner: false,
+            fifo_fairness: false,
+            many_locks_stay_held: false,
+            list_shows_held_locks: false,
+            force_release_hands_over_with_higher_token: false,
+            cut_connection_is_survived_or_reported: true,
+            server_unavailable_then_recovers: true,
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __case_list {
+    (; $($case:ident : $disruptive:literal),* $(,)?) => {
+        &[$((stringify!($case), $disruptive)),*]
+    };
+}
+
+/// Every case by name, with whether it is disruptive (runs alone: it stops the server or cuts
+/// connections).
+pub const CASES: &[(&str, bool)] = __case_table!(__case_list! {});
 
 /// Runs one case for one configuration; used by [`conformance_suite!`].
-pub async fn run_case<M, MF>(config: &str, case: &str, make: M, body: fn(Ctx) -> CaseFuture)
-where
+pub async fn run_case<M, MF>(
+    config: &str,
+    case: &str,
+    disruptive: bool,
+    make: M,
+    body: fn(Ctx) -> CaseFuture,
+) where
     M: FnOnce() -> MF,
     MF: Future<Output = Option<Arc<dyn Harness>>>,
 {
@@ -205,7 +252,7 @@ where
     // after another, so a process-wide lock is enough.
     static SERVER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
     let (_shared, _exclusive);
-    if DISRUPTIVE.contains(&case) {
+    if disruptive {
         _exclusive = SERVER.write().await;
     } else {
         _shared = SERVER.read().await;
@@ -276,45 +323,28 @@ pub fn server_var(backend: &str, var: &str) -> Option<String> {
 }
 
 /// Instantiates every conformance case for one backend configuration: a module `$config` with
-/// one `#[tokio::test]` per case. `$make` is an `async fn() -> Option<Arc<dyn Harness>>`.
+/// one `#[tokio::test]` per case of [`CASES`]. `$make` is an
+/// `async fn() -> Option<Arc<dyn Harness>>`.
 #[macro_export]
 macro_rules! conformance_suite {
     ($config:ident, $make:expr) => {
         mod $config {
-            $crate::conformance_suite!(@cases $config, $make;
-                exclusive_under_contention,
-                try_acquire_on_held_lock_returns_none,
-                acquire_times_out_at_deadline,
-                release_frees_lock_at_once,
-                release_wakes_blocked_waiter,
-                crashed_holder_frees_after_ttl,
-                dropped_guard_frees_lock_promptly,
-                renewal_keeps_lock_beyond_ttl,
-                stale_holder_cannot_release_or_renew,
-                fencing_tokens_strictly_increase,
-                removed_lock_is_reported_lost,
-                valid_until_is_conservative,
-                hold_limit_stops_renewal,
-                distinct_names_are_independent,
-                invalid_input_is_rejected,
-                cancelled_acquires_leave_nothing_behind,
-                reentrancy_by_explicit_owner,
-                fifo_fairness,
-                many_locks_stay_held,
-                list_shows_held_locks,
-                force_release_hands_over_with_higher_token,
-                cut_connection_is_survived_or_reported,
-                server_unavailable_then_recovers,
-            );
+            $crate::__case_table!(__suite_cases! { $config, $make });
         }
     };
-    (@cases $config:ident, $make:expr; $($case:ident),* $(,)?) => {
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __suite_cases {
+    ($config:ident, $make:expr; $($case:ident : $disruptive:literal),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() {
                 $crate::run_case(
                     stringify!($config),
                     stringify!($case),
+                    $disruptive,
                     $make,
                     |ctx| ::std::boxed::Box::pin($crate::cases::$case(ctx)),
                 )
@@ -322,4 +352,37 @@ macro_rules! conformance_suite {
             }
         )*
     };
+}
+
+#[cfg(test)]
+mod tests {
+    /// A case function missing from the table would never run, and nothing else would say so.
+    #[test]
+    fn the_table_names_every_case_function() {
+        let sources = [
+            include_str!("cases/admin.rs"),
+            include_str!("cases/exclusion.rs"),
+            include_str!("cases/faults.rs"),
+            include_str!("cases/input.rs"),
+            include_str!("cases/leases.rs"),
+            include_str!("cases/mod.rs"),
+        ];
+        let mut functions: Vec<&str> = sources
+            .iter()
+            .flat_map(|source| source.lines())
+            .filter_map(|line| line.strip_prefix("pub async fn "))
+            .filter_map(|rest| rest.split_once("(ctx: Ctx)").map(|(name, _)| name))
+            .collect();
+        functions.sort_unstable();
+        let mut table: Vec<&str> = super::CASES.iter().map(|(name, _)| *name).collect();
+        table.sort_unstable();
+        assert_eq!(functions, table);
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/cases");
+        let files = std::fs::read_dir(dir).map_or(0, Iterator::count);
+        assert_eq!(
+            files,
+            sources.len(),
+            "a new file in {dir} must be added above"
+        );
+    }
 }

@@ -248,28 +248,9 @@ fn redis_scheme_case_and_missing_database() {
 #[cfg(feature = "redis")]
 #[test]
 fn redis_over_a_unix_socket() {
-    use std::time::{Duration, Instant};
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("redis.sock");
-    let mut server = Command::new("redis-server")
-        .args([
-            "--port",
-            "0",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--unixsocket",
-        ])
-        .arg(&socket)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("redis-server (scripts/services.sh installs it)");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(Instant::now() < deadline, "redis-server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let _server = conformance_tests::servers::OwnRedis::start_on_socket(&socket);
     for scheme in ["redis+unix", "Unix"] {
         let url = format!("{scheme}://{}?db=1", socket.display());
         let out = distlock(
@@ -280,6 +261,4 @@ fn redis_over_a_unix_socket() {
         assert_eq!(out.status.code(), Some(0), "{url}: {stderr}");
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "RAN");
     }
-    let _ = server.kill();
-    let _ = server.wait();
 }

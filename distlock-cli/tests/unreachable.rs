@@ -34,54 +34,11 @@ fn a_dead_endpoint_fails_promptly_without_wait() {
     }
 }
 
-/// A Redis server of our own, killed on drop.
-#[cfg(feature = "redis")]
-struct RedisServer {
-    child: std::process::Child,
-    port: u16,
-}
-
-#[cfg(feature = "redis")]
-impl RedisServer {
-    fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server (scripts/services.sh installs it)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Self { child, port }
-    }
-}
-
-#[cfg(feature = "redis")]
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[cfg(feature = "redis")]
 #[test]
 fn a_waiter_whose_server_dies_reports_it() {
-    let mut server = RedisServer::start();
-    let url = format!("redis://127.0.0.1:{}", server.port);
+    let mut server = conformance_tests::servers::OwnRedis::start(&[]);
+    let url = server.url();
     let run = |args: &[&str]| {
         Command::new(BIN)
             .args(["run", "--url", &url, "--op-timeout", "1s"])
@@ -95,8 +52,7 @@ fn a_waiter_whose_server_dies_reports_it() {
     std::thread::sleep(Duration::from_millis(500));
     let mut waiter = run(&["--name", "dead", "--", "echo", "RAN"]);
     std::thread::sleep(Duration::from_millis(1500));
-    let _ = server.child.kill();
-    let _ = server.child.wait();
+    server.kill();
     std::thread::sleep(Duration::from_secs(4));
     let _ = waiter.kill();
     let _ = holder.kill();

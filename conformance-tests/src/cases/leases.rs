@@ -1,0 +1,249 @@
+//! Leases: expiry of crashed holders, renewal, loss detection, local deadlines, fencing tokens.
+
+use super::*;
+
+/// A crashed holder (renewal stopped, no release) frees the lock after the ttl: not before,
+/// not much after.
+pub async fn crashed_holder_frees_after_ttl(ctx: Ctx) -> Outcome {
+    let (a, b) = (ctx.client().await, ctx.client().await);
+    let name = ctx.name("crash");
+    let ttl = ctx.ttl();
+    let opts = ctx.opts().with_renewal(Renewal::disabled());
+    let sent = Instant::now();
+    let guard = acquire(&*a, &name, &opts).await;
+    let answered = Instant::now();
+    guard.abandon();
+    let guard = acquire(&*b, &name, &opts).await;
+    let taken = Instant::now();
+    assert!(
+        taken >= sent + ttl,
+        "the lock was taken {:?} after the crashed holder's request, before its ttl {ttl:?}",
+        taken - sent
+    );
+    assert!(
+        taken <= answered + ttl + ctx.slack(),
+        "the lock was free only {:?} after acquisition (ttl {ttl:?})",
+        taken - answered
+    );
+    release(guard).await;
+    Outcome::Passed
+}
+
+/// Dropping a guard without `release()` frees the lock promptly (long before the ttl).
+pub async fn dropped_guard_frees_lock_promptly(ctx: Ctx) -> Outcome {
+    let (a, b) = (ctx.client().await, ctx.client().await);
+    let name = ctx.name("drop");
+    let ttl = long_ttl(&ctx);
+    let opts = ctx.opts().with_ttl(ttl);
+    let guard = acquire(&*a, &name, &opts).await;
+    let dropped = Instant::now();
+    drop(guard);
+    let guard = acquire(&*b, &name, &opts).await;
+    let took = dropped.elapsed();
+    assert!(
+        took < ctx.slack() + opts.backoff.max,
+        "a dropped guard freed the lock only after {took:?} (ttl {ttl:?})"
+    );
+    release(guard).await;
+    Outcome::Passed
+}
+
+/// Renewal keeps a lock held for more than 3 x ttl, and nobody else gets it meanwhile.
+pub async fn renewal_keeps_lock_beyond_ttl(ctx: Ctx) -> Outcome {
+    let (a, b) = (ctx.client().await, ctx.client().await);
+    let name = ctx.name("renewal");
+    let ttl = ctx.ttl();
+    let guard = acquire(&*a, &name, &ctx.opts()).await;
+    let until = Instant::now() + ttl * 7 / 2;
+    while Instant::now() < until {
+        assert!(
+            try_acquire(&*b, &name, &ctx.opts()).await.is_none(),
+            "another client got a renewed lock"
+        );
+        assert!(
+            !guard.is_lost(),
+            "renewal failed: {:?}",
+            guard.loss_reason()
+        );
+        tokio::time::sleep(ttl / 4).await;
+    }
+    assert!(
+        guard.valid_until() > Instant::now(),
+        "valid_until was not extended by renewal"
+    );
+    release(guard).await;
+    Outcome::Passed
+}
+
+/// After A's lease expired and B acquired, A's `release` and `renew` fail and B still holds.
+pub async fn stale_holder_cannot_release_or_renew(ctx: Ctx) -> Outcome {
+    let (a, b, c) = (ctx.client().await, ctx.client().await, ctx.client().await);
+    let name = ctx.name("stale");
+    let stale = acquire(&*a, &name, &ctx.opts().with_renewal(Renewal::disabled())).await;
+    let fresh = acquire(&*b, &name, &ctx.opts()).await;
+    assert!(
+        stale.is_lost(),
+        "the expired holder does not know it lost the lock"
+    );
+    let renewed = stale.renew().await;
+    assert!(
+        matches!(renewed, Err(Error::NotHeld { .. } | Error::Lost { .. })),
+        "stale renew: {renewed:?}"
+    );
+    let released = stale.release().await;
+    assert!(
+        matches!(released, Err(Error::NotHeld { .. } | Error::Lost { .. })),
+        "stale release: {released:?}"
+    );
+    assert!(
+        try_acquire(&*c, &name, &ctx.opts()).await.is_none(),
+        "the stale holder released the new holder's lock"
+    );
+    fresh.renew().await.expect("the new holder can renew");
+    assert!(!fresh.is_lost());
+    release(fresh).await;
+    Outcome::Passed
+}
+
+/// Fencing tokens strictly increase per name over 100 acquisitions by several clients, across
+/// releases and expiries.
+pub async fn fencing_tokens_strictly_increase(ctx: Ctx) -> Outcome {
+    const CLIENTS: usize = 4;
+    const TOTAL: usize = 100;
+    let names = [ctx.name("fence-a"), ctx.name("fence-b")];
+    let log = Arc::new(std::sync::Mutex::new(vec![Vec::new(), Vec::new()]));
+    let taken = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let client = ctx.client().await;
+        let (names, log, taken, opts) = (names.clone(), log.clone(), taken.clone(), ctx.opts());
+        tasks.push(tokio::spawn(async move {
+            for round in 0.. {
+                let n = taken.fetch_add(1, Ordering::SeqCst);
+                if n >= TOTAL {
+                    return;
+                }
+                // Each client alternates between the names, so both see many holders.
+                let which = (round + c) % 2;
+                // A few acquisitions end by expiry instead of release.
+                let expire = n % 40 == 7;
+                let opts = if expire {
+                    opts.clone().with_renewal(Renewal::disabled())
+                } else {
+                    opts.clone()
+                };
+                let guard = acquire(&*client, &names[which], &opts).await;
+                log.lock().expect("log")[which].push(guard.token().get());
+                if expire {
+                    guard.abandon();
+                } else {
+                    release(guard).await;
+                }
+            }
+        }));
+    }
+    for task in join_all(tasks).await {
+        task.expect("a client panicked");
+    }
+    let log = log.lock().expect("log");
+    for (name, tokens) in names.iter().zip(log.iter()) {
+        assert!(tokens.len() > 10, "too few acquisitions of {name}");
+        for pair in tokens.windows(2) {
+            assert!(
+                pair[1] > pair[0],
+                "tokens of {name} did not strictly increase: {tokens:?}"
+            );
+        }
+    }
+    Outcome::Passed
+}
+
+/// A lock removed behind its holder's back is reported lost within one renewal interval plus a
+/// round trip, and is free for others.
+pub async fn removed_lock_is_reported_lost(ctx: Ctx) -> Outcome {
+    let (a, b) = (ctx.client().await, ctx.client().await);
+    let name = ctx.name("removed");
+    let opts = ctx.opts();
+    let interval = opts.renewal_interval().expect("renewal is on by default");
+    let guard = acquire(&*a, &name, &opts).await;
+    let lost = guard.lost();
+    hook!(ctx.harness().remove_lock(&name).await);
+    let removed = Instant::now();
+    let reason = tokio::time::timeout(interval + ctx.slack(), lost)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "lost() did not resolve within {:?} of the removal",
+                interval + ctx.slack()
+            )
+        });
+    assert!(
+        guard.is_lost(),
+        "lost() resolved ({reason}) but is_lost() is false"
+    );
+    assert!(removed.elapsed() <= interval + ctx.slack());
+    let other = try_acquire(&*b, &name, &opts).await;
+    assert!(other.is_some(), "the removed lock is not free");
+    let released = guard.release().await;
+    assert!(released.is_err(), "release of a removed lock succeeded");
+    release(other.expect("checked")).await;
+    Outcome::Passed
+}
+
+/// `valid_until()` is never later than the moment another client can acquire, and `lost()`
+/// reports the expiry of an unrenewed lease.
+pub async fn valid_until_is_conservative(ctx: Ctx) -> Outcome {
+    let (a, b) = (ctx.client().await, ctx.client().await);
+    for round in 0..3 {
+        let name = ctx.name(&format!("valid-{round}"));
+        let guard = acquire(&*a, &name, &ctx.opts().with_renewal(Renewal::disabled())).await;
+        let valid_until = guard.valid_until();
+        let lost = guard.lost();
+        let other = acquire(&*b, &name, &ctx.opts()).await;
+        let taken = Instant::now();
+        assert!(
+            taken >= valid_until,
+            "another client acquired {:?} before the holder's valid_until",
+            valid_until - taken
+        );
+        let reason = tokio::time::timeout(ctx.slack(), lost)
+            .await
+            .expect("lost() did not resolve after expiry");
+        assert_eq!(reason, LossReason::LeaseExpired);
+        assert!(guard.is_lost());
+        release(other).await;
+    }
+    Outcome::Passed
+}
+
+/// A cap on the total hold time stops renewal: the guard reports `HoldLimitReached` and the
+/// lock becomes free.
+pub async fn hold_limit_stops_renewal(ctx: Ctx) -> Outcome {
+    let (a, b) = (ctx.client().await, ctx.client().await);
+    let name = ctx.name("hold-limit");
+    let ttl = ctx.ttl();
+    let cap = ttl * 3 / 2;
+    let started = Instant::now();
+    let guard = acquire(
+        &*a,
+        &name,
+        &ctx.opts().with_renewal(Renewal::auto().max_hold(cap)),
+    )
+    .await;
+    let reason = tokio::time::timeout(cap + ctx.slack(), guard.lost())
+        .await
+        .expect("hold limit not reported");
+    assert_eq!(reason, LossReason::HoldLimitReached);
+    assert!(
+        started.elapsed() + Duration::from_millis(5) >= cap,
+        "hold limit reported early"
+    );
+    let other = acquire(&*b, &name, &ctx.opts()).await;
+    assert!(
+        started.elapsed() <= cap + ttl + ctx.slack(),
+        "the capped lock stayed held too long"
+    );
+    drop(guard);
+    release(other).await;
+    Outcome::Passed
+}
