@@ -35,7 +35,7 @@ use distlock_core::service_url::{self, ServiceUrl, UrlOptions};
 /// assert_eq!(redlock.nodes.len(), 3);
 /// assert!(RedisConfig::from_url("redlock://10.0.0.1:6379").is_err()); // fewer than 3
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisConfig {
     /// One `redis://` URL per master (one for single-master mode).
@@ -56,6 +56,22 @@ pub struct RedisConfig {
     /// Name reported to the server (`CLIENT SETINFO lib-name`), to find connections in
     /// `CLIENT LIST`. Default `distlock`.
     pub client_name: String,
+}
+
+/// Shows the nodes with their passwords replaced by `***`.
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let nodes: Vec<String> = self.nodes.iter().map(|n| service_url::redact(n)).collect();
+        f.debug_struct("RedisConfig")
+            .field("nodes", &nodes)
+            .field("redlock", &self.redlock)
+            .field("fair", &self.fair)
+            .field("handoff", &self.handoff)
+            .field("waiter_timeout", &self.waiter_timeout)
+            .field("node_timeout", &self.node_timeout)
+            .field("client_name", &self.client_name)
+            .finish()
+    }
 }
 
 impl RedisConfig {

@@ -64,7 +64,7 @@ impl Dialect {
 /// assert_eq!(config.url, "sqlite://data/locks.db?mode=rwc"); // sqlx's own options pass through
 /// # Ok::<(), distlock_core::Error>(())
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SqlConfig {
     /// The database.
@@ -84,6 +84,22 @@ pub struct SqlConfig {
     pub sync_full: bool,
     /// Create the table if it does not exist.
     pub create_table: bool,
+}
+
+/// Shows the URL with its password replaced by `***`.
+impl std::fmt::Debug for SqlConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlConfig")
+            .field("dialect", &self.dialect)
+            .field("url", &self.redacted_url())
+            .field("table", &self.table)
+            .field("max_connections", &self.max_connections)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("busy_timeout", &self.busy_timeout)
+            .field("sync_full", &self.sync_full)
+            .field("create_table", &self.create_table)
+            .finish()
+    }
 }
 
 /// The default lock table.
