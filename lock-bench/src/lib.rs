@@ -46,8 +46,8 @@
 //! ```
 //!
 //! Other backends register a target the same way, with a factory that opens a new client
-//! per call (the `lock-bench` binary offers `--backend memory` only until the URL facade
-//! exists):
+//! per call (`distlock bench` does this for every backend URL; the `lock-bench` binary has the
+//! in-memory backend only):
 //!
 //! ```
 //! # use std::sync::Arc;

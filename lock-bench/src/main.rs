@@ -1,8 +1,8 @@
 //! `lock-bench`: runs the distlock benchmark scenarios and prints a Markdown table (and
 //! optionally JSON).
 //!
-//! Only the in-memory backend is available until the URL facade exists; `distlock bench`
-//! will offer every backend through the same [`distlock_bench::BenchArgs`] flags.
+//! It has the in-memory backend only; `distlock bench` offers every backend by URL through the
+//! same [`distlock_bench::BenchArgs`] flags.
 
 use std::process::ExitCode;
 

@@ -1,4 +1,5 @@
-//! The lock guard, its renewal watchdog and loss detection.
+//! The lock guard: its lease, loss detection and release. Renewals are scheduled by the
+//! client's one watchdog task (`watchdog.rs`).
 
 use std::fmt;
 use std::future::Future;

@@ -18,7 +18,7 @@ pub enum Dialect {
 }
 
 impl Dialect {
-    /// The cargo feature of `lock-sql` that provides this database.
+    /// The cargo feature of `distlock-sql` that provides this database.
     pub fn feature(self) -> &'static str {
         match self {
             Self::Postgres => "postgres",
@@ -109,13 +109,14 @@ impl SqlConfig {
     /// Parses a database URL with optional lock parameters (see the table above).
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for an unknown scheme, a scheme whose cargo feature is off, a
+    /// [`Error::Unsupported`] for a scheme whose cargo feature is off (as the facade says);
+    /// [`Error::InvalidConfig`] for an unknown scheme, a
     /// bad table name or a malformed parameter value.
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let url = url.trim();
         let dialect = dialect_of(url)?;
         if !dialect.is_enabled() {
-            return Err(Error::InvalidConfig(format!(
+            return Err(Error::Unsupported(format!(
                 "{} URLs need the `{}` cargo feature of distlock-sql (or distlock)",
                 dialect.feature(),
                 dialect.feature()
@@ -322,6 +323,7 @@ pub(crate) fn quote(name: &str, quote: char) -> String {
 mod tests {
     use super::*;
 
+    #[cfg(feature = "postgres")]
     #[test]
     fn durations_need_a_unit() {
         let c = SqlConfig::from_url("postgres://h/db?connect_timeout=250ms&busy_timeout=1m")
@@ -334,6 +336,23 @@ mod tests {
                 matches!(SqlConfig::from_url(&url), Err(Error::InvalidConfig(_))),
                 "{url}"
             );
+        }
+    }
+
+    #[test]
+    fn a_dialect_whose_feature_is_off_is_unsupported() {
+        for (url, dialect) in [
+            ("postgres://h/db", Dialect::Postgres),
+            ("mysql://h/db", Dialect::MySql),
+            ("sqlite://x.db", Dialect::Sqlite),
+        ] {
+            match SqlConfig::from_url(url) {
+                Ok(config) => assert!(dialect.is_enabled() && config.dialect == dialect),
+                Err(err) => assert!(
+                    !dialect.is_enabled() && matches!(err, Error::Unsupported(_)),
+                    "{url}: {err}"
+                ),
+            }
         }
     }
 
@@ -353,28 +372,29 @@ mod tests {
             SqlConfig::from_url("ftp://x"),
             Err(Error::InvalidConfig(_))
         ));
-        assert!(matches!(
-            SqlConfig::from_url("sqlite://x.db?table=a-b"),
-            Err(Error::InvalidConfig(_))
-        ));
-        assert!(matches!(
-            SqlConfig::from_url("sqlite://x.db?pool_size=0"),
-            Err(Error::InvalidConfig(_))
-        ));
         #[cfg(feature = "sqlite")]
         {
+            for bad in ["sqlite://x.db?table=a-b", "sqlite://x.db?pool_size=0"] {
+                assert!(
+                    matches!(SqlConfig::from_url(bad), Err(Error::InvalidConfig(_))),
+                    "{bad}"
+                );
+            }
             let c = SqlConfig::from_url("sqlite::memory:").unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(c.max_connections, 1);
+            for url in ["sqlite:", "sqlite://", "SQLITE://?table=t"] {
+                let err = SqlConfig::from_url(url).unwrap_err().to_string();
+                assert!(err.contains("needs a file path"), "{url}: {err}");
+            }
+            let c = SqlConfig::from_url("SQLite://x.db?table=t&mode=rwc")
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(c.url, "sqlite://x.db?mode=rwc");
         }
-        for url in ["sqlite:", "sqlite://", "SQLITE://?table=t"] {
-            let err = SqlConfig::from_url(url).unwrap_err().to_string();
-            assert!(err.contains("needs a file path"), "{url}: {err}");
+        #[cfg(feature = "postgres")]
+        {
+            let c = SqlConfig::from_url("postgres://u:secret@h/db?sslmode=require")
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(c.redacted_url(), "postgres://u:***@h/db?sslmode=require");
         }
-        let c =
-            SqlConfig::from_url("SQLite://x.db?table=t&mode=rwc").unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(c.url, "sqlite://x.db?mode=rwc");
-        let c = SqlConfig::from_url("postgres://u:secret@h/db?sslmode=require")
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(c.redacted_url(), "postgres://u:***@h/db?sslmode=require");
     }
 }

@@ -75,7 +75,10 @@ pub(crate) enum Claim {
 
 impl Claim {
     /// The answer of a backend that cannot tell whether the lock is free: granted or not.
-    #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "mysql", feature = "sqlite")),
+        allow(dead_code, reason = "used by the MySQL and SQLite dialects only")
+    )]
     pub(crate) fn granted(granted: bool) -> Self {
         if granted {
             Self::Granted
@@ -158,7 +161,10 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
 pub(crate) struct Sessions(Mutex<BTreeSet<i64>>);
 
 impl Sessions {
-    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "mysql")),
+        allow(dead_code, reason = "used by the server dialects only")
+    )]
     pub(crate) fn add(&self, id: i64) {
         self.0
             .lock()
@@ -191,7 +197,10 @@ type Wake = bool;
 
 type Names = HashMap<String, HashMap<String, watch::Sender<Wake>>>;
 
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+#[cfg_attr(
+    not(feature = "postgres"),
+    allow(dead_code, reason = "LISTEN/NOTIFY is PostgreSQL's")
+)]
 impl Notifier {
     fn names(&self) -> std::sync::MutexGuard<'_, Names> {
         self.names.lock().unwrap_or_else(PoisonError::into_inner)
@@ -281,7 +290,10 @@ impl Drop for Subscription {
 
 /// Splits a notification payload `<owner byte length>:<owner><name>`; an empty owner
 /// addresses every waiter.
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+#[cfg_attr(
+    not(feature = "postgres"),
+    allow(dead_code, reason = "LISTEN/NOTIFY is PostgreSQL's")
+)]
 pub(crate) fn parse_payload(payload: &str) -> Option<(Option<&str>, &str)> {
     let (len, rest) = payload.split_once(':')?;
     let len: usize = len.parse().ok()?;

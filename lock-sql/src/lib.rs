@@ -205,7 +205,10 @@ impl SqlBackend {
         })
     }
 
-    #[allow(unused_variables)]
+    #[allow(
+        unused_variables,
+        reason = "`sessions` is unused when only SQLite is compiled in"
+    )]
     async fn open(config: &SqlConfig, sessions: Arc<db::Sessions>) -> Result<Box<dyn Db>> {
         match config.dialect {
             #[cfg(feature = "postgres")]
@@ -214,9 +217,12 @@ impl SqlBackend {
             Dialect::MySql => Ok(Box::new(mysql::MyDb::open(config, sessions).await?)),
             #[cfg(feature = "sqlite")]
             Dialect::Sqlite => Ok(Box::new(sqlite::LiteDb::open(config).await?)),
-            #[allow(unreachable_patterns)]
-            other => Err(Error::InvalidConfig(format!(
-                "the `{}` cargo feature of lock-sql is not enabled",
+            #[allow(
+                unreachable_patterns,
+                reason = "reachable when a dialect's feature is off"
+            )]
+            other => Err(Error::Unsupported(format!(
+                "the `{}` cargo feature of distlock-sql is not enabled",
                 other.feature()
             ))),
         }

@@ -30,7 +30,10 @@ async fn exec(pool: &SqlPool, sql: String) {
         SqlPool::MySql(p) => p.execute(AssertSqlSafe(sql.clone())).await.map(|_| ()),
         #[cfg(feature = "sqlite")]
         SqlPool::Sqlite(p) => p.execute(AssertSqlSafe(sql.clone())).await.map(|_| ()),
-        #[allow(unreachable_patterns)]
+        #[allow(
+            unreachable_patterns,
+            reason = "reachable when a dialect's feature is off"
+        )]
         _ => unreachable!("no other database is compiled in"),
     };
     if let Err(err) = result {
@@ -47,7 +50,10 @@ async fn balance(pool: &SqlPool, table: &str) -> (i64, i64) {
         SqlPool::MySql(p) => sqlx::query_as(AssertSqlSafe(sql)).fetch_one(p).await,
         #[cfg(feature = "sqlite")]
         SqlPool::Sqlite(p) => sqlx::query_as(AssertSqlSafe(sql)).fetch_one(p).await,
-        #[allow(unreachable_patterns)]
+        #[allow(
+            unreachable_patterns,
+            reason = "reachable when a dialect's feature is off"
+        )]
         _ => unreachable!("no other database is compiled in"),
     };
     row.unwrap_or_else(|e| panic!("read balance: {e}"))

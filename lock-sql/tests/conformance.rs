@@ -163,7 +163,7 @@ impl SqlHarness {
                         .await;
                 }
             }
-            #[allow(unreachable_patterns)]
+            #[allow(unreachable_patterns, reason = "reachable when SQLite is compiled in")]
             _ => return Err(HookError::Failed("not a server database".into())),
         }
         if ids.is_empty() {

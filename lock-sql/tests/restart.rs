@@ -14,7 +14,7 @@ async fn services(command: &str, name: &str) {
     }
 }
 
-#[allow(dead_code)]
+#[allow(dead_code, reason = "unused when no server dialect is compiled in")]
 async fn tokens_increase_across_restart(url: &str, service: &str) {
     let _alone = SERVER.lock().await;
     let config = ClientConfig::default().with_operation_timeout(Duration::from_secs(2));

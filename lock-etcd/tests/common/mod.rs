@@ -1,5 +1,9 @@
 //! Shared by the etcd test binaries: clients, admin access and the server hooks.
-#![allow(dead_code, unreachable_pub)]
+#![allow(
+    dead_code,
+    unreachable_pub,
+    reason = "each test binary uses a part of the shared helpers"
+)]
 
 use std::time::Duration;
 

@@ -1,6 +1,10 @@
 //! Shared test helpers: server URLs, raw connections, fault hooks on the services.sh servers.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(
+    dead_code,
+    unreachable_pub,
+    reason = "each test binary uses a part of the shared helpers"
+)]
 
 use std::time::Duration;
 

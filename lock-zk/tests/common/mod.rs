@@ -1,5 +1,9 @@
 //! Shared test helpers: the ZooKeeper harness, a cuttable TCP proxy, services.sh hooks.
-#![allow(dead_code, unreachable_pub)]
+#![allow(
+    dead_code,
+    unreachable_pub,
+    reason = "each test binary uses a part of the shared helpers"
+)]
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
