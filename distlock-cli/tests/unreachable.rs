@@ -1,14 +1,18 @@
 //! A dead lock server is never a silent forever-wait: `connect` checks the endpoint, and a
 //! waiting `run` whose server goes away reports the failures as they happen.
 
+#![cfg(any(feature = "etcd", feature = "redis"))]
+
+#[cfg(feature = "redis")]
 use std::io::Read;
-use std::process::{Command, Stdio};
+use std::process::Command;
+#[cfg(feature = "redis")]
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_distlock");
 
 /// `distlock run` against a closed port, without --wait: a one-line error, promptly.
-#[cfg(any(feature = "etcd", feature = "redis"))]
 #[test]
 fn a_dead_endpoint_fails_promptly_without_wait() {
     let mut urls = Vec::new();
