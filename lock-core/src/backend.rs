@@ -212,3 +212,12 @@ impl LockInfo {
         }
     }
 }
+
+/// Locks `mutex`, also after a thread panicked while holding it: the shared state of a lock
+/// client (maps of waiters, deadlines, sessions) stays valid across a panic, and one panicking
+/// task must not take the client down with it. For backends and the core alike.
+pub fn unpoisoned<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

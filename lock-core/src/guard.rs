@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, warn};
 
 use crate::backend::Lease;
+use crate::backend::unpoisoned as lock;
 use crate::client::Registry;
 use crate::watchdog::{Schedule, Watchdog};
 use crate::{ClientConfig, Error, FencingToken, LockName, LossReason, Result};
@@ -70,12 +71,6 @@ pub(crate) struct NewGuard {
     pub(crate) max_hold: Option<Duration>,
     pub(crate) reentry: Option<(Weak<Registry>, crate::client::RegistryKey)>,
     pub(crate) watchdog: Watchdog,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A poisoned lock only means another thread panicked while holding it; the data (an
-    // instant, a counter) is still consistent.
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl LockGuard {

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
@@ -17,6 +17,7 @@ use tokio::time::sleep_until;
 use tracing::debug;
 
 use crate::LossReason;
+use crate::backend::unpoisoned as lock;
 use crate::guard::Held;
 
 /// Where a guard sits in the deadline map.
@@ -66,11 +67,6 @@ struct State {
     running: bool,
     /// The deadline the task sleeps towards.
     wake_at: Option<Instant>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Poisoning only means a panic elsewhere while the map was consistent between operations.
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Watchdog {

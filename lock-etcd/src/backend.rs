@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex as StdMutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex as StdMutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -21,6 +21,7 @@ use tracing::debug;
 
 use crate::config::EtcdConfig;
 use crate::keys;
+use distlock_core::backend::unpoisoned as lock;
 
 /// The shortest lease etcd grants with its default heartbeat settings (shorter requests are
 /// silently raised to it).
@@ -524,10 +525,6 @@ fn not_sent(err: &etcd_client::Error) -> bool {
 /// Whether a write failed because its lease is gone.
 fn lease_not_found(err: &etcd_client::Error) -> bool {
     matches!(err, etcd_client::Error::GRpcStatus(s) if s.message().contains("lease not found"))
-}
-
-fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Shared {

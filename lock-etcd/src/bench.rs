@@ -137,7 +137,7 @@ pub fn target(label: &str, config: &EtcdConfig) -> Target {
     Target::new(label, move || {
         let config = a.clone();
         async move {
-            let client = crate::connect_config(&config, ClientConfig::default()).await?;
+            let client = crate::connect_with(config, ClientConfig::default()).await?;
             Ok(client.into_dyn())
         }
     })
@@ -153,7 +153,7 @@ pub fn lock_api_target(label: &str, config: &EtcdConfig) -> Target {
     Target::new(label, move || {
         let config = a.clone();
         async move {
-            let client = crate::connect_config(&config, ClientConfig::default()).await?;
+            let client = crate::connect_with(config, ClientConfig::default()).await?;
             Ok(client.into_dyn())
         }
     })

@@ -102,25 +102,24 @@ pub use etcd_client;
 
 /// Connects to `url` (`etcd://host1:port1,host2:port2[/prefix]`) and returns a lock client.
 ///
-/// The connection is lazy: an unreachable cluster shows as
-/// [`Error::Unavailable`] on the first operation, within `config`'s operation timeout.
+/// Connecting checks that some endpoint answers, within `config`'s operation timeout.
 ///
 /// # Errors
-/// [`Error::InvalidConfig`] for a malformed URL or configuration.
+/// [`Error::InvalidConfig`] for a malformed URL or configuration; [`Error::Unavailable`] when
+/// no endpoint answers in time.
 pub async fn connect(url: &str, config: ClientConfig) -> Result<LockClient<EtcdBackend>, Error> {
-    let etcd = EtcdConfig::from_url(url)?;
-    connect_config(&etcd, config).await
+    connect_with(EtcdConfig::from_url(url)?, config).await
 }
 
 /// Like [`connect`], from an [`EtcdConfig`] (e.g. an `http://` endpoint list).
 ///
 /// # Errors
-/// [`Error::InvalidConfig`] for an inconsistent configuration.
-pub async fn connect_config(
-    etcd: &EtcdConfig,
+/// As [`connect`].
+pub async fn connect_with(
+    etcd: EtcdConfig,
     config: ClientConfig,
 ) -> Result<LockClient<EtcdBackend>, Error> {
     config.validate()?;
-    let backend = EtcdBackend::connect(etcd, config.operation_timeout).await?;
+    let backend = EtcdBackend::connect(&etcd, config.operation_timeout).await?;
     LockClient::with_config(backend, config)
 }

@@ -6,13 +6,14 @@
 //! release is missed) and the next [`Subscription::ensure`] reconnects and re-subscribes.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::sync::{broadcast, oneshot};
 
 use crate::error::RedisError;
+use distlock_core::backend::unpoisoned as lock;
 
 /// A wake-up: the published payload (the owner value of the waiter served next; empty when
 /// anybody may try, or when the connection was reset).
@@ -48,10 +49,6 @@ struct Conn {
     /// Dropping it stops the reader task (and closes the connection).
     _shutdown: oneshot::Sender<()>,
     alive: Arc<std::sync::atomic::AtomicBool>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Subscriber {

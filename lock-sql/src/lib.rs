@@ -143,8 +143,18 @@ pub enum SqlPool {
 /// cannot be reached within the connect timeout (default: `config.operation_timeout`);
 /// [`Error::Backend`] for a missing database or a lock table of the wrong shape.
 pub async fn connect(url: &str, config: ClientConfig) -> Result<LockClient<SqlBackend>> {
+    connect_with(SqlConfig::from_url(url)?, config).await
+}
+
+/// Like [`connect`], from an [`SqlConfig`] (e.g. built with its `with_*` methods).
+///
+/// # Errors
+/// As [`connect`].
+pub async fn connect_with(
+    mut sql: SqlConfig,
+    config: ClientConfig,
+) -> Result<LockClient<SqlBackend>> {
     config.validate()?;
-    let mut sql = SqlConfig::from_url(url)?;
     if sql.connect_timeout.is_none() {
         sql.connect_timeout = Some(config.operation_timeout);
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use distlock_core::service_url::ServiceUrl;
 use distlock_core::{Error, LockName, Result};
 
-use crate::names::escape;
+use crate::keys::escape;
 
 /// Where and how to reach ZooKeeper.
 ///

@@ -87,12 +87,17 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod attempt;
 mod backend;
 #[cfg(feature = "bench")]
 #[cfg_attr(docsrs, doc(cfg(feature = "bench")))]
 pub mod bench;
 mod config;
-mod names;
+mod error;
+mod keys;
+mod lease;
+mod session;
+mod wake;
 
 pub use backend::ZkBackend;
 pub use config::ZkConfig;

@@ -40,7 +40,7 @@ impl Etcd {
 
     pub async fn client(&self) -> Result<LockClient<EtcdBackend>, Error> {
         let config = ClientConfig::default().with_operation_timeout(OP_TIMEOUT);
-        distlock_etcd::connect_config(&self.config, config).await
+        distlock_etcd::connect_with(self.config.clone(), config).await
     }
 
     pub async fn backend(&self) -> EtcdBackend {

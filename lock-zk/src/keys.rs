@@ -1,4 +1,9 @@
-//! Mapping lock names and owners to znode names without collisions.
+//! Mapping lock names and owners to znode names without collisions, and the data and modes
+//! of the nodes.
+
+use std::time::Duration;
+
+use zookeeper_client as zk;
 
 /// Escapes `s` into a valid znode name segment: ASCII letters, digits, `_` and `-` stay, every
 /// other byte becomes `%XX` (uppercase hex). The mapping is injective (decoding is unique), the
@@ -18,7 +23,7 @@ pub(crate) fn escape(s: &str) -> String {
     out
 }
 
-const HEX: &[u8; 16] = b"0123456789ABCDEF";
+pub(crate) const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
 /// Reverses [`escape`]; `None` if `s` is not an escaped string.
 pub(crate) fn unescape(s: &str) -> Option<String> {
@@ -70,6 +75,32 @@ pub(crate) fn queue(children: Vec<String>) -> Vec<Entry> {
     entries.sort_by_key(|e| e.seq);
     entries
 }
+
+/// Node data of a node that holds (or is about to hold) the lock: `H<ttl in ms>`. Its lease runs
+/// from the node's `mtime` for that many milliseconds, on the server's clock.
+pub(crate) fn held_data(ttl: Duration) -> Vec<u8> {
+    format!("H{}", ttl.as_millis()).into_bytes()
+}
+
+/// Node data of a waiter: never expired by others (its session keeps it alive).
+pub(crate) const WAITING: &[u8] = b"W";
+
+/// The ttl in a node's data, if it says "held".
+pub(crate) fn parse_held(data: &[u8]) -> Option<i64> {
+    std::str::from_utf8(data.strip_prefix(b"H")?)
+        .ok()?
+        .parse()
+        .ok()
+}
+
+pub(crate) const EPHEMERAL_SEQUENTIAL: zk::CreateOptions<'static> =
+    zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+
+pub(crate) const CONTAINER: zk::CreateOptions<'static> =
+    zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+
+pub(crate) const PERSISTENT: zk::CreateOptions<'static> =
+    zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,529 @@
+//! One acquisition: joining the queue, waiting behind the predecessor, taking over an expired
+//! head, leaving the queue.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use distlock_core::{
+    AcquireRequest, Acquired, Attempt, AttemptMode, Error, FencingToken, Result, Step,
+};
+use tracing::debug;
+use zookeeper_client as zk;
+
+use crate::ZkBackend;
+use crate::error::zk_error;
+use crate::keys::{
+    CONTAINER, EPHEMERAL_SEQUENTIAL, Entry, PERSISTENT, WAITING, escape, held_data, parse_held,
+    queue,
+};
+use crate::lease::ZkLease;
+use crate::session::Session;
+use crate::wake::Wake;
+
+/// The queue under `parent`, lowest sequence first; empty once the lock node is gone. The
+/// request is sent at the call, not when the future is first polled, so that it keeps its
+/// place among the session's requests.
+pub(crate) fn list_queue<'a>(
+    client: &'a zk::Client,
+    parent: &str,
+) -> impl Future<Output = Result<Vec<Entry>>> + Send + 'a {
+    let listing = client.list_children(parent);
+    async move {
+        match listing.await {
+            Ok(children) => Ok(queue(children)),
+            Err(zk::Error::NoNode) => Ok(Vec::new()),
+            Err(err) => Err(zk_error("listing the queue", err)),
+        }
+    }
+}
+
+/// Our node as one of our own writes left it.
+#[derive(Clone, Copy)]
+pub(crate) struct Written {
+    /// Its creation zxid: the fencing token.
+    czxid: i64,
+    /// The write's time on the server's clock.
+    mtime: i64,
+}
+
+impl From<&zk::Stat> for Written {
+    fn from(stat: &zk::Stat) -> Self {
+        Self {
+            czxid: stat.czxid,
+            mtime: stat.mtime,
+        }
+    }
+}
+
+/// The answer to [`ZkAttempt::join_queue`].
+pub(crate) struct Joined {
+    /// Our node's name.
+    node: String,
+    written: Written,
+    /// Ours is the only node: we hold the lock.
+    alone: bool,
+}
+
+pub(crate) struct ZkAttempt {
+    backend: ZkBackend,
+    request: AcquireRequest,
+    /// The lock node; its children are the queue.
+    parent: String,
+    /// `<escaped owner>.`: our node's name up to the sequence number.
+    prefix: String,
+    /// The session our node belongs to.
+    session: Option<Arc<Session>>,
+    /// Our node's name, once known.
+    node: Option<String>,
+    /// A create was sent whose outcome we may not have seen (find the node by its prefix).
+    maybe_created: bool,
+    /// Our node's data says "waiting".
+    waiting_marked: bool,
+    /// The watched node was deleted: the next poll expects to be the head.
+    predecessor_gone: bool,
+    /// Our node's creation zxid (its fencing token), once a create's answer gave it.
+    created_zxid: Option<i64>,
+    wake: Wake,
+}
+
+impl ZkAttempt {
+    pub(crate) fn new(backend: ZkBackend, request: AcquireRequest) -> Self {
+        let parent = backend.shared.config.lock_path(&request.name);
+        let prefix = format!("{}.", escape(&request.owner));
+        Self {
+            backend,
+            request,
+            parent,
+            prefix,
+            session: None,
+            node: None,
+            maybe_created: false,
+            waiting_marked: false,
+            predecessor_gone: false,
+            created_zxid: None,
+            wake: Wake::Idle,
+        }
+    }
+
+    fn own_path(&self, node: &str) -> String {
+        format!("{}/{node}", self.parent)
+    }
+
+    /// Forgets our node (it is gone, or died with its session).
+    fn forget_node(&mut self) {
+        self.node = None;
+        self.maybe_created = false;
+        self.waiting_marked = false;
+        self.created_zxid = None;
+    }
+
+    /// The session to use; a node of a dead session is gone with it.
+    async fn session(&mut self) -> Result<Arc<Session>> {
+        if let Some(session) = &self.session {
+            if !session.is_dead() {
+                return Ok(session.clone());
+            }
+            self.forget_node();
+        }
+        let session = self.backend.session().await?;
+        self.session = Some(session.clone());
+        Ok(session)
+    }
+
+    /// Creates the lock node (a container, removed by the server once empty).
+    async fn ensure_parent(client: &zk::Client, parent: &str, base: &str) -> Result<()> {
+        for _ in 0..3 {
+            match client.create(parent, &[], &CONTAINER).await {
+                Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
+                Err(zk::Error::NoNode) => {
+                    client
+                        .mkdir(base, &PERSISTENT)
+                        .await
+                        .map_err(|e| zk_error(&format!("creating {base}"), e))?;
+                }
+                Err(err) => return Err(zk_error("creating the lock node", err)),
+            }
+        }
+        Err(Error::Backend {
+            message: format!("{parent} keeps disappearing"),
+            source: None,
+        })
+    }
+
+    /// Creates our node and touches the lock node in one transaction (one write, one round
+    /// trip). The lock node's stat in the answer is taken after our create: its child count
+    /// says whether ours is the only node (then we hold the lock, with no listing), and its
+    /// `mzxid` is the transaction's zxid, which is our node's `czxid` (the create's own stat is
+    /// missing from multi answers of servers with ZOOKEEPER-4026).
+    async fn join_queue(
+        client: &zk::Client,
+        parent: &str,
+        prefix: &str,
+        held: &[u8],
+    ) -> std::result::Result<Joined, zk::Error> {
+        let create_path = format!("{parent}/{prefix}");
+        let mut multi = client.new_multi_writer();
+        multi.add_create(&create_path, held, &EPHEMERAL_SEQUENTIAL)?;
+        multi.add_set_data(parent, &[], None)?;
+        let results = multi.commit().await.map_err(zk::Error::from)?;
+        let (
+            Some(zk::MultiWriteResult::Create { path, stat }),
+            Some(zk::MultiWriteResult::SetData { stat: parent }),
+        ) = (results.first(), results.get(1))
+        else {
+            return Err(zk::Error::UnexpectedError(format!(
+                "unexpected multi answer: {results:?}"
+            )));
+        };
+        let node = path.rsplit('/').next().unwrap_or_default().to_owned();
+        let czxid = if stat.is_invalid() {
+            parent.mzxid
+        } else {
+            stat.czxid
+        };
+        Ok(Joined {
+            node,
+            written: Written {
+                czxid,
+                mtime: parent.mtime,
+            },
+            alone: parent.num_children == 1,
+        })
+    }
+
+    fn acquired(
+        &self,
+        session: Arc<Session>,
+        node: &str,
+        czxid: i64,
+        started: Instant,
+    ) -> Result<Step> {
+        let token = u64::try_from(czxid).map_err(|_| Error::Backend {
+            message: format!("negative czxid {czxid} for {node}"),
+            source: None,
+        })?;
+        let lease = ZkLease::new(
+            session,
+            self.request.name.clone(),
+            self.own_path(node),
+            (started, self.request.ttl),
+            self.backend.shared.client_config.clone(),
+        );
+        Ok(Step::Acquired(Acquired::new(
+            Box::new(lease),
+            FencingToken::new(token),
+        )))
+    }
+
+    async fn poll_once(&mut self, started: Instant) -> Result<Option<Step>> {
+        let session = self.session().await?;
+        session.check_connected()?;
+        let client = &session.client;
+        let held = held_data(self.request.ttl);
+        // Our node as written by this very call (created, or marked held): its lease starts
+        // now.
+        let mut fresh: Option<Written> = None;
+        let entries = if self.node.is_none() && !self.maybe_created {
+            self.maybe_created = true;
+            let joined = match Self::join_queue(client, &self.parent, &self.prefix, &held).await {
+                Ok(joined) => joined,
+                Err(zk::Error::NoNode) => {
+                    self.maybe_created = false;
+                    let base = self.backend.shared.config.base_path();
+                    Self::ensure_parent(client, &self.parent, &base).await?;
+                    return Ok(None);
+                }
+                Err(err) => return Err(zk_error("joining the queue", err)),
+            };
+            self.created_zxid = Some(joined.written.czxid);
+            self.node = Some(joined.node.clone());
+            if joined.alone {
+                self.wake = Wake::Idle;
+                return self
+                    .acquired(session.clone(), &joined.node, joined.written.czxid, started)
+                    .map(Some);
+            }
+            fresh = Some(joined.written);
+            list_queue(client, &self.parent).await?
+        } else if std::mem::take(&mut self.predecessor_gone)
+            && self.request.mode == AttemptMode::Wait
+            && let Some(node) = self.node.clone()
+        {
+            // The node we watched was deleted: almost always the holder releasing, which makes
+            // us the head. List the queue and restart our lease in one round trip, so a handoff
+            // costs the release and this one request. Should we not be the head after all, the
+            // waiting paths below mark the node as a waiter again in their next request, so a
+            // stale "held" mark lives for one round trip at most.
+            // Before sending: a write whose answer is lost (an error, a cancelled poll) may
+            // have marked the node held all the same.
+            let was_waiting = std::mem::replace(&mut self.waiting_marked, false);
+            // The listing goes first: the server answers a read queued before our write
+            // without waiting for that write to commit.
+            let list = list_queue(client, &self.parent);
+            let touch = client.set_data(&self.own_path(&node), &held, None);
+            let entries = list.await?;
+            if was_waiting
+                && let Some(czxid) = self.created_zxid
+                && entries.first().is_some_and(|head| head.name == node)
+            {
+                // Ours as the head of the queue. Until the held mark in flight commits, our
+                // node says "waiting", which no contender takes for an expired holder; the
+                // mark only starts the lease contenders see, later than `started`.
+                self.wake = Wake::Idle;
+                return self
+                    .acquired(session.clone(), &node, czxid, started)
+                    .map(Some);
+            }
+            match touch.await {
+                Ok(stat) => fresh = Some(Written::from(&stat)),
+                Err(zk::Error::NoNode) => {
+                    self.forget_node();
+                    return Ok(None);
+                }
+                Err(err) => return Err(zk_error("taking the lock", err)),
+            }
+            entries
+        } else {
+            list_queue(client, &self.parent).await?
+        };
+        let Some(index) = entries
+            .iter()
+            .position(|e| e.name.starts_with(&self.prefix))
+        else {
+            // Our node is gone (removed, expired by a contender) or was never created.
+            self.forget_node();
+            return Ok(None);
+        };
+        let own = entries[index].name.clone();
+        self.node = Some(own.clone());
+        let own_path = self.own_path(&own);
+        if index == 0 {
+            let written = match fresh {
+                Some(written) => written,
+                // Restart the lease: the node was created earlier (as a waiter).
+                None => match client.set_data(&own_path, &held, None).await {
+                    Ok(stat) => Written::from(&stat),
+                    Err(zk::Error::NoNode) => {
+                        self.forget_node();
+                        return Ok(None);
+                    }
+                    Err(err) => return Err(zk_error("taking the lock", err)),
+                },
+            };
+            self.wake = Wake::Idle;
+            return self
+                .acquired(session.clone(), &own, written.czxid, started)
+                .map(Some);
+        }
+        let head = &entries[0];
+        let head_path = self.own_path(&head.name);
+        if self.request.mode == AttemptMode::Try && index > 1 {
+            return Ok(Some(Step::busy(None)));
+        }
+        if index > 1 {
+            // Watch only the predecessor; mark ourselves as a waiter in the same round trip.
+            let pred_path = self.own_path(&entries[index - 1].name);
+            let mark = (!self.waiting_marked).then(|| client.set_data(&own_path, WAITING, None));
+            let watch = client.check_and_watch_stat(&pred_path);
+            let (marked, watched) = futures::join!(
+                async move {
+                    match mark {
+                        Some(mark) => mark.await.map(Some),
+                        None => Ok(None),
+                    }
+                },
+                watch
+            );
+            match marked {
+                Ok(Some(_)) => self.waiting_marked = true,
+                Ok(None) => {}
+                Err(zk::Error::NoNode) => {
+                    self.forget_node();
+                    return Ok(None);
+                }
+                Err(err) => return Err(zk_error("marking the waiter", err)),
+            }
+            return match watched {
+                Ok((Some(_), watcher)) => {
+                    self.set_watch(Some(watcher));
+                    Ok(Some(Step::busy(None)))
+                }
+                // The predecessor left between the listing and the watch: look again.
+                Ok((None, _)) => Ok(None),
+                Err(err) => Err(zk_error("watching the predecessor", err)),
+            };
+        }
+        // We are next. Read the head and the server's clock (our own write's mtime) in one round
+        // trip, and watch the head.
+        let touch_data: &[u8] = if self.request.mode == AttemptMode::Wait {
+            WAITING
+        } else {
+            &held
+        };
+        let try_mode = self.request.mode == AttemptMode::Try;
+        let (now_ms, head_read) = match fresh {
+            // A try needs no watch, and its new node's mtime is the server's clock.
+            Some(written) if try_mode => (
+                written.mtime,
+                client.get_data(&head_path).await.map(|(d, s)| (d, s, None)),
+            ),
+            _ => {
+                let touch = client.set_data(&own_path, touch_data, None);
+                let read = async {
+                    if try_mode {
+                        client.get_data(&head_path).await.map(|(d, s)| (d, s, None))
+                    } else {
+                        client
+                            .get_and_watch_data(&head_path)
+                            .await
+                            .map(|(d, s, w)| (d, s, Some(w)))
+                    }
+                };
+                let (touched, read) = futures::join!(touch, read);
+                let stat = match touched {
+                    Ok(stat) => stat,
+                    Err(zk::Error::NoNode) => {
+                        self.forget_node();
+                        return Ok(None);
+                    }
+                    Err(err) => return Err(zk_error("marking the waiter", err)),
+                };
+                if !try_mode {
+                    self.waiting_marked = true;
+                }
+                (stat.mtime, read)
+            }
+        };
+        let (data, head_stat, watcher) = match head_read {
+            Ok(read) => read,
+            Err(zk::Error::NoNode) => return Ok(None),
+            Err(err) => return Err(zk_error("reading the holder", err)),
+        };
+        let Some(head_ttl) = parse_held(&data) else {
+            // A waiter about to take the lock.
+            self.set_watch(watcher);
+            return Ok(Some(Step::busy(None)));
+        };
+        let age = now_ms - head_stat.mtime;
+        if age > head_ttl {
+            // The holder's lease ran out on the server's clock: remove its node, unless it was
+            // renewed meanwhile (the version check makes this atomic).
+            debug!(holder = %head.name, age, head_ttl, "removing an expired holder");
+            return match client.delete(&head_path, Some(head_stat.version)).await {
+                Ok(()) | Err(zk::Error::NoNode) => Ok(None),
+                Err(zk::Error::BadVersion) => {
+                    self.set_watch(watcher);
+                    Ok(Some(Step::busy(None)))
+                }
+                Err(err) => Err(zk_error("removing an expired holder", err)),
+            };
+        }
+        self.set_watch(watcher);
+        let remaining = u64::try_from(head_ttl - age).unwrap_or(0) + 1;
+        Ok(Some(Step::busy(Some(Duration::from_millis(remaining)))))
+    }
+
+    fn set_watch(&mut self, watcher: Option<zk::OneshotWatcher>) {
+        if let Some(watcher) = watcher {
+            self.wake = Wake::Watch(Box::pin(async move {
+                watcher.changed().await.event_type == zk::EventType::NodeDeleted
+            }));
+        }
+    }
+}
+
+#[async_trait]
+impl Attempt for ZkAttempt {
+    async fn poll(&mut self) -> Result<Step> {
+        let started = Instant::now();
+        self.wake = Wake::Idle;
+        for _ in 0..6 {
+            if let Some(step) = self.poll_once(started).await? {
+                return Ok(step);
+            }
+        }
+        // The queue kept changing under us: let the core come back shortly.
+        Ok(Step::busy(Some(Duration::from_millis(5))))
+    }
+
+    async fn changed(&mut self) {
+        match &mut self.wake {
+            Wake::Watch(watch) => {
+                self.predecessor_gone = watch.await;
+                self.wake = Wake::Now;
+            }
+            Wake::Now => {}
+            Wake::Idle => std::future::pending().await,
+        }
+    }
+
+    async fn abandon(self: Box<Self>) -> Result<()> {
+        let Some(session) = self.session.clone() else {
+            return Ok(());
+        };
+        if session.is_dead() {
+            return Ok(()); // our ephemeral node died with the session
+        }
+        let connected = session.is_connected();
+        let node = self.node.clone();
+        let maybe_created = self.maybe_created;
+        let (parent, prefix) = (self.parent.clone(), self.prefix.clone());
+        // In a task of its own, so that a cancelled abandon (or one started while the
+        // connection is down) still completes once the session is reachable again.
+        let cleanup = tokio::spawn(async move {
+            if !session.is_connected() {
+                let mut states = session.client.state_watcher();
+                let wait = session.client.session_timeout();
+                let reconnected = tokio::time::timeout(wait, async {
+                    while !session.is_connected() {
+                        if session.is_dead() {
+                            return;
+                        }
+                        states.changed().await;
+                    }
+                })
+                .await;
+                if reconnected.is_err() || session.is_dead() {
+                    return Ok(());
+                }
+            }
+            leave_queue(&session.client, &parent, &prefix, node, maybe_created).await
+        });
+        if !connected {
+            debug!("abandoning while disconnected: the queue entry is removed on reconnection");
+            return Ok(());
+        }
+        match cleanup.await {
+            Ok(result) => result,
+            Err(err) => Err(Error::backend(format!("leaving the queue: {err}"), err)),
+        }
+    }
+}
+
+/// Deletes our node (found by its unique prefix if a create's reply was lost).
+pub(crate) async fn leave_queue(
+    client: &zk::Client,
+    parent: &str,
+    prefix: &str,
+    node: Option<String>,
+    maybe_created: bool,
+) -> Result<()> {
+    let mut targets: Vec<String> = node.iter().cloned().collect();
+    if node.is_none() && maybe_created {
+        // A create whose reply we never saw: find it by our unique prefix (the listing is
+        // sent after the create on the same session, so it includes it).
+        match client.list_children(parent).await {
+            Ok(children) => targets.extend(children.into_iter().filter(|c| c.starts_with(prefix))),
+            Err(zk::Error::NoNode) => {}
+            Err(err) => return Err(zk_error("looking for an orphan node", err)),
+        }
+    }
+    for node in targets {
+        match client.delete(&format!("{parent}/{node}"), None).await {
+            Ok(()) | Err(zk::Error::NoNode) => {}
+            Err(err) => return Err(zk_error("leaving the queue", err)),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,158 @@
+//! A held lock: renewal and release of the holder's node, on the server's clock.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use distlock_core::{ClientConfig, Error, Lease, LockName, LossReason, Result};
+use futures::future::BoxFuture;
+use zookeeper_client as zk;
+
+use crate::error::zk_error;
+use crate::keys::held_data;
+use crate::session::Session;
+use distlock_core::backend::unpoisoned as lock;
+
+/// A held lock: our node at the head of the queue.
+pub(crate) struct ZkLease {
+    session: Arc<Session>,
+    name: LockName,
+    path: String,
+    /// When the last acquire/renew was sent, and with which ttl: tells an expiry from a removal.
+    renewed: Arc<Mutex<(Instant, Duration)>>,
+    drift: ClientConfig,
+}
+
+impl fmt::Debug for ZkLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkLease")
+            .field("path", &self.path)
+            .field("session", &self.session.client.session_id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ZkLease {
+    /// The lease of the holder's node `path`, last written (created or renewed) at `renewed.0`
+    /// with ttl `renewed.1`.
+    pub(crate) fn new(
+        session: Arc<Session>,
+        name: LockName,
+        path: String,
+        renewed: (Instant, Duration),
+        drift: ClientConfig,
+    ) -> Self {
+        Self {
+            session,
+            name,
+            path,
+            renewed: Arc::new(Mutex::new(renewed)),
+            drift,
+        }
+    }
+
+    fn not_held(&self) -> Error {
+        Error::NotHeld {
+            name: self.name.to_string(),
+        }
+    }
+}
+
+#[async_trait]
+impl Lease for ZkLease {
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        let sent = Instant::now();
+        self.session.check_connected()?;
+        // Only we write our node; it exists only while we hold (or a contender removed it
+        // after expiry, or the session ended): a plain set_data is owner-checked and atomic.
+        match self
+            .session
+            .client
+            .set_data(&self.path, &held_data(ttl), None)
+            .await
+        {
+            Ok(_) => {
+                *lock(&self.renewed) = (sent, ttl);
+                Ok(())
+            }
+            Err(zk::Error::NoNode | zk::Error::SessionExpired) => Err(self.not_held()),
+            Err(err) => Err(zk_error("renewing the lock", err)),
+        }
+    }
+
+    async fn release(&self) -> Result<()> {
+        self.session.check_connected()?;
+        match self.session.client.delete(&self.path, None).await {
+            Ok(()) => Ok(()),
+            Err(zk::Error::NoNode | zk::Error::SessionExpired) => Err(self.not_held()),
+            Err(err) => Err(zk_error("releasing the lock", err)),
+        }
+    }
+
+    fn loss_signal(&self) -> Option<BoxFuture<'static, LossReason>> {
+        let client = self.session.client.clone();
+        let path = self.path.clone();
+        let renewed = self.renewed.clone();
+        let drift = self.drift.clone();
+        Some(Box::pin(async move {
+            let gone = || {
+                let (sent, ttl) = *lock(&renewed);
+                if Instant::now() >= sent + ttl - drift.drift(ttl) {
+                    LossReason::LeaseExpired
+                } else {
+                    LossReason::ReleasedElsewhere
+                }
+            };
+            let mut states = client.state_watcher();
+            // Most holds are short: the watch on our node (one more request) is set only after
+            // a tenth of the ttl. Until then a session expiry still ends the lease at once, and
+            // a node removed meanwhile is found by that first check (or by renewal).
+            let (_, ttl) = *lock(&renewed);
+            let arm = tokio::time::sleep(ttl / 10);
+            tokio::pin!(arm);
+            loop {
+                if states.peek_state().is_terminated() {
+                    return LossReason::SessionExpired;
+                }
+                tokio::select! {
+                    () = &mut arm => break,
+                    state = states.changed() => {
+                        if state.is_terminated() {
+                            return LossReason::SessionExpired;
+                        }
+                    }
+                }
+            }
+            loop {
+                if states.peek_state().is_terminated() {
+                    return LossReason::SessionExpired;
+                }
+                match client.check_and_watch_stat(&path).await {
+                    Ok((None, _)) => return gone(),
+                    Ok((Some(_), watcher)) => {
+                        let event = watcher.changed().await;
+                        match event.event_type {
+                            zk::EventType::NodeDeleted => return gone(),
+                            zk::EventType::Session if event.session_state.is_terminated() => {
+                                return LossReason::SessionExpired;
+                            }
+                            _ => {} // our own renewal changed the data: watch again
+                        }
+                    }
+                    Err(
+                        zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::AuthFailed,
+                    ) => {
+                        return LossReason::SessionExpired;
+                    }
+                    Err(_) => {
+                        // Disconnected: the renewal deadline covers us; look again once the
+                        // connection state changes.
+                        let _ = tokio::time::timeout(Duration::from_millis(200), states.changed())
+                            .await;
+                    }
+                }
+            }
+        }))
+    }
+}
