@@ -221,3 +221,40 @@ pub fn unpoisoned<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+pub use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
+
+/// Escapes a lock name (or an owner) into one key segment or node name: every byte in `set`
+/// and every non-ASCII byte becomes `%XX` (upper-case hex). With a `set` that contains `%` (as
+/// [`NON_ALPHANUMERIC`] and every set made from it does) the mapping is injective, so distinct
+/// names never share a key; [`unescape_name`] reverses it.
+///
+/// ```
+/// use distlock_core::backend::{NON_ALPHANUMERIC, escape_name, unescape_name};
+///
+/// const KEY: &distlock_core::backend::AsciiSet = &NON_ALPHANUMERIC.remove(b'-');
+/// assert_eq!(escape_name("jobs/nightly-2", KEY), "jobs%2Fnightly-2");
+/// assert_eq!(unescape_name("jobs%2Fnightly-2").as_deref(), Some("jobs/nightly-2"));
+/// ```
+pub fn escape_name(name: &str, set: &'static AsciiSet) -> String {
+    percent_encoding::utf8_percent_encode(name, set).to_string()
+}
+
+/// Reverses [`escape_name`]; `None` unless every `%` is followed by two hex digits and the
+/// result is UTF-8 (a key or node this crate did not write).
+pub fn unescape_name(escaped: &str) -> Option<String> {
+    let bytes = escaped.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = escaped.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}

@@ -1,40 +1,18 @@
 //! The key layout: `<prefix>/<escaped name>/<client tag>.<number>`.
 
-/// Percent-escapes every byte outside `[A-Za-z0-9._-]`. The result never contains `/`, and
-/// the mapping is injective (`%` itself is escaped), so `<prefix>/<escaped name>/` is a key
+use distlock_core::backend::{AsciiSet, NON_ALPHANUMERIC, escape_name};
+
+/// Bytes escaped in a key segment: all but `[A-Za-z0-9._-]`. The result never contains `/`,
+/// and the mapping is injective (`%` itself is escaped), so `<prefix>/<escaped name>/` is a key
 /// range that holds the keys of exactly one name.
+const KEY_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'.').remove(b'_').remove(b'-');
+
+/// Escapes a name into key segment form (see [`KEY_SEGMENT`]).
 pub(crate) fn escape(s: &str) -> String {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    let mut out = String::with_capacity(s.len());
-    for &b in s.as_bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-') {
-            out.push(char::from(b));
-        } else {
-            out.push('%');
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 0xF)]));
-        }
-    }
-    out
+    escape_name(s, KEY_SEGMENT)
 }
 
-/// Reverses [`escape`]; `None` if `s` is not an escaped string.
-pub(crate) fn unescape(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
+pub(crate) use distlock_core::backend::unescape_name as unescape;
 
 /// The end of the key range of every key starting with `start` (its last byte incremented;
 /// escaped keys are ASCII, so that byte is never 0xFF).

@@ -3,45 +3,20 @@
 
 use std::time::Duration;
 
+use distlock_core::backend::{AsciiSet, NON_ALPHANUMERIC, escape_name};
 use zookeeper_client as zk;
 
-/// Escapes `s` into a valid znode name segment: ASCII letters, digits, `_` and `-` stay, every
-/// other byte becomes `%XX` (uppercase hex). The mapping is injective (decoding is unique), the
-/// result never contains `/` or `.` (so it is never `.` or `..`, and `.` can separate fields),
-/// and it contains no character ZooKeeper rejects.
+/// Bytes escaped in a znode name segment: all but ASCII letters, digits, `_` and `-`. The
+/// mapping is injective, the result never contains `/` or `.` (so it is never `.` or `..`, and
+/// `.` can separate fields), and it contains no character ZooKeeper rejects.
+const NODE_NAME: &AsciiSet = &NON_ALPHANUMERIC.remove(b'_').remove(b'-');
+
+/// Escapes a name into node name form (see [`NODE_NAME`]).
 pub(crate) fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
-            out.push(char::from(b));
-        } else {
-            out.push('%');
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 0xf)]));
-        }
-    }
-    out
+    escape_name(s, NODE_NAME)
 }
 
-pub(crate) const HEX: &[u8; 16] = b"0123456789ABCDEF";
-
-/// Reverses [`escape`]; `None` if `s` is not an escaped string.
-pub(crate) fn unescape(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
+pub(crate) use distlock_core::backend::unescape_name as unescape;
 
 /// One queue entry: a child `<escaped owner>.<sequence>` of a lock node.
 #[derive(Clone, Debug, PartialEq, Eq)]
