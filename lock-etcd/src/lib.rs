@@ -86,12 +86,18 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod attempt;
 mod backend;
 #[cfg(feature = "bench")]
 #[cfg_attr(docsrs, doc(cfg(feature = "bench")))]
 pub mod bench;
+mod checks;
 mod config;
+mod error;
 mod keys;
+mod lease;
+mod session;
+mod wake;
 
 use distlock_core::{ClientConfig, Error, LockClient};
 
