@@ -98,6 +98,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod attempt;
 mod backend;
 #[cfg(feature = "bench")]
 #[cfg_attr(docsrs, doc(cfg(feature = "bench")))]
@@ -105,8 +106,10 @@ pub mod bench;
 mod config;
 mod error;
 mod keys;
+mod lease;
+mod node;
 mod scripts;
-mod subscriber;
+mod wake;
 
 pub use backend::RedisBackend;
 pub use config::RedisConfig;

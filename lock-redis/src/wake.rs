@@ -9,11 +9,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use distlock_core::backend::unpoisoned as lock;
 use futures::StreamExt;
 use tokio::sync::{broadcast, oneshot};
 
 use crate::error::RedisError;
-use distlock_core::backend::unpoisoned as lock;
 
 /// A wake-up: the published payload (the owner value of the waiter served next; empty when
 /// anybody may try, or when the connection was reset).

@@ -1,0 +1,271 @@
+//! One Redis master: its connection, its subscriber, and the lock scripts run on it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use distlock_core::{AcquireRequest, AttemptMode, LockName, Result};
+use redis::Cmd;
+use redis::aio::ConnectionManager;
+
+use crate::RedisConfig;
+use crate::error::{RedisError, RedisErrorKind};
+use crate::keys::LockKeys;
+use crate::scripts::{self, Invocation};
+use crate::wake::Subscriber;
+
+/// One master: a multiplexed, auto-reconnecting connection and a lazily opened subscriber.
+#[derive(Debug)]
+pub(crate) struct Node {
+    pub(crate) addr: String,
+    pub(crate) conn: ConnectionManager,
+    pub(crate) sub: Subscriber,
+    /// Whether the server takes `SET ... NX GET` (Redis >= 7.0); cleared at the first
+    /// refusal, after which every acquisition runs the script.
+    pub(crate) fast_path: AtomicBool,
+}
+
+/// What the release script is asked to do (see [`scripts::RELEASE`]).
+#[derive(Clone, Copy)]
+pub(crate) enum ReleaseMode {
+    Release,
+    Abandon,
+    Retreat,
+}
+
+pub(crate) enum Answer {
+    Acquired(u64),
+    Busy(i64),
+}
+
+impl Node {
+    /// One acquisition attempt. `fast`: try the script-free fast path first (see
+    /// [`Self::acquire_fast`]).
+    pub(crate) async fn acquire(
+        &self,
+        keys: &LockKeys,
+        request: &AcquireRequest,
+        config: &RedisConfig,
+        score: &str,
+        fast: bool,
+    ) -> Result<Answer, RedisError> {
+        if fast && self.fast_path.load(Ordering::Relaxed) {
+            match self.acquire_fast(keys, request).await {
+                Ok(Some(answer)) => return Ok(answer),
+                Ok(None) => {}
+                Err(err) if err.kind == RedisErrorKind::Unsupported => {
+                    tracing::debug!(node = %self.addr, "SET NX GET refused (Redis < 7.0): acquiring by script only");
+                    self.fast_path.store(false, Ordering::Relaxed);
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        let mut conn = self.conn.clone();
+        let (acquired, value): (i64, i64) = Invocation::new(
+            &scripts::ACQUIRE,
+            &[&keys.lock, &keys.fence, &keys.queue, &keys.alive],
+        )
+        .arg(&request.owner)
+        .arg(millis(request.ttl))
+        .arg(if request.mode == AttemptMode::Wait {
+            "1"
+        } else {
+            "0"
+        })
+        .arg(if config.fair { "1" } else { "0" })
+        .arg(millis(config.waiter_timeout))
+        .arg(score)
+        .invoke(&mut conn)
+        .await
+        .map_err(|e| RedisError::classify(&self.addr, e))?;
+        Ok(if acquired == 1 {
+            Answer::Acquired(u64::try_from(value).unwrap_or(0))
+        } else {
+            Answer::Busy(value)
+        })
+    }
+
+    /// The uncontended path without Lua (scripts cost several times a plain command on the
+    /// server): `MULTI; SET lock owner NX PX ttl GET; INCR fence; EXEC`. The transaction makes
+    /// the counter step atomic with the `SET`, so tokens still strictly increase per
+    /// acquisition; a refused `SET` burns a counter value, which is harmless. A reservation
+    /// for a waiter lives in the lock key itself, so `NX` also refuses a reserved lock.
+    ///
+    /// `None`: the script must decide (the key is this attempt's own value or reservation, or
+    /// a waiting attempt must be queued).
+    async fn acquire_fast(
+        &self,
+        keys: &LockKeys,
+        request: &AcquireRequest,
+    ) -> Result<Option<Answer>, RedisError> {
+        // Commands sized up front (see `scripts::Invocation`).
+        let mut set = Cmd::with_capacity(7, 32 + keys.lock.len() + request.owner.len());
+        set.arg("SET")
+            .arg(&keys.lock)
+            .arg(&request.owner)
+            .arg("NX")
+            .arg("PX")
+            .arg(millis(request.ttl))
+            .arg("GET");
+        let mut incr = Cmd::with_capacity(2, 4 + keys.fence.len());
+        incr.arg("INCR").arg(&keys.fence);
+        let mut conn = self.conn.clone();
+        let (previous, token): (Option<Vec<u8>>, u64) = redis::Pipeline::with_capacity(2)
+            .atomic()
+            .add_command(set)
+            .add_command(incr)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| RedisError::classify(&self.addr, e))?;
+        Ok(match previous {
+            None => Some(Answer::Acquired(token)),
+            Some(_) if request.mode == AttemptMode::Wait => None,
+            Some(value) if is_own(&value, &request.owner) => None,
+            Some(_) => Some(Answer::Busy(-1)),
+        })
+    }
+
+    pub(crate) async fn renew(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<bool, RedisError> {
+        let mut conn = self.conn.clone();
+        let renewed: i64 = Invocation::new(&scripts::RENEW, &[&keys.lock])
+            .arg(owner)
+            .arg(millis(ttl))
+            .invoke(&mut conn)
+            .await
+            .map_err(|e| RedisError::classify(&self.addr, e))?;
+        Ok(renewed == 1)
+    }
+
+    pub(crate) async fn release(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        config: &RedisConfig,
+        mode: ReleaseMode,
+    ) -> Result<bool, RedisError> {
+        let mut conn = self.conn.clone();
+        let released: i64 =
+            Invocation::new(&scripts::RELEASE, &[&keys.lock, &keys.queue, &keys.alive])
+                .arg(owner)
+                .arg(if config.fair { "1" } else { "0" })
+                .arg(millis(config.handoff))
+                .arg(&keys.channel)
+                .arg(match mode {
+                    ReleaseMode::Release => "release",
+                    ReleaseMode::Abandon => "abandon",
+                    ReleaseMode::Retreat => "retreat",
+                })
+                .invoke(&mut conn)
+                .await
+                .map_err(|e| RedisError::classify(&self.addr, e))?;
+        Ok(released == 1)
+    }
+
+    pub(crate) async fn raise_fence(&self, keys: &LockKeys, token: u64) -> Result<(), RedisError> {
+        let mut conn = self.conn.clone();
+        let _: i64 = Invocation::new(&scripts::RAISE_FENCE, &[&keys.fence])
+            .arg(token)
+            .invoke(&mut conn)
+            .await
+            .map_err(|e| RedisError::classify(&self.addr, e))?;
+        Ok(())
+    }
+
+    /// Frees the lock whoever holds it: reads the holder and runs the owner-checked release
+    /// script as that owner, so waiters are handed the lock and woken exactly as by a release.
+    /// The fencing counter is untouched. `false`: free (or only reserved for a waiter).
+    pub(crate) async fn force_release(
+        &self,
+        keys: &LockKeys,
+        config: &RedisConfig,
+    ) -> Result<bool, RedisError> {
+        for _ in 0..8 {
+            let (owner, _, _) = self.inspect(keys).await?;
+            let Some(owner) = owner else {
+                return Ok(false);
+            };
+            if self
+                .release(keys, &owner, config, ReleaseMode::Release)
+                .await?
+            {
+                return Ok(true);
+            }
+            // The holder changed between the read and the script: look again.
+        }
+        Ok(false)
+    }
+
+    /// The names whose lock key exists and starts with `prefix`, by `SCAN` (never `KEYS`), until
+    /// the scan ends or `enough` are found.
+    pub(crate) async fn scan_names(
+        &self,
+        prefix: &str,
+        enough: usize,
+    ) -> Result<Vec<LockName>, RedisError> {
+        let pattern = crate::keys::lock_key_pattern(prefix);
+        let mut conn = self.conn.clone();
+        let mut names = std::collections::BTreeSet::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| RedisError::classify(&self.addr, e))?;
+            names.extend(keys.iter().filter_map(|k| crate::keys::name_of_lock_key(k)));
+            cursor = next;
+            if cursor == 0 || names.len() >= enough {
+                return Ok(names.into_iter().collect());
+            }
+        }
+    }
+
+    pub(crate) async fn inspect(
+        &self,
+        keys: &LockKeys,
+    ) -> Result<(Option<String>, Option<u64>, i64), RedisError> {
+        let mut conn = self.conn.clone();
+        let (owner, token, pttl): (Option<String>, Option<u64>, i64) = redis::pipe()
+            .get(&keys.lock)
+            .get(&keys.fence)
+            .pttl(&keys.lock)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| RedisError::classify(&self.addr, e))?;
+        // A reservation for a waiter is nobody's lock (yet).
+        let owner = owner.filter(|o| !o.starts_with(scripts::RESERVED_PREFIX));
+        Ok((owner, token, pttl))
+    }
+}
+
+/// Whether a lock key's value is `owner` or a reservation for it.
+pub(crate) fn is_own(value: &[u8], owner: &str) -> bool {
+    let reserved = scripts::RESERVED_PREFIX.as_bytes();
+    value == owner.as_bytes()
+        || value
+            .strip_prefix(reserved)
+            .is_some_and(|rest| rest == owner.as_bytes())
+}
+
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// Runs `fut` with a per-node timeout.
+pub(crate) async fn within<T>(
+    node: &Node,
+    timeout: Duration,
+    fut: impl Future<Output = Result<T, RedisError>>,
+) -> Result<T, RedisError> {
+    tokio::time::timeout(timeout, fut)
+        .await
+        .unwrap_or_else(|_| Err(RedisError::timeout(&node.addr)))
+}
