@@ -9,8 +9,9 @@ use distlock_bench::RawFloor;
 use distlock_core::{Error, Result};
 use sqlx::{AssertSqlSafe, Executor};
 
-use crate::config::quote;
-use crate::{Dialect, SqlBackend, SqlConfig, SqlPool, map_err};
+use crate::backend::{SqlBackend, SqlPool};
+use crate::config::{Dialect, SqlConfig, quote};
+use crate::error::map_err;
 
 /// One connection taken out of its pool (a pooled statement costs an extra ping when the
 /// connection goes back).

@@ -1,7 +1,8 @@
 //! The fenced write: a write to a row of the same database that a stale token cannot make.
 
-use crate::config::validate_ident;
 use distlock_core::Error;
+
+use crate::config::validate_ident;
 
 /// A value to bind in a [`FencedUpdate`].
 #[derive(Clone, Debug, PartialEq)]

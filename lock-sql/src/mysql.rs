@@ -11,11 +11,12 @@ use futures::FutureExt;
 use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 
-use crate::config::quote;
-use crate::db::{
-    Claim, Db, HotConns, Listed, Peek, Sessions, bind_value, connect_err, open_pool, shape_err,
-};
-use crate::{FencedUpdate, SqlConfig, SqlPool, map_err};
+use crate::backend::SqlPool;
+use crate::config::{SqlConfig, quote};
+use crate::db::{Claim, Db, Listed, Peek, Sessions, bind_value};
+use crate::error::{connect_err, map_err, shape_err};
+use crate::fence::FencedUpdate;
+use crate::pool::{HotConns, open_pool};
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
 

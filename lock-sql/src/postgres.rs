@@ -13,12 +13,13 @@ use futures::FutureExt;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 
-use crate::config::quote;
-use crate::db::{
-    Claim, Db, HotConns, Listed, Notifier, Peek, Sessions, Subscription, bind_value, connect_err,
-    open_pool, parse_payload, shape_err,
-};
-use crate::{FencedUpdate, SqlConfig, SqlPool, map_err};
+use crate::backend::SqlPool;
+use crate::config::{SqlConfig, quote};
+use crate::db::{Claim, Db, Listed, Peek, Sessions, bind_value};
+use crate::error::{connect_err, map_err, shape_err};
+use crate::fence::FencedUpdate;
+use crate::pool::{HotConns, open_pool};
+use crate::wake::{Notifier, Subscription, parse_payload};
 
 #[derive(Debug)]
 struct Statements {

@@ -12,9 +12,12 @@ use sqlx::sqlite::{
 };
 use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 
-use crate::config::quote;
-use crate::db::{Claim, Db, HotConns, Listed, Peek, bind_value, connect_err, open_pool, shape_err};
-use crate::{FencedUpdate, SqlConfig, SqlPool, map_err, sqlite_busy};
+use crate::backend::SqlPool;
+use crate::config::{SqlConfig, quote};
+use crate::db::{Claim, Db, Listed, Peek, bind_value};
+use crate::error::{connect_err, map_err, shape_err, sqlite_busy};
+use crate::fence::FencedUpdate;
+use crate::pool::{HotConns, open_pool};
 
 const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
 

@@ -1,0 +1,161 @@
+//! One acquisition: the upsert, the waiter reservation at the head of the queue, and waking.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_core::{AcquireRequest, Acquired, Attempt, AttemptMode, Result, Step};
+
+use crate::backend::{HEAD_POLL_MAX, Inner, RESERVATION, micros, remaining, token_of};
+use crate::db;
+use crate::db::Claim;
+use crate::error::map_err;
+use crate::lease::SqlLease;
+use crate::wake::Subscription;
+
+pub(crate) struct SqlAttempt {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) request: AcquireRequest,
+    /// The version this waiter first saw busy: its age for the reservation.
+    pub(crate) since: Option<i64>,
+    pub(crate) head_polls: u32,
+    pub(crate) subscription: Option<Subscription>,
+    /// Whether an acquire statement was sent without a definite "not taken" answer (its
+    /// reply lost or cancelled): `abandon` must then free the lock by owner.
+    pub(crate) maybe_owned: bool,
+    /// Whether this attempt may hold the waiter reservation.
+    pub(crate) maybe_reserved: bool,
+    /// Whether the lock was found busy before: later polls read before they write.
+    pub(crate) busy_before: bool,
+    /// The last wake-up was a release addressed to this waiter: take without reading first.
+    pub(crate) handed: bool,
+}
+
+/// Whether the row refuses `owner` now: a live holder or a live reservation of somebody else.
+pub(crate) fn blocked(peek: &db::Peek, owner: &str) -> bool {
+    let held = peek.remaining_us.is_some() && peek.owner.as_deref() != Some(owner);
+    let reserved = peek.next_remaining_us.is_some() && peek.next_owner.as_deref() != Some(owner);
+    held || reserved
+}
+
+impl SqlAttempt {
+    /// The answer to a busy lock: a waiting attempt claims or keeps the reservation when it
+    /// is free, expiring, or held by a younger waiter (one write, only then).
+    async fn busy(&mut self, peek: db::Peek) -> Result<Step> {
+        self.busy_before = true;
+        let mut retry = peek.remaining_us.map(remaining);
+        if self.request.mode == AttemptMode::Try {
+            return Ok(Step::busy(retry));
+        }
+        let db = &self.inner.db;
+        let (name, owner) = (self.request.name.as_str(), self.request.owner.as_str());
+        let since = *self.since.get_or_insert(peek.version);
+        let mine = peek.next_owner.as_deref() == Some(owner) && peek.next_remaining_us.is_some();
+        let claim = if mine {
+            peek.next_remaining_us
+                .is_some_and(|us| remaining(us) < RESERVATION / 2)
+        } else {
+            peek.next_remaining_us.is_none() || peek.next_since.is_none_or(|s| s > since)
+        };
+        let head = if claim {
+            self.maybe_reserved = true;
+            let claimed = db
+                .reserve(name, owner, since, micros(RESERVATION))
+                .await
+                .map_err(|e| map_err("acquire", e))?;
+            // Refused: an older waiter's live reservation replaced any of ours.
+            self.maybe_reserved = claimed != Claim::Refused;
+            if claimed == Claim::GrantedFree {
+                // A release between our read and our claim notified nobody (it notifies the
+                // reservation's holder only): take it now instead of waiting for a notification.
+                return Ok(Step::busy(Some(Duration::ZERO)));
+            }
+            self.maybe_reserved
+        } else {
+            mine
+        };
+        if head && !db.has_events() {
+            // The next holder polls briskly; the others back off.
+            let step = Duration::from_millis(1) * 2u32.saturating_pow(self.head_polls.min(8));
+            self.head_polls = self.head_polls.saturating_add(1);
+            let delay = step.min(HEAD_POLL_MAX);
+            retry = Some(retry.map_or(delay, |r| r.min(delay)));
+        } else if !head {
+            self.head_polls = 0;
+        }
+        Ok(Step::busy(retry))
+    }
+}
+
+#[async_trait]
+impl Attempt for SqlAttempt {
+    async fn poll(&mut self) -> Result<Step> {
+        let db = &self.inner.db;
+        let (name, owner) = (self.request.name.as_str(), self.request.owner.as_str());
+        if self.request.mode == AttemptMode::Wait {
+            // Subscribe before the statement is sent, so that no release after it is missed.
+            match &mut self.subscription {
+                Some(sub) => sub.mark_seen(),
+                None => self.subscription = db.subscribe(name, owner),
+            }
+        }
+        let handed = std::mem::take(&mut self.handed);
+        if self.busy_before && !handed {
+            // Waiting: look before writing, so that busy polls cost no commit.
+            let peek = db.peek(name).await.map_err(|e| map_err("acquire", e))?;
+            if let Some(peek) = peek.filter(|p| blocked(p, owner)) {
+                return self.busy(peek).await;
+            }
+        }
+        let ttl = micros(self.request.ttl);
+        let owned_before = std::mem::replace(&mut self.maybe_owned, true);
+        let taken = match db.take(name, owner, ttl, self.maybe_reserved).await {
+            Ok(taken) => taken,
+            Err(err) => {
+                if matches!(err, sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) {
+                    // No connection, so nothing was sent.
+                    self.maybe_owned = owned_before;
+                }
+                return Err(map_err("acquire", err));
+            }
+        };
+        // A definite answer: taken (the guard owns it now) or not taken.
+        self.maybe_owned = false;
+        if let Some(version) = taken {
+            let lease = SqlLease {
+                inner: self.inner.clone(),
+                name: self.request.name.clone(),
+                owner: self.request.owner.clone(),
+                version,
+            };
+            return Ok(Step::Acquired(Acquired::new(
+                Box::new(lease),
+                token_of(version)?,
+            )));
+        }
+        match db.peek(name).await.map_err(|e| map_err("acquire", e))? {
+            Some(peek) => self.busy(peek).await,
+            // The row vanished between the two statements: try again soon.
+            None => Ok(Step::busy(Some(Duration::from_millis(1)))),
+        }
+    }
+
+    async fn changed(&mut self) {
+        match &mut self.subscription {
+            Some(sub) => self.handed = sub.changed().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    async fn abandon(self: Box<Self>) -> Result<()> {
+        if !self.maybe_owned && !self.maybe_reserved {
+            // Every statement was answered: nothing of this attempt is on the server.
+            return Ok(());
+        }
+        self.inner
+            .db
+            .abandon(self.request.name.as_str(), &self.request.owner)
+            .await
+            .map_err(|e| map_err("abandon", e))
+    }
+}

@@ -1,0 +1,289 @@
+//! The backend over one pool: connecting, creating and checking the table, capabilities,
+//! inspection, listing and forced release.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_core::{
+    AcquireRequest, Attempt, Capabilities, Error, FencingGuarantee, FencingToken, LockBackend,
+    LockInfo, LockName, LossDetection, Result, WakeUp,
+};
+
+use crate::attempt::SqlAttempt;
+use crate::db::Db;
+use crate::error::map_err;
+use crate::{Dialect, FencedUpdate, SqlConfig, db};
+
+/// How long a waiter's reservation lives without being renewed by its polls.
+pub(crate) const RESERVATION: Duration = Duration::from_secs(1);
+
+/// The reserved waiter of a polling database polls at least this often.
+pub(crate) const HEAD_POLL_MAX: Duration = Duration::from_millis(20);
+
+/// The pool of the database a [`SqlBackend`] uses, to run the application's own statements
+/// next to the locks (e.g. fenced writes in a transaction).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum SqlPool {
+    /// PostgreSQL.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    Postgres(sqlx::PgPool),
+    /// MySQL / MariaDB.
+    #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+    MySql(sqlx::MySqlPool),
+    /// SQLite.
+    #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+    Sqlite(sqlx::SqlitePool),
+}
+
+/// The [`LockBackend`] over one database pool. Cheap to clone.
+#[derive(Clone)]
+pub struct SqlBackend {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) db: Box<dyn Db>,
+    config: SqlConfig,
+    sessions: Arc<db::Sessions>,
+}
+
+impl fmt::Debug for SqlBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlBackend")
+            .field("dialect", &self.inner.config.dialect)
+            .field("url", &self.inner.config.redacted_url())
+            .field("table", &self.inner.config.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqlBackend {
+    /// Connects, creates the table if missing (unless disabled) and checks its shape.
+    ///
+    /// # Errors
+    /// As [`connect`].
+    pub async fn connect(config: SqlConfig) -> Result<Self> {
+        config.validate()?;
+        let timeout = config.connect_timeout.unwrap_or(Duration::from_secs(5));
+        let sessions = Arc::new(db::Sessions::default());
+        let make = Self::open(&config, sessions.clone());
+        let db = match tokio::time::timeout(timeout, make).await {
+            Ok(db) => db?,
+            Err(_) => {
+                return Err(Error::Unavailable {
+                    message: format!(
+                        "could not connect to {} within {timeout:?}",
+                        config.redacted_url()
+                    ),
+                    source: None,
+                });
+            }
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                db,
+                config,
+                sessions,
+            }),
+        })
+    }
+
+    #[allow(
+        unused_variables,
+        reason = "`sessions` is unused when only SQLite is compiled in"
+    )]
+    async fn open(config: &SqlConfig, sessions: Arc<db::Sessions>) -> Result<Box<dyn Db>> {
+        match config.dialect {
+            #[cfg(feature = "postgres")]
+            Dialect::Postgres => Ok(Box::new(
+                crate::postgres::PgDb::open(config, sessions).await?,
+            )),
+            #[cfg(feature = "mysql")]
+            Dialect::MySql => Ok(Box::new(crate::mysql::MyDb::open(config, sessions).await?)),
+            #[cfg(feature = "sqlite")]
+            Dialect::Sqlite => Ok(Box::new(crate::sqlite::LiteDb::open(config).await?)),
+            #[allow(
+                unreachable_patterns,
+                reason = "reachable when a dialect's feature is off"
+            )]
+            other => Err(Error::Unsupported(format!(
+                "the `{}` cargo feature of distlock-sql is not enabled",
+                other.feature()
+            ))),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SqlConfig {
+        &self.inner.config
+    }
+
+    /// The pool, to run the application's own statements on the same database.
+    pub fn pool(&self) -> SqlPool {
+        self.inner.db.pool()
+    }
+
+    /// The server-side ids of the connections this backend opened (PostgreSQL backend pids,
+    /// MySQL connection ids; empty for SQLite), including closed ones: for diagnostics and
+    /// fault injection (`pg_terminate_backend`, `KILL`).
+    pub fn session_ids(&self) -> Vec<i64> {
+        self.inner.sessions.list()
+    }
+
+    /// Frees `name` whoever holds it (an operator breaking a stuck lock). The version is kept,
+    /// so the next holder's token is still higher; the former holder learns of the loss at its
+    /// next renewal. Returns whether a live lock was freed.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`], or the database's error.
+    pub async fn force_release(&self, name: &str) -> Result<bool> {
+        let name = LockName::new(name)?;
+        self.inner
+            .db
+            .force_release(name.as_str())
+            .await
+            .map_err(|e| map_err("force release", e))
+    }
+
+    /// Runs a [`FencedUpdate`] with `token`: `true` if the row was written, `false` if the row
+    /// is missing or already carries a higher token (a later holder wrote it).
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`] for a bad identifier; the database's error otherwise.
+    pub async fn fenced_update(&self, update: &FencedUpdate, token: FencingToken) -> Result<bool> {
+        update.validate()?;
+        let token = i64::try_from(token.get())
+            .map_err(|_| Error::InvalidOptions(format!("token {token} is out of range")))?;
+        self.inner
+            .db
+            .fenced_update(update, token)
+            .await
+            .map_err(|e| map_err("fenced update", e))
+    }
+}
+
+pub(crate) fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX).max(1)
+}
+
+pub(crate) fn remaining(us: i64) -> Duration {
+    Duration::from_micros(u64::try_from(us).unwrap_or(0))
+}
+
+pub(crate) fn token_of(version: i64) -> Result<FencingToken> {
+    u64::try_from(version)
+        .map(FencingToken::new)
+        .map_err(|_| Error::Backend {
+            message: format!("the lock table holds a negative version {version}"),
+            source: None,
+        })
+}
+
+#[async_trait]
+impl LockBackend for SqlBackend {
+    fn name(&self) -> &'static str {
+        match self.inner.config.dialect {
+            Dialect::Postgres => "postgres",
+            Dialect::MySql => "mysql",
+            Dialect::Sqlite => "sqlite",
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let wake_up = if self.inner.db.has_events() {
+            WakeUp::Event
+        } else {
+            WakeUp::Polling
+        };
+        Capabilities::new(FencingGuarantee::Linearizable)
+            .with_fifo(false)
+            .with_wake_up(wake_up)
+            .with_ttl_range(
+                Duration::from_millis(1),
+                Duration::from_secs(365 * 24 * 3600),
+            )
+            .with_loss_detection(LossDetection::Renewal)
+            .with_list(true)
+            .with_force_release(true)
+    }
+
+    fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
+        Box::new(SqlAttempt {
+            inner: self.inner.clone(),
+            request,
+            since: None,
+            head_polls: 0,
+            subscription: None,
+            maybe_owned: false,
+            maybe_reserved: false,
+            busy_before: false,
+            handed: false,
+        })
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let peek = self
+            .inner
+            .db
+            .peek(name.as_str())
+            .await
+            .map_err(|e| map_err("inspect", e))?;
+        Ok(peek.and_then(|p| match (p.owner, p.remaining_us) {
+            (Some(owner), Some(us)) => Some(LockInfo::new(
+                owner,
+                Some(token_of(p.version).ok()?),
+                Some(remaining(us)),
+            )),
+            _ => None,
+        }))
+    }
+
+    async fn list(&self, prefix: Option<&str>, limit: usize) -> Result<Vec<(LockName, LockInfo)>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .inner
+            .db
+            .list(prefix.unwrap_or(""), limit)
+            .await
+            .map_err(|e| map_err("list", e))?;
+        let mut held = Vec::with_capacity(rows.len());
+        for row in rows {
+            // A row written by something else than this crate may hold a name we reject.
+            let Ok(name) = LockName::new(row.name) else {
+                continue;
+            };
+            let info = LockInfo::new(
+                row.owner,
+                Some(token_of(row.version)?),
+                Some(remaining(row.remaining_us)),
+            );
+            held.push((name, info));
+        }
+        Ok(held)
+    }
+
+    /// Frees the row (owner cleared, lease ended) but keeps it and its `version`, so the next
+    /// holder's token is still higher; PostgreSQL notifies the waiters as a release does,
+    /// MySQL and SQLite waiters find it at their next poll.
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        self.inner
+            .db
+            .force_release(name.as_str())
+            .await
+            .map_err(|e| map_err("force release", e))
+    }
+}
+
+impl fmt::Debug for Inner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Inner")
+            .field("table", &self.config.table)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,116 @@
+//! sqlx errors as distlock errors, and which SQLSTATEs and SQLite codes are worth retrying.
+
+use distlock_core::Error;
+
+use crate::{Dialect, SqlConfig};
+
+/// Classifies sqlx's error: transport trouble is retryable, the rest is the database's word.
+pub(crate) fn map_err(what: &str, err: sqlx::Error) -> Error {
+    let transient = match &err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| transient_code(&code)),
+        _ => false,
+    };
+    if transient {
+        Error::unavailable(format!("{what} failed: {err}"), err)
+    } else {
+        Error::backend(format!("{what} failed: {err}"), err)
+    }
+}
+
+/// SQLSTATEs (PostgreSQL, MySQL) and SQLite result codes that mean "try again".
+pub(crate) fn transient_code(code: &str) -> bool {
+    sqlite_busy(code)
+        || code.starts_with("08") // connection exception
+        || code.starts_with("57P") // admin shutdown, crash shutdown, cannot connect now
+        || matches!(code, "53300" | "40001" | "40P01" | "70100" | "HYT00")
+}
+
+/// `SQLITE_BUSY`, `SQLITE_LOCKED` and their extended codes. SQLite's codes have at most four
+/// digits, so an all-digit SQLSTATE such as `40001` is never taken for one.
+pub(crate) fn sqlite_busy(code: &str) -> bool {
+    code.len() < 5 && code.parse::<i32>().is_ok_and(|c| matches!(c & 0xff, 5 | 6))
+}
+
+/// Classifies a connect error: wrong database or credentials are the caller's to fix; a
+/// network failure names the server and the cause in one line.
+pub(crate) fn connect_err(config: &SqlConfig, err: sqlx::Error) -> Error {
+    let url = config.redacted_url();
+    match &err {
+        sqlx::Error::Io(io) => {
+            let server = url::Url::parse(&config.url)
+                .ok()
+                .and_then(|u| {
+                    let host = u.host_str()?.to_owned();
+                    Some(match u.port() {
+                        Some(port) => format!("{host}:{port}"),
+                        None => host,
+                    })
+                })
+                .map_or_else(|| url.clone(), |s| distlock_core::service_url::echo(&s));
+            let name = match config.dialect {
+                Dialect::Postgres => "PostgreSQL",
+                Dialect::MySql => "MySQL",
+                Dialect::Sqlite => "SQLite",
+            };
+            Error::unavailable(
+                format!(
+                    "cannot connect to {name} at {server}: {}",
+                    distlock_core::io_cause(io).unwrap_or_default()
+                ),
+                err,
+            )
+        }
+        sqlx::Error::Database(db)
+            if matches!(
+                db.code().as_deref(),
+                Some("3D000" | "28000" | "28P01" | "42000")
+            ) =>
+        {
+            Error::backend(format!("cannot use {url}: {err}"), err)
+        }
+        sqlx::Error::Configuration(_) => Error::InvalidConfig(format!("{url}: {err}")),
+        _ => map_err(&format!("connecting to {url}"), err),
+    }
+}
+
+/// A statement that does not prepare: the table is missing or of the wrong shape.
+pub(crate) fn shape_err(table: &str, err: sqlx::Error) -> Error {
+    match &err {
+        sqlx::Error::Database(_) => Error::backend(
+            format!(
+                "the lock table {table} is missing or has the wrong shape (expected columns name, owner, \
+                 version, expires_at, next_owner, next_since, next_expires with name as primary key): {err}"
+            ),
+            err,
+        ),
+        _ => map_err("checking the lock table", err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::transient_code;
+
+    #[test]
+    fn retryable_codes_are_told_apart_by_dialect() {
+        // SQLite: BUSY, LOCKED, BUSY_SNAPSHOT (517), LOCKED_SHAREDCACHE (262); not CONSTRAINT.
+        for code in ["5", "6", "517", "262"] {
+            assert!(transient_code(code), "{code}");
+        }
+        assert!(!transient_code("19"));
+        // All-digit SQLSTATEs are not SQLite codes: serialization failure, connection failure,
+        // too many connections are retryable; a unique violation is not.
+        for code in ["40001", "08006", "53300", "40P01", "57P01", "HYT00"] {
+            assert!(transient_code(code), "{code}");
+        }
+        for code in ["23505", "42P01", "00005"] {
+            assert!(!transient_code(code), "{code}");
+        }
+    }
+}

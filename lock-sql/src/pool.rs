@@ -1,0 +1,189 @@
+//! Opening the pool, and connections kept checked out between statements.
+
+use std::fmt;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+/// Opens a pool. When the pool gives up with sqlx's bare "pool timed out", one direct
+/// connection attempt (bounded by `probe`) finds the cause to report instead: connection
+/// refused, unknown host, wrong password.
+pub(crate) async fn open_pool<DB: sqlx::Database>(
+    pool: sqlx::pool::PoolOptions<DB>,
+    options: <DB::Connection as sqlx::Connection>::Options,
+    probe: Duration,
+) -> Result<sqlx::Pool<DB>, sqlx::Error> {
+    use sqlx::ConnectOptions;
+    match pool.connect_with(options.clone()).await {
+        Err(sqlx::Error::PoolTimedOut) => {
+            match tokio::time::timeout(probe, options.connect()).await {
+                Ok(Err(cause)) => Err(cause),
+                _ => Err(sqlx::Error::PoolTimedOut),
+            }
+        }
+        other => other,
+    }
+}
+
+/// Connections kept checked out of the pool between statements.
+///
+/// sqlx pings every connection it takes back into its pool, so a pooled statement costs a
+/// second round trip (on the server, or on SQLite's worker thread). The lock's statements
+/// take a connection from here instead and give it back only after a statement succeeded;
+/// a failed or cancelled statement drops its connection into the pool's own checks, and a
+/// failure also drops the other kept connections (after a server restart they are all dead).
+/// At most half the pool is kept (none of a one-connection pool), so the pool keeps serving
+/// its other users (LISTEN, [`crate::SqlBackend::pool`]).
+pub(crate) struct HotConns<DB: sqlx::Database> {
+    pool: sqlx::Pool<DB>,
+    idle: Mutex<Vec<sqlx::pool::PoolConnection<DB>>>,
+    keep: usize,
+}
+
+impl<DB: sqlx::Database> fmt::Debug for HotConns<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HotConns")
+            .field("kept", &self.idle.lock().map_or(0, |idle| idle.len()))
+            .field("keep", &self.keep)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: sqlx::Database> HotConns<DB> {
+    pub(crate) fn new(pool: sqlx::Pool<DB>, max_connections: u32) -> Self {
+        Self {
+            pool,
+            idle: Mutex::default(),
+            keep: usize::try_from(max_connections / 2).unwrap_or(0),
+        }
+    }
+
+    /// The pool itself, for statements that do not go through [`Self::get`].
+    pub(crate) fn pool(&self) -> &sqlx::Pool<DB> {
+        &self.pool
+    }
+
+    /// A connection: a kept one, or one from the pool.
+    pub(crate) async fn get(&self) -> Result<Hot<'_, DB>, sqlx::Error> {
+        let kept = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let conn = match kept {
+            Some(conn) => conn,
+            None => self.pool.acquire().await?,
+        };
+        Ok(Hot { home: self, conn })
+    }
+}
+
+impl<DB: sqlx::Database> HotConns<DB>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    /// Runs one statement on a connection from [`Self::get`].
+    pub(crate) async fn execute<'q, A>(
+        &self,
+        query: sqlx::query::Query<'q, DB, A>,
+    ) -> Result<DB::QueryResult, sqlx::Error>
+    where
+        A: sqlx::IntoArguments<DB> + Send + 'q,
+    {
+        let mut hot = self.get().await?;
+        let result = query.execute(hot.conn()).await;
+        hot.keep(result)
+    }
+
+    /// Runs one statement that returns at most one row.
+    pub(crate) async fn fetch_optional<'q, A>(
+        &self,
+        query: sqlx::query::Query<'q, DB, A>,
+    ) -> Result<Option<DB::Row>, sqlx::Error>
+    where
+        A: sqlx::IntoArguments<DB> + Send + 'q,
+    {
+        let mut hot = self.get().await?;
+        let result = query.fetch_optional(hot.conn()).await;
+        hot.keep(result)
+    }
+}
+
+impl<DB: sqlx::Database> Drop for HotConns<DB> {
+    fn drop(&mut self) {
+        let kept = std::mem::take(self.idle.get_mut().unwrap_or_else(PoisonError::into_inner));
+        if tokio::runtime::Handle::try_current().is_err() {
+            // Handing a connection back to the pool spawns a task: without a runtime, close
+            // them here instead.
+            kept.into_iter().for_each(|conn| drop(conn.detach()));
+        }
+    }
+}
+
+/// A connection from [`HotConns::get`].
+pub(crate) struct Hot<'a, DB: sqlx::Database> {
+    home: &'a HotConns<DB>,
+    conn: sqlx::pool::PoolConnection<DB>,
+}
+
+impl<DB: sqlx::Database> Hot<'_, DB> {
+    /// The connection, to run statements on.
+    pub(crate) fn conn(&mut self) -> &mut DB::Connection {
+        &mut self.conn
+    }
+
+    /// Passes a statement's result through: keeps the connection for the next statement if it
+    /// succeeded, drops every kept connection if it failed.
+    pub(crate) fn keep<T>(self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        let Self { home, conn } = self;
+        let mut idle = home.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        match &result {
+            Ok(_) if idle.len() < home.keep => idle.push(conn),
+            Ok(_) => {}
+            Err(_) => idle.clear(),
+        }
+        result
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod hot_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn hot_connections_are_reused_after_success_and_dropped_after_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("hot.db").display());
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect(&url)
+            .await
+            .unwrap();
+        let conns = HotConns::new(pool, 4);
+        // A temporary table lives on one connection only: seeing it means the same connection.
+        let mut hot = conns.get().await.unwrap();
+        let made = sqlx::query("CREATE TEMP TABLE marker (x INTEGER)")
+            .execute(hot.conn())
+            .await;
+        hot.keep(made).unwrap();
+        let mut hot = conns.get().await.unwrap();
+        let seen = sqlx::query("SELECT count(*) FROM marker")
+            .execute(hot.conn())
+            .await;
+        hot.keep(seen).expect("the kept connection is reused");
+        // A failure drops the kept connections: the next one is new (no marker table).
+        let mut hot = conns.get().await.unwrap();
+        let failed = sqlx::query("SELECT * FROM no_such_table")
+            .execute(hot.conn())
+            .await;
+        assert!(hot.keep(failed).is_err());
+        assert!(conns.idle.lock().unwrap().is_empty());
+        let mut hot = conns.get().await.unwrap();
+        let seen = sqlx::query("SELECT count(*) FROM marker")
+            .execute(hot.conn())
+            .await;
+        assert!(
+            hot.keep(seen).is_err(),
+            "a fresh connection has no marker table"
+        );
+    }
+}

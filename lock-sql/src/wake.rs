@@ -1,0 +1,168 @@
+//! What wakes a waiter: PostgreSQL's LISTEN/NOTIFY (one listening connection per backend),
+//! or polling.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::watch;
+
+/// Per-name wake-ups fed by a notification listener. A wake-up may target one waiter (the
+/// holder of the reservation): then only that waiter's task wakes, so a release neither
+/// stampedes the waiters nor wakes any but the next one.
+#[derive(Debug, Default)]
+pub(crate) struct Notifier {
+    /// Name, then owner (unique per attempt), to the attempt's wake-ups.
+    names: Mutex<Names>,
+}
+
+/// Whether the last wake-up was addressed to this waiter alone. A send always wakes the
+/// receiver, equal value or not.
+pub(crate) type Wake = bool;
+
+pub(crate) type Names = HashMap<String, HashMap<String, watch::Sender<Wake>>>;
+
+#[cfg_attr(
+    not(feature = "postgres"),
+    allow(dead_code, reason = "LISTEN/NOTIFY is PostgreSQL's")
+)]
+impl Notifier {
+    fn names(&self) -> std::sync::MutexGuard<'_, Names> {
+        self.names.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn subscribe(self: &Arc<Self>, name: &str, owner: &str) -> Subscription {
+        let rx = self
+            .names()
+            .entry(name.to_owned())
+            .or_default()
+            .entry(owner.to_owned())
+            .or_insert_with(|| watch::Sender::new(false))
+            .subscribe();
+        Subscription {
+            rx,
+            notifier: self.clone(),
+            name: name.to_owned(),
+            owner: owner.to_owned(),
+        }
+    }
+
+    /// Wakes the waiters of `name`: only `target` if given (if it waits here), else all.
+    pub(crate) fn wake(&self, name: &str, target: Option<&str>) {
+        let names = self.names();
+        let Some(owners) = names.get(name) else {
+            return;
+        };
+        match target {
+            Some(target) => {
+                if let Some(tx) = owners.get(target) {
+                    tx.send_replace(true);
+                }
+            }
+            None => owners.values().for_each(wake_one),
+        }
+    }
+
+    /// After a listener reconnect, events may have been missed: wake everyone.
+    pub(crate) fn wake_all(&self) {
+        self.names()
+            .values()
+            .flat_map(HashMap::values)
+            .for_each(wake_one);
+    }
+}
+
+pub(crate) fn wake_one(tx: &watch::Sender<Wake>) {
+    tx.send_replace(false);
+}
+
+/// A waiter's view of the wake-ups of one name.
+#[derive(Debug)]
+pub(crate) struct Subscription {
+    rx: watch::Receiver<Wake>,
+    notifier: Arc<Notifier>,
+    name: String,
+    owner: String,
+}
+
+impl Subscription {
+    /// Marks every wake-up so far as seen: call before a poll's statement is sent.
+    pub(crate) fn mark_seen(&mut self) {
+        self.rx.borrow_and_update();
+    }
+
+    /// Resolves on the next wake-up for this waiter after [`mark_seen`](Self::mark_seen):
+    /// `true` if it was addressed to this waiter alone (a release handed it the lock).
+    pub(crate) async fn changed(&mut self) -> bool {
+        if self.rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        *self.rx.borrow_and_update()
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut names = self.notifier.names();
+        if let Some(owners) = names.get_mut(&self.name) {
+            owners.remove(&self.owner);
+            if owners.is_empty() {
+                names.remove(&self.name);
+            }
+        }
+    }
+}
+
+/// Splits a notification payload `<owner byte length>:<owner><name>`; an empty owner
+/// addresses every waiter.
+#[cfg_attr(
+    not(feature = "postgres"),
+    allow(dead_code, reason = "LISTEN/NOTIFY is PostgreSQL's")
+)]
+pub(crate) fn parse_payload(payload: &str) -> Option<(Option<&str>, &str)> {
+    let (len, rest) = payload.split_once(':')?;
+    let len: usize = len.parse().ok()?;
+    if !rest.is_char_boundary(len) {
+        return None;
+    }
+    let (owner, name) = rest.split_at(len);
+    Some(((!owner.is_empty()).then_some(owner), name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Arc, Notifier, parse_payload};
+
+    #[test]
+    fn payloads() {
+        assert_eq!(parse_payload("3:abcname"), Some((Some("abc"), "name")));
+        assert_eq!(parse_payload("0:a:b"), Some((None, "a:b")));
+        assert_eq!(parse_payload("2:é🔒"), Some((Some("é"), "🔒")));
+        assert_eq!(parse_payload("1:é"), None);
+        assert_eq!(parse_payload("x"), None);
+    }
+
+    /// A wake-up addressed to one waiter wakes that waiter's task only; an unaddressed one
+    /// wakes every waiter of the name; a dropped subscription leaves nothing behind.
+    #[tokio::test]
+    async fn wake_ups_reach_only_the_waiters_they_name() {
+        let notifier = Arc::new(Notifier::default());
+        let mut a = notifier.subscribe("x", "a");
+        let mut b = notifier.subscribe("x", "b");
+        let mut other = notifier.subscribe("y", "c");
+        a.mark_seen();
+        b.mark_seen();
+        other.mark_seen();
+        notifier.wake("x", Some("a"));
+        assert!(a.changed().await, "not handed to its target");
+        assert!(!b.rx.has_changed().expect("open"), "woke a bystander");
+        notifier.wake("x", Some("elsewhere"));
+        notifier.wake("x", None);
+        assert!(!a.changed().await);
+        assert!(!b.changed().await);
+        assert!(!other.rx.has_changed().expect("open"), "woke another name");
+        notifier.wake_all();
+        assert!(!other.changed().await);
+        drop((a, b, other));
+        assert!(notifier.names().is_empty());
+    }
+}
