@@ -10,8 +10,9 @@ use distlock_core::{Error, Result};
 use sqlx::{AssertSqlSafe, Executor};
 
 use crate::backend::{SqlBackend, SqlPool};
-use crate::config::{Dialect, SqlConfig, quote};
+use crate::config::{Dialect, SqlConfig};
 use crate::error::map_err;
+use crate::keys::quote;
 
 /// One connection taken out of its pool (a pooled statement costs an extra ping when the
 /// connection goes back).

@@ -2,7 +2,7 @@
 
 use distlock_core::Error;
 
-use crate::config::validate_ident;
+use crate::keys::validate_ident;
 
 /// A value to bind in a [`FencedUpdate`].
 #[derive(Clone, Debug, PartialEq)]
@@ -148,7 +148,7 @@ impl FencedUpdate {
     /// The statement with `quote` as identifier quote and `param(i)` as the i-th (1-based)
     /// placeholder. Parameters: the set values, the token, the key, the token.
     pub(crate) fn sql(&self, quote: char, param: impl Fn(usize) -> String) -> String {
-        let q = |name: &str| crate::config::quote(name, quote);
+        let q = |name: &str| crate::keys::quote(name, quote);
         let mut sql = format!("UPDATE {} SET ", q(&self.table));
         let mut n = 0;
         for (column, _) in &self.set {

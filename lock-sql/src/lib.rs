@@ -91,6 +91,7 @@ mod config;
 mod db;
 mod error;
 mod fence;
+mod keys;
 mod lease;
 #[cfg(feature = "mysql")]
 mod mysql;

@@ -12,10 +12,11 @@ use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 
 use crate::backend::SqlPool;
-use crate::config::{SqlConfig, quote};
+use crate::config::SqlConfig;
 use crate::db::{Claim, Db, Listed, Peek, Sessions, bind_value};
 use crate::error::{connect_err, map_err, shape_err};
 use crate::fence::FencedUpdate;
+use crate::keys::quote;
 use crate::pool::{HotConns, open_pool};
 
 const NOW: &str = "UTC_TIMESTAMP(6)";

@@ -14,10 +14,11 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 
 use crate::backend::SqlPool;
-use crate::config::{SqlConfig, quote};
+use crate::config::SqlConfig;
 use crate::db::{Claim, Db, Listed, Peek, Sessions, bind_value};
 use crate::error::{connect_err, map_err, shape_err};
 use crate::fence::FencedUpdate;
+use crate::keys::quote;
 use crate::pool::{HotConns, open_pool};
 use crate::wake::{Notifier, Subscription, parse_payload};
 

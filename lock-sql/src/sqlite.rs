@@ -13,10 +13,11 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 
 use crate::backend::SqlPool;
-use crate::config::{SqlConfig, quote};
+use crate::config::SqlConfig;
 use crate::db::{Claim, Db, Listed, Peek, bind_value};
 use crate::error::{connect_err, map_err, shape_err, sqlite_busy};
 use crate::fence::FencedUpdate;
+use crate::keys::quote;
 use crate::pool::{HotConns, open_pool};
 
 const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
