@@ -1,3 +1,5 @@
+#![doc = include_str!("../README.md")]
+//!
 //! The core of distlock: one [`DistributedLock`] trait for every backend, the shared machinery
 //! behind it, and the in-memory backend.
 //!

@@ -1,3 +1,5 @@
+#![doc = include_str!("../README.md")]
+//!
 //! etcd backend for distlock: a fair (FIFO) lock ordered by etcd revisions, with
 //! linearizable fencing tokens.
 //!

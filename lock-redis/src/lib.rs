@@ -1,3 +1,5 @@
+#![doc = include_str!("../README.md")]
+//!
 //! Redis backend for distlock: one master (`redis://`) or Redlock over N independent masters
 //! (`redlock://`), with fencing tokens, renewal, pub/sub wake-ups and a starvation-free
 //! default.

@@ -67,7 +67,7 @@ impl SqlBackend {
     /// Connects, creates the table if missing (unless disabled) and checks its shape.
     ///
     /// # Errors
-    /// As [`connect`].
+    /// As [`connect`](crate::connect).
     pub async fn connect(config: SqlConfig) -> Result<Self> {
         config.validate()?;
         let timeout = config.connect_timeout.unwrap_or(Duration::from_secs(5));

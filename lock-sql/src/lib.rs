@@ -1,3 +1,5 @@
+#![doc = include_str!("../README.md")]
+//!
 //! PostgreSQL, MySQL/MariaDB and SQLite backends for distlock, one cargo feature each
 //! (`postgres`, `mysql`, `sqlite`; `sqlite` is the default and the project's embedded backend).
 //!
@@ -33,11 +35,11 @@
 //!   `now()` / `UTC_TIMESTAMP(6)` / SQLite's `unixepoch('subsec')`, never the client's clock) or
 //!   already this attempt's, and not reserved by another waiter; it sets the owner and the
 //!   expiry and increments `version`. The database serializes upserts of one row, so at most one
-//!   owner is live and versions are strictly increasing: [`FencingGuarantee::Linearizable`],
+//!   owner is live and versions are strictly increasing: [`FencingGuarantee::Linearizable`](distlock_core::FencingGuarantee::Linearizable),
 //!   as long as rows are never deleted (releases keep the row; do not delete them by hand).
 //! - **Renew** and **release** are `UPDATE .. WHERE name = ? AND owner = ? AND version = ? AND
 //!   expires_at > now`; the affected-row count decides, and zero answers
-//!   [`Error::NotHeld`].
+//!   [`Error::NotHeld`](distlock_core::Error::NotHeld).
 //! - **Abandon** (an attempt that ends without a guard) clears the owner's lock and
 //!   reservation by owner value, so a lock granted by a reply that never arrived is freed.
 //! - **Waiters**: a waiting attempt that finds the lock busy claims the single reservation
@@ -51,17 +53,17 @@
 //! - **Wake-ups**: on PostgreSQL the releasing statement runs
 //!   `pg_notify('distlock:<table>', ...)` when a waiter holds the reservation, addressed to
 //!   that waiter; a `LISTEN`ing connection per backend wakes that waiter's task and no other
-//!   ([`WakeUp::Event`]). Its taking statement wakes the other waiters, so the next one
+//!   ([`WakeUp::Event`](distlock_core::WakeUp::Event)). Its taking statement wakes the other waiters, so the next one
 //!   claims the reservation (a claim returns whether the lock is free by then, so a release
 //!   between a waiter's read and its claim is not missed). A lost notification (listener
 //!   reconnect) wakes everybody; the core's backoff maximum is the safety net. MySQL and
-//!   SQLite poll ([`WakeUp::Polling`]) with the core's jittered backoff bounded by the
+//!   SQLite poll ([`WakeUp::Polling`](distlock_core::WakeUp::Polling)) with the core's jittered backoff bounded by the
 //!   holder's remaining lease; the reserved waiter reads every 1-20 ms.
 //! - **Loss** is detected by renewal (a refused owner-checked renewal, or the local deadline).
 //!
 //! Errors: a dropped connection, a refused connection, SQLite `BUSY` and deadlocks are
-//! [`Error::Unavailable`] (retried by the core); anything else
-//! the database says is [`Error::Backend`] with sqlx's error as
+//! [`Error::Unavailable`](distlock_core::Error::Unavailable) (retried by the core); anything else
+//! the database says is [`Error::Backend`](distlock_core::Error::Backend) with sqlx's error as
 //! the source.
 //!
 //! SQLite: a file (`sqlite://PATH`, created if missing) or `sqlite::memory:` (one database
@@ -110,9 +112,9 @@ pub use fence::{FencedUpdate, SqlValue};
 /// `distlock::connect` calls for `postgres://`, `mysql://` and `sqlite:` URLs.
 ///
 /// # Errors
-/// [`Error::InvalidConfig`] for a bad URL or option; [`Error::Unavailable`] when the server
+/// [`Error::InvalidConfig`](distlock_core::Error::InvalidConfig) for a bad URL or option; [`Error::Unavailable`](distlock_core::Error::Unavailable) when the server
 /// cannot be reached within the connect timeout (default: `config.operation_timeout`);
-/// [`Error::Backend`] for a missing database or a lock table of the wrong shape.
+/// [`Error::Backend`](distlock_core::Error::Backend) for a missing database or a lock table of the wrong shape.
 pub async fn connect(url: &str, config: ClientConfig) -> Result<LockClient<SqlBackend>> {
     connect_with(SqlConfig::from_url(url)?, config).await
 }

@@ -54,7 +54,7 @@ impl ZkBackend {
     /// Opens a session (within `client_config.operation_timeout`) and creates the base node.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for a bad configuration, [`Error::Unavailable`] when no server
+    /// [`Error::InvalidConfig`](distlock_core::Error::InvalidConfig) for a bad configuration, [`Error::Unavailable`](distlock_core::Error::Unavailable) when no server
     /// answers in time.
     pub async fn connect(config: ZkConfig, client_config: &ClientConfig) -> Result<Self> {
         config.check()?;

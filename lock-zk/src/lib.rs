@@ -1,3 +1,5 @@
+#![doc = include_str!("../README.md")]
+//!
 //! ZooKeeper backend for distlock: a fair (FIFO) lock queue of ephemeral sequential nodes,
 //! woken by watches on the predecessor only, with `czxid` fencing tokens and session-loss
 //! detection.
