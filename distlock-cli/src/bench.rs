@@ -62,82 +62,46 @@ pub(crate) async fn bench(args: CliBenchArgs) -> Result<u8, Failure> {
     Ok(0)
 }
 
-/// Registers the raw floor of the URL's backend, when it is compiled in.
+/// Registers the raw floor of the URL's backend (each backend crate's `bench::floor`), when
+/// it is compiled in; the backend is found in the facade's scheme table.
 fn with_floor(target: Target, url: &str) -> Target {
-    let scheme = url.split("://").next().unwrap_or_default();
+    let scheme = url
+        .split_once(':')
+        .map(|(scheme, _)| scheme.to_ascii_lowercase())
+        .unwrap_or_default();
+    let Some(backend) = distlock::SCHEMES
+        .iter()
+        .find(|s| s.enabled && s.names.contains(&scheme.as_str()))
+        .map(|s| s.backend)
+        .filter(|backend| *backend != "memory")
+    // in-process: no server, no floor
+    else {
+        return target;
+    };
     let url = url.to_owned();
-    match scheme {
-        #[cfg(feature = "redis")]
-        "redis" | "rediss" => target.with_floor(move || {
-            let url = url.clone();
-            async move {
-                let floor = distlock_redis::bench::RedisFloor::connect(&url).await?;
-                Ok(Box::new(floor) as Box<dyn distlock_bench::RawFloor>)
-            }
-        }),
-        #[cfg(feature = "redis")]
-        "redlock" => target.with_floor(move || {
-            let nodes = redlock_nodes(&url);
-            async move {
-                let floor = distlock_redis::bench::RedlockFloor::connect(&nodes).await?;
-                Ok(Box::new(floor) as Box<dyn distlock_bench::RawFloor>)
-            }
-        }),
-        #[cfg(feature = "etcd")]
-        "etcd" => target.with_floor(move || {
-            let url = url.clone();
-            async move {
-                let config = distlock_etcd::EtcdConfig::from_url(&url)?;
-                let floor = distlock_etcd::bench::TxnFloor::connect(&config).await?;
-                Ok(Box::new(floor) as Box<dyn distlock_bench::RawFloor>)
-            }
-        }),
-        #[cfg(feature = "zookeeper")]
-        "zk" => target.with_floor(move || {
-            let url = url.clone();
-            async move {
-                let config = distlock_zookeeper::ZkConfig::from_url(&url)?;
-                let floor = distlock_zookeeper::bench::ZkFloor::connect(&config).await?;
-                Ok(Box::new(floor) as Box<dyn distlock_bench::RawFloor>)
-            }
-        }),
-        #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-        s if s.starts_with("sqlite")
-            || s == "postgres"
-            || s == "postgresql"
-            || s == "mysql"
-            || s == "mariadb" =>
-        {
-            target.with_floor(move || {
-                let url = url.clone();
-                async move {
-                    let floor = distlock_sql::bench::SqlFloor::connect(&url).await?;
-                    Ok(Box::new(floor) as Box<dyn distlock_bench::RawFloor>)
-                }
-            })
-        }
-        _ => {
-            let _ = url;
-            target
-        }
-    }
+    target.with_floor(move || {
+        let url = url.clone();
+        async move { floor(backend, &url).await }
+    })
 }
 
-/// `redlock://h1:p1,h2:p2/db?opts` -> `redis://h1:p1/db`, ...
-#[cfg(feature = "redis")]
-fn redlock_nodes(url: &str) -> Vec<String> {
-    let rest = url.trim_start_matches("redlock://");
-    let rest = rest.split('?').next().unwrap_or_default();
-    let (hosts, db) = rest.split_once('/').unwrap_or((rest, ""));
-    hosts
-        .split(',')
-        .filter(|h| !h.is_empty())
-        .map(|h| {
-            if db.is_empty() {
-                format!("redis://{h}")
-            } else {
-                format!("redis://{h}/{db}")
-            }
-        })
-        .collect()
+/// The raw floor of `backend` (a [`distlock::Scheme::backend`] name) for `url`.
+async fn floor(
+    backend: &str,
+    url: &str,
+) -> Result<Box<dyn distlock_bench::RawFloor>, distlock::Error> {
+    let _ = url;
+    match backend {
+        #[cfg(feature = "redis")]
+        "redis" | "redlock" => distlock_redis::bench::floor(url).await,
+        #[cfg(feature = "etcd")]
+        "etcd" => distlock_etcd::bench::floor(url).await,
+        #[cfg(feature = "zookeeper")]
+        "zookeeper" => distlock_zookeeper::bench::floor(url).await,
+        #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+        "sqlite" | "postgres" | "mysql" => distlock_sql::bench::floor(url).await,
+        other => Err(distlock::Error::Unsupported(format!(
+            "no raw floor for the {other} backend"
+        ))),
+    }
 }

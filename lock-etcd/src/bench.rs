@@ -162,3 +162,12 @@ pub fn lock_api_target(label: &str, config: &EtcdConfig) -> Target {
         async move { Ok(Box::new(LockApiFloor::connect(&config).await?) as Box<dyn RawFloor>) }
     })
 }
+
+/// The raw floor for a lock URL: [`TxnFloor`]. `distlock bench` calls it.
+///
+/// # Errors
+/// [`Error::InvalidConfig`] for a bad URL, [`Error::Unavailable`] when etcd cannot be reached.
+pub async fn floor(url: &str) -> Result<Box<dyn RawFloor>, Error> {
+    let config = EtcdConfig::from_url(url)?;
+    Ok(Box::new(TxnFloor::connect(&config).await?))
+}

@@ -24,15 +24,16 @@ impl RedisFloor {
     /// # Errors
     /// [`Error::InvalidConfig`] or [`Error::Unavailable`].
     pub async fn connect(url: &str) -> Result<Self, Error> {
+        let shown = distlock_core::service_url::redact(url);
         let client = redis::Client::open(url)
-            .map_err(|e| Error::InvalidConfig(format!("invalid Redis URL {url:?}: {e}")))?;
+            .map_err(|e| Error::InvalidConfig(format!("invalid Redis URL {shown}: {e}")))?;
         let conn = client
             .get_multiplexed_async_connection()
             .await
-            .map_err(|e| RedisError::classify(url, e).into_lock_error("connect"))?;
+            .map_err(|e| RedisError::classify(&shown, e).into_lock_error("connect"))?;
         Ok(Self {
             conn,
-            addr: url.to_owned(),
+            addr: shown,
             counter: 0,
         })
     }
@@ -145,5 +146,19 @@ impl RawFloor for RedlockFloor {
                 source: None,
             })
         }
+    }
+}
+
+/// The raw floor for a lock URL: [`RedlockFloor`] over every node of a `redlock://` URL (each
+/// with the URL's credentials and database), [`RedisFloor`] otherwise. `distlock bench` calls it.
+///
+/// # Errors
+/// [`Error::InvalidConfig`] for a bad URL, [`Error::Unavailable`] when a node cannot be reached.
+pub async fn floor(url: &str) -> Result<Box<dyn RawFloor>, Error> {
+    let config = crate::RedisConfig::from_url(url)?;
+    if config.is_redlock() {
+        Ok(Box::new(RedlockFloor::connect(&config.nodes).await?))
+    } else {
+        Ok(Box::new(RedisFloor::connect(&config.nodes[0]).await?))
     }
 }

@@ -182,3 +182,11 @@ impl RawFloor for SqlFloor {
         Ok(())
     }
 }
+
+/// The raw floor for a lock URL: [`SqlFloor`]. `distlock bench` calls it.
+///
+/// # Errors
+/// As [`SqlFloor::connect`].
+pub async fn floor(url: &str) -> Result<Box<dyn RawFloor>> {
+    Ok(Box::new(SqlFloor::connect(url).await?))
+}

@@ -109,3 +109,13 @@ pub fn target(label: &str, config: &ZkConfig) -> Target {
         async move { Ok(Box::new(ZkFloor::connect(&config).await?) as Box<dyn RawFloor>) }
     })
 }
+
+/// The raw floor for a lock URL: [`ZkFloor`]. `distlock bench` calls it.
+///
+/// # Errors
+/// [`Error::InvalidConfig`] for a bad URL, [`Error::Unavailable`] when ZooKeeper cannot be
+/// reached.
+pub async fn floor(url: &str) -> Result<Box<dyn RawFloor>, Error> {
+    let config = ZkConfig::from_url(url)?;
+    Ok(Box::new(ZkFloor::connect(&config).await?))
+}
