@@ -9,7 +9,14 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-pub use distlock_core::*;
+// What an application uses is at the root; the interface a backend implements
+// (`LockBackend`, `Attempt`, `Step`, `Lease`, ...) is under `distlock::backend`.
+pub use distlock_core::backend::{self, LockInfo};
+pub use distlock_core::{
+    AcquireOptions, Backoff, BoxError, Capabilities, ClientConfig, DistributedLock, Error,
+    FencingGuarantee, FencingToken, LockClient, LockGuard, LockName, LossDetection, LossReason,
+    NodeOutcome, NodeResult, OwnerId, Renewal, Result, WakeUp, memory, service_url,
+};
 
 /// The etcd backend (feature `etcd`).
 #[cfg(feature = "etcd")]
