@@ -70,7 +70,7 @@ impl SqlBackend {
     /// As [`connect`](crate::connect).
     pub async fn connect(config: SqlConfig) -> Result<Self> {
         config.validate()?;
-        let timeout = config.connect_timeout.unwrap_or(Duration::from_secs(5));
+        let timeout = config.effective_connect_timeout();
         let sessions = Arc::new(db::Sessions::default());
         let make = Self::open(&config, sessions.clone());
         let db = match tokio::time::timeout(timeout, make).await {

@@ -213,6 +213,14 @@ impl SqlConfig {
             .map(|options| options.get_filename().to_path_buf())
     }
 
+    /// The connect timeout in effect: the configured one, else the default operation timeout
+    /// of [`ClientConfig`](distlock_core::ClientConfig) (5 s). [`crate::connect`] sets it
+    /// from the client's operation timeout when the URL does not.
+    pub fn effective_connect_timeout(&self) -> Duration {
+        self.connect_timeout
+            .unwrap_or(distlock_core::ClientConfig::default().operation_timeout)
+    }
+
     /// Sets the lock table.
     #[must_use]
     pub fn with_table(mut self, table: impl Into<String>) -> Self {

@@ -3,7 +3,6 @@
 
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::{Error, Result};
@@ -128,7 +127,7 @@ impl MyDb {
         let options = MySqlConnectOptions::from_str(&config.url).map_err(|e| {
             Error::InvalidConfig(format!("bad MySQL URL {}: {e}", config.redacted_url()))
         })?;
-        let timeout = config.connect_timeout.unwrap_or(Duration::from_secs(5));
+        let timeout = config.effective_connect_timeout();
         let pool = open_pool(
             MySqlPoolOptions::new()
                 .max_connections(config.max_connections)

@@ -146,7 +146,7 @@ impl PgDb {
         let options = PgConnectOptions::from_str(&config.url).map_err(|e| {
             Error::InvalidConfig(format!("bad PostgreSQL URL {}: {e}", config.redacted_url()))
         })?;
-        let timeout = config.connect_timeout.unwrap_or(Duration::from_secs(5));
+        let timeout = config.effective_connect_timeout();
         let pool = open_pool(
             PgPoolOptions::new()
                 .max_connections(config.max_connections)

@@ -133,7 +133,7 @@ impl LiteDb {
         } else {
             options.journal_mode(SqliteJournalMode::Wal)
         };
-        let timeout = config.connect_timeout.unwrap_or(Duration::from_secs(5));
+        let timeout = config.effective_connect_timeout();
         let mut pool = SqlitePoolOptions::new()
             .max_connections(config.max_connections)
             .acquire_timeout(timeout / 2)
