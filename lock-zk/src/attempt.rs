@@ -56,6 +56,12 @@ impl From<&zk::Stat> for Written {
     }
 }
 
+/// What one path of a poll decided: go on with `T`, or end the poll with this answer.
+pub(crate) enum Next<T> {
+    Go(T),
+    Done(Option<Step>),
+}
+
 /// The answer to [`ZkAttempt::join_queue`].
 pub(crate) struct Joined {
     /// Our node's name.
@@ -219,73 +225,24 @@ impl ZkAttempt {
     async fn poll_once(&mut self, started: Instant) -> Result<Option<Step>> {
         let session = self.session().await?;
         session.check_connected()?;
-        let client = &session.client;
         let held = held_data(self.request.ttl);
-        // Our node as written by this very call (created, or marked held): its lease starts
-        // now.
-        let mut fresh: Option<Written> = None;
-        let entries = if self.node.is_none() && !self.maybe_created {
-            self.maybe_created = true;
-            let joined = match Self::join_queue(client, &self.parent, &self.prefix, &held).await {
-                Ok(joined) => joined,
-                Err(zk::Error::NoNode) => {
-                    self.maybe_created = false;
-                    let base = self.backend.shared.config.base_path();
-                    Self::ensure_parent(client, &self.parent, &base).await?;
-                    return Ok(None);
-                }
-                Err(err) => return Err(zk_error("joining the queue", err)),
-            };
-            self.created_zxid = Some(joined.written.czxid);
-            self.node = Some(joined.node.clone());
-            if joined.alone {
-                self.wake = Wake::Idle;
-                return self
-                    .acquired(session.clone(), &joined.node, joined.written.czxid, started)
-                    .map(Some);
+        // The queue, and our node as written by this very call (created, or marked held): its
+        // lease starts now.
+        let (entries, fresh) = if self.node.is_none() && !self.maybe_created {
+            match self.join(&session, &held, started).await? {
+                Next::Go(go) => go,
+                Next::Done(step) => return Ok(step),
             }
-            fresh = Some(joined.written);
-            list_queue(client, &self.parent).await?
         } else if std::mem::take(&mut self.predecessor_gone)
             && self.request.mode == AttemptMode::Wait
             && let Some(node) = self.node.clone()
         {
-            // The node we watched was deleted: almost always the holder releasing, which makes
-            // us the head. List the queue and restart our lease in one round trip, so a handoff
-            // costs the release and this one request. Should we not be the head after all, the
-            // waiting paths below mark the node as a waiter again in their next request, so a
-            // stale "held" mark lives for one round trip at most.
-            // Before sending: a write whose answer is lost (an error, a cancelled poll) may
-            // have marked the node held all the same.
-            let was_waiting = std::mem::replace(&mut self.waiting_marked, false);
-            // The listing goes first: the server answers a read queued before our write
-            // without waiting for that write to commit.
-            let list = list_queue(client, &self.parent);
-            let touch = client.set_data(&self.own_path(&node), &held, None);
-            let entries = list.await?;
-            if was_waiting
-                && let Some(czxid) = self.created_zxid
-                && entries.first().is_some_and(|head| head.name == node)
-            {
-                // Ours as the head of the queue. Until the held mark in flight commits, our
-                // node says "waiting", which no contender takes for an expired holder; the
-                // mark only starts the lease contenders see, later than `started`.
-                self.wake = Wake::Idle;
-                return self
-                    .acquired(session.clone(), &node, czxid, started)
-                    .map(Some);
+            match self.handoff(&session, &held, &node, started).await? {
+                Next::Go(go) => go,
+                Next::Done(step) => return Ok(step),
             }
-            match touch.await {
-                Ok(stat) => fresh = Some(Written::from(&stat)),
-                Err(zk::Error::NoNode) => {
-                    self.forget_node();
-                    return Ok(None);
-                }
-                Err(err) => return Err(zk_error("taking the lock", err)),
-            }
-            entries
         } else {
-            list_queue(client, &self.parent).await?
+            (list_queue(&session.client, &self.parent).await?, None)
         };
         let Some(index) = entries
             .iter()
@@ -297,69 +254,184 @@ impl ZkAttempt {
         };
         let own = entries[index].name.clone();
         self.node = Some(own.clone());
-        let own_path = self.own_path(&own);
         if index == 0 {
-            let written = match fresh {
-                Some(written) => written,
-                // Restart the lease: the node was created earlier (as a waiter).
-                None => match client.set_data(&own_path, &held, None).await {
-                    Ok(stat) => Written::from(&stat),
-                    Err(zk::Error::NoNode) => {
-                        self.forget_node();
-                        return Ok(None);
-                    }
-                    Err(err) => return Err(zk_error("taking the lock", err)),
-                },
-            };
-            self.wake = Wake::Idle;
-            return self
-                .acquired(session.clone(), &own, written.czxid, started)
-                .map(Some);
+            return self.take_head(&session, &own, fresh, &held, started).await;
         }
-        let head = &entries[0];
-        let head_path = self.own_path(&head.name);
         if self.request.mode == AttemptMode::Try && index > 1 {
             return Ok(Some(Step::busy(None)));
         }
         if index > 1 {
-            // Watch only the predecessor; mark ourselves as a waiter in the same round trip.
-            let pred_path = self.own_path(&entries[index - 1].name);
-            let mark = (!self.waiting_marked).then(|| client.set_data(&own_path, WAITING, None));
-            let watch = client.check_and_watch_stat(&pred_path);
-            let (marked, watched) = futures::join!(
-                async move {
-                    match mark {
-                        Some(mark) => mark.await.map(Some),
-                        None => Ok(None),
-                    }
-                },
-                watch
-            );
-            match marked {
-                Ok(Some(_)) => self.waiting_marked = true,
-                Ok(None) => {}
+            return self
+                .wait_behind(&session.client, &own, &entries[index - 1].name)
+                .await;
+        }
+        self.next_in_line(&session.client, &own, &entries[0].name, fresh, &held)
+            .await
+    }
+
+    /// The first poll: creates our node. Alone in the queue, it holds the lock at once;
+    /// otherwise the poll goes on with the queue and our fresh node.
+    async fn join(
+        &mut self,
+        session: &Arc<Session>,
+        held: &[u8],
+        started: Instant,
+    ) -> Result<Next<(Vec<Entry>, Option<Written>)>> {
+        let client = &session.client;
+        self.maybe_created = true;
+        let joined = match Self::join_queue(client, &self.parent, &self.prefix, held).await {
+            Ok(joined) => joined,
+            Err(zk::Error::NoNode) => {
+                self.maybe_created = false;
+                let base = self.backend.shared.config.base_path();
+                Self::ensure_parent(client, &self.parent, &base).await?;
+                return Ok(Next::Done(None));
+            }
+            Err(err) => return Err(zk_error("joining the queue", err)),
+        };
+        self.created_zxid = Some(joined.written.czxid);
+        self.node = Some(joined.node.clone());
+        if joined.alone {
+            self.wake = Wake::Idle;
+            let step =
+                self.acquired(session.clone(), &joined.node, joined.written.czxid, started)?;
+            return Ok(Next::Done(Some(step)));
+        }
+        Ok(Next::Go((
+            list_queue(client, &self.parent).await?,
+            Some(joined.written),
+        )))
+    }
+
+    /// The node we watched was deleted: almost always the holder releasing, which makes us the
+    /// head. Lists the queue and restarts our lease in one round trip, so a handoff costs the
+    /// release and this one request. Should we not be the head after all, the waiting paths
+    /// mark the node as a waiter again in their next request, so a stale "held" mark lives for
+    /// one round trip at most.
+    async fn handoff(
+        &mut self,
+        session: &Arc<Session>,
+        held: &[u8],
+        node: &str,
+        started: Instant,
+    ) -> Result<Next<(Vec<Entry>, Option<Written>)>> {
+        let client = &session.client;
+        // Before sending: a write whose answer is lost (an error, a cancelled poll) may have
+        // marked the node held all the same.
+        let was_waiting = std::mem::replace(&mut self.waiting_marked, false);
+        // The listing goes first: the server answers a read queued before our write without
+        // waiting for that write to commit.
+        let list = list_queue(client, &self.parent);
+        let touch = client.set_data(&self.own_path(node), held, None);
+        let entries = list.await?;
+        if was_waiting
+            && let Some(czxid) = self.created_zxid
+            && entries.first().is_some_and(|head| head.name == node)
+        {
+            // Ours as the head of the queue. Until the held mark in flight commits, our node
+            // says "waiting", which no contender takes for an expired holder; the mark only
+            // starts the lease contenders see, later than `started`.
+            self.wake = Wake::Idle;
+            let step = self.acquired(session.clone(), node, czxid, started)?;
+            return Ok(Next::Done(Some(step)));
+        }
+        match touch.await {
+            Ok(stat) => Ok(Next::Go((entries, Some(Written::from(&stat))))),
+            Err(zk::Error::NoNode) => {
+                self.forget_node();
+                Ok(Next::Done(None))
+            }
+            Err(err) => Err(zk_error("taking the lock", err)),
+        }
+    }
+
+    /// Our node heads the queue: the lock is ours, its lease starting with `fresh` or with a
+    /// "held" mark written now (the node was created earlier, as a waiter).
+    async fn take_head(
+        &mut self,
+        session: &Arc<Session>,
+        own: &str,
+        fresh: Option<Written>,
+        held: &[u8],
+        started: Instant,
+    ) -> Result<Option<Step>> {
+        let written = match fresh {
+            Some(written) => written,
+            None => match session
+                .client
+                .set_data(&self.own_path(own), held, None)
+                .await
+            {
+                Ok(stat) => Written::from(&stat),
                 Err(zk::Error::NoNode) => {
                     self.forget_node();
                     return Ok(None);
                 }
-                Err(err) => return Err(zk_error("marking the waiter", err)),
-            }
-            return match watched {
-                Ok((Some(_), watcher)) => {
-                    self.set_watch(Some(watcher));
-                    Ok(Some(Step::busy(None)))
+                Err(err) => return Err(zk_error("taking the lock", err)),
+            },
+        };
+        self.wake = Wake::Idle;
+        self.acquired(session.clone(), own, written.czxid, started)
+            .map(Some)
+    }
+
+    /// Behind another waiter: watch only the predecessor, and mark ourselves as a waiter in
+    /// the same round trip.
+    async fn wait_behind(
+        &mut self,
+        client: &zk::Client,
+        own: &str,
+        predecessor: &str,
+    ) -> Result<Option<Step>> {
+        let own_path = self.own_path(own);
+        let pred_path = self.own_path(predecessor);
+        let mark = (!self.waiting_marked).then(|| client.set_data(&own_path, WAITING, None));
+        let watch = client.check_and_watch_stat(&pred_path);
+        let (marked, watched) = futures::join!(
+            async move {
+                match mark {
+                    Some(mark) => mark.await.map(Some),
+                    None => Ok(None),
                 }
-                // The predecessor left between the listing and the watch: look again.
-                Ok((None, _)) => Ok(None),
-                Err(err) => Err(zk_error("watching the predecessor", err)),
-            };
+            },
+            watch
+        );
+        match marked {
+            Ok(Some(_)) => self.waiting_marked = true,
+            Ok(None) => {}
+            Err(zk::Error::NoNode) => {
+                self.forget_node();
+                return Ok(None);
+            }
+            Err(err) => return Err(zk_error("marking the waiter", err)),
         }
-        // We are next. Read the head and the server's clock (our own write's mtime) in one round
-        // trip, and watch the head.
+        match watched {
+            Ok((Some(_), watcher)) => {
+                self.set_watch(Some(watcher));
+                Ok(Some(Step::busy(None)))
+            }
+            // The predecessor left between the listing and the watch: look again.
+            Ok((None, _)) => Ok(None),
+            Err(err) => Err(zk_error("watching the predecessor", err)),
+        }
+    }
+
+    /// We are next: read the head and the server's clock (our own write's mtime) in one round
+    /// trip, watch the head, and remove it if its lease ran out on the server's clock.
+    async fn next_in_line(
+        &mut self,
+        client: &zk::Client,
+        own: &str,
+        head: &str,
+        fresh: Option<Written>,
+        held: &[u8],
+    ) -> Result<Option<Step>> {
+        let own_path = self.own_path(own);
+        let head_path = self.own_path(head);
         let touch_data: &[u8] = if self.request.mode == AttemptMode::Wait {
             WAITING
         } else {
-            &held
+            held
         };
         let try_mode = self.request.mode == AttemptMode::Try;
         let (now_ms, head_read) = match fresh {
@@ -409,7 +481,7 @@ impl ZkAttempt {
         if age > head_ttl {
             // The holder's lease ran out on the server's clock: remove its node, unless it was
             // renewed meanwhile (the version check makes this atomic).
-            debug!(holder = %head.name, age, head_ttl, "removing an expired holder");
+            debug!(holder = %head, age, head_ttl, "removing an expired holder");
             return match client.delete(&head_path, Some(head_stat.version)).await {
                 Ok(()) | Err(zk::Error::NoNode) => Ok(None),
                 Err(zk::Error::BadVersion) => {
