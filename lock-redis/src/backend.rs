@@ -2,7 +2,6 @@
 //! listing and forced release. The protocol is in `attempt.rs`, `lease.rs` and `node.rs`.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -11,15 +10,11 @@ use distlock_core::{
     LockBackend, LockInfo, LockName, LossDetection, Result, WakeUp,
 };
 use futures::future::join_all;
-use redis::IntoConnectionInfo;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::RedisConfig;
 use crate::attempt::{RedisAttempt, remaining};
-use crate::error::RedisError;
 use crate::keys::LockKeys;
 use crate::node::{Node, within};
-use crate::wake::Subscriber;
 
 /// The Redis [`LockBackend`]: one master (`redis`) or Redlock over N masters (`redlock`).
 /// Made by [`connect`](crate::connect) or [`RedisBackend::connect`]. Cheap to clone.
@@ -46,81 +41,10 @@ impl RedisBackend {
         config.validate()?;
         client.validate()?;
         let timeout = client.operation_timeout;
-        let connects = config.nodes.iter().map(|url| {
-            let name = config.client_name.clone();
-            async move {
-                let info = url
-                    .as_str()
-                    .into_connection_info()
-                    .map_err(|e| Error::InvalidConfig(format!("invalid Redis URL {url:?}: {e}")))?;
-                let addr = info.addr().to_string();
-                let settings = info
-                    .redis_settings()
-                    .clone()
-                    .set_lib_name(&name, env!("CARGO_PKG_VERSION"));
-                let info = info.set_redis_settings(settings);
-                let db = info.redis_settings().db();
-                let client = redis::Client::open(info)
-                    .map_err(|e| Error::InvalidConfig(format!("invalid Redis URL {url:?}: {e}")))?;
-                let manager_config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(Some(timeout))
-                    .set_number_of_retries(2)
-                    .set_min_delay(Duration::from_millis(10))
-                    .set_max_delay(Duration::from_millis(200));
-                let eager = tokio::time::timeout(
-                    timeout,
-                    ConnectionManager::new_with_config(client.clone(), manager_config.clone()),
-                )
-                .await
-                .unwrap_or_else(|_| {
-                    Err(redis::RedisError::from((
-                        redis::ErrorKind::Io,
-                        "connect timed out",
-                    )))
-                });
-                let (conn, failure) = match eager {
-                    Ok(mut conn) => {
-                        // Lets operators (and the tests' fault hooks) find the connection in
-                        // CLIENT LIST; a reconnected connection is unnamed. Best effort.
-                        let _: redis::RedisResult<()> = tokio::time::timeout(
-                            timeout,
-                            redis::cmd("CLIENT")
-                                .arg("SETNAME")
-                                .arg(&name)
-                                .query_async(&mut conn),
-                        )
-                        .await
-                        .unwrap_or(Ok(()));
-                        (conn, None)
-                    }
-                    Err(err) if err.to_string().contains("refused to switch database") => {
-                        return Err(Error::InvalidConfig(format!(
-                            "Redis database {} does not exist on {addr} (the server has fewer \
-                             databases: see `databases` in redis.conf)",
-                            db
-                        )));
-                    }
-                    Err(err) => {
-                        let failure = RedisError::classify(&addr, err);
-                        let lazy =
-                            ConnectionManager::new_lazy_with_config(client.clone(), manager_config)
-                                .map_err(|e| {
-                                    RedisError::classify(&addr, e).into_lock_error("connect")
-                                })?;
-                        (lazy, Some(failure))
-                    }
-                };
-                let sub = Subscriber::new(client, addr.clone(), timeout);
-                let node = Node {
-                    addr,
-                    conn,
-                    sub,
-                    fast_path: AtomicBool::new(true),
-                };
-                Ok::<_, Error>((node, failure))
-            }
-        });
+        let connects = config
+            .nodes
+            .iter()
+            .map(|url| Node::connect(url, &config.client_name, timeout));
         let mut nodes = Vec::new();
         let mut failures = Vec::new();
         for result in join_all(connects).await {

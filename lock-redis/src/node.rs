@@ -3,9 +3,10 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use distlock_core::{AcquireRequest, AttemptMode, LockName, Result};
+use distlock_core::{AcquireRequest, AttemptMode, Error, LockName, Result};
 use redis::Cmd;
-use redis::aio::ConnectionManager;
+use redis::IntoConnectionInfo;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::RedisConfig;
 use crate::error::{RedisError, RedisErrorKind};
@@ -38,6 +39,88 @@ pub(crate) enum Answer {
 }
 
 impl Node {
+    /// Connects to the master at `url` (a node URL of [`RedisConfig`](crate::RedisConfig)),
+    /// naming the connection `name`. A master that does not answer within `timeout` still
+    /// gets a node (connected lazily, retried by the connection manager) and the failure,
+    /// for the caller's quorum count.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a bad URL or a database the server does not have.
+    pub(crate) async fn connect(
+        url: &str,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<(Self, Option<RedisError>)> {
+        let invalid = |e: redis::RedisError| {
+            Error::InvalidConfig(format!(
+                "invalid Redis URL {}: {e}",
+                distlock_core::service_url::redact(url)
+            ))
+        };
+        let info = url.into_connection_info().map_err(invalid)?;
+        let addr = info.addr().to_string();
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_lib_name(name, env!("CARGO_PKG_VERSION"));
+        let info = info.set_redis_settings(settings);
+        let db = info.redis_settings().db();
+        let client = redis::Client::open(info).map_err(invalid)?;
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(2)
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(Duration::from_millis(200));
+        let eager = tokio::time::timeout(
+            timeout,
+            ConnectionManager::new_with_config(client.clone(), manager_config.clone()),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "connect timed out",
+            )))
+        });
+        let (conn, failure) = match eager {
+            Ok(mut conn) => {
+                // Lets operators (and the tests' fault hooks) find the connection in CLIENT
+                // LIST; a reconnected connection is unnamed. Best effort.
+                let _: redis::RedisResult<()> = tokio::time::timeout(
+                    timeout,
+                    redis::cmd("CLIENT")
+                        .arg("SETNAME")
+                        .arg(name)
+                        .query_async(&mut conn),
+                )
+                .await
+                .unwrap_or(Ok(()));
+                (conn, None)
+            }
+            Err(err) if err.to_string().contains("refused to switch database") => {
+                return Err(Error::InvalidConfig(format!(
+                    "Redis database {db} does not exist on {addr} (the server has fewer \
+                     databases: see `databases` in redis.conf)"
+                )));
+            }
+            Err(err) => {
+                let failure = RedisError::classify(&addr, err);
+                let lazy = ConnectionManager::new_lazy_with_config(client.clone(), manager_config)
+                    .map_err(|e| RedisError::classify(&addr, e).into_lock_error("connect"))?;
+                (lazy, Some(failure))
+            }
+        };
+        let sub = Subscriber::new(client, addr.clone(), timeout);
+        let node = Self {
+            addr,
+            conn,
+            sub,
+            fast_path: AtomicBool::new(true),
+        };
+        Ok((node, failure))
+    }
+
     /// One acquisition attempt. `fast`: try the script-free fast path first (see
     /// [`Self::acquire_fast`]).
     pub(crate) async fn acquire(
