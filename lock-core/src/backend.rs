@@ -10,6 +10,8 @@ use futures::future::BoxFuture;
 
 use crate::{Capabilities, FencingToken, LockName, LossReason, Result};
 
+pub use crate::retry::{Retries, RetryPolicy, retrying, spawn_cleanup, within};
+
 /// A lock server protocol. Everything else (validation, waiting, renewal scheduling, loss
 /// detection, guards, reentrancy, tracing) is done once by [`LockClient`](crate::LockClient).
 #[async_trait]
@@ -109,19 +111,42 @@ pub trait Attempt: Send + 'static {
     async fn abandon(self: Box<Self>) -> Result<()>;
 }
 
-/// The result of one [`Attempt::poll`].
+/// The result of one [`Attempt::poll`]. When to poll again is the core's decision; the step
+/// tells it what the backend saw.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Step {
     /// The lock is ours.
     Acquired(Acquired),
-    /// Somebody else holds it (or is ahead in the queue).
+    /// Somebody else holds it (or is ahead in the queue): poll again on a wake-up
+    /// ([`Attempt::changed`]), or after `retry_after`, or after the core's backoff.
     Busy {
         /// When polling again makes sense even without a wake-up, typically the holder's
         /// remaining lease.
         retry_after: Option<Duration>,
     },
+    /// This attempt is next in line: the holder's release makes it the holder. A backend
+    /// without wake-up events says so, and the core polls it briskly (1 ms doubling to
+    /// [`NEXT_IN_LINE_MAX_POLL`]) while the other waiters back off.
+    NextInLine {
+        /// As for [`Step::Busy`].
+        retry_after: Option<Duration>,
+    },
+    /// The attempt's view of the server changed under it (its predecessor left, a release
+    /// came between two requests, a session was re-established): poll again now. The core
+    /// does so at once up to [`MAX_IMMEDIATE_POLLS`] times in a row, then backs off.
+    Again,
+    /// The attempt lost a race with no clear holder (a Redlock split vote): poll again after
+    /// a short random pause (up to a tenth of the ttl, 2-50 ms), wake-up or not.
+    Contended,
 }
+
+/// How many [`Step::Again`] in a row the core answers with an immediate poll before it backs
+/// off (a backend that keeps answering `Again` is not allowed to spin).
+pub const MAX_IMMEDIATE_POLLS: u32 = 16;
+
+/// The longest pause between polls of an attempt that is [`Step::NextInLine`].
+pub const NEXT_IN_LINE_MAX_POLL: Duration = Duration::from_millis(20);
 
 impl Step {
     /// Shorthand for a busy lock with a known remaining lease.
@@ -187,6 +212,20 @@ pub trait Lease: Send + Sync + Debug + 'static {
     /// cheap for short holds (set up a watch lazily rather than with a request per guard).
     fn loss_signal(&self) -> Option<BoxFuture<'static, LossReason>> {
         None
+    }
+
+    /// Called by the core, in the background, once the lock has run out without a release:
+    /// the guard's local deadline passed (renewal disabled, the hold limit reached, the guard
+    /// abandoned, renewals failing) or its release got no answer. The call comes after the
+    /// last acquire or renew request was sent plus its ttl, i.e. once the server's lease has
+    /// certainly ended, and is repeated under
+    /// [`RetryPolicy::BACKGROUND`](crate::backend::RetryPolicy::BACKGROUND) while it fails.
+    ///
+    /// A backend whose server-side lease can outlive the lock (etcd: one lease kept alive
+    /// for all of a client's keys) removes the lock here, owner-checked. The default does
+    /// nothing: the server's ttl already freed it.
+    async fn expired(&self) -> Result<()> {
+        Ok(())
     }
 }
 

@@ -1,20 +1,23 @@
 //! The generic client: the one implementation of [`DistributedLock`] over any [`LockBackend`].
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use rand::Rng;
 use tracing::{Instrument, debug};
 
-use crate::backend::{AcquireRequest, Attempt, AttemptMode, LockBackend, Step};
+use crate::backend::{
+    AcquireRequest, Attempt, AttemptMode, LockBackend, MAX_IMMEDIATE_POLLS, NEXT_IN_LINE_MAX_POLL,
+    Step, within,
+};
 use crate::guard::{Held, LockGuard, NewGuard};
+use crate::registry::{Registry, RegistryKey};
 use crate::watchdog::Watchdog;
 use crate::{
     AcquireOptions, Backoff, Capabilities, ClientConfig, DistributedLock, Error, LockInfo,
-    LockName, OwnerId, Result, WakeUp,
+    LockName, Result, WakeUp,
 };
 
 /// A lock client over one backend. Cheap to clone (clones share connections and the
@@ -38,7 +41,7 @@ struct Inner<B> {
     backend: B,
     config: ClientConfig,
     caps: Capabilities,
-    registry: Arc<Registry>,
+    registry: Arc<Registry<Held>>,
     watchdog: Watchdog,
 }
 
@@ -120,10 +123,7 @@ impl<B: LockBackend> LockClient<B> {
         };
         // Reentrant path: one acquisition at a time per (name, owner), so that a second
         // acquire by the same owner joins the first lease instead of queueing behind it.
-        let key = RegistryKey {
-            name: name.clone(),
-            owner,
-        };
+        let key = RegistryKey::new(name.clone(), owner);
         let slot = self.inner.registry.slot(&key);
         let mut current = slot.lock().await;
         if let Some(guard) = current.upgrade().and_then(|held| LockGuard::reenter(&held)) {
@@ -146,7 +146,7 @@ impl<B: LockBackend> LockClient<B> {
         name: LockName,
         options: &AcquireOptions,
         mode: AttemptMode,
-        reentry: Option<(Weak<Registry>, RegistryKey)>,
+        reentry: Option<(Weak<Registry<Held>>, RegistryKey)>,
     ) -> Result<Option<LockGuard>> {
         let started = Instant::now();
         let deadline = match mode {
@@ -171,15 +171,16 @@ impl<B: LockBackend> LockClient<B> {
         let mut backoff = BackoffState::new(&options.backoff);
         let mut failures = FailureReport::default();
         let mut last_error: Option<Error>;
+        // Immediate re-polls in a row ([`Step::Again`]); polls while next in line.
+        let (mut again, mut next_in_line) = (0, 0);
         loop {
             let sent = Instant::now();
-            let step = match tokio::time::timeout(op_timeout, attempt.get().poll()).await {
-                Ok(step) => step,
-                Err(_) => Err(Error::Unavailable {
-                    message: format!("acquire attempt got no answer within {op_timeout:?}"),
-                    source: None,
-                }),
-            };
+            let step = within(op_timeout, "acquire attempt", attempt.get().poll())
+                .await
+                .and_then(|step| step);
+            if !matches!(step, Ok(Step::Again)) {
+                again = 0;
+            }
             let delay = match step {
                 Ok(Step::Acquired(acquired)) => {
                     attempt.disarm();
@@ -201,7 +202,32 @@ impl<B: LockBackend> LockClient<B> {
                 }
                 Ok(Step::Busy { retry_after }) => {
                     last_error = None;
+                    next_in_line = 0;
                     self.busy_delay(&mut backoff, retry_after)
+                }
+                Ok(Step::NextInLine { retry_after }) => {
+                    last_error = None;
+                    let brisk = next_in_line_poll(next_in_line);
+                    next_in_line = next_in_line.saturating_add(1);
+                    match self.inner.caps.wake_up {
+                        WakeUp::Event => self.busy_delay(&mut backoff, retry_after),
+                        _ => retry_after.map_or(brisk, |r| r.min(brisk)),
+                    }
+                }
+                Ok(Step::Again) if again < MAX_IMMEDIATE_POLLS => {
+                    again += 1;
+                    debug!(again, "polling again at once");
+                    continue;
+                }
+                // A backend that keeps answering `Again` gets the backoff.
+                Ok(Step::Again) => {
+                    again = 0;
+                    last_error = None;
+                    backoff.next()
+                }
+                Ok(Step::Contended) => {
+                    last_error = None;
+                    contention_pause(options.ttl)
                 }
                 Err(err) if err.is_retryable() && mode == AttemptMode::Wait => {
                     failures.retrying(&name, &err);
@@ -285,14 +311,7 @@ impl<B: LockBackend> DistributedLock for LockClient<B> {
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         let name = LockName::new(name)?;
         let timeout = self.inner.config.operation_timeout;
-        tokio::time::timeout(timeout, self.inner.backend.inspect(&name))
-            .await
-            .unwrap_or_else(|_| {
-                Err(Error::Unavailable {
-                    message: format!("inspect got no answer within {timeout:?}"),
-                    source: None,
-                })
-            })
+        within(timeout, "inspect", self.inner.backend.inspect(&name)).await?
     }
 
     async fn list(&self, prefix: Option<&str>, limit: usize) -> Result<Vec<(LockName, LockInfo)>> {
@@ -305,14 +324,7 @@ impl<B: LockBackend> DistributedLock for LockClient<B> {
             return Ok(Vec::new());
         }
         let timeout = self.inner.config.operation_timeout;
-        let mut locks = tokio::time::timeout(timeout, self.inner.backend.list(prefix, limit))
-            .await
-            .unwrap_or_else(|_| {
-                Err(Error::Unavailable {
-                    message: format!("list got no answer within {timeout:?}"),
-                    source: None,
-                })
-            })?;
+        let mut locks = within(timeout, "list", self.inner.backend.list(prefix, limit)).await??;
         locks.sort_by(|a, b| a.0.cmp(&b.0));
         locks.dedup_by(|a, b| a.0 == b.0);
         locks.retain(|(name, _)| prefix.is_none_or(|p| name.as_str().starts_with(p)));
@@ -328,15 +340,13 @@ impl<B: LockBackend> DistributedLock for LockClient<B> {
             name = name.as_str()
         );
         let timeout = self.inner.config.operation_timeout;
-        let removed = tokio::time::timeout(timeout, self.inner.backend.force_release(&name))
-            .instrument(span)
-            .await
-            .unwrap_or_else(|_| {
-                Err(Error::Unavailable {
-                    message: format!("force release got no answer within {timeout:?}"),
-                    source: None,
-                })
-            })?;
+        let removed = within(
+            timeout,
+            "force release",
+            self.inner.backend.force_release(&name),
+        )
+        .instrument(span)
+        .await??;
         tracing::warn!(
             backend = self.backend(),
             name = name.as_str(),
@@ -345,6 +355,21 @@ impl<B: LockBackend> DistributedLock for LockClient<B> {
         );
         Ok(removed)
     }
+}
+
+/// The pause before poll number `n` (0-based) of an attempt that is next in line: 1 ms
+/// doubling to [`NEXT_IN_LINE_MAX_POLL`].
+fn next_in_line_poll(n: u32) -> Duration {
+    (Duration::from_millis(1) * 2u32.saturating_pow(n.min(8))).min(NEXT_IN_LINE_MAX_POLL)
+}
+
+/// After a race with no clear winner ([`Step::Contended`]): a random pause of 1 ms up to a
+/// tenth of the ttl (at least 2, at most 50 ms), so that the racers do not meet again.
+fn contention_pause(ttl: Duration) -> Duration {
+    let cap = u64::try_from((ttl / 10).as_millis())
+        .unwrap_or(50)
+        .clamp(2, 50);
+    Duration::from_millis(rand::rng().random_range(1..=cap))
 }
 
 /// How often a waiter reports that its attempts keep failing.
@@ -477,65 +502,6 @@ impl BackoffState {
 
     fn reset(&mut self) {
         self.current = self.min;
-    }
-}
-
-/// Identifies a reentrant holder.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct RegistryKey {
-    name: LockName,
-    owner: OwnerId,
-}
-
-type Slot = Arc<tokio::sync::Mutex<Weak<Held>>>;
-
-/// The leases held by explicit owners through one client.
-#[derive(Default)]
-pub(crate) struct Registry {
-    slots: Mutex<HashMap<RegistryKey, Slot>>,
-}
-
-impl Registry {
-    fn slot(&self, key: &RegistryKey) -> Slot {
-        let mut slots = self
-            .slots
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        slots.entry(key.clone()).or_default().clone()
-    }
-
-    /// Removes the entry for `key` if nobody uses it.
-    fn tidy(&self, key: &RegistryKey) {
-        let mut slots = self
-            .slots
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(slot) = slots.get(key) {
-            let unused = Arc::strong_count(slot) == 1
-                && slot
-                    .try_lock()
-                    .is_ok_and(|held| held.upgrade().is_none_or(|h| h.is_lost()));
-            if unused {
-                slots.remove(key);
-            }
-        }
-    }
-
-    /// Called when `held` is released: its entry no longer offers reentry.
-    pub(crate) fn forget(&self, key: &RegistryKey, held: &Arc<Held>) {
-        let mut slots = self
-            .slots
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let stale = slots.get(key).is_some_and(|slot| {
-            Arc::strong_count(slot) == 1
-                && slot
-                    .try_lock()
-                    .is_ok_and(|current| current.upgrade().is_none_or(|h| Arc::ptr_eq(&h, held)))
-        });
-        if stale {
-            slots.remove(key);
-        }
     }
 }
 

@@ -111,6 +111,13 @@ impl Error {
         }
     }
 
+    /// An [`Error::NotHeld`] for `name`: the server says the owner no longer holds it.
+    pub fn not_held(name: impl fmt::Display) -> Self {
+        Self::NotHeld {
+            name: name.to_string(),
+        }
+    }
+
     /// Whether the error says the caller does not (or no longer) hold the lock.
     pub fn is_not_held(&self) -> bool {
         matches!(self, Self::NotHeld { .. } | Self::Lost { .. })

@@ -6,14 +6,15 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, warn};
 
-use crate::backend::Lease;
 use crate::backend::unpoisoned as lock;
-use crate::client::Registry;
-use crate::watchdog::{Schedule, Watchdog};
+use crate::backend::{Lease, within};
+use crate::registry::{Reentrant, Registry, RegistryKey};
+use crate::watchdog::{Schedule, Watchdog, Watched};
 use crate::{ClientConfig, Error, FencingToken, LockName, LossReason, Result};
 
 /// A held lock.
@@ -44,17 +45,20 @@ pub(crate) struct Held {
     pub(crate) ttl: Duration,
     config: ClientConfig,
     /// Renewal stops so that the lock is not held past this instant.
-    pub(crate) hold_limit: Option<Instant>,
+    hold_limit: Option<Instant>,
     valid_until: Mutex<Instant>,
+    /// When the server's lease certainly ended if not renewed: the last acquire or renew
+    /// request's sending plus the ttl.
+    lease_end: Mutex<Instant>,
     lost: watch::Sender<Option<LossReason>>,
     /// Ends renewal and loss watching (release, drop, a reported loss).
-    pub(crate) stop: CancellationToken,
+    stop: CancellationToken,
     /// Renewal state, driven by the client's [`Watchdog`].
-    pub(crate) schedule: Mutex<Schedule>,
+    schedule: Mutex<Schedule>,
     watchdog: Watchdog,
     /// Reentrant holds still outstanding; 0 once released or abandoned.
     holds: Mutex<usize>,
-    reentry: Option<(Weak<Registry>, crate::client::RegistryKey)>,
+    reentry: Option<(Weak<Registry<Held>>, RegistryKey)>,
 }
 
 /// What the core knows when it turns a backend's `Acquired` into a guard.
@@ -69,7 +73,7 @@ pub(crate) struct NewGuard {
     pub(crate) lease_started: Instant,
     pub(crate) renewal_interval: Option<Duration>,
     pub(crate) max_hold: Option<Duration>,
-    pub(crate) reentry: Option<(Weak<Registry>, crate::client::RegistryKey)>,
+    pub(crate) reentry: Option<(Weak<Registry<Held>>, RegistryKey)>,
     pub(crate) watchdog: Watchdog,
 }
 
@@ -91,6 +95,7 @@ impl LockGuard {
             config: new.config,
             hold_limit,
             valid_until: Mutex::new(valid_until),
+            lease_end: Mutex::new(new.lease_started + new.ttl),
             lost: watch::Sender::new(None),
             stop: CancellationToken::new(),
             schedule: Mutex::new(Schedule::new(new.lease_started, new.renewal_interval)),
@@ -98,7 +103,7 @@ impl LockGuard {
             holds: Mutex::new(1),
             reentry: new.reentry,
         });
-        held.watchdog.watch(&held);
+        held.watchdog.watch(&(held.clone() as Arc<dyn Watched>));
         if let Some(signal) = held.lease.loss_signal() {
             // Only backends that learn of a loss by themselves (sessions) pay for a task.
             let held = held.clone();
@@ -109,6 +114,16 @@ impl LockGuard {
                         biased;
                         () = held.stop.cancelled() => {}
                         reason = signal => {
+                            // A lock removed once its local deadline passed expired; the backend
+                            // cannot tell that apart from a removal by somebody else.
+                            let reason = match reason {
+                                LossReason::ReleasedElsewhere
+                                    if Instant::now() >= held.valid_until() =>
+                                {
+                                    LossReason::LeaseExpired
+                                }
+                                other => other,
+                            };
                             held.mark_lost(reason);
                             held.stop.cancel();
                         }
@@ -236,7 +251,7 @@ impl Drop for LockGuard {
             return;
         }
         self.held.stop.cancel();
-        self.held.watchdog.unwatch(&self.held);
+        self.held.watchdog.unwatch(&*self.held);
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let held = self.held.clone();
@@ -266,6 +281,12 @@ impl fmt::Debug for LockGuard {
             .field("owner", &self.held.owner)
             .field("lost", &self.loss_reason())
             .finish_non_exhaustive()
+    }
+}
+
+impl Reentrant for Held {
+    fn is_lost(&self) -> bool {
+        Held::is_lost(self)
     }
 }
 
@@ -319,7 +340,8 @@ impl Held {
         }
         let sent = Instant::now();
         let timeout = self.config.operation_timeout;
-        match tokio::time::timeout(timeout, self.lease.renew(self.ttl)).await {
+        let what = Of("renewal", &self.name);
+        match within(timeout, what, self.lease.renew(self.ttl)).await {
             Ok(Ok(())) => {
                 let mut until = sent + self.ttl - self.config.drift(self.ttl);
                 if let Some(limit) = self.hold_limit {
@@ -327,33 +349,30 @@ impl Held {
                 }
                 let mut valid = lock(&self.valid_until);
                 *valid = (*valid).max(until);
+                drop(valid);
+                let mut end = lock(&self.lease_end);
+                *end = (*end).max(sent + self.ttl);
                 Ok(())
             }
             Ok(Err(err)) if err.is_not_held() => {
                 self.mark_lost(LossReason::RenewalRejected);
                 Err(err)
             }
-            Ok(Err(err)) => Err(err),
-            Err(_) => Err(Error::Unavailable {
-                message: format!(
-                    "renewal of {:?} got no answer within {timeout:?}",
-                    self.name.as_str()
-                ),
-                source: None,
-            }),
+            Ok(Err(err)) | Err(err) => Err(err),
         }
     }
 
     async fn release_on_server(self: Arc<Self>) -> Result<()> {
         self.stop.cancel();
-        self.watchdog.unwatch(&self);
+        self.watchdog.unwatch(&*self);
         if let Some((registry, key)) = &self.reentry
             && let Some(registry) = registry.upgrade()
         {
             registry.forget(key, &self);
         }
         let timeout = self.config.operation_timeout;
-        let result = match tokio::time::timeout(timeout, self.lease.release()).await {
+        let what = Of("release", &self.name);
+        let result = match within(timeout, what, self.lease.release()).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(err)) if err.is_not_held() => match self.loss_reason() {
                 Some(reason) => Err(self.lost_error(reason)),
@@ -362,21 +381,68 @@ impl Held {
                     Err(err)
                 }
             },
-            Ok(Err(err)) => Err(err),
-            Err(_) => Err(Error::Unavailable {
-                message: format!(
-                    "release of {:?} got no answer within {timeout:?}",
-                    self.name.as_str()
-                ),
-                source: None,
-            }),
+            Ok(Err(err)) | Err(err) => Err(err),
         };
         debug!(backend = self.backend, name = %self.name, ok = result.is_ok(), "released");
+        if result.as_ref().is_err_and(|err| !err.is_not_held()) {
+            // Perhaps still held on the server: the backend cleans up once the lease ran out.
+            self.clone().ran_out();
+        }
         result
     }
+}
 
-    /// False once every guard is gone or the lock was abandoned.
-    pub(crate) fn renewing(&self) -> bool {
+/// "`operation` of `name`", for error messages, formatted only if one is made.
+struct Of<'a>(&'static str, &'a LockName);
+
+impl fmt::Display for Of<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} of {:?}", self.0, self.1.as_str())
+    }
+}
+
+impl Watched for Held {
+    fn schedule(&self) -> &Mutex<Schedule> {
+        &self.schedule
+    }
+
+    fn stop(&self) -> &CancellationToken {
+        &self.stop
+    }
+
+    fn valid_until(&self) -> Instant {
+        Held::valid_until(self)
+    }
+
+    fn hold_limit(&self) -> Option<Instant> {
+        self.hold_limit
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    fn renewing(&self) -> bool {
         *lock(&self.holds) > 0
+    }
+
+    fn mark_lost(&self, reason: LossReason) {
+        Held::mark_lost(self, reason);
+    }
+
+    fn renew_once(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(Held::renew_once(self))
+    }
+
+    fn ran_out(self: Arc<Self>) {
+        let at = *lock(&self.lease_end);
+        crate::backend::spawn_cleanup("removing a lock whose lease ran out", Some(at), move || {
+            let held = self.clone();
+            async move { held.lease.expired().await }
+        });
     }
 }

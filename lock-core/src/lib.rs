@@ -77,6 +77,8 @@ mod lock;
 pub mod memory;
 mod name;
 mod options;
+mod registry;
+mod retry;
 pub mod service_url;
 mod token;
 mod watchdog;

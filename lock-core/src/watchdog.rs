@@ -14,11 +14,38 @@ use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::Notify;
 use tokio::time::sleep_until;
+use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::LossReason;
 use crate::backend::unpoisoned as lock;
-use crate::guard::Held;
+use crate::{LockName, LossReason, Result};
+
+/// What the watchdog needs of a guard: its schedule, deadlines and renewal. (The guard
+/// implements it; the watchdog knows nothing else of guards.)
+pub(crate) trait Watched: Send + Sync + 'static {
+    /// The renewal state the watchdog keeps in the guard.
+    fn schedule(&self) -> &Mutex<Schedule>;
+    /// Cancelled when the guard stops (release, drop, a reported loss).
+    fn stop(&self) -> &CancellationToken;
+    /// The local deadline.
+    fn valid_until(&self) -> Instant;
+    /// Renewal stops so that the lock is not held past this instant.
+    fn hold_limit(&self) -> Option<Instant>;
+    /// The lease length.
+    fn ttl(&self) -> Duration;
+    /// The lock, for traces.
+    fn name(&self) -> &LockName;
+    /// False once every guard is gone or the lock was abandoned.
+    fn renewing(&self) -> bool;
+    /// Records a loss (the first reason wins).
+    fn mark_lost(&self, reason: LossReason);
+    /// One renewal request, which moves the local deadline on success.
+    fn renew_once(&self) -> BoxFuture<'_, Result<()>>;
+    /// The local deadline passed without a renewal: the lease ran out (loss already marked).
+    fn ran_out(self: Arc<Self>);
+}
+
+type Entry = Arc<dyn Watched>;
 
 /// Where a guard sits in the deadline map.
 pub(crate) type TimerKey = (Instant, u64);
@@ -63,7 +90,7 @@ struct Shared {
 
 #[derive(Default)]
 struct State {
-    timers: BTreeMap<TimerKey, Arc<Held>>,
+    timers: BTreeMap<TimerKey, Entry>,
     running: bool,
     /// The deadline the task sleeps towards.
     wake_at: Option<Instant>,
@@ -71,25 +98,25 @@ struct State {
 
 impl Watchdog {
     /// Starts watching a new guard.
-    pub(crate) fn watch(&self, held: &Arc<Held>) {
-        let at = next_event(held, &lock(&held.schedule));
+    pub(crate) fn watch(&self, held: &Entry) {
+        let at = next_event(held.as_ref(), &lock(held.schedule()));
         self.insert(held, at);
     }
 
     /// Stops watching (release, drop): removes the guard's entry at once.
-    pub(crate) fn unwatch(&self, held: &Held) {
-        let key = lock(&held.schedule).key.take();
+    pub(crate) fn unwatch(&self, held: &dyn Watched) {
+        let key = lock(held.schedule()).key.take();
         if let Some(key) = key {
             lock(&self.shared.state).timers.remove(&key);
         }
     }
 
-    fn insert(&self, held: &Arc<Held>, at: Instant) {
+    fn insert(&self, held: &Entry, at: Instant) {
         let key = (at, self.shared.seq.fetch_add(1, Ordering::Relaxed));
-        lock(&held.schedule).key = Some(key);
+        lock(held.schedule()).key = Some(key);
         let mut state = lock(&self.shared.state);
         state.timers.insert(key, held.clone());
-        if held.stop.is_cancelled() {
+        if held.stop().is_cancelled() {
             // Stopped while a renewal ran: `unwatch` (which runs after the stop) may have
             // found no key yet, so take the entry out here.
             state.timers.remove(&key);
@@ -109,26 +136,27 @@ impl Watchdog {
 
     /// Handles a guard whose deadline is due: the loss deadline passed, a renewal is due (the
     /// returned future runs it), or neither (it goes back into the map).
-    fn due(&self, held: Arc<Held>, now: Instant) -> Option<BoxFuture<'static, ()>> {
-        if held.stop.is_cancelled() {
+    fn due(&self, held: Entry, now: Instant) -> Option<BoxFuture<'static, ()>> {
+        if held.stop().is_cancelled() {
             return None;
         }
         let valid_until = held.valid_until();
-        let mut schedule = lock(&held.schedule);
+        let mut schedule = lock(held.schedule());
         if now >= valid_until {
             let reason = if schedule.failing {
                 LossReason::ConnectionLost
-            } else if held.hold_limit.is_some_and(|limit| valid_until >= limit) {
+            } else if held.hold_limit().is_some_and(|limit| valid_until >= limit) {
                 LossReason::HoldLimitReached
             } else {
                 LossReason::LeaseExpired
             };
             drop(schedule);
             held.mark_lost(reason);
-            held.stop.cancel();
+            held.stop().cancel();
+            held.ran_out();
             return None;
         }
-        let renew_due = renew_at(&held, &schedule).is_some_and(|at| at <= now);
+        let renew_due = renew_at(held.as_ref(), &schedule).is_some_and(|at| at <= now);
         if renew_due && held.renewing() {
             drop(schedule);
             return Some(Box::pin(self.clone().renew(held, valid_until)));
@@ -137,25 +165,26 @@ impl Watchdog {
             // Abandoned: keep only the loss deadline, so that `lost()` still fires.
             schedule.next_renewal = None;
         }
-        let at = next_event(&held, &schedule);
+        let at = next_event(held.as_ref(), &schedule);
         drop(schedule);
         self.insert(&held, at);
         None
     }
 
-    async fn renew(self, held: Arc<Held>, valid_until: Instant) {
+    async fn renew(self, held: Entry, valid_until: Instant) {
         let result = tokio::select! {
             biased;
-            () = held.stop.cancelled() => return,
+            () = held.stop().cancelled() => return,
             () = sleep_until(valid_until.into()) => {
                 held.mark_lost(LossReason::ConnectionLost);
-                held.stop.cancel();
+                held.stop().cancel();
+                held.ran_out();
                 return;
             }
             result = held.renew_once() => result,
         };
-        let mut schedule = lock(&held.schedule);
-        let interval = schedule.interval.unwrap_or(held.ttl / 3);
+        let mut schedule = lock(held.schedule());
+        let interval = schedule.interval.unwrap_or(held.ttl() / 3);
         match result {
             Ok(()) => {
                 schedule.failing = false;
@@ -164,17 +193,17 @@ impl Watchdog {
             // Refused: `renew_once` reported the loss.
             Err(err) if err.is_not_held() => {
                 drop(schedule);
-                held.stop.cancel();
+                held.stop().cancel();
                 return;
             }
             Err(err) => {
                 schedule.failing = true;
                 let retry = (interval / 4).clamp(Duration::from_millis(5), Duration::from_secs(1));
-                debug!(%err, ?retry, name = %held.name, "renewal failed, retrying");
+                debug!(%err, ?retry, name = %held.name(), "renewal failed, retrying");
                 schedule.next_renewal = Some(Instant::now() + retry);
             }
         }
-        let at = next_event(&held, &schedule);
+        let at = next_event(held.as_ref(), &schedule);
         drop(schedule);
         self.insert(&held, at);
     }
@@ -182,13 +211,13 @@ impl Watchdog {
 
 /// The next renewal, unless it would fall after the hold limit (`valid_until` is clamped to
 /// the limit anyway).
-fn renew_at(held: &Held, schedule: &Schedule) -> Option<Instant> {
+fn renew_at(held: &dyn Watched, schedule: &Schedule) -> Option<Instant> {
     schedule
         .next_renewal
-        .filter(|at| held.hold_limit.is_none_or(|limit| *at < limit))
+        .filter(|at| held.hold_limit().is_none_or(|limit| *at < limit))
 }
 
-fn next_event(held: &Held, schedule: &Schedule) -> Instant {
+fn next_event(held: &dyn Watched, schedule: &Schedule) -> Instant {
     let valid_until = held.valid_until();
     renew_at(held, schedule).map_or(valid_until, |at| at.min(valid_until))
 }
@@ -239,7 +268,7 @@ async fn run(watchdog: Watchdog) {
             next
         };
         for held in due {
-            lock(&held.schedule).key = None;
+            lock(held.schedule()).key = None;
             if let Some(renewal) = watchdog.due(held, now) {
                 renewals.push(renewal);
             }
