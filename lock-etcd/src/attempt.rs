@@ -4,18 +4,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use distlock_core::{Acquired, Attempt, AttemptMode, Error, FencingToken, Result, Step};
+use distlock_core::backend::{Retries, RetryPolicy, spawn_cleanup};
+use distlock_core::{Acquired, Attempt, AttemptMode, FencingToken, Result, Step};
 use etcd_client::{
     Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
     WatchFilterType, WatchOptions, WatchStream,
 };
-use tokio::sync::watch;
 use tracing::debug;
 
 use crate::backend::Shared;
-use crate::error::{TRANSPORT_RETRIES, lease_not_found, map_err, protocol, retry_pause};
+use crate::error::{lease_not_found, map_err, protocol};
 use crate::keys::{QueueKey, key_string};
-use crate::lease::{EtcdLease, reap};
+use crate::lease::EtcdLease;
 use crate::session::LeaseSlot;
 use crate::wake::{next_event, sleep_until};
 
@@ -42,23 +42,14 @@ pub(crate) struct EtcdAttempt {
 }
 
 impl EtcdAttempt {
-    fn acquired(
-        &mut self,
-        slot: Arc<LeaseSlot>,
-        rev: i64,
-        lease_started: Instant,
-        poll_started: Instant,
-    ) -> Step {
+    fn acquired(&mut self, slot: Arc<LeaseSlot>, rev: i64, lease_started: Instant) -> Step {
         self.watch = None;
-        let (reaper, rx) = watch::channel(Some(poll_started + self.ttl));
-        tokio::spawn(reap(self.key.clone(), rev, rx));
         let lease = EtcdLease {
             shared: self.shared.clone(),
             slot,
             name: self.name.clone(),
             key: self.key.clone(),
             rev,
-            reaper,
         };
         Step::Acquired(Acquired::new(Box::new(lease), token(rev)).with_lease_started(lease_started))
     }
@@ -72,7 +63,7 @@ impl EtcdAttempt {
     }
 
     /// `try_acquire`: put the key only if the name has no key at all (nobody holds or waits).
-    async fn poll_try(&mut self, started: Instant) -> Result<Option<Step>> {
+    async fn poll_try(&mut self) -> Result<Option<Step>> {
         let slot = self.shared.fresh_slot(self.ttl).await?;
         let lease_started = slot.refreshed();
         // Otherwise read the first key: ours if an earlier poll's answer was lost.
@@ -99,7 +90,7 @@ impl EtcdAttempt {
             Err(err) => Err(map_err("acquiring", err)),
             Ok(resp) if resp.succeeded() => {
                 let rev = header_revision(resp.header())?;
-                Ok(Some(self.acquired(slot, rev, lease_started, started)))
+                Ok(Some(self.acquired(slot, rev, lease_started)))
             }
             Ok(resp) => {
                 let first = match resp.op_responses().into_iter().next() {
@@ -109,7 +100,7 @@ impl EtcdAttempt {
                 match first {
                     Some(kv) if before && kv.key() == self.key.key.as_bytes() => {
                         let rev = kv.create_revision();
-                        Ok(Some(self.acquired(slot, rev, lease_started, started)))
+                        Ok(Some(self.acquired(slot, rev, lease_started)))
                     }
                     _ => {
                         self.key.set_may_exist(before);
@@ -121,7 +112,7 @@ impl EtcdAttempt {
     }
 
     /// `acquire`, first step: join the queue and learn the predecessor in one transaction.
-    async fn poll_enqueue(&mut self, started: Instant) -> Result<Option<Step>> {
+    async fn poll_enqueue(&mut self) -> Result<Option<Step>> {
         let slot = self.shared.fresh_slot(self.ttl).await?;
         let lease_started = slot.refreshed();
         let last = GetOptions::new()
@@ -171,7 +162,7 @@ impl EtcdAttempt {
         }
         self.slot = Some(slot.clone());
         match first_kvs.first() {
-            None => Ok(Some(self.acquired(slot, revision, lease_started, started))),
+            None => Ok(Some(self.acquired(slot, revision, lease_started))),
             Some(pred) => {
                 self.rev = Some(revision);
                 self.watch_target = Some((key_string(pred.key()), revision + 1));
@@ -207,7 +198,7 @@ impl EtcdAttempt {
     }
 
     /// `acquire`, later steps: is there still a key before ours?
-    async fn poll_position(&mut self, rev: i64, started: Instant) -> Result<Option<Step>> {
+    async fn poll_position(&mut self, rev: i64) -> Result<Option<Step>> {
         let Some(slot) = self.slot.clone() else {
             self.rev = None;
             return Ok(None);
@@ -246,7 +237,7 @@ impl EtcdAttempt {
             _ => return Err(protocol("a transaction answered without its read")),
         };
         match kvs.first() {
-            None => Ok(Some(self.acquired(slot, rev, lease_started, started))),
+            None => Ok(Some(self.acquired(slot, rev, lease_started))),
             Some(pred) => {
                 self.watch_target = Some((key_string(pred.key()), revision + 1));
                 Ok(Some(Step::busy(None)))
@@ -265,35 +256,22 @@ pub(crate) fn header_revision(header: Option<&etcd_client::ResponseHeader>) -> R
 #[async_trait]
 impl Attempt for EtcdAttempt {
     async fn poll(&mut self) -> Result<Step> {
-        let started = Instant::now();
-        // A few rounds: a lease that vanished, or a lost answer, costs one more round. Every
-        // step is safe to repeat (a repeated put finds its own key), so a transport error is
-        // retried at once: the client balances over the endpoints, and a request routed to a
-        // member that just went down fails before the balancer skips it.
-        let mut failures = 0;
-        for _ in 0..4 {
-            let step = loop {
-                let result = match (self.mode, self.rev) {
-                    (AttemptMode::Try, _) => self.poll_try(started).await,
-                    (AttemptMode::Wait, None) => self.poll_enqueue(started).await,
-                    (AttemptMode::Wait, Some(rev)) => self.poll_position(rev, started).await,
-                };
-                match result {
-                    Err(err) if err.is_retryable() && failures < TRANSPORT_RETRIES => {
-                        debug!(%err, "retrying an acquire step");
-                        retry_pause(&mut failures).await;
-                    }
-                    other => break other?,
-                }
+        // Every step is safe to repeat (a repeated put finds its own key), so a transport
+        // error is retried at once: the client balances over the endpoints, and a request
+        // routed to a member that just went down fails before the balancer skips it. A lease
+        // that vanished, or a lost answer, costs one more round: `Step::Again`.
+        let mut retries = Retries::new(RetryPolicy::TRANSIENT);
+        loop {
+            let result = match (self.mode, self.rev) {
+                (AttemptMode::Try, _) => self.poll_try().await,
+                (AttemptMode::Wait, None) => self.poll_enqueue().await,
+                (AttemptMode::Wait, Some(rev)) => self.poll_position(rev).await,
             };
-            if let Some(step) = step {
-                return Ok(step);
+            match result {
+                Err(err) if err.is_retryable() && retries.pause("an acquire step", &err).await => {}
+                other => return Ok(other?.unwrap_or(Step::Again)),
             }
         }
-        Err(Error::Unavailable {
-            message: "the lock queue kept changing under this attempt".into(),
-            source: None,
-        })
     }
 
     async fn changed(&mut self) {
@@ -384,18 +362,14 @@ impl Attempt for EtcdAttempt {
         // rather than making the caller wait a second timeout; the key expires with the lease
         // otherwise.
         let key = self.key.clone();
-        tokio::spawn(async move {
-            for _ in 0..5 {
-                match kv.delete(key.key.clone(), None).await {
-                    Ok(_) => {
-                        key.deleted();
-                        return;
-                    }
-                    Err(err) => {
-                        debug!(%err, key = %key.key, "removing an unanswered queue entry failed, retrying");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                }
+        spawn_cleanup("removing an unanswered queue entry", None, move || {
+            let (mut kv, key) = (kv.clone(), key.clone());
+            async move {
+                kv.delete(key.key.clone(), None)
+                    .await
+                    .map_err(|e| map_err("removing an unanswered queue entry", e))?;
+                key.deleted();
+                Ok(())
             }
         });
         Ok(())

@@ -8,6 +8,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_core::backend::within;
 use distlock_core::{
     AcquireRequest, Attempt, Capabilities, Error, FencingGuarantee, LockBackend, LockInfo,
     LockName, LossDetection, Result, WakeUp,
@@ -20,7 +21,7 @@ use tokio::sync::mpsc;
 use crate::attempt::{EtcdAttempt, token};
 use crate::checks::KeyCheck;
 use crate::config::EtcdConfig;
-use crate::error::{TRANSPORT_RETRIES, cause, map_err, retry_pause, retryable};
+use crate::error::{cause, map_err, retryable, transient};
 use crate::keys;
 use crate::keys::{KeyPool, QueueKey};
 use crate::session::LeaseSlot;
@@ -74,23 +75,15 @@ impl EtcdBackend {
             .with_keep_alive(Duration::from_secs(2), connect_timeout)
             .with_keep_alive_while_idle(true);
         let connecting = Client::connect(config.endpoints(), Some(options));
-        let client = match tokio::time::timeout(connect_timeout, connecting).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(
-                err @ (etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_)),
-            )) => {
+        let client = match within(connect_timeout, "connecting to etcd", connecting).await? {
+            Ok(client) => client,
+            Err(err @ (etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_))) => {
                 return Err(Error::InvalidConfig(format!(
                     "etcd endpoints {:?}: {err}",
                     config.endpoints()
                 )));
             }
-            Ok(Err(err)) => return Err(map_err("connecting to etcd", err)),
-            Err(_) => {
-                return Err(Error::Unavailable {
-                    message: format!("connecting to etcd took longer than {connect_timeout:?}"),
-                    source: None,
-                });
-            }
+            Err(err) => return Err(map_err("connecting to etcd", err)),
         };
         // etcd-client connects lazily: a dead endpoint would only show at the first lock
         // operation, and a waiter would retry it silently. A status call verifies that some
@@ -107,9 +100,10 @@ impl EtcdBackend {
             }
             Err(last)
         };
-        match tokio::time::timeout(connect_timeout, probe).await {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => {
+        let what = format!("etcd at {endpoints}");
+        match within(connect_timeout, what, probe).await? {
+            Ok(()) => {}
+            Err(err) => {
                 // The gRPC status keeps the OS's reason out of its source chain: ask the
                 // network why.
                 let reason =
@@ -120,14 +114,6 @@ impl EtcdBackend {
                 return Err(Error::Unavailable {
                     message: format!("cannot connect to etcd at {endpoints}: {reason}"),
                     source: err.map(|e| Box::new(e) as distlock_core::BoxError),
-                });
-            }
-            Err(_) => {
-                return Err(Error::Unavailable {
-                    message: format!(
-                        "etcd at {endpoints} did not answer within {connect_timeout:?}"
-                    ),
-                    source: None,
                 });
             }
         }
@@ -199,21 +185,9 @@ impl LockBackend for EtcdBackend {
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(1);
-        let mut failures = 0;
-        let resp = loop {
-            match self
-                .shared
-                .client
-                .kv_client()
-                .get(range.clone(), Some(options.clone()))
-                .await
-            {
-                Err(err) if retryable(&err) && failures < TRANSPORT_RETRIES => {
-                    retry_pause(&mut failures).await;
-                }
-                other => break other.map_err(|e| map_err("reading the lock queue", e))?,
-            }
-        };
+        let resp = self
+            .get_retrying(range.into_bytes(), options, "reading the lock queue")
+            .await?;
         Ok(resp.kvs().first().map(|kv| {
             LockInfo::new(
                 String::from_utf8_lossy(kv.value()).into_owned(),
@@ -338,27 +312,18 @@ impl LockBackend for EtcdBackend {
 pub(crate) const LIST_PAGE: i64 = 512;
 
 impl EtcdBackend {
-    /// One key-range read, retried at once after a transport error as `inspect` is.
+    /// One key-range read (safe to repeat), retried after a transport error.
     async fn get_retrying(
         &self,
         key: Vec<u8>,
         options: GetOptions,
         what: &str,
     ) -> Result<etcd_client::GetResponse> {
-        let mut failures = 0;
-        loop {
-            match self
-                .shared
-                .client
-                .kv_client()
-                .get(key.clone(), Some(options.clone()))
-                .await
-            {
-                Err(err) if retryable(&err) && failures < TRANSPORT_RETRIES => {
-                    retry_pause(&mut failures).await;
-                }
-                other => return other.map_err(|e| map_err(what, e)),
-            }
-        }
+        transient(what, retryable, || {
+            let mut kv = self.shared.client.kv_client();
+            let (key, options) = (key.clone(), options.clone());
+            async move { kv.get(key, Some(options)).await }
+        })
+        .await
     }
 }

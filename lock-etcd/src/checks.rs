@@ -7,7 +7,8 @@ use etcd_client::{Client, GetOptions, Txn, TxnOp, TxnOpResponse};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::backend::Shared;
-use crate::error::{TRANSPORT_RETRIES, map_err, protocol, retry_pause, retryable, shared_err};
+use crate::error::{map_err, protocol, retryable, shared_err};
+use distlock_core::backend::{RetryPolicy, retrying};
 
 impl Shared {
     /// Whether `key` still exists with create revision `rev`. Concurrent checks of one client
@@ -86,16 +87,18 @@ pub(crate) async fn check_chunk(client: &Client, chunk: Vec<KeyCheck>) {
         .iter()
         .map(|c| TxnOp::get(c.key.clone(), Some(GetOptions::new().with_keys_only())));
     let txn = Txn::new().and_then(reads.collect::<Vec<_>>());
-    let mut failures = 0;
-    let answer = loop {
-        // Read only: safe to repeat.
-        match client.kv_client().txn(txn.clone()).await {
-            Err(err) if retryable(&err) && failures < TRANSPORT_RETRIES => {
-                retry_pause(&mut failures).await;
-            }
-            other => break other,
-        }
-    };
+    // Read only: safe to repeat.
+    let answer = retrying(
+        "checking held keys",
+        RetryPolicy::TRANSIENT,
+        retryable,
+        || {
+            let mut kv = client.kv_client();
+            let txn = txn.clone();
+            async move { kv.txn(txn).await }
+        },
+    )
+    .await;
     match answer {
         Ok(resp) => {
             let mut answers = resp.op_responses().into_iter();

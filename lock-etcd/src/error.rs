@@ -1,10 +1,9 @@
 //! etcd client errors as distlock errors, and which of them are worth retrying.
 
+use distlock_core::Error;
+use distlock_core::backend::{RetryPolicy, retrying};
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
-
-use distlock_core::Error;
 
 /// Maps a client error: transport and availability problems are retryable.
 pub(crate) fn map_err(what: &str, err: etcd_client::Error) -> Error {
@@ -44,13 +43,21 @@ pub(crate) fn retryable(err: &etcd_client::Error) -> bool {
     }
 }
 
-/// How often one operation is retried at once after a transport error.
-pub(crate) const TRANSPORT_RETRIES: u32 = 4;
-
-/// A short, growing pause before retrying after a transport error (10, 20, 40, 80 ms).
-pub(crate) async fn retry_pause(failures: &mut u32) {
-    tokio::time::sleep(Duration::from_millis(10 << *failures)).await;
-    *failures += 1;
+/// Sends an etcd request, repeated under the core's [`RetryPolicy::TRANSIENT`] after a
+/// transport error for which `repeatable` says the request may be sent again, and maps the
+/// final error (`what` names the operation).
+pub(crate) async fn transient<T, F, Fut>(
+    what: &str,
+    repeatable: fn(&etcd_client::Error) -> bool,
+    op: F,
+) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    retrying(what, RetryPolicy::TRANSIENT, repeatable, op)
+        .await
+        .map_err(|e| map_err(what, e))
 }
 
 /// Whether a request certainly never reached a server (the connection could not be made).

@@ -1,4 +1,4 @@
-//! A held lock: its queue key's lease, renewal, release, and the reaper of a lapsed key.
+//! A held lock: its queue key's lease, renewal, release, and the removal of a lapsed key.
 
 use std::fmt;
 use std::sync::Arc;
@@ -7,11 +7,10 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use distlock_core::{Error, Lease, Result};
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-use tokio::sync::watch;
 use tracing::debug;
 
 use crate::backend::Shared;
-use crate::error::{TRANSPORT_RETRIES, map_err, not_sent, retry_pause};
+use crate::error::{not_sent, transient};
 use crate::keys::QueueKey;
 use crate::session::LeaseSlot;
 
@@ -22,8 +21,6 @@ pub(crate) struct EtcdLease {
     pub(crate) name: String,
     pub(crate) key: Arc<QueueKey>,
     pub(crate) rev: i64,
-    /// The instant after which the reaper deletes the key; `None` once released.
-    pub(crate) reaper: watch::Sender<Option<Instant>>,
 }
 
 impl fmt::Debug for EtcdLease {
@@ -37,10 +34,26 @@ impl fmt::Debug for EtcdLease {
 }
 
 impl EtcdLease {
-    fn not_held(&self) -> Error {
-        Error::NotHeld {
-            name: self.name.clone(),
-        }
+    /// Deletes our key if it is still the one we created (by its create revision); true if
+    /// it was. A lost answer is repeated only if the request never left: a repeated delete
+    /// whose first answer was lost would find nothing and answer "not held".
+    async fn delete_ours(&self, what: &str) -> Result<bool> {
+        let key = &self.key.key;
+        let resp = transient(what, not_sent, || {
+            let mut kv = self.shared.client.kv_client();
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    self.rev,
+                )])
+                .and_then([TxnOp::delete(key.clone(), None)]);
+            async move { kv.txn(txn).await }
+        })
+        .await?;
+        // The key of this acquisition is gone either way (nobody else puts it).
+        self.key.deleted();
+        Ok(resp.succeeded())
     }
 }
 
@@ -52,93 +65,27 @@ impl Lease for EtcdLease {
             self.slot.keep_alive(&self.shared.client, started),
             self.shared.key_is_ours(&self.key.key, self.rev)
         );
+        let _ = ttl; // the slot's lease has the ttl the key was created with
         if !alive? || !ours? {
-            return Err(self.not_held());
+            return Err(Error::not_held(&self.name));
         }
-        self.reaper.send_if_modified(|deadline| match deadline {
-            Some(d) if *d < started + ttl => {
-                *d = started + ttl;
-                true
-            }
-            _ => false,
-        });
         Ok(())
     }
 
     async fn release(&self) -> Result<()> {
-        let mut failures = 0;
-        let key = &self.key.key;
-        let resp = loop {
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    key.clone(),
-                    CompareOp::Equal,
-                    self.rev,
-                )])
-                .and_then([TxnOp::delete(key.clone(), None)]);
-            match self.shared.client.kv_client().txn(txn).await {
-                // Only a request that never left may be repeated: a repeated delete whose first
-                // answer was lost would find nothing and answer `NotHeld`.
-                Err(err) if not_sent(&err) && failures < TRANSPORT_RETRIES => {
-                    retry_pause(&mut failures).await;
-                }
-                other => break other.map_err(|e| map_err("releasing", e))?,
-            }
-        };
-        self.reaper.send_replace(None);
-        self.key.deleted();
-        if !resp.succeeded() {
-            return Err(self.not_held());
+        if !self.delete_ours("releasing").await? {
+            return Err(Error::not_held(&self.name));
         }
         Ok(())
     }
-}
 
-/// Deletes a held key whose guard stopped renewing (abandoned, hold limit, renewal disabled)
-/// once its ttl has passed, so that the lease other guards keep alive does not keep it held.
-pub(crate) async fn reap(
-    queue_key: Arc<QueueKey>,
-    rev: i64,
-    mut rx: watch::Receiver<Option<Instant>>,
-) {
-    loop {
-        let Some(deadline) = *rx.borrow_and_update() else {
-            return;
-        };
-        tokio::select! {
-            () = tokio::time::sleep_until(deadline.into()) => {
-                if *rx.borrow() == Some(deadline) {
-                    break;
-                }
-            }
-            changed = rx.changed() => {
-                if changed.is_err() {
-                    // The lease handle is gone without a release: wait out the last deadline.
-                    let Some(deadline) = *rx.borrow() else { return };
-                    tokio::time::sleep_until(deadline.into()).await;
-                    break;
-                }
-            }
+    /// Our key lives on the client's lease, which other guards keep alive: once this lock ran
+    /// out (renewal stopped, the hold limit reached, the guard abandoned) the key is deleted
+    /// here, or it would stay held.
+    async fn expired(&self) -> Result<()> {
+        if self.delete_ours("deleting an expired lock key").await? {
+            debug!(key = %self.key.key, "expired lock key deleted");
         }
-    }
-    let key = &queue_key.key;
-    for _ in 0..10 {
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
-            .and_then([TxnOp::delete(key.clone(), None)]);
-        match queue_key.shared.client.kv_client().txn(txn).await {
-            Ok(resp) => {
-                if resp.succeeded() {
-                    debug!(%key, "expired lock key deleted");
-                }
-                // The key of this acquisition is gone either way (nobody else puts it).
-                queue_key.deleted();
-                return;
-            }
-            Err(err) => {
-                debug!(%err, %key, "deleting an expired lock key failed, retrying");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
+        Ok(())
     }
 }
