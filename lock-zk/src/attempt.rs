@@ -2,7 +2,7 @@
 //! head, leaving the queue.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::{
@@ -198,13 +198,7 @@ impl ZkAttempt {
         })
     }
 
-    fn acquired(
-        &self,
-        session: Arc<Session>,
-        node: &str,
-        czxid: i64,
-        started: Instant,
-    ) -> Result<Step> {
+    fn acquired(&self, session: Arc<Session>, node: &str, czxid: i64) -> Result<Step> {
         let token = u64::try_from(czxid).map_err(|_| Error::Backend {
             message: format!("negative czxid {czxid} for {node}"),
             source: None,
@@ -213,8 +207,7 @@ impl ZkAttempt {
             session,
             self.request.name.clone(),
             self.own_path(node),
-            (started, self.request.ttl),
-            self.backend.shared.client_config.clone(),
+            self.request.ttl,
         );
         Ok(Step::Acquired(Acquired::new(
             Box::new(lease),
@@ -222,14 +215,14 @@ impl ZkAttempt {
         )))
     }
 
-    async fn poll_once(&mut self, started: Instant) -> Result<Option<Step>> {
+    async fn poll_once(&mut self) -> Result<Option<Step>> {
         let session = self.session().await?;
         session.check_connected()?;
         let held = held_data(self.request.ttl);
         // The queue, and our node as written by this very call (created, or marked held): its
         // lease starts now.
         let (entries, fresh) = if self.node.is_none() && !self.maybe_created {
-            match self.join(&session, &held, started).await? {
+            match self.join(&session, &held).await? {
                 Next::Go(go) => go,
                 Next::Done(step) => return Ok(step),
             }
@@ -237,7 +230,7 @@ impl ZkAttempt {
             && self.request.mode == AttemptMode::Wait
             && let Some(node) = self.node.clone()
         {
-            match self.handoff(&session, &held, &node, started).await? {
+            match self.handoff(&session, &held, &node).await? {
                 Next::Go(go) => go,
                 Next::Done(step) => return Ok(step),
             }
@@ -255,7 +248,7 @@ impl ZkAttempt {
         let own = entries[index].name.clone();
         self.node = Some(own.clone());
         if index == 0 {
-            return self.take_head(&session, &own, fresh, &held, started).await;
+            return self.take_head(&session, &own, fresh, &held).await;
         }
         if self.request.mode == AttemptMode::Try && index > 1 {
             return Ok(Some(Step::busy(None)));
@@ -275,7 +268,6 @@ impl ZkAttempt {
         &mut self,
         session: &Arc<Session>,
         held: &[u8],
-        started: Instant,
     ) -> Result<Next<(Vec<Entry>, Option<Written>)>> {
         let client = &session.client;
         self.maybe_created = true;
@@ -293,8 +285,7 @@ impl ZkAttempt {
         self.node = Some(joined.node.clone());
         if joined.alone {
             self.wake = Wake::Idle;
-            let step =
-                self.acquired(session.clone(), &joined.node, joined.written.czxid, started)?;
+            let step = self.acquired(session.clone(), &joined.node, joined.written.czxid)?;
             return Ok(Next::Done(Some(step)));
         }
         Ok(Next::Go((
@@ -313,7 +304,6 @@ impl ZkAttempt {
         session: &Arc<Session>,
         held: &[u8],
         node: &str,
-        started: Instant,
     ) -> Result<Next<(Vec<Entry>, Option<Written>)>> {
         let client = &session.client;
         // Before sending: a write whose answer is lost (an error, a cancelled poll) may have
@@ -330,9 +320,9 @@ impl ZkAttempt {
         {
             // Ours as the head of the queue. Until the held mark in flight commits, our node
             // says "waiting", which no contender takes for an expired holder; the mark only
-            // starts the lease contenders see, later than `started`.
+            // starts the lease contenders see, later than this poll's start.
             self.wake = Wake::Idle;
-            let step = self.acquired(session.clone(), node, czxid, started)?;
+            let step = self.acquired(session.clone(), node, czxid)?;
             return Ok(Next::Done(Some(step)));
         }
         match touch.await {
@@ -353,7 +343,6 @@ impl ZkAttempt {
         own: &str,
         fresh: Option<Written>,
         held: &[u8],
-        started: Instant,
     ) -> Result<Option<Step>> {
         let written = match fresh {
             Some(written) => written,
@@ -371,8 +360,7 @@ impl ZkAttempt {
             },
         };
         self.wake = Wake::Idle;
-        self.acquired(session.clone(), own, written.czxid, started)
-            .map(Some)
+        self.acquired(session.clone(), own, written.czxid).map(Some)
     }
 
     /// Behind another waiter: watch only the predecessor, and mark ourselves as a waiter in
@@ -508,15 +496,10 @@ impl ZkAttempt {
 #[async_trait]
 impl Attempt for ZkAttempt {
     async fn poll(&mut self) -> Result<Step> {
-        let started = Instant::now();
         self.wake = Wake::Idle;
-        for _ in 0..6 {
-            if let Some(step) = self.poll_once(started).await? {
-                return Ok(step);
-            }
-        }
-        // The queue kept changing under us: let the core come back shortly.
-        Ok(Step::busy(Some(Duration::from_millis(5))))
+        // `None`: the queue changed under us (our node vanished, the head left between two
+        // requests); the core polls again at once.
+        Ok(self.poll_once().await?.unwrap_or(Step::Again))
     }
 
     async fn changed(&mut self) {

@@ -1,27 +1,24 @@
 //! A held lock: renewal and release of the holder's node, on the server's clock.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_core::{ClientConfig, Error, Lease, LockName, LossReason, Result};
+use distlock_core::{Error, Lease, LockName, LossReason, Result};
 use futures::future::BoxFuture;
 use zookeeper_client as zk;
 
 use crate::error::zk_error;
 use crate::keys::held_data;
 use crate::session::Session;
-use distlock_core::backend::unpoisoned as lock;
 
 /// A held lock: our node at the head of the queue.
 pub(crate) struct ZkLease {
     session: Arc<Session>,
     name: LockName,
     path: String,
-    /// When the last acquire/renew was sent, and with which ttl: tells an expiry from a removal.
-    renewed: Arc<Mutex<(Instant, Duration)>>,
-    drift: ClientConfig,
+    ttl: Duration,
 }
 
 impl fmt::Debug for ZkLease {
@@ -34,27 +31,13 @@ impl fmt::Debug for ZkLease {
 }
 
 impl ZkLease {
-    /// The lease of the holder's node `path`, last written (created or renewed) at `renewed.0`
-    /// with ttl `renewed.1`.
-    pub(crate) fn new(
-        session: Arc<Session>,
-        name: LockName,
-        path: String,
-        renewed: (Instant, Duration),
-        drift: ClientConfig,
-    ) -> Self {
+    /// The lease of the holder's node `path`, acquired with `ttl`.
+    pub(crate) fn new(session: Arc<Session>, name: LockName, path: String, ttl: Duration) -> Self {
         Self {
             session,
             name,
             path,
-            renewed: Arc::new(Mutex::new(renewed)),
-            drift,
-        }
-    }
-
-    fn not_held(&self) -> Error {
-        Error::NotHeld {
-            name: self.name.to_string(),
+            ttl,
         }
     }
 }
@@ -62,7 +45,6 @@ impl ZkLease {
 #[async_trait]
 impl Lease for ZkLease {
     async fn renew(&self, ttl: Duration) -> Result<()> {
-        let sent = Instant::now();
         self.session.check_connected()?;
         // Only we write our node; it exists only while we hold (or a contender removed it
         // after expiry, or the session ended): a plain set_data is owner-checked and atomic.
@@ -72,11 +54,8 @@ impl Lease for ZkLease {
             .set_data(&self.path, &held_data(ttl), None)
             .await
         {
-            Ok(_) => {
-                *lock(&self.renewed) = (sent, ttl);
-                Ok(())
-            }
-            Err(zk::Error::NoNode | zk::Error::SessionExpired) => Err(self.not_held()),
+            Ok(_) => Ok(()),
+            Err(zk::Error::NoNode | zk::Error::SessionExpired) => Err(Error::not_held(&self.name)),
             Err(err) => Err(zk_error("renewing the lock", err)),
         }
     }
@@ -85,7 +64,7 @@ impl Lease for ZkLease {
         self.session.check_connected()?;
         match self.session.client.delete(&self.path, None).await {
             Ok(()) => Ok(()),
-            Err(zk::Error::NoNode | zk::Error::SessionExpired) => Err(self.not_held()),
+            Err(zk::Error::NoNode | zk::Error::SessionExpired) => Err(Error::not_held(&self.name)),
             Err(err) => Err(zk_error("releasing the lock", err)),
         }
     }
@@ -93,22 +72,14 @@ impl Lease for ZkLease {
     fn loss_signal(&self) -> Option<BoxFuture<'static, LossReason>> {
         let client = self.session.client.clone();
         let path = self.path.clone();
-        let renewed = self.renewed.clone();
-        let drift = self.drift.clone();
+        let ttl = self.ttl;
+        // A removed node: the core tells an expiry (past the local deadline) from a removal.
+        let gone = || LossReason::ReleasedElsewhere;
         Some(Box::pin(async move {
-            let gone = || {
-                let (sent, ttl) = *lock(&renewed);
-                if Instant::now() >= sent + ttl - drift.drift(ttl) {
-                    LossReason::LeaseExpired
-                } else {
-                    LossReason::ReleasedElsewhere
-                }
-            };
             let mut states = client.state_watcher();
             // Most holds are short: the watch on our node (one more request) is set only after
             // a tenth of the ttl. Until then a session expiry still ends the lease at once, and
             // a node removed meanwhile is found by that first check (or by renewal).
-            let (_, ttl) = *lock(&renewed);
             let arm = tokio::time::sleep(ttl / 10);
             tokio::pin!(arm);
             loop {

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use distlock_core::backend::within;
 use distlock_core::{Error, Result};
 use tracing::debug;
 use zookeeper_client as zk;
@@ -53,14 +54,15 @@ pub(crate) async fn open_session(config: &ZkConfig, timeout: Duration) -> Result
         .with_fail_eagerly()
         .connect(&connect_string);
     let hosts = config.hosts().join(",");
-    let client = match tokio::time::timeout(timeout, connect).await {
-        Ok(Ok(client)) => client,
-        Ok(Err(zk::Error::BadArguments(msg))) => {
+    let what = format!("connecting to ZooKeeper at {hosts}");
+    let client = match within(timeout, what, connect).await? {
+        Ok(client) => client,
+        Err(zk::Error::BadArguments(msg)) => {
             return Err(Error::InvalidConfig(format!(
                 "ZooKeeper hosts {hosts:?}: {msg}"
             )));
         }
-        Ok(Err(err)) => {
+        Err(err) => {
             // The client says only "no available hosts": ask the network why.
             let reason = match distlock_core::tcp_cause(config.hosts(), timeout / 4).await {
                 Some(io) => io,
@@ -71,24 +73,15 @@ pub(crate) async fn open_session(config: &ZkConfig, timeout: Duration) -> Result
                 err,
             ));
         }
-        Err(_) => {
-            return Err(Error::Unavailable {
-                message: format!("no ZooKeeper server of {hosts} answered within {timeout:?}"),
-                source: None,
-            });
-        }
     };
     let base = config.base_path();
-    match tokio::time::timeout(timeout, client.mkdir(&base, &PERSISTENT)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => return Err(zk_error(&format!("creating {base}"), err)),
-        Err(_) => {
-            return Err(Error::Unavailable {
-                message: format!("creating {base} got no answer within {timeout:?}"),
-                source: None,
-            });
-        }
-    }
+    within(
+        timeout,
+        format!("creating {base}"),
+        client.mkdir(&base, &PERSISTENT),
+    )
+    .await?
+    .map_err(|err| zk_error(&format!("creating {base}"), err))?;
     debug!(session = %client.session_id(), timeout = ?client.session_timeout(), "ZooKeeper session opened");
     Ok(Arc::new(Session { client }))
 }
