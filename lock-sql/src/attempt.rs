@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_core::{AcquireRequest, Acquired, Attempt, AttemptMode, Result, Step};
 
-use crate::backend::{HEAD_POLL_MAX, Inner, RESERVATION, micros, remaining, token_of};
+use crate::backend::{Inner, RESERVATION, micros, remaining, token_of};
 use crate::db;
 use crate::db::Claim;
 use crate::error::map_err;
@@ -18,7 +18,6 @@ pub(crate) struct SqlAttempt {
     pub(crate) request: AcquireRequest,
     /// The version this waiter first saw busy: its age for the reservation.
     pub(crate) since: Option<i64>,
-    pub(crate) head_polls: u32,
     pub(crate) subscription: Option<Subscription>,
     /// Whether an acquire statement was sent without a definite "not taken" answer (its
     /// reply lost or cancelled): `abandon` must then free the lock by owner.
@@ -43,7 +42,7 @@ impl SqlAttempt {
     /// is free, expiring, or held by a younger waiter (one write, only then).
     async fn busy(&mut self, peek: db::Peek) -> Result<Step> {
         self.busy_before = true;
-        let mut retry = peek.remaining_us.map(remaining);
+        let retry = peek.remaining_us.map(remaining);
         if self.request.mode == AttemptMode::Try {
             return Ok(Step::busy(retry));
         }
@@ -68,20 +67,15 @@ impl SqlAttempt {
             if claimed == Claim::GrantedFree {
                 // A release between our read and our claim notified nobody (it notifies the
                 // reservation's holder only): take it now instead of waiting for a notification.
-                return Ok(Step::busy(Some(Duration::ZERO)));
+                return Ok(Step::Again);
             }
             self.maybe_reserved
         } else {
             mine
         };
-        if head && !db.has_events() {
-            // The next holder polls briskly; the others back off.
-            let step = Duration::from_millis(1) * 2u32.saturating_pow(self.head_polls.min(8));
-            self.head_polls = self.head_polls.saturating_add(1);
-            let delay = step.min(HEAD_POLL_MAX);
-            retry = Some(retry.map_or(delay, |r| r.min(delay)));
-        } else if !head {
-            self.head_polls = 0;
+        if head {
+            // Without notifications the core polls the next holder briskly; the others back off.
+            return Ok(Step::NextInLine { retry_after: retry });
         }
         Ok(Step::busy(retry))
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_core::backend::within;
 use distlock_core::{
     AcquireRequest, Attempt, Capabilities, Error, FencingGuarantee, FencingToken, LockBackend,
     LockInfo, LockName, LossDetection, Result, WakeUp,
@@ -18,9 +19,6 @@ use crate::{Dialect, FencedUpdate, SqlConfig, db};
 
 /// How long a waiter's reservation lives without being renewed by its polls.
 pub(crate) const RESERVATION: Duration = Duration::from_secs(1);
-
-/// The reserved waiter of a polling database polls at least this often.
-pub(crate) const HEAD_POLL_MAX: Duration = Duration::from_millis(20);
 
 /// The pool of the database a [`SqlBackend`] uses, to run the application's own statements
 /// next to the locks (e.g. fenced writes in a transaction).
@@ -73,18 +71,8 @@ impl SqlBackend {
         let timeout = config.effective_connect_timeout();
         let sessions = Arc::new(db::Sessions::default());
         let make = Self::open(&config, sessions.clone());
-        let db = match tokio::time::timeout(timeout, make).await {
-            Ok(db) => db?,
-            Err(_) => {
-                return Err(Error::Unavailable {
-                    message: format!(
-                        "could not connect to {} within {timeout:?}",
-                        config.redacted_url()
-                    ),
-                    source: None,
-                });
-            }
-        };
+        let what = format!("connecting to {}", config.redacted_url());
+        let db = within(timeout, what, make).await??;
         Ok(Self {
             inner: Arc::new(Inner {
                 db,
@@ -218,7 +206,6 @@ impl LockBackend for SqlBackend {
             inner: self.inner.clone(),
             request,
             since: None,
-            head_polls: 0,
             subscription: None,
             maybe_owned: false,
             maybe_reserved: false,
