@@ -10,7 +10,6 @@ use distlock_core::{
     NodeResult, Result, Step,
 };
 use futures::future::join_all;
-use rand::Rng;
 
 use crate::backend::Shared;
 use crate::error::RedisErrorKind;
@@ -201,12 +200,10 @@ impl RedisAttempt {
             let ms = busy.get(quorum - 1).copied();
             return Ok(self.busy(ms));
         }
-        // A split vote or too slow: retry after a random delay.
-        let cap = u64::try_from((ttl / 10).as_millis())
-            .unwrap_or(50)
-            .clamp(2, 50);
-        let delay = rand::rng().random_range(1..=cap);
-        Ok(self.busy(i64::try_from(delay).ok()))
+        // A split vote or too slow: the core retries after a random pause (a waiter
+        // subscribes first, as on any busy answer).
+        let _subscribed = self.busy(None);
+        Ok(Step::Contended)
     }
 }
 

@@ -19,14 +19,6 @@ pub(crate) struct RedisLease {
     pub(crate) name: LockName,
 }
 
-impl RedisLease {
-    fn not_held(&self) -> Error {
-        Error::NotHeld {
-            name: self.name.to_string(),
-        }
-    }
-}
-
 #[async_trait]
 impl Lease for RedisLease {
     async fn renew(&self, ttl: Duration) -> Result<()> {
@@ -39,7 +31,7 @@ impl Lease for RedisLease {
             return if renewed {
                 Ok(())
             } else {
-                Err(self.not_held())
+                Err(Error::not_held(&self.name))
             };
         }
         let started = Instant::now();
@@ -58,7 +50,7 @@ impl Lease for RedisLease {
             return Ok(());
         }
         if renewed + failed < quorum {
-            return Err(self.not_held());
+            return Err(Error::not_held(&self.name));
         }
         Err(Error::Unavailable {
             message: format!(
@@ -88,7 +80,7 @@ impl Lease for RedisLease {
             return if released {
                 Ok(())
             } else {
-                Err(self.not_held())
+                Err(Error::not_held(&self.name))
             };
         }
         let timeout = shared.cleanup_timeout();
@@ -110,7 +102,7 @@ impl Lease for RedisLease {
         }
         match results.into_iter().find_map(Result::err) {
             Some(err) => Err(err.into_lock_error("release")),
-            None => Err(self.not_held()),
+            None => Err(Error::not_held(&self.name)),
         }
     }
 }
