@@ -1,21 +1,20 @@
-//! One acquisition: the fast path, the scripts, the waiter queue and handoff, on one master
-//! or a Redlock quorum.
+//! One acquisition: the fast path, the scripts, the waiter queue and handoff on one master;
+//! a Redlock round is in `redlock.rs`.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::{
-    AcquireRequest, Acquired, Attempt, AttemptMode, Error, FencingToken, Lease, NodeOutcome,
-    NodeResult, Result, Step,
+    AcquireRequest, Acquired, Attempt, AttemptMode, FencingToken, Lease, Result, Step,
 };
 use futures::future::join_all;
 
 use crate::backend::Shared;
-use crate::error::RedisErrorKind;
 use crate::keys::LockKeys;
 use crate::lease::RedisLease;
 use crate::node::{Answer, ReleaseMode, within};
+use crate::redlock;
 use crate::wake::Subscription;
 
 pub(crate) fn remaining(pttl: i64) -> Option<Duration> {
@@ -38,7 +37,7 @@ pub(crate) struct RedisAttempt {
 }
 
 impl RedisAttempt {
-    fn lease(&self) -> Box<dyn Lease> {
+    pub(crate) fn lease(&self) -> Box<dyn Lease> {
         Box::new(RedisLease {
             shared: self.shared.clone(),
             keys: self.keys.clone(),
@@ -49,7 +48,7 @@ impl RedisAttempt {
 
     /// A waiting attempt starts listening at its first busy answer (not before: the
     /// uncontended path costs no subscription).
-    fn busy(&mut self, retry_ms: Option<i64>) -> Step {
+    pub(crate) fn busy(&mut self, retry_ms: Option<i64>) -> Step {
         let known = retry_ms
             .and_then(|ms| u64::try_from(ms).ok())
             .map(Duration::from_millis);
@@ -71,7 +70,7 @@ impl RedisAttempt {
 
     /// Whether this poll may try the script-free fast path: only the first one, and never in
     /// fair mode (which must look at the queue even when the lock key is free).
-    fn fast(&self) -> bool {
+    pub(crate) fn fast(&self) -> bool {
         !self.shared.config.fair && !self.polled
     }
 
@@ -94,117 +93,6 @@ impl RedisAttempt {
             Answer::Busy(ms) => self.busy(Some(ms)),
         })
     }
-
-    async fn poll_redlock(&mut self) -> Result<Step> {
-        let shared = self.shared.clone();
-        let ttl = self.request.ttl;
-        let timeout = shared.node_timeout(ttl);
-        let fast = self.fast();
-        let started = Instant::now();
-        let answers = join_all(shared.nodes.iter().map(|n| {
-            within(
-                n,
-                timeout,
-                n.acquire(&self.keys, &self.request, &shared.config, &self.score, fast),
-            )
-        }))
-        .await;
-        let elapsed = started.elapsed();
-        let mut outcomes = Vec::with_capacity(answers.len());
-        let mut tokens = Vec::new();
-        let mut busy = Vec::new();
-        let mut hard_failure = None;
-        for (node, answer) in shared.nodes.iter().zip(&answers) {
-            let result = match answer {
-                Ok(Answer::Acquired(token)) => {
-                    tokens.push((node, *token));
-                    NodeResult::Acquired
-                }
-                Ok(Answer::Busy(ms)) => {
-                    busy.push(*ms);
-                    NodeResult::HeldByAnother
-                }
-                Err(err) if err.kind == RedisErrorKind::Timeout => NodeResult::TimedOut,
-                Err(err) => {
-                    if !err.is_transient() && hard_failure.is_none() {
-                        hard_failure = Some(err.kind);
-                    }
-                    NodeResult::Failed(err.summary())
-                }
-            };
-            outcomes.push(NodeOutcome {
-                node: node.addr.clone(),
-                result,
-            });
-        }
-        let quorum = shared.quorum();
-        let drift = shared.client.drift(ttl);
-        if tokens.len() >= quorum && elapsed + drift < ttl {
-            let max = tokens.iter().map(|(_, t)| *t).max().unwrap_or(0);
-            if tokens.iter().any(|(_, t)| *t != max) {
-                // Bring every node of this majority up to the token handed out, so that any
-                // later majority (which shares a node with this one) continues above it.
-                join_all(
-                    tokens
-                        .iter()
-                        .filter(|(_, t)| *t != max)
-                        .map(|(n, _)| within(n, timeout, n.raise_fence(&self.keys, max))),
-                )
-                .await;
-            }
-            return Ok(Step::Acquired(Acquired::new(
-                self.lease(),
-                FencingToken::new(max),
-            )));
-        }
-        // Failed: release everywhere we may hold it (also where the answer was lost).
-        join_all(
-            shared
-                .nodes
-                .iter()
-                .zip(&answers)
-                .filter(|(_, a)| !matches!(a, Ok(Answer::Busy(_))))
-                .map(|(n, _)| {
-                    within(
-                        n,
-                        timeout,
-                        n.release(
-                            &self.keys,
-                            &self.request.owner,
-                            &shared.config,
-                            ReleaseMode::Retreat,
-                        ),
-                    )
-                }),
-        )
-        .await;
-        if tokens.len() + busy.len() < quorum {
-            let error = Error::QuorumNotReached {
-                name: self.request.name.to_string(),
-                reached: tokens.len(),
-                needed: quorum,
-                nodes: outcomes,
-            };
-            return Err(match hard_failure {
-                // A misconfigured server does not heal by retrying.
-                Some(kind) => Error::Backend {
-                    message: format!("{kind}: {error}"),
-                    source: Some(Box::new(error)),
-                },
-                None => error,
-            });
-        }
-        if busy.len() >= quorum {
-            busy.sort_unstable();
-            // The lease is certainly over on a majority after the quorum-th shortest one.
-            let ms = busy.get(quorum - 1).copied();
-            return Ok(self.busy(ms));
-        }
-        // A split vote or too slow: the core retries after a random pause (a waiter
-        // subscribes first, as on any busy answer).
-        let _subscribed = self.busy(None);
-        Ok(Step::Contended)
-    }
 }
 
 #[async_trait]
@@ -212,7 +100,7 @@ impl Attempt for RedisAttempt {
     async fn poll(&mut self) -> Result<Step> {
         self.settled = false;
         let step = if self.shared.redlock() {
-            self.poll_redlock().await
+            redlock::acquire(self).await
         } else {
             self.poll_single().await
         };

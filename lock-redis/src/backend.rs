@@ -1,5 +1,6 @@
 //! The backend: connecting to one master or the Redlock nodes, capabilities, inspection,
-//! listing and forced release. The protocol is in `attempt.rs`, `lease.rs` and `node.rs`.
+//! listing and forced release. The protocol is in `attempt.rs`, `lease.rs`, `node.rs` and, for
+//! Redlock, `redlock.rs`.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -15,6 +16,7 @@ use crate::RedisConfig;
 use crate::attempt::{RedisAttempt, remaining};
 use crate::keys::LockKeys;
 use crate::node::{Node, within};
+use crate::redlock;
 
 /// The Redis [`LockBackend`]: one master (`redis`) or Redlock over N masters (`redlock`).
 /// Made by [`connect`](crate::connect) or [`RedisBackend::connect`]. Cheap to clone.
@@ -184,32 +186,7 @@ impl LockBackend for RedisBackend {
             return Ok(owner
                 .map(|owner| LockInfo::new(owner, token.map(FencingToken::new), remaining(pttl))));
         }
-        let timeout = shared.client.operation_timeout;
-        let answers = join_all(
-            shared
-                .nodes
-                .iter()
-                .map(|n| within(n, timeout, n.inspect(&keys))),
-        )
-        .await;
-        let held: Vec<_> = answers
-            .into_iter()
-            .filter_map(|a| a.ok())
-            .filter_map(|(owner, token, pttl)| owner.map(|o| (o, token, pttl)))
-            .collect();
-        for (owner, _, _) in &held {
-            let same: Vec<_> = held.iter().filter(|(o, _, _)| o == owner).collect();
-            if same.len() >= shared.quorum() {
-                let token = same.iter().filter_map(|(_, t, _)| *t).max();
-                let pttl = same.iter().map(|(_, _, p)| *p).min().unwrap_or(-1);
-                return Ok(Some(LockInfo::new(
-                    owner.clone(),
-                    token.map(FencingToken::new),
-                    remaining(pttl),
-                )));
-            }
-        }
-        Ok(None)
+        redlock::inspect(shared, &keys).await
     }
 
     /// `SCAN` over the lock keys (one master), then each candidate is read as
@@ -280,30 +257,6 @@ impl LockBackend for RedisBackend {
                 .await
                 .map_err(|e| e.into_lock_error("force release"));
         }
-        let timeout = shared.cleanup_timeout();
-        let results = join_all(
-            shared
-                .nodes
-                .iter()
-                .map(|n| within(n, timeout, n.force_release(&keys, &shared.config))),
-        )
-        .await;
-        let answered = results.iter().filter(|r| r.is_ok()).count();
-        let removed = results.iter().any(|r| matches!(r, Ok(true)));
-        if answered >= shared.quorum() {
-            return Ok(removed);
-        }
-        Err(Error::Unavailable {
-            message: format!(
-                "force release of {:?} reached {answered} of {} Redis masters, {} needed",
-                name.as_str(),
-                shared.nodes.len(),
-                shared.quorum()
-            ),
-            source: results
-                .into_iter()
-                .find_map(Result::err)
-                .map(|e| Box::new(e) as distlock_core::BoxError),
-        })
+        redlock::force_release(shared, &keys, name).await
     }
 }

@@ -1,15 +1,16 @@
-//! A held lock: renewal and release on one master or a Redlock quorum.
+//! A held lock: renewal and release on one master; the Redlock quorum rounds are in
+//! `redlock.rs`.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::{Error, Lease, LockName, Result};
-use futures::future::join_all;
 
 use crate::backend::Shared;
 use crate::keys::LockKeys;
-use crate::node::{ReleaseMode, within};
+use crate::node::ReleaseMode;
+use crate::redlock;
 
 #[derive(Debug)]
 pub(crate) struct RedisLease {
@@ -34,35 +35,7 @@ impl Lease for RedisLease {
                 Err(Error::not_held(&self.name))
             };
         }
-        let started = Instant::now();
-        let timeout = shared.node_timeout(ttl);
-        let results = join_all(
-            shared
-                .nodes
-                .iter()
-                .map(|n| within(n, timeout, n.renew(&self.keys, &self.owner, ttl))),
-        )
-        .await;
-        let renewed = results.iter().filter(|r| matches!(r, Ok(true))).count();
-        let failed = results.iter().filter(|r| r.is_err()).count();
-        let quorum = shared.quorum();
-        if renewed >= quorum && started.elapsed() + shared.client.drift(ttl) < ttl {
-            return Ok(());
-        }
-        if renewed + failed < quorum {
-            return Err(Error::not_held(&self.name));
-        }
-        Err(Error::Unavailable {
-            message: format!(
-                "renewal of {:?} reached {renewed} of {} nodes ({quorum} needed) within the validity",
-                self.name.as_str(),
-                shared.nodes.len()
-            ),
-            source: results
-                .into_iter()
-                .find_map(Result::err)
-                .map(|e| Box::new(e) as distlock_core::BoxError),
-        })
+        redlock::renew(self, ttl).await
     }
 
     async fn release(&self) -> Result<()> {
@@ -83,26 +56,6 @@ impl Lease for RedisLease {
                 Err(Error::not_held(&self.name))
             };
         }
-        let timeout = shared.cleanup_timeout();
-        let results = join_all(shared.nodes.iter().map(|n| {
-            within(
-                n,
-                timeout,
-                n.release(
-                    &self.keys,
-                    &self.owner,
-                    &shared.config,
-                    ReleaseMode::Release,
-                ),
-            )
-        }))
-        .await;
-        if results.iter().any(|r| matches!(r, Ok(true))) {
-            return Ok(());
-        }
-        match results.into_iter().find_map(Result::err) {
-            Some(err) => Err(err.into_lock_error("release")),
-            None => Err(Error::not_held(&self.name)),
-        }
+        redlock::release(self).await
     }
 }

@@ -110,6 +110,7 @@ mod error;
 mod keys;
 mod lease;
 mod node;
+mod redlock;
 mod scripts;
 mod wake;
 

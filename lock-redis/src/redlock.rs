@@ -1,0 +1,303 @@
+//! Redlock over N independent masters: the quorum rounds of acquire, renew, release,
+//! inspection and forced release. Each works on every master at once (per-node timeouts), and
+//! succeeds only with a majority. The single-master paths in `attempt.rs`, `lease.rs` and
+//! `backend.rs` hand over to these functions when the backend is a Redlock; the per-node
+//! commands are in `node.rs`, shared by both.
+
+use std::time::{Duration, Instant};
+
+use distlock_core::{
+    Acquired, Error, FencingToken, LockInfo, LockName, NodeOutcome, NodeResult, Result, Step,
+};
+use futures::future::join_all;
+
+use crate::attempt::{RedisAttempt, remaining};
+use crate::backend::Shared;
+use crate::error::{RedisError, RedisErrorKind};
+use crate::keys::LockKeys;
+use crate::lease::RedisLease;
+use crate::node::{Answer, Node, ReleaseMode, within};
+
+/// One Redlock acquisition round: the acquire script on every master at once, each bounded by
+/// the per-node timeout; held iff a majority answered within the validity (ttl - elapsed -
+/// drift). The token is the largest counter of that majority, and the majority's lower
+/// counters are raised to it. A failed round releases wherever it may hold.
+pub(crate) async fn acquire(attempt: &mut RedisAttempt) -> Result<Step> {
+    let shared = attempt.shared.clone();
+    let ttl = attempt.request.ttl;
+    let timeout = shared.node_timeout(ttl);
+    let fast = attempt.fast();
+    let started = Instant::now();
+    let answers = join_all(shared.nodes.iter().map(|n| {
+        within(
+            n,
+            timeout,
+            n.acquire(
+                &attempt.keys,
+                &attempt.request,
+                &shared.config,
+                &attempt.score,
+                fast,
+            ),
+        )
+    }))
+    .await;
+    let elapsed = started.elapsed();
+    let Tally {
+        outcomes,
+        tokens,
+        mut busy,
+        hard_failure,
+    } = Tally::of(&shared, &answers);
+    let quorum = shared.quorum();
+    let drift = shared.client.drift(ttl);
+    if tokens.len() >= quorum && elapsed + drift < ttl {
+        let max = tokens.iter().map(|(_, t)| *t).max().unwrap_or(0);
+        if tokens.iter().any(|(_, t)| *t != max) {
+            // Bring every node of this majority up to the token handed out, so that any
+            // later majority (which shares a node with this one) continues above it.
+            join_all(
+                tokens
+                    .iter()
+                    .filter(|(_, t)| *t != max)
+                    .map(|(n, _)| within(n, timeout, n.raise_fence(&attempt.keys, max))),
+            )
+            .await;
+        }
+        return Ok(Step::Acquired(Acquired::new(
+            attempt.lease(),
+            FencingToken::new(max),
+        )));
+    }
+    retreat(attempt, &answers, timeout).await;
+    if tokens.len() + busy.len() < quorum {
+        let error = Error::QuorumNotReached {
+            name: attempt.request.name.to_string(),
+            reached: tokens.len(),
+            needed: quorum,
+            nodes: outcomes,
+        };
+        return Err(match hard_failure {
+            // A misconfigured server does not heal by retrying.
+            Some(kind) => Error::Backend {
+                message: format!("{kind}: {error}"),
+                source: Some(Box::new(error)),
+            },
+            None => error,
+        });
+    }
+    if busy.len() >= quorum {
+        busy.sort_unstable();
+        // The lease is certainly over on a majority after the quorum-th shortest one.
+        let ms = busy.get(quorum - 1).copied();
+        return Ok(attempt.busy(ms));
+    }
+    // A split vote or too slow: the core retries after a random pause (a waiter
+    // subscribes first, as on any busy answer).
+    let _subscribed = attempt.busy(None);
+    Ok(Step::Contended)
+}
+
+/// After a failed round: releases wherever the lock may have been taken (also where the
+/// answer was lost), so that the next round starts clean.
+async fn retreat(
+    attempt: &RedisAttempt,
+    answers: &[std::result::Result<Answer, RedisError>],
+    timeout: Duration,
+) {
+    let shared = &attempt.shared;
+    join_all(
+        shared
+            .nodes
+            .iter()
+            .zip(answers)
+            .filter(|(_, a)| !matches!(a, Ok(Answer::Busy(_))))
+            .map(|(n, _)| {
+                within(
+                    n,
+                    timeout,
+                    n.release(
+                        &attempt.keys,
+                        &attempt.request.owner,
+                        &shared.config,
+                        ReleaseMode::Retreat,
+                    ),
+                )
+            }),
+    )
+    .await;
+}
+
+/// What the masters answered to one acquisition round.
+struct Tally<'a> {
+    /// Every master's answer, for [`Error::QuorumNotReached`].
+    outcomes: Vec<NodeOutcome>,
+    /// The masters that granted the lock, with their counters.
+    tokens: Vec<(&'a Node, u64)>,
+    /// The remaining leases (ms) reported by masters where somebody else holds it.
+    busy: Vec<i64>,
+    /// The first error that retrying will not heal (a misconfigured server).
+    hard_failure: Option<RedisErrorKind>,
+}
+
+impl<'a> Tally<'a> {
+    fn of(shared: &'a Shared, answers: &[std::result::Result<Answer, RedisError>]) -> Self {
+        let mut tally = Tally {
+            outcomes: Vec::with_capacity(answers.len()),
+            tokens: Vec::new(),
+            busy: Vec::new(),
+            hard_failure: None,
+        };
+        for (node, answer) in shared.nodes.iter().zip(answers) {
+            let result = match answer {
+                Ok(Answer::Acquired(token)) => {
+                    tally.tokens.push((node, *token));
+                    NodeResult::Acquired
+                }
+                Ok(Answer::Busy(ms)) => {
+                    tally.busy.push(*ms);
+                    NodeResult::HeldByAnother
+                }
+                Err(err) if err.kind == RedisErrorKind::Timeout => NodeResult::TimedOut,
+                Err(err) => {
+                    if !err.is_transient() && tally.hard_failure.is_none() {
+                        tally.hard_failure = Some(err.kind);
+                    }
+                    NodeResult::Failed(err.summary())
+                }
+            };
+            tally.outcomes.push(NodeOutcome {
+                node: node.addr.clone(),
+                result,
+            });
+        }
+        tally
+    }
+}
+
+/// Renews on every master; renewed iff a majority did within the validity. Fewer than a
+/// majority that could still renew: not held; otherwise (too slow, too many failures)
+/// unavailable, and the core retries until the local deadline.
+pub(crate) async fn renew(lease: &RedisLease, ttl: Duration) -> Result<()> {
+    let shared = &lease.shared;
+    let started = Instant::now();
+    let timeout = shared.node_timeout(ttl);
+    let results = join_all(
+        shared
+            .nodes
+            .iter()
+            .map(|n| within(n, timeout, n.renew(&lease.keys, &lease.owner, ttl))),
+    )
+    .await;
+    let renewed = results.iter().filter(|r| matches!(r, Ok(true))).count();
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    let quorum = shared.quorum();
+    if renewed >= quorum && started.elapsed() + shared.client.drift(ttl) < ttl {
+        return Ok(());
+    }
+    if renewed + failed < quorum {
+        return Err(Error::not_held(&lease.name));
+    }
+    Err(Error::Unavailable {
+        message: format!(
+            "renewal of {:?} reached {renewed} of {} nodes ({quorum} needed) within the validity",
+            lease.name.as_str(),
+            shared.nodes.len()
+        ),
+        source: results
+            .into_iter()
+            .find_map(Result::err)
+            .map(|e| Box::new(e) as distlock_core::BoxError),
+    })
+}
+
+/// Releases on every master (also those that seemed to fail); released iff any held it.
+pub(crate) async fn release(lease: &RedisLease) -> Result<()> {
+    let shared = &lease.shared;
+    let timeout = shared.cleanup_timeout();
+    let results = join_all(shared.nodes.iter().map(|n| {
+        within(
+            n,
+            timeout,
+            n.release(
+                &lease.keys,
+                &lease.owner,
+                &shared.config,
+                ReleaseMode::Release,
+            ),
+        )
+    }))
+    .await;
+    if results.iter().any(|r| matches!(r, Ok(true))) {
+        return Ok(());
+    }
+    match results.into_iter().find_map(Result::err) {
+        Some(err) => Err(err.into_lock_error("release")),
+        None => Err(Error::not_held(&lease.name)),
+    }
+}
+
+/// The holder a majority of masters agree on, with the largest token and the shortest
+/// remaining lease of that majority; `None` when no majority agrees.
+pub(crate) async fn inspect(shared: &Shared, keys: &LockKeys) -> Result<Option<LockInfo>> {
+    let timeout = shared.client.operation_timeout;
+    let answers = join_all(
+        shared
+            .nodes
+            .iter()
+            .map(|n| within(n, timeout, n.inspect(keys))),
+    )
+    .await;
+    let held: Vec<_> = answers
+        .into_iter()
+        .filter_map(|a| a.ok())
+        .filter_map(|(owner, token, pttl)| owner.map(|o| (o, token, pttl)))
+        .collect();
+    for (owner, _, _) in &held {
+        let same: Vec<_> = held.iter().filter(|(o, _, _)| o == owner).collect();
+        if same.len() >= shared.quorum() {
+            let token = same.iter().filter_map(|(_, t, _)| *t).max();
+            let pttl = same.iter().map(|(_, _, p)| *p).min().unwrap_or(-1);
+            return Ok(Some(LockInfo::new(
+                owner.clone(),
+                token.map(FencingToken::new),
+                remaining(pttl),
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// Force release on every master; `true` if any held it. Fails unless a majority answered
+/// (the others free it at expiry).
+pub(crate) async fn force_release(
+    shared: &Shared,
+    keys: &LockKeys,
+    name: &LockName,
+) -> Result<bool> {
+    let timeout = shared.cleanup_timeout();
+    let results = join_all(
+        shared
+            .nodes
+            .iter()
+            .map(|n| within(n, timeout, n.force_release(keys, &shared.config))),
+    )
+    .await;
+    let answered = results.iter().filter(|r| r.is_ok()).count();
+    let removed = results.iter().any(|r| matches!(r, Ok(true)));
+    if answered >= shared.quorum() {
+        return Ok(removed);
+    }
+    Err(Error::Unavailable {
+        message: format!(
+            "force release of {:?} reached {answered} of {} Redis masters, {} needed",
+            name.as_str(),
+            shared.nodes.len(),
+            shared.quorum()
+        ),
+        source: results
+            .into_iter()
+            .find_map(Result::err)
+            .map(|e| Box::new(e) as distlock_core::BoxError),
+    })
+}
