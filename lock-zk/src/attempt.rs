@@ -13,62 +13,16 @@ use zookeeper_client as zk;
 
 use crate::ZkBackend;
 use crate::error::zk_error;
-use crate::keys::{
-    CONTAINER, EPHEMERAL_SEQUENTIAL, Entry, PERSISTENT, WAITING, escape, held_data, parse_held,
-    queue,
-};
+use crate::keys::{Entry, WAITING, escape, held_data, parse_held};
 use crate::lease::ZkLease;
+use crate::queue::{Written, ensure_parent, join_queue, leave_queue, list_queue};
 use crate::session::Session;
 use crate::wake::Wake;
-
-/// The queue under `parent`, lowest sequence first; empty once the lock node is gone. The
-/// request is sent at the call, not when the future is first polled, so that it keeps its
-/// place among the session's requests.
-pub(crate) fn list_queue<'a>(
-    client: &'a zk::Client,
-    parent: &str,
-) -> impl Future<Output = Result<Vec<Entry>>> + Send + 'a {
-    let listing = client.list_children(parent);
-    async move {
-        match listing.await {
-            Ok(children) => Ok(queue(children)),
-            Err(zk::Error::NoNode) => Ok(Vec::new()),
-            Err(err) => Err(zk_error("listing the queue", err)),
-        }
-    }
-}
-
-/// Our node as one of our own writes left it.
-#[derive(Clone, Copy)]
-pub(crate) struct Written {
-    /// Its creation zxid: the fencing token.
-    czxid: i64,
-    /// The write's time on the server's clock.
-    mtime: i64,
-}
-
-impl From<&zk::Stat> for Written {
-    fn from(stat: &zk::Stat) -> Self {
-        Self {
-            czxid: stat.czxid,
-            mtime: stat.mtime,
-        }
-    }
-}
 
 /// What one path of a poll decided: go on with `T`, or end the poll with this answer.
 pub(crate) enum Next<T> {
     Go(T),
     Done(Option<Step>),
-}
-
-/// The answer to [`ZkAttempt::join_queue`].
-pub(crate) struct Joined {
-    /// Our node's name.
-    node: String,
-    written: Written,
-    /// Ours is the only node: we hold the lock.
-    alone: bool,
 }
 
 pub(crate) struct ZkAttempt {
@@ -135,67 +89,6 @@ impl ZkAttempt {
         let session = self.backend.session().await?;
         self.session = Some(session.clone());
         Ok(session)
-    }
-
-    /// Creates the lock node (a container, removed by the server once empty).
-    async fn ensure_parent(client: &zk::Client, parent: &str, base: &str) -> Result<()> {
-        for _ in 0..3 {
-            match client.create(parent, &[], &CONTAINER).await {
-                Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
-                Err(zk::Error::NoNode) => {
-                    client
-                        .mkdir(base, &PERSISTENT)
-                        .await
-                        .map_err(|e| zk_error(&format!("creating {base}"), e))?;
-                }
-                Err(err) => return Err(zk_error("creating the lock node", err)),
-            }
-        }
-        Err(Error::Backend {
-            message: format!("{parent} keeps disappearing"),
-            source: None,
-        })
-    }
-
-    /// Creates our node and touches the lock node in one transaction (one write, one round
-    /// trip). The lock node's stat in the answer is taken after our create: its child count
-    /// says whether ours is the only node (then we hold the lock, with no listing), and its
-    /// `mzxid` is the transaction's zxid, which is our node's `czxid` (the create's own stat is
-    /// missing from multi answers of servers with ZOOKEEPER-4026).
-    async fn join_queue(
-        client: &zk::Client,
-        parent: &str,
-        prefix: &str,
-        held: &[u8],
-    ) -> std::result::Result<Joined, zk::Error> {
-        let create_path = format!("{parent}/{prefix}");
-        let mut multi = client.new_multi_writer();
-        multi.add_create(&create_path, held, &EPHEMERAL_SEQUENTIAL)?;
-        multi.add_set_data(parent, &[], None)?;
-        let results = multi.commit().await.map_err(zk::Error::from)?;
-        let (
-            Some(zk::MultiWriteResult::Create { path, stat }),
-            Some(zk::MultiWriteResult::SetData { stat: parent }),
-        ) = (results.first(), results.get(1))
-        else {
-            return Err(zk::Error::UnexpectedError(format!(
-                "unexpected multi answer: {results:?}"
-            )));
-        };
-        let node = path.rsplit('/').next().unwrap_or_default().to_owned();
-        let czxid = if stat.is_invalid() {
-            parent.mzxid
-        } else {
-            stat.czxid
-        };
-        Ok(Joined {
-            node,
-            written: Written {
-                czxid,
-                mtime: parent.mtime,
-            },
-            alone: parent.num_children == 1,
-        })
     }
 
     fn acquired(&self, session: Arc<Session>, node: &str, czxid: i64) -> Result<Step> {
@@ -271,12 +164,12 @@ impl ZkAttempt {
     ) -> Result<Next<(Vec<Entry>, Option<Written>)>> {
         let client = &session.client;
         self.maybe_created = true;
-        let joined = match Self::join_queue(client, &self.parent, &self.prefix, held).await {
+        let joined = match join_queue(client, &self.parent, &self.prefix, held).await {
             Ok(joined) => joined,
             Err(zk::Error::NoNode) => {
                 self.maybe_created = false;
                 let base = self.backend.shared.config.base_path();
-                Self::ensure_parent(client, &self.parent, &base).await?;
+                ensure_parent(client, &self.parent, &base).await?;
                 return Ok(Next::Done(None));
             }
             Err(err) => return Err(zk_error("joining the queue", err)),
@@ -554,31 +447,4 @@ impl Attempt for ZkAttempt {
             Err(err) => Err(Error::backend(format!("leaving the queue: {err}"), err)),
         }
     }
-}
-
-/// Deletes our node (found by its unique prefix if a create's reply was lost).
-pub(crate) async fn leave_queue(
-    client: &zk::Client,
-    parent: &str,
-    prefix: &str,
-    node: Option<String>,
-    maybe_created: bool,
-) -> Result<()> {
-    let mut targets: Vec<String> = node.iter().cloned().collect();
-    if node.is_none() && maybe_created {
-        // A create whose reply we never saw: find it by our unique prefix (the listing is
-        // sent after the create on the same session, so it includes it).
-        match client.list_children(parent).await {
-            Ok(children) => targets.extend(children.into_iter().filter(|c| c.starts_with(prefix))),
-            Err(zk::Error::NoNode) => {}
-            Err(err) => return Err(zk_error("looking for an orphan node", err)),
-        }
-    }
-    for node in targets {
-        match client.delete(&format!("{parent}/{node}"), None).await {
-            Ok(()) | Err(zk::Error::NoNode) => {}
-            Err(err) => return Err(zk_error("leaving the queue", err)),
-        }
-    }
-    Ok(())
 }

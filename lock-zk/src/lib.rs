@@ -98,6 +98,7 @@ mod config;
 mod error;
 mod keys;
 mod lease;
+mod queue;
 mod session;
 mod wake;
 
