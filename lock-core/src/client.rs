@@ -17,7 +17,7 @@ use crate::registry::{Registry, RegistryKey};
 use crate::watchdog::Watchdog;
 use crate::{
     AcquireOptions, Backoff, Capabilities, ClientConfig, DistributedLock, Error, LockInfo,
-    LockName, Result, WakeUp,
+    LockName, OwnerId, Result, WakeUp,
 };
 
 /// A lock client over one backend. Cheap to clone (clones share connections and the
@@ -154,12 +154,7 @@ impl<B: LockBackend> LockClient<B> {
             // A wait too long to represent as an instant is a wait forever.
             AttemptMode::Wait => options.wait.and_then(|w| started.checked_add(w)),
         };
-        // A random v4 UUID from the thread-local generator: no syscall per acquisition.
-        let unique = uuid::Builder::from_random_bytes(rand::rng().random()).into_uuid();
-        let owner = match &options.owner {
-            Some(id) => format!("{}:{}", id.as_str(), unique.simple()),
-            None => unique.simple().to_string(),
-        };
+        let owner = unique_owner(options.owner.as_ref());
         let request = AcquireRequest {
             name: name.clone(),
             owner: owner.clone(),
@@ -168,19 +163,14 @@ impl<B: LockBackend> LockClient<B> {
         };
         let op_timeout = self.inner.config.operation_timeout;
         let mut attempt = AttemptCleanup::new(self.inner.backend.begin(request), op_timeout);
-        let mut backoff = BackoffState::new(&options.backoff);
+        let mut pacing = Pacing::new(options, self.inner.caps.wake_up);
         let mut failures = FailureReport::default();
         let mut last_error: Option<Error>;
-        // Immediate re-polls in a row ([`Step::Again`]); polls while next in line.
-        let (mut again, mut next_in_line) = (0, 0);
         loop {
             let sent = Instant::now();
             let step = within(op_timeout, "acquire attempt", attempt.get().poll())
                 .await
                 .and_then(|step| step);
-            if !matches!(step, Ok(Step::Again)) {
-                again = 0;
-            }
             let delay = match step {
                 Ok(Step::Acquired(acquired)) => {
                     attempt.disarm();
@@ -200,40 +190,17 @@ impl<B: LockBackend> LockClient<B> {
                         watchdog: self.inner.watchdog.clone(),
                     })));
                 }
-                Ok(Step::Busy { retry_after }) => {
+                Ok(step) => {
                     last_error = None;
-                    next_in_line = 0;
-                    self.busy_delay(&mut backoff, retry_after)
-                }
-                Ok(Step::NextInLine { retry_after }) => {
-                    last_error = None;
-                    let brisk = next_in_line_poll(next_in_line);
-                    next_in_line = next_in_line.saturating_add(1);
-                    match self.inner.caps.wake_up {
-                        WakeUp::Event => self.busy_delay(&mut backoff, retry_after),
-                        _ => retry_after.map_or(brisk, |r| r.min(brisk)),
+                    match pacing.after(&step) {
+                        Some(delay) => delay,
+                        None => continue,
                     }
-                }
-                Ok(Step::Again) if again < MAX_IMMEDIATE_POLLS => {
-                    again += 1;
-                    debug!(again, "polling again at once");
-                    continue;
-                }
-                // A backend that keeps answering `Again` gets the backoff.
-                Ok(Step::Again) => {
-                    again = 0;
-                    last_error = None;
-                    backoff.next()
-                }
-                Ok(Step::Contended) => {
-                    last_error = None;
-                    contention_pause(options.ttl)
                 }
                 Err(err) if err.is_retryable() && mode == AttemptMode::Wait => {
                     failures.retrying(&name, &err);
-                    let delay = backoff.next();
                     last_error = Some(err);
-                    delay
+                    pacing.backoff.next()
                 }
                 Err(err) => {
                     attempt.abandon().await;
@@ -257,22 +224,87 @@ impl<B: LockBackend> LockClient<B> {
                 None => delay,
             };
             tokio::select! {
-                () = attempt.get().changed() => backoff.reset(),
+                () = attempt.get().changed() => pacing.backoff.reset(),
                 () = tokio::time::sleep(sleep) => {}
             }
         }
     }
+}
 
-    /// How long to wait after a busy answer before polling again (a wake-up may come sooner).
-    fn busy_delay(&self, backoff: &mut BackoffState, retry_after: Option<Duration>) -> Duration {
-        // Just after the holder's lease runs out, plus a little jitter to spread the herd.
+/// The owner value of one acquisition: a random v4 UUID from the thread-local generator (no
+/// syscall), prefixed with the explicit owner id if one was given.
+fn unique_owner(id: Option<&OwnerId>) -> String {
+    let unique = uuid::Builder::from_random_bytes(rand::rng().random()).into_uuid();
+    match id {
+        Some(id) => format!("{}:{}", id.as_str(), unique.simple()),
+        None => unique.simple().to_string(),
+    }
+}
+
+/// When a waiting attempt polls again, from what its last poll answered: the one place where
+/// the core decides the timing of every backend's polls.
+struct Pacing {
+    backoff: BackoffState,
+    wake_up: WakeUp,
+    ttl: Duration,
+    /// Immediate re-polls in a row ([`Step::Again`]).
+    again: u32,
+    /// Polls in a row while next in line ([`Step::NextInLine`]).
+    next_in_line: u32,
+}
+
+impl Pacing {
+    fn new(options: &AcquireOptions, wake_up: WakeUp) -> Self {
+        Self {
+            backoff: BackoffState::new(&options.backoff),
+            wake_up,
+            ttl: options.ttl,
+            again: 0,
+            next_in_line: 0,
+        }
+    }
+
+    /// How long to wait (a wake-up may come sooner) after a step other than `Acquired`;
+    /// `None`: poll again now.
+    fn after(&mut self, step: &Step) -> Option<Duration> {
+        if !matches!(step, Step::Again) {
+            self.again = 0;
+        }
+        if !matches!(step, Step::NextInLine { .. }) {
+            self.next_in_line = 0;
+        }
+        Some(match step {
+            Step::Busy { retry_after } => self.busy(*retry_after),
+            Step::NextInLine { retry_after } if self.wake_up != WakeUp::Event => {
+                let brisk = next_in_line_poll(self.next_in_line);
+                self.next_in_line = self.next_in_line.saturating_add(1);
+                retry_after.map_or(brisk, |r| r.min(brisk))
+            }
+            Step::NextInLine { retry_after } => self.busy(*retry_after),
+            Step::Again if self.again < MAX_IMMEDIATE_POLLS => {
+                self.again += 1;
+                debug!(again = self.again, "polling again at once");
+                return None;
+            }
+            Step::Contended => contention_pause(self.ttl),
+            // A backend that keeps answering `Again` (or an unknown step) gets the backoff.
+            _ => {
+                self.again = 0;
+                self.backoff.next()
+            }
+        })
+    }
+
+    /// After a busy answer: just after the holder's lease runs out (plus a little jitter to
+    /// spread the herd), or the backoff.
+    fn busy(&mut self, retry_after: Option<Duration>) -> Duration {
         let after_expiry =
             retry_after.map(|d| d + Duration::from_micros(rand::rng().random_range(500..2_000)));
-        match self.inner.caps.wake_up {
+        match self.wake_up {
             // Events wake us; the backoff maximum is only a safety net against a lost event.
-            WakeUp::Event => after_expiry.map_or(backoff.max(), |d| d.min(backoff.max())),
+            WakeUp::Event => after_expiry.map_or(self.backoff.max(), |d| d.min(self.backoff.max())),
             _ => {
-                let next = backoff.next();
+                let next = self.backoff.next();
                 after_expiry.map_or(next, |d| d.min(next))
             }
         }
@@ -520,6 +552,61 @@ mod tests {
         assert_eq!(state.current, cfg.max);
         state.reset();
         assert_eq!(state.next(), cfg.min);
+    }
+
+    #[test]
+    fn again_polls_at_once_a_bounded_number_of_times_then_backs_off() {
+        let options = AcquireOptions::default();
+        let mut pacing = Pacing::new(&options, WakeUp::Event);
+        for _ in 0..MAX_IMMEDIATE_POLLS {
+            assert_eq!(pacing.after(&Step::Again), None);
+        }
+        let delay = pacing
+            .after(&Step::Again)
+            .expect("the backoff after the budget");
+        assert!(delay >= options.backoff.min, "{delay:?}");
+        // The budget starts again after the backoff, and after any other answer.
+        assert_eq!(pacing.after(&Step::Again), None);
+        pacing.after(&Step::busy(None));
+        assert_eq!(pacing.again, 0);
+    }
+
+    #[test]
+    fn the_next_in_line_polls_briskly_only_without_events() {
+        let options = AcquireOptions::default();
+        let mut polling = Pacing::new(&options, WakeUp::Polling);
+        let next = |p: &mut Pacing| p.after(&Step::NextInLine { retry_after: None }).unwrap();
+        let delays: Vec<_> = (0..8).map(|_| next(&mut polling)).collect();
+        let ms = |n| Duration::from_millis(n);
+        assert_eq!(
+            delays,
+            [ms(1), ms(2), ms(4), ms(8), ms(16), ms(20), ms(20), ms(20)]
+        );
+        // A busy answer ends the brisk run; a known lease end comes first.
+        polling.after(&Step::busy(None));
+        assert_eq!(next(&mut polling), ms(1));
+        let sooner = Step::NextInLine {
+            retry_after: Some(Duration::ZERO),
+        };
+        assert_eq!(polling.after(&sooner), Some(Duration::ZERO));
+        // With events, the next holder waits for its wake-up like any waiter.
+        let mut events = Pacing::new(&options, WakeUp::Event);
+        assert_eq!(next(&mut events), options.backoff.max);
+    }
+
+    #[test]
+    fn a_contended_round_pauses_up_to_a_tenth_of_the_ttl() {
+        for (ttl, cap) in [(10u64, 2u64), (300, 30), (60_000, 50)] {
+            let options = AcquireOptions::default().with_ttl(Duration::from_millis(ttl));
+            let mut pacing = Pacing::new(&options, WakeUp::Event);
+            for _ in 0..200 {
+                let pause = pacing.after(&Step::Contended).unwrap();
+                assert!(
+                    pause >= Duration::from_millis(1) && pause <= Duration::from_millis(cap),
+                    "ttl {ttl} ms: {pause:?}"
+                );
+            }
+        }
     }
 
     #[test]
