@@ -252,6 +252,34 @@ impl LockInfo {
     }
 }
 
+/// For a [`LockBackend::list`] that finds candidate names first (keys, nodes): inspects each
+/// in the given order, as [`LockBackend::inspect`] would, and keeps the held ones, at most
+/// `limit`.
+///
+/// # Errors
+/// The first error of an inspection.
+pub async fn held_among<B, I>(
+    backend: &B,
+    names: I,
+    limit: usize,
+) -> Result<Vec<(LockName, LockInfo)>>
+where
+    B: LockBackend + ?Sized,
+    I: IntoIterator<Item = LockName>,
+    I::IntoIter: Send,
+{
+    let mut held = Vec::new();
+    for name in names {
+        if held.len() >= limit {
+            break;
+        }
+        if let Some(info) = backend.inspect(&name).await? {
+            held.push((name, info));
+        }
+    }
+    Ok(held)
+}
+
 /// Locks `mutex`, also after a thread panicked while holding it: the shared state of a lock
 /// client (maps of waiters, deadlines, sessions) stays valid across a panic, and one panicking
 /// task must not take the client down with it. For backends and the core alike.

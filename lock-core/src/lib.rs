@@ -49,15 +49,25 @@
 //!    store on the server, the ttl, and whether the caller waits or tries once.
 //! 2. [`Attempt`]: [`poll`](Attempt::poll) makes one atomic try (or checks the attempt's place
 //!    in a server-side queue) and answers [`Step::Acquired`] with a lease and a fencing token,
-//!    or [`Step::Busy`] with the holder's remaining lease when known;
+//!    or what it saw: [`Step::Busy`] (with the holder's remaining lease when known),
+//!    [`Step::NextInLine`], [`Step::Again`] (the queue changed under it) or
+//!    [`Step::Contended`] (a race with no holder). When to poll again is the core's decision,
+//!    never a loop or a sleep inside `poll`;
 //!    [`changed`](Attempt::changed) resolves when polling again is worthwhile (pub/sub
 //!    message, watch event, NOTIFY), and may be left at its default (never) for polling
 //!    backends; [`abandon`](Attempt::abandon) removes the attempt's traces from the server,
 //!    including a lock taken by a request whose reply was lost (match it by the owner value).
 //! 3. [`Lease`]: owner-checked, atomic [`renew`](Lease::renew) and
 //!    [`release`](Lease::release) that answer [`Error::NotHeld`] when the lock is no longer
-//!    the owner's, and optionally a [`loss_signal`](Lease::loss_signal) future for servers
-//!    that report loss themselves (session expiry).
+//!    the owner's, optionally a [`loss_signal`](Lease::loss_signal) future for servers
+//!    that report loss themselves (session expiry), and [`expired`](Lease::expired) for a
+//!    server-side lease that can outlive the lock.
+//!
+//! Shared helpers for backends live in [`backend`] too: the one retry policy
+//! ([`backend::RetryPolicy`], [`backend::retrying`], [`backend::Retries`]; the backend only
+//! says which failed requests may be sent again), [`backend::within`] to bound a request,
+//! [`backend::spawn_cleanup`] for cleanups nobody waits for, [`backend::unpoisoned`], and
+//! [`backend::escape_name`] for keys and node names.
 //!
 //! Then `LockClient::new(backend)` is a complete [`DistributedLock`], and one line in the
 //! conformance suite (`conformance_tests::conformance_suite!`) proves it against a real server.

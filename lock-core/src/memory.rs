@@ -20,8 +20,7 @@ use crate::backend::{
     AcquireRequest, Acquired, Attempt, AttemptMode, Lease, LockBackend, LockInfo, Step,
 };
 use crate::{
-    Capabilities, Error, FencingGuarantee, FencingToken, LockClient, LockName, LossDetection,
-    Result, WakeUp,
+    Capabilities, Error, FencingGuarantee, FencingToken, LockClient, LockName, Result, WakeUp,
 };
 
 /// Shared lock state for any number of in-process clients. Cheap to clone.
@@ -190,7 +189,6 @@ impl LockBackend for MemoryBackend {
                 Duration::from_millis(1),
                 Duration::from_secs(365 * 24 * 3600),
             )
-            .with_loss_detection(LossDetection::Renewal)
             .with_list(true)
             .with_force_release(true)
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use distlock_core::backend::held_among;
 use distlock_core::{
     AcquireRequest, Attempt, Capabilities, ClientConfig, Error, FencingGuarantee, FencingToken,
     LockBackend, LockInfo, LockName, LossDetection, Result, WakeUp,
@@ -232,16 +233,7 @@ impl LockBackend for RedisBackend {
                 },
             });
         }
-        let mut held = Vec::new();
-        for name in candidates {
-            if held.len() >= limit {
-                break;
-            }
-            if let Some(info) = self.inspect(&name).await? {
-                held.push((name, info));
-            }
-        }
-        Ok(held)
+        held_among(self, candidates, limit).await
     }
 
     /// Runs the release script as the current holder (see `Node::force_release`) on every

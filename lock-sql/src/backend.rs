@@ -9,13 +9,16 @@ use async_trait::async_trait;
 use distlock_core::backend::within;
 use distlock_core::{
     AcquireRequest, Attempt, Capabilities, Error, FencingGuarantee, FencingToken, LockBackend,
-    LockInfo, LockName, LossDetection, Result, WakeUp,
+    LockInfo, LockName, Result, WakeUp,
 };
 
 use crate::attempt::SqlAttempt;
 use crate::db::Db;
 use crate::error::map_err;
 use crate::{Dialect, FencedUpdate, SqlConfig, db};
+
+/// The longest lease: the expiry is a microsecond count, so the limit is a choice (a year).
+const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// How long a waiter's reservation lives without being renewed by its polls.
 pub(crate) const RESERVATION: Duration = Duration::from_secs(1);
@@ -190,13 +193,8 @@ impl LockBackend for SqlBackend {
             WakeUp::Polling
         };
         Capabilities::new(FencingGuarantee::Linearizable)
-            .with_fifo(false)
             .with_wake_up(wake_up)
-            .with_ttl_range(
-                Duration::from_millis(1),
-                Duration::from_secs(365 * 24 * 3600),
-            )
-            .with_loss_detection(LossDetection::Renewal)
+            .with_ttl_range(Duration::from_millis(1), MAX_TTL)
             .with_list(true)
             .with_force_release(true)
     }

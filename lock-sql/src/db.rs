@@ -2,9 +2,10 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use async_trait::async_trait;
+use distlock_core::backend::unpoisoned;
 
 use crate::backend::SqlPool;
 use crate::fence::FencedUpdate;
@@ -25,6 +26,29 @@ pub(crate) struct Peek {
     pub(crate) next_since: Option<i64>,
     /// Remaining reservation in microseconds when it is live.
     pub(crate) next_remaining_us: Option<i64>,
+}
+
+impl Peek {
+    /// Reads `owner, version, remaining_us, next_owner, next_since, next_remaining_us` from a
+    /// row; `text` turns the database's owner columns into text.
+    pub(crate) fn from_row<R: sqlx::Row, T>(
+        row: &R,
+        text: impl Fn(Option<T>) -> Option<String>,
+    ) -> Result<Self, sqlx::Error>
+    where
+        usize: sqlx::ColumnIndex<R>,
+        for<'r> T: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    {
+        Ok(Self {
+            owner: text(row.try_get(0)?),
+            version: row.try_get(1)?,
+            remaining_us: row.try_get(2)?,
+            next_owner: text(row.try_get(3)?),
+            next_since: row.try_get(4)?,
+            next_remaining_us: row.try_get(5)?,
+        })
+    }
 }
 
 /// A live holder as [`Db::list`] reports it.
@@ -162,19 +186,11 @@ impl Sessions {
         allow(dead_code, reason = "used by the server dialects only")
     )]
     pub(crate) fn add(&self, id: i64) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(id);
+        unpoisoned(&self.0).insert(id);
     }
 
     pub(crate) fn list(&self) -> Vec<i64> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .copied()
-            .collect()
+        unpoisoned(&self.0).iter().copied().collect()
     }
 }
 

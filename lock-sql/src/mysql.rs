@@ -223,14 +223,8 @@ impl Db for MyDb {
             .fetch_optional(q(&self.sql.peek).bind(name))
             .await?;
         row.map(|r| {
-            let text = |o: Option<Vec<u8>>| o.map(|o| String::from_utf8_lossy(&o).into_owned());
-            Ok(Peek {
-                owner: text(r.try_get(0)?),
-                version: r.try_get(1)?,
-                remaining_us: r.try_get(2)?,
-                next_owner: text(r.try_get(3)?),
-                next_since: r.try_get(4)?,
-                next_remaining_us: r.try_get(5)?,
+            Peek::from_row(&r, |o: Option<Vec<u8>>| {
+                o.map(|o| String::from_utf8_lossy(&o).into_owned())
             })
         })
         .transpose()

@@ -238,17 +238,8 @@ impl Db for LiteDb {
             .conns
             .fetch_optional(q(&self.sql.peek).bind(name.to_owned()))
             .await?;
-        row.map(|r| {
-            Ok(Peek {
-                owner: r.try_get(0)?,
-                version: r.try_get(1)?,
-                remaining_us: r.try_get(2)?,
-                next_owner: r.try_get(3)?,
-                next_since: r.try_get(4)?,
-                next_remaining_us: r.try_get(5)?,
-            })
-        })
-        .transpose()
+        row.map(|r| Peek::from_row(&r, |o: Option<String>| o))
+            .transpose()
     }
 
     async fn reserve(

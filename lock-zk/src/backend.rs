@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_core::backend::unpoisoned as lock;
+use distlock_core::backend::{held_among, unpoisoned as lock};
 use distlock_core::{
     AcquireRequest, Attempt, Capabilities, ClientConfig, FencingGuarantee, FencingToken,
     LockBackend, LockInfo, LockName, LossDetection, Result, WakeUp,
@@ -182,16 +182,7 @@ impl LockBackend for ZkBackend {
             .filter_map(|child| LockName::new(unescape(child)?).ok())
             .collect();
         names.sort();
-        let mut held = Vec::new();
-        for name in names {
-            if held.len() >= limit {
-                break;
-            }
-            if let Some(info) = self.inspect(&name).await? {
-                held.push((name, info));
-            }
-        }
-        Ok(held)
+        held_among(self, names, limit).await
     }
 
     /// Deletes the holder's node (the queue head, if its data says "held"), version-checked
