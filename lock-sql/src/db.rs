@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use distlock_core::backend::unpoisoned;
 
 use crate::backend::SqlPool;
+use crate::dialect::Shared;
 use crate::fence::FencedUpdate;
 use crate::wake::Subscription;
 
@@ -30,21 +31,20 @@ pub(crate) struct Peek {
 
 impl Peek {
     /// Reads `owner, version, remaining_us, next_owner, next_since, next_remaining_us` from a
-    /// row; `text` turns the database's owner columns into text.
-    pub(crate) fn from_row<R: sqlx::Row, T>(
+    /// row; `owner` reads an owner column (by index) as text.
+    pub(crate) fn from_row<R: sqlx::Row>(
         row: &R,
-        text: impl Fn(Option<T>) -> Option<String>,
+        owner: impl Fn(usize) -> Result<Option<String>, sqlx::Error>,
     ) -> Result<Self, sqlx::Error>
     where
         usize: sqlx::ColumnIndex<R>,
-        for<'r> T: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
         for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     {
         Ok(Self {
-            owner: text(row.try_get(0)?),
+            owner: owner(0)?,
             version: row.try_get(1)?,
             remaining_us: row.try_get(2)?,
-            next_owner: text(row.try_get(3)?),
+            next_owner: owner(3)?,
             next_since: row.try_get(4)?,
             next_remaining_us: row.try_get(5)?,
         })
@@ -129,8 +129,13 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
         wake_waiters: bool,
     ) -> Result<Option<i64>, sqlx::Error>;
 
+    /// The statements this database runs as every other does.
+    fn common(&self) -> &dyn Shared;
+
     /// Reads the row.
-    async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error>;
+    async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error> {
+        self.common().peek(name).await
+    }
 
     /// Claims (or keeps) the waiter reservation unless an older waiter holds a live one.
     async fn reserve(
@@ -148,23 +153,33 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
         owner: &str,
         version: i64,
         ttl_us: i64,
-    ) -> Result<bool, sqlx::Error>;
+    ) -> Result<bool, sqlx::Error> {
+        self.common().renew(name, owner, version, ttl_us).await
+    }
 
     /// Owner-and-version-checked release of a live lease (wakes waiters).
-    async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error>;
+    async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {
+        self.common().release(name, owner, version).await
+    }
 
     /// Drops this owner's lock and reservation, whatever the version.
     async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error>;
 
     /// Frees the lock whoever holds it; the version is kept.
-    async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error>;
+    async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error> {
+        self.common().force_release(name).await
+    }
 
     /// The live holders of names starting with `prefix` (`""`: all), by name, at most
     /// `limit`. One statement on the pool (an operator's read, not a hot path).
-    async fn list(&self, prefix: &str, limit: i64) -> Result<Vec<Listed>, sqlx::Error>;
+    async fn list(&self, prefix: &str, limit: i64) -> Result<Vec<Listed>, sqlx::Error> {
+        self.common().list(prefix, limit).await
+    }
 
     /// `UPDATE table SET ..., fence = token WHERE key = ? AND (fence IS NULL OR fence <= token)`.
-    async fn fenced_update(&self, update: &FencedUpdate, token: i64) -> Result<bool, sqlx::Error>;
+    async fn fenced_update(&self, update: &FencedUpdate, token: i64) -> Result<bool, sqlx::Error> {
+        self.common().fenced_update(update, token).await
+    }
 
     /// A wake-up subscription for `name`, for backends with events.
     fn subscribe(&self, name: &str, owner: &str) -> Option<Subscription> {

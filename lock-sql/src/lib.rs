@@ -91,6 +91,7 @@ mod backend;
 pub mod bench;
 mod config;
 mod db;
+mod dialect;
 mod error;
 mod fence;
 mod keys;

@@ -6,15 +6,14 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use distlock_core::{Error, Result};
-use futures::FutureExt;
-use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlPoolOptions};
-use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
+use sqlx::mysql::MySqlConnectOptions;
+use sqlx::{AssertSqlSafe, Executor, Row};
 
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
-use crate::db::{Claim, Db, Listed, Peek, Sessions, bind_value};
-use crate::error::{connect_err, map_err, shape_err};
-use crate::fence::FencedUpdate;
+use crate::db::{Claim, Db, Sessions};
+use crate::dialect::{Common, Shared, prepare_all, q, server_pool};
+use crate::error::{connect_err, map_err};
 use crate::keys::quote;
 use crate::pool::{HotConns, open_pool};
 
@@ -118,7 +117,7 @@ impl Statements {
 
 #[derive(Debug)]
 pub(crate) struct MyDb {
-    conns: HotConns<sqlx::MySql>,
+    common: Common<sqlx::MySql>,
     sql: Statements,
 }
 
@@ -127,28 +126,12 @@ impl MyDb {
         let options = MySqlConnectOptions::from_str(&config.url).map_err(|e| {
             Error::InvalidConfig(format!("bad MySQL URL {}: {e}", config.redacted_url()))
         })?;
-        let timeout = config.effective_connect_timeout();
-        let pool = open_pool(
-            MySqlPoolOptions::new()
-                .max_connections(config.max_connections)
-                .acquire_timeout(timeout / 2)
-                .test_before_acquire(false)
-                .after_connect(move |conn, _meta| {
-                    let sessions = sessions.clone();
-                    async move {
-                        let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
-                            .fetch_one(conn)
-                            .await?;
-                        sessions.add(i64::try_from(id).unwrap_or(i64::MAX));
-                        Ok(())
-                    }
-                    .boxed()
-                }),
-            options,
-            timeout / 4,
-        )
-        .await
-        .map_err(|e| connect_err(config, e))?;
+        let session_id = "SELECT CAST(CONNECTION_ID() AS SIGNED)";
+        let pool = server_pool::<sqlx::MySql>(config, session_id, sessions);
+        let probe = config.effective_connect_timeout() / 4;
+        let pool = open_pool(pool, options, probe)
+            .await
+            .map_err(|e| connect_err(config, e))?;
         let table = quote(&config.table, '`');
         if config.create_table {
             let create = format!(
@@ -162,24 +145,27 @@ impl MyDb {
                 .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
         }
         let sql = Statements::new(&config.table);
-        for statement in sql.all() {
-            pool.prepare(AssertSqlSafe(statement.clone()).into_sql_str())
-                .await
-                .map_err(|e| shape_err(&table, e))?;
-        }
+        prepare_all(&pool, &sql.all(), &table).await?;
         Ok(Self {
-            conns: HotConns::new(pool, config.max_connections),
+            common: Common {
+                conns: HotConns::new(pool, config.max_connections),
+                peek: sql.peek.clone(),
+                renew: sql.renew.clone(),
+                release: Some(sql.release.clone()),
+                force: Some(sql.force.clone()),
+                list: sql.list.clone(),
+            },
             sql,
         })
     }
 }
 
-fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, sqlx::MySql, MySqlArguments> {
-    sqlx::query(AssertSqlSafe(sql.clone()))
-}
-
 #[async_trait]
 impl Db for MyDb {
+    fn common(&self) -> &dyn Shared {
+        &self.common
+    }
+
     fn has_events(&self) -> bool {
         false
     }
@@ -192,7 +178,7 @@ impl Db for MyDb {
         _wake_waiters: bool,
     ) -> Result<Option<i64>, sqlx::Error> {
         // Two statements on one connection: LAST_INSERT_ID and the check belong to the take.
-        let mut hot = self.conns.get().await?;
+        let mut hot = self.common.conns.get().await?;
         let result = q(&self.sql.take)
             .bind(name)
             .bind(owner)
@@ -217,19 +203,6 @@ impl Db for MyDb {
         row.map(|r| r.try_get::<i64, _>(0)).transpose()
     }
 
-    async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error> {
-        let row = self
-            .conns
-            .fetch_optional(q(&self.sql.peek).bind(name))
-            .await?;
-        row.map(|r| {
-            Peek::from_row(&r, |o: Option<Vec<u8>>| {
-                o.map(|o| String::from_utf8_lossy(&o).into_owned())
-            })
-        })
-        .transpose()
-    }
-
     async fn reserve(
         &self,
         name: &str,
@@ -238,6 +211,7 @@ impl Db for MyDb {
         hold_us: i64,
     ) -> Result<Claim, sqlx::Error> {
         let done = self
+            .common
             .conns
             .execute(
                 q(&self.sql.reserve)
@@ -252,73 +226,19 @@ impl Db for MyDb {
         Ok(Claim::granted(done.rows_affected() == 1))
     }
 
-    async fn renew(
-        &self,
-        name: &str,
-        owner: &str,
-        version: i64,
-        ttl_us: i64,
-    ) -> Result<bool, sqlx::Error> {
-        let done = self
-            .conns
-            .execute(
-                q(&self.sql.renew)
-                    .bind(ttl_us)
-                    .bind(name)
-                    .bind(owner)
-                    .bind(version),
-            )
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {
-        let done = self
-            .conns
-            .execute(q(&self.sql.release).bind(name).bind(owner).bind(version))
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
     async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error> {
         let mut query = q(&self.sql.abandon);
         for _ in 0..5 {
             query = query.bind(owner);
         }
-        self.conns
+        self.common
+            .conns
             .execute(query.bind(name).bind(owner).bind(owner))
             .await?;
         Ok(())
     }
 
-    async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error> {
-        let done = self.conns.execute(q(&self.sql.force).bind(name)).await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn list(&self, prefix: &str, limit: i64) -> Result<Vec<Listed>, sqlx::Error> {
-        let rows = q(&self.sql.list)
-            .bind(prefix)
-            .bind(prefix)
-            .bind(limit)
-            .fetch_all(self.conns.pool())
-            .await?;
-        rows.iter().map(Listed::from_row).collect()
-    }
-
-    async fn fenced_update(&self, update: &FencedUpdate, token: i64) -> Result<bool, sqlx::Error> {
-        let sql = update.sql('`', |_| "?".to_owned());
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for (_, value) in &update.set {
-            query = bind_value!(query, value);
-        }
-        query = query.bind(token);
-        query = bind_value!(query, &update.key);
-        query = query.bind(token);
-        Ok(self.conns.execute(query).await?.rows_affected() == 1)
-    }
-
     fn pool(&self) -> SqlPool {
-        SqlPool::MySql(self.conns.pool().clone())
+        SqlPool::MySql(self.common.conns.pool().clone())
     }
 }

@@ -9,15 +9,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::{Error, Result};
-use futures::FutureExt;
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
-use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
+use sqlx::postgres::{PgConnectOptions, PgListener};
+use sqlx::{AssertSqlSafe, Executor, Row};
 
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
-use crate::db::{Claim, Db, Listed, Peek, Sessions, bind_value};
-use crate::error::{connect_err, map_err, shape_err};
-use crate::fence::FencedUpdate;
+use crate::db::{Claim, Db, Sessions};
+use crate::dialect::{Common, Shared, prepare_all, q, server_pool};
+use crate::error::{connect_err, map_err};
 use crate::keys::quote;
 use crate::pool::{HotConns, open_pool};
 use crate::wake::{Notifier, Subscription, parse_payload};
@@ -72,8 +71,8 @@ impl Statements {
             )
             .into(),
             renew: format!(
-                "UPDATE {t} SET expires_at = now() + $4::bigint {us} \
-                 WHERE name = $1 AND owner = $2 AND version = $3 AND expires_at > now()"
+                "UPDATE {t} SET expires_at = now() + $1::bigint {us} \
+                 WHERE name = $2 AND owner = $3 AND version = $4 AND expires_at > now()"
             )
             .into(),
             release: format!(
@@ -106,7 +105,7 @@ impl Statements {
                 "SELECT name, owner, version, \
                  (EXTRACT(EPOCH FROM (expires_at - now())) * 1000000)::bigint \
                  FROM {t} WHERE owner IS NOT NULL AND expires_at > now() \
-                 AND left(name, length($1)) = $1 ORDER BY name LIMIT $2"
+                 AND left(name, length($1)) = $2 ORDER BY name LIMIT $3"
             )
             .into(),
         }
@@ -128,7 +127,7 @@ impl Statements {
 
 #[derive(Debug)]
 pub(crate) struct PgDb {
-    conns: HotConns<sqlx::Postgres>,
+    common: Common<sqlx::Postgres>,
     sql: Statements,
     channel: String,
     notifier: Arc<Notifier>,
@@ -146,28 +145,12 @@ impl PgDb {
         let options = PgConnectOptions::from_str(&config.url).map_err(|e| {
             Error::InvalidConfig(format!("bad PostgreSQL URL {}: {e}", config.redacted_url()))
         })?;
-        let timeout = config.effective_connect_timeout();
-        let pool = open_pool(
-            PgPoolOptions::new()
-                .max_connections(config.max_connections)
-                .acquire_timeout(timeout / 2)
-                .test_before_acquire(false)
-                .after_connect(move |conn, _meta| {
-                    let sessions = sessions.clone();
-                    async move {
-                        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-                            .fetch_one(conn)
-                            .await?;
-                        sessions.add(pid.into());
-                        Ok(())
-                    }
-                    .boxed()
-                }),
-            options,
-            timeout / 4,
-        )
-        .await
-        .map_err(|e| connect_err(config, e))?;
+        let session_id = "SELECT pg_backend_pid()::bigint";
+        let pool = server_pool::<sqlx::Postgres>(config, session_id, sessions);
+        let probe = config.effective_connect_timeout() / 4;
+        let pool = open_pool(pool, options, probe)
+            .await
+            .map_err(|e| connect_err(config, e))?;
         let table = quote(&config.table, '"');
         if config.create_table {
             let create = format!(
@@ -187,11 +170,7 @@ impl PgDb {
             tx.commit().await.map_err(|e| map_err("create table", e))?;
         }
         let sql = Statements::new(&config.table);
-        for statement in sql.all() {
-            pool.prepare(AssertSqlSafe(statement.clone()).into_sql_str())
-                .await
-                .map_err(|e| shape_err(&table, e))?;
-        }
+        prepare_all(&pool, &sql.all(), &table).await?;
         let channel = format!("distlock:{}", config.table);
         let mut listener = PgListener::connect_with(&pool)
             .await
@@ -203,7 +182,14 @@ impl PgDb {
         let notifier = Arc::new(Notifier::default());
         let task = tokio::spawn(listen(listener, notifier.clone()));
         Ok(Self {
-            conns: HotConns::new(pool, config.max_connections),
+            common: Common {
+                conns: HotConns::new(pool, config.max_connections),
+                peek: sql.peek.clone(),
+                renew: sql.renew.clone(),
+                release: None,
+                force: None,
+                list: sql.list.clone(),
+            },
             sql,
             channel,
             notifier,
@@ -230,12 +216,12 @@ async fn listen(mut listener: PgListener, notifier: Arc<Notifier>) {
     }
 }
 
-fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
-    sqlx::query(AssertSqlSafe(sql.clone()))
-}
-
 #[async_trait]
 impl Db for PgDb {
+    fn common(&self) -> &dyn Shared {
+        &self.common
+    }
+
     fn has_events(&self) -> bool {
         true
     }
@@ -256,17 +242,8 @@ impl Db for PgDb {
         } else {
             q(&self.sql.take).bind(name).bind(owner).bind(ttl_us)
         };
-        let row = self.conns.fetch_optional(query).await?;
+        let row = self.common.conns.fetch_optional(query).await?;
         row.map(|r| r.try_get::<i64, _>(0)).transpose()
-    }
-
-    async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error> {
-        let row = self
-            .conns
-            .fetch_optional(q(&self.sql.peek).bind(name))
-            .await?;
-        row.map(|r| Peek::from_row(&r, |o: Option<String>| o))
-            .transpose()
     }
 
     async fn reserve(
@@ -277,6 +254,7 @@ impl Db for PgDb {
         hold_us: i64,
     ) -> Result<Claim, sqlx::Error> {
         let row = self
+            .common
             .conns
             .fetch_optional(
                 q(&self.sql.reserve)
@@ -293,28 +271,9 @@ impl Db for PgDb {
         })
     }
 
-    async fn renew(
-        &self,
-        name: &str,
-        owner: &str,
-        version: i64,
-        ttl_us: i64,
-    ) -> Result<bool, sqlx::Error> {
-        let done = self
-            .conns
-            .execute(
-                q(&self.sql.renew)
-                    .bind(name)
-                    .bind(owner)
-                    .bind(version)
-                    .bind(ttl_us),
-            )
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
     async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {
         let row = self
+            .common
             .conns
             .fetch_optional(
                 q(&self.sql.release)
@@ -328,7 +287,8 @@ impl Db for PgDb {
     }
 
     async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error> {
-        self.conns
+        self.common
+            .conns
             .fetch_optional(
                 q(&self.sql.abandon)
                     .bind(name)
@@ -341,31 +301,11 @@ impl Db for PgDb {
 
     async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error> {
         let row = self
+            .common
             .conns
             .fetch_optional(q(&self.sql.force).bind(name).bind(&self.channel))
             .await?;
         Ok(row.is_some())
-    }
-
-    async fn list(&self, prefix: &str, limit: i64) -> Result<Vec<Listed>, sqlx::Error> {
-        let rows = q(&self.sql.list)
-            .bind(prefix)
-            .bind(limit)
-            .fetch_all(self.conns.pool())
-            .await?;
-        rows.iter().map(Listed::from_row).collect()
-    }
-
-    async fn fenced_update(&self, update: &FencedUpdate, token: i64) -> Result<bool, sqlx::Error> {
-        let sql = update.sql('"', |i| format!("${i}"));
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for (_, value) in &update.set {
-            query = bind_value!(query, value);
-        }
-        query = query.bind(token);
-        query = bind_value!(query, &update.key);
-        query = query.bind(token);
-        Ok(self.conns.execute(query).await?.rows_affected() == 1)
     }
 
     fn subscribe(&self, name: &str, owner: &str) -> Option<Subscription> {
@@ -373,6 +313,6 @@ impl Db for PgDb {
     }
 
     fn pool(&self) -> SqlPool {
-        SqlPool::Postgres(self.conns.pool().clone())
+        SqlPool::Postgres(self.common.conns.pool().clone())
     }
 }

@@ -7,16 +7,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::{Error, Result};
-use sqlx::sqlite::{
-    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
-use crate::db::{Claim, Db, Listed, Peek, bind_value};
+use crate::db::{Claim, Db};
+use crate::dialect::{Common, Shared, q};
 use crate::error::{connect_err, map_err, shape_err, sqlite_busy};
-use crate::fence::FencedUpdate;
 use crate::keys::quote;
 use crate::pool::{HotConns, open_pool};
 
@@ -62,8 +60,8 @@ impl Statements {
             )
             .into(),
             renew: format!(
-                "UPDATE {t} SET expires_at = {NOW} + ?4 \
-                 WHERE name = ?1 AND owner = ?2 AND version = ?3 AND expires_at > {NOW}"
+                "UPDATE {t} SET expires_at = {NOW} + ?1 \
+                 WHERE name = ?2 AND owner = ?3 AND version = ?4 AND expires_at > {NOW}"
             )
             .into(),
             release: format!(
@@ -89,7 +87,7 @@ impl Statements {
             list: format!(
                 "SELECT name, owner, version, expires_at - {NOW} \
                  FROM {t} WHERE owner IS NOT NULL AND expires_at > {NOW} \
-                 AND substr(name, 1, length(?1)) = ?1 ORDER BY name LIMIT ?2"
+                 AND substr(name, 1, length(?1)) = ?2 ORDER BY name LIMIT ?3"
             )
             .into(),
         }
@@ -110,7 +108,7 @@ impl Statements {
 
 #[derive(Debug)]
 pub(crate) struct LiteDb {
-    conns: HotConns<sqlx::Sqlite>,
+    common: Common<sqlx::Sqlite>,
     sql: Statements,
 }
 
@@ -171,7 +169,14 @@ impl LiteDb {
             .map_err(|e| shape_err(&table, e))?;
         }
         Ok(Self {
-            conns: HotConns::new(pool, config.max_connections),
+            common: Common {
+                conns: HotConns::new(pool, config.max_connections),
+                peek: sql.peek.clone(),
+                renew: sql.renew.clone(),
+                release: Some(sql.release.clone()),
+                force: Some(sql.force.clone()),
+                list: sql.list.clone(),
+            },
             sql,
         })
     }
@@ -204,12 +209,12 @@ fn is_busy(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(db) if db.code().is_some_and(|c| sqlite_busy(&c)))
 }
 
-fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, sqlx::Sqlite, SqliteArguments> {
-    sqlx::query(AssertSqlSafe(sql.clone()))
-}
-
 #[async_trait]
 impl Db for LiteDb {
+    fn common(&self) -> &dyn Shared {
+        &self.common
+    }
+
     fn has_events(&self) -> bool {
         false
     }
@@ -222,6 +227,7 @@ impl Db for LiteDb {
         _wake_waiters: bool,
     ) -> Result<Option<i64>, sqlx::Error> {
         let row = self
+            .common
             .conns
             .fetch_optional(
                 q(&self.sql.take)
@@ -233,15 +239,6 @@ impl Db for LiteDb {
         row.map(|r| r.try_get::<i64, _>(0)).transpose()
     }
 
-    async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error> {
-        let row = self
-            .conns
-            .fetch_optional(q(&self.sql.peek).bind(name.to_owned()))
-            .await?;
-        row.map(|r| Peek::from_row(&r, |o: Option<String>| o))
-            .transpose()
-    }
-
     async fn reserve(
         &self,
         name: &str,
@@ -250,6 +247,7 @@ impl Db for LiteDb {
         hold_us: i64,
     ) -> Result<Claim, sqlx::Error> {
         let done = self
+            .common
             .conns
             .execute(
                 q(&self.sql.reserve)
@@ -262,41 +260,9 @@ impl Db for LiteDb {
         Ok(Claim::granted(done.rows_affected() == 1))
     }
 
-    async fn renew(
-        &self,
-        name: &str,
-        owner: &str,
-        version: i64,
-        ttl_us: i64,
-    ) -> Result<bool, sqlx::Error> {
-        let done = self
-            .conns
-            .execute(
-                q(&self.sql.renew)
-                    .bind(name.to_owned())
-                    .bind(owner.to_owned())
-                    .bind(version)
-                    .bind(ttl_us),
-            )
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {
-        let done = self
-            .conns
-            .execute(
-                q(&self.sql.release)
-                    .bind(name.to_owned())
-                    .bind(owner.to_owned())
-                    .bind(version),
-            )
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
     async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error> {
-        self.conns
+        self.common
+            .conns
             .execute(
                 q(&self.sql.abandon)
                     .bind(name.to_owned())
@@ -306,36 +272,7 @@ impl Db for LiteDb {
         Ok(())
     }
 
-    async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error> {
-        let done = self
-            .conns
-            .execute(q(&self.sql.force).bind(name.to_owned()))
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn list(&self, prefix: &str, limit: i64) -> Result<Vec<Listed>, sqlx::Error> {
-        let rows = q(&self.sql.list)
-            .bind(prefix.to_owned())
-            .bind(limit)
-            .fetch_all(self.conns.pool())
-            .await?;
-        rows.iter().map(Listed::from_row).collect()
-    }
-
-    async fn fenced_update(&self, update: &FencedUpdate, token: i64) -> Result<bool, sqlx::Error> {
-        let sql = update.sql('"', |i| format!("?{i}"));
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for (_, value) in &update.set {
-            query = bind_value!(query, value);
-        }
-        query = query.bind(token);
-        query = bind_value!(query, &update.key);
-        query = query.bind(token);
-        Ok(self.conns.execute(query).await?.rows_affected() == 1)
-    }
-
     fn pool(&self) -> SqlPool {
-        SqlPool::Sqlite(self.conns.pool().clone())
+        SqlPool::Sqlite(self.common.conns.pool().clone())
     }
 }

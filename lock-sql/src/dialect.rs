@@ -1,0 +1,258 @@
+//! What differs between the databases besides SQL text ([`Dialect`]), and the statements that
+//! every database runs the same way ([`Common`]): for these only the SQL text differs. Each
+//! dialect writes their placeholders so that the arguments bind in the order documented on
+//! [`Common`]'s fields (MySQL's `?` in that order; PostgreSQL's `$n` and SQLite's `?n`
+//! numbered to match).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use sqlx::SqlSafeStr;
+use sqlx::{AssertSqlSafe, ColumnIndex, Decode, Encode, Executor, IntoArguments, Type};
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use crate::config::SqlConfig;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use crate::db::Sessions;
+use crate::db::{Listed, Peek, bind_value};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use crate::error::shape_err;
+use crate::fence::FencedUpdate;
+use crate::pool::HotConns;
+
+/// What SQL text cannot say about a database.
+pub(crate) trait Dialect: sqlx::Database {
+    /// The identifier quote.
+    const QUOTE: char;
+
+    /// The `n`th (1-based) placeholder of a statement built at run time.
+    fn param(n: usize) -> String;
+
+    /// How many rows a statement changed.
+    fn changed(result: &Self::QueryResult) -> u64;
+
+    /// An owner column as text (MySQL keeps owners as bytes).
+    fn owner(row: &Self::Row, index: usize) -> Result<Option<String>, sqlx::Error>;
+}
+
+/// The statements that run alike on every database, on its kept connections.
+#[derive(Debug)]
+pub(crate) struct Common<DB: sqlx::Database> {
+    pub(crate) conns: HotConns<DB>,
+    /// ARGS: name. Returns `owner, version, remaining_us, next_owner, next_since,
+    /// next_remaining_us` (see [`Peek`]).
+    pub(crate) peek: Arc<str>,
+    /// ARGS: ttl_us, name, owner, version. Changes one row iff renewed.
+    pub(crate) renew: Arc<str>,
+    /// ARGS: name, owner, version. Changes one row iff released. `None`: the dialect
+    /// releases by its own statement (PostgreSQL also notifies).
+    pub(crate) release: Option<Arc<str>>,
+    /// ARGS: name. Changes one row iff a live lock was freed. `None` as for `release`.
+    pub(crate) force: Option<Arc<str>>,
+    /// ARGS: prefix, prefix, limit. Returns `name, owner, version, remaining_us` (see
+    /// [`Listed`]).
+    pub(crate) list: Arc<str>,
+}
+
+/// [`Common`]'s statements, for the [`Db`](crate::db::Db) trait's shared methods.
+#[async_trait]
+pub(crate) trait Shared: Send + Sync {
+    async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error>;
+    async fn renew(
+        &self,
+        name: &str,
+        owner: &str,
+        version: i64,
+        ttl: i64,
+    ) -> Result<bool, sqlx::Error>;
+    async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error>;
+    async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error>;
+    async fn list(&self, prefix: &str, limit: i64) -> Result<Vec<Listed>, sqlx::Error>;
+    async fn fenced_update(&self, update: &FencedUpdate, token: i64) -> Result<bool, sqlx::Error>;
+}
+
+/// A prepared-once statement of a dialect, ready for its arguments.
+pub(crate) fn q<DB: sqlx::Database>(
+    sql: &Arc<str>,
+) -> sqlx::query::Query<'static, DB, DB::Arguments> {
+    sqlx::query(AssertSqlSafe(sql.clone()))
+}
+
+fn unsupported(what: &str) -> sqlx::Error {
+    sqlx::Error::Protocol(format!("{what}: this dialect has its own statement"))
+}
+
+#[async_trait]
+impl<DB> Shared for Common<DB>
+where
+    DB: Dialect,
+    DB::Arguments: IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'c> &'c sqlx::Pool<DB>: Executor<'c, Database = DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'t> &'t str: Encode<'t, DB> + Type<DB>,
+    for<'t> i64: Encode<'t, DB> + Decode<'t, DB> + Type<DB>,
+    for<'t> Option<i64>: Encode<'t, DB> + Decode<'t, DB> + Type<DB>,
+    for<'t> f64: Encode<'t, DB> + Type<DB>,
+    for<'t> bool: Encode<'t, DB> + Type<DB>,
+    for<'t> String: Encode<'t, DB> + Decode<'t, DB> + Type<DB>,
+    for<'t> Vec<u8>: Encode<'t, DB> + Type<DB>,
+{
+    async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error> {
+        let row = self.conns.fetch_optional(q(&self.peek).bind(name)).await?;
+        row.map(|row| Peek::from_row(&row, |i| DB::owner(&row, i)))
+            .transpose()
+    }
+
+    async fn renew(
+        &self,
+        name: &str,
+        owner: &str,
+        version: i64,
+        ttl: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let query = q(&self.renew)
+            .bind(ttl)
+            .bind(name)
+            .bind(owner)
+            .bind(version);
+        Ok(DB::changed(&self.conns.execute(query).await?) == 1)
+    }
+
+    async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {
+        let sql = self
+            .release
+            .as_ref()
+            .ok_or_else(|| unsupported("release"))?;
+        let query = q(sql).bind(name).bind(owner).bind(version);
+        Ok(DB::changed(&self.conns.execute(query).await?) == 1)
+    }
+
+    async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error> {
+        let sql = self
+            .force
+            .as_ref()
+            .ok_or_else(|| unsupported("force release"))?;
+        Ok(DB::changed(&self.conns.execute(q(sql).bind(name)).await?) == 1)
+    }
+
+    async fn list(&self, prefix: &str, limit: i64) -> Result<Vec<Listed>, sqlx::Error> {
+        let query = q(&self.list).bind(prefix).bind(prefix).bind(limit);
+        let rows = query.fetch_all(self.conns.pool()).await?;
+        rows.iter().map(Listed::from_row).collect()
+    }
+
+    async fn fenced_update(&self, update: &FencedUpdate, token: i64) -> Result<bool, sqlx::Error> {
+        let sql = update.sql(DB::QUOTE, DB::param);
+        let mut query = sqlx::query::<DB>(AssertSqlSafe(sql));
+        for (_, value) in &update.set {
+            query = bind_value!(query, value);
+        }
+        query = query.bind(token);
+        query = bind_value!(query, &update.key);
+        query = query.bind(token);
+        Ok(DB::changed(&self.conns.execute(query).await?) == 1)
+    }
+}
+
+/// The pool of a server database: the config's size, half the connect timeout to wait for a
+/// connection, no ping before each use (see [`HotConns`]), and every new connection's
+/// server-side id, read by `session_id` (SQL answering one BIGINT), recorded in `sessions`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn server_pool<DB>(
+    config: &SqlConfig,
+    session_id: &'static str,
+    sessions: Arc<Sessions>,
+) -> sqlx::pool::PoolOptions<DB>
+where
+    DB: sqlx::Database,
+    DB::Arguments: IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(config.max_connections)
+        .acquire_timeout(config.effective_connect_timeout() / 2)
+        .test_before_acquire(false)
+        .after_connect(move |conn, _meta| {
+            let sessions = sessions.clone();
+            Box::pin(async move {
+                let id: i64 = sqlx::query_scalar(session_id).fetch_one(conn).await?;
+                sessions.add(id);
+                Ok(())
+            })
+        })
+}
+
+/// Prepares `statements` on a pooled connection, so that a table of the wrong shape is
+/// reported at connect (naming `table`) rather than at the first lock.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn prepare_all<DB>(
+    pool: &sqlx::Pool<DB>,
+    statements: &[&Arc<str>],
+    table: &str,
+) -> distlock_core::Result<()>
+where
+    DB: sqlx::Database,
+    for<'c> &'c sqlx::Pool<DB>: Executor<'c, Database = DB>,
+{
+    for statement in statements {
+        pool.prepare(AssertSqlSafe((*statement).clone()).into_sql_str())
+            .await
+            .map_err(|e| shape_err(table, e))?;
+    }
+    Ok(())
+}
+
+#[cfg(feature = "postgres")]
+impl Dialect for sqlx::Postgres {
+    const QUOTE: char = '"';
+
+    fn param(n: usize) -> String {
+        format!("${n}")
+    }
+
+    fn changed(result: &Self::QueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    fn owner(row: &Self::Row, index: usize) -> Result<Option<String>, sqlx::Error> {
+        sqlx::Row::try_get(row, index)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Dialect for sqlx::MySql {
+    const QUOTE: char = '`';
+
+    fn param(_: usize) -> String {
+        "?".to_owned()
+    }
+
+    fn changed(result: &Self::QueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    fn owner(row: &Self::Row, index: usize) -> Result<Option<String>, sqlx::Error> {
+        let bytes: Option<Vec<u8>> = sqlx::Row::try_get(row, index)?;
+        Ok(bytes.map(|b| String::from_utf8_lossy(&b).into_owned()))
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl Dialect for sqlx::Sqlite {
+    const QUOTE: char = '"';
+
+    fn param(n: usize) -> String {
+        format!("?{n}")
+    }
+
+    fn changed(result: &Self::QueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    fn owner(row: &Self::Row, index: usize) -> Result<Option<String>, sqlx::Error> {
+        sqlx::Row::try_get(row, index)
+    }
+}
