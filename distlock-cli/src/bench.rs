@@ -1,7 +1,9 @@
 //! `distlock bench`: the shared lock-bench scenarios against one or more URLs, each next to its
 //! backend's raw floor.
 
-use distlock_bench::{BenchArgs, Target};
+use distlock_bench::Target;
+
+use crate::bench_args::BenchArgs;
 
 use crate::exit::{CONFIG, Failure, OTHER};
 

@@ -14,6 +14,7 @@
 //! | 1 | any other failure |
 
 mod bench;
+mod bench_args;
 mod child;
 mod exit;
 mod list;

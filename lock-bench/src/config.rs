@@ -9,7 +9,7 @@ use serde::{Serialize, Serializer};
 
 /// Which scenarios a run measures. The raw floor of a target, if it has one, is measured
 /// whenever any scenario runs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ScenarioSelection {
     /// S1 only: uncontended acquire + release.
@@ -34,7 +34,7 @@ impl ScenarioSelection {
 }
 
 /// The call S1 times for the acquire half of a cycle.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum S1Call {
     /// One `try_acquire` per cycle: the same work as the raw floor's acquire.

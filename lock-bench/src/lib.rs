@@ -46,8 +46,8 @@
 //! ```
 //!
 //! Other backends register a target the same way, with a factory that opens a new client
-//! per call (`distlock bench` does this for every backend URL; the `lock-bench` binary has the
-//! in-memory backend only):
+//! per call (`distlock bench`, the one benchmark command, does this for every backend URL,
+//! `memory://` included):
 //!
 //! ```
 //! # use std::sync::Arc;
@@ -65,7 +65,6 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod cli;
 mod config;
 mod contended;
 mod report;
@@ -73,7 +72,6 @@ mod stats;
 mod target;
 mod uncontended;
 
-pub use cli::BenchArgs;
 pub use config::{BenchConfig, S1Call, ScenarioSelection};
 pub use report::{
     ClientShare, FloorResult, Report, S1Result, S2Result, ScenarioError, TargetResult,

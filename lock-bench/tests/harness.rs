@@ -6,9 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use clap::Parser;
 use distlock_bench::{
-    BenchArgs, BenchConfig, LatencySummary, RawFloor, Report, S1Call, ScenarioSelection, Target,
+    BenchConfig, LatencySummary, RawFloor, Report, S1Call, ScenarioSelection, Target,
 };
 use distlock_core::Error;
 use distlock_core::memory::MemoryStore;
@@ -290,54 +289,4 @@ fn name_prefixes_are_random_per_config() {
     let (a, b) = (BenchConfig::default(), BenchConfig::default());
     assert_ne!(a.name_prefix, b.name_prefix);
     assert!(a.name_prefix.starts_with("lock-bench/"));
-}
-
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    bench: BenchArgs,
-}
-
-#[test]
-fn flag_defaults_match_config_defaults() {
-    let parsed = Cli::parse_from(["lock-bench", "--quiet"]).bench.config();
-    let default = BenchConfig::default().with_name_prefix(parsed.name_prefix.clone());
-    assert_eq!(parsed, default);
-
-    let cli = Cli::parse_from([
-        "lock-bench",
-        "--scenario",
-        "s1",
-        "--cycles",
-        "5",
-        "--warmup",
-        "0",
-        "--clients",
-        "3",
-        "--hold",
-        "500us",
-        "--duration",
-        "2s",
-        "--ttl",
-        "3s",
-        "--s1-call",
-        "acquire",
-        "--json",
-        "out.json",
-    ]);
-    let config = cli.bench.config();
-    assert_eq!(config.scenarios, ScenarioSelection::S1);
-    assert_eq!(
-        (config.cycles, config.warmup_cycles, config.clients),
-        (5, 0, 3)
-    );
-    assert_eq!(config.hold, Duration::from_micros(500));
-    assert_eq!(config.duration, Duration::from_secs(2));
-    assert_eq!(config.ttl, Duration::from_secs(3));
-    assert_eq!(config.s1_call, S1Call::Acquire);
-    assert!(config.progress);
-    assert_eq!(
-        cli.bench.json.as_deref(),
-        Some(std::path::Path::new("out.json"))
-    );
 }

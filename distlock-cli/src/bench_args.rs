@@ -1,0 +1,185 @@
+//! The flags of `distlock bench`: the harness's [`BenchConfig`] as command-line options.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use distlock_bench::{BenchConfig, S1Call, ScenarioSelection};
+
+/// The scenario flags, flattened into `distlock bench`. Defaults match
+/// [`BenchConfig::default`]; durations take humantime syntax (`500ms`, `5s`, `1m`).
+#[derive(Clone, Debug, clap::Args)]
+pub(crate) struct BenchArgs {
+    /// Scenarios to run: s1 (uncontended), s2 (contended) or all.
+    #[arg(long, value_enum, default_value = "all")]
+    pub(crate) scenario: Scenario,
+
+    /// S1 and floor: measured acquire + release cycles.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) cycles: u64,
+
+    /// S1 and floor: warm-up cycles before measuring.
+    #[arg(long, default_value_t = 1_000)]
+    pub(crate) warmup: u64,
+
+    /// S1: the acquire call to time.
+    #[arg(long, value_enum, default_value = "try-acquire")]
+    pub(crate) s1_call: Call,
+
+    /// S2: contending clients (each its own connection).
+    #[arg(long, default_value_t = 4)]
+    pub(crate) clients: usize,
+
+    /// S2: time each client holds the lock.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1ms")]
+    pub(crate) hold: Duration,
+
+    /// S2: measured duration.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub(crate) duration: Duration,
+
+    /// S2: warm-up before measuring.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "500ms")]
+    pub(crate) s2_warmup: Duration,
+
+    /// Lease length of every acquisition (renewed at ttl/3 as by default).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub(crate) ttl: Duration,
+
+    /// Bound on each waiting acquire; hitting it fails the scenario.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub(crate) acquire_wait: Duration,
+
+    /// Lock name prefix (default: a random one per run).
+    #[arg(long)]
+    pub(crate) name_prefix: Option<String>,
+
+    /// Also write all results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) json: Option<PathBuf>,
+
+    /// No progress lines on stderr.
+    #[arg(long, short)]
+    pub(crate) quiet: bool,
+}
+
+impl BenchArgs {
+    /// The run parameters these flags describe.
+    pub(crate) fn config(&self) -> BenchConfig {
+        let mut config = BenchConfig::default()
+            .with_scenarios(self.scenario.into())
+            .with_cycles(self.cycles)
+            .with_warmup_cycles(self.warmup)
+            .with_s1_call(self.s1_call.into())
+            .with_clients(self.clients)
+            .with_hold(self.hold)
+            .with_duration(self.duration)
+            .with_s2_warmup(self.s2_warmup)
+            .with_ttl(self.ttl)
+            .with_acquire_wait(self.acquire_wait)
+            .with_progress(!self.quiet);
+        if let Some(prefix) = &self.name_prefix {
+            config = config.with_name_prefix(prefix.clone());
+        }
+        config
+    }
+}
+
+/// `--scenario` (the harness's [`ScenarioSelection`]).
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub(crate) enum Scenario {
+    /// S1 only: uncontended acquire + release.
+    S1,
+    /// S2 only: contended critical sections.
+    S2,
+    /// Both.
+    All,
+}
+
+impl From<Scenario> for ScenarioSelection {
+    fn from(scenario: Scenario) -> Self {
+        match scenario {
+            Scenario::S1 => Self::S1,
+            Scenario::S2 => Self::S2,
+            Scenario::All => Self::All,
+        }
+    }
+}
+
+/// `--s1-call` (the harness's [`S1Call`]).
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub(crate) enum Call {
+    /// One `try_acquire` per cycle: the same work as the raw floor's acquire.
+    TryAcquire,
+    /// `acquire` bounded by `acquire_wait`: the waiting path (queue entry, wake-up
+    /// subscription) on a free lock.
+    Acquire,
+}
+
+impl From<Call> for S1Call {
+    fn from(call: Call) -> Self {
+        match call {
+            Call::TryAcquire => Self::TryAcquire,
+            Call::Acquire => Self::Acquire,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use clap::Parser;
+    use distlock_bench::{BenchConfig, S1Call, ScenarioSelection};
+
+    use super::BenchArgs;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    #[test]
+    fn flag_defaults_match_config_defaults() {
+        let parsed = Cli::parse_from(["distlock-bench", "--quiet"]).bench.config();
+        let default = BenchConfig::default().with_name_prefix(parsed.name_prefix.clone());
+        assert_eq!(parsed, default);
+
+        let cli = Cli::parse_from([
+            "distlock-bench",
+            "--scenario",
+            "s1",
+            "--cycles",
+            "5",
+            "--warmup",
+            "0",
+            "--clients",
+            "3",
+            "--hold",
+            "500us",
+            "--duration",
+            "2s",
+            "--ttl",
+            "3s",
+            "--s1-call",
+            "acquire",
+            "--json",
+            "out.json",
+        ]);
+        let config = cli.bench.config();
+        assert_eq!(config.scenarios, ScenarioSelection::S1);
+        assert_eq!(
+            (config.cycles, config.warmup_cycles, config.clients),
+            (5, 0, 3)
+        );
+        assert_eq!(config.hold, Duration::from_micros(500));
+        assert_eq!(config.duration, Duration::from_secs(2));
+        assert_eq!(config.ttl, Duration::from_secs(3));
+        assert_eq!(config.s1_call, S1Call::Acquire);
+        assert!(config.progress);
+        assert_eq!(
+            cli.bench.json.as_deref(),
+            Some(std::path::Path::new("out.json"))
+        );
+    }
+}
