@@ -141,7 +141,9 @@ mod tests {
 
     #[test]
     fn flag_defaults_match_config_defaults() {
-        let parsed = Cli::parse_from(["distlock-bench", "--quiet"]).bench.config();
+        let parsed = Cli::parse_from(["distlock-bench", "--quiet"])
+            .bench
+            .config();
         let default = BenchConfig::default().with_name_prefix(parsed.name_prefix.clone());
         assert_eq!(parsed, default);
 
