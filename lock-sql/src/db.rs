@@ -95,10 +95,6 @@ pub(crate) enum Claim {
 
 impl Claim {
     /// The answer of a backend that cannot tell whether the lock is free: granted or not.
-    #[cfg_attr(
-        not(any(feature = "mysql", feature = "sqlite")),
-        allow(dead_code, reason = "used by the MySQL and SQLite dialects only")
-    )]
     pub(crate) fn granted(granted: bool) -> Self {
         if granted {
             Self::Granted
@@ -144,7 +140,9 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
         owner: &str,
         since: i64,
         hold_us: i64,
-    ) -> Result<Claim, sqlx::Error>;
+    ) -> Result<Claim, sqlx::Error> {
+        self.common().reserve(name, owner, since, hold_us).await
+    }
 
     /// Owner-and-version-checked extension of a live lease.
     async fn renew(
@@ -163,7 +161,9 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Drops this owner's lock and reservation, whatever the version.
-    async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error>;
+    async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error> {
+        self.common().abandon(name, owner).await
+    }
 
     /// Frees the lock whoever holds it; the version is kept.
     async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error> {

@@ -15,7 +15,7 @@ use sqlx::{AssertSqlSafe, ColumnIndex, Decode, Encode, Executor, IntoArguments, 
 use crate::config::SqlConfig;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use crate::db::Sessions;
-use crate::db::{Listed, Peek, bind_value};
+use crate::db::{Claim, Listed, Peek, bind_value};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use crate::error::shape_err;
 use crate::fence::FencedUpdate;
@@ -53,6 +53,11 @@ pub(crate) struct Common<DB: sqlx::Database> {
     /// ARGS: prefix, prefix, limit. Returns `name, owner, version, remaining_us` (see
     /// [`Listed`]).
     pub(crate) list: Arc<str>,
+    /// ARGS: since, hold_us, owner, name, owner, since. Changes one row iff the reservation
+    /// is granted. `None` as for `release` (PostgreSQL also tells whether the lock was free).
+    pub(crate) reserve: Option<Arc<str>>,
+    /// ARGS: owner (5 times), name, owner (twice). `None` as for `release`.
+    pub(crate) abandon: Option<Arc<str>>,
 }
 
 /// [`Common`]'s statements, for the [`Db`](crate::db::Db) trait's shared methods.
@@ -69,6 +74,14 @@ pub(crate) trait Shared: Send + Sync {
     async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error>;
     async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error>;
     async fn list(&self, prefix: &str, limit: i64) -> Result<Vec<Listed>, sqlx::Error>;
+    async fn reserve(
+        &self,
+        name: &str,
+        owner: &str,
+        since: i64,
+        hold: i64,
+    ) -> Result<Claim, sqlx::Error>;
+    async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error>;
     async fn fenced_update(&self, update: &FencedUpdate, token: i64) -> Result<bool, sqlx::Error>;
 }
 
@@ -141,6 +154,44 @@ where
         let query = q(&self.list).bind(prefix).bind(prefix).bind(limit);
         let rows = query.fetch_all(self.conns.pool()).await?;
         rows.iter().map(Listed::from_row).collect()
+    }
+
+    async fn reserve(
+        &self,
+        name: &str,
+        owner: &str,
+        since: i64,
+        hold: i64,
+    ) -> Result<Claim, sqlx::Error> {
+        let sql = self
+            .reserve
+            .as_ref()
+            .ok_or_else(|| unsupported("reserve"))?;
+        let query = q(sql)
+            .bind(since)
+            .bind(hold)
+            .bind(owner)
+            .bind(name)
+            .bind(owner)
+            .bind(since);
+        Ok(Claim::granted(
+            DB::changed(&self.conns.execute(query).await?) == 1,
+        ))
+    }
+
+    async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error> {
+        let sql = self
+            .abandon
+            .as_ref()
+            .ok_or_else(|| unsupported("abandon"))?;
+        let mut query = q(sql);
+        for _ in 0..5 {
+            query = query.bind(owner);
+        }
+        self.conns
+            .execute(query.bind(name).bind(owner).bind(owner))
+            .await?;
+        Ok(())
     }
 
     async fn fenced_update(&self, update: &FencedUpdate, token: i64) -> Result<bool, sqlx::Error> {

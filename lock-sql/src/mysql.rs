@@ -11,7 +11,7 @@ use sqlx::{AssertSqlSafe, Executor, Row};
 
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
-use crate::db::{Claim, Db, Sessions};
+use crate::db::{Db, Sessions};
 use crate::dialect::{Common, Shared, prepare_all, q, server_pool};
 use crate::error::{connect_err, map_err};
 use crate::keys::quote;
@@ -153,6 +153,8 @@ impl MyDb {
                 renew: sql.renew.clone(),
                 release: Some(sql.release.clone()),
                 force: Some(sql.force.clone()),
+                reserve: Some(sql.reserve.clone()),
+                abandon: Some(sql.abandon.clone()),
                 list: sql.list.clone(),
             },
             sql,
@@ -201,41 +203,6 @@ impl Db for MyDb {
             .await;
         let row = hot.keep(result)?;
         row.map(|r| r.try_get::<i64, _>(0)).transpose()
-    }
-
-    async fn reserve(
-        &self,
-        name: &str,
-        owner: &str,
-        since: i64,
-        hold_us: i64,
-    ) -> Result<Claim, sqlx::Error> {
-        let done = self
-            .common
-            .conns
-            .execute(
-                q(&self.sql.reserve)
-                    .bind(since)
-                    .bind(hold_us)
-                    .bind(owner)
-                    .bind(name)
-                    .bind(owner)
-                    .bind(since),
-            )
-            .await?;
-        Ok(Claim::granted(done.rows_affected() == 1))
-    }
-
-    async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error> {
-        let mut query = q(&self.sql.abandon);
-        for _ in 0..5 {
-            query = query.bind(owner);
-        }
-        self.common
-            .conns
-            .execute(query.bind(name).bind(owner).bind(owner))
-            .await?;
-        Ok(())
     }
 
     fn pool(&self) -> SqlPool {

@@ -188,6 +188,8 @@ impl PgDb {
                 renew: sql.renew.clone(),
                 release: None,
                 force: None,
+                reserve: None,
+                abandon: None,
                 list: sql.list.clone(),
             },
             sql,

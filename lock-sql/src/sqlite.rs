@@ -12,7 +12,7 @@ use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
-use crate::db::{Claim, Db};
+use crate::db::Db;
 use crate::dialect::{Common, Shared, q};
 use crate::error::{connect_err, map_err, shape_err, sqlite_busy};
 use crate::keys::quote;
@@ -54,9 +54,9 @@ impl Statements {
             )
             .into(),
             reserve: format!(
-                "UPDATE {t} SET next_owner = ?2, next_since = ?3, next_expires = {NOW} + ?4 \
-                 WHERE name = ?1 AND (next_owner IS NULL OR next_owner = ?2 OR next_expires <= {NOW} \
-                 OR next_since > ?3)"
+                "UPDATE {t} SET next_since = ?1, next_expires = {NOW} + ?2, next_owner = ?3 \
+                 WHERE name = ?4 AND (next_owner IS NULL OR next_owner = ?5 OR next_expires <= {NOW} \
+                 OR next_since > ?6)"
             )
             .into(),
             renew: format!(
@@ -71,12 +71,12 @@ impl Statements {
             .into(),
             abandon: format!(
                 "UPDATE {t} SET \
-                 expires_at = CASE WHEN owner = ?2 THEN {NOW} ELSE expires_at END, \
+                 expires_at = CASE WHEN owner = ?1 THEN {NOW} ELSE expires_at END, \
                  owner = CASE WHEN owner = ?2 THEN NULL ELSE owner END, \
-                 next_expires = CASE WHEN next_owner = ?2 THEN NULL ELSE next_expires END, \
-                 next_since = CASE WHEN next_owner = ?2 THEN NULL ELSE next_since END, \
-                 next_owner = CASE WHEN next_owner = ?2 THEN NULL ELSE next_owner END \
-                 WHERE name = ?1 AND (owner = ?2 OR next_owner = ?2)"
+                 next_expires = CASE WHEN next_owner = ?3 THEN NULL ELSE next_expires END, \
+                 next_since = CASE WHEN next_owner = ?4 THEN NULL ELSE next_since END, \
+                 next_owner = CASE WHEN next_owner = ?5 THEN NULL ELSE next_owner END \
+                 WHERE name = ?6 AND (owner = ?7 OR next_owner = ?8)"
             )
             .into(),
             force: format!(
@@ -175,6 +175,8 @@ impl LiteDb {
                 renew: sql.renew.clone(),
                 release: Some(sql.release.clone()),
                 force: Some(sql.force.clone()),
+                reserve: Some(sql.reserve.clone()),
+                abandon: Some(sql.abandon.clone()),
                 list: sql.list.clone(),
             },
             sql,
@@ -237,39 +239,6 @@ impl Db for LiteDb {
             )
             .await?;
         row.map(|r| r.try_get::<i64, _>(0)).transpose()
-    }
-
-    async fn reserve(
-        &self,
-        name: &str,
-        owner: &str,
-        since: i64,
-        hold_us: i64,
-    ) -> Result<Claim, sqlx::Error> {
-        let done = self
-            .common
-            .conns
-            .execute(
-                q(&self.sql.reserve)
-                    .bind(name.to_owned())
-                    .bind(owner.to_owned())
-                    .bind(since)
-                    .bind(hold_us),
-            )
-            .await?;
-        Ok(Claim::granted(done.rows_affected() == 1))
-    }
-
-    async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error> {
-        self.common
-            .conns
-            .execute(
-                q(&self.sql.abandon)
-                    .bind(name.to_owned())
-                    .bind(owner.to_owned()),
-            )
-            .await?;
-        Ok(())
     }
 
     fn pool(&self) -> SqlPool {
