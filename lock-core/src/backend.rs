@@ -10,7 +10,7 @@ use futures::future::BoxFuture;
 
 use crate::{Capabilities, FencingToken, LockName, LossReason, Result};
 
-pub use crate::retry::{Retries, RetryPolicy, retrying, spawn_cleanup, within};
+pub use crate::retry::{Retries, RetryPolicy, detached, retrying, spawn_cleanup, within};
 
 /// A lock server protocol. Everything else (validation, waiting, renewal scheduling, loss
 /// detection, guards, reentrancy, tracing) is done once by [`LockClient`](crate::LockClient).

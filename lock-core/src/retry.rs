@@ -177,6 +177,22 @@ where
     }
 }
 
+/// Runs `fut` in a task of its own and waits for its result: dropping the returned future
+/// does not cancel `fut`. For a cleanup the caller waits for but that must not stop half-way
+/// (a queue entry left behind by a cancelled `abandon` would outlive the attempt).
+///
+/// # Errors
+/// `fut`'s error, or [`Error::Backend`] if its task panicked.
+pub async fn detached<T, F>(fut: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T>> + Send + 'static,
+{
+    tokio::spawn(fut)
+        .await
+        .unwrap_or_else(|err| Err(Error::backend(format!("a cleanup task failed: {err}"), err)))
+}
+
 /// Runs a cleanup nobody waits for in a task of its own, from `start_at` on (at once when
 /// `None`): `op` is repeated on any error under [`RetryPolicy::BACKGROUND`], and a cleanup that
 /// still fails is only logged (the server's ttl frees what it leaves). Outside a tokio

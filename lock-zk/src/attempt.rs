@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_core::backend::{detached, spawn_cleanup};
 use distlock_core::{
     AcquireRequest, Acquired, Attempt, AttemptMode, Error, FencingToken, Result, Step,
 };
@@ -413,38 +414,43 @@ impl Attempt for ZkAttempt {
         if session.is_dead() {
             return Ok(()); // our ephemeral node died with the session
         }
-        let connected = session.is_connected();
-        let node = self.node.clone();
-        let maybe_created = self.maybe_created;
+        let (node, maybe_created) = (self.node.clone(), self.maybe_created);
         let (parent, prefix) = (self.parent.clone(), self.prefix.clone());
-        // In a task of its own, so that a cancelled abandon (or one started while the
-        // connection is down) still completes once the session is reachable again.
-        let cleanup = tokio::spawn(async move {
-            if !session.is_connected() {
-                let mut states = session.client.state_watcher();
-                let wait = session.client.session_timeout();
-                let reconnected = tokio::time::timeout(wait, async {
-                    while !session.is_connected() {
-                        if session.is_dead() {
-                            return;
+        if session.is_connected() {
+            // Detached, so that a cancelled abandon still removes the entry.
+            return detached(async move {
+                leave_queue(&session.client, &parent, &prefix, node, maybe_created).await
+            })
+            .await;
+        }
+        debug!("abandoning while disconnected: the queue entry is removed on reconnection");
+        spawn_cleanup(
+            "leaving the lock queue after a reconnection",
+            None,
+            move || {
+                let (session, parent, prefix, node) = (
+                    session.clone(),
+                    parent.clone(),
+                    prefix.clone(),
+                    node.clone(),
+                );
+                async move {
+                    // Within the session timeout; a session that ends takes the node with it.
+                    let wait = session.client.session_timeout();
+                    let mut states = session.client.state_watcher();
+                    let reconnected = tokio::time::timeout(wait, async {
+                        while !session.is_connected() && !session.is_dead() {
+                            states.changed().await;
                         }
-                        states.changed().await;
+                    })
+                    .await;
+                    if reconnected.is_err() || session.is_dead() {
+                        return Ok(());
                     }
-                })
-                .await;
-                if reconnected.is_err() || session.is_dead() {
-                    return Ok(());
+                    leave_queue(&session.client, &parent, &prefix, node, maybe_created).await
                 }
-            }
-            leave_queue(&session.client, &parent, &prefix, node, maybe_created).await
-        });
-        if !connected {
-            debug!("abandoning while disconnected: the queue entry is removed on reconnection");
-            return Ok(());
-        }
-        match cleanup.await {
-            Ok(result) => result,
-            Err(err) => Err(Error::backend(format!("leaving the queue: {err}"), err)),
-        }
+            },
+        );
+        Ok(())
     }
 }
