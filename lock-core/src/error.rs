@@ -199,6 +199,8 @@ pub enum LossReason {
     ReleasedElsewhere,
     /// Renewal stopped because the configured maximum hold time was reached.
     HoldLimitReached,
+    /// The server restarted and forgot its locks (a Redis master without persistence).
+    ServerRestarted,
 }
 
 impl fmt::Display for LossReason {
@@ -210,6 +212,7 @@ impl fmt::Display for LossReason {
             Self::SessionExpired => "the backend session expired",
             Self::ReleasedElsewhere => "the lock was deleted or taken by someone else",
             Self::HoldLimitReached => "the maximum hold time was reached",
+            Self::ServerRestarted => "the server restarted and forgot its locks",
         })
     }
 }

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_core::{Error, Lease, LockName, Result};
+use distlock_core::{Error, Lease, LockName, LossReason, Result};
+use futures::future::BoxFuture;
 
 use crate::backend::Shared;
 use crate::keys::LockKeys;
@@ -36,6 +37,13 @@ impl Lease for RedisLease {
             };
         }
         redlock::renew(self, ttl).await
+    }
+
+    /// Single master: a server restart forgets the lock, so the node's restart detection
+    /// reports it at once. (Redlock: one master's restart does not lose a lock held on a
+    /// majority; renewal tells.)
+    fn loss_signal(&self) -> Option<BoxFuture<'static, LossReason>> {
+        (!self.shared.redlock()).then(|| self.shared.nodes[0].restarts.lost_on_restart())
     }
 
     async fn release(&self) -> Result<()> {

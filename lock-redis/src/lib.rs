@@ -67,9 +67,18 @@
 //!   Redisson's fair lock): only the head of the queue may take the lock, `try_acquire` fails
 //!   while anybody waits, and a dead head is skipped once its liveness deadline passes.
 //!
-//! The fencing guarantee is [`SingleNode`](distlock_core::FencingGuarantee::SingleNode): tokens
-//! strictly increase as long as that server keeps its data. A failover to a lagging replica,
-//! or a restart without an fsynced AOF, can hand out a lock twice and reuse tokens.
+//! The fencing guarantee is [`SingleNode`](distlock_core::FencingGuarantee::SingleNode). Tokens
+//! never go back: a missing counter `f` (a new name, or a server restarted without its data) is
+//! first set to the server's `TIME` in microseconds (by the acquire script, or, after the fast
+//! path stepped a missing counter, by a follow-up script that takes the next token), so a
+//! restarted server's first token exceeds every token it handed out before, given a server
+//! clock that does not go back across the restart. Exclusion holds only while the server keeps
+//! its data: a failover to a lagging replica, or a restart without an fsynced AOF, forgets the
+//! lock and can let a second client in. A restart is noticed at once: while a client holds
+//! locks on a master, one connection of its watches the server, and a new `run_id` after a
+//! reconnection marks every guard on that master lost with
+//! [`LossReason::ServerRestarted`](distlock_core::LossReason::ServerRestarted). (Redlock: one
+//! master's restart does not lose a majority's lock; renewal tells.)
 //!
 //! # Redlock
 //!
@@ -111,6 +120,7 @@ mod keys;
 mod lease;
 mod node;
 mod redlock;
+mod restart;
 mod scripts;
 mod wake;
 

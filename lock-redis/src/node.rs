@@ -1,5 +1,6 @@
 //! One Redis master: its connection, its subscriber, and the lock scripts run on it.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use crate::RedisConfig;
 use crate::error::{RedisError, RedisErrorKind};
 use crate::keys::LockKeys;
+use crate::restart::{self, Restarts};
 use crate::scripts::{self, Invocation};
 use crate::wake::Subscriber;
 
@@ -20,6 +22,8 @@ pub(crate) struct Node {
     pub(crate) addr: String,
     pub(crate) conn: ConnectionManager,
     pub(crate) sub: Subscriber,
+    /// Learns that the server restarted (and forgot its locks).
+    pub(crate) restarts: Arc<Restarts>,
     /// Whether the server takes `SET ... NX GET` (Redis >= 7.0); cleared at the first
     /// refusal, after which every acquisition runs the script.
     pub(crate) fast_path: AtomicBool,
@@ -83,7 +87,7 @@ impl Node {
                 "connect timed out",
             )))
         });
-        let (conn, failure) = match eager {
+        let (conn, failure, run_id) = match eager {
             Ok(mut conn) => {
                 // Lets operators (and the tests' fault hooks) find the connection in CLIENT
                 // LIST; a reconnected connection is unnamed. Best effort.
@@ -96,7 +100,8 @@ impl Node {
                 )
                 .await
                 .unwrap_or(Ok(()));
-                (conn, None)
+                let run_id = restart::run_id(&mut conn, timeout).await;
+                (conn, None, run_id)
             }
             Err(err) if err.to_string().contains("refused to switch database") => {
                 return Err(Error::InvalidConfig(format!(
@@ -108,14 +113,16 @@ impl Node {
                 let failure = RedisError::classify(&addr, err);
                 let lazy = ConnectionManager::new_lazy_with_config(client.clone(), manager_config)
                     .map_err(|e| RedisError::classify(&addr, e).into_lock_error("connect"))?;
-                (lazy, Some(failure))
+                (lazy, Some(failure), None)
             }
         };
+        let restarts = Arc::new(Restarts::new(client.clone(), timeout, run_id));
         let sub = Subscriber::new(client, addr.clone(), timeout);
         let node = Self {
             addr,
             conn,
             sub,
+            restarts,
             fast_path: AtomicBool::new(true),
         };
         Ok((node, failure))
@@ -157,6 +164,7 @@ impl Node {
         .arg(if config.fair { "1" } else { "0" })
         .arg(millis(config.waiter_timeout))
         .arg(score)
+        .arg(scripts::SEED_FLOOR)
         .invoke(&mut conn)
         .await
         .map_err(|e| RedisError::classify(&self.addr, e))?;
@@ -200,11 +208,25 @@ impl Node {
             .await
             .map_err(|e| RedisError::classify(&self.addr, e))?;
         Ok(match previous {
+            None if token < scripts::SEED_FLOOR => self.seed(keys, &request.owner).await?,
             None => Some(Answer::Acquired(token)),
             Some(_) if request.mode == AttemptMode::Wait => None,
             Some(value) if is_own(&value, &request.owner) => None,
             Some(_) => Some(Answer::Busy(-1)),
         })
+    }
+
+    /// After the fast path stepped an unseeded counter: seeds it and takes the next token
+    /// (see [`scripts::SEED`]); `None` (the script decides) if the lock was lost meanwhile.
+    async fn seed(&self, keys: &LockKeys, owner: &str) -> Result<Option<Answer>, RedisError> {
+        let mut conn = self.conn.clone();
+        let token: u64 = Invocation::new(&scripts::SEED, &[&keys.lock, &keys.fence])
+            .arg(owner)
+            .arg(scripts::SEED_FLOOR)
+            .invoke(&mut conn)
+            .await
+            .map_err(|e| RedisError::classify(&self.addr, e))?;
+        Ok((token > 0).then_some(Answer::Acquired(token)))
     }
 
     pub(crate) async fn renew(

@@ -65,7 +65,7 @@ impl Invocation {
 ///
 /// KEYS: lock, fence, queue, alive.
 /// ARGV: owner, ttl ms, wait ("1" to queue), fair ("1"), waiter timeout ms, arrival score
-/// ("" = the server's time in microseconds).
+/// ("" = the server's time in microseconds), [`SEED_FLOOR`].
 /// Returns `{1, token}` when acquired, `{0, retry_ms}` when busy (`retry_ms` < 0: unknown).
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -112,10 +112,50 @@ if blocked then
   return {0, blocked}
 end
 redis.call('SET', KEYS[1], owner, 'PX', ttl)
+if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[7]) then
+  -- A missing counter (first use, or a server restarted without its data) or one from before
+  -- seeding: it starts again from the server's clock in microseconds (see SEED_FLOOR).
+  redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
+end
 local token = redis.call('INCR', KEYS[2])
 redis.call('ZREM', KEYS[3], owner)
 redis.call('ZREM', KEYS[4], owner)
 return {1, token}
+",
+    )
+});
+
+/// Fencing counters below this are seeded from the server's clock before their next step:
+/// 10^15 µs after the Unix epoch is September 2001, so a counter seeded from any later clock
+/// is above it, and one that is below it was never seeded (it is missing, because the key is
+/// new or the server restarted without its data, or it was written by a version that did not
+/// seed).
+///
+/// A seeded counter restarts at the server's time in microseconds, so after a restart
+/// without persistence the next token is larger than every token the server handed out
+/// before, as long as the server's clock did not go back across the restart by more than
+/// the acquisitions of that name since its last seed exceeded one per microsecond (Redis
+/// serves far fewer). Tokens stay within `u64` for about 580,000 years, and exact in the
+/// scripts' Lua numbers (doubles) until 2255.
+pub(crate) const SEED_FLOOR: u64 = 1_000_000_000_000_000;
+
+/// The fast path's follow-up when its `INCR` answered a counter below [`SEED_FLOOR`]: seeds the
+/// counter from the server's clock (as the acquire script does) and steps it, only if the
+/// lock is still this owner's (otherwise the token would belong to nobody).
+///
+/// KEYS: lock, fence. ARGV: owner, [`SEED_FLOOR`]. Returns the token, or 0 if the lock is no
+/// longer the owner's.
+pub(crate) static SEED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[2]) then
+  local t = redis.call('TIME')
+  redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
+end
+return redis.call('INCR', KEYS[2])
 ",
     )
 });

@@ -4,9 +4,12 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_core::{AcquireOptions, DistributedLock, Error, LockClient, NodeResult, Renewal};
+use distlock_core::{
+    AcquireOptions, DistributedLock, Error, LockClient, LossReason, NodeResult, Renewal,
+};
 use distlock_redis::{LockKeys, RedisBackend, RedisConfig, RedisError, RedisErrorKind};
 
 /// Every test takes it: shared for normal tests, exclusive for those that stop servers.
@@ -538,4 +541,274 @@ async fn killed_connection_is_reconnected() {
         guard.loss_reason()
     );
     guard.release().await.unwrap();
+}
+
+/// Restarts the server of `url` without its data (the test servers keep nothing on disk).
+async fn restart_empty(url: &str) {
+    let name = common::service_name(url);
+    common::services("stop-one", &name).await.unwrap();
+    common::services("start-one", &name).await.unwrap();
+    common::wait_ready(url).await;
+}
+
+/// Acquires and releases `name` `n` times; the tokens, in order.
+async fn tokens(client: &LockClient<RedisBackend>, name: &str, n: usize) -> Vec<u64> {
+    let mut tokens = Vec::new();
+    for _ in 0..n {
+        let guard = client.acquire(name, &opts()).await.unwrap();
+        tokens.push(guard.token().get());
+        guard.release().await.unwrap();
+    }
+    tokens
+}
+
+/// A master restarted without its data forgets the fencing counters; the next acquisition
+/// seeds the counter from the server's clock, so tokens never go back: on the fast path
+/// (MULTI), on the script path (fair mode), for a fresh client and for one that was
+/// connected before the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_never_go_back_across_a_restart_without_persistence() {
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _exclusive = OUTAGE.write().await;
+    let node = &urls[..1];
+    for fair in [false, true] {
+        let before_client = client(node, fair).await;
+        let name = name(if fair { "seed-fair" } else { "seed" });
+        let before = tokens(&before_client, &name, 3).await;
+        assert!(
+            before.windows(2).all(|w| w[0] < w[1]),
+            "fair {fair}: {before:?}"
+        );
+        assert!(
+            before[0] >= 1_000_000_000_000_000,
+            "fair {fair}: a new counter starts from the server's clock: {before:?}"
+        );
+        restart_empty(&node[0]).await;
+        let fresh = client(node, fair).await;
+        let after = tokens(&fresh, &name, 2).await;
+        let again = tokens(&before_client, &name, 2).await;
+        let last = *before.last().unwrap();
+        assert!(
+            after[0] > last && after[1] > after[0] && again[0] > after[1] && again[1] > again[0],
+            "fair {fair}: tokens went back across the restart: before {before:?}, after \
+             {after:?}, then {again:?}"
+        );
+    }
+}
+
+/// A counter written before seeding existed (a small number) is seeded at its next step,
+/// upwards: an upgraded client's tokens keep increasing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unseeded_counter_is_seeded_upwards() {
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    for fair in [false, true] {
+        let name = name(if fair { "legacy-fair" } else { "legacy" });
+        let keys = LockKeys::for_name(&name).unwrap();
+        let mut raw = common::raw(&urls[0]).await;
+        let _: () = redis::cmd("SET")
+            .arg(&keys.fence)
+            .arg(41)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        let lock = client(&urls[..1], fair).await;
+        let seeded = tokens(&lock, &name, 2).await;
+        assert!(
+            seeded[0] >= 1_000_000_000_000_000 && seeded[1] > seeded[0],
+            "fair {fair}: {seeded:?}"
+        );
+    }
+}
+
+/// Redlock: a majority of masters restarted empty, one after the other, still hands out a
+/// token above every earlier one (each node seeds its counter; the token is the majority's
+/// largest).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_tokens_never_go_back_when_a_majority_restarts() {
+    let Some(urls) = common::urls("redlock3") else {
+        return;
+    };
+    let _exclusive = OUTAGE.write().await;
+    let nodes = &urls[..3];
+    let lock = client(nodes, false).await;
+    let name = name("seed-redlock");
+    let before = tokens(&lock, &name, 3).await;
+    for node in &nodes[..2] {
+        restart_empty(node).await;
+    }
+    let after = tokens(&client(nodes, false).await, &name, 2).await;
+    assert!(
+        after[0] > *before.last().unwrap() && after[1] > after[0],
+        "tokens went back: before {before:?}, after {after:?}"
+    );
+}
+
+/// Guards on a master that restarts without its data learn it at once (`ServerRestarted`),
+/// not at the next renewal (10 s here), while another client can take the forgotten locks
+/// as soon as the server is back. Both delays are printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guards_learn_of_a_restart_at_once() {
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _exclusive = OUTAGE.write().await;
+    let node = &urls[..1];
+    let holder = client(node, false).await;
+    let long = AcquireOptions::default().with_ttl(Duration::from_secs(30));
+    let names: Vec<String> = (0..3).map(|i| name(&format!("restarted-{i}"))).collect();
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(holder.acquire(name, &long).await.unwrap());
+    }
+    let tokens: Vec<u64> = guards.iter().map(|g| g.token().get()).collect();
+    let stopped = Instant::now();
+    let losses: Vec<_> = guards
+        .iter()
+        .map(|g| {
+            let lost = g.lost();
+            tokio::spawn(async move { (lost.await, stopped.elapsed()) })
+        })
+        .collect();
+    restart_empty(&node[0]).await;
+    let back = stopped.elapsed();
+    let other = client(node, false).await;
+    let taken = other.acquire(&names[0], &long).await.unwrap();
+    let taken_after = stopped.elapsed();
+    assert!(
+        taken.token().get() > tokens[0],
+        "{tokens:?} then {}",
+        taken.token()
+    );
+    let mut learned = Vec::new();
+    for (guard, lost) in guards.iter().zip(losses) {
+        let (reason, after) = tokio::time::timeout(Duration::from_secs(5), lost)
+            .await
+            .expect("the holder learns of the restart within 5 s (a renewal would take 10 s)")
+            .unwrap();
+        assert_eq!(reason, LossReason::ServerRestarted);
+        assert!(guard.is_lost());
+        learned.push(after);
+    }
+    println!(
+        "restart: server back {back:?} after the stop; guards lost {learned:?} after it; \
+         another client held a forgotten lock {taken_after:?} after it"
+    );
+    taken.release().await.unwrap();
+    for guard in guards {
+        assert!(
+            guard.release().await.is_err(),
+            "a forgotten lock cannot be released"
+        );
+    }
+}
+
+/// One acquisition as the fault run below records it.
+struct Grant {
+    sent: Instant,
+    returned: Instant,
+    token: u64,
+}
+
+/// Five clients take turns on one lock and write through a fence while the server restarts
+/// three times without its data: no token is handed out twice, every acquisition that
+/// started after another one had returned got a larger token, and the fence (which accepts a
+/// write iff its token is the largest seen) never sees two writers with one token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_writes_stay_ordered_across_three_restarts() {
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _exclusive = OUTAGE.write().await;
+    let node = urls[..1].to_vec();
+    let name = name("restarts");
+    // The fence: (largest token, the acquisition that wrote it, shared-token writes, refused).
+    let fence = Arc::new(std::sync::Mutex::new((0u64, 0usize, 0usize, 0usize)));
+    let ids = Arc::new(std::sync::atomic::AtomicUsize::new(1));
+    let grants = Arc::new(std::sync::Mutex::new(Vec::<Grant>::new()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for _ in 0..5 {
+        let (node, name, fence, grants, stop, ids) = (
+            node.clone(),
+            name.clone(),
+            fence.clone(),
+            grants.clone(),
+            stop.clone(),
+            ids.clone(),
+        );
+        workers.push(tokio::spawn(async move {
+            let client = client(&node, false).await;
+            let options = AcquireOptions::default()
+                .with_ttl(Duration::from_secs(2))
+                .with_wait(Duration::from_secs(5));
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let sent = Instant::now();
+                let Ok(guard) = client.acquire(&name, &options).await else {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                };
+                let token = guard.token().get();
+                let id = ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                grants.lock().unwrap().push(Grant {
+                    sent,
+                    returned: Instant::now(),
+                    token,
+                });
+                for _ in 0..3 {
+                    if guard.is_lost() {
+                        break;
+                    }
+                    {
+                        let mut fence = fence.lock().unwrap();
+                        match token.cmp(&fence.0) {
+                            std::cmp::Ordering::Greater => (fence.0, fence.1) = (token, id),
+                            std::cmp::Ordering::Equal if fence.1 == id => {}
+                            // Another acquisition with the same token: the fence cannot tell them
+                            // apart.
+                            std::cmp::Ordering::Equal => fence.2 += 1,
+                            std::cmp::Ordering::Less => fence.3 += 1,
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                let _ = guard.release().await;
+            }
+        }));
+    }
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        restart_empty(&node[0]).await;
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let grants = grants.lock().unwrap();
+    let mut tokens: Vec<u64> = grants.iter().map(|g| g.token).collect();
+    tokens.sort_unstable();
+    let before = tokens.len();
+    tokens.dedup();
+    let duplicates = before - tokens.len();
+    let mut backwards = 0;
+    for earlier in grants.iter() {
+        for later in grants.iter() {
+            if later.sent > earlier.returned && later.token <= earlier.token {
+                backwards += 1;
+            }
+        }
+    }
+    let (_, _, shared, refused) = *fence.lock().unwrap();
+    println!(
+        "3 restarts: {before} acquisitions, {duplicates} duplicate tokens, {backwards} tokens \
+         not above an earlier acquisition's, {shared} writes sharing the fence's token, \
+         {refused} late writes refused by the fence"
+    );
+    assert!(before >= 10, "too few acquisitions to tell: {before}");
+    assert_eq!((duplicates, backwards, shared), (0, 0, 0));
 }
