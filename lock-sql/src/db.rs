@@ -108,8 +108,10 @@ impl Claim {
 /// where noted, and returns sqlx's error for the caller to classify.
 #[async_trait]
 pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
-    /// Whether releases are pushed to waiters (LISTEN/NOTIFY).
-    fn has_events(&self) -> bool;
+    /// Whether releases are pushed to waiters (LISTEN/NOTIFY). The default: no, they poll.
+    fn has_events(&self) -> bool {
+        false
+    }
 
     /// The atomic acquire: takes the row when free, expired, or already this owner's, and not
     /// reserved by another waiter; bumps the version. Returns the new version.

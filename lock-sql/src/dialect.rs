@@ -36,28 +36,50 @@ pub(crate) trait Dialect: sqlx::Database {
     fn owner(row: &Self::Row, index: usize) -> Result<Option<String>, sqlx::Error>;
 }
 
-/// The statements that run alike on every database, on its kept connections.
+/// A dialect's lock-table statements: only their SQL text differs between the databases.
+/// Each writes its placeholders so that the arguments bind in the order given here (MySQL's
+/// `?` in that order; PostgreSQL's `$n` and SQLite's `?n` numbered to match). PostgreSQL's
+/// releasing statements also take the notification channel, last. A dialect keeps what only
+/// it needs beside these (MySQL's version check after a take, PostgreSQL's waking take).
 #[derive(Debug)]
-pub(crate) struct Common<DB: sqlx::Database> {
-    pub(crate) conns: HotConns<DB>,
+pub(crate) struct Sql {
+    /// ARGS: name, owner, ttl_us. Takes the row when free, expired or already the owner's.
+    pub(crate) take: Arc<str>,
     /// ARGS: name. Returns `owner, version, remaining_us, next_owner, next_since,
     /// next_remaining_us` (see [`Peek`]).
     pub(crate) peek: Arc<str>,
+    /// ARGS: since, hold_us, owner, name, owner, since. Changes one row iff the reservation
+    /// is granted.
+    pub(crate) reserve: Arc<str>,
     /// ARGS: ttl_us, name, owner, version. Changes one row iff renewed.
     pub(crate) renew: Arc<str>,
-    /// ARGS: name, owner, version. Changes one row iff released. `None`: the dialect
-    /// releases by its own statement (PostgreSQL also notifies).
-    pub(crate) release: Option<Arc<str>>,
-    /// ARGS: name. Changes one row iff a live lock was freed. `None` as for `release`.
-    pub(crate) force: Option<Arc<str>>,
+    /// ARGS: name, owner, version. Changes one row iff released.
+    pub(crate) release: Arc<str>,
+    /// ARGS: owner (5 times), name, owner (twice).
+    pub(crate) abandon: Arc<str>,
+    /// ARGS: name. Changes one row iff a live lock was freed.
+    pub(crate) force: Arc<str>,
     /// ARGS: prefix, prefix, limit. Returns `name, owner, version, remaining_us` (see
-    /// [`Listed`]).
+    /// [`Listed`]). Not prepared at connect: operators' reads only.
     pub(crate) list: Arc<str>,
-    /// ARGS: since, hold_us, owner, name, owner, since. Changes one row iff the reservation
-    /// is granted. `None` as for `release` (PostgreSQL also tells whether the lock was free).
-    pub(crate) reserve: Option<Arc<str>>,
-    /// ARGS: owner (5 times), name, owner (twice). `None` as for `release`.
-    pub(crate) abandon: Option<Arc<str>>,
+}
+
+impl Sql {
+    /// The statements prepared at connect (all but `list`), so that a table of the wrong
+    /// shape is reported then.
+    pub(crate) fn prepared(&self) -> Vec<&Arc<str>> {
+        let mut all = vec![&self.take, &self.peek, &self.reserve, &self.renew];
+        all.extend([&self.release, &self.abandon, &self.force]);
+        all
+    }
+}
+
+/// A database's statements on its kept connections. The [`Db`](crate::db::Db) trait's
+/// shared methods run them (see [`Shared`]); PostgreSQL runs its notifying ones itself.
+#[derive(Debug)]
+pub(crate) struct Common<DB: sqlx::Database> {
+    pub(crate) conns: HotConns<DB>,
+    pub(crate) sql: Sql,
 }
 
 /// [`Common`]'s statements, for the [`Db`](crate::db::Db) trait's shared methods.
@@ -92,10 +114,6 @@ pub(crate) fn q<DB: sqlx::Database>(
     sqlx::query(AssertSqlSafe(sql.clone()))
 }
 
-fn unsupported(what: &str) -> sqlx::Error {
-    sqlx::Error::Protocol(format!("{what}: this dialect has its own statement"))
-}
-
 #[async_trait]
 impl<DB> Shared for Common<DB>
 where
@@ -113,7 +131,10 @@ where
     for<'t> Vec<u8>: Encode<'t, DB> + Type<DB>,
 {
     async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error> {
-        let row = self.conns.fetch_optional(q(&self.peek).bind(name)).await?;
+        let row = self
+            .conns
+            .fetch_optional(q(&self.sql.peek).bind(name))
+            .await?;
         row.map(|row| Peek::from_row(&row, |i| DB::owner(&row, i)))
             .transpose()
     }
@@ -125,33 +146,23 @@ where
         version: i64,
         ttl: i64,
     ) -> Result<bool, sqlx::Error> {
-        let query = q(&self.renew)
-            .bind(ttl)
-            .bind(name)
-            .bind(owner)
-            .bind(version);
+        let query = q(&self.sql.renew).bind(ttl).bind(name);
+        let query = query.bind(owner).bind(version);
         Ok(DB::changed(&self.conns.execute(query).await?) == 1)
     }
 
     async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {
-        let sql = self
-            .release
-            .as_ref()
-            .ok_or_else(|| unsupported("release"))?;
-        let query = q(sql).bind(name).bind(owner).bind(version);
+        let query = q(&self.sql.release).bind(name).bind(owner).bind(version);
         Ok(DB::changed(&self.conns.execute(query).await?) == 1)
     }
 
     async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error> {
-        let sql = self
-            .force
-            .as_ref()
-            .ok_or_else(|| unsupported("force release"))?;
-        Ok(DB::changed(&self.conns.execute(q(sql).bind(name)).await?) == 1)
+        let query = q(&self.sql.force).bind(name);
+        Ok(DB::changed(&self.conns.execute(query).await?) == 1)
     }
 
     async fn list(&self, prefix: &str, limit: i64) -> Result<Vec<Listed>, sqlx::Error> {
-        let query = q(&self.list).bind(prefix).bind(prefix).bind(limit);
+        let query = q(&self.sql.list).bind(prefix).bind(prefix).bind(limit);
         let rows = query.fetch_all(self.conns.pool()).await?;
         rows.iter().map(Listed::from_row).collect()
     }
@@ -163,34 +174,20 @@ where
         since: i64,
         hold: i64,
     ) -> Result<Claim, sqlx::Error> {
-        let sql = self
-            .reserve
-            .as_ref()
-            .ok_or_else(|| unsupported("reserve"))?;
-        let query = q(sql)
-            .bind(since)
-            .bind(hold)
-            .bind(owner)
-            .bind(name)
-            .bind(owner)
-            .bind(since);
+        let query = q(&self.sql.reserve).bind(since).bind(hold).bind(owner);
+        let query = query.bind(name).bind(owner).bind(since);
         Ok(Claim::granted(
             DB::changed(&self.conns.execute(query).await?) == 1,
         ))
     }
 
     async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error> {
-        let sql = self
-            .abandon
-            .as_ref()
-            .ok_or_else(|| unsupported("abandon"))?;
-        let mut query = q(sql);
+        let mut query = q(&self.sql.abandon);
         for _ in 0..5 {
             query = query.bind(owner);
         }
-        self.conns
-            .execute(query.bind(name).bind(owner).bind(owner))
-            .await?;
+        let query = query.bind(name).bind(owner).bind(owner);
+        self.conns.execute(query).await?;
         Ok(())
     }
 

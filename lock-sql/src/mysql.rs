@@ -12,31 +12,17 @@ use sqlx::{AssertSqlSafe, Executor, Row};
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
 use crate::db::{Db, Sessions};
-use crate::dialect::{Common, Shared, prepare_all, q, server_pool};
+use crate::dialect::{Common, Shared, Sql, prepare_all, q, server_pool};
 use crate::error::{connect_err, map_err};
 use crate::keys::quote;
 use crate::pool::{HotConns, open_pool};
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
 
-#[derive(Debug)]
-struct Statements {
-    take: Arc<str>,
-    check: Arc<str>,
-    peek: Arc<str>,
-    reserve: Arc<str>,
-    renew: Arc<str>,
-    release: Arc<str>,
-    abandon: Arc<str>,
-    force: Arc<str>,
-    /// Not prepared at connect: operators' reads only.
-    list: Arc<str>,
-}
-
-impl Statements {
-    fn new(table: &str) -> Self {
-        let t = quote(table, '`');
-        Self {
+/// The lock table's statements in this dialect.
+fn statements(table: &str) -> (Sql, Arc<str>) {
+    let t = quote(table, '`');
+    let sql = Sql {
             // Assignments run left to right and see earlier ones, so the decision is taken once,
             // into a session variable, before any column changes.
             take: format!(
@@ -53,7 +39,6 @@ impl Statements {
                  next_expires = IF(@distlock_take, NULL, next_expires)"
             )
             .into(),
-            check: format!("SELECT version FROM {t} WHERE name = ? AND owner = ?").into(),
             peek: format!(
                 "SELECT owner, version, IF(owner IS NOT NULL AND expires_at > {NOW}, \
                  TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), NULL), next_owner, next_since, \
@@ -98,27 +83,15 @@ impl Statements {
                  AND LEFT(name, LENGTH(?)) = ? ORDER BY name LIMIT ?"
             )
             .into(),
-        }
-    }
-
-    fn all(&self) -> [&Arc<str>; 8] {
-        [
-            &self.take,
-            &self.check,
-            &self.peek,
-            &self.reserve,
-            &self.renew,
-            &self.release,
-            &self.abandon,
-            &self.force,
-        ]
-    }
+    };
+    let check = format!("SELECT version FROM {t} WHERE name = ? AND owner = ?").into();
+    (sql, check)
 }
 
 #[derive(Debug)]
 pub(crate) struct MyDb {
+    check: Arc<str>,
     common: Common<sqlx::MySql>,
-    sql: Statements,
 }
 
 impl MyDb {
@@ -144,20 +117,16 @@ impl MyDb {
                 .await
                 .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
         }
-        let sql = Statements::new(&config.table);
-        prepare_all(&pool, &sql.all(), &table).await?;
+        let (sql, check) = statements(&config.table);
+        let mut prepared = sql.prepared();
+        prepared.push(&check);
+        prepare_all(&pool, &prepared, &table).await?;
         Ok(Self {
             common: Common {
                 conns: HotConns::new(pool, config.max_connections),
-                peek: sql.peek.clone(),
-                renew: sql.renew.clone(),
-                release: Some(sql.release.clone()),
-                force: Some(sql.force.clone()),
-                reserve: Some(sql.reserve.clone()),
-                abandon: Some(sql.abandon.clone()),
-                list: sql.list.clone(),
+                sql,
             },
-            sql,
+            check,
         })
     }
 }
@@ -166,10 +135,6 @@ impl MyDb {
 impl Db for MyDb {
     fn common(&self) -> &dyn Shared {
         &self.common
-    }
-
-    fn has_events(&self) -> bool {
-        false
     }
 
     async fn take(
@@ -181,7 +146,7 @@ impl Db for MyDb {
     ) -> Result<Option<i64>, sqlx::Error> {
         // Two statements on one connection: LAST_INSERT_ID and the check belong to the take.
         let mut hot = self.common.conns.get().await?;
-        let result = q(&self.sql.take)
+        let result = q(&self.common.sql.take)
             .bind(name)
             .bind(owner)
             .bind(ttl_us)
@@ -196,7 +161,7 @@ impl Db for MyDb {
         if done.rows_affected() == 2 && done.last_insert_id() > 1 {
             return hot.keep(Ok(i64::try_from(done.last_insert_id()).ok()));
         }
-        let result = q(&self.sql.check)
+        let result = q(&self.check)
             .bind(name)
             .bind(owner)
             .fetch_optional(hot.conn())

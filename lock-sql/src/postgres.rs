@@ -15,36 +15,21 @@ use sqlx::{AssertSqlSafe, Executor, Row};
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
 use crate::db::{Claim, Db, Sessions};
-use crate::dialect::{Common, Shared, prepare_all, q, server_pool};
+use crate::dialect::{Common, Shared, Sql, prepare_all, q, server_pool};
 use crate::error::{connect_err, map_err};
 use crate::keys::quote;
 use crate::pool::{HotConns, open_pool};
 use crate::wake::{Notifier, Subscription, parse_payload};
 
-#[derive(Debug)]
-struct Statements {
-    take: Arc<str>,
-    /// The take of a waiter that may hold the reservation: it wakes the other waiters.
-    take_wake: Arc<str>,
-    peek: Arc<str>,
-    reserve: Arc<str>,
-    renew: Arc<str>,
-    release: Arc<str>,
-    abandon: Arc<str>,
-    force: Arc<str>,
-    /// Not prepared at connect: operators' reads only.
-    list: Arc<str>,
-}
-
-impl Statements {
-    fn new(table: &str) -> Self {
-        let t = quote(table, '"');
-        let us = "* interval '1 microsecond'";
-        // An UPDATE of a free row, else an INSERT of a missing one. Unlike
-        // `INSERT .. ON CONFLICT DO UPDATE .. WHERE`, a refused take locks no row, so it writes
-        // no WAL and commits without a flush: waiters polling a busy lock stay cheap.
-        let take = format!(
-            "WITH u AS (UPDATE {t} SET owner = $2, version = version + 1, \
+/// The lock table's statements in this dialect.
+fn statements(table: &str) -> (Sql, Arc<str>) {
+    let t = quote(table, '"');
+    let us = "* interval '1 microsecond'";
+    // An UPDATE of a free row, else an INSERT of a missing one. Unlike
+    // `INSERT .. ON CONFLICT DO UPDATE .. WHERE`, a refused take locks no row, so it writes
+    // no WAL and commits without a flush: waiters polling a busy lock stay cheap.
+    let take = format!(
+        "WITH u AS (UPDATE {t} SET owner = $2, version = version + 1, \
              expires_at = now() + $3::bigint {us}, next_owner = NULL, next_since = NULL, next_expires = NULL \
              WHERE name = $1 AND (owner IS NULL OR owner = $2 OR expires_at <= now()) \
              AND (next_owner IS NULL OR next_owner = $2 OR next_expires <= now()) RETURNING version), \
@@ -52,10 +37,9 @@ impl Statements {
              SELECT $1, $2, 1, now() + $3::bigint {us} WHERE NOT EXISTS (SELECT 1 FROM u) \
              ON CONFLICT (name) DO NOTHING RETURNING version), \
              v AS (SELECT version FROM u UNION ALL SELECT version FROM i)"
-        );
-        Self {
+    );
+    let sql = Sql {
             take: format!("{take} SELECT version FROM v").into(),
-            take_wake: format!("{take} SELECT version, pg_notify($4, '0:' || $1) FROM v").into(),
             peek: format!(
                 "SELECT owner, version, CASE WHEN owner IS NOT NULL AND expires_at > now() \
                  THEN (EXTRACT(EPOCH FROM (expires_at - now())) * 1000000)::bigint END AS remaining, \
@@ -108,27 +92,15 @@ impl Statements {
                  AND left(name, length($1)) = $2 ORDER BY name LIMIT $3"
             )
             .into(),
-        }
-    }
-
-    fn all(&self) -> [&Arc<str>; 8] {
-        [
-            &self.take,
-            &self.take_wake,
-            &self.peek,
-            &self.reserve,
-            &self.renew,
-            &self.release,
-            &self.abandon,
-            &self.force,
-        ]
-    }
+    };
+    let take_wake = format!("{take} SELECT version, pg_notify($4, '0:' || $1) FROM v").into();
+    (sql, take_wake)
 }
 
 #[derive(Debug)]
 pub(crate) struct PgDb {
+    take_wake: Arc<str>,
     common: Common<sqlx::Postgres>,
-    sql: Statements,
     channel: String,
     notifier: Arc<Notifier>,
     listener: tokio::task::AbortHandle,
@@ -169,8 +141,10 @@ impl PgDb {
                 .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
             tx.commit().await.map_err(|e| map_err("create table", e))?;
         }
-        let sql = Statements::new(&config.table);
-        prepare_all(&pool, &sql.all(), &table).await?;
+        let (sql, take_wake) = statements(&config.table);
+        let mut prepared = sql.prepared();
+        prepared.push(&take_wake);
+        prepare_all(&pool, &prepared, &table).await?;
         let channel = format!("distlock:{}", config.table);
         let mut listener = PgListener::connect_with(&pool)
             .await
@@ -184,15 +158,9 @@ impl PgDb {
         Ok(Self {
             common: Common {
                 conns: HotConns::new(pool, config.max_connections),
-                peek: sql.peek.clone(),
-                renew: sql.renew.clone(),
-                release: None,
-                force: None,
-                reserve: None,
-                abandon: None,
-                list: sql.list.clone(),
+                sql,
             },
-            sql,
+            take_wake,
             channel,
             notifier,
             listener: task.abort_handle(),
@@ -236,13 +204,13 @@ impl Db for PgDb {
         wake_waiters: bool,
     ) -> Result<Option<i64>, sqlx::Error> {
         let query = if wake_waiters {
-            q(&self.sql.take_wake)
+            q(&self.take_wake)
                 .bind(name)
                 .bind(owner)
                 .bind(ttl_us)
                 .bind(&self.channel)
         } else {
-            q(&self.sql.take).bind(name).bind(owner).bind(ttl_us)
+            q(&self.common.sql.take).bind(name).bind(owner).bind(ttl_us)
         };
         let row = self.common.conns.fetch_optional(query).await?;
         row.map(|r| r.try_get::<i64, _>(0)).transpose()
@@ -259,7 +227,7 @@ impl Db for PgDb {
             .common
             .conns
             .fetch_optional(
-                q(&self.sql.reserve)
+                q(&self.common.sql.reserve)
                     .bind(name)
                     .bind(owner)
                     .bind(since)
@@ -278,7 +246,7 @@ impl Db for PgDb {
             .common
             .conns
             .fetch_optional(
-                q(&self.sql.release)
+                q(&self.common.sql.release)
                     .bind(name)
                     .bind(owner)
                     .bind(version)
@@ -292,7 +260,7 @@ impl Db for PgDb {
         self.common
             .conns
             .fetch_optional(
-                q(&self.sql.abandon)
+                q(&self.common.sql.abandon)
                     .bind(name)
                     .bind(owner)
                     .bind(&self.channel),
@@ -305,7 +273,7 @@ impl Db for PgDb {
         let row = self
             .common
             .conns
-            .fetch_optional(q(&self.sql.force).bind(name).bind(&self.channel))
+            .fetch_optional(q(&self.common.sql.force).bind(name).bind(&self.channel))
             .await?;
         Ok(row.is_some())
     }

@@ -2,7 +2,6 @@
 //! `unixepoch('subsec')`, WAL journal and a busy timeout so that several processes share a file.
 
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,30 +12,17 @@ use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
 use crate::db::Db;
-use crate::dialect::{Common, Shared, q};
+use crate::dialect::{Common, Shared, Sql, q};
 use crate::error::{connect_err, map_err, shape_err, sqlite_busy};
 use crate::keys::quote;
 use crate::pool::{HotConns, open_pool};
 
 const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
 
-#[derive(Debug)]
-struct Statements {
-    take: Arc<str>,
-    peek: Arc<str>,
-    reserve: Arc<str>,
-    renew: Arc<str>,
-    release: Arc<str>,
-    abandon: Arc<str>,
-    force: Arc<str>,
-    /// Not prepared at connect: operators' reads only.
-    list: Arc<str>,
-}
-
-impl Statements {
-    fn new(table: &str) -> Self {
-        let t = quote(table, '"');
-        Self {
+/// The lock table's statements in this dialect.
+fn statements(table: &str) -> Sql {
+    let t = quote(table, '"');
+    Sql {
             take: format!(
                 "INSERT INTO {t} AS l (name, owner, version, expires_at) VALUES (?1, ?2, 1, {NOW} + ?3) \
                  ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, version = l.version + 1, \
@@ -91,25 +77,11 @@ impl Statements {
             )
             .into(),
         }
-    }
-
-    fn all(&self) -> [&Arc<str>; 7] {
-        [
-            &self.take,
-            &self.peek,
-            &self.reserve,
-            &self.renew,
-            &self.release,
-            &self.abandon,
-            &self.force,
-        ]
-    }
 }
 
 #[derive(Debug)]
 pub(crate) struct LiteDb {
     common: Common<sqlx::Sqlite>,
-    sql: Statements,
 }
 
 impl LiteDb {
@@ -160,8 +132,8 @@ impl LiteDb {
                 .await
                 .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
         }
-        let sql = Statements::new(&config.table);
-        for statement in sql.all() {
+        let sql = statements(&config.table);
+        for statement in sql.prepared() {
             while_busy(patience, || {
                 pool.prepare(AssertSqlSafe(statement.clone()).into_sql_str())
             })
@@ -171,15 +143,8 @@ impl LiteDb {
         Ok(Self {
             common: Common {
                 conns: HotConns::new(pool, config.max_connections),
-                peek: sql.peek.clone(),
-                renew: sql.renew.clone(),
-                release: Some(sql.release.clone()),
-                force: Some(sql.force.clone()),
-                reserve: Some(sql.reserve.clone()),
-                abandon: Some(sql.abandon.clone()),
-                list: sql.list.clone(),
+                sql,
             },
-            sql,
         })
     }
 }
@@ -217,10 +182,6 @@ impl Db for LiteDb {
         &self.common
     }
 
-    fn has_events(&self) -> bool {
-        false
-    }
-
     async fn take(
         &self,
         name: &str,
@@ -232,7 +193,7 @@ impl Db for LiteDb {
             .common
             .conns
             .fetch_optional(
-                q(&self.sql.take)
+                q(&self.common.sql.take)
                     .bind(name.to_owned())
                     .bind(owner.to_owned())
                     .bind(ttl_us),
