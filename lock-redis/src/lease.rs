@@ -43,7 +43,8 @@ impl Lease for RedisLease {
     /// reports it at once. (Redlock: one master's restart does not lose a lock held on a
     /// majority; renewal tells.)
     fn loss_signal(&self) -> Option<BoxFuture<'static, LossReason>> {
-        (!self.shared.redlock()).then(|| self.shared.nodes[0].restarts.lost_on_restart())
+        let restarts = &self.shared.nodes[0].restarts;
+        (!self.shared.redlock() && restarts.watchable()).then(|| restarts.lost_on_restart())
     }
 
     async fn release(&self) -> Result<()> {

@@ -74,8 +74,8 @@
 //! restarted server's first token exceeds every token it handed out before, given a server
 //! clock that does not go back across the restart. Exclusion holds only while the server keeps
 //! its data: a failover to a lagging replica, or a restart without an fsynced AOF, forgets the
-//! lock and can let a second client in. A restart is noticed at once: while a client holds
-//! locks on a master, one connection of its watches the server, and a new `run_id` after a
+//! lock and can let a second client in. A restart is noticed at once: from a client's first
+//! lock on a master, one connection of its watches the server, and a new `run_id` after a
 //! reconnection marks every guard on that master lost with
 //! [`LossReason::ServerRestarted`](distlock_core::LossReason::ServerRestarted). (Redlock: one
 //! master's restart does not lose a majority's lock; renewal tells.)

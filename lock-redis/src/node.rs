@@ -100,7 +100,7 @@ impl Node {
                 )
                 .await
                 .unwrap_or(Ok(()));
-                let run_id = restart::run_id(&mut conn, timeout).await;
+                let run_id = restart::run_id(&mut conn, timeout).await.ok().flatten();
                 (conn, None, run_id)
             }
             Err(err) if err.to_string().contains("refused to switch database") => {

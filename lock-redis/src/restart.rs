@@ -8,6 +8,7 @@
 //! reconnects, reads the `run_id` again and, if it changed, bumps the node's restart epoch,
 //! which every guard of that node waits on. The task ends with the client.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -32,6 +33,8 @@ pub(crate) struct Restarts {
     epoch: watch::Sender<u64>,
     /// The watching task, started with the first guard.
     task: Mutex<Option<AbortHandle>>,
+    /// The server does not tell its `run_id`: nothing to watch.
+    blind: AtomicBool,
 }
 
 impl Restarts {
@@ -44,7 +47,13 @@ impl Restarts {
             run_id: Mutex::new(run_id),
             epoch: watch::Sender::new(0),
             task: Mutex::new(None),
+            blind: AtomicBool::new(false),
         }
+    }
+
+    /// Whether restarts can be watched (the server tells its `run_id`, or has not been asked).
+    pub(crate) fn watchable(&self) -> bool {
+        !self.blind.load(Ordering::Relaxed)
     }
 
     /// A future that resolves with [`LossReason::ServerRestarted`] once the server is found
@@ -90,19 +99,27 @@ impl Drop for Restarts {
     }
 }
 
-/// Reads the server's `run_id` (`INFO server`).
+/// Reads the server's `run_id` (`INFO server`): `Err` when the request failed (no answer),
+/// `Ok(None)` when the server answered without one (`INFO` refused by an ACL, or renamed).
 pub(crate) async fn run_id(
     conn: &mut impl redis::aio::ConnectionLike,
     timeout: Duration,
-) -> Option<String> {
-    let info: String =
+) -> Result<Option<String>, ()> {
+    let answer: redis::RedisResult<String> =
         tokio::time::timeout(timeout, redis::cmd("INFO").arg("server").query_async(conn))
             .await
-            .ok()?
-            .ok()?;
-    info.lines()
+            .map_err(|_| ())?;
+    let info = match answer {
+        Ok(info) => info,
+        Err(err) if err.is_io_error() || err.is_timeout() || err.is_connection_dropped() => {
+            return Err(());
+        }
+        Err(_) => return Ok(None),
+    };
+    Ok(info
+        .lines()
         .find_map(|line| line.strip_prefix("run_id:"))
-        .map(|id| id.trim().to_owned())
+        .map(|id| id.trim().to_owned()))
 }
 
 /// The watching task: (re)connects, compares the `run_id`, and waits for the connection to
@@ -116,7 +133,7 @@ async fn watch_server(restarts: Weak<Restarts>) {
         let (client, timeout) = (node.client.clone(), node.timeout);
         let connected = async {
             let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-            let id = run_id(&mut conn, timeout).await?;
+            let id = run_id(&mut conn, timeout).await.ok()?;
             let mut pubsub = client.get_async_pubsub().await.ok()?;
             pubsub.subscribe(WATCH_CHANNEL).await.ok()?;
             Some((id, pubsub))
@@ -127,6 +144,12 @@ async fn watch_server(restarts: Weak<Restarts>) {
             // Short: the server's clients may take its forgotten locks as soon as it is back.
             pause = (pause * 2).min(Duration::from_millis(100));
             continue;
+        };
+        let Some(id) = id else {
+            // Nothing to compare a restart by: renewal alone will tell.
+            tracing::debug!("the Redis server does not tell its run_id: restarts are not watched");
+            node.blind.store(true, Ordering::Relaxed);
+            return;
         };
         node.seen(id);
         drop(node);

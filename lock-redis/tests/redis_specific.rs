@@ -812,3 +812,33 @@ async fn fenced_writes_stay_ordered_across_three_restarts() {
     assert!(before >= 10, "too few acquisitions to tell: {before}");
     assert_eq!((duplicates, backwards, shared), (0, 0, 0));
 }
+
+/// A server that refuses `INFO` to the client's user (an ACL, a renamed command) cannot be
+/// watched for restarts; locks work all the same (renewal still tells a forgotten lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_info_still_locks() {
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    let user = format!("noinfo{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let mut admin = common::raw(&urls[0]).await;
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", &user, "on", ">pw", "~*", "&*", "+@all", "-info"][..])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let url = urls[0].replacen("redis://", &format!("redis://{user}:pw@"), 1);
+    let lock = client(&[url], false).await;
+    let name = name("noinfo");
+    for _ in 0..3 {
+        let guard = lock.acquire(&name, &opts()).await.unwrap();
+        assert!(!guard.is_lost());
+        guard.release().await.unwrap();
+    }
+    let _: () = redis::cmd("ACL")
+        .arg(&["DELUSER", &user][..])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+}
