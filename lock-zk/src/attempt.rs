@@ -2,7 +2,7 @@
 //! head, leaving the queue.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use distlock_core::backend::{detached, spawn_cleanup};
@@ -14,7 +14,7 @@ use zookeeper_client as zk;
 
 use crate::ZkBackend;
 use crate::error::zk_error;
-use crate::keys::{Entry, WAITING, escape, held_data, parse_held};
+use crate::keys::{Entry, Mark, escape, held_data, waiting_data};
 use crate::lease::ZkLease;
 use crate::queue::{Written, ensure_parent, join_queue, leave_queue, list_queue};
 use crate::session::Session;
@@ -24,6 +24,15 @@ use crate::wake::Wake;
 pub(crate) enum Next<T> {
     Go(T),
     Done(Option<Step>),
+}
+
+/// The node ahead of ours in the queue, as one read saw it.
+#[derive(Clone, Copy)]
+pub(crate) struct Ahead<'a> {
+    name: &'a str,
+    path: &'a str,
+    data: &'a [u8],
+    stat: &'a zk::Stat,
 }
 
 pub(crate) struct ZkAttempt {
@@ -45,6 +54,14 @@ pub(crate) struct ZkAttempt {
     predecessor_gone: bool,
     /// Our node's creation zxid (its fencing token), once a create's answer gave it.
     created_zxid: Option<i64>,
+    /// When the last write of our node whose answer we saw was sent: its lease (held or
+    /// waiting) runs from no earlier than this.
+    refreshed: Option<Instant>,
+    /// The server's clock (ms) as our last write's answer gave it, and when that answer came.
+    clock: Option<(i64, Instant)>,
+    /// When the lease of the node ahead of ours may run out: the next poll then writes our
+    /// node to read the server's clock, and removes that node if its lease did run out.
+    check_at: Option<Instant>,
     wake: Wake,
 }
 
@@ -63,6 +80,9 @@ impl ZkAttempt {
             waiting_marked: false,
             predecessor_gone: false,
             created_zxid: None,
+            refreshed: None,
+            clock: None,
+            check_at: None,
             wake: Wake::Idle,
         }
     }
@@ -77,6 +97,32 @@ impl ZkAttempt {
         self.maybe_created = false;
         self.waiting_marked = false;
         self.created_zxid = None;
+        self.refreshed = None;
+        self.check_at = None;
+    }
+
+    /// Records the answer to a write of our node sent at `sent`: the node's lease restarted
+    /// no earlier than that, and the answer's `mtime` is the server's clock. Returns it.
+    fn wrote(&mut self, sent: Instant, stat: &zk::Stat) -> i64 {
+        self.refreshed = Some(sent);
+        self.clock = Some((stat.mtime, Instant::now()));
+        stat.mtime
+    }
+
+    /// How long until our waiting node's lease needs a refresh (every third of the ttl).
+    fn refresh_in(&self, now: Instant) -> Duration {
+        self.refreshed.map_or(Duration::ZERO, |at| {
+            (at + self.request.ttl / 3).saturating_duration_since(now)
+        })
+    }
+
+    /// Whether a waiting poll must write our node: to mark it as a waiter, to refresh its
+    /// lease, or to read the server's clock because the lease of the node ahead may have run
+    /// out.
+    fn must_write(&self, now: Instant) -> bool {
+        !self.waiting_marked
+            || self.refresh_in(now).is_zero()
+            || self.check_at.is_some_and(|at| now >= at)
     }
 
     /// The session to use; a node of a dead session is gone with it.
@@ -92,7 +138,14 @@ impl ZkAttempt {
         Ok(session)
     }
 
-    fn acquired(&self, session: Arc<Session>, node: &str, czxid: i64) -> Result<Step> {
+    /// The lock is ours: its lease runs from the poll, or from `started` if earlier.
+    fn acquired(
+        &self,
+        session: Arc<Session>,
+        node: &str,
+        czxid: i64,
+        started: Option<Instant>,
+    ) -> Result<Step> {
         let token = u64::try_from(czxid).map_err(|_| Error::Backend {
             message: format!("negative czxid {czxid} for {node}"),
             source: None,
@@ -103,10 +156,11 @@ impl ZkAttempt {
             self.own_path(node),
             self.request.ttl,
         );
-        Ok(Step::Acquired(Acquired::new(
-            Box::new(lease),
-            FencingToken::new(token),
-        )))
+        let acquired = Acquired::new(Box::new(lease), FencingToken::new(token));
+        Ok(Step::Acquired(match started {
+            Some(started) => acquired.with_lease_started(started),
+            None => acquired,
+        }))
     }
 
     async fn poll_once(&mut self) -> Result<Option<Step>> {
@@ -165,6 +219,7 @@ impl ZkAttempt {
     ) -> Result<Next<(Vec<Entry>, Option<Written>)>> {
         let client = &session.client;
         self.maybe_created = true;
+        let sent = Instant::now();
         let joined = match join_queue(client, &self.parent, &self.prefix, held).await {
             Ok(joined) => joined,
             Err(zk::Error::NoNode) => {
@@ -176,10 +231,12 @@ impl ZkAttempt {
             Err(err) => return Err(zk_error("joining the queue", err)),
         };
         self.created_zxid = Some(joined.written.czxid);
+        self.refreshed = Some(sent);
+        self.clock = Some((joined.written.mtime, Instant::now()));
         self.node = Some(joined.node.clone());
         if joined.alone {
             self.wake = Wake::Idle;
-            let step = self.acquired(session.clone(), &joined.node, joined.written.czxid)?;
+            let step = self.acquired(session.clone(), &joined.node, joined.written.czxid, None)?;
             return Ok(Next::Done(Some(step)));
         }
         Ok(Next::Go((
@@ -193,6 +250,10 @@ impl ZkAttempt {
     /// release and this one request. Should we not be the head after all, the waiting paths
     /// mark the node as a waiter again in their next request, so a stale "held" mark lives for
     /// one round trip at most.
+    ///
+    /// Until the mark commits, our node is a waiter's, which the waiter behind may remove once
+    /// its lease ran out: so the shortcut is taken only while that lease is fresh, and the
+    /// lock's lease counts from the write that started it.
     async fn handoff(
         &mut self,
         session: &Arc<Session>,
@@ -206,21 +267,27 @@ impl ZkAttempt {
         // The listing goes first: the server answers a read queued before our write without
         // waiting for that write to commit.
         let list = list_queue(client, &self.parent);
+        let sent = Instant::now();
         let touch = client.set_data(&self.own_path(node), held, None);
         let entries = list.await?;
         if was_waiting
             && let Some(czxid) = self.created_zxid
+            && let Some(refreshed) = self
+                .refreshed
+                .filter(|at| at.elapsed() < self.request.ttl / 2)
             && entries.first().is_some_and(|head| head.name == node)
         {
             // Ours as the head of the queue. Until the held mark in flight commits, our node
-            // says "waiting", which no contender takes for an expired holder; the mark only
-            // starts the lease contenders see, later than this poll's start.
+            // is a waiter's, with a lease that started at `refreshed`; the mark restarts it.
             self.wake = Wake::Idle;
-            let step = self.acquired(session.clone(), node, czxid)?;
+            let step = self.acquired(session.clone(), node, czxid, Some(refreshed))?;
             return Ok(Next::Done(Some(step)));
         }
         match touch.await {
-            Ok(stat) => Ok(Next::Go((entries, Some(Written::from(&stat))))),
+            Ok(stat) => {
+                self.wrote(sent, &stat);
+                Ok(Next::Go((entries, Some(Written::from(&stat)))))
+            }
             Err(zk::Error::NoNode) => {
                 self.forget_node();
                 Ok(Next::Done(None))
@@ -254,11 +321,13 @@ impl ZkAttempt {
             },
         };
         self.wake = Wake::Idle;
-        self.acquired(session.clone(), own, written.czxid).map(Some)
+        self.acquired(session.clone(), own, written.czxid, None)
+            .map(Some)
     }
 
-    /// Behind another waiter: watch only the predecessor, and mark ourselves as a waiter in
-    /// the same round trip.
+    /// Behind another waiter: watch only the predecessor, and write our node (marking it as
+    /// a waiter, refreshing its lease, reading the server's clock) in the same round trip
+    /// when [`Self::must_write`] says so.
     async fn wait_behind(
         &mut self,
         client: &zk::Client,
@@ -267,8 +336,12 @@ impl ZkAttempt {
     ) -> Result<Option<Step>> {
         let own_path = self.own_path(own);
         let pred_path = self.own_path(predecessor);
-        let mark = (!self.waiting_marked).then(|| client.set_data(&own_path, WAITING, None));
-        let watch = client.check_and_watch_stat(&pred_path);
+        let sent = Instant::now();
+        let waiting = waiting_data(self.request.ttl);
+        let mark = self
+            .must_write(sent)
+            .then(|| client.set_data(&own_path, &waiting, None));
+        let watch = client.get_and_watch_data(&pred_path);
         let (marked, watched) = futures::join!(
             async move {
                 match mark {
@@ -278,22 +351,30 @@ impl ZkAttempt {
             },
             watch
         );
-        match marked {
-            Ok(Some(_)) => self.waiting_marked = true,
-            Ok(None) => {}
+        let now_ms = match marked {
+            Ok(Some(stat)) => {
+                self.waiting_marked = true;
+                Some(self.wrote(sent, &stat))
+            }
+            Ok(None) => None,
             Err(zk::Error::NoNode) => {
                 self.forget_node();
                 return Ok(None);
             }
             Err(err) => return Err(zk_error("marking the waiter", err)),
-        }
+        };
         match watched {
-            Ok((Some(_), watcher)) => {
-                self.set_watch(Some(watcher));
-                Ok(Some(Step::busy(None)))
+            Ok((data, stat, watcher)) => {
+                let ahead = Ahead {
+                    name: predecessor,
+                    path: &pred_path,
+                    data: &data,
+                    stat: &stat,
+                };
+                self.judge(client, ahead, now_ms, Some(watcher)).await
             }
             // The predecessor left between the listing and the watch: look again.
-            Ok((None, _)) => Ok(None),
+            Err(zk::Error::NoNode) => Ok(None),
             Err(err) => Err(zk_error("watching the predecessor", err)),
         }
     }
@@ -310,12 +391,13 @@ impl ZkAttempt {
     ) -> Result<Option<Step>> {
         let own_path = self.own_path(own);
         let head_path = self.own_path(head);
-        let touch_data: &[u8] = if self.request.mode == AttemptMode::Wait {
-            WAITING
-        } else {
-            held
-        };
         let try_mode = self.request.mode == AttemptMode::Try;
+        let touch_data = if try_mode {
+            held.to_vec()
+        } else {
+            waiting_data(self.request.ttl)
+        };
+        let sent = Instant::now();
         let (now_ms, head_read) = match fresh {
             // A try needs no watch, and its new node's mtime is the server's clock.
             Some(written) if try_mode => (
@@ -323,7 +405,7 @@ impl ZkAttempt {
                 client.get_data(&head_path).await.map(|(d, s)| (d, s, None)),
             ),
             _ => {
-                let touch = client.set_data(&own_path, touch_data, None);
+                let touch = client.set_data(&own_path, &touch_data, None);
                 let read = async {
                     if try_mode {
                         client.get_data(&head_path).await.map(|(d, s)| (d, s, None))
@@ -346,36 +428,67 @@ impl ZkAttempt {
                 if !try_mode {
                     self.waiting_marked = true;
                 }
-                (stat.mtime, read)
+                (self.wrote(sent, &stat), read)
             }
         };
-        let (data, head_stat, watcher) = match head_read {
+        let (data, stat, watcher) = match head_read {
             Ok(read) => read,
             Err(zk::Error::NoNode) => return Ok(None),
             Err(err) => return Err(zk_error("reading the holder", err)),
         };
-        let Some(head_ttl) = parse_held(&data) else {
-            // A waiter about to take the lock.
-            self.set_watch(watcher);
-            return Ok(Some(Step::busy(None)));
+        let ahead = Ahead {
+            name: head,
+            path: &head_path,
+            data: &data,
+            stat: &stat,
         };
-        let age = now_ms - head_stat.mtime;
-        if age > head_ttl {
-            // The holder's lease ran out on the server's clock: remove its node, unless it was
-            // renewed meanwhile (the version check makes this atomic).
-            debug!(holder = %head, age, head_ttl, "removing an expired holder");
-            return match client.delete(&head_path, Some(head_stat.version)).await {
-                Ok(()) | Err(zk::Error::NoNode) => Ok(None),
-                Err(zk::Error::BadVersion) => {
-                    self.set_watch(watcher);
-                    Ok(Some(Step::busy(None)))
+        self.judge(client, ahead, Some(now_ms), watcher).await
+    }
+
+    /// Decides about the node ahead of ours (the head, or our predecessor). If its lease (a
+    /// holder's or a waiter's) ran out on the server's clock (`now_ms`, the mtime of our own
+    /// write in the same round trip), removes it, unless it was written meanwhile (the version
+    /// check makes this atomic). Otherwise waits for it: woken by `watcher`, when its lease
+    /// may run out, or when our own lease needs a refresh.
+    async fn judge(
+        &mut self,
+        client: &zk::Client,
+        ahead: Ahead<'_>,
+        now_ms: Option<i64>,
+        watcher: Option<zk::OneshotWatcher>,
+    ) -> Result<Option<Step>> {
+        let lease = Mark::parse(ahead.data).and_then(Mark::lease_ms);
+        if let (Some(lease), Some(now_ms)) = (lease, now_ms) {
+            let age = now_ms - ahead.stat.mtime;
+            if age > lease {
+                debug!(node = %ahead.name, age, lease, "removing a node whose lease ran out");
+                match client.delete(ahead.path, Some(ahead.stat.version)).await {
+                    Ok(()) | Err(zk::Error::NoNode) => return Ok(None),
+                    // Renewed or refreshed meanwhile: alive, and the watch fires for it.
+                    Err(zk::Error::BadVersion) => {}
+                    Err(err) => return Err(zk_error("removing a node whose lease ran out", err)),
                 }
-                Err(err) => Err(zk_error("removing an expired holder", err)),
-            };
+            }
         }
         self.set_watch(watcher);
-        let remaining = u64::try_from(head_ttl - age).unwrap_or(0) + 1;
-        Ok(Some(Step::busy(Some(Duration::from_millis(remaining)))))
+        // Without a fresh reading of the server's clock, the last one plus the time since.
+        let now = Instant::now();
+        let server_now = now_ms.or_else(|| {
+            self.clock.map(|(ms, at)| {
+                ms + i64::try_from(now.duration_since(at).as_millis()).unwrap_or(i64::MAX)
+            })
+        });
+        let runs_out = lease.zip(server_now).map(|(lease, server_now)| {
+            let left = lease - (server_now - ahead.stat.mtime);
+            Duration::from_millis(u64::try_from(left).unwrap_or(0) + 1)
+        });
+        self.check_at = runs_out.map(|left| now + left);
+        let refresh = (self.request.mode == AttemptMode::Wait).then(|| self.refresh_in(now));
+        let retry_after = match (runs_out, refresh) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Ok(Some(Step::busy(retry_after)))
     }
 
     fn set_watch(&mut self, watcher: Option<zk::OneshotWatcher>) {

@@ -57,15 +57,56 @@ pub(crate) fn held_data(ttl: Duration) -> Vec<u8> {
     format!("H{}", ttl.as_millis()).into_bytes()
 }
 
-/// Node data of a waiter: never expired by others (its session keeps it alive).
-pub(crate) const WAITING: &[u8] = b"W";
+/// Node data of a waiter: `W<ttl in ms>`. A waiter refreshes its node every third of the ttl
+/// while it waits, so its lease, like a holder's, runs from the node's `mtime`; the waiter
+/// behind it removes the node once that lease ran out (a killed or paused process).
+pub(crate) fn waiting_data(ttl: Duration) -> Vec<u8> {
+    format!("W{}", ttl.as_millis()).into_bytes()
+}
+
+/// What a queue node's data says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mark {
+    /// It holds the lock (or is about to): lease in ms.
+    Held(i64),
+    /// It waits, with a lease in ms, or with none (a node written by a version of this crate
+    /// before waiters had leases: it lives as long as its session).
+    Waiting(Option<i64>),
+}
+
+impl Mark {
+    /// Parses node data; `None` for data this crate did not write.
+    pub(crate) fn parse(data: &[u8]) -> Option<Self> {
+        let ms = |digits: &[u8]| -> Option<i64> {
+            if !digits.iter().all(u8::is_ascii_digit) {
+                return None;
+            }
+            let ms: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+            i64::try_from(ms).ok()
+        };
+        match data.split_first()? {
+            (b'H', digits) => ms(digits).map(Self::Held),
+            (b'W', []) => Some(Self::Waiting(None)),
+            (b'W', digits) => ms(digits).map(|ttl| Self::Waiting(Some(ttl))),
+            _ => None,
+        }
+    }
+
+    /// The node's lease in ms, running from its `mtime`, if it has one.
+    pub(crate) fn lease_ms(self) -> Option<i64> {
+        match self {
+            Self::Held(ttl) | Self::Waiting(Some(ttl)) => Some(ttl),
+            Self::Waiting(None) => None,
+        }
+    }
+}
 
 /// The ttl in a node's data, if it says "held".
 pub(crate) fn parse_held(data: &[u8]) -> Option<i64> {
-    std::str::from_utf8(data.strip_prefix(b"H")?)
-        .ok()?
-        .parse()
-        .ok()
+    match Mark::parse(data)? {
+        Mark::Held(ttl) => Some(ttl),
+        Mark::Waiting(_) => None,
+    }
 }
 
 pub(crate) const EPHEMERAL_SEQUENTIAL: zk::CreateOptions<'static> =
@@ -108,5 +149,26 @@ mod tests {
         ]);
         assert_eq!(q.iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 10]);
         assert_eq!(q[0].owner_part(), "a");
+    }
+
+    #[test]
+    fn marks_round_trip_and_old_waiters_have_no_lease() {
+        let ttl = Duration::from_millis(2500);
+        assert_eq!(Mark::parse(&held_data(ttl)), Some(Mark::Held(2500)));
+        assert_eq!(
+            Mark::parse(&waiting_data(ttl)),
+            Some(Mark::Waiting(Some(2500)))
+        );
+        assert_eq!(Mark::parse(b"W"), Some(Mark::Waiting(None)));
+        assert_eq!(Mark::parse(b"W").and_then(Mark::lease_ms), None);
+        assert_eq!(
+            Mark::parse(&waiting_data(ttl)).and_then(Mark::lease_ms),
+            Some(2500)
+        );
+        assert_eq!(parse_held(&waiting_data(ttl)), None);
+        assert_eq!(parse_held(&held_data(ttl)), Some(2500));
+        for foreign in [&b""[..], b"H", b"Hx", b"W-", b"W-5", b"H+5", b"X10", b"w10"] {
+            assert_eq!(Mark::parse(foreign), None, "{foreign:?}");
+        }
     }
 }

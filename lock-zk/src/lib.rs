@@ -55,9 +55,20 @@
 //! exists only while it holds: owner-checked and atomic), release a `delete`. A contender that
 //! is next in line reads the head node and the server's current time (the `mtime` of a write
 //! to its own node) in one round trip; if `now - mtime > ttl` it deletes the head with the
-//! version it read, which fails if the holder renewed meanwhile. A waiter's node says `W`
-//! until it reaches the head, so it is never mistaken for an expired holder. Both timestamps
-//! come from the server (the leader of an ensemble): clients' clocks are never compared.
+//! version it read, which fails if the holder renewed meanwhile. Both timestamps come from the
+//! server (the leader of an ensemble): clients' clocks are never compared.
+//!
+//! A waiter's node has a lease too: its data is `W<ttl ms>`, and the waiter writes it again
+//! every third of the ttl while it waits (together with the read it sends to watch its
+//! predecessor, so it costs one more write per third of the ttl). The waiter behind a node
+//! whose lease ran out, a holder's or a waiter's, removes it the same way, with the version
+//! it read. So a waiter whose process was killed, or paused (`SIGSTOP`, a long GC pause, a
+//! frozen VM), blocks the queue for one ttl, not until its session expires (30 s by default);
+//! a paused waiter that comes back finds its node gone and joins the queue again at its end.
+//! A waiter handed the lock while its node still says `W` counts its lease from its last write
+//! of the node, and takes that shortcut only while that write is less than half a ttl old.
+//! Nodes written by versions of this crate from before waiters had leases say plain `W` and
+//! live as long as their session.
 //! Caveat: across a leader change two different servers' clocks are compared; they must agree
 //! within the drift margin.
 //!
@@ -68,8 +79,8 @@
 //! server granted: a holder cut off from the ensemble keeps believing it holds the lock until
 //! its local deadline (at most one ttl after its last renewal was sent), and the server must
 //! not delete its node (session expiry) before that. The shortest ttl is 100 ms. A crashed
-//! process's held locks are freed after their ttl by contenders; its queue entries (waiters)
-//! go when its session expires.
+//! process's held locks and its queue entries (waiters) are freed after their ttl by the
+//! waiters behind them; its session expiry removes whatever is left.
 //!
 //! While the connection is down, guards are uncertain: renewals fail and are retried by
 //! lock-core until the local deadline. [`LockGuard::lost`](distlock_core::LockGuard::lost) fires

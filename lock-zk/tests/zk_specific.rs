@@ -276,7 +276,12 @@ async fn a_waiter_whose_predecessor_gives_up_is_marked_waiting_again() {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
-    assert_eq!(data, b"W", "version {}: not marked waiting", stat.version);
+    assert_eq!(
+        data,
+        waiting_mark(),
+        "version {}: not marked waiting",
+        stat.version
+    );
     assert_eq!(h.queue(name).await.len(), 2);
     assert!(!waiting.is_finished(), "the waiter got a held lock");
 
@@ -297,6 +302,11 @@ async fn queue_of(h: &ZkHarness, name: &str, len: usize, who: &str) -> Vec<Strin
 /// A holder's node data: `H` and the ttl of [`opts`] in milliseconds.
 fn held_mark() -> Vec<u8> {
     format!("H{}", opts().ttl.as_millis()).into_bytes()
+}
+
+/// A waiter's node data: `W` and the ttl of [`opts`] in milliseconds (its lease).
+fn waiting_mark() -> Vec<u8> {
+    format!("W{}", opts().ttl.as_millis()).into_bytes()
 }
 
 /// The data of `path` once `accept` takes it, waiting on data watches (no polling).
@@ -340,7 +350,7 @@ async fn a_handed_lock_carries_the_nodes_token_and_is_marked_held() {
     });
     let queue = queue_of(&h, name, 2, "the waiter").await;
     let path = format!("{}/{}", h.lock_path(name), queue[1]);
-    data_once(&h, &path, |d| d == b"W").await;
+    data_once(&h, &path, |d| d == waiting_mark()).await;
 
     let first = guard.token();
     guard.release().await.expect("release");
@@ -390,5 +400,92 @@ async fn an_alone_node_holds_with_its_creation_zxid_and_a_second_one_waits() {
         );
         guard.release().await.expect("release");
     }
+    assert!(h.queue(name).await.is_empty());
+}
+
+/// Waiters refresh their nodes' leases while they wait, so a queue behind a long hold keeps
+/// every waiter in its place: nobody's lease runs out, nobody is removed, FIFO holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_waiters_keep_their_places_for_many_ttls() {
+    let _serial = SERIAL.lock().await;
+    let Some(h) = harness().await else { return };
+    let name = "long-queue";
+    let ttl = Duration::from_millis(600);
+    let short = opts().with_ttl(ttl);
+    let holder = h.backend().await.expect("connect");
+    let guard = holder.acquire(name, &short).await.expect("acquire");
+    let mut waiters = Vec::new();
+    for who in 0..2 {
+        let client = h.backend().await.expect("connect");
+        let short = short.clone();
+        waiters.push(tokio::spawn(async move {
+            let guard = client.acquire(name, &short).await.expect("acquire");
+            let token = guard.token();
+            guard.release().await.expect("release");
+            token
+        }));
+        queue_of(&h, name, who + 2, "a waiter").await;
+    }
+    let before = h.queue(name).await;
+    tokio::time::sleep(ttl * 5).await;
+    assert_eq!(h.queue(name).await, before, "a live waiter lost its place");
+    assert!(!guard.is_lost(), "the holder lost its lock");
+    let first = guard.token();
+    guard.release().await.expect("release");
+    let mut tokens = vec![first];
+    for waiter in waiters {
+        tokens.push(waiter.await.expect("waiter"));
+    }
+    assert!(tokens.is_sorted(), "not FIFO: {tokens:?}");
+}
+
+/// A waiter node that stops being refreshed (its process died, its session lives on) is
+/// removed by the waiter behind it once its lease ran out on the server's clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_waiters_node_is_removed_after_its_lease() {
+    let _serial = SERIAL.lock().await;
+    let Some(h) = harness().await else { return };
+    let name = "dead-waiter";
+    let holder = h.backend().await.expect("connect");
+    let guard = holder.acquire(name, &opts()).await.expect("acquire");
+    // A waiter's node as a process killed while waiting leaves it: marked waiting with a
+    // lease of 500 ms, in a session that stays alive (the harness's own).
+    let created = Instant::now();
+    h.admin
+        .create(
+            &format!("{}/dead.", h.lock_path(name)),
+            b"W500",
+            &zookeeper_client::CreateMode::EphemeralSequential
+                .with_acls(zookeeper_client::Acls::anyone_all()),
+        )
+        .await
+        .expect("create the dead waiter's node");
+    let waiter = h.backend().await.expect("connect");
+    let waiting = tokio::spawn(async move {
+        let guard = waiter.acquire(name, &opts()).await.expect("acquire");
+        let token = guard.token();
+        guard.release().await.expect("release");
+        (Instant::now(), token)
+    });
+    queue_of(&h, name, 3, "the waiter").await;
+    // Removed once its lease ran out on the server's clock: not before, and soon after.
+    queue_of(&h, name, 2, "the dead waiter's removal").await;
+    let removed = created.elapsed();
+    assert!(
+        removed >= Duration::from_millis(500),
+        "removed after {removed:?}, before its lease ran out"
+    );
+    assert!(
+        removed < Duration::from_millis(1500),
+        "removed only after {removed:?}"
+    );
+    assert!(!waiting.is_finished(), "the waiter took a held lock");
+    let first = guard.token();
+    let released = Instant::now();
+    guard.release().await.expect("release");
+    let (acquired, token) = waiting.await.expect("waiter");
+    assert!(token > first);
+    let took = acquired - released;
+    assert!(took < Duration::from_secs(1), "handoff took {took:?}");
     assert!(h.queue(name).await.is_empty());
 }
