@@ -164,7 +164,7 @@ impl<B: LockBackend> LockClient<B> {
         let op_timeout = self.inner.config.operation_timeout;
         let mut attempt = AttemptCleanup::new(self.inner.backend.begin(request), op_timeout);
         let mut pacing = Pacing::new(options, self.inner.caps.wake_up);
-        let mut failures = FailureReport::default();
+        let mut report = WaitReport::default();
         let mut last_error: Option<Error>;
         loop {
             let sent = Instant::now();
@@ -192,13 +192,16 @@ impl<B: LockBackend> LockClient<B> {
                 }
                 Ok(step) => {
                     last_error = None;
+                    if mode == AttemptMode::Wait {
+                        report.taken(&name, &step);
+                    }
                     match pacing.after(&step) {
                         Some(delay) => delay,
                         None => continue,
                     }
                 }
                 Err(err) if err.is_retryable() && mode == AttemptMode::Wait => {
-                    failures.retrying(&name, &err);
+                    report.retrying(&name, &err);
                     last_error = Some(err);
                     pacing.backoff.next()
                 }
@@ -407,16 +410,30 @@ fn contention_pause(ttl: Duration) -> Duration {
 /// How often a waiter reports that its attempts keep failing.
 const FAILURE_REPORT_EVERY: Duration = Duration::from_secs(10);
 
-/// Reports the errors a waiting `acquire` retries, as they happen but rate-limited: the first
-/// one at once, then at most one every [`FAILURE_REPORT_EVERY`] with the count in between
-/// (a waiter on a dead server is not silent, nor does it flood the log).
+/// What a waiting `acquire` reports: once, that it waits for a taken lock (see
+/// [`crate::WAITING_TARGET`]); and the errors it retries, as they happen but rate-limited: the
+/// first one at once, then at most one every [`FAILURE_REPORT_EVERY`] with the count in
+/// between (a waiter on a dead server is not silent, nor does it flood the log).
 #[derive(Debug, Default)]
-struct FailureReport {
+struct WaitReport {
     last: Option<Instant>,
     unreported: u64,
+    /// Whether the wait for a taken lock was reported.
+    waiting: bool,
 }
 
-impl FailureReport {
+impl WaitReport {
+    /// Notes a poll's answer: the first that says the lock is taken is reported.
+    fn taken(&mut self, name: &LockName, step: &Step) {
+        let taken = matches!(
+            step,
+            Step::Busy { .. } | Step::NextInLine { .. } | Step::Contended
+        );
+        if taken && !std::mem::replace(&mut self.waiting, true) {
+            debug!(target: crate::WAITING_TARGET, name = %name, "the lock is taken: waiting");
+        }
+    }
+
     /// Notes a retried error; reports it (and returns true) unless one was reported recently.
     fn retrying(&mut self, name: &LockName, err: &Error) -> bool {
         let now = Instant::now();
@@ -616,7 +633,7 @@ mod tests {
             message: "down".into(),
             source: None,
         };
-        let mut report = FailureReport::default();
+        let mut report = WaitReport::default();
         assert!(
             report.retrying(&name, &err),
             "the first failure is reported"

@@ -18,6 +18,13 @@
 //!   [`LockGuard::is_lost`] and the [`LockGuard::lost`] future;
 //! - [`memory`] is the reference backend for one process.
 //!
+//! # Tracing
+//!
+//! Every acquire, renewal and release runs in a `tracing` span named after it
+//! (`distlock.acquire`, ...). A waiting acquire emits one `DEBUG` event with target
+//! [`WAITING_TARGET`] when its first poll finds the lock taken, so a subscriber can tell "queued
+//! behind a holder" from "still connecting".
+//!
 //! ```
 //! # async fn demo() -> Result<(), distlock_core::Error> {
 //! use std::time::Duration;
@@ -106,3 +113,7 @@ pub use lock::DistributedLock;
 pub use name::LockName;
 pub use options::{AcquireOptions, Backoff, ClientConfig, OwnerId, Renewal};
 pub use token::{FencingGuarantee, FencingToken};
+
+/// The `tracing` target of the one `DEBUG` event a waiting acquire emits when its first poll
+/// finds the lock taken (held, or queued ahead of it): from then on it waits.
+pub const WAITING_TARGET: &str = "distlock_core::waiting";
