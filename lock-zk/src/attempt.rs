@@ -2,7 +2,7 @@
 //! head, leaving the queue.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use distlock_core::backend::{detached, spawn_cleanup};
@@ -14,9 +14,11 @@ use zookeeper_client as zk;
 
 use crate::ZkBackend;
 use crate::error::zk_error;
-use crate::keys::{Entry, Mark, escape, held_data, waiting_data};
+use crate::keys::{Entry, escape, held_data, waiting_data};
 use crate::lease::ZkLease;
-use crate::queue::{Written, ensure_parent, join_queue, leave_queue, list_queue};
+use crate::queue::{
+    Ahead, NodeClock, Written, ensure_parent, join_queue, leave_queue, list_queue, remove_lapsed,
+};
 use crate::session::Session;
 use crate::wake::Wake;
 
@@ -24,15 +26,6 @@ use crate::wake::Wake;
 pub(crate) enum Next<T> {
     Go(T),
     Done(Option<Step>),
-}
-
-/// The node ahead of ours in the queue, as one read saw it.
-#[derive(Clone, Copy)]
-pub(crate) struct Ahead<'a> {
-    name: &'a str,
-    path: &'a str,
-    data: &'a [u8],
-    stat: &'a zk::Stat,
 }
 
 pub(crate) struct ZkAttempt {
@@ -54,14 +47,8 @@ pub(crate) struct ZkAttempt {
     predecessor_gone: bool,
     /// Our node's creation zxid (its fencing token), once a create's answer gave it.
     created_zxid: Option<i64>,
-    /// When the last write of our node whose answer we saw was sent: its lease (held or
-    /// waiting) runs from no earlier than this.
-    refreshed: Option<Instant>,
-    /// The server's clock (ms) as our last write's answer gave it, and when that answer came.
-    clock: Option<(i64, Instant)>,
-    /// When the lease of the node ahead of ours may run out: the next poll then writes our
-    /// node to read the server's clock, and removes that node if its lease did run out.
-    check_at: Option<Instant>,
+    /// Our node's lease and the server's clock.
+    clock: NodeClock,
     wake: Wake,
 }
 
@@ -69,6 +56,7 @@ impl ZkAttempt {
     pub(crate) fn new(backend: ZkBackend, request: AcquireRequest) -> Self {
         let parent = backend.shared.config.lock_path(&request.name);
         let prefix = format!("{}.", escape(&request.owner));
+        let request_ttl = request.ttl;
         Self {
             backend,
             request,
@@ -80,9 +68,7 @@ impl ZkAttempt {
             waiting_marked: false,
             predecessor_gone: false,
             created_zxid: None,
-            refreshed: None,
-            clock: None,
-            check_at: None,
+            clock: NodeClock::new(request_ttl),
             wake: Wake::Idle,
         }
     }
@@ -97,32 +83,13 @@ impl ZkAttempt {
         self.maybe_created = false;
         self.waiting_marked = false;
         self.created_zxid = None;
-        self.refreshed = None;
-        self.check_at = None;
-    }
-
-    /// Records the answer to a write of our node sent at `sent`: the node's lease restarted
-    /// no earlier than that, and the answer's `mtime` is the server's clock. Returns it.
-    fn wrote(&mut self, sent: Instant, stat: &zk::Stat) -> i64 {
-        self.refreshed = Some(sent);
-        self.clock = Some((stat.mtime, Instant::now()));
-        stat.mtime
-    }
-
-    /// How long until our waiting node's lease needs a refresh (every third of the ttl).
-    fn refresh_in(&self, now: Instant) -> Duration {
-        self.refreshed.map_or(Duration::ZERO, |at| {
-            (at + self.request.ttl / 3).saturating_duration_since(now)
-        })
+        self.clock.forget();
     }
 
     /// Whether a waiting poll must write our node: to mark it as a waiter, to refresh its
-    /// lease, or to read the server's clock because the lease of the node ahead may have run
-    /// out.
+    /// lease, or to read the server's clock (see [`NodeClock::due`]).
     fn must_write(&self, now: Instant) -> bool {
-        !self.waiting_marked
-            || self.refresh_in(now).is_zero()
-            || self.check_at.is_some_and(|at| now >= at)
+        !self.waiting_marked || self.clock.due(now)
     }
 
     /// The session to use; a node of a dead session is gone with it.
@@ -231,8 +198,7 @@ impl ZkAttempt {
             Err(err) => return Err(zk_error("joining the queue", err)),
         };
         self.created_zxid = Some(joined.written.czxid);
-        self.refreshed = Some(sent);
-        self.clock = Some((joined.written.mtime, Instant::now()));
+        self.clock.wrote(sent, joined.written.mtime);
         self.node = Some(joined.node.clone());
         if joined.alone {
             self.wake = Wake::Idle;
@@ -272,9 +238,7 @@ impl ZkAttempt {
         let entries = list.await?;
         if was_waiting
             && let Some(czxid) = self.created_zxid
-            && let Some(refreshed) = self
-                .refreshed
-                .filter(|at| at.elapsed() < self.request.ttl / 2)
+            && let Some(refreshed) = self.clock.fresh()
             && entries.first().is_some_and(|head| head.name == node)
         {
             // Ours as the head of the queue. Until the held mark in flight commits, our node
@@ -285,7 +249,7 @@ impl ZkAttempt {
         }
         match touch.await {
             Ok(stat) => {
-                self.wrote(sent, &stat);
+                self.clock.wrote(sent, stat.mtime);
                 Ok(Next::Go((entries, Some(Written::from(&stat)))))
             }
             Err(zk::Error::NoNode) => {
@@ -354,7 +318,7 @@ impl ZkAttempt {
         let now_ms = match marked {
             Ok(Some(stat)) => {
                 self.waiting_marked = true;
-                Some(self.wrote(sent, &stat))
+                Some(self.clock.wrote(sent, stat.mtime))
             }
             Ok(None) => None,
             Err(zk::Error::NoNode) => {
@@ -428,7 +392,7 @@ impl ZkAttempt {
                 if !try_mode {
                     self.waiting_marked = true;
                 }
-                (self.wrote(sent, &stat), read)
+                (self.clock.wrote(sent, stat.mtime), read)
             }
         };
         let (data, stat, watcher) = match head_read {
@@ -445,11 +409,9 @@ impl ZkAttempt {
         self.judge(client, ahead, Some(now_ms), watcher).await
     }
 
-    /// Decides about the node ahead of ours (the head, or our predecessor). If its lease (a
-    /// holder's or a waiter's) ran out on the server's clock (`now_ms`, the mtime of our own
-    /// write in the same round trip), removes it, unless it was written meanwhile (the version
-    /// check makes this atomic). Otherwise waits for it: woken by `watcher`, when its lease
-    /// may run out, or when our own lease needs a refresh.
+    /// Decides about the node ahead of ours (the head, or our predecessor): removes it if its
+    /// lease ran out ([`remove_lapsed`]), else waits for it: woken by `watcher`, when its
+    /// lease may run out, or when our own lease needs a refresh.
     async fn judge(
         &mut self,
         client: &zk::Client,
@@ -457,46 +419,18 @@ impl ZkAttempt {
         now_ms: Option<i64>,
         watcher: Option<zk::OneshotWatcher>,
     ) -> Result<Option<Step>> {
-        let lease = Mark::parse(ahead.data).and_then(Mark::lease_ms);
-        if let (Some(lease), Some(now_ms)) = (lease, now_ms) {
-            let age = now_ms - ahead.stat.mtime;
-            if age > lease {
-                debug!(node = %ahead.name, age, lease, "removing a node whose lease ran out");
-                match client.delete(ahead.path, Some(ahead.stat.version)).await {
-                    Ok(()) | Err(zk::Error::NoNode) => return Ok(None),
-                    // Renewed or refreshed meanwhile: alive, and the watch fires for it.
-                    Err(zk::Error::BadVersion) => {}
-                    Err(err) => return Err(zk_error("removing a node whose lease ran out", err)),
-                }
-            }
+        if remove_lapsed(client, &ahead, now_ms).await? {
+            return Ok(None);
         }
-        self.set_watch(watcher);
-        // Without a fresh reading of the server's clock, the last one plus the time since.
-        let now = Instant::now();
-        let server_now = now_ms.or_else(|| {
-            self.clock.map(|(ms, at)| {
-                ms + i64::try_from(now.duration_since(at).as_millis()).unwrap_or(i64::MAX)
-            })
-        });
-        let runs_out = lease.zip(server_now).map(|(lease, server_now)| {
-            let left = lease - (server_now - ahead.stat.mtime);
-            Duration::from_millis(u64::try_from(left).unwrap_or(0) + 1)
-        });
-        self.check_at = runs_out.map(|left| now + left);
-        let refresh = (self.request.mode == AttemptMode::Wait).then(|| self.refresh_in(now));
-        let retry_after = match (runs_out, refresh) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        Ok(Some(Step::busy(retry_after)))
-    }
-
-    fn set_watch(&mut self, watcher: Option<zk::OneshotWatcher>) {
         if let Some(watcher) = watcher {
-            self.wake = Wake::Watch(Box::pin(async move {
-                watcher.changed().await.event_type == zk::EventType::NodeDeleted
-            }));
+            self.wake = Wake::deleted(watcher);
         }
+        let lease = ahead.lease_ms();
+        let refreshing = self.request.mode == AttemptMode::Wait;
+        let retry_after = self
+            .clock
+            .wait_for(lease, ahead.stat.mtime, now_ms, refreshing);
+        Ok(Some(Step::busy(retry_after)))
     }
 }
 

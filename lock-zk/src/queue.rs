@@ -1,11 +1,14 @@
 //! The queue on the server: the lock node's children, lowest sequence first. Listing it,
-//! joining it (our node created in one multi with a touch of the lock node), and leaving it.
+//! joining it (our node created in one multi with a touch of the lock node), and leaving it;
+//! and the clock of a place in it ([`NodeClock`]): every node is a lease, a waiter's too.
+
+use std::time::{Duration, Instant};
 
 use distlock_core::{Error, Result};
 use zookeeper_client as zk;
 
 use crate::error::zk_error;
-use crate::keys::{CONTAINER, EPHEMERAL_SEQUENTIAL, Entry, PERSISTENT, queue};
+use crate::keys::{CONTAINER, EPHEMERAL_SEQUENTIAL, Entry, Mark, PERSISTENT, queue};
 
 /// The queue under `parent`, lowest sequence first; empty once the lock node is gone. The
 /// request is sent at the call, not when the future is first polled, so that it keeps its
@@ -137,4 +140,134 @@ pub(crate) async fn leave_queue(
         }
     }
     Ok(())
+}
+
+/// Our node's lease (held or waiting) and the server's clock, as our own writes' answers gave
+/// them. Leases are judged on the server's clock: a node's `mtime` against the `mtime` of our
+/// own latest write.
+pub(crate) struct NodeClock {
+    /// The acquire's ttl: the lease of our node.
+    ttl: Duration,
+    /// When the last write of our node whose answer we saw was sent: its lease runs from no
+    /// earlier than this.
+    refreshed: Option<Instant>,
+    /// The server's clock (ms) as our last write's answer gave it, and when that answer came.
+    server: Option<(i64, Instant)>,
+    /// When the lease of the node ahead of ours may run out: the next poll then writes our
+    /// node to read the server's clock, and removes that node if its lease did run out.
+    check_at: Option<Instant>,
+}
+
+impl NodeClock {
+    pub(crate) fn new(ttl: Duration) -> Self {
+        Self {
+            ttl,
+            refreshed: None,
+            server: None,
+            check_at: None,
+        }
+    }
+
+    /// Our node is gone: nothing of its lease counts any more.
+    pub(crate) fn forget(&mut self) {
+        self.refreshed = None;
+        self.check_at = None;
+    }
+
+    /// Records the answer to a write of our node sent at `sent`: the node's lease restarted
+    /// no earlier than that, and the answer's `mtime` is the server's clock. Returns it.
+    pub(crate) fn wrote(&mut self, sent: Instant, mtime: i64) -> i64 {
+        self.refreshed = Some(sent);
+        self.server = Some((mtime, Instant::now()));
+        mtime
+    }
+
+    /// How long until our waiting node's lease needs a refresh (every third of the ttl).
+    fn refresh_in(&self, now: Instant) -> Duration {
+        self.refreshed.map_or(Duration::ZERO, |at| {
+            (at + self.ttl / 3).saturating_duration_since(now)
+        })
+    }
+
+    /// Whether our node must be written now: its lease needs a refresh, or the lease of the
+    /// node ahead may have run out (the write reads the server's clock).
+    pub(crate) fn due(&self, now: Instant) -> bool {
+        self.refresh_in(now).is_zero() || self.check_at.is_some_and(|at| now >= at)
+    }
+
+    /// When our node's lease started, if that was less than half a ttl ago: fresh enough to
+    /// count the lock's lease from it.
+    pub(crate) fn fresh(&self) -> Option<Instant> {
+        self.refreshed.filter(|at| at.elapsed() < self.ttl / 2)
+    }
+
+    /// We wait for a node written at `mtime` with a lease of `lease` ms (none: it has no
+    /// lease, e.g. an old client's waiter); `now_ms` is the server's clock if this poll read
+    /// it. Returns when to poll again: when that lease may run out, or, if `refreshing`, when
+    /// our own lease needs a refresh, whichever comes first.
+    pub(crate) fn wait_for(
+        &mut self,
+        lease: Option<i64>,
+        mtime: i64,
+        now_ms: Option<i64>,
+        refreshing: bool,
+    ) -> Option<Duration> {
+        // Without a fresh reading of the server's clock, the last one plus the time since.
+        let now = Instant::now();
+        let server_now = now_ms.or_else(|| {
+            self.server.map(|(ms, at)| {
+                ms + i64::try_from(now.duration_since(at).as_millis()).unwrap_or(i64::MAX)
+            })
+        });
+        let runs_out = lease.zip(server_now).map(|(lease, server_now)| {
+            let left = lease - (server_now - mtime);
+            Duration::from_millis(u64::try_from(left).unwrap_or(0) + 1)
+        });
+        self.check_at = runs_out.map(|left| now + left);
+        let refresh = refreshing.then(|| self.refresh_in(now));
+        match (runs_out, refresh) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// The node ahead of ours in the queue, as one read saw it.
+#[derive(Clone, Copy)]
+pub(crate) struct Ahead<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) path: &'a str,
+    pub(crate) data: &'a [u8],
+    pub(crate) stat: &'a zk::Stat,
+}
+
+impl Ahead<'_> {
+    /// Its lease in ms, as its mark says (none: an old client's waiter).
+    pub(crate) fn lease_ms(&self) -> Option<i64> {
+        Mark::parse(self.data).and_then(Mark::lease_ms)
+    }
+}
+
+/// Removes `ahead` if its lease (a holder's or a waiter's) ran out on the server's clock
+/// (`now_ms`, the mtime of our own write in the same round trip), unless it was written
+/// meanwhile (the version check makes this atomic). Returns whether it is gone.
+pub(crate) async fn remove_lapsed(
+    client: &zk::Client,
+    ahead: &Ahead<'_>,
+    now_ms: Option<i64>,
+) -> Result<bool> {
+    let (Some(lease), Some(now_ms)) = (ahead.lease_ms(), now_ms) else {
+        return Ok(false);
+    };
+    let age = now_ms - ahead.stat.mtime;
+    if age <= lease {
+        return Ok(false);
+    }
+    tracing::debug!(node = %ahead.name, age, lease, "removing a node whose lease ran out");
+    match client.delete(ahead.path, Some(ahead.stat.version)).await {
+        Ok(()) | Err(zk::Error::NoNode) => Ok(true),
+        // Renewed or refreshed meanwhile: alive, and the watch fires for it.
+        Err(zk::Error::BadVersion) => Ok(false),
+        Err(err) => Err(zk_error("removing a node whose lease ran out", err)),
+    }
 }

@@ -1,6 +1,7 @@
 //! What wakes a waiter: a watch on its predecessor's node.
 
 use futures::future::BoxFuture;
+use zookeeper_client as zk;
 
 /// What wakes a waiter.
 pub(crate) enum Wake {
@@ -11,4 +12,13 @@ pub(crate) enum Wake {
     Watch(BoxFuture<'static, bool>),
     /// Poll again at once.
     Now,
+}
+
+impl Wake {
+    /// Woken by `watcher`: `true` when the watched node was deleted.
+    pub(crate) fn deleted(watcher: zk::OneshotWatcher) -> Self {
+        Self::Watch(Box::pin(async move {
+            watcher.changed().await.event_type == zk::EventType::NodeDeleted
+        }))
+    }
 }
