@@ -64,7 +64,7 @@ impl RedisAttempt {
                 .collect();
         }
         // Poll at least every third of the waiter timeout, to stay in the queue.
-        let refresh = self.shared.refresh();
+        let refresh = self.shared.refresh(self.request.ttl);
         Step::busy(Some(known.map_or(refresh, |k| k.min(refresh))))
     }
 

@@ -115,9 +115,9 @@ impl Shared {
         self.client.operation_timeout * 3 / 4
     }
 
-    /// How often a waiter must poll to stay in the queue.
-    pub(crate) fn refresh(&self) -> Duration {
-        self.config.waiter_timeout / 3
+    /// How often a waiter acquiring with `ttl` must poll to stay in the queue.
+    pub(crate) fn refresh(&self, ttl: Duration) -> Duration {
+        self.config.waiter_timeout_for(ttl) / 3
     }
 }
 

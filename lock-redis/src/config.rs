@@ -22,7 +22,7 @@ use distlock_core::service_url::{self, ServiceUrl, UrlOptions};
 /// |---|---|---|
 /// | `fair` | strict FIFO queue (`true`/`false`) | `false` |
 /// | `handoff` | how long a release reserves the lock for the oldest waiter | `100ms` |
-/// | `waiter_timeout` | a waiter silent this long is dropped from the queue (at least `30ms`) | `2s` |
+/// | `waiter_timeout` | a waiter silent this long (or for its acquire's ttl, if shorter) is dropped from the queue (at least `30ms`) | `2s` |
 /// | `node_timeout` | Redlock: how long to wait for each node | a tenth of the ttl |
 /// | `client_name` | name in `CLIENT LIST` and `CLIENT SETINFO lib-name` | `distlock` |
 ///
@@ -47,8 +47,9 @@ pub struct RedisConfig {
     pub fair: bool,
     /// Default mode: how long a release reserves the lock for the oldest waiter. Default 100 ms.
     pub handoff: Duration,
-    /// A waiter that stops polling for this long (crashed without leaving the queue) is dropped
-    /// from the queue. Waiters re-register every third of it. Default 2 s.
+    /// A waiter that stops polling for this long, or for its acquire's ttl if that is shorter
+    /// (killed or paused without leaving the queue), is dropped from the queue. Waiters
+    /// re-register every third of it. Default 2 s.
     pub waiter_timeout: Duration,
     /// Redlock: how long to wait for each node; `None`: a tenth of the ttl, at most the
     /// operation timeout.
@@ -283,6 +284,13 @@ impl RedisConfig {
     pub fn with_handoff(mut self, handoff: Duration) -> Self {
         self.handoff = handoff;
         self
+    }
+
+    /// The dead-waiter timeout of an acquire with `ttl`: a place in the queue is a lease too,
+    /// no longer than the lock's, so a killed or paused waiter blocks the ones behind it for
+    /// at most the ttl.
+    pub(crate) fn waiter_timeout_for(&self, ttl: Duration) -> Duration {
+        self.waiter_timeout.min(ttl).max(Duration::from_millis(30))
     }
 
     /// Sets the dead-waiter timeout.

@@ -42,7 +42,7 @@
 //!   mode, this attempt heads the queue) it runs `SET l owner PX ttl` and `INCR f` and returns
 //!   the counter as the fencing token. Otherwise it returns the remaining lease and, for a waiting attempt,
 //!   records the waiter in the queue with a liveness deadline (the server's `TIME` plus
-//!   [`RedisConfig::waiter_timeout`]); waiters that stop polling are dropped from the queue by
+//!   [`RedisConfig::waiter_timeout`], or the acquire's ttl if shorter); waiters that stop polling are dropped from the queue by
 //!   the next script that looks at it. A retried poll whose earlier reply was lost finds the
 //!   lock already its own and gets the same token back, with the lease restarted.
 //! - **Renew** is an owner-checked `PEXPIRE`; **release** an owner-checked `DEL` that then

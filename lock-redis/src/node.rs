@@ -162,7 +162,7 @@ impl Node {
             "0"
         })
         .arg(if config.fair { "1" } else { "0" })
-        .arg(millis(config.waiter_timeout))
+        .arg(millis(config.waiter_timeout_for(request.ttl)))
         .arg(score)
         .arg(scripts::SEED_FLOOR)
         .invoke(&mut conn)

@@ -363,6 +363,59 @@ async fn fair_mode_queue_and_dead_waiter_expiry() {
     guard.release().await.unwrap();
 }
 
+/// A waiter's place in the fair queue is a lease no longer than its acquire's ttl: a waiter
+/// that stops polling (killed, paused) is dropped after its ttl even when the configured
+/// waiter timeout (2 s by default) is longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiters_place_lasts_no_longer_than_its_ttl() {
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    let locks = Arc::new(client(&urls[..1], true).await);
+    let name = name("waiter-ttl");
+    let keys = LockKeys::for_name(&name).unwrap();
+    let holder = locks.acquire(&name, &opts()).await.unwrap();
+    let ttl = Duration::from_millis(300);
+    let waiter = {
+        let (locks, name) = (locks.clone(), name.clone());
+        tokio::spawn(async move {
+            let options = opts().with_ttl(ttl).with_wait(Duration::from_secs(20));
+            locks.acquire(&name, &options).await
+        })
+    };
+    let mut raw = common::raw(&urls[0]).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let alive = loop {
+        let alive: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(&keys.alive)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        if let Some((_, score)) = alive.first() {
+            break *score;
+        }
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut raw).await.unwrap();
+    #[allow(
+        clippy::cast_precision_loss,
+        reason = "milliseconds since 1970 fit in f64"
+    )]
+    let left_ms = alive - (secs * 1000 + micros / 1000) as f64;
+    assert!(
+        left_ms <= 300.0,
+        "the waiter's place lives {left_ms} ms more, beyond its ttl of {ttl:?}"
+    );
+    holder.release().await.unwrap();
+    let guard = waiter.await.unwrap().unwrap();
+    guard.release().await.unwrap();
+}
+
 /// The subscriber unsubscribes a name's channel when no attempt waits on it any more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn channels_are_unsubscribed_when_nobody_waits() {
