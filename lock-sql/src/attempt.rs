@@ -49,17 +49,20 @@ impl SqlAttempt {
         let db = &self.inner.db;
         let (name, owner) = (self.request.name.as_str(), self.request.owner.as_str());
         let since = *self.since.get_or_insert(peek.version);
+        // A reservation is a lease, no longer than the lock's: a killed or paused waiter at
+        // the head blocks the others for its ttl at most.
+        let reservation = RESERVATION.min(self.request.ttl);
         let mine = peek.next_owner.as_deref() == Some(owner) && peek.next_remaining_us.is_some();
         let claim = if mine {
             peek.next_remaining_us
-                .is_some_and(|us| remaining(us) < RESERVATION / 2)
+                .is_some_and(|us| remaining(us) < reservation / 2)
         } else {
             peek.next_remaining_us.is_none() || peek.next_since.is_none_or(|s| s > since)
         };
         let head = if claim {
             self.maybe_reserved = true;
             let claimed = db
-                .reserve(name, owner, since, micros(RESERVATION))
+                .reserve(name, owner, since, micros(reservation))
                 .await
                 .map_err(|e| map_err("acquire", e))?;
             // Refused: an older waiter's live reservation replaced any of ours.

@@ -20,7 +20,8 @@ use crate::{Dialect, FencedUpdate, SqlConfig, db};
 /// The longest lease: the expiry is a microsecond count, so the limit is a choice (a year).
 const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// How long a waiter's reservation lives without being renewed by its polls.
+/// How long a waiter's reservation lives without being renewed by its polls (the acquire's
+/// ttl, if that is shorter).
 pub(crate) const RESERVATION: Duration = Duration::from_secs(1);
 
 /// The pool of the database a [`SqlBackend`] uses, to run the application's own statements
