@@ -27,6 +27,7 @@ use async_trait::async_trait;
 use distlock_core::{AcquireOptions, DistributedLock, Error};
 
 pub mod cases;
+pub mod child;
 pub mod memory;
 pub mod servers;
 
@@ -115,6 +116,16 @@ pub trait Harness: Send + Sync + 'static {
     async fn start_server(&self) -> HookResult {
         unsupported("start_server")
     }
+
+    /// What a harness in another process (a [`child`] of the running case, made by the same
+    /// factory) needs to reach this harness's locks, passed to it as [`child::inherited`]: a
+    /// harness with a namespace of its own (a key prefix, a chroot, a database file) returns
+    /// it, and its factory uses the inherited one when there is one. `None` when no other
+    /// process can reach the locks (an in-process store). The default, an empty string, suits
+    /// a server whose address and names the child finds as its parent did.
+    fn process_shared(&self) -> Option<String> {
+        Some(String::new())
+    }
 }
 
 /// What a case concluded.
@@ -131,12 +142,15 @@ pub enum Outcome {
 pub struct Ctx {
     harness: Arc<dyn Harness>,
     prefix: String,
+    /// The libtest name of the running test (`config::case`), for [`child`] processes.
+    test: String,
 }
 
 impl std::fmt::Debug for Ctx {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ctx")
             .field("prefix", &self.prefix)
+            .field("test", &self.test)
             .finish_non_exhaustive()
     }
 }
@@ -221,6 +235,8 @@ macro_rules! __case_table {
             force_release_hands_over_with_higher_token: false,
             cut_connection_is_survived_or_reported: true,
             server_unavailable_then_recovers: true,
+            killed_waiter_does_not_block_the_queue: false,
+            paused_waiter_does_not_block_the_queue: false,
         }
     };
 }
@@ -237,8 +253,11 @@ macro_rules! __case_list {
 /// connections).
 pub const CASES: &[(&str, bool)] = __case_table!(__case_list! {});
 
-/// Runs one case for one configuration; used by [`conformance_suite!`].
+/// Runs one case for one configuration; used by [`conformance_suite!`]. `module` is the
+/// `module_path!()` of the generated test (`<crate>::<config>`), which gives the test's
+/// libtest name. In a [`child`] process of this test, plays the child's part instead.
 pub async fn run_case<M, MF>(
+    module: &str,
     config: &str,
     case: &str,
     disruptive: bool,
@@ -248,6 +267,17 @@ pub async fn run_case<M, MF>(
     M: FnOnce() -> MF,
     MF: Future<Output = Option<Arc<dyn Harness>>>,
 {
+    let test = match module.split_once("::") {
+        Some((_crate, path)) => format!("{path}::{case}"),
+        None => case.to_owned(),
+    };
+    if child::is_child_of(&test) {
+        let harness = make()
+            .await
+            .unwrap_or_else(|| panic!("the child of {test} has no {config} server"));
+        child::child_role(harness).await;
+        return;
+    }
     // Cases that take the server away run alone; the others share it. Test binaries run one
     // after another, so a process-wide lock is enough.
     static SERVER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
@@ -265,7 +295,13 @@ pub async fn run_case<M, MF>(
     };
     let run = uuid::Uuid::new_v4().simple().to_string();
     let prefix = format!("ct-{}/{case}/", &run[..8]);
-    match body(Ctx { harness, prefix }).await {
+    match body(Ctx {
+        harness,
+        prefix,
+        test,
+    })
+    .await
+    {
         Outcome::Passed => {}
         Outcome::Skipped(reason) => loud(&format!("SKIP {config}::{case}: {reason}")),
     }
@@ -342,6 +378,7 @@ macro_rules! __suite_cases {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() {
                 $crate::run_case(
+                    module_path!(),
                     stringify!($config),
                     stringify!($case),
                     $disruptive,
@@ -366,6 +403,7 @@ mod tests {
             include_str!("cases/input.rs"),
             include_str!("cases/leases.rs"),
             include_str!("cases/mod.rs"),
+            include_str!("cases/processes.rs"),
         ];
         let mut functions: Vec<&str> = sources
             .iter()

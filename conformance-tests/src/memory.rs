@@ -64,4 +64,8 @@ impl Harness for MemoryHarness {
         self.store.set_available(true);
         Ok(())
     }
+
+    fn process_shared(&self) -> Option<String> {
+        None
+    }
 }

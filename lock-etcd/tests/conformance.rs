@@ -42,6 +42,10 @@ impl Harness for EtcdHarness {
         OP_TIMEOUT
     }
 
+    fn process_shared(&self) -> Option<String> {
+        Some(self.etcd.prefix.clone())
+    }
+
     async fn remove_lock(&self, name: &str) -> HookResult {
         let range = self.etcd.backend().await.key_range(name);
         let resp = self

@@ -19,8 +19,11 @@ const OP_TIMEOUT: Duration = Duration::from_secs(2);
 
 struct SqlHarness {
     url: String,
-    /// The SQLite file, removed with the harness.
+    /// The SQLite file.
     file: Option<std::path::PathBuf>,
+    /// Whether the harness removes [`Self::file`] when dropped (not in a child process, which
+    /// uses its parent's).
+    owns_file: bool,
     service: Option<&'static str>,
     admin: SqlBackend,
     clients: Mutex<HashMap<String, SqlBackend>>,
@@ -29,7 +32,11 @@ struct SqlHarness {
 }
 
 impl SqlHarness {
-    async fn make(url: String, service: Option<&'static str>) -> Option<Arc<dyn Harness>> {
+    async fn make(
+        url: String,
+        service: Option<&'static str>,
+        owns_file: bool,
+    ) -> Option<Arc<dyn Harness>> {
         let admin = match distlock_sql::connect(&url, ClientConfig::default()).await {
             Ok(client) => client.backend_ref().clone(),
             Err(err) => panic!("cannot connect to {url}: {err}"),
@@ -39,6 +46,7 @@ impl SqlHarness {
             .map(|rest| rest.split('?').next().unwrap_or(rest).into());
         Some(Arc::new(Self {
             file,
+            owns_file,
             url,
             service,
             admin,
@@ -120,11 +128,20 @@ impl Harness for SqlHarness {
             None => self.unblock_sqlite().await,
         }
     }
+
+    fn process_shared(&self) -> Option<String> {
+        // A SQLite database is its file; a server database is reached by its URL variable.
+        Some(
+            self.file
+                .as_ref()
+                .map_or_else(String::new, |file| file.display().to_string()),
+        )
+    }
 }
 
 impl Drop for SqlHarness {
     fn drop(&mut self) {
-        if let Some(file) = &self.file {
+        if let Some(file) = self.file.as_ref().filter(|_| self.owns_file) {
             for suffix in ["", "-wal", "-shm"] {
                 let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
             }
@@ -227,22 +244,30 @@ async fn services(command: &str, name: &str) -> HookResult {
 #[cfg(feature = "postgres")]
 async fn postgres_harness() -> Option<Arc<dyn Harness>> {
     let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL")?;
-    SqlHarness::make(url, Some("postgres")).await
+    SqlHarness::make(url, Some("postgres"), false).await
 }
 
 #[cfg(feature = "mysql")]
 async fn mysql_harness() -> Option<Arc<dyn Harness>> {
     let url = conformance_tests::server_var("mysql", "DISTLOCK_TEST_MYSQL_URL")?;
-    SqlHarness::make(url, Some("mariadb")).await
+    SqlHarness::make(url, Some("mariadb"), false).await
 }
 
 #[cfg(feature = "sqlite")]
 async fn sqlite_harness() -> Option<Arc<dyn Harness>> {
-    let path = std::env::temp_dir().join(format!(
-        "distlock-sqlite-{}.db",
-        uuid::Uuid::new_v4().simple()
-    ));
-    SqlHarness::make(format!("sqlite://{}?busy_timeout=1s", path.display()), None).await
+    // A child process of a case uses its parent's file (see `Harness::process_shared`).
+    let inherited = conformance_tests::child::inherited().filter(|path| !path.is_empty());
+    let owns_file = inherited.is_none();
+    let path = inherited.unwrap_or_else(|| {
+        std::env::temp_dir()
+            .join(format!(
+                "distlock-sqlite-{}.db",
+                uuid::Uuid::new_v4().simple()
+            ))
+            .display()
+            .to_string()
+    });
+    SqlHarness::make(format!("sqlite://{path}?busy_timeout=1s"), None, owns_file).await
 }
 
 #[cfg(feature = "postgres")]

@@ -87,9 +87,11 @@ mod exclusion;
 mod faults;
 mod input;
 mod leases;
+mod processes;
 
 pub use admin::*;
 pub use exclusion::*;
 pub use faults::*;
 pub use input::*;
 pub use leases::*;
+pub use processes::*;

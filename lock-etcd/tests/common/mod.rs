@@ -20,13 +20,21 @@ pub struct Etcd {
     pub admin: Client,
     /// services.sh names of the members.
     pub members: Vec<&'static str>,
+    /// The key prefix of this test process's locks.
+    pub prefix: String,
 }
 
 impl Etcd {
     pub async fn new(endpoints: &str, members: Vec<&'static str>) -> Self {
-        let run = uuid::Uuid::new_v4().simple().to_string();
+        // A child process of a conformance case uses its parent's prefix.
+        let prefix = conformance_tests::child::inherited()
+            .filter(|prefix| !prefix.is_empty())
+            .unwrap_or_else(|| {
+                let run = uuid::Uuid::new_v4().simple().to_string();
+                format!("distlock-test-{}", &run[..8])
+            });
         let config = EtcdConfig::new(endpoints.split(','))
-            .and_then(|c| c.with_prefix(&format!("distlock-test-{}", &run[..8])))
+            .and_then(|c| c.with_prefix(&prefix))
             .expect("valid test endpoints");
         let admin = Client::connect(config.endpoints(), None)
             .await
@@ -35,6 +43,7 @@ impl Etcd {
             config,
             admin,
             members,
+            prefix,
         }
     }
 

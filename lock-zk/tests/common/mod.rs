@@ -105,14 +105,20 @@ pub struct ZkHarness {
 
 impl ZkHarness {
     pub async fn new(server: &str) -> Self {
-        let run = uuid::Uuid::new_v4().simple().to_string();
+        // A child process of a conformance case uses its parent's chroot.
+        let chroot = conformance_tests::child::inherited()
+            .filter(|chroot| !chroot.is_empty())
+            .unwrap_or_else(|| {
+                let run = uuid::Uuid::new_v4().simple().to_string();
+                format!("/distlock-test/{}", &run[..8])
+            });
         let server = server.split(',').next().unwrap_or(server).trim().to_owned();
         let admin = zk::Client::connect(&server)
             .await
             .unwrap_or_else(|e| panic!("cannot connect to ZooKeeper at {server}: {e}"));
         Self {
             server,
-            chroot: format!("/distlock-test/{}", &run[..8]),
+            chroot,
             admin,
             proxies: Mutex::default(),
         }
@@ -235,6 +241,10 @@ impl Harness for ZkHarness {
 
     fn operation_timeout(&self) -> Duration {
         OP_TIMEOUT
+    }
+
+    fn process_shared(&self) -> Option<String> {
+        Some(self.chroot.clone())
     }
 
     /// Each held lock is renewed (one fsync'ed write) every ttl/3.
