@@ -22,11 +22,16 @@
 //!
 //! The last line printed is
 //! `RESULT url=... acquisitions=A timeouts=T errors=E exclusion_violations=X
-//! token_order_violations=O shared_token_writes=S fence_refusals=F fresh_acquire_ms=M`:
+//! token_order_violations=O shared_token_writes=S fence_refusals=F late_writes=L fresh_acquire_ms=M`
+//! (`--analyse DIR` checks the log of an earlier run again and prints the same line):
 //!
 //! - an exclusion violation is a pair of acquisitions whose accepted writes interleave
-//!   (a, b, a in register order), or whose intervals from the grant (logged after `acquire`
-//!   returned) to the last accepted write overlap;
+//!   (a, b, a in register order), or whose holds overlap: from the grant (logged after
+//!   `acquire` returned) to the last guard check that let an accepted write go ahead. A write
+//!   whose check came before the other's grant but which reached the register after it (the
+//!   writer was paused between its check and its write) is no violation of the lock: it is a
+//!   late write, counted apart (`late_writes`), which the register refuses once the newer
+//!   holder has written; no lock can prevent it, only the fence;
 //! - a token order violation is an acquisition whose token is not greater than that of an
 //!   acquisition granted before it was even requested (the other's `ACQ` stamp precedes its
 //!   request stamp); concurrent requests may be granted in either order.
@@ -56,8 +61,12 @@ type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 #[derive(Debug, Clone, clap::Parser)]
 struct Args {
     /// The lock service (any URL `distlock::connect` takes).
-    #[arg(long)]
-    url: String,
+    #[arg(long, required_unless_present = "analyse")]
+    url: Option<String>,
+    /// Only check the log of an earlier run in DIR (the `dir=` it printed) and print its
+    /// RESULT line.
+    #[arg(long, value_name = "DIR", conflicts_with = "url")]
+    analyse: Option<PathBuf>,
     /// How long faults are injected, in seconds.
     #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     secs: u64,
@@ -73,6 +82,12 @@ struct Args {
     /// The lock name (default: fault-run-<nanoseconds>).
     #[arg(long)]
     name: Option<String>,
+}
+
+impl Args {
+    fn url(&self) -> &str {
+        self.url.as_deref().unwrap_or_default()
+    }
 }
 
 fn now_ns() -> u128 {
@@ -110,6 +125,20 @@ impl EventLog {
 #[tokio::main]
 async fn main() -> BoxResult<()> {
     let args = <Args as clap::Parser>::parse();
+    if let Some(dir) = &args.analyse {
+        let text = std::fs::read_to_string(dir.join("events.log"))?;
+        // The coordinator is the process that logs the faults.
+        let coordinator = text
+            .lines()
+            .find_map(|line| line.strip_prefix("FAULT "))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|pid| pid.parse().ok())
+            .unwrap_or(0);
+        let report = analyse(&text, coordinator);
+        report.print_details();
+        report.print_result("-", "-");
+        return Ok(());
+    }
     if std::env::var(ROLE_ENV).as_deref() == Ok("worker") {
         let dir = PathBuf::from(std::env::var(DIR_ENV)?);
         let name = std::env::var(NAME_ENV)?;
@@ -204,7 +233,7 @@ async fn connect_retrying(
 async fn worker(args: &Args, dir: &Path, name: &str) -> BoxResult<()> {
     let pid = std::process::id();
     let log = std::sync::Arc::new(EventLog::open(dir)?);
-    let locks = connect_retrying(&args.url, &log, pid).await;
+    let locks = connect_retrying(args.url(), &log, pid).await;
     let opts = AcquireOptions::default()
         .with_ttl(args.ttl)
         .with_wait(args.wait);
@@ -318,7 +347,7 @@ async fn coordinator(args: &Args) -> BoxResult<()> {
     let me = std::process::id();
     eprintln!(
         "fault_run: url={} lock={name} dir={} workers={} secs={} ttl={:?} wait={:?}",
-        args.url,
+        args.url(),
         dir.display(),
         args.workers,
         args.secs,
@@ -431,7 +460,7 @@ async fn coordinator(args: &Args) -> BoxResult<()> {
     let started = Instant::now();
     let acq = format!("fresh{:011x}", rand::random::<u64>() >> 20);
     let t_start = now_ns();
-    let (fresh_ms, connect_ms) = match distlock::connect(&args.url).await {
+    let (fresh_ms, connect_ms) = match distlock::connect(args.url()).await {
         Err(err) => {
             log.line(&format!(
                 "ERR {me} {acq} - {} fresh connect: {err}",
@@ -482,18 +511,9 @@ async fn coordinator(args: &Args) -> BoxResult<()> {
     let text = std::fs::read_to_string(dir.join("events.log"))?;
     let report = analyse(&text, me);
     report.print_details();
-    println!(
-        "RESULT url={} acquisitions={} timeouts={} errors={} exclusion_violations={} \
-         token_order_violations={} shared_token_writes={} fence_refusals={} fresh_acquire_ms={}",
-        args.url,
-        report.acquisitions,
-        report.timeouts,
-        report.errors,
-        report.exclusion.len(),
-        report.token_order.len(),
-        report.shared,
-        report.refusals,
-        fresh_ms.map_or_else(|| "FAILED".to_owned(), |ms| ms.to_string()),
+    report.print_result(
+        args.url(),
+        &fresh_ms.map_or_else(|| "FAILED".to_owned(), |ms| ms.to_string()),
     );
     Ok(())
 }
@@ -508,8 +528,9 @@ struct Acq {
     token: u64,
     t_start: u128,
     t_acq: u128,
-    /// Stamps of the accepted writes (ok or shared).
-    accepted: Vec<u128>,
+    /// The accepted writes (ok or shared): when the guard was checked, and when the write
+    /// reached the register.
+    accepted: Vec<(u128, u128)>,
     lost: Option<String>,
     released: Option<String>,
 }
@@ -524,6 +545,9 @@ struct Report {
     losses: BTreeMap<String, usize>,
     shared: usize,
     refusals: usize,
+    /// Pairs where one holder's write, checked before the other's grant, reached the register
+    /// after it.
+    late_writes: usize,
     exclusion: Vec<String>,
     token_order: Vec<String>,
     duplicate_tokens: usize,
@@ -572,7 +596,8 @@ fn analyse(text: &str, coordinator: u32) -> Report {
                         report.shared += 1;
                     }
                     if let Some(&i) = by_id.get(&id) {
-                        acqs[i].accepted.push(t);
+                        let t_check: u128 = field(&f, 7).parse().unwrap_or(0);
+                        acqs[i].accepted.push((t_check, t));
                         order.push(i);
                     }
                 }
@@ -629,11 +654,16 @@ fn analyse(text: &str, coordinator: u32) -> Report {
     for (x, &a) in writers.iter().enumerate() {
         for &b in &writers[x + 1..] {
             let (ra, rb) = (&acqs[a], &acqs[b]);
-            let end_a = ra.accepted.iter().max().copied().unwrap_or(0);
-            let end_b = rb.accepted.iter().max().copied().unwrap_or(0);
-            if ra.t_acq.max(rb.t_acq) < end_a.min(end_b) && pairs.insert((a.min(b), a.max(b))) {
+            let checked = |r: &Acq| r.accepted.iter().map(|w| w.0).max().unwrap_or(0);
+            let written = |r: &Acq| r.accepted.iter().map(|w| w.1).max().unwrap_or(0);
+            let (end_a, end_b) = (checked(ra), checked(rb));
+            let granted = ra.t_acq.max(rb.t_acq);
+            if granted < written(ra).min(written(rb)) && granted >= end_a.min(end_b) {
+                report.late_writes += 1;
+            }
+            if granted < end_a.min(end_b) && pairs.insert((a.min(b), a.max(b))) {
                 report.exclusion.push(format!(
-                    "overlapping holds with accepted writes: {} (last write {}) and {} (last write {})",
+                    "overlapping holds with accepted writes: {} (last check {}) and {} (last check {})",
                     describe(ra),
                     end_a,
                     describe(rb),
@@ -671,6 +701,25 @@ fn describe(a: &Acq) -> String {
 }
 
 impl Report {
+    /// The one summary line; `fresh` is the fresh client's acquire time in ms, or why none.
+    fn print_result(&self, url: &str, fresh: &str) {
+        println!(
+            "RESULT url={} acquisitions={} timeouts={} errors={} exclusion_violations={} \
+             token_order_violations={} shared_token_writes={} fence_refusals={} late_writes={} \
+             fresh_acquire_ms={}",
+            url,
+            self.acquisitions,
+            self.timeouts,
+            self.errors,
+            self.exclusion.len(),
+            self.token_order.len(),
+            self.shared,
+            self.refusals,
+            self.late_writes,
+            fresh,
+        );
+    }
+
     fn print_details(&self) {
         println!(
             "DETAIL faults={:?} max_successful_wait_ms={} duplicate_tokens={}",
@@ -689,5 +738,67 @@ impl Report {
         for v in self.token_order.iter().take(20) {
             println!("VIOLATION token order: {v}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::analyse;
+
+    /// `ACQ pid id token t_acq t_requested` and `WRITE pid id token t word highest t_check seq`.
+    fn log(lines: &[&str]) -> String {
+        lines.join("\n")
+    }
+
+    #[test]
+    fn a_write_checked_after_another_grant_is_an_exclusion_violation() {
+        let report = analyse(
+            &log(&[
+                "ACQ 1 a 10 100 50",
+                "WRITE 1 a 10 110 ok 0 105 0",
+                "ACQ 2 b 11 200 60",
+                "WRITE 2 b 11 210 ok 10 205 0",
+                // a checked its guard at 220, after b's grant at 200.
+                "WRITE 1 a 10 230 refused 11 220 1",
+                "WRITE 1 a 10 240 ok 11 225 2",
+            ]),
+            0,
+        );
+        assert_eq!(report.exclusion.len(), 1, "{:?}", report.exclusion);
+        assert_eq!(report.refusals, 1);
+    }
+
+    #[test]
+    fn a_paused_write_checked_before_the_next_grant_is_late_not_a_violation() {
+        let report = analyse(
+            &log(&[
+                "ACQ 1 a 10 100 50",
+                "WRITE 1 a 10 110 ok 0 105 0",
+                "ACQ 2 b 11 200 60",
+                // a checked at 150, was paused, and reached the register at 300.
+                "WRITE 1 a 10 300 ok 10 150 1",
+                "WRITE 2 b 11 310 ok 10 205 0",
+            ]),
+            0,
+        );
+        assert!(report.exclusion.is_empty(), "{:?}", report.exclusion);
+        assert_eq!(report.late_writes, 1);
+    }
+
+    #[test]
+    fn interleaved_writes_and_tokens_going_back_are_found() {
+        let report = analyse(
+            &log(&[
+                "ACQ 1 a 10 100 50",
+                "ACQ 2 b 9 200 150",
+                "WRITE 1 a 10 110 ok 0 105 0",
+                "WRITE 2 b 9 210 shared 10 205 0",
+                "WRITE 1 a 10 220 ok 10 215 1",
+            ]),
+            0,
+        );
+        assert_eq!(report.exclusion.len(), 1, "{:?}", report.exclusion);
+        assert_eq!(report.token_order.len(), 1, "{:?}", report.token_order);
+        assert_eq!(report.shared, 1);
     }
 }
