@@ -2,7 +2,7 @@
 //!
 //! The child process is the test binary itself, run again with `--exact <config>::<case>`
 //! and [`CHILD`] naming that test: [`run_case`](crate::run_case) then plays the child's part
-//! ([`child_role`]) instead of the case. This way the child always runs the same build and
+//! (`child_role`) instead of the case. This way the child always runs the same build and
 //! the same harness as its parent; a separate binary in this crate would not be built, or
 //! would be stale, when a backend crate's tests run (Cargo builds a package's binaries only
 //! for that package's own tests).
