@@ -24,8 +24,12 @@
 #   etcd                         single etcd member, client 12379, peer 12380
 #   etcd-cluster-1..3            3-member etcd cluster, client 12381..12383, peer 12391..12393
 #   zookeeper                    standalone ZooKeeper 12181 (tickTime 200, session 400..60000 ms)
-#   postgres                     PostgreSQL 15 on 15432, database distlock, user postgres, trust
-#   mariadb                      MariaDB on 13306, database distlock, root without password
+#   postgres                     PostgreSQL 15 on 15432, database distlock, user postgres, trust;
+#                                TLS (ssl=on), user distlock_tls with a password, over TLS only
+#   mariadb                      MariaDB on 13306, database distlock, root without password;
+#                                TLS, user distlock_tls with a password, REQUIRE SSL
+# The TLS users' password and the certificates (a CA, the server's, a client's, and a second CA
+# that signed nothing) are made at start-up in conf/tls (openssl), never committed.
 #
 # State lives in ${DISTLOCK_SERVICES_DIR:-<repo>/target/services}:
 #   data/NAME/     data dir of each server      logs/NAME.log   stdout+stderr of each server
@@ -339,6 +343,37 @@ etcd_token() {
   cat "$f"
 }
 
+# Test certificates and the TLS users' password, made once per state dir (removed by `stop`) and
+# never committed: a CA, a server certificate for 127.0.0.1 and localhost, a client certificate,
+# and a second CA that signed nothing here (a client trusting it must refuse the server).
+tls_dir() { printf '%s\n' "$STATE/conf/tls"; }
+
+tls_material() {
+  local d
+  d=$(tls_dir)
+  [[ -s $d/password && -s $d/client.pem ]] && return 0
+  mkdir -p "$d" "$STATE/logs"
+  (
+    cd "$d"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj '/CN=distlock test CA' \
+      -keyout ca.key -out ca.pem
+    openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj '/CN=distlock other CA' \
+      -keyout other-ca.key -out other-ca.pem
+    openssl req -newkey rsa:2048 -nodes -subj '/CN=127.0.0.1' -keyout server.key -out server.csr
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >server.ext
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 30 \
+      -extfile server.ext -out server.pem
+    openssl req -newkey rsa:2048 -nodes -subj '/CN=distlock_tls' -keyout client.key -out client.csr
+    printf 'extendedKeyUsage=clientAuth\n' >client.ext
+    openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 30 \
+      -extfile client.ext -out client.pem
+    chmod 600 ./*.key
+    openssl rand -hex 16 >password
+  ) >>"$STATE/logs/tls.log" 2>&1 || die "tls: generating test certificates failed, see $STATE/logs/tls.log"
+}
+
+tls_password() { cat "$(tls_dir)/password"; }
+
 write_zoo_cfg() {
   mkdir -p "$STATE/conf"
   cat >"$STATE/conf/zoo.cfg" <<EOF
@@ -411,11 +446,23 @@ launch() {
         pg_run "$PG_BIN/initdb" -D "$pgdata" -A trust -U postgres -E UTF8 --locale=C.UTF-8 \
           --no-sync >>"$(log_file postgres)" 2>&1 ||
           die "postgres: initdb failed, see $(log_file postgres)"
+        # The TLS user only over TLS and with its password; everyone else as before.
+        printf '%s\n' 'local all all trust' \
+          "hostssl all distlock_tls $HOST/32 scram-sha-256" \
+          "host all distlock_tls $HOST/32 reject" \
+          "host all all $HOST/32 trust" >"$pgdata/pg_hba.conf"
         touch "$base/.initialized"
       fi
+      tls_material
+      # The server's key must belong to the server's user, mode 600.
+      mkdir -p "$base/tls"
+      cp "$(tls_dir)/server.pem" "$(tls_dir)/server.key" "$(tls_dir)/ca.pem" "$base/tls/"
+      if ((EUID == 0)); then chown -R postgres:postgres "$base/tls"; fi
+      chmod 600 "$base/tls/server.key"
       local cmd=("$PG_BIN/postgres" -D "$pgdata" -c "listen_addresses=$HOST" -p "$PG_PORT"
         -c "unix_socket_directories=$base" -c dynamic_shared_memory_type=mmap -c fsync=on
-        -c max_connections=200)
+        -c max_connections=200 -c ssl=on -c "ssl_cert_file=$base/tls/server.pem"
+        -c "ssl_key_file=$base/tls/server.key" -c "ssl_ca_file=$base/tls/ca.pem")
       if ((EUID == 0)); then
         spawn "$name" setpriv --reuid=postgres --regid=postgres --init-groups -- "${cmd[@]}"
       else
@@ -434,10 +481,12 @@ launch() {
           die "mariadb: mariadb-install-db failed, see $(log_file mariadb)"
         touch "$dir/.distlock-initialized"
       fi
+      tls_material
       spawn "$name" mariadbd --no-defaults "${user[@]}" --datadir="$dir" --port="$MARIADB_PORT" \
         --bind-address="$HOST" --socket="$sock" --pid-file="$STATE/run/mariadbd.pid" \
         --skip-name-resolve --max-connections=300 --character-set-server=utf8mb4 \
-        --collation-server=utf8mb4_unicode_ci
+        --collation-server=utf8mb4_unicode_ci --ssl-ca="$(tls_dir)/ca.pem" \
+        --ssl-cert="$(tls_dir)/server.pem" --ssl-key="$(tls_dir)/server.key"
       ;;
   esac
 }
@@ -480,10 +529,20 @@ post_ready() {
       if [[ $(pg_sql postgres "SELECT 1 FROM pg_database WHERE datname = 'distlock'") != 1 ]]; then
         pg_sql postgres 'CREATE DATABASE distlock' >&2
       fi
-      [[ $(pg_sql distlock 'SELECT 1') == 1 ]]
+      # The TLS user (its password made at start-up) owns a schema of its own, first on its
+      # search path.
+      if [[ $(pg_sql distlock "SELECT 1 FROM pg_roles WHERE rolname = 'distlock_tls'") != 1 ]]; then
+        pg_sql distlock 'CREATE ROLE distlock_tls LOGIN' >&2
+      fi
+      pg_sql distlock "ALTER ROLE distlock_tls PASSWORD '$(tls_password)'" >&2 &&
+        pg_sql distlock 'CREATE SCHEMA IF NOT EXISTS distlock_tls AUTHORIZATION distlock_tls' >&2 &&
+        [[ $(pg_sql distlock 'SELECT 1') == 1 ]]
       ;;
     mariadb)
-      mariadb_sql 'CREATE DATABASE IF NOT EXISTS distlock' >&2 &&
+      mariadb_sql "CREATE DATABASE IF NOT EXISTS distlock;
+        CREATE USER IF NOT EXISTS 'distlock_tls'@'$HOST';
+        ALTER USER 'distlock_tls'@'$HOST' IDENTIFIED BY '$(tls_password)' REQUIRE SSL;
+        GRANT ALL ON distlock.* TO 'distlock_tls'@'$HOST';" >&2 &&
         mariadb_sql 'SELECT 1' distlock >/dev/null
       ;;
   esac
@@ -718,8 +777,20 @@ print_env() {
   for p in "${CLUSTER_CLIENT_PORTS[@]}"; do urls+="${urls:+,}http://$HOST:$p"; done
   printf 'export DISTLOCK_TEST_ETCD_CLUSTER_ENDPOINTS=%s\n' "$urls"
   printf 'export DISTLOCK_TEST_ZK_CONNECT=%s:%s\n' "$HOST" "$ZK_PORT"
-  printf 'export DISTLOCK_TEST_POSTGRES_URL=postgres://postgres@%s:%s/distlock\n' "$HOST" "$PG_PORT"
-  printf 'export DISTLOCK_TEST_MYSQL_URL=mysql://root@%s:%s/distlock\n' "$HOST" "$MARIADB_PORT"
+  printf 'export DISTLOCK_TEST_POSTGRES_URL=postgres://postgres@%s:%s/distlock?sslmode=disable\n' \
+    "$HOST" "$PG_PORT"
+  printf 'export DISTLOCK_TEST_MYSQL_URL=mysql://root@%s:%s/distlock?ssl-mode=disabled\n' \
+    "$HOST" "$MARIADB_PORT"
+  # The same servers over verified TLS, as a password user made at start-up.
+  tls_material
+  local ca pass
+  ca=$(tls_dir)/ca.pem
+  pass=$(tls_password)
+  printf 'export DISTLOCK_TEST_POSTGRES_TLS_URL=%q\n' \
+    "postgres://distlock_tls:$pass@$HOST:$PG_PORT/distlock?sslmode=verify-full&sslrootcert=$ca"
+  printf 'export DISTLOCK_TEST_MYSQL_TLS_URL=%q\n' \
+    "mysql://distlock_tls:$pass@$HOST:$MARIADB_PORT/distlock?ssl-mode=verify_identity&ssl-ca=$ca"
+  printf 'export DISTLOCK_TEST_TLS_DIR=%q\n' "$(tls_dir)"
   printf 'export DISTLOCK_SERVICES_DIR=%q\n' "$STATE"
 }
 

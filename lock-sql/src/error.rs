@@ -37,34 +37,50 @@ pub(crate) fn sqlite_busy(code: &str) -> bool {
     code.len() < 5 && code.parse::<i32>().is_ok_and(|c| matches!(c & 0xff, 5 | 6))
 }
 
-/// Classifies a connect error: wrong database or credentials are the caller's to fix; a
-/// network failure names the server and the cause in one line.
+/// Classifies a connect error: wrong database or credentials, and a TLS handshake the client
+/// refuses (an untrusted or expired certificate, a server without TLS), are the caller's to
+/// fix; a network failure names the server and the cause in one line.
 pub(crate) fn connect_err(config: &SqlConfig, err: sqlx::Error) -> Error {
     let url = config.redacted_url();
-    match &err {
-        sqlx::Error::Io(io) => {
-            let server = url::Url::parse(&config.url)
-                .ok()
-                .and_then(|u| {
-                    let host = u.host_str()?.to_owned();
-                    Some(match u.port() {
-                        Some(port) => format!("{host}:{port}"),
-                        None => host,
-                    })
+    let server = || {
+        let server = url::Url::parse(&config.url)
+            .ok()
+            .and_then(|u| {
+                let host = u.host_str()?.to_owned();
+                Some(match u.port() {
+                    Some(port) => format!("{host}:{port}"),
+                    None => host,
                 })
-                .map_or_else(|| url.clone(), |s| distlock_core::service_url::echo(&s));
-            let name = match config.dialect {
-                Dialect::Postgres => "PostgreSQL",
-                Dialect::MySql => "MySQL",
-                Dialect::Sqlite => "SQLite",
-            };
-            Error::unavailable(
-                format!(
-                    "cannot connect to {name} at {server}: {}",
-                    distlock_core::io_cause(io).unwrap_or_default()
-                ),
-                err,
-            )
+            })
+            .map_or_else(|| url.clone(), |s| distlock_core::service_url::echo(&s));
+        let name = match config.dialect {
+            Dialect::Postgres => "PostgreSQL",
+            Dialect::MySql => "MySQL",
+            Dialect::Sqlite => "SQLite",
+        };
+        format!("{name} at {server}")
+    };
+    match &err {
+        // rustls reports a refused handshake (an untrusted, expired or misnamed certificate) as
+        // invalid data: retrying cannot help.
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::InvalidData => Error::backend(
+            format!(
+                "TLS with {} failed: {}",
+                server(),
+                distlock_core::io_cause(io).unwrap_or_default()
+            ),
+            err,
+        ),
+        sqlx::Error::Io(io) => Error::unavailable(
+            format!(
+                "cannot connect to {}: {}",
+                server(),
+                distlock_core::io_cause(io).unwrap_or_default()
+            ),
+            err,
+        ),
+        sqlx::Error::Tls(cause) => {
+            Error::backend(format!("TLS with {} failed: {cause}", server()), err)
         }
         sqlx::Error::Database(db)
             if matches!(

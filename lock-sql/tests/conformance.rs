@@ -253,6 +253,20 @@ async fn mysql_harness() -> Option<Arc<dyn Harness>> {
     SqlHarness::make(url, Some("mariadb"), false).await
 }
 
+/// The same server over verified TLS, as a password user (see `scripts/services.sh`).
+#[cfg(feature = "postgres")]
+async fn postgres_tls_harness() -> Option<Arc<dyn Harness>> {
+    let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_TLS_URL")?;
+    SqlHarness::make(url, Some("postgres"), false).await
+}
+
+/// The same server over verified TLS, as a password user (see `scripts/services.sh`).
+#[cfg(feature = "mysql")]
+async fn mysql_tls_harness() -> Option<Arc<dyn Harness>> {
+    let url = conformance_tests::server_var("mysql", "DISTLOCK_TEST_MYSQL_TLS_URL")?;
+    SqlHarness::make(url, Some("mariadb"), false).await
+}
+
 #[cfg(feature = "sqlite")]
 async fn sqlite_harness() -> Option<Arc<dyn Harness>> {
     // A child process of a case uses its parent's file (see `Harness::process_shared`).
@@ -274,5 +288,9 @@ async fn sqlite_harness() -> Option<Arc<dyn Harness>> {
 conformance_tests::conformance_suite!(postgres, crate::postgres_harness);
 #[cfg(feature = "mysql")]
 conformance_tests::conformance_suite!(mysql, crate::mysql_harness);
+#[cfg(feature = "postgres")]
+conformance_tests::conformance_suite!(postgres_tls, crate::postgres_tls_harness);
+#[cfg(feature = "mysql")]
+conformance_tests::conformance_suite!(mysql_tls, crate::mysql_tls_harness);
 #[cfg(feature = "sqlite")]
 conformance_tests::conformance_suite!(sqlite, crate::sqlite_harness);
