@@ -248,7 +248,10 @@ async fn a_waiter_whose_predecessor_gives_up_is_marked_waiting_again() {
     queue_of(&h, name, 2, "the quitter").await;
     let waiter = h.backend().await.expect("connect");
     let waiting = tokio::spawn(async move {
-        let guard = waiter.acquire(name, &opts()).await.expect("acquire");
+        // A long ttl: its waiting mark is refreshed every 6.7 s only, so the mark checked
+        // below is the re-mark after the false handoff, not a refresh.
+        let long = opts().with_ttl(LONG_TTL);
+        let guard = waiter.acquire(name, &long).await.expect("acquire");
         let token = guard.token();
         guard.release().await.expect("release");
         token
@@ -258,29 +261,41 @@ async fn a_waiter_whose_predecessor_gives_up_is_marked_waiting_again() {
     assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
 
     // The quitter's node went away, so the waiter took its predecessor's deletion for a
-    // handoff and marked its node held (version 2: created held, marked waiting, marked held).
-    // It is not the head: its next request must mark it waiting again (version 3), or a
-    // contender could later expire it by that stale mark.
+    // handoff and marked its node held. It is not the head: its next request must mark it
+    // waiting again, or a contender could later expire it by that stale mark. Refreshes of the
+    // waiting mark (every third of the ttl) would make a version count no witness, so: wait for
+    // a waiting mark written after the quitter's node was deleted (the lock node's pzxid),
+    // sooner than a refresh, and check that it stays (a stale held mark lives for one round
+    // trip at most).
+    queue_of(&h, name, 2, "the queue without the quitter").await;
+    let (_, parent) = h
+        .admin
+        .get_data(&h.lock_path(name))
+        .await
+        .expect("the lock node");
     let path = format!("{}/{}", h.lock_path(name), queue[2]);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let (data, stat) = loop {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
         let (data, stat) = h.admin.get_data(&path).await.expect("the waiter's node");
-        if stat.version >= 3 {
-            break (data, stat);
+        if stat.mzxid > parent.pzxid && data == LONG_WAITING_MARK {
+            break;
         }
         assert!(
             Instant::now() < deadline,
-            "the waiter's node stayed at version {} ({:?})",
+            "the waiter's node was not marked waiting after the quitter left: version {} ({:?}), \
+             written at zxid {}, the quitter left at {}",
             stat.version,
-            String::from_utf8_lossy(&data)
+            String::from_utf8_lossy(&data),
+            stat.mzxid,
+            parent.pzxid
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
-    };
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (data, _) = h.admin.get_data(&path).await.expect("the waiter's node");
     assert_eq!(
-        data,
-        waiting_mark(),
-        "version {}: not marked waiting",
-        stat.version
+        data, LONG_WAITING_MARK,
+        "the waiter's node did not stay marked waiting"
     );
     assert_eq!(h.queue(name).await.len(), 2);
     assert!(!waiting.is_finished(), "the waiter got a held lock");
@@ -303,6 +318,11 @@ async fn queue_of(h: &ZkHarness, name: &str, len: usize, who: &str) -> Vec<Strin
 fn held_mark() -> Vec<u8> {
     format!("H{}", opts().ttl.as_millis()).into_bytes()
 }
+
+/// The ttl of the waiter in `a_waiter_whose_predecessor_gives_up_is_marked_waiting_again`, and
+/// the data of its node while it waits.
+const LONG_TTL: Duration = Duration::from_secs(20);
+const LONG_WAITING_MARK: &[u8] = b"W20000";
 
 /// A waiter's node data: `W` and the ttl of [`opts`] in milliseconds (its lease).
 fn waiting_mark() -> Vec<u8> {
