@@ -97,6 +97,7 @@ mod options;
 mod registry;
 mod retry;
 pub mod service_url;
+pub mod tls;
 mod token;
 mod watchdog;
 
