@@ -720,6 +720,8 @@ start_servers() {
   check_other_instances || return 1
   prepare_state
   register_state
+  # Once, before the servers that use them are launched (some in parallel).
+  tls_material
   # initdb / mariadb-install-db are the slow part of a cold start: begin with them.
   local ordered=() n
   for n in "$@"; do [[ $n == postgres || $n == mariadb ]] && ordered+=("$n"); done
