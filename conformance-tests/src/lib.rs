@@ -30,6 +30,7 @@ pub mod cases;
 pub mod child;
 pub mod memory;
 pub mod servers;
+pub mod tls;
 
 /// A fresh client made by a [`Harness`], with the tag the harness uses to find its connection.
 #[derive(Clone, Debug)]

@@ -5,44 +5,23 @@
 
 #![cfg(any(feature = "postgres", feature = "mysql"))]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use distlock_core::{AcquireOptions, ClientConfig, DistributedLock, Error};
-
-/// Bound on every failing connect: the connect timeout plus slack.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+use conformance_tests::tls::{refused, tls_file, with_param};
+use distlock_core::{AcquireOptions, ClientConfig, DistributedLock};
 
 fn config() -> ClientConfig {
     ClientConfig::default().with_operation_timeout(Duration::from_secs(2))
 }
 
 /// The TLS URL of `backend` from its variable, or a skip.
-fn tls_url(backend: &str, var: &str) -> Option<url::Url> {
-    let raw = conformance_tests::server_var(backend, var)?;
-    Some(url::Url::parse(&raw).unwrap_or_else(|e| panic!("{var} is not a URL: {e}")))
-}
-
-/// `url` with the query parameter `key` set to `value`.
-fn with_param(url: &url::Url, key: &str, value: &str) -> url::Url {
-    let pairs: Vec<(String, String)> = url
-        .query_pairs()
-        .filter(|(k, _)| k != key)
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-        .chain([(key.to_owned(), value.to_owned())])
-        .collect();
-    let mut out = url.clone();
-    out.query_pairs_mut().clear().extend_pairs(pairs);
-    out
-}
-
-fn tls_file(name: &str) -> String {
-    let dir = std::env::var("DISTLOCK_TEST_TLS_DIR").expect("DISTLOCK_TEST_TLS_DIR is set");
-    format!("{dir}/{name}")
+fn tls_url(backend: &str, var: &str) -> Option<String> {
+    conformance_tests::server_var(backend, var)
 }
 
 /// Locks and unlocks over TLS.
-async fn locks_over_tls(url: &url::Url) {
-    let client = distlock_sql::connect(url.as_str(), config())
+async fn locks_over_tls(url: &str) {
+    let client = distlock_sql::connect(url, config())
         .await
         .unwrap_or_else(|err| panic!("connecting over TLS: {err}"));
     let name = format!("tls-{}", uuid::Uuid::new_v4().simple());
@@ -60,64 +39,51 @@ async fn locks_over_tls(url: &url::Url) {
     guard.release().await.expect("release over TLS");
 }
 
-/// Connecting to `url` fails within the bound with a non-retryable error whose every rendering
-/// names the server, says `cause` and keeps `secret` out.
-async fn refused(url: &url::Url, secret: &str, cause: &[&str]) {
-    let started = Instant::now();
-    let err: Error = match distlock_sql::connect(url.as_str(), config()).await {
-        Ok(_) => panic!(
-            "connected with {}",
-            distlock_core::service_url::redact(url.as_str())
-        ),
-        Err(err) => err,
-    };
-    let took = started.elapsed();
-    assert!(took < CONNECT_TIMEOUT, "the refusal took {took:?}: {err}");
-    assert!(
-        !err.is_retryable(),
-        "a retryable error for a bad connection: {err}"
-    );
-    let shown = [format!("{err}"), format!("{err:?}"), format!("{err:#}")];
-    for text in &shown {
-        assert!(!text.contains(secret), "the password is shown: {text}");
-    }
-    assert!(
-        shown[0].contains("127.0.0.1"),
-        "the server is not named: {}",
-        shown[0]
-    );
-    let lower = shown[0].to_lowercase();
-    assert!(
-        cause.iter().any(|c| lower.contains(c)),
-        "the cause ({cause:?}) is not said: {}",
-        shown[0]
-    );
-}
-
-async fn bad_connections(url: &url::Url, plain: (&str, &str), ca_param: &str) {
-    let secret = url
+async fn bad_connections(url: &str, plain: (&str, &str), ca_param: &str) {
+    let parsed = url::Url::parse(url).expect("a URL");
+    let secret = parsed
         .password()
         .expect("the TLS URL has a password")
         .to_owned();
+    let connect = |url: String| async move { distlock_sql::connect(&url, config()).await };
+    let server = "127.0.0.1";
     // A wrong password (the right one must not show up either).
-    let mut wrong = url.clone();
+    let mut wrong = parsed.clone();
     wrong.set_password(Some("not-the-password")).unwrap();
-    refused(&wrong, "not-the-password", &["password", "access denied"]).await;
+    refused(
+        "wrong password",
+        connect(wrong.into()),
+        server,
+        "not-the-password",
+        &["password", "access denied"],
+    )
+    .await;
     // The TLS user without TLS.
     refused(
-        &with_param(url, plain.0, plain.1),
+        "without TLS",
+        connect(with_param(url, plain.0, plain.1)),
+        server,
         &secret,
         &["reject", "access denied", "ssl"],
     )
     .await;
     // A server certificate signed by a CA the client does not trust.
     let untrusted = with_param(url, ca_param, &tls_file("other-ca.pem"));
-    refused(&untrusted, &secret, &["certificate", "tls"]).await;
+    refused(
+        "untrusted CA",
+        connect(untrusted),
+        server,
+        &secret,
+        &["certificate", "tls"],
+    )
+    .await;
     // An unknown user.
-    let mut stranger = url.clone();
+    let mut stranger = parsed.clone();
     stranger.set_username("distlock_nobody").unwrap();
     refused(
-        &stranger,
+        "unknown user",
+        connect(stranger.into()),
+        server,
         &secret,
         &["password", "access denied", "role", "no pg_hba"],
     )
