@@ -21,6 +21,8 @@
 #
 # NAME is one of:
 #   redis-16379 .. redis-16383   5 independent Redis masters (no persistence: a restart is empty)
+#   redis-tls-16390 .. 16392     3 Redis masters over TLS only (client certificate optional), the
+#                                default user off, ACL user distlock with the TLS password
 #   etcd                         single etcd member, client 12379, peer 12380
 #   etcd-cluster-1..3            3-member etcd cluster, client 12381..12383, peer 12391..12393
 #   zookeeper                    standalone ZooKeeper 12181 (tickTime 200, session 400..60000 ms)
@@ -72,6 +74,7 @@ SLF4J_SIMPLE_JAR=/usr/share/java/slf4j-simple.jar
 HOST=127.0.0.1
 
 REDIS_PORTS=(16379 16380 16381 16382 16383)
+REDIS_TLS_PORTS=(16390 16391 16392)
 ETCD_CLIENT_PORT=12379
 ETCD_PEER_PORT=12380
 CLUSTER_CLIENT_PORTS=(12381 12382 12383)
@@ -82,6 +85,7 @@ MARIADB_PORT=13306
 
 ALL_SERVERS=(
   redis-16379 redis-16380 redis-16381 redis-16382 redis-16383
+  redis-tls-16390 redis-tls-16391 redis-tls-16392
   etcd etcd-cluster-1 etcd-cluster-2 etcd-cluster-3
   zookeeper postgres mariadb
 )
@@ -112,6 +116,7 @@ member_index() { printf '%s\n' "$((${1#etcd-cluster-} - 1))"; }
 # The port that identifies a server (client port).
 server_port() {
   case $1 in
+    redis-tls-*) printf '%s\n' "${1#redis-tls-}" ;;
     redis-*) printf '%s\n' "${1#redis-}" ;;
     etcd) printf '%s\n' "$ETCD_CLIENT_PORT" ;;
     etcd-cluster-*) printf '%s\n' "${CLUSTER_CLIENT_PORTS[$(member_index "$1")]}" ;;
@@ -395,6 +400,22 @@ launch() {
   local name=$1 dir
   dir=$(data_dir "$name")
   case $name in
+    redis-tls-*)
+      # The ACL users live in a config file (not on the command line, where ps shows them).
+      local conf t
+      tls_material
+      t=$(tls_dir)
+      mkdir -p "$dir" "$STATE/conf"
+      conf="$STATE/conf/$name.conf"
+      (
+        umask 077
+        printf 'user default off\nuser distlock on >%s ~* &* +@all\n' "$(tls_password)" >"$conf"
+      )
+      spawn "$name" redis-server "$conf" --port 0 --tls-port "$(server_port "$name")" \
+        --bind "$HOST" --save '' --appendonly no --daemonize no --dir "$dir" \
+        --tls-cert-file "$t/server.pem" --tls-key-file "$t/server.key" \
+        --tls-ca-cert-file "$t/ca.pem" --tls-auth-clients optional
+      ;;
     redis-*)
       mkdir -p "$dir"
       spawn "$name" redis-server --port "${name#redis-}" --bind "$HOST" --save '' \
@@ -511,6 +532,10 @@ pg_sql() {
 # One readiness probe, no waiting.
 probe() {
   case $1 in
+    redis-tls-*)
+      [[ $(REDISCLI_AUTH=$(tls_password) timeout 2 redis-cli --tls --cacert "$(tls_dir)/ca.pem" \
+        -h "$HOST" -p "$(server_port "$1")" --user distlock --no-auth-warning ping 2>/dev/null) == PONG ]]
+      ;;
     redis-*) [[ $(timeout 2 redis-cli -h "$HOST" -p "${1#redis-}" ping 2>/dev/null) == PONG ]] ;;
     etcd | etcd-cluster-*)
       ETCDCTL_API=3 timeout 5 etcdctl --endpoints="http://$HOST:$(server_port "$1")" \
@@ -792,6 +817,12 @@ print_env() {
     "postgres://distlock_tls:$pass@$HOST:$PG_PORT/distlock?sslmode=verify-full&sslrootcert=$ca"
   printf 'export DISTLOCK_TEST_MYSQL_TLS_URL=%q\n' \
     "mysql://distlock_tls:$pass@$HOST:$MARIADB_PORT/distlock?ssl-mode=verify_identity&ssl-ca=$ca"
+  local tls_query="ca=$ca&cert=$(tls_dir)/client.pem&key=$(tls_dir)/client.key"
+  printf 'export DISTLOCK_TEST_REDIS_TLS_URL=%q\n' \
+    "rediss://distlock:$pass@$HOST:${REDIS_TLS_PORTS[0]}?$tls_query"
+  urls=""
+  for p in "${REDIS_TLS_PORTS[@]}"; do urls+="${urls:+,}$HOST:$p"; done
+  printf 'export DISTLOCK_TEST_REDLOCK_TLS_URL=%q\n' "redlocks://distlock:$pass@$urls?$tls_query"
   printf 'export DISTLOCK_TEST_TLS_DIR=%q\n' "$(tls_dir)"
   printf 'export DISTLOCK_SERVICES_DIR=%q\n' "$STATE"
 }

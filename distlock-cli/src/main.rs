@@ -44,6 +44,8 @@ Exit codes: the command's own status for `run` (128+N when killed by signal N); 
 Examples:
   distlock run --name nightly-report -- ./report.sh --full
   DISTLOCK_URL=redis://127.0.0.1:6379 distlock run --name deploy --wait 0 -- make deploy
+  DISTLOCK_URL='rediss://app:PASS@redis.internal:6380?ca=/etc/ssl/ca.pem' distlock run ...
+    (TLS and a password: keep them in DISTLOCK_URL, out of the process list)
   distlock status --name deploy --url etcd://10.0.0.1:2379
   distlock list --prefix deploy --json
   distlock unlock --force --name deploy   (dangerous: see `distlock unlock --help`)

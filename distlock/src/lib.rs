@@ -67,7 +67,7 @@ pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Arc<dyn Dis
         #[cfg(feature = "mysql")]
         "mysql" | "mariadb" => Ok(distlock_sql::connect(url, config).await?.into_dyn()),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+unix" | "unix" | "redlock" => {
+        "redis" | "rediss" | "redis+unix" | "unix" | "redlock" | "redlocks" => {
             Ok(distlock_redis::connect(url, config).await?.into_dyn())
         }
         #[cfg(feature = "etcd")]
@@ -146,14 +146,14 @@ pub const SCHEMES: &[Scheme] = &[
         backend: "redis",
         names: &["redis", "rediss", "redis+unix", "unix"],
         feature: Some("redis"),
-        example: "redis://host:port",
+        example: "redis://[user:pass@]host:port (rediss:// with TLS: ?ca=&cert=&key=)",
         enabled: cfg!(feature = "redis"),
     },
     Scheme {
         backend: "redlock",
-        names: &["redlock"],
+        names: &["redlock", "redlocks"],
         feature: Some("redis"),
-        example: "redlock://h1:p1,h2:p2,h3:p3",
+        example: "redlock://h1:p1,h2:p2,h3:p3 (redlocks:// with TLS)",
         enabled: cfg!(feature = "redis"),
     },
     Scheme {
@@ -239,6 +239,7 @@ mod tests {
             "rediss",
             "redis+unix",
             "redlock",
+            "redlocks",
             "zk",
         ] {
             assert!(feature_of(scheme).is_some(), "{scheme}");
@@ -253,7 +254,7 @@ mod tests {
             ("", "not a lock service URL"),
             ("127.0.0.1:6379", "not a lock service URL"),
             ("ftp://x", "unknown URL scheme"),
-            ("ftp://x", "redlock, etcd, zk, memory"),
+            ("ftp://x", "redlocks, etcd, zk, memory"),
         ] {
             let err = connect(url).await.unwrap_err();
             assert!(matches!(err, Error::InvalidConfig(_)), "{url}: {err}");

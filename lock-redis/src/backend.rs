@@ -16,7 +16,7 @@ use futures::future::join_all;
 use crate::RedisConfig;
 use crate::attempt::{RedisAttempt, remaining};
 use crate::keys::LockKeys;
-use crate::node::{Node, within};
+use crate::node::{Node, NodeTls, within};
 use crate::redlock;
 
 /// The Redis [`LockBackend`]: one master (`redis`) or Redlock over N masters (`redlock`).
@@ -44,10 +44,11 @@ impl RedisBackend {
         config.validate()?;
         client.validate()?;
         let timeout = client.operation_timeout;
+        let tls = NodeTls::load(&config).await?;
         let connects = config
             .nodes
             .iter()
-            .map(|url| Node::connect(url, &config.client_name, timeout));
+            .map(|url| Node::connect(url, &tls, &config.client_name, timeout));
         let mut nodes = Vec::new();
         let mut failures = Vec::new();
         for result in join_all(connects).await {

@@ -8,6 +8,7 @@ use distlock_core::Error;
 use redis::aio::MultiplexedConnection;
 
 use crate::error::RedisError;
+use crate::node::NodeTls;
 use crate::scripts::{self, Invocation};
 
 /// The cheapest correct Redis lock: two round trips, no fencing, no renewal, no queue.
@@ -19,14 +20,11 @@ pub struct RedisFloor {
 }
 
 impl RedisFloor {
-    /// Opens one connection to `url` (`redis://...`).
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] or [`Error::Unavailable`].
-    pub async fn connect(url: &str) -> Result<Self, Error> {
+    /// Opens one connection to the node URL `url` (`redis://...` or `rediss://...`, TLS as
+    /// the lock's own connections).
+    async fn connect(url: &str, tls: &NodeTls) -> Result<Self, Error> {
         let shown = distlock_core::service_url::redact(url);
-        let client = redis::Client::open(url)
-            .map_err(|e| Error::InvalidConfig(format!("invalid Redis URL {shown}: {e}")))?;
+        let client = tls.client(url, "distlock-floor")?;
         let conn = client
             .get_multiplexed_async_connection()
             .await
@@ -87,14 +85,11 @@ pub struct RedlockFloor {
 }
 
 impl RedlockFloor {
-    /// Opens one connection to each `redis://` URL.
-    ///
-    /// # Errors
-    /// As [`RedisFloor::connect`].
-    pub async fn connect<S: AsRef<str> + Sync>(urls: &[S]) -> Result<Self, Error> {
+    /// Opens one connection to each node URL.
+    async fn connect<S: AsRef<str> + Sync>(urls: &[S], tls: &NodeTls) -> Result<Self, Error> {
         let mut nodes = Vec::with_capacity(urls.len());
         for url in urls {
-            nodes.push(RedisFloor::connect(url.as_ref()).await?);
+            nodes.push(RedisFloor::connect(url.as_ref(), tls).await?);
         }
         Ok(Self { nodes, counter: 0 })
     }
@@ -156,9 +151,10 @@ impl RawFloor for RedlockFloor {
 /// [`Error::InvalidConfig`] for a bad URL, [`Error::Unavailable`] when a node cannot be reached.
 pub async fn floor(url: &str) -> Result<Box<dyn RawFloor>, Error> {
     let config = crate::RedisConfig::from_url(url)?;
+    let tls = NodeTls::load(&config).await?;
     if config.is_redlock() {
-        Ok(Box::new(RedlockFloor::connect(&config.nodes).await?))
+        Ok(Box::new(RedlockFloor::connect(&config.nodes, &tls).await?))
     } else {
-        Ok(Box::new(RedisFloor::connect(&config.nodes[0]).await?))
+        Ok(Box::new(RedisFloor::connect(&config.nodes[0], &tls).await?))
     }
 }

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use distlock_core::Error;
 use distlock_core::service_url::{self, ServiceUrl, UrlOptions};
+use distlock_core::tls::TlsFiles;
 
 /// How the backend connects and behaves. Built with [`RedisConfig::from_url`],
 /// [`RedisConfig::single`] or [`RedisConfig::redlock`], then the `with_*` methods.
@@ -14,7 +15,13 @@ use distlock_core::service_url::{self, ServiceUrl, UrlOptions};
 /// - `redis+unix:///path/to/redis.sock[?db=N&user=U&pass=P]` (or `unix://`): one master on a
 ///   Unix socket;
 /// - `redlock://[user:password@]host1:port1,host2:port2,host3:port3[/db]`: Redlock over N >= 3
-///   independent masters.
+///   independent masters;
+/// - `rediss://...` and `redlocks://...`: the same over TLS (every node, the pub/sub
+///   connections too). The server's certificate is verified against the public roots
+///   (webpki-roots) or the `ca` file, and must name the host.
+///
+/// User and password are sent with `AUTH user password` (Redis 6 ACL users) on every connection
+/// of every node, the subscriber's included; a password alone authenticates the `default` user.
 ///
 /// Query options (durations in [`humantime`](https://docs.rs/humantime) syntax, with a unit):
 ///
@@ -25,6 +32,9 @@ use distlock_core::service_url::{self, ServiceUrl, UrlOptions};
 /// | `waiter_timeout` | a waiter silent this long (or for its acquire's ttl, if shorter) is dropped from the queue (at least `30ms`) | `2s` |
 /// | `node_timeout` | Redlock: how long to wait for each node | a tenth of the ttl |
 /// | `client_name` | name in `CLIENT LIST` and `CLIENT SETINFO lib-name` | `distlock` |
+/// | `ca` | TLS: PEM file of the certificate authority that signed the servers' certificates | public roots |
+/// | `cert`, `key` | TLS: PEM files of a client certificate and its key (mutual TLS) | none |
+/// | `danger_skip_verify` | TLS: accept ANY server certificate, for test rigs only: anyone on the path can read and forge the traffic | `false` |
 ///
 /// ```
 /// use distlock_redis::RedisConfig;
@@ -34,6 +44,8 @@ use distlock_core::service_url::{self, ServiceUrl, UrlOptions};
 /// let redlock = RedisConfig::from_url("redlock://10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379").unwrap();
 /// assert_eq!(redlock.nodes.len(), 3);
 /// assert!(RedisConfig::from_url("redlock://10.0.0.1:6379").is_err()); // fewer than 3
+/// let tls = RedisConfig::from_url("rediss://app:secret@redis.internal:6380?ca=/etc/ca.pem").unwrap();
+/// assert!(tls.is_tls() && !format!("{tls:?}").contains("secret"));
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -57,6 +69,13 @@ pub struct RedisConfig {
     /// Name reported to the server (`CLIENT SETINFO lib-name`), to find connections in
     /// `CLIENT LIST`. Default `distlock`.
     pub client_name: String,
+    /// TLS files shared by every `rediss://` node: a certificate authority and a client
+    /// certificate. Empty by default (public roots, no client certificate).
+    pub tls: TlsFiles,
+    /// Accept any server certificate on `rediss://` nodes (no verification at all). For test
+    /// rigs only: a connection that does not verify its server can be read and changed by
+    /// anyone on the network path. Default `false`; a warning is logged at every connect.
+    pub danger_skip_verify: bool,
 }
 
 /// Shows the nodes with their passwords replaced by `***`.
@@ -71,20 +90,22 @@ impl std::fmt::Debug for RedisConfig {
             .field("waiter_timeout", &self.waiter_timeout)
             .field("node_timeout", &self.node_timeout)
             .field("client_name", &self.client_name)
+            .field("tls", &self.tls)
+            .field("danger_skip_verify", &self.danger_skip_verify)
             .finish()
     }
 }
 
 impl RedisConfig {
-    /// One master at `url` (`redis://...`).
+    /// One master at `url` (`redis://...` or `rediss://...`).
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] if `url` is not a valid `redis://` URL.
+    /// [`Error::InvalidConfig`] if `url` is not a valid `redis://` or `rediss://` URL.
     pub fn single(url: &str) -> Result<Self, Error> {
         let mut config = Self::from_url(url)?;
         if config.redlock {
             return Err(Error::InvalidConfig(format!(
-                "expected a redis:// URL, got {}",
+                "expected a redis:// or rediss:// URL, got {}",
                 service_url::redact(url)
             )));
         }
@@ -92,19 +113,38 @@ impl RedisConfig {
         Ok(config)
     }
 
-    /// Redlock over independent masters given as `redis://` URLs (at least 3).
+    /// Redlock over independent masters given as `redis://` or `rediss://` URLs (at least 3;
+    /// TLS may differ per node). The TLS options (`ca`, `cert`, `key`, `danger_skip_verify`)
+    /// of the URLs must agree: they apply to every `rediss://` node.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for fewer than 3 nodes or an invalid URL.
+    /// [`Error::InvalidConfig`] for fewer than 3 nodes, an invalid URL or TLS options that
+    /// differ between nodes.
     pub fn redlock<S: AsRef<str>>(urls: &[S]) -> Result<Self, Error> {
         let mut nodes = Vec::with_capacity(urls.len());
+        let mut tls: Option<(TlsFiles, bool)> = None;
         for url in urls {
             let single = Self::single(url.as_ref())?;
+            let this = (single.tls, single.danger_skip_verify);
+            match &tls {
+                Some(first) if *first != this => {
+                    return Err(Error::InvalidConfig(format!(
+                        "the TLS options of {} differ from the first node's: give every node \
+                         the same ca, cert, key and danger_skip_verify",
+                        service_url::redact(url.as_ref())
+                    )));
+                }
+                Some(_) => {}
+                None => tls = Some(this),
+            }
             nodes.extend(single.nodes);
         }
+        let (tls, danger_skip_verify) = tls.unwrap_or_default();
         let config = Self {
             nodes,
             redlock: true,
+            tls,
+            danger_skip_verify,
             ..Self::defaults()
         };
         config.validate()?;
@@ -120,10 +160,13 @@ impl RedisConfig {
             waiter_timeout: Duration::from_secs(2),
             node_timeout: None,
             client_name: "distlock".into(),
+            tls: TlsFiles::default(),
+            danger_skip_verify: false,
         }
     }
 
-    /// Parses a `redis://`, `redlock://` or `redis+unix://` URL with optional query options
+    /// Parses a `redis://`, `rediss://`, `redlock://`, `redlocks://` or `redis+unix://` URL
+    /// with optional query options
     /// (see the [type docs](Self)). The scheme is case-insensitive; user and password are
     /// percent-decoded.
     ///
@@ -134,23 +177,19 @@ impl RedisConfig {
         let scheme = url
             .split_once("://")
             .map(|(scheme, _)| scheme.to_ascii_lowercase());
-        match scheme.as_deref() {
-            Some("redis+unix" | "unix") => return Self::from_unix_url(url),
-            Some("rediss") => {
-                return Err(Error::InvalidConfig(format!(
-                    "rediss:// (TLS) is not supported yet; use redis:// (in {})",
-                    service_url::redact(url)
-                )));
-            }
-            _ => {}
+        if let Some("redis+unix" | "unix") = scheme.as_deref() {
+            return Self::from_unix_url(url);
         }
         let parsed = ServiceUrl::parse(url)?;
-        let redlock = match parsed.scheme() {
-            "redis" => false,
-            "redlock" => true,
+        let (redlock, tls) = match parsed.scheme() {
+            "redis" => (false, false),
+            "rediss" => (false, true),
+            "redlock" => (true, false),
+            "redlocks" => (true, true),
             other => {
                 return Err(parsed.error(format!(
-                    "unknown scheme {:?}: expected redis://, redlock:// or redis+unix://",
+                    "unknown scheme {:?}: expected redis://, rediss://, redlock://, redlocks:// \
+                     or redis+unix://",
                     service_url::echo(other)
                 )));
             }
@@ -173,8 +212,9 @@ impl RedisConfig {
             redlock,
             ..Self::defaults()
         };
+        let node_scheme = if tls { "rediss" } else { "redis" };
         for host in parsed.hosts() {
-            let mut node = url::Url::parse(&format!("redis://{host}/"))
+            let mut node = url::Url::parse(&format!("{node_scheme}://{host}/"))
                 .map_err(|err| parsed.error(format!("invalid host {host}: {err}")))?;
             let credentials = node
                 .set_username(parsed.username().unwrap_or(""))
@@ -189,7 +229,19 @@ impl RedisConfig {
             }
             config.nodes.push(node.into());
         }
-        config.take_options(parsed.options())?;
+        let mut options = parsed.options();
+        config.tls = TlsFiles::take(&mut options).map_err(|e| match e {
+            Error::InvalidConfig(msg) => parsed.error(msg),
+            other => other,
+        })?;
+        config.danger_skip_verify = options.bool("danger_skip_verify")?.unwrap_or(false);
+        if !tls && (!config.tls.is_empty() || config.danger_skip_verify) {
+            return Err(parsed.error(format!(
+                "the TLS options (ca, cert, key, danger_skip_verify) need {}s://",
+                parsed.scheme()
+            )));
+        }
+        config.take_options(options)?;
         config.validate().map_err(|e| match e {
             Error::InvalidConfig(msg) => parsed.error(msg),
             other => other,
@@ -244,6 +296,10 @@ impl RedisConfig {
             "waiter_timeout",
             "node_timeout",
             "client_name",
+            "ca",
+            "cert",
+            "key",
+            "danger_skip_verify",
         ];
         if let Some(fair) = options.bool("fair")? {
             self.fair = fair;
@@ -314,6 +370,19 @@ impl RedisConfig {
         self
     }
 
+    /// Whether any node is reached over TLS (`rediss://`).
+    pub fn is_tls(&self) -> bool {
+        self.nodes.iter().any(|n| n.starts_with("rediss://"))
+    }
+
+    /// Sets the TLS files (certificate authority, client certificate) of the `rediss://`
+    /// nodes.
+    #[must_use]
+    pub fn with_tls(mut self, files: TlsFiles) -> Self {
+        self.tls = files;
+        self
+    }
+
     /// Whether this is a Redlock configuration.
     pub fn is_redlock(&self) -> bool {
         self.redlock
@@ -376,7 +445,10 @@ mod tests {
             "redis://a?x=1",
             "redis://a?handoff=100",
             "redis://a?handoff_ms=100",
-            "rediss://a",
+            "rediss://a?danger_skip_verify=maybe",
+            "redis://a?ca=/x.pem",
+            "redlock://a,b,c?danger_skip_verify=true",
+            "rediss://a?cert=/x.pem",
             "redis+unix://",
             "redis+unix://host/x.sock",
         ] {
@@ -394,12 +466,34 @@ mod tests {
     }
 
     #[test]
+    fn tls_urls_mark_every_node_and_keep_the_files() {
+        let c =
+            RedisConfig::from_url("REDISS://u:p@h:1/3?ca=/ca.pem&cert=/c.pem&key=/k.pem").unwrap();
+        assert_eq!(c.nodes, ["rediss://u:p@h:1/3"]);
+        assert!(c.is_tls() && c.tls.has_identity() && !c.danger_skip_verify);
+        let c = RedisConfig::from_url("redlocks://a:1,b:2,c:3?danger_skip_verify=true").unwrap();
+        assert_eq!(c.nodes, ["rediss://a:1", "rediss://b:2", "rediss://c:3"]);
+        assert!(c.danger_skip_verify && c.tls.is_empty());
+        let mixed =
+            RedisConfig::redlock(&["rediss://a:1?ca=/x", "redis://b:2", "rediss://c:3?ca=/x"]);
+        assert!(mixed.is_err(), "a plain node has no ca= and so differs");
+        let same = RedisConfig::redlock(&[
+            "rediss://a:1?ca=/x",
+            "rediss://b:2?ca=/x",
+            "rediss://c:3?ca=/x",
+        ])
+        .unwrap();
+        assert_eq!(same.tls.ca(), Some(std::path::Path::new("/x")));
+        assert!(!RedisConfig::from_url("redis://h").unwrap().is_tls());
+    }
+
+    #[test]
     fn errors_are_one_short_line_without_the_password() {
         let long = format!("redis://:s3cret@{}:1", "h".repeat(100_000));
         for url in [
             long.as_str(),
             "redis://:s3cret@h:1/x",
-            "rediss://:s3cret@h:1",
+            "rediss://:s3cret@h:1?cert=/x",
             "redis+unix://:s3cret@h/x",
             "redis://:s3cret@h:1?handoff=soon",
         ] {

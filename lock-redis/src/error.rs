@@ -24,6 +24,12 @@ pub enum RedisErrorKind {
     Timeout,
     /// The connection broke or could not be established.
     Connection,
+    /// The server refused the credentials (`WRONGPASS`, `NOAUTH`: a wrong or missing user or
+    /// password) or the ACL user lacks a permission the lock needs (`NOPERM`).
+    Auth,
+    /// The TLS handshake failed: an untrusted, expired or misnamed certificate, a client
+    /// certificate the server refused, or a server that does not speak TLS on that port.
+    Tls,
     /// Any other server or protocol error.
     Other,
 }
@@ -38,6 +44,8 @@ impl fmt::Display for RedisErrorKind {
             Self::ConnectionRefused => "connection refused",
             Self::Timeout => "no answer in time",
             Self::Connection => "connection failed",
+            Self::Auth => "the server refused the credentials (wrong or missing user or password, or an ACL without a needed permission)",
+            Self::Tls => "the TLS handshake failed",
             Self::Other => "server error",
         })
     }
@@ -77,8 +85,24 @@ impl RedisError {
         }
     }
 
+    /// A TLS failure on `node` that the client library did not see as one (`why` says what
+    /// the server answered instead).
+    pub(crate) fn tls(node: &str, why: String) -> Self {
+        Self {
+            kind: RedisErrorKind::Tls,
+            node: node.to_owned(),
+            source: Some(redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                why,
+            ))),
+        }
+    }
+
     pub(crate) fn classify(node: &str, err: redis::RedisError) -> Self {
         let kind = match err.code() {
+            Some("WRONGPASS" | "NOAUTH" | "NOPERM") => RedisErrorKind::Auth,
+            _ if err.kind() == redis::ErrorKind::AuthenticationFailed => RedisErrorKind::Auth,
+            _ if tls_failure(&err) => RedisErrorKind::Tls,
             Some("WRONGTYPE") => RedisErrorKind::WrongType,
             Some("READONLY") => RedisErrorKind::ReadOnly,
             Some("NOSCRIPT") => RedisErrorKind::NoScript,
@@ -89,7 +113,9 @@ impl RedisError {
                 // Script and transaction errors carry the original code inside their message
                 // (a queued command's READONLY shows as "ReadOnly").
                 let text = err.to_string();
-                if text.contains("WRONGTYPE") {
+                if text.contains("NOPERM") || text.contains("NOAUTH") {
+                    RedisErrorKind::Auth
+                } else if text.contains("WRONGTYPE") {
                     RedisErrorKind::WrongType
                 } else if text.contains("READONLY") || text.contains("ReadOnly") {
                     RedisErrorKind::ReadOnly
@@ -111,7 +137,7 @@ impl RedisError {
     pub(crate) fn into_lock_error(self, what: &str) -> Error {
         // The kind says it all, except for another server error: then the server's words.
         let reason = match self.kind {
-            RedisErrorKind::Other => self.summary(),
+            RedisErrorKind::Other | RedisErrorKind::Auth | RedisErrorKind::Tls => self.summary(),
             _ => self.kind.to_string(),
         };
         let message = if what == "connect" {
@@ -128,9 +154,46 @@ impl RedisError {
 
     /// One line for a quorum report.
     pub(crate) fn summary(&self) -> String {
-        match &self.source {
-            Some(source) => format!("{}: {source}", self.kind),
-            None => self.kind.to_string(),
+        match (&self.source, self.kind) {
+            // The handshake's reason is deep in the chain (redis -> io -> rustls).
+            (Some(source), RedisErrorKind::Tls) => format!(
+                "{}: {}",
+                self.kind,
+                distlock_core::io_cause(source).unwrap_or_else(|| source.to_string())
+            ),
+            (Some(source), _) => format!("{}: {source}", self.kind),
+            (None, _) => self.kind.to_string(),
         }
     }
+}
+
+/// Whether `err` is a refused TLS handshake: rustls reports a bad certificate, a refused
+/// client certificate or a peer that does not speak TLS as an I/O error of kind `InvalidData`
+/// (a retry cannot help, unlike a dropped connection).
+fn tls_failure(err: &redis::RedisError) -> bool {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = next {
+        // The client library keeps its I/O error behind an `Arc`, whose `source` skips it.
+        let e = match e.downcast_ref::<Shared>() {
+            Some(shared) => &**shared,
+            None => e,
+        };
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::InvalidData {
+                return true;
+            }
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+            {
+                return true;
+            }
+        }
+        if e.is::<rustls::Error>() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }

@@ -1,6 +1,7 @@
 //! The shared conformance suite against real Redis masters from `scripts/services.sh`:
 //! `redis` (the first master), `redis_fair` (the same in strict FIFO mode), `redlock3` (the
-//! first three masters) and `redlock5` (all five).
+//! first three masters), `redlock5` (all five) and `redis_tls` (a TLS-only master with an ACL
+//! user and a client certificate).
 
 mod common;
 
@@ -21,7 +22,11 @@ struct RedisHarness {
 }
 
 async fn make(backend: &str, nodes: usize, fair: bool, ttl_ms: u64) -> Option<Arc<dyn Harness>> {
-    let urls = common::urls(backend)?;
+    let urls = if backend.ends_with("_tls") {
+        vec![common::tls_url(backend)?]
+    } else {
+        common::urls(backend)?
+    };
     assert!(
         urls.len() >= nodes,
         "DISTLOCK_TEST_REDIS_URLS has {} masters, {backend} needs {nodes}",
@@ -40,6 +45,10 @@ async fn redis_single() -> Option<Arc<dyn Harness>> {
 
 async fn redis_fair() -> Option<Arc<dyn Harness>> {
     make("redis", 1, true, 1500).await
+}
+
+async fn redis_tls() -> Option<Arc<dyn Harness>> {
+    make("redis_tls", 1, false, 1500).await
 }
 
 async fn redlock3() -> Option<Arc<dyn Harness>> {
@@ -162,3 +171,4 @@ conformance_tests::conformance_suite!(redis, crate::redis_single);
 conformance_tests::conformance_suite!(redis_fair, crate::redis_fair);
 conformance_tests::conformance_suite!(redlock3, crate::redlock3);
 conformance_tests::conformance_suite!(redlock5, crate::redlock5);
+conformance_tests::conformance_suite!(redis_tls, crate::redis_tls);

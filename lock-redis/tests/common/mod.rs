@@ -2,6 +2,7 @@
 
 #![allow(
     dead_code,
+    unused_imports,
     unreachable_pub,
     reason = "each test binary uses a part of the shared helpers"
 )]
@@ -24,18 +25,52 @@ pub fn urls(backend: &str) -> Option<Vec<String>> {
     )
 }
 
-/// `services.sh` name of the server at `url` (`redis-<port>`).
+/// The `rediss://` URL of the first TLS master (ACL user, CA and client certificate in the
+/// query), or `None` (skip) when unset.
+pub fn tls_url(backend: &str) -> Option<String> {
+    conformance_tests::server_var(backend, "DISTLOCK_TEST_REDIS_TLS_URL")
+}
+
+/// `services.sh` name of the server at `url` (`redis-<port>`, `redis-tls-<port>`).
 pub fn service_name(url: &str) -> String {
-    let port = url.rsplit(':').next().unwrap_or("").trim_end_matches('/');
-    format!("redis-{port}")
+    let parsed = url::Url::parse(url).expect("valid url");
+    let port = parsed.port().expect("a port");
+    if parsed.scheme() == "rediss" {
+        format!("redis-tls-{port}")
+    } else {
+        format!("redis-{port}")
+    }
+}
+
+/// A client for one node URL of the tests, TLS files (`?ca=&cert=&key=`) included.
+pub fn client(url: &str) -> redis::Client {
+    let mut parsed = url::Url::parse(url).expect("valid url");
+    if parsed.scheme() != "rediss" {
+        return redis::Client::open(url).expect("valid url");
+    }
+    let pairs: Vec<(String, String)> = parsed.query_pairs().into_owned().collect();
+    let file = |key: &str| {
+        pairs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, path)| std::fs::read(path).expect("readable TLS file"))
+    };
+    let certificates = redis::TlsCertificates {
+        client_tls: file("cert").map(|client_cert| redis::ClientTlsConfig {
+            client_cert,
+            client_key: file("key").expect("key= with cert="),
+        }),
+        root_cert: file("ca"),
+    };
+    parsed.set_query(None);
+    redis::Client::build_with_tls(parsed.as_str(), certificates).expect("valid TLS url")
 }
 
 pub use conformance_tests::services;
 
 /// A plain connection to one node, for fault injection.
 pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(url)
-        .expect("valid url")
+    client(url)
         .get_multiplexed_async_connection()
         .await
         .expect("test server reachable")
@@ -97,12 +132,12 @@ pub fn config(urls: &[String], fair: bool) -> RedisConfig {
 /// Waits until the server at `url` answers PING (after a restart).
 pub async fn wait_ready(url: &str) {
     for _ in 0..200 {
-        if let Ok(client) = redis::Client::open(url)
-            && let Ok(Ok(mut conn)) = tokio::time::timeout(
-                Duration::from_millis(200),
-                client.get_multiplexed_async_connection(),
-            )
-            .await
+        let client = client(url);
+        if let Ok(Ok(mut conn)) = tokio::time::timeout(
+            Duration::from_millis(200),
+            client.get_multiplexed_async_connection(),
+        )
+        .await
         {
             let pong: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut conn).await;
             if pong.is_ok() {

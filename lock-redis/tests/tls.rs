@@ -1,0 +1,181 @@
+//! Redis over verified TLS as an ACL user (the `redis-tls-*` servers of `scripts/services.sh`:
+//! TLS only, the default user off, certificates and password made at its start-up): single
+//! master and Redlock lock over TLS, and every way of getting the connection wrong fails at
+//! once with a typed, non-retryable error that names the server and never shows the password.
+
+mod common;
+
+use std::time::Duration;
+
+use conformance_tests::tls::{refused, tls_file, with_param};
+use distlock_core::{AcquireOptions, ClientConfig, DistributedLock};
+
+fn config() -> ClientConfig {
+    ClientConfig::default().with_operation_timeout(Duration::from_secs(2))
+}
+
+async fn locks(url: &str) {
+    let client = distlock_redis::connect(url, config())
+        .await
+        .unwrap_or_else(|err| panic!("connecting over TLS: {err}"));
+    let name = format!("tls-{}", uuid::Uuid::new_v4().simple());
+    let opts = AcquireOptions::default().with_ttl(Duration::from_secs(2));
+    let guard = client
+        .acquire(&name, &opts)
+        .await
+        .expect("acquire over TLS");
+    let other = distlock_redis::connect(url, config())
+        .await
+        .expect("connect");
+    assert!(
+        other
+            .try_acquire(&name, &opts)
+            .await
+            .expect("try")
+            .is_none()
+    );
+    // The waiter is woken by the release through the subscriber, over TLS as well.
+    let waiter = tokio::spawn(async move {
+        let opts = AcquireOptions::default()
+            .with_ttl(Duration::from_secs(2))
+            .with_wait(Duration::from_secs(10));
+        other.acquire(&name, &opts).await.map(|g| g.token())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    guard.renew().await.expect("renew over TLS");
+    let first = guard.token();
+    guard.release().await.expect("release over TLS");
+    let second = waiter
+        .await
+        .expect("join")
+        .expect("the waiter gets the lock");
+    assert!(second > first, "fencing tokens increase over TLS");
+}
+
+#[tokio::test]
+async fn single_master_and_redlock_over_tls() {
+    let Some(url) = common::tls_url("redis_tls") else {
+        return;
+    };
+    locks(&url).await;
+    let redlock = conformance_tests::server_var("redis_tls", "DISTLOCK_TEST_REDLOCK_TLS_URL")
+        .expect("DISTLOCK_TEST_REDLOCK_TLS_URL is set with the TLS URL");
+    locks(&redlock).await;
+}
+
+#[tokio::test]
+async fn bad_connections_fail_at_once_without_the_password() {
+    let Some(url) = common::tls_url("redis_tls") else {
+        return;
+    };
+    let parsed = url::Url::parse(&url).expect("a URL");
+    let secret = parsed.password().expect("a password").to_owned();
+    let server = format!("127.0.0.1:{}", parsed.port().expect("a port"));
+    let connect = |url: String| async move { distlock_redis::connect(&url, config()).await };
+    let edit = |f: &dyn Fn(&mut url::Url)| {
+        let mut u = parsed.clone();
+        f(&mut u);
+        u.to_string()
+    };
+
+    let wrong = edit(&|u| u.set_password(Some("not-the-password")).expect("password"));
+    refused(
+        "wrong password",
+        connect(wrong),
+        &server,
+        "not-the-password",
+        &["wrongpass", "credentials"],
+    )
+    .await;
+    let stranger = edit(&|u| u.set_username("nobody").expect("user"));
+    refused(
+        "unknown user",
+        connect(stranger),
+        &server,
+        &secret,
+        &["wrongpass", "credentials"],
+    )
+    .await;
+    let anonymous = edit(&|u| {
+        u.set_username("").expect("user");
+        u.set_password(None).expect("password");
+    });
+    refused(
+        "no credentials",
+        connect(anonymous),
+        &server,
+        &secret,
+        &["noauth", "credentials"],
+    )
+    .await;
+    let untrusted = with_param(&url, "ca", &tls_file("other-ca.pem"));
+    refused(
+        "untrusted CA",
+        connect(untrusted),
+        &server,
+        &secret,
+        &["certificate", "tls"],
+    )
+    .await;
+    let public_roots = with_param(&url, "ca", "");
+    refused(
+        "public roots only",
+        connect(public_roots),
+        &server,
+        &secret,
+        &["certificate", "tls"],
+    )
+    .await;
+    // TLS to a plain port: the first plain master answers the handshake in clear text.
+    let plain = common::urls("redis_tls").expect("DISTLOCK_TEST_REDIS_URLS")[0].clone();
+    let plain_port = url::Url::parse(&plain).expect("url").port().expect("port");
+    let tls_to_plain = edit(&|u| u.set_port(Some(plain_port)).expect("port"));
+    refused(
+        "TLS to a plain port",
+        connect(tls_to_plain),
+        &format!("127.0.0.1:{plain_port}"),
+        &secret,
+        &["tls"],
+    )
+    .await;
+    // Plain to the TLS port: the server drops the connection at the first clear-text byte.
+    let plain_to_tls = edit(&|u| u.set_scheme("redis").expect("scheme"));
+    let plain_to_tls = with_param(
+        &with_param(&with_param(&plain_to_tls, "ca", ""), "cert", ""),
+        "key",
+        "",
+    );
+    refused(
+        "plain to a TLS port",
+        connect(plain_to_tls),
+        &server,
+        &secret,
+        &["tls", "closed"],
+    )
+    .await;
+
+    // The opt-out is loud and works: an untrusted server certificate is accepted.
+    let skip = with_param(
+        &with_param(&url, "ca", &tls_file("other-ca.pem")),
+        "danger_skip_verify",
+        "true",
+    );
+    let client = distlock_redis::connect(&skip, config())
+        .await
+        .expect("danger_skip_verify connects");
+    let guard = client
+        .acquire("tls-skip", &AcquireOptions::default())
+        .await
+        .expect("acquire");
+    guard.release().await.expect("release");
+    // A missing CA file is a configuration error naming the file.
+    let missing = with_param(&url, "ca", "/nonexistent/ca.pem");
+    let Err(err) = distlock_redis::connect(&missing, config()).await else {
+        panic!("connected with a missing CA file");
+    };
+    assert!(
+        matches!(err, distlock_core::Error::InvalidConfig(_)),
+        "{err}"
+    );
+    assert!(err.to_string().contains("/nonexistent/ca.pem"), "{err}");
+}
