@@ -43,6 +43,77 @@ pub enum SqlPool {
     Sqlite(sqlx::SqlitePool),
 }
 
+#[cfg(feature = "postgres")]
+impl From<sqlx::PgPool> for SqlPool {
+    fn from(pool: sqlx::PgPool) -> Self {
+        Self::Postgres(pool)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl From<sqlx::MySqlPool> for SqlPool {
+    fn from(pool: sqlx::MySqlPool) -> Self {
+        Self::MySql(pool)
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl From<sqlx::SqlitePool> for SqlPool {
+    fn from(pool: sqlx::SqlitePool) -> Self {
+        Self::Sqlite(pool)
+    }
+}
+
+impl SqlPool {
+    /// The database behind the pool.
+    pub fn dialect(&self) -> Dialect {
+        match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => Dialect::Postgres,
+            #[cfg(feature = "mysql")]
+            Self::MySql(_) => Dialect::MySql,
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(_) => Dialect::Sqlite,
+        }
+    }
+
+    /// Where the pool connects, as a URL without credentials (for messages):
+    /// `postgres://user@host:port/db`, `mysql://...`, `sqlite://PATH`.
+    pub fn describe(&self) -> String {
+        match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(pool) => {
+                let o = pool.connect_options();
+                format!(
+                    "postgres://{}@{}:{}/{}",
+                    o.get_username(),
+                    o.get_host(),
+                    o.get_port(),
+                    o.get_database().unwrap_or_default()
+                )
+            }
+            #[cfg(feature = "mysql")]
+            Self::MySql(pool) => {
+                let o = pool.connect_options();
+                format!(
+                    "mysql://{}@{}:{}/{}",
+                    o.get_username(),
+                    o.get_host(),
+                    o.get_port(),
+                    o.get_database().unwrap_or_default()
+                )
+            }
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(pool) => {
+                format!(
+                    "sqlite://{}",
+                    pool.connect_options().get_filename().display()
+                )
+            }
+        }
+    }
+}
+
 /// The [`LockBackend`] over one database pool. Cheap to clone.
 #[derive(Clone)]
 pub struct SqlBackend {
@@ -82,6 +153,61 @@ impl SqlBackend {
                 db,
                 config,
                 sessions,
+            }),
+        })
+    }
+
+    /// Uses the application's own `pool` (it keeps its size, timeouts, TLS and hooks): sets
+    /// up the lock table (unless [`SqlConfig::create_table`] is off) and its statements on it.
+    /// `config` comes from [`SqlConfig::for_pool`]; its pool size is not used. Of the pool's
+    /// connections, the backend keeps at most two checked out between statements (to spare
+    /// the pool's ping before each use) and, on PostgreSQL, one for `LISTEN`. The application
+    /// can run fenced writes in its own transactions on the same pool
+    /// ([`FencedUpdate::execute`]). [`SqlBackend::session_ids`] stays empty: the pool's
+    /// connections are not the backend's to track.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] when `config` names another database than `pool`; otherwise as
+    /// [`connect`](crate::connect) (a missing database, a table of the wrong shape, the
+    /// server unreachable within the connect timeout).
+    pub async fn from_pool(pool: SqlPool, config: SqlConfig) -> Result<Self> {
+        config.validate()?;
+        if config.dialect != pool.dialect() {
+            return Err(Error::InvalidConfig(format!(
+                "the configuration is for {:?} but the pool is {:?}",
+                config.dialect,
+                pool.dialect()
+            )));
+        }
+        let timeout = config.effective_connect_timeout();
+        let keep = |max: u32| (max / 2).min(2);
+        let setup = async {
+            let db: Box<dyn Db> = match pool {
+                #[cfg(feature = "postgres")]
+                SqlPool::Postgres(pool) => {
+                    let keep = keep(pool.options().get_max_connections());
+                    Box::new(crate::postgres::PgDb::on_pool(pool, &config, keep).await?)
+                }
+                #[cfg(feature = "mysql")]
+                SqlPool::MySql(pool) => {
+                    let keep = keep(pool.options().get_max_connections());
+                    Box::new(crate::mysql::MyDb::on_pool(pool, &config, keep).await?)
+                }
+                #[cfg(feature = "sqlite")]
+                SqlPool::Sqlite(pool) => {
+                    let keep = keep(pool.options().get_max_connections());
+                    Box::new(crate::sqlite::LiteDb::on_pool(pool, &config, keep).await?)
+                }
+            };
+            Ok::<_, Error>(db)
+        };
+        let what = format!("setting up the locks on {}", config.redacted_url());
+        let db = within(timeout, what, setup).await??;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                db,
+                config,
+                sessions: Arc::default(),
             }),
         })
     }

@@ -221,6 +221,22 @@ impl SqlConfig {
             .unwrap_or(distlock_core::ClientConfig::default().operation_timeout)
     }
 
+    /// A configuration for the application's own `pool` (see [`SqlBackend::from_pool`]
+    /// (crate::SqlBackend::from_pool)): its database, described without credentials, and the
+    /// default lock options, to change with the `with_*` methods.
+    pub fn for_pool(pool: &crate::SqlPool) -> Self {
+        Self {
+            dialect: pool.dialect(),
+            url: pool.describe(),
+            table: DEFAULT_TABLE.into(),
+            max_connections: 10,
+            connect_timeout: None,
+            busy_timeout: Duration::from_secs(5),
+            sync_full: false,
+            create_table: true,
+        }
+    }
+
     /// Sets the lock table.
     #[must_use]
     pub fn with_table(mut self, table: impl Into<String>) -> Self {

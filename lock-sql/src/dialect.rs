@@ -192,16 +192,38 @@ where
     }
 
     async fn fenced_update(&self, update: &FencedUpdate, token: i64) -> Result<bool, sqlx::Error> {
-        let sql = update.sql(DB::QUOTE, DB::param);
-        let mut query = sqlx::query::<DB>(AssertSqlSafe(sql));
-        for (_, value) in &update.set {
-            query = bind_value!(query, value);
-        }
-        query = query.bind(token);
-        query = bind_value!(query, &update.key);
-        query = query.bind(token);
-        Ok(DB::changed(&self.conns.execute(query).await?) == 1)
+        Ok(DB::changed(
+            &self
+                .conns
+                .execute(fenced_query::<DB>(update, token))
+                .await?,
+        ) == 1)
     }
+}
+
+/// The statement of a [`FencedUpdate`] with `token`, bound (see [`FencedUpdate::sql`] for the
+/// order of the arguments).
+pub(crate) fn fenced_query<DB>(
+    update: &FencedUpdate,
+    token: i64,
+) -> sqlx::query::Query<'static, DB, DB::Arguments>
+where
+    DB: Dialect,
+    for<'t> i64: Encode<'t, DB> + Type<DB>,
+    for<'t> Option<i64>: Encode<'t, DB> + Type<DB>,
+    for<'t> f64: Encode<'t, DB> + Type<DB>,
+    for<'t> bool: Encode<'t, DB> + Type<DB>,
+    for<'t> String: Encode<'t, DB> + Type<DB>,
+    for<'t> Vec<u8>: Encode<'t, DB> + Type<DB>,
+{
+    let sql = update.sql(DB::QUOTE, DB::param);
+    let mut query = sqlx::query::<DB>(AssertSqlSafe(sql));
+    for (_, value) in &update.set {
+        query = bind_value!(query, value);
+    }
+    query = query.bind(token);
+    query = bind_value!(query, &update.key);
+    query.bind(token)
 }
 
 /// The pool of a server database: the config's size, half the connect timeout to wait for a

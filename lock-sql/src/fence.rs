@@ -1,6 +1,7 @@
 //! The fenced write: a write to a row of the same database that a stale token cannot make.
 
-use distlock_core::Error;
+use async_trait::async_trait;
+use distlock_core::{Error, FencingToken};
 
 use crate::keys::validate_ident;
 
@@ -127,6 +128,30 @@ impl FencedUpdate {
         self
     }
 
+    /// Runs the update on the application's own connection or transaction (`&mut *tx` for
+    /// a `sqlx::Transaction`), so that it commits or rolls back with the application's other
+    /// statements: `true` if the row was written, `false` if it is missing or already carries
+    /// a higher token (a later holder wrote it; roll back). The lock itself is not touched:
+    /// the guard still renews and releases it through the backend. See [`crate::from_pool`]
+    /// for an example.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`] for a bad identifier or a token beyond `i64`; the database's
+    /// error otherwise ([`Error::Backend`], or [`Error::Unavailable`] for a dropped
+    /// connection).
+    pub async fn execute<C: FenceConnection>(
+        &self,
+        conn: &mut C,
+        token: FencingToken,
+    ) -> Result<bool, Error> {
+        self.validate()?;
+        let token = i64::try_from(token.get())
+            .map_err(|_| Error::InvalidOptions(format!("token {token} is out of range")))?;
+        conn.run_fenced(self, token)
+            .await
+            .map_err(|e| crate::error::map_err("fenced update", e))
+    }
+
     /// Checks the identifiers.
     pub(crate) fn validate(&self) -> Result<(), Error> {
         let check = |what: &str, name: &str| validate_ident(what, name);
@@ -166,3 +191,44 @@ impl FencedUpdate {
         sql
     }
 }
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A connection a [`FencedUpdate`] can run on: `sqlx::PgConnection`, `sqlx::MySqlConnection`
+/// or `sqlx::SqliteConnection` (a pooled connection or a transaction dereferences to one).
+/// Sealed: implemented for those only.
+#[async_trait]
+pub trait FenceConnection: sealed::Sealed + Send {
+    /// Runs `update` with `token`; whether one row changed.
+    #[doc(hidden)]
+    async fn run_fenced(&mut self, update: &FencedUpdate, token: i64) -> Result<bool, sqlx::Error>;
+}
+
+macro_rules! fence_connection {
+    ($feature:literal, $conn:ty, $db:ty) => {
+        #[cfg(feature = $feature)]
+        impl sealed::Sealed for $conn {}
+
+        #[cfg(feature = $feature)]
+        #[async_trait]
+        impl FenceConnection for $conn {
+            async fn run_fenced(
+                &mut self,
+                update: &FencedUpdate,
+                token: i64,
+            ) -> Result<bool, sqlx::Error> {
+                use crate::dialect::Dialect;
+                let result = crate::dialect::fenced_query::<$db>(update, token)
+                    .execute(&mut *self)
+                    .await?;
+                Ok(<$db>::changed(&result) == 1)
+            }
+        }
+    };
+}
+
+fence_connection!("postgres", sqlx::PgConnection, sqlx::Postgres);
+fence_connection!("mysql", sqlx::MySqlConnection, sqlx::MySql);
+fence_connection!("sqlite", sqlx::SqliteConnection, sqlx::Sqlite);

@@ -107,7 +107,7 @@ mod wake;
 
 pub use backend::{SqlBackend, SqlPool};
 pub use config::{DEFAULT_TABLE, Dialect, SqlConfig};
-pub use fence::{FencedUpdate, SqlValue};
+pub use fence::{FenceConnection, FencedUpdate, SqlValue};
 
 /// Connects to the database at `url` and returns a lock client over it. This is what
 /// `distlock::connect` calls for `postgres://`, `mysql://` and `sqlite:` URLs.
@@ -118,6 +118,48 @@ pub use fence::{FencedUpdate, SqlValue};
 /// [`Error::Backend`](distlock_core::Error::Backend) for a missing database or a lock table of the wrong shape.
 pub async fn connect(url: &str, config: ClientConfig) -> Result<LockClient<SqlBackend>> {
     connect_with(SqlConfig::from_url(url)?, config).await
+}
+
+/// A lock client over the application's own pool (`sqlx::PgPool`, `MySqlPool` or
+/// `SqlitePool`), with the default lock table: the locks share the pool's connections, TLS and
+/// settings, and fenced writes can run in the application's own transactions
+/// ([`FencedUpdate::execute`]). [`SqlBackend::from_pool`] takes a [`SqlConfig::for_pool`] to
+/// change the table or turn its creation off.
+///
+/// ```no_run
+/// # #[cfg(feature = "postgres")]
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use distlock_sql::distlock_core::{AcquireOptions, ClientConfig, DistributedLock};
+/// use distlock_sql::{FencedUpdate, sqlx};
+///
+/// let pool = sqlx::PgPool::connect("postgres://app@db.internal/app?sslmode=verify-full").await?;
+/// let locks = distlock_sql::from_pool(pool.clone(), ClientConfig::default()).await?;
+///
+/// let guard = locks.acquire("account-7", &AcquireOptions::default()).await?;
+/// let mut tx = pool.begin().await?;
+/// // ... the application's own statements in `tx` ...
+/// let write = FencedUpdate::new("accounts", "id", 7, "fence").set("balance", 120);
+/// if write.execute(&mut *tx, guard.token()).await? {
+///     tx.commit().await?; // our token is still the newest on the row
+/// } else {
+///     tx.rollback().await?; // a later holder wrote the row: the lock was lost
+/// }
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// As [`SqlBackend::from_pool`], and [`Error::InvalidConfig`](distlock_core::Error::InvalidConfig)
+/// for a bad `config`.
+pub async fn from_pool(
+    pool: impl Into<SqlPool>,
+    config: ClientConfig,
+) -> Result<LockClient<SqlBackend>> {
+    config.validate()?;
+    let pool = pool.into();
+    let sql = SqlConfig::for_pool(&pool).with_connect_timeout(config.operation_timeout);
+    let backend = SqlBackend::from_pool(pool, sql).await?;
+    LockClient::with_config(backend, config)
 }
 
 /// Like [`connect`], from an [`SqlConfig`] (e.g. built with its `with_*` methods).

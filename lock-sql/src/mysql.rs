@@ -105,6 +105,16 @@ impl MyDb {
         let pool = open_pool(pool, options, probe)
             .await
             .map_err(|e| connect_err(config, e))?;
+        Self::on_pool(pool, config, config.max_connections / 2).await
+    }
+
+    /// Sets up the lock table and its statements on `pool`, keeping at most `keep`
+    /// connections checked out between statements (see [`HotConns`]).
+    pub(crate) async fn on_pool(
+        pool: sqlx::MySqlPool,
+        config: &SqlConfig,
+        keep: u32,
+    ) -> Result<Self> {
         let table = quote(&config.table, '`');
         if config.create_table {
             let create = format!(
@@ -123,7 +133,7 @@ impl MyDb {
         prepare_all(&pool, &prepared, &table).await?;
         Ok(Self {
             common: Common {
-                conns: HotConns::new(pool, config.max_connections),
+                conns: HotConns::new(pool, keep),
                 sql,
             },
             check,

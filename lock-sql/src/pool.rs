@@ -49,11 +49,12 @@ impl<DB: sqlx::Database> fmt::Debug for HotConns<DB> {
 }
 
 impl<DB: sqlx::Database> HotConns<DB> {
-    pub(crate) fn new(pool: sqlx::Pool<DB>, max_connections: u32) -> Self {
+    /// Keeps at most `keep` connections (half the pool for a pool of its own).
+    pub(crate) fn new(pool: sqlx::Pool<DB>, keep: u32) -> Self {
         Self {
             pool,
             idle: Mutex::default(),
-            keep: usize::try_from(max_connections / 2).unwrap_or(0),
+            keep: usize::try_from(keep).unwrap_or(0),
         }
     }
 
@@ -158,7 +159,7 @@ mod hot_tests {
             .connect(&url)
             .await
             .unwrap();
-        let conns = HotConns::new(pool, 4);
+        let conns = HotConns::new(pool, 2);
         // A temporary table lives on one connection only: seeing it means the same connection.
         let mut hot = conns.get().await.unwrap();
         let made = sqlx::query("CREATE TEMP TABLE marker (x INTEGER)")

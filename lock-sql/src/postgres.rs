@@ -123,6 +123,12 @@ impl PgDb {
         let pool = open_pool(pool, options, probe)
             .await
             .map_err(|e| connect_err(config, e))?;
+        Self::on_pool(pool, config, config.max_connections / 2).await
+    }
+
+    /// Sets up the lock table, its statements and the `LISTEN` connection on `pool`, keeping
+    /// at most `keep` connections checked out between statements (see [`HotConns`]).
+    pub(crate) async fn on_pool(pool: sqlx::PgPool, config: &SqlConfig, keep: u32) -> Result<Self> {
         let table = quote(&config.table, '"');
         if config.create_table {
             let create = format!(
@@ -157,7 +163,7 @@ impl PgDb {
         let task = tokio::spawn(listen(listener, notifier.clone()));
         Ok(Self {
             common: Common {
-                conns: HotConns::new(pool, config.max_connections),
+                conns: HotConns::new(pool, keep),
                 sql,
             },
             take_wake,

@@ -121,6 +121,17 @@ impl LiteDb {
         })
         .await
         .map_err(|e| connect_err(config, e))?;
+        Self::on_pool(pool, config, config.max_connections / 2).await
+    }
+
+    /// Sets up the lock table and its statements on `pool`, keeping at most `keep`
+    /// connections checked out between statements (see [`HotConns`]).
+    pub(crate) async fn on_pool(
+        pool: sqlx::SqlitePool,
+        config: &SqlConfig,
+        keep: u32,
+    ) -> Result<Self> {
+        let patience = config.busy_timeout;
         let table = quote(&config.table, '"');
         if config.create_table {
             let create = format!(
@@ -142,7 +153,7 @@ impl LiteDb {
         }
         Ok(Self {
             common: Common {
-                conns: HotConns::new(pool, config.max_connections),
+                conns: HotConns::new(pool, keep),
                 sql,
             },
         })
