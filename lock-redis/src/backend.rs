@@ -43,12 +43,60 @@ impl RedisBackend {
     pub async fn connect(config: RedisConfig, client: ClientConfig) -> Result<Self> {
         config.validate()?;
         client.validate()?;
-        let timeout = client.operation_timeout;
         let tls = NodeTls::load(&config).await?;
-        let connects = config
+        let clients = config
             .nodes
             .iter()
-            .map(|url| Node::connect(url, &tls, &config.client_name, timeout));
+            .map(|url| tls.client(url, &config.client_name))
+            .collect::<Result<Vec<_>>>()?;
+        Self::with_clients(clients, config, client).await
+    }
+
+    /// Uses the application's own clients (`redis::Client` holds the address, credentials,
+    /// TLS settings and database of one master): one for a single master, three or more for
+    /// Redlock over independent masters. `options` gives the lock options (fairness, handoff,
+    /// timeouts, client name); its nodes are replaced by the clients' addresses (without
+    /// credentials) and its mode by the number of clients. The backend opens its own
+    /// connections from the clients (a multiplexed connection and a subscriber per master),
+    /// as a `ConnectionManager` of the application would.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), distlock_core::Error> {
+    /// use distlock_redis::{RedisBackend, RedisConfig, redis};
+    /// use distlock_core::{ClientConfig, LockClient};
+    ///
+    /// let app_client = redis::Client::open("redis://:secret@10.0.0.5:6379/0").expect("url");
+    /// let options = RedisConfig::single("redis://unused")?.with_fair(true);
+    /// let backend =
+    ///     RedisBackend::from_clients(vec![app_client], options, ClientConfig::default()).await?;
+    /// let locks = LockClient::new(backend);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for no client, two clients (Redlock needs three or more) or
+    /// bad options; otherwise as [`RedisBackend::connect`].
+    pub async fn from_clients(
+        clients: Vec<redis::Client>,
+        mut options: RedisConfig,
+        client: ClientConfig,
+    ) -> Result<Self> {
+        options.nodes = clients.iter().map(describe).collect();
+        options.redlock = clients.len() > 1;
+        Self::with_clients(clients, options, client).await
+    }
+
+    async fn with_clients(
+        clients: Vec<redis::Client>,
+        config: RedisConfig,
+        client: ClientConfig,
+    ) -> Result<Self> {
+        config.validate()?;
+        client.validate()?;
+        let timeout = client.operation_timeout;
+        let connects = clients
+            .into_iter()
+            .map(|c| Node::connect(c, &config.client_name, timeout));
         let mut nodes = Vec::new();
         let mut failures = Vec::new();
         for result in join_all(connects).await {
@@ -86,7 +134,8 @@ impl RedisBackend {
         })
     }
 
-    /// The configuration.
+    /// The configuration (for a backend [`from_clients`](Self::from_clients), the clients'
+    /// addresses as its nodes).
     pub fn config(&self) -> &RedisConfig {
         &self.shared.config
     }
@@ -252,4 +301,15 @@ impl LockBackend for RedisBackend {
         }
         redlock::force_release(shared, &keys, name).await
     }
+}
+
+/// A node URL for an application's client: its address and database, never its credentials.
+fn describe(client: &redis::Client) -> String {
+    let info = client.get_connection_info();
+    let scheme = match info.addr() {
+        redis::ConnectionAddr::TcpTls { .. } => "rediss",
+        redis::ConnectionAddr::Unix(_) => "redis+unix",
+        _ => "redis",
+    };
+    format!("{scheme}://{}/{}", info.addr(), info.redis_settings().db())
 }

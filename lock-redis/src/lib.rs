@@ -143,6 +143,34 @@ pub async fn connect(url: &str, config: ClientConfig) -> Result<LockClient<Redis
     connect_with(RedisConfig::from_url(url)?, config).await
 }
 
+/// A lock client on the master of the application's own `redis::Client` (its address,
+/// credentials, TLS settings and database), with the default lock options; see
+/// [`RedisBackend::from_clients`] for Redlock and other options.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), distlock_core::Error> {
+/// use distlock_redis::distlock_core::{AcquireOptions, ClientConfig, DistributedLock};
+///
+/// // The application's client, e.g. the one behind its ConnectionManager:
+/// let app = distlock_redis::redis::Client::open("rediss://app:secret@redis.internal:6380/0")
+///     .expect("a valid URL");
+/// let locks = distlock_redis::from_client(app, ClientConfig::default()).await?;
+/// let guard = locks.acquire("invoices", &AcquireOptions::default()).await?;
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// As [`connect`].
+pub async fn from_client(
+    client: redis::Client,
+    config: ClientConfig,
+) -> Result<LockClient<RedisBackend>, Error> {
+    let options = RedisConfig::single("redis://127.0.0.1")?;
+    let backend = RedisBackend::from_clients(vec![client], options, config.clone()).await?;
+    LockClient::with_config(backend, config)
+}
+
 /// Connects with an explicit [`RedisConfig`] (e.g. [`RedisConfig::redlock`] over a list of
 /// `redis://` URLs).
 ///

@@ -144,21 +144,20 @@ pub(crate) enum Answer {
 }
 
 impl Node {
-    /// Connects to the master at `url` (a node URL of [`RedisConfig`](crate::RedisConfig)),
-    /// naming the connection `name`. A master that does not answer within `timeout` still
-    /// gets a node (connected lazily, retried by the connection manager) and the failure,
-    /// for the caller's quorum count.
+    /// Connects to the master of `client` (made by [`NodeTls::client`], or the
+    /// application's own), naming the connection `name`. A master that does not answer
+    /// within `timeout` still gets a node (connected lazily, retried by the connection
+    /// manager) and the failure, for the caller's quorum count.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for a bad URL or a database the server does not have.
+    /// [`Error::InvalidConfig`] for a database the server does not have.
     pub(crate) async fn connect(
-        url: &str,
-        tls: &NodeTls,
+        client: redis::Client,
         name: &str,
         timeout: Duration,
     ) -> Result<(Self, Option<RedisError>)> {
-        let client = tls.client(url, name)?;
         let info = client.get_connection_info();
+        let tls = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
         let addr = info.addr().to_string();
         let db = info.redis_settings().db();
         let manager_config = ConnectionManagerConfig::new()
@@ -212,8 +211,7 @@ impl Node {
                 if matches!(
                     failure.kind,
                     RedisErrorKind::Timeout | RedisErrorKind::Connection
-                ) && let Some(why) =
-                    wrong_port(&addr, url.starts_with("rediss://"), timeout / 4).await
+                ) && let Some(why) = wrong_port(&addr, tls, timeout / 4).await
                 {
                     failure = RedisError::tls(&addr, why);
                 }

@@ -179,3 +179,61 @@ async fn bad_connections_fail_at_once_without_the_password() {
     );
     assert!(err.to_string().contains("/nonexistent/ca.pem"), "{err}");
 }
+
+/// The application's own `redis::Client`s (TLS, ACL user) serve the locks: one master, and
+/// Redlock over three; the backend's configuration never shows their password.
+#[tokio::test]
+async fn the_applications_own_clients() {
+    let Some(url) = common::tls_url("redis_tls") else {
+        return;
+    };
+    let secret = url::Url::parse(&url)
+        .expect("url")
+        .password()
+        .expect("a password")
+        .to_owned();
+    let mine = distlock_redis::from_client(common::client(&url), config())
+        .await
+        .expect("locks over the application's client");
+    assert!(!format!("{mine:?}").contains(&secret));
+    assert!(!format!("{:?}", mine.backend_ref().config()).contains(&secret));
+    let by_url = distlock_redis::connect(&url, config())
+        .await
+        .expect("connect");
+    let name = format!("own-{}", uuid::Uuid::new_v4().simple());
+    let opts = AcquireOptions::default().with_ttl(Duration::from_secs(2));
+    let guard = mine.acquire(&name, &opts).await.expect("acquire");
+    assert!(
+        by_url
+            .try_acquire(&name, &opts)
+            .await
+            .expect("try")
+            .is_none()
+    );
+    guard.release().await.expect("release");
+
+    let redlock = conformance_tests::server_var("redis_tls", "DISTLOCK_TEST_REDLOCK_TLS_URL")
+        .expect("DISTLOCK_TEST_REDLOCK_TLS_URL");
+    let nodes = distlock_redis::RedisConfig::from_url(&redlock).expect("url");
+    let (_, query) = redlock.split_once('?').expect("TLS files in the query");
+    let clients = nodes
+        .nodes
+        .iter()
+        .map(|node| common::client(&format!("{node}?{query}")))
+        .collect();
+    let backend = distlock_redis::RedisBackend::from_clients(clients, nodes, config())
+        .await
+        .expect("Redlock over the application's clients");
+    assert!(backend.config().is_redlock() && backend.config().nodes.len() == 3);
+    let locks = distlock_core::LockClient::new(backend);
+    let guard = locks.acquire(&name, &opts).await.expect("acquire");
+    // The first Redlock node is the single master: its key is taken too.
+    assert!(
+        by_url
+            .try_acquire(&name, &opts)
+            .await
+            .expect("try")
+            .is_none()
+    );
+    guard.release().await.expect("release");
+}
