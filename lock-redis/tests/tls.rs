@@ -200,17 +200,7 @@ async fn the_applications_own_clients() {
     let by_url = distlock_redis::connect(&url, config())
         .await
         .expect("connect");
-    let name = format!("own-{}", uuid::Uuid::new_v4().simple());
-    let opts = AcquireOptions::default().with_ttl(Duration::from_secs(2));
-    let guard = mine.acquire(&name, &opts).await.expect("acquire");
-    assert!(
-        by_url
-            .try_acquire(&name, &opts)
-            .await
-            .expect("try")
-            .is_none()
-    );
-    guard.release().await.expect("release");
+    excludes(&mine, &by_url).await;
 
     let redlock = conformance_tests::server_var("redis_tls", "DISTLOCK_TEST_REDLOCK_TLS_URL")
         .expect("DISTLOCK_TEST_REDLOCK_TLS_URL");
@@ -225,15 +215,16 @@ async fn the_applications_own_clients() {
         .await
         .expect("Redlock over the application's clients");
     assert!(backend.config().is_redlock() && backend.config().nodes.len() == 3);
-    let locks = distlock_core::LockClient::new(backend);
-    let guard = locks.acquire(&name, &opts).await.expect("acquire");
     // The first Redlock node is the single master: its key is taken too.
-    assert!(
-        by_url
-            .try_acquire(&name, &opts)
-            .await
-            .expect("try")
-            .is_none()
-    );
+    excludes(&distlock_core::LockClient::new(backend), &by_url).await;
+}
+
+/// A lock taken by `locks` is seen as taken by `other`.
+async fn excludes(locks: &impl DistributedLock, other: &impl DistributedLock) {
+    let name = format!("own-{}", uuid::Uuid::new_v4().simple());
+    let opts = AcquireOptions::default().with_ttl(Duration::from_secs(2));
+    let guard = locks.acquire(&name, &opts).await.expect("acquire");
+    let seen = other.try_acquire(&name, &opts).await.expect("try");
+    assert!(seen.is_none(), "the other client took a held lock");
     guard.release().await.expect("release");
 }

@@ -91,6 +91,37 @@ where
     assert!(matches!(mismatch, Err(Error::InvalidConfig(_))));
 }
 
+/// Runs [`check`] on the application's `pool` (any sqlx pool type) at `url`.
+macro_rules! check_pool {
+    ($url:expr, $pool:expr) => {{
+        use sqlx::Executor;
+        let pool = $pool;
+        let (app, tx_pool, read_pool) = (pool.clone(), pool.clone(), pool.clone());
+        check(
+            $url,
+            SqlPool::from(pool),
+            async || app.execute("SELECT 1").await.map(drop),
+            async |write: &FencedUpdate, token, commit| {
+                let mut tx = tx_pool.begin().await.expect("begin");
+                let written = write.execute(&mut *tx, token).await?;
+                if commit {
+                    tx.commit().await.expect("commit");
+                } else {
+                    tx.rollback().await.expect("rollback");
+                }
+                Ok(written)
+            },
+            async || {
+                sqlx::query_scalar::<_, i64>("SELECT balance FROM own_pool_accounts WHERE id = 7")
+                    .fetch_one(&read_pool)
+                    .await
+                    .expect("read")
+            },
+        )
+        .await
+    }};
+}
+
 macro_rules! own_pool_test {
     ($test:ident, $feature:literal, $backend:literal, $var:literal, $options:ty, $table_sql:literal) => {
         #[cfg(feature = $feature)]
@@ -114,33 +145,7 @@ macro_rules! own_pool_test {
             pool.execute("INSERT INTO own_pool_accounts (id, balance) VALUES (7, 0)")
                 .await
                 .expect("insert");
-            let app = pool.clone();
-            let tx_pool = pool.clone();
-            let read_pool = pool.clone();
-            check(
-                &url,
-                SqlPool::from(pool),
-                async || app.execute("SELECT 1").await.map(drop),
-                async |write: &FencedUpdate, token, commit| {
-                    let mut tx = tx_pool.begin().await.expect("begin");
-                    let written = write.execute(&mut *tx, token).await?;
-                    if commit {
-                        tx.commit().await.expect("commit");
-                    } else {
-                        tx.rollback().await.expect("rollback");
-                    }
-                    Ok(written)
-                },
-                async || {
-                    sqlx::query_scalar::<_, i64>(
-                        "SELECT balance FROM own_pool_accounts WHERE id = 7",
-                    )
-                    .fetch_one(&read_pool)
-                    .await
-                    .expect("read")
-                },
-            )
-            .await;
+            check_pool!(&url, pool);
         }
     };
 }
@@ -181,27 +186,5 @@ async fn sqlite_pool() {
     pool.execute("INSERT INTO own_pool_accounts (id, balance) VALUES (7, 0)")
         .await
         .expect("insert");
-    let (app, tx_pool, read_pool) = (pool.clone(), pool.clone(), pool.clone());
-    check(
-        &url,
-        SqlPool::from(pool),
-        async || app.execute("SELECT 1").await.map(drop),
-        async |write: &FencedUpdate, token, commit| {
-            let mut tx = tx_pool.begin().await.expect("begin");
-            let written = write.execute(&mut *tx, token).await?;
-            if commit {
-                tx.commit().await.expect("commit");
-            } else {
-                tx.rollback().await.expect("rollback");
-            }
-            Ok(written)
-        },
-        async || {
-            sqlx::query_scalar::<_, i64>("SELECT balance FROM own_pool_accounts WHERE id = 7")
-                .fetch_one(&read_pool)
-                .await
-                .expect("read")
-        },
-    )
-    .await;
+    check_pool!(&url, pool);
 }
