@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use conformance_tests::tls::{refused, tls_file, with_param};
 use distlock_core::{AcquireOptions, ClientConfig, DistributedLock};
+use distlock_redis::{RedisConfig, redis};
 
 fn config() -> ClientConfig {
     ClientConfig::default().with_operation_timeout(Duration::from_secs(2))
@@ -19,7 +20,10 @@ async fn locks(url: &str) {
         .await
         .unwrap_or_else(|err| panic!("connecting over TLS: {err}"));
     let name = format!("tls-{}", uuid::Uuid::new_v4().simple());
-    let opts = AcquireOptions::default().with_ttl(Duration::from_secs(2));
+    // A long ttl: a waiter that only polled would sleep until the holder's PTTL (~10 s).
+    let opts = AcquireOptions::default()
+        .with_ttl(Duration::from_secs(10))
+        .with_wait(Duration::from_secs(15));
     let guard = client
         .acquire(&name, &opts)
         .await
@@ -27,28 +31,43 @@ async fn locks(url: &str) {
     let other = distlock_redis::connect(url, config())
         .await
         .expect("connect");
-    assert!(
-        other
-            .try_acquire(&name, &opts)
-            .await
-            .expect("try")
-            .is_none()
-    );
+    let busy = other.try_acquire(&name, &opts).await.expect("try");
+    assert!(busy.is_none(), "a held lock was taken over TLS");
     // The waiter is woken by the release through the subscriber, over TLS as well.
     let waiter = tokio::spawn(async move {
-        let opts = AcquireOptions::default()
-            .with_ttl(Duration::from_secs(2))
-            .with_wait(Duration::from_secs(10));
-        other.acquire(&name, &opts).await.map(|g| g.token())
+        let guard = other.acquire(&name, &opts).await?;
+        Ok::<_, distlock_core::Error>((guard.token(), std::time::Instant::now()))
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The waiter's subscriber is connected (the servers speak TLS only, to ACL users only).
+    let first_node = RedisConfig::from_url(url).expect("url").nodes[0].clone();
+    let query = url.split_once('?').map(|(_, q)| q).unwrap_or_default();
+    let mut admin = common::raw(&format!("{first_node}?{query}")).await;
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut admin)
+        .await
+        .expect("CLIENT LIST");
+    assert!(
+        clients
+            .lines()
+            .any(|l| l.contains(" flags=P ") && l.contains(" user=distlock ")),
+        "no subscriber of user distlock on {}: {clients}",
+        distlock_core::service_url::redact(&first_node)
+    );
     guard.renew().await.expect("renew over TLS");
     let first = guard.token();
+    let released = std::time::Instant::now();
     guard.release().await.expect("release over TLS");
-    let second = waiter
+    let (second, woken) = waiter
         .await
         .expect("join")
         .expect("the waiter gets the lock");
+    let after = woken.duration_since(released);
+    assert!(
+        after < Duration::from_secs(3),
+        "the waiter got the lock {after:?} after the release: no pub/sub wake-up over TLS"
+    );
     assert!(second > first, "fencing tokens increase over TLS");
 }
 
