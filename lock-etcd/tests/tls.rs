@@ -4,6 +4,7 @@
 //! of getting the connection wrong fails at once with a typed, non-retryable error that names
 //! the server and the cause and never shows the password.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use distlock_core::{AcquireOptions, ClientConfig, DistributedLock, Error};
@@ -257,4 +258,65 @@ async fn an_expired_auth_token_is_refreshed() {
         .expect("the waiter gets the lock after its token expired");
     let handoff = acquired.saturating_duration_since(released);
     assert!(handoff < Duration::from_secs(3), "handoff took {handoff:?}");
+}
+
+/// Every log line at TRACE (distlock's, etcd-client's, tonic's, h2's) while connecting with
+/// the right and a wrong password, locking and failing: none shows either password.
+#[tokio::test]
+async fn no_trace_line_shows_the_password() {
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let Some(url) = tls_url() else { return };
+    let secret = url
+        .password()
+        .expect("the TLS URL has a password")
+        .to_owned();
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _log = tracing::subscriber::set_default(subscriber);
+
+    let client = distlock_etcd::connect(url.as_str(), config())
+        .await
+        .expect("connect");
+    let guard = client
+        .acquire(&unique("trace"), &AcquireOptions::default())
+        .await
+        .expect("acquire");
+    guard.release().await.expect("release");
+    let mut wrong = url.clone();
+    wrong.set_password(Some("not-the-password")).unwrap();
+    let err = distlock_etcd::connect(wrong.as_str(), config()).await;
+    assert!(err.is_err(), "connected with a wrong password");
+    drop(client);
+
+    let text = String::from_utf8_lossy(&lines.0.lock().unwrap()).into_owned();
+    assert!(
+        text.lines().count() > 10,
+        "too few TRACE lines to mean anything: {text}"
+    );
+    for (n, line) in text.lines().enumerate() {
+        assert!(
+            !line.contains(&secret),
+            "TRACE line {n} shows the password: {line}"
+        );
+        assert!(
+            !line.contains("not-the-password"),
+            "TRACE line {n} shows the wrong password: {line}"
+        );
+    }
+    eprintln!("{} TRACE lines searched", text.lines().count());
 }
