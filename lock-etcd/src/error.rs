@@ -67,15 +67,6 @@ pub(crate) async fn connect_err(
             let hint = client_cert_hint(config, &tls);
             return Error::backend(format!("TLS with {at} failed: {tls}{hint}"), err);
         }
-        if config.is_tls() && (handshake_eof(&err) || speaks_plain_h2(config, timeout / 4).await) {
-            return Error::backend(
-                format!(
-                    "TLS with {at} failed: the server does not speak TLS on this port (a \
-                     plain port? then use etcd:// or http:// endpoints)"
-                ),
-                err,
-            );
-        }
         if !retryable(&err) {
             // A wrong password and an unknown user get the same answer from etcd.
             let who = match config.username() {
@@ -84,6 +75,15 @@ pub(crate) async fn connect_err(
             };
             return Error::backend(
                 format!("{at} refused the connection{who}: {}", cause(&err)),
+                err,
+            );
+        }
+        if config.is_tls() && (handshake_eof(&err) || speaks_plain_h2(config, timeout / 4).await) {
+            return Error::backend(
+                format!(
+                    "TLS with {at} failed: the server does not speak TLS on this port (a \
+                     plain port? then use etcd:// or http:// endpoints)"
+                ),
                 err,
             );
         }

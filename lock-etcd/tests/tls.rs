@@ -320,3 +320,32 @@ async fn no_trace_line_shows_the_password() {
     }
     eprintln!("{} TRACE lines searched", text.lines().count());
 }
+
+/// A client certificate alone: etcd takes its common name (`distlock_tls`, no etcd user here)
+/// as the user, so the first lock operation is refused at once (not retried until the wait
+/// runs out).
+#[tokio::test]
+async fn a_certificate_without_a_user_is_refused_at_once() {
+    let Some(url) = tls_url() else { return };
+    let mut anonymous = url.clone();
+    anonymous.set_username("").unwrap();
+    anonymous.set_password(None).unwrap();
+    let started = Instant::now();
+    let outcome = match distlock_etcd::connect(anonymous.as_str(), config()).await {
+        Ok(client) => {
+            let opts = AcquireOptions::default().with_wait(Duration::from_secs(30));
+            client.acquire(&unique("cn"), &opts).await.map(drop)
+        }
+        Err(err) => Err(err),
+    };
+    let err = outcome.expect_err("locked as a user that does not exist");
+    let took = started.elapsed();
+    assert!(took < CONNECT_BOUND, "the refusal took {took:?}: {err}");
+    assert!(!err.is_retryable(), "a retryable refusal: {err:?}");
+    let lower = err.to_string().to_lowercase();
+    assert!(
+        lower.contains("permission denied") || lower.contains("user"),
+        "{err}"
+    );
+    eprintln!("refused in {took:?}: {err}");
+}
