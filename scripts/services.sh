@@ -24,14 +24,19 @@
 #   redis-tls-16390 .. 16392     3 Redis masters over TLS only (client certificate optional), the
 #                                default user off, ACL user distlock with the TLS password
 #   etcd                         single etcd member, client 12379, peer 12380
+#   etcd-tls                     single etcd member, client 12479 over TLS with client
+#                                certificates required (--client-cert-auth), peer 12480 (plain);
+#                                auth enabled, user root with the TLS password, auth tokens
+#                                expire after 10 s idle (--auth-token-ttl, so tests see refreshes)
 #   etcd-cluster-1..3            3-member etcd cluster, client 12381..12383, peer 12391..12393
 #   zookeeper                    standalone ZooKeeper 12181 (tickTime 200, session 400..60000 ms)
 #   postgres                     PostgreSQL 15 on 15432, database distlock, user postgres, trust;
 #                                TLS (ssl=on), user distlock_tls with a password, over TLS only
 #   mariadb                      MariaDB on 13306, database distlock, root without password;
 #                                TLS, user distlock_tls with a password, REQUIRE SSL
-# The TLS users' password and the certificates (a CA, the server's, a client's, and a second CA
-# that signed nothing) are made at start-up in conf/tls (openssl), never committed.
+# The TLS users' password (also etcd-tls's root password) and the certificates (a CA, the
+# server's, a client's, and a second CA that signed nothing) are made at start-up in conf/tls
+# (openssl), never committed.
 #
 # State lives in ${DISTLOCK_SERVICES_DIR:-<repo>/target/services}:
 #   data/NAME/     data dir of each server      logs/NAME.log   stdout+stderr of each server
@@ -77,6 +82,9 @@ REDIS_PORTS=(16379 16380 16381 16382 16383)
 REDIS_TLS_PORTS=(16390 16391 16392)
 ETCD_CLIENT_PORT=12379
 ETCD_PEER_PORT=12380
+ETCD_TLS_CLIENT_PORT=12479
+ETCD_TLS_PEER_PORT=12480
+ETCD_TLS_TOKEN_TTL=10
 CLUSTER_CLIENT_PORTS=(12381 12382 12383)
 CLUSTER_PEER_PORTS=(12391 12392 12393)
 ZK_PORT=12181
@@ -86,7 +94,7 @@ MARIADB_PORT=13306
 ALL_SERVERS=(
   redis-16379 redis-16380 redis-16381 redis-16382 redis-16383
   redis-tls-16390 redis-tls-16391 redis-tls-16392
-  etcd etcd-cluster-1 etcd-cluster-2 etcd-cluster-3
+  etcd etcd-tls etcd-cluster-1 etcd-cluster-2 etcd-cluster-3
   zookeeper postgres mariadb
 )
 
@@ -119,6 +127,7 @@ server_port() {
     redis-tls-*) printf '%s\n' "${1#redis-tls-}" ;;
     redis-*) printf '%s\n' "${1#redis-}" ;;
     etcd) printf '%s\n' "$ETCD_CLIENT_PORT" ;;
+    etcd-tls) printf '%s\n' "$ETCD_TLS_CLIENT_PORT" ;;
     etcd-cluster-*) printf '%s\n' "${CLUSTER_CLIENT_PORTS[$(member_index "$1")]}" ;;
     zookeeper) printf '%s\n' "$ZK_PORT" ;;
     postgres) printf '%s\n' "$PG_PORT" ;;
@@ -131,6 +140,7 @@ server_ports() {
   server_port "$1"
   case $1 in
     etcd) printf '%s\n' "$ETCD_PEER_PORT" ;;
+    etcd-tls) printf '%s\n' "$ETCD_TLS_PEER_PORT" ;;
     etcd-cluster-*) printf '%s\n' "${CLUSTER_PEER_PORTS[$(member_index "$1")]}" ;;
   esac
 }
@@ -139,7 +149,7 @@ server_ports() {
 server_comm() {
   case $1 in
     redis-*) printf 'redis-server\n' ;;
-    etcd | etcd-cluster-*) printf 'etcd\n' ;;
+    etcd | etcd-tls | etcd-cluster-*) printf 'etcd\n' ;;
     zookeeper) printf 'java\n' ;;
     postgres) printf 'postgres\n' ;;
     mariadb) printf 'mariadbd\n' ;;
@@ -432,6 +442,21 @@ launch() {
         --initial-cluster "etcd-single=http://$HOST:$ETCD_PEER_PORT" \
         --initial-cluster-token "$(etcd_token etcd)" --initial-cluster-state new
       ;;
+    etcd-tls)
+      mkdir -p "$dir"
+      chmod 700 "$dir"
+      tls_material
+      spawn "$name" etcd --name etcd-tls --data-dir "$dir" --logger zap \
+        --listen-client-urls "https://$HOST:$ETCD_TLS_CLIENT_PORT" \
+        --advertise-client-urls "https://$HOST:$ETCD_TLS_CLIENT_PORT" \
+        --cert-file "$(tls_dir)/server.pem" --key-file "$(tls_dir)/server.key" \
+        --client-cert-auth --trusted-ca-file "$(tls_dir)/ca.pem" \
+        --auth-token simple --auth-token-ttl "$ETCD_TLS_TOKEN_TTL" \
+        --listen-peer-urls "http://$HOST:$ETCD_TLS_PEER_PORT" \
+        --initial-advertise-peer-urls "http://$HOST:$ETCD_TLS_PEER_PORT" \
+        --initial-cluster "etcd-tls=http://$HOST:$ETCD_TLS_PEER_PORT" \
+        --initial-cluster-token "$(etcd_token etcd-tls)" --initial-cluster-state new
+      ;;
     etcd-cluster-*)
       local i initial="" j
       i=$(member_index "$name")
@@ -525,6 +550,15 @@ mariadb_sql() {
     -e "$1" ${2:+"$2"}
 }
 
+# etcdctl against etcd-tls with the test CA and the client certificate; "$@" are its arguments.
+etcd_tls_ctl() {
+  local d
+  d=$(tls_dir)
+  ETCDCTL_API=3 timeout 10 etcdctl --endpoints="https://$HOST:$ETCD_TLS_CLIENT_PORT" \
+    --cacert="$d/ca.pem" --cert="$d/client.pem" --key="$d/client.key" \
+    --dial-timeout=2s --command-timeout=5s "$@"
+}
+
 pg_sql() {
   "$PG_BIN/psql" -X -q -h "$HOST" -p "$PG_PORT" -U postgres -d "$1" -tAc "$2"
 }
@@ -537,6 +571,7 @@ probe() {
         -h "$HOST" -p "$(server_port "$1")" --user distlock --no-auth-warning ping 2>/dev/null) == PONG ]]
       ;;
     redis-*) [[ $(timeout 2 redis-cli -h "$HOST" -p "${1#redis-}" ping 2>/dev/null) == PONG ]] ;;
+    etcd-tls) etcd_tls_ctl endpoint health >/dev/null 2>&1 ;;
     etcd | etcd-cluster-*)
       ETCDCTL_API=3 timeout 5 etcdctl --endpoints="http://$HOST:$(server_port "$1")" \
         --dial-timeout=1s --command-timeout=2s endpoint health >/dev/null 2>&1
@@ -562,6 +597,20 @@ post_ready() {
       pg_sql distlock "ALTER ROLE distlock_tls PASSWORD '$(tls_password)'" >&2 &&
         pg_sql distlock 'CREATE SCHEMA IF NOT EXISTS distlock_tls AUTHORIZATION distlock_tls' >&2 &&
         [[ $(pg_sql distlock 'SELECT 1') == 1 ]]
+      ;;
+    etcd-tls)
+      # Auth on, user root with the TLS password. Idempotent: with auth already on, root's
+      # password is checked; otherwise root is made (or its password reset) and auth enabled
+      # (etcdctl gives root the root role). The password goes through stdin, not argv.
+      if etcd_tls_ctl --user="root:$(tls_password)" user get root >/dev/null 2>&1; then
+        return 0
+      fi
+      if ! etcd_tls_ctl user get root >/dev/null 2>&1; then
+        etcd_tls_ctl user add root --interactive=false <<<"$(tls_password)" >&2 || return 1
+      fi
+      etcd_tls_ctl user passwd root --interactive=false <<<"$(tls_password)" >&2 &&
+        etcd_tls_ctl auth enable >&2 &&
+        etcd_tls_ctl --user="root:$(tls_password)" user get root >/dev/null
       ;;
     mariadb)
       mariadb_sql "CREATE DATABASE IF NOT EXISTS distlock;
@@ -823,6 +872,8 @@ print_env() {
   urls=""
   for p in "${REDIS_TLS_PORTS[@]}"; do urls+="${urls:+,}$HOST:$p"; done
   printf 'export DISTLOCK_TEST_REDLOCK_TLS_URL=%q\n' "redlocks://distlock:$pass@$urls?$tls_query"
+  printf 'export DISTLOCK_TEST_ETCD_TLS_URL=%q\n' \
+    "etcds://root:$pass@$HOST:$ETCD_TLS_CLIENT_PORT?$tls_query"
   printf 'export DISTLOCK_TEST_TLS_DIR=%q\n' "$(tls_dir)"
   printf 'export DISTLOCK_SERVICES_DIR=%q\n' "$STATE"
 }

@@ -160,7 +160,7 @@ fn connection_errors_name_the_server_and_the_cause_once() {
     if cfg!(feature = "etcd") {
         cases.push((
             "etcd://127.0.0.1:1",
-            "cannot connect to etcd at http://127.0.0.1:1: connection refused",
+            "cannot connect to etcd at 127.0.0.1:1: connection refused",
         ));
     }
     if cfg!(feature = "zookeeper") {

@@ -71,7 +71,7 @@ pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Arc<dyn Dis
             Ok(distlock_redis::connect(url, config).await?.into_dyn())
         }
         #[cfg(feature = "etcd")]
-        "etcd" => Ok(distlock_etcd::connect(url, config).await?.into_dyn()),
+        "etcd" | "etcds" => Ok(distlock_etcd::connect(url, config).await?.into_dyn()),
         #[cfg(feature = "zookeeper")]
         "zk" => Ok(distlock_zookeeper::connect(url, config).await?.into_dyn()),
         other => match feature_of(other) {
@@ -158,9 +158,9 @@ pub const SCHEMES: &[Scheme] = &[
     },
     Scheme {
         backend: "etcd",
-        names: &["etcd"],
+        names: &["etcd", "etcds"],
         feature: Some("etcd"),
-        example: "etcd://h1:p1,h2:p2",
+        example: "etcd://h1:p1,h2:p2 or etcds://user:pass@h1:p1?ca=PATH&cert=PATH&key=PATH",
         enabled: cfg!(feature = "etcd"),
     },
     Scheme {
@@ -254,7 +254,7 @@ mod tests {
             ("", "not a lock service URL"),
             ("127.0.0.1:6379", "not a lock service URL"),
             ("ftp://x", "unknown URL scheme"),
-            ("ftp://x", "redlocks, etcd, zk, memory"),
+            ("ftp://x", "redlocks, etcd, etcds, zk, memory"),
         ] {
             let err = connect(url).await.unwrap_err();
             assert!(matches!(err, Error::InvalidConfig(_)), "{url}: {err}");

@@ -3,7 +3,12 @@
 //! chain and everything `tracing` emitted in this test binary are searched for it, against
 //! real servers, plain and over TLS.
 
-#![cfg(all(feature = "redis", feature = "postgres", feature = "mysql"))]
+#![cfg(all(
+    feature = "redis",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "etcd"
+))]
 
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -184,6 +189,7 @@ async fn no_rendering_or_log_line_over_tls_shows_the_password() {
         ("redis_tls", "DISTLOCK_TEST_REDLOCK_TLS_URL"),
         ("postgres_tls", "DISTLOCK_TEST_POSTGRES_TLS_URL"),
         ("mysql_tls", "DISTLOCK_TEST_MYSQL_TLS_URL"),
+        ("etcd_tls", "DISTLOCK_TEST_ETCD_TLS_URL"),
     ] {
         let Some(url) = conformance_tests::server_var(backend, var) else {
             continue;

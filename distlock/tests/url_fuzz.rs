@@ -37,6 +37,7 @@ const SCHEMES: &[&str] = &[
     "unix",
     "etcd",
     "Etcd",
+    "etcds",
     "zk",
     "sqlite",
     "SQLite",

@@ -10,18 +10,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_core::backend::within;
 use distlock_core::{
-    AcquireRequest, Attempt, Capabilities, Error, FencingGuarantee, LockBackend, LockInfo,
-    LockName, LossDetection, Result, WakeUp,
+    AcquireRequest, Attempt, Capabilities, FencingGuarantee, LockBackend, LockInfo, LockName,
+    LossDetection, Result, WakeUp,
 };
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
-};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp};
 use tokio::sync::mpsc;
 
 use crate::attempt::{EtcdAttempt, token};
 use crate::checks::KeyCheck;
 use crate::config::EtcdConfig;
-use crate::error::{cause, map_err, retryable, transient};
+use crate::error::{connect_err, map_err, retryable, tls_cause, transient};
 use crate::keys;
 use crate::keys::{KeyPool, QueueKey};
 use crate::session::LeaseSlot;
@@ -63,61 +61,76 @@ impl fmt::Debug for EtcdBackend {
 }
 
 impl EtcdBackend {
-    /// Connects to the cluster of `config`. The connection is made lazily: an unreachable
-    /// cluster shows up as [`Error::Unavailable`] on the first operation, within the core's
-    /// operation timeout (`connect_timeout` bounds each connection attempt).
+    /// Connects to the cluster of `config` (TLS and user as configured) and checks that some
+    /// endpoint answers, within `connect_timeout` (which also bounds each connection attempt).
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] if the client library rejects an endpoint.
+    /// [`Error::InvalidConfig`](distlock_core::Error::InvalidConfig) for an endpoint the client
+    /// library rejects or a TLS file that cannot be read;
+    /// [`Error::Backend`](distlock_core::Error::Backend) (not retryable, naming the endpoints
+    /// and the cause)
+    /// for a refused user or password, a TLS handshake that fails (untrusted or expired
+    /// certificate, TLS to a plain port, no client certificate where one is required) and a
+    /// plain connection to a TLS port; [`Error::Unavailable`](distlock_core::Error::Unavailable)
+    /// when no endpoint answers.
     pub async fn connect(config: &EtcdConfig, connect_timeout: Duration) -> Result<Self> {
-        let options = ConnectOptions::new()
-            .with_connect_timeout(connect_timeout)
-            .with_keep_alive(Duration::from_secs(2), connect_timeout)
-            .with_keep_alive_while_idle(true);
-        let connecting = Client::connect(config.endpoints(), Some(options));
-        let client = match within(connect_timeout, "connecting to etcd", connecting).await? {
-            Ok(client) => client,
-            Err(err @ (etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_))) => {
-                return Err(Error::InvalidConfig(format!(
-                    "etcd endpoints {:?}: {err}",
-                    config.endpoints()
-                )));
+        let client = Self::connect_client(config, connect_timeout).await?;
+        Ok(Self::from_client(client, config))
+    }
+
+    /// The checked [`etcd_client::Client`] that [`EtcdBackend::connect`] uses, for code that
+    /// wants its own (e.g. to share with [`EtcdBackend::from_client`] or for administration).
+    ///
+    /// # Errors
+    /// As [`EtcdBackend::connect`].
+    pub async fn connect_client(config: &EtcdConfig, connect_timeout: Duration) -> Result<Client> {
+        let options = config.connect_options(connect_timeout).await?;
+        let at = format!("etcd at {}", config.hosts());
+        // With a user, connecting authenticates at once, on one endpoint: a member that is down
+        // fails it, so one try per endpoint (plus one), as for the probe below. Credential and
+        // TLS errors are not retried.
+        let connecting = async {
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                match Client::connect(config.endpoints(), Some(options.clone())).await {
+                    Ok(client) => return Ok(client),
+                    Err(err)
+                        if tries <= config.endpoints().len()
+                            && retryable(&err)
+                            && tls_cause(&err).is_none() => {}
+                    Err(err) => return Err(err),
+                }
             }
-            Err(err) => return Err(map_err("connecting to etcd", err)),
+        };
+        let client = match within(connect_timeout, &at, connecting).await? {
+            Ok(client) => client,
+            Err(err) => return Err(connect_err(config, connect_timeout, Some(err)).await),
         };
         // etcd-client connects lazily: a dead endpoint would only show at the first lock
         // operation, and a waiter would retry it silently. A status call verifies that some
         // endpoint answers; requests are spread over the endpoints, so one try per endpoint
         // (plus one) lets a cluster with a member down pass.
-        let endpoints = config.endpoints().join(",");
         let probe = async {
             let mut last = None;
             for _ in 0..=config.endpoints().len() {
                 match client.clone().status().await {
                     Ok(_) => return Ok(()),
-                    Err(err) => last = Some(err),
+                    Err(err) => {
+                        let fatal = !retryable(&err) || tls_cause(&err).is_some();
+                        last = Some(err);
+                        if fatal {
+                            break;
+                        }
+                    }
                 }
             }
             Err(last)
         };
-        let what = format!("etcd at {endpoints}");
-        match within(connect_timeout, what, probe).await? {
-            Ok(()) => {}
-            Err(err) => {
-                // The gRPC status keeps the OS's reason out of its source chain: ask the
-                // network why.
-                let reason =
-                    match distlock_core::tcp_cause(config.endpoints(), connect_timeout / 4).await {
-                        Some(io) => io,
-                        None => err.as_ref().map(cause).unwrap_or_default(),
-                    };
-                return Err(Error::Unavailable {
-                    message: format!("cannot connect to etcd at {endpoints}: {reason}"),
-                    source: err.map(|e| Box::new(e) as distlock_core::BoxError),
-                });
-            }
+        match within(connect_timeout, &at, probe).await? {
+            Ok(()) => Ok(client),
+            Err(err) => Err(connect_err(config, connect_timeout, err).await),
         }
-        Ok(Self::from_client(client, config))
     }
 
     /// Uses an existing client (its endpoints are taken from `config` for diagnostics only).

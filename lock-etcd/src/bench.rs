@@ -5,7 +5,10 @@ use distlock_bench::{RawFloor, Target};
 use distlock_core::{ClientConfig, Error};
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 
-use crate::EtcdConfig;
+use crate::{EtcdBackend, EtcdConfig};
+
+/// How long a floor waits for its connection (TLS handshake and authentication included).
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn unavailable(what: &str, err: etcd_client::Error) -> Error {
     Error::unavailable(format!("{what}: {err}"), err)
@@ -19,14 +22,13 @@ pub struct TxnFloor {
 }
 
 impl TxnFloor {
-    /// Connects its own client to `config`'s endpoints.
+    /// Connects its own client to `config`'s endpoints, the way the lock client connects (TLS
+    /// and user included, so a TLS target is measured next to a TLS floor).
     ///
     /// # Errors
-    /// [`Error::Unavailable`] if the client cannot be built.
+    /// As [`EtcdBackend::connect`].
     pub async fn connect(config: &EtcdConfig) -> Result<Self, Error> {
-        let client = Client::connect(config.endpoints(), None)
-            .await
-            .map_err(|e| unavailable("connecting", e))?;
+        let client = EtcdBackend::connect_client(config, CONNECT_TIMEOUT).await?;
         Ok(Self {
             client,
             prefix: format!("{}/floor/", config.prefix()),
@@ -76,11 +78,9 @@ impl LockApiFloor {
     /// run is shorter).
     ///
     /// # Errors
-    /// [`Error::Unavailable`] if the server cannot be reached.
+    /// As [`EtcdBackend::connect`], and [`Error::Unavailable`] if the lease cannot be granted.
     pub async fn connect(config: &EtcdConfig) -> Result<Self, Error> {
-        let mut client = Client::connect(config.endpoints(), None)
-            .await
-            .map_err(|e| unavailable("connecting", e))?;
+        let mut client = EtcdBackend::connect_client(config, CONNECT_TIMEOUT).await?;
         let lease = client
             .lease_grant(60, None)
             .await
@@ -163,10 +163,11 @@ pub fn lock_api_target(label: &str, config: &EtcdConfig) -> Target {
     })
 }
 
-/// The raw floor for a lock URL: [`TxnFloor`]. `distlock bench` calls it.
+/// The raw floor for a lock URL (`etcd://` or `etcds://`, user included): [`TxnFloor`].
+/// `distlock bench` calls it.
 ///
 /// # Errors
-/// [`Error::InvalidConfig`] for a bad URL, [`Error::Unavailable`] when etcd cannot be reached.
+/// [`Error::InvalidConfig`] for a bad URL, and the errors of [`EtcdBackend::connect`].
 pub async fn floor(url: &str) -> Result<Box<dyn RawFloor>, Error> {
     let config = EtcdConfig::from_url(url)?;
     Ok(Box::new(TxnFloor::connect(&config).await?))

@@ -4,6 +4,11 @@ use distlock_core::Error;
 use distlock_core::backend::{RetryPolicy, retrying};
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::EtcdConfig;
 
 /// Maps a client error: transport and availability problems are retryable.
 pub(crate) fn map_err(what: &str, err: etcd_client::Error) -> Error {
@@ -41,6 +46,239 @@ pub(crate) fn retryable(err: &etcd_client::Error) -> bool {
         | E::EndpointError(_) => true,
         _ => false,
     }
+}
+
+/// Classifies a failed connection (`err`: the client's last error, if any): a refused user or
+/// password, a failed TLS handshake (untrusted or expired certificate, TLS to a plain port, no
+/// client certificate where one is required) and a plain connection to a TLS port are the
+/// caller's to fix, so they are [`Error::Backend`] (not retryable); each names the endpoints
+/// and the cause. Anything else is [`Error::Unavailable`], with the network's reason.
+pub(crate) async fn connect_err(
+    config: &EtcdConfig,
+    timeout: Duration,
+    err: Option<etcd_client::Error>,
+) -> Error {
+    let at = format!("etcd at {}", config.hosts());
+    if let Some(err) = err {
+        if let etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_) = err {
+            return Error::InvalidConfig(format!("{at}: {err}"));
+        }
+        if let Some(tls) = tls_cause(&err) {
+            let hint = client_cert_hint(config, &tls);
+            return Error::backend(format!("TLS with {at} failed: {tls}{hint}"), err);
+        }
+        if !retryable(&err) {
+            // A wrong password and an unknown user get the same answer from etcd.
+            let who = match config.username() {
+                Some(user) => format!(" for user {:?}", distlock_core::service_url::echo(user)),
+                None => String::new(),
+            };
+            return Error::backend(
+                format!("{at} refused the connection{who}: {}", cause(&err)),
+                err,
+            );
+        }
+        if config.is_tls() && (handshake_eof(&err) || speaks_plain_h2(config, timeout / 4).await) {
+            return Error::backend(
+                format!(
+                    "TLS with {at} failed: the server does not speak TLS on this port (a \
+                     plain port? then use etcd:// or http:// endpoints)"
+                ),
+                err,
+            );
+        }
+        if let Some(tls) = tls_diagnosis(config, timeout / 4).await {
+            return Error::backend(format!("TLS with {at} failed: {tls}"), err);
+        }
+        if !config.is_tls() && speaks_tls(config.endpoints(), timeout / 4).await {
+            return Error::backend(
+                format!(
+                    "{at} expects TLS, this client connected without: use etcds:// \
+                     (or https:// endpoints)"
+                ),
+                err,
+            );
+        }
+        // The gRPC status keeps the OS's reason out of its source chain: ask the network why.
+        let reason = match distlock_core::tcp_cause(config.endpoints(), timeout / 4).await {
+            Some(io) => io,
+            None => cause(&err),
+        };
+        return Error::Unavailable {
+            message: format!("cannot connect to {at}: {reason}"),
+            source: Some(Box::new(err)),
+        };
+    }
+    let reason = distlock_core::tcp_cause(config.endpoints(), timeout / 4)
+        .await
+        .unwrap_or_else(|| "no answer".into());
+    Error::Unavailable {
+        message: format!("cannot connect to {at}: {reason}"),
+        source: None,
+    }
+}
+
+/// The TLS layer's reason, when `err` is a failed TLS handshake or a TLS alert from the peer
+/// (an untrusted or expired certificate, a missing client certificate, a plain server's answer:
+/// rustls reports those as invalid data; retrying cannot help).
+pub(crate) fn tls_cause(err: &etcd_client::Error) -> Option<String> {
+    io_errors(err)
+        .find(|io| io.kind() == std::io::ErrorKind::InvalidData)
+        .and_then(|io| distlock_core::io_cause(io))
+}
+
+/// A hint when the server refused the handshake with an alert and no client certificate was
+/// given (a server that requires one answers so).
+fn client_cert_hint(config: &EtcdConfig, tls: &str) -> &'static str {
+    match config.tls_files() {
+        Some(files) if !files.has_identity() && tls.contains("alert") => {
+            " (does the server require a client certificate? give cert= and key=)"
+        }
+        _ => "",
+    }
+}
+
+/// Why TLS with the first reachable endpoint fails, found by a handshake of our own with the
+/// configured CA and client certificate, then a short read: with TLS 1.3 the server checks the
+/// client certificate after the client's side of the handshake is done, and its refusal (an
+/// alert) can lose the race against the HTTP/2 client's first write, which then only sees a
+/// broken pipe. `None` when the handshake and the read raise no TLS error (or no endpoint
+/// accepts a connection).
+async fn tls_diagnosis(config: &EtcdConfig, timeout: Duration) -> Option<String> {
+    use tokio_rustls::rustls;
+    let material = config.tls_files()?.load().await.ok()?;
+    let tls = tls_client_config(&material).ok()?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
+    for endpoint in config.endpoints() {
+        let hostport = endpoint
+            .split_once("://")
+            .map_or(endpoint.as_str(), |(_, h)| h);
+        let host = hostport.rsplit_once(':').map_or(hostport, |(h, _)| h);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let Ok(name) = rustls::pki_types::ServerName::try_from(host.to_owned()) else {
+            continue;
+        };
+        let attempt = async {
+            let tcp = tokio::net::TcpStream::connect(hostport).await.ok()?;
+            let refused = |err: std::io::Error| {
+                (err.kind() == std::io::ErrorKind::InvalidData)
+                    .then(|| distlock_core::io_cause(&err))
+                    .flatten()
+            };
+            let mut stream = match connector.connect(name, tcp).await {
+                Ok(stream) => stream,
+                Err(err) => return Some(refused(err)),
+            };
+            let mut byte = [0u8; 1];
+            match tokio::time::timeout(timeout, stream.read(&mut byte)).await {
+                Ok(Err(err)) => Some(refused(err)),
+                _ => Some(None),
+            }
+        };
+        if let Ok(Some(found)) = tokio::time::timeout(timeout * 2, attempt).await {
+            return found.map(|tls| format!("{tls}{}", client_cert_hint(config, &tls)));
+        }
+    }
+    None
+}
+
+/// A rustls client configuration like the one etcd-client builds from the same files (ring,
+/// the CA or else the public roots, the client certificate if any, ALPN h2).
+fn tls_client_config(
+    material: &distlock_core::tls::TlsMaterial,
+) -> Result<tokio_rustls::rustls::ClientConfig, distlock_core::BoxError> {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    match &material.ca_pem {
+        Some(pem) => {
+            for cert in CertificateDer::pem_slice_iter(pem) {
+                roots.add(cert?)?;
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots);
+    let mut config = match &material.identity {
+        Some((cert, key)) => builder.with_client_auth_cert(
+            CertificateDer::pem_slice_iter(cert).collect::<Result<Vec<_>, _>>()?,
+            PrivateKeyDer::from_pem_slice(key)?,
+        )?,
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
+}
+
+/// Whether the server closed the connection during the TLS handshake (a plain server, which
+/// takes the client's hello for garbage).
+fn handshake_eof(err: &etcd_client::Error) -> bool {
+    io_errors(err).any(|io| {
+        io.kind() == std::io::ErrorKind::UnexpectedEof && io.to_string().contains("handshake")
+    })
+}
+
+/// The I/O errors in `err`'s source chain (a gRPC status's too: etcd-client's error does not
+/// name the status as its source).
+fn io_errors(err: &etcd_client::Error) -> impl Iterator<Item = &std::io::Error> {
+    let first: &(dyn std::error::Error + 'static) = match err {
+        etcd_client::Error::GRpcStatus(status) => status,
+        other => other,
+    };
+    std::iter::successors(Some(first), |e| e.source())
+        .filter_map(|e| e.downcast_ref::<std::io::Error>())
+}
+
+/// Whether the first endpoint that accepts a connection answers the HTTP/2 connection preface
+/// in plain text with a SETTINGS frame: a plain port that a TLS client reached (which the
+/// server may have answered with a reset instead of a handshake).
+async fn speaks_plain_h2(config: &EtcdConfig, timeout: Duration) -> bool {
+    // The client preface, then an empty SETTINGS frame (length 0, type 4, no flags, stream 0).
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
+    for endpoint in config.endpoints() {
+        let host = endpoint
+            .split_once("://")
+            .map_or(endpoint.as_str(), |(_, h)| h);
+        let sniff = async {
+            let mut stream = tokio::net::TcpStream::connect(host).await.ok()?;
+            stream.write_all(PREFACE).await.ok()?;
+            let mut frame = [0u8; 9];
+            stream.read_exact(&mut frame).await.ok()?;
+            Some(frame[3] == 0x04)
+        };
+        if let Ok(Some(plain)) = tokio::time::timeout(timeout, sniff).await {
+            return plain;
+        }
+    }
+    false
+}
+
+/// Whether the first of `endpoints` that accepts a connection answers a (deliberately
+/// malformed) TLS handshake record with a TLS alert: a TLS port that a plain client reached.
+async fn speaks_tls(endpoints: &[String], timeout: Duration) -> bool {
+    // A handshake record (0x16, TLS 1.0) holding an empty ClientHello: a TLS server refuses it
+    // with an alert record (0x15 0x03 ..); a plain gRPC server does not.
+    const HELLO: [u8; 9] = [0x16, 0x03, 0x01, 0x00, 0x04, 0x01, 0x00, 0x00, 0x00];
+    for endpoint in endpoints {
+        let host = endpoint
+            .split_once("://")
+            .map_or(endpoint.as_str(), |(_, h)| h);
+        let sniff = async {
+            let mut stream = tokio::net::TcpStream::connect(host).await.ok()?;
+            stream.write_all(&HELLO).await.ok()?;
+            let mut answer = [0u8; 2];
+            stream.read_exact(&mut answer).await.ok()?;
+            Some(answer == [0x15, 0x03])
+        };
+        if let Ok(Some(tls)) = tokio::time::timeout(timeout, sniff).await {
+            return tls;
+        }
+    }
+    false
 }
 
 /// Sends an etcd request, repeated under the core's [`RetryPolicy::TRANSIENT`] after a

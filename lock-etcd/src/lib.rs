@@ -108,18 +108,23 @@ pub use config::{DEFAULT_PORT, DEFAULT_PREFIX, EtcdConfig};
 pub use distlock_core;
 pub use etcd_client;
 
-/// Connects to `url` (`etcd://host1:port1,host2:port2[/prefix]`) and returns a lock client.
+/// Connects to `url` (`etcd://[user:password@]host1:port1,host2:port2[/prefix]`, or
+/// `etcds://...?ca=PATH&cert=PATH&key=PATH` for TLS, see [`EtcdConfig::from_url`]) and returns
+/// a lock client.
 ///
-/// Connecting checks that some endpoint answers, within `config`'s operation timeout.
+/// Connecting authenticates (with a user) and checks that some endpoint answers, within
+/// `config`'s operation timeout.
 ///
 /// # Errors
-/// [`Error::InvalidConfig`] for a malformed URL or configuration; [`Error::Unavailable`] when
-/// no endpoint answers in time.
+/// [`Error::InvalidConfig`] for a malformed URL or configuration, or a TLS file that cannot be
+/// read; [`Error::Backend`] (not retryable) when the server refuses the user or password, the
+/// TLS handshake fails, or a plain client reaches a TLS port; [`Error::Unavailable`] when no
+/// endpoint answers in time.
 pub async fn connect(url: &str, config: ClientConfig) -> Result<LockClient<EtcdBackend>, Error> {
     connect_with(EtcdConfig::from_url(url)?, config).await
 }
 
-/// Like [`connect`], from an [`EtcdConfig`] (e.g. an `http://` endpoint list).
+/// Like [`connect`], from an [`EtcdConfig`] (e.g. an `http://` or `https://` endpoint list).
 ///
 /// # Errors
 /// As [`connect`].

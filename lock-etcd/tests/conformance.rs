@@ -1,4 +1,6 @@
-//! The shared conformance suite against a single etcd member and a 3-member cluster.
+//! The shared conformance suite against a single etcd member, a 3-member cluster, and a single
+//! member over mutual TLS with authentication (`etcd-tls`: client certificates required, user
+//! root, auth tokens expiring after 10 s idle, so the suite also runs through token refreshes).
 
 mod common;
 
@@ -9,6 +11,7 @@ use async_trait::async_trait;
 use common::{Etcd, OP_TIMEOUT, service};
 use conformance_tests::{Harness, HookError, HookResult, TestClient, server_var};
 use distlock_core::Error;
+use distlock_etcd::EtcdConfig;
 use distlock_etcd::etcd_client::GetOptions;
 
 struct EtcdHarness {
@@ -118,5 +121,17 @@ async fn cluster() -> Option<Arc<dyn Harness>> {
     }))
 }
 
+async fn tls() -> Option<Arc<dyn Harness>> {
+    let url = server_var("etcd", "DISTLOCK_TEST_ETCD_TLS_URL")?;
+    let config = EtcdConfig::from_url(&url)
+        .unwrap_or_else(|err| panic!("DISTLOCK_TEST_ETCD_TLS_URL: {err}"));
+    Some(Arc::new(EtcdHarness {
+        etcd: Etcd::with_config(config, vec!["etcd-tls"]).await,
+        outage: vec!["etcd-tls"],
+        slack: Duration::from_millis(1000),
+    }))
+}
+
 conformance_tests::conformance_suite!(etcd, crate::single);
+conformance_tests::conformance_suite!(etcd_tls, crate::tls);
 conformance_tests::conformance_suite!(etcd_cluster, crate::cluster);

@@ -26,6 +26,12 @@ pub struct Etcd {
 
 impl Etcd {
     pub async fn new(endpoints: &str, members: Vec<&'static str>) -> Self {
+        let config = EtcdConfig::new(endpoints.split(',')).expect("valid test endpoints");
+        Self::with_config(config, members).await
+    }
+
+    /// From a configuration (TLS, user); the prefix is replaced by the test process's.
+    pub async fn with_config(config: EtcdConfig, members: Vec<&'static str>) -> Self {
         // A child process of a conformance case uses its parent's prefix.
         let prefix = conformance_tests::child::inherited()
             .filter(|prefix| !prefix.is_empty())
@@ -33,12 +39,11 @@ impl Etcd {
                 let run = uuid::Uuid::new_v4().simple().to_string();
                 format!("distlock-test-{}", &run[..8])
             });
-        let config = EtcdConfig::new(endpoints.split(','))
-            .and_then(|c| c.with_prefix(&prefix))
-            .expect("valid test endpoints");
-        let admin = Client::connect(config.endpoints(), None)
+        let config = config.with_prefix(&prefix).expect("valid test prefix");
+        // Connected like the lock clients (TLS and user included).
+        let admin = EtcdBackend::connect_client(&config, OP_TIMEOUT)
             .await
-            .expect("admin client");
+            .unwrap_or_else(|err| panic!("admin client: {err}"));
         Self {
             config,
             admin,
