@@ -100,6 +100,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod acl;
 mod attempt;
 mod backend;
 #[cfg(feature = "bench")]

@@ -12,3 +12,14 @@ async fn harness() -> Option<Arc<dyn Harness>> {
 }
 
 conformance_tests::conformance_suite!(zk, crate::harness);
+
+/// The same suite with digest credentials: every node under an ACL of that identity; the
+/// harness's admin client (clean-up, forced release) authenticates as the same user.
+async fn auth_harness() -> Option<Arc<dyn Harness>> {
+    let url = server_var("zk", "DISTLOCK_TEST_ZK_AUTH_URL")?;
+    Some(Arc::new(
+        common::ZkHarness::with_url(&url, "zookeeper-auth").await,
+    ))
+}
+
+conformance_tests::conformance_suite!(zk_auth, crate::auth_harness);

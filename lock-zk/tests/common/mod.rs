@@ -95,16 +95,65 @@ pub async fn service(action: &str) -> Result<(), String> {
     conformance_tests::services(action, "zookeeper").await
 }
 
+/// Digest credentials of a test URL (`zk://user:password@...`).
+#[derive(Clone)]
+pub struct Creds {
+    pub user: String,
+    pub password: String,
+}
+
+impl Creds {
+    pub fn of_url(url: &str) -> Option<Self> {
+        let parsed = distlock_core::service_url::ServiceUrl::parse(url).expect("a valid URL");
+        Some(Self {
+            user: parsed.username()?.to_owned(),
+            password: parsed.password()?.to_owned(),
+        })
+    }
+}
+
+/// A raw client (the harness's admin, or a foreign one in the tests) with these credentials.
+pub async fn raw_client(server: &str, creds: Option<&Creds>) -> zk::Client {
+    let mut connector = zk::Client::connector();
+    if let Some(creds) = creds {
+        connector = connector.with_auth(
+            "digest",
+            format!("{}:{}", creds.user, creds.password).as_bytes(),
+        );
+    }
+    connector
+        .connect(server)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to ZooKeeper at {server}: {e}"))
+}
+
 /// Clients of one ZooKeeper server, each through its own proxy, all under one chroot.
 pub struct ZkHarness {
     pub server: String,
     pub chroot: String,
     pub admin: zk::Client,
+    /// The credentials of every client, the admin's too.
+    pub creds: Option<Creds>,
+    /// The services.sh name of the server (restart hooks).
+    pub service: &'static str,
     proxies: Mutex<HashMap<String, Proxy>>,
 }
 
 impl ZkHarness {
+    /// The harness of a `zk://user:password@host:port` URL, whose server services.sh calls
+    /// `service`.
+    pub async fn with_url(url: &str, service: &'static str) -> Self {
+        let config = ZkConfig::from_url(url).expect("a valid ZooKeeper URL");
+        let mut harness = Self::connect(&config.hosts()[0], Creds::of_url(url)).await;
+        harness.service = service;
+        harness
+    }
+
     pub async fn new(server: &str) -> Self {
+        Self::connect(server, None).await
+    }
+
+    async fn connect(server: &str, creds: Option<Creds>) -> Self {
         // A child process of a conformance case uses its parent's chroot.
         let chroot = conformance_tests::child::inherited()
             .filter(|chroot| !chroot.is_empty())
@@ -113,21 +162,27 @@ impl ZkHarness {
                 format!("/distlock-test/{}", &run[..8])
             });
         let server = server.split(',').next().unwrap_or(server).trim().to_owned();
-        let admin = zk::Client::connect(&server)
-            .await
-            .unwrap_or_else(|e| panic!("cannot connect to ZooKeeper at {server}: {e}"));
+        let admin = raw_client(&server, creds.as_ref()).await;
         Self {
             server,
             chroot,
             admin,
+            creds,
+            service: "zookeeper",
             proxies: Mutex::default(),
         }
     }
 
     pub fn config(&self, host: &str) -> ZkConfig {
-        ZkConfig::new(&format!("{host}{}", self.chroot))
+        let config = ZkConfig::new(&format!("{host}{}", self.chroot))
             .expect("valid connect string")
-            .with_session_timeout(SESSION_TIMEOUT)
+            .with_session_timeout(SESSION_TIMEOUT);
+        match &self.creds {
+            Some(creds) => config
+                .with_digest_auth(&creds.user, &creds.password)
+                .expect("valid credentials"),
+            None => config,
+        }
     }
 
     /// A backend connected directly (no proxy).
@@ -274,10 +329,14 @@ impl Harness for ZkHarness {
     }
 
     async fn stop_server(&self) -> HookResult {
-        service("stop-one").await.map_err(HookError::Failed)
+        conformance_tests::services("stop-one", self.service)
+            .await
+            .map_err(HookError::Failed)
     }
 
     async fn start_server(&self) -> HookResult {
-        service("start-one").await.map_err(HookError::Failed)
+        conformance_tests::services("start-one", self.service)
+            .await
+            .map_err(HookError::Failed)
     }
 }
