@@ -112,6 +112,8 @@ mod keys;
 mod lease;
 mod queue;
 mod session;
+#[cfg(feature = "tls")]
+mod tls;
 mod wake;
 
 pub use backend::ZkBackend;

@@ -145,7 +145,15 @@ pub(crate) async fn open_session(config: &ZkConfig, timeout: Duration) -> Result
             ));
         }
         Err(err) => {
-            // The client says only "no available hosts": ask the network why.
+            // The client says only "no available hosts": ask the network why. A TLS-level
+            // cause is a configuration error: no point in retrying.
+            #[cfg(feature = "tls")]
+            if let Some(reason) = tls_cause(config, timeout / 2).await {
+                return Err(Error::backend(
+                    format!("cannot connect to ZooKeeper at {hosts}{tls}: {reason}"),
+                    err,
+                ));
+            }
             let reason = match distlock_core::tcp_cause(config.hosts(), timeout / 4).await {
                 Some(io) => io,
                 None => err.to_string(),
@@ -174,6 +182,15 @@ pub(crate) async fn open_session(config: &ZkConfig, timeout: Duration) -> Result
     Ok(Arc::new(Session { client, acls }))
 }
 
+#[cfg(feature = "tls")]
+async fn tls_cause(config: &ZkConfig, timeout: Duration) -> Option<String> {
+    let material = match config.tls() {
+        Some(files) => Some(files.load().await.ok()?),
+        None => None,
+    };
+    crate::tls::diagnose(config.hosts(), material, timeout).await
+}
+
 /// Creates the base node `<chroot>/distlock` if missing: the chroot and the base with `acls`,
 /// the chroot's missing ancestors (shared with whoever else uses that tree) open.
 pub(crate) async fn create_base(
@@ -189,6 +206,11 @@ pub(crate) async fn create_base(
     match client.create(&base, &[], &persistent(acls)).await {
         Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
         Err(zk::Error::NoNode) => {}
+        // The server checks the parent's ACL before whether the node exists: an existing base
+        // in a chroot of another identity; the check of its ACL says more.
+        Err(zk::Error::NoAuth) if matches!(client.check_stat(&base).await, Ok(Some(_))) => {
+            return Ok(());
+        }
         Err(err) => return Err(creating(&base, err)),
     }
     let chroot_depth = config.chroot().map_or(0, |c| c.matches('/').count());
