@@ -71,7 +71,7 @@ async fn with_tls(
 ) -> Result<zk::Connector> {
     // zookeeper-client builds its rustls configuration with the process-wide default crypto
     // provider; make it ring (the workspace's one TLS stack) unless the application chose one.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crate::install_crypto_provider();
     let material = files.load().await?;
     let bad = |what: &str, err: zk::Error| {
         Error::InvalidConfig(format!("ZooKeeper TLS: the {what} is not usable: {err}"))
