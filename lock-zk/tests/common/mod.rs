@@ -136,6 +136,8 @@ pub struct ZkHarness {
     pub creds: Option<Creds>,
     /// The services.sh name of the server (restart hooks).
     pub service: &'static str,
+    /// TLS files of every client but the admin (which uses the plain port).
+    pub tls: Option<distlock_core::tls::TlsFiles>,
     proxies: Mutex<HashMap<String, Proxy>>,
 }
 
@@ -145,6 +147,18 @@ impl ZkHarness {
     pub async fn with_url(url: &str, service: &'static str) -> Self {
         let config = ZkConfig::from_url(url).expect("a valid ZooKeeper URL");
         let mut harness = Self::connect(&config.hosts()[0], Creds::of_url(url)).await;
+        harness.service = service;
+        harness
+    }
+
+    /// The harness of a `zks://user:password@host:port?ca=...` URL: the clients connect over
+    /// TLS, the admin client over the same server's plain port (`plain_url`).
+    pub async fn with_tls_url(url: &str, plain_url: &str, service: &'static str) -> Self {
+        let config = ZkConfig::from_url(url).expect("a valid ZooKeeper URL");
+        let plain = ZkConfig::from_url(plain_url).expect("a valid ZooKeeper URL");
+        let mut harness = Self::connect(&plain.hosts()[0], Creds::of_url(url)).await;
+        harness.server = config.hosts()[0].clone();
+        harness.tls = config.tls().cloned();
         harness.service = service;
         harness
     }
@@ -169,6 +183,7 @@ impl ZkHarness {
             admin,
             creds,
             service: "zookeeper",
+            tls: None,
             proxies: Mutex::default(),
         }
     }
@@ -177,10 +192,14 @@ impl ZkHarness {
         let config = ZkConfig::new(&format!("{host}{}", self.chroot))
             .expect("valid connect string")
             .with_session_timeout(SESSION_TIMEOUT);
-        match &self.creds {
+        let config = match &self.creds {
             Some(creds) => config
                 .with_digest_auth(&creds.user, &creds.password)
                 .expect("valid credentials"),
+            None => config,
+        };
+        match &self.tls {
+            Some(files) => config.with_tls(files.clone()).expect("valid TLS files"),
             None => config,
         }
     }
