@@ -140,7 +140,8 @@
 //! `zks://` to a plain port and `zk://` to a TLS port each give a non-retryable
 //! [`Error::Backend`](distlock_core::Error::Backend) naming the host and the cause, within
 //! the operation timeout (the client library only says "no available hosts"; a handshake of
-//! this crate's own finds out why). Without the feature, a `zks://` URL is an
+//! this crate's own finds out why). Without the feature, `zk://` to a TLS port stays a
+//! retryable "no available hosts" (nothing here can tell a TLS server), and a `zks://` URL is an
 //! [`Error::Unsupported`](distlock_core::Error::Unsupported) naming it.
 //!
 //! # Guarantees

@@ -298,6 +298,31 @@ async fn secrets_never_show() {
         .expect("acquire");
     guard.release().await.expect("release");
     drop(client);
+    // The same over TLS, with a client certificate.
+    #[cfg(feature = "tls")]
+    if let Some(tls_url) = server_var("zk", "DISTLOCK_TEST_ZK_TLS_URL") {
+        let dir = tls::tls_dir(&tls_url);
+        let tls_url = format!("{tls_url}&cert={dir}/client.pem&key={dir}/client.key");
+        let mine = with_chroot(
+            &with_userinfo(&tls_url, Some(&format!("keeper:{secret}"))),
+            &unique("secret-tls"),
+        );
+        let config = ZkConfig::from_url(&mine).unwrap();
+        let client = distlock_zookeeper::connect(&mine, client_config())
+            .await
+            .expect("connect over TLS");
+        let guard = client
+            .acquire("logged", &AcquireOptions::default())
+            .await
+            .expect("acquire over TLS");
+        guard.release().await.expect("release");
+        shown.extend([
+            format!("{config:?}"),
+            format!("{config:#?}"),
+            format!("{client:?}"),
+            format!("{client:#?}"),
+        ]);
+    }
     let log = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
     assert!(log.lines().count() > 5, "nothing was logged: {log}");
     shown.push(log);
@@ -315,7 +340,7 @@ mod tls {
         server_var("zk", "DISTLOCK_TEST_ZK_TLS_URL")
     }
 
-    fn tls_dir(url: &str) -> String {
+    pub(super) fn tls_dir(url: &str) -> String {
         let ca = url
             .split("ca=")
             .nth(1)
