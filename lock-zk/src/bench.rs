@@ -10,7 +10,7 @@ use zookeeper_client as zk;
 use crate::ZkConfig;
 use crate::acl::node_acls;
 use crate::keys::{ephemeral_sequential, persistent};
-use crate::session::{connect_client, connector};
+use crate::session::{connect_client, connector, create_base};
 
 fn unavailable(what: &str, err: zk::Error) -> Error {
     Error::unavailable(format!("ZooKeeper {what}: {err}"), err)
@@ -77,10 +77,16 @@ impl RawFloor for ZkFloor {
     async fn cycle(&mut self, name: &str) -> Result<(), Error> {
         let parent = self.config.lock_path(&LockName::new(name)?);
         if !self.created.contains(&parent) {
-            self.client
-                .mkdir(&parent, &persistent(self.acls))
+            // The chroot and base as the lock client creates them, then the lock node.
+            create_base(&self.client, &self.config, self.acls).await?;
+            match self
+                .client
+                .create(&parent, b"", &persistent(self.acls))
                 .await
-                .map_err(|e| unavailable("creating the lock node", e))?;
+            {
+                Ok(_) | Err(zk::Error::NodeExists) => {}
+                Err(e) => return Err(unavailable("creating the lock node", e)),
+            }
             self.created.insert(parent.clone());
         }
         let (_, seq) = self
