@@ -122,58 +122,70 @@ pub(crate) async fn connect_client(
 }
 
 pub(crate) async fn open_session(config: &ZkConfig, timeout: Duration) -> Result<Arc<Session>> {
-    let connector = connector(config).await?;
-    let connect = connect_client(connector, config);
+    let started = tokio::time::Instant::now();
+    let deadline = started + timeout;
     let hosts = config.hosts().join(",");
     let tls = if config.tls().is_some() {
         " over TLS"
     } else {
         ""
     };
-    let what = format!("connecting to ZooKeeper at {hosts}{tls}");
-    let client = match within(timeout, what, connect).await? {
-        Ok(client) => client,
-        Err(zk::Error::BadArguments(msg)) => {
-            return Err(Error::InvalidConfig(format!(
-                "ZooKeeper hosts {hosts:?}: {msg}"
-            )));
-        }
-        Err(err @ zk::Error::AuthFailed) => {
-            return Err(Error::backend(
-                format!("ZooKeeper at {hosts}: authentication failed{tls}"),
-                err,
-            ));
-        }
-        Err(err) => {
-            // The client says only "no available hosts": ask the network why. A TLS-level
-            // cause is a configuration error: no point in retrying.
-            #[cfg(feature = "tls")]
-            if let Some(reason) = tls_cause(config, timeout / 2).await {
+    let client = loop {
+        let connect = connect_client(connector(config).await?, config);
+        let what = format!("connecting to ZooKeeper at {hosts}{tls}");
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let err = match within(remaining, what, connect).await? {
+            Ok(client) => break client,
+            Err(zk::Error::BadArguments(msg)) => {
+                return Err(Error::InvalidConfig(format!(
+                    "ZooKeeper hosts {hosts:?}: {msg}"
+                )));
+            }
+            Err(err @ zk::Error::AuthFailed) => {
                 return Err(Error::backend(
-                    format!("cannot connect to ZooKeeper at {hosts}{tls}: {reason}"),
+                    format!("ZooKeeper at {hosts}: authentication failed{tls}"),
                     err,
                 ));
             }
-            let reason = match distlock_core::tcp_cause(config.hosts(), timeout / 4).await {
-                Some(io) => io,
-                None => err.to_string(),
-            };
-            return Err(Error::unavailable(
+            Err(err) => err,
+        };
+        // The client says only "no available hosts": ask the network why. A TLS-level cause
+        // is a configuration error: no point in retrying.
+        #[cfg(feature = "tls")]
+        if let Some(reason) = tls_cause(config, timeout / 2).await {
+            return Err(Error::backend(
                 format!("cannot connect to ZooKeeper at {hosts}{tls}: {reason}"),
                 err,
             ));
         }
+        let reason = match distlock_core::tcp_cause(config.hosts(), timeout / 4).await {
+            Some(io) => io,
+            None => {
+                // Reachable, but the session handshake failed (a connection closed under
+                // load, a server restarting): try again while the connect timeout lasts.
+                if deadline.saturating_duration_since(tokio::time::Instant::now())
+                    > Duration::from_millis(200)
+                {
+                    debug!(error = %err, "ZooKeeper session handshake failed, trying again");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+                err.to_string()
+            }
+        };
+        return Err(Error::unavailable(
+            format!("cannot connect to ZooKeeper at {hosts}{tls}: {reason}"),
+            err,
+        ));
     };
     let acls = node_acls(config.digest().is_some());
     let base = config.base_path();
+    // What is left of the connect timeout (at least a round trip's worth).
+    let remaining = deadline
+        .saturating_duration_since(tokio::time::Instant::now())
+        .max(timeout / 4);
     within(
-        timeout,
-        format!("creating {base}"),
-        create_base(&client, config, acls),
-    )
-    .await??;
-    within(
-        timeout,
+        remaining,
         format!("checking the ACL of {base}"),
         check_base(&client, config, acls),
     )
@@ -231,11 +243,19 @@ pub(crate) async fn create_base(
     Ok(())
 }
 
-/// Checks that this session may create lock nodes in the base node (a wrong password shows up
-/// here: `addauth digest` always succeeds, the ACL tells), and warns when anyone may.
+/// Creates the base node if missing and checks that this session may create lock nodes in it
+/// (a wrong password shows up here: `addauth digest` always succeeds, the ACL tells); warns
+/// when anyone may. Usually one read: the base exists.
 async fn check_base(client: &zk::Client, config: &ZkConfig, acls: zk::Acls<'static>) -> Result<()> {
     let base = config.base_path();
-    let (base_acls, _) = client.get_acl(&base).await.map_err(|err| match err {
+    let acl = match client.get_acl(&base).await {
+        Err(zk::Error::NoNode) => {
+            create_base(client, config, acls).await?;
+            client.get_acl(&base).await
+        }
+        other => other,
+    };
+    let (base_acls, _) = acl.map_err(|err| match err {
         zk::Error::NoAuth => denied(config, &base, "reading the ACL"),
         err => zk_error(&format!("reading the ACL of {base}"), err),
     })?;
@@ -244,7 +264,9 @@ async fn check_base(client: &zk::Client, config: &ZkConfig, acls: zk::Acls<'stat
         Access::Open => {
             warn!(
                 base = %base,
-                "{base} is open (world:anyone may create, delete or change nodes in it; it was                  created without credentials): another client can remove or replace this                  client's lock nodes; restrict it (setAcl) or use a new chroot"
+                "{base} is open (world:anyone may create, delete or change nodes in it; it was \
+                 created without credentials): another client can remove or replace this \
+                 client's lock nodes; restrict it (setAcl) or use a new chroot"
             );
             Ok(())
         }
