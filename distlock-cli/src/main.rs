@@ -70,11 +70,13 @@ struct Cli {
 
 /// `distlock --version`: the version and the backends compiled in.
 fn version_text() -> String {
-    let backends: Vec<&str> = distlock::SCHEMES
+    let mut backends: Vec<&str> = distlock::SCHEMES
         .iter()
         .filter(|s| s.enabled)
         .map(|s| s.backend)
         .collect();
+    // zookeeper has two rows (zk://, zks://).
+    backends.dedup();
     format!(
         "{} (backends: {})",
         env!("CARGO_PKG_VERSION"),

@@ -53,6 +53,10 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
 /// As [`connect`], plus [`Error::InvalidConfig`] for an invalid configuration.
 pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Arc<dyn DistributedLock>> {
     config.validate()?;
+    // rustls has two crypto providers in this build: make ring the default before any backend
+    // builds a TLS configuration.
+    #[cfg(feature = "zookeeper-tls")]
+    distlock_zookeeper::install_crypto_provider();
     let url = url.trim();
     let scheme = scheme_of(url)?.to_ascii_lowercase();
     match scheme.as_str() {
@@ -74,6 +78,8 @@ pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Arc<dyn Dis
         "etcd" | "etcds" => Ok(distlock_etcd::connect(url, config).await?.into_dyn()),
         #[cfg(feature = "zookeeper")]
         "zk" => Ok(distlock_zookeeper::connect(url, config).await?.into_dyn()),
+        #[cfg(feature = "zookeeper-tls")]
+        "zks" => Ok(distlock_zookeeper::connect(url, config).await?.into_dyn()),
         other => match feature_of(other) {
             Some(feature) => Err(Error::Unsupported(format!(
                 "the {other}:// backend is not compiled in: enable the cargo feature `{feature}` of distlock"
@@ -167,8 +173,15 @@ pub const SCHEMES: &[Scheme] = &[
         backend: "zookeeper",
         names: &["zk"],
         feature: Some("zookeeper"),
-        example: "zk://h1:p1,h2:p2[/chroot]",
+        example: "zk://[user:pass@]h1:p1,h2:p2[/chroot]",
         enabled: cfg!(feature = "zookeeper"),
+    },
+    Scheme {
+        backend: "zookeeper",
+        names: &["zks"],
+        feature: Some("zookeeper-tls"),
+        example: "zks://[user:pass@]h1:p1[/chroot]?ca=PATH (TLS)",
+        enabled: cfg!(feature = "zookeeper-tls"),
     },
     Scheme {
         backend: "memory",
@@ -241,11 +254,13 @@ mod tests {
             "redlock",
             "redlocks",
             "zk",
+            "zks",
         ] {
             assert!(feature_of(scheme).is_some(), "{scheme}");
         }
         assert_eq!(feature_of("memory"), None);
         assert_eq!(feature_of("zk"), Some("zookeeper"));
+        assert_eq!(feature_of("zks"), Some("zookeeper-tls"));
     }
 
     #[tokio::test]
@@ -254,7 +269,7 @@ mod tests {
             ("", "not a lock service URL"),
             ("127.0.0.1:6379", "not a lock service URL"),
             ("ftp://x", "unknown URL scheme"),
-            ("ftp://x", "redlocks, etcd, etcds, zk, memory"),
+            ("ftp://x", "redlocks, etcd, etcds, zk, zks, memory"),
         ] {
             let err = connect(url).await.unwrap_err();
             assert!(matches!(err, Error::InvalidConfig(_)), "{url}: {err}");

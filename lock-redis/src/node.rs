@@ -42,6 +42,11 @@ impl NodeTls {
     /// Reads the configuration's TLS files (nothing to read without a `rediss://` node).
     pub(crate) async fn load(config: &RedisConfig) -> Result<Self> {
         let material = if config.is_tls() {
+            // The client library builds its rustls configuration with the process's default
+            // crypto provider, which rustls cannot choose when another crate of the build
+            // (zookeeper-client's TLS) brings a second one: then it panics. Ring, the
+            // workspace's provider, becomes the default unless one is installed already.
+            let _ = rustls::crypto::ring::default_provider().install_default();
             config.tls.load().await?
         } else {
             TlsMaterial::default()

@@ -13,7 +13,7 @@ use tracing::debug;
 use zookeeper_client as zk;
 
 use crate::ZkBackend;
-use crate::error::zk_error;
+use crate::error::{denied, zk_error};
 use crate::keys::{Entry, escape, held_data, waiting_data};
 use crate::lease::ZkLease;
 use crate::queue::{
@@ -187,13 +187,20 @@ impl ZkAttempt {
         let client = &session.client;
         self.maybe_created = true;
         let sent = Instant::now();
-        let joined = match join_queue(client, &self.parent, &self.prefix, held).await {
+        let joined = match join_queue(session, &self.parent, &self.prefix, held).await {
             Ok(joined) => joined,
             Err(zk::Error::NoNode) => {
                 self.maybe_created = false;
-                let base = self.backend.shared.config.base_path();
-                ensure_parent(client, &self.parent, &base).await?;
+                ensure_parent(session, &self.backend.shared.config, &self.parent).await?;
                 return Ok(Next::Done(None));
+            }
+            Err(zk::Error::NoAuth) => {
+                self.maybe_created = false;
+                return Err(denied(
+                    &self.backend.shared.config,
+                    &self.parent,
+                    "joining the queue",
+                ));
             }
             Err(err) => return Err(zk_error("joining the queue", err)),
         };

@@ -45,6 +45,8 @@ impl fmt::Debug for ZkBackend {
         f.debug_struct("ZkBackend")
             .field("hosts", &self.shared.config.hosts())
             .field("chroot", &self.shared.config.chroot())
+            .field("digest_user", &self.shared.config.digest_user())
+            .field("tls", &self.shared.config.tls().is_some())
             .field("session_timeout", &self.shared.granted)
             .finish_non_exhaustive()
     }

@@ -8,20 +8,21 @@ use distlock_core::{ClientConfig, Error, LockName};
 use zookeeper_client as zk;
 
 use crate::ZkConfig;
-
-const EPHEMERAL_SEQUENTIAL: zk::CreateOptions<'static> =
-    zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-const PERSISTENT: zk::CreateOptions<'static> =
-    zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+use crate::acl::node_acls;
+use crate::keys::{ephemeral_sequential, persistent};
+use crate::session::{connect_client, connector, create_base};
 
 fn unavailable(what: &str, err: zk::Error) -> Error {
     Error::unavailable(format!("ZooKeeper {what}: {err}"), err)
 }
 
 /// The cheapest ZooKeeper lock cycle: create an ephemeral sequential node under the lock's
-/// node, then delete it (two writes, each one round trip and one fsync).
+/// node, then delete it (two writes, each one round trip and one fsync). It connects as the
+/// lock client does: with the same credentials (and the same restricted ACL on its nodes) and
+/// over TLS when the configuration says so.
 pub struct ZkFloor {
     client: zk::Client,
+    acls: zk::Acls<'static>,
     config: ZkConfig,
     created: std::collections::HashSet<String>,
 }
@@ -30,6 +31,8 @@ impl std::fmt::Debug for ZkFloor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ZkFloor")
             .field("hosts", &self.config.hosts())
+            .field("digest_user", &self.config.digest_user())
+            .field("tls", &self.config.tls().is_some())
             .finish_non_exhaustive()
     }
 }
@@ -38,16 +41,15 @@ impl ZkFloor {
     /// Opens its own session.
     ///
     /// # Errors
-    /// [`Error::Unavailable`] if no server answers.
+    /// [`Error::Unavailable`] if no server answers; [`Error::InvalidConfig`] for unreadable
+    /// TLS files.
     pub async fn connect(config: &ZkConfig) -> Result<Self, Error> {
-        let client = zk::Client::connector()
-            .with_session_timeout(config.session_timeout())
-            .with_fail_eagerly()
-            .connect(&config.connect_string())
+        let client = connect_client(connector(config).await?, config)
             .await
             .map_err(|e| unavailable("connecting", e))?;
         Ok(Self {
             client,
+            acls: node_acls(config.digest().is_some()),
             config: config.clone(),
             created: Default::default(),
         })
@@ -75,15 +77,25 @@ impl RawFloor for ZkFloor {
     async fn cycle(&mut self, name: &str) -> Result<(), Error> {
         let parent = self.config.lock_path(&LockName::new(name)?);
         if !self.created.contains(&parent) {
-            self.client
-                .mkdir(&parent, &PERSISTENT)
+            // The chroot and base as the lock client creates them, then the lock node.
+            create_base(&self.client, &self.config, self.acls).await?;
+            match self
+                .client
+                .create(&parent, b"", &persistent(self.acls))
                 .await
-                .map_err(|e| unavailable("creating the lock node", e))?;
+            {
+                Ok(_) | Err(zk::Error::NodeExists) => {}
+                Err(e) => return Err(unavailable("creating the lock node", e)),
+            }
             self.created.insert(parent.clone());
         }
         let (_, seq) = self
             .client
-            .create(&format!("{parent}/floor."), b"", &EPHEMERAL_SEQUENTIAL)
+            .create(
+                &format!("{parent}/floor."),
+                b"",
+                &ephemeral_sequential(self.acls),
+            )
             .await
             .map_err(|e| unavailable("create", e))?;
         self.client

@@ -1,13 +1,18 @@
-//! Connection settings: the `zk://` URL, hosts, chroot and session timeout.
+//! Connection settings: the `zk://` and `zks://` URLs, hosts, chroot, session timeout, digest
+//! credentials and TLS files.
 
+use std::fmt;
 use std::time::Duration;
 
 use distlock_core::service_url::ServiceUrl;
+use distlock_core::tls::TlsFiles;
 use distlock_core::{Error, LockName, Result};
 
 use crate::keys::escape;
 
 /// Where and how to reach ZooKeeper.
+///
+/// `Debug` never shows the password (only the user name), and no error message does either.
 ///
 /// ```
 /// use std::time::Duration;
@@ -19,11 +24,73 @@ use crate::keys::escape;
 /// assert_eq!(config.session_timeout(), Duration::from_secs(20));
 /// # Ok::<(), distlock_core::Error>(())
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// With digest credentials and over TLS:
+///
+/// ```
+/// use distlock_zookeeper::ZkConfig;
+///
+/// let config = ZkConfig::from_url("zks://billing:s3cret@10.0.0.1:2281/apps?ca=/etc/zk/ca.pem")?;
+/// assert_eq!(config.digest_user(), Some("billing"));
+/// assert!(config.tls().is_some());
+/// assert!(!format!("{config:?}").contains("s3cret"));
+/// # Ok::<(), distlock_core::Error>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
 pub struct ZkConfig {
     hosts: Vec<String>,
     chroot: Option<String>,
     session_timeout: Duration,
+    digest: Option<Digest>,
+    tls: Option<TlsFiles>,
+}
+
+/// Digest credentials (`user:password`). The password never leaves this crate's connector.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Digest {
+    pub(crate) user: String,
+    pub(crate) password: String,
+}
+
+impl Digest {
+    fn new(user: &str, password: &str) -> std::result::Result<Self, String> {
+        if user.is_empty() {
+            return Err("digest credentials need a user name".into());
+        }
+        if user.contains(':') {
+            return Err("a digest user name cannot contain ':'".into());
+        }
+        Ok(Self {
+            user: user.to_owned(),
+            password: password.to_owned(),
+        })
+    }
+
+    /// The `user:password` sent with `addauth digest`.
+    pub(crate) fn auth_bytes(&self) -> Vec<u8> {
+        format!("{}:{}", self.user, self.password).into_bytes()
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Digest")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+impl fmt::Debug for ZkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkConfig")
+            .field("hosts", &self.hosts)
+            .field("chroot", &self.chroot)
+            .field("session_timeout", &self.session_timeout)
+            .field("digest_user", &self.digest_user())
+            .field("tls", &self.tls)
+            .finish()
+    }
 }
 
 impl ZkConfig {
@@ -42,7 +109,10 @@ impl ZkConfig {
     pub fn new(connect: &str) -> Result<Self> {
         let parsed = ServiceUrl::parse(&format!("zk://{}", connect.trim()))?;
         if parsed.username().is_some() || parsed.password().is_some() {
-            return Err(parsed.error("credentials are not supported yet"));
+            return Err(parsed.error(
+                "a connect string carries no credentials: use ZkConfig::with_digest_auth \
+                 or a zk://user:password@host URL",
+            ));
         }
         parsed.options().finish(&[])?;
         Self::from_parsed(&parsed)
@@ -62,30 +132,69 @@ impl ZkConfig {
             hosts,
             chroot,
             session_timeout: Self::DEFAULT_SESSION_TIMEOUT,
+            digest: None,
+            tls: None,
         })
     }
 
-    /// Parses `zk://host[:port][,host[:port]...][/chroot][?session_timeout=30s]` (the scheme is
-    /// case-insensitive; `session_timeout` is a duration such as `20s` or `1500ms`).
+    /// Parses `zk://[user:password@]host[:port][,host[:port]...][/chroot][?session_timeout=30s]`
+    /// or, over TLS, `zks://[user:password@]host[:port]...[/chroot]?ca=PATH[&cert=PATH&key=PATH]`
+    /// (the scheme is case-insensitive; `session_timeout` is a duration such as `20s` or
+    /// `1500ms`).
+    ///
+    /// `user:password` are ZooKeeper digest credentials (percent-encode `:`, `@`, `/`, `?`, `#`
+    /// in the password); see the crate documentation, "Authentication", for the ACL of the
+    /// nodes. `zks://` connects with TLS to the servers' `secureClientPort` (give its port: a
+    /// host without one gets 2181 here too), verifying their certificates against `ca=` (PEM);
+    /// `cert=` and `key=` add a client certificate. It needs the cargo feature `tls`.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for another scheme, a malformed host list or chroot, or an
-    /// unknown or malformed query option.
+    /// [`Error::InvalidConfig`] for another scheme, a malformed host list or chroot, a user
+    /// without password, `zks://` without `ca=`, or an unknown or malformed query option.
     pub fn from_url(url: &str) -> Result<Self> {
         let parsed = ServiceUrl::parse(url)?;
-        if parsed.scheme() != "zk" {
-            return Err(parsed
-                .error("not a ZooKeeper URL: expected zk://host:port[,host:port...][/chroot]"));
-        }
-        if parsed.username().is_some() || parsed.password().is_some() {
-            return Err(parsed.error("credentials are not supported yet"));
-        }
+        let secure = match parsed.scheme() {
+            "zk" => false,
+            "zks" => true,
+            _ => {
+                return Err(parsed.error(
+                    "not a ZooKeeper URL: expected zk://[user:password@]host:port[,host:port...][/chroot] \
+                     or zks://...?ca=PATH",
+                ));
+            }
+        };
         let mut config = Self::from_parsed(&parsed)?;
+        match (parsed.username(), parsed.password()) {
+            (None, None) => {}
+            (Some(user), Some(password)) => {
+                config.digest = Some(Digest::new(user, password).map_err(|why| parsed.error(why))?);
+            }
+            (Some(_), None) => {
+                return Err(parsed.error("digest credentials need a password: user:password@host"));
+            }
+            (None, Some(_)) => {
+                return Err(parsed.error("digest credentials need a user name: user:password@host"));
+            }
+        }
         let mut options = parsed.options();
         if let Some(timeout) = options.duration("session_timeout")? {
             config.session_timeout = timeout;
         }
-        options.finish(&["session_timeout"])?;
+        let mut known = vec!["session_timeout"];
+        if secure {
+            let files = TlsFiles::take(&mut options).map_err(|err| match err {
+                Error::InvalidConfig(why) => parsed.error(why),
+                other => other,
+            })?;
+            if files.ca().is_none() {
+                return Err(parsed.error(
+                    "zks:// needs ?ca=PATH: the certificate authority (PEM) that signed the servers' certificates",
+                ));
+            }
+            config.tls = Some(files);
+            known.extend_from_slice(TlsFiles::OPTIONS);
+        }
+        options.finish(&known)?;
         config.check().map_err(|err| match err {
             Error::InvalidConfig(why) => parsed.error(why),
             other => other,
@@ -99,6 +208,48 @@ impl ZkConfig {
     pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
         self.session_timeout = timeout;
         self
+    }
+
+    /// Authenticates the session with ZooKeeper digest credentials (`addauth digest
+    /// user:password`), and creates every node under an ACL that only this identity can change
+    /// (see the crate documentation, "Authentication").
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for an empty user name or one containing `:`.
+    pub fn with_digest_auth(mut self, user: &str, password: &str) -> Result<Self> {
+        self.digest = Some(Digest::new(user, password).map_err(Error::InvalidConfig)?);
+        Ok(self)
+    }
+
+    /// Connects with TLS (to the servers' `secureClientPort`), verifying their certificates
+    /// against the certificate authority of `files`, which must name one; a client certificate
+    /// in `files` is presented to the servers. Needs the cargo feature `tls`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] when `files` names no certificate authority.
+    pub fn with_tls(mut self, files: TlsFiles) -> Result<Self> {
+        if files.ca().is_none() {
+            return Err(Error::InvalidConfig(
+                "ZooKeeper TLS needs a certificate authority (ca=): the one that signed the servers' certificates".into(),
+            ));
+        }
+        self.tls = Some(files);
+        Ok(self)
+    }
+
+    /// The digest user name, if the session authenticates.
+    pub fn digest_user(&self) -> Option<&str> {
+        self.digest.as_ref().map(|d| d.user.as_str())
+    }
+
+    /// The digest credentials, if any.
+    pub(crate) fn digest(&self) -> Option<&Digest> {
+        self.digest.as_ref()
+    }
+
+    /// The TLS files, if the connection uses TLS.
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
     }
 
     /// The `host:port` list.
@@ -184,6 +335,43 @@ mod tests {
     }
 
     #[test]
+    fn parses_credentials_and_tls() {
+        let c = ZkConfig::from_url("zk://app:pa%40ss%3Aw@h:1/c").unwrap();
+        assert_eq!(c.digest_user(), Some("app"));
+        assert_eq!(c.digest().unwrap().auth_bytes(), b"app:pa@ss:w".to_vec());
+        assert!(c.tls().is_none());
+        let shown = format!("{c:?} {c:#?}");
+        assert!(
+            !shown.contains("pa@ss") && !shown.contains("pa%40ss"),
+            "{shown}"
+        );
+        let c = ZkConfig::from_url("ZKS://h:2281?ca=/x/ca.pem&cert=/x/c.pem&key=/x/k.pem").unwrap();
+        assert_eq!(c.digest_user(), None);
+        let tls = c.tls().unwrap();
+        assert_eq!(tls.ca().unwrap().to_str(), Some("/x/ca.pem"));
+        assert!(tls.has_identity());
+        assert!(
+            ZkConfig::new("h")
+                .unwrap()
+                .with_digest_auth("", "p")
+                .is_err()
+        );
+        assert!(
+            ZkConfig::new("h")
+                .unwrap()
+                .with_tls(TlsFiles::default())
+                .is_err()
+        );
+        // Errors about a URL with a password do not show it.
+        let err = ZkConfig::from_url("zks://u:topsecret@h")
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("topsecret"), "{err}");
+        let err = ZkConfig::new("u:topsecret@h").unwrap_err().to_string();
+        assert!(!err.contains("topsecret"), "{err}");
+    }
+
+    #[test]
     fn rejects_bad_urls() {
         for bad in [
             "redis://h:1",
@@ -197,7 +385,13 @@ mod tests {
             "zk://h?session_timeout=abc",
             "zk://h?session_timeout=1ms",
             "zk://h?session_timeout=1500",
-            "zk://u:p@h",
+            "zk://u@h",
+            "zk://:p@h",
+            "zk://u%3Ax:p@h",
+            "zks://u:p@h",
+            "zks://h?cert=/c.pem&key=/k.pem",
+            "zks://h?ca=/ca.pem&cert=/c.pem",
+            "zk://h?ca=/ca.pem",
             "zk://::1:2181",
             "zk://[::1",
         ] {

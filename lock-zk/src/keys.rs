@@ -109,14 +109,20 @@ pub(crate) fn parse_held(data: &[u8]) -> Option<i64> {
     }
 }
 
-pub(crate) const EPHEMERAL_SEQUENTIAL: zk::CreateOptions<'static> =
-    zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+/// A queue node, with the ACL of [`crate::acl::node_acls`].
+pub(crate) const fn ephemeral_sequential(acls: zk::Acls<'static>) -> zk::CreateOptions<'static> {
+    zk::CreateMode::EphemeralSequential.with_acls(acls)
+}
 
-pub(crate) const CONTAINER: zk::CreateOptions<'static> =
-    zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+/// A lock node (removed by the server once empty).
+pub(crate) const fn container(acls: zk::Acls<'static>) -> zk::CreateOptions<'static> {
+    zk::CreateMode::Container.with_acls(acls)
+}
 
-pub(crate) const PERSISTENT: zk::CreateOptions<'static> =
-    zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+/// The base node, the chroot and its missing ancestors.
+pub(crate) const fn persistent(acls: zk::Acls<'static>) -> zk::CreateOptions<'static> {
+    zk::CreateMode::Persistent.with_acls(acls)
+}
 
 #[cfg(test)]
 mod tests {

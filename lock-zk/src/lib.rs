@@ -89,6 +89,61 @@
 //! lease ran out), or when the local deadline passes, whichever comes first. After a session
 //! expiry, the next operation opens a new session transparently.
 //!
+//! # Authentication
+//!
+//! `zk://user:password@host:port/...` (or [`ZkConfig::with_digest_auth`]) authenticates the
+//! session with ZooKeeper digest credentials (`addauth digest user:password`), and every node
+//! the backend creates gets the ACL `auth:ALL, world:anyone:READ`: all permissions for that
+//! identity (the server writes it as `digest:user:<hash>`), read for anyone (`distlock status`,
+//! monitoring: lock names and owners are not secret). That covers the chroot node, the base node
+//! `<chroot>/distlock`, each lock node and each queue node: ZooKeeper asks for DELETE
+//! permission on a node's *parent* to delete it, and CREATE on the parent to add a node, so
+//! another identity, or a client without credentials, can neither delete nor change our queue
+//! nodes nor join the queue, nor delete or replace the lock nodes. Missing ancestors of the
+//! chroot are created open, as other tools would, so that other identities can have chroots
+//! next to ours. The identity is the pair user:password; use one per application (every
+//! process of it with the same credentials).
+//!
+//! `addauth digest` always succeeds, so a wrong password would only show when touching a node.
+//! [`connect`] therefore reads the base node's ACL after opening the session and fails at once
+//! with a non-retryable [`Error::Backend`](distlock_core::Error::Backend) naming the servers,
+//! the node and the cause ("wrong password for digest user ...", "the credentials of digest
+//! user ... lack permission (it belongs to ...)", "this client has no credentials"), never the
+//! password. A `NoAuth` answer later (a lock node of another identity under a shared base) is
+//! the same kind of error, naming the lock node: no retries until the wait deadline.
+//!
+//! Without credentials nothing changes: nodes are created open (`world:anyone:ALL`), as
+//! before. A base node created earlier without credentials stays open when credentials are
+//! added later: lock nodes created from then on are restricted, but anyone may still create
+//! lock nodes in the base (and squat a name with an open lock node). The client logs a warning
+//! when it finds its base open; restrict it with `setAcl` (e.g.
+//! `addauth digest user:password`, then `setAcl -R /distlock auth::cdrwa,world:anyone:r` in
+//! `zkCli.sh`), or use a new
+//! chroot. Over TLS with a client certificate, the server also authenticates the session as
+//! `x509:<certificate subject>`, and the `auth` ACL includes that identity too.
+//!
+//! SASL (Kerberos or DIGEST-MD5) is not offered: zookeeper-client's `sasl` features need a
+//! server-side JAAS set-up and pull in rsasl; digest credentials cover the same need.
+//!
+//! # TLS
+//!
+//! With the cargo feature `tls`, `zks://[user:password@]host:port[,...][/chroot]?ca=PATH`
+//! connects to the servers' `secureClientPort` (ZooKeeper 3.5+, served by its Netty connection
+//! factory) and verifies their certificates against `ca=` (PEM; the name in the certificate
+//! must match the host); `cert=PATH&key=PATH` adds a client certificate for servers that ask
+//! for one (`ssl.clientAuth`). The files are read by
+//! [`TlsFiles`](distlock_core::tls::TlsFiles). TLS runs on rustls: zookeeper-client builds its
+//! configuration with the process's default crypto provider, which this crate sets to ring
+//! unless the application installed one first.
+//!
+//! Failures are typed: an untrusted server certificate, a refused client certificate,
+//! `zks://` to a plain port and `zk://` to a TLS port each give a non-retryable
+//! [`Error::Backend`](distlock_core::Error::Backend) naming the host and the cause, within
+//! the operation timeout (the client library only says "no available hosts"; a handshake of
+//! this crate's own finds out why). Without the feature, `zk://` to a TLS port stays a
+//! retryable "no available hosts" (nothing here can tell a TLS server), and a `zks://` URL is an
+//! [`Error::Unsupported`](distlock_core::Error::Unsupported) naming it.
+//!
 //! # Guarantees
 //!
 //! | fencing | fairness | wake-up | loss detection |
@@ -100,6 +155,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod acl;
 mod attempt;
 mod backend;
 #[cfg(feature = "bench")]
@@ -111,6 +167,8 @@ mod keys;
 mod lease;
 mod queue;
 mod session;
+#[cfg(feature = "tls")]
+mod tls;
 mod wake;
 
 pub use backend::ZkBackend;
@@ -120,15 +178,35 @@ pub use zookeeper_client;
 
 use distlock_core::{ClientConfig, LockClient, Result};
 
-/// Connects to ZooKeeper from a `zk://h1:p1,h2:p2[/chroot][?session_timeout=30s]` URL.
+/// Connects to ZooKeeper from a `zk://[user:password@]h1:p1,h2:p2[/chroot][?session_timeout=30s]`
+/// URL, or `zks://...?ca=PATH[&cert=PATH&key=PATH]` over TLS (see [`ZkConfig::from_url`]).
 ///
 /// # Errors
-/// [`Error::InvalidConfig`](distlock_core::Error::InvalidConfig) for a malformed URL or client
-/// configuration; [`Error::Unavailable`](distlock_core::Error::Unavailable) when no server answers
-/// within the operation timeout.
+/// [`Error::InvalidConfig`](distlock_core::Error::InvalidConfig) for a malformed URL, client
+/// configuration or unreadable TLS file; [`Error::Unavailable`](distlock_core::Error::Unavailable)
+/// when no server answers within the operation timeout;
+/// [`Error::Backend`](distlock_core::Error::Backend) (not retryable) when the credentials lack
+/// permission on the base node or TLS fails (see "Authentication" and "TLS" above).
 pub async fn connect(url: &str, config: ClientConfig) -> Result<LockClient<ZkBackend>> {
     let zk_config = ZkConfig::from_url(url)?;
     connect_with(zk_config, config).await
+}
+
+/// Makes ring the process-wide default rustls crypto provider, unless one is installed
+/// already (then it does nothing). Feature `tls`.
+///
+/// zookeeper-client depends on rustls with its default features, so with this crate's `tls`
+/// feature rustls is built with both ring and aws-lc-rs (cargo unifies features across the
+/// whole build), and then `rustls::ClientConfig::builder()`, which zookeeper-client and other
+/// libraries (redis-rs, for one) call, panics unless a default provider is installed. [`connect`]
+/// calls this before every TLS connection and the `distlock` facade before every connection;
+/// an application that builds rustls configurations elsewhere first should call it at the
+/// start of `main` (or install a provider of its own).
+#[cfg(feature = "tls")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+pub fn install_crypto_provider() {
+    // Err: a provider is installed already, which is what we want.
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// Connects with an explicit [`ZkConfig`].

@@ -7,8 +7,10 @@ use std::time::{Duration, Instant};
 use distlock_core::{Error, Result};
 use zookeeper_client as zk;
 
-use crate::error::zk_error;
-use crate::keys::{CONTAINER, EPHEMERAL_SEQUENTIAL, Entry, Mark, PERSISTENT, queue};
+use crate::ZkConfig;
+use crate::error::{denied, zk_error};
+use crate::keys::{Entry, Mark, container, ephemeral_sequential, queue};
+use crate::session::{Session, create_base};
 
 /// The queue under `parent`, lowest sequence first; empty once the lock node is gone. The
 /// request is sent at the call, not when the future is first polled, so that it keeps its
@@ -54,17 +56,19 @@ pub(crate) struct Joined {
     pub(crate) alone: bool,
 }
 
-/// Creates the lock node (a container, removed by the server once empty).
-pub(crate) async fn ensure_parent(client: &zk::Client, parent: &str, base: &str) -> Result<()> {
+/// Creates the lock node (a container, removed by the server once empty), and the base node
+/// if it went missing.
+pub(crate) async fn ensure_parent(
+    session: &Session,
+    config: &ZkConfig,
+    parent: &str,
+) -> Result<()> {
+    let client = &session.client;
     for _ in 0..3 {
-        match client.create(parent, &[], &CONTAINER).await {
+        match client.create(parent, &[], &container(session.acls)).await {
             Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
-            Err(zk::Error::NoNode) => {
-                client
-                    .mkdir(base, &PERSISTENT)
-                    .await
-                    .map_err(|e| zk_error(&format!("creating {base}"), e))?;
-            }
+            Err(zk::Error::NoNode) => create_base(client, config, session.acls).await?,
+            Err(zk::Error::NoAuth) => return Err(denied(config, parent, "creating the lock node")),
             Err(err) => return Err(zk_error("creating the lock node", err)),
         }
     }
@@ -80,14 +84,14 @@ pub(crate) async fn ensure_parent(client: &zk::Client, parent: &str, base: &str)
 /// `mzxid` is the transaction's zxid, which is our node's `czxid` (the create's own stat is
 /// missing from multi answers of servers with ZOOKEEPER-4026).
 pub(crate) async fn join_queue(
-    client: &zk::Client,
+    session: &Session,
     parent: &str,
     prefix: &str,
     held: &[u8],
 ) -> std::result::Result<Joined, zk::Error> {
     let create_path = format!("{parent}/{prefix}");
-    let mut multi = client.new_multi_writer();
-    multi.add_create(&create_path, held, &EPHEMERAL_SEQUENTIAL)?;
+    let mut multi = session.client.new_multi_writer();
+    multi.add_create(&create_path, held, &ephemeral_sequential(session.acls))?;
     multi.add_set_data(parent, &[], None)?;
     let results = multi.commit().await.map_err(zk::Error::from)?;
     let (

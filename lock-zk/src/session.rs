@@ -5,16 +5,19 @@ use std::time::Duration;
 
 use distlock_core::backend::within;
 use distlock_core::{Error, Result};
-use tracing::debug;
+use tracing::{debug, warn};
 use zookeeper_client as zk;
 
 use crate::ZkConfig;
-use crate::error::zk_error;
-use crate::keys::PERSISTENT;
+use crate::acl::{Access, judge, node_acls};
+use crate::error::{denied, zk_error};
+use crate::keys::persistent;
 
 /// One ZooKeeper session. Every node is ephemeral and belongs to the session that created it.
 pub(crate) struct Session {
     pub(crate) client: zk::Client,
+    /// The ACL of every node this session creates.
+    pub(crate) acls: zk::Acls<'static>,
 }
 
 impl Session {
@@ -47,41 +50,247 @@ impl Session {
     }
 }
 
-pub(crate) async fn open_session(config: &ZkConfig, timeout: Duration) -> Result<Arc<Session>> {
-    let connect_string = config.connect_string();
-    let connect = zk::Client::connector()
+/// A connector with the configuration's credentials and TLS settings.
+pub(crate) async fn connector(config: &ZkConfig) -> Result<zk::Connector> {
+    let mut connector = zk::Client::connector()
         .with_session_timeout(config.session_timeout())
-        .with_fail_eagerly()
-        .connect(&connect_string);
+        .with_fail_eagerly();
+    if let Some(digest) = config.digest() {
+        connector = connector.with_auth("digest", &digest.auth_bytes());
+    }
+    if let Some(files) = config.tls() {
+        connector = with_tls(connector, files).await?;
+    }
+    Ok(connector)
+}
+
+#[cfg(feature = "tls")]
+async fn with_tls(
+    connector: zk::Connector,
+    files: &distlock_core::tls::TlsFiles,
+) -> Result<zk::Connector> {
+    // zookeeper-client builds its rustls configuration with the process-wide default crypto
+    // provider; make it ring (the workspace's one TLS stack) unless the application chose one.
+    crate::install_crypto_provider();
+    let material = files.load().await?;
+    let bad = |what: &str, err: zk::Error| {
+        Error::InvalidConfig(format!("ZooKeeper TLS: the {what} is not usable: {err}"))
+    };
+    let pem = |bytes: &[u8], what: &str| {
+        String::from_utf8(bytes.to_vec()).map_err(|_| {
+            Error::InvalidConfig(format!("ZooKeeper TLS: the {what} is not UTF-8 PEM"))
+        })
+    };
+    let mut options = zk::TlsOptions::new();
+    if let Some(ca) = &material.ca_pem {
+        options = options
+            .with_pem_ca(&pem(ca, "certificate authority (ca=)")?)
+            .map_err(|e| bad("certificate authority (ca=)", e))?;
+    }
+    if let Some((cert, key)) = &material.identity {
+        options = options
+            .with_pem_identity(
+                &pem(cert, "client certificate (cert=)")?,
+                &pem(key, "private key (key=)")?,
+            )
+            // Never the key's contents: the library names only what it could not read.
+            .map_err(|e| bad("client certificate or key (cert=, key=)", e))?;
+    }
+    Ok(connector.with_tls(options))
+}
+
+#[cfg(not(feature = "tls"))]
+async fn with_tls(
+    _connector: zk::Connector,
+    _files: &distlock_core::tls::TlsFiles,
+) -> Result<zk::Connector> {
+    Err(Error::Unsupported(
+        "ZooKeeper over TLS (zks://) needs the cargo feature `tls` of distlock-zookeeper".into(),
+    ))
+}
+
+/// Connects: `tcp+tls://` for every host when the configuration has TLS.
+pub(crate) async fn connect_client(
+    connector: zk::Connector,
+    config: &ZkConfig,
+) -> std::result::Result<zk::Client, zk::Error> {
+    #[cfg(feature = "tls")]
+    if config.tls().is_some() {
+        return connector.secure_connect(&config.connect_string()).await;
+    }
+    connector.connect(&config.connect_string()).await
+}
+
+pub(crate) async fn open_session(config: &ZkConfig, timeout: Duration) -> Result<Arc<Session>> {
+    let started = tokio::time::Instant::now();
+    let deadline = started + timeout;
     let hosts = config.hosts().join(",");
-    let what = format!("connecting to ZooKeeper at {hosts}");
-    let client = match within(timeout, what, connect).await? {
-        Ok(client) => client,
-        Err(zk::Error::BadArguments(msg)) => {
-            return Err(Error::InvalidConfig(format!(
-                "ZooKeeper hosts {hosts:?}: {msg}"
-            )));
-        }
-        Err(err) => {
-            // The client says only "no available hosts": ask the network why.
-            let reason = match distlock_core::tcp_cause(config.hosts(), timeout / 4).await {
-                Some(io) => io,
-                None => err.to_string(),
-            };
-            return Err(Error::unavailable(
-                format!("cannot connect to ZooKeeper at {hosts}: {reason}"),
+    let tls = if config.tls().is_some() {
+        " over TLS"
+    } else {
+        ""
+    };
+    let client = loop {
+        let connect = connect_client(connector(config).await?, config);
+        let what = format!("connecting to ZooKeeper at {hosts}{tls}");
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let err = match within(remaining, what, connect).await? {
+            Ok(client) => break client,
+            Err(zk::Error::BadArguments(msg)) => {
+                return Err(Error::InvalidConfig(format!(
+                    "ZooKeeper hosts {hosts:?}: {msg}"
+                )));
+            }
+            Err(err @ zk::Error::AuthFailed) => {
+                return Err(Error::backend(
+                    format!("ZooKeeper at {hosts}: authentication failed{tls}"),
+                    err,
+                ));
+            }
+            Err(err) => err,
+        };
+        // The client says only "no available hosts": ask the network why. A TLS-level cause
+        // is a configuration error: no point in retrying.
+        #[cfg(feature = "tls")]
+        if let Some(reason) = tls_cause(config, timeout / 2).await {
+            return Err(Error::backend(
+                format!("cannot connect to ZooKeeper at {hosts}{tls}: {reason}"),
                 err,
             ));
         }
+        let reason = match distlock_core::tcp_cause(config.hosts(), timeout / 4).await {
+            Some(io) => io,
+            None => {
+                // Reachable, but the session handshake failed (a connection closed under
+                // load, a server restarting): try again while the connect timeout lasts.
+                if deadline.saturating_duration_since(tokio::time::Instant::now())
+                    > Duration::from_millis(200)
+                {
+                    debug!(error = %err, "ZooKeeper session handshake failed, trying again");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+                err.to_string()
+            }
+        };
+        return Err(Error::unavailable(
+            format!("cannot connect to ZooKeeper at {hosts}{tls}: {reason}"),
+            err,
+        ));
     };
+    let acls = node_acls(config.digest().is_some());
     let base = config.base_path();
+    // What is left of the connect timeout (at least a round trip's worth).
+    let remaining = deadline
+        .saturating_duration_since(tokio::time::Instant::now())
+        .max(timeout / 4);
     within(
-        timeout,
-        format!("creating {base}"),
-        client.mkdir(&base, &PERSISTENT),
+        remaining,
+        format!("checking the ACL of {base}"),
+        check_base(&client, config, acls),
     )
-    .await?
-    .map_err(|err| zk_error(&format!("creating {base}"), err))?;
+    .await??;
     debug!(session = %client.session_id(), timeout = ?client.session_timeout(), "ZooKeeper session opened");
-    Ok(Arc::new(Session { client }))
+    Ok(Arc::new(Session { client, acls }))
+}
+
+#[cfg(feature = "tls")]
+async fn tls_cause(config: &ZkConfig, timeout: Duration) -> Option<String> {
+    let material = match config.tls() {
+        Some(files) => Some(files.load().await.ok()?),
+        None => None,
+    };
+    crate::tls::diagnose(config.hosts(), material, timeout).await
+}
+
+/// Creates the base node `<chroot>/distlock` if missing: the chroot and the base with `acls`,
+/// the chroot's missing ancestors (shared with whoever else uses that tree) open.
+pub(crate) async fn create_base(
+    client: &zk::Client,
+    config: &ZkConfig,
+    acls: zk::Acls<'static>,
+) -> Result<()> {
+    let base = config.base_path();
+    let creating = |path: &str, err: zk::Error| match err {
+        zk::Error::NoAuth => denied(config, path, &format!("creating {base}")),
+        err => zk_error(&format!("creating {path}"), err),
+    };
+    match client.create(&base, &[], &persistent(acls)).await {
+        Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
+        Err(zk::Error::NoNode) => {}
+        // The server checks the parent's ACL before whether the node exists: an existing base
+        // in a chroot of another identity; the check of its ACL says more.
+        Err(zk::Error::NoAuth) if matches!(client.check_stat(&base).await, Ok(Some(_))) => {
+            return Ok(());
+        }
+        Err(err) => return Err(creating(&base, err)),
+    }
+    let chroot_depth = config.chroot().map_or(0, |c| c.matches('/').count());
+    let mut path = String::new();
+    for (depth, segment) in base.split('/').skip(1).enumerate() {
+        path.push('/');
+        path.push_str(segment);
+        let acls = if depth + 1 < chroot_depth {
+            zk::Acls::anyone_all()
+        } else {
+            acls
+        };
+        match client.create(&path, &[], &persistent(acls)).await {
+            Ok(_) | Err(zk::Error::NodeExists) => {}
+            Err(err) => return Err(creating(&path, err)),
+        }
+    }
+    Ok(())
+}
+
+/// Creates the base node if missing and checks that this session may create lock nodes in it
+/// (a wrong password shows up here: `addauth digest` always succeeds, the ACL tells); warns
+/// when anyone may. Usually one read: the base exists.
+async fn check_base(client: &zk::Client, config: &ZkConfig, acls: zk::Acls<'static>) -> Result<()> {
+    let base = config.base_path();
+    let acl = match client.get_acl(&base).await {
+        Err(zk::Error::NoNode) => {
+            create_base(client, config, acls).await?;
+            client.get_acl(&base).await
+        }
+        other => other,
+    };
+    let (base_acls, _) = acl.map_err(|err| match err {
+        zk::Error::NoAuth => denied(config, &base, "reading the ACL"),
+        err => zk_error(&format!("reading the ACL of {base}"), err),
+    })?;
+    match judge(&base_acls, config.digest()) {
+        Access::Granted => Ok(()),
+        Access::Open => {
+            warn!(
+                base = %base,
+                "{base} is open (world:anyone may create, delete or change nodes in it; it was \
+                 created without credentials): another client can remove or replace this \
+                 client's lock nodes; restrict it (setAcl) or use a new chroot"
+            );
+            Ok(())
+        }
+        Access::Denied(why) => {
+            // A super user (or an ACL scheme the check does not know) passes the server's own
+            // check: ask the server, with a probe node that is removed at once.
+            let probe = format!("{base}/.distlock-access-probe");
+            match client
+                .create(&probe, &[], &zk::CreateMode::Ephemeral.with_acls(acls))
+                .await
+            {
+                Ok(_) | Err(zk::Error::NodeExists) => {
+                    let _ = client.delete(&probe, None).await;
+                    Ok(())
+                }
+                Err(zk::Error::NoAuth) => Err(Error::backend(
+                    format!(
+                        "ZooKeeper at {}: cannot create lock nodes in {base}: {why}",
+                        config.hosts().join(",")
+                    ),
+                    zk::Error::NoAuth,
+                )),
+                Err(err) => Err(zk_error(&format!("probing access to {base}"), err)),
+            }
+        }
+    }
 }

@@ -12,3 +12,28 @@ async fn harness() -> Option<Arc<dyn Harness>> {
 }
 
 conformance_tests::conformance_suite!(zk, crate::harness);
+
+/// The same suite with digest credentials: every node under an ACL of that identity; the
+/// harness's admin client (clean-up, forced release) authenticates as the same user.
+async fn auth_harness() -> Option<Arc<dyn Harness>> {
+    let url = server_var("zk", "DISTLOCK_TEST_ZK_AUTH_URL")?;
+    Some(Arc::new(
+        common::ZkHarness::with_url(&url, "zookeeper-auth").await,
+    ))
+}
+
+conformance_tests::conformance_suite!(zk_auth, crate::auth_harness);
+
+/// The same suite over TLS (to the `secureClientPort` of the same server) with digest
+/// credentials; the admin client uses the plain port.
+#[cfg(feature = "tls")]
+async fn tls_harness() -> Option<Arc<dyn Harness>> {
+    let url = server_var("zk", "DISTLOCK_TEST_ZK_TLS_URL")?;
+    let plain = server_var("zk", "DISTLOCK_TEST_ZK_AUTH_URL")?;
+    Some(Arc::new(
+        common::ZkHarness::with_tls_url(&url, &plain, "zookeeper-auth").await,
+    ))
+}
+
+#[cfg(feature = "tls")]
+conformance_tests::conformance_suite!(zk_tls, crate::tls_harness);

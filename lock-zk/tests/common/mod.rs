@@ -95,16 +95,88 @@ pub async fn service(action: &str) -> Result<(), String> {
     conformance_tests::services(action, "zookeeper").await
 }
 
+/// Digest credentials of a test URL (`zk://user:password@...`).
+#[derive(Clone)]
+pub struct Creds {
+    pub user: String,
+    pub password: String,
+}
+
+impl Creds {
+    pub fn of_url(url: &str) -> Option<Self> {
+        let parsed = distlock_core::service_url::ServiceUrl::parse(url).expect("a valid URL");
+        Some(Self {
+            user: parsed.username()?.to_owned(),
+            password: parsed.password()?.to_owned(),
+        })
+    }
+}
+
+/// A raw client (the harness's admin, or a foreign one in the tests) with these credentials.
+pub async fn raw_client(server: &str, creds: Option<&Creds>) -> zk::Client {
+    let mut connector = zk::Client::connector();
+    if let Some(creds) = creds {
+        connector = connector.with_auth(
+            "digest",
+            format!("{}:{}", creds.user, creds.password).as_bytes(),
+        );
+    }
+    connector
+        .connect(server)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to ZooKeeper at {server}: {e}"))
+}
+
 /// Clients of one ZooKeeper server, each through its own proxy, all under one chroot.
 pub struct ZkHarness {
     pub server: String,
     pub chroot: String,
     pub admin: zk::Client,
+    /// The credentials of every client, the admin's too.
+    pub creds: Option<Creds>,
+    /// The services.sh name of the server (restart hooks).
+    pub service: &'static str,
+    /// TLS files of every client but the admin (which uses the plain port).
+    pub tls: Option<distlock_core::tls::TlsFiles>,
+    /// [`Harness::many_locks`].
+    pub many_locks: usize,
+    /// [`Harness::slack`].
+    pub slack: Duration,
     proxies: Mutex<HashMap<String, Proxy>>,
 }
 
 impl ZkHarness {
+    /// The harness of a `zk://user:password@host:port` URL, whose server services.sh calls
+    /// `service`.
+    pub async fn with_url(url: &str, service: &'static str) -> Self {
+        let config = ZkConfig::from_url(url).expect("a valid ZooKeeper URL");
+        let mut harness = Self::connect(&config.hosts()[0], Creds::of_url(url)).await;
+        harness.service = service;
+        harness
+    }
+
+    /// The harness of a `zks://user:password@host:port?ca=...` URL: the clients connect over
+    /// TLS, the admin client over the same server's plain port (`plain_url`).
+    pub async fn with_tls_url(url: &str, plain_url: &str, service: &'static str) -> Self {
+        let config = ZkConfig::from_url(url).expect("a valid ZooKeeper URL");
+        let plain = ZkConfig::from_url(plain_url).expect("a valid ZooKeeper URL");
+        let mut harness = Self::connect(&plain.hosts()[0], Creds::of_url(url)).await;
+        harness.server = config.hosts()[0].clone();
+        harness.tls = config.tls().cloned();
+        harness.service = service;
+        // TLS costs the Java server CPU on every request (the 2-core test machine also runs the
+        // client and, in CI, other builds): 200 locks renewed every ttl/3 (600 writes/s) fell
+        // behind there when other cases ran alongside; 100 keeps the case meaningful.
+        harness.many_locks = 100;
+        harness.slack = Duration::from_secs(1);
+        harness
+    }
+
     pub async fn new(server: &str) -> Self {
+        Self::connect(server, None).await
+    }
+
+    async fn connect(server: &str, creds: Option<Creds>) -> Self {
         // A child process of a conformance case uses its parent's chroot.
         let chroot = conformance_tests::child::inherited()
             .filter(|chroot| !chroot.is_empty())
@@ -113,21 +185,34 @@ impl ZkHarness {
                 format!("/distlock-test/{}", &run[..8])
             });
         let server = server.split(',').next().unwrap_or(server).trim().to_owned();
-        let admin = zk::Client::connect(&server)
-            .await
-            .unwrap_or_else(|e| panic!("cannot connect to ZooKeeper at {server}: {e}"));
+        let admin = raw_client(&server, creds.as_ref()).await;
         Self {
             server,
             chroot,
             admin,
+            creds,
+            service: "zookeeper",
+            tls: None,
+            many_locks: 200,
+            slack: Duration::from_millis(750),
             proxies: Mutex::default(),
         }
     }
 
     pub fn config(&self, host: &str) -> ZkConfig {
-        ZkConfig::new(&format!("{host}{}", self.chroot))
+        let config = ZkConfig::new(&format!("{host}{}", self.chroot))
             .expect("valid connect string")
-            .with_session_timeout(SESSION_TIMEOUT)
+            .with_session_timeout(SESSION_TIMEOUT);
+        let config = match &self.creds {
+            Some(creds) => config
+                .with_digest_auth(&creds.user, &creds.password)
+                .expect("valid credentials"),
+            None => config,
+        };
+        match &self.tls {
+            Some(files) => config.with_tls(files.clone()).expect("valid TLS files"),
+            None => config,
+        }
     }
 
     /// A backend connected directly (no proxy).
@@ -236,7 +321,7 @@ impl Harness for ZkHarness {
 
     /// fsync'ed writes on a shared 2-core machine: a few ms typical, tens at p99.
     fn slack(&self) -> Duration {
-        Duration::from_millis(750)
+        self.slack
     }
 
     fn operation_timeout(&self) -> Duration {
@@ -249,7 +334,7 @@ impl Harness for ZkHarness {
 
     /// Each held lock is renewed (one fsync'ed write) every ttl/3.
     fn many_locks(&self) -> usize {
-        200
+        self.many_locks
     }
 
     async fn remove_lock(&self, name: &str) -> HookResult {
@@ -274,10 +359,14 @@ impl Harness for ZkHarness {
     }
 
     async fn stop_server(&self) -> HookResult {
-        service("stop-one").await.map_err(HookError::Failed)
+        conformance_tests::services("stop-one", self.service)
+            .await
+            .map_err(HookError::Failed)
     }
 
     async fn start_server(&self) -> HookResult {
-        service("start-one").await.map_err(HookError::Failed)
+        conformance_tests::services("start-one", self.service)
+            .await
+            .map_err(HookError::Failed)
     }
 }
