@@ -221,9 +221,9 @@ impl SqlConfig {
             .unwrap_or(distlock_core::ClientConfig::default().operation_timeout)
     }
 
-    /// A configuration for the application's own `pool` (see [`SqlBackend::from_pool`]
-    /// (crate::SqlBackend::from_pool)): its database, described without credentials, and the
-    /// default lock options, to change with the `with_*` methods.
+    /// A configuration for the application's own `pool` (see
+    /// [`SqlBackend::from_pool`](crate::SqlBackend::from_pool)): its database, described
+    /// without credentials, and the default lock options, to change with the `with_*` methods.
     pub fn for_pool(pool: &crate::SqlPool) -> Self {
         Self {
             dialect: pool.dialect(),
