@@ -43,7 +43,8 @@ pub fn with_param(url: &str, key: &str, value: &str) -> String {
 }
 
 /// Runs `connect` and checks that it fails within [`REFUSAL_BOUND`] with a non-retryable
-/// error whose `Display`, `Debug` and alternate `Debug` keep `secret` out, whose `Display`
+/// error whose `Display`, `Debug`, alternate `Debug` and source chain keep `secret` out, whose
+/// `Display`
 /// names `server` and says one of `cause` (lower case). Returns the error for more checks.
 ///
 /// # Panics
@@ -71,7 +72,12 @@ pub async fn refused<T>(
         !err.is_retryable(),
         "{what}: a retryable error for a bad connection: {err}"
     );
-    let shown = [format!("{err}"), format!("{err:?}"), format!("{err:#}")];
+    let mut shown = vec![format!("{err}"), format!("{err:?}"), format!("{err:#}")];
+    let mut source = std::error::Error::source(&err);
+    while let Some(cause) = source {
+        shown.push(format!("{cause} / {cause:?}"));
+        source = cause.source();
+    }
     for text in &shown {
         assert!(
             !text.contains(secret),

@@ -124,6 +124,37 @@ pub async fn connect(url: &str, config: ClientConfig) -> Result<LockClient<EtcdB
     connect_with(EtcdConfig::from_url(url)?, config).await
 }
 
+/// A lock client over the application's own [`etcd_client::Client`] (its endpoints, TLS,
+/// user and token refresh stay the application's); `etcd` gives the key prefix and names the
+/// endpoints in messages. Nothing is checked at once: a client that cannot reach its cluster
+/// fails the first lock operation, as it would the application's own requests.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use distlock_etcd::EtcdConfig;
+/// use distlock_etcd::distlock_core::{AcquireOptions, ClientConfig, DistributedLock};
+/// use distlock_etcd::etcd_client::{Client, ConnectOptions};
+///
+/// let options = ConnectOptions::new().with_user("app", "secret").with_auto_token_refresh(true);
+/// let app = Client::connect(["http://10.0.0.1:2379"], Some(options)).await?;
+/// let etcd = EtcdConfig::new(["http://10.0.0.1:2379"])?.with_prefix("app/locks")?;
+/// let locks = distlock_etcd::from_client(app.clone(), &etcd, ClientConfig::default())?;
+/// let guard = locks.acquire("invoices", &AcquireOptions::default()).await?;
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// [`Error::InvalidConfig`] for an invalid `config`.
+pub fn from_client(
+    client: etcd_client::Client,
+    etcd: &EtcdConfig,
+    config: ClientConfig,
+) -> Result<LockClient<EtcdBackend>, Error> {
+    config.validate()?;
+    LockClient::with_config(EtcdBackend::from_client(client, etcd), config)
+}
+
 /// Like [`connect`], from an [`EtcdConfig`] (e.g. an `http://` or `https://` endpoint list).
 ///
 /// # Errors

@@ -7,6 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use conformance_tests::tls::{tls_file, with_param};
 use distlock_core::{AcquireOptions, ClientConfig, DistributedLock, Error};
 use distlock_etcd::EtcdConfig;
 
@@ -26,24 +27,6 @@ fn tls_url() -> Option<url::Url> {
     Some(url::Url::parse(&raw).unwrap_or_else(|e| panic!("DISTLOCK_TEST_ETCD_TLS_URL: {e}")))
 }
 
-/// `url` with the query parameter `key` set to `value` (removed when `None`).
-fn with_param(url: &url::Url, key: &str, value: Option<&str>) -> url::Url {
-    let pairs: Vec<(String, String)> = url
-        .query_pairs()
-        .filter(|(k, _)| k != key)
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-        .chain(value.map(|v| (key.to_owned(), v.to_owned())))
-        .collect();
-    let mut out = url.clone();
-    out.query_pairs_mut().clear().extend_pairs(pairs);
-    out
-}
-
-fn tls_file(name: &str) -> String {
-    let dir = std::env::var("DISTLOCK_TEST_TLS_DIR").expect("DISTLOCK_TEST_TLS_DIR is set");
-    format!("{dir}/{name}")
-}
-
 fn unique(what: &str) -> String {
     format!("{what}-{}", uuid::Uuid::new_v4().simple())
 }
@@ -55,41 +38,13 @@ fn assert_hidden(what: &str, secret: &str, value: &impl std::fmt::Debug) {
     }
 }
 
-/// Connecting to `url` fails within the bound with a non-retryable error whose every rendering
-/// (and every source's) names the server, says one of `cause` and keeps `secret` out.
+/// Connecting to `url` fails within the bound with a non-retryable backend error that names
+/// the server, says one of `cause` and keeps `secret` out of every rendering and source.
 async fn refused(url: &str, secret: &str, cause: &[&str]) -> Error {
-    let started = Instant::now();
-    let err = match distlock_etcd::connect(url, config()).await {
-        Ok(_) => panic!("connected with {}", distlock_core::service_url::redact(url)),
-        Err(err) => err,
-    };
-    let took = started.elapsed();
-    assert!(took < CONNECT_BOUND, "the refusal took {took:?}: {err}");
-    assert!(
-        matches!(err, Error::Backend { .. }) && !err.is_retryable(),
-        "not a non-retryable backend error: {err:?}"
-    );
-    let mut shown = vec![format!("{err}"), format!("{err:?}"), format!("{err:#?}")];
-    let mut source = std::error::Error::source(&err);
-    while let Some(cause) = source {
-        shown.push(format!("{cause} / {cause:?}"));
-        source = cause.source();
-    }
-    for text in &shown {
-        assert!(!text.contains(secret), "the password is shown: {text}");
-    }
-    assert!(
-        shown[0].contains("127.0.0.1:"),
-        "the server is not named: {}",
-        shown[0]
-    );
-    let lower = shown[0].to_lowercase();
-    assert!(
-        cause.iter().any(|c| lower.contains(c)),
-        "the cause ({cause:?}) is not said: {}",
-        shown[0]
-    );
-    eprintln!("refused in {took:?}: {err}");
+    let what = distlock_core::service_url::redact(url);
+    let connect = distlock_etcd::connect(url, config());
+    let err = conformance_tests::tls::refused(&what, connect, "127.0.0.1:", secret, cause).await;
+    assert!(matches!(err, Error::Backend { .. }), "{err:?}");
     err
 }
 
@@ -166,7 +121,7 @@ async fn bad_credentials_and_bad_tls_fail_at_once() {
     refused(stranger.as_str(), &secret, &auth).await;
 
     // A server certificate signed by a CA the client does not trust.
-    let untrusted = with_param(&url, "ca", Some(&tls_file("other-ca.pem")));
+    let untrusted = with_param(url.as_str(), "ca", &tls_file("other-ca.pem"));
     refused(
         untrusted.as_str(),
         &secret,
@@ -175,7 +130,7 @@ async fn bad_credentials_and_bad_tls_fail_at_once() {
     .await;
 
     // No client certificate, where the server requires one.
-    let anonymous = with_param(&with_param(&url, "cert", None), "key", None);
+    let anonymous = with_param(&with_param(url.as_str(), "cert", ""), "key", "");
     refused(anonymous.as_str(), &secret, &["certificate"]).await;
 
     // Plain gRPC to the TLS port.
@@ -348,4 +303,41 @@ async fn a_certificate_without_a_user_is_refused_at_once() {
         "{err}"
     );
     eprintln!("refused in {took:?}: {err}");
+}
+
+/// The application's own etcd client (mutual TLS and user root, built with etcd-client's API)
+/// serves the locks, and they exclude a client of the URL.
+#[tokio::test]
+async fn the_applications_own_client() {
+    use distlock_etcd::etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+    let Some(url) = tls_url() else { return };
+    let file = |key: &str| {
+        let path = url
+            .query_pairs()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.into_owned())
+            .expect("TLS files in the URL");
+        std::fs::read(path).expect("a readable TLS file")
+    };
+    let tls = TlsOptions::new()
+        .ca_certificate(Certificate::from_pem(file("ca")))
+        .identity(Identity::from_pem(file("cert"), file("key")));
+    let options = ConnectOptions::new()
+        .with_user(url.username(), url.password().expect("a password"))
+        .with_tls(tls);
+    let endpoint = format!("https://127.0.0.1:{}", url.port().expect("a port"));
+    let app = Client::connect([endpoint.as_str()], Some(options))
+        .await
+        .expect("the application's client");
+    let etcd = EtcdConfig::new([endpoint.as_str()]).expect("config");
+    let mine = distlock_etcd::from_client(app, &etcd, config()).expect("locks");
+    let by_url = distlock_etcd::connect(url.as_str(), config())
+        .await
+        .expect("connect");
+    let name = format!("own-client-{}", uuid::Uuid::new_v4().simple());
+    let opts = AcquireOptions::default();
+    let guard = mine.acquire(&name, &opts).await.expect("acquire");
+    let busy = by_url.try_acquire(&name, &opts).await.expect("try");
+    assert!(busy.is_none(), "the URL client took a held lock");
+    guard.release().await.expect("release");
 }
