@@ -43,7 +43,24 @@ pub struct ZkConfig {
     session_timeout: Duration,
     digest: Option<Digest>,
     tls: Option<TlsFiles>,
+    connector: Option<AppConnector>,
 }
+
+/// The application's own connector (see [`ZkConfig::with_connector`]); configurations are
+/// equal when they share the same one.
+#[derive(Clone)]
+pub(crate) struct AppConnector {
+    pub(crate) connector: std::sync::Arc<zookeeper_client::Connector>,
+    pub(crate) secure: bool,
+}
+
+impl PartialEq for AppConnector {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.connector, &other.connector) && self.secure == other.secure
+    }
+}
+
+impl Eq for AppConnector {}
 
 /// Digest credentials (`user:password`). The password never leaves this crate's connector.
 #[derive(Clone, PartialEq, Eq)]
@@ -89,6 +106,7 @@ impl fmt::Debug for ZkConfig {
             .field("session_timeout", &self.session_timeout)
             .field("digest_user", &self.digest_user())
             .field("tls", &self.tls)
+            .field("application_connector", &self.connector.is_some())
             .finish()
     }
 }
@@ -134,6 +152,7 @@ impl ZkConfig {
             session_timeout: Self::DEFAULT_SESSION_TIMEOUT,
             digest: None,
             tls: None,
+            connector: None,
         })
     }
 
@@ -235,6 +254,45 @@ impl ZkConfig {
         }
         self.tls = Some(files);
         Ok(self)
+    }
+
+    /// Opens sessions with the application's own `connector` (its connection timeout,
+    /// read-only mode, SASL, TLS options, ...). The backend still sets what the lock protocol
+    /// relies on: the session timeout of this configuration (it bounds the ttl), failing
+    /// eagerly when no host answers, the digest credentials of this configuration if it has
+    /// any (the ACL of its nodes follows them), and its TLS files if it has any. `secure` says
+    /// that the connector carries TLS options of its own, so sessions connect with
+    /// `tcp+tls` (that needs this crate's `tls` feature).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), distlock_core::Error> {
+    /// use distlock_zookeeper::{ZkBackend, ZkConfig, zookeeper_client as zk};
+    /// use distlock_core::{ClientConfig, LockClient};
+    ///
+    /// let app = zk::Client::connector().with_connection_timeout(std::time::Duration::from_secs(2));
+    /// let config = ZkConfig::from_url("zk://app:secret@zk1:2181,zk2:2181/app")?
+    ///     .with_connector(app, false);
+    /// let backend = ZkBackend::connect(config, &ClientConfig::default()).await?;
+    /// let locks = LockClient::new(backend);
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn with_connector(mut self, connector: zookeeper_client::Connector, secure: bool) -> Self {
+        self.connector = Some(AppConnector {
+            connector: std::sync::Arc::new(connector),
+            secure,
+        });
+        self
+    }
+
+    /// Whether sessions connect with TLS (a `zks://` configuration, or the application's
+    /// connector said so).
+    pub fn is_secure(&self) -> bool {
+        self.tls.is_some() || self.connector.as_ref().is_some_and(|c| c.secure)
+    }
+
+    pub(crate) fn app_connector(&self) -> Option<&zookeeper_client::Connector> {
+        self.connector.as_ref().map(|c| &*c.connector)
     }
 
     /// The digest user name, if the session authenticates.

@@ -52,7 +52,11 @@ impl Session {
 
 /// A connector with the configuration's credentials and TLS settings.
 pub(crate) async fn connector(config: &ZkConfig) -> Result<zk::Connector> {
-    let mut connector = zk::Client::connector()
+    let base = config
+        .app_connector()
+        .cloned()
+        .unwrap_or_else(zk::Client::connector);
+    let mut connector = base
         .with_session_timeout(config.session_timeout())
         .with_fail_eagerly();
     if let Some(digest) = config.digest() {
@@ -115,8 +119,14 @@ pub(crate) async fn connect_client(
     config: &ZkConfig,
 ) -> std::result::Result<zk::Client, zk::Error> {
     #[cfg(feature = "tls")]
-    if config.tls().is_some() {
+    if config.is_secure() {
         return connector.secure_connect(&config.connect_string()).await;
+    }
+    #[cfg(not(feature = "tls"))]
+    if config.is_secure() {
+        return Err(zk::Error::BadArguments(
+            &"a TLS connector needs the cargo feature `tls` of distlock-zookeeper",
+        ));
     }
     connector.connect(&config.connect_string()).await
 }

@@ -388,6 +388,48 @@ mod tls {
         );
     }
 
+    /// The application's own connector, carrying its own TLS options (`secure`), opens the
+    /// backend's sessions with the configuration's digest credentials: the lock works and
+    /// excludes a client of the URL.
+    #[tokio::test]
+    async fn the_applications_own_tls_connector() {
+        let Some(url) = tls_url() else { return };
+        let dir = tls_dir(&url);
+        let chroot = unique("own-connector");
+        let ca = std::fs::read_to_string(format!("{dir}/ca.pem")).expect("the CA");
+        let options = zk::TlsOptions::new().with_pem_ca(&ca).expect("a CA");
+        let app = zk::Client::connector()
+            .with_connection_timeout(Duration::from_secs(2))
+            .with_tls(options);
+        // The same server and credentials, without the URL's TLS files.
+        let plain_form = with_chroot(&url.replacen("zks://", "zk://", 1), &chroot);
+        let plain_form = plain_form
+            .split_once('?')
+            .map_or(plain_form.as_str(), |(u, _)| u);
+        let config = ZkConfig::from_url(plain_form)
+            .expect("config")
+            .with_connector(app, true);
+        assert!(config.is_secure());
+        let mine = distlock_core::LockClient::new(
+            distlock_zookeeper::ZkBackend::connect(config, &client_config())
+                .await
+                .expect("sessions from the application's connector"),
+        );
+        let by_url = distlock_zookeeper::connect(&with_chroot(&url, &chroot), client_config())
+            .await
+            .expect("connect over TLS");
+        let guard = mine
+            .acquire("own-connector", &AcquireOptions::default())
+            .await
+            .expect("acquire");
+        let busy = by_url
+            .try_acquire("own-connector", &AcquireOptions::default())
+            .await
+            .expect("try");
+        assert!(busy.is_none(), "the URL client took a held lock");
+        guard.release().await.expect("release");
+    }
+
     #[tokio::test]
     async fn untrusted_certificate_authority_is_refused() {
         let Some(url) = tls_url() else { return };
