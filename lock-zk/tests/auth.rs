@@ -576,6 +576,26 @@ mod sasl {
         }
     }
 
+    /// SASL on the TLS port: `zks://distlock:PASSWORD@...?ca=...&auth=sasl`.
+    #[cfg(feature = "tls")]
+    #[tokio::test]
+    async fn locks_with_sasl_over_tls() {
+        let Some(tls_url) = server_var("zk", "DISTLOCK_TEST_ZK_TLS_URL") else {
+            return;
+        };
+        let url = with_chroot(&format!("{tls_url}&auth=sasl"), &unique("sasl-tls"));
+        let config = ZkConfig::from_url(&url).unwrap();
+        assert!(config.uses_sasl() && config.tls().is_some());
+        let client = distlock_zookeeper::connect(&url, client_config())
+            .await
+            .expect("connect with SASL over TLS");
+        let guard = client
+            .acquire("sasl-over-tls", &AcquireOptions::default())
+            .await
+            .expect("acquire");
+        guard.release().await.expect("release");
+    }
+
     // A current-thread runtime: the client library's tasks log on this thread, into the capture.
     #[tokio::test(flavor = "current_thread")]
     async fn the_sasl_password_never_shows() {
