@@ -32,7 +32,9 @@
 #   zookeeper                    standalone ZooKeeper 12181 (tickTime 200, session 400..60000 ms)
 #   zookeeper-auth               standalone ZooKeeper for digest auth (user distlock, the TLS
 #                                password; nodes under ACLs), plain 12182 and TLS 12183
-#                                (secureClientPort, Netty, PEM key store; client cert optional)
+#                                (secureClientPort, Netty, PEM key store; client cert optional);
+#                                also SASL DIGEST-MD5 (SASLAuthenticationProvider, JAAS file
+#                                conf/zk-auth-jaas.conf: user distlock with the TLS password)
 #   postgres                     PostgreSQL 15 on 15432, database distlock, user postgres, trust;
 #                                TLS (ssl=on), user distlock_tls with a password, over TLS only
 #   mariadb                      MariaDB on 13306, database distlock, root without password;
@@ -45,6 +47,7 @@
 #   data/NAME/     data dir of each server      logs/NAME.log   stdout+stderr of each server
 #   run/NAME.pid   pid of each server process   conf/zoo.cfg    generated ZooKeeper config
 #                                               conf/zoo-auth.cfg  the zookeeper-auth one
+#                                               conf/zk-auth-jaas.conf  its SASL users
 # `cargo clean` deletes target/services: stop the servers first (otherwise their pid files are
 # gone and `start` reports the leftover processes holding the ports, with candidate pids).
 # `start` is idempotent: a server whose recorded process is alive is left alone (it is only waited
@@ -441,9 +444,21 @@ ssl.keyStore.type=PEM
 ssl.trustStore.location=$d/ca.pem
 ssl.trustStore.type=PEM
 ssl.clientAuth=want
+authProvider.1=org.apache.zookeeper.server.auth.SASLAuthenticationProvider
 EOF
+    # SASL DIGEST-MD5: user distlock with the TLS password, in a JAAS file (not on the command
+    # line, where ps shows it).
+    (
+      umask 077
+      printf 'Server {\n  org.apache.zookeeper.server.auth.DigestLoginModule required\n  user_distlock="%s";\n};\n' \
+        "$(tls_password)" >"$(zk_jaas)"
+    )
+    chmod 600 "$(zk_jaas)"
   fi
 }
+
+# zk_jaas: the JAAS file of zookeeper-auth (its SASL users).
+zk_jaas() { printf '%s\n' "$STATE/conf/zk-auth-jaas.conf"; }
 
 launch() {
   local name=$1 dir
@@ -514,16 +529,18 @@ launch() {
       ;;
     zookeeper | zookeeper-auth)
       local cp="/etc/zookeeper/conf:$ZK_JAR:$SLF4J_SIMPLE_JAR" jar
+      local -a extra=()
       mkdir -p "$dir"
       if [[ $name == zookeeper-auth ]]; then
         tls_material
         for jar in "${NETTY_JARS[@]}"; do cp+=":/usr/share/java/netty-$jar.jar"; done
+        extra+=("-Djava.security.auth.login.config=$(zk_jaas)")
       fi
       write_zoo_cfg "$name"
       [[ -f $SLF4J_SIMPLE_JAR ]] || log "$name: $SLF4J_SIMPLE_JAR missing, its log stays empty"
       spawn "$name" java -Xmx256m -XX:+UseSerialGC -Djava.net.preferIPv4Stack=true \
         -Dzookeeper.admin.enableServer=false -Dorg.slf4j.simpleLogger.showDateTime=true \
-        '-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd HH:mm:ss.SSS' \
+        '-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd HH:mm:ss.SSS' ${extra[@]+"${extra[@]}"} \
         -cp "$cp" org.apache.zookeeper.server.ZooKeeperServerMain "$(zoo_cfg "$name")"
       ;;
     postgres)
@@ -930,6 +947,9 @@ print_env() {
   printf 'export DISTLOCK_TEST_ZK_AUTH_URL=%q\n' "zk://distlock:$pass@$HOST:$ZK_AUTH_PORT"
   printf 'export DISTLOCK_TEST_ZK_TLS_URL=%q\n' \
     "zks://distlock:$pass@$HOST:$ZK_AUTH_TLS_PORT?ca=$ca"
+  # The same server with SASL DIGEST-MD5 (only user distlock, from its JAAS file).
+  printf 'export DISTLOCK_TEST_ZK_SASL_URL=%q\n' \
+    "zk://distlock:$pass@$HOST:$ZK_AUTH_PORT?auth=sasl"
   printf 'export DISTLOCK_TEST_TLS_DIR=%q\n' "$(tls_dir)"
   printf 'export DISTLOCK_SERVICES_DIR=%q\n' "$STATE"
 }

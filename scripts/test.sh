@@ -144,7 +144,7 @@ lint_each_feature() {
   local package feature
   for package in distlock distlock-cli; do
     cargo clippy -p "$package" --no-default-features --all-targets -- -D warnings || return
-    for feature in sqlite postgres mysql redis etcd zookeeper zookeeper-tls; do
+    for feature in sqlite postgres mysql redis etcd zookeeper zookeeper-tls zookeeper-sasl; do
       cargo clippy -p "$package" --no-default-features --features "$feature" --all-targets \
         -- -D warnings || return
     done

@@ -35,6 +35,22 @@ pub(crate) fn digest_id(digest: &Digest) -> String {
     )
 }
 
+/// The ACL id (scheme, id) the server gives this session's credentials: `digest:user:<hash>`,
+/// or `sasl:user` with SASL DIGEST-MD5 (the authenticated user name).
+pub(crate) fn own_id(digest: &Digest) -> (&'static str, String) {
+    if digest.sasl {
+        ("sasl", digest.user.clone())
+    } else {
+        ("digest", digest_id(digest))
+    }
+}
+
+/// How errors name the credentials' identity: `digest user "x"` or `SASL user "x"`.
+pub(crate) fn who(digest: &Digest) -> String {
+    let kind = if digest.sasl { "SASL" } else { "digest" };
+    format!("{kind} user {:?}", digest.user)
+}
+
 /// What the base node's ACL means for this session.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Access {
@@ -48,8 +64,9 @@ pub(crate) enum Access {
 }
 
 /// Judges the base node's ACL. ACL entries of schemes this crate cannot evaluate (`ip`,
-/// `x509`, `sasl`, ...) that grant CREATE give the benefit of the doubt (`Granted`): the
-/// server decides on the first write.
+/// `x509`, ...) that grant CREATE give the benefit of the doubt (`Granted`): the server
+/// decides on the first write. `digest` and `sasl` entries are decidable: a session has only
+/// the identities its credentials give it.
 pub(crate) fn judge(acls: &[zk::Acl], digest: Option<&Digest>) -> Access {
     let creates = |acl: &zk::Acl| acl.permission().has(Permission::CREATE);
     let is_world = |acl: &zk::Acl| acl.scheme() == "world" && acl.id() == "anyone";
@@ -67,7 +84,7 @@ pub(crate) fn judge(acls: &[zk::Acl], digest: Option<&Digest>) -> Access {
     let world_creates = acls.iter().any(|acl| is_world(acl) && creates(acl));
     let undecidable = acls
         .iter()
-        .any(|acl| !matches!(acl.scheme(), "world" | "digest") && creates(acl));
+        .any(|acl| !matches!(acl.scheme(), "world" | "digest" | "sasl") && creates(acl));
     let owners = || {
         let mut owners: Vec<String> = acls
             .iter()
@@ -78,6 +95,7 @@ pub(crate) fn judge(acls: &[zk::Acl], digest: Option<&Digest>) -> Access {
                     "digest user {:?}",
                     acl.id().split(':').next().unwrap_or_default()
                 ),
+                "sasl" => format!("SASL user {:?}", acl.id()),
                 scheme => format!("{scheme}:{}", acl.id()),
             })
             .collect();
@@ -98,10 +116,10 @@ pub(crate) fn judge(acls: &[zk::Acl], digest: Option<&Digest>) -> Access {
             ))
         };
     };
-    let own = digest_id(digest);
+    let (own_scheme, own) = own_id(digest);
     let mine = acls
         .iter()
-        .any(|acl| acl.scheme() == "digest" && acl.id() == own && creates(acl));
+        .any(|acl| acl.scheme() == own_scheme && acl.id() == own && creates(acl));
     if mine || world_creates {
         return if world_changes {
             Access::Open
@@ -112,13 +130,15 @@ pub(crate) fn judge(acls: &[zk::Acl], digest: Option<&Digest>) -> Access {
     if undecidable {
         return Access::Granted;
     }
-    let same_user = acls.iter().any(|acl| {
-        acl.scheme() == "digest"
-            && acl
-                .id()
-                .split_once(':')
-                .is_some_and(|(user, _)| user == digest.user)
-    });
+    // (A wrong SASL password fails the handshake: the server never answers it with an ACL.)
+    let same_user = !digest.sasl
+        && acls.iter().any(|acl| {
+            acl.scheme() == "digest"
+                && acl
+                    .id()
+                    .split_once(':')
+                    .is_some_and(|(user, _)| user == digest.user)
+        });
     if same_user {
         Access::Denied(format!(
             "wrong password for digest user {:?} ({} with another password)",
@@ -127,8 +147,8 @@ pub(crate) fn judge(acls: &[zk::Acl], digest: Option<&Digest>) -> Access {
         ))
     } else {
         Access::Denied(format!(
-            "the credentials of digest user {:?} lack permission ({})",
-            digest.user,
+            "the credentials of {} lack permission ({})",
+            who(digest),
             owners()
         ))
     }
@@ -193,6 +213,27 @@ mod tests {
         };
         assert!(why.contains("digest user \"x\" lack permission"), "{why}");
         assert!(why.contains("belongs to digest user \"app\""), "{why}");
+        // SASL: the id is the user name; digest entries of the same name are another identity.
+        let sasl = ZkConfig::new("h")
+            .unwrap()
+            .with_sasl_auth("app", "pw")
+            .unwrap()
+            .digest()
+            .unwrap()
+            .clone();
+        let sasl_mine = acl(Permission::ALL, "sasl", "app");
+        assert_eq!(
+            judge(&[sasl_mine.clone(), read.clone()], Some(&sasl)),
+            Access::Granted
+        );
+        let Access::Denied(why) = judge(&[mine.clone(), read.clone()], Some(&sasl)) else {
+            panic!("a digest-owned base was granted to a SASL identity");
+        };
+        assert!(why.contains("SASL user \"app\" lack permission"), "{why}");
+        let Access::Denied(why) = judge(&[sasl_mine, read.clone()], Some(&me)) else {
+            panic!("a SASL-owned base was granted to a digest identity");
+        };
+        assert!(why.contains("belongs to SASL user \"app\""), "{why}");
         let Access::Denied(why) = judge(&[mine, read], None) else {
             panic!("no credentials were granted");
         };

@@ -62,11 +62,14 @@ impl PartialEq for AppConnector {
 
 impl Eq for AppConnector {}
 
-/// Digest credentials (`user:password`). The password never leaves this crate's connector.
+/// Credentials (`user:password`), digest or SASL DIGEST-MD5. The password never leaves this
+/// crate's connector.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Digest {
     pub(crate) user: String,
     pub(crate) password: String,
+    /// SASL DIGEST-MD5 (`?auth=sasl`) instead of `addauth digest`.
+    pub(crate) sasl: bool,
 }
 
 impl Digest {
@@ -80,6 +83,7 @@ impl Digest {
         Ok(Self {
             user: user.to_owned(),
             password: password.to_owned(),
+            sasl: false,
         })
     }
 
@@ -94,6 +98,7 @@ impl fmt::Debug for Digest {
         f.debug_struct("Digest")
             .field("user", &self.user)
             .field("password", &"<redacted>")
+            .field("sasl", &self.sasl)
             .finish()
     }
 }
@@ -105,6 +110,7 @@ impl fmt::Debug for ZkConfig {
             .field("chroot", &self.chroot)
             .field("session_timeout", &self.session_timeout)
             .field("digest_user", &self.digest_user())
+            .field("sasl", &self.uses_sasl())
             .field("tls", &self.tls)
             .field("application_connector", &self.connector.is_some())
             .finish()
@@ -163,13 +169,16 @@ impl ZkConfig {
     ///
     /// `user:password` are ZooKeeper digest credentials (percent-encode `:`, `@`, `/`, `?`, `#`
     /// in the password); see the crate documentation, "Authentication", for the ACL of the
-    /// nodes. `zks://` connects with TLS to the servers' `secureClientPort` (give its port: a
+    /// nodes. `?auth=sasl` authenticates with SASL DIGEST-MD5 instead (cargo feature `sasl`);
+    /// `auth=digest` is the default. `zks://` connects with TLS to the servers' `secureClientPort` (give its port: a
     /// host without one gets 2181 here too), verifying their certificates against `ca=` (PEM);
     /// `cert=` and `key=` add a client certificate. It needs the cargo feature `tls`.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for another scheme, a malformed host list or chroot, a user
-    /// without password, `zks://` without `ca=`, or an unknown or malformed query option.
+    /// without password, `zks://` without `ca=`, `auth=sasl` without credentials, or an
+    /// unknown or malformed query option; [`Error::Unsupported`] for `auth=sasl` without the
+    /// cargo feature `sasl`.
     pub fn from_url(url: &str) -> Result<Self> {
         let parsed = ServiceUrl::parse(url)?;
         let secure = match parsed.scheme() {
@@ -199,7 +208,24 @@ impl ZkConfig {
         if let Some(timeout) = options.duration("session_timeout")? {
             config.session_timeout = timeout;
         }
-        let mut known = vec!["session_timeout"];
+        let mut known = vec!["session_timeout", "auth"];
+        match options.take("auth").as_deref() {
+            None | Some("digest") => {}
+            Some("sasl") => {
+                let Some(digest) = config.digest.as_mut() else {
+                    return Err(parsed.error("auth=sasl needs credentials: user:password@host"));
+                };
+                if cfg!(not(feature = "sasl")) {
+                    return Err(Error::Unsupported(SASL_UNSUPPORTED.into()));
+                }
+                digest.sasl = true;
+            }
+            Some(other) => {
+                return Err(parsed.error(format!(
+                    "unknown auth={other:?}: expected auth=digest (the default) or auth=sasl"
+                )));
+            }
+        }
         if secure {
             let files = TlsFiles::take(&mut options).map_err(|err| match err {
                 Error::InvalidConfig(why) => parsed.error(why),
@@ -295,9 +321,29 @@ impl ZkConfig {
         self.connector.as_ref().map(|c| &*c.connector)
     }
 
-    /// The digest user name, if the session authenticates.
+    /// Authenticates the session with SASL DIGEST-MD5 (`user` and `password` as in the servers'
+    /// JAAS `Server` section), and creates every node under an ACL that only this identity
+    /// (`sasl:user`) can change (see the crate documentation, "Authentication"). Needs the
+    /// cargo feature `sasl` (without it, connecting fails with [`Error::Unsupported`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for an empty user name or one containing `:`.
+    pub fn with_sasl_auth(mut self, user: &str, password: &str) -> Result<Self> {
+        let mut digest = Digest::new(user, password).map_err(Error::InvalidConfig)?;
+        digest.sasl = true;
+        self.digest = Some(digest);
+        Ok(self)
+    }
+
+    /// The user name (digest or SASL), if the session authenticates.
     pub fn digest_user(&self) -> Option<&str> {
         self.digest.as_ref().map(|d| d.user.as_str())
+    }
+
+    /// Whether the session authenticates with SASL DIGEST-MD5 (`?auth=sasl`) rather than
+    /// digest credentials.
+    pub fn uses_sasl(&self) -> bool {
+        self.digest.as_ref().is_some_and(|d| d.sasl)
     }
 
     /// The digest credentials, if any.
@@ -354,6 +400,10 @@ impl ZkConfig {
         format!("{}/{}", self.base_path(), escape(name.as_str()))
     }
 }
+
+/// `auth=sasl` (or [`ZkConfig::with_sasl_auth`]) in a build without the feature.
+pub(crate) const SASL_UNSUPPORTED: &str = "ZooKeeper SASL authentication (auth=sasl) needs the cargo feature `sasl` of \
+     distlock-zookeeper (`zookeeper-sasl` of distlock)";
 
 fn check_chroot(path: &str) -> std::result::Result<String, String> {
     let path = path.strip_suffix('/').unwrap_or(path);
@@ -427,6 +477,52 @@ mod tests {
         assert!(!err.contains("topsecret"), "{err}");
         let err = ZkConfig::new("u:topsecret@h").unwrap_err().to_string();
         assert!(!err.contains("topsecret"), "{err}");
+    }
+
+    #[test]
+    fn parses_auth_option() {
+        let c = ZkConfig::from_url("zk://app:pw@h?auth=digest").unwrap();
+        assert!(!c.uses_sasl());
+        assert_eq!(c.digest_user(), Some("app"));
+        let sasl = ZkConfig::from_url("zk://app:topsecret@h:1/c?auth=sasl");
+        #[cfg(feature = "sasl")]
+        {
+            let c = sasl.unwrap();
+            assert!(c.uses_sasl());
+            assert_eq!(c.digest_user(), Some("app"));
+            let shown = format!("{c:?} {c:#?}");
+            assert!(!shown.contains("topsecret"), "{shown}");
+        }
+        #[cfg(not(feature = "sasl"))]
+        match sasl {
+            Err(Error::Unsupported(why)) => {
+                assert!(why.contains("feature `sasl`"), "{why}");
+                assert!(!why.contains("topsecret"), "{why}");
+            }
+            other => panic!("auth=sasl without the feature: {other:?}"),
+        }
+        let c = ZkConfig::new("h")
+            .unwrap()
+            .with_sasl_auth("app", "topsecret")
+            .unwrap();
+        assert!(c.uses_sasl());
+        assert!(!format!("{c:?}").contains("topsecret"));
+        assert!(
+            ZkConfig::new("h")
+                .unwrap()
+                .with_sasl_auth("a:b", "p")
+                .is_err()
+        );
+        for bad in [
+            "zk://h?auth=sasl",
+            "zk://u:p@h?auth=kerberos",
+            "zk://u:p@h?auth=",
+        ] {
+            assert!(
+                matches!(ZkConfig::from_url(bad), Err(Error::InvalidConfig(_))),
+                "{bad:?} was accepted"
+            );
+        }
     }
 
     #[test]

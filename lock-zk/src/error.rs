@@ -8,8 +8,8 @@ use crate::ZkConfig;
 /// The server refused an operation on `path` (NoAuth): a clear, non-retryable error naming
 /// the servers, the identity and the node, never the password.
 pub(crate) fn denied(config: &ZkConfig, path: &str, what: &str) -> Error {
-    let who = match config.digest_user() {
-        Some(user) => format!("the credentials of digest user {user:?}"),
+    let who = match config.digest() {
+        Some(digest) => format!("the credentials of {}", crate::acl::who(digest)),
         None => "this client (no credentials)".to_owned(),
     };
     Error::backend(

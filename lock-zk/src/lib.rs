@@ -122,8 +122,20 @@
 //! chroot. Over TLS with a client certificate, the server also authenticates the session as
 //! `x509:<certificate subject>`, and the `auth` ACL includes that identity too.
 //!
-//! SASL (Kerberos or DIGEST-MD5) is not offered: zookeeper-client's `sasl` features need a
-//! server-side JAAS set-up and pull in rsasl; digest credentials cover the same need.
+//! With the cargo feature `sasl`, `zk://user:password@host:port/...?auth=sasl` (or
+//! [`ZkConfig::with_sasl_auth`]) authenticates with SASL DIGEST-MD5 instead: the servers need
+//! `authProvider.1=org.apache.zookeeper.server.auth.SASLAuthenticationProvider` and a JAAS
+//! `Server` section (`org.apache.zookeeper.server.auth.DigestLoginModule`) with
+//! `user_<name>="<password>"`. The session's identity is then `sasl:<name>`, the same
+//! `auth:ALL, world:anyone:READ` ACL restricts every node to it, and the connect-time check
+//! of the base node's ACL looks for that identity. Unlike `addauth digest`, the server checks
+//! the password during the handshake: a wrong password or an unknown user fails [`connect`]
+//! at once with a non-retryable [`Error::Backend`](distlock_core::Error::Backend) naming the
+//! servers and saying "authentication failed". (ZooKeeper 3.8 was seen letting an unknown
+//! user through with the password of the user authenticated just before, as
+//! `sasl:<unknown name>`; the check of the base node's ACL then refuses it, naming the owner.)
+//! Without the feature, `auth=sasl` is
+//! [`Error::Unsupported`](distlock_core::Error::Unsupported). Kerberos (GSSAPI) is not offered.
 //!
 //! # TLS
 //!

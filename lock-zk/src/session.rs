@@ -60,12 +60,28 @@ pub(crate) async fn connector(config: &ZkConfig) -> Result<zk::Connector> {
         .with_session_timeout(config.session_timeout())
         .with_fail_eagerly();
     if let Some(digest) = config.digest() {
-        connector = connector.with_auth("digest", &digest.auth_bytes());
+        connector = if digest.sasl {
+            with_sasl(connector, digest)?
+        } else {
+            connector.with_auth("digest", &digest.auth_bytes())
+        };
     }
     if let Some(files) = config.tls() {
         connector = with_tls(connector, files).await?;
     }
     Ok(connector)
+}
+
+#[cfg(feature = "sasl")]
+fn with_sasl(connector: zk::Connector, digest: &crate::config::Digest) -> Result<zk::Connector> {
+    // The options' Debug shows the password: they go straight into the connector, never logged.
+    let options = zk::SaslOptions::digest_md5(digest.user.clone(), digest.password.clone());
+    Ok(connector.with_sasl(options))
+}
+
+#[cfg(not(feature = "sasl"))]
+fn with_sasl(_connector: zk::Connector, _digest: &crate::config::Digest) -> Result<zk::Connector> {
+    Err(Error::Unsupported(crate::config::SASL_UNSUPPORTED.into()))
 }
 
 #[cfg(feature = "tls")]
@@ -135,10 +151,11 @@ pub(crate) async fn open_session(config: &ZkConfig, timeout: Duration) -> Result
     let started = tokio::time::Instant::now();
     let deadline = started + timeout;
     let hosts = config.hosts().join(",");
-    let tls = if config.tls().is_some() {
-        " over TLS"
-    } else {
-        ""
+    let tls = match (config.tls().is_some(), config.uses_sasl()) {
+        (true, true) => " over TLS (SASL DIGEST-MD5)",
+        (true, false) => " over TLS",
+        (false, true) => " (SASL DIGEST-MD5)",
+        (false, false) => "",
     };
     let client = loop {
         let connect = connect_client(connector(config).await?, config);
