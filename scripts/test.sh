@@ -29,7 +29,7 @@
 # cache would: a fresh clone then rebuilds only the workspace's own crates (cargo's
 # fingerprints decide, as in any target dir), not the ~400 third-party ones. A cold cache only
 # costs time; the cache is emptied first when it has grown past DISTLOCK_CI_CACHE_MAX_GB
-# (default 40).
+# (default 30) or less than 15 GB are free on its disk. Builds there are not incremental.
 set -euo pipefail
 
 cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.."
@@ -57,12 +57,15 @@ if [[ ${CI:-} == true || ${CI:-} == 1 ]]; then
     cache=${DISTLOCK_CI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/distlock-ci}
     mkdir -p "$cache/target"
     used_gb=$(($(du -sk "$cache/target" | cut -f1) / 1024 / 1024))
-    if ((used_gb > ${DISTLOCK_CI_CACHE_MAX_GB:-40})); then
-      echo "==> test.sh: build cache $cache/target holds ${used_gb} GB: emptying it" >&2
+    free_gb=$(($(df -Pk "$cache" | awk 'NR == 2 { print $4 }') / 1024 / 1024))
+    if ((used_gb > ${DISTLOCK_CI_CACHE_MAX_GB:-30} || free_gb < 15)); then
+      echo "==> test.sh: build cache $cache/target holds ${used_gb} GB, ${free_gb} GB free: emptying it" >&2
       rm -rf "$cache/target"
       mkdir -p "$cache/target"
     fi
     export CARGO_TARGET_DIR=$cache/target
+    # No incremental artifacts: they double the cache and CI rebuilds each crate once.
+    export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
     echo "==> test.sh: build cache $CARGO_TARGET_DIR (${used_gb} GB)" >&2
   fi
 fi
