@@ -138,14 +138,14 @@ pub const SCHEMES: &[Scheme] = &[
         backend: "postgres",
         names: &["postgres", "postgresql"],
         feature: Some("postgres"),
-        example: "postgres://user@host/db",
+        example: "postgres://user:pass@host/db[?sslmode=verify-full&sslrootcert=PATH]",
         enabled: cfg!(feature = "postgres"),
     },
     Scheme {
         backend: "mysql",
         names: &["mysql", "mariadb"],
         feature: Some("mysql"),
-        example: "mysql://user@host/db",
+        example: "mysql://user:pass@host/db[?ssl-mode=verify_identity&ssl-ca=PATH]",
         enabled: cfg!(feature = "mysql"),
     },
     Scheme {
@@ -173,7 +173,7 @@ pub const SCHEMES: &[Scheme] = &[
         backend: "zookeeper",
         names: &["zk"],
         feature: Some("zookeeper"),
-        example: "zk://[user:pass@]h1:p1,h2:p2[/chroot]",
+        example: "zk://[user:pass@]h1:p1,h2:p2[/chroot][?auth=sasl]",
         enabled: cfg!(feature = "zookeeper"),
     },
     Scheme {
