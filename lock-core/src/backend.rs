@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 
-use crate::{Capabilities, FencingToken, LockName, LossReason, Result};
+use crate::{Capabilities, FencingToken, LockKind, LockName, LossReason, Result};
 
 pub use crate::retry::{Retries, RetryPolicy, detached, retrying, spawn_cleanup, within};
 
@@ -60,6 +61,15 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
             self.name()
         )))
     }
+
+    /// A stream that yields whenever the holders of `name` may have changed (a release, a new
+    /// holder), for observers of an election. It may yield more often than things change,
+    /// and must not miss a change after the stream was created. `None` (the default): the
+    /// backend cannot wake observers, who then read [`inspect`](Self::inspect) at intervals.
+    fn watch(&self, name: &LockName) -> Option<BoxStream<'static, ()>> {
+        let _ = name;
+        None
+    }
 }
 
 /// What an acquisition asks for.
@@ -75,6 +85,10 @@ pub struct AcquireRequest {
     pub ttl: Duration,
     /// Whether the caller waits ([`AttemptMode::Wait`]) or tries once.
     pub mode: AttemptMode,
+    /// What is asked for. Checked against [`Capabilities`] by the core: a backend only sees
+    /// the kinds it declares. Holders of other kinds on the name must answer
+    /// [`Error::Mismatch`](crate::Error::Mismatch) where [`LockKind::mismatch`] says so.
+    pub kind: LockKind,
 }
 
 /// Whether an attempt may queue.
@@ -239,16 +253,31 @@ pub struct LockInfo {
     pub token: Option<FencingToken>,
     /// The remaining lease, if the backend can tell.
     pub remaining: Option<Duration>,
+    /// How it is held. For shared and permit holds, `owner`, `token` and `remaining` are those
+    /// of the latest holder (the highest token) and [`holders`](Self::holders) counts them.
+    pub kind: LockKind,
+    /// How many hold it (1 for an exclusive hold).
+    pub holders: u32,
 }
 
 impl LockInfo {
-    /// Describes a held lock.
+    /// Describes an exclusively held lock.
     pub fn new(owner: String, token: Option<FencingToken>, remaining: Option<Duration>) -> Self {
         Self {
             owner,
             token,
             remaining,
+            kind: LockKind::Exclusive,
+            holders: 1,
         }
+    }
+
+    /// Says the lock is held as `kind` by `holders` holders.
+    #[must_use]
+    pub fn with_holders(mut self, kind: LockKind, holders: u32) -> Self {
+        self.kind = kind;
+        self.holders = holders;
+        self
     }
 }
 

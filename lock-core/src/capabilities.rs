@@ -24,11 +24,16 @@ pub struct Capabilities {
     pub list: bool,
     /// Whether [`DistributedLock::force_release`](crate::DistributedLock::force_release) works.
     pub force_release: bool,
+    /// Whether [`LockKind::Shared`](crate::LockKind::Shared) holds (read-write locks) work.
+    pub shared: bool,
+    /// The largest semaphore [`LockKind::Permit`](crate::LockKind::Permit) may ask for; 0:
+    /// no semaphores.
+    pub max_permits: u32,
 }
 
 impl Capabilities {
     /// Capabilities with the given fencing guarantee; not FIFO, polling, ttl 1 ms ..= 1 day,
-    /// loss detected by renewal, no listing, no force release.
+    /// loss detected by renewal, no listing, no force release, exclusive locks only.
     pub fn new(fencing: FencingGuarantee) -> Self {
         Self {
             fencing,
@@ -39,6 +44,31 @@ impl Capabilities {
             loss_detection: LossDetection::Renewal,
             list: false,
             force_release: false,
+            shared: false,
+            max_permits: 0,
+        }
+    }
+
+    /// Declares read-write locks (shared holds).
+    #[must_use]
+    pub fn with_shared(mut self, shared: bool) -> Self {
+        self.shared = shared;
+        self
+    }
+
+    /// Declares semaphores of up to `max_permits` permits (0: none).
+    #[must_use]
+    pub fn with_max_permits(mut self, max_permits: u32) -> Self {
+        self.max_permits = max_permits;
+        self
+    }
+
+    /// Whether acquisitions of `kind` work on this backend (any number of permits).
+    pub fn supports(&self, kind: crate::LockKind) -> bool {
+        match kind {
+            crate::LockKind::Exclusive => true,
+            crate::LockKind::Shared => self.shared,
+            crate::LockKind::Permit { .. } => self.max_permits > 0,
         }
     }
 

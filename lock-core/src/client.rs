@@ -5,6 +5,8 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use rand::Rng;
 use tracing::{Instrument, debug};
 
@@ -16,8 +18,8 @@ use crate::guard::{Held, LockGuard, NewGuard};
 use crate::registry::{Registry, RegistryKey};
 use crate::watchdog::Watchdog;
 use crate::{
-    AcquireOptions, Backoff, Capabilities, ClientConfig, DistributedLock, Error, LockInfo,
-    LockName, OwnerId, Result, WakeUp,
+    AcquireOptions, Backoff, Capabilities, ClientConfig, DistributedLock, Error, Leader, LockInfo,
+    LockName, OwnerId, Result, WakeUp, election,
 };
 
 /// A lock client over one backend. Cheap to clone (clones share connections and the
@@ -119,11 +121,12 @@ impl<B: LockBackend> LockClient<B> {
         let name = LockName::new(name)?;
         options.validate(&self.inner.caps)?;
         let Some(owner) = options.owner.clone() else {
-            return self.acquire_fresh(name, options, mode, None).await;
+            let owner = unique_owner(None);
+            return self.acquire_fresh(name, owner, options, mode, None).await;
         };
-        // Reentrant path: one acquisition at a time per (name, owner), so that a second
+        // Reentrant path: one acquisition at a time per (name, owner, kind), so that a second
         // acquire by the same owner joins the first lease instead of queueing behind it.
-        let key = RegistryKey::new(name.clone(), owner);
+        let key = RegistryKey::new(name.clone(), owner, options.kind);
         let slot = self.inner.registry.slot(&key);
         let mut current = slot.lock().await;
         if let Some(guard) = current.upgrade().and_then(|held| LockGuard::reenter(&held)) {
@@ -131,7 +134,10 @@ impl<B: LockBackend> LockClient<B> {
             return Ok(Some(guard));
         }
         let reentry = Some((Arc::downgrade(&self.inner.registry), key.clone()));
-        let acquired = self.acquire_fresh(name, options, mode, reentry).await;
+        let owner = unique_owner(options.owner.as_ref());
+        let acquired = self
+            .acquire_fresh(name, owner, options, mode, reentry)
+            .await;
         if let Ok(Some(guard)) = &acquired {
             *current = Arc::downgrade(guard.held());
         }
@@ -141,9 +147,11 @@ impl<B: LockBackend> LockClient<B> {
         acquired
     }
 
+    /// One acquisition by `owner` (unique to it), without the reentrancy table.
     async fn acquire_fresh(
         &self,
         name: LockName,
+        owner: String,
         options: &AcquireOptions,
         mode: AttemptMode,
         reentry: Option<(Weak<Registry<Held>>, RegistryKey)>,
@@ -154,12 +162,12 @@ impl<B: LockBackend> LockClient<B> {
             // A wait too long to represent as an instant is a wait forever.
             AttemptMode::Wait => options.wait.and_then(|w| started.checked_add(w)),
         };
-        let owner = unique_owner(options.owner.as_ref());
         let request = AcquireRequest {
             name: name.clone(),
             owner: owner.clone(),
             ttl: options.ttl,
             mode,
+            kind: options.kind,
         };
         let op_timeout = self.inner.config.operation_timeout;
         let mut attempt = AttemptCleanup::new(self.inner.backend.begin(request), op_timeout);
@@ -177,6 +185,7 @@ impl<B: LockBackend> LockClient<B> {
                     let lease_started = acquired.lease_started.map_or(sent, |s| s.min(sent));
                     return Ok(Some(LockGuard::start(NewGuard {
                         name,
+                        kind: options.kind,
                         owner,
                         token: acquired.token,
                         backend: self.inner.backend.name(),
@@ -236,7 +245,7 @@ impl<B: LockBackend> LockClient<B> {
 
 /// The owner value of one acquisition: a random v4 UUID from the thread-local generator (no
 /// syscall), prefixed with the explicit owner id if one was given.
-fn unique_owner(id: Option<&OwnerId>) -> String {
+pub(crate) fn unique_owner(id: Option<&OwnerId>) -> String {
     let unique = uuid::Builder::from_random_bytes(rand::rng().random()).into_uuid();
     match id {
         Some(id) => format!("{}:{}", id.as_str(), unique.simple()),
@@ -341,6 +350,39 @@ impl<B: LockBackend> DistributedLock for LockClient<B> {
             message: "backend returned no lock in wait mode".into(),
             source: None,
         })
+    }
+
+    async fn campaign(
+        &self,
+        name: &str,
+        value: &str,
+        options: &AcquireOptions,
+    ) -> Result<LockGuard> {
+        let span = tracing::debug_span!("distlock.campaign", backend = self.backend(), name);
+        async {
+            let name = LockName::new(name)?;
+            let owner = election::campaign_owner(value)?;
+            let options = options.clone().exclusive();
+            options.validate(&self.inner.caps)?;
+            let guard = self
+                .acquire_fresh(name, owner, &options, AttemptMode::Wait, None)
+                .await?;
+            guard.ok_or_else(|| Error::Backend {
+                message: "backend returned no lock in wait mode".into(),
+                source: None,
+            })
+        }
+        .instrument(span)
+        .await
+    }
+
+    fn observe(&self, name: &str, every: Duration) -> BoxStream<'static, Result<Option<Leader>>> {
+        let name = match LockName::new(name) {
+            Ok(name) => name,
+            Err(err) => return futures::stream::once(async { Err(err) }).boxed(),
+        };
+        let changes = self.inner.backend.watch(&name);
+        election::observe(self.clone().into_dyn(), name, changes, every)
     }
 
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {

@@ -79,6 +79,15 @@ pub enum Error {
         #[source]
         source: Option<BoxError>,
     },
+    /// The name is in use as another kind of lock: a semaphore asked for with another number
+    /// of permits than its holders use, or a semaphore name used as a read-write lock.
+    #[error("lock {name:?} cannot be acquired as asked: {message}")]
+    Mismatch {
+        /// The lock name.
+        name: String,
+        /// What its holders use it as, and what was asked.
+        message: String,
+    },
     /// The backend, or the cargo feature that would provide it, does not support this operation.
     #[error("unsupported: {0}")]
     Unsupported(String),

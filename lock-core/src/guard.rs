@@ -15,7 +15,7 @@ use crate::backend::unpoisoned as lock;
 use crate::backend::{Lease, within};
 use crate::registry::{Reentrant, Registry, RegistryKey};
 use crate::watchdog::{Schedule, Watchdog, Watched};
-use crate::{ClientConfig, Error, FencingToken, LockName, LossReason, Result};
+use crate::{ClientConfig, Error, FencingToken, LockKind, LockName, LossReason, Result};
 
 /// A held lock.
 ///
@@ -38,6 +38,7 @@ pub struct LockGuard {
 
 pub(crate) struct Held {
     pub(crate) name: LockName,
+    pub(crate) kind: LockKind,
     pub(crate) owner: String,
     pub(crate) token: FencingToken,
     pub(crate) backend: &'static str,
@@ -64,6 +65,7 @@ pub(crate) struct Held {
 /// What the core knows when it turns a backend's `Acquired` into a guard.
 pub(crate) struct NewGuard {
     pub(crate) name: LockName,
+    pub(crate) kind: LockKind,
     pub(crate) owner: String,
     pub(crate) token: FencingToken,
     pub(crate) backend: &'static str,
@@ -87,6 +89,7 @@ impl LockGuard {
         }
         let held = Arc::new(Held {
             name: new.name,
+            kind: new.kind,
             owner: new.owner,
             token: new.token,
             backend: new.backend,
@@ -158,6 +161,11 @@ impl LockGuard {
     /// The lock name.
     pub fn name(&self) -> &LockName {
         &self.held.name
+    }
+
+    /// What this guard holds: the whole lock, a shared hold, or one permit.
+    pub fn kind(&self) -> LockKind {
+        self.held.kind
     }
 
     /// The unique owner value stored on the server for this acquisition.

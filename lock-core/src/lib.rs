@@ -89,8 +89,11 @@ pub mod backend;
 mod capabilities;
 mod client;
 mod error;
+mod election;
 mod guard;
+mod kind;
 mod lock;
+mod multi;
 pub mod memory;
 mod name;
 mod options;
@@ -109,7 +112,10 @@ pub use client::LockClient;
 pub use error::{
     BoxError, Error, LossReason, NodeOutcome, NodeResult, Result, io_cause, tcp_cause,
 };
+pub use election::Leader;
 pub use guard::LockGuard;
+pub use kind::LockKind;
+pub use multi::MultiGuard;
 pub use lock::DistributedLock;
 pub use name::LockName;
 pub use options::{AcquireOptions, Backoff, ClientConfig, OwnerId, Renewal};

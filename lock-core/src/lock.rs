@@ -4,7 +4,13 @@ use std::fmt::Debug;
 
 use async_trait::async_trait;
 
-use crate::{AcquireOptions, Capabilities, LockGuard, LockInfo, LockName, Result};
+use std::time::{Duration, Instant};
+
+use futures::stream::BoxStream;
+
+use crate::{
+    AcquireOptions, Capabilities, Leader, LockGuard, LockInfo, LockName, MultiGuard, Result,
+};
 
 /// A distributed lock service: one client of one backend.
 ///
@@ -69,6 +75,96 @@ pub trait DistributedLock: Send + Sync + Debug {
     /// (e.g. [`Error::Unavailable`](crate::Error::Unavailable)); validation errors as
     /// `try_acquire`.
     async fn acquire(&self, name: &str, options: &AcquireOptions) -> Result<LockGuard>;
+
+    /// Takes every lock of `names` or none: in the canonical order of the names (sorted, so
+    /// two callers asking for overlapping sets in any order never deadlock), each as
+    /// `options` say (kind, ttl, renewal). `options.wait` bounds the whole acquisition.
+    /// Duplicate names count once.
+    ///
+    /// Cancel safe: dropping the future releases the parts taken so far in the background.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`](crate::Error::InvalidOptions) for an empty set; any error of
+    /// [`acquire`](Self::acquire) (the parts taken are released first).
+    async fn acquire_all(&self, names: &[&str], options: &AcquireOptions) -> Result<MultiGuard> {
+        let names = crate::multi::canonical(names)?;
+        let deadline = options.wait.and_then(|w| Instant::now().checked_add(w));
+        let mut guards = Vec::with_capacity(names.len());
+        for name in &names {
+            let mut part = options.clone();
+            if let Some(deadline) = deadline {
+                part.wait = Some(deadline.saturating_duration_since(Instant::now()));
+            }
+            match self.acquire(name.as_str(), &part).await {
+                Ok(guard) => guards.push(guard),
+                Err(err) => {
+                    MultiGuard::new(guards).release().await.ok();
+                    return Err(err);
+                }
+            }
+        }
+        Ok(MultiGuard::new(guards))
+    }
+
+    /// Takes every lock of `names` if all are free now, else none (`Ok(None)`), in the
+    /// canonical order of [`acquire_all`](Self::acquire_all).
+    ///
+    /// # Errors
+    /// As [`try_acquire`](Self::try_acquire); the parts taken are released first.
+    async fn try_acquire_all(
+        &self,
+        names: &[&str],
+        options: &AcquireOptions,
+    ) -> Result<Option<MultiGuard>> {
+        let names = crate::multi::canonical(names)?;
+        let mut guards = Vec::with_capacity(names.len());
+        for name in &names {
+            let taken = self.try_acquire(name.as_str(), options).await;
+            match taken {
+                Ok(Some(guard)) => guards.push(guard),
+                Ok(None) | Err(_) => {
+                    MultiGuard::new(guards).release().await.ok();
+                    return taken.map(|_| None);
+                }
+            }
+        }
+        Ok(Some(MultiGuard::new(guards)))
+    }
+
+    /// Campaigns to lead the election `name` with `value` (at most
+    /// 128 bytes, e.g. the candidate's address): waits, as [`acquire`](Self::acquire) does,
+    /// until it holds the exclusive lock `name`, and returns the leader's guard. Its
+    /// [`token`](LockGuard::token) is the term: strictly increasing across leaders. The
+    /// leader stays leader while the guard renews; it learns of a loss through
+    /// [`LockGuard::lost`] before anyone else can be elected (its
+    /// [`valid_until`](LockGuard::valid_until) passes first). Resign by releasing the guard.
+    ///
+    /// `options.owner` and `options.kind` are ignored: campaigns are never reentrant.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire);
+    /// [`Error::InvalidOptions`](crate::Error::InvalidOptions) for a value too long or with
+    /// a NUL.
+    async fn campaign(&self, name: &str, value: &str, options: &AcquireOptions)
+    -> Result<LockGuard>;
+
+    /// The current leader of the election `name`, for anyone (`Ok(None)`: no leader). A name
+    /// held by a plain exclusive lock shows as a leader without a value.
+    ///
+    /// # Errors
+    /// As [`inspect`](Self::inspect).
+    async fn leader(&self, name: &str) -> Result<Option<Leader>> {
+        Ok(self.inspect(name).await?.and_then(Leader::from_info))
+    }
+
+    /// Observes the election `name`: the leader now, then every change (a new leader or term,
+    /// or none), read again whenever the backend signals a change (see
+    /// [`LockBackend::watch`](crate::LockBackend::watch)) and at least every `every`. Errors
+    /// are yielded and the observation goes on; it ends when the stream is dropped.
+    ///
+    /// A change that comes and goes between two reads is not seen; terms tell how many
+    /// leaders came between.
+    fn observe(&self, name: &str, every: Duration) -> BoxStream<'static, Result<Option<Leader>>>;
 
     /// Reads who holds `name`, for diagnostics (`Ok(None)`: free).
     ///

@@ -5,6 +5,9 @@
 //! clock, waiters are served in FIFO order and woken by releases, and fencing tokens come from
 //! one process-wide counter, so they strictly increase per name (and across names).
 //!
+//! Every kind works: exclusive, shared (read-write locks, a waiting writer queues new readers
+//! behind it) and semaphores of up to [`MAX_PERMITS`] permits, all served in arrival order.
+//!
 //! The store also offers fault injection for testing applications: [`MemoryStore::remove`]
 //! takes a lock away from its holder and [`MemoryStore::set_available`] simulates an outage.
 
@@ -14,14 +17,20 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use tokio::sync::watch;
 
 use crate::backend::{
     AcquireRequest, Acquired, Attempt, AttemptMode, Lease, LockBackend, LockInfo, Step,
 };
 use crate::{
-    Capabilities, Error, FencingGuarantee, FencingToken, LockClient, LockName, Result, WakeUp,
+    Capabilities, Error, FencingGuarantee, FencingToken, LockClient, LockKind, LockName, Result,
+    WakeUp,
 };
+
+/// The largest semaphore of the in-memory backend.
+pub const MAX_PERMITS: u32 = 1 << 20;
 
 /// Shared lock state for any number of in-process clients. Cheap to clone.
 #[derive(Clone, Debug, Default)]
@@ -29,12 +38,25 @@ pub struct MemoryStore {
     shared: Arc<Shared>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Shared {
     state: Mutex<State>,
     /// Process-wide fencing counter: strictly increasing for every name.
     tokens: AtomicU64,
     waiter_ids: AtomicU64,
+    /// Bumped on every acquisition and release of any name, for observers.
+    any_change: watch::Sender<()>,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Self {
+            state: Mutex::default(),
+            tokens: AtomicU64::new(0),
+            waiter_ids: AtomicU64::new(0),
+            any_change: watch::Sender::new(()),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -45,11 +67,18 @@ struct State {
 
 #[derive(Debug)]
 struct Entry {
-    holder: Option<Holder>,
+    /// The holders: one exclusive, or any number of shared, or up to N permits of N.
+    holders: Vec<Holder>,
     /// Waiters in arrival order.
-    queue: VecDeque<u64>,
+    queue: VecDeque<Waiter>,
     /// Bumped whenever the lock may have become free.
     changed: watch::Sender<()>,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    kind: LockKind,
 }
 
 #[derive(Debug)]
@@ -57,23 +86,42 @@ struct Holder {
     owner: String,
     token: FencingToken,
     expires_at: Instant,
+    kind: LockKind,
 }
 
 impl Entry {
     fn new() -> Self {
         Self {
-            holder: None,
+            holders: Vec::new(),
             queue: VecDeque::new(),
             changed: watch::Sender::new(()),
         }
     }
 
-    /// The live holder, dropping an expired one.
-    fn holder(&mut self, now: Instant) -> Option<&mut Holder> {
-        if self.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
-            self.holder = None;
-        }
-        self.holder.as_mut()
+    /// The live holders, dropping expired ones.
+    fn holders(&mut self, now: Instant) -> &mut Vec<Holder> {
+        self.holders.retain(|h| h.expires_at > now);
+        &mut self.holders
+    }
+
+    /// The live holder `owner`.
+    fn holder(&mut self, now: Instant, owner: &str) -> Option<&mut Holder> {
+        self.holders(now).iter_mut().find(|h| h.owner == owner)
+    }
+
+    /// What an inspection shows: the latest holder, how it holds, and how many hold.
+    fn info(&mut self, now: Instant) -> Option<LockInfo> {
+        let holders = self.holders(now);
+        let count = u32::try_from(holders.len()).unwrap_or(u32::MAX);
+        let latest = holders.iter().max_by_key(|h| h.token)?;
+        Some(
+            LockInfo::new(
+                latest.owner.clone(),
+                Some(latest.token),
+                Some(latest.expires_at.saturating_duration_since(now)),
+            )
+            .with_holders(latest.kind, count),
+        )
     }
 
     fn notify(&self) {
@@ -81,7 +129,7 @@ impl Entry {
     }
 
     fn is_idle(&self) -> bool {
-        self.holder.is_none() && self.queue.is_empty()
+        self.holders.is_empty() && self.queue.is_empty()
     }
 }
 
@@ -125,9 +173,10 @@ impl MemoryStore {
         let Some(entry) = state.locks.get_mut(&name) else {
             return false;
         };
-        let was_held = entry.holder(Instant::now()).is_some();
-        entry.holder = None;
+        let was_held = !entry.holders(Instant::now()).is_empty();
+        entry.holders.clear();
         entry.notify();
+        self.shared.any_change.send_replace(());
         if entry.is_idle() {
             state.locks.remove(&name);
         }
@@ -191,6 +240,8 @@ impl LockBackend for MemoryBackend {
             )
             .with_list(true)
             .with_force_release(true)
+            .with_shared(true)
+            .with_max_permits(MAX_PERMITS)
     }
 
     fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
@@ -207,17 +258,7 @@ impl LockBackend for MemoryBackend {
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let mut state = self.store.available_state()?;
         let now = Instant::now();
-        Ok(state
-            .locks
-            .get_mut(name)
-            .and_then(|e| e.holder(now))
-            .map(|h| {
-                LockInfo::new(
-                    h.owner.clone(),
-                    Some(h.token),
-                    Some(h.expires_at.saturating_duration_since(now)),
-                )
-            }))
+        Ok(state.locks.get_mut(name).and_then(|e| e.info(now)))
     }
 
     async fn list(&self, prefix: Option<&str>, limit: usize) -> Result<Vec<(LockName, LockInfo)>> {
@@ -227,15 +268,7 @@ impl LockBackend for MemoryBackend {
             .locks
             .iter_mut()
             .filter(|(name, _)| prefix.is_none_or(|p| name.as_str().starts_with(p)))
-            .filter_map(|(name, entry)| {
-                let h = entry.holder(now)?;
-                let info = LockInfo::new(
-                    h.owner.clone(),
-                    Some(h.token),
-                    Some(h.expires_at.saturating_duration_since(now)),
-                );
-                Some((name.clone(), info))
-            })
+            .filter_map(|(name, entry)| Some((name.clone(), entry.info(now)?)))
             .collect();
         held.sort_by(|a, b| a.0.cmp(&b.0));
         held.truncate(limit);
@@ -246,6 +279,18 @@ impl LockBackend for MemoryBackend {
         // The process-wide token counter is untouched: the next holder's token is higher.
         drop(self.store.available_state()?);
         Ok(self.store.remove(name.as_str()))
+    }
+
+    fn watch(&self, _name: &LockName) -> Option<BoxStream<'static, ()>> {
+        // Any change of any name wakes the observer, which reads its own name again.
+        let rx = self.store.shared.any_change.subscribe();
+        Some(
+            futures::stream::unfold(rx, |mut rx| async move {
+                rx.changed().await.ok()?;
+                Some(((), rx))
+            })
+            .boxed(),
+        )
     }
 }
 
@@ -262,34 +307,68 @@ impl Attempt for MemoryAttempt {
     async fn poll(&mut self) -> Result<Step> {
         let mut state = self.store.available_state()?;
         let now = Instant::now();
+        let kind = self.request.kind;
         let entry = state
             .locks
             .entry(self.request.name.clone())
             .or_insert_with(Entry::new);
         // Subscribing under the state lock: any later release is seen by `changed`.
         self.changes = Some(entry.changed.subscribe());
+        if let Some(held) = entry.holders(now).first().map(|h| h.kind)
+            && let Some(message) = kind.mismatch(held)
+        {
+            return Err(Error::Mismatch {
+                name: self.request.name.to_string(),
+                message,
+            });
+        }
         if self.request.mode == AttemptMode::Wait && !self.queued {
-            entry.queue.push_back(self.id);
+            entry.queue.push_back(Waiter { id: self.id, kind });
             self.queued = true;
         }
-        let remaining = entry.holder(now).map(|h| h.expires_at - now);
-        let my_turn = match self.request.mode {
-            AttemptMode::Try => entry.queue.is_empty(),
-            AttemptMode::Wait => entry.queue.front() == Some(&self.id),
+        // Who is served first: everyone queued ahead (a `try` is behind everyone).
+        let ahead = entry
+            .queue
+            .iter()
+            .position(|w| w.id == self.id)
+            .unwrap_or(entry.queue.len());
+        let ahead = entry.queue.range(..ahead);
+        let holders = &entry.holders;
+        let free = match kind {
+            LockKind::Shared => {
+                holders.iter().all(|h| h.kind == LockKind::Shared)
+                    && ahead.clone().all(|w| w.kind == LockKind::Shared)
+            }
+            LockKind::Permit { permits } => {
+                holders.len() + ahead.len() < usize::try_from(permits).unwrap_or(usize::MAX)
+            }
+            _ => holders.is_empty() && ahead.len() == 0,
         };
-        if remaining.is_some() || !my_turn {
-            return Ok(Step::busy(remaining));
+        if !free {
+            // A writer waits for the last holder; a reader or a permit for the first to go.
+            let ends = holders.iter().map(|h| h.expires_at - now);
+            let retry = match kind {
+                LockKind::Exclusive => ends.max(),
+                _ => ends.min(),
+            };
+            return Ok(Step::busy(retry));
         }
         if self.queued {
-            entry.queue.pop_front();
+            entry.queue.retain(|w| w.id != self.id);
             self.queued = false;
+            if kind != LockKind::Exclusive {
+                // The next waiter may be able to join.
+                entry.notify();
+            }
         }
         let token = FencingToken::new(self.store.shared.tokens.fetch_add(1, Ordering::SeqCst) + 1);
-        entry.holder = Some(Holder {
+        entry.holders.push(Holder {
             owner: self.request.owner.clone(),
             token,
             expires_at: now + self.request.ttl,
+            kind,
         });
+        self.store.shared.any_change.send_replace(());
         let lease = MemoryLease {
             store: self.store.clone(),
             name: self.request.name.clone(),
@@ -314,16 +393,12 @@ impl Attempt for MemoryAttempt {
         let Some(entry) = state.locks.get_mut(&self.request.name) else {
             return Ok(());
         };
-        let was_head = entry.queue.front() == Some(&self.id);
-        entry.queue.retain(|id| *id != self.id);
-        if entry
-            .holder
-            .as_ref()
-            .is_some_and(|h| h.owner == self.request.owner)
-        {
-            entry.holder = None;
-        }
-        if was_head || entry.holder.is_none() {
+        let queued = entry.queue.len();
+        entry.queue.retain(|w| w.id != self.id);
+        let holders = entry.holders.len();
+        entry.holders.retain(|h| h.owner != self.request.owner);
+        if queued != entry.queue.len() || holders != entry.holders.len() {
+            // Those behind it, or waiting for what it held, may go now.
             entry.notify();
         }
         if entry.is_idle() {
@@ -353,12 +428,16 @@ impl Lease for MemoryLease {
     async fn renew(&self, ttl: Duration) -> Result<()> {
         let mut state = self.store.available_state()?;
         let now = Instant::now();
-        match state.locks.get_mut(&self.name).and_then(|e| e.holder(now)) {
-            Some(holder) if holder.owner == self.owner => {
+        match state
+            .locks
+            .get_mut(&self.name)
+            .and_then(|e| e.holder(now, &self.owner))
+        {
+            Some(holder) => {
                 holder.expires_at = now + ttl;
                 Ok(())
             }
-            _ => Err(self.not_held()),
+            None => Err(self.not_held()),
         }
     }
 
@@ -368,11 +447,12 @@ impl Lease for MemoryLease {
         let Some(entry) = state.locks.get_mut(&self.name) else {
             return Err(self.not_held());
         };
-        if entry.holder(now).is_none_or(|h| h.owner != self.owner) {
+        if entry.holder(now, &self.owner).is_none() {
             return Err(self.not_held());
         }
-        entry.holder = None;
+        entry.holders.retain(|h| h.owner != self.owner);
         entry.notify();
+        self.store.shared.any_change.send_replace(());
         if entry.is_idle() {
             state.locks.remove(&self.name);
         }

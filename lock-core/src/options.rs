@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::{Capabilities, Error};
+use crate::{Capabilities, Error, LockKind};
 
 /// How a lock is acquired and held. Built from [`AcquireOptions::default`] with the `with_*`
 /// methods.
@@ -35,6 +35,9 @@ pub struct AcquireOptions {
     /// the same client gets another guard on the same lease instead of blocking. `None` (the
     /// default) means every acquisition is a new owner, and a second acquire blocks.
     pub owner: Option<OwnerId>,
+    /// What is asked for: the whole lock (the default), a shared hold, or one permit of a
+    /// semaphore. See [`LockKind`].
+    pub kind: LockKind,
 }
 
 impl Default for AcquireOptions {
@@ -45,6 +48,7 @@ impl Default for AcquireOptions {
             renewal: Renewal::auto(),
             backoff: Backoff::default(),
             owner: None,
+            kind: LockKind::Exclusive,
         }
     }
 }
@@ -92,6 +96,37 @@ impl AcquireOptions {
         self
     }
 
+    /// Asks for the whole lock (the default): a mutex, or the write side of a read-write lock.
+    #[must_use]
+    pub fn exclusive(mut self) -> Self {
+        self.kind = LockKind::Exclusive;
+        self
+    }
+
+    /// Asks for the read side of a read-write lock: shared with other shared holders, never
+    /// with an exclusive one. New shared holders queue behind a waiting exclusive one.
+    #[must_use]
+    pub fn shared(mut self) -> Self {
+        self.kind = LockKind::Shared;
+        self
+    }
+
+    /// Asks for one permit of a semaphore of `permits` (at most that many holders at once).
+    /// Every caller of one name must give the same number; 0, or more than the backend's
+    /// [`Capabilities::max_permits`], is refused when acquiring.
+    #[must_use]
+    pub fn with_permits(mut self, permits: u32) -> Self {
+        self.kind = LockKind::Permit { permits };
+        self
+    }
+
+    /// Sets what is asked for.
+    #[must_use]
+    pub fn with_kind(mut self, kind: LockKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
     /// The interval between automatic renewals, if renewal is on.
     pub fn renewal_interval(&self) -> Option<Duration> {
         self.renewal
@@ -102,9 +137,29 @@ impl AcquireOptions {
     /// Checks the options against themselves and the backend's limits.
     ///
     /// # Errors
-    /// [`Error::InvalidOptions`] naming the offending value.
+    /// [`Error::InvalidOptions`] naming the offending value; [`Error::Unsupported`] for a
+    /// kind the backend does not offer.
     pub fn validate(&self, caps: &Capabilities) -> Result<(), Error> {
         let bad = |msg: String| Err(Error::InvalidOptions(msg));
+        match self.kind {
+            LockKind::Exclusive => {}
+            LockKind::Shared if caps.shared => {}
+            LockKind::Shared => {
+                return Err(Error::Unsupported(
+                    "this backend has no shared (read) locks".into(),
+                ));
+            }
+            LockKind::Permit { .. } if caps.max_permits == 0 => {
+                return Err(Error::Unsupported("this backend has no semaphores".into()));
+            }
+            LockKind::Permit { permits } if permits == 0 || permits > caps.max_permits => {
+                return bad(format!(
+                    "a semaphore needs 1 ..= {} permits on this backend, got {permits}",
+                    caps.max_permits
+                ));
+            }
+            LockKind::Permit { .. } => {}
+        }
         if self.ttl.is_zero() {
             return bad("ttl must be greater than zero".into());
         }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::backend::unpoisoned as lock;
-use crate::{LockName, OwnerId};
+use crate::{LockKind, LockName, OwnerId};
 
 /// What the registry needs to know of a held lease.
 pub(crate) trait Reentrant {
@@ -21,11 +21,13 @@ pub(crate) trait Reentrant {
 pub(crate) struct RegistryKey {
     name: LockName,
     owner: OwnerId,
+    /// A shared hold is not an exclusive one: an owner re-entering asks for the same kind.
+    kind: LockKind,
 }
 
 impl RegistryKey {
-    pub(crate) fn new(name: LockName, owner: OwnerId) -> Self {
-        Self { name, owner }
+    pub(crate) fn new(name: LockName, owner: OwnerId, kind: LockKind) -> Self {
+        Self { name, owner, kind }
     }
 }
 
