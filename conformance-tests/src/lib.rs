@@ -238,6 +238,24 @@ macro_rules! __case_table {
             server_unavailable_then_recovers: true,
             killed_waiter_does_not_block_the_queue: false,
             paused_waiter_does_not_block_the_queue: false,
+            permits_never_exceed_n_under_contention: false,
+            permit_tokens_are_unique_and_increasing: false,
+            semaphore_mismatch_is_reported: false,
+            invalid_kinds_are_typed_errors: false,
+            crashed_permit_holder_frees_after_ttl: false,
+            readers_hold_together_and_exclude_writers: false,
+            read_write_exclusion_under_contention: false,
+            waiting_writer_is_not_starved_by_readers: false,
+            new_readers_queue_behind_a_waiting_writer: false,
+            read_write_tokens_follow_the_fencing_rule: false,
+            crashed_reader_frees_after_ttl_and_loss_is_reported: false,
+            cancelled_shared_and_permit_waits_leave_nothing_behind: false,
+            multi_locks_in_any_order_never_deadlock: false,
+            multi_lock_is_all_or_nothing: false,
+            multi_lock_reports_loss_of_any_part: false,
+            one_leader_at_a_time_with_increasing_terms: false,
+            observer_sees_every_leader_change: false,
+            deposed_leader_knows_before_the_next_is_elected: false,
         }
     };
 }
@@ -399,9 +417,11 @@ mod tests {
     fn the_table_names_every_case_function() {
         let sources = [
             include_str!("cases/admin.rs"),
+            include_str!("cases/elections.rs"),
             include_str!("cases/exclusion.rs"),
             include_str!("cases/faults.rs"),
             include_str!("cases/input.rs"),
+            include_str!("cases/kinds.rs"),
             include_str!("cases/leases.rs"),
             include_str!("cases/mod.rs"),
             include_str!("cases/processes.rs"),

@@ -65,9 +65,7 @@ pub(crate) fn campaign_owner(value: &str) -> Result<String> {
 fn campaign_value(owner: &str) -> Option<&str> {
     let (id, rest) = owner.split_at_checked(VALUE_AT)?;
     let value = rest.strip_prefix('@')?;
-    id.bytes()
-        .all(|b| b.is_ascii_hexdigit())
-        .then_some(value)
+    id.bytes().all(|b| b.is_ascii_hexdigit()).then_some(value)
 }
 
 /// The stream of [`DistributedLock::observe`](crate::DistributedLock::observe): the leader
@@ -140,7 +138,10 @@ mod tests {
         assert_eq!(campaign_value(&owner), Some("node-1:8080"));
         assert_eq!(campaign_value(&campaign_owner("").unwrap()), Some(""));
         assert_eq!(campaign_value("0123456789abcdef0123456789abcdef"), None);
-        assert_eq!(campaign_value("worker:0123456789abcdef0123456789abcdef"), None);
+        assert_eq!(
+            campaign_value("worker:0123456789abcdef0123456789abcdef"),
+            None
+        );
         assert!(campaign_owner(&"x".repeat(Leader::MAX_VALUE_LEN + 1)).is_err());
         assert!(campaign_owner("a\0b").is_err());
     }

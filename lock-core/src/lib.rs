@@ -88,13 +88,13 @@
 pub mod backend;
 mod capabilities;
 mod client;
-mod error;
 mod election;
+mod error;
 mod guard;
 mod kind;
 mod lock;
-mod multi;
 pub mod memory;
+mod multi;
 mod name;
 mod options;
 mod registry;
@@ -109,14 +109,14 @@ pub use backend::{
 };
 pub use capabilities::{Capabilities, LossDetection, WakeUp};
 pub use client::LockClient;
+pub use election::Leader;
 pub use error::{
     BoxError, Error, LossReason, NodeOutcome, NodeResult, Result, io_cause, tcp_cause,
 };
-pub use election::Leader;
 pub use guard::LockGuard;
 pub use kind::LockKind;
-pub use multi::MultiGuard;
 pub use lock::DistributedLock;
+pub use multi::MultiGuard;
 pub use name::LockName;
 pub use options::{AcquireOptions, Backoff, ClientConfig, OwnerId, Renewal};
 pub use token::{FencingGuarantee, FencingToken};

@@ -145,8 +145,12 @@ pub trait DistributedLock: Send + Sync + Debug {
     /// As [`acquire`](Self::acquire);
     /// [`Error::InvalidOptions`](crate::Error::InvalidOptions) for a value too long or with
     /// a NUL.
-    async fn campaign(&self, name: &str, value: &str, options: &AcquireOptions)
-    -> Result<LockGuard>;
+    async fn campaign(
+        &self,
+        name: &str,
+        value: &str,
+        options: &AcquireOptions,
+    ) -> Result<LockGuard>;
 
     /// The current leader of the election `name`, for anyone (`Ok(None)`: no leader). A name
     /// held by a plain exclusive lock shows as a leader without a value.

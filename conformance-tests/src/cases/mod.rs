@@ -83,15 +83,19 @@ async fn acquire_within(
 
 // After the helpers above: `hook!` is in scope for the modules declared below it.
 mod admin;
+mod elections;
 mod exclusion;
 mod faults;
 mod input;
+mod kinds;
 mod leases;
 mod processes;
 
 pub use admin::*;
+pub use elections::*;
 pub use exclusion::*;
 pub use faults::*;
 pub use input::*;
+pub use kinds::*;
 pub use leases::*;
 pub use processes::*;
