@@ -14,8 +14,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub use distlock_core::backend::{self, LockInfo};
 pub use distlock_core::{
     AcquireOptions, Backoff, BoxError, Capabilities, ClientConfig, DistributedLock, Error,
-    FencingGuarantee, FencingToken, LockClient, LockGuard, LockName, LossDetection, LossReason,
-    NodeOutcome, NodeResult, OwnerId, Renewal, Result, WakeUp, memory, service_url,
+    FencingGuarantee, FencingToken, Leader, LockClient, LockGuard, LockKind, LockName,
+    LossDetection, LossReason, MultiGuard, NodeOutcome, NodeResult, OwnerId, Renewal, Result,
+    WakeUp, memory, service_url,
 };
 
 /// The etcd backend (feature `etcd`).

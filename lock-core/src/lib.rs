@@ -16,7 +16,14 @@
 //!   ([`LockGuard::valid_until`], counted on the monotonic clock from when the acquire or renew
 //!   request was *sent*, minus a drift margin) and reports loss through
 //!   [`LockGuard::is_lost`] and the [`LockGuard::lost`] future;
-//! - [`memory`] is the reference backend for one process.
+//! - every primitive is one of these acquisitions: a mutex, the read side of a read-write lock
+//!   ([`AcquireOptions::shared`]) or a permit of a semaphore
+//!   ([`AcquireOptions::with_permits`]), all with the same guard; multi-locks
+//!   ([`DistributedLock::acquire_all`], [`MultiGuard`]) and leader election
+//!   ([`DistributedLock::campaign`], [`DistributedLock::leader`],
+//!   [`DistributedLock::observe`]) are built on them. The fencing rule of each kind is on
+//!   [`LockKind`];
+//! - [`memory`] is the reference backend for one process, with every kind.
 //!
 //! # Tracing
 //!
@@ -53,7 +60,9 @@
 //! 1. [`LockBackend`]: its [`Capabilities`] (fencing guarantee, FIFO, wake-up mechanism, ttl
 //!    limits, loss detection) and [`LockBackend::begin`], which creates an [`Attempt`] for one
 //!    acquisition. The [`AcquireRequest`] carries the validated name, a unique owner value to
-//!    store on the server, the ttl, and whether the caller waits or tries once.
+//!    store on the server, the ttl, whether the caller waits or tries once, and the
+//!    [`LockKind`] asked for (only kinds the capabilities declare: `shared`, `max_permits`).
+//!    Optionally [`LockBackend::watch`] wakes election observers.
 //! 2. [`Attempt`]: [`poll`](Attempt::poll) makes one atomic try (or checks the attempt's place
 //!    in a server-side queue) and answers [`Step::Acquired`] with a lease and a fencing token,
 //!    or what it saw: [`Step::Busy`] (with the holder's remaining lease when known),
