@@ -94,6 +94,7 @@ mod db;
 mod dialect;
 mod error;
 mod fence;
+mod holds;
 mod keys;
 mod lease;
 #[cfg(feature = "mysql")]
@@ -105,7 +106,7 @@ mod postgres;
 mod sqlite;
 mod wake;
 
-pub use backend::{SqlBackend, SqlPool};
+pub use backend::{MAX_PERMITS, SqlBackend, SqlPool};
 pub use config::{DEFAULT_TABLE, Dialect, SqlConfig};
 pub use fence::{FenceConnection, FencedUpdate, SqlValue};
 
