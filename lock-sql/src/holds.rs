@@ -427,10 +427,10 @@ where
                     .prepare(AssertSqlSafe(statement.clone()).into_sql_str())
                     .await?;
             }
-            Ok(())
+            Ok::<(), sqlx::Error>(())
         })
-        .await
-        .map(|()| ())
+        .await?;
+    Ok(())
 }
 
 #[cfg(test)]
