@@ -124,7 +124,8 @@ pub(crate) struct HolderSql {
     pub(crate) info: Arc<str>,
     /// ARGS: payload. Wakes waiters at commit (PostgreSQL only).
     pub(crate) notify: Option<Arc<str>>,
-    /// Run in one transaction before the first use when the table may be created.
+    /// Creates the table if missing: run in one transaction before the first use, unless
+    /// the table must not be created.
     pub(crate) setup: Vec<Arc<str>>,
 }
 
@@ -160,8 +161,12 @@ pub(crate) struct Holds {
 }
 
 impl Holds {
-    /// The holders' statements, their table not set up yet.
-    pub(crate) fn new(sql: HolderSql) -> Self {
+    /// The holders' statements, their table not set up yet; `create`: it may be created
+    /// ([`SqlConfig::create_table`](crate::SqlConfig::create_table)).
+    pub(crate) fn new(mut sql: HolderSql, create: bool) -> Self {
+        if !create {
+            sql.setup.clear();
+        }
         Self {
             sql,
             ready: tokio::sync::OnceCell::new(),

@@ -21,7 +21,7 @@ use crate::pool::{HotConns, open_pool};
 const NOW: &str = "UTC_TIMESTAMP(6)";
 
 /// The lock table's statements in this dialect.
-fn statements(table: &str, create: bool) -> (Sql, Arc<str>, HolderSql) {
+fn statements(table: &str) -> (Sql, Arc<str>, HolderSql) {
     let t = quote(table, '`');
     let peek = format!(
         "SELECT owner, version, IF(owner IS NOT NULL AND expires_at > {NOW}, \
@@ -86,26 +86,22 @@ fn statements(table: &str, create: bool) -> (Sql, Arc<str>, HolderSql) {
             .into(),
     };
     let check = format!("SELECT version FROM {t} WHERE name = ? AND owner = ?").into();
-    (sql, check, holder_statements(table, &peek, create))
+    (sql, check, holder_statements(table, &peek))
 }
 
-/// The holders' statements (see [`crate::holds`]); `create`: the table may be created.
-fn holder_statements(table: &str, peek: &str, create: bool) -> HolderSql {
+/// The holders' statements (see [`crate::holds`]).
+fn holder_statements(table: &str, peek: &str) -> HolderSql {
     let t = quote(table, '`');
     let h = quote(&holders_table(table), '`');
     let live = format!("FROM {h} WHERE name = ? AND expires_at > {NOW}");
-    let setup = if create {
-        vec![
-            format!(
-                "CREATE TABLE IF NOT EXISTS {h} (name VARBINARY(512) NOT NULL, \
-                 owner VARBINARY(255) NOT NULL, token BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL, \
-                 permits BIGINT NOT NULL, PRIMARY KEY (name, owner)) ENGINE=InnoDB"
-            )
-            .into(),
-        ]
-    } else {
-        Vec::new()
-    };
+    let setup = vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS {h} (name VARBINARY(512) NOT NULL, \
+             owner VARBINARY(255) NOT NULL, token BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL, \
+             permits BIGINT NOT NULL, PRIMARY KEY (name, owner)) ENGINE=InnoDB"
+        )
+        .into(),
+    ];
     HolderSql {
         lock: format!("{peek} FOR UPDATE").into(),
         // A no-op update rather than INSERT IGNORE, which would hide other errors.
@@ -205,8 +201,8 @@ impl MyDb {
                 .await
                 .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
         }
-        let (sql, check, holds) = statements(&config.table, config.create_table);
-        let holds = Holds::new(holds);
+        let (sql, check, holds) = statements(&config.table);
+        let holds = Holds::new(holds, config.create_table);
         let mut prepared = sql.prepared();
         prepared.push(&check);
         prepare_all(&pool, &prepared, &table).await?;

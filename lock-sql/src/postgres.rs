@@ -23,7 +23,7 @@ use crate::pool::{HotConns, open_pool};
 use crate::wake::{Notifier, Subscription, parse_payload};
 
 /// The lock table's statements in this dialect.
-fn statements(table: &str, create: bool) -> (Sql, Arc<str>, HolderSql) {
+fn statements(table: &str) -> (Sql, Arc<str>, HolderSql) {
     let t = quote(table, '"');
     let us = "* interval '1 microsecond'";
     // An UPDATE of a free row, else an INSERT of a missing one. Unlike
@@ -95,11 +95,11 @@ fn statements(table: &str, create: bool) -> (Sql, Arc<str>, HolderSql) {
             .into(),
     };
     let take_wake = format!("{take} SELECT version, pg_notify($4, '0:' || $1) FROM v").into();
-    (sql, take_wake, holder_statements(table, &peek, create))
+    (sql, take_wake, holder_statements(table, &peek))
 }
 
-/// The holders' statements (see [`crate::holds`]); `create`: the table may be created.
-fn holder_statements(table: &str, peek: &str, create: bool) -> HolderSql {
+/// The holders' statements (see [`crate::holds`]).
+fn holder_statements(table: &str, peek: &str) -> HolderSql {
     let t = quote(table, '"');
     let h = quote(&holders_table(table), '"');
     let us = "* interval '1 microsecond'";
@@ -114,20 +114,16 @@ fn holder_statements(table: &str, peek: &str, create: bool) -> HolderSql {
             n + 2
         )
     };
-    let setup = if create {
-        vec![
-            // Concurrent first uses can race on the catalog: serialize them.
-            "SELECT pg_advisory_xact_lock(7283160942917)".into(),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {h} (name TEXT COLLATE \"C\" NOT NULL, owner TEXT NOT NULL, \
-                 token BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, permits BIGINT NOT NULL, \
-                 PRIMARY KEY (name, owner))"
-            )
-            .into(),
-        ]
-    } else {
-        Vec::new()
-    };
+    let setup = vec![
+        // Concurrent first uses can race on the catalog: serialize them.
+        "SELECT pg_advisory_xact_lock(7283160942917)".into(),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {h} (name TEXT COLLATE \"C\" NOT NULL, owner TEXT NOT NULL, \
+             token BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, permits BIGINT NOT NULL, \
+             PRIMARY KEY (name, owner))"
+        )
+        .into(),
+    ];
     HolderSql {
         lock: format!("{peek} FOR UPDATE").into(),
         ensure: format!(
@@ -229,8 +225,8 @@ impl PgDb {
                 .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
             tx.commit().await.map_err(|e| map_err("create table", e))?;
         }
-        let (sql, take_wake, holds) = statements(&config.table, config.create_table);
-        let holds = Holds::new(holds);
+        let (sql, take_wake, holds) = statements(&config.table);
+        let holds = Holds::new(holds, config.create_table);
         let mut prepared = sql.prepared();
         prepared.push(&take_wake);
         prepare_all(&pool, &prepared, &table).await?;

@@ -21,7 +21,7 @@ use crate::pool::{HotConns, open_pool};
 const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
 
 /// The lock table's statements in this dialect.
-fn statements(table: &str, create: bool) -> (Sql, HolderSql) {
+fn statements(table: &str) -> (Sql, HolderSql) {
     let t = quote(table, '"');
     let peek = format!(
         "SELECT owner, version, CASE WHEN owner IS NOT NULL AND expires_at > {NOW} \
@@ -78,27 +78,23 @@ fn statements(table: &str, create: bool) -> (Sql, HolderSql) {
             )
             .into(),
         };
-    (sql, holder_statements(table, &peek, create))
+    (sql, holder_statements(table, &peek))
 }
 
-/// The holders' statements (see [`crate::holds`]); `create`: the table may be created. The
+/// The holders' statements (see [`crate::holds`]). The
 /// transaction's `BEGIN IMMEDIATE` locks the file, so the row is read without `FOR UPDATE`.
-fn holder_statements(table: &str, peek: &str, create: bool) -> HolderSql {
+fn holder_statements(table: &str, peek: &str) -> HolderSql {
     let t = quote(table, '"');
     let h = quote(&holders_table(table), '"');
     let live = format!("FROM {h} WHERE name = ?1 AND expires_at > {NOW}");
-    let setup = if create {
-        vec![
-            format!(
-                "CREATE TABLE IF NOT EXISTS {h} (name TEXT NOT NULL, owner TEXT NOT NULL, \
-                 token INTEGER NOT NULL, expires_at INTEGER NOT NULL, permits INTEGER NOT NULL, \
-                 PRIMARY KEY (name, owner)) WITHOUT ROWID"
-            )
-            .into(),
-        ]
-    } else {
-        Vec::new()
-    };
+    let setup = vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS {h} (name TEXT NOT NULL, owner TEXT NOT NULL, \
+             token INTEGER NOT NULL, expires_at INTEGER NOT NULL, permits INTEGER NOT NULL, \
+             PRIMARY KEY (name, owner)) WITHOUT ROWID"
+        )
+        .into(),
+    ];
     HolderSql {
         lock: peek.into(),
         ensure: format!(
@@ -215,8 +211,8 @@ impl LiteDb {
                 .await
                 .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
         }
-        let (sql, holds) = statements(&config.table, config.create_table);
-        let holds = Holds::new(holds);
+        let (sql, holds) = statements(&config.table);
+        let holds = Holds::new(holds, config.create_table);
         for statement in sql.prepared() {
             while_busy(patience, || {
                 pool.prepare(AssertSqlSafe(statement.clone()).into_sql_str())

@@ -7,25 +7,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use distlock_core::{
-    AcquireOptions, ClientConfig, DistributedLock, Error, LockClient, LockKind, Renewal,
-};
-use distlock_sql::{SqlBackend, SqlPool};
-use sqlx::{AssertSqlSafe, Executor};
+use distlock_core::{AcquireOptions, DistributedLock, Error, LockClient, LockKind, Renewal};
+use distlock_sql::SqlBackend;
 
-fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    )
-}
+mod common;
+
+use common::{exec, unique};
 
 async fn client(url: &str) -> LockClient<SqlBackend> {
-    let config = ClientConfig::default().with_operation_timeout(Duration::from_secs(3));
-    match distlock_sql::connect(url, config).await {
-        Ok(client) => client,
-        Err(err) => panic!("connect {url}: {err}"),
-    }
+    common::client_with(url, Duration::from_secs(3)).await
 }
 
 fn opts(ttl: Duration) -> AcquireOptions {
@@ -44,25 +34,6 @@ fn writer() -> AcquireOptions {
 
 fn permits(n: u32) -> AcquireOptions {
     opts(Duration::from_secs(10)).with_permits(n)
-}
-
-async fn exec(pool: &SqlPool, sql: String) {
-    let result = match pool {
-        #[cfg(feature = "postgres")]
-        SqlPool::Postgres(p) => p.execute(AssertSqlSafe(sql.clone())).await.map(|_| ()),
-        #[cfg(feature = "mysql")]
-        SqlPool::MySql(p) => p.execute(AssertSqlSafe(sql.clone())).await.map(|_| ()),
-        #[cfg(feature = "sqlite")]
-        SqlPool::Sqlite(p) => p.execute(AssertSqlSafe(sql.clone())).await.map(|_| ()),
-        #[allow(
-            unreachable_patterns,
-            reason = "reachable when a dialect's feature is off"
-        )]
-        _ => unreachable!("no other database is compiled in"),
-    };
-    if let Err(err) = result {
-        panic!("{sql}: {err}");
-    }
 }
 
 /// Two readers hold at once, a writer cannot join them, inspection counts them, and the
