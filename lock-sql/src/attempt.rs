@@ -1,15 +1,19 @@
-//! One acquisition: the upsert, the waiter reservation at the head of the queue, and waking.
+//! One acquisition: the upsert (an exclusive hold) or the holders' transaction (a shared hold,
+//! a permit), the waiter reservation at the head of the queue, and waking.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_core::{AcquireRequest, Acquired, Attempt, AttemptMode, Result, Step};
+use distlock_core::{
+    AcquireRequest, Acquired, Attempt, AttemptMode, Error, LockKind, Result, Step,
+};
 
 use crate::backend::{Inner, RESERVATION, micros, remaining, token_of};
 use crate::db;
 use crate::db::Claim;
 use crate::error::map_err;
+use crate::holds::{self, HeldBy, JoinRequest, Joined};
 use crate::lease::SqlLease;
 use crate::wake::Subscription;
 
@@ -40,7 +44,11 @@ pub(crate) fn blocked(peek: &db::Peek, owner: &str) -> bool {
 impl SqlAttempt {
     /// The answer to a busy lock: a waiting attempt claims or keeps the reservation when it
     /// is free, expiring, or held by a younger waiter (one write, only then).
+    /// A name held as a kind this one can never join is [`Error::Mismatch`] instead.
     async fn busy(&mut self, peek: db::Peek) -> Result<Step> {
+        if let Some(message) = holds::mismatch(&peek, self.request.kind) {
+            return Err(self.mismatch(message));
+        }
         self.busy_before = true;
         let retry = peek.remaining_us.map(remaining);
         if self.request.mode == AttemptMode::Try {
@@ -84,6 +92,74 @@ impl SqlAttempt {
     }
 }
 
+impl SqlAttempt {
+    fn mismatch(&self, message: String) -> Error {
+        Error::Mismatch {
+            name: self.request.name.to_string(),
+            message,
+        }
+    }
+
+    /// Whether a statement that failed with `err` may have reached the server.
+    fn maybe_sent(err: &sqlx::Error) -> bool {
+        !matches!(err, sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed)
+    }
+
+    /// A lease of what this attempt took, with token `version`.
+    fn acquired(&self, version: i64) -> Result<Step> {
+        let lease = SqlLease {
+            inner: self.inner.clone(),
+            name: self.request.name.clone(),
+            owner: self.request.owner.clone(),
+            version,
+            kind: self.request.kind,
+        };
+        Ok(Step::Acquired(Acquired::new(
+            Box::new(lease),
+            token_of(version)?,
+        )))
+    }
+
+    /// A poll of a shared hold or a permit: one transaction that joins the holders or says
+    /// why not (see [`crate::holds`]).
+    async fn poll_hold(&mut self, handed: bool) -> Result<Step> {
+        let db = &self.inner.db;
+        let (name, owner) = (self.request.name.as_str(), self.request.owner.as_str());
+        let kind = self.request.kind;
+        if self.busy_before && !handed {
+            // Waiting: look before locking the row, while a writer or a reservation refuses.
+            let peek = db.peek(name).await.map_err(|e| map_err("acquire", e))?;
+            let refused =
+                |p: &db::Peek| holds::refuses_holds(p, owner) || holds::mismatch(p, kind).is_some();
+            if let Some(peek) = peek.filter(refused) {
+                return self.busy(peek).await;
+            }
+        }
+        let request = JoinRequest {
+            name,
+            owner,
+            kind,
+            ttl_us: micros(self.request.ttl),
+        };
+        let owned_before = std::mem::replace(&mut self.maybe_owned, true);
+        let joined = match db.join(request).await {
+            Ok(joined) => joined,
+            Err(err) => {
+                if !Self::maybe_sent(&err) {
+                    self.maybe_owned = owned_before;
+                }
+                return Err(map_err("acquire", err));
+            }
+        };
+        self.maybe_owned = false;
+        match joined {
+            Joined::Taken(version) => self.acquired(version),
+            Joined::Busy(peek) => self.busy(peek).await,
+            Joined::Mismatch(message) => Err(self.mismatch(message)),
+        }
+    }
+}
+
 #[async_trait]
 impl Attempt for SqlAttempt {
     async fn poll(&mut self) -> Result<Step> {
@@ -97,6 +173,9 @@ impl Attempt for SqlAttempt {
             }
         }
         let handed = std::mem::take(&mut self.handed);
+        if self.request.kind != LockKind::Exclusive {
+            return self.poll_hold(handed).await;
+        }
         if self.busy_before && !handed {
             // Waiting: look before writing, so that busy polls cost no commit.
             let peek = db.peek(name).await.map_err(|e| map_err("acquire", e))?;
@@ -109,7 +188,7 @@ impl Attempt for SqlAttempt {
         let taken = match db.take(name, owner, ttl, self.maybe_reserved).await {
             Ok(taken) => taken,
             Err(err) => {
-                if matches!(err, sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) {
+                if !Self::maybe_sent(&err) {
                     // No connection, so nothing was sent.
                     self.maybe_owned = owned_before;
                 }
@@ -119,16 +198,7 @@ impl Attempt for SqlAttempt {
         // A definite answer: taken (the guard owns it now) or not taken.
         self.maybe_owned = false;
         if let Some(version) = taken {
-            let lease = SqlLease {
-                inner: self.inner.clone(),
-                name: self.request.name.clone(),
-                owner: self.request.owner.clone(),
-                version,
-            };
-            return Ok(Step::Acquired(Acquired::new(
-                Box::new(lease),
-                token_of(version)?,
-            )));
+            return self.acquired(version);
         }
         match db.peek(name).await.map_err(|e| map_err("acquire", e))? {
             Some(peek) => self.busy(peek).await,
@@ -149,9 +219,28 @@ impl Attempt for SqlAttempt {
             // Every statement was answered: nothing of this attempt is on the server.
             return Ok(());
         }
-        self.inner
-            .db
-            .abandon(self.request.name.as_str(), &self.request.owner)
+        let db = &self.inner.db;
+        let (name, owner) = (self.request.name.as_str(), self.request.owner.as_str());
+        let kind = self.request.kind;
+        if kind != LockKind::Exclusive {
+            if self.maybe_owned {
+                // A hold taken by a reply that never arrived: leave the holders, by owner.
+                let held = HeldBy {
+                    name,
+                    owner,
+                    kind,
+                    token: None,
+                };
+                db.release_hold(held)
+                    .await
+                    .map_err(|e| map_err("abandon", e))?;
+            }
+            if !self.maybe_reserved {
+                return Ok(());
+            }
+        }
+        // The exclusive lock (if taken) and the reservation, by owner.
+        db.abandon(name, owner)
             .await
             .map_err(|e| map_err("abandon", e))
     }

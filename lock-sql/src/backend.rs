@@ -9,16 +9,21 @@ use async_trait::async_trait;
 use distlock_core::backend::within;
 use distlock_core::{
     AcquireRequest, Attempt, Capabilities, Error, FencingGuarantee, FencingToken, LockBackend,
-    LockInfo, LockName, Result, WakeUp,
+    LockInfo, LockKind, LockName, Result, WakeUp,
 };
 
 use crate::attempt::SqlAttempt;
 use crate::db::Db;
 use crate::error::map_err;
+use crate::holds;
 use crate::{Dialect, FencedUpdate, SqlConfig, db};
 
 /// The longest lease: the expiry is a microsecond count, so the limit is a choice (a year).
 const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The largest semaphore: enough for any pool of workers, small enough that a holders
+/// table of that many rows per name stays an ordinary table.
+pub const MAX_PERMITS: u32 = 65536;
 
 /// How long a waiter's reservation lives without being renewed by its polls (the acquire's
 /// ttl, if that is shorter).
@@ -324,6 +329,8 @@ impl LockBackend for SqlBackend {
             .with_ttl_range(Duration::from_millis(1), MAX_TTL)
             .with_list(true)
             .with_force_release(true)
+            .with_shared(true)
+            .with_max_permits(MAX_PERMITS)
     }
 
     fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
@@ -346,14 +353,18 @@ impl LockBackend for SqlBackend {
             .peek(name.as_str())
             .await
             .map_err(|e| map_err("inspect", e))?;
-        Ok(peek.and_then(|p| match (p.owner, p.remaining_us) {
-            (Some(owner), Some(us)) => Some(LockInfo::new(
-                owner,
-                Some(token_of(p.version).ok()?),
-                Some(remaining(us)),
-            )),
-            _ => None,
-        }))
+        let Some(peek) = peek else {
+            return Ok(None);
+        };
+        match holds::held_kind(&peek) {
+            None => Ok(None),
+            Some(LockKind::Exclusive) => Ok(Some(LockInfo::new(
+                peek.owner.unwrap_or_default(),
+                Some(token_of(peek.version)?),
+                peek.remaining_us.map(remaining),
+            ))),
+            Some(kind) => self.holders(name.as_str(), kind).await,
+        }
     }
 
     async fn list(&self, prefix: Option<&str>, limit: usize) -> Result<Vec<(LockName, LockInfo)>> {
@@ -370,11 +381,19 @@ impl LockBackend for SqlBackend {
             let Ok(name) = LockName::new(row.name) else {
                 continue;
             };
-            let info = LockInfo::new(
-                row.owner,
-                Some(token_of(row.version)?),
-                Some(remaining(row.remaining_us)),
-            );
+            let info = match holds::marked(&row.owner) {
+                // Shared holds or permits: their latest holder (an operator's read, one
+                // statement per such name).
+                Some(kind) => match self.holders(name.as_str(), kind).await? {
+                    Some(info) => info,
+                    None => continue,
+                },
+                None => LockInfo::new(
+                    row.owner,
+                    Some(token_of(row.version)?),
+                    Some(remaining(row.remaining_us)),
+                ),
+            };
             held.push((name, info));
         }
         Ok(held)
@@ -389,6 +408,29 @@ impl LockBackend for SqlBackend {
             .force_release(name.as_str())
             .await
             .map_err(|e| map_err("force release", e))
+    }
+}
+
+impl SqlBackend {
+    /// What an inspection shows of a name held as `kind` (shared or permits): its latest
+    /// holder and how many hold it.
+    async fn holders(&self, name: &str, kind: LockKind) -> Result<Option<LockInfo>> {
+        let info = self
+            .inner
+            .db
+            .hold_info(name)
+            .await
+            .map_err(|e| map_err("inspect", e))?;
+        info.map(|h| {
+            let count = u32::try_from(h.count).unwrap_or(u32::MAX);
+            Ok(LockInfo::new(
+                h.owner,
+                Some(token_of(h.token)?),
+                Some(remaining(h.remaining_us)),
+            )
+            .with_holders(kind, count))
+        })
+        .transpose()
     }
 }
 

@@ -10,6 +10,7 @@ use distlock_core::backend::unpoisoned;
 use crate::backend::SqlPool;
 use crate::dialect::Shared;
 use crate::fence::FencedUpdate;
+use crate::holds::{HeldBy, HolderInfo, JoinRequest, Joined};
 use crate::wake::Subscription;
 
 /// A row of the lock table as the attempt needs it.
@@ -181,6 +182,28 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
     /// `UPDATE table SET ..., fence = token WHERE key = ? AND (fence IS NULL OR fence <= token)`.
     async fn fenced_update(&self, update: &FencedUpdate, token: i64) -> Result<bool, sqlx::Error> {
         self.common().fenced_update(update, token).await
+    }
+
+    /// A shared or permit acquisition: one transaction that locks the row, checks the
+    /// holders and joins them (see [`crate::holds`]).
+    async fn join(&self, req: JoinRequest<'_>) -> Result<Joined, sqlx::Error> {
+        self.common().join(req).await
+    }
+
+    /// Owner-and-token-checked extension of a live shared hold or permit (one transaction).
+    async fn renew_hold(&self, held: HeldBy<'_>, ttl_us: i64) -> Result<bool, sqlx::Error> {
+        self.common().renew_hold(held, ttl_us).await
+    }
+
+    /// Release of a live shared hold or permit (one transaction; the last holder frees the
+    /// row and wakes waiters). Without a token: the cleanup of an abandoned attempt.
+    async fn release_hold(&self, held: HeldBy<'_>) -> Result<bool, sqlx::Error> {
+        self.common().release_hold(held).await
+    }
+
+    /// The latest live holder of a shared or permit name and how many hold it.
+    async fn hold_info(&self, name: &str) -> Result<Option<HolderInfo>, sqlx::Error> {
+        self.common().hold_info(name).await
     }
 
     /// A wake-up subscription for `name`, for backends with events.

@@ -19,6 +19,7 @@ use crate::db::{Claim, Listed, Peek, bind_value};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use crate::error::shape_err;
 use crate::fence::FencedUpdate;
+use crate::holds::{self, HeldBy, HolderInfo, Holds, JoinRequest, Joined, Tx};
 use crate::pool::HotConns;
 
 /// What SQL text cannot say about a database.
@@ -34,6 +35,12 @@ pub(crate) trait Dialect: sqlx::Database {
 
     /// An owner column as text (MySQL keeps owners as bytes).
     fn owner(row: &Self::Row, index: usize) -> Result<Option<String>, sqlx::Error>;
+
+    /// How a transaction of the holders ([`crate::holds`]) starts: at READ COMMITTED on the
+    /// servers (every statement sees what committed before it, also where the application's
+    /// default is stricter), as a writer at once on SQLite (`BEGIN IMMEDIATE`: a deferred
+    /// transaction's upgrade to a writer fails as busy without waiting).
+    const BEGIN: &'static str;
 }
 
 /// A dialect's lock-table statements: only their SQL text differs between the databases.
@@ -80,6 +87,8 @@ impl Sql {
 pub(crate) struct Common<DB: sqlx::Database> {
     pub(crate) conns: HotConns<DB>,
     pub(crate) sql: Sql,
+    /// The statements of shared holds and permits.
+    pub(crate) holds: Holds,
 }
 
 /// [`Common`]'s statements, for the [`Db`](crate::db::Db) trait's shared methods.
@@ -105,6 +114,10 @@ pub(crate) trait Shared: Send + Sync {
     ) -> Result<Claim, sqlx::Error>;
     async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error>;
     async fn fenced_update(&self, update: &FencedUpdate, token: i64) -> Result<bool, sqlx::Error>;
+    async fn join(&self, req: JoinRequest<'_>) -> Result<Joined, sqlx::Error>;
+    async fn renew_hold(&self, held: HeldBy<'_>, ttl_us: i64) -> Result<bool, sqlx::Error>;
+    async fn release_hold(&self, held: HeldBy<'_>) -> Result<bool, sqlx::Error>;
+    async fn hold_info(&self, name: &str) -> Result<Option<HolderInfo>, sqlx::Error>;
 }
 
 /// A prepared-once statement of a dialect, ready for its arguments.
@@ -199,6 +212,87 @@ where
                 .await?,
         ) == 1)
     }
+
+    async fn join(&self, req: JoinRequest<'_>) -> Result<Joined, sqlx::Error> {
+        self.in_tx(req.name, async |tx, peek| {
+            let joined = tx.join(req, peek).await?;
+            let taken = matches!(joined, Joined::Taken(_));
+            Ok((joined, taken))
+        })
+        .await
+    }
+
+    async fn renew_hold(&self, held: HeldBy<'_>, ttl_us: i64) -> Result<bool, sqlx::Error> {
+        self.in_tx(held.name, async |tx, peek| {
+            let renewed = tx.renew(held, ttl_us, &peek).await?;
+            Ok((renewed, renewed))
+        })
+        .await
+    }
+
+    async fn release_hold(&self, held: HeldBy<'_>) -> Result<bool, sqlx::Error> {
+        self.in_tx(held.name, async |tx, peek| {
+            let released = tx.release(held, &peek).await?;
+            Ok((released, released))
+        })
+        .await
+    }
+
+    async fn hold_info(&self, name: &str) -> Result<Option<HolderInfo>, sqlx::Error> {
+        holds::ready(&self.holds, self.conns.pool()).await?;
+        let query = q(&self.holds.sql.info).bind(name).bind(name);
+        let Some(row) = self.conns.fetch_optional(query).await? else {
+            return Ok(None);
+        };
+        Ok(Some(HolderInfo {
+            owner: DB::owner(&row, 0)?.unwrap_or_default(),
+            token: sqlx::Row::try_get(&row, 1)?,
+            remaining_us: sqlx::Row::try_get(&row, 2)?,
+            count: sqlx::Row::try_get(&row, 3)?,
+        }))
+    }
+}
+
+impl<DB> Common<DB>
+where
+    DB: Dialect,
+    DB::Arguments: IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'t> &'t str: Encode<'t, DB> + Type<DB>,
+    for<'t> i64: Encode<'t, DB> + Decode<'t, DB> + Type<DB>,
+    for<'t> Option<i64>: Decode<'t, DB> + Type<DB>,
+    for<'t> String: Encode<'t, DB> + Type<DB>,
+{
+    /// Runs `body` in a transaction of the holders on a kept connection, after locking the
+    /// lock row of `name`; `body` answers its result and whether to commit (else the
+    /// transaction rolls back: a refused acquisition writes nothing). A failed or cancelled
+    /// transaction rolls back when its connection goes back to the pool.
+    async fn in_tx<T>(
+        &self,
+        name: &str,
+        body: impl AsyncFnOnce(&mut Tx<'_, DB>, Peek) -> Result<(T, bool), sqlx::Error>,
+    ) -> Result<T, sqlx::Error> {
+        holds::ready(&self.holds, self.conns.pool()).await?;
+        let mut hot = self.conns.get().await?;
+        let result = async {
+            let mut tx = sqlx::Connection::begin_with(hot.conn(), DB::BEGIN).await?;
+            let mut statements = Tx {
+                conn: &mut *tx,
+                sql: &self.holds.sql,
+            };
+            let peek = statements.lock(name).await?;
+            let (answer, commit) = body(&mut statements, peek).await?;
+            if commit {
+                tx.commit().await?;
+            } else {
+                tx.rollback().await?;
+            }
+            Ok(answer)
+        }
+        .await;
+        hot.keep(result)
+    }
 }
 
 /// The statement of a [`FencedUpdate`] with `token`, bound (see [`FencedUpdate::sql`] for the
@@ -278,6 +372,7 @@ where
 #[cfg(feature = "postgres")]
 impl Dialect for sqlx::Postgres {
     const QUOTE: char = '"';
+    const BEGIN: &'static str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
     fn param(n: usize) -> String {
         format!("${n}")
@@ -295,6 +390,7 @@ impl Dialect for sqlx::Postgres {
 #[cfg(feature = "mysql")]
 impl Dialect for sqlx::MySql {
     const QUOTE: char = '`';
+    const BEGIN: &'static str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
 
     fn param(_: usize) -> String {
         "?".to_owned()
@@ -313,6 +409,7 @@ impl Dialect for sqlx::MySql {
 #[cfg(feature = "sqlite")]
 impl Dialect for sqlx::Sqlite {
     const QUOTE: char = '"';
+    const BEGIN: &'static str = "BEGIN IMMEDIATE";
 
     fn param(n: usize) -> String {
         format!("?{n}")

@@ -1,23 +1,39 @@
-//! A held lock: renewal and release, checked against the row's owner and version.
+//! A held lock: renewal and release, checked against the row's owner and version (an
+//! exclusive hold) or the holder's row and token (a shared hold or a permit).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_core::{Error, Lease, LockName, Result};
+use distlock_core::{Error, Lease, LockKind, LockName, Result};
 
 use crate::backend::{Inner, micros};
 use crate::error::map_err;
+use crate::holds::HeldBy;
 
 #[derive(Debug)]
 pub(crate) struct SqlLease {
     pub(crate) inner: Arc<Inner>,
     pub(crate) name: LockName,
     pub(crate) owner: String,
+    /// The version the acquisition set: the fencing token.
     pub(crate) version: i64,
+    /// How it is held.
+    pub(crate) kind: LockKind,
 }
 
 impl SqlLease {
+    /// The holder, for the statements of a shared hold or a permit; `None` for an exclusive
+    /// hold.
+    fn held(&self) -> Option<HeldBy<'_>> {
+        (self.kind != LockKind::Exclusive).then_some(HeldBy {
+            name: self.name.as_str(),
+            owner: &self.owner,
+            kind: self.kind,
+            token: Some(self.version),
+        })
+    }
+
     fn not_held(&self) -> Error {
         Error::NotHeld {
             name: self.name.to_string(),
@@ -28,12 +44,15 @@ impl SqlLease {
 #[async_trait]
 impl Lease for SqlLease {
     async fn renew(&self, ttl: Duration) -> Result<()> {
-        let renewed = self
-            .inner
-            .db
-            .renew(self.name.as_str(), &self.owner, self.version, micros(ttl))
-            .await
-            .map_err(|e| map_err("renew", e))?;
+        let db = &self.inner.db;
+        let renewed = match self.held() {
+            None => {
+                db.renew(self.name.as_str(), &self.owner, self.version, micros(ttl))
+                    .await
+            }
+            Some(held) => db.renew_hold(held, micros(ttl)).await,
+        }
+        .map_err(|e| map_err("renew", e))?;
         if renewed {
             Ok(())
         } else {
@@ -42,12 +61,15 @@ impl Lease for SqlLease {
     }
 
     async fn release(&self) -> Result<()> {
-        let released = self
-            .inner
-            .db
-            .release(self.name.as_str(), &self.owner, self.version)
-            .await
-            .map_err(|e| map_err("release", e))?;
+        let db = &self.inner.db;
+        let released = match self.held() {
+            None => {
+                db.release(self.name.as_str(), &self.owner, self.version)
+                    .await
+            }
+            Some(held) => db.release_hold(held).await,
+        }
+        .map_err(|e| map_err("release", e))?;
         if released {
             Ok(())
         } else {

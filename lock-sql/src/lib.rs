@@ -61,6 +61,43 @@
 //!   holder's remaining lease; the reserved waiter reads every 1-20 ms.
 //! - **Loss** is detected by renewal (a refused owner-checked renewal, or the local deadline).
 //!
+//! # Shared holds and permits
+//!
+//! Read-write locks ([`LockKind::Shared`](distlock_core::LockKind::Shared)) and semaphores of
+//! up to [`MAX_PERMITS`] permits ([`LockKind::Permit`](distlock_core::LockKind::Permit)) keep
+//! one row per holder in a second table, `<table>_holders` (`name`, `owner`, `token`,
+//! `expires_at`, `permits`; primary key `(name, owner)`), created at the first shared or
+//! permit acquisition unless `create_table=false`. Lock tables of earlier versions keep
+//! working as they are; exclusive locks never touch the second table.
+//!
+//! - An acquisition, renewal or release of a shared hold or permit is one short transaction
+//!   (at READ COMMITTED; SQLite `BEGIN IMMEDIATE`) that first locks the name's row of the lock
+//!   table (`SELECT .. FOR UPDATE`, inserting a free row if missing), so that every change of
+//!   one name's holders is serialized by that row. A refused acquisition rolls back.
+//! - While holders live, the lock row's `owner` is a **marker** (`\u{1}shared`,
+//!   `\u{1}permits:N`, never a real owner) and its `expires_at` the latest holder expiry: the
+//!   exclusive take (unchanged, one statement) refuses the name while they live and takes it
+//!   when they have all expired, as it takes any expired lease. The last holder to leave
+//!   frees the row.
+//! - **Fencing**: every acquisition of any kind increments the row's `version` and takes it
+//!   as its token, so a shared holder's token lies between the writers before and after it,
+//!   and permit tokens are unique and increasing.
+//! - **Writer preference**: a waiting writer claims the waiter reservation as it does on a
+//!   held lock, and a shared acquisition refuses while another waiter's reservation lives, so
+//!   readers arriving after a waiting writer queue behind it. Waiting readers and permit
+//!   waiters use the same reservation, the oldest first.
+//! - A semaphore asked for with another number of permits, or a name used both as a
+//!   semaphore and as a lock, answers [`Error::Mismatch`](distlock_core::Error::Mismatch)
+//!   (read from the marker).
+//! - A holder is live while its row has not expired **and** the lock row carries the marker:
+//!   a forced release clears the marker and so ends every holder at once (the `version` is
+//!   kept); the next shared or permit acquisition of a row without a live marker deletes the
+//!   holder rows left behind. [`inspect`](distlock_core::DistributedLock::inspect) and
+//!   [`list`](distlock_core::DistributedLock::list) show the latest holder and how many hold.
+//! - On PostgreSQL the last reader's release (any permit's release) notifies the waiter with
+//!   the reservation, and a taker that held the reservation notifies the others, so readers
+//!   behind one writer all wake.
+//!
 //! Errors: a dropped connection, a refused connection, SQLite `BUSY` and deadlocks are
 //! [`Error::Unavailable`](distlock_core::Error::Unavailable) (retried by the core); anything else
 //! the database says is [`Error::Backend`](distlock_core::Error::Backend) with sqlx's error as
@@ -94,6 +131,7 @@ mod db;
 mod dialect;
 mod error;
 mod fence;
+mod holds;
 mod keys;
 mod lease;
 #[cfg(feature = "mysql")]
@@ -105,7 +143,7 @@ mod postgres;
 mod sqlite;
 mod wake;
 
-pub use backend::{SqlBackend, SqlPool};
+pub use backend::{MAX_PERMITS, SqlBackend, SqlPool};
 pub use config::{DEFAULT_TABLE, Dialect, SqlConfig};
 pub use fence::{FenceConnection, FencedUpdate, SqlValue};
 

@@ -14,14 +14,21 @@ use crate::config::SqlConfig;
 use crate::db::{Db, Sessions};
 use crate::dialect::{Common, Shared, Sql, prepare_all, q, server_pool};
 use crate::error::{connect_err, map_err};
+use crate::holds::{HolderSql, Holds, holders_table};
 use crate::keys::quote;
 use crate::pool::{HotConns, open_pool};
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
 
 /// The lock table's statements in this dialect.
-fn statements(table: &str) -> (Sql, Arc<str>) {
+fn statements(table: &str) -> (Sql, Arc<str>, HolderSql) {
     let t = quote(table, '`');
+    let peek = format!(
+        "SELECT owner, version, IF(owner IS NOT NULL AND expires_at > {NOW}, \
+         TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), NULL), next_owner, next_since, \
+         IF(next_owner IS NOT NULL AND next_expires > {NOW}, \
+         TIMESTAMPDIFF(MICROSECOND, {NOW}, next_expires), NULL) FROM {t} WHERE name = ?"
+    );
     let sql = Sql {
             // Assignments run left to right and see earlier ones, so the decision is taken once,
             // into a session variable, before any column changes.
@@ -39,13 +46,7 @@ fn statements(table: &str) -> (Sql, Arc<str>) {
                  next_expires = IF(@distlock_take, NULL, next_expires)"
             )
             .into(),
-            peek: format!(
-                "SELECT owner, version, IF(owner IS NOT NULL AND expires_at > {NOW}, \
-                 TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), NULL), next_owner, next_since, \
-                 IF(next_owner IS NOT NULL AND next_expires > {NOW}, \
-                 TIMESTAMPDIFF(MICROSECOND, {NOW}, next_expires), NULL) FROM {t} WHERE name = ?"
-            )
-            .into(),
+            peek: peek.as_str().into(),
             reserve: format!(
                 "UPDATE {t} SET next_since = ?, next_expires = {NOW} + INTERVAL ? MICROSECOND, next_owner = ? \
                  WHERE name = ? AND (next_owner IS NULL OR next_owner = ? OR next_expires <= {NOW} \
@@ -85,7 +86,80 @@ fn statements(table: &str) -> (Sql, Arc<str>) {
             .into(),
     };
     let check = format!("SELECT version FROM {t} WHERE name = ? AND owner = ?").into();
-    (sql, check)
+    (sql, check, holder_statements(table, &peek))
+}
+
+/// The holders' statements (see [`crate::holds`]).
+fn holder_statements(table: &str, peek: &str) -> HolderSql {
+    let t = quote(table, '`');
+    let h = quote(&holders_table(table), '`');
+    let live = format!("FROM {h} WHERE name = ? AND expires_at > {NOW}");
+    let setup = vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS {h} (name VARBINARY(512) NOT NULL, \
+             owner VARBINARY(255) NOT NULL, token BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL, \
+             permits BIGINT NOT NULL, PRIMARY KEY (name, owner)) ENGINE=InnoDB"
+        )
+        .into(),
+    ];
+    HolderSql {
+        lock: format!("{peek} FOR UPDATE").into(),
+        // A no-op update rather than INSERT IGNORE, which would hide other errors.
+        ensure: format!(
+            "INSERT INTO {t} (name, owner, version, expires_at) VALUES (?, NULL, 0, {NOW}) \
+             ON DUPLICATE KEY UPDATE name = name"
+        )
+        .into(),
+        purge: format!("DELETE FROM {h} WHERE name = ? AND (expires_at <= {NOW} OR owner = ?)")
+            .into(),
+        purge_all: format!("DELETE FROM {h} WHERE name = ?").into(),
+        count: format!(
+            "SELECT COUNT(*), MIN(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)) {live}"
+        )
+        .into(),
+        // Assignments run left to right: the reservation's columns before `next_owner`.
+        mark: format!(
+            "UPDATE {t} SET owner = ?, version = version + 1, \
+             expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND), \
+             next_since = IF(next_owner <=> ?, NULL, next_since), \
+             next_expires = IF(next_owner <=> ?, NULL, next_expires), \
+             next_owner = IF(next_owner <=> ?, NULL, next_owner) WHERE name = ?"
+        )
+        .into(),
+        insert: format!(
+            "INSERT INTO {h} (name, owner, token, expires_at, permits) \
+             VALUES (?, ?, ?, {NOW} + INTERVAL ? MICROSECOND, ?)"
+        )
+        .into(),
+        extend: format!(
+            "UPDATE {h} SET expires_at = {NOW} + INTERVAL ? MICROSECOND \
+             WHERE name = ? AND owner = ? AND token = ? AND expires_at > {NOW}"
+        )
+        .into(),
+        stretch: format!(
+            "UPDATE {t} SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND) \
+             WHERE name = ?"
+        )
+        .into(),
+        leave: format!(
+            "DELETE FROM {h} WHERE name = ? AND owner = ? AND token = ? AND expires_at > {NOW}"
+        )
+        .into(),
+        free: format!("UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE name = ?").into(),
+        shrink: format!(
+            "UPDATE {t} SET expires_at = COALESCE((SELECT MAX(expires_at) {live}), {NOW}) \
+             WHERE name = ?"
+        )
+        .into(),
+        info: format!(
+            "SELECT owner, token, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), \
+             (SELECT COUNT(*) {live}) FROM {h} WHERE name = ? AND expires_at > {NOW} \
+             ORDER BY token DESC LIMIT 1"
+        )
+        .into(),
+        notify: None,
+        setup,
+    }
 }
 
 #[derive(Debug)]
@@ -127,7 +201,8 @@ impl MyDb {
                 .await
                 .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
         }
-        let (sql, check) = statements(&config.table);
+        let (sql, check, holds) = statements(&config.table);
+        let holds = Holds::new(holds, config.create_table);
         let mut prepared = sql.prepared();
         prepared.push(&check);
         prepare_all(&pool, &prepared, &table).await?;
@@ -135,6 +210,7 @@ impl MyDb {
             common: Common {
                 conns: HotConns::new(pool, keep),
                 sql,
+                holds,
             },
             check,
         })

@@ -17,12 +17,13 @@ use crate::config::SqlConfig;
 use crate::db::{Claim, Db, Sessions};
 use crate::dialect::{Common, Shared, Sql, prepare_all, q, server_pool};
 use crate::error::{connect_err, map_err};
+use crate::holds::{HolderSql, Holds, holders_table};
 use crate::keys::quote;
 use crate::pool::{HotConns, open_pool};
 use crate::wake::{Notifier, Subscription, parse_payload};
 
 /// The lock table's statements in this dialect.
-fn statements(table: &str) -> (Sql, Arc<str>) {
+fn statements(table: &str) -> (Sql, Arc<str>, HolderSql) {
     let t = quote(table, '"');
     let us = "* interval '1 microsecond'";
     // An UPDATE of a free row, else an INSERT of a missing one. Unlike
@@ -38,16 +39,16 @@ fn statements(table: &str) -> (Sql, Arc<str>) {
              ON CONFLICT (name) DO NOTHING RETURNING version), \
              v AS (SELECT version FROM u UNION ALL SELECT version FROM i)"
     );
+    let peek = format!(
+        "SELECT owner, version, CASE WHEN owner IS NOT NULL AND expires_at > now() \
+         THEN (EXTRACT(EPOCH FROM (expires_at - now())) * 1000000)::bigint END AS remaining, \
+         next_owner, next_since, CASE WHEN next_owner IS NOT NULL AND next_expires > now() \
+         THEN (EXTRACT(EPOCH FROM (next_expires - now())) * 1000000)::bigint END AS next_remaining \
+         FROM {t} WHERE name = $1"
+    );
     let sql = Sql {
             take: format!("{take} SELECT version FROM v").into(),
-            peek: format!(
-                "SELECT owner, version, CASE WHEN owner IS NOT NULL AND expires_at > now() \
-                 THEN (EXTRACT(EPOCH FROM (expires_at - now())) * 1000000)::bigint END AS remaining, \
-                 next_owner, next_since, CASE WHEN next_owner IS NOT NULL AND next_expires > now() \
-                 THEN (EXTRACT(EPOCH FROM (next_expires - now())) * 1000000)::bigint END AS next_remaining \
-                 FROM {t} WHERE name = $1"
-            )
-            .into(),
+            peek: peek.as_str().into(),
             reserve: format!(
                 "UPDATE {t} SET next_owner = $2, next_since = $3, next_expires = now() + $4::bigint {us} \
                  WHERE name = $1 AND (next_owner IS NULL OR next_owner = $2 OR next_expires <= now() \
@@ -94,7 +95,84 @@ fn statements(table: &str) -> (Sql, Arc<str>) {
             .into(),
     };
     let take_wake = format!("{take} SELECT version, pg_notify($4, '0:' || $1) FROM v").into();
-    (sql, take_wake)
+    (sql, take_wake, holder_statements(table, &peek))
+}
+
+/// The holders' statements (see [`crate::holds`]).
+fn holder_statements(table: &str, peek: &str) -> HolderSql {
+    let t = quote(table, '"');
+    let h = quote(&holders_table(table), '"');
+    let us = "* interval '1 microsecond'";
+    let remaining = "(EXTRACT(EPOCH FROM (expires_at - now())) * 1000000)::bigint";
+    let live = format!("FROM {h} WHERE name = $1 AND expires_at > now()");
+    let clear = |n: usize| {
+        format!(
+            "next_since = CASE WHEN next_owner = ${n} THEN NULL ELSE next_since END, \
+             next_expires = CASE WHEN next_owner = ${} THEN NULL ELSE next_expires END, \
+             next_owner = CASE WHEN next_owner = ${} THEN NULL ELSE next_owner END",
+            n + 1,
+            n + 2
+        )
+    };
+    let setup = vec![
+        // Concurrent first uses can race on the catalog: serialize them.
+        "SELECT pg_advisory_xact_lock(7283160942917)".into(),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {h} (name TEXT COLLATE \"C\" NOT NULL, owner TEXT NOT NULL, \
+             token BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, permits BIGINT NOT NULL, \
+             PRIMARY KEY (name, owner))"
+        )
+        .into(),
+    ];
+    HolderSql {
+        lock: format!("{peek} FOR UPDATE").into(),
+        ensure: format!(
+            "INSERT INTO {t} (name, owner, version, expires_at) VALUES ($1, NULL, 0, now()) \
+             ON CONFLICT (name) DO NOTHING"
+        )
+        .into(),
+        purge: format!("DELETE FROM {h} WHERE name = $1 AND (expires_at <= now() OR owner = $2)")
+            .into(),
+        purge_all: format!("DELETE FROM {h} WHERE name = $1").into(),
+        count: format!("SELECT count(*), min({remaining}) {live}").into(),
+        mark: format!(
+            "UPDATE {t} SET owner = $1, version = version + 1, \
+             expires_at = GREATEST(expires_at, now() + $2::bigint {us}), {} WHERE name = $6",
+            clear(3)
+        )
+        .into(),
+        insert: format!(
+            "INSERT INTO {h} (name, owner, token, expires_at, permits) \
+             VALUES ($1, $2, $3, now() + $4::bigint {us}, $5)"
+        )
+        .into(),
+        extend: format!(
+            "UPDATE {h} SET expires_at = now() + $1::bigint {us} \
+             WHERE name = $2 AND owner = $3 AND token = $4 AND expires_at > now()"
+        )
+        .into(),
+        stretch: format!(
+            "UPDATE {t} SET expires_at = GREATEST(expires_at, now() + $1::bigint {us}) WHERE name = $2"
+        )
+        .into(),
+        leave: format!(
+            "DELETE FROM {h} WHERE name = $1 AND owner = $2 AND token = $3 AND expires_at > now()"
+        )
+        .into(),
+        free: format!("UPDATE {t} SET owner = NULL, expires_at = now() WHERE name = $1").into(),
+        shrink: format!(
+            "UPDATE {t} SET expires_at = COALESCE((SELECT max(expires_at) {live}), now()) WHERE name = $2"
+        )
+        .into(),
+        info: format!(
+            "SELECT owner, token, {remaining}, (SELECT count(*) {live}) \
+             FROM {h} WHERE name = $2 AND expires_at > now() ORDER BY token DESC LIMIT 1"
+        )
+        .into(),
+        // The table is a plain identifier: safe in a literal.
+        notify: Some(format!("SELECT pg_notify('distlock:{table}', $1)").into()),
+        setup,
+    }
 }
 
 #[derive(Debug)]
@@ -147,7 +225,8 @@ impl PgDb {
                 .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
             tx.commit().await.map_err(|e| map_err("create table", e))?;
         }
-        let (sql, take_wake) = statements(&config.table);
+        let (sql, take_wake, holds) = statements(&config.table);
+        let holds = Holds::new(holds, config.create_table);
         let mut prepared = sql.prepared();
         prepared.push(&take_wake);
         prepare_all(&pool, &prepared, &table).await?;
@@ -165,6 +244,7 @@ impl PgDb {
             common: Common {
                 conns: HotConns::new(pool, keep),
                 sql,
+                holds,
             },
             take_wake,
             channel,

@@ -14,15 +14,22 @@ use crate::config::SqlConfig;
 use crate::db::Db;
 use crate::dialect::{Common, Shared, Sql, q};
 use crate::error::{connect_err, map_err, shape_err, sqlite_busy};
+use crate::holds::{HolderSql, Holds, holders_table};
 use crate::keys::quote;
 use crate::pool::{HotConns, open_pool};
 
 const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
 
 /// The lock table's statements in this dialect.
-fn statements(table: &str) -> Sql {
+fn statements(table: &str) -> (Sql, HolderSql) {
     let t = quote(table, '"');
-    Sql {
+    let peek = format!(
+        "SELECT owner, version, CASE WHEN owner IS NOT NULL AND expires_at > {NOW} \
+         THEN expires_at - {NOW} END, next_owner, next_since, \
+         CASE WHEN next_owner IS NOT NULL AND next_expires > {NOW} THEN next_expires - {NOW} END \
+         FROM {t} WHERE name = ?1"
+    );
+    let sql = Sql {
             take: format!(
                 "INSERT INTO {t} AS l (name, owner, version, expires_at) VALUES (?1, ?2, 1, {NOW} + ?3) \
                  ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, version = l.version + 1, \
@@ -32,13 +39,7 @@ fn statements(table: &str) -> Sql {
                  RETURNING version"
             )
             .into(),
-            peek: format!(
-                "SELECT owner, version, CASE WHEN owner IS NOT NULL AND expires_at > {NOW} \
-                 THEN expires_at - {NOW} END, next_owner, next_since, \
-                 CASE WHEN next_owner IS NOT NULL AND next_expires > {NOW} THEN next_expires - {NOW} END \
-                 FROM {t} WHERE name = ?1"
-            )
-            .into(),
+            peek: peek.as_str().into(),
             reserve: format!(
                 "UPDATE {t} SET next_since = ?1, next_expires = {NOW} + ?2, next_owner = ?3 \
                  WHERE name = ?4 AND (next_owner IS NULL OR next_owner = ?5 OR next_expires <= {NOW} \
@@ -76,7 +77,74 @@ fn statements(table: &str) -> Sql {
                  AND substr(name, 1, length(?1)) = ?2 ORDER BY name LIMIT ?3"
             )
             .into(),
-        }
+        };
+    (sql, holder_statements(table, &peek))
+}
+
+/// The holders' statements (see [`crate::holds`]). The
+/// transaction's `BEGIN IMMEDIATE` locks the file, so the row is read without `FOR UPDATE`.
+fn holder_statements(table: &str, peek: &str) -> HolderSql {
+    let t = quote(table, '"');
+    let h = quote(&holders_table(table), '"');
+    let live = format!("FROM {h} WHERE name = ?1 AND expires_at > {NOW}");
+    let setup = vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS {h} (name TEXT NOT NULL, owner TEXT NOT NULL, \
+             token INTEGER NOT NULL, expires_at INTEGER NOT NULL, permits INTEGER NOT NULL, \
+             PRIMARY KEY (name, owner)) WITHOUT ROWID"
+        )
+        .into(),
+    ];
+    HolderSql {
+        lock: peek.into(),
+        ensure: format!(
+            "INSERT INTO {t} (name, owner, version, expires_at) VALUES (?1, NULL, 0, {NOW}) \
+             ON CONFLICT (name) DO NOTHING"
+        )
+        .into(),
+        purge: format!("DELETE FROM {h} WHERE name = ?1 AND (expires_at <= {NOW} OR owner = ?2)")
+            .into(),
+        purge_all: format!("DELETE FROM {h} WHERE name = ?1").into(),
+        count: format!("SELECT count(*), min(expires_at - {NOW}) {live}").into(),
+        mark: format!(
+            "UPDATE {t} SET owner = ?1, version = version + 1, expires_at = max(expires_at, {NOW} + ?2), \
+             next_since = CASE WHEN next_owner = ?3 THEN NULL ELSE next_since END, \
+             next_expires = CASE WHEN next_owner = ?4 THEN NULL ELSE next_expires END, \
+             next_owner = CASE WHEN next_owner = ?5 THEN NULL ELSE next_owner END WHERE name = ?6"
+        )
+        .into(),
+        insert: format!(
+            "INSERT INTO {h} (name, owner, token, expires_at, permits) \
+             VALUES (?1, ?2, ?3, {NOW} + ?4, ?5)"
+        )
+        .into(),
+        extend: format!(
+            "UPDATE {h} SET expires_at = {NOW} + ?1 \
+             WHERE name = ?2 AND owner = ?3 AND token = ?4 AND expires_at > {NOW}"
+        )
+        .into(),
+        stretch: format!(
+            "UPDATE {t} SET expires_at = max(expires_at, {NOW} + ?1) WHERE name = ?2"
+        )
+        .into(),
+        leave: format!(
+            "DELETE FROM {h} WHERE name = ?1 AND owner = ?2 AND token = ?3 AND expires_at > {NOW}"
+        )
+        .into(),
+        free: format!("UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE name = ?1").into(),
+        shrink: format!(
+            "UPDATE {t} SET expires_at = coalesce((SELECT max(expires_at) {live}), {NOW}) \
+             WHERE name = ?2"
+        )
+        .into(),
+        info: format!(
+            "SELECT owner, token, expires_at - {NOW}, (SELECT count(*) {live}) \
+             FROM {h} WHERE name = ?2 AND expires_at > {NOW} ORDER BY token DESC LIMIT 1"
+        )
+        .into(),
+        notify: None,
+        setup,
+    }
 }
 
 #[derive(Debug)]
@@ -143,7 +211,8 @@ impl LiteDb {
                 .await
                 .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
         }
-        let sql = statements(&config.table);
+        let (sql, holds) = statements(&config.table);
+        let holds = Holds::new(holds, config.create_table);
         for statement in sql.prepared() {
             while_busy(patience, || {
                 pool.prepare(AssertSqlSafe(statement.clone()).into_sql_str())
@@ -155,6 +224,7 @@ impl LiteDb {
             common: Common {
                 conns: HotConns::new(pool, keep),
                 sql,
+                holds,
             },
         })
     }

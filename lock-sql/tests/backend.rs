@@ -5,40 +5,14 @@ use std::time::Duration;
 
 use distlock_core::{AcquireOptions, ClientConfig, DistributedLock, Error, LockClient};
 use distlock_sql::{FencedUpdate, SqlBackend, SqlPool};
-use sqlx::{AssertSqlSafe, Executor};
+use sqlx::AssertSqlSafe;
 
-fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    )
-}
+mod common;
+
+use common::{exec, unique};
 
 async fn client(url: &str) -> LockClient<SqlBackend> {
-    let config = ClientConfig::default().with_operation_timeout(Duration::from_secs(2));
-    match distlock_sql::connect(url, config).await {
-        Ok(client) => client,
-        Err(err) => panic!("connect {url}: {err}"),
-    }
-}
-
-async fn exec(pool: &SqlPool, sql: String) {
-    let result = match pool {
-        #[cfg(feature = "postgres")]
-        SqlPool::Postgres(p) => p.execute(AssertSqlSafe(sql.clone())).await.map(|_| ()),
-        #[cfg(feature = "mysql")]
-        SqlPool::MySql(p) => p.execute(AssertSqlSafe(sql.clone())).await.map(|_| ()),
-        #[cfg(feature = "sqlite")]
-        SqlPool::Sqlite(p) => p.execute(AssertSqlSafe(sql.clone())).await.map(|_| ()),
-        #[allow(
-            unreachable_patterns,
-            reason = "reachable when a dialect's feature is off"
-        )]
-        _ => unreachable!("no other database is compiled in"),
-    };
-    if let Err(err) = result {
-        panic!("{sql}: {err}");
-    }
+    common::client_with(url, Duration::from_secs(2)).await
 }
 
 async fn balance(pool: &SqlPool, table: &str) -> (i64, i64) {

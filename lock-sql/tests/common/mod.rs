@@ -1,0 +1,44 @@
+//! Helpers shared by the test files that talk to the databases directly.
+
+use std::time::Duration;
+
+use distlock_core::{ClientConfig, LockClient};
+use distlock_sql::{SqlBackend, SqlPool};
+use sqlx::{AssertSqlSafe, Executor};
+
+/// `prefix` with a random suffix: a table or lock name no other test uses.
+pub(crate) fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+/// A client of `url` with operation timeout `timeout`.
+pub(crate) async fn client_with(url: &str, timeout: Duration) -> LockClient<SqlBackend> {
+    let config = ClientConfig::default().with_operation_timeout(timeout);
+    match distlock_sql::connect(url, config).await {
+        Ok(client) => client,
+        Err(err) => panic!("connect {url}: {err}"),
+    }
+}
+
+/// Runs one statement on `pool`, panicking with the statement on failure.
+pub(crate) async fn exec(pool: &SqlPool, sql: String) {
+    let result = match pool {
+        #[cfg(feature = "postgres")]
+        SqlPool::Postgres(p) => p.execute(AssertSqlSafe(sql.clone())).await.map(|_| ()),
+        #[cfg(feature = "mysql")]
+        SqlPool::MySql(p) => p.execute(AssertSqlSafe(sql.clone())).await.map(|_| ()),
+        #[cfg(feature = "sqlite")]
+        SqlPool::Sqlite(p) => p.execute(AssertSqlSafe(sql.clone())).await.map(|_| ()),
+        #[allow(
+            unreachable_patterns,
+            reason = "reachable when a dialect's feature is off"
+        )]
+        _ => unreachable!("no other database is compiled in"),
+    };
+    if let Err(err) = result {
+        panic!("{sql}: {err}");
+    }
+}

@@ -1,0 +1,442 @@
+//! Shared holds (read-write locks) and permits (semaphores) on PostgreSQL, MariaDB and a
+//! SQLite file: how many hold at once, writer preference, expiry of crashed holders, the
+//! order of fencing tokens, kinds that never mix, forced release, and lock tables created by
+//! an earlier version.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use distlock_core::{AcquireOptions, DistributedLock, Error, LockClient, LockKind, Renewal};
+use distlock_sql::SqlBackend;
+
+mod common;
+
+use common::{exec, unique};
+
+async fn client(url: &str) -> LockClient<SqlBackend> {
+    common::client_with(url, Duration::from_secs(3)).await
+}
+
+fn opts(ttl: Duration) -> AcquireOptions {
+    AcquireOptions::default()
+        .with_ttl(ttl)
+        .with_wait(Duration::from_secs(20))
+}
+
+fn shared() -> AcquireOptions {
+    opts(Duration::from_secs(10)).shared()
+}
+
+fn writer() -> AcquireOptions {
+    opts(Duration::from_secs(10))
+}
+
+fn permits(n: u32) -> AcquireOptions {
+    opts(Duration::from_secs(10)).with_permits(n)
+}
+
+/// Two readers hold at once, a writer cannot join them, inspection counts them, and the
+/// writer gets the lock once both left.
+async fn readers_share_and_exclude_writers(url: &str) {
+    let (a, b) = (client(url).await, client(url).await);
+    let name = unique("rw");
+    let r1 = a.acquire(&name, &shared()).await.expect("first reader");
+    let r2 = b
+        .try_acquire(&name, &shared())
+        .await
+        .expect("try")
+        .expect("a second reader joins the first");
+    assert_eq!(r2.kind(), LockKind::Shared);
+    assert!(r2.token() > r1.token());
+    assert!(
+        b.try_acquire(&name, &writer())
+            .await
+            .expect("try")
+            .is_none()
+    );
+    let info = a.inspect(&name).await.expect("inspect").expect("held");
+    assert_eq!(
+        (info.kind, info.holders, info.owner.as_str(), info.token),
+        (LockKind::Shared, 2, r2.owner(), Some(r2.token()))
+    );
+    assert!(info.remaining.expect("remaining") > Duration::from_secs(5));
+    let listed = a.list(Some(&name), 10).await.expect("list");
+    assert_eq!(listed.len(), 1);
+    let seen = &listed[0].1;
+    assert_eq!(
+        (seen.kind, seen.holders, &seen.owner, seen.token),
+        (info.kind, info.holders, &info.owner, info.token)
+    );
+    r1.renew().await.expect("a reader renews");
+    r1.release().await.expect("release");
+    assert!(
+        b.try_acquire(&name, &writer())
+            .await
+            .expect("try")
+            .is_none()
+    );
+    let t2 = r2.token();
+    r2.release().await.expect("release");
+    assert_eq!(a.inspect(&name).await.expect("inspect"), None);
+    let w = b
+        .try_acquire(&name, &writer())
+        .await
+        .expect("try")
+        .expect("free after the last reader");
+    assert!(w.token() > t2);
+    w.release().await.expect("release");
+}
+
+/// A writer excludes readers; tokens order writer < later reader < later writer.
+async fn writer_excludes_readers(url: &str) {
+    let (a, b) = (client(url).await, client(url).await);
+    let name = unique("wr");
+    let w1 = a.acquire(&name, &writer()).await.expect("writer");
+    assert!(
+        b.try_acquire(&name, &shared())
+            .await
+            .expect("try")
+            .is_none()
+    );
+    let reader = {
+        let b = b.clone();
+        let name = name.clone();
+        tokio::spawn(async move { b.acquire(&name, &shared()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!reader.is_finished(), "a reader joined a writer");
+    let t1 = w1.token();
+    w1.release().await.expect("release");
+    let r = reader
+        .await
+        .expect("task")
+        .expect("reader after the writer");
+    let tr = r.token();
+    assert!(tr > t1);
+    r.release().await.expect("release");
+    let w2 = a.acquire(&name, &writer()).await.expect("second writer");
+    assert!(w2.token() > tr);
+    w2.release().await.expect("release");
+}
+
+/// A waiting writer queues new readers behind it and gets the lock within a bounded time
+/// under a stream of readers.
+async fn waiting_writer_is_not_starved(url: &str) {
+    let (a, b, c) = (client(url).await, client(url).await, client(url).await);
+    let name = unique("starve");
+    let first = a.acquire(&name, &shared()).await.expect("first reader");
+    let stop = Arc::new(AtomicBool::new(false));
+    let joined = Arc::new(AtomicUsize::new(0));
+    // Readers keep coming, overlapping each other, so that without writer preference the
+    // lock would never be free of readers.
+    let stream = {
+        let (c, name, stop, joined) = (c.clone(), name.clone(), stop.clone(), joined.clone());
+        tokio::spawn(async move {
+            let mut held: Vec<(Instant, distlock_core::LockGuard)> = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(g) = c.try_acquire(&name, &shared()).await.expect("try") {
+                    joined.fetch_add(1, Ordering::Relaxed);
+                    held.push((Instant::now(), g));
+                }
+                // Each reader holds 60 ms: a new one comes every 10-20 ms.
+                while held
+                    .first()
+                    .is_some_and(|(at, _)| at.elapsed() > Duration::from_millis(60))
+                {
+                    held.remove(0).1.release().await.expect("release");
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            for (_, g) in held {
+                let _ = g.release().await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(joined.load(Ordering::Relaxed) > 0, "readers share the lock");
+    let started = Instant::now();
+    let w = {
+        let (b, name) = (b.clone(), name.clone());
+        tokio::spawn(async move { b.acquire(&name, &writer()).await })
+    };
+    // Once the writer waits (it claimed the reservation), new readers are refused.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = joined.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        joined.load(Ordering::Relaxed),
+        before,
+        "a reader joined while a writer waited"
+    );
+    first.release().await.expect("release");
+    let w = tokio::time::timeout(Duration::from_secs(5), w)
+        .await
+        .expect("the writer starved")
+        .expect("task")
+        .expect("writer");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    stop.store(true, Ordering::Relaxed);
+    w.release().await.expect("release");
+    stream.await.expect("stream");
+}
+
+/// At most N permit holders at once under contention; every permit token is unique.
+async fn permits_bound_holders(url: &str) {
+    const N: u32 = 3;
+    let name = unique("sem");
+    let gauge = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let c = client(url).await;
+        for _ in 0..3 {
+            let (c, name) = (c.clone(), name.clone());
+            let (gauge, peak, tokens) = (gauge.clone(), peak.clone(), tokens.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..3 {
+                    let g = c.acquire(&name, &permits(N)).await.expect("permit");
+                    let now = gauge.fetch_add(1, Ordering::SeqCst) + 1;
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    tokens.lock().unwrap().push(g.token().get());
+                    tokio::time::sleep(Duration::from_millis(15)).await;
+                    gauge.fetch_sub(1, Ordering::SeqCst);
+                    g.release().await.expect("release");
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let peak = peak.load(Ordering::SeqCst);
+    assert!(peak <= N as usize, "{peak} holders of {N} permits");
+    assert!(peak >= 2, "permits were never shared ({peak})");
+    let mut tokens = tokens.lock().unwrap().clone();
+    let count = tokens.len();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), count, "a token was given twice");
+}
+
+/// A crashed reader's hold and a crashed permit holder's permit come back after their ttl.
+async fn crashed_holders_expire(url: &str) {
+    let (a, b) = (client(url).await, client(url).await);
+    let ttl = Duration::from_millis(600);
+    for (what, crashed, next) in [
+        ("reader", opts(ttl).shared(), writer()),
+        ("permit", opts(ttl).with_permits(1), permits(1)),
+    ] {
+        let name = unique("crash");
+        let g = a
+            .acquire(&name, &crashed.with_renewal(Renewal::disabled()))
+            .await
+            .expect("acquire");
+        let token = g.token();
+        g.abandon();
+        assert!(
+            b.try_acquire(&name, &next).await.expect("try").is_none(),
+            "{what}: freed before its ttl"
+        );
+        let started = Instant::now();
+        let n = b.acquire(&name, &next).await.expect("after the ttl");
+        assert!(
+            started.elapsed() < ttl + Duration::from_secs(2),
+            "{what}: took {:?}",
+            started.elapsed()
+        );
+        assert!(n.token() > token);
+        n.release().await.expect("release");
+    }
+}
+
+/// Permits of another size, permits on a read-write lock and the reverse are `Mismatch`.
+async fn kinds_do_not_mix(url: &str) {
+    let (a, b) = (client(url).await, client(url).await);
+    let is_mismatch = |r: Result<Option<distlock_core::LockGuard>, Error>| {
+        matches!(r, Err(Error::Mismatch { .. }))
+    };
+    let sem = unique("sem");
+    let p = a.acquire(&sem, &permits(3)).await.expect("permit");
+    assert!(is_mismatch(b.try_acquire(&sem, &permits(4)).await));
+    assert!(is_mismatch(b.try_acquire(&sem, &shared()).await));
+    assert!(is_mismatch(b.try_acquire(&sem, &writer()).await));
+    // A waiting acquisition is refused at once too.
+    let waited = b.acquire(&sem, &writer()).await;
+    assert!(matches!(waited, Err(Error::Mismatch { .. })), "{waited:?}");
+    let p2 = b
+        .try_acquire(&sem, &permits(3))
+        .await
+        .expect("try")
+        .expect("a second permit");
+    p.release().await.expect("release");
+    p2.release().await.expect("release");
+    // Free again: any kind may use the name.
+    let w = b
+        .try_acquire(&sem, &writer())
+        .await
+        .expect("try")
+        .expect("free");
+    assert!(is_mismatch(a.try_acquire(&sem, &permits(3)).await));
+    w.release().await.expect("release");
+    let rw = unique("rw");
+    let r = a.acquire(&rw, &shared()).await.expect("reader");
+    assert!(is_mismatch(b.try_acquire(&rw, &permits(2)).await));
+    r.release().await.expect("release");
+}
+
+/// A forced release frees every holder; their renewals fail, and the next holder's token is
+/// higher.
+async fn force_release_frees_all(url: &str) {
+    let (a, b) = (client(url).await, client(url).await);
+    let name = unique("force");
+    let r1 = a.acquire(&name, &shared()).await.expect("reader");
+    let r2 = b.acquire(&name, &shared()).await.expect("reader");
+    assert!(a.force_release(&name).await.expect("force"));
+    assert!(matches!(
+        r1.renew().await,
+        Err(Error::NotHeld { .. } | Error::Lost { .. })
+    ));
+    let r3 = b.acquire(&name, &shared()).await.expect("a new reader");
+    assert!(matches!(
+        r2.renew().await,
+        Err(Error::NotHeld { .. } | Error::Lost { .. })
+    ));
+    let info = a.inspect(&name).await.expect("inspect").expect("held");
+    assert_eq!(info.holders, 1, "the forced-out readers still count");
+    assert!(r3.token() > r2.token());
+    r3.release().await.expect("release");
+    let w = b.acquire(&name, &writer()).await.expect("writer");
+    w.release().await.expect("release");
+}
+
+/// A lock table made by an earlier version (no holders table) keeps its locks and gains the
+/// holders table at the first shared hold; with `create_table=false` a missing holders table
+/// fails shared holds only.
+async fn old_table_keeps_working(url: &str, create: &str) {
+    let admin = client(url).await;
+    let table = unique("old_locks");
+    exec(&admin.backend_ref().pool(), create.replace("{t}", &table)).await;
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let strict = client(&format!("{url}{sep}table={table}&create_table=false")).await;
+    let held = strict.acquire("held", &writer()).await.expect("exclusive");
+    match strict.try_acquire("other", &shared()).await {
+        Err(Error::Backend { message, .. }) => {
+            assert!(message.contains("_holders"), "{message}");
+        }
+        other => panic!("expected the missing holders table, got {other:?}"),
+    }
+    let c = client(&format!("{url}{sep}table={table}")).await;
+    // The upgraded client sees the lock taken before.
+    assert!(
+        c.try_acquire("held", &writer())
+            .await
+            .expect("try")
+            .is_none()
+    );
+    let r = c.acquire("other", &shared()).await.expect("shared");
+    // Now the strict client can use the table the other created.
+    let r2 = strict
+        .try_acquire("other", &shared())
+        .await
+        .expect("try")
+        .expect("joins");
+    r.release().await.expect("release");
+    r2.release().await.expect("release");
+    held.release().await.expect("release");
+    let pool = admin.backend_ref().pool();
+    exec(&pool, format!("DROP TABLE {table}_holders")).await;
+    exec(&pool, format!("DROP TABLE {table}")).await;
+}
+
+macro_rules! kinds_suite {
+    ($url:expr, $old:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn readers_share() {
+            let Some(url) = $url else { return };
+            super::readers_share_and_exclude_writers(&url).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn writers_exclude() {
+            let Some(url) = $url else { return };
+            super::writer_excludes_readers(&url).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn writer_preference() {
+            let Some(url) = $url else { return };
+            super::waiting_writer_is_not_starved(&url).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn permits() {
+            let Some(url) = $url else { return };
+            super::permits_bound_holders(&url).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn crashed() {
+            let Some(url) = $url else { return };
+            super::crashed_holders_expire(&url).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn mismatch() {
+            let Some(url) = $url else { return };
+            super::kinds_do_not_mix(&url).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn force_release() {
+            let Some(url) = $url else { return };
+            super::force_release_frees_all(&url).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn old_table() {
+            let Some(url) = $url else { return };
+            super::old_table_keeps_working(&url, $old).await;
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    kinds_suite!(
+        conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL"),
+        "CREATE TABLE {t} (name TEXT COLLATE \"C\" PRIMARY KEY, owner TEXT, \
+         version BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, next_owner TEXT, \
+         next_since BIGINT, next_expires TIMESTAMPTZ)"
+    );
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    kinds_suite!(
+        conformance_tests::server_var("mysql", "DISTLOCK_TEST_MYSQL_URL"),
+        "CREATE TABLE {t} (name VARBINARY(512) NOT NULL PRIMARY KEY, \
+         owner VARBINARY(255) NULL, version BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL, \
+         next_owner VARBINARY(255) NULL, next_since BIGINT NULL, next_expires DATETIME(6) NULL) \
+         ENGINE=InnoDB"
+    );
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    fn url() -> Option<String> {
+        let path = std::env::temp_dir().join(format!(
+            "distlock-kinds-{}.db",
+            uuid::Uuid::new_v4().simple()
+        ));
+        Some(format!("sqlite://{}", path.display()))
+    }
+
+    kinds_suite!(
+        url(),
+        "CREATE TABLE {t} (name TEXT NOT NULL PRIMARY KEY, owner TEXT, \
+         version INTEGER NOT NULL, expires_at INTEGER NOT NULL, next_owner TEXT, \
+         next_since INTEGER, next_expires INTEGER) WITHOUT ROWID"
+    );
+}
