@@ -33,7 +33,9 @@ fn fair_wait(ctx: &Ctx) -> Duration {
 
 /// A semaphore of N never has more than N holders: each holder takes a free slot of N (none
 /// free means the bound was broken) and bumps that slot's counter without atomicity (two
-/// holders on one slot lose an update). Holds do overlap: it is not a mutex.
+/// holders on one slot lose an update). That holds do overlap at all is shown by
+/// [`permit_tokens_are_unique_and_increasing`], which holds two permits at once; here a slow
+/// backend may well serialize them.
 pub async fn permits_never_exceed_n_under_contention(ctx: Ctx) -> Outcome {
     const PERMITS: usize = 3;
     const CLIENTS: usize = 8;
@@ -265,8 +267,8 @@ pub async fn readers_hold_together_and_exclude_writers(ctx: Ctx) -> Outcome {
     Outcome::Passed
 }
 
-/// Under a mix of readers and writers: never two writers, never a writer with a reader, and
-/// readers do share.
+/// Under a mix of readers and writers: never two writers, never a writer with a reader.
+/// (That readers share is shown by [`readers_hold_together_and_exclude_writers`].)
 pub async fn read_write_exclusion_under_contention(ctx: Ctx) -> Outcome {
     const CLIENTS: usize = 6;
     const ROUNDS: usize = 15;
@@ -314,9 +316,9 @@ pub async fn read_write_exclusion_under_contention(ctx: Ctx) -> Outcome {
     for task in join_all(tasks).await {
         task.expect("a contending client panicked");
     }
-    assert!(
-        most_readers.load(Ordering::SeqCst) >= 2,
-        "readers never held together"
+    tracing::debug!(
+        most_readers = most_readers.load(Ordering::SeqCst),
+        "readers at once"
     );
     Outcome::Passed
 }
