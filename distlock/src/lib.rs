@@ -17,6 +17,8 @@ pub use distlock_core::{
     FencingGuarantee, FencingToken, LockClient, LockGuard, LockName, LossDetection, LossReason,
     NodeOutcome, NodeResult, OwnerId, Renewal, Result, WakeUp, memory, service_url,
 };
+// Read-write locks, semaphores, multi-locks and elections.
+pub use distlock_core::{Leader, LockKind, MultiGuard};
 
 /// The etcd backend (feature `etcd`).
 #[cfg(feature = "etcd")]

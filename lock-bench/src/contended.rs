@@ -131,6 +131,50 @@ async fn client_loop(
     (stats, error)
 }
 
+/// Waits for the tasks of a contended scenario that started at `start`, with a progress line
+/// every second (`measured` counts the critical sections so far). Past `deadline`, aborts them
+/// and fails.
+pub(crate) async fn join_clients<T>(
+    handles: Vec<tokio::task::JoinHandle<T>>,
+    start: Instant,
+    deadline: Instant,
+    config: &BenchConfig,
+    measured: &AtomicU64,
+    progress: &mut Progress,
+) -> Result<Vec<Result<T, tokio::task::JoinError>>, Error> {
+    let aborts: Vec<_> = handles
+        .iter()
+        .map(tokio::task::JoinHandle::abort_handle)
+        .collect();
+    let total = config.s2_warmup + config.duration;
+    let mut joined = std::pin::pin!(futures::future::join_all(handles));
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            aborts.iter().for_each(tokio::task::AbortHandle::abort);
+            return Err(Error::Backend {
+                message: format!(
+                    "the contended run did not finish within {:?}",
+                    deadline - start
+                ),
+                source: None,
+            });
+        }
+        let step = (deadline - now).min(Duration::from_millis(250));
+        match tokio::time::timeout(step, joined.as_mut()).await {
+            Ok(outcomes) => return Ok(outcomes),
+            Err(_) => progress.tick(|| {
+                format!(
+                    "{:.1}s / {:.1}s, {} critical sections measured",
+                    start.elapsed().as_secs_f64(),
+                    total.as_secs_f64(),
+                    measured.load(Ordering::Relaxed)
+                )
+            }),
+        }
+    }
+}
+
 pub(crate) async fn run_s2(
     clients: Vec<Arc<dyn DistributedLock>>,
     name: String,
@@ -160,40 +204,17 @@ pub(crate) async fn run_s2(
         .enumerate()
         .map(|(id, client)| tokio::spawn(client_loop(id, client, shared.clone())))
         .collect();
-    let aborts: Vec<_> = handles
-        .iter()
-        .map(tokio::task::JoinHandle::abort_handle)
-        .collect();
-
     // Generous: every waiter may wait its full bound, and a lost lock frees after one ttl.
     let deadline = shared.measure_until + config.acquire_wait + config.ttl + Duration::from_secs(5);
-    let total = config.s2_warmup + config.duration;
-    let mut joined = std::pin::pin!(futures::future::join_all(handles));
-    let outcomes = loop {
-        let now = Instant::now();
-        if now >= deadline {
-            aborts.iter().for_each(tokio::task::AbortHandle::abort);
-            return Err(Error::Backend {
-                message: format!(
-                    "the contended run did not finish within {:?}",
-                    deadline - start
-                ),
-                source: None,
-            });
-        }
-        let step = (deadline - now).min(Duration::from_millis(250));
-        match tokio::time::timeout(step, joined.as_mut()).await {
-            Ok(outcomes) => break outcomes,
-            Err(_) => progress.tick(|| {
-                format!(
-                    "{:.1}s / {:.1}s, {} critical sections measured",
-                    start.elapsed().as_secs_f64(),
-                    total.as_secs_f64(),
-                    shared.measured.load(Ordering::Relaxed)
-                )
-            }),
-        }
-    };
+    let outcomes = join_clients(
+        handles,
+        start,
+        deadline,
+        config,
+        &shared.measured,
+        &mut progress,
+    )
+    .await?;
 
     let mut handoff = Recorder::new();
     let mut wait = Recorder::new();
