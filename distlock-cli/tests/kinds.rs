@@ -66,6 +66,21 @@ fn wait_for(path: &Path) {
     }
 }
 
+/// Waits until `status` shows `name` held as `kind`, and returns its JSON.
+fn wait_held_as(env: &Env, name: &str, kind: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = env.run(&["status", "--name", name, "--json"]);
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        if status["held"] == true {
+            assert_eq!(status["kind"], kind, "{status}");
+            return status;
+        }
+        assert!(Instant::now() < deadline, "{name} never held");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn wait_success(child: Child) {
     let out = child.wait_with_output().expect("wait");
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -131,16 +146,14 @@ fn shared_runs_hold_together_and_keep_a_writer_out() {
         .distlock(&["run", "--name", "rw", "--shared", "--", "sleep", "30"])
         .spawn()
         .expect("spawn");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let out = env.run(&["run", "--name", "rw", "--permits", "2", "--wait", "0", "--", "true"]);
-        if out.status.code() == Some(78) {
-            assert!(text(&out.stderr).contains("cannot be acquired as asked"), "{}", text(&out.stderr));
-            break;
-        }
-        assert!(Instant::now() < deadline, "{}", text(&out.stderr));
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_held_as(&env, "rw", "shared");
+    let out = env.run(&["run", "--name", "rw", "--permits", "2", "--", "true"]);
+    assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("cannot be acquired as asked"),
+        "{}",
+        text(&out.stderr)
+    );
     holder.kill().expect("kill");
     let _ = holder.wait();
 }
@@ -202,18 +215,8 @@ fn three_runs_with_two_permits_never_have_more_than_two_inside() {
         })
         .collect();
     // While they run, status shows a semaphore.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let out = env.run(&["status", "--name", "sem", "--json"]);
-        let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-        if status["held"] == true {
-            assert_eq!(status["kind"], "permit", "{status}");
-            assert_eq!(status["permits"], 2, "{status}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "never held");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let status = wait_held_as(&env, "sem", "permit");
+    assert_eq!(status["permits"], 2, "{status}");
     for child in children {
         wait_success(child);
     }
@@ -225,16 +228,10 @@ fn three_runs_with_two_permits_never_have_more_than_two_inside() {
         .distlock(&["run", "--name", "sem", "--permits", "2", "--", "sleep", "30"])
         .spawn()
         .expect("spawn");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let out = env.run(&["run", "--name", "sem", "--permits", "3", "--", "true"]);
-        if out.status.code() == Some(78) {
-            assert!(text(&out.stderr).contains("2 permits"), "{}", text(&out.stderr));
-            break;
-        }
-        assert!(Instant::now() < deadline, "{}", text(&out.stderr));
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_held_as(&env, "sem", "permit");
+    let out = env.run(&["run", "--name", "sem", "--permits", "3", "--", "true"]);
+    assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("2 permits"), "{}", text(&out.stderr));
     holder.kill().expect("kill");
     let _ = holder.wait();
 }
