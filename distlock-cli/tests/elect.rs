@@ -77,9 +77,16 @@ fn the_command_runs_only_while_leader_and_the_next_candidate_takes_over() {
     // Another leader now: `--wait 0` gives up at once.
     let out = env.run(&["elect", "--name", "sched", "--wait", "0", "--", "true"]);
     assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("another leader"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("another leader"),
+        "{}",
+        text(&out.stderr)
+    );
     std::thread::sleep(Duration::from_millis(700));
-    assert!(!b_out.exists(), "the second candidate ran while the first led");
+    assert!(
+        !b_out.exists(),
+        "the second candidate ran while the first led"
+    );
 
     // The first leader's command exits: it resigns, the second is elected with a later term.
     std::fs::write(&a_go, "").expect("go");
@@ -95,7 +102,13 @@ fn the_command_runs_only_while_leader_and_the_next_candidate_takes_over() {
 
     // The command's status is elect's, and the default value names host and pid.
     let out = env.run(&[
-        "elect", "--name", "sched", "--", "sh", "-c", "echo $DISTLOCK_LEADER_VALUE; exit 9",
+        "elect",
+        "--name",
+        "sched",
+        "--",
+        "sh",
+        "-c",
+        "echo $DISTLOCK_LEADER_VALUE; exit 9",
     ]);
     assert_eq!(out.status.code(), Some(9), "{}", text(&out.stderr));
     let value = text(&out.stdout);
@@ -122,7 +135,11 @@ fn lost_leadership_terminates_the_command() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let out = holder.wait_with_output().expect("wait");
     assert_eq!(out.status.code(), Some(76), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("leadership of \"lost\" lost"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("leadership of \"lost\" lost"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 /// Lines of a child's stdout, read on a thread.
@@ -147,7 +164,9 @@ fn next_matching(
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let line = lines.recv_timeout(left).expect("the watch printed no such line");
+        let line = lines
+            .recv_timeout(left)
+            .expect("the watch printed no such line");
         let value: serde_json::Value = serde_json::from_str(&line).expect("a JSON line");
         if wanted(&value) {
             return value;
@@ -164,7 +183,13 @@ fn leader_shows_the_leader_and_watch_follows_changes() {
 
     let mut watch = env
         .distlock(&[
-            "leader", "--name", "web", "--watch", "--json", "--interval", "100ms",
+            "leader",
+            "--name",
+            "web",
+            "--watch",
+            "--json",
+            "--interval",
+            "100ms",
         ])
         .stdout(Stdio::piped())
         .spawn()

@@ -93,7 +93,11 @@ fn bad_permits_and_conflicting_kinds_fail_with_their_exit_codes() {
         (&["--permits", "0"][..], 78, "--permits must be at least 1"),
         (&["--permits", "99999999999"][..], 78, "too large"),
         (&["--permits", "-1"][..], 2, ""),
-        (&["--shared", "--permits", "2"][..], 2, "cannot be used with"),
+        (
+            &["--shared", "--permits", "2"][..],
+            2,
+            "cannot be used with",
+        ),
     ] {
         let mut all = vec!["run", "--name", "bad"];
         all.extend_from_slice(args);
@@ -105,14 +109,23 @@ fn bad_permits_and_conflicting_kinds_fail_with_their_exit_codes() {
             "{args:?}: {}",
             text(&out.stderr)
         );
-        assert!(text(&out.stderr).contains(says), "{args:?}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains(says),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
     }
 }
 
 #[test]
 fn shared_runs_hold_together_and_keep_a_writer_out() {
     let env = Env::new();
-    if !supported(&env, capabilities(&env).shared, &["--shared"], "shared (read) locks") {
+    if !supported(
+        &env,
+        capabilities(&env).shared,
+        &["--shared"],
+        "shared (read) locks",
+    ) {
         return;
     }
     // Each reader says it is in, then stays until both are in: only possible together.
@@ -199,7 +212,12 @@ fn max_overlap(intervals: &[(u128, u128)]) -> usize {
 fn three_runs_with_two_permits_never_have_more_than_two_inside() {
     let env = Env::new();
     let caps = capabilities(&env);
-    if !supported(&env, caps.max_permits >= 2, &["--permits", "2"], "semaphores") {
+    if !supported(
+        &env,
+        caps.max_permits >= 2,
+        &["--permits", "2"],
+        "semaphores",
+    ) {
         return;
     }
     let log = env.path("log");
@@ -222,16 +240,33 @@ fn three_runs_with_two_permits_never_have_more_than_two_inside() {
     }
     let sections = intervals(&log);
     assert_eq!(sections.len(), 3, "{sections:?}");
-    assert_eq!(max_overlap(&sections), 2, "more than 2 inside, or never 2: {sections:?}");
+    assert_eq!(
+        max_overlap(&sections),
+        2,
+        "more than 2 inside, or never 2: {sections:?}"
+    );
     // Asking for the same name with another size is a mismatch, not a wait.
     let mut holder = env
-        .distlock(&["run", "--name", "sem", "--permits", "2", "--", "sleep", "30"])
+        .distlock(&[
+            "run",
+            "--name",
+            "sem",
+            "--permits",
+            "2",
+            "--",
+            "sleep",
+            "30",
+        ])
         .spawn()
         .expect("spawn");
     wait_held_as(&env, "sem", "permit");
     let out = env.run(&["run", "--name", "sem", "--permits", "3", "--", "true"]);
     assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("2 permits"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("2 permits"),
+        "{}",
+        text(&out.stderr)
+    );
     holder.kill().expect("kill");
     let _ = holder.wait();
 }
