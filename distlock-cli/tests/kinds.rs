@@ -81,6 +81,24 @@ fn wait_held_as(env: &Env, name: &str, kind: &str) -> serde_json::Value {
     }
 }
 
+/// While `run --name NAME HOLD` holds NAME (status shows it as `kind`), `run PROBE` on the
+/// same name is refused at once with exit 78 and a message containing `says`.
+fn assert_mismatch(env: &Env, (name, hold, kind): (&str, &str, &str), probe: &[&str], says: &str) {
+    let mut holder = env
+        .distlock(&["run", "--name", name, hold, "--", "sleep", "30"])
+        .spawn()
+        .expect("spawn");
+    wait_held_as(env, name, kind);
+    let mut args = vec!["run", "--name", name];
+    args.extend_from_slice(probe);
+    args.extend_from_slice(&["--", "true"]);
+    let out = env.run(&args);
+    holder.kill().expect("kill");
+    let _ = holder.wait();
+    assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains(says), "{}", text(&out.stderr));
+}
+
 fn wait_success(child: Child) {
     let out = child.wait_with_output().expect("wait");
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -155,20 +173,12 @@ fn shared_runs_hold_together_and_keep_a_writer_out() {
     wait_success(a);
     wait_success(b);
     // A semaphore of the read-write lock's name is another kind of lock.
-    let mut holder = env
-        .distlock(&["run", "--name", "rw", "--shared", "--", "sleep", "30"])
-        .spawn()
-        .expect("spawn");
-    wait_held_as(&env, "rw", "shared");
-    let out = env.run(&["run", "--name", "rw", "--permits", "2", "--", "true"]);
-    assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("cannot be acquired as asked"),
-        "{}",
-        text(&out.stderr)
+    assert_mismatch(
+        &env,
+        ("rw", "--shared", "shared"),
+        &["--permits", "2"],
+        "cannot be acquired as asked",
     );
-    holder.kill().expect("kill");
-    let _ = holder.wait();
 }
 
 /// `(start, end)` in nanoseconds of each critical section the commands logged.
@@ -246,29 +256,12 @@ fn three_runs_with_two_permits_never_have_more_than_two_inside() {
         "more than 2 inside, or never 2: {sections:?}"
     );
     // Asking for the same name with another size is a mismatch, not a wait.
-    let mut holder = env
-        .distlock(&[
-            "run",
-            "--name",
-            "sem",
-            "--permits",
-            "2",
-            "--",
-            "sleep",
-            "30",
-        ])
-        .spawn()
-        .expect("spawn");
-    wait_held_as(&env, "sem", "permit");
-    let out = env.run(&["run", "--name", "sem", "--permits", "3", "--", "true"]);
-    assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("2 permits"),
-        "{}",
-        text(&out.stderr)
+    assert_mismatch(
+        &env,
+        ("sem", "--permits=2", "permit"),
+        &["--permits", "3"],
+        "2 permits",
     );
-    holder.kill().expect("kill");
-    let _ = holder.wait();
 }
 
 #[test]

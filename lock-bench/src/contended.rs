@@ -131,24 +131,37 @@ async fn client_loop(
     (stats, error)
 }
 
-/// Waits for the tasks of a contended scenario that started at `start`, with a progress line
-/// every second (`measured` counts the critical sections so far). Past `deadline`, aborts them
-/// and fails.
-pub(crate) async fn join_clients<T>(
-    handles: Vec<tokio::task::JoinHandle<T>>,
-    start: Instant,
-    deadline: Instant,
+/// Runs `client_loop` for each client on a task of its own, as every contended scenario does
+/// (the scenario started at `start` and measures until `measure_until`), with a progress line
+/// every second (`measured` counts what was measured so far). Returns each client's
+/// statistics in client order, or the error of the first client (by index) that failed; past
+/// a generous deadline, aborts the tasks and fails.
+pub(crate) async fn run_clients<S, Fut>(
+    clients: Vec<Arc<dyn DistributedLock>>,
+    client_loop: impl Fn(usize, Arc<dyn DistributedLock>) -> Fut,
+    (start, measure_until): (Instant, Instant),
     config: &BenchConfig,
     measured: &AtomicU64,
     progress: &mut Progress,
-) -> Result<Vec<Result<T, tokio::task::JoinError>>, Error> {
+) -> Result<Vec<S>, Error>
+where
+    S: Send + 'static,
+    Fut: Future<Output = (S, Option<Error>)> + Send + 'static,
+{
+    let handles: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(id, client)| tokio::spawn(client_loop(id, client)))
+        .collect();
     let aborts: Vec<_> = handles
         .iter()
         .map(tokio::task::JoinHandle::abort_handle)
         .collect();
+    // Generous: every waiter may wait its full bound, and a lost lock frees after one ttl.
+    let deadline = measure_until + config.acquire_wait + config.ttl + Duration::from_secs(5);
     let total = config.s2_warmup + config.duration;
     let mut joined = std::pin::pin!(futures::future::join_all(handles));
-    loop {
+    let outcomes = loop {
         let now = Instant::now();
         if now >= deadline {
             aborts.iter().for_each(tokio::task::AbortHandle::abort);
@@ -162,7 +175,7 @@ pub(crate) async fn join_clients<T>(
         }
         let step = (deadline - now).min(Duration::from_millis(250));
         match tokio::time::timeout(step, joined.as_mut()).await {
-            Ok(outcomes) => return Ok(outcomes),
+            Ok(outcomes) => break outcomes,
             Err(_) => progress.tick(|| {
                 format!(
                     "{:.1}s / {:.1}s, {} critical sections measured",
@@ -172,7 +185,21 @@ pub(crate) async fn join_clients<T>(
                 )
             }),
         }
+    };
+    let mut stats = Vec::with_capacity(outcomes.len());
+    for (id, outcome) in outcomes.into_iter().enumerate() {
+        match outcome {
+            Ok((client, None)) => stats.push(client),
+            Ok((_, Some(err))) => return Err(err),
+            Err(join) => {
+                return Err(Error::Backend {
+                    message: format!("client {id} failed: {join}"),
+                    source: None,
+                });
+            }
+        }
     }
+    Ok(stats)
 }
 
 pub(crate) async fn run_s2(
@@ -199,22 +226,10 @@ pub(crate) async fn run_s2(
         stop: AtomicBool::new(false),
     });
     let client_count = clients.len();
-    let handles: Vec<_> = clients
-        .into_iter()
-        .enumerate()
-        .map(|(id, client)| tokio::spawn(client_loop(id, client, shared.clone())))
-        .collect();
-    // Generous: every waiter may wait its full bound, and a lost lock frees after one ttl.
-    let deadline = shared.measure_until + config.acquire_wait + config.ttl + Duration::from_secs(5);
-    let outcomes = join_clients(
-        handles,
-        start,
-        deadline,
-        config,
-        &shared.measured,
-        &mut progress,
-    )
-    .await?;
+    let measured = &shared.measured;
+    let loop_of = |id, client| client_loop(id, client, shared.clone());
+    let window = (start, shared.measure_until);
+    let stats = run_clients(clients, loop_of, window, config, measured, &mut progress).await?;
 
     let mut handoff = Recorder::new();
     let mut wait = Recorder::new();
@@ -222,21 +237,7 @@ pub(crate) async fn run_s2(
     let (mut total_cs, mut to_other, mut to_self) = (0, 0, 0);
     let mut held = Duration::ZERO;
     let mut longest_wait = Duration::ZERO;
-    let mut first_error = None;
-    for (id, outcome) in outcomes.into_iter().enumerate() {
-        let (stats, error) = match outcome {
-            Ok(outcome) => outcome,
-            Err(join) => (
-                ClientStats::new(),
-                Some(Error::Backend {
-                    message: format!("client {id} failed: {join}"),
-                    source: None,
-                }),
-            ),
-        };
-        if first_error.is_none() {
-            first_error = error;
-        }
+    for (id, stats) in stats.into_iter().enumerate() {
         total_cs += stats.critical_sections;
         to_other += stats.to_other;
         to_self += stats.to_self;
@@ -250,9 +251,6 @@ pub(crate) async fn run_s2(
             share: 0.0,
             longest_wait_us: micros(stats.longest_wait),
         });
-    }
-    if let Some(err) = first_error {
-        return Err(err);
     }
     for client in &mut per_client {
         client.share = share(client.critical_sections, total_cs).unwrap_or(0.0);

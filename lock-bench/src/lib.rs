@@ -193,13 +193,7 @@ async fn run_target(target: &Target, config: &BenchConfig) -> TargetResult {
 
     if config.scenarios.contended() {
         let s2 = async {
-            let mut clients = Vec::with_capacity(config.clients);
-            for _ in 0..config.clients {
-                clients.push(target.connect().await?);
-            }
-            if let Some(client) = clients.first() {
-                result.backend = Some(client.backend().to_owned());
-            }
+            let clients = connect(target, config.clients, &mut result.backend).await?;
             contended::run_s2(clients, format!("{base}/s2"), config, progress("s2")).await
         };
         match s2.await {
@@ -231,6 +225,23 @@ async fn run_target(target: &Target, config: &BenchConfig) -> TargetResult {
     result
 }
 
+/// `count` clients of `target`, each from its own factory call; `backend` learns their
+/// backend's name.
+async fn connect(
+    target: &Target,
+    count: usize,
+    backend: &mut Option<String>,
+) -> Result<Vec<std::sync::Arc<dyn distlock_core::DistributedLock>>, Error> {
+    let mut clients = Vec::with_capacity(count);
+    for _ in 0..count {
+        clients.push(target.connect().await?);
+    }
+    if let Some(client) = clients.first() {
+        *backend = Some(client.backend().to_owned());
+    }
+    Ok(clients)
+}
+
 /// The read/write mix or the semaphore on `target`: skipped (with the reason in `result`)
 /// when the backend lacks the lock kind, errors recorded in `result`.
 async fn run_mixed(
@@ -243,15 +254,11 @@ async fn run_mixed(
 ) -> Option<MixedResult> {
     let progress = Progress::new(config.progress, target.label(), scenario);
     let measured = async {
-        let mut clients = Vec::with_capacity(config.mixed_clients);
-        for _ in 0..config.mixed_clients {
-            clients.push(target.connect().await?);
-        }
-        if let Some(client) = clients.first() {
-            result.backend = Some(client.backend().to_owned());
-            if let Some(reason) = mix.unsupported(client.backend(), client.capabilities()) {
-                return Ok(Err(reason));
-            }
+        let clients = connect(target, config.mixed_clients, &mut result.backend).await?;
+        if let Some(client) = clients.first()
+            && let Some(reason) = mix.unsupported(client.backend(), client.capabilities())
+        {
+            return Ok(Err(reason));
         }
         let name = format!("{base}/{scenario}");
         mixed::run_mixed(clients, name, mix, config, progress)

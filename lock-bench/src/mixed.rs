@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use distlock_core::{AcquireOptions, Capabilities, DistributedLock, Error, LockKind};
 
 use crate::BenchConfig;
-use crate::contended::join_clients;
+use crate::contended::run_clients;
 use crate::report::{ClientShare, MixedResult};
 use crate::stats::{Progress, Recorder, micros, rate, share};
 
@@ -221,37 +221,16 @@ pub(crate) async fn run_mixed(
         stop: AtomicBool::new(false),
     });
     let client_count = clients.len();
-    let handles: Vec<_> = clients
-        .into_iter()
-        .enumerate()
-        .map(|(id, client)| tokio::spawn(client_loop(id, client, shared.clone())))
-        .collect();
-    let deadline = shared.measure_until + config.acquire_wait + config.ttl + Duration::from_secs(5);
-    let outcomes = join_clients(
-        handles,
-        start,
-        deadline,
-        config,
-        &shared.measured,
-        &mut progress,
-    )
-    .await?;
+    let measured = &shared.measured;
+    let loop_of = |id, client| client_loop(id, client, shared.clone());
+    let window = (start, shared.measure_until);
+    let stats = run_clients(clients, loop_of, window, config, measured, &mut progress).await?;
 
     let (mut shared_wait, mut exclusive_wait) = (Recorder::new(), Recorder::new());
     let mut per_client = Vec::with_capacity(client_count);
     let (mut total, mut exclusive) = (0, 0);
     let mut longest_wait = Duration::ZERO;
-    let mut first_error = None;
-    for (id, outcome) in outcomes.into_iter().enumerate() {
-        let (stats, error) = outcome.unwrap_or_else(|join| {
-            let message = format!("client {id} failed: {join}");
-            let error = Error::Backend {
-                message,
-                source: None,
-            };
-            (ClientStats::new(), Some(error))
-        });
-        first_error = first_error.or(error);
+    for (id, stats) in stats.into_iter().enumerate() {
         total += stats.acquisitions;
         exclusive += stats.exclusive;
         longest_wait = longest_wait.max(stats.longest_wait);
@@ -263,9 +242,6 @@ pub(crate) async fn run_mixed(
             share: 0.0,
             longest_wait_us: micros(stats.longest_wait),
         });
-    }
-    if let Some(err) = first_error {
-        return Err(err);
     }
     for client in &mut per_client {
         client.share = share(client.critical_sections, total).unwrap_or(0.0);
