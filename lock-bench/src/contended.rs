@@ -202,6 +202,22 @@ where
     Ok(stats)
 }
 
+/// Each client's part of a scenario, from its `(count, longest wait)`.
+pub(crate) fn client_shares(
+    clients: impl Iterator<Item = (u64, Duration)> + Clone,
+) -> Vec<ClientShare> {
+    let total = clients.clone().map(|(count, _)| count).sum();
+    clients
+        .enumerate()
+        .map(|(client, (count, longest))| ClientShare {
+            client,
+            critical_sections: count,
+            share: share(count, total).unwrap_or(0.0),
+            longest_wait_us: micros(longest),
+        })
+        .collect()
+}
+
 pub(crate) async fn run_s2(
     clients: Vec<Arc<dyn DistributedLock>>,
     name: String,
@@ -233,11 +249,11 @@ pub(crate) async fn run_s2(
 
     let mut handoff = Recorder::new();
     let mut wait = Recorder::new();
-    let mut per_client = Vec::with_capacity(client_count);
+    let per_client = client_shares(stats.iter().map(|s| (s.critical_sections, s.longest_wait)));
     let (mut total_cs, mut to_other, mut to_self) = (0, 0, 0);
     let mut held = Duration::ZERO;
     let mut longest_wait = Duration::ZERO;
-    for (id, stats) in stats.into_iter().enumerate() {
+    for stats in stats {
         total_cs += stats.critical_sections;
         to_other += stats.to_other;
         to_self += stats.to_self;
@@ -245,15 +261,6 @@ pub(crate) async fn run_s2(
         longest_wait = longest_wait.max(stats.longest_wait);
         handoff.merge(&stats.handoff);
         wait.merge(&stats.wait);
-        per_client.push(ClientShare {
-            client: id,
-            critical_sections: stats.critical_sections,
-            share: 0.0,
-            longest_wait_us: micros(stats.longest_wait),
-        });
-    }
-    for client in &mut per_client {
-        client.share = share(client.critical_sections, total_cs).unwrap_or(0.0);
     }
     Ok(S2Result {
         clients: client_count,

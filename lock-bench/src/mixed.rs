@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 use distlock_core::{AcquireOptions, Capabilities, DistributedLock, Error, LockKind};
 
 use crate::BenchConfig;
-use crate::contended::run_clients;
-use crate::report::{ClientShare, MixedResult};
-use crate::stats::{Progress, Recorder, micros, rate, share};
+use crate::contended::{client_shares, run_clients};
+use crate::report::MixedResult;
+use crate::stats::{Progress, Recorder, micros, rate};
 
 /// Which of the two scenarios.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -227,24 +227,15 @@ pub(crate) async fn run_mixed(
     let stats = run_clients(clients, loop_of, window, config, measured, &mut progress).await?;
 
     let (mut shared_wait, mut exclusive_wait) = (Recorder::new(), Recorder::new());
-    let mut per_client = Vec::with_capacity(client_count);
+    let per_client = client_shares(stats.iter().map(|s| (s.acquisitions, s.longest_wait)));
     let (mut total, mut exclusive) = (0, 0);
     let mut longest_wait = Duration::ZERO;
-    for (id, stats) in stats.into_iter().enumerate() {
+    for stats in stats {
         total += stats.acquisitions;
         exclusive += stats.exclusive;
         longest_wait = longest_wait.max(stats.longest_wait);
         shared_wait.merge(&stats.shared_wait);
         exclusive_wait.merge(&stats.exclusive_wait);
-        per_client.push(ClientShare {
-            client: id,
-            critical_sections: stats.acquisitions,
-            share: 0.0,
-            longest_wait_us: micros(stats.longest_wait),
-        });
-    }
-    for client in &mut per_client {
-        client.share = share(client.critical_sections, total).unwrap_or(0.0);
     }
     let mut all_wait = Recorder::new();
     all_wait.merge(&shared_wait);
