@@ -58,7 +58,7 @@ pub(crate) async fn bench(args: CliBenchArgs) -> Result<u8, Failure> {
     if report.has_failures() {
         return Err(Failure::new(
             OTHER,
-            "some scenarios failed or saw exclusivity violations (see the table)",
+            "some scenarios failed or saw their bound exceeded (exclusivity or permits; see the tables)",
         ));
     }
     Ok(0)

@@ -9,7 +9,8 @@ use distlock_bench::{BenchConfig, S1Call, ScenarioSelection};
 /// [`BenchConfig::default`]; durations take humantime syntax (`500ms`, `5s`, `1m`).
 #[derive(Clone, Debug, clap::Args)]
 pub(crate) struct BenchArgs {
-    /// Scenarios to run: s1 (uncontended), s2 (contended) or all.
+    /// Scenarios to run: s1 (uncontended), s2 (contended mutex), rw-mix (shared and exclusive
+    /// acquisitions), semaphore, or all.
     #[arg(long, value_enum, default_value = "all")]
     pub(crate) scenario: Scenario,
 
@@ -40,6 +41,18 @@ pub(crate) struct BenchArgs {
     /// S2: warm-up before measuring.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "500ms")]
     pub(crate) s2_warmup: Duration,
+
+    /// RW mix and semaphore: contending clients (each its own connection).
+    #[arg(long, default_value_t = 8)]
+    pub(crate) mixed_clients: usize,
+
+    /// RW mix: the fraction of acquisitions that are exclusive (the rest are shared).
+    #[arg(long, default_value_t = 0.1)]
+    pub(crate) write_share: f64,
+
+    /// Semaphore: its permits.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) permits: u32,
 
     /// Lease length of every acquisition (renewed at ttl/3 as by default).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
@@ -76,6 +89,9 @@ impl BenchArgs {
             .with_s2_warmup(self.s2_warmup)
             .with_ttl(self.ttl)
             .with_acquire_wait(self.acquire_wait)
+            .with_mixed_clients(self.mixed_clients)
+            .with_write_share(self.write_share)
+            .with_permits(self.permits)
             .with_progress(!self.quiet);
         if let Some(prefix) = &self.name_prefix {
             config = config.with_name_prefix(prefix.clone());
@@ -89,9 +105,13 @@ impl BenchArgs {
 pub(crate) enum Scenario {
     /// S1 only: uncontended acquire + release.
     S1,
-    /// S2 only: contended critical sections.
+    /// S2 only: contended critical sections of a mutex.
     S2,
-    /// Both.
+    /// The read/write mix only.
+    RwMix,
+    /// The semaphore only.
+    Semaphore,
+    /// Every scenario.
     All,
 }
 
@@ -100,6 +120,8 @@ impl From<Scenario> for ScenarioSelection {
         match scenario {
             Scenario::S1 => Self::S1,
             Scenario::S2 => Self::S2,
+            Scenario::RwMix => Self::RwMix,
+            Scenario::Semaphore => Self::Semaphore,
             Scenario::All => Self::All,
         }
     }
@@ -167,6 +189,12 @@ mod tests {
             "acquire",
             "--json",
             "out.json",
+            "--mixed-clients",
+            "5",
+            "--write-share",
+            "0.25",
+            "--permits",
+            "4",
         ]);
         let config = cli.bench.config();
         assert_eq!(config.scenarios, ScenarioSelection::S1);
@@ -178,6 +206,10 @@ mod tests {
         assert_eq!(config.duration, Duration::from_secs(2));
         assert_eq!(config.ttl, Duration::from_secs(3));
         assert_eq!(config.s1_call, S1Call::Acquire);
+        assert_eq!(
+            (config.mixed_clients, config.write_share, config.permits),
+            (5, 0.25, 4)
+        );
         assert!(config.progress);
         assert_eq!(
             cli.bench.json.as_deref(),

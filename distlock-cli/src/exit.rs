@@ -5,6 +5,8 @@ use distlock::Error;
 /// Bad flags (clap's own code).
 #[allow(dead_code, reason = "documents clap's exit code next to ours")]
 pub(crate) const USAGE: u8 = 2;
+/// `leader`: the election has no leader.
+pub(crate) const NO_LEADER: u8 = 3;
 /// The lock service is unreachable (EX_UNAVAILABLE).
 pub(crate) const UNAVAILABLE: u8 = 69;
 /// The lock is busy and the wait ran out (EX_TEMPFAIL).
@@ -61,7 +63,8 @@ impl Failure {
             Error::InvalidName { .. }
             | Error::InvalidOptions(_)
             | Error::InvalidConfig(_)
-            | Error::Unsupported(_) => CONFIG,
+            | Error::Unsupported(_)
+            | Error::Mismatch { .. } => CONFIG,
             Error::Unavailable { .. } | Error::QuorumNotReached { .. } => UNAVAILABLE,
             Error::Timeout { .. } => BUSY,
             Error::Lost { .. } | Error::NotHeld { .. } => LOST,

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use crate::Connection;
 use crate::exit::Failure;
-use crate::owner::parse_run_owner;
+use crate::owner::{holder_json, parse_run_owner};
+use distlock::LockKind;
 
 /// Flags of `distlock list`.
 #[derive(Debug, clap::Args)]
@@ -38,15 +39,10 @@ pub(crate) async fn list(args: ListArgs) -> Result<u8, Failure> {
         let items: Vec<_> = held
             .iter()
             .map(|(name, info)| {
-                let holder = parse_run_owner(&info.owner);
-                serde_json::json!({
-                    "name": name.as_str(),
-                    "owner": info.owner,
-                    "host": holder.as_ref().map(|h| h.host.clone()),
-                    "pid": holder.as_ref().map(|h| h.pid),
-                    "token": info.token.map(|t| t.get()),
-                    "remaining_ms": info.remaining.map(|d| d.as_millis() as u64),
-                })
+                let mut value = serde_json::Map::new();
+                value.insert("name".into(), name.as_str().into());
+                value.extend(holder_json(info));
+                serde_json::Value::Object(value)
             })
             .collect();
         println!("{}", serde_json::Value::Array(items));
@@ -56,15 +52,21 @@ pub(crate) async fn list(args: ListArgs) -> Result<u8, Failure> {
         println!("no locks held");
         return Ok(0);
     }
-    let rows: Vec<[String; 4]> = held
+    let rows: Vec<[String; 5]> = held
         .iter()
         .map(|(name, info)| {
             let owner = match parse_run_owner(&info.owner) {
                 Some(h) => format!("{} (distlock run on {}, pid {})", info.owner, h.host, h.pid),
                 None => info.owner.clone(),
             };
+            let kind = match info.kind {
+                LockKind::Exclusive => "exclusive".to_owned(),
+                LockKind::Permit { permits } => format!("{}/{permits} permits", info.holders),
+                kind => format!("{} x{}", kind.as_str(), info.holders),
+            };
             [
                 name.to_string(),
+                kind,
                 info.token.map_or_else(|| "-".into(), |t| t.to_string()),
                 info.remaining.map_or_else(
                     || "-".into(),
@@ -74,8 +76,8 @@ pub(crate) async fn list(args: ListArgs) -> Result<u8, Failure> {
             ]
         })
         .collect();
-    let header = ["NAME", "TOKEN", "REMAINING", "OWNER"].map(str::to_owned);
-    let mut widths = [0; 3];
+    let header = ["NAME", "KIND", "TOKEN", "REMAINING", "OWNER"].map(str::to_owned);
+    let mut widths = [0; 4];
     for row in std::iter::once(&header).chain(&rows) {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
@@ -83,14 +85,16 @@ pub(crate) async fn list(args: ListArgs) -> Result<u8, Failure> {
     }
     for row in std::iter::once(&header).chain(&rows) {
         println!(
-            "{:w0$}  {:w1$}  {:w2$}  {}",
+            "{:w0$}  {:w1$}  {:w2$}  {:w3$}  {}",
             row[0],
             row[1],
             row[2],
             row[3],
+            row[4],
             w0 = widths[0],
             w1 = widths[1],
-            w2 = widths[2]
+            w2 = widths[2],
+            w3 = widths[3]
         );
     }
     if held.len() == args.limit {

@@ -4,19 +4,22 @@
 //!
 //! | code | meaning |
 //! |---|---|
-//! | the command's | `run`: the command ran under the lock and exited with this status (128+N if killed by signal N) |
+//! | the command's | `run`, `elect`: the command ran under the lock (as leader) and exited with this status (128+N if killed by signal N) |
 //! | 2 | bad flags |
+//! | 3 | `leader`: the election has no leader |
 //! | 69 | the lock service is unreachable |
-//! | 75 | `run`: the lock is held elsewhere and `--wait` ran out |
-//! | 76 | `run`: the lock was lost while the command ran; the command was terminated |
-//! | 78 | bad URL, option or name |
-//! | 126, 127 | `run`: the command could not be executed / was not found |
+//! | 75 | `run`, `elect`: the lock is held elsewhere (another leader) and `--wait` ran out |
+//! | 76 | `run`, `elect`: the lock (leadership) was lost while the command ran; the command was terminated |
+//! | 78 | bad URL, option or name (`--permits 0`); a lock kind the backend lacks (`--shared`, `--permits` where it has no read-write locks or semaphores); a lock kind that does not match the name's holders (`--permits 3` on a semaphore of 5, `--permits` on a read-write lock) |
+//! | 126, 127 | `run`, `elect`: the command could not be executed / was not found |
 //! | 1 | any other failure |
 
 mod bench;
 mod bench_args;
 mod child;
+mod elect;
 mod exit;
+mod leader;
 mod list;
 mod logs;
 mod owner;
@@ -36,13 +39,18 @@ use distlock::DistributedLock;
 use crate::exit::Failure;
 
 const AFTER_HELP: &str = "\
-Exit codes: the command's own status for `run` (128+N when killed by signal N); 2 bad flags;
-69 lock service unreachable; 75 lock busy (--wait ran out); 76 lock lost while the command ran
-(it was terminated); 78 bad URL, option or name; 126/127 command not executable / not found;
-1 anything else.
+Exit codes: the command's own status for `run` and `elect` (128+N when killed by signal N);
+2 bad flags; 3 `leader`: no leader; 69 lock service unreachable; 75 lock busy (--wait ran out);
+76 lock or leadership lost while the command ran (it was terminated); 78 bad URL, option or
+name, a lock kind the backend lacks or that does not match the name's holders (--shared,
+--permits); 126/127 command not executable / not found; 1 anything else.
 
 Examples:
   distlock run --name nightly-report -- ./report.sh --full
+  distlock run --name cache --shared -- ./read-cache.sh   (readers together, never with a writer)
+  distlock run --name gpu --permits 2 -- ./train.sh       (at most 2 at once)
+  distlock elect --name scheduler -- ./scheduler          (run while leader; failover)
+  distlock leader --name scheduler --watch
   DISTLOCK_URL=redis://127.0.0.1:6379 distlock run --name deploy --wait 0 -- make deploy
   DISTLOCK_URL='rediss://app:PASS@redis.internal:6380?ca=/etc/ssl/ca.pem' distlock run ...
     (TLS and a password: keep them in DISTLOCK_URL, out of the process list)
@@ -51,8 +59,9 @@ Examples:
   distlock unlock --force --name deploy   (dangerous: see `distlock unlock --help`)
   distlock bench --url redis://127.0.0.1:6379 --url sqlite://bench.db --duration 3s";
 
-/// Distributed locks from the shell: run a command while holding a lock (renewed, with a
-/// fencing token in DISTLOCK_FENCING_TOKEN), see who holds a lock, compare backends.
+/// Distributed locks from the shell: run a command while holding a lock (exclusive, shared or
+/// one of N permits; renewed, with a fencing token in DISTLOCK_FENCING_TOKEN) or while leading
+/// an election, see who holds a lock or leads, compare backends.
 #[derive(Debug, Parser)]
 #[command(name = "distlock", version = version_text(), about, after_help = AFTER_HELP)]
 struct Cli {
@@ -111,9 +120,14 @@ fn url_help() -> String {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Hold the lock while CMD runs; terminate CMD if the lock is lost.
+    /// Hold the lock (or a shared hold, or a permit) while CMD runs; terminate CMD if it is lost.
     #[command(after_help = run::AFTER_HELP)]
     Run(run::RunArgs),
+    /// Campaign to lead an election; run CMD while leader (like `etcdctl elect`).
+    #[command(after_help = elect::AFTER_HELP)]
+    Elect(elect::ElectArgs),
+    /// Show the leader of an election (exit 3: none); --watch follows every change.
+    Leader(leader::LeaderArgs),
     /// Show who holds a lock, its fencing token and remaining lease.
     Status(status::StatusArgs),
     /// List held locks (name, owner, token, remaining lease) where the backend can.
@@ -121,7 +135,7 @@ enum Command {
     /// DANGEROUS: free a lock whoever holds it (needs --force; see --help).
     #[command(after_help = unlock::AFTER_HELP)]
     Unlock(unlock::UnlockArgs),
-    /// Benchmark backends side by side (uncontended and contended scenarios).
+    /// Benchmark backends side by side (uncontended, contended mutex, read/write mix, semaphore).
     Bench(bench::CliBenchArgs),
     /// Print a shell completion script (e.g. `distlock completions bash > /etc/bash_completion.d/distlock`).
     Completions {
@@ -244,6 +258,8 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run::run(args, cli.quiet).await,
+            Command::Elect(args) => elect::elect(args, cli.quiet).await,
+            Command::Leader(args) => leader::leader(args).await,
             Command::Status(args) => status::status(args).await,
             Command::List(args) => list::list(args).await,
             Command::Unlock(args) => unlock::unlock(args).await,

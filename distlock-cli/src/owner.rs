@@ -6,6 +6,8 @@
 //! `distlock-run@<host>#<pid>`. Host names cannot contain `#` or `:`, so the value parses back
 //! unambiguously.
 
+use distlock::{LockInfo, LockKind};
+
 /// The prefix of every owner id that `distlock run` uses.
 const PREFIX: &str = "distlock-run@";
 
@@ -18,13 +20,18 @@ pub(crate) struct RunHolder {
     pub(crate) pid: u32,
 }
 
-/// The owner id for this process: `distlock-run@<host>#<pid>`, cut to the library's limit.
-pub(crate) fn run_owner_id() -> String {
-    let host = nix::unistd::gethostname()
+/// This machine's host name (`unknown-host` when it has none that fits an owner id).
+pub(crate) fn host_name() -> String {
+    nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())
         .filter(|h| !h.is_empty() && !h.contains(['#', ':', '\0']))
-        .unwrap_or_else(|| "unknown-host".to_owned());
+        .unwrap_or_else(|| "unknown-host".to_owned())
+}
+
+/// The owner id for this process: `distlock-run@<host>#<pid>`, cut to the library's limit.
+pub(crate) fn run_owner_id() -> String {
+    let host = host_name();
     let pid = std::process::id();
     let suffix = format!("#{pid}");
     let room = distlock::OwnerId::MAX_LEN - PREFIX.len() - suffix.len();
@@ -42,6 +49,54 @@ pub(crate) fn parse_run_owner(owner: &str) -> Option<RunHolder> {
         host: host.to_owned(),
         pid: pid.parse().ok()?,
     })
+}
+
+/// Who holds a lock, in words: `held by distlock run on HOST (pid N)` or `held by owner X`;
+/// for shared and permit holds the kind and the number of holders, and the latest of them.
+pub(crate) fn describe_holders(info: &LockInfo) -> String {
+    let holder = match parse_run_owner(&info.owner) {
+        Some(run) => format!("distlock run on {} (pid {})", run.host, run.pid),
+        None => format!("owner {}", info.owner),
+    };
+    let holders = holders_text(info.holders);
+    match info.kind {
+        LockKind::Permit { permits } => {
+            format!("held as a semaphore of {permits} permits by {holders} (the latest: {holder})")
+        }
+        LockKind::Shared => format!("held shared by {holders} (the latest: {holder})"),
+        _ => format!("held by {holder}"),
+    }
+}
+
+fn holders_text(holders: u32) -> String {
+    if holders == 1 {
+        "1 holder".to_owned()
+    } else {
+        format!("{holders} holders")
+    }
+}
+
+/// The fields of `status --json` and `list --json` that describe the holders.
+pub(crate) fn holder_json(info: &LockInfo) -> serde_json::Map<String, serde_json::Value> {
+    let holder = parse_run_owner(&info.owner);
+    let permits = match info.kind {
+        LockKind::Permit { permits } => Some(permits),
+        _ => None,
+    };
+    let value = serde_json::json!({
+        "owner": info.owner,
+        "host": holder.as_ref().map(|h| h.host.as_str()),
+        "pid": holder.as_ref().map(|h| h.pid),
+        "token": info.token.map(|t| t.get()),
+        "remaining_ms": info.remaining.map(|d| d.as_millis() as u64),
+        "kind": info.kind.as_str(),
+        "permits": permits,
+        "holders": info.holders,
+    });
+    match value {
+        serde_json::Value::Object(map) => map,
+        _ => serde_json::Map::new(),
+    }
 }
 
 #[cfg(test)]

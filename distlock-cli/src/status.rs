@@ -2,7 +2,8 @@
 
 use crate::Connection;
 use crate::exit::Failure;
-use crate::owner::parse_run_owner;
+use crate::owner::{holder_json, parse_run_owner};
+use distlock::LockKind;
 
 /// Flags of `distlock status`.
 #[derive(Debug, clap::Args)]
@@ -35,17 +36,12 @@ pub(crate) async fn status(args: StatusArgs) -> Result<u8, Failure> {
         let value = match &info {
             None => serde_json::json!({ "name": args.name, "held": false, "service": service }),
             Some(info) => {
-                let holder = parse_run_owner(&info.owner);
-                serde_json::json!({
-                    "name": args.name,
-                    "held": true,
-                    "service": service,
-                    "owner": info.owner,
-                    "host": holder.as_ref().map(|h| h.host.as_str()),
-                    "pid": holder.as_ref().map(|h| h.pid),
-                    "token": info.token.map(|t| t.get()),
-                    "remaining_ms": info.remaining.map(|d| d.as_millis() as u64),
-                })
+                let mut value = serde_json::Map::new();
+                value.insert("name".into(), args.name.clone().into());
+                value.insert("held".into(), true.into());
+                value.insert("service".into(), service.clone().into());
+                value.extend(holder_json(info));
+                serde_json::Value::Object(value)
             }
         };
         println!("{value}");
@@ -59,6 +55,11 @@ pub(crate) async fn status(args: StatusArgs) -> Result<u8, Failure> {
         Some(info) => {
             println!("{}: held", args.name);
             println!("  service:   {service}");
+            if info.kind != LockKind::Exclusive {
+                let holders = info.holders;
+                println!("  kind:      {}", info.kind);
+                println!("  holders:   {holders} (owner, token and remaining: the latest)");
+            }
             println!("  owner:     {}", info.owner);
             if let Some(holder) = parse_run_owner(&info.owner) {
                 println!(

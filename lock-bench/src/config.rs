@@ -10,13 +10,17 @@ use serde::{Serialize, Serializer};
 /// Which scenarios a run measures. The raw floor of a target, if it has one, is measured
 /// whenever any scenario runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum ScenarioSelection {
     /// S1 only: uncontended acquire + release.
     S1,
     /// S2 only: contended critical sections.
     S2,
-    /// Both.
+    /// The read/write mix only: shared and exclusive acquisitions of one name.
+    RwMix,
+    /// The semaphore only: clients contending for the permits of one name.
+    Semaphore,
+    /// Every scenario.
     #[default]
     All,
 }
@@ -30,6 +34,16 @@ impl ScenarioSelection {
     /// Whether S2 (contended) runs.
     pub fn contended(self) -> bool {
         matches!(self, Self::S2 | Self::All)
+    }
+
+    /// Whether the read/write mix runs.
+    pub fn rw_mix(self) -> bool {
+        matches!(self, Self::RwMix | Self::All)
+    }
+
+    /// Whether the semaphore scenario runs.
+    pub fn semaphore(self) -> bool {
+        matches!(self, Self::Semaphore | Self::All)
     }
 }
 
@@ -95,6 +109,14 @@ pub struct BenchConfig {
     /// S2: unmeasured time before the measured duration. Default 500 ms.
     #[serde(rename = "s2_warmup_ms", serialize_with = "millis")]
     pub s2_warmup: Duration,
+    /// The read/write mix and the semaphore: contending clients, each its own client from
+    /// the target's factory. Default 8.
+    pub mixed_clients: usize,
+    /// The read/write mix: the fraction of acquisitions that are exclusive (writes); the
+    /// others are shared (reads). Default 0.1.
+    pub write_share: f64,
+    /// The semaphore: its permits. Default 3.
+    pub permits: u32,
     /// S2 (and S1 with [`S1Call::Acquire`]): the wait bound passed to `acquire`. A waiter that
     /// hits it fails the scenario. Default 60 s.
     #[serde(rename = "acquire_wait_ms", serialize_with = "millis")]
@@ -125,6 +147,9 @@ impl Default for BenchConfig {
             duration: Duration::from_secs(5),
             s2_warmup: Duration::from_millis(500),
             acquire_wait: Duration::from_secs(60),
+            mixed_clients: 8,
+            write_share: 0.1,
+            permits: 3,
             name_prefix: random_prefix(),
             progress: false,
         }
@@ -214,6 +239,27 @@ impl BenchConfig {
         self
     }
 
+    /// Sets the number of clients of the read/write mix and the semaphore.
+    #[must_use]
+    pub fn with_mixed_clients(mut self, clients: usize) -> Self {
+        self.mixed_clients = clients;
+        self
+    }
+
+    /// Sets the fraction of exclusive acquisitions in the read/write mix.
+    #[must_use]
+    pub fn with_write_share(mut self, share: f64) -> Self {
+        self.write_share = share;
+        self
+    }
+
+    /// Sets the semaphore's permits.
+    #[must_use]
+    pub fn with_permits(mut self, permits: u32) -> Self {
+        self.permits = permits;
+        self
+    }
+
     /// Sets the lock name prefix.
     #[must_use]
     pub fn with_name_prefix(mut self, prefix: impl Into<String>) -> Self {
@@ -239,6 +285,15 @@ impl BenchConfig {
         }
         if self.clients == 0 {
             return bad("clients must be at least 1");
+        }
+        if self.mixed_clients == 0 {
+            return bad("mixed_clients must be at least 1");
+        }
+        if !(0.0..=1.0).contains(&self.write_share) {
+            return bad("write_share must be between 0 and 1");
+        }
+        if self.permits == 0 {
+            return bad("permits must be at least 1");
         }
         if self.ttl.is_zero() {
             return bad("ttl must be greater than zero");

@@ -131,6 +131,93 @@ async fn client_loop(
     (stats, error)
 }
 
+/// Runs `client_loop` for each client on a task of its own, as every contended scenario does
+/// (the scenario started at `start` and measures until `measure_until`), with a progress line
+/// every second (`measured` counts what was measured so far). Returns each client's
+/// statistics in client order, or the error of the first client (by index) that failed; past
+/// a generous deadline, aborts the tasks and fails.
+pub(crate) async fn run_clients<S, Fut>(
+    clients: Vec<Arc<dyn DistributedLock>>,
+    client_loop: impl Fn(usize, Arc<dyn DistributedLock>) -> Fut,
+    (start, measure_until): (Instant, Instant),
+    config: &BenchConfig,
+    measured: &AtomicU64,
+    progress: &mut Progress,
+) -> Result<Vec<S>, Error>
+where
+    S: Send + 'static,
+    Fut: Future<Output = (S, Option<Error>)> + Send + 'static,
+{
+    let handles: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(id, client)| tokio::spawn(client_loop(id, client)))
+        .collect();
+    let aborts: Vec<_> = handles
+        .iter()
+        .map(tokio::task::JoinHandle::abort_handle)
+        .collect();
+    // Generous: every waiter may wait its full bound, and a lost lock frees after one ttl.
+    let deadline = measure_until + config.acquire_wait + config.ttl + Duration::from_secs(5);
+    let total = config.s2_warmup + config.duration;
+    let mut joined = std::pin::pin!(futures::future::join_all(handles));
+    let outcomes = loop {
+        let now = Instant::now();
+        if now >= deadline {
+            aborts.iter().for_each(tokio::task::AbortHandle::abort);
+            return Err(Error::Backend {
+                message: format!(
+                    "the contended run did not finish within {:?}",
+                    deadline - start
+                ),
+                source: None,
+            });
+        }
+        let step = (deadline - now).min(Duration::from_millis(250));
+        match tokio::time::timeout(step, joined.as_mut()).await {
+            Ok(outcomes) => break outcomes,
+            Err(_) => progress.tick(|| {
+                format!(
+                    "{:.1}s / {:.1}s, {} critical sections measured",
+                    start.elapsed().as_secs_f64(),
+                    total.as_secs_f64(),
+                    measured.load(Ordering::Relaxed)
+                )
+            }),
+        }
+    };
+    let mut stats = Vec::with_capacity(outcomes.len());
+    for (id, outcome) in outcomes.into_iter().enumerate() {
+        match outcome {
+            Ok((client, None)) => stats.push(client),
+            Ok((_, Some(err))) => return Err(err),
+            Err(join) => {
+                return Err(Error::Backend {
+                    message: format!("client {id} failed: {join}"),
+                    source: None,
+                });
+            }
+        }
+    }
+    Ok(stats)
+}
+
+/// Each client's part of a scenario, from its `(count, longest wait)`.
+pub(crate) fn client_shares(
+    clients: impl Iterator<Item = (u64, Duration)> + Clone,
+) -> Vec<ClientShare> {
+    let total = clients.clone().map(|(count, _)| count).sum();
+    clients
+        .enumerate()
+        .map(|(client, (count, longest))| ClientShare {
+            client,
+            critical_sections: count,
+            share: share(count, total).unwrap_or(0.0),
+            longest_wait_us: micros(longest),
+        })
+        .collect()
+}
+
 pub(crate) async fn run_s2(
     clients: Vec<Arc<dyn DistributedLock>>,
     name: String,
@@ -155,67 +242,18 @@ pub(crate) async fn run_s2(
         stop: AtomicBool::new(false),
     });
     let client_count = clients.len();
-    let handles: Vec<_> = clients
-        .into_iter()
-        .enumerate()
-        .map(|(id, client)| tokio::spawn(client_loop(id, client, shared.clone())))
-        .collect();
-    let aborts: Vec<_> = handles
-        .iter()
-        .map(tokio::task::JoinHandle::abort_handle)
-        .collect();
-
-    // Generous: every waiter may wait its full bound, and a lost lock frees after one ttl.
-    let deadline = shared.measure_until + config.acquire_wait + config.ttl + Duration::from_secs(5);
-    let total = config.s2_warmup + config.duration;
-    let mut joined = std::pin::pin!(futures::future::join_all(handles));
-    let outcomes = loop {
-        let now = Instant::now();
-        if now >= deadline {
-            aborts.iter().for_each(tokio::task::AbortHandle::abort);
-            return Err(Error::Backend {
-                message: format!(
-                    "the contended run did not finish within {:?}",
-                    deadline - start
-                ),
-                source: None,
-            });
-        }
-        let step = (deadline - now).min(Duration::from_millis(250));
-        match tokio::time::timeout(step, joined.as_mut()).await {
-            Ok(outcomes) => break outcomes,
-            Err(_) => progress.tick(|| {
-                format!(
-                    "{:.1}s / {:.1}s, {} critical sections measured",
-                    start.elapsed().as_secs_f64(),
-                    total.as_secs_f64(),
-                    shared.measured.load(Ordering::Relaxed)
-                )
-            }),
-        }
-    };
+    let measured = &shared.measured;
+    let loop_of = |id, client| client_loop(id, client, shared.clone());
+    let window = (start, shared.measure_until);
+    let stats = run_clients(clients, loop_of, window, config, measured, &mut progress).await?;
 
     let mut handoff = Recorder::new();
     let mut wait = Recorder::new();
-    let mut per_client = Vec::with_capacity(client_count);
+    let per_client = client_shares(stats.iter().map(|s| (s.critical_sections, s.longest_wait)));
     let (mut total_cs, mut to_other, mut to_self) = (0, 0, 0);
     let mut held = Duration::ZERO;
     let mut longest_wait = Duration::ZERO;
-    let mut first_error = None;
-    for (id, outcome) in outcomes.into_iter().enumerate() {
-        let (stats, error) = match outcome {
-            Ok(outcome) => outcome,
-            Err(join) => (
-                ClientStats::new(),
-                Some(Error::Backend {
-                    message: format!("client {id} failed: {join}"),
-                    source: None,
-                }),
-            ),
-        };
-        if first_error.is_none() {
-            first_error = error;
-        }
+    for stats in stats {
         total_cs += stats.critical_sections;
         to_other += stats.to_other;
         to_self += stats.to_self;
@@ -223,18 +261,6 @@ pub(crate) async fn run_s2(
         longest_wait = longest_wait.max(stats.longest_wait);
         handoff.merge(&stats.handoff);
         wait.merge(&stats.wait);
-        per_client.push(ClientShare {
-            client: id,
-            critical_sections: stats.critical_sections,
-            share: 0.0,
-            longest_wait_us: micros(stats.longest_wait),
-        });
-    }
-    if let Some(err) = first_error {
-        return Err(err);
-    }
-    for client in &mut per_client {
-        client.share = share(client.critical_sections, total_cs).unwrap_or(0.0);
     }
     Ok(S2Result {
         clients: client_count,

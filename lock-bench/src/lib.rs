@@ -16,6 +16,17 @@
 //!   returns (handoffs back to the same client are only counted, in
 //!   [`S2Result::handoff_other_share`]); the longest single acquire; each client's share; and
 //!   an exclusivity check (a shared holder gauge that must never exceed one).
+//! - **RW mix**: [`BenchConfig::mixed_clients`] clients (8) on one name, each acquisition
+//!   exclusive with probability [`BenchConfig::write_share`] (0.1), else shared; hold, release,
+//!   again, as S2. Acquisitions/s, acquire latency (all, shared, exclusive), the longest wait,
+//!   each client's share, and gauges: never two writers, never a writer with a reader
+//!   ([`MixedResult`]).
+//! - **Semaphore**: the same clients on one semaphore of [`BenchConfig::permits`] (3)
+//!   permits; the gauge: never more holders than permits.
+//!
+//!   Both are skipped, with the reason in [`TargetResult::skipped`], on a backend whose
+//!   [`Capabilities`](distlock_core::Capabilities) lack the kind. A violated bound makes
+//!   [`Report::has_failures`] true.
 //! - **Paused floor** (with S2): floor cycles each started after a pause as long as `hold`.
 //!   A handoff starts from idle processes and CPUs (everybody slept through the hold), and
 //!   waking them costs far more than a round trip on a busy loop (here, on a virtual machine:
@@ -67,6 +78,7 @@
 
 mod config;
 mod contended;
+mod mixed;
 mod report;
 mod stats;
 mod target;
@@ -74,7 +86,8 @@ mod uncontended;
 
 pub use config::{BenchConfig, S1Call, ScenarioSelection};
 pub use report::{
-    ClientShare, FloorResult, Report, S1Result, S2Result, ScenarioError, TargetResult,
+    ClientShare, FloorResult, MixedResult, Report, S1Result, S2Result, ScenarioError, Skipped,
+    TargetResult,
 };
 pub use stats::LatencySummary;
 pub use target::{ClientFuture, FloorFuture, RawFloor, Target};
@@ -112,6 +125,9 @@ async fn run_target(target: &Target, config: &BenchConfig) -> TargetResult {
         floor: None,
         uncontended: None,
         contended: None,
+        rw_mix: None,
+        semaphore: None,
+        skipped: Vec::new(),
         errors: Vec::new(),
     };
     let progress = |scenario| Progress::new(config.progress, label, scenario);
@@ -177,13 +193,7 @@ async fn run_target(target: &Target, config: &BenchConfig) -> TargetResult {
 
     if config.scenarios.contended() {
         let s2 = async {
-            let mut clients = Vec::with_capacity(config.clients);
-            for _ in 0..config.clients {
-                clients.push(target.connect().await?);
-            }
-            if let Some(client) = clients.first() {
-                result.backend = Some(client.backend().to_owned());
-            }
+            let clients = connect(target, config.clients, &mut result.backend).await?;
             contended::run_s2(clients, format!("{base}/s2"), config, progress("s2")).await
         };
         match s2.await {
@@ -200,5 +210,84 @@ async fn run_target(target: &Target, config: &BenchConfig) -> TargetResult {
             Err(e) => result.errors.push(ScenarioError::new("s2", &e)),
         }
     }
+    if config.scenarios.rw_mix() {
+        let mix = mixed::Mix::ReadWrite {
+            write_share: config.write_share,
+        };
+        result.rw_mix = run_mixed(target, config, mix, "rw", &base, &mut result).await;
+    }
+    if config.scenarios.semaphore() {
+        let mix = mixed::Mix::Semaphore {
+            permits: config.permits,
+        };
+        result.semaphore = run_mixed(target, config, mix, "semaphore", &base, &mut result).await;
+    }
     result
+}
+
+/// `count` clients of `target`, each from its own factory call; `backend` learns their
+/// backend's name.
+async fn connect(
+    target: &Target,
+    count: usize,
+    backend: &mut Option<String>,
+) -> Result<Vec<std::sync::Arc<dyn distlock_core::DistributedLock>>, Error> {
+    let mut clients = Vec::with_capacity(count);
+    for _ in 0..count {
+        clients.push(target.connect().await?);
+    }
+    if let Some(client) = clients.first() {
+        *backend = Some(client.backend().to_owned());
+    }
+    Ok(clients)
+}
+
+/// The read/write mix or the semaphore on `target`: skipped (with the reason in `result`)
+/// when the backend lacks the lock kind, errors recorded in `result`.
+async fn run_mixed(
+    target: &Target,
+    config: &BenchConfig,
+    mix: mixed::Mix,
+    scenario: &str,
+    base: &str,
+    result: &mut TargetResult,
+) -> Option<MixedResult> {
+    let progress = Progress::new(config.progress, target.label(), scenario);
+    let measured = async {
+        let clients = connect(target, config.mixed_clients, &mut result.backend).await?;
+        if let Some(client) = clients.first()
+            && let Some(reason) = mix.unsupported(client.backend(), client.capabilities())
+        {
+            return Ok(Err(reason));
+        }
+        let name = format!("{base}/{scenario}");
+        mixed::run_mixed(clients, name, mix, config, progress)
+            .await
+            .map(Ok)
+    };
+    match measured.await {
+        Ok(Ok(measured)) => {
+            if measured.violations > 0 {
+                eprintln!(
+                    "[{}] {scenario}: {} VIOLATIONS of the bound (max holders {}, max writers {:?})",
+                    target.label(),
+                    measured.violations,
+                    measured.max_holders,
+                    measured.max_writers
+                );
+            }
+            Some(measured)
+        }
+        Ok(Err(reason)) => {
+            result.skipped.push(Skipped {
+                scenario: scenario.to_owned(),
+                reason,
+            });
+            None
+        }
+        Err(e) => {
+            result.errors.push(ScenarioError::new(scenario, &e));
+            None
+        }
+    }
 }

@@ -34,14 +34,46 @@ pub struct TargetResult {
     pub uncontended: Option<S1Result>,
     /// S2, if selected and successful.
     pub contended: Option<S2Result>,
+    /// The read/write mix, if selected, supported and successful.
+    pub rw_mix: Option<MixedResult>,
+    /// The semaphore, if selected, supported and successful.
+    pub semaphore: Option<MixedResult>,
+    /// Scenarios not run because the backend lacks the lock kind they need.
+    pub skipped: Vec<Skipped>,
     /// What failed: a failing part is reported here and the run goes on with the next part.
     pub errors: Vec<ScenarioError>,
+}
+
+/// A scenario that was not run, and why (the backend's
+/// [`Capabilities`](distlock_core::Capabilities) lack the lock kind it needs).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Skipped {
+    /// `"rw"` or `"semaphore"`.
+    pub scenario: String,
+    /// Why, in plain words.
+    pub reason: String,
+}
+
+impl TargetResult {
+    /// Violations of the bound in every scenario: must be 0.
+    pub fn violations(&self) -> u64 {
+        let s2 = self
+            .contended
+            .as_ref()
+            .map_or(0, |c| c.exclusivity_violations);
+        let mixed = [&self.rw_mix, &self.semaphore]
+            .into_iter()
+            .flatten()
+            .map(|m| m.violations)
+            .sum::<u64>();
+        s2 + mixed
+    }
 }
 
 /// A part of a run that failed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ScenarioError {
-    /// `"floor"`, `"s1"` or `"s2"`.
+    /// `"floor"`, `"s1"`, `"s2"`, `"rw"` or `"semaphore"`.
     pub scenario: String,
     /// The error, displayed with its sources.
     pub message: String,
@@ -149,6 +181,42 @@ pub struct S2Result {
     pub handoff_paused_floor_ratio: Option<f64>,
 }
 
+/// The read/write mix or the semaphore: several clients on one name, several holders at
+/// once, with gauges that must stay within the bound.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct MixedResult {
+    /// Contending clients.
+    pub clients: usize,
+    /// The measured window.
+    pub measured_ms: f64,
+    /// Acquisitions that returned inside the measured window (of every kind).
+    pub acquisitions: u64,
+    /// `acquisitions` per second of the window.
+    pub acquisitions_per_sec: f64,
+    /// The exclusive (write) ones among them; 0 for the semaphore.
+    pub exclusive_acquisitions: u64,
+    /// Duration of every `acquire` call in the window, from call to return.
+    pub acquire_wait: LatencySummary,
+    /// The read/write mix: the shared acquisitions alone.
+    pub shared_wait: Option<LatencySummary>,
+    /// The read/write mix: the exclusive acquisitions alone.
+    pub exclusive_wait: Option<LatencySummary>,
+    /// The longest single `acquire` of any client (exact, not histogram-rounded).
+    pub longest_wait_us: f64,
+    /// Each client's share of the acquisitions.
+    pub per_client: Vec<ClientShare>,
+    /// The most shared holders (read/write mix) or permit holders (semaphore) at once.
+    pub max_holders: u64,
+    /// The read/write mix: the most exclusive holders at once (must be at most 1).
+    pub max_writers: Option<u64>,
+    /// The semaphore: its permits, the bound of `max_holders`.
+    pub permits: Option<u32>,
+    /// Acquisitions that broke the bound (must be 0): a writer with another writer or a
+    /// reader, a reader with a writer, more permit holders than permits.
+    pub violations: u64,
+}
+
 /// One S2 client's part.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[non_exhaustive]
@@ -164,14 +232,11 @@ pub struct ClientShare {
 }
 
 impl Report {
-    /// Whether any part failed or any exclusivity violation was seen.
+    /// Whether any part failed or any exclusivity (or permit bound) violation was seen.
     pub fn has_failures(&self) -> bool {
-        self.targets.iter().any(|t| {
-            !t.errors.is_empty()
-                || t.contended
-                    .as_ref()
-                    .is_some_and(|c| c.exclusivity_violations > 0)
-        })
+        self.targets
+            .iter()
+            .any(|t| !t.errors.is_empty() || t.violations() > 0)
     }
 
     /// The report as pretty-printed JSON.
@@ -209,6 +274,33 @@ impl Report {
                 human(c.s2_warmup),
                 human(c.ttl),
                 human(c.acquire_wait)
+            );
+        }
+        if c.scenarios.rw_mix() {
+            let _ = writeln!(
+                out,
+                "- RW mix: {} clients on one name, each acquisition exclusive with probability {} \
+                 (else shared), hold {}, measured {} after {} warm-up; latency = acquire call to \
+                 return; gauge: never two writers, never a writer with a reader.",
+                c.mixed_clients,
+                c.write_share,
+                human(c.hold),
+                human(c.duration),
+                human(c.s2_warmup)
+            );
+        }
+        if c.scenarios.semaphore() {
+            let _ = writeln!(
+                out,
+                "- Semaphore: {} clients on one semaphore of {} permits, hold {}, measured {} \
+                 after {} warm-up; latency = acquire call to return; gauge: never more than {} \
+                 holders.",
+                c.mixed_clients,
+                c.permits,
+                human(c.hold),
+                human(c.duration),
+                human(c.s2_warmup),
+                c.permits
             );
         }
         let _ = writeln!(
@@ -269,6 +361,23 @@ impl Report {
                     s2.floor_ratio,
                 );
             }
+            if let Some(m) = &t.rw_mix {
+                let label = format!("RW mix ({:.0}% exclusive)", self.config.write_share * 100.0);
+                row(&label, m.acquisitions_per_sec, &m.acquire_wait, None);
+            }
+            if let Some(m) = &t.semaphore {
+                let label = format!("semaphore ({} permits)", self.config.permits);
+                row(&label, m.acquisitions_per_sec, &m.acquire_wait, None);
+            }
+            for skip in &t.skipped {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | skipped: {} | | | | | | |",
+                    t.target,
+                    skip.scenario,
+                    skip.reason.replace('|', "\\|")
+                );
+            }
             for e in &t.errors {
                 let _ = writeln!(
                     out,
@@ -314,6 +423,63 @@ impl Report {
                         .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}"))
                 );
             }
+        }
+        out.push_str(&self.mixed_markdown());
+        out
+    }
+
+    /// The details of the read/write mix and the semaphore, with their gauges.
+    fn mixed_markdown(&self) -> String {
+        let mut out = String::new();
+        let mixed: Vec<_> = self
+            .targets
+            .iter()
+            .flat_map(|t| {
+                let rw = t.rw_mix.as_ref().map(|m| (t, "RW mix", m));
+                let sem = t.semaphore.as_ref().map(|m| (t, "semaphore", m));
+                rw.into_iter().chain(sem)
+            })
+            .collect();
+        if mixed.is_empty() {
+            return out;
+        }
+        out.push_str("\n| target | scenario | acquisitions | exclusive | shared p50 / p99 µs | exclusive p50 / p99 µs | longest wait ms | per-client share | max holders | max writers | violations |\n");
+        out.push_str("|---|---|--:|--:|--:|--:|--:|---|--:|--:|--:|\n");
+        let p = |l: &Option<LatencySummary>| {
+            l.as_ref().map_or_else(
+                || "-".to_owned(),
+                |l| format!("{:.1} / {:.1}", l.p50_us, l.p99_us),
+            )
+        };
+        for (t, scenario, m) in mixed {
+            let shares: Vec<_> = m
+                .per_client
+                .iter()
+                .map(|p| format!("{:.0}%", p.share * 100.0))
+                .collect();
+            let holders = match m.permits {
+                Some(permits) => format!("{} (≤ {permits})", m.max_holders),
+                None => m.max_holders.to_string(),
+            };
+            let writers = m
+                .max_writers
+                .map_or_else(|| "-".to_owned(), |w| format!("{w} (≤ 1)"));
+            let violations = if m.violations > 0 {
+                format!("**{} VIOLATED**", m.violations)
+            } else {
+                "0".to_owned()
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {scenario} | {} | {} | {} | {} | {:.1} | {} | {holders} | {writers} | {violations} |",
+                t.target,
+                m.acquisitions,
+                m.exclusive_acquisitions,
+                p(&m.shared_wait),
+                p(&m.exclusive_wait),
+                m.longest_wait_us / 1000.0,
+                shares.join(" / "),
+            );
         }
         out
     }

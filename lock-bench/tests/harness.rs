@@ -228,7 +228,7 @@ async fn failures_are_reported_and_the_run_goes_on() {
     assert!(report.has_failures());
     let broken = &report.targets[0];
     let failed: Vec<_> = broken.errors.iter().map(|e| e.scenario.as_str()).collect();
-    assert_eq!(failed, ["floor", "s1", "s2"]);
+    assert_eq!(failed, ["floor", "s1", "s2", "rw", "semaphore"]);
     assert!(broken.errors[1].message.contains("connection refused"));
     assert!(broken.uncontended.is_none() && broken.contended.is_none() && broken.backend.is_none());
     let memory = &report.targets[1];
@@ -289,4 +289,146 @@ fn name_prefixes_are_random_per_config() {
     let (a, b) = (BenchConfig::default(), BenchConfig::default());
     assert_ne!(a.name_prefix, b.name_prefix);
     assert!(a.name_prefix.starts_with("lock-bench/"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rw_mix_and_semaphore_stay_within_their_bounds() {
+    let config = small()
+        .with_scenarios(ScenarioSelection::All)
+        .with_mixed_clients(6)
+        .with_permits(2)
+        .with_write_share(0.2);
+    let report = distlock_bench::run(&[Target::memory()], &config)
+        .await
+        .unwrap();
+    assert!(!report.has_failures(), "{report:#?}");
+    let t = &report.targets[0];
+    assert!(t.skipped.is_empty(), "{:?}", t.skipped);
+
+    let rw = t.rw_mix.as_ref().expect("the RW mix ran");
+    assert_eq!(rw.clients, 6);
+    assert_eq!(rw.violations, 0);
+    assert_eq!(rw.max_writers, Some(1));
+    assert!(rw.max_holders >= 2, "readers never overlapped: {rw:?}");
+    assert!(rw.exclusive_acquisitions > 0 && rw.exclusive_acquisitions < rw.acquisitions);
+    let (shared, exclusive) = (rw.shared_wait.unwrap(), rw.exclusive_wait.unwrap());
+    assert_eq!(shared.count + exclusive.count, rw.acquisitions);
+    assert_eq!(rw.acquire_wait.count, rw.acquisitions);
+    assert_sane(&rw.acquire_wait, "rw acquire");
+    assert_eq!(rw.per_client.len(), 6);
+    let total: u64 = rw.per_client.iter().map(|c| c.critical_sections).sum();
+    assert_eq!(total, rw.acquisitions);
+
+    let sem = t.semaphore.as_ref().expect("the semaphore ran");
+    assert_eq!(sem.permits, Some(2));
+    assert_eq!(sem.violations, 0);
+    assert_eq!(sem.max_holders, 2, "{sem:?}");
+    assert_eq!(sem.max_writers, None);
+    assert_eq!(sem.exclusive_acquisitions, 0);
+    assert!(sem.shared_wait.is_none());
+    assert_sane(&sem.acquire_wait, "semaphore acquire");
+
+    let markdown = report.to_markdown();
+    assert!(
+        markdown.contains("| memory | RW mix (20% exclusive) |"),
+        "{markdown}"
+    );
+    assert!(
+        markdown.contains("| memory | semaphore (2 permits) |"),
+        "{markdown}"
+    );
+    assert!(markdown.contains("| 2 (≤ 2) | - | 0 |"), "{markdown}");
+    let json: serde_json::Value = serde_json::from_str(&report.to_json().unwrap()).unwrap();
+    assert_eq!(json["config"]["permits"], 2);
+    assert_eq!(json["targets"][0]["semaphore"]["violations"], 0);
+    assert_eq!(json["targets"][0]["rw_mix"]["max_writers"], 1);
+}
+
+/// A memory client that declares neither shared locks nor semaphores.
+#[derive(Debug)]
+struct ExclusiveOnly {
+    inner: Arc<dyn distlock_core::DistributedLock>,
+    caps: distlock_core::Capabilities,
+}
+
+#[async_trait]
+impl distlock_core::DistributedLock for ExclusiveOnly {
+    fn backend(&self) -> &'static str {
+        "exclusive-only"
+    }
+
+    fn capabilities(&self) -> &distlock_core::Capabilities {
+        &self.caps
+    }
+
+    async fn try_acquire(
+        &self,
+        name: &str,
+        options: &distlock_core::AcquireOptions,
+    ) -> Result<Option<distlock_core::LockGuard>, Error> {
+        self.inner.try_acquire(name, options).await
+    }
+
+    async fn acquire(
+        &self,
+        name: &str,
+        options: &distlock_core::AcquireOptions,
+    ) -> Result<distlock_core::LockGuard, Error> {
+        self.inner.acquire(name, options).await
+    }
+
+    async fn campaign(
+        &self,
+        name: &str,
+        value: &str,
+        options: &distlock_core::AcquireOptions,
+    ) -> Result<distlock_core::LockGuard, Error> {
+        self.inner.campaign(name, value, options).await
+    }
+
+    fn observe(
+        &self,
+        name: &str,
+        every: Duration,
+    ) -> futures::stream::BoxStream<'static, Result<Option<distlock_core::Leader>, Error>> {
+        self.inner.observe(name, every)
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<distlock_core::LockInfo>, Error> {
+        self.inner.inspect(name).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenarios_a_backend_cannot_run_are_skipped_with_the_reason() {
+    let store = MemoryStore::new();
+    let target = Target::new("plain", move || {
+        let inner = store.client();
+        let caps = distlock_core::Capabilities::new(inner.capabilities().fencing);
+        async move {
+            Ok(Arc::new(ExclusiveOnly { inner, caps }) as Arc<dyn distlock_core::DistributedLock>)
+        }
+    });
+    let config = small().with_scenarios(ScenarioSelection::All);
+    let report = distlock_bench::run(&[target], &config).await.unwrap();
+    assert!(!report.has_failures(), "{report:#?}");
+    let t = &report.targets[0];
+    assert!(t.contended.is_some() && t.rw_mix.is_none() && t.semaphore.is_none());
+    let skipped: Vec<_> = t.skipped.iter().map(|s| s.scenario.as_str()).collect();
+    assert_eq!(skipped, ["rw", "semaphore"]);
+    assert!(
+        t.skipped[0].reason.contains("no shared (read) locks"),
+        "{:?}",
+        t.skipped
+    );
+    assert!(
+        t.skipped[1].reason.contains("no semaphores"),
+        "{:?}",
+        t.skipped
+    );
+    let markdown = report.to_markdown();
+    assert!(
+        markdown.contains("| plain | rw | skipped: the exclusive-only backend has no shared"),
+        "{markdown}"
+    );
 }

@@ -1,0 +1,72 @@
+//! `distlock elect`: campaign to lead an election, and run a command while leader.
+
+use distlock::Error;
+
+use crate::exit::Failure;
+use crate::run::{Held, Holding, Role, run_holding};
+
+pub(crate) const AFTER_HELP: &str = "\
+Waits until this candidate is the leader of the election NAME (a lock name held exclusively),
+then runs CMD while it leads, exactly as `distlock run` runs a command under a lock: the
+leadership is renewed every ttl/3, lost leadership terminates CMD (exit 76), signals go to
+CMD's process group, and when CMD exits distlock resigns and exits with CMD's status. Then
+the next candidate is elected. Like `etcdctl elect`.
+
+CMD gets DISTLOCK_LEADER_TERM (the term: strictly increasing across leaders), the same value in
+DISTLOCK_FENCING_TOKEN (pass it to what the leader writes to), DISTLOCK_LEADER_VALUE (--value)
+and DISTLOCK_LOCK_NAME. `distlock leader --name NAME` shows the leader and its value.
+
+Examples:
+  distlock elect --name scheduler -- ./scheduler          # one scheduler at a time, failover
+  distlock elect --name api-primary --value 10.0.0.5:8080 --ttl 10s -- ./serve
+  distlock elect --name cron --wait 0 -- ./job.sh         # lead now or exit 75";
+
+/// Flags of `distlock elect`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ElectArgs {
+    /// The election's name (a lock name).
+    #[arg(long)]
+    name: String,
+
+    /// The value this candidate publishes while it leads (e.g. its address; at most 128
+    /// bytes): `distlock leader` shows it. Default: <host>:<pid>.
+    #[arg(long)]
+    value: Option<String>,
+
+    #[command(flatten)]
+    holding: Holding,
+}
+
+pub(crate) async fn elect(args: ElectArgs, quiet: bool) -> Result<u8, Failure> {
+    let value = args.value.clone().unwrap_or_else(default_value);
+    let name = args.name.clone();
+    run_holding(
+        &args.holding,
+        &args.name,
+        Role::Leader,
+        quiet,
+        |locks, opts| async move {
+            match locks.campaign(&name, &value, &opts).await {
+                Ok(guard) => {
+                    let term = guard.token().to_string();
+                    let env = vec![
+                        ("DISTLOCK_LEADER_TERM", term),
+                        ("DISTLOCK_LEADER_VALUE", value),
+                    ];
+                    Ok(Some(Held { guard, env }))
+                }
+                Err(Error::Timeout { .. }) => Ok(None),
+                Err(err) => Err(Failure::from_lock(
+                    &err,
+                    format!("cannot campaign for {name:?}"),
+                )),
+            }
+        },
+    )
+    .await
+}
+
+/// `<host>:<pid>`: which process leads, when no --value is given.
+fn default_value() -> String {
+    format!("{}:{}", crate::owner::host_name(), std::process::id())
+}
