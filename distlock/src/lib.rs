@@ -18,8 +18,6 @@ pub use distlock_core::{
     LossDetection, LossReason, MultiGuard, NodeOutcome, NodeResult, OwnerId, Renewal, Result,
     WakeUp, memory, service_url,
 };
-// Read-write locks, semaphores, multi-locks and elections.
-pub use distlock_core::{Leader, LockKind, MultiGuard};
 
 /// The etcd backend (feature `etcd`).
 #[cfg(feature = "etcd")]
