@@ -2,9 +2,7 @@
 //! file shared by the processes.
 //!
 //! Shared holds and semaphores across processes need a backend that has them and that
-//! processes share: the SQLite backend, once it implements them (the SQL work of issue 17).
-//! Until then these tests check that the CLI refuses the flags clearly (exit 78) and say
-//! so on stdout; with that work merged they run in full, unchanged.
+//! processes share: the SQLite backend.
 
 #![cfg(feature = "sqlite")]
 
@@ -31,26 +29,6 @@ fn capabilities(env: &Env) -> Capabilities {
             .expect("connect");
         locks.capabilities().clone()
     })
-}
-
-/// Whether the backend has `flag`'s kind; if not, checks that `run FLAG` is refused with a
-/// clear message and exit 78, and says that the rest of the test needs the SQL work.
-fn supported(env: &Env, has: bool, flag: &[&str], what: &str) -> bool {
-    if has {
-        return true;
-    }
-    let mut args = vec!["run", "--name", "unsupported"];
-    args.extend_from_slice(flag);
-    args.extend_from_slice(&["--", "true"]);
-    let out = env.run(&args);
-    assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains(&format!("the sqlite backend has no {what}")),
-        "{}",
-        text(&out.stderr)
-    );
-    println!("SKIPPED (needs {what} in distlock-sql): the cross-process part of this test");
-    false
 }
 
 /// Waits until `path` exists.
@@ -138,14 +116,7 @@ fn bad_permits_and_conflicting_kinds_fail_with_their_exit_codes() {
 #[test]
 fn shared_runs_hold_together_and_keep_a_writer_out() {
     let env = Env::new();
-    if !supported(
-        &env,
-        capabilities(&env).shared,
-        &["--shared"],
-        "shared (read) locks",
-    ) {
-        return;
-    }
+    assert!(capabilities(&env).shared, "the sqlite backend has no shared locks");
     // Each reader says it is in, then stays until both are in: only possible together.
     let reader = |me: &str, other: &str| {
         let script = format!(
@@ -221,15 +192,7 @@ fn max_overlap(intervals: &[(u128, u128)]) -> usize {
 #[test]
 fn three_runs_with_two_permits_never_have_more_than_two_inside() {
     let env = Env::new();
-    let caps = capabilities(&env);
-    if !supported(
-        &env,
-        caps.max_permits >= 2,
-        &["--permits", "2"],
-        "semaphores",
-    ) {
-        return;
-    }
+    assert!(capabilities(&env).max_permits >= 2, "the sqlite backend has no semaphores");
     let log = env.path("log");
     let children: Vec<_> = (0..3)
         .map(|id| {
