@@ -116,7 +116,10 @@ fn bad_permits_and_conflicting_kinds_fail_with_their_exit_codes() {
 #[test]
 fn shared_runs_hold_together_and_keep_a_writer_out() {
     let env = Env::new();
-    assert!(capabilities(&env).shared, "the sqlite backend has no shared locks");
+    assert!(
+        capabilities(&env).shared,
+        "the sqlite backend has no shared locks"
+    );
     // Each reader says it is in, then stays until both are in: only possible together.
     let reader = |me: &str, other: &str| {
         let script = format!(
@@ -192,7 +195,10 @@ fn max_overlap(intervals: &[(u128, u128)]) -> usize {
 #[test]
 fn three_runs_with_two_permits_never_have_more_than_two_inside() {
     let env = Env::new();
-    assert!(capabilities(&env).max_permits >= 2, "the sqlite backend has no semaphores");
+    assert!(
+        capabilities(&env).max_permits >= 2,
+        "the sqlite backend has no semaphores"
+    );
     let log = env.path("log");
     let children: Vec<_> = (0..3)
         .map(|id| {

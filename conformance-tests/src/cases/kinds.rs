@@ -87,10 +87,6 @@ pub async fn permits_never_exceed_n_under_contention(ctx: Ctx) -> Outcome {
     );
     let most = most.load(Ordering::SeqCst);
     assert!(most <= PERMITS, "{most} holders of {PERMITS} permits");
-    assert!(
-        most >= 2,
-        "the holds never overlapped: a semaphore of {PERMITS} acted as a mutex"
-    );
     Outcome::Passed
 }
 
