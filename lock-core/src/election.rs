@@ -145,4 +145,32 @@ mod tests {
         assert!(campaign_owner(&"x".repeat(Leader::MAX_VALUE_LEN + 1)).is_err());
         assert!(campaign_owner("a\0b").is_err());
     }
+
+    /// The in-memory observers are woken by the store, not by their interval (an hour here).
+    #[tokio::test]
+    async fn memory_observers_are_woken_by_changes() {
+        use crate::AcquireOptions;
+        use crate::memory::MemoryStore;
+        let locks = MemoryStore::new().client();
+        let mut changes = locks.observe("job", Duration::from_secs(3600));
+        let mut next = async || {
+            tokio::time::timeout(Duration::from_secs(5), changes.next())
+                .await
+                .expect("not woken")
+                .expect("ended")
+                .expect("failed")
+        };
+        assert_eq!(next().await, None);
+        let term = locks
+            .campaign("job", "a", &AcquireOptions::default())
+            .await
+            .unwrap();
+        let leader = next().await.expect("a leader");
+        assert_eq!(
+            (leader.value.as_deref(), leader.term),
+            (Some("a"), Some(term.token()))
+        );
+        term.release().await.unwrap();
+        assert_eq!(next().await, None);
+    }
 }

@@ -13,7 +13,11 @@ use distlock_core::{
     AcquireRequest, Attempt, Capabilities, FencingGuarantee, LockBackend, LockInfo, LockName,
     LossDetection, Result, WakeUp,
 };
-use etcd_client::{Client, Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp};
+use etcd_client::{
+    Client, Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, WatchOptions,
+};
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use tokio::sync::mpsc;
 
 use crate::attempt::{EtcdAttempt, token};
@@ -190,6 +194,35 @@ impl LockBackend for EtcdBackend {
             watch_target: None,
             watch: None,
         })
+    }
+
+    /// A watch on every key of the name (holder and queue): each event, and the watch's
+    /// creation (which closes the gap between the observer's first read and the watch), wake
+    /// the observer. The stream ends when the watch cannot be made or breaks: the observer then
+    /// reads at intervals.
+    fn watch(&self, name: &LockName) -> Option<BoxStream<'static, ()>> {
+        enum Watch {
+            Start(etcd_client::WatchClient, String),
+            Open(etcd_client::WatchStream),
+        }
+        let range = keys::name_range(&self.shared.prefix, name.as_str());
+        let start = Watch::Start(self.shared.client.watch_client(), range);
+        Some(
+            futures::stream::unfold(start, |state| async move {
+                match state {
+                    Watch::Start(mut client, range) => {
+                        let options = WatchOptions::new().with_prefix();
+                        let stream = client.watch(range, Some(options)).await.ok()?;
+                        Some(((), Watch::Open(stream)))
+                    }
+                    Watch::Open(mut stream) => match stream.message().await {
+                        Ok(Some(resp)) if !resp.canceled() => Some(((), Watch::Open(stream))),
+                        _ => None,
+                    },
+                }
+            })
+            .boxed(),
+        )
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {

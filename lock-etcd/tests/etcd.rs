@@ -342,3 +342,40 @@ async fn connect_verifies_the_endpoint() {
         started.elapsed()
     );
 }
+
+/// Election observers are woken by a watch on the name, not by their interval: with an
+/// interval of an hour, each new leader and the resignation are still seen at once.
+#[tokio::test]
+async fn election_observers_are_woken_by_the_watch() {
+    use futures::StreamExt;
+    let _serial = SERVERS.read().await;
+    let Some(etcd) = single().await else { return };
+    let (observer, candidate) = (etcd.client().await.unwrap(), etcd.client().await.unwrap());
+    let name = unique("observed");
+    let mut changes = observer.observe(&name, Duration::from_secs(3600));
+    async fn next(changes: &mut Changes) -> Option<distlock_core::Leader> {
+        let seen = tokio::time::timeout(SLACK, changes.next())
+            .await
+            .expect("no change seen within the slack: not woken by a watch");
+        seen.expect("the observation ended")
+            .expect("an observation failed")
+    }
+    type Changes =
+        futures::stream::BoxStream<'static, distlock_core::Result<Option<distlock_core::Leader>>>;
+    assert_eq!(next(&mut changes).await, None);
+    let mut last = None;
+    for value in ["a", "b"] {
+        let term = candidate.campaign(&name, value, &opts()).await.unwrap();
+        let leader = next(&mut changes).await.expect("a leader");
+        assert_eq!(leader.value.as_deref(), Some(value));
+        assert_eq!(leader.term, Some(term.token()));
+        assert!(last < leader.term, "{last:?} then {:?}", leader.term);
+        last = leader.term;
+        term.release().await.unwrap();
+        assert_eq!(
+            next(&mut changes).await,
+            None,
+            "the resignation was not seen"
+        );
+    }
+}
