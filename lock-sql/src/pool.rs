@@ -146,9 +146,79 @@ impl<DB: sqlx::Database> Hot<'_, DB> {
     }
 }
 
+/// A connection that runs a transaction: it goes back to the pool only when its use
+/// finished without an error ([`Unfinished::finish`]). Dropped before (the caller was
+/// cancelled mid-way, perhaps between `BEGIN` and its answer, when no transaction object yet
+/// exists to roll back), or after an error, the connection is closed instead, and the server
+/// rolls the transaction back: a connection left inside a transaction must never serve the
+/// next statement.
+pub(crate) struct Unfinished<'a, DB: sqlx::Database>(Option<Hot<'a, DB>>);
+
+impl<'a, DB: sqlx::Database> Unfinished<'a, DB> {
+    /// Guards `hot` until [`finish`](Self::finish).
+    pub(crate) fn new(hot: Hot<'a, DB>) -> Self {
+        Self(Some(hot))
+    }
+
+    /// The connection, to run the transaction on.
+    pub(crate) fn conn(&mut self) -> &mut DB::Connection {
+        self.0
+            .as_mut()
+            .expect("the connection is present until finished")
+            .conn()
+    }
+
+    /// Passes the transaction's result through: keeps the connection after a success, closes
+    /// it after a failure (as dropping does).
+    pub(crate) fn finish<T>(mut self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        match self.0.take() {
+            Some(hot) if result.is_ok() => hot.keep(result),
+            Some(hot) => {
+                drop(hot.conn.detach());
+                result
+            }
+            None => result,
+        }
+    }
+}
+
+impl<DB: sqlx::Database> Drop for Unfinished<'_, DB> {
+    fn drop(&mut self) {
+        if let Some(hot) = self.0.take() {
+            drop(hot.conn.detach());
+        }
+    }
+}
+
 #[cfg(all(test, feature = "sqlite"))]
 mod hot_tests {
     use super::*;
+
+    /// A transaction cancelled mid-way (here: its guard dropped right after `BEGIN`) closes
+    /// its connection; the next statement gets a fresh one, outside any transaction.
+    #[tokio::test]
+    async fn an_unfinished_transaction_never_serves_the_next_statement() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("tx.db").display());
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await
+            .unwrap();
+        let conns = HotConns::new(pool, 1);
+        let mut cancelled = Unfinished::new(conns.get().await.unwrap());
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(cancelled.conn())
+            .await
+            .unwrap();
+        drop(cancelled);
+        let mut hot = conns.get().await.unwrap();
+        let begun = sqlx::query("BEGIN IMMEDIATE").execute(hot.conn()).await;
+        assert!(
+            begun.is_ok(),
+            "the next user was inside the old transaction: {begun:?}"
+        );
+    }
 
     #[tokio::test]
     async fn hot_connections_are_reused_after_success_and_dropped_after_failure() {
