@@ -13,7 +13,7 @@
 //! `released`, or `timeout`. Any other failure panics, so the child exits with a failure.
 
 use std::process::{ExitStatus, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use distlock_core::{AcquireOptions, Error};
@@ -79,6 +79,15 @@ impl<S: tracing::Subscriber, F: Fn() + Send + Sync + 'static> Layer<S> for Waiti
 /// A `tracing` dispatcher that calls `on_wait` when an acquire run under it starts waiting
 /// (use it with [`WithSubscriber::with_subscriber`]).
 pub fn on_waiting(on_wait: impl Fn() + Send + Sync + 'static) -> tracing::Dispatch {
+    // tracing-core 0.1.36 (tokio-rs/tracing#3611): while exactly one `Dispatch` is
+    // registered in the process, a callsite first hit on a thread without a subscriber (here:
+    // another case's waiting acquire) is cached as never interesting, and the one dispatch
+    // (installed on another task) then never sees that event: the waiter looked stuck. A
+    // second dispatch kept alive for the whole process makes tracing ask every registered
+    // dispatch instead.
+    static SECOND: LazyLock<tracing::Dispatch> =
+        LazyLock::new(|| tracing::Dispatch::new(Registry::default()));
+    LazyLock::force(&SECOND);
     tracing::Dispatch::new(Registry::default().with(WaitingLayer(on_wait)))
 }
 
@@ -238,5 +247,34 @@ impl ChildWaiter {
                 self.said()
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    fn wait_event() {
+        tracing::debug!(target: distlock_core::WAITING_TARGET, "the lock is taken: waiting");
+    }
+
+    /// The race of tokio-rs/tracing#3611: the callsite is first hit on a thread without a
+    /// subscriber while the waiter's dispatch is the only one registered.
+    #[test]
+    fn a_waiting_event_first_seen_elsewhere_still_reaches_the_waiter() {
+        let seen = Arc::new(AtomicUsize::new(0));
+        let dispatch = {
+            let seen = seen.clone();
+            on_waiting(move || {
+                seen.fetch_add(1, Ordering::SeqCst);
+            })
+        };
+        std::thread::spawn(wait_event)
+            .join()
+            .expect("the other thread");
+        tracing::dispatcher::with_default(&dispatch, wait_event);
+        assert_eq!(seen.load(Ordering::SeqCst), 1, "the waiting event was lost");
     }
 }
