@@ -1,0 +1,230 @@
+//! What happened during a run: acquisitions, checks of the local deadline, writes to the
+//! fenced register, faults and worker exits, each stamped with `CLOCK_MONOTONIC`.
+//!
+//! Every process on one machine reads the same `CLOCK_MONOTONIC`, so events logged by
+//! separate worker processes and by the checking process can be merged and compared directly.
+//! Times are [`Nanos`]: nanoseconds of that clock ([`now`]).
+
+use serde::{Deserialize, Serialize};
+
+/// Nanoseconds of `CLOCK_MONOTONIC`, the clock every process on the machine shares.
+pub type Nanos = u64;
+
+/// The current `CLOCK_MONOTONIC` time.
+///
+/// Rust's [`Instant`](std::time::Instant) reads this clock on Linux but hides its value; a
+/// history needs the value itself to merge the logs of several processes.
+pub fn now() -> Nanos {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .expect("CLOCK_MONOTONIC is always readable");
+    let secs = u64::try_from(ts.tv_sec()).unwrap_or(0);
+    let nanos = u64::try_from(ts.tv_nsec()).unwrap_or(0);
+    secs * 1_000_000_000 + nanos
+}
+
+/// `now()` for an [`Instant`](std::time::Instant) of this process (e.g. a guard's
+/// `valid_until`), by its distance from the present.
+pub fn at(instant: std::time::Instant) -> Nanos {
+    let (mono, here) = (now(), std::time::Instant::now());
+    if instant >= here {
+        mono.saturating_add(nanos_of(instant - here))
+    } else {
+        mono.saturating_sub(nanos_of(here - instant))
+    }
+}
+
+/// A duration in [`Nanos`], saturating.
+pub fn nanos_of(duration: std::time::Duration) -> Nanos {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Identifies one acquisition: the worker that made it and its sequence number there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct AcqId {
+    /// The worker's number (a replacement for a killed worker gets a new number).
+    pub worker: u32,
+    /// The acquisition's number within the worker, from 0.
+    pub seq: u64,
+}
+
+impl std::fmt::Display for AcqId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "w{}#{}", self.worker, self.seq)
+    }
+}
+
+/// One call of `acquire` by a worker, from its call to its end.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Acquisition {
+    /// Which acquisition.
+    pub id: AcqId,
+    /// When `acquire` was called.
+    pub invoked: Nanos,
+    /// When it returned; `None` if the worker died or hung before.
+    pub returned: Option<Nanos>,
+    /// Its fencing token, if it returned a guard.
+    pub token: Option<u64>,
+    /// The guard's `valid_until`, if it returned one.
+    pub valid_until: Option<Nanos>,
+    /// Why it failed, if it returned an error.
+    pub error: Option<String>,
+    /// When the holder called `release` (or `None`: it did not).
+    pub released: Option<Nanos>,
+    /// When the holder learnt its lock was lost (a failed check or the loss signal).
+    pub lost: Option<Nanos>,
+}
+
+impl Acquisition {
+    /// Whether it returned a guard.
+    pub fn acquired(&self) -> bool {
+        self.token.is_some() && self.returned.is_some()
+    }
+}
+
+/// A holder's check, before a write, that its lock is still valid:
+/// `!guard.is_lost() && now < guard.valid_until()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Check {
+    /// Whose.
+    pub acq: AcqId,
+    /// Which step of the critical section.
+    pub step: u32,
+    /// When it was made.
+    pub at: Nanos,
+    /// Whether the holder believed it still held the lock.
+    pub passed: bool,
+}
+
+/// A write to the fenced register, as the register saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Write {
+    /// Whose.
+    pub acq: AcqId,
+    /// The token it carried.
+    pub token: u64,
+    /// Which step of the critical section.
+    pub step: u32,
+    /// When the register received it.
+    pub at: Nanos,
+    /// Whether the register accepted it (its token was at least the largest accepted).
+    pub accepted: bool,
+}
+
+/// The kinds of fault a nemesis injects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultKind {
+    /// A worker stopped (`SIGSTOP`) and continued (`SIGCONT`): a GC pause.
+    Pause,
+    /// A worker killed (`SIGKILL`) and replaced by a fresh one.
+    Crash,
+    /// A worker's traffic to the server black-holed, sockets kept open.
+    Partition,
+    /// The server killed and restarted with its data directory.
+    Restart,
+}
+
+impl FaultKind {
+    /// Every kind, in a fixed order.
+    pub const ALL: [Self; 4] = [Self::Pause, Self::Crash, Self::Partition, Self::Restart];
+
+    /// The name used on the command line and in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pause => "pause",
+            Self::Crash => "crash",
+            Self::Partition => "partition",
+            Self::Restart => "restart",
+        }
+    }
+}
+
+impl std::fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for FaultKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|kind| kind.as_str() == s)
+            .ok_or_else(|| {
+                format!("unknown fault {s:?} (expected pause, crash, partition or restart)")
+            })
+    }
+}
+
+/// One injected fault, from its start to its healing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fault {
+    /// What.
+    pub kind: FaultKind,
+    /// The worker it hit (`None`: the server).
+    pub worker: Option<u32>,
+    /// When it began.
+    pub start: Nanos,
+    /// When it was healed (the process continued, the replacement started, traffic flowed
+    /// again, the server answered again).
+    pub healed: Nanos,
+}
+
+/// How a worker process ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkerEnd {
+    /// It stopped when asked, exit status 0.
+    Clean,
+    /// The nemesis killed it.
+    Killed,
+    /// It exited on its own with a failure (a panic, an error): the text says how.
+    Failed(String),
+    /// It did not stop within the grace period after being asked, and was killed.
+    Hung,
+}
+
+/// One worker process.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Worker {
+    /// Its number.
+    pub id: u32,
+    /// How it ended.
+    pub end: WorkerEnd,
+}
+
+/// The acquisition made after every fault was healed, to show the lock is usable again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinalAcquire {
+    /// When it was called.
+    pub invoked: Nanos,
+    /// When it returned.
+    pub returned: Nanos,
+    /// Its token if it succeeded, else `None` and the error.
+    pub token: Option<u64>,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+/// Everything one run recorded, merged from every process.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct History {
+    /// When the workers were started.
+    pub start: Nanos,
+    /// When they were asked to stop.
+    pub end: Nanos,
+    /// Every acquisition.
+    pub acquisitions: Vec<Acquisition>,
+    /// Every check before a write.
+    pub checks: Vec<Check>,
+    /// Every write the register received.
+    pub writes: Vec<Write>,
+    /// Every fault.
+    pub faults: Vec<Fault>,
+    /// Every worker process.
+    pub workers: Vec<Worker>,
+    /// The acquisition after healing.
+    pub final_acquire: Option<FinalAcquire>,
+}
