@@ -46,6 +46,7 @@
 pub mod checker;
 pub mod history;
 pub mod register;
+pub mod worker;
 
 pub use checker::{CheckConfig, Finding, Judgement, Rule, Stats, Verdict, check};
 pub use history::{
@@ -53,3 +54,4 @@ pub use history::{
     Write,
 };
 pub use register::FencedRegister;
+pub use worker::{Event, Recorder, Register, Sink, WorkerParams, work};
