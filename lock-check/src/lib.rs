@@ -45,7 +45,10 @@
 
 pub mod checker;
 pub mod history;
+pub mod proxy;
 pub mod register;
+pub mod report;
+pub mod run;
 pub mod worker;
 
 pub use checker::{CheckConfig, Finding, Judgement, Rule, Stats, Verdict, check};
@@ -53,5 +56,6 @@ pub use history::{
     AcqId, Acquisition, Check, Fault, FaultKind, FinalAcquire, History, Nanos, Worker, WorkerEnd,
     Write,
 };
-pub use register::FencedRegister;
+pub use register::{FencedRegister, RemoteRegister};
+pub use run::{RunConfig, RunError, Spawner, run};
 pub use worker::{Event, Recorder, Register, Sink, WorkerParams, work};

@@ -91,6 +91,13 @@ async fn the_memory_backend_passes() {
     assert!(verdict.stats.acquired >= 20, "{:?}", verdict.stats);
     assert_eq!(verdict.stats.writes_rejected, 0);
     assert!(history.writes.len() as u64 >= 3 * verdict.stats.acquired - 3);
+    let table = distlock_check::report::markdown("memory", &verdict);
+    assert!(
+        table.contains("| no two holders share a token | pass | 0 |"),
+        "{table}"
+    );
+    let svg = distlock_check::report::svg("memory", &history, &verdict).expect("draws");
+    assert!(svg.contains("held") && !svg.contains("violation"), "{svg}");
 }
 
 /// A backend that grants every acquisition at once, with increasing tokens.
@@ -137,7 +144,7 @@ impl LockBackend for Careless {
 
 #[tokio::test]
 async fn a_backend_that_grants_a_held_lock_is_caught() {
-    let (_, verdict) = run(
+    let (history, verdict) = run(
         Arc::new(LockClient::new(Careless::default())),
         FencingGuarantee::Linearizable,
     )
@@ -147,4 +154,14 @@ async fn a_backend_that_grants_a_held_lock_is_caught() {
     assert!(!stale.is_empty(), "{:#?}", verdict.findings);
     assert!(stale.iter().all(|f| f.judgement == Judgement::Violation));
     assert!(verdict.stats.writes_rejected > 0, "{:?}", verdict.stats);
+    let table = distlock_check::report::markdown("careless", &verdict);
+    assert!(
+        table.contains("| valid_until/is_lost turn before a newer holder acquires | **FAIL** |"),
+        "{table}"
+    );
+    let svg = distlock_check::report::svg("careless", &history, &verdict).expect("draws");
+    assert!(
+        svg.starts_with("<svg") && svg.contains("violation"),
+        "{svg}"
+    );
 }

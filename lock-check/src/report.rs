@@ -1,0 +1,268 @@
+//! The verdict as a table (terminal and Markdown), as JSON, and as an SVG timeline.
+
+use std::fmt::Write as _;
+
+use plotters::prelude::*;
+use serde::Serialize;
+
+use crate::checker::{Judgement, Rule, Verdict};
+use crate::history::{FaultKind, History, Nanos};
+
+/// Milliseconds, for reports.
+fn ms(nanos: Nanos) -> String {
+    format!("{:.0} ms", nanos as f64 / 1e6)
+}
+
+/// The verdict table and the run's figures, in Markdown (which reads as plain text too).
+pub fn markdown(label: &str, verdict: &Verdict) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "### `distlock check` of {label} ({})",
+        verdict.guarantee
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(out, "| check | result | findings |");
+    let _ = writeln!(out, "|---|---|--:|");
+    for rule in Rule::ALL {
+        let found: Vec<_> = verdict.of(rule).collect();
+        let violations = found
+            .iter()
+            .filter(|f| f.judgement == Judgement::Violation)
+            .count();
+        let result = if violations > 0 {
+            "**FAIL**".to_owned()
+        } else if let Some(Judgement::Expected(why)) = found.first().map(|f| &f.judgement) {
+            format!("expected ({why})")
+        } else {
+            "pass".to_owned()
+        };
+        let _ = writeln!(out, "| {} | {result} | {} |", rule.title(), found.len());
+    }
+    let s = &verdict.stats;
+    let faults = if s.faults.is_empty() {
+        "none".to_owned()
+    } else {
+        s.faults
+            .iter()
+            .map(|(kind, n)| format!("{kind} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(out);
+    let _ = writeln!(out, "| figure | value |");
+    let _ = writeln!(out, "|---|--:|");
+    let rows: [(&str, String); 10] = [
+        ("duration", ms(s.duration)),
+        ("faults injected", faults),
+        (
+            "acquisitions (acquired / failed)",
+            format!("{} ({} / {})", s.acquisitions, s.acquired, s.failed),
+        ),
+        ("acquired per second", format!("{:.1}", s.acquired_per_sec)),
+        ("fenced writes accepted", s.writes_accepted.to_string()),
+        (
+            "late writes only the fence stopped",
+            s.writes_rejected.to_string(),
+        ),
+        (
+            "checks that stopped a holder (deadline passed or lost)",
+            s.checks_refused.to_string(),
+        ),
+        ("checks passed", s.checks_passed.to_string()),
+        (
+            "longest stall with waiters, no holder, no fault",
+            ms(s.longest_gap),
+        ),
+        (
+            "acquisition after healing",
+            s.final_acquire.map_or_else(|| "failed".to_owned(), ms),
+        ),
+    ];
+    for (name, value) in rows {
+        let _ = writeln!(out, "| {name} | {value} |");
+    }
+    let shown: Vec<_> = verdict.findings.iter().take(10).collect();
+    if !shown.is_empty() {
+        let _ = writeln!(out);
+        for f in &shown {
+            let judged = match &f.judgement {
+                Judgement::Violation => "VIOLATION".to_owned(),
+                Judgement::Expected(_) => "expected".to_owned(),
+            };
+            let _ = writeln!(out, "- {judged} [{:?}] {}", f.rule, f.detail);
+        }
+        if verdict.findings.len() > shown.len() {
+            let _ = writeln!(
+                out,
+                "- ... and {} more",
+                verdict.findings.len() - shown.len()
+            );
+        }
+    }
+    out
+}
+
+/// What `--json` writes: the run's parameters, its history and the verdict.
+#[derive(Debug, Serialize)]
+pub struct JsonReport<'a, P: Serialize> {
+    /// The run's parameters.
+    pub params: P,
+    /// The verdict.
+    pub verdict: &'a Verdict,
+    /// Everything recorded.
+    pub history: &'a History,
+}
+
+fn fault_color(kind: FaultKind) -> RGBColor {
+    match kind {
+        FaultKind::Pause => RGBColor(240, 180, 40),
+        FaultKind::Crash => RGBColor(200, 60, 60),
+        FaultKind::Partition => RGBColor(120, 80, 200),
+        FaultKind::Restart => RGBColor(120, 120, 120),
+    }
+}
+
+/// An SVG timeline of the run: one row per worker, its holds as bars (from `acquire`
+/// returning to `release` or a failed check), its waits as thin lines, faults shaded (a
+/// restart over every row), refused late writes as black crosses and violations as red
+/// circles.
+///
+/// # Errors
+/// The chart could not be drawn (a message from the plotting crate).
+pub fn svg(label: &str, history: &History, verdict: &Verdict) -> Result<String, String> {
+    let rows = history
+        .workers
+        .iter()
+        .map(|w| w.id + 1)
+        .chain(history.acquisitions.iter().map(|a| a.id.worker + 1))
+        .max()
+        .unwrap_or(1);
+    let origin = history.start;
+    let last = history
+        .final_acquire
+        .as_ref()
+        .map_or(history.end, |f| f.returned.max(history.end));
+    let x = |t: Nanos| t.saturating_sub(origin) as f64 / 1e9;
+    let span = x(last).max(0.001);
+    let row = |worker: u32| f64::from(worker);
+    let mut out = String::new();
+    {
+        let height = 120 + 28 * rows;
+        let root = SVGBackend::with_string(&mut out, (1200, height)).into_drawing_area();
+        let err = |e: DrawingAreaErrorKind<std::io::Error>| e.to_string();
+        root.fill(&WHITE).map_err(err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!("distlock check: {label} ({})", verdict.guarantee),
+                ("sans-serif", 18),
+            )
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(48)
+            .build_cartesian_2d(0f64..span, -0.6f64..(f64::from(rows) - 0.4))
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .y_labels(rows as usize)
+            .y_label_formatter(&|y| format!("w{}", y.round()))
+            .x_desc("seconds")
+            .draw()
+            .map_err(err)?;
+        for kind in FaultKind::ALL {
+            let color = fault_color(kind);
+            let shaded: Vec<_> = history
+                .faults
+                .iter()
+                .filter(|f| f.kind == kind)
+                .map(|f| {
+                    let (lo, hi) = match f.worker {
+                        Some(w) => (row(w) - 0.45, row(w) + 0.45),
+                        None => (-0.6, f64::from(rows) - 0.4),
+                    };
+                    Rectangle::new(
+                        [(x(f.start), lo), (x(f.healed), hi)],
+                        color.mix(0.3).filled(),
+                    )
+                })
+                .collect();
+            if shaded.is_empty() {
+                continue;
+            }
+            chart
+                .draw_series(shaded)
+                .map_err(err)?
+                .label(kind.as_str())
+                .legend(move |(px, py)| {
+                    Rectangle::new([(px, py - 5), (px + 14, py + 5)], color.mix(0.4).filled())
+                });
+        }
+        let waits = history.acquisitions.iter().map(|a| {
+            let y = row(a.id.worker);
+            PathElement::new(
+                vec![(x(a.invoked), y), (x(a.returned.unwrap_or(history.end)), y)],
+                BLACK.mix(0.25),
+            )
+        });
+        chart.draw_series(waits).map_err(err)?;
+        let holds = history
+            .acquisitions
+            .iter()
+            .filter(|a| a.acquired())
+            .map(|a| {
+                let from = a.returned.unwrap_or(a.invoked);
+                let until = a
+                    .lost
+                    .or(a.released)
+                    .or(a.valid_until)
+                    .unwrap_or(history.end);
+                let y = row(a.id.worker);
+                Rectangle::new(
+                    [(x(from), y - 0.28), (x(until), y + 0.28)],
+                    BLUE.mix(0.7).filled(),
+                )
+            });
+        chart
+            .draw_series(holds)
+            .map_err(err)?
+            .label("held")
+            .legend(|(px, py)| Rectangle::new([(px, py - 5), (px + 14, py + 5)], BLUE.filled()));
+        let refused: Vec<_> = history
+            .writes
+            .iter()
+            .filter(|w| !w.accepted)
+            .map(|w| Cross::new((x(w.at), row(w.acq.worker)), 5, BLACK.stroke_width(2)))
+            .collect();
+        if !refused.is_empty() {
+            chart
+                .draw_series(refused)
+                .map_err(err)?
+                .label("late write refused by the fence")
+                .legend(|(px, py)| Cross::new((px + 7, py), 5, BLACK.stroke_width(2)));
+        }
+        let violations: Vec<_> = verdict
+            .violations()
+            .map(|f| {
+                let y = f.acqs.first().map_or(-0.5, |a| row(a.worker));
+                Circle::new((x(f.at), y), 7, RED.stroke_width(3))
+            })
+            .collect();
+        if !violations.is_empty() {
+            chart
+                .draw_series(violations)
+                .map_err(err)?
+                .label("violation")
+                .legend(|(px, py)| Circle::new((px + 7, py), 5, RED.stroke_width(3)));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(err)?;
+        root.present().map_err(err)?;
+    }
+    Ok(out)
+}

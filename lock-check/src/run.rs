@@ -1,0 +1,465 @@
+//! The checking process: worker processes, their proxies, the register, the nemesis, and the
+//! acquisition after healing.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_core::service_url::ServiceUrl;
+use distlock_core::{AcquireOptions, DistributedLock};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use rand::{Rng, SeedableRng};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::history::{Fault, FaultKind, FinalAcquire, History, Worker, WorkerEnd, now};
+use crate::proxy::Proxy;
+use crate::register::{FencedRegister, serve};
+use crate::worker::{Event, Recorder, Sink, WorkerParams};
+
+/// What a run does.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// The lock service URL (the workers reach its hosts through their proxies).
+    pub url: String,
+    /// The lock all workers contend for.
+    pub name: String,
+    /// How long the workers run.
+    pub duration: Duration,
+    /// How many worker processes run at once.
+    pub workers: u32,
+    /// The lock's ttl.
+    pub ttl: Duration,
+    /// Checked writes per critical section.
+    pub steps: u32,
+    /// The pause after each write.
+    pub step_gap: Duration,
+    /// The faults to inject.
+    pub nemesis: Vec<FaultKind>,
+    /// The shell command that kill -9s and restarts the server, returning once it serves.
+    pub restart_cmd: Option<String>,
+}
+
+/// Why a run could not be made (a finding of the checker is not an error).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The configuration cannot work.
+    #[error("{0}")]
+    Config(String),
+    /// The run could not set itself up (a port, a process).
+    #[error("{what}: {source}")]
+    Io {
+        /// What failed.
+        what: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The restart command failed.
+    #[error("the restart command failed: {0}")]
+    Restart(String),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RunError {
+    let what = what.into();
+    move |source| RunError::Io { what, source }
+}
+
+/// Makes the command of one worker process.
+pub trait Spawner: Send + Sync {
+    /// The command that runs [`work`](crate::work) for `params` against `url` (the proxied
+    /// URL), writing to the register at `register` and its events as JSON lines to stdout,
+    /// stopping cleanly on `SIGTERM`.
+    fn command(&self, params: &WorkerParams, url: &str, register: SocketAddr) -> Command;
+}
+
+/// The default port of a URL scheme's server, `None` for backends without a network server.
+pub fn default_port(scheme: &str) -> Option<u16> {
+    Some(match scheme {
+        "redis" | "rediss" | "redlock" | "redlocks" => 6379,
+        "etcd" | "etcds" | "http" | "https" => 2379,
+        "zk" | "zks" | "zookeeper" => 2181,
+        "postgres" | "postgresql" => 5432,
+        "mysql" | "mariadb" => 3306,
+        _ => return None,
+    })
+}
+
+/// The servers of `url` as `host:port`, in URL order; empty for a backend without a network
+/// server (SQLite).
+///
+/// # Errors
+/// The URL does not parse, or names the in-memory backend (its locks cannot be shared by
+/// worker processes).
+pub fn upstreams(url: &str) -> Result<Vec<String>, RunError> {
+    if url.trim().to_ascii_lowercase().starts_with("sqlite:") {
+        return Ok(Vec::new());
+    }
+    let parsed = ServiceUrl::parse(url).map_err(|err| RunError::Config(err.to_string()))?;
+    if parsed.scheme() == "memory" {
+        return Err(RunError::Config(
+            "memory:// locks live in one process; a check needs a lock server or a SQLite file"
+                .into(),
+        ));
+    }
+    Ok(match default_port(parsed.scheme()) {
+        Some(port) => parsed
+            .hosts()
+            .iter()
+            .map(|h| h.with_default_port(port))
+            .collect(),
+        None => Vec::new(),
+    })
+}
+
+/// `url` with its host list replaced by `hosts` (one per original host, in order).
+pub fn with_hosts(url: &str, hosts: &[String]) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let userinfo = authority
+        .rsplit_once('@')
+        .map(|(user, _)| format!("{user}@"))
+        .unwrap_or_default();
+    format!("{scheme}://{userinfo}{}{tail}", hosts.join(","))
+}
+
+struct Running {
+    child: Child,
+    pid: Pid,
+    proxies: Vec<Proxy>,
+    stderr: tokio::task::JoinHandle<String>,
+    stdout: tokio::task::JoinHandle<()>,
+}
+
+/// Runs a check: starts the register and `config.workers` worker processes (each behind its
+/// own proxies), injects faults for `config.duration`, stops the workers, acquires once more
+/// through `lock` (a direct client) and returns the merged history.
+///
+/// # Errors
+/// A configuration that cannot work, a port or process that cannot be set up, a failing
+/// restart command.
+pub async fn run(
+    config: &RunConfig,
+    spawner: &dyn Spawner,
+    lock: Arc<dyn DistributedLock>,
+) -> Result<History, RunError> {
+    let upstreams = upstreams(&config.url)?;
+    if config.nemesis.contains(&FaultKind::Restart) && config.restart_cmd.is_none() {
+        return Err(RunError::Config(
+            "the restart fault needs --restart-cmd (a command that kill -9s and restarts the \
+             server with its data)"
+                .into(),
+        ));
+    }
+    if config.workers == 0 {
+        return Err(RunError::Config("a check needs at least one worker".into()));
+    }
+    let register = Arc::new(FencedRegister::new());
+    let (register_addr, register_task) = serve(register.clone())
+        .await
+        .map_err(io("starting the register"))?;
+    let recorder = Arc::new(Recorder::new());
+    let mut fleet = Fleet {
+        config,
+        spawner,
+        upstreams: &upstreams,
+        register: register_addr,
+        recorder: &recorder,
+        running: HashMap::new(),
+        next_id: 0,
+    };
+    let mut ends: Vec<Worker> = Vec::new();
+    for _ in 0..config.workers {
+        fleet.add().await?;
+    }
+    let start_at = now();
+    let deadline = tokio::time::Instant::now() + config.duration;
+    let mut faults = Vec::new();
+    let mut rng = rand::rngs::StdRng::from_rng(&mut rand::rng());
+    let ttl = config.ttl;
+    let longest = ttl.mul_f64(3.0);
+    while !config.nemesis.is_empty()
+        && tokio::time::Instant::now() + longest + Duration::from_secs(1) < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(500..1500))).await;
+        let kind = config.nemesis[rng.random_range(0..config.nemesis.len())];
+        let mut ids: Vec<u32> = fleet.running.keys().copied().collect();
+        ids.sort_unstable();
+        let target = ids[rng.random_range(0..ids.len())];
+        let hold = ttl.mul_f64(rng.random_range(1.5..3.0));
+        let begun = now();
+        let fault = match kind {
+            FaultKind::Pause => {
+                let pid = fleet.running[&target].pid;
+                let _ = kill(pid, Signal::SIGSTOP);
+                tokio::time::sleep(hold).await;
+                let _ = kill(pid, Signal::SIGCONT);
+                Some(target)
+            }
+            FaultKind::Crash => {
+                if let Some(mut gone) = fleet.running.remove(&target) {
+                    let _ = gone.child.start_kill();
+                    let _ = gone.child.wait().await;
+                    let _ = gone.stdout.await;
+                    ends.push(Worker {
+                        id: target,
+                        end: WorkerEnd::Killed,
+                    });
+                }
+                fleet.add().await?;
+                Some(target)
+            }
+            FaultKind::Partition if upstreams.is_empty() => continue,
+            FaultKind::Partition => {
+                for proxy in &fleet.running[&target].proxies {
+                    proxy.partition(true);
+                }
+                tokio::time::sleep(hold).await;
+                for proxy in &fleet.running[&target].proxies {
+                    proxy.partition(false);
+                }
+                Some(target)
+            }
+            FaultKind::Restart => {
+                restart(config.restart_cmd.as_deref().unwrap_or_default()).await?;
+                None
+            }
+        };
+        faults.push(Fault {
+            kind,
+            worker: fault,
+            start: begun,
+            healed: now(),
+        });
+    }
+    tokio::time::sleep_until(deadline).await;
+    let end_at = now();
+    // Stop every worker; one that is still busy after its critical section could have ended
+    // hangs.
+    let grace = ttl * 2 + Duration::from_secs(10);
+    for worker in fleet.running.values() {
+        let _ = kill(worker.pid, Signal::SIGTERM);
+    }
+    for (id, mut worker) in fleet.running {
+        let end = match tokio::time::timeout(grace, worker.child.wait()).await {
+            Ok(Ok(status)) if status.success() => WorkerEnd::Clean,
+            Ok(Ok(status)) => {
+                let stderr = worker.stderr.await.unwrap_or_default();
+                WorkerEnd::Failed(format!("{status}: {}", stderr.trim()))
+            }
+            Ok(Err(err)) => WorkerEnd::Failed(format!("cannot wait for it: {err}")),
+            Err(_) => {
+                let _ = worker.child.start_kill();
+                WorkerEnd::Hung
+            }
+        };
+        let _ = worker.stdout.await;
+        ends.push(Worker { id, end });
+        drop(worker.proxies);
+    }
+    register_task.abort();
+    ends.sort_by_key(|w| w.id);
+    let invoked = now();
+    let wait = (ttl * 3).max(Duration::from_secs(10));
+    let last = lock
+        .acquire(
+            &config.name,
+            &AcquireOptions::default().with_ttl(ttl).with_wait(wait),
+        )
+        .await;
+    let returned = now();
+    let final_acquire = match last {
+        Ok(guard) => {
+            let token = guard.token().get();
+            let _ = guard.release().await;
+            FinalAcquire {
+                invoked,
+                returned,
+                token: Some(token),
+                error: None,
+            }
+        }
+        Err(err) => FinalAcquire {
+            invoked,
+            returned,
+            token: None,
+            error: Some(err.to_string()),
+        },
+    };
+    let mut history = recorder.history();
+    history.start = start_at;
+    history.end = end_at;
+    history.writes = register.writes();
+    history.faults = faults;
+    history.workers = ends;
+    history.final_acquire = Some(final_acquire);
+    Ok(history)
+}
+
+/// The worker processes of a run.
+struct Fleet<'a> {
+    config: &'a RunConfig,
+    spawner: &'a dyn Spawner,
+    upstreams: &'a [String],
+    register: SocketAddr,
+    recorder: &'a Arc<Recorder>,
+    running: HashMap<u32, Running>,
+    next_id: u32,
+}
+
+impl Fleet<'_> {
+    /// Starts one more worker, with a new number.
+    async fn add(&mut self) -> Result<(), RunError> {
+        let id = self.next_id;
+        let worker = start(self, id).await?;
+        self.running.insert(id, worker);
+        self.next_id += 1;
+        Ok(())
+    }
+}
+
+async fn start(fleet: &Fleet<'_>, id: u32) -> Result<Running, RunError> {
+    let Fleet {
+        config,
+        spawner,
+        upstreams,
+        register,
+        recorder,
+        ..
+    } = *fleet;
+    let mut proxies = Vec::new();
+    for upstream in upstreams {
+        proxies.push(
+            Proxy::start(upstream.clone())
+                .await
+                .map_err(io("starting a proxy"))?,
+        );
+    }
+    let url = if proxies.is_empty() {
+        config.url.clone()
+    } else {
+        let hosts: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+        with_hosts(&config.url, &hosts)
+    };
+    let params = WorkerParams {
+        id,
+        name: config.name.clone(),
+        ttl: config.ttl,
+        wait: config.ttl * 4,
+        steps: config.steps,
+        step_gap: config.step_gap,
+    };
+    let mut child = spawner
+        .command(&params, &url, register)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(io("starting a worker process"))?;
+    let pid = child
+        .id()
+        .and_then(|pid| i32::try_from(pid).ok())
+        .map(Pid::from_raw)
+        .ok_or_else(|| RunError::Config("a worker exited at once".into()))?;
+    let stdout = child.stdout.take().map(BufReader::new);
+    let recorder = recorder.clone();
+    let stdout = tokio::spawn(async move {
+        let Some(mut lines) = stdout.map(AsyncBufReadExt::lines) else {
+            return;
+        };
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Ok(event) = serde_json::from_str::<Event>(&line) {
+                recorder.event(id, event);
+            }
+        }
+    });
+    let stderr = child.stderr.take();
+    let stderr = tokio::spawn(async move {
+        // Keep the tail: the reason a worker failed is at the end.
+        let mut tail = String::new();
+        if let Some(mut stderr) = stderr {
+            let mut buf = vec![0u8; 8192];
+            while let Ok(n) = stderr.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                tail.push_str(&String::from_utf8_lossy(&buf[..n]));
+                if tail.len() > 4096 {
+                    let cut = tail.len() - 2048;
+                    let cut = (cut..tail.len())
+                        .find(|&i| tail.is_char_boundary(i))
+                        .unwrap_or(tail.len());
+                    tail.drain(..cut);
+                }
+            }
+        }
+        tail
+    });
+    Ok(Running {
+        child,
+        pid,
+        proxies,
+        stderr,
+        stdout,
+    })
+}
+
+async fn restart(cmd: &str) -> Result<(), RunError> {
+    let output = tokio::time::timeout(
+        Duration::from_secs(120),
+        Command::new("sh")
+            .args(["-c", cmd])
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .map_err(|_| RunError::Restart("it did not finish within 120 s".into()))?
+    .map_err(|err| RunError::Restart(err.to_string()))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        Err(RunError::Restart(format!(
+            "{}: {}",
+            output.status,
+            stderr.trim().lines().last().unwrap_or("")
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_are_replaced_and_everything_else_kept() {
+        assert_eq!(
+            with_hosts(
+                "redlock://u:p@h1:1,h2:2/x?a=b",
+                &["127.0.0.1:5".into(), "127.0.0.1:6".into()]
+            ),
+            "redlock://u:p@127.0.0.1:5,127.0.0.1:6/x?a=b"
+        );
+        assert_eq!(
+            with_hosts("etcd://h", &["127.0.0.1:7".into()]),
+            "etcd://127.0.0.1:7"
+        );
+        assert_eq!(
+            upstreams("zk://a,b:2182/chroot").expect("parses"),
+            ["a:2181", "b:2182"]
+        );
+        assert_eq!(
+            upstreams("sqlite:///tmp/x.db").expect("parses"),
+            Vec::<String>::new()
+        );
+        assert!(matches!(upstreams("memory://"), Err(RunError::Config(_))));
+    }
+}
