@@ -16,6 +16,7 @@
 
 mod bench;
 mod bench_args;
+mod check;
 mod child;
 mod elect;
 mod exit;
@@ -137,6 +138,13 @@ enum Command {
     Unlock(unlock::UnlockArgs),
     /// Benchmark backends side by side (uncontended, contended mutex, read/write mix, semaphore).
     Bench(bench::CliBenchArgs),
+    /// Try hard to break a lock deployment (pauses, crashes, partitions, restarts) and judge
+    /// what happened against the backend's guarantee.
+    #[command(after_help = check::AFTER_HELP)]
+    Check(check::CheckArgs),
+    /// One worker process of `distlock check` (internal).
+    #[command(hide = true)]
+    CheckWorker(check::WorkerArgs),
     /// Print a shell completion script (e.g. `distlock completions bash > /etc/bash_completion.d/distlock`).
     Completions {
         /// The shell.
@@ -264,6 +272,8 @@ fn main() -> ExitCode {
             Command::List(args) => list::list(args).await,
             Command::Unlock(args) => unlock::unlock(args).await,
             Command::Bench(args) => bench::bench(args).await,
+            Command::Check(args) => check::check(args).await,
+            Command::CheckWorker(args) => check::worker(args).await,
             Command::Completions { .. } => Ok(0),
         }
     });

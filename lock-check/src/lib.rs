@@ -58,4 +58,4 @@ pub use history::{
 };
 pub use register::{FencedRegister, RemoteRegister};
 pub use run::{RunConfig, RunError, Spawner, run};
-pub use worker::{Event, Recorder, Register, Sink, WorkerParams, work};
+pub use worker::{Event, Recorder, Register, Sink, StdoutSink, WorkerParams, work};

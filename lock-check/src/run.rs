@@ -76,6 +76,28 @@ pub trait Spawner: Send + Sync {
     fn command(&self, params: &WorkerParams, url: &str, register: SocketAddr) -> Command;
 }
 
+impl RunConfig {
+    /// Checks that the run can work, before anything starts; returns the servers of the URL
+    /// (see [`upstreams`]).
+    ///
+    /// # Errors
+    /// [`RunError::Config`] saying what cannot work.
+    pub fn validate(&self) -> Result<Vec<String>, RunError> {
+        let upstreams = upstreams(&self.url)?;
+        if self.nemesis.contains(&FaultKind::Restart) && self.restart_cmd.is_none() {
+            return Err(RunError::Config(
+                "the restart fault needs --restart-cmd (a command that kill -9s and restarts \
+                 the server with its data)"
+                    .into(),
+            ));
+        }
+        if self.workers == 0 {
+            return Err(RunError::Config("a check needs at least one worker".into()));
+        }
+        Ok(upstreams)
+    }
+}
+
 /// The default port of a URL scheme's server, `None` for backends without a network server.
 pub fn default_port(scheme: &str) -> Option<u16> {
     Some(match scheme {
@@ -95,16 +117,17 @@ pub fn default_port(scheme: &str) -> Option<u16> {
 /// The URL does not parse, or names the in-memory backend (its locks cannot be shared by
 /// worker processes).
 pub fn upstreams(url: &str) -> Result<Vec<String>, RunError> {
-    if url.trim().to_ascii_lowercase().starts_with("sqlite:") {
+    let lower = url.trim().to_ascii_lowercase();
+    if lower.starts_with("sqlite:") {
         return Ok(Vec::new());
     }
-    let parsed = ServiceUrl::parse(url).map_err(|err| RunError::Config(err.to_string()))?;
-    if parsed.scheme() == "memory" {
+    if lower.starts_with("memory:") {
         return Err(RunError::Config(
             "memory:// locks live in one process; a check needs a lock server or a SQLite file"
                 .into(),
         ));
     }
+    let parsed = ServiceUrl::parse(url).map_err(|err| RunError::Config(err.to_string()))?;
     Ok(match default_port(parsed.scheme()) {
         Some(port) => parsed
             .hosts()
@@ -149,17 +172,7 @@ pub async fn run(
     spawner: &dyn Spawner,
     lock: Arc<dyn DistributedLock>,
 ) -> Result<History, RunError> {
-    let upstreams = upstreams(&config.url)?;
-    if config.nemesis.contains(&FaultKind::Restart) && config.restart_cmd.is_none() {
-        return Err(RunError::Config(
-            "the restart fault needs --restart-cmd (a command that kill -9s and restarts the \
-             server with its data)"
-                .into(),
-        ));
-    }
-    if config.workers == 0 {
-        return Err(RunError::Config("a check needs at least one worker".into()));
-    }
+    let upstreams = config.validate()?;
     let register = Arc::new(FencedRegister::new());
     let (register_addr, register_task) = serve(register.clone())
         .await

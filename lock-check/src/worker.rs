@@ -297,3 +297,19 @@ impl Sink for Recorder {
         }
     }
 }
+
+/// The [`Sink`] of a worker process: each event one JSON line on stdout, flushed at once (the
+/// checking process reads them as they come; a killed worker loses nothing it printed).
+#[derive(Debug, Default)]
+pub struct StdoutSink;
+
+impl Sink for StdoutSink {
+    fn event(&self, _worker: u32, event: Event) {
+        use std::io::Write as _;
+        if let Ok(line) = serde_json::to_string(&event) {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        }
+    }
+}

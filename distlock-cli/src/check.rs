@@ -1,0 +1,299 @@
+//! `distlock check`: tries hard to break a lock deployment (pauses, crashes, partitions,
+//! restarts) and says whether it did (see the distlock-check crate).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_check::history::FaultKind;
+use distlock_check::report::{self, JsonReport};
+use distlock_check::{CheckConfig, RemoteRegister, RunConfig, RunError, Spawner, StdoutSink};
+use serde::Serialize;
+
+use crate::Connection;
+use crate::exit::{CONFIG, Failure, OTHER};
+
+/// The environment variable that passes the (proxied) URL to a worker: not its command line,
+/// where other users could read a password.
+const WORKER_URL: &str = "DISTLOCK_CHECK_URL";
+
+/// Exit status of a check that found a violation of the backend's declared guarantee.
+pub(crate) const VIOLATED: u8 = 1;
+
+pub(crate) const AFTER_HELP: &str = "\
+Worker processes loop on one lock: acquire, then --steps writes, each after checking that the \
+guard is neither lost nor past valid_until, to a fenced register kept by this process (it \
+refuses a token lower than one it accepted); release. Meanwhile faults are injected one at a \
+time: pause (SIGSTOP for 1.5-3 x ttl), crash (SIGKILL, a fresh worker replaces it), partition \
+(the worker's traffic to every server held back by its own proxy, sockets kept open), restart \
+(--restart-cmd, e.g. a command that kill -9s the server and starts it again on its data). The \
+merged history is judged against the backend's fencing guarantee: shared tokens, tokens out \
+of real-time order, a holder passing its check after a newer holder acquired, stalls, the \
+lock after healing, worker failures. Exit 0: no violation; 1: a violation; 78: bad options.";
+
+/// Flags of `distlock check`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct CheckArgs {
+    #[command(flatten)]
+    connection: Connection,
+
+    /// How long the workers run.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    duration: Duration,
+
+    /// Worker processes at once.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=64))]
+    workers: u32,
+
+    /// The lock's ttl (pauses and partitions last 1.5-3 times this).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
+    ttl: Duration,
+
+    /// Faults to inject, comma-separated: pause, crash, partition, restart (none: "").
+    #[arg(long, value_delimiter = ',', default_value = "pause,crash,partition", value_parser = parse_fault)]
+    nemesis: Vec<Option<FaultKind>>,
+
+    /// A shell command that kill -9s the server and starts it again with its data, returning
+    /// once it serves (needed by the restart fault).
+    #[arg(long)]
+    restart_cmd: Option<String>,
+
+    /// Checked writes per critical section.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    steps: u32,
+
+    /// The work between two writes.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "20ms")]
+    step_gap: Duration,
+
+    /// The lock's name (default: a fresh one per run).
+    #[arg(long)]
+    name: Option<String>,
+
+    /// Also write the parameters, the history and the verdict as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+
+    /// Also write the verdict table (Markdown) to this file.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+
+    /// Also draw the timeline (holds, faults, violations) as SVG to this file.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+}
+
+fn parse_fault(text: &str) -> Result<Option<FaultKind>, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    text.parse().map(Some)
+}
+
+/// The hidden `check-worker` command: one worker process of a check.
+#[derive(Debug, clap::Args)]
+pub(crate) struct WorkerArgs {
+    /// The register's address.
+    #[arg(long)]
+    register: SocketAddr,
+    /// The worker's parameters (JSON).
+    #[arg(long)]
+    params: String,
+    /// Give up on any single server operation after this long.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    op_timeout: Duration,
+}
+
+#[derive(Debug, Serialize)]
+struct Params<'a> {
+    url: String,
+    guarantee: String,
+    duration_ms: u128,
+    workers: u32,
+    ttl_ms: u128,
+    steps: u32,
+    step_gap_ms: u128,
+    nemesis: Vec<&'a str>,
+    name: &'a str,
+}
+
+struct SelfSpawner {
+    exe: PathBuf,
+    op_timeout: Duration,
+}
+
+impl Spawner for SelfSpawner {
+    fn command(
+        &self,
+        params: &distlock_check::WorkerParams,
+        url: &str,
+        register: SocketAddr,
+    ) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(&self.exe);
+        command
+            .arg("check-worker")
+            .arg("--register")
+            .arg(register.to_string())
+            .arg("--params")
+            .arg(serde_json::to_string(params).unwrap_or_default())
+            .arg("--op-timeout")
+            .arg(humantime::format_duration(self.op_timeout).to_string())
+            .env(WORKER_URL, url)
+            .env("DISTLOCK_LOG", "error");
+        command
+    }
+}
+
+pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
+    let nemesis: Vec<FaultKind> = args.nemesis.iter().flatten().copied().collect();
+    let label = args.connection.shown();
+    let name = args.name.clone().unwrap_or_else(|| {
+        format!(
+            "distlock-check/{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        )
+    });
+    let config = RunConfig {
+        url: args.connection.url.clone(),
+        name: name.clone(),
+        duration: args.duration,
+        workers: args.workers,
+        ttl: args.ttl,
+        steps: args.steps,
+        step_gap: args.step_gap,
+        nemesis: nemesis.clone(),
+        restart_cmd: args.restart_cmd.clone(),
+    };
+    config.validate().map_err(run_failure)?;
+    let lock = args.connection.connect().await?;
+    let caps = lock.capabilities().clone();
+    if args.ttl < caps.min_ttl || args.ttl > caps.max_ttl {
+        return Err(Failure::new(
+            CONFIG,
+            format!(
+                "--ttl {} is outside what {} accepts ({} to {})",
+                humantime::format_duration(args.ttl),
+                lock.backend(),
+                humantime::format_duration(caps.min_ttl),
+                humantime::format_duration(caps.max_ttl)
+            ),
+        ));
+    }
+    let spawner = SelfSpawner {
+        exe: std::env::current_exe().map_err(|err| {
+            Failure::new(OTHER, format!("cannot find the distlock binary: {err}"))
+        })?,
+        op_timeout: args.connection.op_timeout,
+    };
+    eprintln!(
+        "distlock check: {} workers on {label} for {}, ttl {}, faults: {}",
+        args.workers,
+        humantime::format_duration(args.duration),
+        humantime::format_duration(args.ttl),
+        if nemesis.is_empty() {
+            "none".to_owned()
+        } else {
+            nemesis
+                .iter()
+                .map(|f| f.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    );
+    let history = distlock_check::run(&config, &spawner, Arc::clone(&lock))
+        .await
+        .map_err(run_failure)?;
+    let ttl_ns = distlock_check::history::nanos_of(args.ttl);
+    let verdict = distlock_check::check(
+        &history,
+        &CheckConfig {
+            guarantee: caps.fencing,
+            settle: 2 * ttl_ns,
+            max_gap: 2 * ttl_ns + 1_000_000_000,
+        },
+    );
+    let table = report::markdown(&label, &verdict);
+    println!("{table}");
+    let params = Params {
+        url: label.clone(),
+        guarantee: caps.fencing.to_string(),
+        duration_ms: args.duration.as_millis(),
+        workers: args.workers,
+        ttl_ms: args.ttl.as_millis(),
+        steps: args.steps,
+        step_gap_ms: args.step_gap.as_millis(),
+        nemesis: nemesis.iter().map(|f| f.as_str()).collect(),
+        name: &name,
+    };
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&JsonReport {
+            params,
+            verdict: &verdict,
+            history: &history,
+        })
+        .map_err(|err| Failure::new(OTHER, format!("cannot encode the report: {err}")))?;
+        write(path, &json)?;
+    }
+    if let Some(path) = &args.markdown {
+        write(path, &table)?;
+    }
+    if let Some(path) = &args.svg {
+        let svg = report::svg(&label, &history, &verdict)
+            .map_err(|why| Failure::new(OTHER, format!("cannot draw the timeline: {why}")))?;
+        write(path, &svg)?;
+    }
+    Ok(if verdict.failed() { VIOLATED } else { 0 })
+}
+
+fn run_failure(err: RunError) -> Failure {
+    match err {
+        RunError::Config(why) => Failure::new(CONFIG, why),
+        other => Failure::new(OTHER, other.to_string()),
+    }
+}
+
+fn write(path: &std::path::Path, text: &str) -> Result<(), Failure> {
+    std::fs::write(path, text)
+        .map_err(|err| Failure::new(OTHER, format!("cannot write {}: {err}", path.display())))
+}
+
+/// One worker process: connect (retrying for a while: a replacement may start while the
+/// server restarts), then loop until SIGTERM.
+pub(crate) async fn worker(args: WorkerArgs) -> Result<u8, Failure> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let params: distlock_check::WorkerParams = serde_json::from_str(&args.params)
+        .map_err(|err| Failure::new(CONFIG, format!("bad --params: {err}")))?;
+    let url = std::env::var(WORKER_URL)
+        .map_err(|_| Failure::new(CONFIG, format!("{WORKER_URL} is not set")))?;
+    let mut term = signal(SignalKind::terminate())
+        .map_err(|err| Failure::new(OTHER, format!("cannot watch SIGTERM: {err}")))?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        term.recv().await;
+        let _ = stop.send(true);
+    });
+    let connection = Connection {
+        url,
+        op_timeout: args.op_timeout,
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let lock = loop {
+        match connection.connect().await {
+            Ok(lock) => break lock,
+            Err(failure) if tokio::time::Instant::now() < deadline => {
+                let _ = failure;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(failure) => return Err(failure),
+        }
+    };
+    let register = RemoteRegister::connect(args.register)
+        .await
+        .map_err(|err| Failure::new(OTHER, format!("cannot reach the register: {err}")))?;
+    distlock_check::work(&*lock, &params, &register, &StdoutSink, stopped)
+        .await
+        .map_err(|err| Failure::new(OTHER, format!("the register failed: {err}")))?;
+    Ok(0)
+}

@@ -1,0 +1,98 @@
+//! `distlock check` against the embedded SQLite file (the server backends run it from
+//! scripts/test.sh): a run with pauses and crashes passes and writes its reports; options
+//! that cannot work are exit 78 before anything starts.
+
+#![cfg(feature = "sqlite")]
+
+#[allow(dead_code, reason = "each test file uses a part of the harness")]
+mod common;
+
+use common::Env;
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn a_run_with_pauses_and_crashes_passes_and_reports() {
+    let env = Env::new();
+    let (json, svg, md) = (env.path("c.json"), env.path("c.svg"), env.path("c.md"));
+    let url = env.url();
+    let out = env.run(&[
+        "check",
+        "--url",
+        &url,
+        "--duration",
+        "8s",
+        "--workers",
+        "3",
+        "--ttl",
+        "1s",
+        "--nemesis",
+        "pause,crash",
+        "--json",
+        json.to_str().expect("utf-8"),
+        "--svg",
+        svg.to_str().expect("utf-8"),
+        "--markdown",
+        md.to_str().expect("utf-8"),
+    ]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("| no two holders share a token | pass | 0 |"),
+        "{stdout}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("the JSON report")).expect("JSON");
+    assert_eq!(report["params"]["guarantee"], "linearizable");
+    let acquired = report["verdict"]["stats"]["acquired"]
+        .as_u64()
+        .expect("a count");
+    assert!(acquired >= 10, "{}", report["verdict"]["stats"]);
+    assert!(
+        report["history"]["faults"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty())
+    );
+    assert!(report["history"]["final_acquire"]["token"].is_u64());
+    assert!(
+        std::fs::read_to_string(&svg)
+            .expect("the SVG")
+            .starts_with("<svg")
+    );
+    assert_eq!(
+        std::fs::read_to_string(&md).expect("the table"),
+        stdout.trim_end_matches('\n').to_owned() + "\n"
+    );
+}
+
+#[test]
+fn options_that_cannot_work_are_config_errors() {
+    let env = Env::new();
+    let url = env.url();
+    let cases: [(&[&str], &str); 4] = [
+        (&["--url", &url, "--nemesis", "restart"], "--restart-cmd"),
+        (&["--url", &url, "--ttl", "0s"], "--ttl 0s is outside"),
+        (
+            &["--url", "memory://", "--duration", "1s"],
+            "memory:// locks live in one process",
+        ),
+        (
+            &["--url", &url, "--nemesis", "meteor"],
+            "unknown fault \"meteor\"",
+        ),
+    ];
+    for (args, expected) in cases {
+        let mut all = vec!["check"];
+        all.extend_from_slice(args);
+        let out = env.run(&all);
+        let stderr = text(&out.stderr);
+        assert!(
+            matches!(out.status.code(), Some(78 | 2)),
+            "{args:?}: {:?} {stderr}",
+            out.status
+        );
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
