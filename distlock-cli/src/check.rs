@@ -60,12 +60,14 @@ pub(crate) struct CheckArgs {
     restart_cmd: Option<String>,
 
     /// Checked writes per critical section.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
     steps: u32,
 
-    /// The work between two writes.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "20ms")]
-    step_gap: Duration,
+    /// The work of each step, between its check and its write (a pause there makes the write
+    /// late: what the fence is for). Default: a fifth of the ttl, so that a critical section
+    /// of 10 steps lasts two ttls and needs its renewals.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    step_gap: Option<Duration>,
 
     /// The lock's name (default: a fresh one per run).
     #[arg(long)]
@@ -155,6 +157,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
             &uuid::Uuid::new_v4().simple().to_string()[..12]
         )
     });
+    let step_gap = args.step_gap.unwrap_or(args.ttl / 5);
     let config = RunConfig {
         url: args.connection.url.clone(),
         name: name.clone(),
@@ -162,7 +165,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
         workers: args.workers,
         ttl: args.ttl,
         steps: args.steps,
-        step_gap: args.step_gap,
+        step_gap,
         nemesis: nemesis.clone(),
         restart_cmd: args.restart_cmd.clone(),
     };
@@ -223,7 +226,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
         workers: args.workers,
         ttl_ms: args.ttl.as_millis(),
         steps: args.steps,
-        step_gap_ms: args.step_gap.as_millis(),
+        step_gap_ms: step_gap.as_millis(),
         nemesis: nemesis.iter().map(|f| f.as_str()).collect(),
         name: &name,
     };

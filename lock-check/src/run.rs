@@ -35,7 +35,7 @@ pub struct RunConfig {
     pub ttl: Duration,
     /// Checked writes per critical section.
     pub steps: u32,
-    /// The pause after each write.
+    /// The work of each step, between its check and its write.
     pub step_gap: Duration,
     /// The faults to inject.
     pub nemesis: Vec<FaultKind>,
@@ -204,7 +204,15 @@ pub async fn run(
         let kind = config.nemesis[rng.random_range(0..config.nemesis.len())];
         let mut ids: Vec<u32> = fleet.running.keys().copied().collect();
         ids.sort_unstable();
-        let target = ids[rng.random_range(0..ids.len())];
+        // A pause or a partition of the holder is the interesting case (a GC pause in the
+        // critical section): aim at it two times in three.
+        let holder = recorder
+            .holder()
+            .filter(|w| fleet.running.contains_key(w) && rng.random_bool(2.0 / 3.0));
+        let target = match (kind, holder) {
+            (FaultKind::Pause | FaultKind::Partition, Some(holder)) => holder,
+            _ => ids[rng.random_range(0..ids.len())],
+        };
         let hold = ttl.mul_f64(rng.random_range(1.5..3.0));
         let begun = now();
         let fault = match kind {

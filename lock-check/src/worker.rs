@@ -29,7 +29,7 @@ pub struct WorkerParams {
     pub wait: Duration,
     /// Checked writes per critical section.
     pub steps: u32,
-    /// The pause after each write (the work of the step).
+    /// The work of each step, between its check and its write.
     pub step_gap: Duration,
 }
 
@@ -185,6 +185,9 @@ pub async fn work(
             if !passed {
                 break;
             }
+            // The step's work, done in the belief of holding the lock; a pause here makes the
+            // write below late.
+            tokio::time::sleep(params.step_gap).await;
             if !register.write(acq, token, step).await? {
                 sink.event(
                     id,
@@ -196,7 +199,6 @@ pub async fn work(
                 );
                 break;
             }
-            tokio::time::sleep(params.step_gap).await;
         }
         sink.event(id, Event::Release { seq, t: now() });
         // A release that fails (the lock was lost meanwhile) is what the checks are for.
@@ -215,12 +217,24 @@ pub struct Recorder {
 struct Recorded {
     history: History,
     index: std::collections::HashMap<AcqId, usize>,
+    /// Workers between `Acquired` and `Release`, with when they acquired.
+    holding: std::collections::HashMap<u32, Nanos>,
 }
 
 impl Recorder {
     /// An empty recorder.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The worker that acquired most recently among those that hold a guard now.
+    pub fn holder(&self) -> Option<u32> {
+        let state = unpoisoned(&self.state);
+        state
+            .holding
+            .iter()
+            .max_by_key(|(_, since)| **since)
+            .map(|(worker, _)| *worker)
     }
 
     /// The history so far: acquisitions and checks (writes, faults, workers and the final
@@ -266,6 +280,7 @@ impl Sink for Recorder {
                     (a.returned, a.token, a.valid_until) =
                         (Some(t), Some(token), Some(valid_until));
                 }
+                state.holding.insert(worker, t);
             }
             Event::Failed { seq, t, error } => {
                 if let Some(a) = state.acquisition(worker, seq) {
@@ -293,6 +308,7 @@ impl Sink for Recorder {
                 if let Some(a) = state.acquisition(worker, seq) {
                     a.released = Some(t);
                 }
+                state.holding.remove(&worker);
             }
         }
     }
