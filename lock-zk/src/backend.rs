@@ -248,7 +248,8 @@ impl LockBackend for ZkBackend {
     /// closes the gap between the observer's first read and the watch), then after every
     /// change of the queue, with the next watch already set, so no change is missed. The
     /// head node's data is watched too: a waiter handed the lock marks its node held without
-    /// changing the children. While the watches cannot be set (disconnected), it tries again
+    /// changing the children (so the observer also reads again after each renewal of the
+    /// leader, every ttl/3). While the watches cannot be set (disconnected), it tries again
     /// every 200 ms, and the observer reads at its interval meanwhile.
     ///
     /// Only standard one-shot watches: ZOOKEEPER-4466 (a persistent watch on a path breaks

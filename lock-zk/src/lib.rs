@@ -74,6 +74,9 @@
 //!   what the name is; a permit request on a name whose head is not a permit node of the same
 //!   N, or a shared or exclusive request on a semaphore, answers
 //!   [`Error::Mismatch`](distlock_core::Error::Mismatch), and the attempt's node is removed.
+//!   Only permit waiters judge a permit holder's lease: a crashed semaphore holder makes
+//!   requests of other kinds answer `Mismatch` until a permit request removes it or its
+//!   session expires.
 //! - Tokens are the nodes' `czxid`, for every kind (one name, one counter: the zxid). A node
 //!   holds only after every node it waits for is gone, and nodes are created in sequence
 //!   order, so a writer's token is above every earlier holder's, and a reader's or a permit's
@@ -82,6 +85,12 @@
 //!   their tokens: the token is the place in the queue.
 //! - [`MAX_PERMITS`] bounds N: the first waiter reads every holder's node in each of its
 //!   polls.
+//! - Cost of the leases: ZooKeeper's data and exists watches fire on data changes too, and
+//!   a node's lease lives in its data. A waiter is therefore also woken, and looks again (a
+//!   listing and a read), when the node it watches is written: each renewal of a holder
+//!   (every ttl/3), a waiter's refresh (every ttl/3), a writer's held mark. Readers waiting
+//!   for one writer all see that writer's writes; none of this wakes anybody else, and a
+//!   release still wakes only the waiters it unblocks.
 //!
 //! # Leases on the server's clock
 //!
