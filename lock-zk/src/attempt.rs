@@ -7,17 +7,19 @@ use std::time::Instant;
 use async_trait::async_trait;
 use distlock_core::backend::{detached, spawn_cleanup};
 use distlock_core::{
-    AcquireRequest, Acquired, Attempt, AttemptMode, Error, FencingToken, Result, Step,
+    AcquireRequest, Acquired, Attempt, AttemptMode, Error, FencingToken, LockKind, Result, Step,
 };
+use futures::future::OptionFuture;
 use tracing::debug;
 use zookeeper_client as zk;
 
 use crate::ZkBackend;
 use crate::error::{denied, zk_error};
-use crate::keys::{Entry, escape, held_data, waiting_data};
+use crate::keys::{Entry, escape, held_data, node_prefix, queue, waiting_data};
 use crate::lease::ZkLease;
 use crate::queue::{
-    Ahead, NodeClock, Written, ensure_parent, join_queue, leave_queue, list_queue, remove_lapsed,
+    Ahead, NodeClock, Place, Written, ensure_parent, join_queue, leave_queue, list_queue, mismatch,
+    place, remove_lapsed,
 };
 use crate::session::Session;
 use crate::wake::Wake;
@@ -33,7 +35,7 @@ pub(crate) struct ZkAttempt {
     request: AcquireRequest,
     /// The lock node; its children are the queue.
     parent: String,
-    /// `<escaped owner>.`: our node's name up to the sequence number.
+    /// `[<kind tag>.]<escaped owner>.`: our node's name up to the sequence number.
     prefix: String,
     /// The session our node belongs to.
     session: Option<Arc<Session>>,
@@ -55,7 +57,7 @@ pub(crate) struct ZkAttempt {
 impl ZkAttempt {
     pub(crate) fn new(backend: ZkBackend, request: AcquireRequest) -> Self {
         let parent = backend.shared.config.lock_path(&request.name);
-        let prefix = format!("{}.", escape(&request.owner));
+        let prefix = node_prefix(request.kind, &escape(&request.owner));
         let request_ttl = request.ttl;
         Self {
             backend,
@@ -142,6 +144,7 @@ impl ZkAttempt {
                 Next::Done(step) => return Ok(step),
             }
         } else if std::mem::take(&mut self.predecessor_gone)
+            && self.request.kind == LockKind::Exclusive
             && self.request.mode == AttemptMode::Wait
             && let Some(node) = self.node.clone()
         {
@@ -162,6 +165,17 @@ impl ZkAttempt {
         };
         let own = entries[index].name.clone();
         self.node = Some(own.clone());
+        if let Some(message) = mismatch(self.request.kind, &entries) {
+            return Err(Error::Mismatch {
+                name: self.request.name.to_string(),
+                message,
+            });
+        }
+        if self.request.kind != LockKind::Exclusive {
+            return self
+                .poll_kind(&session, &entries, index, fresh, &held)
+                .await;
+        }
         if index == 0 {
             return self.take_head(&session, &own, fresh, &held).await;
         }
@@ -414,6 +428,144 @@ impl ZkAttempt {
             stat: &stat,
         };
         self.judge(client, ahead, Some(now_ms), watcher).await
+    }
+
+    /// A shared or permit node's poll, once the queue is known (see [`place`]): hold, wait for
+    /// the node that blocks ours, or, as the first permit waiter, for any holder to go.
+    async fn poll_kind(
+        &mut self,
+        session: &Arc<Session>,
+        entries: &[Entry],
+        index: usize,
+        fresh: Option<Written>,
+        held: &[u8],
+    ) -> Result<Option<Step>> {
+        let own = entries[index].name.as_str();
+        match place(self.request.kind, entries, index) {
+            // A successor that saw our node waiting watches its data: the write marking it
+            // held wakes it (it may now be the first waiter). Without one, a node created by
+            // this poll holds with its creation as it is.
+            Place::Holds { successor } => {
+                let fresh = fresh.filter(|_| !successor);
+                self.take_head(session, own, fresh, held).await
+            }
+            Place::Behind(blocker) if self.request.mode == AttemptMode::Try => {
+                // A try removes a holder whose lease ran out, as the mutex's does.
+                if entries.first() == Some(&blocker) {
+                    self.next_in_line(&session.client, own, &blocker.name, fresh, held)
+                        .await
+                } else {
+                    Ok(Some(Step::busy(None)))
+                }
+            }
+            Place::Behind(blocker) => self.wait_behind(&session.client, own, &blocker.name).await,
+            Place::FirstWaiter(holders) => self.first_waiter(session, own, &holders, fresh).await,
+        }
+    }
+
+    /// The first permit waiter (N holders ahead of it): the release or removal of any holder
+    /// frees a permit for it. In one round trip it writes its node when due (waiting mark,
+    /// lease refresh, the server's clock: [`Self::must_write`]), lists the children with a
+    /// watch (which fires on the next release, and on nothing a holder's renewal does), and
+    /// reads every holder's node to remove those whose lease ran out. A try reads the holders
+    /// with the server's clock of its own write, without a watch.
+    ///
+    /// The waiter behind it watches its node: when it becomes a holder, the write that marks
+    /// it held wakes that one, which then takes over the children watch. So a release wakes
+    /// the waiter it frees a permit for, and that one wakes the next: never all of them.
+    async fn first_waiter(
+        &mut self,
+        session: &Arc<Session>,
+        own: &str,
+        holders: &[Entry],
+        fresh: Option<Written>,
+    ) -> Result<Option<Step>> {
+        let client = &session.client;
+        let try_mode = self.request.mode == AttemptMode::Try;
+        let own_path = self.own_path(own);
+        let sent = Instant::now();
+        let mark = if try_mode {
+            held_data(self.request.ttl)
+        } else {
+            waiting_data(self.request.ttl)
+        };
+        // Sent in this order on the session: the write, the watched listing, the reads.
+        let touch = match fresh {
+            Some(_) if try_mode => None,
+            _ if try_mode || self.must_write(sent) => Some(client.set_data(&own_path, &mark, None)),
+            _ => None,
+        };
+        let listing = (!try_mode).then(|| client.list_and_watch_children(&self.parent));
+        let paths: Vec<String> = holders.iter().map(|h| self.own_path(&h.name)).collect();
+        let reads = futures::future::join_all(paths.iter().map(|path| client.get_data(path)));
+        let (touched, listed, reads) = futures::join!(
+            OptionFuture::from(touch),
+            OptionFuture::from(listing),
+            reads
+        );
+        let (touched, listed) = (touched.transpose(), listed.transpose());
+        let now_ms = match touched {
+            Ok(Some(stat)) => {
+                self.waiting_marked = !try_mode;
+                Some(self.clock.wrote(sent, stat.mtime))
+            }
+            Ok(None) => fresh.map(|written| written.mtime),
+            Err(zk::Error::NoNode) => {
+                self.forget_node();
+                return Ok(None);
+            }
+            Err(err) => return Err(zk_error("marking the waiter", err)),
+        };
+        let watcher = match listed {
+            Ok(Some((children, watcher))) => {
+                // Still the first waiter, or the listing saw a change: look again.
+                let entries = queue(children);
+                let still = entries
+                    .iter()
+                    .position(|e| e.name == own)
+                    .map(|index| place(self.request.kind, &entries, index));
+                if !matches!(still, Some(Place::FirstWaiter(_))) {
+                    return Ok(None);
+                }
+                Some(watcher)
+            }
+            Ok(None) => None,
+            Err(zk::Error::NoNode) => return Ok(None),
+            Err(err) => return Err(zk_error("watching the holders", err)),
+        };
+        // The holder whose lease runs out first: when to look again.
+        let mut first_out: Option<(i64, i64)> = None;
+        for ((holder, path), read) in holders.iter().zip(&paths).zip(reads) {
+            let (data, stat) = match read {
+                Ok(read) => read,
+                Err(zk::Error::NoNode) => return Ok(None), // released meanwhile
+                Err(err) => return Err(zk_error("reading a holder", err)),
+            };
+            let ahead = Ahead {
+                name: &holder.name,
+                path,
+                data: &data,
+                stat: &stat,
+            };
+            if remove_lapsed(client, &ahead, now_ms).await? {
+                return Ok(None);
+            }
+            if let Some(lease) = ahead.lease_ms()
+                && first_out.is_none_or(|(l, m)| stat.mtime + lease < m + l)
+            {
+                first_out = Some((lease, stat.mtime));
+            }
+        }
+        if let Some(watcher) = watcher {
+            self.wake = Wake::deleted(watcher);
+        }
+        let retry_after = self.clock.wait_for(
+            first_out.map(|(lease, _)| lease),
+            first_out.map_or(0, |(_, mtime)| mtime),
+            now_ms,
+            !try_mode,
+        );
+        Ok(Some(Step::busy(retry_after)))
     }
 
     /// Decides about the node ahead of ours (the head, or our predecessor): removes it if its

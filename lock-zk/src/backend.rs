@@ -9,20 +9,30 @@ use async_trait::async_trait;
 use distlock_core::backend::{held_among, unpoisoned as lock};
 use distlock_core::{
     AcquireRequest, Attempt, Capabilities, ClientConfig, FencingGuarantee, FencingToken,
-    LockBackend, LockInfo, LockName, LossDetection, Result, WakeUp,
+    LockBackend, LockInfo, LockKind, LockName, LossDetection, Result, WakeUp,
 };
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use tracing::warn;
 use zookeeper_client as zk;
 
 use crate::ZkConfig;
 use crate::attempt::ZkAttempt;
 use crate::error::zk_error;
-use crate::keys::{escape, parse_held, queue, unescape};
+use crate::keys::{Entry, escape, parse_held, queue, unescape};
+use crate::queue::holders;
 use crate::session::{Session, open_session};
 
 /// The smallest ttl accepted: the lease is measured in whole milliseconds on the server and
 /// renewed every ttl/3, so it must be many round trips long.
 pub(crate) const MIN_TTL: Duration = Duration::from_millis(100);
+
+/// The largest semaphore: the first waiter of a semaphore reads every holder's node in each
+/// of its polls (to remove holders whose lease ran out, on the server's clock), all in one
+/// round trip but one read per permit, and every waiter's listing carries every node. 256
+/// keeps that poll a few kilobytes and well inside one operation timeout; a larger pool of
+/// permits is better served by several names.
+pub const MAX_PERMITS: u32 = 256;
 
 /// The ZooKeeper [`LockBackend`]. Cheap to clone (clones share the session).
 #[derive(Clone)]
@@ -129,12 +139,18 @@ impl LockBackend for ZkBackend {
             .with_loss_detection(LossDetection::Session)
             .with_list(true)
             .with_force_release(true)
+            .with_shared(true)
+            .with_max_permits(MAX_PERMITS)
     }
 
     fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
         Box::new(ZkAttempt::new(self.clone(), request))
     }
 
+    /// The holders as the queue shows them (the exclusive head; the readers ahead of the first
+    /// writer; the first N permit nodes): the latest holder's node is read
+    /// for its token (`czxid`); an exclusive head whose data says "waiting" is a waiter about
+    /// to take the lock, and nobody holds it yet.
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let session = self.session().await?;
         session.check_connected()?;
@@ -146,17 +162,23 @@ impl LockBackend for ZkBackend {
                 Err(zk::Error::NoNode) => return Ok(None),
                 Err(err) => return Err(zk_error("listing the queue", err)),
             };
-            let Some(head) = queue(children).into_iter().next() else {
+            let entries = queue(children);
+            let (kind, held) = holders(&entries);
+            let Some(latest) = held.last() else {
                 return Ok(None);
             };
-            match client.get_data(&format!("{parent}/{}", head.name)).await {
+            match client.get_data(&format!("{parent}/{}", latest.name)).await {
                 Ok((data, stat)) => {
-                    if parse_held(&data).is_none() {
+                    if kind == LockKind::Exclusive && parse_held(&data).is_none() {
                         return Ok(None);
                     }
-                    let owner = unescape(head.owner_part()).unwrap_or_else(|| head.name.clone());
+                    let owner =
+                        unescape(latest.owner_part()).unwrap_or_else(|| latest.name.clone());
                     let token = u64::try_from(stat.czxid).ok().map(FencingToken::new);
-                    return Ok(Some(LockInfo::new(owner, token, None)));
+                    let count = u32::try_from(held.len()).unwrap_or(u32::MAX);
+                    return Ok(Some(
+                        LockInfo::new(owner, token, None).with_holders(kind, count),
+                    ));
                 }
                 Err(zk::Error::NoNode) => continue,
                 Err(err) => return Err(zk_error("reading the holder", err)),
@@ -187,39 +209,145 @@ impl LockBackend for ZkBackend {
         held_among(self, names, limit).await
     }
 
-    /// Deletes the holder's node (the queue head, if its data says "held"), version-checked
+    /// Deletes the holders' nodes (as [`inspect`](LockBackend::inspect) counts them) whose data says "held", each version-checked
     /// so that a renewal in between makes it look again. ZooKeeper lets any session delete
-    /// another's ephemeral node. The next waiter's watch on its predecessor fires and it takes
-    /// the lock; its node was created later, so its token (`czxid`) is higher. The former
-    /// holder's watch on its own node reports the loss.
+    /// another's ephemeral node. The waiters' watches fire and they take the lock; their nodes
+    /// were created later, so their tokens (`czxid`) are higher. The former holders' watches
+    /// on their own nodes report the loss.
     async fn force_release(&self, name: &LockName) -> Result<bool> {
         let session = self.session().await?;
         session.check_connected()?;
         let client = &session.client;
         let parent = self.shared.config.lock_path(name);
+        let mut removed = false;
         for _ in 0..8 {
             let children = match client.list_children(&parent).await {
                 Ok(children) => children,
-                Err(zk::Error::NoNode) => return Ok(false),
+                Err(zk::Error::NoNode) => return Ok(removed),
                 Err(err) => return Err(zk_error("listing the queue", err)),
             };
-            let Some(head) = queue(children).into_iter().next() else {
-                return Ok(false);
-            };
-            let path = format!("{parent}/{}", head.name);
-            let stat = match client.get_data(&path).await {
-                Ok((data, stat)) if parse_held(&data).is_some() => stat,
-                // A waiter about to take the lock: nobody holds it now.
-                Ok(_) => return Ok(false),
-                Err(zk::Error::NoNode) => continue,
-                Err(err) => return Err(zk_error("reading the holder", err)),
-            };
-            match client.delete(&path, Some(stat.version)).await {
-                Ok(()) => return Ok(true),
-                Err(zk::Error::NoNode | zk::Error::BadVersion) => continue,
-                Err(err) => return Err(zk_error("deleting the holder", err)),
+            let entries = queue(children);
+            let (_, held) = holders(&entries);
+            let mut again = false;
+            for holder in held {
+                match remove_held(client, &parent, holder).await? {
+                    Some(true) => removed = true,
+                    Some(false) => {}
+                    None => again = true,
+                }
+            }
+            if !again {
+                return Ok(removed);
             }
         }
-        Ok(false)
+        Ok(removed)
+    }
+
+    /// A children watch on the name's node (an exists watch while it does not exist),
+    /// re-armed before each yield: the stream yields once the first watch is set (which
+    /// closes the gap between the observer's first read and the watch), then after every
+    /// change of the queue, with the next watch already set, so no change is missed. The
+    /// head node's data is watched too: a waiter handed the lock marks its node held without
+    /// changing the children (so the observer also reads again after each renewal of the
+    /// leader, every ttl/3). While the watches cannot be set (disconnected), it tries again
+    /// every 200 ms, and the observer reads at its interval meanwhile.
+    ///
+    /// Only standard one-shot watches: ZOOKEEPER-4466 (a persistent watch on a path breaks
+    /// the standard watches of the same session on it, and the reverse) would bite the
+    /// attempts and leases that share this session and watch the same nodes.
+    fn watch(&self, name: &LockName) -> Option<BoxStream<'static, ()>> {
+        let backend = self.clone();
+        let parent = self.shared.config.lock_path(name);
+        Some(
+            futures::stream::unfold(
+                (backend, parent, None::<Armed>),
+                |(backend, parent, armed)| async move {
+                    if let Some(armed) = armed {
+                        armed.changed().await;
+                    }
+                    loop {
+                        match arm(&backend, &parent).await {
+                            Ok(armed) => return Some(((), (backend, parent, Some(armed)))),
+                            Err(err) => {
+                                // Disconnected: the observer reads at its interval meanwhile.
+                                tracing::debug!(%err, "cannot watch a lock node, trying again");
+                                tokio::time::sleep(REARM_PAUSE).await;
+                            }
+                        }
+                    }
+                },
+            )
+            .boxed(),
+        )
+    }
+}
+
+/// Deletes `holder`'s node if its data says "held", with the version read. `Some(removed)`,
+/// or `None` when it changed meanwhile (renewed, marked, gone): look again.
+async fn remove_held(client: &zk::Client, parent: &str, holder: &Entry) -> Result<Option<bool>> {
+    let path = format!("{parent}/{}", holder.name);
+    let stat = match client.get_data(&path).await {
+        Ok((data, stat)) if parse_held(&data).is_some() => stat,
+        // A waiter about to take its hold: it does not hold yet.
+        Ok(_) => return Ok(Some(false)),
+        Err(zk::Error::NoNode) => return Ok(None),
+        Err(err) => return Err(zk_error("reading a holder", err)),
+    };
+    match client.delete(&path, Some(stat.version)).await {
+        Ok(()) => Ok(Some(true)),
+        Err(zk::Error::NoNode | zk::Error::BadVersion) => Ok(None),
+        Err(err) => Err(zk_error("deleting a holder", err)),
+    }
+}
+
+/// The pause between attempts to set an observer's watches while that fails.
+const REARM_PAUSE: Duration = Duration::from_millis(200);
+
+/// The watches of an election observer (see [`ZkBackend::watch`]).
+struct Armed {
+    watchers: Vec<zk::OneshotWatcher>,
+}
+
+impl Armed {
+    /// Resolves at the first event of any of the watches (a session event included).
+    async fn changed(self) {
+        let events = self.watchers.into_iter().map(|w| Box::pin(w.changed()));
+        futures::future::select_all(events).await;
+    }
+}
+
+/// Sets the observer's watches on `parent`: its children, or its creation, and the head's
+/// data. Uses the backend's live session (a new one after an expiry).
+async fn arm(backend: &ZkBackend, parent: &str) -> Result<Armed> {
+    let session = backend.session().await?;
+    let client = &session.client;
+    let failed = |err| zk_error("watching a lock node", err);
+    loop {
+        let (children, listing) = match client.list_and_watch_children(parent).await {
+            Ok(listed) => listed,
+            Err(zk::Error::NoNode) => match client.check_and_watch_stat(parent).await {
+                Ok((None, created)) => {
+                    return Ok(Armed {
+                        watchers: vec![created],
+                    });
+                }
+                Ok((Some(_), _)) => continue, // created meanwhile: list it
+                Err(err) => return Err(failed(err)),
+            },
+            Err(err) => return Err(failed(err)),
+        };
+        let mut watchers = vec![listing];
+        if let Some(head) = queue(children).into_iter().next() {
+            match client
+                .check_and_watch_stat(&format!("{parent}/{}", head.name))
+                .await
+            {
+                Ok((Some(_), head)) => watchers.push(head),
+                // The head left meanwhile: the children watch has fired already.
+                Ok((None, _)) => {}
+                Err(err) => return Err(failed(err)),
+            }
+        }
+        return Ok(Armed { watchers });
     }
 }

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use distlock_core::LockKind;
 use distlock_core::backend::{AsciiSet, NON_ALPHANUMERIC, escape_name};
 use zookeeper_client as zk;
 
@@ -18,29 +19,67 @@ pub(crate) fn escape(s: &str) -> String {
 
 pub(crate) use distlock_core::backend::unescape_name as unescape;
 
-/// One queue entry: a child `<escaped owner>.<sequence>` of a lock node.
+/// One queue entry: a child `[<kind>.]<escaped owner>.<sequence>` of a lock node. The kind
+/// tag is absent for an exclusive node (the mutex's node name, unchanged), `read` for a shared
+/// one and `sem<N>` for a permit of a semaphore of N. Escaped owners never contain `.`, so the
+/// tag cannot be confused with an owner.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Entry {
     /// The child's name.
     pub(crate) name: String,
     /// Its sequence number (the queue position).
     pub(crate) seq: i64,
+    /// What it asks for (or holds).
+    pub(crate) kind: LockKind,
+}
+
+/// The tag of a shared (reader's) node.
+const READ_TAG: &str = "read";
+/// The tag of a permit node, followed by the semaphore's size.
+const PERMIT_TAG: &str = "sem";
+
+/// The name of a node of `kind` for the escaped owner `owner`, up to its sequence number.
+pub(crate) fn node_prefix(kind: LockKind, owner: &str) -> String {
+    match kind {
+        LockKind::Shared => format!("{READ_TAG}.{owner}."),
+        LockKind::Permit { permits } => format!("{PERMIT_TAG}{permits}.{owner}."),
+        _ => format!("{owner}."),
+    }
+}
+
+/// The kind a node name's tag says; `None` for a tag this crate did not write.
+fn parse_tag(tag: &str) -> Option<LockKind> {
+    if tag == READ_TAG {
+        return Some(LockKind::Shared);
+    }
+    let digits = tag.strip_prefix(PERMIT_TAG)?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let permits: u32 = digits.parse().ok()?;
+    (permits > 0).then_some(LockKind::Permit { permits })
 }
 
 impl Entry {
     /// Parses a child name; `None` for a node this crate did not create.
     pub(crate) fn parse(name: String) -> Option<Self> {
-        let (_, digits) = name.rsplit_once('.')?;
+        let (rest, digits) = name.rsplit_once('.')?;
         if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
+        let kind = match rest.split_once('.') {
+            None => LockKind::Exclusive,
+            Some((tag, owner)) if !owner.contains('.') => parse_tag(tag)?,
+            Some(_) => return None,
+        };
         let seq = digits.parse().ok()?;
-        Some(Self { name, seq })
+        Some(Self { name, seq, kind })
     }
 
-    /// The escaped owner part (before the last `.`).
+    /// The escaped owner part (between the kind tag and the last `.`).
     pub(crate) fn owner_part(&self) -> &str {
-        self.name.rsplit_once('.').map_or("", |(owner, _)| owner)
+        let rest = self.name.rsplit_once('.').map_or("", |(rest, _)| rest);
+        rest.split_once('.').map_or(rest, |(_, owner)| owner)
     }
 }
 
@@ -155,6 +194,37 @@ mod tests {
         ]);
         assert_eq!(q.iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 10]);
         assert_eq!(q[0].owner_part(), "a");
+    }
+
+    #[test]
+    fn kinds_are_tagged_in_node_names_and_parsed_back() {
+        let kinds = [
+            LockKind::Exclusive,
+            LockKind::Shared,
+            LockKind::Permit { permits: 1 },
+            LockKind::Permit { permits: 256 },
+        ];
+        for kind in kinds {
+            let name = format!("{}0000000042", node_prefix(kind, "ab%2Fc"));
+            let entry = Entry::parse(name).expect("parses");
+            assert_eq!((entry.kind, entry.seq), (kind, 42));
+            assert_eq!(entry.owner_part(), "ab%2Fc");
+        }
+        // An owner that looks like a tag is still an exclusive node's owner.
+        let entry = Entry::parse("read.0000000001".into()).unwrap();
+        assert_eq!(
+            (entry.kind, entry.owner_part()),
+            (LockKind::Exclusive, "read")
+        );
+        for foreign in [
+            "sem0.a.0000000001",
+            "semx.a.0000000001",
+            "write.a.0000000001",
+            "a.b.c.0000000001",
+            "sem.a.0000000001",
+        ] {
+            assert_eq!(Entry::parse(foreign.into()), None, "{foreign}");
+        }
     }
 
     #[test]

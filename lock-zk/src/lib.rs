@@ -45,6 +45,53 @@
 //! "waiting", which no contender takes for an expired holder, and its local lease counts
 //! from before the mark was sent.
 //!
+//! # Read-write locks and semaphores
+//!
+//! Curator's recipes, on the same queue. A node's name says its kind: `<owner>.<seq>` is
+//! exclusive (the mutex's node, unchanged: the exclusive kind is the write side of the
+//! read-write lock), `read.<owner>.<seq>` shared, `sem<N>.<owner>.<seq>` a permit of a
+//! semaphore of N. Escaped owners never contain `.`, so the tag is unambiguous. Every node
+//! has the same data (`H`/`W` and its lease, below) and is removed the same way once its
+//! lease ran out.
+//!
+//! - A writer holds when its node is first, and watches its predecessor: the mutex, as is.
+//! - A reader holds when no exclusive node is ahead of it, and otherwise watches the latest
+//!   exclusive node ahead of it. A reader that joins behind a waiting writer waits for that
+//!   writer: writers are not starved. A writer's release wakes the readers between it and the
+//!   next writer, and nobody else.
+//! - Of the permit nodes of N, the first N hold. The next one, the *first waiter*, lists the
+//!   children with a watch (which fires when a node joins or leaves, not when a holder
+//!   renews) and reads the holders' nodes to remove those whose lease ran out. Every other
+//!   waiter watches its predecessor's node. When a waiter becomes a holder, the write that
+//!   marks its node held wakes the waiter behind it, which then finds itself first waiter
+//!   (or a holder) and takes over the children watch. A node that holds as soon as it is
+//!   created writes that mark too when its listing shows a permit node behind it: that node
+//!   may have listed before a release and seen it waiting. (Watching one fixed node, such as
+//!   the holder N places ahead, would miss releases of the other holders.) So a release
+//!   wakes the waiter it frees a permit for, and that waiter wakes the next one: two
+//!   notifications, however many wait.
+//! - Kinds that do not belong together: the head of the queue (the oldest node, a holder) says
+//!   what the name is; a permit request on a name whose head is not a permit node of the same
+//!   N, or a shared or exclusive request on a semaphore, answers
+//!   [`Error::Mismatch`](distlock_core::Error::Mismatch), and the attempt's node is removed.
+//!   Only permit waiters judge a permit holder's lease: a crashed semaphore holder makes
+//!   requests of other kinds answer `Mismatch` until a permit request removes it or its
+//!   session expires.
+//! - Tokens are the nodes' `czxid`, for every kind (one name, one counter: the zxid). A node
+//!   holds only after every node it waits for is gone, and nodes are created in sequence
+//!   order, so a writer's token is above every earlier holder's, and a reader's or a permit's
+//!   above every earlier writer's and every holder that left before it was created. Two
+//!   permit or read acquisitions whose attempts overlap may return in the other order than
+//!   their tokens: the token is the place in the queue.
+//! - [`MAX_PERMITS`] bounds N: the first waiter reads every holder's node in each of its
+//!   polls.
+//! - Cost of the leases: ZooKeeper's data and exists watches fire on data changes too, and
+//!   a node's lease lives in its data. A waiter is therefore also woken, and looks again (a
+//!   listing and a read), when the node it watches is written: each renewal of a holder
+//!   (every ttl/3), a waiter's refresh (every ttl/3), a writer's held mark. Readers waiting
+//!   for one writer all see that writer's writes; none of this wakes anybody else, and a
+//!   release still wakes only the waiters it unblocks.
+//!
 //! # Leases on the server's clock
 //!
 //! ZooKeeper's own liveness unit is the session, shared by every lock of a client, and kept
@@ -160,7 +207,7 @@
 //!
 //! | fencing | fairness | wake-up | loss detection |
 //! |---|---|---|---|
-//! | `Linearizable`: the holder node's `czxid` | FIFO (sequence order) | watch on the predecessor | session state + watch on the own node + renewal |
+//! | `Linearizable`: the holder node's `czxid` | FIFO (sequence order; readers behind a waiting writer wait) | watch on the predecessor (a reader: the latest writer ahead; the first permit waiter: the children) | session state + watch on the own node + renewal |
 //!
 //! Tokens strictly increase per name: nodes are granted in sequence order, which is `czxid`
 //! order, and zxids only grow, also across server restarts (the epoch is in the high bits).
@@ -183,7 +230,7 @@ mod session;
 mod tls;
 mod wake;
 
-pub use backend::ZkBackend;
+pub use backend::{MAX_PERMITS, ZkBackend};
 pub use config::ZkConfig;
 pub use distlock_core;
 pub use zookeeper_client;
