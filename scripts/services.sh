@@ -15,6 +15,8 @@
 #   scripts/services.sh env              print the export lines only (starts nothing)
 #   scripts/services.sh stop-one NAME    stop one server, KEEP its data dir (fault injection)
 #   scripts/services.sh start-one NAME   (re)start one server on its existing data dir, wait ready
+#   scripts/services.sh restart-one NAME crash one server (SIGKILL) and start it again on its data
+#                                        dir, wait ready (the restart fault of `distlock check`)
 #
 # Only the export lines go to stdout, everything else to stderr, so this works:
 #   exports=$(scripts/services.sh start) && eval "$exports"
@@ -733,10 +735,10 @@ stop_signal() {
 
 # Sends the stop signal to server $1 if its recorded process is alive; prints its pid.
 signal_server() {
-  local name=$1 pid
+  local name=$1 signal=${2:-} pid
   pid=$(recorded_pid "$name") || return 0
   if is_running "$name"; then
-    kill -s "$(stop_signal "$name")" "$pid" 2>/dev/null || true
+    kill -s "${signal:-$(stop_signal "$name")}" "$pid" 2>/dev/null || true
     printf '%s\n' "$pid"
   elif pid_alive "$pid"; then
     log "$name: pid $pid is now $(cat "/proc/$pid/comm" 2>/dev/null || echo '?'), not ours: left alone"
@@ -774,6 +776,28 @@ stop_one() {
   if [[ -n $pid ]]; then
     wait_gone "$name" "$pid"
     log "$name stopped ($(($(now_ms) - t0)) ms, data kept)"
+  else
+    rm -f "$(pid_file "$name")"
+    log "$name was not running"
+  fi
+}
+
+# kill -9, as a crash of its machine would: the server and every process of its session (spawn
+# makes it a session leader; PostgreSQL's backends would otherwise outlive their postmaster),
+# no shutdown, no flush; the data dir stays for start-one. Returns once every one of them is
+# gone and reaped (PostgreSQL refuses to start while its old pid exists, even as a zombie).
+crash_one() {
+  local name=$1 pid deadline
+  pid=$(signal_server "$name" KILL)
+  if [[ -n $pid ]]; then
+    kill -KILL -- "-$pid" 2>/dev/null || true
+    deadline=$(($(now_ms) + 10000))
+    while [[ -e /proc/$pid ]] || ps -eo sid= | grep -qx " *$pid"; do
+      (($(now_ms) > deadline)) && die "$name (session $pid) survives SIGKILL"
+      sleep 0.02
+    done
+    rm -f "$(pid_file "$name")"
+    log "$name killed (SIGKILL, data kept)"
   else
     rm -f "$(pid_file "$name")"
     log "$name was not running"
@@ -999,17 +1023,20 @@ main() {
       ;;
     status) status ;;
     env) print_env ;;
-    start-one | stop-one)
+    start-one | stop-one | restart-one)
       if [[ $# -ne 2 ]] || ! is_server "$2"; then
         log "$action needs one NAME of: ${ALL_SERVERS[*]}"
         exit 2
       fi
       lock_state
-      if [[ $action == start-one ]]; then
-        start_servers "$2"
-      else
-        stop_one "$2"
-      fi
+      case $action in
+        start-one) start_servers "$2" ;;
+        stop-one) stop_one "$2" ;;
+        restart-one)
+          crash_one "$2"
+          start_servers "$2"
+          ;;
+      esac
       ;;
     *) usage ;;
   esac

@@ -185,6 +185,9 @@ publish_dry_run() {
 }
 run_step publish-dry-run publish_dry_run
 run_step test cargo test --workspace --all-features "$@"
+# `distlock check` on every configuration, every fault (see scripts/fault-check.sh); after the
+# tests, which build the binary it runs.
+run_step fault-check "$REPO/scripts/fault-check.sh"
 
 echo "==> test.sh summary: ${summary[*]}" >&2
 exit "$first_rc"

@@ -60,12 +60,12 @@ pub(crate) struct CheckArgs {
     restart_cmd: Option<String>,
 
     /// Checked writes per critical section.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
     steps: u32,
 
     /// The work of each step, between its check and its write (a pause there makes the write
     /// late: what the fence is for). Default: a fifth of the ttl, so that a critical section
-    /// of 10 steps lasts two ttls and needs its renewals.
+    /// of 5 steps lasts a ttl and needs its renewals.
     #[arg(long, value_parser = humantime::parse_duration)]
     step_gap: Option<Duration>,
 

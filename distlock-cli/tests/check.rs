@@ -30,6 +30,8 @@ fn a_run_with_pauses_and_crashes_passes_and_reports() {
         "1s",
         "--nemesis",
         "pause,crash",
+        "--step-gap",
+        "20ms",
         "--json",
         json.to_str().expect("utf-8"),
         "--svg",

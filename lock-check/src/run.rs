@@ -372,7 +372,8 @@ async fn start(fleet: &Fleet<'_>, id: u32) -> Result<Running, RunError> {
         id,
         name: config.name.clone(),
         ttl: config.ttl,
-        wait: config.ttl * 4,
+        // Long enough for every other worker to hold once (a section lasts about a ttl).
+        wait: config.ttl * (config.workers + 2),
         steps: config.steps,
         step_gap: config.step_gap,
     };
