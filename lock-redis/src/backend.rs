@@ -11,13 +11,15 @@ use distlock_core::{
     AcquireRequest, Attempt, Capabilities, ClientConfig, Error, FencingGuarantee, FencingToken,
     LockBackend, LockInfo, LockName, LossDetection, Result, WakeUp,
 };
+use futures::StreamExt;
 use futures::future::join_all;
+use futures::stream::BoxStream;
 
 use crate::attempt::{RedisAttempt, remaining};
 use crate::keys::LockKeys;
 use crate::node::{Holding, Node, NodeTls, within};
-use crate::redlock;
 use crate::{MAX_PERMITS, RedisConfig};
+use crate::{observe, redlock};
 
 /// The Redis [`LockBackend`]: one master (`redis`) or Redlock over N masters (`redlock`).
 /// Made by [`connect`](crate::connect) or [`RedisBackend::connect`]. Cheap to clone.
@@ -225,6 +227,22 @@ impl LockBackend for RedisBackend {
             settled: false,
             polled: false,
         })
+    }
+
+    /// Client-side caching in broadcasting mode on every master (see `observe.rs`): the
+    /// server pushes an invalidation to the observer's own connection whenever the name's
+    /// lock or holders key changes (new holder, release, renewal, expiry), so lockers do no
+    /// extra work at all. The stream yields once tracking is active and at every push; it
+    /// ends (the observer reads at intervals) when no master accepts tracking.
+    fn watch(&self, name: &LockName) -> Option<BoxStream<'static, ()>> {
+        let keys = LockKeys::new(name);
+        let timeout = self.shared.client.operation_timeout;
+        let streams = self
+            .shared
+            .nodes
+            .iter()
+            .map(|n| observe::changes(&n.client, &keys, timeout));
+        Some(futures::stream::select_all(streams).boxed())
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {

@@ -150,6 +150,7 @@ mod error;
 mod keys;
 mod lease;
 mod node;
+mod observe;
 mod redlock;
 mod restart;
 mod scripts;

@@ -22,6 +22,9 @@ use crate::wake::Subscriber;
 pub(crate) struct Node {
     pub(crate) addr: String,
     pub(crate) conn: ConnectionManager,
+    /// The client the connections are made from (also for election observers' own
+    /// connections).
+    pub(crate) client: redis::Client,
     pub(crate) sub: Subscriber,
     /// Learns that the server restarted (and forgot its locks).
     pub(crate) restarts: Arc<Restarts>,
@@ -303,10 +306,11 @@ impl Node {
             }
         };
         let restarts = Arc::new(Restarts::new(client.clone(), timeout, run_id));
-        let sub = Subscriber::new(client, addr.clone(), timeout);
+        let sub = Subscriber::new(client.clone(), addr.clone(), timeout);
         let node = Self {
             addr,
             conn,
+            client,
             sub,
             restarts,
             fast_path: AtomicBool::new(true),
