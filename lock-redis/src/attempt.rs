@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::{
-    AcquireRequest, Acquired, Attempt, AttemptMode, FencingToken, Lease, Result, Step,
+    AcquireRequest, Acquired, Attempt, AttemptMode, Error, FencingToken, Lease, Result, Step,
 };
 use futures::future::join_all;
 
@@ -43,7 +43,18 @@ impl RedisAttempt {
             keys: self.keys.clone(),
             owner: self.request.owner.clone(),
             name: self.request.name.clone(),
+            kind: self.request.kind,
         })
+    }
+
+    /// The typed error for a name held as `held`, which this request can never join.
+    pub(crate) fn mismatch(&self, held: distlock_core::LockKind) -> Error {
+        Error::Mismatch {
+            name: self.request.name.to_string(),
+            message: self.request.kind.mismatch(held).unwrap_or_else(|| {
+                format!("it is held as {held}, asked for as {}", self.request.kind)
+            }),
+        }
     }
 
     /// A waiting attempt starts listening at its first busy answer (not before: the
@@ -91,6 +102,7 @@ impl RedisAttempt {
                 Step::Acquired(Acquired::new(self.lease(), FencingToken::new(token)))
             }
             Answer::Busy(ms) => self.busy(Some(ms)),
+            Answer::Mismatch(held) => return Err(self.mismatch(held)),
         })
     }
 }
@@ -136,8 +148,8 @@ impl Attempt for RedisAttempt {
         loop {
             let wakes = self.subs.iter_mut().map(|s| Box::pin(s.next()));
             let (wake, _, _) = futures::future::select_all(wakes).await;
-            // Targeted at another waiter: that one is served next, keep waiting.
-            if wake.is_empty() || &*wake == owner {
+            // Targeted at other waiters: those are served next, keep waiting.
+            if addressed_to(&wake, owner) {
                 return;
             }
         }
@@ -158,6 +170,7 @@ impl Attempt for RedisAttempt {
                     &self.request.owner,
                     &shared.config,
                     ReleaseMode::Abandon,
+                    self.request.kind,
                 ),
             )
         }))
@@ -166,5 +179,31 @@ impl Attempt for RedisAttempt {
             Some(err) => Err(err.into_lock_error("abandon")),
             None => Ok(()),
         }
+    }
+}
+
+/// Whether a release message wakes the waiter `owner`: an empty message wakes everybody, an
+/// owner value that one waiter, and a message starting with NUL the NUL-separated owners in it
+/// (the readers or permit waiters that a release unblocked at once).
+pub(crate) fn addressed_to(wake: &[u8], owner: &[u8]) -> bool {
+    match wake.strip_prefix(b"\0") {
+        None => wake.is_empty() || wake == owner,
+        Some(list) => list.split(|b| *b == 0).any(|o| o == owner),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::addressed_to;
+
+    #[test]
+    fn wake_ups_reach_only_their_addressees() {
+        assert!(addressed_to(b"", b"a"));
+        assert!(addressed_to(b"a", b"a"));
+        assert!(!addressed_to(b"ab", b"a"));
+        assert!(addressed_to(b"\0b\0a", b"a"));
+        assert!(addressed_to(b"\0a", b"a"));
+        assert!(!addressed_to(b"\0ab\0b", b"a"));
+        assert!(!addressed_to(b"\0", b"a"));
     }
 }

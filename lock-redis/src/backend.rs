@@ -8,16 +8,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use distlock_core::backend::held_among;
 use distlock_core::{
-    AcquireRequest, Attempt, Capabilities, ClientConfig, Error, FencingGuarantee, LockBackend,
-    LockInfo, LockName, LossDetection, Result, WakeUp,
+    AcquireRequest, Attempt, Capabilities, ClientConfig, Error, FencingGuarantee, FencingToken,
+    LockBackend, LockInfo, LockName, LossDetection, Result, WakeUp,
 };
+use futures::StreamExt;
 use futures::future::join_all;
+use futures::stream::BoxStream;
 
-use crate::RedisConfig;
 use crate::attempt::{RedisAttempt, remaining};
 use crate::keys::LockKeys;
-use crate::node::{Node, NodeTls, within};
-use crate::redlock;
+use crate::node::{Holding, Node, NodeTls, within};
+use crate::{MAX_PERMITS, RedisConfig};
+use crate::{observe, redlock};
 
 /// The Redis [`LockBackend`]: one master (`redis`) or Redlock over N masters (`redlock`).
 /// Made by [`connect`](crate::connect) or [`RedisBackend::connect`]. Cheap to clone.
@@ -200,6 +202,8 @@ impl LockBackend for RedisBackend {
             .with_loss_detection(LossDetection::Renewal)
             .with_list(true)
             .with_force_release(true)
+            .with_shared(true)
+            .with_max_permits(if redlock { 0 } else { MAX_PERMITS })
     }
 
     fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
@@ -225,16 +229,48 @@ impl LockBackend for RedisBackend {
         })
     }
 
+    /// Client-side caching in broadcasting mode on every master (see `observe.rs`): the
+    /// server pushes an invalidation to the observer's own connection whenever the name's
+    /// lock or holders key changes (new holder, release, renewal, expiry), so lockers do no
+    /// extra work at all. The stream yields once tracking is active and at every push; it
+    /// ends (the observer reads at intervals) when no master accepts tracking.
+    fn watch(&self, name: &LockName) -> Option<BoxStream<'static, ()>> {
+        let keys = LockKeys::new(name);
+        let timeout = self.shared.client.operation_timeout;
+        let streams = self
+            .shared
+            .nodes
+            .iter()
+            .map(|n| observe::changes(&n.client, &keys, timeout));
+        Some(futures::stream::select_all(streams).boxed())
+    }
+
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let keys = LockKeys::new(name);
         let shared = &self.shared;
         if !shared.redlock() {
             let node = &shared.nodes[0];
-            let (owner, pttl) = node
+            let holding = node
                 .inspect(&keys)
                 .await
                 .map_err(|e| e.into_lock_error("inspect"))?;
-            return Ok(owner.map(|owner| LockInfo::new(owner, None, remaining(pttl))));
+            return Ok(match holding {
+                Holding::Free => None,
+                Holding::Exclusive { owner, pttl } => {
+                    Some(LockInfo::new(owner, None, remaining(pttl)))
+                }
+                Holding::Holds { kind, holders } => {
+                    let count = u32::try_from(holders.len()).unwrap_or(u32::MAX);
+                    holders.into_iter().max_by_key(|h| h.token).map(|h| {
+                        LockInfo::new(
+                            h.owner,
+                            h.token.map(FencingToken::new),
+                            remaining(h.remaining),
+                        )
+                        .with_holders(kind, count)
+                    })
+                }
+            });
         }
         redlock::inspect(shared, &keys).await
     }

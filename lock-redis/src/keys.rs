@@ -57,6 +57,26 @@ impl LockKeys {
         }
     }
 
+    /// The holders of a shared or permit hold: a sorted set of owner values scored by the
+    /// server time (ms) at which each one's lease ends. Made on demand (the exclusive paths
+    /// never need it).
+    pub fn holders(&self) -> String {
+        self.with_kind('h')
+    }
+
+    /// The fencing tokens of the shared or permit holders: a hash owner -> token.
+    pub fn tokens(&self) -> String {
+        self.with_kind('t')
+    }
+
+    fn with_kind(&self, kind: char) -> String {
+        let mut key = String::with_capacity(self.lock.len());
+        key.push_str(&self.lock[..HEAD_LEN]);
+        key.push(kind);
+        key.push_str(&self.lock[HEAD_LEN + 1..]);
+        key
+    }
+
     /// The keys of `name`, validating it first.
     ///
     /// # Errors
@@ -123,6 +143,9 @@ mod tests {
         assert_eq!(a.lock, format!("distlock:{{{tag:016x}}}:l:a/b"));
         assert_eq!(a.channel, format!("distlock:{{{tag:016x}}}:c:a/b"));
         assert_eq!(a.lock.len(), HEAD_LEN + 2 + "a/b".len());
+        assert_eq!(a.holders(), format!("distlock:{{{tag:016x}}}:h:a/b"));
+        assert_eq!(a.tokens(), format!("distlock:{{{tag:016x}}}:t:a/b"));
+        assert_eq!(name_of_lock_key(&a.holders()), None);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_core::{Error, Lease, LockName, LossReason, Result};
+use distlock_core::{Error, Lease, LockKind, LockName, LossReason, Result};
 use futures::future::BoxFuture;
 
 use crate::backend::Shared;
@@ -19,6 +19,8 @@ pub(crate) struct RedisLease {
     pub(crate) keys: Arc<LockKeys>,
     pub(crate) owner: String,
     pub(crate) name: LockName,
+    /// Exclusive, shared or a permit: which scripts renew and release it.
+    pub(crate) kind: LockKind,
 }
 
 #[async_trait]
@@ -27,7 +29,7 @@ impl Lease for RedisLease {
         let shared = &self.shared;
         if !shared.redlock() {
             let renewed = shared.nodes[0]
-                .renew(&self.keys, &self.owner, ttl)
+                .renew(&self.keys, &self.owner, ttl, self.kind)
                 .await
                 .map_err(|e| e.into_lock_error("renew"))?;
             return if renewed {
@@ -56,6 +58,7 @@ impl Lease for RedisLease {
                     &self.owner,
                     &shared.config,
                     ReleaseMode::Release,
+                    self.kind,
                 )
                 .await
                 .map_err(|e| e.into_lock_error("release"))?;

@@ -80,6 +80,31 @@
 //! [`LossReason::ServerRestarted`](distlock_core::LossReason::ServerRestarted). (Redlock: one
 //! master's restart does not lose a majority's lock; renewal tells.)
 //!
+//! # Read-write locks and semaphores (single master)
+//!
+//! Shared holds and permits are scripts only (the exclusive paths above are unchanged). The
+//! holders are a sorted set `h` (owner -> the server's `TIME` in ms at which its lease ends)
+//! with their tokens in a hash `t`; while they may live, `l` holds a marker (`"\0shared"` or
+//! `"\0permits:N"`) whose TTL covers the latest lease, so the exclusive fast path's `SET NX`
+//! and script refuse by themselves, and a holder is live while its lease has not ended and
+//! `l` holds the marker (a forced release, or a marker that expired and was replaced, ends
+//! them all). The acquire script prunes expired holders, counts the live ones (`ZCOUNT`) and
+//! takes the same counter `f` as the mutex (`INCR` in the same script), so every acquisition
+//! of a name, of any kind, gets a larger token. `N` lives in the marker: a request with another
+//! `N`, a permit request on a read-write lock, or any request of the other family answers
+//! [`distlock_core::Error::Mismatch`].
+//!
+//! Waiters share the mutex's queue `q` (readers as `"\0s:" + owner`, permit waiters as
+//! `"\0p:" + owner`) and are served in arrival order in both modes: a reader holds when no
+//! writer holds `l` or has it reserved and no writer waits ahead of it (a waiting writer
+//! queues new readers behind it: no writer starvation); a permit holds when the live holders
+//! plus the permit waiters ahead of it are fewer than `N`. Wake-ups are targeted: the last
+//! reader's release hands the lock to the writer at the head (reserved for it in the default
+//! mode, as a writer's release does); a writer's release with readers at the head wakes all of
+//! them up to the next writer in one message (reserving `l` for them in the default mode); a
+//! released permit wakes the one permit waiter that now fits. Renewal and release are
+//! owner-checked scripts; a lost hold answers [`distlock_core::Error::NotHeld`].
+//!
 //! # Redlock
 //!
 //! Over N >= 3 independent masters (odd recommended), every operation goes to all nodes at
@@ -93,6 +118,12 @@
 //! if a majority renewed within the validity. The fencing token is the maximum of the
 //! majority's counters (the lagging nodes of the majority are raised to it), declared
 //! [`BestEffort`](distlock_core::FencingGuarantee::BestEffort).
+//!
+//! Read-write locks run the single-master scripts on every node with the same majority and
+//! validity rules (a writer's majority shares a node with any other holder's majority, and a
+//! node never grants a writer with anybody else), so they are as sound as the Redlock mutex.
+//! Semaphores are not offered on Redlock: see [`MAX_PERMITS`] for why counting by majorities
+//! is unsound.
 //!
 //! What Redlock does not protect against: process pauses and network delays longer than the
 //! lease (the holder still believes it holds the lock), clock jumps on the servers (a key
@@ -119,12 +150,31 @@ mod error;
 mod keys;
 mod lease;
 mod node;
+mod observe;
 mod redlock;
 mod restart;
 mod scripts;
 mod wake;
 
 pub use backend::RedisBackend;
+
+/// The largest semaphore on one master (`redis://`): 65,536 permits.
+///
+/// Every operation of the semaphore scripts is logarithmic in the holders and waiters (sorted
+/// sets counted with `ZCOUNT`, ranked with `ZRANK`), so the bound is about memory and the
+/// longest script, not speed: each holder costs a sorted-set member and a hash field (about
+/// 150 bytes with its owner value), so a full semaphore stays within 10 MB, and the loops that
+/// prune expired holders or wake waiters in one script are bounded (128 entries at a time) so
+/// that no script blocks the server for long.
+///
+/// **Redlock has no semaphores** ([`Capabilities::max_permits`](distlock_core::Capabilities)
+/// is 0 there): a majority-based semaphore is unsound. With 2 permits on 3 masters, clients A,
+/// B and C can take masters {1, 2}, {2, 3} and {1, 3}: every master has 2 holders (within its
+/// bound), every client has a majority, and 3 clients hold 2 permits. Majorities only exclude
+/// each other (any two share a master, which cannot grant both): that is enough for a mutex
+/// and for the read-write lock (a writer's majority shares a master with any reader's or
+/// writer's majority, and a master never holds a writer with anybody else), not for counting.
+pub const MAX_PERMITS: u32 = 1 << 16;
 pub use config::RedisConfig;
 pub use distlock_core;
 pub use error::{RedisError, RedisErrorKind};

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use distlock_core::tls::TlsMaterial;
-use distlock_core::{AcquireRequest, AttemptMode, Error, LockName, Result};
+use distlock_core::{AcquireRequest, AttemptMode, Error, LockKind, LockName, Result};
 use redis::Cmd;
 use redis::IntoConnectionInfo;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -22,6 +22,9 @@ use crate::wake::Subscriber;
 pub(crate) struct Node {
     pub(crate) addr: String,
     pub(crate) conn: ConnectionManager,
+    /// The client the connections are made from (also for election observers' own
+    /// connections).
+    pub(crate) client: redis::Client,
     pub(crate) sub: Subscriber,
     /// Learns that the server restarted (and forgot its locks).
     pub(crate) restarts: Arc<Restarts>,
@@ -135,17 +138,94 @@ async fn wrong_port(addr: &str, tls: bool, timeout: Duration) -> Option<String> 
     }
 }
 
-/// What the release script is asked to do (see [`scripts::RELEASE`]).
+/// What the release script is asked to do (see [`scripts::RELEASE`] and
+/// [`scripts::HOLD_RELEASE`]).
 #[derive(Clone, Copy)]
 pub(crate) enum ReleaseMode {
     Release,
     Abandon,
     Retreat,
+    /// End every shared or permit holder (forced release; [`scripts::HOLD_RELEASE`] only).
+    Force,
+}
+
+impl ReleaseMode {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Release => "release",
+            Self::Abandon => "abandon",
+            Self::Retreat => "retreat",
+            Self::Force => "force",
+        }
+    }
 }
 
 pub(crate) enum Answer {
     Acquired(u64),
     Busy(i64),
+    /// The name is held as this kind, which the request can never join.
+    Mismatch(LockKind),
+}
+
+/// Who holds a lock on one master, as [`Node::inspect`] reads it.
+#[derive(Debug)]
+pub(crate) enum Holding {
+    Free,
+    /// An exclusive holder and its remaining lease (ms).
+    Exclusive {
+        owner: String,
+        pttl: i64,
+    },
+    /// Live shared or permit holders (never empty).
+    Holds {
+        kind: LockKind,
+        holders: Vec<Holder>,
+    },
+}
+
+/// One live shared or permit holder.
+#[derive(Debug, Clone)]
+pub(crate) struct Holder {
+    pub(crate) owner: String,
+    pub(crate) token: Option<u64>,
+    /// Remaining lease, ms.
+    pub(crate) remaining: i64,
+}
+
+/// The kind of the holders a lock key's value stands for, if it is a marker of shared or
+/// permit holders (see [`scripts::HOLD_ACQUIRE`]).
+pub(crate) fn marker_kind(value: &[u8]) -> Option<LockKind> {
+    if value == scripts::SHARED_MARKER.as_bytes() {
+        return Some(LockKind::Shared);
+    }
+    let digits = value.strip_prefix(b"\0permits:")?;
+    let permits: u32 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(LockKind::Permit { permits })
+}
+
+/// The kind a script's mismatch answer names (-1 exclusive, 0 shared, N permits).
+fn held_kind(code: i64) -> LockKind {
+    match u32::try_from(code) {
+        Ok(0) => LockKind::Shared,
+        Ok(permits) => LockKind::Permit { permits },
+        Err(_) => LockKind::Exclusive,
+    }
+}
+
+/// The permits argument of the hold scripts: 0 for a shared hold.
+fn permits_arg(kind: LockKind) -> u32 {
+    match kind {
+        LockKind::Permit { permits } => permits,
+        _ => 0,
+    }
+}
+
+/// The lock key's value while holders of `kind` (shared or permits) live.
+fn marker(kind: LockKind) -> String {
+    match kind {
+        LockKind::Permit { permits } => scripts::permits_marker(permits),
+        _ => scripts::SHARED_MARKER.to_owned(),
+    }
 }
 
 impl Node {
@@ -226,10 +306,11 @@ impl Node {
             }
         };
         let restarts = Arc::new(Restarts::new(client.clone(), timeout, run_id));
-        let sub = Subscriber::new(client, addr.clone(), timeout);
+        let sub = Subscriber::new(client.clone(), addr.clone(), timeout);
         let node = Self {
             addr,
             conn,
+            client,
             sub,
             restarts,
             fast_path: AtomicBool::new(true),
@@ -247,6 +328,9 @@ impl Node {
         score: &str,
         fast: bool,
     ) -> Result<Answer, RedisError> {
+        if request.kind != LockKind::Exclusive {
+            return self.acquire_hold(keys, request, config, score).await;
+        }
         if fast && self.fast_path.load(Ordering::Relaxed) {
             match self.acquire_fast(keys, request).await {
                 Ok(Some(answer)) => return Ok(answer),
@@ -277,11 +361,46 @@ impl Node {
         .invoke(&mut conn)
         .await
         .map_err(|e| RedisError::classify(&self.addr, e))?;
-        Ok(if acquired == 1 {
-            Answer::Acquired(u64::try_from(value).unwrap_or(0))
+        Ok(answer(acquired, value))
+    }
+
+    /// A shared or permit acquisition attempt (see [`scripts::HOLD_ACQUIRE`]).
+    async fn acquire_hold(
+        &self,
+        keys: &LockKeys,
+        request: &AcquireRequest,
+        config: &RedisConfig,
+        score: &str,
+    ) -> Result<Answer, RedisError> {
+        let (holders, tokens) = (keys.holders(), keys.tokens());
+        let mut conn = self.conn.clone();
+        let (acquired, value): (i64, i64) = Invocation::new(
+            &scripts::HOLD_ACQUIRE,
+            &[
+                &keys.lock,
+                &keys.fence,
+                &keys.queue,
+                &keys.alive,
+                &holders,
+                &tokens,
+            ],
+        )
+        .arg(&request.owner)
+        .arg(millis(request.ttl))
+        .arg(if request.mode == AttemptMode::Wait {
+            "1"
         } else {
-            Answer::Busy(value)
+            "0"
         })
+        .arg("0")
+        .arg(millis(config.waiter_timeout_for(request.ttl)))
+        .arg(score)
+        .arg(scripts::SEED_FLOOR)
+        .arg(permits_arg(request.kind))
+        .invoke(&mut conn)
+        .await
+        .map_err(|e| RedisError::classify(&self.addr, e))?;
+        Ok(answer(acquired, value))
     }
 
     /// The uncontended path without Lua (scripts cost several times a plain command on the
@@ -319,6 +438,9 @@ impl Node {
         Ok(match previous {
             None if token < scripts::SEED_FLOOR => self.seed(keys, &request.owner).await?,
             None => Some(Answer::Acquired(token)),
+            Some(value) if let Some(held @ LockKind::Permit { .. }) = marker_kind(&value) => {
+                Some(Answer::Mismatch(held))
+            }
             Some(_) if request.mode == AttemptMode::Wait => None,
             Some(value) if is_own(&value, &request.owner) => None,
             Some(_) => Some(Answer::Busy(-1)),
@@ -343,14 +465,27 @@ impl Node {
         keys: &LockKeys,
         owner: &str,
         ttl: Duration,
+        kind: LockKind,
     ) -> Result<bool, RedisError> {
         let mut conn = self.conn.clone();
-        let renewed: i64 = Invocation::new(&scripts::RENEW, &[&keys.lock])
+        let renewed: i64 = if kind == LockKind::Exclusive {
+            Invocation::new(&scripts::RENEW, &[&keys.lock])
+                .arg(owner)
+                .arg(millis(ttl))
+                .invoke(&mut conn)
+                .await
+        } else {
+            Invocation::new(
+                &scripts::HOLD_RENEW,
+                &[&keys.lock, &keys.holders(), &keys.tokens()],
+            )
             .arg(owner)
             .arg(millis(ttl))
+            .arg(marker(kind))
             .invoke(&mut conn)
             .await
-            .map_err(|e| RedisError::classify(&self.addr, e))?;
+        }
+        .map_err(|e| RedisError::classify(&self.addr, e))?;
         Ok(renewed == 1)
     }
 
@@ -360,22 +495,40 @@ impl Node {
         owner: &str,
         config: &RedisConfig,
         mode: ReleaseMode,
+        kind: LockKind,
     ) -> Result<bool, RedisError> {
         let mut conn = self.conn.clone();
-        let released: i64 =
+        let fair = if config.fair { "1" } else { "0" };
+        let released: i64 = if kind == LockKind::Exclusive {
             Invocation::new(&scripts::RELEASE, &[&keys.lock, &keys.queue, &keys.alive])
                 .arg(owner)
-                .arg(if config.fair { "1" } else { "0" })
+                .arg(fair)
                 .arg(millis(config.handoff))
                 .arg(&keys.channel)
-                .arg(match mode {
-                    ReleaseMode::Release => "release",
-                    ReleaseMode::Abandon => "abandon",
-                    ReleaseMode::Retreat => "retreat",
-                })
+                .arg(mode.as_str())
                 .invoke(&mut conn)
                 .await
-                .map_err(|e| RedisError::classify(&self.addr, e))?;
+        } else {
+            Invocation::new(
+                &scripts::HOLD_RELEASE,
+                &[
+                    &keys.lock,
+                    &keys.queue,
+                    &keys.alive,
+                    &keys.holders(),
+                    &keys.tokens(),
+                ],
+            )
+            .arg(owner)
+            .arg(fair)
+            .arg(millis(config.handoff))
+            .arg(&keys.channel)
+            .arg(mode.as_str())
+            .arg(permits_arg(kind))
+            .invoke(&mut conn)
+            .await
+        }
+        .map_err(|e| RedisError::classify(&self.addr, e))?;
         Ok(released == 1)
     }
 
@@ -390,22 +543,23 @@ impl Node {
     }
 
     /// Frees the lock whoever holds it: reads the holder and runs the owner-checked release
-    /// script as that owner, so waiters are handed the lock and woken exactly as by a release.
-    /// The fencing counter is untouched. `false`: free (or only reserved for a waiter).
+    /// script as that owner (shared or permit holders: the hold release script ending them
+    /// all), so waiters are handed the lock and woken exactly as by a release. The fencing
+    /// counter is untouched. `false`: free (or only reserved for a waiter).
     pub(crate) async fn force_release(
         &self,
         keys: &LockKeys,
         config: &RedisConfig,
     ) -> Result<bool, RedisError> {
         for _ in 0..8 {
-            let (owner, _) = self.inspect(keys).await?;
-            let Some(owner) = owner else {
-                return Ok(false);
+            let (owner, mode, kind) = match self.inspect(keys).await? {
+                Holding::Free => return Ok(false),
+                Holding::Exclusive { owner, .. } => {
+                    (owner, ReleaseMode::Release, LockKind::Exclusive)
+                }
+                Holding::Holds { kind, .. } => (String::new(), ReleaseMode::Force, kind),
             };
-            if self
-                .release(keys, &owner, config, ReleaseMode::Release)
-                .await?
-            {
+            if self.release(keys, &owner, config, mode, kind).await? {
                 return Ok(true);
             }
             // The holder changed between the read and the script: look again.
@@ -442,23 +596,70 @@ impl Node {
         }
     }
 
-    /// The holder's owner and remaining lease (ms; negative when there is none). The holder's
-    /// token cannot be told: the fence counter also steps on refused fast-path attempts (see
-    /// [`Self::acquire_fast`]), so it is only an upper bound, and is not reported.
-    pub(crate) async fn inspect(
-        &self,
-        keys: &LockKeys,
-    ) -> Result<(Option<String>, i64), RedisError> {
+    /// Who holds the lock. An exclusive holder's token cannot be told: the fence counter
+    /// also steps on refused fast-path attempts (see [`Self::acquire_fast`]), so it is only an
+    /// upper bound, and is not reported. Shared and permit holders are read from their sorted
+    /// set (live: lease not over by the server's clock) with their tokens, in a second round
+    /// trip.
+    pub(crate) async fn inspect(&self, keys: &LockKeys) -> Result<Holding, RedisError> {
+        let classify = |e| RedisError::classify(&self.addr, e);
         let mut conn = self.conn.clone();
-        let (owner, pttl): (Option<String>, i64) = redis::pipe()
+        let (value, pttl): (Option<Vec<u8>>, i64) = redis::pipe()
             .get(&keys.lock)
             .pttl(&keys.lock)
             .query_async(&mut conn)
             .await
-            .map_err(|e| RedisError::classify(&self.addr, e))?;
+            .map_err(classify)?;
+        let Some(value) = value else {
+            return Ok(Holding::Free);
+        };
+        if let Some(kind) = marker_kind(&value) {
+            let ((secs, micros), members, tokens): HoldersRead = redis::pipe()
+                .cmd("TIME")
+                .zrange_withscores(keys.holders(), 0, -1)
+                .hgetall(keys.tokens())
+                .query_async(&mut conn)
+                .await
+                .map_err(classify)?;
+            let now = i64::try_from(secs * 1000 + micros / 1000).unwrap_or(i64::MAX);
+            let holders: Vec<Holder> = members
+                .into_iter()
+                .map(|(owner, ends)| Holder {
+                    token: tokens.get(&owner).copied(),
+                    owner,
+                    remaining: ends - now,
+                })
+                .filter(|h| h.remaining > 0)
+                .collect();
+            return Ok(if holders.is_empty() {
+                Holding::Free
+            } else {
+                Holding::Holds { kind, holders }
+            });
+        }
         // A reservation for a waiter is nobody's lock (yet).
-        let owner = owner.filter(|o| !o.starts_with(scripts::RESERVED_PREFIX));
-        Ok((owner, pttl))
+        match String::from_utf8(value) {
+            Ok(owner) if !owner.starts_with(scripts::RESERVED_PREFIX) => {
+                Ok(Holding::Exclusive { owner, pttl })
+            }
+            _ => Ok(Holding::Free),
+        }
+    }
+}
+
+/// The server's `TIME`, the holders with the ends of their leases (ms) and their tokens.
+type HoldersRead = (
+    (u64, u64),
+    Vec<(String, i64)>,
+    std::collections::HashMap<String, u64>,
+);
+
+/// A script's `{code, value}` answer (see [`scripts::ACQUIRE`], [`scripts::HOLD_ACQUIRE`]).
+fn answer(code: i64, value: i64) -> Answer {
+    match code {
+        1 => Answer::Acquired(u64::try_from(value).unwrap_or(0)),
+        2 => Answer::Mismatch(held_kind(value)),
+        _ => Answer::Busy(value),
     }
 }
 

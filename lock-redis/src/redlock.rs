@@ -6,8 +6,11 @@
 
 use std::time::{Duration, Instant};
 
+use std::collections::HashMap;
+
 use distlock_core::{
-    Acquired, Error, FencingToken, LockInfo, LockName, NodeOutcome, NodeResult, Result, Step,
+    Acquired, Error, FencingToken, LockInfo, LockKind, LockName, NodeOutcome, NodeResult, Result,
+    Step,
 };
 use futures::future::join_all;
 
@@ -16,7 +19,7 @@ use crate::backend::Shared;
 use crate::error::{RedisError, RedisErrorKind};
 use crate::keys::LockKeys;
 use crate::lease::RedisLease;
-use crate::node::{Answer, Node, ReleaseMode, within};
+use crate::node::{Answer, Holding, Node, ReleaseMode, within};
 
 /// One Redlock acquisition round: the acquire script on every master at once, each bounded by
 /// the per-node timeout; held iff a majority answered within the validity (ttl - elapsed -
@@ -48,6 +51,7 @@ pub(crate) async fn acquire(attempt: &mut RedisAttempt) -> Result<Step> {
         tokens,
         mut busy,
         hard_failure,
+        mismatch,
     } = Tally::of(&shared, &answers);
     let quorum = shared.quorum();
     let drift = shared.client.drift(ttl);
@@ -70,6 +74,9 @@ pub(crate) async fn acquire(attempt: &mut RedisAttempt) -> Result<Step> {
         )));
     }
     retreat(attempt, &answers, timeout).await;
+    if let Some(held) = mismatch {
+        return Err(attempt.mismatch(held));
+    }
     if tokens.len() + busy.len() < quorum {
         let error = Error::QuorumNotReached {
             name: attempt.request.name.to_string(),
@@ -121,6 +128,7 @@ async fn retreat(
                         &attempt.request.owner,
                         &shared.config,
                         ReleaseMode::Retreat,
+                        attempt.request.kind,
                     ),
                 )
             }),
@@ -138,6 +146,8 @@ struct Tally<'a> {
     busy: Vec<i64>,
     /// The first error that retrying will not heal (a misconfigured server).
     hard_failure: Option<RedisErrorKind>,
+    /// A master where the name is held as a kind the request can never join.
+    mismatch: Option<LockKind>,
 }
 
 impl<'a> Tally<'a> {
@@ -147,6 +157,7 @@ impl<'a> Tally<'a> {
             tokens: Vec::new(),
             busy: Vec::new(),
             hard_failure: None,
+            mismatch: None,
         };
         for (node, answer) in shared.nodes.iter().zip(answers) {
             let result = match answer {
@@ -156,6 +167,10 @@ impl<'a> Tally<'a> {
                 }
                 Ok(Answer::Busy(ms)) => {
                     tally.busy.push(*ms);
+                    NodeResult::HeldByAnother
+                }
+                Ok(Answer::Mismatch(held)) => {
+                    tally.mismatch = Some(*held);
                     NodeResult::HeldByAnother
                 }
                 Err(err) if err.kind == RedisErrorKind::Timeout => NodeResult::TimedOut,
@@ -182,12 +197,13 @@ pub(crate) async fn renew(lease: &RedisLease, ttl: Duration) -> Result<()> {
     let shared = &lease.shared;
     let started = Instant::now();
     let timeout = shared.node_timeout(ttl);
-    let results = join_all(
-        shared
-            .nodes
-            .iter()
-            .map(|n| within(n, timeout, n.renew(&lease.keys, &lease.owner, ttl))),
-    )
+    let results = join_all(shared.nodes.iter().map(|n| {
+        within(
+            n,
+            timeout,
+            n.renew(&lease.keys, &lease.owner, ttl, lease.kind),
+        )
+    }))
     .await;
     let renewed = results.iter().filter(|r| matches!(r, Ok(true))).count();
     let failed = results.iter().filter(|r| r.is_err()).count();
@@ -224,6 +240,7 @@ pub(crate) async fn release(lease: &RedisLease) -> Result<()> {
                 &lease.owner,
                 &shared.config,
                 ReleaseMode::Release,
+                lease.kind,
             ),
         )
     }))
@@ -239,7 +256,8 @@ pub(crate) async fn release(lease: &RedisLease) -> Result<()> {
 
 /// The holder a majority of masters agree on, with the shortest remaining lease of that
 /// majority (no token: see [`Node::inspect`](crate::node::Node::inspect)); `None` when no
-/// majority agrees.
+/// majority agrees. Shared holders: those that hold on a majority, described by the one with
+/// the highest token.
 pub(crate) async fn inspect(shared: &Shared, keys: &LockKeys) -> Result<Option<LockInfo>> {
     let timeout = shared.client.operation_timeout;
     let answers = join_all(
@@ -249,11 +267,34 @@ pub(crate) async fn inspect(shared: &Shared, keys: &LockKeys) -> Result<Option<L
             .map(|n| within(n, timeout, n.inspect(keys))),
     )
     .await;
-    let held: Vec<_> = answers
+    let mut held = Vec::new();
+    // Shared or permit holders: owner -> (masters, kind, highest token, shortest remaining).
+    let mut holds: HashMap<String, (usize, LockKind, Option<u64>, i64)> = HashMap::new();
+    for answer in answers.into_iter().filter_map(|a| a.ok()) {
+        match answer {
+            Holding::Free => {}
+            Holding::Exclusive { owner, pttl } => held.push((owner, pttl)),
+            Holding::Holds { kind, holders } => {
+                for h in holders {
+                    let seen = holds.entry(h.owner).or_insert((0, kind, None, i64::MAX));
+                    seen.0 += 1;
+                    seen.2 = seen.2.max(h.token);
+                    seen.3 = seen.3.min(h.remaining);
+                }
+            }
+        }
+    }
+    let live: Vec<_> = holds
         .into_iter()
-        .filter_map(|a| a.ok())
-        .filter_map(|(owner, pttl)| owner.map(|o| (o, pttl)))
+        .filter(|(_, seen)| seen.0 >= shared.quorum())
         .collect();
+    if let Some((owner, (_, kind, token, ms))) = live.iter().max_by_key(|(_, seen)| seen.2) {
+        let count = u32::try_from(live.len()).unwrap_or(u32::MAX);
+        return Ok(Some(
+            LockInfo::new(owner.clone(), token.map(FencingToken::new), remaining(*ms))
+                .with_holders(*kind, count),
+        ));
+    }
     for (owner, _) in &held {
         let same: Vec<_> = held.iter().filter(|(o, _)| o == owner).collect();
         if same.len() >= shared.quorum() {
