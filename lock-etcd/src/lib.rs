@@ -97,13 +97,14 @@ mod checks;
 mod config;
 mod error;
 mod keys;
+mod kinds;
 mod lease;
 mod session;
 mod wake;
 
 use distlock_core::{ClientConfig, Error, LockClient};
 
-pub use backend::{EtcdBackend, MAX_TTL, MIN_TTL};
+pub use backend::{EtcdBackend, MAX_PERMITS, MAX_TTL, MIN_TTL};
 pub use config::{DEFAULT_PORT, DEFAULT_PREFIX, EtcdConfig};
 pub use distlock_core;
 pub use etcd_client;
