@@ -205,7 +205,8 @@ impl LockBackend for EtcdBackend {
         })
     }
 
-    /// A watch on every key of the name (holder and queue): each event, and the watch's
+    /// A watch on every key of the name (holders and queue, of every kind: a reader's or a
+    /// permit's key is in the range as a writer's is): each event, and the watch's
     /// creation (which closes the gap between the observer's first read and the watch), wake
     /// the observer. The stream ends when the watch cannot be made or breaks: the observer then
     /// reads at intervals.

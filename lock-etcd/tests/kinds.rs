@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 
 use common::Etcd;
 use conformance_tests::server_var;
+use distlock_core::LockBackend;
 use distlock_core::{AcquireOptions, DistributedLock, FencingToken, LockKind};
 use distlock_etcd::etcd_client::PutOptions;
+use futures::StreamExt;
 
 const TTL: Duration = Duration::from_secs(3);
 /// Lease expiry is checked by the leader every 500 ms; raft rounds fsync on a busy machine.
@@ -142,4 +144,41 @@ async fn a_crashed_reader_frees_the_lock_after_its_ttl_while_a_writer_waits() {
     let info = w.inspect(&name).await.unwrap().expect("held");
     assert_eq!((info.kind, info.holders), (LockKind::Exclusive, 1));
     guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn observers_are_woken_by_shared_and_permit_holders() {
+    let Some(etcd) = single().await else { return };
+    let client = etcd.client().await.unwrap();
+    for (what, opts) in [
+        ("rw", AcquireOptions::default().with_ttl(TTL).shared()),
+        (
+            "sem",
+            AcquireOptions::default().with_ttl(TTL).with_permits(3),
+        ),
+    ] {
+        let name = unique(what);
+        let lock_name = distlock_core::LockName::new(name.clone()).unwrap();
+        let mut changes = client
+            .backend_ref()
+            .watch(&lock_name)
+            .expect("etcd watches");
+        // The first yield says the watch is open: nothing after it is missed.
+        let open = tokio::time::timeout(SLACK, changes.next()).await;
+        assert_eq!(open.ok().flatten(), Some(()), "the watch did not open");
+        let guard = client.acquire(&name, &opts).await.unwrap();
+        let taken = tokio::time::timeout(SLACK, changes.next()).await;
+        assert_eq!(
+            taken.ok().flatten(),
+            Some(()),
+            "no wake-up for a new {what} holder"
+        );
+        guard.release().await.unwrap();
+        let released = tokio::time::timeout(SLACK, changes.next()).await;
+        assert_eq!(
+            released.ok().flatten(),
+            Some(()),
+            "no wake-up for a {what} release"
+        );
+    }
 }
