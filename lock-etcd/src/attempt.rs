@@ -5,19 +5,19 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use distlock_core::backend::{Retries, RetryPolicy, spawn_cleanup};
-use distlock_core::{Acquired, Attempt, AttemptMode, FencingToken, Result, Step};
+use distlock_core::{Acquired, Attempt, AttemptMode, Error, FencingToken, LockKind, Result, Step};
 use etcd_client::{
-    Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
-    WatchFilterType, WatchOptions, WatchStream,
+    Compare, CompareOp, GetOptions, GetResponse, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, WatchStream,
 };
 use tracing::debug;
 
 use crate::backend::Shared;
 use crate::error::{lease_not_found, map_err, protocol};
-use crate::keys::{QueueKey, key_string};
+use crate::keys::{self, QueueKey, key_string};
 use crate::lease::EtcdLease;
 use crate::session::LeaseSlot;
-use crate::wake::{next_event, sleep_until};
+use crate::wake::{Blocker, next_event, sleep_until};
 
 pub(crate) fn token(revision: i64) -> FencingToken {
     FencingToken::new(u64::try_from(revision).unwrap_or(0))
@@ -30,19 +30,39 @@ pub(crate) struct EtcdAttempt {
     pub(crate) mode: AttemptMode,
     pub(crate) ttl: Duration,
     pub(crate) owner: String,
+    /// What is asked for; the key's name says it too (see [`keys::kind_tag`]).
+    pub(crate) kind: LockKind,
     pub(crate) key: Arc<QueueKey>,
     /// The lease the key is attached to.
     pub(crate) slot: Option<Arc<LeaseSlot>>,
     /// The key's create revision once it is known to be queued.
     pub(crate) rev: Option<i64>,
-    /// The predecessor to watch and the revision to watch from.
-    pub(crate) watch_target: Option<(String, i64)>,
-    /// The predecessor watched, the stream, and the revision the watch started after.
-    pub(crate) watch: Option<(String, WatchStream, i64)>,
+    /// What to watch (the key or keys that block us) and the revision to watch from.
+    pub(crate) watch_target: Option<(Blocker, i64)>,
+    /// What is watched, the stream, and the revision the watch started after.
+    pub(crate) watch: Option<(Blocker, WatchStream, i64)>,
 }
 
 impl EtcdAttempt {
-    fn acquired(&mut self, slot: Arc<LeaseSlot>, rev: i64, lease_started: Instant) -> Step {
+    /// [`Error::Mismatch`] if a queue key `key` of the name says it is held (or asked for) as
+    /// a kind ours can never join.
+    pub(crate) fn check_kind(&self, key: &[u8]) -> Result<()> {
+        let theirs = keys::key_kind(&self.key.range, key);
+        match self.kind.mismatch(theirs) {
+            Some(message) => Err(Error::Mismatch {
+                name: self.name.clone(),
+                message,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn acquired(
+        &mut self,
+        slot: Arc<LeaseSlot>,
+        rev: i64,
+        lease_started: Instant,
+    ) -> Step {
         self.watch = None;
         let lease = EtcdLease {
             shared: self.shared.clone(),
@@ -54,12 +74,34 @@ impl EtcdAttempt {
         Step::Acquired(Acquired::new(Box::new(lease), token(rev)).with_lease_started(lease_started))
     }
 
-    fn put_op(&self, slot: &LeaseSlot) -> TxnOp {
+    pub(crate) fn put_op(&self, slot: &LeaseSlot) -> TxnOp {
         TxnOp::put(
             self.key.key.clone(),
             self.owner.clone(),
             Some(PutOptions::new().with_lease(slot.id)),
         )
+    }
+
+    /// Sends `txn`, which may put our key: marks the key as possibly existing first. `None`:
+    /// the lease was gone (marked dead; poll again). The caller calls
+    /// [`QueueKey::set_may_exist`] with the answer's `before` when its put did not happen.
+    pub(crate) async fn put_txn(
+        &mut self,
+        slot: &LeaseSlot,
+        txn: Txn,
+        what: &str,
+    ) -> Result<Option<(etcd_client::TxnResponse, bool)>> {
+        let before = self.key.may_exist();
+        self.key.set_may_exist(true);
+        match self.shared.client.kv_client().txn(txn).await {
+            Err(err) if lease_not_found(&err) => {
+                slot.mark_dead();
+                self.key.set_may_exist(before);
+                Ok(None)
+            }
+            Err(err) => Err(map_err(what, err)),
+            Ok(resp) => Ok(Some((resp, before))),
+        }
     }
 
     /// `try_acquire`: put the key only if the name has no key at all (nobody holds or waits).
@@ -78,21 +120,16 @@ impl EtcdAttempt {
             ])
             .and_then([self.put_op(&slot)])
             .or_else([TxnOp::get(self.key.range.clone(), Some(first))]);
-        let before = self.key.may_exist();
-        self.key.set_may_exist(true);
         self.slot = Some(slot.clone());
-        match self.shared.client.kv_client().txn(txn).await {
-            Err(err) if lease_not_found(&err) => {
-                slot.mark_dead();
-                self.key.set_may_exist(before);
-                Ok(None)
-            }
-            Err(err) => Err(map_err("acquiring", err)),
-            Ok(resp) if resp.succeeded() => {
+        let Some((resp, before)) = self.put_txn(&slot, txn, "acquiring").await? else {
+            return Ok(None);
+        };
+        match resp {
+            resp if resp.succeeded() => {
                 let rev = header_revision(resp.header())?;
                 Ok(Some(self.acquired(slot, rev, lease_started)))
             }
-            Ok(resp) => {
+            resp => {
                 let first = match resp.op_responses().into_iter().next() {
                     Some(TxnOpResponse::Get(mut get)) => get.take_kvs().into_iter().next(),
                     _ => None,
@@ -102,8 +139,11 @@ impl EtcdAttempt {
                         let rev = kv.create_revision();
                         Ok(Some(self.acquired(slot, rev, lease_started)))
                     }
-                    _ => {
+                    other => {
                         self.key.set_may_exist(before);
+                        if let Some(kv) = other {
+                            self.check_kind(kv.key())?;
+                        }
                         Ok(Some(Step::busy(None)))
                     }
                 }
@@ -111,49 +151,58 @@ impl EtcdAttempt {
         }
     }
 
-    /// `acquire`, first step: join the queue and learn the predecessor in one transaction.
-    async fn poll_enqueue(&mut self) -> Result<Option<Step>> {
-        let slot = self.shared.fresh_slot(self.ttl).await?;
-        let lease_started = slot.refreshed();
-        let last = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(1)
-            .with_keys_only();
+    /// The part of the name's range whose keys block an acquisition of ours that came
+    /// later: every key for a writer, the writers (every non-shared key) for a reader.
+    pub(crate) fn blockers(&self, options: GetOptions) -> GetOptions {
+        match self.kind {
+            LockKind::Shared => options.with_range(keys::non_shared_end(&self.key.range)),
+            _ => options.with_prefix(),
+        }
+    }
+
+    /// The transaction that queues our key: if it does not exist yet, `reads` and then the
+    /// put; otherwise a read of our key. Answers the revision and the reads, or `None` when
+    /// polling again is needed (the lease was gone; or our key existed, from an earlier poll
+    /// whose answer was lost, and `rev` now says where it is).
+    pub(crate) async fn enqueue_txn(
+        &mut self,
+        slot: &Arc<LeaseSlot>,
+        reads: Vec<TxnOp>,
+        what: &str,
+    ) -> Result<Option<(i64, Vec<GetResponse>)>> {
+        let mut ops = reads;
+        ops.push(self.put_op(slot));
         let txn = Txn::new()
             .when([Compare::create_revision(
                 self.key.key.clone(),
                 CompareOp::Equal,
                 0,
             )])
-            .and_then([
-                TxnOp::get(self.key.range.clone(), Some(last)),
-                self.put_op(&slot),
-            ])
+            .and_then(ops)
             .or_else([TxnOp::get(self.key.key.clone(), None)]);
-        let before = self.key.may_exist();
-        self.key.set_may_exist(true);
-        let resp = match self.shared.client.kv_client().txn(txn).await {
-            Err(err) if lease_not_found(&err) => {
-                slot.mark_dead();
-                self.key.set_may_exist(before);
-                return Ok(None);
-            }
-            Err(err) => return Err(map_err("joining the lock queue", err)),
-            Ok(resp) => resp,
+        let Some((resp, _)) = self.put_txn(slot, txn, what).await? else {
+            return Ok(None);
         };
         let revision = header_revision(resp.header())?;
-        let first_kvs = match resp.op_responses().into_iter().next() {
-            Some(TxnOpResponse::Get(mut get)) => get.take_kvs(),
-            _ => return Err(protocol("a transaction answered without its read")),
+        let succeeded = resp.succeeded();
+        let gets: Vec<GetResponse> = resp
+            .op_responses()
+            .into_iter()
+            .filter_map(|op| match op {
+                TxnOpResponse::Get(get) => Some(get),
+                _ => None,
+            })
+            .collect();
+        let Some(first) = gets.first() else {
+            return Err(protocol("a transaction answered without its read"));
         };
-        if !resp.succeeded() {
+        if !succeeded {
             // Our key exists already: an earlier poll's answer was lost. Find its place.
-            match first_kvs.first() {
+            match first.kvs().first() {
                 Some(kv) => {
                     self.rev = Some(kv.create_revision());
                     if self.slot.is_none() {
-                        self.slot = Some(slot);
+                        self.slot = Some(slot.clone());
                     }
                 }
                 None => self.rev = None,
@@ -161,24 +210,49 @@ impl EtcdAttempt {
             return Ok(None);
         }
         self.slot = Some(slot.clone());
-        match first_kvs.first() {
+        Ok(Some((revision, gets)))
+    }
+
+    /// `acquire`, first step: join the queue and learn the predecessor in one transaction (for
+    /// a reader, the latest writer; see `kinds.rs` for permits).
+    async fn poll_enqueue(&mut self) -> Result<Option<Step>> {
+        let slot = self.shared.fresh_slot(self.ttl).await?;
+        let lease_started = slot.refreshed();
+        let last = self.blockers(
+            GetOptions::new()
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(1)
+                .with_keys_only(),
+        );
+        let read = TxnOp::get(self.key.range.clone(), Some(last));
+        let Some((revision, gets)) = self
+            .enqueue_txn(&slot, vec![read], "joining the lock queue")
+            .await?
+        else {
+            return Ok(None);
+        };
+        match gets[0].kvs().first() {
             None => Ok(Some(self.acquired(slot, revision, lease_started))),
             Some(pred) => {
                 self.rev = Some(revision);
-                self.watch_target = Some((key_string(pred.key()), revision + 1));
+                // Held as a semaphore: the abandon that follows the error removes our key.
+                self.check_kind(pred.key())?;
+                let blocker = Blocker::deletion(key_string(pred.key()));
+                self.watch_target = Some((blocker, revision + 1));
                 Ok(Some(Step::busy(None)))
             }
         }
     }
 
-    /// Whether our key (created at `rev`) exists, and the last key before it.
+    /// Whether our key (created at `rev`) exists, and the last key before it that blocks us.
     async fn position_txn(&self, rev: i64, serializable: bool) -> Result<etcd_client::TxnResponse> {
-        let mut before = GetOptions::new()
-            .with_prefix()
-            .with_max_create_revision(rev - 1)
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(1)
-            .with_keys_only();
+        let mut before = self.blockers(
+            GetOptions::new()
+                .with_max_create_revision(rev - 1)
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(1)
+                .with_keys_only(),
+        );
         if serializable {
             before = before.with_serializable();
         }
@@ -197,8 +271,9 @@ impl EtcdAttempt {
             .map_err(|e| map_err("checking the lock queue", e))
     }
 
-    /// `acquire`, later steps: is there still a key before ours?
-    async fn poll_position(&mut self, rev: i64) -> Result<Option<Step>> {
+    /// The lease of a queued key, refreshed if its last refresh is not recent. `None`: the
+    /// lease and our key are gone (or were never known): queue again.
+    pub(crate) async fn queued_slot(&mut self) -> Result<Option<Arc<LeaseSlot>>> {
         let Some(slot) = self.slot.clone() else {
             self.rev = None;
             return Ok(None);
@@ -206,9 +281,17 @@ impl EtcdAttempt {
         if slot.refreshed().elapsed() >= slot.ttl / 10
             && !slot.keep_alive(&self.shared.client, Instant::now()).await?
         {
-            self.rev = None; // the lease and our key are gone: queue again
+            self.rev = None;
             return Ok(None);
         }
+        Ok(Some(slot))
+    }
+
+    /// `acquire`, later steps: is there still a key before ours?
+    async fn poll_position(&mut self, rev: i64) -> Result<Option<Step>> {
+        let Some(slot) = self.queued_slot().await? else {
+            return Ok(None);
+        };
         let lease_started = slot.refreshed();
         // First a serializable read, answered by whichever member the request reaches without
         // a quorum round: any snapshot that holds our key and no key before it proves that
@@ -239,7 +322,8 @@ impl EtcdAttempt {
         match kvs.first() {
             None => Ok(Some(self.acquired(slot, rev, lease_started))),
             Some(pred) => {
-                self.watch_target = Some((key_string(pred.key()), revision + 1));
+                let blocker = Blocker::deletion(key_string(pred.key()));
+                self.watch_target = Some((blocker, revision + 1));
                 Ok(Some(Step::busy(None)))
             }
         }
@@ -262,10 +346,20 @@ impl Attempt for EtcdAttempt {
         // that vanished, or a lost answer, costs one more round: `Step::Again`.
         let mut retries = Retries::new(RetryPolicy::TRANSIENT);
         loop {
-            let result = match (self.mode, self.rev) {
-                (AttemptMode::Try, _) => self.poll_try().await,
-                (AttemptMode::Wait, None) => self.poll_enqueue().await,
-                (AttemptMode::Wait, Some(rev)) => self.poll_position(rev).await,
+            let result = match (self.mode, self.rev, self.kind) {
+                (AttemptMode::Try, _, LockKind::Shared) => self.poll_try_shared().await,
+                (AttemptMode::Try, _, LockKind::Permit { permits }) => {
+                    self.poll_try_permit(permits).await
+                }
+                (AttemptMode::Try, _, _) => self.poll_try().await,
+                (AttemptMode::Wait, None, LockKind::Permit { permits }) => {
+                    self.poll_enqueue_permit(permits).await
+                }
+                (AttemptMode::Wait, Some(rev), LockKind::Permit { permits }) => {
+                    self.poll_position_permit(rev, permits).await
+                }
+                (AttemptMode::Wait, None, _) => self.poll_enqueue().await,
+                (AttemptMode::Wait, Some(rev), _) => self.poll_position(rev).await,
             };
             match result {
                 Err(err) if err.is_retryable() && retries.pause("an acquire step", &err).await => {}
@@ -282,12 +376,12 @@ impl Attempt for EtcdAttempt {
                     // From "now", not from `from`: a watch that starts in the past is served by
                     // etcd's catch-up loop, which runs every 100 ms. The gap between our read
                     // and the watch's start is closed below by polling once more.
-                    let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+                    let options = pred.options();
                     match self
                         .shared
                         .client
                         .watch_client()
-                        .watch(pred.clone(), Some(options))
+                        .watch(pred.key.clone(), Some(options))
                         .await
                     {
                         Ok(mut stream) => match stream.message().await {

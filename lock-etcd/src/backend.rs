@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_core::backend::within;
 use distlock_core::{
-    AcquireRequest, Attempt, Capabilities, FencingGuarantee, LockBackend, LockInfo, LockName,
-    LossDetection, Result, WakeUp,
+    AcquireRequest, Attempt, Capabilities, FencingGuarantee, LockBackend, LockInfo, LockKind,
+    LockName, LossDetection, Result, WakeUp,
 };
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, WatchOptions,
@@ -31,6 +31,12 @@ use crate::session::LeaseSlot;
 /// The shortest lease etcd grants with its default heartbeat settings (shorter requests are
 /// silently raised to it).
 pub const MIN_TTL: Duration = Duration::from_secs(2);
+
+/// The largest semaphore. A permit waiter's position read returns the keys before its own,
+/// at most N + 1 of them (about 80 bytes each), and the first waiter of a semaphore is woken
+/// by any of the N holders' releases; 1024 keeps that read under ~100 KB. (etcd sorts a
+/// name's whole queue on each such read anyway, as for the mutex.)
+pub const MAX_PERMITS: u32 = 1024;
 
 /// The longest ttl this backend accepts.
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -177,17 +183,20 @@ impl LockBackend for EtcdBackend {
             .with_loss_detection(LossDetection::Renewal)
             .with_list(true)
             .with_force_release(true)
+            .with_shared(true)
+            .with_max_permits(MAX_PERMITS)
     }
 
     fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
         let range = keys::name_range(&self.shared.prefix, request.name.as_str());
-        let key = QueueKey::new(&self.shared, range);
+        let key = QueueKey::new(&self.shared, range, request.kind);
         Box::new(EtcdAttempt {
             shared: self.shared.clone(),
             name: request.name.as_str().to_owned(),
             mode: request.mode,
             ttl: request.ttl,
             owner: request.owner,
+            kind: request.kind,
             key,
             slot: None,
             rev: None,
@@ -196,7 +205,8 @@ impl LockBackend for EtcdBackend {
         })
     }
 
-    /// A watch on every key of the name (holder and queue): each event, and the watch's
+    /// A watch on every key of the name (holders and queue, of every kind: a reader's or a
+    /// permit's key is in the range as a writer's is): each event, and the watch's
     /// creation (which closes the gap between the observer's first read and the watch), wake
     /// the observer. The stream ends when the watch cannot be made or breaks: the observer then
     /// reads at intervals.
@@ -225,41 +235,48 @@ impl LockBackend for EtcdBackend {
         )
     }
 
+    /// Reads the name's queue in create-revision order: the holders are its compatible head
+    /// (see `keys::holder_count`), the latest of them is reported. The remaining lease is
+    /// not reported.
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let range = keys::name_range(&self.shared.prefix, name.as_str());
         let options = GetOptions::new()
             .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
         let resp = self
-            .get_retrying(range.into_bytes(), options, "reading the lock queue")
-            .await?;
-        Ok(resp.kvs().first().map(|kv| {
-            LockInfo::new(
-                String::from_utf8_lossy(kv.value()).into_owned(),
-                Some(token(kv.create_revision())),
-                None,
+            .get_retrying(
+                range.clone().into_bytes(),
+                options,
+                "reading the lock queue",
             )
-        }))
+            .await?;
+        let queue: Vec<QueuedKey> = resp
+            .kvs()
+            .iter()
+            .map(|kv| QueuedKey::new(&range, kv))
+            .collect();
+        Ok(holders_info(&queue))
     }
 
     /// Reads the keys under the prefix page by page in key order (all keys of one name are
-    /// adjacent); each name's holder is its key with the lowest create revision, as for
-    /// `inspect`. Stops once `limit` names are complete. The remaining lease is not reported.
+    /// adjacent); each name's holders are found as for `inspect`. Stops once `limit` names
+    /// are complete. The remaining lease is not reported.
     async fn list(&self, prefix: Option<&str>, limit: usize) -> Result<Vec<(LockName, LockInfo)>> {
         let base = format!("{}/", self.shared.prefix);
         let start = format!("{base}{}", keys::escape(prefix.unwrap_or("")));
         let end = keys::range_end(&start);
         let mut next = start.into_bytes();
         let mut held: Vec<(LockName, LockInfo)> = Vec::new();
-        // The name being read and its head so far: (escaped name, create revision, owner).
-        let mut current: Option<(String, i64, Vec<u8>)> = None;
-        let finish = |current: Option<(String, i64, Vec<u8>)>, held: &mut Vec<_>| {
-            if let Some((escaped, rev, owner)) = current
+        // The name being read and its keys so far.
+        let mut current: Option<(String, Vec<QueuedKey>)> = None;
+        let finish = |current: Option<(String, Vec<QueuedKey>)>, held: &mut Vec<_>| {
+            if let Some((escaped, mut queue)) = current
                 && let Some(name) = keys::unescape(&escaped).and_then(|n| LockName::new(n).ok())
             {
-                let owner = String::from_utf8_lossy(&owner).into_owned();
-                held.push((name, LockInfo::new(owner, Some(token(rev)), None)));
+                queue.sort_by_key(|k| k.rev);
+                if let Some(info) = holders_info(&queue) {
+                    held.push((name, info));
+                }
             }
         };
         loop {
@@ -275,23 +292,17 @@ impl LockBackend for EtcdBackend {
                 else {
                     continue;
                 };
+                let range = format!("{base}{escaped}/");
                 match &mut current {
-                    Some((name, rev, owner)) if name == escaped => {
-                        if kv.create_revision() < *rev {
-                            *rev = kv.create_revision();
-                            *owner = kv.value().to_vec();
-                        }
+                    Some((name, queue)) if name == escaped => {
+                        queue.push(QueuedKey::new(&range, kv));
                     }
                     _ => {
                         finish(current.take(), &mut held);
                         if held.len() >= limit {
                             return Ok(held);
                         }
-                        current = Some((
-                            escaped.to_owned(),
-                            kv.create_revision(),
-                            kv.value().to_vec(),
-                        ));
+                        current = Some((escaped.to_owned(), vec![QueuedKey::new(&range, kv)]));
                     }
                 }
             }
@@ -308,36 +319,55 @@ impl LockBackend for EtcdBackend {
         Ok(held)
     }
 
-    /// Deletes the holder's key (the name's key with the lowest create revision) if it is still
-    /// that key. The next waiter watches exactly that deletion and takes the lock; its key was
-    /// created later, so its token (create revision) is higher. The former holder's renewal
-    /// finds its key gone and reports the loss.
+    /// Deletes every holder's key (the name's compatible head, as `inspect` finds it), each
+    /// only if it is still that key. The waiters behind watch exactly those deletions and take
+    /// the lock; their keys were created later, so their tokens (create revisions) are higher.
+    /// A former holder's renewal finds its key gone and reports the loss.
     async fn force_release(&self, name: &LockName) -> Result<bool> {
         let range = keys::name_range(&self.shared.prefix, name.as_str());
-        let head = GetOptions::new()
+        let queue = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1)
             .with_keys_only();
         for _ in 0..8 {
             let resp = self
                 .get_retrying(
                     range.clone().into_bytes(),
-                    head.clone(),
+                    queue.clone(),
                     "reading the lock queue",
                 )
                 .await?;
-            let Some(kv) = resp.kvs().first() else {
+            let keys: Vec<QueuedKey> = resp
+                .kvs()
+                .iter()
+                .map(|kv| QueuedKey::new(&range, kv))
+                .collect();
+            if keys.is_empty() {
                 return Ok(false);
-            };
-            let key = kv.key().to_vec();
+            }
+            if self.delete_holders(&keys).await? {
+                return Ok(true);
+            }
+            // Every holder released meanwhile: look at the new head.
+        }
+        Ok(false)
+    }
+}
+
+impl EtcdBackend {
+    /// Deletes the holders among `queue` (in create-revision order), each only if it is still
+    /// that key; whether any was.
+    async fn delete_holders(&self, queue: &[QueuedKey]) -> Result<bool> {
+        let kinds: Vec<LockKind> = queue.iter().map(|k| k.kind).collect();
+        let mut removed = false;
+        for holder in &queue[..keys::holder_count(&kinds)] {
             let txn = Txn::new()
                 .when([Compare::create_revision(
-                    key.clone(),
+                    holder.key.clone(),
                     CompareOp::Equal,
-                    kv.create_revision(),
+                    holder.rev,
                 )])
-                .and_then([TxnOp::delete(key, None)]);
+                .and_then([TxnOp::delete(holder.key.clone(), None)]);
             let done = self
                 .shared
                 .client
@@ -345,13 +375,46 @@ impl LockBackend for EtcdBackend {
                 .txn(txn)
                 .await
                 .map_err(|e| map_err("force release", e))?;
-            if done.succeeded() {
-                return Ok(true);
-            }
-            // The holder released meanwhile: look at the new head.
+            // Not deleted: that holder released meanwhile.
+            removed |= done.succeeded();
         }
-        Ok(false)
+        Ok(removed)
     }
+}
+
+/// One key of a name's queue, as `inspect`, `list` and `force_release` read it.
+struct QueuedKey {
+    key: Vec<u8>,
+    rev: i64,
+    kind: LockKind,
+    owner: Vec<u8>,
+}
+
+impl QueuedKey {
+    fn new(range: &str, kv: &etcd_client::KeyValue) -> Self {
+        Self {
+            key: kv.key().to_vec(),
+            rev: kv.create_revision(),
+            kind: keys::key_kind(range, kv.key()),
+            owner: kv.value().to_vec(),
+        }
+    }
+}
+
+/// Who holds a name, from its queue in create-revision order: the latest holder, the kind and
+/// the number of holders.
+fn holders_info(queue: &[QueuedKey]) -> Option<LockInfo> {
+    let kinds: Vec<LockKind> = queue.iter().map(|k| k.kind).collect();
+    let count = keys::holder_count(&kinds);
+    let latest = queue[..count].last()?;
+    Some(
+        LockInfo::new(
+            String::from_utf8_lossy(&latest.owner).into_owned(),
+            Some(token(latest.rev)),
+            None,
+        )
+        .with_holders(latest.kind, u32::try_from(count).unwrap_or(u32::MAX)),
+    )
 }
 
 /// Keys per page of [`LockBackend::list`]'s range reads.

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 
+use distlock_core::LockKind;
 use distlock_core::backend::{AsciiSet, NON_ALPHANUMERIC, escape_name, unpoisoned as lock};
 use tracing::debug;
 
@@ -38,9 +39,77 @@ pub(crate) fn name_range(prefix: &str, name: &str) -> String {
     format!("{prefix}/{}/", escape(name))
 }
 
-/// A queue key of one client (`tag`: a random hex tag of the client) on one name.
-pub(crate) fn entry_key(range: &str, tag: &str, number: u32) -> String {
-    format!("{range}{}.{number}", escape(tag))
+/// A queue key of one client (`tag`: a random hex tag of the client) on one name, for an
+/// acquisition of `kind` (see [`kind_tag`]).
+pub(crate) fn entry_key(range: &str, kind: LockKind, tag: &str, number: u32) -> String {
+    format!("{range}{}{}.{number}", kind_tag(kind), escape(tag))
+}
+
+/// What a queue key says about its kind, right after the name's range: nothing for an
+/// exclusive key (`<tag>.<n>`, the tag being hex, so the layout of the mutex is unchanged),
+/// `r.` for a shared one and `p<N>.` for a permit of N. So every shared key sorts in
+/// `[<range>r, <range>s)` and every other key before `<range>r` ([`non_shared_end`]), and the
+/// permits of N have a range of their own ([`permit_range`]): the protocol reads and compares
+/// these ranges inside its transactions.
+pub(crate) fn kind_tag(kind: LockKind) -> String {
+    match kind {
+        LockKind::Shared => "r.".to_owned(),
+        LockKind::Permit { permits } => format!("p{permits}."),
+        _ => String::new(),
+    }
+}
+
+/// The kind of the queue key `key` of the name range `range` (see [`kind_tag`]); a key that
+/// this layout did not write counts as exclusive (it blocks everybody).
+pub(crate) fn key_kind(range: &str, key: &[u8]) -> LockKind {
+    let rest = key.strip_prefix(range.as_bytes()).unwrap_or(key);
+    match rest {
+        [b'r', b'.', ..] => LockKind::Shared,
+        [b'p', tail @ ..] => {
+            let digits = tail.iter().take_while(|b| b.is_ascii_digit()).count();
+            let permits = std::str::from_utf8(&tail[..digits])
+                .ok()
+                .and_then(|d| d.parse().ok());
+            match (permits, tail.get(digits)) {
+                (Some(permits), Some(b'.')) => LockKind::Permit { permits },
+                _ => LockKind::Exclusive,
+            }
+        }
+        _ => LockKind::Exclusive,
+    }
+}
+
+/// The end of the part of `range` that holds every key but the shared ones (exclusive and
+/// permit keys sort before `r`, shared keys after).
+pub(crate) fn non_shared_end(range: &str) -> String {
+    format!("{range}r")
+}
+
+/// The key range of the permit keys of N in `range`: `(start, end)`.
+pub(crate) fn permit_range(range: &str, permits: u32) -> (String, Vec<u8>) {
+    let start = format!("{range}{}", kind_tag(LockKind::Permit { permits }));
+    let end = range_end(&start);
+    (start, end)
+}
+
+/// How many of a name's queue keys, in create-revision order, hold the lock: an exclusive
+/// first key alone; the leading run of shared keys (no writer before them); the leading run
+/// of permit keys of the first key's N, at most N of them. The rule every attempt applies to
+/// itself, and a mixed queue (two kinds raced on one name) stays safe under it: a key holds
+/// only if every key before it is compatible with it.
+pub(crate) fn holder_count(kinds: &[LockKind]) -> usize {
+    let Some(&first) = kinds.first() else {
+        return 0;
+    };
+    match first {
+        LockKind::Shared => kinds.iter().take_while(|k| **k == first).count(),
+        LockKind::Permit { permits } => kinds
+            .iter()
+            .take(usize::try_from(permits).unwrap_or(usize::MAX))
+            .take_while(|k| **k == first)
+            .count(),
+        _ => 1,
+    }
 }
 
 /// The queue keys of one client: `<range><client tag>.<n>`, with the smallest `n` not in use
@@ -100,11 +169,11 @@ pub(crate) struct QueueKey {
 }
 
 impl QueueKey {
-    pub(crate) fn new(shared: &Arc<Shared>, range: String) -> Arc<Self> {
+    pub(crate) fn new(shared: &Arc<Shared>, range: String, kind: LockKind) -> Arc<Self> {
         let number = shared.keys.take(&range);
         Arc::new(Self {
             shared: shared.clone(),
-            key: keys::entry_key(&range, &shared.keys.tag, number),
+            key: keys::entry_key(&range, kind, &shared.keys.tag, number),
             range,
             number,
             may_exist: AtomicBool::new(false),
@@ -169,5 +238,51 @@ mod tests {
             assert_eq!(unescape(&escape(name)).as_deref(), Some(name));
         }
         assert_eq!(range_end("p/a"), b"p/b".to_vec());
+    }
+
+    #[test]
+    fn keys_say_their_kind_and_sort_into_the_kind_ranges() {
+        let range = name_range("p", "jobs/x");
+        let kinds = [
+            LockKind::Exclusive,
+            LockKind::Shared,
+            LockKind::Permit { permits: 3 },
+            LockKind::Permit { permits: 30 },
+        ];
+        for kind in kinds {
+            let key = entry_key(&range, kind, "0123456789abcdef", 7);
+            assert_eq!(key_kind(&range, key.as_bytes()), kind, "{key}");
+            let shared_part = key.as_str() >= non_shared_end(&range).as_str();
+            assert_eq!(shared_part, kind == LockKind::Shared, "{key}");
+            let (start, end) = permit_range(&range, 3);
+            let in_three = key.as_bytes() >= start.as_bytes() && key.as_bytes() < &end[..];
+            assert_eq!(in_three, kind == LockKind::Permit { permits: 3 }, "{key}");
+        }
+        // The mutex's key layout is unchanged.
+        assert_eq!(
+            entry_key(&range, LockKind::Exclusive, "ab", 0),
+            format!("{range}ab.0")
+        );
+        assert_eq!(
+            key_kind(&range, format!("{range}pX.1").as_bytes()),
+            LockKind::Exclusive
+        );
+        assert_eq!(
+            key_kind(&range, format!("{range}p12").as_bytes()),
+            LockKind::Exclusive
+        );
+    }
+
+    #[test]
+    fn holders_are_the_compatible_head_of_the_queue() {
+        use LockKind::{Exclusive as W, Shared as R};
+        let p = |permits| LockKind::Permit { permits };
+        assert_eq!(holder_count(&[]), 0);
+        assert_eq!(holder_count(&[W, R, R]), 1);
+        assert_eq!(holder_count(&[R, R, W, R]), 2);
+        assert_eq!(holder_count(&[p(2), p(2), p(2)]), 2);
+        assert_eq!(holder_count(&[p(3), p(2), p(3)]), 1);
+        assert_eq!(holder_count(&[p(3), W, p(3)]), 1);
+        assert_eq!(holder_count(&[R, p(2)]), 1);
     }
 }

@@ -51,6 +51,19 @@
 //! (nobody holds or waits), so it never leaves a queue entry. An abandoned attempt (timeout,
 //! cancellation, error) deletes its key, also one whose put answer was lost (same key).
 //!
+//! **Read-write locks and semaphores** use the same queue: every acquisition of a name, of
+//! any kind, is a key in its range, ordered by `create_revision` (one counter per name, so
+//! the fencing rule holds across kinds), and the key's name says its kind (`r.<tag>.<n>` for a
+//! reader, `p<N>.<tag>.<n>` for a permit of N; a writer's key is the mutex's). A writer holds
+//! when first, a reader when no writer key is before it (a waiting writer queues later readers
+//! behind it), a permit when fewer than N keys, all permits of N, are before it. A semaphore
+//! asked with another N, or used as a lock, answers [`Error::Mismatch`]. Each waiter watches
+//! only what blocks it: a writer its predecessor, a reader the latest writer before it, the
+//! first permit waiter the deletions of the name's range, a later permit waiter its
+//! predecessor's deletion or *touch* (the put by which a waiter turning holder tells its
+//! successor); the `kinds` module's documentation has the interleavings. Semaphores go up
+//! to [`MAX_PERMITS`].
+//!
 //! **Renew** sends a keepalive for the lease and, concurrently, checks that our key still
 //! exists with its `create_revision`: a lease answered with ttl 0, or a key that is gone or
 //! re-created, answers [`Error::NotHeld`], which marks the guard lost. Keepalives of one lease
@@ -79,8 +92,8 @@
 //! | | |
 //! |---|---|
 //! | fencing | `create_revision`, from etcd's linearizable revision counter: [`Linearizable`](distlock_core::FencingGuarantee::Linearizable), greater after restarts (the data directory keeps it) |
-//! | fairness | FIFO by `create_revision` |
-//! | wake-up | a watch on the predecessor's deletion |
+//! | fairness | FIFO by `create_revision`, for every kind; a waiting writer blocks later readers |
+//! | wake-up | a watch on the key(s) that block the waiter: a release wakes only the waiters it unblocks |
 //! | loss detection | renewal (keepalive ttl 0 or our key gone), and the core's local deadline |
 //! | failover | the client balances over all endpoints; a member going down is survived |
 //!
@@ -97,13 +110,14 @@ mod checks;
 mod config;
 mod error;
 mod keys;
+mod kinds;
 mod lease;
 mod session;
 mod wake;
 
 use distlock_core::{ClientConfig, Error, LockClient};
 
-pub use backend::{EtcdBackend, MAX_TTL, MIN_TTL};
+pub use backend::{EtcdBackend, MAX_PERMITS, MAX_TTL, MIN_TTL};
 pub use config::{DEFAULT_PORT, DEFAULT_PREFIX, EtcdConfig};
 pub use distlock_core;
 pub use etcd_client;

@@ -1,6 +1,7 @@
 //! Shared by the etcd test binaries: clients, admin access and the server hooks.
 #![allow(
     dead_code,
+    unused_imports,
     unreachable_pub,
     reason = "each test binary uses a part of the shared helpers"
 )]

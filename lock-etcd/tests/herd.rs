@@ -1,0 +1,255 @@
+//! No thundering herd, counted by the etcd member itself: its `/metrics` endpoint counts the
+//! watch events it delivers (`etcd_debugging_mvcc_events_total`, after each watcher's
+//! filters), the watchers open (`etcd_debugging_mvcc_watcher_total`) and the transactions it
+//! served (`grpc_server_handled_total{grpc_method="Txn"}`). A release must deliver an event
+//! only to the waiters it unblocks.
+//!
+//! Its own test binary, one case at a time: the figures are the whole member's, so nothing
+//! else of this process may touch etcd meanwhile. The waiters' backoff is a minute, so that
+//! only events (never the core's safety-net polls) make them read.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Etcd;
+use conformance_tests::server_var;
+use distlock_core::LockClient;
+use distlock_core::{AcquireOptions, Backoff, DistributedLock, Error, LockGuard, LockKind};
+use distlock_etcd::EtcdBackend;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
+
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+/// Long enough that no renewal (every ttl / 3) falls inside a measured release.
+const TTL: Duration = Duration::from_secs(30);
+/// A bound on things that must happen, never a synchronisation.
+const BOUND: Duration = Duration::from_secs(10);
+
+/// The member's figures that count wake-ups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Figures {
+    /// Watch events delivered to watchers.
+    events: u64,
+    /// Watchers open now.
+    watchers: u64,
+    /// Transactions served (every acquire step, release and position read is one).
+    txns: u64,
+}
+
+/// Reads `/metrics` of the member at `endpoint` (`http://host:port`).
+async fn figures(endpoint: &str) -> Figures {
+    let host = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    let mut stream = tokio::net::TcpStream::connect(host)
+        .await
+        .expect("connect to the metrics endpoint");
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {host}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.unwrap();
+    let value = |line: &str| -> u64 {
+        let number = line.rsplit(' ').next().unwrap_or("0");
+        number.parse::<f64>().map_or(0, |v| v as u64)
+    };
+    let mut figures = Figures {
+        events: 0,
+        watchers: 0,
+        txns: 0,
+    };
+    for line in body.lines() {
+        if line.starts_with("etcd_debugging_mvcc_events_total ") {
+            figures.events = value(line);
+        } else if line.starts_with("etcd_debugging_mvcc_watcher_total ") {
+            figures.watchers = value(line);
+        } else if line.starts_with("grpc_server_handled_total{")
+            && line.contains("grpc_method=\"Txn\"")
+        {
+            figures.txns += value(line);
+        }
+    }
+    figures
+}
+
+struct Setup {
+    etcd: Etcd,
+    endpoint: String,
+}
+
+async fn setup() -> Option<Setup> {
+    let endpoints = server_var("etcd", "DISTLOCK_TEST_ETCD_ENDPOINTS")?;
+    let endpoint = endpoints.split(',').next()?.to_owned();
+    Some(Setup {
+        etcd: Etcd::new(&endpoints, vec!["etcd"]).await,
+        endpoint,
+    })
+}
+
+fn opts() -> AcquireOptions {
+    AcquireOptions::default()
+        .with_ttl(TTL)
+        .with_wait(Duration::from_secs(60))
+        .with_backoff(Backoff::new(
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+        ))
+}
+
+type Waiter = JoinHandle<Result<LockGuard, Error>>;
+
+impl Setup {
+    /// Starts a waiting acquisition of `name` as `opts` asks, and returns once its watch is
+    /// open on the member (so waiters queue in the order they are started).
+    async fn waiter(&self, name: &str, opts: &AcquireOptions) -> Waiter {
+        let before = figures(&self.endpoint).await.watchers;
+        let client: LockClient<EtcdBackend> = self.etcd.client().await.unwrap();
+        let (name, opts) = (name.to_owned(), opts.clone());
+        let task = tokio::spawn(async move { client.acquire(&name, &opts).await });
+        let started = Instant::now();
+        while figures(&self.endpoint).await.watchers <= before {
+            assert!(started.elapsed() < BOUND, "a waiter never watched");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        task
+    }
+
+    /// The figures once the member has served `txns` more transactions than `before` (the
+    /// steps a test expects; more may have come by then, which the test then sees).
+    async fn after(&self, before: Figures, txns: u64) -> Figures {
+        let started = Instant::now();
+        loop {
+            let now = figures(&self.endpoint).await;
+            if now.txns >= before.txns + txns {
+                return now;
+            }
+            assert!(
+                started.elapsed() < BOUND,
+                "the expected steps never came: {now:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Waits until `done` of `tasks` have finished, and returns the finished guards.
+    async fn finished(&self, tasks: &mut Vec<Waiter>, done: usize) -> Vec<LockGuard> {
+        let started = Instant::now();
+        while tasks.iter().filter(|t| t.is_finished()).count() < done {
+            assert!(
+                started.elapsed() < BOUND,
+                "the unblocked waiters never got in"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let mut guards = Vec::new();
+        let mut waiting = Vec::new();
+        for task in tasks.drain(..) {
+            if task.is_finished() {
+                guards.push(task.await.unwrap().expect("an unblocked waiter's acquire"));
+            } else {
+                waiting.push(task);
+            }
+        }
+        *tasks = waiting;
+        guards
+    }
+}
+
+#[tokio::test]
+async fn a_writers_release_wakes_the_readers_behind_it_and_not_the_next_writer() {
+    let _serial = SERIAL.lock().await;
+    let Some(s) = setup().await else { return };
+    let name = format!("herd-rw-{}", uuid::Uuid::new_v4().simple());
+    let holder_client = s.etcd.client().await.unwrap();
+    let holder = holder_client.acquire(&name, &opts()).await.unwrap();
+    let mut readers = Vec::new();
+    for _ in 0..5 {
+        readers.push(s.waiter(&name, &opts().shared()).await);
+    }
+    let mut writer = vec![s.waiter(&name, &opts()).await];
+
+    let before = figures(&s.endpoint).await;
+    holder.release().await.unwrap();
+    let guards = s.finished(&mut readers, 5).await;
+    // The release, then one position read per reader.
+    let after = s.after(before, 6).await;
+    eprintln!("writer release with 5 readers + 1 writer waiting: {before:?} -> {after:?}");
+    assert_eq!(
+        after.events - before.events,
+        5,
+        "one event per reader unblocked, none for the writer behind them"
+    );
+    assert_eq!(
+        after.txns - before.txns,
+        6,
+        "transactions beyond the readers'"
+    );
+    assert!(!writer[0].is_finished(), "the writer got in with readers");
+    assert!(guards.iter().all(|g| g.kind() == LockKind::Shared));
+
+    // The last reader's release (and only it) wakes the writer.
+    let mut guards = guards.into_iter();
+    let last = guards.next_back().unwrap();
+    let before = figures(&s.endpoint).await;
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    assert_eq!(
+        figures(&s.endpoint).await.events,
+        before.events,
+        "woken early"
+    );
+    last.release().await.unwrap();
+    let got = s.finished(&mut writer, 1).await;
+    assert_eq!(figures(&s.endpoint).await.events - before.events, 1);
+    got.into_iter().next().unwrap().release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_permit_release_wakes_one_waiter() {
+    let _serial = SERIAL.lock().await;
+    let Some(s) = setup().await else { return };
+    let name = format!("herd-sem-{}", uuid::Uuid::new_v4().simple());
+    let permits = opts().with_permits(2);
+    let (a, b) = (
+        s.etcd.client().await.unwrap(),
+        s.etcd.client().await.unwrap(),
+    );
+    let first = a.acquire(&name, &permits).await.unwrap();
+    let second = b.acquire(&name, &permits).await.unwrap();
+    let mut waiters = Vec::new();
+    for _ in 0..4 {
+        waiters.push(s.waiter(&name, &permits).await);
+    }
+
+    // The holder released is not the one any waiter could watch by position: the first
+    // waiter must still see it (k0, k1 hold; k1 leaves).
+    let mut holders = vec![first];
+    let mut release = second;
+    for round in 0..3 {
+        let before = figures(&s.endpoint).await;
+        release.release().await.unwrap();
+        let got = s.finished(&mut waiters, 1).await;
+        let touch = u64::from(!waiters.is_empty());
+        // The release, the first waiter's read and its touch, the next waiter's read.
+        let after = s.after(before, 2 + 2 * touch).await;
+        eprintln!(
+            "permit release {round} with {} waiting: {before:?} -> {after:?}",
+            waiters.len() + 1
+        );
+        // One deletion to the first waiter, and, while waiters remain behind it, one touch to
+        // the next, which now watches the holders.
+        assert_eq!(after.events - before.events, 1 + touch, "round {round}");
+        assert_eq!(after.txns - before.txns, 2 + 2 * touch, "round {round}");
+        assert_eq!(waiters.len(), 3 - round);
+        holders.extend(got);
+        release = holders.remove(0);
+    }
+    release.release().await.unwrap();
+    for guard in holders {
+        guard.release().await.unwrap();
+    }
+    for guard in s.finished(&mut waiters, 1).await {
+        guard.release().await.unwrap();
+    }
+}
