@@ -4,13 +4,16 @@
 # the same data directory, through `scripts/services.sh restart-one`).
 #
 # Usage: scripts/fault-check.sh [CONFIG...]    (default: every configuration)
-#   CONFIG: sqlite postgres mysql redis redlock3 etcd etcd_cluster zk
+#   CONFIG: sqlite postgres postgres_tls mysql mysql_tls redis redis_fair redis_tls redlock3
+#           redlock5 etcd etcd_cluster etcd_tls zk zk_auth zk_tls
 #
 # Needs the servers of scripts/services.sh (their export lines in the environment, as
 # scripts/test.sh sets them) and builds the distlock command with every backend. Writes, per
-# configuration, target/fault-check/CONFIG.{md,json,svg}, then prints the "Verified under
-# faults" table of the README. Exit status: 1 if any run found a violation of its backend's
-# declared guarantee (or failed to run).
+# configuration, target/fault-check/CONFIG.{md,json,svg,log}, then prints the "Verified under
+# faults" table of the README. Configurations that share no server run at the same time (the
+# runs mostly wait: holds, pauses, partitions); those that share one (a restart of it would
+# hit the other) run one after the other. Exit status: 1 if any run found a violation of its
+# backend's declared guarantee (or failed to run).
 #
 # DISTLOCK_CHECK_DURATION (default 15s; 20s for etcd, whose smallest ttl is 2 s) and
 # DISTLOCK_CHECK_WORKERS (default 4) change the runs.
@@ -20,9 +23,13 @@ REPO=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
 SERVICES=$REPO/scripts/services.sh
 OUT=${CARGO_TARGET_DIR:-$REPO/target}/fault-check
 DURATION=${DISTLOCK_CHECK_DURATION:-15s}
+ETCD_DURATION=${DISTLOCK_CHECK_DURATION:-20s}
 WORKERS=${DISTLOCK_CHECK_WORKERS:-4}
+ALL_FAULTS=pause,crash,partition,restart
 
-for var in DISTLOCK_TEST_POSTGRES_URL DISTLOCK_TEST_MYSQL_URL; do
+for var in DISTLOCK_TEST_POSTGRES_URL DISTLOCK_TEST_MYSQL_URL DISTLOCK_TEST_POSTGRES_TLS_URL \
+  DISTLOCK_TEST_MYSQL_TLS_URL DISTLOCK_TEST_REDIS_TLS_URL DISTLOCK_TEST_ETCD_TLS_URL \
+  DISTLOCK_TEST_ZK_AUTH_URL DISTLOCK_TEST_ZK_TLS_URL; do
   if [[ -z ${!var:-} ]]; then
     echo "fault-check.sh: $var is not set: start the servers (scripts/services.sh start) and" \
       "eval their export lines first" >&2
@@ -33,47 +40,58 @@ done
 cargo build --quiet -p distlock-cli --features all-backends
 DISTLOCK=${CARGO_TARGET_DIR:-$REPO/target}/debug/distlock
 mkdir -p "$OUT"
-rm -f "$OUT"/*.md "$OUT"/*.json "$OUT"/*.svg "$OUT"/*.db*
+rm -f "$OUT"/*.md "$OUT"/*.json "$OUT"/*.svg "$OUT"/*.log "$OUT"/*.row "$OUT"/*.status \
+  "$OUT"/*.db*
 
-# config -> "URL|ttl|duration|faults|server to restart"
+R=127.0.0.1
+# config -> "group|URL|ttl|duration|faults|server to restart". A group's configurations share a
+# server and run one after the other.
 declare -A RUNS=(
-  [sqlite]="sqlite://$OUT/check.db|1s|$DURATION|pause,crash|"
-  [postgres]="$DISTLOCK_TEST_POSTGRES_URL|1s|$DURATION|pause,crash,partition,restart|postgres"
-  [mysql]="$DISTLOCK_TEST_MYSQL_URL|1s|$DURATION|pause,crash,partition,restart|mariadb"
-  [redis]="redis://127.0.0.1:16379|1s|$DURATION|pause,crash,partition,restart|redis-16379"
-  [redlock3]="redlock://127.0.0.1:16379,127.0.0.1:16380,127.0.0.1:16381|1s|$DURATION|pause,crash,partition,restart|redis-16380"
-  [etcd]="etcd://127.0.0.1:12379|2s|${DISTLOCK_CHECK_DURATION:-20s}|pause,crash,partition,restart|etcd"
-  [etcd_cluster]="etcd://127.0.0.1:12381,127.0.0.1:12382,127.0.0.1:12383|2s|${DISTLOCK_CHECK_DURATION:-20s}|pause,crash,partition,restart|etcd-cluster-2"
-  [zk]="zk://127.0.0.1:12181|1s|$DURATION|pause,crash,partition,restart|zookeeper"
+  [sqlite]="sqlite|sqlite://$OUT/check.db|1s|$DURATION|pause,crash|"
+  [postgres]="postgres|$DISTLOCK_TEST_POSTGRES_URL|1s|$DURATION|$ALL_FAULTS|postgres"
+  [postgres_tls]="postgres|$DISTLOCK_TEST_POSTGRES_TLS_URL|1s|$DURATION|$ALL_FAULTS|postgres"
+  [mysql]="mariadb|$DISTLOCK_TEST_MYSQL_URL|1s|$DURATION|$ALL_FAULTS|mariadb"
+  [mysql_tls]="mariadb|$DISTLOCK_TEST_MYSQL_TLS_URL|1s|$DURATION|$ALL_FAULTS|mariadb"
+  [redis]="redis|redis://$R:16379|1s|$DURATION|$ALL_FAULTS|redis-16379"
+  [redis_fair]="redis|redis://$R:16379?fair=true|1s|$DURATION|$ALL_FAULTS|redis-16379"
+  [redlock3]="redis|redlock://$R:16379,$R:16380,$R:16381|1s|$DURATION|$ALL_FAULTS|redis-16380"
+  [redlock5]="redis|redlock://$R:16379,$R:16380,$R:16381,$R:16382,$R:16383|1s|$DURATION|$ALL_FAULTS|redis-16382"
+  [redis_tls]="redis-tls|$DISTLOCK_TEST_REDIS_TLS_URL|1s|$DURATION|$ALL_FAULTS|redis-tls-16390"
+  [etcd]="etcd|etcd://$R:12379|2s|$ETCD_DURATION|$ALL_FAULTS|etcd"
+  [etcd_cluster]="etcd-cluster|etcd://$R:12381,$R:12382,$R:12383|2s|$ETCD_DURATION|$ALL_FAULTS|etcd-cluster-2"
+  [etcd_tls]="etcd-tls|$DISTLOCK_TEST_ETCD_TLS_URL|2s|$ETCD_DURATION|$ALL_FAULTS|etcd-tls"
+  [zk]="zookeeper|zk://$R:12181|1s|$DURATION|$ALL_FAULTS|zookeeper"
+  [zk_auth]="zookeeper-auth|$DISTLOCK_TEST_ZK_AUTH_URL|1s|$DURATION|$ALL_FAULTS|zookeeper-auth"
+  [zk_tls]="zookeeper-auth|$DISTLOCK_TEST_ZK_TLS_URL|1s|$DURATION|$ALL_FAULTS|zookeeper-auth"
 )
-ORDER=(sqlite postgres mysql redis redlock3 etcd etcd_cluster zk)
+ORDER=(sqlite postgres postgres_tls mysql mysql_tls redis redis_fair redis_tls redlock3 redlock5
+  etcd etcd_cluster etcd_tls zk zk_auth zk_tls)
 if (($#)); then
   ORDER=("$@")
 fi
-
-rc=0
-rows=()
 for config in "${ORDER[@]}"; do
   if [[ -z ${RUNS[$config]:-} ]]; then
-    echo "fault-check.sh: unknown configuration $config (one of: ${!RUNS[*]})" >&2
+    echo "fault-check.sh: unknown configuration $config (one of: ${ORDER[*]})" >&2
     exit 2
   fi
-  IFS='|' read -r url ttl duration faults server <<<"${RUNS[$config]}"
+done
+
+# One run: the check's output to CONFIG.log, its exit status to CONFIG.status, its table row
+# (from the JSON report) to CONFIG.row.
+run_one() {
+  local config=$1 group url ttl duration faults server status=0 args
+  IFS='|' read -r group url ttl duration faults server <<<"${RUNS[$config]}"
   args=(check --url "$url" --ttl "$ttl" --duration "$duration" --workers "$WORKERS"
     --nemesis "$faults" --json "$OUT/$config.json" --markdown "$OUT/$config.md"
     --svg "$OUT/$config.svg")
   if [[ -n $server ]]; then
     args+=(--restart-cmd "$SERVICES restart-one $server")
   fi
-  echo "==> fault-check.sh: $config" >&2
-  status=0
-  "$DISTLOCK" "${args[@]}" >&2 || status=$?
-  if ((status != 0)); then
-    echo "==> fault-check.sh: $config FAILED (exit $status)" >&2
-    ((rc != 0)) || rc=1
-  fi
+  "$DISTLOCK" "${args[@]}" >"$OUT/$config.log" 2>&1 || status=$?
+  echo "$status" >"$OUT/$config.status"
+  echo "==> fault-check.sh: $config exit $status" >&2
   if [[ -s $OUT/$config.json ]]; then
-    rows+=("$(python3 - "$OUT/$config.json" "$config" <<'PY'
+    python3 - "$OUT/$config.json" "$config" >"$OUT/$config.row" <<'PY'
 import json, sys
 report = json.load(open(sys.argv[1]))
 stats, findings = report["verdict"]["stats"], report["verdict"]["findings"]
@@ -87,12 +105,47 @@ print(f"| {sys.argv[2]} | {report['params']['guarantee']} | {faults} | "
       f"{stats['writes_rejected']} | {stats['checks_refused']} | {violations} | {expected} | "
       f"{stats['longest_gap'] / 1e6:.0f} ms | {final} |")
 PY
-)")
   fi
+}
+
+# Each group in a subshell of its own, its configurations one after the other.
+declare -A GROUPS_OF=()
+GROUP_ORDER=()
+for config in "${ORDER[@]}"; do
+  group=${RUNS[$config]%%|*}
+  if [[ -z ${GROUPS_OF[$group]:-} ]]; then
+    GROUP_ORDER+=("$group")
+  fi
+  GROUPS_OF[$group]+="$config "
+done
+pids=()
+for group in "${GROUP_ORDER[@]}"; do
+  (
+    for config in ${GROUPS_OF[$group]}; do
+      run_one "$config"
+    done
+  ) &
+  pids+=("$!")
+done
+for pid in "${pids[@]}"; do
+  wait "$pid" || true
 done
 
+rc=0
 echo
 echo "| configuration | guarantee | faults injected | acquired / attempts | fenced writes accepted | late writes only the fence stopped | holders stopped by their local deadline | violations | expected findings | longest stall | acquire after healing |"
 echo "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|"
-printf '%s\n' "${rows[@]}"
+for config in "${ORDER[@]}"; do
+  status=$(cat "$OUT/$config.status" 2>/dev/null || echo missing)
+  if [[ -s $OUT/$config.row ]]; then
+    cat "$OUT/$config.row"
+  else
+    echo "| $config | no report (exit $status) | | | | | | | | | |"
+  fi
+  if [[ $status != 0 ]]; then
+    echo "==> fault-check.sh: $config FAILED (exit $status); its output:" >&2
+    sed 's/^/    /' "$OUT/$config.log" >&2 || true
+    rc=1
+  fi
+done
 exit "$rc"

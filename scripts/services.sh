@@ -785,17 +785,22 @@ stop_one() {
 # kill -9, as a crash of its machine would: the server and every process of its session (spawn
 # makes it a session leader; PostgreSQL's backends would otherwise outlive their postmaster),
 # no shutdown, no flush; the data dir stays for start-one. Returns once every one of them is
-# gone and reaped (PostgreSQL refuses to start while its old pid exists, even as a zombie).
+# dead (a zombie at most: reaping is up to pid 1 and can take a second). PostgreSQL refuses to
+# start while the pid in its lock files (postmaster.pid, the socket's .lock) exists, and a
+# zombie does: those stale files go.
 crash_one() {
   local name=$1 pid deadline
   pid=$(signal_server "$name" KILL)
   if [[ -n $pid ]]; then
     kill -KILL -- "-$pid" 2>/dev/null || true
     deadline=$(($(now_ms) + 10000))
-    while [[ -e /proc/$pid ]] || ps -eo sid= | grep -qx " *$pid"; do
+    while ps -eo sid=,stat= | awk -v sid="$pid" '$1 == sid && $2 !~ /^Z/ { found = 1 } END { exit !found }'; do
       (($(now_ms) > deadline)) && die "$name (session $pid) survives SIGKILL"
       sleep 0.02
     done
+    if [[ $name == postgres ]]; then
+      rm -f "$(data_dir postgres)/data/postmaster.pid" "$(data_dir postgres)"/.s.PGSQL.*.lock
+    fi
     rm -f "$(pid_file "$name")"
     log "$name killed (SIGKILL, data kept)"
   else
@@ -923,6 +928,11 @@ start_servers() {
       tail -n 30 "$(log_file "${bg_names[i]}")" >&2 || true
     fi
   done
+  # restart-one: the state is consistent once the server is launched; other restarts need not
+  # wait for this one to answer (closing fd 9 releases the state lock).
+  if [[ ${UNLOCK_BEFORE_READY:-0} == 1 ]]; then
+    exec 9>&-
+  fi
   for name in "${to_wait[@]}"; do
     local skip=0 f
     for f in "${failed[@]}"; do [[ $f == "$name" ]] && skip=1; done
@@ -1034,7 +1044,7 @@ main() {
         stop-one) stop_one "$2" ;;
         restart-one)
           crash_one "$2"
-          start_servers "$2"
+          UNLOCK_BEFORE_READY=1 start_servers "$2"
           ;;
       esac
       ;;

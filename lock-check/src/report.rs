@@ -148,7 +148,8 @@ pub fn svg(label: &str, history: &History, verdict: &Verdict) -> Result<String, 
     let row = |worker: u32| f64::from(worker);
     let mut out = String::new();
     {
-        let height = 120 + 28 * rows;
+        // Three empty rows above the workers hold the legend.
+        let height = 120 + 28 * (rows + 3);
         let root = SVGBackend::with_string(&mut out, (1200, height)).into_drawing_area();
         let err = |e: DrawingAreaErrorKind<std::io::Error>| e.to_string();
         root.fill(&WHITE).map_err(err)?;
@@ -160,13 +161,19 @@ pub fn svg(label: &str, history: &History, verdict: &Verdict) -> Result<String, 
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(48)
-            .build_cartesian_2d(0f64..span, -0.6f64..(f64::from(rows) - 0.4))
+            .build_cartesian_2d(0f64..span, -0.6f64..(f64::from(rows) + 2.6))
             .map_err(err)?;
         chart
             .configure_mesh()
             .disable_y_mesh()
-            .y_labels(rows as usize)
-            .y_label_formatter(&|y| format!("w{}", y.round()))
+            .y_labels(rows as usize + 3)
+            .y_label_formatter(&|y| {
+                if *y < f64::from(rows) - 0.5 {
+                    format!("w{}", y.round())
+                } else {
+                    String::new()
+                }
+            })
             .x_desc("seconds")
             .draw()
             .map_err(err)?;
