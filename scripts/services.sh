@@ -798,6 +798,15 @@ crash_one() {
       (($(now_ms) > deadline)) && die "$name (session $pid) survives SIGKILL"
       sleep 0.02
     done
+    # A multi-threaded server (the JVM) shows as a zombie while its other threads still exit
+    # and hold its sockets: wait until its ports are closed too.
+    local port
+    while read -r port; do
+      while port_open "$port"; do
+        (($(now_ms) > deadline)) && die "$name still listens on $port after SIGKILL"
+        sleep 0.02
+      done
+    done < <(server_ports "$name")
     if [[ $name == postgres ]]; then
       rm -f "$(data_dir postgres)/data/postmaster.pid" "$(data_dir postgres)"/.s.PGSQL.*.lock
     fi

@@ -449,11 +449,10 @@ async fn restart(cmd: &str) -> Result<(), RunError> {
         Ok(())
     } else {
         let stderr = String::from_utf8_lossy(&output.stderr);
-        Err(RunError::Restart(format!(
-            "{}: {}",
-            output.status,
-            stderr.trim().lines().last().unwrap_or("")
-        )))
+        // The reason is usually a few lines above the last one.
+        let lines: Vec<&str> = stderr.trim().lines().collect();
+        let tail = lines[lines.len().saturating_sub(5)..].join(" / ");
+        Err(RunError::Restart(format!("{}: {tail}", output.status)))
     }
 }
 
