@@ -435,12 +435,16 @@ impl Node {
             .query_async(&mut conn)
             .await
             .map_err(|e| RedisError::classify(&self.addr, e))?;
+        // A permit marker in the lock key: the name is a semaphore (not an `if let` guard:
+        // the declared rust-version predates them).
+        let permits = previous
+            .as_deref()
+            .and_then(marker_kind)
+            .filter(|kind| matches!(kind, LockKind::Permit { .. }));
         Ok(match previous {
             None if token < scripts::SEED_FLOOR => self.seed(keys, &request.owner).await?,
             None => Some(Answer::Acquired(token)),
-            Some(value) if let Some(held @ LockKind::Permit { .. }) = marker_kind(&value) => {
-                Some(Answer::Mismatch(held))
-            }
+            Some(_) if permits.is_some() => permits.map(Answer::Mismatch),
             Some(_) if request.mode == AttemptMode::Wait => None,
             Some(value) if is_own(&value, &request.owner) => None,
             Some(_) => Some(Answer::Busy(-1)),
