@@ -190,7 +190,11 @@ pub async fn invalid_kinds_are_typed_errors(ctx: Ctx) -> Outcome {
     Outcome::Passed
 }
 
-/// A crashed permit holder's permit comes back after its ttl, not before.
+/// A crashed permit holder's permit comes back once its lease has run out, not before: never
+/// while the holder's `valid_until` lies ahead. (The lease may have started before the request:
+/// on etcd every key of a client shares one lease, kept alive by the client's other holds, so
+/// the crashed holder's `valid_until`, and the permit's return, come up to a keepalive period
+/// before request + ttl.)
 pub async fn crashed_permit_holder_frees_after_ttl(ctx: Ctx) -> Outcome {
     let (a, b) = (ctx.client().await, ctx.client().await);
     needs_permits!(a, 2);
@@ -201,6 +205,7 @@ pub async fn crashed_permit_holder_frees_after_ttl(ctx: Ctx) -> Outcome {
     let sent = Instant::now();
     let crashed = acquire(&*a, &name, &opts).await;
     let answered = Instant::now();
+    let valid_until = crashed.valid_until();
     crashed.abandon();
     assert!(
         try_acquire(&*b, &name, &opts).await.is_none(),
@@ -209,8 +214,13 @@ pub async fn crashed_permit_holder_frees_after_ttl(ctx: Ctx) -> Outcome {
     let guard = acquire(&*b, &name, &opts).await;
     let taken = Instant::now();
     assert!(
-        taken >= sent + ttl,
-        "the permit came back {:?} after, before its ttl",
+        taken >= valid_until,
+        "the permit came back {:?} before the crashed holder's valid_until",
+        valid_until - taken
+    );
+    assert!(
+        taken >= sent + ttl / 2,
+        "the permit came back {:?} after, long before its ttl {ttl:?}",
         taken - sent
     );
     assert!(
