@@ -17,6 +17,8 @@ use crate::exit::{CONFIG, Failure, OTHER};
 /// The environment variable that passes the (proxied) URL to a worker: not its command line,
 /// where other users could read a password.
 const WORKER_URL: &str = "DISTLOCK_CHECK_URL";
+/// The checking process's pid, so that a worker can tell whether it is already orphaned.
+const WORKER_PARENT: &str = "DISTLOCK_CHECK_PARENT";
 
 /// Exit status of a check that found a violation of the backend's declared guarantee.
 pub(crate) const VIOLATED: u8 = 1;
@@ -143,6 +145,7 @@ impl Spawner for SelfSpawner {
             .arg("--op-timeout")
             .arg(humantime::format_duration(self.op_timeout).to_string())
             .env(WORKER_URL, url)
+            .env(WORKER_PARENT, std::process::id().to_string())
             .env("DISTLOCK_LOG", "error");
         command
     }
@@ -266,6 +269,17 @@ fn write(path: &std::path::Path, text: &str) -> Result<(), Failure> {
 /// server restarts), then loop until SIGTERM.
 pub(crate) async fn worker(args: WorkerArgs) -> Result<u8, Failure> {
     use tokio::signal::unix::{SignalKind, signal};
+    // Die with the checking process, however it ends (a SIGKILL runs none of its clean-up):
+    // a worker left behind would go on taking the lock. If it already ended, stop now.
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .map_err(|err| Failure::new(OTHER, format!("cannot arm the parent-death signal: {err}")))?;
+    let parent = std::env::var(WORKER_PARENT).ok();
+    if parent.as_deref() != Some(nix::unistd::getppid().as_raw().to_string().as_str()) {
+        return Err(Failure::new(
+            OTHER,
+            "the checking process is gone (or this is not one of its workers)",
+        ));
+    }
     let params: distlock_check::WorkerParams = serde_json::from_str(&args.params)
         .map_err(|err| Failure::new(CONFIG, format!("bad --params: {err}")))?;
     let url = std::env::var(WORKER_URL)

@@ -98,3 +98,85 @@ fn options_that_cannot_work_are_config_errors() {
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
 }
+
+/// The pids of the processes whose parent is `parent`.
+fn children(parent: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ...": the comm may hold spaces, the last ')' ends it.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|ppid| ppid.parse::<u32>().ok());
+        if ppid == Some(parent) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// A worker dies with its checking process, even when it is stopped and the checking process
+/// is SIGKILLed.
+#[test]
+fn workers_die_with_a_killed_checking_process() {
+    let env = Env::new();
+    let url = env.url();
+    let mut check = env
+        .distlock(&[
+            "check",
+            "--url",
+            &url,
+            "--duration",
+            "60s",
+            "--workers",
+            "3",
+            "--ttl",
+            "1s",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("distlock check starts");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let workers = loop {
+        let found = children(check.id());
+        if found.len() >= 3 {
+            break found;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no workers: {found:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    // Stopped workers (a pause fault in progress) would neither write nor read again: only
+    // the parent-death signal ends them.
+    for &pid in &workers {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).expect("a pid"));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+    }
+    check.kill().expect("SIGKILL");
+    check.wait().expect("reaped");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while workers.iter().any(|&pid| alive(pid)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "workers {workers:?} outlived the checking process"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
