@@ -75,15 +75,6 @@ pub enum Event {
         /// Whether the holder still believed it held the lock.
         passed: bool,
     },
-    /// The register refused a write: the holder stops its critical section.
-    Refused {
-        /// Which acquisition.
-        seq: u64,
-        /// Which step.
-        step: u32,
-        /// When the refusal arrived.
-        t: Nanos,
-    },
     /// `release` called.
     Release {
         /// Which acquisition.
@@ -188,15 +179,8 @@ pub async fn work(
             // The step's work, done in the belief of holding the lock; a pause here makes the
             // write below late.
             tokio::time::sleep(params.step_gap).await;
+            // A refused write ends the section; the register records it.
             if !register.write(acq, token, step).await? {
-                sink.event(
-                    id,
-                    Event::Refused {
-                        seq,
-                        step,
-                        t: now(),
-                    },
-                );
                 break;
             }
         }
@@ -303,7 +287,6 @@ impl Sink for Recorder {
                     passed,
                 });
             }
-            Event::Refused { .. } => {}
             Event::Release { seq, t } => {
                 if let Some(a) = state.acquisition(worker, seq) {
                     a.released = Some(t);
