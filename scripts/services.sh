@@ -17,6 +17,11 @@
 #   scripts/services.sh start-one NAME   (re)start one server on its existing data dir, wait ready
 #   scripts/services.sh restart-one NAME crash one server (SIGKILL) and start it again on its data
 #                                        dir, wait ready (the restart fault of `distlock check`)
+#   scripts/services.sh kill-one NAME    crash one server (SIGKILL, no shutdown), KEEP its data
+#                                        dir and do not restart it (failover tests; start-one
+#                                        brings it back)
+#   scripts/services.sh topology         one line per server of the replicated topologies: its
+#                                        current role (Redis Cluster, Sentinel, ZooKeeper ensemble)
 #
 # Only the export lines go to stdout, everything else to stderr, so this works:
 #   exports=$(scripts/services.sh start) && eval "$exports"
@@ -25,6 +30,15 @@
 #   redis-16379 .. redis-16383   5 independent Redis masters (no persistence: a restart is empty)
 #   redis-tls-16390 .. 16392     3 Redis masters over TLS only (client certificate optional), the
 #                                default user off, ACL user distlock with the TLS password
+#   redis-cluster-17001 .. 17006 a Redis Cluster: 3 masters + 3 replicas (cluster bus = port +
+#                                10000, node timeout 2 s, formed by `redis-cli --cluster create`
+#                                once all six answer; no persistence; full coverage not required)
+#   redis-repl-16400 .. 16402    Sentinel-managed replication: 16400 starts as the master, 16401
+#                                and 16402 as its replicas (no persistence; their config files
+#                                live in their data dirs, so a role the Sentinels rewrite
+#                                survives a restart)
+#   redis-sentinel-16410 .. 16412  3 Sentinels monitoring master name `distlock` (quorum 2,
+#                                down-after 1 s, failover-timeout 4 s)
 #   etcd                         single etcd member, client 12379, peer 12380
 #   etcd-tls                     single etcd member, client 12479 over TLS with client
 #                                certificates required (--client-cert-auth), peer 12480 (plain);
@@ -37,6 +51,8 @@
 #                                (secureClientPort, Netty, PEM key store; client cert optional);
 #                                also SASL DIGEST-MD5 (SASLAuthenticationProvider, JAAS file
 #                                conf/zk-auth-jaas.conf: user distlock with the TLS password)
+#   zk-ensemble-1 .. 3           a 3-server ZooKeeper ensemble: client 12191..12193, quorum
+#                                12281..12283, election 12291..12293 (tickTime 200)
 #   postgres                     PostgreSQL 15 on 15432, database distlock, user postgres, trust;
 #                                TLS (ssl=on), user distlock_tls with a password, over TLS only
 #   mariadb                      MariaDB on 13306, database distlock, root without password;
@@ -99,6 +115,14 @@ ETCD_TLS_PEER_PORT=12480
 ETCD_TLS_TOKEN_TTL=10
 CLUSTER_CLIENT_PORTS=(12381 12382 12383)
 CLUSTER_PEER_PORTS=(12391 12392 12393)
+REDIS_CLUSTER_PORTS=(17001 17002 17003 17004 17005 17006)
+REDIS_CLUSTER_NODE_TIMEOUT=2000
+REDIS_REPL_PORTS=(16400 16401 16402)
+REDIS_SENTINEL_PORTS=(16410 16411 16412)
+SENTINEL_MASTER=distlock
+ZK_ENSEMBLE_CLIENT_PORTS=(12191 12192 12193)
+ZK_ENSEMBLE_QUORUM_PORTS=(12281 12282 12283)
+ZK_ENSEMBLE_ELECTION_PORTS=(12291 12292 12293)
 ZK_PORT=12181
 ZK_AUTH_PORT=12182
 ZK_AUTH_TLS_PORT=12183
@@ -108,8 +132,12 @@ MARIADB_PORT=13306
 ALL_SERVERS=(
   redis-16379 redis-16380 redis-16381 redis-16382 redis-16383
   redis-tls-16390 redis-tls-16391 redis-tls-16392
+  redis-cluster-17001 redis-cluster-17002 redis-cluster-17003
+  redis-cluster-17004 redis-cluster-17005 redis-cluster-17006
+  redis-repl-16400 redis-repl-16401 redis-repl-16402
+  redis-sentinel-16410 redis-sentinel-16411 redis-sentinel-16412
   etcd etcd-tls etcd-cluster-1 etcd-cluster-2 etcd-cluster-3
-  zookeeper zookeeper-auth postgres mariadb
+  zookeeper zookeeper-auth zk-ensemble-1 zk-ensemble-2 zk-ensemble-3 postgres mariadb
 )
 
 log() { printf 'services: %s\n' "$*" >&2; }
@@ -132,19 +160,26 @@ is_server() {
   return 1
 }
 
-# Index (0..2) of an etcd cluster member.
-member_index() { printf '%s\n' "$((${1#etcd-cluster-} - 1))"; }
+# Index (0..2) of an etcd cluster member or a ZooKeeper ensemble server.
+member_index() {
+  local n=${1#etcd-cluster-}
+  n=${n#zk-ensemble-}
+  printf '%s\n' "$((n - 1))"
+}
+
+# The port of a Redis server (the number its name ends with).
+redis_port() { printf '%s\n' "${1##*-}"; }
 
 # The port that identifies a server (client port).
 server_port() {
   case $1 in
-    redis-tls-*) printf '%s\n' "${1#redis-tls-}" ;;
-    redis-*) printf '%s\n' "${1#redis-}" ;;
+    redis-*) redis_port "$1" ;;
     etcd) printf '%s\n' "$ETCD_CLIENT_PORT" ;;
     etcd-tls) printf '%s\n' "$ETCD_TLS_CLIENT_PORT" ;;
     etcd-cluster-*) printf '%s\n' "${CLUSTER_CLIENT_PORTS[$(member_index "$1")]}" ;;
     zookeeper) printf '%s\n' "$ZK_PORT" ;;
     zookeeper-auth) printf '%s\n' "$ZK_AUTH_PORT" ;;
+    zk-ensemble-*) printf '%s\n' "${ZK_ENSEMBLE_CLIENT_PORTS[$(member_index "$1")]}" ;;
     postgres) printf '%s\n' "$PG_PORT" ;;
     mariadb) printf '%s\n' "$MARIADB_PORT" ;;
   esac
@@ -158,6 +193,11 @@ server_ports() {
     etcd-tls) printf '%s\n' "$ETCD_TLS_PEER_PORT" ;;
     etcd-cluster-*) printf '%s\n' "${CLUSTER_PEER_PORTS[$(member_index "$1")]}" ;;
     zookeeper-auth) printf '%s\n' "$ZK_AUTH_TLS_PORT" ;;
+    redis-cluster-*) printf '%s\n' "$(($(redis_port "$1") + 10000))" ;;
+    zk-ensemble-*)
+      printf '%s\n' "${ZK_ENSEMBLE_QUORUM_PORTS[$(member_index "$1")]}" \
+        "${ZK_ENSEMBLE_ELECTION_PORTS[$(member_index "$1")]}"
+      ;;
   esac
 }
 
@@ -166,7 +206,7 @@ server_comm() {
   case $1 in
     redis-*) printf 'redis-server\n' ;;
     etcd | etcd-tls | etcd-cluster-*) printf 'etcd\n' ;;
-    zookeeper | zookeeper-auth) printf 'java\n' ;;
+    zookeeper | zookeeper-auth | zk-ensemble-*) printf 'java\n' ;;
     postgres) printf 'postgres\n' ;;
     mariadb) printf 'mariadbd\n' ;;
   esac
@@ -410,6 +450,7 @@ zoo_cfg() {
   case $1 in
     zookeeper) printf '%s\n' "$STATE/conf/zoo.cfg" ;;
     zookeeper-auth) printf '%s\n' "$STATE/conf/zoo-auth.cfg" ;;
+    zk-ensemble-*) printf '%s\n' "$STATE/conf/zoo-$1.cfg" ;;
   esac
 }
 
@@ -431,6 +472,16 @@ maxClientCnxns=0
 admin.enableServer=false
 preAllocSize=4096
 EOF
+  if [[ $name == zk-ensemble-* ]]; then
+    # A quorum peer: its id in data/NAME/myid, the three servers in the config.
+    local j
+    printf '%s\n' "$(($(member_index "$name") + 1))" >"$(data_dir "$name")/myid"
+    printf 'initLimit=50\nsyncLimit=10\n' >>"$cfg"
+    for j in 0 1 2; do
+      printf 'server.%s=%s:%s:%s\n' "$((j + 1))" "$HOST" "${ZK_ENSEMBLE_QUORUM_PORTS[j]}" \
+        "${ZK_ENSEMBLE_ELECTION_PORTS[j]}" >>"$cfg"
+    done
+  fi
   if [[ $name == zookeeper-auth ]]; then
     # TLS on the secure port: the PEM key store holds the server's key and certificate.
     local d
@@ -482,6 +533,41 @@ launch() {
         --tls-cert-file "$t/server.pem" --tls-key-file "$t/server.key" \
         --tls-ca-cert-file "$t/ca.pem" --tls-auth-clients optional
       ;;
+    redis-cluster-*)
+      # nodes.conf (the node's id, epoch and view of the cluster) stays in the data dir, so a
+      # restarted node rejoins as itself.
+      mkdir -p "$dir"
+      spawn "$name" redis-server --port "$(redis_port "$name")" --bind "$HOST" --save '' \
+        --appendonly no --daemonize no --dir "$dir" --cluster-enabled yes \
+        --cluster-config-file nodes.conf --cluster-node-timeout "$REDIS_CLUSTER_NODE_TIMEOUT" \
+        --cluster-require-full-coverage no
+      ;;
+    redis-repl-* | redis-sentinel-*)
+      # Both rewrite their config file (a Sentinel records the topology it learns, a data
+      # node the role a Sentinel gave it): written once, kept across restarts.
+      local conf="$dir/redis.conf" port
+      port=$(redis_port "$name")
+      mkdir -p "$dir"
+      if [[ ! -f $conf ]]; then
+        if [[ $name == redis-sentinel-* ]]; then
+          printf '%s\n' "port $port" "bind $HOST" "dir $dir" \
+            "sentinel monitor $SENTINEL_MASTER $HOST ${REDIS_REPL_PORTS[0]} 2" \
+            "sentinel down-after-milliseconds $SENTINEL_MASTER 1000" \
+            "sentinel failover-timeout $SENTINEL_MASTER 4000" \
+            "sentinel parallel-syncs $SENTINEL_MASTER 2" >"$conf"
+        else
+          printf '%s\n' "port $port" "bind $HOST" "dir $dir" 'save ""' "appendonly no" >"$conf"
+          if [[ $port != "${REDIS_REPL_PORTS[0]}" ]]; then
+            printf 'replicaof %s %s\n' "$HOST" "${REDIS_REPL_PORTS[0]}" >>"$conf"
+          fi
+        fi
+      fi
+      if [[ $name == redis-sentinel-* ]]; then
+        spawn "$name" redis-server "$conf" --sentinel
+      else
+        spawn "$name" redis-server "$conf"
+      fi
+      ;;
     redis-*)
       mkdir -p "$dir"
       spawn "$name" redis-server --port "${name#redis-}" --bind "$HOST" --save '' \
@@ -529,9 +615,11 @@ launch() {
         --initial-cluster "$initial" \
         --initial-cluster-token "$(etcd_token etcd-cluster)" --initial-cluster-state new
       ;;
-    zookeeper | zookeeper-auth)
+    zookeeper | zookeeper-auth | zk-ensemble-*)
       local cp="/etc/zookeeper/conf:$ZK_JAR:$SLF4J_SIMPLE_JAR" jar
       local -a extra=()
+      local main=org.apache.zookeeper.server.ZooKeeperServerMain
+      [[ $name == zk-ensemble-* ]] && main=org.apache.zookeeper.server.quorum.QuorumPeerMain
       mkdir -p "$dir"
       if [[ $name == zookeeper-auth ]]; then
         tls_material
@@ -543,7 +631,7 @@ launch() {
       spawn "$name" java -Xmx256m -XX:+UseSerialGC -Djava.net.preferIPv4Stack=true \
         -Dzookeeper.admin.enableServer=false -Dorg.slf4j.simpleLogger.showDateTime=true \
         '-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd HH:mm:ss.SSS' ${extra[@]+"${extra[@]}"} \
-        -cp "$cp" org.apache.zookeeper.server.ZooKeeperServerMain "$(zoo_cfg "$name")"
+        -cp "$cp" "$main" "$(zoo_cfg "$name")"
       ;;
     postgres)
       local base pgdata
@@ -634,13 +722,25 @@ probe() {
       [[ $(REDISCLI_AUTH=$(tls_password) timeout 2 redis-cli --tls --cacert "$(tls_dir)/ca.pem" \
         -h "$HOST" -p "$(server_port "$1")" --user distlock --no-auth-warning ping 2>/dev/null) == PONG ]]
       ;;
-    redis-*) [[ $(timeout 2 redis-cli -h "$HOST" -p "${1#redis-}" ping 2>/dev/null) == PONG ]] ;;
+    redis-cluster-*)
+      # Alone (before the cluster is formed) or a member of a healthy cluster.
+      local info
+      info=$(timeout 2 redis-cli -h "$HOST" -p "$(redis_port "$1")" cluster info 2>/dev/null) &&
+        [[ $info == *cluster_state:ok* || $info == *cluster_known_nodes:1$'\r'* ]]
+      ;;
+    redis-sentinel-*)
+      [[ -n $(timeout 2 redis-cli -h "$HOST" -p "$(redis_port "$1")" \
+        sentinel get-master-addr-by-name "$SENTINEL_MASTER" 2>/dev/null) ]]
+      ;;
+    redis-*) [[ $(timeout 2 redis-cli -h "$HOST" -p "$(redis_port "$1")" ping 2>/dev/null) == PONG ]] ;;
     etcd-tls) etcd_tls_ctl endpoint health >/dev/null 2>&1 ;;
     etcd | etcd-cluster-*)
       ETCDCTL_API=3 timeout 5 etcdctl --endpoints="http://$HOST:$(server_port "$1")" \
         --dial-timeout=1s --command-timeout=2s endpoint health >/dev/null 2>&1
       ;;
     zookeeper) zk_srvr | grep -q '^Mode:' ;;
+    # A quorum peer serves (and answers with its mode) once the ensemble has a leader.
+    zk-ensemble-*) zk_srvr "$(server_port "$1")" | grep -qE '^Mode: (leader|follower)' ;;
     zookeeper-auth)
       zk_srvr "$ZK_AUTH_PORT" | grep -q '^Mode:' &&
         # The secure port completes a verified TLS handshake.
@@ -948,11 +1048,135 @@ start_servers() {
     ((skip)) && continue
     wait_ready "$name" || failed+=("$name")
   done
+  if ((${#failed[@]} == 0)); then
+    settle_topologies "$@" || failed+=(topology)
+  fi
   if ((${#failed[@]})); then
     log "FAILED to start: ${failed[*]} (state in $STATE; run '$0 stop' to clean up)"
     return 1
   fi
   log "all requested servers ready in $(($(now_ms) - t0)) ms"
+}
+
+# --------------------------------------------------------------------------------------------
+# Replicated topologies: formed once every member answers, and waited for until healthy
+
+# redis_at PORT ARGS...: redis-cli against a loopback port (empty when it does not answer).
+redis_at() {
+  local port=$1
+  shift
+  { timeout 2 redis-cli -h "$HOST" -p "$port" "$@" 2>/dev/null || true; } | tr -d '\r'
+}
+
+# info_field TEXT FIELD: the value of `FIELD:value` in an INFO-style answer.
+info_field() { sed -n "s/^$2:\(.*\)$/\1/p" <<<"$1" | head -n 1; }
+
+# Forms the Redis Cluster when all six nodes are still alone; then waits until every running
+# node reports a healthy cluster and every running replica is in sync with its master.
+redis_cluster_settle() {
+  local p addrs=() alone=1 t0 deadline info running=()
+  for p in "${REDIS_CLUSTER_PORTS[@]}"; do
+    is_running "redis-cluster-$p" || continue
+    running+=("$p")
+    addrs+=("$HOST:$p")
+    [[ $(info_field "$(redis_at "$p" cluster info)" cluster_known_nodes) == 1 ]] || alone=0
+  done
+  ((${#running[@]})) || return 0
+  if ((alone)); then
+    ((${#running[@]} == ${#REDIS_CLUSTER_PORTS[@]})) || {
+      log "redis-cluster: only ${#running[@]} of ${#REDIS_CLUSTER_PORTS[@]} nodes run, cannot form the cluster"
+      return 1
+    }
+    redis-cli --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes \
+      >>"$(log_file redis-cluster-create)" 2>&1 || {
+      log "redis-cluster: 'redis-cli --cluster create' failed, see $(log_file redis-cluster-create)"
+      return 1
+    }
+  fi
+  t0=$(now_ms)
+  deadline=$((t0 + READY_TIMEOUT * 1000))
+  for p in "${running[@]}"; do
+    while :; do
+      info=$(redis_at "$p" cluster info)
+      if [[ $(info_field "$info" cluster_state) == ok &&
+        $(info_field "$info" cluster_known_nodes) == "${#REDIS_CLUSTER_PORTS[@]}" ]]; then
+        info=$(redis_at "$p" info replication)
+        [[ $(info_field "$info" role) == master ||
+          $(info_field "$info" master_link_status) == up ]] && break
+      fi
+      if (($(now_ms) > deadline)); then
+        log "redis-cluster: node $p not healthy within ${READY_TIMEOUT} s: $(tr '\n' ' ' <<<"$info")"
+        return 1
+      fi
+      sleep 0.1
+    done
+  done
+  log "redis-cluster healthy ($(($(now_ms) - t0)) ms)"
+}
+
+# Waits until every running Sentinel knows the other running ones and the master's running
+# replicas, and those replicas are in sync.
+redis_sentinel_settle() {
+  local p s sentinels=0 replicas=0 t0 deadline master info
+  for p in "${REDIS_SENTINEL_PORTS[@]}"; do is_running "redis-sentinel-$p" && sentinels=$((sentinels + 1)); done
+  ((sentinels)) || return 0
+  for p in "${REDIS_REPL_PORTS[@]}"; do is_running "redis-repl-$p" && replicas=$((replicas + 1)); done
+  replicas=$((replicas - 1))
+  t0=$(now_ms)
+  deadline=$((t0 + READY_TIMEOUT * 1000))
+  for p in "${REDIS_SENTINEL_PORTS[@]}"; do
+    is_running "redis-sentinel-$p" || continue
+    while :; do
+      info=$(redis_at "$p" sentinel master "$SENTINEL_MASTER" | paste -d: - -)
+      master=$(info_field "$info" port)
+      s=$(redis_at "$master" info replication)
+      if [[ $(info_field "$info" num-other-sentinels) -ge $((sentinels - 1)) &&
+        $(info_field "$info" flags) == master &&
+        $(info_field "$s" role) == master &&
+        $(info_field "$s" connected_slaves) -ge $replicas ]]; then
+        break
+      fi
+      if (($(now_ms) > deadline)); then
+        log "redis-sentinel: $p not settled within ${READY_TIMEOUT} s: $(tr '\n' ' ' <<<"$info")"
+        return 1
+      fi
+      sleep 0.1
+    done
+  done
+  log "redis-sentinel settled: master on ${master:-?} ($(($(now_ms) - t0)) ms)"
+}
+
+settle_topologies() {
+  local n cluster=0 sentinel=0
+  for n in "$@"; do
+    case $n in
+      redis-cluster-*) cluster=1 ;;
+      redis-repl-* | redis-sentinel-*) sentinel=1 ;;
+    esac
+  done
+  if ((cluster)); then redis_cluster_settle || return 1; fi
+  if ((sentinel)); then redis_sentinel_settle || return 1; fi
+}
+
+# One line per member of the replicated topologies: its role now.
+topology() {
+  local p info n
+  for p in "${REDIS_CLUSTER_PORTS[@]}"; do
+    info=$(redis_at "$p" info replication)
+    printf 'redis-cluster-%s %s\n' "$p" "$(info_field "$info" role || true)"
+  done
+  for p in "${REDIS_REPL_PORTS[@]}"; do
+    info=$(redis_at "$p" info replication)
+    printf 'redis-repl-%s %s\n' "$p" "$(info_field "$info" role || true)"
+  done
+  for p in "${REDIS_SENTINEL_PORTS[@]}"; do
+    printf 'redis-sentinel-%s master %s\n' "$p" \
+      "$(redis_at "$p" sentinel get-master-addr-by-name "$SENTINEL_MASTER" | paste -sd: -)"
+  done
+  for n in 1 2 3; do
+    printf 'zk-ensemble-%s %s\n' "$n" \
+      "$({ zk_srvr "${ZK_ENSEMBLE_CLIENT_PORTS[n - 1]}" || true; } | sed -n 's/^Mode: //p')"
+  done
 }
 
 print_env() {
@@ -964,6 +1188,15 @@ print_env() {
   for p in "${CLUSTER_CLIENT_PORTS[@]}"; do urls+="${urls:+,}http://$HOST:$p"; done
   printf 'export DISTLOCK_TEST_ETCD_CLUSTER_ENDPOINTS=%s\n' "$urls"
   printf 'export DISTLOCK_TEST_ZK_CONNECT=%s:%s\n' "$HOST" "$ZK_PORT"
+  urls=""
+  for p in "${ZK_ENSEMBLE_CLIENT_PORTS[@]}"; do urls+="${urls:+,}$HOST:$p"; done
+  printf 'export DISTLOCK_TEST_ZK_ENSEMBLE_CONNECT=%s\n' "$urls"
+  urls=""
+  for p in "${REDIS_CLUSTER_PORTS[@]}"; do urls+="${urls:+,}$HOST:$p"; done
+  printf 'export DISTLOCK_TEST_REDIS_CLUSTER_URL=redis+cluster://%s\n' "$urls"
+  urls=""
+  for p in "${REDIS_SENTINEL_PORTS[@]}"; do urls+="${urls:+,}$HOST:$p"; done
+  printf 'export DISTLOCK_TEST_REDIS_SENTINEL_URL=redis+sentinel://%s/%s\n' "$urls" "$SENTINEL_MASTER"
   printf 'export DISTLOCK_TEST_POSTGRES_URL=postgres://postgres@%s:%s/distlock?sslmode=disable\n' \
     "$HOST" "$PG_PORT"
   printf 'export DISTLOCK_TEST_MYSQL_URL=mysql://root@%s:%s/distlock?ssl-mode=disabled\n' \
@@ -1042,7 +1275,8 @@ main() {
       ;;
     status) status ;;
     env) print_env ;;
-    start-one | stop-one | restart-one)
+    topology) topology ;;
+    start-one | stop-one | restart-one | kill-one)
       if [[ $# -ne 2 ]] || ! is_server "$2"; then
         log "$action needs one NAME of: ${ALL_SERVERS[*]}"
         exit 2
@@ -1051,6 +1285,7 @@ main() {
       case $action in
         start-one) start_servers "$2" ;;
         stop-one) stop_one "$2" ;;
+        kill-one) crash_one "$2" ;;
         restart-one)
           crash_one "$2"
           UNLOCK_BEFORE_READY=1 start_servers "$2"
