@@ -279,7 +279,9 @@ impl EtcdAttempt {
             return Ok(None);
         };
         if slot.refreshed().elapsed() >= slot.ttl / 10
-            && !slot.keep_alive(&self.shared.client, Instant::now()).await?
+            && !slot
+                .keep_alive(&self.shared.client, &self.shared.members, Instant::now())
+                .await?
         {
             self.rev = None;
             return Ok(None);
@@ -397,6 +399,7 @@ impl Attempt for EtcdAttempt {
                         Err(err) => {
                             // Leave it to the core's backoff to poll again.
                             debug!(%err, "cannot watch the predecessor");
+                            self.shared.members.suspect();
                             self.watch_target = None;
                         }
                     }
@@ -425,7 +428,7 @@ impl Attempt for EtcdAttempt {
                 },
                 () = sleep_until(keepalive_at) => {
                     if let Some(slot) = &self.slot {
-                        match slot.keep_alive(&self.shared.client, Instant::now()).await {
+                        match slot.keep_alive(&self.shared.client, &self.shared.members, Instant::now()).await {
                             Ok(true) => {}
                             Ok(false) => return, // our key is gone: poll queues again
                             Err(err) => {

@@ -26,6 +26,7 @@ use crate::config::EtcdConfig;
 use crate::error::{connect_err, map_err, retryable, tls_cause, transient};
 use crate::keys;
 use crate::keys::{KeyPool, QueueKey};
+use crate::members::{self, Members, Prober};
 use crate::session::LeaseSlot;
 
 /// The shortest lease etcd grants with its default heartbeat settings (shorter requests are
@@ -59,6 +60,10 @@ pub(crate) struct Shared {
     pub(crate) checks: OnceLock<mpsc::UnboundedSender<KeyCheck>>,
     /// The queue keys this client uses, per name.
     pub(crate) keys: KeyPool,
+    /// Where requests report a member that does not answer or connect.
+    pub(crate) members: Members,
+    /// Takes such members out of the client's balancer while they are down.
+    _prober: Prober,
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -145,8 +150,12 @@ impl EtcdBackend {
 
     /// Uses an existing client (its endpoints are taken from `config` for diagnostics only).
     pub fn from_client(client: Client, config: &EtcdConfig) -> Self {
+        let members = Members::default();
+        let prober = members::start(&client, config.endpoints(), &members);
         Self {
             shared: Arc::new(Shared {
+                _prober: prober,
+                members,
                 client,
                 prefix: config.prefix().to_owned(),
                 endpoints: config.endpoints().to_vec(),
@@ -428,7 +437,7 @@ impl EtcdBackend {
         options: GetOptions,
         what: &str,
     ) -> Result<etcd_client::GetResponse> {
-        transient(what, retryable, || {
+        transient(what, retryable, &self.shared.members, || {
             let mut kv = self.shared.client.kv_client();
             let (key, options) = (key.clone(), options.clone());
             async move { kv.get(key, Some(options)).await }

@@ -7,8 +7,8 @@ use etcd_client::{Client, GetOptions, Txn, TxnOp, TxnOpResponse};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::backend::Shared;
-use crate::error::{map_err, protocol, retryable, shared_err};
-use distlock_core::backend::{RetryPolicy, retrying};
+use crate::error::{AttemptError, attempts, map_err, protocol, retryable, shared_err};
+use crate::members::Members;
 
 impl Shared {
     /// Whether `key` still exists with create revision `rev`. Concurrent checks of one client
@@ -16,7 +16,7 @@ impl Shared {
     pub(crate) async fn key_is_ours(&self, key: &str, rev: i64) -> Result<bool> {
         let queue = self.checks.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(check_keys(self.client.clone(), rx));
+            tokio::spawn(check_keys(self.client.clone(), self.members.clone(), rx));
             tx
         });
         let (reply, answer) = oneshot::channel();
@@ -62,7 +62,11 @@ pub(crate) const TXNS_PER_BATCH: usize = 8;
 /// with its create revision. Checks that arrive while a batch is in flight wait for the next
 /// one, which reads all their keys in one transaction per [`CHECKS_PER_TXN`] keys (group
 /// commit: no added delay when idle, one round trip for a burst). Ends with the client.
-pub(crate) async fn check_keys(client: Client, mut queue: mpsc::UnboundedReceiver<KeyCheck>) {
+pub(crate) async fn check_keys(
+    client: Client,
+    members: Members,
+    mut queue: mpsc::UnboundedReceiver<KeyCheck>,
+) {
     let mut batch = Vec::new();
     while queue
         .recv_many(&mut batch, CHECKS_PER_TXN * TXNS_PER_BATCH)
@@ -77,30 +81,29 @@ pub(crate) async fn check_keys(client: Client, mut queue: mpsc::UnboundedReceive
             }
             chunks
         };
-        futures::future::join_all(chunks.into_iter().map(|chunk| check_chunk(&client, chunk)))
-            .await;
+        futures::future::join_all(
+            chunks
+                .into_iter()
+                .map(|chunk| check_chunk(&client, &members, chunk)),
+        )
+        .await;
     }
 }
 
-pub(crate) async fn check_chunk(client: &Client, chunk: Vec<KeyCheck>) {
+pub(crate) async fn check_chunk(client: &Client, members: &Members, chunk: Vec<KeyCheck>) {
     let reads = chunk
         .iter()
         .map(|c| TxnOp::get(c.key.clone(), Some(GetOptions::new().with_keys_only())));
     let txn = Txn::new().and_then(reads.collect::<Vec<_>>());
     // Read only: safe to repeat.
-    let answer = retrying(
-        "checking held keys",
-        RetryPolicy::TRANSIENT,
-        retryable,
-        || {
-            let mut kv = client.kv_client();
-            let txn = txn.clone();
-            async move { kv.txn(txn).await }
-        },
-    )
+    let answer = attempts("checking held keys", retryable, members, || {
+        let mut kv = client.kv_client();
+        let txn = txn.clone();
+        async move { kv.txn(txn).await }
+    })
     .await;
     match answer {
-        Ok(resp) => {
+        Ok((resp, _)) => {
             let mut answers = resp.op_responses().into_iter();
             for check in chunk {
                 let ours = match answers.next() {
@@ -113,10 +116,17 @@ pub(crate) async fn check_chunk(client: &Client, chunk: Vec<KeyCheck>) {
                 let _ = check.reply.send(ours);
             }
         }
-        Err(err) => {
+        Err(AttemptError::Client(err)) => {
             let err = Arc::new(err);
             for check in chunk {
                 let _ = check.reply.send(Err(shared_err("renewing", &err)));
+            }
+        }
+        Err(AttemptError::Unanswered) => {
+            for check in chunk {
+                let _ = check
+                    .reply
+                    .send(Err(AttemptError::Unanswered.into_error("renewing")));
             }
         }
     }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::EtcdConfig;
+use crate::members::Members;
 
 /// Maps a client error: transport and availability problems are retryable.
 pub(crate) fn map_err(what: &str, err: etcd_client::Error) -> Error {
@@ -281,21 +282,120 @@ async fn speaks_tls(endpoints: &[String], timeout: Duration) -> bool {
     false
 }
 
-/// Sends an etcd request, repeated under the core's [`RetryPolicy::TRANSIENT`] after a
-/// transport error for which `repeatable` says the request may be sent again, and maps the
-/// final error (`what` names the operation).
+/// How long one attempt of an etcd request may stay unanswered before it is sent again. A
+/// request handed to the client library just after the member behind its connection died can
+/// stay unanswered indefinitely: measured in tests/etcd.rs, a `put` sent 0-80 ms after the
+/// leader's kill -9 had no answer after 5 s, while the next request was answered in 13-81 ms
+/// (and the cluster served writes again 1.3-1.6 s after the kill, etcdctl measured in the same
+/// run). Waiting for such an attempt would spend the whole operation timeout.
+pub(crate) const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(750);
+
+/// How etcd requests in a caller's path are repeated: long enough to ride through a leader
+/// election (measured: the cluster accepts writes again 1.3-1.6 s after its leader's kill -9,
+/// and until then requests to the dead member fail at once with a connect error), about 2.3 s
+/// of pauses in all, which the operation timeout cuts short.
+/// ([`RetryPolicy::TRANSIENT`]'s 150 ms gave up long before the new leader served.)
+pub(crate) const FAILOVER: RetryPolicy = RetryPolicy {
+    retries: 12,
+    first: Duration::from_millis(20),
+    max: Duration::from_millis(250),
+};
+
+/// Why one attempt of an etcd request failed.
+#[derive(Debug)]
+pub(crate) enum AttemptError {
+    /// The client library's error.
+    Client(etcd_client::Error),
+    /// No answer within [`ATTEMPT_TIMEOUT`] (the request may still be applied).
+    Unanswered,
+}
+
+impl fmt::Display for AttemptError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Client(err) => f.write_str(&cause(err)),
+            Self::Unanswered => write!(f, "no answer within {ATTEMPT_TIMEOUT:?}"),
+        }
+    }
+}
+
+impl AttemptError {
+    /// The distlock error of the operation `what` that failed with this.
+    pub(crate) fn into_error(self, what: &str) -> Error {
+        match self {
+            Self::Client(err) => map_err(what, err),
+            Self::Unanswered => Error::Unavailable {
+                message: format!("{what}: no answer from etcd within {ATTEMPT_TIMEOUT:?}"),
+                source: None,
+            },
+        }
+    }
+}
+
+/// Sends an etcd request, repeated under [`FAILOVER`] after a
+/// transport error for which `repeatable` says the request may be sent again, or after an
+/// attempt unanswered within [`ATTEMPT_TIMEOUT`] (so only for requests that are safe to apply
+/// twice), and maps the final error (`what` names the operation).
 pub(crate) async fn transient<T, F, Fut>(
     what: &str,
     repeatable: fn(&etcd_client::Error) -> bool,
+    members: &Members,
     op: F,
 ) -> Result<T, Error>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, etcd_client::Error>>,
 {
-    retrying(what, RetryPolicy::TRANSIENT, repeatable, op)
+    attempts(what, repeatable, members, op)
         .await
-        .map_err(|e| map_err(what, e))
+        .map(|(answer, _)| answer)
+        .map_err(|e| e.into_error(what))
+}
+
+/// As [`transient`], with the attempt's error unmapped and whether an earlier attempt went
+/// unanswered (it may have been applied before the one that answered). A failed attempt that
+/// may come from a dead member (no answer, or no connection) is reported to `members`.
+pub(crate) async fn attempts<T, F, Fut>(
+    what: &str,
+    repeatable: fn(&etcd_client::Error) -> bool,
+    members: &Members,
+    mut op: F,
+) -> Result<(T, bool), AttemptError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    let unanswered = std::sync::atomic::AtomicBool::new(false);
+    let answer = retrying(
+        what,
+        FAILOVER,
+        |err: &AttemptError| match err {
+            AttemptError::Client(err) => repeatable(err),
+            AttemptError::Unanswered => true,
+        },
+        || {
+            let attempt = op();
+            let unanswered = &unanswered;
+            async move {
+                match tokio::time::timeout(ATTEMPT_TIMEOUT, attempt).await {
+                    Ok(Ok(answer)) => Ok(answer),
+                    Ok(Err(err)) => {
+                        if not_sent(&err) {
+                            members.suspect();
+                        }
+                        Err(AttemptError::Client(err))
+                    }
+                    Err(_) => {
+                        unanswered.store(true, std::sync::atomic::Ordering::Relaxed);
+                        members.suspect();
+                        Err(AttemptError::Unanswered)
+                    }
+                }
+            }
+        },
+    )
+    .await?;
+    Ok((answer, unanswered.into_inner()))
 }
 
 /// Whether a request certainly never reached a server (the connection could not be made).

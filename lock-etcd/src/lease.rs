@@ -10,7 +10,7 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use tracing::debug;
 
 use crate::backend::Shared;
-use crate::error::{not_sent, transient};
+use crate::error::{attempts, not_sent};
 use crate::keys::QueueKey;
 use crate::session::LeaseSlot;
 
@@ -39,7 +39,9 @@ impl EtcdLease {
     /// whose first answer was lost would find nothing and answer "not held".
     async fn delete_ours(&self, what: &str) -> Result<bool> {
         let key = &self.key.key;
-        let resp = transient(what, not_sent, || {
+        // Compared on our key's create revision, which no later key can have: safe to send
+        // again after an unanswered attempt.
+        let (resp, unanswered) = attempts(what, not_sent, &self.shared.members, || {
             let mut kv = self.shared.client.kv_client();
             let txn = Txn::new()
                 .when([Compare::create_revision(
@@ -50,10 +52,14 @@ impl EtcdLease {
                 .and_then([TxnOp::delete(key.clone(), None)]);
             async move { kv.txn(txn).await }
         })
-        .await?;
+        .await
+        .map_err(|e| e.into_error(what))?;
         // The key of this acquisition is gone either way (nobody else puts it).
         self.key.deleted();
-        Ok(resp.succeeded())
+        // After an unanswered attempt, a key found gone was most likely deleted by that
+        // attempt: the release counts as done (a loss before it is reported by the guard's
+        // renewal, not here).
+        Ok(resp.succeeded() || unanswered)
     }
 }
 
@@ -62,7 +68,8 @@ impl Lease for EtcdLease {
     async fn renew(&self, ttl: Duration) -> Result<()> {
         let started = Instant::now();
         let (alive, ours) = tokio::join!(
-            self.slot.keep_alive(&self.shared.client, started),
+            self.slot
+                .keep_alive(&self.shared.client, &self.shared.members, started),
             self.shared.key_is_ours(&self.key.key, self.rev)
         );
         let _ = ttl; // the slot's lease has the ttl the key was created with

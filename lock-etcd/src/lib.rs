@@ -112,6 +112,7 @@ mod error;
 mod keys;
 mod kinds;
 mod lease;
+mod members;
 mod session;
 mod wake;
 

@@ -10,7 +10,8 @@ use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use tracing::debug;
 
 use crate::backend::Shared;
-use crate::error::map_err;
+use crate::error::{ATTEMPT_TIMEOUT, AttemptError, map_err, not_sent};
+use crate::members::Members;
 
 impl Shared {
     /// The client's lease for `ttl` (rounded up to whole seconds), granted if needed.
@@ -59,7 +60,10 @@ impl Shared {
             if slot.refreshed().elapsed() < slot.ttl / 10 {
                 return Ok(slot);
             }
-            if slot.keep_alive(&self.client, Instant::now()).await? {
+            if slot
+                .keep_alive(&self.client, &self.members, Instant::now())
+                .await?
+            {
                 return Ok(slot);
             }
         }
@@ -103,7 +107,12 @@ impl LeaseSlot {
 
     /// Keeps the lease alive: `Ok(true)` if it is (a keepalive sent at or after `since`
     /// succeeded), `Ok(false)` if the server says it is gone. Cancel safe.
-    pub(crate) async fn keep_alive(&self, client: &Client, since: Instant) -> Result<bool> {
+    pub(crate) async fn keep_alive(
+        &self,
+        client: &Client,
+        members: &Members,
+        since: Instant,
+    ) -> Result<bool> {
         let mut guard = self.keepalive.lock().await;
         if self.is_dead() {
             return Ok(false);
@@ -113,13 +122,16 @@ impl LeaseSlot {
         }
         let KeepAlive { stream, unanswered } = &mut *guard;
         let sent = Instant::now();
-        let alive = match stream {
-            Some((keeper, responses)) => {
-                if let Err(err) = keeper.keep_alive().await {
-                    *stream = None;
-                    *unanswered = 0;
-                    return Err(map_err("sending a lease keepalive", err));
-                }
+        let mut alive = None;
+        if let Some((keeper, responses)) = stream {
+            // A stream whose member died can stay silent forever (see ATTEMPT_TIMEOUT): after
+            // that long without an answer it is dropped and a new one opened (on a live
+            // member), in this same call.
+            let exchange = async {
+                keeper
+                    .keep_alive()
+                    .await
+                    .map_err(|err| map_err("sending a lease keepalive", err))?;
                 *unanswered += 1;
                 let mut ttl = 0;
                 while *unanswered > 0 {
@@ -129,32 +141,61 @@ impl LeaseSlot {
                             ttl = resp.ttl();
                         }
                         Ok(None) => {
-                            *stream = None;
-                            *unanswered = 0;
                             return Err(Error::Unavailable {
                                 message: "the lease keepalive stream ended".into(),
                                 source: None,
                             });
                         }
-                        Err(err) => {
-                            *stream = None;
-                            *unanswered = 0;
-                            return Err(map_err("reading a lease keepalive answer", err));
-                        }
+                        Err(err) => return Err(map_err("reading a lease keepalive answer", err)),
                     }
                 }
-                ttl > 0
-            }
-            None => match client.lease_client().keep_alive(self.id).await {
-                Ok(opened) => {
-                    *stream = Some(opened);
+                Ok(ttl > 0)
+            };
+            match tokio::time::timeout(ATTEMPT_TIMEOUT, exchange).await {
+                Ok(Ok(answer)) => alive = Some(answer),
+                Ok(Err(err)) => {
+                    *stream = None;
                     *unanswered = 0;
-                    true
+                    members.suspect();
+                    return Err(err);
                 }
-                // The library's way of saying the first answer had ttl 0.
-                Err(etcd_client::Error::LeaseKeepAliveError(_)) => false,
-                Err(err) => return Err(map_err("opening a lease keepalive stream", err)),
-            },
+                Err(_) => {
+                    debug!(
+                        lease = self.id,
+                        "lease keepalive stream silent: opening a new one"
+                    );
+                    members.suspect();
+                    *stream = None;
+                    *unanswered = 0;
+                }
+            }
+        }
+        let alive = match alive {
+            Some(alive) => alive,
+            None => {
+                let mut leases = client.lease_client();
+                match tokio::time::timeout(ATTEMPT_TIMEOUT, leases.keep_alive(self.id)).await {
+                    Ok(Ok(opened)) => {
+                        *stream = Some(opened);
+                        *unanswered = 0;
+                        true
+                    }
+                    // The library's way of saying the first answer had ttl 0.
+                    Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => false,
+                    Ok(Err(err)) => {
+                        if not_sent(&err) {
+                            members.suspect();
+                        }
+                        return Err(map_err("opening a lease keepalive stream", err));
+                    }
+                    Err(_) => {
+                        members.suspect();
+                        return Err(
+                            AttemptError::Unanswered.into_error("opening a lease keepalive stream")
+                        );
+                    }
+                }
+            }
         };
         if alive {
             let mut refreshed = lock(&self.refreshed);
