@@ -61,7 +61,9 @@ impl Lease for ZkLease {
     }
 
     async fn release(&self) -> Result<()> {
-        self.session.check_connected()?;
+        // A release is worth waiting for (the core's operation timeout bounds it): the node
+        // would otherwise hold the lock for the rest of its ttl.
+        self.session.connected().await;
         match self.session.client.delete(&self.path, None).await {
             Ok(()) => Ok(()),
             Err(zk::Error::NoNode | zk::Error::SessionExpired) => Err(Error::not_held(&self.name)),

@@ -13,6 +13,15 @@ async fn harness() -> Option<Arc<dyn Harness>> {
 
 conformance_tests::conformance_suite!(zk, crate::harness);
 
+/// The same suite on a 3-server ensemble: every client knows all three servers; the outage
+/// hook stops two of them (quorum lost).
+async fn ensemble_harness() -> Option<Arc<dyn Harness>> {
+    let connect = server_var("zk", "DISTLOCK_TEST_ZK_ENSEMBLE_CONNECT")?;
+    Some(Arc::new(common::ZkHarness::ensemble(&connect).await))
+}
+
+conformance_tests::conformance_suite!(zk_ensemble, crate::ensemble_harness);
+
 /// The same suite with digest credentials: every node under an ACL of that identity; the
 /// harness's admin client (clean-up, forced release) authenticates as the same user.
 async fn auth_harness() -> Option<Arc<dyn Harness>> {

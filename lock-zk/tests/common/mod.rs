@@ -127,22 +127,27 @@ pub async fn raw_client(server: &str, creds: Option<&Creds>) -> zk::Client {
         .unwrap_or_else(|e| panic!("cannot connect to ZooKeeper at {server}: {e}"))
 }
 
-/// Clients of one ZooKeeper server, each through its own proxy, all under one chroot.
+/// Clients of one ZooKeeper server (or ensemble), each through its own proxies (one per
+/// server), all under one chroot.
 pub struct ZkHarness {
+    /// The first server (the admin's, and direct backends').
     pub server: String,
+    /// Every server of the ensemble (just `server` for a standalone one).
+    pub servers: Vec<String>,
+    /// The services.sh names `stop_server` stops, in order (standalone: the one server;
+    /// ensemble: two of three, so that the quorum is lost).
+    pub outage: Vec<&'static str>,
     pub chroot: String,
     pub admin: zk::Client,
     /// The credentials of every client, the admin's too.
     pub creds: Option<Creds>,
-    /// The services.sh name of the server (restart hooks).
-    pub service: &'static str,
     /// TLS files of every client but the admin (which uses the plain port).
     pub tls: Option<distlock_core::tls::TlsFiles>,
     /// [`Harness::many_locks`].
     pub many_locks: usize,
     /// [`Harness::slack`].
     pub slack: Duration,
-    proxies: Mutex<HashMap<String, Proxy>>,
+    proxies: Mutex<HashMap<String, Vec<Proxy>>>,
 }
 
 impl ZkHarness {
@@ -151,7 +156,7 @@ impl ZkHarness {
     pub async fn with_url(url: &str, service: &'static str) -> Self {
         let config = ZkConfig::from_url(url).expect("a valid ZooKeeper URL");
         let mut harness = Self::connect(&config.hosts()[0], Creds::of_url(url)).await;
-        harness.service = service;
+        harness.outage = vec![service];
         harness
     }
 
@@ -162,8 +167,9 @@ impl ZkHarness {
         let plain = ZkConfig::from_url(plain_url).expect("a valid ZooKeeper URL");
         let mut harness = Self::connect(&plain.hosts()[0], Creds::of_url(url)).await;
         harness.server = config.hosts()[0].clone();
+        harness.servers = vec![harness.server.clone()];
         harness.tls = config.tls().cloned();
-        harness.service = service;
+        harness.outage = vec![service];
         // TLS costs the Java server CPU on every request (the 2-core test machine also runs the
         // client and, in CI, other builds): 200 locks renewed every ttl/3 (600 writes/s) fell
         // behind there when other cases ran alongside; 100 keeps the case meaningful.
@@ -174,6 +180,27 @@ impl ZkHarness {
 
     pub async fn new(server: &str) -> Self {
         Self::connect(server, None).await
+    }
+
+    /// The harness of a 3-server ensemble (`h1:p1,h2:p2,h3:p3`, services.sh names
+    /// `zk-ensemble-1..3`): every client connects to all servers (each through its own proxy),
+    /// the admin and direct backends too, and `stop_server` stops two servers (quorum lost).
+    pub async fn ensemble(connect: &str) -> Self {
+        let servers: Vec<String> = connect
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let mut harness = Self::connect(connect, None).await;
+        harness.admin = raw_client(&servers.join(","), None).await;
+        harness.server = servers.join(",");
+        harness.servers = servers;
+        harness.outage = vec!["zk-ensemble-3", "zk-ensemble-2"];
+        // Every write goes through the leader's quorum (two fsyncs on the 2-core machine).
+        harness.many_locks = 100;
+        harness.slack = Duration::from_secs(1);
+        harness
     }
 
     async fn connect(server: &str, creds: Option<Creds>) -> Self {
@@ -187,11 +214,12 @@ impl ZkHarness {
         let server = server.split(',').next().unwrap_or(server).trim().to_owned();
         let admin = raw_client(&server, creds.as_ref()).await;
         Self {
+            servers: vec![server.clone()],
+            outage: vec!["zookeeper"],
             server,
             chroot,
             admin,
             creds,
-            service: "zookeeper",
             tls: None,
             many_locks: 200,
             slack: Duration::from_millis(750),
@@ -230,27 +258,43 @@ impl ZkHarness {
         &self,
         session_timeout: Duration,
     ) -> Result<(LockClient<ZkBackend>, String), Error> {
-        let proxy = Proxy::start(self.server.clone())
-            .await
-            .map_err(|e| Error::unavailable("starting the test proxy", e))?;
-        let tag = format!("proxy-{}", proxy.port);
+        let mut proxies = Vec::new();
+        for server in &self.servers {
+            proxies.push(
+                Proxy::start(server.clone())
+                    .await
+                    .map_err(|e| Error::unavailable("starting the test proxy", e))?,
+            );
+        }
+        let tag = format!("proxy-{}", proxies[0].port);
+        let hosts: Vec<String> = proxies
+            .iter()
+            .map(|p| format!("127.0.0.1:{}", p.port))
+            .collect();
         let config = self
-            .config(&format!("127.0.0.1:{}", proxy.port))
+            .config(&hosts.join(","))
             .with_session_timeout(session_timeout);
         let client = distlock_zookeeper::connect_with(config, client_config()).await?;
-        self.proxies.lock().unwrap().insert(tag.clone(), proxy);
+        self.proxies.lock().unwrap().insert(tag.clone(), proxies);
         Ok((client, tag))
     }
 
     /// Partitions or heals the proxy `tag` (see [`Proxy::partition`]).
     pub fn partition(&self, tag: &str, on: bool) {
-        if let Some(proxy) = self.proxies.lock().unwrap().get(tag) {
-            proxy.partition(on);
+        if let Some(proxies) = self.proxies.lock().unwrap().get(tag) {
+            for proxy in proxies {
+                proxy.partition(on);
+            }
         }
     }
 
+    /// Closes every connection of the client `tag` (to any server); the number closed.
     pub fn cut(&self, tag: &str) -> Option<usize> {
-        self.proxies.lock().unwrap().get(tag).map(Proxy::cut)
+        self.proxies
+            .lock()
+            .unwrap()
+            .get(tag)
+            .map(|proxies| proxies.iter().map(Proxy::cut).sum())
     }
 
     /// The lock node of `name`.
@@ -359,14 +403,21 @@ impl Harness for ZkHarness {
     }
 
     async fn stop_server(&self) -> HookResult {
-        conformance_tests::services("stop-one", self.service)
-            .await
-            .map_err(HookError::Failed)
+        for name in &self.outage {
+            conformance_tests::services("stop-one", name)
+                .await
+                .map_err(HookError::Failed)?;
+        }
+        Ok(())
     }
 
     async fn start_server(&self) -> HookResult {
-        conformance_tests::services("start-one", self.service)
-            .await
-            .map_err(HookError::Failed)
+        let mut result = Ok(());
+        for name in &self.outage {
+            if let Err(e) = conformance_tests::services("start-one", name).await {
+                result = Err(HookError::Failed(e));
+            }
+        }
+        result
     }
 }
