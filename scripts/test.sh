@@ -16,7 +16,10 @@
 #     publish = false and builds each one from its .crate file, the other workspace crates
 #     served by a local overlay registry; in target/publish-dry-run; needs the crates.io index;
 #     about 2.5 min cold, 50 s with the third-party crates already built)
-#   cargo test --workspace --all-features
+#   cargo test --workspace --all-features, as lanes (run_tests below): the doctests and the
+#     test binaries of the crates that stop no server first, then the binaries of the four
+#     backend crates (Redis, etcd, ZooKeeper, SQL) in four parallel lanes, each lane's
+#     binaries one after another (each backend's tests stop and start only its own servers)
 # Every step runs even when an earlier one failed (so one run reports everything); the script
 # exits with the exit code of the first failing step (or of the server start-up), 0 otherwise.
 # The servers are stopped on exit, also on failure or interruption, unless all of them were
@@ -184,7 +187,69 @@ publish_dry_run() {
   CARGO_TARGET_DIR=$dir cargo publish --workspace --dry-run --allow-dirty
 }
 run_step publish-dry-run publish_dry_run
-run_step test cargo test --workspace --all-features "$@"
+# run_tests [ARGS...]: the workspace's tests. With ARGS, plain `cargo test --workspace
+# --all-features ARGS`. Without, the same tests in lanes: cargo builds every test binary once
+# (--no-run), then they run as cargo would run them (from their package's directory): the
+# doctests and the binaries of the crates that stop no server first (the CLI's tests use the
+# Redis and SQL servers that the backend crates' fault cases stop), then one lane per backend
+# crate, in parallel. Each lane's output is printed when it ends.
+run_tests() {
+  if (($#)); then
+    cargo test --workspace --all-features "$@"
+    return
+  fi
+  local plan lanes_dir rc=0
+  plan=$(cargo test --workspace --all-features --no-run --message-format=json-render-diagnostics |
+    python3 -c '
+import json, os, sys
+lanes = {"lock-redis": "redis", "lock-etcd": "etcd", "lock-zk": "zookeeper", "lock-sql": "sql"}
+for line in sys.stdin:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        continue
+    if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
+        continue
+    if not msg["profile"]["test"]:
+        continue
+    root = os.path.dirname(msg["manifest_path"])
+    lane = lanes.get(os.path.basename(root), "shared")
+    print(lane, root, msg["executable"], sep="\t")
+') || return
+  lanes_dir=$(mktemp -d)
+  run_lane() {
+    local lane=$1 t0 lane_rc=0 l root exe
+    t0=$(now_ms)
+    : >"$lanes_dir/$lane.log"
+    while IFS=$'\t' read -r l root exe; do
+      [[ $l == "$lane" ]] || continue
+      echo "---- $lane: ${exe##*/}" >>"$lanes_dir/$lane.log"
+      (cd "$root" && CARGO_MANIFEST_DIR=$root "$exe") >>"$lanes_dir/$lane.log" 2>&1 || lane_rc=$?
+    done <<<"$plan"
+    echo "$lane_rc $(fmt_ms "$(($(now_ms) - t0))")" >"$lanes_dir/$lane.rc"
+  }
+  show_lane() {
+    local lane=$1 result
+    result=$(cat "$lanes_dir/$lane.rc")
+    cat "$lanes_dir/$lane.log" >&2
+    echo "==> test.sh: lane $lane: exit ${result% *} in ${result#* }" >&2
+    [[ ${result% *} == 0 ]] || rc=1
+  }
+  cargo test --workspace --all-features --doc || rc=$?
+  run_lane shared
+  show_lane shared
+  local lane pids=()
+  for lane in redis etcd zookeeper sql; do
+    run_lane "$lane" &
+    pids+=("$!")
+  done
+  wait "${pids[@]}" || true
+  for lane in redis etcd zookeeper sql; do show_lane "$lane"; done
+  rm -rf "$lanes_dir"
+  return "$rc"
+}
+
+run_step test run_tests "$@"
 # `distlock check` on every configuration, every fault (see scripts/fault-check.sh); after the
 # tests, which build the binary it runs.
 run_step fault-check "$REPO/scripts/fault-check.sh"
