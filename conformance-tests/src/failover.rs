@@ -173,6 +173,62 @@ fn guard_token(token: Option<FencingToken>) -> FencingToken {
     token.unwrap_or(FencingToken::new(0))
 }
 
+/// Kills `victims` (a majority of a replicated topology, `services.sh` names) while `holder`
+/// holds `name` with `ttl`, and asserts what must follow: the holder is told of the loss
+/// (connection lost or session expired) within its ttl plus 2 s, `other` cannot acquire
+/// meanwhile; with the servers back (always restarted, also on failure), `other` gets the
+/// lock with a greater token and the holder's release is refused. Returns the loss reason
+/// and when it came, after the last server was dead.
+///
+/// # Panics
+/// When any of that does not happen.
+pub async fn quorum_loss(
+    holder: &TestClient,
+    other: &TestClient,
+    name: &str,
+    ttl: Duration,
+    victims: &[&str],
+) -> (LossReason, Duration) {
+    let opts = AcquireOptions::default()
+        .with_ttl(ttl)
+        .with_wait(Duration::from_secs(60));
+    let guard = holder.acquire(name, &opts).await.expect("acquire");
+    let token = guard.token();
+    let lost = guard.lost();
+    let mut killed = Ok(());
+    for victim in victims {
+        killed = killed.and(crate::services("kill-one", victim).await);
+    }
+    let killed_at = Instant::now();
+    let reason = tokio::time::timeout(ttl + Duration::from_secs(2), lost).await;
+    let told_after = killed_at.elapsed();
+    let refused = other.try_acquire(name, &opts).await;
+    for victim in victims {
+        crate::services("start-one", victim)
+            .await
+            .expect("restart a killed server");
+    }
+    killed.expect("kill the servers");
+    let reason = reason.expect("the holder was not told of the loss within its ttl + 2 s");
+    assert!(
+        matches!(
+            reason,
+            LossReason::ConnectionLost | LossReason::SessionExpired
+        ),
+        "{reason:?}"
+    );
+    assert!(
+        refused.is_err(),
+        "acquired without a quorum: {:?}",
+        refused.map(|g| g.map(|g| g.token()))
+    );
+    let next = other.acquire(name, &opts).await.expect("acquire after");
+    assert!(next.token() > token, "{:?} after {token:?}", next.token());
+    assert!(guard.release().await.is_err(), "a lost lock was released");
+    next.release().await.expect("release");
+    (reason, told_after)
+}
+
 /// Counts over rounds, printed as one line for the notes and the README.
 #[derive(Debug, Default)]
 pub struct Tally {

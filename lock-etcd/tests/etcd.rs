@@ -454,3 +454,23 @@ async fn killing_the_leader_keeps_locks_and_handoffs_exact() {
         );
     }
 }
+
+/// Two of three members killed (no quorum) while a client holds a lock: the holder is told of
+/// the loss by its local deadline (within its ttl), nobody acquires meanwhile, and afterwards
+/// another client gets the lock with a greater token (see [`failover::quorum_loss`]).
+#[tokio::test]
+async fn losing_the_quorum_is_reported_to_the_holder() {
+    let _serial = SERVERS.write().await;
+    let Some(etcd) = cluster().await else { return };
+    let (holder, other) = (default_client(&etcd).await, default_client(&etcd).await);
+    let (reason, after) = failover::quorum_loss(
+        &holder,
+        &other,
+        &unique("quorum"),
+        TTL,
+        &["etcd-cluster-2", "etcd-cluster-3"],
+    )
+    .await;
+    serving(&etcd).await;
+    eprintln!("etcd_cluster, quorum lost: the holder was told {reason:?} after {after:?}");
+}

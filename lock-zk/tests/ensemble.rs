@@ -149,3 +149,22 @@ async fn a_handoff_during_a_leader_election_reaches_the_waiter() {
         tally.summary()
     );
 }
+
+/// Two of three servers killed (no quorum) while a client holds a lock: the holder is told of
+/// the loss by its local deadline (within its ttl), nobody acquires meanwhile, and afterwards
+/// another client gets the lock with a greater token (see [`failover::quorum_loss`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn losing_the_quorum_is_reported_to_the_holder() {
+    let _serial = SERIAL.lock().await;
+    let Some(h) = harness().await else { return };
+    let (holder, other) = (default_client(&h).await, default_client(&h).await);
+    let (reason, after) = failover::quorum_loss(
+        &holder,
+        &other,
+        "ens-quorum",
+        Duration::from_secs(3),
+        &["zk-ensemble-2", "zk-ensemble-3"],
+    )
+    .await;
+    eprintln!("zk_ensemble, quorum lost: the holder was told {reason:?} after {after:?}");
+}
