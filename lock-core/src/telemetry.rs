@@ -17,10 +17,10 @@
 //! |---|---|---|---|
 //! | `distlock_acquisitions_total` | counter | backend | locks taken on the server (`acquire`, `try_acquire`, `campaign`; a reentrant re-acquisition is not counted) |
 //! | `distlock_try_acquire_refusals_total` | counter | backend | `try_acquire` calls that found the lock held (`Ok(None)`) |
-//! | `distlock_acquire_timeouts_total` | counter | backend | `acquire` calls that ended with [`Error::Timeout`](crate::Error::Timeout) |
+//! | `distlock_acquire_timeouts_total` | counter | backend | `acquire` calls that ended with [`Error::Timeout`] |
 //! | `distlock_renewals_total` | counter | backend | successful renewals, automatic or by [`LockGuard::renew`](crate::LockGuard::renew) |
 //! | `distlock_renewal_failures_total` | counter | backend | renewals refused by the server or not answered |
-//! | `distlock_losses_total` | counter | backend, reason | held locks lost, by [`LossReason`](crate::LossReason) (`renewal_rejected`, `lease_expired`, `connection_lost`, `session_expired`, `released_elsewhere`, `hold_limit_reached`, `server_restarted`) |
+//! | `distlock_losses_total` | counter | backend, reason | held locks lost, by [`LossReason`] (`renewal_rejected`, `lease_expired`, `connection_lost`, `session_expired`, `released_elsewhere`, `hold_limit_reached`, `server_restarted`) |
 //! | `distlock_releases_total` | counter | backend, result | release requests sent (explicit or after a drop): `ok`, `not_held` (no longer ours), `error` (no answer: the ttl frees it) |
 //! | `distlock_backend_errors_total` | counter | backend, kind | errors of backend requests: `unavailable`, `backend`, `quorum_not_reached`, `mismatch`, `unsupported`, `other` |
 //! | `distlock_acquire_wait_seconds` | histogram | backend | from the call to holding the lock, for every acquisition counted above |
@@ -89,7 +89,7 @@ pub const HELD_GUARDS: &str = "distlock_held_guards";
 /// `distlock_waiting_acquires`: `acquire` calls waiting for a taken lock.
 pub const WAITING_ACQUIRES: &str = "distlock_waiting_acquires";
 
-/// The values of the `reason` label of [`LOSSES`], in [`loss_index`] order.
+/// The values of the `reason` label of [`LOSSES`], in the order of [`LossReason`]'s variants.
 pub const LOSS_REASONS: [&str; 7] = [
     "renewal_rejected",
     "lease_expired",
@@ -103,7 +103,7 @@ pub const LOSS_REASONS: [&str; 7] = [
 /// The values of the `result` label of [`RELEASES`].
 pub const RELEASE_RESULTS: [&str; 3] = ["ok", "not_held", "error"];
 
-/// The values of the `kind` label of [`BACKEND_ERRORS`], in [`error_index`] order.
+/// The values of the `kind` label of [`BACKEND_ERRORS`] (`other`: any other error kind).
 pub const ERROR_KINDS: [&str; 6] = [
     "unavailable",
     "backend",
