@@ -330,12 +330,15 @@ impl Held {
             *current = Some(reason.clone());
             true
         });
-        if changed {
+        if !changed {
+            return;
+        }
+        // A lock left to expire (abandoned) is no loss of a hold: no warning, no count.
+        if self.end_hold() {
+            self.metrics.lost(&reason);
             warn!(backend = self.backend, name = %self.name, token = %self.token, %reason, "lock lost");
-            // A lock left to expire (abandoned, dropped) is no loss of a hold.
-            if self.end_hold() {
-                self.metrics.lost(&reason);
-            }
+        } else {
+            debug!(backend = self.backend, name = %self.name, token = %self.token, %reason, "lock expired after its hold ended");
         }
     }
 

@@ -44,12 +44,20 @@
 //! | `distlock.release` | DEBUG | `backend`, `name`, `token` | a release request (explicit or after a drop) |
 //! | `distlock.loss_signal` | DEBUG | `backend`, `name` | a backend's own loss report (session expiry) |
 //! | `distlock.force_release` | DEBUG | `backend`, `name` | an operator's `force_release` |
+//! | `distlock.cleanup` | DEBUG | `what` | a cleanup nobody waits for (a lease that ran out, an unanswered queue entry) |
 //! | target `distlock_core::waiting` | DEBUG event | `name` | an `acquire` found the lock taken and waits ([`WAITING_TARGET`](crate::WAITING_TARGET)) |
 //! | target `distlock_core::wait` | WARN event | | an `acquire` keeps failing to reach the backend (rate-limited: once, then every 10 s) |
-//! | `lock lost` | WARN event | `backend`, `name`, `token`, `reason` | a held lock was lost |
+//! | `lock lost` | WARN event | `backend`, `name`, `token`, `reason` | a held lock was lost (an abandoned lock's expiry is `DEBUG`) |
 //! | `force-released a lock` | WARN event | `backend`, `name`, `removed` | `force_release` ran |
+//! | target `distlock_redis::restart` | WARN event | `old`, `new` | a Redis server restarted and forgot its locks |
+//! | target `distlock_redis::node` | WARN event | | `danger_skip_verify`: TLS certificates are not verified (at connect) |
+//! | target `distlock_zookeeper::backend` | WARN event | `session`, `state` | a ZooKeeper session ended; a new one is opened |
+//! | target `distlock_zookeeper::session` | WARN event | `base` | the base node is open to anyone (at connect) |
 //!
-//! Everything else the core logs (retries, pacing, cleanups) is `DEBUG`.
+//! Nothing logs at `INFO`: a healthy service is quiet at `INFO` and `WARN`. Everything else
+//! (retries, pacing, cleanups, releases) is `DEBUG`; the targets are the modules
+//! (`distlock_core::client`, `distlock_redis::wake`, ...), so `RUST_LOG=distlock_core=debug`
+//! or a span filter like `[distlock.acquire{name=invoices}]=debug` picks what to see.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
