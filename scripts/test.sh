@@ -8,7 +8,7 @@
 #   cargo clippy --workspace --all-targets --all-features -- -D warnings
 #   cargo clippy -p distlock-sql --no-default-features --features F --all-targets (each database alone)
 #   cargo clippy -p distlock|distlock-cli --no-default-features [--features F] --all-targets
-#     (no backend, then each backend alone)
+#     (no backend, then each backend alone; and distlock with only `blocking`)
 #   cargo +RUST_VERSION check --workspace --all-features --all-targets (the declared
 #     rust-version; the toolchain is installed with rustup on first use)
 #   RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --all-features --no-deps
@@ -155,6 +155,8 @@ lint_each_feature() {
         -- -D warnings || return
     done
   done
+  # The facade's feature that is not a backend: distlock::blocking alone.
+  cargo clippy -p distlock --no-default-features --features blocking --all-targets -- -D warnings
 }
 run_step clippy-each-feature lint_each_feature
 # The declared rust-version (workspace Cargo.toml) builds everything, tests included. The

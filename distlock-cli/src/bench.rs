@@ -15,11 +15,23 @@ pub(crate) struct CliBenchArgs {
     #[arg(long = "url", env = "DISTLOCK_URL", hide_env_values = true)]
     urls: Vec<String>,
 
+    /// Also print what distlock's own metrics recorded during the run, per backend: counts
+    /// (acquisitions, refusals, timeouts, renewals, losses, releases, errors) and the
+    /// percentiles of the wait, hold, handoff and request durations.
+    #[arg(long)]
+    metrics: bool,
+
     #[command(flatten)]
     bench: BenchArgs,
 }
 
 pub(crate) async fn bench(args: CliBenchArgs) -> Result<u8, Failure> {
+    // Before any client is built: clients register their metric handles when built.
+    let recorded = if args.metrics {
+        Some(crate::bench_metrics::Recorded::install().map_err(|e| Failure::new(OTHER, e))?)
+    } else {
+        None
+    };
     let mut urls = args.urls.clone();
     if urls.is_empty() {
         let default = crate::state::default_url();
@@ -48,6 +60,9 @@ pub(crate) async fn bench(args: CliBenchArgs) -> Result<u8, Failure> {
         .await
         .map_err(|err| Failure::from_lock(&err, "benchmark"))?;
     println!("{}", report.to_markdown());
+    if let Some(recorded) = &recorded {
+        println!("{}", recorded.report());
+    }
     if let Some(path) = &args.bench.json {
         let json = report
             .to_json()

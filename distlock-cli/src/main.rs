@@ -16,6 +16,7 @@
 
 mod bench;
 mod bench_args;
+mod bench_metrics;
 mod check;
 mod child;
 mod elect;

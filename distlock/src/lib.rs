@@ -19,6 +19,11 @@ pub use distlock_core::{
     WakeUp, memory, service_url,
 };
 
+#[cfg(feature = "blocking")]
+#[cfg_attr(docsrs, doc(cfg(feature = "blocking")))]
+pub mod blocking;
+pub use distlock_core::telemetry;
+
 /// The etcd backend (feature `etcd`).
 #[cfg(feature = "etcd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]

@@ -4,7 +4,8 @@
 //!   print their fencing tokens (`cargo run -p distlock-examples --example quickstart`);
 //! - `singleton_job.rs`: only one instance of a periodic job runs at a time, and `lost()`
 //!   cancels the work the moment the lock may be gone;
-//! - `fenced_write.rs`: a write to PostgreSQL that a paused former holder cannot overwrite.
+//! - `fenced_write.rs`: a write to PostgreSQL that a paused former holder cannot overwrite;
+//! - `metrics_prometheus.rs`: distlock's metrics through the Prometheus exporter, checked.
 //!
 //! Every example takes the lock service URL from `DISTLOCK_URL` (default: a SQLite file).
 

@@ -16,6 +16,7 @@ use crate::backend::{
 };
 use crate::guard::{Held, LockGuard, NewGuard};
 use crate::registry::{Registry, RegistryKey};
+use crate::telemetry::{Handles, Instruments, Op};
 use crate::watchdog::Watchdog;
 use crate::{
     AcquireOptions, Backoff, Capabilities, ClientConfig, DistributedLock, Error, Leader, LockInfo,
@@ -45,6 +46,7 @@ struct Inner<B> {
     caps: Capabilities,
     registry: Arc<Registry<Held>>,
     watchdog: Watchdog,
+    instruments: Instruments,
 }
 
 impl<B> Clone for LockClient<B> {
@@ -81,6 +83,7 @@ impl<B: LockBackend> LockClient<B> {
 
     fn build(backend: B, config: ClientConfig) -> Self {
         let caps = backend.capabilities();
+        let instruments = Instruments::new(backend.name(), config.metrics_per_name);
         Self {
             inner: Arc::new(Inner {
                 backend,
@@ -88,6 +91,7 @@ impl<B: LockBackend> LockClient<B> {
                 caps,
                 registry: Arc::default(),
                 watchdog: Watchdog::default(),
+                instruments,
             }),
         }
     }
@@ -170,18 +174,30 @@ impl<B: LockBackend> LockClient<B> {
             kind: options.kind,
         };
         let op_timeout = self.inner.config.operation_timeout;
-        let mut attempt = AttemptCleanup::new(self.inner.backend.begin(request), op_timeout);
+        let metrics = self.inner.instruments.handles(&name);
+        let mut attempt = AttemptCleanup::new(
+            self.inner.backend.begin(request),
+            op_timeout,
+            metrics.clone(),
+        );
         let mut pacing = Pacing::new(options, self.inner.caps.wake_up);
         let mut report = WaitReport::default();
         let mut last_error: Option<Error>;
+        // Counted in `distlock_waiting_acquires` from the first answer that the lock is taken
+        // until this call ends (also when its future is dropped).
+        let mut waiting = None;
+        // The last wake-up of a waiting attempt, for `distlock_handoff_seconds`.
+        let mut woken = None;
         loop {
             let sent = Instant::now();
             let step = within(op_timeout, "acquire attempt", attempt.get().poll())
                 .await
                 .and_then(|step| step);
+            metrics.operation(Op::Acquire, sent);
             let delay = match step {
                 Ok(Step::Acquired(acquired)) => {
                     attempt.disarm();
+                    metrics.acquired(started, woken.filter(|_| waiting.is_some()));
                     let lease_started = acquired.lease_started.map_or(sent, |s| s.min(sent));
                     return Ok(Some(LockGuard::start(NewGuard {
                         name,
@@ -197,12 +213,13 @@ impl<B: LockBackend> LockClient<B> {
                         max_hold: options.renewal.max_hold,
                         reentry,
                         watchdog: self.inner.watchdog.clone(),
+                        metrics,
                     })));
                 }
                 Ok(step) => {
                     last_error = None;
-                    if mode == AttemptMode::Wait {
-                        report.taken(&name, &step);
+                    if mode == AttemptMode::Wait && report.taken(&name, &step) {
+                        waiting = Some(metrics.waiting());
                     }
                     match pacing.after(&step) {
                         Some(delay) => delay,
@@ -210,16 +227,19 @@ impl<B: LockBackend> LockClient<B> {
                     }
                 }
                 Err(err) if err.is_retryable() && mode == AttemptMode::Wait => {
+                    metrics.backend_error(&err);
                     report.retrying(&name, &err);
                     last_error = Some(err);
                     pacing.backoff.next()
                 }
                 Err(err) => {
+                    metrics.backend_error(&err);
                     attempt.abandon().await;
                     return Err(err);
                 }
             };
             if mode == AttemptMode::Try {
+                metrics.refused();
                 attempt.abandon().await;
                 return Ok(None);
             }
@@ -227,6 +247,9 @@ impl<B: LockBackend> LockClient<B> {
             let sleep = match deadline {
                 Some(deadline) if now >= deadline => {
                     attempt.abandon().await;
+                    if last_error.is_none() {
+                        metrics.timed_out();
+                    }
                     return Err(last_error.unwrap_or_else(|| Error::Timeout {
                         name: name.to_string(),
                         waited: started.elapsed(),
@@ -238,6 +261,9 @@ impl<B: LockBackend> LockClient<B> {
             tokio::select! {
                 () = attempt.get().changed() => pacing.backoff.reset(),
                 () = tokio::time::sleep(sleep) => {}
+            }
+            if waiting.is_some() {
+                woken = Some(Instant::now());
             }
         }
     }
@@ -388,7 +414,13 @@ impl<B: LockBackend> DistributedLock for LockClient<B> {
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         let name = LockName::new(name)?;
         let timeout = self.inner.config.operation_timeout;
-        within(timeout, "inspect", self.inner.backend.inspect(&name)).await?
+        let metrics = self.inner.instruments.handles(&name);
+        let sent = Instant::now();
+        let result = within(timeout, "inspect", self.inner.backend.inspect(&name))
+            .await
+            .and_then(|r| r);
+        metrics.measured(Op::Inspect, sent, &result);
+        result
     }
 
     async fn list(&self, prefix: Option<&str>, limit: usize) -> Result<Vec<(LockName, LockInfo)>> {
@@ -401,7 +433,13 @@ impl<B: LockBackend> DistributedLock for LockClient<B> {
             return Ok(Vec::new());
         }
         let timeout = self.inner.config.operation_timeout;
-        let mut locks = within(timeout, "list", self.inner.backend.list(prefix, limit)).await??;
+        let metrics = self.inner.instruments.shared();
+        let sent = Instant::now();
+        let listed = within(timeout, "list", self.inner.backend.list(prefix, limit))
+            .await
+            .and_then(|r| r);
+        metrics.measured(Op::List, sent, &listed);
+        let mut locks = listed?;
         locks.sort_by(|a, b| a.0.cmp(&b.0));
         locks.dedup_by(|a, b| a.0 == b.0);
         locks.retain(|(name, _)| prefix.is_none_or(|p| name.as_str().starts_with(p)));
@@ -417,13 +455,18 @@ impl<B: LockBackend> DistributedLock for LockClient<B> {
             name = name.as_str()
         );
         let timeout = self.inner.config.operation_timeout;
+        let metrics = self.inner.instruments.handles(&name);
+        let sent = Instant::now();
         let removed = within(
             timeout,
             "force release",
             self.inner.backend.force_release(&name),
         )
         .instrument(span)
-        .await??;
+        .await
+        .and_then(|r| r);
+        metrics.measured(Op::ForceRelease, sent, &removed);
+        let removed = removed?;
         tracing::warn!(
             backend = self.backend(),
             name = name.as_str(),
@@ -465,15 +508,18 @@ struct WaitReport {
 }
 
 impl WaitReport {
-    /// Notes a poll's answer: the first that says the lock is taken is reported.
-    fn taken(&mut self, name: &LockName, step: &Step) {
+    /// Notes a poll's answer: the first that says the lock is taken is reported (and
+    /// returns true).
+    fn taken(&mut self, name: &LockName, step: &Step) -> bool {
         let taken = matches!(
             step,
             Step::Busy { .. } | Step::NextInLine { .. } | Step::Contended
         );
-        if taken && !std::mem::replace(&mut self.waiting, true) {
+        let first = taken && !std::mem::replace(&mut self.waiting, true);
+        if first {
             debug!(target: crate::WAITING_TARGET, name = %name, "the lock is taken: waiting");
         }
+        first
     }
 
     /// Notes a retried error; reports it (and returns true) unless one was reported recently.
@@ -509,13 +555,15 @@ impl WaitReport {
 struct AttemptCleanup {
     attempt: Option<Box<dyn Attempt>>,
     timeout: Duration,
+    metrics: Arc<Handles>,
 }
 
 impl AttemptCleanup {
-    fn new(attempt: Box<dyn Attempt>, timeout: Duration) -> Self {
+    fn new(attempt: Box<dyn Attempt>, timeout: Duration, metrics: Arc<Handles>) -> Self {
         Self {
             attempt: Some(attempt),
             timeout,
+            metrics,
         }
     }
 
@@ -531,18 +579,20 @@ impl AttemptCleanup {
 
     async fn abandon(&mut self) {
         if let Some(attempt) = self.attempt.take() {
-            abandon_quietly(attempt, self.timeout).await;
+            abandon_quietly(attempt, self.timeout, &self.metrics).await;
         }
     }
 }
 
-async fn abandon_quietly(attempt: Box<dyn Attempt>, timeout: Duration) {
-    match tokio::time::timeout(timeout, attempt.abandon()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => {
-            debug!(%err, "abandoning an attempt failed; its traces expire with the ttl")
-        }
-        Err(_) => debug!("abandoning an attempt timed out; its traces expire with the ttl"),
+async fn abandon_quietly(attempt: Box<dyn Attempt>, timeout: Duration, metrics: &Handles) {
+    let sent = Instant::now();
+    let result = within(timeout, "abandoning an attempt", attempt.abandon())
+        .await
+        .and_then(|r| r);
+    metrics.operation(Op::Abandon, sent);
+    if let Err(err) = result {
+        metrics.backend_error(&err);
+        debug!(%err, "abandoning an attempt failed; its traces expire with the ttl");
     }
 }
 
@@ -551,7 +601,8 @@ impl Drop for AttemptCleanup {
         if let Some(attempt) = self.attempt.take()
             && let Ok(handle) = tokio::runtime::Handle::try_current()
         {
-            handle.spawn(abandon_quietly(attempt, self.timeout));
+            let (timeout, metrics) = (self.timeout, self.metrics.clone());
+            handle.spawn(async move { abandon_quietly(attempt, timeout, &metrics).await });
         }
     }
 }

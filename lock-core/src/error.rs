@@ -91,6 +91,16 @@ pub enum Error {
     /// The backend, or the cargo feature that would provide it, does not support this operation.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// A blocking call (`distlock::blocking`) was made from an async context, where blocking
+    /// the thread would stall its runtime or deadlock: use the async API there, or make the
+    /// call from `tokio::task::spawn_blocking` or a thread of your own.
+    #[error(
+        "distlock::blocking: `{operation}` was called from an async context, where blocking the thread would stall or deadlock its runtime; use the async API there, or call it from spawn_blocking or a plain thread"
+    )]
+    BlockingInAsyncContext {
+        /// The blocking method that was called.
+        operation: &'static str,
+    },
 }
 
 impl Error {

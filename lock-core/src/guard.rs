@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -14,6 +15,7 @@ use tracing::{Instrument, debug, warn};
 use crate::backend::unpoisoned as lock;
 use crate::backend::{Lease, within};
 use crate::registry::{Reentrant, Registry, RegistryKey};
+use crate::telemetry::{Handles, Op, Released};
 use crate::watchdog::{Schedule, Watchdog, Watched};
 use crate::{ClientConfig, Error, FencingToken, LockKind, LockName, LossReason, Result};
 
@@ -60,6 +62,11 @@ pub(crate) struct Held {
     /// Reentrant holds still outstanding; 0 once released or abandoned.
     holds: Mutex<usize>,
     reentry: Option<(Weak<Registry<Held>>, RegistryKey)>,
+    metrics: Arc<Handles>,
+    /// When the lock was taken (the acquire request's sending), for the hold time.
+    acquired_at: Instant,
+    /// Counted as held (`distlock_held_guards`) until released, dropped, abandoned or lost.
+    holding: AtomicBool,
 }
 
 /// What the core knows when it turns a backend's `Acquired` into a guard.
@@ -77,6 +84,7 @@ pub(crate) struct NewGuard {
     pub(crate) max_hold: Option<Duration>,
     pub(crate) reentry: Option<(Weak<Registry<Held>>, RegistryKey)>,
     pub(crate) watchdog: Watchdog,
+    pub(crate) metrics: Arc<Handles>,
 }
 
 impl LockGuard {
@@ -105,7 +113,11 @@ impl LockGuard {
             watchdog: new.watchdog,
             holds: Mutex::new(1),
             reentry: new.reentry,
+            metrics: new.metrics,
+            acquired_at: new.lease_started,
+            holding: AtomicBool::new(true),
         });
+        held.metrics.hold_started();
         held.watchdog.watch(&(held.clone() as Arc<dyn Watched>));
         if let Some(signal) = held.lease.loss_signal() {
             // Only backends that learn of a loss by themselves (sessions) pay for a task.
@@ -249,6 +261,7 @@ impl LockGuard {
     pub fn abandon(mut self) {
         self.finished = true;
         *lock(&self.held.holds) = 0;
+        self.held.end_hold();
         debug!(name = %self.held.name, "guard abandoned, the lock is left to expire");
     }
 }
@@ -263,17 +276,14 @@ impl Drop for LockGuard {
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let held = self.held.clone();
-                let span = tracing::debug_span!("distlock.release_on_drop", backend = held.backend, name = %held.name);
-                handle.spawn(
-                    async move {
-                        if let Err(err) = held.release_on_server().await {
-                            debug!(%err, "release after drop failed; the ttl frees the lock");
-                        }
+                handle.spawn(async move {
+                    if let Err(err) = held.release_on_server().await {
+                        debug!(%err, "release after drop failed; the ttl frees the lock");
                     }
-                    .instrument(span),
-                );
+                });
             }
             Err(_) => {
+                self.held.end_hold();
                 debug!(name = %self.held.name, "guard dropped outside a runtime; the ttl frees the lock")
             }
         }
@@ -320,9 +330,25 @@ impl Held {
             *current = Some(reason.clone());
             true
         });
-        if changed {
-            warn!(backend = self.backend, name = %self.name, token = %self.token, %reason, "lock lost");
+        if !changed {
+            return;
         }
+        // A lock left to expire (abandoned) is no loss of a hold: no warning, no count.
+        if self.end_hold() {
+            self.metrics.lost(&reason);
+            warn!(backend = self.backend, name = %self.name, token = %self.token, %reason, "lock lost");
+        } else {
+            debug!(backend = self.backend, name = %self.name, token = %self.token, %reason, "lock expired after its hold ended");
+        }
+    }
+
+    /// Ends the hold for the metrics (held guards, hold time) once; true the first time.
+    fn end_hold(&self) -> bool {
+        let ended = self.holding.swap(false, Ordering::AcqRel);
+        if ended {
+            self.metrics.hold_ended(self.acquired_at);
+        }
+        ended
     }
 
     /// Drops one hold; true if it was the last one and the lock must now be released.
@@ -346,10 +372,16 @@ impl Held {
         if let Some(reason) = self.loss_reason() {
             return Err(self.lost_error(reason));
         }
+        let span = tracing::debug_span!("distlock.renew", backend = self.backend, name = %self.name, token = %self.token);
         let sent = Instant::now();
         let timeout = self.config.operation_timeout;
         let what = Of("renewal", &self.name);
-        match within(timeout, what, self.lease.renew(self.ttl)).await {
+        let result = within(timeout, what, self.lease.renew(self.ttl))
+            .instrument(span)
+            .await;
+        self.metrics.operation(Op::Renew, sent);
+        self.metrics.renewed(matches!(result, Ok(Ok(()))));
+        match result {
             Ok(Ok(())) => {
                 let mut until = sent + self.ttl - self.config.drift(self.ttl);
                 if let Some(limit) = self.hold_limit {
@@ -366,11 +398,19 @@ impl Held {
                 self.mark_lost(LossReason::RenewalRejected);
                 Err(err)
             }
-            Ok(Err(err)) | Err(err) => Err(err),
+            Ok(Err(err)) | Err(err) => {
+                self.metrics.backend_error(&err);
+                Err(err)
+            }
         }
     }
 
     async fn release_on_server(self: Arc<Self>) -> Result<()> {
+        let span = tracing::debug_span!("distlock.release", backend = self.backend, name = %self.name, token = %self.token);
+        self.clone().release_in_span().instrument(span).await
+    }
+
+    async fn release_in_span(self: Arc<Self>) -> Result<()> {
         self.stop.cancel();
         self.watchdog.unwatch(&*self);
         if let Some((registry, key)) = &self.reentry
@@ -380,7 +420,15 @@ impl Held {
         }
         let timeout = self.config.operation_timeout;
         let what = Of("release", &self.name);
-        let result = match within(timeout, what, self.lease.release()).await {
+        let sent = Instant::now();
+        let answer = within(timeout, what, self.lease.release()).await;
+        self.metrics.operation(Op::Release, sent);
+        self.metrics.released(match &answer {
+            Ok(Ok(())) => Released::Ok,
+            Ok(Err(err)) if err.is_not_held() => Released::NotHeld,
+            Ok(Err(_)) | Err(_) => Released::Error,
+        });
+        let result = match answer {
             Ok(Ok(())) => Ok(()),
             Ok(Err(err)) if err.is_not_held() => match self.loss_reason() {
                 Some(reason) => Err(self.lost_error(reason)),
@@ -389,8 +437,12 @@ impl Held {
                     Err(err)
                 }
             },
-            Ok(Err(err)) | Err(err) => Err(err),
+            Ok(Err(err)) | Err(err) => {
+                self.metrics.backend_error(&err);
+                Err(err)
+            }
         };
+        self.end_hold();
         debug!(backend = self.backend, name = %self.name, ok = result.is_ok(), "released");
         if result.as_ref().is_err_and(|err| !err.is_not_held()) {
             // Perhaps still held on the server: the backend cleans up once the lease ran out.

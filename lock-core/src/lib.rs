@@ -25,12 +25,13 @@
 //!   [`LockKind`];
 //! - [`memory`] is the reference backend for one process, with every kind.
 //!
-//! # Tracing
+//! # Tracing and metrics
 //!
 //! Every acquire, renewal and release runs in a `tracing` span named after it
 //! (`distlock.acquire`, ...). A waiting acquire emits one `DEBUG` event with target
 //! [`WAITING_TARGET`] when its first poll finds the lock taken, so a subscriber can tell "queued
-//! behind a holder" from "still connecting".
+//! behind a holder" from "still connecting". Every client records metrics through the
+//! `metrics` facade. [`telemetry`] lists the spans, their fields and the metrics.
 //!
 //! ```
 //! # async fn demo() -> Result<(), distlock_core::Error> {
@@ -109,6 +110,7 @@ mod options;
 mod registry;
 mod retry;
 pub mod service_url;
+pub mod telemetry;
 pub mod tls;
 mod token;
 mod watchdog;

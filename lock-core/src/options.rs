@@ -323,6 +323,9 @@ pub struct ClientConfig {
     pub drift_factor: f64,
     /// Fixed clock drift allowance added to the above. Default 2 ms.
     pub drift_fixed: Duration,
+    /// Whether every metric also carries the lock name as a `name` label (see
+    /// [`telemetry`](crate::telemetry)). Default off: each name becomes a time series.
+    pub metrics_per_name: bool,
 }
 
 impl Default for ClientConfig {
@@ -331,6 +334,7 @@ impl Default for ClientConfig {
             operation_timeout: Duration::from_secs(5),
             drift_factor: 0.01,
             drift_fixed: Duration::from_millis(2),
+            metrics_per_name: false,
         }
     }
 }
@@ -340,6 +344,15 @@ impl ClientConfig {
     #[must_use]
     pub fn with_operation_timeout(mut self, timeout: Duration) -> Self {
         self.operation_timeout = timeout;
+        self
+    }
+
+    /// Labels every metric with the lock name too (`name`), or not (the default). Use it
+    /// only with a bounded set of names: each name is a time series in the recorder, and the
+    /// client keeps one set of metric handles per name it has seen.
+    #[must_use]
+    pub fn with_metrics_per_name(mut self, per_name: bool) -> Self {
+        self.metrics_per_name = per_name;
         self
     }
 
