@@ -53,6 +53,7 @@
 //! | target `distlock_redis::node` | WARN event | | `danger_skip_verify`: TLS certificates are not verified (at connect) |
 //! | target `distlock_zookeeper::backend` | WARN event | `session`, `state` | a ZooKeeper session ended; a new one is opened |
 //! | target `distlock_zookeeper::session` | WARN event | `base` | the base node is open to anyone (at connect) |
+//! | target `distlock_etcd::members` | WARN event | `endpoint` | an etcd member refuses connections: not used until it accepts them again |
 //!
 //! Nothing logs at `INFO`: a healthy service is quiet at `INFO` and `WARN`. Everything else
 //! (retries, pacing, cleanups, releases) is `DEBUG`; the targets are the modules

@@ -20,7 +20,7 @@ use std::time::Duration;
 use etcd_client::Client;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 /// The shortest pause between two probe rounds, and how long one connection attempt may take.
 pub(crate) const PROBE_PAUSE: Duration = Duration::from_millis(250);
@@ -108,7 +108,7 @@ async fn probe(client: Client, endpoints: Vec<String>, wake: Arc<Notify>) {
             let endpoint = &endpoints[i];
             let change = if alive && out.contains(&i) {
                 out.remove(&i);
-                info!(%endpoint, "etcd member accepts connections again: back in use");
+                debug!(%endpoint, "etcd member accepts connections again: back in use");
                 client.add_endpoint(endpoint).await
             } else if !alive && !out.contains(&i) && out.len() + 1 < endpoints.len() {
                 out.insert(i);
