@@ -72,7 +72,8 @@ pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Arc<dyn Dis
         #[cfg(feature = "mysql")]
         "mysql" | "mariadb" => Ok(distlock_sql::connect(url, config).await?.into_dyn()),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+unix" | "unix" | "redlock" | "redlocks" => {
+        "redis" | "rediss" | "redis+unix" | "unix" | "redlock" | "redlocks" | "redis+sentinel"
+        | "rediss+sentinel" | "redis+cluster" | "rediss+cluster" => {
             Ok(distlock_redis::connect(url, config).await?.into_dyn())
         }
         #[cfg(feature = "etcd")]
@@ -161,6 +162,20 @@ pub const SCHEMES: &[Scheme] = &[
         names: &["redlock", "redlocks"],
         feature: Some("redis"),
         example: "redlock://h1:p1,h2:p2,h3:p3 (redlocks:// with TLS)",
+        enabled: cfg!(feature = "redis"),
+    },
+    Scheme {
+        backend: "redis-sentinel",
+        names: &["redis+sentinel", "rediss+sentinel"],
+        feature: Some("redis"),
+        example: "redis+sentinel://[user:pass@]s1:p1,s2:p2,s3:p3/master_name[/db]",
+        enabled: cfg!(feature = "redis"),
+    },
+    Scheme {
+        backend: "redis-cluster",
+        names: &["redis+cluster", "rediss+cluster"],
+        feature: Some("redis"),
+        example: "redis+cluster://[user:pass@]h1:p1,h2:p2,h3:p3 (any nodes of the cluster)",
         enabled: cfg!(feature = "redis"),
     },
     Scheme {
@@ -254,6 +269,8 @@ mod tests {
             "redis+unix",
             "redlock",
             "redlocks",
+            "redis+sentinel",
+            "rediss+cluster",
             "zk",
             "zks",
         ] {
