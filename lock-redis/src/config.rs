@@ -98,10 +98,11 @@ pub struct RedisConfig {
     /// script (the script-free fast path cannot read the clock). Default `true` for Sentinel
     /// and Cluster, `false` for one master and Redlock.
     pub clock_tokens: bool,
-    /// After an acquisition, wait until this many replicas acknowledged it (`WAIT`, pipelined
-    /// with the acquire script: no extra round trip); an acquisition that fewer replicas
-    /// acknowledged within [`Self::wait_timeout`] is given back and answers
-    /// [`Error::Unavailable`]. Sentinel and Cluster only. Default 0 (no wait).
+    /// After a granted acquisition, wait until this many replicas acknowledged it (`WAIT N
+    /// wait_timeout` on the master's connection that ran the acquire script: one more round
+    /// trip, only with this option); an acquisition that fewer replicas acknowledged in time
+    /// is given back and answers a retryable [`Error::Unavailable`]. Sentinel and Cluster
+    /// only. Default 0 (no wait).
     pub wait_replicas: u32,
     /// How long an acquisition waits for [`Self::wait_replicas`]. Default 100 ms.
     pub wait_timeout: Duration,

@@ -31,8 +31,9 @@ pub enum RedisErrorKind {
     /// certificate the server refused, or a server that does not speak TLS on that port.
     Tls,
     /// A failover or resharding is under way (Sentinel, Redis Cluster): the master is down or
-    /// being replaced (`CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`, `LOADING`, no connection to the
-    /// slot's node, or `READONLY` from a master that was made a replica). Retrying helps.
+    /// being replaced (`CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`, `LOADING`, a redirection the
+    /// cluster client gave up following, no connection to the slot's node, or `READONLY` from
+    /// a master that was made a replica). Retrying helps.
     Failover,
     /// Any other server or protocol error.
     Other,
@@ -111,7 +112,9 @@ impl RedisError {
             _ if tls_failure(&err) => RedisErrorKind::Tls,
             Some("WRONGTYPE") => RedisErrorKind::WrongType,
             Some("READONLY") => RedisErrorKind::ReadOnly,
-            Some("CLUSTERDOWN" | "TRYAGAIN" | "MASTERDOWN" | "LOADING") => RedisErrorKind::Failover,
+            Some("CLUSTERDOWN" | "TRYAGAIN" | "MASTERDOWN" | "LOADING" | "MOVED" | "ASK") => {
+                RedisErrorKind::Failover
+            }
             _ if err.kind() == redis::ErrorKind::ClusterConnectionNotFound => {
                 RedisErrorKind::Failover
             }

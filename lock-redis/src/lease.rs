@@ -56,9 +56,16 @@ impl Lease for RedisLease {
         if let Some(topology) = node.cluster_topology() {
             let (topology, key) = (topology.clone(), self.keys.lock.clone());
             return Some(Box::pin(async move {
-                match topology.restarts_for(&key).await {
-                    Some(restarts) if restarts.watchable() => restarts.lost_on_restart().await,
-                    _ => std::future::pending().await,
+                loop {
+                    match topology.restarts_for(&key).await {
+                        Some(restarts) if restarts.watchable() => {
+                            if let Some(reason) = restarts.loss().await {
+                                return reason;
+                            }
+                            // A stale slot map named that master: look again.
+                        }
+                        _ => return std::future::pending().await,
+                    }
                 }
             }));
         }

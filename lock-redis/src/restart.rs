@@ -40,6 +40,9 @@ enum Watched {
         topology: Weak<ClusterTopology>,
         addr: String,
         client: redis::Client,
+        /// The slots showed it a master since the watch started: its replacement loses the
+        /// guards (otherwise the map that named it was stale, and the guards look again).
+        confirmed: AtomicBool,
     },
 }
 
@@ -53,6 +56,14 @@ enum Target {
 }
 
 impl Watched {
+    /// Whether a cluster master was seen a master by this watch (always true otherwise).
+    fn confirmed(&self) -> bool {
+        match self {
+            Self::ClusterMaster { confirmed, .. } => confirmed.load(Ordering::Relaxed),
+            _ => true,
+        }
+    }
+
     async fn target(&self, failed: bool) -> Target {
         match self {
             Self::Fixed(client) => Target::Client(Box::new(client.clone()), String::new()),
@@ -69,14 +80,22 @@ impl Watched {
                 topology,
                 addr,
                 client,
+                confirmed,
             } => {
                 let Some(topology) = topology.upgrade() else {
                     return Target::Ended;
                 };
-                if failed && topology.still_master(addr).await == Some(false) {
-                    return Target::Gone;
+                // The slots are read at every (re)connection: a stale map could name a master
+                // that a failover already replaced (now dead, or alive as a replica).
+                let _ = failed;
+                match topology.still_master(addr).await {
+                    Some(false) => Target::Gone,
+                    Some(true) => {
+                        confirmed.store(true, Ordering::Relaxed);
+                        Target::Client(Box::new(client.clone()), addr.clone())
+                    }
+                    None => Target::Client(Box::new(client.clone()), addr.clone()),
                 }
-                Target::Client(Box::new(client.clone()), addr.clone())
             }
         }
     }
@@ -89,8 +108,9 @@ pub(crate) struct Restarts {
     timeout: Duration,
     /// The `run_id` (and address) of the server the node's locks live on; `None` until read.
     run_id: Mutex<Option<(String, String)>>,
-    /// Bumped each time the server is found restarted or replaced, with the reason.
-    epoch: watch::Sender<(u64, LossReason)>,
+    /// Bumped each time the server is found restarted or replaced, with the reason (`None`:
+    /// the watched cluster master was not the guards' master after all; they look again).
+    epoch: watch::Sender<(u64, Option<LossReason>)>,
     /// The watching task, started with the first guard.
     task: Mutex<Option<AbortHandle>>,
     /// The server does not tell its `run_id`: nothing to watch.
@@ -132,6 +152,7 @@ impl Restarts {
                 topology,
                 addr,
                 client,
+                confirmed: AtomicBool::new(false),
             },
             timeout,
             None,
@@ -143,7 +164,7 @@ impl Restarts {
             watched,
             timeout,
             run_id: Mutex::new(run_id),
-            epoch: watch::Sender::new((0, LossReason::ServerRestarted)),
+            epoch: watch::Sender::new((0, None)),
             task: Mutex::new(None),
             blind: AtomicBool::new(false),
             gone: AtomicBool::new(false),
@@ -165,6 +186,19 @@ impl Restarts {
     /// [`LossReason::Failover`] once another server replaced it as the master. Starts the
     /// watching task if it is not running.
     pub(crate) fn lost_on_restart(self: &Arc<Self>) -> BoxFuture<'static, LossReason> {
+        let loss = self.loss();
+        Box::pin(async move {
+            match loss.await {
+                Some(reason) => reason,
+                None => std::future::pending().await,
+            }
+        })
+    }
+
+    /// As [`Self::lost_on_restart`], or `None` when the watched cluster master turned out not
+    /// to be a master when the watch started (a stale slot map named it): the caller looks
+    /// for the slot's master again.
+    pub(crate) fn loss(self: &Arc<Self>) -> BoxFuture<'static, Option<LossReason>> {
         let mut rx = self.epoch.subscribe();
         let mut task = lock(&self.task);
         if task.as_ref().is_none_or(AbortHandle::is_finished) {
@@ -194,14 +228,14 @@ impl Restarts {
                 };
                 *known = Some((run_id, addr));
                 drop(known);
-                self.lost(reason);
+                self.lost(Some(reason));
             }
             Some(_) => {}
             None => *known = Some((run_id, addr)),
         }
     }
 
-    fn lost(&self, reason: LossReason) {
+    fn lost(&self, reason: Option<LossReason>) {
         self.epoch.send_modify(|(epoch, why)| {
             *epoch += 1;
             *why = reason;
@@ -253,9 +287,15 @@ async fn watch_server(restarts: Weak<Restarts>) {
         let (client, addr) = match node.watched.target(failed).await {
             Target::Client(client, addr) => (client, addr),
             Target::Gone => {
-                tracing::warn!("a failover replaced a Redis Cluster master: its locks may be gone");
                 node.gone.store(true, Ordering::Relaxed);
-                node.lost(LossReason::Failover);
+                if node.watched.confirmed() {
+                    tracing::warn!(
+                        "a failover replaced a Redis Cluster master: its locks may be gone"
+                    );
+                    node.lost(Some(LossReason::Failover));
+                } else {
+                    node.lost(None);
+                }
                 return;
             }
             Target::Ended => return,

@@ -134,6 +134,8 @@ impl Endpoint {
             Self::Fixed(client) => Some((**client).clone()),
             Self::Sentinel(master) => Some(master.client()),
             Self::Cluster(topology) => {
+                // Read afresh: a failover may have moved the slot since the last read.
+                let _ = topology.refresh().await;
                 let addr = topology.master_addr_for(key).await?;
                 topology.client_for(&addr).ok()
             }
@@ -529,7 +531,7 @@ impl ClusterTopology {
         let mut builder = redis::cluster::ClusterClientBuilder::new(infos)
             .connection_timeout(timeout)
             .response_timeout(timeout)
-            .retries(2)
+            .retries(4)
             .min_retry_wait(10)
             .max_retry_wait(200);
         if config.is_tls() {
