@@ -287,7 +287,10 @@ mod tests {
             ("", "not a lock service URL"),
             ("127.0.0.1:6379", "not a lock service URL"),
             ("ftp://x", "unknown URL scheme"),
-            ("ftp://x", "redlocks, etcd, etcds, zk, zks, memory"),
+            (
+                "ftp://x",
+                "redlocks, redis+sentinel, rediss+sentinel, redis+cluster, rediss+cluster, etcd",
+            ),
         ] {
             let err = connect(url).await.unwrap_err();
             assert!(matches!(err, Error::InvalidConfig(_)), "{url}: {err}");
