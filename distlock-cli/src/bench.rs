@@ -110,7 +110,9 @@ async fn floor(
     let _ = url;
     match backend {
         #[cfg(feature = "redis")]
-        "redis" | "redlock" => distlock_redis::bench::floor(url).await,
+        "redis" | "redlock" | "redis-sentinel" | "redis-cluster" => {
+            distlock_redis::bench::floor(url).await
+        }
         #[cfg(feature = "etcd")]
         "etcd" => distlock_etcd::bench::floor(url).await,
         #[cfg(feature = "zookeeper")]

@@ -77,7 +77,8 @@ pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Arc<dyn Dis
         #[cfg(feature = "mysql")]
         "mysql" | "mariadb" => Ok(distlock_sql::connect(url, config).await?.into_dyn()),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+unix" | "unix" | "redlock" | "redlocks" => {
+        "redis" | "rediss" | "redis+unix" | "unix" | "redlock" | "redlocks" | "redis+sentinel"
+        | "rediss+sentinel" | "redis+cluster" | "rediss+cluster" => {
             Ok(distlock_redis::connect(url, config).await?.into_dyn())
         }
         #[cfg(feature = "etcd")]
@@ -166,6 +167,20 @@ pub const SCHEMES: &[Scheme] = &[
         names: &["redlock", "redlocks"],
         feature: Some("redis"),
         example: "redlock://h1:p1,h2:p2,h3:p3 (redlocks:// with TLS)",
+        enabled: cfg!(feature = "redis"),
+    },
+    Scheme {
+        backend: "redis-sentinel",
+        names: &["redis+sentinel", "rediss+sentinel"],
+        feature: Some("redis"),
+        example: "redis+sentinel://[user:pass@]s1:p1,s2:p2,s3:p3/master_name[/db]",
+        enabled: cfg!(feature = "redis"),
+    },
+    Scheme {
+        backend: "redis-cluster",
+        names: &["redis+cluster", "rediss+cluster"],
+        feature: Some("redis"),
+        example: "redis+cluster://[user:pass@]h1:p1,h2:p2,h3:p3 (any nodes of the cluster)",
         enabled: cfg!(feature = "redis"),
     },
     Scheme {
@@ -259,6 +274,8 @@ mod tests {
             "redis+unix",
             "redlock",
             "redlocks",
+            "redis+sentinel",
+            "rediss+cluster",
             "zk",
             "zks",
         ] {
@@ -275,7 +292,10 @@ mod tests {
             ("", "not a lock service URL"),
             ("127.0.0.1:6379", "not a lock service URL"),
             ("ftp://x", "unknown URL scheme"),
-            ("ftp://x", "redlocks, etcd, etcds, zk, zks, memory"),
+            (
+                "ftp://x",
+                "redlocks, redis+sentinel, rediss+sentinel, redis+cluster, rediss+cluster, etcd",
+            ),
         ] {
             let err = connect(url).await.unwrap_err();
             assert!(matches!(err, Error::InvalidConfig(_)), "{url}: {err}");

@@ -35,6 +35,8 @@ const SCHEMES: &[&str] = &[
     "rediss",
     "redis+unix",
     "unix",
+    "redis+sentinel",
+    "Rediss+Cluster",
     "etcd",
     "Etcd",
     "etcds",

@@ -220,6 +220,9 @@ pub enum LossReason {
     HoldLimitReached,
     /// The server restarted and forgot its locks (a Redis master without persistence).
     ServerRestarted,
+    /// A failover replaced the server the lock lived on (a Redis replica promoted by Sentinel
+    /// or Redis Cluster): with asynchronous replication the new master may not have the lock.
+    Failover,
 }
 
 impl fmt::Display for LossReason {
@@ -232,6 +235,7 @@ impl fmt::Display for LossReason {
             Self::ReleasedElsewhere => "the lock was deleted or taken by someone else",
             Self::HoldLimitReached => "the maximum hold time was reached",
             Self::ServerRestarted => "the server restarted and forgot its locks",
+            Self::Failover => "a failover replaced the master, which may not have the lock",
         })
     }
 }

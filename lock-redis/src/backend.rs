@@ -18,7 +18,7 @@ use futures::stream::BoxStream;
 use crate::attempt::{RedisAttempt, remaining};
 use crate::keys::LockKeys;
 use crate::node::{Holding, Node, NodeTls, within};
-use crate::{MAX_PERMITS, RedisConfig};
+use crate::{MAX_PERMITS, RedisConfig, Topology};
 use crate::{observe, redlock};
 
 /// The Redis [`LockBackend`]: one master (`redis`) or Redlock over N masters (`redlock`).
@@ -46,6 +46,21 @@ impl RedisBackend {
         config.validate()?;
         client.validate()?;
         let tls = NodeTls::load(&config).await?;
+        let timeout = client.operation_timeout;
+        let node = match config.topology() {
+            Topology::Sentinel => Some(Node::sentinel(&config, tls.clone(), timeout).await?),
+            Topology::Cluster => Some(Node::cluster(&config, tls.clone(), timeout).await?),
+            _ => None,
+        };
+        if let Some(node) = node {
+            return Ok(Self {
+                shared: Arc::new(Shared {
+                    nodes: vec![node],
+                    config,
+                    client,
+                }),
+            });
+        }
         let clients = config
             .nodes
             .iter()
@@ -85,6 +100,9 @@ impl RedisBackend {
     ) -> Result<Self> {
         options.nodes = clients.iter().map(describe).collect();
         options.redlock = clients.len() > 1;
+        options.sentinel_master = None;
+        options.cluster = false;
+        options.wait_replicas = 0;
         Self::with_clients(clients, options, client).await
     }
 
@@ -176,10 +194,11 @@ impl Shared {
 #[async_trait]
 impl LockBackend for RedisBackend {
     fn name(&self) -> &'static str {
-        if self.shared.redlock() {
-            "redlock"
-        } else {
-            "redis"
+        match self.shared.config.topology() {
+            Topology::Redlock => "redlock",
+            Topology::Sentinel => "redis-sentinel",
+            Topology::Cluster => "redis-cluster",
+            _ => "redis",
         }
     }
 
@@ -241,7 +260,7 @@ impl LockBackend for RedisBackend {
             .shared
             .nodes
             .iter()
-            .map(|n| observe::changes(&n.client, &keys, timeout));
+            .map(|n| observe::changes(&n.endpoint, &keys, timeout));
         Some(futures::stream::select_all(streams).boxed())
     }
 
@@ -286,6 +305,26 @@ impl LockBackend for RedisBackend {
         // Candidates include reservations and keys expiring meanwhile: scan for some more.
         let enough = limit.saturating_mul(2).max(limit.saturating_add(16));
         let timeout = shared.client.operation_timeout;
+        if let Some(topology) = shared.nodes[0].cluster_topology() {
+            // Every master's keys: each master scanned on a connection of its own.
+            let node = &shared.nodes[0];
+            let _ = topology.refresh().await;
+            let mut candidates = std::collections::BTreeSet::new();
+            for master in topology.masters() {
+                let client = topology.client_for(&master)?;
+                let names = within(node, timeout, async {
+                    let conn = client
+                        .get_multiplexed_async_connection()
+                        .await
+                        .map_err(|e| crate::RedisError::classify(&master, e))?;
+                    node.scan_names_on(conn, prefix, enough).await
+                })
+                .await
+                .map_err(|e| e.into_lock_error("list"))?;
+                candidates.extend(names);
+            }
+            return held_among(self, candidates, limit).await;
+        }
         let scans = join_all(
             shared
                 .nodes

@@ -14,7 +14,7 @@ use crate::scripts::{self, Invocation};
 /// The cheapest correct Redis lock: two round trips, no fencing, no renewal, no queue.
 #[derive(Debug)]
 pub struct RedisFloor {
-    conn: MultiplexedConnection,
+    conn: FloorConn,
     addr: String,
     counter: u64,
 }
@@ -30,10 +30,48 @@ impl RedisFloor {
             .await
             .map_err(|e| RedisError::classify(&shown, e).into_lock_error("connect"))?;
         Ok(Self {
-            conn,
+            conn: FloorConn::Plain(conn),
             addr: shown,
             counter: 0,
         })
+    }
+}
+
+/// One master's connection, or the Sentinel master's or the cluster's.
+#[derive(Clone, Debug)]
+enum FloorConn {
+    Plain(MultiplexedConnection),
+    Topology(crate::topology::Conn),
+}
+
+impl redis::aio::ConnectionLike for FloorConn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Self::Plain(conn) => conn.req_packed_command(cmd),
+            Self::Topology(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Self::Plain(conn) => conn.req_packed_commands(cmd, offset, count),
+            Self::Topology(conn) => conn.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Plain(conn) => conn.get_db(),
+            Self::Topology(conn) => conn.get_db(),
+        }
     }
 }
 
@@ -145,13 +183,31 @@ impl RawFloor for RedlockFloor {
 }
 
 /// The raw floor for a lock URL: [`RedlockFloor`] over every node of a `redlock://` URL (each
-/// with the URL's credentials and database), [`RedisFloor`] otherwise. `distlock bench` calls it.
+/// with the URL's credentials and database), [`RedisFloor`] otherwise (on the master the
+/// Sentinels name, or on the cluster with its routing). `distlock bench` calls it.
 ///
 /// # Errors
 /// [`Error::InvalidConfig`] for a bad URL, [`Error::Unavailable`] when a node cannot be reached.
 pub async fn floor(url: &str) -> Result<Box<dyn RawFloor>, Error> {
     let config = crate::RedisConfig::from_url(url)?;
     let tls = NodeTls::load(&config).await?;
+    let timeout = std::time::Duration::from_secs(5);
+    let node = match config.topology() {
+        crate::Topology::Sentinel => {
+            Some(crate::node::Node::sentinel(&config, tls.clone(), timeout).await?)
+        }
+        crate::Topology::Cluster => {
+            Some(crate::node::Node::cluster(&config, tls.clone(), timeout).await?)
+        }
+        _ => None,
+    };
+    if let Some(node) = node {
+        return Ok(Box::new(RedisFloor {
+            conn: FloorConn::Topology(node.conn.clone()),
+            addr: node.addr.clone(),
+            counter: 0,
+        }));
+    }
     if config.is_redlock() {
         Ok(Box::new(RedlockFloor::connect(&config.nodes, &tls).await?))
     } else {

@@ -16,9 +16,16 @@ use distlock_core::tls::TlsFiles;
 ///   Unix socket;
 /// - `redlock://[user:password@]host1:port1,host2:port2,host3:port3[/db]`: Redlock over N >= 3
 ///   independent masters;
-/// - `rediss://...` and `redlocks://...`: the same over TLS (every node, the pub/sub
-///   connections too). The server's certificate is verified against the public roots
-///   (webpki-roots) or the `ca` file, and must name the host.
+/// - `redis+sentinel://[user:password@]s1:p1,s2:p2,s3:p3/master_name[/db]`: the master that
+///   the Sentinels name `master_name`, followed across failovers (see the crate docs,
+///   "Sentinel and Cluster"). User, password and database are the data nodes'; the Sentinels
+///   are asked without credentials;
+/// - `redis+cluster://[user:password@]h1:p1,h2:p2,...`: a Redis Cluster, the given nodes as
+///   seeds (any subset; the client learns the others);
+/// - `rediss://...`, `redlocks://...`, `rediss+sentinel://...` and `rediss+cluster://...`:
+///   the same over TLS (every node, the Sentinels and the pub/sub connections too). The
+///   server's certificate is verified against the public roots (webpki-roots) or the `ca`
+///   file, and must name the host.
 ///
 /// User and password are sent with `AUTH user password` (Redis 6 ACL users) on every connection
 /// of every node, the subscriber's included; a password alone authenticates the `default` user.
@@ -35,6 +42,9 @@ use distlock_core::tls::TlsFiles;
 /// | `ca` | TLS: PEM file of the certificate authority that signed the servers' certificates | public roots |
 /// | `cert`, `key` | TLS: PEM files of a client certificate and its key (mutual TLS) | none |
 /// | `danger_skip_verify` | TLS: accept ANY server certificate, for test rigs only: anyone on the path can read and forge the traffic | `false` |
+/// | `clock_tokens` | every fencing token is at least the server's clock in microseconds (see [`RedisConfig::clock_tokens`]) | `true` for Sentinel and Cluster, else `false` |
+/// | `wait_replicas` | an acquisition is granted only once this many replicas have it (`WAIT`; see [`RedisConfig::wait_replicas`]) | `0` |
+/// | `wait_timeout` | how long an acquisition waits for `wait_replicas` | `100ms` |
 ///
 /// ```
 /// use distlock_redis::RedisConfig;
@@ -76,6 +86,40 @@ pub struct RedisConfig {
     /// rigs only: a connection that does not verify its server can be read and changed by
     /// anyone on the network path. Default `false`; a warning is logged at every connect.
     pub danger_skip_verify: bool,
+    /// Sentinel mode: the master name the Sentinels (`nodes`) monitor; the lock runs on the
+    /// master they name, followed across failovers.
+    pub sentinel_master: Option<String>,
+    /// Redis Cluster mode: `nodes` are seed nodes of one cluster.
+    pub cluster: bool,
+    /// Every fencing token is at least the server's `TIME` in microseconds (the acquire
+    /// script takes `max(counter + 1, now_us)`): after a failover to a replica whose counter
+    /// lags, the new master's tokens still exceed the old master's, as long as the two
+    /// servers' clocks differ by less than the failover took. Acquisitions then always run the
+    /// script (the script-free fast path cannot read the clock). Default `true` for Sentinel
+    /// and Cluster, `false` for one master and Redlock.
+    pub clock_tokens: bool,
+    /// After a granted acquisition, wait until this many replicas acknowledged it (`WAIT N
+    /// wait_timeout` on the master's connection that ran the acquire script: one more round
+    /// trip, only with this option); an acquisition that fewer replicas acknowledged in time
+    /// is given back and answers a retryable [`Error::Unavailable`]. Sentinel and Cluster
+    /// only. Default 0 (no wait).
+    pub wait_replicas: u32,
+    /// How long an acquisition waits for [`Self::wait_replicas`]. Default 100 ms.
+    pub wait_timeout: Duration,
+}
+
+/// Which Redis deployment a configuration names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Topology {
+    /// One master (`redis://`).
+    Single,
+    /// Redlock over independent masters (`redlock://`).
+    Redlock,
+    /// The master named by Sentinels (`redis+sentinel://`).
+    Sentinel,
+    /// A Redis Cluster (`redis+cluster://`).
+    Cluster,
 }
 
 /// Shows the nodes with their passwords replaced by `***`.
@@ -92,6 +136,11 @@ impl std::fmt::Debug for RedisConfig {
             .field("client_name", &self.client_name)
             .field("tls", &self.tls)
             .field("danger_skip_verify", &self.danger_skip_verify)
+            .field("sentinel_master", &self.sentinel_master)
+            .field("cluster", &self.cluster)
+            .field("clock_tokens", &self.clock_tokens)
+            .field("wait_replicas", &self.wait_replicas)
+            .field("wait_timeout", &self.wait_timeout)
             .finish()
     }
 }
@@ -103,7 +152,7 @@ impl RedisConfig {
     /// [`Error::InvalidConfig`] if `url` is not a valid `redis://` or `rediss://` URL.
     pub fn single(url: &str) -> Result<Self, Error> {
         let mut config = Self::from_url(url)?;
-        if config.redlock {
+        if config.topology() != Topology::Single {
             return Err(Error::InvalidConfig(format!(
                 "expected a redis:// or rediss:// URL, got {}",
                 service_url::redact(url)
@@ -162,6 +211,21 @@ impl RedisConfig {
             client_name: "distlock".into(),
             tls: TlsFiles::default(),
             danger_skip_verify: false,
+            sentinel_master: None,
+            cluster: false,
+            clock_tokens: false,
+            wait_replicas: 0,
+            wait_timeout: Duration::from_millis(100),
+        }
+    }
+
+    /// Which deployment this configuration names.
+    pub fn topology(&self) -> Topology {
+        match (self.redlock, self.cluster, &self.sentinel_master) {
+            (true, _, _) => Topology::Redlock,
+            (_, true, _) => Topology::Cluster,
+            (_, _, Some(_)) => Topology::Sentinel,
+            _ => Topology::Single,
         }
     }
 
@@ -181,20 +245,36 @@ impl RedisConfig {
             return Self::from_unix_url(url);
         }
         let parsed = ServiceUrl::parse(url)?;
-        let (redlock, tls) = match parsed.scheme() {
-            "redis" => (false, false),
-            "rediss" => (false, true),
-            "redlock" => (true, false),
-            "redlocks" => (true, true),
+        let (topology, tls) = match parsed.scheme() {
+            "redis" => (Topology::Single, false),
+            "rediss" => (Topology::Single, true),
+            "redlock" => (Topology::Redlock, false),
+            "redlocks" => (Topology::Redlock, true),
+            "redis+sentinel" => (Topology::Sentinel, false),
+            "rediss+sentinel" => (Topology::Sentinel, true),
+            "redis+cluster" => (Topology::Cluster, false),
+            "rediss+cluster" => (Topology::Cluster, true),
             other => {
                 return Err(parsed.error(format!(
-                    "unknown scheme {:?}: expected redis://, rediss://, redlock://, redlocks:// \
-                     or redis+unix://",
+                    "unknown scheme {:?}: expected redis://, rediss://, redlock://, redlocks://, \
+                     redis+sentinel://, redis+cluster:// or redis+unix://",
                     service_url::echo(other)
                 )));
             }
         };
-        let db = match parsed.path() {
+        let (master, db) = match topology {
+            Topology::Sentinel => match parsed.path().split_once('/') {
+                Some((master, db)) => (master, db),
+                None => (parsed.path(), ""),
+            },
+            _ => ("", parsed.path()),
+        };
+        if topology == Topology::Sentinel && master.is_empty() {
+            return Err(parsed.error(
+                "a redis+sentinel:// URL names the master: redis+sentinel://s1:p1,s2:p2/master_name",
+            ));
+        }
+        let db = match db {
             "" => None,
             db => Some(db.parse::<u32>().map_err(|_| {
                 parsed.error(format!(
@@ -203,13 +283,20 @@ impl RedisConfig {
                 ))
             })?),
         };
-        if !redlock && parsed.hosts().len() != 1 {
+        if topology == Topology::Cluster && db.is_some_and(|db| db != 0) {
+            return Err(parsed.error("a Redis Cluster has database 0 only"));
+        }
+        if topology == Topology::Single && parsed.hosts().len() != 1 {
             return Err(parsed.error(
                 "a redis:// URL names one master; use redlock://h1:p1,h2:p2,h3:p3 for several",
             ));
         }
+        let replicated = matches!(topology, Topology::Sentinel | Topology::Cluster);
         let mut config = Self {
-            redlock,
+            redlock: topology == Topology::Redlock,
+            cluster: topology == Topology::Cluster,
+            sentinel_master: (topology == Topology::Sentinel).then(|| master.to_owned()),
+            clock_tokens: replicated,
             ..Self::defaults()
         };
         let node_scheme = if tls { "rediss" } else { "redis" };
@@ -300,7 +387,19 @@ impl RedisConfig {
             "cert",
             "key",
             "danger_skip_verify",
+            "clock_tokens",
+            "wait_replicas",
+            "wait_timeout",
         ];
+        if let Some(clock) = options.bool("clock_tokens")? {
+            self.clock_tokens = clock;
+        }
+        if let Some(n) = options.parse::<u32>("wait_replicas", "a number of replicas")? {
+            self.wait_replicas = n;
+        }
+        if let Some(timeout) = options.duration("wait_timeout")? {
+            self.wait_timeout = timeout;
+        }
         if let Some(fair) = options.bool("fair")? {
             self.fair = fair;
         }
@@ -388,9 +487,29 @@ impl RedisConfig {
         self.redlock
     }
 
-    /// The number of nodes that must agree: all for one master, a majority for Redlock.
+    /// The number of nodes that must agree: a majority for Redlock, else 1 (the one master,
+    /// however it is found).
     pub fn quorum(&self) -> usize {
-        self.nodes.len() / 2 + 1
+        if self.redlock {
+            self.nodes.len() / 2 + 1
+        } else {
+            1
+        }
+    }
+
+    /// Sets [`Self::clock_tokens`].
+    #[must_use]
+    pub fn with_clock_tokens(mut self, on: bool) -> Self {
+        self.clock_tokens = on;
+        self
+    }
+
+    /// Sets [`Self::wait_replicas`] and [`Self::wait_timeout`].
+    #[must_use]
+    pub fn with_wait_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.wait_replicas = replicas;
+        self.wait_timeout = timeout;
+        self
     }
 
     /// Checks the configuration.
@@ -408,8 +527,22 @@ impl RedisConfig {
                 self.nodes.len()
             ));
         }
-        if !self.redlock && self.nodes.len() != 1 {
+        if self.redlock && (self.cluster || self.sentinel_master.is_some()) {
+            return bad("Redlock, Sentinel and Cluster modes exclude each other".into());
+        }
+        if self.topology() == Topology::Single && self.nodes.len() != 1 {
             return bad("single-master mode takes exactly one node".into());
+        }
+        if self.cluster && self.sentinel_master.is_some() {
+            return bad("Sentinel and Cluster modes exclude each other".into());
+        }
+        if self.wait_replicas > 0
+            && !matches!(self.topology(), Topology::Sentinel | Topology::Cluster)
+        {
+            return bad("wait_replicas needs redis+sentinel:// or redis+cluster://".into());
+        }
+        if self.wait_replicas > 0 && self.wait_timeout.is_zero() {
+            return bad("wait_timeout must be greater than zero".into());
         }
         if self.handoff.is_zero() || self.waiter_timeout < Duration::from_millis(30) {
             return bad("handoff must be > 0 and waiter_timeout >= 30 ms".into());
@@ -463,6 +596,40 @@ mod tests {
         assert!(c.fair);
         let c = RedisConfig::from_url("redis://us%3Ar:p%40ss@h:1").unwrap();
         assert_eq!(c.nodes, ["redis://us%3Ar:p%40ss@h:1"]);
+    }
+
+    #[test]
+    fn sentinel_and_cluster_urls() {
+        let c =
+            RedisConfig::from_url("redis+sentinel://u:p%40ss@a:1,b:2/mymaster/3?wait_replicas=1")
+                .unwrap();
+        assert_eq!(c.topology(), Topology::Sentinel);
+        assert_eq!(c.sentinel_master.as_deref(), Some("mymaster"));
+        assert_eq!(
+            c.nodes,
+            ["redis://u:p%40ss@a:1/3", "redis://u:p%40ss@b:2/3"]
+        );
+        assert!(c.clock_tokens && c.wait_replicas == 1 && c.quorum() == 1);
+        let c =
+            RedisConfig::from_url("REDISS+CLUSTER://a:1,b:2?clock_tokens=false&ca=/x.pem").unwrap();
+        assert_eq!(c.topology(), Topology::Cluster);
+        assert_eq!(c.nodes, ["rediss://a:1", "rediss://b:2"]);
+        assert!(!c.clock_tokens && c.is_tls());
+        for bad in [
+            "redis+sentinel://a:1,b:2",
+            "redis+sentinel://a:1/m/x",
+            "redis+cluster://a:1/2",
+            "redis://a:1?wait_replicas=1",
+            "redis+cluster://a:1?wait_replicas=x",
+        ] {
+            assert!(
+                matches!(RedisConfig::from_url(bad), Err(Error::InvalidConfig(_))),
+                "{bad}"
+            );
+        }
+        assert!(RedisConfig::single("redis+cluster://a:1").is_err());
+        let err = RedisConfig::from_url("redis+sentinel://:s3cret@a:1").unwrap_err();
+        assert!(!err.to_string().contains("s3cret"), "{err}");
     }
 
     #[test]

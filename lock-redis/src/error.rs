@@ -30,6 +30,11 @@ pub enum RedisErrorKind {
     /// The TLS handshake failed: an untrusted, expired or misnamed certificate, a client
     /// certificate the server refused, or a server that does not speak TLS on that port.
     Tls,
+    /// A failover or resharding is under way (Sentinel, Redis Cluster): the master is down or
+    /// being replaced (`CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`, `LOADING`, a redirection the
+    /// cluster client gave up following, no connection to the slot's node, or `READONLY` from
+    /// a master that was made a replica). Retrying helps.
+    Failover,
     /// Any other server or protocol error.
     Other,
 }
@@ -46,6 +51,7 @@ impl fmt::Display for RedisErrorKind {
             Self::Connection => "connection failed",
             Self::Auth => "the server refused the credentials (wrong or missing user or password, or an ACL without a needed permission)",
             Self::Tls => "the TLS handshake failed",
+            Self::Failover => "a failover is under way (the master is down or being replaced)",
             Self::Other => "server error",
         })
     }
@@ -74,6 +80,7 @@ impl RedisError {
             RedisErrorKind::ConnectionRefused
                 | RedisErrorKind::Timeout
                 | RedisErrorKind::Connection
+                | RedisErrorKind::Failover
         )
     }
 
@@ -105,6 +112,12 @@ impl RedisError {
             _ if tls_failure(&err) => RedisErrorKind::Tls,
             Some("WRONGTYPE") => RedisErrorKind::WrongType,
             Some("READONLY") => RedisErrorKind::ReadOnly,
+            Some("CLUSTERDOWN" | "TRYAGAIN" | "MASTERDOWN" | "LOADING" | "MOVED" | "ASK") => {
+                RedisErrorKind::Failover
+            }
+            _ if err.kind() == redis::ErrorKind::ClusterConnectionNotFound => {
+                RedisErrorKind::Failover
+            }
             Some("NOSCRIPT") => RedisErrorKind::NoScript,
             _ if err.is_connection_refusal() => RedisErrorKind::ConnectionRefused,
             _ if err.is_timeout() => RedisErrorKind::Timeout,

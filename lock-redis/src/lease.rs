@@ -44,9 +44,33 @@ impl Lease for RedisLease {
     /// Single master: a server restart forgets the lock, so the node's restart detection
     /// reports it at once. (Redlock: one master's restart does not lose a lock held on a
     /// majority; renewal tells.)
+    ///
+    /// Sentinel: the same watch follows the master the Sentinels name, so a failover shows as
+    /// a new server ([`LossReason::Failover`]). Cluster: the watch of the master that serves
+    /// the lock's slot, which also reports its replacement by a failover.
     fn loss_signal(&self) -> Option<BoxFuture<'static, LossReason>> {
-        let restarts = &self.shared.nodes[0].restarts;
-        (!self.shared.redlock() && restarts.watchable()).then(|| restarts.lost_on_restart())
+        if self.shared.redlock() {
+            return None;
+        }
+        let node = &self.shared.nodes[0];
+        if let Some(topology) = node.cluster_topology() {
+            let (topology, key) = (topology.clone(), self.keys.lock.clone());
+            return Some(Box::pin(async move {
+                loop {
+                    match topology.restarts_for(&key).await {
+                        Some(restarts) if restarts.watchable() => {
+                            if let Some(reason) = restarts.loss().await {
+                                return reason;
+                            }
+                            // A stale slot map named that master: look again.
+                        }
+                        _ => return std::future::pending().await,
+                    }
+                }
+            }));
+        }
+        let restarts = node.restarts.as_ref()?;
+        restarts.watchable().then(|| restarts.lost_on_restart())
     }
 
     async fn release(&self) -> Result<()> {

@@ -1,8 +1,9 @@
 #![doc = include_str!("../README.md")]
 //!
-//! Redis backend for distlock: one master (`redis://`) or Redlock over N independent masters
-//! (`redlock://`), with fencing tokens, renewal, pub/sub wake-ups and a starvation-free
-//! default.
+//! Redis backend for distlock: one master (`redis://`), the master of a Sentinel-managed
+//! replication group (`redis+sentinel://`), a Redis Cluster (`redis+cluster://`), or Redlock
+//! over N independent masters (`redlock://`), with fencing tokens, renewal, pub/sub wake-ups
+//! and a starvation-free default.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), distlock_core::Error> {
@@ -80,6 +81,48 @@
 //! [`LossReason::ServerRestarted`](distlock_core::LossReason::ServerRestarted). (Redlock: one
 //! master's restart does not lose a majority's lock; renewal tells.)
 //!
+//! # Sentinel and Cluster
+//!
+//! Both run the single-master protocol above on one master at a time; what differs is how
+//! that master is found, and what a failover does.
+//!
+//! - **Sentinel** (`redis+sentinel://s1:p1,s2:p2,s3:p3/master_name`): the Sentinels are asked
+//!   for the master (all at once; the address most of them give). The lock's commands go to
+//!   it; on a connection error, a timeout or `READONLY` (a master that was made a replica)
+//!   the Sentinels are asked again in the background, and every Sentinel's `+switch-master`
+//!   event switches at once. Wake-ups, observers and the restart watch connect to the master
+//!   of the moment.
+//! - **Cluster** (`redis+cluster://h1:p1,h2:p2,...`): the client library's cluster client
+//!   (MOVED/ASK redirections, slot map refresh). All keys of a name share one slot (the hash
+//!   tag), so every script and the fast path's `MULTI/EXEC` run on that slot's master (the
+//!   client routes a transaction by its first key). A script unknown to the node that serves
+//!   it (`NOSCRIPT`: a promoted replica) is sent once as `EVAL` on that node. Wake-ups use
+//!   classic pub/sub: a `PUBLISH` reaches every node of a cluster, so the subscriber connects
+//!   to any node, and to the next one after a failure (sharded pub/sub would need the
+//!   subscriber to follow each slot's master). Observers track the name's keys on the slot's
+//!   master (`CLIENT TRACKING` is per node), found again at each reconnection. `list` scans
+//!   every master.
+//! - **Failover = possible loss** (both): replication is asynchronous, so a promoted replica
+//!   may lack the lock (and its counter may lag). A guard therefore learns of a failover as of
+//!   a restart: the restart watch of its master (Sentinel: the master the Sentinels name;
+//!   Cluster: the master that serves the lock's slot, one watch per master) sees another
+//!   server and marks the guards lost with
+//!   [`LossReason::Failover`](distlock_core::LossReason::Failover) (a restart of the same
+//!   master stays [`ServerRestarted`](distlock_core::LossReason::ServerRestarted)). Cluster:
+//!   when the watched master cannot be reached and the cluster's slots show it no longer a
+//!   master, its guards are lost. The signal comes when the new master is known, about when
+//!   other clients can reach it; a second client may be granted the lock by a new master that
+//!   lacks it before the first hears (see the failover measurements in the README).
+//! - **Fencing**: [`SingleNode`](distlock_core::FencingGuarantee::SingleNode), per master.
+//!   By default ([`RedisConfig::clock_tokens`]) every token is at least the server's `TIME`
+//!   in microseconds (`max(counter + 1, now_us + 1)`, in the acquire script; the script-free
+//!   fast path is off), so a promoted replica's tokens exceed the old master's as long as the
+//!   servers' clocks differ by less than the failover took. `?wait_replicas=N` makes an
+//!   acquisition count only once N replicas acknowledged it (`WAIT N wait_timeout` after the
+//!   script, one more round trip; too few acknowledgements give the lock back and answer a
+//!   retryable error), which closes the window of a failover to a replica that missed it,
+//!   short of a replica that acknowledged and then lost the race to be promoted.
+//!
 //! # Read-write locks and semaphores (single master)
 //!
 //! Shared holds and permits are scripts only (the exclusive paths above are unchanged). The
@@ -154,6 +197,7 @@ mod observe;
 mod redlock;
 mod restart;
 mod scripts;
+mod topology;
 mod wake;
 
 pub use backend::RedisBackend;
@@ -175,7 +219,7 @@ pub use backend::RedisBackend;
 /// and for the read-write lock (a writer's majority shares a master with any reader's or
 /// writer's majority, and a master never holds a writer with anybody else), not for counting.
 pub const MAX_PERMITS: u32 = 1 << 16;
-pub use config::RedisConfig;
+pub use config::{RedisConfig, Topology};
 pub use distlock_core;
 pub use error::{RedisError, RedisErrorKind};
 pub use keys::LockKeys;
@@ -183,8 +227,10 @@ pub use redis;
 
 use distlock_core::{ClientConfig, Error, LockClient};
 
-/// Connects to `redis://host:port[/db]` (one master) or `redlock://h1:p1,h2:p2,h3:p3` (Redlock),
-/// with the query options of [`RedisConfig::from_url`].
+/// Connects to `redis://host:port[/db]` (one master), `redis+sentinel://s1:p1,s2:p2/master`
+/// (the master the Sentinels name), `redis+cluster://h1:p1,h2:p2` (a Redis Cluster) or
+/// `redlock://h1:p1,h2:p2,h3:p3` (Redlock), with the query options of
+/// [`RedisConfig::from_url`].
 ///
 /// # Errors
 /// [`Error::InvalidConfig`] for a bad URL or option; [`Error::Unavailable`] when the server (or

@@ -10,6 +10,8 @@ use redis::Cmd;
 use redis::IntoConnectionInfo;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use crate::topology::{ClusterTopology, Conn, Endpoint, SentinelMaster};
+
 use crate::RedisConfig;
 use crate::error::{RedisError, RedisErrorKind};
 use crate::keys::LockKeys;
@@ -21,13 +23,13 @@ use crate::wake::Subscriber;
 #[derive(Debug)]
 pub(crate) struct Node {
     pub(crate) addr: String,
-    pub(crate) conn: ConnectionManager,
-    /// The client the connections are made from (also for election observers' own
-    /// connections).
-    pub(crate) client: redis::Client,
+    pub(crate) conn: Conn,
+    /// Where the background connections go (election observers' too).
+    pub(crate) endpoint: Endpoint,
     pub(crate) sub: Subscriber,
-    /// Learns that the server restarted (and forgot its locks).
-    pub(crate) restarts: Arc<Restarts>,
+    /// Learns that the server restarted (and forgot its locks), or that a failover replaced
+    /// it (Sentinel). `None` for a cluster: each master has its own, in the topology.
+    pub(crate) restarts: Option<Arc<Restarts>>,
     /// Whether the server takes `SET ... NX GET` (Redis >= 7.0); cleared at the first
     /// refusal, after which every acquisition runs the script.
     pub(crate) fast_path: AtomicBool,
@@ -306,16 +308,105 @@ impl Node {
             }
         };
         let restarts = Arc::new(Restarts::new(client.clone(), timeout, run_id));
-        let sub = Subscriber::new(client.clone(), addr.clone(), timeout);
+        let endpoint = Endpoint::Fixed(Box::new(client));
+        let sub = Subscriber::new(endpoint.clone(), addr.clone(), timeout);
         let node = Self {
             addr,
-            conn,
-            client,
+            conn: Conn::Direct(conn),
+            endpoint,
             sub,
-            restarts,
+            restarts: Some(restarts),
             fast_path: AtomicBool::new(true),
         };
         Ok((node, failure))
+    }
+
+    /// The master the Sentinels name (see [`SentinelMaster`]). Its `run_id` is read at once,
+    /// so that a failover later shows as a new one.
+    ///
+    /// # Errors
+    /// As [`SentinelMaster::connect`]; credentials the master refuses.
+    pub(crate) async fn sentinel(
+        config: &RedisConfig,
+        tls: NodeTls,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let master = SentinelMaster::connect(config, tls, timeout).await?;
+        let mut conn = Conn::Sentinel(master.clone());
+        let addr = master.addr();
+        let named: redis::RedisResult<()> = tokio::time::timeout(
+            timeout,
+            redis::cmd("CLIENT")
+                .arg("SETNAME")
+                .arg(&config.client_name)
+                .query_async(&mut conn),
+        )
+        .await
+        .unwrap_or(Ok(()));
+        if let Err(err) = named {
+            return Err(RedisError::classify(&addr, err).into_lock_error("connect"));
+        }
+        let run_id = restart::run_id(&mut conn, timeout)
+            .await
+            .ok()
+            .flatten()
+            .map(|id| (id, addr.clone()));
+        let restarts = Arc::new(Restarts::sentinel(Arc::downgrade(&master), timeout, run_id));
+        let endpoint = Endpoint::Sentinel(master);
+        let sub = Subscriber::new(endpoint.clone(), addr.clone(), timeout);
+        Ok(Self {
+            addr: format!(
+                "sentinel master {:?}",
+                config.sentinel_master.as_deref().unwrap_or("")
+            ),
+            conn,
+            endpoint,
+            sub,
+            restarts: Some(restarts),
+            fast_path: AtomicBool::new(true),
+        })
+    }
+
+    /// A Redis Cluster (see [`ClusterTopology`]).
+    ///
+    /// # Errors
+    /// As [`ClusterTopology::connect`].
+    pub(crate) async fn cluster(
+        config: &RedisConfig,
+        tls: NodeTls,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let topology = ClusterTopology::connect(config, tls, timeout).await?;
+        let conn = Conn::Cluster(topology.conn.clone());
+        let addr = "cluster".to_owned();
+        let endpoint = Endpoint::Cluster(topology);
+        let sub = Subscriber::new(endpoint.clone(), addr.clone(), timeout);
+        Ok(Self {
+            addr,
+            conn,
+            endpoint,
+            sub,
+            restarts: None,
+            fast_path: AtomicBool::new(true),
+        })
+    }
+
+    /// A failure of a request: a read-only answer on a Sentinel or Cluster master means a
+    /// failover demoted it (the master is looked up again): retryable.
+    pub(crate) fn classify(&self, e: redis::RedisError) -> RedisError {
+        let mut error = RedisError::classify(&self.addr, e);
+        if error.kind == RedisErrorKind::ReadOnly && !matches!(self.conn, Conn::Direct(_)) {
+            error.kind = RedisErrorKind::Failover;
+        }
+        error
+    }
+
+    /// The cluster's topology, for a cluster node.
+    pub(crate) fn cluster_topology(&self) -> Option<&Arc<ClusterTopology>> {
+        match &self.endpoint {
+            Endpoint::Cluster(topology) => Some(topology),
+            _ => None,
+        }
     }
 
     /// One acquisition attempt. `fast`: try the script-free fast path first (see
@@ -331,7 +422,7 @@ impl Node {
         if request.kind != LockKind::Exclusive {
             return self.acquire_hold(keys, request, config, score).await;
         }
-        if fast && self.fast_path.load(Ordering::Relaxed) {
+        if fast && !config.clock_tokens && self.fast_path.load(Ordering::Relaxed) {
             match self.acquire_fast(keys, request).await {
                 Ok(Some(answer)) => return Ok(answer),
                 Ok(None) => {}
@@ -357,11 +448,57 @@ impl Node {
         .arg(if config.fair { "1" } else { "0" })
         .arg(millis(config.waiter_timeout_for(request.ttl)))
         .arg(score)
-        .arg(scripts::SEED_FLOOR)
+        .arg(seed_floor(config))
         .invoke(&mut conn)
         .await
-        .map_err(|e| RedisError::classify(&self.addr, e))?;
-        Ok(answer(acquired, value))
+        .map_err(|e| self.classify(e))?;
+        self.replicated(answer(acquired, value), keys, request, config)
+            .await
+    }
+
+    /// With [`RedisConfig::wait_replicas`]: an acquisition counts once that many replicas
+    /// acknowledged it (`WAIT` on the master's connection that ran the script); otherwise it is
+    /// given back and the attempt fails with a retryable error.
+    async fn replicated(
+        &self,
+        answer: Answer,
+        keys: &LockKeys,
+        request: &AcquireRequest,
+        config: &RedisConfig,
+    ) -> Result<Answer, RedisError> {
+        if config.wait_replicas == 0 || !matches!(answer, Answer::Acquired(_)) {
+            return Ok(answer);
+        }
+        let mut wait = Cmd::new();
+        wait.arg("WAIT")
+            .arg(config.wait_replicas)
+            .arg(millis(config.wait_timeout));
+        let acked = self
+            .conn
+            .on_master_of(&keys.lock, &wait)
+            .await
+            .and_then(|v| redis::from_redis_value::<i64>(v).map_err(redis::RedisError::from))
+            .map_err(|e| self.classify(e))?;
+        if acked >= i64::from(config.wait_replicas) {
+            return Ok(answer);
+        }
+        let _ = self
+            .release(
+                keys,
+                &request.owner,
+                config,
+                ReleaseMode::Abandon,
+                request.kind,
+            )
+            .await;
+        Err(RedisError {
+            kind: RedisErrorKind::Timeout,
+            node: self.addr.clone(),
+            source: Some(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "too few replicas acknowledged the acquisition (wait_replicas)",
+            ))),
+        })
     }
 
     /// A shared or permit acquisition attempt (see [`scripts::HOLD_ACQUIRE`]).
@@ -395,12 +532,13 @@ impl Node {
         .arg("0")
         .arg(millis(config.waiter_timeout_for(request.ttl)))
         .arg(score)
-        .arg(scripts::SEED_FLOOR)
+        .arg(seed_floor(config))
         .arg(permits_arg(request.kind))
         .invoke(&mut conn)
         .await
-        .map_err(|e| RedisError::classify(&self.addr, e))?;
-        Ok(answer(acquired, value))
+        .map_err(|e| self.classify(e))?;
+        self.replicated(answer(acquired, value), keys, request, config)
+            .await
     }
 
     /// The uncontended path without Lua (scripts cost several times a plain command on the
@@ -434,7 +572,7 @@ impl Node {
             .add_command(incr)
             .query_async(&mut conn)
             .await
-            .map_err(|e| RedisError::classify(&self.addr, e))?;
+            .map_err(|e| self.classify(e))?;
         // A permit marker in the lock key: the name is a semaphore (not an `if let` guard:
         // the declared rust-version predates them).
         let permits = previous
@@ -460,7 +598,7 @@ impl Node {
             .arg(scripts::SEED_FLOOR)
             .invoke(&mut conn)
             .await
-            .map_err(|e| RedisError::classify(&self.addr, e))?;
+            .map_err(|e| self.classify(e))?;
         Ok((token > 0).then_some(Answer::Acquired(token)))
     }
 
@@ -489,7 +627,7 @@ impl Node {
             .invoke(&mut conn)
             .await
         }
-        .map_err(|e| RedisError::classify(&self.addr, e))?;
+        .map_err(|e| self.classify(e))?;
         Ok(renewed == 1)
     }
 
@@ -532,7 +670,7 @@ impl Node {
             .invoke(&mut conn)
             .await
         }
-        .map_err(|e| RedisError::classify(&self.addr, e))?;
+        .map_err(|e| self.classify(e))?;
         Ok(released == 1)
     }
 
@@ -542,7 +680,7 @@ impl Node {
             .arg(token)
             .invoke(&mut conn)
             .await
-            .map_err(|e| RedisError::classify(&self.addr, e))?;
+            .map_err(|e| self.classify(e))?;
         Ok(())
     }
 
@@ -578,8 +716,17 @@ impl Node {
         prefix: &str,
         enough: usize,
     ) -> Result<Vec<LockName>, RedisError> {
+        self.scan_names_on(self.conn.clone(), prefix, enough).await
+    }
+
+    /// [`Self::scan_names`] on `conn` (a cluster master's own connection).
+    pub(crate) async fn scan_names_on(
+        &self,
+        mut conn: impl redis::aio::ConnectionLike,
+        prefix: &str,
+        enough: usize,
+    ) -> Result<Vec<LockName>, RedisError> {
         let pattern = crate::keys::lock_key_pattern(prefix);
-        let mut conn = self.conn.clone();
         let mut names = std::collections::BTreeSet::new();
         let mut cursor: u64 = 0;
         loop {
@@ -591,7 +738,7 @@ impl Node {
                 .arg(1000)
                 .query_async(&mut conn)
                 .await
-                .map_err(|e| RedisError::classify(&self.addr, e))?;
+                .map_err(|e| self.classify(e))?;
             names.extend(keys.iter().filter_map(|k| crate::keys::name_of_lock_key(k)));
             cursor = next;
             if cursor == 0 || names.len() >= enough {
@@ -606,7 +753,7 @@ impl Node {
     /// set (live: lease not over by the server's clock) with their tokens, in a second round
     /// trip.
     pub(crate) async fn inspect(&self, keys: &LockKeys) -> Result<Holding, RedisError> {
-        let classify = |e| RedisError::classify(&self.addr, e);
+        let classify = |e| self.classify(e);
         let mut conn = self.conn.clone();
         let (value, pttl): (Option<Vec<u8>>, i64) = redis::pipe()
             .get(&keys.lock)
@@ -657,6 +804,16 @@ type HoldersRead = (
     Vec<(String, i64)>,
     std::collections::HashMap<String, u64>,
 );
+
+/// The acquire scripts' `ARGV[7]`: [`scripts::SEED_FLOOR`], or 0 for tokens of at least the
+/// server's clock ([`RedisConfig::clock_tokens`]).
+fn seed_floor(config: &RedisConfig) -> u64 {
+    if config.clock_tokens {
+        0
+    } else {
+        scripts::SEED_FLOOR
+    }
+}
 
 /// A script's `{code, value}` answer (see [`scripts::ACQUIRE`], [`scripts::HOLD_ACQUIRE`]).
 fn answer(code: i64, value: i64) -> Answer {

@@ -16,6 +16,7 @@ use redis::{AsyncConnectionConfig, ProtocolVersion, PushInfo, PushKind};
 use tokio::sync::mpsc;
 
 use crate::keys::LockKeys;
+use crate::topology::Endpoint;
 
 /// The observer's stream for one master: yields once when tracking is active (so that a
 /// change between the observer's first read and the tracking is not missed) and on every
@@ -23,7 +24,7 @@ use crate::keys::LockKeys;
 /// on. It ends when it cannot connect or the server refuses tracking (the observer then reads
 /// at intervals).
 pub(crate) fn changes(
-    client: &redis::Client,
+    endpoint: &Endpoint,
     keys: &LockKeys,
     timeout: Duration,
 ) -> BoxStream<'static, ()> {
@@ -36,23 +37,30 @@ pub(crate) fn changes(
             pushes: mpsc::UnboundedReceiver<PushInfo>,
         },
     }
-    let info = client.get_connection_info().clone();
-    let settings = info
-        .redis_settings()
-        .clone()
-        .set_protocol(ProtocolVersion::RESP3);
-    let Ok(client) = redis::Client::open(info.set_redis_settings(settings)) else {
-        return futures::stream::empty().boxed();
-    };
     let target = Box::new(Target {
-        client,
+        endpoint: endpoint.clone(),
         prefixes: [keys.lock.clone(), keys.holders()],
         timeout,
     });
     futures::stream::unfold(State::Connect(target), |state| async move {
         match state {
             State::Connect(target) => {
-                let (conn, pushes) = track(&target).await?;
+                // A failover takes a few seconds (Sentinel, Cluster): try for that long before
+                // leaving the observer to read at intervals.
+                let tries = if matches!(target.endpoint, Endpoint::Fixed(_)) {
+                    1
+                } else {
+                    40
+                };
+                let mut tracked = None;
+                for _ in 0..tries {
+                    tracked = track(&target).await;
+                    if tracked.is_some() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                let (conn, pushes) = tracked?;
                 Some((
                     (),
                     State::Open {
@@ -88,9 +96,10 @@ pub(crate) fn changes(
     .boxed()
 }
 
-/// Where an observer's stream connects, and what it tracks.
+/// Where an observer's stream connects (the master of the name's keys, looked up at every
+/// connection: Sentinel and Cluster move it), and what it tracks.
 struct Target {
-    client: redis::Client,
+    endpoint: Endpoint,
     prefixes: [String; 2],
     timeout: Duration,
 }
@@ -99,13 +108,19 @@ struct Target {
 async fn track(
     target: &Target,
 ) -> Option<(MultiplexedConnection, mpsc::UnboundedReceiver<PushInfo>)> {
+    let client = target.endpoint.master_for(&target.prefixes[0]).await?;
+    let info = client.get_connection_info().clone();
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    let client = redis::Client::open(info.set_redis_settings(settings)).ok()?;
     let (tx, rx) = mpsc::unbounded_channel();
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(target.timeout))
         .set_response_timeout(Some(target.timeout))
         .set_push_sender(tx);
-    let mut conn = target
-        .client
+    let mut conn = client
         .get_multiplexed_async_connection_with_config(&config)
         .await
         .map_err(|e| tracing::debug!("observer connection failed: {e}"))

@@ -7,11 +7,17 @@
 //! open (subscribed to a channel nobody publishes on) only to notice when it closes; then it
 //! reconnects, reads the `run_id` again and, if it changed, bumps the node's restart epoch,
 //! which every guard of that node waits on. The task ends with the client.
+//!
+//! Sentinel: the watch reconnects to the master the Sentinels name now, so a failover shows as
+//! a new `run_id` at another address ([`LossReason::Failover`]). Cluster: one watch per master
+//! that serves guards; when it cannot reconnect and the cluster's slots show that address no
+//! longer a master (its replica took over), its guards are lost the same way.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use crate::topology::{ClusterTopology, SentinelMaster};
 use distlock_core::LossReason;
 use distlock_core::backend::unpoisoned as lock;
 use futures::StreamExt;
@@ -22,33 +28,152 @@ use tokio::task::AbortHandle;
 /// The channel the watching connection subscribes to (nothing is published on it).
 const WATCH_CHANNEL: &str = "distlock:restart-watch";
 
+/// The server a watch follows.
+#[derive(Debug)]
+enum Watched {
+    /// One master at a fixed address.
+    Fixed(redis::Client),
+    /// The master the Sentinels name now.
+    Sentinel(Weak<SentinelMaster>),
+    /// One master of a cluster, while it serves slots.
+    ClusterMaster {
+        topology: Weak<ClusterTopology>,
+        addr: String,
+        client: redis::Client,
+        /// The slots showed it a master since the watch started: its replacement loses the
+        /// guards (otherwise the map that named it was stale, and the guards look again).
+        confirmed: AtomicBool,
+    },
+}
+
+/// Where the watch connects next.
+enum Target {
+    Client(Box<redis::Client>, String),
+    /// The watched master no longer is one (a failover): its guards are lost.
+    Gone,
+    /// The backend is gone: nothing to watch.
+    Ended,
+}
+
+impl Watched {
+    /// Whether a cluster master was seen a master by this watch (always true otherwise).
+    fn confirmed(&self) -> bool {
+        match self {
+            Self::ClusterMaster { confirmed, .. } => confirmed.load(Ordering::Relaxed),
+            _ => true,
+        }
+    }
+
+    async fn target(&self, failed: bool) -> Target {
+        match self {
+            Self::Fixed(client) => Target::Client(Box::new(client.clone()), String::new()),
+            Self::Sentinel(master) => {
+                let Some(master) = master.upgrade() else {
+                    return Target::Ended;
+                };
+                if failed {
+                    master.refresh().await;
+                }
+                Target::Client(Box::new(master.client()), master.addr())
+            }
+            Self::ClusterMaster {
+                topology,
+                addr,
+                client,
+                confirmed,
+            } => {
+                let Some(topology) = topology.upgrade() else {
+                    return Target::Ended;
+                };
+                // The slots are read at every (re)connection: a stale map could name a master
+                // that a failover already replaced (now dead, or alive as a replica).
+                let _ = failed;
+                match topology.still_master(addr).await {
+                    Some(false) => Target::Gone,
+                    Some(true) => {
+                        confirmed.store(true, Ordering::Relaxed);
+                        Target::Client(Box::new(client.clone()), addr.clone())
+                    }
+                    None => Target::Client(Box::new(client.clone()), addr.clone()),
+                }
+            }
+        }
+    }
+}
+
 /// A node's restart detection.
 #[derive(Debug)]
 pub(crate) struct Restarts {
-    client: redis::Client,
+    watched: Watched,
     timeout: Duration,
-    /// The `run_id` of the server the node's locks live on; `None` until read.
-    run_id: Mutex<Option<String>>,
-    /// Bumped each time the server is found restarted.
-    epoch: watch::Sender<u64>,
+    /// The `run_id` (and address) of the server the node's locks live on; `None` until read.
+    run_id: Mutex<Option<(String, String)>>,
+    /// Bumped each time the server is found restarted or replaced, with the reason (`None`:
+    /// the watched cluster master was not the guards' master after all; they look again).
+    epoch: watch::Sender<(u64, Option<LossReason>)>,
     /// The watching task, started with the first guard.
     task: Mutex<Option<AbortHandle>>,
     /// The server does not tell its `run_id`: nothing to watch.
     blind: AtomicBool,
+    /// The watched cluster master was replaced: this watch is over.
+    gone: AtomicBool,
 }
 
 impl Restarts {
     /// Restart detection for the server `client` connects to, whose `run_id` was read at
     /// connect (`None`: not known yet; the watching task reads it).
     pub(crate) fn new(client: redis::Client, timeout: Duration, run_id: Option<String>) -> Self {
+        Self::with(
+            Watched::Fixed(client),
+            timeout,
+            run_id.map(|id| (id, String::new())),
+        )
+    }
+
+    /// The watch of the master the Sentinels name, whose `run_id` at `addr` was read at
+    /// connect (`None`: not known yet).
+    pub(crate) fn sentinel(
+        master: Weak<SentinelMaster>,
+        timeout: Duration,
+        run_id: Option<(String, String)>,
+    ) -> Self {
+        Self::with(Watched::Sentinel(master), timeout, run_id)
+    }
+
+    /// The watch of the cluster master at `addr`.
+    pub(crate) fn cluster_master(
+        topology: Weak<ClusterTopology>,
+        addr: String,
+        client: redis::Client,
+        timeout: Duration,
+    ) -> Self {
+        Self::with(
+            Watched::ClusterMaster {
+                topology,
+                addr,
+                client,
+                confirmed: AtomicBool::new(false),
+            },
+            timeout,
+            None,
+        )
+    }
+
+    fn with(watched: Watched, timeout: Duration, run_id: Option<(String, String)>) -> Self {
         Self {
-            client,
+            watched,
             timeout,
             run_id: Mutex::new(run_id),
-            epoch: watch::Sender::new(0),
+            epoch: watch::Sender::new((0, None)),
             task: Mutex::new(None),
             blind: AtomicBool::new(false),
+            gone: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the watched cluster master was replaced (its watch ended).
+    pub(crate) fn is_gone(&self) -> bool {
+        self.gone.load(Ordering::Relaxed)
     }
 
     /// Whether restarts can be watched (the server tells its `run_id`, or has not been asked).
@@ -57,9 +182,23 @@ impl Restarts {
     }
 
     /// A future that resolves with [`LossReason::ServerRestarted`] once the server is found
-    /// restarted after this call (a lock taken before a restart is gone with it). Starts the
+    /// restarted after this call (a lock taken before a restart is gone with it), or
+    /// [`LossReason::Failover`] once another server replaced it as the master. Starts the
     /// watching task if it is not running.
     pub(crate) fn lost_on_restart(self: &Arc<Self>) -> BoxFuture<'static, LossReason> {
+        let loss = self.loss();
+        Box::pin(async move {
+            match loss.await {
+                Some(reason) => reason,
+                None => std::future::pending().await,
+            }
+        })
+    }
+
+    /// As [`Self::lost_on_restart`], or `None` when the watched cluster master turned out not
+    /// to be a master when the watch started (a stale slot map named it): the caller looks
+    /// for the slot's master again.
+    pub(crate) fn loss(self: &Arc<Self>) -> BoxFuture<'static, Option<LossReason>> {
         let mut rx = self.epoch.subscribe();
         let mut task = lock(&self.task);
         if task.as_ref().is_none_or(AbortHandle::is_finished) {
@@ -67,7 +206,7 @@ impl Restarts {
         }
         Box::pin(async move {
             match rx.changed().await {
-                Ok(()) => LossReason::ServerRestarted,
+                Ok(()) => rx.borrow().1.clone(),
                 // The client is gone: nothing will tell.
                 Err(_) => std::future::pending().await,
             }
@@ -76,18 +215,31 @@ impl Restarts {
 
     /// Records the `run_id` read from the server; bumps the epoch if it differs from the
     /// one the locks were taken on.
-    fn seen(&self, run_id: String) {
+    fn seen(&self, run_id: String, addr: String) {
         let mut known = lock(&self.run_id);
-        match known.as_deref() {
-            Some(old) if old != run_id => {
-                tracing::warn!(old, new = %run_id, "the Redis server restarted: its locks are gone");
-                *known = Some(run_id);
+        match known.as_ref() {
+            Some((old, old_addr)) if *old != run_id => {
+                let reason = if *old_addr == addr {
+                    tracing::warn!(old, new = %run_id, "the Redis server restarted: its locks are gone");
+                    LossReason::ServerRestarted
+                } else {
+                    tracing::warn!(old = %old_addr, new = %addr, "a failover replaced the Redis master: its locks may be gone");
+                    LossReason::Failover
+                };
+                *known = Some((run_id, addr));
                 drop(known);
-                self.epoch.send_modify(|epoch| *epoch += 1);
+                self.lost(Some(reason));
             }
             Some(_) => {}
-            None => *known = Some(run_id),
+            None => *known = Some((run_id, addr)),
         }
+    }
+
+    fn lost(&self, reason: Option<LossReason>) {
+        self.epoch.send_modify(|(epoch, why)| {
+            *epoch += 1;
+            *why = reason;
+        });
     }
 }
 
@@ -126,11 +278,28 @@ pub(crate) async fn run_id(
 /// close. Ends when the node is gone.
 async fn watch_server(restarts: Weak<Restarts>) {
     let mut pause = Duration::from_millis(10);
+    let mut failed = false;
     loop {
         let Some(node) = restarts.upgrade() else {
             return;
         };
-        let (client, timeout) = (node.client.clone(), node.timeout);
+        let timeout = node.timeout;
+        let (client, addr) = match node.watched.target(failed).await {
+            Target::Client(client, addr) => (client, addr),
+            Target::Gone => {
+                node.gone.store(true, Ordering::Relaxed);
+                if node.watched.confirmed() {
+                    tracing::warn!(
+                        "a failover replaced a Redis Cluster master: its locks may be gone"
+                    );
+                    node.lost(Some(LossReason::Failover));
+                } else {
+                    node.lost(None);
+                }
+                return;
+            }
+            Target::Ended => return,
+        };
         let connected = async {
             let mut conn = client.get_multiplexed_async_connection().await.ok()?;
             let id = run_id(&mut conn, timeout).await.ok()?;
@@ -139,6 +308,7 @@ async fn watch_server(restarts: Weak<Restarts>) {
             Some((id, pubsub))
         };
         let Ok(Some((id, pubsub))) = tokio::time::timeout(timeout, connected).await else {
+            failed = true;
             drop(node);
             tokio::time::sleep(pause).await;
             // Short: the server's clients may take its forgotten locks as soon as it is back.
@@ -151,11 +321,13 @@ async fn watch_server(restarts: Weak<Restarts>) {
             node.blind.store(true, Ordering::Relaxed);
             return;
         };
-        node.seen(id);
+        node.seen(id, addr);
         drop(node);
         pause = Duration::from_millis(10);
         // Nothing is published on the channel: the stream ends when the connection closes.
         let mut messages = pubsub.into_on_message();
         while messages.next().await.is_some() {}
+        // Closed: ask again where the master is (Sentinel, Cluster) before reconnecting.
+        failed = true;
     }
 }

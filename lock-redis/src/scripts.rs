@@ -5,6 +5,21 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, ToRedisArgs};
 
+/// A Lua script: its `EVALSHA` digest and, for the servers that do not know it yet, its text.
+pub(crate) struct Lua {
+    script: Script,
+    code: String,
+}
+
+impl Lua {
+    pub(crate) fn new(code: &str) -> Self {
+        Self {
+            script: Script::new(code),
+            code: code.to_owned(),
+        }
+    }
+}
+
 /// The value prefix of a handoff reservation stored in the lock key: `"\0next:" + owner`. No
 /// owner value contains a NUL byte, so a reservation never equals an owner.
 pub(crate) const RESERVED_PREFIX: &str = "\0next:";
@@ -18,21 +33,23 @@ const ARGS_ROOM: usize = 192;
 ///
 /// `redis::ScriptInvocation` first copies every key and argument into a buffer of its own and
 /// then into the command: on the release script's eight arguments that was a third of the
-/// release's client CPU. The script is loaded on `NOSCRIPT` (a restarted or flushed server) and
-/// the call sent once more, as `ScriptInvocation` does.
+/// release's client CPU. On `NOSCRIPT` (a restarted, flushed or new server: a promoted
+/// replica, another cluster node) the call is sent once more as `EVAL` with the script's text,
+/// which also caches it there: one more round trip, on the node of the call's keys (a
+/// `SCRIPT LOAD` would go to every node of a cluster, and fail while one is down).
 pub(crate) struct Invocation {
-    script: &'static Script,
+    script: &'static Lua,
     cmd: Cmd,
 }
 
 impl Invocation {
     /// A call of `script` with `keys` (arguments follow with [`Self::arg`]).
-    pub(crate) fn new(script: &'static Script, keys: &[&str]) -> Self {
+    pub(crate) fn new(script: &'static Lua, keys: &[&str]) -> Self {
         // Sized up front: growing the buffer argument by argument costs more than the copy.
         let data = 64 + keys.iter().map(|k| k.len()).sum::<usize>() + ARGS_ROOM;
         let mut cmd = Cmd::with_capacity(3 + keys.len() + ARGS, data);
         cmd.arg("EVALSHA")
-            .arg(script.get_hash())
+            .arg(script.script.get_hash())
             .arg(keys.len())
             .arg(keys);
         Self { script, cmd }
@@ -44,15 +61,21 @@ impl Invocation {
         self
     }
 
-    /// Runs the call on `conn`, loading the script first if the server does not know it.
+    /// Runs the call on `conn`, sending the script's text if the server does not know it.
     pub(crate) async fn invoke<T: FromRedisValue>(
         &self,
         conn: &mut impl redis::aio::ConnectionLike,
     ) -> RedisResult<T> {
         match self.cmd.query_async(conn).await {
             Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.script.load_async(conn).await?;
-                self.cmd.query_async(conn).await
+                let mut eval = Cmd::with_capacity(8, self.script.code.len() + 256);
+                eval.arg("EVAL").arg(&self.script.code);
+                for arg in self.cmd.args_iter().skip(2) {
+                    if let redis::Arg::Simple(bytes) = arg {
+                        eval.arg(bytes);
+                    }
+                }
+                eval.query_async(conn).await
             }
             result => result,
         }
@@ -68,8 +91,8 @@ impl Invocation {
 /// ("" = the server's time in microseconds), [`SEED_FLOOR`].
 /// Returns `{1, token}` when acquired, `{0, retry_ms}` when busy (`retry_ms` < 0: unknown),
 /// `{2, permits}` when the name is a semaphore of that many permits (see [`HOLD_ACQUIRE`]).
-pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         &[
             r"
 local owner = ARGV[1]
@@ -144,9 +167,13 @@ end
 /// Lua that steps the fencing counter `KEYS[2]` into `token`, in the acquire scripts. A
 /// missing counter (first use, or a server restarted without its data) or one from before
 /// seeding (below `ARGV[7]`, [`SEED_FLOOR`]) starts again from the server's clock `t` in
-/// microseconds.
+/// microseconds. `ARGV[7]` = 0 (clock tokens, [`crate::RedisConfig::clock_tokens`]): every
+/// token is `max(counter + 1, clock + 1)`, so a promoted replica whose counter lags still
+/// continues above the old master's tokens (given clocks that agree within the failover).
 const NEXT_TOKEN: &str = r"
-if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[7]) then
+local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
+local floor = tonumber(ARGV[7])
+if fence < floor or (floor == 0 and fence < tonumber(t[1]) * 1000000 + tonumber(t[2])) then
   redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
 end
 local token = redis.call('INCR', KEYS[2])
@@ -172,8 +199,8 @@ pub(crate) const SEED_FLOOR: u64 = 1_000_000_000_000_000;
 ///
 /// KEYS: lock, fence. ARGV: owner, [`SEED_FLOOR`]. Returns the token, or 0 if the lock is no
 /// longer the owner's.
-pub(crate) static SEED: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static SEED: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
@@ -188,8 +215,8 @@ return redis.call('INCR', KEYS[2])
 });
 
 /// Owner-checked extension. KEYS: lock. ARGV: owner, ttl ms. Returns 1 or 0.
-pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -214,8 +241,8 @@ return 0
 /// the queue instead, it wakes them as [`HOLD_RELEASE`] does (reserving the free lock for the
 /// readers in the default mode), and a writer that leaves the head of the queue while readers
 /// hold wakes the readers queued behind it. Returns 1 if the lock was released, else 0.
-pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         &[
             r"
 local owner = ARGV[1]
@@ -274,8 +301,8 @@ return released
 
 /// Raises a fencing counter to at least a value (Redlock, so that every node of a later
 /// majority continues above the token just handed out). KEYS: fence. ARGV: value.
-pub(crate) static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static RAISE_FENCE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
 local want = tonumber(ARGV[1])
@@ -290,8 +317,8 @@ return cur
 
 /// The raw floor's compare-and-delete. KEYS: lock. ARGV: owner.
 #[cfg(feature = "bench")]
-pub(crate) static COMPARE_AND_DELETE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static COMPARE_AND_DELETE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
@@ -365,8 +392,8 @@ end
 ";
 
 /// `script` with [`HELPERS`] in front.
-fn with_helpers(script: &str) -> Script {
-    Script::new(&[HELPERS, script].concat())
+fn with_helpers(script: &str) -> Lua {
+    Lua::new(&[HELPERS, script].concat())
 }
 
 /// The lock key's value while readers hold the lock (its TTL covers the latest reader's
@@ -400,7 +427,7 @@ pub(crate) fn permits_marker(permits: u32) -> String {
 /// Returns `{1, token}` when acquired, `{0, retry_ms}` when busy (`retry_ms` < 0: unknown),
 /// `{2, held}` when the name is held as a kind this request can never join (`held`: -1
 /// exclusive, 0 shared, N a semaphore of N permits).
-pub(crate) static HOLD_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static HOLD_ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     with_helpers(&[
         r"
 local owner = ARGV[1]
@@ -493,8 +520,8 @@ return {1, token}
 
 /// Owner-checked extension of a shared hold or a permit. KEYS: lock, holders, tokens.
 /// ARGV: owner, ttl ms, the kind's marker. Returns 1, or 0 when the owner does not hold.
-pub(crate) static HOLD_RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static HOLD_RENEW: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 if redis.call('GET', KEYS[1]) ~= ARGV[3] then return 0 end
 local t = redis.call('TIME')
@@ -524,7 +551,7 @@ return 1
 /// mutex's release does); for a semaphore, the permit waiters whose place in the queue now
 /// fits in the free permits and did not before (one for one released permit). Returns 1 if
 /// a live hold was released (force: if any holder was live), else 0.
-pub(crate) static HOLD_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static HOLD_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     with_helpers(
         r"
 local owner = ARGV[1]

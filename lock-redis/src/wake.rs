@@ -14,6 +14,7 @@ use futures::StreamExt;
 use tokio::sync::{broadcast, oneshot};
 
 use crate::error::RedisError;
+use crate::topology::Endpoint;
 
 /// A wake-up: the published payload (the owner value of the waiter served next; empty when
 /// anybody may try, or when the connection was reset).
@@ -26,7 +27,10 @@ pub(crate) struct Subscriber {
 
 #[derive(Debug)]
 struct Inner {
-    client: redis::Client,
+    /// Where to subscribe (the master; any node of a cluster).
+    endpoint: Endpoint,
+    /// Failed connection attempts, to try the next cluster node after each.
+    failures: std::sync::atomic::AtomicUsize,
     node: String,
     timeout: Duration,
     channels: Mutex<HashMap<String, Channel>>,
@@ -52,10 +56,11 @@ struct Conn {
 }
 
 impl Subscriber {
-    pub(crate) fn new(client: redis::Client, node: String, timeout: Duration) -> Self {
+    pub(crate) fn new(endpoint: Endpoint, node: String, timeout: Duration) -> Self {
         Self {
             inner: Arc::new(Inner {
-                client,
+                endpoint,
+                failures: std::sync::atomic::AtomicUsize::new(0),
                 node,
                 timeout,
                 channels: Mutex::new(HashMap::new()),
@@ -118,10 +123,20 @@ impl Subscription {
             .is_some_and(|c| c.alive.load(std::sync::atomic::Ordering::SeqCst));
         if !live {
             *conn = None;
-            let pubsub = tokio::time::timeout(inner.timeout, inner.client.get_async_pubsub())
+            let failures = inner.failures.load(std::sync::atomic::Ordering::Relaxed);
+            let client = inner
+                .endpoint
+                .pubsub_client(failures)
+                .ok_or_else(|| RedisError::timeout(&inner.node))?;
+            let pubsub = tokio::time::timeout(inner.timeout, client.get_async_pubsub())
                 .await
-                .map_err(|_| RedisError::timeout(&inner.node))?
-                .map_err(|e| RedisError::classify(&inner.node, e))?;
+                .map_err(|_| RedisError::timeout(&inner.node))
+                .and_then(|r| r.map_err(|e| RedisError::classify(&inner.node, e)))
+                .inspect_err(|_| {
+                    inner
+                        .failures
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                })?;
             let (sink, stream) = pubsub.split();
             let generation = NEXT_GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let (shutdown, stopped) = oneshot::channel();

@@ -148,3 +148,129 @@ pub async fn wait_ready(url: &str) {
     }
     panic!("{url} did not come back");
 }
+
+/// The `redis+sentinel://` URL of the test Sentinels, or `None` (skip) when unset.
+pub fn sentinel_url(backend: &str) -> Option<String> {
+    conformance_tests::server_var(backend, "DISTLOCK_TEST_REDIS_SENTINEL_URL")
+}
+
+/// The `redis+cluster://` URL of the test cluster, or `None` (skip) when unset.
+pub fn cluster_url(backend: &str) -> Option<String> {
+    conformance_tests::server_var(backend, "DISTLOCK_TEST_REDIS_CLUSTER_URL")
+}
+
+/// The `host:port` list of a `redis+sentinel://` or `redis+cluster://` URL.
+pub fn url_hosts(url: &str) -> Vec<(String, u16)> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    let hosts = rest.split(['/', '?']).next().unwrap_or_default();
+    hosts
+        .split(',')
+        .filter_map(|h| {
+            let (host, port) = h.rsplit_once(':')?;
+            Some((host.to_owned(), port.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The data nodes of the Sentinel topology (`services.sh` names `redis-repl-<port>`).
+pub const REPL_PORTS: [u16; 3] = [16400, 16401, 16402];
+
+/// The port of the master the Sentinels of `url` name now (the first that answers).
+pub async fn sentinel_master_port(url: &str) -> u16 {
+    let master = url
+        .rsplit_once('/')
+        .map(|(_, m)| m.split('?').next().unwrap_or(m).to_owned())
+        .expect("a master name");
+    for _ in 0..100 {
+        for (host, port) in url_hosts(url) {
+            let client = redis::Client::open(format!("redis://{host}:{port}")).expect("url");
+            let ask = async {
+                let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+                redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(&master)
+                    .query_async::<Option<(String, u16)>>(&mut conn)
+                    .await
+                    .ok()
+                    .flatten()
+            };
+            if let Ok(Some((_, port))) = tokio::time::timeout(Duration::from_secs(1), ask).await {
+                return port;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no Sentinel of {url} names a master");
+}
+
+/// `redis://127.0.0.1:<port>`.
+pub fn local(port: u16) -> String {
+    format!("redis://127.0.0.1:{port}")
+}
+
+/// The role (`master`, `slave`) of the node on `port`, if it answers.
+pub async fn role(port: u16) -> Option<String> {
+    let client = redis::Client::open(local(port)).ok()?;
+    let ask = async {
+        let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut conn)
+            .await
+            .ok()?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("role:"))
+            .map(|r| r.trim().to_owned())
+    };
+    tokio::time::timeout(Duration::from_secs(1), ask)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// The port of the cluster master that serves `key` (asked of the nodes of `url`).
+pub async fn cluster_master_of(url: &str, key: &str) -> u16 {
+    let hosts = url_hosts(url);
+    for _ in 0..100 {
+        for (host, port) in &hosts {
+            let client = redis::Client::open(format!("redis://{host}:{port}")).expect("url");
+            let ask = async {
+                let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+                let slot: i64 = redis::cmd("CLUSTER")
+                    .arg("KEYSLOT")
+                    .arg(key)
+                    .query_async(&mut conn)
+                    .await
+                    .ok()?;
+                let slots: Vec<redis::Value> = redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async(&mut conn)
+                    .await
+                    .ok()?;
+                for range in slots {
+                    let redis::Value::Array(fields) = range else {
+                        continue;
+                    };
+                    let (Some(redis::Value::Int(a)), Some(redis::Value::Int(b))) =
+                        (fields.first(), fields.get(1))
+                    else {
+                        continue;
+                    };
+                    if (*a..=*b).contains(&slot)
+                        && let Some(redis::Value::Array(node)) = fields.get(2)
+                        && let Some(redis::Value::Int(p)) = node.get(1)
+                    {
+                        return u16::try_from(*p).ok();
+                    }
+                }
+                None
+            };
+            if let Ok(Some(port)) = tokio::time::timeout(Duration::from_secs(1), ask).await {
+                return port;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no node of {url} tells the master of {key}");
+}
