@@ -99,7 +99,7 @@ pub const HELD_GUARDS: &str = "distlock_held_guards";
 pub const WAITING_ACQUIRES: &str = "distlock_waiting_acquires";
 
 /// The values of the `reason` label of [`LOSSES`], in the order of [`LossReason`]'s variants.
-pub const LOSS_REASONS: [&str; 7] = [
+pub const LOSS_REASONS: [&str; 8] = [
     "renewal_rejected",
     "lease_expired",
     "connection_lost",
@@ -107,6 +107,7 @@ pub const LOSS_REASONS: [&str; 7] = [
     "released_elsewhere",
     "hold_limit_reached",
     "server_restarted",
+    "failover",
 ];
 
 /// The values of the `result` label of [`RELEASES`].
@@ -162,6 +163,7 @@ fn loss_index(reason: &LossReason) -> usize {
         LossReason::ReleasedElsewhere => 4,
         LossReason::HoldLimitReached => 5,
         LossReason::ServerRestarted => 6,
+        LossReason::Failover => 7,
     }
 }
 
