@@ -797,22 +797,25 @@ wait_ready() {
   local name=$1 t0 deadline pid
   t0=$(now_ms)
   deadline=$((t0 + READY_TIMEOUT * 1000))
+  local reason
   while :; do
     if probe "$name"; then
+      # The setup can fail while a just-restarted server is still settling (etcd-tls refused
+      # root's password once, 2026-11-26, right after a restart): tried again until the deadline.
       if post_ready "$name"; then
         log "$name ready ($(($(now_ms) - t0)) ms)"
         return 0
       fi
-      log "$name answers but its setup (database distlock) failed"
-      break
+      reason="$name answers but its setup (users, database distlock) failed"
+    else
+      reason="$name did not answer within ${READY_TIMEOUT} s"
     fi
     pid=$(recorded_pid "$name" || true)
     if [[ -z $pid ]] || ! pid_alive "$pid"; then
-      log "$name: process ${pid:-?} exited before answering"
+      reason="$name: process ${pid:-?} exited before answering"
       break
     fi
     if (($(now_ms) > deadline)); then
-      log "$name did not answer within ${READY_TIMEOUT} s"
       break
     fi
     sleep 0.05
@@ -820,6 +823,8 @@ wait_ready() {
   log "---- last lines of $(log_file "$name") ----"
   tail -n 30 "$(log_file "$name")" >&2 || true
   log "----"
+  # Last, where a caller that keeps only the tail of this output sees it.
+  log "$reason"
   return 1
 }
 
