@@ -353,8 +353,9 @@ where
 }
 
 /// As [`transient`], with the attempt's error unmapped and whether an earlier attempt went
-/// unanswered (it may have been applied before the one that answered). A failed attempt that
-/// may come from a dead member (no answer, or no connection) is reported to `members`.
+/// unanswered or failed after it was sent (it may have been applied before the one that
+/// answered). A failed attempt that may come from a dead member (no answer, no connection, a
+/// broken one) is reported to `members`.
 pub(crate) async fn attempts<T, F, Fut>(
     what: &str,
     repeatable: fn(&etcd_client::Error) -> bool,
@@ -381,6 +382,11 @@ where
                     Ok(Ok(answer)) => Ok(answer),
                     Ok(Err(err)) => {
                         if not_sent(&err) {
+                            members.suspect();
+                        } else if retryable(&err) {
+                            // Sent, then the connection failed (`transport error`, seen when
+                            // the leader was killed): it may have been applied.
+                            unanswered.store(true, std::sync::atomic::Ordering::Relaxed);
                             members.suspect();
                         }
                         Err(AttemptError::Client(err))

@@ -10,7 +10,7 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use tracing::debug;
 
 use crate::backend::Shared;
-use crate::error::{attempts, not_sent};
+use crate::error::{attempts, retryable};
 use crate::keys::QueueKey;
 use crate::session::LeaseSlot;
 
@@ -40,8 +40,10 @@ impl EtcdLease {
     async fn delete_ours(&self, what: &str) -> Result<bool> {
         let key = &self.key.key;
         // Compared on our key's create revision, which no later key can have: safe to send
-        // again after an unanswered attempt.
-        let (resp, unanswered) = attempts(what, not_sent, &self.shared.members, || {
+        // again after an unanswered attempt or any transport failure (CI, 2026-11-26: a
+        // release sent as the leader died failed with `transport error (Unknown)`, and the
+        // waiter then waited out the ttl).
+        let (resp, unanswered) = attempts(what, retryable, &self.shared.members, || {
             let mut kv = self.shared.client.kv_client();
             let txn = Txn::new()
                 .when([Compare::create_revision(
