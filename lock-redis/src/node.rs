@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use distlock_core::tls::TlsMaterial;
 use distlock_core::{AcquireRequest, AttemptMode, Error, LockKind, LockName, Result};
@@ -33,6 +33,58 @@ pub(crate) struct Node {
     /// Whether the server takes `SET ... NX GET` (Redis >= 7.0); cleared at the first
     /// refusal, after which every acquisition runs the script.
     pub(crate) fast_path: AtomicBool,
+    /// Locks whose fast path this client saw refused lately.
+    pub(crate) contended: Contended,
+}
+
+/// The locks whose fast path was refused (held, reserved or queued) within the last
+/// [`Self::WINDOW`]: their acquisitions go straight to the script. A refused fast path costs
+/// a round trip and burns a fencing counter value, so on a contended lock it doubled both the
+/// round trips of an acquisition and the counter's growth (13,099 values for 6,550
+/// acquisitions in an independent benchmark); an uncontended lock keeps the fast path.
+#[derive(Debug, Default)]
+pub(crate) struct Contended {
+    seen: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
+}
+
+impl Contended {
+    /// How long a refusal sends a lock's acquisitions to the script.
+    const WINDOW: Duration = Duration::from_secs(1);
+    /// The most locks remembered: past it, the expired entries go (all of them if none has).
+    const MAX: usize = 1024;
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Instant>> {
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the fast path of `key` was refused within the window.
+    pub(crate) fn lately(&self, key: &str) -> bool {
+        self.seen()
+            .get(key)
+            .is_some_and(|at| at.elapsed() < Self::WINDOW)
+    }
+
+    /// Records a refused fast path of `key`.
+    pub(crate) fn refused(&self, key: &str) {
+        let mut seen = self.seen();
+        if seen.len() >= Self::MAX && !seen.contains_key(key) {
+            seen.retain(|_, at| at.elapsed() < Self::WINDOW);
+            if seen.len() >= Self::MAX {
+                seen.clear();
+            }
+        }
+        seen.insert(key.to_owned(), Instant::now());
+    }
+
+    /// Forgets `key` (its fast path succeeded).
+    pub(crate) fn cleared(&self, key: &str) {
+        let mut seen = self.seen();
+        if !seen.is_empty() {
+            seen.remove(key);
+        }
+    }
 }
 
 /// How `rediss://` nodes verify their server and present themselves: read once per backend
@@ -317,6 +369,7 @@ impl Node {
             sub,
             restarts: Some(restarts),
             fast_path: AtomicBool::new(true),
+            contended: Contended::default(),
         };
         Ok((node, failure))
     }
@@ -364,6 +417,7 @@ impl Node {
             sub,
             restarts: Some(restarts),
             fast_path: AtomicBool::new(true),
+            contended: Contended::default(),
         })
     }
 
@@ -388,6 +442,7 @@ impl Node {
             sub,
             restarts: None,
             fast_path: AtomicBool::new(true),
+            contended: Contended::default(),
         })
     }
 
@@ -422,10 +477,21 @@ impl Node {
         if request.kind != LockKind::Exclusive {
             return self.acquire_hold(keys, request, config, score).await;
         }
-        if fast && !config.clock_tokens && self.fast_path.load(Ordering::Relaxed) {
+        if fast
+            && !config.clock_tokens
+            && self.fast_path.load(Ordering::Relaxed)
+            && !self.contended.lately(&keys.lock)
+        {
             match self.acquire_fast(keys, request).await {
-                Ok(Some(answer)) => return Ok(answer),
-                Ok(None) => {}
+                Ok(Some(answer)) => {
+                    if matches!(answer, Answer::Acquired(_)) {
+                        self.contended.cleared(&keys.lock);
+                    } else {
+                        self.contended.refused(&keys.lock);
+                    }
+                    return Ok(answer);
+                }
+                Ok(None) => self.contended.refused(&keys.lock),
                 Err(err) if err.kind == RedisErrorKind::Unsupported => {
                     tracing::debug!(node = %self.addr, "SET NX GET refused (Redis < 7.0): acquiring by script only");
                     self.fast_path.store(false, Ordering::Relaxed);
@@ -846,4 +912,31 @@ pub(crate) async fn within<T>(
     tokio::time::timeout(timeout, fut)
         .await
         .unwrap_or_else(|_| Err(RedisError::timeout(&node.addr)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Contended;
+
+    #[test]
+    fn a_refused_fast_path_is_remembered_until_it_succeeds() {
+        let contended = Contended::default();
+        assert!(!contended.lately("a"));
+        contended.refused("a");
+        assert!(contended.lately("a"));
+        assert!(!contended.lately("b"));
+        contended.cleared("a");
+        assert!(!contended.lately("a"));
+    }
+
+    #[test]
+    fn the_memory_is_bounded() {
+        let contended = Contended::default();
+        for i in 0..Contended::MAX * 3 {
+            contended.refused(&i.to_string());
+            assert!(contended.seen().len() <= Contended::MAX);
+        }
+        // The newest one is always remembered.
+        assert!(contended.lately(&(Contended::MAX * 3 - 1).to_string()));
+    }
 }
