@@ -8,16 +8,16 @@ use distlock_core::backend::{Retries, RetryPolicy, spawn_cleanup};
 use distlock_core::{Acquired, Attempt, AttemptMode, Error, FencingToken, LockKind, Result, Step};
 use etcd_client::{
     Compare, CompareOp, GetOptions, GetResponse, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, WatchStream,
+    TxnOpResponse,
 };
-use tracing::debug;
+use tracing::{debug, trace};
 
 use crate::backend::Shared;
 use crate::error::{lease_not_found, map_err, protocol};
 use crate::keys::{self, QueueKey, key_string};
 use crate::lease::EtcdLease;
 use crate::session::LeaseSlot;
-use crate::wake::{Blocker, next_event, sleep_until};
+use crate::wake::{Blocker, Watch, Woken, next_event, sleep_until};
 
 pub(crate) fn token(revision: i64) -> FencingToken {
     FencingToken::new(u64::try_from(revision).unwrap_or(0))
@@ -39,8 +39,8 @@ pub(crate) struct EtcdAttempt {
     pub(crate) rev: Option<i64>,
     /// What to watch (the key or keys that block us) and the revision to watch from.
     pub(crate) watch_target: Option<(Blocker, i64)>,
-    /// What is watched, the stream, and the revision the watch started after.
-    pub(crate) watch: Option<(Blocker, WatchStream, i64)>,
+    /// The watch of `watch_target`'s blocker (or of an earlier one, until replaced).
+    pub(crate) watch: Option<Watch>,
 }
 
 impl EtcdAttempt {
@@ -63,7 +63,7 @@ impl EtcdAttempt {
         rev: i64,
         lease_started: Instant,
     ) -> Step {
-        self.watch = None;
+        self.park_watch();
         let lease = EtcdLease {
             shared: self.shared.clone(),
             slot,
@@ -72,6 +72,13 @@ impl EtcdAttempt {
             rev,
         };
         Step::Acquired(Acquired::new(Box::new(lease), token(rev)).with_lease_started(lease_started))
+    }
+
+    /// Hands our watch, if any, to the client's idle watches for the next wait on its key.
+    pub(crate) fn park_watch(&mut self) {
+        if let Some(watch) = self.watch.take() {
+            self.shared.watches.park(watch);
+        }
     }
 
     pub(crate) fn put_op(&self, slot: &LeaseSlot) -> TxnOp {
@@ -216,6 +223,7 @@ impl EtcdAttempt {
     /// `acquire`, first step: join the queue and learn the predecessor in one transaction (for
     /// a reader, the latest writer; see `kinds.rs` for permits).
     async fn poll_enqueue(&mut self) -> Result<Option<Step>> {
+        trace!(target: "distlock_etcd::wait", me = %self.key.key, "enqueue");
         let slot = self.shared.fresh_slot(self.ttl).await?;
         let lease_started = slot.refreshed();
         let last = self.blockers(
@@ -232,8 +240,12 @@ impl EtcdAttempt {
             return Ok(None);
         };
         match gets[0].kvs().first() {
-            None => Ok(Some(self.acquired(slot, revision, lease_started))),
+            None => {
+                trace!(target: "distlock_etcd::wait", me = %self.key.key, "enqueued: head");
+                Ok(Some(self.acquired(slot, revision, lease_started)))
+            }
             Some(pred) => {
+                trace!(target: "distlock_etcd::wait", me = %self.key.key, rev = revision, pred = %key_string(pred.key()), "queued behind");
                 self.rev = Some(revision);
                 // Held as a semaphore: the abandon that follows the error removes our key.
                 self.check_kind(pred.key())?;
@@ -278,13 +290,15 @@ impl EtcdAttempt {
             self.rev = None;
             return Ok(None);
         };
-        if slot.refreshed().elapsed() >= slot.ttl / 10
-            && !slot
+        if slot.refreshed().elapsed() >= slot.ttl / 10 {
+            trace!(target: "distlock_etcd::wait", me = %self.key.key, "position: keepalive first");
+            if !slot
                 .keep_alive(&self.shared.client, &self.shared.members, Instant::now())
                 .await?
-        {
-            self.rev = None;
-            return Ok(None);
+            {
+                self.rev = None;
+                return Ok(None);
+            }
         }
         Ok(Some(slot))
     }
@@ -300,6 +314,7 @@ impl EtcdAttempt {
         // every earlier key is gone for good (create revisions never come back). A lagging
         // snapshot (our key not in it yet, or a predecessor that may be gone meanwhile) is
         // confirmed by a linearizable read.
+        trace!(target: "distlock_etcd::wait", me = %self.key.key, rev, "position poll");
         let mut resp = self.position_txn(rev, true).await?;
         let head = resp.succeeded()
             && matches!(
@@ -307,12 +322,13 @@ impl EtcdAttempt {
                 Some(TxnOpResponse::Get(get)) if get.kvs().is_empty()
             );
         if !head {
+            trace!(target: "distlock_etcd::wait", me = %self.key.key, rev, "position: linearizable read");
             resp = self.position_txn(rev, false).await?;
         }
         if !resp.succeeded() {
             debug!(name = %self.name, "our queue key vanished; queueing again");
             self.rev = None;
-            self.watch = None;
+            self.park_watch();
             self.watch_target = None;
             return Ok(None);
         }
@@ -322,8 +338,12 @@ impl EtcdAttempt {
             _ => return Err(protocol("a transaction answered without its read")),
         };
         match kvs.first() {
-            None => Ok(Some(self.acquired(slot, rev, lease_started))),
+            None => {
+                trace!(target: "distlock_etcd::wait", me = %self.key.key, rev, "position: head");
+                Ok(Some(self.acquired(slot, rev, lease_started)))
+            }
             Some(pred) => {
+                trace!(target: "distlock_etcd::wait", me = %self.key.key, rev, at = revision, pred = %key_string(pred.key()), "position: behind");
                 let blocker = Blocker::deletion(key_string(pred.key()));
                 self.watch_target = Some((blocker, revision + 1));
                 Ok(Some(Step::busy(None)))
@@ -373,12 +393,19 @@ impl Attempt for EtcdAttempt {
     async fn changed(&mut self) {
         loop {
             if let Some((pred, from)) = self.watch_target.clone() {
-                if self.watch.as_ref().is_none_or(|(k, _, _)| *k != pred) {
-                    self.watch = None;
+                if self.watch.as_ref().is_none_or(|w| w.blocker != pred) {
+                    self.park_watch();
+                    self.watch = self.shared.watches.take(&pred);
+                    if self.watch.is_some() {
+                        trace!(target: "distlock_etcd::wait", me = %self.key.key, key = %pred.key, from, "watch reused");
+                    }
+                }
+                if self.watch.is_none() {
                     // From "now", not from `from`: a watch that starts in the past is served by
                     // etcd's catch-up loop, which runs every 100 ms. The gap between our read
                     // and the watch's start is closed below by polling once more.
                     let options = pred.options();
+                    trace!(target: "distlock_etcd::wait", me = %self.key.key, key = %pred.key, from, "watch opening");
                     match self
                         .shared
                         .client
@@ -391,7 +418,13 @@ impl Attempt for EtcdAttempt {
                                 // No revision (never seen): trust the watch; the core's
                                 // backoff maximum bounds a missed gap, a re-poll loop would not.
                                 let start = header_revision(created.header()).unwrap_or(0);
-                                self.watch = Some((pred, stream, start));
+                                trace!(target: "distlock_etcd::wait", me = %self.key.key, start, from, "watch created");
+                                self.watch = Some(Watch {
+                                    blocker: pred,
+                                    stream,
+                                    start,
+                                    kept: false,
+                                });
                             }
                             // Anything else (an event, an error, the end): poll again.
                             _ => return,
@@ -404,8 +437,9 @@ impl Attempt for EtcdAttempt {
                         }
                     }
                 }
-                if let Some((_, _, start)) = &self.watch
-                    && from <= *start
+                // A reused watch started before our read: it misses nothing.
+                if let Some(watch) = &self.watch
+                    && from <= watch.start
                 {
                     // The predecessor may have gone between our read and the watch's start.
                     return;
@@ -413,20 +447,35 @@ impl Attempt for EtcdAttempt {
             }
             // While queued, our key lives on the client's lease: keep it alive.
             let keepalive_at = self.slot.as_ref().map(|s| s.refreshed() + s.ttl / 3);
+            let from = self.watch_target.as_ref().map_or(0, |(_, from)| *from);
             tokio::select! {
-                event = next_event(&mut self.watch) => match event {
-                    Some(true) => {
+                event = next_event(&mut self.watch, from) => match event {
+                    Woken::Changed => {
+                        trace!(target: "distlock_etcd::wait", me = %self.key.key, "watch: deleted");
+                        self.park_watch();
+                        self.watch_target = None;
+                        return;
+                    }
+                    Woken::Nothing => {}
+                    Woken::Cancelled => {
                         self.watch = None;
                         self.watch_target = None;
                         return;
                     }
-                    Some(false) => {}
-                    None => {
-                        self.watch = None;
+                    Woken::Failed => {
+                        debug!("the watch stream failed");
+                        let kept = self.watch.take().is_some_and(|w| w.kept);
                         self.watch_target = None;
+                        if kept {
+                            // One kept idle while its member went down, perhaps: poll again
+                            // at once, and a new watch replaces it. (A new one that fails
+                            // is left to the core's backoff.)
+                            return;
+                        }
                     }
                 },
                 () = sleep_until(keepalive_at) => {
+                    trace!(target: "distlock_etcd::wait", me = %self.key.key, "queued keepalive");
                     if let Some(slot) = &self.slot {
                         match slot.keep_alive(&self.shared.client, &self.shared.members, Instant::now()).await {
                             Ok(true) => {}

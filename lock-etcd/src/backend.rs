@@ -28,6 +28,7 @@ use crate::keys;
 use crate::keys::{KeyPool, QueueKey};
 use crate::members::{self, Members, Prober};
 use crate::session::LeaseSlot;
+use crate::wake::IdleWatches;
 
 /// The shortest lease etcd grants with its default heartbeat settings (shorter requests are
 /// silently raised to it).
@@ -60,6 +61,8 @@ pub(crate) struct Shared {
     pub(crate) checks: OnceLock<mpsc::UnboundedSender<KeyCheck>>,
     /// The queue keys this client uses, per name.
     pub(crate) keys: KeyPool,
+    /// Watches kept for the next wait on the same key (see `wake.rs`).
+    pub(crate) watches: IdleWatches,
     /// Where requests report a member that does not answer or connect.
     pub(crate) members: Members,
     /// Takes such members out of the client's balancer while they are down.
@@ -162,6 +165,7 @@ impl EtcdBackend {
                 leases: tokio::sync::Mutex::default(),
                 checks: OnceLock::new(),
                 keys: KeyPool::new(),
+                watches: IdleWatches::default(),
             }),
         }
     }

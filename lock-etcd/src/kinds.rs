@@ -315,7 +315,7 @@ impl EtcdAttempt {
         if !resp.succeeded() {
             debug!(name = %self.name, "our semaphore key vanished; queueing again");
             self.rev = None;
-            self.watch = None;
+            self.park_watch();
             self.watch_target = None;
             return Ok(None);
         }

@@ -82,7 +82,10 @@ impl Lease for EtcdLease {
     }
 
     async fn release(&self) -> Result<()> {
-        if !self.delete_ours("releasing").await? {
+        tracing::trace!(target: "distlock_etcd::wait", key = %self.key.key, "release sent");
+        let deleted = self.delete_ours("releasing").await?;
+        tracing::trace!(target: "distlock_etcd::wait", key = %self.key.key, "release answered");
+        if !deleted {
             return Err(Error::not_held(&self.name));
         }
         Ok(())

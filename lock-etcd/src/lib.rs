@@ -47,6 +47,13 @@
 //! transaction that our key is still ours and that no key with a lower `create_revision`
 //! remains. Waiters are therefore served in `create_revision` order (FIFO) and each one watches
 //! only its predecessor (no thundering herd). While queued, the attempt keeps the lease alive.
+//! Watches are kept and reused: etcd starts a watch "from now" at the revision it read just
+//! before registering it, and a write committed in between leaves the watch *unsynced*, fed
+//! only by a catch-up loop that runs every 100 ms, so a watch opened per wait sometimes missed
+//! a handoff by up to 100 ms under contention. A client keeps a watch idle for 2 s after its
+//! wait; the next wait on the same key (in a busy queue, usually the same predecessor, whose
+//! client reuses its key) takes it back, long since synced, and tells old events from new ones
+//! by revision.
 //! `try_acquire` is one transaction that puts the key only if the name's whole range is empty
 //! (nobody holds or waits), so it never leaves a queue entry. An abandoned attempt (timeout,
 //! cancellation, error) deletes its key, also one whose put answer was lost (same key).

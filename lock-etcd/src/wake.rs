@@ -1,7 +1,23 @@
 //! What wakes a waiter: a watch on the key(s) ahead of it that block it, or the deadline.
+//!
+//! **Watches are reused.** etcd (3.4 to 3.6) starts a watch "from now" at the revision it read
+//! just before registering it; a write that commits in between leaves the new watcher
+//! *unsynced*, and an unsynced watcher gets its events only from the catch-up loop, which runs
+//! every 100 ms. Under contention writes are constant, so some watches opened per wait missed
+//! the handoff by up to 100 ms (measured: 4 clients on one name, a waiter's deletion event
+//! 58 ms after the delete was answered, `etcd_debugging_mvcc_slow_watcher_total` non-zero
+//! in 6 of 132 samples). A watch that woke its waiter (or that the waiter no longer needs) is
+//! therefore kept idle by the client for [`WATCH_IDLE`]: the next wait for the same key
+//! takes it back, long since synced, instead of opening another. Its old events are told
+//! apart by revision (only changes at or after the waiter's read wake it). Only single-key
+//! deletion watches are kept: those are the mutex's and reader's, whose key (reused by its
+//! client, see `keys.rs`) is usually the same predecessor round after round.
 
-use std::time::Instant;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
 
+use distlock_core::backend::unpoisoned as lock;
 use etcd_client::{EventType, WatchFilterType, WatchOptions, WatchStream};
 
 /// What a waiting attempt watches: the one key (or, for the first permit waiter, the name's
@@ -40,22 +56,136 @@ impl Blocker {
     }
 }
 
-/// The next watch answer: `Some(true)` for a deletion (or a cancelled watch, or a put where
-/// the blocker's puts wake), `Some(false)` for anything else, `None` when the stream failed.
-/// Never resolves without a watch.
-pub(crate) async fn next_event(watch: &mut Option<(Blocker, WatchStream, i64)>) -> Option<bool> {
-    let Some((blocker, stream, _)) = watch else {
+/// A watch: what it watches, its stream, and the revision it started after.
+pub(crate) struct Watch {
+    pub(crate) blocker: Blocker,
+    pub(crate) stream: WatchStream,
+    pub(crate) start: i64,
+    /// Whether it was kept idle before (see [`IdleWatches`]).
+    pub(crate) kept: bool,
+}
+
+/// What a watch answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Woken {
+    /// A change that may unblock the waiter: poll again. The watch is still good.
+    Changed,
+    /// Nothing for this waiter (an older change, or a put it does not care about).
+    Nothing,
+    /// The server cancelled the watch: poll again, with a new one.
+    Cancelled,
+    /// The stream failed or ended.
+    Failed,
+}
+
+/// The next watch answer for a waiter whose read was at revision `from - 1`: a deletion (or a
+/// put where the blocker's puts wake) at `from` or later is [`Woken::Changed`]. Never resolves
+/// without a watch.
+pub(crate) async fn next_event(watch: &mut Option<Watch>, from: i64) -> Woken {
+    let Some(Watch {
+        blocker, stream, ..
+    }) = watch
+    else {
         return std::future::pending().await;
     };
     match stream.message().await {
-        Ok(Some(resp)) => Some(
-            resp.canceled()
-                || resp
-                    .events()
-                    .iter()
-                    .any(|e| blocker.puts || e.event_type() == EventType::Delete),
-        ),
-        Ok(None) | Err(_) => None,
+        Ok(Some(resp)) if resp.canceled() => Woken::Cancelled,
+        Ok(Some(resp)) => {
+            let wakes = resp.events().iter().any(|e| {
+                (blocker.puts || e.event_type() == EventType::Delete)
+                    && e.kv().is_none_or(|kv| kv.mod_revision() >= from)
+            });
+            if wakes {
+                Woken::Changed
+            } else {
+                Woken::Nothing
+            }
+        }
+        Ok(None) | Err(_) => Woken::Failed,
+    }
+}
+
+/// How long a client keeps a watch nobody waits on, for the next wait on the same key.
+pub(crate) const WATCH_IDLE: Duration = Duration::from_secs(2);
+
+/// The most idle watches a client keeps (the oldest goes first).
+pub(crate) const IDLE_WATCHES: usize = 64;
+
+/// The idle watches of one client, kept for reuse (see the module's documentation); each is
+/// dropped (and so cancelled on the server) after [`WATCH_IDLE`] unused.
+#[derive(Clone, Default)]
+pub(crate) struct IdleWatches {
+    inner: Arc<StdMutex<IdleSet>>,
+}
+
+#[derive(Default)]
+struct IdleSet {
+    watches: VecDeque<(Watch, Instant)>,
+    /// Whether a task is sweeping out expired watches.
+    sweeping: bool,
+}
+
+impl IdleSet {
+    /// Takes out the expired watches, for the caller to drop outside the lock.
+    fn expired(&mut self) -> Vec<Watch> {
+        let mut gone = Vec::new();
+        while self
+            .watches
+            .front()
+            .is_some_and(|(_, since)| since.elapsed() >= WATCH_IDLE)
+        {
+            gone.extend(self.watches.pop_front().map(|(w, _)| w));
+        }
+        gone
+    }
+}
+
+impl IdleWatches {
+    /// An idle watch of `blocker`, if the client keeps one.
+    pub(crate) fn take(&self, blocker: &Blocker) -> Option<Watch> {
+        let mut set = lock(&self.inner);
+        let _expired = set.expired();
+        let at = set
+            .watches
+            .iter()
+            .rposition(|(w, _)| w.blocker == *blocker)?;
+        set.watches.remove(at).map(|(w, _)| w)
+    }
+
+    /// Keeps `watch` for the next wait on its key, if it is a kind worth keeping.
+    pub(crate) fn park(&self, mut watch: Watch) {
+        watch.kept = true;
+        if watch.blocker.prefix || watch.blocker.puts {
+            return; // dropped: only single-key deletion watches are kept
+        }
+        let mut set = lock(&self.inner);
+        let mut gone = set.expired();
+        if set.watches.len() >= IDLE_WATCHES {
+            gone.extend(set.watches.pop_front().map(|(w, _)| w));
+        }
+        set.watches.push_back((watch, Instant::now()));
+        if !set.sweeping
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            set.sweeping = true;
+            let weak = Arc::downgrade(&self.inner);
+            runtime.spawn(async move {
+                loop {
+                    tokio::time::sleep(WATCH_IDLE).await;
+                    let Some(inner) = weak.upgrade() else { return };
+                    let mut set = lock(&inner);
+                    let gone = set.expired();
+                    if set.watches.is_empty() {
+                        set.sweeping = false;
+                        return;
+                    }
+                    drop(set);
+                    drop(gone);
+                }
+            });
+        }
+        drop(set);
+        drop(gone);
     }
 }
 
