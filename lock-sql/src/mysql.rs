@@ -46,7 +46,8 @@ fn statements(table: &str) -> (Sql, Arc<str>, WakeSql, HolderSql) {
     );
     // Assignments run left to right and see earlier ones, so the decision is taken once, into
     // a session variable, before any column changes; `cleared` is what `next_since` becomes
-    // on a take (after `version`, so that it sees the new version).
+    // on a take (after `version`, so that it sees the new version). LAST_INSERT_ID reports
+    // the outcome: the new version when taken, 0 when refused (1 for a new row).
     let take = |cleared: &str| {
         format!(
             "INSERT INTO {t} (name, owner, version, expires_at) \
@@ -54,7 +55,7 @@ fn statements(table: &str) -> (Sql, Arc<str>, WakeSql, HolderSql) {
              ON DUPLICATE KEY UPDATE \
              version = IF(@distlock_take := ((owner IS NULL OR owner = VALUES(owner) OR expires_at <= {NOW}) \
                AND (next_owner IS NULL OR next_owner = VALUES(owner) OR next_expires <= {NOW})), \
-               LAST_INSERT_ID(version + 1), version), \
+               LAST_INSERT_ID(version + 1), version + LAST_INSERT_ID(0)), \
              owner = IF(@distlock_take, VALUES(owner), owner), \
              expires_at = IF(@distlock_take, VALUES(expires_at), expires_at), \
              next_owner = IF(@distlock_take, NULL, next_owner), \
@@ -452,16 +453,39 @@ impl MyDb {
             Ok(done) => done,
             Err(err) => return hot.finish(Err(err)),
         };
-        if done.rows_affected() == 2 && done.last_insert_id() > 1 {
-            // Taken (an existing row): its connection holds the wake lock until the release.
-            if let Some(hot) = hot.into_hot() {
-                self.wake.pin(name, owner, hot.into_pooled(), slot);
+        match answer(&done) {
+            Answer::Taken(version) => {
+                // An existing row: its connection holds the wake lock until the release.
+                if let Some(hot) = hot.into_hot() {
+                    self.wake.pin(name, owner, hot.into_pooled(), slot);
+                }
+                Ok(Some(version))
             }
-            return Ok(i64::try_from(done.last_insert_id()).ok());
+            Answer::Refused => hot.finish(Ok(None)),
+            // A new row (no wake lock was taken), or an answer to check.
+            Answer::Ask => {
+                let result = self.check(hot.conn(), name, owner).await;
+                hot.finish(result)
+            }
         }
-        // Not taken, or a new row inserted: no wake lock was taken.
-        let result = self.check(hot.conn(), name, owner).await;
-        hot.finish(result)
+    }
+}
+
+/// What a take's answer says.
+enum Answer {
+    /// An existing row was taken (2 rows affected); LAST_INSERT_ID carries the new version.
+    Taken(i64),
+    /// The row was left alone (found, unchanged) and LAST_INSERT_ID set to 0.
+    Refused,
+    /// A new row was inserted (LAST_INSERT_ID 1), or anything else: read the row.
+    Ask,
+}
+
+fn answer(done: &sqlx::mysql::MySqlQueryResult) -> Answer {
+    match (done.rows_affected(), i64::try_from(done.last_insert_id())) {
+        (2, Ok(version)) if version > 0 => Answer::Taken(version),
+        (1, Ok(0)) => Answer::Refused,
+        _ => Answer::Ask,
     }
 }
 
@@ -493,13 +517,14 @@ impl Db for MyDb {
             Ok(done) => done,
             Err(err) => return hot.keep(Err(err)),
         };
-        // 2: an existing row was taken (LAST_INSERT_ID carries the new version); 1: a new row was
-        // inserted, or the row was left alone (found, unchanged): ask.
-        if done.rows_affected() == 2 && done.last_insert_id() > 1 {
-            return hot.keep(Ok(i64::try_from(done.last_insert_id()).ok()));
+        match answer(&done) {
+            Answer::Taken(version) => hot.keep(Ok(Some(version))),
+            Answer::Refused => hot.keep(Ok(None)),
+            Answer::Ask => {
+                let result = self.check(hot.conn(), name, owner).await;
+                hot.keep(result)
+            }
         }
-        let result = self.check(hot.conn(), name, owner).await;
-        hot.keep(result)
     }
 
     async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {
