@@ -56,7 +56,11 @@
 //!   ([`WakeUp::Event`](distlock_core::WakeUp::Event)). Its taking statement wakes the other waiters, so the next one
 //!   claims the reservation (a claim returns whether the lock is free by then, so a release
 //!   between a waiter's read and its claim is not missed). A lost notification (listener
-//!   reconnect) wakes everybody; the core's backoff maximum is the safety net.
+//!   reconnect) wakes everybody; the core's backoff maximum is the safety net. The
+//!   releasing and reserving statements commit without waiting for their WAL flush
+//!   (`synchronous_commit` off for that transaction only): neither needs to survive a
+//!   database crash on its own (a lost release leaves the lock held until its lease ends), and
+//!   the next take commits synchronously, which flushes them with it.
 //! - **MySQL/MariaDB wake locks**: a take of an existing row also takes a user-level lock,
 //!   the holder's *wake lock* (`GET_LOCK('distlock:<hash of table and name>:<version>', 0)`,
 //!   in the same statement), and its connection stays with the lease until the release, which
