@@ -21,8 +21,22 @@ pub(crate) struct CliBenchArgs {
     #[arg(long)]
     metrics: bool,
 
+    /// The tokio runtime the clients run on: multi-thread (what `#[tokio::main]` gives) or
+    /// current-thread (one thread for every client and the harness). The report names it.
+    #[arg(long, value_enum, default_value = "multi-thread")]
+    pub(crate) runtime: Flavor,
+
     #[command(flatten)]
     bench: BenchArgs,
+}
+
+/// `--runtime`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Flavor {
+    /// tokio's multi-thread runtime, one worker per core.
+    MultiThread,
+    /// tokio's current-thread runtime.
+    CurrentThread,
 }
 
 pub(crate) async fn bench(args: CliBenchArgs) -> Result<u8, Failure> {
@@ -95,11 +109,49 @@ fn with_floor(target: Target, url: &str) -> Target {
     else {
         return target;
     };
+    let target = target.with_floor({
+        let url = url.to_owned();
+        move || {
+            let url = url.clone();
+            async move { floor(backend, &url).await }
+        }
+    });
+    if !has_contended_floor(backend) {
+        return target;
+    }
     let url = url.to_owned();
-    target.with_floor(move || {
+    target.with_contended_floor(move || {
         let url = url.clone();
-        async move { floor(backend, &url).await }
+        async move { contended_floor(backend, &url).await }
     })
+}
+
+/// Whether `backend` has a blocking lock of its own for S2's contended floor: etcd's Lock API,
+/// ZooKeeper's ephemeral node with a watch, MySQL's `GET_LOCK`, PostgreSQL's advisory locks.
+/// Redis has none (a raw Redis lock polls), nor has SQLite.
+fn has_contended_floor(backend: &str) -> bool {
+    matches!(backend, "etcd" | "zookeeper" | "mysql" | "postgres")
+}
+
+/// The contended floor of `backend` for `url` (see [`has_contended_floor`]).
+async fn contended_floor(
+    backend: &str,
+    url: &str,
+) -> Result<Box<dyn distlock_bench::ContendedFloor>, distlock::Error> {
+    let _ = url;
+    match backend {
+        #[cfg(feature = "etcd")]
+        "etcd" => distlock_etcd::bench::contended_floor(url).await,
+        #[cfg(feature = "zookeeper")]
+        "zookeeper" => distlock_zookeeper::bench::contended_floor(url).await,
+        #[cfg(any(feature = "postgres", feature = "mysql"))]
+        "postgres" | "mysql" => distlock_sql::bench::contended_floor(url)
+            .await?
+            .ok_or_else(|| distlock::Error::Unsupported("SQLite has no blocking lock".into())),
+        other => Err(distlock::Error::Unsupported(format!(
+            "no contended floor for the {other} backend"
+        ))),
+    }
 }
 
 /// The raw floor of `backend` (a [`distlock::Scheme::backend`] name) for `url`.

@@ -257,7 +257,15 @@ fn main() -> ExitCode {
     // `block_on` polls the command's future on this (the main) thread, so `run` forks its
     // command from the thread that lives as long as distlock: the parent-death signal is tied
     // to the forking thread (see child.rs).
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match &cli.command {
+        Command::Bench(args) if args.runtime == bench::Flavor::CurrentThread => {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+        }
+        _ => tokio::runtime::Runtime::new(),
+    };
+    let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("distlock: cannot start the async runtime: {err}");

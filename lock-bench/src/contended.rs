@@ -8,16 +8,60 @@
 //! client, `now - release instant` is one handoff latency; if it names itself, the handoff
 //! went back to the same client and is only counted. Statistics cover the critical sections
 //! whose `acquire` returned inside the measured window.
+//!
+//! The contended floor runs the same loop on the server's own blocking lock
+//! ([`ContendedFloor`]), one floor per client, just before S2.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use distlock_core::{AcquireOptions, DistributedLock, Error};
+use async_trait::async_trait;
+use distlock_core::{AcquireOptions, DistributedLock, Error, LockGuard};
 
-use crate::BenchConfig;
 use crate::report::{ClientShare, S2Result};
 use crate::stats::{Progress, Recorder, micros, rate, share};
+use crate::{BenchConfig, ContendedFloor};
+
+/// One contending client of the S2 loop: a distlock client, or a contended floor.
+#[async_trait]
+pub(crate) trait Contender: Send + 'static {
+    /// What a holder keeps until it releases.
+    type Held: Send;
+
+    /// Acquires `name`, waiting as `options` allow.
+    async fn enter(&mut self, name: &str, options: &AcquireOptions) -> Result<Self::Held, Error>;
+
+    /// Releases what [`Self::enter`] acquired.
+    async fn leave(&mut self, name: &str, held: Self::Held) -> Result<(), Error>;
+}
+
+#[async_trait]
+impl Contender for Arc<dyn DistributedLock> {
+    type Held = LockGuard;
+
+    async fn enter(&mut self, name: &str, options: &AcquireOptions) -> Result<LockGuard, Error> {
+        self.acquire(name, options).await
+    }
+
+    async fn leave(&mut self, _name: &str, held: LockGuard) -> Result<(), Error> {
+        held.release().await
+    }
+}
+
+#[async_trait]
+impl Contender for Box<dyn ContendedFloor> {
+    type Held = ();
+
+    async fn enter(&mut self, name: &str, options: &AcquireOptions) -> Result<(), Error> {
+        self.acquire(name, options.wait.unwrap_or(Duration::MAX))
+            .await
+    }
+
+    async fn leave(&mut self, name: &str, (): ()) -> Result<(), Error> {
+        self.release(name).await
+    }
+}
 
 struct Shared {
     name: String,
@@ -64,16 +108,16 @@ impl ClientStats {
     }
 }
 
-async fn client_loop(
+async fn client_loop<C: Contender>(
     id: usize,
-    client: Arc<dyn DistributedLock>,
+    mut client: C,
     shared: Arc<Shared>,
 ) -> (ClientStats, Option<Error>) {
     let mut stats = ClientStats::new();
     let mut error = None;
     while !shared.stop.load(Ordering::Relaxed) && Instant::now() < shared.measure_until {
         let asked = Instant::now();
-        let guard = match client.acquire(&shared.name, &shared.options).await {
+        let guard = match client.enter(&shared.name, &shared.options).await {
             Ok(guard) => guard,
             Err(err) => {
                 error = Some(err);
@@ -120,7 +164,7 @@ async fn client_loop(
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some((id, releasing));
         shared.holders.fetch_sub(1, Ordering::SeqCst);
-        if let Err(err) = guard.release().await {
+        if let Err(err) = client.leave(&shared.name, guard).await {
             error = Some(err);
             break;
         }
@@ -136,9 +180,9 @@ async fn client_loop(
 /// every second (`measured` counts what was measured so far). Returns each client's
 /// statistics in client order, or the error of the first client (by index) that failed; past
 /// a generous deadline, aborts the tasks and fails.
-pub(crate) async fn run_clients<S, Fut>(
-    clients: Vec<Arc<dyn DistributedLock>>,
-    client_loop: impl Fn(usize, Arc<dyn DistributedLock>) -> Fut,
+pub(crate) async fn run_clients<C, S, Fut>(
+    clients: Vec<C>,
+    client_loop: impl Fn(usize, C) -> Fut,
     (start, measure_until): (Instant, Instant),
     config: &BenchConfig,
     measured: &AtomicU64,
@@ -218,8 +262,9 @@ pub(crate) fn client_shares(
         .collect()
 }
 
-pub(crate) async fn run_s2(
-    clients: Vec<Arc<dyn DistributedLock>>,
+/// S2 (or the contended floor, with floors as `clients`) on `name`.
+pub(crate) async fn run_s2<C: Contender>(
+    clients: Vec<C>,
     name: String,
     config: &BenchConfig,
     mut progress: Progress,
@@ -284,5 +329,7 @@ pub(crate) async fn run_s2(
         exclusivity_violations: shared.violations.load(Ordering::SeqCst),
         floor_ratio: None,
         handoff_paused_floor_ratio: None,
+        contended_floor_ratio: None,
+        handoff_p99_floor_ratio: None,
     })
 }

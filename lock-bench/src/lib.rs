@@ -27,6 +27,11 @@
 //!   Both are skipped, with the reason in [`TargetResult::skipped`], on a backend whose
 //!   [`Capabilities`](distlock_core::Capabilities) lack the kind. A violated bound makes
 //!   [`Report::has_failures`] true.
+//! - **Contended floor** (with S2, for a target that has one): S2's loop, same clients, hold
+//!   and duration, on the server's own blocking lock ([`ContendedFloor`]: MySQL `GET_LOCK`,
+//!   PostgreSQL advisory locks, etcd's Lock API, a ZooKeeper ephemeral node with a watch),
+//!   measured just before S2 ([`S2Result::contended_floor_ratio`],
+//!   [`S2Result::handoff_p99_floor_ratio`]).
 //! - **Paused floor** (with S2): floor cycles each started after a pause as long as `hold`.
 //!   A handoff starts from idle processes and CPUs (everybody slept through the hold), and
 //!   waking them costs far more than a round trip on a busy loop (here, on a virtual machine:
@@ -86,11 +91,13 @@ mod uncontended;
 
 pub use config::{BenchConfig, S1Call, ScenarioSelection};
 pub use report::{
-    ClientShare, FloorResult, MixedResult, Report, S1Result, S2Result, ScenarioError, Skipped,
-    TargetResult,
+    ClientShare, ContendedFloorResult, FloorResult, MixedResult, Report, S1Result, S2Result,
+    ScenarioError, Skipped, TargetResult,
 };
 pub use stats::LatencySummary;
-pub use target::{ClientFuture, FloorFuture, RawFloor, Target};
+pub use target::{
+    ClientFuture, ContendedFloor, ContendedFloorFuture, FloorFuture, RawFloor, Target,
+};
 
 use distlock_core::Error;
 use stats::Progress;
@@ -112,8 +119,19 @@ pub async fn run(targets: &[Target], config: &BenchConfig) -> Result<Report, Err
     Ok(Report {
         tool: format!("lock-bench {}", env!("CARGO_PKG_VERSION")),
         config: config.clone(),
+        runtime: runtime_flavor(),
         targets: results,
     })
+}
+
+/// The flavour of the runtime this runs on, as tokio names it.
+fn runtime_flavor() -> String {
+    match tokio::runtime::Handle::current().runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::CurrentThread => "current_thread",
+        tokio::runtime::RuntimeFlavor::MultiThread => "multi_thread",
+        _ => "other",
+    }
+    .to_owned()
 }
 
 async fn run_target(target: &Target, config: &BenchConfig) -> TargetResult {
@@ -125,6 +143,7 @@ async fn run_target(target: &Target, config: &BenchConfig) -> TargetResult {
         floor: None,
         uncontended: None,
         contended: None,
+        contended_floor: None,
         rw_mix: None,
         semaphore: None,
         skipped: Vec::new(),
@@ -191,6 +210,26 @@ async fn run_target(target: &Target, config: &BenchConfig) -> TargetResult {
         }
     }
 
+    if config.scenarios.contended() && target.has_contended_floor() {
+        let measured = async {
+            let mut floors = Vec::with_capacity(config.clients);
+            for _ in 0..config.clients {
+                floors.extend(target.contended_floor().await?);
+            }
+            let label = floors
+                .first()
+                .map(|f| f.label().to_owned())
+                .unwrap_or_default();
+            let name = format!("{base}/s2-floor");
+            let s2 = contended::run_s2(floors, name, config, progress("s2 floor")).await?;
+            Ok::<_, Error>(ContendedFloorResult { label, s2 })
+        };
+        match measured.await {
+            Ok(floor) => result.contended_floor = Some(floor),
+            Err(e) => result.errors.push(ScenarioError::new("s2 floor", &e)),
+        }
+    }
+
     if config.scenarios.contended() {
         let s2 = async {
             let clients = connect(target, config.clients, &mut result.backend).await?;
@@ -205,6 +244,13 @@ async fn run_target(target: &Target, config: &BenchConfig) -> TargetResult {
                     .and_then(|f| f.paused_cycle.as_ref())
                     .filter(|p| p.p50_us > 0.0)
                     .map(|p| s2.handoff.p50_us / p.p50_us);
+                if let Some(floor) = &result.contended_floor {
+                    let f = &floor.s2;
+                    s2.contended_floor_ratio = (f.critical_sections_per_sec > 0.0)
+                        .then(|| s2.critical_sections_per_sec / f.critical_sections_per_sec);
+                    s2.handoff_p99_floor_ratio =
+                        (f.handoff.p99_us > 0.0).then(|| s2.handoff.p99_us / f.handoff.p99_us);
+                }
                 result.contended = Some(s2);
             }
             Err(e) => result.errors.push(ScenarioError::new("s2", &e)),

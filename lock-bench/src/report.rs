@@ -15,6 +15,8 @@ pub struct Report {
     pub tool: String,
     /// The scenario parameters (durations in milliseconds).
     pub config: BenchConfig,
+    /// The tokio runtime flavour the run was measured on: `current_thread` or `multi_thread`.
+    pub runtime: String,
     /// One entry per target, in the order given.
     pub targets: Vec<TargetResult>,
 }
@@ -34,6 +36,9 @@ pub struct TargetResult {
     pub uncontended: Option<S1Result>,
     /// S2, if selected and successful.
     pub contended: Option<S2Result>,
+    /// The contended floor (S2's loop on the server's own blocking lock, measured just before
+    /// S2), if the target has one and S2 is selected.
+    pub contended_floor: Option<ContendedFloorResult>,
     /// The read/write mix, if selected, supported and successful.
     pub rw_mix: Option<MixedResult>,
     /// The semaphore, if selected, supported and successful.
@@ -179,6 +184,20 @@ pub struct S2Result {
     /// `handoff.p50_us / floor.paused_cycle.p50_us`, when the target has a floor: at most 1
     /// means a handoff takes at most two round trips of the raw floor started from idle.
     pub handoff_paused_floor_ratio: Option<f64>,
+    /// `critical_sections_per_sec` ÷ the contended floor's, when the target has one.
+    pub contended_floor_ratio: Option<f64>,
+    /// `handoff.p99_us` ÷ the contended floor's, when the target has one.
+    pub handoff_p99_floor_ratio: Option<f64>,
+}
+
+/// The contended floor: S2's loop on the server's own blocking lock.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct ContendedFloorResult {
+    /// What the floor does ([`ContendedFloor::label`](crate::ContendedFloor::label)).
+    pub label: String,
+    /// The same measurements as S2's.
+    pub s2: S2Result,
 }
 
 /// The read/write mix or the semaphore: several clients on one name, several holders at
@@ -317,7 +336,14 @@ impl Report {
                  handoff ÷ paused = S2 handoff p50 ÷ paused floor cycle p50 (≤ 1: within two round trips).",
                 human(c.hold)
             );
+            let _ = writeln!(
+                out,
+                "- Contended floor: S2's loop on the server's own blocking lock (one connection per \
+                 client, same clients, hold and duration), measured just before S2; ratio = S2 \
+                 critical sections/s ÷ the floor's, p99 ratio = S2 handoff p99 ÷ the floor's."
+            );
         }
+        let _ = writeln!(out, "- Runtime: tokio {}.", self.runtime);
         out
     }
 
@@ -424,7 +450,44 @@ impl Report {
                 );
             }
         }
+        out.push_str(&self.contended_floor_markdown());
         out.push_str(&self.mixed_markdown());
+        out
+    }
+
+    /// S2 next to the contended floor measured just before it, for targets that have one.
+    fn contended_floor_markdown(&self) -> String {
+        let mut out = String::new();
+        let rows: Vec<_> = self
+            .targets
+            .iter()
+            .filter_map(|t| Some((t, t.contended_floor.as_ref()?, t.contended.as_ref()?)))
+            .collect();
+        if rows.is_empty() {
+            return out;
+        }
+        out.push_str("\n| target | contended floor | floor cs/s | S2 cs/s | ratio | floor handoff p50 / p99 ms | S2 handoff p50 / p99 ms | p99 ratio | floor longest wait ms | S2 longest wait ms |\n");
+        out.push_str("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+        let ratio = |r: Option<f64>| r.map_or_else(|| "-".to_owned(), |r| format!("{r:.2}"));
+        let ms =
+            |l: &LatencySummary| format!("{:.2} / {:.2}", l.p50_us / 1000.0, l.p99_us / 1000.0);
+        for (t, floor, s2) in rows {
+            let f = &floor.s2;
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.0} | {:.0} | {} | {} | {} | {} | {:.1} | {:.1} |",
+                t.target,
+                floor.label,
+                f.critical_sections_per_sec,
+                s2.critical_sections_per_sec,
+                ratio(s2.contended_floor_ratio),
+                ms(&f.handoff),
+                ms(&s2.handoff),
+                ratio(s2.handoff_p99_floor_ratio),
+                f.longest_wait_us / 1000.0,
+                s2.longest_wait_us / 1000.0,
+            );
+        }
         out
     }
 

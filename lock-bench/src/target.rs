@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::memory::MemoryStore;
@@ -16,8 +17,12 @@ pub type ClientFuture = BoxFuture<'static, Result<Arc<dyn DistributedLock>, Erro
 /// The future a [`Target`]'s floor factory returns.
 pub type FloorFuture = BoxFuture<'static, Result<Box<dyn RawFloor>, Error>>;
 
+/// The future a [`Target`]'s contended floor factory returns.
+pub type ContendedFloorFuture = BoxFuture<'static, Result<Box<dyn ContendedFloor>, Error>>;
+
 type ClientFactory = Box<dyn Fn() -> ClientFuture + Send + Sync>;
 type FloorFactory = Box<dyn Fn() -> FloorFuture + Send + Sync>;
+type ContendedFloorFactory = Box<dyn Fn() -> ContendedFloorFuture + Send + Sync>;
 
 /// The cheapest correct lock a backend's server allows, without any of distlock's machinery:
 /// what one acquire + release costs at minimum.
@@ -59,6 +64,61 @@ pub trait RawFloor: Send + fmt::Debug {
     async fn cycle(&mut self, name: &str) -> Result<(), Error>;
 }
 
+/// The server's own blocking lock, without any of distlock's machinery: what a contended
+/// handoff costs at minimum. S2 runs the same loop on it first, with as many floors as
+/// clients (each its own connection), so that S2's throughput and handoff latency are compared
+/// with a floor measured on the same server, in the same run, under the same load.
+///
+/// Examples: MySQL's `GET_LOCK` / `RELEASE_LOCK`, PostgreSQL's `pg_advisory_lock` /
+/// `pg_advisory_unlock`, etcd's Lock API, a ZooKeeper ephemeral node with an `exists` watch.
+/// Such floors give up what distlock adds (fencing tokens, leases that outlive a connection,
+/// renewal, loss reports, fairness where the server has none), so a ratio of 1 is the ceiling.
+///
+/// ```
+/// use std::time::Duration;
+/// use async_trait::async_trait;
+/// use distlock_bench::ContendedFloor;
+///
+/// /// A process-local floor: a tokio mutex shared by every floor of one run.
+/// #[derive(Debug)]
+/// struct Local(std::sync::Arc<tokio::sync::Mutex<()>>, Option<tokio::sync::OwnedMutexGuard<()>>);
+///
+/// #[async_trait]
+/// impl ContendedFloor for Local {
+///     fn label(&self) -> &str {
+///         "tokio mutex"
+///     }
+///
+///     async fn acquire(&mut self, _name: &str, _wait: Duration) -> Result<(), distlock_core::Error> {
+///         self.1 = Some(self.0.clone().lock_owned().await);
+///         Ok(())
+///     }
+///
+///     async fn release(&mut self, _name: &str) -> Result<(), distlock_core::Error> {
+///         self.1 = None;
+///         Ok(())
+///     }
+/// }
+/// ```
+#[async_trait]
+pub trait ContendedFloor: Send + fmt::Debug {
+    /// What the floor does, for the report, e.g. `"GET_LOCK + RELEASE_LOCK"`.
+    fn label(&self) -> &str;
+
+    /// Blocks until `name` is held by this floor, at most `wait`.
+    ///
+    /// # Errors
+    /// Whatever the server answered, or [`Error::Timeout`] past `wait`; the contended floor
+    /// stops at the first error.
+    async fn acquire(&mut self, name: &str, wait: Duration) -> Result<(), Error>;
+
+    /// Releases `name`, held by this floor.
+    ///
+    /// # Errors
+    /// Whatever the server answered.
+    async fn release(&mut self, name: &str) -> Result<(), Error>;
+}
+
 /// One backend configuration to measure: a label, a factory of independent clients and an
 /// optional raw floor.
 ///
@@ -81,6 +141,7 @@ pub struct Target {
     label: String,
     connect: ClientFactory,
     floor: Option<FloorFactory>,
+    contended_floor: Option<ContendedFloorFactory>,
 }
 
 impl fmt::Debug for Target {
@@ -88,6 +149,7 @@ impl fmt::Debug for Target {
         f.debug_struct("Target")
             .field("label", &self.label)
             .field("floor", &self.floor.is_some())
+            .field("contended_floor", &self.contended_floor.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -103,6 +165,7 @@ impl Target {
             label: label.into(),
             connect: Box::new(move || Box::pin(connect())),
             floor: None,
+            contended_floor: None,
         }
     }
 
@@ -118,9 +181,22 @@ impl Target {
         self
     }
 
+    /// Registers the server's own blocking lock as S2's contended floor; `floor` is called once
+    /// per contending client and should open its own connection.
+    #[must_use]
+    pub fn with_contended_floor<F, Fut>(mut self, floor: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Box<dyn ContendedFloor>, Error>> + Send + 'static,
+    {
+        self.contended_floor = Some(Box::new(move || Box::pin(floor())));
+        self
+    }
+
     /// The in-memory backend: every client shares one fresh [`MemoryStore`]. Its floor is a
     /// mutex-protected map insert + owner-checked remove, so its ratio shows what the core
-    /// machinery (validation, guard, watchdog task) costs on top of the bare data structure.
+    /// machinery (validation, guard, watchdog task) costs on top of the bare data structure;
+    /// its contended floor is one tokio mutex shared by all of a run's floors (one name).
     pub fn memory() -> Self {
         let store = MemoryStore::new();
         Self::new("memory", move || {
@@ -128,6 +204,16 @@ impl Target {
             async move { Ok(store.client()) }
         })
         .with_floor(|| async { Ok(Box::new(MapFloor::default()) as Box<dyn RawFloor>) })
+        .with_contended_floor({
+            let lock = Arc::new(tokio::sync::Mutex::new(()));
+            move || {
+                let floor = MutexFloor {
+                    lock: lock.clone(),
+                    held: None,
+                };
+                async move { Ok(Box::new(floor) as Box<dyn ContendedFloor>) }
+            }
+        })
     }
 
     /// The label, as shown in reports.
@@ -146,6 +232,22 @@ impl Target {
     /// The factory's error (e.g. the server is unreachable).
     pub async fn connect(&self) -> Result<Arc<dyn DistributedLock>, Error> {
         (self.connect)().await
+    }
+
+    /// Whether a contended floor is registered.
+    pub fn has_contended_floor(&self) -> bool {
+        self.contended_floor.is_some()
+    }
+
+    /// A new contended floor (its own connection), if one is registered.
+    ///
+    /// # Errors
+    /// The factory's error.
+    pub async fn contended_floor(&self) -> Result<Option<Box<dyn ContendedFloor>>, Error> {
+        match &self.contended_floor {
+            Some(make) => make().await.map(Some),
+            None => Ok(None),
+        }
     }
 
     /// A new raw floor, if one is registered.
@@ -193,6 +295,41 @@ impl RawFloor for MapFloor {
                 Ok(())
             }
             _ => Err(Error::NotHeld {
+                name: name.to_owned(),
+            }),
+        }
+    }
+}
+
+/// The in-memory contended floor: a fair tokio mutex, shared by every floor of the target
+/// (which contends on one name only).
+#[derive(Debug)]
+struct MutexFloor {
+    lock: Arc<tokio::sync::Mutex<()>>,
+    held: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+#[async_trait]
+impl ContendedFloor for MutexFloor {
+    fn label(&self) -> &str {
+        "tokio mutex"
+    }
+
+    async fn acquire(&mut self, name: &str, wait: Duration) -> Result<(), Error> {
+        let held = tokio::time::timeout(wait, self.lock.clone().lock_owned())
+            .await
+            .map_err(|_| Error::Timeout {
+                name: name.to_owned(),
+                waited: wait,
+            })?;
+        self.held = Some(held);
+        Ok(())
+    }
+
+    async fn release(&mut self, name: &str) -> Result<(), Error> {
+        match self.held.take() {
+            Some(_) => Ok(()),
+            None => Err(Error::NotHeld {
                 name: name.to_owned(),
             }),
         }

@@ -156,6 +156,45 @@ async fn both_scenarios_on_memory_give_sane_results() {
         markdown.contains(&format!("| {:.1} | {ratio:.2} |", paused.p50_us)),
         "{markdown}"
     );
+
+    // The contended floor ran the same loop, just before S2, with as many clients.
+    let floor = t
+        .contended_floor
+        .as_ref()
+        .expect("memory has a contended floor");
+    assert_eq!(floor.label, "tokio mutex");
+    let f = &floor.s2;
+    assert_eq!(f.clients, 4);
+    assert!(f.critical_sections > 0);
+    assert_eq!(f.exclusivity_violations, 0);
+    assert_eq!(f.max_holders, 1);
+    assert_sane(&f.handoff, "contended floor handoff");
+    let ratio = s2
+        .contended_floor_ratio
+        .expect("a contended floor: a ratio");
+    assert!(
+        (ratio - s2.critical_sections_per_sec / f.critical_sections_per_sec).abs() <= 1e-9,
+        "{ratio}"
+    );
+    assert!(s2.handoff_p99_floor_ratio.is_some_and(|r| r > 0.0));
+    assert!(markdown.contains("| memory | tokio mutex |"), "{markdown}");
+    assert_eq!(report.runtime, "multi_thread");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_runtime_flavour_is_recorded() {
+    let config = small().with_scenarios(distlock_bench::ScenarioSelection::S1);
+    let report = distlock_bench::run(&[Target::memory()], &config)
+        .await
+        .unwrap();
+    assert_eq!(report.runtime, "current_thread");
+    assert!(
+        report
+            .to_markdown()
+            .contains("- Runtime: tokio current_thread.")
+    );
+    // S2 not selected: no contended floor either.
+    assert!(report.targets[0].contended_floor.is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -71,6 +71,8 @@ pub struct LockApiFloor {
     client: Client,
     lease: i64,
     prefix: String,
+    /// The key `lock` answered, while held as a contended floor.
+    held: Option<Vec<u8>>,
 }
 
 impl LockApiFloor {
@@ -90,6 +92,7 @@ impl LockApiFloor {
             client,
             lease,
             prefix: format!("{}/lockapi/", config.prefix()),
+            held: None,
         })
     }
 }
@@ -109,6 +112,42 @@ impl RawFloor for LockApiFloor {
             .map_err(|e| unavailable("lock", e))?;
         self.client
             .unlock(resp.key().to_vec())
+            .await
+            .map_err(|e| unavailable("unlock", e))?;
+        Ok(())
+    }
+}
+
+/// As the contended floor, etcd's Lock API queues the waiters on the server (each watches the
+/// key created just before its own) and answers `lock` when the caller's key is the oldest.
+#[async_trait]
+impl distlock_bench::ContendedFloor for LockApiFloor {
+    fn label(&self) -> &str {
+        "etcd Lock API lock + unlock"
+    }
+
+    async fn acquire(&mut self, name: &str, wait: std::time::Duration) -> Result<(), Error> {
+        let options = etcd_client::LockOptions::new().with_lease(self.lease);
+        let lock = self
+            .client
+            .lock(format!("{}{name}", self.prefix), Some(options));
+        let resp = tokio::time::timeout(wait, lock)
+            .await
+            .map_err(|_| Error::Timeout {
+                name: name.to_owned(),
+                waited: wait,
+            })?
+            .map_err(|e| unavailable("lock", e))?;
+        self.held = Some(resp.key().to_vec());
+        Ok(())
+    }
+
+    async fn release(&mut self, name: &str) -> Result<(), Error> {
+        let key = self.held.take().ok_or_else(|| Error::NotHeld {
+            name: name.to_owned(),
+        })?;
+        self.client
+            .unlock(key)
             .await
             .map_err(|e| unavailable("unlock", e))?;
         Ok(())
@@ -141,9 +180,19 @@ pub fn target(label: &str, config: &EtcdConfig) -> Target {
             Ok(client.into_dyn())
         }
     })
-    .with_floor(move || {
+    .with_floor({
         let config = b.clone();
-        async move { Ok(Box::new(TxnFloor::connect(&config).await?) as Box<dyn RawFloor>) }
+        move || {
+            let config = config.clone();
+            async move { Ok(Box::new(TxnFloor::connect(&config).await?) as Box<dyn RawFloor>) }
+        }
+    })
+    .with_contended_floor(move || {
+        let config = b.clone();
+        async move {
+            Ok(Box::new(LockApiFloor::connect(&config).await?)
+                as Box<dyn distlock_bench::ContendedFloor>)
+        }
     })
 }
 
@@ -161,6 +210,16 @@ pub fn lock_api_target(label: &str, config: &EtcdConfig) -> Target {
         let config = b.clone();
         async move { Ok(Box::new(LockApiFloor::connect(&config).await?) as Box<dyn RawFloor>) }
     })
+}
+
+/// The contended floor for a lock URL: [`LockApiFloor`] (its lease lasts 60 s, longer than
+/// S2). `distlock bench` calls it.
+///
+/// # Errors
+/// As [`LockApiFloor::connect`].
+pub async fn contended_floor(url: &str) -> Result<Box<dyn distlock_bench::ContendedFloor>, Error> {
+    let config = EtcdConfig::from_url(url)?;
+    Ok(Box::new(LockApiFloor::connect(&config).await?))
 }
 
 /// The raw floor for a lock URL (`etcd://` or `etcds://`, user included): [`TxnFloor`].

@@ -73,20 +73,7 @@ impl SqlFloor {
             ),
         };
         let [p1, p2] = p;
-        let conn = match backend.pool() {
-            #[cfg(feature = "postgres")]
-            SqlPool::Postgres(p) => {
-                RawConn::Postgres(p.acquire().await.map_err(|e| map_err("floor", e))?.detach())
-            }
-            #[cfg(feature = "mysql")]
-            SqlPool::MySql(p) => {
-                RawConn::MySql(p.acquire().await.map_err(|e| map_err("floor", e))?.detach())
-            }
-            #[cfg(feature = "sqlite")]
-            SqlPool::Sqlite(p) => {
-                RawConn::Sqlite(p.acquire().await.map_err(|e| map_err("floor", e))?.detach())
-            }
-        };
+        let conn = raw_conn(&backend).await?;
         Ok(Self {
             conn,
             dialect,
@@ -143,6 +130,24 @@ impl SqlFloor {
     }
 }
 
+/// One connection of `backend`'s pool, taken out of it.
+async fn raw_conn(backend: &SqlBackend) -> Result<RawConn> {
+    Ok(match backend.pool() {
+        #[cfg(feature = "postgres")]
+        SqlPool::Postgres(p) => {
+            RawConn::Postgres(p.acquire().await.map_err(|e| map_err("floor", e))?.detach())
+        }
+        #[cfg(feature = "mysql")]
+        SqlPool::MySql(p) => {
+            RawConn::MySql(p.acquire().await.map_err(|e| map_err("floor", e))?.detach())
+        }
+        #[cfg(feature = "sqlite")]
+        SqlPool::Sqlite(p) => {
+            RawConn::Sqlite(p.acquire().await.map_err(|e| map_err("floor", e))?.detach())
+        }
+    })
+}
+
 #[async_trait]
 impl RawFloor for SqlFloor {
     fn label(&self) -> &str {
@@ -189,4 +194,123 @@ impl RawFloor for SqlFloor {
 /// As [`SqlFloor::connect`].
 pub async fn floor(url: &str) -> Result<Box<dyn RawFloor>> {
     Ok(Box::new(SqlFloor::connect(url).await?))
+}
+
+/// The contended floor: the database's own blocking lock on one connection, MySQL's
+/// `GET_LOCK(name, timeout)` / `RELEASE_LOCK(name)` or PostgreSQL's session-level
+/// `pg_advisory_lock(key)` / `pg_advisory_unlock(key)` (the server queues the waiters and
+/// wakes the next one itself). SQLite has no blocking lock, so no contended floor.
+#[derive(Debug)]
+pub struct ServerLockFloor {
+    conn: RawConn,
+    dialect: Dialect,
+}
+
+impl ServerLockFloor {
+    /// Opens one connection to `url`; `None` for SQLite.
+    ///
+    /// # Errors
+    /// As [`crate::connect`].
+    pub async fn connect(url: &str) -> Result<Option<Self>> {
+        let config = SqlConfig::from_url(url)?.with_max_connections(2);
+        let dialect = config.dialect;
+        if dialect == Dialect::Sqlite {
+            return Ok(None);
+        }
+        let backend = SqlBackend::connect(config).await?;
+        let conn = raw_conn(&backend).await?;
+        Ok(Some(Self { conn, dialect }))
+    }
+
+    /// The server-side lock of `name`: MySQL lock names are at most 64 characters and
+    /// PostgreSQL's keys are numbers, so both come from a hash of the name.
+    fn key(name: &str) -> i64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        name.hash(&mut hasher);
+        i64::from_ne_bytes(hasher.finish().to_ne_bytes())
+    }
+}
+
+#[async_trait]
+impl distlock_bench::ContendedFloor for ServerLockFloor {
+    fn label(&self) -> &str {
+        match self.dialect {
+            Dialect::Postgres => "pg_advisory_lock + pg_advisory_unlock",
+            _ => "GET_LOCK + RELEASE_LOCK",
+        }
+    }
+
+    async fn acquire(&mut self, name: &str, wait: std::time::Duration) -> Result<()> {
+        let key = Self::key(name);
+        let timeout = || Error::Timeout {
+            name: name.to_owned(),
+            waited: wait,
+        };
+        let got = match &mut self.conn {
+            #[cfg(feature = "postgres")]
+            RawConn::Postgres(conn) => {
+                let q = sqlx::query("SELECT pg_advisory_lock($1)").bind(key);
+                tokio::time::timeout(wait, conn.execute(q))
+                    .await
+                    .map_err(|_| timeout())?
+                    .map(|_| true)
+            }
+            #[cfg(feature = "mysql")]
+            RawConn::MySql(conn) => {
+                // At least 1 s (0 would not wait), at most a year.
+                let seconds = i64::try_from(wait.as_secs().clamp(1, 31_536_000)).unwrap_or(1);
+                sqlx::query_scalar::<_, Option<i64>>("SELECT GET_LOCK(?, ?)")
+                    .bind(format!("distlock-floor-{key:016x}"))
+                    .bind(seconds)
+                    .fetch_one(conn)
+                    .await
+                    .map(|got| got == Some(1))
+            }
+            #[cfg(feature = "sqlite")]
+            RawConn::Sqlite(_) => Ok(false),
+        }
+        .map_err(|e| map_err("contended floor", e))?;
+        if got { Ok(()) } else { Err(timeout()) }
+    }
+
+    async fn release(&mut self, name: &str) -> Result<()> {
+        let key = Self::key(name);
+        let released = match &mut self.conn {
+            #[cfg(feature = "postgres")]
+            RawConn::Postgres(conn) => {
+                sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock($1)")
+                    .bind(key)
+                    .fetch_one(conn)
+                    .await
+            }
+            #[cfg(feature = "mysql")]
+            RawConn::MySql(conn) => sqlx::query_scalar::<_, Option<i64>>("SELECT RELEASE_LOCK(?)")
+                .bind(format!("distlock-floor-{key:016x}"))
+                .fetch_one(conn)
+                .await
+                .map(|released| released == Some(1)),
+            #[cfg(feature = "sqlite")]
+            RawConn::Sqlite(_) => Ok(false),
+        }
+        .map_err(|e| map_err("contended floor", e))?;
+        if released {
+            Ok(())
+        } else {
+            Err(Error::NotHeld {
+                name: name.to_owned(),
+            })
+        }
+    }
+}
+
+/// The contended floor for a lock URL: [`ServerLockFloor`] (`None` for SQLite).
+/// `distlock bench` calls it.
+///
+/// # Errors
+/// As [`ServerLockFloor::connect`].
+pub async fn contended_floor(url: &str) -> Result<Option<Box<dyn distlock_bench::ContendedFloor>>> {
+    Ok(ServerLockFloor::connect(url)
+        .await?
+        .map(|f| Box::new(f) as Box<dyn distlock_bench::ContendedFloor>))
 }

@@ -66,15 +66,9 @@ impl ZkFloor {
         }
         Ok(())
     }
-}
 
-#[async_trait]
-impl RawFloor for ZkFloor {
-    fn label(&self) -> &str {
-        "create ephemeral-sequential + delete"
-    }
-
-    async fn cycle(&mut self, name: &str) -> Result<(), Error> {
+    /// The lock node of `name`, created (with the chroot and base) on first use.
+    async fn lock_node(&mut self, name: &str) -> Result<String, Error> {
         let parent = self.config.lock_path(&LockName::new(name)?);
         if !self.created.contains(&parent) {
             // The chroot and base as the lock client creates them, then the lock node.
@@ -89,6 +83,64 @@ impl RawFloor for ZkFloor {
             }
             self.created.insert(parent.clone());
         }
+        Ok(parent)
+    }
+}
+
+/// The contended floor: one ephemeral node per lock, created by the winner; the others set an
+/// `exists` watch and try again when it fires (every waiter wakes, a herd the size of the
+/// run's clients). One write to acquire, one to release, no queue and no fencing.
+#[async_trait]
+impl distlock_bench::ContendedFloor for ZkFloor {
+    fn label(&self) -> &str {
+        "create ephemeral + exists watch + delete"
+    }
+
+    async fn acquire(&mut self, name: &str, wait: std::time::Duration) -> Result<(), Error> {
+        let held = format!("{}/floor-held", self.lock_node(name).await?);
+        let options = zk::CreateMode::Ephemeral.with_acls(self.acls);
+        let client = &self.client;
+        let take = async {
+            loop {
+                match client.create(&held, b"", &options).await {
+                    Ok(_) => return Ok(()),
+                    Err(zk::Error::NodeExists) => {}
+                    Err(e) => return Err(unavailable("create", e)),
+                }
+                let (stat, watch) = client
+                    .check_and_watch_stat(&held)
+                    .await
+                    .map_err(|e| unavailable("exists", e))?;
+                if stat.is_some() {
+                    watch.changed().await;
+                }
+            }
+        };
+        tokio::time::timeout(wait, take)
+            .await
+            .map_err(|_| Error::Timeout {
+                name: name.to_owned(),
+                waited: wait,
+            })?
+    }
+
+    async fn release(&mut self, name: &str) -> Result<(), Error> {
+        let held = format!("{}/floor-held", self.lock_node(name).await?);
+        self.client
+            .delete(&held, None)
+            .await
+            .map_err(|e| unavailable("delete", e))
+    }
+}
+
+#[async_trait]
+impl RawFloor for ZkFloor {
+    fn label(&self) -> &str {
+        "create ephemeral-sequential + delete"
+    }
+
+    async fn cycle(&mut self, name: &str) -> Result<(), Error> {
+        let parent = self.lock_node(name).await?;
         let (_, seq) = self
             .client
             .create(
@@ -116,10 +168,30 @@ pub fn target(label: &str, config: &ZkConfig) -> Target {
             Ok(client.into_dyn())
         }
     })
-    .with_floor(move || {
+    .with_floor({
         let config = floor.clone();
-        async move { Ok(Box::new(ZkFloor::connect(&config).await?) as Box<dyn RawFloor>) }
+        move || {
+            let config = config.clone();
+            async move { Ok(Box::new(ZkFloor::connect(&config).await?) as Box<dyn RawFloor>) }
+        }
     })
+    .with_contended_floor(move || {
+        let config = floor.clone();
+        async move { contended(&config).await }
+    })
+}
+
+async fn contended(config: &ZkConfig) -> Result<Box<dyn distlock_bench::ContendedFloor>, Error> {
+    Ok(Box::new(ZkFloor::connect(config).await?))
+}
+
+/// The contended floor for a lock URL: [`ZkFloor`]'s ephemeral node with an `exists` watch.
+/// `distlock bench` calls it.
+///
+/// # Errors
+/// As [`floor`].
+pub async fn contended_floor(url: &str) -> Result<Box<dyn distlock_bench::ContendedFloor>, Error> {
+    contended(&ZkConfig::from_url(url)?).await
 }
 
 /// The raw floor for a lock URL: [`ZkFloor`]. `distlock bench` calls it.
