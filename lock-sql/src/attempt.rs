@@ -15,7 +15,7 @@ use crate::db::Claim;
 use crate::error::map_err;
 use crate::holds::{self, HeldBy, JoinRequest, Joined};
 use crate::lease::SqlLease;
-use crate::wake::Subscription;
+use crate::wake::{ServerWait, Subscription, Woken};
 
 pub(crate) struct SqlAttempt {
     pub(crate) inner: Arc<Inner>,
@@ -32,6 +32,11 @@ pub(crate) struct SqlAttempt {
     pub(crate) busy_before: bool,
     /// The last wake-up was a release addressed to this waiter: take without reading first.
     pub(crate) handed: bool,
+    /// A wait on the server for the release of the holder ahead (MySQL's wake locks), while
+    /// this attempt is at the head of the queue.
+    pub(crate) server_wait: Option<ServerWait>,
+    /// The holder (by version) that has no wake lock to wait on: poll it instead.
+    pub(crate) unarmed: Option<i64>,
 }
 
 /// Whether the row refuses `owner` now: a live holder or a live reservation of somebody else.
@@ -85,10 +90,33 @@ impl SqlAttempt {
             mine
         };
         if head {
+            if let Some(step) = self.wait_for_release(&peek, retry) {
+                return Ok(step);
+            }
             // Without notifications the core polls the next holder briskly; the others back off.
             return Ok(Step::NextInLine { retry_after: retry });
         }
+        self.server_wait = None;
         Ok(Step::busy(retry))
+    }
+
+    /// At the head of the queue of a lock held exclusively, on a backend that waits on the
+    /// server for a release ([`db::Db::wait_release`]): such a wait, kept across polls while
+    /// the holder stays the same, and a busy step (the release wakes this attempt, the core's
+    /// backoff is only the safety net). `None`: no wait is possible, poll briskly.
+    fn wait_for_release(&mut self, peek: &db::Peek, retry: Option<Duration>) -> Option<Step> {
+        let version = peek.version;
+        if holds::held_kind(peek) != Some(LockKind::Exclusive) || self.unarmed == Some(version) {
+            self.server_wait = None;
+            return None;
+        }
+        if self.server_wait.as_ref().map(ServerWait::version) != Some(version) {
+            let name = self.request.name.as_str();
+            let remaining = retry.unwrap_or_default();
+            // Replacing an earlier wait cancels it.
+            self.server_wait = self.inner.db.wait_release(name, version, remaining);
+        }
+        self.server_wait.as_ref().map(|_| Step::busy(retry))
     }
 }
 
@@ -177,6 +205,15 @@ impl Attempt for SqlAttempt {
             return self.poll_hold(handed).await;
         }
         if self.busy_before && !handed {
+            if self
+                .server_wait
+                .as_ref()
+                .is_some_and(|w| w.pending_within(RESERVATION.min(self.request.ttl) / 4))
+            {
+                // The holder has not released (its wake lock is held): nothing to read yet.
+                // Real reads resume after a quarter of the reservation, which they renew.
+                return Ok(Step::busy(None));
+            }
             // Waiting: look before writing, so that busy polls cost no commit.
             let peek = db.peek(name).await.map_err(|e| map_err("acquire", e))?;
             if let Some(peek) = peek.filter(|p| blocked(p, owner)) {
@@ -208,6 +245,19 @@ impl Attempt for SqlAttempt {
     }
 
     async fn changed(&mut self) {
+        if let Some(wait) = &mut self.server_wait {
+            // Cancel-safe: the wait runs on in its task.
+            let woken = wait.woken().await;
+            let version = wait.version();
+            self.server_wait = None;
+            match woken {
+                Woken::Released => self.handed = true,
+                // Poll now (the holder may just have released), then briskly.
+                Woken::NotArmed | Woken::Failed => self.unarmed = Some(version),
+                Woken::TimedOut => {}
+            }
+            return;
+        }
         match &mut self.subscription {
             Some(sub) => self.handed = sub.changed().await,
             None => std::future::pending().await,

@@ -343,6 +343,8 @@ impl LockBackend for SqlBackend {
             maybe_reserved: false,
             busy_before: false,
             handed: false,
+            server_wait: None,
+            unarmed: None,
         })
     }
 

@@ -3,6 +3,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::backend::unpoisoned;
@@ -11,7 +12,7 @@ use crate::backend::SqlPool;
 use crate::dialect::Shared;
 use crate::fence::FencedUpdate;
 use crate::holds::{HeldBy, HolderInfo, JoinRequest, Joined};
-use crate::wake::Subscription;
+use crate::wake::{ServerWait, Subscription};
 
 /// A row of the lock table as the attempt needs it.
 #[derive(Debug)]
@@ -210,6 +211,21 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
     fn subscribe(&self, name: &str, owner: &str) -> Option<Subscription> {
         let _ = (name, owner);
         None
+    }
+
+    /// A wait on the server for the release of `name` by its holder with `version` (whose
+    /// lease has `remaining`), for backends that wake waiters that way (MySQL's wake locks).
+    /// `None`: none is possible now (no such backend, or its wait connections are all in use);
+    /// the waiter polls.
+    fn wait_release(&self, name: &str, version: i64, remaining: Duration) -> Option<ServerWait> {
+        let _ = (name, version, remaining);
+        None
+    }
+
+    /// The lease of `owner` on `name` ended without a release (lost, or its guard dropped):
+    /// lets go of whatever the take kept for it (MySQL: the connection holding its wake lock).
+    fn forget(&self, name: &str, owner: &str) {
+        let _ = (name, owner);
     }
 
     /// The typed pool.

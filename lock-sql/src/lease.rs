@@ -41,6 +41,15 @@ impl SqlLease {
     }
 }
 
+impl Drop for SqlLease {
+    fn drop(&mut self) {
+        if self.kind == LockKind::Exclusive {
+            // After a release nothing is left; after a loss, what the take kept goes.
+            self.inner.db.forget(self.name.as_str(), &self.owner);
+        }
+    }
+}
+
 #[async_trait]
 impl Lease for SqlLease {
     async fn renew(&self, ttl: Duration) -> Result<()> {

@@ -56,9 +56,28 @@
 //!   ([`WakeUp::Event`](distlock_core::WakeUp::Event)). Its taking statement wakes the other waiters, so the next one
 //!   claims the reservation (a claim returns whether the lock is free by then, so a release
 //!   between a waiter's read and its claim is not missed). A lost notification (listener
-//!   reconnect) wakes everybody; the core's backoff maximum is the safety net. MySQL and
-//!   SQLite poll ([`WakeUp::Polling`](distlock_core::WakeUp::Polling)) with the core's jittered backoff bounded by the
-//!   holder's remaining lease; the reserved waiter reads every 1-20 ms.
+//!   reconnect) wakes everybody; the core's backoff maximum is the safety net. The
+//!   releasing and reserving statements commit without waiting for their WAL flush
+//!   (`synchronous_commit` off for that transaction only): neither needs to survive a
+//!   database crash on its own (a lost release leaves the lock held until its lease ends), and
+//!   the next take commits synchronously, which flushes them with it.
+//! - **MySQL/MariaDB wake locks**: a take of an existing row also takes a user-level lock,
+//!   the holder's *wake lock* (`GET_LOCK('distlock:<hash of table and name>:<version>', 0)`,
+//!   in the same statement), and its connection stays with the lease until the release, which
+//!   gives the wake lock up in its own statement. The waiter holding the reservation waits for
+//!   it on the server (`GET_LOCK(.., at most 2 s)`, on a connection of its own, in a task of
+//!   its own that survives the core's polls) and takes the lock as soon as it is given up, in
+//!   about one round trip. At most a quarter of the pool is kept by holders and at most a
+//!   quarter waits (none of a pool under 4); beyond that, for a first take (which inserts the
+//!   row) and when the holder has no wake lock, the waiter polls as before. A cancelled wait
+//!   is killed on the server (`KILL QUERY`, its connection then closed); a cancelled take or
+//!   release closes its connection, which gives the wake lock up. Wake locks are hints only:
+//!   exclusion and fencing rest on the row alone. Statement-based binary logging
+//!   (`binlog_format=STATEMENT`) logs every take as unsafe; use `ROW` or `MIXED`.
+//!   Waiters other than the reserved one, and SQLite's, poll
+//!   ([`WakeUp::Polling`](distlock_core::WakeUp::Polling)) with the core's jittered backoff
+//!   bounded by the holder's remaining lease; a reserved waiter without a wake lock to wait
+//!   on reads every 1-20 ms.
 //! - **Loss** is detected by renewal (a refused owner-checked renewal, or the local deadline).
 //!
 //! # Shared holds and permits

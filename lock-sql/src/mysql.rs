@@ -1,13 +1,19 @@
 //! MySQL / MariaDB: `INSERT .. ON DUPLICATE KEY UPDATE` with `UTC_TIMESTAMP(6)` as the clock;
 //! the new version comes back through `LAST_INSERT_ID(expr)`.
 
+use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_core::backend::unpoisoned;
 use distlock_core::{Error, Result};
+use futures::future::{self, Either};
 use sqlx::mysql::MySqlConnectOptions;
+use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, Executor, Row};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
@@ -16,12 +22,21 @@ use crate::dialect::{Common, Shared, Sql, prepare_all, q, server_pool};
 use crate::error::{connect_err, map_err};
 use crate::holds::{HolderSql, Holds, holders_table};
 use crate::keys::quote;
-use crate::pool::{HotConns, open_pool};
+use crate::pool::{HotConns, Unfinished, open_pool};
+use crate::wake::{ServerWait, Woken, wake_prefix};
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
 
+/// The statements of the wake locks (see [`MyDb`]).
+#[derive(Debug)]
+struct WakeSql {
+    take: Arc<str>,
+    release: Arc<str>,
+    wait: Arc<str>,
+}
+
 /// The lock table's statements in this dialect.
-fn statements(table: &str) -> (Sql, Arc<str>, HolderSql) {
+fn statements(table: &str) -> (Sql, Arc<str>, WakeSql, HolderSql) {
     let t = quote(table, '`');
     let peek = format!(
         "SELECT owner, version, IF(owner IS NOT NULL AND expires_at > {NOW}, \
@@ -29,23 +44,44 @@ fn statements(table: &str) -> (Sql, Arc<str>, HolderSql) {
          IF(next_owner IS NOT NULL AND next_expires > {NOW}, \
          TIMESTAMPDIFF(MICROSECOND, {NOW}, next_expires), NULL) FROM {t} WHERE name = ?"
     );
-    let sql = Sql {
-            // Assignments run left to right and see earlier ones, so the decision is taken once,
-            // into a session variable, before any column changes.
-            take: format!(
-                "INSERT INTO {t} (name, owner, version, expires_at) \
-                 VALUES (?, ?, LAST_INSERT_ID(1), {NOW} + INTERVAL ? MICROSECOND) \
-                 ON DUPLICATE KEY UPDATE \
-                 version = IF(@distlock_take := ((owner IS NULL OR owner = VALUES(owner) OR expires_at <= {NOW}) \
-                   AND (next_owner IS NULL OR next_owner = VALUES(owner) OR next_expires <= {NOW})), \
-                   LAST_INSERT_ID(version + 1), version), \
-                 owner = IF(@distlock_take, VALUES(owner), owner), \
-                 expires_at = IF(@distlock_take, VALUES(expires_at), expires_at), \
-                 next_owner = IF(@distlock_take, NULL, next_owner), \
-                 next_since = IF(@distlock_take, NULL, next_since), \
-                 next_expires = IF(@distlock_take, NULL, next_expires)"
-            )
+    // Assignments run left to right and see earlier ones, so the decision is taken once, into
+    // a session variable, before any column changes; `cleared` is what `next_since` becomes
+    // on a take (after `version`, so that it sees the new version). LAST_INSERT_ID reports
+    // the outcome: the new version when taken, 0 when refused (1 for a new row).
+    let take = |cleared: &str| {
+        format!(
+            "INSERT INTO {t} (name, owner, version, expires_at) \
+             VALUES (?, ?, LAST_INSERT_ID(1), {NOW} + INTERVAL ? MICROSECOND) \
+             ON DUPLICATE KEY UPDATE \
+             version = IF(@distlock_take := ((owner IS NULL OR owner = VALUES(owner) OR expires_at <= {NOW}) \
+               AND (next_owner IS NULL OR next_owner = VALUES(owner) OR next_expires <= {NOW})), \
+               LAST_INSERT_ID(version + 1), version + LAST_INSERT_ID(0)), \
+             owner = IF(@distlock_take, VALUES(owner), owner), \
+             expires_at = IF(@distlock_take, VALUES(expires_at), expires_at), \
+             next_owner = IF(@distlock_take, NULL, next_owner), \
+             next_since = IF(@distlock_take, {cleared}, next_since), \
+             next_expires = IF(@distlock_take, NULL, next_expires)"
+        )
+    };
+    let wake = WakeSql {
+        // ARGS: name, owner, ttl_us, wake lock prefix. A take of an existing row also takes
+        // the holder's wake lock (prefix + new version) on its connection, without waiting.
+        take: take("IF(GET_LOCK(CONCAT(?, version), 0) IS NULL, NULL, NULL)").into(),
+        // ARGS: wake lock, name, owner, version. The release gives the wake lock up in the
+        // same statement, before its commit: the woken waiter's take waits for the row.
+        release: format!(
+            "UPDATE {t} SET owner = IF(RELEASE_LOCK(?) IS NULL, NULL, NULL), expires_at = {NOW} \
+             WHERE name = ? AND owner = ? AND version = ? AND expires_at > {NOW}"
+        )
+        .into(),
+        // ARGS: wake lock (twice), seconds, wake lock. 0: nobody holds it; 2: it was given up
+        // (and we let it go at once); 3: the wait timed out.
+        wait: "SELECT CASE WHEN IS_USED_LOCK(?) IS NULL THEN 0 \
+               WHEN GET_LOCK(?, ?) = 1 THEN 1 + RELEASE_LOCK(?) ELSE 3 END"
             .into(),
+    };
+    let sql = Sql {
+            take: take("NULL").into(),
             peek: peek.as_str().into(),
             reserve: format!(
                 "UPDATE {t} SET next_since = ?, next_expires = {NOW} + INTERVAL ? MICROSECOND, next_owner = ? \
@@ -86,7 +122,7 @@ fn statements(table: &str) -> (Sql, Arc<str>, HolderSql) {
             .into(),
     };
     let check = format!("SELECT version FROM {t} WHERE name = ? AND owner = ?").into();
-    (sql, check, holder_statements(table, &peek))
+    (sql, check, wake, holder_statements(table, &peek))
 }
 
 /// The holders' statements (see [`crate::holds`]).
@@ -162,10 +198,162 @@ fn holder_statements(table: &str, peek: &str) -> HolderSql {
     }
 }
 
+/// The longest wait on a wake lock, in seconds: a wait also ends with the holder's lease, and
+/// a waiter cancelled mid-wait kills its statement, so this only bounds a wait on a holder that
+/// neither releases nor loses its connection.
+const MAX_WAIT_SECS: u64 = 2;
+
+/// MySQL / MariaDB, whose waiters have no notification to listen to. Instead:
+///
+/// - a take of an existing row also takes the holder's **wake lock** (`GET_LOCK(prefix +
+///   version, 0)` in the same statement), and its connection stays with the lease (*pinned*)
+///   until the release, which gives the wake lock up in its own statement;
+/// - the waiter at the head of the queue waits on the server for that wake lock
+///   ([`MyDb::wait_release`]: `GET_LOCK(.., seconds)` in a task of its own, on a connection
+///   of its own) and takes the lock as soon as the holder gave it up.
+///
+/// At most a quarter of the pool is pinned, and at most a quarter waits; beyond that (and for
+/// a first take, which inserts the row) holders take no wake lock and waiters poll.
 #[derive(Debug)]
 pub(crate) struct MyDb {
     check: Arc<str>,
     common: Common<sqlx::MySql>,
+    wake: Arc<Wake>,
+}
+
+/// The wake locks' statements, pinned connections and waiting connections.
+#[derive(Debug)]
+struct Wake {
+    table: String,
+    sql: WakeSql,
+    pool: sqlx::MySqlPool,
+    /// The connections holding a holder's wake lock, by name and owner.
+    pinned: Mutex<HashMap<(String, String), Pinned>>,
+    pin_slots: Arc<Semaphore>,
+    wait_slots: Arc<Semaphore>,
+    /// Waiting connections between waits, with their `CONNECTION_ID()`.
+    idle: Mutex<Vec<(PoolConnection<sqlx::MySql>, u64)>>,
+}
+
+#[derive(Debug)]
+struct Pinned {
+    conn: PoolConnection<sqlx::MySql>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Drop for Wake {
+    fn drop(&mut self) {
+        if tokio::runtime::Handle::try_current().is_err() {
+            // Handing a connection back to the pool spawns a task: close them here instead.
+            let pinned = std::mem::take(unpoisoned_mut(&mut self.pinned));
+            pinned.into_values().for_each(|p| drop(p.conn.detach()));
+            let idle = std::mem::take(unpoisoned_mut(&mut self.idle));
+            idle.into_iter().for_each(|(conn, _)| drop(conn.detach()));
+        }
+    }
+}
+
+fn unpoisoned_mut<T>(mutex: &mut Mutex<T>) -> &mut T {
+    mutex.get_mut().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Wake {
+    fn prefix(&self, name: &str) -> String {
+        wake_prefix(&self.table, name)
+    }
+
+    fn unpin(&self, name: &str, owner: &str) -> Option<Pinned> {
+        unpoisoned(&self.pinned).remove(&(name.to_owned(), owner.to_owned()))
+    }
+
+    /// Keeps `conn` (which holds the wake lock of `owner`'s hold of `name`) until the release.
+    fn pin(
+        &self,
+        name: &str,
+        owner: &str,
+        conn: PoolConnection<sqlx::MySql>,
+        slot: OwnedSemaphorePermit,
+    ) {
+        let pinned = Pinned { conn, _slot: slot };
+        let key = (name.to_owned(), owner.to_owned());
+        if let Some(earlier) = unpoisoned(&self.pinned).insert(key, pinned) {
+            // A reentrant take of a lock we hold: the earlier hold's wake lock goes with its
+            // connection.
+            drop(earlier.conn.detach());
+        }
+    }
+
+    /// A waiting connection and its id: an idle one, or a new one from the pool.
+    async fn waiting_conn(&self) -> Result<(PoolConnection<sqlx::MySql>, u64), sqlx::Error> {
+        if let Some(idle) = unpoisoned(&self.idle).pop() {
+            return Ok(idle);
+        }
+        let mut conn = self.pool.acquire().await?;
+        let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok((conn, id))
+    }
+
+    /// Waits on the server until the wake lock `lock` is given up (at most `secs`), or
+    /// `cancel` resolves: then the statement is killed and its connection closed.
+    async fn wait(
+        self: Arc<Self>,
+        lock: String,
+        secs: u64,
+        cancel: oneshot::Receiver<()>,
+        _slot: OwnedSemaphorePermit,
+    ) -> Woken {
+        let Ok((mut conn, id)) = self.waiting_conn().await else {
+            return Woken::Failed;
+        };
+        let mut killed = false;
+        let answer = {
+            let query = q(&self.sql.wait)
+                .bind(&lock)
+                .bind(&lock)
+                .bind(secs)
+                .bind(&lock)
+                .fetch_one(&mut *conn);
+            let mut query = std::pin::pin!(query);
+            // The wait's answer first, should both be ready.
+            match future::select(query.as_mut(), cancel).await {
+                Either::Left((answer, _)) => answer,
+                Either::Right(_) => {
+                    killed = true;
+                    let kill = format!("KILL QUERY {id}");
+                    if let Err(err) = self.pool.execute(AssertSqlSafe(kill)).await {
+                        tracing::debug!(%err, "could not kill a cancelled wait");
+                    }
+                    query.await
+                }
+            }
+        };
+        let answer = answer.and_then(|row| row.try_get::<Option<i64>, _>(0));
+        match answer {
+            Ok(answer) if !killed => {
+                unpoisoned(&self.idle).push((conn, id));
+                match answer {
+                    Some(0) => Woken::NotArmed,
+                    Some(3) => Woken::TimedOut,
+                    _ => Woken::Released,
+                }
+            }
+            // A killed statement's connection is not reused (a late kill could hit the next
+            // statement); a failed one goes back to the pool's own checks.
+            Ok(_) => {
+                drop(conn.detach());
+                Woken::Failed
+            }
+            Err(err) => {
+                tracing::debug!(%err, "wait on a wake lock failed");
+                if killed {
+                    drop(conn.detach());
+                }
+                Woken::Failed
+            }
+        }
+    }
 }
 
 impl MyDb {
@@ -201,12 +389,25 @@ impl MyDb {
                 .await
                 .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
         }
-        let (sql, check, holds) = statements(&config.table);
+        let (sql, check, wake, holds) = statements(&config.table);
         let holds = Holds::new(holds, config.create_table);
         let mut prepared = sql.prepared();
-        prepared.push(&check);
+        prepared.extend([&check, &wake.take, &wake.release, &wake.wait]);
         prepare_all(&pool, &prepared, &table).await?;
+        // A quarter of the pool at most pins, and as many wait (none of a pool under 4).
+        let slots = usize::try_from(pool.options().get_max_connections() / 4)
+            .unwrap_or(0)
+            .min(usize::try_from(keep).unwrap_or(0));
         Ok(Self {
+            wake: Arc::new(Wake {
+                table: config.table.clone(),
+                sql: wake,
+                pool: pool.clone(),
+                pinned: Mutex::default(),
+                pin_slots: Arc::new(Semaphore::new(slots)),
+                wait_slots: Arc::new(Semaphore::new(slots)),
+                idle: Mutex::default(),
+            }),
             common: Common {
                 conns: HotConns::new(pool, keep),
                 sql,
@@ -214,6 +415,77 @@ impl MyDb {
             },
             check,
         })
+    }
+
+    /// The version of `owner`'s hold of `name`, read on the connection of the take.
+    async fn check(
+        &self,
+        conn: &mut sqlx::MySqlConnection,
+        name: &str,
+        owner: &str,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let row = q(&self.check)
+            .bind(name)
+            .bind(owner)
+            .fetch_optional(conn)
+            .await?;
+        row.map(|r| r.try_get::<i64, _>(0)).transpose()
+    }
+
+    /// A take that also takes the holder's wake lock, and pins its connection if it took.
+    async fn take_waking(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl_us: i64,
+        slot: OwnedSemaphorePermit,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        // Cancelled or failed mid-way, the connection is closed, and with it any wake lock.
+        let mut hot = Unfinished::new(self.common.conns.get().await?);
+        let result = q(&self.wake.sql.take)
+            .bind(name)
+            .bind(owner)
+            .bind(ttl_us)
+            .bind(self.wake.prefix(name))
+            .execute(hot.conn())
+            .await;
+        let done = match result {
+            Ok(done) => done,
+            Err(err) => return hot.finish(Err(err)),
+        };
+        match answer(&done) {
+            Answer::Taken(version) => {
+                // An existing row: its connection holds the wake lock until the release.
+                if let Some(hot) = hot.into_hot() {
+                    self.wake.pin(name, owner, hot.into_pooled(), slot);
+                }
+                Ok(Some(version))
+            }
+            Answer::Refused => hot.finish(Ok(None)),
+            // A new row (no wake lock was taken), or an answer to check.
+            Answer::Ask => {
+                let result = self.check(hot.conn(), name, owner).await;
+                hot.finish(result)
+            }
+        }
+    }
+}
+
+/// What a take's answer says.
+enum Answer {
+    /// An existing row was taken (2 rows affected); LAST_INSERT_ID carries the new version.
+    Taken(i64),
+    /// The row was left alone (found, unchanged) and LAST_INSERT_ID set to 0.
+    Refused,
+    /// A new row was inserted (LAST_INSERT_ID 1), or anything else: read the row.
+    Ask,
+}
+
+fn answer(done: &sqlx::mysql::MySqlQueryResult) -> Answer {
+    match (done.rows_affected(), i64::try_from(done.last_insert_id())) {
+        (2, Ok(version)) if version > 0 => Answer::Taken(version),
+        (1, Ok(0)) => Answer::Refused,
+        _ => Answer::Ask,
     }
 }
 
@@ -230,6 +502,9 @@ impl Db for MyDb {
         ttl_us: i64,
         _wake_waiters: bool,
     ) -> Result<Option<i64>, sqlx::Error> {
+        if let Ok(slot) = self.wake.pin_slots.clone().try_acquire_owned() {
+            return self.take_waking(name, owner, ttl_us, slot).await;
+        }
         // Two statements on one connection: LAST_INSERT_ID and the check belong to the take.
         let mut hot = self.common.conns.get().await?;
         let result = q(&self.common.sql.take)
@@ -242,18 +517,66 @@ impl Db for MyDb {
             Ok(done) => done,
             Err(err) => return hot.keep(Err(err)),
         };
-        // 2: an existing row was taken (LAST_INSERT_ID carries the new version); 1: a new row was
-        // inserted, or the row was left alone (found, unchanged): ask.
-        if done.rows_affected() == 2 && done.last_insert_id() > 1 {
-            return hot.keep(Ok(i64::try_from(done.last_insert_id()).ok()));
+        match answer(&done) {
+            Answer::Taken(version) => hot.keep(Ok(Some(version))),
+            Answer::Refused => hot.keep(Ok(None)),
+            Answer::Ask => {
+                let result = self.check(hot.conn(), name, owner).await;
+                hot.keep(result)
+            }
         }
-        let result = q(&self.check)
+    }
+
+    async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {
+        let Some(pinned) = self.wake.unpin(name, owner) else {
+            return self.common.release(name, owner, version).await;
+        };
+        // On the connection that holds the wake lock; closed if cancelled or failed, which
+        // gives the wake lock up as well.
+        let lock = format!("{}{version}", self.wake.prefix(name));
+        let mut hot = Unfinished::new(self.common.conns.adopt(pinned.conn));
+        let result = q(&self.wake.sql.release)
+            .bind(&lock)
             .bind(name)
             .bind(owner)
-            .fetch_optional(hot.conn())
+            .bind(version)
+            .execute(hot.conn())
             .await;
-        let row = hot.keep(result)?;
-        row.map(|r| r.try_get::<i64, _>(0)).transpose()
+        let released = match result {
+            Ok(done) => done.rows_affected() == 1,
+            Err(err) => return hot.finish(Err(err)),
+        };
+        if !released {
+            // Not held any more: the statement changed nothing, so give the wake lock up here.
+            let result = sqlx::query("DO RELEASE_LOCK(?)")
+                .bind(&lock)
+                .execute(hot.conn())
+                .await;
+            return hot.finish(result.map(|_| false));
+        }
+        hot.finish(Ok(true))
+    }
+
+    async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error> {
+        self.forget(name, owner);
+        self.common.abandon(name, owner).await
+    }
+
+    fn wait_release(&self, name: &str, version: i64, remaining: Duration) -> Option<ServerWait> {
+        let slot = self.wake.wait_slots.clone().try_acquire_owned().ok()?;
+        let lock = format!("{}{version}", self.wake.prefix(name));
+        // Whole seconds (MySQL's GET_LOCK takes no fraction), at least one, at most the cap.
+        let secs = remaining.as_secs().saturating_add(1).min(MAX_WAIT_SECS);
+        let (cancel, cancelled) = oneshot::channel();
+        let task = tokio::spawn(self.wake.clone().wait(lock, secs, cancelled, slot));
+        Some(ServerWait::new(version, task, cancel))
+    }
+
+    fn forget(&self, name: &str, owner: &str) {
+        if let Some(pinned) = self.wake.unpin(name, owner) {
+            // Closing the connection gives its wake lock up.
+            drop(pinned.conn.detach());
+        }
     }
 
     fn pool(&self) -> SqlPool {

@@ -76,6 +76,16 @@ impl<DB: sqlx::Database> HotConns<DB> {
         };
         Ok(Hot { home: self, conn })
     }
+
+    /// Lends `conn` (taken out before, e.g. by [`Hot::into_pooled`]) like a connection of
+    /// [`Self::get`].
+    #[cfg_attr(
+        not(feature = "mysql"),
+        allow(dead_code, reason = "MySQL keeps a holder's connection")
+    )]
+    pub(crate) fn adopt(&self, conn: sqlx::pool::PoolConnection<DB>) -> Hot<'_, DB> {
+        Hot { home: self, conn }
+    }
 }
 
 impl<DB: sqlx::Database> HotConns<DB>
@@ -132,6 +142,15 @@ impl<DB: sqlx::Database> Hot<'_, DB> {
         &mut self.conn
     }
 
+    /// The connection, taken out of the kept ones for a longer use (see [`HotConns::adopt`]).
+    #[cfg_attr(
+        not(feature = "mysql"),
+        allow(dead_code, reason = "MySQL keeps a holder's connection")
+    )]
+    pub(crate) fn into_pooled(self) -> sqlx::pool::PoolConnection<DB> {
+        self.conn
+    }
+
     /// Passes a statement's result through: keeps the connection for the next statement if it
     /// succeeded, drops every kept connection if it failed.
     pub(crate) fn keep<T>(self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
@@ -166,6 +185,15 @@ impl<'a, DB: sqlx::Database> Unfinished<'a, DB> {
             .as_mut()
             .expect("the connection is present until finished")
             .conn()
+    }
+
+    /// The connection, after its use finished without an error.
+    #[cfg_attr(
+        not(feature = "mysql"),
+        allow(dead_code, reason = "MySQL keeps a holder's connection")
+    )]
+    pub(crate) fn into_hot(mut self) -> Option<Hot<'a, DB>> {
+        self.0.take()
     }
 
     /// Passes the transaction's result through: keeps the connection after a success, closes

@@ -46,13 +46,20 @@ fn statements(table: &str) -> (Sql, Arc<str>, HolderSql) {
          THEN (EXTRACT(EPOCH FROM (next_expires - now())) * 1000000)::bigint END AS next_remaining \
          FROM {t} WHERE name = $1"
     );
+    // Set in a statement's RETURNING (evaluated only for a row it changed), this makes the
+    // statement's commit return without waiting for its WAL flush: for writes that need no
+    // durability of their own. A waiter's reservation is a hint that lives a second; a lost
+    // release (a database crash within the WAL writer's delay) leaves the lock held until its
+    // lease ends, never held twice; and every take commits synchronously, which flushes
+    // every earlier commit with it, so a token can never be handed out twice.
+    let no_flush = "set_config('synchronous_commit', 'off', true)";
     let sql = Sql {
             take: format!("{take} SELECT version FROM v").into(),
             peek: peek.as_str().into(),
             reserve: format!(
                 "UPDATE {t} SET next_owner = $2, next_since = $3, next_expires = now() + $4::bigint {us} \
                  WHERE name = $1 AND (next_owner IS NULL OR next_owner = $2 OR next_expires <= now() \
-                 OR next_since > $3) RETURNING owner IS NULL OR expires_at <= now()"
+                 OR next_since > $3) RETURNING owner IS NULL OR expires_at <= now(), {no_flush}"
             )
             .into(),
             renew: format!(
@@ -63,7 +70,7 @@ fn statements(table: &str) -> (Sql, Arc<str>, HolderSql) {
             release: format!(
                 "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = now() \
                  WHERE name = $1 AND owner = $2 AND version = $3 AND expires_at > now() \
-                 RETURNING name, next_owner, next_expires > now() AS live) \
+                 RETURNING name, next_owner, next_expires > now() AS live, {no_flush}) \
                  SELECT CASE WHEN next_owner IS NULL THEN NULL \
                  WHEN live THEN pg_notify($4, octet_length(next_owner) || ':' || next_owner || name) \
                  ELSE pg_notify($4, '0:' || name) END FROM r"

@@ -1,5 +1,6 @@
 //! What wakes a waiter: PostgreSQL's LISTEN/NOTIFY (one listening connection per backend),
-//! or polling.
+//! MySQL/MariaDB's user-level locks (a [`ServerWait`] of the waiter at the head of the queue on
+//! the holder's wake lock), or polling.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -112,6 +113,87 @@ impl Drop for Subscription {
     }
 }
 
+/// What ended a [`ServerWait`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Woken {
+    /// The holder gave its wake lock up: it released (or its connection closed).
+    Released,
+    /// Nobody held the wake lock when the wait began: this holder has none (or released
+    /// just before). Waiting on it again would return at once.
+    NotArmed,
+    /// The wait's bound passed with the wake lock still held.
+    TimedOut,
+    /// The wait failed (connection lost, query killed) or could not start.
+    Failed,
+}
+
+/// A wait that runs on the server in a task of its own, for the release of the holder with
+/// `version`: cancelling the future that awaits it ([`ServerWait::woken`]) leaves the wait
+/// running, so the next `changed()` picks it up again. Dropping the `ServerWait` before the
+/// wait ended cancels it on the server (the task kills its statement).
+#[derive(Debug)]
+pub(crate) struct ServerWait {
+    version: i64,
+    started: std::time::Instant,
+    task: tokio::task::JoinHandle<Woken>,
+    /// Dropped (with the `ServerWait`) to tell the task to stop the wait on the server.
+    _cancel: tokio::sync::oneshot::Sender<()>,
+}
+
+#[cfg_attr(
+    not(feature = "mysql"),
+    allow(dead_code, reason = "server waits are MySQL's")
+)]
+impl ServerWait {
+    /// A wait run by `task`, which stops when `cancel`'s receiver resolves.
+    pub(crate) fn new(
+        version: i64,
+        task: tokio::task::JoinHandle<Woken>,
+        cancel: tokio::sync::oneshot::Sender<()>,
+    ) -> Self {
+        Self {
+            version,
+            started: std::time::Instant::now(),
+            task,
+            _cancel: cancel,
+        }
+    }
+
+    /// Whether the wait is still on and began less than `fresh` ago: the holder has not
+    /// given its wake lock up yet, so a read would only find it holding.
+    pub(crate) fn pending_within(&self, fresh: std::time::Duration) -> bool {
+        !self.task.is_finished() && self.started.elapsed() < fresh
+    }
+
+    /// The holder's version this wait is for.
+    pub(crate) fn version(&self) -> i64 {
+        self.version
+    }
+
+    /// Resolves when the wait ended. Cancel-safe: the wait goes on without it.
+    pub(crate) async fn woken(&mut self) -> Woken {
+        (&mut self.task).await.unwrap_or(Woken::Failed)
+    }
+}
+
+/// The prefix of the wake locks of `name` in `table`: the wake lock of the holder with version
+/// `v` is the prefix followed by `v`. A hash keeps it within MySQL's 64 characters for any name;
+/// FNV-1a, written out here, so that every process and version of this crate agrees on it.
+/// Two names with the same hash only share wake-ups, which are hints.
+#[cfg_attr(
+    not(feature = "mysql"),
+    allow(dead_code, reason = "wake locks are MySQL's")
+)]
+pub(crate) fn wake_prefix(table: &str, name: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let bytes = table.bytes().chain([0]).chain(name.bytes());
+    for byte in bytes {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("distlock:{hash:016x}:")
+}
+
 /// Splits a notification payload `<owner byte length>:<owner><name>`; an empty owner
 /// addresses every waiter.
 #[cfg_attr(
@@ -130,7 +212,18 @@ pub(crate) fn parse_payload(payload: &str) -> Option<(Option<&str>, &str)> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Arc, Notifier, parse_payload};
+    use super::{Arc, Notifier, parse_payload, wake_prefix};
+
+    #[test]
+    fn wake_lock_names_are_stable_and_short() {
+        assert_eq!(wake_prefix("t", "a"), wake_prefix("t", "a"));
+        assert_ne!(wake_prefix("t", "a"), wake_prefix("t", "b"));
+        assert_ne!(wake_prefix("t", "a"), wake_prefix("u", "a"));
+        // The known FNV-1a value of "t\0a", so that no build ever changes it.
+        assert_eq!(wake_prefix("t", "a"), "distlock:566dd51943ee5048:");
+        let longest = format!("{}{}", wake_prefix("t", &"x".repeat(512)), i64::MAX);
+        assert!(longest.len() <= 64, "{longest}");
+    }
 
     #[test]
     fn payloads() {

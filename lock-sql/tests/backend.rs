@@ -331,6 +331,77 @@ mod mysql {
         wrong_shape_is_reported(&url).await;
     }
 
+    /// How many of `client`'s connections wait in `GET_LOCK` on the server.
+    async fn waiting_in_get_lock(admin: &sqlx::MySqlPool, client: &LockClient<SqlBackend>) -> i64 {
+        let ids = client.backend_ref().session_ids();
+        let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+        let sql = format!(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+             WHERE STATE = 'User lock' AND ID IN ({list})"
+        );
+        sqlx::query_scalar(AssertSqlSafe(sql))
+            .fetch_one(admin)
+            .await
+            .unwrap_or_else(|e| panic!("processlist: {e}"))
+    }
+
+    /// The reserved waiter waits for the holder's wake lock on the server and takes the lock
+    /// when it is given up; a waiter cancelled mid-wait leaves no statement waiting there and
+    /// no reservation behind.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiter_waits_on_the_wake_lock_and_cancels_cleanly() {
+        let Some(url) = url() else { return };
+        let (a, b) = (client(&url).await, client(&url).await);
+        let admin = sqlx::MySqlPool::connect(&url).await.expect("admin pool");
+        let name = unique("wake");
+        let opts = AcquireOptions::default()
+            .with_ttl(Duration::from_secs(10))
+            .with_wait(Duration::from_secs(10));
+        // The first take inserts the row, without a wake lock; the later ones take one.
+        let first = a.acquire(&name, &opts).await.expect("first acquire");
+        first.release().await.expect("release");
+        let held = a.acquire(&name, &opts).await.expect("acquire");
+        let waiter = {
+            let (b, name, opts) = (b.clone(), name.clone(), opts.clone());
+            tokio::spawn(async move { b.acquire(&name, &opts).await })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            waiting_in_get_lock(&admin, &b).await,
+            1,
+            "no wait on the server"
+        );
+        held.release().await.expect("release");
+        let taken = tokio::time::timeout(Duration::from_secs(2), waiter)
+            .await
+            .expect("the waiter was not woken")
+            .expect("join")
+            .expect("acquire");
+        let token = taken.token();
+
+        // Cancelled mid-wait: the wait is killed on the server, the reservation dropped.
+        let cancelled = tokio::time::timeout(Duration::from_millis(500), a.acquire(&name, &opts));
+        assert!(cancelled.await.is_err(), "acquired a held lock");
+        // Within a second: an unkilled wait would run on for its bound of 2 s.
+        let mut left = 1;
+        for _ in 0..10 {
+            left = waiting_in_get_lock(&admin, &a).await;
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(left, 0, "a cancelled wait still runs on the server");
+        taken.release().await.expect("release");
+        let again = b
+            .try_acquire(&name, &opts)
+            .await
+            .expect("try_acquire")
+            .expect("a reservation of the cancelled waiter refused the lock");
+        assert!(again.token() > token);
+        again.release().await.expect("release");
+    }
+
     #[tokio::test]
     async fn missing_database() {
         let Some(url) = url() else { return };
