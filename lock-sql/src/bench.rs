@@ -199,13 +199,16 @@ pub async fn floor(url: &str) -> Result<Box<dyn RawFloor>> {
 /// The contended floor: the database's own blocking lock on one connection, MySQL's
 /// `GET_LOCK(name, timeout)` / `RELEASE_LOCK(name)` or PostgreSQL's session-level
 /// `pg_advisory_lock(key)` / `pg_advisory_unlock(key)` (the server queues the waiters and
-/// wakes the next one itself). SQLite has no blocking lock, so no contended floor.
+/// wakes the next one itself). SQLite has no blocking lock, so no contended floor (nor is
+/// there one in a build with only the `sqlite` feature).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 #[derive(Debug)]
 pub struct ServerLockFloor {
     conn: RawConn,
     dialect: Dialect,
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl ServerLockFloor {
     /// Opens one connection to `url`; `None` for SQLite.
     ///
@@ -232,6 +235,7 @@ impl ServerLockFloor {
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 #[async_trait]
 impl distlock_bench::ContendedFloor for ServerLockFloor {
     fn label(&self) -> &str {
@@ -309,6 +313,7 @@ impl distlock_bench::ContendedFloor for ServerLockFloor {
 ///
 /// # Errors
 /// As [`ServerLockFloor::connect`].
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub async fn contended_floor(url: &str) -> Result<Option<Box<dyn distlock_bench::ContendedFloor>>> {
     Ok(ServerLockFloor::connect(url)
         .await?

@@ -115,6 +115,10 @@ impl Drop for Subscription {
 
 /// What ended a [`ServerWait`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(
+    not(feature = "mysql"),
+    allow(dead_code, reason = "server waits are MySQL's")
+)]
 pub(crate) enum Woken {
     /// The holder gave its wake lock up: it released (or its connection closed).
     Released,
