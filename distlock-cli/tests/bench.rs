@@ -103,54 +103,52 @@ fn s2_runs_next_to_the_contended_floor_of_each_server() {
         };
         let json = env.path(&format!("{backend}.json"));
         let json_arg = json.to_string_lossy().into_owned();
-        {
-            let args = [
-                "bench",
-                "--url",
-                &url,
-                "--scenario",
-                "s2",
-                "--runtime",
-                runtime,
-                "--duration",
-                "400ms",
-                "--s2-warmup",
-                "50ms",
-                // The S1 floor (and its paused cycles) also runs with S2: kept short.
-                "--cycles",
-                "50",
-                "--warmup",
-                "5",
-                "--json",
-                &json_arg,
-                "--quiet",
-            ];
-            let out = env.run(&args);
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            assert!(
-                out.status.success(),
-                "{backend} {runtime}: {stdout}\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let report: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-            assert_eq!(
-                report["runtime"],
-                runtime.replace('-', "_"),
-                "{backend}: {report}"
-            );
-            let target = &report["targets"][0];
-            let label = target["contended_floor"]["label"].as_str().unwrap_or("");
-            assert!(label.contains(floor), "{backend}: {label:?} in {target}");
-            let floor_s2 = &target["contended_floor"]["s2"];
-            assert!(
-                floor_s2["critical_sections"].as_u64().unwrap_or(0) > 0,
-                "{target}"
-            );
-            assert_eq!(floor_s2["exclusivity_violations"], 0, "{target}");
-            let ratio = target["contended"]["contended_floor_ratio"].as_f64();
-            assert!(ratio.is_some_and(|r| r > 0.0), "{backend}: {target}");
-            assert!(stdout.contains(&format!("| {floor}")), "{stdout}");
-        }
+        let args = [
+            "bench",
+            "--url",
+            &url,
+            "--scenario",
+            "s2",
+            "--runtime",
+            runtime,
+            "--duration",
+            "400ms",
+            "--s2-warmup",
+            "50ms",
+            // The S1 floor (and its paused cycles) also runs with S2: kept short.
+            "--cycles",
+            "50",
+            "--warmup",
+            "5",
+            "--json",
+            &json_arg,
+            "--quiet",
+        ];
+        let out = env.run(&args);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{backend} {runtime}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        assert_eq!(
+            report["runtime"],
+            runtime.replace('-', "_"),
+            "{backend}: {report}"
+        );
+        let target = &report["targets"][0];
+        let label = target["contended_floor"]["label"].as_str().unwrap_or("");
+        assert!(label.contains(floor), "{backend}: {label:?} in {target}");
+        let floor_s2 = &target["contended_floor"]["s2"];
+        assert!(
+            floor_s2["critical_sections"].as_u64().unwrap_or(0) > 0,
+            "{target}"
+        );
+        assert_eq!(floor_s2["exclusivity_violations"], 0, "{target}");
+        let ratio = target["contended"]["contended_floor_ratio"].as_f64();
+        assert!(ratio.is_some_and(|r| r > 0.0), "{backend}: {target}");
+        assert!(stdout.contains(&format!("| {floor}")), "{stdout}");
     }
 }
