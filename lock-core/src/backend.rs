@@ -2,7 +2,9 @@
 //!
 //! See the crate documentation, section "Writing a backend".
 
+use std::any::Any;
 use std::fmt::Debug;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -203,7 +205,7 @@ impl Acquired {
 
 /// The server-side handle of a held lock.
 #[async_trait]
-pub trait Lease: Send + Sync + Debug + 'static {
+pub trait Lease: Any + Send + Sync + Debug + 'static {
     /// Extends the lease to `ttl` from now, only if this owner still holds it.
     ///
     /// # Errors
@@ -241,6 +243,74 @@ pub trait Lease: Send + Sync + Debug + 'static {
     async fn expired(&self) -> Result<()> {
         Ok(())
     }
+
+    /// The batch this lease is renewed in: automatic renewals of leases that return the same
+    /// [`Renewer`] (the same `Arc`, e.g. one per server connection or pool) and fall due at
+    /// the same watchdog tick go to the server together, in one [`Renewer::renew_many`] call
+    /// per [`Renewer::max_batch`] leases. Called once, when the guard is created. `None` (the
+    /// default): each lease is renewed by its own [`renew`](Self::renew).
+    ///
+    /// [`LockGuard::renew`](crate::LockGuard::renew) (an explicit renewal) always uses
+    /// [`renew`](Self::renew).
+    fn renewer(&self) -> Option<Arc<dyn Renewer>> {
+        None
+    }
+}
+
+/// One lease of a batched renewal, and the ttl to renew it to.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct RenewItem<'a> {
+    /// The lease, created by the backend whose [`Renewer`] receives it; get the backend's own
+    /// type back with [`downcast_lease`].
+    pub lease: &'a dyn Lease,
+    /// Its new lease length, from now.
+    pub ttl: Duration,
+}
+
+impl<'a> RenewItem<'a> {
+    /// `lease`, to be renewed to `ttl` from now.
+    pub fn new(lease: &'a dyn Lease, ttl: Duration) -> Self {
+        Self { lease, ttl }
+    }
+}
+
+/// Renews many leases of one backend in as few server requests as the protocol allows (one
+/// script call, one statement, one `multi`): what a client's watchdog uses instead of one
+/// [`Lease::renew`] per lock, so that holding thousands of locks costs a few requests per
+/// renewal tick, not thousands. Returned by [`Lease::renewer`].
+#[async_trait]
+pub trait Renewer: Send + Sync + Debug + 'static {
+    /// The most leases one [`renew_many`](Self::renew_many) call takes; the core splits larger
+    /// batches (each part is one call, run concurrently).
+    fn max_batch(&self) -> usize {
+        DEFAULT_MAX_BATCH
+    }
+
+    /// Renews every lease to its ttl from now, each exactly as [`Lease::renew`] would: only if
+    /// its owner still holds it, atomically on the server, per lease (one lease refused does
+    /// not stop the others).
+    ///
+    /// Cancel safety: the core may drop the future at any await point (operation timeout);
+    /// a renewal then counts as unanswered for every lease of the batch.
+    ///
+    /// # Errors
+    /// `Ok` holds one result per item, in the order given: `Ok(())`, or
+    /// [`Error::NotHeld`](crate::Error::NotHeld) for a lock that is no longer the owner's, or
+    /// another error for that lease alone. `Err` when the request failed as a whole (no answer,
+    /// a transport error): every lease of the batch then counts as unanswered, as a failed
+    /// [`Lease::renew`] does, and is retried until its local deadline.
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Result<()>>>;
+}
+
+/// [`Renewer::max_batch`] unless a backend says otherwise.
+pub const DEFAULT_MAX_BATCH: usize = 256;
+
+/// The backend's own lease type behind `lease`, for a [`Renewer`]: `None` if `lease` is of
+/// another type (a renewer should answer that item with an error rather than panic).
+pub fn downcast_lease<L: Lease>(lease: &dyn Lease) -> Option<&L> {
+    let any: &dyn Any = lease;
+    any.downcast_ref::<L>()
 }
 
 /// What [`LockBackend::inspect`] (and, per name, [`LockBackend::list`]) can tell about a lock.

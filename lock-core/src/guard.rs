@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, warn};
 
 use crate::backend::unpoisoned as lock;
-use crate::backend::{Lease, within};
+use crate::backend::{Lease, Renewer, within};
 use crate::registry::{Reentrant, Registry, RegistryKey};
 use crate::telemetry::{Handles, Op, Released};
 use crate::watchdog::{Schedule, Watchdog, Watched};
@@ -45,6 +45,8 @@ pub(crate) struct Held {
     pub(crate) token: FencingToken,
     pub(crate) backend: &'static str,
     lease: Box<dyn Lease>,
+    /// The batch the lease's automatic renewals go to ([`Lease::renewer`]).
+    renewer: Option<Arc<dyn Renewer>>,
     pub(crate) ttl: Duration,
     config: ClientConfig,
     /// Renewal stops so that the lock is not held past this instant.
@@ -95,6 +97,7 @@ impl LockGuard {
         if let Some(limit) = hold_limit {
             valid_until = valid_until.min(limit);
         }
+        let renewer = new.lease.renewer();
         let held = Arc::new(Held {
             name: new.name,
             kind: new.kind,
@@ -102,6 +105,7 @@ impl LockGuard {
             token: new.token,
             backend: new.backend,
             lease: new.lease,
+            renewer,
             ttl: new.ttl,
             config: new.config,
             hold_limit,
@@ -378,11 +382,24 @@ impl Held {
         let what = Of("renewal", &self.name);
         let result = within(timeout, what, self.lease.renew(self.ttl))
             .instrument(span)
-            .await;
+            .await
+            .and_then(|answer| answer);
         self.metrics.operation(Op::Renew, sent);
-        self.metrics.renewed(matches!(result, Ok(Ok(()))));
+        if let Err(err) = &result
+            && !err.is_not_held()
+        {
+            self.metrics.backend_error(err);
+        }
+        self.settle_renewal(sent, result)
+    }
+
+    /// Applies the answer to a renewal request sent at `sent` (its own, or its part of a
+    /// batch): moves the local deadline on success, reports a refusal as a loss. Counts the
+    /// renewal, not the request (the caller counts the request and its error).
+    pub(crate) fn settle_renewal(&self, sent: Instant, result: Result<()>) -> Result<()> {
+        self.metrics.renewed(result.is_ok());
         match result {
-            Ok(Ok(())) => {
+            Ok(()) => {
                 let mut until = sent + self.ttl - self.config.drift(self.ttl);
                 if let Some(limit) = self.hold_limit {
                     until = until.min(limit);
@@ -394,14 +411,11 @@ impl Held {
                 *end = (*end).max(sent + self.ttl);
                 Ok(())
             }
-            Ok(Err(err)) if err.is_not_held() => {
+            Err(err) if err.is_not_held() => {
                 self.mark_lost(LossReason::RenewalRejected);
                 Err(err)
             }
-            Ok(Err(err)) | Err(err) => {
-                self.metrics.backend_error(&err);
-                Err(err)
-            }
+            Err(err) => Err(err),
         }
     }
 
@@ -496,6 +510,30 @@ impl Watched for Held {
 
     fn renew_once(&self) -> BoxFuture<'_, Result<()>> {
         Box::pin(Held::renew_once(self))
+    }
+
+    fn renewer(&self) -> Option<&Arc<dyn Renewer>> {
+        self.renewer.as_ref()
+    }
+
+    fn lease(&self) -> &dyn Lease {
+        &*self.lease
+    }
+
+    fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    fn operation_timeout(&self) -> Duration {
+        self.config.operation_timeout
+    }
+
+    fn settle_renewal(&self, sent: Instant, result: Result<()>) -> Result<()> {
+        Held::settle_renewal(self, sent, result)
+    }
+
+    fn metrics(&self) -> &Handles {
+        &self.metrics
     }
 
     fn ran_out(self: Arc<Self>) {

@@ -77,8 +77,10 @@
 //! 3. [`Lease`]: owner-checked, atomic [`renew`](Lease::renew) and
 //!    [`release`](Lease::release) that answer [`Error::NotHeld`] when the lock is no longer
 //!    the owner's, optionally a [`loss_signal`](Lease::loss_signal) future for servers
-//!    that report loss themselves (session expiry), and [`expired`](Lease::expired) for a
-//!    server-side lease that can outlive the lock.
+//!    that report loss themselves (session expiry), [`expired`](Lease::expired) for a
+//!    server-side lease that can outlive the lock, and a [`renewer`](Lease::renewer) that
+//!    renews many leases in one request ([`Renewer`]), so that a client's renewal cost per
+//!    tick does not grow with the number of locks it holds.
 //!
 //! Shared helpers for backends live in [`backend`] too: the one retry policy
 //! ([`backend::RetryPolicy`], [`backend::retrying`], [`backend::Retries`]; the backend only
@@ -116,7 +118,8 @@ mod token;
 mod watchdog;
 
 pub use backend::{
-    AcquireRequest, Acquired, Attempt, AttemptMode, Lease, LockBackend, LockInfo, Step,
+    AcquireRequest, Acquired, Attempt, AttemptMode, Lease, LockBackend, LockInfo, RenewItem,
+    Renewer, Step,
 };
 pub use capabilities::{Capabilities, LossDetection, WakeUp};
 pub use client::LockClient;

@@ -22,7 +22,8 @@ use futures::stream::BoxStream;
 use tokio::sync::watch;
 
 use crate::backend::{
-    AcquireRequest, Acquired, Attempt, AttemptMode, Lease, LockBackend, LockInfo, Step,
+    AcquireRequest, Acquired, Attempt, AttemptMode, Lease, LockBackend, LockInfo, RenewItem,
+    Renewer, Step, downcast_lease,
 };
 use crate::{
     Capabilities, Error, FencingGuarantee, FencingToken, LockClient, LockKind, LockName, Result,
@@ -46,6 +47,9 @@ struct Shared {
     waiter_ids: AtomicU64,
     /// Bumped on every acquisition and release of any name, for observers.
     any_change: watch::Sender<()>,
+    /// The one batch of this store's leases: their renewals take the state's lock once per
+    /// tick.
+    renewer: Arc<dyn Renewer>,
 }
 
 impl Default for Shared {
@@ -55,6 +59,7 @@ impl Default for Shared {
             tokens: AtomicU64::new(0),
             waiter_ids: AtomicU64::new(0),
             any_change: watch::Sender::new(()),
+            renewer: Arc::new(MemoryRenewer),
         }
     }
 }
@@ -421,13 +426,9 @@ impl MemoryLease {
             name: self.name.to_string(),
         }
     }
-}
 
-#[async_trait]
-impl Lease for MemoryLease {
-    async fn renew(&self, ttl: Duration) -> Result<()> {
-        let mut state = self.store.available_state()?;
-        let now = Instant::now();
+    /// Extends the lease in `state` (its store's), if still the owner's.
+    fn renew_in(&self, state: &mut State, now: Instant, ttl: Duration) -> Result<()> {
         match state
             .locks
             .get_mut(&self.name)
@@ -439,6 +440,53 @@ impl Lease for MemoryLease {
             }
             None => Err(self.not_held()),
         }
+    }
+}
+
+/// Renews a batch of one store's leases under one lock of its state.
+#[derive(Debug)]
+struct MemoryRenewer;
+
+#[async_trait]
+impl Renewer for MemoryRenewer {
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Result<()>>> {
+        let leases: Vec<Option<&MemoryLease>> = items
+            .iter()
+            .map(|item| downcast_lease::<MemoryLease>(item.lease))
+            .collect();
+        let foreign = || {
+            Err(Error::Backend {
+                message: "a lease of another store in a memory renewal batch".into(),
+                source: None,
+            })
+        };
+        let Some(store) = leases.iter().flatten().next().map(|l| &l.store) else {
+            return Ok(items.iter().map(|_| foreign()).collect());
+        };
+        let mut state = store.available_state()?;
+        let now = Instant::now();
+        Ok(items
+            .iter()
+            .zip(leases)
+            .map(|(item, lease)| match lease {
+                Some(lease) if Arc::ptr_eq(&lease.store.shared, &store.shared) => {
+                    lease.renew_in(&mut state, now, item.ttl)
+                }
+                _ => foreign(),
+            })
+            .collect())
+    }
+}
+
+#[async_trait]
+impl Lease for MemoryLease {
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        let mut state = self.store.available_state()?;
+        self.renew_in(&mut state, Instant::now(), ttl)
+    }
+
+    fn renewer(&self) -> Option<Arc<dyn Renewer>> {
+        Some(self.store.shared.renewer.clone())
     }
 
     async fn release(&self) -> Result<()> {

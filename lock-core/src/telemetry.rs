@@ -26,7 +26,7 @@
 //! | `distlock_acquire_wait_seconds` | histogram | backend | from the call to holding the lock, for every acquisition counted above |
 //! | `distlock_hold_seconds` | histogram | backend | from acquisition to the end of the hold: release, drop, abandon or loss |
 //! | `distlock_handoff_seconds` | histogram | backend | for an acquisition that found the lock taken: from the wake-up that preceded the successful attempt (the backend's release event, or the end of the pause between polls) to holding the lock |
-//! | `distlock_operation_duration_seconds` | histogram | backend, operation | one backend request: `acquire` (one attempt), `renew`, `release`, `abandon`, `inspect`, `list`, `force_release` |
+//! | `distlock_operation_duration_seconds` | histogram | backend, operation | one backend request: `acquire` (one attempt), `renew` (a batched renewal counts once per lock it renews), `release`, `abandon`, `inspect`, `list`, `force_release` |
 //! | `distlock_held_guards` | gauge | backend | locks this process holds: acquired, and neither released, dropped, abandoned nor lost |
 //! | `distlock_waiting_acquires` | gauge | backend | `acquire` calls waiting for a lock they found taken |
 //!
@@ -41,6 +41,7 @@
 //! | `distlock.try_acquire` | DEBUG | `backend`, `name` | a `try_acquire` call |
 //! | `distlock.campaign` | DEBUG | `backend`, `name` | a `campaign` call |
 //! | `distlock.renew` | DEBUG | `backend`, `name`, `token` | one renewal request |
+//! | `distlock.renew_batch` | DEBUG | `backend`, `locks` | one request renewing `locks` leases together (a backend with a [`Renewer`](crate::Renewer)) |
 //! | `distlock.release` | DEBUG | `backend`, `name`, `token` | a release request (explicit or after a drop) |
 //! | `distlock.loss_signal` | DEBUG | `backend`, `name` | a backend's own loss report (session expiry) |
 //! | `distlock.force_release` | DEBUG | `backend`, `name` | an operator's `force_release` |

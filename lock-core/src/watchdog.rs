@@ -4,8 +4,16 @@
 //! mutex-protected ordered map and nothing else, and the task wakes only when a deadline is
 //! due (renewals run concurrently inside it). The task starts with the first guard and ends
 //! when no deadline is left.
+//!
+//! Renewals of leases with a [`Renewer`] are batched: at a tick, every due lease of one
+//! renewer goes to the server in one `renew_many` call per `max_batch` leases, together with
+//! the leases of that renewer that are at least half-way to their next renewal. Renewing those
+//! early (by at most half an interval, so never more than twice as often) merges the leases'
+//! schedules: within two rounds every lease of a renewer with one renewal interval falls due at
+//! the same tick, and a client holding K locks sends ceil(K / max_batch) requests per renewal
+//! interval, whenever the locks were taken.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,10 +23,12 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::Notify;
 use tokio::time::sleep_until;
 use tokio_util::sync::CancellationToken;
-use tracing::debug;
+use tracing::{Instrument, debug};
 
 use crate::backend::unpoisoned as lock;
-use crate::{LockName, LossReason, Result};
+use crate::backend::{Lease, RenewItem, Renewer, within};
+use crate::telemetry::{Handles, Op};
+use crate::{Error, LockName, LossReason, Result};
 
 /// What the watchdog needs of a guard: its schedule, deadlines and renewal. (The guard
 /// implements it; the watchdog knows nothing else of guards.)
@@ -43,6 +53,23 @@ pub(crate) trait Watched: Send + Sync + 'static {
     fn renew_once(&self) -> BoxFuture<'_, Result<()>>;
     /// The local deadline passed without a renewal: the lease ran out (loss already marked).
     fn ran_out(self: Arc<Self>);
+    /// The batch its automatic renewals go to, if the backend batches.
+    fn renewer(&self) -> Option<&Arc<dyn Renewer>>;
+    /// The lease, for a batched renewal.
+    fn lease(&self) -> &dyn Lease;
+    /// The backend's name, for traces.
+    fn backend(&self) -> &'static str;
+    /// The bound on one backend request.
+    fn operation_timeout(&self) -> Duration;
+    /// Applies the answer to a renewal sent at `sent` (see `Held::settle_renewal`).
+    fn settle_renewal(&self, sent: Instant, result: Result<()>) -> Result<()>;
+    /// The guard's metric handles.
+    fn metrics(&self) -> &Handles;
+}
+
+/// A renewer's identity: the address of its shared value.
+fn renewer_id(renewer: &Arc<dyn Renewer>) -> usize {
+    Arc::as_ptr(renewer).cast::<()>() as usize
 }
 
 type Entry = Arc<dyn Watched>;
@@ -134,9 +161,9 @@ impl Watchdog {
         }
     }
 
-    /// Handles a guard whose deadline is due: the loss deadline passed, a renewal is due (the
-    /// returned future runs it), or neither (it goes back into the map).
-    fn due(&self, held: Entry, now: Instant) -> Option<BoxFuture<'static, ()>> {
+    /// Handles a guard whose deadline is due: the loss deadline passed, a renewal is due
+    /// (returns the guard, to be renewed), or neither (it goes back into the map).
+    fn due(&self, held: Entry, now: Instant) -> Option<Entry> {
         if held.stop().is_cancelled() {
             return None;
         }
@@ -158,8 +185,7 @@ impl Watchdog {
         }
         let renew_due = renew_at(held.as_ref(), &schedule).is_some_and(|at| at <= now);
         if renew_due && held.renewing() {
-            drop(schedule);
-            return Some(Box::pin(self.clone().renew(held, valid_until)));
+            return Some(held.clone());
         }
         if renew_due {
             // Abandoned: keep only the loss deadline, so that `lost()` still fires.
@@ -171,7 +197,9 @@ impl Watchdog {
         None
     }
 
-    async fn renew(self, held: Entry, valid_until: Instant) {
+    /// One guard's renewal by its own request.
+    async fn renew(self, held: Entry) {
+        let valid_until = held.valid_until();
         let result = tokio::select! {
             biased;
             () = held.stop().cancelled() => return,
@@ -183,6 +211,95 @@ impl Watchdog {
             }
             result = held.renew_once() => result,
         };
+        self.renewed(&held, &result);
+    }
+
+    /// The renewals of `batch` (leases of one renewer, at most its `max_batch`) by one
+    /// `renew_many` request. A guard whose local deadline passes before the answer is lost
+    /// (`ConnectionLost`), as with a request of its own; a guard stopped meanwhile is left out.
+    async fn renew_batch(self, renewer: Arc<dyn Renewer>, mut batch: Vec<Entry>) {
+        batch.retain(|held| !held.stop().is_cancelled());
+        let Some(first) = batch.first() else { return };
+        let span = tracing::debug_span!(
+            "distlock.renew_batch",
+            backend = first.backend(),
+            locks = batch.len()
+        );
+        let timeout = first.operation_timeout();
+        let sent = Instant::now();
+        let items: Vec<RenewItem<'_>> = batch
+            .iter()
+            .map(|held| RenewItem::new(held.lease(), held.ttl()))
+            .collect();
+        let what = format_args!("batched renewal of {} locks", items.len()).to_string();
+        let request = within(timeout, what, renewer.renew_many(&items)).instrument(span);
+        tokio::pin!(request);
+        // Guards whose local deadline passed while the request was out.
+        let mut expired = vec![false; batch.len()];
+        let answer = loop {
+            let next_deadline = batch
+                .iter()
+                .zip(&expired)
+                .filter(|(_, gone)| !**gone)
+                .map(|(held, _)| held.valid_until())
+                .min();
+            let Some(deadline) = next_deadline else {
+                break None;
+            };
+            tokio::select! {
+                biased;
+                answer = &mut request => break Some(answer.and_then(|a| a)),
+                () = sleep_until(deadline.into()) => {
+                    let now = Instant::now();
+                    for (held, gone) in batch.iter().zip(expired.iter_mut()) {
+                        if !*gone && now >= held.valid_until() {
+                            *gone = true;
+                            held.mark_lost(LossReason::ConnectionLost);
+                            held.stop().cancel();
+                            held.clone().ran_out();
+                        }
+                    }
+                }
+            }
+        };
+        let Some(answer) = answer else { return };
+        for held in &batch {
+            held.metrics().operation(Op::Renew, sent);
+        }
+        let mut results = match answer {
+            Ok(results) if results.len() == batch.len() => results,
+            Ok(results) => {
+                let err = Error::Backend {
+                    message: format!(
+                        "batched renewal answered {} results for {} locks",
+                        results.len(),
+                        batch.len()
+                    ),
+                    source: None,
+                };
+                first.metrics().backend_error(&err);
+                unanswered(&err, batch.len())
+            }
+            Err(err) => {
+                first.metrics().backend_error(&err);
+                unanswered(&err, batch.len())
+            }
+        };
+        for ((held, result), gone) in batch.iter().zip(results.drain(..)).zip(expired) {
+            if gone || held.stop().is_cancelled() {
+                continue;
+            }
+            if let Err(err) = &result {
+                held.metrics().backend_error(err);
+            }
+            let settled = held.settle_renewal(sent, result);
+            self.renewed(held, &settled);
+        }
+    }
+
+    /// Schedules what follows a renewal's answer: the next renewal, a retry, or nothing (a
+    /// refusal already reported the loss).
+    fn renewed(&self, held: &Entry, result: &Result<()>) {
         let mut schedule = lock(held.schedule());
         let interval = schedule.interval.unwrap_or(held.ttl() / 3);
         match result {
@@ -190,7 +307,7 @@ impl Watchdog {
                 schedule.failing = false;
                 schedule.next_renewal = Some(Instant::now() + interval);
             }
-            // Refused: `renew_once` reported the loss.
+            // Refused: the settlement reported the loss.
             Err(err) if err.is_not_held() => {
                 drop(schedule);
                 held.stop().cancel();
@@ -205,8 +322,21 @@ impl Watchdog {
         }
         let at = next_event(held.as_ref(), &schedule);
         drop(schedule);
-        self.insert(&held, at);
+        self.insert(held, at);
     }
+}
+
+/// One "no answer" per lease of a batch whose request failed as a whole (every lease is then
+/// retried, as after a failed request of its own).
+fn unanswered(err: &Error, n: usize) -> Vec<Result<()>> {
+    (0..n)
+        .map(|_| {
+            Err(Error::Unavailable {
+                message: err.to_string(),
+                source: None,
+            })
+        })
+        .collect()
 }
 
 /// The next renewal, unless it would fall after the hold limit (`valid_until` is clamped to
@@ -220,6 +350,20 @@ fn renew_at(held: &dyn Watched, schedule: &Schedule) -> Option<Instant> {
 fn next_event(held: &dyn Watched, schedule: &Schedule) -> Instant {
     let valid_until = held.valid_until();
     renew_at(held, schedule).map_or(valid_until, |at| at.min(valid_until))
+}
+
+/// Whether a batched guard's renewal, not yet due at `now`, may go with this tick's batch: it
+/// falls due within half its interval, and its loss deadline has not passed.
+fn may_go_early(held: &dyn Watched, now: Instant) -> bool {
+    if held.stop().is_cancelled() || !held.renewing() {
+        return false;
+    }
+    let schedule = lock(held.schedule());
+    let Some(at) = renew_at(held, &schedule) else {
+        return false;
+    };
+    let interval = schedule.interval.unwrap_or(held.ttl() / 3);
+    at <= now + interval / 2 && now < held.valid_until()
 }
 
 /// Clears `running` if the task is dropped before it decides to end (its runtime shut down),
@@ -237,40 +381,100 @@ impl Drop for Running {
     }
 }
 
+/// Takes the guards due at `now` out of the map, and with them the batched guards that may go
+/// early with a renewer that has a due guard. Decides under the map's lock whether the task
+/// ends (`None`).
+fn take_due(
+    state: &mut State,
+    now: Instant,
+    renewals_running: bool,
+) -> Option<(Vec<Entry>, Vec<Entry>, Option<Instant>)> {
+    let mut due = Vec::new();
+    while let Some(entry) = state.timers.first_entry() {
+        if entry.key().0 > now {
+            break;
+        }
+        due.push(entry.remove());
+    }
+    let mut early = Vec::new();
+    let renewers: Vec<usize> = due
+        .iter()
+        .filter_map(|held| held.renewer().map(renewer_id))
+        .collect();
+    if !renewers.is_empty() {
+        let keys: Vec<TimerKey> = state
+            .timers
+            .iter()
+            .filter(|(_, held)| {
+                held.renewer()
+                    .is_some_and(|r| renewers.contains(&renewer_id(r)))
+                    && may_go_early(held.as_ref(), now)
+            })
+            .map(|(key, _)| *key)
+            .collect();
+        for key in keys {
+            if let Some(held) = state.timers.remove(&key) {
+                early.push(held);
+            }
+        }
+    }
+    let next = state.timers.keys().next().map(|key| key.0);
+    if due.is_empty() && next.is_none() && !renewals_running {
+        // Decided under the lock: an insert either comes before (and is seen) or after (and
+        // starts a new task).
+        state.running = false;
+        state.wake_at = None;
+        return None;
+    }
+    state.wake_at = next;
+    Some((due, early, next))
+}
+
 async fn run(watchdog: Watchdog) {
     let mut running = Running {
         watchdog: watchdog.clone(),
         armed: true,
     };
     let shared = &watchdog.shared;
-    let mut renewals = FuturesUnordered::new();
+    let mut renewals: FuturesUnordered<BoxFuture<'static, ()>> = FuturesUnordered::new();
     loop {
         let now = Instant::now();
-        let mut due = Vec::new();
-        let next = {
-            let mut state = lock(&shared.state);
-            while let Some(entry) = state.timers.first_entry() {
-                if entry.key().0 > now {
-                    break;
-                }
-                due.push(entry.remove());
-            }
-            let next = state.timers.keys().next().map(|key| key.0);
-            if due.is_empty() && next.is_none() && renewals.is_empty() {
-                // Decided under the lock: an insert either comes before (and is seen) or
-                // after (and starts a new task).
-                state.running = false;
-                state.wake_at = None;
-                running.armed = false;
-                return;
-            }
-            state.wake_at = next;
-            next
+        let taken = take_due(&mut lock(&shared.state), now, !renewals.is_empty());
+        let Some((due, early, next)) = taken else {
+            running.armed = false;
+            return;
         };
-        for held in due {
-            lock(held.schedule()).key = None;
-            if let Some(renewal) = watchdog.due(held, now) {
-                renewals.push(renewal);
+        let mut batches: HashMap<usize, (Arc<dyn Renewer>, Vec<Entry>)> = HashMap::new();
+        let to_renew = due
+            .into_iter()
+            .filter_map(|held| {
+                lock(held.schedule()).key = None;
+                watchdog.due(held, now)
+            })
+            .chain(early.into_iter().inspect(|held| {
+                lock(held.schedule()).key = None;
+            }));
+        for held in to_renew {
+            match held.renewer() {
+                Some(renewer) => {
+                    let renewer = renewer.clone();
+                    batches
+                        .entry(renewer_id(&renewer))
+                        .or_insert_with(|| (renewer, Vec::new()))
+                        .1
+                        .push(held);
+                }
+                None => renewals.push(Box::pin(watchdog.clone().renew(held))),
+            }
+        }
+        for (renewer, mut guards) in batches.into_values() {
+            let size = renewer.max_batch().max(1);
+            while !guards.is_empty() {
+                let rest = guards.split_off(guards.len().min(size));
+                let part = std::mem::replace(&mut guards, rest);
+                renewals.push(Box::pin(
+                    watchdog.clone().renew_batch(renewer.clone(), part),
+                ));
             }
         }
         let sleep = async {
