@@ -223,9 +223,10 @@ pub trait Lease: Any + Send + Sync + Debug + 'static {
     /// A future that resolves when the backend itself learns the lock is gone (session expiry,
     /// a watch on the key). `None` (the default): loss is detected by renewal only.
     ///
-    /// Called once per guard; a `Some` future is polled by a task of its own (renewal of all
-    /// guards runs in one task per client) until the guard is released or lost, so keep it
-    /// cheap for short holds (set up a watch lazily rather than with a request per guard).
+    /// Called once per guard; a `Some` future is polled by the client's one watchdog task (the
+    /// task that renews every guard) until the guard is released or lost, so keep it cheap:
+    /// no request per guard (set up a watch lazily, or share one per connection), and no
+    /// blocking or long computation when polled.
     fn loss_signal(&self) -> Option<BoxFuture<'static, LossReason>> {
         None
     }

@@ -124,32 +124,32 @@ impl LockGuard {
         held.metrics.hold_started();
         held.watchdog.watch(&(held.clone() as Arc<dyn Watched>));
         if let Some(signal) = held.lease.loss_signal() {
-            // Only backends that learn of a loss by themselves (sessions) pay for a task.
-            let held = held.clone();
+            // Only backends that learn of a loss by themselves (sessions) have one; the
+            // client's watchdog task polls it until the guard stops.
+            let watched = held.clone();
             let span = tracing::debug_span!("distlock.loss_signal", backend = held.backend, name = %held.name);
-            tokio::spawn(
-                async move {
-                    tokio::select! {
-                        biased;
-                        () = held.stop.cancelled() => {}
-                        reason = signal => {
-                            // A lock removed once its local deadline passed expired; the backend
-                            // cannot tell that apart from a removal by somebody else.
-                            let reason = match reason {
-                                LossReason::ReleasedElsewhere
-                                    if Instant::now() >= held.valid_until() =>
-                                {
-                                    LossReason::LeaseExpired
-                                }
-                                other => other,
-                            };
-                            held.mark_lost(reason);
-                            held.stop.cancel();
-                        }
+            let signal = async move {
+                let held = watched;
+                tokio::select! {
+                    biased;
+                    () = held.stop.cancelled() => {}
+                    reason = signal => {
+                        // A lock removed once its local deadline passed expired; the backend
+                        // cannot tell that apart from a removal by somebody else.
+                        let reason = match reason {
+                            LossReason::ReleasedElsewhere
+                                if Instant::now() >= held.valid_until() =>
+                            {
+                                LossReason::LeaseExpired
+                            }
+                            other => other,
+                        };
+                        held.mark_lost(reason);
+                        held.stop.cancel();
                     }
                 }
-                .instrument(span),
-            );
+            };
+            held.watchdog.watch_loss(Box::pin(signal.instrument(span)));
         }
         Self {
             held,

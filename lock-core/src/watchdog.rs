@@ -121,6 +121,8 @@ struct State {
     running: bool,
     /// The deadline the task sleeps towards.
     wake_at: Option<Instant>,
+    /// Backends' loss signals of new guards, for the task to poll.
+    signals: Vec<BoxFuture<'static, ()>>,
 }
 
 impl Watchdog {
@@ -128,6 +130,22 @@ impl Watchdog {
     pub(crate) fn watch(&self, held: &Entry) {
         let at = next_event(held.as_ref(), &lock(held.schedule()));
         self.insert(held, at);
+    }
+
+    /// Polls `signal` (a backend's own loss report, which ends by itself when its guard
+    /// stops) in the watchdog's task, so that a guard with a loss signal costs a boxed future,
+    /// not a task of its own.
+    pub(crate) fn watch_loss(&self, signal: BoxFuture<'static, ()>) {
+        let mut state = lock(&self.shared.state);
+        state.signals.push(signal);
+        if state.running {
+            drop(state);
+            self.shared.notify.notify_one();
+        } else {
+            state.running = true;
+            drop(state);
+            tokio::spawn(run(self.clone()));
+        }
     }
 
     /// Stops watching (release, drop): removes the guard's entry at once.
@@ -384,11 +402,7 @@ impl Drop for Running {
 /// Takes the guards due at `now` out of the map, and with them the batched guards that may go
 /// early with a renewer that has a due guard. Decides under the map's lock whether the task
 /// ends (`None`).
-fn take_due(
-    state: &mut State,
-    now: Instant,
-    renewals_running: bool,
-) -> Option<(Vec<Entry>, Vec<Entry>, Option<Instant>)> {
+fn take_due(state: &mut State, now: Instant, busy: bool) -> Option<Taken> {
     let mut due = Vec::new();
     while let Some(entry) = state.timers.first_entry() {
         if entry.key().0 > now {
@@ -419,7 +433,8 @@ fn take_due(
         }
     }
     let next = state.timers.keys().next().map(|key| key.0);
-    if due.is_empty() && next.is_none() && !renewals_running {
+    let signals = std::mem::take(&mut state.signals);
+    if due.is_empty() && next.is_none() && signals.is_empty() && !busy {
         // Decided under the lock: an insert either comes before (and is seen) or after (and
         // starts a new task).
         state.running = false;
@@ -427,7 +442,24 @@ fn take_due(
         return None;
     }
     state.wake_at = next;
-    Some((due, early, next))
+    Some(Taken {
+        due,
+        early,
+        next,
+        signals,
+    })
+}
+
+/// What one turn of the watchdog's loop takes out of the shared state.
+struct Taken {
+    /// Guards whose deadline is due.
+    due: Vec<Entry>,
+    /// Batched guards whose renewal goes early with a due batch.
+    early: Vec<Entry>,
+    /// The next deadline left in the map.
+    next: Option<Instant>,
+    /// New loss signals.
+    signals: Vec<BoxFuture<'static, ()>>,
 }
 
 async fn run(watchdog: Watchdog) {
@@ -437,13 +469,22 @@ async fn run(watchdog: Watchdog) {
     };
     let shared = &watchdog.shared;
     let mut renewals: FuturesUnordered<BoxFuture<'static, ()>> = FuturesUnordered::new();
+    let mut signals: FuturesUnordered<BoxFuture<'static, ()>> = FuturesUnordered::new();
     loop {
         let now = Instant::now();
-        let taken = take_due(&mut lock(&shared.state), now, !renewals.is_empty());
-        let Some((due, early, next)) = taken else {
+        let busy = !renewals.is_empty() || !signals.is_empty();
+        let taken = take_due(&mut lock(&shared.state), now, busy);
+        let Some(Taken {
+            due,
+            early,
+            next,
+            signals: new_signals,
+        }) = taken
+        else {
             running.armed = false;
             return;
         };
+        signals.extend(new_signals);
         let mut batches: HashMap<usize, (Arc<dyn Renewer>, Vec<Entry>)> = HashMap::new();
         let to_renew = due
             .into_iter()
@@ -487,6 +528,7 @@ async fn run(watchdog: Watchdog) {
             () = shared.notify.notified() => {}
             () = sleep => {}
             Some(()) = renewals.next(), if !renewals.is_empty() => {}
+            Some(()) = signals.next(), if !signals.is_empty() => {}
         }
     }
 }

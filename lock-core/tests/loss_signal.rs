@@ -1,0 +1,186 @@
+//! `Lease::loss_signal`: a backend's own loss report reaches its guard, and costs no task per
+//! guard (the client's one watchdog task polls every guard's signal).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_core::memory::{MemoryBackend, MemoryStore};
+use distlock_core::{
+    AcquireOptions, AcquireRequest, Attempt, Capabilities, DistributedLock, Lease, LockBackend,
+    LockClient, LossReason, Result, Step,
+};
+use futures::future::BoxFuture;
+use tokio::sync::watch;
+
+/// The in-memory backend, with every lease's loss signal fired by the test.
+#[derive(Debug)]
+struct Signalling {
+    inner: MemoryBackend,
+    /// Set to a reason to report every held lock lost.
+    fire: watch::Sender<Option<LossReason>>,
+    /// Signals dropped (their guard stopped, or they fired).
+    dropped: Arc<Mutex<usize>>,
+}
+
+struct SignallingAttempt {
+    inner: Box<dyn Attempt>,
+    fire: watch::Receiver<Option<LossReason>>,
+    dropped: Arc<Mutex<usize>>,
+}
+
+#[derive(Debug)]
+struct SignallingLease {
+    inner: Box<dyn Lease>,
+    fire: watch::Receiver<Option<LossReason>>,
+    dropped: Arc<Mutex<usize>>,
+}
+
+#[async_trait]
+impl LockBackend for Signalling {
+    fn name(&self) -> &'static str {
+        "signalling"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
+        Box::new(SignallingAttempt {
+            inner: self.inner.begin(request),
+            fire: self.fire.subscribe(),
+            dropped: self.dropped.clone(),
+        })
+    }
+}
+
+#[async_trait]
+impl Attempt for SignallingAttempt {
+    async fn poll(&mut self) -> Result<Step> {
+        Ok(match self.inner.poll().await? {
+            Step::Acquired(mut acquired) => {
+                let inner = std::mem::replace(&mut acquired.lease, Box::new(Placeholder));
+                acquired.lease = Box::new(SignallingLease {
+                    inner,
+                    fire: self.fire.clone(),
+                    dropped: self.dropped.clone(),
+                });
+                Step::Acquired(acquired)
+            }
+            other => other,
+        })
+    }
+
+    async fn changed(&mut self) {
+        self.inner.changed().await;
+    }
+
+    async fn abandon(self: Box<Self>) -> Result<()> {
+        self.inner.abandon().await
+    }
+}
+
+#[derive(Debug)]
+struct Placeholder;
+
+#[async_trait]
+impl Lease for Placeholder {
+    async fn renew(&self, _ttl: Duration) -> Result<()> {
+        unreachable!("replaced at once")
+    }
+
+    async fn release(&self) -> Result<()> {
+        unreachable!("replaced at once")
+    }
+}
+
+/// Counts its drop, so that the test sees signals end with their guards.
+struct CountDrop(Arc<Mutex<usize>>);
+
+impl Drop for CountDrop {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap() += 1;
+    }
+}
+
+#[async_trait]
+impl Lease for SignallingLease {
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        self.inner.renew(ttl).await
+    }
+
+    async fn release(&self) -> Result<()> {
+        self.inner.release().await
+    }
+
+    fn loss_signal(&self) -> Option<BoxFuture<'static, LossReason>> {
+        let mut fire = self.fire.clone();
+        let counted = CountDrop(self.dropped.clone());
+        Some(Box::pin(async move {
+            let _counted = counted;
+            let reason = fire.wait_for(Option::is_some).await.map(|r| r.clone());
+            match reason {
+                Ok(Some(reason)) => reason,
+                _ => std::future::pending().await,
+            }
+        }))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_reach_their_guards_without_a_task_each() {
+    const LOCKS: usize = 200;
+    let (fire, _) = watch::channel(None);
+    let dropped = Arc::new(Mutex::new(0));
+    let client = LockClient::new(Signalling {
+        inner: MemoryBackend::new(MemoryStore::new()),
+        fire: fire.clone(),
+        dropped: dropped.clone(),
+    });
+    let opts = AcquireOptions::default().with_ttl(Duration::from_secs(30));
+    let tasks_before = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
+    let mut guards = Vec::new();
+    for i in 0..LOCKS {
+        guards.push(
+            client
+                .try_acquire(&format!("signal-{i}"), &opts)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let tasks = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+        - tasks_before;
+    assert!(
+        tasks <= 2,
+        "{tasks} tasks for {LOCKS} guards with loss signals"
+    );
+
+    // Released guards end their signals.
+    for guard in guards.drain(..LOCKS / 2) {
+        guard.release().await.unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while *dropped.lock().unwrap() < LOCKS / 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "signals outlived their guards"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // A fired signal reaches every remaining guard.
+    fire.send_replace(Some(LossReason::SessionExpired));
+    for guard in &guards {
+        let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost())
+            .await
+            .expect("the signal reached the guard");
+        assert_eq!(reason, LossReason::SessionExpired);
+    }
+    assert_eq!(*dropped.lock().unwrap(), LOCKS);
+}
