@@ -37,6 +37,16 @@ impl Harness for MemoryHarness {
         Duration::from_millis(400)
     }
 
+    /// The issue-22 scale: 10,000 locks renewed by one client (batched, one store lock per
+    /// tick), with a 1 s ttl.
+    fn many_locks(&self) -> usize {
+        10_000
+    }
+
+    fn many_locks_ttl(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
     fn operation_timeout(&self) -> Duration {
         OP_TIMEOUT
     }

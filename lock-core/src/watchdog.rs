@@ -411,10 +411,13 @@ fn take_due(state: &mut State, now: Instant, busy: bool) -> Option<Taken> {
         due.push(entry.remove());
     }
     let mut early = Vec::new();
-    let renewers: Vec<usize> = due
+    let mut renewers: Vec<usize> = due
         .iter()
         .filter_map(|held| held.renewer().map(renewer_id))
         .collect();
+    // A few renewers (one per connection or pool), many guards each.
+    renewers.sort_unstable();
+    renewers.dedup();
     if !renewers.is_empty() {
         let keys: Vec<TimerKey> = state
             .timers
