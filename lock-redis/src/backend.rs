@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use distlock_core::backend::held_among;
+use distlock_core::backend::{Renewer, held_among};
 use distlock_core::{
     AcquireRequest, Attempt, Capabilities, ClientConfig, Error, FencingGuarantee, FencingToken,
     LockBackend, LockInfo, LockName, LossDetection, Result, WakeUp,
@@ -18,6 +18,7 @@ use futures::stream::BoxStream;
 use crate::attempt::{RedisAttempt, remaining};
 use crate::keys::LockKeys;
 use crate::node::{Holding, Node, NodeTls, within};
+use crate::renew::RedisRenewer;
 use crate::{MAX_PERMITS, RedisConfig, Topology};
 use crate::{observe, redlock};
 
@@ -33,6 +34,8 @@ pub(crate) struct Shared {
     pub(crate) nodes: Vec<Node>,
     pub(crate) config: RedisConfig,
     pub(crate) client: ClientConfig,
+    /// The one batch of automatic renewals of this backend's leases (see `renew.rs`).
+    pub(crate) renewer: Arc<dyn Renewer>,
 }
 
 impl RedisBackend {
@@ -55,6 +58,7 @@ impl RedisBackend {
         if let Some(node) = node {
             return Ok(Self {
                 shared: Arc::new(Shared {
+                    renewer: Arc::new(RedisRenewer::new(std::slice::from_ref(&node))),
                     nodes: vec![node],
                     config,
                     client,
@@ -147,6 +151,7 @@ impl RedisBackend {
         }
         Ok(Self {
             shared: Arc::new(Shared {
+                renewer: Arc::new(RedisRenewer::new(&nodes)),
                 nodes,
                 config,
                 client,

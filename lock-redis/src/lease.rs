@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_core::backend::Renewer;
 use distlock_core::{Error, Lease, LockKind, LockName, LossReason, Result};
 use futures::future::BoxFuture;
 
@@ -71,6 +72,11 @@ impl Lease for RedisLease {
         }
         let restarts = node.restarts.as_ref()?;
         restarts.watchable().then(|| restarts.lost_on_restart())
+    }
+
+    /// Every kind, on every topology: see `renew.rs`.
+    fn renewer(&self) -> Option<Arc<dyn Renewer>> {
+        Some(self.shared.renewer.clone())
     }
 
     async fn release(&self) -> Result<()> {

@@ -49,6 +49,14 @@
 //! - **Renew** is an owner-checked `PEXPIRE`; **release** an owner-checked `DEL` that then
 //!   picks the oldest live waiter and `PUBLISH`es its owner value on the name's channel.
 //!   Both answer [`distlock_core::Error::NotHeld`] when the owner no longer holds the lock.
+//! - **Batched renewal**: the automatic renewals that fall due together (a client holding many
+//!   locks) go to the master as one script call per 256 locks, which renews each lock exactly
+//!   as its own renew script would and answers per lock (a lock removed meanwhile is lost
+//!   alone). Every kind is batched, on every topology: Sentinel on the master of the moment,
+//!   Cluster one call per master and 256 of its locks (keys passed as arguments, since a
+//!   script's declared keys must share a slot), Redlock the same call on every master, each
+//!   lock renewed iff a majority renewed it within its validity. An explicit
+//!   [`LockGuard::renew`](distlock_core::LockGuard::renew) stays one request.
 //! - **Wake-ups**: a waiting attempt polls once; only at the first busy answer does it
 //!   subscribe the name's channel on the client's single subscriber connection (shared by all
 //!   names, one per node), and its next `changed()` returns as soon as the subscription is
@@ -195,6 +203,7 @@ mod lease;
 mod node;
 mod observe;
 mod redlock;
+mod renew;
 mod restart;
 mod scripts;
 mod topology;

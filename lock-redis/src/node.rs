@@ -275,7 +275,7 @@ fn permits_arg(kind: LockKind) -> u32 {
 }
 
 /// The lock key's value while holders of `kind` (shared or permits) live.
-fn marker(kind: LockKind) -> String {
+pub(crate) fn marker(kind: LockKind) -> String {
     match kind {
         LockKind::Permit { permits } => scripts::permits_marker(permits),
         _ => scripts::SHARED_MARKER.to_owned(),

@@ -20,6 +20,7 @@ use crate::error::{RedisError, RedisErrorKind};
 use crate::keys::LockKeys;
 use crate::lease::RedisLease;
 use crate::node::{Answer, Holding, Node, ReleaseMode, within};
+use crate::renew::{self, Batch};
 
 /// One Redlock acquisition round: the acquire script on every master at once, each bounded by
 /// the per-node timeout; held iff a majority answered within the validity (ttl - elapsed -
@@ -225,6 +226,72 @@ pub(crate) async fn renew(lease: &RedisLease, ttl: Duration) -> Result<()> {
             .find_map(Result::err)
             .map(|e| Box::new(e) as distlock_core::BoxError),
     })
+}
+
+/// Renews a batch (see `renew.rs`): the batch script on every master at once, then each
+/// lock by the rule of [`renew`]: renewed iff a majority renewed it within its validity; not
+/// held when fewer than a majority could still renew it; otherwise unavailable (retried).
+/// `Err` when no master answered at all.
+pub(crate) async fn renew_many(shared: &Shared, batch: &Batch<'_>) -> Result<Vec<Result<()>>> {
+    let shortest = batch.iter().map(|(_, ttl)| *ttl).min().unwrap_or_default();
+    let timeout = shared.node_timeout(shortest);
+    let started = Instant::now();
+    let answers = join_all(
+        shared
+            .nodes
+            .iter()
+            .map(|n| within(n, timeout, renew::on_master(n, batch))),
+    )
+    .await;
+    let elapsed = started.elapsed();
+    if answers.iter().all(Result::is_err) {
+        let first = answers.into_iter().find_map(Result::err);
+        return Err(Error::Unavailable {
+            message: format!(
+                "batched renewal of {} locks reached none of the {} Redis masters",
+                batch.len(),
+                shared.nodes.len()
+            ),
+            source: first.map(|e| Box::new(e) as distlock_core::BoxError),
+        });
+    }
+    let quorum = shared.quorum();
+    Ok(batch
+        .iter()
+        .enumerate()
+        .map(|(i, (lease, ttl))| {
+            // This lock's answer on each master (a master that failed as a whole: its error).
+            let mut renewed = 0;
+            let mut failed = None;
+            let mut failures = 0;
+            for answer in &answers {
+                match answer.as_ref().map(|a| a.get(i)) {
+                    Ok(Some(Ok(true))) => renewed += 1,
+                    Ok(Some(Ok(false))) => {}
+                    Ok(Some(Err(err))) | Err(err) => {
+                        failures += 1;
+                        failed.get_or_insert(err);
+                    }
+                    Ok(None) => failures += 1,
+                }
+            }
+            if renewed >= quorum && elapsed + shared.client.drift(*ttl) < *ttl {
+                return Ok(());
+            }
+            if renewed + failures < quorum {
+                return Err(Error::not_held(&lease.name));
+            }
+            Err(Error::Unavailable {
+                message: format!(
+                    "renewal of {:?} reached {renewed} of {} nodes ({quorum} needed) within the \
+                     validity",
+                    lease.name.as_str(),
+                    shared.nodes.len()
+                ),
+                source: failed.map(|e| Box::new(renew::copy(e)) as distlock_core::BoxError),
+            })
+        })
+        .collect())
 }
 
 /// Releases on every master (also those that seemed to fail); released iff any held it.

@@ -45,9 +45,15 @@ pub(crate) struct Invocation {
 impl Invocation {
     /// A call of `script` with `keys` (arguments follow with [`Self::arg`]).
     pub(crate) fn new(script: &'static Lua, keys: &[&str]) -> Self {
+        Self::sized(script, keys, ARGS, ARGS_ROOM)
+    }
+
+    /// A call of `script` with `keys`, with room for `args` arguments of `room` bytes in all
+    /// (a batch's arguments).
+    pub(crate) fn sized(script: &'static Lua, keys: &[&str], args: usize, room: usize) -> Self {
         // Sized up front: growing the buffer argument by argument costs more than the copy.
-        let data = 64 + keys.iter().map(|k| k.len()).sum::<usize>() + ARGS_ROOM;
-        let mut cmd = Cmd::with_capacity(3 + keys.len() + ARGS, data);
+        let data = 64 + keys.iter().map(|k| k.len()).sum::<usize>() + room;
+        let mut cmd = Cmd::with_capacity(3 + keys.len() + args, data);
         cmd.arg("EVALSHA")
             .arg(script.script.get_hash())
             .arg(keys.len())
@@ -226,6 +232,90 @@ return 0
 ",
     )
 });
+
+/// Owner-checked extension of many locks in one call, each exactly as [`RENEW`] (exclusive)
+/// or [`HOLD_RENEW`] (a shared hold or a permit) would extend it alone: a refused lock
+/// answers 0 and does not stop the others, and an error on one lock's keys (`WRONGTYPE`, or
+/// a key another cluster node serves) is caught (`pcall`) and answered for that lock alone.
+///
+/// Per lock `i` (from 0): ARGV[3i+1] owner, ARGV[3i+2] ttl ms, ARGV[3i+3] the kind's marker
+/// ("" = exclusive); KEYS: the lock key for an exclusive lock, else lock, holders, tokens.
+/// Returns one answer per lock, in order: 1, 0, or the error's text. The keys are walked in
+/// a loop (no `unpack`, so no bound from Lua's C stack); see [`crate::renew`] for the batch
+/// size.
+pub(crate) static RENEW_MANY: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(&["local keys, args = KEYS, ARGV\n", RENEW_MANY_BODY].concat()));
+
+/// [`RENEW_MANY`] for the locks of many slots of one Redis Cluster master. A script's
+/// declared keys must share a slot, and every lock name is a hash tag of its own, so only the
+/// first lock's key is declared (KEYS[1], which routes the call to that slot's master) and
+/// the keys are passed in ARGV: ARGV[1] the number of keys n, ARGV[2..n+1] the keys (as
+/// [`RENEW_MANY`]'s KEYS), then the locks' arguments as [`RENEW_MANY`]'s ARGV. Scripts without
+/// a shebang may access keys of other slots than the declared one, on the same node (Redis
+/// 7.0+ keeps this for `EVAL` compatibility; older servers never checked); a key that node
+/// does not serve fails for its lock alone.
+pub(crate) static RENEW_MANY_ON_NODE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        &[
+            r"
+local n = tonumber(ARGV[1])
+local keys, args = {}, {}
+for i = 2, n + 1 do keys[#keys + 1] = ARGV[i] end
+for i = n + 2, #ARGV do args[#args + 1] = ARGV[i] end
+",
+            RENEW_MANY_BODY,
+        ]
+        .concat(),
+    )
+});
+
+/// The loop of [`RENEW_MANY`] over the tables `keys` and `args`.
+const RENEW_MANY_BODY: &str = r"
+local function renew(l, owner, ttl)
+  if redis.call('GET', l) == owner then
+    redis.call('PEXPIRE', l, ttl)
+    return 1
+  end
+  return 0
+end
+local now = nil
+local function renew_hold(l, h, t, owner, ttl, marker)
+  if redis.call('GET', l) ~= marker then return 0 end
+  if not now then
+    local tm = redis.call('TIME')
+    now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+  end
+  local ends = redis.call('ZSCORE', h, owner)
+  if not ends or tonumber(ends) <= now then return 0 end
+  ttl = tonumber(ttl)
+  redis.call('ZADD', h, now + ttl, owner)
+  local keep = math.max(redis.call('PTTL', l), ttl)
+  redis.call('PEXPIRE', l, keep)
+  redis.call('PEXPIRE', h, keep)
+  redis.call('PEXPIRE', t, keep)
+  return 1
+end
+local out = {}
+local k = 1
+for i = 1, #args, 3 do
+  local ok, r
+  if args[i + 2] == '' then
+    ok, r = pcall(renew, keys[k], args[i], args[i + 1])
+    k = k + 1
+  else
+    ok, r = pcall(renew_hold, keys[k], keys[k + 1], keys[k + 2], args[i], args[i + 1], args[i + 2])
+    k = k + 3
+  end
+  if ok then
+    out[#out + 1] = r
+  elseif type(r) == 'table' and r.err then
+    out[#out + 1] = r.err
+  else
+    out[#out + 1] = tostring(r)
+  end
+end
+return out
+";
 
 /// Owner-checked release with handoff, abandonment of an attempt, or a Redlock retreat.
 ///
