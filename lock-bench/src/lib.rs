@@ -81,22 +81,30 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod charts;
 mod config;
 mod contended;
+mod growth;
 mod mixed;
 mod report;
 mod stats;
 mod target;
 mod uncontended;
 
+pub use charts::{clients_latency_svg, hold_cost_svg};
 pub use config::{BenchConfig, S1Call, ScenarioSelection};
+pub use growth::{
+    ClientsPoint, GrowthResult, HoldPoint, IdleWindow, Instruments, NamesResult, NoInstruments,
+    ServerCounter,
+};
 pub use report::{
     ClientShare, ContendedFloorResult, FloorResult, MixedResult, Report, S1Result, S2Result,
     ScenarioError, Skipped, TargetResult,
 };
 pub use stats::LatencySummary;
 pub use target::{
-    ClientFuture, ContendedFloor, ContendedFloorFuture, FloorFuture, RawFloor, Target,
+    ClientFuture, ContendedFloor, ContendedFloorFuture, FloorFuture, RawFloor, ServerCounterFuture,
+    Target,
 };
 
 use distlock_core::Error;
@@ -111,10 +119,33 @@ use stats::Progress;
 /// [`Error::InvalidConfig`] if `config` is invalid. Failures while measuring are recorded in
 /// the report ([`TargetResult::errors`]) instead.
 pub async fn run(targets: &[Target], config: &BenchConfig) -> Result<Report, Error> {
+    run_with(targets, config, &NoInstruments).await
+}
+
+/// [`run`] with the process's [`Instruments`]: the hold scenario's heap and CPU figures, and
+/// a progress display for the growth scenarios.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_with(
+    targets: &[Target],
+    config: &BenchConfig,
+    instruments: &dyn Instruments,
+) -> Result<Report, Error> {
     config.validate()?;
     let mut results = Vec::with_capacity(targets.len());
+    if config.scenarios.growth_only() {
+        let phases = targets
+            .iter()
+            .map(|t| growth::phases(config, t.has_server_counter()))
+            .sum();
+        instruments.begin(phases);
+    }
     for target in targets {
-        results.push(run_target(target, config).await);
+        results.push(run_target(target, config, instruments).await);
+    }
+    if config.scenarios.growth_only() {
+        instruments.finish();
     }
     Ok(Report {
         tool: format!("lock-bench {}", env!("CARGO_PKG_VERSION")),
@@ -134,7 +165,11 @@ fn runtime_flavor() -> String {
     .to_owned()
 }
 
-async fn run_target(target: &Target, config: &BenchConfig) -> TargetResult {
+async fn run_target(
+    target: &Target,
+    config: &BenchConfig,
+    instruments: &dyn Instruments,
+) -> TargetResult {
     let label = target.label();
     let base = format!("{}/{label}", config.name_prefix);
     let mut result = TargetResult {
@@ -146,9 +181,23 @@ async fn run_target(target: &Target, config: &BenchConfig) -> TargetResult {
         contended_floor: None,
         rw_mix: None,
         semaphore: None,
+        growth: None,
         skipped: Vec::new(),
         errors: Vec::new(),
     };
+    if config.scenarios.growth_only() {
+        let growth = growth::run_target(
+            target,
+            config,
+            instruments,
+            &base,
+            &mut result.backend,
+            &mut result.errors,
+        )
+        .await;
+        result.growth = Some(growth);
+        return result;
+    }
     let progress = |scenario| Progress::new(config.progress, label, scenario);
 
     let mut floor = match target.floor().await {
