@@ -39,6 +39,13 @@
 //!   compared with this paused cycle, two round trips from idle
 //!   ([`S2Result::handoff_paused_floor_ratio`]).
 //!
+//! - **Growth curves** (issue 22; [`ScenarioSelection::Growth`] or one of `Hold`, `Clients`,
+//!   `Names`, never in `All`: they are long): hold-K (one client holding K locks: the server's
+//!   requests per renewal tick from its own [`ServerCounter`], CPU and heap bytes per guard
+//!   from the binary's [`Instruments`], locks lost), clients-C (S2 per client count) and names
+//!   (random names next to the raw floor run the same way), in [`TargetResult::growth`];
+//!   [`hold_cost_svg`] and [`clients_latency_svg`] chart them. See [`run_with`].
+//!
 //! Lock names live under a random prefix per run, so concurrent or repeated runs against one
 //! server do not collide. A failing part (connection refused, lock lost) is recorded in the
 //! [`Report`] and the run goes on. The report renders as Markdown
