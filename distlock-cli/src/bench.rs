@@ -1,7 +1,11 @@
 //! `distlock bench`: the shared lock-bench scenarios against one or more URLs, each next to its
 //! backend's raw floor.
 
-use distlock_bench::Target;
+use std::io::IsTerminal as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use distlock_bench::{Instruments, Report, Target};
 
 use crate::bench_args::BenchArgs;
 
@@ -69,11 +73,20 @@ pub(crate) async fn bench(args: CliBenchArgs) -> Result<u8, Failure> {
         });
         targets.push(with_floor(target, url));
     }
-    let config = args.bench.config();
-    let report = distlock_bench::run(&targets, &config)
+    let mut config = args.bench.config();
+    let growth = config.scenarios.growth_only();
+    // The growth scenarios show a progress bar instead of progress lines.
+    let instruments = CliInstruments::new(growth && config.progress);
+    if growth {
+        config.progress = false;
+    }
+    let report = distlock_bench::run_with(&targets, &config, &instruments)
         .await
         .map_err(|err| Failure::from_lock(&err, "benchmark"))?;
     println!("{}", report.to_markdown());
+    if let Some(dir) = &args.bench.charts {
+        write_charts(&report, dir)?;
+    }
     if let Some(recorded) = &recorded {
         println!("{}", recorded.report());
     }
@@ -93,6 +106,95 @@ pub(crate) async fn bench(args: CliBenchArgs) -> Result<u8, Failure> {
     Ok(0)
 }
 
+/// The process's instruments for the growth scenarios: the counting allocator's live bytes,
+/// `getrusage` CPU time, and an indicatif progress bar on stderr (hidden with `--quiet` and
+/// when stderr is not a terminal).
+#[derive(Debug)]
+struct CliInstruments {
+    bar: indicatif::ProgressBar,
+    started: AtomicBool,
+}
+
+impl CliInstruments {
+    fn new(show: bool) -> Self {
+        let bar = if show && std::io::stderr().is_terminal() {
+            let bar = indicatif::ProgressBar::new(0);
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:24} {pos}/{len} {prefix}: {wide_msg}",
+            ) {
+                bar.set_style(style);
+            }
+            bar.enable_steady_tick(Duration::from_millis(200));
+            bar
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        Self {
+            bar,
+            started: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Instruments for CliInstruments {
+    fn live_heap_bytes(&self) -> Option<u64> {
+        Some(crate::bench_alloc::live_bytes())
+    }
+
+    fn cpu_time(&self) -> Option<Duration> {
+        use nix::sys::resource::{UsageWho, getrusage};
+        let usage = getrusage(UsageWho::RUSAGE_SELF).ok()?;
+        let time = |t: nix::sys::time::TimeVal| {
+            let secs = u64::try_from(t.tv_sec()).unwrap_or(0);
+            let micros = u64::try_from(t.tv_usec()).unwrap_or(0);
+            Duration::from_secs(secs) + Duration::from_micros(micros)
+        };
+        Some(time(usage.user_time()) + time(usage.system_time()))
+    }
+
+    fn begin(&self, phases: u64) {
+        self.bar.set_length(phases);
+    }
+
+    fn phase(&self, label: &str) {
+        if self.started.swap(true, Ordering::Relaxed) {
+            self.bar.inc(1);
+        }
+        self.bar.set_prefix(label.to_owned());
+        self.bar.set_message("");
+    }
+
+    fn detail(&self, text: &str) {
+        self.bar.set_message(text.to_owned());
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+/// `--charts DIR`: the growth charts of `report` (those it has data for).
+fn write_charts(report: &Report, dir: &std::path::Path) -> Result<(), Failure> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Failure::new(CONFIG, format!("cannot create {}: {e}", dir.display())))?;
+    type Draw = fn(&Report) -> Result<String, String>;
+    let charts: [(&str, Draw); 2] = [
+        ("hold-cost.svg", distlock_bench::hold_cost_svg),
+        ("clients-latency.svg", distlock_bench::clients_latency_svg),
+    ];
+    for (file, draw) in charts {
+        // A chart without data (its scenario did not run) is not written.
+        let Ok(svg) = draw(report) else {
+            continue;
+        };
+        let path = dir.join(file);
+        std::fs::write(&path, svg)
+            .map_err(|e| Failure::new(CONFIG, format!("cannot write {}: {e}", path.display())))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
 /// Registers the raw floor of the URL's backend (each backend crate's `bench::floor`), when
 /// it is compiled in; the backend is found in the facade's scheme table.
 fn with_floor(target: Target, url: &str) -> Target {
@@ -108,6 +210,15 @@ fn with_floor(target: Target, url: &str) -> Target {
     // in-process: no server, no floor
     else {
         return target;
+    };
+    let target = if crate::bench_counters::supported(backend, url) {
+        let url = url.to_owned();
+        target.with_server_counter(move || {
+            let url = url.clone();
+            async move { crate::bench_counters::connect(backend, &url).await }
+        })
+    } else {
+        target
     };
     let target = target.with_floor({
         let url = url.to_owned();

@@ -10,7 +10,9 @@ use distlock_bench::{BenchConfig, S1Call, ScenarioSelection};
 #[derive(Clone, Debug, clap::Args)]
 pub(crate) struct BenchArgs {
     /// Scenarios to run: s1 (uncontended), s2 (contended mutex), rw-mix (shared and exclusive
-    /// acquisitions), semaphore, or all.
+    /// acquisitions), semaphore, or all; or the growth curves (long, not in all): hold (one
+    /// client holding K locks), clients (C clients on one name), names (16 clients on 1 000
+    /// names), or growth (all three).
     #[arg(long, value_enum, default_value = "all")]
     pub(crate) scenario: Scenario,
 
@@ -62,6 +64,39 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
     pub(crate) acquire_wait: Duration,
 
+    /// Hold: the numbers of locks K one client acquires and holds, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000,10000")]
+    pub(crate) hold_counts: Vec<usize>,
+
+    /// Hold: the lease of each held lock; renewal every third of it (the renewal tick).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    pub(crate) hold_ttl: Duration,
+
+    /// Hold: how long all K locks are held and measured (default: 3 × --hold-ttl).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub(crate) hold_for: Option<Duration>,
+
+    /// Hold: acquisitions (and releases) in flight at once.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) hold_concurrency: usize,
+
+    /// Clients: the numbers of contending clients C, comma-separated (hold, duration and
+    /// warm-up as S2).
+    #[arg(long, value_delimiter = ',', default_value = "4,16,64")]
+    pub(crate) client_counts: Vec<usize>,
+
+    /// Names: how many names the clients pick from at random.
+    #[arg(long, default_value_t = 1_000)]
+    pub(crate) names: usize,
+
+    /// Names: the clients (and raw floor connections).
+    #[arg(long, default_value_t = 16)]
+    pub(crate) names_clients: usize,
+
+    /// Growth scenarios: write SVG charts into DIR (hold-cost.svg, clients-latency.svg).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) charts: Option<PathBuf>,
+
     /// Lock name prefix (default: a random one per run).
     #[arg(long)]
     pub(crate) name_prefix: Option<String>,
@@ -70,7 +105,7 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     pub(crate) json: Option<PathBuf>,
 
-    /// No progress lines on stderr.
+    /// No progress lines (or progress bar) on stderr.
     #[arg(long, short)]
     pub(crate) quiet: bool,
 }
@@ -92,6 +127,12 @@ impl BenchArgs {
             .with_mixed_clients(self.mixed_clients)
             .with_write_share(self.write_share)
             .with_permits(self.permits)
+            .with_hold_counts(self.hold_counts.clone())
+            .with_hold_ttl(self.hold_ttl)
+            .with_hold_for(self.hold_for)
+            .with_hold_concurrency(self.hold_concurrency)
+            .with_client_counts(self.client_counts.clone())
+            .with_names(self.names, self.names_clients)
             .with_progress(!self.quiet);
         if let Some(prefix) = &self.name_prefix {
             config = config.with_name_prefix(prefix.clone());
@@ -111,8 +152,16 @@ pub(crate) enum Scenario {
     RwMix,
     /// The semaphore only.
     Semaphore,
-    /// Every scenario.
+    /// S1, S2, the read/write mix and the semaphore.
     All,
+    /// Growth: one client holding K locks (--hold-counts).
+    Hold,
+    /// Growth: C clients on one name (--client-counts).
+    Clients,
+    /// Growth: clients on many names picked at random, next to the raw floor.
+    Names,
+    /// Growth: hold, clients and names.
+    Growth,
 }
 
 impl From<Scenario> for ScenarioSelection {
@@ -123,6 +172,10 @@ impl From<Scenario> for ScenarioSelection {
             Scenario::RwMix => Self::RwMix,
             Scenario::Semaphore => Self::Semaphore,
             Scenario::All => Self::All,
+            Scenario::Hold => Self::Hold,
+            Scenario::Clients => Self::Clients,
+            Scenario::Names => Self::Names,
+            Scenario::Growth => Self::Growth,
         }
     }
 }
@@ -195,6 +248,12 @@ mod tests {
             "0.25",
             "--permits",
             "4",
+            "--hold-counts",
+            "1,50",
+            "--hold-ttl",
+            "1500ms",
+            "--client-counts",
+            "2,4",
         ]);
         let config = cli.bench.config();
         assert_eq!(config.scenarios, ScenarioSelection::S1);
@@ -211,6 +270,9 @@ mod tests {
             (5, 0.25, 4)
         );
         assert!(config.progress);
+        assert_eq!(config.hold_counts, [1, 50]);
+        assert_eq!(config.hold_window(), Duration::from_millis(4500));
+        assert_eq!(config.client_counts, [2, 4]);
         assert_eq!(
             cli.bench.json.as_deref(),
             Some(std::path::Path::new("out.json"))

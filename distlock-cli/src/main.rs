@@ -15,7 +15,9 @@
 //! | 1 | any other failure |
 
 mod bench;
+mod bench_alloc;
 mod bench_args;
+mod bench_counters;
 mod bench_metrics;
 mod check;
 mod child;
@@ -29,6 +31,11 @@ mod run;
 mod state;
 mod status;
 mod unlock;
+
+/// Counts live heap bytes for `distlock bench --scenario hold` (bytes per held guard); one
+/// relaxed atomic add or subtract per allocation, otherwise the system allocator.
+#[global_allocator]
+static ALLOCATOR: bench_alloc::Counting = bench_alloc::Counting;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;

@@ -152,3 +152,187 @@ fn s2_runs_next_to_the_contended_floor_of_each_server() {
         assert!(stdout.contains(&format!("| {floor}")), "{stdout}");
     }
 }
+
+/// Runs `distlock bench` with `args` (plus `--json FILE --quiet`), asserts success and returns
+/// the JSON report's first target and the Markdown.
+fn growth_run(env: &Env, file: &str, args: &[&str]) -> (serde_json::Value, String) {
+    let json = env.path(file);
+    let json_arg = json.to_string_lossy().into_owned();
+    let mut all = vec!["bench"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--json", &json_arg, "--quiet"]);
+    let out = env.run(&all);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{args:?}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    (report["targets"][0].clone(), stdout)
+}
+
+/// `--scenario hold` on memory: CPU and heap bytes per guard, no server counter.
+#[test]
+fn hold_reports_the_cost_of_each_held_lock_in_memory() {
+    hold_reports_the_cost_of_each_held_lock("memory://bench-hold");
+}
+
+/// `--scenario hold` on Redis: also the server's requests per renewal tick.
+#[test]
+fn hold_reports_the_cost_of_each_held_lock_on_redis() {
+    if let Some(urls) = conformance_tests::server_var("redis", "DISTLOCK_TEST_REDIS_URLS") {
+        hold_reports_the_cost_of_each_held_lock(urls.split(',').next().unwrap_or_default());
+    }
+}
+
+/// Per K the server's requests per renewal tick (Redis only: memory has no server), CPU,
+/// heap bytes per guard, and no lock lost.
+fn hold_reports_the_cost_of_each_held_lock(url: &str) {
+    let env = Env::new();
+    let args = [
+        "--url",
+        url,
+        "--scenario",
+        "hold",
+        "--hold-counts",
+        "1,50",
+        "--hold-ttl",
+        "1500ms",
+    ];
+    let file = format!("hold-{}.json", url.split(':').next().unwrap_or("x"));
+    let (target, stdout) = growth_run(&env, &file, &args);
+    assert!(stdout.contains("### Hold-K"), "{stdout}");
+    let growth = &target["growth"];
+    let points = growth["hold"].as_array().expect("hold points");
+    assert_eq!(points.len(), 2, "{growth}");
+    for (point, k) in points.iter().zip([1, 50]) {
+        assert_eq!(point["locks"], k, "{point}");
+        assert_eq!(point["lost"], 0, "{point}");
+        assert!(point["cpu_percent"].as_f64().is_some(), "{point}");
+        let bytes = point["heap_bytes_per_guard"].as_f64().unwrap_or(0.0);
+        assert!(bytes > 0.0, "{url}: {point}");
+        assert!(point["ticks"].as_f64().unwrap_or(0.0) > 8.0, "{point}");
+        let per_tick = point["requests_per_tick"].as_f64();
+        if url.starts_with("redis") {
+            assert!(per_tick.is_some_and(|r| r > 0.0), "{url}: {point}");
+        } else {
+            assert!(per_tick.is_none(), "{point}");
+        }
+    }
+    if url.starts_with("redis") {
+        assert!(growth["idle"]["per_tick"].as_f64().is_some(), "{growth}");
+        // 50 locks renewed every tick cost more than 1.
+        let (one, fifty) = (
+            points[0]["requests_per_tick"].as_f64().unwrap_or(0.0),
+            points[1]["requests_per_tick"].as_f64().unwrap_or(0.0),
+        );
+        assert!(fifty > one, "{growth}");
+    }
+}
+
+/// `--scenario clients`: S2 per client count, with shares against the fair share.
+#[test]
+fn clients_reports_one_s2_per_client_count() {
+    let env = Env::new();
+    let args = [
+        "--url",
+        "memory://bench-clients",
+        "--scenario",
+        "clients",
+        "--client-counts",
+        "2,4",
+        "--duration",
+        "300ms",
+        "--s2-warmup",
+        "50ms",
+    ];
+    let (target, stdout) = growth_run(&env, "clients.json", &args);
+    assert!(stdout.contains("### Clients-C"), "{stdout}");
+    let points = target["growth"]["clients"].as_array().expect("points");
+    assert_eq!(points.len(), 2, "{target}");
+    for (point, c) in points.iter().zip([2, 4]) {
+        assert_eq!(point["clients"], c, "{point}");
+        assert!(point["critical_sections_per_sec"].as_f64().unwrap_or(0.0) > 0.0);
+        assert!(
+            point["handoff_p99_us"].as_f64().unwrap_or(0.0) > 0.0,
+            "{point}"
+        );
+        let (min, max) = (
+            point["min_share_of_fair"].as_f64().unwrap_or(-1.0),
+            point["max_share_of_fair"].as_f64().unwrap_or(-1.0),
+        );
+        assert!((0.0..=1.0).contains(&min) && max >= 1.0, "{point}");
+        assert_eq!(point["s2"]["exclusivity_violations"], 0, "{point}");
+    }
+}
+
+/// `--scenario names` on SQLite (a raw floor, no server): acquisitions/s next to the floor's.
+#[test]
+fn names_runs_next_to_the_raw_floor() {
+    let env = Env::new();
+    let url = env.url();
+    let args = [
+        "--url",
+        &url,
+        "--scenario",
+        "names",
+        "--names",
+        "40",
+        "--names-clients",
+        "4",
+        "--duration",
+        "300ms",
+        "--s2-warmup",
+        "50ms",
+    ];
+    let (target, stdout) = growth_run(&env, "names.json", &args);
+    assert!(stdout.contains("### Names"), "{stdout}");
+    let names = &target["growth"]["names"];
+    assert_eq!(names["names"], 40, "{names}");
+    assert!(names["acquisitions"].as_u64().unwrap_or(0) > 0, "{names}");
+    assert_eq!(names["lost"], 0, "{names}");
+    assert!(
+        names["floor_ratio"].as_f64().is_some_and(|r| r > 0.0),
+        "{names}"
+    );
+}
+
+/// `--charts DIR` writes both growth charts as SVG.
+#[test]
+fn charts_are_written_as_svg() {
+    let env = Env::new();
+    let dir = env.path("charts");
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let args = [
+        "--url",
+        "memory://bench-charts",
+        "--scenario",
+        "growth",
+        "--hold-counts",
+        "1,10",
+        "--hold-ttl",
+        "300ms",
+        "--client-counts",
+        "2,3",
+        "--names",
+        "10",
+        "--names-clients",
+        "2",
+        "--duration",
+        "200ms",
+        "--s2-warmup",
+        "20ms",
+        "--charts",
+        &dir_arg,
+    ];
+    growth_run(&env, "charts.json", &args);
+    for file in ["hold-cost.svg", "clients-latency.svg"] {
+        let svg = std::fs::read_to_string(dir.join(file)).unwrap_or_default();
+        assert!(
+            svg.contains("<svg") && svg.trim_end().ends_with("</svg>"),
+            "{file}: {svg}"
+        );
+        assert!(svg.contains("memory://bench-charts"), "{file}");
+    }
+}

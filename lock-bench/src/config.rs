@@ -20,9 +20,18 @@ pub enum ScenarioSelection {
     RwMix,
     /// The semaphore only: clients contending for the permits of one name.
     Semaphore,
-    /// Every scenario.
+    /// Every scenario above (S1, S2, RW mix, semaphore; not the growth curves, which are long).
     #[default]
     All,
+    /// Growth: one client holding K locks, for each K of [`BenchConfig::hold_counts`].
+    Hold,
+    /// Growth: S2 for each client count of [`BenchConfig::client_counts`].
+    Clients,
+    /// Growth: [`BenchConfig::names_clients`] clients on [`BenchConfig::names`] names picked at
+    /// random, next to the raw floor run the same way.
+    Names,
+    /// Growth: hold, clients and names.
+    Growth,
 }
 
 impl ScenarioSelection {
@@ -44,6 +53,29 @@ impl ScenarioSelection {
     /// Whether the semaphore scenario runs.
     pub fn semaphore(self) -> bool {
         matches!(self, Self::Semaphore | Self::All)
+    }
+
+    /// Whether the hold-K growth scenario runs.
+    pub fn hold(self) -> bool {
+        matches!(self, Self::Hold | Self::Growth)
+    }
+
+    /// Whether the clients-C growth scenario runs.
+    pub fn clients(self) -> bool {
+        matches!(self, Self::Clients | Self::Growth)
+    }
+
+    /// Whether the many-names growth scenario runs.
+    pub fn names(self) -> bool {
+        matches!(self, Self::Names | Self::Growth)
+    }
+
+    /// Whether only growth scenarios run (then S1, S2 and their floors do not).
+    pub fn growth_only(self) -> bool {
+        matches!(
+            self,
+            Self::Hold | Self::Clients | Self::Names | Self::Growth
+        )
     }
 }
 
@@ -121,6 +153,24 @@ pub struct BenchConfig {
     /// hits it fails the scenario. Default 60 s.
     #[serde(rename = "acquire_wait_ms", serialize_with = "millis")]
     pub acquire_wait: Duration,
+    /// Hold: the numbers of locks K one client acquires and holds, one measurement each.
+    /// Default 1, 10, 100, 1 000, 10 000.
+    pub hold_counts: Vec<usize>,
+    /// Hold: the lease of each held lock (renewed every `hold_ttl / 3`, the renewal tick).
+    /// Default 30 s.
+    #[serde(rename = "hold_ttl_ms", serialize_with = "millis")]
+    pub hold_ttl: Duration,
+    /// Hold: how long all K locks are held, the measured window; `None`: 3 × `hold_ttl`.
+    #[serde(rename = "hold_for_ms", serialize_with = "opt_millis")]
+    pub hold_for: Option<Duration>,
+    /// Hold: acquisitions (and releases) in flight at once. Default 64.
+    pub hold_concurrency: usize,
+    /// Clients: the numbers of contending clients C, one S2 run each. Default 4, 16, 64.
+    pub client_counts: Vec<usize>,
+    /// Names: how many names the clients pick from. Default 1 000.
+    pub names: usize,
+    /// Names: the clients (and raw floor connections). Default 16.
+    pub names_clients: usize,
     /// Prefix of every lock name used by the run, so that runs never collide. Default: a
     /// random `lock-bench/<16 hex digits>`, new for every `BenchConfig::default()`.
     pub name_prefix: String,
@@ -132,6 +182,20 @@ pub struct BenchConfig {
 
 fn millis<S: Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
     serializer.serialize_f64(duration.as_secs_f64() * 1000.0)
+}
+
+#[expect(
+    clippy::ref_option,
+    reason = "serde's serialize_with passes a reference to the field"
+)]
+fn opt_millis<S: Serializer>(
+    duration: &Option<Duration>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match duration {
+        Some(d) => millis(d, serializer),
+        None => serializer.serialize_none(),
+    }
 }
 
 impl Default for BenchConfig {
@@ -150,6 +214,13 @@ impl Default for BenchConfig {
             mixed_clients: 8,
             write_share: 0.1,
             permits: 3,
+            hold_counts: vec![1, 10, 100, 1_000, 10_000],
+            hold_ttl: Duration::from_secs(30),
+            hold_for: None,
+            hold_concurrency: 64,
+            client_counts: vec![4, 16, 64],
+            names: 1_000,
+            names_clients: 16,
             name_prefix: random_prefix(),
             progress: false,
         }
@@ -260,6 +331,59 @@ impl BenchConfig {
         self
     }
 
+    /// Sets the hold scenario's lock counts K.
+    #[must_use]
+    pub fn with_hold_counts(mut self, counts: Vec<usize>) -> Self {
+        self.hold_counts = counts;
+        self
+    }
+
+    /// Sets the hold scenario's lease (the renewal tick is a third of it).
+    #[must_use]
+    pub fn with_hold_ttl(mut self, ttl: Duration) -> Self {
+        self.hold_ttl = ttl;
+        self
+    }
+
+    /// Sets the hold scenario's measured window (`None`: 3 × the hold ttl).
+    #[must_use]
+    pub fn with_hold_for(mut self, window: Option<Duration>) -> Self {
+        self.hold_for = window;
+        self
+    }
+
+    /// Sets the acquisitions in flight at once in the hold scenario.
+    #[must_use]
+    pub fn with_hold_concurrency(mut self, concurrency: usize) -> Self {
+        self.hold_concurrency = concurrency;
+        self
+    }
+
+    /// Sets the clients scenario's client counts C.
+    #[must_use]
+    pub fn with_client_counts(mut self, counts: Vec<usize>) -> Self {
+        self.client_counts = counts;
+        self
+    }
+
+    /// Sets the names scenario's number of names and clients.
+    #[must_use]
+    pub fn with_names(mut self, names: usize, clients: usize) -> Self {
+        self.names = names;
+        self.names_clients = clients;
+        self
+    }
+
+    /// The hold scenario's measured window: `hold_for`, else 3 × `hold_ttl`.
+    pub fn hold_window(&self) -> Duration {
+        self.hold_for.unwrap_or(self.hold_ttl * 3)
+    }
+
+    /// The hold scenario's renewal tick: a third of `hold_ttl`, the default renewal interval.
+    pub fn renewal_tick(&self) -> Duration {
+        self.hold_ttl / 3
+    }
+
     /// Sets the lock name prefix.
     #[must_use]
     pub fn with_name_prefix(mut self, prefix: impl Into<String>) -> Self {
@@ -303,6 +427,25 @@ impl BenchConfig {
         }
         if self.acquire_wait.is_zero() {
             return bad("acquire_wait must be greater than zero");
+        }
+        if self.scenarios.hold() {
+            if self.hold_counts.is_empty() || self.hold_counts.contains(&0) {
+                return bad("hold_counts must be non-empty and each at least 1");
+            }
+            if self.hold_ttl < Duration::from_millis(30) {
+                return bad("hold_ttl must be at least 30ms");
+            }
+            if self.hold_window().is_zero() || self.hold_concurrency == 0 {
+                return bad("hold_for and hold_concurrency must be greater than zero");
+            }
+        }
+        if self.scenarios.clients()
+            && (self.client_counts.is_empty() || self.client_counts.contains(&0))
+        {
+            return bad("client_counts must be non-empty and each at least 1");
+        }
+        if self.scenarios.names() && (self.names == 0 || self.names_clients == 0) {
+            return bad("names and names_clients must be at least 1");
         }
         if self.name_prefix.is_empty() {
             return bad("name_prefix must not be empty");

@@ -39,6 +39,13 @@
 //!   compared with this paused cycle, two round trips from idle
 //!   ([`S2Result::handoff_paused_floor_ratio`]).
 //!
+//! - **Growth curves** (issue 22; [`ScenarioSelection::Growth`] or one of `Hold`, `Clients`,
+//!   `Names`, never in `All`: they are long): hold-K (one client holding K locks: the server's
+//!   requests per renewal tick from its own [`ServerCounter`], CPU and heap bytes per guard
+//!   from the binary's [`Instruments`], locks lost), clients-C (S2 per client count) and names
+//!   (random names next to the raw floor run the same way), in [`TargetResult::growth`];
+//!   [`hold_cost_svg`] and [`clients_latency_svg`] chart them. See [`run_with`].
+//!
 //! Lock names live under a random prefix per run, so concurrent or repeated runs against one
 //! server do not collide. A failing part (connection refused, lock lost) is recorded in the
 //! [`Report`] and the run goes on. The report renders as Markdown
@@ -81,22 +88,30 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod charts;
 mod config;
 mod contended;
+mod growth;
 mod mixed;
 mod report;
 mod stats;
 mod target;
 mod uncontended;
 
+pub use charts::{clients_latency_svg, hold_cost_svg};
 pub use config::{BenchConfig, S1Call, ScenarioSelection};
+pub use growth::{
+    ClientsPoint, GrowthResult, HoldPoint, IdleWindow, Instruments, NamesResult, NoInstruments,
+    ServerCounter,
+};
 pub use report::{
     ClientShare, ContendedFloorResult, FloorResult, MixedResult, Report, S1Result, S2Result,
     ScenarioError, Skipped, TargetResult,
 };
 pub use stats::LatencySummary;
 pub use target::{
-    ClientFuture, ContendedFloor, ContendedFloorFuture, FloorFuture, RawFloor, Target,
+    ClientFuture, ContendedFloor, ContendedFloorFuture, FloorFuture, RawFloor, ServerCounterFuture,
+    Target,
 };
 
 use distlock_core::Error;
@@ -111,10 +126,33 @@ use stats::Progress;
 /// [`Error::InvalidConfig`] if `config` is invalid. Failures while measuring are recorded in
 /// the report ([`TargetResult::errors`]) instead.
 pub async fn run(targets: &[Target], config: &BenchConfig) -> Result<Report, Error> {
+    run_with(targets, config, &NoInstruments).await
+}
+
+/// [`run`] with the process's [`Instruments`]: the hold scenario's heap and CPU figures, and
+/// a progress display for the growth scenarios.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_with(
+    targets: &[Target],
+    config: &BenchConfig,
+    instruments: &dyn Instruments,
+) -> Result<Report, Error> {
     config.validate()?;
     let mut results = Vec::with_capacity(targets.len());
+    if config.scenarios.growth_only() {
+        let phases = targets
+            .iter()
+            .map(|t| growth::phases(config, t.has_server_counter()))
+            .sum();
+        instruments.begin(phases);
+    }
     for target in targets {
-        results.push(run_target(target, config).await);
+        results.push(run_target(target, config, instruments).await);
+    }
+    if config.scenarios.growth_only() {
+        instruments.finish();
     }
     Ok(Report {
         tool: format!("lock-bench {}", env!("CARGO_PKG_VERSION")),
@@ -134,7 +172,11 @@ fn runtime_flavor() -> String {
     .to_owned()
 }
 
-async fn run_target(target: &Target, config: &BenchConfig) -> TargetResult {
+async fn run_target(
+    target: &Target,
+    config: &BenchConfig,
+    instruments: &dyn Instruments,
+) -> TargetResult {
     let label = target.label();
     let base = format!("{}/{label}", config.name_prefix);
     let mut result = TargetResult {
@@ -146,9 +188,23 @@ async fn run_target(target: &Target, config: &BenchConfig) -> TargetResult {
         contended_floor: None,
         rw_mix: None,
         semaphore: None,
+        growth: None,
         skipped: Vec::new(),
         errors: Vec::new(),
     };
+    if config.scenarios.growth_only() {
+        let growth = growth::run_target(
+            target,
+            config,
+            instruments,
+            &base,
+            &mut result.backend,
+            &mut result.errors,
+        )
+        .await;
+        result.growth = Some(growth);
+        return result;
+    }
     let progress = |scenario| Progress::new(config.progress, label, scenario);
 
     let mut floor = match target.floor().await {

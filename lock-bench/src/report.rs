@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::uncontended::PAUSED_CYCLES;
-use crate::{BenchConfig, LatencySummary, S1Call};
+use crate::{BenchConfig, GrowthResult, LatencySummary, S1Call};
 
 /// Everything one [`run`](crate::run) measured, with its parameters.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -43,6 +43,8 @@ pub struct TargetResult {
     pub rw_mix: Option<MixedResult>,
     /// The semaphore, if selected, supported and successful.
     pub semaphore: Option<MixedResult>,
+    /// The growth scenarios (hold-K, clients-C, names), when selected.
+    pub growth: Option<GrowthResult>,
     /// Scenarios not run because the backend lacks the lock kind they need.
     pub skipped: Vec<Skipped>,
     /// What failed: a failing part is reported here and the run goes on with the next part.
@@ -60,7 +62,8 @@ pub struct Skipped {
 }
 
 impl TargetResult {
-    /// Violations of the bound in every scenario: must be 0.
+    /// Violations of the bound in every scenario, and locks lost in the growth scenarios:
+    /// must be 0.
     pub fn violations(&self) -> u64 {
         let s2 = self
             .contended
@@ -71,7 +74,16 @@ impl TargetResult {
             .flatten()
             .map(|m| m.violations)
             .sum::<u64>();
-        s2 + mixed
+        let growth = self.growth.as_ref().map_or(0, |g| {
+            let held = g.hold.iter().map(|h| h.lost).sum::<u64>();
+            let clients = g
+                .clients
+                .iter()
+                .map(|c| c.s2.exclusivity_violations)
+                .sum::<u64>();
+            held + clients + g.names.as_ref().map_or(0, |n| n.lost)
+        });
+        s2 + mixed + growth
     }
 }
 
@@ -347,9 +359,24 @@ impl Report {
         out
     }
 
+    /// The growth scenarios' tables (hold-K, clients-C, names), empty when none ran.
+    pub fn growth_markdown(&self) -> String {
+        crate::growth::markdown(self)
+    }
+
     /// A Markdown rendering: the parameters, one row per target × scenario (with the floor and
     /// the ratio), S2 details, and the errors if any.
     pub fn to_markdown(&self) -> String {
+        if self.config.scenarios.growth_only() {
+            let mut out = format!("- Runtime: tokio {}.\n", self.runtime);
+            out.push_str(&self.growth_markdown());
+            for t in &self.targets {
+                for e in &t.errors {
+                    let _ = writeln!(out, "\n- {} {}: error: {}", t.target, e.scenario, e.message);
+                }
+            }
+            return out;
+        }
         let mut out = self.parameters();
         out.push('\n');
         out.push_str("| target | scenario | ops/s | p50 µs | p99 µs | max µs | floor | floor ops/s | ratio |\n");

@@ -11,6 +11,8 @@ use distlock_core::memory::MemoryStore;
 use distlock_core::{DistributedLock, Error};
 use futures::future::BoxFuture;
 
+use crate::ServerCounter;
+
 /// The future a [`Target`]'s client factory returns.
 pub type ClientFuture = BoxFuture<'static, Result<Arc<dyn DistributedLock>, Error>>;
 
@@ -23,6 +25,10 @@ pub type ContendedFloorFuture = BoxFuture<'static, Result<Box<dyn ContendedFloor
 type ClientFactory = Box<dyn Fn() -> ClientFuture + Send + Sync>;
 type FloorFactory = Box<dyn Fn() -> FloorFuture + Send + Sync>;
 type ContendedFloorFactory = Box<dyn Fn() -> ContendedFloorFuture + Send + Sync>;
+type CounterFactory = Box<dyn Fn() -> ServerCounterFuture + Send + Sync>;
+
+/// The future a [`Target`]'s server counter factory returns.
+pub type ServerCounterFuture = BoxFuture<'static, Result<Box<dyn ServerCounter>, Error>>;
 
 /// The cheapest correct lock a backend's server allows, without any of distlock's machinery:
 /// what one acquire + release costs at minimum.
@@ -142,6 +148,7 @@ pub struct Target {
     connect: ClientFactory,
     floor: Option<FloorFactory>,
     contended_floor: Option<ContendedFloorFactory>,
+    server_counter: Option<CounterFactory>,
 }
 
 impl fmt::Debug for Target {
@@ -150,6 +157,7 @@ impl fmt::Debug for Target {
             .field("label", &self.label)
             .field("floor", &self.floor.is_some())
             .field("contended_floor", &self.contended_floor.is_some())
+            .field("server_counter", &self.server_counter.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -166,6 +174,7 @@ impl Target {
             connect: Box::new(move || Box::pin(connect())),
             floor: None,
             contended_floor: None,
+            server_counter: None,
         }
     }
 
@@ -191,6 +200,29 @@ impl Target {
     {
         self.contended_floor = Some(Box::new(move || Box::pin(floor())));
         self
+    }
+
+    /// Registers a reader of the server's own request counter, for the hold scenario; `counter`
+    /// is called once per run and should open its own connection.
+    #[must_use]
+    pub fn with_server_counter<F, Fut>(mut self, counter: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Box<dyn ServerCounter>, Error>> + Send + 'static,
+    {
+        self.server_counter = Some(Box::new(move || Box::pin(counter())));
+        self
+    }
+
+    /// A new server counter reader, if one is registered.
+    ///
+    /// # Errors
+    /// The factory's error.
+    pub async fn server_counter(&self) -> Result<Option<Box<dyn ServerCounter>>, Error> {
+        match &self.server_counter {
+            Some(make) => make().await.map(Some),
+            None => Ok(None),
+        }
     }
 
     /// The in-memory backend: every client shares one fresh [`MemoryStore`]. Its floor is a
@@ -232,6 +264,11 @@ impl Target {
     /// The factory's error (e.g. the server is unreachable).
     pub async fn connect(&self) -> Result<Arc<dyn DistributedLock>, Error> {
         (self.connect)().await
+    }
+
+    /// Whether a server counter reader is registered.
+    pub fn has_server_counter(&self) -> bool {
+        self.server_counter.is_some()
     }
 
     /// Whether a contended floor is registered.
