@@ -5,7 +5,6 @@
 //! every renewal cost before: one statement per lock) and the idle floor of the same run. A
 //! lock removed behind its holder is lost alone.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -16,7 +15,6 @@ use distlock_core::{
 use distlock_sql::SqlBackend;
 use futures::future::join_all;
 
-#[allow(dead_code, reason = "not every helper is used here")]
 mod common;
 
 use common::unique;
@@ -127,6 +125,11 @@ async fn hold<B: LockBackend>(
     tokio::time::sleep(INTERVAL * u32::try_from(INTERVALS).unwrap_or(1)).await;
     let after = counter.read().await;
     let lost = guards.iter().filter(|g| g.is_lost()).count();
+    if lost > 0 {
+        let mut reasons: Vec<_> = guards.iter().filter_map(LockGuard::loss_reason).collect();
+        reasons.dedup();
+        eprintln!("{prefix}: {lost} of {k} lost: {reasons:?}");
+    }
     join_all(guards.into_iter().map(LockGuard::release)).await;
     (after.saturating_sub(before), lost)
 }
@@ -138,10 +141,17 @@ async fn floor(counter: &dyn Counter) -> u64 {
     counter.read().await.saturating_sub(before)
 }
 
-/// Before (batching off) and after (on) for K = 100 and 1,000 on the database of `url`,
-/// with the floor measured between them; asserts that batching costs about
-/// ceil(K / max_batch) requests per interval, and no lock is lost.
-async fn before_and_after(url: &str, max_batch: u64, counter: &dyn Counter, label: &str) {
+/// Before (batching off) and after (on) for K = 100 and 1,000 on the database of `url`
+/// (whose lock table, `table`, is dropped at the end), with the floor measured between
+/// them; asserts that batching costs about ceil(K / max_batch) requests per interval, and no
+/// lock is lost.
+async fn before_and_after(
+    url: &str,
+    table: &str,
+    max_batch: u64,
+    counter: &dyn Counter,
+    label: &str,
+) {
     // One database at a time: thousands of single renewals a second load the machine.
     static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let _alone = ALONE.lock().await;
@@ -149,6 +159,7 @@ async fn before_and_after(url: &str, max_batch: u64, counter: &dyn Counter, labe
     let backend = SqlBackend::connect(distlock_sql::SqlConfig::from_url(url).expect("url"))
         .await
         .expect("connect");
+    let pool = backend.pool();
     let batched = LockClient::with_config(backend.clone(), config.clone()).expect("client");
     let unbatched = LockClient::with_config(Unbatched(backend), config).expect("client");
     for k in [100_usize, 1000] {
@@ -184,6 +195,7 @@ async fn before_and_after(url: &str, max_batch: u64, counter: &dyn Counter, labe
             "{label} K={k}: only {solo} requests without batching, {batch} with"
         );
     }
+    common::exec(&pool, format!("DROP TABLE {table}")).await;
 }
 
 /// One of 50 locks freed behind its holder (an operator's forced release) is lost with
@@ -261,7 +273,7 @@ mod postgres {
         let admin = sqlx::PgPool::connect(&url).await.expect("admin");
         let table = unique("renewal");
         let url = format!("{url}&table={table}");
-        before_and_after(&url, 1024, &Commits(admin), "postgres").await;
+        before_and_after(&url, &table, 1024, &Commits(admin), "postgres").await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -300,7 +312,7 @@ mod mysql {
         let admin = sqlx::MySqlPool::connect(&url).await.expect("admin");
         let table = unique("renewal");
         let url = format!("{url}&table={table}");
-        before_and_after(&url, 512, &Questions(admin), "mysql").await;
+        before_and_after(&url, &table, 512, &Questions(admin), "mysql").await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -315,6 +327,7 @@ mod sqlite {
     use super::*;
 
     use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
     use tracing::field::{Field, Visit};
     use tracing::span::{Attributes, Id, Record};
     use tracing::{Event, Metadata, Subscriber};
@@ -397,7 +410,7 @@ mod sqlite {
             "sqlite://{}?table={table}&pool_size=4",
             dir.path().join("renewal.db").display()
         );
-        before_and_after(&url, 512, &Counted(statements), "sqlite").await;
+        before_and_after(&url, &table, 512, &Counted(statements), "sqlite").await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
