@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_core::backend::within;
+use distlock_core::backend::{Renewer, within};
 use distlock_core::{
     AcquireRequest, Attempt, Capabilities, Error, FencingGuarantee, FencingToken, LockBackend,
     LockInfo, LockKind, LockName, Result, WakeUp,
@@ -16,6 +16,7 @@ use crate::attempt::SqlAttempt;
 use crate::db::Db;
 use crate::error::map_err;
 use crate::holds;
+use crate::renew::SqlRenewer;
 use crate::{Dialect, FencedUpdate, SqlConfig, db};
 
 /// The longest lease: the expiry is a microsecond count, so the limit is a choice (a year).
@@ -127,6 +128,8 @@ pub struct SqlBackend {
 
 pub(crate) struct Inner {
     pub(crate) db: Box<dyn Db>,
+    /// The renewer of every exclusive lease of this backend (see [`crate::renew`]).
+    pub(crate) renewer: Arc<dyn Renewer>,
     config: SqlConfig,
     sessions: Arc<db::Sessions>,
 }
@@ -155,6 +158,7 @@ impl SqlBackend {
         let db = within(timeout, what, make).await??;
         Ok(Self {
             inner: Arc::new(Inner {
+                renewer: SqlRenewer::shared(db.max_batch()),
                 db,
                 config,
                 sessions,
@@ -210,6 +214,7 @@ impl SqlBackend {
         let db = within(timeout, what, setup).await??;
         Ok(Self {
             inner: Arc::new(Inner {
+                renewer: SqlRenewer::shared(db.max_batch()),
                 db,
                 config,
                 sessions: Arc::default(),

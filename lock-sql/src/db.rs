@@ -12,6 +12,7 @@ use crate::backend::SqlPool;
 use crate::dialect::Shared;
 use crate::fence::FencedUpdate;
 use crate::holds::{HeldBy, HolderInfo, JoinRequest, Joined};
+use crate::renew::Renewal;
 use crate::wake::{ServerWait, Subscription};
 
 /// A row of the lock table as the attempt needs it.
@@ -158,6 +159,13 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
     ) -> Result<bool, sqlx::Error> {
         self.common().renew(name, owner, version, ttl_us).await
     }
+
+    /// The batched [`Self::renew`] of many leases (see [`crate::renew`]): one statement (on
+    /// MySQL a second one when some were refused); whether each was renewed, in order.
+    async fn renew_many(&self, batch: &[Renewal<'_>]) -> Result<Vec<bool>, sqlx::Error>;
+
+    /// The most leases one [`Self::renew_many`] takes (see [`crate::renew`]).
+    fn max_batch(&self) -> usize;
 
     /// Owner-and-version-checked release of a live lease (wakes waiters).
     async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_core::backend::Renewer;
 use distlock_core::{Error, Lease, LockKind, LockName, Result};
 
 use crate::backend::{Inner, micros};
@@ -67,6 +68,12 @@ impl Lease for SqlLease {
         } else {
             Err(self.not_held())
         }
+    }
+
+    /// Exclusive leases: the backend's one renewer (see [`crate::renew`]). Shared holds and
+    /// permits: none, their renewal is a transaction of several statements.
+    fn renewer(&self) -> Option<Arc<dyn Renewer>> {
+        (self.kind == LockKind::Exclusive).then(|| self.inner.renewer.clone())
     }
 
     async fn release(&self) -> Result<()> {

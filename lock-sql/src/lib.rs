@@ -40,6 +40,14 @@
 //! - **Renew** and **release** are `UPDATE .. WHERE name = ? AND owner = ? AND version = ? AND
 //!   expires_at > now`; the affected-row count decides, and zero answers
 //!   [`Error::NotHeld`](distlock_core::Error::NotHeld).
+//! - **Batched renewal**: the watchdog renews a client's exclusive locks together, the same
+//!   `UPDATE` joined to a list of (name, owner, version, ttl): one statement per batch of up
+//!   to 1,024 locks on PostgreSQL (the list as four arrays, `unnest`, `RETURNING` the renewed),
+//!   512 on SQLite (`UPDATE .. FROM (VALUES ..) RETURNING`) and on MySQL/MariaDB (a join to a
+//!   `UNION ALL` list; the matched-row count answers, and only when some lock was refused a
+//!   second statement reads which). Each lock is checked as a single renewal checks it, and a
+//!   refused one is lost alone. Shared holds and permits renew one by one (each is a short
+//!   transaction of several statements).
 //! - **Abandon** (an attempt that ends without a guard) clears the owner's lock and
 //!   reservation by owner value, so a lock granted by a reply that never arrived is freed.
 //! - **Waiters**: a waiting attempt that finds the lock busy claims the single reservation
@@ -158,6 +166,7 @@ mod mysql;
 mod pool;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod renew;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod wake;

@@ -23,6 +23,7 @@ use crate::error::{connect_err, map_err};
 use crate::holds::{HolderSql, Holds, holders_table};
 use crate::keys::quote;
 use crate::pool::{HotConns, Unfinished, open_pool};
+use crate::renew::{BySize, LIST_MAX_BATCH, Renewal, padded, renewed_at, too_many};
 use crate::wake::{ServerWait, Woken, wake_prefix};
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
@@ -125,6 +126,60 @@ fn statements(table: &str) -> (Sql, Arc<str>, WakeSql, HolderSql) {
     (sql, check, wake, holder_statements(table, &peek))
 }
 
+/// The batched renewal's statements (see [`crate::renew`]), by padded list size: the update,
+/// and the read of which leases of the list are held, for when fewer rows matched than were
+/// asked. ARGS of both: name, owner, version, ttl_us for each lease (`NULL`s for padding).
+/// The read returns the 0-based positions of the leases held.
+fn renew_many_sql(table: &str) -> (BySize, BySize) {
+    let t = quote(table, '`');
+    // The first row's casts give the list's column types.
+    let list = |rows: usize| {
+        let mut list = String::from(
+            "SELECT 0 AS i, CAST(? AS BINARY) AS name, CAST(? AS BINARY) AS owner, \
+             CAST(? AS SIGNED) AS version, CAST(? AS SIGNED) AS ttl",
+        );
+        for i in 1..rows {
+            list.push_str(&format!(" UNION ALL SELECT {i}, ?, ?, ?, ?"));
+        }
+        list
+    };
+    let join = "l.name = v.name AND l.owner = v.owner AND l.version = v.version";
+    let update = BySize::new(LIST_MAX_BATCH, |rows| {
+        format!(
+            "UPDATE {t} AS l JOIN ({}) AS v ON {join} \
+             SET l.expires_at = {NOW} + INTERVAL v.ttl MICROSECOND WHERE l.expires_at > {NOW}",
+            list(rows)
+        )
+    });
+    let held = BySize::new(LIST_MAX_BATCH, |rows| {
+        format!(
+            "SELECT v.i FROM {t} AS l JOIN ({}) AS v ON {join} WHERE l.expires_at > {NOW}",
+            list(rows)
+        )
+    });
+    (update, held)
+}
+
+/// A list statement of MySQL's batched renewal with `batch` bound (see [`renew_many_sql`]).
+fn bind_list<'q>(
+    sql: &Arc<str>,
+    batch: &[Renewal<'q>],
+) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+    let mut query = q(sql);
+    for r in batch {
+        query = query
+            .bind(r.name)
+            .bind(r.owner)
+            .bind(r.version)
+            .bind(r.ttl_us);
+    }
+    for _ in batch.len()..padded(batch.len()) {
+        query = query.bind(None::<&str>).bind(None::<&str>);
+        query = query.bind(None::<i64>).bind(None::<i64>);
+    }
+    query
+}
+
 /// The holders' statements (see [`crate::holds`]).
 fn holder_statements(table: &str, peek: &str) -> HolderSql {
     let t = quote(table, '`');
@@ -217,6 +272,8 @@ const MAX_WAIT_SECS: u64 = 2;
 #[derive(Debug)]
 pub(crate) struct MyDb {
     check: Arc<str>,
+    /// The batched renewal's update and read, by list size.
+    renew_many: (BySize, BySize),
     common: Common<sqlx::MySql>,
     wake: Arc<Wake>,
 }
@@ -393,6 +450,9 @@ impl MyDb {
         let holds = Holds::new(holds, config.create_table);
         let mut prepared = sql.prepared();
         prepared.extend([&check, &wake.take, &wake.release, &wake.wait]);
+        let renew_many = renew_many_sql(&config.table);
+        prepared.extend(renew_many.0.first());
+        prepared.extend(renew_many.1.first());
         prepare_all(&pool, &prepared, &table).await?;
         // A quarter of the pool at most pins, and as many wait (none of a pool under 4).
         let slots = usize::try_from(pool.options().get_max_connections() / 4)
@@ -414,6 +474,7 @@ impl MyDb {
                 holds,
             },
             check,
+            renew_many,
         })
     }
 
@@ -525,6 +586,35 @@ impl Db for MyDb {
                 hot.keep(result)
             }
         }
+    }
+
+    /// No `RETURNING` on MySQL's `UPDATE`: the matched-row count (sqlx asks for found rows,
+    /// not changed ones) answers a batch that was all renewed; otherwise a second statement
+    /// reads which leases of the batch are held now, which are those the update renewed (a
+    /// lease it refused has lost its version or its lease for good).
+    async fn renew_many(&self, batch: &[Renewal<'_>]) -> Result<Vec<bool>, sqlx::Error> {
+        let (update, held) = &self.renew_many;
+        let (Some(update), Some(held)) = (update.get(batch.len()), held.get(batch.len())) else {
+            return Err(too_many(batch.len()));
+        };
+        let conns = &self.common.conns;
+        let matched = conns
+            .execute(bind_list(update, batch))
+            .await?
+            .rows_affected();
+        if usize::try_from(matched).is_ok_and(|m| m == batch.len()) {
+            return Ok(vec![true; batch.len()]);
+        }
+        let rows = conns.fetch_all(bind_list(held, batch)).await?;
+        let positions = rows
+            .iter()
+            .map(|row| row.try_get::<i64, _>(0))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(renewed_at(batch.len(), positions))
+    }
+
+    fn max_batch(&self) -> usize {
+        LIST_MAX_BATCH
     }
 
     async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {

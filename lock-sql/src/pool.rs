@@ -117,6 +117,19 @@ where
         let result = query.fetch_optional(hot.conn()).await;
         hot.keep(result)
     }
+
+    /// Runs one statement that returns rows.
+    pub(crate) async fn fetch_all<'q, A>(
+        &self,
+        query: sqlx::query::Query<'q, DB, A>,
+    ) -> Result<Vec<DB::Row>, sqlx::Error>
+    where
+        A: sqlx::IntoArguments<DB> + Send + 'q,
+    {
+        let mut hot = self.get().await?;
+        let result = query.fetch_all(hot.conn()).await;
+        hot.keep(result)
+    }
 }
 
 impl<DB: sqlx::Database> Drop for HotConns<DB> {

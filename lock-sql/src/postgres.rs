@@ -20,6 +20,7 @@ use crate::error::{connect_err, map_err};
 use crate::holds::{HolderSql, Holds, holders_table};
 use crate::keys::quote;
 use crate::pool::{HotConns, open_pool};
+use crate::renew::{PG_MAX_BATCH, Renewal, renewed_at};
 use crate::wake::{Notifier, Subscription, parse_payload};
 
 /// The lock table's statements in this dialect.
@@ -105,6 +106,20 @@ fn statements(table: &str) -> (Sql, Arc<str>, HolderSql) {
     (sql, take_wake, holder_statements(table, &peek))
 }
 
+/// The batched renewal (see [`crate::renew`]). ARGS: names, owners, versions, ttls (µs), as
+/// arrays. Returns the 1-based position of each renewed lease.
+fn renew_many_sql(table: &str) -> Arc<str> {
+    let t = quote(table, '"');
+    format!(
+        "UPDATE {t} AS l SET expires_at = now() + v.ttl * interval '1 microsecond' \
+         FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) \
+         WITH ORDINALITY AS v(name, owner, version, ttl, i) \
+         WHERE l.name = v.name AND l.owner = v.owner AND l.version = v.version \
+         AND l.expires_at > now() RETURNING v.i"
+    )
+    .into()
+}
+
 /// The holders' statements (see [`crate::holds`]).
 fn holder_statements(table: &str, peek: &str) -> HolderSql {
     let t = quote(table, '"');
@@ -185,6 +200,7 @@ fn holder_statements(table: &str, peek: &str) -> HolderSql {
 #[derive(Debug)]
 pub(crate) struct PgDb {
     take_wake: Arc<str>,
+    renew_many: Arc<str>,
     common: Common<sqlx::Postgres>,
     channel: String,
     notifier: Arc<Notifier>,
@@ -234,8 +250,9 @@ impl PgDb {
         }
         let (sql, take_wake, holds) = statements(&config.table);
         let holds = Holds::new(holds, config.create_table);
+        let renew_many = renew_many_sql(&config.table);
         let mut prepared = sql.prepared();
-        prepared.push(&take_wake);
+        prepared.extend([&take_wake, &renew_many]);
         prepare_all(&pool, &prepared, &table).await?;
         let channel = format!("distlock:{}", config.table);
         let mut listener = PgListener::connect_with(&pool)
@@ -254,6 +271,7 @@ impl PgDb {
                 holds,
             },
             take_wake,
+            renew_many,
             channel,
             notifier,
             listener: task.abort_handle(),
@@ -332,6 +350,28 @@ impl Db for PgDb {
             Some(row) if row.try_get::<bool, _>(0)? => Claim::GrantedFree,
             Some(_) => Claim::Granted,
         })
+    }
+
+    async fn renew_many(&self, batch: &[Renewal<'_>]) -> Result<Vec<bool>, sqlx::Error> {
+        let names: Vec<&str> = batch.iter().map(|r| r.name).collect();
+        let owners: Vec<&str> = batch.iter().map(|r| r.owner).collect();
+        let versions: Vec<i64> = batch.iter().map(|r| r.version).collect();
+        let ttls: Vec<i64> = batch.iter().map(|r| r.ttl_us).collect();
+        let query = q(&self.renew_many).bind(names).bind(owners);
+        let rows = self
+            .common
+            .conns
+            .fetch_all(query.bind(versions).bind(ttls))
+            .await?;
+        let positions = rows
+            .iter()
+            .map(|row| row.try_get::<i64, _>(0).map(|i| i - 1))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(renewed_at(batch.len(), positions))
+    }
+
+    fn max_batch(&self) -> usize {
+        PG_MAX_BATCH
     }
 
     async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {

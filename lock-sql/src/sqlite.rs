@@ -17,6 +17,7 @@ use crate::error::{connect_err, map_err, shape_err, sqlite_busy};
 use crate::holds::{HolderSql, Holds, holders_table};
 use crate::keys::quote;
 use crate::pool::{HotConns, open_pool};
+use crate::renew::{BySize, LIST_MAX_BATCH, Renewal, padded, renewed_by_rows, too_many};
 
 const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
 
@@ -79,6 +80,28 @@ fn statements(table: &str) -> (Sql, HolderSql) {
             .into(),
         };
     (sql, holder_statements(table, &peek))
+}
+
+/// The batched renewal's statement (see [`crate::renew`]), by padded list size. ARGS: name,
+/// owner, version, ttl_us for each lease (`NULL`s for padding). Returns the renewed rows'
+/// `name, owner, version` (an `UPDATE .. FROM`'s `RETURNING` sees the updated table only).
+fn renew_many_sql(table: &str) -> BySize {
+    let t = quote(table, '"');
+    BySize::new(LIST_MAX_BATCH, |rows| {
+        let list = (0..rows)
+            .map(|i| {
+                let n = 4 * i;
+                format!("(?{}, ?{}, ?{}, ?{})", n + 1, n + 2, n + 3, n + 4)
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "WITH v(name, owner, version, ttl) AS (VALUES {list}) \
+             UPDATE {t} AS l SET expires_at = {NOW} + v.ttl FROM v \
+             WHERE l.name = v.name AND l.owner = v.owner AND l.version = v.version \
+             AND l.expires_at > {NOW} RETURNING name, owner, version"
+        )
+    })
 }
 
 /// The holders' statements (see [`crate::holds`]). The
@@ -150,6 +173,8 @@ fn holder_statements(table: &str, peek: &str) -> HolderSql {
 #[derive(Debug)]
 pub(crate) struct LiteDb {
     common: Common<sqlx::Sqlite>,
+    /// The batched renewal, by list size.
+    renew_many: BySize,
 }
 
 impl LiteDb {
@@ -213,7 +238,8 @@ impl LiteDb {
         }
         let (sql, holds) = statements(&config.table);
         let holds = Holds::new(holds, config.create_table);
-        for statement in sql.prepared() {
+        let renew_many = renew_many_sql(&config.table);
+        for statement in sql.prepared().into_iter().chain(renew_many.first()) {
             while_busy(patience, || {
                 pool.prepare(AssertSqlSafe(statement.clone()).into_sql_str())
             })
@@ -226,6 +252,7 @@ impl LiteDb {
                 sql,
                 holds,
             },
+            renew_many,
         })
     }
 }
@@ -281,6 +308,32 @@ impl Db for LiteDb {
             )
             .await?;
         row.map(|r| r.try_get::<i64, _>(0)).transpose()
+    }
+
+    async fn renew_many(&self, batch: &[Renewal<'_>]) -> Result<Vec<bool>, sqlx::Error> {
+        let sql = self
+            .renew_many
+            .get(batch.len())
+            .ok_or(too_many(batch.len()))?;
+        let mut query = q(sql);
+        for r in batch {
+            query = query.bind(r.name.to_owned()).bind(r.owner.to_owned());
+            query = query.bind(r.version).bind(r.ttl_us);
+        }
+        for _ in batch.len()..padded(batch.len()) {
+            query = query.bind(None::<String>).bind(None::<String>);
+            query = query.bind(None::<i64>).bind(None::<i64>);
+        }
+        let rows = self.common.conns.fetch_all(query).await?;
+        let rows = rows
+            .iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        Ok(renewed_by_rows(batch, rows))
+    }
+
+    fn max_batch(&self) -> usize {
+        LIST_MAX_BATCH
     }
 
     fn pool(&self) -> SqlPool {

@@ -1,0 +1,422 @@
+//! Batched renewal on each database: a client holding K locks renews them in about
+//! ceil(K / max_batch) statements per renewal interval, counted by the server (PostgreSQL
+//! `pg_stat_database.xact_commit`, MariaDB `Questions`; SQLite, which has no server, by the
+//! statements sqlx runs on the lock table), next to the same client with batching off (what
+//! every renewal cost before: one statement per lock) and the idle floor of the same run. A
+//! lock removed behind its holder is lost alone.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_core::{
+    AcquireOptions, AcquireRequest, Attempt, Capabilities, ClientConfig, DistributedLock, Lease,
+    LockBackend, LockClient, LockGuard, LossReason, Result, Step,
+};
+use distlock_sql::SqlBackend;
+use futures::future::join_all;
+
+mod common;
+
+use common::unique;
+
+/// The lease length of the measured locks: renewed every second.
+const TTL: Duration = Duration::from_secs(3);
+const INTERVAL: Duration = Duration::from_secs(1);
+/// Renewal intervals counted per measurement.
+const INTERVALS: u64 = 6;
+
+/// The backend with batched renewal off (its leases name no renewer, as before batching):
+/// the "before" of the figures.
+#[derive(Debug)]
+struct Unbatched(SqlBackend);
+
+struct SoloAttempt(Box<dyn Attempt>);
+
+#[derive(Debug)]
+struct Solo(Box<dyn Lease>);
+
+#[async_trait]
+impl LockBackend for Unbatched {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+
+    fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
+        Box::new(SoloAttempt(self.0.begin(request)))
+    }
+}
+
+#[async_trait]
+impl Attempt for SoloAttempt {
+    async fn poll(&mut self) -> Result<Step> {
+        Ok(match self.0.poll().await? {
+            Step::Acquired(mut acquired) => {
+                let inner = std::mem::replace(&mut acquired.lease, Box::new(Gone));
+                acquired.lease = Box::new(Solo(inner));
+                Step::Acquired(acquired)
+            }
+            other => other,
+        })
+    }
+
+    async fn changed(&mut self) {
+        self.0.changed().await;
+    }
+
+    async fn abandon(self: Box<Self>) -> Result<()> {
+        self.0.abandon().await
+    }
+}
+
+#[derive(Debug)]
+struct Gone;
+
+#[async_trait]
+impl Lease for Gone {
+    async fn renew(&self, _ttl: Duration) -> Result<()> {
+        unreachable!("replaced at once")
+    }
+
+    async fn release(&self) -> Result<()> {
+        unreachable!("replaced at once")
+    }
+}
+
+#[async_trait]
+impl Lease for Solo {
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        self.0.renew(ttl).await
+    }
+
+    async fn release(&self) -> Result<()> {
+        self.0.release().await
+    }
+}
+
+/// A count of the database's requests that only grows.
+#[async_trait]
+trait Counter: Send + Sync {
+    async fn read(&self) -> u64;
+}
+
+/// `k` locks held by `client` for [`INTERVALS`] renewal intervals (after their schedules
+/// aligned): the requests `counter` saw meanwhile, and how many locks were lost.
+async fn hold<B: LockBackend>(
+    client: &LockClient<B>,
+    prefix: &str,
+    k: usize,
+    counter: &dyn Counter,
+) -> (u64, usize) {
+    let opts = AcquireOptions::default().with_ttl(TTL);
+    let names: Vec<String> = (0..k).map(|i| format!("{prefix}-{i}")).collect();
+    let mut guards: Vec<LockGuard> = Vec::with_capacity(k);
+    // In waves of 50: quick, and spread over less than an interval.
+    for wave in names.chunks(50) {
+        let taken = join_all(wave.iter().map(|name| client.acquire(name, &opts))).await;
+        guards.extend(taken.into_iter().map(|g| g.expect("acquire")));
+    }
+    // Two rounds align the schedules (see lock-core's watchdog); one more settles.
+    tokio::time::sleep(3 * INTERVAL).await;
+    let before = counter.read().await;
+    tokio::time::sleep(INTERVAL * u32::try_from(INTERVALS).unwrap_or(1)).await;
+    let after = counter.read().await;
+    let lost = guards.iter().filter(|g| g.is_lost()).count();
+    if lost > 0 {
+        let mut reasons: Vec<_> = guards.iter().filter_map(LockGuard::loss_reason).collect();
+        reasons.dedup();
+        eprintln!("{prefix}: {lost} of {k} lost: {reasons:?}");
+    }
+    join_all(guards.into_iter().map(LockGuard::release)).await;
+    (after.saturating_sub(before), lost)
+}
+
+/// The idle floor: the requests `counter` sees in as long as [`hold`] counts.
+async fn floor(counter: &dyn Counter) -> u64 {
+    let before = counter.read().await;
+    tokio::time::sleep(INTERVAL * u32::try_from(INTERVALS).unwrap_or(1)).await;
+    counter.read().await.saturating_sub(before)
+}
+
+/// Before (batching off) and after (on) for K = 100 and 1,000 on the database of `url`
+/// (whose lock table, `table`, is dropped at the end), with the floor measured between
+/// them; asserts that batching costs about ceil(K / max_batch) requests per interval, and no
+/// lock is lost.
+async fn before_and_after(
+    url: &str,
+    table: &str,
+    max_batch: u64,
+    counter: &dyn Counter,
+    label: &str,
+) {
+    // One database at a time: thousands of single renewals a second load the machine.
+    static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _alone = ALONE.lock().await;
+    let config = ClientConfig::default().with_operation_timeout(Duration::from_secs(5));
+    let backend = SqlBackend::connect(distlock_sql::SqlConfig::from_url(url).expect("url"))
+        .await
+        .expect("connect");
+    let pool = backend.pool();
+    let batched = LockClient::with_config(backend.clone(), config.clone()).expect("client");
+    let unbatched = LockClient::with_config(Unbatched(backend), config).expect("client");
+    for k in [100_usize, 1000] {
+        let idle = floor(counter).await;
+        let (solo, solo_lost) = hold(&unbatched, &unique("solo"), k, counter).await;
+        let (batch, batch_lost) = hold(&batched, &unique("batch"), k, counter).await;
+        let idle2 = floor(counter).await;
+        let per = |n: u64| n as f64 / INTERVALS as f64;
+        eprintln!(
+            "{label} K={k}: requests per renewal interval: floor {:.1} / {:.1}, \
+             before (one per lock) {:.1} ({solo_lost} lost), after (batched) {:.1} \
+             ({batch_lost} lost)",
+            per(idle),
+            per(idle2),
+            per(solo),
+            per(batch)
+        );
+        // Without batching a loaded machine may not keep up (that is reported, not failed).
+        assert_eq!(batch_lost, 0, "{label}: locks lost with batching");
+        let k = u64::try_from(k).unwrap_or(u64::MAX);
+        // Per interval: ceil(K / max_batch) batches, an extra one or two where the schedules
+        // have not quite merged, and the server's idle background.
+        let expected = k.div_ceil(max_batch) + 2;
+        let background = idle.max(idle2) + 2 * INTERVALS;
+        assert!(
+            batch <= expected * INTERVALS + background,
+            "{label} K={k}: {batch} requests in {INTERVALS} intervals, expected about {} \
+             (floor {idle}/{idle2})",
+            k.div_ceil(max_batch) * INTERVALS
+        );
+        assert!(
+            solo >= 10 * batch.max(INTERVALS),
+            "{label} K={k}: only {solo} requests without batching, {batch} with"
+        );
+    }
+    common::exec(&pool, format!("DROP TABLE {table}")).await;
+}
+
+/// One of 50 locks freed behind its holder (an operator's forced release) is lost with
+/// `RenewalRejected`; the other 49 go on renewing in their batch.
+async fn one_forced_release_is_lost_alone(url: &str) {
+    let client = common::client_with(url, Duration::from_secs(5)).await;
+    let prefix = unique("forced");
+    let opts = AcquireOptions::default().with_ttl(Duration::from_millis(1500));
+    let names: Vec<String> = (0..50).map(|i| format!("{prefix}-{i}")).collect();
+    let guards: Vec<LockGuard> = join_all(names.iter().map(|name| client.acquire(name, &opts)))
+        .await
+        .into_iter()
+        .map(|g| g.expect("acquire"))
+        .collect();
+    // Let a batched renewal or two pass first.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(
+        client
+            .backend_ref()
+            .force_release(&format!("{prefix}-17"))
+            .await
+            .expect("force release")
+    );
+    let reason = tokio::time::timeout(Duration::from_secs(3), guards[17].lost())
+        .await
+        .expect("the freed lock is reported lost");
+    assert_eq!(reason, LossReason::RenewalRejected);
+    // Two more renewal intervals: the others are still held, on the server too.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    for (i, guard) in guards.iter().enumerate() {
+        assert_eq!(guard.is_lost(), i == 17, "guard {i}");
+        if i != 17 {
+            let info = client
+                .inspect(guard.name().as_str())
+                .await
+                .expect("inspect")
+                .expect("still held");
+            assert_eq!(info.owner, guard.owner(), "guard {i}");
+        }
+    }
+    for guard in guards.into_iter().filter(|g| !g.is_lost()) {
+        guard.release().await.expect("release");
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+
+    fn url() -> Option<String> {
+        conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL")
+    }
+
+    /// Transactions committed in the database (every autocommit statement is one; the read
+    /// itself is one more). Statistics reach the shared counters at most once a second per
+    /// connection, so a measurement spans several intervals.
+    struct Commits(sqlx::PgPool);
+
+    #[async_trait]
+    impl Counter for Commits {
+        async fn read(&self) -> u64 {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+            )
+            .fetch_one(&self.0)
+            .await
+            .expect("read pg_stat_database");
+            u64::try_from(n).unwrap_or(0)
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn batched_renewal_statements() {
+        let Some(url) = url() else { return };
+        let admin = sqlx::PgPool::connect(&url).await.expect("admin");
+        let table = unique("renewal");
+        let url = format!("{url}&table={table}");
+        before_and_after(&url, &table, 1024, &Commits(admin), "postgres").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn forced_release_in_a_batch() {
+        let Some(url) = url() else { return };
+        one_forced_release_is_lost_alone(&url).await;
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::*;
+
+    fn url() -> Option<String> {
+        conformance_tests::server_var("mysql", "DISTLOCK_TEST_MYSQL_URL")
+    }
+
+    /// The server's `Questions` (statements clients sent, the read itself included).
+    struct Questions(sqlx::MySqlPool);
+
+    #[async_trait]
+    impl Counter for Questions {
+        async fn read(&self) -> u64 {
+            let (_, value): (String, String) =
+                sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Questions'")
+                    .fetch_one(&self.0)
+                    .await
+                    .expect("read Questions");
+            value.parse().unwrap_or(0)
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn batched_renewal_statements() {
+        let Some(url) = url() else { return };
+        let admin = sqlx::MySqlPool::connect(&url).await.expect("admin");
+        let table = unique("renewal");
+        let url = format!("{url}&table={table}");
+        before_and_after(&url, &table, 512, &Questions(admin), "mysql").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn forced_release_in_a_batch() {
+        let Some(url) = url() else { return };
+        one_forced_release_is_lost_alone(&url).await;
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use super::*;
+
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Metadata, Subscriber};
+
+    /// Counts sqlx's per-statement events (target `sqlx::query`) whose SQL names `table`:
+    /// SQLite has no server to count requests, the statements it ran are the measure.
+    struct Statements {
+        table: OnceLock<String>,
+        count: AtomicU64,
+    }
+
+    struct Sql<'a>(&'a str, bool);
+
+    impl Visit for Sql<'_> {
+        fn record_str(&mut self, _field: &Field, value: &str) {
+            self.1 |= value.contains(self.0);
+        }
+
+        fn record_debug(&mut self, _field: &Field, value: &dyn std::fmt::Debug) {
+            self.1 |= format!("{value:?}").contains(self.0);
+        }
+    }
+
+    /// The subscriber over the counts.
+    struct Shim(&'static Statements);
+
+    impl Subscriber for Shim {
+        fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+            metadata.target() == "sqlx::query"
+        }
+
+        fn new_span(&self, _span: &Attributes<'_>) -> Id {
+            Id::from_u64(1)
+        }
+
+        fn record(&self, _span: &Id, _values: &Record<'_>) {}
+
+        fn record_follows_from(&self, _span: &Id, _follows: &Id) {}
+
+        fn event(&self, event: &Event<'_>) {
+            if let Some(table) = self.0.table.get() {
+                let mut sql = Sql(table, false);
+                event.record(&mut sql);
+                if sql.1 {
+                    self.0.count.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+
+        fn enter(&self, _span: &Id) {}
+
+        fn exit(&self, _span: &Id) {}
+    }
+
+    struct Counted(&'static Statements);
+
+    #[async_trait]
+    impl Counter for Counted {
+        async fn read(&self) -> u64 {
+            self.0.count.load(Ordering::Relaxed)
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn batched_renewal_statements() {
+        static STATEMENTS: OnceLock<&'static Statements> = OnceLock::new();
+        let statements = *STATEMENTS.get_or_init(|| {
+            let s: &'static Statements = Box::leak(Box::new(Statements {
+                table: OnceLock::new(),
+                count: AtomicU64::new(0),
+            }));
+            let dispatch = tracing::Dispatch::new(Shim(s));
+            tracing::dispatcher::set_global_default(dispatch).expect("no other subscriber");
+            s
+        });
+        let dir = tempfile::tempdir().expect("tempdir");
+        let table = unique("renewal");
+        statements.table.set(table.clone()).expect("one table");
+        let url = format!(
+            "sqlite://{}?table={table}&pool_size=4",
+            dir.path().join("renewal.db").display()
+        );
+        before_and_after(&url, &table, 512, &Counted(statements), "sqlite").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn forced_release_in_a_batch() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("forced.db").display());
+        one_forced_release_is_lost_alone(&url).await;
+    }
+}
