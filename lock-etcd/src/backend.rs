@@ -29,6 +29,7 @@ use crate::keys::{KeyPool, QueueKey};
 use crate::members::{self, Members, Prober};
 use crate::session::LeaseSlot;
 use crate::wake::IdleWatches;
+use crate::watcher::WatchHub;
 
 /// The shortest lease etcd grants with its default heartbeat settings (shorter requests are
 /// silently raised to it).
@@ -63,6 +64,8 @@ pub(crate) struct Shared {
     pub(crate) keys: KeyPool,
     /// Watches kept for the next wait on the same key (see `wake.rs`).
     pub(crate) watches: IdleWatches,
+    /// The client's one watch stream, which carries every wait's watch (see `watcher.rs`).
+    pub(crate) hub: WatchHub,
     /// Where requests report a member that does not answer or connect.
     pub(crate) members: Members,
     /// Takes such members out of the client's balancer while they are down.
@@ -166,6 +169,7 @@ impl EtcdBackend {
                 checks: OnceLock::new(),
                 keys: KeyPool::new(),
                 watches: IdleWatches::default(),
+                hub: WatchHub::default(),
             }),
         }
     }
