@@ -26,6 +26,7 @@ use crate::config::EtcdConfig;
 use crate::error::{connect_err, map_err, retryable, tls_cause, transient};
 use crate::keys;
 use crate::keys::{KeyPool, QueueKey};
+use crate::lease::EtcdRenewer;
 use crate::members::{self, Members, Prober};
 use crate::session::LeaseSlot;
 use crate::wake::IdleWatches;
@@ -66,6 +67,8 @@ pub(crate) struct Shared {
     pub(crate) watches: IdleWatches,
     /// The client's one watch stream, which carries every wait's watch (see `watcher.rs`).
     pub(crate) hub: WatchHub,
+    /// Renews the client's held locks together (see `lease.rs`).
+    pub(crate) renewer: Arc<EtcdRenewer>,
     /// Where requests report a member that does not answer or connect.
     pub(crate) members: Members,
     /// Takes such members out of the client's balancer while they are down.
@@ -170,6 +173,7 @@ impl EtcdBackend {
                 keys: KeyPool::new(),
                 watches: IdleWatches::default(),
                 hub: WatchHub::default(),
+                renewer: Arc::default(),
             }),
         }
     }

@@ -38,6 +38,9 @@
 //! three raft rounds instead of two; a shared lease makes it two (put, delete), the same as the
 //! raw floor. Keepalives are not raft rounds (the leader answers them alone, ~70 us here), so
 //! a lease that was not refreshed in the last tenth of its ttl is refreshed before it is used.
+//! The client's watchdog renews its held locks together: per batch of up to 100 locks, one
+//! keepalive per lease and one transaction that reads every batched key (each lock is held
+//! while its lease lives and its key is still there with its create revision).
 //!
 //! **Acquire** (`acquire`, may queue) is one transaction: if our key does not exist
 //! (`create_revision == 0`), read the name's newest key, then put ours. No earlier key: we
