@@ -13,7 +13,7 @@ use etcd_client::{
 use tracing::{debug, trace};
 
 use crate::backend::Shared;
-use crate::error::{lease_not_found, map_err, protocol};
+use crate::error::{ATTEMPT_TIMEOUT, lease_not_found, map_err, protocol};
 use crate::keys::{self, QueueKey, key_string};
 use crate::lease::EtcdLease;
 use crate::session::LeaseSlot;
@@ -404,35 +404,30 @@ impl Attempt for EtcdAttempt {
                     // From "now", not from `from`: a watch that starts in the past is served by
                     // etcd's catch-up loop, which runs every 100 ms. The gap between our read
                     // and the watch's start is closed below by polling once more.
-                    let options = pred.options();
                     trace!(target: "distlock_etcd::wait", me = %self.key.key, key = %pred.key, from, "watch opening");
-                    match self
-                        .shared
-                        .client
-                        .watch_client()
-                        .watch(pred.key.clone(), Some(options))
-                        .await
-                    {
-                        Ok(mut stream) => match stream.message().await {
-                            Ok(Some(created)) if created.created() => {
-                                // No revision (never seen): trust the watch; the core's
-                                // backoff maximum bounds a missed gap, a re-poll loop would not.
-                                let start = header_revision(created.header()).unwrap_or(0);
-                                trace!(target: "distlock_etcd::wait", me = %self.key.key, start, from, "watch created");
-                                self.watch = Some(Watch {
-                                    blocker: pred,
-                                    stream,
-                                    start,
-                                    kept: false,
-                                });
-                            }
-                            // Anything else (an event, an error, the end): poll again.
-                            _ => return,
-                        },
-                        Err(err) => {
-                            // Leave it to the core's backoff to poll again.
-                            debug!(%err, "cannot watch the predecessor");
-                            self.shared.members.suspect();
+                    let mut stream = self.shared.hub.watch(
+                        &self.shared.client,
+                        &self.shared.members,
+                        pred.clone(),
+                    );
+                    match tokio::time::timeout(ATTEMPT_TIMEOUT, stream.created()).await {
+                        Ok(Some(start)) => {
+                            trace!(target: "distlock_etcd::wait", me = %self.key.key, start, from, "watch created");
+                            self.watch = Some(Watch {
+                                blocker: pred,
+                                stream,
+                                start,
+                                kept: false,
+                            });
+                        }
+                        // Refused or cancelled (a compaction, an expired token): poll again.
+                        Ok(None) => return,
+                        Err(_) => {
+                            // The stream's member went silent, perhaps: the client opens a
+                            // new stream; the core's backoff polls again.
+                            debug!("a watch create went unanswered");
+                            stream.reopen();
+                            drop(stream);
                             self.watch_target = None;
                         }
                     }
@@ -467,9 +462,9 @@ impl Attempt for EtcdAttempt {
                         let kept = self.watch.take().is_some_and(|w| w.kept);
                         self.watch_target = None;
                         if kept {
-                            // One kept idle while its member went down, perhaps: poll again
-                            // at once, and a new watch replaces it. (A new one that fails
-                            // is left to the core's backoff.)
+                            // One kept idle while the client's stream could not be opened
+                            // again, perhaps: poll again at once, and a new watch replaces
+                            // it. (A new one that fails is left to the core's backoff.)
                             return;
                         }
                     }

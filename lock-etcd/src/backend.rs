@@ -26,9 +26,11 @@ use crate::config::EtcdConfig;
 use crate::error::{connect_err, map_err, retryable, tls_cause, transient};
 use crate::keys;
 use crate::keys::{KeyPool, QueueKey};
+use crate::lease::EtcdRenewer;
 use crate::members::{self, Members, Prober};
 use crate::session::LeaseSlot;
 use crate::wake::IdleWatches;
+use crate::watcher::WatchHub;
 
 /// The shortest lease etcd grants with its default heartbeat settings (shorter requests are
 /// silently raised to it).
@@ -63,6 +65,10 @@ pub(crate) struct Shared {
     pub(crate) keys: KeyPool,
     /// Watches kept for the next wait on the same key (see `wake.rs`).
     pub(crate) watches: IdleWatches,
+    /// The client's one watch stream, which carries every wait's watch (see `watcher.rs`).
+    pub(crate) hub: WatchHub,
+    /// Renews the client's held locks together (see `lease.rs`).
+    pub(crate) renewer: Arc<EtcdRenewer>,
     /// Where requests report a member that does not answer or connect.
     pub(crate) members: Members,
     /// Takes such members out of the client's balancer while they are down.
@@ -166,6 +172,8 @@ impl EtcdBackend {
                 checks: OnceLock::new(),
                 keys: KeyPool::new(),
                 watches: IdleWatches::default(),
+                hub: WatchHub::default(),
+                renewer: Arc::default(),
             }),
         }
     }

@@ -91,28 +91,15 @@ pub(crate) async fn check_keys(
 }
 
 pub(crate) async fn check_chunk(client: &Client, members: &Members, chunk: Vec<KeyCheck>) {
-    let reads = chunk
-        .iter()
-        .map(|c| TxnOp::get(c.key.clone(), Some(GetOptions::new().with_keys_only())));
-    let txn = Txn::new().and_then(reads.collect::<Vec<_>>());
-    // Read only: safe to repeat.
-    let answer = attempts("checking held keys", retryable, members, || {
-        let mut kv = client.kv_client();
-        let txn = txn.clone();
-        async move { kv.txn(txn).await }
-    })
-    .await;
-    match answer {
-        Ok((resp, _)) => {
-            let mut answers = resp.op_responses().into_iter();
+    let keys: Vec<(&str, i64)> = chunk.iter().map(|c| (c.key.as_str(), c.rev)).collect();
+    match keys_are_ours(client, members, &keys).await {
+        Ok(answers) => {
+            let mut answers = answers.into_iter();
             for check in chunk {
-                let ours = match answers.next() {
-                    Some(TxnOpResponse::Get(get)) => Ok(get
-                        .kvs()
-                        .first()
-                        .is_some_and(|kv| kv.create_revision() == check.rev)),
-                    _ => Err(protocol("a transaction answered without its read")),
-                };
+                let ours = answers
+                    .next()
+                    .flatten()
+                    .ok_or_else(|| protocol("a transaction answered without its read"));
                 let _ = check.reply.send(ours);
             }
         }
@@ -130,4 +117,38 @@ pub(crate) async fn check_chunk(client: &Client, members: &Members, chunk: Vec<K
             }
         }
     }
+}
+
+/// Whether each key still exists with its create revision: one transaction of reads (at
+/// most [`CHECKS_PER_TXN`] keys), repeated on a transport failure (reads only: safe). `None`
+/// for a read the answer lacks (a protocol error, never seen); the answer may be shorter.
+pub(crate) async fn keys_are_ours(
+    client: &Client,
+    members: &Members,
+    keys: &[(&str, i64)],
+) -> std::result::Result<Vec<Option<bool>>, AttemptError> {
+    let reads = keys
+        .iter()
+        .map(|(key, _)| TxnOp::get(*key, Some(GetOptions::new().with_keys_only())));
+    let txn = Txn::new().and_then(reads.collect::<Vec<_>>());
+    // Read only: safe to repeat.
+    let (resp, _) = attempts("checking held keys", retryable, members, || {
+        let mut kv = client.kv_client();
+        let txn = txn.clone();
+        async move { kv.txn(txn).await }
+    })
+    .await?;
+    Ok(resp
+        .op_responses()
+        .into_iter()
+        .zip(keys)
+        .map(|(answer, (_, rev))| match answer {
+            TxnOpResponse::Get(get) => Some(
+                get.kvs()
+                    .first()
+                    .is_some_and(|kv| kv.create_revision() == *rev),
+            ),
+            _ => None,
+        })
+        .collect())
 }

@@ -38,6 +38,9 @@
 //! three raft rounds instead of two; a shared lease makes it two (put, delete), the same as the
 //! raw floor. Keepalives are not raft rounds (the leader answers them alone, ~70 us here), so
 //! a lease that was not refreshed in the last tenth of its ttl is refreshed before it is used.
+//! The client's watchdog renews its held locks together: per batch of up to 100 locks, one
+//! keepalive per lease and one transaction that reads every batched key (each lock is held
+//! while its lease lives and its key is still there with its create revision).
 //!
 //! **Acquire** (`acquire`, may queue) is one transaction: if our key does not exist
 //! (`create_revision == 0`), read the name's newest key, then put ours. No earlier key: we
@@ -53,7 +56,10 @@
 //! a handoff by up to 100 ms under contention. A client keeps a watch idle for 2 s after its
 //! wait; the next wait on the same key (in a busy queue, usually the same predecessor, whose
 //! client reuses its key) takes it back, long since synced, and tells old events from new ones
-//! by revision.
+//! by revision. Every watch of a client is a watch id on the client's one watch stream (a
+//! stream per wait made a busy client open one per handoff): the stream is opened with the
+//! first watch, and on a failure opened again with every live watch re-created from the
+//! revision after the last one it was told about.
 //! `try_acquire` is one transaction that puts the key only if the name's whole range is empty
 //! (nobody holds or waits), so it never leaves a queue entry. An abandoned attempt (timeout,
 //! cancellation, error) deletes its key, also one whose put answer was lost (same key).
@@ -122,6 +128,7 @@ mod lease;
 mod members;
 mod session;
 mod wake;
+mod watcher;
 
 use distlock_core::{ClientConfig, Error, LockClient};
 

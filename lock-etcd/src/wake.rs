@@ -12,13 +12,18 @@
 //! apart by revision (only changes at or after the waiter's read wake it). Only single-key
 //! deletion watches are kept: those are the mutex's and reader's, whose key (reused by its
 //! client, see `keys.rs`) is usually the same predecessor round after round.
+//!
+//! Every watch, kept or not, is a watch id on the client's one watch stream (`watcher.rs`):
+//! opening a watch is one create message, and dropping one sends its cancel.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use distlock_core::backend::unpoisoned as lock;
-use etcd_client::{EventType, WatchFilterType, WatchOptions, WatchStream};
+use etcd_client::{EventType, WatchFilterType, WatchOptions};
+
+use crate::watcher::{Answer, HubWatch};
 
 /// What a waiting attempt watches: the one key (or, for the first permit waiter, the name's
 /// range) whose change may unblock it. Deletions always wake; puts only where `puts` says so
@@ -56,10 +61,10 @@ impl Blocker {
     }
 }
 
-/// A watch: what it watches, its stream, and the revision it started after.
+/// A watch: what it watches, its id on the client's stream, and the revision it started after.
 pub(crate) struct Watch {
     pub(crate) blocker: Blocker,
-    pub(crate) stream: WatchStream,
+    pub(crate) stream: HubWatch,
     pub(crate) start: i64,
     /// Whether it was kept idle before (see [`IdleWatches`]).
     pub(crate) kept: bool,
@@ -74,7 +79,7 @@ pub(crate) enum Woken {
     Nothing,
     /// The server cancelled the watch: poll again, with a new one.
     Cancelled,
-    /// The stream failed or ended.
+    /// The client's stream failed and could not be opened again.
     Failed,
 }
 
@@ -88,9 +93,9 @@ pub(crate) async fn next_event(watch: &mut Option<Watch>, from: i64) -> Woken {
     else {
         return std::future::pending().await;
     };
-    match stream.message().await {
-        Ok(Some(resp)) if resp.canceled() => Woken::Cancelled,
-        Ok(Some(resp)) => {
+    match stream.next().await {
+        Some(Answer::Cancelled) => Woken::Cancelled,
+        Some(Answer::Events(resp)) => {
             let wakes = resp.events().iter().any(|e| {
                 (blocker.puts || e.event_type() == EventType::Delete)
                     && e.kv().is_none_or(|kv| kv.mod_revision() >= from)
@@ -101,7 +106,8 @@ pub(crate) async fn next_event(watch: &mut Option<Watch>, from: i64) -> Woken {
                 Woken::Nothing
             }
         }
-        Ok(None) | Err(_) => Woken::Failed,
+        Some(Answer::Created { .. }) => Woken::Nothing,
+        Some(Answer::Failed) | None => Woken::Failed,
     }
 }
 

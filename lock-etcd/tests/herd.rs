@@ -37,6 +37,8 @@ struct Figures {
     watchers: u64,
     /// Transactions served (every acquire step, release and position read is one).
     txns: u64,
+    /// Watch streams opened since the member started.
+    streams: u64,
 }
 
 /// Reads `/metrics` of the member at `endpoint` (`http://host:port`).
@@ -57,6 +59,7 @@ async fn figures(endpoint: &str) -> Figures {
         events: 0,
         watchers: 0,
         txns: 0,
+        streams: 0,
     };
     for line in body.lines() {
         if line.starts_with("etcd_debugging_mvcc_events_total ") {
@@ -67,6 +70,11 @@ async fn figures(endpoint: &str) -> Figures {
             && line.contains("grpc_method=\"Txn\"")
         {
             figures.txns += value(line);
+        } else if line.starts_with("grpc_server_started_total{")
+            && line.contains("grpc_method=\"Watch\"")
+            && line.contains("grpc_service=\"etcdserverpb.Watch\"")
+        {
+            figures.streams += value(line);
         }
     }
     figures
@@ -252,4 +260,52 @@ async fn a_permit_release_wakes_one_waiter() {
     for guard in s.finished(&mut waiters, 1).await {
         guard.release().await.unwrap();
     }
+}
+
+/// Issue 22: a stream per wait made the leader start thousands of watch streams in one
+/// benchmark session. Every wait of a client shares its one stream.
+#[tokio::test]
+async fn a_clients_waits_share_one_watch_stream() {
+    let _serial = SERIAL.lock().await;
+    let Some(s) = setup().await else { return };
+    let name = format!("herd-streams-{}", uuid::Uuid::new_v4().simple());
+    const CLIENTS: usize = 4;
+    const ROUNDS: usize = 40;
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        clients.push(s.etcd.client().await.unwrap());
+    }
+    let contended = AcquireOptions::default()
+        .with_ttl(TTL)
+        .with_wait(Duration::from_secs(60));
+    let before = figures(&s.endpoint).await;
+    let mut tasks = Vec::new();
+    for client in clients {
+        let (name, opts) = (name.clone(), contended.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let guard = client.acquire(&name, &opts).await?;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                guard.release().await?;
+            }
+            Ok::<_, Error>(())
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap().expect("a contended acquire");
+    }
+    let after = figures(&s.endpoint).await;
+    eprintln!(
+        "{CLIENTS} clients x {ROUNDS} contended rounds: {} watch streams opened, {} events",
+        after.streams - before.streams,
+        after.events - before.events
+    );
+    assert!(
+        after.events - before.events >= 40,
+        "the waiters were woken by watches"
+    );
+    assert!(
+        after.streams - before.streams <= CLIENTS as u64,
+        "more than one watch stream per client: {before:?} -> {after:?}"
+    );
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_core::backend::Renewer;
 use distlock_core::{Error, Lease, LockName, LossReason, Result};
 use futures::future::BoxFuture;
 use zookeeper_client as zk;
@@ -15,9 +16,9 @@ use crate::session::Session;
 
 /// A held lock: our node at the head of the queue.
 pub(crate) struct ZkLease {
-    session: Arc<Session>,
-    name: LockName,
-    path: String,
+    pub(crate) session: Arc<Session>,
+    pub(crate) name: LockName,
+    pub(crate) path: String,
     ttl: Duration,
 }
 
@@ -44,6 +45,10 @@ impl ZkLease {
 
 #[async_trait]
 impl Lease for ZkLease {
+    fn renewer(&self) -> Option<Arc<dyn Renewer>> {
+        Some(self.session.renewer.clone())
+    }
+
     async fn renew(&self, ttl: Duration) -> Result<()> {
         self.session.check_connected()?;
         // Only we write our node; it exists only while we hold (or a contender removed it
@@ -97,33 +102,66 @@ impl Lease for ZkLease {
                     }
                 }
             }
-            loop {
+            // A persistent watch, not a one-shot: every renewal changes the node's data, and a
+            // one-shot watch would cost one more request per lock per renewal to set again
+            // (which batched renewal saves). Data changes are ignored; a deletion or a session
+            // end is the loss.
+            let mut watcher = loop {
                 if states.peek_state().is_terminated() {
                     return LossReason::SessionExpired;
                 }
-                match client.check_and_watch_stat(&path).await {
-                    Ok((None, _)) => return gone(),
-                    Ok((Some(_), watcher)) => {
-                        let event = watcher.changed().await;
-                        match event.event_type {
-                            zk::EventType::NodeDeleted => return gone(),
-                            zk::EventType::Session if event.session_state.is_terminated() => {
-                                return LossReason::SessionExpired;
-                            }
-                            _ => {} // our own renewal changed the data: watch again
-                        }
-                    }
+                match client.watch(&path, zk::AddWatchMode::Persistent).await {
+                    Ok(watcher) => break watcher,
                     Err(
                         zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::AuthFailed,
-                    ) => {
-                        return LossReason::SessionExpired;
-                    }
+                    ) => return LossReason::SessionExpired,
                     Err(_) => {
-                        // Disconnected: the renewal deadline covers us; look again once the
+                        // Disconnected: the renewal deadline covers us; try again once the
                         // connection state changes.
                         let _ = tokio::time::timeout(Duration::from_millis(200), states.changed())
                             .await;
                     }
+                }
+            };
+            // Whether the node must be looked at: once the watch is set (it may have gone just
+            // before), and after each reconnection (events during a connection loss may be
+            // lost: ZOOKEEPER-4698).
+            let mut look = true;
+            loop {
+                if look {
+                    if states.peek_state().is_terminated() {
+                        return LossReason::SessionExpired;
+                    }
+                    match client.check_stat(&path).await {
+                        Ok(None) => return gone(),
+                        Ok(Some(_)) => look = false,
+                        Err(
+                            zk::Error::SessionExpired
+                            | zk::Error::ClientClosed
+                            | zk::Error::AuthFailed,
+                        ) => return LossReason::SessionExpired,
+                        Err(_) => {
+                            let _ =
+                                tokio::time::timeout(Duration::from_millis(200), states.changed())
+                                    .await;
+                            continue;
+                        }
+                    }
+                }
+                // Never called after a terminal session event (the watcher panics then).
+                let event = watcher.changed().await;
+                match event.event_type {
+                    zk::EventType::NodeDeleted => return gone(),
+                    zk::EventType::Session if event.session_state.is_terminated() => {
+                        return LossReason::SessionExpired;
+                    }
+                    zk::EventType::Session => {
+                        look = matches!(
+                            event.session_state,
+                            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly
+                        );
+                    }
+                    _ => {} // our own renewal changed the data
                 }
             }
         }))

@@ -99,7 +99,12 @@
 //! is therefore kept on the holder's node: its data is `H<ttl ms>` and its lease runs from the
 //! node's `mtime` (the server's clock when the create or the last renewal was committed).
 //! Renewal is a `set_data` of the holder's own node (which only the holder writes, and which
-//! exists only while it holds: owner-checked and atomic), release a `delete`. A contender that
+//! exists only while it holds: owner-checked and atomic), release a `delete`. The client's
+//! watchdog renews the held nodes of a session together: one `multi` of their `set_data`s
+//! (at most 500), and when one node is gone (a multi is all or nothing; the server names the
+//! first failed operation) that lock alone is reported lost and the rest sent again. The
+//! holder's watch on its own node (its loss signal) is persistent, so that a renewal does not
+//! cost a request per lock to set it again. A contender that
 //! is next in line reads the head node and the server's current time (the `mtime` of a write
 //! to its own node) in one round trip; if `now - mtime > ttl` it deletes the head with the
 //! version it read, which fails if the holder renewed meanwhile. Both timestamps come from the
@@ -225,6 +230,7 @@ mod error;
 mod keys;
 mod lease;
 mod queue;
+mod renew;
 mod session;
 #[cfg(feature = "tls")]
 mod tls;

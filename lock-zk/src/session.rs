@@ -12,12 +12,15 @@ use crate::ZkConfig;
 use crate::acl::{Access, judge, node_acls};
 use crate::error::{denied, zk_error};
 use crate::keys::persistent;
+use crate::renew::ZkRenewer;
 
 /// One ZooKeeper session. Every node is ephemeral and belongs to the session that created it.
 pub(crate) struct Session {
     pub(crate) client: zk::Client,
     /// The ACL of every node this session creates.
     pub(crate) acls: zk::Acls<'static>,
+    /// Renews this session's held nodes together (see `renew.rs`).
+    pub(crate) renewer: Arc<ZkRenewer>,
 }
 
 impl Session {
@@ -231,7 +234,11 @@ pub(crate) async fn open_session(config: &ZkConfig, timeout: Duration) -> Result
     )
     .await??;
     debug!(session = %client.session_id(), timeout = ?client.session_timeout(), "ZooKeeper session opened");
-    Ok(Arc::new(Session { client, acls }))
+    Ok(Arc::new(Session {
+        client,
+        acls,
+        renewer: Arc::default(),
+    }))
 }
 
 #[cfg(feature = "tls")]

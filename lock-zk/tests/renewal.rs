@@ -1,0 +1,136 @@
+//! Batched renewal, counted by the server: one client holding K locks sends about
+//! ceil(K / 500) requests per renewal interval (`mntr`'s `zk_packets_received`), not K; a
+//! lock removed behind its holder is lost alone.
+//!
+//! Its own test binary, one case at a time: the figures are the whole server's.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::ZkHarness;
+use distlock_core::{AcquireOptions, DistributedLock, LockGuard};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The ttl of the held locks: renewed every second.
+const TTL: Duration = Duration::from_secs(3);
+/// The renewal interval (the core's default, a third of the ttl).
+const INTERVAL: Duration = Duration::from_secs(1);
+/// The most nodes one renewal `multi` carries (lock-zk's `renew::MAX_BATCH`).
+const MAX_BATCH: usize = 500;
+/// Measured renewal intervals.
+const INTERVALS: u32 = 4;
+
+async fn harness() -> Option<ZkHarness> {
+    let server = conformance_tests::server_var("zk", "DISTLOCK_TEST_ZK_CONNECT")?;
+    Some(ZkHarness::new(&server).await)
+}
+
+/// The server's `mntr` figures (a four-letter word whitelisted by scripts/services.sh).
+async fn mntr(h: &ZkHarness) -> HashMap<String, i64> {
+    let mut stream = tokio::net::TcpStream::connect(&h.server)
+        .await
+        .expect("connect for mntr");
+    stream.write_all(b"mntr").await.expect("send mntr");
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.expect("read mntr");
+    text.lines()
+        .filter_map(|line| {
+            let (key, value) = line.split_once('\t')?;
+            Some((key.to_owned(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+async fn packets(h: &ZkHarness) -> i64 {
+    mntr(h).await["zk_packets_received"]
+}
+
+/// Requests the server received over `INTERVALS` renewal intervals, and the idle background
+/// over as long measured first.
+async fn window(h: &ZkHarness) -> i64 {
+    let before = packets(h).await;
+    tokio::time::sleep(INTERVAL * INTERVALS).await;
+    packets(h).await - before
+}
+
+async fn hold(h: &ZkHarness, k: usize) -> (i64, i64) {
+    let client = h.backend().await.unwrap();
+    let idle = window(h).await;
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let opts = AcquireOptions::default().with_ttl(TTL);
+    let mut guards: Vec<LockGuard> = Vec::with_capacity(k);
+    let names: Vec<String> = (0..k).map(|i| format!("renew-{}-{i}", &run[..8])).collect();
+    for chunk in names.chunks(50) {
+        let taken = futures::future::join_all(chunk.iter().map(|n| client.try_acquire(n, &opts)));
+        for guard in taken.await {
+            guards.push(guard.unwrap().expect("a free name"));
+        }
+    }
+    // Two rounds align the leases' schedules (watchdog.rs).
+    tokio::time::sleep(TTL).await;
+    let held = window(h).await;
+    let lost = guards.iter().filter(|g| g.is_lost()).count();
+    let per_interval = (held - idle) as f64 / f64::from(INTERVALS);
+    eprintln!(
+        "K = {k}: {held} requests in {INTERVALS} renewal intervals, idle {idle}: {per_interval:.1} per interval; {lost} lost"
+    );
+    assert_eq!(lost, 0, "locks lost while renewed");
+    for result in futures::future::join_all(guards.into_iter().map(LockGuard::release)).await {
+        result.unwrap();
+    }
+    (held, idle)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k_locks_cost_a_multi_per_500_per_interval() {
+    let _serial = SERIAL.lock().await;
+    let Some(h) = harness().await else { return };
+    for k in [100, 1000] {
+        let (held, idle) = hold(&h, k).await;
+        let batches = k.div_ceil(MAX_BATCH) as i64 * i64::from(INTERVALS);
+        // Slack: a ping or two of the client (and of anybody else on the server).
+        assert!(
+            held - idle <= batches + 6,
+            "K = {k}: {held} requests (idle {idle}) for {batches} renewal batches"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_removed_behind_its_holder_is_lost_alone() {
+    let _serial = SERIAL.lock().await;
+    let Some(h) = harness().await else { return };
+    let client = h.backend().await.unwrap();
+    let admin = h.backend().await.unwrap();
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let opts = AcquireOptions::default().with_ttl(TTL);
+    let mut guards = Vec::new();
+    for i in 0..20 {
+        let name = format!("removed-{}-{i}", &run[..8]);
+        guards.push(client.try_acquire(&name, &opts).await.unwrap().unwrap());
+    }
+    tokio::time::sleep(TTL).await;
+    assert!(
+        admin
+            .force_release(guards[7].name().as_str())
+            .await
+            .unwrap()
+    );
+    let reason = tokio::time::timeout(TTL, guards[7].lost())
+        .await
+        .expect("the removed lock is reported lost");
+    eprintln!("removed lock lost: {reason:?}");
+    // Several more renewal rounds: the others keep renewing.
+    tokio::time::sleep(TTL * 2).await;
+    for (i, guard) in guards.iter().enumerate() {
+        assert_eq!(guard.is_lost(), i == 7, "lock {i}");
+    }
+    for (i, guard) in guards.into_iter().enumerate() {
+        let released = guard.release().await;
+        assert_eq!(released.is_ok(), i != 7, "release {i}: {released:?}");
+    }
+}
