@@ -8,12 +8,11 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, warn};
 
 use crate::backend::unpoisoned as lock;
 use crate::backend::{Lease, Renewer, within};
+use crate::flag::Flag;
 use crate::registry::{Reentrant, Registry, RegistryKey};
 use crate::telemetry::{Handles, Op, Released};
 use crate::watchdog::{Schedule, Watchdog, Watched};
@@ -55,9 +54,11 @@ pub(crate) struct Held {
     /// When the server's lease certainly ended if not renewed: the last acquire or renew
     /// request's sending plus the ttl.
     lease_end: Mutex<Instant>,
-    lost: watch::Sender<Option<LossReason>>,
+    /// Why the lock was lost, once it is (the first reason wins); `lost_flag` is raised then.
+    lost: Mutex<Option<LossReason>>,
+    lost_flag: Flag,
     /// Ends renewal and loss watching (release, drop, a reported loss).
-    stop: CancellationToken,
+    stop: Flag,
     /// Renewal state, driven by the client's [`Watchdog`].
     schedule: Mutex<Schedule>,
     watchdog: Watchdog,
@@ -111,8 +112,9 @@ impl LockGuard {
             hold_limit,
             valid_until: Mutex::new(valid_until),
             lease_end: Mutex::new(new.lease_started + new.ttl),
-            lost: watch::Sender::new(None),
-            stop: CancellationToken::new(),
+            lost: Mutex::new(None),
+            lost_flag: Flag::default(),
+            stop: Flag::default(),
             schedule: Mutex::new(Schedule::new(new.lease_started, new.renewal_interval)),
             watchdog: new.watchdog,
             holds: Mutex::new(1),
@@ -132,7 +134,7 @@ impl LockGuard {
                 let held = watched;
                 tokio::select! {
                     biased;
-                    () = held.stop.cancelled() => {}
+                    () = held.stop.raised() => {}
                     reason = signal => {
                         // A lock removed once its local deadline passed expired; the backend
                         // cannot tell that apart from a removal by somebody else.
@@ -145,7 +147,7 @@ impl LockGuard {
                             other => other,
                         };
                         held.mark_lost(reason);
-                        held.stop.cancel();
+                        held.stop.raise();
                     }
                 }
             };
@@ -214,7 +216,7 @@ impl LockGuard {
 
     /// Why the lock was lost, if a loss has been reported.
     pub fn loss_reason(&self) -> Option<LossReason> {
-        self.held.lost.borrow().clone()
+        self.held.loss_reason()
     }
 
     /// A future that resolves when the lock is lost (renewal refused, lease expired, session
@@ -223,13 +225,10 @@ impl LockGuard {
     ///
     /// Cancel safe: dropping it has no effect.
     pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
-        let mut rx = self.held.lost.subscribe();
+        let held = self.held.clone();
         async move {
-            let reason = match rx.wait_for(Option::is_some).await {
-                Ok(reason) => reason.clone(),
-                Err(_) => None,
-            };
-            match reason {
+            held.lost_flag.raised().await;
+            match held.loss_reason() {
                 Some(reason) => reason,
                 None => std::future::pending().await,
             }
@@ -275,7 +274,7 @@ impl Drop for LockGuard {
         if self.finished || !self.held.drop_hold() {
             return;
         }
-        self.held.stop.cancel();
+        self.held.stop.raise();
         self.held.watchdog.unwatch(&*self.held);
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
@@ -318,25 +317,23 @@ impl Held {
     }
 
     pub(crate) fn is_lost(&self) -> bool {
-        self.lost.borrow().is_some() || Instant::now() >= self.valid_until()
+        self.lost_flag.is_raised() || Instant::now() >= self.valid_until()
     }
 
     fn loss_reason(&self) -> Option<LossReason> {
-        self.lost.borrow().clone()
+        lock(&self.lost).clone()
     }
 
     /// Records a loss once; the first reason wins.
     pub(crate) fn mark_lost(&self, reason: LossReason) {
-        let changed = self.lost.send_if_modified(|current| {
-            if current.is_some() {
-                return false;
+        {
+            let mut lost = lock(&self.lost);
+            if lost.is_some() {
+                return;
             }
-            *current = Some(reason.clone());
-            true
-        });
-        if !changed {
-            return;
+            *lost = Some(reason.clone());
         }
+        self.lost_flag.raise();
         // A lock left to expire (abandoned) is no loss of a hold: no warning, no count.
         if self.end_hold() {
             self.metrics.lost(&reason);
@@ -425,7 +422,7 @@ impl Held {
     }
 
     async fn release_in_span(self: Arc<Self>) -> Result<()> {
-        self.stop.cancel();
+        self.stop.raise();
         self.watchdog.unwatch(&*self);
         if let Some((registry, key)) = &self.reentry
             && let Some(registry) = registry.upgrade()
@@ -480,7 +477,7 @@ impl Watched for Held {
         &self.schedule
     }
 
-    fn stop(&self) -> &CancellationToken {
+    fn stop(&self) -> &Flag {
         &self.stop
     }
 

@@ -102,6 +102,7 @@ mod capabilities;
 mod client;
 mod election;
 mod error;
+mod flag;
 mod guard;
 mod kind;
 mod lock;

@@ -22,11 +22,11 @@ use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::Notify;
 use tokio::time::sleep_until;
-use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug};
 
 use crate::backend::unpoisoned as lock;
 use crate::backend::{Lease, RenewItem, Renewer, within};
+use crate::flag::Flag;
 use crate::telemetry::{Handles, Op};
 use crate::{Error, LockName, LossReason, Result};
 
@@ -36,7 +36,7 @@ pub(crate) trait Watched: Send + Sync + 'static {
     /// The renewal state the watchdog keeps in the guard.
     fn schedule(&self) -> &Mutex<Schedule>;
     /// Cancelled when the guard stops (release, drop, a reported loss).
-    fn stop(&self) -> &CancellationToken;
+    fn stop(&self) -> &Flag;
     /// The local deadline.
     fn valid_until(&self) -> Instant;
     /// Renewal stops so that the lock is not held past this instant.
@@ -161,7 +161,7 @@ impl Watchdog {
         lock(held.schedule()).key = Some(key);
         let mut state = lock(&self.shared.state);
         state.timers.insert(key, held.clone());
-        if held.stop().is_cancelled() {
+        if held.stop().is_raised() {
             // Stopped while a renewal ran: `unwatch` (which runs after the stop) may have
             // found no key yet, so take the entry out here.
             state.timers.remove(&key);
@@ -182,7 +182,7 @@ impl Watchdog {
     /// Handles a guard whose deadline is due: the loss deadline passed, a renewal is due
     /// (returns the guard, to be renewed), or neither (it goes back into the map).
     fn due(&self, held: Entry, now: Instant) -> Option<Entry> {
-        if held.stop().is_cancelled() {
+        if held.stop().is_raised() {
             return None;
         }
         let valid_until = held.valid_until();
@@ -197,7 +197,7 @@ impl Watchdog {
             };
             drop(schedule);
             held.mark_lost(reason);
-            held.stop().cancel();
+            held.stop().raise();
             held.ran_out();
             return None;
         }
@@ -220,10 +220,10 @@ impl Watchdog {
         let valid_until = held.valid_until();
         let result = tokio::select! {
             biased;
-            () = held.stop().cancelled() => return,
+            () = held.stop().raised() => return,
             () = sleep_until(valid_until.into()) => {
                 held.mark_lost(LossReason::ConnectionLost);
-                held.stop().cancel();
+                held.stop().raise();
                 held.ran_out();
                 return;
             }
@@ -236,7 +236,7 @@ impl Watchdog {
     /// `renew_many` request. A guard whose local deadline passes before the answer is lost
     /// (`ConnectionLost`), as with a request of its own; a guard stopped meanwhile is left out.
     async fn renew_batch(self, renewer: Arc<dyn Renewer>, mut batch: Vec<Entry>) {
-        batch.retain(|held| !held.stop().is_cancelled());
+        batch.retain(|held| !held.stop().is_raised());
         let Some(first) = batch.first() else { return };
         let span = tracing::debug_span!(
             "distlock.renew_batch",
@@ -273,7 +273,7 @@ impl Watchdog {
                         if !*gone && now >= held.valid_until() {
                             *gone = true;
                             held.mark_lost(LossReason::ConnectionLost);
-                            held.stop().cancel();
+                            held.stop().raise();
                             held.clone().ran_out();
                         }
                     }
@@ -304,7 +304,7 @@ impl Watchdog {
             }
         };
         for ((held, result), gone) in batch.iter().zip(results.drain(..)).zip(expired) {
-            if gone || held.stop().is_cancelled() {
+            if gone || held.stop().is_raised() {
                 continue;
             }
             if let Err(err) = &result {
@@ -328,7 +328,7 @@ impl Watchdog {
             // Refused: the settlement reported the loss.
             Err(err) if err.is_not_held() => {
                 drop(schedule);
-                held.stop().cancel();
+                held.stop().raise();
                 return;
             }
             Err(err) => {
@@ -373,7 +373,7 @@ fn next_event(held: &dyn Watched, schedule: &Schedule) -> Instant {
 /// Whether a batched guard's renewal, not yet due at `now`, may go with this tick's batch: it
 /// falls due within half its interval, and its loss deadline has not passed.
 fn may_go_early(held: &dyn Watched, now: Instant) -> bool {
-    if held.stop().is_cancelled() || !held.renewing() {
+    if held.stop().is_raised() || !held.renewing() {
         return false;
     }
     let schedule = lock(held.schedule());
