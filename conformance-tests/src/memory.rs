@@ -40,7 +40,7 @@ impl Harness for MemoryHarness {
     /// The issue-22 scale: 10,000 locks renewed by one client (batched, one store lock per
     /// tick), with a 1 s ttl.
     fn many_locks(&self) -> usize {
-        10_000
+        crate::SCALE_LOCKS
     }
 
     fn many_locks_ttl(&self) -> Duration {

@@ -19,6 +19,8 @@ struct EtcdHarness {
     /// Which members `stop_server` stops: the single member, or two of three (quorum lost).
     outage: Vec<&'static str>,
     slack: Duration,
+    /// How many locks the "many locks" case holds.
+    many_locks: usize,
 }
 
 #[async_trait]
@@ -34,6 +36,12 @@ impl Harness for EtcdHarness {
     /// the 1000-lock case on a loaded 2-core machine.
     fn ttl(&self) -> Duration {
         Duration::from_secs(3)
+    }
+
+    /// 10,000 on the single member (renewed per batch of 100: one keepalive per lease and one
+    /// read transaction), 1,000 on the cluster and over TLS to keep the suite quick.
+    fn many_locks(&self) -> usize {
+        self.many_locks
     }
 
     /// Lease expiry is checked every 500 ms by the leader, and raft rounds fsync.
@@ -108,6 +116,7 @@ async fn single() -> Option<Arc<dyn Harness>> {
         etcd: Etcd::new(&endpoints, vec!["etcd"]).await,
         outage: vec!["etcd"],
         slack: Duration::from_millis(1000),
+        many_locks: conformance_tests::SCALE_LOCKS,
     }))
 }
 
@@ -118,6 +127,7 @@ async fn cluster() -> Option<Arc<dyn Harness>> {
         etcd: Etcd::new(&endpoints, members).await,
         outage: vec!["etcd-cluster-3", "etcd-cluster-2"],
         slack: Duration::from_millis(1500),
+        many_locks: 1000,
     }))
 }
 
@@ -129,6 +139,7 @@ async fn tls() -> Option<Arc<dyn Harness>> {
         etcd: Etcd::with_config(config, vec!["etcd-tls"]).await,
         outage: vec!["etcd-tls"],
         slack: Duration::from_millis(1000),
+        many_locks: 1000,
     }))
 }
 

@@ -8,7 +8,10 @@ use conformance_tests::{Harness, server_var};
 
 async fn harness() -> Option<Arc<dyn Harness>> {
     let server = server_var("zk", "DISTLOCK_TEST_ZK_CONNECT")?;
-    Some(Arc::new(common::ZkHarness::new(&server).await))
+    let mut harness = common::ZkHarness::new(&server).await;
+    // Renewed in batches (one multi per 500 nodes): the scale of issue 22.
+    harness.many_locks = conformance_tests::SCALE_LOCKS;
+    Some(Arc::new(harness))
 }
 
 conformance_tests::conformance_suite!(zk, crate::harness);
