@@ -1,8 +1,10 @@
 //! `distlock bench --scenario hold`: readers of each server's OWN request counter, read
 //! before and after the hold window (lock-bench's `ServerCounter`).
 //!
-//! - Redis (`redis://`, `redlock://`, `redis+cluster://`, plain TCP): the sum of `calls=` over
-//!   `INFO commandstats`, summed over every node of the URL.
+//! - Redis (`redis://`, `redlock://`, `redis+cluster://`, plain TCP): `total_reads_processed`
+//!   of `INFO stats` (the server's reads of client sockets: one per request, or per pipeline),
+//!   summed over every node of the URL. `INFO commandstats` would also count every command a
+//!   script runs: a batched renewal of 256 locks is one request but 513 commands.
 //! - PostgreSQL: `xact_commit + xact_rollback` of the database in `pg_stat_database` (a
 //!   transaction per statement in autocommit; `pg_stat_statements` is not installed on the
 //!   servers here). PostgreSQL flushes a backend's counts at most once a second, and an idle
@@ -175,25 +177,18 @@ impl Redis {
 #[async_trait]
 impl ServerCounter for Redis {
     fn label(&self) -> &str {
-        "Redis INFO commandstats calls"
+        "Redis INFO stats total_reads_processed"
     }
 
     async fn read(&mut self) -> Result<u64, distlock::Error> {
         let mut total = 0;
         for (host, conn) in &mut self.nodes {
-            let info = Self::command(host, conn, &["INFO", "commandstats"]).await?;
+            let info = Self::command(host, conn, &["INFO", "stats"]).await?;
             total += info
                 .lines()
-                .filter(|l| l.starts_with("cmdstat_"))
-                .filter_map(|l| {
-                    l.split("calls=")
-                        .nth(1)?
-                        .split(',')
-                        .next()?
-                        .parse::<u64>()
-                        .ok()
-                })
-                .sum::<u64>();
+                .find_map(|l| l.strip_prefix("total_reads_processed:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| error(host, "no total_reads_processed in INFO stats"))?;
         }
         Ok(total)
     }

@@ -32,12 +32,12 @@ use crate::stats::{Progress, Recorder, rate};
 use crate::{BenchConfig, LatencySummary, RawFloor, Target};
 
 /// A server's own count of the requests it served (all clients together), read by the hold
-/// scenario before and after its window: Redis `INFO commandstats`, PostgreSQL
+/// scenario before and after its window: Redis `total_reads_processed`, PostgreSQL
 /// `pg_stat_database.xact_commit`, MySQL `Questions`, etcd's gRPC counters, ZooKeeper's
 /// `zk_packets_received`.
 #[async_trait]
 pub trait ServerCounter: Send + fmt::Debug {
-    /// What is counted, for the report, e.g. `"INFO commandstats calls"`.
+    /// What is counted, for the report, e.g. `"Redis INFO stats total_reads_processed"`.
     fn label(&self) -> &str;
 
     /// The counter's current value.
