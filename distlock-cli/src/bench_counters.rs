@@ -303,6 +303,11 @@ mod sql {
             "PostgreSQL pg_stat_database xact_commit + xact_rollback"
         }
 
+        /// An idle connection's counts reach `pg_stat_database` up to 10 s late.
+        fn settle(&self) -> std::time::Duration {
+            std::time::Duration::from_secs(11)
+        }
+
         async fn read(&mut self) -> Result<u64, distlock::Error> {
             // A fresh snapshot of the statistics, not the one cached by this session.
             sqlx::query("SELECT pg_stat_clear_snapshot()")

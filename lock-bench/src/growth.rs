@@ -45,6 +45,13 @@ pub trait ServerCounter: Send + fmt::Debug {
     /// # Errors
     /// Whatever the server answered; the hold scenario then reports no request counts.
     async fn read(&mut self) -> Result<u64, Error>;
+
+    /// How late the counter may count a request (a server that publishes its counts in
+    /// batches): the hold scenario waits at least this long after acquiring K locks before its
+    /// window starts, so that the acquisitions are not counted as renewals.
+    fn settle(&self) -> Duration {
+        Duration::ZERO
+    }
 }
 
 /// The measuring process's own instruments, supplied by the binary so that the harness stays
@@ -367,6 +374,15 @@ async fn hold(
         .await?;
         let acquire_ms = started.elapsed().as_secs_f64() * 1000.0;
         let heap_after = instruments.live_heap_bytes();
+        // The window measures the steady state: one renewal tick first, in which the locks'
+        // schedules align and what the acquisitions left behind lands (a ZooKeeper loss watch
+        // is set a tenth of the ttl after its acquisition; PostgreSQL publishes an idle
+        // connection's counts up to 10 s late).
+        let settle = counter
+            .as_deref()
+            .map_or(Duration::ZERO, ServerCounter::settle)
+            .max(config.renewal_tick());
+        wait_window(settle, &format!("settling with {k} locks"), instruments).await;
 
         let counted_before = match counter.as_deref_mut() {
             Some(c) => Some(c.read().await?),
