@@ -222,12 +222,10 @@ fn hold_reports_the_cost_of_each_held_lock(url: &str) {
     }
     if url.starts_with("redis") {
         assert!(growth["idle"]["per_tick"].as_f64().is_some(), "{growth}");
-        // 50 locks renewed every tick cost more than 1.
-        let (one, fifty) = (
-            points[0]["requests_per_tick"].as_f64().unwrap_or(0.0),
-            points[1]["requests_per_tick"].as_f64().unwrap_or(0.0),
-        );
-        assert!(fifty > one, "{growth}");
+        // Batched renewal: 50 locks renewed every tick cost one request (ceil(50 / 256)), not
+        // one per lock (other tests' traffic on the shared server may add a few).
+        let fifty = points[1]["requests_per_tick"].as_f64().unwrap_or(0.0);
+        assert!(fifty < 25.0, "{growth}");
     }
 }
 
