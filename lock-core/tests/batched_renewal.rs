@@ -8,18 +8,13 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use distlock_core::backend::{RenewItem, Renewer, downcast_lease};
-use distlock_core::memory::{MemoryBackend, MemoryStore};
+use distlock_core::memory::MemoryStore;
 use distlock_core::{
-    AcquireOptions, AcquireRequest, Attempt, Capabilities, DistributedLock, Error, Lease,
-    LockBackend, LockClient, LossReason, Result, Step,
+    AcquireOptions, DistributedLock, Error, Lease, LockClient, LossReason, Result,
 };
 
-/// The in-memory backend, with leases renewed by a [`Counting`] renewer.
-#[derive(Debug)]
-struct Batching {
-    inner: MemoryBackend,
-    renewer: Arc<Counting>,
-}
+mod common;
+use common::Wrapping;
 
 /// Counts `renew_many` calls and their sizes, and renews each lease through its own `renew`.
 #[derive(Debug)]
@@ -50,79 +45,11 @@ impl Counting {
 struct BatchedLease {
     inner: Box<dyn Lease>,
     renewer: Arc<Counting>,
-    /// `renew` calls made on this lease directly (not through the batch).
-    direct: Arc<AtomicUsize>,
-}
-
-struct BatchedAttempt {
-    inner: Box<dyn Attempt>,
-    renewer: Arc<Counting>,
-    direct: Arc<AtomicUsize>,
-}
-
-#[async_trait]
-impl LockBackend for Batching {
-    fn name(&self) -> &'static str {
-        "batching"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
-        Box::new(BatchedAttempt {
-            inner: self.inner.begin(request),
-            renewer: self.renewer.clone(),
-            direct: Arc::new(AtomicUsize::new(0)),
-        })
-    }
-}
-
-#[async_trait]
-impl Attempt for BatchedAttempt {
-    async fn poll(&mut self) -> Result<Step> {
-        Ok(match self.inner.poll().await? {
-            Step::Acquired(mut acquired) => {
-                let inner = std::mem::replace(&mut acquired.lease, Box::new(Gone));
-                acquired.lease = Box::new(BatchedLease {
-                    inner,
-                    renewer: self.renewer.clone(),
-                    direct: self.direct.clone(),
-                });
-                Step::Acquired(acquired)
-            }
-            other => other,
-        })
-    }
-
-    async fn changed(&mut self) {
-        self.inner.changed().await;
-    }
-
-    async fn abandon(self: Box<Self>) -> Result<()> {
-        self.inner.abandon().await
-    }
-}
-
-#[derive(Debug)]
-struct Gone;
-
-#[async_trait]
-impl Lease for Gone {
-    async fn renew(&self, _ttl: Duration) -> Result<()> {
-        unreachable!("replaced at once")
-    }
-
-    async fn release(&self) -> Result<()> {
-        unreachable!("replaced at once")
-    }
 }
 
 #[async_trait]
 impl Lease for BatchedLease {
     async fn renew(&self, ttl: Duration) -> Result<()> {
-        self.direct.fetch_add(1, Ordering::SeqCst);
         self.inner.renew(ttl).await
     }
 
@@ -160,11 +87,17 @@ impl Renewer for Counting {
     }
 }
 
-fn client(store: &MemoryStore, renewer: &Arc<Counting>) -> LockClient<Batching> {
-    LockClient::new(Batching {
-        inner: MemoryBackend::new(store.clone()),
-        renewer: renewer.clone(),
-    })
+fn client(store: &MemoryStore, renewer: &Arc<Counting>) -> LockClient<Wrapping> {
+    let renewer = renewer.clone();
+    LockClient::new(Wrapping::new(
+        store,
+        Arc::new(move |inner| {
+            Box::new(BatchedLease {
+                inner,
+                renewer: renewer.clone(),
+            })
+        }),
+    ))
 }
 
 /// 300 locks taken over ~150 ms (ttl 600 ms, renewed every 200 ms, batches of 64): after the

@@ -5,94 +5,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_core::memory::{MemoryBackend, MemoryStore};
-use distlock_core::{
-    AcquireOptions, AcquireRequest, Attempt, Capabilities, DistributedLock, Lease, LockBackend,
-    LockClient, LossReason, Result, Step,
-};
+use distlock_core::memory::MemoryStore;
+use distlock_core::{AcquireOptions, DistributedLock, Lease, LockClient, LossReason, Result};
 use futures::future::BoxFuture;
 use tokio::sync::watch;
 
-/// The in-memory backend, with every lease's loss signal fired by the test.
-#[derive(Debug)]
-struct Signalling {
-    inner: MemoryBackend,
-    /// Set to a reason to report every held lock lost.
-    fire: watch::Sender<Option<LossReason>>,
-    /// Signals dropped (their guard stopped, or they fired).
-    dropped: Arc<Mutex<usize>>,
-}
-
-struct SignallingAttempt {
-    inner: Box<dyn Attempt>,
-    fire: watch::Receiver<Option<LossReason>>,
-    dropped: Arc<Mutex<usize>>,
-}
+mod common;
 
 #[derive(Debug)]
 struct SignallingLease {
     inner: Box<dyn Lease>,
     fire: watch::Receiver<Option<LossReason>>,
     dropped: Arc<Mutex<usize>>,
-}
-
-#[async_trait]
-impl LockBackend for Signalling {
-    fn name(&self) -> &'static str {
-        "signalling"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
-        Box::new(SignallingAttempt {
-            inner: self.inner.begin(request),
-            fire: self.fire.subscribe(),
-            dropped: self.dropped.clone(),
-        })
-    }
-}
-
-#[async_trait]
-impl Attempt for SignallingAttempt {
-    async fn poll(&mut self) -> Result<Step> {
-        Ok(match self.inner.poll().await? {
-            Step::Acquired(mut acquired) => {
-                let inner = std::mem::replace(&mut acquired.lease, Box::new(Placeholder));
-                acquired.lease = Box::new(SignallingLease {
-                    inner,
-                    fire: self.fire.clone(),
-                    dropped: self.dropped.clone(),
-                });
-                Step::Acquired(acquired)
-            }
-            other => other,
-        })
-    }
-
-    async fn changed(&mut self) {
-        self.inner.changed().await;
-    }
-
-    async fn abandon(self: Box<Self>) -> Result<()> {
-        self.inner.abandon().await
-    }
-}
-
-#[derive(Debug)]
-struct Placeholder;
-
-#[async_trait]
-impl Lease for Placeholder {
-    async fn renew(&self, _ttl: Duration) -> Result<()> {
-        unreachable!("replaced at once")
-    }
-
-    async fn release(&self) -> Result<()> {
-        unreachable!("replaced at once")
-    }
 }
 
 /// Counts its drop, so that the test sees signals end with their guards.
@@ -133,11 +57,17 @@ async fn signals_reach_their_guards_without_a_task_each() {
     const LOCKS: usize = 200;
     let (fire, _) = watch::channel(None);
     let dropped = Arc::new(Mutex::new(0));
-    let client = LockClient::new(Signalling {
-        inner: MemoryBackend::new(MemoryStore::new()),
-        fire: fire.clone(),
-        dropped: dropped.clone(),
+    let wrap: common::Wrap = Arc::new({
+        let (fire, dropped) = (fire.subscribe(), dropped.clone());
+        move |inner| {
+            Box::new(SignallingLease {
+                inner,
+                fire: fire.clone(),
+                dropped: dropped.clone(),
+            })
+        }
     });
+    let client = LockClient::new(common::Wrapping::new(&MemoryStore::new(), wrap));
     let opts = AcquireOptions::default().with_ttl(Duration::from_secs(30));
     let tasks_before = tokio::runtime::Handle::current()
         .metrics()

@@ -1,0 +1,93 @@
+//! The in-memory backend with every acquired lease wrapped by the test, for tests of what the
+//! core does with a lease's optional hooks (renewer, loss signal).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_core::memory::{MemoryBackend, MemoryStore};
+use distlock_core::{AcquireRequest, Attempt, Capabilities, Lease, LockBackend, Result, Step};
+
+/// Turns the memory backend's lease into the test's.
+pub(crate) type Wrap = Arc<dyn Fn(Box<dyn Lease>) -> Box<dyn Lease> + Send + Sync>;
+
+/// The in-memory backend over `store`, its leases passed through `wrap`.
+pub(crate) struct Wrapping {
+    inner: MemoryBackend,
+    wrap: Wrap,
+}
+
+impl Wrapping {
+    pub(crate) fn new(store: &MemoryStore, wrap: Wrap) -> Self {
+        Self {
+            inner: MemoryBackend::new(store.clone()),
+            wrap,
+        }
+    }
+}
+
+impl std::fmt::Debug for Wrapping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wrapping").finish_non_exhaustive()
+    }
+}
+
+struct WrappingAttempt {
+    inner: Box<dyn Attempt>,
+    wrap: Wrap,
+}
+
+#[async_trait]
+impl LockBackend for Wrapping {
+    fn name(&self) -> &'static str {
+        "wrapping"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
+        Box::new(WrappingAttempt {
+            inner: self.inner.begin(request),
+            wrap: self.wrap.clone(),
+        })
+    }
+}
+
+#[async_trait]
+impl Attempt for WrappingAttempt {
+    async fn poll(&mut self) -> Result<Step> {
+        Ok(match self.inner.poll().await? {
+            Step::Acquired(mut acquired) => {
+                let inner = std::mem::replace(&mut acquired.lease, Box::new(Placeholder));
+                acquired.lease = (self.wrap)(inner);
+                Step::Acquired(acquired)
+            }
+            other => other,
+        })
+    }
+
+    async fn changed(&mut self) {
+        self.inner.changed().await;
+    }
+
+    async fn abandon(self: Box<Self>) -> Result<()> {
+        self.inner.abandon().await
+    }
+}
+
+/// Stands in for a lease while it is moved into the test's wrapper.
+#[derive(Debug)]
+struct Placeholder;
+
+#[async_trait]
+impl Lease for Placeholder {
+    async fn renew(&self, _ttl: Duration) -> Result<()> {
+        unreachable!("replaced at once")
+    }
+
+    async fn release(&self) -> Result<()> {
+        unreachable!("replaced at once")
+    }
+}
