@@ -228,7 +228,9 @@ impl Renewal {
         }
     }
 
-    /// Renew at this interval instead of `ttl / 3`.
+    /// Renew at this interval instead of `ttl / 3`. The interval counts from when the last
+    /// renewal was sent, not from its answer, so a slow answer does not shrink the margin the
+    /// lease keeps (`ttl - interval`); rounds are at least `interval / 4` apart.
     #[must_use]
     pub fn every(mut self, interval: Duration) -> Self {
         self.interval = Some(interval);

@@ -323,7 +323,7 @@ impl Watchdog {
         match result {
             Ok(()) => {
                 schedule.failing = false;
-                schedule.next_renewal = Some(Instant::now() + interval);
+                schedule.next_renewal = Some(next_renewal(held.as_ref(), interval));
             }
             // Refused: the settlement reported the loss.
             Err(err) if err.is_not_held() => {
@@ -355,6 +355,23 @@ fn unanswered(err: &Error, n: usize) -> Vec<Result<()>> {
             })
         })
         .collect()
+}
+
+/// When to renew after a granted renewal: one `interval` after it was sent, so that the
+/// lease keeps `ttl - interval` in hand whatever the answer's latency (scheduling from the
+/// answer would lose that latency at every round, and a slow server could run a lease out
+/// between two rounds). At least a quarter `interval` from now, so that an overloaded server
+/// is not sent renewals back to back.
+fn next_renewal(held: &dyn Watched, interval: Duration) -> Instant {
+    let now = Instant::now();
+    let valid_until = held.valid_until();
+    if held.hold_limit().is_some_and(|limit| valid_until >= limit) {
+        // Clamped to the hold limit: the validity says nothing about the latency.
+        return now + interval;
+    }
+    let in_hand = held.ttl().saturating_sub(interval);
+    let by_validity = valid_until.checked_sub(in_hand).unwrap_or(now);
+    by_validity.clamp(now + interval / 4, now + interval)
 }
 
 /// The next renewal, unless it would fall after the hold limit (`valid_until` is clamped to

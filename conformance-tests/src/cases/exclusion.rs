@@ -374,11 +374,18 @@ pub async fn many_locks_stay_held(ctx: Ctx) -> Outcome {
             }
         }
     }
-    let until = Instant::now() + ttl * 3;
+    let started = Instant::now();
+    let until = started + ttl * 3;
     while Instant::now() < until {
         tokio::time::sleep(ttl / 2).await;
-        let lost = guards.iter().filter(|g| g.is_lost()).count();
-        assert_eq!(lost, 0, "{lost} of {count} locks were lost while renewed");
+        let reasons: Vec<_> = guards.iter().filter_map(LockGuard::loss_reason).collect();
+        assert!(
+            reasons.is_empty(),
+            "{} of {count} locks were lost while renewed ({:?} first), {:?} after the start",
+            reasons.len(),
+            reasons[0],
+            started.elapsed()
+        );
     }
     for name in names.iter().step_by(count.div_ceil(20).max(1)) {
         assert!(

@@ -1,0 +1,72 @@
+//! A renewal whose answer is slow does not eat into the next round's margin: the next renewal
+//! is scheduled from when the last one was sent, so the lease keeps `ttl - interval` in hand
+//! whatever the latency.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_core::memory::MemoryStore;
+use distlock_core::{AcquireOptions, DistributedLock, Lease, LockClient, Result};
+
+mod common;
+use common::Wrapping;
+
+/// Answers every renewal `delay` late (a loaded server or a long network path).
+#[derive(Debug)]
+struct Slow {
+    inner: Box<dyn Lease>,
+    delay: Duration,
+    renewals: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl Lease for Slow {
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        tokio::time::sleep(self.delay).await;
+        self.renewals.fetch_add(1, Ordering::SeqCst);
+        self.inner.renew(ttl).await
+    }
+
+    async fn release(&self) -> Result<()> {
+        self.inner.release().await
+    }
+}
+
+/// ttl 600 ms, renewed every 200 ms, each answer 250 ms late. Scheduled from the answer, the
+/// second round would be sent 450 ms after the first and answered 950 ms after it, past the
+/// 600 ms lease the first one granted: the lock would be reported lost after about 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_renewals_keep_the_lock() {
+    let store = MemoryStore::new();
+    let renewals = Arc::new(AtomicUsize::new(0));
+    let counted = renewals.clone();
+    let client = LockClient::new(Wrapping::new(
+        &store,
+        Arc::new(move |inner| {
+            Box::new(Slow {
+                inner,
+                delay: Duration::from_millis(250),
+                renewals: counted.clone(),
+            })
+        }),
+    ));
+    let ttl = Duration::from_millis(600);
+    let guard = client
+        .try_acquire("slow", &AcquireOptions::default().with_ttl(ttl))
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(ttl * 5).await;
+    assert_eq!(guard.loss_reason(), None, "the lock was lost while renewed");
+    // Every round is sent at least a quarter interval after the last answer: about one per
+    // 300 ms here, not back to back.
+    let rounds = renewals.load(Ordering::SeqCst);
+    assert!(
+        (5..=12).contains(&rounds),
+        "{rounds} renewals in {:?}",
+        ttl * 5
+    );
+    guard.release().await.unwrap();
+}
