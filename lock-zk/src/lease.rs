@@ -14,6 +14,9 @@ use crate::error::zk_error;
 use crate::keys::held_data;
 use crate::session::Session;
 
+/// The pause before a release is sent again after a lost connection.
+const RELEASE_RETRY: Duration = Duration::from_millis(50);
+
 /// A held lock: our node at the head of the queue.
 pub(crate) struct ZkLease {
     pub(crate) session: Arc<Session>,
@@ -65,14 +68,29 @@ impl Lease for ZkLease {
         }
     }
 
+    /// Deletes the holder's node. A release is worth waiting for (the core's operation
+    /// timeout bounds it): the node would otherwise hold the lock for the rest of its ttl. A
+    /// connection lost meanwhile (a server of the ensemble going down) is waited out while the
+    /// session lives, and the delete sent again; a node found gone after such a loss was
+    /// removed by the first delete (only its holder removes a live session's node before its
+    /// ttl ran out, and a lease that ran out was already reported lost by the watchdog).
     async fn release(&self) -> Result<()> {
-        // A release is worth waiting for (the core's operation timeout bounds it): the node
-        // would otherwise hold the lock for the rest of its ttl.
-        self.session.connected().await;
-        match self.session.client.delete(&self.path, None).await {
-            Ok(()) => Ok(()),
-            Err(zk::Error::NoNode | zk::Error::SessionExpired) => Err(Error::not_held(&self.name)),
-            Err(err) => Err(zk_error("releasing the lock", err)),
+        let mut connection_lost = false;
+        loop {
+            self.session.connected().await;
+            match self.session.client.delete(&self.path, None).await {
+                Ok(()) => return Ok(()),
+                Err(zk::Error::NoNode) if connection_lost => return Ok(()),
+                Err(zk::Error::NoNode | zk::Error::SessionExpired) => {
+                    return Err(Error::not_held(&self.name));
+                }
+                Err(zk::Error::ConnectionLoss) => {
+                    connection_lost = true;
+                    // The state watcher may not say "disconnected" yet: no tight loop.
+                    tokio::time::sleep(RELEASE_RETRY).await;
+                }
+                Err(err) => return Err(zk_error("releasing the lock", err)),
+            }
         }
     }
 
