@@ -27,6 +27,8 @@
 # already running before this script started (a developer's `scripts/services.sh start`): then
 # they are left running (set DISTLOCK_TEST_STOP_SERVICES=1 to stop them anyway).
 # Extra arguments are passed to `cargo test` (e.g. scripts/test.sh -- --nocapture).
+# DISTLOCK_TEST_STEPS=test,fault-check (a comma list of the step names the summary prints) runs
+# only those steps, for a developer; CI runs them all.
 #
 # Build cache: under CI=true, when CARGO_TARGET_DIR is not set, every build goes to a target
 # dir that outlives the clone (DISTLOCK_CI_CACHE, default ~/.cache/distlock-ci/target), as a CI
@@ -103,6 +105,11 @@ summary=()
 run_step() {
   local name=$1 t0 rc=0 took
   shift
+  if [[ -n ${DISTLOCK_TEST_STEPS:-} && ,$DISTLOCK_TEST_STEPS, != *,"$name",* ]]; then
+    echo "==> test.sh: $name skipped (DISTLOCK_TEST_STEPS=$DISTLOCK_TEST_STEPS)" >&2
+    summary+=("$name skipped")
+    return
+  fi
   echo "==> test.sh: $name: $*" >&2
   t0=$(now_ms)
   "$@" || rc=$?
