@@ -279,6 +279,64 @@ pub const SCALE_LOCKS: usize = 10_000;
 /// connections).
 pub const CASES: &[(&str, bool)] = __case_table!(__case_list! {});
 
+/// Who runs on the test servers: any number of shared cases, or one disruptive case alone.
+/// Unlike a fair read-write lock, a waiting disruptive case does not hold back the shared
+/// ones that come after it: it runs once none is running (when the test threads left are all
+/// waiting disruptive cases, at the latest). The shared cases, mostly waiting out ttls, then
+/// overlap as much as the test threads allow, and the disruptive ones gather at the end,
+/// instead of draining the running cases at every disruptive one of every configuration.
+struct Turns {
+    /// Shared cases running, and whether a disruptive one runs.
+    state: std::sync::Mutex<(usize, bool)>,
+    changed: tokio::sync::Notify,
+}
+
+static SERVER: Turns = Turns {
+    state: std::sync::Mutex::new((0, false)),
+    changed: tokio::sync::Notify::const_new(),
+};
+
+/// A case's turn on the servers (see [`Turns`]); ends when dropped.
+struct Turn {
+    disruptive: bool,
+}
+
+impl Turns {
+    async fn enter(&'static self, disruptive: bool) -> Turn {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                let (shared, alone) = &mut *state;
+                if !*alone && (!disruptive || *shared == 0) {
+                    if disruptive {
+                        *alone = true;
+                    } else {
+                        *shared += 1;
+                    }
+                    return Turn { disruptive };
+                }
+            }
+            changed.await;
+        }
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let mut state = SERVER.state.lock().unwrap_or_else(|e| e.into_inner());
+        if self.disruptive {
+            state.1 = false;
+        } else {
+            state.0 -= 1;
+        }
+        drop(state);
+        SERVER.changed.notify_waiters();
+    }
+}
+
 /// Runs one case for one configuration; used by [`conformance_suite!`]. `module` is the
 /// `module_path!()` of the generated test (`<crate>::<config>`), which gives the test's
 /// libtest name. In a [`child`] process of this test, plays the child's part instead.
@@ -306,13 +364,7 @@ pub async fn run_case<M, MF>(
     }
     // Cases that take the server away run alone; the others share it. Test binaries run one
     // after another, so a process-wide lock is enough.
-    static SERVER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
-    let (_shared, _exclusive);
-    if disruptive {
-        _exclusive = SERVER.write().await;
-    } else {
-        _shared = SERVER.read().await;
-    }
+    let _turn = SERVER.enter(disruptive).await;
     let Some(harness) = make().await else {
         loud(&format!(
             "SKIP {config}::{case}: the {config} test server is not configured"
