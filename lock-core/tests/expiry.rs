@@ -5,71 +5,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use distlock_core::memory::{MemoryBackend, MemoryStore};
+use distlock_core::memory::MemoryStore;
 use distlock_core::{
-    AcquireOptions, AcquireRequest, Attempt, Capabilities, DistributedLock, Lease, LockBackend,
-    LockClient, LossReason, Renewal, Result, Step,
+    AcquireOptions, DistributedLock, Lease, LockClient, LossReason, Renewal, Result,
 };
 
-/// The in-memory backend, with every lease recording when `expired` was called.
-#[derive(Debug)]
-struct Spy {
-    inner: MemoryBackend,
-    expired: Arc<Mutex<Vec<Instant>>>,
-}
+mod common;
+use common::Wrapping;
 
-struct SpyAttempt {
-    inner: Box<dyn Attempt>,
-    expired: Arc<Mutex<Vec<Instant>>>,
-}
-
+/// A lease that records when `expired` was called.
 #[derive(Debug)]
 struct SpyLease {
     inner: Box<dyn Lease>,
     expired: Arc<Mutex<Vec<Instant>>>,
-}
-
-#[async_trait]
-impl LockBackend for Spy {
-    fn name(&self) -> &'static str {
-        "spy"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
-        Box::new(SpyAttempt {
-            inner: self.inner.begin(request),
-            expired: self.expired.clone(),
-        })
-    }
-}
-
-#[async_trait]
-impl Attempt for SpyAttempt {
-    async fn poll(&mut self) -> Result<Step> {
-        Ok(match self.inner.poll().await? {
-            Step::Acquired(mut acquired) => {
-                let inner = std::mem::replace(&mut acquired.lease, Box::new(Dead));
-                acquired.lease = Box::new(SpyLease {
-                    inner,
-                    expired: self.expired.clone(),
-                });
-                Step::Acquired(acquired)
-            }
-            other => other,
-        })
-    }
-
-    async fn changed(&mut self) {
-        self.inner.changed().await;
-    }
-
-    async fn abandon(self: Box<Self>) -> Result<()> {
-        self.inner.abandon().await
-    }
 }
 
 #[async_trait]
@@ -88,27 +36,19 @@ impl Lease for SpyLease {
     }
 }
 
-/// A placeholder while the real lease is moved into the spy.
-#[derive(Debug)]
-struct Dead;
-
-#[async_trait]
-impl Lease for Dead {
-    async fn renew(&self, _: Duration) -> Result<()> {
-        unreachable!("replaced at once")
-    }
-
-    async fn release(&self) -> Result<()> {
-        unreachable!("replaced at once")
-    }
-}
-
-fn spy() -> (LockClient<Spy>, Arc<Mutex<Vec<Instant>>>) {
+/// The in-memory backend, with every lease recording when `expired` was called.
+fn spy() -> (LockClient<Wrapping>, Arc<Mutex<Vec<Instant>>>) {
     let expired = Arc::new(Mutex::new(Vec::new()));
-    let backend = Spy {
-        inner: MemoryBackend::new(MemoryStore::new()),
-        expired: expired.clone(),
-    };
+    let recorded = expired.clone();
+    let backend = Wrapping::new(
+        &MemoryStore::new(),
+        Arc::new(move |inner| {
+            Box::new(SpyLease {
+                inner,
+                expired: recorded.clone(),
+            })
+        }),
+    );
     (LockClient::new(backend), expired)
 }
 
