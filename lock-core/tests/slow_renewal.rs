@@ -60,11 +60,12 @@ async fn slow_renewals_keep_the_lock() {
         .unwrap();
     tokio::time::sleep(ttl * 5).await;
     assert_eq!(guard.loss_reason(), None, "the lock was lost while renewed");
-    // Every round is sent at least a quarter interval after the last answer: about one per
-    // 300 ms here, not back to back.
+    // Every round is sent at least a quarter interval after the last answer: one per 300 ms
+    // here (9 answers in 3 s), not back to back (one per 250 ms: 11). A loaded machine only
+    // makes rounds later, so fewer.
     let rounds = renewals.load(Ordering::SeqCst);
     assert!(
-        (5..=12).contains(&rounds),
+        (5..=10).contains(&rounds),
         "{rounds} renewals in {:?}",
         ttl * 5
     );
