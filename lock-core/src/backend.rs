@@ -13,6 +13,7 @@ use futures::stream::BoxStream;
 
 use crate::{Capabilities, FencingToken, LockKind, LockName, LossReason, Result};
 
+pub use crate::loss::LossEpochs;
 pub use crate::retry::{Retries, RetryPolicy, detached, retrying, spawn_cleanup, within};
 
 /// A lock server protocol. Everything else (validation, waiting, renewal scheduling, loss
@@ -228,6 +229,18 @@ pub trait Lease: Any + Send + Sync + Debug + 'static {
     /// no request per guard (set up a watch lazily, or share one per connection), and no
     /// blocking or long computation when polled.
     fn loss_signal(&self) -> Option<BoxFuture<'static, LossReason>> {
+        None
+    }
+
+    /// The shared source of losses this lease belongs to, and the epoch it was taken in: the
+    /// cheap form of [`Lease::loss_signal`] for a loss that ends every lock of a server or
+    /// session at once (see [`LossEpochs`]). `None` (the default): none.
+    ///
+    /// Called once per guard, when it starts (a backend may start its watch then); the guard
+    /// is lost, with the event's reason, by the first event of the source numbered above the
+    /// returned epoch, until it is released. A lease may have both this and a
+    /// [`Lease::loss_signal`]; whichever fires first ends the guard.
+    fn shared_loss(&self) -> Option<(LossEpochs, u64)> {
         None
     }
 

@@ -12,11 +12,16 @@ use tracing::{Instrument, debug, warn};
 
 use crate::backend::unpoisoned as lock;
 use crate::backend::{Lease, Renewer, within};
-use crate::flag::Flag;
+use crate::flag::{Flag, Flags};
 use crate::registry::{Reentrant, Registry, RegistryKey};
 use crate::telemetry::{Handles, Op, Released};
 use crate::watchdog::{Schedule, Watchdog, Watched};
 use crate::{ClientConfig, Error, FencingToken, LockKind, LockName, LossReason, Result};
+
+/// [`Held::flags`]: renewal and loss watching ended.
+const STOP: u8 = 0;
+/// [`Held::flags`]: the lock was lost.
+const LOST: u8 = 1;
 
 /// A held lock.
 ///
@@ -47,24 +52,29 @@ pub(crate) struct Held {
     /// The batch the lease's automatic renewals go to ([`Lease::renewer`]).
     renewer: Option<Arc<dyn Renewer>>,
     pub(crate) ttl: Duration,
-    config: ClientConfig,
+    /// The margin kept off every lease for clock drift ([`ClientConfig::drift`] of the ttl).
+    drift: Duration,
+    operation_timeout: Duration,
     /// Renewal stops so that the lock is not held past this instant.
     hold_limit: Option<Instant>,
     valid_until: Mutex<Instant>,
     /// When the server's lease certainly ended if not renewed: the last acquire or renew
     /// request's sending plus the ttl.
     lease_end: Mutex<Instant>,
-    /// Why the lock was lost, once it is (the first reason wins); `lost_flag` is raised then.
+    /// Why the lock was lost, once it is (the first reason wins); flag [`LOST`] is raised then.
     lost: Mutex<Option<LossReason>>,
-    lost_flag: Flag,
-    /// Ends renewal and loss watching (release, drop, a reported loss).
-    stop: Flag,
+    /// Flag [`STOP`]: renewal and loss watching end (released, lost or dropped); flag
+    /// [`LOST`]: the lock was lost.
+    flags: Flags,
     /// Renewal state, driven by the client's [`Watchdog`].
     schedule: Mutex<Schedule>,
     watchdog: Watchdog,
     /// Reentrant holds still outstanding; 0 once released or abandoned.
     holds: Mutex<usize>,
-    reentry: Option<(Weak<Registry<Held>>, RegistryKey)>,
+    /// Boxed: most guards have none, and the key is 64 bytes.
+    reentry: Option<Box<(Weak<Registry<Held>>, RegistryKey)>>,
+    /// The [`LossEpochs`](crate::backend::LossEpochs) group the guard joined, if any.
+    loss_group: Option<usize>,
     metrics: Arc<Handles>,
     /// When the lock was taken (the acquire request's sending), for the hold time.
     acquired_at: Instant,
@@ -99,6 +109,7 @@ impl LockGuard {
             valid_until = valid_until.min(limit);
         }
         let renewer = new.lease.renewer();
+        let shared_loss = new.lease.shared_loss();
         let held = Arc::new(Held {
             name: new.name,
             kind: new.kind,
@@ -108,23 +119,28 @@ impl LockGuard {
             lease: new.lease,
             renewer,
             ttl: new.ttl,
-            config: new.config,
+            drift: new.config.drift(new.ttl),
+            operation_timeout: new.config.operation_timeout,
             hold_limit,
             valid_until: Mutex::new(valid_until),
             lease_end: Mutex::new(new.lease_started + new.ttl),
             lost: Mutex::new(None),
-            lost_flag: Flag::default(),
-            stop: Flag::default(),
+            flags: Flags::default(),
             schedule: Mutex::new(Schedule::new(new.lease_started, new.renewal_interval)),
             watchdog: new.watchdog,
             holds: Mutex::new(1),
-            reentry: new.reentry,
+            reentry: new.reentry.map(Box::new),
+            loss_group: shared_loss.as_ref().map(|(epochs, _)| epochs.id()),
             metrics: new.metrics,
             acquired_at: new.lease_started,
             holding: AtomicBool::new(true),
         });
         held.metrics.hold_started();
-        held.watchdog.watch(&(held.clone() as Arc<dyn Watched>));
+        let entry = held.clone() as Arc<dyn Watched>;
+        held.watchdog.watch(&entry);
+        if let Some((epochs, since)) = shared_loss {
+            held.watchdog.join_loss(&epochs, since, &entry);
+        }
         if let Some(signal) = held.lease.loss_signal() {
             // Only backends that learn of a loss by themselves (sessions) have one; the
             // client's watchdog task polls it until the guard stops.
@@ -134,21 +150,8 @@ impl LockGuard {
                 let held = watched;
                 tokio::select! {
                     biased;
-                    () = held.stop.raised() => {}
-                    reason = signal => {
-                        // A lock removed once its local deadline passed expired; the backend
-                        // cannot tell that apart from a removal by somebody else.
-                        let reason = match reason {
-                            LossReason::ReleasedElsewhere
-                                if Instant::now() >= held.valid_until() =>
-                            {
-                                LossReason::LeaseExpired
-                            }
-                            other => other,
-                        };
-                        held.mark_lost(reason);
-                        held.stop.raise();
-                    }
+                    () = held.stop().raised() => {}
+                    reason = signal => held.signal_loss(reason),
                 }
             };
             held.watchdog.watch_loss(Box::pin(signal.instrument(span)));
@@ -227,7 +230,7 @@ impl LockGuard {
     pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
         let held = self.held.clone();
         async move {
-            held.lost_flag.raised().await;
+            held.flags.flag(LOST).raised().await;
             match held.loss_reason() {
                 Some(reason) => reason,
                 None => std::future::pending().await,
@@ -274,7 +277,7 @@ impl Drop for LockGuard {
         if self.finished || !self.held.drop_hold() {
             return;
         }
-        self.held.stop.raise();
+        self.held.stop().raise();
         self.held.watchdog.unwatch(&*self.held);
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
@@ -317,7 +320,7 @@ impl Held {
     }
 
     pub(crate) fn is_lost(&self) -> bool {
-        self.lost_flag.is_raised() || Instant::now() >= self.valid_until()
+        self.flags.flag(LOST).is_raised() || Instant::now() >= self.valid_until()
     }
 
     fn loss_reason(&self) -> Option<LossReason> {
@@ -333,7 +336,7 @@ impl Held {
             }
             *lost = Some(reason.clone());
         }
-        self.lost_flag.raise();
+        self.flags.flag(LOST).raise();
         // A lock left to expire (abandoned) is no loss of a hold: no warning, no count.
         if self.end_hold() {
             self.metrics.lost(&reason);
@@ -375,7 +378,7 @@ impl Held {
         }
         let span = tracing::debug_span!("distlock.renew", backend = self.backend, name = %self.name, token = %self.token);
         let sent = Instant::now();
-        let timeout = self.config.operation_timeout;
+        let timeout = self.operation_timeout;
         let what = Of("renewal", &self.name);
         let result = within(timeout, what, self.lease.renew(self.ttl))
             .instrument(span)
@@ -397,7 +400,7 @@ impl Held {
         self.metrics.renewed(result.is_ok());
         match result {
             Ok(()) => {
-                let mut until = sent + self.ttl - self.config.drift(self.ttl);
+                let mut until = sent + self.ttl - self.drift;
                 if let Some(limit) = self.hold_limit {
                     until = until.min(limit);
                 }
@@ -422,14 +425,14 @@ impl Held {
     }
 
     async fn release_in_span(self: Arc<Self>) -> Result<()> {
-        self.stop.raise();
+        self.stop().raise();
         self.watchdog.unwatch(&*self);
-        if let Some((registry, key)) = &self.reentry
+        if let Some((registry, key)) = self.reentry.as_deref()
             && let Some(registry) = registry.upgrade()
         {
             registry.forget(key, &self);
         }
-        let timeout = self.config.operation_timeout;
+        let timeout = self.operation_timeout;
         let what = Of("release", &self.name);
         let sent = Instant::now();
         let answer = within(timeout, what, self.lease.release()).await;
@@ -477,8 +480,8 @@ impl Watched for Held {
         &self.schedule
     }
 
-    fn stop(&self) -> &Flag {
-        &self.stop
+    fn stop(&self) -> Flag<'_> {
+        self.flags.flag(STOP)
     }
 
     fn valid_until(&self) -> Instant {
@@ -522,7 +525,7 @@ impl Watched for Held {
     }
 
     fn operation_timeout(&self) -> Duration {
-        self.config.operation_timeout
+        self.operation_timeout
     }
 
     fn settle_renewal(&self, sent: Instant, result: Result<()>) -> Result<()> {
@@ -531,6 +534,23 @@ impl Watched for Held {
 
     fn metrics(&self) -> &Handles {
         &self.metrics
+    }
+
+    fn loss_group(&self) -> Option<usize> {
+        self.loss_group
+    }
+
+    fn signal_loss(&self, reason: LossReason) {
+        // A lock removed once its local deadline passed expired; the backend cannot tell that
+        // apart from a removal by somebody else.
+        let reason = match reason {
+            LossReason::ReleasedElsewhere if Instant::now() >= self.valid_until() => {
+                LossReason::LeaseExpired
+            }
+            other => other,
+        };
+        self.mark_lost(reason);
+        self.stop().raise();
     }
 
     fn ran_out(self: Arc<Self>) {

@@ -106,6 +106,7 @@ mod flag;
 mod guard;
 mod kind;
 mod lock;
+mod loss;
 pub mod memory;
 mod multi;
 mod name;

@@ -25,8 +25,8 @@ use tokio::time::sleep_until;
 use tracing::{Instrument, debug};
 
 use crate::backend::unpoisoned as lock;
-use crate::backend::{Lease, RenewItem, Renewer, within};
-use crate::flag::Flag;
+use crate::backend::{Lease, LossEpochs, RenewItem, Renewer, within};
+use crate::flag::{Flag, Flags};
 use crate::telemetry::{Handles, Op};
 use crate::{Error, LockName, LossReason, Result};
 
@@ -36,7 +36,7 @@ pub(crate) trait Watched: Send + Sync + 'static {
     /// The renewal state the watchdog keeps in the guard.
     fn schedule(&self) -> &Mutex<Schedule>;
     /// Cancelled when the guard stops (release, drop, a reported loss).
-    fn stop(&self) -> &Flag;
+    fn stop(&self) -> Flag<'_>;
     /// The local deadline.
     fn valid_until(&self) -> Instant;
     /// Renewal stops so that the lock is not held past this instant.
@@ -65,6 +65,23 @@ pub(crate) trait Watched: Send + Sync + 'static {
     fn settle_renewal(&self, sent: Instant, result: Result<()>) -> Result<()>;
     /// The guard's metric handles.
     fn metrics(&self) -> &Handles;
+    /// The [`LossEpochs`] source this guard joined (its id), if any.
+    fn loss_group(&self) -> Option<usize>;
+    /// The backend learned by itself that the lock is gone: ends the guard with `reason` (a
+    /// removal found past the local deadline is an expiry).
+    fn signal_loss(&self, reason: LossReason);
+}
+
+/// The guards that joined one [`LossEpochs`] source, and the epoch each was taken in.
+struct Group {
+    members: HashMap<usize, (u64, std::sync::Weak<dyn Watched>)>,
+    /// Raised when the last member leaves: the group's waiting future ends.
+    ended: Arc<Flags>,
+}
+
+/// Identifies a guard in its loss group: the address of its shared state.
+fn member_key(held: &dyn Watched) -> usize {
+    std::ptr::from_ref(held).cast::<()>() as usize
 }
 
 /// A renewer's identity: the address of its shared value.
@@ -123,6 +140,7 @@ struct State {
     wake_at: Option<Instant>,
     /// Backends' loss signals of new guards, for the task to poll.
     signals: Vec<BoxFuture<'static, ()>>,
+    groups: HashMap<usize, Group>,
 }
 
 impl Watchdog {
@@ -151,8 +169,104 @@ impl Watchdog {
     /// Stops watching (release, drop): removes the guard's entry at once.
     pub(crate) fn unwatch(&self, held: &dyn Watched) {
         let key = lock(held.schedule()).key.take();
+        if key.is_none() && held.loss_group().is_none() {
+            return;
+        }
+        let mut state = lock(&self.shared.state);
         if let Some(key) = key {
-            lock(&self.shared.state).timers.remove(&key);
+            state.timers.remove(&key);
+        }
+        if let Some(id) = held.loss_group()
+            && let Some(group) = state.groups.get_mut(&id)
+        {
+            group.members.remove(&member_key(held));
+            if group.members.is_empty() {
+                group.ended.flag(0).raise();
+                state.groups.remove(&id);
+            }
+        }
+    }
+
+    /// Adds `held`, taken in epoch `since` of `epochs`, to that source's group: lost by the
+    /// source's next event with a reason. The first member of a group starts the one future
+    /// that waits for the source; the last to leave ([`Self::unwatch`]) ends it.
+    pub(crate) fn join_loss(&self, epochs: &LossEpochs, since: u64, held: &Entry) {
+        let id = epochs.id();
+        let mut state = lock(&self.shared.state);
+        let mut started = None;
+        let group = state.groups.entry(id).or_insert_with(|| {
+            let ended = Arc::new(Flags::default());
+            started = Some(ended.clone());
+            Group {
+                members: HashMap::new(),
+                ended,
+            }
+        });
+        group
+            .members
+            .insert(member_key(held.as_ref()), (since, Arc::downgrade(held)));
+        drop(state);
+        if let Some(ended) = started {
+            // Subscribed now, before any later event: none is missed.
+            let events = epochs.subscribe();
+            self.watch_loss(Box::pin(self.clone().wait_group(id, events, ended)));
+        }
+        // An event between the lease's epoch and its joining.
+        if epochs.current() > since
+            && let Some(reason) = epochs.reason()
+        {
+            self.lose_members(id, epochs.current(), &reason);
+        }
+    }
+
+    /// The one future per loss group: on each event with a reason, ends every member taken in
+    /// an earlier epoch.
+    async fn wait_group(
+        self,
+        id: usize,
+        mut events: tokio::sync::watch::Receiver<(u64, Option<LossReason>)>,
+        ended: Arc<Flags>,
+    ) {
+        loop {
+            tokio::select! {
+                biased;
+                () = ended.flag(0).raised() => return,
+                changed = events.changed() => {
+                    if changed.is_err() {
+                        // Every clone of the source is gone: it cannot fire any more.
+                        return;
+                    }
+                }
+            }
+            let (epoch, reason) = events.borrow_and_update().clone();
+            if let Some(reason) = reason {
+                self.lose_members(id, epoch, &reason);
+            }
+        }
+    }
+
+    fn lose_members(&self, id: usize, epoch: u64, reason: &LossReason) {
+        let lost: Vec<Entry> = {
+            let mut state = lock(&self.shared.state);
+            let Some(group) = state.groups.get_mut(&id) else {
+                return;
+            };
+            let mut lost = Vec::new();
+            group.members.retain(|_, (since, held)| {
+                if *since >= epoch {
+                    return true;
+                }
+                lost.extend(held.upgrade());
+                false
+            });
+            if group.members.is_empty() {
+                group.ended.flag(0).raise();
+                state.groups.remove(&id);
+            }
+            lost
+        };
+        for held in lost {
+            held.signal_loss(reason.clone());
         }
     }
 

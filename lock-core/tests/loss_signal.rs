@@ -1,10 +1,12 @@
-//! `Lease::loss_signal`: a backend's own loss report reaches its guard, and costs no task per
-//! guard (the client's one watchdog task polls every guard's signal).
+//! `Lease::loss_signal` and `Lease::shared_loss`: a backend's own loss report reaches its guard,
+//! and costs no task per guard (the client's one watchdog task polls every guard's signal, and
+//! waits once per shared source).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_core::backend::LossEpochs;
 use distlock_core::memory::MemoryStore;
 use distlock_core::{AcquireOptions, DistributedLock, Lease, LockClient, LossReason, Result};
 use futures::future::BoxFuture;
@@ -113,4 +115,92 @@ async fn signals_reach_their_guards_without_a_task_each() {
         assert_eq!(reason, LossReason::SessionExpired);
     }
     assert_eq!(*dropped.lock().unwrap(), LOCKS);
+}
+
+/// A lease on a shared [`LossEpochs`] source, taken in the source's epoch of its creation.
+#[derive(Debug)]
+struct EpochLease {
+    inner: Box<dyn Lease>,
+    epochs: LossEpochs,
+    since: u64,
+}
+
+#[async_trait]
+impl Lease for EpochLease {
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        self.inner.renew(ttl).await
+    }
+
+    async fn release(&self) -> Result<()> {
+        self.inner.release().await
+    }
+
+    fn shared_loss(&self) -> Option<(LossEpochs, u64)> {
+        Some((self.epochs.clone(), self.since))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_source_ends_the_guards_taken_before_its_event_only() {
+    const LOCKS: usize = 100;
+    let epochs = LossEpochs::new();
+    let wrap: common::Wrap = Arc::new({
+        let epochs = epochs.clone();
+        move |inner| {
+            Box::new(EpochLease {
+                inner,
+                since: epochs.current(),
+                epochs: epochs.clone(),
+            })
+        }
+    });
+    let client = LockClient::new(common::Wrapping::new(&MemoryStore::new(), wrap));
+    let opts = AcquireOptions::default().with_ttl(Duration::from_secs(30));
+    let take = |prefix: &'static str| {
+        let client = client.clone();
+        let opts = opts.clone();
+        async move {
+            let mut guards = Vec::new();
+            for i in 0..LOCKS {
+                let name = format!("{prefix}-{i}");
+                guards.push(client.try_acquire(&name, &opts).await.unwrap().unwrap());
+            }
+            guards
+        }
+    };
+    let mut before = take("before").await;
+    // Released before the event: left alone (its release reports no loss).
+    let released = before.pop().unwrap();
+    released.release().await.unwrap();
+
+    // An event without a reason ends nothing.
+    epochs.lose(None);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        before.iter().all(|g| !g.is_lost()),
+        "an event without a reason ended a guard"
+    );
+
+    epochs.lose(Some(LossReason::ServerRestarted));
+    let after = take("after").await;
+    for guard in &before {
+        let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost())
+            .await
+            .expect("the event reached the guard");
+        assert_eq!(reason, LossReason::ServerRestarted);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        after.iter().all(|g| !g.is_lost()),
+        "a guard taken after the event was ended"
+    );
+
+    // The next event ends the later guards too.
+    epochs.lose(Some(LossReason::Failover));
+    for guard in &after {
+        let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost())
+            .await
+            .expect("the second event reached the guard");
+        assert_eq!(reason, LossReason::Failover);
+    }
 }
