@@ -40,7 +40,7 @@ impl RedisAttempt {
     pub(crate) fn lease(&self) -> Box<dyn Lease> {
         Box::new(RedisLease {
             shared: self.shared.clone(),
-            keys: self.keys.clone(),
+            lock: self.keys.lock.clone(),
             owner: self.request.owner.clone(),
             name: self.request.name.clone(),
             kind: self.request.kind,

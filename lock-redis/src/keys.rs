@@ -70,11 +70,7 @@ impl LockKeys {
     }
 
     fn with_kind(&self, kind: char) -> String {
-        let mut key = String::with_capacity(self.lock.len());
-        key.push_str(&self.lock[..HEAD_LEN]);
-        key.push(kind);
-        key.push_str(&self.lock[HEAD_LEN + 1..]);
-        key
+        of_kind(&self.lock, kind)
     }
 
     /// The keys of `name`, validating it first.
@@ -88,6 +84,15 @@ impl LockKeys {
 
 /// `distlock:{` + 16 hex digits + `}:`.
 const HEAD_LEN: usize = 28;
+
+/// The key of another kind (`h`, `t`, ...) of the name whose lock key is `lock`.
+pub(crate) fn of_kind(lock: &str, kind: char) -> String {
+    let mut key = String::with_capacity(lock.len());
+    key.push_str(lock.get(..HEAD_LEN).unwrap_or_default());
+    key.push(kind);
+    key.push_str(lock.get(HEAD_LEN + 1..).unwrap_or_default());
+    key
+}
 
 /// A `SCAN MATCH` pattern for the lock keys of every name starting with `prefix`.
 pub(crate) fn lock_key_pattern(prefix: &str) -> String {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_core::backend::Renewer;
+use distlock_core::backend::{LossEpochs, Renewer};
 use distlock_core::{Error, Lease, LockKind, LockName, LossReason, Result};
 use futures::future::BoxFuture;
 
@@ -17,11 +17,20 @@ use crate::redlock;
 #[derive(Debug)]
 pub(crate) struct RedisLease {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) keys: Arc<LockKeys>,
+    /// The lock key only (what batched renewal needs): the name's other keys are made on
+    /// demand ([`RedisLease::keys`]), so that a held lock keeps one key, not five.
+    pub(crate) lock: String,
     pub(crate) owner: String,
     pub(crate) name: LockName,
     /// Exclusive, shared or a permit: which scripts renew and release it.
     pub(crate) kind: LockKind,
+}
+
+impl RedisLease {
+    /// Every key of the lock's name (for a single renewal or a release).
+    pub(crate) fn keys(&self) -> LockKeys {
+        LockKeys::new(&self.name)
+    }
 }
 
 #[async_trait]
@@ -30,7 +39,7 @@ impl Lease for RedisLease {
         let shared = &self.shared;
         if !shared.redlock() {
             let renewed = shared.nodes[0]
-                .renew(&self.keys, &self.owner, ttl, self.kind)
+                .renew(&self.keys(), &self.owner, ttl, self.kind)
                 .await
                 .map_err(|e| e.into_lock_error("renew"))?;
             return if renewed {
@@ -55,7 +64,7 @@ impl Lease for RedisLease {
         }
         let node = &self.shared.nodes[0];
         if let Some(topology) = node.cluster_topology() {
-            let (topology, key) = (topology.clone(), self.keys.lock.clone());
+            let (topology, key) = (topology.clone(), self.lock.clone());
             return Some(Box::pin(async move {
                 loop {
                     match topology.restarts_for(&key).await {
@@ -70,8 +79,21 @@ impl Lease for RedisLease {
                 }
             }));
         }
+        None
+    }
+
+    /// Single master and Sentinel: the node's restart watch, shared by all of its guards (see
+    /// `loss_signal` for what it reports).
+    fn shared_loss(&self) -> Option<(LossEpochs, u64)> {
+        if self.shared.redlock() {
+            return None;
+        }
+        let node = &self.shared.nodes[0];
+        if node.cluster_topology().is_some() {
+            return None;
+        }
         let restarts = node.restarts.as_ref()?;
-        restarts.watchable().then(|| restarts.lost_on_restart())
+        restarts.watchable().then(|| restarts.shared_loss())
     }
 
     /// Every kind, on every topology: see `renew.rs`.
@@ -84,7 +106,7 @@ impl Lease for RedisLease {
         if !shared.redlock() {
             let released = shared.nodes[0]
                 .release(
-                    &self.keys,
+                    &self.keys(),
                     &self.owner,
                     &shared.config,
                     ReleaseMode::Release,

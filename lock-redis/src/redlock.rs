@@ -198,13 +198,13 @@ pub(crate) async fn renew(lease: &RedisLease, ttl: Duration) -> Result<()> {
     let shared = &lease.shared;
     let started = Instant::now();
     let timeout = shared.node_timeout(ttl);
-    let results = join_all(shared.nodes.iter().map(|n| {
-        within(
-            n,
-            timeout,
-            n.renew(&lease.keys, &lease.owner, ttl, lease.kind),
-        )
-    }))
+    let keys = lease.keys();
+    let results = join_all(
+        shared
+            .nodes
+            .iter()
+            .map(|n| within(n, timeout, n.renew(&keys, &lease.owner, ttl, lease.kind))),
+    )
     .await;
     let renewed = results.iter().filter(|r| matches!(r, Ok(true))).count();
     let failed = results.iter().filter(|r| r.is_err()).count();
@@ -298,12 +298,13 @@ pub(crate) async fn renew_many(shared: &Shared, batch: &Batch<'_>) -> Result<Vec
 pub(crate) async fn release(lease: &RedisLease) -> Result<()> {
     let shared = &lease.shared;
     let timeout = shared.cleanup_timeout();
+    let keys = lease.keys();
     let results = join_all(shared.nodes.iter().map(|n| {
         within(
             n,
             timeout,
             n.release(
-                &lease.keys,
+                &keys,
                 &lease.owner,
                 &shared.config,
                 ReleaseMode::Release,

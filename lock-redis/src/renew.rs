@@ -30,6 +30,7 @@ use redis::Value;
 
 use crate::backend::Shared;
 use crate::error::{RedisError, RedisErrorKind};
+use crate::keys::of_kind;
 use crate::lease::RedisLease;
 use crate::node::{Node, marker, millis};
 use crate::redlock;
@@ -170,12 +171,13 @@ async fn script(
     let hold_keys: Vec<Option<[String; 2]>> = part
         .iter()
         .map(|(lease, _)| {
-            (lease.kind != LockKind::Exclusive).then(|| [lease.keys.holders(), lease.keys.tokens()])
+            (lease.kind != LockKind::Exclusive)
+                .then(|| [of_kind(&lease.lock, 'h'), of_kind(&lease.lock, 't')])
         })
         .collect();
     let mut keys: Vec<&str> = Vec::with_capacity(part.len());
     for ((lease, _), hold) in part.iter().zip(&hold_keys) {
-        keys.push(&lease.keys.lock);
+        keys.push(&lease.lock);
         if let Some([holders, tokens]) = hold {
             keys.push(holders);
             keys.push(tokens);
@@ -186,7 +188,7 @@ async fn script(
         let room = room + keys.iter().map(|k| k.len() + 16).sum::<usize>();
         let mut call = Invocation::sized(
             &scripts::RENEW_MANY_ON_NODE,
-            &[&first.keys.lock],
+            &[&first.lock],
             1 + keys.len() + part.len() * 3,
             room,
         )
@@ -244,7 +246,7 @@ async fn on_cluster(node: &Node, topology: &Arc<ClusterTopology>, batch: &Batch<
     let mut groups: HashMap<String, Vec<usize>> = HashMap::new();
     for (i, (lease, _)) in batch.iter().enumerate() {
         let master = topology
-            .master_addr_for(&lease.keys.lock)
+            .master_addr_for(&lease.lock)
             .await
             .unwrap_or_default();
         groups.entry(master).or_default().push(i);
@@ -325,7 +327,10 @@ fn misrouted(err: &RedisError) -> bool {
 async fn one_by_one(node: &Node, batch: &Batch<'_>, group: &[usize]) -> Answers {
     join_all(group.iter().map(|&i| {
         let (lease, ttl) = batch[i];
-        node.renew(&lease.keys, &lease.owner, ttl, lease.kind)
+        async move {
+            node.renew(&lease.keys(), &lease.owner, ttl, lease.kind)
+                .await
+        }
     }))
     .await
 }

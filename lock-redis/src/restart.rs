@@ -19,10 +19,9 @@ use std::time::Duration;
 
 use crate::topology::{ClusterTopology, SentinelMaster};
 use distlock_core::LossReason;
-use distlock_core::backend::unpoisoned as lock;
+use distlock_core::backend::{LossEpochs, unpoisoned as lock};
 use futures::StreamExt;
 use futures::future::BoxFuture;
-use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
 /// The channel the watching connection subscribes to (nothing is published on it).
@@ -110,7 +109,7 @@ pub(crate) struct Restarts {
     run_id: Mutex<Option<(String, String)>>,
     /// Bumped each time the server is found restarted or replaced, with the reason (`None`:
     /// the watched cluster master was not the guards' master after all; they look again).
-    epoch: watch::Sender<(u64, Option<LossReason>)>,
+    epoch: LossEpochs,
     /// The watching task, started with the first guard.
     task: Mutex<Option<AbortHandle>>,
     /// The server does not tell its `run_id`: nothing to watch.
@@ -164,7 +163,7 @@ impl Restarts {
             watched,
             timeout,
             run_id: Mutex::new(run_id),
-            epoch: watch::Sender::new((0, None)),
+            epoch: LossEpochs::new(),
             task: Mutex::new(None),
             blind: AtomicBool::new(false),
             gone: AtomicBool::new(false),
@@ -183,27 +182,12 @@ impl Restarts {
 
     /// A future that resolves with [`LossReason::ServerRestarted`] once the server is found
     /// restarted after this call (a lock taken before a restart is gone with it), or
-    /// [`LossReason::Failover`] once another server replaced it as the master. Starts the
-    /// watching task if it is not running.
-    pub(crate) fn lost_on_restart(self: &Arc<Self>) -> BoxFuture<'static, LossReason> {
-        let loss = self.loss();
-        Box::pin(async move {
-            match loss.await {
-                Some(reason) => reason,
-                None => std::future::pending().await,
-            }
-        })
-    }
-
-    /// As [`Self::lost_on_restart`], or `None` when the watched cluster master turned out not
+    /// [`LossReason::Failover`] once another server replaced it as the master; or `None` when the watched cluster master turned out not
     /// to be a master when the watch started (a stale slot map named it): the caller looks
     /// for the slot's master again.
     pub(crate) fn loss(self: &Arc<Self>) -> BoxFuture<'static, Option<LossReason>> {
         let mut rx = self.epoch.subscribe();
-        let mut task = lock(&self.task);
-        if task.as_ref().is_none_or(AbortHandle::is_finished) {
-            *task = Some(tokio::spawn(watch_server(Arc::downgrade(self))).abort_handle());
-        }
+        self.ensure_watching();
         Box::pin(async move {
             match rx.changed().await {
                 Ok(()) => rx.borrow().1.clone(),
@@ -211,6 +195,22 @@ impl Restarts {
                 Err(_) => std::future::pending().await,
             }
         })
+    }
+
+    /// The node's restart events and the current epoch, for the core to end every guard
+    /// taken before the next restart ([`distlock_core::Lease::shared_loss`]): one watch for
+    /// all of the node's guards. Starts the watching task if it is not running.
+    pub(crate) fn shared_loss(self: &Arc<Self>) -> (LossEpochs, u64) {
+        let since = self.epoch.current();
+        self.ensure_watching();
+        (self.epoch.clone(), since)
+    }
+
+    fn ensure_watching(self: &Arc<Self>) {
+        let mut task = lock(&self.task);
+        if task.as_ref().is_none_or(AbortHandle::is_finished) {
+            *task = Some(tokio::spawn(watch_server(Arc::downgrade(self))).abort_handle());
+        }
     }
 
     /// Records the `run_id` read from the server; bumps the epoch if it differs from the
@@ -236,10 +236,7 @@ impl Restarts {
     }
 
     fn lost(&self, reason: Option<LossReason>) {
-        self.epoch.send_modify(|(epoch, why)| {
-            *epoch += 1;
-            *why = reason;
-        });
+        self.epoch.lose(reason);
     }
 }
 
