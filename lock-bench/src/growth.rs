@@ -148,7 +148,8 @@ pub struct HoldPoint {
     pub requests_per_tick_per_lock: Option<f64>,
     /// CPU time of the process over the window, as a percentage of one core.
     pub cpu_percent: Option<f64>,
-    /// Live heap bytes after acquiring K minus before, divided by K.
+    /// Live heap bytes at the end of the measured window (every lock held a renewal tick and
+    /// more) minus before acquiring, divided by K.
     pub heap_bytes_per_guard: Option<f64>,
     /// Guards that reported a loss by the end of the window (must be 0).
     pub lost: u64,
@@ -373,7 +374,6 @@ async fn hold(
         )
         .await?;
         let acquire_ms = started.elapsed().as_secs_f64() * 1000.0;
-        let heap_after = instruments.live_heap_bytes();
         // The window measures the steady state: one renewal tick first, in which the locks'
         // schedules align and what the acquisitions left behind lands (a ZooKeeper loss watch
         // is set a tenth of the ttl after its acquisition; PostgreSQL publishes an idle
@@ -393,6 +393,9 @@ async fn hold(
         wait_window(window, &format!("holding {k} locks"), instruments).await;
         let held_for = window_start.elapsed();
         let cpu_after = instruments.cpu_time();
+        // The heap of the steady state: after a renewal tick and the window, when every loss
+        // watch is set and renewal has run.
+        let heap_after = instruments.live_heap_bytes();
         let counted_after = match counter.as_deref_mut() {
             Some(c) => Some(c.read().await?),
             None => None,

@@ -119,12 +119,7 @@ impl ZkAttempt {
             message: format!("negative czxid {czxid} for {node}"),
             source: None,
         })?;
-        let lease = ZkLease::new(
-            session,
-            self.request.name.clone(),
-            self.own_path(node),
-            self.request.ttl,
-        );
+        let lease = ZkLease::new(session, self.request.name.clone(), self.own_path(node));
         let acquired = Acquired::new(Box::new(lease), FencingToken::new(token));
         Ok(Step::Acquired(match started {
             Some(started) => acquired.with_lease_started(started),

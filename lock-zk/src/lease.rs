@@ -5,9 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_core::backend::Renewer;
-use distlock_core::{Error, Lease, LockName, LossReason, Result};
-use futures::future::BoxFuture;
+use distlock_core::backend::{LossEpochs, Renewer};
+use distlock_core::{Error, Lease, LockName, Result};
 use zookeeper_client as zk;
 
 use crate::error::zk_error;
@@ -22,7 +21,6 @@ pub(crate) struct ZkLease {
     pub(crate) session: Arc<Session>,
     pub(crate) name: LockName,
     pub(crate) path: String,
-    ttl: Duration,
 }
 
 impl fmt::Debug for ZkLease {
@@ -36,12 +34,11 @@ impl fmt::Debug for ZkLease {
 
 impl ZkLease {
     /// The lease of the holder's node `path`, acquired with `ttl`.
-    pub(crate) fn new(session: Arc<Session>, name: LockName, path: String, ttl: Duration) -> Self {
+    pub(crate) fn new(session: Arc<Session>, name: LockName, path: String) -> Self {
         Self {
             session,
             name,
             path,
-            ttl,
         }
     }
 }
@@ -94,94 +91,13 @@ impl Lease for ZkLease {
         }
     }
 
-    fn loss_signal(&self) -> Option<BoxFuture<'static, LossReason>> {
-        let client = self.session.client.clone();
-        let path = self.path.clone();
-        let ttl = self.ttl;
-        // A removed node: the core tells an expiry (past the local deadline) from a removal.
-        let gone = || LossReason::ReleasedElsewhere;
-        Some(Box::pin(async move {
-            let mut states = client.state_watcher();
-            // Most holds are short: the watch on our node (one more request) is set only after
-            // a tenth of the ttl. Until then a session expiry still ends the lease at once, and
-            // a node removed meanwhile is found by that first check (or by renewal).
-            let arm = tokio::time::sleep(ttl / 10);
-            tokio::pin!(arm);
-            loop {
-                if states.peek_state().is_terminated() {
-                    return LossReason::SessionExpired;
-                }
-                tokio::select! {
-                    () = &mut arm => break,
-                    state = states.changed() => {
-                        if state.is_terminated() {
-                            return LossReason::SessionExpired;
-                        }
-                    }
-                }
-            }
-            // A persistent watch, not a one-shot: every renewal changes the node's data, and a
-            // one-shot watch would cost one more request per lock per renewal to set again
-            // (which batched renewal saves). Data changes are ignored; a deletion or a session
-            // end is the loss.
-            let mut watcher = loop {
-                if states.peek_state().is_terminated() {
-                    return LossReason::SessionExpired;
-                }
-                match client.watch(&path, zk::AddWatchMode::Persistent).await {
-                    Ok(watcher) => break watcher,
-                    Err(
-                        zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::AuthFailed,
-                    ) => return LossReason::SessionExpired,
-                    Err(_) => {
-                        // Disconnected: the renewal deadline covers us; try again once the
-                        // connection state changes.
-                        let _ = tokio::time::timeout(Duration::from_millis(200), states.changed())
-                            .await;
-                    }
-                }
-            };
-            // Whether the node must be looked at: once the watch is set (it may have gone just
-            // before), and after each reconnection (events during a connection loss may be
-            // lost: ZOOKEEPER-4698).
-            let mut look = true;
-            loop {
-                if look {
-                    if states.peek_state().is_terminated() {
-                        return LossReason::SessionExpired;
-                    }
-                    match client.check_stat(&path).await {
-                        Ok(None) => return gone(),
-                        Ok(Some(_)) => look = false,
-                        Err(
-                            zk::Error::SessionExpired
-                            | zk::Error::ClientClosed
-                            | zk::Error::AuthFailed,
-                        ) => return LossReason::SessionExpired,
-                        Err(_) => {
-                            let _ =
-                                tokio::time::timeout(Duration::from_millis(200), states.changed())
-                                    .await;
-                            continue;
-                        }
-                    }
-                }
-                // Never called after a terminal session event (the watcher panics then).
-                let event = watcher.changed().await;
-                match event.event_type {
-                    zk::EventType::NodeDeleted => return gone(),
-                    zk::EventType::Session if event.session_state.is_terminated() => {
-                        return LossReason::SessionExpired;
-                    }
-                    zk::EventType::Session => {
-                        look = matches!(
-                            event.session_state,
-                            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly
-                        );
-                    }
-                    _ => {} // our own renewal changed the data
-                }
-            }
-        }))
+    /// The session's end (expiry, or closed): one watch for every guard of the session (see
+    /// `session.rs`). Every lease of a session was taken in its epoch 0: the session's source
+    /// fires once, when it ends. A node removed behind its holder (a force release) is found
+    /// by the next renewal, which is refused: a watch on each node would cost a watch
+    /// registration per lock and a notification per lock and renewal (every renewal changes
+    /// the node's data).
+    fn shared_loss(&self) -> Option<(LossEpochs, u64)> {
+        Some((self.session.lost.clone(), 0))
     }
 }

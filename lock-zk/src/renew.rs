@@ -156,7 +156,6 @@ mod tests {
                 session.clone(),
                 LockName::new(format!("n{i}")).unwrap(),
                 path,
-                ttl,
             ));
         }
         client.delete("/n1", None).await.unwrap();

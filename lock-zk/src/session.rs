@@ -3,8 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::backend::within;
-use distlock_core::{Error, Result};
+use distlock_core::backend::{LossEpochs, within};
+use distlock_core::{Error, LossReason, Result};
+use tokio::task::AbortHandle;
 use tracing::{debug, warn};
 use zookeeper_client as zk;
 
@@ -21,6 +22,27 @@ pub(crate) struct Session {
     pub(crate) acls: zk::Acls<'static>,
     /// Renews this session's held nodes together (see `renew.rs`).
     pub(crate) renewer: Arc<ZkRenewer>,
+    /// Fires once, when the session ends (expired or closed): every guard of the session is
+    /// lost then ([`distlock_core::Lease::shared_loss`]), through one watch for all of them.
+    pub(crate) lost: LossEpochs,
+    /// The task that watches the session's state for its end; stopped with the session.
+    watch: AbortHandle,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.watch.abort();
+    }
+}
+
+/// Waits for the session's end and reports it to every guard of the session.
+async fn watch_session(mut states: zk::StateWatcher, lost: LossEpochs) {
+    let mut state = states.state();
+    while !state.is_terminated() {
+        state = states.changed().await;
+    }
+    debug!(%state, "ZooKeeper session ended: its locks are lost");
+    lost.lose(Some(LossReason::SessionExpired));
 }
 
 impl Session {
@@ -234,10 +256,14 @@ pub(crate) async fn open_session(config: &ZkConfig, timeout: Duration) -> Result
     )
     .await??;
     debug!(session = %client.session_id(), timeout = ?client.session_timeout(), "ZooKeeper session opened");
+    let lost = LossEpochs::new();
+    let watch = tokio::spawn(watch_session(client.state_watcher(), lost.clone())).abort_handle();
     Ok(Arc::new(Session {
         client,
         acls,
         renewer: Arc::default(),
+        lost,
+        watch,
     }))
 }
 
