@@ -47,7 +47,7 @@ impl EtcdAttempt {
     /// [`Error::Mismatch`] if a queue key `key` of the name says it is held (or asked for) as
     /// a kind ours can never join.
     pub(crate) fn check_kind(&self, key: &[u8]) -> Result<()> {
-        let theirs = keys::key_kind(&self.key.range, key);
+        let theirs = keys::key_kind(self.key.range(), key);
         match self.kind.mismatch(theirs) {
             Some(message) => Err(Error::Mismatch {
                 name: self.name.clone(),
@@ -67,7 +67,6 @@ impl EtcdAttempt {
         let lease = EtcdLease {
             shared: self.shared.clone(),
             slot,
-            name: self.name.clone(),
             key: self.key.clone(),
             rev,
         };
@@ -123,10 +122,11 @@ impl EtcdAttempt {
             .with_keys_only();
         let txn = Txn::new()
             .when([
-                Compare::create_revision(self.key.range.clone(), CompareOp::Equal, 0).with_prefix(),
+                Compare::create_revision(self.key.range().to_owned(), CompareOp::Equal, 0)
+                    .with_prefix(),
             ])
             .and_then([self.put_op(&slot)])
-            .or_else([TxnOp::get(self.key.range.clone(), Some(first))]);
+            .or_else([TxnOp::get(self.key.range().to_owned(), Some(first))]);
         self.slot = Some(slot.clone());
         let Some((resp, before)) = self.put_txn(&slot, txn, "acquiring").await? else {
             return Ok(None);
@@ -162,7 +162,7 @@ impl EtcdAttempt {
     /// later: every key for a writer, the writers (every non-shared key) for a reader.
     pub(crate) fn blockers(&self, options: GetOptions) -> GetOptions {
         match self.kind {
-            LockKind::Shared => options.with_range(keys::non_shared_end(&self.key.range)),
+            LockKind::Shared => options.with_range(keys::non_shared_end(self.key.range())),
             _ => options.with_prefix(),
         }
     }
@@ -232,7 +232,7 @@ impl EtcdAttempt {
                 .with_limit(1)
                 .with_keys_only(),
         );
-        let read = TxnOp::get(self.key.range.clone(), Some(last));
+        let read = TxnOp::get(self.key.range().to_owned(), Some(last));
         let Some((revision, gets)) = self
             .enqueue_txn(&slot, vec![read], "joining the lock queue")
             .await?
@@ -274,7 +274,7 @@ impl EtcdAttempt {
                 CompareOp::Equal,
                 rev,
             )])
-            .and_then([TxnOp::get(self.key.range.clone(), Some(before))]);
+            .and_then([TxnOp::get(self.key.range().to_owned(), Some(before))]);
         self.shared
             .client
             .kv_client()

@@ -1,7 +1,8 @@
 //! The key layout, `<prefix>/<escaped name>/<client tag>.<number>`, and the numbers a client
 //! has in use.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 
@@ -37,6 +38,15 @@ pub(crate) fn range_end(start: &str) -> Vec<u8> {
 /// The key range (a prefix ending in `/`) of one lock name.
 pub(crate) fn name_range(prefix: &str, name: &str) -> String {
     format!("{prefix}/{}/", escape(name))
+}
+
+/// The name whose key range ([`name_range`]) under `prefix` is `range`.
+pub(crate) fn name_of_range(prefix: &str, range: &str) -> Option<String> {
+    let escaped = range
+        .strip_prefix(prefix)?
+        .strip_prefix('/')?
+        .strip_suffix('/')?;
+    unescape(escaped)
 }
 
 /// A queue key of one client (`tag`: a random hex tag of the client) on one name, for an
@@ -121,7 +131,11 @@ pub(crate) fn holder_count(kinds: &[LockKind]) -> usize {
 pub(crate) struct KeyPool {
     /// Random, so that no two clients share keys.
     pub(crate) tag: String,
-    pub(crate) used: StdMutex<HashMap<String, std::collections::BTreeSet<u32>>>,
+    /// The numbers in use, by the hash of their range: no copy of the name per held lock. Two
+    /// ranges whose hashes collide share one set of numbers, which only makes one of them skip
+    /// a number (each key still has its own range in it).
+    used: StdMutex<HashSet<(u64, u32)>>,
+    hasher: RandomState,
 }
 
 impl KeyPool {
@@ -130,38 +144,32 @@ impl KeyPool {
         Self {
             tag: tag[..16].to_owned(),
             used: StdMutex::default(),
+            hasher: RandomState::new(),
         }
     }
 
     fn take(&self, range: &str) -> u32 {
+        let hash = self.hasher.hash_one(range);
         let mut used = lock(&self.used);
-        let set = used.entry(range.to_owned()).or_default();
-        let n = (0..).find(|n| !set.contains(n)).unwrap_or(u32::MAX);
-        set.insert(n);
+        let n = (0..)
+            .find(|n| !used.contains(&(hash, *n)))
+            .unwrap_or(u32::MAX);
+        used.insert((hash, n));
         n
     }
 
     fn give_back(&self, range: &str, n: u32) {
-        let mut used = lock(&self.used);
-        if let Some(set) = used.get_mut(range) {
-            set.remove(&n);
-            if set.is_empty() {
-                used.remove(range);
-            }
-        }
+        let hash = self.hasher.hash_one(range);
+        lock(&self.used).remove(&(hash, n));
     }
 }
 
-/// One queue key, shared by the attempt, the lease and the reaper that use it. Its number goes
-/// back to the pool as soon as the key is known to be deleted ([`QueueKey::deleted`]), or
-/// when the last user is done and no put of it was ever sent. A key that may still exist on
-/// the server (a put or delete whose answer never came) is never reused, so that no attempt
-/// can mistake it for its own. Every write to a key after its put compares its create
-/// revision, so a stale handle cannot touch a later use of the same key.
+/// One queue key of this client: taken from the [`KeyPool`] when an acquisition starts, given
+/// back once the key is known to be gone from the server.
 pub(crate) struct QueueKey {
     pub(crate) shared: Arc<Shared>,
-    /// The name's key range: its whole queue.
-    pub(crate) range: String,
+    /// The length of the name's key range (its whole queue), the start of `key`.
+    range_len: usize,
     pub(crate) number: u32,
     pub(crate) key: String,
     pub(crate) may_exist: AtomicBool,
@@ -174,11 +182,16 @@ impl QueueKey {
         Arc::new(Self {
             shared: shared.clone(),
             key: keys::entry_key(&range, kind, &shared.keys.tag, number),
-            range,
+            range_len: range.len(),
             number,
             may_exist: AtomicBool::new(false),
             returned: AtomicBool::new(false),
         })
+    }
+
+    /// The name's key range: its whole queue (every queue key starts with it).
+    pub(crate) fn range(&self) -> &str {
+        self.key.get(..self.range_len).unwrap_or_default()
     }
 
     pub(crate) fn may_exist(&self) -> bool {
@@ -197,7 +210,7 @@ impl QueueKey {
 
     fn give_back(&self) {
         if !self.returned.swap(true, Ordering::AcqRel) {
-            self.shared.keys.give_back(&self.range, self.number);
+            self.shared.keys.give_back(self.range(), self.number);
         }
     }
 }
@@ -236,6 +249,8 @@ mod tests {
         assert!(!xy.starts_with(&x));
         for name in names {
             assert_eq!(unescape(&escape(name)).as_deref(), Some(name));
+            let range = name_range("/pre/fix", name);
+            assert_eq!(name_of_range("/pre/fix", &range).as_deref(), Some(name));
         }
         assert_eq!(range_end("p/a"), b"p/b".to_vec());
     }

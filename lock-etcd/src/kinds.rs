@@ -122,7 +122,7 @@ impl EtcdAttempt {
     pub(crate) async fn poll_try_shared(&mut self) -> Result<Option<Step>> {
         let slot = self.shared.fresh_slot(self.ttl).await?;
         let lease_started = slot.refreshed();
-        let range = self.key.range.clone();
+        let range = self.key.range().to_owned();
         let writers_end = keys::non_shared_end(&range);
         let first_writer = GetOptions::new()
             .with_range(writers_end.clone())
@@ -177,7 +177,7 @@ impl EtcdAttempt {
     pub(crate) async fn poll_try_permit(&mut self, permits: u32) -> Result<Option<Step>> {
         let slot = self.shared.fresh_slot(self.ttl).await?;
         let lease_started = slot.refreshed();
-        let range = self.key.range.clone();
+        let range = self.key.range().to_owned();
         let [newest, same] = semaphore_reads(&range, permits);
         let ours = TxnOp::get(
             self.key.key.clone(),
@@ -238,7 +238,7 @@ impl EtcdAttempt {
     pub(crate) async fn poll_enqueue_permit(&mut self, permits: u32) -> Result<Option<Step>> {
         let slot = self.shared.fresh_slot(self.ttl).await?;
         let lease_started = slot.refreshed();
-        let reads = semaphore_reads(&self.key.range, permits).into();
+        let reads = semaphore_reads(self.key.range(), permits).into();
         let Some((revision, gets)) = self
             .enqueue_txn(&slot, reads, "joining the semaphore queue")
             .await?
@@ -283,7 +283,7 @@ impl EtcdAttempt {
             return Ok(None);
         };
         let lease_started = slot.refreshed();
-        let range = self.key.range.clone();
+        let range = self.key.range().to_owned();
         let before = GetOptions::new()
             .with_prefix()
             .with_max_create_revision(rev - 1)
@@ -325,7 +325,7 @@ impl EtcdAttempt {
         let kinds: Vec<_> = before
             .kvs()
             .iter()
-            .map(|kv| keys::key_kind(&self.key.range, kv.key()))
+            .map(|kv| keys::key_kind(self.key.range(), kv.key()))
             .collect();
         let place = permit_place(&kinds, !before.more(), permits);
         match before.kvs().first() {
@@ -386,7 +386,7 @@ impl EtcdAttempt {
     fn wait_behind(&mut self, place: PermitPlace, pred: String, revision: i64) -> Step {
         let blocker = match place {
             PermitPlace::FirstWaiter => Blocker {
-                key: self.key.range.clone(),
+                key: self.key.range().to_owned(),
                 prefix: true,
                 puts: false,
             },

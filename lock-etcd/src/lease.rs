@@ -13,14 +13,13 @@ use tracing::debug;
 use crate::backend::Shared;
 use crate::checks::{CHECKS_PER_TXN, keys_are_ours};
 use crate::error::{attempts, protocol, retryable};
-use crate::keys::QueueKey;
+use crate::keys::{self, QueueKey};
 use crate::session::LeaseSlot;
 
 /// A held lock: its queue key, first in line, on the client's lease.
 pub(crate) struct EtcdLease {
     pub(crate) shared: Arc<Shared>,
     pub(crate) slot: Arc<LeaseSlot>,
-    pub(crate) name: String,
     pub(crate) key: Arc<QueueKey>,
     pub(crate) rev: i64,
 }
@@ -36,6 +35,13 @@ impl fmt::Debug for EtcdLease {
 }
 
 impl EtcdLease {
+    /// The lock's name, read back from its queue key (`<prefix>/<escaped name>/...`): for
+    /// error messages only, so that a held lock keeps no copy of it.
+    fn name(&self) -> String {
+        let range = self.key.range();
+        keys::name_of_range(&self.shared.prefix, range).unwrap_or_else(|| range.to_owned())
+    }
+
     /// Deletes our key if it is still the one we created (by its create revision); true if
     /// it was. A lost answer is repeated only if the request never left: a repeated delete
     /// whose first answer was lost would find nothing and answer "not held".
@@ -141,7 +147,7 @@ impl Renewer for EtcdRenewer {
                 if alive && ours {
                     Ok(())
                 } else {
-                    Err(Error::not_held(&lease.name))
+                    Err(Error::not_held(lease.name()))
                 }
             })
             .collect())
@@ -163,7 +169,7 @@ impl Lease for EtcdLease {
         );
         let _ = ttl; // the slot's lease has the ttl the key was created with
         if !alive? || !ours? {
-            return Err(Error::not_held(&self.name));
+            return Err(Error::not_held(self.name()));
         }
         Ok(())
     }
@@ -173,7 +179,7 @@ impl Lease for EtcdLease {
         let deleted = self.delete_ours("releasing").await?;
         tracing::trace!(target: "distlock_etcd::wait", key = %self.key.key, "release answered");
         if !deleted {
-            return Err(Error::not_held(&self.name));
+            return Err(Error::not_held(self.name()));
         }
         Ok(())
     }
