@@ -82,8 +82,9 @@ pub struct AcquireRequest {
     /// The lock.
     pub name: LockName,
     /// A value unique to this acquisition (a UUID, prefixed with the explicit owner id if one
-    /// was given). Store it on the server; renew and release must check it.
-    pub owner: String,
+    /// was given). Store it on the server; renew and release must check it. Shared: a lease
+    /// that keeps a clone keeps no copy of its own.
+    pub owner: Arc<str>,
     /// The lease length.
     pub ttl: Duration,
     /// Whether the caller waits ([`AttemptMode::Wait`]) or tries once.

@@ -125,7 +125,7 @@ impl<B: LockBackend> LockClient<B> {
         let name = LockName::new(name)?;
         options.validate(&self.inner.caps)?;
         let Some(owner) = options.owner.clone() else {
-            let owner = unique_owner(None);
+            let owner = unique_owner(None).into();
             return self.acquire_fresh(name, owner, options, mode, None).await;
         };
         // Reentrant path: one acquisition at a time per (name, owner, kind), so that a second
@@ -138,7 +138,7 @@ impl<B: LockBackend> LockClient<B> {
             return Ok(Some(guard));
         }
         let reentry = Some((Arc::downgrade(&self.inner.registry), key.clone()));
-        let owner = unique_owner(options.owner.as_ref());
+        let owner = unique_owner(options.owner.as_ref()).into();
         let acquired = self
             .acquire_fresh(name, owner, options, mode, reentry)
             .await;
@@ -155,7 +155,7 @@ impl<B: LockBackend> LockClient<B> {
     async fn acquire_fresh(
         &self,
         name: LockName,
-        owner: String,
+        owner: Arc<str>,
         options: &AcquireOptions,
         mode: AttemptMode,
         reentry: Option<(Weak<Registry<Held>>, RegistryKey)>,
@@ -391,7 +391,7 @@ impl<B: LockBackend> DistributedLock for LockClient<B> {
             let options = options.clone().exclusive();
             options.validate(&self.inner.caps)?;
             let guard = self
-                .acquire_fresh(name, owner, &options, AttemptMode::Wait, None)
+                .acquire_fresh(name, owner.into(), &options, AttemptMode::Wait, None)
                 .await?;
             guard.ok_or_else(|| Error::Backend {
                 message: "backend returned no lock in wait mode".into(),

@@ -45,7 +45,7 @@ pub struct LockGuard {
 pub(crate) struct Held {
     pub(crate) name: LockName,
     pub(crate) kind: LockKind,
-    pub(crate) owner: String,
+    pub(crate) owner: Arc<str>,
     pub(crate) token: FencingToken,
     pub(crate) backend: &'static str,
     lease: Box<dyn Lease>,
@@ -86,7 +86,7 @@ pub(crate) struct Held {
 pub(crate) struct NewGuard {
     pub(crate) name: LockName,
     pub(crate) kind: LockKind,
-    pub(crate) owner: String,
+    pub(crate) owner: Arc<str>,
     pub(crate) token: FencingToken,
     pub(crate) backend: &'static str,
     pub(crate) lease: Box<dyn Lease>,

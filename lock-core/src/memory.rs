@@ -88,7 +88,7 @@ struct Waiter {
 
 #[derive(Debug)]
 struct Holder {
-    owner: String,
+    owner: Arc<str>,
     token: FencingToken,
     expires_at: Instant,
     kind: LockKind,
@@ -111,7 +111,7 @@ impl Entry {
 
     /// The live holder `owner`.
     fn holder(&mut self, now: Instant, owner: &str) -> Option<&mut Holder> {
-        self.holders(now).iter_mut().find(|h| h.owner == owner)
+        self.holders(now).iter_mut().find(|h| *h.owner == *owner)
     }
 
     /// What an inspection shows: the latest holder, how it holds, and how many hold.
@@ -121,7 +121,7 @@ impl Entry {
         let latest = holders.iter().max_by_key(|h| h.token)?;
         Some(
             LockInfo::new(
-                latest.owner.clone(),
+                latest.owner.to_string(),
                 Some(latest.token),
                 Some(latest.expires_at.saturating_duration_since(now)),
             )
@@ -417,7 +417,7 @@ impl Attempt for MemoryAttempt {
 struct MemoryLease {
     store: MemoryStore,
     name: LockName,
-    owner: String,
+    owner: Arc<str>,
 }
 
 impl MemoryLease {

@@ -1,6 +1,7 @@
 //! Validated lock names.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::Error;
 
@@ -10,8 +11,11 @@ use crate::Error;
 /// valid name. Names are compared byte for byte: `Jobs` and `jobs` are different locks. Each
 /// backend maps names to its own key space (escaping, hashing) so that two distinct names never
 /// collide there.
+///
+/// Cloning is cheap: the clones share one string, so a guard and its backend's lease keep the
+/// name once.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LockName(String);
+pub struct LockName(Arc<str>);
 
 impl LockName {
     /// The maximum length of a name in bytes (UTF-8).
@@ -42,7 +46,7 @@ impl LockName {
                 name: preview(&name),
                 reason,
             }),
-            None => Ok(Self(name)),
+            None => Ok(Self(name.into())),
         }
     }
 

@@ -29,7 +29,7 @@ pub(crate) struct EtcdAttempt {
     pub(crate) name: String,
     pub(crate) mode: AttemptMode,
     pub(crate) ttl: Duration,
-    pub(crate) owner: String,
+    pub(crate) owner: Arc<str>,
     /// What is asked for; the key's name says it too (see [`keys::kind_tag`]).
     pub(crate) kind: LockKind,
     pub(crate) key: Arc<QueueKey>,
@@ -83,7 +83,7 @@ impl EtcdAttempt {
     pub(crate) fn put_op(&self, slot: &LeaseSlot) -> TxnOp {
         TxnOp::put(
             self.key.key.clone(),
-            self.owner.clone(),
+            &*self.owner,
             Some(PutOptions::new().with_lease(slot.id)),
         )
     }

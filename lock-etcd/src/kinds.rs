@@ -361,7 +361,7 @@ impl EtcdAttempt {
                 )])
                 .and_then([TxnOp::put(
                     self.key.key.clone(),
-                    self.owner.clone(),
+                    &*self.owner,
                     Some(PutOptions::new().with_lease(slot.id)),
                 )]);
             match self.shared.client.kv_client().txn(txn).await {

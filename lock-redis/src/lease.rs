@@ -20,7 +20,7 @@ pub(crate) struct RedisLease {
     /// The lock key only (what batched renewal needs): the name's other keys are made on
     /// demand ([`RedisLease::keys`]), so that a held lock keeps one key, not five.
     pub(crate) lock: String,
-    pub(crate) owner: String,
+    pub(crate) owner: Arc<str>,
     pub(crate) name: LockName,
     /// Exclusive, shared or a permit: which scripts renew and release it.
     pub(crate) kind: LockKind,

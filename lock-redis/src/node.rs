@@ -504,7 +504,7 @@ impl Node {
             &scripts::ACQUIRE,
             &[&keys.lock, &keys.fence, &keys.queue, &keys.alive],
         )
-        .arg(&request.owner)
+        .arg(&*request.owner)
         .arg(millis(request.ttl))
         .arg(if request.mode == AttemptMode::Wait {
             "1"
@@ -588,7 +588,7 @@ impl Node {
                 &tokens,
             ],
         )
-        .arg(&request.owner)
+        .arg(&*request.owner)
         .arg(millis(request.ttl))
         .arg(if request.mode == AttemptMode::Wait {
             "1"
@@ -624,7 +624,7 @@ impl Node {
         let mut set = Cmd::with_capacity(7, 32 + keys.lock.len() + request.owner.len());
         set.arg("SET")
             .arg(&keys.lock)
-            .arg(&request.owner)
+            .arg(&*request.owner)
             .arg("NX")
             .arg("PX")
             .arg(millis(request.ttl))

@@ -205,7 +205,7 @@ async fn script(
             LockKind::Exclusive => String::new(),
             kind => marker(kind),
         };
-        call = call.arg(&lease.owner).arg(millis(*ttl)).arg(kind_marker);
+        call = call.arg(&*lease.owner).arg(millis(*ttl)).arg(kind_marker);
     }
     let mut conn = node.conn.clone();
     let values: Vec<Value> = call.invoke(&mut conn).await.map_err(|e| node.classify(e))?;

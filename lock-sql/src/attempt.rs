@@ -60,7 +60,7 @@ impl SqlAttempt {
             return Ok(Step::busy(retry));
         }
         let db = &self.inner.db;
-        let (name, owner) = (self.request.name.as_str(), self.request.owner.as_str());
+        let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         let since = *self.since.get_or_insert(peek.version);
         // A reservation is a lease, no longer than the lock's: a killed or paused waiter at
         // the head blocks the others for its ttl at most.
@@ -152,7 +152,7 @@ impl SqlAttempt {
     /// why not (see [`crate::holds`]).
     async fn poll_hold(&mut self, handed: bool) -> Result<Step> {
         let db = &self.inner.db;
-        let (name, owner) = (self.request.name.as_str(), self.request.owner.as_str());
+        let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         let kind = self.request.kind;
         if self.busy_before && !handed {
             // Waiting: look before locking the row, while a writer or a reservation refuses.
@@ -192,7 +192,7 @@ impl SqlAttempt {
 impl Attempt for SqlAttempt {
     async fn poll(&mut self) -> Result<Step> {
         let db = &self.inner.db;
-        let (name, owner) = (self.request.name.as_str(), self.request.owner.as_str());
+        let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         if self.request.mode == AttemptMode::Wait {
             // Subscribe before the statement is sent, so that no release after it is missed.
             match &mut self.subscription {
@@ -270,7 +270,7 @@ impl Attempt for SqlAttempt {
             return Ok(());
         }
         let db = &self.inner.db;
-        let (name, owner) = (self.request.name.as_str(), self.request.owner.as_str());
+        let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         let kind = self.request.kind;
         if kind != LockKind::Exclusive {
             if self.maybe_owned {

@@ -16,7 +16,7 @@ use crate::holds::HeldBy;
 pub(crate) struct SqlLease {
     pub(crate) inner: Arc<Inner>,
     pub(crate) name: LockName,
-    pub(crate) owner: String,
+    pub(crate) owner: Arc<str>,
     /// The version the acquisition set: the fencing token.
     pub(crate) version: i64,
     /// How it is held.

@@ -212,7 +212,7 @@
 //!
 //! | fencing | fairness | wake-up | loss detection |
 //! |---|---|---|---|
-//! | `Linearizable`: the holder node's `czxid` | FIFO (sequence order; readers behind a waiting writer wait) | watch on the predecessor (a reader: the latest writer ahead; the first permit waiter: the children) | session state + watch on the own node + renewal |
+//! | `Linearizable`: the holder node's `czxid` | FIFO (sequence order; readers behind a waiting writer wait) | watch on the predecessor (a reader: the latest writer ahead; the first permit waiter: the children) | session state (one watch per session) + renewal (a node removed behind its holder: the next renewal) |
 //!
 //! Tokens strictly increase per name: nodes are granted in sequence order, which is `czxid`
 //! order, and zxids only grow, also across server restarts (the epoch is in the high bits).
