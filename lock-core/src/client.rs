@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use rand::Rng;
-use tracing::{Instrument, debug};
+use tracing::{Instrument, debug, warn};
 
 use crate::backend::{
     AcquireRequest, Attempt, AttemptMode, LockBackend, MAX_IMMEDIATE_POLLS, NEXT_IN_LINE_MAX_POLL,
@@ -176,10 +176,12 @@ impl<B: LockBackend> LockClient<B> {
         let op_timeout = self.inner.config.operation_timeout;
         let metrics = self.inner.instruments.handles(&name);
         let mut attempt = AttemptCleanup::new(
-            self.inner.backend.begin(request),
+            self.inner.backend.begin(request.clone()),
             op_timeout,
             metrics.clone(),
         );
+        // Grants that came back after the lease they grant had run out, in a row.
+        let mut late_grants = 0_u32;
         let mut pacing = Pacing::new(options, self.inner.caps.wake_up);
         let mut report = WaitReport::default();
         let mut last_error: Option<Error>;
@@ -197,8 +199,26 @@ impl<B: LockBackend> LockClient<B> {
             let delay = match step {
                 Ok(Step::Acquired(acquired)) => {
                     attempt.disarm();
-                    metrics.acquired(started, woken.filter(|_| waiting.is_some()));
                     let lease_started = acquired.lease_started.map_or(sent, |s| s.min(sent));
+                    let ttl = options.ttl;
+                    if Instant::now() >= lease_started + ttl - self.inner.config.drift(ttl)
+                        && late_grants < MAX_LATE_GRANTS
+                    {
+                        // The answer came after the lease it grants had run out (the process
+                        // was paused, or the answer held up past the ttl): somebody else may
+                        // hold the lock by now. Never handed out as a guard: released (it may
+                        // still be ours) and asked for again, with a new attempt.
+                        late_grants += 1;
+                        warn!(name = %name, ttl = ?ttl, late = ?lease_started.elapsed(), "a grant came back after its lease ran out: not used, asking again");
+                        release_late_grant(acquired.lease, op_timeout);
+                        attempt = AttemptCleanup::new(
+                            self.inner.backend.begin(request.clone()),
+                            op_timeout,
+                            metrics.clone(),
+                        );
+                        continue;
+                    }
+                    metrics.acquired(started, woken.filter(|_| waiting.is_some()));
                     return Ok(Some(LockGuard::start(NewGuard {
                         name,
                         kind: options.kind,
@@ -267,6 +287,24 @@ impl<B: LockBackend> LockClient<B> {
             }
         }
     }
+}
+
+/// How many grants in a row may come back too late ([`LockClient::acquire_fresh`]) before one
+/// is handed out anyway, already lost (`is_lost()`), so that an acquisition whose every answer
+/// takes longer than its ttl still ends.
+const MAX_LATE_GRANTS: u32 = 3;
+
+/// Releases, in the background and once, a lease that was granted too late to be used.
+fn release_late_grant(lease: Box<dyn crate::Lease>, timeout: Duration) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    handle.spawn(async move {
+        let released = within(timeout, "releasing a late grant", lease.release()).await;
+        if let Err(err) = released.and_then(|answer| answer) {
+            debug!(%err, "a late grant was not released; its ttl frees it");
+        }
+    });
 }
 
 /// The owner value of one acquisition: a random v4 UUID from the thread-local generator (no
