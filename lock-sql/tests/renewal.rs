@@ -68,10 +68,12 @@ async fn floor(counter: &dyn Counter) -> u64 {
     counter.read().await.saturating_sub(before)
 }
 
-/// K = 1,000 locks held on the database of `url` (whose lock table, `table`, is dropped at
-/// the end), between two idle floors: asserts that batching costs about ceil(K / max_batch)
-/// requests per interval (and at least that many: the renewals were counted), and that no
-/// lock is lost.
+/// K locks held on the database of `url` (whose lock table, `table`, is dropped at the end),
+/// between two idle floors: asserts that batching costs about ceil(K / max_batch) requests per
+/// interval (and at least that many: the renewals were counted), and that no lock is lost.
+/// K is at least twice the batch size: with a single batch per interval the renewals hide in
+/// the server's idle background, which varies by more than that (PostgreSQL, 2026-11-26:
+/// floors of 203 and 13 around a window that counted 12).
 async fn batched(url: &str, table: &str, max_batch: u64, counter: &dyn Counter, label: &str) {
     // One database at a time: each counts the requests of the whole server.
     static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -82,7 +84,9 @@ async fn batched(url: &str, table: &str, max_batch: u64, counter: &dyn Counter, 
         .expect("connect");
     let pool = backend.pool();
     let client = LockClient::with_config(backend, config).expect("client");
-    let k = 1000_usize;
+    let k = usize::try_from(max_batch * 2)
+        .unwrap_or(usize::MAX)
+        .max(1000);
     let idle = floor(counter).await;
     let (batch, lost) = hold(&client, &unique("batch"), k, counter).await;
     let idle2 = floor(counter).await;
@@ -106,8 +110,9 @@ async fn batched(url: &str, table: &str, max_batch: u64, counter: &dyn Counter, 
          (floor {idle}/{idle2})",
         expected * INTERVALS
     );
+    // The renewals alone: the background may be lower in the window than in either floor.
     assert!(
-        batch >= expected * (INTERVALS - 1) + idle.min(idle2),
+        batch >= expected * (INTERVALS - 1),
         "{label} K={k}: only {batch} requests in {INTERVALS} intervals: the renewals were \
          not counted (floor {idle}/{idle2})"
     );
