@@ -7,8 +7,9 @@
 #   cargo fmt --all -- --check
 #   cargo clippy --workspace --all-targets --all-features -- -D warnings
 #   cargo clippy -p distlock-sql --no-default-features --features F --all-targets (each database alone)
-#   cargo clippy -p distlock|distlock-cli --no-default-features [--features F] --all-targets
-#     (no backend, then each backend alone; and distlock with only `blocking`)
+#   cargo clippy -p distlock -p distlock-cli --no-default-features [--features F] --all-targets
+#     (no backend, then each backend alone, both packages in one pass; and distlock with only
+#     `blocking`)
 #   cargo +RUST_VERSION check --workspace --all-features --all-targets (the declared
 #     rust-version; the toolchain is installed with rustup on first use)
 #   RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --all-features --no-deps
@@ -154,14 +155,15 @@ lint_sql_features() {
 run_step clippy-sql-features lint_sql_features
 # The facade and the CLI with no backend and with each backend alone: the "feature off" paths
 # (a URL whose backend is not compiled in, tests gated on a feature) must build and lint.
+# Both packages in one invocation per feature: the CLI's build checks the facade with the same
+# feature anyway (it enables only `distlock/<feature>`), so one pass lints both.
 lint_each_feature() {
-  local package feature
-  for package in distlock distlock-cli; do
-    cargo clippy -p "$package" --no-default-features --all-targets -- -D warnings || return
-    for feature in sqlite postgres mysql redis etcd zookeeper zookeeper-tls zookeeper-sasl; do
-      cargo clippy -p "$package" --no-default-features --features "$feature" --all-targets \
-        -- -D warnings || return
-    done
+  local feature
+  cargo clippy -p distlock -p distlock-cli --no-default-features --all-targets -- -D warnings ||
+    return
+  for feature in sqlite postgres mysql redis etcd zookeeper zookeeper-tls zookeeper-sasl; do
+    cargo clippy -p distlock -p distlock-cli --no-default-features --features "$feature" \
+      --all-targets -- -D warnings || return
   done
   # The facade's feature that is not a backend: distlock::blocking alone.
   cargo clippy -p distlock --no-default-features --features blocking --all-targets -- -D warnings
