@@ -143,6 +143,18 @@ struct State {
     groups: HashMap<usize, Group>,
 }
 
+impl State {
+    /// Forgets loss group `id` once it has no member, and ends its waiting future.
+    fn end_group_if_empty(&mut self, id: usize) {
+        if let Some(group) = self.groups.get(&id)
+            && group.members.is_empty()
+        {
+            group.ended.flag(0).raise();
+            self.groups.remove(&id);
+        }
+    }
+}
+
 impl Watchdog {
     /// Starts watching a new guard.
     pub(crate) fn watch(&self, held: &Entry) {
@@ -180,10 +192,7 @@ impl Watchdog {
             && let Some(group) = state.groups.get_mut(&id)
         {
             group.members.remove(&member_key(held));
-            if group.members.is_empty() {
-                group.ended.flag(0).raise();
-                state.groups.remove(&id);
-            }
+            state.end_group_if_empty(id);
         }
     }
 
@@ -259,10 +268,7 @@ impl Watchdog {
                 lost.extend(held.upgrade());
                 false
             });
-            if group.members.is_empty() {
-                group.ended.flag(0).raise();
-                state.groups.remove(&id);
-            }
+            state.end_group_if_empty(id);
             lost
         };
         for held in lost {

@@ -174,4 +174,9 @@ async fn a_held_guard_costs_the_core_a_bounded_heap() {
         "a shared loss source costs {} B per guard",
         shared - plain
     );
+    // What the shared source is for: cheaper than a future of its own per guard.
+    assert!(
+        shared < own,
+        "a shared source ({shared} B) is no cheaper than a future each ({own} B)"
+    );
 }
