@@ -34,7 +34,15 @@ use crate::LossReason;
 /// ```
 #[derive(Clone, Debug)]
 pub struct LossEpochs {
-    tx: Arc<watch::Sender<(u64, Option<LossReason>)>>,
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    tx: watch::Sender<(u64, Option<LossReason>)>,
+    /// The latest event that carried a reason, and its epoch: a later event without one
+    /// does not hide it from a guard that joins afterwards. Written with the event.
+    last_loss: std::sync::Mutex<Option<(u64, LossReason)>>,
 }
 
 impl Default for LossEpochs {
@@ -47,18 +55,21 @@ impl LossEpochs {
     /// A new source, at epoch 0, with no event yet.
     pub fn new() -> Self {
         Self {
-            tx: Arc::new(watch::Sender::new((0, None))),
+            inner: Arc::new(Inner {
+                tx: watch::Sender::new((0, None)),
+                last_loss: std::sync::Mutex::new(None),
+            }),
         }
     }
 
     /// The current epoch: a lease taken now is lost by the next event that carries a reason.
     pub fn current(&self) -> u64 {
-        self.tx.borrow().0
+        self.inner.tx.borrow().0
     }
 
     /// The reason of the latest event (`None` before the first, or if it carried none).
     pub fn reason(&self) -> Option<LossReason> {
-        self.tx.borrow().1.clone()
+        self.inner.tx.borrow().1.clone()
     }
 
     /// Starts a new epoch. With `Some(reason)`, every guard taken in an earlier epoch is lost
@@ -67,20 +78,29 @@ impl LossEpochs {
     /// cannot tell, without ending anything): guards taken before are not lost by it, and
     /// waiters on [`Self::subscribe`] are woken.
     pub fn lose(&self, reason: Option<LossReason>) {
-        self.tx.send_modify(|(epoch, why)| {
+        self.inner.tx.send_modify(|(epoch, why)| {
             *epoch += 1;
+            if let Some(reason) = &reason {
+                *crate::backend::unpoisoned(&self.inner.last_loss) = Some((*epoch, reason.clone()));
+            }
             *why = reason;
         });
+    }
+
+    /// The latest event that carried a reason, with its epoch: a guard taken in an earlier
+    /// epoch is lost by it, whatever events without a reason came after.
+    pub(crate) fn last_loss(&self) -> Option<(u64, LossReason)> {
+        crate::backend::unpoisoned(&self.inner.last_loss).clone()
     }
 
     /// A receiver of the `(epoch, reason)` events, the current one marked seen: for a backend
     /// that needs to wait for one event by itself (outside the watchdog).
     pub fn subscribe(&self) -> watch::Receiver<(u64, Option<LossReason>)> {
-        self.tx.subscribe()
+        self.inner.tx.subscribe()
     }
 
     /// Identifies the source (the same for every clone), to group guards by it.
     pub(crate) fn id(&self) -> usize {
-        Arc::as_ptr(&self.tx) as usize
+        Arc::as_ptr(&self.inner).cast::<()>() as usize
     }
 }

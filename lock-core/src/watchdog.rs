@@ -218,13 +218,14 @@ impl Watchdog {
         if let Some(ended) = started {
             // Subscribed now, before any later event: none is missed.
             let events = epochs.subscribe();
-            self.watch_loss(Box::pin(self.clone().wait_group(id, events, ended)));
+            let waiting = self.clone().wait_group(id, epochs.clone(), events, ended);
+            self.watch_loss(Box::pin(waiting));
         }
-        // An event between the lease's epoch and its joining.
-        if epochs.current() > since
-            && let Some(reason) = epochs.reason()
+        // A loss between the lease's epoch and its joining.
+        if let Some((at, reason)) = epochs.last_loss()
+            && at > since
         {
-            self.lose_members(id, epochs.current(), &reason);
+            self.lose_members(id, at, &reason);
         }
     }
 
@@ -233,6 +234,7 @@ impl Watchdog {
     async fn wait_group(
         self,
         id: usize,
+        epochs: LossEpochs,
         mut events: tokio::sync::watch::Receiver<(u64, Option<LossReason>)>,
         ended: Arc<Flags>,
     ) {
@@ -242,14 +244,14 @@ impl Watchdog {
                 () = ended.flag(0).raised() => return,
                 changed = events.changed() => {
                     if changed.is_err() {
-                        // Every clone of the source is gone: it cannot fire any more.
+                        // Not while `epochs` is held; ends rather than spinning if it were.
                         return;
                     }
                 }
             }
-            let (epoch, reason) = events.borrow_and_update().clone();
-            if let Some(reason) = reason {
-                self.lose_members(id, epoch, &reason);
+            events.mark_unchanged();
+            if let Some((at, reason)) = epochs.last_loss() {
+                self.lose_members(id, at, &reason);
             }
         }
     }

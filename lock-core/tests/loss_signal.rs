@@ -204,3 +204,33 @@ async fn a_shared_source_ends_the_guards_taken_before_its_event_only() {
         assert_eq!(reason, LossReason::Failover);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loss_before_the_guard_joined_ends_it_even_after_a_later_reasonless_event() {
+    let epochs = LossEpochs::new();
+    // Every lease says it was taken in epoch 0.
+    let wrap: common::Wrap = Arc::new({
+        let epochs = epochs.clone();
+        move |inner| {
+            Box::new(EpochLease {
+                inner,
+                since: 0,
+                epochs: epochs.clone(),
+            })
+        }
+    });
+    let client = LockClient::new(common::Wrapping::new(&MemoryStore::new(), wrap));
+    let opts = AcquireOptions::default().with_ttl(Duration::from_secs(30));
+    // The loss, then an event without a reason, both before the guard starts.
+    epochs.lose(Some(LossReason::SessionExpired));
+    epochs.lose(None);
+    let guard = client
+        .try_acquire("joined-late", &opts)
+        .await
+        .unwrap()
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("the earlier loss reached the guard");
+    assert_eq!(reason, LossReason::SessionExpired);
+}
