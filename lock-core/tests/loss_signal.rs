@@ -140,21 +140,27 @@ impl Lease for EpochLease {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shared_source_ends_the_guards_taken_before_its_event_only() {
-    const LOCKS: usize = 100;
-    let epochs = LossEpochs::new();
+/// A client whose leases are on `epochs`, each taken in the source's epoch of its creation,
+/// or in `since` if given.
+fn epoch_client(epochs: &LossEpochs, since: Option<u64>) -> LockClient<common::Wrapping> {
     let wrap: common::Wrap = Arc::new({
         let epochs = epochs.clone();
         move |inner| {
             Box::new(EpochLease {
                 inner,
-                since: epochs.current(),
+                since: since.unwrap_or_else(|| epochs.current()),
                 epochs: epochs.clone(),
             })
         }
     });
-    let client = LockClient::new(common::Wrapping::new(&MemoryStore::new(), wrap));
+    LockClient::new(common::Wrapping::new(&MemoryStore::new(), wrap))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_source_ends_the_guards_taken_before_its_event_only() {
+    const LOCKS: usize = 100;
+    let epochs = LossEpochs::new();
+    let client = epoch_client(&epochs, None);
     let opts = AcquireOptions::default().with_ttl(Duration::from_secs(30));
     let take = |prefix: &'static str| {
         let client = client.clone();
@@ -209,17 +215,7 @@ async fn a_shared_source_ends_the_guards_taken_before_its_event_only() {
 async fn a_loss_before_the_guard_joined_ends_it_even_after_a_later_reasonless_event() {
     let epochs = LossEpochs::new();
     // Every lease says it was taken in epoch 0.
-    let wrap: common::Wrap = Arc::new({
-        let epochs = epochs.clone();
-        move |inner| {
-            Box::new(EpochLease {
-                inner,
-                since: 0,
-                epochs: epochs.clone(),
-            })
-        }
-    });
-    let client = LockClient::new(common::Wrapping::new(&MemoryStore::new(), wrap));
+    let client = epoch_client(&epochs, Some(0));
     let opts = AcquireOptions::default().with_ttl(Duration::from_secs(30));
     // The loss, then an event without a reason, both before the guard starts.
     epochs.lose(Some(LossReason::SessionExpired));
