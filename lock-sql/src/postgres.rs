@@ -108,6 +108,16 @@ fn statements(table: &str) -> (Sql, Arc<str>, HolderSql) {
 
 /// The batched renewal (see [`crate::renew`]). ARGS: names, owners, versions, ttls (µs), as
 /// arrays. Returns the 1-based position of each renewed lease.
+///
+/// The lease check compares with `(SELECT now())`, not `now()`: the planner estimates
+/// `expires_at > now()` from the table's statistics, which, on a table whose last analyze
+/// saw only expired leases (a table with history, before a client takes thousands of
+/// locks), say that about one row is live. It then scanned the table for the live rows and
+/// compared each with every name of the batch (a nested loop with a join filter): 2.5 s for
+/// one batch of 1,024 with 10,000 locks held (PostgreSQL 15, 60,000 rows), so every lock of
+/// the client was lost at a 3 s ttl. A comparison with a sub-select's value is estimated
+/// without the statistics, and the plan becomes a lookup by name per lease (or a hash join):
+/// 16-19 ms for the same batch.
 fn renew_many_sql(table: &str) -> Arc<str> {
     let t = quote(table, '"');
     format!(
@@ -115,7 +125,7 @@ fn renew_many_sql(table: &str) -> Arc<str> {
          FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) \
          WITH ORDINALITY AS v(name, owner, version, ttl, i) \
          WHERE l.name = v.name AND l.owner = v.owner AND l.version = v.version \
-         AND l.expires_at > now() RETURNING v.i"
+         AND l.expires_at > (SELECT now()) RETURNING v.i"
     )
     .into()
 }

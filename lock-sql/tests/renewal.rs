@@ -30,6 +30,21 @@ trait Counter: Send + Sync {
     async fn read(&self) -> u64;
 }
 
+/// `names` acquired by `client` in waves of 50: quick, and spread over less than a renewal
+/// interval.
+async fn acquire_in_waves<B: LockBackend>(
+    client: &LockClient<B>,
+    names: &[String],
+    opts: &AcquireOptions,
+) -> Vec<LockGuard> {
+    let mut guards = Vec::with_capacity(names.len());
+    for wave in names.chunks(50) {
+        let taken = join_all(wave.iter().map(|name| client.acquire(name, opts))).await;
+        guards.extend(taken.into_iter().map(|g| g.expect("acquire")));
+    }
+    guards
+}
+
 /// `k` locks held by `client` for [`INTERVALS`] renewal intervals (after their schedules
 /// aligned): the requests `counter` saw meanwhile, and how many locks were lost.
 async fn hold<B: LockBackend>(
@@ -40,12 +55,7 @@ async fn hold<B: LockBackend>(
 ) -> (u64, usize) {
     let opts = AcquireOptions::default().with_ttl(TTL);
     let names: Vec<String> = (0..k).map(|i| format!("{prefix}-{i}")).collect();
-    let mut guards: Vec<LockGuard> = Vec::with_capacity(k);
-    // In waves of 50: quick, and spread over less than an interval.
-    for wave in names.chunks(50) {
-        let taken = join_all(wave.iter().map(|name| client.acquire(name, &opts))).await;
-        guards.extend(taken.into_iter().map(|g| g.expect("acquire")));
-    }
+    let guards = acquire_in_waves(client, &names, &opts).await;
     // Two rounds align the schedules (see lock-core's watchdog); one more settles.
     tokio::time::sleep(3 * INTERVAL).await;
     let before = counter.read().await;
@@ -61,6 +71,10 @@ async fn hold<B: LockBackend>(
     (after.saturating_sub(before), lost)
 }
 
+/// One measurement at a time: each counts the requests of the whole server, and the
+/// thousands of renewals of one would be counted by another.
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The idle floor: the requests `counter` sees in as long as [`hold`] counts.
 async fn floor(counter: &dyn Counter) -> u64 {
     let before = counter.read().await;
@@ -75,8 +89,6 @@ async fn floor(counter: &dyn Counter) -> u64 {
 /// the server's idle background, which varies by more than that (PostgreSQL, 2026-11-26:
 /// floors of 203 and 13 around a window that counted 12).
 async fn batched(url: &str, table: &str, max_batch: u64, counter: &dyn Counter, label: &str) {
-    // One database at a time: each counts the requests of the whole server.
-    static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let _alone = ALONE.lock().await;
     let config = ClientConfig::default().with_operation_timeout(Duration::from_secs(5));
     let backend = SqlBackend::connect(distlock_sql::SqlConfig::from_url(url).expect("url"))
@@ -201,6 +213,45 @@ mod postgres {
     async fn forced_release_in_a_batch() {
         let Some(url) = url() else { return };
         one_forced_release_is_lost_alone(&url).await;
+    }
+
+    /// A lock table with history: 50,000 expired leases, analyzed, so that its statistics
+    /// say no lease is live. 4,096 locks taken on it with a 2 s ttl (4 batches, renewed every
+    /// 667 ms) all stay held for 3 ttls. When the renewal's lease check was estimated from
+    /// those statistics, each batch compared every live row with every name of the batch
+    /// (about 1 s per batch with 4,096 held; 2.5 s with 10,000), and the locks were lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_table_with_history_keeps_thousands_of_locks() {
+        const K: usize = 4096;
+        const TTL: Duration = Duration::from_secs(2);
+        let Some(url) = url() else { return };
+        let _alone = ALONE.lock().await;
+        let table = unique("history");
+        let client = common::client_with(&format!("{url}&table={table}"), TTL).await;
+        let pool = client.backend_ref().pool();
+        common::exec(
+            &pool,
+            format!(
+                "INSERT INTO {table} (name, owner, version, expires_at) SELECT 'old-' || g, \
+                 NULL, 1, now() - interval '1 hour' FROM generate_series(1, 50000) g"
+            ),
+        )
+        .await;
+        common::exec(&pool, format!("ANALYZE {table}")).await;
+        let prefix = unique("history");
+        let opts = AcquireOptions::default().with_ttl(TTL);
+        let names: Vec<String> = (0..K).map(|i| format!("{prefix}-{i}")).collect();
+        let guards = acquire_in_waves(&client, &names, &opts).await;
+        tokio::time::sleep(3 * TTL).await;
+        let lost: Vec<LossReason> = guards.iter().filter_map(LockGuard::loss_reason).collect();
+        assert!(
+            lost.is_empty(),
+            "{} of {K} locks lost on a table with history ({:?} first)",
+            lost.len(),
+            lost.first()
+        );
+        join_all(guards.into_iter().map(LockGuard::release)).await;
+        common::exec(&pool, format!("DROP TABLE {table}")).await;
     }
 }
 
