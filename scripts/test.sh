@@ -18,10 +18,9 @@
 #     served by a local overlay registry; in target/publish-dry-run; needs the crates.io index;
 #     about 2.5 min cold, 50 s with the third-party crates already built)
 #   cargo test --workspace --all-features, as lanes (run_tests below): the doctests and the
-#     test binaries of the crates that stop no server first, then the binaries of each backend
-#     crate (Redis, etcd, ZooKeeper, SQL), one lane after another, or in parallel with
-#     DISTLOCK_TEST_PARALLEL_LANES=1 (each backend's tests stop and start only its own
-#     servers; on a 2-core machine parallel lanes starve the timing cases, see run_tests)
+#     test binaries of the crates that stop no server first, then the four backends'
+#     conformance suites at once (each stops and starts only its own servers), then the other
+#     binaries of each backend crate (Redis, etcd, ZooKeeper, SQL), one lane after another
 # Every step runs even when an earlier one failed (so one run reports everything); the script
 # exits with the exit code of the first failing step (or of the server start-up), 0 otherwise.
 # The servers are stopped on exit, also on failure or interruption, unless all of them were
@@ -201,13 +200,20 @@ publish_dry_run() {
 run_step publish-dry-run publish_dry_run
 # run_tests [ARGS...]: the workspace's tests. With ARGS, plain `cargo test --workspace
 # --all-features ARGS`. Without, the same tests in lanes: cargo builds every test binary once
-# (--no-run), then they run as cargo would run them (from their package's directory): the
-# doctests and the binaries of the crates that stop no server first (the CLI's tests use the
-# Redis and SQL servers that the backend crates' fault cases stop), then one lane per backend
-# crate. Each lane's output is printed when it ends, with its time. The backend lanes run in
-# parallel only with DISTLOCK_TEST_PARALLEL_LANES=1: on the 2-core CI machine four parallel
-# lanes took 615 s instead of about 1,100 s but failed 12 timing cases (1,000 locks renewed
-# every ttl/3 fell behind; PostgreSQL TLS connections timed out at 2 s).
+# (--no-run), then they run as cargo would run them (from their package's directory), each
+# binary's time in its lane's output (printed when the lane ends, with the lane's time):
+#   1. the doctests, and the binaries of the crates that stop no server (lane "shared": the
+#      CLI's tests use the Redis and SQL servers that the backend crates' fault cases stop);
+#   2. the four conformance binaries (Redis, etcd, ZooKeeper, SQL) at once, one lane each: they
+#      mostly wait out ttls, each stops and starts only its own backend's servers, and within
+#      a binary the disruptive cases run alone (conformance-tests' `Turns`), and the cases
+#      holding 10,000 locks take turns across the binaries (`scale_turn`). On the 2-core CI
+#      machine: 197 s at once against 615 s one after another.
+#      DISTLOCK_TEST_PARALLEL_CONFORMANCE=0 runs them one after another;
+#   3. the other binaries of each backend crate, one lane after another: they measure server
+#      requests and renewal timing with 1,000 locks (batched_renewal, renewal) or kill
+#      topology members (failover, ensemble); run next to each other they fell behind (four
+#      whole lanes at once: 12 timing cases failed).
 run_tests() {
   if (($#)); then
     cargo test --workspace --all-features "$@"
@@ -232,45 +238,61 @@ for line in sys.stdin:
     print(lane, root, msg["executable"], sep="\t")
 ') || return
   lanes_dir=$(mktemp -d)
+  # run_lane LANE PART: the binaries of LANE, PART = all, conformance or other (not
+  # conformance); output and time in $lanes_dir/LANE-PART.{log,rc}.
   run_lane() {
-    local lane=$1 t0 lane_rc=0 l root exe
+    local lane=$1 part=$2 t0 lane_rc=0 l root exe name
     t0=$(now_ms)
-    : >"$lanes_dir/$lane.log"
+    : >"$lanes_dir/$lane-$part.log"
     while IFS=$'\t' read -r l root exe; do
       [[ $l == "$lane" ]] || continue
-      echo "---- $lane: ${exe##*/}" >>"$lanes_dir/$lane.log"
+      name=${exe##*/}
+      case $part in
+        conformance) [[ $name == conformance-* ]] || continue ;;
+        other) [[ $name != conformance-* ]] || continue ;;
+      esac
+      echo "---- $lane: $name" >>"$lanes_dir/$lane-$part.log"
       # The conformance suites mostly wait out ttls, and their disruptive cases run alone
       # (conformance-tests' `Turns`): more test threads than cores overlap the waits.
-      local args=()
-      [[ ${exe##*/} != conformance-* ]] || args=(--test-threads="${DISTLOCK_CONFORMANCE_THREADS:-6}")
-      (cd "$root" && CARGO_MANIFEST_DIR=$root "$exe" "${args[@]}") >>"$lanes_dir/$lane.log" 2>&1 || lane_rc=$?
+      local args=() b0 brc=0
+      [[ $name != conformance-* ]] || args=(--test-threads="${DISTLOCK_CONFORMANCE_THREADS:-6}")
+      b0=$(now_ms)
+      (cd "$root" && CARGO_MANIFEST_DIR=$root "$exe" "${args[@]}") >>"$lanes_dir/$lane-$part.log" 2>&1 || brc=$?
+      ((brc == 0)) || lane_rc=$brc
+      echo "---- $lane: $name: exit $brc in $(fmt_ms "$(($(now_ms) - b0))")" >>"$lanes_dir/$lane-$part.log"
     done <<<"$plan"
-    echo "$lane_rc $(fmt_ms "$(($(now_ms) - t0))")" >"$lanes_dir/$lane.rc"
+    echo "$lane_rc $(fmt_ms "$(($(now_ms) - t0))")" >"$lanes_dir/$lane-$part.rc"
   }
   show_lane() {
-    local lane=$1 result
-    result=$(cat "$lanes_dir/$lane.rc")
-    cat "$lanes_dir/$lane.log" >&2
-    echo "==> test.sh: lane $lane: exit ${result% *} in ${result#* }" >&2
+    local lane=$1 part=$2 result
+    result=$(cat "$lanes_dir/$lane-$part.rc")
+    cat "$lanes_dir/$lane-$part.log" >&2
+    echo "==> test.sh: lane $lane ($part): exit ${result% *} in ${result#* }" >&2
     [[ ${result% *} == 0 ]] || rc=1
   }
+  local backends=(redis etcd zookeeper sql) lane pids=() t0
   cargo test --workspace --all-features --doc || rc=$?
-  run_lane shared
-  show_lane shared
-  local lane pids=()
-  if [[ ${DISTLOCK_TEST_PARALLEL_LANES:-0} == 1 ]]; then
-    for lane in redis etcd zookeeper sql; do
-      run_lane "$lane" &
+  run_lane shared all
+  show_lane shared all
+  t0=$(now_ms)
+  if [[ ${DISTLOCK_TEST_PARALLEL_CONFORMANCE:-1} == 1 ]]; then
+    for lane in "${backends[@]}"; do
+      run_lane "$lane" conformance &
       pids+=("$!")
     done
     wait "${pids[@]}" || true
-    for lane in redis etcd zookeeper sql; do show_lane "$lane"; done
+    for lane in "${backends[@]}"; do show_lane "$lane" conformance; done
   else
-    for lane in redis etcd zookeeper sql; do
-      run_lane "$lane"
-      show_lane "$lane"
+    for lane in "${backends[@]}"; do
+      run_lane "$lane" conformance
+      show_lane "$lane" conformance
     done
   fi
+  echo "==> test.sh: conformance suites: $(fmt_ms "$(($(now_ms) - t0))")" >&2
+  for lane in "${backends[@]}"; do
+    run_lane "$lane" other
+    show_lane "$lane" other
+  done
   rm -rf "$lanes_dir"
   return "$rc"
 }
