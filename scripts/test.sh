@@ -18,9 +18,9 @@
 #     served by a local overlay registry; in target/publish-dry-run; needs the crates.io index;
 #     about 2.5 min cold, 50 s with the third-party crates already built)
 #   cargo test --workspace --all-features, as lanes (run_tests below): the doctests and the
-#     test binaries of the crates that stop no server first, then the four backends'
-#     conformance suites at once (each stops and starts only its own servers), then the other
-#     binaries of each backend crate (Redis, etcd, ZooKeeper, SQL), one lane after another
+#     test binaries of the crates that stop no server first, then the backend crates'
+#     conformance suites, then their other binaries: Redis's alone, then etcd's, ZooKeeper's
+#     and SQL's at once (each stops and starts only its own servers)
 # Every step runs even when an earlier one failed (so one run reports everything); the script
 # exits with the exit code of the first failing step (or of the server start-up), 0 otherwise.
 # The servers are stopped on exit, also on failure or interruption, unless all of them were
@@ -204,16 +204,17 @@ run_step publish-dry-run publish_dry_run
 # binary's time in its lane's output (printed when the lane ends, with the lane's time):
 #   1. the doctests, and the binaries of the crates that stop no server (lane "shared": the
 #      CLI's tests use the Redis and SQL servers that the backend crates' fault cases stop);
-#   2. the four conformance binaries (Redis, etcd, ZooKeeper, SQL) at once, one lane each: they
-#      mostly wait out ttls, each stops and starts only its own backend's servers, and within
-#      a binary the disruptive cases run alone (conformance-tests' `Turns`), and the cases
-#      holding 10,000 locks take turns across the binaries (`scale_turn`). On the 2-core CI
-#      machine: 197 s at once against 615 s one after another.
-#      DISTLOCK_TEST_PARALLEL_CONFORMANCE=0 runs them one after another;
-#   3. the other binaries of each backend crate, one lane after another: they measure server
-#      requests and renewal timing with 1,000 locks (batched_renewal, renewal) or kill
-#      topology members (failover, ensemble); run next to each other they fell behind (four
-#      whole lanes at once: 12 timing cases failed).
+#   2. the conformance binaries, then the other binaries, of the backend crates: Redis's
+#      alone, then etcd's, ZooKeeper's and SQL's at once (one lane each). Each backend's tests
+#      stop and start only its own servers and mostly wait out ttls; within a conformance
+#      binary the disruptive cases run alone (conformance-tests' `Turns`), and the cases
+#      holding 10,000 locks take turns across the binaries (`scale_turn`). Redis runs alone
+#      because its paused-waiter cases fail under CPU load (a SIGSTOPped waiter, resumed,
+#      reported a grant while the next holder held the lock: 2 of 8 and 2 of 14 runs next to
+#      busy loops, 1 of 5 runs with the four suites at once; an open bug). On the 2-core CI
+#      machine the four conformance binaries took 615 s one after another (Redis 188, SQL
+#      160, ZooKeeper 134, etcd 133) and 197-237 s all at once.
+#      DISTLOCK_TEST_PARALLEL_LANES=0 runs every lane one after another.
 run_tests() {
   if (($#)); then
     cargo test --workspace --all-features "$@"
@@ -270,28 +271,31 @@ for line in sys.stdin:
     echo "==> test.sh: lane $lane ($part): exit ${result% *} in ${result#* }" >&2
     [[ ${result% *} == 0 ]] || rc=1
   }
-  local backends=(redis etcd zookeeper sql) lane pids=() t0
+  # run_group PART LANE...: PART of the LANEs at once (one after another with
+  # DISTLOCK_TEST_PARALLEL_LANES=0), then their output.
+  run_group() {
+    local part=$1 lane pids=()
+    shift
+    for lane in "$@"; do
+      if [[ ${DISTLOCK_TEST_PARALLEL_LANES:-1} == 1 ]]; then
+        run_lane "$lane" "$part" &
+        pids+=("$!")
+      else
+        run_lane "$lane" "$part"
+      fi
+    done
+    wait "${pids[@]}" || true
+    for lane in "$@"; do show_lane "$lane" "$part"; done
+  }
+  local part t0
   cargo test --workspace --all-features --doc || rc=$?
   run_lane shared all
   show_lane shared all
-  t0=$(now_ms)
-  if [[ ${DISTLOCK_TEST_PARALLEL_CONFORMANCE:-1} == 1 ]]; then
-    for lane in "${backends[@]}"; do
-      run_lane "$lane" conformance &
-      pids+=("$!")
-    done
-    wait "${pids[@]}" || true
-    for lane in "${backends[@]}"; do show_lane "$lane" conformance; done
-  else
-    for lane in "${backends[@]}"; do
-      run_lane "$lane" conformance
-      show_lane "$lane" conformance
-    done
-  fi
-  echo "==> test.sh: conformance suites: $(fmt_ms "$(($(now_ms) - t0))")" >&2
-  for lane in "${backends[@]}"; do
-    run_lane "$lane" other
-    show_lane "$lane" other
+  for part in conformance other; do
+    t0=$(now_ms)
+    run_group "$part" redis
+    run_group "$part" etcd zookeeper sql
+    echo "==> test.sh: backend binaries ($part): $(fmt_ms "$(($(now_ms) - t0))")" >&2
   done
   rm -rf "$lanes_dir"
   return "$rc"

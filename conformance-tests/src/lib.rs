@@ -278,8 +278,8 @@ pub const SCALE_LOCKS: usize = 10_000;
 /// The machine-wide turn of a case that holds [`SCALE_LOCKS`] locks, held until the returned
 /// file is dropped (or its process ends).
 ///
-/// `scripts/test.sh` runs the four backends' conformance binaries at once: they mostly wait
-/// out ttls. A case holding 10,000 locks is the suite's heaviest load on a client and its
+/// `scripts/test.sh` runs the conformance binaries of etcd, ZooKeeper and SQL at once: they
+/// mostly wait out ttls. A case holding 10,000 locks is the suite's heaviest load on a client and its
 /// server (10,000 acquisitions, then renewal rounds at a 3 s ttl on SQL and ZooKeeper), and
 /// two of them at once on a 2-core machine is where a renewal round would most likely miss
 /// its ttl. So these cases take turns across processes, through an exclusive lock on a file
