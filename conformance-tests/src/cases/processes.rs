@@ -132,7 +132,7 @@ async fn stopped_waiter(ctx: Ctx, signal: Signal) -> Outcome {
     if signal == Signal::SIGKILL {
         child.kill().await;
     } else {
-        child.signal(signal);
+        child.pause(CHILD_START).await;
     }
     let Held { guard, client } = next_takes_over(&ctx, holder, next).await;
     if signal == Signal::SIGSTOP {
