@@ -233,18 +233,35 @@ impl std::io::Write for Captured {
     }
 }
 
+/// Every event of this thread, from TRACE up, written into `writer` until the guard drops.
+///
+/// tracing-core 0.1.36 (tokio-rs/tracing#3611): while exactly one `Dispatch` is registered
+/// in the process, a callsite first hit on a thread without a subscriber (another test of this
+/// binary) is cached as never interesting, and this thread's subscriber then never sees it:
+/// distlock's "released" line went missing in 1 CI run. A second dispatch kept alive for the
+/// whole process makes tracing ask every registered dispatch instead (as conformance-tests'
+/// `child::on_waiting` does).
+fn capture_on_this_thread(writer: Captured) -> tracing::subscriber::DefaultGuard {
+    static SECOND: std::sync::LazyLock<tracing::Dispatch> =
+        std::sync::LazyLock::new(
+            || tracing::Dispatch::new(tracing_subscriber::Registry::default()),
+        );
+    std::sync::LazyLock::force(&SECOND);
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    tracing::subscriber::set_default(subscriber)
+}
+
 // A current-thread runtime: the client library's tasks log on this thread, into the capture.
 #[tokio::test(flavor = "current_thread")]
 async fn secrets_never_show() {
     let Some(url) = auth_url() else { return };
     let captured = Captured::default();
     let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let _logging = tracing::subscriber::set_default(subscriber);
+    let _logging = capture_on_this_thread(writer);
     let secret = format!("s3cr3t-{}", uuid::Uuid::new_v4().simple());
     let chroot = unique("secret");
     let mine = with_chroot(
@@ -645,12 +662,7 @@ mod sasl {
         let secret = Creds::of_url(&url).unwrap().password;
         let captured = Captured::default();
         let writer = captured.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::TRACE)
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish();
-        let _logging = tracing::subscriber::set_default(subscriber);
+        let _logging = capture_on_this_thread(writer);
         let mine = with_chroot(&url, &unique("sasl-secret"));
         let config = ZkConfig::from_url(&mine).unwrap();
         let client = distlock_zookeeper::connect(&mine, client_config())
