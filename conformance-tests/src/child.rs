@@ -85,10 +85,17 @@ pub fn on_waiting(on_wait: impl Fn() + Send + Sync + 'static) -> tracing::Dispat
     // (installed on another task) then never sees that event: the waiter looked stuck. A
     // second dispatch kept alive for the whole process makes tracing ask every registered
     // dispatch instead.
+    keep_every_dispatch_asked();
+    tracing::Dispatch::new(Registry::default().with(WaitingLayer(on_wait)))
+}
+
+/// Works around tokio-rs/tracing#3611 (see [`on_waiting`]) for a test that installs a
+/// subscriber of its own: keeps a second `Dispatch` registered for the whole process, so that
+/// a callsite first hit on a thread without a subscriber is not cached as never interesting.
+pub fn keep_every_dispatch_asked() {
     static SECOND: LazyLock<tracing::Dispatch> =
         LazyLock::new(|| tracing::Dispatch::new(Registry::default()));
     LazyLock::force(&SECOND);
-    tracing::Dispatch::new(Registry::default().with(WaitingLayer(on_wait)))
 }
 
 /// The child's part: acquire, report, release.

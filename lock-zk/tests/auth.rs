@@ -239,14 +239,10 @@ impl std::io::Write for Captured {
 /// in the process, a callsite first hit on a thread without a subscriber (another test of this
 /// binary) is cached as never interesting, and this thread's subscriber then never sees it:
 /// distlock's "released" line went missing in 1 CI run. A second dispatch kept alive for the
-/// whole process makes tracing ask every registered dispatch instead (as conformance-tests'
-/// `child::on_waiting` does).
+/// whole process makes tracing ask every registered dispatch instead
+/// (`conformance_tests::child::keep_every_dispatch_asked`).
 fn capture_on_this_thread(writer: Captured) -> tracing::subscriber::DefaultGuard {
-    static SECOND: std::sync::LazyLock<tracing::Dispatch> =
-        std::sync::LazyLock::new(
-            || tracing::Dispatch::new(tracing_subscriber::Registry::default()),
-        );
-    std::sync::LazyLock::force(&SECOND);
+    conformance_tests::child::keep_every_dispatch_asked();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::TRACE)
         .with_writer(move || writer.clone())
