@@ -2,7 +2,7 @@
 //! a permit), the waiter reservation at the head of the queue, and waking.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use distlock_core::{
@@ -15,7 +15,7 @@ use crate::db::Claim;
 use crate::error::map_err;
 use crate::holds::{self, HeldBy, JoinRequest, Joined};
 use crate::lease::SqlLease;
-use crate::wake::{ServerWait, Subscription, Woken};
+use crate::wake::{ServerWait, Subscription, Wake, Woken};
 
 pub(crate) struct SqlAttempt {
     pub(crate) inner: Arc<Inner>,
@@ -32,12 +32,29 @@ pub(crate) struct SqlAttempt {
     pub(crate) busy_before: bool,
     /// The last wake-up was a release addressed to this waiter: take without reading first.
     pub(crate) handed: bool,
+    /// The last wake-up said a release handed this waiter the lock, with this version and a
+    /// lease that began after this instant (`None`: after [`SqlAttempt::held_seen`]).
+    pub(crate) handed_over: Option<(i64, Option<Instant>)>,
+    /// The last wake-up said a release handed the lock to another waiter: the reservation
+    /// is free, claim it without reading first.
+    pub(crate) vacant: bool,
+    /// When the last statement was sent that found the lock held by another owner: a
+    /// release that hands this waiter the lock comes after it, and so does the lease.
+    pub(crate) held_seen: Option<Instant>,
     /// A wait on the server for the release of the holder ahead (MySQL's wake locks), while
     /// this attempt is at the head of the queue.
     pub(crate) server_wait: Option<ServerWait>,
     /// The holder (by version) that has no wake lock to wait on: poll it instead.
     pub(crate) unarmed: Option<i64>,
+    /// The holder (by version) whose wake lock was not held yet when a wait began, and how
+    /// many times: a holder that was handed the lock takes its wake lock just after the
+    /// hand-over, so a waiter that looked in between waits again (a few times) after a read.
+    pub(crate) not_armed: (i64, u32),
 }
+
+/// How many waits in a row on one holder may find its wake lock not held yet before the
+/// waiter polls that holder instead (see [`SqlAttempt::not_armed`]).
+const NOT_ARMED_RETRIES: u32 = 3;
 
 /// Whether the row refuses `owner` now: a live holder or a live reservation of somebody else.
 pub(crate) fn blocked(peek: &db::Peek, owner: &str) -> bool {
@@ -50,17 +67,20 @@ impl SqlAttempt {
     /// The answer to a busy lock: a waiting attempt claims or keeps the reservation when it
     /// is free, expiring, or held by a younger waiter (one write, only then).
     /// A name held as a kind this one can never join is [`Error::Mismatch`] instead.
-    async fn busy(&mut self, peek: db::Peek) -> Result<Step> {
+    async fn busy(&mut self, peek: db::Peek, sent: Instant) -> Result<Step> {
         if let Some(message) = holds::mismatch(&peek, self.request.kind) {
             return Err(self.mismatch(message));
         }
         self.busy_before = true;
+        let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
+        if peek.remaining_us.is_some() && peek.owner.as_deref() != Some(owner) {
+            self.held_seen = Some(sent);
+        }
         let retry = peek.remaining_us.map(remaining);
         if self.request.mode == AttemptMode::Try {
             return Ok(Step::busy(retry));
         }
         let db = &self.inner.db;
-        let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         let since = *self.since.get_or_insert(peek.version);
         // A reservation is a lease, no longer than the lock's: a killed or paused waiter at
         // the head blocks the others for its ttl at most.
@@ -74,10 +94,16 @@ impl SqlAttempt {
         };
         let head = if claim {
             self.maybe_reserved = true;
+            let ttl = (self.request.kind == LockKind::Exclusive).then(|| micros(self.request.ttl));
+            let reserving = Instant::now();
             let claimed = db
-                .reserve(name, owner, since, micros(reservation))
+                .reserve(name, owner, since, micros(reservation), ttl)
                 .await
                 .map_err(|e| map_err("acquire", e))?;
+            if claimed == Claim::Granted {
+                // Granted on a lock held by another (never by us: see `reserve`).
+                self.held_seen = Some(reserving);
+            }
             // Refused: an older waiter's live reservation replaced any of ours.
             self.maybe_reserved = claimed != Claim::Refused;
             if claimed == Claim::GrantedFree {
@@ -114,13 +140,47 @@ impl SqlAttempt {
             let name = self.request.name.as_str();
             let remaining = retry.unwrap_or_default();
             // Replacing an earlier wait cancels it.
-            self.server_wait = self.inner.db.wait_release(name, version, remaining);
+            let owner = &*self.request.owner;
+            self.server_wait = self.inner.db.wait_release(name, owner, version, remaining);
         }
         self.server_wait.as_ref().map(|_| Step::busy(retry))
     }
 }
 
 impl SqlAttempt {
+    /// After a hand-over to another waiter, which used the reservation up: claims it at once
+    /// (the claim says whether the lock is free, so nothing is read first). `None`: the lock
+    /// is free, take it.
+    async fn claim_vacant(&mut self) -> Result<Option<Step>> {
+        let Some(since) = self.since.filter(|_| self.busy_before) else {
+            return Ok(None);
+        };
+        let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
+        let reservation = micros(RESERVATION.min(self.request.ttl));
+        let ttl = Some(micros(self.request.ttl));
+        self.maybe_reserved = true;
+        let sent = Instant::now();
+        let claimed = self
+            .inner
+            .db
+            .reserve(name, owner, since, reservation, ttl)
+            .await
+            .map_err(|e| map_err("acquire", e))?;
+        Ok(match claimed {
+            Claim::Granted => {
+                // The lock is held (by the waiter it was handed to): the release hands it on.
+                self.held_seen = Some(sent);
+                Some(Step::NextInLine { retry_after: None })
+            }
+            Claim::GrantedFree => None,
+            Claim::Refused => {
+                // An older waiter holds the reservation: wait for the next wake-up.
+                self.maybe_reserved = false;
+                Some(Step::busy(None))
+            }
+        })
+    }
+
     fn mismatch(&self, message: String) -> Error {
         Error::Mismatch {
             name: self.request.name.to_string(),
@@ -133,8 +193,34 @@ impl SqlAttempt {
         !matches!(err, sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed)
     }
 
+    /// A lease of what a release handed this attempt, with token `version`, if that lease
+    /// began after `since` (see [`SqlAttempt::held_seen`]).
+    fn handed_over(&self, version: i64, since: Instant) -> Result<Step> {
+        let acquired = self.grant(version)?.with_lease_started(since);
+        Ok(Step::Acquired(acquired))
+    }
+
+    /// A lease found in a row read at `sent`: this attempt's (a release handed it over, and
+    /// its notification was lost), with `remaining_us` left of it then.
+    fn found_handed(&self, peek: &db::Peek, sent: Instant) -> Option<Result<Step>> {
+        let owner = &*self.request.owner;
+        let remaining = remaining(peek.remaining_us?);
+        if peek.owner.as_deref() != Some(owner) || !self.inner.db.hands_over() {
+            return None;
+        }
+        let gone = self.request.ttl.saturating_sub(remaining);
+        // An instant before the clock's start cannot be told: take it again instead.
+        let started = sent.checked_sub(gone)?;
+        Some(self.handed_over(peek.version, started))
+    }
+
     /// A lease of what this attempt took, with token `version`.
     fn acquired(&self, version: i64) -> Result<Step> {
+        self.grant(version).map(Step::Acquired)
+    }
+
+    /// The lease of this attempt's hold with token `version`.
+    fn grant(&self, version: i64) -> Result<Acquired> {
         let lease = SqlLease {
             inner: self.inner.clone(),
             name: self.request.name.clone(),
@@ -142,10 +228,7 @@ impl SqlAttempt {
             version,
             kind: self.request.kind,
         };
-        Ok(Step::Acquired(Acquired::new(
-            Box::new(lease),
-            token_of(version)?,
-        )))
+        Ok(Acquired::new(Box::new(lease), token_of(version)?))
     }
 
     /// A poll of a shared hold or a permit: one transaction that joins the holders or says
@@ -154,13 +237,14 @@ impl SqlAttempt {
         let db = &self.inner.db;
         let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         let kind = self.request.kind;
+        let sent = Instant::now();
         if self.busy_before && !handed {
             // Waiting: look before locking the row, while a writer or a reservation refuses.
             let peek = db.peek(name).await.map_err(|e| map_err("acquire", e))?;
             let refused =
                 |p: &db::Peek| holds::refuses_holds(p, owner) || holds::mismatch(p, kind).is_some();
             if let Some(peek) = peek.filter(refused) {
-                return self.busy(peek).await;
+                return self.busy(peek, sent).await;
             }
         }
         let request = JoinRequest {
@@ -182,7 +266,7 @@ impl SqlAttempt {
         self.maybe_owned = false;
         match joined {
             Joined::Taken(version) => self.acquired(version),
-            Joined::Busy(peek) => self.busy(peek).await,
+            Joined::Busy(peek) => self.busy(peek, sent).await,
             Joined::Mismatch(message) => Err(self.mismatch(message)),
         }
     }
@@ -191,16 +275,32 @@ impl SqlAttempt {
 #[async_trait]
 impl Attempt for SqlAttempt {
     async fn poll(&mut self) -> Result<Step> {
-        let db = &self.inner.db;
-        let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         if self.request.mode == AttemptMode::Wait {
             // Subscribe before the statement is sent, so that no release after it is missed.
             match &mut self.subscription {
                 Some(sub) => sub.mark_seen(),
-                None => self.subscription = db.subscribe(name, owner),
+                None => {
+                    let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
+                    self.subscription = self.inner.db.subscribe(name, owner);
+                }
             }
         }
+        if self.request.kind == LockKind::Exclusive
+            && std::mem::take(&mut self.vacant)
+            && let Some(step) = self.claim_vacant().await?
+        {
+            return Ok(step);
+        }
+        let db = &self.inner.db;
+        let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         let handed = std::mem::take(&mut self.handed);
+        if let Some((version, since)) = self.handed_over.take() {
+            // A release handed us the lock (its notification or our read after the wake-up
+            // says so, both after its commit): held since that release, after `since`.
+            if let Some(since) = since.or(self.held_seen) {
+                return self.handed_over(version, since);
+            }
+        }
         if self.request.kind != LockKind::Exclusive {
             return self.poll_hold(handed).await;
         }
@@ -215,9 +315,13 @@ impl Attempt for SqlAttempt {
                 return Ok(Step::busy(None));
             }
             // Waiting: look before writing, so that busy polls cost no commit.
+            let sent = Instant::now();
             let peek = db.peek(name).await.map_err(|e| map_err("acquire", e))?;
+            if let Some(found) = peek.as_ref().and_then(|p| self.found_handed(p, sent)) {
+                return found;
+            }
             if let Some(peek) = peek.filter(|p| blocked(p, owner)) {
-                return self.busy(peek).await;
+                return self.busy(peek, sent).await;
             }
         }
         let ttl = micros(self.request.ttl);
@@ -237,8 +341,9 @@ impl Attempt for SqlAttempt {
         if let Some(version) = taken {
             return self.acquired(version);
         }
+        let sent = Instant::now();
         match db.peek(name).await.map_err(|e| map_err("acquire", e))? {
-            Some(peek) => self.busy(peek).await,
+            Some(peek) => self.busy(peek, sent).await,
             // The row vanished between the two statements: try again soon.
             None => Ok(Step::busy(Some(Duration::from_millis(1)))),
         }
@@ -252,14 +357,27 @@ impl Attempt for SqlAttempt {
             self.server_wait = None;
             match woken {
                 Woken::Released => self.handed = true,
+                Woken::Handed { version, until } => {
+                    // Unknown (an instant before the clock's start): look at the row instead.
+                    if let Some(since) = until.checked_sub(self.request.ttl) {
+                        self.handed_over = Some((version, Some(since)));
+                    }
+                }
                 // Poll now (the holder may just have released), then briskly.
+                Woken::NotArmed if self.not_armed.0 != version => self.not_armed = (version, 1),
+                Woken::NotArmed if self.not_armed.1 < NOT_ARMED_RETRIES => self.not_armed.1 += 1,
                 Woken::NotArmed | Woken::Failed => self.unarmed = Some(version),
                 Woken::TimedOut => {}
             }
             return;
         }
         match &mut self.subscription {
-            Some(sub) => self.handed = sub.changed().await,
+            Some(sub) => match sub.changed().await {
+                Wake::Changed => {}
+                Wake::Released => self.handed = true,
+                Wake::Handed(version) => self.handed_over = Some((version, None)),
+                Wake::Vacant => self.vacant = true,
+            },
             None => std::future::pending().await,
         }
     }

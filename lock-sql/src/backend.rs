@@ -348,8 +348,12 @@ impl LockBackend for SqlBackend {
             maybe_reserved: false,
             busy_before: false,
             handed: false,
+            handed_over: None,
+            vacant: false,
+            held_seen: None,
             server_wait: None,
             unarmed: None,
+            not_armed: (0, 0),
         })
     }
 

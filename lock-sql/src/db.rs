@@ -116,6 +116,13 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// Whether a release hands the lock to the exclusive waiter holding the reservation (the
+    /// row becomes the waiter's, with the next version and the ttl it reserved with) and
+    /// tells it so ([`crate::wake::Wake::Handed`]). The default: no, the release frees it.
+    fn hands_over(&self) -> bool {
+        false
+    }
+
     /// The atomic acquire: takes the row when free, expired, or already this owner's, and not
     /// reserved by another waiter; bumps the version. Returns the new version.
     ///
@@ -138,14 +145,18 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
         self.common().peek(name).await
     }
 
-    /// Claims (or keeps) the waiter reservation unless an older waiter holds a live one.
+    /// Claims (or keeps) the waiter reservation unless an older waiter holds a live one;
+    /// `ttl_us`: the lease an exclusive waiter asks for, should a release hand it the lock
+    /// ([`Db::hands_over`]).
     async fn reserve(
         &self,
         name: &str,
         owner: &str,
         since: i64,
         hold_us: i64,
+        ttl_us: Option<i64>,
     ) -> Result<Claim, sqlx::Error> {
+        let _ = ttl_us;
         self.common().reserve(name, owner, since, hold_us).await
     }
 
@@ -222,11 +233,18 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
     }
 
     /// A wait on the server for the release of `name` by its holder with `version` (whose
-    /// lease has `remaining`), for backends that wake waiters that way (MySQL's wake locks).
+    /// lease has `remaining`), for backends that wake waiters that way (MySQL's wake locks);
+    /// with hand-overs, the wait also finds out whether the release made `owner` the holder.
     /// `None`: none is possible now (no such backend, or its wait connections are all in use);
     /// the waiter polls.
-    fn wait_release(&self, name: &str, version: i64, remaining: Duration) -> Option<ServerWait> {
-        let _ = (name, version, remaining);
+    fn wait_release(
+        &self,
+        name: &str,
+        owner: &str,
+        version: i64,
+        remaining: Duration,
+    ) -> Option<ServerWait> {
+        let _ = (name, owner, version, remaining);
         None
     }
 

@@ -26,7 +26,7 @@
 //! | `owner` | the holder's unique owner value, `NULL` when released |
 //! | `version` | **the fencing token**: incremented by every acquisition, never reset, kept on release |
 //! | `expires_at` | end of the lease, on the **database's** clock |
-//! | `next_owner`, `next_since`, `next_expires` | the waiter reservation (below) |
+//! | `next_owner`, `next_since`, `next_expires`, `next_ttl` | the waiter reservation (below); `next_ttl` is the lease an exclusive waiter asks for, for a hand-over |
 //!
 //! - **Acquire** is one upsert statement (PostgreSQL: an `UPDATE .. WHERE free` and, for a
 //!   missing row, an `INSERT .. ON CONFLICT DO NOTHING` in one statement, so that a refused
@@ -58,24 +58,47 @@
 //!   slot goes to the oldest waiter *that has polled*), so `fifo` is not declared. After its
 //!   first busy answer a waiter reads the row before it writes: busy polls cost no commit, and
 //!   the reservation is written only when it is claimed or half expired.
+//! - **Hand-over**: on PostgreSQL and MySQL/MariaDB, a release finding a live reservation of
+//!   an exclusive waiter (`next_ttl` set) hands the lock to that waiter in the releasing
+//!   statement itself: the row becomes the waiter's, with the next `version` and the waiter's
+//!   ttl from now, and the reservation is cleared. A handoff is then one statement and one
+//!   commit (the waiter's take is done in it), instead of a release and a take. That commit
+//!   hands out a fencing token, so it waits for its flush like a take. The waiter learns it
+//!   holds the lock from its wake-up (below) or, should that be lost, from its next read of the
+//!   row (its own owner value, unique per attempt); its local deadline counts from a request
+//!   sent before the release (a read that saw the previous holder, or the locking read after
+//!   its wake-up, minus the lease already used), so it never outlives the server's lease. A
+//!   grant that arrives after its lease ran out (a paused waiter) is released and asked for
+//!   again by the core, so a paused or killed waiter at the head blocks the others for its
+//!   ttl at most, as before. A lock table of an earlier version gets the column at connect
+//!   when `create_table` is on (checked first, so that no `ALTER` waits on a busy table);
+//!   without it (and on SQLite), releases free the lock and the waiter takes it.
 //! - **Wake-ups**: on PostgreSQL the releasing statement runs
-//!   `pg_notify('distlock:<table>', ...)` when a waiter holds the reservation, addressed to
-//!   that waiter; a `LISTEN`ing connection per backend wakes that waiter's task and no other
-//!   ([`WakeUp::Event`](distlock_core::WakeUp::Event)). Its taking statement wakes the other waiters, so the next one
-//!   claims the reservation (a claim returns whether the lock is free by then, so a release
-//!   between a waiter's read and its claim is not missed). A lost notification (listener
-//!   reconnect) wakes everybody; the core's backoff maximum is the safety net. The
-//!   releasing and reserving statements commit without waiting for their WAL flush
-//!   (`synchronous_commit` off for that transaction only): neither needs to survive a
-//!   database crash on its own (a lost release leaves the lock held until its lease ends), and
-//!   the next take commits synchronously, which flushes them with it.
+//!   `pg_notify('distlock:<table>', ...)`: a hand-over notification names the new holder and
+//!   its version (`h<version>:..`), and tells the other waiters of this client that the
+//!   reservation is free, which they claim at once without a read; a release without a
+//!   hand-over (a shared waiter holds the reservation) is addressed to that waiter; a
+//!   `LISTEN`ing connection per backend wakes only the tasks concerned
+//!   ([`WakeUp::Event`](distlock_core::WakeUp::Event)). The taking statement of a reserved
+//!   waiter wakes the other waiters, so the next one claims the reservation (a claim returns
+//!   whether the lock is free by then, so a release between a waiter's read and its claim is
+//!   not missed). A lost notification (listener reconnect) wakes everybody; the core's
+//!   backoff maximum is the safety net. The freeing releases and the reservations commit
+//!   without waiting for their WAL flush (`synchronous_commit` off for that transaction
+//!   only): neither needs to survive a database crash on its own (a lost release leaves the
+//!   lock held until its lease ends), and the next take or hand-over commits synchronously,
+//!   which flushes them with it.
 //! - **MySQL/MariaDB wake locks**: a take of an existing row also takes a user-level lock,
 //!   the holder's *wake lock* (`GET_LOCK('distlock:<hash of table and name>:<version>', 0)`,
 //!   in the same statement), and its connection stays with the lease until the release, which
 //!   gives the wake lock up in its own statement. The waiter holding the reservation waits for
 //!   it on the server (`GET_LOCK(.., at most 2 s)`, on a connection of its own, in a task of
-//!   its own that survives the core's polls) and takes the lock as soon as it is given up, in
-//!   about one round trip. At most a quarter of the pool is kept by holders and at most a
+//!   its own that survives the core's polls). When it is given up, a locking read (which
+//!   waits for the release's commit) on the same connection tells whether the release handed
+//!   the waiter the lock, and takes the waiter's own wake lock in the same statement, so its
+//!   connection stays with the lease for the next waiter; otherwise the waiter takes the lock
+//!   at once. A waiter that finds the new holder's wake lock not yet taken (it is taken just
+//!   after a hand-over) reads and waits again, up to 3 times, before it polls that holder. At most a quarter of the pool is kept by holders and at most a
 //!   quarter waits (none of a pool under 4); beyond that, for a first take (which inserts the
 //!   row) and when the holder has no wake lock, the waiter polls as before. A cancelled wait
 //!   is killed on the server (`KILL QUERY`, its connection then closed); a cancelled take or

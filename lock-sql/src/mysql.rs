@@ -17,7 +17,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
-use crate::db::{Db, Sessions};
+use crate::db::{Claim, Db, Sessions};
 use crate::dialect::{Common, Shared, Sql, prepare_all, q, server_pool};
 use crate::error::{connect_err, map_err};
 use crate::holds::{HolderSql, Holds, holders_table};
@@ -34,10 +34,39 @@ struct WakeSql {
     take: Arc<str>,
     release: Arc<str>,
     wait: Arc<str>,
+    /// After a wake-up, with hand-overs: whether the release made the waiter the holder.
+    handed: Arc<str>,
 }
 
-/// The lock table's statements in this dialect.
-fn statements(table: &str) -> (Sql, Arc<str>, WakeSql, HolderSql) {
+/// A release's assignments, with `handover` (see [`MyDb`]): to the exclusive waiter that
+/// holds a live reservation, if any, else free. `wake`: the assignment of `owner` runs it
+/// too (it gives the holder's wake lock up), whatever it decides. Assignments run left to
+/// right and see earlier ones: the decision is taken first, into a session variable.
+fn release_sets(handover: bool, wake: &str) -> String {
+    if !handover {
+        return format!("owner = {}, expires_at = {NOW}", wake.replace("{}", "NULL"));
+    }
+    let hand = format!(
+        "(next_owner IS NOT NULL AND next_expires > {NOW} AND next_ttl IS NOT NULL \
+         AND next_owner <> owner)"
+    );
+    let keep = |column: &str| format!("{column} = IF(@distlock_hand, NULL, {column})");
+    format!(
+        "version = version + IF(@distlock_hand := {hand}, 1, 0), \
+         owner = {}, \
+         expires_at = IF(@distlock_hand, {NOW} + INTERVAL next_ttl MICROSECOND, {NOW}), \
+         {}, {}, {}, {}",
+        wake.replace("{}", "IF(@distlock_hand, next_owner, NULL)"),
+        keep("next_owner"),
+        keep("next_since"),
+        keep("next_expires"),
+        keep("next_ttl"),
+    )
+}
+
+/// The lock table's statements in this dialect; with `handover` (the table has the
+/// `next_ttl` column), a release hands the lock to the reserved exclusive waiter.
+fn statements(table: &str, handover: bool) -> (Sql, Arc<str>, WakeSql, HolderSql) {
     let t = quote(table, '`');
     let peek = format!(
         "SELECT owner, version, IF(owner IS NOT NULL AND expires_at > {NOW}, \
@@ -69,10 +98,12 @@ fn statements(table: &str) -> (Sql, Arc<str>, WakeSql, HolderSql) {
         // the holder's wake lock (prefix + new version) on its connection, without waiting.
         take: take("IF(GET_LOCK(CONCAT(?, version), 0) IS NULL, NULL, NULL)").into(),
         // ARGS: wake lock, name, owner, version. The release gives the wake lock up in the
-        // same statement, before its commit: the woken waiter's take waits for the row.
+        // same statement, before its commit: the woken waiter's take (or its read of a
+        // hand-over, a locking one) waits for the row.
         release: format!(
-            "UPDATE {t} SET owner = IF(RELEASE_LOCK(?) IS NULL, NULL, NULL), expires_at = {NOW} \
-             WHERE name = ? AND owner = ? AND version = ? AND expires_at > {NOW}"
+            "UPDATE {t} SET {} \
+             WHERE name = ? AND owner = ? AND version = ? AND expires_at > {NOW}",
+            release_sets(handover, "IF(RELEASE_LOCK(?) IS NULL, {}, {})")
         )
         .into(),
         // ARGS: wake lock (twice), seconds, wake lock. 0: nobody holds it; 2: it was given up
@@ -80,15 +111,34 @@ fn statements(table: &str) -> (Sql, Arc<str>, WakeSql, HolderSql) {
         wait: "SELECT CASE WHEN IS_USED_LOCK(?) IS NULL THEN 0 \
                WHEN GET_LOCK(?, ?) = 1 THEN 1 + RELEASE_LOCK(?) ELSE 3 END"
             .into(),
+        // ARGS: wake lock prefix (twice; NULL: take no wake lock), name, owner. A locking
+        // read: it waits for the commit of the release that woke us. Returns the version,
+        // the remaining lease and whether our wake lock was taken.
+        handed: format!(
+            "SELECT version, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), \
+             IF(? IS NULL, NULL, GET_LOCK(CONCAT(?, version), 0)) FROM {t} \
+             WHERE name = ? AND owner = ? AND expires_at > {NOW} LOCK IN SHARE MODE"
+        )
+        .into(),
     };
     let sql = Sql {
             take: take("NULL").into(),
             peek: peek.as_str().into(),
-            reserve: format!(
-                "UPDATE {t} SET next_since = ?, next_expires = {NOW} + INTERVAL ? MICROSECOND, next_owner = ? \
-                 WHERE name = ? AND (next_owner IS NULL OR next_owner = ? OR next_expires <= {NOW} \
-                 OR next_since > ?)"
-            )
+            // With hand-overs, ARGS: since, hold_us, owner, ttl_us, name, owner (twice), since;
+            // never a reservation of the holder (a hand-over to this waiter came first).
+            reserve: if handover {
+                format!(
+                    "UPDATE {t} SET next_since = ?, next_expires = {NOW} + INTERVAL ? MICROSECOND, \
+                     next_owner = ?, next_ttl = ? WHERE name = ? AND NOT owner <=> ? \
+                     AND (next_owner IS NULL OR next_owner = ? OR next_expires <= {NOW} OR next_since > ?)"
+                )
+            } else {
+                format!(
+                    "UPDATE {t} SET next_since = ?, next_expires = {NOW} + INTERVAL ? MICROSECOND, next_owner = ? \
+                     WHERE name = ? AND (next_owner IS NULL OR next_owner = ? OR next_expires <= {NOW} \
+                     OR next_since > ?)"
+                )
+            }
             .into(),
             renew: format!(
                 "UPDATE {t} SET expires_at = {NOW} + INTERVAL ? MICROSECOND \
@@ -96,8 +146,8 @@ fn statements(table: &str) -> (Sql, Arc<str>, WakeSql, HolderSql) {
             )
             .into(),
             release: format!(
-                "UPDATE {t} SET owner = NULL, expires_at = {NOW} \
-                 WHERE name = ? AND owner = ? AND version = ? AND expires_at > {NOW}"
+                "UPDATE {t} SET {} WHERE name = ? AND owner = ? AND version = ? AND expires_at > {NOW}",
+                release_sets(handover, "{}")
             )
             .into(),
             abandon: format!(
@@ -290,6 +340,8 @@ struct Wake {
     wait_slots: Arc<Semaphore>,
     /// Waiting connections between waits, with their `CONNECTION_ID()`.
     idle: Mutex<Vec<(PoolConnection<sqlx::MySql>, u64)>>,
+    /// Whether releases hand the lock to the reserved exclusive waiter.
+    handover: bool,
 }
 
 #[derive(Debug)]
@@ -353,13 +405,15 @@ impl Wake {
     }
 
     /// Waits on the server until the wake lock `lock` is given up (at most `secs`), or
-    /// `cancel` resolves: then the statement is killed and its connection closed.
+    /// `cancel` resolves: then the statement is killed and its connection closed. With
+    /// hand-overs, a wake-up then reads whether the release made `owner` the holder.
     async fn wait(
         self: Arc<Self>,
         lock: String,
         secs: u64,
         cancel: oneshot::Receiver<()>,
         _slot: OwnedSemaphorePermit,
+        (name, owner): (String, String),
     ) -> Woken {
         let Ok((mut conn, id)) = self.waiting_conn().await else {
             return Woken::Failed;
@@ -388,14 +442,21 @@ impl Wake {
         };
         let answer = answer.and_then(|row| row.try_get::<Option<i64>, _>(0));
         match answer {
-            Ok(answer) if !killed => {
-                unpoisoned(&self.idle).push((conn, id));
-                match answer {
-                    Some(0) => Woken::NotArmed,
-                    Some(3) => Woken::TimedOut,
-                    _ => Woken::Released,
+            Ok(answer) if !killed => match answer {
+                Some(0 | 3) => {
+                    unpoisoned(&self.idle).push((conn, id));
+                    if answer == Some(0) {
+                        Woken::NotArmed
+                    } else {
+                        Woken::TimedOut
+                    }
                 }
-            }
+                _ if self.handover => self.handed(conn, id, &name, &owner).await,
+                _ => {
+                    unpoisoned(&self.idle).push((conn, id));
+                    Woken::Released
+                }
+            },
             // A killed statement's connection is not reused (a late kill could hit the next
             // statement); a failed one goes back to the pool's own checks.
             Ok(_) => {
@@ -411,6 +472,83 @@ impl Wake {
             }
         }
     }
+}
+
+impl Wake {
+    /// After a wake-up: whether the release handed `owner` the lock (a locking read, which
+    /// waits for the release's commit), and if so, the waiter's own wake lock taken on this
+    /// connection, which then stays with the lease (pinned) like a take's.
+    async fn handed(
+        &self,
+        mut conn: PoolConnection<sqlx::MySql>,
+        id: u64,
+        name: &str,
+        owner: &str,
+    ) -> Woken {
+        let slot = self.pin_slots.clone().try_acquire_owned().ok();
+        let prefix = slot.as_ref().map(|_| self.prefix(name));
+        let sent = std::time::Instant::now();
+        let row = q(&self.sql.handed)
+            .bind(&prefix)
+            .bind(&prefix)
+            .bind(name)
+            .bind(owner)
+            .fetch_optional(&mut *conn)
+            .await;
+        let read = row.and_then(|row| {
+            row.map(|row| {
+                let version: i64 = row.try_get(0)?;
+                let remaining: i64 = row.try_get(1)?;
+                let woke: Option<i64> = row.try_get(2)?;
+                Ok((version, remaining, woke))
+            })
+            .transpose()
+        });
+        match read {
+            Ok(Some((version, remaining, woke))) => {
+                let left = Duration::from_micros(u64::try_from(remaining).unwrap_or(0));
+                match (woke, slot) {
+                    (Some(1), Some(slot)) => self.pin(name, owner, conn, slot),
+                    _ => unpoisoned(&self.idle).push((conn, id)),
+                }
+                Woken::Handed {
+                    version,
+                    until: sent + left,
+                }
+            }
+            // Freed rather than handed (or to another waiter): the waiter takes.
+            Ok(None) => {
+                unpoisoned(&self.idle).push((conn, id));
+                Woken::Released
+            }
+            Err(err) => {
+                // A wake lock may be held by the failed statement's connection: close it.
+                tracing::debug!(%err, "reading a hand-over failed");
+                drop(conn.detach());
+                Woken::Released
+            }
+        }
+    }
+}
+
+/// Whether the lock table (`table`, unquoted, maybe `schema.table`) has the `next_ttl` column
+/// of hand-overs: a table created by an earlier version and not altered (`create_table` off)
+/// has not, and its releases free the lock instead.
+async fn has_next_ttl(pool: &sqlx::MySqlPool, table: &str) -> Result<bool> {
+    let (schema, name) = match table.split_once('.') {
+        Some((schema, name)) => (Some(schema), name),
+        None => (None, table),
+    };
+    let found: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.columns \
+         WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? AND column_name = 'next_ttl'",
+    )
+    .bind(schema)
+    .bind(name)
+    .fetch_one(pool)
+    .await
+    .map_err(|e| map_err(&format!("reading the columns of {table}"), e))?;
+    Ok(found > 0)
 }
 
 impl MyDb {
@@ -439,17 +577,29 @@ impl MyDb {
             let create = format!(
                 "CREATE TABLE IF NOT EXISTS {table} (name VARBINARY(512) NOT NULL PRIMARY KEY, \
                  owner VARBINARY(255) NULL, version BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL, \
-                 next_owner VARBINARY(255) NULL, next_since BIGINT NULL, next_expires DATETIME(6) NULL) \
-                 ENGINE=InnoDB"
+                 next_owner VARBINARY(255) NULL, next_since BIGINT NULL, next_expires DATETIME(6) NULL, \
+                 next_ttl BIGINT NULL) ENGINE=InnoDB"
             );
             pool.execute(AssertSqlSafe(create))
                 .await
                 .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
+            if !has_next_ttl(&pool, &config.table).await? {
+                // A table of an earlier version: the column of hand-overs. Altered only when
+                // missing, since an ALTER waits for every open transaction on the table; a
+                // concurrent client may have added it meanwhile (duplicate column).
+                let alter = format!("ALTER TABLE {table} ADD COLUMN next_ttl BIGINT NULL");
+                if let Err(err) = pool.execute(AssertSqlSafe(alter)).await
+                    && !has_next_ttl(&pool, &config.table).await?
+                {
+                    return Err(map_err(&format!("adding next_ttl to {table}"), err));
+                }
+            }
         }
-        let (sql, check, wake, holds) = statements(&config.table);
+        let handover = has_next_ttl(&pool, &config.table).await?;
+        let (sql, check, wake, holds) = statements(&config.table, handover);
         let holds = Holds::new(holds, config.create_table);
         let mut prepared = sql.prepared();
-        prepared.extend([&check, &wake.take, &wake.release, &wake.wait]);
+        prepared.extend([&check, &wake.take, &wake.release, &wake.wait, &wake.handed]);
         let renew_many = renew_many_sql(&config.table);
         prepared.extend(renew_many.0.first());
         prepared.extend(renew_many.1.first());
@@ -467,6 +617,7 @@ impl MyDb {
                 pin_slots: Arc::new(Semaphore::new(slots)),
                 wait_slots: Arc::new(Semaphore::new(slots)),
                 idle: Mutex::default(),
+                handover,
             }),
             common: Common {
                 conns: HotConns::new(pool, keep),
@@ -617,6 +768,31 @@ impl Db for MyDb {
         LIST_MAX_BATCH
     }
 
+    fn hands_over(&self) -> bool {
+        self.wake.handover
+    }
+
+    async fn reserve(
+        &self,
+        name: &str,
+        owner: &str,
+        since: i64,
+        hold_us: i64,
+        ttl_us: Option<i64>,
+    ) -> Result<Claim, sqlx::Error> {
+        if !self.wake.handover {
+            return self.common.reserve(name, owner, since, hold_us).await;
+        }
+        let query = q(&self.common.sql.reserve)
+            .bind(since)
+            .bind(hold_us)
+            .bind(owner)
+            .bind(ttl_us);
+        let query = query.bind(name).bind(owner).bind(owner).bind(since);
+        let done = self.common.conns.execute(query).await?;
+        Ok(Claim::granted(done.rows_affected() == 1))
+    }
+
     async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {
         let Some(pinned) = self.wake.unpin(name, owner) else {
             return self.common.release(name, owner, version).await;
@@ -652,13 +828,20 @@ impl Db for MyDb {
         self.common.abandon(name, owner).await
     }
 
-    fn wait_release(&self, name: &str, version: i64, remaining: Duration) -> Option<ServerWait> {
+    fn wait_release(
+        &self,
+        name: &str,
+        owner: &str,
+        version: i64,
+        remaining: Duration,
+    ) -> Option<ServerWait> {
         let slot = self.wake.wait_slots.clone().try_acquire_owned().ok()?;
         let lock = format!("{}{version}", self.wake.prefix(name));
         // Whole seconds (MySQL's GET_LOCK takes no fraction), at least one, at most the cap.
         let secs = remaining.as_secs().saturating_add(1).min(MAX_WAIT_SECS);
         let (cancel, cancelled) = oneshot::channel();
-        let task = tokio::spawn(self.wake.clone().wait(lock, secs, cancelled, slot));
+        let whose = (name.to_owned(), owner.to_owned());
+        let task = tokio::spawn(self.wake.clone().wait(lock, secs, cancelled, slot, whose));
         Some(ServerWait::new(version, task, cancel))
     }
 

@@ -23,16 +23,20 @@ use crate::pool::{HotConns, open_pool};
 use crate::renew::{PG_MAX_BATCH, Renewal, renewed_at};
 use crate::wake::{Notifier, Subscription, parse_payload};
 
-/// The lock table's statements in this dialect.
-fn statements(table: &str) -> (Sql, Arc<str>, HolderSql) {
+/// The lock table's statements in this dialect; with `handover` (the table has the
+/// `next_ttl` column), a release hands the lock to the exclusive waiter holding the
+/// reservation (see [`PgDb`]).
+fn statements(table: &str, handover: bool) -> (Sql, Arc<str>, HolderSql) {
     let t = quote(table, '"');
     let us = "* interval '1 microsecond'";
     // An UPDATE of a free row, else an INSERT of a missing one. Unlike
     // `INSERT .. ON CONFLICT DO UPDATE .. WHERE`, a refused take locks no row, so it writes
     // no WAL and commits without a flush: waiters polling a busy lock stay cheap.
+    let clear_ttl = if handover { ", next_ttl = NULL" } else { "" };
     let take = format!(
         "WITH u AS (UPDATE {t} SET owner = $2, version = version + 1, \
-             expires_at = now() + $3::bigint {us}, next_owner = NULL, next_since = NULL, next_expires = NULL \
+             expires_at = now() + $3::bigint {us}, next_owner = NULL, next_since = NULL, \
+             next_expires = NULL{clear_ttl} \
              WHERE name = $1 AND (owner IS NULL OR owner = $2 OR expires_at <= now()) \
              AND (next_owner IS NULL OR next_owner = $2 OR next_expires <= now()) RETURNING version), \
              i AS (INSERT INTO {t} (name, owner, version, expires_at) \
@@ -57,25 +61,40 @@ fn statements(table: &str) -> (Sql, Arc<str>, HolderSql) {
     let sql = Sql {
             take: format!("{take} SELECT version FROM v").into(),
             peek: peek.as_str().into(),
-            reserve: format!(
-                "UPDATE {t} SET next_owner = $2, next_since = $3, next_expires = now() + $4::bigint {us} \
-                 WHERE name = $1 AND (next_owner IS NULL OR next_owner = $2 OR next_expires <= now() \
-                 OR next_since > $3) RETURNING owner IS NULL OR expires_at <= now(), {no_flush}"
-            )
+            reserve: if handover {
+                // Never a reservation of the holder: a hand-over to this waiter came first.
+                format!(
+                    "UPDATE {t} SET next_owner = $2, next_since = $3, \
+                     next_expires = now() + $4::bigint {us}, next_ttl = $5 \
+                     WHERE name = $1 AND owner IS DISTINCT FROM $2 \
+                     AND (next_owner IS NULL OR next_owner = $2 OR next_expires <= now() \
+                     OR next_since > $3) RETURNING owner IS NULL OR expires_at <= now(), {no_flush}"
+                )
+            } else {
+                format!(
+                    "UPDATE {t} SET next_owner = $2, next_since = $3, next_expires = now() + $4::bigint {us} \
+                     WHERE name = $1 AND (next_owner IS NULL OR next_owner = $2 OR next_expires <= now() \
+                     OR next_since > $3) RETURNING owner IS NULL OR expires_at <= now(), {no_flush}"
+                )
+            }
             .into(),
             renew: format!(
                 "UPDATE {t} SET expires_at = now() + $1::bigint {us} \
                  WHERE name = $2 AND owner = $3 AND version = $4 AND expires_at > now()"
             )
             .into(),
-            release: format!(
-                "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = now() \
-                 WHERE name = $1 AND owner = $2 AND version = $3 AND expires_at > now() \
-                 RETURNING name, next_owner, next_expires > now() AS live, {no_flush}) \
-                 SELECT CASE WHEN next_owner IS NULL THEN NULL \
-                 WHEN live THEN pg_notify($4, octet_length(next_owner) || ':' || next_owner || name) \
-                 ELSE pg_notify($4, '0:' || name) END FROM r"
-            )
+            release: if handover {
+                release_handing_over(&t, no_flush)
+            } else {
+                format!(
+                    "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = now() \
+                     WHERE name = $1 AND owner = $2 AND version = $3 AND expires_at > now() \
+                     RETURNING name, next_owner, next_expires > now() AS live, {no_flush}) \
+                     SELECT CASE WHEN next_owner IS NULL THEN NULL \
+                     WHEN live THEN pg_notify($4, octet_length(next_owner) || ':' || next_owner || name) \
+                     ELSE pg_notify($4, '0:' || name) END FROM r"
+                )
+            }
             .into(),
             abandon: format!(
                 "WITH r AS (UPDATE {t} SET \
@@ -104,6 +123,39 @@ fn statements(table: &str) -> (Sql, Arc<str>, HolderSql) {
     };
     let take_wake = format!("{take} SELECT version, pg_notify($4, '0:' || $1) FROM v").into();
     (sql, take_wake, holder_statements(table, &peek))
+}
+
+/// The release that hands the lock over. ARGS: name, owner, version, channel.
+///
+/// When an exclusive waiter holds a live reservation (`next_ttl` set), the row becomes that
+/// waiter's, with the next version and the waiter's ttl from now, and the notification
+/// (`h<version>:..`, see [`crate::wake::parse_payload`]) tells it so: a handoff is this one
+/// statement, with the waiter's take done in it. This commit hands out a fencing token, so it
+/// waits for its WAL flush like a take. Otherwise the lock is freed as before: the reserved
+/// waiter (a shared one) or every waiter is woken, and the commit does not wait for its flush.
+/// The assignments all read the row as it was.
+fn release_handing_over(t: &str, no_flush: &str) -> String {
+    let h = "(next_owner IS NOT NULL AND next_expires > now() AND next_ttl IS NOT NULL \
+             AND next_owner <> owner)";
+    let keep = |column: &str| format!("{column} = CASE WHEN {h} THEN NULL ELSE {column} END");
+    format!(
+        "WITH r AS (UPDATE {t} SET owner = CASE WHEN {h} THEN next_owner END, \
+         version = version + CASE WHEN {h} THEN 1 ELSE 0 END, \
+         expires_at = now() + CASE WHEN {h} THEN next_ttl ELSE 0 END * interval '1 microsecond', \
+         {}, {}, {}, {} \
+         WHERE name = $1 AND owner = $2 AND version = $3 AND expires_at > now() \
+         RETURNING name, owner, version, next_owner, next_expires > now() AS live) \
+         SELECT CASE WHEN owner IS NOT NULL \
+         THEN pg_notify($4, 'h' || version || ':' || octet_length(owner) || ':' || owner || name) \
+         WHEN next_owner IS NULL THEN NULL \
+         WHEN live THEN pg_notify($4, octet_length(next_owner) || ':' || next_owner || name) \
+         ELSE pg_notify($4, '0:' || name) END, \
+         CASE WHEN owner IS NULL THEN {no_flush} END FROM r",
+        keep("next_owner"),
+        keep("next_since"),
+        keep("next_expires"),
+        keep("next_ttl"),
+    )
 }
 
 /// The batched renewal (see [`crate::renew`]). ARGS: names, owners, versions, ttls (µs), as
@@ -215,6 +267,8 @@ pub(crate) struct PgDb {
     channel: String,
     notifier: Arc<Notifier>,
     listener: tokio::task::AbortHandle,
+    /// Whether releases hand the lock to the reserved exclusive waiter.
+    handover: bool,
 }
 
 impl Drop for PgDb {
@@ -245,7 +299,7 @@ impl PgDb {
             let create = format!(
                 "CREATE TABLE IF NOT EXISTS {table} (name TEXT COLLATE \"C\" PRIMARY KEY, owner TEXT, \
                  version BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, next_owner TEXT, \
-                 next_since BIGINT, next_expires TIMESTAMPTZ)"
+                 next_since BIGINT, next_expires TIMESTAMPTZ, next_ttl BIGINT)"
             );
             // Concurrent first connects can race on the catalog: serialize them.
             let mut tx = pool.begin().await.map_err(|e| map_err("create table", e))?;
@@ -256,9 +310,21 @@ impl PgDb {
             tx.execute(AssertSqlSafe(create))
                 .await
                 .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
+            if !has_next_ttl(&mut tx, &table).await? {
+                // A table of an earlier version: the column of hand-overs. Altered only when
+                // missing, since an ALTER waits for every open transaction on the table.
+                let alter = format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS next_ttl BIGINT");
+                tx.execute(AssertSqlSafe(alter))
+                    .await
+                    .map_err(|e| map_err(&format!("adding next_ttl to {table}"), e))?;
+            }
             tx.commit().await.map_err(|e| map_err("create table", e))?;
         }
-        let (sql, take_wake, holds) = statements(&config.table);
+        let handover = {
+            let mut conn = pool.acquire().await.map_err(|e| map_err("connect", e))?;
+            has_next_ttl(&mut conn, &table).await?
+        };
+        let (sql, take_wake, holds) = statements(&config.table, handover);
         let holds = Holds::new(holds, config.create_table);
         let renew_many = renew_many_sql(&config.table);
         let mut prepared = sql.prepared();
@@ -285,15 +351,31 @@ impl PgDb {
             channel,
             notifier,
             listener: task.abort_handle(),
+            handover,
         })
     }
+}
+
+/// Whether the lock table (`table`, quoted) has the `next_ttl` column of hand-overs: a table
+/// created by an earlier version and not altered (`create_table` off) has not, and its
+/// releases free the lock instead.
+async fn has_next_ttl(conn: &mut sqlx::PgConnection, table: &str) -> Result<bool> {
+    let found: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
+         AND attname = 'next_ttl' AND NOT attisdropped",
+    )
+    .bind(table)
+    .fetch_optional(conn)
+    .await
+    .map_err(|e| map_err(&format!("reading the columns of {table}"), e))?;
+    Ok(found.is_some())
 }
 
 async fn listen(mut listener: PgListener, notifier: Arc<Notifier>) {
     loop {
         match listener.try_recv().await {
             Ok(Some(note)) => match parse_payload(note.payload()) {
-                Some((target, name)) => notifier.wake(name, target),
+                Some((note, name)) => notifier.wake(name, note),
                 None => notifier.wake_all(),
             },
             // The connection dropped (it reconnects on the next call): events may be lost.
@@ -337,24 +419,29 @@ impl Db for PgDb {
         row.map(|r| r.try_get::<i64, _>(0)).transpose()
     }
 
+    fn hands_over(&self) -> bool {
+        self.handover
+    }
+
     async fn reserve(
         &self,
         name: &str,
         owner: &str,
         since: i64,
         hold_us: i64,
+        ttl_us: Option<i64>,
     ) -> Result<Claim, sqlx::Error> {
-        let row = self
-            .common
-            .conns
-            .fetch_optional(
-                q(&self.common.sql.reserve)
-                    .bind(name)
-                    .bind(owner)
-                    .bind(since)
-                    .bind(hold_us),
-            )
-            .await?;
+        let query = q(&self.common.sql.reserve)
+            .bind(name)
+            .bind(owner)
+            .bind(since)
+            .bind(hold_us);
+        let query = if self.handover {
+            query.bind(ttl_us)
+        } else {
+            query
+        };
+        let row = self.common.conns.fetch_optional(query).await?;
         Ok(match row {
             None => Claim::Refused,
             Some(row) if row.try_get::<bool, _>(0)? => Claim::GrantedFree,

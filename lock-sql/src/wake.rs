@@ -16,9 +16,20 @@ pub(crate) struct Notifier {
     names: Mutex<Names>,
 }
 
-/// Whether the last wake-up was addressed to this waiter alone. A send always wakes the
-/// receiver, equal value or not.
-pub(crate) type Wake = bool;
+/// What the last wake-up said to one waiter. A send always wakes the receiver, equal value
+/// or not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// Something changed on the name: look again.
+    Changed,
+    /// A release addressed to this waiter (it holds the reservation): take without reading.
+    Released,
+    /// The release handed the lock to this waiter, with this version: it holds it already.
+    Handed(i64),
+    /// The release handed the lock to another waiter, whose reservation it used up: claim
+    /// the reservation (no need to read first).
+    Vacant,
+}
 
 pub(crate) type Names = HashMap<String, HashMap<String, watch::Sender<Wake>>>;
 
@@ -37,7 +48,7 @@ impl Notifier {
             .entry(name.to_owned())
             .or_default()
             .entry(owner.to_owned())
-            .or_insert_with(|| watch::Sender::new(false))
+            .or_insert_with(|| watch::Sender::new(Wake::Changed))
             .subscribe();
         Subscription {
             rx,
@@ -47,19 +58,31 @@ impl Notifier {
         }
     }
 
-    /// Wakes the waiters of `name`: only `target` if given (if it waits here), else all.
-    pub(crate) fn wake(&self, name: &str, target: Option<&str>) {
+    /// Wakes the waiters of `name` as `note` says: a release wakes only its target (if it
+    /// waits here), a hand-over its target and every other waiter (whose turn to reserve it
+    /// is), anything else every waiter.
+    pub(crate) fn wake(&self, name: &str, note: Note<'_>) {
         let names = self.names();
         let Some(owners) = names.get(name) else {
             return;
         };
-        match target {
-            Some(target) => {
+        match note {
+            Note::Changed => owners.values().for_each(wake_one),
+            Note::Released(target) => {
                 if let Some(tx) = owners.get(target) {
-                    tx.send_replace(true);
+                    tx.send_replace(Wake::Released);
                 }
             }
-            None => owners.values().for_each(wake_one),
+            Note::Handed(target, version) => {
+                for (owner, tx) in owners {
+                    let wake = if owner == target {
+                        Wake::Handed(version)
+                    } else {
+                        Wake::Vacant
+                    };
+                    tx.send_replace(wake);
+                }
+            }
         }
     }
 
@@ -73,7 +96,7 @@ impl Notifier {
 }
 
 pub(crate) fn wake_one(tx: &watch::Sender<Wake>) {
-    tx.send_replace(false);
+    tx.send_replace(Wake::Changed);
 }
 
 /// A waiter's view of the wake-ups of one name.
@@ -91,9 +114,8 @@ impl Subscription {
         self.rx.borrow_and_update();
     }
 
-    /// Resolves on the next wake-up for this waiter after [`mark_seen`](Self::mark_seen):
-    /// `true` if it was addressed to this waiter alone (a release handed it the lock).
-    pub(crate) async fn changed(&mut self) -> bool {
+    /// Resolves on the next wake-up for this waiter after [`mark_seen`](Self::mark_seen).
+    pub(crate) async fn changed(&mut self) -> Wake {
         if self.rx.changed().await.is_err() {
             std::future::pending::<()>().await;
         }
@@ -122,6 +144,16 @@ impl Drop for Subscription {
 pub(crate) enum Woken {
     /// The holder gave its wake lock up: it released (or its connection closed).
     Released,
+    /// The holder's release handed the lock to the waiter, with this version: the waiter
+    /// holds it, and the wait's connection now holds the waiter's own wake lock for the next
+    /// waiter (kept with the lease until its release).
+    Handed {
+        /// The version (fencing token) of the waiter's hold.
+        version: i64,
+        /// The lease ends after this instant (the read was sent before it learnt what was
+        /// left of the lease).
+        until: std::time::Instant,
+    },
     /// Nobody held the wake lock when the wait began: this holder has none (or released
     /// just before). Waiting on it again would return at once.
     NotArmed,
@@ -198,25 +230,52 @@ pub(crate) fn wake_prefix(table: &str, name: &str) -> String {
     format!("distlock:{hash:016x}:")
 }
 
-/// Splits a notification payload `<owner byte length>:<owner><name>`; an empty owner
-/// addresses every waiter.
+/// What a notification says about one name (see [`parse_payload`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Note<'a> {
+    /// Something changed: every waiter looks again.
+    Changed,
+    /// The holder released, and this waiter holds the reservation.
+    Released(&'a str),
+    /// The holder's release handed the lock to this waiter (which held the reservation),
+    /// with this version.
+    Handed(&'a str, i64),
+}
+
+/// Splits a notification payload into its name and what it says: `<owner byte
+/// length>:<owner><name>` (an empty owner addresses every waiter) for a release, or
+/// `h<version>:<owner byte length>:<owner><name>` for a hand-over. Clients that predate
+/// hand-overs read the latter as malformed, and wake every waiter.
 #[cfg_attr(
     not(feature = "postgres"),
     allow(dead_code, reason = "LISTEN/NOTIFY is PostgreSQL's")
 )]
-pub(crate) fn parse_payload(payload: &str) -> Option<(Option<&str>, &str)> {
+pub(crate) fn parse_payload(payload: &str) -> Option<(Note<'_>, &str)> {
+    let (handed, payload) = match payload.strip_prefix('h') {
+        Some(rest) => {
+            let (version, rest) = rest.split_once(':')?;
+            (Some(version.parse::<i64>().ok()?), rest)
+        }
+        None => (None, payload),
+    };
     let (len, rest) = payload.split_once(':')?;
     let len: usize = len.parse().ok()?;
     if !rest.is_char_boundary(len) {
         return None;
     }
     let (owner, name) = rest.split_at(len);
-    Some(((!owner.is_empty()).then_some(owner), name))
+    let note = match (handed, owner.is_empty()) {
+        (Some(version), false) => Note::Handed(owner, version),
+        (Some(_), true) => return None,
+        (None, false) => Note::Released(owner),
+        (None, true) => Note::Changed,
+    };
+    Some((note, name))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Arc, Notifier, parse_payload, wake_prefix};
+    use super::{Arc, Note, Notifier, Wake, parse_payload, wake_prefix};
 
     #[test]
     fn wake_lock_names_are_stable_and_short() {
@@ -231,9 +290,18 @@ mod tests {
 
     #[test]
     fn payloads() {
-        assert_eq!(parse_payload("3:abcname"), Some((Some("abc"), "name")));
-        assert_eq!(parse_payload("0:a:b"), Some((None, "a:b")));
-        assert_eq!(parse_payload("2:é🔒"), Some((Some("é"), "🔒")));
+        assert_eq!(
+            parse_payload("3:abcname"),
+            Some((Note::Released("abc"), "name"))
+        );
+        assert_eq!(parse_payload("0:a:b"), Some((Note::Changed, "a:b")));
+        assert_eq!(parse_payload("2:é🔒"), Some((Note::Released("é"), "🔒")));
+        assert_eq!(
+            parse_payload("h42:3:abcn:a"),
+            Some((Note::Handed("abc", 42), "n:a"))
+        );
+        assert_eq!(parse_payload("h42:0:name"), None);
+        assert_eq!(parse_payload("hx:3:abcname"), None);
         assert_eq!(parse_payload("1:é"), None);
         assert_eq!(parse_payload("x"), None);
     }
@@ -249,16 +317,20 @@ mod tests {
         a.mark_seen();
         b.mark_seen();
         other.mark_seen();
-        notifier.wake("x", Some("a"));
-        assert!(a.changed().await, "not handed to its target");
+        notifier.wake("x", Note::Released("a"));
+        assert_eq!(a.changed().await, Wake::Released, "not sent to its target");
         assert!(!b.rx.has_changed().expect("open"), "woke a bystander");
-        notifier.wake("x", Some("elsewhere"));
-        notifier.wake("x", None);
-        assert!(!a.changed().await);
-        assert!(!b.changed().await);
+        notifier.wake("x", Note::Released("elsewhere"));
+        notifier.wake("x", Note::Changed);
+        assert_eq!(a.changed().await, Wake::Changed);
+        assert_eq!(b.changed().await, Wake::Changed);
+        // A hand-over: its target holds the lock, the other waiters compete for the queue.
+        notifier.wake("x", Note::Handed("b", 7));
+        assert_eq!(b.changed().await, Wake::Handed(7));
+        assert_eq!(a.changed().await, Wake::Vacant);
         assert!(!other.rx.has_changed().expect("open"), "woke another name");
         notifier.wake_all();
-        assert!(!other.changed().await);
+        assert_eq!(other.changed().await, Wake::Changed);
         drop((a, b, other));
         assert!(notifier.names().is_empty());
     }

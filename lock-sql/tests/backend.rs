@@ -15,6 +15,16 @@ async fn client(url: &str) -> LockClient<SqlBackend> {
     common::client_with(url, Duration::from_secs(2)).await
 }
 
+/// `client` acquiring `name` in a task of its own.
+fn waiting(
+    client: &LockClient<SqlBackend>,
+    name: &str,
+    opts: &AcquireOptions,
+) -> tokio::task::JoinHandle<distlock_core::Result<distlock_core::LockGuard>> {
+    let (client, name, opts) = (client.clone(), name.to_owned(), opts.clone());
+    tokio::spawn(async move { client.acquire(&name, &opts).await })
+}
+
 async fn balance(pool: &SqlPool, table: &str) -> (i64, i64) {
     let sql = format!("SELECT balance, fence FROM {table} WHERE id = 7");
     let row: Result<(i64, i64), sqlx::Error> = match pool {
@@ -276,6 +286,189 @@ mod postgres {
         wrong_shape_is_reported(&url).await;
     }
 
+    /// The row of `name` in `table`: `(owner, version, next_owner, next_ttl)`.
+    async fn row(
+        pool: &sqlx::PgPool,
+        table: &str,
+        name: &str,
+    ) -> (Option<String>, i64, Option<String>, Option<i64>) {
+        let sql =
+            format!("SELECT owner, version, next_owner, next_ttl FROM {table} WHERE name = $1");
+        sqlx::query_as(AssertSqlSafe(sql))
+            .bind(name)
+            .fetch_one(pool)
+            .await
+            .unwrap_or_else(|e| panic!("read {name}: {e}"))
+    }
+
+    /// Waits until a waiter holds the reservation of `name`; returns its owner.
+    async fn reserved(pool: &sqlx::PgPool, table: &str, name: &str) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let (_, _, Some(next), Some(_)) = row(pool, table, name).await {
+                return next;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no waiter reserved {name}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    fn pg(client: &LockClient<SqlBackend>) -> sqlx::PgPool {
+        match client.backend_ref().pool() {
+            SqlPool::Postgres(pool) => pool,
+            #[allow(unreachable_patterns, reason = "other dialects may be compiled in")]
+            _ => unreachable!("a postgres:// client"),
+        }
+    }
+
+    /// The release hands the lock to the waiter holding the reservation, in its own
+    /// statement: the row goes from the holder to the waiter with the next version (never
+    /// free in between), a `h<version>:` notification says so, and the waiter holds it with
+    /// that version as its token, a renewable lease of its own ttl.
+    #[tokio::test]
+    async fn a_release_hands_the_lock_to_the_reserved_waiter() {
+        let Some(url) = url() else { return };
+        let (a, b) = (client(&url).await, client(&url).await);
+        let pool = pg(&a);
+        let table = "distlock_locks";
+        let name = unique("handover");
+        let opts = AcquireOptions::default().with_ttl(Duration::from_secs(3));
+        let held = a.acquire(&name, &opts).await.expect("a acquires");
+        let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
+            .await
+            .expect("listen");
+        listener
+            .listen(&format!("distlock:{table}"))
+            .await
+            .expect("listen");
+        let waiter = waiting(&b, &name, &opts);
+        let next = reserved(&pool, table, &name).await;
+        let token = held.token();
+        held.release().await.expect("release");
+        let (owner, version, next_owner, _) = row(&pool, table, &name).await;
+        assert_eq!(owner.as_deref(), Some(next.as_str()), "not handed over");
+        assert_eq!(version, i64::try_from(token.get()).expect("token") + 1);
+        assert_eq!(next_owner, None, "the reservation outlived the hand-over");
+        let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiter got the lock in time")
+            .expect("task")
+            .expect("b acquires");
+        assert_eq!(got.token().get(), token.get() + 1, "not the handed version");
+        let expected = format!("h{version}:{}:{next}{name}", next.len());
+        loop {
+            let note = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+                .await
+                .expect("a notification")
+                .expect("listen");
+            if note.payload().ends_with(name.as_str()) {
+                assert_eq!(note.payload(), expected);
+                break;
+            }
+        }
+        // The lease is the waiter's own: renewed past the ttl, then released.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert!(!got.is_lost(), "the handed lease was not renewed");
+        got.renew().await.expect("renew the handed lease");
+        got.release().await.expect("release the handed lease");
+        assert_eq!(row(&pool, table, &name).await.0, None);
+    }
+
+    /// A hand-over whose notification never arrives: the waiter finds the row its own on its
+    /// next look, and holds it with that version (no second take), for what is left of it.
+    #[tokio::test]
+    async fn a_handed_lock_whose_notification_was_lost_is_found() {
+        let Some(url) = url() else { return };
+        let (a, b) = (client(&url).await, client(&url).await);
+        let pool = pg(&a);
+        let table = "distlock_locks";
+        let name = unique("lost-note");
+        let opts = AcquireOptions::default().with_ttl(Duration::from_secs(3));
+        let held = a.acquire(&name, &opts).await.expect("a acquires");
+        let waiter = waiting(&b, &name, &opts);
+        reserved(&pool, table, &name).await;
+        // What the release does, without its notification.
+        let hand = format!(
+            "UPDATE {table} SET owner = next_owner, version = version + 1, \
+             expires_at = now() + next_ttl * interval '1 microsecond', next_owner = NULL, \
+             next_since = NULL, next_expires = NULL, next_ttl = NULL WHERE name = $1 \
+             RETURNING version"
+        );
+        let version: i64 = sqlx::query_scalar(AssertSqlSafe(hand))
+            .bind(&name)
+            .fetch_one(&pool)
+            .await
+            .expect("hand over");
+        let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiter found the lock in time")
+            .expect("task")
+            .expect("b acquires");
+        assert_eq!(
+            i64::try_from(got.token().get()).expect("token"),
+            version,
+            "taken again instead of found"
+        );
+        assert_eq!(row(&pool, table, &name).await.1, version);
+        drop(held);
+        got.release().await.expect("release the found lease");
+    }
+
+    /// A lock table of an earlier version (no `next_ttl`) gets the column when the client
+    /// may create tables; without that right, its releases free the lock as before, and the
+    /// waiters still get it.
+    #[tokio::test]
+    async fn a_table_without_the_hand_over_column() {
+        let Some(url) = url() else { return };
+        for create in [true, false] {
+            let table = unique("old_locks");
+            let admin = pg(&client(&url).await);
+            let old = format!(
+                "CREATE TABLE {table} (name TEXT COLLATE \"C\" PRIMARY KEY, owner TEXT, \
+                 version BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, next_owner TEXT, \
+                 next_since BIGINT, next_expires TIMESTAMPTZ)"
+            );
+            sqlx::query(AssertSqlSafe(old))
+                .execute(&admin)
+                .await
+                .expect("old table");
+            let sep = if url.contains('?') { '&' } else { '?' };
+            let with = format!("{url}{sep}table={table}&create_table={create}");
+            let (a, b) = (client(&with).await, client(&with).await);
+            let name = unique("old");
+            let opts = AcquireOptions::default().with_ttl(Duration::from_secs(3));
+            let held = a.acquire(&name, &opts).await.expect("a acquires");
+            let waiter = waiting(&b, &name, &opts);
+            let columns: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass($1) \
+                 AND attname = 'next_ttl'",
+            )
+            .bind(&table)
+            .fetch_one(&admin)
+            .await
+            .expect("columns");
+            assert_eq!(columns, i64::from(create), "create_table={create}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let token = held.token();
+            held.release().await.expect("release");
+            let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+                .await
+                .expect("the waiter got the lock in time")
+                .expect("task")
+                .expect("b acquires");
+            assert!(got.token() > token);
+            got.release().await.expect("release");
+            let drop_table = format!("DROP TABLE {table}");
+            sqlx::query(AssertSqlSafe(drop_table))
+                .execute(&admin)
+                .await
+                .expect("drop");
+        }
+    }
+
     #[tokio::test]
     async fn missing_database_and_unreachable_server() {
         let Some(url) = url() else { return };
@@ -311,6 +504,65 @@ mod mysql {
 
     fn url() -> Option<String> {
         conformance_tests::server_var("mysql", "DISTLOCK_TEST_MYSQL_URL")
+    }
+
+    /// The row of `name`: `(owner, version, next_owner)`.
+    async fn row(pool: &sqlx::MySqlPool, name: &str) -> (Option<String>, i64, Option<String>) {
+        sqlx::query_as(
+            "SELECT CAST(owner AS CHAR), version, CAST(next_owner AS CHAR) \
+             FROM distlock_locks WHERE name = ?",
+        )
+        .bind(name)
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| panic!("read {name}: {e}"))
+    }
+
+    /// The release hands the lock to the waiter holding the reservation (which waits on the
+    /// holder's wake lock): the row goes from the holder to the waiter with the next version,
+    /// and the waiter holds it with that token; then it hands it on the same way.
+    #[tokio::test]
+    async fn a_release_hands_the_lock_to_the_reserved_waiter() {
+        let Some(url) = url() else { return };
+        let clients = [client(&url).await, client(&url).await, client(&url).await];
+        let SqlPool::MySql(pool) = clients[0].backend_ref().pool() else {
+            unreachable!("a mysql:// client")
+        };
+        let name = unique("handover");
+        let opts = AcquireOptions::default().with_ttl(Duration::from_secs(3));
+        let mut held = clients[0].acquire(&name, &opts).await.expect("acquire");
+        for next in &clients[1..] {
+            let waiter = waiting(next, &name, &opts);
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let reserved = loop {
+                if let (_, _, Some(next)) = row(&pool, &name).await {
+                    break next;
+                }
+                assert!(std::time::Instant::now() < deadline, "nobody reserved");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            };
+            // Let the waiter start its wait on the holder's wake lock.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let token = held.token();
+            held.release().await.expect("release");
+            let (owner, version, next_owner) = row(&pool, &name).await;
+            assert_eq!(owner.as_deref(), Some(reserved.as_str()), "not handed over");
+            assert_eq!(version, i64::try_from(token.get()).expect("token") + 1);
+            assert_eq!(next_owner, None);
+            held = tokio::time::timeout(Duration::from_secs(5), waiter)
+                .await
+                .expect("the waiter got the lock in time")
+                .expect("task")
+                .expect("acquire");
+            assert_eq!(
+                held.token().get(),
+                token.get() + 1,
+                "not the handed version"
+            );
+            assert!(!held.is_lost());
+        }
+        held.release().await.expect("release");
+        assert_eq!(row(&pool, &name).await.0, None);
     }
 
     #[tokio::test]
@@ -361,10 +613,7 @@ mod mysql {
         let first = a.acquire(&name, &opts).await.expect("first acquire");
         first.release().await.expect("release");
         let held = a.acquire(&name, &opts).await.expect("acquire");
-        let waiter = {
-            let (b, name, opts) = (b.clone(), name.clone(), opts.clone());
-            tokio::spawn(async move { b.acquire(&name, &opts).await })
-        };
+        let waiter = waiting(&b, &name, &opts);
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(
             waiting_in_get_lock(&admin, &b).await,
