@@ -30,6 +30,13 @@ pub(crate) struct CliBenchArgs {
     #[arg(long, value_enum, default_value = "multi-thread")]
     pub(crate) runtime: Flavor,
 
+    /// S2's contended floor on PostgreSQL and MySQL also commits a fencing token in each
+    /// critical section (a durable counter increment while the server's lock is held): the
+    /// least a lock whose tokens survive a database crash writes. The etcd and ZooKeeper
+    /// floors' locks have durable tokens of their own already, and are unchanged.
+    #[arg(long)]
+    fenced_floor: bool,
+
     #[command(flatten)]
     bench: BenchArgs,
 }
@@ -71,7 +78,7 @@ pub(crate) async fn bench(args: CliBenchArgs) -> Result<u8, Failure> {
             let url = owned.clone();
             async move { distlock::connect(&url).await }
         });
-        targets.push(with_floor(target, url));
+        targets.push(with_floor(target, url, args.fenced_floor));
     }
     let mut config = args.bench.config();
     let growth = config.scenarios.growth_only();
@@ -197,7 +204,7 @@ fn write_charts(report: &Report, dir: &std::path::Path) -> Result<(), Failure> {
 
 /// Registers the raw floor of the URL's backend (each backend crate's `bench::floor`), when
 /// it is compiled in; the backend is found in the facade's scheme table.
-fn with_floor(target: Target, url: &str) -> Target {
+fn with_floor(target: Target, url: &str, fenced: bool) -> Target {
     let scheme = url
         .split_once(':')
         .map(|(scheme, _)| scheme.to_ascii_lowercase())
@@ -233,7 +240,7 @@ fn with_floor(target: Target, url: &str) -> Target {
     let url = url.to_owned();
     target.with_contended_floor(move || {
         let url = url.clone();
-        async move { contended_floor(backend, &url).await }
+        async move { contended_floor(backend, &url, fenced).await }
     })
 }
 
@@ -244,19 +251,21 @@ fn has_contended_floor(backend: &str) -> bool {
     matches!(backend, "etcd" | "zookeeper" | "mysql" | "postgres")
 }
 
-/// The contended floor of `backend` for `url` (see [`has_contended_floor`]).
+/// The contended floor of `backend` for `url` (see [`has_contended_floor`]); `fenced`: the
+/// SQL floors commit a fencing token per critical section (`--fenced-floor`).
 async fn contended_floor(
     backend: &str,
     url: &str,
+    fenced: bool,
 ) -> Result<Box<dyn distlock_bench::ContendedFloor>, distlock::Error> {
-    let _ = url;
+    let _ = (url, fenced);
     match backend {
         #[cfg(feature = "etcd")]
         "etcd" => distlock_etcd::bench::contended_floor(url).await,
         #[cfg(feature = "zookeeper")]
         "zookeeper" => distlock_zookeeper::bench::contended_floor(url).await,
         #[cfg(any(feature = "postgres", feature = "mysql"))]
-        "postgres" | "mysql" => distlock_sql::bench::contended_floor(url)
+        "postgres" | "mysql" => distlock_sql::bench::contended_floor(url, fenced)
             .await?
             .ok_or_else(|| distlock::Error::Unsupported("SQLite has no blocking lock".into())),
         other => Err(distlock::Error::Unsupported(format!(

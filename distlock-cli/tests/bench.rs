@@ -76,12 +76,16 @@ fn bench_prints_the_figures_its_metrics_recorded() {
 
 /// `distlock bench --scenario s2` on each server with a blocking lock of its own: the
 /// contended floor runs first, on the server's lock, and S2 is compared with it; the report
-/// names the runtime asked for.
+/// names the runtime asked for. On MySQL, `--fenced-floor` makes the floor commit a token.
 #[test]
 fn s2_runs_next_to_the_contended_floor_of_each_server() {
     let servers = [
         ("postgres", "DISTLOCK_TEST_POSTGRES_URL", "pg_advisory_lock"),
-        ("mysql", "DISTLOCK_TEST_MYSQL_URL", "GET_LOCK"),
+        (
+            "mysql",
+            "DISTLOCK_TEST_MYSQL_URL",
+            "GET_LOCK + token commit",
+        ),
         ("etcd", "DISTLOCK_TEST_ETCD_ENDPOINTS", "etcd Lock API"),
         ("zookeeper", "DISTLOCK_TEST_ZK_CONNECT", "create ephemeral"),
     ];
@@ -103,7 +107,7 @@ fn s2_runs_next_to_the_contended_floor_of_each_server() {
         };
         let json = env.path(&format!("{backend}.json"));
         let json_arg = json.to_string_lossy().into_owned();
-        let args = [
+        let mut args = vec![
             "bench",
             "--url",
             &url,
@@ -124,6 +128,9 @@ fn s2_runs_next_to_the_contended_floor_of_each_server() {
             &json_arg,
             "--quiet",
         ];
+        if backend == "mysql" {
+            args.push("--fenced-floor");
+        }
         let out = env.run(&args);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(

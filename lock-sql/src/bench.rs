@@ -201,28 +201,73 @@ pub async fn floor(url: &str) -> Result<Box<dyn RawFloor>> {
 /// `pg_advisory_lock(key)` / `pg_advisory_unlock(key)` (the server queues the waiters and
 /// wakes the next one itself). SQLite has no blocking lock, so no contended floor (nor is
 /// there one in a build with only the `sqlite` feature).
+///
+/// *Fenced*, each acquisition also takes a fencing token that survives a database crash: one
+/// committed increment of a counter row (in the lock table, named `<name>#floor-token`) while
+/// the lock is held. That is the least a lock with crash-safe fencing tokens writes per
+/// critical section, so it is the floor of such locks (the server's own locks hand out no
+/// token at all).
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[derive(Debug)]
 pub struct ServerLockFloor {
     conn: RawConn,
     dialect: Dialect,
+    /// The token increment, when fenced.
+    token: Option<String>,
 }
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 impl ServerLockFloor {
-    /// Opens one connection to `url`; `None` for SQLite.
+    /// Opens one connection to `url`; `None` for SQLite. `fenced`: each acquisition also
+    /// commits a fencing token (see [`ServerLockFloor`]).
     ///
     /// # Errors
     /// As [`crate::connect`].
-    pub async fn connect(url: &str) -> Result<Option<Self>> {
+    pub async fn connect(url: &str, fenced: bool) -> Result<Option<Self>> {
         let config = SqlConfig::from_url(url)?.with_max_connections(2);
         let dialect = config.dialect;
         if dialect == Dialect::Sqlite {
             return Ok(None);
         }
+        let token = fenced.then(|| match dialect {
+            Dialect::Postgres => {
+                let t = quote(&config.table, '"');
+                format!(
+                    "INSERT INTO {t} (name, owner, version, expires_at) VALUES ($1, NULL, 1, now()) \
+                     ON CONFLICT (name) DO UPDATE SET version = {t}.version + 1"
+                )
+            }
+            _ => format!(
+                "INSERT INTO {} (name, owner, version, expires_at) \
+                 VALUES (?, NULL, 1, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE version = version + 1",
+                quote(&config.table, '`')
+            ),
+        });
         let backend = SqlBackend::connect(config).await?;
         let conn = raw_conn(&backend).await?;
-        Ok(Some(Self { conn, dialect }))
+        Ok(Some(Self {
+            conn,
+            dialect,
+            token,
+        }))
+    }
+
+    /// Commits the next fencing token of `name` (autocommit: one durable write).
+    async fn take_token(&mut self, name: &str) -> Result<()> {
+        let Some(sql) = self.token.as_deref() else {
+            return Ok(());
+        };
+        let row = format!("{name}#floor-token");
+        let sql = sqlx::AssertSqlSafe(sql.to_owned());
+        match &mut self.conn {
+            #[cfg(feature = "postgres")]
+            RawConn::Postgres(conn) => conn.execute(sqlx::query(sql).bind(row)).await.map(drop),
+            #[cfg(feature = "mysql")]
+            RawConn::MySql(conn) => conn.execute(sqlx::query(sql).bind(row)).await.map(drop),
+            #[cfg(feature = "sqlite")]
+            RawConn::Sqlite(_) => Ok(()),
+        }
+        .map_err(|e| map_err("contended floor token", e))
     }
 
     /// The server-side lock of `name`: MySQL lock names are at most 64 characters and
@@ -239,9 +284,11 @@ impl ServerLockFloor {
 #[async_trait]
 impl distlock_bench::ContendedFloor for ServerLockFloor {
     fn label(&self) -> &str {
-        match self.dialect {
-            Dialect::Postgres => "pg_advisory_lock + pg_advisory_unlock",
-            _ => "GET_LOCK + RELEASE_LOCK",
+        match (self.dialect, self.token.is_some()) {
+            (Dialect::Postgres, false) => "pg_advisory_lock + pg_advisory_unlock",
+            (Dialect::Postgres, true) => "pg_advisory_lock + token commit + pg_advisory_unlock",
+            (_, false) => "GET_LOCK + RELEASE_LOCK",
+            (_, true) => "GET_LOCK + token commit + RELEASE_LOCK",
         }
     }
 
@@ -275,7 +322,10 @@ impl distlock_bench::ContendedFloor for ServerLockFloor {
             RawConn::Sqlite(_) => Ok(false),
         }
         .map_err(|e| map_err("contended floor", e))?;
-        if got { Ok(()) } else { Err(timeout()) }
+        if !got {
+            return Err(timeout());
+        }
+        self.take_token(name).await
     }
 
     async fn release(&mut self, name: &str) -> Result<()> {
@@ -308,14 +358,17 @@ impl distlock_bench::ContendedFloor for ServerLockFloor {
     }
 }
 
-/// The contended floor for a lock URL: [`ServerLockFloor`] (`None` for SQLite).
-/// `distlock bench` calls it.
+/// The contended floor for a lock URL: [`ServerLockFloor`] (`None` for SQLite), fenced or
+/// not. `distlock bench` calls it.
 ///
 /// # Errors
 /// As [`ServerLockFloor::connect`].
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub async fn contended_floor(url: &str) -> Result<Option<Box<dyn distlock_bench::ContendedFloor>>> {
-    Ok(ServerLockFloor::connect(url)
+pub async fn contended_floor(
+    url: &str,
+    fenced: bool,
+) -> Result<Option<Box<dyn distlock_bench::ContendedFloor>>> {
+    Ok(ServerLockFloor::connect(url, fenced)
         .await?
         .map(|f| Box::new(f) as Box<dyn distlock_bench::ContendedFloor>))
 }
