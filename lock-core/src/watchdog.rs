@@ -3,7 +3,10 @@
 //! A guard costs a map entry, not a task with its own timers: acquiring and releasing touch a
 //! mutex-protected ordered map and nothing else, and the task wakes only when a deadline is
 //! due (renewals run concurrently inside it). The task starts with the first guard and ends
-//! when no deadline is left.
+//! once no deadline has been left for [`IDLE_LINGER`]: a client that takes and releases locks
+//! back to back (each guard shorter than a renewal interval) neither spawns a task nor wakes
+//! one per lock, which cost a cross-thread wake-up or two per acquisition on a multi-thread
+//! runtime.
 //!
 //! Renewals of leases with a [`Renewer`] are batched: at a tick, every due lease of one
 //! renewer goes to the server in one `renew_many` call per `max_batch` leases, together with
@@ -26,7 +29,7 @@ use tracing::{Instrument, debug};
 
 use crate::backend::unpoisoned as lock;
 use crate::backend::{Lease, LossEpochs, RenewItem, Renewer, within};
-use crate::flag::{Flag, Flags};
+use crate::flag::Flag;
 use crate::telemetry::{Handles, Op};
 use crate::{Error, LockName, LossReason, Result};
 
@@ -72,11 +75,19 @@ pub(crate) trait Watched: Send + Sync + 'static {
     fn signal_loss(&self, reason: LossReason);
 }
 
-/// The guards that joined one [`LossEpochs`] source, and the epoch each was taken in.
+/// How long the task stays, idle (no deadline, renewal or loss signal left, no guard in a
+/// loss group), before it ends. A guard taken meanwhile finds it running (no spawn) and its
+/// loss group still watched (no new future): taking and releasing a lock wakes nobody.
+pub(crate) const IDLE_LINGER: Duration = Duration::from_secs(1);
+
+/// The guards that joined one [`LossEpochs`] source, and the epoch each was taken in. A group
+/// lives as long as the watchdog task that waits for its source (also while it has no
+/// member), so that guards taken one after another share one wait.
 struct Group {
     members: HashMap<usize, (u64, std::sync::Weak<dyn Watched>)>,
-    /// Raised when the last member leaves: the group's waiting future ends.
-    ended: Arc<Flags>,
+    /// Keeps the source, so that its address (the group's key) cannot be another source's
+    /// while the group exists.
+    _source: LossEpochs,
 }
 
 /// Identifies a guard in its loss group: the address of its shared state.
@@ -136,23 +147,15 @@ struct Shared {
 struct State {
     timers: BTreeMap<TimerKey, Entry>,
     running: bool,
-    /// The deadline the task sleeps towards.
+    /// The deadline the task sleeps towards (while idle: the end of its linger).
     wake_at: Option<Instant>,
+    /// When the task found itself idle, if nothing happened since (see [`IDLE_LINGER`]).
+    idle_since: Option<Instant>,
     /// Backends' loss signals of new guards, for the task to poll.
     signals: Vec<BoxFuture<'static, ()>>,
+    /// The waiting futures of new loss groups, for the task to poll.
+    group_waits: Vec<BoxFuture<'static, ()>>,
     groups: HashMap<usize, Group>,
-}
-
-impl State {
-    /// Forgets loss group `id` once it has no member, and ends its waiting future.
-    fn end_group_if_empty(&mut self, id: usize) {
-        if let Some(group) = self.groups.get(&id)
-            && group.members.is_empty()
-        {
-            group.ended.flag(0).raise();
-            self.groups.remove(&id);
-        }
-    }
 }
 
 impl Watchdog {
@@ -168,6 +171,12 @@ impl Watchdog {
     pub(crate) fn watch_loss(&self, signal: BoxFuture<'static, ()>) {
         let mut state = lock(&self.shared.state);
         state.signals.push(signal);
+        self.wake_for_future(state);
+    }
+
+    /// Has the task take a new future out of `state` (starting it if it is not running).
+    fn wake_for_future(&self, mut state: std::sync::MutexGuard<'_, State>) {
+        state.idle_since = None;
         if state.running {
             drop(state);
             self.shared.notify.notify_one();
@@ -188,38 +197,41 @@ impl Watchdog {
         if let Some(key) = key {
             state.timers.remove(&key);
         }
+        // The group stays, empty or not, with the task (see `Group`).
         if let Some(id) = held.loss_group()
             && let Some(group) = state.groups.get_mut(&id)
         {
             group.members.remove(&member_key(held));
-            state.end_group_if_empty(id);
         }
     }
 
     /// Adds `held`, taken in epoch `since` of `epochs`, to that source's group: lost by the
     /// source's next event with a reason. The first member of a group starts the one future
-    /// that waits for the source; the last to leave ([`Self::unwatch`]) ends it.
+    /// that waits for the source; the group and its future stay until the task ends (idle),
+    /// so that the next guards join them without waking the task.
     pub(crate) fn join_loss(&self, epochs: &LossEpochs, since: u64, held: &Entry) {
         let id = epochs.id();
         let mut state = lock(&self.shared.state);
-        let mut started = None;
+        let mut started = false;
         let group = state.groups.entry(id).or_insert_with(|| {
-            let ended = Arc::new(Flags::default());
-            started = Some(ended.clone());
+            started = true;
             Group {
                 members: HashMap::new(),
-                ended,
+                _source: epochs.clone(),
             }
         });
         group
             .members
             .insert(member_key(held.as_ref()), (since, Arc::downgrade(held)));
-        drop(state);
-        if let Some(ended) = started {
-            // Subscribed now, before any later event: none is missed.
+        if started {
+            // Subscribed under the lock that created the group, before any later event:
+            // none is missed.
             let events = epochs.subscribe();
-            let waiting = self.clone().wait_group(id, epochs.clone(), events, ended);
-            self.watch_loss(Box::pin(waiting));
+            let waiting = self.clone().wait_group(id, epochs.clone(), events);
+            state.group_waits.push(Box::pin(waiting));
+            self.wake_for_future(state);
+        } else {
+            drop(state);
         }
         // A loss between the lease's epoch and its joining.
         if let Some((at, reason)) = epochs.last_loss()
@@ -230,24 +242,17 @@ impl Watchdog {
     }
 
     /// The one future per loss group: on each event with a reason, ends every member taken in
-    /// an earlier epoch.
+    /// an earlier epoch. Runs until the task ends (which drops it with the group).
     async fn wait_group(
         self,
         id: usize,
         epochs: LossEpochs,
         mut events: tokio::sync::watch::Receiver<(u64, Option<LossReason>)>,
-        ended: Arc<Flags>,
     ) {
         loop {
-            tokio::select! {
-                biased;
-                () = ended.flag(0).raised() => return,
-                changed = events.changed() => {
-                    if changed.is_err() {
-                        // Not while `epochs` is held; ends rather than spinning if it were.
-                        return;
-                    }
-                }
+            if events.changed().await.is_err() {
+                // Not while `epochs` is held; ends rather than spinning if it were.
+                return;
             }
             events.mark_unchanged();
             if let Some((at, reason)) = epochs.last_loss() {
@@ -270,7 +275,6 @@ impl Watchdog {
                 lost.extend(held.upgrade());
                 false
             });
-            state.end_group_if_empty(id);
             lost
         };
         for held in lost {
@@ -289,6 +293,9 @@ impl Watchdog {
             state.timers.remove(&key);
             return;
         }
+        state.idle_since = None;
+        // A running task is woken only for a deadline earlier than the one it sleeps
+        // towards: otherwise it finds this one when it wakes.
         if !state.running {
             state.running = true;
             state.wake_at = Some(at);
@@ -533,14 +540,22 @@ struct Running {
 impl Drop for Running {
     fn drop(&mut self) {
         if self.armed {
-            lock(&self.watchdog.shared.state).running = false;
+            let mut state = lock(&self.watchdog.shared.state);
+            state.running = false;
+            state.wake_at = None;
+            state.idle_since = None;
+            // The groups' waiting futures went with the task: the next guard of a source
+            // starts a new one.
+            state.groups.clear();
+            state.group_waits.clear();
         }
     }
 }
 
 /// Takes the guards due at `now` out of the map, and with them the batched guards that may go
 /// early with a renewer that has a due guard. Decides under the map's lock whether the task
-/// ends (`None`).
+/// ends (`None`): once it has been idle for [`IDLE_LINGER`]. `busy`: renewals or per-guard
+/// loss signals are still running.
 fn take_due(state: &mut State, now: Instant, busy: bool) -> Option<Taken> {
     let mut due = Vec::new();
     while let Some(entry) = state.timers.first_entry() {
@@ -574,14 +589,30 @@ fn take_due(state: &mut State, now: Instant, busy: bool) -> Option<Taken> {
             }
         }
     }
-    let next = state.timers.keys().next().map(|key| key.0);
+    let mut next = state.timers.keys().next().map(|key| key.0);
     let signals = std::mem::take(&mut state.signals);
-    if due.is_empty() && next.is_none() && signals.is_empty() && !busy {
-        // Decided under the lock: an insert either comes before (and is seen) or after (and
-        // starts a new task).
-        state.running = false;
-        state.wake_at = None;
-        return None;
+    let group_waits = std::mem::take(&mut state.group_waits);
+    let idle = due.is_empty()
+        && next.is_none()
+        && signals.is_empty()
+        && group_waits.is_empty()
+        && !busy
+        && state.groups.values().all(|group| group.members.is_empty());
+    if idle {
+        let since = *state.idle_since.get_or_insert(now);
+        let end = since + IDLE_LINGER;
+        if now >= end {
+            // Decided under the lock: an insert either comes before (and is seen) or after
+            // (and starts a new task). The groups' futures end with the task.
+            state.running = false;
+            state.wake_at = None;
+            state.idle_since = None;
+            state.groups.clear();
+            return None;
+        }
+        next = Some(end);
+    } else {
+        state.idle_since = None;
     }
     state.wake_at = next;
     Some(Taken {
@@ -589,6 +620,7 @@ fn take_due(state: &mut State, now: Instant, busy: bool) -> Option<Taken> {
         early,
         next,
         signals,
+        group_waits,
     })
 }
 
@@ -602,6 +634,8 @@ struct Taken {
     next: Option<Instant>,
     /// New loss signals.
     signals: Vec<BoxFuture<'static, ()>>,
+    /// The waiting futures of new loss groups.
+    group_waits: Vec<BoxFuture<'static, ()>>,
 }
 
 async fn run(watchdog: Watchdog) {
@@ -612,6 +646,8 @@ async fn run(watchdog: Watchdog) {
     let shared = &watchdog.shared;
     let mut renewals: FuturesUnordered<BoxFuture<'static, ()>> = FuturesUnordered::new();
     let mut signals: FuturesUnordered<BoxFuture<'static, ()>> = FuturesUnordered::new();
+    // Not counted as work: they run as long as the task does.
+    let mut group_waits: FuturesUnordered<BoxFuture<'static, ()>> = FuturesUnordered::new();
     loop {
         let now = Instant::now();
         let busy = !renewals.is_empty() || !signals.is_empty();
@@ -621,12 +657,14 @@ async fn run(watchdog: Watchdog) {
             early,
             next,
             signals: new_signals,
+            group_waits: new_group_waits,
         }) = taken
         else {
             running.armed = false;
             return;
         };
         signals.extend(new_signals);
+        group_waits.extend(new_group_waits);
         let mut batches: HashMap<usize, (Arc<dyn Renewer>, Vec<Entry>)> = HashMap::new();
         let to_renew = due
             .into_iter()
@@ -671,6 +709,7 @@ async fn run(watchdog: Watchdog) {
             () = sleep => {}
             Some(()) = renewals.next(), if !renewals.is_empty() => {}
             Some(()) = signals.next(), if !signals.is_empty() => {}
+            Some(()) = group_waits.next(), if !group_waits.is_empty() => {}
         }
     }
 }
@@ -726,6 +765,34 @@ mod tests {
             .unwrap();
         assert!(watchdog.running());
         guard.release().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn back_to_back_guards_share_one_task_that_ends_once_idle() {
+        let client = LockClient::new(MemoryBackend::new(MemoryStore::new()));
+        let watchdog = client.watchdog().clone();
+        let options = AcquireOptions::default().with_ttl(Duration::from_secs(30));
+        for _ in 0..50 {
+            let guard = client
+                .try_acquire("wd-cycle", &options)
+                .await
+                .unwrap()
+                .unwrap();
+            guard.release().await.unwrap();
+            // Released, and the task stays for the next guard.
+            assert_eq!(watchdog.entries(), 0);
+            assert!(watchdog.running(), "the task ended between two guards");
+        }
+        let ended = Instant::now();
+        let deadline = ended + IDLE_LINGER + Duration::from_secs(5);
+        while watchdog.running() {
+            assert!(Instant::now() < deadline, "the idle task did not end");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            ended.elapsed() >= IDLE_LINGER,
+            "the task ended before its linger"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

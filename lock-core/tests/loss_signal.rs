@@ -230,3 +230,32 @@ async fn a_loss_before_the_guard_joined_ends_it_even_after_a_later_reasonless_ev
         .expect("the earlier loss reached the guard");
     assert_eq!(reason, LossReason::SessionExpired);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_source_ends_guards_taken_after_earlier_ones_came_and_went() {
+    let epochs = LossEpochs::new();
+    let client = epoch_client(&epochs, None);
+    let opts = AcquireOptions::default().with_ttl(Duration::from_secs(30));
+    // Guards taken and released back to back: the source's group outlives each of them.
+    for _ in 0..20 {
+        let guard = client.try_acquire("cycled", &opts).await.unwrap().unwrap();
+        guard.release().await.unwrap();
+    }
+    let held = client.try_acquire("cycled", &opts).await.unwrap().unwrap();
+    epochs.lose(Some(LossReason::ServerRestarted));
+    let reason = tokio::time::timeout(Duration::from_secs(5), held.lost())
+        .await
+        .expect("the event reached a guard of the lasting group");
+    assert_eq!(reason, LossReason::ServerRestarted);
+
+    // Idle long enough for the watchdog task (and the group) to end: the next guard starts
+    // a new wait on the source.
+    drop(held);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let later = client.try_acquire("later", &opts).await.unwrap().unwrap();
+    epochs.lose(Some(LossReason::Failover));
+    let reason = tokio::time::timeout(Duration::from_secs(5), later.lost())
+        .await
+        .expect("the event reached a guard of a new group");
+    assert_eq!(reason, LossReason::Failover);
+}

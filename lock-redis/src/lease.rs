@@ -104,16 +104,16 @@ impl Lease for RedisLease {
     async fn release(&self) -> Result<()> {
         let shared = &self.shared;
         if !shared.redlock() {
-            let released = shared.nodes[0]
-                .release(
-                    &self.keys(),
-                    &self.owner,
-                    &shared.config,
-                    ReleaseMode::Release,
-                    self.kind,
-                )
-                .await
-                .map_err(|e| e.into_lock_error("release"))?;
+            let node = &shared.nodes[0];
+            let (owner, config, mode) = (&*self.owner, &shared.config, ReleaseMode::Release);
+            // The exclusive release needs no key but the lock's own and its siblings.
+            let released = if self.kind == LockKind::Exclusive {
+                node.release_lock(&self.lock, owner, config, mode).await
+            } else {
+                node.release(&self.keys(), owner, config, mode, self.kind)
+                    .await
+            }
+            .map_err(|e| e.into_lock_error("release"))?;
             return if released {
                 Ok(())
             } else {

@@ -14,7 +14,7 @@ use crate::topology::{ClusterTopology, Conn, Endpoint, SentinelMaster};
 
 use crate::RedisConfig;
 use crate::error::{RedisError, RedisErrorKind};
-use crate::keys::LockKeys;
+use crate::keys::{LockKeys, Siblings};
 use crate::restart::{self, Restarts};
 use crate::scripts::{self, Invocation};
 use crate::wake::Subscriber;
@@ -705,37 +705,54 @@ impl Node {
         mode: ReleaseMode,
         kind: LockKind,
     ) -> Result<bool, RedisError> {
+        if kind == LockKind::Exclusive {
+            return self.release_lock(&keys.lock, owner, config, mode).await;
+        }
         let mut conn = self.conn.clone();
         let fair = if config.fair { "1" } else { "0" };
-        let released: i64 = if kind == LockKind::Exclusive {
-            Invocation::new(&scripts::RELEASE, &[&keys.lock, &keys.queue, &keys.alive])
-                .arg(owner)
-                .arg(fair)
-                .arg(millis(config.handoff))
-                .arg(&keys.channel)
-                .arg(mode.as_str())
-                .invoke(&mut conn)
-                .await
-        } else {
-            Invocation::new(
-                &scripts::HOLD_RELEASE,
-                &[
-                    &keys.lock,
-                    &keys.queue,
-                    &keys.alive,
-                    &keys.holders(),
-                    &keys.tokens(),
-                ],
-            )
-            .arg(owner)
-            .arg(fair)
-            .arg(millis(config.handoff))
-            .arg(&keys.channel)
-            .arg(mode.as_str())
-            .arg(permits_arg(kind))
-            .invoke(&mut conn)
-            .await
-        }
+        let released: i64 = Invocation::new(
+            &scripts::HOLD_RELEASE,
+            &[
+                &keys.lock,
+                &keys.queue,
+                &keys.alive,
+                &keys.holders(),
+                &keys.tokens(),
+            ],
+        )
+        .arg(owner)
+        .arg(fair)
+        .arg(millis(config.handoff))
+        .arg(&keys.channel)
+        .arg(mode.as_str())
+        .arg(permits_arg(kind))
+        .invoke(&mut conn)
+        .await
+        .map_err(|e| self.classify(e))?;
+        Ok(released == 1)
+    }
+
+    /// [`Self::release`] of an exclusive lock, from its lock key alone (see [`Siblings`]).
+    pub(crate) async fn release_lock(
+        &self,
+        lock: &str,
+        owner: &str,
+        config: &RedisConfig,
+        mode: ReleaseMode,
+    ) -> Result<bool, RedisError> {
+        let siblings = Siblings::of(lock);
+        let mut conn = self.conn.clone();
+        let released: i64 = Invocation::new(
+            &scripts::RELEASE,
+            &[lock, siblings.queue(), siblings.alive()],
+        )
+        .arg(owner)
+        .arg(if config.fair { "1" } else { "0" })
+        .arg(millis(config.handoff))
+        .arg(siblings.channel())
+        .arg(mode.as_str())
+        .invoke(&mut conn)
+        .await
         .map_err(|e| self.classify(e))?;
         Ok(released == 1)
     }
