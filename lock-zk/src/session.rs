@@ -174,6 +174,10 @@ pub(crate) async fn connect_client(
 ) -> std::result::Result<zk::Client, zk::Error> {
     #[cfg(feature = "tls")]
     if config.is_secure() {
+        // The application's own TLS connector builds its rustls configuration here too, with
+        // the process-wide provider: without one (and with both of rustls' providers built)
+        // that panicked, whenever no earlier connection of the process had installed it.
+        crate::install_crypto_provider();
         return connector.secure_connect(&config.connect_string()).await;
     }
     #[cfg(not(feature = "tls"))]
@@ -271,6 +275,10 @@ pub(crate) async fn open_session(config: &ZkConfig, timeout: Duration) -> Result
 async fn tls_cause(config: &ZkConfig, timeout: Duration) -> Option<String> {
     let material = match config.tls() {
         Some(files) => Some(files.load().await.ok()?),
+        // The application's own TLS connector: its certificates are not ours to probe with,
+        // and a probe without them would take its server's certificate for a plain URL's
+        // mistake (a transient failure then ended the connect as a configuration error).
+        None if config.is_secure() => return None,
         None => None,
     };
     crate::tls::diagnose(config.hosts(), material, timeout).await
