@@ -16,6 +16,7 @@ async fn client(url: &str) -> LockClient<SqlBackend> {
 }
 
 /// `client` acquiring `name` in a task of its own.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 fn waiting(
     client: &LockClient<SqlBackend>,
     name: &str,
