@@ -382,7 +382,12 @@ impl Attempt for SqlAttempt {
         }
     }
 
-    async fn abandon(self: Box<Self>) -> Result<()> {
+    async fn abandon(mut self: Box<Self>) -> Result<()> {
+        if let Some(wait) = self.server_wait.take() {
+            // A wake-up read may be pinning a handed-over lock's connection: before the
+            // clean-up below, which unpins it.
+            wait.stop().await;
+        }
         if !self.maybe_owned && !self.maybe_reserved {
             // Every statement was answered: nothing of this attempt is on the server.
             return Ok(());

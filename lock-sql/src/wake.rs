@@ -172,8 +172,9 @@ pub(crate) struct ServerWait {
     version: i64,
     started: std::time::Instant,
     task: tokio::task::JoinHandle<Woken>,
-    /// Dropped (with the `ServerWait`) to tell the task to stop the wait on the server.
-    _cancel: tokio::sync::oneshot::Sender<()>,
+    /// Dropped (with the `ServerWait`, or by [`ServerWait::stop`]) to tell the task to stop
+    /// the wait on the server.
+    cancel: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 #[cfg_attr(
@@ -191,7 +192,7 @@ impl ServerWait {
             version,
             started: std::time::Instant::now(),
             task,
-            _cancel: cancel,
+            cancel: Some(cancel),
         }
     }
 
@@ -209,6 +210,13 @@ impl ServerWait {
     /// Resolves when the wait ended. Cancel-safe: the wait goes on without it.
     pub(crate) async fn woken(&mut self) -> Woken {
         (&mut self.task).await.unwrap_or(Woken::Failed)
+    }
+
+    /// Stops the wait on the server and waits for its task to end, so that nothing it keeps
+    /// (a hand-over's pinned connection) comes after the caller's clean-up.
+    pub(crate) async fn stop(mut self) {
+        self.cancel = None;
+        let _ = self.woken().await;
     }
 }
 
