@@ -318,6 +318,9 @@ impl Attempt for SqlAttempt {
             let sent = Instant::now();
             let peek = db.peek(name).await.map_err(|e| map_err("acquire", e))?;
             if let Some(found) = peek.as_ref().and_then(|p| self.found_handed(p, sent)) {
+                if let Some(peek) = &peek {
+                    db.arm(name, owner, peek.version).await;
+                }
                 return found;
             }
             if let Some(peek) = peek.filter(|p| blocked(p, owner)) {

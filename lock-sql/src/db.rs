@@ -248,6 +248,13 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// `owner` found itself the holder of `name` with `version` by reading the row (a
+    /// hand-over whose wake-up it missed): lets the next waiter wait on the server for its
+    /// release (MySQL: takes its wake lock, as a take does).
+    async fn arm(&self, name: &str, owner: &str, version: i64) {
+        let _ = (name, owner, version);
+    }
+
     /// The lease of `owner` on `name` ended without a release (lost, or its guard dropped):
     /// lets go of whatever the take kept for it (MySQL: the connection holding its wake lock).
     fn forget(&self, name: &str, owner: &str) {

@@ -772,6 +772,32 @@ impl Db for MyDb {
         self.wake.handover
     }
 
+    async fn arm(&self, name: &str, owner: &str, version: i64) {
+        let Ok(slot) = self.wake.pin_slots.clone().try_acquire_owned() else {
+            return;
+        };
+        let Ok(conn) = self.common.conns.get().await else {
+            return;
+        };
+        // Cancelled or failed mid-way, the connection is closed, and with it the wake lock.
+        let mut hot = Unfinished::new(conn);
+        let lock = format!("{}{version}", self.wake.prefix(name));
+        let got = sqlx::query_scalar::<_, Option<i64>>("SELECT GET_LOCK(?, 0)")
+            .bind(&lock)
+            .fetch_one(hot.conn())
+            .await;
+        match got {
+            Ok(Some(1)) => {
+                if let Some(hot) = hot.into_hot() {
+                    self.wake.pin(name, owner, hot.into_pooled(), slot);
+                }
+            }
+            other => {
+                let _ = hot.finish(other.map(drop));
+            }
+        }
+    }
+
     async fn reserve(
         &self,
         name: &str,

@@ -519,6 +519,76 @@ mod mysql {
         .unwrap_or_else(|e| panic!("read {name}: {e}"))
     }
 
+    /// The wake lock of the holder of `name` (in table `distlock_locks`) with `version`: the
+    /// documented FNV-1a of `<table>\0<name>` (see `wake_prefix` in `src/wake.rs`).
+    fn wake_lock(name: &str, version: i64) -> String {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in "distlock_locks".bytes().chain([0]).chain(name.bytes()) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("distlock:{hash:016x}:{version}")
+    }
+
+    /// A hand-over whose wake-up never comes (the holder's wake lock is not given up): the
+    /// waiter finds the row its own on its next read, holds it with that version, and takes
+    /// its own wake lock, so that the waiter after it can wait on the server again.
+    #[tokio::test]
+    async fn a_handed_lock_found_by_reading_takes_its_wake_lock() {
+        let Some(url) = url() else { return };
+        let (a, b) = (client(&url).await, client(&url).await);
+        let SqlPool::MySql(pool) = a.backend_ref().pool() else {
+            unreachable!("a mysql:// client")
+        };
+        let name = unique("found");
+        let opts = AcquireOptions::default().with_ttl(Duration::from_secs(5));
+        // The first take inserts the row (no wake lock); the second takes one.
+        a.acquire(&name, &opts)
+            .await
+            .expect("acquire")
+            .release()
+            .await
+            .expect("release");
+        let held = a.acquire(&name, &opts).await.expect("acquire");
+        let waiter = waiting(&b, &name, &opts);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while row(&pool, &name).await.2.is_none() {
+            assert!(std::time::Instant::now() < deadline, "nobody reserved");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // What the release does, without giving the holder's wake lock up.
+        let version: i64 = {
+            sqlx::query(
+                "UPDATE distlock_locks SET owner = next_owner, version = version + 1, \
+                 expires_at = UTC_TIMESTAMP(6) + INTERVAL next_ttl MICROSECOND, next_owner = NULL, \
+                 next_since = NULL, next_expires = NULL, next_ttl = NULL WHERE name = ?",
+            )
+            .bind(&name)
+            .execute(&pool)
+            .await
+            .expect("hand over");
+            row(&pool, &name).await.1
+        };
+        let got = tokio::time::timeout(Duration::from_secs(8), waiter)
+            .await
+            .expect("the waiter found the lock in time")
+            .expect("task")
+            .expect("acquire");
+        assert_eq!(
+            i64::try_from(got.token().get()).expect("token"),
+            version,
+            "taken again instead of found"
+        );
+        let used: Option<i64> = sqlx::query_scalar("SELECT IS_USED_LOCK(?)")
+            .bind(wake_lock(&name, version))
+            .fetch_one(&pool)
+            .await
+            .expect("IS_USED_LOCK");
+        assert!(used.is_some(), "the found lock has no wake lock");
+        drop(held);
+        got.release().await.expect("release");
+    }
+
     /// The release hands the lock to the waiter holding the reservation (which waits on the
     /// holder's wake lock): the row goes from the holder to the waiter with the next version,
     /// and the waiter holds it with that token; then it hands it on the same way.
