@@ -38,9 +38,10 @@ pub(crate) struct SqlAttempt {
     /// The last wake-up said a release handed the lock to another waiter: the reservation
     /// is free, claim it without reading first.
     pub(crate) vacant: bool,
-    /// When the last statement was sent that found the lock held by another owner: a
-    /// release that hands this waiter the lock comes after it, and so does the lease.
-    pub(crate) held_seen: Option<Instant>,
+    /// When the last read was sent that found the lock held by another owner, and the
+    /// version it found: a release that hands this waiter a later version comes after that
+    /// read (the row moved on from that version since), and so does the lease.
+    pub(crate) held_seen: Option<(Instant, i64)>,
     /// A wait on the server for the release of the holder ahead (MySQL's wake locks), while
     /// this attempt is at the head of the queue.
     pub(crate) server_wait: Option<ServerWait>,
@@ -74,7 +75,7 @@ impl SqlAttempt {
         self.busy_before = true;
         let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         if peek.remaining_us.is_some() && peek.owner.as_deref() != Some(owner) {
-            self.held_seen = Some(sent);
+            self.held_seen = Some((sent, peek.version));
         }
         let retry = peek.remaining_us.map(remaining);
         if self.request.mode == AttemptMode::Try {
@@ -95,15 +96,10 @@ impl SqlAttempt {
         let head = if claim {
             self.maybe_reserved = true;
             let ttl = (self.request.kind == LockKind::Exclusive).then(|| micros(self.request.ttl));
-            let reserving = Instant::now();
             let claimed = db
                 .reserve(name, owner, since, micros(reservation), ttl)
                 .await
                 .map_err(|e| map_err("acquire", e))?;
-            if claimed == Claim::Granted {
-                // Granted on a lock held by another (never by us: see `reserve`).
-                self.held_seen = Some(reserving);
-            }
             // Refused: an older waiter's live reservation replaced any of ours.
             self.maybe_reserved = claimed != Claim::Refused;
             if claimed == Claim::GrantedFree {
@@ -159,7 +155,6 @@ impl SqlAttempt {
         let reservation = micros(RESERVATION.min(self.request.ttl));
         let ttl = Some(micros(self.request.ttl));
         self.maybe_reserved = true;
-        let sent = Instant::now();
         let claimed = self
             .inner
             .db
@@ -167,11 +162,8 @@ impl SqlAttempt {
             .await
             .map_err(|e| map_err("acquire", e))?;
         Ok(match claimed {
-            Claim::Granted => {
-                // The lock is held (by the waiter it was handed to): the release hands it on.
-                self.held_seen = Some(sent);
-                Some(Step::NextInLine { retry_after: None })
-            }
+            // The lock is held (by the waiter it was handed to): its release hands it on.
+            Claim::Granted => Some(Step::NextInLine { retry_after: None }),
             Claim::GrantedFree => None,
             Claim::Refused => {
                 // An older waiter holds the reservation: wait for the next wake-up.
@@ -296,8 +288,11 @@ impl Attempt for SqlAttempt {
         let handed = std::mem::take(&mut self.handed);
         if let Some((version, since)) = self.handed_over.take() {
             // A release handed us the lock (its notification or our read after the wake-up
-            // says so, both after its commit): held since that release, after `since`.
-            if let Some(since) = since.or(self.held_seen) {
+            // says so, both after its commit): held since that release, after `since`, or
+            // after our last read of a holder whose version it follows. Otherwise (a late
+            // notification) the row says what holds.
+            let seen = self.held_seen.filter(|&(_, seen)| seen < version);
+            if let Some(since) = since.or(seen.map(|(at, _)| at)) {
                 return self.handed_over(version, since);
             }
         }

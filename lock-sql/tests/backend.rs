@@ -378,6 +378,46 @@ mod postgres {
         assert_eq!(row(&pool, table, &name).await.0, None);
     }
 
+    /// A hand-over notification that comes late (its version is not above the holder's the
+    /// waiter last saw, so the lock has moved on since) grants nothing: the waiter keeps
+    /// waiting, and gets the lock from the real release.
+    #[tokio::test]
+    async fn a_late_hand_over_notification_grants_nothing() {
+        let Some(url) = url() else { return };
+        let (a, b) = (client(&url).await, client(&url).await);
+        let pool = pg(&a);
+        let table = "distlock_locks";
+        let name = unique("late-note");
+        let opts = AcquireOptions::default().with_ttl(Duration::from_secs(5));
+        let held = a.acquire(&name, &opts).await.expect("a acquires");
+        let waiter = waiting(&b, &name, &opts);
+        let next = reserved(&pool, table, &name).await;
+        // Let the waiter read the row (and the holder's version) after it reserved.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let token = held.token();
+        let version = i64::try_from(token.get()).expect("token");
+        let late = format!("h{version}:{}:{next}{name}", next.len());
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(format!("distlock:{table}"))
+            .bind(&late)
+            .execute(&pool)
+            .await
+            .expect("notify");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !waiter.is_finished(),
+            "a late notification granted the lock"
+        );
+        held.release().await.expect("release");
+        let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiter got the lock in time")
+            .expect("task")
+            .expect("b acquires");
+        assert_eq!(got.token().get(), token.get() + 1);
+        got.release().await.expect("release");
+    }
+
     /// A hand-over whose notification never arrives: the waiter finds the row its own on its
     /// next look, and holds it with that version (no second take), for what is left of it.
     #[tokio::test]
