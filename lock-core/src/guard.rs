@@ -336,14 +336,17 @@ impl Held {
             }
             *lost = Some(reason.clone());
         }
-        self.flags.flag(LOST).raise();
-        // A lock left to expire (abandoned) is no loss of a hold: no warning, no count.
+        // A lock left to expire (abandoned) is no loss of a hold: no warning, no count. Ended
+        // and counted before the flag wakes the holder: a holder that releases as soon as it
+        // is told (on another thread) would otherwise end the hold first, and the loss would
+        // go uncounted.
         if self.end_hold() {
             self.metrics.lost(&reason);
             warn!(backend = self.backend, name = %self.name, token = %self.token, %reason, "lock lost");
         } else {
             debug!(backend = self.backend, name = %self.name, token = %self.token, %reason, "lock expired after its hold ended");
         }
+        self.flags.flag(LOST).raise();
     }
 
     /// Ends the hold for the metrics (held guards, hold time) once; true the first time.
