@@ -573,7 +573,8 @@ impl MyDb {
         keep: u32,
     ) -> Result<Self> {
         let table = quote(&config.table, '`');
-        if config.create_table {
+        // With `create_table`, the table has the column once this block is through.
+        let handover = if config.create_table {
             let create = format!(
                 "CREATE TABLE IF NOT EXISTS {table} (name VARBINARY(512) NOT NULL PRIMARY KEY, \
                  owner VARBINARY(255) NULL, version BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL, \
@@ -594,8 +595,10 @@ impl MyDb {
                     return Err(map_err(&format!("adding next_ttl to {table}"), err));
                 }
             }
-        }
-        let handover = has_next_ttl(&pool, &config.table).await?;
+            true
+        } else {
+            has_next_ttl(&pool, &config.table).await?
+        };
         let (sql, check, wake, holds) = statements(&config.table, handover);
         let holds = Holds::new(holds, config.create_table);
         let mut prepared = sql.prepared();

@@ -295,7 +295,8 @@ impl PgDb {
     /// at most `keep` connections checked out between statements (see [`HotConns`]).
     pub(crate) async fn on_pool(pool: sqlx::PgPool, config: &SqlConfig, keep: u32) -> Result<Self> {
         let table = quote(&config.table, '"');
-        if config.create_table {
+        // With `create_table`, the table has the column once this block is through.
+        let handover = if config.create_table {
             let create = format!(
                 "CREATE TABLE IF NOT EXISTS {table} (name TEXT COLLATE \"C\" PRIMARY KEY, owner TEXT, \
                  version BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, next_owner TEXT, \
@@ -319,8 +320,8 @@ impl PgDb {
                     .map_err(|e| map_err(&format!("adding next_ttl to {table}"), e))?;
             }
             tx.commit().await.map_err(|e| map_err("create table", e))?;
-        }
-        let handover = {
+            true
+        } else {
             let mut conn = pool.acquire().await.map_err(|e| map_err("connect", e))?;
             has_next_ttl(&mut conn, &table).await?
         };
