@@ -325,6 +325,38 @@ mod postgres {
         }
     }
 
+    /// A lock `name` of `TABLE` held by one client (`held`, ttl `ttl`) and a second client
+    /// waiting for it (`waiter`), which holds the reservation as `next`.
+    struct Queued {
+        pool: sqlx::PgPool,
+        name: String,
+        held: distlock_core::LockGuard,
+        waiter: tokio::task::JoinHandle<distlock_core::Result<distlock_core::LockGuard>>,
+        next: String,
+        /// The holder's and the waiter's clients, alive as long as the test.
+        _clients: [LockClient<SqlBackend>; 2],
+    }
+
+    const TABLE: &str = "distlock_locks";
+
+    async fn queued(url: &str, prefix: &str, ttl: Duration) -> Queued {
+        let (a, b) = (client(url).await, client(url).await);
+        let pool = pg(&a);
+        let name = unique(prefix);
+        let opts = AcquireOptions::default().with_ttl(ttl);
+        let held = a.acquire(&name, &opts).await.expect("a acquires");
+        let waiter = waiting(&b, &name, &opts);
+        let next = reserved(&pool, TABLE, &name).await;
+        Queued {
+            pool,
+            name,
+            held,
+            waiter,
+            next,
+            _clients: [a, b],
+        }
+    }
+
     /// The release hands the lock to the waiter holding the reservation, in its own
     /// statement: the row goes from the holder to the waiter with the next version (never
     /// free in between), a `h<version>:` notification says so, and the waiter holds it with
@@ -332,12 +364,15 @@ mod postgres {
     #[tokio::test]
     async fn a_release_hands_the_lock_to_the_reserved_waiter() {
         let Some(url) = url() else { return };
-        let (a, b) = (client(&url).await, client(&url).await);
-        let pool = pg(&a);
-        let table = "distlock_locks";
-        let name = unique("handover");
-        let opts = AcquireOptions::default().with_ttl(Duration::from_secs(3));
-        let held = a.acquire(&name, &opts).await.expect("a acquires");
+        let Queued {
+            pool,
+            name,
+            held,
+            waiter,
+            next,
+            _clients: _alive,
+        } = queued(&url, "handover", Duration::from_secs(3)).await;
+        let table = TABLE;
         let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
             .await
             .expect("listen");
@@ -345,8 +380,6 @@ mod postgres {
             .listen(&format!("distlock:{table}"))
             .await
             .expect("listen");
-        let waiter = waiting(&b, &name, &opts);
-        let next = reserved(&pool, table, &name).await;
         let token = held.token();
         held.release().await.expect("release");
         let (owner, version, next_owner, _) = row(&pool, table, &name).await;
@@ -384,14 +417,15 @@ mod postgres {
     #[tokio::test]
     async fn a_late_hand_over_notification_grants_nothing() {
         let Some(url) = url() else { return };
-        let (a, b) = (client(&url).await, client(&url).await);
-        let pool = pg(&a);
-        let table = "distlock_locks";
-        let name = unique("late-note");
-        let opts = AcquireOptions::default().with_ttl(Duration::from_secs(5));
-        let held = a.acquire(&name, &opts).await.expect("a acquires");
-        let waiter = waiting(&b, &name, &opts);
-        let next = reserved(&pool, table, &name).await;
+        let Queued {
+            pool,
+            name,
+            held,
+            waiter,
+            next,
+            _clients: _alive,
+        } = queued(&url, "late-note", Duration::from_secs(5)).await;
+        let table = TABLE;
         // Let the waiter read the row (and the holder's version) after it reserved.
         tokio::time::sleep(Duration::from_millis(400)).await;
         let token = held.token();
@@ -423,14 +457,15 @@ mod postgres {
     #[tokio::test]
     async fn a_handed_lock_whose_notification_was_lost_is_found() {
         let Some(url) = url() else { return };
-        let (a, b) = (client(&url).await, client(&url).await);
-        let pool = pg(&a);
-        let table = "distlock_locks";
-        let name = unique("lost-note");
-        let opts = AcquireOptions::default().with_ttl(Duration::from_secs(3));
-        let held = a.acquire(&name, &opts).await.expect("a acquires");
-        let waiter = waiting(&b, &name, &opts);
-        reserved(&pool, table, &name).await;
+        let Queued {
+            pool,
+            name,
+            held,
+            waiter,
+            _clients: _alive,
+            ..
+        } = queued(&url, "lost-note", Duration::from_secs(3)).await;
+        let table = TABLE;
         // What the release does, without its notification.
         let hand = format!(
             "UPDATE {table} SET owner = next_owner, version = version + 1, \
