@@ -94,6 +94,12 @@ pub(crate) fn of_kind(lock: &str, kind: char) -> String {
     key
 }
 
+/// [`LockKeys::queue`] of the name whose lock key is `lock` (the short release's only other
+/// key).
+pub(crate) fn queue_of(lock: &str) -> String {
+    of_kind(lock, 'q')
+}
+
 /// The release's keys of the name whose lock key is `lock` (queue, alive, channel), made from
 /// it in one allocation: a held lock keeps only its lock key, and rebuilding every key of its
 /// name ([`LockKeys::new`]: a hash, six allocations) cost more client CPU than the rest of the
@@ -211,6 +217,7 @@ mod tests {
             assert_eq!(siblings.queue(), keys.queue);
             assert_eq!(siblings.alive(), keys.alive);
             assert_eq!(siblings.channel(), keys.channel);
+            assert_eq!(queue_of(&keys.lock), keys.queue);
         }
     }
 

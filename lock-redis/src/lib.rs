@@ -49,6 +49,9 @@
 //! - **Renew** is an owner-checked `PEXPIRE`; **release** an owner-checked `DEL` that then
 //!   picks the oldest live waiter and `PUBLISH`es its owner value on the name's channel.
 //!   Both answer [`distlock_core::Error::NotHeld`] when the owner no longer holds the lock.
+//!   The release of a lock this client has not seen contended lately runs a shorter script
+//!   first (the owner-checked `DEL` if nobody is queued, with two keys and one argument); one
+//!   that finds waiters leaves the lock to the full script, in a second round trip.
 //! - **Batched renewal**: the automatic renewals that fall due together (a client holding many
 //!   locks) go to the master as one script call per 256 locks, which renews each lock exactly
 //!   as its own renew script would and answers per lock (a lock removed meanwhile is lost

