@@ -30,10 +30,13 @@ pub(crate) struct CliBenchArgs {
     #[arg(long, value_enum, default_value = "multi-thread")]
     pub(crate) runtime: Flavor,
 
-    /// S2's contended floor on PostgreSQL and MySQL also commits a fencing token in each
-    /// critical section (a durable counter increment while the server's lock is held): the
-    /// least a lock whose tokens survive a database crash writes. The etcd and ZooKeeper
-    /// floors' locks have durable tokens of their own already, and are unchanged.
+    /// The floors also take fencing tokens: S2's contended floor on PostgreSQL and MySQL
+    /// commits one in each critical section (a durable counter increment while the server's
+    /// lock is held: the least a lock whose tokens survive a database crash writes), and the
+    /// Redis floor steps a counter in the same transaction as its `SET` (`MULTI`, `SET NX PX`,
+    /// `INCR`, `EXEC`: the least a lock whose tokens strictly increase sends). The etcd and
+    /// ZooKeeper floors' locks have tokens of their own already, and are unchanged, as are the
+    /// Redlock and SQLite floors.
     #[arg(long)]
     fenced_floor: bool,
 
@@ -231,7 +234,7 @@ fn with_floor(target: Target, url: &str, fenced: bool) -> Target {
         let url = url.to_owned();
         move || {
             let url = url.clone();
-            async move { floor(backend, &url).await }
+            async move { floor(backend, &url, fenced).await }
         }
     });
     if !has_contended_floor(backend) {
@@ -274,16 +277,18 @@ async fn contended_floor(
     }
 }
 
-/// The raw floor of `backend` (a [`distlock::Scheme::backend`] name) for `url`.
+/// The raw floor of `backend` (a [`distlock::Scheme::backend`] name) for `url`; `fenced`: the
+/// Redis floor takes fencing tokens (`--fenced-floor`).
 async fn floor(
     backend: &str,
     url: &str,
+    fenced: bool,
 ) -> Result<Box<dyn distlock_bench::RawFloor>, distlock::Error> {
-    let _ = url;
+    let _ = (url, fenced);
     match backend {
         #[cfg(feature = "redis")]
         "redis" | "redlock" | "redis-sentinel" | "redis-cluster" => {
-            distlock_redis::bench::floor(url).await
+            distlock_redis::bench::floor(url, fenced).await
         }
         #[cfg(feature = "etcd")]
         "etcd" => distlock_etcd::bench::floor(url).await,

@@ -1,6 +1,7 @@
 //! The raw floors for the shared benchmark harness: `SET name owner NX PX ttl` followed by an
 //! `EVALSHA` compare-and-delete, on one multiplexed connection ([`RedisFloor`]) or on N
-//! masters at once ([`RedlockFloor`]).
+//! masters at once ([`RedlockFloor`]). The fenced floor (`distlock bench --fenced-floor`) also
+//! takes a fencing token with each `SET`, atomically.
 
 use async_trait::async_trait;
 use distlock_bench::RawFloor;
@@ -11,18 +12,21 @@ use crate::error::RedisError;
 use crate::node::NodeTls;
 use crate::scripts::{self, Invocation};
 
-/// The cheapest correct Redis lock: two round trips, no fencing, no renewal, no queue.
+/// The cheapest correct Redis lock: two round trips, no renewal, no queue; no fencing, or
+/// (fenced) the least fencing: `MULTI; SET NX PX; INCR; EXEC`, so that the token steps in the
+/// same transaction as the `SET` (as distlock's fast path does).
 #[derive(Debug)]
 pub struct RedisFloor {
     conn: FloorConn,
     addr: String,
     counter: u64,
+    fenced: bool,
 }
 
 impl RedisFloor {
     /// Opens one connection to the node URL `url` (`redis://...` or `rediss://...`, TLS as
     /// the lock's own connections).
-    async fn connect(url: &str, tls: &NodeTls) -> Result<Self, Error> {
+    async fn connect(url: &str, tls: &NodeTls, fenced: bool) -> Result<Self, Error> {
         let shown = distlock_core::service_url::redact(url);
         let client = tls.client(url, "distlock-floor")?;
         let conn = client
@@ -33,6 +37,7 @@ impl RedisFloor {
             conn: FloorConn::Plain(conn),
             addr: shown,
             counter: 0,
+            fenced,
         })
     }
 }
@@ -78,21 +83,33 @@ impl redis::aio::ConnectionLike for FloorConn {
 #[async_trait]
 impl RawFloor for RedisFloor {
     fn label(&self) -> &str {
-        "SET NX PX + EVALSHA compare-and-delete"
+        if self.fenced {
+            "MULTI SET NX PX + INCR EXEC, EVALSHA compare-and-delete"
+        } else {
+            "SET NX PX + EVALSHA compare-and-delete"
+        }
     }
 
     async fn cycle(&mut self, name: &str) -> Result<(), Error> {
         self.counter += 1;
         let owner = format!("floor-{}", self.counter);
-        let set: Option<String> = redis::cmd("SET")
-            .arg(name)
-            .arg(&owner)
-            .arg("NX")
-            .arg("PX")
-            .arg(30_000)
-            .query_async(&mut self.conn)
-            .await
-            .map_err(|e| RedisError::classify(&self.addr, e).into_lock_error("SET NX"))?;
+        let mut set = redis::cmd("SET");
+        set.arg(name).arg(&owner).arg("NX").arg("PX").arg(30_000);
+        let set: Option<String> = if self.fenced {
+            let (set, _token): (Option<String>, u64) = redis::pipe()
+                .atomic()
+                .add_command(set)
+                // The name as the hash tag: the counter sits in the name's cluster slot.
+                .incr(format!("{{{name}}}:fence"), 1)
+                .query_async(&mut self.conn)
+                .await
+                .map_err(|e| RedisError::classify(&self.addr, e).into_lock_error("MULTI SET NX"))?;
+            set
+        } else {
+            set.query_async(&mut self.conn)
+                .await
+                .map_err(|e| RedisError::classify(&self.addr, e).into_lock_error("SET NX"))?
+        };
         if set.is_none() {
             return Err(Error::Backend {
                 message: format!("{name:?} is already held"),
@@ -127,7 +144,7 @@ impl RedlockFloor {
     async fn connect<S: AsRef<str> + Sync>(urls: &[S], tls: &NodeTls) -> Result<Self, Error> {
         let mut nodes = Vec::with_capacity(urls.len());
         for url in urls {
-            nodes.push(RedisFloor::connect(url.as_ref(), tls).await?);
+            nodes.push(RedisFloor::connect(url.as_ref(), tls, false).await?);
         }
         Ok(Self { nodes, counter: 0 })
     }
@@ -184,11 +201,12 @@ impl RawFloor for RedlockFloor {
 
 /// The raw floor for a lock URL: [`RedlockFloor`] over every node of a `redlock://` URL (each
 /// with the URL's credentials and database), [`RedisFloor`] otherwise (on the master the
-/// Sentinels name, or on the cluster with its routing). `distlock bench` calls it.
+/// Sentinels name, or on the cluster with its routing). `fenced`: [`RedisFloor`] also takes a
+/// fencing token (Redlock's floor has none either way). `distlock bench` calls it.
 ///
 /// # Errors
 /// [`Error::InvalidConfig`] for a bad URL, [`Error::Unavailable`] when a node cannot be reached.
-pub async fn floor(url: &str) -> Result<Box<dyn RawFloor>, Error> {
+pub async fn floor(url: &str, fenced: bool) -> Result<Box<dyn RawFloor>, Error> {
     let config = crate::RedisConfig::from_url(url)?;
     let tls = NodeTls::load(&config).await?;
     let timeout = std::time::Duration::from_secs(5);
@@ -206,11 +224,14 @@ pub async fn floor(url: &str) -> Result<Box<dyn RawFloor>, Error> {
             conn: FloorConn::Topology(node.conn.clone()),
             addr: node.addr.clone(),
             counter: 0,
+            fenced,
         }));
     }
     if config.is_redlock() {
         Ok(Box::new(RedlockFloor::connect(&config.nodes, &tls).await?))
     } else {
-        Ok(Box::new(RedisFloor::connect(&config.nodes[0], &tls).await?))
+        Ok(Box::new(
+            RedisFloor::connect(&config.nodes[0], &tls, fenced).await?,
+        ))
     }
 }
