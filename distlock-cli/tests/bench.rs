@@ -160,6 +160,43 @@ fn s2_runs_next_to_the_contended_floor_of_each_server() {
     }
 }
 
+/// `--fenced-floor` on Redis: S1's floor takes a fencing token in the transaction of its
+/// `SET` (its label says so), and S1 is compared with it.
+#[test]
+fn s1_on_redis_can_compare_with_a_floor_that_takes_tokens() {
+    let Some(urls) = conformance_tests::server_var("redis", "DISTLOCK_TEST_REDIS_URLS") else {
+        return;
+    };
+    let url = urls.split(',').next().unwrap_or_default();
+    let env = Env::new();
+    let args = [
+        "--url",
+        url,
+        "--scenario",
+        "s1",
+        "--cycles",
+        "50",
+        "--warmup",
+        "5",
+        "--fenced-floor",
+    ];
+    let (target, stdout) = growth_run(&env, "s1-fenced.json", &args);
+    let floor = &target["floor"];
+    let label = floor["label"].as_str().unwrap_or("");
+    assert!(label.contains("INCR"), "{label:?} in {target}");
+    assert!(
+        floor["ops_per_sec"].as_f64().is_some_and(|r| r > 0.0),
+        "{target}"
+    );
+    assert!(stdout.contains(label), "{stdout}");
+    assert!(
+        target["uncontended"]["floor_ratio"]
+            .as_f64()
+            .is_some_and(|r| r > 0.0),
+        "{target}"
+    );
+}
+
 /// Runs `distlock bench` with `args` (plus `--json FILE --quiet`), asserts success and returns
 /// the JSON report's first target and the Markdown.
 fn growth_run(env: &Env, file: &str, args: &[&str]) -> (serde_json::Value, String) {
