@@ -30,13 +30,13 @@ pub(crate) struct CliBenchArgs {
     #[arg(long, value_enum, default_value = "multi-thread")]
     pub(crate) runtime: Flavor,
 
-    /// The floors also take fencing tokens: S2's contended floor on PostgreSQL and MySQL
-    /// commits one in each critical section (a durable counter increment while the server's
-    /// lock is held: the least a lock whose tokens survive a database crash writes), and the
-    /// Redis floor steps a counter in the same transaction as its `SET` (`MULTI`, `SET NX PX`,
-    /// `INCR`, `EXEC`: the least a lock whose tokens strictly increase sends). The etcd and
-    /// ZooKeeper floors' locks have tokens of their own already, and are unchanged, as are the
-    /// Redlock and SQLite floors.
+    /// Also measure fenced floors, in the same run as the plain ones: on PostgreSQL and MySQL
+    /// S2's contended floor again, committing a fencing token in each critical section (a
+    /// durable counter increment while the server's lock is held: the least a lock whose
+    /// tokens survive a database crash writes); on Redis (not Redlock) S1's floor again,
+    /// stepping a counter in the transaction of its `SET` (`MULTI`, `SET NX PX`, `INCR`,
+    /// `EXEC`: the least a lock whose tokens strictly increase sends), in the same rotation as
+    /// S1. The etcd and ZooKeeper floors' locks have tokens of their own already.
     #[arg(long)]
     fenced_floor: bool,
 
@@ -206,7 +206,8 @@ fn write_charts(report: &Report, dir: &std::path::Path) -> Result<(), Failure> {
 }
 
 /// Registers the raw floor of the URL's backend (each backend crate's `bench::floor`), when
-/// it is compiled in; the backend is found in the facade's scheme table.
+/// it is compiled in, and with `fenced` its fenced floors too (see `--fenced-floor`); the
+/// backend is found in the facade's scheme table.
 fn with_floor(target: Target, url: &str, fenced: bool) -> Target {
     let scheme = url
         .split_once(':')
@@ -234,17 +235,48 @@ fn with_floor(target: Target, url: &str, fenced: bool) -> Target {
         let url = url.to_owned();
         move || {
             let url = url.clone();
-            async move { floor(backend, &url, fenced).await }
+            async move { floor(backend, &url, false).await }
         }
     });
+    let target = if fenced && has_fenced_floor(backend) {
+        let url = url.to_owned();
+        target.with_fenced_floor(move || {
+            let url = url.clone();
+            async move { floor(backend, &url, true).await }
+        })
+    } else {
+        target
+    };
     if !has_contended_floor(backend) {
         return target;
     }
+    let target = target.with_contended_floor({
+        let url = url.to_owned();
+        move || {
+            let url = url.clone();
+            async move { contended_floor(backend, &url, false).await }
+        }
+    });
+    if !(fenced && has_fenced_contended_floor(backend)) {
+        return target;
+    }
     let url = url.to_owned();
-    target.with_contended_floor(move || {
+    target.with_fenced_contended_floor(move || {
         let url = url.clone();
-        async move { contended_floor(backend, &url, fenced).await }
+        async move { contended_floor(backend, &url, true).await }
     })
+}
+
+/// Whether `backend` has a fenced S1 floor (`--fenced-floor`): Redis on one master, Sentinel
+/// or Cluster (Redlock's floor takes no tokens).
+fn has_fenced_floor(backend: &str) -> bool {
+    matches!(backend, "redis" | "redis-sentinel" | "redis-cluster")
+}
+
+/// Whether `backend` has a fenced contended floor (`--fenced-floor`): the SQL servers' locks,
+/// which hand out no tokens of their own.
+fn has_fenced_contended_floor(backend: &str) -> bool {
+    matches!(backend, "mysql" | "postgres")
 }
 
 /// Whether `backend` has a blocking lock of its own for S2's contended floor: etcd's Lock API,
@@ -254,8 +286,9 @@ fn has_contended_floor(backend: &str) -> bool {
     matches!(backend, "etcd" | "zookeeper" | "mysql" | "postgres")
 }
 
-/// The contended floor of `backend` for `url` (see [`has_contended_floor`]); `fenced`: the
-/// SQL floors commit a fencing token per critical section (`--fenced-floor`).
+/// The contended floor of `backend` for `url` (see [`has_contended_floor`]); `fenced`: its
+/// fenced floor, committing a fencing token per critical section (see
+/// [`has_fenced_contended_floor`]).
 async fn contended_floor(
     backend: &str,
     url: &str,
@@ -277,19 +310,26 @@ async fn contended_floor(
     }
 }
 
-/// The raw floor of `backend` (a [`distlock::Scheme::backend`] name) for `url`; `fenced`: the
-/// Redis floor takes fencing tokens (`--fenced-floor`).
+/// The raw floor of `backend` (a [`distlock::Scheme::backend`] name) for `url`; `fenced`: its
+/// fenced floor (see [`has_fenced_floor`]).
 async fn floor(
     backend: &str,
     url: &str,
     fenced: bool,
 ) -> Result<Box<dyn distlock_bench::RawFloor>, distlock::Error> {
-    let _ = (url, fenced);
+    let _ = url;
     match backend {
         #[cfg(feature = "redis")]
-        "redis" | "redlock" | "redis-sentinel" | "redis-cluster" => {
-            distlock_redis::bench::floor(url, fenced).await
+        "redis" | "redlock" | "redis-sentinel" | "redis-cluster" if fenced => {
+            distlock_redis::bench::fenced_floor(url).await
         }
+        #[cfg(feature = "redis")]
+        "redis" | "redlock" | "redis-sentinel" | "redis-cluster" => {
+            distlock_redis::bench::floor(url).await
+        }
+        _ if fenced => Err(distlock::Error::Unsupported(format!(
+            "no fenced floor for the {backend} backend"
+        ))),
         #[cfg(feature = "etcd")]
         "etcd" => distlock_etcd::bench::floor(url).await,
         #[cfg(feature = "zookeeper")]

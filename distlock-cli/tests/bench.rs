@@ -76,7 +76,8 @@ fn bench_prints_the_figures_its_metrics_recorded() {
 
 /// `distlock bench --scenario s2` on each server with a blocking lock of its own: the
 /// contended floor runs first, on the server's lock, and S2 is compared with it; the report
-/// names the runtime asked for. On MySQL, `--fenced-floor` makes the floor commit a token.
+/// names the runtime asked for. On MySQL, `--fenced-floor` also runs a floor that commits a
+/// token, in the same run, and S2 is compared with both.
 #[test]
 fn s2_runs_next_to_the_contended_floor_of_each_server() {
     let servers = [
@@ -84,7 +85,7 @@ fn s2_runs_next_to_the_contended_floor_of_each_server() {
         (
             "mysql",
             "DISTLOCK_TEST_MYSQL_URL",
-            "GET_LOCK + token commit",
+            "GET_LOCK + RELEASE_LOCK",
         ),
         ("etcd", "DISTLOCK_TEST_ETCD_ENDPOINTS", "etcd Lock API"),
         ("zookeeper", "DISTLOCK_TEST_ZK_CONNECT", "create ephemeral"),
@@ -157,11 +158,23 @@ fn s2_runs_next_to_the_contended_floor_of_each_server() {
         let ratio = target["contended"]["contended_floor_ratio"].as_f64();
         assert!(ratio.is_some_and(|r| r > 0.0), "{backend}: {target}");
         assert!(stdout.contains(&format!("| {floor}")), "{stdout}");
+        let fenced = &target["fenced_contended_floor"];
+        if backend == "mysql" {
+            let label = fenced["label"].as_str().unwrap_or("");
+            assert!(label.contains("token commit"), "{label:?} in {target}");
+            assert_eq!(fenced["s2"]["exclusivity_violations"], 0, "{target}");
+            let ratio = target["contended"]["fenced_contended_floor_ratio"].as_f64();
+            assert!(ratio.is_some_and(|r| r > 0.0), "{target}");
+            assert!(stdout.contains(label), "{stdout}");
+        } else {
+            assert!(fenced.is_null(), "{backend}: {target}");
+        }
     }
 }
 
-/// `--fenced-floor` on Redis: S1's floor takes a fencing token in the transaction of its
-/// `SET` (its label says so), and S1 is compared with it.
+/// `--fenced-floor` on Redis: S1 runs next to the plain floor and a floor that takes a fencing
+/// token in the transaction of its `SET` (its label says so), in the same run, and is compared
+/// with both.
 #[test]
 fn s1_on_redis_can_compare_with_a_floor_that_takes_tokens() {
     let Some(urls) = conformance_tests::server_var("redis", "DISTLOCK_TEST_REDIS_URLS") else {
@@ -181,20 +194,17 @@ fn s1_on_redis_can_compare_with_a_floor_that_takes_tokens() {
         "--fenced-floor",
     ];
     let (target, stdout) = growth_run(&env, "s1-fenced.json", &args);
-    let floor = &target["floor"];
-    let label = floor["label"].as_str().unwrap_or("");
+    let plain = target["floor"]["label"].as_str().unwrap_or("");
+    assert!(!plain.contains("INCR"), "{plain:?} in {target}");
+    let fenced = &target["fenced_floor"];
+    let label = fenced["label"].as_str().unwrap_or("");
     assert!(label.contains("INCR"), "{label:?} in {target}");
-    assert!(
-        floor["ops_per_sec"].as_f64().is_some_and(|r| r > 0.0),
-        "{target}"
-    );
+    assert_eq!(fenced["cycles"], 50, "{target}");
     assert!(stdout.contains(label), "{stdout}");
-    assert!(
-        target["uncontended"]["floor_ratio"]
-            .as_f64()
-            .is_some_and(|r| r > 0.0),
-        "{target}"
-    );
+    for ratio in ["floor_ratio", "fenced_floor_ratio"] {
+        let value = target["uncontended"][ratio].as_f64();
+        assert!(value.is_some_and(|r| r > 0.0), "{ratio}: {target}");
+    }
 }
 
 /// Runs `distlock bench` with `args` (plus `--json FILE --quiet`), asserts success and returns

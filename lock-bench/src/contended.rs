@@ -331,5 +331,6 @@ pub(crate) async fn run_s2<C: Contender>(
         handoff_paused_floor_ratio: None,
         contended_floor_ratio: None,
         handoff_p99_floor_ratio: None,
+        fenced_contended_floor_ratio: None,
     })
 }

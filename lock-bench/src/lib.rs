@@ -32,6 +32,13 @@
 //!   PostgreSQL advisory locks, etcd's Lock API, a ZooKeeper ephemeral node with a watch),
 //!   measured just before S2 ([`S2Result::contended_floor_ratio`],
 //!   [`S2Result::handoff_p99_floor_ratio`]).
+//! - **Fenced floors** (for a target that registers them: [`Target::with_fenced_floor`],
+//!   [`Target::with_fenced_contended_floor`]): the floors again, also handing out a fencing
+//!   token (Redis: `INCR` in the transaction of the `SET`; SQL: a token commit per critical
+//!   section). S1's runs in the same rotation of blocks as S1 and the floor, S2's right after
+//!   the contended floor, so the same run shows what tokens cost by themselves and what
+//!   distlock costs on top ([`S1Result::fenced_floor_ratio`],
+//!   [`S2Result::fenced_contended_floor_ratio`]).
 //! - **Paused floor** (with S2): floor cycles each started after a pause as long as `hold`.
 //!   A handoff starts from idle processes and CPUs (everybody slept through the hold), and
 //!   waking them costs far more than a round trip on a busy loop (here, on a virtual machine:
@@ -183,9 +190,11 @@ async fn run_target(
         target: label.to_owned(),
         backend: None,
         floor: None,
+        fenced_floor: None,
         uncontended: None,
         contended: None,
         contended_floor: None,
+        fenced_contended_floor: None,
         rw_mix: None,
         semaphore: None,
         growth: None,
@@ -214,6 +223,13 @@ async fn run_target(
             None
         }
     };
+    let mut fenced_floor = match target.fenced_floor().await {
+        Ok(floor) => floor,
+        Err(e) => {
+            result.errors.push(ScenarioError::new("fenced floor", &e));
+            None
+        }
+    };
     let client = if config.scenarios.uncontended() {
         match target.connect().await {
             Ok(client) => {
@@ -229,26 +245,38 @@ async fn run_target(
         None
     };
     let (s1_name, floor_name) = (format!("{base}/s1"), format!("{base}/floor"));
+    let fenced_name = format!("{base}/fenced-floor");
     let measured = uncontended::run(
         client.as_deref().map(|c| (c, s1_name.as_str())),
         floor.as_deref_mut().map(|f| (f, floor_name.as_str())),
+        fenced_floor
+            .as_deref_mut()
+            .map(|f| (f, fenced_name.as_str())),
         config,
         progress("s1"),
     )
     .await;
-    match measured.floor {
-        Some(Ok(f)) => result.floor = Some(f),
-        Some(Err(e)) => result.errors.push(ScenarioError::new("floor", &e)),
-        None => {}
+    for (scenario, measured, slot) in [
+        ("floor", measured.floor, &mut result.floor),
+        (
+            "fenced floor",
+            measured.fenced_floor,
+            &mut result.fenced_floor,
+        ),
+    ] {
+        match measured {
+            Some(Ok(f)) => *slot = Some(f),
+            Some(Err(e)) => result.errors.push(ScenarioError::new(scenario, &e)),
+            None => {}
+        }
     }
-    let floor_ops = result
-        .floor
-        .as_ref()
-        .map(|f| f.ops_per_sec)
-        .filter(|ops| *ops > 0.0);
+    drop(fenced_floor);
+    let ops = |f: &Option<FloorResult>| f.as_ref().map(|f| f.ops_per_sec).filter(|ops| *ops > 0.0);
+    let (floor_ops, fenced_ops) = (ops(&result.floor), ops(&result.fenced_floor));
     match measured.s1 {
         Some(Ok(mut s1)) => {
             s1.floor_ratio = floor_ops.map(|f| s1.ops_per_sec / f);
+            s1.fenced_floor_ratio = fenced_ops.map(|f| s1.ops_per_sec / f);
             result.uncontended = Some(s1);
         }
         Some(Err(e)) => result.errors.push(ScenarioError::new("s1", &e)),
@@ -267,22 +295,17 @@ async fn run_target(
     }
 
     if config.scenarios.contended() && target.has_contended_floor() {
-        let measured = async {
-            let mut floors = Vec::with_capacity(config.clients);
-            for _ in 0..config.clients {
-                floors.extend(target.contended_floor().await?);
-            }
-            let label = floors
-                .first()
-                .map(|f| f.label().to_owned())
-                .unwrap_or_default();
-            let name = format!("{base}/s2-floor");
-            let s2 = contended::run_s2(floors, name, config, progress("s2 floor")).await?;
-            Ok::<_, Error>(ContendedFloorResult { label, s2 })
-        };
-        match measured.await {
+        match contended_floor(target, false, &base, config).await {
             Ok(floor) => result.contended_floor = Some(floor),
             Err(e) => result.errors.push(ScenarioError::new("s2 floor", &e)),
+        }
+    }
+    if config.scenarios.contended() && target.has_fenced_contended_floor() {
+        match contended_floor(target, true, &base, config).await {
+            Ok(floor) => result.fenced_contended_floor = Some(floor),
+            Err(e) => result
+                .errors
+                .push(ScenarioError::new("s2 fenced floor", &e)),
         }
     }
 
@@ -307,6 +330,11 @@ async fn run_target(
                     s2.handoff_p99_floor_ratio =
                         (f.handoff.p99_us > 0.0).then(|| s2.handoff.p99_us / f.handoff.p99_us);
                 }
+                if let Some(floor) = &result.fenced_contended_floor {
+                    let f = &floor.s2;
+                    s2.fenced_contended_floor_ratio = (f.critical_sections_per_sec > 0.0)
+                        .then(|| s2.critical_sections_per_sec / f.critical_sections_per_sec);
+                }
                 result.contended = Some(s2);
             }
             Err(e) => result.errors.push(ScenarioError::new("s2", &e)),
@@ -325,6 +353,36 @@ async fn run_target(
         result.semaphore = run_mixed(target, config, mix, "semaphore", &base, &mut result).await;
     }
     result
+}
+
+/// S2's loop on `target`'s contended floor (`fenced`: its fenced one), one floor per client.
+async fn contended_floor(
+    target: &Target,
+    fenced: bool,
+    base: &str,
+    config: &BenchConfig,
+) -> Result<ContendedFloorResult, Error> {
+    let mut floors = Vec::with_capacity(config.clients);
+    for _ in 0..config.clients {
+        let floor = if fenced {
+            target.fenced_contended_floor().await?
+        } else {
+            target.contended_floor().await?
+        };
+        floors.extend(floor);
+    }
+    let label = floors
+        .first()
+        .map(|f| f.label().to_owned())
+        .unwrap_or_default();
+    let (name, scenario) = if fenced {
+        (format!("{base}/s2-fenced-floor"), "s2 fenced floor")
+    } else {
+        (format!("{base}/s2-floor"), "s2 floor")
+    };
+    let progress = Progress::new(config.progress, target.label(), scenario);
+    let s2 = contended::run_s2(floors, name, config, progress).await?;
+    Ok(ContendedFloorResult { label, s2 })
 }
 
 /// `count` clients of `target`, each from its own factory call; `backend` learns their

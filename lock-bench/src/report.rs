@@ -32,6 +32,9 @@ pub struct TargetResult {
     pub backend: Option<String>,
     /// The raw floor, if the target has one and it ran without error.
     pub floor: Option<FloorResult>,
+    /// The fenced raw floor ([`Target::with_fenced_floor`](crate::Target::with_fenced_floor)),
+    /// measured interleaved with S1 and the raw floor, if the target has one.
+    pub fenced_floor: Option<FloorResult>,
     /// S1, if selected and successful.
     pub uncontended: Option<S1Result>,
     /// S2, if selected and successful.
@@ -39,6 +42,10 @@ pub struct TargetResult {
     /// The contended floor (S2's loop on the server's own blocking lock, measured just before
     /// S2), if the target has one and S2 is selected.
     pub contended_floor: Option<ContendedFloorResult>,
+    /// The fenced contended floor
+    /// ([`Target::with_fenced_contended_floor`](crate::Target::with_fenced_contended_floor)),
+    /// measured right after the contended floor, if the target has one and S2 is selected.
+    pub fenced_contended_floor: Option<ContendedFloorResult>,
     /// The read/write mix, if selected, supported and successful.
     pub rw_mix: Option<MixedResult>,
     /// The semaphore, if selected, supported and successful.
@@ -151,6 +158,8 @@ pub struct S1Result {
     pub release: LatencySummary,
     /// `ops_per_sec / floor.ops_per_sec`, when the target has a floor.
     pub floor_ratio: Option<f64>,
+    /// `ops_per_sec / fenced_floor.ops_per_sec`, when the target has a fenced floor.
+    pub fenced_floor_ratio: Option<f64>,
 }
 
 /// S2: several clients contending for one name.
@@ -200,6 +209,8 @@ pub struct S2Result {
     pub contended_floor_ratio: Option<f64>,
     /// `handoff.p99_us` ÷ the contended floor's, when the target has one.
     pub handoff_p99_floor_ratio: Option<f64>,
+    /// `critical_sections_per_sec` ÷ the fenced contended floor's, when the target has one.
+    pub fenced_contended_floor_ratio: Option<f64>,
 }
 
 /// The contended floor: S2's loop on the server's own blocking lock.
@@ -336,7 +347,7 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "- Floor: the backend's minimal raw acquire + release, same loop as S1, interleaved with it in alternating blocks of 100 cycles; ratio = ops/s ÷ floor ops/s. \
+            "- Floor: the backend's minimal raw acquire + release, same loop as S1, interleaved with it in rotating blocks of 100 cycles; ratio = ops/s ÷ floor ops/s. \
              Names under `{}`.",
             c.name_prefix
         );
@@ -353,6 +364,19 @@ impl Report {
                 "- Contended floor: S2's loop on the server's own blocking lock (one connection per \
                  client, same clients, hold and duration), measured just before S2; ratio = S2 \
                  critical sections/s ÷ the floor's, p99 ratio = S2 handoff p99 ÷ the floor's."
+            );
+        }
+        if self
+            .targets
+            .iter()
+            .any(|t| t.fenced_floor.is_some() || t.fenced_contended_floor.is_some())
+        {
+            let _ = writeln!(
+                out,
+                "- Fenced floors: the floors again, also handing out a fencing token (S1's: in the \
+                 same rotation of blocks as S1 and the floor; S2's: right after the contended \
+                 floor); fenced ÷ floor = what the tokens cost by themselves, distlock ÷ fenced \
+                 floor = what distlock costs on top."
             );
         }
         let _ = writeln!(out, "- Runtime: tokio {}.", self.runtime);
@@ -478,7 +502,63 @@ impl Report {
             }
         }
         out.push_str(&self.contended_floor_markdown());
+        out.push_str(&self.fenced_floor_markdown());
         out.push_str(&self.mixed_markdown());
+        out
+    }
+
+    /// The fenced floors next to the plain ones of the same run, for targets that have them:
+    /// what handing out fencing tokens costs by itself, and distlock against that.
+    fn fenced_floor_markdown(&self) -> String {
+        let mut out = String::new();
+        let mut rows = Vec::new();
+        for t in &self.targets {
+            if let (Some(fenced), Some(s1)) = (&t.fenced_floor, &t.uncontended) {
+                let plain = t.floor.as_ref().map(|f| f.ops_per_sec);
+                rows.push((
+                    t,
+                    "S1 uncontended",
+                    &fenced.label,
+                    fenced.ops_per_sec,
+                    plain,
+                    s1.ops_per_sec,
+                ));
+            }
+            if let (Some(fenced), Some(s2)) = (&t.fenced_contended_floor, &t.contended) {
+                let plain = t
+                    .contended_floor
+                    .as_ref()
+                    .map(|f| f.s2.critical_sections_per_sec);
+                let (label, ops) = (&fenced.label, fenced.s2.critical_sections_per_sec);
+                rows.push((
+                    t,
+                    "S2 contended",
+                    label,
+                    ops,
+                    plain,
+                    s2.critical_sections_per_sec,
+                ));
+            }
+        }
+        if rows.is_empty() {
+            return out;
+        }
+        out.push_str("\n| target | scenario | floor ops/s | fenced floor | fenced floor ops/s | fenced ÷ floor | distlock ops/s | distlock ÷ fenced floor |\n");
+        out.push_str("|---|---|--:|---|--:|--:|--:|--:|\n");
+        let ratio = |a: f64, b: Option<f64>| {
+            b.filter(|b| *b > 0.0)
+                .map_or_else(|| "-".to_owned(), |b| format!("{:.3}", a / b))
+        };
+        for (t, scenario, label, fenced, plain, distlock) in rows {
+            let _ = writeln!(
+                out,
+                "| {} | {scenario} | {} | {label} | {fenced:.0} | {} | {distlock:.0} | {} |",
+                t.target,
+                plain.map_or_else(|| "-".to_owned(), |p| format!("{p:.0}")),
+                ratio(fenced, plain),
+                ratio(distlock, Some(fenced)),
+            );
+        }
         out
     }
 

@@ -27,6 +27,16 @@ type FloorFactory = Box<dyn Fn() -> FloorFuture + Send + Sync>;
 type ContendedFloorFactory = Box<dyn Fn() -> ContendedFloorFuture + Send + Sync>;
 type CounterFactory = Box<dyn Fn() -> ServerCounterFuture + Send + Sync>;
 
+/// What an optional factory makes, if there is one.
+async fn made<T>(
+    factory: Option<&(dyn Fn() -> BoxFuture<'static, Result<T, Error>> + Send + Sync)>,
+) -> Result<Option<T>, Error> {
+    match factory {
+        Some(make) => make().await.map(Some),
+        None => Ok(None),
+    }
+}
+
 /// The future a [`Target`]'s server counter factory returns.
 pub type ServerCounterFuture = BoxFuture<'static, Result<Box<dyn ServerCounter>, Error>>;
 
@@ -147,7 +157,9 @@ pub struct Target {
     label: String,
     connect: ClientFactory,
     floor: Option<FloorFactory>,
+    fenced_floor: Option<FloorFactory>,
     contended_floor: Option<ContendedFloorFactory>,
+    fenced_contended_floor: Option<ContendedFloorFactory>,
     server_counter: Option<CounterFactory>,
 }
 
@@ -156,7 +168,12 @@ impl fmt::Debug for Target {
         f.debug_struct("Target")
             .field("label", &self.label)
             .field("floor", &self.floor.is_some())
+            .field("fenced_floor", &self.fenced_floor.is_some())
             .field("contended_floor", &self.contended_floor.is_some())
+            .field(
+                "fenced_contended_floor",
+                &self.fenced_contended_floor.is_some(),
+            )
             .field("server_counter", &self.server_counter.is_some())
             .finish_non_exhaustive()
     }
@@ -173,7 +190,9 @@ impl Target {
             label: label.into(),
             connect: Box::new(move || Box::pin(connect())),
             floor: None,
+            fenced_floor: None,
             contended_floor: None,
+            fenced_contended_floor: None,
             server_counter: None,
         }
     }
@@ -187,6 +206,34 @@ impl Target {
         Fut: Future<Output = Result<Box<dyn RawFloor>, Error>> + Send + 'static,
     {
         self.floor = Some(Box::new(move || Box::pin(floor())));
+        self
+    }
+
+    /// Registers a second raw floor that also hands out fencing tokens (the least a lock with
+    /// tokens sends), measured in the same run as S1 and the plain floor, interleaved with
+    /// both: [`S1Result::fenced_floor_ratio`](crate::S1Result::fenced_floor_ratio). `floor` is
+    /// called once per run and should open its own connection.
+    #[must_use]
+    pub fn with_fenced_floor<F, Fut>(mut self, floor: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Box<dyn RawFloor>, Error>> + Send + 'static,
+    {
+        self.fenced_floor = Some(Box::new(move || Box::pin(floor())));
+        self
+    }
+
+    /// Registers a second contended floor that also commits a fencing token per critical
+    /// section, run right after the plain one and before S2:
+    /// [`S2Result::fenced_contended_floor_ratio`](crate::S2Result::fenced_contended_floor_ratio).
+    /// `floor` is called once per contending client and should open its own connection.
+    #[must_use]
+    pub fn with_fenced_contended_floor<F, Fut>(mut self, floor: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Box<dyn ContendedFloor>, Error>> + Send + 'static,
+    {
+        self.fenced_contended_floor = Some(Box::new(move || Box::pin(floor())));
         self
     }
 
@@ -219,10 +266,7 @@ impl Target {
     /// # Errors
     /// The factory's error.
     pub async fn server_counter(&self) -> Result<Option<Box<dyn ServerCounter>>, Error> {
-        match &self.server_counter {
-            Some(make) => make().await.map(Some),
-            None => Ok(None),
-        }
+        made(self.server_counter.as_deref()).await
     }
 
     /// The in-memory backend: every client shares one fresh [`MemoryStore`]. Its floor is a
@@ -281,10 +325,7 @@ impl Target {
     /// # Errors
     /// The factory's error.
     pub async fn contended_floor(&self) -> Result<Option<Box<dyn ContendedFloor>>, Error> {
-        match &self.contended_floor {
-            Some(make) => make().await.map(Some),
-            None => Ok(None),
-        }
+        made(self.contended_floor.as_deref()).await
     }
 
     /// A new raw floor, if one is registered.
@@ -292,10 +333,29 @@ impl Target {
     /// # Errors
     /// The factory's error.
     pub async fn floor(&self) -> Result<Option<Box<dyn RawFloor>>, Error> {
-        match &self.floor {
-            Some(make) => make().await.map(Some),
-            None => Ok(None),
-        }
+        made(self.floor.as_deref()).await
+    }
+
+    /// A new fenced raw floor ([`Self::with_fenced_floor`]), if one is registered.
+    ///
+    /// # Errors
+    /// The factory's error.
+    pub async fn fenced_floor(&self) -> Result<Option<Box<dyn RawFloor>>, Error> {
+        made(self.fenced_floor.as_deref()).await
+    }
+
+    /// Whether a fenced contended floor is registered.
+    pub fn has_fenced_contended_floor(&self) -> bool {
+        self.fenced_contended_floor.is_some()
+    }
+
+    /// A new fenced contended floor ([`Self::with_fenced_contended_floor`]), if one is
+    /// registered.
+    ///
+    /// # Errors
+    /// The factory's error.
+    pub async fn fenced_contended_floor(&self) -> Result<Option<Box<dyn ContendedFloor>>, Error> {
+        made(self.fenced_contended_floor.as_deref()).await
     }
 }
 

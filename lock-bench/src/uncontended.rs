@@ -1,8 +1,9 @@
-//! S1 (uncontended acquire + release) and the raw floor, measured with the same loop and
-//! interleaved: the measured cycles of each run in blocks of [`BLOCK`] cycles that alternate
-//! between the two (floor first in even blocks, S1 first in odd ones), so that a server whose speed
-//! drifts during the run (a write-ahead log growing, a snapshot, a JVM warming up, another
-//! process waking) weighs on both alike and the ratio compares like with like.
+//! S1 (uncontended acquire + release) and the raw floor (and the fenced floor, when the target
+//! has one), measured with the same loop and interleaved: the measured cycles of each run in
+//! blocks of [`BLOCK`] cycles that rotate between the sides (each one first in turn: the floor,
+//! then S1, then the fenced floor), so that a server whose speed drifts during the run (a
+//! write-ahead log growing, a snapshot, a JVM warming up, another process waking) weighs on all
+//! alike and the ratios compare like with like.
 
 use std::time::{Duration, Instant};
 
@@ -80,7 +81,16 @@ struct FloorSide<'a, 'f> {
     timed: Timed,
 }
 
-impl FloorSide<'_, '_> {
+impl<'a, 'f> FloorSide<'a, 'f> {
+    /// The side of `floor`, if given.
+    fn of(floor: FloorArg<'a, 'f>) -> Option<Self> {
+        floor.map(|(floor, name)| Self {
+            floor,
+            name,
+            timed: Timed::new(),
+        })
+    }
+
     /// One raw cycle; recorded if `measured`.
     async fn cycle(&mut self, measured: bool) -> Result<(), Error> {
         let start = Instant::now();
@@ -89,6 +99,21 @@ impl FloorSide<'_, '_> {
             self.timed.cycle.record(start.elapsed());
         }
         Ok(())
+    }
+
+    /// What this side measured over `cycles` measured cycles, or the error that stopped it.
+    fn result(self, error: Option<Error>, cycles: u64) -> Result<FloorResult, Error> {
+        match error {
+            Some(e) => Err(e),
+            None => Ok(FloorResult {
+                label: self.floor.label().to_owned(),
+                cycles,
+                elapsed_ms: self.timed.elapsed.as_secs_f64() * 1000.0,
+                ops_per_sec: rate(cycles, self.timed.elapsed),
+                cycle: self.timed.cycle.summary(),
+                paused_cycle: None,
+            }),
+        }
     }
 }
 
@@ -145,13 +170,18 @@ impl Side<'_, '_, '_> {
 pub(crate) struct Uncontended {
     pub(crate) s1: Option<Result<S1Result, Error>>,
     pub(crate) floor: Option<Result<FloorResult, Error>>,
+    pub(crate) fenced_floor: Option<Result<FloorResult, Error>>,
 }
 
-/// Measures S1 on `client` and the raw `floor`, each if given, interleaved. A side that fails
-/// stops; the other goes on alone.
+/// A raw floor to measure next to S1: the floor and the name it locks.
+pub(crate) type FloorArg<'a, 'f> = Option<(&'a mut (dyn RawFloor + 'f), &'a str)>;
+
+/// Measures S1 on `client`, the raw `floor` and the `fenced` floor, each if given,
+/// interleaved. A side that fails stops; the others go on.
 pub(crate) async fn run<'f>(
     client: Option<(&dyn DistributedLock, &str)>,
-    floor: Option<(&mut (dyn RawFloor + 'f), &str)>,
+    floor: FloorArg<'_, 'f>,
+    fenced: FloorArg<'_, 'f>,
     config: &BenchConfig,
     mut progress: Progress,
 ) -> Uncontended {
@@ -166,14 +196,15 @@ pub(crate) async fn run<'f>(
         acquire: Recorder::new(),
         release: Recorder::new(),
     });
-    let mut floor = floor.map(|(floor, name)| FloorSide {
-        floor,
-        name,
-        timed: Timed::new(),
-    });
-    let mut s1_error = None;
-    let mut floor_error = None;
-    // Warm-up (unmeasured), then the alternating measured blocks.
+    let (mut floor, mut fenced) = (FloorSide::of(floor), FloorSide::of(fenced));
+    // Per side, in rotation order: the floor, S1, the fenced floor.
+    let mut errors: [Option<Error>; 3] = [None, None, None];
+    let present: Vec<usize> = [floor.is_some(), s1.is_some(), fenced.is_some()]
+        .iter()
+        .enumerate()
+        .filter_map(|(i, present)| present.then_some(i))
+        .collect();
+    // Warm-up (unmeasured), then the rotating measured blocks.
     let mut blocks = vec![(config.warmup_cycles, false)];
     let mut left = config.cycles;
     while left > 0 {
@@ -182,20 +213,24 @@ pub(crate) async fn run<'f>(
         left -= n;
     }
     for (i, (n, measured)) in blocks.into_iter().enumerate() {
-        let floor_first = i % 2 == 0;
-        for floor_turn in [floor_first, !floor_first] {
-            let (side, error) = if floor_turn {
-                (floor.as_mut().map(Side::Floor), &mut floor_error)
-            } else {
-                (s1.as_mut().map(Side::S1), &mut s1_error)
+        for k in 0..present.len() {
+            let which = present[(i + k) % present.len()];
+            if errors[which].is_some() {
+                continue;
+            }
+            let side = match which {
+                0 => floor.as_mut().map(Side::Floor),
+                1 => s1.as_mut().map(Side::S1),
+                _ => fenced.as_mut().map(Side::Floor),
             };
-            if let Some(side) = side.filter(|_| error.is_none())
+            if let Some(side) = side
                 && let Err(e) = side.block(n, measured, &mut progress).await
             {
-                *error = Some(e);
+                errors[which] = Some(e);
             }
         }
     }
+    let [floor_error, s1_error, fenced_error] = errors;
     Uncontended {
         s1: s1.map(|s| match s1_error {
             Some(e) => Err(e),
@@ -208,18 +243,10 @@ pub(crate) async fn run<'f>(
                 acquire: s.acquire.summary(),
                 release: s.release.summary(),
                 floor_ratio: None,
+                fenced_floor_ratio: None,
             }),
         }),
-        floor: floor.map(|f| match floor_error {
-            Some(e) => Err(e),
-            None => Ok(FloorResult {
-                label: f.floor.label().to_owned(),
-                cycles: config.cycles,
-                elapsed_ms: f.timed.elapsed.as_secs_f64() * 1000.0,
-                ops_per_sec: rate(config.cycles, f.timed.elapsed),
-                cycle: f.timed.cycle.summary(),
-                paused_cycle: None,
-            }),
-        }),
+        floor: floor.map(|f| f.result(floor_error, config.cycles)),
+        fenced_floor: fenced.map(|f| f.result(fenced_error, config.cycles)),
     }
 }

@@ -33,20 +33,34 @@ fn assert_sane(latency: &LatencySummary, what: &str) {
     assert!(latency.mean_us > 0.0, "{what}: zero mean: {latency:?}");
 }
 
-/// A floor that costs two scheduler round trips and counts its cycles.
+/// A floor that costs two scheduler round trips and counts its cycles; its name must end in
+/// `/{name}` (the floor's `floor`, the fenced floor's `fenced-floor`).
 #[derive(Debug)]
 struct YieldFloor {
     cycles: Arc<AtomicU64>,
+    label: &'static str,
+    name: &'static str,
+}
+
+impl YieldFloor {
+    fn plain(cycles: Arc<AtomicU64>) -> Box<dyn RawFloor> {
+        Box::new(Self {
+            cycles,
+            label: "two yields",
+            name: "floor",
+        })
+    }
 }
 
 #[async_trait]
 impl RawFloor for YieldFloor {
     fn label(&self) -> &str {
-        "two yields"
+        self.label
     }
 
     async fn cycle(&mut self, name: &str) -> Result<(), Error> {
-        assert!(name.ends_with("/floor"), "floor name {name:?}");
+        let suffix = name.rsplit('/').next().unwrap_or_default();
+        assert_eq!(suffix, self.name, "floor name {name:?}");
         tokio::task::yield_now().await;
         tokio::task::yield_now().await;
         self.cycles.fetch_add(1, Ordering::Relaxed);
@@ -62,7 +76,7 @@ fn memory_target_with_floor(label: &str, cycles: Arc<AtomicU64>) -> Target {
     })
     .with_floor(move || {
         let cycles = cycles.clone();
-        async move { Ok(Box::new(YieldFloor { cycles }) as Box<dyn RawFloor>) }
+        async move { Ok(YieldFloor::plain(cycles)) }
     })
 }
 
@@ -226,6 +240,43 @@ async fn raw_floor_plumbing() {
     assert!(!markdown.contains("S2 contended"), "{markdown}");
 }
 
+/// The fenced floor runs in the same rotation as S1 and the floor: the same warm-up and
+/// measured cycles, and S1 gets a ratio to each; the Markdown puts the fenced floor next to
+/// the plain one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_floor_runs_in_the_rotation_of_s1() {
+    let (cycles, tokens) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let counted = tokens.clone();
+    let target = memory_target_with_floor("fenced", cycles.clone()).with_fenced_floor(move || {
+        let floor = YieldFloor {
+            cycles: counted.clone(),
+            label: "two yields + a token",
+            name: "fenced-floor",
+        };
+        async move { Ok(Box::new(floor) as Box<dyn RawFloor>) }
+    });
+    let config = small().with_scenarios(ScenarioSelection::S1);
+    let report = distlock_bench::run(&[target], &config).await.unwrap();
+    assert!(!report.has_failures(), "{report:#?}");
+    assert_eq!(cycles.load(Ordering::Relaxed), 220);
+    assert_eq!(tokens.load(Ordering::Relaxed), 220);
+    let t = &report.targets[0];
+    let fenced = t.fenced_floor.as_ref().unwrap();
+    assert_eq!(fenced.label, "two yields + a token");
+    assert_eq!(fenced.cycle.count, 200);
+    let s1 = t.uncontended.as_ref().unwrap();
+    let ratio = s1.fenced_floor_ratio.unwrap();
+    assert!((ratio - s1.ops_per_sec / fenced.ops_per_sec).abs() <= 1e-9 * ratio.max(1.0));
+    assert!(s1.floor_ratio.is_some());
+    let markdown = report.to_markdown();
+    assert!(
+        markdown.contains("| fenced | S1 uncontended | ")
+            && markdown.contains("| two yields + a token |"),
+        "{markdown}"
+    );
+    assert!(markdown.contains("- Fenced floors:"), "{markdown}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn targets_without_floor_have_no_ratio() {
     let store = MemoryStore::new();
@@ -247,6 +298,8 @@ async fn targets_without_floor_have_no_ratio() {
     assert_eq!(s2.floor_ratio, None);
     assert_eq!(s2.handoff_paused_floor_ratio, None);
     assert!(report.to_markdown().contains("| bare | S2 contended |"));
+    assert!(t.fenced_floor.is_none() && t.fenced_contended_floor.is_none());
+    assert!(!report.to_markdown().contains("Fenced floors"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

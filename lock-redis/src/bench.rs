@@ -201,13 +201,30 @@ impl RawFloor for RedlockFloor {
 
 /// The raw floor for a lock URL: [`RedlockFloor`] over every node of a `redlock://` URL (each
 /// with the URL's credentials and database), [`RedisFloor`] otherwise (on the master the
-/// Sentinels name, or on the cluster with its routing). `fenced`: [`RedisFloor`] also takes a
-/// fencing token (Redlock's floor has none either way). `distlock bench` calls it.
+/// Sentinels name, or on the cluster with its routing). `distlock bench` calls it.
 ///
 /// # Errors
 /// [`Error::InvalidConfig`] for a bad URL, [`Error::Unavailable`] when a node cannot be reached.
-pub async fn floor(url: &str, fenced: bool) -> Result<Box<dyn RawFloor>, Error> {
+pub async fn floor(url: &str) -> Result<Box<dyn RawFloor>, Error> {
+    connect_floor(url, false).await
+}
+
+/// The fenced raw floor for a lock URL: [`RedisFloor`] taking a fencing token with each `SET`
+/// (`distlock bench --fenced-floor`).
+///
+/// # Errors
+/// As [`floor`]; [`Error::Unsupported`] for a `redlock://` URL (its floor has no tokens).
+pub async fn fenced_floor(url: &str) -> Result<Box<dyn RawFloor>, Error> {
+    connect_floor(url, true).await
+}
+
+async fn connect_floor(url: &str, fenced: bool) -> Result<Box<dyn RawFloor>, Error> {
     let config = crate::RedisConfig::from_url(url)?;
+    if fenced && config.is_redlock() {
+        return Err(Error::Unsupported(
+            "no fenced floor for Redlock (its floor takes no tokens)".into(),
+        ));
+    }
     let tls = NodeTls::load(&config).await?;
     let timeout = std::time::Duration::from_secs(5);
     let node = match config.topology() {
