@@ -223,13 +223,16 @@ async fn run_target(
             None
         }
     };
-    let mut fenced_floor = match target.fenced_floor().await {
-        Ok(floor) => floor,
-        Err(e) => {
-            result.errors.push(ScenarioError::new("fenced floor", &e));
-            None
-        }
+    // Only next to S1: unlike the floor, it has no part in S2's comparisons.
+    let fenced_floor = if config.scenarios.uncontended() {
+        target.fenced_floor().await
+    } else {
+        Ok(None)
     };
+    let mut fenced_floor = fenced_floor.unwrap_or_else(|e| {
+        result.errors.push(ScenarioError::new("fenced floor", &e));
+        None
+    });
     let client = if config.scenarios.uncontended() {
         match target.connect().await {
             Ok(client) => {

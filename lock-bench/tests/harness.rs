@@ -242,7 +242,7 @@ async fn raw_floor_plumbing() {
 
 /// The fenced floor runs in the same rotation as S1 and the floor: the same warm-up and
 /// measured cycles, and S1 gets a ratio to each; the Markdown puts the fenced floor next to
-/// the plain one.
+/// the plain one. Without S1 it does not run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_floor_runs_in_the_rotation_of_s1() {
     let (cycles, tokens) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
@@ -255,8 +255,9 @@ async fn a_fenced_floor_runs_in_the_rotation_of_s1() {
         };
         async move { Ok(Box::new(floor) as Box<dyn RawFloor>) }
     });
+    let targets = [target];
     let config = small().with_scenarios(ScenarioSelection::S1);
-    let report = distlock_bench::run(&[target], &config).await.unwrap();
+    let report = distlock_bench::run(&targets, &config).await.unwrap();
     assert!(!report.has_failures(), "{report:#?}");
     assert_eq!(cycles.load(Ordering::Relaxed), 220);
     assert_eq!(tokens.load(Ordering::Relaxed), 220);
@@ -275,6 +276,16 @@ async fn a_fenced_floor_runs_in_the_rotation_of_s1() {
         "{markdown}"
     );
     assert!(markdown.contains("- Fenced floors:"), "{markdown}");
+
+    let config = small().with_scenarios(ScenarioSelection::S2);
+    let report = distlock_bench::run(&targets, &config).await.unwrap();
+    assert!(!report.has_failures(), "{report:#?}");
+    assert!(report.targets[0].fenced_floor.is_none(), "{report:#?}");
+    assert_eq!(
+        tokens.load(Ordering::Relaxed),
+        220,
+        "the fenced floor ran without S1"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
