@@ -417,15 +417,26 @@ pub async fn many_locks_stay_held(ctx: Ctx) -> Outcome {
     // Released 200 at a time: thousands of releases at once would wait for a pooled
     // connection longer than the operation timeout on a pool of 10.
     let mut failed = 0;
+    let mut first = None;
     let mut guards = guards.into_iter();
+    let releasing = Instant::now();
     loop {
         let chunk: Vec<LockGuard> = guards.by_ref().take(200).collect();
         if chunk.is_empty() {
             break;
         }
         let results = join_all(chunk.into_iter().map(LockGuard::release)).await;
-        failed += results.iter().filter(|r| r.is_err()).count();
+        for err in results.into_iter().filter_map(Result::err) {
+            failed += 1;
+            first.get_or_insert_with(|| (err, releasing.elapsed()));
+        }
     }
-    assert_eq!(failed, 0, "{failed} of {count} releases failed");
+    // Which error, and when: a timeout waiting for the pool, or a lock lost meanwhile.
+    assert_eq!(
+        failed,
+        0,
+        "{failed} of {count} releases failed, the first with {first:?} (after {:?} of releasing)",
+        releasing.elapsed()
+    );
     Outcome::Passed
 }
