@@ -72,7 +72,12 @@ impl Contended {
     /// Records that `key` was seen contended.
     pub(crate) fn refused(&self, key: &str) {
         let mut seen = self.seen();
-        if seen.len() >= Self::MAX && !seen.contains_key(key) {
+        // Seen already (every busy poll of a waiter): no new key to allocate.
+        if let Some(at) = seen.get_mut(key) {
+            *at = Instant::now();
+            return;
+        }
+        if seen.len() >= Self::MAX {
             seen.retain(|_, at| at.elapsed() < Self::WINDOW);
             if seen.len() >= Self::MAX {
                 seen.clear();
