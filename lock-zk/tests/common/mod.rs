@@ -329,8 +329,13 @@ impl ZkHarness {
         }
     }
 
-    /// The queue of `name`, lowest sequence first.
+    /// The queue of `name`, lowest sequence first. On an ensemble the admin's server may be a
+    /// follower that has not applied the clients' latest writes yet: a `sync` first makes it
+    /// catch up with the leader.
     pub async fn queue(&self, name: &str) -> Vec<String> {
+        if let Err(e) = self.admin.sync("/").await {
+            panic!("syncing before listing {name:?}: {e}");
+        }
         match self.admin.list_children(&self.lock_path(name)).await {
             Ok(children) => by_sequence(children),
             Err(zk::Error::NoNode) => Vec::new(),
