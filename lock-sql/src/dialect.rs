@@ -359,13 +359,19 @@ pub(crate) async fn prepare_all<DB>(
 ) -> distlock_core::Result<()>
 where
     DB: sqlx::Database,
-    for<'c> &'c sqlx::Pool<DB>: Executor<'c, Database = DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
+    // Closed, not given back, if cancelled mid-way (see `InUse`).
+    let mut conn = crate::pool::InUse::acquire(pool)
+        .await
+        .map_err(|e| shape_err(table, e))?;
     for statement in statements {
-        pool.prepare(AssertSqlSafe((*statement).clone()).into_sql_str())
+        conn.conn()
+            .prepare(AssertSqlSafe((*statement).clone()).into_sql_str())
             .await
             .map_err(|e| shape_err(table, e))?;
     }
+    drop(conn.done());
     Ok(())
 }
 

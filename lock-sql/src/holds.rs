@@ -23,6 +23,7 @@ use sqlx::{AssertSqlSafe, ColumnIndex, Decode, Encode, Executor, IntoArguments, 
 
 use crate::db::Peek;
 use crate::dialect::{Dialect, q};
+use crate::pool::InUse;
 
 /// The first character of a marker: a control character no generated owner starts with.
 const MARK: char = '\u{1}';
@@ -418,20 +419,22 @@ where
     holds
         .ready
         .get_or_try_init(|| async {
+            // Closed, not given back, if cancelled mid-way (see `InUse`).
+            let mut conn = InUse::acquire(pool).await?;
             if !holds.sql.setup.is_empty() {
-                let mut tx = pool.begin().await?;
+                let mut tx = sqlx::Connection::begin(conn.conn()).await?;
                 for statement in &holds.sql.setup {
                     (&mut *tx).execute(AssertSqlSafe(statement.clone())).await?;
                 }
                 tx.commit().await?;
             }
-            let mut conn = pool.acquire().await?;
             for statement in holds.sql.prepared() {
                 use sqlx::SqlSafeStr;
-                (&mut *conn)
+                conn.conn()
                     .prepare(AssertSqlSafe(statement.clone()).into_sql_str())
                     .await?;
             }
+            drop(conn.done());
             Ok::<(), sqlx::Error>(())
         })
         .await?;

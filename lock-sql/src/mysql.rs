@@ -22,7 +22,7 @@ use crate::dialect::{Common, Shared, Sql, prepare_all, q, server_pool};
 use crate::error::{connect_err, map_err};
 use crate::holds::{HolderSql, Holds, holders_table};
 use crate::keys::quote;
-use crate::pool::{HotConns, Unfinished, open_pool};
+use crate::pool::{HotConns, InUse, Unfinished, open_pool};
 use crate::renew::{BySize, LIST_MAX_BATCH, Renewal, padded, renewed_at, too_many};
 use crate::wake::{ServerWait, Woken, wake_prefix};
 
@@ -397,11 +397,12 @@ impl Wake {
         if let Some(idle) = unpoisoned(&self.idle).pop() {
             return Ok(idle);
         }
-        let mut conn = self.pool.acquire().await?;
+        // Closed, not given back, if cancelled mid-way (see `InUse`).
+        let mut conn = InUse::acquire(&self.pool).await?;
         let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
-            .fetch_one(&mut *conn)
+            .fetch_one(conn.conn())
             .await?;
-        Ok((conn, id))
+        Ok((conn.done(), id))
     }
 
     /// Waits on the server until the wake lock `lock` is given up (at most `secs`), or
@@ -534,7 +535,7 @@ impl Wake {
 /// Whether the lock table (`table`, unquoted, maybe `schema.table`) has the `next_ttl` column
 /// of hand-overs: a table created by an earlier version and not altered (`create_table` off)
 /// has not, and its releases free the lock instead.
-async fn has_next_ttl(pool: &sqlx::MySqlPool, table: &str) -> Result<bool> {
+async fn has_next_ttl(conn: &mut sqlx::MySqlConnection, table: &str) -> Result<bool> {
     let (schema, name) = match table.split_once('.') {
         Some((schema, name)) => (Some(schema), name),
         None => (None, table),
@@ -545,7 +546,7 @@ async fn has_next_ttl(pool: &sqlx::MySqlPool, table: &str) -> Result<bool> {
     )
     .bind(schema)
     .bind(name)
-    .fetch_one(pool)
+    .fetch_one(conn)
     .await
     .map_err(|e| map_err(&format!("reading the columns of {table}"), e))?;
     Ok(found > 0)
@@ -573,6 +574,12 @@ impl MyDb {
         keep: u32,
     ) -> Result<Self> {
         let table = quote(&config.table, '`');
+        // One connection for the set-up, closed rather than given back if cancelled mid-way
+        // (see `InUse`).
+        let mut setup = InUse::acquire(&pool)
+            .await
+            .map_err(|e| map_err("connect", e))?;
+        let conn = setup.conn();
         // With `create_table`, the table has the column once this block is through.
         let handover = if config.create_table {
             let create = format!(
@@ -581,24 +588,25 @@ impl MyDb {
                  next_owner VARBINARY(255) NULL, next_since BIGINT NULL, next_expires DATETIME(6) NULL, \
                  next_ttl BIGINT NULL) ENGINE=InnoDB"
             );
-            pool.execute(AssertSqlSafe(create))
+            conn.execute(AssertSqlSafe(create))
                 .await
                 .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
-            if !has_next_ttl(&pool, &config.table).await? {
+            if !has_next_ttl(conn, &config.table).await? {
                 // A table of an earlier version: the column of hand-overs. Altered only when
                 // missing, since an ALTER waits for every open transaction on the table; a
                 // concurrent client may have added it meanwhile (duplicate column).
                 let alter = format!("ALTER TABLE {table} ADD COLUMN next_ttl BIGINT NULL");
-                if let Err(err) = pool.execute(AssertSqlSafe(alter)).await
-                    && !has_next_ttl(&pool, &config.table).await?
+                if let Err(err) = conn.execute(AssertSqlSafe(alter)).await
+                    && !has_next_ttl(conn, &config.table).await?
                 {
                     return Err(map_err(&format!("adding next_ttl to {table}"), err));
                 }
             }
             true
         } else {
-            has_next_ttl(&pool, &config.table).await?
+            has_next_ttl(conn, &config.table).await?
         };
+        drop(setup.done());
         let (sql, check, wake, holds) = statements(&config.table, handover);
         let holds = Holds::new(holds, config.create_table);
         let mut prepared = sql.prepared();

@@ -74,7 +74,10 @@ impl<DB: sqlx::Database> HotConns<DB> {
             Some(conn) => conn,
             None => self.pool.acquire().await?,
         };
-        Ok(Hot { home: self, conn })
+        Ok(Hot {
+            home: self,
+            conn: InUse::new(conn),
+        })
     }
 
     /// Lends `conn` (taken out before, e.g. by [`Hot::into_pooled`]) like a connection of
@@ -84,7 +87,10 @@ impl<DB: sqlx::Database> HotConns<DB> {
         allow(dead_code, reason = "MySQL keeps a holder's connection")
     )]
     pub(crate) fn adopt(&self, conn: sqlx::pool::PoolConnection<DB>) -> Hot<'_, DB> {
-        Hot { home: self, conn }
+        Hot {
+            home: self,
+            conn: InUse::new(conn),
+        }
     }
 }
 
@@ -143,16 +149,64 @@ impl<DB: sqlx::Database> Drop for HotConns<DB> {
     }
 }
 
-/// A connection from [`HotConns::get`].
+/// A connection taken out of a pool, closed rather than given back when dropped in use: a
+/// statement cancelled mid-way (its caller timed out, or was dropped) may leave the rest of
+/// its answer unread, and sqlx does not always skip it. The next statement on that
+/// connection would then read it as its own answer (sqlx's MySQL driver panics decoding a
+/// prepared statement's column definitions as a `BEGIN`'s answer). So only a use that ended
+/// ([`Self::done`]) gives the connection back.
+pub(crate) struct InUse<DB: sqlx::Database>(Option<sqlx::pool::PoolConnection<DB>>);
+
+impl<DB: sqlx::Database> InUse<DB> {
+    /// A connection of `pool`.
+    pub(crate) async fn acquire(pool: &sqlx::Pool<DB>) -> Result<Self, sqlx::Error> {
+        Ok(Self::new(pool.acquire().await?))
+    }
+
+    /// Guards `conn` until [`Self::done`].
+    pub(crate) fn new(conn: sqlx::pool::PoolConnection<DB>) -> Self {
+        Self(Some(conn))
+    }
+
+    /// The connection, to run statements on.
+    pub(crate) fn conn(&mut self) -> &mut DB::Connection {
+        self.0
+            .as_mut()
+            .expect("the connection is present until done or closed")
+    }
+
+    /// The connection, after its statements ended (with an answer or an error).
+    pub(crate) fn done(mut self) -> sqlx::pool::PoolConnection<DB> {
+        self.0
+            .take()
+            .expect("the connection is present until done or closed")
+    }
+
+    /// Closes the connection instead of giving it back (as dropping does).
+    pub(crate) fn close(self) {
+        drop(self);
+    }
+}
+
+impl<DB: sqlx::Database> Drop for InUse<DB> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.take() {
+            drop(conn.detach());
+        }
+    }
+}
+
+/// A connection from [`HotConns::get`]; closed if dropped before [`Hot::keep`] (see
+/// [`InUse`]).
 pub(crate) struct Hot<'a, DB: sqlx::Database> {
     home: &'a HotConns<DB>,
-    conn: sqlx::pool::PoolConnection<DB>,
+    conn: InUse<DB>,
 }
 
 impl<DB: sqlx::Database> Hot<'_, DB> {
     /// The connection, to run statements on.
     pub(crate) fn conn(&mut self) -> &mut DB::Connection {
-        &mut self.conn
+        self.conn.conn()
     }
 
     /// The connection, taken out of the kept ones for a longer use (see [`HotConns::adopt`]).
@@ -161,13 +215,15 @@ impl<DB: sqlx::Database> Hot<'_, DB> {
         allow(dead_code, reason = "MySQL keeps a holder's connection")
     )]
     pub(crate) fn into_pooled(self) -> sqlx::pool::PoolConnection<DB> {
-        self.conn
+        self.conn.done()
     }
 
     /// Passes a statement's result through: keeps the connection for the next statement if it
-    /// succeeded, drops every kept connection if it failed.
+    /// succeeded, drops every kept connection if it failed (giving this one back to the
+    /// pool's own checks).
     pub(crate) fn keep<T>(self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
         let Self { home, conn } = self;
+        let conn = conn.done();
         let mut idle = home.idle.lock().unwrap_or_else(PoisonError::into_inner);
         match &result {
             Ok(_) if idle.len() < home.keep => idle.push(conn),
@@ -181,9 +237,9 @@ impl<DB: sqlx::Database> Hot<'_, DB> {
 /// A connection that runs a transaction: it goes back to the pool only when its use
 /// finished without an error ([`Unfinished::finish`]). Dropped before (the caller was
 /// cancelled mid-way, perhaps between `BEGIN` and its answer, when no transaction object yet
-/// exists to roll back), or after an error, the connection is closed instead, and the server
-/// rolls the transaction back: a connection left inside a transaction must never serve the
-/// next statement.
+/// exists to roll back: see [`InUse`]), or after an error, the connection is closed instead,
+/// and the server rolls the transaction back: a connection left inside a transaction must
+/// never serve the next statement.
 pub(crate) struct Unfinished<'a, DB: sqlx::Database>(Option<Hot<'a, DB>>);
 
 impl<'a, DB: sqlx::Database> Unfinished<'a, DB> {
@@ -215,18 +271,10 @@ impl<'a, DB: sqlx::Database> Unfinished<'a, DB> {
         match self.0.take() {
             Some(hot) if result.is_ok() => hot.keep(result),
             Some(hot) => {
-                drop(hot.conn.detach());
+                hot.conn.close();
                 result
             }
             None => result,
-        }
-    }
-}
-
-impl<DB: sqlx::Database> Drop for Unfinished<'_, DB> {
-    fn drop(&mut self) {
-        if let Some(hot) = self.0.take() {
-            drop(hot.conn.detach());
         }
     }
 }
@@ -235,17 +283,22 @@ impl<DB: sqlx::Database> Drop for Unfinished<'_, DB> {
 mod hot_tests {
     use super::*;
 
+    /// A pool of at most `max` connections on a new SQLite file in `dir`.
+    async fn file_pool(dir: &tempfile::TempDir, max: u32) -> sqlx::SqlitePool {
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display());
+        sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(max)
+            .connect(&url)
+            .await
+            .unwrap()
+    }
+
     /// A transaction cancelled mid-way (here: its guard dropped right after `BEGIN`) closes
     /// its connection; the next statement gets a fresh one, outside any transaction.
     #[tokio::test]
     async fn an_unfinished_transaction_never_serves_the_next_statement() {
         let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}?mode=rwc", dir.path().join("tx.db").display());
-        let pool = sqlx::sqlite::SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect(&url)
-            .await
-            .unwrap();
+        let pool = file_pool(&dir, 1).await;
         let conns = HotConns::new(pool, 1);
         let mut cancelled = Unfinished::new(conns.get().await.unwrap());
         sqlx::query("BEGIN IMMEDIATE")
@@ -261,15 +314,61 @@ mod hot_tests {
         );
     }
 
+    /// Whether the next connection of `pool` (of one connection) is the one that made the
+    /// temporary table `marker` (a temporary table lives on its connection only).
+    async fn sees_marker(pool: &sqlx::SqlitePool) -> bool {
+        let mut conn = pool.acquire().await.unwrap();
+        sqlx::query("SELECT count(*) FROM marker")
+            .execute(&mut *conn)
+            .await
+            .is_ok()
+    }
+
+    /// A connection dropped in use (its statement cancelled: here, before `done`) is closed,
+    /// never given back to serve the next statement; one whose use ended is given back. So is
+    /// a hot connection dropped before `keep`.
+    #[tokio::test]
+    async fn a_connection_dropped_in_use_is_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = file_pool(&dir, 1).await;
+        let mark = async |conn: &mut sqlx::SqliteConnection| {
+            sqlx::query("CREATE TEMP TABLE marker (x INTEGER)")
+                .execute(conn)
+                .await
+                .unwrap();
+        };
+        let mut used = InUse::acquire(&pool).await.unwrap();
+        mark(used.conn()).await;
+        drop(used.done());
+        assert!(
+            sees_marker(&pool).await,
+            "a finished use gives its connection back"
+        );
+        let mut used = InUse::acquire(&pool).await.unwrap();
+        sqlx::query("DROP TABLE marker")
+            .execute(used.conn())
+            .await
+            .unwrap();
+        mark(used.conn()).await;
+        drop(used);
+        assert!(
+            !sees_marker(&pool).await,
+            "a connection dropped in use was reused"
+        );
+        let conns = HotConns::new(pool.clone(), 1);
+        let mut hot = conns.get().await.unwrap();
+        mark(hot.conn()).await;
+        drop(hot);
+        assert!(
+            !sees_marker(&pool).await,
+            "a hot connection dropped in use was reused"
+        );
+    }
+
     #[tokio::test]
     async fn hot_connections_are_reused_after_success_and_dropped_after_failure() {
         let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}?mode=rwc", dir.path().join("hot.db").display());
-        let pool = sqlx::sqlite::SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect(&url)
-            .await
-            .unwrap();
+        let pool = file_pool(&dir, 4).await;
         let conns = HotConns::new(pool, 2);
         // A temporary table lives on one connection only: seeing it means the same connection.
         let mut hot = conns.get().await.unwrap();

@@ -19,7 +19,7 @@ use crate::dialect::{Common, Shared, Sql, prepare_all, q, server_pool};
 use crate::error::{connect_err, map_err};
 use crate::holds::{HolderSql, Holds, holders_table};
 use crate::keys::quote;
-use crate::pool::{HotConns, open_pool};
+use crate::pool::{HotConns, InUse, open_pool};
 use crate::renew::{PG_MAX_BATCH, Renewal, renewed_at};
 use crate::wake::{Notifier, Subscription, parse_payload};
 
@@ -302,8 +302,14 @@ impl PgDb {
                  version BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, next_owner TEXT, \
                  next_since BIGINT, next_expires TIMESTAMPTZ, next_ttl BIGINT)"
             );
-            // Concurrent first connects can race on the catalog: serialize them.
-            let mut tx = pool.begin().await.map_err(|e| map_err("create table", e))?;
+            // Concurrent first connects can race on the catalog: serialize them. Closed, not
+            // given back, if cancelled mid-way (see `InUse`).
+            let mut conn = InUse::acquire(&pool)
+                .await
+                .map_err(|e| map_err("create table", e))?;
+            let mut tx = sqlx::Connection::begin(conn.conn())
+                .await
+                .map_err(|e| map_err("create table", e))?;
             sqlx::query("SELECT pg_advisory_xact_lock(7283160942917)")
                 .execute(&mut *tx)
                 .await
@@ -320,10 +326,15 @@ impl PgDb {
                     .map_err(|e| map_err(&format!("adding next_ttl to {table}"), e))?;
             }
             tx.commit().await.map_err(|e| map_err("create table", e))?;
+            drop(conn.done());
             true
         } else {
-            let mut conn = pool.acquire().await.map_err(|e| map_err("connect", e))?;
-            has_next_ttl(&mut conn, &table).await?
+            let mut conn = InUse::acquire(&pool)
+                .await
+                .map_err(|e| map_err("connect", e))?;
+            let found = has_next_ttl(conn.conn(), &table).await?;
+            drop(conn.done());
+            found
         };
         let (sql, take_wake, holds) = statements(&config.table, handover);
         let holds = Holds::new(holds, config.create_table);
