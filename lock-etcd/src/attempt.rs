@@ -10,6 +10,7 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, GetResponse, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnOpResponse,
 };
+use tokio::task::JoinHandle;
 use tracing::{debug, trace};
 
 use crate::backend::Shared;
@@ -41,6 +42,9 @@ pub(crate) struct EtcdAttempt {
     pub(crate) watch_target: Option<(Blocker, i64)>,
     /// The watch of `watch_target`'s blocker (or of an earlier one, until replaced).
     pub(crate) watch: Option<Watch>,
+    /// A transaction that may put our key, in a task of its own, while its answer is awaited:
+    /// still here when the caller was cancelled meanwhile (see [`Self::put_txn`]).
+    pub(crate) put: Option<JoinHandle<Result<etcd_client::TxnResponse, etcd_client::Error>>>,
 }
 
 impl EtcdAttempt {
@@ -91,6 +95,12 @@ impl EtcdAttempt {
     /// Sends `txn`, which may put our key: marks the key as possibly existing first. `None`:
     /// the lease was gone (marked dead; poll again). The caller calls
     /// [`QueueKey::set_may_exist`] with the answer's `before` when its put did not happen.
+    ///
+    /// The transaction runs in a task of its own ([`Self::put`]): a caller cancelled while
+    /// it is on its way leaves it running, and [`Attempt::abandon`] deletes the key only
+    /// after its answer. Otherwise the delete could reach the server first and find nothing,
+    /// and the put that came after it would leave a key (held, or queued ahead of later
+    /// acquisitions) until the lease expires.
     pub(crate) async fn put_txn(
         &mut self,
         slot: &LeaseSlot,
@@ -99,7 +109,14 @@ impl EtcdAttempt {
     ) -> Result<Option<(etcd_client::TxnResponse, bool)>> {
         let before = self.key.may_exist();
         self.key.set_may_exist(true);
-        match self.shared.client.kv_client().txn(txn).await {
+        let mut kv = self.shared.client.kv_client();
+        let put = self
+            .put
+            .insert(tokio::spawn(async move { kv.txn(txn).await }));
+        let answer = put.await;
+        self.put = None;
+        let answer = answer.map_err(|err| Error::backend(format!("{what}: {err}"), err))?;
+        match answer {
             Err(err) if lease_not_found(&err) => {
                 slot.mark_dead();
                 self.key.set_may_exist(before);
@@ -486,11 +503,21 @@ impl Attempt for EtcdAttempt {
         }
     }
 
-    async fn abandon(self: Box<Self>) -> Result<()> {
+    async fn abandon(mut self: Box<Self>) -> Result<()> {
         if !self.key.may_exist() {
             return Ok(());
         }
         let mut kv = self.shared.client.kv_client();
+        if let Some(put) = self.put.take() {
+            // The caller was cancelled while a put was on its way: delete the key once the
+            // put answered (see `put_txn`), in the background, as for an unanswered put.
+            let key = self.key.clone();
+            tokio::spawn(async move {
+                let _ = put.await;
+                remove_unanswered(kv, key);
+            });
+            return Ok(());
+        }
         if self.rev.is_some() {
             // A known queue entry: remove it now, so that the next client is not blocked.
             kv.delete(self.key.key.clone(), None)
@@ -502,17 +529,22 @@ impl Attempt for EtcdAttempt {
         // A put whose answer never came (the server may be down): clean up in the background
         // rather than making the caller wait a second timeout; the key expires with the lease
         // otherwise.
-        let key = self.key.clone();
-        spawn_cleanup("removing an unanswered queue entry", None, move || {
-            let (mut kv, key) = (kv.clone(), key.clone());
-            async move {
-                kv.delete(key.key.clone(), None)
-                    .await
-                    .map_err(|e| map_err("removing an unanswered queue entry", e))?;
-                key.deleted();
-                Ok(())
-            }
-        });
+        remove_unanswered(kv, self.key.clone());
         Ok(())
     }
+}
+
+/// Deletes `key`, whose put got no answer, in the background (retried; the lease frees it if
+/// that fails too).
+fn remove_unanswered(kv: etcd_client::KvClient, key: Arc<QueueKey>) {
+    spawn_cleanup("removing an unanswered queue entry", None, move || {
+        let (mut kv, key) = (kv.clone(), key.clone());
+        async move {
+            kv.delete(key.key.clone(), None)
+                .await
+                .map_err(|e| map_err("removing an unanswered queue entry", e))?;
+            key.deleted();
+            Ok(())
+        }
+    });
 }

@@ -223,6 +223,7 @@ impl LockBackend for EtcdBackend {
             rev: None,
             watch_target: None,
             watch: None,
+            put: None,
         })
     }
 

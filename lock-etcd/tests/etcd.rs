@@ -238,6 +238,45 @@ async fn a_timed_out_waiter_leaves_the_queue() {
     assert!(etcd.entries(&name).await.is_empty());
 }
 
+/// Acquisitions cancelled at every point of their put (before it is sent, on its way, after
+/// it landed) leave no key once their cleanup ran: the delete waits for the put's answer, so
+/// it cannot reach the server first and leave the put's key to the lease (3 s here).
+#[tokio::test]
+async fn acquisitions_cancelled_mid_put_leave_no_key() {
+    let _serial = SERVERS.read().await;
+    let Some(etcd) = single().await else { return };
+    let (a, b) = (etcd.client().await.unwrap(), etcd.client().await.unwrap());
+    let (queued, free) = (unique("cancel-queued"), unique("cancel-free"));
+    let held = a.acquire(&queued, &opts()).await.unwrap();
+    let mut free_taken = 0;
+    for i in 0..60_u64 {
+        let after = Duration::from_micros(300 * (i % 12));
+        let waited = tokio::time::timeout(after, b.acquire(&queued, &opts())).await;
+        assert!(waited.is_err(), "a held lock was acquired");
+        // A free name: a cancelled `try_acquire` whose put landed would hold it.
+        if let Ok(Ok(Some(guard))) =
+            tokio::time::timeout(after, b.try_acquire(&free, &opts())).await
+        {
+            free_taken += 1;
+            guard.release().await.unwrap();
+        }
+    }
+    held.release().await.unwrap();
+    // Well within the lease's 3 s: what remains after this is a leaked key, not a slow delete.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let left = loop {
+        let left = (etcd.entries(&queued).await, etcd.entries(&free).await);
+        if (left.0.is_empty() && left.1.is_empty()) || Instant::now() >= deadline {
+            break left;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        left.0.is_empty() && left.1.is_empty(),
+        "keys left after the cleanups: {left:?} ({free_taken} of the free name's tries answered)"
+    );
+}
+
 #[tokio::test]
 async fn bad_urls_are_typed_errors() {
     for url in [
