@@ -194,14 +194,23 @@ impl Watchdog {
             return;
         }
         let mut state = lock(&self.shared.state);
+        // The task sleeps towards this guard's deadline, the last one: it would wake then for
+        // nothing, and only start its idle linger after that (10 s after a 30 s lease was
+        // taken). Woken now instead, it lingers from now: the same one wake-up, earlier.
+        let mut wake = false;
         if let Some(key) = key {
             state.timers.remove(&key);
+            wake = state.timers.is_empty() && state.wake_at == Some(key.0);
         }
         // The group stays, empty or not, with the task (see `Group`).
         if let Some(id) = held.loss_group()
             && let Some(group) = state.groups.get_mut(&id)
         {
             group.members.remove(&member_key(held));
+        }
+        drop(state);
+        if wake {
+            self.shared.notify.notify_one();
         }
     }
 
@@ -793,6 +802,43 @@ mod tests {
             ended.elapsed() >= IDLE_LINGER,
             "the task ended before its linger"
         );
+    }
+
+    /// The task sleeps towards a guard's renewal (10 s away); the guard's release, the last
+    /// one, wakes it to start its idle linger then, rather than at that renewal time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_last_release_starts_the_idle_linger() {
+        let client = LockClient::new(MemoryBackend::new(MemoryStore::new()));
+        let watchdog = client.watchdog().clone();
+        let options = AcquireOptions::default().with_ttl(Duration::from_secs(30));
+        let guard = client
+            .try_acquire("wd-last", &options)
+            .await
+            .unwrap()
+            .unwrap();
+        // Until the task has taken the guard's renewal time as its wake-up.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while lock(&watchdog.shared.state)
+            .wake_at
+            .is_none_or(|at| at < Instant::now() + Duration::from_secs(5))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the task never slept towards the renewal"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Time for the task to take that turn (a spawned task runs at once on a free worker).
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        guard.release().await.unwrap();
+        let released = Instant::now();
+        while watchdog.running() {
+            assert!(
+                released.elapsed() < IDLE_LINGER + Duration::from_secs(3),
+                "the idle task did not end (it slept towards the released guard's renewal)"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
