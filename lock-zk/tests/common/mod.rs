@@ -386,11 +386,14 @@ impl Harness for ZkHarness {
         self.many_locks
     }
 
-    /// 3 s for thousands of locks: the first renewal round of the earliest locks must not
-    /// wait behind the acquisition of the last ones.
+    /// 6 s for thousands of locks: the first renewal round of the earliest locks must not
+    /// wait behind the acquisition of the last ones, and a renewal round (20 multis of 500
+    /// writes, one session) must answer within two thirds of the ttl on a loaded machine. At
+    /// 3 s, one multi missed its deadline in a CI run with the four conformance lanes at once
+    /// ("500 of 10000 locks were lost while renewed (ConnectionLost first)").
     fn many_locks_ttl(&self) -> Duration {
         if self.many_locks > 1000 {
-            Duration::from_secs(3)
+            Duration::from_secs(6)
         } else {
             self.ttl()
         }
