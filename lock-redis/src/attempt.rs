@@ -26,7 +26,8 @@ pub(crate) struct RedisAttempt {
     pub(crate) keys: Arc<LockKeys>,
     pub(crate) request: AcquireRequest,
     pub(crate) score: String,
-    /// One per node, created at the first busy answer of a waiting attempt.
+    /// One per node, created at the first busy answer of a waiting attempt (or before its
+    /// first poll, when its channel is still subscribed: see [`crate::wake::Subscriber::listening`]).
     pub(crate) subs: Vec<Subscription>,
     /// A `try_acquire` whose last poll was answered "busy" by every node: it left nothing
     /// on the server, so abandoning it costs no round trip.
@@ -87,6 +88,11 @@ impl RedisAttempt {
 
     async fn poll_single(&mut self) -> Result<Step> {
         let node = &self.shared.nodes[0];
+        if !self.polled && self.request.mode == AttemptMode::Wait && self.subs.is_empty() {
+            // Still subscribed from an earlier wait of this client: listen before the first
+            // poll, so that a busy answer needs neither a subscription nor a poll after it.
+            self.subs.extend(node.sub.listening(&self.keys.channel));
+        }
         let answer = node
             .acquire(
                 &self.keys,

@@ -1,9 +1,17 @@
 //! One pub/sub connection per node and client, shared by every waiting attempt of that client.
 //!
-//! Channels are subscribed when the first attempt starts waiting on a name and unsubscribed
-//! when the last one stops. Messages are fanned out to the attempts through a broadcast
-//! channel per name. When the connection breaks, every waiter is woken (it re-polls, so no
-//! release is missed) and the next [`Subscription::ensure`] reconnects and re-subscribes.
+//! Channels are subscribed when the first attempt starts waiting on a name, and unsubscribed
+//! once no attempt has waited on it for [`SUBSCRIPTION_IDLE`]. Messages are fanned out to
+//! the attempts through a broadcast channel per name. When the connection breaks, every
+//! waiter is woken (it re-polls, so no release is missed) and the next
+//! [`Subscription::ensure`] reconnects and re-subscribes.
+//!
+//! The idle time is for a client that waits on the same name again and again (a contended
+//! lock): subscribing and unsubscribing for every wait cost two commands per critical section,
+//! and a new subscription costs a poll more, since a release between the poll that found the
+//! lock busy and the subscription would be missed. An attempt that starts while its channel is
+//! still subscribed listens before its first poll ([`Subscriber::listening`]), and needs
+//! neither.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -38,12 +46,19 @@ struct Inner {
     conn: tokio::sync::Mutex<Option<Conn>>,
 }
 
+/// How long a channel stays subscribed after its last waiter stopped (see the module's
+/// documentation).
+pub(crate) const SUBSCRIPTION_IDLE: Duration = Duration::from_secs(2);
+
 #[derive(Debug)]
 struct Channel {
     tx: broadcast::Sender<Wake>,
     waiters: usize,
     /// The connection generation on which this channel is subscribed.
     subscribed: Option<u64>,
+    /// Bumped each time the last waiter stops: an unsubscription planned then goes ahead only
+    /// if nobody waited since.
+    idle: u64,
 }
 
 #[derive(Debug)]
@@ -79,6 +94,7 @@ impl Subscriber {
                 tx: broadcast::channel(16).0,
                 waiters: 0,
                 subscribed: None,
+                idle: 0,
             });
         entry.waiters += 1;
         Subscription {
@@ -86,6 +102,23 @@ impl Subscriber {
             channel: channel.to_owned(),
             rx: entry.tx.subscribe(),
         }
+    }
+
+    /// Interest in `channel` if it is subscribed already (another waiter of this client, or
+    /// one that stopped less than [`SUBSCRIPTION_IDLE`] ago): every message from now on
+    /// reaches the returned subscription, so an attempt that takes it before a poll misses
+    /// no release after that poll. `None` (nothing registered) otherwise. One uncontended
+    /// mutex when this client waits on nothing.
+    pub(crate) fn listening(&self, channel: &str) -> Option<Subscription> {
+        let mut channels = lock(&self.inner.channels);
+        let entry = channels.get_mut(channel)?;
+        entry.subscribed?;
+        entry.waiters += 1;
+        Some(Subscription {
+            inner: self.inner.clone(),
+            channel: channel.to_owned(),
+            rx: entry.tx.subscribe(),
+        })
     }
 }
 
@@ -192,34 +225,44 @@ impl Subscription {
 impl Drop for Subscription {
     fn drop(&mut self) {
         let mut channels = lock(&self.inner.channels);
-        let last = match channels.get_mut(&self.channel) {
-            Some(entry) => {
-                entry.waiters -= 1;
-                entry.waiters == 0
-            }
-            None => false,
+        let Some(entry) = channels.get_mut(&self.channel) else {
+            return;
         };
-        if !last {
+        entry.waiters -= 1;
+        if entry.waiters > 0 {
             return;
         }
-        let was_subscribed = channels.remove(&self.channel).and_then(|c| c.subscribed);
+        let runtime = tokio::runtime::Handle::try_current();
+        let (Some(_), Ok(handle)) = (entry.subscribed, runtime) else {
+            // Not subscribed on the server (or no runtime to unsubscribe later): forget it.
+            channels.remove(&self.channel);
+            return;
+        };
+        // Kept subscribed for the next wait on this name; unsubscribed if none comes.
+        entry.idle += 1;
+        let idle = entry.idle;
         drop(channels);
-        let Some(generation) = was_subscribed else {
-            return;
-        };
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let inner = self.inner.clone();
+        let inner = Arc::downgrade(&self.inner);
         let channel = std::mem::take(&mut self.channel);
         handle.spawn(async move {
+            tokio::time::sleep(SUBSCRIPTION_IDLE).await;
+            let Some(inner) = inner.upgrade() else {
+                return; // the client is gone, and its connection with it
+            };
+            // Under the connection's mutex: a new waiter's `ensure` subscribes after this.
             let mut conn = inner.conn.lock().await;
-            // Re-subscribed meanwhile (under this same mutex): keep it.
-            if lock(&inner.channels).contains_key(&channel) {
-                return;
-            }
+            let generation = {
+                let mut channels = lock(&inner.channels);
+                match channels.get(&channel) {
+                    Some(entry) if entry.waiters == 0 && entry.idle == idle => {
+                        channels.remove(&channel).and_then(|c| c.subscribed)
+                    }
+                    // Waited on since (and maybe idle again, with its own plan).
+                    _ => return,
+                }
+            };
             if let Some(current) = conn.as_mut()
-                && current.generation == generation
+                && generation == Some(current.generation)
             {
                 let _ =
                     tokio::time::timeout(inner.timeout, current.sink.unsubscribe(&channel)).await;

@@ -418,7 +418,9 @@ async fn a_waiters_place_lasts_no_longer_than_its_ttl() {
     guard.release().await.unwrap();
 }
 
-/// The subscriber unsubscribes a name's channel when no attempt waits on it any more.
+/// The subscriber keeps a name's channel subscribed for a while after its last waiter (the
+/// next wait on it needs no new subscription), and unsubscribes it once nobody waited on it
+/// for `SUBSCRIPTION_IDLE` (2 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn channels_are_unsubscribed_when_nobody_waits() {
     let Some(urls) = common::urls("redis") else {
@@ -431,8 +433,8 @@ async fn channels_are_unsubscribed_when_nobody_waits() {
     );
     let name = name("unsub");
     let keys = LockKeys::for_name(&name).unwrap();
-    let mut raw = common::raw(&urls[0]).await;
-    let numsub = |raw: &mut redis::aio::MultiplexedConnection| {
+    let raw = common::raw(&urls[0]).await;
+    let numsub = |raw: &redis::aio::MultiplexedConnection| {
         let mut raw = raw.clone();
         let channel = keys.channel.clone();
         async move {
@@ -445,21 +447,38 @@ async fn channels_are_unsubscribed_when_nobody_waits() {
             n
         }
     };
-    let held = a.acquire(&name, &opts()).await.unwrap();
-    let waiter = {
-        let (b, name) = (b.clone(), name.clone());
-        tokio::spawn(async move { b.acquire(&name, &opts()).await })
+    // One wait of b behind a, then b's release.
+    let wait_once = async || {
+        let held = a.acquire(&name, &opts()).await.unwrap();
+        let waiter = {
+            let (b, name) = (b.clone(), name.clone());
+            tokio::spawn(async move { b.acquire(&name, &opts()).await })
+        };
+        while numsub(&raw).await == 0 {
+            tokio::task::yield_now().await;
+        }
+        held.release().await.unwrap();
+        waiter.await.unwrap().unwrap().release().await.unwrap();
     };
-    while numsub(&mut raw).await == 0 {
-        tokio::task::yield_now().await;
-    }
-    held.release().await.unwrap();
-    waiter.await.unwrap().unwrap().release().await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while numsub(&mut raw).await != 0 {
+    wait_once().await;
+    let idle_from = Instant::now();
+    // Unsubscribing at once took a few ms: still subscribed well after that.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(numsub(&raw).await, 1, "the channel was not kept");
+    // A second wait within the idle time uses the same subscription, and starts it again.
+    wait_once().await;
+    assert!(idle_from.elapsed() < Duration::from_secs(2));
+    let idle_from = Instant::now();
+    let deadline = idle_from + Duration::from_secs(5);
+    while numsub(&raw).await != 0 {
         assert!(Instant::now() < deadline, "the channel stayed subscribed");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    let idle = idle_from.elapsed();
+    assert!(
+        idle >= Duration::from_millis(1900),
+        "unsubscribed after {idle:?} without a waiter (the idle time is 2 s)"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
