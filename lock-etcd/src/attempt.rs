@@ -107,6 +107,12 @@ impl EtcdAttempt {
         txn: Txn,
         what: &str,
     ) -> Result<Option<(etcd_client::TxnResponse, bool)>> {
+        if let Some(earlier) = self.put.as_mut() {
+            // An earlier put whose wait timed out (the core retries the poll): its answer
+            // first, so that at most one is on its way when an abandon comes.
+            let _ = earlier.await;
+            self.put = None;
+        }
         let before = self.key.may_exist();
         self.key.set_may_exist(true);
         let mut kv = self.shared.client.kv_client();
