@@ -207,10 +207,18 @@ pub async fn crashed_permit_holder_frees_after_ttl(ctx: Ctx) -> Outcome {
     let answered = Instant::now();
     let valid_until = crashed.valid_until();
     crashed.abandon();
-    assert!(
-        try_acquire(&*b, &name, &opts).await.is_none(),
-        "a third permit of 2"
-    );
+    if let Some(third) = try_acquire(&*b, &name, &opts).await {
+        // Only if getting here took a loaded machine longer than the crashed lease.
+        let now = Instant::now();
+        assert!(
+            now >= valid_until,
+            "a third permit of 2, {:?} before the crashed holder's valid_until",
+            valid_until - now
+        );
+        release(third).await;
+        release(kept).await;
+        return Outcome::Passed;
+    }
     let guard = acquire(&*b, &name, &opts).await;
     let taken = Instant::now();
     assert!(
