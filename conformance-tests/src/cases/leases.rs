@@ -221,13 +221,18 @@ pub async fn valid_until_is_conservative(ctx: Ctx) -> Outcome {
 pub async fn hold_limit_stops_renewal(ctx: Ctx) -> Outcome {
     let (a, b) = (ctx.client().await, ctx.client().await);
     let name = ctx.name("hold-limit");
-    let ttl = ctx.ttl();
+    // Twice the harness's ttl: what is checked is the cap, so a renewal must not run out of
+    // its lease first on a loaded machine (at 1 s, a MySQL renewal once took longer than the
+    // two thirds of the ttl it had, and the guard rightly reported `ConnectionLost`).
+    let ttl = ctx.ttl() * 2;
     let cap = ttl * 3 / 2;
     let started = Instant::now();
     let guard = acquire(
         &*a,
         &name,
-        &ctx.opts().with_renewal(Renewal::auto().max_hold(cap)),
+        &ctx.opts()
+            .with_ttl(ttl)
+            .with_renewal(Renewal::auto().max_hold(cap)),
     )
     .await;
     let reason = tokio::time::timeout(cap + ctx.slack(), guard.lost())
