@@ -20,7 +20,7 @@ use crate::db::{Claim, Listed, Peek, bind_value};
 use crate::error::shape_err;
 use crate::fence::FencedUpdate;
 use crate::holds::{self, HeldBy, HolderInfo, Holds, JoinRequest, Joined, Tx};
-use crate::pool::{HotConns, Unfinished};
+use crate::pool::HotConns;
 
 /// What SQL text cannot say about a database.
 pub(crate) trait Dialect: sqlx::Database {
@@ -267,14 +267,14 @@ where
     /// Runs `body` in a transaction of the holders on a kept connection, after locking the
     /// lock row of `name`; `body` answers its result and whether to commit (else the
     /// transaction rolls back: a refused acquisition writes nothing). A failed or cancelled
-    /// transaction closes its connection (see [`Unfinished`]), and the server rolls it back.
+    /// transaction closes its connection (see [`Hot::finish`](crate::pool::Hot::finish)), and the server rolls it back.
     async fn in_tx<T>(
         &self,
         name: &str,
         body: impl AsyncFnOnce(&mut Tx<'_, DB>, Peek) -> Result<(T, bool), sqlx::Error>,
     ) -> Result<T, sqlx::Error> {
         holds::ready(&self.holds, self.conns.pool()).await?;
-        let mut hot = Unfinished::new(self.conns.get().await?);
+        let mut hot = self.conns.get().await?;
         let result = async {
             let mut tx = sqlx::Connection::begin_with(hot.conn(), DB::BEGIN).await?;
             let mut statements = Tx {

@@ -22,7 +22,7 @@ use crate::dialect::{Common, Shared, Sql, prepare_all, q, server_pool};
 use crate::error::{connect_err, map_err};
 use crate::holds::{HolderSql, Holds, holders_table};
 use crate::keys::quote;
-use crate::pool::{HotConns, InUse, Unfinished, open_pool};
+use crate::pool::{HotConns, InUse, open_pool};
 use crate::renew::{BySize, LIST_MAX_BATCH, Renewal, padded, renewed_at, too_many};
 use crate::wake::{ServerWait, Woken, wake_prefix};
 
@@ -664,7 +664,7 @@ impl MyDb {
         slot: OwnedSemaphorePermit,
     ) -> Result<Option<i64>, sqlx::Error> {
         // Cancelled or failed mid-way, the connection is closed, and with it any wake lock.
-        let mut hot = Unfinished::new(self.common.conns.get().await?);
+        let mut hot = self.common.conns.get().await?;
         let result = q(&self.wake.sql.take)
             .bind(name)
             .bind(owner)
@@ -679,9 +679,7 @@ impl MyDb {
         match answer(&done) {
             Answer::Taken(version) => {
                 // An existing row: its connection holds the wake lock until the release.
-                if let Some(hot) = hot.into_hot() {
-                    self.wake.pin(name, owner, hot.into_pooled(), slot);
-                }
+                self.wake.pin(name, owner, hot.into_pooled(), slot);
                 Ok(Some(version))
             }
             Answer::Refused => hot.finish(Ok(None)),
@@ -791,18 +789,14 @@ impl Db for MyDb {
             return;
         };
         // Cancelled or failed mid-way, the connection is closed, and with it the wake lock.
-        let mut hot = Unfinished::new(conn);
+        let mut hot = conn;
         let lock = format!("{}{version}", self.wake.prefix(name));
         let got = sqlx::query_scalar::<_, Option<i64>>("SELECT GET_LOCK(?, 0)")
             .bind(&lock)
             .fetch_one(hot.conn())
             .await;
         match got {
-            Ok(Some(1)) => {
-                if let Some(hot) = hot.into_hot() {
-                    self.wake.pin(name, owner, hot.into_pooled(), slot);
-                }
-            }
+            Ok(Some(1)) => self.wake.pin(name, owner, hot.into_pooled(), slot),
             other => {
                 let _ = hot.finish(other.map(drop));
             }
@@ -837,7 +831,7 @@ impl Db for MyDb {
         // On the connection that holds the wake lock; closed if cancelled or failed, which
         // gives the wake lock up as well.
         let lock = format!("{}{version}", self.wake.prefix(name));
-        let mut hot = Unfinished::new(self.common.conns.adopt(pinned.conn));
+        let mut hot = self.common.conns.adopt(pinned.conn);
         let result = q(&self.wake.sql.release)
             .bind(&lock)
             .bind(name)

@@ -232,50 +232,19 @@ impl<DB: sqlx::Database> Hot<'_, DB> {
         }
         result
     }
-}
 
-/// A connection that runs a transaction: it goes back to the pool only when its use
-/// finished without an error ([`Unfinished::finish`]). Dropped before (the caller was
-/// cancelled mid-way, perhaps between `BEGIN` and its answer, when no transaction object yet
-/// exists to roll back: see [`InUse`]), or after an error, the connection is closed instead,
-/// and the server rolls the transaction back: a connection left inside a transaction must
-/// never serve the next statement.
-pub(crate) struct Unfinished<'a, DB: sqlx::Database>(Option<Hot<'a, DB>>);
-
-impl<'a, DB: sqlx::Database> Unfinished<'a, DB> {
-    /// Guards `hot` until [`finish`](Self::finish).
-    pub(crate) fn new(hot: Hot<'a, DB>) -> Self {
-        Self(Some(hot))
-    }
-
-    /// The connection, to run the transaction on.
-    pub(crate) fn conn(&mut self) -> &mut DB::Connection {
-        self.0
-            .as_mut()
-            .expect("the connection is present until finished")
-            .conn()
-    }
-
-    /// The connection, after its use finished without an error.
-    #[cfg_attr(
-        not(feature = "mysql"),
-        allow(dead_code, reason = "MySQL keeps a holder's connection")
-    )]
-    pub(crate) fn into_hot(mut self) -> Option<Hot<'a, DB>> {
-        self.0.take()
-    }
-
-    /// Passes the transaction's result through: keeps the connection after a success, closes
-    /// it after a failure (as dropping does).
-    pub(crate) fn finish<T>(mut self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
-        match self.0.take() {
-            Some(hot) if result.is_ok() => hot.keep(result),
-            Some(hot) => {
-                hot.conn.close();
-                result
-            }
-            None => result,
+    /// For a transaction, or a statement whose failure may leave server state on its
+    /// connection (a wake lock): passes the result through, keeping the connection after a
+    /// success and closing it after a failure, so that the server rolls back or lets go.
+    /// Dropped before (the caller was cancelled mid-way, perhaps between `BEGIN` and its
+    /// answer), the connection is closed too (see [`InUse`]): a connection left inside a
+    /// transaction must never serve the next statement.
+    pub(crate) fn finish<T>(self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        if result.is_ok() {
+            return self.keep(result);
         }
+        self.conn.close();
+        result
     }
 }
 
@@ -300,7 +269,7 @@ mod hot_tests {
         let dir = tempfile::tempdir().unwrap();
         let pool = file_pool(&dir, 1).await;
         let conns = HotConns::new(pool, 1);
-        let mut cancelled = Unfinished::new(conns.get().await.unwrap());
+        let mut cancelled = conns.get().await.unwrap();
         sqlx::query("BEGIN IMMEDIATE")
             .execute(cancelled.conn())
             .await
