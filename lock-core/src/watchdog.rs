@@ -737,6 +737,14 @@ mod tests {
         fn running(&self) -> bool {
             lock(&self.shared.state).running
         }
+
+        /// Waits until the task has ended; fails with `what` if it still runs at `deadline`.
+        async fn ended_by(&self, deadline: Instant, what: &str) {
+            while self.running() {
+                assert!(Instant::now() < deadline, "{what}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -762,10 +770,9 @@ mod tests {
         // Released guards leave the map at once, also those whose renewal was in flight.
         assert_eq!(watchdog.entries(), 0);
         let deadline = Instant::now() + Duration::from_secs(5);
-        while watchdog.running() {
-            assert!(Instant::now() < deadline, "the watchdog task did not end");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        watchdog
+            .ended_by(deadline, "the watchdog task did not end")
+            .await;
         // A new guard starts a new task.
         let guard = client
             .try_acquire("wd-again", &options)
@@ -794,10 +801,9 @@ mod tests {
         }
         let ended = Instant::now();
         let deadline = ended + IDLE_LINGER + Duration::from_secs(5);
-        while watchdog.running() {
-            assert!(Instant::now() < deadline, "the idle task did not end");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        watchdog
+            .ended_by(deadline, "the idle task did not end")
+            .await;
         assert!(
             ended.elapsed() >= IDLE_LINGER,
             "the task ended before its linger"
@@ -831,14 +837,13 @@ mod tests {
         // Time for the task to take that turn (a spawned task runs at once on a free worker).
         tokio::time::sleep(Duration::from_millis(100)).await;
         guard.release().await.unwrap();
-        let released = Instant::now();
-        while watchdog.running() {
-            assert!(
-                released.elapsed() < IDLE_LINGER + Duration::from_secs(3),
-                "the idle task did not end (it slept towards the released guard's renewal)"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let deadline = Instant::now() + IDLE_LINGER + Duration::from_secs(3);
+        watchdog
+            .ended_by(
+                deadline,
+                "the idle task did not end (it slept towards the released guard's renewal)",
+            )
+            .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
