@@ -159,6 +159,9 @@ impl std::fmt::Debug for Ctx {
     }
 }
 
+/// How many times [`Ctx::client`] tries to create a client.
+pub const CLIENT_ATTEMPTS: u32 = 3;
+
 impl Ctx {
     /// The harness.
     pub fn harness(&self) -> &dyn Harness {
@@ -176,10 +179,23 @@ impl Ctx {
     }
 
     /// A new client; panics with the backend's error if it cannot connect.
+    ///
+    /// A retryable refusal (the server did not answer within the operation timeout) is tried
+    /// again, up to [`CLIENT_ATTEMPTS`] times in all: on the 2-core CI machine, with the four
+    /// backends' suites at once, a TLS connection of an unoptimized test build took most of the
+    /// 2 s operation timeout by itself (ZooKeeper and PostgreSQL over TLS, 1 of 2 runs). Every
+    /// case checks what the lock does once it has a client; none checks how fast one connects.
     pub async fn client(&self) -> TestClient {
-        match self.harness.client().await {
-            Ok(client) => client,
-            Err(err) => panic!("cannot create a client: {err}"),
+        let mut attempt = 1;
+        loop {
+            match self.harness.client().await {
+                Ok(client) => return client,
+                Err(err) if err.is_retryable() && attempt < CLIENT_ATTEMPTS => {
+                    eprintln!("creating a client, attempt {attempt} of {CLIENT_ATTEMPTS}: {err}");
+                    attempt += 1;
+                }
+                Err(err) => panic!("cannot create a client: {err}"),
+            }
         }
     }
 
