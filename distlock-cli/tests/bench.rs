@@ -205,6 +205,12 @@ fn s1_on_redis_can_compare_with_a_floor_that_takes_tokens() {
         let value = target["uncontended"][ratio].as_f64();
         assert!(value.is_some_and(|r| r > 0.0), "{ratio}: {target}");
     }
+    // The CLI measures the process's CPU time (getrusage): every side has its own per cycle.
+    for side in ["uncontended", "floor", "fenced_floor"] {
+        let cpu = target[side]["cpu_per_cycle_us"].as_f64();
+        assert!(cpu.is_some_and(|us| us > 0.0), "{side}: {target}");
+    }
+    assert!(stdout.contains("| distlock CPU µs/cycle |"), "{stdout}");
 }
 
 /// Runs `distlock bench` with `args` (plus `--json FILE --quiet`), asserts success and returns

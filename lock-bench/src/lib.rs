@@ -9,6 +9,10 @@
 //!   throughput as a ratio to it (lock ops/s ÷ floor ops/s).
 //! - **S1, uncontended**: one client acquires and releases one name, `cycles` times after
 //!   `warmup_cycles`: cycles/s and cycle latency p50/p99/max, plus acquire and release alone.
+//!   With [`run_with`] and [`Instruments`] that measure CPU time, also the process's CPU time
+//!   per cycle of S1 and of each floor, read around every block of cycles
+//!   ([`S1Result::cpu_per_cycle_us`]): what the lock costs the client's CPUs besides its
+//!   round trips.
 //! - **S2, contended**: `clients` clients (each from its own factory call) loop on one name:
 //!   `acquire`, hold for `hold`, release, re-acquire at once, for `duration` after
 //!   `s2_warmup`. Critical sections/s; handoff latency to *another* client, measured from the
@@ -136,8 +140,8 @@ pub async fn run(targets: &[Target], config: &BenchConfig) -> Result<Report, Err
     run_with(targets, config, &NoInstruments).await
 }
 
-/// [`run`] with the process's [`Instruments`]: the hold scenario's heap and CPU figures, and
-/// a progress display for the growth scenarios.
+/// [`run`] with the process's [`Instruments`]: S1's and its floors' CPU time per cycle, the
+/// hold scenario's heap and CPU figures, and a progress display for the growth scenarios.
 ///
 /// # Errors
 /// As [`run`].
@@ -256,6 +260,7 @@ async fn run_target(
             .as_deref_mut()
             .map(|f| (f, fenced_name.as_str())),
         config,
+        instruments,
         progress("s1"),
     )
     .await;

@@ -132,6 +132,12 @@ pub struct FloorResult {
     pub ops_per_sec: f64,
     /// Latency of one cycle.
     pub cycle: LatencySummary,
+    /// The process's CPU time per measured cycle, in microseconds, as the run's
+    /// [`Instruments::cpu_time`](crate::Instruments::cpu_time) gives it (`distlock bench`:
+    /// `getrusage`, user + system, every thread), taken around each block of cycles; only the
+    /// side whose block runs works then. `None` when the instruments do not measure CPU time
+    /// (as with [`run`](crate::run)).
+    pub cpu_per_cycle_us: Option<f64>,
     /// Latency of one cycle started after a pause as long as the S2 hold, measured when S2
     /// runs: the state a handoff starts from (client, server and CPUs idle, so every wake-up
     /// costs what it costs at a handoff). Two round trips from idle.
@@ -152,6 +158,9 @@ pub struct S1Result {
     pub ops_per_sec: f64,
     /// Latency of one acquire + release cycle.
     pub cycle: LatencySummary,
+    /// CPU time of the whole bench process per measured cycle, as
+    /// [`FloorResult::cpu_per_cycle_us`]: what an acquire + release costs the client's CPUs.
+    pub cpu_per_cycle_us: Option<f64>,
     /// Latency of the acquire call alone.
     pub acquire: LatencySummary,
     /// Latency of the release call alone.
@@ -379,6 +388,18 @@ impl Report {
                  floor = what distlock costs on top."
             );
         }
+        if self.targets.iter().any(|t| {
+            t.uncontended
+                .as_ref()
+                .is_some_and(|s| s.cpu_per_cycle_us.is_some())
+        }) {
+            let _ = writeln!(
+                out,
+                "- CPU µs/cycle: the process's CPU time (user + system, every thread) during a \
+                 side's measured blocks ÷ its cycles: what a cycle costs the client's CPUs, on \
+                 the critical path or not."
+            );
+        }
         let _ = writeln!(out, "- Runtime: tokio {}.", self.runtime);
         out
     }
@@ -503,6 +524,7 @@ impl Report {
         }
         out.push_str(&self.contended_floor_markdown());
         out.push_str(&self.fenced_floor_markdown());
+        out.push_str(&self.cpu_markdown());
         out.push_str(&self.mixed_markdown());
         out
     }
@@ -557,6 +579,38 @@ impl Report {
                 plain.map_or_else(|| "-".to_owned(), |p| format!("{p:.0}")),
                 ratio(fenced, plain),
                 ratio(distlock, Some(fenced)),
+            );
+        }
+        out
+    }
+
+    /// S1's CPU time per cycle next to its floors', for targets where it was measured.
+    fn cpu_markdown(&self) -> String {
+        let mut out = String::new();
+        let rows: Vec<_> = self
+            .targets
+            .iter()
+            .filter_map(|t| {
+                let s1 = t.uncontended.as_ref()?.cpu_per_cycle_us?;
+                let floor = |f: &Option<FloorResult>| f.as_ref().and_then(|f| f.cpu_per_cycle_us);
+                Some((t, floor(&t.floor), floor(&t.fenced_floor), s1))
+            })
+            .collect();
+        if rows.is_empty() {
+            return out;
+        }
+        out.push_str("\n| target | scenario | floor CPU µs/cycle | fenced floor CPU µs/cycle | distlock CPU µs/cycle | distlock − floor µs | distlock − fenced floor µs |\n");
+        out.push_str("|---|---|--:|--:|--:|--:|--:|\n");
+        let us = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
+        for (t, floor, fenced, s1) in rows {
+            let _ = writeln!(
+                out,
+                "| {} | S1 uncontended | {} | {} | {s1:.1} | {} | {} |",
+                t.target,
+                us(floor),
+                us(fenced),
+                us(floor.map(|f| s1 - f)),
+                us(fenced.map(|f| s1 - f)),
             );
         }
         out

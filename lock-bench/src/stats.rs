@@ -132,3 +132,44 @@ mod tests {
         }
     }
 }
+
+/// CPU time accumulated over measured blocks; unknown once one block could not be measured.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CpuTotal(Option<Duration>);
+
+impl CpuTotal {
+    pub(crate) fn new() -> Self {
+        Self(Some(Duration::ZERO))
+    }
+
+    /// Adds the CPU time between `start` and `end` (both from [`crate::Instruments::cpu_time`]).
+    pub(crate) fn add(&mut self, start: Option<Duration>, end: Option<Duration>) {
+        self.0 = match (self.0, start, end) {
+            (Some(sum), Some(start), Some(end)) => Some(sum + end.saturating_sub(start)),
+            _ => None,
+        };
+    }
+
+    /// Microseconds per cycle over `cycles` cycles.
+    pub(crate) fn per_cycle_us(self, cycles: u64) -> Option<f64> {
+        let cpu = self.0.filter(|_| cycles > 0)?;
+        Some(cpu.as_secs_f64() * 1e6 / cycles as f64)
+    }
+}
+
+#[cfg(test)]
+mod cpu_tests {
+    use super::*;
+
+    #[test]
+    fn a_total_is_unknown_once_a_block_was() {
+        let mut total = CpuTotal::new();
+        let (a, b) = (Duration::from_micros(100), Duration::from_micros(400));
+        total.add(Some(a), Some(b));
+        total.add(Some(a), Some(b));
+        assert_eq!(total.per_cycle_us(3).map(f64::round), Some(200.0));
+        assert_eq!(total.per_cycle_us(0), None);
+        total.add(None, Some(b));
+        assert_eq!(total.per_cycle_us(3), None);
+    }
+}

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use distlock_core::{AcquireOptions, DistributedLock, Error};
 
 use crate::report::{FloorResult, S1Result};
-use crate::stats::{Progress, Recorder, rate};
-use crate::{BenchConfig, LatencySummary, RawFloor, S1Call};
+use crate::stats::{CpuTotal, Progress, Recorder, rate};
+use crate::{BenchConfig, Instruments, LatencySummary, RawFloor, S1Call};
 
 /// Measured cycles per alternating block: short enough that drift within a block is small
 /// (0.02-0.2 s on the servers here), long enough that switching sides costs nothing.
@@ -21,6 +21,8 @@ const BLOCK: u64 = 100;
 struct Timed {
     cycle: Recorder,
     elapsed: Duration,
+    /// The process's CPU time during the side's measured blocks.
+    cpu: CpuTotal,
 }
 
 impl Timed {
@@ -28,6 +30,7 @@ impl Timed {
         Self {
             cycle: Recorder::new(),
             elapsed: Duration::ZERO,
+            cpu: CpuTotal::new(),
         }
     }
 }
@@ -111,6 +114,7 @@ impl<'a, 'f> FloorSide<'a, 'f> {
                 elapsed_ms: self.timed.elapsed.as_secs_f64() * 1000.0,
                 ops_per_sec: rate(cycles, self.timed.elapsed),
                 cycle: self.timed.cycle.summary(),
+                cpu_per_cycle_us: self.timed.cpu.per_cycle_us(cycles),
                 paused_cycle: None,
             }),
         }
@@ -145,9 +149,16 @@ enum Side<'s, 'a, 'f> {
 }
 
 impl Side<'_, '_, '_> {
-    /// Runs `n` cycles back to back and adds their wall time if `measured`.
-    async fn block(mut self, n: u64, measured: bool, progress: &mut Progress) -> Result<(), Error> {
-        let started = Instant::now();
+    /// Runs `n` cycles back to back and adds their wall time (and the process's CPU time, as
+    /// `instruments` measure it) if `measured`.
+    async fn block(
+        mut self,
+        n: u64,
+        measured: bool,
+        progress: &mut Progress,
+        instruments: &dyn Instruments,
+    ) -> Result<(), Error> {
+        let (started, cpu) = (Instant::now(), instruments.cpu_time());
         for _ in 0..n {
             match &mut self {
                 Self::S1(s) => s.cycle(measured).await?,
@@ -161,6 +172,7 @@ impl Side<'_, '_, '_> {
                 Self::Floor(f) => &mut f.timed,
             };
             timed.elapsed += started.elapsed();
+            timed.cpu.add(cpu, instruments.cpu_time());
         }
         Ok(())
     }
@@ -177,12 +189,14 @@ pub(crate) struct Uncontended {
 pub(crate) type FloorArg<'a, 'f> = Option<(&'a mut (dyn RawFloor + 'f), &'a str)>;
 
 /// Measures S1 on `client`, the raw `floor` and the `fenced` floor, each if given,
-/// interleaved. A side that fails stops; the others go on.
+/// interleaved, with the process's CPU time per side as `instruments` measure it. A side that
+/// fails stops; the others go on.
 pub(crate) async fn run<'f>(
     client: Option<(&dyn DistributedLock, &str)>,
     floor: FloorArg<'_, 'f>,
     fenced: FloorArg<'_, 'f>,
     config: &BenchConfig,
+    instruments: &dyn Instruments,
     mut progress: Progress,
 ) -> Uncontended {
     let options = AcquireOptions::default().with_ttl(config.ttl);
@@ -224,7 +238,7 @@ pub(crate) async fn run<'f>(
                 _ => fenced.as_mut().map(Side::Floor),
             };
             if let Some(side) = side
-                && let Err(e) = side.block(n, measured, &mut progress).await
+                && let Err(e) = side.block(n, measured, &mut progress, instruments).await
             {
                 errors[which] = Some(e);
             }
@@ -240,6 +254,7 @@ pub(crate) async fn run<'f>(
                 elapsed_ms: s.timed.elapsed.as_secs_f64() * 1000.0,
                 ops_per_sec: rate(config.cycles, s.timed.elapsed),
                 cycle: s.timed.cycle.summary(),
+                cpu_per_cycle_us: s.timed.cpu.per_cycle_us(config.cycles),
                 acquire: s.acquire.summary(),
                 release: s.release.summary(),
                 floor_ratio: None,

@@ -234,10 +234,55 @@ async fn raw_floor_plumbing() {
         "the paused floor runs with S2 only"
     );
 
+    // Without instruments that measure CPU time, no CPU figures.
+    assert_eq!((s1.cpu_per_cycle_us, floor.cpu_per_cycle_us), (None, None));
+
     let markdown = report.to_markdown();
     assert!(markdown.contains("| fake | S1 uncontended |"), "{markdown}");
     assert!(markdown.contains("| two yields |"), "{markdown}");
     assert!(!markdown.contains("S2 contended"), "{markdown}");
+    assert!(!markdown.contains("CPU µs/cycle"), "{markdown}");
+}
+
+/// Instruments whose CPU clock advances 1 ms per reading.
+#[derive(Debug, Default)]
+struct StepCpu(AtomicU64);
+
+impl distlock_bench::Instruments for StepCpu {
+    fn cpu_time(&self) -> Option<Duration> {
+        Some(Duration::from_millis(
+            self.0.fetch_add(1, Ordering::Relaxed),
+        ))
+    }
+}
+
+/// S1 and its floor each get the process's CPU time over their own measured blocks only: a
+/// clock read before and after each block (1 ms apart here), so 2 blocks of 100 cycles give
+/// 10 µs a cycle on each side, whatever the warm-up read. The Markdown shows them side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_time_is_taken_around_each_sides_blocks() {
+    let cycles = Arc::new(AtomicU64::new(0));
+    let config = small().with_scenarios(ScenarioSelection::S1);
+    assert_eq!(config.cycles, 200);
+    let report = distlock_bench::run_with(
+        &[memory_target_with_floor("fake", cycles)],
+        &config,
+        &StepCpu::default(),
+    )
+    .await
+    .unwrap();
+    assert!(!report.has_failures(), "{report:#?}");
+    let t = &report.targets[0];
+    let s1 = t.uncontended.as_ref().unwrap();
+    let floor = t.floor.as_ref().unwrap();
+    assert_eq!(s1.cpu_per_cycle_us, Some(10.0));
+    assert_eq!(floor.cpu_per_cycle_us, Some(10.0));
+    let markdown = report.to_markdown();
+    assert!(
+        markdown.contains("| fake | S1 uncontended | 10.0 | - | 10.0 | 0.0 | - |"),
+        "{markdown}"
+    );
+    assert!(markdown.contains("- CPU µs/cycle:"), "{markdown}");
 }
 
 /// The fenced floor runs in the same rotation as S1 and the floor: the same warm-up and
