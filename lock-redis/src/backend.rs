@@ -16,7 +16,7 @@ use futures::future::join_all;
 use futures::stream::BoxStream;
 
 use crate::attempt::{RedisAttempt, remaining};
-use crate::keys::LockKeys;
+use crate::keys::{KeysCache, LockKeys};
 use crate::node::{Holding, Node, NodeTls, within};
 use crate::renew::RedisRenewer;
 use crate::{MAX_PERMITS, RedisConfig, Topology};
@@ -36,6 +36,8 @@ pub(crate) struct Shared {
     pub(crate) client: ClientConfig,
     /// The one batch of automatic renewals of this backend's leases (see `renew.rs`).
     pub(crate) renewer: Arc<dyn Renewer>,
+    /// The keys of the names acquired lately.
+    pub(crate) keys: KeysCache,
 }
 
 impl RedisBackend {
@@ -62,6 +64,7 @@ impl RedisBackend {
                     nodes: vec![node],
                     config,
                     client,
+                    keys: KeysCache::default(),
                 }),
             });
         }
@@ -155,6 +158,7 @@ impl RedisBackend {
                 nodes,
                 config,
                 client,
+                keys: KeysCache::default(),
             }),
         })
     }
@@ -231,7 +235,7 @@ impl LockBackend for RedisBackend {
     }
 
     fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
-        let keys = Arc::new(LockKeys::new(&request.name));
+        let keys = self.shared.keys.get(&request.name);
         // Redlock: every node must order waiters alike, so the arrival score comes from here
         // (a client's clock only orders waiters; it never decides who holds the lock).
         let score = if self.shared.redlock() {

@@ -1,5 +1,7 @@
 //! How lock names map to Redis keys and channels.
 
+use std::sync::{Arc, Mutex, PoisonError};
+
 use distlock_core::LockName;
 
 /// The Redis keys and the pub/sub channel of one lock name.
@@ -29,7 +31,11 @@ pub struct LockKeys {
 impl LockKeys {
     /// The keys of `name`.
     pub fn new(name: &LockName) -> Self {
-        let name = name.as_str();
+        Self::of_name(name.as_str())
+    }
+
+    /// The keys of the valid name `name`.
+    fn of_name(name: &str) -> Self {
         // Built by hand, not by `format!`: this runs on every acquisition, and five formatted
         // strings cost more client CPU than the rest of an uncontended acquire.
         let mut head = String::with_capacity(HEAD_LEN);
@@ -84,6 +90,42 @@ impl LockKeys {
 
 /// `distlock:{` + 16 hex digits + `}:`.
 const HEAD_LEN: usize = 28;
+
+/// Slots of a [`KeysCache`].
+const KEYS_CACHE_SLOTS: usize = 32;
+
+/// The keys of the names this backend acquired lately, so that a name taken again and again
+/// does not build its five keys anew every time: building them ([`LockKeys::new`]: a hash, six
+/// allocations) and dropping them cost about 2,000 instructions, against about 28,000 for a
+/// whole uncontended acquire + release on the client. Direct-mapped by the name's hash: a
+/// name takes the place of the one in its slot, and a lookup is one uncontended lock, the hash
+/// and one comparison.
+#[derive(Debug, Default)]
+pub(crate) struct KeysCache {
+    slots: [Mutex<Option<Arc<LockKeys>>>; KEYS_CACHE_SLOTS],
+}
+
+impl KeysCache {
+    /// The keys of `name`.
+    pub(crate) fn get(&self, name: &LockName) -> Arc<LockKeys> {
+        let name = name.as_str();
+        let slot =
+            usize::try_from(fnv1a(name.as_bytes()) % KEYS_CACHE_SLOTS as u64).unwrap_or_default();
+        let mut slot = self.slots[slot]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // The lock key is a fixed-length head, then `l:` and the name: its tail and length
+        // tell the name apart from any other.
+        if let Some(keys) = slot.as_ref().filter(|keys| {
+            keys.lock.len() == HEAD_LEN + 2 + name.len() && keys.lock.ends_with(name)
+        }) {
+            return keys.clone();
+        }
+        let keys = Arc::new(LockKeys::of_name(name));
+        *slot = Some(keys.clone());
+        keys
+    }
+}
 
 /// The key of another kind (`h`, `t`, ...) of the name whose lock key is `lock`.
 pub(crate) fn of_kind(lock: &str, kind: char) -> String {
@@ -207,6 +249,26 @@ mod tests {
         assert_eq!(a.holders(), format!("distlock:{{{tag:016x}}}:h:a/b"));
         assert_eq!(a.tokens(), format!("distlock:{{{tag:016x}}}:t:a/b"));
         assert_eq!(name_of_lock_key(&a.holders()), None);
+    }
+
+    #[test]
+    fn the_cache_gives_each_name_its_own_keys() {
+        let cache = KeysCache::default();
+        let name = |n: &str| LockName::new(n).unwrap();
+        let first = cache.get(&name("jobs/a"));
+        assert!(Arc::ptr_eq(&first, &cache.get(&name("jobs/a"))));
+        assert_eq!(*first, LockKeys::for_name("jobs/a").unwrap());
+        // Many more names than slots, some sharing one (and one name the tail of another):
+        // each gets exactly its own keys, whatever it displaced.
+        let names: Vec<String> = (0..200)
+            .map(|i| format!("n{i}"))
+            .chain(["x/n1".to_owned(), "1".to_owned()])
+            .collect();
+        for _ in 0..2 {
+            for n in &names {
+                assert_eq!(*cache.get(&name(n)), LockKeys::for_name(n).unwrap(), "{n}");
+            }
+        }
     }
 
     #[test]
