@@ -125,7 +125,7 @@ impl<B: LockBackend> LockClient<B> {
         let name = LockName::new(name)?;
         options.validate(&self.inner.caps)?;
         let Some(owner) = options.owner.clone() else {
-            let owner = unique_owner(None).into();
+            let owner = unique_owner(None);
             return self.acquire_fresh(name, owner, options, mode, None).await;
         };
         // Reentrant path: one acquisition at a time per (name, owner, kind), so that a second
@@ -138,7 +138,7 @@ impl<B: LockBackend> LockClient<B> {
             return Ok(Some(guard));
         }
         let reentry = Some((Arc::downgrade(&self.inner.registry), key.clone()));
-        let owner = unique_owner(options.owner.as_ref()).into();
+        let owner = unique_owner(options.owner.as_ref());
         let acquired = self
             .acquire_fresh(name, owner, options, mode, reentry)
             .await;
@@ -309,11 +309,21 @@ fn release_late_grant(lease: Box<dyn crate::Lease>, timeout: Duration) {
 
 /// The owner value of one acquisition: a random v4 UUID from the thread-local generator (no
 /// syscall), prefixed with the explicit owner id if one was given.
-pub(crate) fn unique_owner(id: Option<&OwnerId>) -> String {
+pub(crate) fn unique_owner(id: Option<&OwnerId>) -> Arc<str> {
     let unique = uuid::Builder::from_random_bytes(rand::rng().random()).into_uuid();
+    // Hex-encoded on the stack and copied once into the `Arc`: this runs on every
+    // acquisition, and `format!` and `to_string` cost more than the random bytes.
+    let mut hex = uuid::Uuid::encode_buffer();
+    let unique = unique.simple().encode_lower(&mut hex);
     match id {
-        Some(id) => format!("{}:{}", id.as_str(), unique.simple()),
-        None => unique.simple().to_string(),
+        Some(id) => {
+            let mut owner = String::with_capacity(id.as_str().len() + 1 + unique.len());
+            owner.push_str(id.as_str());
+            owner.push(':');
+            owner.push_str(unique);
+            owner.into()
+        }
+        None => Arc::from(&*unique),
     }
 }
 
