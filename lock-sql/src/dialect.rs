@@ -267,7 +267,8 @@ where
     /// Runs `body` in a transaction of the holders on a kept connection, after locking the
     /// lock row of `name`; `body` answers its result and whether to commit (else the
     /// transaction rolls back: a refused acquisition writes nothing). A failed or cancelled
-    /// transaction closes its connection (see [`Hot::finish`](crate::pool::Hot::finish)), and the server rolls it back.
+    /// transaction closes its connection (see [`Hot::finish`](crate::pool::Hot::finish)), and
+    /// the server rolls it back.
     async fn in_tx<T>(
         &self,
         name: &str,

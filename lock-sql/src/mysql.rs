@@ -785,11 +785,10 @@ impl Db for MyDb {
         let Ok(slot) = self.wake.pin_slots.clone().try_acquire_owned() else {
             return;
         };
-        let Ok(conn) = self.common.conns.get().await else {
+        // Cancelled or failed mid-way, the connection is closed, and with it the wake lock.
+        let Ok(mut hot) = self.common.conns.get().await else {
             return;
         };
-        // Cancelled or failed mid-way, the connection is closed, and with it the wake lock.
-        let mut hot = conn;
         let lock = format!("{}{version}", self.wake.prefix(name));
         let got = sqlx::query_scalar::<_, Option<i64>>("SELECT GET_LOCK(?, 0)")
             .bind(&lock)
