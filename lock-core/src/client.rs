@@ -201,7 +201,8 @@ impl<B: LockBackend> LockClient<B> {
                     attempt.disarm();
                     let lease_started = acquired.lease_started.map_or(sent, |s| s.min(sent));
                     let ttl = options.ttl;
-                    if Instant::now() >= lease_started + ttl - self.inner.config.drift(ttl)
+                    let drift = self.inner.config.drift(ttl);
+                    if Instant::now() >= lease_started + ttl - drift
                         && late_grants < MAX_LATE_GRANTS
                     {
                         // The answer came after the lease it grants had run out (the process
@@ -226,8 +227,9 @@ impl<B: LockBackend> LockClient<B> {
                         token: acquired.token,
                         backend: self.inner.backend.name(),
                         lease: acquired.lease,
-                        ttl: options.ttl,
-                        config: self.inner.config.clone(),
+                        ttl,
+                        drift,
+                        operation_timeout: op_timeout,
                         lease_started,
                         renewal_interval: options.renewal_interval(),
                         max_hold: options.renewal.max_hold,

@@ -16,7 +16,7 @@ use crate::flag::{Flag, Flags};
 use crate::registry::{Reentrant, Registry, RegistryKey};
 use crate::telemetry::{Handles, Op, Released};
 use crate::watchdog::{Schedule, Watchdog, Watched};
-use crate::{ClientConfig, Error, FencingToken, LockKind, LockName, LossReason, Result};
+use crate::{Error, FencingToken, LockKind, LockName, LossReason, Result};
 
 /// [`Held::flags`]: renewal and loss watching ended.
 const STOP: u8 = 0;
@@ -52,7 +52,7 @@ pub(crate) struct Held {
     /// The batch the lease's automatic renewals go to ([`Lease::renewer`]).
     renewer: Option<Arc<dyn Renewer>>,
     pub(crate) ttl: Duration,
-    /// The margin kept off every lease for clock drift ([`ClientConfig::drift`] of the ttl).
+    /// The margin kept off every lease for clock drift ([`crate::ClientConfig::drift`] of the ttl).
     drift: Duration,
     operation_timeout: Duration,
     /// Renewal stops so that the lock is not held past this instant.
@@ -91,7 +91,10 @@ pub(crate) struct NewGuard {
     pub(crate) backend: &'static str,
     pub(crate) lease: Box<dyn Lease>,
     pub(crate) ttl: Duration,
-    pub(crate) config: ClientConfig,
+    /// [`crate::ClientConfig::drift`] of the ttl.
+    pub(crate) drift: Duration,
+    /// [`crate::ClientConfig::operation_timeout`].
+    pub(crate) operation_timeout: Duration,
     pub(crate) lease_started: Instant,
     pub(crate) renewal_interval: Option<Duration>,
     pub(crate) max_hold: Option<Duration>,
@@ -104,7 +107,7 @@ impl LockGuard {
     pub(crate) fn start(new: NewGuard) -> Self {
         // A cap too far away to represent is no cap.
         let hold_limit = new.max_hold.and_then(|m| new.lease_started.checked_add(m));
-        let mut valid_until = new.lease_started + new.ttl - new.config.drift(new.ttl);
+        let mut valid_until = new.lease_started + new.ttl - new.drift;
         if let Some(limit) = hold_limit {
             valid_until = valid_until.min(limit);
         }
@@ -119,8 +122,8 @@ impl LockGuard {
             lease: new.lease,
             renewer,
             ttl: new.ttl,
-            drift: new.config.drift(new.ttl),
-            operation_timeout: new.config.operation_timeout,
+            drift: new.drift,
+            operation_timeout: new.operation_timeout,
             hold_limit,
             valid_until: Mutex::new(valid_until),
             lease_end: Mutex::new(new.lease_started + new.ttl),
