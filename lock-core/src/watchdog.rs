@@ -16,7 +16,11 @@
 //! the same tick, and a client holding K locks sends ceil(K / max_batch) requests per renewal
 //! interval, whenever the locks were taken.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+// Keyed by addresses, which no caller chooses: a fast hasher. SipHash cost 0.6k of the 26k
+// instructions of an uncontended acquire and release (callgrind).
+use foldhash::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -225,7 +229,7 @@ impl Watchdog {
         let group = state.groups.entry(id).or_insert_with(|| {
             started = true;
             Group {
-                members: HashMap::new(),
+                members: HashMap::default(),
                 _source: epochs.clone(),
             }
         });
@@ -674,7 +678,7 @@ async fn run(watchdog: Watchdog) {
         };
         signals.extend(new_signals);
         group_waits.extend(new_group_waits);
-        let mut batches: HashMap<usize, (Arc<dyn Renewer>, Vec<Entry>)> = HashMap::new();
+        let mut batches: HashMap<usize, (Arc<dyn Renewer>, Vec<Entry>)> = HashMap::default();
         let to_renew = due
             .into_iter()
             .filter_map(|held| {
