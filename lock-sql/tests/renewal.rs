@@ -132,8 +132,11 @@ async fn batched(url: &str, table: &str, max_batch: u64, counter: &dyn Counter, 
 }
 
 /// One of 50 locks freed behind its holder (an operator's forced release) is lost with
-/// `RenewalRejected`; the other 49 go on renewing in their batch.
+/// `RenewalRejected`; the other 49 go on renewing in their batch. Taken [`ALONE`]: its few
+/// hundred statements, counted by a batching measurement running meanwhile, failed that
+/// measurement once (PostgreSQL: 614 commits in a window that expected about 12).
 async fn one_forced_release_is_lost_alone(url: &str) {
+    let _alone = ALONE.lock().await;
     let client = common::client_with(url, Duration::from_secs(5)).await;
     let prefix = unique("forced");
     let opts = AcquireOptions::default().with_ttl(Duration::from_millis(1500));
