@@ -212,7 +212,7 @@ run_step publish-dry-run publish_dry_run
 #      binaries (`scale_turn`). Redis's conformance binary runs alone: with the four at once
 #      they took 243-295 s against 393 s, but 3 of 7 runs failed on load (two causes fixed;
 #      the third, 10,000 MySQL releases waiting over 2 s for a pooled connection, is not).
-#      The other binaries took 142-146 s all four at once against 230 s; 2 of 8 such runs
+#      The other binaries took 140-146 s all four at once against 226-230 s; 2 of 9 such runs
 #      failed, on two test flaws fixed since (Redis's cluster_failover_in_sync assumed its
 #      replicas in sync 150 ms after the grant, and now checks it; a SQL renewal-counting
 #      case counted a concurrent case's statements). On the 2-core CI machine the four
