@@ -45,22 +45,39 @@ async fn acquire_in_waves<B: LockBackend>(
     guards
 }
 
-/// `k` locks held by `client` for [`INTERVALS`] renewal intervals (after their schedules
-/// aligned): the requests `counter` saw meanwhile, and how many locks were lost.
+/// Windows of [`INTERVALS`] renewal intervals measured at most, per [`hold`].
+const WINDOWS: usize = 3;
+
+/// `k` locks held by `client` for windows of [`INTERVALS`] renewal intervals (after their
+/// schedules aligned), until a window's count `fits` or [`WINDOWS`] were measured: the
+/// smallest count `counter` saw in a window, and how many locks were lost. The counters
+/// count the whole server, whose own background can land in any window: under the load of
+/// other test lanes, one PostgreSQL window counted 80 commits where 12 renewals and 2 of
+/// background were due, and autovacuum had processed that test's table in it. A broken
+/// batching (one statement per lock) fails every window by a factor of hundreds.
 async fn hold<B: LockBackend>(
     client: &LockClient<B>,
     prefix: &str,
     k: usize,
     counter: &dyn Counter,
+    fits: impl Fn(u64) -> bool,
 ) -> (u64, usize) {
     let opts = AcquireOptions::default().with_ttl(TTL);
     let names: Vec<String> = (0..k).map(|i| format!("{prefix}-{i}")).collect();
     let guards = acquire_in_waves(client, &names, &opts).await;
     // Two rounds align the schedules (see lock-core's watchdog); one more settles.
     tokio::time::sleep(3 * INTERVAL).await;
-    let before = counter.read().await;
-    tokio::time::sleep(INTERVAL * u32::try_from(INTERVALS).unwrap_or(1)).await;
-    let after = counter.read().await;
+    let mut least = u64::MAX;
+    for window in 1..=WINDOWS {
+        let before = counter.read().await;
+        tokio::time::sleep(INTERVAL * u32::try_from(INTERVALS).unwrap_or(1)).await;
+        let counted = counter.read().await.saturating_sub(before);
+        least = least.min(counted);
+        if fits(counted) {
+            break;
+        }
+        eprintln!("{prefix}: window {window} of {WINDOWS} counted {counted}");
+    }
     let lost = guards.iter().filter(|g| g.is_lost()).count();
     if lost > 0 {
         let mut reasons: Vec<_> = guards.iter().filter_map(LockGuard::loss_reason).collect();
@@ -68,7 +85,7 @@ async fn hold<B: LockBackend>(
         eprintln!("{prefix}: {lost} of {k} lost: {reasons:?}");
     }
     join_all(guards.into_iter().map(LockGuard::release)).await;
-    (after.saturating_sub(before), lost)
+    (least, lost)
 }
 
 /// One measurement at a time: each counts the requests of the whole server, and the
@@ -100,7 +117,11 @@ async fn batched(url: &str, table: &str, max_batch: u64, counter: &dyn Counter, 
         .unwrap_or(usize::MAX)
         .max(1000);
     let idle = floor(counter).await;
-    let (batch, lost) = hold(&client, &unique("batch"), k, counter).await;
+    // Per interval: ceil(K / max_batch) batches, an extra one or two where the schedules
+    // have not quite merged, and the server's idle background (`floor`, plus a little).
+    let expected = u64::try_from(k).unwrap_or(u64::MAX).div_ceil(max_batch);
+    let most = |floor: u64| (expected + 2) * INTERVALS + floor + 2 * INTERVALS;
+    let (batch, lost) = hold(&client, &unique("batch"), k, counter, |n| n <= most(idle)).await;
     let idle2 = floor(counter).await;
     let per = |n: u64| n as f64 / INTERVALS as f64;
     eprintln!(
@@ -111,13 +132,8 @@ async fn batched(url: &str, table: &str, max_batch: u64, counter: &dyn Counter, 
         per(batch)
     );
     assert_eq!(lost, 0, "{label}: locks lost with batching");
-    let k = u64::try_from(k).unwrap_or(u64::MAX);
-    // Per interval: ceil(K / max_batch) batches, an extra one or two where the schedules
-    // have not quite merged, and the server's idle background.
-    let expected = k.div_ceil(max_batch);
-    let background = idle.max(idle2) + 2 * INTERVALS;
     assert!(
-        batch <= (expected + 2) * INTERVALS + background,
+        batch <= most(idle.max(idle2)),
         "{label} K={k}: {batch} requests in {INTERVALS} intervals, expected about {} \
          (floor {idle}/{idle2})",
         expected * INTERVALS
