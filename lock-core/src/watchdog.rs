@@ -17,13 +17,13 @@
 //! interval, whenever the locks were taken.
 
 use std::collections::BTreeMap;
-
-// Keyed by addresses, which no caller chooses: a fast hasher. SipHash cost 0.6k of the 26k
-// instructions of an uncontended acquire and release (callgrind).
-use foldhash::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+// Keyed by addresses, which no caller chooses: a fast hasher. SipHash took 0.42k of the 26.5k
+// instructions of an uncontended acquire and release (callgrind).
+use foldhash::HashMap;
 
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
