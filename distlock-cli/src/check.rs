@@ -147,6 +147,9 @@ impl Spawner for SelfSpawner {
             .env(WORKER_URL, url)
             .env(WORKER_PARENT, std::process::id().to_string())
             .env("DISTLOCK_LOG", "error");
+        // Armed before exec: a worker stopped by a pause fault, or not yet past its start-up,
+        // still dies with a SIGKILLed checking process.
+        crate::child::dies_with_distlock(&mut command);
         command
     }
 }
@@ -269,10 +272,8 @@ fn write(path: &std::path::Path, text: &str) -> Result<(), Failure> {
 /// server restarts), then loop until SIGTERM.
 pub(crate) async fn worker(args: WorkerArgs) -> Result<u8, Failure> {
     use tokio::signal::unix::{SignalKind, signal};
-    // Die with the checking process, however it ends (a SIGKILL runs none of its clean-up):
-    // a worker left behind would go on taking the lock. If it already ended, stop now.
-    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
-        .map_err(|err| Failure::new(OTHER, format!("cannot arm the parent-death signal: {err}")))?;
+    // The checking process armed the parent-death signal before exec (`SelfSpawner`): a
+    // worker left behind would go on taking the lock. Refuse to run for anyone else.
     let parent = std::env::var(WORKER_PARENT).ok();
     if parent.as_deref() != Some(nix::unistd::getppid().as_raw().to_string().as_str()) {
         return Err(Failure::new(

@@ -33,6 +33,35 @@ pub(crate) fn become_subreaper() {
     }
 }
 
+/// Makes the process `command` starts die (SIGKILL) with the thread that spawns it, however
+/// distlock ends; if distlock is already gone when the child would exec, the spawn fails.
+///
+/// The signal is armed between fork and exec, so no instant of the child's program runs
+/// without it. Like [`CommandGroup::spawn`], spawn from a thread that lives as long as
+/// distlock (the main thread or a runtime worker thread, not a blocking-pool thread).
+pub(crate) fn dies_with_distlock(command: &mut Command) {
+    let parent = getpid();
+    // SAFETY: the closure runs in the forked child before exec and makes only
+    // async-signal-safe system calls (prctl, getppid); it allocates nothing and takes no lock.
+    #[expect(
+        unsafe_code,
+        reason = "pre_exec is the only way to arm PR_SET_PDEATHSIG"
+    )]
+    unsafe {
+        command.pre_exec(move || arm_parent_death(parent));
+    }
+}
+
+/// In a forked child before exec: SIGKILL when the parent dies, and an error if `parent`
+/// already died (the child was re-parented before the signal was armed).
+fn arm_parent_death(parent: Pid) -> std::io::Result<()> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+    if getppid() != parent {
+        return Err(std::io::Error::other("distlock exited"));
+    }
+    Ok(())
+}
+
 /// The running command: the leader of its own process group.
 #[derive(Debug)]
 pub(crate) struct CommandGroup {
@@ -62,12 +91,7 @@ impl CommandGroup {
                 pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&ttou), None)?;
                 taken?;
             }
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-            // distlock died before the signal was armed: do not run the command at all.
-            if getppid() != parent {
-                return Err(std::io::Error::other("distlock exited"));
-            }
-            Ok(())
+            arm_parent_death(parent)
         };
         // SAFETY: the closure runs in the forked child before exec and makes only
         // async-signal-safe system calls (setpgid, sigprocmask, tcsetpgrp, prctl, getppid,

@@ -153,7 +153,15 @@ fn workers_die_with_a_killed_checking_process() {
         .expect("distlock check starts");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let workers = loop {
-        let found = children(check.id());
+        // Only workers past exec: a child still between fork and exec is not a worker yet.
+        let found: Vec<u32> = children(check.id())
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+                    cmdline.split(|&b| b == 0).any(|arg| arg == b"check-worker")
+                })
+            })
+            .collect();
         if found.len() >= 3 {
             break found;
         }
