@@ -779,6 +779,27 @@ mod mysql {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         assert_eq!(left, 0, "a cancelled wait still runs on the server");
+        // The clean-up runs in the background (the contract of a dropped `acquire`), after the
+        // wait is killed: within a generous bound, the reservation is cleared, not merely
+        // expired (an expired one keeps its `next_owner`).
+        let mut reserved = 1;
+        for _ in 0..50 {
+            reserved = sqlx::query_scalar::<_, i64>(
+                "SELECT COUNT(*) FROM distlock_locks WHERE name = ? AND next_owner IS NOT NULL",
+            )
+            .bind(&name)
+            .fetch_one(&admin)
+            .await
+            .expect("reservation");
+            if reserved == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            reserved, 0,
+            "the cancelled waiter's reservation was not removed"
+        );
         taken.release().await.expect("release");
         let again = b
             .try_acquire(&name, &opts)
