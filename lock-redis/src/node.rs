@@ -40,9 +40,9 @@ pub(crate) struct Node {
 /// The locks this client saw contended (a refused fast path, a busy answer of the script, a
 /// release that found waiters) within the last [`Self::WINDOW`]: their acquisitions go
 /// straight to the script, and their releases to the full release script. A refused fast path
-/// costs a round trip and burns a fencing counter value, so on a contended lock it doubled
-/// both the round trips of an acquisition and the counter's growth (13,099 values for 6,550
-/// acquisitions in an independent benchmark); the short release script
+/// costs a round trip, so on a contended lock it doubled the round trips of an acquisition
+/// (and, while the fast path was a `MULTI` whose `INCR` always ran, the counter's growth:
+/// 13,099 values for 6,550 acquisitions in an independent benchmark); the short release script
 /// ([`scripts::RELEASE_ALONE`]) costs a round trip when waiters are queued. An uncontended lock
 /// keeps both short paths.
 #[derive(Debug, Default)]
@@ -620,11 +620,10 @@ impl Node {
             .await
     }
 
-    /// The uncontended path without Lua (scripts cost several times a plain command on the
-    /// server): `MULTI; SET lock owner NX PX ttl GET; INCR fence; EXEC`. The transaction makes
-    /// the counter step atomic with the `SET`, so tokens still strictly increase per
-    /// acquisition; a refused `SET` burns a counter value, which is harmless. A reservation
-    /// for a waiter lives in the lock key itself, so `NX` also refuses a reserved lock.
+    /// The uncontended path: [`scripts::ACQUIRE_FAST`], `SET lock owner NX PX ttl GET` and,
+    /// only if that took the lock, `INCR fence`, atomically, so tokens strictly increase per
+    /// acquisition and a refused attempt burns no counter value. A reservation for a waiter
+    /// lives in the lock key itself, so `NX` also refuses a reserved lock.
     ///
     /// `None`: the script must decide (the key is this attempt's own value or reservation, or
     /// a waiting attempt must be queued).
@@ -633,38 +632,29 @@ impl Node {
         keys: &LockKeys,
         request: &AcquireRequest,
     ) -> Result<Option<Answer>, RedisError> {
-        // Commands sized up front (see `scripts::Invocation`).
-        let mut set = Cmd::with_capacity(7, 32 + keys.lock.len() + request.owner.len());
-        set.arg("SET")
-            .arg(&keys.lock)
-            .arg(&*request.owner)
-            .arg("NX")
-            .arg("PX")
-            .arg(millis(request.ttl))
-            .arg("GET");
-        let mut incr = Cmd::with_capacity(2, 4 + keys.fence.len());
-        incr.arg("INCR").arg(&keys.fence);
         let mut conn = self.conn.clone();
-        let (previous, token): (Option<Vec<u8>>, u64) = redis::Pipeline::with_capacity(2)
-            .atomic()
-            .add_command(set)
-            .add_command(incr)
-            .query_async(&mut conn)
+        let reply: FastReply = Invocation::new(&scripts::ACQUIRE_FAST, &[&keys.lock, &keys.fence])
+            .arg(&*request.owner)
+            .arg(millis(request.ttl))
+            .invoke(&mut conn)
             .await
             .map_err(|e| self.classify(e))?;
+        let previous = match reply {
+            FastReply::Token(token) if token < scripts::SEED_FLOOR => {
+                return self.seed(keys, &request.owner).await;
+            }
+            FastReply::Token(token) => return Ok(Some(Answer::Acquired(token))),
+            FastReply::Taken(previous) => previous,
+        };
         // A permit marker in the lock key: the name is a semaphore (not an `if let` guard:
         // the declared rust-version predates them).
-        let permits = previous
-            .as_deref()
-            .and_then(marker_kind)
-            .filter(|kind| matches!(kind, LockKind::Permit { .. }));
-        Ok(match previous {
-            None if token < scripts::SEED_FLOOR => self.seed(keys, &request.owner).await?,
-            None => Some(Answer::Acquired(token)),
-            Some(_) if permits.is_some() => permits.map(Answer::Mismatch),
-            Some(_) if request.mode == AttemptMode::Wait => None,
-            Some(value) if is_own(&value, &request.owner) => None,
-            Some(_) => Some(Answer::Busy(-1)),
+        let permits = marker_kind(&previous).filter(|kind| matches!(kind, LockKind::Permit { .. }));
+        Ok(if permits.is_some() {
+            permits.map(Answer::Mismatch)
+        } else if request.mode == AttemptMode::Wait || is_own(&previous, &request.owner) {
+            None
+        } else {
+            Some(Answer::Busy(-1))
         })
     }
 
@@ -858,8 +848,8 @@ impl Node {
     }
 
     /// Who holds the lock. An exclusive holder's token cannot be told: the fence counter
-    /// also steps on refused fast-path attempts (see [`Self::acquire_fast`]), so it is only an
-    /// upper bound, and is not reported. Shared and permit holders are read from their sorted
+    /// can be ahead of it (a seeded counter, a fence raised after a restart, and per master
+    /// under Redlock), so it is only an upper bound, and is not reported. Shared and permit holders are read from their sorted
     /// set (live: lease not over by the server's clock) with their tokens, in a second round
     /// trip.
     pub(crate) async fn inspect(&self, keys: &LockKeys) -> Result<Holding, RedisError> {
@@ -931,6 +921,26 @@ fn answer(code: i64, value: i64) -> Answer {
         1 => Answer::Acquired(u64::try_from(value).unwrap_or(0)),
         2 => Answer::Mismatch(held_kind(value)),
         _ => Answer::Busy(value),
+    }
+}
+
+/// The answer of [`scripts::ACQUIRE_FAST`].
+enum FastReply {
+    /// The lock key's value: the `SET` was refused.
+    Taken(Vec<u8>),
+    /// The `SET` took the lock and the counter stepped to this value.
+    Token(u64),
+}
+
+impl redis::FromRedisValue for FastReply {
+    fn from_redis_value(value: redis::Value) -> Result<Self, redis::ParsingError> {
+        match value {
+            redis::Value::BulkString(taken) => Ok(Self::Taken(taken)),
+            redis::Value::Int(token) => u64::try_from(token)
+                .map(Self::Token)
+                .map_err(|_| format!("the fast path answered a negative counter {token}").into()),
+            other => Err(format!("the fast path answered {other:?}").into()),
+        }
     }
 }
 

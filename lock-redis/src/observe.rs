@@ -3,9 +3,8 @@
 //! An observer's stream opens one RESP3 connection per master and asks it for
 //! `CLIENT TRACKING ON BCAST PREFIX <lock key> PREFIX <holders key>`: from then on the server
 //! pushes an invalidation whenever one of the name's holder keys changes (a `SET` of a new
-//! holder, by the fast path's transaction too, a `DEL` at release, a renewal's `PEXPIRE`, and
-//! the key's expiry). Lockers do nothing extra: no script publishes for observers, and the
-//! exclusive fast path stays a plain transaction.
+//! holder, by the fast path's script too, a `DEL` at release, a renewal's `PEXPIRE`, and
+//! the key's expiry). Lockers do nothing extra: no script publishes for observers.
 
 use std::time::Duration;
 

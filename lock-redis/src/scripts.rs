@@ -88,9 +88,26 @@ impl Invocation {
     }
 }
 
+/// The fast path of an exclusive acquisition (see the crate docs): `SET NX PX GET`, and the
+/// counter step only when the `SET` took the lock, so a refused attempt burns no token.
+///
+/// KEYS: lock, fence. ARGV: owner, ttl ms.
+/// Returns the lock key's value (a bulk string) when it was taken, else the new counter value
+/// (an integer; below [`SEED_FLOOR`]: unseeded, see [`SEED`]).
+pub(crate) static ACQUIRE_FAST: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+local previous = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
+if previous then
+  return previous
+end
+return redis.call('INCR', KEYS[2])
+",
+    )
+});
+
 /// Acquire (or queue), one round trip: the slow path, taken when the fast path
-/// (`MULTI`, `SET NX PX GET`, `INCR`, `EXEC`; see the crate docs) found the lock key taken, and
-/// always in fair mode.
+/// ([`ACQUIRE_FAST`]) found the lock key taken, and always in fair mode.
 ///
 /// KEYS: lock, fence, queue, alive.
 /// ARGV: owner, ttl ms, wait ("1" to queue), fair ("1"), waiter timeout ms, arrival score

@@ -366,8 +366,8 @@ async fn a_release_wakes_only_the_waiters_it_unblocks_permits() {
 }
 
 /// Election observers are woken by the server's invalidation pushes, not by their interval:
-/// with an interval of an hour, each new leader (taken by the fast path, which runs no
-/// script) and each resignation (with nobody queued, which publishes nothing) is seen at once.
+/// with an interval of an hour, each new leader (taken by the fast path, which publishes
+/// nothing) and each resignation (with nobody queued, which publishes nothing) is seen at once.
 #[tokio::test]
 async fn election_observers_are_woken_by_tracking_pushes() {
     let Some(urls) = common::urls("redis") else {
