@@ -80,7 +80,7 @@ impl RedisAttempt {
         Step::busy(Some(known.map_or(refresh, |k| k.min(refresh))))
     }
 
-    /// Whether this poll may try the script-free fast path: only the first one, and never in
+    /// Whether this poll may try the fast path: only the first one, and never in
     /// fair mode (which must look at the queue even when the lock key is free).
     pub(crate) fn fast(&self) -> bool {
         !self.shared.config.fair && !self.polled

@@ -472,7 +472,7 @@ impl Node {
         }
     }
 
-    /// One acquisition attempt. `fast`: try the script-free fast path first (see
+    /// One acquisition attempt. `fast`: try the fast path first (see
     /// [`Self::acquire_fast`]).
     pub(crate) async fn acquire(
         &self,
