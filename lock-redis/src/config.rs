@@ -94,8 +94,8 @@ pub struct RedisConfig {
     /// Every fencing token is at least the server's `TIME` in microseconds (the acquire
     /// script takes `max(counter + 1, now_us)`): after a failover to a replica whose counter
     /// lags, the new master's tokens still exceed the old master's, as long as the two
-    /// servers' clocks differ by less than the failover took. Acquisitions then always run the
-    /// full acquire script (the fast path's script only steps the counter). Default `true` for Sentinel
+    /// servers' clocks differ by less than the failover took. The fast path's script and the
+    /// full acquire script both apply it. Default `true` for Sentinel
     /// and Cluster, `false` for one master and Redlock.
     pub clock_tokens: bool,
     /// After a granted acquisition, wait until this many replicas acknowledged it (`WAIT N

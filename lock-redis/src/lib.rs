@@ -30,9 +30,10 @@
 //!
 //! # Protocol (single master)
 //!
-//! - **Acquire, fast path** (default mode, first poll of an attempt): a four-line script,
-//!   `SET l owner NX PX ttl GET` and, only if that took the lock, `INCR f`, so the counter
-//!   step belongs to this acquisition, tokens strictly increase and a refused attempt burns no
+//! - **Acquire, fast path** (default mode, first poll of an attempt): a short script,
+//!   `SET l owner NX PX ttl GET` and, only if that took the lock, `INCR f` (clock tokens and
+//!   a counter never seeded take the rule of the full script, below), so the counter step
+//!   belongs to this acquisition, tokens strictly increase and a refused attempt burns no
 //!   counter value. (It replaced `MULTI; SET NX PX GET; INCR; EXEC`: the same server time in
 //!   the same run, and one reply to parse instead of five, which took 4-5 µs of the client's
 //!   CPU per acquire + release off.) A handoff reservation lives in `l` itself, so `NX`
@@ -127,9 +128,9 @@
 //!   lacks it before the first hears (see the failover measurements in the README).
 //! - **Fencing**: [`SingleNode`](distlock_core::FencingGuarantee::SingleNode), per master.
 //!   By default ([`RedisConfig::clock_tokens`]) every token is at least the server's `TIME`
-//!   in microseconds (`max(counter + 1, now_us + 1)`, in the acquire script; the fast path is
-//!   off), so a promoted replica's tokens exceed the old master's as long as the
-//!   servers' clocks differ by less than the failover took. `?wait_replicas=N` makes an
+//!   in microseconds (`max(counter + 1, now_us + 1)`, in the acquire scripts), so a promoted
+//!   replica's tokens exceed the old master's as long as the servers' clocks differ by less
+//!   than the failover took. `?wait_replicas=N` makes an
 //!   acquisition count only once N replicas acknowledged it (`WAIT N wait_timeout` after the
 //!   script, one more round trip; too few acknowledgements give the lock back and answer a
 //!   retryable error), which closes the window of a failover to a replica that missed it,

@@ -485,19 +485,15 @@ impl Node {
         if request.kind != LockKind::Exclusive {
             return self.acquire_hold(keys, request, config, score).await;
         }
-        if fast
-            && !config.clock_tokens
-            && self.fast_path.load(Ordering::Relaxed)
-            && !self.contended.lately(&keys.lock)
-        {
-            match self.acquire_fast(keys, request).await {
+        if fast && self.fast_path.load(Ordering::Relaxed) && !self.contended.lately(&keys.lock) {
+            match self.acquire_fast(keys, request, config).await {
                 Ok(Some(answer)) => {
                     if matches!(answer, Answer::Acquired(_)) {
                         self.contended.cleared(&keys.lock);
                     } else {
                         self.contended.refused(&keys.lock);
                     }
-                    return Ok(answer);
+                    return self.replicated(answer, keys, request, config).await;
                 }
                 Ok(None) => self.contended.refused(&keys.lock),
                 Err(err) if err.kind == RedisErrorKind::Unsupported => {
@@ -621,7 +617,8 @@ impl Node {
     }
 
     /// The uncontended path: [`scripts::ACQUIRE_FAST`], `SET lock owner NX PX ttl GET` and,
-    /// only if that took the lock, `INCR fence`, atomically, so tokens strictly increase per
+    /// only if that took the lock, the next token (`INCR fence`; clock tokens and unseeded
+    /// counters by the acquire scripts' rule), atomically, so tokens strictly increase per
     /// acquisition and a refused attempt burns no counter value. A reservation for a waiter
     /// lives in the lock key itself, so `NX` also refuses a reserved lock.
     ///
@@ -631,18 +628,17 @@ impl Node {
         &self,
         keys: &LockKeys,
         request: &AcquireRequest,
+        config: &RedisConfig,
     ) -> Result<Option<Answer>, RedisError> {
         let mut conn = self.conn.clone();
         let reply: FastReply = Invocation::new(&scripts::ACQUIRE_FAST, &[&keys.lock, &keys.fence])
             .arg(&*request.owner)
             .arg(millis(request.ttl))
+            .arg(seed_floor(config))
             .invoke(&mut conn)
             .await
             .map_err(|e| self.classify(e))?;
         let previous = match reply {
-            FastReply::Token(token) if token < scripts::SEED_FLOOR => {
-                return self.seed(keys, &request.owner).await;
-            }
             FastReply::Token(token) => return Ok(Some(Answer::Acquired(token))),
             FastReply::Taken(previous) => previous,
         };
@@ -656,19 +652,6 @@ impl Node {
         } else {
             Some(Answer::Busy(-1))
         })
-    }
-
-    /// After the fast path stepped an unseeded counter: seeds it and takes the next token
-    /// (see [`scripts::SEED`]); `None` (the script decides) if the lock was lost meanwhile.
-    async fn seed(&self, keys: &LockKeys, owner: &str) -> Result<Option<Answer>, RedisError> {
-        let mut conn = self.conn.clone();
-        let token: u64 = Invocation::new(&scripts::SEED, &[&keys.lock, &keys.fence])
-            .arg(owner)
-            .arg(scripts::SEED_FLOOR)
-            .invoke(&mut conn)
-            .await
-            .map_err(|e| self.classify(e))?;
-        Ok((token > 0).then_some(Answer::Acquired(token)))
     }
 
     pub(crate) async fn renew(
@@ -905,8 +888,8 @@ type HoldersRead = (
     std::collections::HashMap<String, u64>,
 );
 
-/// The acquire scripts' `ARGV[7]`: [`scripts::SEED_FLOOR`], or 0 for tokens of at least the
-/// server's clock ([`RedisConfig::clock_tokens`]).
+/// The acquire scripts' seed floor argument: [`scripts::SEED_FLOOR`], or 0 for tokens of at
+/// least the server's clock ([`RedisConfig::clock_tokens`]).
 fn seed_floor(config: &RedisConfig) -> u64 {
     if config.clock_tokens {
         0

@@ -89,20 +89,36 @@ impl Invocation {
 }
 
 /// The fast path of an exclusive acquisition (see the crate docs): `SET NX PX GET`, and the
-/// counter step only when the `SET` took the lock, so a refused attempt burns no token.
+/// counter step only when the `SET` took the lock, so a refused attempt burns no token. The
+/// common case is the `SET` and one `INCR`; clock tokens, and a counter never seeded (below
+/// [`SEED_FLOOR`]), take the acquire scripts' rule ([`NEXT_TOKEN`]) instead.
 ///
-/// KEYS: lock, fence. ARGV: owner, ttl ms.
-/// Returns the lock key's value (a bulk string) when it was taken, else the new counter value
-/// (an integer; below [`SEED_FLOOR`]: unseeded, see [`SEED`]).
+/// KEYS: lock, fence. ARGV: owner, ttl ms, [`SEED_FLOOR`] (0: clock tokens).
+/// Returns the lock key's value (a bulk string) when it was taken, else the token (an
+/// integer).
 pub(crate) static ACQUIRE_FAST: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
-        r"
+        &[
+            r"
 local previous = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
 if previous then
   return previous
 end
-return redis.call('INCR', KEYS[2])
+local floor = tonumber(ARGV[3])
+if floor > 0 then
+  local stepped = redis.call('INCR', KEYS[2])
+  if stepped >= floor then
+    return stepped
+  end
+end
+local t = redis.call('TIME')
 ",
+            NEXT_TOKEN,
+            r"
+return token
+",
+        ]
+        .concat(),
     )
 });
 
@@ -154,6 +170,7 @@ end
             BUSY,
             r"
 redis.call('SET', KEYS[1], owner, 'PX', ttl)
+local floor = tonumber(ARGV[7])
 ",
             NEXT_TOKEN,
             r"
@@ -187,15 +204,15 @@ if blocked then
 end
 ";
 
-/// Lua that steps the fencing counter `KEYS[2]` into `token`, in the acquire scripts. A
-/// missing counter (first use, or a server restarted without its data) or one from before
-/// seeding (below `ARGV[7]`, [`SEED_FLOOR`]) starts again from the server's clock `t` in
-/// microseconds. `ARGV[7]` = 0 (clock tokens, [`crate::RedisConfig::clock_tokens`]): every
-/// token is `max(counter + 1, clock + 1)`, so a promoted replica whose counter lags still
-/// continues above the old master's tokens (given clocks that agree within the failover).
+/// Lua that steps the fencing counter `KEYS[2]` into `token`, in the acquire scripts, which
+/// set `floor` (their [`SEED_FLOOR`] argument) and `t` (the server's `TIME`) first. A missing
+/// counter (first use, or a server restarted without its data) or one from before seeding
+/// (below `floor`) starts again from the server's clock in microseconds. `floor` = 0 (clock
+/// tokens, [`crate::RedisConfig::clock_tokens`]): every token is `max(counter + 1, clock +
+/// 1)`, so a promoted replica whose counter lags still continues above the old master's
+/// tokens (given clocks that agree within the failover).
 const NEXT_TOKEN: &str = r"
 local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
-local floor = tonumber(ARGV[7])
 if fence < floor or (floor == 0 and fence < tonumber(t[1]) * 1000000 + tonumber(t[2])) then
   redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
 end
@@ -215,27 +232,6 @@ local token = redis.call('INCR', KEYS[2])
 /// serves far fewer). Tokens stay within `u64` for about 580,000 years, and exact in the
 /// scripts' Lua numbers (doubles) until 2255.
 pub(crate) const SEED_FLOOR: u64 = 1_000_000_000_000_000;
-
-/// The fast path's follow-up when its `INCR` answered a counter below [`SEED_FLOOR`]: seeds the
-/// counter from the server's clock (as the acquire script does) and steps it, only if the
-/// lock is still this owner's (otherwise the token would belong to nobody).
-///
-/// KEYS: lock, fence. ARGV: owner, [`SEED_FLOOR`]. Returns the token, or 0 if the lock is no
-/// longer the owner's.
-pub(crate) static SEED: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
-if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[2]) then
-  local t = redis.call('TIME')
-  redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
-end
-return redis.call('INCR', KEYS[2])
-",
-    )
-});
 
 /// Owner-checked extension. KEYS: lock. ARGV: owner, ttl ms. Returns 1 or 0.
 pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| {
@@ -629,6 +625,7 @@ redis.call('ZADD', KEYS[5], now + ttl, owner)
 local keep = ttl
 if epoch then keep = math.max(redis.call('PTTL', KEYS[1]), ttl) end
 redis.call('SET', KEYS[1], marker, 'PX', keep)
+local floor = tonumber(ARGV[7])
 ",
         NEXT_TOKEN,
         r"

@@ -958,3 +958,71 @@ async fn refused_acquisitions_do_not_burn_the_counter() {
     assert!(next.token() > first);
     next.release().await.unwrap();
 }
+
+/// Clock tokens (the default of Sentinel and Cluster) on one master, through the fast path
+/// of a fresh client: every token is `max(counter + 1, server clock in µs + 1)`, whether the
+/// counter is missing, behind the clock (a promoted replica that missed writes) or ahead of
+/// it.
+#[tokio::test]
+async fn clock_tokens_stay_above_the_server_clock() {
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    let name = name("clock-tokens");
+    let keys = LockKeys::for_name(&name).unwrap();
+    let mut raw = common::raw(&urls[0]).await;
+    let config = common::config(&urls[..1], false).with_clock_tokens(true);
+    let clock = |raw: &mut redis::aio::MultiplexedConnection| {
+        let mut raw = raw.clone();
+        async move {
+            let (secs, micros): (u64, u64) =
+                redis::cmd("TIME").query_async(&mut raw).await.unwrap();
+            secs * 1_000_000 + micros
+        }
+    };
+    let set_counter = |raw: &mut redis::aio::MultiplexedConnection, value: u64| {
+        let mut raw = raw.clone();
+        let fence = keys.fence.clone();
+        async move {
+            let () = redis::cmd("SET")
+                .arg(fence)
+                .arg(value)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+        }
+    };
+    let lagging = clock(&mut raw).await - 10_000_000;
+    let ahead = clock(&mut raw).await + 1_000_000_000_000;
+    // Missing, 10 s behind the clock, ahead of it: a fresh client each time (the fast path).
+    for (counter, case) in [
+        (None, "missing"),
+        (Some(lagging), "behind"),
+        (Some(ahead), "ahead"),
+    ] {
+        if let Some(value) = counter {
+            set_counter(&mut raw, value).await;
+        }
+        let client = distlock_redis::connect_with(config.clone(), common::client_config(OP))
+            .await
+            .expect("connect");
+        let before = clock(&mut raw).await;
+        let guard = client
+            .try_acquire(&name, &opts())
+            .await
+            .unwrap()
+            .expect("free");
+        let token = guard.token().get();
+        match counter {
+            Some(value) if value > before => {
+                assert_eq!(token, value + 1, "{case}: the counter ahead steps by one")
+            }
+            _ => assert!(
+                token > before,
+                "{case}: token {token} not above the clock {before} µs"
+            ),
+        }
+        guard.release().await.unwrap();
+    }
+}
