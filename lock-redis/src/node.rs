@@ -831,10 +831,10 @@ impl Node {
     }
 
     /// Who holds the lock. An exclusive holder's token cannot be told: the fence counter
-    /// can be ahead of it (a seeded counter, a fence raised after a restart, and per master
-    /// under Redlock), so it is only an upper bound, and is not reported. Shared and permit holders are read from their sorted
-    /// set (live: lease not over by the server's clock) with their tokens, in a second round
-    /// trip.
+    /// can be ahead of it (under Redlock, each master's counter is raised to the highest
+    /// token handed out), so it is only an upper bound, and is not reported. Shared and permit
+    /// holders are read from their sorted set (live: lease not over by the server's clock)
+    /// with their tokens, in a second round trip.
     pub(crate) async fn inspect(&self, keys: &LockKeys) -> Result<Holding, RedisError> {
         let classify = |e| self.classify(e);
         let mut conn = self.conn.clone();
