@@ -81,23 +81,9 @@ async fn read_counters(nodes: &[String]) -> Counters {
     let mut total = Counters::default();
     for url in nodes {
         let mut conn = common::raw(url).await;
-        let stats: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut conn)
-            .await
-            .expect("INFO commandstats");
-        for line in stats.lines() {
-            let Some((cmd, rest)) = line
-                .strip_prefix("cmdstat_")
-                .and_then(|l| l.split_once(':'))
-            else {
-                continue;
-            };
-            let calls: f64 = rest
-                .split(',')
-                .find_map(|f| f.strip_prefix("calls="))
-                .and_then(|c| c.parse().ok())
-                .unwrap_or(0.0);
+        for (cmd, calls) in common::command_calls(&mut conn).await {
+            // Counts stay far below 2^53: exact as f64.
+            let calls = calls as f64;
             total.calls += calls;
             if cmd == "evalsha" || cmd == "eval" {
                 total.scripts += calls;

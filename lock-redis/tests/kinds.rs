@@ -186,28 +186,12 @@ async fn a_crashed_reader_frees_the_lock_for_a_waiting_writer_after_its_ttl() {
     writer.release().await.unwrap();
 }
 
-/// `cmdstat_<command>` calls of the first master, by command.
-async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> HashMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .expect("INFO commandstats");
-    info.lines()
-        .filter_map(|line| {
-            let (cmd, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = stats.split(',').find_map(|f| f.strip_prefix("calls="))?;
-            Some((cmd.to_owned(), calls.parse().ok()?))
-        })
-        .collect()
-}
-
 /// The script calls (`EVALSHA`) and publishes since `before`.
 async fn scripts_and_publishes(
     conn: &mut redis::aio::MultiplexedConnection,
     before: &HashMap<String, u64>,
 ) -> (u64, u64) {
-    let now = command_calls(conn).await;
+    let now = common::command_calls(conn).await;
     let delta =
         |cmd: &str| now.get(cmd).copied().unwrap_or(0) - before.get(cmd).copied().unwrap_or(0);
     (delta("evalsha"), delta("publish"))
@@ -216,10 +200,10 @@ async fn scripts_and_publishes(
 /// Waits until the server has seen no script call for a while: every waiter has queued,
 /// subscribed and polled again, and now sleeps until a wake-up (its timers are seconds away).
 async fn settled(conn: &mut redis::aio::MultiplexedConnection) -> HashMap<String, u64> {
-    let mut last = command_calls(conn).await;
+    let mut last = common::command_calls(conn).await;
     loop {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let now = command_calls(conn).await;
+        let now = common::command_calls(conn).await;
         if now.get("evalsha") == last.get("evalsha") {
             return now;
         }

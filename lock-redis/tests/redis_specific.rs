@@ -962,13 +962,14 @@ async fn refused_acquisitions_do_not_burn_the_counter() {
 /// Clock tokens (the default of Sentinel and Cluster) on one master, through the fast path
 /// of a fresh client: every token is `max(counter + 1, server clock in µs + 1)`, whether the
 /// counter is missing, behind the clock (a promoted replica that missed writes) or ahead of
-/// it.
+/// it. Taken alone on the server, which then runs no `ZRANGEBYSCORE`: the full acquire
+/// script runs one (it clears dead waiters) and the fast path none.
 #[tokio::test]
 async fn clock_tokens_stay_above_the_server_clock() {
     let Some(urls) = common::urls("redis") else {
         return;
     };
-    let _shared = OUTAGE.read().await;
+    let _exclusive = OUTAGE.write().await;
     let name = name("clock-tokens");
     let keys = LockKeys::for_name(&name).unwrap();
     let mut raw = common::raw(&urls[0]).await;
@@ -993,6 +994,10 @@ async fn clock_tokens_stay_above_the_server_clock() {
                 .unwrap();
         }
     };
+    let full_scripts = |calls: &std::collections::HashMap<String, u64>| {
+        calls.get("zrangebyscore").copied().unwrap_or(0)
+    };
+    let before_calls = full_scripts(&common::command_calls(&mut raw).await);
     let lagging = clock(&mut raw).await - 10_000_000;
     let ahead = clock(&mut raw).await + 1_000_000_000_000;
     // Missing, 10 s behind the clock, ahead of it: a fresh client each time (the fast path).
@@ -1025,4 +1030,9 @@ async fn clock_tokens_stay_above_the_server_clock() {
         }
         guard.release().await.unwrap();
     }
+    assert_eq!(
+        full_scripts(&common::command_calls(&mut raw).await),
+        before_calls,
+        "an acquisition ran the full acquire script, not the fast path"
+    );
 }

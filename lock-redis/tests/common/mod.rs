@@ -274,3 +274,22 @@ pub async fn cluster_master_of(url: &str, key: &str) -> u16 {
     }
     panic!("no node of {url} tells the master of {key}");
 }
+
+/// `cmdstat_<command>` calls of the server behind `conn`, by command (`INFO commandstats`:
+/// the commands that scripts run are counted too).
+pub async fn command_calls(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> std::collections::HashMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO commandstats");
+    info.lines()
+        .filter_map(|line| {
+            let (cmd, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = stats.split(',').find_map(|f| f.strip_prefix("calls="))?;
+            Some((cmd.to_owned(), calls.parse().ok()?))
+        })
+        .collect()
+}
