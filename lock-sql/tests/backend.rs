@@ -735,6 +735,22 @@ mod mysql {
             .unwrap_or_else(|e| panic!("processlist: {e}"))
     }
 
+    /// Asks `count` every 100 ms, at most `tries` times, until it answers 0: its last answer.
+    async fn until_zero<F: std::future::Future<Output = i64>>(
+        tries: u32,
+        mut count: impl FnMut() -> F,
+    ) -> i64 {
+        let mut last = count().await;
+        for _ in 1..tries {
+            if last == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            last = count().await;
+        }
+        last
+    }
+
     /// The reserved waiter waits for the holder's wake lock on the server and takes the lock
     /// when it is given up; a waiter cancelled mid-wait leaves no statement waiting there and
     /// no reservation behind.
@@ -770,32 +786,21 @@ mod mysql {
         let cancelled = tokio::time::timeout(Duration::from_millis(500), a.acquire(&name, &opts));
         assert!(cancelled.await.is_err(), "acquired a held lock");
         // Within a second: an unkilled wait would run on for its bound of 2 s.
-        let mut left = 1;
-        for _ in 0..10 {
-            left = waiting_in_get_lock(&admin, &a).await;
-            if left == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let left = until_zero(10, || waiting_in_get_lock(&admin, &a)).await;
         assert_eq!(left, 0, "a cancelled wait still runs on the server");
         // The clean-up runs in the background (the contract of a dropped `acquire`), after the
-        // wait is killed: within a generous bound, the reservation is cleared, not merely
+        // wait is killed: within a generous bound (5 s), the reservation is cleared, not merely
         // expired (an expired one keeps its `next_owner`).
-        let mut reserved = 1;
-        for _ in 0..50 {
-            reserved = sqlx::query_scalar::<_, i64>(
+        let reserved = until_zero(50, || async {
+            sqlx::query_scalar::<_, i64>(
                 "SELECT COUNT(*) FROM distlock_locks WHERE name = ? AND next_owner IS NOT NULL",
             )
             .bind(&name)
             .fetch_one(&admin)
             .await
-            .expect("reservation");
-            if reserved == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            .expect("reservation")
+        })
+        .await;
         assert_eq!(
             reserved, 0,
             "the cancelled waiter's reservation was not removed"
