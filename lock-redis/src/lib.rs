@@ -108,8 +108,8 @@
 //!   of the moment.
 //! - **Cluster** (`redis+cluster://h1:p1,h2:p2,...`): the client library's cluster client
 //!   (MOVED/ASK redirections, slot map refresh). All keys of a name share one slot (the hash
-//!   tag), so every script runs on that slot's master. A script unknown to the node that serves
-//!   it (`NOSCRIPT`: a promoted replica) is sent once as `EVAL` on that node. Wake-ups use
+//!   tag), so every script runs on that slot's master. A script unknown to the node that
+//!   serves it (`NOSCRIPT`: a promoted replica) is sent once as `EVAL` on that node. Wake-ups use
 //!   classic pub/sub: a `PUBLISH` reaches every node of a cluster, so the subscriber connects
 //!   to any node, and to the next one after a failure (sharded pub/sub would need the
 //!   subscriber to follow each slot's master). Observers track the name's keys on the slot's
@@ -130,11 +130,11 @@
 //!   By default ([`RedisConfig::clock_tokens`]) every token is at least the server's `TIME`
 //!   in microseconds (`max(counter + 1, now_us + 1)`, in the acquire scripts), so a promoted
 //!   replica's tokens exceed the old master's as long as the servers' clocks differ by less
-//!   than the failover took. `?wait_replicas=N` makes an
-//!   acquisition count only once N replicas acknowledged it (`WAIT N wait_timeout` after the
-//!   script, one more round trip; too few acknowledgements give the lock back and answer a
-//!   retryable error), which closes the window of a failover to a replica that missed it,
-//!   short of a replica that acknowledged and then lost the race to be promoted.
+//!   than the failover took. `?wait_replicas=N` makes an acquisition count only once N
+//!   replicas acknowledged it (`WAIT N wait_timeout` after the acquisition, one more round
+//!   trip; too few acknowledgements give the lock back and answer a retryable error), which
+//!   closes the window of a failover to a replica that missed it, short of a replica that
+//!   acknowledged and then lost the race to be promoted.
 //!
 //! # Read-write locks and semaphores (single master)
 //!
