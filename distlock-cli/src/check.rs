@@ -7,8 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_check::history::FaultKind;
-use distlock_check::report::{self, JsonReport};
-use distlock_check::{CheckConfig, RemoteRegister, RunConfig, RunError, Spawner, StdoutSink};
+use distlock_check::report::{self, JsonReport, KindRun};
+use distlock_check::{
+    CheckConfig, CheckKind, RemoteRegister, RunConfig, RunError, Sabotage, Spawner, StdoutSink,
+};
 use serde::Serialize;
 
 use crate::Connection;
@@ -24,15 +26,18 @@ const WORKER_PARENT: &str = "DISTLOCK_CHECK_PARENT";
 pub(crate) const VIOLATED: u8 = 1;
 
 pub(crate) const AFTER_HELP: &str = "\
-Worker processes loop on one lock: acquire, then --steps writes, each after checking that the \
-guard is neither lost nor past valid_until, to a fenced register kept by this process (it \
-refuses a token lower than one it accepted); release. Meanwhile faults are injected one at a \
+Worker processes loop on one lock of one --kind: acquire, then --steps writes, each after \
+checking that the guard is neither lost nor past valid_until, to a fenced register kept by this \
+process (it refuses a token lower than one it accepted; readers read, refused after a newer \
+writer's write); release. Each kind runs for --duration in turn, on a name of its own. Meanwhile faults are injected one at a \
 time: pause (SIGSTOP for 1.5-3 x ttl), crash (SIGKILL, a fresh worker replaces it), partition \
 (the worker's traffic to every server held back by its own proxy, sockets kept open), restart \
 (--restart-cmd, e.g. a command that kill -9s the server and starts it again on its data). The \
 merged history is judged against the backend's fencing guarantee: shared tokens, tokens out \
-of real-time order, a holder passing its check after a newer holder acquired, stalls, the \
-lock after healing, worker failures. Exit 0: no violation; 1: a violation; 78: bad options.";
+of real-time order, a holder passing its check after a newer holder acquired, more holders \
+passing their checks at once than the kind allows (one writer or many readers, N permits), a \
+multi-lock holding part of its set, an election observer reporting an older term, stalls, \
+acquisitions failing with no fault active, the lock after healing, worker failures. Exit 0: no violation; 1: a violation; 78: bad options.";
 
 /// Flags of `distlock check`.
 #[derive(Debug, clap::Args)]
@@ -40,9 +45,19 @@ pub(crate) struct CheckArgs {
     #[command(flatten)]
     connection: Connection,
 
-    /// How long the workers run.
+    /// How long the workers run, for each kind.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
     duration: Duration,
+
+    /// The primitives to check, comma-separated: exclusive, shared (readers only), rw-mix
+    /// (one writer in three), permits:N, election (with an observer in every worker), multi
+    /// (two of three names at once). Default: every kind the backend offers, in that order.
+    #[arg(long, value_delimiter = ',', value_parser = parse_kind)]
+    kind: Vec<CheckKind>,
+
+    /// A deliberate bug in the workers, to see the checker find it (self-tests only).
+    #[arg(long, hide = true, value_parser = parse_sabotage)]
+    sabotage: Option<Sabotage>,
 
     /// Worker processes at once.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=64))]
@@ -88,6 +103,14 @@ pub(crate) struct CheckArgs {
     svg: Option<PathBuf>,
 }
 
+fn parse_kind(text: &str) -> Result<CheckKind, String> {
+    text.parse()
+}
+
+fn parse_sabotage(text: &str) -> Result<Sabotage, String> {
+    text.parse()
+}
+
 fn parse_fault(text: &str) -> Result<Option<FaultKind>, String> {
     let text = text.trim();
     if text.is_empty() {
@@ -114,6 +137,7 @@ pub(crate) struct WorkerArgs {
 struct Params<'a> {
     url: String,
     guarantee: String,
+    kinds: Vec<String>,
     duration_ms: u128,
     workers: u32,
     ttl_ms: u128,
@@ -164,9 +188,11 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
         )
     });
     let step_gap = args.step_gap.unwrap_or(args.ttl / 5);
-    let config = RunConfig {
+    let mut config = RunConfig {
         url: args.connection.url.clone(),
         name: name.clone(),
+        kind: CheckKind::Exclusive,
+        sabotage: args.sabotage,
         duration: args.duration,
         workers: args.workers,
         ttl: args.ttl,
@@ -190,15 +216,36 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
             ),
         ));
     }
+    let kinds = if args.kind.is_empty() {
+        CheckKind::supported(&caps)
+    } else {
+        let mut kinds = args.kind.clone();
+        kinds.dedup();
+        kinds
+    };
+    if let Some((kind, why)) = kinds
+        .iter()
+        .find_map(|kind| Some((kind, kind.unsupported(&caps)?)))
+    {
+        return Err(Failure::new(
+            CONFIG,
+            format!(
+                "--kind {kind} cannot be checked on {}: {why}",
+                lock.backend()
+            ),
+        ));
+    }
     let spawner = SelfSpawner {
         exe: std::env::current_exe().map_err(|err| {
             Failure::new(OTHER, format!("cannot find the distlock binary: {err}"))
         })?,
         op_timeout: args.connection.op_timeout,
     };
+    let kind_list: Vec<String> = kinds.iter().copied().map(CheckKind::label).collect();
     eprintln!(
-        "distlock check: {} workers on {label} for {}, ttl {}, faults: {}",
+        "distlock check: {} workers on {label}, {} for {} each, ttl {}, faults: {}",
         args.workers,
+        kind_list.join(", "),
         humantime::format_duration(args.duration),
         humantime::format_duration(args.ttl),
         if nemesis.is_empty() {
@@ -211,23 +258,42 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
                 .join(", ")
         }
     );
-    let history = distlock_check::run(&config, &spawner, Arc::clone(&lock))
-        .await
-        .map_err(run_failure)?;
     let ttl_ns = distlock_check::history::nanos_of(args.ttl);
-    let verdict = distlock_check::check(
-        &history,
-        &CheckConfig {
-            guarantee: caps.fencing,
-            settle: 2 * ttl_ns,
-            max_gap: 2 * ttl_ns + 1_000_000_000,
-        },
-    );
-    let table = report::markdown(&label, &verdict);
-    println!("{table}");
+    let mut runs = Vec::new();
+    for &kind in &kinds {
+        config.kind = kind;
+        config.name = if kinds.len() > 1 {
+            format!("{name}/{kind}")
+        } else {
+            name.clone()
+        };
+        let history = distlock_check::run(&config, &spawner, Arc::clone(&lock))
+            .await
+            .map_err(run_failure)?;
+        let verdict = distlock_check::check(
+            &history,
+            &CheckConfig {
+                kind,
+                guarantee: caps.fencing,
+                fifo: caps.fifo,
+                settle: 2 * ttl_ns,
+                max_gap: 2 * ttl_ns + 1_000_000_000,
+            },
+        );
+        println!(
+            "{}",
+            report::markdown(&format!("{label}, {kind}"), &verdict)
+        );
+        runs.push(KindRun {
+            kind,
+            verdict,
+            history,
+        });
+    }
     let params = Params {
         url: label.clone(),
         guarantee: caps.fencing.to_string(),
+        kinds: kind_list,
         duration_ms: args.duration.as_millis(),
         workers: args.workers,
         ttl_ms: args.ttl.as_millis(),
@@ -239,21 +305,36 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&JsonReport {
             params,
-            verdict: &verdict,
-            history: &history,
+            runs: &runs,
         })
         .map_err(|err| Failure::new(OTHER, format!("cannot encode the report: {err}")))?;
         write(path, &json)?;
     }
     if let Some(path) = &args.markdown {
-        write(path, &table)?;
+        let tables: Vec<String> = runs
+            .iter()
+            .map(|run| report::markdown(&format!("{label}, {}", run.kind), &run.verdict))
+            .collect();
+        write(path, &tables.join("\n"))?;
     }
     if let Some(path) = &args.svg {
-        let svg = report::svg(&label, &history, &verdict)
+        for run in &runs {
+            let svg = report::svg(
+                &format!("{label}, {}", run.kind),
+                &run.history,
+                &run.verdict,
+            )
             .map_err(|why| Failure::new(OTHER, format!("cannot draw the timeline: {why}")))?;
-        write(path, &svg)?;
+            let path = if runs.len() > 1 {
+                report::per_kind(path, run.kind)
+            } else {
+                path.clone()
+            };
+            write(&path, &svg)?;
+        }
     }
-    Ok(if verdict.failed() { VIOLATED } else { 0 })
+    let failed = runs.iter().any(|run| run.verdict.failed());
+    Ok(if failed { VIOLATED } else { 0 })
 }
 
 fn run_failure(err: RunError) -> Failure {

@@ -22,8 +22,10 @@ fn a_run_with_pauses_and_crashes_passes_and_reports() {
         "check",
         "--url",
         &url,
+        "--kind",
+        "exclusive,rw-mix",
         "--duration",
-        "8s",
+        "6s",
         "--workers",
         "3",
         "--ttl",
@@ -42,38 +44,122 @@ fn a_run_with_pauses_and_crashes_passes_and_reports() {
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
     assert!(
-        stdout.contains("| no two holders share a token | pass | 0 |"),
+        stdout.contains("| no two holders share a token | pass | 0 |")
+            && stdout.contains(", exclusive (linearizable)")
+            && stdout.contains(", rw-mix (linearizable)"),
         "{stdout}"
     );
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&json).expect("the JSON report")).expect("JSON");
     assert_eq!(report["params"]["guarantee"], "linearizable");
-    let acquired = report["verdict"]["stats"]["acquired"]
-        .as_u64()
-        .expect("a count");
-    assert!(acquired >= 10, "{}", report["verdict"]["stats"]);
-    assert!(
-        report["history"]["faults"]
-            .as_array()
-            .is_some_and(|f| !f.is_empty())
-    );
-    assert!(report["history"]["final_acquire"]["token"].is_u64());
-    assert!(
-        std::fs::read_to_string(&svg)
-            .expect("the SVG")
-            .starts_with("<svg")
-    );
     assert_eq!(
-        std::fs::read_to_string(&md).expect("the table"),
+        report["params"]["kinds"],
+        serde_json::json!(["exclusive", "rw-mix"])
+    );
+    for (run, kind) in report["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .zip(["exclusive", "rw-mix"])
+    {
+        assert_eq!(run["kind"], kind);
+        let acquired = run["verdict"]["stats"]["acquired"]
+            .as_u64()
+            .expect("a count");
+        assert!(acquired >= 6, "{kind}: {}", run["verdict"]["stats"]);
+        assert!(run["history"]["final_acquire"]["token"].is_u64(), "{kind}");
+        let svg = env.path(&format!("c-{kind}.svg"));
+        assert!(
+            std::fs::read_to_string(&svg)
+                .expect("an SVG per kind")
+                .starts_with("<svg")
+        );
+    }
+    // The read-write run had readers and writers.
+    let modes: Vec<&str> = report["runs"][1]["history"]["acquisitions"]
+        .as_array()
+        .expect("acquisitions")
+        .iter()
+        .map(|a| a["mode"].as_str().unwrap_or("exclusive"))
+        .collect();
+    assert!(
+        modes.contains(&"shared") && modes.contains(&"exclusive"),
+        "{modes:?}"
+    );
+    let faults: usize = report["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .map(|run| run["history"]["faults"].as_array().map_or(0, Vec::len))
+        .sum();
+    assert!(faults > 0);
+    assert_eq!(
+        std::fs::read_to_string(&md).expect("the tables"),
         stdout.trim_end_matches('\n').to_owned() + "\n"
     );
+}
+
+/// The checker's self-test on a real binary and store: workers with a deliberate bug are
+/// caught by the rule that bug breaks, exit 1.
+#[test]
+fn every_sabotage_is_caught_by_its_rule() {
+    let cases = [
+        ("exclusive", "ignore-validity", "StaleCheck"),
+        ("permits:2", "extra-permit", "Overlap"),
+        ("rw-mix", "writer-as-reader", "Overlap"),
+        ("multi", "partial-multi", "AllOrNone"),
+    ];
+    std::thread::scope(|scope| {
+        for (kind, sabotage, rule) in cases {
+            scope.spawn(move || {
+                let env = Env::new();
+                let url = env.url();
+                let mut args = vec![
+                    "check",
+                    "--url",
+                    &url,
+                    "--kind",
+                    kind,
+                    "--sabotage",
+                    sabotage,
+                    "--duration",
+                    "5s",
+                    "--workers",
+                    "4",
+                    "--ttl",
+                    "500ms",
+                    "--nemesis",
+                    "",
+                ];
+                if sabotage == "ignore-validity" {
+                    // Sections of 2 ttls, never renewed.
+                    args.extend(["--steps", "5", "--step-gap", "200ms"]);
+                }
+                let out = env.run(&args);
+                let stdout = text(&out.stdout);
+                assert_eq!(out.status.code(), Some(1), "{kind} {sabotage}: {stdout}");
+                assert!(
+                    stdout.contains(&format!("- VIOLATION [{rule}]")),
+                    "{kind} {sabotage}: {stdout}"
+                );
+            });
+        }
+    });
 }
 
 #[test]
 fn options_that_cannot_work_are_config_errors() {
     let env = Env::new();
     let url = env.url();
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["--url", &url, "--kind", "permits:100000"],
+            "--kind permits:100000 cannot be checked on sqlite: its semaphores have at most",
+        ),
+        (
+            &["--url", &url, "--kind", "mutexes"],
+            "unknown kind \"mutexes\"",
+        ),
         (&["--url", &url, "--nemesis", "restart"], "--restart-cmd"),
         (&["--url", &url, "--ttl", "0s"], "--ttl 0s is outside"),
         (

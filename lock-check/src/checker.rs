@@ -11,12 +11,26 @@
 //!   (`!is_lost() && now < valid_until()`) at `t`, while an acquisition with a larger token had
 //!   already returned before `t`: the local deadline (or the loss signal) came too late, and
 //!   only the fence stood between the two holders.
-//! - [`Rule::Liveness`]: workers waited while nobody held the lock and no fault was active for
-//!   longer than [`CheckConfig::max_gap`].
+//!   A reader is stale only after a newer writer; a permit holder is judged by the next rule.
+//! - [`Rule::Overlap`]: at some instant more holders believed they held the lock than its kind
+//!   allows: two exclusive holders, an exclusive holder with anyone else, more than N permit
+//!   holders. A holder believed it from its grant to its last passing check, so its interval
+//!   is `[returned, last passing check]`.
+//! - [`Rule::AllOrNone`]: a multi-lock acquisition returned with a different set of locks than
+//!   it asked for.
+//! - [`Rule::ObserverOrder`]: an election observer reported a term older than one it had
+//!   already reported.
+//! - [`Rule::Liveness`]: workers waited while the lock had free capacity and no fault was
+//!   active for longer than [`CheckConfig::max_gap`].
+//! - [`Rule::Starvation`]: an acquisition failed (its wait ran out, or the server refused)
+//!   although no fault was active during its wait.
 //! - [`Rule::FinalAcquire`]: the acquisition after healing failed.
 //! - [`Rule::Worker`]: a worker failed on its own (a panic, an error) or hung.
 //!
-//! A safety finding (the first three) on a backend whose guarantee is not
+//! The token and overlap rules apply per lock: a multi-lock run's history is judged once for
+//! each of its locks, with each acquisition's token for that lock.
+//!
+//! A safety finding (the first three, overlaps and observer order) on a backend whose guarantee is not
 //! [`Linearizable`](FencingGuarantee::Linearizable) is judged
 //! [`Judgement::Expected`] when it falls inside a server restart (from the kill to
 //! [`CheckConfig::settle`] after the server answered again): a single Redis server without
@@ -27,18 +41,24 @@
 //! only the fence stopped ([`Stats::writes_rejected`]), the number that shows why the protected
 //! resource must check tokens.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use distlock_core::FencingGuarantee;
 use serde::Serialize;
 
 use crate::history::{AcqId, Acquisition, FaultKind, History, Nanos, WorkerEnd};
+use crate::kind::{CheckKind, Mode};
 
 /// What the checker needs besides the history.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CheckConfig {
+    /// The primitive the workers drove.
+    pub kind: CheckKind,
     /// The backend's declared guarantee.
     pub guarantee: FencingGuarantee,
+    /// Whether the backend declares FIFO waiters (else a waiter that times out while others
+    /// get the lock is expected, not a violation).
+    pub fifo: bool,
     /// How long a healed fault's effects may last (locks of a killed worker run out, a paused
     /// worker's guard expires): typically twice the ttl.
     pub settle: Nanos,
@@ -56,8 +76,16 @@ pub enum Rule {
     TokenOrder,
     /// A holder believed it held the lock after a newer holder had it.
     StaleCheck,
+    /// More holders believed they held the lock at once than its kind allows.
+    Overlap,
+    /// A multi-lock returned a different set of locks than it asked for.
+    AllOrNone,
+    /// An election observer reported an older term after a newer one.
+    ObserverOrder,
     /// Waiters without a holder for too long.
     Liveness,
+    /// An acquisition failed while no fault was active.
+    Starvation,
     /// No lock after healing.
     FinalAcquire,
     /// A worker failed or hung.
@@ -66,11 +94,15 @@ pub enum Rule {
 
 impl Rule {
     /// Every rule, in report order.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 10] = [
         Self::SharedToken,
         Self::TokenOrder,
         Self::StaleCheck,
+        Self::Overlap,
+        Self::AllOrNone,
+        Self::ObserverOrder,
         Self::Liveness,
+        Self::Starvation,
         Self::FinalAcquire,
         Self::Worker,
     ];
@@ -81,16 +113,25 @@ impl Rule {
             Self::SharedToken => "no two holders share a token",
             Self::TokenOrder => "tokens increase in real-time order",
             Self::StaleCheck => "valid_until/is_lost turn before a newer holder acquires",
+            Self::Overlap => "never more holders at once than the kind allows",
+            Self::AllOrNone => "a multi-lock holds all of its locks or none",
+            Self::ObserverOrder => "an observer never reports an older term",
             Self::Liveness => "waiters get the lock without stalls",
+            Self::Starvation => "no acquisition fails while no fault is active",
             Self::FinalAcquire => "the lock works after every fault is healed",
             Self::Worker => "no worker panics or hangs",
         }
     }
 
+    /// The rules that may not hold on a single node's restart (see [`Judgement::Expected`]).
     fn is_safety(self) -> bool {
         matches!(
             self,
-            Self::SharedToken | Self::TokenOrder | Self::StaleCheck
+            Self::SharedToken
+                | Self::TokenOrder
+                | Self::StaleCheck
+                | Self::Overlap
+                | Self::ObserverOrder
         )
     }
 }
@@ -190,9 +231,33 @@ pub fn check(history: &History, config: &CheckConfig) -> Verdict {
         .filter(|a| a.acquired())
         .collect();
     let mut findings = Vec::new();
-    shared_tokens(history, &acquired, &mut findings);
-    token_order(&acquired, &mut findings);
-    stale_checks(history, &acquired, &mut findings);
+    let locks: BTreeSet<u32> = history
+        .acquisitions
+        .iter()
+        .flat_map(Acquisition::wanted)
+        .chain([0])
+        .collect();
+    for &lock in &locks {
+        let projected = project(history, lock);
+        let acquired: Vec<&Acquisition> = projected
+            .acquisitions
+            .iter()
+            .filter(|a| a.acquired())
+            .collect();
+        let from = findings.len();
+        shared_tokens(&projected, &acquired, &mut findings);
+        token_order(&acquired, &mut findings);
+        stale_checks(&projected, &acquired, &mut findings);
+        overlaps(&projected, config.kind, &mut findings);
+        if locks.len() > 1 {
+            for finding in &mut findings[from..] {
+                finding.detail = format!("lock {lock}: {}", finding.detail);
+            }
+        }
+    }
+    all_or_none(&acquired, &mut findings);
+    observer_order(history, &mut findings);
+    starvation(history, config, &mut findings);
     let gap = longest_gap(history, config);
     if gap.0 > config.max_gap {
         findings.push(Finding {
@@ -272,6 +337,37 @@ fn judge(history: &History, config: &CheckConfig, at: Nanos) -> Judgement {
     }
 }
 
+/// The history of lock `lock` alone: the acquisitions that asked for it, each with its token
+/// for that lock (none if it did not get it), their checks, and the accesses to its resource.
+fn project(history: &History, lock: u32) -> History {
+    let acquisitions: Vec<Acquisition> = history
+        .acquisitions
+        .iter()
+        .filter(|a| a.wanted().contains(&lock))
+        .map(|a| Acquisition {
+            token: a.token_of(lock).filter(|_| a.acquired()),
+            ..a.clone()
+        })
+        .collect();
+    let ids: std::collections::HashSet<AcqId> = acquisitions.iter().map(|a| a.id).collect();
+    History {
+        acquisitions,
+        checks: history
+            .checks
+            .iter()
+            .filter(|c| ids.contains(&c.acq))
+            .copied()
+            .collect(),
+        writes: history
+            .writes
+            .iter()
+            .filter(|w| w.lock == lock)
+            .copied()
+            .collect(),
+        ..History::default()
+    }
+}
+
 fn shared_tokens(history: &History, acquired: &[&Acquisition], out: &mut Vec<Finding>) {
     let mut by_token: HashMap<u64, Vec<&Acquisition>> = HashMap::new();
     for a in acquired {
@@ -337,20 +433,33 @@ fn token_order(acquired: &[&Acquisition], out: &mut Vec<Finding>) {
     }
 }
 
+/// A holder is stale once an acquisition with a larger token returned: any acquisition for
+/// an exclusive holder, a writer's for a reader. Permit holders are judged by [`overlaps`].
 fn stale_checks(history: &History, acquired: &[&Acquisition], out: &mut Vec<Finding>) {
-    let tokens: HashMap<AcqId, u64> = acquired
+    let tokens: HashMap<AcqId, (u64, Mode)> = acquired
         .iter()
-        .filter_map(|a| Some((a.id, a.token?)))
+        .filter_map(|a| Some((a.id, (a.token?, a.mode))))
         .collect();
     let mut latest = Latest::new(acquired);
+    let writers: Vec<&Acquisition> = acquired
+        .iter()
+        .copied()
+        .filter(|a| a.mode == Mode::Exclusive)
+        .collect();
+    let mut latest_writer = Latest::new(&writers);
     let mut checks: Vec<_> = history.checks.iter().filter(|c| c.passed).collect();
     checks.sort_by_key(|c| c.at);
     // One finding per stale holder: its first passing check after it was superseded.
     let mut reported = std::collections::HashSet::new();
     for check in checks {
-        let newest = latest.before(check.at);
-        let Some(&own) = tokens.get(&check.acq) else {
+        let (newest, newest_writer) = (latest.before(check.at), latest_writer.before(check.at));
+        let Some(&(own, mode)) = tokens.get(&check.acq) else {
             continue;
+        };
+        let newest = match mode {
+            Mode::Exclusive => newest,
+            Mode::Shared => newest_writer,
+            Mode::Permit => continue,
         };
         if let Some(newer) = newest.filter(|b| b.token > Some(own))
             && reported.insert(check.acq)
@@ -370,6 +479,181 @@ fn stale_checks(history: &History, acquired: &[&Acquisition], out: &mut Vec<Find
                 judgement: Judgement::Violation,
             });
         }
+    }
+}
+
+/// Each holder's belief interval: from `acquire` returning to its last passing check.
+fn intervals(history: &History) -> Vec<(Nanos, Nanos, &Acquisition)> {
+    let mut last_pass: HashMap<AcqId, Nanos> = HashMap::new();
+    for c in history.checks.iter().filter(|c| c.passed) {
+        let last = last_pass.entry(c.acq).or_insert(c.at);
+        *last = (*last).max(c.at);
+    }
+    history
+        .acquisitions
+        .iter()
+        .filter(|a| a.acquired())
+        .filter_map(|a| {
+            let from = a.returned?;
+            let until = *last_pass.get(&a.id)?;
+            (from <= until).then_some((from, until, a))
+        })
+        .collect()
+}
+
+/// Sweeps the belief intervals: whenever a holder's interval begins while the holders already
+/// in theirs leave no room for it (by mode and the kind's capacity), one finding naming it and
+/// the holders it overlapped.
+fn overlaps(history: &History, kind: CheckKind, out: &mut Vec<Finding>) {
+    let capacity = usize::try_from(kind.capacity()).unwrap_or(usize::MAX);
+    let spans = intervals(history);
+    // (time, 0 = end before 1 = start at one instant, index)
+    let mut events: Vec<(Nanos, u8, usize)> = Vec::with_capacity(spans.len() * 2);
+    for (i, (from, until, _)) in spans.iter().enumerate() {
+        events.push((*from, 1, i));
+        events.push((*until, 0, i));
+    }
+    events.sort_unstable();
+    let mut live: BTreeSet<usize> = BTreeSet::new();
+    for (at, edge, i) in events {
+        if edge == 0 {
+            live.remove(&i);
+            continue;
+        }
+        let entering = spans[i].2;
+        let count = |mode| live.iter().filter(|&&j| spans[j].2.mode == mode).count();
+        let (exclusive, shared, permits) = (
+            count(Mode::Exclusive),
+            count(Mode::Shared),
+            count(Mode::Permit),
+        );
+        let crowded = match entering.mode {
+            Mode::Exclusive => !live.is_empty(),
+            Mode::Shared => exclusive > 0 || permits > 0,
+            Mode::Permit => exclusive > 0 || shared > 0 || permits + 1 > capacity,
+        };
+        if crowded {
+            let others: Vec<&Acquisition> = live.iter().map(|&j| spans[j].2).collect();
+            let mut acqs = vec![entering.id];
+            acqs.extend(others.iter().map(|a| a.id));
+            out.push(Finding {
+                rule: Rule::Overlap,
+                at,
+                detail: format!(
+                    "{} ({}, token {}) was granted while {} still passed their checks: {}",
+                    entering.id,
+                    mode_name(entering.mode),
+                    entering.token.unwrap_or(0),
+                    others.len(),
+                    others
+                        .iter()
+                        .map(|a| format!(
+                            "{} ({}, token {})",
+                            a.id,
+                            mode_name(a.mode),
+                            a.token.unwrap_or(0)
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                acqs,
+                judgement: Judgement::Violation,
+            });
+        }
+        live.insert(i);
+    }
+}
+
+fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Exclusive => "exclusive",
+        Mode::Shared => "shared",
+        Mode::Permit => "permit",
+    }
+}
+
+/// A multi-lock acquisition that returned must hold exactly the locks it asked for.
+fn all_or_none(acquired: &[&Acquisition], out: &mut Vec<Finding>) {
+    for a in acquired.iter().filter(|a| !a.locks.is_empty()) {
+        let got: BTreeSet<u32> = a.parts.iter().map(|p| p.lock).collect();
+        let wanted: BTreeSet<u32> = a.locks.iter().copied().collect();
+        if got != wanted {
+            out.push(Finding {
+                rule: Rule::AllOrNone,
+                at: a.returned.unwrap_or(a.invoked),
+                acqs: vec![a.id],
+                detail: format!("{} asked for locks {wanted:?} and got {got:?}", a.id),
+                judgement: Judgement::Violation,
+            });
+        }
+    }
+}
+
+/// Each observer's reported terms never go back (one finding per observer).
+fn observer_order(history: &History, out: &mut Vec<Finding>) {
+    let mut by_worker: BTreeMap<u32, Vec<(Nanos, u64)>> = BTreeMap::new();
+    for o in &history.observations {
+        if let Some(term) = o.term {
+            by_worker.entry(o.worker).or_default().push((o.at, term));
+        }
+    }
+    for (worker, mut seen) in by_worker {
+        seen.sort_unstable_by_key(|(at, _)| *at);
+        let mut highest = 0;
+        for (at, term) in seen {
+            if term < highest {
+                out.push(Finding {
+                    rule: Rule::ObserverOrder,
+                    at,
+                    acqs: Vec::new(),
+                    detail: format!(
+                        "worker {worker}'s observer reported term {term} after term {highest}"
+                    ),
+                    judgement: Judgement::Violation,
+                });
+                break;
+            }
+            highest = term;
+        }
+    }
+}
+
+/// An acquisition that failed although no fault (with its settle time) overlapped its wait.
+fn starvation(history: &History, config: &CheckConfig, out: &mut Vec<Finding>) {
+    for a in history.acquisitions.iter().filter(|a| a.error.is_some()) {
+        let Some(returned) = a.returned else {
+            continue;
+        };
+        if returned > history.end {
+            // Failed because the worker was being stopped.
+            continue;
+        }
+        let faulty = history
+            .faults
+            .iter()
+            .any(|f| f.start <= returned && a.invoked <= f.healed.saturating_add(config.settle));
+        if faulty {
+            continue;
+        }
+        let error = a.error.as_deref().unwrap_or_default();
+        // A wait that ran out on a backend without FIFO order can be bad luck; any other
+        // failure with no fault around is the backend's.
+        let judgement = if !config.fifo && error.contains("timed out") {
+            Judgement::Expected("not FIFO: a waiter can be passed over until its wait ends".into())
+        } else {
+            Judgement::Violation
+        };
+        out.push(Finding {
+            rule: Rule::Starvation,
+            at: returned,
+            acqs: vec![a.id],
+            detail: format!(
+                "{} failed after {} ms with no fault active: {error}",
+                a.id,
+                returned.saturating_sub(a.invoked) / 1_000_000
+            ),
+            judgement,
+        });
     }
 }
 
@@ -406,8 +690,9 @@ impl<'a> Latest<'a> {
     }
 }
 
-/// The longest stretch in which some worker waited, no guard was held and no fault (with its
-/// settle time) was active; with when it began.
+/// The longest stretch in which some worker waited, the lock had room (no guard held; fewer
+/// than N for a semaphore of N) and no fault (with its settle time) was active; with when it
+/// began.
 fn longest_gap(history: &History, config: &CheckConfig) -> (Nanos, Option<Nanos>) {
     // (time, waiting delta, held delta, fault delta); ends sort before starts at one instant.
     let mut events: Vec<(Nanos, i8, i64, i64, i64)> = Vec::new();
@@ -437,12 +722,16 @@ fn longest_gap(history: &History, config: &CheckConfig) -> (Nanos, Option<Nanos>
         events.push((until, 0, 0, 0, -1));
     }
     events.sort_by_key(|e| (e.0, e.1));
+    let capacity = match config.kind {
+        CheckKind::Permits(n) => i64::from(n),
+        _ => 1,
+    };
     let (mut waiting, mut held, mut faults) = (0i64, 0i64, 0i64);
     let mut since: Option<Nanos> = None;
     let mut best = (0, None);
     for (at, _, w, h, f) in events {
         (waiting, held, faults) = (waiting + w, held + h, faults + f);
-        let stalled = waiting > 0 && held <= 0 && faults <= 0 && at >= history.start;
+        let stalled = waiting > 0 && held < capacity && faults <= 0 && at >= history.start;
         match (stalled, since) {
             (true, None) => since = Some(at),
             (false, Some(from)) => {
@@ -494,7 +783,7 @@ fn stats(history: &History, acquired: &[&Acquisition], gap: (Nanos, Option<Nanos
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::{Check, Fault, FinalAcquire, Worker, Write};
+    use crate::history::{Check, Fault, FinalAcquire, Observation, Part, Worker, Write};
 
     const MS: Nanos = 1_000_000;
 
@@ -515,15 +804,16 @@ mod tests {
             returned: Some(returned),
             token: Some(token),
             valid_until: Some(returned + 2_000 * MS),
-            error: None,
             released: Some(released),
-            lost: None,
+            ..Acquisition::default()
         }
     }
 
     fn config(guarantee: FencingGuarantee) -> CheckConfig {
         CheckConfig {
+            kind: CheckKind::Exclusive,
             guarantee,
+            fifo: true,
             settle: 4_000 * MS,
             max_gap: 500 * MS,
         }
@@ -576,6 +866,7 @@ mod tests {
                     step,
                     at: at + MS,
                     accepted: true,
+                    ..Write::default()
                 });
             }
         }
@@ -722,9 +1013,206 @@ mod tests {
             step: 3,
             at: 150 * MS,
             accepted: false,
+            ..Write::default()
         });
         let verdict = check(&h, &config(FencingGuarantee::Linearizable));
         assert_eq!(verdict.findings, []);
         assert_eq!(verdict.stats.writes_rejected, 1);
+    }
+
+    /// Three holders of `mode` from 0, 10 and 20 ms, each passing checks for 100 ms, tokens
+    /// 1, 2, 3.
+    fn crowd(mode: Mode) -> History {
+        let mut h = clean();
+        h.acquisitions.clear();
+        h.checks.clear();
+        h.writes.clear();
+        for i in 0..3u64 {
+            let acq = id(u32::try_from(i).expect("small"), 0);
+            let from = i * 10 * MS;
+            h.acquisitions.push(Acquisition {
+                mode,
+                ..held(acq, from, from + MS, 1 + i, from + 101 * MS)
+            });
+            for step in 0..2 {
+                h.checks.push(Check {
+                    acq,
+                    step,
+                    at: from + 2 * MS + u64::from(step) * 98 * MS,
+                    passed: true,
+                });
+            }
+        }
+        h
+    }
+
+    fn of_kind(kind: CheckKind) -> CheckConfig {
+        CheckConfig {
+            kind,
+            ..config(FencingGuarantee::Linearizable)
+        }
+    }
+
+    #[test]
+    fn permits_are_judged_by_how_many_hold_at_once() {
+        let h = crowd(Mode::Permit);
+        let three = check(&h, &of_kind(CheckKind::Permits(3)));
+        assert!(!three.failed(), "{:#?}", three.findings);
+        let two = check(&h, &of_kind(CheckKind::Permits(2)));
+        let over: Vec<_> = two.of(Rule::Overlap).collect();
+        assert_eq!(over.len(), 1, "{:#?}", two.findings);
+        assert_eq!(over[0].acqs, [id(2, 0), id(0, 0), id(1, 0)]);
+        assert_eq!(two.of(Rule::StaleCheck).count(), 0, "permits are not stale");
+        assert!(two.failed());
+    }
+
+    #[test]
+    fn readers_share_and_a_writer_among_them_is_found() {
+        let mut h = crowd(Mode::Shared);
+        let readers = check(&h, &of_kind(CheckKind::RwMix));
+        assert!(!readers.failed(), "{:#?}", readers.findings);
+        // The second holder is a writer: it overlaps the first reader, and the first reader
+        // passes checks after a writer with a larger token came.
+        h.acquisitions[1].mode = Mode::Exclusive;
+        let verdict = check(&h, &of_kind(CheckKind::RwMix));
+        let over: Vec<_> = verdict.of(Rule::Overlap).collect();
+        assert_eq!(over.len(), 2, "{:#?}", verdict.findings);
+        assert_eq!(over[0].acqs, [id(1, 0), id(0, 0)]);
+        assert_eq!(over[1].acqs, [id(2, 0), id(0, 0), id(1, 0)]);
+        // And the writer passes checks after a reader with a larger token came.
+        let stale: Vec<_> = verdict.of(Rule::StaleCheck).collect();
+        assert_eq!(stale.len(), 2, "{:#?}", verdict.findings);
+        assert_eq!(stale[0].acqs, [id(0, 0), id(1, 0)]);
+        assert_eq!(stale[1].acqs, [id(1, 0), id(2, 0)]);
+    }
+
+    #[test]
+    fn a_reader_token_out_of_order_with_writers_is_found() {
+        let mut h = clean();
+        // Acquisition 5 is a reader that got a token below the writer before it.
+        h.acquisitions[5].mode = Mode::Shared;
+        h.acquisitions[5].token = Some(13);
+        let verdict = check(&h, &of_kind(CheckKind::RwMix));
+        let order: Vec<_> = verdict.of(Rule::TokenOrder).collect();
+        assert_eq!(order.len(), 1, "{:#?}", verdict.findings);
+        assert_eq!(order[0].acqs, [id(0, 2), id(1, 2)]);
+        assert_eq!(verdict.of(Rule::SharedToken).count(), 1);
+    }
+
+    /// Multi-lock acquisitions of locks {0, 1} and {1, 2} in turn, each with its own tokens.
+    fn multi() -> History {
+        let mut h = clean();
+        for (i, a) in h.acquisitions.iter_mut().enumerate() {
+            let i = u32::try_from(i).expect("small");
+            a.locks = if i % 2 == 0 { vec![0, 1] } else { vec![1, 2] };
+            a.parts = a
+                .locks
+                .iter()
+                .map(|&lock| Part {
+                    lock,
+                    token: 100 * u64::from(lock) + u64::from(i) + 1,
+                })
+                .collect();
+            a.token = Some(a.parts[0].token);
+        }
+        h.writes.clear();
+        h
+    }
+
+    #[test]
+    fn a_multi_lock_is_judged_per_lock_and_as_a_whole() {
+        let h = multi();
+        let verdict = check(&h, &of_kind(CheckKind::Multi));
+        assert!(!verdict.failed(), "{:#?}", verdict.findings);
+        // A part that is missing is a partial multi-lock.
+        let mut partial = h.clone();
+        partial.acquisitions[3].parts.pop();
+        let verdict = check(&partial, &of_kind(CheckKind::Multi));
+        let found: Vec<_> = verdict.of(Rule::AllOrNone).collect();
+        assert_eq!(found.len(), 1, "{:#?}", verdict.findings);
+        assert_eq!(found[0].acqs, [id(1, 1)]);
+        // A token that goes back on lock 2 only.
+        let mut back = h;
+        back.acquisitions[5].parts[1].token = 150;
+        let verdict = check(&back, &of_kind(CheckKind::Multi));
+        let order: Vec<_> = verdict.of(Rule::TokenOrder).collect();
+        assert_eq!(order.len(), 1, "{:#?}", verdict.findings);
+        assert!(
+            order[0].detail.starts_with("lock 2: "),
+            "{}",
+            order[0].detail
+        );
+    }
+
+    #[test]
+    fn an_observer_that_goes_back_is_found() {
+        let mut h = clean();
+        for (at, term) in [(1, Some(3)), (2, None), (3, Some(4)), (4, Some(4))] {
+            h.observations.push(Observation {
+                worker: 0,
+                at: at * MS,
+                term,
+            });
+        }
+        let verdict = check(&h, &of_kind(CheckKind::Election));
+        assert!(!verdict.failed(), "{:#?}", verdict.findings);
+        h.observations.push(Observation {
+            worker: 0,
+            at: 5 * MS,
+            term: Some(2),
+        });
+        h.observations.push(Observation {
+            worker: 0,
+            at: 6 * MS,
+            term: Some(1),
+        });
+        let verdict = check(&h, &of_kind(CheckKind::Election));
+        let found: Vec<_> = verdict.of(Rule::ObserverOrder).collect();
+        assert_eq!(found.len(), 1, "{:#?}", verdict.findings);
+        assert!(
+            found[0].detail.contains("term 2 after term 4"),
+            "{}",
+            found[0].detail
+        );
+    }
+
+    #[test]
+    fn a_failure_without_a_fault_is_starvation_unless_not_fifo_and_a_timeout() {
+        let mut h = clean();
+        h.acquisitions.push(Acquisition {
+            id: id(2, 0),
+            invoked: 100 * MS,
+            returned: Some(700 * MS),
+            error: Some("timed out after 600ms waiting for lock \"x\"".into()),
+            ..Acquisition::default()
+        });
+        let verdict = check(&h, &config(FencingGuarantee::Linearizable));
+        assert_eq!(
+            verdict.of(Rule::Starvation).count(),
+            1,
+            "{:#?}",
+            verdict.findings
+        );
+        assert!(verdict.failed());
+        let unfair = CheckConfig {
+            fifo: false,
+            ..config(FencingGuarantee::Linearizable)
+        };
+        let verdict = check(&h, &unfair);
+        assert!(!verdict.failed(), "{:#?}", verdict.findings);
+        assert_eq!(verdict.of(Rule::Starvation).count(), 1);
+        h.faults.push(Fault {
+            kind: FaultKind::Pause,
+            worker: Some(0),
+            start: 600 * MS,
+            healed: 650 * MS,
+        });
+        let verdict = check(&h, &config(FencingGuarantee::Linearizable));
+        assert_eq!(
+            verdict.of(Rule::Starvation).count(),
+            0,
+            "{:#?}",
+            verdict.findings
+        );
     }
 }

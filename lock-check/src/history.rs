@@ -7,6 +7,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::kind::Mode;
+
 /// Nanoseconds of `CLOCK_MONOTONIC`, the clock every process on the machine shares.
 pub type Nanos = u64;
 
@@ -39,7 +41,9 @@ pub fn nanos_of(duration: std::time::Duration) -> Nanos {
 }
 
 /// Identifies one acquisition: the worker that made it and its sequence number there.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub struct AcqId {
     /// The worker's number (a replacement for a killed worker gets a new number).
     pub worker: u32,
@@ -54,10 +58,20 @@ impl std::fmt::Display for AcqId {
 }
 
 /// One call of `acquire` by a worker, from its call to its end.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Acquisition {
     /// Which acquisition.
     pub id: AcqId,
+    /// What it asked for (a reader, a permit, the whole lock).
+    #[serde(default, skip_serializing_if = "Mode::is_exclusive")]
+    pub mode: Mode,
+    /// The locks of the run it asked for, by index (a multi-lock asks for several; empty:
+    /// lock 0 alone).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub locks: Vec<u32>,
+    /// For a multi-lock, the locks it got with their tokens (`token` is then the first's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<Part>,
     /// When `acquire` was called.
     pub invoked: Nanos,
     /// When it returned; `None` if the worker died or hung before.
@@ -79,6 +93,44 @@ impl Acquisition {
     pub fn acquired(&self) -> bool {
         self.token.is_some() && self.returned.is_some()
     }
+
+    /// The locks it asked for, by index.
+    pub fn wanted(&self) -> Vec<u32> {
+        if self.locks.is_empty() {
+            vec![0]
+        } else {
+            self.locks.clone()
+        }
+    }
+
+    /// Its token on lock `lock`, if it holds that lock.
+    pub fn token_of(&self, lock: u32) -> Option<u64> {
+        if self.parts.is_empty() {
+            self.token.filter(|_| lock == 0)
+        } else {
+            self.parts.iter().find(|p| p.lock == lock).map(|p| p.token)
+        }
+    }
+}
+
+/// One lock of a multi-lock acquisition, with its token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Part {
+    /// The lock's index in the run.
+    pub lock: u32,
+    /// Its fencing token.
+    pub token: u64,
+}
+
+/// What an election observer (`observe`) in a worker reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Observation {
+    /// The observing worker.
+    pub worker: u32,
+    /// When it reported.
+    pub at: Nanos,
+    /// The leader's term (`None`: no leader, or a leader without a term).
+    pub term: Option<u64>,
 }
 
 /// A holder's check, before a write, that its lock is still valid:
@@ -95,11 +147,18 @@ pub struct Check {
     pub passed: bool,
 }
 
-/// A write to the fenced register, as the register saw it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A write (or a reader's read) to the fenced register, as the register saw it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Write {
     /// Whose.
     pub acq: AcqId,
+    /// Which lock's resource (a multi-lock run has one per lock).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lock: u32,
+    /// A reader's read: accepted unless a writer with a larger token wrote; it raises the
+    /// token a later write needs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read: bool,
     /// The token it carried.
     pub token: u64,
     /// Which step of the critical section.
@@ -108,6 +167,14 @@ pub struct Write {
     pub at: Nanos,
     /// Whether the register accepted it (its token was at least the largest accepted).
     pub accepted: bool,
+}
+
+#[allow(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's skip_serializing_if passes a reference"
+)]
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The kinds of fault a nemesis injects.
@@ -221,6 +288,9 @@ pub struct History {
     pub checks: Vec<Check>,
     /// Every write the register received.
     pub writes: Vec<Write>,
+    /// Every report of an election observer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub observations: Vec<Observation>,
     /// Every fault.
     pub faults: Vec<Fault>,
     /// Every worker process.

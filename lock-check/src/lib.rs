@@ -1,8 +1,9 @@
 //! The distlock fault checker: does a lock deployment keep its promises under process pauses,
 //! crashes, client partitions and server restarts?
 //!
-//! A run (driven by `distlock check`) has worker processes loop on one lock: acquire, then a
-//! critical section of several steps, each step first checking
+//! A run (driven by `distlock check`) has worker processes loop on one lock of one
+//! [`CheckKind`] (a mutex, readers, a read-write mix, a semaphore, an election, multi-locks):
+//! acquire, then a critical section of several steps, each step first checking
 //! `!guard.is_lost() && now < guard.valid_until()` and then writing `(token, worker, step)` to
 //! a [`FencedRegister`] kept by the checking process; release. A nemesis pauses, kills and
 //! partitions workers and restarts the server meanwhile. Every event is stamped with
@@ -11,7 +12,9 @@
 //! [`FencingGuarantee`](distlock_core::FencingGuarantee).
 //!
 //! ```
-//! use distlock_check::{AcqId, Acquisition, CheckConfig, FencedRegister, History, Rule, check};
+//! use distlock_check::{
+//!     AcqId, Acquisition, CheckConfig, CheckKind, FencedRegister, History, Rule, check,
+//! };
 //! use distlock_core::FencingGuarantee;
 //!
 //! // Two holders in turn; the first wakes up from a pause after the second took over, its
@@ -24,7 +27,7 @@
 //! assert!(!register.write_at(a, 10, 1, 500));
 //! let held = |id, invoked, returned, token, until| Acquisition {
 //!     id, invoked, returned: Some(returned), token: Some(token), valid_until: Some(until),
-//!     error: None, released: None, lost: None,
+//!     ..Acquisition::default()
 //! };
 //! let history = History {
 //!     start: 0,
@@ -34,7 +37,9 @@
 //!     ..History::default()
 //! };
 //! let config = CheckConfig {
+//!     kind: CheckKind::Exclusive,
 //!     guarantee: FencingGuarantee::Linearizable,
+//!     fifo: true,
 //!     settle: 0,
 //!     max_gap: 1_000_000,
 //! };
@@ -45,6 +50,7 @@
 
 pub mod checker;
 pub mod history;
+pub mod kind;
 pub mod proxy;
 pub mod register;
 pub mod report;
@@ -53,9 +59,10 @@ pub mod worker;
 
 pub use checker::{CheckConfig, Finding, Judgement, Rule, Stats, Verdict, check};
 pub use history::{
-    AcqId, Acquisition, Check, Fault, FaultKind, FinalAcquire, History, Nanos, Worker, WorkerEnd,
-    Write,
+    AcqId, Acquisition, Check, Fault, FaultKind, FinalAcquire, History, Nanos, Observation, Part,
+    Worker, WorkerEnd, Write,
 };
-pub use register::{FencedRegister, RemoteRegister};
+pub use kind::{CheckKind, Mode, Sabotage};
+pub use register::{Access, FencedRegister, RemoteRegister};
 pub use run::{RunConfig, RunError, Spawner, run};
 pub use worker::{Event, Recorder, Register, Sink, StdoutSink, WorkerParams, work};

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::checker::{Judgement, Rule, Verdict};
 use crate::history::{FaultKind, History, Nanos};
+use crate::kind::CheckKind;
 
 /// Milliseconds, for reports.
 fn ms(nanos: Nanos) -> String {
@@ -103,15 +104,39 @@ pub fn markdown(label: &str, verdict: &Verdict) -> String {
     out
 }
 
-/// What `--json` writes: the run's parameters, its history and the verdict.
+/// What `--json` writes: the check's parameters, and each kind's run.
 #[derive(Debug, Serialize)]
 pub struct JsonReport<'a, P: Serialize> {
-    /// The run's parameters.
+    /// The check's parameters.
     pub params: P,
+    /// One run per kind checked, in order.
+    pub runs: &'a [KindRun],
+}
+
+/// The run of one kind: its verdict and everything it recorded.
+#[derive(Debug, Serialize)]
+pub struct KindRun {
+    /// The kind the workers drove.
+    pub kind: CheckKind,
     /// The verdict.
-    pub verdict: &'a Verdict,
+    pub verdict: Verdict,
     /// Everything recorded.
-    pub history: &'a History,
+    pub history: History,
+}
+
+/// The file of `kind`'s report beside `path` when a check has several kinds:
+/// `run.svg` becomes `run-permits-2.svg`.
+pub fn per_kind(path: &std::path::Path, kind: CheckKind) -> std::path::PathBuf {
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tag = kind.label().replace(':', "-");
+    let file = match path.extension() {
+        Some(ext) => format!("{stem}-{tag}.{}", ext.to_string_lossy()),
+        None => format!("{stem}-{tag}"),
+    };
+    path.with_file_name(file)
 }
 
 fn fault_color(kind: FaultKind) -> RGBColor {

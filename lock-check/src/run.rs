@@ -16,6 +16,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::history::{Fault, FaultKind, FinalAcquire, History, Worker, WorkerEnd, now};
+use crate::kind::{CheckKind, MULTI_LOCKS, Sabotage};
 use crate::proxy::Proxy;
 use crate::register::{FencedRegister, serve};
 use crate::worker::{Event, Recorder, Sink, WorkerParams};
@@ -25,8 +26,12 @@ use crate::worker::{Event, Recorder, Sink, WorkerParams};
 pub struct RunConfig {
     /// The lock service URL (the workers reach its hosts through their proxies).
     pub url: String,
-    /// The lock all workers contend for.
+    /// The lock all workers contend for (a multi-lock run: the prefix of its locks' names).
     pub name: String,
+    /// The primitive the workers drive.
+    pub kind: CheckKind,
+    /// A deliberate bug in the workers, for the checker's self-tests only.
+    pub sabotage: Option<Sabotage>,
     /// How long the workers run.
     pub duration: Duration,
     /// How many worker processes run at once.
@@ -286,33 +291,7 @@ pub async fn run(
     }
     register_task.abort();
     ends.sort_by_key(|w| w.id);
-    let invoked = now();
-    let wait = (ttl * 3).max(Duration::from_secs(10));
-    let last = lock
-        .acquire(
-            &config.name,
-            &AcquireOptions::default().with_ttl(ttl).with_wait(wait),
-        )
-        .await;
-    let returned = now();
-    let final_acquire = match last {
-        Ok(guard) => {
-            let token = guard.token().get();
-            let _ = guard.release().await;
-            FinalAcquire {
-                invoked,
-                returned,
-                token: Some(token),
-                error: None,
-            }
-        }
-        Err(err) => FinalAcquire {
-            invoked,
-            returned,
-            token: None,
-            error: Some(err.to_string()),
-        },
-    };
+    let final_acquire = probe(&*lock, config).await;
     let mut history = recorder.history();
     history.start = start_at;
     history.end = end_at;
@@ -321,6 +300,64 @@ pub async fn run(
     history.workers = ends;
     history.final_acquire = Some(final_acquire);
     Ok(history)
+}
+
+/// The acquisition after healing, by a fresh client, of the run's kind: the whole lock for a
+/// mutex, a read-write lock (every reader gone) and a campaign, one permit of a semaphore,
+/// every lock of a multi-lock run.
+async fn probe(lock: &dyn DistributedLock, config: &RunConfig) -> FinalAcquire {
+    let ttl = config.ttl;
+    let wait = (ttl * 3).max(Duration::from_secs(10));
+    let options = AcquireOptions::default().with_ttl(ttl).with_wait(wait);
+    let invoked = now();
+    let name = config.name.as_str();
+    let token = match config.kind {
+        CheckKind::Exclusive | CheckKind::RwMix => {
+            acquired(lock.acquire(name, &options).await).await
+        }
+        CheckKind::Shared => acquired(lock.acquire(name, &options.shared()).await).await,
+        CheckKind::Permits(n) => acquired(lock.acquire(name, &options.with_permits(n)).await).await,
+        CheckKind::Election => acquired(lock.campaign(name, "final-probe", &options).await).await,
+        CheckKind::Multi => {
+            let names: Vec<String> = (0..MULTI_LOCKS)
+                .map(|i| config.kind.lock_name(name, i))
+                .collect();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            match lock.acquire_all(&names, &options).await {
+                Ok(all) => {
+                    let token = all.guards().first().map(|g| g.token().get());
+                    let _ = all.release().await;
+                    Ok(token.unwrap_or(0))
+                }
+                Err(err) => Err(err),
+            }
+        }
+    };
+    let returned = now();
+    match token {
+        Ok(token) => FinalAcquire {
+            invoked,
+            returned,
+            token: Some(token),
+            error: None,
+        },
+        Err(err) => FinalAcquire {
+            invoked,
+            returned,
+            token: None,
+            error: Some(err.to_string()),
+        },
+    }
+}
+
+/// The token of an acquired guard, released at once.
+async fn acquired(
+    guard: distlock_core::Result<distlock_core::LockGuard>,
+) -> distlock_core::Result<u64> {
+    let guard = guard?;
+    let token = guard.token().get();
+    let _ = guard.release().await;
+    Ok(token)
 }
 
 /// The worker processes of a run.
@@ -371,6 +408,8 @@ async fn start(fleet: &Fleet<'_>, id: u32) -> Result<Running, RunError> {
     let params = WorkerParams {
         id,
         name: config.name.clone(),
+        kind: config.kind,
+        sabotage: config.sabotage,
         ttl: config.ttl,
         // Long enough for every other worker to hold once (a section lasts about a ttl).
         wait: config.ttl * (config.workers + 2),

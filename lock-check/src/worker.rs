@@ -7,22 +7,29 @@
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use distlock_core::{AcquireOptions, DistributedLock, Error};
+use distlock_core::{
+    AcquireOptions, DistributedLock, Error, LockGuard, LockKind, MultiGuard, Renewal,
+};
+use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use distlock_core::backend::unpoisoned;
 
-use crate::history::{AcqId, Acquisition, Check, History, Nanos, at, now};
-use crate::register::FencedRegister;
+use crate::history::{AcqId, Acquisition, Check, History, Nanos, Observation, Part, at, now};
+use crate::kind::{CheckKind, Mode, Sabotage};
+use crate::register::{Access, FencedRegister};
 
 /// What a worker does.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkerParams {
     /// Its number.
     pub id: u32,
-    /// The lock all workers contend for.
+    /// The lock all workers contend for (a multi-lock run: the prefix of its locks' names).
     pub name: String,
+    /// The primitive it drives.
+    #[serde(default)]
+    pub kind: CheckKind,
     /// The lock's ttl.
     pub ttl: Duration,
     /// How long one `acquire` may wait.
@@ -31,6 +38,9 @@ pub struct WorkerParams {
     pub steps: u32,
     /// The work of each step, between its check and its write.
     pub step_gap: Duration,
+    /// A deliberate bug, for the checker's self-tests only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sabotage: Option<Sabotage>,
 }
 
 /// One thing a worker did, as it logs it.
@@ -43,6 +53,12 @@ pub enum Event {
         seq: u64,
         /// When.
         t: Nanos,
+        /// What it asks for.
+        #[serde(default, skip_serializing_if = "Mode::is_exclusive")]
+        mode: Mode,
+        /// The locks it asks for (empty: lock 0).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        locks: Vec<u32>,
     },
     /// `acquire` returned a guard.
     Acquired {
@@ -54,6 +70,9 @@ pub enum Event {
         token: u64,
         /// Its `valid_until`.
         valid_until: Nanos,
+        /// A multi-lock's locks with their tokens.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        parts: Vec<Part>,
     },
     /// `acquire` returned an error.
     Failed {
@@ -82,22 +101,29 @@ pub enum Event {
         /// When.
         t: Nanos,
     },
+    /// The worker's election observer reported a leader.
+    Observed {
+        /// When.
+        t: Nanos,
+        /// The leader's term (`None`: no leader, or no term).
+        term: Option<u64>,
+    },
 }
 
 /// Where a worker's writes go.
 #[async_trait]
 pub trait Register: Send + Sync {
-    /// Writes `step` of `acq` with `token`; whether the register accepted it.
+    /// Performs `access`; whether the register accepted it.
     ///
     /// # Errors
     /// The register cannot be reached (the worker then stops with that error).
-    async fn write(&self, acq: AcqId, token: u64, step: u32) -> std::io::Result<bool>;
+    async fn access(&self, access: Access) -> std::io::Result<bool>;
 }
 
 #[async_trait]
 impl Register for FencedRegister {
-    async fn write(&self, acq: AcqId, token: u64, step: u32) -> std::io::Result<bool> {
-        Ok(FencedRegister::write(self, acq, token, step))
+    async fn access(&self, access: Access) -> std::io::Result<bool> {
+        Ok(FencedRegister::access(self, access))
     }
 }
 
@@ -107,9 +133,99 @@ pub trait Sink: Send + Sync {
     fn event(&self, worker: u32, event: Event);
 }
 
+/// What a worker holds: one guard, or a multi-lock's.
+enum Held {
+    One(LockGuard),
+    All(MultiGuard),
+}
+
+impl Held {
+    fn valid_until(&self) -> Instant {
+        match self {
+            Self::One(guard) => guard.valid_until(),
+            Self::All(guard) => guard.valid_until(),
+        }
+    }
+
+    fn is_lost(&self) -> bool {
+        match self {
+            Self::One(guard) => guard.is_lost(),
+            Self::All(guard) => guard.is_lost(),
+        }
+    }
+
+    /// Each lock held with its token (lock 0 for a single guard).
+    fn parts(&self, params: &WorkerParams) -> Vec<Part> {
+        match self {
+            Self::One(guard) => vec![Part {
+                lock: 0,
+                token: guard.token().get(),
+            }],
+            Self::All(guard) => guard
+                .tokens()
+                .filter_map(|(name, token)| {
+                    let lock = (0..crate::kind::MULTI_LOCKS)
+                        .find(|&i| params.kind.lock_name(&params.name, i) == name.as_str())?;
+                    Some(Part {
+                        lock,
+                        token: token.get(),
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    async fn release(self) {
+        // A release that fails (the lock was lost meanwhile) is what the checks are for.
+        let _ = match self {
+            Self::One(guard) => guard.release().await,
+            Self::All(guard) => guard.release().await,
+        };
+    }
+}
+
+/// Acquisition `seq` of the worker, as its kind (and sabotage) says.
+async fn acquire(
+    lock: &dyn DistributedLock,
+    params: &WorkerParams,
+    options: &AcquireOptions,
+    mode: Mode,
+    locks: &[u32],
+) -> Result<Held, Error> {
+    let sabotage = params.sabotage;
+    let lock_kind = match (mode, params.kind) {
+        (Mode::Exclusive, _) if sabotage == Some(Sabotage::WriterAsReader) => LockKind::Shared,
+        (Mode::Exclusive, _) => LockKind::Exclusive,
+        (Mode::Shared, _) => LockKind::Shared,
+        (Mode::Permit, CheckKind::Permits(permits)) => LockKind::Permit {
+            permits: permits + u32::from(sabotage == Some(Sabotage::ExtraPermit)),
+        },
+        (Mode::Permit, _) => LockKind::Permit { permits: 1 },
+    };
+    let options = options.clone().with_kind(lock_kind);
+    match params.kind {
+        CheckKind::Election => lock
+            .campaign(&params.name, &format!("w{}", params.id), &options)
+            .await
+            .map(Held::One),
+        CheckKind::Multi => {
+            let mut names: Vec<String> = locks
+                .iter()
+                .map(|&i| params.kind.lock_name(&params.name, i))
+                .collect();
+            if sabotage == Some(Sabotage::PartialMulti) {
+                names.truncate(1);
+            }
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            lock.acquire_all(&names, &options).await.map(Held::All)
+        }
+        _ => lock.acquire(&params.name, &options).await.map(Held::One),
+    }
+}
+
 /// Runs worker `params.id` on `lock` until `stop` turns true (checked between acquisitions; a
 /// waiting `acquire` is abandoned at once, a critical section in progress is finished and
-/// released).
+/// released). In an election run it also observes the leader meanwhile.
 ///
 /// # Errors
 /// The register failed; lock errors are events, not errors.
@@ -118,23 +234,79 @@ pub async fn work(
     params: &WorkerParams,
     register: &dyn Register,
     sink: &dyn Sink,
+    stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let observer = observe(lock, params, sink, stop.clone());
+    let (worked, ()) = tokio::join!(hold(lock, params, register, sink, stop), observer);
+    worked
+}
+
+/// An election run's observer: each leader `observe` reports, until `stop`.
+async fn observe(
+    lock: &dyn DistributedLock,
+    params: &WorkerParams,
+    sink: &dyn Sink,
+    mut stop: watch::Receiver<bool>,
+) {
+    if params.kind != CheckKind::Election {
+        return;
+    }
+    let mut leaders = lock.observe(&params.name, params.ttl / 4);
+    loop {
+        tokio::select! {
+            next = leaders.next() => match next {
+                Some(Ok(leader)) => sink.event(params.id, Event::Observed {
+                    t: now(),
+                    term: leader.and_then(|l| l.term).map(|t| t.get()),
+                }),
+                Some(Err(_)) => {}
+                None => return,
+            },
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
+    }
+}
+
+async fn hold(
+    lock: &dyn DistributedLock,
+    params: &WorkerParams,
+    register: &dyn Register,
+    sink: &dyn Sink,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let options = AcquireOptions::default()
+    let mut options = AcquireOptions::default()
         .with_ttl(params.ttl)
         .with_wait(params.wait);
+    let careless = params.sabotage == Some(Sabotage::IgnoreValidity);
+    if careless {
+        options = options.with_renewal(Renewal::disabled());
+    }
     let id = params.id;
     for seq in 0.. {
         if *stop.borrow() {
             break;
         }
-        sink.event(id, Event::Invoke { seq, t: now() });
+        let mode = params.kind.mode(id, seq);
+        let locks = params.kind.locks(id, seq);
+        sink.event(
+            id,
+            Event::Invoke {
+                seq,
+                t: now(),
+                mode,
+                locks: if params.kind == CheckKind::Multi {
+                    locks.clone()
+                } else {
+                    Vec::new()
+                },
+            },
+        );
         let acquired = tokio::select! {
-            acquired = lock.acquire(&params.name, &options) => acquired,
+            acquired = acquire(lock, params, &options, mode, &locks) => acquired,
             _ = stop.wait_for(|stop| *stop) => break,
         };
-        let guard = match acquired {
-            Ok(guard) => guard,
+        let held = match acquired {
+            Ok(held) => held,
             Err(err) => {
                 sink.event(
                     id,
@@ -151,19 +323,25 @@ pub async fn work(
                 continue;
             }
         };
-        let token = guard.token().get();
+        let parts = held.parts(params);
+        let token = parts.first().map_or(0, |p| p.token);
         sink.event(
             id,
             Event::Acquired {
                 seq,
                 t: now(),
                 token,
-                valid_until: at(guard.valid_until()),
+                valid_until: at(held.valid_until()),
+                parts: if params.kind == CheckKind::Multi {
+                    parts.clone()
+                } else {
+                    Vec::new()
+                },
             },
         );
         let acq = AcqId { worker: id, seq };
-        for step in 0..params.steps {
-            let passed = !guard.is_lost() && Instant::now() < guard.valid_until();
+        'steps: for step in 0..params.steps {
+            let passed = careless || (!held.is_lost() && Instant::now() < held.valid_until());
             sink.event(
                 id,
                 Event::Check {
@@ -179,14 +357,26 @@ pub async fn work(
             // The step's work, done in the belief of holding the lock; a pause here makes the
             // write below late.
             tokio::time::sleep(params.step_gap).await;
-            // A refused write ends the section; the register records it.
-            if !register.write(acq, token, step).await? {
-                break;
+            // A semaphore guards a pool, not one value: its holders have nothing to fence.
+            if mode == Mode::Permit {
+                continue;
+            }
+            for part in &parts {
+                let access = Access {
+                    acq,
+                    lock: part.lock,
+                    token: part.token,
+                    step,
+                    read: mode == Mode::Shared,
+                };
+                // A refused access ends the section; the register records it.
+                if !register.access(access).await? {
+                    break 'steps;
+                }
             }
         }
         sink.event(id, Event::Release { seq, t: now() });
-        // A release that fails (the lock was lost meanwhile) is what the checks are for.
-        let _ = guard.release().await;
+        held.release().await;
     }
     Ok(())
 }
@@ -240,18 +430,20 @@ impl Sink for Recorder {
         let mut state = unpoisoned(&self.state);
         let state = &mut *state;
         match event {
-            Event::Invoke { seq, t } => {
+            Event::Invoke {
+                seq,
+                t,
+                mode,
+                locks,
+            } => {
                 let id = AcqId { worker, seq };
                 state.index.insert(id, state.history.acquisitions.len());
                 state.history.acquisitions.push(Acquisition {
                     id,
+                    mode,
+                    locks,
                     invoked: t,
-                    returned: None,
-                    token: None,
-                    valid_until: None,
-                    error: None,
-                    released: None,
-                    lost: None,
+                    ..Acquisition::default()
                 });
             }
             Event::Acquired {
@@ -259,10 +451,11 @@ impl Sink for Recorder {
                 t,
                 token,
                 valid_until,
+                parts,
             } => {
                 if let Some(a) = state.acquisition(worker, seq) {
-                    (a.returned, a.token, a.valid_until) =
-                        (Some(t), Some(token), Some(valid_until));
+                    (a.returned, a.token, a.valid_until, a.parts) =
+                        (Some(t), Some(token), Some(valid_until), parts);
                 }
                 state.holding.insert(worker, t);
             }
@@ -293,6 +486,11 @@ impl Sink for Recorder {
                 }
                 state.holding.remove(&worker);
             }
+            Event::Observed { t, term } => state.history.observations.push(Observation {
+                worker,
+                at: t,
+                term,
+            }),
         }
     }
 }

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_check::{
-    CheckConfig, FencedRegister, FinalAcquire, History, Judgement, Recorder, Rule, Verdict, Worker,
-    WorkerEnd, WorkerParams, check, history::now, work,
+    CheckConfig, CheckKind, FencedRegister, FinalAcquire, History, Judgement, Recorder, Rule,
+    Sabotage, Verdict, Worker, WorkerEnd, WorkerParams, check, history::now, work,
 };
 use distlock_core::backend::{AcquireRequest, Acquired, Attempt, Lease, LockBackend, Step};
 use distlock_core::memory::MemoryStore;
@@ -19,6 +19,28 @@ use distlock_core::{
 };
 
 async fn run(lock: Arc<dyn DistributedLock>, guarantee: FencingGuarantee) -> (History, Verdict) {
+    let params = WorkerParams {
+        id: 0,
+        name: "in-process".into(),
+        kind: CheckKind::Exclusive,
+        sabotage: None,
+        ttl: Duration::from_secs(1),
+        wait: Duration::from_secs(5),
+        steps: 3,
+        step_gap: Duration::from_millis(5),
+    };
+    run_with(lock, guarantee, params, Duration::from_millis(1500)).await
+}
+
+/// Four workers with `params` (each its own id) for `duration`, a final acquisition, the
+/// verdict.
+async fn run_with(
+    lock: Arc<dyn DistributedLock>,
+    guarantee: FencingGuarantee,
+    params: WorkerParams,
+    duration: Duration,
+) -> (History, Verdict) {
+    let kind = params.kind;
     let register = Arc::new(FencedRegister::new());
     let recorder = Arc::new(Recorder::new());
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -31,20 +53,16 @@ async fn run(lock: Arc<dyn DistributedLock>, guarantee: FencingGuarantee) -> (Hi
                 recorder.clone(),
                 stopped.clone(),
             );
-            tokio::spawn(async move {
-                let params = WorkerParams {
-                    id,
-                    name: "in-process".into(),
-                    ttl: Duration::from_secs(1),
-                    wait: Duration::from_secs(5),
-                    steps: 3,
-                    step_gap: Duration::from_millis(5),
-                };
-                work(&*lock, &params, &*register, &*recorder, stopped).await
-            })
+            let params = WorkerParams {
+                id,
+                ..params.clone()
+            };
+            tokio::spawn(
+                async move { work(&*lock, &params, &*register, &*recorder, stopped).await },
+            )
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(duration).await;
     let end = now();
     stop.send(true).expect("workers listen");
     for task in tasks {
@@ -53,12 +71,16 @@ async fn run(lock: Arc<dyn DistributedLock>, guarantee: FencingGuarantee) -> (Hi
             .expect("the register is in memory");
     }
     let invoked = now();
-    let last = lock
-        .acquire(
-            "in-process",
-            &AcquireOptions::default().with_wait(Duration::from_secs(5)),
-        )
-        .await;
+    let options = AcquireOptions::default().with_wait(Duration::from_secs(5));
+    let last = match kind {
+        CheckKind::Multi => lock
+            .acquire_all(&["in-process/0", "in-process/1", "in-process/2"], &options)
+            .await
+            .map(|all| all.into_guards().remove(0)),
+        CheckKind::Permits(n) => lock.acquire("in-process", &options.with_permits(n)).await,
+        CheckKind::Shared => lock.acquire("in-process", &options.shared()).await,
+        _ => lock.acquire("in-process", &options).await,
+    };
     let mut history = recorder.history();
     history.start = start;
     history.end = end;
@@ -76,7 +98,9 @@ async fn run(lock: Arc<dyn DistributedLock>, guarantee: FencingGuarantee) -> (Hi
         error: last.as_ref().err().map(ToString::to_string),
     });
     let config = CheckConfig {
+        kind,
         guarantee,
+        fifo: true,
         settle: 2_000_000_000,
         max_gap: 1_000_000_000,
     };
@@ -164,4 +188,127 @@ async fn a_backend_that_grants_a_held_lock_is_caught() {
         svg.starts_with("<svg") && svg.contains("violation"),
         "{svg}"
     );
+}
+
+/// Short sections (3 steps of 40 ms) under a 300 ms ttl.
+fn params(kind: CheckKind, sabotage: Option<Sabotage>) -> WorkerParams {
+    WorkerParams {
+        id: 0,
+        name: "in-process".into(),
+        kind,
+        sabotage,
+        ttl: Duration::from_millis(300),
+        wait: Duration::from_secs(5),
+        steps: 3,
+        step_gap: Duration::from_millis(40),
+    }
+}
+
+const KINDS: [CheckKind; 6] = [
+    CheckKind::Exclusive,
+    CheckKind::Shared,
+    CheckKind::Permits(2),
+    CheckKind::RwMix,
+    CheckKind::Election,
+    CheckKind::Multi,
+];
+
+#[tokio::test]
+async fn every_kind_passes_on_the_memory_backend() {
+    let runs = KINDS.map(|kind| async move {
+        let lock = MemoryStore::new().client();
+        let (history, verdict) = run_with(
+            lock,
+            FencingGuarantee::Linearizable,
+            params(kind, None),
+            Duration::from_millis(1500),
+        )
+        .await;
+        (kind, history, verdict)
+    });
+    for (kind, history, verdict) in futures::future::join_all(runs).await {
+        assert!(!verdict.failed(), "{kind}: {:#?}", verdict.findings);
+        assert!(verdict.stats.acquired >= 8, "{kind}: {:?}", verdict.stats);
+        match kind {
+            CheckKind::Multi => assert!(
+                history
+                    .acquisitions
+                    .iter()
+                    .filter(|a| a.acquired())
+                    .all(|a| a.parts.len() == 2),
+                "{kind}"
+            ),
+            CheckKind::Election => {
+                let terms: Vec<_> = history.observations.iter().filter_map(|o| o.term).collect();
+                assert!(terms.len() >= 4, "{kind}: {:?}", history.observations);
+            }
+            _ => {}
+        }
+        // Every holder of a kind with concurrent holders overlapped another at least once:
+        // the run exercised what the rule judges.
+        if matches!(kind, CheckKind::Shared | CheckKind::Permits(_)) {
+            let rw = CheckConfig {
+                kind: CheckKind::Permits(1),
+                guarantee: FencingGuarantee::Linearizable,
+                fifo: true,
+                settle: 2_000_000_000,
+                max_gap: 1_000_000_000,
+            };
+            let mut as_one = history.clone();
+            for a in &mut as_one.acquisitions {
+                a.mode = distlock_check::Mode::Permit;
+            }
+            assert!(
+                check(&as_one, &rw).of(Rule::Overlap).count() > 0,
+                "{kind}: holders never overlapped"
+            );
+        }
+    }
+}
+
+/// Each deliberate bug of the workers is found by the rule it should trip.
+#[tokio::test]
+async fn every_sabotage_is_caught_by_its_rule() {
+    let cases = [
+        (
+            CheckKind::Exclusive,
+            Sabotage::IgnoreValidity,
+            Rule::StaleCheck,
+        ),
+        (
+            CheckKind::Exclusive,
+            Sabotage::IgnoreValidity,
+            Rule::Overlap,
+        ),
+        (CheckKind::Election, Sabotage::IgnoreValidity, Rule::Overlap),
+        (CheckKind::Permits(2), Sabotage::ExtraPermit, Rule::Overlap),
+        (CheckKind::RwMix, Sabotage::WriterAsReader, Rule::Overlap),
+        (CheckKind::Multi, Sabotage::PartialMulti, Rule::AllOrNone),
+    ];
+    let runs = cases.map(|(kind, sabotage, rule)| async move {
+        let mut p = params(kind, Some(sabotage));
+        if sabotage == Sabotage::IgnoreValidity {
+            // Sections of 500 ms under a 300 ms ttl that is never renewed.
+            (p.steps, p.step_gap) = (5, Duration::from_millis(100));
+        }
+        let lock = MemoryStore::new().client();
+        let (_, verdict) = run_with(
+            lock,
+            FencingGuarantee::Linearizable,
+            p,
+            Duration::from_millis(2000),
+        )
+        .await;
+        (kind, sabotage, rule, verdict)
+    });
+    for (kind, sabotage, rule, verdict) in futures::future::join_all(runs).await {
+        let found: Vec<_> = verdict.of(rule).collect();
+        assert!(
+            !found.is_empty(),
+            "{kind} with {sabotage:?}: no {rule:?} finding in {:#?}",
+            verdict.findings
+        );
+        assert!(found.iter().all(|f| f.judgement == Judgement::Violation));
+        assert!(verdict.failed());
+    }
 }
