@@ -527,6 +527,13 @@ impl RedisConfig {
                 self.nodes.len()
             ));
         }
+        if self.redlock && self.nodes.len() as u64 > crate::redlock::TOKEN_SCALE {
+            return bad(format!(
+                "Redlock takes at most {} masters, got {}",
+                crate::redlock::TOKEN_SCALE,
+                self.nodes.len()
+            ));
+        }
         if self.redlock && (self.cluster || self.sentinel_master.is_some()) {
             return bad("Redlock, Sentinel and Cluster modes exclude each other".into());
         }
@@ -557,6 +564,17 @@ impl RedisConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redlock_takes_at_most_as_many_masters_as_its_tokens_can_name() {
+        let urls: Vec<String> = (0..65).map(|i| format!("redis://h{i}:1")).collect();
+        let err = RedisConfig::redlock(&urls).unwrap_err();
+        assert!(err.to_string().contains("at most 64 masters"), "{err}");
+        assert!(RedisConfig::redlock(&urls[..64]).is_ok());
+        // Distinct masters give distinct tokens; a larger counter is a larger token.
+        use crate::redlock::token_of;
+        assert!(token_of(7, 0) < token_of(7, 1) && token_of(7, 63) < token_of(8, 0));
+    }
 
     #[test]
     fn parses_hosts_credentials_databases_and_options() {

@@ -171,8 +171,11 @@
 //! On failure the lock is released on all nodes (also those whose answer was lost) and the
 //! attempt retries after a random delay; when too few nodes answer at all the error is
 //! [`distlock_core::Error::QuorumNotReached`], listing each node's outcome. A renewal counts only
-//! if a majority renewed within the validity. The fencing token is the maximum of the
-//! majority's counters (the lagging nodes of the majority are raised to it), declared
+//! if a majority renewed within the validity. The fencing token comes from the largest of the
+//! majority's counters (the lagging nodes of the majority are raised to it): that counter
+//! times 64 plus the index of the first master that gave it, so that readers acquiring at once
+//! through different majorities with equal largest counters still get distinct tokens (each
+//! master hands out each counter value once; Redlock takes at most 64 masters). Declared
 //! [`BestEffort`](distlock_core::FencingGuarantee::BestEffort).
 //!
 //! Read-write locks run the single-master scripts on every node with the same majority and

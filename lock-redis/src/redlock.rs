@@ -22,10 +22,27 @@ use crate::lease::RedisLease;
 use crate::node::{Answer, Holding, Node, ReleaseMode, within};
 use crate::renew::{self, Batch};
 
+/// Redlock tokens are the majority's largest counter times this, plus the index (in URL order)
+/// of the first master of the majority that gave it; Redlock takes at most this many masters.
+///
+/// Each master's counter hands out every value once, so no two acquisitions get the same
+/// (counter, master) pair: readers that acquire at once through different majorities, whose
+/// largest counters can be equal, still get distinct tokens. Order follows the counters, as
+/// the plain maximum did.
+pub(crate) const TOKEN_SCALE: u64 = 64;
+
+/// The token of an acquisition whose majority's largest counter is `max`, first given by the
+/// master at `index`.
+pub(crate) fn token_of(max: u64, index: usize) -> u64 {
+    max.saturating_mul(TOKEN_SCALE)
+        .saturating_add(u64::try_from(index).unwrap_or(0) % TOKEN_SCALE)
+}
+
 /// One Redlock acquisition round: the acquire script on every master at once, each bounded by
 /// the per-node timeout; held iff a majority answered within the validity (ttl - elapsed -
-/// drift). The token is the largest counter of that majority, and the majority's lower
-/// counters are raised to it. A failed round releases wherever it may hold.
+/// drift). The token comes from the largest counter of that majority ([`TOKEN_SCALE`]), and
+/// the majority's lower counters are raised to it. A failed round releases wherever it may
+/// hold.
 pub(crate) async fn acquire(attempt: &mut RedisAttempt) -> Result<Step> {
     let shared = attempt.shared.clone();
     let ttl = attempt.request.ttl;
@@ -58,6 +75,11 @@ pub(crate) async fn acquire(attempt: &mut RedisAttempt) -> Result<Step> {
     let drift = shared.client.drift(ttl);
     if tokens.len() >= quorum && elapsed + drift < ttl {
         let max = tokens.iter().map(|(_, t)| *t).max().unwrap_or(0);
+        let index = tokens
+            .iter()
+            .find(|(_, t)| *t == max)
+            .and_then(|(node, _)| shared.nodes.iter().position(|n| std::ptr::eq(n, *node)))
+            .unwrap_or(0);
         if tokens.iter().any(|(_, t)| *t != max) {
             // Bring every node of this majority up to the token handed out, so that any
             // later majority (which shares a node with this one) continues above it.
@@ -71,7 +93,7 @@ pub(crate) async fn acquire(attempt: &mut RedisAttempt) -> Result<Step> {
         }
         return Ok(Step::Acquired(Acquired::new(
             attempt.lease(),
-            FencingToken::new(max),
+            FencingToken::new(token_of(max, index)),
         )));
     }
     retreat(attempt, &answers, timeout).await;
@@ -325,7 +347,7 @@ pub(crate) async fn release(lease: &RedisLease) -> Result<()> {
 /// The holder a majority of masters agree on, with the shortest remaining lease of that
 /// majority (no token: see [`Node::inspect`](crate::node::Node::inspect)); `None` when no
 /// majority agrees. Shared holders: those that hold on a majority, described by the one with
-/// the highest token.
+/// the highest token (made as the acquisition made it: [`TOKEN_SCALE`]).
 pub(crate) async fn inspect(shared: &Shared, keys: &LockKeys) -> Result<Option<LockInfo>> {
     let timeout = shared.client.operation_timeout;
     let answers = join_all(
@@ -336,17 +358,25 @@ pub(crate) async fn inspect(shared: &Shared, keys: &LockKeys) -> Result<Option<L
     )
     .await;
     let mut held = Vec::new();
-    // Shared or permit holders: owner -> (masters, kind, highest token, shortest remaining).
+    // Shared or permit holders: owner -> (masters, kind, highest token, shortest remaining),
+    // the token already made from the highest counter and its first master.
     let mut holds: HashMap<String, (usize, LockKind, Option<u64>, i64)> = HashMap::new();
-    for answer in answers.into_iter().filter_map(|a| a.ok()) {
+    let mut highest: HashMap<String, u64> = HashMap::new();
+    for (index, answer) in answers.into_iter().enumerate() {
+        let Ok(answer) = answer else { continue };
         match answer {
             Holding::Free => {}
             Holding::Exclusive { owner, pttl } => held.push((owner, pttl)),
             Holding::Holds { kind, holders } => {
                 for h in holders {
+                    let top = highest.entry(h.owner.clone()).or_insert(0);
                     let seen = holds.entry(h.owner).or_insert((0, kind, None, i64::MAX));
                     seen.0 += 1;
-                    seen.2 = seen.2.max(h.token);
+                    // Masters in URL order: the first to show the highest counter names it.
+                    if let Some(counter) = h.token.filter(|&c| seen.2.is_none() || c > *top) {
+                        *top = counter;
+                        seen.2 = Some(token_of(counter, index));
+                    }
                     seen.3 = seen.3.min(h.remaining);
                 }
             }

@@ -722,6 +722,43 @@ async fn redlock_tokens_never_go_back_when_a_majority_restarts() {
     );
 }
 
+/// Redlock: readers acquiring at once through different majorities can find the same largest
+/// counter; their tokens still differ (the counter times 64 plus the master that gave it),
+/// and a writer after them is above them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_readers_at_once_get_distinct_tokens() {
+    let Some(urls) = common::urls("redlock3") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    let nodes = &urls[..3];
+    let name = name("readers-at-once");
+    let read = opts().shared();
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (lock, name, read) = (client(nodes, false).await, name.clone(), read.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut tokens = Vec::new();
+            for _ in 0..25 {
+                let guard = lock.acquire(&name, &read).await.unwrap();
+                tokens.push(guard.token().get());
+                guard.release().await.unwrap();
+            }
+            tokens
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    let top = *all.iter().max().unwrap();
+    all.sort_unstable();
+    let shared: Vec<_> = all.windows(2).filter(|w| w[0] == w[1]).collect();
+    assert!(shared.is_empty(), "readers shared tokens: {shared:?}");
+    let writer = tokens(&client(nodes, false).await, &name, 1).await;
+    assert!(writer[0] > top, "writer {} below reader {top}", writer[0]);
+}
+
 /// Guards on a master that restarts without its data learn it at once (`ServerRestarted`),
 /// not at the next renewal (10 s here), while another client can take the forgotten locks
 /// as soon as the server is back. Both delays are printed.
