@@ -32,7 +32,10 @@ process (it refuses a token lower than one it accepted; readers read, refused af
 writer's write); release. Each kind runs for --duration in turn, on a name of its own. Meanwhile faults are injected one at a \
 time: pause (SIGSTOP for 1.5-3 x ttl), crash (SIGKILL, a fresh worker replaces it), partition \
 (the worker's traffic to every server held back by its own proxy, sockets kept open), restart \
-(--restart-cmd, e.g. a command that kill -9s the server and starts it again on its data). The \
+(--restart-cmd, e.g. a command that kill -9s the server and starts it again on its data), \
+ambiguous (the worker's requests reach the server but its replies are lost for 0.5-1.5 x ttl, \
+then its connections close: acquires, renewals and releases that took effect unanswered). \
+Partition and ambiguous need a network server (not SQLite). The \
 merged history is judged against the backend's fencing guarantee: shared tokens, tokens out \
 of real-time order, a holder passing its check after a newer holder acquired, more holders \
 passing their checks at once than the kind allows (one writer or many readers, N permits), a \
@@ -67,7 +70,8 @@ pub(crate) struct CheckArgs {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
     ttl: Duration,
 
-    /// Faults to inject, comma-separated: pause, crash, partition, restart (none: "").
+    /// Faults to inject, comma-separated: pause, crash, partition, restart, ambiguous (none:
+    /// "").
     #[arg(long, value_delimiter = ',', default_value = "pause,crash,partition", value_parser = parse_fault)]
     nemesis: Vec<Option<FaultKind>>,
 
@@ -201,7 +205,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
         nemesis: nemesis.clone(),
         restart_cmd: args.restart_cmd.clone(),
     };
-    config.validate().map_err(run_failure)?;
+    let upstreams = config.validate().map_err(run_failure)?;
     let lock = args.connection.connect().await?;
     let caps = lock.capabilities().clone();
     if args.ttl < caps.min_ttl || args.ttl > caps.max_ttl {
@@ -242,6 +246,18 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
         op_timeout: args.connection.op_timeout,
     };
     let kind_list: Vec<String> = kinds.iter().copied().map(CheckKind::label).collect();
+    let cut: Vec<&str> = nemesis
+        .iter()
+        .filter(|f| matches!(f, FaultKind::Partition | FaultKind::Ambiguous))
+        .map(|f| f.as_str())
+        .collect();
+    if upstreams.is_empty() && !cut.is_empty() {
+        eprintln!(
+            "distlock check: {} cannot apply to {}: it has no server connection to cut",
+            cut.join(" and "),
+            lock.backend()
+        );
+    }
     eprintln!(
         "distlock check: {} workers on {label}, {} for {} each, ttl {}, faults: {}",
         args.workers,

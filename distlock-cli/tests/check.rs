@@ -274,3 +274,28 @@ fn workers_die_with_a_killed_checking_process() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// Faults that need a server connection are named as not applying to SQLite, not dropped in
+/// silence.
+#[test]
+fn faults_that_cannot_apply_are_named() {
+    let env = Env::new();
+    let url = env.url();
+    let out = env.run(&[
+        "check",
+        "--url",
+        &url,
+        "--kind",
+        "exclusive",
+        "--duration",
+        "2s",
+        "--nemesis",
+        "partition,ambiguous",
+    ]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("partition and ambiguous cannot apply to sqlite"),
+        "{stderr}"
+    );
+}

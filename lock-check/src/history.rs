@@ -189,11 +189,20 @@ pub enum FaultKind {
     Partition,
     /// The server killed and restarted with its data directory.
     Restart,
+    /// A worker's requests reach the server but every reply is lost, then its connections
+    /// close: a request that failed on the client but took effect on the server.
+    Ambiguous,
 }
 
 impl FaultKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [Self; 4] = [Self::Pause, Self::Crash, Self::Partition, Self::Restart];
+    pub const ALL: [Self; 5] = [
+        Self::Pause,
+        Self::Crash,
+        Self::Partition,
+        Self::Restart,
+        Self::Ambiguous,
+    ];
 
     /// The name used on the command line and in reports.
     pub fn as_str(self) -> &'static str {
@@ -202,6 +211,7 @@ impl FaultKind {
             Self::Crash => "crash",
             Self::Partition => "partition",
             Self::Restart => "restart",
+            Self::Ambiguous => "ambiguous",
         }
     }
 }
@@ -220,7 +230,10 @@ impl std::str::FromStr for FaultKind {
             .into_iter()
             .find(|kind| kind.as_str() == s)
             .ok_or_else(|| {
-                format!("unknown fault {s:?} (expected pause, crash, partition or restart)")
+                format!(
+                    "unknown fault {s:?} (expected pause, crash, partition, restart or \
+                     ambiguous)"
+                )
             })
     }
 }

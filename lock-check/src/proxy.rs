@@ -1,22 +1,41 @@
-//! A TCP proxy per worker and server, to partition one worker from the server.
+//! A TCP proxy per worker and server, to partition one worker from the server or to lose the
+//! server's replies to it.
 //!
 //! While partitioned, the proxy forwards nothing in either direction and opens no upstream
 //! connection, but keeps every socket open: the worker's requests and the server's replies
 //! wait (in the proxy's sockets) as packets would in a network that drops them and retransmits,
 //! and no side sees a reset. Healing forwards what waited.
+//!
+//! While replies are lost, the worker's requests reach the server and are carried out, but
+//! every byte the server answers is dropped; when the fault heals, each connection that lost a
+//! reply is closed (its byte stream has a hole), so the worker sees its request fail or time
+//! out although the server did what it asked: the ambiguous reply of a real network.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+/// What the proxy does to a worker's traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cut {
+    /// Everything flows.
+    Open,
+    /// Nothing flows; everything waits.
+    Partition,
+    /// Requests flow; replies are dropped.
+    Replies,
+}
+
 /// A running proxy; stops (and drops its connections) when dropped.
 #[derive(Debug)]
 pub struct Proxy {
     addr: SocketAddr,
-    blocked: watch::Sender<bool>,
+    cut: watch::Sender<Cut>,
     task: JoinHandle<()>,
 }
 
@@ -29,7 +48,7 @@ impl Proxy {
     pub async fn start(upstream: String) -> std::io::Result<Self> {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
-        let (blocked, watching) = watch::channel(false);
+        let (cut, watching) = watch::channel(Cut::Open);
         let task = tokio::spawn(async move {
             let mut connections = tokio::task::JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
@@ -38,11 +57,7 @@ impl Proxy {
                 while connections.try_join_next().is_some() {}
             }
         });
-        Ok(Self {
-            addr,
-            blocked,
-            task,
-        })
+        Ok(Self { addr, cut, task })
     }
 
     /// The address workers connect to.
@@ -52,7 +67,15 @@ impl Proxy {
 
     /// Starts (`true`) or heals (`false`) the partition.
     pub fn partition(&self, on: bool) {
-        self.blocked.send_replace(on);
+        self.cut
+            .send_replace(if on { Cut::Partition } else { Cut::Open });
+    }
+
+    /// Starts (`true`) or heals (`false`) the loss of every reply; healing closes each
+    /// connection that lost one.
+    pub fn lose_replies(&self, on: bool) {
+        self.cut
+            .send_replace(if on { Cut::Replies } else { Cut::Open });
     }
 }
 
@@ -63,8 +86,8 @@ impl Drop for Proxy {
     }
 }
 
-async fn forward(client: TcpStream, upstream: String, blocked: watch::Receiver<bool>) {
-    if open(&blocked).await.is_err() {
+async fn forward(client: TcpStream, upstream: String, cut: watch::Receiver<Cut>) {
+    if flowing(&mut cut.clone()).await.is_err() {
         return;
     }
     let Ok(server) = TcpStream::connect(&upstream).await else {
@@ -73,35 +96,120 @@ async fn forward(client: TcpStream, upstream: String, blocked: watch::Receiver<b
     let _ = server.set_nodelay(true);
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
+    // Set once a reply was dropped: the connection is closed when the fault heals.
+    let holed = Arc::new(AtomicBool::new(false));
     tokio::select! {
-        _ = pump(client_read, server_write, blocked.clone()) => {}
-        _ = pump(server_read, client_write, blocked) => {}
+        () = pump(client_read, server_write, cut.clone(), false, holed.clone()) => {}
+        () = pump(server_read, client_write, cut, true, holed) => {}
     }
 }
 
-/// Waits until the partition is healed; `Err` when the proxy is gone.
-async fn open(blocked: &watch::Receiver<bool>) -> Result<(), watch::error::RecvError> {
-    let mut blocked = blocked.clone();
-    blocked.wait_for(|on| !*on).await.map(drop)
+/// Waits until traffic may flow (no partition); `Err` when the proxy is gone.
+async fn flowing(cut: &mut watch::Receiver<Cut>) -> Result<(), watch::error::RecvError> {
+    cut.wait_for(|cut| *cut != Cut::Partition).await.map(drop)
 }
 
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    blocked: watch::Receiver<bool>,
+    mut cut: watch::Receiver<Cut>,
+    replies: bool,
+    holed: Arc<AtomicBool>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        if open(&blocked).await.is_err() {
+        if flowing(&mut cut).await.is_err() {
             return;
         }
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
+        if holed.load(Ordering::SeqCst) && *cut.borrow() == Cut::Open {
+            return;
+        }
+        let n = tokio::select! {
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            // A change of the fault is looked at before reading on.
+            changed = cut.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                continue;
+            }
         };
         // Bytes read just before a partition began are held back until it heals.
-        if open(&blocked).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+        if flowing(&mut cut).await.is_err() {
             return;
         }
+        if replies && *cut.borrow() == Cut::Replies {
+            holed.store(true, Ordering::SeqCst);
+            continue;
+        }
+        if holed.load(Ordering::SeqCst) || to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An echo server that counts the bytes it received.
+    async fn echo() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("a port");
+        let addr = listener.local_addr().expect("an address").to_string();
+        let received = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = received.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = stream.read(&mut buf).await {
+                        if n == 0 {
+                            return;
+                        }
+                        counted.fetch_add(n, Ordering::SeqCst);
+                        if stream.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, received)
+    }
+
+    #[tokio::test]
+    async fn lost_replies_reach_the_server_and_the_connection_closes_on_healing() {
+        let (upstream, received) = echo().await;
+        let proxy = Proxy::start(upstream).await.expect("starts");
+        let mut client = TcpStream::connect(proxy.addr()).await.expect("connects");
+        let mut buf = [0u8; 16];
+        client.write_all(b"ping").await.expect("writes");
+        client.read_exact(&mut buf[..4]).await.expect("echoed");
+        assert_eq!(&buf[..4], b"ping");
+        proxy.lose_replies(true);
+        client.write_all(b"lost").await.expect("writes");
+        let waited =
+            tokio::time::timeout(std::time::Duration::from_millis(300), client.read(&mut buf))
+                .await;
+        assert!(waited.is_err(), "a reply came through: {waited:?}");
+        assert_eq!(
+            received.load(Ordering::SeqCst),
+            8,
+            "the request reached the server"
+        );
+        proxy.lose_replies(false);
+        let closed = tokio::time::timeout(std::time::Duration::from_secs(5), client.read(&mut buf))
+            .await
+            .expect("the holed connection is closed");
+        assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+        // A new connection works normally.
+        let mut again = TcpStream::connect(proxy.addr()).await.expect("connects");
+        again.write_all(b"pong").await.expect("writes");
+        again.read_exact(&mut buf[..4]).await.expect("echoed");
+        assert_eq!(&buf[..4], b"pong");
     }
 }

@@ -145,6 +145,7 @@ fn fault_color(kind: FaultKind) -> RGBColor {
         FaultKind::Crash => RGBColor(200, 60, 60),
         FaultKind::Partition => RGBColor(120, 80, 200),
         FaultKind::Restart => RGBColor(120, 120, 120),
+        FaultKind::Ambiguous => RGBColor(40, 160, 160),
     }
 }
 

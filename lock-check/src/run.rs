@@ -215,7 +215,9 @@ pub async fn run(
             .holder()
             .filter(|w| fleet.running.contains_key(w) && rng.random_bool(2.0 / 3.0));
         let target = match (kind, holder) {
-            (FaultKind::Pause | FaultKind::Partition, Some(holder)) => holder,
+            (FaultKind::Pause | FaultKind::Partition | FaultKind::Ambiguous, Some(holder)) => {
+                holder
+            }
             _ => ids[rng.random_range(0..ids.len())],
         };
         let hold = ttl.mul_f64(rng.random_range(1.5..3.0));
@@ -241,7 +243,7 @@ pub async fn run(
                 fleet.add().await?;
                 Some(target)
             }
-            FaultKind::Partition if upstreams.is_empty() => continue,
+            FaultKind::Partition | FaultKind::Ambiguous if upstreams.is_empty() => continue,
             FaultKind::Partition => {
                 for proxy in &fleet.running[&target].proxies {
                     proxy.partition(true);
@@ -249,6 +251,19 @@ pub async fn run(
                 tokio::time::sleep(hold).await;
                 for proxy in &fleet.running[&target].proxies {
                     proxy.partition(false);
+                }
+                Some(target)
+            }
+            FaultKind::Ambiguous => {
+                // Shorter than a partition: a holder's renewals and release, a waiter's
+                // acquire, go through unanswered, and the lease they set must still end.
+                let hold = ttl.mul_f64(rng.random_range(0.5..1.5));
+                for proxy in &fleet.running[&target].proxies {
+                    proxy.lose_replies(true);
+                }
+                tokio::time::sleep(hold).await;
+                for proxy in &fleet.running[&target].proxies {
+                    proxy.lose_replies(false);
                 }
                 Some(target)
             }
