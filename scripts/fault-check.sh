@@ -31,7 +31,7 @@ DURATION=${DISTLOCK_CHECK_DURATION:-8s}
 ETCD_DURATION=${DISTLOCK_CHECK_DURATION:-12s}
 KINDS=${DISTLOCK_CHECK_KINDS:-}
 WORKERS=${DISTLOCK_CHECK_WORKERS:-4}
-ALL_FAULTS=pause,crash,partition,restart,ambiguous
+ALL_FAULTS=pause,crash,partition,restart,ambiguous,starve
 
 for var in DISTLOCK_TEST_POSTGRES_URL DISTLOCK_TEST_MYSQL_URL DISTLOCK_TEST_POSTGRES_TLS_URL \
   DISTLOCK_TEST_MYSQL_TLS_URL DISTLOCK_TEST_REDIS_TLS_URL DISTLOCK_TEST_ETCD_TLS_URL \
@@ -53,7 +53,7 @@ R=127.0.0.1
 # config -> "group|URL|ttl|duration|faults|server to restart". A group's configurations share a
 # server and run one after the other.
 declare -A RUNS=(
-  [sqlite]="sqlite|sqlite://$OUT/check.db|1s|$DURATION|pause,crash|"
+  [sqlite]="sqlite|sqlite://$OUT/check.db|1s|$DURATION|pause,crash,starve|"
   [postgres]="postgres|$DISTLOCK_TEST_POSTGRES_URL|1s|$DURATION|$ALL_FAULTS|postgres"
   [postgres_tls]="postgres|$DISTLOCK_TEST_POSTGRES_TLS_URL|1s|$DURATION|$ALL_FAULTS|postgres"
   [mysql]="mariadb|$DISTLOCK_TEST_MYSQL_URL|1s|$DURATION|$ALL_FAULTS|mariadb"

@@ -34,7 +34,8 @@ time: pause (SIGSTOP for 1.5-3 x ttl), crash (SIGKILL, a fresh worker replaces i
 (the worker's traffic to every server held back by its own proxy, sockets kept open), restart \
 (--restart-cmd, e.g. a command that kill -9s the server and starts it again on its data), \
 ambiguous (the worker's requests reach the server but its replies are lost for 0.5-1.5 x ttl, \
-then its connections close: acquires, renewals and releases that took effect unanswered). \
+then its connections close: acquires, renewals and releases that took effect unanswered), \
+starve (the worker throttled to 5% of a CPU, SIGSTOP 95 ms in every 100 ms, for 1.5-3 x ttl). \
 Partition and ambiguous need a network server (not SQLite). The \
 merged history is judged against the backend's fencing guarantee: shared tokens, tokens out \
 of real-time order, a holder passing its check after a newer holder acquired, more holders \
@@ -70,9 +71,9 @@ pub(crate) struct CheckArgs {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
     ttl: Duration,
 
-    /// Faults to inject, comma-separated: pause, crash, partition, restart, ambiguous (none:
-    /// "").
-    #[arg(long, value_delimiter = ',', default_value = "pause,crash,partition", value_parser = parse_fault)]
+    /// Faults to inject, comma-separated: pause, crash, partition, restart, ambiguous, starve
+    /// (none: "").
+    #[arg(long, value_delimiter = ',', default_value = "pause,crash,partition,ambiguous,starve", value_parser = parse_fault)]
     nemesis: Vec<Option<FaultKind>>,
 
     /// A shell command that kill -9s the server and starts it again with its data, returning

@@ -20,6 +20,9 @@
 //!   it asked for.
 //! - [`Rule::ObserverOrder`]: an election observer reported a term older than one it had
 //!   already reported.
+//! - [`Rule::RenewedAfterRelease`]: half a ttl after a release returned, the server still
+//!   showed the released owner holding a lease that ends later than a ttl after the release:
+//!   a renewal raced the release and extended it.
 //! - [`Rule::Liveness`]: workers waited while the lock had free capacity and no fault was
 //!   active for longer than [`CheckConfig::max_gap`].
 //! - [`Rule::Starvation`]: an acquisition failed (its wait ran out, or the server refused)
@@ -82,6 +85,8 @@ pub enum Rule {
     AllOrNone,
     /// An election observer reported an older term after a newer one.
     ObserverOrder,
+    /// A lease was extended after its release.
+    RenewedAfterRelease,
     /// Waiters without a holder for too long.
     Liveness,
     /// An acquisition failed while no fault was active.
@@ -94,13 +99,14 @@ pub enum Rule {
 
 impl Rule {
     /// Every rule, in report order.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::SharedToken,
         Self::TokenOrder,
         Self::StaleCheck,
         Self::Overlap,
         Self::AllOrNone,
         Self::ObserverOrder,
+        Self::RenewedAfterRelease,
         Self::Liveness,
         Self::Starvation,
         Self::FinalAcquire,
@@ -116,6 +122,7 @@ impl Rule {
             Self::Overlap => "never more holders at once than the kind allows",
             Self::AllOrNone => "a multi-lock holds all of its locks or none",
             Self::ObserverOrder => "an observer never reports an older term",
+            Self::RenewedAfterRelease => "no lease is extended after its release",
             Self::Liveness => "waiters get the lock without stalls",
             Self::Starvation => "no acquisition fails while no fault is active",
             Self::FinalAcquire => "the lock works after every fault is healed",
@@ -257,6 +264,21 @@ pub fn check(history: &History, config: &CheckConfig) -> Verdict {
     }
     all_or_none(&acquired, &mut findings);
     observer_order(history, &mut findings);
+    for e in &history.extensions {
+        findings.push(Finding {
+            rule: Rule::RenewedAfterRelease,
+            at: e.at,
+            acqs: vec![e.acq],
+            detail: format!(
+                "{} was released, yet the server still showed it holding lock {} with {} left",
+                e.acq,
+                e.lock,
+                e.remaining_ms
+                    .map_or_else(|| "an unknown lease".to_owned(), |ms| format!("{ms} ms"))
+            ),
+            judgement: Judgement::Violation,
+        });
+    }
     starvation(history, config, &mut findings);
     let gap = longest_gap(history, config);
     if gap.0 > config.max_gap {
@@ -1142,6 +1164,26 @@ mod tests {
             "{}",
             order[0].detail
         );
+    }
+
+    #[test]
+    fn a_lease_extended_after_its_release_is_found() {
+        let mut h = clean();
+        h.extensions.push(crate::history::Extension {
+            acq: id(0, 1),
+            at: 700 * MS,
+            lock: 0,
+            remaining_ms: Some(1_900),
+        });
+        let verdict = check(&h, &config(FencingGuarantee::Linearizable));
+        let found: Vec<_> = verdict.of(Rule::RenewedAfterRelease).collect();
+        assert_eq!(found.len(), 1, "{:#?}", verdict.findings);
+        assert!(
+            found[0].detail.contains("1900 ms left"),
+            "{}",
+            found[0].detail
+        );
+        assert!(verdict.failed());
     }
 
     #[test]

@@ -122,6 +122,20 @@ pub struct Part {
     pub token: u64,
 }
 
+/// A released acquisition that the server still showed as the holder half a ttl later, with
+/// a lease extended past its release: a renewal raced the release and won.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Extension {
+    /// Which acquisition.
+    pub acq: AcqId,
+    /// When the server was read.
+    pub at: Nanos,
+    /// Which lock.
+    pub lock: u32,
+    /// What the lease had left, if the backend tells.
+    pub remaining_ms: Option<u64>,
+}
+
 /// What an election observer (`observe`) in a worker reported.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Observation {
@@ -192,16 +206,19 @@ pub enum FaultKind {
     /// A worker's requests reach the server but every reply is lost, then its connections
     /// close: a request that failed on the client but took effect on the server.
     Ambiguous,
+    /// A worker throttled to 5 % of a CPU (stopped 95 ms in every 100 ms): a starved runtime.
+    Starve,
 }
 
 impl FaultKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Pause,
         Self::Crash,
         Self::Partition,
         Self::Restart,
         Self::Ambiguous,
+        Self::Starve,
     ];
 
     /// The name used on the command line and in reports.
@@ -212,6 +229,7 @@ impl FaultKind {
             Self::Partition => "partition",
             Self::Restart => "restart",
             Self::Ambiguous => "ambiguous",
+            Self::Starve => "starve",
         }
     }
 }
@@ -231,8 +249,8 @@ impl std::str::FromStr for FaultKind {
             .find(|kind| kind.as_str() == s)
             .ok_or_else(|| {
                 format!(
-                    "unknown fault {s:?} (expected pause, crash, partition, restart or \
-                     ambiguous)"
+                    "unknown fault {s:?} (expected pause, crash, partition, restart, \
+                     ambiguous or starve)"
                 )
             })
     }
@@ -304,6 +322,9 @@ pub struct History {
     /// Every report of an election observer.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub observations: Vec<Observation>,
+    /// Every lease seen extended after its release.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extensions: Vec<Extension>,
     /// Every fault.
     pub faults: Vec<Fault>,
     /// Every worker process.

@@ -146,6 +146,7 @@ fn fault_color(kind: FaultKind) -> RGBColor {
         FaultKind::Partition => RGBColor(120, 80, 200),
         FaultKind::Restart => RGBColor(120, 120, 120),
         FaultKind::Ambiguous => RGBColor(40, 160, 160),
+        FaultKind::Starve => RGBColor(60, 160, 60),
     }
 }
 

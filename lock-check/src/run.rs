@@ -215,9 +215,10 @@ pub async fn run(
             .holder()
             .filter(|w| fleet.running.contains_key(w) && rng.random_bool(2.0 / 3.0));
         let target = match (kind, holder) {
-            (FaultKind::Pause | FaultKind::Partition | FaultKind::Ambiguous, Some(holder)) => {
-                holder
-            }
+            (
+                FaultKind::Pause | FaultKind::Partition | FaultKind::Ambiguous | FaultKind::Starve,
+                Some(holder),
+            ) => holder,
             _ => ids[rng.random_range(0..ids.len())],
         };
         let hold = ttl.mul_f64(rng.random_range(1.5..3.0));
@@ -228,6 +229,20 @@ pub async fn run(
                 let _ = kill(pid, Signal::SIGSTOP);
                 tokio::time::sleep(hold).await;
                 let _ = kill(pid, Signal::SIGCONT);
+                Some(target)
+            }
+            FaultKind::Starve => {
+                // 5 ms of CPU in every 100 ms: the holder's renewals and checks run late and
+                // seldom, as in a process throttled by its cgroup or a runtime blocked by user
+                // code.
+                let pid = fleet.running[&target].pid;
+                let until = tokio::time::Instant::now() + hold;
+                while tokio::time::Instant::now() < until {
+                    let _ = kill(pid, Signal::SIGSTOP);
+                    tokio::time::sleep(Duration::from_millis(95)).await;
+                    let _ = kill(pid, Signal::SIGCONT);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
                 Some(target)
             }
             FaultKind::Crash => {

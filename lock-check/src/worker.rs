@@ -16,7 +16,9 @@ use tokio::sync::watch;
 
 use distlock_core::backend::unpoisoned;
 
-use crate::history::{AcqId, Acquisition, Check, History, Nanos, Observation, Part, at, now};
+use crate::history::{
+    AcqId, Acquisition, Check, Extension, History, Nanos, Observation, Part, at, now,
+};
 use crate::kind::{CheckKind, Mode, Sabotage};
 use crate::register::{Access, FencedRegister};
 
@@ -101,6 +103,20 @@ pub enum Event {
         /// When.
         t: Nanos,
     },
+    /// Half a ttl after a successful release, the server still showed the acquisition as the
+    /// holder, with a lease that had been extended past the release (a renewal that raced the
+    /// release and won).
+    Extended {
+        /// Which acquisition.
+        seq: u64,
+        /// When the server was read.
+        t: Nanos,
+        /// Which lock (a multi-lock's part).
+        lock: u32,
+        /// Milliseconds the lease still had to run, if the backend tells (else it was held
+        /// at all).
+        remaining_ms: Option<u64>,
+    },
     /// The worker's election observer reported a leader.
     Observed {
         /// When.
@@ -175,12 +191,25 @@ impl Held {
         }
     }
 
-    async fn release(self) {
-        // A release that fails (the lock was lost meanwhile) is what the checks are for.
-        let _ = match self {
-            Self::One(guard) => guard.release().await,
-            Self::All(guard) => guard.release().await,
+    /// Each lock's name with the owner stored for it.
+    fn owners(&self) -> Vec<(String, String)> {
+        let guards = match self {
+            Self::One(guard) => std::slice::from_ref(guard),
+            Self::All(guard) => guard.guards(),
         };
+        guards
+            .iter()
+            .map(|g| (g.name().as_str().to_owned(), g.owner().to_owned()))
+            .collect()
+    }
+
+    /// Releases; whether the release succeeded.
+    async fn release(self) -> bool {
+        // A release that fails (the lock was lost meanwhile) is what the checks are for.
+        match self {
+            Self::One(guard) => guard.release().await.is_ok(),
+            Self::All(guard) => guard.release().await.is_ok(),
+        }
     }
 }
 
@@ -237,8 +266,57 @@ pub async fn work(
     stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let observer = observe(lock, params, sink, stop.clone());
-    let (worked, ()) = tokio::join!(hold(lock, params, register, sink, stop), observer);
+    let (released, audits) = tokio::sync::mpsc::unbounded_channel();
+    let auditor = audit(lock, params, sink, audits);
+    let (worked, (), ()) = tokio::join!(
+        hold(lock, params, register, sink, stop, released),
+        observer,
+        auditor
+    );
     worked
+}
+
+/// A release to audit: the acquisition, when its release returned, and its locks' names and
+/// owners.
+type Released = (u64, Instant, Vec<(u32, String, String)>);
+
+/// Reads the server's view half a ttl after each successful release (when a renewal of ttl/3
+/// would have fired): the released owner must not hold a lease that outlives the release by
+/// more than the ttl it had. Ends when the worker stops releasing.
+async fn audit(
+    lock: &dyn DistributedLock,
+    params: &WorkerParams,
+    sink: &dyn Sink,
+    mut audits: tokio::sync::mpsc::UnboundedReceiver<Released>,
+) {
+    while let Some((seq, released, names)) = audits.recv().await {
+        tokio::time::sleep_until((released + params.ttl / 2).into()).await;
+        for (lock_index, name, owner) in names {
+            let Ok(Some(info)) = lock.inspect(&name).await else {
+                continue;
+            };
+            if info.owner != owner {
+                continue;
+            }
+            // The last renewal before the release could set the lease to end a ttl after it
+            // at the latest (plus a margin for the server's clock and the read).
+            let latest = released + params.ttl + Duration::from_millis(50);
+            let ends = info.remaining.map(|r| Instant::now() + r);
+            if ends.is_none_or(|ends| ends > latest) {
+                sink.event(
+                    params.id,
+                    Event::Extended {
+                        seq,
+                        t: now(),
+                        lock: lock_index,
+                        remaining_ms: info
+                            .remaining
+                            .map(|r| u64::try_from(r.as_millis()).unwrap_or(u64::MAX)),
+                    },
+                );
+            }
+        }
+    }
 }
 
 /// An election run's observer: each leader `observe` reports, until `stop`.
@@ -273,6 +351,7 @@ async fn hold(
     register: &dyn Register,
     sink: &dyn Sink,
     mut stop: watch::Receiver<bool>,
+    released: tokio::sync::mpsc::UnboundedSender<Released>,
 ) -> std::io::Result<()> {
     let mut options = AcquireOptions::default()
         .with_ttl(params.ttl)
@@ -376,7 +455,21 @@ async fn hold(
             }
         }
         sink.event(id, Event::Release { seq, t: now() });
-        held.release().await;
+        let owners: Vec<(u32, String, String)> = held
+            .owners()
+            .into_iter()
+            .map(|(name, owner)| {
+                let index = parts
+                    .iter()
+                    .map(|p| p.lock)
+                    .find(|&i| params.kind.lock_name(&params.name, i) == name)
+                    .unwrap_or(0);
+                (index, name, owner)
+            })
+            .collect();
+        if held.release().await {
+            let _ = released.send((seq, Instant::now(), owners));
+        }
     }
     Ok(())
 }
@@ -486,6 +579,17 @@ impl Sink for Recorder {
                 }
                 state.holding.remove(&worker);
             }
+            Event::Extended {
+                seq,
+                t,
+                lock,
+                remaining_ms,
+            } => state.history.extensions.push(Extension {
+                acq: AcqId { worker, seq },
+                at: t,
+                lock,
+                remaining_ms,
+            }),
             Event::Observed { t, term } => state.history.observations.push(Observation {
                 worker,
                 at: t,

@@ -15,7 +15,7 @@ use distlock_core::backend::{AcquireRequest, Acquired, Attempt, Lease, LockBacke
 use distlock_core::memory::MemoryStore;
 use distlock_core::{
     AcquireOptions, Capabilities, DistributedLock, FencingGuarantee, FencingToken, LockClient,
-    Result,
+    LockInfo, Result,
 };
 
 async fn run(lock: Arc<dyn DistributedLock>, guarantee: FencingGuarantee) -> (History, Verdict) {
@@ -311,4 +311,82 @@ async fn every_sabotage_is_caught_by_its_rule() {
         assert!(found.iter().all(|f| f.judgement == Judgement::Violation));
         assert!(verdict.failed());
     }
+}
+
+/// A backend whose lease outlives its release: granted locks stay on the "server" with a full
+/// ttl left (the renewal that raced the release and won), as inspect shows.
+#[derive(Debug, Default)]
+struct Undying {
+    tokens: Arc<AtomicU64>,
+    last: Arc<std::sync::Mutex<Option<(String, u64)>>>,
+}
+
+struct GrantedTo {
+    tokens: Arc<AtomicU64>,
+    last: Arc<std::sync::Mutex<Option<(String, u64)>>>,
+    owner: String,
+}
+
+#[async_trait]
+impl Attempt for GrantedTo {
+    async fn poll(&mut self) -> Result<Step> {
+        let token = self.tokens.fetch_add(1, Ordering::SeqCst) + 1;
+        *self.last.lock().expect("not poisoned") = Some((self.owner.clone(), token));
+        Ok(Step::Acquired(Acquired::new(
+            Box::new(NoLease),
+            FencingToken::new(token),
+        )))
+    }
+    async fn abandon(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl LockBackend for Undying {
+    fn name(&self) -> &'static str {
+        "undying"
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(FencingGuarantee::Linearizable)
+    }
+    fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
+        Box::new(GrantedTo {
+            tokens: self.tokens.clone(),
+            last: self.last.clone(),
+            owner: request.owner.to_string(),
+        })
+    }
+    async fn inspect(&self, _name: &distlock_core::LockName) -> Result<Option<LockInfo>> {
+        Ok(self
+            .last
+            .lock()
+            .expect("not poisoned")
+            .clone()
+            .map(|(owner, token)| {
+                LockInfo::new(
+                    owner,
+                    Some(FencingToken::new(token)),
+                    Some(Duration::from_secs(1)),
+                )
+            }))
+    }
+}
+
+#[tokio::test]
+async fn a_lease_that_outlives_its_release_is_caught() {
+    // Every acquisition is granted at once, and inspect shows the latest grant: half a ttl
+    // after its release, a worker often still finds its own.
+    let p = params(CheckKind::Exclusive, None);
+    let lock: Arc<dyn DistributedLock> = Arc::new(LockClient::new(Undying::default()));
+    let (history, verdict) = run_with(
+        lock,
+        FencingGuarantee::Linearizable,
+        p,
+        Duration::from_millis(1500),
+    )
+    .await;
+    assert!(!history.extensions.is_empty(), "{history:#?}");
+    assert!(verdict.of(Rule::RenewedAfterRelease).count() > 0);
+    assert!(verdict.failed());
 }
