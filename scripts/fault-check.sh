@@ -21,7 +21,7 @@
 # DISTLOCK_CHECK_DURATION (per kind; default 8s, 12s for etcd, whose smallest ttl is 2 s: a
 # fault lasts up to 3 ttls and must heal before the run ends), DISTLOCK_CHECK_WORKERS (default
 # 4) and DISTLOCK_CHECK_KINDS (a comma list; default every kind the backend offers) change the
-# runs.
+# runs. Faults overlap (`--overlap`): a new one every 0.5-1.5 s, healed or not.
 set -euo pipefail
 
 REPO=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
@@ -88,7 +88,7 @@ run_one() {
   local config=$1 group url ttl duration faults server status=0 args
   IFS='|' read -r group url ttl duration faults server <<<"${RUNS[$config]}"
   args=(check --url "$url" --ttl "$ttl" --duration "$duration" --workers "$WORKERS"
-    --nemesis "$faults" --json "$OUT/$config.json" --markdown "$OUT/$config.md"
+    --nemesis "$faults" --overlap --json "$OUT/$config.json" --markdown "$OUT/$config.md"
     --svg "$OUT/$config.svg")
   if [[ -n $KINDS ]]; then
     args+=(--kind "$KINDS")

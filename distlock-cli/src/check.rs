@@ -29,14 +29,14 @@ pub(crate) const AFTER_HELP: &str = "\
 Worker processes loop on one lock of one --kind: acquire, then --steps writes, each after \
 checking that the guard is neither lost nor past valid_until, to a fenced register kept by this \
 process (it refuses a token lower than one it accepted; readers read, refused after a newer \
-writer's write); release. Each kind runs for --duration in turn, on a name of its own. Meanwhile faults are injected one at a \
-time: pause (SIGSTOP for 1.5-3 x ttl), crash (SIGKILL, a fresh worker replaces it), partition \
+writer's write); release. Each kind runs for --duration in turn, on a name of its own. \
+Meanwhile faults are injected one at a time: pause (SIGSTOP for 1.5-3 x ttl), crash (SIGKILL, a fresh worker replaces it), partition \
 (the worker's traffic to every server held back by its own proxy, sockets kept open), restart \
 (--restart-cmd, e.g. a command that kill -9s the server and starts it again on its data), \
 ambiguous (the worker's requests reach the server but its replies are lost for 0.5-1.5 x ttl, \
 then its connections close: acquires, renewals and releases that took effect unanswered), \
 starve (the worker throttled to 5% of a CPU, SIGSTOP 95 ms in every 100 ms, for 1.5-3 x ttl). \
-Partition and ambiguous need a network server (not SQLite). The \
+Partition and ambiguous need a network server (not SQLite). With --overlap, faults overlap. The \
 merged history is judged against the backend's fencing guarantee: shared tokens, tokens out \
 of real-time order, a holder passing its check after a newer holder acquired, more holders \
 passing their checks at once than the kind allows (one writer or many readers, N permits), a \
@@ -75,6 +75,12 @@ pub(crate) struct CheckArgs {
     /// (none: "").
     #[arg(long, value_delimiter = ',', default_value = "pause,crash,partition,ambiguous,starve", value_parser = parse_fault)]
     nemesis: Vec<Option<FaultKind>>,
+
+    /// Let faults overlap: a new one starts every 0.5-1.5 s whether or not the last has healed
+    /// (two workers paused together, a partition during a restart; never two faults on one
+    /// worker, never two restarts at once). Default: one at a time.
+    #[arg(long)]
+    overlap: bool,
 
     /// A shell command that kill -9s the server and starts it again with its data, returning
     /// once it serves (needed by the restart fault).
@@ -205,6 +211,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
         step_gap,
         nemesis: nemesis.clone(),
         restart_cmd: args.restart_cmd.clone(),
+        overlap: args.overlap,
     };
     let upstreams = config.validate().map_err(run_failure)?;
     let lock = args.connection.connect().await?;

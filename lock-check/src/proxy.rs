@@ -35,8 +35,27 @@ enum Cut {
 #[derive(Debug)]
 pub struct Proxy {
     addr: SocketAddr,
-    cut: watch::Sender<Cut>,
+    cut: Switch,
     task: JoinHandle<()>,
+}
+
+/// Turns a proxy's faults on and off; a clone may outlive the proxy (then it does nothing).
+#[derive(Clone, Debug)]
+pub struct Switch(Arc<watch::Sender<Cut>>);
+
+impl Switch {
+    /// Starts (`true`) or heals (`false`) the partition.
+    pub fn partition(&self, on: bool) {
+        self.0
+            .send_replace(if on { Cut::Partition } else { Cut::Open });
+    }
+
+    /// Starts (`true`) or heals (`false`) the loss of every reply; healing closes each
+    /// connection that lost one.
+    pub fn lose_replies(&self, on: bool) {
+        self.0
+            .send_replace(if on { Cut::Replies } else { Cut::Open });
+    }
 }
 
 impl Proxy {
@@ -57,7 +76,16 @@ impl Proxy {
                 while connections.try_join_next().is_some() {}
             }
         });
-        Ok(Self { addr, cut, task })
+        Ok(Self {
+            addr,
+            cut: Switch(Arc::new(cut)),
+            task,
+        })
+    }
+
+    /// The switch of this proxy's faults.
+    pub fn switch(&self) -> Switch {
+        self.cut.clone()
     }
 
     /// The address workers connect to.
@@ -67,15 +95,13 @@ impl Proxy {
 
     /// Starts (`true`) or heals (`false`) the partition.
     pub fn partition(&self, on: bool) {
-        self.cut
-            .send_replace(if on { Cut::Partition } else { Cut::Open });
+        self.cut.partition(on);
     }
 
     /// Starts (`true`) or heals (`false`) the loss of every reply; healing closes each
     /// connection that lost one.
     pub fn lose_replies(&self, on: bool) {
-        self.cut
-            .send_replace(if on { Cut::Replies } else { Cut::Open });
+        self.cut.lose_replies(on);
     }
 }
 

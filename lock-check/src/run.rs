@@ -46,6 +46,9 @@ pub struct RunConfig {
     pub nemesis: Vec<FaultKind>,
     /// The shell command that kill -9s and restarts the server, returning once it serves.
     pub restart_cmd: Option<String>,
+    /// Whether faults may overlap: a new one starts every 0.5-1.5 s whether or not the last
+    /// has healed (never two on one worker, never two restarts at once). Else one at a time.
+    pub overlap: bool,
 }
 
 /// Why a run could not be made (a finding of the checker is not an error).
@@ -202,50 +205,53 @@ pub async fn run(
     let mut rng = rand::rngs::StdRng::from_rng(&mut rand::rng());
     let ttl = config.ttl;
     let longest = ttl.mul_f64(3.0);
+    // Faults other than crashes run as tasks: one at a time, or overlapping with
+    // `config.overlap` (two workers paused together, a partition during a restart).
+    let mut active: tokio::task::JoinSet<Result<Fault, RunError>> = tokio::task::JoinSet::new();
+    let mut busy: std::collections::HashSet<Option<u32>> = std::collections::HashSet::new();
     while !config.nemesis.is_empty()
         && tokio::time::Instant::now() + longest + Duration::from_secs(1) < deadline
     {
         tokio::time::sleep(Duration::from_millis(rng.random_range(500..1500))).await;
+        while let Some(done) = active.try_join_next() {
+            let fault = done.map_err(|err| RunError::Config(format!("a fault task: {err}")))??;
+            busy.remove(&fault.worker);
+            faults.push(fault);
+        }
         let kind = config.nemesis[rng.random_range(0..config.nemesis.len())];
-        let mut ids: Vec<u32> = fleet.running.keys().copied().collect();
+        let mut ids: Vec<u32> = fleet
+            .running
+            .keys()
+            .copied()
+            .filter(|id| !busy.contains(&Some(*id)))
+            .collect();
         ids.sort_unstable();
         // A pause or a partition of the holder is the interesting case (a GC pause in the
         // critical section): aim at it two times in three.
         let holder = recorder
             .holder()
-            .filter(|w| fleet.running.contains_key(w) && rng.random_bool(2.0 / 3.0));
+            .filter(|w| ids.contains(w) && rng.random_bool(2.0 / 3.0));
         let target = match (kind, holder) {
+            (FaultKind::Restart, _) if busy.contains(&None) => continue,
+            (FaultKind::Restart, _) => None,
+            (_, _) if ids.is_empty() => continue,
             (
                 FaultKind::Pause | FaultKind::Partition | FaultKind::Ambiguous | FaultKind::Starve,
                 Some(holder),
-            ) => holder,
-            _ => ids[rng.random_range(0..ids.len())],
+            ) => Some(holder),
+            _ => Some(ids[rng.random_range(0..ids.len())]),
         };
-        let hold = ttl.mul_f64(rng.random_range(1.5..3.0));
+        let hold = match kind {
+            // Shorter than a partition: a holder's renewals and release, a waiter's acquire,
+            // go through unanswered, and the lease they set must still end.
+            FaultKind::Ambiguous => ttl.mul_f64(rng.random_range(0.5..1.5)),
+            _ => ttl.mul_f64(rng.random_range(1.5..3.0)),
+        };
         let begun = now();
-        let fault = match kind {
-            FaultKind::Pause => {
-                let pid = fleet.running[&target].pid;
-                let _ = kill(pid, Signal::SIGSTOP);
-                tokio::time::sleep(hold).await;
-                let _ = kill(pid, Signal::SIGCONT);
-                Some(target)
-            }
-            FaultKind::Starve => {
-                // 5 ms of CPU in every 100 ms: the holder's renewals and checks run late and
-                // seldom, as in a process throttled by its cgroup or a runtime blocked by user
-                // code.
-                let pid = fleet.running[&target].pid;
-                let until = tokio::time::Instant::now() + hold;
-                while tokio::time::Instant::now() < until {
-                    let _ = kill(pid, Signal::SIGSTOP);
-                    tokio::time::sleep(Duration::from_millis(95)).await;
-                    let _ = kill(pid, Signal::SIGCONT);
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                Some(target)
-            }
+        let victim = target.and_then(|id| fleet.running.get(&id));
+        let action = match kind {
             FaultKind::Crash => {
+                let target = target.unwrap_or_default();
                 if let Some(mut gone) = fleet.running.remove(&target) {
                     let _ = gone.child.start_kill();
                     let _ = gone.child.wait().await;
@@ -256,44 +262,47 @@ pub async fn run(
                     });
                 }
                 fleet.add().await?;
-                Some(target)
+                faults.push(Fault {
+                    kind,
+                    worker: Some(target),
+                    start: begun,
+                    healed: now(),
+                });
+                continue;
             }
             FaultKind::Partition | FaultKind::Ambiguous if upstreams.is_empty() => continue,
-            FaultKind::Partition => {
-                for proxy in &fleet.running[&target].proxies {
-                    proxy.partition(true);
-                }
-                tokio::time::sleep(hold).await;
-                for proxy in &fleet.running[&target].proxies {
-                    proxy.partition(false);
-                }
-                Some(target)
-            }
-            FaultKind::Ambiguous => {
-                // Shorter than a partition: a holder's renewals and release, a waiter's
-                // acquire, go through unanswered, and the lease they set must still end.
-                let hold = ttl.mul_f64(rng.random_range(0.5..1.5));
-                for proxy in &fleet.running[&target].proxies {
-                    proxy.lose_replies(true);
-                }
-                tokio::time::sleep(hold).await;
-                for proxy in &fleet.running[&target].proxies {
-                    proxy.lose_replies(false);
-                }
-                Some(target)
-            }
-            FaultKind::Restart => {
-                restart(config.restart_cmd.as_deref().unwrap_or_default()).await?;
-                None
-            }
+            FaultKind::Pause | FaultKind::Starve => match victim {
+                Some(worker) => Action::Signal(worker.pid),
+                None => continue,
+            },
+            FaultKind::Partition | FaultKind::Ambiguous => match victim {
+                Some(worker) => Action::Cut(worker.proxies.iter().map(Proxy::switch).collect()),
+                None => continue,
+            },
+            FaultKind::Restart => Action::Restart(config.restart_cmd.clone().unwrap_or_default()),
         };
-        faults.push(Fault {
-            kind,
-            worker: fault,
-            start: begun,
-            healed: now(),
+        busy.insert(target);
+        active.spawn(async move {
+            inflict(kind, action, hold).await?;
+            Ok(Fault {
+                kind,
+                worker: target,
+                start: begun,
+                healed: now(),
+            })
         });
+        if !config.overlap
+            && let Some(done) = active.join_next().await
+        {
+            let fault = done.map_err(|err| RunError::Config(format!("a fault task: {err}")))??;
+            busy.remove(&fault.worker);
+            faults.push(fault);
+        }
     }
+    while let Some(done) = active.join_next().await {
+        faults.push(done.map_err(|err| RunError::Config(format!("a fault task: {err}")))??);
+    }
+    faults.sort_by_key(|f| f.start);
     tokio::time::sleep_until(deadline).await;
     let end_at = now();
     // Stop every worker; one that is still busy after its critical section could have ended
@@ -330,6 +339,53 @@ pub async fn run(
     history.workers = ends;
     history.final_acquire = Some(final_acquire);
     Ok(history)
+}
+
+/// What a fault acts on.
+enum Action {
+    /// A worker process, by signals.
+    Signal(Pid),
+    /// A worker's proxies.
+    Cut(Vec<crate::proxy::Switch>),
+    /// The server, by the restart command.
+    Restart(String),
+}
+
+/// Injects one fault and heals it: the pause, throttle, partition or lost replies last
+/// `hold`; a restart lasts until the command returns.
+async fn inflict(kind: FaultKind, action: Action, hold: Duration) -> Result<(), RunError> {
+    match (kind, action) {
+        (FaultKind::Pause, Action::Signal(pid)) => {
+            let _ = kill(pid, Signal::SIGSTOP);
+            tokio::time::sleep(hold).await;
+            let _ = kill(pid, Signal::SIGCONT);
+        }
+        (FaultKind::Starve, Action::Signal(pid)) => {
+            // 5 ms of CPU in every 100 ms: the holder's renewals and checks run late and
+            // seldom, as in a process throttled by its cgroup or a runtime blocked by user
+            // code.
+            let until = tokio::time::Instant::now() + hold;
+            while tokio::time::Instant::now() < until {
+                let _ = kill(pid, Signal::SIGSTOP);
+                tokio::time::sleep(Duration::from_millis(95)).await;
+                let _ = kill(pid, Signal::SIGCONT);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        (FaultKind::Partition, Action::Cut(switches)) => {
+            switches.iter().for_each(|s| s.partition(true));
+            tokio::time::sleep(hold).await;
+            switches.iter().for_each(|s| s.partition(false));
+        }
+        (FaultKind::Ambiguous, Action::Cut(switches)) => {
+            switches.iter().for_each(|s| s.lose_replies(true));
+            tokio::time::sleep(hold).await;
+            switches.iter().for_each(|s| s.lose_replies(false));
+        }
+        (FaultKind::Restart, Action::Restart(cmd)) => restart(&cmd).await?,
+        _ => {}
+    }
+    Ok(())
 }
 
 /// The acquisition after healing, by a fresh client, of the run's kind: the whole lock for a
