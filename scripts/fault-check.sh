@@ -11,7 +11,8 @@
 #
 # Needs the servers of scripts/services.sh (their export lines in the environment, as
 # scripts/test.sh sets them) and builds the distlock command with every backend. Writes, per
-# configuration, target/fault-check/CONFIG.{md,json,svg,log}, then prints the "Verified under
+# configuration, target/fault-check/CONFIG.{md,json,svg,log} (DISTLOCK_CHECK_OUT: another
+# folder), then prints the "Verified under
 # faults" table of the README, a row per configuration and kind. Configurations that share no
 # server run at the same time (the
 # runs mostly wait: holds, pauses, partitions); those that share one (a restart of it would
@@ -26,7 +27,7 @@ set -euo pipefail
 
 REPO=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
 SERVICES=$REPO/scripts/services.sh
-OUT=${CARGO_TARGET_DIR:-$REPO/target}/fault-check
+OUT=${DISTLOCK_CHECK_OUT:-${CARGO_TARGET_DIR:-$REPO/target}/fault-check}
 DURATION=${DISTLOCK_CHECK_DURATION:-8s}
 ETCD_DURATION=${DISTLOCK_CHECK_DURATION:-12s}
 KINDS=${DISTLOCK_CHECK_KINDS:-}
@@ -43,8 +44,14 @@ for var in DISTLOCK_TEST_POSTGRES_URL DISTLOCK_TEST_MYSQL_URL DISTLOCK_TEST_POST
   fi
 done
 
-cargo build --quiet -p distlock-cli --features all-backends
-DISTLOCK=${CARGO_TARGET_DIR:-$REPO/target}/debug/distlock
+# DISTLOCK_CHECK_BIN: a distlock binary to run instead of building one (scripts/soak.sh runs
+# a copy, so that a rebuild during a long soak cannot pull the binary from under its workers).
+if [[ -n ${DISTLOCK_CHECK_BIN:-} ]]; then
+  DISTLOCK=$DISTLOCK_CHECK_BIN
+else
+  cargo build --quiet -p distlock-cli --features all-backends
+  DISTLOCK=${CARGO_TARGET_DIR:-$REPO/target}/debug/distlock
+fi
 mkdir -p "$OUT"
 rm -f "$OUT"/*.md "$OUT"/*.json "$OUT"/*.svg "$OUT"/*.log "$OUT"/*.row "$OUT"/*.status \
   "$OUT"/*.db*
