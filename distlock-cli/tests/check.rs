@@ -151,7 +151,15 @@ fn every_sabotage_is_caught_by_its_rule() {
 fn options_that_cannot_work_are_config_errors() {
     let env = Env::new();
     let url = env.url();
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 8] = [
+        (
+            &["--url", &url, "--duration", "0s"],
+            "a run of 0ms is too short to judge anything: give at least 2s",
+        ),
+        (
+            &["--url", &url, "--duration", "500ms", "--ttl", "200ms"],
+            "give at least 1s",
+        ),
         (
             &["--url", &url, "--kind", "permits:100000"],
             "--kind permits:100000 cannot be checked on sqlite: its semaphores have at most",

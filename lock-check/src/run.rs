@@ -102,7 +102,25 @@ impl RunConfig {
         if self.workers == 0 {
             return Err(RunError::Config("a check needs at least one worker".into()));
         }
+        let shortest = self.ttl.max(Duration::from_secs(1));
+        if self.duration < shortest {
+            return Err(RunError::Config(format!(
+                "a run of {} is too short to judge anything: give at least {} (the ttl, and \
+                 at least 1 s)",
+                fmt_duration(self.duration),
+                fmt_duration(shortest)
+            )));
+        }
         Ok(upstreams)
+    }
+}
+
+/// A duration as a person writes it: `1.5s`, `250ms`.
+fn fmt_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 && d.as_secs() > 0 && d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
     }
 }
 
@@ -314,6 +332,13 @@ pub async fn run(
     for (id, mut worker) in fleet.running {
         let end = match tokio::time::timeout(grace, worker.child.wait()).await {
             Ok(Ok(status)) if status.success() => WorkerEnd::Clean,
+            // Our own stop request, before the worker could watch for it (it was starting).
+            Ok(Ok(status))
+                if std::os::unix::process::ExitStatusExt::signal(&status)
+                    == Some(Signal::SIGTERM as i32) =>
+            {
+                WorkerEnd::Clean
+            }
             Ok(Ok(status)) => {
                 let stderr = worker.stderr.await.unwrap_or_default();
                 WorkerEnd::Failed(format!("{status}: {}", stderr.trim()))
