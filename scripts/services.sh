@@ -22,6 +22,12 @@
 #                                        brings it back)
 #   scripts/services.sh topology         one line per server of the replicated topologies: its
 #                                        current role (Redis Cluster, Sentinel, ZooKeeper ensemble)
+#   scripts/services.sh failover GROUP   kill -9 the leader of a replicated group (redis-sentinel:
+#                                        the master the Sentinels name; redis-cluster: the first
+#                                        master; etcd-cluster, zk-ensemble: the leader), wait until
+#                                        another member leads (at most 30 s), then start the old
+#                                        one again on its data (it rejoins as a follower); the
+#                                        failover fault of `distlock check`
 #
 # Only the export lines go to stdout, everything else to stderr, so this works:
 #   exports=$(scripts/services.sh start) && eval "$exports"
@@ -1184,6 +1190,81 @@ topology() {
   done
 }
 
+# leader_of GROUP: the server name of the group's current leader (empty if none answers).
+leader_of() {
+  local port n
+  case $1 in
+    redis-sentinel)
+      for port in "${REDIS_SENTINEL_PORTS[@]}"; do
+        port=$(redis_at "$port" sentinel get-master-addr-by-name "$SENTINEL_MASTER" | sed -n 2p)
+        if [[ -n $port ]]; then
+          # The Sentinels may still name a dead master: only a serving master leads.
+          [[ $(info_field "$(redis_at "$port" info replication)" role) == master ]] &&
+            printf 'redis-repl-%s\n' "$port"
+          return
+        fi
+      done
+      ;;
+    redis-cluster)
+      for port in "${REDIS_CLUSTER_PORTS[@]}"; do
+        if [[ $(info_field "$(redis_at "$port" info replication)" role) == master ]]; then
+          printf 'redis-cluster-%s\n' "$port"
+          return
+        fi
+      done
+      ;;
+    etcd-cluster)
+      for n in 1 2 3; do
+        if ETCDCTL_API=3 timeout 3 etcdctl --endpoints="http://$HOST:${CLUSTER_CLIENT_PORTS[n - 1]}" \
+          endpoint status -w simple 2>/dev/null | awk -F', ' '$5 == "true" { found = 1 } END { exit !found }'; then
+          printf 'etcd-cluster-%s\n' "$n"
+          return
+        fi
+      done
+      ;;
+    zk-ensemble)
+      for n in 1 2 3; do
+        if zk_srvr "${ZK_ENSEMBLE_CLIENT_PORTS[n - 1]}" | grep -q '^Mode: leader'; then
+          printf 'zk-ensemble-%s\n' "$n"
+          return
+        fi
+      done
+      ;;
+    *) die "failover: unknown group $1 (redis-sentinel, redis-cluster, etcd-cluster, zk-ensemble)" ;;
+  esac
+}
+
+# failover GROUP: see the usage above. For redis-cluster, the killed master is the first one
+# found (its slots' locks fail over; the others' do not), and its successor is the replica that
+# takes its place.
+failover() {
+  local group=$1 old new="" t0 deadline replicas="" port
+  t0=$(now_ms)
+  old=$(leader_of "$group")
+  [[ -n $old ]] || die "failover: $group has no leader to kill"
+  if [[ $group == redis-cluster ]]; then
+    replicas=$(redis_at "${old#redis-cluster-}" info replication |
+      sed -n 's/^slave[0-9]*:ip=[^,]*,port=\([0-9]*\).*/\1/p')
+  fi
+  crash_one "$old"
+  deadline=$((t0 + 30000))
+  while [[ -z $new ]] && (($(now_ms) < deadline)); do
+    if [[ $group == redis-cluster ]]; then
+      for port in $replicas; do
+        [[ $(info_field "$(redis_at "$port" info replication)" role) == master ]] &&
+          new=redis-cluster-$port
+      done
+    else
+      new=$(leader_of "$group")
+      [[ $new != "$old" ]] || new=""
+    fi
+    [[ -n $new ]] || sleep 0.1
+  done
+  [[ -n $new ]] || log "failover: no new leader of $group within 30 s"
+  log "failover: $old killed, $group led by ${new:-nobody} after $(($(now_ms) - t0)) ms"
+  start_servers "$old"
+}
+
 print_env() {
   local urls="" p
   for p in "${REDIS_PORTS[@]}"; do urls+="${urls:+,}redis://$HOST:$p"; done
@@ -1281,6 +1362,14 @@ main() {
     status) status ;;
     env) print_env ;;
     topology) topology ;;
+    failover)
+      [[ $# -eq 2 ]] || {
+        log "failover needs one GROUP: redis-sentinel, redis-cluster, etcd-cluster, zk-ensemble"
+        exit 2
+      }
+      lock_state
+      failover "$2"
+      ;;
     start-one | stop-one | restart-one | kill-one)
       if [[ $# -ne 2 ]] || ! is_server "$2"; then
         log "$action needs one NAME of: ${ALL_SERVERS[*]}"

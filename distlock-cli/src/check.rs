@@ -36,7 +36,8 @@ Meanwhile faults are injected one at a time: pause (SIGSTOP for 1.5-3 x ttl), cr
 ambiguous (the worker's requests reach the server but its replies are lost for 0.5-1.5 x ttl, \
 then its connections close: acquires, renewals and releases that took effect unanswered), \
 starve (the worker throttled to 5% of a CPU, SIGSTOP 95 ms in every 100 ms, for 1.5-3 x ttl). \
-Partition and ambiguous need a network server (not SQLite). With --overlap, faults overlap. The \
+Partition and ambiguous act on connections to the URL's hosts (not SQLite, nor Redis Sentinel \
+and Cluster, whose clients reach the addresses the servers announce). With --overlap, faults overlap. The \
 merged history is judged against the backend's fencing guarantee: shared tokens, tokens out \
 of real-time order, a holder passing its check after a newer holder acquired, more holders \
 passing their checks at once than the kind allows (one writer or many readers, N permits), a \
@@ -261,9 +262,10 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
         .collect();
     if upstreams.is_empty() && !cut.is_empty() {
         eprintln!(
-            "distlock check: {} cannot apply to {}: it has no server connection to cut",
+            "distlock check: {} cannot apply to {label}: its workers' connections cannot be \
+             proxied (SQLite has none; Sentinel and Cluster clients reach the addresses the \
+             servers announce)",
             cut.join(" and "),
-            lock.backend()
         );
     }
     eprintln!(
