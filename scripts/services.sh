@@ -1199,9 +1199,10 @@ leader_of() {
         port=$(redis_at "$port" sentinel get-master-addr-by-name "$SENTINEL_MASTER" | sed -n 2p)
         if [[ -n $port ]]; then
           # The Sentinels may still name a dead master: only a serving master leads.
-          [[ $(info_field "$(redis_at "$port" info replication)" role) == master ]] &&
+          if [[ $(info_field "$(redis_at "$port" info replication)" role) == master ]]; then
             printf 'redis-repl-%s\n' "$port"
-          return
+          fi
+          return 0
         fi
       done
       ;;
@@ -1251,8 +1252,9 @@ failover() {
   while [[ -z $new ]] && (($(now_ms) < deadline)); do
     if [[ $group == redis-cluster ]]; then
       for port in $replicas; do
-        [[ $(info_field "$(redis_at "$port" info replication)" role) == master ]] &&
+        if [[ $(info_field "$(redis_at "$port" info replication)" role) == master ]]; then
           new=redis-cluster-$port
+        fi
       done
     else
       new=$(leader_of "$group")
