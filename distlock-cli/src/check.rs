@@ -35,7 +35,9 @@ Meanwhile faults are injected one at a time: pause (SIGSTOP for 1.5-3 x ttl), cr
 (--restart-cmd, e.g. a command that kill -9s the server and starts it again on its data), \
 ambiguous (the worker's requests reach the server but its replies are lost for 0.5-1.5 x ttl, \
 then its connections close: acquires, renewals and releases that took effect unanswered), \
-starve (the worker throttled to 5% of a CPU, SIGSTOP 95 ms in every 100 ms, for 1.5-3 x ttl). \
+starve (the worker throttled to 5% of a CPU, SIGSTOP 95 ms in every 100 ms, for 1.5-3 x ttl), \
+lossy (the worker's traffic held back at random, in order: 1 chunk in 5 by 1-20 ms, 1 in 10 by \
+200-600 ms like a segment TCP retransmits, for 1.5-3 x ttl). \
 Partition and ambiguous act on connections to the URL's hosts (not SQLite, nor Redis Sentinel \
 and Cluster, whose clients reach the addresses the servers announce). With --overlap, faults overlap. The \
 merged history is judged against the backend's fencing guarantee: shared tokens, tokens out \
@@ -72,9 +74,9 @@ pub(crate) struct CheckArgs {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
     ttl: Duration,
 
-    /// Faults to inject, comma-separated: pause, crash, partition, restart, ambiguous, starve
-    /// (none: "").
-    #[arg(long, value_delimiter = ',', default_value = "pause,crash,partition,ambiguous,starve", value_parser = parse_fault)]
+    /// Faults to inject, comma-separated: pause, crash, partition, restart, ambiguous, starve,
+    /// lossy (none: "").
+    #[arg(long, value_delimiter = ',', default_value = "pause,crash,partition,ambiguous,starve,lossy", value_parser = parse_fault)]
     nemesis: Vec<Option<FaultKind>>,
 
     /// Let faults overlap: a new one starts every 0.5-1.5 s whether or not the last has healed
@@ -257,7 +259,12 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
     let kind_list: Vec<String> = kinds.iter().copied().map(CheckKind::label).collect();
     let cut: Vec<&str> = nemesis
         .iter()
-        .filter(|f| matches!(f, FaultKind::Partition | FaultKind::Ambiguous))
+        .filter(|f| {
+            matches!(
+                f,
+                FaultKind::Partition | FaultKind::Ambiguous | FaultKind::Lossy
+            )
+        })
         .map(|f| f.as_str())
         .collect();
     if upstreams.is_empty() && !cut.is_empty() {
@@ -265,7 +272,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
             "distlock check: {} cannot apply to {label}: its workers' connections cannot be \
              proxied (SQLite has none; Sentinel and Cluster clients reach the addresses the \
              servers announce)",
-            cut.join(" and "),
+            cut.join(", "),
         );
     }
     eprintln!(

@@ -303,7 +303,7 @@ fn faults_that_cannot_apply_are_named() {
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(
-        stderr.contains("partition and ambiguous cannot apply to sqlite://"),
+        stderr.contains("partition, ambiguous cannot apply to sqlite://"),
         "{stderr}"
     );
 }

@@ -208,17 +208,21 @@ pub enum FaultKind {
     Ambiguous,
     /// A worker throttled to 5 % of a CPU (stopped 95 ms in every 100 ms): a starved runtime.
     Starve,
+    /// A worker's traffic held back at random, in order (jitter, and retransmitted losses of
+    /// 200-600 ms).
+    Lossy,
 }
 
 impl FaultKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::Pause,
         Self::Crash,
         Self::Partition,
         Self::Restart,
         Self::Ambiguous,
         Self::Starve,
+        Self::Lossy,
     ];
 
     /// The name used on the command line and in reports.
@@ -230,6 +234,7 @@ impl FaultKind {
             Self::Restart => "restart",
             Self::Ambiguous => "ambiguous",
             Self::Starve => "starve",
+            Self::Lossy => "lossy",
         }
     }
 }
@@ -250,7 +255,7 @@ impl std::str::FromStr for FaultKind {
             .ok_or_else(|| {
                 format!(
                     "unknown fault {s:?} (expected pause, crash, partition, restart, \
-                     ambiguous or starve)"
+                     ambiguous, starve or lossy)"
                 )
             })
     }

@@ -6,6 +6,12 @@
 //! wait (in the proxy's sockets) as packets would in a network that drops them and retransmits,
 //! and no side sees a reset. Healing forwards what waited.
 //!
+//! While the link is lossy, every chunk in either direction is held back before it is
+//! forwarded, in order: mostly not at all, one in five by 1-20 ms (jitter), one in ten by
+//! 200-600 ms (a lost segment that TCP retransmits after its minimum timeout of 200 ms). A TCP
+//! stream cannot be reordered or lose bytes, so this is how loss and reordering below it reach
+//! the client; the kernel's `netem` would do the same one layer down, where it is available.
+//!
 //! While replies are lost, the worker's requests reach the server and are carried out, but
 //! every byte the server answers is dropped; when the fault heals, each connection that lost a
 //! reply is closed (its byte stream has a hole), so the worker sees its request fail or time
@@ -29,6 +35,8 @@ enum Cut {
     Partition,
     /// Requests flow; replies are dropped.
     Replies,
+    /// Everything flows, late and unevenly.
+    Lossy,
 }
 
 /// A running proxy; stops (and drops its connections) when dropped.
@@ -55,6 +63,11 @@ impl Switch {
     pub fn lose_replies(&self, on: bool) {
         self.0
             .send_replace(if on { Cut::Replies } else { Cut::Open });
+    }
+
+    /// Starts (`true`) or heals (`false`) a lossy link: chunks held back at random, in order.
+    pub fn lossy(&self, on: bool) {
+        self.0.send_replace(if on { Cut::Lossy } else { Cut::Open });
     }
 }
 
@@ -171,10 +184,25 @@ async fn pump(
             holed.store(true, Ordering::SeqCst);
             continue;
         }
+        if *cut.borrow() == Cut::Lossy {
+            tokio::time::sleep(lag()).await;
+        }
         if holed.load(Ordering::SeqCst) || to.write_all(&buf[..n]).await.is_err() {
             return;
         }
     }
+}
+
+/// How long a lossy link holds one chunk back.
+fn lag() -> std::time::Duration {
+    use rand::Rng as _;
+    let mut rng = rand::rng();
+    let ms = match rng.random_range(0..10u32) {
+        0 => rng.random_range(200..600),
+        1 | 2 => rng.random_range(1..20),
+        _ => 0,
+    };
+    std::time::Duration::from_millis(ms)
 }
 
 #[cfg(test)]
@@ -205,6 +233,34 @@ mod tests {
             }
         });
         (addr, received)
+    }
+
+    #[tokio::test]
+    async fn a_lossy_link_delivers_everything_in_order() {
+        let (upstream, _) = echo().await;
+        let proxy = Proxy::start(upstream).await.expect("starts");
+        proxy.switch().lossy(true);
+        let mut client = TcpStream::connect(proxy.addr()).await.expect("connects");
+        let sent: Vec<u8> = (0..250u8).collect();
+        for chunk in sent.chunks(25) {
+            client.write_all(chunk).await.expect("writes");
+        }
+        let mut got = vec![0u8; sent.len()];
+        client.read_exact(&mut got).await.expect("echoed");
+        assert_eq!(got, sent);
+    }
+
+    #[test]
+    fn a_lossy_link_holds_back_one_chunk_in_ten_like_a_retransmission() {
+        let lags: Vec<u128> = (0..10_000).map(|_| lag().as_millis()).collect();
+        let share = |range: std::ops::Range<u128>| {
+            lags.iter().filter(|ms| range.contains(ms)).count() as f64 / 10_000.0
+        };
+        // Binomial shares of 10,000 draws: 3 standard deviations are under 1.3 %.
+        assert!((share(200..600) - 0.1).abs() < 0.02, "{}", share(200..600));
+        assert!((share(1..20) - 0.2).abs() < 0.02, "{}", share(1..20));
+        assert!((share(0..1) - 0.7).abs() < 0.02, "{}", share(0..1));
+        assert_eq!(share(20..200) + share(600..u128::MAX), 0.0);
     }
 
     #[tokio::test]

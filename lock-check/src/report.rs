@@ -147,6 +147,7 @@ fn fault_color(kind: FaultKind) -> RGBColor {
         FaultKind::Restart => RGBColor(120, 120, 120),
         FaultKind::Ambiguous => RGBColor(40, 160, 160),
         FaultKind::Starve => RGBColor(60, 160, 60),
+        FaultKind::Lossy => RGBColor(200, 120, 200),
     }
 }
 

@@ -254,7 +254,11 @@ pub async fn run(
             (FaultKind::Restart, _) => None,
             (_, _) if ids.is_empty() => continue,
             (
-                FaultKind::Pause | FaultKind::Partition | FaultKind::Ambiguous | FaultKind::Starve,
+                FaultKind::Pause
+                | FaultKind::Partition
+                | FaultKind::Ambiguous
+                | FaultKind::Starve
+                | FaultKind::Lossy,
                 Some(holder),
             ) => Some(holder),
             _ => Some(ids[rng.random_range(0..ids.len())]),
@@ -288,12 +292,16 @@ pub async fn run(
                 });
                 continue;
             }
-            FaultKind::Partition | FaultKind::Ambiguous if upstreams.is_empty() => continue,
+            FaultKind::Partition | FaultKind::Ambiguous | FaultKind::Lossy
+                if upstreams.is_empty() =>
+            {
+                continue;
+            }
             FaultKind::Pause | FaultKind::Starve => match victim {
                 Some(worker) => Action::Signal(worker.pid),
                 None => continue,
             },
-            FaultKind::Partition | FaultKind::Ambiguous => match victim {
+            FaultKind::Partition | FaultKind::Ambiguous | FaultKind::Lossy => match victim {
                 Some(worker) => Action::Cut(worker.proxies.iter().map(Proxy::switch).collect()),
                 None => continue,
             },
@@ -406,6 +414,11 @@ async fn inflict(kind: FaultKind, action: Action, hold: Duration) -> Result<(), 
             switches.iter().for_each(|s| s.lose_replies(true));
             tokio::time::sleep(hold).await;
             switches.iter().for_each(|s| s.lose_replies(false));
+        }
+        (FaultKind::Lossy, Action::Cut(switches)) => {
+            switches.iter().for_each(|s| s.lossy(true));
+            tokio::time::sleep(hold).await;
+            switches.iter().for_each(|s| s.lossy(false));
         }
         (FaultKind::Restart, Action::Restart(cmd)) => restart(&cmd).await?,
         _ => {}
