@@ -7,7 +7,8 @@
 #
 # Usage: scripts/fault-check.sh [CONFIG...]    (default: every configuration)
 #   CONFIG: sqlite postgres postgres_tls mysql mysql_tls redis redis_fair redis_tls redlock3
-#           redlock5 etcd etcd_cluster etcd_tls zk zk_auth zk_tls
+#           redlock5 redis_sentinel redis_cluster etcd etcd_cluster etcd_tls zk zk_auth zk_tls
+#           zk_ensemble
 #
 # Needs the servers of scripts/services.sh (their export lines in the environment, as
 # scripts/test.sh sets them) and builds the distlock command with every backend. Writes, per
@@ -32,11 +33,14 @@ DURATION=${DISTLOCK_CHECK_DURATION:-8s}
 ETCD_DURATION=${DISTLOCK_CHECK_DURATION:-12s}
 KINDS=${DISTLOCK_CHECK_KINDS:-}
 WORKERS=${DISTLOCK_CHECK_WORKERS:-4}
-ALL_FAULTS=pause,crash,partition,restart,ambiguous,starve
+ALL_FAULTS=pause,crash,partition,restart,ambiguous,starve,lossy
+# The faults that need no proxy between a worker and its servers.
+HOST_FAULTS=pause,crash,restart,starve
 
 for var in DISTLOCK_TEST_POSTGRES_URL DISTLOCK_TEST_MYSQL_URL DISTLOCK_TEST_POSTGRES_TLS_URL \
   DISTLOCK_TEST_MYSQL_TLS_URL DISTLOCK_TEST_REDIS_TLS_URL DISTLOCK_TEST_ETCD_TLS_URL \
-  DISTLOCK_TEST_ZK_AUTH_URL DISTLOCK_TEST_ZK_TLS_URL; do
+  DISTLOCK_TEST_ZK_AUTH_URL DISTLOCK_TEST_ZK_TLS_URL DISTLOCK_TEST_ZK_ENSEMBLE_CONNECT \
+  DISTLOCK_TEST_REDIS_SENTINEL_URL DISTLOCK_TEST_REDIS_CLUSTER_URL; do
   if [[ -z ${!var:-} ]]; then
     echo "fault-check.sh: $var is not set: start the servers (scripts/services.sh start) and" \
       "eval their export lines first" >&2
@@ -57,28 +61,35 @@ rm -f "$OUT"/*.md "$OUT"/*.json "$OUT"/*.svg "$OUT"/*.log "$OUT"/*.row "$OUT"/*.
   "$OUT"/*.db*
 
 R=127.0.0.1
-# config -> "group|URL|ttl|duration|faults|server to restart". A group's configurations share a
-# server and run one after the other.
+# config -> "group|URL|ttl|duration|faults|services.sh arguments of the restart fault". A group's
+# configurations share a server and run one after the other. The replicated topologies' restart
+# fault is a failover: `services.sh failover GROUP` kills the leader (master), waits until
+# another member leads and starts the old one again. Sentinel and Cluster clients reach the
+# addresses the servers announce, past the workers' proxies: no partition, ambiguous or lossy
+# faults.
 declare -A RUNS=(
   [sqlite]="sqlite|sqlite://$OUT/check.db|1s|$DURATION|pause,crash,starve|"
-  [postgres]="postgres|$DISTLOCK_TEST_POSTGRES_URL|1s|$DURATION|$ALL_FAULTS|postgres"
-  [postgres_tls]="postgres|$DISTLOCK_TEST_POSTGRES_TLS_URL|1s|$DURATION|$ALL_FAULTS|postgres"
-  [mysql]="mariadb|$DISTLOCK_TEST_MYSQL_URL|1s|$DURATION|$ALL_FAULTS|mariadb"
-  [mysql_tls]="mariadb|$DISTLOCK_TEST_MYSQL_TLS_URL|1s|$DURATION|$ALL_FAULTS|mariadb"
-  [redis]="redis|redis://$R:16379|1s|$DURATION|$ALL_FAULTS|redis-16379"
-  [redis_fair]="redis|redis://$R:16379?fair=true|1s|$DURATION|$ALL_FAULTS|redis-16379"
-  [redlock3]="redis|redlock://$R:16379,$R:16380,$R:16381|1s|$DURATION|$ALL_FAULTS|redis-16380"
-  [redlock5]="redis|redlock://$R:16379,$R:16380,$R:16381,$R:16382,$R:16383|1s|$DURATION|$ALL_FAULTS|redis-16382"
-  [redis_tls]="redis-tls|$DISTLOCK_TEST_REDIS_TLS_URL|1s|$DURATION|$ALL_FAULTS|redis-tls-16390"
-  [etcd]="etcd|etcd://$R:12379|2s|$ETCD_DURATION|$ALL_FAULTS|etcd"
-  [etcd_cluster]="etcd-cluster|etcd://$R:12381,$R:12382,$R:12383|2s|$ETCD_DURATION|$ALL_FAULTS|etcd-cluster-2"
-  [etcd_tls]="etcd-tls|$DISTLOCK_TEST_ETCD_TLS_URL|2s|$ETCD_DURATION|$ALL_FAULTS|etcd-tls"
-  [zk]="zookeeper|zk://$R:12181|1s|$DURATION|$ALL_FAULTS|zookeeper"
-  [zk_auth]="zookeeper-auth|$DISTLOCK_TEST_ZK_AUTH_URL|1s|$DURATION|$ALL_FAULTS|zookeeper-auth"
-  [zk_tls]="zookeeper-auth|$DISTLOCK_TEST_ZK_TLS_URL|1s|$DURATION|$ALL_FAULTS|zookeeper-auth"
+  [postgres]="postgres|$DISTLOCK_TEST_POSTGRES_URL|1s|$DURATION|$ALL_FAULTS|restart-one postgres"
+  [postgres_tls]="postgres|$DISTLOCK_TEST_POSTGRES_TLS_URL|1s|$DURATION|$ALL_FAULTS|restart-one postgres"
+  [mysql]="mariadb|$DISTLOCK_TEST_MYSQL_URL|1s|$DURATION|$ALL_FAULTS|restart-one mariadb"
+  [mysql_tls]="mariadb|$DISTLOCK_TEST_MYSQL_TLS_URL|1s|$DURATION|$ALL_FAULTS|restart-one mariadb"
+  [redis]="redis|redis://$R:16379|1s|$DURATION|$ALL_FAULTS|restart-one redis-16379"
+  [redis_fair]="redis|redis://$R:16379?fair=true|1s|$DURATION|$ALL_FAULTS|restart-one redis-16379"
+  [redlock3]="redis|redlock://$R:16379,$R:16380,$R:16381|1s|$DURATION|$ALL_FAULTS|restart-one redis-16380"
+  [redlock5]="redis|redlock://$R:16379,$R:16380,$R:16381,$R:16382,$R:16383|1s|$DURATION|$ALL_FAULTS|restart-one redis-16382"
+  [redis_tls]="redis-tls|$DISTLOCK_TEST_REDIS_TLS_URL|1s|$DURATION|$ALL_FAULTS|restart-one redis-tls-16390"
+  [etcd]="etcd|etcd://$R:12379|2s|$ETCD_DURATION|$ALL_FAULTS|restart-one etcd"
+  [etcd_cluster]="etcd-cluster|etcd://$R:12381,$R:12382,$R:12383|2s|$ETCD_DURATION|$ALL_FAULTS|failover etcd-cluster"
+  [etcd_tls]="etcd-tls|$DISTLOCK_TEST_ETCD_TLS_URL|2s|$ETCD_DURATION|$ALL_FAULTS|restart-one etcd-tls"
+  [zk]="zookeeper|zk://$R:12181|1s|$DURATION|$ALL_FAULTS|restart-one zookeeper"
+  [zk_auth]="zookeeper-auth|$DISTLOCK_TEST_ZK_AUTH_URL|1s|$DURATION|$ALL_FAULTS|restart-one zookeeper-auth"
+  [zk_ensemble]="zk-ensemble|zk://$DISTLOCK_TEST_ZK_ENSEMBLE_CONNECT|1s|$DURATION|$ALL_FAULTS|failover zk-ensemble"
+  [redis_sentinel]="redis-sentinel|$DISTLOCK_TEST_REDIS_SENTINEL_URL|1s|$DURATION|$HOST_FAULTS|failover redis-sentinel"
+  [redis_cluster]="redis-cluster|$DISTLOCK_TEST_REDIS_CLUSTER_URL|1s|$DURATION|$HOST_FAULTS|failover redis-cluster"
+  [zk_tls]="zookeeper-auth|$DISTLOCK_TEST_ZK_TLS_URL|1s|$DURATION|$ALL_FAULTS|restart-one zookeeper-auth"
 )
 ORDER=(sqlite postgres postgres_tls mysql mysql_tls redis redis_fair redis_tls redlock3 redlock5
-  etcd etcd_cluster etcd_tls zk zk_auth zk_tls)
+  redis_sentinel redis_cluster etcd etcd_cluster etcd_tls zk zk_auth zk_tls zk_ensemble)
 if (($#)); then
   ORDER=("$@")
 fi
@@ -101,7 +112,7 @@ run_one() {
     args+=(--kind "$KINDS")
   fi
   if [[ -n $server ]]; then
-    args+=(--restart-cmd "$SERVICES restart-one $server")
+    args+=(--restart-cmd "$SERVICES $server")
   fi
   "$DISTLOCK" "${args[@]}" >"$OUT/$config.log" 2>&1 || status=$?
   echo "$status" >"$OUT/$config.status"
