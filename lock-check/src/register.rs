@@ -226,19 +226,15 @@ impl RemoteRegister {
 impl crate::worker::Register for RemoteRegister {
     async fn access(&self, access: Access) -> std::io::Result<bool> {
         use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-        let Access {
-            acq,
-            lock,
-            token,
-            step,
-            read,
-        } = access;
         let mut stream = self.stream.lock().await;
         let line = format!(
-            "{} {} {token} {step} {lock} {}\n",
-            acq.worker,
-            acq.seq,
-            if read { 'r' } else { 'w' }
+            "{} {} {} {} {} {}\n",
+            access.acq.worker,
+            access.acq.seq,
+            access.token,
+            access.step,
+            access.lock,
+            if access.read { 'r' } else { 'w' }
         );
         stream.write_all(line.as_bytes()).await?;
         stream.flush().await?;
