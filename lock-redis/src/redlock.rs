@@ -344,6 +344,10 @@ pub(crate) async fn release(lease: &RedisLease) -> Result<()> {
     }
 }
 
+/// A shared or permit holder as the masters show it: on how many, its kind, its highest counter
+/// with the first master that showed it, its shortest remaining lease (ms).
+type SeenHolder = (usize, LockKind, Option<(u64, usize)>, i64);
+
 /// The holder a majority of masters agree on, with the shortest remaining lease of that
 /// majority (no token: see [`Node::inspect`](crate::node::Node::inspect)); `None` when no
 /// majority agrees. Shared holders: those that hold on a majority, described by the one with
@@ -358,10 +362,9 @@ pub(crate) async fn inspect(shared: &Shared, keys: &LockKeys) -> Result<Option<L
     )
     .await;
     let mut held = Vec::new();
-    // Shared or permit holders: owner -> (masters, kind, highest token, shortest remaining),
-    // the token already made from the highest counter and its first master.
-    let mut holds: HashMap<String, (usize, LockKind, Option<u64>, i64)> = HashMap::new();
-    let mut highest: HashMap<String, u64> = HashMap::new();
+    // Shared or permit holders: owner -> (masters, kind, highest counter with the first master
+    // that showed it, shortest remaining).
+    let mut holds: HashMap<String, SeenHolder> = HashMap::new();
     for (index, answer) in answers.into_iter().enumerate() {
         let Ok(answer) = answer else { continue };
         match answer {
@@ -369,13 +372,13 @@ pub(crate) async fn inspect(shared: &Shared, keys: &LockKeys) -> Result<Option<L
             Holding::Exclusive { owner, pttl } => held.push((owner, pttl)),
             Holding::Holds { kind, holders } => {
                 for h in holders {
-                    let top = highest.entry(h.owner.clone()).or_insert(0);
                     let seen = holds.entry(h.owner).or_insert((0, kind, None, i64::MAX));
                     seen.0 += 1;
                     // Masters in URL order: the first to show the highest counter names it.
-                    if let Some(counter) = h.token.filter(|&c| seen.2.is_none() || c > *top) {
-                        *top = counter;
-                        seen.2 = Some(token_of(counter, index));
+                    if let Some(counter) = h.token
+                        && seen.2.is_none_or(|(top, _)| counter > top)
+                    {
+                        seen.2 = Some((counter, index));
                     }
                     seen.3 = seen.3.min(h.remaining);
                 }
@@ -389,8 +392,12 @@ pub(crate) async fn inspect(shared: &Shared, keys: &LockKeys) -> Result<Option<L
     if let Some((owner, (_, kind, token, ms))) = live.iter().max_by_key(|(_, seen)| seen.2) {
         let count = u32::try_from(live.len()).unwrap_or(u32::MAX);
         return Ok(Some(
-            LockInfo::new(owner.clone(), token.map(FencingToken::new), remaining(*ms))
-                .with_holders(*kind, count),
+            LockInfo::new(
+                owner.clone(),
+                token.map(|(counter, index)| FencingToken::new(token_of(counter, index))),
+                remaining(*ms),
+            )
+            .with_holders(*kind, count),
         ));
     }
     for (owner, _) in &held {
