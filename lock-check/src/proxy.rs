@@ -105,17 +105,6 @@ impl Proxy {
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
-
-    /// Starts (`true`) or heals (`false`) the partition.
-    pub fn partition(&self, on: bool) {
-        self.cut.partition(on);
-    }
-
-    /// Starts (`true`) or heals (`false`) the loss of every reply; healing closes each
-    /// connection that lost one.
-    pub fn lose_replies(&self, on: bool) {
-        self.cut.lose_replies(on);
-    }
 }
 
 impl Drop for Proxy {
@@ -272,7 +261,7 @@ mod tests {
         client.write_all(b"ping").await.expect("writes");
         client.read_exact(&mut buf[..4]).await.expect("echoed");
         assert_eq!(&buf[..4], b"ping");
-        proxy.lose_replies(true);
+        proxy.switch().lose_replies(true);
         client.write_all(b"lost").await.expect("writes");
         let waited =
             tokio::time::timeout(std::time::Duration::from_millis(300), client.read(&mut buf))
@@ -283,7 +272,7 @@ mod tests {
             8,
             "the request reached the server"
         );
-        proxy.lose_replies(false);
+        proxy.switch().lose_replies(false);
         let closed = tokio::time::timeout(std::time::Duration::from_secs(5), client.read(&mut buf))
             .await
             .expect("the holed connection is closed");

@@ -170,36 +170,43 @@ impl Held {
         }
     }
 
-    /// Each lock held with its token (lock 0 for a single guard).
-    fn parts(&self, params: &WorkerParams) -> Vec<Part> {
+    fn guards(&self) -> &[LockGuard] {
         match self {
-            Self::One(guard) => vec![Part {
-                lock: 0,
-                token: guard.token().get(),
-            }],
-            Self::All(guard) => guard
-                .tokens()
-                .filter_map(|(name, token)| {
-                    let lock = (0..crate::kind::MULTI_LOCKS)
-                        .find(|&i| params.kind.lock_name(&params.name, i) == name.as_str())?;
-                    Some(Part {
-                        lock,
-                        token: token.get(),
-                    })
-                })
-                .collect(),
+            Self::One(guard) => std::slice::from_ref(guard),
+            Self::All(guard) => guard.guards(),
         }
     }
 
-    /// Each lock's name with the owner stored for it.
-    fn owners(&self) -> Vec<(String, String)> {
-        let guards = match self {
-            Self::One(guard) => std::slice::from_ref(guard),
-            Self::All(guard) => guard.guards(),
-        };
-        guards
-            .iter()
-            .map(|g| (g.name().as_str().to_owned(), g.owner().to_owned()))
+    /// Each guard with the index of its lock in the run (0 for a single guard).
+    fn indexed<'a>(
+        &'a self,
+        params: &'a WorkerParams,
+    ) -> impl Iterator<Item = (u32, &'a LockGuard)> + 'a {
+        self.guards().iter().map(|guard| {
+            let index = (0..crate::kind::MULTI_LOCKS)
+                .find(|&i| params.kind.lock_name(&params.name, i) == guard.name().as_str())
+                .unwrap_or(0);
+            (index, guard)
+        })
+    }
+
+    /// Each lock held with its token.
+    fn parts(&self, params: &WorkerParams) -> Vec<Part> {
+        self.indexed(params)
+            .map(|(lock, guard)| Part {
+                lock,
+                token: guard.token().get(),
+            })
+            .collect()
+    }
+
+    /// Each lock held with its name and the owner stored for it.
+    fn owners(&self, params: &WorkerParams) -> Vec<(u32, String, String)> {
+        self.indexed(params)
+            .map(|(lock, guard)| {
+                let name = guard.name().as_str().to_owned();
+                (lock, name, guard.owner().to_owned())
+            })
             .collect()
     }
 
@@ -455,18 +462,7 @@ async fn hold(
             }
         }
         sink.event(id, Event::Release { seq, t: now() });
-        let owners: Vec<(u32, String, String)> = held
-            .owners()
-            .into_iter()
-            .map(|(name, owner)| {
-                let index = parts
-                    .iter()
-                    .map(|p| p.lock)
-                    .find(|&i| params.kind.lock_name(&params.name, i) == name)
-                    .unwrap_or(0);
-                (index, name, owner)
-            })
-            .collect();
+        let owners = held.owners(params);
         if held.release().await {
             let _ = released.send((seq, Instant::now(), owners));
         }
