@@ -400,6 +400,26 @@ impl Guard {
         }
     }
 
+    /// Releases the lock once it has been held for at least `minimum` since its acquisition
+    /// (a job that must not run again within that time); see [`LockGuard::release_after`].
+    /// Blocks until then.
+    ///
+    /// # Errors
+    /// As [`LockGuard::release`]; [`Error::BlockingInAsyncContext`] (the guard is then
+    /// released at once in the background, as a drop would).
+    pub fn release_after(mut self, minimum: Duration) -> Result<()> {
+        let guard = self.take();
+        match self.runtime.check("release_after") {
+            Ok(()) => self
+                .runtime
+                .run("release_after", guard.release_after(minimum))?,
+            Err(err) => {
+                self.runtime.release_in_background(guard);
+                Err(err)
+            }
+        }
+    }
+
     /// Stops renewal and leaves the lock to expire, as a crashed holder would; see
     /// [`LockGuard::abandon`].
     pub fn abandon(mut self) {

@@ -352,3 +352,16 @@ fn primitives_block_too() {
     assert_eq!(read.value.as_deref(), Some("node-1"));
     leader.release().unwrap();
 }
+
+/// `release_after` blocks until the minimum hold has passed, then frees the lock.
+#[test]
+fn release_after_holds_until_the_minimum() {
+    let client = blocking::connect(&format!("memory://{}", prefix())).unwrap();
+    let opts = AcquireOptions::default().with_ttl(Duration::from_millis(300));
+    let started = Instant::now();
+    let guard = client.acquire("cron-job", &opts).unwrap();
+    let minimum = Duration::from_millis(900);
+    guard.release_after(minimum).unwrap();
+    assert!(started.elapsed() >= minimum, "released before the minimum");
+    assert!(client.inspect("cron-job").unwrap().is_none());
+}

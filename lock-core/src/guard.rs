@@ -264,6 +264,60 @@ impl LockGuard {
         self.held.clone().release_on_server().await
     }
 
+    /// Waits until the lock has been held for at least `minimum`, counted from its acquisition
+    /// (the acquire request's sending), so that a job run by several schedulers does not run
+    /// again within that time on a host whose clock or timer fires a little later (ShedLock's
+    /// `lockAtLeastFor`). Call it when the work is done, then [`release`](Self::release) (or
+    /// use [`release_after`](Self::release_after), which does both).
+    ///
+    /// Renewal goes on only while the lease does not yet cover the minimum plus one operation
+    /// timeout (so that the release certainly arrives before the lease ends); then it stops,
+    /// so a holder that dies while waiting leaves a lease that ends soon after the minimum,
+    /// not a ttl later. Returns at once when the minimum has passed or the lock is lost; a
+    /// minimum too far away to represent is waited for until the lock is lost.
+    ///
+    /// Cancel safe: dropping the future ends the wait; renewal may have stopped by then, so
+    /// release the guard next rather than go on working under it.
+    pub async fn hold_at_least(&self, minimum: Duration) {
+        let held = &self.held;
+        let until = held.acquired_at.checked_add(minimum);
+        let mut renewing = true;
+        loop {
+            let now = Instant::now();
+            if until.is_some_and(|until| now >= until) || held.is_lost() {
+                return;
+            }
+            let covered =
+                until.is_some_and(|until| *lock(&held.lease_end) >= until + held.operation_timeout);
+            if renewing && covered {
+                renewing = false;
+                held.stop().raise();
+                held.watchdog.unwatch(&**held);
+                debug!(name = %held.name, "renewal stopped: the lease covers the minimum hold");
+            }
+            // Woken by the minimum, a loss, or in time to see the next renewal's lease end.
+            let step = now + (held.ttl / 6).max(Duration::from_millis(1));
+            let wake = until.map_or(step, |until| until.min(step));
+            tokio::select! {
+                () = tokio::time::sleep_until(wake.into()) => {}
+                () = held.flags.flag(LOST).raised() => return,
+            }
+        }
+    }
+
+    /// Releases the lock once it has been held for at least `minimum` since its acquisition:
+    /// [`hold_at_least`](Self::hold_at_least), then [`release`](Self::release).
+    ///
+    /// # Errors
+    /// As [`release`](Self::release).
+    ///
+    /// Cancel safe: dropping the future drops the guard, which releases the lock at once from
+    /// a background task (see [Dropping](Self#dropping)).
+    pub async fn release_after(self, minimum: Duration) -> Result<()> {
+        self.hold_at_least(minimum).await;
+        self.release().await
+    }
+
     /// Stops renewal and forgets the lock without releasing it, as a crashed holder would: the
     /// lock stays held on the server until its ttl runs out. Other reentrant guards on the same
     /// lease are abandoned too.

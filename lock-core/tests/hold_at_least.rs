@@ -1,0 +1,76 @@
+//! `LockGuard::hold_at_least` and `release_after` (ShedLock's `lockAtLeastFor`): the lock stays
+//! held until the minimum has passed, renewed while needed and no longer.
+
+use std::time::{Duration, Instant};
+
+use distlock_core::memory::{MemoryBackend, MemoryStore};
+use distlock_core::{AcquireOptions, ClientConfig, DistributedLock, LockClient, Renewal};
+
+fn client(store: &MemoryStore, operation_timeout: Duration) -> LockClient<MemoryBackend> {
+    let config = ClientConfig::default().with_operation_timeout(operation_timeout);
+    LockClient::with_config(MemoryBackend::new(store.clone()), config).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_after_keeps_the_lock_past_its_ttl_until_the_minimum() {
+    let store = MemoryStore::new();
+    let holder = client(&store, Duration::from_millis(100));
+    let other = client(&store, Duration::from_millis(100));
+    let opts = AcquireOptions::default()
+        .with_ttl(Duration::from_millis(300))
+        .with_renewal(Renewal::auto());
+    let started = Instant::now();
+    let guard = holder.acquire("job", &opts).await.unwrap();
+    let minimum = Duration::from_millis(1500);
+    let releasing = tokio::spawn(guard.release_after(minimum));
+    // Five ttls after the acquisition: still held (renewed while the minimum was not covered).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(
+        other.try_acquire("job", &opts).await.unwrap().is_none(),
+        "the lock was free before its minimum hold"
+    );
+    releasing.await.unwrap().unwrap();
+    assert!(started.elapsed() >= minimum, "released before the minimum");
+    let next = other.try_acquire("job", &opts).await.unwrap();
+    assert!(next.is_some(), "not free after the minimum");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_stops_once_the_lease_covers_the_minimum() {
+    let store = MemoryStore::new();
+    let holder = client(&store, Duration::from_millis(200));
+    let other = client(&store, Duration::from_millis(200));
+    let ttl = Duration::from_secs(2);
+    let opts = AcquireOptions::default()
+        .with_ttl(ttl)
+        .with_renewal(Renewal::auto());
+    let started = Instant::now();
+    let guard = holder.acquire("cron", &opts).await.unwrap();
+    // The first lease (2 s) covers 1 s + the operation timeout: no renewal at ttl/3.
+    guard.hold_at_least(Duration::from_secs(1)).await;
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert!(!guard.is_lost());
+    // A holder that dies now leaves the first lease, not one renewed at 0.67 s (to 2.67 s).
+    guard.abandon();
+    tokio::time::sleep_until((started + ttl + Duration::from_millis(250)).into()).await;
+    assert!(
+        other.try_acquire("cron", &opts).await.unwrap().is_some(),
+        "the lease was renewed past the minimum"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minimum_already_passed_releases_at_once() {
+    let store = MemoryStore::new();
+    let holder = client(&store, Duration::from_millis(200));
+    let opts = AcquireOptions::default().with_ttl(Duration::from_secs(5));
+    let guard = holder.acquire("done", &opts).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let begun = Instant::now();
+    guard
+        .release_after(Duration::from_millis(10))
+        .await
+        .unwrap();
+    assert!(begun.elapsed() < Duration::from_secs(1));
+    assert!(store.is_empty());
+}
