@@ -6,6 +6,8 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod password_file;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -46,9 +48,14 @@ pub use distlock_zookeeper as zookeeper;
 
 /// Connects to the lock service at `url` with the default [`ClientConfig`].
 ///
+/// Every backend with a password also takes the option `password_file=PATH`: the password is
+/// read from that file once, here (its content without one trailing newline), so that it
+/// never appears in a process's arguments or environment, and is never echoed.
+///
 /// # Errors
 /// [`Error::InvalidConfig`] for a malformed URL, [`Error::Unsupported`] for a scheme whose
-/// cargo feature is off, and the backend's connection errors.
+/// cargo feature is off or a `password_file` that cannot be read, and the backend's connection
+/// errors.
 pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
     connect_with(url, ClientConfig::default()).await
 }
@@ -65,6 +72,8 @@ pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Arc<dyn Dis
     distlock_zookeeper::install_crypto_provider();
     let url = url.trim();
     let scheme = scheme_of(url)?.to_ascii_lowercase();
+    let with_password = password_file::resolve(url, &scheme).await?;
+    let url = with_password.as_deref().unwrap_or(url);
     match scheme.as_str() {
         "memory" => {
             let store = named_memory_store(url.get("memory://".len()..).unwrap_or_default());
