@@ -24,6 +24,7 @@
 //! ```
 
 use std::fmt;
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use percent_encoding::percent_decode_str;
@@ -247,6 +248,65 @@ impl UrlOptions {
             .transpose()
     }
 
+    /// Takes `key` as a duration in [`humantime`] syntax within `range`: a value outside it
+    /// is refused before it can size a timer or a wait.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use distlock_core::service_url::ServiceUrl;
+    ///
+    /// let range = Duration::from_millis(1)..=Duration::from_secs(3600);
+    /// let mut options = ServiceUrl::parse("x://h?t=2s&u=9000h")?.options();
+    /// assert_eq!(options.duration_in("t", range.clone())?, Some(Duration::from_secs(2)));
+    /// let err = options.duration_in("u", range).unwrap_err().to_string();
+    /// assert!(err.contains("option u=9000h is out of range: expected 1ms to 1h"), "{err}");
+    /// # Ok::<(), distlock_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] as [`Self::duration`], and for a duration outside `range`
+    /// (naming the option, the value given and the range).
+    pub fn duration_in(
+        &mut self,
+        key: &str,
+        range: RangeInclusive<Duration>,
+    ) -> Result<Option<Duration>, Error> {
+        self.take(key)
+            .map(|value| {
+                parse_duration(key, &value)
+                    .and_then(|d| check_duration(key, &value, d, &range))
+                    .map_err(|why| self.error(why))
+            })
+            .transpose()
+    }
+
+    /// Takes `key` as an integer within `range`: a value outside it (also one too large for
+    /// `T`) is refused before it can size a pool or a buffer.
+    ///
+    /// ```
+    /// use distlock_core::service_url::ServiceUrl;
+    ///
+    /// let mut options = ServiceUrl::parse("x://h?a=4&b=100000000&c=x")?.options();
+    /// assert_eq!(options.integer::<u32>("a", 1..=1000)?, Some(4));
+    /// let err = options.integer::<u32>("b", 1..=1000).unwrap_err().to_string();
+    /// assert!(err.contains("option b=100000000 is out of range: expected 1 to 1000"), "{err}");
+    /// let err = options.integer::<u32>("c", 1..=1000).unwrap_err().to_string();
+    /// assert!(err.contains("option c=\"x\": expected an integer from 1 to 1000"), "{err}");
+    /// # Ok::<(), distlock_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a value that is not an integer or lies outside `range`,
+    /// naming the option, the value given and the range.
+    pub fn integer<T>(&mut self, key: &str, range: RangeInclusive<T>) -> Result<Option<T>, Error>
+    where
+        T: Copy + fmt::Display + TryFrom<i128> + Into<i128>,
+    {
+        self.take(key)
+            .map(|value| parse_integer(key, &value, &range).map_err(|why| self.error(why)))
+            .transpose()
+    }
+
     /// Takes `key` as a boolean: `true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`; a key with
     /// no value (`?fair`) is `true`.
     ///
@@ -337,6 +397,81 @@ pub fn parse_duration(key: &str, value: &str) -> Result<Duration, String> {
             echo(value)
         )),
     }
+}
+
+/// Parses `value` of option `key` as an integer within `range`.
+///
+/// # Errors
+/// A message naming `key`, the value given and the range, for a value that is not an integer
+/// or lies outside `range` (also one too large for `T` or any integer type).
+pub fn parse_integer<T>(key: &str, value: &str, range: &RangeInclusive<T>) -> Result<T, String>
+where
+    T: Copy + fmt::Display + TryFrom<i128> + Into<i128>,
+{
+    let text = value.trim();
+    let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
+    let out_of_range = || {
+        format!(
+            "option {key}={} is out of range: expected {} to {}",
+            echo(text),
+            range.start(),
+            range.end()
+        )
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "option {key}={:?}: expected an integer from {} to {}",
+            echo(value),
+            range.start(),
+            range.end()
+        ));
+    }
+    // All digits: a value that does not fit even an i128 is out of any range.
+    let wide: i128 = text.parse().map_err(|_| out_of_range())?;
+    if wide < (*range.start()).into() || wide > (*range.end()).into() {
+        return Err(out_of_range());
+    }
+    T::try_from(wide).map_err(|_| out_of_range())
+}
+
+/// Checks that `value` of option `key` (set through a builder method rather than a URL) lies
+/// within `range`, with the message of [`parse_integer`].
+///
+/// # Errors
+/// A message naming `key`, the value and the range.
+pub fn check_integer<T>(key: &str, value: T, range: &RangeInclusive<T>) -> Result<T, String>
+where
+    T: Copy + fmt::Display + PartialOrd,
+{
+    if range.contains(&value) {
+        return Ok(value);
+    }
+    Err(format!(
+        "option {key}={value} is out of range: expected {} to {}",
+        range.start(),
+        range.end()
+    ))
+}
+
+/// Checks that `value` (of option `key`, given as `given`) lies within `range`.
+///
+/// # Errors
+/// A message naming `key`, the value given and the range (in [`humantime`] syntax).
+pub fn check_duration(
+    key: &str,
+    given: &str,
+    value: Duration,
+    range: &RangeInclusive<Duration>,
+) -> Result<Duration, String> {
+    if range.contains(&value) {
+        return Ok(value);
+    }
+    Err(format!(
+        "option {key}={} is out of range: expected {} to {}",
+        echo(given.trim()),
+        humantime::format_duration(*range.start()),
+        humantime::format_duration(*range.end())
+    ))
 }
 
 /// `url` with any password (in the user info or in a query option such as `password=`) replaced
@@ -466,6 +601,20 @@ fn parse_host(host: &str) -> Result<HostPort, String> {
     if host.len() > 255 {
         return Err(format!("host {} is too long", echo(host)));
     }
+    // The port, if any: after the last ':' outside an IPv6 address's brackets.
+    let port_text = match host.rfind(']') {
+        Some(end) => host[end..].split_once(':').map(|(_, port)| port),
+        None => host.rsplit_once(':').map(|(_, port)| port),
+    };
+    if let Some(port) = port_text.filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        && port.parse::<u16>().map_or(true, |p| p == 0)
+    {
+        return Err(format!(
+            "port {} of host {} is out of range: expected 1 to 65535",
+            echo(port),
+            echo(host)
+        ));
+    }
     let parsed = url::Url::parse(&format!("x://{host}/"))
         .map_err(|err| format!("invalid host {}: {err}", echo(host)))?;
     let name = parsed
@@ -473,9 +622,6 @@ fn parse_host(host: &str) -> Result<HostPort, String> {
         .filter(|h| !h.is_empty())
         .ok_or_else(|| format!("missing host name in {}", echo(host)))?;
     let port = parsed.port();
-    if port == Some(0) {
-        return Err(format!("invalid port 0 in {}", echo(host)));
-    }
     Ok(HostPort {
         host: name.to_owned(),
         port,
@@ -518,8 +664,18 @@ mod tests {
             ("redis://", "no host"),
             ("redis://a,,b", "empty host"),
             ("redis://a:x", "invalid host"),
-            ("redis://a:0", "invalid port 0"),
-            ("redis://a:70000", "invalid host"),
+            (
+                "redis://a:0",
+                "port 0 of host a:0 is out of range: expected 1 to 65535",
+            ),
+            (
+                "redis://a:70000",
+                "port 70000 of host a:70000 is out of range: expected 1 to 65535",
+            ),
+            (
+                "redis://[::1]:99999999999999999999999",
+                "port 99999999999999999999999 of host [::1]:99999999999999999999999 is out of range",
+            ),
             ("redis://a#frag", "fragment"),
         ] {
             let err = ServiceUrl::parse(url).unwrap_err().to_string();
@@ -550,6 +706,82 @@ mod tests {
         assert!(options.duration("t").is_err());
         let err = options.finish(&["t"]).unwrap_err().to_string();
         assert!(err.contains("unknown option \"u\" (known: t)"), "{err}");
+    }
+
+    #[test]
+    fn numbers_outside_their_range_name_the_option_the_value_and_the_range() {
+        let mut options = ServiceUrl::parse(
+            "x://h?a=0&b=1001&c=99999999999999999999999999999999999999999&d=-1&e=1e3&f=&g=+7&h=1000",
+        )
+        .unwrap()
+        .options();
+        for (key, needle) in [
+            ("a", "option a=0 is out of range: expected 1 to 1000"),
+            ("b", "option b=1001 is out of range: expected 1 to 1000"),
+            (
+                "c",
+                "option c=99999999999999999999999999999999999999999 is out of range: expected 1 to 1000",
+            ),
+            ("d", "option d=-1 is out of range: expected 1 to 1000"),
+            ("e", "option e=\"1e3\": expected an integer from 1 to 1000"),
+            ("f", "option f=\"\": expected an integer from 1 to 1000"),
+        ] {
+            let err = options
+                .integer::<u32>(key, 1..=1000)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(needle), "{key}: {err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+        assert_eq!(options.integer::<u32>("g", 1..=1000).unwrap(), Some(7));
+        assert_eq!(options.integer::<u32>("h", 1..=1000).unwrap(), Some(1000));
+        assert_eq!(options.integer::<u32>("absent", 1..=1000).unwrap(), None);
+        assert_eq!(check_integer("n", 5u32, &(1..=10)), Ok(5));
+        assert_eq!(
+            check_integer("n", 0u32, &(1..=10)),
+            Err("option n=0 is out of range: expected 1 to 10".to_owned())
+        );
+        // A range as wide as the type: only the type bounds the value.
+        assert_eq!(
+            parse_integer::<u16>("p", "65535", &(0..=u16::MAX)),
+            Ok(65535)
+        );
+        assert!(
+            parse_integer::<u16>("p", "65536", &(0..=u16::MAX))
+                .unwrap_err()
+                .contains("out of range: expected 0 to 65535")
+        );
+
+        let range = Duration::from_millis(1)..=Duration::from_secs(3600);
+        let mut options = ServiceUrl::parse(
+            "x://h?a=1ms&b=1h&c=1h%201ms&d=500us&e=5&f=300000000000years&g=9999999999999years",
+        )
+        .unwrap()
+        .options();
+        assert_eq!(
+            options.duration_in("a", range.clone()).unwrap(),
+            Some(Duration::from_millis(1))
+        );
+        assert_eq!(
+            options.duration_in("b", range.clone()).unwrap(),
+            Some(Duration::from_secs(3600))
+        );
+        for (key, needle) in [
+            ("c", "option c=1h 1ms is out of range: expected 1ms to 1h"),
+            ("d", "option d=500us is out of range: expected 1ms to 1h"),
+            ("e", "needs a unit"),
+            (
+                "f",
+                "option f=300000000000years is out of range: expected 1ms to 1h",
+            ),
+            ("g", "option g=\"9999999999999years\": expected a duration"),
+        ] {
+            let err = options
+                .duration_in(key, range.clone())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(needle), "{key}: {err}");
+        }
     }
 
     #[test]
