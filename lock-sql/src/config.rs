@@ -1,5 +1,6 @@
 //! Connection settings: the database URL plus the lock table's options.
 
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use distlock_core::Error;
@@ -47,13 +48,14 @@ impl Dialect {
 /// | parameter | meaning | default |
 /// |---|---|---|
 /// | `table` | lock table name (`[A-Za-z_][A-Za-z0-9_]*`, optionally `schema.table`) | `distlock_locks` |
-/// | `pool_size` (or `max_connections`) | connections in the pool | 10 (1 for `sqlite::memory:`) |
-/// | `connect_timeout` | bound on connecting and on waiting for a pooled connection (a duration: `500ms`, `5s`) | the client's operation timeout |
-/// | `busy_timeout` | SQLite: how long a statement waits for another writer | `5s` |
+/// | `pool_size` (or `max_connections`) | connections in the pool, 1 to 1000 ([`POOL_SIZE`]) | 10 (1 for `sqlite::memory:`) |
+/// | `connect_timeout` | bound on connecting and on waiting for a pooled connection (a duration: `500ms`, `5s`), 1 ms to 1 h ([`CONNECT_TIMEOUT`]) | the client's operation timeout (within that range) |
+/// | `busy_timeout` | SQLite: how long a statement waits for another writer, 1 ms to 1 h ([`BUSY_TIMEOUT`]) | `5s` |
 /// | `synchronous` | SQLite: `normal` (WAL default, fast) or `full` (survives power loss) | `normal` |
 /// | `create_table` | create the table when missing (`true`/`false`) | `true` |
 ///
-/// Durations use [`humantime`](https://docs.rs/humantime) syntax and need a unit. The scheme is
+/// Durations use [`humantime`](https://docs.rs/humantime) syntax and need a unit. A number
+/// outside its range is an error naming the option, the value and the range. The scheme is
 /// case-insensitive.
 ///
 /// ```
@@ -107,6 +109,18 @@ impl std::fmt::Debug for SqlConfig {
 /// The default lock table.
 pub const DEFAULT_TABLE: &str = "distlock_locks";
 
+/// The pool sizes accepted (`pool_size`, `max_connections`): a pool of more connections than a
+/// database server serves would fail anyway, after allocating for all of them.
+pub const POOL_SIZE: RangeInclusive<u32> = 1..=1000;
+
+/// The connect timeouts accepted (`connect_timeout`).
+pub const CONNECT_TIMEOUT: RangeInclusive<Duration> =
+    Duration::from_millis(1)..=Duration::from_secs(3600);
+
+/// The SQLite busy timeouts accepted (`busy_timeout`; SQLite takes milliseconds in an `int`).
+pub const BUSY_TIMEOUT: RangeInclusive<Duration> =
+    Duration::from_millis(1)..=Duration::from_secs(3600);
+
 impl SqlConfig {
     /// Parses a database URL with optional lock parameters (see the table above).
     ///
@@ -130,12 +144,12 @@ impl SqlConfig {
         let base = format!("{}:{rest}", scheme.to_ascii_lowercase());
         let mut options = UrlOptions::from_query(query, url);
         let table = options.take("table");
-        let pool_size = match options.parse::<u32>("pool_size", "a positive integer")? {
+        let pool_size = match options.integer("pool_size", POOL_SIZE)? {
             Some(n) => Some(n),
-            None => options.parse::<u32>("max_connections", "a positive integer")?,
+            None => options.integer("max_connections", POOL_SIZE)?,
         };
-        let connect_timeout = options.duration("connect_timeout")?;
-        let busy_timeout = options.duration("busy_timeout")?;
+        let connect_timeout = options.duration_in("connect_timeout", CONNECT_TIMEOUT)?;
+        let busy_timeout = options.duration_in("busy_timeout", BUSY_TIMEOUT)?;
         let sync_full = match options.take("synchronous") {
             None => false,
             Some(value) => match value.to_ascii_lowercase().as_str() {
@@ -268,17 +282,20 @@ impl SqlConfig {
     /// Checks the options set through the `with_*` methods.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for a bad table name or a zero pool size or timeout.
+    /// [`Error::InvalidConfig`] for a bad table name, or a pool size or timeout outside
+    /// [`POOL_SIZE`], [`CONNECT_TIMEOUT`] or [`BUSY_TIMEOUT`].
     pub fn validate(&self) -> Result<(), Error> {
         validate_table(&self.table)?;
-        if self.max_connections == 0 {
-            return Err(Error::InvalidConfig("pool_size must be at least 1".into()));
+        service_url::check_integer("pool_size", self.max_connections, &POOL_SIZE)
+            .map_err(Error::InvalidConfig)?;
+        let duration = |key: &str, value: Duration, range: &RangeInclusive<Duration>| {
+            service_url::check_duration(key, &format!("{value:?}"), value, range)
+                .map_err(Error::InvalidConfig)
+        };
+        if let Some(timeout) = self.connect_timeout {
+            duration("connect_timeout", timeout, &CONNECT_TIMEOUT)?;
         }
-        if self.connect_timeout.is_some_and(|t| t.is_zero()) || self.busy_timeout.is_zero() {
-            return Err(Error::InvalidConfig(
-                "connect_timeout and busy_timeout must be greater than zero".into(),
-            ));
-        }
+        duration("busy_timeout", self.busy_timeout, &BUSY_TIMEOUT)?;
         Ok(())
     }
 
@@ -286,6 +303,12 @@ impl SqlConfig {
     pub fn redacted_url(&self) -> String {
         service_url::redact(&self.url)
     }
+}
+
+/// The connect timeout that follows an operation timeout `op`: `op`, within
+/// [`CONNECT_TIMEOUT`] (an operation timeout has no upper bound).
+pub(crate) fn connect_timeout_for(op: Duration) -> Duration {
+    op.clamp(*CONNECT_TIMEOUT.start(), *CONNECT_TIMEOUT.end())
 }
 
 fn dialect_of(url: &str) -> Result<Dialect, Error> {
@@ -336,6 +359,87 @@ mod tests {
                 "{url}"
             );
         }
+    }
+
+    /// Issue 47: `pool_size=100000000` was accepted and allocated gigabytes before failing.
+    /// Every numeric option has a range; a value outside it names the option, the value and
+    /// the range, in the URL and through the builder methods alike.
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn numeric_options_are_bounded() {
+        let ok =
+            SqlConfig::from_url("sqlite://x.db?pool_size=1000&connect_timeout=1h&busy_timeout=1ms")
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(ok.max_connections, 1000);
+        for (option, range) in [
+            (
+                "pool_size=100000000",
+                "pool_size=100000000 is out of range: expected 1 to 1000",
+            ),
+            (
+                "max_connections=1001",
+                "max_connections=1001 is out of range: expected 1 to 1000",
+            ),
+            (
+                "pool_size=0",
+                "pool_size=0 is out of range: expected 1 to 1000",
+            ),
+            (
+                "pool_size=-3",
+                "pool_size=-3 is out of range: expected 1 to 1000",
+            ),
+            (
+                "pool_size=99999999999999999999999",
+                "pool_size=99999999999999999999999 is out of range",
+            ),
+            (
+                "pool_size=ten",
+                "pool_size=\"ten\": expected an integer from 1 to 1000",
+            ),
+            (
+                "connect_timeout=2h",
+                "connect_timeout=2h is out of range: expected 1ms to 1h",
+            ),
+            (
+                "busy_timeout=30days",
+                "busy_timeout=30days is out of range: expected 1ms to 1h",
+            ),
+            (
+                "busy_timeout=10us",
+                "busy_timeout=10us is out of range: expected 1ms to 1h",
+            ),
+        ] {
+            let url = format!("sqlite://x.db?{option}");
+            let err = SqlConfig::from_url(&url).unwrap_err();
+            assert!(matches!(err, Error::InvalidConfig(_)), "{url}: {err:?}");
+            let err = err.to_string();
+            assert!(err.contains(range), "{url}: {err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+        let err = ok
+            .clone()
+            .with_max_connections(5000)
+            .validate()
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("option pool_size=5000 is out of range: expected 1 to 1000"),
+            "{err}"
+        );
+        let err = ok
+            .with_connect_timeout(Duration::from_secs(7200))
+            .validate()
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("option connect_timeout=7200s is out of range: expected 1ms to 1h"),
+            "{err}"
+        );
+        // An operation timeout beyond the range gives the longest connect timeout, not an error.
+        assert_eq!(
+            connect_timeout_for(Duration::from_secs(1 << 40)),
+            Duration::from_secs(3600)
+        );
     }
 
     #[test]

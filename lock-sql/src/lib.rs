@@ -195,7 +195,7 @@ mod sqlite;
 mod wake;
 
 pub use backend::{MAX_PERMITS, SqlBackend, SqlPool};
-pub use config::{DEFAULT_TABLE, Dialect, SqlConfig};
+pub use config::{BUSY_TIMEOUT, CONNECT_TIMEOUT, DEFAULT_TABLE, Dialect, POOL_SIZE, SqlConfig};
 pub use fence::{FenceConnection, FencedUpdate, SqlValue};
 
 /// Connects to the database at `url` and returns a lock client over it. This is what
@@ -246,7 +246,8 @@ pub async fn from_pool(
 ) -> Result<LockClient<SqlBackend>> {
     config.validate()?;
     let pool = pool.into();
-    let sql = SqlConfig::for_pool(&pool).with_connect_timeout(config.operation_timeout);
+    let sql = SqlConfig::for_pool(&pool)
+        .with_connect_timeout(config::connect_timeout_for(config.operation_timeout));
     let backend = SqlBackend::from_pool(pool, sql).await?;
     LockClient::with_config(backend, config)
 }
@@ -261,7 +262,7 @@ pub async fn connect_with(
 ) -> Result<LockClient<SqlBackend>> {
     config.validate()?;
     if sql.connect_timeout.is_none() {
-        sql.connect_timeout = Some(config.operation_timeout);
+        sql.connect_timeout = Some(config::connect_timeout_for(config.operation_timeout));
     }
     let backend = SqlBackend::connect(sql).await?;
     LockClient::with_config(backend, config)
