@@ -1,5 +1,6 @@
 //! Configuration: which servers, which mode, and the protocol's timing knobs.
 
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use distlock_core::Error;
@@ -45,6 +46,12 @@ use distlock_core::tls::TlsFiles;
 /// | `clock_tokens` | every fencing token is at least the server's clock in microseconds (see [`RedisConfig::clock_tokens`]) | `true` for Sentinel and Cluster, else `false` |
 /// | `wait_replicas` | an acquisition is granted only once this many replicas have it (`WAIT`; see [`RedisConfig::wait_replicas`]) | `0` |
 /// | `wait_timeout` | how long an acquisition waits for `wait_replicas` | `100ms` |
+///
+/// Numbers have ranges, and a value outside one is an error naming the option, the value and
+/// the range: the database 0 to 2147483647 ([`RedisConfig::DATABASE`]), `wait_replicas` 0 to
+/// 1000 ([`RedisConfig::WAIT_REPLICAS`]), `handoff` 1ms to 1min ([`RedisConfig::HANDOFF`]),
+/// `waiter_timeout` 30ms to 1h ([`RedisConfig::WAITER_TIMEOUT`]), `node_timeout` and
+/// `wait_timeout` 1ms to 10min ([`RedisConfig::NODE_TIMEOUT`]).
 ///
 /// ```
 /// use distlock_redis::RedisConfig;
@@ -146,6 +153,26 @@ impl std::fmt::Debug for RedisConfig {
 }
 
 impl RedisConfig {
+    /// The database numbers accepted (the URL's path, or `db=` on a socket): Redis numbers its
+    /// databases with an `int`.
+    pub const DATABASE: RangeInclusive<u32> = 0..=i32::MAX as u32;
+
+    /// The `wait_replicas` accepted.
+    pub const WAIT_REPLICAS: RangeInclusive<u32> = 0..=1000;
+
+    /// The `handoff` reservations accepted: a release reserves the lock this long for a waiter
+    /// that may be gone.
+    pub const HANDOFF: RangeInclusive<Duration> =
+        Duration::from_millis(1)..=Duration::from_secs(60);
+
+    /// The `waiter_timeout`s accepted.
+    pub const WAITER_TIMEOUT: RangeInclusive<Duration> =
+        Duration::from_millis(30)..=Duration::from_secs(3600);
+
+    /// The `node_timeout`s (Redlock) and `wait_timeout`s accepted.
+    pub const NODE_TIMEOUT: RangeInclusive<Duration> =
+        Duration::from_millis(1)..=Duration::from_secs(600);
+
     /// One master at `url` (`redis://...` or `rediss://...`).
     ///
     /// # Errors
@@ -276,12 +303,10 @@ impl RedisConfig {
         }
         let db = match db {
             "" => None,
-            db => Some(db.parse::<u32>().map_err(|_| {
-                parsed.error(format!(
-                    "the database {:?} is not a number",
-                    service_url::echo(db)
-                ))
-            })?),
+            db => Some(
+                service_url::parse_integer("database", db, &Self::DATABASE)
+                    .map_err(|why| parsed.error(why))?,
+            ),
         };
         if topology == Topology::Cluster && db.is_some_and(|db| db != 0) {
             return Err(parsed.error("a Redis Cluster has database 0 only"));
@@ -348,7 +373,7 @@ impl RedisConfig {
             ));
         }
         let mut options = UrlOptions::from_query(parsed.query().unwrap_or(""), url);
-        let db = options.parse::<u32>("db", "a database number")?;
+        let db = options.integer("db", Self::DATABASE)?;
         let user = options.take("user");
         let pass = options.take("pass").or_else(|| options.take("password"));
         let mut node =
@@ -394,22 +419,24 @@ impl RedisConfig {
         if let Some(clock) = options.bool("clock_tokens")? {
             self.clock_tokens = clock;
         }
-        if let Some(n) = options.parse::<u32>("wait_replicas", "a number of replicas")? {
+        if let Some(n) = options.integer("wait_replicas", Self::WAIT_REPLICAS)? {
             self.wait_replicas = n;
         }
-        if let Some(timeout) = options.duration("wait_timeout")? {
+        if let Some(timeout) = options.duration_in("wait_timeout", Self::NODE_TIMEOUT)? {
             self.wait_timeout = timeout;
         }
         if let Some(fair) = options.bool("fair")? {
             self.fair = fair;
         }
-        if let Some(handoff) = options.duration("handoff")? {
+        if let Some(handoff) = options.duration_in("handoff", Self::HANDOFF)? {
             self.handoff = handoff;
         }
-        if let Some(timeout) = options.duration("waiter_timeout")? {
+        if let Some(timeout) = options.duration_in("waiter_timeout", Self::WAITER_TIMEOUT)? {
             self.waiter_timeout = timeout;
         }
-        self.node_timeout = options.duration("node_timeout")?.or(self.node_timeout);
+        self.node_timeout = options
+            .duration_in("node_timeout", Self::NODE_TIMEOUT)?
+            .or(self.node_timeout);
         if let Some(name) = options.take("client_name") {
             if name.is_empty()
                 || name.len() > 64
@@ -548,14 +575,23 @@ impl RedisConfig {
         {
             return bad("wait_replicas needs redis+sentinel:// or redis+cluster://".into());
         }
-        if self.wait_replicas > 0 && self.wait_timeout.is_zero() {
-            return bad("wait_timeout must be greater than zero".into());
-        }
-        if self.handoff.is_zero() || self.waiter_timeout < Duration::from_millis(30) {
-            return bad("handoff must be > 0 and waiter_timeout >= 30 ms".into());
-        }
-        if self.node_timeout.is_some_and(|t| t.is_zero()) {
-            return bad("node_timeout must be greater than zero".into());
+        service_url::check_integer("wait_replicas", self.wait_replicas, &Self::WAIT_REPLICAS)
+            .map_err(Error::InvalidConfig)?;
+        let durations = [
+            ("wait_timeout", Some(self.wait_timeout), &Self::NODE_TIMEOUT),
+            ("handoff", Some(self.handoff), &Self::HANDOFF),
+            (
+                "waiter_timeout",
+                Some(self.waiter_timeout),
+                &Self::WAITER_TIMEOUT,
+            ),
+            ("node_timeout", self.node_timeout, &Self::NODE_TIMEOUT),
+        ];
+        for (key, value, range) in durations {
+            if let Some(value) = value {
+                service_url::check_duration(key, &format!("{value:?}"), value, range)
+                    .map_err(Error::InvalidConfig)?;
+            }
         }
         Ok(())
     }
@@ -614,6 +650,79 @@ mod tests {
         assert!(c.fair);
         let c = RedisConfig::from_url("redis://us%3Ar:p%40ss@h:1").unwrap();
         assert_eq!(c.nodes, ["redis://us%3Ar:p%40ss@h:1"]);
+    }
+
+    /// Issue 47: every number of a Redis URL has a range, and a value outside it is refused
+    /// with the option, the value and the range, in the URL and through the builders alike.
+    #[test]
+    fn numeric_options_are_bounded() {
+        let c = RedisConfig::from_url(
+            "redis+sentinel://a:1/m/2147483647?wait_replicas=1000&wait_timeout=10m&handoff=1m\
+             &waiter_timeout=1h",
+        )
+        .unwrap();
+        assert_eq!(
+            (c.wait_replicas, c.handoff),
+            (1000, Duration::from_secs(60))
+        );
+        for (url, needle) in [
+            (
+                "redis://a/2147483648",
+                "option database=2147483648 is out of range: expected 0 to 2147483647",
+            ),
+            (
+                "redis://a/99999999999999999999999",
+                "option database=99999999999999999999999 is out of range",
+            ),
+            ("redis://a/x", "option database=\"x\": expected an integer"),
+            (
+                "redis+unix:///r.sock?db=4294967296",
+                "option db=4294967296 is out of range: expected 0 to 2147483647",
+            ),
+            (
+                "redis+sentinel://a:1/m?wait_replicas=100000000",
+                "option wait_replicas=100000000 is out of range: expected 0 to 1000",
+            ),
+            (
+                "redis+sentinel://a:1/m?wait_replicas=1&wait_timeout=1h",
+                "option wait_timeout=1h is out of range: expected 1ms to 10m",
+            ),
+            (
+                "redis://a?handoff=300000000000years",
+                "option handoff=300000000000years is out of range: expected 1ms to 1m",
+            ),
+            (
+                "redis://a?waiter_timeout=10ms",
+                "option waiter_timeout=10ms is out of range: expected 30ms to 1h",
+            ),
+            (
+                "redlock://a,b,c?node_timeout=2h",
+                "option node_timeout=2h is out of range: expected 1ms to 10m",
+            ),
+        ] {
+            let err = RedisConfig::from_url(url).unwrap_err();
+            assert!(matches!(err, Error::InvalidConfig(_)), "{url}: {err:?}");
+            let err = err.to_string();
+            assert!(err.contains(needle), "{url}: {err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+        let built = RedisConfig::from_url("redis://a").unwrap();
+        let err = built
+            .clone()
+            .with_handoff(Duration::from_secs(3600))
+            .validate()
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("option handoff=3600s is out of range: expected 1ms to 1m"),
+            "{err}"
+        );
+        assert!(
+            built
+                .with_waiter_timeout(Duration::ZERO)
+                .validate()
+                .is_err()
+        );
     }
 
     #[test]
