@@ -342,7 +342,14 @@ fn normalize_endpoint(endpoint: &str) -> Result<(Option<&'static str>, String), 
     let port = match port {
         None => DEFAULT_PORT,
         Some(p) => match p.parse::<u16>() {
-            Ok(0) | Err(_) => return bad("the port must be a number in 1..=65535"),
+            Ok(0) | Err(_) => {
+                let p = distlock_core::service_url::echo(&p);
+                return bad(&if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) {
+                    format!("port {p} is out of range: expected 1 to 65535")
+                } else {
+                    format!("port {p:?}: expected a number from 1 to 65535")
+                });
+            }
             Ok(p) => p,
         },
     };
@@ -451,6 +458,21 @@ mod tests {
                 "{url}"
             );
         }
+        for (endpoint, needle) in [
+            ("a:70000", "port 70000 is out of range: expected 1 to 65535"),
+            ("http://a:0", "port 0 is out of range: expected 1 to 65535"),
+            ("a:x", "port \"x\": expected a number from 1 to 65535"),
+        ] {
+            let err = EtcdConfig::new([endpoint]).unwrap_err().to_string();
+            assert!(err.contains(needle), "{endpoint}: {err}");
+        }
+        let err = EtcdConfig::from_url("etcd://a:70000")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("port 70000 of host a:70000 is out of range: expected 1 to 65535"),
+            "{err}"
+        );
         assert!(EtcdConfig::new(Vec::<String>::new()).is_err());
         assert!(EtcdConfig::new(["https://a:1", "http://b:1"]).is_err());
         assert!(EtcdConfig::new(["unix://a"]).is_err());

@@ -125,6 +125,11 @@ impl ZkConfig {
     /// The port of a host given without one.
     pub const DEFAULT_PORT: u16 = 2181;
 
+    /// The session timeouts accepted (`session_timeout`, [`Self::with_session_timeout`]); the
+    /// servers grant at most their `maxSessionTimeout` (by default 40 s) anyway.
+    pub const SESSION_TIMEOUT: std::ops::RangeInclusive<Duration> =
+        Duration::from_millis(100)..=Duration::from_secs(24 * 3600);
+
     /// Parses a ZooKeeper connect string: `host[:port][,host[:port]...][/chroot]` (port 2181 by
     /// default).
     ///
@@ -205,7 +210,7 @@ impl ZkConfig {
             }
         }
         let mut options = parsed.options();
-        if let Some(timeout) = options.duration("session_timeout")? {
+        if let Some(timeout) = options.duration_in("session_timeout", Self::SESSION_TIMEOUT)? {
             config.session_timeout = timeout;
         }
         let mut known = vec!["session_timeout", "auth"];
@@ -373,15 +378,15 @@ impl ZkConfig {
 
     /// Checks the values that a builder may have set.
     pub(crate) fn check(&self) -> Result<()> {
-        if self.session_timeout < Duration::from_millis(100)
-            || self.session_timeout > Duration::from_secs(24 * 3600)
-        {
-            return Err(Error::InvalidConfig(format!(
-                "session timeout {:?} is outside 100ms..=24h",
-                self.session_timeout
-            )));
-        }
-        Ok(())
+        let timeout = self.session_timeout;
+        distlock_core::service_url::check_duration(
+            "session_timeout",
+            &format!("{timeout:?}"),
+            timeout,
+            &Self::SESSION_TIMEOUT,
+        )
+        .map(drop)
+        .map_err(Error::InvalidConfig)
     }
 
     /// The connect string handed to the client library (hosts only: the chroot is applied by
@@ -523,6 +528,39 @@ mod tests {
                 "{bad:?} was accepted"
             );
         }
+    }
+
+    /// Issue 47: numbers outside their range name the option, the value and the range.
+    #[test]
+    fn session_timeouts_are_bounded() {
+        for (url, needle) in [
+            (
+                "zk://h?session_timeout=99ms",
+                "option session_timeout=99ms is out of range: expected 100ms to 1day",
+            ),
+            (
+                "zk://h?session_timeout=300000000000years",
+                "option session_timeout=300000000000years is out of range",
+            ),
+            (
+                "zk://h:70000",
+                "port 70000 of host h:70000 is out of range: expected 1 to 65535",
+            ),
+        ] {
+            let err = ZkConfig::from_url(url).unwrap_err().to_string();
+            assert!(err.contains(needle), "{url}: {err}");
+        }
+        let c = ZkConfig::from_url("zk://h?session_timeout=1day").unwrap();
+        assert_eq!(c.session_timeout(), Duration::from_secs(24 * 3600));
+        let err = c
+            .with_session_timeout(Duration::from_secs(100_000))
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("option session_timeout=100000s is out of range"),
+            "{err}"
+        );
     }
 
     #[test]
