@@ -9,6 +9,8 @@
 //!   group is gone (and reap it) before it releases the lock.
 //! - When distlock runs in the foreground of a terminal, the command's group gets the terminal
 //!   (as a shell does for a job), so an interactive command can read it and Ctrl-C reaches it.
+//! - A supervisor and, where one can be made, a cgroup v2 leaf catch what the parent-death
+//!   signal does not: the processes the command started (see `contain.rs`).
 
 use std::io::IsTerminal;
 use std::process::ExitStatus;
@@ -19,6 +21,8 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal, killpg, pthread_sigmask};
 use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::{Pid, getpgrp, getpid, getppid, setpgid, tcgetpgrp, tcsetpgrp};
 use tokio::process::{Child, Command};
+
+use crate::contain::{self, Cgroup, Contain, Supervisor};
 
 /// How often the group is checked while distlock waits for it to be gone.
 const GROUP_POLL: Duration = Duration::from_millis(20);
@@ -57,32 +61,66 @@ pub(crate) fn dies_with_distlock(command: &mut Command) {
 fn arm_parent_death(parent: Pid) -> std::io::Result<()> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
     if getppid() != parent {
-        return Err(std::io::Error::other("distlock exited"));
+        // An errno, not `io::Error::other`: nothing may be allocated between fork and exec.
+        return Err(Errno::ESRCH.into());
     }
     Ok(())
 }
 
-/// The running command: the leader of its own process group.
+/// The running command: the leader of its own process group, perhaps in a cgroup of its own,
+/// watched by a supervisor.
 #[derive(Debug)]
 pub(crate) struct CommandGroup {
     child: Child,
     pgid: Pid,
+    cgroup: Option<Cgroup>,
+    supervisor: Supervisor,
     /// Whether the group was given the terminal (given back by [`CommandGroup::finish`]).
     terminal: bool,
     finished: bool,
 }
 
+/// Why the command could not be started: the command itself (not found, not executable), or
+/// what should have contained it.
+#[derive(Debug)]
+pub(crate) enum SpawnError {
+    Command(std::io::Error),
+    Contain(String),
+}
+
 impl CommandGroup {
-    /// Starts `command` in a new process group that dies with distlock (see the module docs).
+    /// Starts `command` in a new process group that dies with distlock, contained as `contain`
+    /// says (see the module docs).
     ///
     /// Must be called from the thread that lives as long as distlock (the main thread): the
     /// kernel sends the parent-death signal when the thread that forked the child exits.
-    pub(crate) fn spawn(mut command: Command) -> std::io::Result<Self> {
+    pub(crate) fn spawn(mut command: Command, contain: Contain) -> Result<Self, SpawnError> {
+        let cgroup = match contain {
+            Contain::ProcessGroup => None,
+            Contain::Auto => Cgroup::create()
+                .inspect_err(|err| tracing::debug!(%err, "no cgroup; the process group only"))
+                .ok(),
+            Contain::Cgroup => Some(Cgroup::create().map_err(|err| {
+                SpawnError::Contain(format!("--contain cgroup: cannot make a cgroup: {err}"))
+            })?),
+        };
+        let joining = match &cgroup {
+            Some(cgroup) => Some(cgroup.procs_for_joining().map_err(|err| {
+                SpawnError::Contain(format!("cannot join {}: {err}", cgroup.dir().display()))
+            })?),
+            None => None,
+        };
+        let (supervisor, announce_to) = Supervisor::start(cgroup.as_ref())
+            .map_err(|err| SpawnError::Contain(format!("cannot start the supervisor: {err}")))?;
         let parent = getpid();
         let terminal = in_terminal_foreground();
         let pre_exec = move || -> std::io::Result<()> {
             // Between fork and exec only async-signal-safe calls: these are plain syscalls.
             setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
+            if let Some(procs) = &joining {
+                contain::join(procs)?;
+            }
+            contain::announce(&announce_to)?;
             if terminal {
                 // A background group may take the terminal only with SIGTTOU blocked.
                 let ttou = SigSet::from(Signal::SIGTTOU);
@@ -94,8 +132,9 @@ impl CommandGroup {
             arm_parent_death(parent)
         };
         // SAFETY: the closure runs in the forked child before exec and makes only
-        // async-signal-safe system calls (setpgid, sigprocmask, tcsetpgrp, prctl, getppid,
-        // getpid); it allocates nothing and takes no lock.
+        // async-signal-safe system calls (setpgid, write, sigprocmask, tcsetpgrp, prctl,
+        // getppid, getpid) on values made before the fork; it allocates nothing and takes no
+        // lock.
         #[expect(
             unsafe_code,
             reason = "pre_exec is the only way to arm PR_SET_PDEATHSIG"
@@ -103,17 +142,35 @@ impl CommandGroup {
         unsafe {
             command.pre_exec(pre_exec);
         }
-        let child = command.spawn()?;
+        let spawned = command.spawn();
+        // The command's copies of the pipe and of cgroup.procs go with the closure.
+        drop(command);
+        let child = match spawned {
+            Ok(child) => child,
+            Err(err) => {
+                if let Some(cgroup) = &cgroup {
+                    cgroup.remove();
+                }
+                return Err(SpawnError::Command(err));
+            }
+        };
         let pid = child
             .id()
             .and_then(|id| i32::try_from(id).ok())
-            .ok_or_else(|| std::io::Error::other("the command has no process id"))?;
+            .ok_or_else(|| SpawnError::Contain("the command has no process id".into()))?;
         Ok(Self {
             child,
             pgid: Pid::from_raw(pid),
+            cgroup,
+            supervisor,
             terminal,
             finished: false,
         })
+    }
+
+    /// Whether the command is contained by a cgroup (else by its process group only).
+    pub(crate) fn in_cgroup(&self) -> bool {
+        self.cgroup.is_some()
     }
 
     /// Waits for the command (the group leader) to exit. Cancel-safe.
@@ -121,27 +178,24 @@ impl CommandGroup {
         self.child.wait().await
     }
 
-    /// Sends `signal` to every process of the group.
+    /// Sends `signal` to every process of the group (a signal passed on, as a shell does).
     pub(crate) fn signal(&self, signal: Signal) {
         // ESRCH: the group is gone already.
         let _ = killpg(self.pgid, signal);
     }
 
-    /// SIGTERM to the group, then SIGKILL after `grace` if the command has not exited; returns
-    /// its status when it could be collected.
-    pub(crate) async fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
-        self.signal(Signal::SIGTERM);
-        match tokio::time::timeout(grace, self.child.wait()).await {
-            Ok(status) => status.ok(),
-            Err(_) => {
-                eprintln!(
-                    "distlock: the command ignored SIGTERM for {}; killing it",
-                    humantime::format_duration(grace)
-                );
-                self.signal(Signal::SIGKILL);
-                self.child.wait().await.ok()
-            }
+    /// Sends `signal` to everything the command started: its group, and its cgroup if any.
+    pub(crate) fn signal_all(&self, signal: Signal) {
+        self.signal(signal);
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.signal(signal);
         }
+    }
+
+    /// Whether a process of the command is left (its group, or its cgroup).
+    fn any_left(&self) -> bool {
+        killpg(self.pgid, None) != Err(Errno::ESRCH)
+            || self.cgroup.as_ref().is_some_and(Cgroup::populated)
     }
 
     /// After the command exited: waits until no process of its group is left (SIGTERM to the
@@ -153,7 +207,7 @@ impl CommandGroup {
         let mut killed_at = None;
         loop {
             reap_orphans();
-            if killpg(self.pgid, None) == Err(Errno::ESRCH) {
+            if !self.any_left() {
                 break;
             }
             let waited = started.elapsed();
@@ -165,12 +219,12 @@ impl CommandGroup {
                          terminating them before the lock is released"
                     );
                 }
-                self.signal(Signal::SIGTERM);
+                self.signal_all(Signal::SIGTERM);
             } else if killed_at.is_none() && waited >= grace {
                 if !quiet {
                     eprintln!("distlock: processes of the command ignored SIGTERM; killing them");
                 }
-                self.signal(Signal::SIGKILL);
+                self.signal_all(Signal::SIGKILL);
                 killed_at = Some(waited);
             } else if killed_at.is_some_and(|at| waited >= at + AFTER_KILL) {
                 // Only zombies that another process must reap can be left after SIGKILL.
@@ -179,6 +233,10 @@ impl CommandGroup {
             tokio::time::sleep(GROUP_POLL).await;
         }
         self.give_back_terminal();
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.remove();
+        }
+        self.supervisor.done();
         self.finished = true;
     }
 
@@ -204,7 +262,8 @@ impl Drop for CommandGroup {
     /// without the lock.
     fn drop(&mut self) {
         if !self.finished {
-            self.signal(Signal::SIGKILL);
+            // The supervisor (told nothing) kills what is left when distlock exits.
+            self.signal_all(Signal::SIGKILL);
             self.give_back_terminal();
         }
     }

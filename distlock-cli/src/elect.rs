@@ -3,7 +3,7 @@
 use distlock::Error;
 
 use crate::exit::Failure;
-use crate::run::{Held, Holding, Role, run_holding};
+use crate::run::{After, Held, Holding, Role, run_holding};
 
 pub(crate) const AFTER_HELP: &str = "\
 Waits until this candidate is the leader of the election NAME (a lock name held exclusively),
@@ -45,6 +45,7 @@ pub(crate) async fn elect(args: ElectArgs, quiet: bool) -> Result<u8, Failure> {
         &args.name,
         Role::Leader,
         quiet,
+        After::default(),
         |locks, opts| async move {
             match locks.campaign(&name, &value, &opts).await {
                 Ok(guard) => {

@@ -21,6 +21,7 @@ mod bench_counters;
 mod bench_metrics;
 mod check;
 mod child;
+mod contain;
 mod elect;
 mod exit;
 mod leader;
@@ -241,6 +242,10 @@ fn log_filter(quiet: bool, verbose: u8) -> tracing_subscriber::EnvFilter {
 }
 
 fn main() -> ExitCode {
+    // `run`'s supervisor: distlock re-executed, before anything else (see contain.rs).
+    if let Some(code) = contain::supervisor_main() {
+        return code;
+    }
     let cli = Cli::parse();
     let stderr_is_terminal = std::io::stderr().is_terminal();
     let logs = tracing_subscriber::fmt()

@@ -2,7 +2,7 @@
 
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use distlock::{AcquireOptions, DistributedLock, Error, LockGuard, LockKind, Renewal};
 use nix::sys::signal::Signal;
@@ -10,29 +10,43 @@ use tokio::process::Command;
 use tokio::signal::unix::SignalKind;
 
 use crate::Connection;
-use crate::child::CommandGroup;
+use crate::child::{CommandGroup, SpawnError};
+use crate::contain::Contain;
 use crate::exit::{BUSY, CONFIG, Failure, LOST, NOT_EXECUTABLE, NOT_FOUND, OTHER};
 
 pub(crate) const AFTER_HELP: &str = "\
 CMD gets DISTLOCK_FENCING_TOKEN (strictly increasing per lock name: pass it to the resource you
-protect) and DISTLOCK_LOCK_NAME. The lock is renewed every ttl/3 while CMD runs. CMD runs in a
-process group of its own; the lock is released only once no process of that group is left.
+protect) and DISTLOCK_LOCK_NAME, but not DISTLOCK_URL or DISTLOCK_PASSWORD_FILE (they may hold
+a password; --pass-url passes them on). The lock is renewed every ttl/3 while CMD runs. CMD
+runs in a process group of its own (and a cgroup of its own where one can be made: --contain);
+the lock is released only once no process of it is left.
 
-Signals and failures:
-  lock lost (renewal refused, server unreachable past the lease): SIGTERM to CMD's group,
-      SIGKILL after --grace; exit 76.
+The command never runs past the lease:
+  renewals failing (server unreachable): SIGTERM to everything CMD started when the lease has
+      min(--grace, ttl/3) + K left, SIGKILL when K is left (K = 100 ms, or ttl/10 if less),
+      so that it is dead before the lease can end on the server and another holder start;
+      exit 76. A renewal that succeeds in between does not undo the SIGTERM.
+  lock lost (renewal refused, session expired, lease ran out): SIGKILL at once; exit 76.
   SIGINT, SIGTERM, SIGHUP, SIGQUIT to distlock: passed on to CMD's group; distlock releases
       the lock when the group is gone and exits with CMD's status. While still waiting for
       the lock: exit 128+N at once, nothing was run.
-  SIGKILL of distlock, a crash, the OOM killer: the kernel kills CMD (PR_SET_PDEATHSIG); the
-      lock expires after its ttl. Processes CMD started are not signalled by the kernel.
-  CMD exits, leaving processes in its group: they get SIGTERM (SIGKILL after --grace), then
-      the lock is released.
+  SIGKILL of distlock, a crash, the OOM killer: the kernel kills CMD (PR_SET_PDEATHSIG) and a
+      supervisor process kills the rest of its group, and of its cgroup (which also holds the
+      processes that left the group with setsid); the lock expires after its ttl.
+  CMD exits, leaving processes behind: they get SIGTERM (SIGKILL after --grace), then the lock
+      is released.
+
+Cron (the same job on several hosts, run once):
+  --skip-if-held: try once; if the lock is held, print nothing and exit 80.
+  --hold-at-least 5m: keep the lock until 5 minutes after it was taken, even if CMD ends
+      sooner, so a host whose cron fires a little later does not run the job again. Renewal
+      stops once the lease covers the minimum; a signal to distlock releases at once.
 
 Examples:
   distlock run --name backup -- pg_dump -f /backups/db.sql mydb
   distlock run --name deploy --wait 0 -- make deploy      # give up at once if held (exit 75)
-  distlock run --name job --ttl 10s --wait 2m -- ./job.sh";
+  distlock run --name job --ttl 10s --wait 2m -- ./job.sh
+  */5 * * * * distlock run --name report --skip-if-held --hold-at-least 4m -- ./report.sh";
 
 /// The flags of every command that runs CMD while holding a lock (`run`, `elect`).
 #[derive(Debug, clap::Args)]
@@ -48,10 +62,22 @@ pub(crate) struct Holding {
     #[arg(long, value_parser = humantime::parse_duration)]
     wait: Option<Duration>,
 
-    /// Time between SIGTERM and SIGKILL when the lock is lost, and for processes the command
-    /// left running in its group.
+    /// Time between SIGTERM and SIGKILL for processes the command left running, and the
+    /// warning before the lease ends when renewals fail (at most ttl/3: the command is always
+    /// dead before the lease ends).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     grace: Duration,
+
+    /// What holds the command's processes together: a cgroup v2 leaf (catches processes that
+    /// leave the process group; needs a writable cgroup hierarchy), the process group, or
+    /// auto (a cgroup where one can be made).
+    #[arg(long, value_enum, default_value = "auto")]
+    contain: Contain,
+
+    /// Pass DISTLOCK_URL and DISTLOCK_PASSWORD_FILE on to the command (removed by default:
+    /// they may hold or lead to a password).
+    #[arg(long)]
+    pass_url: bool,
 
     /// The command and its arguments.
     #[arg(required = true, last = true, value_name = "CMD")]
@@ -74,6 +100,16 @@ pub(crate) struct RunArgs {
     /// name must give the same N.
     #[arg(long, value_name = "N")]
     permits: Option<u64>,
+
+    /// For cron: try once and, if the lock is held elsewhere, print nothing and exit 80 (not
+    /// an error); the same as --wait 0 with its own exit code.
+    #[arg(long, conflicts_with = "wait")]
+    skip_if_held: bool,
+
+    /// Keep the lock until this long after it was taken, even if the command ends sooner (it
+    /// is released at once on a signal to distlock). Renewal stops once the lease covers it.
+    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+    hold_at_least: Option<Duration>,
 
     #[command(flatten)]
     holding: Holding,
@@ -126,14 +162,21 @@ impl Role {
     }
 }
 
-pub(crate) async fn run(args: RunArgs, quiet: bool) -> Result<u8, Failure> {
+pub(crate) async fn run(mut args: RunArgs, quiet: bool) -> Result<u8, Failure> {
     let kind = args.kind()?;
     let name = args.name.clone();
-    run_holding(
+    if args.skip_if_held {
+        args.holding.wait = Some(Duration::ZERO);
+    }
+    let after = After {
+        hold_at_least: args.hold_at_least,
+    };
+    let ran = run_holding(
         &args.holding,
         &args.name,
         Role::Lock,
         quiet,
+        after,
         |locks, opts| async move {
             if !locks.capabilities().supports(kind) {
                 let flag = if kind == LockKind::Shared {
@@ -163,19 +206,38 @@ pub(crate) async fn run(args: RunArgs, quiet: bool) -> Result<u8, Failure> {
             }))
         },
     )
-    .await
+    .await;
+    match ran {
+        Err(failure) if args.skip_if_held && failure.code == BUSY => {
+            tracing::info!("lock {:?} is held elsewhere: skipped", args.name);
+            Ok(SKIPPED)
+        }
+        other => other,
+    }
+}
+
+/// `run --skip-if-held`: the lock was held elsewhere, nothing was run.
+pub(crate) const SKIPPED: u8 = 80;
+
+/// What happens after the command ended, before the release.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct After {
+    /// Keep the lock until this long after it was taken.
+    pub(crate) hold_at_least: Option<Duration>,
 }
 
 /// Runs the command of `holding` while holding what `take` acquires (given the connection and
 /// the options of `holding`), as `run` and `elect` do: waits for it (a notice after a second,
-/// signals end the wait at once), runs the command in its own process group, terminates the
-/// group when the lock is lost (exit 76), passes signals on, and releases once the group is
-/// gone. `take` returns `None` when the wait ran out.
+/// signals end the wait at once), runs the command contained (process group, cgroup,
+/// supervisor), kills it before the lease can end when renewals fail or at once when the lock
+/// is lost (exit 76), passes signals on, waits as `after` says, and releases once the command's
+/// processes are gone. `take` returns `None` when the wait ran out.
 pub(crate) async fn run_holding<F, Fut>(
     holding: &Holding,
     name: &str,
     role: Role,
     quiet: bool,
+    after: After,
     take: F,
 ) -> Result<u8, Failure>
 where
@@ -212,24 +274,74 @@ where
     };
     crate::child::become_subreaper();
     let mut group = spawn(holding, name, &held)?;
+    tracing::info!(
+        cgroup = group.in_cgroup(),
+        "the command runs in its process group{}",
+        if group.in_cgroup() {
+            " and a cgroup of its own"
+        } else {
+            ""
+        }
+    );
     let guard = held.guard;
+    let deadline = Deadline::new(guard.ttl(), holding.grace);
     let lost = guard.lost();
     tokio::pin!(lost);
-    let grace = holding.grace;
+    let mut terminated = false;
     let status = loop {
+        let until = guard.valid_until();
+        let (term_at, kill_at) = deadline.signals(until);
         tokio::select! {
             status = group.wait() => break status.map_err(|e| Failure::new(OTHER, format!("waiting for the command: {e}")))?,
             reason = &mut lost => {
-                eprintln!("distlock: {} ({reason}); terminating the command", role.lost(name));
-                group.terminate(grace).await;
-                group.finish(grace, quiet).await;
+                eprintln!("distlock: {} ({reason}); killing the command", role.lost(name));
+                group.signal_all(Signal::SIGKILL);
+                let _ = group.wait().await;
+                group.finish(Duration::ZERO, true).await;
+                return Ok(LOST);
+            }
+            () = tokio::time::sleep_until(term_at.into()), if !terminated => {
+                if guard.valid_until() > until {
+                    continue; // renewed meanwhile
+                }
+                terminated = true;
+                eprintln!(
+                    "distlock: renewals of {name:?} are failing and its lease ends in {}; \
+                     terminating the command",
+                    humantime::format_duration(deadline.term_lead)
+                );
+                group.signal_all(Signal::SIGTERM);
+            }
+            () = tokio::time::sleep_until(kill_at.into()), if terminated => {
+                if guard.valid_until() > until {
+                    continue;
+                }
+                eprintln!("distlock: the lease of {name:?} is about to end; killing the command");
+                group.signal_all(Signal::SIGKILL);
+                let _ = group.wait().await;
+                group.finish(Duration::ZERO, true).await;
                 return Ok(LOST);
             }
             signal = signals.recv() => group.signal(signal),
         }
     };
-    // Stragglers of the command's group stop before the lock is released, never after.
-    group.finish(grace, quiet).await;
+    // Stragglers of the command stop before the lock is released, never after. They too must
+    // be gone before the lease ends.
+    tokio::select! {
+        () = group.finish(holding.grace, quiet) => {}
+        () = tokio::time::sleep_until(deadline.signals(guard.valid_until()).1.into()) => {
+            group.signal_all(Signal::SIGKILL);
+            group.finish(Duration::ZERO, true).await;
+        }
+    }
+    if let Some(minimum) = after.hold_at_least {
+        tokio::select! {
+            () = guard.hold_at_least(minimum) => {}
+            signal = signals.recv() => {
+                tracing::info!(%signal, "released before --hold-at-least on a signal");
+            }
+        }
+    }
     let was_lost = guard.is_lost();
     match guard.release().await {
         Ok(()) if !was_lost => {}
@@ -240,8 +352,41 @@ where
         }
         Err(err) => eprintln!("distlock: release failed ({err}); the lock expires after its ttl"),
     }
+    if terminated {
+        return Ok(LOST);
+    }
     Ok(exit_code(status))
 }
+
+/// When the command is signalled before its lease ends, if renewals stop succeeding.
+#[derive(Clone, Copy, Debug)]
+struct Deadline {
+    /// SIGKILL this long before the lease's end (as the guard sees it, drift already off).
+    kill_lead: Duration,
+    /// SIGTERM this long before the lease's end.
+    term_lead: Duration,
+}
+
+impl Deadline {
+    /// At most 100 ms (ttl/10 for short ttls) for the kill to land; the warning before it is
+    /// --grace, at most ttl/3 (a lease renewed on time keeps 2/3 of the ttl ahead).
+    fn new(ttl: Duration, grace: Duration) -> Self {
+        let kill_lead = (ttl / 10).min(KILL_LEAD);
+        Self {
+            kill_lead,
+            term_lead: kill_lead + grace.min(ttl / 3),
+        }
+    }
+
+    /// When to send SIGTERM and SIGKILL for a lease valid until `until`.
+    fn signals(self, until: Instant) -> (Instant, Instant) {
+        let before = |lead| until.checked_sub(lead).unwrap_or(until);
+        (before(self.term_lead), before(self.kill_lead))
+    }
+}
+
+/// The most time allowed between SIGKILL and the lease's end.
+const KILL_LEAD: Duration = Duration::from_millis(100);
 
 /// After this long without the lock, a waiting `run` says so (once).
 const WAIT_NOTICE: Duration = Duration::from_secs(1);
@@ -331,15 +476,26 @@ fn spawn(holding: &Holding, name: &str, held: &Held) -> Result<CommandGroup, Fai
         .env("DISTLOCK_LOCK_NAME", name)
         .envs(held.env.iter().map(|(key, value)| (key, value)))
         .stdin(Stdio::inherit());
-    CommandGroup::spawn(command).map_err(|err| {
-        let code = match err.kind() {
-            std::io::ErrorKind::NotFound => NOT_FOUND,
-            std::io::ErrorKind::PermissionDenied => NOT_EXECUTABLE,
-            _ => OTHER,
-        };
-        Failure::new(code, format!("cannot run {program:?}: {err}"))
+    if !holding.pass_url {
+        for secret in CREDENTIAL_VARIABLES {
+            command.env_remove(secret);
+        }
+    }
+    CommandGroup::spawn(command, holding.contain).map_err(|err| match err {
+        SpawnError::Command(err) => {
+            let code = match err.kind() {
+                std::io::ErrorKind::NotFound => NOT_FOUND,
+                std::io::ErrorKind::PermissionDenied => NOT_EXECUTABLE,
+                _ => OTHER,
+            };
+            Failure::new(code, format!("cannot run {program:?}: {err}"))
+        }
+        SpawnError::Contain(why) => Failure::new(OTHER, why),
     })
 }
+
+/// The variables distlock reads a password (or the way to one) from: not passed to CMD.
+const CREDENTIAL_VARIABLES: [&str; 2] = ["DISTLOCK_URL", "DISTLOCK_PASSWORD_FILE"];
 
 fn exit_code(status: ExitStatus) -> u8 {
     use std::os::unix::process::ExitStatusExt;

@@ -43,3 +43,11 @@ impl Env {
         self.distlock(args).output().expect("run distlock")
     }
 }
+
+/// Whether process `pid` runs (a zombie has ended: it only waits to be reaped).
+pub(crate) fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
+        !state.is_some_and(|s| s.starts_with('Z') || s.starts_with('X'))
+    })
+}
