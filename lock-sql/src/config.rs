@@ -43,7 +43,9 @@ impl Dialect {
 /// How the backend connects and which table it uses.
 ///
 /// Built from a URL by [`SqlConfig::from_url`]; the lock options are query parameters that are
-/// removed before the URL is handed to sqlx (everything else, e.g. `sslmode`, is passed on):
+/// removed before the URL is handed to sqlx. sqlx's own options (`sslmode` and the others of
+/// PostgreSQL and MySQL, SQLite's `mode`, `cache`, `immutable`, `vfs`) are passed on; any other
+/// option is an error that lists the known ones:
 ///
 /// | parameter | meaning | default |
 /// |---|---|---|
@@ -165,7 +167,8 @@ impl SqlConfig {
             },
         };
         let create_table = options.bool("create_table")?.unwrap_or(true);
-        // Everything else (sslmode, SQLite's mode, ...) is sqlx's.
+        check_sqlx_options(dialect, &options)?;
+        // The rest (sslmode, SQLite's mode, ...) is sqlx's.
         let mut passed = url::form_urlencoded::Serializer::new(String::new());
         for (key, value) in options.remaining() {
             passed.append_pair(key, value);
@@ -311,6 +314,89 @@ pub(crate) fn connect_timeout_for(op: Duration) -> Duration {
     op.clamp(*CONNECT_TIMEOUT.start(), *CONNECT_TIMEOUT.end())
 }
 
+/// The lock's own URL options, taken out before the URL goes to sqlx.
+const LOCK_OPTIONS: &[&str] = &[
+    "table",
+    "pool_size",
+    "max_connections",
+    "connect_timeout",
+    "busy_timeout",
+    "synchronous",
+    "create_table",
+];
+
+/// The options sqlx 0.9 reads from each database's URL (PostgreSQL's `options[NAME]` too).
+/// sqlx refuses other SQLite options but ignores other PostgreSQL and MySQL ones, so a
+/// misspelt `sslmode` would silently leave TLS to its default.
+fn sqlx_options(dialect: Dialect) -> &'static [&'static str] {
+    match dialect {
+        Dialect::Sqlite => &["mode", "cache", "immutable", "vfs"],
+        Dialect::Postgres => &[
+            "sslmode",
+            "ssl-mode",
+            "sslrootcert",
+            "ssl-root-cert",
+            "ssl-ca",
+            "sslcert",
+            "ssl-cert",
+            "sslkey",
+            "ssl-key",
+            "statement-cache-capacity",
+            "host",
+            "hostaddr",
+            "port",
+            "dbname",
+            "user",
+            "password",
+            "application_name",
+            "options",
+        ],
+        Dialect::MySql => &[
+            "sslmode",
+            "ssl-mode",
+            "sslca",
+            "ssl-ca",
+            "sslcert",
+            "ssl-cert",
+            "sslkey",
+            "ssl-key",
+            "charset",
+            "collation",
+            "statement-cache-capacity",
+            "socket",
+            "timezone",
+            "time-zone",
+        ],
+    }
+}
+
+/// Refuses an option that neither the lock nor sqlx knows, listing the known ones, as every
+/// backend does.
+fn check_sqlx_options(dialect: Dialect, options: &UrlOptions) -> Result<(), Error> {
+    let sqlx = sqlx_options(dialect);
+    let mut rest = options.clone();
+    for key in sqlx {
+        rest.take(key);
+    }
+    if dialect == Dialect::Postgres {
+        let named: Vec<String> = rest
+            .remaining()
+            .iter()
+            .map(|(key, _)| key.clone())
+            .filter(|key| key.starts_with("options[") && key.ends_with(']'))
+            .collect();
+        for key in named {
+            rest.take(&key);
+        }
+    }
+    let mut known = LOCK_OPTIONS.to_vec();
+    known.extend_from_slice(sqlx);
+    if dialect == Dialect::Postgres {
+        known.push("options[NAME]");
+    }
+    rest.finish(&known)
+}
+
 fn dialect_of(url: &str) -> Result<Dialect, Error> {
     let scheme = url.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
     match scheme.as_deref() {
@@ -440,6 +526,53 @@ mod tests {
             connect_timeout_for(Duration::from_secs(1 << 40)),
             Duration::from_secs(3600)
         );
+    }
+
+    /// Issue 47 (and the README: "an unknown option is an error that lists the known ones"):
+    /// sqlx said only "unknown query parameter `bogus`" for SQLite, and ignored a misspelt
+    /// PostgreSQL or MySQL option (`sslmdoe=verify-full`: TLS left at its default).
+    #[test]
+    fn an_unknown_option_lists_the_known_ones() {
+        for (dialect, url, known) in [
+            (
+                Dialect::Sqlite,
+                "sqlite:///tmp/x.db?table=t&bogus=1",
+                "unknown option \"bogus\" (known: table, pool_size, max_connections, \
+                 connect_timeout, busy_timeout, synchronous, create_table, mode, cache, \
+                 immutable, vfs) (in sqlite:///tmp/x.db?table=t&bogus=1)",
+            ),
+            (
+                Dialect::Postgres,
+                "postgres://u:s3cret@h/db?sslmdoe=verify-full",
+                "unknown option \"sslmdoe\" (known: table, ",
+            ),
+            (
+                Dialect::MySql,
+                "mysql://u:s3cret@h/db?ssl_mode=required",
+                "unknown option \"ssl_mode\" (known: table, ",
+            ),
+        ] {
+            if !dialect.is_enabled() {
+                continue;
+            }
+            let err = SqlConfig::from_url(url).unwrap_err();
+            assert!(matches!(err, Error::InvalidConfig(_)), "{url}: {err:?}");
+            let err = err.to_string();
+            assert!(err.contains(known), "{url}: {err}");
+            assert!(!err.contains("s3cret") && !err.contains('\n'), "{err}");
+        }
+        // What sqlx knows still passes, unchanged.
+        for url in [
+            "sqlite://x.db?mode=rwc&cache=private&immutable=false&vfs=unix",
+            "postgres://h/db?sslmode=require&application_name=a&options[search_path]=s",
+            "mysql://h/db?ssl-mode=required&charset=utf8mb4&time-zone=%2B00:00",
+        ] {
+            match SqlConfig::from_url(url) {
+                Ok(config) => assert!(config.url.contains('?'), "{url}: {}", config.url),
+                Err(Error::Unsupported(_)) => {}
+                Err(err) => panic!("{url}: {err}"),
+            }
+        }
     }
 
     #[test]
