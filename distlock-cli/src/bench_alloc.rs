@@ -2,16 +2,42 @@
 //! currently allocated, so that `distlock bench --scenario hold` can report the heap bytes a
 //! held guard costs (live bytes after acquiring K locks minus before, divided by K).
 //!
-//! The cost is one relaxed atomic add per allocation and one subtract per free; the harness
-//! reads the count through [`live_bytes`] (see `bench::CliInstruments`), so lock-bench itself
-//! stays allocator-agnostic.
+//! A global allocator is one per binary, so it is installed for every subcommand; but it counts
+//! only once [`start_counting`] was called, which only `bench` does: for `run` and every other
+//! subcommand it is `System` behind one relaxed load and a branch. When counting, the cost is
+//! one relaxed atomic add per allocation and one subtract per free; the harness reads the
+//! count through [`live_bytes`] (see `bench::CliInstruments`), so lock-bench itself stays
+//! allocator-agnostic.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Bytes currently allocated through [`Counting`] (requested sizes, not the allocator's
 /// rounding).
-static LIVE: AtomicUsize = AtomicUsize::new(0);
+static LIVE: AtomicUsize = AtomicUsize::new(BASE);
+/// Whether allocations are counted (see [`start_counting`]).
+static COUNTING: AtomicBool = AtomicBool::new(false);
+/// Where the count starts: blocks allocated before counting began and freed after are
+/// subtracted though never added; the base keeps the count from wrapping below zero (only the
+/// differences between two readings are used).
+const BASE: usize = u32::MAX as usize;
+
+/// Counts from now on (`bench` only; call it before the work to measure starts).
+pub(crate) fn start_counting() {
+    COUNTING.store(true, Ordering::Relaxed);
+}
+
+fn add(bytes: usize) {
+    if COUNTING.load(Ordering::Relaxed) {
+        LIVE.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+fn sub(bytes: usize) {
+    if COUNTING.load(Ordering::Relaxed) {
+        LIVE.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
 
 /// The heap bytes currently allocated by the whole process.
 pub(crate) fn live_bytes() -> u64 {
@@ -34,7 +60,7 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: the caller's contract for `alloc` (non-zero size) is passed on unchanged.
         let ptr = unsafe { System.alloc(layout) };
         if !ptr.is_null() {
-            LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+            add(layout.size());
         }
         ptr
     }
@@ -43,13 +69,13 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: as `alloc`.
         let ptr = unsafe { System.alloc_zeroed(layout) };
         if !ptr.is_null() {
-            LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+            add(layout.size());
         }
         ptr
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        sub(layout.size());
         // SAFETY: `ptr` was allocated by this allocator (so by `System`) with `layout`.
         unsafe { System.dealloc(ptr, layout) }
     }
@@ -58,8 +84,8 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: the caller's contract for `realloc` is passed on unchanged.
         let new = unsafe { System.realloc(ptr, layout, new_size) };
         if !new.is_null() {
-            LIVE.fetch_add(new_size, Ordering::Relaxed);
-            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+            add(new_size);
+            sub(layout.size());
         }
         new
     }
@@ -69,6 +95,7 @@ unsafe impl GlobalAlloc for Counting {
 mod tests {
     #[test]
     fn a_live_allocation_is_counted_until_freed() {
+        super::start_counting();
         // Other test threads allocate too: a large block stands out of their noise.
         let before = super::live_bytes();
         let block = vec![0u8; 64 << 20];

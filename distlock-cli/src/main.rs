@@ -33,8 +33,9 @@ mod state;
 mod status;
 mod unlock;
 
-/// Counts live heap bytes for `distlock bench --scenario hold` (bytes per held guard); one
-/// relaxed atomic add or subtract per allocation, otherwise the system allocator.
+/// Counts live heap bytes for `distlock bench --scenario hold` (bytes per held guard): one
+/// relaxed atomic add or subtract per allocation once `bench` starts counting; for every
+/// other subcommand (`run` included) the system allocator behind one relaxed load.
 #[global_allocator]
 static ALLOCATOR: bench_alloc::Counting = bench_alloc::Counting;
 
@@ -265,6 +266,9 @@ fn main() -> ExitCode {
             &mut std::io::stdout(),
         );
         return ExitCode::SUCCESS;
+    }
+    if matches!(cli.command, Command::Bench(_)) {
+        bench_alloc::start_counting();
     }
     // `block_on` polls the command's future on this (the main) thread, so `run` forks its
     // command from the thread that lives as long as distlock: the parent-death signal is tied
