@@ -203,7 +203,8 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
     });
     let step_gap = args.step_gap.unwrap_or(args.ttl / 5);
     let mut config = RunConfig {
-        url: args.connection.url.clone(),
+        // With --password-file as the URL's option: workers read the file themselves.
+        url: args.connection.url_to_open().into_owned(),
         name: name.clone(),
         kind: CheckKind::Exclusive,
         sabotage: args.sabotage,
@@ -406,9 +407,11 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<u8, Failure> {
         term.recv().await;
         let _ = stop.send(true);
     });
+    // The worker's URL carries the parent's password_file option, if any.
     let connection = Connection {
         url,
         op_timeout: args.op_timeout,
+        password_file: None,
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let lock = loop {

@@ -172,6 +172,11 @@ pub(crate) struct Connection {
     /// Give up on any single server operation after this long.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub(crate) op_timeout: Duration,
+
+    /// Read the URL's password from this file (read once, never printed): keeps it out of the
+    /// process list and the environment. The same as the URL option `password_file=`.
+    #[arg(long, env = "DISTLOCK_PASSWORD_FILE", value_name = "FILE")]
+    pub(crate) password_file: Option<std::path::PathBuf>,
 }
 
 impl Connection {
@@ -206,7 +211,7 @@ impl Connection {
 
     async fn open(&self) -> Result<Arc<dyn DistributedLock>, Failure> {
         let config = distlock::ClientConfig::default().with_operation_timeout(self.op_timeout);
-        distlock::connect_with(&self.url, config)
+        distlock::connect_with(&self.url_to_open(), config)
             .await
             .map_err(|err| {
                 // Configuration errors name the URL themselves.
@@ -218,6 +223,15 @@ impl Connection {
                 };
                 Failure::from_lock(&err, context)
             })
+    }
+
+    /// The URL with `--password-file` (DISTLOCK_PASSWORD_FILE) as its `password_file` option,
+    /// which the library reads at connect.
+    pub(crate) fn url_to_open(&self) -> std::borrow::Cow<'_, str> {
+        let Some(file) = &self.password_file else {
+            return self.url.as_str().into();
+        };
+        distlock::with_password_file(&self.url, file).into()
     }
 
     /// The URL as messages show it: without its password, cut if very long.

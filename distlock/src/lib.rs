@@ -115,6 +115,17 @@ pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Arc<dyn Dis
     }
 }
 
+/// `url` with the option `password_file=PATH` added, for a password kept in a file (see
+/// [`connect`]); the path is percent-encoded.
+///
+/// ```
+/// let url = distlock::with_password_file("redis://app@10.0.0.5:6379", "/run/secrets/redis".as_ref());
+/// assert_eq!(url, "redis://app@10.0.0.5:6379?password_file=%2Frun%2Fsecrets%2Fredis");
+/// ```
+pub fn with_password_file(url: &str, path: &std::path::Path) -> String {
+    password_file::add_option(url, path)
+}
+
 /// One family of URL schemes that [`connect`] understands: the cargo feature that brings it
 /// and whether this build has it. [`SCHEMES`] lists them all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

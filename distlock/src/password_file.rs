@@ -22,6 +22,14 @@ const USERINFO: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'_')
     .remove(b'~');
 
+/// `url` with the option `password_file=<path>` added (the path percent-encoded).
+pub(crate) fn add_option(url: &str, path: &std::path::Path) -> String {
+    let path = path.to_string_lossy();
+    let encoded = utf8_percent_encode(&path, USERINFO);
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}{OPTION}={encoded}")
+}
+
 /// `url` with the password of its `password_file` option in place of the option, or `None`
 /// when it has no such option.
 ///
@@ -152,6 +160,12 @@ mod tests {
             assert_eq!(got.as_deref(), Some(want));
         }
         assert_eq!(resolve("redis://h?db=1", "redis").await.unwrap(), None);
+        // As the CLI adds it (DISTLOCK_PASSWORD_FILE): a path with '&' and spaces survives.
+        let odd = tempfile::Builder::new().prefix("a&b c").tempfile().unwrap();
+        std::fs::write(odd.path(), "pw").unwrap();
+        let url = add_option("redis://u@h?db=1", odd.path());
+        let got = resolve(&url, "redis").await.unwrap();
+        assert_eq!(got.as_deref(), Some("redis://u:pw@h?db=1"));
     }
 
     #[tokio::test]
