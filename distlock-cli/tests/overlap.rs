@@ -189,7 +189,22 @@ fn one_run(runtime: &tokio::runtime::Runtime, server: &Server, run: usize) -> f6
     }
     let died = now_secs();
     let killed_after = cut.elapsed();
-    let started: f64 = wait_for_file(&start_file, Duration::from_secs(60))
+    let mut second = second;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&start_file).is_ok_and(|t| t.ends_with('\n')) {
+        if second.try_wait().expect("try_wait").is_some() || Instant::now() > deadline {
+            let _ = second.kill();
+            let out = second.wait_with_output().expect("output");
+            panic!(
+                "{}: the second run never started its command ({:?}): {}",
+                server.backend,
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let started: f64 = wait_for_file(&start_file, Duration::from_secs(1))
         .parse()
         .expect("EPOCHREALTIME");
     let first = finish(first, Duration::from_secs(30), "the first run");
