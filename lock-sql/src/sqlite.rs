@@ -1,6 +1,7 @@
 //! SQLite: the PostgreSQL statements in SQLite's dialect, times as integer microseconds of
 //! `unixepoch('subsec')`, WAL journal and a busy timeout so that several processes share a file.
 
+use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -179,6 +180,18 @@ pub(crate) struct LiteDb {
 
 impl LiteDb {
     pub(crate) async fn open(config: &SqlConfig) -> Result<Self> {
+        // A database this process cannot write takes no lock: say so now, with the path and
+        // the cause, rather than as SQLite's "unable to open database file" or at the first
+        // acquire. A URL that asks for read-only access (mode=ro, immutable) gets it.
+        let file = config.sqlite_file();
+        if let Some(file) = file.as_deref() {
+            let check_writes = !read_only_asked(&config.url);
+            let why = missing_place(file)
+                .or_else(|| check_writes.then(|| unwritable_files(file)).flatten());
+            if let Some(why) = why {
+                return Err(cannot_open(file, &why));
+            }
+        }
         let memory = config.url.contains(":memory:");
         let options = SqliteConnectOptions::from_str(&config.url)
             .map_err(|e| {
@@ -213,7 +226,7 @@ impl LiteDb {
             open_pool(pool.clone(), options.clone(), timeout / 4)
         })
         .await
-        .map_err(|e| connect_err(config, e))?;
+        .map_err(|e| unusable_file(config, &e).unwrap_or_else(|| connect_err(config, e)))?;
         Self::on_pool(pool, config, config.max_connections / 2).await
     }
 
@@ -234,7 +247,10 @@ impl LiteDb {
             );
             while_busy(patience, || pool.execute(AssertSqlSafe(create.clone())))
                 .await
-                .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
+                .map_err(|e| {
+                    unusable_file(config, &e)
+                        .unwrap_or_else(|| map_err(&format!("creating the lock table {table}"), e))
+                })?;
         }
         let (sql, holds) = statements(&config.table);
         let holds = Holds::new(holds, config.create_table);
@@ -254,6 +270,141 @@ impl LiteDb {
             },
             renew_many,
         })
+    }
+}
+
+/// The error of a database file SQLite cannot open or write: the path and the cause, as a
+/// configuration error (the file, its directory or their permissions are the caller's to fix).
+fn cannot_open(file: &Path, why: &str) -> Error {
+    Error::InvalidConfig(format!(
+        "cannot open the SQLite database {}: {why}",
+        file.display()
+    ))
+}
+
+/// When SQLite answers that it cannot open the file (`SQLITE_CANTOPEN`, "unable to open
+/// database file") or cannot write it (`SQLITE_READONLY`), the cause found on the file system,
+/// as [`cannot_open`]; `None` for another error, or when the file system shows no cause.
+fn unusable_file(config: &SqlConfig, err: &sqlx::Error) -> Option<Error> {
+    let sqlx::Error::Database(db) = err else {
+        return None;
+    };
+    let code = db.code()?.parse::<i32>().ok()?;
+    if !matches!(code & 0xff, 8 | 14) {
+        return None;
+    }
+    let file = config.sqlite_file()?;
+    let writes = !read_only_asked(&config.url);
+    let absent = || {
+        (!writes && !file.exists()).then(|| {
+            "the file does not exist (a read-only URL, mode=ro or immutable, creates none)"
+                .to_owned()
+        })
+    };
+    let asked = || {
+        (!writes && code & 0xff == 8).then(|| {
+            "its URL opens it read-only (mode=ro or immutable), and a lock needs writes".to_owned()
+        })
+    };
+    let why = missing_place(&file)
+        .or_else(absent)
+        .or_else(|| writes.then(|| unwritable_files(&file)).flatten())
+        .or_else(|| closed_directory(&file))
+        .or_else(asked)?;
+    Some(cannot_open(&file, &why))
+}
+
+/// Whether a SQLite URL opens its file read-only (`mode=ro`, `immutable=true`).
+fn read_only_asked(url: &str) -> bool {
+    let query = url.split_once('?').map_or("", |(_, query)| query);
+    url::form_urlencoded::parse(query.as_bytes()).any(|(key, value)| {
+        (key == "mode" && value == "ro") || (key == "immutable" && matches!(&*value, "true" | "1"))
+    })
+}
+
+/// The directory of `file` as SQLite sees it (`.` for a bare file name).
+fn directory_of(file: &Path) -> &Path {
+    match file.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    }
+}
+
+/// Why `file` cannot be where it is: its directory is missing or not a directory, or the
+/// path names a directory. Checked before connecting: it needs no write.
+fn missing_place(file: &Path) -> Option<String> {
+    let dir = directory_of(file);
+    match std::fs::metadata(dir) {
+        Ok(meta) if !meta.is_dir() => return Some(format!("{} is not a directory", dir.display())),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Some(format!("the directory {} does not exist", dir.display()));
+        }
+        Err(e) => {
+            return Some(format!(
+                "the directory {} cannot be reached: {}",
+                dir.display(),
+                distlock_core::io_cause(&e).unwrap_or_default()
+            ));
+        }
+    }
+    std::fs::metadata(file)
+        .is_ok_and(|meta| meta.is_dir())
+        .then(|| format!("{} is a directory, not a database file", file.display()))
+}
+
+/// Why this process cannot write `file` or its `-wal` and `-shm` files (WAL mode), of those
+/// that exist. Opening them for writing changes nothing.
+fn unwritable_files(file: &Path) -> Option<String> {
+    let os = |e: &std::io::Error| distlock_core::io_cause(e).unwrap_or_default();
+    let name = file.file_name()?.to_string_lossy().into_owned();
+    for path in [
+        file.to_path_buf(),
+        file.with_file_name(format!("{name}-wal")),
+        file.with_file_name(format!("{name}-shm")),
+    ] {
+        if !path.exists() {
+            continue;
+        }
+        if let Err(e) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+        {
+            return Some(match e.kind() {
+                std::io::ErrorKind::PermissionDenied => {
+                    format!("{} is read-only for this user ({})", path.display(), os(&e))
+                }
+                _ => format!("{} cannot be written ({})", path.display(), os(&e)),
+            });
+        }
+    }
+    None
+}
+
+/// Why this process cannot create files in the directory of `file` (SQLite creates the file
+/// when missing, and its `-wal` and `-shm` files), tried with a file of its own removed at
+/// once: only after SQLite has failed.
+fn closed_directory(file: &Path) -> Option<String> {
+    let name = file.file_name()?.to_string_lossy().into_owned();
+    let dir = directory_of(file);
+    let probe = dir.join(format!(".{name}.distlock-probe-{}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            None
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => None,
+        Err(e) => Some(format!(
+            "the directory {} takes no new files ({}): SQLite creates {name}-wal and \
+             {name}-shm next to the database",
+            dir.display(),
+            distlock_core::io_cause(&e).unwrap_or_default()
+        )),
     }
 }
 
