@@ -21,6 +21,9 @@ pub(crate) const NOT_EXECUTABLE: u8 = 126;
 pub(crate) const NOT_FOUND: u8 = 127;
 /// Anything else.
 pub(crate) const OTHER: u8 = 1;
+/// Stdout was closed by its reader (`distlock list | head -1`): the output stopped there,
+/// quietly. 128 + SIGPIPE, as a shell reports a command killed by SIGPIPE.
+pub(crate) const CLOSED_STDOUT: u8 = 141;
 
 /// A failure with the exit code it maps to.
 #[derive(Debug)]
@@ -41,12 +44,21 @@ impl Failure {
         }
     }
 
-    /// Prints the failure on stderr: one line, then with `verbose` the chain of causes.
+    /// A failure that has nothing to tell (its message is empty): only the exit code.
+    pub(crate) fn silent(code: u8) -> Self {
+        Self::new(code, "")
+    }
+
+    /// Prints the failure on stderr: one line, then with `verbose` the chain of causes; a
+    /// [`silent`](Self::silent) failure prints nothing.
     pub(crate) fn report(&self, verbose: bool) {
-        eprintln!("distlock: {}", self.message);
+        if self.message.is_empty() {
+            return;
+        }
+        crate::out::stderr_line(format_args!("distlock: {}", self.message));
         if verbose {
             for cause in &self.causes {
-                eprintln!("  caused by: {cause}");
+                crate::out::stderr_line(format_args!("  caused by: {cause}"));
             }
         }
     }

@@ -7,6 +7,7 @@ use futures::StreamExt;
 
 use crate::Connection;
 use crate::exit::{Failure, NO_LEADER};
+use crate::out;
 use crate::run::Signals;
 
 /// Flags of `distlock leader`.
@@ -46,7 +47,7 @@ pub(crate) async fn leader(args: LeaderArgs) -> Result<u8, Failure> {
             .await
             .map_err(|err| cannot_read(&args, &err))?,
     };
-    print(&args, leader.as_ref());
+    print(&args, leader.as_ref())?;
     Ok(if leader.is_some() { 0 } else { NO_LEADER })
 }
 
@@ -59,11 +60,9 @@ async fn watch(args: &LeaderArgs) -> Result<u8, Failure> {
     loop {
         tokio::select! {
             next = changes.next() => match next {
-                Some(Ok(leader)) => print(args, leader.as_ref()),
+                Some(Ok(leader)) => print(args, leader.as_ref())?,
                 // The observation goes on after errors the backend may recover from.
-                Some(Err(err)) if err.is_retryable() => {
-                    eprintln!("distlock: {}", cannot_read(args, &err).message);
-                }
+                Some(Err(err)) if err.is_retryable() => cannot_read(args, &err).report(false),
                 Some(Err(err)) => return Err(cannot_read(args, &err)),
                 None => return Ok(0),
             },
@@ -76,7 +75,8 @@ fn cannot_read(args: &LeaderArgs, err: &distlock::Error) -> Failure {
     Failure::from_lock(err, format!("cannot read the leader of {:?}", args.name))
 }
 
-fn print(args: &LeaderArgs, leader: Option<&Leader>) {
+/// Prints the leader (or none) on stdout; a closed stdout ends the command (exit 141).
+fn print(args: &LeaderArgs, leader: Option<&Leader>) -> Result<(), Failure> {
     if args.json {
         let value = match leader {
             None => serde_json::json!({ "name": args.name, "leader": false }),
@@ -89,12 +89,11 @@ fn print(args: &LeaderArgs, leader: Option<&Leader>) {
                 "remaining_ms": l.remaining.map(|d| d.as_millis() as u64),
             }),
         };
-        println!("{value}");
-        return;
+        return out::line(value);
     }
     match leader {
-        None => println!("{}: no leader", args.name),
-        Some(leader) => println!("{}: {}", args.name, describe(leader)),
+        None => out::line(format_args!("{}: no leader", args.name)),
+        Some(leader) => out::line(format_args!("{}: {}", args.name, describe(leader))),
     }
 }
 

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::Connection;
 use crate::exit::Failure;
+use crate::out;
 use crate::owner::{holder_json, parse_run_owner};
 use distlock::LockKind;
 
@@ -45,11 +46,11 @@ pub(crate) async fn list(args: ListArgs) -> Result<u8, Failure> {
                 serde_json::Value::Object(value)
             })
             .collect();
-        println!("{}", serde_json::Value::Array(items));
+        out::line(serde_json::Value::Array(items))?;
         return Ok(0);
     }
     if held.is_empty() {
-        println!("no locks held");
+        out::line("no locks held")?;
         return Ok(0);
     }
     let rows: Vec<[String; 5]> = held
@@ -83,9 +84,10 @@ pub(crate) async fn list(args: ListArgs) -> Result<u8, Failure> {
             *width = (*width).max(cell.chars().count());
         }
     }
+    let mut table = String::new();
     for row in std::iter::once(&header).chain(&rows) {
-        println!(
-            "{:w0$}  {:w1$}  {:w2$}  {:w3$}  {}",
+        table.push_str(&format!(
+            "{:w0$}  {:w1$}  {:w2$}  {:w3$}  {}\n",
             row[0],
             row[1],
             row[2],
@@ -95,13 +97,14 @@ pub(crate) async fn list(args: ListArgs) -> Result<u8, Failure> {
             w1 = widths[1],
             w2 = widths[2],
             w3 = widths[3]
-        );
+        ));
     }
+    out::write(table.as_bytes())?;
     if held.len() == args.limit {
-        eprintln!(
+        out::stderr_line(format_args!(
             "distlock: showing the first {} locks; raise --limit or narrow --prefix for more",
             args.limit
-        );
+        ));
     }
     Ok(0)
 }

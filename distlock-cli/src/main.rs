@@ -12,6 +12,7 @@
 //! | 76 | `run`, `elect`: the lock (leadership) was lost while the command ran; the command was terminated |
 //! | 78 | bad URL, option or name (`--permits 0`); a lock kind the backend lacks (`--shared`, `--permits` where it has no read-write locks or semaphores); a lock kind that does not match the name's holders (`--permits 3` on a semaphore of 5, `--permits` on a read-write lock) |
 //! | 126, 127 | `run`, `elect`: the command could not be executed / was not found |
+//! | 141 | stdout was closed by its reader (`distlock list \| head -1`): the output stopped there, quietly (128 + SIGPIPE, as a shell reports a command killed by it) |
 //! | 1 | any other failure |
 
 mod bench;
@@ -27,6 +28,7 @@ mod exit;
 mod leader;
 mod list;
 mod logs;
+mod out;
 mod owner;
 mod run;
 mod state;
@@ -54,7 +56,8 @@ Exit codes: the command's own status for `run` and `elect` (128+N when killed by
 2 bad flags; 3 `leader`: no leader; 69 lock service unreachable; 75 lock busy (--wait ran out);
 76 lock or leadership lost while the command ran (it was terminated); 78 bad URL, option or
 name, a lock kind the backend lacks or that does not match the name's holders (--shared,
---permits); 126/127 command not executable / not found; 1 anything else.
+--permits); 126/127 command not executable / not found; 141 stdout closed by its reader
+(`distlock list | head -1`: the output stopped there, quietly); 1 anything else.
 
 Examples:
   distlock run --name nightly-report -- ./report.sh --full
@@ -273,13 +276,16 @@ fn main() -> ExitCode {
         logs.init();
     }
     if let Command::Completions { shell } = cli.command {
-        clap_complete::generate(
-            shell,
-            &mut Cli::command(),
-            "distlock",
-            &mut std::io::stdout(),
-        );
-        return ExitCode::SUCCESS;
+        // Into memory first: clap_complete panics when its writer fails.
+        let mut script = Vec::new();
+        clap_complete::generate(shell, &mut Cli::command(), "distlock", &mut script);
+        return match out::write(&script) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(failure) => {
+                failure.report(cli.verbose > 0);
+                ExitCode::from(failure.code)
+            }
+        };
     }
     if matches!(cli.command, Command::Bench(_)) {
         bench_alloc::start_counting();
@@ -298,7 +304,9 @@ fn main() -> ExitCode {
     let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(err) => {
-            eprintln!("distlock: cannot start the async runtime: {err}");
+            out::stderr_line(format_args!(
+                "distlock: cannot start the async runtime: {err}"
+            ));
             return ExitCode::FAILURE;
         }
     };

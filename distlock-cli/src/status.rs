@@ -2,6 +2,7 @@
 
 use crate::Connection;
 use crate::exit::Failure;
+use crate::out;
 use crate::owner::{holder_json, parse_run_owner};
 use distlock::LockKind;
 
@@ -44,42 +45,50 @@ pub(crate) async fn status(args: StatusArgs) -> Result<u8, Failure> {
                 serde_json::Value::Object(value)
             }
         };
-        println!("{value}");
+        out::line(value)?;
         return Ok(0);
     }
+    let mut text = String::new();
+    let mut say = |line: std::fmt::Arguments<'_>| {
+        text.push_str(&line.to_string());
+        text.push('\n');
+    };
     match info {
         None => {
-            println!("{}: free", args.name);
-            println!("  service:   {service}");
+            say(format_args!("{}: free", args.name));
+            say(format_args!("  service:   {service}"));
         }
         Some(info) => {
-            println!("{}: held", args.name);
-            println!("  service:   {service}");
+            say(format_args!("{}: held", args.name));
+            say(format_args!("  service:   {service}"));
             if info.kind != LockKind::Exclusive {
                 let holders = info.holders;
-                println!("  kind:      {}", info.kind);
-                println!("  holders:   {holders} (owner, token and remaining: the latest)");
+                say(format_args!("  kind:      {}", info.kind));
+                say(format_args!(
+                    "  holders:   {holders} (owner, token and remaining: the latest)"
+                ));
             }
-            println!("  owner:     {}", info.owner);
+            say(format_args!("  owner:     {}", info.owner));
             if let Some(holder) = parse_run_owner(&info.owner) {
-                println!(
+                say(format_args!(
                     "  holder:    distlock run on {} (pid {})",
                     holder.host, holder.pid
-                );
+                ));
             }
             match info.token {
-                Some(token) => println!("  token:     {token}"),
-                None => println!("  token:     (not reported by {})", backend),
+                Some(token) => say(format_args!("  token:     {token}")),
+                None => say(format_args!("  token:     (not reported by {backend})")),
             }
             match info.remaining {
-                Some(left) => println!(
+                Some(left) => say(format_args!(
                     "  remaining: {}",
                     humantime::format_duration(round_ms(left))
-                ),
-                None => println!("  remaining: (not reported by {})", backend),
+                )),
+                None => say(format_args!("  remaining: (not reported by {backend})")),
             }
         }
     }
+    out::write(text.as_bytes())?;
     Ok(0)
 }
 

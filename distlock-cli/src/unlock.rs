@@ -2,6 +2,7 @@
 
 use crate::Connection;
 use crate::exit::{self, Failure};
+use crate::out;
 
 /// Shown by `distlock unlock --help`.
 pub(crate) const AFTER_HELP: &str = "\
@@ -54,12 +55,12 @@ pub(crate) async fn unlock(args: UnlockArgs) -> Result<u8, Failure> {
             .map_err(|err| Failure::from_lock(&err, format!("cannot unlock {:?}", args.name)))?,
     };
     if removed {
-        println!(
+        out::line(format_args!(
             "{}: force-released; its holder learns of it at its next renewal",
             args.name
-        );
+        ))?;
     } else {
-        println!("{}: was not held", args.name);
+        out::line(format_args!("{}: was not held", args.name))?;
     }
     Ok(0)
 }

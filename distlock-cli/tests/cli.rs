@@ -246,3 +246,39 @@ fn status_reports_holder_and_token() {
     holder.kill().expect("kill");
     let _ = holder.wait();
 }
+
+/// A stdout whose reader is gone (`distlock list | head -1` after head exits) ends the command
+/// quietly with 141 (128 + SIGPIPE), never a panic (101) on the failed write.
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    let env = Env::new();
+    let out = env.run(&["run", "--name", "held", "--", "true"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for args in [
+        &["list"][..],
+        &["list", "--json"],
+        &["status", "--name", "x"],
+        &["status", "--name", "x", "--json"],
+        &["leader", "--name", "x"],
+        &["leader", "--name", "x", "--watch"],
+        &["unlock", "--force", "--name", "x"],
+        &["completions", "zsh"],
+    ] {
+        // The reader is closed before distlock starts: its first write fails with EPIPE.
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let out = env
+            .distlock(args)
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .expect("run distlock");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {stderr}");
+        assert!(stderr.is_empty(), "{args:?}: {stderr}");
+    }
+}
