@@ -2,6 +2,8 @@
 
 use distlock::Error;
 
+use crate::out::printable;
+
 /// Bad flags (clap's own code).
 #[allow(dead_code, reason = "documents clap's exit code next to ours")]
 pub(crate) const USAGE: u8 = 2;
@@ -50,15 +52,16 @@ impl Failure {
     }
 
     /// Prints the failure on stderr: one line, then with `verbose` the chain of causes; a
-    /// [`silent`](Self::silent) failure prints nothing.
+    /// [`silent`](Self::silent) failure prints nothing. Control characters are escaped (a
+    /// message may quote a server's answer or a name another process chose).
     pub(crate) fn report(&self, verbose: bool) {
         if self.message.is_empty() {
             return;
         }
-        crate::out::stderr_line(format_args!("distlock: {}", self.message));
+        crate::out::stderr_line(format_args!("distlock: {}", printable(&self.message)));
         if verbose {
             for cause in &self.causes {
-                crate::out::stderr_line(format_args!("  caused by: {cause}"));
+                crate::out::stderr_line(format_args!("  caused by: {}", printable(cause)));
             }
         }
     }

@@ -7,7 +7,7 @@ use futures::StreamExt;
 
 use crate::Connection;
 use crate::exit::{Failure, NO_LEADER};
-use crate::out;
+use crate::out::{self, printable};
 use crate::run::Signals;
 
 /// Flags of `distlock leader`.
@@ -92,13 +92,17 @@ fn print(args: &LeaderArgs, leader: Option<&Leader>) -> Result<(), Failure> {
         return out::line(value);
     }
     match leader {
-        None => out::line(format_args!("{}: no leader", args.name)),
-        Some(leader) => out::line(format_args!("{}: {}", args.name, describe(leader))),
+        None => out::line(format_args!("{}: no leader", printable(&args.name))),
+        Some(leader) => out::line(format_args!(
+            "{}: {}",
+            printable(&args.name),
+            describe(leader)
+        )),
     }
 }
 
 /// The leader in words: `leader VALUE (term N, remaining 29s)`, or for a plain lock
-/// `held by a lock, not a campaign (owner X, term N)`.
+/// `held by a lock, not a campaign (owner X, term N)`; the value and owner made printable.
 pub(crate) fn describe(leader: &Leader) -> String {
     let mut details = Vec::new();
     if let Some(term) = leader.term {
@@ -109,9 +113,9 @@ pub(crate) fn describe(leader: &Leader) -> String {
         details.push(format!("remaining {}", humantime::format_duration(left)));
     }
     match &leader.value {
-        Some(value) => format!("leader {value} ({})", details.join(", ")),
+        Some(value) => format!("leader {} ({})", printable(value), details.join(", ")),
         None => {
-            details.insert(0, format!("owner {}", leader.owner));
+            details.insert(0, format!("owner {}", printable(&leader.owner)));
             format!("held by a lock, not a campaign ({})", details.join(", "))
         }
     }

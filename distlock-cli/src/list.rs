@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::Connection;
 use crate::exit::Failure;
-use crate::out;
+use crate::out::{self, printable};
 use crate::owner::{holder_json, parse_run_owner};
 use distlock::LockKind;
 
@@ -57,8 +57,13 @@ pub(crate) async fn list(args: ListArgs) -> Result<u8, Failure> {
         .iter()
         .map(|(name, info)| {
             let owner = match parse_run_owner(&info.owner) {
-                Some(h) => format!("{} (distlock run on {}, pid {})", info.owner, h.host, h.pid),
-                None => info.owner.clone(),
+                Some(h) => format!(
+                    "{} (distlock run on {}, pid {})",
+                    printable(&info.owner),
+                    printable(&h.host),
+                    h.pid
+                ),
+                None => printable(&info.owner).into_owned(),
             };
             let kind = match info.kind {
                 LockKind::Exclusive => "exclusive".to_owned(),
@@ -66,7 +71,7 @@ pub(crate) async fn list(args: ListArgs) -> Result<u8, Failure> {
                 kind => format!("{} x{}", kind.as_str(), info.holders),
             };
             [
-                name.to_string(),
+                printable(name.as_str()).into_owned(),
                 kind,
                 info.token.map_or_else(|| "-".into(), |t| t.to_string()),
                 info.remaining.map_or_else(

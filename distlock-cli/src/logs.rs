@@ -1,5 +1,6 @@
 //! How the library's log events look on stderr by default: one plain line each, like
-//! distlock's own messages (`distlock: warning: ...`). With -v, tracing's full format.
+//! distlock's own messages (`distlock: warning: ...`), control characters escaped. With -v,
+//! tracing's full format.
 
 use std::fmt;
 
@@ -7,6 +8,8 @@ use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
+
+use crate::out::printable;
 
 /// `distlock: warning: MESSAGE key=value`.
 #[derive(Debug)]
@@ -28,8 +31,10 @@ where
             Level::WARN => "warning: ",
             _ => "",
         };
-        write!(writer, "distlock: {level}")?;
-        ctx.format_fields(writer.by_ref(), event)?;
-        writeln!(writer)
+        // The fields may carry a lock name or a server's answer: their control characters
+        // are escaped (so they go through a plain string, without colours).
+        let mut fields = String::new();
+        ctx.format_fields(Writer::new(&mut fields), event)?;
+        writeln!(writer, "distlock: {level}{}", printable(&fields))
     }
 }

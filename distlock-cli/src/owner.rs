@@ -8,6 +8,8 @@
 
 use distlock::{LockInfo, LockKind};
 
+use crate::out::printable;
+
 /// The prefix of every owner id that `distlock run` uses.
 const PREFIX: &str = "distlock-run@";
 
@@ -53,10 +55,11 @@ pub(crate) fn parse_run_owner(owner: &str) -> Option<RunHolder> {
 
 /// Who holds a lock, in words: `held by distlock run on HOST (pid N)` or `held by owner X`;
 /// for shared and permit holds the kind and the number of holders, and the latest of them.
+/// The owner and host are made printable (another process chose them).
 pub(crate) fn describe_holders(info: &LockInfo) -> String {
     let holder = match parse_run_owner(&info.owner) {
-        Some(run) => format!("distlock run on {} (pid {})", run.host, run.pid),
-        None => format!("owner {}", info.owner),
+        Some(run) => format!("distlock run on {} (pid {})", printable(&run.host), run.pid),
+        None => format!("owner {}", printable(&info.owner)),
     };
     let holders = holders_text(info.holders);
     match info.kind {

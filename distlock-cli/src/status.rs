@@ -2,7 +2,7 @@
 
 use crate::Connection;
 use crate::exit::Failure;
-use crate::out;
+use crate::out::{self, printable};
 use crate::owner::{holder_json, parse_run_owner};
 use distlock::LockKind;
 
@@ -23,6 +23,7 @@ pub(crate) struct StatusArgs {
 
 pub(crate) async fn status(args: StatusArgs) -> Result<u8, Failure> {
     let service = args.connection.shown();
+    let name = printable(&args.name);
     let (info, backend) = match args.connection.connect_existing().await? {
         // No database file: nothing can be held there.
         None => (None, ""),
@@ -55,12 +56,12 @@ pub(crate) async fn status(args: StatusArgs) -> Result<u8, Failure> {
     };
     match info {
         None => {
-            say(format_args!("{}: free", args.name));
-            say(format_args!("  service:   {service}"));
+            say(format_args!("{name}: free"));
+            say(format_args!("  service:   {}", printable(&service)));
         }
         Some(info) => {
-            say(format_args!("{}: held", args.name));
-            say(format_args!("  service:   {service}"));
+            say(format_args!("{name}: held"));
+            say(format_args!("  service:   {}", printable(&service)));
             if info.kind != LockKind::Exclusive {
                 let holders = info.holders;
                 say(format_args!("  kind:      {}", info.kind));
@@ -68,11 +69,12 @@ pub(crate) async fn status(args: StatusArgs) -> Result<u8, Failure> {
                     "  holders:   {holders} (owner, token and remaining: the latest)"
                 ));
             }
-            say(format_args!("  owner:     {}", info.owner));
+            say(format_args!("  owner:     {}", printable(&info.owner)));
             if let Some(holder) = parse_run_owner(&info.owner) {
                 say(format_args!(
                     "  holder:    distlock run on {} (pid {})",
-                    holder.host, holder.pid
+                    printable(&holder.host),
+                    holder.pid
                 ));
             }
             match info.token {

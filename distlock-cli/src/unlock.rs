@@ -2,7 +2,7 @@
 
 use crate::Connection;
 use crate::exit::{self, Failure};
-use crate::out;
+use crate::out::{self, printable};
 
 /// Shown by `distlock unlock --help`.
 pub(crate) const AFTER_HELP: &str = "\
@@ -57,10 +57,10 @@ pub(crate) async fn unlock(args: UnlockArgs) -> Result<u8, Failure> {
     if removed {
         out::line(format_args!(
             "{}: force-released; its holder learns of it at its next renewal",
-            args.name
+            printable(&args.name)
         ))?;
     } else {
-        out::line(format_args!("{}: was not held", args.name))?;
+        out::line(format_args!("{}: was not held", printable(&args.name)))?;
     }
     Ok(0)
 }
