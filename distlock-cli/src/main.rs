@@ -186,7 +186,7 @@ impl Connection {
     /// Connects for taking locks; the default SQLite file is created (privately) if missing.
     pub(crate) async fn connect(&self) -> Result<Arc<dyn DistributedLock>, Failure> {
         if self.url.is_empty() {
-            return Err(state::no_state_dir());
+            return Err(state::empty_url());
         }
         if self.url == state::default_url() {
             state::prepare_default_db()?;
@@ -200,7 +200,7 @@ impl Connection {
         &self,
     ) -> Result<Option<Arc<dyn DistributedLock>>, Failure> {
         if self.url.is_empty() {
-            return Err(state::no_state_dir());
+            return Err(state::empty_url());
         }
         #[cfg(feature = "sqlite")]
         if let Ok(config) = distlock_sql::SqlConfig::from_url(&self.url)

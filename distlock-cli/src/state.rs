@@ -56,6 +56,32 @@ pub(crate) fn prepare_default_db() -> Result<(), Failure> {
     Ok(())
 }
 
+/// The failure of an empty URL: `--url ""` or `DISTLOCK_URL=` (set, but empty) is an input
+/// error naming them; left out without a per-user state directory, [`no_state_dir`].
+pub(crate) fn empty_url() -> Failure {
+    let default = default_url();
+    let env_empty = std::env::var_os("DISTLOCK_URL").is_some_and(|url| url.is_empty());
+    if default.is_empty() && !env_empty {
+        // Nothing given (or `--url ""`): both ways there is no URL and no default.
+        return no_state_dir();
+    }
+    let given = if env_empty {
+        "DISTLOCK_URL is set but empty"
+    } else {
+        "--url is empty"
+    };
+    let instead = if default.is_empty() {
+        String::new()
+    } else {
+        format!(", or unset DISTLOCK_URL and leave out --url for the per-user default {default}")
+    };
+    Failure::new(
+        CONFIG,
+        format!("{given}: give a lock service URL (e.g. redis://HOST:6379){instead}"),
+    )
+}
+
+/// No URL given and no per-user state directory for the default.
 pub(crate) fn no_state_dir() -> Failure {
     Failure::new(
         CONFIG,

@@ -154,3 +154,50 @@ fn xdg_state_home_is_honoured() {
     assert!(state.join("distlock/locks.db").exists());
     assert!(!user.state_file().exists());
 }
+
+/// An empty URL (`--url ""`, `DISTLOCK_URL=`) is an input error that names it (exit 78), not
+/// a missing HOME: HOME is set, and the default is not used in its place.
+#[test]
+fn an_empty_url_is_named_as_the_error() {
+    let user = User::new();
+    for (args, env_url, named) in [
+        (
+            &["status", "--name", "x", "--url", ""][..],
+            None,
+            "--url is empty",
+        ),
+        (
+            &["list", "--url", ""],
+            Some("sqlite:///nonexistent/x.db"),
+            "--url is empty",
+        ),
+        (
+            &["status", "--name", "x"],
+            Some(""),
+            "DISTLOCK_URL is set but empty",
+        ),
+        (
+            &["run", "--name", "x", "--", "echo", "RAN"],
+            Some(""),
+            "DISTLOCK_URL is set but empty",
+        ),
+        (
+            &["unlock", "--force", "--name", "x"],
+            Some(""),
+            "DISTLOCK_URL is set but empty",
+        ),
+    ] {
+        let mut cmd = user.distlock("a", args);
+        if let Some(url) = env_url {
+            cmd.env("DISTLOCK_URL", url);
+        }
+        let out = cmd.output().expect("run distlock");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+        assert!(!stderr.contains("HOME"), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}: the command ran");
+    }
+    assert!(!user.state_file().exists(), "the default was used");
+}
