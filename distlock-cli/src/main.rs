@@ -49,7 +49,7 @@ use std::time::Duration;
 use clap::{CommandFactory, Parser, Subcommand};
 use distlock::DistributedLock;
 
-use crate::exit::Failure;
+use crate::exit::{CONFIG, Failure};
 
 const AFTER_HELP: &str = "\
 Exit codes: the command's own status for `run` and `elect` (128+N when killed by signal N);
@@ -184,6 +184,8 @@ pub(crate) struct Connection {
 
 impl Connection {
     /// Connects for taking locks; the default SQLite file is created (privately) if missing.
+    /// A lock service that lives in this process only (`memory://`, `sqlite::memory:`) is
+    /// refused: no other process would see its locks.
     pub(crate) async fn connect(&self) -> Result<Arc<dyn DistributedLock>, Failure> {
         if self.url.is_empty() {
             return Err(state::empty_url());
@@ -195,7 +197,8 @@ impl Connection {
     }
 
     /// Connects for reading only: `None` when the URL names a SQLite file that does not exist
-    /// (no lock can be held there, and nothing is created just to say so).
+    /// (no lock can be held there, and nothing is created just to say so). A lock service that
+    /// lives in this process only is refused, as by [`connect`](Self::connect).
     pub(crate) async fn connect_existing(
         &self,
     ) -> Result<Option<Arc<dyn DistributedLock>>, Failure> {
@@ -214,7 +217,7 @@ impl Connection {
 
     async fn open(&self) -> Result<Arc<dyn DistributedLock>, Failure> {
         let config = distlock::ClientConfig::default().with_operation_timeout(self.op_timeout);
-        distlock::connect_with(&self.url_to_open(), config)
+        let locks = distlock::connect_with(&self.url_to_open(), config)
             .await
             .map_err(|err| {
                 // Configuration errors name the URL themselves.
@@ -225,7 +228,20 @@ impl Connection {
                     format!("cannot use {shown}")
                 };
                 Failure::from_lock(&err, context)
-            })
+            })?;
+        if locks.capabilities().process_local {
+            return Err(Failure::new(
+                CONFIG,
+                format!(
+                    "{} keeps its locks inside this one distlock process: no other process \
+                     sees them and they end with it (two runs would both hold a lock); use a \
+                     lock server or a SQLite file (sqlite://PATH), or leave out --url for the \
+                     per-user default",
+                    self.shown()
+                ),
+            ));
+        }
+        Ok(locks)
     }
 
     /// The URL with `--password-file` (DISTLOCK_PASSWORD_FILE) as its `password_file` option,

@@ -262,3 +262,39 @@ fn redis_over_a_unix_socket() {
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "RAN");
     }
 }
+
+/// A lock service that lives inside the one distlock process (`memory://`, an in-memory
+/// SQLite database) excludes nobody: two `run`s would both hold the lock. Every command that
+/// takes or reads locks refuses it (exit 78) before running anything.
+#[test]
+fn process_local_lock_services_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut urls = vec!["memory://", "memory://jobs", "MEMORY://"];
+    if cfg!(feature = "sqlite") {
+        urls.extend(["sqlite::memory:", "sqlite:locks.db?mode=memory"]);
+    }
+    for url in urls {
+        for command in [
+            &["run", "--name", "x", "--", "echo", "RAN"][..],
+            &["elect", "--name", "x", "--", "echo", "RAN"],
+            &["status", "--name", "x"],
+            &["list"],
+            &["leader", "--name", "x"],
+            &["unlock", "--force", "--name", "x"],
+        ] {
+            let mut args = command.to_vec();
+            args.splice(1..1, ["--url", url]);
+            let out = distlock(&dir, &args);
+            assert_no_panic(&out, url);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(78), "{args:?}: {stderr}");
+            assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+            assert!(
+                stderr.contains("keeps its locks inside this one distlock process")
+                    && stderr.contains("sqlite://PATH"),
+                "{args:?}: {stderr}"
+            );
+            assert!(out.stdout.is_empty(), "{args:?}: it ran");
+        }
+    }
+}

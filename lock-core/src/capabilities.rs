@@ -29,11 +29,16 @@ pub struct Capabilities {
     /// The largest semaphore [`LockKind::Permit`](crate::LockKind::Permit) may ask for; 0:
     /// no semaphores.
     pub max_permits: u32,
+    /// Whether the locks live in this process only (the in-memory backend, an in-memory
+    /// SQLite database): no other process sees them, and they end with the process. A tool
+    /// whose locks must exclude other processes refuses such a backend.
+    pub process_local: bool,
 }
 
 impl Capabilities {
     /// Capabilities with the given fencing guarantee; not FIFO, polling, ttl 1 ms ..= 1 day,
-    /// loss detected by renewal, no listing, no force release, exclusive locks only.
+    /// loss detected by renewal, no listing, no force release, exclusive locks only, shared
+    /// between processes.
     pub fn new(fencing: FencingGuarantee) -> Self {
         Self {
             fencing,
@@ -46,6 +51,7 @@ impl Capabilities {
             force_release: false,
             shared: false,
             max_permits: 0,
+            process_local: false,
         }
     }
 
@@ -105,6 +111,14 @@ impl Capabilities {
     #[must_use]
     pub fn with_list(mut self, list: bool) -> Self {
         self.list = list;
+        self
+    }
+
+    /// Declares that the locks live in this process only (see
+    /// [`process_local`](Self::process_local)).
+    #[must_use]
+    pub fn with_process_local(mut self, process_local: bool) -> Self {
+        self.process_local = process_local;
         self
     }
 

@@ -247,6 +247,7 @@ impl LockBackend for MemoryBackend {
             .with_force_release(true)
             .with_shared(true)
             .with_max_permits(MAX_PERMITS)
+            .with_process_local(true)
     }
 
     fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {

@@ -329,6 +329,12 @@ impl LockBackend for SqlBackend {
         } else {
             WakeUp::Polling
         };
+        // An in-memory SQLite database (`sqlite::memory:`, `mode=memory`) is this process's.
+        #[cfg(feature = "sqlite")]
+        let process_local = self.inner.config.dialect == Dialect::Sqlite
+            && self.inner.config.sqlite_file().is_none();
+        #[cfg(not(feature = "sqlite"))]
+        let process_local = false;
         Capabilities::new(FencingGuarantee::Linearizable)
             .with_wake_up(wake_up)
             .with_ttl_range(Duration::from_millis(1), MAX_TTL)
@@ -336,6 +342,7 @@ impl LockBackend for SqlBackend {
             .with_force_release(true)
             .with_shared(true)
             .with_max_permits(MAX_PERMITS)
+            .with_process_local(process_local)
     }
 
     fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
