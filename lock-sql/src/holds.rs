@@ -97,7 +97,8 @@ pub(crate) fn holders_table(table: &str) -> String {
 pub(crate) struct HolderSql {
     /// ARGS: name. The lock row's [`Peek`] columns, the row locked for the transaction.
     pub(crate) lock: Arc<str>,
-    /// ARGS: name. Inserts a free lock row (version 0) if none exists.
+    /// ARGS: name. Inserts a free lock row (version: the clock, see the crate docs, "A store emptied or recreated") if none
+    /// exists.
     pub(crate) ensure: Arc<str>,
     /// ARGS: name, owner. Deletes the expired holders and `owner`'s own row.
     pub(crate) purge: Arc<str>,

@@ -24,7 +24,7 @@
 //! |---|---|
 //! | `name` | the lock name, primary key, bound as a parameter and compared byte for byte (`TEXT COLLATE "C"` on PostgreSQL, `VARBINARY` on MySQL, `TEXT` with SQLite's binary collation), so no two distinct names collide |
 //! | `owner` | the holder's unique owner value, `NULL` when released |
-//! | `version` | **the fencing token**: incremented by every acquisition, never reset, kept on release |
+//! | `version` | **the fencing token**: incremented by every acquisition, never reset, kept on release; a new row starts at the database's clock in microseconds (see [below](#a-store-emptied-or-recreated)) |
 //! | `expires_at` | end of the lease, on the **database's** clock |
 //! | `next_owner`, `next_since`, `next_expires`, `next_ttl` | the waiter reservation (below); `next_ttl` is the lease an exclusive waiter asks for, for a hand-over |
 //!
@@ -35,8 +35,8 @@
 //!   `now()` / `UTC_TIMESTAMP(6)` / SQLite's `unixepoch('subsec')`, never the client's clock) or
 //!   already this attempt's, and not reserved by another waiter; it sets the owner and the
 //!   expiry and increments `version`. The database serializes upserts of one row, so at most one
-//!   owner is live and versions are strictly increasing: [`FencingGuarantee::Linearizable`](distlock_core::FencingGuarantee::Linearizable),
-//!   as long as rows are never deleted (releases keep the row; do not delete them by hand).
+//!   owner is live and versions are strictly increasing: [`FencingGuarantee::Linearizable`](distlock_core::FencingGuarantee::Linearizable)
+//!   (releases keep the row; for rows deleted anyway, see below).
 //! - **Renew** and **release** are `UPDATE .. WHERE name = ? AND owner = ? AND version = ? AND
 //!   expires_at > now`; the affected-row count decides, and zero answers
 //!   [`Error::NotHeld`](distlock_core::Error::NotHeld).
@@ -161,6 +161,19 @@
 //! a new file at the same moment: setup steps that SQLite refuses at once as busy (the switch
 //! to WAL) are retried for up to the busy timeout. Expiry uses the machine's wall clock,
 //! shared by every process on the file.
+//!
+//! # A store emptied or recreated
+//!
+//! A row deleted by hand, a truncated table or a deleted SQLite file loses the counter of its
+//! names. So a new row does not start at 1 but, as a missing Redis counter does, at the
+//! database's clock in microseconds since the Unix epoch, and every version after it counts
+//! up from there: tokens keep growing across the loss, as long as the database's clock did not
+//! go back across it and the name was acquired fewer than once per microsecond on average
+//! since its row was created. The holder of a deleted row learns it at its next renewal, which
+//! finds no row: refused, the guard is lost. A SQLite client notices that its file was deleted
+//! or replaced (it compares the file's identity before each statement): its connections to the
+//! old file are closed, and it goes on with the file now at the path, with the lock table
+//! created again if `create_table` allows.
 //!
 //! Protected resources in the same database can be written with
 //! [`SqlBackend::fenced_update`] ([`FencedUpdate`]).

@@ -28,6 +28,10 @@ use crate::wake::{ServerWait, Woken, wake_prefix};
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
 
+/// The database's clock in microseconds since the Unix epoch: the first version of a new row
+/// (see the crate docs, "A store emptied or recreated").
+const NOW_US: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
+
 /// The statements of the wake locks (see [`MyDb`]).
 #[derive(Debug)]
 struct WakeSql {
@@ -77,11 +81,11 @@ fn statements(table: &str, handover: bool) -> (Sql, Arc<str>, WakeSql, HolderSql
     // Assignments run left to right and see earlier ones, so the decision is taken once, into
     // a session variable, before any column changes; `cleared` is what `next_since` becomes
     // on a take (after `version`, so that it sees the new version). LAST_INSERT_ID reports
-    // the outcome: the new version when taken, 0 when refused (1 for a new row).
+    // the outcome: the new version when taken, 0 when refused (the clock for a new row).
     let take = |cleared: &str| {
         format!(
             "INSERT INTO {t} (name, owner, version, expires_at) \
-             VALUES (?, ?, LAST_INSERT_ID(1), {NOW} + INTERVAL ? MICROSECOND) \
+             VALUES (?, ?, LAST_INSERT_ID({NOW_US}), {NOW} + INTERVAL ? MICROSECOND) \
              ON DUPLICATE KEY UPDATE \
              version = IF(@distlock_take := ((owner IS NULL OR owner = VALUES(owner) OR expires_at <= {NOW}) \
                AND (next_owner IS NULL OR next_owner = VALUES(owner) OR next_expires <= {NOW})), \
@@ -247,7 +251,7 @@ fn holder_statements(table: &str, peek: &str) -> HolderSql {
         lock: format!("{peek} FOR UPDATE").into(),
         // A no-op update rather than INSERT IGNORE, which would hide other errors.
         ensure: format!(
-            "INSERT INTO {t} (name, owner, version, expires_at) VALUES (?, NULL, 0, {NOW}) \
+            "INSERT INTO {t} (name, owner, version, expires_at) VALUES (?, NULL, {NOW_US}, {NOW}) \
              ON DUPLICATE KEY UPDATE name = name"
         )
         .into(),
@@ -698,7 +702,8 @@ enum Answer {
     Taken(i64),
     /// The row was left alone (found, unchanged) and LAST_INSERT_ID set to 0.
     Refused,
-    /// A new row was inserted (LAST_INSERT_ID 1), or anything else: read the row.
+    /// A new row was inserted (LAST_INSERT_ID its first version), or anything else: read the
+    /// row.
     Ask,
 }
 

@@ -23,6 +23,10 @@ use crate::pool::{HotConns, InUse, open_pool};
 use crate::renew::{PG_MAX_BATCH, Renewal, renewed_at};
 use crate::wake::{Notifier, Subscription, parse_payload};
 
+/// The database's clock in microseconds since the Unix epoch: the first version of a new row
+/// (see the crate docs, "A store emptied or recreated").
+const NOW_US: &str = "(EXTRACT(EPOCH FROM now()) * 1000000)::bigint";
+
 /// The lock table's statements in this dialect; with `handover` (the table has the
 /// `next_ttl` column), a release hands the lock to the exclusive waiter holding the
 /// reservation (see [`PgDb`]).
@@ -40,7 +44,7 @@ fn statements(table: &str, handover: bool) -> (Sql, Arc<str>, HolderSql) {
              WHERE name = $1 AND (owner IS NULL OR owner = $2 OR expires_at <= now()) \
              AND (next_owner IS NULL OR next_owner = $2 OR next_expires <= now()) RETURNING version), \
              i AS (INSERT INTO {t} (name, owner, version, expires_at) \
-             SELECT $1, $2, 1, now() + $3::bigint {us} WHERE NOT EXISTS (SELECT 1 FROM u) \
+             SELECT $1, $2, {NOW_US}, now() + $3::bigint {us} WHERE NOT EXISTS (SELECT 1 FROM u) \
              ON CONFLICT (name) DO NOTHING RETURNING version), \
              v AS (SELECT version FROM u UNION ALL SELECT version FROM i)"
     );
@@ -211,7 +215,7 @@ fn holder_statements(table: &str, peek: &str) -> HolderSql {
     HolderSql {
         lock: format!("{peek} FOR UPDATE").into(),
         ensure: format!(
-            "INSERT INTO {t} (name, owner, version, expires_at) VALUES ($1, NULL, 0, now()) \
+            "INSERT INTO {t} (name, owner, version, expires_at) VALUES ($1, NULL, {NOW_US}, now()) \
              ON CONFLICT (name) DO NOTHING"
         )
         .into(),

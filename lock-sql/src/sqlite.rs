@@ -20,6 +20,8 @@ use crate::keys::quote;
 use crate::pool::{HotConns, open_pool};
 use crate::renew::{BySize, LIST_MAX_BATCH, Renewal, padded, renewed_by_rows, too_many};
 
+/// The database's clock in microseconds since the Unix epoch: lease ends, and the first
+/// version of a new row (see the crate docs, "A store emptied or recreated").
 const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
 
 /// The lock table's statements in this dialect.
@@ -33,7 +35,7 @@ fn statements(table: &str) -> (Sql, HolderSql) {
     );
     let sql = Sql {
             take: format!(
-                "INSERT INTO {t} AS l (name, owner, version, expires_at) VALUES (?1, ?2, 1, {NOW} + ?3) \
+                "INSERT INTO {t} AS l (name, owner, version, expires_at) VALUES (?1, ?2, {NOW}, {NOW} + ?3) \
                  ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, version = l.version + 1, \
                  expires_at = excluded.expires_at, next_owner = NULL, next_since = NULL, next_expires = NULL \
                  WHERE (l.owner IS NULL OR l.owner = excluded.owner OR l.expires_at <= {NOW}) \
@@ -122,7 +124,7 @@ fn holder_statements(table: &str, peek: &str) -> HolderSql {
     HolderSql {
         lock: peek.into(),
         ensure: format!(
-            "INSERT INTO {t} (name, owner, version, expires_at) VALUES (?1, NULL, 0, {NOW}) \
+            "INSERT INTO {t} (name, owner, version, expires_at) VALUES (?1, NULL, {NOW}, {NOW}) \
              ON CONFLICT (name) DO NOTHING"
         )
         .into(),
