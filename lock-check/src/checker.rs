@@ -49,7 +49,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use distlock_core::FencingGuarantee;
 use serde::Serialize;
 
-use crate::history::{AcqId, Acquisition, FaultKind, History, Nanos, WorkerEnd};
+use crate::history::{AcqId, Acquisition, FaultKind, History, Nanos, Reach, WorkerEnd};
 use crate::kind::{CheckKind, Mode};
 
 /// What the checker needs besides the history.
@@ -67,6 +67,8 @@ pub struct CheckConfig {
     pub settle: Nanos,
     /// The longest acceptable stretch with waiters, no holder and no fault.
     pub max_gap: Nanos,
+    /// The holders' renewal interval (ttl/3), for what ambiguous replies reached.
+    pub renew_every: Nanos,
 }
 
 /// The rules of the checker.
@@ -198,6 +200,8 @@ pub struct Stats {
     pub longest_gap_at: Option<Nanos>,
     /// How long the final acquisition took, if it succeeded.
     pub final_acquire: Option<Nanos>,
+    /// Which operations the ambiguous-reply faults reached.
+    pub ambiguous_reach: Reach,
 }
 
 /// The checker's answer.
@@ -337,7 +341,7 @@ pub fn check(history: &History, config: &CheckConfig) -> Verdict {
     Verdict {
         guarantee: config.guarantee.to_string(),
         findings,
-        stats: stats(history, &acquired, gap),
+        stats: stats(history, &acquired, gap, config.renew_every),
     }
 }
 
@@ -768,7 +772,12 @@ fn longest_gap(history: &History, config: &CheckConfig) -> (Nanos, Option<Nanos>
     best
 }
 
-fn stats(history: &History, acquired: &[&Acquisition], gap: (Nanos, Option<Nanos>)) -> Stats {
+fn stats(
+    history: &History,
+    acquired: &[&Acquisition],
+    gap: (Nanos, Option<Nanos>),
+    renew_every: Nanos,
+) -> Stats {
     let duration = history.end.saturating_sub(history.start);
     let count = |pred: &dyn Fn(&Acquisition) -> bool| {
         history.acquisitions.iter().filter(|a| pred(a)).count() as u64
@@ -799,6 +808,7 @@ fn stats(history: &History, acquired: &[&Acquisition], gap: (Nanos, Option<Nanos
             .as_ref()
             .filter(|f| f.token.is_some())
             .map(|f| f.returned.saturating_sub(f.invoked)),
+        ambiguous_reach: history.ambiguous_reach(renew_every),
     }
 }
 
@@ -838,6 +848,7 @@ mod tests {
             fifo: true,
             settle: 4_000 * MS,
             max_gap: 500 * MS,
+            renew_every: 100 * MS,
         }
     }
 
@@ -1066,6 +1077,41 @@ mod tests {
             }
         }
         h
+    }
+
+    #[test]
+    fn lost_replies_are_counted_by_the_operation_they_reached() {
+        let mut h = History {
+            start: 0,
+            end: 5_000 * MS,
+            ..History::default()
+        };
+        // w1: an acquire in flight at 1.0 s, a hold through the fault (0.3 s > one renewal
+        // interval of 0.1 s), a release at 1.35 s; w2 (not the victim) is not counted.
+        h.acquisitions
+            .push(held(id(1, 0), 950 * MS, 1_050 * MS, 1, 1_350 * MS));
+        h.acquisitions
+            .push(held(id(2, 0), 950 * MS, 1_050 * MS, 2, 1_350 * MS));
+        // A short hold inside the fault: no renewal was due.
+        h.acquisitions
+            .push(held(id(1, 1), 1_360 * MS, 1_370 * MS, 3, 1_380 * MS));
+        h.faults.push(Fault {
+            kind: FaultKind::Ambiguous,
+            worker: Some(1),
+            start: 1_000 * MS,
+            healed: 1_400 * MS,
+        });
+        let reach = check(&h, &config(FencingGuarantee::Linearizable))
+            .stats
+            .ambiguous_reach;
+        assert_eq!(
+            reach,
+            Reach {
+                acquires: 2,
+                renewals: 1,
+                releases: 2
+            }
+        );
     }
 
     fn of_kind(kind: CheckKind) -> CheckConfig {

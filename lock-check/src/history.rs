@@ -275,6 +275,51 @@ pub struct Fault {
     pub healed: Nanos,
 }
 
+/// Which operations of their victims the ambiguous-reply faults reached: a fault reaches an
+/// acquire in flight during it, a release called during it, and a renewal when the victim
+/// held a lock through it for at least one renewal interval (a renewal was then sent into it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reach {
+    /// `acquire` calls in flight while replies were lost.
+    pub acquires: u64,
+    /// Holds that spanned a renewal interval while replies were lost.
+    pub renewals: u64,
+    /// `release` calls made while replies were lost.
+    pub releases: u64,
+}
+
+impl History {
+    /// What the ambiguous-reply faults of this run reached (see [`Reach`]); `renew_every` is
+    /// the holders' renewal interval.
+    pub fn ambiguous_reach(&self, renew_every: Nanos) -> Reach {
+        let mut reach = Reach::default();
+        for fault in &self.faults {
+            let (FaultKind::Ambiguous, Some(victim)) = (fault.kind, fault.worker) else {
+                continue;
+            };
+            let (start, healed) = (fault.start, fault.healed);
+            for a in self.acquisitions.iter().filter(|a| a.id.worker == victim) {
+                let returned = a.returned.unwrap_or(self.end);
+                if a.invoked <= healed && returned >= start {
+                    reach.acquires += 1;
+                }
+                if a.released.is_some_and(|at| (start..=healed).contains(&at)) {
+                    reach.releases += 1;
+                }
+                if a.acquired() {
+                    let held_until = [a.released, a.lost].into_iter().flatten().min();
+                    let from = returned.max(start);
+                    let to = held_until.unwrap_or(self.end).min(healed);
+                    if to.saturating_sub(from) >= renew_every {
+                        reach.renewals += 1;
+                    }
+                }
+            }
+        }
+        reach
+    }
+}
+
 /// How a worker process ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -42,6 +42,7 @@
 //!     fifo: true,
 //!     settle: 0,
 //!     max_gap: 1_000_000,
+//!     renew_every: 100,
 //! };
 //! let verdict = check(&history, &config);
 //! assert_eq!(verdict.stats.writes_rejected, 1);

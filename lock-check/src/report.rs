@@ -83,6 +83,14 @@ pub fn markdown(label: &str, verdict: &Verdict) -> String {
     for (name, value) in rows {
         let _ = writeln!(out, "| {name} | {value} |");
     }
+    if s.faults.contains_key(&FaultKind::Ambiguous) {
+        let r = s.ambiguous_reach;
+        let _ = writeln!(
+            out,
+            "| lost replies reached (acquire / renew / release) | {} / {} / {} |",
+            r.acquires, r.renewals, r.releases
+        );
+    }
     let shown: Vec<_> = verdict.findings.iter().take(10).collect();
     if !shown.is_empty() {
         let _ = writeln!(out);

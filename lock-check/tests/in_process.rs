@@ -103,6 +103,7 @@ async fn run_with(
         fifo: true,
         settle: 2_000_000_000,
         max_gap: 1_000_000_000,
+        renew_every: 333_000_000,
     };
     let verdict = check(&history, &config);
     (history, verdict)
@@ -253,6 +254,7 @@ async fn every_kind_passes_on_the_memory_backend() {
                 fifo: true,
                 settle: 2_000_000_000,
                 max_gap: 1_000_000_000,
+                renew_every: 333_000_000,
             };
             let mut as_one = history.clone();
             for a in &mut as_one.acquisitions {
