@@ -1,6 +1,7 @@
 //! Opening the pool, and connections kept checked out between statements.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -37,6 +38,8 @@ pub(crate) struct HotConns<DB: sqlx::Database> {
     pool: sqlx::Pool<DB>,
     idle: Mutex<Vec<sqlx::pool::PoolConnection<DB>>>,
     keep: usize,
+    /// Bumped by [`Self::forget_kept`]: a connection taken out before is not kept again.
+    epoch: AtomicU64,
 }
 
 impl<DB: sqlx::Database> fmt::Debug for HotConns<DB> {
@@ -55,7 +58,23 @@ impl<DB: sqlx::Database> HotConns<DB> {
             pool,
             idle: Mutex::default(),
             keep: usize::try_from(keep).unwrap_or(0),
+            epoch: AtomicU64::new(0),
         }
+    }
+
+    /// Closes every kept connection, and those in use now when they come back: they serve a
+    /// database that is gone (a SQLite file deleted or replaced; see `sqlite::FileWatch`).
+    #[cfg_attr(
+        not(feature = "sqlite"),
+        allow(
+            dead_code,
+            reason = "SQLite files only are replaced under their clients"
+        )
+    )]
+    pub(crate) fn forget_kept(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        let kept = std::mem::take(&mut *self.idle.lock().unwrap_or_else(PoisonError::into_inner));
+        kept.into_iter().for_each(|conn| drop(conn.detach()));
     }
 
     /// The pool itself, for statements that do not go through [`Self::get`].
@@ -70,6 +89,7 @@ impl<DB: sqlx::Database> HotConns<DB> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .pop();
+        let epoch = self.epoch.load(Ordering::Acquire);
         let conn = match kept {
             Some(conn) => conn,
             None => self.pool.acquire().await?,
@@ -77,6 +97,7 @@ impl<DB: sqlx::Database> HotConns<DB> {
         Ok(Hot {
             home: self,
             conn: InUse::new(conn),
+            epoch,
         })
     }
 
@@ -90,6 +111,7 @@ impl<DB: sqlx::Database> HotConns<DB> {
         Hot {
             home: self,
             conn: InUse::new(conn),
+            epoch: self.epoch.load(Ordering::Acquire),
         }
     }
 }
@@ -201,6 +223,8 @@ impl<DB: sqlx::Database> Drop for InUse<DB> {
 pub(crate) struct Hot<'a, DB: sqlx::Database> {
     home: &'a HotConns<DB>,
     conn: InUse<DB>,
+    /// The home's epoch when this connection was taken out.
+    epoch: u64,
 }
 
 impl<DB: sqlx::Database> Hot<'_, DB> {
@@ -222,8 +246,13 @@ impl<DB: sqlx::Database> Hot<'_, DB> {
     /// succeeded, drops every kept connection if it failed (giving this one back to the
     /// pool's own checks).
     pub(crate) fn keep<T>(self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
-        let Self { home, conn } = self;
+        let Self { home, conn, epoch } = self;
         let conn = conn.done();
+        if epoch != home.epoch.load(Ordering::Acquire) {
+            // Its database went away while it was out (see `HotConns::forget_kept`).
+            drop(conn.detach());
+            return result;
+        }
         let mut idle = home.idle.lock().unwrap_or_else(PoisonError::into_inner);
         match &result {
             Ok(_) if idle.len() < home.keep => idle.push(conn),

@@ -3,9 +3,11 @@
 
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_core::backend::unpoisoned;
 use distlock_core::{Error, Result};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
@@ -178,6 +180,70 @@ pub(crate) struct LiteDb {
     common: Common<sqlx::Sqlite>,
     /// The batched renewal, by list size.
     renew_many: BySize,
+    /// The database file, watched for deletion or replacement (a file of a pool of ours).
+    watch: Option<Arc<FileWatch>>,
+}
+
+/// The database file of a pool, checked before each statement: deleted, or replaced by another
+/// file at the same path (a new file after a deletion), the old one lives on in the
+/// connections that have it open, in WAL mode without any error. Their locks are then on a
+/// file nobody else sees, and a renewal there would keep a lease that is gone. So the
+/// connections opened before the change are closed (the pool's idle ones when next taken out,
+/// through the pool's `before_acquire`), new ones open the file at the path, and their first
+/// statement creates the tables again (when `create_table` allows): the holder's renewal finds
+/// no row and is refused, new acquisitions meet the other clients of the new file.
+#[derive(Debug)]
+struct FileWatch {
+    path: std::path::PathBuf,
+    /// The file's identity when last seen; `None`: it was missing then.
+    seen: Mutex<Option<FileId>>,
+    /// When a change was last seen: connections older than that are to the old file.
+    changed_at: Arc<Mutex<Option<std::time::Instant>>>,
+}
+
+/// What tells two files at one path apart: (device, inode).
+type FileId = (u64, u64);
+
+impl FileWatch {
+    /// Watches the file at `path`, as it is now; `changed_at` is shared with the pool.
+    fn new(path: std::path::PathBuf, changed_at: Arc<Mutex<Option<std::time::Instant>>>) -> Self {
+        let seen = Mutex::new(file_id(&path));
+        Self {
+            path,
+            seen,
+            changed_at,
+        }
+    }
+
+    /// Whether the file at the path is no longer the one seen before: deleted, or another
+    /// file. A file found where none was (a new one after a change) is taken as the file.
+    fn changed(&self) -> bool {
+        let now = file_id(&self.path);
+        let mut seen = unpoisoned(&self.seen);
+        let changed = seen.is_some() && *seen != now;
+        *seen = now;
+        if changed {
+            *unpoisoned(&self.changed_at) = Some(std::time::Instant::now());
+        }
+        changed
+    }
+
+    /// Whether a pooled connection of `age` was opened before the last change seen.
+    fn stale(changed_at: &Mutex<Option<std::time::Instant>>, age: Duration) -> bool {
+        unpoisoned(changed_at).is_some_and(|at| age >= at.elapsed())
+    }
+}
+
+#[cfg(unix)]
+fn file_id(path: &Path) -> Option<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Elsewhere no identity: the file is not watched.
+#[cfg(not(unix))]
+fn file_id(_path: &Path) -> Option<FileId> {
+    None
 }
 
 impl LiteDb {
@@ -216,6 +282,34 @@ impl LiteDb {
             .max_connections(config.max_connections)
             .acquire_timeout(timeout / 2)
             .test_before_acquire(false);
+        let changed_at: Arc<Mutex<Option<std::time::Instant>>> = Arc::default();
+        if file.is_some() {
+            let changed = changed_at.clone();
+            pool = pool.before_acquire(move |_, meta| {
+                let fresh = !FileWatch::stale(&changed, meta.age);
+                Box::pin(async move { Ok(fresh) })
+            });
+            // After a change, a new connection may open a new, empty file.
+            let changed_at = changed_at.clone();
+            let tables = if config.create_table {
+                table_setup(&config.table)
+            } else {
+                Vec::new()
+            };
+            pool = pool.after_connect(move |conn, _| {
+                let tables = if unpoisoned(&changed_at).is_some() {
+                    tables.clone()
+                } else {
+                    Vec::new()
+                };
+                Box::pin(async move {
+                    for create in tables {
+                        conn.execute(AssertSqlSafe(create)).await?;
+                    }
+                    Ok(())
+                })
+            });
+        }
         if memory {
             // The database lives as long as a connection does.
             pool = pool
@@ -229,7 +323,25 @@ impl LiteDb {
         })
         .await
         .map_err(|e| unusable_file(config, &e).unwrap_or_else(|| connect_err(config, e)))?;
-        Self::on_pool(pool, config, config.max_connections / 2).await
+        let mut db = Self::on_pool(pool, config, config.max_connections / 2).await?;
+        // The file exists now: the one to watch.
+        db.watch = file.map(|file| Arc::new(FileWatch::new(file, changed_at)));
+        Ok(db)
+    }
+
+    /// The statements, after a look at the database file (see [`FileWatch`]).
+    fn watched(&self) -> &Common<sqlx::Sqlite> {
+        if let Some(watch) = &self.watch
+            && watch.changed()
+        {
+            tracing::warn!(
+                file = %watch.path.display(),
+                "the SQLite database file was deleted or replaced: its locks are gone, \
+                 going on with the file now at that path"
+            );
+            self.common.conns.forget_kept();
+        }
+        &self.common
     }
 
     /// Sets up the lock table and its statements on `pool`, keeping at most `keep`
@@ -242,11 +354,7 @@ impl LiteDb {
         let patience = config.busy_timeout;
         let table = quote(&config.table, '"');
         if config.create_table {
-            let create = format!(
-                "CREATE TABLE IF NOT EXISTS {table} (name TEXT NOT NULL PRIMARY KEY, owner TEXT, \
-                 version INTEGER NOT NULL, expires_at INTEGER NOT NULL, next_owner TEXT, \
-                 next_since INTEGER, next_expires INTEGER) WITHOUT ROWID"
-            );
+            let create = lock_table(&config.table);
             while_busy(patience, || pool.execute(AssertSqlSafe(create.clone())))
                 .await
                 .map_err(|e| {
@@ -271,8 +379,27 @@ impl LiteDb {
                 holds,
             },
             renew_many,
+            watch: None,
         })
     }
+}
+
+/// The statement that creates the lock table.
+fn lock_table(table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (name TEXT NOT NULL PRIMARY KEY, owner TEXT, \
+         version INTEGER NOT NULL, expires_at INTEGER NOT NULL, next_owner TEXT, \
+         next_since INTEGER, next_expires INTEGER) WITHOUT ROWID",
+        quote(table, '"')
+    )
+}
+
+/// The statements that create every table: the lock table and the holders'.
+fn table_setup(table: &str) -> Vec<String> {
+    let (_, holds) = statements(table);
+    std::iter::once(lock_table(table))
+        .chain(holds.setup.iter().map(|s| s.to_string()))
+        .collect()
 }
 
 /// The error of a database file SQLite cannot open or write: the path and the cause, as a
@@ -440,7 +567,7 @@ fn is_busy(err: &sqlx::Error) -> bool {
 #[async_trait]
 impl Db for LiteDb {
     fn common(&self) -> &dyn Shared {
-        &self.common
+        self.watched()
     }
 
     async fn take(
@@ -451,7 +578,7 @@ impl Db for LiteDb {
         _wake_waiters: bool,
     ) -> Result<Option<i64>, sqlx::Error> {
         let row = self
-            .common
+            .watched()
             .conns
             .fetch_optional(
                 q(&self.common.sql.take)
@@ -477,7 +604,7 @@ impl Db for LiteDb {
             query = query.bind(None::<String>).bind(None::<String>);
             query = query.bind(None::<i64>).bind(None::<i64>);
         }
-        let rows = self.common.conns.fetch_all(query).await?;
+        let rows = self.watched().conns.fetch_all(query).await?;
         let rows = rows
             .iter()
             .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
