@@ -28,6 +28,17 @@ async fn assert_renewal_reports_the_loss(guard: &LockGuard) {
     assert!(guard.is_lost(), "the guard does not know its lock is gone");
 }
 
+/// Deletes `locks.db` in `dir`, with its `-wal` and `-shm` files.
+#[cfg(feature = "sqlite")]
+fn delete_database(dir: &std::path::Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let path = dir.join(format!("locks.db{suffix}"));
+        if path.exists() {
+            std::fs::remove_file(&path).unwrap();
+        }
+    }
+}
+
 #[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn a_deleted_sqlite_file_keeps_tokens_growing_and_tells_the_holder() {
@@ -37,12 +48,7 @@ async fn a_deleted_sqlite_file_keeps_tokens_growing_and_tells_the_holder() {
     let first = client_with(&url, Duration::from_secs(5)).await;
     let held = first.acquire("account-7", &opts()).await.unwrap();
 
-    for suffix in ["", "-wal", "-shm"] {
-        let path = dir.path().join(format!("locks.db{suffix}"));
-        if path.exists() {
-            std::fs::remove_file(&path).unwrap();
-        }
-    }
+    delete_database(dir.path());
     let second = client_with(&url, Duration::from_secs(5)).await;
     let next = second.acquire("account-7", &opts()).await.unwrap();
     assert!(
@@ -81,12 +87,7 @@ async fn a_deleted_sqlite_file_is_made_again_by_its_client() {
     let client = client_with(&url, Duration::from_secs(5)).await;
     let held = client.acquire("a", &opts()).await.unwrap();
     let reader = client.acquire("b", &opts().shared()).await.unwrap();
-    for suffix in ["", "-wal", "-shm"] {
-        let path = dir.path().join(format!("locks.db{suffix}"));
-        if path.exists() {
-            std::fs::remove_file(&path).unwrap();
-        }
-    }
+    delete_database(dir.path());
     assert_renewal_reports_the_loss(&held).await;
     assert_renewal_reports_the_loss(&reader).await;
     assert!(file.exists(), "the client did not open the path again");
