@@ -6,7 +6,9 @@
 //!
 //! - **Floor**: the backend's raw acquire + release (e.g. Redis `SET NX PX` + `EVALSHA`
 //!   compare-and-delete), one connection, with the S1 loop. Every scenario reports its
-//!   throughput as a ratio to it (lock ops/s ÷ floor ops/s).
+//!   throughput as a ratio to it (lock ops/s ÷ floor ops/s). A floor that says it cannot be
+//!   compared with S1's connection ([`RawFloor::unfit`]) is left out of S1 and S2, and
+//!   [`TargetResult::no_floor`] says why.
 //! - **S1, uncontended**: one client acquires and releases one name, `cycles` times after
 //!   `warmup_cycles`: cycles/s and cycle latency p50/p99/max, plus acquire and release alone.
 //!   With [`run_with`] and [`Instruments`] that measure CPU time, also the process's CPU time
@@ -194,6 +196,7 @@ async fn run_target(
         target: label.to_owned(),
         backend: None,
         floor: None,
+        no_floor: None,
         fenced_floor: None,
         uncontended: None,
         contended: None,
@@ -227,6 +230,13 @@ async fn run_target(
             None
         }
     };
+    result.no_floor = floor
+        .as_deref()
+        .and_then(RawFloor::unfit)
+        .map(str::to_owned);
+    if result.no_floor.is_some() {
+        floor = None;
+    }
     // Only next to S1: unlike the floor, it has no part in S2's comparisons.
     let fenced_floor = if config.scenarios.uncontended() {
         target.fenced_floor().await

@@ -32,6 +32,9 @@ pub struct TargetResult {
     pub backend: Option<String>,
     /// The raw floor, if the target has one and it ran without error.
     pub floor: Option<FloorResult>,
+    /// Why the target has a raw floor but S1 and S2 were measured without it
+    /// ([`RawFloor::unfit`](crate::RawFloor::unfit)).
+    pub no_floor: Option<String>,
     /// The fenced raw floor ([`Target::with_fenced_floor`](crate::Target::with_fenced_floor)),
     /// measured interleaved with S1 and the raw floor, if the target has one.
     pub fenced_floor: Option<FloorResult>,
@@ -427,7 +430,11 @@ impl Report {
         out.push_str("| target | scenario | ops/s | p50 µs | p99 µs | max µs | floor | floor ops/s | ratio |\n");
         out.push_str("|---|---|--:|--:|--:|--:|---|--:|--:|\n");
         for t in &self.targets {
-            let floor_label = t.floor.as_ref().map_or("-", |f| f.label.as_str());
+            let floor_label = match (&t.floor, &t.no_floor) {
+                (Some(f), _) => f.label.as_str(),
+                (None, Some(_)) => "none (see below)",
+                (None, None) => "-",
+            };
             let floor_ops = t
                 .floor
                 .as_ref()
@@ -484,6 +491,11 @@ impl Report {
                     e.scenario,
                     e.message.replace('|', "\\|")
                 );
+            }
+        }
+        for t in &self.targets {
+            if let Some(why) = &t.no_floor {
+                let _ = writeln!(out, "\n- {}: no floor: {why}", t.target);
             }
         }
         let contended: Vec<_> = self

@@ -78,6 +78,16 @@ pub trait RawFloor: Send + fmt::Debug {
     /// # Errors
     /// Whatever the server answered; the floor measurement stops at the first error.
     async fn cycle(&mut self, name: &str) -> Result<(), Error>;
+
+    /// Why S1 and S2 cannot be compared with this floor, if so: its cycle costs what something
+    /// other than its work decides, and decides anew for S1's own connection (SQLite's
+    /// per-connection thread, see `distlock_sql::bench`). The harness then runs S1 and S2
+    /// without a floor, and the report gives this reason in its place
+    /// ([`TargetResult::no_floor`](crate::TargetResult::no_floor)). `None`, the default: a
+    /// floor to compare with.
+    fn unfit(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// The server's own blocking lock, without any of distlock's machinery: what a contended

@@ -333,6 +333,71 @@ async fn a_fenced_floor_runs_in_the_rotation_of_s1() {
     );
 }
 
+/// A floor that says S1 cannot be compared with it.
+#[derive(Debug)]
+struct UnfitFloor(Arc<AtomicU64>);
+
+#[async_trait]
+impl RawFloor for UnfitFloor {
+    fn label(&self) -> &str {
+        "thread hops"
+    }
+
+    async fn cycle(&mut self, _name: &str) -> Result<(), Error> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn unfit(&self) -> Option<&str> {
+        "its cost is the placement of a thread".into()
+    }
+}
+
+/// Issue 47: SQLite's floor measured slower than distlock in some runs and faster in others.
+/// A floor that says it cannot be compared is not run next to S1 nor S2: no floor ratio, and
+/// the report says why instead of showing a floor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unfit_floor_is_left_out_with_its_reason() {
+    let cycles = Arc::new(AtomicU64::new(0));
+    let store = MemoryStore::new();
+    let target = Target::new("hops", move || {
+        let store = store.clone();
+        async move { Ok(store.client()) }
+    })
+    .with_floor({
+        let cycles = cycles.clone();
+        move || {
+            let cycles = cycles.clone();
+            async move { Ok(Box::new(UnfitFloor(cycles)) as Box<dyn RawFloor>) }
+        }
+    });
+    let report = distlock_bench::run(&[target], &small()).await.unwrap();
+    assert!(!report.has_failures(), "{report:#?}");
+    let t = &report.targets[0];
+    assert_eq!(cycles.load(Ordering::Relaxed), 0, "the unfit floor ran");
+    assert!(t.floor.is_none());
+    assert_eq!(
+        t.no_floor.as_deref(),
+        Some("its cost is the placement of a thread")
+    );
+    assert_eq!(t.uncontended.as_ref().unwrap().floor_ratio, None);
+    let s2 = t.contended.as_ref().unwrap();
+    assert_eq!(
+        (s2.floor_ratio, s2.handoff_paused_floor_ratio),
+        (None, None)
+    );
+    let markdown = report.to_markdown();
+    assert!(
+        markdown.contains("| hops | S1 uncontended |") && markdown.contains("| none (see below) |"),
+        "{markdown}"
+    );
+    assert!(
+        markdown.contains("- hops: no floor: its cost is the placement of a thread"),
+        "{markdown}"
+    );
+    assert!(report.to_json().unwrap().contains("\"no_floor\""));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn targets_without_floor_have_no_ratio() {
     let store = MemoryStore::new();
