@@ -196,6 +196,19 @@ impl Connection {
         self.open().await
     }
 
+    /// Connects as [`connect`](Self::connect) for holding leases of `ttl`, and refuses
+    /// (exit 78, see [`check_ttl`]) a ttl the backend cannot keep renewed, before anything is
+    /// acquired or run.
+    #[expect(dead_code, reason = "for `run` and `elect` (run.rs) to connect with")]
+    pub(crate) async fn connect_for_ttl(
+        &self,
+        ttl: Duration,
+    ) -> Result<Arc<dyn DistributedLock>, Failure> {
+        let locks = self.connect().await?;
+        check_ttl(&*locks, ttl)?;
+        Ok(locks)
+    }
+
     /// Connects for reading only: `None` when the URL names a SQLite file that does not exist
     /// (no lock can be held there, and nothing is created just to say so). A lock service that
     /// lives in this process only is refused, as by [`connect`](Self::connect).
@@ -257,6 +270,30 @@ impl Connection {
     pub(crate) fn shown(&self) -> String {
         distlock::service_url::redact(&self.url)
     }
+}
+
+/// Refuses `--ttl` outside the backend's range (exit 78): below its `min_ttl` the lease
+/// cannot be renewed in time (every ttl/3, a server round trip or more each) and the command
+/// would be killed as soon as it started; above its `max_ttl` the backend refuses it.
+pub(crate) fn check_ttl(locks: &dyn DistributedLock, ttl: Duration) -> Result<(), Failure> {
+    let caps = locks.capabilities();
+    let shown = |d: Duration| humantime::format_duration(d).to_string();
+    let why = if ttl < caps.min_ttl {
+        format!(
+            "is shorter than the {} backend can keep renewed (every ttl/3): give at least {}",
+            locks.backend(),
+            shown(caps.min_ttl)
+        )
+    } else if ttl > caps.max_ttl {
+        format!(
+            "is longer than the {} backend allows: give at most {}",
+            locks.backend(),
+            shown(caps.max_ttl)
+        )
+    } else {
+        return Ok(());
+    };
+    Err(Failure::new(CONFIG, format!("--ttl {} {why}", shown(ttl))))
 }
 
 /// The log filter: DISTLOCK_LOG if set, else from -q/-v. By default the library's warnings
@@ -346,5 +383,30 @@ fn main() -> ExitCode {
             failure.report(cli.verbose > 0);
             ExitCode::from(failure.code)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_ttl_outside_the_backends_range_is_refused_with_its_bounds() {
+        let locks = distlock::connect("memory://check-ttl")
+            .await
+            .expect("memory");
+        let caps = locks.capabilities().clone();
+        assert!(check_ttl(&*locks, caps.min_ttl).is_ok());
+        assert!(check_ttl(&*locks, caps.max_ttl).is_ok());
+        let short = check_ttl(&*locks, caps.min_ttl / 2).expect_err("too short");
+        assert_eq!(short.code, CONFIG);
+        assert_eq!(
+            short.message,
+            "--ttl 5ms is shorter than the memory backend can keep renewed (every ttl/3): give \
+             at least 10ms"
+        );
+        let long = check_ttl(&*locks, caps.max_ttl * 2).expect_err("too long");
+        let most = format!("give at most {}", humantime::format_duration(caps.max_ttl));
+        assert!(long.message.ends_with(&most), "{}", long.message);
     }
 }

@@ -282,3 +282,31 @@ fn a_closed_stdout_ends_the_command_quietly() {
         assert!(stderr.is_empty(), "{args:?}: {stderr}");
     }
 }
+
+/// A ttl shorter than the backend can keep renewed is refused before anything runs (exit 78,
+/// naming the shortest it takes), instead of the lease running out at once and the command
+/// being killed (exit 76).
+#[test]
+fn a_ttl_too_short_to_renew_is_refused_before_the_command_runs() {
+    let env = Env::new();
+    for command in ["run", "elect"] {
+        for ttl in ["2ms", "299ms"] {
+            let args = [
+                command, "--name", "short", "--ttl", ttl, "--", "echo", "RAN",
+            ];
+            let out = env.run(&args);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(78), "{args:?}: {stderr}");
+            assert!(out.stdout.is_empty(), "{args:?}: the command ran");
+            assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+            assert!(
+                stderr.contains("ttl") && stderr.contains("300ms"),
+                "{args:?}: {stderr}"
+            );
+        }
+    }
+    let out = env.run(&[
+        "run", "--name", "short", "--ttl", "300ms", "--", "echo", "RAN",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "RAN");
+}

@@ -14,7 +14,11 @@ pub struct Capabilities {
     pub fifo: bool,
     /// How a waiter learns that the lock may be free.
     pub wake_up: WakeUp,
-    /// Shortest ttl the backend accepts.
+    /// Shortest ttl the backend accepts: the shortest lease it can keep renewed (every
+    /// ttl/3, each renewal a server round trip or more that must land within the two thirds
+    /// left). Each backend says why its value: etcd 2 s (its lease minimum), ZooKeeper 500 ms
+    /// (a quorum write per renewal), SQL 300 ms (a commit per renewal), Redis 200 ms (Redlock
+    /// 500 ms: a majority per renewal), memory 10 ms.
     pub min_ttl: Duration,
     /// Longest ttl the backend accepts.
     pub max_ttl: Duration,

@@ -33,6 +33,11 @@ use crate::{
 /// The largest semaphore of the in-memory backend.
 pub const MAX_PERMITS: u32 = 1 << 20;
 
+/// The shortest ttl of the in-memory backend: a renewal is a lock of the store, no I/O, but
+/// it runs on a timer every ttl/3, and timers tick in whole milliseconds and wait for a busy
+/// runtime; below 10 ms a lease would expire between ticks.
+const MIN_TTL: Duration = Duration::from_millis(10);
+
 /// Shared lock state for any number of in-process clients. Cheap to clone.
 #[derive(Clone, Debug, Default)]
 pub struct MemoryStore {
@@ -239,10 +244,7 @@ impl LockBackend for MemoryBackend {
         Capabilities::new(FencingGuarantee::Linearizable)
             .with_fifo(true)
             .with_wake_up(WakeUp::Event)
-            .with_ttl_range(
-                Duration::from_millis(1),
-                Duration::from_secs(365 * 24 * 3600),
-            )
+            .with_ttl_range(MIN_TTL, Duration::from_secs(365 * 24 * 3600))
             .with_list(true)
             .with_force_release(true)
             .with_shared(true)

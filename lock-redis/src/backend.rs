@@ -22,6 +22,17 @@ use crate::renew::RedisRenewer;
 use crate::{MAX_PERMITS, RedisConfig, Topology};
 use crate::{observe, redlock};
 
+/// The shortest ttl on one master (also Sentinel, Cluster): a renewal every ttl/3 is one
+/// round trip (a script), and it must land within the two thirds of the ttl left, less the
+/// drift allowance. 200 ms leaves it about 130 ms: many round trips on a LAN, room for a
+/// scheduler hiccup or a Cluster redirect; shorter leases expire under ordinary load.
+const MIN_TTL: Duration = Duration::from_millis(200);
+
+/// The shortest Redlock ttl: a renewal must reach a majority of the masters, each within the
+/// per-node timeout of ttl/10, and the validity left must cover the slowest of them. 500 ms
+/// gives each node 50 ms.
+const REDLOCK_MIN_TTL: Duration = Duration::from_millis(500);
+
 /// The Redis [`LockBackend`]: one master (`redis`) or Redlock over N masters (`redlock`).
 /// Made by [`connect`](crate::connect) or [`RedisBackend::connect`]. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -218,11 +229,7 @@ impl LockBackend for RedisBackend {
         } else {
             FencingGuarantee::SingleNode
         };
-        let min_ttl = if redlock {
-            Duration::from_millis(10)
-        } else {
-            Duration::from_millis(1)
-        };
+        let min_ttl = if redlock { REDLOCK_MIN_TTL } else { MIN_TTL };
         Capabilities::new(fencing)
             .with_fifo(self.shared.config.fair && !redlock)
             .with_wake_up(WakeUp::Event)

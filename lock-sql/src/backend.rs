@@ -22,6 +22,12 @@ use crate::{Dialect, FencedUpdate, SqlConfig, db};
 /// The longest lease: the expiry is a microsecond count, so the limit is a choice (a year).
 const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// The shortest ttl: a renewal every ttl/3 is a transaction (a pooled connection, an
+/// owner-checked UPDATE, a commit; on SQLite a writer that may wait for another), and it
+/// must commit within the two thirds of the ttl left. 300 ms leaves it about 200 ms, many
+/// commits of a server at ease; shorter leases are lost to an ordinary slow commit.
+const MIN_TTL: Duration = Duration::from_millis(300);
+
 /// The largest semaphore: enough for any pool of workers, small enough that a holders
 /// table of that many rows per name stays an ordinary table.
 pub const MAX_PERMITS: u32 = 65536;
@@ -337,7 +343,7 @@ impl LockBackend for SqlBackend {
         let process_local = false;
         Capabilities::new(FencingGuarantee::Linearizable)
             .with_wake_up(wake_up)
-            .with_ttl_range(Duration::from_millis(1), MAX_TTL)
+            .with_ttl_range(MIN_TTL, MAX_TTL)
             .with_list(true)
             .with_force_release(true)
             .with_shared(true)

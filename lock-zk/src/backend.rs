@@ -23,9 +23,11 @@ use crate::keys::{Entry, escape, parse_held, queue, unescape};
 use crate::queue::holders;
 use crate::session::{Session, open_session};
 
-/// The smallest ttl accepted: the lease is measured in whole milliseconds on the server and
-/// renewed every ttl/3, so it must be many round trips long.
-pub(crate) const MIN_TTL: Duration = Duration::from_millis(100);
+/// The smallest ttl accepted: the lease is the holder node's data, renewed every ttl/3 by a
+/// write, and every write is a quorum round through the leader with a log fsync on each
+/// server; it must land within the two thirds of the ttl left. 500 ms leaves it about 330 ms
+/// (an fsync on a loaded disk alone can take 100 ms).
+pub(crate) const MIN_TTL: Duration = Duration::from_millis(500);
 
 /// The largest semaphore: the first waiter of a semaphore reads every holder's node in each
 /// of its polls (to remove holders whose lease ran out, on the server's clock), all in one
