@@ -196,7 +196,10 @@ fn url_mistakes_are_named() {
         cases.push((long_host, "bytes in all"));
         cases.push(("redis://127.0.0.1:1?handoff=100".into(), "needs a unit"));
         cases.push(("redis://127.0.0.1:1?handoff_ms=5".into(), "unknown option"));
-        cases.push(("redis://127.0.0.1:1/x".into(), "is not a number"));
+        cases.push((
+            "redis://127.0.0.1:1/x".into(),
+            "database=\"x\": expected an integer",
+        ));
     }
     if cfg!(feature = "zookeeper") {
         cases.push(("zk://h?session_timeout=1500".into(), "needs a unit"));
