@@ -214,15 +214,17 @@ impl CommandGroup {
             if !termed {
                 termed = true;
                 if !quiet {
-                    eprintln!(
-                        "distlock: the command left processes running in its group; \
-                         terminating them before the lock is released"
+                    crate::out::stderr_line(
+                        "distlock: the command left processes running; \
+                         terminating them before the lock is released",
                     );
                 }
                 self.signal_all(Signal::SIGTERM);
             } else if killed_at.is_none() && waited >= grace {
                 if !quiet {
-                    eprintln!("distlock: processes of the command ignored SIGTERM; killing them");
+                    crate::out::stderr_line(
+                        "distlock: processes of the command ignored SIGTERM; killing them",
+                    );
                 }
                 self.signal_all(Signal::SIGKILL);
                 killed_at = Some(waited);

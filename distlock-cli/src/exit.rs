@@ -15,6 +15,8 @@ pub(crate) const UNAVAILABLE: u8 = 69;
 pub(crate) const BUSY: u8 = 75;
 /// The lock was lost while the command ran.
 pub(crate) const LOST: u8 = 76;
+/// `run --skip-if-held`: the lock was held elsewhere, nothing was run (not an error: for cron).
+pub(crate) const SKIPPED: u8 = 80;
 /// Bad URL, option or name (EX_CONFIG).
 pub(crate) const CONFIG: u8 = 78;
 /// The command exists but could not be executed.

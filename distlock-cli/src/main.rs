@@ -9,8 +9,9 @@
 //! | 3 | `leader`: the election has no leader |
 //! | 69 | the lock service is unreachable |
 //! | 75 | `run`, `elect`: the lock is held elsewhere (another leader) and `--wait` ran out |
-//! | 76 | `run`, `elect`: the lock (leadership) was lost while the command ran; the command was terminated |
+//! | 76 | `run`, `elect`: the lock (leadership) was lost while the command ran, or renewals failed until its lease was about to end; the command was killed |
 //! | 78 | bad URL, option or name (`--permits 0`); a lock kind the backend lacks (`--shared`, `--permits` where it has no read-write locks or semaphores); a lock kind that does not match the name's holders (`--permits 3` on a semaphore of 5, `--permits` on a read-write lock) |
+//! | 80 | `run --skip-if-held`: the lock is held elsewhere; nothing was run, nothing printed |
 //! | 126, 127 | `run`, `elect`: the command could not be executed / was not found |
 //! | 141 | stdout was closed by its reader (`distlock list \| head -1`): the output stopped there, quietly (128 + SIGPIPE, as a shell reports a command killed by it) |
 //! | 1 | any other failure |
@@ -54,7 +55,8 @@ use crate::exit::{CONFIG, Failure};
 const AFTER_HELP: &str = "\
 Exit codes: the command's own status for `run` and `elect` (128+N when killed by signal N);
 2 bad flags; 3 `leader`: no leader; 69 lock service unreachable; 75 lock busy (--wait ran out);
-76 lock or leadership lost while the command ran (it was terminated); 78 bad URL, option or
+76 lock or leadership lost while the command ran (it was terminated); 80 `run --skip-if-held`:
+held elsewhere, nothing run; 78 bad URL, option or
 name, a lock kind the backend lacks or that does not match the name's holders (--shared,
 --permits); 126/127 command not executable / not found; 141 stdout closed by its reader
 (`distlock list | head -1`: the output stopped there, quietly); 1 anything else.
@@ -199,7 +201,6 @@ impl Connection {
     /// Connects as [`connect`](Self::connect) for holding leases of `ttl`, and refuses
     /// (exit 78, see [`check_ttl`]) a ttl the backend cannot keep renewed, before anything is
     /// acquired or run.
-    #[expect(dead_code, reason = "for `run` and `elect` (run.rs) to connect with")]
     pub(crate) async fn connect_for_ttl(
         &self,
         ttl: Duration,

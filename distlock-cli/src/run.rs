@@ -12,7 +12,7 @@ use tokio::signal::unix::SignalKind;
 use crate::Connection;
 use crate::child::{CommandGroup, SpawnError};
 use crate::contain::Contain;
-use crate::exit::{BUSY, CONFIG, Failure, LOST, NOT_EXECUTABLE, NOT_FOUND, OTHER};
+use crate::exit::{BUSY, CONFIG, Failure, LOST, NOT_EXECUTABLE, NOT_FOUND, OTHER, SKIPPED};
 
 pub(crate) const AFTER_HELP: &str = "\
 CMD gets DISTLOCK_FENCING_TOKEN (strictly increasing per lock name: pass it to the resource you
@@ -216,9 +216,6 @@ pub(crate) async fn run(mut args: RunArgs, quiet: bool) -> Result<u8, Failure> {
     }
 }
 
-/// `run --skip-if-held`: the lock was held elsewhere, nothing was run.
-pub(crate) const SKIPPED: u8 = 80;
-
 /// What happens after the command ended, before the release.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct After {
@@ -247,7 +244,7 @@ where
     // Signals are caught from the start: before the lock is held they end distlock at once
     // (nothing runs yet), afterwards they are passed on to the command's process group.
     let mut signals = Signals::new()?;
-    let locks = holding.connection.connect().await?;
+    let locks = holding.connection.connect_for_ttl(holding.ttl).await?;
     let mut opts = AcquireOptions::default()
         .with_ttl(holding.ttl)
         .with_renewal(Renewal::auto());
@@ -294,7 +291,7 @@ where
         tokio::select! {
             status = group.wait() => break status.map_err(|e| Failure::new(OTHER, format!("waiting for the command: {e}")))?,
             reason = &mut lost => {
-                eprintln!("distlock: {} ({reason}); killing the command", role.lost(name));
+                crate::out::stderr_line(format!("distlock: {} ({reason}); killing the command", role.lost(name)));
                 group.signal_all(Signal::SIGKILL);
                 let _ = group.wait().await;
                 group.finish(Duration::ZERO, true).await;
@@ -305,18 +302,18 @@ where
                     continue; // renewed meanwhile
                 }
                 terminated = true;
-                eprintln!(
+                crate::out::stderr_line(format!(
                     "distlock: renewals of {name:?} are failing and its lease ends in {}; \
                      terminating the command",
                     humantime::format_duration(deadline.term_lead)
-                );
+                ));
                 group.signal_all(Signal::SIGTERM);
             }
             () = tokio::time::sleep_until(kill_at.into()), if terminated => {
                 if guard.valid_until() > until {
                     continue;
                 }
-                eprintln!("distlock: the lease of {name:?} is about to end; killing the command");
+                crate::out::stderr_line(format!("distlock: the lease of {name:?} is about to end; killing the command"));
                 group.signal_all(Signal::SIGKILL);
                 let _ = group.wait().await;
                 group.finish(Duration::ZERO, true).await;
@@ -345,12 +342,18 @@ where
     let was_lost = guard.is_lost();
     match guard.release().await {
         Ok(()) if !was_lost => {}
-        Ok(()) => eprintln!("distlock: the lease of {name:?} ran out just as the command ended"),
+        Ok(()) => crate::out::stderr_line(format!(
+            "distlock: the lease of {name:?} ran out just as the command ended"
+        )),
         Err(err @ (Error::Lost { .. } | Error::NotHeld { .. })) => {
-            eprintln!("distlock: {err}; the command may have finished without the lock");
+            crate::out::stderr_line(format!(
+                "distlock: {err}; the command may have finished without the lock"
+            ));
             return Ok(LOST);
         }
-        Err(err) => eprintln!("distlock: release failed ({err}); the lock expires after its ttl"),
+        Err(err) => crate::out::stderr_line(format!(
+            "distlock: release failed ({err}); the lock expires after its ttl"
+        )),
     }
     if terminated {
         return Ok(LOST);
@@ -406,8 +409,12 @@ async fn report_waiting(locks: &dyn DistributedLock, name: &str, role: Role) {
         },
     };
     match role {
-        Role::Lock => eprintln!("distlock: waiting for lock {name:?}{holder}"),
-        Role::Leader => eprintln!("distlock: waiting to lead {name:?}{holder}"),
+        Role::Lock => {
+            crate::out::stderr_line(format!("distlock: waiting for lock {name:?}{holder}"))
+        }
+        Role::Leader => {
+            crate::out::stderr_line(format!("distlock: waiting to lead {name:?}{holder}"))
+        }
     }
 }
 
