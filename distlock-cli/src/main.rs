@@ -222,9 +222,27 @@ impl Connection {
         #[cfg(feature = "sqlite")]
         if let Ok(config) = distlock_sql::SqlConfig::from_url(&self.url)
             && let Some(file) = config.sqlite_file()
-            && !file.exists()
         {
-            return Ok(None);
+            if !file.exists() {
+                return Ok(None);
+            }
+            // Reading a file this user may not write (another user's, a read-only mount):
+            // open it read-only rather than refuse it, unless the URL chose a mode itself.
+            let writable = std::fs::OpenOptions::new().write(true).open(&file);
+            if writable.is_err_and(|err| {
+                matches!(
+                    err.kind(),
+                    std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+                )
+            }) && !self.url.contains("mode=")
+            {
+                let separator = if self.url.contains('?') { '&' } else { '?' };
+                let read_only = Self {
+                    url: format!("{}{separator}mode=ro", self.url),
+                    ..self.clone()
+                };
+                return read_only.open().await.map(Some);
+            }
         }
         self.open().await.map(Some)
     }

@@ -83,9 +83,13 @@ impl Unprivileged {
 
     /// `distlock run --url URL -- true` as this user.
     fn run(&self, env: &Env, url: &str) -> Output {
+        self.command(env, &["run", "--url", url, "--name", "x", "--", "true"])
+    }
+
+    /// `distlock ARGS` as this user.
+    fn command(&self, env: &Env, args: &[&str]) -> Output {
         let mut cmd = Command::new(&self.bin);
-        cmd.args(["run", "--url", url, "--name", "x", "--", "true"])
-            .current_dir(env.path(""));
+        cmd.args(args).current_dir(env.path(""));
         if let Some((uid, gid)) = self.ids {
             cmd.uid(uid).gid(gid);
         }
@@ -123,6 +127,30 @@ fn a_read_only_file_exits_78_naming_it() {
             "read-only for this user (permission denied)",
         ],
     );
+}
+
+/// Reading needs no write access: `list` and `status` open a file this user may not write
+/// read-only, where `run` is refused (above).
+#[test]
+fn list_and_status_read_a_read_only_file() {
+    let env = Env::new();
+    let user = Unprivileged::new(&env);
+    let dir = env.path("shared");
+    let file = read_only_file(&env, &dir);
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let url = format!("sqlite://{}", file.display());
+    for args in [
+        vec!["list", "--url", &url],
+        vec!["status", "--url", &url, "--name", "x"],
+    ] {
+        let out = user.command(&env, &args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 #[test]
