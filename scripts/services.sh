@@ -63,6 +63,20 @@
 #                                TLS (ssl=on), user distlock_tls with a password, over TLS only
 #   mariadb                      MariaDB on 13306, database distlock, root without password;
 #                                TLS, user distlock_tls with a password, REQUIRE SSL
+#   redis-clock-16420            a Redis master (no persistence) whose wall clock steps: run
+#                                under libfaketime (LD_PRELOAD of its thread-safe libfaketimeMT,
+#                                FAKETIME_NO_CACHE, the monotonic clocks left alone), its offset
+#                                read from clock/redis-clock-16420.rc at every clock read ("+0"
+#                                at a cold start; write e.g. "+3" or "-2.5", seconds, to step it;
+#                                `distlock check --faults clock --clock-file FILE` does;
+#                                DISTLOCK_TEST_REDIS_CLOCK_FILE names it). glibc's malloc is preloaded ahead of libfaketime: Debian's
+#                                Redis uses jemalloc, whose start-up reads the clock before
+#                                libfaketime is ready and hangs otherwise (wolfcw/libfaketime#130)
+#   postgres-clock               PostgreSQL 15 on 15433 under libfaketime the same way (database
+#                                distlock, user postgres, trust), its offset in faketime.rc of
+#                                its base directory (DISTLOCK_TEST_POSTGRES_CLOCK_FILE)
+#   zookeeper-clock              standalone ZooKeeper 12184 under libfaketime the same way (as
+#                                `zookeeper` otherwise), its offset in clock/zookeeper-clock.rc
 # The TLS users' password (also etcd-tls's root password) and the certificates (a CA, the
 # server's, a client's, and a second CA that signed nothing) are made at start-up in conf/tls
 # (openssl), never committed.
@@ -134,6 +148,9 @@ ZK_AUTH_PORT=12182
 ZK_AUTH_TLS_PORT=12183
 PG_PORT=15432
 MARIADB_PORT=13306
+REDIS_CLOCK_PORT=16420
+PG_CLOCK_PORT=15433
+ZK_CLOCK_PORT=12184
 
 ALL_SERVERS=(
   redis-16379 redis-16380 redis-16381 redis-16382 redis-16383
@@ -144,6 +161,7 @@ ALL_SERVERS=(
   redis-sentinel-16410 redis-sentinel-16411 redis-sentinel-16412
   etcd etcd-tls etcd-cluster-1 etcd-cluster-2 etcd-cluster-3
   zookeeper zookeeper-auth zk-ensemble-1 zk-ensemble-2 zk-ensemble-3 postgres mariadb
+  "redis-clock-$REDIS_CLOCK_PORT" postgres-clock zookeeper-clock
 )
 
 log() { printf 'services: %s\n' "$*" >&2; }
@@ -184,9 +202,11 @@ server_port() {
     etcd-tls) printf '%s\n' "$ETCD_TLS_CLIENT_PORT" ;;
     etcd-cluster-*) printf '%s\n' "${CLUSTER_CLIENT_PORTS[$(member_index "$1")]}" ;;
     zookeeper) printf '%s\n' "$ZK_PORT" ;;
+    zookeeper-clock) printf '%s\n' "$ZK_CLOCK_PORT" ;;
     zookeeper-auth) printf '%s\n' "$ZK_AUTH_PORT" ;;
     zk-ensemble-*) printf '%s\n' "${ZK_ENSEMBLE_CLIENT_PORTS[$(member_index "$1")]}" ;;
     postgres) printf '%s\n' "$PG_PORT" ;;
+    postgres-clock) printf '%s\n' "$PG_CLOCK_PORT" ;;
     mariadb) printf '%s\n' "$MARIADB_PORT" ;;
   esac
 }
@@ -212,8 +232,8 @@ server_comm() {
   case $1 in
     redis-*) printf 'redis-server\n' ;;
     etcd | etcd-tls | etcd-cluster-*) printf 'etcd\n' ;;
-    zookeeper | zookeeper-auth | zk-ensemble-*) printf 'java\n' ;;
-    postgres) printf 'postgres\n' ;;
+    zookeeper | zookeeper-auth | zookeeper-clock | zk-ensemble-*) printf 'java\n' ;;
+    postgres | postgres-clock) printf 'postgres\n' ;;
     mariadb) printf 'mariadbd\n' ;;
   esac
 }
@@ -337,6 +357,7 @@ ensure_packages() {
   # etcd-client's build needs the well-known types (google/protobuf/*.proto) besides protoc.
   [[ -f /usr/include/google/protobuf/descriptor.proto ]] || add libprotobuf-dev
   [[ -x $PG_BIN/postgres && -x $PG_BIN/initdb && -x $PG_BIN/psql ]] || add postgresql-15
+  [[ -n $(faketime_lib) ]] || add libfaketime
   ((${#missing[@]} == 0)) && return 0
 
   if ((EUID != 0)); then
@@ -356,6 +377,72 @@ ensure_packages() {
     command -v "$pkg" >/dev/null || die "$pkg still missing after apt-get install"
   done
   [[ -f $ZK_JAR ]] || die "$ZK_JAR still missing after apt-get install"
+  [[ -n $(faketime_lib) ]] || die "libfaketimeMT.so.1 still missing after apt-get install"
+}
+
+# --------------------------------------------------------------------------------------------
+# Servers whose wall clock steps (libfaketime)
+
+# The first existing file of the arguments (globs), or nothing.
+first_file() {
+  local f
+  for f in "$@"; do
+    [[ -f $f ]] && {
+      printf '%s\n' "$f"
+      return 0
+    }
+  done
+  return 0
+}
+
+# libfaketime's thread-safe build: the plain one parses the clock file in several threads at
+# once, and a JVM (ZooKeeper) died of it within a minute of steps (an assertion in strtod).
+faketime_lib() { first_file /usr/lib/*/faketime/libfaketimeMT.so.1; }
+
+# The file whose first line is the clock offset of server $1 (FAKETIME_TIMESTAMP_FILE).
+# PostgreSQL's lies in its base directory, which its user can always read.
+clock_file() {
+  case $1 in
+    postgres-clock) printf '%s/faketime.rc\n' "$(pg_base postgres-clock)" ;;
+    *) printf '%s/clock/%s.rc\n' "$STATE" "$1" ;;
+  esac
+}
+
+# clock_env NAME: the `env` arguments that run server NAME on the clock of its clock file,
+# made "+0" (no offset) when missing (`stop` removes it; restart-one keeps it).
+# FAKETIME_NO_CACHE: the file is read at every clock read, so a step takes effect at once; the
+# monotonic clocks stay true (only the wall clock steps). Redis (jemalloc) also gets glibc's
+# malloc ahead of libfaketime: jemalloc reads the clock while it initializes, libfaketime's own
+# start-up then allocates, and the two wait on each other forever (wolfcw/libfaketime#130); with
+# glibc's malloc first, nothing of libfaketime enters jemalloc.
+clock_env() {
+  local file preload
+  file=$(clock_file "$1")
+  preload=$(faketime_lib)
+  [[ -n $preload ]] || die "$1: libfaketimeMT.so.1 is missing (apt-get install libfaketime)"
+  if [[ $1 == redis-* ]]; then
+    local malloc
+    malloc=$(first_file /lib/*/libc_malloc_debug.so.0 /usr/lib/*/libc_malloc_debug.so.0)
+    [[ -n $malloc ]] || die "$1: glibc's libc_malloc_debug.so.0 is missing"
+    preload="$malloc $preload"
+  fi
+  mkdir -p "$(dirname "$file")"
+  # Kept across restart-one, as a machine's clock is: a restart during a step stays stepped.
+  [[ -f $file ]] || printf '+0\n' >"$file"
+  chmod 644 "$file"
+  printf '%s\n' "LD_PRELOAD=$preload" "FAKETIME_TIMESTAMP_FILE=$file" FAKETIME_NO_CACHE=1 \
+    FAKETIME_DONT_FAKE_MONOTONIC=1 DONT_FAKE_MONOTONIC=1
+}
+
+# Whether server $1's process runs with libfaketime loaded (its steps would otherwise change
+# nothing, and a clock check would pass for the wrong reason).
+clock_loaded() {
+  local pid
+  pid=$(recorded_pid "$1") || return 1
+  if ! grep -q libfaketime "/proc/$pid/maps" 2>/dev/null; then
+    log "$1: libfaketime is not loaded in pid $pid"
+    return 1
+  fi
 }
 
 # --------------------------------------------------------------------------------------------
@@ -363,26 +450,29 @@ ensure_packages() {
 
 # Directory holding PostgreSQL's data dir (data/) and its unix socket; owned by postgres.
 pg_base() {
-  local rec="$STATE/run/postgres.base"
+  local name=${1:-postgres}
+  local rec="$STATE/run/$name.base"
   if [[ -f $rec ]]; then
     cat "$rec"
   else
-    data_dir postgres
+    data_dir "$name"
   fi
 }
 
-# Chooses (first time) and prepares pg_base; prints it.
+# pg_prepare_base [NAME]: chooses (first time) and prepares NAME's pg_base (postgres, or
+# postgres-clock); prints it.
 pg_prepare_base() {
-  local rec="$STATE/run/postgres.base" base
+  local name=${1:-postgres}
+  local rec="$STATE/run/$name.base" base
   if [[ -f $rec ]]; then
     base=$(<"$rec")
   else
-    base=$(data_dir postgres)
-    local sock="$base/.s.PGSQL.$PG_PORT"
+    base=$(data_dir "$name")
+    local sock="$base/.s.PGSQL.$(server_port "$name")"
     if ((${#sock} > 100)) || ! pg_dir_usable "$base"; then
-      base="/tmp/distlock-pg-$(state_hash)"
-      log "postgres: using $base (the state dir is not usable by the postgres user or too long)"
-      pg_dir_usable "$base" || die "postgres: cannot prepare $base for the postgres user"
+      base="/tmp/distlock-pg-$(state_hash)${name#postgres}"
+      log "$name: using $base (the state dir is not usable by the postgres user or too long)"
+      pg_dir_usable "$base" || die "$name: cannot prepare $base for the postgres user"
     fi
     printf '%s\n' "$base" >"$rec"
   fi
@@ -456,6 +546,7 @@ zoo_cfg() {
   case $1 in
     zookeeper) printf '%s\n' "$STATE/conf/zoo.cfg" ;;
     zookeeper-auth) printf '%s\n' "$STATE/conf/zoo-auth.cfg" ;;
+    zookeeper-clock) printf '%s\n' "$STATE/conf/zoo-clock.cfg" ;;
     zk-ensemble-*) printf '%s\n' "$STATE/conf/zoo-$1.cfg" ;;
   esac
 }
@@ -574,6 +665,15 @@ launch() {
         spawn "$name" redis-server "$conf"
       fi
       ;;
+    redis-clock-*)
+      local envs
+      local -a clock
+      mkdir -p "$dir"
+      envs=$(clock_env "$name")
+      mapfile -t clock <<<"$envs"
+      spawn "$name" env "${clock[@]}" redis-server --port "$(redis_port "$name")" \
+        --bind "$HOST" --save '' --appendonly no --daemonize no --dir "$dir"
+      ;;
     redis-*)
       mkdir -p "$dir"
       spawn "$name" redis-server --port "${name#redis-}" --bind "$HOST" --save '' \
@@ -621,9 +721,15 @@ launch() {
         --initial-cluster "$initial" \
         --initial-cluster-token "$(etcd_token etcd-cluster)" --initial-cluster-state new
       ;;
-    zookeeper | zookeeper-auth | zk-ensemble-*)
+    zookeeper | zookeeper-auth | zookeeper-clock | zk-ensemble-*)
       local cp="/etc/zookeeper/conf:$ZK_JAR:$SLF4J_SIMPLE_JAR" jar
-      local -a extra=()
+      local -a extra=() clock=()
+      if [[ $name == zookeeper-clock ]]; then
+        local envs
+        envs=$(clock_env "$name")
+        mapfile -t clock <<<"$envs"
+        clock=(env "${clock[@]}")
+      fi
       local main=org.apache.zookeeper.server.ZooKeeperServerMain
       [[ $name == zk-ensemble-* ]] && main=org.apache.zookeeper.server.quorum.QuorumPeerMain
       mkdir -p "$dir"
@@ -634,20 +740,20 @@ launch() {
       fi
       write_zoo_cfg "$name"
       [[ -f $SLF4J_SIMPLE_JAR ]] || log "$name: $SLF4J_SIMPLE_JAR missing, its log stays empty"
-      spawn "$name" java -Xmx256m -XX:+UseSerialGC -Djava.net.preferIPv4Stack=true \
+      spawn "$name" ${clock[@]+"${clock[@]}"} java -Xmx256m -XX:+UseSerialGC -Djava.net.preferIPv4Stack=true \
         -Dzookeeper.admin.enableServer=false -Dorg.slf4j.simpleLogger.showDateTime=true \
         '-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd HH:mm:ss.SSS' ${extra[@]+"${extra[@]}"} \
         -cp "$cp" "$main" "$(zoo_cfg "$name")"
       ;;
-    postgres)
+    postgres | postgres-clock)
       local base pgdata
-      base=$(pg_prepare_base)
+      base=$(pg_prepare_base "$name")
       pgdata="$base/data"
       if [[ ! -f $base/.initialized ]]; then
         rm -rf "$pgdata"
         pg_run "$PG_BIN/initdb" -D "$pgdata" -A trust -U postgres -E UTF8 --locale=C.UTF-8 \
-          --no-sync >>"$(log_file postgres)" 2>&1 ||
-          die "postgres: initdb failed, see $(log_file postgres)"
+          --no-sync >>"$(log_file "$name")" 2>&1 ||
+          die "$name: initdb failed, see $(log_file "$name")"
         # The TLS user only over TLS and with its password; everyone else as before.
         printf '%s\n' 'local all all trust' \
           "hostssl all distlock_tls $HOST/32 scram-sha-256" \
@@ -661,10 +767,18 @@ launch() {
       cp "$(tls_dir)/server.pem" "$(tls_dir)/server.key" "$(tls_dir)/ca.pem" "$base/tls/"
       if ((EUID == 0)); then chown -R postgres:postgres "$base/tls"; fi
       chmod 600 "$base/tls/server.key"
-      local cmd=("$PG_BIN/postgres" -D "$pgdata" -c "listen_addresses=$HOST" -p "$PG_PORT"
+      local cmd=("$PG_BIN/postgres" -D "$pgdata" -c "listen_addresses=$HOST"
+        -p "$(server_port "$name")"
         -c "unix_socket_directories=$base" -c dynamic_shared_memory_type=mmap -c fsync=on
         -c max_connections=200 -c ssl=on -c "ssl_cert_file=$base/tls/server.pem"
         -c "ssl_key_file=$base/tls/server.key" -c "ssl_ca_file=$base/tls/ca.pem")
+      if [[ $name == postgres-clock ]]; then
+        local envs
+        local -a clock
+        envs=$(clock_env "$name")
+        mapfile -t clock <<<"$envs"
+        cmd=(env "${clock[@]}" "${cmd[@]}")
+      fi
       if ((EUID == 0)); then
         spawn "$name" setpriv --reuid=postgres --regid=postgres --init-groups -- "${cmd[@]}"
       else
@@ -745,6 +859,7 @@ probe() {
         --dial-timeout=1s --command-timeout=2s endpoint health >/dev/null 2>&1
       ;;
     zookeeper) zk_srvr | grep -q '^Mode:' ;;
+    zookeeper-clock) zk_srvr "$ZK_CLOCK_PORT" | grep -q '^Mode:' ;;
     # A quorum peer serves (and answers with its mode) once the ensemble has a leader.
     zk-ensemble-*) zk_srvr "$(server_port "$1")" | grep -qE '^Mode: (leader|follower)' ;;
     zookeeper-auth)
@@ -754,6 +869,7 @@ probe() {
           -verify_return_error </dev/null >/dev/null 2>&1
       ;;
     postgres) "$PG_BIN/pg_isready" -q -h "$HOST" -p "$PG_PORT" -t 2 ;;
+    postgres-clock) "$PG_BIN/pg_isready" -q -h "$HOST" -p "$PG_CLOCK_PORT" -t 2 ;;
     mariadb) mariadb_sql 'select 1' >/dev/null 2>&1 ;;
   esac
 }
@@ -774,6 +890,14 @@ post_ready() {
         pg_sql distlock 'CREATE SCHEMA IF NOT EXISTS distlock_tls AUTHORIZATION distlock_tls' >&2 &&
         [[ $(pg_sql distlock 'SELECT 1') == 1 ]]
       ;;
+    postgres-clock)
+      local psql=("$PG_BIN/psql" -X -q -h "$HOST" -p "$PG_CLOCK_PORT" -U postgres -tA)
+      if [[ $("${psql[@]}" -d postgres -c "SELECT 1 FROM pg_database WHERE datname = 'distlock'") != 1 ]]; then
+        "${psql[@]}" -d postgres -c 'CREATE DATABASE distlock' >&2
+      fi
+      [[ $("${psql[@]}" -d distlock -c 'SELECT 1') == 1 ]] && clock_loaded "$1"
+      ;;
+    redis-clock-* | zookeeper-clock) clock_loaded "$1" ;;
     etcd-tls)
       # Auth on, user root with the TLS password. Idempotent: with auth already on, root's
       # password is checked; otherwise root is made (or its password reset) and auth enabled
@@ -839,7 +963,7 @@ wait_ready() {
 
 stop_signal() {
   case $1 in
-    postgres) printf 'INT\n' ;; # fast shutdown (TERM would wait for clients)
+    postgres | postgres-clock) printf 'INT\n' ;; # fast shutdown (TERM would wait for clients)
     *) printf 'TERM\n' ;;
   esac
 }
@@ -918,8 +1042,8 @@ crash_one() {
         sleep 0.02
       done
     done < <(server_ports "$name")
-    if [[ $name == postgres ]]; then
-      rm -f "$(data_dir postgres)/data/postmaster.pid" "$(data_dir postgres)"/.s.PGSQL.*.lock
+    if [[ $name == postgres || $name == postgres-clock ]]; then
+      rm -f "$(pg_base "$name")/data/postmaster.pid" "$(pg_base "$name")"/.s.PGSQL.*.lock
     fi
     rm -f "$(pid_file "$name")"
     log "$name killed (SIGKILL, data kept)"
@@ -949,8 +1073,8 @@ stop_all() {
   for i in "${!names[@]}"; do
     wait_gone "${names[i]}" "${pids[i]}"
   done
-  rm -rf "$STATE/data" "$STATE/conf" "$STATE/run" "/tmp/distlock-pg-$(state_hash)" \
-    "/tmp/distlock-mariadb-$(state_hash).sock"
+  rm -rf "$STATE/data" "$STATE/conf" "$STATE/run" "$STATE/clock" "/tmp/distlock-pg-$(state_hash)" \
+    "/tmp/distlock-pg-$(state_hash)-clock" "/tmp/distlock-mariadb-$(state_hash).sock"
   unregister_state
   log "stopped everything in $(($(now_ms) - t0)) ms; data removed (logs kept in $STATE/logs)"
 }
@@ -1015,8 +1139,8 @@ start_servers() {
   tls_material
   # initdb / mariadb-install-db are the slow part of a cold start: begin with them.
   local ordered=() n
-  for n in "$@"; do [[ $n == postgres || $n == mariadb ]] && ordered+=("$n"); done
-  for n in "$@"; do [[ $n == postgres || $n == mariadb ]] || ordered+=("$n"); done
+  for n in "$@"; do [[ $n == postgres* || $n == mariadb ]] && ordered+=("$n"); done
+  for n in "$@"; do [[ $n == postgres* || $n == mariadb ]] || ordered+=("$n"); done
   for name in "${ordered[@]}"; do
     if is_running "$name"; then
       log "$name already running (pid $(recorded_pid "$name"))"
@@ -1031,7 +1155,7 @@ start_servers() {
     # Cold start truncates the log; a restart of a kept data dir appends.
     [[ -d $(data_dir "$name") ]] || : >"$(log_file "$name")"
     case $name in
-      postgres | mariadb)
+      postgres | postgres-clock | mariadb)
         # initdb / install-db take ~1 s: run them in parallel with everything else.
         launch "$name" &
         bg_names+=("$name")
@@ -1314,6 +1438,14 @@ print_env() {
   # The same server with SASL DIGEST-MD5 (only user distlock, from its JAAS file).
   printf 'export DISTLOCK_TEST_ZK_SASL_URL=%q\n' \
     "zk://distlock:$pass@$HOST:$ZK_AUTH_PORT?auth=sasl"
+  # The servers whose wall clock steps, and the file each reads its offset from.
+  printf 'export DISTLOCK_TEST_REDIS_CLOCK_URL=redis://%s:%s\n' "$HOST" "$REDIS_CLOCK_PORT"
+  printf 'export DISTLOCK_TEST_REDIS_CLOCK_FILE=%q\n' "$(clock_file "redis-clock-$REDIS_CLOCK_PORT")"
+  printf 'export DISTLOCK_TEST_POSTGRES_CLOCK_URL=postgres://postgres@%s:%s/distlock?sslmode=disable\n' \
+    "$HOST" "$PG_CLOCK_PORT"
+  printf 'export DISTLOCK_TEST_POSTGRES_CLOCK_FILE=%q\n' "$(clock_file postgres-clock)"
+  printf 'export DISTLOCK_TEST_ZK_CLOCK_URL=zk://%s:%s\n' "$HOST" "$ZK_CLOCK_PORT"
+  printf 'export DISTLOCK_TEST_ZK_CLOCK_FILE=%q\n' "$(clock_file zookeeper-clock)"
   printf 'export DISTLOCK_TEST_TLS_DIR=%q\n' "$(tls_dir)"
   printf 'export DISTLOCK_SERVICES_DIR=%q\n' "$STATE"
 }
