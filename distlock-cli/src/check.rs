@@ -37,14 +37,20 @@ ambiguous (the worker's requests reach the server but its replies are lost for 0
 then its connections close: acquires, renewals and releases that took effect unanswered), \
 starve (the worker throttled to 5% of a CPU, SIGSTOP 95 ms in every 100 ms, for 1.5-3 x ttl), \
 lossy (the worker's traffic held back at random, in order: 1 chunk in 5 by 1-20 ms, 1 in 10 by \
-200-600 ms like a segment TCP retransmits, for 1.5-3 x ttl). \
+200-600 ms like a segment TCP retransmits, for 1.5-3 x ttl), \
+clock (the server's wall clock stepped forward, or back, by 1.5-3 x ttl for 1.5-3 x ttl, then \
+set right, through --clock-file, the libfaketime control file of a server run under it; its \
+monotonic clock keeps running). \
 Partition and ambiguous act on connections to the URL's hosts (not SQLite, nor Redis Sentinel \
 and Cluster, whose clients reach the addresses the servers announce). With --overlap, faults overlap. The \
 merged history is judged against the backend's fencing guarantee: shared tokens, tokens out \
 of real-time order, a holder passing its check after a newer holder acquired, more holders \
 passing their checks at once than the kind allows (one writer or many readers, N permits), a \
 multi-lock holding part of its set, an election observer reporting an older term, stalls, \
-acquisitions failing with no fault active, the lock after healing, worker failures. Exit 0: no violation; 1: a violation; 78: bad options.";
+acquisitions failing with no fault active, the lock after healing, worker failures. A holder passing its check after a newer grant, or \
+two holders at once, right after the clock jumped forward is expected on the backends whose \
+leases end on the server's wall clock (Redis, SQL, ZooKeeper; not etcd); the token rules \
+hold regardless. Exit 0: no violation; 1: a violation; 78: bad options.";
 
 /// Flags of `distlock check`.
 #[derive(Debug, clap::Args)]
@@ -75,8 +81,8 @@ pub(crate) struct CheckArgs {
     ttl: Duration,
 
     /// Faults to inject, comma-separated: pause, crash, partition, restart, ambiguous, starve,
-    /// lossy (none: "").
-    #[arg(long, value_delimiter = ',', default_value = "pause,crash,partition,ambiguous,starve,lossy", value_parser = parse_fault)]
+    /// lossy, clock (none: ""). Also `--faults`.
+    #[arg(long, alias = "faults", value_delimiter = ',', default_value = "pause,crash,partition,ambiguous,starve,lossy", value_parser = parse_fault)]
     nemesis: Vec<Option<FaultKind>>,
 
     /// Let faults overlap: a new one starts every 0.5-1.5 s whether or not the last has healed
@@ -89,6 +95,12 @@ pub(crate) struct CheckArgs {
     /// once it serves (needed by the restart fault).
     #[arg(long)]
     restart_cmd: Option<String>,
+
+    /// The libfaketime control file (FAKETIME_TIMESTAMP_FILE) of the server under test, run
+    /// with FAKETIME_NO_CACHE=1: the clock fault writes the wall clock's offset in seconds to
+    /// it ("+2.5", "-3") and "+0" when it heals (needed by the clock fault).
+    #[arg(long)]
+    clock_file: Option<PathBuf>,
 
     /// Checked writes per critical section.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
@@ -159,6 +171,8 @@ struct Params<'a> {
     step_gap_ms: u128,
     nemesis: Vec<&'a str>,
     name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    clock_file: Option<String>,
 }
 
 struct SelfSpawner {
@@ -216,6 +230,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
         nemesis: nemesis.clone(),
         restart_cmd: args.restart_cmd.clone(),
         overlap: args.overlap,
+        clock_file: args.clock_file.clone(),
     };
     let upstreams = config.validate().map_err(run_failure)?;
     let lock = args.connection.connect().await?;
@@ -268,6 +283,21 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
         })
         .map(|f| f.as_str())
         .collect();
+    if nemesis.contains(&FaultKind::Clock) && args.clock_file.is_none() {
+        eprintln!(
+            "distlock check: clock cannot apply to {label}: no --clock-file (the libfaketime \
+             control file of the server under test; scripts/services.sh runs Redis and \
+             PostgreSQL under libfaketime and prints DISTLOCK_TEST_*_CLOCK_FILE)"
+        );
+    }
+    let wall_clock_leases = distlock_check::leases_on_wall_clock(&config.url);
+    if nemesis.contains(&FaultKind::Clock) && args.clock_file.is_some() && !wall_clock_leases {
+        eprintln!(
+            "distlock check: {} leases run on the server's monotonic clock: a clock step must \
+             change nothing, and any overlap is a violation",
+            lock.backend()
+        );
+    }
     if upstreams.is_empty() && !cut.is_empty() {
         eprintln!(
             "distlock check: {} cannot apply to {label}: its workers' connections cannot be \
@@ -313,6 +343,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
                 settle: 2 * ttl_ns,
                 max_gap: 2 * ttl_ns + 1_000_000_000,
                 renew_every: ttl_ns / 3,
+                wall_clock_leases,
             },
         );
         println!(
@@ -336,6 +367,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
         step_gap_ms: step_gap.as_millis(),
         nemesis: nemesis.iter().map(|f| f.as_str()).collect(),
         name: &name,
+        clock_file: args.clock_file.as_ref().map(|f| f.display().to_string()),
     };
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&JsonReport {

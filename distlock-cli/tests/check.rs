@@ -151,7 +151,9 @@ fn every_sabotage_is_caught_by_its_rule() {
 fn options_that_cannot_work_are_config_errors() {
     let env = Env::new();
     let url = env.url();
-    let cases: [(&[&str], &str); 8] = [
+    let missing = env.path("no-such-clock.rc");
+    let missing = missing.to_str().expect("utf-8");
+    let cases: [(&[&str], &str); 9] = [
         (
             &["--url", &url, "--duration", "0s"],
             "a run of 0ms is too short to judge anything: give at least 2s",
@@ -177,6 +179,10 @@ fn options_that_cannot_work_are_config_errors() {
         (
             &["--url", &url, "--nemesis", "meteor"],
             "unknown fault \"meteor\"",
+        ),
+        (
+            &["--url", &url, "--faults", "clock", "--clock-file", missing],
+            "no-such-clock.rc does not exist",
         ),
     ];
     for (args, expected) in cases {
@@ -284,7 +290,7 @@ fn workers_die_with_a_killed_checking_process() {
 }
 
 /// Faults that need a server connection are named as not applying to SQLite, not dropped in
-/// silence.
+/// silence; so is the clock fault without a clock file.
 #[test]
 fn faults_that_cannot_apply_are_named() {
     let env = Env::new();
@@ -298,12 +304,14 @@ fn faults_that_cannot_apply_are_named() {
         "--duration",
         "2s",
         "--nemesis",
-        "partition,ambiguous",
+        "partition,ambiguous,clock",
     ]);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(
-        stderr.contains("partition, ambiguous cannot apply to sqlite://"),
+        stderr.contains("partition, ambiguous cannot apply to sqlite://")
+            && stderr.contains("clock cannot apply to sqlite://")
+            && stderr.contains("no --clock-file"),
         "{stderr}"
     );
 }

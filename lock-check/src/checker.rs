@@ -37,8 +37,13 @@
 //! [`Linearizable`](FencingGuarantee::Linearizable) is judged
 //! [`Judgement::Expected`] when it falls inside a server restart (from the kill to
 //! [`CheckConfig::settle`] after the server answered again): a single Redis server without
-//! persistence forgets its locks when it restarts, as the README says. Everything else is a
-//! [`Judgement::Violation`].
+//! persistence forgets its locks when it restarts, as the README says. On a backend whose
+//! leases end on the server's wall clock ([`CheckConfig::wall_clock_leases`]: Redis, SQL,
+//! ZooKeeper), a stale check or an overlap within [`CheckConfig::settle`] after a clock fault
+//! stepped that clock forward is [`Judgement::Expected`] too, whatever the guarantee: the step
+//! ended the lease on the server at once, while the holder's own deadline runs on its
+//! monotonic clock. The token rules stay violations then: a clock step must never repeat a
+//! token or send one back. Everything else is a [`Judgement::Violation`].
 //!
 //! Writes the register refused are not findings: each is a late write of a former holder that
 //! only the fence stopped ([`Stats::writes_rejected`]), the number that shows why the protected
@@ -49,7 +54,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use distlock_core::FencingGuarantee;
 use serde::Serialize;
 
-use crate::history::{AcqId, Acquisition, FaultKind, History, Nanos, Reach, WorkerEnd};
+use crate::history::{AcqId, Acquisition, ClockSteps, FaultKind, History, Nanos, Reach, WorkerEnd};
 use crate::kind::{CheckKind, Mode};
 
 /// What the checker needs besides the history.
@@ -69,6 +74,12 @@ pub struct CheckConfig {
     pub max_gap: Nanos,
     /// The holders' renewal interval (ttl/3), for what ambiguous replies reached.
     pub renew_every: Nanos,
+    /// Whether the backend's leases end on its server's wall clock (Redis key expiry, SQL
+    /// `now()`, a ZooKeeper node's `mtime`; not etcd, whose leases run on its monotonic
+    /// clock; see [`leases_on_wall_clock`](crate::run::leases_on_wall_clock)). Then a forward
+    /// step of that clock ends leases early, and the stale checks and overlaps that follow
+    /// within `settle` are expected.
+    pub wall_clock_leases: bool,
 }
 
 /// The rules of the checker.
@@ -202,6 +213,8 @@ pub struct Stats {
     pub final_acquire: Option<Nanos>,
     /// Which operations the ambiguous-reply faults reached.
     pub ambiguous_reach: Reach,
+    /// The clock faults' steps of the server's wall clock.
+    pub clock_steps: ClockSteps,
 }
 
 /// The checker's answer.
@@ -334,7 +347,7 @@ pub fn check(history: &History, config: &CheckConfig) -> Verdict {
     }
     for finding in &mut findings {
         if finding.rule.is_safety() {
-            finding.judgement = judge(history, config, finding.at);
+            finding.judgement = judge(history, config, finding.rule, finding.at);
         }
     }
     findings.sort_by_key(|f| (f.at, f.rule));
@@ -345,22 +358,35 @@ pub fn check(history: &History, config: &CheckConfig) -> Verdict {
     }
 }
 
-fn judge(history: &History, config: &CheckConfig, at: Nanos) -> Judgement {
-    if config.guarantee == FencingGuarantee::Linearizable {
-        return Judgement::Violation;
-    }
+/// A safety finding of `rule` at `at`: expected during a restart of a server whose guarantee
+/// does not survive it, and (stale checks and overlaps only) after a forward step of the
+/// clock the leases end on; else a violation.
+fn judge(history: &History, config: &CheckConfig, rule: Rule, at: Nanos) -> Judgement {
     let restart = history.faults.iter().find(|fault| {
         fault.kind == FaultKind::Restart
             && fault.start <= at
             && at <= fault.healed.saturating_add(config.settle)
     });
-    match restart {
-        Some(_) => Judgement::Expected(format!(
+    if restart.is_some() && config.guarantee != FencingGuarantee::Linearizable {
+        return Judgement::Expected(format!(
             "{}: the server restarted and forgot the lock (no persistence)",
             config.guarantee
-        )),
-        None => Judgement::Violation,
+        ));
     }
+    if config.wall_clock_leases && matches!(rule, Rule::StaleCheck | Rule::Overlap) {
+        let step = history.faults.iter().find_map(|fault| {
+            let stepped = fault.forward_step_at()?;
+            (stepped <= at && at <= stepped.saturating_add(config.settle))
+                .then(|| fault.step_ms.unwrap_or(0).unsigned_abs())
+        });
+        if let Some(ms) = step {
+            return Judgement::Expected(format!(
+                "leases on the server's wall clock: it stepped {ms} ms forward and ended the \
+                 lease there at once; the holder's deadline runs on its monotonic clock"
+            ));
+        }
+    }
+    Judgement::Violation
 }
 
 /// The history of lock `lock` alone: the acquisitions that asked for it, each with its token
@@ -809,6 +835,7 @@ fn stats(
             .filter(|f| f.token.is_some())
             .map(|f| f.returned.saturating_sub(f.invoked)),
         ambiguous_reach: history.ambiguous_reach(renew_every),
+        clock_steps: history.clock_steps(),
     }
 }
 
@@ -849,6 +876,7 @@ mod tests {
             settle: 4_000 * MS,
             max_gap: 500 * MS,
             renew_every: 100 * MS,
+            wall_clock_leases: false,
         }
     }
 
@@ -975,6 +1003,7 @@ mod tests {
             worker: None,
             start: 450 * MS,
             healed: 480 * MS,
+            step_ms: None,
         };
         let mut h = stale();
         h.faults.push(restart);
@@ -990,6 +1019,105 @@ mod tests {
         h.faults[0].start = 900 * MS;
         h.faults[0].healed = 950 * MS;
         assert!(check(&h, &config(FencingGuarantee::SingleNode)).failed());
+    }
+
+    /// A clock fault from 450 to 480 ms that stepped the server's wall clock by `step_ms`
+    /// (forward at 450 ms if positive; back at 450 ms and forward at 480 ms if negative).
+    fn clock(step_ms: i64) -> Fault {
+        Fault {
+            kind: FaultKind::Clock,
+            worker: None,
+            start: 450 * MS,
+            healed: 480 * MS,
+            step_ms: Some(step_ms),
+        }
+    }
+
+    #[test]
+    fn overlaps_after_a_forward_clock_step_are_expected_on_wall_clock_leases_only() {
+        let wall = |guarantee| CheckConfig {
+            wall_clock_leases: true,
+            ..config(guarantee)
+        };
+        // stale(): w0#2 passes checks at 520 and 530 ms after w1#2 was granted at 501 ms:
+        // a stale check and an overlap, 51 ms after the clock jumped forward.
+        let mut h = stale();
+        h.faults.push(clock(2_500));
+        for guarantee in [FencingGuarantee::Linearizable, FencingGuarantee::SingleNode] {
+            let verdict = check(&h, &wall(guarantee));
+            assert!(!verdict.failed(), "{:#?}", verdict.findings);
+            for rule in [Rule::StaleCheck, Rule::Overlap] {
+                let found: Vec<_> = verdict.of(rule).collect();
+                assert_eq!(found.len(), 1, "{rule:?}: {:#?}", verdict.findings);
+                assert!(
+                    matches!(&found[0].judgement, Judgement::Expected(why)
+                        if why.contains("stepped 2500 ms forward")),
+                    "{:?}",
+                    found[0].judgement
+                );
+            }
+        }
+        // Leases on a monotonic clock (etcd): no step excuses them.
+        assert!(check(&h, &config(FencingGuarantee::Linearizable)).failed());
+        // A step back and its forward correction at 480 ms: the correction is the forward step.
+        h.faults[0] = clock(-2_500);
+        assert!(!check(&h, &wall(FencingGuarantee::Linearizable)).failed());
+        // A step back set right only at 900 ms: nothing jumped forward before 501 ms.
+        h.faults[0].healed = 900 * MS;
+        let verdict = check(&h, &wall(FencingGuarantee::Linearizable));
+        assert_eq!(verdict.violations().count(), 2, "{:#?}", verdict.findings);
+        // Long after the step (more than `settle`), the overlap is the backend's again.
+        h.faults[0] = Fault {
+            start: 0,
+            healed: 10 * MS,
+            ..clock(2_500)
+        };
+        let late = CheckConfig {
+            settle: 100 * MS,
+            ..wall(FencingGuarantee::Linearizable)
+        };
+        assert!(check(&h, &late).failed());
+    }
+
+    #[test]
+    fn a_token_that_goes_back_after_a_clock_step_is_still_a_violation() {
+        // Acquisition 6 (called at 550 ms, 100 ms after the clock jumped forward) gets a
+        // token below the ones before it, as a clock-floored counter would after a step back.
+        let mut h = clean();
+        h.acquisitions[6].token = Some(5);
+        h.faults.push(clock(2_500));
+        for guarantee in [FencingGuarantee::Linearizable, FencingGuarantee::SingleNode] {
+            let verdict = check(
+                &h,
+                &CheckConfig {
+                    wall_clock_leases: true,
+                    ..config(guarantee)
+                },
+            );
+            let order: Vec<_> = verdict.of(Rule::TokenOrder).collect();
+            assert_eq!(order.len(), 1, "{:#?}", verdict.findings);
+            assert_eq!(order[0].judgement, Judgement::Violation);
+            assert!(verdict.failed());
+        }
+        // Two holders with one token, in the same window: a violation too.
+        let mut shared = clean();
+        shared.acquisitions[7].token = Some(16);
+        shared.faults.push(clock(-2_500));
+        let verdict = check(
+            &shared,
+            &CheckConfig {
+                wall_clock_leases: true,
+                ..config(FencingGuarantee::SingleNode)
+            },
+        );
+        assert!(
+            verdict
+                .of(Rule::SharedToken)
+                .all(|f| f.judgement == Judgement::Violation)
+                && verdict.of(Rule::SharedToken).count() > 0,
+            "{:#?}",
+            verdict.findings
+        );
     }
 
     #[test]
@@ -1009,6 +1137,7 @@ mod tests {
             worker: Some(1),
             start: 480 * MS,
             healed: 600 * MS,
+            step_ms: None,
         });
         let verdict = check(&h, &config(FencingGuarantee::Linearizable));
         assert_eq!(verdict.of(Rule::Liveness).count(), 0, "{:?}", verdict.stats);
@@ -1100,6 +1229,7 @@ mod tests {
             worker: Some(1),
             start: 1_000 * MS,
             healed: 1_400 * MS,
+            step_ms: None,
         });
         let reach = check(&h, &config(FencingGuarantee::Linearizable))
             .stats
@@ -1294,6 +1424,7 @@ mod tests {
             worker: Some(0),
             start: 600 * MS,
             healed: 650 * MS,
+            step_ms: None,
         });
         let verdict = check(&h, &config(FencingGuarantee::Linearizable));
         assert_eq!(

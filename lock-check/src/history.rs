@@ -211,11 +211,15 @@ pub enum FaultKind {
     /// A worker's traffic held back at random, in order (jitter, and retransmitted losses of
     /// 200-600 ms).
     Lossy,
+    /// The server's wall clock stepped forward (or back) by more than a ttl, held there, then
+    /// set right: through the control file of a server run under libfaketime
+    /// ([`Fault::step_ms`] says which way). The monotonic clocks keep running true.
+    Clock,
 }
 
 impl FaultKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Pause,
         Self::Crash,
         Self::Partition,
@@ -223,6 +227,7 @@ impl FaultKind {
         Self::Ambiguous,
         Self::Starve,
         Self::Lossy,
+        Self::Clock,
     ];
 
     /// The name used on the command line and in reports.
@@ -235,6 +240,7 @@ impl FaultKind {
             Self::Ambiguous => "ambiguous",
             Self::Starve => "starve",
             Self::Lossy => "lossy",
+            Self::Clock => "clock",
         }
     }
 }
@@ -255,7 +261,7 @@ impl std::str::FromStr for FaultKind {
             .ok_or_else(|| {
                 format!(
                     "unknown fault {s:?} (expected pause, crash, partition, restart, \
-                     ambiguous, starve or lossy)"
+                     ambiguous, starve, lossy or clock)"
                 )
             })
     }
@@ -271,8 +277,24 @@ pub struct Fault {
     /// When it began.
     pub start: Nanos,
     /// When it was healed (the process continued, the replacement started, traffic flowed
-    /// again, the server answered again).
+    /// again, the server answered again, the server's clock was set right).
     pub healed: Nanos,
+    /// A clock fault's step in milliseconds: positive, the server's wall clock jumped forward
+    /// at `start` and back at `healed`; negative, back at `start` and forward at `healed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_ms: Option<i64>,
+}
+
+impl Fault {
+    /// When a clock fault stepped the server's wall clock forward (at its start for a
+    /// forward step, at its healing for a step back); `None` for other faults.
+    pub fn forward_step_at(&self) -> Option<Nanos> {
+        match (self.kind, self.step_ms) {
+            (FaultKind::Clock, Some(step)) if step > 0 => Some(self.start),
+            (FaultKind::Clock, Some(step)) if step < 0 => Some(self.healed),
+            _ => None,
+        }
+    }
 }
 
 /// Which operations of their victims the ambiguous-reply faults reached: a fault reaches an
@@ -288,7 +310,33 @@ pub struct Reach {
     pub releases: u64,
 }
 
+/// The clock faults of a run: how many stepped the server's wall clock forward first, how
+/// many back first, and the largest step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockSteps {
+    /// Steps forward (then back when set right).
+    pub forward: u64,
+    /// Steps back (then forward when set right).
+    pub back: u64,
+    /// The largest step, in milliseconds.
+    pub largest_ms: u64,
+}
+
 impl History {
+    /// The clock faults of this run (see [`ClockSteps`]).
+    pub fn clock_steps(&self) -> ClockSteps {
+        let mut steps = ClockSteps::default();
+        for step in self.faults.iter().filter_map(|f| f.step_ms) {
+            if step > 0 {
+                steps.forward += 1;
+            } else {
+                steps.back += 1;
+            }
+            steps.largest_ms = steps.largest_ms.max(step.unsigned_abs());
+        }
+        steps
+    }
+
     /// What the ambiguous-reply faults of this run reached (see [`Reach`]); `renew_every` is
     /// the holders' renewal interval.
     pub fn ambiguous_reach(&self, renew_every: Nanos) -> Reach {

@@ -6,7 +6,7 @@
 //! acquire, then a critical section of several steps, each step first checking
 //! `!guard.is_lost() && now < guard.valid_until()` and then writing `(token, worker, step)` to
 //! a [`FencedRegister`] kept by the checking process; release. A nemesis pauses, kills and
-//! partitions workers and restarts the server meanwhile. Every event is stamped with
+//! partitions workers, restarts the server and steps its wall clock meanwhile. Every event is stamped with
 //! `CLOCK_MONOTONIC` ([`history::now`]), which all processes on one machine share, and merged
 //! into one [`History`]; [`check`] then judges it against the backend's declared
 //! [`FencingGuarantee`](distlock_core::FencingGuarantee).
@@ -43,6 +43,7 @@
 //!     settle: 0,
 //!     max_gap: 1_000_000,
 //!     renew_every: 100,
+//!     wall_clock_leases: false,
 //! };
 //! let verdict = check(&history, &config);
 //! assert_eq!(verdict.stats.writes_rejected, 1);
@@ -60,10 +61,10 @@ pub mod worker;
 
 pub use checker::{CheckConfig, Finding, Judgement, Rule, Stats, Verdict, check};
 pub use history::{
-    AcqId, Acquisition, Check, Fault, FaultKind, FinalAcquire, History, Nanos, Observation, Part,
-    Worker, WorkerEnd, Write,
+    AcqId, Acquisition, Check, ClockSteps, Fault, FaultKind, FinalAcquire, History, Nanos,
+    Observation, Part, Worker, WorkerEnd, Write,
 };
 pub use kind::{CheckKind, Mode, Sabotage};
 pub use register::{Access, FencedRegister, RemoteRegister};
-pub use run::{RunConfig, RunError, Spawner, run};
+pub use run::{RunConfig, RunError, Spawner, leases_on_wall_clock, run, set_clock};
 pub use worker::{Event, Recorder, Register, Sink, StdoutSink, WorkerParams, work};

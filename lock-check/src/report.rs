@@ -83,6 +83,15 @@ pub fn markdown(label: &str, verdict: &Verdict) -> String {
     for (name, value) in rows {
         let _ = writeln!(out, "| {name} | {value} |");
     }
+    if s.faults.contains_key(&FaultKind::Clock) {
+        let _ = writeln!(
+            out,
+            "| server clock steps (forward / back, the largest) | {} / {} / {} |",
+            s.clock_steps.forward,
+            s.clock_steps.back,
+            ms(s.clock_steps.largest_ms.saturating_mul(1_000_000))
+        );
+    }
     if s.faults.contains_key(&FaultKind::Ambiguous) {
         let r = s.ambiguous_reach;
         let _ = writeln!(
@@ -156,13 +165,14 @@ fn fault_color(kind: FaultKind) -> RGBColor {
         FaultKind::Ambiguous => RGBColor(40, 160, 160),
         FaultKind::Starve => RGBColor(60, 160, 60),
         FaultKind::Lossy => RGBColor(200, 120, 200),
+        FaultKind::Clock => RGBColor(230, 110, 30),
     }
 }
 
 /// An SVG timeline of the run: one row per worker, its holds as bars (from `acquire`
 /// returning to `release` or a failed check), its waits as thin lines, faults shaded (a
-/// restart over every row), refused late writes as black crosses and violations as red
-/// circles.
+/// restart or a clock step over every row; a dashed line where the server's clock jumped
+/// forward), refused late writes as black crosses and violations as red circles.
 ///
 /// # Errors
 /// The chart could not be drawn (a message from the plotting crate).
@@ -239,6 +249,29 @@ pub fn svg(label: &str, history: &History, verdict: &Verdict) -> Result<String, 
                 .label(kind.as_str())
                 .legend(move |(px, py)| {
                     Rectangle::new([(px, py - 5), (px + 14, py + 5)], color.mix(0.4).filled())
+                });
+        }
+        let jumps: Vec<_> = history
+            .faults
+            .iter()
+            .filter_map(crate::history::Fault::forward_step_at)
+            .map(|at| {
+                PathElement::new(
+                    vec![(x(at), -0.6), (x(at), f64::from(rows) - 0.4)],
+                    fault_color(FaultKind::Clock).stroke_width(2),
+                )
+            })
+            .collect();
+        if !jumps.is_empty() {
+            chart
+                .draw_series(jumps)
+                .map_err(err)?
+                .label("server clock jumped forward")
+                .legend(|(px, py)| {
+                    PathElement::new(
+                        vec![(px + 7, py - 6), (px + 7, py + 6)],
+                        fault_color(FaultKind::Clock).stroke_width(2),
+                    )
                 });
         }
         let waits = history.acquisitions.iter().map(|a| {

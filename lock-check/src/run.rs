@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,8 +48,13 @@ pub struct RunConfig {
     /// The shell command that kill -9s and restarts the server, returning once it serves.
     pub restart_cmd: Option<String>,
     /// Whether faults may overlap: a new one starts every 0.5-1.5 s whether or not the last
-    /// has healed (never two on one worker, never two restarts at once). Else one at a time.
+    /// has healed (never two on one worker, never two restarts or two clock steps at once).
+    /// Else one at a time.
     pub overlap: bool,
+    /// The clock fault's control file: the `FAKETIME_TIMESTAMP_FILE` of a server run under
+    /// libfaketime, whose first line is its wall clock's offset in seconds (`+0`, `+2.5`,
+    /// `-3`). Without it the clock fault is not injected.
+    pub clock_file: Option<PathBuf>,
 }
 
 /// Why a run could not be made (a finding of the checker is not an error).
@@ -102,6 +108,15 @@ impl RunConfig {
         if self.workers == 0 {
             return Err(RunError::Config("a check needs at least one worker".into()));
         }
+        if let Some(file) = &self.clock_file
+            && !file.is_file()
+        {
+            return Err(RunError::Config(format!(
+                "the clock file {} does not exist: give the FAKETIME_TIMESTAMP_FILE of the \
+                 server under test (scripts/services.sh prints DISTLOCK_TEST_*_CLOCK_FILE)",
+                file.display()
+            )));
+        }
         let shortest = self.ttl.max(Duration::from_secs(1));
         if self.duration < shortest {
             return Err(RunError::Config(format!(
@@ -134,6 +149,17 @@ pub fn default_port(scheme: &str) -> Option<u16> {
         "mysql" | "mariadb" => 3306,
         _ => return None,
     })
+}
+
+/// Whether the leases of `url`'s backend end on its server's wall clock, so that a step of
+/// that clock moves their ends: Redis (key expiry and the `TIME` of the holders' sorted set),
+/// SQL (`now()`, `UTC_TIMESTAMP(6)`, SQLite's `unixepoch()`: the database's clock) and
+/// ZooKeeper (a holder node's lease runs from its `mtime`, the leader's wall clock). etcd's
+/// leases run on its monotonic clock, which no wall clock step moves.
+pub fn leases_on_wall_clock(url: &str) -> bool {
+    let lower = url.trim().to_ascii_lowercase();
+    let scheme = lower.split([':', '+']).next().unwrap_or_default();
+    !matches!(scheme, "etcd" | "etcds" | "http" | "https" | "memory")
 }
 
 /// The servers of `url` as `host:port`, in URL order; empty for a backend without a network
@@ -226,14 +252,22 @@ pub async fn run(
     // Faults other than crashes run as tasks: one at a time, or overlapping with
     // `config.overlap` (two workers paused together, a partition during a restart).
     let mut active: tokio::task::JoinSet<Result<Fault, RunError>> = tokio::task::JoinSet::new();
-    let mut busy: std::collections::HashSet<Option<u32>> = std::collections::HashSet::new();
+    let mut busy = Busy::default();
+    let clock_file = config
+        .clock_file
+        .clone()
+        .filter(|_| config.nemesis.contains(&FaultKind::Clock));
+    if let Some(file) = &clock_file {
+        // A clock left stepped by an earlier check that was killed mid-fault.
+        set_clock(file, 0)?;
+    }
     while !config.nemesis.is_empty()
         && tokio::time::Instant::now() + longest + Duration::from_secs(1) < deadline
     {
         tokio::time::sleep(Duration::from_millis(rng.random_range(500..1500))).await;
         while let Some(done) = active.try_join_next() {
             let fault = done.map_err(|err| RunError::Config(format!("a fault task: {err}")))??;
-            busy.remove(&fault.worker);
+            busy.done(&fault);
             faults.push(fault);
         }
         let kind = config.nemesis[rng.random_range(0..config.nemesis.len())];
@@ -241,7 +275,7 @@ pub async fn run(
             .running
             .keys()
             .copied()
-            .filter(|id| !busy.contains(&Some(*id)))
+            .filter(|id| !busy.targets.contains(&Some(*id)))
             .collect();
         ids.sort_unstable();
         // A pause or a partition of the holder is the interesting case (a GC pause in the
@@ -250,8 +284,10 @@ pub async fn run(
             .holder()
             .filter(|w| ids.contains(w) && rng.random_bool(2.0 / 3.0));
         let target = match (kind, holder) {
-            (FaultKind::Restart, _) if busy.contains(&None) => continue,
+            (FaultKind::Restart, _) if busy.targets.contains(&None) => continue,
             (FaultKind::Restart, _) => None,
+            (FaultKind::Clock, _) if clock_file.is_none() || busy.clock => continue,
+            (FaultKind::Clock, _) => None,
             (_, _) if ids.is_empty() => continue,
             (
                 FaultKind::Pause
@@ -289,6 +325,7 @@ pub async fn run(
                     worker: Some(target),
                     start: begun,
                     healed: now(),
+                    step_ms: None,
                 });
                 continue;
             }
@@ -306,8 +343,24 @@ pub async fn run(
                 None => continue,
             },
             FaultKind::Restart => Action::Restart(config.restart_cmd.clone().unwrap_or_default()),
+            FaultKind::Clock => {
+                // Forward or back by 1.5-3 ttls: past every lease's end, or far enough back
+                // that leases written now end late by more than their ttl.
+                let step = i64::try_from(ttl.mul_f64(rng.random_range(1.5..3.0)).as_millis())
+                    .unwrap_or(i64::MAX);
+                let step = if rng.random_bool(0.5) { step } else { -step };
+                Action::Clock(clock_file.clone().unwrap_or_default(), step)
+            }
         };
-        busy.insert(target);
+        let step_ms = match &action {
+            Action::Clock(_, step) => Some(*step),
+            _ => None,
+        };
+        if kind == FaultKind::Clock {
+            busy.clock = true;
+        } else {
+            busy.targets.insert(target);
+        }
         active.spawn(async move {
             inflict(kind, action, hold).await?;
             Ok(Fault {
@@ -315,13 +368,14 @@ pub async fn run(
                 worker: target,
                 start: begun,
                 healed: now(),
+                step_ms,
             })
         });
         if !config.overlap
             && let Some(done) = active.join_next().await
         {
             let fault = done.map_err(|err| RunError::Config(format!("a fault task: {err}")))??;
-            busy.remove(&fault.worker);
+            busy.done(&fault);
             faults.push(fault);
         }
     }
@@ -374,6 +428,25 @@ pub async fn run(
     Ok(history)
 }
 
+/// What faults are in progress on: workers (by number) and the server (`None`: a restart),
+/// and the server's clock.
+#[derive(Default)]
+struct Busy {
+    targets: std::collections::HashSet<Option<u32>>,
+    clock: bool,
+}
+
+impl Busy {
+    /// `fault` healed: its target is free again.
+    fn done(&mut self, fault: &Fault) {
+        if fault.kind == FaultKind::Clock {
+            self.clock = false;
+        } else {
+            self.targets.remove(&fault.worker);
+        }
+    }
+}
+
 /// What a fault acts on.
 enum Action {
     /// A worker process, by signals.
@@ -382,10 +455,31 @@ enum Action {
     Cut(Vec<crate::proxy::Switch>),
     /// The server, by the restart command.
     Restart(String),
+    /// The server's wall clock, by its libfaketime control file: the step in milliseconds.
+    Clock(PathBuf, i64),
 }
 
-/// Injects one fault and heals it: the pause, throttle, partition or lost replies last
-/// `hold`; a restart lasts until the command returns.
+/// Sets the offset of the server's wall clock to `offset_ms` (0: the true time): the first
+/// line of its libfaketime control file, in seconds (`+2.500`). The file is replaced whole
+/// (written beside it, then renamed over it), so the server, which reads it at every clock
+/// read, never sees it half written.
+///
+/// # Errors
+/// [`RunError::Io`] naming the file.
+pub fn set_clock(file: &Path, offset_ms: i64) -> Result<(), RunError> {
+    let what = || format!("setting the server's clock in {}", file.display());
+    let sign = if offset_ms < 0 { '-' } else { '+' };
+    let abs = offset_ms.unsigned_abs();
+    let text = format!("{sign}{}.{:03}\n", abs / 1000, abs % 1000);
+    let mut tmp = file.as_os_str().to_owned();
+    tmp.push(".distlock-check");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, text).map_err(io(what()))?;
+    std::fs::rename(&tmp, file).map_err(io(what()))
+}
+
+/// Injects one fault and heals it: the pause, throttle, partition, lost replies or clock
+/// step last `hold`; a restart lasts until the command returns.
 async fn inflict(kind: FaultKind, action: Action, hold: Duration) -> Result<(), RunError> {
     match (kind, action) {
         (FaultKind::Pause, Action::Signal(pid)) => {
@@ -421,6 +515,11 @@ async fn inflict(kind: FaultKind, action: Action, hold: Duration) -> Result<(), 
             switches.iter().for_each(|s| s.lossy(false));
         }
         (FaultKind::Restart, Action::Restart(cmd)) => restart(&cmd).await?,
+        (FaultKind::Clock, Action::Clock(file, step)) => {
+            set_clock(&file, step)?;
+            tokio::time::sleep(hold).await;
+            set_clock(&file, 0)?;
+        }
         _ => {}
     }
     Ok(())
@@ -645,5 +744,56 @@ mod tests {
             Vec::<String>::new()
         );
         assert!(matches!(upstreams("memory://"), Err(RunError::Config(_))));
+    }
+
+    #[test]
+    fn leases_on_the_wall_clock_are_told_by_the_scheme() {
+        for url in [
+            "redis://h",
+            "REDIS+sentinel://a,b/m",
+            "rediss+cluster://a",
+            "redlock://a,b,c",
+            "postgres://u@h/db",
+            "mysql://h",
+            "sqlite:///tmp/x.db",
+            "sqlite::memory:",
+            "zk://h",
+        ] {
+            assert!(leases_on_wall_clock(url), "{url}");
+        }
+        for url in ["etcd://h", "etcds://h", "memory://"] {
+            assert!(!leases_on_wall_clock(url), "{url}");
+        }
+    }
+
+    #[test]
+    fn the_clock_file_is_replaced_whole_with_the_offset_in_seconds() {
+        let dir = std::env::temp_dir().join(format!("distlock-check-clock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        let file = dir.join("clock.rc");
+        for (ms, text) in [(2_500, "+2.500\n"), (-1_005, "-1.005\n"), (0, "+0.000\n")] {
+            set_clock(&file, ms).expect("written");
+            assert_eq!(std::fs::read_to_string(&file).expect("read"), text);
+        }
+        assert_eq!(std::fs::read_dir(&dir).expect("listed").count(), 1);
+        let missing = RunConfig {
+            url: "redis://h".into(),
+            name: "n".into(),
+            kind: CheckKind::Exclusive,
+            sabotage: None,
+            duration: Duration::from_secs(5),
+            workers: 1,
+            ttl: Duration::from_secs(1),
+            steps: 1,
+            step_gap: Duration::ZERO,
+            nemesis: vec![FaultKind::Clock],
+            restart_cmd: None,
+            overlap: false,
+            clock_file: Some(dir.join("missing.rc")),
+        };
+        assert!(
+            matches!(missing.validate(), Err(RunError::Config(why)) if why.contains("missing.rc")),
+        );
+        std::fs::remove_dir_all(&dir).expect("removed");
     }
 }

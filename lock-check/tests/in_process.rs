@@ -104,6 +104,7 @@ async fn run_with(
         settle: 2_000_000_000,
         max_gap: 1_000_000_000,
         renew_every: 333_000_000,
+        wall_clock_leases: false,
     };
     let verdict = check(&history, &config);
     (history, verdict)
@@ -255,6 +256,7 @@ async fn every_kind_passes_on_the_memory_backend() {
                 settle: 2_000_000_000,
                 max_gap: 1_000_000_000,
                 renew_every: 333_000_000,
+                wall_clock_leases: false,
             };
             let mut as_one = history.clone();
             for a in &mut as_one.acquisitions {
