@@ -8,7 +8,9 @@
 # Usage: scripts/fault-check.sh [CONFIG...]    (default: every configuration)
 #   CONFIG: sqlite postgres postgres_tls mysql mysql_tls redis redis_fair redis_tls redlock3
 #           redlock5 redis_sentinel redis_cluster etcd etcd_cluster etcd_tls zk zk_auth zk_tls
-#           zk_ensemble
+#           zk_ensemble redis_clock postgres_clock zk_clock
+#   The *_clock configurations step the wall clock of a server run under libfaketime (the
+#   clock fault, `--clock-file`), forward and back by 1.5-3 ttls.
 #
 # Needs the servers of scripts/services.sh (their export lines in the environment, as
 # scripts/test.sh sets them) and builds the distlock command with every backend. Writes, per
@@ -36,11 +38,16 @@ WORKERS=${DISTLOCK_CHECK_WORKERS:-4}
 ALL_FAULTS=pause,crash,partition,restart,ambiguous,starve,lossy
 # The faults that need no proxy between a worker and its servers.
 HOST_FAULTS=pause,crash,restart,starve
+# On the servers run under libfaketime: steps of their wall clock alone (1-2 per kind; mixed
+# with other faults, some kinds of an 8 s run got none).
+CLOCK_FAULTS=clock
 
 for var in DISTLOCK_TEST_POSTGRES_URL DISTLOCK_TEST_MYSQL_URL DISTLOCK_TEST_POSTGRES_TLS_URL \
   DISTLOCK_TEST_MYSQL_TLS_URL DISTLOCK_TEST_REDIS_TLS_URL DISTLOCK_TEST_ETCD_TLS_URL \
   DISTLOCK_TEST_ZK_AUTH_URL DISTLOCK_TEST_ZK_TLS_URL DISTLOCK_TEST_ZK_ENSEMBLE_CONNECT \
-  DISTLOCK_TEST_REDIS_SENTINEL_URL DISTLOCK_TEST_REDIS_CLUSTER_URL; do
+  DISTLOCK_TEST_REDIS_SENTINEL_URL DISTLOCK_TEST_REDIS_CLUSTER_URL \
+  DISTLOCK_TEST_REDIS_CLOCK_FILE DISTLOCK_TEST_POSTGRES_CLOCK_URL DISTLOCK_TEST_POSTGRES_CLOCK_FILE \
+  DISTLOCK_TEST_ZK_CLOCK_URL DISTLOCK_TEST_ZK_CLOCK_FILE DISTLOCK_TEST_REDIS_CLOCK_URL; do
   if [[ -z ${!var:-} ]]; then
     echo "fault-check.sh: $var is not set: start the servers (scripts/services.sh start) and" \
       "eval their export lines first" >&2
@@ -66,7 +73,7 @@ R=127.0.0.1
 # fault is a failover: `services.sh failover GROUP` kills the leader (master), waits until
 # another member leads and starts the old one again. Sentinel and Cluster clients reach the
 # addresses the servers announce, past the workers' proxies: no partition, ambiguous or lossy
-# faults.
+# faults. A seventh field, the clock file, is the clock fault's (`--clock-file`).
 declare -A RUNS=(
   [sqlite]="sqlite|sqlite://$OUT/check.db|1s|$DURATION|pause,crash,starve|"
   [postgres]="postgres|$DISTLOCK_TEST_POSTGRES_URL|1s|$DURATION|$ALL_FAULTS|restart-one postgres"
@@ -87,9 +94,13 @@ declare -A RUNS=(
   [redis_sentinel]="redis-sentinel|$DISTLOCK_TEST_REDIS_SENTINEL_URL|1s|$DURATION|$HOST_FAULTS|failover redis-sentinel"
   [redis_cluster]="redis-cluster|$DISTLOCK_TEST_REDIS_CLUSTER_URL|1s|$DURATION|$HOST_FAULTS|failover redis-cluster"
   [zk_tls]="zookeeper-auth|$DISTLOCK_TEST_ZK_TLS_URL|1s|$DURATION|$ALL_FAULTS|restart-one zookeeper-auth"
+  [redis_clock]="redis-clock|$DISTLOCK_TEST_REDIS_CLOCK_URL|1s|$DURATION|$CLOCK_FAULTS||$DISTLOCK_TEST_REDIS_CLOCK_FILE"
+  [postgres_clock]="postgres-clock|$DISTLOCK_TEST_POSTGRES_CLOCK_URL|1s|$DURATION|$CLOCK_FAULTS||$DISTLOCK_TEST_POSTGRES_CLOCK_FILE"
+  [zk_clock]="zookeeper-clock|$DISTLOCK_TEST_ZK_CLOCK_URL|1s|$DURATION|$CLOCK_FAULTS||$DISTLOCK_TEST_ZK_CLOCK_FILE"
 )
 ORDER=(sqlite postgres postgres_tls mysql mysql_tls redis redis_fair redis_tls redlock3 redlock5
-  redis_sentinel redis_cluster etcd etcd_cluster etcd_tls zk zk_auth zk_tls zk_ensemble)
+  redis_sentinel redis_cluster etcd etcd_cluster etcd_tls zk zk_auth zk_tls zk_ensemble
+  redis_clock postgres_clock zk_clock)
 if (($#)); then
   ORDER=("$@")
 fi
@@ -103,8 +114,8 @@ done
 # One run: the check's output to CONFIG.log, its exit status to CONFIG.status, its table row
 # (from the JSON report) to CONFIG.row.
 run_one() {
-  local config=$1 group url ttl duration faults server status=0 args
-  IFS='|' read -r group url ttl duration faults server <<<"${RUNS[$config]}"
+  local config=$1 group url ttl duration faults server clock status=0 args
+  IFS='|' read -r group url ttl duration faults server clock <<<"${RUNS[$config]}"
   args=(check --url "$url" --ttl "$ttl" --duration "$duration" --workers "$WORKERS"
     --nemesis "$faults" --overlap --json "$OUT/$config.json" --markdown "$OUT/$config.md"
     --svg "$OUT/$config.svg")
@@ -113,6 +124,9 @@ run_one() {
   fi
   if [[ -n $server ]]; then
     args+=(--restart-cmd "$SERVICES $server")
+  fi
+  if [[ -n $clock ]]; then
+    args+=(--clock-file "$clock")
   fi
   "$DISTLOCK" "${args[@]}" >"$OUT/$config.log" 2>&1 || status=$?
   echo "$status" >"$OUT/$config.status"
