@@ -39,8 +39,9 @@
 //! [`CheckConfig::settle`] after the server answered again): a single Redis server without
 //! persistence forgets its locks when it restarts, as the README says. On a backend whose
 //! leases end on the server's wall clock ([`CheckConfig::wall_clock_leases`]: Redis, SQL,
-//! ZooKeeper), a stale check or an overlap within [`CheckConfig::settle`] after a clock fault
-//! stepped that clock forward is [`Judgement::Expected`] too, whatever the guarantee: the step
+//! ZooKeeper), a stale check or an overlap from a clock fault's forward step until
+//! [`CheckConfig::settle`] after the clock is set right is [`Judgement::Expected`] too,
+//! whatever the guarantee: the step
 //! ended the lease on the server at once, while the holder's own deadline runs on its
 //! monotonic clock. The token rules stay violations then: a clock step must never repeat a
 //! token or send one back. Everything else is a [`Judgement::Violation`].
@@ -374,10 +375,13 @@ fn judge(history: &History, config: &CheckConfig, rule: Rule, at: Nanos) -> Judg
         ));
     }
     if config.wall_clock_leases && matches!(rule, Rule::StaleCheck | Rule::Overlap) {
+        // From the forward step until `settle` after the clock is set right: while the clock
+        // is off, a lease granted before the step (a waiter's reservation picked up late, too)
+        // can surface as a grant at any time.
         let step = history.faults.iter().find_map(|fault| {
             let stepped = fault.forward_step_at()?;
-            (stepped <= at && at <= stepped.saturating_add(config.settle))
-                .then(|| fault.step_ms.unwrap_or(0).unsigned_abs())
+            let until = stepped.max(fault.healed).saturating_add(config.settle);
+            (stepped <= at && at <= until).then(|| fault.step_ms.unwrap_or(0).unsigned_abs())
         });
         if let Some(ms) = step {
             return Judgement::Expected(format!(
@@ -1077,6 +1081,18 @@ mod tests {
             ..wall(FencingGuarantee::Linearizable)
         };
         assert!(check(&h, &late).failed());
+        // But while the clock is still ahead (set right only at 480 ms), a grant that surfaces
+        // late (a lease granted before the step) is the step's doing.
+        h.faults[0] = Fault {
+            start: 0,
+            healed: 480 * MS,
+            ..clock(2_500)
+        };
+        assert!(
+            !check(&h, &late).failed(),
+            "{:#?}",
+            check(&h, &late).findings
+        );
     }
 
     #[test]
