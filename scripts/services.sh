@@ -63,6 +63,13 @@
 #                                TLS (ssl=on), user distlock_tls with a password, over TLS only
 #   mariadb                      MariaDB on 13306, database distlock, root without password;
 #                                TLS, user distlock_tls with a password, REQUIRE SSL
+#   pgbouncer-session            PgBouncer on 15440 in front of `postgres` (database distlock,
+#                                user postgres; auth_type trust, its user list written at start-up
+#                                in conf/), pool_mode=session: a server session per client
+#   pgbouncer-tx                 the same on 15441 with pool_mode=transaction (distlock refuses it
+#                                at connect; lock-sql/tests/poolers.rs checks that it does)
+#   mariadb-wait-timeout         MariaDB on 13307 (database distlock, root without password, no
+#                                TLS) that closes every connection idle for 2 s (--wait-timeout=2)
 #   redis-clock-16420            a Redis master (no persistence) whose wall clock steps: run
 #                                under libfaketime (LD_PRELOAD of its thread-safe libfaketimeMT,
 #                                FAKETIME_NO_CACHE, the monotonic clocks left alone), its offset
@@ -147,6 +154,9 @@ ZK_PORT=12181
 ZK_AUTH_PORT=12182
 ZK_AUTH_TLS_PORT=12183
 PG_PORT=15432
+PGBOUNCER_SESSION_PORT=15440
+PGBOUNCER_TX_PORT=15441
+MARIADB_WAIT_TIMEOUT_PORT=13307
 MARIADB_PORT=13306
 REDIS_CLOCK_PORT=16420
 PG_CLOCK_PORT=15433
@@ -161,6 +171,7 @@ ALL_SERVERS=(
   redis-sentinel-16410 redis-sentinel-16411 redis-sentinel-16412
   etcd etcd-tls etcd-cluster-1 etcd-cluster-2 etcd-cluster-3
   zookeeper zookeeper-auth zk-ensemble-1 zk-ensemble-2 zk-ensemble-3 postgres mariadb
+  pgbouncer-session pgbouncer-tx mariadb-wait-timeout
   "redis-clock-$REDIS_CLOCK_PORT" postgres-clock zookeeper-clock
 )
 
@@ -208,6 +219,9 @@ server_port() {
     postgres) printf '%s\n' "$PG_PORT" ;;
     postgres-clock) printf '%s\n' "$PG_CLOCK_PORT" ;;
     mariadb) printf '%s\n' "$MARIADB_PORT" ;;
+    pgbouncer-session) printf '%s\n' "$PGBOUNCER_SESSION_PORT" ;;
+    pgbouncer-tx) printf '%s\n' "$PGBOUNCER_TX_PORT" ;;
+    mariadb-wait-timeout) printf '%s\n' "$MARIADB_WAIT_TIMEOUT_PORT" ;;
   esac
 }
 
@@ -234,7 +248,8 @@ server_comm() {
     etcd | etcd-tls | etcd-cluster-*) printf 'etcd\n' ;;
     zookeeper | zookeeper-auth | zookeeper-clock | zk-ensemble-*) printf 'java\n' ;;
     postgres | postgres-clock) printf 'postgres\n' ;;
-    mariadb) printf 'mariadbd\n' ;;
+    mariadb | mariadb-wait-timeout) printf 'mariadbd\n' ;;
+    pgbouncer-*) printf 'pgbouncer\n' ;;
   esac
 }
 
@@ -353,6 +368,7 @@ ensure_packages() {
   command -v mariadbd >/dev/null || add mariadb-server
   command -v mariadb-install-db >/dev/null || add mariadb-server
   command -v mariadb >/dev/null || add mariadb-client
+  command -v pgbouncer >/dev/null || add pgbouncer
   command -v protoc >/dev/null || add protobuf-compiler
   # etcd-client's build needs the well-known types (google/protobuf/*.proto) besides protoc.
   [[ -f /usr/include/google/protobuf/descriptor.proto ]] || add libprotobuf-dev
@@ -373,7 +389,7 @@ ensure_packages() {
   DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=300 install -y \
     --no-install-recommends "${missing[@]}" >&2
   log "installed in $(($(now_ms) - t0)) ms"
-  for pkg in redis-server etcd etcdctl mariadbd protoc; do
+  for pkg in redis-server etcd etcdctl mariadbd protoc pgbouncer; do
     command -v "$pkg" >/dev/null || die "$pkg still missing after apt-get install"
   done
   [[ -f $ZK_JAR ]] || die "$ZK_JAR still missing after apt-get install"
@@ -804,7 +820,55 @@ launch() {
         --collation-server=utf8mb4_unicode_ci --ssl-ca="$(tls_dir)/ca.pem" \
         --ssl-cert="$(tls_dir)/server.pem" --ssl-key="$(tls_dir)/server.key"
       ;;
+    mariadb-wait-timeout)
+      # As mariadb without TLS, closing every connection idle for 2 s.
+      local sock="$dir/mysqld.sock" user=()
+      ((${#sock} <= 100)) || sock="/tmp/distlock-$name-$(state_hash).sock"
+      ((EUID == 0)) && user=(--user=root)
+      if [[ ! -f $dir/.distlock-initialized ]]; then
+        rm -rf "$dir"
+        mkdir -p "$dir"
+        mariadb-install-db --no-defaults --datadir="$dir" --auth-root-authentication-method=normal \
+          "${user[@]}" --skip-test-db >>"$(log_file "$name")" 2>&1 ||
+          die "$name: mariadb-install-db failed, see $(log_file "$name")"
+        touch "$dir/.distlock-initialized"
+      fi
+      spawn "$name" mariadbd --no-defaults "${user[@]}" --datadir="$dir" \
+        --port="$MARIADB_WAIT_TIMEOUT_PORT" --bind-address="$HOST" --socket="$sock" \
+        --pid-file="$STATE/run/$name-mariadbd.pid" --skip-name-resolve --max-connections=300 \
+        --character-set-server=utf8mb4 --collation-server=utf8mb4_unicode_ci --wait-timeout=2
+      ;;
+    pgbouncer-*)
+      # It refuses to run as root: as root, it reads its (root-only) files, then becomes the
+      # postgres user.
+      local user=()
+      ((EUID == 0)) && user=(-u postgres)
+      mkdir -p "$dir"
+      write_pgbouncer_conf "$name"
+      spawn "$name" pgbouncer "${user[@]}" "$STATE/conf/$name.ini"
+      ;;
   esac
+}
+
+# write_pgbouncer_conf NAME: conf/NAME.ini, PgBouncer in front of `postgres` in the pool mode
+# its name says (pgbouncer-session, pgbouncer-tx), and the user list it trusts (user postgres,
+# no password: PostgreSQL trusts it on loopback). sqlx sends extra_float_digits at start-up,
+# which PgBouncer refuses unless told to ignore it. Logs go to stderr (the server's log), without
+# a line per connection.
+write_pgbouncer_conf() {
+  local name=$1 mode=session
+  [[ $1 == pgbouncer-tx ]] && mode=transaction
+  (
+    umask 077
+    printf '"postgres" ""\n' >"$STATE/conf/pgbouncer-users.txt"
+    printf '%s\n' '[databases]' "distlock = host=$HOST port=$PG_PORT dbname=distlock" \
+      '[pgbouncer]' "listen_addr = $HOST" "listen_port = $(server_port "$name")" \
+      'unix_socket_dir =' 'auth_type = trust' "auth_file = $STATE/conf/pgbouncer-users.txt" \
+      "pool_mode = $mode" 'max_client_conn = 1000' 'default_pool_size = 80' \
+      'ignore_startup_parameters = extra_float_digits' 'server_login_retry = 1' \
+      'query_wait_timeout = 30' 'log_connections = 0' 'log_disconnections = 0' \
+      'logfile =' 'pidfile =' >"$STATE/conf/$name.ini"
+  )
 }
 
 # --------------------------------------------------------------------------------------------
@@ -820,6 +884,14 @@ zk_srvr() {
 mariadb_sql() {
   mariadb --no-defaults --protocol=tcp -h"$HOST" -P"$MARIADB_PORT" -uroot --connect-timeout=2 \
     -e "$1" ${2:+"$2"}
+}
+
+# mariadb_wait_timeout_sql SQL [OPTIONS...]: the same against mariadb-wait-timeout.
+mariadb_wait_timeout_sql() {
+  local sql=$1
+  shift
+  mariadb --no-defaults --protocol=tcp -h"$HOST" -P"$MARIADB_WAIT_TIMEOUT_PORT" -uroot \
+    --connect-timeout=2 -e "$sql" "$@"
 }
 
 # etcdctl against etcd-tls with the test CA and the client certificate; "$@" are its arguments.
@@ -871,6 +943,12 @@ probe() {
     postgres) "$PG_BIN/pg_isready" -q -h "$HOST" -p "$PG_PORT" -t 2 ;;
     postgres-clock) "$PG_BIN/pg_isready" -q -h "$HOST" -p "$PG_CLOCK_PORT" -t 2 ;;
     mariadb) mariadb_sql 'select 1' >/dev/null 2>&1 ;;
+    mariadb-wait-timeout) mariadb_wait_timeout_sql 'select 1' >/dev/null 2>&1 ;;
+    # Through to PostgreSQL: a query that PgBouncer passes on.
+    pgbouncer-*)
+      [[ $(PGCONNECT_TIMEOUT=2 timeout 5 "$PG_BIN/psql" -X -q -h "$HOST" -p "$(server_port "$1")" \
+        -U postgres -d distlock -tAc 'SELECT 1' 2>/dev/null) == 1 ]]
+      ;;
   esac
 }
 
@@ -918,6 +996,10 @@ post_ready() {
         ALTER USER 'distlock_tls'@'$HOST' IDENTIFIED BY '$(tls_password)' REQUIRE SSL;
         GRANT ALL ON distlock.* TO 'distlock_tls'@'$HOST';" >&2 &&
         mariadb_sql 'SELECT 1' distlock >/dev/null
+      ;;
+    mariadb-wait-timeout)
+      mariadb_wait_timeout_sql 'CREATE DATABASE IF NOT EXISTS distlock' >&2 &&
+        [[ $(mariadb_wait_timeout_sql 'SELECT @@global.wait_timeout' -N distlock) == 2 ]]
       ;;
   esac
 }
@@ -1413,6 +1495,14 @@ print_env() {
     "$HOST" "$PG_PORT"
   printf 'export DISTLOCK_TEST_MYSQL_URL=mysql://root@%s:%s/distlock?ssl-mode=disabled\n' \
     "$HOST" "$MARIADB_PORT"
+  # PostgreSQL through PgBouncer, session and transaction pooling; MariaDB closing idle
+  # connections after 2 s.
+  printf 'export DISTLOCK_TEST_PGBOUNCER_SESSION_URL=postgres://postgres@%s:%s/distlock?sslmode=disable\n' \
+    "$HOST" "$PGBOUNCER_SESSION_PORT"
+  printf 'export DISTLOCK_TEST_PGBOUNCER_TX_URL=postgres://postgres@%s:%s/distlock?sslmode=disable\n' \
+    "$HOST" "$PGBOUNCER_TX_PORT"
+  printf 'export DISTLOCK_TEST_MYSQL_WAIT_TIMEOUT_URL=mysql://root@%s:%s/distlock?ssl-mode=disabled\n' \
+    "$HOST" "$MARIADB_WAIT_TIMEOUT_PORT"
   # The same servers over verified TLS, as a password user made at start-up.
   tls_material
   local ca pass
