@@ -42,24 +42,7 @@ pub(crate) fn sqlite_busy(code: &str) -> bool {
 /// fix; a network failure names the server and the cause in one line.
 pub(crate) fn connect_err(config: &SqlConfig, err: sqlx::Error) -> Error {
     let url = config.redacted_url();
-    let server = || {
-        let server = url::Url::parse(&config.url)
-            .ok()
-            .and_then(|u| {
-                let host = u.host_str()?.to_owned();
-                Some(match u.port() {
-                    Some(port) => format!("{host}:{port}"),
-                    None => host,
-                })
-            })
-            .map_or_else(|| url.clone(), |s| distlock_core::service_url::echo(&s));
-        let name = match config.dialect {
-            Dialect::Postgres => "PostgreSQL",
-            Dialect::MySql => "MySQL",
-            Dialect::Sqlite => "SQLite",
-        };
-        format!("{name} at {server}")
-    };
+    let server = || server_name(config);
     match &err {
         // rustls reports a refused handshake (an untrusted, expired or misnamed certificate) as
         // invalid data: retrying cannot help.
@@ -93,6 +76,46 @@ pub(crate) fn connect_err(config: &SqlConfig, err: sqlx::Error) -> Error {
         sqlx::Error::Configuration(_) => Error::InvalidConfig(format!("{url}: {err}")),
         _ => map_err(&format!("connecting to {url}"), err),
     }
+}
+
+/// The database and where it is, for messages: `PostgreSQL at host:port` (no credentials).
+pub(crate) fn server_name(config: &SqlConfig) -> String {
+    let url = config.redacted_url();
+    let server = url::Url::parse(&config.url)
+        .ok()
+        .and_then(|u| {
+            let host = u.host_str()?.to_owned();
+            Some(match u.port() {
+                Some(port) => format!("{host}:{port}"),
+                None => host,
+            })
+        })
+        .map_or(url, |s| distlock_core::service_url::echo(&s));
+    let name = match config.dialect {
+        Dialect::Postgres => "PostgreSQL",
+        Dialect::MySql => "MySQL",
+        Dialect::Sqlite => "SQLite",
+    };
+    format!("{name} at {server}")
+}
+
+/// A pooler between the client and PostgreSQL that gives one client connection's
+/// transactions to different server sessions, found out as `evidence` says (a notification
+/// lost or delivered to the wrong connection): refused, since the backend's LISTEN,
+/// prepared statements and session settings belong to a session.
+#[cfg_attr(
+    not(feature = "postgres"),
+    allow(dead_code, reason = "PostgreSQL poolers only")
+)]
+pub(crate) fn pooler_err(config: &SqlConfig, evidence: &str) -> Error {
+    Error::Unsupported(format!(
+        "{} does not keep a session per connection ({evidence}): a pooler in transaction \
+         pooling mode (PgBouncer pool_mode=transaction or statement) gives a connection's \
+         transactions to different server sessions, so wake-ups, prepared statements and \
+         session settings do not carry over; connect to PostgreSQL directly or through a \
+         pooler in session mode (PgBouncer pool_mode=session)",
+        server_name(config)
+    ))
 }
 
 /// A statement that does not prepare: the table is missing or of the wrong shape.

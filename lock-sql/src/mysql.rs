@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use distlock_core::backend::unpoisoned;
@@ -22,7 +22,7 @@ use crate::dialect::{Common, Shared, Sql, prepare_all, q, server_pool};
 use crate::error::{connect_err, map_err};
 use crate::holds::{HolderSql, Holds, holders_table};
 use crate::keys::quote;
-use crate::pool::{HotConns, InUse, open_pool};
+use crate::pool::{HotConns, IdleLimit, InUse, checked, open_pool, ping};
 use crate::renew::{BySize, LIST_MAX_BATCH, Renewal, padded, renewed_at, too_many};
 use crate::wake::{ServerWait, Woken, wake_prefix};
 
@@ -323,6 +323,12 @@ const MAX_WAIT_SECS: u64 = 2;
 ///
 /// At most a quarter of the pool is pinned, and at most a quarter waits; beyond that (and for
 /// a first take, which inserts the row) holders take no wake lock and waiters poll.
+///
+/// A pinned connection idles for as long as its lock is held, and the server closes a
+/// connection idle for `wait_timeout` (the wake lock going with it: the waiter would then
+/// poll every 20 ms for the rest of the hold). So a task pings every pinned connection idle
+/// for half the time after which the pool checks a connection ([`IdleLimit`]: a quarter of
+/// `wait_timeout`, at most every 30 s): see [`Wake::keep_alive`].
 #[derive(Debug)]
 pub(crate) struct MyDb {
     check: Arc<str>,
@@ -330,6 +336,13 @@ pub(crate) struct MyDb {
     renew_many: (BySize, BySize),
     common: Common<sqlx::MySql>,
     wake: Arc<Wake>,
+    keep_alive: tokio::task::AbortHandle,
+}
+
+impl Drop for MyDb {
+    fn drop(&mut self) {
+        self.keep_alive.abort();
+    }
 }
 
 /// The wake locks' statements, pinned connections and waiting connections.
@@ -342,26 +355,46 @@ struct Wake {
     pinned: Mutex<HashMap<(String, String), Pinned>>,
     pin_slots: Arc<Semaphore>,
     wait_slots: Arc<Semaphore>,
-    /// Waiting connections between waits, with their `CONNECTION_ID()`.
-    idle: Mutex<Vec<(PoolConnection<sqlx::MySql>, u64)>>,
+    /// Waiting connections between waits, with their `CONNECTION_ID()` and since when they
+    /// are idle.
+    idle: Mutex<Vec<(PoolConnection<sqlx::MySql>, u64, Instant)>>,
     /// Whether releases hand the lock to the reserved exclusive waiter.
     handover: bool,
+    /// How long a connection may idle before its next use pings it (`wait_timeout`).
+    limit: Arc<IdleLimit>,
 }
 
 #[derive(Debug)]
 struct Pinned {
-    conn: PoolConnection<sqlx::MySql>,
+    /// Locked by the release that takes the connection out, and by a keep-alive ping.
+    conn: Arc<tokio::sync::Mutex<Holding>>,
     _slot: OwnedSemaphorePermit,
+}
+
+/// A connection that holds a wake lock, and since when it is idle (its take, or its last
+/// keep-alive ping). Closed, never given back to the pool, when dropped with it: closing lets
+/// the wake lock go (a release takes the connection out first).
+#[derive(Debug)]
+struct Holding {
+    conn: Option<PoolConnection<sqlx::MySql>>,
+    since: Instant,
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            drop(conn.detach());
+        }
+    }
 }
 
 impl Drop for Wake {
     fn drop(&mut self) {
         if tokio::runtime::Handle::try_current().is_err() {
-            // Handing a connection back to the pool spawns a task: close them here instead.
-            let pinned = std::mem::take(unpoisoned_mut(&mut self.pinned));
-            pinned.into_values().for_each(|p| drop(p.conn.detach()));
+            // Handing a connection back to the pool spawns a task: close them here instead
+            // (pinned ones are closed when dropped).
             let idle = std::mem::take(unpoisoned_mut(&mut self.idle));
-            idle.into_iter().for_each(|(conn, _)| drop(conn.detach()));
+            idle.into_iter().for_each(|(conn, ..)| drop(conn.detach()));
         }
     }
 }
@@ -373,6 +406,11 @@ fn unpoisoned_mut<T>(mutex: &mut Mutex<T>) -> &mut T {
 impl Wake {
     fn prefix(&self, name: &str) -> String {
         wake_prefix(&self.table, name)
+    }
+
+    /// Keeps a waiting connection for the next wait.
+    fn park(&self, conn: PoolConnection<sqlx::MySql>, id: u64) {
+        unpoisoned(&self.idle).push((conn, id, Instant::now()));
     }
 
     fn unpin(&self, name: &str, owner: &str) -> Option<Pinned> {
@@ -387,19 +425,66 @@ impl Wake {
         conn: PoolConnection<sqlx::MySql>,
         slot: OwnedSemaphorePermit,
     ) {
-        let pinned = Pinned { conn, _slot: slot };
+        let holding = Holding {
+            conn: Some(conn),
+            since: Instant::now(),
+        };
+        let pinned = Pinned {
+            conn: Arc::new(tokio::sync::Mutex::new(holding)),
+            _slot: slot,
+        };
         let key = (name.to_owned(), owner.to_owned());
-        if let Some(earlier) = unpoisoned(&self.pinned).insert(key, pinned) {
-            // A reentrant take of a lock we hold: the earlier hold's wake lock goes with its
-            // connection.
-            drop(earlier.conn.detach());
+        // A reentrant take of a lock we hold: the earlier hold's wake lock goes with its
+        // connection, closed when dropped.
+        drop(unpoisoned(&self.pinned).insert(key, pinned));
+    }
+
+    /// The connection pinned for `owner`'s hold of `name` taken out (to release on), and
+    /// since when it is idle; `None`: none, or the keep-alive found it closed.
+    async fn take_pinned(
+        &self,
+        name: &str,
+        owner: &str,
+    ) -> Option<(PoolConnection<sqlx::MySql>, Instant)> {
+        let pinned = self.unpin(name, owner)?;
+        let mut holding = pinned.conn.lock().await;
+        let since = holding.since;
+        holding.conn.take().map(|conn| (conn, since))
+    }
+
+    /// Pings every pinned connection idle for `after` or longer (each at most once a round),
+    /// so that the server does not close it for idleness with the wake lock it holds. One
+    /// in use (by its release) is left alone; one whose ping fails is closed, and its holder's
+    /// waiters poll.
+    async fn keep_alive(&self, after: Duration) {
+        let pinned: Vec<_> = unpoisoned(&self.pinned)
+            .values()
+            .map(|pinned| pinned.conn.clone())
+            .collect();
+        for cell in pinned {
+            let Ok(mut holding) = cell.try_lock() else {
+                continue;
+            };
+            if holding.since.elapsed() < after {
+                continue;
+            }
+            if let Some(conn) = holding.conn.take() {
+                holding.conn = ping(conn).await;
+                holding.since = Instant::now();
+            }
         }
     }
 
-    /// A waiting connection and its id: an idle one, or a new one from the pool.
+    /// A waiting connection and its id: an idle one (pinged first if it idled long enough for
+    /// the server to close it), or a new one from the pool.
     async fn waiting_conn(&self) -> Result<(PoolConnection<sqlx::MySql>, u64), sqlx::Error> {
-        if let Some(idle) = unpoisoned(&self.idle).pop() {
-            return Ok(idle);
+        loop {
+            let Some((conn, id, since)) = unpoisoned(&self.idle).pop() else {
+                break;
+            };
+            if let Some(conn) = checked(conn, since.elapsed(), &self.limit).await {
+                return Ok((conn, id));
+            }
         }
         // Closed, not given back, if cancelled mid-way (see `InUse`).
         let mut conn = InUse::acquire(&self.pool).await?;
@@ -449,7 +534,7 @@ impl Wake {
         match answer {
             Ok(answer) if !killed => match answer {
                 Some(0 | 3) => {
-                    unpoisoned(&self.idle).push((conn, id));
+                    self.park(conn, id);
                     if answer == Some(0) {
                         Woken::NotArmed
                     } else {
@@ -458,7 +543,7 @@ impl Wake {
                 }
                 _ if self.handover => self.handed(conn, id, &name, &owner).await,
                 _ => {
-                    unpoisoned(&self.idle).push((conn, id));
+                    self.park(conn, id);
                     Woken::Released
                 }
             },
@@ -492,7 +577,7 @@ impl Wake {
     ) -> Woken {
         let slot = self.pin_slots.clone().try_acquire_owned().ok();
         let prefix = slot.as_ref().map(|_| self.prefix(name));
-        let sent = std::time::Instant::now();
+        let sent = Instant::now();
         let row = q(&self.sql.handed)
             .bind(&prefix)
             .bind(&prefix)
@@ -514,7 +599,7 @@ impl Wake {
                 let left = Duration::from_micros(u64::try_from(remaining).unwrap_or(0));
                 match (woke, slot) {
                     (Some(1), Some(slot)) => self.pin(name, owner, conn, slot),
-                    _ => unpoisoned(&self.idle).push((conn, id)),
+                    _ => self.park(conn, id),
                 }
                 Woken::Handed {
                     version,
@@ -523,7 +608,7 @@ impl Wake {
             }
             // Freed rather than handed (or to another waiter): the waiter takes.
             Ok(None) => {
-                unpoisoned(&self.idle).push((conn, id));
+                self.park(conn, id);
                 Woken::Released
             }
             Err(err) => {
@@ -534,6 +619,27 @@ impl Wake {
             }
         }
     }
+}
+
+/// The task of [`Wake::keep_alive`]: a round every half of `idle`'s check interval (a
+/// pinned connection is then pinged before it idled for the whole interval, a half of the
+/// server's `wait_timeout` at most). It ends with the backend.
+fn spawn_keep_alive(wake: &Arc<Wake>, idle: &IdleLimit) -> tokio::task::AbortHandle {
+    let round = idle.check_after().map(|after| after / 2);
+    let wake = Arc::downgrade(wake);
+    let task = tokio::spawn(async move {
+        let Some(round) = round.filter(|round| !round.is_zero()) else {
+            return;
+        };
+        loop {
+            tokio::time::sleep(round).await;
+            let Some(wake) = wake.upgrade() else {
+                return;
+            };
+            wake.keep_alive(round).await;
+        }
+    });
+    task.abort_handle()
 }
 
 /// Whether the lock table (`table`, unquoted, maybe `schema.table`) has the `next_ttl` column
@@ -562,12 +668,13 @@ impl MyDb {
             Error::InvalidConfig(format!("bad MySQL URL {}: {e}", config.redacted_url()))
         })?;
         let session_id = "SELECT CAST(CONNECTION_ID() AS SIGNED)";
-        let pool = server_pool::<sqlx::MySql>(config, session_id, sessions);
+        let idle = Arc::new(IdleLimit::server());
+        let pool = server_pool::<sqlx::MySql>(config, session_id, sessions, idle.clone());
         let probe = config.effective_connect_timeout() / 4;
         let pool = open_pool(pool, options, probe)
             .await
             .map_err(|e| connect_err(config, e))?;
-        Self::on_pool(pool, config, config.max_connections / 2).await
+        Self::set_up(pool, config, config.max_connections / 2, idle).await
     }
 
     /// Sets up the lock table and its statements on `pool`, keeping at most `keep`
@@ -577,6 +684,17 @@ impl MyDb {
         config: &SqlConfig,
         keep: u32,
     ) -> Result<Self> {
+        Self::set_up(pool, config, keep, Arc::new(IdleLimit::server())).await
+    }
+
+    /// [`Self::on_pool`], with `idle` the limit the pool's `before_acquire` reads, set here
+    /// from the server's `wait_timeout`.
+    async fn set_up(
+        pool: sqlx::MySqlPool,
+        config: &SqlConfig,
+        keep: u32,
+        idle: Arc<IdleLimit>,
+    ) -> Result<Self> {
         let table = quote(&config.table, '`');
         // One connection for the set-up, closed rather than given back if cancelled mid-way
         // (see `InUse`).
@@ -584,6 +702,14 @@ impl MyDb {
             .await
             .map_err(|e| map_err("connect", e))?;
         let conn = setup.conn();
+        // The server closes a connection idle for `wait_timeout` seconds (see `IdleLimit`).
+        let wait_timeout: Option<i64> =
+            sqlx::query_scalar("SELECT CAST(@@session.wait_timeout AS SIGNED)")
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(|e| map_err("reading wait_timeout", e))?;
+        let wait_timeout = wait_timeout.and_then(|s| u64::try_from(s).ok());
+        idle.set_server_limit(wait_timeout.map(Duration::from_secs));
         // With `create_table`, the table has the column once this block is through.
         let handover = if config.create_table {
             let create = format!(
@@ -623,19 +749,23 @@ impl MyDb {
         let slots = usize::try_from(pool.options().get_max_connections() / 4)
             .unwrap_or(0)
             .min(usize::try_from(keep).unwrap_or(0));
+        let wake = Arc::new(Wake {
+            table: config.table.clone(),
+            sql: wake,
+            pool: pool.clone(),
+            pinned: Mutex::default(),
+            pin_slots: Arc::new(Semaphore::new(slots)),
+            wait_slots: Arc::new(Semaphore::new(slots)),
+            idle: Mutex::default(),
+            handover,
+            limit: idle.clone(),
+        });
+        let keep_alive = spawn_keep_alive(&wake, &idle);
         Ok(Self {
-            wake: Arc::new(Wake {
-                table: config.table.clone(),
-                sql: wake,
-                pool: pool.clone(),
-                pinned: Mutex::default(),
-                pin_slots: Arc::new(Semaphore::new(slots)),
-                wait_slots: Arc::new(Semaphore::new(slots)),
-                idle: Mutex::default(),
-                handover,
-            }),
+            wake,
+            keep_alive,
             common: Common {
-                conns: HotConns::new(pool, keep),
+                conns: HotConns::new(pool, keep).with_idle_limit(idle),
                 sql,
                 holds,
             },
@@ -829,13 +959,19 @@ impl Db for MyDb {
     }
 
     async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {
-        let Some(pinned) = self.wake.unpin(name, owner) else {
+        // A connection idle past the server's `wait_timeout` may be closed, and its wake lock
+        // with it: then the release goes on another one (a failed ping sent nothing).
+        let pinned = match self.wake.take_pinned(name, owner).await {
+            Some((conn, since)) => checked(conn, since.elapsed(), &self.wake.limit).await,
+            None => None,
+        };
+        let Some(conn) = pinned else {
             return self.common.release(name, owner, version).await;
         };
         // On the connection that holds the wake lock; closed if cancelled or failed, which
         // gives the wake lock up as well.
         let lock = format!("{}{version}", self.wake.prefix(name));
-        let mut hot = self.common.conns.adopt(pinned.conn);
+        let mut hot = self.common.conns.adopt(conn);
         let result = q(&self.wake.sql.release)
             .bind(&lock)
             .bind(name)
@@ -881,10 +1017,8 @@ impl Db for MyDb {
     }
 
     fn forget(&self, name: &str, owner: &str) {
-        if let Some(pinned) = self.wake.unpin(name, owner) {
-            // Closing the connection gives its wake lock up.
-            drop(pinned.conn.detach());
-        }
+        // Closing the connection (when the pinned one is dropped) gives its wake lock up.
+        drop(self.wake.unpin(name, owner));
     }
 
     fn pool(&self) -> SqlPool {

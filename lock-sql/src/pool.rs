@@ -1,9 +1,12 @@
-//! Opening the pool, and connections kept checked out between statements.
+//! Opening the pool, connections kept checked out between statements, and how long a
+//! connection may sit idle before it is checked ([`IdleLimit`]).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use sqlx::Connection as _;
 
 /// Opens a pool. When the pool gives up with sqlx's bare "pool timed out", one direct
 /// connection attempt (bounded by `probe`) finds the cause to report instead: connection
@@ -25,6 +28,106 @@ pub(crate) async fn open_pool<DB: sqlx::Database>(
     }
 }
 
+/// The longest a server connection sits idle before its next use checks it (a ping): load
+/// balancers, NAT tables and proxies drop idle connections too, after minutes (AWS NLB 350 s,
+/// Azure 4 min), and the server does not say.
+pub(crate) const IDLE_CHECK_MAX: Duration = Duration::from_secs(60);
+
+/// How long a connection may sit idle before its next use pings it first.
+///
+/// A server closes a connection idle for longer than its limit (MySQL `wait_timeout`, 8 h by
+/// default and often set to seconds or minutes; PostgreSQL `idle_session_timeout`, off by
+/// default) and says nothing: the client finds out when its next statement fails. A statement
+/// that failed that way may have been sent, so it cannot simply be sent again; a ping has no
+/// effect, so it can. Every connection idle for half the server's limit (at most
+/// [`IDLE_CHECK_MAX`]) is pinged before it serves a statement, and closed if the ping fails:
+/// the sqlx pool's idle ones (`before_acquire`), the kept ones ([`HotConns`]) and MySQL's
+/// waiting and wake-lock connections. A connection used within the limit costs nothing more.
+#[derive(Debug)]
+pub(crate) struct IdleLimit {
+    /// In milliseconds; `u64::MAX`: never (an embedded database).
+    check_after_ms: AtomicU64,
+}
+
+impl IdleLimit {
+    /// Never checked: SQLite, which closes no connection.
+    pub(crate) fn never() -> Self {
+        Self {
+            check_after_ms: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// A server's connections, checked after [`IDLE_CHECK_MAX`] until
+    /// [`Self::set_server_limit`].
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "mysql")),
+        allow(dead_code, reason = "server databases only")
+    )]
+    pub(crate) fn server() -> Self {
+        Self {
+            check_after_ms: AtomicU64::new(millis(IDLE_CHECK_MAX)),
+        }
+    }
+
+    /// The server closes connections idle for `limit` (`None` or zero: never): check them
+    /// after half of it, at most after [`IDLE_CHECK_MAX`].
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "mysql")),
+        allow(dead_code, reason = "server databases only")
+    )]
+    pub(crate) fn set_server_limit(&self, limit: Option<Duration>) {
+        let check = limit
+            .filter(|limit| !limit.is_zero())
+            .map_or(IDLE_CHECK_MAX, |limit| (limit / 2).min(IDLE_CHECK_MAX));
+        self.check_after_ms.store(millis(check), Ordering::Relaxed);
+    }
+
+    /// How long a connection may idle unchecked; `None`: forever.
+    pub(crate) fn check_after(&self) -> Option<Duration> {
+        match self.check_after_ms.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+
+    /// Whether a connection idle for `idle` must be pinged before its next statement.
+    pub(crate) fn stale(&self, idle: Duration) -> bool {
+        self.check_after().is_some_and(|after| idle >= after)
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX - 1)
+}
+
+/// `conn` after `idle`: pinged first if `limit` says so (see [`IdleLimit`]).
+pub(crate) async fn checked<DB: sqlx::Database>(
+    conn: sqlx::pool::PoolConnection<DB>,
+    idle: Duration,
+    limit: &IdleLimit,
+) -> Option<sqlx::pool::PoolConnection<DB>> {
+    if limit.stale(idle) {
+        ping(conn).await
+    } else {
+        Some(conn)
+    }
+}
+
+/// `conn` if it answers a ping; `None`: it is closed. A ping cancelled mid-way closes the
+/// connection too (see [`InUse`]).
+pub(crate) async fn ping<DB: sqlx::Database>(
+    conn: sqlx::pool::PoolConnection<DB>,
+) -> Option<sqlx::pool::PoolConnection<DB>> {
+    let mut used = InUse::new(conn);
+    match used.conn().ping().await {
+        Ok(()) => Some(used.done()),
+        Err(err) => {
+            tracing::debug!(%err, "a connection that idled was closed by the server");
+            None
+        }
+    }
+}
+
 /// Connections kept checked out of the pool between statements.
 ///
 /// sqlx pings every connection it takes back into its pool, so a pooled statement costs a
@@ -33,11 +136,14 @@ pub(crate) async fn open_pool<DB: sqlx::Database>(
 /// a failed or cancelled statement drops its connection into the pool's own checks, and a
 /// failure also drops the other kept connections (after a server restart they are all dead).
 /// At most half the pool is kept (none of a one-connection pool), so the pool keeps serving
-/// its other users (LISTEN, [`crate::SqlBackend::pool`]).
+/// its other users (LISTEN, [`crate::SqlBackend::pool`]). A kept connection idle for longer
+/// than the server may close it is pinged before it serves (see [`IdleLimit`]).
 pub(crate) struct HotConns<DB: sqlx::Database> {
     pool: sqlx::Pool<DB>,
-    idle: Mutex<Vec<sqlx::pool::PoolConnection<DB>>>,
+    /// Kept connections, and since when each is idle.
+    idle: Mutex<Vec<(sqlx::pool::PoolConnection<DB>, Instant)>>,
     keep: usize,
+    limit: Arc<IdleLimit>,
     /// Bumped by [`Self::forget_kept`]: a connection taken out before is not kept again.
     epoch: AtomicU64,
 }
@@ -59,7 +165,19 @@ impl<DB: sqlx::Database> HotConns<DB> {
             idle: Mutex::default(),
             keep: usize::try_from(keep).unwrap_or(0),
             epoch: AtomicU64::new(0),
+            limit: Arc::new(IdleLimit::never()),
         }
+    }
+
+    /// Pings a kept connection idle past `limit` before it serves again.
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "mysql")),
+        allow(dead_code, reason = "server databases only")
+    )]
+    #[must_use]
+    pub(crate) fn with_idle_limit(mut self, limit: Arc<IdleLimit>) -> Self {
+        self.limit = limit;
+        self
     }
 
     /// Closes every kept connection, and those in use now when they come back: they serve a
@@ -74,7 +192,7 @@ impl<DB: sqlx::Database> HotConns<DB> {
     pub(crate) fn forget_kept(&self) {
         self.epoch.fetch_add(1, Ordering::AcqRel);
         let kept = std::mem::take(&mut *self.idle.lock().unwrap_or_else(PoisonError::into_inner));
-        kept.into_iter().for_each(|conn| drop(conn.detach()));
+        kept.into_iter().for_each(|(conn, _)| drop(conn.detach()));
     }
 
     /// The pool itself, for statements that do not go through [`Self::get`].
@@ -82,17 +200,24 @@ impl<DB: sqlx::Database> HotConns<DB> {
         &self.pool
     }
 
-    /// A connection: a kept one, or one from the pool.
+    /// A connection: a kept one (pinged first if it idled long enough for the server to
+    /// close it; closed if that ping fails), or one from the pool.
     pub(crate) async fn get(&self) -> Result<Hot<'_, DB>, sqlx::Error> {
-        let kept = self
-            .idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
         let epoch = self.epoch.load(Ordering::Acquire);
-        let conn = match kept {
-            Some(conn) => conn,
-            None => self.pool.acquire().await?,
+        let conn = loop {
+            let kept = self
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop();
+            match kept {
+                Some((conn, since)) => {
+                    if let Some(conn) = checked(conn, since.elapsed(), &self.limit).await {
+                        break conn;
+                    }
+                }
+                None => break self.pool.acquire().await?,
+            }
         };
         Ok(Hot {
             home: self,
@@ -166,7 +291,7 @@ impl<DB: sqlx::Database> Drop for HotConns<DB> {
         if tokio::runtime::Handle::try_current().is_err() {
             // Handing a connection back to the pool spawns a task: without a runtime, close
             // them here instead.
-            kept.into_iter().for_each(|conn| drop(conn.detach()));
+            kept.into_iter().for_each(|(conn, _)| drop(conn.detach()));
         }
     }
 }
@@ -255,7 +380,7 @@ impl<DB: sqlx::Database> Hot<'_, DB> {
         }
         let mut idle = home.idle.lock().unwrap_or_else(PoisonError::into_inner);
         match &result {
-            Ok(_) if idle.len() < home.keep => idle.push(conn),
+            Ok(_) if idle.len() < home.keep => idle.push((conn, Instant::now())),
             Ok(_) => {}
             Err(_) => idle.clear(),
         }
@@ -274,6 +399,33 @@ impl<DB: sqlx::Database> Hot<'_, DB> {
         }
         self.conn.close();
         result
+    }
+}
+
+#[cfg(test)]
+mod idle_tests {
+    use super::*;
+
+    /// A server's connections are checked after half its idle limit, at most after
+    /// [`IDLE_CHECK_MAX`] (also with no limit: middleboxes drop idle connections too);
+    /// SQLite's never.
+    #[test]
+    fn connections_are_checked_after_half_the_servers_idle_limit() {
+        let limit = IdleLimit::server();
+        assert_eq!(limit.check_after(), Some(IDLE_CHECK_MAX));
+        limit.set_server_limit(Some(Duration::from_secs(2)));
+        assert_eq!(limit.check_after(), Some(Duration::from_secs(1)));
+        assert!(!limit.stale(Duration::from_millis(999)));
+        assert!(limit.stale(Duration::from_secs(1)));
+        limit.set_server_limit(Some(Duration::from_secs(28_800)));
+        assert_eq!(limit.check_after(), Some(IDLE_CHECK_MAX));
+        for off in [None, Some(Duration::ZERO)] {
+            limit.set_server_limit(off);
+            assert_eq!(limit.check_after(), Some(IDLE_CHECK_MAX));
+        }
+        let never = IdleLimit::never();
+        assert_eq!(never.check_after(), None);
+        assert!(!never.stale(Duration::from_secs(365 * 24 * 3600)));
     }
 }
 

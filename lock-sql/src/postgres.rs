@@ -16,10 +16,10 @@ use crate::backend::SqlPool;
 use crate::config::SqlConfig;
 use crate::db::{Claim, Db, Sessions};
 use crate::dialect::{Common, Shared, Sql, prepare_all, q, server_pool};
-use crate::error::{connect_err, map_err};
+use crate::error::{connect_err, map_err, pooler_err};
 use crate::holds::{HolderSql, Holds, holders_table};
 use crate::keys::quote;
-use crate::pool::{HotConns, InUse, open_pool};
+use crate::pool::{HotConns, IdleLimit, InUse, open_pool};
 use crate::renew::{PG_MAX_BATCH, Renewal, renewed_at};
 use crate::wake::{Notifier, Subscription, parse_payload};
 
@@ -287,17 +287,34 @@ impl PgDb {
             Error::InvalidConfig(format!("bad PostgreSQL URL {}: {e}", config.redacted_url()))
         })?;
         let session_id = "SELECT pg_backend_pid()::bigint";
-        let pool = server_pool::<sqlx::Postgres>(config, session_id, sessions);
+        let idle = Arc::new(IdleLimit::server());
+        let pool = server_pool::<sqlx::Postgres>(config, session_id, sessions, idle.clone());
         let probe = config.effective_connect_timeout() / 4;
         let pool = open_pool(pool, options, probe)
             .await
             .map_err(|e| connect_err(config, e))?;
-        Self::on_pool(pool, config, config.max_connections / 2).await
+        Self::set_up(pool, config, config.max_connections / 2, idle).await
     }
 
     /// Sets up the lock table, its statements and the `LISTEN` connection on `pool`, keeping
     /// at most `keep` connections checked out between statements (see [`HotConns`]).
     pub(crate) async fn on_pool(pool: sqlx::PgPool, config: &SqlConfig, keep: u32) -> Result<Self> {
+        Self::set_up(pool, config, keep, Arc::new(IdleLimit::server())).await
+    }
+
+    /// [`Self::on_pool`], with `idle` the limit the pool's `before_acquire` reads, set here
+    /// from the server's `idle_session_timeout`.
+    async fn set_up(
+        pool: sqlx::PgPool,
+        config: &SqlConfig,
+        keep: u32,
+        idle: Arc<IdleLimit>,
+    ) -> Result<Self> {
+        let mut listener = PgListener::connect_with(&pool)
+            .await
+            .map_err(|e| map_err("LISTEN", e))?;
+        check_sessions(&mut listener, &pool, config).await?;
+        idle.set_server_limit(idle_session_timeout(&pool).await?);
         let table = quote(&config.table, '"');
         // With `create_table`, the table has the column once this block is through.
         let handover = if config.create_table {
@@ -347,9 +364,6 @@ impl PgDb {
         prepared.extend([&take_wake, &renew_many]);
         prepare_all(&pool, &prepared, &table).await?;
         let channel = format!("distlock:{}", config.table);
-        let mut listener = PgListener::connect_with(&pool)
-            .await
-            .map_err(|e| map_err("LISTEN", e))?;
         listener
             .listen(&channel)
             .await
@@ -358,7 +372,7 @@ impl PgDb {
         let task = tokio::spawn(listen(listener, notifier.clone()));
         Ok(Self {
             common: Common {
-                conns: HotConns::new(pool, keep),
+                conns: HotConns::new(pool, keep).with_idle_limit(idle),
                 sql,
                 holds,
             },
@@ -370,6 +384,90 @@ impl PgDb {
             handover,
         })
     }
+}
+
+/// Refuses a pooler that gives one client connection's transactions to different server
+/// sessions (PgBouncer's `pool_mode=transaction` or `statement`): the backend's `LISTEN`
+/// (wake-ups), prepared statements and `synchronous_commit` settings belong to a session.
+/// Through such a pooler the listening connection holds no server session while it waits, so
+/// a release's notification reaches nobody, or whichever client has the server session that
+/// ran the `LISTEN` at the time (sqlx fails that client's statement: "unexpected message:
+/// NotificationResponse"); and a client's prepared statement `sqlx_s_1` is another client's
+/// on the next server session ("already exists", or the other statement run with these
+/// arguments). Nothing in the protocol says a pooler is there, so this tries what the backend
+/// relies on: `listener` listens on a channel of its own and another connection of `pool`
+/// notifies it. With a session per connection the notification reaches the listener within a
+/// round trip. Through a transaction pooler it never does: the NOTIFY runs on the server
+/// session that ran the LISTEN (the one PgBouncer freed last), which hands the notification to
+/// the notifier itself, or on another one, and the listener waits in vain (half the connect
+/// timeout). In the simple query protocol (no prepared statement), once per connect: three
+/// round trips, on the two connections the backend opens first in any case.
+async fn check_sessions(
+    listener: &mut PgListener,
+    pool: &sqlx::PgPool,
+    config: &SqlConfig,
+) -> Result<()> {
+    let failed = |e| map_err("checking that PostgreSQL keeps sessions (LISTEN)", e);
+    let channel = format!(
+        "distlock_probe_{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
+    listener.listen(&channel).await.map_err(failed)?;
+    let wait = config.effective_connect_timeout() / 2;
+    let mut notifier = InUse::acquire(pool).await.map_err(failed)?;
+    let notify = sqlx::raw_sql(AssertSqlSafe(format!("NOTIFY \"{channel}\"")))
+        .execute(notifier.conn())
+        .await;
+    match notify {
+        Ok(_) => drop(notifier.done()),
+        // sqlx's answer to a notification on a connection that does not listen: the pooler
+        // ran the NOTIFY on the server session that LISTENs (the connection is closed).
+        Err(sqlx::Error::Protocol(err)) => {
+            tracing::debug!(%err, "the probe's NOTIFY");
+            let evidence =
+                "a NOTIFY came back to the connection that sent it, which does not LISTEN";
+            return Err(pooler_err(config, evidence));
+        }
+        Err(err) => return Err(failed(err)),
+    }
+    let heard = tokio::time::timeout(wait, async {
+        loop {
+            match listener.try_recv().await {
+                Ok(Some(note)) if note.channel() == channel => return Ok(()),
+                Ok(Some(_)) => {}
+                // The connection was lost (not what a pooler does to an idle client).
+                Ok(None) => return Err(failed(sqlx::Error::PoolClosed)),
+                Err(err) => return Err(failed(err)),
+            }
+        }
+    })
+    .await;
+    match heard {
+        Ok(heard) => heard?,
+        Err(_) => {
+            let evidence = format!("a NOTIFY did not reach its LISTEN within {wait:?}");
+            return Err(pooler_err(config, &evidence));
+        }
+    }
+    listener.unlisten(&channel).await.map_err(failed)
+}
+
+/// The server's `idle_session_timeout` (PostgreSQL 14 and later; `None`: off or unknown): it
+/// closes sessions idle that long (see [`IdleLimit`]).
+async fn idle_session_timeout(pool: &sqlx::PgPool) -> Result<Option<Duration>> {
+    let ms: Option<i64> = sqlx::query_scalar(
+        "SELECT setting::bigint FROM pg_settings WHERE name = 'idle_session_timeout'",
+    )
+    .fetch_optional(pool)
+    .await
+    .map_err(|e| map_err("reading idle_session_timeout", e))?;
+    Ok(ms
+        .and_then(|ms| u64::try_from(ms).ok())
+        .filter(|&ms| ms > 0)
+        .map(Duration::from_millis))
 }
 
 /// Whether the lock table (`table`, quoted) has the `next_ttl` column of hand-overs: a table

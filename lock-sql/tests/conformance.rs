@@ -1,4 +1,5 @@
-//! The conformance suite on PostgreSQL, MariaDB and a SQLite file, with real fault hooks:
+//! The conformance suite on PostgreSQL (also through PgBouncer in session pooling), MariaDB
+//! (also one closing connections idle for 2 s) and a SQLite file, with real fault hooks:
 //! `force_release` (the row freed behind the holder), `pg_terminate_backend` / `KILL` of the
 //! holder's connections, `scripts/services.sh stop-one/start-one` of the server. SQLite has no
 //! server and no connection to cut: its outage is simulated by another connection holding the
@@ -279,6 +280,21 @@ async fn mysql_tls_harness() -> Option<Arc<dyn Harness>> {
     SqlHarness::make(url, Some("mariadb"), false, 100).await
 }
 
+/// PostgreSQL through PgBouncer in session pooling (see `scripts/services.sh`); its outage is
+/// PgBouncer's, its cut connections the server sessions behind it.
+#[cfg(feature = "postgres")]
+async fn pgbouncer_session_harness() -> Option<Arc<dyn Harness>> {
+    let url = conformance_tests::server_var("pgbouncer", "DISTLOCK_TEST_PGBOUNCER_SESSION_URL")?;
+    SqlHarness::make(url, Some("pgbouncer-session"), false, 100).await
+}
+
+/// A MariaDB that closes every connection idle for 2 s (`wait_timeout`).
+#[cfg(feature = "mysql")]
+async fn mysql_wait_timeout_harness() -> Option<Arc<dyn Harness>> {
+    let url = conformance_tests::server_var("mysql", "DISTLOCK_TEST_MYSQL_WAIT_TIMEOUT_URL")?;
+    SqlHarness::make(url, Some("mariadb-wait-timeout"), false, 100).await
+}
+
 #[cfg(feature = "sqlite")]
 async fn sqlite_harness() -> Option<Arc<dyn Harness>> {
     // A child process of a case uses its parent's file (see `Harness::process_shared`).
@@ -310,5 +326,9 @@ conformance_tests::conformance_suite!(mysql, crate::mysql_harness);
 conformance_tests::conformance_suite!(postgres_tls, crate::postgres_tls_harness);
 #[cfg(feature = "mysql")]
 conformance_tests::conformance_suite!(mysql_tls, crate::mysql_tls_harness);
+#[cfg(feature = "postgres")]
+conformance_tests::conformance_suite!(pgbouncer_session, crate::pgbouncer_session_harness);
+#[cfg(feature = "mysql")]
+conformance_tests::conformance_suite!(mysql_wait_timeout, crate::mysql_wait_timeout_harness);
 #[cfg(feature = "sqlite")]
 conformance_tests::conformance_suite!(sqlite, crate::sqlite_harness);
