@@ -8,7 +8,8 @@
 # Usage: scripts/fault-check.sh [CONFIG...]    (default: every configuration)
 #   CONFIG: sqlite postgres postgres_tls mysql mysql_tls redis redis_fair redis_tls redlock3
 #           redlock5 redis_sentinel redis_cluster etcd etcd_cluster etcd_tls zk zk_auth zk_tls
-#           zk_ensemble redis_clock postgres_clock zk_clock
+#           zk_ensemble redis_clock postgres_clock zk_clock pgbouncer_session
+#           mysql_wait_timeout
 #   The *_clock configurations step the wall clock of a server run under libfaketime (the
 #   clock fault, `--clock-file`), forward and back by 1.5-3 ttls.
 #
@@ -47,7 +48,8 @@ for var in DISTLOCK_TEST_POSTGRES_URL DISTLOCK_TEST_MYSQL_URL DISTLOCK_TEST_POST
   DISTLOCK_TEST_ZK_AUTH_URL DISTLOCK_TEST_ZK_TLS_URL DISTLOCK_TEST_ZK_ENSEMBLE_CONNECT \
   DISTLOCK_TEST_REDIS_SENTINEL_URL DISTLOCK_TEST_REDIS_CLUSTER_URL \
   DISTLOCK_TEST_REDIS_CLOCK_FILE DISTLOCK_TEST_POSTGRES_CLOCK_URL DISTLOCK_TEST_POSTGRES_CLOCK_FILE \
-  DISTLOCK_TEST_ZK_CLOCK_URL DISTLOCK_TEST_ZK_CLOCK_FILE DISTLOCK_TEST_REDIS_CLOCK_URL; do
+  DISTLOCK_TEST_ZK_CLOCK_URL DISTLOCK_TEST_ZK_CLOCK_FILE DISTLOCK_TEST_REDIS_CLOCK_URL \
+  DISTLOCK_TEST_PGBOUNCER_SESSION_URL DISTLOCK_TEST_MYSQL_WAIT_TIMEOUT_URL; do
   if [[ -z ${!var:-} ]]; then
     echo "fault-check.sh: $var is not set: start the servers (scripts/services.sh start) and" \
       "eval their export lines first" >&2
@@ -96,11 +98,15 @@ declare -A RUNS=(
   [zk_tls]="zookeeper-auth|$DISTLOCK_TEST_ZK_TLS_URL|1s|$DURATION|$ALL_FAULTS|restart-one zookeeper-auth"
   [redis_clock]="redis-clock|$DISTLOCK_TEST_REDIS_CLOCK_URL|1s|$DURATION|$CLOCK_FAULTS||$DISTLOCK_TEST_REDIS_CLOCK_FILE"
   [postgres_clock]="postgres-clock|$DISTLOCK_TEST_POSTGRES_CLOCK_URL|1s|$DURATION|$CLOCK_FAULTS||$DISTLOCK_TEST_POSTGRES_CLOCK_FILE"
+  # PostgreSQL through PgBouncer (session pooling), its restart PgBouncer's; in the postgres
+  # group, whose restarts would hit it. A MariaDB closing connections idle for 2 s.
+  [pgbouncer_session]="postgres|$DISTLOCK_TEST_PGBOUNCER_SESSION_URL|1s|$DURATION|$ALL_FAULTS|restart-one pgbouncer-session"
+  [mysql_wait_timeout]="mariadb-wait-timeout|$DISTLOCK_TEST_MYSQL_WAIT_TIMEOUT_URL|1s|$DURATION|$ALL_FAULTS|restart-one mariadb-wait-timeout"
   [zk_clock]="zookeeper-clock|$DISTLOCK_TEST_ZK_CLOCK_URL|1s|$DURATION|$CLOCK_FAULTS||$DISTLOCK_TEST_ZK_CLOCK_FILE"
 )
 ORDER=(sqlite postgres postgres_tls mysql mysql_tls redis redis_fair redis_tls redlock3 redlock5
   redis_sentinel redis_cluster etcd etcd_cluster etcd_tls zk zk_auth zk_tls zk_ensemble
-  redis_clock postgres_clock zk_clock)
+  redis_clock postgres_clock zk_clock pgbouncer_session mysql_wait_timeout)
 if (($#)); then
   ORDER=("$@")
 fi
