@@ -28,6 +28,7 @@ use distlock_core::{AcquireOptions, DistributedLock, Error};
 
 pub mod cases;
 pub mod child;
+pub mod churn;
 pub mod failover;
 pub mod memory;
 pub mod servers;

@@ -12,7 +12,8 @@ pub(crate) struct BenchArgs {
     /// Scenarios to run: s1 (uncontended), s2 (contended mutex), rw-mix (shared and exclusive
     /// acquisitions), semaphore, or all; or the growth curves (long, not in all): hold (one
     /// client holding K locks), clients (C clients on one name), names (16 clients on 1 000
-    /// names), or growth (all three).
+    /// names), or growth (all three); churn (what --churn-names released names leave on
+    /// the server; not in growth).
     #[arg(long, value_enum, default_value = "all")]
     pub(crate) scenario: Scenario,
 
@@ -93,6 +94,15 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value_t = 16)]
     pub(crate) names_clients: usize,
 
+    /// Churn: distinct names, each acquired and released once (--hold-concurrency at a time).
+    #[arg(long, default_value_t = 100_000)]
+    pub(crate) churn_names: usize,
+
+    /// Churn: wait this long after the last release, then count what is left a second time
+    /// (0: count once, at once).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub(crate) churn_settle: Duration,
+
     /// Growth scenarios: write SVG charts into DIR (hold-cost.svg, clients-latency.svg).
     #[arg(long, value_name = "DIR")]
     pub(crate) charts: Option<PathBuf>,
@@ -133,6 +143,7 @@ impl BenchArgs {
             .with_hold_concurrency(self.hold_concurrency)
             .with_client_counts(self.client_counts.clone())
             .with_names(self.names, self.names_clients)
+            .with_churn(self.churn_names, self.churn_settle)
             .with_progress(!self.quiet);
         if let Some(prefix) = &self.name_prefix {
             config = config.with_name_prefix(prefix.clone());
@@ -162,6 +173,8 @@ pub(crate) enum Scenario {
     Names,
     /// Growth: hold, clients and names.
     Growth,
+    /// What distinct names acquired and released once each leave on the server.
+    Churn,
 }
 
 impl From<Scenario> for ScenarioSelection {
@@ -176,6 +189,7 @@ impl From<Scenario> for ScenarioSelection {
             Scenario::Clients => Self::Clients,
             Scenario::Names => Self::Names,
             Scenario::Growth => Self::Growth,
+            Scenario::Churn => Self::Churn,
         }
     }
 }
@@ -254,6 +268,10 @@ mod tests {
             "1500ms",
             "--client-counts",
             "2,4",
+            "--churn-names",
+            "500",
+            "--churn-settle",
+            "3s",
         ]);
         let config = cli.bench.config();
         assert_eq!(config.scenarios, ScenarioSelection::S1);
@@ -273,6 +291,8 @@ mod tests {
         assert_eq!(config.hold_counts, [1, 50]);
         assert_eq!(config.hold_window(), Duration::from_millis(4500));
         assert_eq!(config.client_counts, [2, 4]);
+        assert_eq!(config.churn_names, 500);
+        assert_eq!(config.churn_settle, Duration::from_secs(3));
         assert_eq!(
             cli.bench.json.as_deref(),
             Some(std::path::Path::new("out.json"))

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub use distlock_core::backend::{self, LockInfo};
 pub use distlock_core::{
     AcquireOptions, Backoff, BoxError, Capabilities, ClientConfig, DistributedLock, Error,
-    FencingGuarantee, FencingToken, Leader, LockClient, LockGuard, LockKind, LockName,
+    FencingGuarantee, FencingToken, Footprint, Leader, LockClient, LockGuard, LockKind, LockName,
     LossDetection, LossReason, MultiGuard, NodeOutcome, NodeResult, OwnerId, Renewal, Result,
     WakeUp, memory, service_url,
 };

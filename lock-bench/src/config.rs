@@ -32,6 +32,9 @@ pub enum ScenarioSelection {
     Names,
     /// Growth: hold, clients and names.
     Growth,
+    /// Growth: [`BenchConfig::churn_names`] distinct names acquired and released once each,
+    /// and what the server keeps for them afterwards (not in `Growth`: it is long).
+    Churn,
 }
 
 impl ScenarioSelection {
@@ -70,11 +73,16 @@ impl ScenarioSelection {
         matches!(self, Self::Names | Self::Growth)
     }
 
+    /// Whether the churn growth scenario runs.
+    pub fn churn(self) -> bool {
+        matches!(self, Self::Churn)
+    }
+
     /// Whether only growth scenarios run (then S1, S2 and their floors do not).
     pub fn growth_only(self) -> bool {
         matches!(
             self,
-            Self::Hold | Self::Clients | Self::Names | Self::Growth
+            Self::Hold | Self::Clients | Self::Names | Self::Growth | Self::Churn
         )
     }
 }
@@ -171,6 +179,13 @@ pub struct BenchConfig {
     pub names: usize,
     /// Names: the clients (and raw floor connections). Default 16.
     pub names_clients: usize,
+    /// Churn: distinct names, each acquired and released once (with `hold_concurrency` in
+    /// flight). Default 100 000.
+    pub churn_names: usize,
+    /// Churn: how long to wait after the last release before counting what is left a second
+    /// time (0: counted once, at once). Default 0.
+    #[serde(rename = "churn_settle_ms", serialize_with = "millis")]
+    pub churn_settle: Duration,
     /// Prefix of every lock name used by the run, so that runs never collide. Default: a
     /// random `lock-bench/<16 hex digits>`, new for every `BenchConfig::default()`.
     pub name_prefix: String,
@@ -221,6 +236,8 @@ impl Default for BenchConfig {
             client_counts: vec![4, 16, 64],
             names: 1_000,
             names_clients: 16,
+            churn_names: 100_000,
+            churn_settle: Duration::ZERO,
             name_prefix: random_prefix(),
             progress: false,
         }
@@ -374,6 +391,15 @@ impl BenchConfig {
         self
     }
 
+    /// Sets the churn scenario's number of names and its settling time before the second
+    /// count (zero: counted once).
+    #[must_use]
+    pub fn with_churn(mut self, names: usize, settle: Duration) -> Self {
+        self.churn_names = names;
+        self.churn_settle = settle;
+        self
+    }
+
     /// The hold scenario's measured window: `hold_for`, else 3 × `hold_ttl`.
     pub fn hold_window(&self) -> Duration {
         self.hold_for.unwrap_or(self.hold_ttl * 3)
@@ -446,6 +472,9 @@ impl BenchConfig {
         }
         if self.scenarios.names() && (self.names == 0 || self.names_clients == 0) {
             return bad("names and names_clients must be at least 1");
+        }
+        if self.scenarios.churn() && (self.churn_names == 0 || self.hold_concurrency == 0) {
+            return bad("churn_names and hold_concurrency must be at least 1");
         }
         if self.name_prefix.is_empty() {
             return bad("name_prefix must not be empty");

@@ -108,6 +108,8 @@ pub struct GrowthResult {
     pub clients: Vec<ClientsPoint>,
     /// Names.
     pub names: Option<NamesResult>,
+    /// Churn.
+    pub churn: Option<crate::ChurnResult>,
 }
 
 /// The server's requests over a window as long as the hold window, with no lock held by this
@@ -213,6 +215,9 @@ pub(crate) fn phases(config: &BenchConfig, has_counter: bool) -> u64 {
     if config.scenarios.names() {
         n += 2;
     }
+    if config.scenarios.churn() {
+        n += 1 + u64::from(!config.churn_settle.is_zero());
+    }
     n
 }
 
@@ -278,6 +283,13 @@ pub(crate) async fn run_target(
         {
             Ok(names) => result.names = Some(names),
             Err(e) => errors.push(ScenarioError::new("names", &e)),
+        }
+    }
+    if config.scenarios.churn() {
+        let base = format!("{base}/churn");
+        match crate::churn::churn(target, config, instruments, &base, backend).await {
+            Ok(churn) => result.churn = Some(churn),
+            Err(e) => errors.push(ScenarioError::new("churn", &e)),
         }
     }
     result
@@ -843,5 +855,6 @@ pub(crate) fn markdown(report: &crate::Report) -> String {
         }
         out.push_str("\nThe floor: the backend's raw acquire + release on the same names, with the same clients (one connection each) and the same hold between cycles, measured just before; each floor connection picks among its own share of the names, since a raw cycle cannot wait for a name another holds.\n");
     }
+    out.push_str(&crate::churn::markdown(report));
     out
 }

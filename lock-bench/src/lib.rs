@@ -58,6 +58,11 @@
 //!   from the binary's [`Instruments`], locks lost), clients-C (S2 per client count) and names
 //!   (random names next to the raw floor run the same way), in [`TargetResult::growth`];
 //!   [`hold_cost_svg`] and [`clients_latency_svg`] chart them. See [`run_with`].
+//! - **Churn** (issue 42; [`ScenarioSelection::Churn`], not in `Growth`): one client
+//!   acquires and releases [`BenchConfig::churn_names`] distinct names once each, then counts
+//!   what the server still keeps for them through
+//!   [`DistributedLock::footprint`](distlock_core::DistributedLock::footprint), at once and
+//!   after [`BenchConfig::churn_settle`] ([`ChurnResult`]).
 //!
 //! Lock names live under a random prefix per run, so concurrent or repeated runs against one
 //! server do not collide. A failing part (connection refused, lock lost) is recorded in the
@@ -102,6 +107,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod charts;
+mod churn;
 mod config;
 mod contended;
 mod growth;
@@ -112,6 +118,7 @@ mod target;
 mod uncontended;
 
 pub use charts::{clients_latency_svg, hold_cost_svg};
+pub use churn::{ChurnResult, Leftover};
 pub use config::{BenchConfig, S1Call, ScenarioSelection};
 pub use growth::{
     ClientsPoint, GrowthResult, HoldPoint, IdleWindow, Instruments, NamesResult, NoInstruments,

@@ -91,7 +91,9 @@ impl TargetResult {
                 .iter()
                 .map(|c| c.s2.exclusivity_violations)
                 .sum::<u64>();
-            held + clients + g.names.as_ref().map_or(0, |n| n.lost)
+            held + clients
+                + g.names.as_ref().map_or(0, |n| n.lost)
+                + g.churn.as_ref().map_or(0, |c| c.lost)
         });
         s2 + mixed + growth
     }

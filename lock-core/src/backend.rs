@@ -65,6 +65,17 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
         )))
     }
 
+    /// Counts what the server keeps for the lock names that start with `prefix` (every name
+    /// when empty; a valid name prefix, checked by the caller): each key, row or node this
+    /// backend writes for them, held or not, by kind. For operators and the growth
+    /// measurements (what names no longer used leave behind). It may read every such
+    /// object, so it can take long on a large key space. `Ok(None)` (the default): the
+    /// backend cannot count.
+    async fn footprint(&self, prefix: &str) -> Result<Option<crate::Footprint>> {
+        let _ = prefix;
+        Ok(None)
+    }
+
     /// A stream that yields whenever the holders of `name` may have changed (a release, a new
     /// holder), for observers of an election. It may yield more often than things change,
     /// and must not miss a change after the stream was created. `None` (the default): the

@@ -497,6 +497,14 @@ impl<B: LockBackend> DistributedLock for LockClient<B> {
         Ok(locks)
     }
 
+    async fn footprint(&self, prefix: &str) -> Result<Option<crate::Footprint>> {
+        if !prefix.is_empty() {
+            // A prefix no name could start with is rejected as that name would be.
+            LockName::new(prefix)?;
+        }
+        self.inner.backend.footprint(prefix).await
+    }
+
     async fn force_release(&self, name: &str) -> Result<bool> {
         let name = LockName::new(name)?;
         let span = tracing::debug_span!(

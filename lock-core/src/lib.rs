@@ -103,6 +103,7 @@ mod client;
 mod election;
 mod error;
 mod flag;
+mod footprint;
 mod guard;
 mod kind;
 mod lock;
@@ -129,6 +130,7 @@ pub use election::Leader;
 pub use error::{
     BoxError, Error, LossReason, NodeOutcome, NodeResult, Result, io_cause, tcp_cause,
 };
+pub use footprint::Footprint;
 pub use guard::LockGuard;
 pub use kind::LockKind;
 pub use lock::DistributedLock;

@@ -193,6 +193,21 @@ pub trait DistributedLock: Send + Sync + Debug {
         )))
     }
 
+    /// Counts what the server keeps for the lock names that start with `prefix` (all names
+    /// when empty), held or free: every key, row or node the backend wrote for them and has
+    /// not removed, by kind (see [`Footprint`](crate::Footprint)). What a name leaves behind
+    /// once released is bounded per backend; the README's "Growth curves" give the figures.
+    /// It may read every such object (no operation timeout), so it can take long on a large
+    /// key space. `Ok(None)`: the backend cannot count.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`](crate::Error::InvalidName) for a prefix no name could start
+    /// with; the backend's error when the server cannot be read.
+    async fn footprint(&self, prefix: &str) -> Result<Option<crate::Footprint>> {
+        let _ = prefix;
+        Ok(None)
+    }
+
     /// **Dangerous**: frees `name` whoever holds it, as an operator breaking a stuck lock, and
     /// wakes its waiters. Returns whether a live lock was removed (`Ok(false)`: it was free).
     ///

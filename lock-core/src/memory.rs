@@ -283,6 +283,20 @@ impl LockBackend for MemoryBackend {
         Ok(held)
     }
 
+    /// The store's entries (one per name with holders or waiters; a released name's entry
+    /// is removed, and the token counter is one for the whole process).
+    async fn footprint(&self, prefix: &str) -> Result<Option<crate::Footprint>> {
+        let state = self.store.available_state()?;
+        let entries = state
+            .locks
+            .keys()
+            .filter(|name| name.as_str().starts_with(prefix))
+            .count();
+        Ok(Some(
+            crate::Footprint::new("entries").with("lock", entries as u64),
+        ))
+    }
+
     async fn force_release(&self, name: &LockName) -> Result<bool> {
         // The process-wide token counter is untouched: the next holder's token is higher.
         drop(self.store.available_state()?);

@@ -283,6 +283,23 @@ impl LockBackend for EtcdBackend {
     /// Reads the keys under the prefix page by page in key order (all keys of one name are
     /// adjacent); each name's holders are found as for `inspect`. Stops once `limit` names
     /// are complete. The remaining lease is not reported.
+    /// The keys under the prefix of the names (`<prefix>/<escaped name>/...`: holders and
+    /// waiters), counted by the server (`count_only`). Deleted keys that etcd keeps in its
+    /// history until a compaction are not counted.
+    async fn footprint(&self, prefix: &str) -> Result<Option<distlock_core::Footprint>> {
+        let start = format!("{}/{}", self.shared.prefix, keys::escape(prefix));
+        let options = GetOptions::new()
+            .with_range(keys::range_end(&start))
+            .with_count_only();
+        let resp = self
+            .get_retrying(start.into_bytes(), options, "counting keys")
+            .await?;
+        let count = u64::try_from(resp.count()).unwrap_or_default();
+        Ok(Some(
+            distlock_core::Footprint::new("keys").with("queue keys", count),
+        ))
+    }
+
     async fn list(&self, prefix: Option<&str>, limit: usize) -> Result<Vec<(LockName, LockInfo)>> {
         let base = format!("{}/", self.shared.prefix);
         let start = format!("{base}{}", keys::escape(prefix.unwrap_or("")));

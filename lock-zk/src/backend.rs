@@ -211,6 +211,45 @@ impl LockBackend for ZkBackend {
         held_among(self, names, limit).await
     }
 
+    /// The lock nodes (containers: the server removes one some time after its last child,
+    /// see the README's "Growth curves") of the names, and their children (holders and
+    /// waiters), from the base node's children and each lock node's stat.
+    async fn footprint(&self, prefix: &str) -> Result<Option<distlock_core::Footprint>> {
+        let session = self.session().await?;
+        session.check_connected()?;
+        let client = &session.client;
+        let base = self.shared.config.base_path();
+        let children = match client.list_children(&base).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(err) => return Err(zk_error("listing the locks", err)),
+        };
+        let prefix = escape(prefix);
+        let nodes: Vec<String> = children
+            .into_iter()
+            .filter(|child| child.starts_with(&prefix))
+            .collect();
+        let paths: Vec<String> = nodes.iter().map(|node| format!("{base}/{node}")).collect();
+        let stats: Vec<_> = futures::stream::iter(paths)
+            .map(|path| client.check_stat(&path))
+            .buffer_unordered(64)
+            .collect()
+            .await;
+        let mut queued: u64 = 0;
+        for stat in stats {
+            match stat {
+                Ok(Some(stat)) => queued += u64::try_from(stat.num_children).unwrap_or_default(),
+                Ok(None) => {}
+                Err(err) => return Err(zk_error("reading a lock node", err)),
+            }
+        }
+        Ok(Some(
+            distlock_core::Footprint::new("nodes")
+                .with("lock nodes", nodes.len() as u64)
+                .with("queue nodes", queued),
+        ))
+    }
+
     /// Deletes the holders' nodes (as [`inspect`](LockBackend::inspect) counts them) whose data says "held", each version-checked
     /// so that a renewal in between makes it look again. ZooKeeper lets any session delete
     /// another's ephemeral node. The waiters' watches fire and they take the lock; their nodes
