@@ -376,6 +376,37 @@ impl LockBackend for RedisBackend {
         held_among(self, candidates, limit).await
     }
 
+    /// `SCAN` of every master (Cluster: each master of the cluster; Redlock: every node,
+    /// summed) for the keys of the names, counted by kind: `lock`, `fence`, `queue`,
+    /// `alive`, `holders`, `tokens`.
+    async fn footprint(&self, prefix: &str) -> Result<Option<distlock_core::Footprint>> {
+        let mut footprint = distlock_core::Footprint::new("keys");
+        let shared = &self.shared;
+        let node = &shared.nodes[0];
+        if let Some(topology) = node.cluster_topology() {
+            let _ = topology.refresh().await;
+            for master in topology.masters() {
+                let client = topology.client_for(&master)?;
+                let conn = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(|e| {
+                        crate::RedisError::classify(&master, e).into_lock_error("footprint")
+                    })?;
+                node.count_keys_on(conn, prefix, &mut footprint)
+                    .await
+                    .map_err(|e| e.into_lock_error("footprint"))?;
+            }
+            return Ok(Some(footprint));
+        }
+        for node in &shared.nodes {
+            node.count_keys_on(node.conn.clone(), prefix, &mut footprint)
+                .await
+                .map_err(|e| e.into_lock_error("footprint"))?;
+        }
+        Ok(Some(footprint))
+    }
+
     /// Runs the release script as the current holder (see `Node::force_release`) on every
     /// node: waiters get the same handoff and pub/sub wake-up as after a release, and the
     /// fencing counters are kept, so the next token is higher. Redlock: `true` if any node held

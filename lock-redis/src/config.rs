@@ -46,12 +46,14 @@ use distlock_core::tls::TlsFiles;
 /// | `clock_tokens` | every fencing token is at least the server's clock in microseconds (see [`RedisConfig::clock_tokens`]) | `true` for Sentinel and Cluster, else `false` |
 /// | `wait_replicas` | an acquisition is granted only once this many replicas have it (`WAIT`; see [`RedisConfig::wait_replicas`]) | `0` |
 /// | `wait_timeout` | how long an acquisition waits for `wait_replicas` | `100ms` |
+/// | `forget_after` | a name nobody acquired for its lease plus this long has its fencing counter expire (see [`RedisConfig::forget_after`]) | `10m` |
 ///
 /// Numbers have ranges, and a value outside one is an error naming the option, the value and
 /// the range: the database 0 to 2147483647 ([`RedisConfig::DATABASE`]), `wait_replicas` 0 to
 /// 1000 ([`RedisConfig::WAIT_REPLICAS`]), `handoff` 1ms to 1min ([`RedisConfig::HANDOFF`]),
 /// `waiter_timeout` 30ms to 1h ([`RedisConfig::WAITER_TIMEOUT`]), `node_timeout` and
-/// `wait_timeout` 1ms to 10min ([`RedisConfig::NODE_TIMEOUT`]).
+/// `wait_timeout` 1ms to 10min ([`RedisConfig::NODE_TIMEOUT`]), `forget_after` 1 ms to 30 days
+/// ([`RedisConfig::FORGET_AFTER`]).
 ///
 /// ```
 /// use distlock_redis::RedisConfig;
@@ -113,6 +115,16 @@ pub struct RedisConfig {
     pub wait_replicas: u32,
     /// How long an acquisition waits for [`Self::wait_replicas`]. Default 100 ms.
     pub wait_timeout: Duration,
+    /// How long a name's fencing counter outlives its last acquisition's lease: each
+    /// acquisition sets the counter key to expire after its ttl plus this, so a name in use
+    /// keeps its counter, and a name nobody acquires any more leaves no key behind (the lock
+    /// key goes with its release or lease, the waiter keys with their timeout). The next
+    /// acquisition of a forgotten name starts again from the server's clock in microseconds,
+    /// which is above every earlier token of that name unless the server's clock went back by
+    /// more than this (and the lease) in between. Redlock: unless the masters' clocks also
+    /// differed by more than this. Default 10 minutes (longer than any step a time daemon
+    /// makes).
+    pub forget_after: Duration,
 }
 
 /// Which Redis deployment a configuration names.
@@ -148,6 +160,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("clock_tokens", &self.clock_tokens)
             .field("wait_replicas", &self.wait_replicas)
             .field("wait_timeout", &self.wait_timeout)
+            .field("forget_after", &self.forget_after)
             .finish()
     }
 }
@@ -168,6 +181,13 @@ impl RedisConfig {
     /// The `waiter_timeout`s accepted.
     pub const WAITER_TIMEOUT: RangeInclusive<Duration> =
         Duration::from_millis(30)..=Duration::from_secs(3600);
+
+    /// The `forget_after`s accepted.
+    pub const FORGET_AFTER: RangeInclusive<Duration> =
+        Duration::from_millis(1)..=Duration::from_secs(30 * 24 * 3600);
+
+    /// The default [`Self::forget_after`].
+    pub const DEFAULT_FORGET_AFTER: Duration = Duration::from_secs(600);
 
     /// The `node_timeout`s (Redlock) and `wait_timeout`s accepted.
     pub const NODE_TIMEOUT: RangeInclusive<Duration> =
@@ -243,6 +263,7 @@ impl RedisConfig {
             clock_tokens: false,
             wait_replicas: 0,
             wait_timeout: Duration::from_millis(100),
+            forget_after: Self::DEFAULT_FORGET_AFTER,
         }
     }
 
@@ -415,6 +436,7 @@ impl RedisConfig {
             "clock_tokens",
             "wait_replicas",
             "wait_timeout",
+            "forget_after",
         ];
         if let Some(clock) = options.bool("clock_tokens")? {
             self.clock_tokens = clock;
@@ -424,6 +446,9 @@ impl RedisConfig {
         }
         if let Some(timeout) = options.duration_in("wait_timeout", Self::NODE_TIMEOUT)? {
             self.wait_timeout = timeout;
+        }
+        if let Some(forget) = options.duration_in("forget_after", Self::FORGET_AFTER)? {
+            self.forget_after = forget;
         }
         if let Some(fair) = options.bool("fair")? {
             self.fair = fair;
@@ -458,6 +483,14 @@ impl RedisConfig {
     #[must_use]
     pub fn with_fair(mut self, fair: bool) -> Self {
         self.fair = fair;
+        self
+    }
+
+    /// Sets how long a name's fencing counter outlives its last lease
+    /// ([`Self::forget_after`]).
+    #[must_use]
+    pub fn with_forget_after(mut self, forget_after: Duration) -> Self {
+        self.forget_after = forget_after;
         self
     }
 
@@ -586,6 +619,7 @@ impl RedisConfig {
                 &Self::WAITER_TIMEOUT,
             ),
             ("node_timeout", self.node_timeout, &Self::NODE_TIMEOUT),
+            ("forget_after", Some(self.forget_after), &Self::FORGET_AFTER),
         ];
         for (key, value, range) in durations {
             if let Some(value) = value {

@@ -207,6 +207,31 @@ pub(crate) fn lock_key_pattern(prefix: &str) -> String {
     pattern
 }
 
+/// A `SCAN MATCH` pattern for the keys of every kind of every name starting with `prefix`.
+pub(crate) fn any_key_pattern(prefix: &str) -> String {
+    let mut pattern = lock_key_pattern(prefix);
+    // `...}:l:` becomes `...}:?:`.
+    pattern.replace_range(HEAD_LEN..=HEAD_LEN, "?");
+    pattern
+}
+
+/// What a key of this crate's layout is, by its kind letter (see [`LockKeys`]): `None` for
+/// a key this crate did not write (another layout, or a tag that does not match its name).
+pub(crate) fn kind_of_key(key: &str) -> Option<&'static str> {
+    let tag = key.get(HEAD_LEN..HEAD_LEN + 2)?;
+    let kind = match tag {
+        "l:" => "lock",
+        "f:" => "fence",
+        "q:" => "queue",
+        "a:" => "alive",
+        "h:" => "holders",
+        "t:" => "tokens",
+        _ => return None,
+    };
+    let name = LockName::new(key.get(HEAD_LEN + 2..)?).ok()?;
+    (of_kind(&LockKeys::new(&name).lock, tag.chars().next()?) == key).then_some(kind)
+}
+
 /// The lock name of a lock key (`distlock:{<tag>}:l:<name>`), if it is one whose tag matches.
 pub(crate) fn name_of_lock_key(key: &str) -> Option<LockName> {
     if key.get(HEAD_LEN..HEAD_LEN + 2) != Some("l:") {
@@ -293,5 +318,15 @@ mod tests {
             lock_key_pattern("a*b"),
             "distlock:{????????????????}:l:a\\*b*"
         );
+        assert_eq!(
+            any_key_pattern("a*b"),
+            "distlock:{????????????????}:?:a\\*b*"
+        );
+        assert_eq!(kind_of_key(&keys.lock), Some("lock"));
+        assert_eq!(kind_of_key(&keys.fence), Some("fence"));
+        assert_eq!(kind_of_key(&keys.queue), Some("queue"));
+        assert_eq!(kind_of_key(&keys.tokens()), Some("tokens"));
+        assert_eq!(kind_of_key("distlock:{0000000000000000}:f:jobs/*x"), None);
+        assert_eq!(kind_of_key("distlock:{0000000000000000}:x:"), None);
     }
 }

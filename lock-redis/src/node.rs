@@ -519,6 +519,7 @@ impl Node {
         .arg(millis(config.waiter_timeout_for(request.ttl)))
         .arg(score)
         .arg(seed_floor(config))
+        .arg(millis(config.forget_after))
         .invoke(&mut conn)
         .await
         .map_err(|e| self.classify(e))?;
@@ -609,6 +610,7 @@ impl Node {
         .arg(score)
         .arg(seed_floor(config))
         .arg(permits_arg(request.kind))
+        .arg(millis(config.forget_after))
         .invoke(&mut conn)
         .await
         .map_err(|e| self.classify(e))?;
@@ -635,6 +637,7 @@ impl Node {
             .arg(&*request.owner)
             .arg(millis(request.ttl))
             .arg(seed_floor(config))
+            .arg(millis(config.forget_after))
             .invoke(&mut conn)
             .await
             .map_err(|e| self.classify(e))?;
@@ -757,10 +760,18 @@ impl Node {
         Ok(released == 1)
     }
 
-    pub(crate) async fn raise_fence(&self, keys: &LockKeys, token: u64) -> Result<(), RedisError> {
+    /// Raises the fencing counter to at least `token`, kept for `keep` (see
+    /// [`scripts::RAISE_FENCE`]).
+    pub(crate) async fn raise_fence(
+        &self,
+        keys: &LockKeys,
+        token: u64,
+        keep: Duration,
+    ) -> Result<(), RedisError> {
         let mut conn = self.conn.clone();
         let _: i64 = Invocation::new(&scripts::RAISE_FENCE, &[&keys.fence])
             .arg(token)
+            .arg(millis(keep))
             .invoke(&mut conn)
             .await
             .map_err(|e| self.classify(e))?;
@@ -811,23 +822,56 @@ impl Node {
     ) -> Result<Vec<LockName>, RedisError> {
         let pattern = crate::keys::lock_key_pattern(prefix);
         let mut names = std::collections::BTreeSet::new();
+        self.scan(&mut conn, &pattern, |keys| {
+            names.extend(keys.iter().filter_map(|k| crate::keys::name_of_lock_key(k)));
+            names.len() < enough
+        })
+        .await?;
+        Ok(names.into_iter().collect())
+    }
+
+    /// `SCAN MATCH pattern` on `conn`, each batch of keys given to `each` until it answers
+    /// `false` or the scan is complete.
+    async fn scan(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+        pattern: &str,
+        mut each: impl FnMut(&[String]) -> bool,
+    ) -> Result<(), RedisError> {
         let mut cursor: u64 = 0;
         loop {
             let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
                 .arg(cursor)
                 .arg("MATCH")
-                .arg(&pattern)
+                .arg(pattern)
                 .arg("COUNT")
                 .arg(1000)
-                .query_async(&mut conn)
+                .query_async(conn)
                 .await
                 .map_err(|e| self.classify(e))?;
-            names.extend(keys.iter().filter_map(|k| crate::keys::name_of_lock_key(k)));
             cursor = next;
-            if cursor == 0 || names.len() >= enough {
-                return Ok(names.into_iter().collect());
+            if !each(&keys) || cursor == 0 {
+                return Ok(());
             }
         }
+    }
+
+    /// Counts the keys of every kind of the names starting with `prefix` on `conn` (one
+    /// master), into `footprint`, by kind (see [`crate::keys::kind_of_key`]).
+    pub(crate) async fn count_keys_on(
+        &self,
+        mut conn: impl redis::aio::ConnectionLike,
+        prefix: &str,
+        footprint: &mut distlock_core::Footprint,
+    ) -> Result<(), RedisError> {
+        let pattern = crate::keys::any_key_pattern(prefix);
+        self.scan(&mut conn, &pattern, |keys| {
+            for kind in keys.iter().filter_map(|k| crate::keys::kind_of_key(k)) {
+                footprint.add(kind, 1);
+            }
+            true
+        })
+        .await
     }
 
     /// Who holds the lock. An exclusive holder's token cannot be told: the fence counter

@@ -81,13 +81,14 @@ pub(crate) async fn acquire(attempt: &mut RedisAttempt) -> Result<Step> {
             .and_then(|(node, _)| shared.nodes.iter().position(|n| std::ptr::eq(n, *node)))
             .unwrap_or(0);
         if tokens.iter().any(|(_, t)| *t != max) {
+            let keep = attempt.request.ttl + shared.config.forget_after;
             // Bring every node of this majority up to the token handed out, so that any
             // later majority (which shares a node with this one) continues above it.
             join_all(
                 tokens
                     .iter()
                     .filter(|(_, t)| *t != max)
-                    .map(|(n, _)| within(n, timeout, n.raise_fence(&attempt.keys, max))),
+                    .map(|(n, _)| within(n, timeout, n.raise_fence(&attempt.keys, max, keep))),
             )
             .await;
         }

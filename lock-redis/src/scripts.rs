@@ -93,7 +93,8 @@ impl Invocation {
 /// common case is the `SET` and one `INCR`; clock tokens, and a counter never seeded (below
 /// [`SEED_FLOOR`]), take the acquire scripts' rule ([`NEXT_TOKEN`]) instead.
 ///
-/// KEYS: lock, fence. ARGV: owner, ttl ms, [`SEED_FLOOR`] (0: clock tokens).
+/// KEYS: lock, fence. ARGV: owner, ttl ms, [`SEED_FLOOR`] (0: clock tokens), forget ms
+/// (see [`NEXT_TOKEN`]).
 /// Returns the lock key's value (a bulk string) when it was taken, else the token (an
 /// integer).
 pub(crate) static ACQUIRE_FAST: LazyLock<Lua> = LazyLock::new(|| {
@@ -105,9 +106,11 @@ if previous then
   return previous
 end
 local floor = tonumber(ARGV[3])
+local fence_keep = tonumber(ARGV[2]) + tonumber(ARGV[4])
 if floor > 0 then
   local stepped = redis.call('INCR', KEYS[2])
   if stepped >= floor then
+    redis.call('PEXPIRE', KEYS[2], fence_keep)
     return stepped
   end
 end
@@ -127,7 +130,7 @@ return token
 ///
 /// KEYS: lock, fence, queue, alive.
 /// ARGV: owner, ttl ms, wait ("1" to queue), fair ("1"), waiter timeout ms, arrival score
-/// ("" = the server's time in microseconds), [`SEED_FLOOR`].
+/// ("" = the server's time in microseconds), [`SEED_FLOOR`], forget ms (see [`NEXT_TOKEN`]).
 /// Returns `{1, token}` when acquired, `{0, retry_ms}` when busy (`retry_ms` < 0: unknown),
 /// `{2, permits}` when the name is a semaphore of that many permits (see [`HOLD_ACQUIRE`]).
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
@@ -171,6 +174,7 @@ end
             r"
 redis.call('SET', KEYS[1], owner, 'PX', ttl)
 local floor = tonumber(ARGV[7])
+local fence_keep = ttl + tonumber(ARGV[8])
 ",
             NEXT_TOKEN,
             r"
@@ -205,18 +209,25 @@ end
 ";
 
 /// Lua that steps the fencing counter `KEYS[2]` into `token`, in the acquire scripts, which
-/// set `floor` (their [`SEED_FLOOR`] argument) and `t` (the server's `TIME`) first. A missing
-/// counter (first use, or a server restarted without its data) or one from before seeding
-/// (below `floor`) starts again from the server's clock in microseconds. `floor` = 0 (clock
-/// tokens, [`crate::RedisConfig::clock_tokens`]): every token is `max(counter + 1, clock +
-/// 1)`, so a promoted replica whose counter lags still continues above the old master's
-/// tokens (given clocks that agree within the failover).
+/// set `floor` (their [`SEED_FLOOR`] argument), `t` (the server's `TIME`) and `fence_keep`
+/// first. A missing counter (first use, a name forgotten, or a server restarted without its
+/// data) or one from before seeding (below `floor`) starts again from the server's clock in
+/// microseconds. `floor` = 0 (clock tokens, [`crate::RedisConfig::clock_tokens`]): every
+/// token is `max(counter + 1, clock + 1)`, so a promoted replica whose counter lags still
+/// continues above the old master's tokens (given clocks that agree within the failover).
+///
+/// The counter then expires `fence_keep` ms later: the lease plus
+/// [`forget_after`](crate::RedisConfig::forget_after). Every acquisition sets it again, so
+/// a name in use keeps its counter, and a name nobody took for that long leaves no key
+/// behind; its next token comes from the clock, above this one unless the server's clock
+/// went back by more than `forget_after` (see the crate docs, "What is left on the server").
 const NEXT_TOKEN: &str = r"
 local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
 if fence < floor or (floor == 0 and fence < tonumber(t[1]) * 1000000 + tonumber(t[2])) then
   redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
 end
 local token = redis.call('INCR', KEYS[2])
+redis.call('PEXPIRE', KEYS[2], fence_keep)
 ";
 
 /// Fencing counters below this are seeded from the server's clock before their next step:
@@ -423,14 +434,15 @@ return released
 });
 
 /// Raises a fencing counter to at least a value (Redlock, so that every node of a later
-/// majority continues above the token just handed out). KEYS: fence. ARGV: value.
+/// majority continues above the token just handed out), kept as the acquire scripts keep it
+/// ([`NEXT_TOKEN`]). KEYS: fence. ARGV: value, keep ms (the lease plus `forget_after`).
 pub(crate) static RAISE_FENCE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
 local want = tonumber(ARGV[1])
 if cur < want then
-  redis.call('SET', KEYS[1], ARGV[1])
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return want
 end
 return cur
@@ -546,7 +558,8 @@ pub(crate) fn permits_marker(permits: u32) -> String {
 ///
 /// KEYS: lock, fence, queue, alive, holders, tokens.
 /// ARGV: owner, ttl ms, wait ("1" to queue), (unused), waiter timeout ms, arrival score
-/// ("" = the server's time in microseconds), [`SEED_FLOOR`], permits (0 = a shared hold).
+/// ("" = the server's time in microseconds), [`SEED_FLOOR`], permits (0 = a shared hold),
+/// forget ms (see [`NEXT_TOKEN`]).
 /// Returns `{1, token}` when acquired, `{0, retry_ms}` when busy (`retry_ms` < 0: unknown),
 /// `{2, held}` when the name is held as a kind this request can never join (`held`: -1
 /// exclusive, 0 shared, N a semaphore of N permits).
@@ -626,6 +639,7 @@ local keep = ttl
 if epoch then keep = math.max(redis.call('PTTL', KEYS[1]), ttl) end
 redis.call('SET', KEYS[1], marker, 'PX', keep)
 local floor = tonumber(ARGV[7])
+local fence_keep = keep + tonumber(ARGV[9])
 ",
         NEXT_TOKEN,
         r"
