@@ -17,6 +17,7 @@ use crate::db::Db;
 use crate::error::map_err;
 use crate::holds;
 use crate::renew::SqlRenewer;
+use crate::sweep::Sweeper;
 use crate::{Dialect, FencedUpdate, SqlConfig, db};
 
 /// The longest lease: the expiry is a microsecond count, so the limit is a choice (a year).
@@ -138,6 +139,8 @@ pub(crate) struct Inner {
     pub(crate) renewer: Arc<dyn Renewer>,
     config: SqlConfig,
     sessions: Arc<db::Sessions>,
+    /// Deletes the rows of names no longer used (see [`crate::sweep`]).
+    pub(crate) sweeper: Arc<crate::sweep::Sweeper>,
 }
 
 impl fmt::Debug for SqlBackend {
@@ -162,12 +165,14 @@ impl SqlBackend {
         let make = Self::open(&config, sessions.clone());
         let what = format!("connecting to {}", config.redacted_url());
         let db = within(timeout, what, make).await??;
+        let sweeper = Sweeper::new(db.pool(), config.table.clone(), config.forget_after);
         Ok(Self {
             inner: Arc::new(Inner {
                 renewer: SqlRenewer::shared(db.max_batch()),
                 db,
                 config,
                 sessions,
+                sweeper,
             }),
         })
     }
@@ -218,12 +223,14 @@ impl SqlBackend {
         };
         let what = format!("setting up the locks on {}", config.redacted_url());
         let db = within(timeout, what, setup).await??;
+        let sweeper = Sweeper::new(db.pool(), config.table.clone(), config.forget_after);
         Ok(Self {
             inner: Arc::new(Inner {
                 renewer: SqlRenewer::shared(db.max_batch()),
                 db,
                 config,
                 sessions: Arc::default(),
+                sweeper,
             }),
         })
     }
@@ -389,6 +396,15 @@ impl LockBackend for SqlBackend {
             ))),
             Some(kind) => self.holders(name.as_str(), kind).await,
         }
+    }
+
+    /// The rows of the lock table and of its holders table whose name starts with the
+    /// prefix, one `count(*)` each (a missing holders table has none).
+    async fn footprint(&self, prefix: &str) -> Result<Option<distlock_core::Footprint>> {
+        let table = &self.inner.config.table;
+        crate::footprint::count(&self.pool(), table, prefix)
+            .await
+            .map(Some)
     }
 
     async fn list(&self, prefix: Option<&str>, limit: usize) -> Result<Vec<(LockName, LockInfo)>> {

@@ -55,6 +55,7 @@ impl Dialect {
 /// | `busy_timeout` | SQLite: how long a statement waits for another writer, 1 ms to 1 h ([`BUSY_TIMEOUT`]) | `5s` |
 /// | `synchronous` | SQLite: `normal` (WAL default, fast) or `full` (survives power loss) | `normal` |
 /// | `create_table` | create the table when missing (`true`/`false`) | `true` |
+/// | `forget_after` | a lock row free this long is deleted by a sweep, 1 ms to 30 days ([`FORGET_AFTER`]; see [`SqlConfig::forget_after`]) | `10m` |
 ///
 /// Durations use [`humantime`](https://docs.rs/humantime) syntax and need a unit. A number
 /// outside its range is an error naming the option, the value and the range. The scheme is
@@ -90,6 +91,16 @@ pub struct SqlConfig {
     pub sync_full: bool,
     /// Create the table if it does not exist.
     pub create_table: bool,
+    /// How long a lock row stays once its lock is free (released, or its lease over, and no
+    /// waiter's reservation): a client whose lock ends (released or lost) sweeps such rows
+    /// away (and holders' rows expired as long), in a round every half of this (between 1 s
+    /// and 5 min), all clients of the table together at most twice a round, so the table
+    /// holds the names used within about this long, not every name ever used. The clients
+    /// of a table should agree on it: each sweeps by its own. A name whose row was swept
+    /// starts again from the database's clock in microseconds, above every earlier token of
+    /// that name unless the database's clock went back by more than this in between.
+    /// Default 10 minutes (longer than any step a time daemon makes).
+    pub forget_after: Duration,
 }
 
 /// Shows the URL with its password replaced by `***`.
@@ -104,6 +115,7 @@ impl std::fmt::Debug for SqlConfig {
             .field("busy_timeout", &self.busy_timeout)
             .field("sync_full", &self.sync_full)
             .field("create_table", &self.create_table)
+            .field("forget_after", &self.forget_after)
             .finish()
     }
 }
@@ -118,6 +130,13 @@ pub const POOL_SIZE: RangeInclusive<u32> = 1..=1000;
 /// The connect timeouts accepted (`connect_timeout`).
 pub const CONNECT_TIMEOUT: RangeInclusive<Duration> =
     Duration::from_millis(1)..=Duration::from_secs(3600);
+
+/// The `forget_after`s accepted.
+pub const FORGET_AFTER: RangeInclusive<Duration> =
+    Duration::from_millis(1)..=Duration::from_secs(30 * 24 * 3600);
+
+/// The default [`SqlConfig::forget_after`].
+pub const DEFAULT_FORGET_AFTER: Duration = Duration::from_secs(600);
 
 /// The SQLite busy timeouts accepted (`busy_timeout`; SQLite takes milliseconds in an `int`).
 pub const BUSY_TIMEOUT: RangeInclusive<Duration> =
@@ -167,6 +186,7 @@ impl SqlConfig {
             },
         };
         let create_table = options.bool("create_table")?.unwrap_or(true);
+        let forget_after = options.duration_in("forget_after", FORGET_AFTER)?;
         check_sqlx_options(dialect, &options)?;
         // The rest (sslmode, SQLite's mode, ...) is sqlx's.
         let mut passed = url::form_urlencoded::Serializer::new(String::new());
@@ -195,6 +215,7 @@ impl SqlConfig {
             busy_timeout: busy_timeout.unwrap_or(Duration::from_secs(5)),
             sync_full,
             create_table,
+            forget_after: forget_after.unwrap_or(DEFAULT_FORGET_AFTER),
         };
         if memory && config.max_connections != 1 {
             return Err(Error::InvalidConfig(
@@ -251,6 +272,7 @@ impl SqlConfig {
             busy_timeout: Duration::from_secs(5),
             sync_full: false,
             create_table: true,
+            forget_after: DEFAULT_FORGET_AFTER,
         }
     }
 
@@ -272,6 +294,14 @@ impl SqlConfig {
     #[must_use]
     pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// Sets how long a free lock row stays before a sweep deletes it
+    /// ([`Self::forget_after`]).
+    #[must_use]
+    pub fn with_forget_after(mut self, forget_after: Duration) -> Self {
+        self.forget_after = forget_after;
         self
     }
 
@@ -299,6 +329,7 @@ impl SqlConfig {
             duration("connect_timeout", timeout, &CONNECT_TIMEOUT)?;
         }
         duration("busy_timeout", self.busy_timeout, &BUSY_TIMEOUT)?;
+        duration("forget_after", self.forget_after, &FORGET_AFTER)?;
         Ok(())
     }
 
@@ -323,6 +354,7 @@ const LOCK_OPTIONS: &[&str] = &[
     "busy_timeout",
     "synchronous",
     "create_table",
+    "forget_after",
 ];
 
 /// The options sqlx 0.9 reads from each database's URL (PostgreSQL's `options[NAME]` too).
@@ -538,8 +570,8 @@ mod tests {
                 Dialect::Sqlite,
                 "sqlite:///tmp/x.db?table=t&bogus=1",
                 "unknown option \"bogus\" (known: table, pool_size, max_connections, \
-                 connect_timeout, busy_timeout, synchronous, create_table, mode, cache, \
-                 immutable, vfs) (in sqlite:///tmp/x.db?table=t&bogus=1)",
+                 connect_timeout, busy_timeout, synchronous, create_table, forget_after, mode, \
+                 cache, immutable, vfs) (in sqlite:///tmp/x.db?table=t&bogus=1)",
             ),
             (
                 Dialect::Postgres,

@@ -24,7 +24,7 @@
 //! |---|---|
 //! | `name` | the lock name, primary key, bound as a parameter and compared byte for byte (`TEXT COLLATE "C"` on PostgreSQL, `VARBINARY` on MySQL, `TEXT` with SQLite's binary collation), so no two distinct names collide |
 //! | `owner` | the holder's unique owner value, `NULL` when released |
-//! | `version` | **the fencing token**: incremented by every acquisition, never reset, kept on release; a new row starts at the database's clock in microseconds (see [below](#a-store-emptied-or-recreated)) |
+//! | `version` | **the fencing token**: incremented by every acquisition, never reset, kept on release; a new row starts at the database's clock in microseconds (see [below](#a-store-emptied-or-recreated)); a row free for [`forget_after`](SqlConfig::forget_after) is deleted (see [below](#what-is-left-in-the-tables)) |
 //! | `expires_at` | end of the lease, on the **database's** clock |
 //! | `next_owner`, `next_since`, `next_expires`, `next_ttl` | the waiter reservation (below); `next_ttl` is the lease an exclusive waiter asks for, for a hand-over |
 //!
@@ -175,6 +175,25 @@
 //! old file are closed, and it goes on with the file now at the path, with the lock table
 //! created again if `create_table` allows.
 //!
+//! # What is left in the tables
+//!
+//! A name's row stays while its lock is used, so that a lock taken again and again is one
+//! update of one row; once it has been free (released or expired, no waiter's reservation)
+//! for [`SqlConfig::forget_after`] (`forget_after=` in the URL, 10 minutes by default) and
+//! its version is below the database's clock by as much, a sweep deletes it, and the holders'
+//! rows whose lease ended as long ago. Each client whose lock ends (released or lost)
+//! sweeps the table in a round every half of `forget_after` (between 1 s and 5 min), all
+//! clients of a table together at most twice a round (the claim is the `expires_at` of the
+//! table's one reserved row, the one named `''`, which no lock name can be), in batches of
+//! 1,000 rows, for as long as it was active within `forget_after`. So the table holds the
+//! names used within about `forget_after` (before any client is active again after that),
+//! not every name ever used: 100,000 names acquired and released once each left 100,000
+//! rows (100 to 225 bytes each, indexes included) for good before; now they are gone one
+//! sweep after `forget_after`. A swept name starts again from the database's clock, as a
+//! new name does (see above): its tokens keep growing unless the database's clock went back
+//! by more than `forget_after`.
+//! Count what is kept with [`DistributedLock::footprint`](distlock_core::DistributedLock::footprint).
+//!
 //! Protected resources in the same database can be written with
 //! [`SqlBackend::fenced_update`] ([`FencedUpdate`]).
 
@@ -194,6 +213,7 @@ mod db;
 mod dialect;
 mod error;
 mod fence;
+mod footprint;
 mod holds;
 mod keys;
 mod lease;
@@ -205,10 +225,14 @@ mod postgres;
 mod renew;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod sweep;
 mod wake;
 
 pub use backend::{MAX_PERMITS, SqlBackend, SqlPool};
-pub use config::{BUSY_TIMEOUT, CONNECT_TIMEOUT, DEFAULT_TABLE, Dialect, POOL_SIZE, SqlConfig};
+pub use config::{
+    BUSY_TIMEOUT, CONNECT_TIMEOUT, DEFAULT_FORGET_AFTER, DEFAULT_TABLE, Dialect, FORGET_AFTER,
+    POOL_SIZE, SqlConfig,
+};
 pub use fence::{FenceConnection, FencedUpdate, SqlValue};
 
 /// Connects to the database at `url` and returns a lock client over it. This is what
