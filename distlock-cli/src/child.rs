@@ -192,6 +192,14 @@ impl CommandGroup {
         }
     }
 
+    /// SIGKILL to everything the command started, then waits until it is all gone (the lease
+    /// may end any moment: no grace).
+    pub(crate) async fn kill(&mut self) {
+        self.signal_all(Signal::SIGKILL);
+        let _ = self.child.wait().await;
+        self.finish(Duration::ZERO, true).await;
+    }
+
     /// Whether a process of the command is left (its group, or its cgroup).
     fn any_left(&self) -> bool {
         killpg(self.pgid, None) != Err(Errno::ESRCH)

@@ -292,9 +292,7 @@ where
             status = group.wait() => break status.map_err(|e| Failure::new(OTHER, format!("waiting for the command: {e}")))?,
             reason = &mut lost => {
                 crate::out::stderr_line(format!("distlock: {} ({reason}); killing the command", role.lost(name)));
-                group.signal_all(Signal::SIGKILL);
-                let _ = group.wait().await;
-                group.finish(Duration::ZERO, true).await;
+                group.kill().await;
                 return Ok(LOST);
             }
             () = tokio::time::sleep_until(term_at.into()), if !terminated => {
@@ -314,9 +312,7 @@ where
                     continue;
                 }
                 crate::out::stderr_line(format!("distlock: the lease of {name:?} is about to end; killing the command"));
-                group.signal_all(Signal::SIGKILL);
-                let _ = group.wait().await;
-                group.finish(Duration::ZERO, true).await;
+                group.kill().await;
                 return Ok(LOST);
             }
             signal = signals.recv() => group.signal(signal),
@@ -327,8 +323,7 @@ where
     tokio::select! {
         () = group.finish(holding.grace, quiet) => {}
         () = tokio::time::sleep_until(deadline.signals(guard.valid_until()).1.into()) => {
-            group.signal_all(Signal::SIGKILL);
-            group.finish(Duration::ZERO, true).await;
+            group.kill().await;
         }
     }
     if let Some(minimum) = after.hold_at_least {
