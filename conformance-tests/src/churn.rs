@@ -5,6 +5,18 @@ use std::time::{Duration, Instant};
 
 use distlock_core::{AcquireOptions, DistributedLock, Footprint, LockKind};
 
+/// The options of the churn tests: a 5 s lease, waiting up to 10 s.
+pub fn options() -> AcquireOptions {
+    AcquireOptions::default()
+        .with_ttl(Duration::from_secs(5))
+        .with_wait(Duration::from_secs(10))
+}
+
+/// A name prefix of its own for one churn test: `forget-<uuid>/`.
+pub fn prefix() -> String {
+    format!("forget-{}/", uuid::Uuid::new_v4().simple())
+}
+
 /// Acquires and releases `{prefix}{i}` for each i below `names`, one after another, then
 /// `{prefix}shared` as a shared hold and `{prefix}permit` as a permit of 2 where the backend
 /// has those kinds. Returns how many names it used.

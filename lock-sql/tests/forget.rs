@@ -24,9 +24,7 @@ fn with_options(url: &str, options: &str) -> String {
 }
 
 fn opts() -> AcquireOptions {
-    AcquireOptions::default()
-        .with_ttl(Duration::from_secs(5))
-        .with_wait(Duration::from_secs(10))
+    conformance_tests::churn::options()
 }
 
 /// A client of `url` on a table of its own whose free rows are swept at once

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use conformance_tests::churn::churn;
-use distlock_core::{AcquireOptions, ClientConfig, DistributedLock};
+use conformance_tests::churn::{self, churn};
+use distlock_core::{ClientConfig, DistributedLock};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn churned_names_leave_only_containers() {
@@ -18,10 +18,8 @@ async fn churned_names_leave_only_containers() {
     let client = distlock_zookeeper::connect(&format!("zk://{connect}"), config)
         .await
         .unwrap();
-    let prefix = format!("forget-{}/", uuid::Uuid::new_v4().simple());
-    let opts = AcquireOptions::default()
-        .with_ttl(Duration::from_secs(5))
-        .with_wait(Duration::from_secs(10));
+    let prefix = churn::prefix();
+    let opts = churn::options();
     let names = churn(&client, &prefix, 200, &opts).await;
     let left = client.footprint(&prefix).await.unwrap().unwrap();
     assert_eq!(left.count("queue nodes"), 0, "{left}");
