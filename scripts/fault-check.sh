@@ -23,8 +23,9 @@
 # hit the other) run one after the other. Exit status: 1 if any run found a violation of its
 # backend's declared guarantee (or failed to run).
 #
-# DISTLOCK_CHECK_DURATION (per kind; default 8s, 12s for etcd, whose smallest ttl is 2 s: a
-# fault lasts up to 3 ttls and must heal before the run ends), DISTLOCK_CHECK_WORKERS (default
+# DISTLOCK_CHECK_DURATION (per kind; default 8s, 12s for etcd, whose smallest ttl is 2 s, 30s
+# for Sentinel and Cluster, run with a ttl of 6 s: a fault lasts up to 3 ttls and must heal
+# before the run ends), DISTLOCK_CHECK_WORKERS (default
 # 4) and DISTLOCK_CHECK_KINDS (a comma list; default every kind the backend offers) change the
 # runs. Faults overlap (`--overlap`): a new one every 0.5-1.5 s, healed or not.
 set -euo pipefail
@@ -34,6 +35,10 @@ SERVICES=$REPO/scripts/services.sh
 OUT=${DISTLOCK_CHECK_OUT:-${CARGO_TARGET_DIR:-$REPO/target}/fault-check}
 DURATION=${DISTLOCK_CHECK_DURATION:-8s}
 ETCD_DURATION=${DISTLOCK_CHECK_DURATION:-12s}
+# Sentinel and Cluster run with a ttl of 6 s, longer than their failover (2.3-4.5 s here), so
+# that a holder still passes its check when a promoted replica that missed its lock serves
+# (with 1 s its lease has run out by then, and a lagging failover loses nothing visible).
+FAILOVER_DURATION=${DISTLOCK_CHECK_DURATION:-30s}
 KINDS=${DISTLOCK_CHECK_KINDS:-}
 WORKERS=${DISTLOCK_CHECK_WORKERS:-4}
 ALL_FAULTS=pause,crash,partition,restart,ambiguous,starve,lossy
@@ -73,9 +78,13 @@ R=127.0.0.1
 # config -> "group|URL|ttl|duration|faults|services.sh arguments of the restart fault". A group's
 # configurations share a server and run one after the other. The replicated topologies' restart
 # fault is a failover: `services.sh failover GROUP` kills the leader (master), waits until
-# another member leads and starts the old one again. Sentinel and Cluster clients reach the
-# addresses the servers announce, past the workers' proxies: no partition, ambiguous or lossy
-# faults. A seventh field, the clock file, is the clock fault's (`--clock-file`).
+# another member leads and starts the old one again; on Sentinel and Cluster, half of them
+# with the master's replicas lagging (`either`), the failover that loses a lock. Sentinel and
+# Cluster clients reach the addresses the servers announce, past the workers' proxies: no
+# partition, ambiguous or lossy faults. A seventh field, the clock file, is the clock fault's
+# (`--clock-file`); an eighth, configurations of other groups to wait for (their servers
+# overlap, their restarts do not: Redlock of 3 uses 16380-16382, the single master 16379
+# alone, and Redlock of 5 all five, after both).
 declare -A RUNS=(
   [sqlite]="sqlite|sqlite://$OUT/check.db|1s|$DURATION|pause,crash,starve|"
   [postgres]="postgres|$DISTLOCK_TEST_POSTGRES_URL|1s|$DURATION|$ALL_FAULTS|restart-one postgres"
@@ -84,8 +93,8 @@ declare -A RUNS=(
   [mysql_tls]="mariadb|$DISTLOCK_TEST_MYSQL_TLS_URL|1s|$DURATION|$ALL_FAULTS|restart-one mariadb"
   [redis]="redis|redis://$R:16379|1s|$DURATION|$ALL_FAULTS|restart-one redis-16379"
   [redis_fair]="redis|redis://$R:16379?fair=true|1s|$DURATION|$ALL_FAULTS|restart-one redis-16379"
-  [redlock3]="redis|redlock://$R:16379,$R:16380,$R:16381|1s|$DURATION|$ALL_FAULTS|restart-one redis-16380"
-  [redlock5]="redis|redlock://$R:16379,$R:16380,$R:16381,$R:16382,$R:16383|1s|$DURATION|$ALL_FAULTS|restart-one redis-16382"
+  [redlock3]="redlock3|redlock://$R:16380,$R:16381,$R:16382|1s|$DURATION|$ALL_FAULTS|restart-one redis-16380"
+  [redlock5]="redis|redlock://$R:16379,$R:16380,$R:16381,$R:16382,$R:16383|1s|$DURATION|$ALL_FAULTS|restart-one redis-16382||redlock3"
   [redis_tls]="redis-tls|$DISTLOCK_TEST_REDIS_TLS_URL|1s|$DURATION|$ALL_FAULTS|restart-one redis-tls-16390"
   [etcd]="etcd|etcd://$R:12379|2s|$ETCD_DURATION|$ALL_FAULTS|restart-one etcd"
   [etcd_cluster]="etcd-cluster|etcd://$R:12381,$R:12382,$R:12383|2s|$ETCD_DURATION|$ALL_FAULTS|failover etcd-cluster"
@@ -93,8 +102,8 @@ declare -A RUNS=(
   [zk]="zookeeper|zk://$R:12181|1s|$DURATION|$ALL_FAULTS|restart-one zookeeper"
   [zk_auth]="zookeeper-auth|$DISTLOCK_TEST_ZK_AUTH_URL|1s|$DURATION|$ALL_FAULTS|restart-one zookeeper-auth"
   [zk_ensemble]="zk-ensemble|zk://$DISTLOCK_TEST_ZK_ENSEMBLE_CONNECT|1s|$DURATION|$ALL_FAULTS|failover zk-ensemble"
-  [redis_sentinel]="redis-sentinel|$DISTLOCK_TEST_REDIS_SENTINEL_URL|1s|$DURATION|$HOST_FAULTS|failover redis-sentinel"
-  [redis_cluster]="redis-cluster|$DISTLOCK_TEST_REDIS_CLUSTER_URL|1s|$DURATION|$HOST_FAULTS|failover redis-cluster"
+  [redis_sentinel]="redis-sentinel|$DISTLOCK_TEST_REDIS_SENTINEL_URL|6s|$FAILOVER_DURATION|$HOST_FAULTS|failover redis-sentinel either"
+  [redis_cluster]="redis-cluster|$DISTLOCK_TEST_REDIS_CLUSTER_URL|6s|$FAILOVER_DURATION|$HOST_FAULTS|failover redis-cluster either"
   [zk_tls]="zookeeper-auth|$DISTLOCK_TEST_ZK_TLS_URL|1s|$DURATION|$ALL_FAULTS|restart-one zookeeper-auth"
   [redis_clock]="redis-clock|$DISTLOCK_TEST_REDIS_CLOCK_URL|1s|$DURATION|$CLOCK_FAULTS||$DISTLOCK_TEST_REDIS_CLOCK_FILE"
   [postgres_clock]="postgres-clock|$DISTLOCK_TEST_POSTGRES_CLOCK_URL|1s|$DURATION|$CLOCK_FAULTS||$DISTLOCK_TEST_POSTGRES_CLOCK_FILE"
@@ -120,8 +129,13 @@ done
 # One run: the check's output to CONFIG.log, its exit status to CONFIG.status, its table row
 # (from the JSON report) to CONFIG.row.
 run_one() {
-  local config=$1 group url ttl duration faults server clock status=0 args
-  IFS='|' read -r group url ttl duration faults server clock <<<"${RUNS[$config]}"
+  local config=$1 group url ttl duration faults server clock after dep status=0 args
+  IFS='|' read -r group url ttl duration faults server clock after <<<"${RUNS[$config]}"
+  for dep in $after; do
+    if [[ " ${ORDER[*]} " == *" $dep "* ]]; then
+      while [[ ! -e $OUT/$dep.status ]]; do sleep 1; done
+    fi
+  done
   args=(check --url "$url" --ttl "$ttl" --duration "$duration" --workers "$WORKERS"
     --nemesis "$faults" --overlap --json "$OUT/$config.json" --markdown "$OUT/$config.md"
     --svg "$OUT/$config.svg")

@@ -22,12 +22,18 @@
 #                                        brings it back)
 #   scripts/services.sh topology         one line per server of the replicated topologies: its
 #                                        current role (Redis Cluster, Sentinel, ZooKeeper ensemble)
-#   scripts/services.sh failover GROUP   kill -9 the leader of a replicated group (redis-sentinel:
-#                                        the master the Sentinels name; redis-cluster: the first
-#                                        master; etcd-cluster, zk-ensemble: the leader), wait until
+#   scripts/services.sh failover GROUP [MODE]
+#                                        kill -9 the leader of a replicated group (redis-sentinel:
+#                                        the master the Sentinels name; redis-cluster: the master
+#                                        holding a live lease, else the first master;
+#                                        etcd-cluster, zk-ensemble: the leader), wait until
 #                                        another member leads (at most 30 s), then start the old
 #                                        one again on its data (it rejoins as a follower); the
-#                                        failover fault of `distlock check`
+#                                        failover fault of `distlock check`. MODE (Redis only):
+#                                        in-sync (the default), lagging (the master's replicas
+#                                        stopped and 32 MB put on its replication link first, so
+#                                        the promoted replica misses the last 0.6 s of writes) or
+#                                        either (one of the two at random)
 #
 # Only the export lines go to stdout, everything else to stderr, so this works:
 #   exports=$(scripts/services.sh start) && eval "$exports"
@@ -1445,15 +1451,41 @@ leader_of() {
 # found (its slots' locks fail over; the others' do not), and its successor is the replica that
 # takes its place.
 failover() {
-  local group=$1 old new="" t0 deadline replicas="" port
+  local group=$1 mode=${2:-in-sync} old new="" t0 deadline replicas="" port stopped=() filler=""
   t0=$(now_ms)
-  old=$(leader_of "$group")
-  [[ -n $old ]] || die "failover: $group has no leader to kill"
+  if [[ $mode == either ]]; then
+    mode=$( ((RANDOM % 2)) && echo lagging || echo in-sync)
+  fi
+  case $mode:$group in
+    in-sync:* | lagging:redis-sentinel | lagging:redis-cluster) ;;
+    *) die "failover: mode $mode is not one of in-sync, lagging (Redis groups), either" ;;
+  esac
   if [[ $group == redis-cluster ]]; then
-    replicas=$(redis_at "${old#redis-cluster-}" info replication |
+    port=$(cluster_lease_master)
+    old=${port:+redis-cluster-$port}
+  else
+    old=$(leader_of "$group")
+  fi
+  [[ -n $old ]] || die "failover: $group has no leader to kill"
+  if [[ $group == redis-* ]]; then
+    replicas=$(redis_at "$(redis_port "$old")" info replication |
       sed -n 's/^slave[0-9]*:ip=[^,]*,port=\([0-9]*\).*/\1/p')
   fi
+  if [[ $mode == lagging ]]; then
+    for port in $replicas; do
+      signal_server "${old%-*}-$port" STOP >/dev/null
+      stopped+=("${old%-*}-$port")
+    done
+    filler=$(filler_key "$(redis_port "$old")")
+    fill_replication_link "$(redis_port "$old")" "$filler"
+    # What the master is asked now (grants, renewals) reaches no replica: a renewal every
+    # ttl/3 of a 1 s ttl, and the first lease granted after the fill, die with it.
+    sleep 0.6
+  fi
   crash_one "$old"
+  for port in "${stopped[@]}"; do
+    signal_server "$port" CONT >/dev/null
+  done
   deadline=$((t0 + 30000))
   while [[ -z $new ]] && (($(now_ms) < deadline)); do
     if [[ $group == redis-cluster ]]; then
@@ -1469,8 +1501,63 @@ failover() {
     [[ -n $new ]] || sleep 0.1
   done
   [[ -n $new ]] || log "failover: no new leader of $group within 30 s"
-  log "failover: $old killed, $group led by ${new:-nobody} after $(($(now_ms) - t0)) ms"
+  log "failover ($mode): $old killed, $group led by ${new:-nobody} after $(($(now_ms) - t0)) ms"
+  if [[ -n $filler && -n $new ]]; then
+    # Part of the filler may have reached the replicas before they stopped.
+    redis_at "$(redis_port "$new")" del "$filler" >/dev/null
+  fi
   start_servers "$old"
+}
+
+# The port of the Redis Cluster master that holds a live lease (a distlock key ending within
+# 10 s: a lock held now, not a fencing counter kept for forget_after), else of the first
+# master: the failover of `distlock check` then hits the lock it checks.
+cluster_lease_master() {
+  local port key pttl first=""
+  for port in "${REDIS_CLUSTER_PORTS[@]}"; do
+    [[ $(info_field "$(redis_at "$port" info replication)" role) == master ]] || continue
+    first=${first:-$port}
+    while read -r key; do
+      pttl=$(redis_at "$port" pttl "$key")
+      if [[ $pttl =~ ^[0-9]+$ ]] && ((pttl < 10000)); then
+        printf '%s\n' "$port"
+        return
+      fi
+    done < <(redis_at "$port" --scan --pattern 'distlock:*' --count 1000 | head -n 500)
+  done
+  [[ -z $first ]] || printf '%s\n' "$first"
+}
+
+# filler_key PORT: a key the Redis server on PORT serves (in a Cluster: in one of its slots).
+filler_key() {
+  local port=$1 range lo hi i slot
+  range=$(redis_at "$port" cluster nodes | awk '$3 ~ /myself/ { print $9 }')
+  if [[ -z $range ]]; then
+    printf 'distlock-failover-filler\n'
+    return
+  fi
+  lo=${range%-*}
+  hi=${range#*-}
+  for ((i = 0; i < 1000; i++)); do
+    slot=$(redis_at "$port" cluster keyslot "distlock-failover-filler-$i")
+    if ((slot >= lo && slot <= hi)); then
+      printf 'distlock-failover-filler-%s\n' "$i"
+      return
+    fi
+  done
+  die "failover: no filler key in the slots $range of $port"
+}
+
+# fill_replication_link PORT KEY: 32 MB written to the master on PORT while its replicas are
+# stopped: more than the loopback socket buffers hold, so the rest of its replication stream
+# waits in the master's memory and dies with it. (A stopped replica alone is no lag: what the
+# master sent is in the replica's socket buffer and is applied once it runs again.)
+fill_replication_link() {
+  local port=$1 key=$2 i
+  for i in 1 2 3 4; do
+    head -c 8388608 /dev/zero | tr '\0' x |
+      { timeout 10 redis-cli -h "$HOST" -p "$port" -x set "$key" >/dev/null 2>&1 || true; }
+  done
 }
 
 print_env() {
@@ -1587,12 +1674,13 @@ main() {
     env) print_env ;;
     topology) topology ;;
     failover)
-      [[ $# -eq 2 ]] || {
-        log "failover needs one GROUP: redis-sentinel, redis-cluster, etcd-cluster, zk-ensemble"
+      [[ $# -eq 2 || $# -eq 3 ]] || {
+        log "failover needs one GROUP (redis-sentinel, redis-cluster, etcd-cluster, zk-ensemble)" \
+          "and at most one MODE (in-sync, lagging, either)"
         exit 2
       }
       lock_state
-      failover "$2"
+      failover "$2" "${3:-}"
       ;;
     start-one | stop-one | restart-one | kill-one)
       if [[ $# -ne 2 ]] || ! is_server "$2"; then
