@@ -460,7 +460,8 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<u8, Failure> {
     let register = RemoteRegister::connect(args.register)
         .await
         .map_err(|err| Failure::new(OTHER, format!("cannot reach the register: {err}")))?;
-    distlock_check::work(&*lock, &params, &register, &StdoutSink, stopped)
+    let aim = distlock_check::StdinAim::start();
+    distlock_check::work(&*lock, &params, &register, &StdoutSink, &*aim, stopped)
         .await
         .map_err(|err| Failure::new(OTHER, format!("the register failed: {err}")))?;
     Ok(0)

@@ -214,6 +214,8 @@ pub struct Stats {
     pub final_acquire: Option<Nanos>,
     /// Which operations the ambiguous-reply faults reached.
     pub ambiguous_reach: Reach,
+    /// The operations the ambiguous-reply faults were aimed at, by their count.
+    pub ambiguous_aimed: Reach,
     /// The clock faults' steps of the server's wall clock.
     pub clock_steps: ClockSteps,
 }
@@ -370,7 +372,8 @@ fn judge(history: &History, config: &CheckConfig, rule: Rule, at: Nanos) -> Judg
     });
     if restart.is_some() && config.guarantee != FencingGuarantee::Linearizable {
         return Judgement::Expected(format!(
-            "{}: the server restarted and forgot the lock (no persistence)",
+            "{}: the server restarted or failed over and lost the lock (no persistence, or \
+             a promoted replica that had not received it)",
             config.guarantee
         ));
     }
@@ -839,6 +842,7 @@ fn stats(
             .filter(|f| f.token.is_some())
             .map(|f| f.returned.saturating_sub(f.invoked)),
         ambiguous_reach: history.ambiguous_reach(renew_every),
+        ambiguous_aimed: history.ambiguous_aimed(),
         clock_steps: history.clock_steps(),
     }
 }
@@ -1008,6 +1012,7 @@ mod tests {
             start: 450 * MS,
             healed: 480 * MS,
             step_ms: None,
+            aimed: None,
         };
         let mut h = stale();
         h.faults.push(restart);
@@ -1034,6 +1039,7 @@ mod tests {
             start: 450 * MS,
             healed: 480 * MS,
             step_ms: Some(step_ms),
+            aimed: None,
         }
     }
 
@@ -1154,6 +1160,7 @@ mod tests {
             start: 480 * MS,
             healed: 600 * MS,
             step_ms: None,
+            aimed: None,
         });
         let verdict = check(&h, &config(FencingGuarantee::Linearizable));
         assert_eq!(verdict.of(Rule::Liveness).count(), 0, "{:?}", verdict.stats);
@@ -1246,6 +1253,7 @@ mod tests {
             start: 1_000 * MS,
             healed: 1_400 * MS,
             step_ms: None,
+            aimed: None,
         });
         let reach = check(&h, &config(FencingGuarantee::Linearizable))
             .stats
@@ -1441,6 +1449,7 @@ mod tests {
             start: 600 * MS,
             healed: 650 * MS,
             step_ms: None,
+            aimed: None,
         });
         let verdict = check(&h, &config(FencingGuarantee::Linearizable));
         assert_eq!(

@@ -283,6 +283,10 @@ pub struct Fault {
     /// at `start` and back at `healed`; negative, back at `start` and forward at `healed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_ms: Option<i64>,
+    /// The operation an ambiguous-reply fault was aimed at (`None`: at whatever the worker
+    /// sent while it lasted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aimed: Option<crate::worker::Op>,
 }
 
 impl Fault {
@@ -335,6 +339,19 @@ impl History {
             steps.largest_ms = steps.largest_ms.max(step.unsigned_abs());
         }
         steps
+    }
+
+    /// How many ambiguous-reply faults were aimed at each operation.
+    pub fn ambiguous_aimed(&self) -> Reach {
+        let mut aimed = Reach::default();
+        for op in self.faults.iter().filter_map(|f| f.aimed) {
+            match op {
+                crate::worker::Op::Acquire => aimed.acquires += 1,
+                crate::worker::Op::Renew => aimed.renewals += 1,
+                crate::worker::Op::Release => aimed.releases += 1,
+            }
+        }
+        aimed
     }
 
     /// What the ambiguous-reply faults of this run reached (see [`Reach`]); `renew_every` is

@@ -93,6 +93,12 @@ pub fn markdown(label: &str, verdict: &Verdict) -> String {
         );
     }
     if s.faults.contains_key(&FaultKind::Ambiguous) {
+        let a = s.ambiguous_aimed;
+        let _ = writeln!(
+            out,
+            "| lost replies aimed at (acquire / renew / release) | {} / {} / {} |",
+            a.acquires, a.renewals, a.releases
+        );
         let r = s.ambiguous_reach;
         let _ = writeln!(
             out,

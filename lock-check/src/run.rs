@@ -20,7 +20,7 @@ use crate::history::{Fault, FaultKind, FinalAcquire, History, Worker, WorkerEnd,
 use crate::kind::{CheckKind, MULTI_LOCKS, Sabotage};
 use crate::proxy::Proxy;
 use crate::register::{FencedRegister, serve};
-use crate::worker::{Event, Recorder, Sink, WorkerParams};
+use crate::worker::{Event, Op, Recorder, Sink, WorkerParams};
 
 /// What a run does.
 #[derive(Clone, Debug)]
@@ -208,6 +208,7 @@ struct Running {
     child: Child,
     pid: Pid,
     proxies: Vec<Proxy>,
+    aimer: Aimer,
     stderr: tokio::task::JoinHandle<String>,
     stdout: tokio::task::JoinHandle<()>,
 }
@@ -251,7 +252,7 @@ pub async fn run(
     let longest = ttl.mul_f64(3.0);
     // Faults other than crashes run as tasks: one at a time, or overlapping with
     // `config.overlap` (two workers paused together, a partition during a restart).
-    let mut active: tokio::task::JoinSet<Result<Fault, RunError>> = tokio::task::JoinSet::new();
+    let mut active: tokio::task::JoinSet<Result<Ended, RunError>> = tokio::task::JoinSet::new();
     let mut busy = Busy::default();
     let clock_file = config
         .clock_file
@@ -266,9 +267,7 @@ pub async fn run(
     {
         tokio::time::sleep(Duration::from_millis(rng.random_range(500..1500))).await;
         while let Some(done) = active.try_join_next() {
-            let fault = done.map_err(|err| RunError::Config(format!("a fault task: {err}")))??;
-            busy.done(&fault);
-            faults.push(fault);
+            busy.done(done, &mut faults)?;
         }
         let kind = config.nemesis[rng.random_range(0..config.nemesis.len())];
         let mut ids: Vec<u32> = fleet
@@ -326,6 +325,7 @@ pub async fn run(
                     start: begun,
                     healed: now(),
                     step_ms: None,
+                    aimed: None,
                 });
                 continue;
             }
@@ -338,7 +338,31 @@ pub async fn run(
                 Some(worker) => Action::Signal(worker.pid),
                 None => continue,
             },
-            FaultKind::Partition | FaultKind::Ambiguous | FaultKind::Lossy => match victim {
+            // A holder's: aimed at one of its operations (see `Aimer`): its renewals if its
+            // section has just begun (a renewal is aimed at while half a ttl of the section
+            // is left), else its release or the acquire after it. A waiter's: its acquire in
+            // flight, from now on.
+            FaultKind::Ambiguous => match (victim, target) {
+                (Some(worker), Some(id)) => {
+                    let switches = worker.proxies.iter().map(Proxy::switch).collect();
+                    match recorder.holds(id) {
+                        Some(since) => {
+                            let age = now().saturating_sub(since);
+                            let op = if age < crate::history::nanos_of(ttl / 4) {
+                                Op::Renew
+                            } else if rng.random_bool(0.5) {
+                                Op::Release
+                            } else {
+                                Op::Acquire
+                            };
+                            Action::Aim(op, worker.aimer.clone(), switches)
+                        }
+                        None => Action::Cut(switches),
+                    }
+                }
+                _ => continue,
+            },
+            FaultKind::Partition | FaultKind::Lossy => match victim {
                 Some(worker) => Action::Cut(worker.proxies.iter().map(Proxy::switch).collect()),
                 None => continue,
             },
@@ -352,9 +376,10 @@ pub async fn run(
                 Action::Clock(clock_file.clone().unwrap_or_default(), step)
             }
         };
-        let step_ms = match &action {
-            Action::Clock(_, step) => Some(*step),
-            _ => None,
+        let (step_ms, aimed) = match &action {
+            Action::Clock(_, step) => (Some(*step), None),
+            Action::Aim(op, ..) => (None, Some(*op)),
+            _ => (None, None),
         };
         if kind == FaultKind::Clock {
             busy.clock = true;
@@ -362,25 +387,27 @@ pub async fn run(
             busy.targets.insert(target);
         }
         active.spawn(async move {
-            inflict(kind, action, hold).await?;
-            Ok(Fault {
-                kind,
-                worker: target,
-                start: begun,
-                healed: now(),
-                step_ms,
+            let inflicted = inflict(kind, action, hold, ttl).await?;
+            Ok(Ended {
+                fault: Fault {
+                    kind,
+                    worker: target,
+                    start: inflicted.unwrap_or(begun),
+                    healed: now(),
+                    step_ms,
+                    aimed,
+                },
+                missed: aimed.is_some() && inflicted.is_none(),
             })
         });
         if !config.overlap
             && let Some(done) = active.join_next().await
         {
-            let fault = done.map_err(|err| RunError::Config(format!("a fault task: {err}")))??;
-            busy.done(&fault);
-            faults.push(fault);
+            busy.done(done, &mut faults)?;
         }
     }
     while let Some(done) = active.join_next().await {
-        faults.push(done.map_err(|err| RunError::Config(format!("a fault task: {err}")))??);
+        busy.done(done, &mut faults)?;
     }
     faults.sort_by_key(|f| f.start);
     tokio::time::sleep_until(deadline).await;
@@ -389,6 +416,8 @@ pub async fn run(
     // hangs.
     let grace = ttl * 2 + Duration::from_secs(10);
     for worker in fleet.running.values() {
+        // Its end of the aiming pipe closes: a runtime reading stdin exits at EOF only.
+        worker.aimer.stdin.lock().await.take();
         let _ = kill(worker.pid, Signal::SIGTERM);
     }
     for (id, mut worker) in fleet.running {
@@ -436,14 +465,68 @@ struct Busy {
     clock: bool,
 }
 
+/// A fault task's end: the fault, or one that missed (an aimed worker that did not get to the
+/// operation in time), whose target is free again all the same.
+struct Ended {
+    fault: Fault,
+    missed: bool,
+}
+
 impl Busy {
-    /// `fault` healed: its target is free again.
-    fn done(&mut self, fault: &Fault) {
+    /// A fault task ended: its target is free again, and the fault joins `faults`.
+    fn done(
+        &mut self,
+        ended: Result<Result<Ended, RunError>, tokio::task::JoinError>,
+        faults: &mut Vec<Fault>,
+    ) -> Result<(), RunError> {
+        let ended = ended.map_err(|err| RunError::Config(format!("a fault task: {err}")))??;
+        let fault = ended.fault;
         if fault.kind == FaultKind::Clock {
             self.clock = false;
         } else {
             self.targets.remove(&fault.worker);
         }
+        if !ended.missed {
+            faults.push(fault);
+        }
+        Ok(())
+    }
+}
+
+/// Aims an ambiguous-reply fault at one operation of a worker process (see
+/// [`crate::worker::Aim`]): lines to its stdin, and the count of its `aimed` events.
+#[derive(Clone)]
+struct Aimer {
+    stdin: Arc<tokio::sync::Mutex<Option<tokio::process::ChildStdin>>>,
+    aimed: tokio::sync::watch::Receiver<u64>,
+}
+
+impl Aimer {
+    async fn say(&self, line: &str) {
+        use tokio::io::AsyncWriteExt as _;
+        if let Some(stdin) = self.stdin.lock().await.as_mut() {
+            let _ = stdin.write_all(format!("{line}\n").as_bytes()).await;
+            let _ = stdin.flush().await;
+        }
+    }
+
+    /// Arms the worker for `op`, waits (at most `within`) until it is about to send it, then
+    /// runs `cut` and lets it go on. When it was cut (`None`: the worker did not get there).
+    async fn aim(&self, op: Op, within: Duration, cut: impl FnOnce()) -> Option<crate::Nanos> {
+        let mut aimed = self.aimed.clone();
+        aimed.mark_unchanged();
+        self.say(&format!("aim {}", op.as_str())).await;
+        if tokio::time::timeout(within, aimed.changed()).await.is_err() {
+            self.say("aim none").await;
+            // It may have got there meanwhile, and waits.
+            if !aimed.has_changed().unwrap_or(false) {
+                return None;
+            }
+        }
+        let start = now();
+        cut();
+        self.say("go").await;
+        Some(start)
     }
 }
 
@@ -453,6 +536,8 @@ enum Action {
     Signal(Pid),
     /// A worker's proxies.
     Cut(Vec<crate::proxy::Switch>),
+    /// A worker's proxies, when it is about to send the operation.
+    Aim(Op, Aimer, Vec<crate::proxy::Switch>),
     /// The server, by the restart command.
     Restart(String),
     /// The server's wall clock, by its libfaketime control file: the step in milliseconds.
@@ -479,8 +564,14 @@ pub fn set_clock(file: &Path, offset_ms: i64) -> Result<(), RunError> {
 }
 
 /// Injects one fault and heals it: the pause, throttle, partition, lost replies or clock
-/// step last `hold`; a restart lasts until the command returns.
-async fn inflict(kind: FaultKind, action: Action, hold: Duration) -> Result<(), RunError> {
+/// step last `hold`; a restart lasts until the command returns. Returns when a fault aimed at
+/// an operation began (`None`: it missed, or the fault was not aimed).
+async fn inflict(
+    kind: FaultKind,
+    action: Action,
+    hold: Duration,
+    ttl: Duration,
+) -> Result<Option<crate::Nanos>, RunError> {
     match (kind, action) {
         (FaultKind::Pause, Action::Signal(pid)) => {
             let _ = kill(pid, Signal::SIGSTOP);
@@ -504,6 +595,18 @@ async fn inflict(kind: FaultKind, action: Action, hold: Duration) -> Result<(), 
             tokio::time::sleep(hold).await;
             switches.iter().for_each(|s| s.partition(false));
         }
+        (FaultKind::Ambiguous, Action::Aim(op, aimer, switches)) => {
+            // Within 1.5 ttls (the fault then lasts 3 at most, as the others): a holder gets
+            // to its renewals and release within a critical section, a waiter to its next
+            // acquire after its release.
+            let cut = || switches.iter().for_each(|s| s.lose_replies(true));
+            let Some(start) = aimer.aim(op, ttl.mul_f64(1.5), cut).await else {
+                return Ok(None);
+            };
+            tokio::time::sleep(hold).await;
+            switches.iter().for_each(|s| s.lose_replies(false));
+            return Ok(Some(start));
+        }
         (FaultKind::Ambiguous, Action::Cut(switches)) => {
             switches.iter().for_each(|s| s.lose_replies(true));
             tokio::time::sleep(hold).await;
@@ -522,7 +625,7 @@ async fn inflict(kind: FaultKind, action: Action, hold: Duration) -> Result<(), 
         }
         _ => {}
     }
-    Ok(())
+    Ok(None)
 }
 
 /// The acquisition after healing, by a fresh client, of the run's kind: the whole lock for a
@@ -641,7 +744,7 @@ async fn start(fleet: &Fleet<'_>, id: u32) -> Result<Running, RunError> {
     };
     let mut child = spawner
         .command(&params, &url, register)
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
@@ -654,12 +757,20 @@ async fn start(fleet: &Fleet<'_>, id: u32) -> Result<Running, RunError> {
         .ok_or_else(|| RunError::Config("a worker exited at once".into()))?;
     let stdout = child.stdout.take().map(BufReader::new);
     let recorder = recorder.clone();
+    let (aimed, aimed_rx) = tokio::sync::watch::channel(0u64);
+    let aimer = Aimer {
+        stdin: Arc::new(tokio::sync::Mutex::new(child.stdin.take())),
+        aimed: aimed_rx,
+    };
     let stdout = tokio::spawn(async move {
         let Some(mut lines) = stdout.map(AsyncBufReadExt::lines) else {
             return;
         };
         while let Ok(Some(line)) = lines.next_line().await {
             if let Ok(event) = serde_json::from_str::<Event>(&line) {
+                if matches!(event, Event::Aimed { .. }) {
+                    aimed.send_modify(|n| *n += 1);
+                }
                 recorder.event(id, event);
             }
         }
@@ -690,6 +801,7 @@ async fn start(fleet: &Fleet<'_>, id: u32) -> Result<Running, RunError> {
         child,
         pid,
         proxies,
+        aimer,
         stderr,
         stdout,
     })

@@ -117,6 +117,14 @@ pub enum Event {
         /// at all).
         remaining_ms: Option<u64>,
     },
+    /// The worker is about to send `op`, the operation an ambiguous-reply fault aims at,
+    /// and waits until the checking process has cut its replies (see [`Aim`]).
+    Aimed {
+        /// The operation.
+        op: Op,
+        /// When.
+        t: Nanos,
+    },
     /// The worker's election observer reported a leader.
     Observed {
         /// When.
@@ -147,6 +155,129 @@ impl Register for FencedRegister {
 pub trait Sink: Send + Sync {
     /// Records one event of worker `worker`.
     fn event(&self, worker: u32, event: Event);
+}
+
+/// An operation of a holder's life, as an ambiguous-reply fault aims at it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Op {
+    /// The next `acquire` call (a holder's: the one after its release).
+    Acquire,
+    /// The renewals of the lock held (aimed at before the next step of a critical section
+    /// with at least ttl/2 left: the reply to at least one renewal is lost).
+    Renew,
+    /// The next `release` call.
+    Release,
+}
+
+impl Op {
+    /// Every operation, in a fixed order.
+    pub const ALL: [Self; 3] = [Self::Acquire, Self::Renew, Self::Release];
+
+    /// Its name on a worker's stdin and in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Acquire => "acquire",
+            Self::Renew => "renew",
+            Self::Release => "release",
+        }
+    }
+}
+
+/// How the checking process aims an ambiguous-reply fault at one operation of a worker: it
+/// arms the worker for an [`Op`]; the worker, when it gets there, reports
+/// [`Event::Aimed`] and waits (at most [`AIM_WAIT`]) until told to go on; the checker cuts the
+/// worker's replies in between. So the request of exactly that operation reaches the server
+/// and its reply is lost.
+#[async_trait]
+pub trait Aim: Send + Sync {
+    /// Whether the worker is armed for `op`; disarms it.
+    fn take(&self, op: Op) -> bool;
+
+    /// Waits until the checker says go (at most [`AIM_WAIT`]).
+    async fn go(&self);
+}
+
+/// How long an aimed worker waits for the checker before it goes on regardless.
+pub const AIM_WAIT: Duration = Duration::from_secs(2);
+
+/// Never aimed at: in-process workers, which have no proxy to cut.
+#[derive(Debug, Default)]
+pub struct NoAim;
+
+#[async_trait]
+impl Aim for NoAim {
+    fn take(&self, _op: Op) -> bool {
+        false
+    }
+
+    async fn go(&self) {}
+}
+
+/// The [`Aim`] of a worker process: lines on its stdin, `aim OP` (`acquire`, `renew`,
+/// `release`; `aim none` disarms) and `go`. A closed stdin arms nothing.
+#[derive(Debug)]
+pub struct StdinAim {
+    armed: std::sync::Mutex<Option<Op>>,
+    go: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<()>>,
+}
+
+impl StdinAim {
+    /// Starts reading the process's stdin.
+    pub fn start() -> std::sync::Arc<Self> {
+        use tokio::io::AsyncBufReadExt as _;
+        let (go_tx, go_rx) = tokio::sync::mpsc::unbounded_channel();
+        let aim = std::sync::Arc::new(Self {
+            armed: std::sync::Mutex::new(None),
+            go: tokio::sync::Mutex::new(go_rx),
+        });
+        let armed = std::sync::Arc::downgrade(&aim);
+        tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let Some(aim) = armed.upgrade() else { return };
+                match line.trim() {
+                    "go" => {
+                        let _ = go_tx.send(());
+                    }
+                    command => {
+                        let op = command
+                            .strip_prefix("aim ")
+                            .and_then(|op| Op::ALL.into_iter().find(|o| o.as_str() == op));
+                        *unpoisoned(&aim.armed) = op;
+                    }
+                }
+            }
+        });
+        aim
+    }
+}
+
+#[async_trait]
+impl Aim for StdinAim {
+    fn take(&self, op: Op) -> bool {
+        let mut armed = unpoisoned(&self.armed);
+        if *armed == Some(op) {
+            *armed = None;
+            return true;
+        }
+        false
+    }
+
+    async fn go(&self) {
+        let mut go = self.go.lock().await;
+        // A `go` left over from an aim that timed out belongs to no one.
+        while go.try_recv().is_ok() {}
+        let _ = tokio::time::timeout(AIM_WAIT, go.recv()).await;
+    }
+}
+
+/// If `aim` is armed for `op`: reports it and waits for the checker.
+async fn aimed(aim: &dyn Aim, sink: &dyn Sink, id: u32, op: Op) {
+    if aim.take(op) {
+        sink.event(id, Event::Aimed { op, t: now() });
+        aim.go().await;
+    }
 }
 
 /// What a worker holds: one guard, or a multi-lock's.
@@ -270,13 +401,14 @@ pub async fn work(
     params: &WorkerParams,
     register: &dyn Register,
     sink: &dyn Sink,
+    aim: &dyn Aim,
     stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let observer = observe(lock, params, sink, stop.clone());
     let (released, audits) = tokio::sync::mpsc::unbounded_channel();
     let auditor = audit(lock, params, sink, audits);
     let (worked, (), ()) = tokio::join!(
-        hold(lock, params, register, sink, stop, released),
+        hold(lock, params, register, sink, aim, stop, released),
         observer,
         auditor
     );
@@ -357,6 +489,7 @@ async fn hold(
     params: &WorkerParams,
     register: &dyn Register,
     sink: &dyn Sink,
+    aim: &dyn Aim,
     mut stop: watch::Receiver<bool>,
     released: tokio::sync::mpsc::UnboundedSender<Released>,
 ) -> std::io::Result<()> {
@@ -387,6 +520,7 @@ async fn hold(
                 },
             },
         );
+        aimed(aim, sink, id, Op::Acquire).await;
         let acquired = tokio::select! {
             acquired = acquire(lock, params, &options, mode, &locks) => acquired,
             _ = stop.wait_for(|stop| *stop) => break,
@@ -427,6 +561,11 @@ async fn hold(
         );
         let acq = AcqId { worker: id, seq };
         'steps: for step in 0..params.steps {
+            // While at least half a ttl of the section is left: a renewal (every ttl/3) is
+            // sent into the fault before the release.
+            if params.step_gap * (params.steps - step) >= params.ttl / 2 {
+                aimed(aim, sink, id, Op::Renew).await;
+            }
             let passed = careless || (!held.is_lost() && Instant::now() < held.valid_until());
             sink.event(
                 id,
@@ -461,6 +600,7 @@ async fn hold(
                 }
             }
         }
+        aimed(aim, sink, id, Op::Release).await;
         sink.event(id, Event::Release { seq, t: now() });
         let owners = held.owners(params);
         if held.release().await {
@@ -498,6 +638,11 @@ impl Recorder {
             .iter()
             .max_by_key(|(_, since)| **since)
             .map(|(worker, _)| *worker)
+    }
+
+    /// Since when `worker` holds a guard (`None`: it does not).
+    pub fn holds(&self, worker: u32) -> Option<Nanos> {
+        unpoisoned(&self.state).holding.get(&worker).copied()
     }
 
     /// The history so far: acquisitions and checks (writes, faults, workers and the final
@@ -586,6 +731,8 @@ impl Sink for Recorder {
                 lock,
                 remaining_ms,
             }),
+            // The fault it belongs to records it.
+            Event::Aimed { .. } => {}
             Event::Observed { t, term } => state.history.observations.push(Observation {
                 worker,
                 at: t,

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_check::{
-    CheckConfig, CheckKind, FencedRegister, FinalAcquire, History, Judgement, Recorder, Rule,
-    Sabotage, Verdict, Worker, WorkerEnd, WorkerParams, check, history::now, work,
+    CheckConfig, CheckKind, FencedRegister, FinalAcquire, History, Judgement, NoAim, Recorder,
+    Rule, Sabotage, Verdict, Worker, WorkerEnd, WorkerParams, check, history::now, work,
 };
 use distlock_core::backend::{AcquireRequest, Acquired, Attempt, Lease, LockBackend, Step};
 use distlock_core::memory::MemoryStore;
@@ -57,9 +57,9 @@ async fn run_with(
                 id,
                 ..params.clone()
             };
-            tokio::spawn(
-                async move { work(&*lock, &params, &*register, &*recorder, stopped).await },
-            )
+            tokio::spawn(async move {
+                work(&*lock, &params, &*register, &*recorder, &NoAim, stopped).await
+            })
         })
         .collect();
     tokio::time::sleep(duration).await;
