@@ -1509,21 +1509,21 @@ failover() {
   start_servers "$old"
 }
 
-# The port of the Redis Cluster master that holds a live lease (a distlock key ending within
-# 10 s: a lock held now, not a fencing counter kept for forget_after), else of the first
-# master: the failover of `distlock check` then hits the lock it checks.
+# The port of the Redis Cluster master that holds a live lease (a lock key, `distlock:{..}:l:`,
+# with a ttl: a lock held now), else of the first master: the failover of `distlock check`
+# then hits the lock it checks.
 cluster_lease_master() {
   local port key pttl first=""
   for port in "${REDIS_CLUSTER_PORTS[@]}"; do
     [[ $(info_field "$(redis_at "$port" info replication)" role) == master ]] || continue
     first=${first:-$port}
     while read -r key; do
-      pttl=$(redis_at "$port" pttl "$key")
-      if [[ $pttl =~ ^[0-9]+$ ]] && ((pttl < 10000)); then
+      pttl=$(redis_at "$port" pttl "$key" </dev/null)
+      if [[ $pttl =~ ^[0-9]+$ ]]; then
         printf '%s\n' "$port"
         return
       fi
-    done < <(redis_at "$port" --scan --pattern 'distlock:*' --count 1000 | head -n 500)
+    done < <(redis_at "$port" --scan --pattern 'distlock:{*}:l:*' | head -n 100)
   done
   [[ -z $first ]] || printf '%s\n' "$first"
 }
