@@ -762,19 +762,12 @@ async fn start(fleet: &Fleet<'_>, id: u32) -> Result<Running, RunError> {
         stdin: Arc::new(tokio::sync::Mutex::new(child.stdin.take())),
         aimed: aimed_rx,
     };
-    let stdout = tokio::spawn(async move {
-        let Some(mut lines) = stdout.map(AsyncBufReadExt::lines) else {
-            return;
-        };
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Ok(event) = serde_json::from_str::<Event>(&line) {
-                if matches!(event, Event::Aimed { .. }) {
-                    aimed.send_modify(|n| *n += 1);
-                }
-                recorder.event(id, event);
-            }
+    let stdout = tokio::spawn(read_events(stdout, move |event| {
+        if matches!(event, Event::Aimed { .. }) {
+            aimed.send_modify(|n| *n += 1);
         }
-    });
+        recorder.event(id, event);
+    }));
     let stderr = child.stderr.take();
     let stderr = tokio::spawn(async move {
         // Keep the tail: the reason a worker failed is at the end.
@@ -807,6 +800,21 @@ async fn start(fleet: &Fleet<'_>, id: u32) -> Result<Running, RunError> {
     })
 }
 
+/// Hands each event a worker prints (a JSON line) to `event`, until its stdout closes.
+async fn read_events(
+    stdout: Option<BufReader<tokio::process::ChildStdout>>,
+    mut event: impl FnMut(Event),
+) {
+    let Some(mut lines) = stdout.map(AsyncBufReadExt::lines) else {
+        return;
+    };
+    while let Ok(Some(line)) = lines.next_line().await {
+        if let Ok(parsed) = serde_json::from_str::<Event>(&line) {
+            event(parsed);
+        }
+    }
+}
+
 async fn restart(cmd: &str) -> Result<(), RunError> {
     let output = tokio::time::timeout(
         Duration::from_secs(120),
@@ -833,6 +841,82 @@ async fn restart(cmd: &str) -> Result<(), RunError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A worker's side of the aiming protocol, in sh: what it reads on stdin, and an aimed
+    /// event when armed for `release`. Exits 0 when it read `expected`.
+    async fn fake_worker(expected: &str, arrives: bool) -> (Child, Aimer, Arc<AtomicBool>) {
+        let script = format!(
+            "read aim; {} read next; [ \"$aim/$next\" = '{expected}' ]",
+            if arrives {
+                r#"echo '{"e":"aimed","op":"release","t":1}';"#
+            } else {
+                ""
+            }
+        );
+        let mut child = Command::new("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("sh starts");
+        let (aimed, aimed_rx) = tokio::sync::watch::channel(0u64);
+        let stdout = child.stdout.take().map(BufReader::new);
+        tokio::spawn(read_events(stdout, move |event| {
+            if matches!(
+                event,
+                Event::Aimed {
+                    op: Op::Release,
+                    ..
+                }
+            ) {
+                aimed.send_modify(|n| *n += 1);
+            }
+        }));
+        let aimer = Aimer {
+            stdin: Arc::new(tokio::sync::Mutex::new(child.stdin.take())),
+            aimed: aimed_rx,
+        };
+        (child, aimer, Arc::new(AtomicBool::new(false)))
+    }
+
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    #[tokio::test]
+    async fn an_aimed_worker_is_cut_when_it_arrives_then_let_go() {
+        let (mut child, aimer, cut) = fake_worker("aim release/go", true).await;
+        let flag = cut.clone();
+        let start = aimer
+            .aim(Op::Release, Duration::from_secs(10), move || {
+                flag.store(true, Ordering::SeqCst);
+            })
+            .await;
+        assert!(start.is_some(), "the worker arrived");
+        assert!(cut.load(Ordering::SeqCst), "cut before it went on");
+        let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .expect("the worker was answered")
+            .expect("sh ends");
+        assert!(status.success(), "the worker read aim release, then go");
+    }
+
+    #[tokio::test]
+    async fn an_aim_the_worker_does_not_reach_is_withdrawn_uncut() {
+        let (mut child, aimer, cut) = fake_worker("aim release/aim none", false).await;
+        let flag = cut.clone();
+        let start = aimer
+            .aim(Op::Release, Duration::from_millis(300), move || {
+                flag.store(true, Ordering::SeqCst);
+            })
+            .await;
+        assert!(start.is_none());
+        assert!(!cut.load(Ordering::SeqCst));
+        let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .expect("the worker was answered")
+            .expect("sh ends");
+        assert!(status.success(), "the worker was disarmed");
+    }
 
     #[test]
     fn hosts_are_replaced_and_everything_else_kept() {
