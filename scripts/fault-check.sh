@@ -8,8 +8,8 @@
 # Usage: scripts/fault-check.sh [CONFIG...]    (default: every configuration)
 #   CONFIG: sqlite postgres postgres_tls mysql mysql_tls redis redis_fair redis_tls redlock3
 #           redlock5 redis_sentinel redis_cluster etcd etcd_cluster etcd_tls zk zk_auth zk_tls
-#           zk_ensemble redis_clock postgres_clock zk_clock pgbouncer_session
-#           mysql_wait_timeout
+#           zk_ensemble redis_clock postgres_clock zk_clock mysql_clock redlock_clock
+#           pgbouncer_session mysql_wait_timeout
 #   The *_clock configurations step the wall clock of a server run under libfaketime (the
 #   clock fault, `--clock-file`), forward and back by 1.5-3 ttls.
 #
@@ -54,7 +54,8 @@ for var in DISTLOCK_TEST_POSTGRES_URL DISTLOCK_TEST_MYSQL_URL DISTLOCK_TEST_POST
   DISTLOCK_TEST_REDIS_SENTINEL_URL DISTLOCK_TEST_REDIS_CLUSTER_URL \
   DISTLOCK_TEST_REDIS_CLOCK_FILE DISTLOCK_TEST_POSTGRES_CLOCK_URL DISTLOCK_TEST_POSTGRES_CLOCK_FILE \
   DISTLOCK_TEST_ZK_CLOCK_URL DISTLOCK_TEST_ZK_CLOCK_FILE DISTLOCK_TEST_REDIS_CLOCK_URL \
-  DISTLOCK_TEST_PGBOUNCER_SESSION_URL DISTLOCK_TEST_MYSQL_WAIT_TIMEOUT_URL; do
+  DISTLOCK_TEST_PGBOUNCER_SESSION_URL DISTLOCK_TEST_MYSQL_WAIT_TIMEOUT_URL \
+  DISTLOCK_TEST_MYSQL_CLOCK_URL DISTLOCK_TEST_MYSQL_CLOCK_FILE; do
   if [[ -z ${!var:-} ]]; then
     echo "fault-check.sh: $var is not set: start the servers (scripts/services.sh start) and" \
       "eval their export lines first" >&2
@@ -112,10 +113,15 @@ declare -A RUNS=(
   [pgbouncer_session]="postgres|$DISTLOCK_TEST_PGBOUNCER_SESSION_URL|1s|$DURATION|$ALL_FAULTS|restart-one pgbouncer-session"
   [mysql_wait_timeout]="mariadb-wait-timeout|$DISTLOCK_TEST_MYSQL_WAIT_TIMEOUT_URL|1s|$DURATION|$ALL_FAULTS|restart-one mariadb-wait-timeout"
   [zk_clock]="zookeeper-clock|$DISTLOCK_TEST_ZK_CLOCK_URL|1s|$DURATION|$CLOCK_FAULTS||$DISTLOCK_TEST_ZK_CLOCK_FILE"
+  [mysql_clock]="mariadb-clock|$DISTLOCK_TEST_MYSQL_CLOCK_URL|1s|$DURATION|$CLOCK_FAULTS||$DISTLOCK_TEST_MYSQL_CLOCK_FILE"
+  # Redlock with one master of three on the stepping clock (the two others are never
+  # restarted by any configuration): a step costs that master's vote alone.
+  [redlock_clock]="redis-clock|redlock://$R:16420,$R:16381,$R:16383|1s|$DURATION|$CLOCK_FAULTS||$DISTLOCK_TEST_REDIS_CLOCK_FILE"
 )
 ORDER=(sqlite postgres postgres_tls mysql mysql_tls redis redis_fair redis_tls redlock3 redlock5
   redis_sentinel redis_cluster etcd etcd_cluster etcd_tls zk zk_auth zk_tls zk_ensemble
-  redis_clock postgres_clock zk_clock pgbouncer_session mysql_wait_timeout)
+  redis_clock postgres_clock zk_clock mysql_clock redlock_clock pgbouncer_session
+  mysql_wait_timeout)
 if (($#)); then
   ORDER=("$@")
 fi

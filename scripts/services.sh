@@ -90,6 +90,9 @@
 #                                its base directory (DISTLOCK_TEST_POSTGRES_CLOCK_FILE)
 #   zookeeper-clock              standalone ZooKeeper 12184 under libfaketime the same way (as
 #                                `zookeeper` otherwise), its offset in clock/zookeeper-clock.rc
+#   mariadb-clock                MariaDB on 13308 under libfaketime the same way (database
+#                                distlock, root without password, no TLS), its offset in
+#                                clock/mariadb-clock.rc
 # The TLS users' password (also etcd-tls's root password) and the certificates (a CA, the
 # server's, a client's, and a second CA that signed nothing) are made at start-up in conf/tls
 # (openssl), never committed.
@@ -167,6 +170,7 @@ MARIADB_PORT=13306
 REDIS_CLOCK_PORT=16420
 PG_CLOCK_PORT=15433
 ZK_CLOCK_PORT=12184
+MARIADB_CLOCK_PORT=13308
 
 ALL_SERVERS=(
   redis-16379 redis-16380 redis-16381 redis-16382 redis-16383
@@ -178,7 +182,7 @@ ALL_SERVERS=(
   etcd etcd-tls etcd-cluster-1 etcd-cluster-2 etcd-cluster-3
   zookeeper zookeeper-auth zk-ensemble-1 zk-ensemble-2 zk-ensemble-3 postgres mariadb
   pgbouncer-session pgbouncer-tx mariadb-wait-timeout
-  "redis-clock-$REDIS_CLOCK_PORT" postgres-clock zookeeper-clock
+  "redis-clock-$REDIS_CLOCK_PORT" postgres-clock zookeeper-clock mariadb-clock
 )
 
 log() { printf 'services: %s\n' "$*" >&2; }
@@ -228,6 +232,7 @@ server_port() {
     pgbouncer-session) printf '%s\n' "$PGBOUNCER_SESSION_PORT" ;;
     pgbouncer-tx) printf '%s\n' "$PGBOUNCER_TX_PORT" ;;
     mariadb-wait-timeout) printf '%s\n' "$MARIADB_WAIT_TIMEOUT_PORT" ;;
+    mariadb-clock) printf '%s\n' "$MARIADB_CLOCK_PORT" ;;
   esac
 }
 
@@ -254,7 +259,7 @@ server_comm() {
     etcd | etcd-tls | etcd-cluster-*) printf 'etcd\n' ;;
     zookeeper | zookeeper-auth | zookeeper-clock | zk-ensemble-*) printf 'java\n' ;;
     postgres | postgres-clock) printf 'postgres\n' ;;
-    mariadb | mariadb-wait-timeout) printf 'mariadbd\n' ;;
+    mariadb | mariadb-wait-timeout | mariadb-clock) printf 'mariadbd\n' ;;
     pgbouncer-*) printf 'pgbouncer\n' ;;
   esac
 }
@@ -826,9 +831,18 @@ launch() {
         --collation-server=utf8mb4_unicode_ci --ssl-ca="$(tls_dir)/ca.pem" \
         --ssl-cert="$(tls_dir)/server.pem" --ssl-key="$(tls_dir)/server.key"
       ;;
-    mariadb-wait-timeout)
-      # As mariadb without TLS, closing every connection idle for 2 s.
-      local sock="$dir/mysqld.sock" user=()
+    mariadb-wait-timeout | mariadb-clock)
+      # As mariadb without TLS: closing every connection idle for 2 s, or on a wall clock
+      # that steps.
+      local sock="$dir/mysqld.sock" user=() port=$MARIADB_WAIT_TIMEOUT_PORT extra=(--wait-timeout=2)
+      if [[ $name == mariadb-clock ]]; then
+        local envs
+        local -a clock
+        envs=$(clock_env "$name")
+        mapfile -t clock <<<"$envs"
+        port=$MARIADB_CLOCK_PORT
+        extra=()
+      fi
       ((${#sock} <= 100)) || sock="/tmp/distlock-$name-$(state_hash).sock"
       ((EUID == 0)) && user=(--user=root)
       if [[ ! -f $dir/.distlock-initialized ]]; then
@@ -839,10 +853,10 @@ launch() {
           die "$name: mariadb-install-db failed, see $(log_file "$name")"
         touch "$dir/.distlock-initialized"
       fi
-      spawn "$name" mariadbd --no-defaults "${user[@]}" --datadir="$dir" \
-        --port="$MARIADB_WAIT_TIMEOUT_PORT" --bind-address="$HOST" --socket="$sock" \
+      spawn "$name" ${clock[@]+env "${clock[@]}"} mariadbd --no-defaults "${user[@]}" \
+        --datadir="$dir" --port="$port" --bind-address="$HOST" --socket="$sock" \
         --pid-file="$STATE/run/$name-mariadbd.pid" --skip-name-resolve --max-connections=300 \
-        --character-set-server=utf8mb4 --collation-server=utf8mb4_unicode_ci --wait-timeout=2
+        --character-set-server=utf8mb4 --collation-server=utf8mb4_unicode_ci "${extra[@]}"
       ;;
     pgbouncer-*)
       # It refuses to run as root: as root, it reads its (root-only) files, then becomes the
@@ -892,7 +906,8 @@ mariadb_sql() {
     -e "$1" ${2:+"$2"}
 }
 
-# mariadb_wait_timeout_sql SQL [OPTIONS...]: the same against mariadb-wait-timeout.
+# mariadb_wait_timeout_sql SQL [OPTIONS...]: the same against mariadb-wait-timeout (or, with
+# MARIADB_WAIT_TIMEOUT_PORT set to its port, mariadb-clock).
 mariadb_wait_timeout_sql() {
   local sql=$1
   shift
@@ -950,6 +965,7 @@ probe() {
     postgres-clock) "$PG_BIN/pg_isready" -q -h "$HOST" -p "$PG_CLOCK_PORT" -t 2 ;;
     mariadb) mariadb_sql 'select 1' >/dev/null 2>&1 ;;
     mariadb-wait-timeout) mariadb_wait_timeout_sql 'select 1' >/dev/null 2>&1 ;;
+    mariadb-clock) MARIADB_WAIT_TIMEOUT_PORT=$MARIADB_CLOCK_PORT mariadb_wait_timeout_sql 'select 1' >/dev/null 2>&1 ;;
     # Through to PostgreSQL: a query that PgBouncer passes on.
     pgbouncer-*)
       [[ $(PGCONNECT_TIMEOUT=2 timeout 5 "$PG_BIN/psql" -X -q -h "$HOST" -p "$(server_port "$1")" \
@@ -1006,6 +1022,10 @@ post_ready() {
     mariadb-wait-timeout)
       mariadb_wait_timeout_sql 'CREATE DATABASE IF NOT EXISTS distlock' >&2 &&
         [[ $(mariadb_wait_timeout_sql 'SELECT @@global.wait_timeout' -N distlock) == 2 ]]
+      ;;
+    mariadb-clock)
+      MARIADB_WAIT_TIMEOUT_PORT=$MARIADB_CLOCK_PORT \
+        mariadb_wait_timeout_sql 'CREATE DATABASE IF NOT EXISTS distlock' >&2 && clock_loaded "$1"
       ;;
   esac
 }
@@ -1623,6 +1643,9 @@ print_env() {
   printf 'export DISTLOCK_TEST_POSTGRES_CLOCK_FILE=%q\n' "$(clock_file postgres-clock)"
   printf 'export DISTLOCK_TEST_ZK_CLOCK_URL=zk://%s:%s\n' "$HOST" "$ZK_CLOCK_PORT"
   printf 'export DISTLOCK_TEST_ZK_CLOCK_FILE=%q\n' "$(clock_file zookeeper-clock)"
+  printf 'export DISTLOCK_TEST_MYSQL_CLOCK_URL=mysql://root@%s:%s/distlock?ssl-mode=disabled\n' \
+    "$HOST" "$MARIADB_CLOCK_PORT"
+  printf 'export DISTLOCK_TEST_MYSQL_CLOCK_FILE=%q\n' "$(clock_file mariadb-clock)"
   printf 'export DISTLOCK_TEST_TLS_DIR=%q\n' "$(tls_dir)"
   printf 'export DISTLOCK_SERVICES_DIR=%q\n' "$STATE"
 }

@@ -1,9 +1,14 @@
 //! `distlock check --faults clock` against the servers scripts/services.sh runs under
-//! libfaketime (Redis, PostgreSQL, ZooKeeper): their wall clock steps forward or back by
+//! libfaketime (Redis, PostgreSQL, ZooKeeper, MariaDB): their wall clock steps forward or back by
 //! 1.5-3 ttls and is set right, the overlaps a forward step causes are judged expected (their
 //! leases end on that clock), and no token rule breaks. (Without a clock file, see check.rs.)
 
-#![cfg(any(feature = "redis", feature = "postgres", feature = "zookeeper"))]
+#![cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "zookeeper",
+    feature = "mysql"
+))]
 
 #[allow(dead_code, reason = "each test file uses a part of the harness")]
 mod common;
@@ -105,6 +110,16 @@ fn postgres_keeps_its_tokens_through_clock_steps() {
         "postgres",
         "DISTLOCK_TEST_POSTGRES_CLOCK_URL",
         "DISTLOCK_TEST_POSTGRES_CLOCK_FILE",
+    );
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_keeps_its_tokens_through_clock_steps() {
+    on_clock_server(
+        "mysql",
+        "DISTLOCK_TEST_MYSQL_CLOCK_URL",
+        "DISTLOCK_TEST_MYSQL_CLOCK_FILE",
     );
 }
 
