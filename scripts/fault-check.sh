@@ -9,9 +9,11 @@
 #   CONFIG: sqlite postgres postgres_tls mysql mysql_tls redis redis_fair redis_tls redlock3
 #           redlock5 redis_sentinel redis_cluster etcd etcd_cluster etcd_tls zk zk_auth zk_tls
 #           zk_ensemble redis_clock postgres_clock zk_clock mysql_clock redlock_clock
-#           pgbouncer_session mysql_wait_timeout
+#           sqlite_clock pgbouncer_session mysql_wait_timeout
 #   The *_clock configurations step the wall clock of a server run under libfaketime (the
-#   clock fault, `--clock-file`), forward and back by 1.5-3 ttls.
+#   clock fault, `--clock-file`), forward and back by 1.5-3 ttls; sqlite_clock, whose leases
+#   end on the clock of the processes that share the file, runs distlock itself (checker
+#   and workers) under libfaketime: the host's clock stepping.
 #
 # Needs the servers of scripts/services.sh (their export lines in the environment, as
 # scripts/test.sh sets them) and builds the distlock command with every backend. Writes, per
@@ -117,10 +119,11 @@ declare -A RUNS=(
   # Redlock with one master of three on the stepping clock (the two others are never
   # restarted by any configuration): a step costs that master's vote alone.
   [redlock_clock]="redis-clock|redlock://$R:16420,$R:16381,$R:16383|1s|$DURATION|$CLOCK_FAULTS||$DISTLOCK_TEST_REDIS_CLOCK_FILE"
+  [sqlite_clock]="sqlite-clock|sqlite://$OUT/check-clock.db|1s|$DURATION|$CLOCK_FAULTS||$OUT/sqlite-clock.rc"
 )
 ORDER=(sqlite postgres postgres_tls mysql mysql_tls redis redis_fair redis_tls redlock3 redlock5
   redis_sentinel redis_cluster etcd etcd_cluster etcd_tls zk zk_auth zk_tls zk_ensemble
-  redis_clock postgres_clock zk_clock mysql_clock redlock_clock pgbouncer_session
+  redis_clock postgres_clock zk_clock mysql_clock redlock_clock sqlite_clock pgbouncer_session
   mysql_wait_timeout)
 if (($#)); then
   ORDER=("$@")
@@ -135,7 +138,7 @@ done
 # One run: the check's output to CONFIG.log, its exit status to CONFIG.status, its table row
 # (from the JSON report) to CONFIG.row.
 run_one() {
-  local config=$1 group url ttl duration faults server clock after dep status=0 args
+  local config=$1 group url ttl duration faults server clock after dep status=0 args run=()
   IFS='|' read -r group url ttl duration faults server clock after <<<"${RUNS[$config]}"
   for dep in $after; do
     if [[ " ${ORDER[*]} " == *" $dep "* ]]; then
@@ -154,7 +157,14 @@ run_one() {
   if [[ -n $clock ]]; then
     args+=(--clock-file "$clock")
   fi
-  "$DISTLOCK" "${args[@]}" >"$OUT/$config.log" 2>&1 || status=$?
+  if [[ $config == sqlite_clock ]]; then
+    # SQLite's "server" clock is the processes' own: run them all on the clock file's.
+    printf '+0\n' >"$clock"
+    run=(env "LD_PRELOAD=$(ls /usr/lib/*/faketime/libfaketimeMT.so.1 | head -n 1)"
+      "FAKETIME_TIMESTAMP_FILE=$clock" FAKETIME_NO_CACHE=1 FAKETIME_DONT_FAKE_MONOTONIC=1
+      DONT_FAKE_MONOTONIC=1)
+  fi
+  "${run[@]}" "$DISTLOCK" "${args[@]}" >"$OUT/$config.log" 2>&1 || status=$?
   echo "$status" >"$OUT/$config.status"
   echo "==> fault-check.sh: $config exit $status" >&2
   if [[ -s $OUT/$config.json ]]; then

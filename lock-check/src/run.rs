@@ -392,12 +392,12 @@ pub async fn run(
                 fault: Fault {
                     kind,
                     worker: target,
-                    start: inflicted.unwrap_or(begun),
-                    healed: now(),
+                    start: inflicted.start.unwrap_or(begun),
+                    healed: inflicted.healed.unwrap_or_else(now),
                     step_ms,
                     aimed,
                 },
-                missed: aimed.is_some() && inflicted.is_none(),
+                missed: aimed.is_some() && inflicted.start.is_none(),
             })
         });
         if !config.overlap
@@ -563,15 +563,24 @@ pub fn set_clock(file: &Path, offset_ms: i64) -> Result<(), RunError> {
     std::fs::rename(&tmp, file).map_err(io(what()))
 }
 
+/// When a fault began and healed, where the time it returns is not the one to record.
+#[derive(Default)]
+struct Inflicted {
+    /// A fault aimed at an operation: when the cut began (`None`: it missed).
+    start: Option<crate::Nanos>,
+    /// A clock fault: just before the clock was set right (a step forward, when it had been
+    /// stepped back; the server can read the new clock before the file's write returns).
+    healed: Option<crate::Nanos>,
+}
+
 /// Injects one fault and heals it: the pause, throttle, partition, lost replies or clock
-/// step last `hold`; a restart lasts until the command returns. Returns when a fault aimed at
-/// an operation began (`None`: it missed, or the fault was not aimed).
+/// step last `hold`; a restart lasts until the command returns.
 async fn inflict(
     kind: FaultKind,
     action: Action,
     hold: Duration,
     ttl: Duration,
-) -> Result<Option<crate::Nanos>, RunError> {
+) -> Result<Inflicted, RunError> {
     match (kind, action) {
         (FaultKind::Pause, Action::Signal(pid)) => {
             let _ = kill(pid, Signal::SIGSTOP);
@@ -601,11 +610,14 @@ async fn inflict(
             // acquire after its release.
             let cut = || switches.iter().for_each(|s| s.lose_replies(true));
             let Some(start) = aimer.aim(op, ttl.mul_f64(1.5), cut).await else {
-                return Ok(None);
+                return Ok(Inflicted::default());
             };
             tokio::time::sleep(hold).await;
             switches.iter().for_each(|s| s.lose_replies(false));
-            return Ok(Some(start));
+            return Ok(Inflicted {
+                start: Some(start),
+                healed: None,
+            });
         }
         (FaultKind::Ambiguous, Action::Cut(switches)) => {
             switches.iter().for_each(|s| s.lose_replies(true));
@@ -621,11 +633,16 @@ async fn inflict(
         (FaultKind::Clock, Action::Clock(file, step)) => {
             set_clock(&file, step)?;
             tokio::time::sleep(hold).await;
+            let healed = now();
             set_clock(&file, 0)?;
+            return Ok(Inflicted {
+                start: None,
+                healed: Some(healed),
+            });
         }
         _ => {}
     }
-    Ok(None)
+    Ok(Inflicted::default())
 }
 
 /// The acquisition after healing, by a fresh client, of the run's kind: the whole lock for a
@@ -916,6 +933,27 @@ mod tests {
             .expect("the worker was answered")
             .expect("sh ends");
         assert!(status.success(), "the worker was disarmed");
+    }
+
+    /// A clock set right is a forward step when it had been stepped back: the fault's healing
+    /// is recorded before the file is written (a server reads the new clock at once), so the
+    /// window of expected overlaps after a forward step cannot begin after the step.
+    #[tokio::test]
+    async fn a_clock_fault_heals_at_the_time_before_the_clock_is_set_right() {
+        let dir = std::env::temp_dir().join(format!("distlock-check-heal-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        let file = dir.join("clock.rc");
+        let action = Action::Clock(file.clone(), -1_500);
+        let hold = Duration::from_millis(20);
+        let before = now();
+        let inflicted = inflict(FaultKind::Clock, action, hold, Duration::from_secs(1))
+            .await
+            .expect("stepped and set right");
+        let after = now();
+        let healed = inflicted.healed.expect("the time it was set right");
+        assert!(before + crate::history::nanos_of(hold) <= healed && healed <= after);
+        assert_eq!(std::fs::read_to_string(&file).expect("read"), "+0.000\n");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
