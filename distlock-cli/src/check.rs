@@ -342,7 +342,9 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
                 fifo: caps.fifo,
                 settle: 2 * ttl_ns,
                 max_gap: 2 * ttl_ns + 1_000_000_000,
-                renew_every: ttl_ns / 3,
+                renew_every: distlock_check::history::nanos_of(
+                    distlock::Renewal::auto().interval_for(args.ttl),
+                ),
                 wall_clock_leases,
             },
         );

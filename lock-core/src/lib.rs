@@ -136,7 +136,9 @@ pub use kind::LockKind;
 pub use lock::DistributedLock;
 pub use multi::MultiGuard;
 pub use name::LockName;
-pub use options::{AcquireOptions, Backoff, ClientConfig, OwnerId, Renewal};
+pub use options::{
+    AcquireOptions, Backoff, ClientConfig, OwnerId, Renewal, default_renewal_interval,
+};
 pub use token::{FencingGuarantee, FencingToken};
 
 /// The `tracing` target of the one `DEBUG` event a waiting acquire emits when its first poll

@@ -131,7 +131,7 @@ impl AcquireOptions {
     pub fn renewal_interval(&self) -> Option<Duration> {
         self.renewal
             .enabled
-            .then(|| self.renewal.interval.unwrap_or(self.ttl / 3))
+            .then(|| self.renewal.interval_for(self.ttl))
     }
 
     /// Checks the options against themselves and the backend's limits.
@@ -209,7 +209,30 @@ pub struct Renewal {
     pub max_hold: Option<Duration>,
 }
 
+/// The renewal interval when none is set: a third of the ttl, so that a lease survives one
+/// lost or late renewal with a third of it to spare.
+pub fn default_renewal_interval(ttl: Duration) -> Duration {
+    ttl / 3
+}
+
 impl Renewal {
+    /// The interval between renewals of a lease of `ttl`: the one set, else
+    /// [`default_renewal_interval`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use distlock_core::Renewal;
+    ///
+    /// let ttl = Duration::from_secs(9);
+    /// assert_eq!(Renewal::auto().interval_for(ttl), Duration::from_secs(3));
+    /// let every_second = Renewal::auto().every(Duration::from_secs(1));
+    /// assert_eq!(every_second.interval_for(ttl), Duration::from_secs(1));
+    /// ```
+    pub fn interval_for(&self, ttl: Duration) -> Duration {
+        self.interval
+            .unwrap_or_else(|| default_renewal_interval(ttl))
+    }
+
     /// Renew every `ttl / 3` with no cap.
     pub fn auto() -> Self {
         Self {

@@ -461,7 +461,9 @@ impl Watchdog {
     /// refusal already reported the loss).
     fn renewed(&self, held: &Entry, result: &Result<()>) {
         let mut schedule = lock(held.schedule());
-        let interval = schedule.interval.unwrap_or(held.ttl() / 3);
+        let interval = schedule
+            .interval
+            .unwrap_or_else(|| crate::options::default_renewal_interval(held.ttl()));
         match result {
             Ok(()) => {
                 schedule.failing = false;
@@ -539,7 +541,9 @@ fn may_go_early(held: &dyn Watched, now: Instant) -> bool {
     let Some(at) = renew_at(held, &schedule) else {
         return false;
     };
-    let interval = schedule.interval.unwrap_or(held.ttl() / 3);
+    let interval = schedule
+        .interval
+        .unwrap_or_else(|| crate::options::default_renewal_interval(held.ttl()));
     at <= now + interval / 2 && now < held.valid_until()
 }
 

@@ -464,7 +464,10 @@ impl Attempt for EtcdAttempt {
                 }
             }
             // While queued, our key lives on the client's lease: keep it alive.
-            let keepalive_at = self.slot.as_ref().map(|s| s.refreshed() + s.ttl / 3);
+            let keepalive_at = self
+                .slot
+                .as_ref()
+                .map(|s| s.refreshed() + distlock_core::default_renewal_interval(s.ttl));
             let from = self.watch_target.as_ref().map_or(0, |(_, from)| *from);
             tokio::select! {
                 event = next_event(&mut self.watch, from) => match event {

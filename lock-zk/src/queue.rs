@@ -277,7 +277,7 @@ impl NodeClock {
     /// How long until our waiting node's lease needs a refresh (every third of the ttl).
     fn refresh_in(&self, now: Instant) -> Duration {
         self.refreshed.map_or(Duration::ZERO, |at| {
-            (at + self.ttl / 3).saturating_duration_since(now)
+            (at + distlock_core::default_renewal_interval(self.ttl)).saturating_duration_since(now)
         })
     }
 
