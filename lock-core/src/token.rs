@@ -17,6 +17,31 @@ impl FencingToken {
         Self(value)
     }
 
+    /// The token of the number a server answered (etcd's create revision, ZooKeeper's
+    /// `czxid`, a Redis counter, a SQL row version): the one checked conversion every backend
+    /// uses, so a token 0 or below is never handed out.
+    ///
+    /// ```
+    /// use distlock_core::FencingToken;
+    ///
+    /// assert_eq!(FencingToken::from_server(42, "a counter").unwrap().get(), 42);
+    /// assert!(FencingToken::from_server(0, "a counter").is_err());
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Backend`](crate::Error::Backend) naming `what` when `value` is 0 or negative:
+    /// it would sort below every token already handed out, and a resource fenced with it would
+    /// take a late write it must refuse (a missing or corrupt server value, not a lock).
+    pub fn from_server(value: i64, what: &str) -> crate::Result<Self> {
+        match u64::try_from(value) {
+            Ok(token) if token > 0 => Ok(Self(token)),
+            _ => Err(crate::Error::Backend {
+                message: format!("{what} is {value}, not a fencing token (it must be above 0)"),
+                source: None,
+            }),
+        }
+    }
+
     /// The raw value, e.g. to store next to the protected data.
     pub const fn get(self) -> u64 {
         self.0

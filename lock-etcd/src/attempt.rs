@@ -20,8 +20,9 @@ use crate::lease::EtcdLease;
 use crate::session::LeaseSlot;
 use crate::wake::{Blocker, Watch, Woken, next_event, sleep_until};
 
-pub(crate) fn token(revision: i64) -> FencingToken {
-    FencingToken::new(u64::try_from(revision).unwrap_or(0))
+/// The token of a key created at `revision`.
+pub(crate) fn token(revision: i64) -> Result<FencingToken> {
+    FencingToken::from_server(revision, "etcd's create revision")
 }
 
 /// One acquisition: a queue key of the client on its lease, with the owner as its value.
@@ -66,7 +67,7 @@ impl EtcdAttempt {
         slot: Arc<LeaseSlot>,
         rev: i64,
         lease_started: Instant,
-    ) -> Step {
+    ) -> Result<Step> {
         self.park_watch();
         let lease = EtcdLease {
             shared: self.shared.clone(),
@@ -74,7 +75,9 @@ impl EtcdAttempt {
             key: self.key.clone(),
             rev,
         };
-        Step::Acquired(Acquired::new(Box::new(lease), token(rev)).with_lease_started(lease_started))
+        Ok(Step::Acquired(
+            Acquired::new(Box::new(lease), token(rev)?).with_lease_started(lease_started),
+        ))
     }
 
     /// Hands our watch, if any, to the client's idle watches for the next wait on its key.
@@ -157,7 +160,7 @@ impl EtcdAttempt {
         match resp {
             resp if resp.succeeded() => {
                 let rev = header_revision(resp.header())?;
-                Ok(Some(self.acquired(slot, rev, lease_started)))
+                Ok(Some(self.acquired(slot, rev, lease_started)?))
             }
             resp => {
                 let first = match resp.op_responses().into_iter().next() {
@@ -167,7 +170,7 @@ impl EtcdAttempt {
                 match first {
                     Some(kv) if before && kv.key() == self.key.key.as_bytes() => {
                         let rev = kv.create_revision();
-                        Ok(Some(self.acquired(slot, rev, lease_started)))
+                        Ok(Some(self.acquired(slot, rev, lease_started)?))
                     }
                     other => {
                         self.key.set_may_exist(before);
@@ -265,7 +268,7 @@ impl EtcdAttempt {
         match gets[0].kvs().first() {
             None => {
                 trace!(target: "distlock_etcd::wait", me = %self.key.key, "enqueued: head");
-                Ok(Some(self.acquired(slot, revision, lease_started)))
+                Ok(Some(self.acquired(slot, revision, lease_started)?))
             }
             Some(pred) => {
                 trace!(target: "distlock_etcd::wait", me = %self.key.key, rev = revision, pred = %key_string(pred.key()), "queued behind");
@@ -363,7 +366,7 @@ impl EtcdAttempt {
         match kvs.first() {
             None => {
                 trace!(target: "distlock_etcd::wait", me = %self.key.key, rev, "position: head");
-                Ok(Some(self.acquired(slot, rev, lease_started)))
+                Ok(Some(self.acquired(slot, rev, lease_started)?))
             }
             Some(pred) => {
                 trace!(target: "distlock_etcd::wait", me = %self.key.key, rev, at = revision, pred = %key_string(pred.key()), "position: behind");

@@ -449,7 +449,7 @@ fn holders_info(queue: &[QueuedKey]) -> Option<LockInfo> {
     Some(
         LockInfo::new(
             String::from_utf8_lossy(&latest.owner).into_owned(),
-            Some(token(latest.rev)),
+            token(latest.rev).ok(),
             None,
         )
         .with_holders(latest.kind, u32::try_from(count).unwrap_or(u32::MAX)),

@@ -149,7 +149,7 @@ impl EtcdAttempt {
         };
         if resp.succeeded() {
             let rev = header_revision(resp.header())?;
-            return Ok(Some(self.acquired(slot, rev, lease_started)));
+            return Ok(Some(self.acquired(slot, rev, lease_started)?));
         }
         let mut reads = resp.op_responses().into_iter();
         let writer = get_of(reads.next())?;
@@ -161,7 +161,7 @@ impl EtcdAttempt {
                 slot,
                 kv.create_revision(),
                 lease_started,
-            )));
+            )?));
         }
         self.key.set_may_exist(before);
         if let Some(kv) = writer.kvs().first() {
@@ -206,7 +206,7 @@ impl EtcdAttempt {
                 slot,
                 kv.create_revision(),
                 lease_started,
-            )));
+            )?));
         }
         if let Some(kv) = all.kvs().first() {
             self.check_kind(kv.key())?;
@@ -226,7 +226,7 @@ impl EtcdAttempt {
         };
         if resp.succeeded() {
             let rev = header_revision(resp.header())?;
-            return Ok(Some(self.acquired(slot, rev, lease_started)));
+            return Ok(Some(self.acquired(slot, rev, lease_started)?));
         }
         // A key of the name changed since the read: read again.
         self.key.set_may_exist(before);
@@ -251,7 +251,7 @@ impl EtcdAttempt {
         };
         self.rev = Some(revision);
         let Some(pred) = first.kvs().first() else {
-            return Ok(Some(self.acquired(slot, revision, lease_started)));
+            return Ok(Some(self.acquired(slot, revision, lease_started)?));
         };
         // Held as another kind: the abandon that follows the error removes our key.
         self.check_kind(pred.key())?;
@@ -266,7 +266,7 @@ impl EtcdAttempt {
             PermitPlace::Behind
         };
         if place == PermitPlace::Holder {
-            return Ok(Some(self.acquired(slot, revision, lease_started)));
+            return Ok(Some(self.acquired(slot, revision, lease_started)?));
         }
         let pred = key_string(pred.key());
         Ok(Some(self.wait_behind(place, pred, revision)))
@@ -378,7 +378,7 @@ impl EtcdAttempt {
                 Ok(_) => {}
             }
         }
-        Ok(Some(self.acquired(slot, rev, lease_started)))
+        Ok(Some(self.acquired(slot, rev, lease_started)?))
     }
 
     /// A permit waiter's wait (`place` is not `Holder`), read at `revision`: the first waiter

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use distlock_core::tls::TlsMaterial;
-use distlock_core::{AcquireRequest, AttemptMode, Error, LockKind, LockName, Result};
+use distlock_core::{AcquireRequest, AttemptMode, Error, FencingToken, LockKind, LockName, Result};
 use redis::Cmd;
 use redis::IntoConnectionInfo;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -504,7 +504,7 @@ impl Node {
             }
         }
         let mut conn = self.conn.clone();
-        let (acquired, value): (i64, i64) = Invocation::new(
+        let answer: Answer = Invocation::new(
             &scripts::ACQUIRE,
             &[&keys.lock, &keys.fence, &keys.queue, &keys.alive],
         )
@@ -523,7 +523,7 @@ impl Node {
         .invoke(&mut conn)
         .await
         .map_err(|e| self.classify(e))?;
-        let answer = answer(acquired, value);
+
         if matches!(answer, Answer::Busy(_)) {
             // Taken (also in fair mode, which never tries the fast path): this lock's
             // release goes straight to the full script.
@@ -587,7 +587,7 @@ impl Node {
     ) -> Result<Answer, RedisError> {
         let (holders, tokens) = (keys.holders(), keys.tokens());
         let mut conn = self.conn.clone();
-        let (acquired, value): (i64, i64) = Invocation::new(
+        let answer: Answer = Invocation::new(
             &scripts::HOLD_ACQUIRE,
             &[
                 &keys.lock,
@@ -614,8 +614,7 @@ impl Node {
         .invoke(&mut conn)
         .await
         .map_err(|e| self.classify(e))?;
-        self.replicated(answer(acquired, value), keys, request, config)
-            .await
+        self.replicated(answer, keys, request, config).await
     }
 
     /// The uncontended path: [`scripts::ACQUIRE_FAST`], `SET lock owner NX PX ttl GET` and,
@@ -942,12 +941,20 @@ fn seed_floor(config: &RedisConfig) -> u64 {
     }
 }
 
-/// A script's `{code, value}` answer (see [`scripts::ACQUIRE`], [`scripts::HOLD_ACQUIRE`]).
-fn answer(code: i64, value: i64) -> Answer {
-    match code {
-        1 => Answer::Acquired(u64::try_from(value).unwrap_or(0)),
-        2 => Answer::Mismatch(held_kind(value)),
-        _ => Answer::Busy(value),
+/// A script's `{code, value}` answer (see [`scripts::ACQUIRE`], [`scripts::HOLD_ACQUIRE`]); a
+/// granted token is checked by [`FencingToken::from_server`].
+impl redis::FromRedisValue for Answer {
+    fn from_redis_value(value: redis::Value) -> Result<Self, redis::ParsingError> {
+        let (code, value): (i64, i64) = redis::FromRedisValue::from_redis_value(value)?;
+        Ok(match code {
+            1 => Self::Acquired(
+                FencingToken::from_server(value, "the acquire script's counter")
+                    .map_err(|err| err.to_string())?
+                    .get(),
+            ),
+            2 => Self::Mismatch(held_kind(value)),
+            _ => Self::Busy(value),
+        })
     }
 }
 
@@ -963,9 +970,9 @@ impl redis::FromRedisValue for FastReply {
     fn from_redis_value(value: redis::Value) -> Result<Self, redis::ParsingError> {
         match value {
             redis::Value::BulkString(taken) => Ok(Self::Taken(taken)),
-            redis::Value::Int(token) => u64::try_from(token)
-                .map(Self::Token)
-                .map_err(|_| format!("the fast path answered a negative counter {token}").into()),
+            redis::Value::Int(token) => FencingToken::from_server(token, "the fast path's counter")
+                .map(|token| Self::Token(token.get()))
+                .map_err(|err| err.to_string().into()),
             other => Err(format!("the fast path answered {other:?}").into()),
         }
     }

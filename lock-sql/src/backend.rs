@@ -318,12 +318,7 @@ pub(crate) fn remaining(us: i64) -> Duration {
 }
 
 pub(crate) fn token_of(version: i64) -> Result<FencingToken> {
-    u64::try_from(version)
-        .map(FencingToken::new)
-        .map_err(|_| Error::Backend {
-            message: format!("the lock table holds a negative version {version}"),
-            source: None,
-        })
+    FencingToken::from_server(version, "the lock table's version")
 }
 
 #[async_trait]

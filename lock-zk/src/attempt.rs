@@ -115,12 +115,9 @@ impl ZkAttempt {
         czxid: i64,
         started: Option<Instant>,
     ) -> Result<Step> {
-        let token = u64::try_from(czxid).map_err(|_| Error::Backend {
-            message: format!("negative czxid {czxid} for {node}"),
-            source: None,
-        })?;
+        let token = FencingToken::from_server(czxid, &format!("the czxid of {node}"))?;
         let lease = ZkLease::new(session, self.request.name.clone(), self.own_path(node));
-        let acquired = Acquired::new(Box::new(lease), FencingToken::new(token));
+        let acquired = Acquired::new(Box::new(lease), token);
         Ok(Step::Acquired(match started {
             Some(started) => acquired.with_lease_started(started),
             None => acquired,

@@ -176,7 +176,7 @@ impl LockBackend for ZkBackend {
                     }
                     let owner =
                         unescape(latest.owner_part()).unwrap_or_else(|| latest.name.clone());
-                    let token = u64::try_from(stat.czxid).ok().map(FencingToken::new);
+                    let token = FencingToken::from_server(stat.czxid, "a czxid").ok();
                     let count = u32::try_from(held.len()).unwrap_or(u32::MAX);
                     return Ok(Some(
                         LockInfo::new(owner, token, None).with_holders(kind, count),
