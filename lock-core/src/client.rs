@@ -125,8 +125,9 @@ impl<B: LockBackend> LockClient<B> {
         let name = LockName::new(name)?;
         options.validate(&self.inner.caps)?;
         let Some(owner) = options.owner.clone() else {
-            let owner = unique_owner(None);
-            return self.acquire_fresh(name, owner, options, mode, None).await;
+            return self
+                .acquire_fresh(name, Owners::Plain(None), options, mode, None)
+                .await;
         };
         // Reentrant path: one acquisition at a time per (name, owner, kind), so that a second
         // acquire by the same owner joins the first lease instead of queueing behind it.
@@ -138,9 +139,9 @@ impl<B: LockBackend> LockClient<B> {
             return Ok(Some(guard));
         }
         let reentry = Some((Arc::downgrade(&self.inner.registry), key.clone()));
-        let owner = unique_owner(options.owner.as_ref());
+        let owners = Owners::Plain(options.owner.as_ref());
         let acquired = self
-            .acquire_fresh(name, owner, options, mode, reentry)
+            .acquire_fresh(name, owners, options, mode, reentry)
             .await;
         if let Ok(Some(guard)) = &acquired {
             *current = Arc::downgrade(guard.held());
@@ -151,22 +152,23 @@ impl<B: LockBackend> LockClient<B> {
         acquired
     }
 
-    /// One acquisition by `owner` (unique to it), without the reentrancy table.
+    /// One acquisition by an owner from `owners` (unique to it), without the reentrancy table.
     async fn acquire_fresh(
         &self,
         name: LockName,
-        owner: Arc<str>,
+        owners: Owners<'_>,
         options: &AcquireOptions,
         mode: AttemptMode,
         reentry: Option<(Weak<Registry<Held>>, RegistryKey)>,
     ) -> Result<Option<LockGuard>> {
+        let mut owner = owners.next()?;
         let started = Instant::now();
         let deadline = match mode {
             AttemptMode::Try => None,
             // A wait too long to represent as an instant is a wait forever.
             AttemptMode::Wait => options.wait.and_then(|w| started.checked_add(w)),
         };
-        let request = AcquireRequest {
+        let mut request = AcquireRequest {
             name: name.clone(),
             owner: owner.clone(),
             ttl: options.ttl,
@@ -208,10 +210,15 @@ impl<B: LockBackend> LockClient<B> {
                         // The answer came after the lease it grants had run out (the process
                         // was paused, or the answer held up past the ttl): somebody else may
                         // hold the lock by now. Never handed out as a guard: released (it may
-                        // still be ours) and asked for again, with a new attempt.
+                        // still be ours) and asked for again, with a new attempt under a new
+                        // owner: the release runs in the background and may reach the server
+                        // after the next grant, which, were it the same owner's, it would
+                        // take away from under a guard that believes it holds.
                         late_grants += 1;
                         warn!(name = %name, ttl = ?ttl, late = ?lease_started.elapsed(), "a grant came back after its lease ran out: not used, asking again");
                         release_late_grant(acquired.lease, op_timeout);
+                        owner = owners.next()?;
+                        request.owner = owner.clone();
                         attempt = AttemptCleanup::new(
                             self.inner.backend.begin(request.clone()),
                             op_timeout,
@@ -307,6 +314,24 @@ fn release_late_grant(lease: Box<dyn crate::Lease>, timeout: Duration) {
             debug!(%err, "a late grant was not released; its ttl frees it");
         }
     });
+}
+
+/// Where the owner values of one acquisition come from: one for its first attempt, and a new
+/// one for each attempt after a grant that came back too late (see `acquire_fresh`).
+enum Owners<'a> {
+    /// [`unique_owner`], with the explicit owner id if one was given.
+    Plain(Option<&'a OwnerId>),
+    /// A campaign's: [`election::campaign_owner`] of the leader value.
+    Campaign(&'a str),
+}
+
+impl Owners<'_> {
+    fn next(&self) -> Result<Arc<str>> {
+        match self {
+            Self::Plain(id) => Ok(unique_owner(*id)),
+            Self::Campaign(value) => election::campaign_owner(value).map(Arc::from),
+        }
+    }
 }
 
 /// The owner value of one acquisition: a random v4 UUID from the thread-local generator (no
@@ -437,11 +462,18 @@ impl<B: LockBackend> DistributedLock for LockClient<B> {
         let span = tracing::debug_span!("distlock.campaign", backend = self.backend(), name);
         async {
             let name = LockName::new(name)?;
-            let owner = election::campaign_owner(value)?;
+            // Checked before anything is asked of the server.
+            election::campaign_owner(value)?;
             let options = options.clone().exclusive();
             options.validate(&self.inner.caps)?;
             let guard = self
-                .acquire_fresh(name, owner.into(), &options, AttemptMode::Wait, None)
+                .acquire_fresh(
+                    name,
+                    Owners::Campaign(value),
+                    &options,
+                    AttemptMode::Wait,
+                    None,
+                )
                 .await?;
             guard.ok_or_else(|| Error::Backend {
                 message: "backend returned no lock in wait mode".into(),

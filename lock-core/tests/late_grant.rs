@@ -25,6 +25,8 @@ struct Late {
     late: usize,
     attempts: Arc<AtomicUsize>,
     releases: Arc<AtomicUsize>,
+    /// Each attempt's owner, in order.
+    owners: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 struct LateAttempt {
@@ -45,8 +47,12 @@ impl LockBackend for Late {
         self.caps.clone()
     }
 
-    fn begin(&self, _request: AcquireRequest) -> Box<dyn Attempt> {
+    fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
         let n = self.attempts.fetch_add(1, Ordering::SeqCst);
+        self.owners
+            .lock()
+            .expect("not poisoned")
+            .push(request.owner.to_string());
         Box::new(LateAttempt {
             late: n < self.late,
             releases: self.releases.clone(),
@@ -83,14 +89,56 @@ impl Lease for CountedLease {
 }
 
 fn late_client(late: usize) -> (LockClient<Late>, Arc<AtomicUsize>, Arc<AtomicUsize>) {
-    let (attempts, releases) = (Arc::default(), Arc::default());
+    let (client, attempts, releases, _) = late_client_owners(late);
+    (client, attempts, releases)
+}
+
+type Owners = Arc<std::sync::Mutex<Vec<String>>>;
+
+fn late_client_owners(
+    late: usize,
+) -> (LockClient<Late>, Arc<AtomicUsize>, Arc<AtomicUsize>, Owners) {
+    let (attempts, releases, owners) = (Arc::default(), Arc::default(), Owners::default());
     let backend = Late {
         caps: MemoryBackend::new(MemoryStore::new()).capabilities(),
         late,
         attempts: Arc::clone(&attempts),
         releases: Arc::clone(&releases),
+        owners: Arc::clone(&owners),
     };
-    (LockClient::new(backend), attempts, releases)
+    (LockClient::new(backend), attempts, releases, owners)
+}
+
+/// The late grant's release runs in the background and can reach the server after the next
+/// grant: under the same owner it would release that grant from under its guard (found by
+/// `distlock check` on Redis: a reader whose acquire was held up by a partition kept passing
+/// its checks while a writer held the lock). So the next attempt asks under a new owner, the
+/// guard holds that one, and a campaign's keeps its leader value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attempt_after_a_late_grant_asks_under_a_new_owner() {
+    let options = AcquireOptions::default().with_ttl(TTL);
+    let (client, _, releases, owners) = late_client_owners(1);
+    let guard = client.acquire("late", &options).await.expect("acquired");
+    let asked = owners.lock().expect("not poisoned").clone();
+    assert_eq!(asked.len(), 2, "{asked:?}");
+    assert_ne!(
+        asked[0], asked[1],
+        "the same owner asked again after a late grant"
+    );
+    assert_eq!(guard.owner(), asked[1]);
+    released(&releases, 1).await;
+
+    let (client, _, releases, owners) = late_client_owners(1);
+    let leader = client
+        .campaign("late-election", "node-7", &options)
+        .await
+        .expect("elected");
+    let asked = owners.lock().expect("not poisoned").clone();
+    assert_eq!(asked.len(), 2, "{asked:?}");
+    assert_ne!(asked[0], asked[1]);
+    assert!(asked.iter().all(|o| o.ends_with("@node-7")), "{asked:?}");
+    assert_eq!(leader.owner(), asked[1]);
+    released(&releases, 1).await;
 }
 
 async fn released(releases: &AtomicUsize, n: usize) {
