@@ -270,33 +270,8 @@ pub async fn run(
             busy.done(done, &mut faults)?;
         }
         let kind = config.nemesis[rng.random_range(0..config.nemesis.len())];
-        let mut ids: Vec<u32> = fleet
-            .running
-            .keys()
-            .copied()
-            .filter(|id| !busy.targets.contains(&Some(*id)))
-            .collect();
-        ids.sort_unstable();
-        // A pause or a partition of the holder is the interesting case (a GC pause in the
-        // critical section): aim at it two times in three.
-        let holder = recorder
-            .holder()
-            .filter(|w| ids.contains(w) && rng.random_bool(2.0 / 3.0));
-        let target = match (kind, holder) {
-            (FaultKind::Restart, _) if busy.targets.contains(&None) => continue,
-            (FaultKind::Restart, _) => None,
-            (FaultKind::Clock, _) if clock_file.is_none() || busy.clock => continue,
-            (FaultKind::Clock, _) => None,
-            (_, _) if ids.is_empty() => continue,
-            (
-                FaultKind::Pause
-                | FaultKind::Partition
-                | FaultKind::Ambiguous
-                | FaultKind::Starve
-                | FaultKind::Lossy,
-                Some(holder),
-            ) => Some(holder),
-            _ => Some(ids[rng.random_range(0..ids.len())]),
+        let Some(target) = target(kind, &fleet, &busy, clock_file.is_some(), &mut rng) else {
+            continue;
         };
         let hold = match kind {
             // Shorter than a partition: a holder's renewals and release, a waiter's acquire,
@@ -305,76 +280,22 @@ pub async fn run(
             _ => ttl.mul_f64(rng.random_range(1.5..3.0)),
         };
         let begun = now();
-        let victim = target.and_then(|id| fleet.running.get(&id));
-        let action = match kind {
-            FaultKind::Crash => {
-                let target = target.unwrap_or_default();
-                if let Some(mut gone) = fleet.running.remove(&target) {
-                    let _ = gone.child.start_kill();
-                    let _ = gone.child.wait().await;
-                    let _ = gone.stdout.await;
-                    ends.push(Worker {
-                        id: target,
-                        end: WorkerEnd::Killed,
-                    });
-                }
-                fleet.add().await?;
-                faults.push(Fault {
-                    kind,
-                    worker: Some(target),
-                    start: begun,
-                    healed: now(),
-                    step_ms: None,
-                    aimed: None,
-                });
-                continue;
-            }
-            FaultKind::Partition | FaultKind::Ambiguous | FaultKind::Lossy
-                if upstreams.is_empty() =>
-            {
-                continue;
-            }
-            FaultKind::Pause | FaultKind::Starve => match victim {
-                Some(worker) => Action::Signal(worker.pid),
-                None => continue,
-            },
-            // A holder's: aimed at one of its operations (see `Aimer`): its renewals if its
-            // section has just begun (a renewal is aimed at while half a ttl of the section
-            // is left), else its release or the acquire after it. A waiter's: its acquire in
-            // flight, from now on.
-            FaultKind::Ambiguous => match (victim, target) {
-                (Some(worker), Some(id)) => {
-                    let switches = worker.proxies.iter().map(Proxy::switch).collect();
-                    match recorder.holds(id) {
-                        Some(since) => {
-                            let age = now().saturating_sub(since);
-                            let op = if age < crate::history::nanos_of(ttl / 4) {
-                                Op::Renew
-                            } else if rng.random_bool(0.5) {
-                                Op::Release
-                            } else {
-                                Op::Acquire
-                            };
-                            Action::Aim(op, worker.aimer.clone(), switches)
-                        }
-                        None => Action::Cut(switches),
-                    }
-                }
-                _ => continue,
-            },
-            FaultKind::Partition | FaultKind::Lossy => match victim {
-                Some(worker) => Action::Cut(worker.proxies.iter().map(Proxy::switch).collect()),
-                None => continue,
-            },
-            FaultKind::Restart => Action::Restart(config.restart_cmd.clone().unwrap_or_default()),
-            FaultKind::Clock => {
-                // Forward or back by 1.5-3 ttls: past every lease's end, or far enough back
-                // that leases written now end late by more than their ttl.
-                let step = i64::try_from(ttl.mul_f64(rng.random_range(1.5..3.0)).as_millis())
-                    .unwrap_or(i64::MAX);
-                let step = if rng.random_bool(0.5) { step } else { -step };
-                Action::Clock(clock_file.clone().unwrap_or_default(), step)
-            }
+        if kind == FaultKind::Crash {
+            let target = target.unwrap_or_default();
+            fleet.crash(target, &mut ends).await?;
+            faults.push(Fault {
+                kind,
+                worker: Some(target),
+                start: begun,
+                healed: now(),
+                step_ms: None,
+                aimed: None,
+            });
+            continue;
+        }
+        let victim = target.and_then(|id| fleet.running.get(&id).map(|w| (id, w)));
+        let Some(action) = action(kind, victim, &fleet, clock_file.as_deref(), &mut rng) else {
+            continue;
         };
         let (step_ms, aimed) = match &action {
             Action::Clock(_, step) => (Some(*step), None),
@@ -412,15 +333,71 @@ pub async fn run(
     faults.sort_by_key(|f| f.start);
     tokio::time::sleep_until(deadline).await;
     let end_at = now();
-    // Stop every worker; one that is still busy after its critical section could have ended
-    // hangs.
-    let grace = ttl * 2 + Duration::from_secs(10);
-    for worker in fleet.running.values() {
+    ends.extend(stop(fleet.running, ttl * 2 + Duration::from_secs(10)).await);
+    register_task.abort();
+    ends.sort_by_key(|w| w.id);
+    let final_acquire = probe(&*lock, config).await;
+    let mut history = recorder.history();
+    history.start = start_at;
+    history.end = end_at;
+    history.writes = register.writes();
+    history.faults = faults;
+    history.workers = ends;
+    history.final_acquire = Some(final_acquire);
+    Ok(history)
+}
+
+/// Whom fault `kind` hits: `Some(None)` the server, `Some(Some(id))` worker `id` (the holder
+/// two times in three for the faults that matter most in a critical section), `None` nobody
+/// now (the server or every worker already under a fault, no clock file).
+fn target(
+    kind: FaultKind,
+    fleet: &Fleet<'_>,
+    busy: &Busy,
+    clock: bool,
+    rng: &mut impl Rng,
+) -> Option<Option<u32>> {
+    let mut ids: Vec<u32> = fleet
+        .running
+        .keys()
+        .copied()
+        .filter(|id| !busy.targets.contains(&Some(*id)))
+        .collect();
+    ids.sort_unstable();
+    // A pause or a partition of the holder is the interesting case (a GC pause in the
+    // critical section): aim at it two times in three.
+    let holder = fleet
+        .recorder
+        .holder()
+        .filter(|w| ids.contains(w) && rng.random_bool(2.0 / 3.0));
+    Some(match (kind, holder) {
+        (FaultKind::Restart, _) if busy.targets.contains(&None) => return None,
+        (FaultKind::Restart, _) => None,
+        (FaultKind::Clock, _) if !clock || busy.clock => return None,
+        (FaultKind::Clock, _) => None,
+        (_, _) if ids.is_empty() => return None,
+        (
+            FaultKind::Pause
+            | FaultKind::Partition
+            | FaultKind::Ambiguous
+            | FaultKind::Starve
+            | FaultKind::Lossy,
+            Some(holder),
+        ) => Some(holder),
+        _ => Some(ids[rng.random_range(0..ids.len())]),
+    })
+}
+
+/// Stops every worker (`SIGTERM`) and says how each ended; one still busy `grace` later
+/// (after its critical section could have ended) hangs.
+async fn stop(running: HashMap<u32, Running>, grace: Duration) -> Vec<Worker> {
+    let mut ends = Vec::new();
+    for worker in running.values() {
         // Its end of the aiming pipe closes: a runtime reading stdin exits at EOF only.
         worker.aimer.stdin.lock().await.take();
         let _ = kill(worker.pid, Signal::SIGTERM);
     }
-    for (id, mut worker) in fleet.running {
+    for (id, mut worker) in running {
         let end = match tokio::time::timeout(grace, worker.child.wait()).await {
             Ok(Ok(status)) if status.success() => WorkerEnd::Clean,
             // Our own stop request, before the worker could watch for it (it was starting).
@@ -444,17 +421,76 @@ pub async fn run(
         ends.push(Worker { id, end });
         drop(worker.proxies);
     }
-    register_task.abort();
-    ends.sort_by_key(|w| w.id);
-    let final_acquire = probe(&*lock, config).await;
-    let mut history = recorder.history();
-    history.start = start_at;
-    history.end = end_at;
-    history.writes = register.writes();
-    history.faults = faults;
-    history.workers = ends;
-    history.final_acquire = Some(final_acquire);
-    Ok(history)
+    ends
+}
+
+/// What fault `kind` acts on, for `victim` (a worker, by number) if it has one; `None` when it
+/// cannot apply now (no victim, no proxy to cut, no clock file). Not for crashes
+/// ([`Fleet::crash`]).
+fn action(
+    kind: FaultKind,
+    victim: Option<(u32, &Running)>,
+    fleet: &Fleet<'_>,
+    clock_file: Option<&Path>,
+    rng: &mut impl Rng,
+) -> Option<Action> {
+    if matches!(
+        kind,
+        FaultKind::Partition | FaultKind::Ambiguous | FaultKind::Lossy
+    ) && fleet.upstreams.is_empty()
+    {
+        return None;
+    }
+    Some(match kind {
+        FaultKind::Pause | FaultKind::Starve => match victim {
+            Some((_, worker)) => Action::Signal(worker.pid),
+            None => return None,
+        },
+        // A holder's: aimed at one of its operations (see `Aimer`): its renewals if its
+        // section has just begun (a renewal is aimed at while half a ttl of the section
+        // is left), else its release or the acquire after it. A waiter's: its acquire in
+        // flight, from now on.
+        FaultKind::Ambiguous => match victim {
+            Some((id, worker)) => {
+                let switches = worker.proxies.iter().map(Proxy::switch).collect();
+                match fleet.recorder.holds(id) {
+                    Some(since) => {
+                        let age = now().saturating_sub(since);
+                        let op = if age < crate::history::nanos_of(fleet.config.ttl / 4) {
+                            Op::Renew
+                        } else if rng.random_bool(0.5) {
+                            Op::Release
+                        } else {
+                            Op::Acquire
+                        };
+                        Action::Aim(op, worker.aimer.clone(), switches)
+                    }
+                    None => Action::Cut(switches),
+                }
+            }
+            None => return None,
+        },
+        FaultKind::Partition | FaultKind::Lossy => match victim {
+            Some((_, worker)) => Action::Cut(worker.proxies.iter().map(Proxy::switch).collect()),
+            None => return None,
+        },
+        FaultKind::Restart => Action::Restart(fleet.config.restart_cmd.clone().unwrap_or_default()),
+        FaultKind::Clock => {
+            // Forward or back by 1.5-3 ttls: past every lease's end, or far enough back
+            // that leases written now end late by more than their ttl.
+            let step = i64::try_from(
+                fleet
+                    .config
+                    .ttl
+                    .mul_f64(rng.random_range(1.5..3.0))
+                    .as_millis(),
+            )
+            .unwrap_or(i64::MAX);
+            let step = if rng.random_bool(0.5) { step } else { -step };
+            Action::Clock(clock_file?.to_path_buf(), step)
+        }
+        FaultKind::Crash => return None,
+    })
 }
 
 /// What faults are in progress on: workers (by number) and the server (`None`: a restart),
@@ -715,6 +751,20 @@ struct Fleet<'a> {
 }
 
 impl Fleet<'_> {
+    /// Kills worker `id` (`SIGKILL`) and starts a fresh one in its place.
+    async fn crash(&mut self, id: u32, ends: &mut Vec<Worker>) -> Result<(), RunError> {
+        if let Some(mut gone) = self.running.remove(&id) {
+            let _ = gone.child.start_kill();
+            let _ = gone.child.wait().await;
+            let _ = gone.stdout.await;
+            ends.push(Worker {
+                id,
+                end: WorkerEnd::Killed,
+            });
+        }
+        self.add().await
+    }
+
     /// Starts one more worker, with a new number.
     async fn add(&mut self) -> Result<(), RunError> {
         let id = self.next_id;
