@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Etcd, OP_TIMEOUT, service};
+use common::{Etcd, OP_TIMEOUT, service, unique};
 use conformance_tests::failover::{self, Plan, Tally};
 use conformance_tests::{TestClient, server_var};
 use distlock_core::{AcquireOptions, ClientConfig, DistributedLock, Error, LossReason};
@@ -27,10 +27,6 @@ fn opts() -> AcquireOptions {
     AcquireOptions::default()
         .with_ttl(TTL)
         .with_wait(Duration::from_secs(10))
-}
-
-fn unique(name: &str) -> String {
-    format!("{name}-{}", uuid::Uuid::new_v4().simple())
 }
 
 async fn single() -> Option<Etcd> {

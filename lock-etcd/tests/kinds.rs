@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::Etcd;
+use common::{Etcd, unique};
 use conformance_tests::server_var;
 use distlock_core::LockBackend;
 use distlock_core::{AcquireOptions, DistributedLock, FencingToken, LockKind};
@@ -22,10 +22,6 @@ const CRASHED_TTL: i64 = 2;
 async fn single() -> Option<Etcd> {
     let endpoints = server_var("etcd", "DISTLOCK_TEST_ETCD_ENDPOINTS")?;
     Some(Etcd::new(&endpoints, vec!["etcd"]).await)
-}
-
-fn unique(name: &str) -> String {
-    format!("{name}-{}", uuid::Uuid::new_v4().simple())
 }
 
 /// What a crashed process leaves behind: its queue key of `kind` (`kind_tag` is the layout's

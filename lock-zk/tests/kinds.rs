@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::ZkHarness;
+use common::{ZkHarness, unique};
 use distlock_core::{AcquireOptions, DistributedLock, LockGuard, LockKind};
 use distlock_zookeeper::zookeeper_client as zk;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -38,10 +38,6 @@ async fn setup(
     let h = harness().await?;
     let clients = clients(&h, n).await;
     Some((serial, h, unique(what), clients))
-}
-
-fn unique(what: &str) -> String {
-    format!("{what}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
 }
 
 type Client = Arc<dyn DistributedLock>;

@@ -14,6 +14,11 @@ use distlock_etcd::{EtcdBackend, EtcdConfig};
 
 pub const OP_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// A name no other test (or test run) uses: `name` and a random suffix.
+pub fn unique(name: &str) -> String {
+    format!("{name}-{}", uuid::Uuid::new_v4().simple())
+}
+
 /// Test servers and a random key prefix for one test process.
 #[derive(Clone)]
 pub struct Etcd {

@@ -18,6 +18,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 pub const OP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A name no other test (or test run) uses: `what` and a random suffix.
+pub fn unique(what: &str) -> String {
+    format!("{what}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
+}
 /// Long enough for the suite's 30 s ttls (the longest ttl is the session timeout).
 pub const SESSION_TIMEOUT: Duration = Duration::from_secs(30);
 
