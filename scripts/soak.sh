@@ -19,6 +19,8 @@ PER_KIND=${DISTLOCK_SOAK_PER_KIND:-5m}
 if [[ -z ${DISTLOCK_TEST_POSTGRES_URL:-} ]]; then
   eval "$("$REPO/scripts/services.sh" start)"
 fi
+# The commit the binary is built from (the checkout may move on while the soak runs).
+commit=$(git -C "$REPO" rev-parse --short HEAD)
 cargo build --quiet -p distlock-cli --features all-backends
 mkdir -p "$OUT"
 cp "${CARGO_TARGET_DIR:-$REPO/target}/debug/distlock" "$OUT/distlock"
@@ -29,7 +31,7 @@ DISTLOCK_CHECK_BIN=$OUT/distlock DISTLOCK_CHECK_OUT=$OUT/runs DISTLOCK_CHECK_DUR
 took=$(($(date +%s) - started))
 {
   echo
-  echo "soak: $PER_KIND per kind, $(git -C "$REPO" rev-parse --short HEAD), $((took / 60)) min," \
+  echo "soak: $PER_KIND per kind, $commit, $((took / 60)) min," \
     "exit $rc"
 } >>"$OUT/table.md"
 cat "$OUT/table.md"
