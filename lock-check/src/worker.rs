@@ -257,17 +257,20 @@ impl StdinAim {
 impl Aim for StdinAim {
     fn take(&self, op: Op) -> bool {
         let mut armed = unpoisoned(&self.armed);
-        if *armed == Some(op) {
-            *armed = None;
-            return true;
+        if *armed != Some(op) {
+            return false;
         }
-        false
+        *armed = None;
+        // A `go` left over from an aim that timed out belongs to no one: dropped now, before
+        // the aimed event, after which the checker's `go` may come at any time.
+        if let Ok(mut go) = self.go.try_lock() {
+            while go.try_recv().is_ok() {}
+        }
+        true
     }
 
     async fn go(&self) {
         let mut go = self.go.lock().await;
-        // A `go` left over from an aim that timed out belongs to no one.
-        while go.try_recv().is_ok() {}
         let _ = tokio::time::timeout(AIM_WAIT, go.recv()).await;
     }
 }
