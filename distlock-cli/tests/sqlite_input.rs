@@ -93,6 +93,17 @@ impl Unprivileged {
         if let Some((uid, gid)) = self.ids {
             cmd.uid(uid).gid(gid);
         }
+        // The copy was just written: a process another test thread forks meanwhile inherits
+        // the write descriptor until its own exec closes it, and exec of the copy fails with
+        // "Text file busy" until then (seen in CI). Brief: retried.
+        for _ in 0..100 {
+            match cmd.output() {
+                Err(err) if err.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                done => return done.expect("run distlock"),
+            }
+        }
         cmd.output().expect("run distlock")
     }
 }
