@@ -462,8 +462,6 @@ impl<B: LockBackend> DistributedLock for LockClient<B> {
         let span = tracing::debug_span!("distlock.campaign", backend = self.backend(), name);
         async {
             let name = LockName::new(name)?;
-            // Checked before anything is asked of the server.
-            election::campaign_owner(value)?;
             let options = options.clone().exclusive();
             options.validate(&self.inner.caps)?;
             let guard = self
