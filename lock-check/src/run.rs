@@ -949,40 +949,42 @@ mod tests {
 
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    #[tokio::test]
-    async fn an_aimed_worker_is_cut_when_it_arrives_then_let_go() {
-        let (mut child, aimer, cut) = fake_worker("aim release/go", true).await;
+    /// Aims `release` at a scripted worker (see [`fake_worker`]) for at most `within`:
+    /// whether the cut began, whether it ran, and whether the worker read `expected`.
+    async fn aim_at(expected: &str, arrives: bool, within: Duration) -> (bool, bool, bool) {
+        let (mut child, aimer, cut) = fake_worker(expected, arrives).await;
         let flag = cut.clone();
         let start = aimer
-            .aim(Op::Release, Duration::from_secs(10), move || {
-                flag.store(true, Ordering::SeqCst);
+            .aim(Op::Release, within, move || {
+                flag.store(true, Ordering::SeqCst)
             })
             .await;
-        assert!(start.is_some(), "the worker arrived");
-        assert!(cut.load(Ordering::SeqCst), "cut before it went on");
         let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
             .await
             .expect("the worker was answered")
             .expect("sh ends");
-        assert!(status.success(), "the worker read aim release, then go");
+        (
+            start.is_some(),
+            cut.load(Ordering::SeqCst),
+            status.success(),
+        )
+    }
+
+    #[tokio::test]
+    async fn an_aimed_worker_is_cut_when_it_arrives_then_let_go() {
+        let (started, cut, read) = aim_at("aim release/go", true, Duration::from_secs(10)).await;
+        assert!(started, "the worker arrived");
+        assert!(cut, "cut before it went on");
+        assert!(read, "the worker read aim release, then go");
     }
 
     #[tokio::test]
     async fn an_aim_the_worker_does_not_reach_is_withdrawn_uncut() {
-        let (mut child, aimer, cut) = fake_worker("aim release/aim none", false).await;
-        let flag = cut.clone();
-        let start = aimer
-            .aim(Op::Release, Duration::from_millis(300), move || {
-                flag.store(true, Ordering::SeqCst);
-            })
-            .await;
-        assert!(start.is_none());
-        assert!(!cut.load(Ordering::SeqCst));
-        let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
-            .await
-            .expect("the worker was answered")
-            .expect("sh ends");
-        assert!(status.success(), "the worker was disarmed");
+        let (started, cut, read) =
+            aim_at("aim release/aim none", false, Duration::from_millis(300)).await;
+        assert!(!started);
+        assert!(!cut);
+        assert!(read, "the worker was disarmed");
     }
 
     /// A clock set right is a forward step when it had been stepped back: the fault's healing
