@@ -138,7 +138,7 @@ done
 # One run: the check's output to CONFIG.log, its exit status to CONFIG.status, its table row
 # (from the JSON report) to CONFIG.row.
 run_one() {
-  local config=$1 group url ttl duration faults server clock after dep status=0 args run=()
+  local config=$1 group url ttl duration faults server clock after dep status=0 args run=() t0
   IFS='|' read -r group url ttl duration faults server clock after <<<"${RUNS[$config]}"
   for dep in $after; do
     if [[ " ${ORDER[*]} " == *" $dep "* ]]; then
@@ -164,25 +164,12 @@ run_one() {
       "FAKETIME_TIMESTAMP_FILE=$clock" FAKETIME_NO_CACHE=1 FAKETIME_DONT_FAKE_MONOTONIC=1
       DONT_FAKE_MONOTONIC=1)
   fi
+  t0=$SECONDS
   "${run[@]}" "$DISTLOCK" "${args[@]}" >"$OUT/$config.log" 2>&1 || status=$?
   echo "$status" >"$OUT/$config.status"
-  echo "==> fault-check.sh: $config exit $status" >&2
+  echo "==> fault-check.sh: $config exit $status in $((SECONDS - t0)) s" >&2
   if [[ -s $OUT/$config.json ]]; then
-    python3 - "$OUT/$config.json" "$config" >"$OUT/$config.row" <<'PY'
-import json, sys
-report = json.load(open(sys.argv[1]))
-for run in report["runs"]:
-    stats, findings = run["verdict"]["stats"], run["verdict"]["findings"]
-    faults = ", ".join(f"{k} {v}" for k, v in stats["faults"].items()) or "none"
-    violations = sum(1 for f in findings if f["judgement"] == "violation")
-    expected = len(findings) - violations
-    final = stats.get("final_acquire")
-    final = f"{final / 1e6:.0f} ms" if final is not None else "failed"
-    print(f"| {sys.argv[2]} | {run['kind']} | {report['params']['guarantee']} | {faults} | "
-          f"{stats['acquired']} / {stats['acquisitions']} | {stats['writes_accepted']} | "
-          f"{stats['writes_rejected']} | {stats['checks_refused']} | {violations} | "
-          f"{expected} | {stats['longest_gap'] / 1e6:.0f} ms | {final} |")
-PY
+    python3 "$REPO/scripts/lib/check-row.py" "$OUT/$config.json" "$config" >"$OUT/$config.row"
   fi
 }
 
