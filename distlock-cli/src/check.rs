@@ -216,6 +216,8 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
         )
     });
     let step_gap = args.step_gap.unwrap_or(args.ttl / 5);
+    let backend = distlock::backend_for(&args.connection.url)
+        .map_err(|err| Failure::from_lock(&err, format!("cannot use {label}")))?;
     let mut config = RunConfig {
         // With --password-file as the URL's option: workers read the file themselves.
         url: args.connection.url_to_open().into_owned(),
@@ -231,6 +233,9 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
         restart_cmd: args.restart_cmd.clone(),
         overlap: args.overlap,
         clock_file: args.clock_file.clone(),
+        default_port: backend
+            .default_port()
+            .filter(|_| !backend.follows_announced_addresses()),
     };
     let upstreams = config.validate().map_err(run_failure)?;
     let lock = args.connection.connect().await?;
@@ -290,7 +295,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
              PostgreSQL under libfaketime and prints DISTLOCK_TEST_*_CLOCK_FILE)"
         );
     }
-    let wall_clock_leases = distlock_check::leases_on_wall_clock(&config.url);
+    let wall_clock_leases = backend.wall_clock_leases();
     if nemesis.contains(&FaultKind::Clock) && args.clock_file.is_some() && !wall_clock_leases {
         eprintln!(
             "distlock check: {} leases run on the server's monotonic clock: a clock step must \

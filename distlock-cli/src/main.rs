@@ -19,7 +19,6 @@
 mod bench;
 mod bench_alloc;
 mod bench_args;
-mod bench_counters;
 mod bench_metrics;
 mod check;
 mod child;
@@ -95,12 +94,12 @@ struct Cli {
 
 /// `distlock --version`: the version and the backends compiled in.
 fn version_text() -> String {
-    let mut backends: Vec<&str> = distlock::SCHEMES
+    let mut backends: Vec<&str> = distlock::BACKENDS
         .iter()
-        .filter(|s| s.enabled)
-        .map(|s| s.backend)
+        .filter_map(|b| b.descriptor)
+        .map(distlock::Descriptor::name)
         .collect();
-    // zookeeper has two rows (zk://, zks://).
+    // zookeeper has two lines (zk://, zks://).
     backends.dedup();
     format!(
         "{} (backends: {})",
@@ -112,16 +111,16 @@ fn version_text() -> String {
 /// The help of `--url`: the URLs this build can open, and the features that add the others.
 fn url_help() -> String {
     let mut help = String::from("Lock service URL: ");
-    let enabled: Vec<&str> = distlock::SCHEMES
+    let enabled: Vec<&str> = distlock::BACKENDS
         .iter()
-        .filter(|s| s.enabled)
-        .map(|s| s.example)
+        .filter_map(|b| b.descriptor)
+        .map(distlock::Descriptor::example)
         .collect();
     help.push_str(&enabled.join(", "));
-    let missing: Vec<String> = distlock::SCHEMES
+    let missing: Vec<String> = distlock::BACKENDS
         .iter()
-        .filter(|s| !s.enabled)
-        .filter_map(|s| Some(format!("{} (feature {})", s.backend, s.feature?)))
+        .filter(|b| b.descriptor.is_none())
+        .filter_map(|b| Some(format!("{}:// (feature {})", b.schemes[0], b.feature?)))
         .collect();
     if !missing.is_empty() {
         help.push_str(". Not in this build: ");

@@ -173,8 +173,8 @@ fn options_that_cannot_work_are_config_errors() {
         (&["--url", &url, "--nemesis", "restart"], "--restart-cmd"),
         (&["--url", &url, "--ttl", "0s"], "--ttl 0s is outside"),
         (
-            &["--url", "memory://", "--duration", "1s"],
-            "memory:// locks live in one process",
+            &["--url", "memory://"],
+            "keeps its locks inside this one distlock process",
         ),
         (
             &["--url", &url, "--nemesis", "meteor"],

@@ -8,8 +8,7 @@
 
 mod password_file;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 // What an application uses is at the root; the interface a backend implements
 // (`LockBackend`, `Attempt`, `Step`, `Lease`, ...) is under `distlock::backend`.
@@ -20,6 +19,7 @@ pub use distlock_core::{
     LossDetection, LossReason, MultiGuard, NodeOutcome, NodeResult, OwnerId, Renewal, Result,
     WakeUp, memory, service_url,
 };
+pub use distlock_core::{ConnectFn, Descriptor};
 
 #[cfg(feature = "blocking")]
 #[cfg_attr(docsrs, doc(cfg(feature = "blocking")))]
@@ -71,48 +71,57 @@ pub async fn connect_with(url: &str, config: ClientConfig) -> Result<Arc<dyn Dis
     #[cfg(feature = "zookeeper-tls")]
     distlock_zookeeper::install_crypto_provider();
     let url = url.trim();
-    let scheme = scheme_of(url)?.to_ascii_lowercase();
-    let with_password = password_file::resolve(url, &scheme).await?;
-    let url = with_password.as_deref().unwrap_or(url);
-    match scheme.as_str() {
-        "memory" => {
-            let store = named_memory_store(url.get("memory://".len()..).unwrap_or_default());
-            Ok(LockClient::with_config(memory::MemoryBackend::new(store), config)?.into_dyn())
-        }
-        #[cfg(feature = "sqlite")]
-        "sqlite" => Ok(distlock_sql::connect(url, config).await?.into_dyn()),
-        #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => Ok(distlock_sql::connect(url, config).await?.into_dyn()),
-        #[cfg(feature = "mysql")]
-        "mysql" | "mariadb" => Ok(distlock_sql::connect(url, config).await?.into_dyn()),
-        #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+unix" | "unix" | "redlock" | "redlocks" | "redis+sentinel"
-        | "rediss+sentinel" | "redis+cluster" | "rediss+cluster" => {
-            Ok(distlock_redis::connect(url, config).await?.into_dyn())
-        }
-        #[cfg(feature = "etcd")]
-        "etcd" | "etcds" => Ok(distlock_etcd::connect(url, config).await?.into_dyn()),
-        #[cfg(feature = "zookeeper")]
-        "zk" => Ok(distlock_zookeeper::connect(url, config).await?.into_dyn()),
-        #[cfg(feature = "zookeeper-tls")]
-        "zks" => Ok(distlock_zookeeper::connect(url, config).await?.into_dyn()),
-        other => match feature_of(other) {
-            Some(feature) => Err(Error::Unsupported(format!(
-                "the {other}:// backend is not compiled in: enable the cargo feature `{feature}` of distlock"
-            ))),
-            None => Err(Error::InvalidConfig(format!(
-                "unknown URL scheme {:?} in {}; expected one of {}",
-                service_url::echo(other),
-                service_url::redact(url),
-                SCHEMES
-                    .iter()
-                    .flat_map(|s| s.names)
-                    .copied()
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))),
-        },
-    }
+    let backend = backend_for(url)?;
+    let with_password = password_file::resolve(url, backend).await?;
+    backend
+        .connect(with_password.as_deref().unwrap_or(url), config)
+        .await
+}
+
+/// The backend that serves `url`'s scheme in this build.
+///
+/// ```
+/// let backend = distlock::backend_for("memory://demo")?;
+/// assert_eq!(backend.name(), "memory");
+/// assert_eq!(backend.default_port(), None);
+/// # Ok::<(), distlock::Error>(())
+/// ```
+///
+/// # Errors
+/// [`Error::InvalidConfig`] for a URL without a scheme or with an unknown one,
+/// [`Error::Unsupported`] for a scheme whose cargo feature is off (the message names it).
+pub fn backend_for(url: &str) -> Result<&'static Descriptor> {
+    let entry = find_backend(url)?;
+    entry.descriptor.ok_or_else(|| {
+        Error::Unsupported(format!(
+            "the {}:// backend is not compiled in: enable the cargo feature `{}` of distlock",
+            scheme_of(url.trim())
+                .unwrap_or_default()
+                .to_ascii_lowercase(),
+            entry.feature.unwrap_or_default()
+        ))
+    })
+}
+
+/// The line of [`BACKENDS`] whose schemes include `url`'s, compiled in or not.
+///
+/// # Errors
+/// [`Error::InvalidConfig`] for a URL without a scheme or with an unknown one.
+pub fn find_backend(url: &str) -> Result<&'static Backend> {
+    let scheme = scheme_of(url.trim())?;
+    BACKENDS.iter().find(|b| b.serves(scheme)).ok_or_else(|| {
+        Error::InvalidConfig(format!(
+            "unknown URL scheme {:?} in {}; expected one of {}",
+            service_url::echo(scheme),
+            service_url::redact(url),
+            BACKENDS
+                .iter()
+                .flat_map(|b| b.schemes)
+                .copied()
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    })
 }
 
 /// `url` with the option `password_file=PATH` added, for a password kept in a file (see
@@ -126,112 +135,84 @@ pub fn with_password_file(url: &str, path: &std::path::Path) -> String {
     password_file::add_option(url, path)
 }
 
-/// One family of URL schemes that [`connect`] understands: the cargo feature that brings it
-/// and whether this build has it. [`SCHEMES`] lists them all.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One line of the registry of backends ([`BACKENDS`]): a family of URL schemes, the cargo
+/// feature of distlock that compiles its backend in, and the backend's own [`Descriptor`]
+/// when this build has it.
+#[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
-pub struct Scheme {
-    /// The backend's short name, e.g. `redis`.
-    pub backend: &'static str,
-    /// The URL schemes, lower case (schemes are matched case-insensitively).
-    pub names: &'static [&'static str],
+pub struct Backend {
     /// The cargo feature of `distlock` that compiles the backend in; `None`: always there.
     pub feature: Option<&'static str>,
-    /// An example URL.
-    pub example: &'static str,
-    /// Whether this build has the backend.
-    pub enabled: bool,
+    /// The URL schemes, lower case (as the descriptor has them, for a build without it).
+    pub schemes: &'static [&'static str],
+    /// What the backend declares about itself; `None` when its feature is off.
+    pub descriptor: Option<&'static Descriptor>,
+    /// Its hooks for the benchmark harness (feature `bench`).
+    #[cfg(feature = "bench")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "bench")))]
+    pub bench: Option<&'static distlock_bench::BenchHooks>,
 }
 
-/// Every URL scheme family of [`connect`], in the order the docs list them.
-///
-/// ```
-/// let compiled: Vec<&str> = distlock::SCHEMES
-///     .iter()
-///     .filter(|s| s.enabled)
-///     .map(|s| s.backend)
-///     .collect();
-/// assert!(compiled.contains(&"memory"));
-/// ```
-pub const SCHEMES: &[Scheme] = &[
-    Scheme {
-        backend: "sqlite",
-        names: &["sqlite"],
-        feature: Some("sqlite"),
-        example: "sqlite://PATH",
-        enabled: cfg!(feature = "sqlite"),
-    },
-    Scheme {
-        backend: "postgres",
-        names: &["postgres", "postgresql"],
-        feature: Some("postgres"),
-        example: "postgres://user:pass@host/db[?sslmode=verify-full&sslrootcert=PATH]",
-        enabled: cfg!(feature = "postgres"),
-    },
-    Scheme {
-        backend: "mysql",
-        names: &["mysql", "mariadb"],
-        feature: Some("mysql"),
-        example: "mysql://user:pass@host/db[?ssl-mode=verify_identity&ssl-ca=PATH]",
-        enabled: cfg!(feature = "mysql"),
-    },
-    Scheme {
-        backend: "redis",
-        names: &["redis", "rediss", "redis+unix", "unix"],
-        feature: Some("redis"),
-        example: "redis://[user:pass@]host:port (rediss:// with TLS: ?ca=&cert=&key=)",
-        enabled: cfg!(feature = "redis"),
-    },
-    Scheme {
-        backend: "redlock",
-        names: &["redlock", "redlocks"],
-        feature: Some("redis"),
-        example: "redlock://h1:p1,h2:p2,h3:p3 (redlocks:// with TLS)",
-        enabled: cfg!(feature = "redis"),
-    },
-    Scheme {
-        backend: "redis-sentinel",
-        names: &["redis+sentinel", "rediss+sentinel"],
-        feature: Some("redis"),
-        example: "redis+sentinel://[user:pass@]s1:p1,s2:p2,s3:p3/master_name[/db]",
-        enabled: cfg!(feature = "redis"),
-    },
-    Scheme {
-        backend: "redis-cluster",
-        names: &["redis+cluster", "rediss+cluster"],
-        feature: Some("redis"),
-        example: "redis+cluster://[user:pass@]h1:p1,h2:p2,h3:p3 (any nodes of the cluster)",
-        enabled: cfg!(feature = "redis"),
-    },
-    Scheme {
-        backend: "etcd",
-        names: &["etcd", "etcds"],
-        feature: Some("etcd"),
-        example: "etcd://h1:p1,h2:p2 or etcds://user:pass@h1:p1?ca=PATH&cert=PATH&key=PATH",
-        enabled: cfg!(feature = "etcd"),
-    },
-    Scheme {
-        backend: "zookeeper",
-        names: &["zk"],
-        feature: Some("zookeeper"),
-        example: "zk://[user:pass@]h1:p1,h2:p2[/chroot][?auth=sasl]",
-        enabled: cfg!(feature = "zookeeper"),
-    },
-    Scheme {
-        backend: "zookeeper",
-        names: &["zks"],
-        feature: Some("zookeeper-tls"),
-        example: "zks://[user:pass@]h1:p1[/chroot]?ca=PATH (TLS)",
-        enabled: cfg!(feature = "zookeeper-tls"),
-    },
-    Scheme {
-        backend: "memory",
-        names: &["memory"],
-        feature: None,
-        example: "memory://[NAME] (this process only)",
-        enabled: true,
-    },
-];
+impl Backend {
+    /// Whether `scheme` (any case) is one of its URL schemes.
+    #[must_use]
+    pub fn serves(&self, scheme: &str) -> bool {
+        self.schemes.iter().any(|s| s.eq_ignore_ascii_case(scheme))
+    }
+}
+
+/// The registry: one line per backend (per family of URL schemes), `"feature" [schemes] =>
+/// crate::DESCRIPTOR`; the descriptor's bench hooks are `crate::bench::DESCRIPTOR`. A test
+/// checks that each line's schemes are its descriptor's.
+macro_rules! registry {
+    ($($feature:literal [$($scheme:literal),+] => $krate:ident :: $name:ident,)+) => {
+        /// Every backend [`connect`] knows, in the order the docs list them: the in-memory one
+        /// first, then one line per backend crate's [`Descriptor`], compiled in or not.
+        ///
+        /// ```
+        /// let compiled: Vec<&str> = distlock::BACKENDS
+        ///     .iter()
+        ///     .filter_map(|b| b.descriptor)
+        ///     .map(|d| d.name())
+        ///     .collect();
+        /// assert!(compiled.contains(&"memory"));
+        /// ```
+        pub const BACKENDS: &[Backend] = &[
+            Backend {
+                feature: None,
+                schemes: memory::DESCRIPTOR.schemes(),
+                descriptor: Some(&memory::DESCRIPTOR),
+                #[cfg(feature = "bench")]
+                bench: None,
+            },
+            $(Backend {
+                feature: Some($feature),
+                schemes: &[$($scheme),+],
+                #[cfg(feature = $feature)]
+                descriptor: Some(&$krate::$name),
+                #[cfg(not(feature = $feature))]
+                descriptor: None,
+                #[cfg(all(feature = "bench", feature = $feature))]
+                bench: Some(&$krate::bench::$name),
+                #[cfg(all(feature = "bench", not(feature = $feature)))]
+                bench: None,
+            },)+
+        ];
+    };
+}
+
+registry! {
+    "sqlite" ["sqlite"] => distlock_sql::SQLITE,
+    "postgres" ["postgres", "postgresql"] => distlock_sql::POSTGRES,
+    "mysql" ["mysql", "mariadb"] => distlock_sql::MYSQL,
+    "redis" ["redis", "rediss", "redis+unix", "unix"] => distlock_redis::REDIS,
+    "redis" ["redlock", "redlocks"] => distlock_redis::REDLOCK,
+    "redis" ["redis+sentinel", "rediss+sentinel"] => distlock_redis::SENTINEL,
+    "redis" ["redis+cluster", "rediss+cluster"] => distlock_redis::CLUSTER,
+    "etcd" ["etcd", "etcds"] => distlock_etcd::ETCD,
+    "zookeeper" ["zk"] => distlock_zookeeper::ZK,
+    "zookeeper-tls" ["zks"] => distlock_zookeeper::ZKS,
+}
 
 fn scheme_of(url: &str) -> Result<&str> {
     if url
@@ -247,24 +228,6 @@ fn scheme_of(url: &str) -> Result<&str> {
             service_url::redact(url)
         ))),
     }
-}
-
-/// The cargo feature that provides a scheme.
-fn feature_of(scheme: &str) -> Option<&'static str> {
-    SCHEMES
-        .iter()
-        .find(|s| s.names.contains(&scheme))
-        .and_then(|s| s.feature)
-}
-
-/// `memory://NAME` URLs with the same NAME share one store within the process.
-fn named_memory_store(name: &str) -> memory::MemoryStore {
-    static STORES: OnceLock<Mutex<HashMap<String, memory::MemoryStore>>> = OnceLock::new();
-    let stores = STORES.get_or_init(Mutex::default);
-    let mut stores = stores
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    stores.entry(name.to_owned()).or_default().clone()
 }
 
 #[cfg(test)]
@@ -285,25 +248,17 @@ mod tests {
     }
 
     #[test]
-    fn every_scheme_connect_routes_has_a_table_row() {
-        for scheme in [
-            "sqlite",
-            "postgresql",
-            "mariadb",
-            "rediss",
-            "redis+unix",
-            "redlock",
-            "redlocks",
-            "redis+sentinel",
-            "rediss+cluster",
-            "zk",
-            "zks",
-        ] {
-            assert!(feature_of(scheme).is_some(), "{scheme}");
+    fn each_registry_line_has_its_descriptors_schemes() {
+        for backend in BACKENDS {
+            if let Some(descriptor) = backend.descriptor {
+                assert_eq!(backend.schemes, descriptor.schemes(), "{descriptor:?}");
+            }
         }
-        assert_eq!(feature_of("memory"), None);
-        assert_eq!(feature_of("zk"), Some("zookeeper"));
-        assert_eq!(feature_of("zks"), Some("zookeeper-tls"));
+        let feature = |scheme: &str| BACKENDS.iter().find(|b| b.serves(scheme))?.feature;
+        assert_eq!(feature("memory"), None);
+        assert_eq!(feature("ZK"), Some("zookeeper"));
+        assert_eq!(feature("zks"), Some("zookeeper-tls"));
+        assert_eq!(feature("redlocks"), Some("redis"));
     }
 
     #[tokio::test]

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 
-use crate::{Error, Result, service_url};
+use crate::{Descriptor, Error, Result, service_url};
 
 /// The option's name.
 pub(crate) const OPTION: &str = "password_file";
@@ -35,8 +35,8 @@ pub(crate) fn add_option(url: &str, path: &std::path::Path) -> String {
 ///
 /// # Errors
 /// [`Error::InvalidConfig`] when the file cannot be read, is empty or too long, the URL has a
-/// password already, or the backend (`scheme`) takes no password.
-pub(crate) async fn resolve(url: &str, scheme: &str) -> Result<Option<String>> {
+/// password already, or the backend takes no password.
+pub(crate) async fn resolve(url: &str, backend: &Descriptor) -> Result<Option<String>> {
     let Some((base, query)) = url.split_once('?') else {
         return Ok(None);
     };
@@ -56,10 +56,10 @@ pub(crate) async fn resolve(url: &str, scheme: &str) -> Result<Option<String>> {
     let Some(path) = path else {
         return Ok(None);
     };
-    if matches!(scheme, "memory" | "sqlite") {
+    if !backend.takes_password() {
         return Err(invalid(
             url,
-            &format!("the {scheme} backend takes no password"),
+            &format!("the {} backend takes no password", backend.name()),
         ));
     }
     if path.is_empty() {
@@ -126,6 +126,11 @@ fn invalid(url: &str, why: &str) -> Error {
 mod tests {
     use super::*;
 
+    /// A backend that takes passwords, for URLs of any scheme (never connected).
+    const NETWORK: Descriptor = Descriptor::new("network", &[], "", |_, _| {
+        Box::pin(async { Err(Error::Unsupported("never connected".into())) })
+    });
+
     fn file(content: &str) -> tempfile::NamedTempFile {
         let file = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(file.path(), content).unwrap();
@@ -155,16 +160,15 @@ mod tests {
             ),
         ];
         for (url, want) in cases {
-            let scheme = url.split_once("://").unwrap().0;
-            let got = resolve(&url, scheme).await.unwrap();
+            let got = resolve(&url, &NETWORK).await.unwrap();
             assert_eq!(got.as_deref(), Some(want));
         }
-        assert_eq!(resolve("redis://h?db=1", "redis").await.unwrap(), None);
+        assert_eq!(resolve("redis://h?db=1", &NETWORK).await.unwrap(), None);
         // As the CLI adds it (DISTLOCK_PASSWORD_FILE): a path with '&' and spaces survives.
         let odd = tempfile::Builder::new().prefix("a&b c").tempfile().unwrap();
         std::fs::write(odd.path(), "pw").unwrap();
         let url = add_option("redis://u@h?db=1", odd.path());
-        let got = resolve(&url, "redis").await.unwrap();
+        let got = resolve(&url, &NETWORK).await.unwrap();
         assert_eq!(got.as_deref(), Some("redis://u:pw@h?db=1"));
     }
 
@@ -175,7 +179,7 @@ mod tests {
         let empty = file("\n");
         let cases = [
             (format!("redis://u:pw@h?{opt}"), "has a password already"),
-            (format!("sqlite://x.db?{opt}"), "takes no password"),
+            (format!("memory://x?{opt}"), "takes no password"),
             (format!("redis://h?{opt}&{opt}"), "given twice"),
             ("redis://h?password_file=".to_owned(), "needs a path"),
             (
@@ -186,8 +190,12 @@ mod tests {
             ("redis://h?password_file=/".to_owned(), "is not a file"),
         ];
         for (url, want) in cases {
-            let scheme = url.split_once("://").unwrap().0;
-            let err = resolve(&url, scheme).await.unwrap_err().to_string();
+            let backend = if url.starts_with("memory:") {
+                &crate::memory::DESCRIPTOR
+            } else {
+                &NETWORK
+            };
+            let err = resolve(&url, backend).await.unwrap_err().to_string();
             assert!(err.contains(want), "{url}: {err}");
             assert!(!err.contains("hunter2") && !err.contains(":pw@"), "{err}");
         }

@@ -111,6 +111,7 @@ mod churn;
 mod config;
 mod contended;
 mod growth;
+mod hooks;
 mod mixed;
 mod report;
 mod stats;
@@ -123,6 +124,10 @@ pub use config::{BenchConfig, S1Call, ScenarioSelection};
 pub use growth::{
     ClientsPoint, GrowthResult, HoldPoint, IdleWindow, Instruments, NamesResult, NoInstruments,
     ServerCounter,
+};
+pub use hooks::{
+    BenchHooks, ContendedFloorFn, FloorFn, ReadsFn, ServerCounterFn, exchange, http_get,
+    probe_error, timed, url_hosts,
 };
 pub use report::{
     ClientShare, ContendedFloorResult, FloorResult, MixedResult, Report, S1Result, S2Result,

@@ -77,7 +77,7 @@ pub struct CheckConfig {
     pub renew_every: Nanos,
     /// Whether the backend's leases end on its server's wall clock (Redis key expiry, SQL
     /// `now()`, a ZooKeeper node's `mtime`; not etcd, whose leases run on its monotonic
-    /// clock; see [`leases_on_wall_clock`](crate::run::leases_on_wall_clock)). Then a forward
+    /// clock; the backend's descriptor says which). Then a forward
     /// step of that clock ends leases early, and the stale checks and overlaps that follow
     /// within `settle` are expected.
     pub wall_clock_leases: bool,

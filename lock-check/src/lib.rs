@@ -66,7 +66,7 @@ pub use history::{
 };
 pub use kind::{CheckKind, Mode, Sabotage};
 pub use register::{Access, FencedRegister, RemoteRegister};
-pub use run::{RunConfig, RunError, Spawner, leases_on_wall_clock, run, set_clock};
+pub use run::{RunConfig, RunError, Spawner, run, set_clock};
 pub use worker::{
     AIM_WAIT, Aim, Event, NoAim, Op, Recorder, Register, Sink, StdinAim, StdoutSink, WorkerParams,
     work,

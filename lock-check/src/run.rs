@@ -55,6 +55,10 @@ pub struct RunConfig {
     /// libfaketime, whose first line is its wall clock's offset in seconds (`+0`, `+2.5`,
     /// `-3`). Without it the clock fault is not injected.
     pub clock_file: Option<PathBuf>,
+    /// The port of a URL host given without one, from the backend's descriptor; `None`: the
+    /// workers reach no server of the URL directly (SQLite has none; Sentinel and Cluster
+    /// clients follow the addresses the servers announce), so no proxy is put in front of them.
+    pub default_port: Option<u16>,
 }
 
 /// Why a run could not be made (a finding of the checker is not an error).
@@ -97,7 +101,7 @@ impl RunConfig {
     /// # Errors
     /// [`RunError::Config`] saying what cannot work.
     pub fn validate(&self) -> Result<Vec<String>, RunError> {
-        let upstreams = upstreams(&self.url)?;
+        let upstreams = upstreams(&self.url, self.default_port)?;
         if self.nemesis.contains(&FaultKind::Restart) && self.restart_cmd.is_none() {
             return Err(RunError::Config(
                 "the restart fault needs --restart-cmd (a command that kill -9s and restarts \
@@ -139,55 +143,21 @@ fn fmt_duration(d: Duration) -> String {
     }
 }
 
-/// The default port of a URL scheme's server, `None` for backends without a network server.
-pub fn default_port(scheme: &str) -> Option<u16> {
-    Some(match scheme {
-        "redis" | "rediss" | "redlock" | "redlocks" => 6379,
-        "etcd" | "etcds" | "http" | "https" => 2379,
-        "zk" | "zks" | "zookeeper" => 2181,
-        "postgres" | "postgresql" => 5432,
-        "mysql" | "mariadb" => 3306,
-        _ => return None,
-    })
-}
-
-/// Whether the leases of `url`'s backend end on its server's wall clock, so that a step of
-/// that clock moves their ends: Redis (key expiry and the `TIME` of the holders' sorted set),
-/// SQL (`now()`, `UTC_TIMESTAMP(6)`, SQLite's `unixepoch()`: the database's clock) and
-/// ZooKeeper (a holder node's lease runs from its `mtime`, the leader's wall clock). etcd's
-/// leases run on its monotonic clock, which no wall clock step moves.
-pub fn leases_on_wall_clock(url: &str) -> bool {
-    let lower = url.trim().to_ascii_lowercase();
-    let scheme = lower.split([':', '+']).next().unwrap_or_default();
-    !matches!(scheme, "etcd" | "etcds" | "http" | "https" | "memory")
-}
-
-/// The servers of `url` as `host:port`, in URL order; empty for a backend without a network
-/// server (SQLite).
+/// The servers of `url` as `host:port` (`default_port` for a host without one), in URL order;
+/// none without a default port (see [`RunConfig::default_port`]).
 ///
 /// # Errors
-/// The URL does not parse, or names the in-memory backend (its locks cannot be shared by
-/// worker processes).
-pub fn upstreams(url: &str) -> Result<Vec<String>, RunError> {
-    let lower = url.trim().to_ascii_lowercase();
-    if lower.starts_with("sqlite:") {
+/// The URL does not parse.
+pub fn upstreams(url: &str, default_port: Option<u16>) -> Result<Vec<String>, RunError> {
+    let Some(port) = default_port else {
         return Ok(Vec::new());
-    }
-    if lower.starts_with("memory:") {
-        return Err(RunError::Config(
-            "memory:// locks live in one process; a check needs a lock server or a SQLite file"
-                .into(),
-        ));
-    }
+    };
     let parsed = ServiceUrl::parse(url).map_err(|err| RunError::Config(err.to_string()))?;
-    Ok(match default_port(parsed.scheme()) {
-        Some(port) => parsed
-            .hosts()
-            .iter()
-            .map(|h| h.with_default_port(port))
-            .collect(),
-        None => Vec::new(),
-    })
+    Ok(parsed
+        .hosts()
+        .iter()
+        .map(|h| h.with_default_port(port))
+        .collect())
 }
 
 /// `url` with its host list replaced by `hosts` (one per original host, in order).
@@ -1022,34 +992,13 @@ mod tests {
             "etcd://127.0.0.1:7"
         );
         assert_eq!(
-            upstreams("zk://a,b:2182/chroot").expect("parses"),
+            upstreams("zk://a,b:2182/chroot", Some(2181)).expect("parses"),
             ["a:2181", "b:2182"]
         );
         assert_eq!(
-            upstreams("sqlite:///tmp/x.db").expect("parses"),
+            upstreams("sqlite:///tmp/x.db", None).expect("parses"),
             Vec::<String>::new()
         );
-        assert!(matches!(upstreams("memory://"), Err(RunError::Config(_))));
-    }
-
-    #[test]
-    fn leases_on_the_wall_clock_are_told_by_the_scheme() {
-        for url in [
-            "redis://h",
-            "REDIS+sentinel://a,b/m",
-            "rediss+cluster://a",
-            "redlock://a,b,c",
-            "postgres://u@h/db",
-            "mysql://h",
-            "sqlite:///tmp/x.db",
-            "sqlite::memory:",
-            "zk://h",
-        ] {
-            assert!(leases_on_wall_clock(url), "{url}");
-        }
-        for url in ["etcd://h", "etcds://h", "memory://"] {
-            assert!(!leases_on_wall_clock(url), "{url}");
-        }
     }
 
     #[test]
@@ -1076,6 +1025,7 @@ mod tests {
             restart_cmd: None,
             overlap: false,
             clock_file: Some(dir.join("missing.rc")),
+            default_port: Some(6379),
         };
         assert!(
             matches!(missing.validate(), Err(RunError::Config(why)) if why.contains("missing.rc")),

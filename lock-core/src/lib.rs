@@ -100,6 +100,7 @@
 pub mod backend;
 mod capabilities;
 mod client;
+mod descriptor;
 mod election;
 mod error;
 mod flag;
@@ -126,6 +127,7 @@ pub use backend::{
 };
 pub use capabilities::{Capabilities, LossDetection, WakeUp};
 pub use client::LockClient;
+pub use descriptor::{ConnectFn, Descriptor};
 pub use election::Leader;
 pub use error::{
     BoxError, Error, LossReason, NodeOutcome, NodeResult, Result, io_cause, tcp_cause,

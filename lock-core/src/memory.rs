@@ -222,6 +222,36 @@ pub struct MemoryBackend {
     store: MemoryStore,
 }
 
+/// The in-memory backend's [`Descriptor`](crate::Descriptor): `memory://NAME` URLs with the
+/// same NAME share one store within the process (`memory://` alone: the store named "").
+pub const DESCRIPTOR: crate::Descriptor = crate::Descriptor::new(
+    "memory",
+    &["memory"],
+    "memory://[NAME] (this process only)",
+    |url, config| {
+        Box::pin(async move {
+            let name = url.get("memory://".len()..).unwrap_or_default();
+            Ok(
+                crate::LockClient::with_config(MemoryBackend::new(named_store(name)), config)?
+                    .into_dyn(),
+            )
+        })
+    },
+)
+.with_monotonic_leases()
+.without_password();
+
+/// The process's store called `name` (see [`DESCRIPTOR`]).
+fn named_store(name: &str) -> MemoryStore {
+    static STORES: std::sync::OnceLock<Mutex<HashMap<String, MemoryStore>>> =
+        std::sync::OnceLock::new();
+    let stores = STORES.get_or_init(Mutex::default);
+    let mut stores = stores
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    stores.entry(name.to_owned()).or_default().clone()
+}
+
 impl MemoryBackend {
     /// A backend over `store`.
     pub fn new(store: MemoryStore) -> Self {

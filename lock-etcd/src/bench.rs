@@ -1,7 +1,7 @@
 //! The raw floors of etcd for the shared benchmark harness (feature `bench`).
 
 use async_trait::async_trait;
-use distlock_bench::{RawFloor, Target};
+use distlock_bench::{BenchHooks, RawFloor, ServerCounter, Target, http_get};
 use distlock_core::{ClientConfig, Error};
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 
@@ -230,4 +230,59 @@ pub async fn contended_floor(url: &str) -> Result<Box<dyn distlock_bench::Conten
 pub async fn floor(url: &str) -> Result<Box<dyn RawFloor>, Error> {
     let config = EtcdConfig::from_url(url)?;
     Ok(Box::new(TxnFloor::connect(&config).await?))
+}
+
+/// etcd's hooks: [`floor`], [`contended_floor`] (the Lock API) and, on plain HTTP endpoints,
+/// the server counter ([`server_counter`]).
+pub const ETCD: BenchHooks = BenchHooks::new()
+    .with_floor(|url| Box::pin(async move { floor(&url).await }))
+    .with_contended_floor(|url| Box::pin(async move { contended_floor(&url).await }))
+    .with_server_counter(
+        |url| url.starts_with("etcd://"),
+        |url| Box::pin(async move { server_counter(&url) }),
+    );
+
+/// The server's own request counter for `distlock bench --scenario hold`: the sum of
+/// `grpc_server_msg_received_total` on each endpoint's `/metrics` (plain HTTP): every request
+/// message, unary or on a stream (a lease keep-alive on a stream counts once per message,
+/// where `grpc_server_handled_total` would count the stream once, at its end).
+///
+/// # Errors
+/// None yet: the endpoints are read when the counter is.
+pub fn server_counter(url: &str) -> Result<Box<dyn ServerCounter>, Error> {
+    Ok(Box::new(Etcd {
+        hosts: distlock_bench::url_hosts(url, crate::DEFAULT_PORT).1,
+    }))
+}
+
+/// etcd endpoints, read over plain HTTP.
+#[derive(Debug)]
+struct Etcd {
+    hosts: Vec<String>,
+}
+
+#[async_trait]
+impl ServerCounter for Etcd {
+    fn label(&self) -> &str {
+        "etcd grpc_server_msg_received_total"
+    }
+
+    async fn read(&mut self) -> Result<u64, Error> {
+        let mut total = 0.0;
+        for host in &self.hosts {
+            let body = http_get(host, "/metrics").await?;
+            total += body
+                .lines()
+                .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>();
+        }
+        // Counter values are integers printed as floats.
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "a sum of non-negative integer counters"
+        )]
+        Ok(total as u64)
+    }
 }

@@ -121,6 +121,7 @@ mod backend;
 pub mod bench;
 mod checks;
 mod config;
+mod descriptor;
 mod error;
 mod keys;
 mod kinds;
@@ -134,6 +135,7 @@ use distlock_core::{ClientConfig, Error, LockClient};
 
 pub use backend::{EtcdBackend, MAX_PERMITS, MAX_TTL, MIN_TTL};
 pub use config::{DEFAULT_PORT, DEFAULT_PREFIX, EtcdConfig};
+pub use descriptor::ETCD;
 pub use distlock_core;
 pub use etcd_client;
 

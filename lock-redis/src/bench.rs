@@ -4,9 +4,11 @@
 //! takes a fencing token with each `SET`, atomically.
 
 use async_trait::async_trait;
-use distlock_bench::RawFloor;
+use distlock_bench::{BenchHooks, RawFloor, ServerCounter, probe_error as error, timed};
 use distlock_core::Error;
 use redis::aio::MultiplexedConnection;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
 
 use crate::error::RedisError;
 use crate::node::NodeTls;
@@ -250,5 +252,130 @@ async fn connect_floor(url: &str, fenced: bool) -> Result<Box<dyn RawFloor>, Err
         Ok(Box::new(
             RedisFloor::connect(&config.nodes[0], &tls, fenced).await?,
         ))
+    }
+}
+
+/// The hooks of a single master (and of Sentinel's): [`floor`], [`fenced_floor`] and, on
+/// plain TCP, the server counter ([`server_counter`]).
+pub const REDIS: BenchHooks = BenchHooks::new()
+    .with_floor(|url| Box::pin(async move { floor(&url).await }))
+    .with_fenced_floor(|url| Box::pin(async move { fenced_floor(&url).await }))
+    .with_server_counter(
+        |url| url.starts_with("redis://"),
+        |url| Box::pin(async move { server_counter(&url).await }),
+    );
+
+/// Redlock's hooks: [`floor`] on every master, and their summed server counter.
+pub const REDLOCK: BenchHooks = BenchHooks::new()
+    .with_floor(|url| Box::pin(async move { floor(&url).await }))
+    .with_server_counter(
+        |url| url.starts_with("redlock://"),
+        |url| Box::pin(async move { server_counter(&url).await }),
+    );
+
+/// Sentinel's hooks: the floors on the master the Sentinels name (its counter would need the
+/// master's address, which the URL does not give).
+pub const SENTINEL: BenchHooks = BenchHooks::new()
+    .with_floor(|url| Box::pin(async move { floor(&url).await }))
+    .with_fenced_floor(|url| Box::pin(async move { fenced_floor(&url).await }));
+
+/// Cluster's hooks: the floors with the cluster's routing, and the counter summed over the
+/// URL's nodes.
+pub const CLUSTER: BenchHooks = BenchHooks::new()
+    .with_floor(|url| Box::pin(async move { floor(&url).await }))
+    .with_fenced_floor(|url| Box::pin(async move { fenced_floor(&url).await }))
+    .with_server_counter(
+        |url| url.starts_with("redis+cluster://"),
+        |url| Box::pin(async move { server_counter(&url).await }),
+    );
+
+/// The server's own request counter for `distlock bench --scenario hold`:
+/// `total_reads_processed` of `INFO stats` (the server's reads of client sockets: one per
+/// request, or per pipeline), summed over every node of the URL (plain TCP). `INFO
+/// commandstats` would also count every command a script runs: a batched renewal of 256 locks
+/// is one request but 513 commands.
+///
+/// # Errors
+/// [`Error::Backend`] when a node cannot be reached or refuses the URL's credentials.
+pub async fn server_counter(url: &str) -> Result<Box<dyn ServerCounter>, Error> {
+    let (auth, hosts) = distlock_bench::url_hosts(url, 6379);
+    Ok(Box::new(Redis::connect(auth, hosts).await?))
+}
+
+/// Redis nodes, one kept connection each, spoken to in RESP.
+#[derive(Debug)]
+struct Redis {
+    nodes: Vec<(String, TcpStream)>,
+}
+
+impl Redis {
+    async fn connect(auth: Option<String>, hosts: Vec<String>) -> Result<Self, Error> {
+        let mut nodes = Vec::with_capacity(hosts.len());
+        for host in hosts {
+            let mut conn = timed(&host, TcpStream::connect(&host)).await?;
+            if let Some(auth) = &auth {
+                let parts: Vec<&str> = match auth.split_once(':') {
+                    Some(("", password)) => vec!["AUTH", password],
+                    Some((user, password)) => vec!["AUTH", user, password],
+                    None => vec!["AUTH", auth],
+                };
+                let reply = Self::command(&host, &mut conn, &parts).await?;
+                if reply.starts_with('-') {
+                    return Err(error(&host, reply.trim()));
+                }
+            }
+            nodes.push((host, conn));
+        }
+        Ok(Self { nodes })
+    }
+
+    /// Sends one command, returns its reply (a bulk string's payload, else the line).
+    async fn command(host: &str, conn: &mut TcpStream, parts: &[&str]) -> Result<String, Error> {
+        let mut request = format!("*{}\r\n", parts.len());
+        for part in parts {
+            request.push_str(&format!("${}\r\n{part}\r\n", part.len()));
+        }
+        timed(host, conn.write_all(request.as_bytes())).await?;
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 8192];
+        loop {
+            let n = timed(host, conn.read(&mut chunk)).await?;
+            if n == 0 {
+                return Err(error(host, "connection closed"));
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            let Some(line_end) = buf.windows(2).position(|w| w == b"\r\n") else {
+                continue;
+            };
+            let first = String::from_utf8_lossy(&buf[..line_end]).into_owned();
+            let Some(len) = first.strip_prefix('$') else {
+                return Ok(first);
+            };
+            let len: usize = len.parse().map_err(|_| error(host, "bad RESP length"))?;
+            let start = line_end + 2;
+            if buf.len() >= start + len + 2 {
+                return Ok(String::from_utf8_lossy(&buf[start..start + len]).into_owned());
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl ServerCounter for Redis {
+    fn label(&self) -> &str {
+        "Redis INFO stats total_reads_processed"
+    }
+
+    async fn read(&mut self) -> Result<u64, Error> {
+        let mut total = 0;
+        for (host, conn) in &mut self.nodes {
+            let info = Self::command(host, conn, &["INFO", "stats"]).await?;
+            total += info
+                .lines()
+                .find_map(|l| l.strip_prefix("total_reads_processed:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| error(host, "no total_reads_processed in INFO stats"))?;
+        }
+        Ok(total)
     }
 }

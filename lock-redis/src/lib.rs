@@ -221,6 +221,7 @@ mod backend;
 #[cfg_attr(docsrs, doc(cfg(feature = "bench")))]
 pub mod bench;
 mod config;
+mod descriptor;
 mod error;
 mod keys;
 mod lease;
@@ -234,6 +235,7 @@ mod topology;
 mod wake;
 
 pub use backend::RedisBackend;
+pub use descriptor::{CLUSTER, REDIS, REDLOCK, SENTINEL};
 
 /// The largest semaphore on one master (`redis://`): 65,536 permits.
 ///

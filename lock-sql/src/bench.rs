@@ -13,8 +13,12 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use distlock_bench::RawFloor;
+use distlock_bench::{BenchHooks, RawFloor};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use distlock_bench::{ServerCounter, probe_error as error};
 use distlock_core::{Error, Result};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use sqlx::Connection as _;
 use sqlx::{AssertSqlSafe, Executor};
 
 use crate::backend::{SqlBackend, SqlPool};
@@ -389,6 +393,145 @@ pub async fn contended_floor(
     Ok(ServerLockFloor::connect(url, fenced)
         .await?
         .map(|f| Box::new(f) as Box<dyn distlock_bench::ContendedFloor>))
+}
+
+/// SQLite's hooks: [`floor`] (which declares itself unfit for S1 and S2, see the module).
+#[cfg(feature = "sqlite")]
+pub const SQLITE: BenchHooks =
+    BenchHooks::new().with_floor(|url| Box::pin(async move { floor(&url).await }));
+
+/// PostgreSQL's hooks: [`floor`], [`contended_floor`] (advisory locks, also fenced) and the
+/// server counter ([`server_counter`]).
+#[cfg(feature = "postgres")]
+pub const POSTGRES: BenchHooks = SERVER;
+
+/// MySQL's and MariaDB's hooks: [`floor`], [`contended_floor`] (`GET_LOCK`, also fenced) and
+/// the server counter ([`server_counter`]).
+#[cfg(feature = "mysql")]
+pub const MYSQL: BenchHooks = SERVER;
+
+/// The hooks of a database server.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+const SERVER: BenchHooks = BenchHooks::new()
+    .with_floor(|url| Box::pin(async move { floor(&url).await }))
+    .with_contended_floor(|url| Box::pin(async move { server_lock_floor(&url, false).await }))
+    .with_fenced_contended_floor(|url| Box::pin(async move { server_lock_floor(&url, true).await }))
+    .with_server_counter(
+        |_| true,
+        |url| Box::pin(async move { server_counter(&url).await }),
+    );
+
+/// [`contended_floor`], an error for a database without a blocking lock.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn server_lock_floor(
+    url: &str,
+    fenced: bool,
+) -> Result<Box<dyn distlock_bench::ContendedFloor>> {
+    contended_floor(url, fenced)
+        .await?
+        .ok_or_else(|| Error::Unsupported("SQLite has no blocking lock".into()))
+}
+
+/// The server's own request counter for `distlock bench --scenario hold`. PostgreSQL:
+/// `xact_commit + xact_rollback` of the database in `pg_stat_database` (a transaction per
+/// statement in autocommit; `pg_stat_statements` is not installed on the test servers);
+/// PostgreSQL flushes a backend's counts at most once a second, and an idle backend's within
+/// 10 s, so a short window is blurred at its edges. MySQL / MariaDB: `SHOW GLOBAL STATUS`
+/// `Questions` (statements sent by clients).
+///
+/// # Errors
+/// [`Error::InvalidConfig`] for a bad URL, [`Error::Backend`] when the database cannot be
+/// reached, [`Error::Unsupported`] for SQLite.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub async fn server_counter(url: &str) -> Result<Box<dyn ServerCounter>> {
+    match SqlConfig::from_url(url)?.dialect {
+        #[cfg(feature = "postgres")]
+        Dialect::Postgres => Ok(Box::new(PostgresCounter::connect(url).await?)),
+        #[cfg(feature = "mysql")]
+        Dialect::MySql => Ok(Box::new(MysqlCounter::connect(url).await?)),
+        _ => Err(Error::Unsupported(
+            "no server counter for this database".into(),
+        )),
+    }
+}
+
+/// PostgreSQL's `pg_stat_database` for the URL's database.
+#[cfg(feature = "postgres")]
+#[derive(Debug)]
+struct PostgresCounter(sqlx::PgConnection);
+
+#[cfg(feature = "postgres")]
+impl PostgresCounter {
+    async fn connect(url: &str) -> Result<Self, Error> {
+        let url = SqlConfig::from_url(url)?.url;
+        let conn = sqlx::PgConnection::connect(&url)
+            .await
+            .map_err(|e| error("postgres counter", e))?;
+        Ok(Self(conn))
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[async_trait]
+impl ServerCounter for PostgresCounter {
+    fn label(&self) -> &str {
+        "PostgreSQL pg_stat_database xact_commit + xact_rollback"
+    }
+
+    /// An idle connection's counts reach `pg_stat_database` up to 10 s late.
+    fn settle(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(11)
+    }
+
+    async fn read(&mut self) -> Result<u64, Error> {
+        // A fresh snapshot of the statistics, not the one cached by this session.
+        sqlx::query("SELECT pg_stat_clear_snapshot()")
+            .execute(&mut self.0)
+            .await
+            .map_err(|e| error("postgres counter", e))?;
+        let (count,): (i64,) = sqlx::query_as(
+            "SELECT (xact_commit + xact_rollback)::int8 FROM pg_stat_database \
+             WHERE datname = current_database()",
+        )
+        .fetch_one(&mut self.0)
+        .await
+        .map_err(|e| error("postgres counter", e))?;
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+}
+
+/// MySQL's or MariaDB's global `Questions`.
+#[cfg(feature = "mysql")]
+#[derive(Debug)]
+struct MysqlCounter(sqlx::MySqlConnection);
+
+#[cfg(feature = "mysql")]
+impl MysqlCounter {
+    async fn connect(url: &str) -> Result<Self, Error> {
+        let url = SqlConfig::from_url(url)?.url;
+        let conn = sqlx::MySqlConnection::connect(&url)
+            .await
+            .map_err(|e| error("mysql counter", e))?;
+        Ok(Self(conn))
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[async_trait]
+impl ServerCounter for MysqlCounter {
+    fn label(&self) -> &str {
+        "MySQL SHOW GLOBAL STATUS Questions"
+    }
+
+    async fn read(&mut self) -> Result<u64, Error> {
+        let (_, value): (String, String) = sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Questions'")
+            .fetch_one(&mut self.0)
+            .await
+            .map_err(|e| error("mysql counter", e))?;
+        value
+            .parse()
+            .map_err(|_| error("mysql counter", format!("Questions = {value:?}")))
+    }
 }
 
 #[cfg(all(test, feature = "sqlite"))]

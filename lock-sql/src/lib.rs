@@ -199,6 +199,12 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "mysql")]
+pub use descriptor::MYSQL;
+#[cfg(feature = "postgres")]
+pub use descriptor::POSTGRES;
+#[cfg(feature = "sqlite")]
+pub use descriptor::SQLITE;
 pub use distlock_core;
 use distlock_core::{ClientConfig, LockClient, Result};
 pub use sqlx;
@@ -210,6 +216,7 @@ mod backend;
 pub mod bench;
 mod config;
 mod db;
+mod descriptor;
 mod dialect;
 mod error;
 mod fence;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use distlock_bench::{RawFloor, Target};
+use distlock_bench::{BenchHooks, RawFloor, ServerCounter, Target, exchange, probe_error as error};
 use distlock_core::{ClientConfig, Error, LockName};
 use zookeeper_client as zk;
 
@@ -202,4 +202,68 @@ pub async fn contended_floor(url: &str) -> Result<Box<dyn distlock_bench::Conten
 pub async fn floor(url: &str) -> Result<Box<dyn RawFloor>, Error> {
     let config = ZkConfig::from_url(url)?;
     Ok(Box::new(ZkFloor::connect(&config).await?))
+}
+
+/// The hooks of `zk://`: [`floor`], [`contended_floor`] and, without SASL, the server counter
+/// ([`server_counter`]).
+pub const ZK: BenchHooks = BenchHooks::new()
+    .with_floor(|url| Box::pin(async move { floor(&url).await }))
+    .with_contended_floor(|url| Box::pin(async move { contended_floor(&url).await }))
+    .with_server_counter(
+        |url| !url.contains("auth=sasl"),
+        |url| Box::pin(async move { server_counter(&url) }),
+    );
+
+/// The hooks of `zks://`: the floors over TLS (`mntr` is read in plain text only).
+#[cfg(feature = "tls")]
+pub const ZKS: BenchHooks = BenchHooks::new()
+    .with_floor(|url| Box::pin(async move { floor(&url).await }))
+    .with_contended_floor(|url| Box::pin(async move { contended_floor(&url).await }));
+
+/// The server's own request counter for `distlock bench --scenario hold`:
+/// `zk_packets_received` of the `mntr` four-letter word (whitelisted by scripts/services.sh),
+/// summed over the connect string's servers.
+///
+/// # Errors
+/// None yet: the servers are read when the counter is.
+pub fn server_counter(url: &str) -> Result<Box<dyn ServerCounter>, Error> {
+    Ok(Box::new(Zk {
+        hosts: distlock_bench::url_hosts(url, ZkConfig::DEFAULT_PORT).1,
+    }))
+}
+
+/// ZooKeeper servers, read with `mntr`.
+#[derive(Debug)]
+struct Zk {
+    hosts: Vec<String>,
+}
+
+#[async_trait]
+impl ServerCounter for Zk {
+    fn label(&self) -> &str {
+        "ZooKeeper mntr zk_packets_received"
+    }
+
+    async fn read(&mut self) -> Result<u64, Error> {
+        let mut total = 0;
+        for host in &self.hosts {
+            let reply = exchange(host, b"mntr").await?;
+            let value = reply
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("zk_packets_received")?
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                })
+                .ok_or_else(|| {
+                    error(
+                        host,
+                        "no zk_packets_received in mntr (is mntr whitelisted?)",
+                    )
+                })?;
+            total += value;
+        }
+        Ok(total)
+    }
 }

@@ -226,6 +226,7 @@ mod backend;
 #[cfg_attr(docsrs, doc(cfg(feature = "bench")))]
 pub mod bench;
 mod config;
+mod descriptor;
 mod error;
 mod keys;
 mod lease;
@@ -238,6 +239,9 @@ mod wake;
 
 pub use backend::{MAX_PERMITS, ZkBackend};
 pub use config::ZkConfig;
+pub use descriptor::ZK;
+#[cfg(feature = "tls")]
+pub use descriptor::ZKS;
 pub use distlock_core;
 pub use zookeeper_client;
 
