@@ -17,7 +17,6 @@ use conformance_tests::server_var;
 use distlock_core::LockClient;
 use distlock_core::{AcquireOptions, Backoff, DistributedLock, Error, LockGuard, LockKind};
 use distlock_etcd::EtcdBackend;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 
@@ -43,18 +42,8 @@ struct Figures {
 
 /// Reads `/metrics` of the member at `endpoint` (`http://host:port`).
 async fn figures(endpoint: &str) -> Figures {
-    let host = endpoint.trim_start_matches("http://").trim_end_matches('/');
-    let mut stream = tokio::net::TcpStream::connect(host)
-        .await
-        .expect("connect to the metrics endpoint");
-    let request = format!("GET /metrics HTTP/1.0\r\nHost: {host}\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await.unwrap();
-    let value = |line: &str| -> u64 {
-        let number = line.rsplit(' ').next().unwrap_or("0");
-        number.parse::<f64>().map_or(0, |v| v as u64)
-    };
+    let body = common::metrics(endpoint).await;
+    let value = common::metric_value;
     let mut figures = Figures {
         events: 0,
         watchers: 0,

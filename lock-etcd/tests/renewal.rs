@@ -11,7 +11,6 @@ use std::time::Duration;
 use common::Etcd;
 use conformance_tests::server_var;
 use distlock_core::{AcquireOptions, DistributedLock, LockGuard, LossReason};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -26,18 +25,8 @@ const INTERVALS: u32 = 4;
 
 /// Requests the member served: unary KV calls (transactions, ranges) and keepalive messages.
 async fn requests(endpoint: &str) -> u64 {
-    let host = endpoint.trim_start_matches("http://").trim_end_matches('/');
-    let mut stream = tokio::net::TcpStream::connect(host)
-        .await
-        .expect("connect to the metrics endpoint");
-    let request = format!("GET /metrics HTTP/1.0\r\nHost: {host}\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await.unwrap();
-    let value = |line: &str| -> u64 {
-        let number = line.rsplit(' ').next().unwrap_or("0");
-        number.parse::<f64>().map_or(0, |v| v as u64)
-    };
+    let body = common::metrics(endpoint).await;
+    let value = common::metric_value;
     body.lines()
         .filter(|line| {
             line.starts_with("grpc_server_msg_received_total{")

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use common::{ZkHarness, unique};
 use distlock_core::{AcquireOptions, DistributedLock, LockGuard, LockKind};
 use distlock_zookeeper::zookeeper_client as zk;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
 /// The herd checks read server-wide counters: the tests of this binary run one at a time.
@@ -116,20 +115,9 @@ async fn settled(h: &ZkHarness, name: &str, waiting: usize) {
     }
 }
 
-/// The server's `mntr` figures (a four-letter word whitelisted by scripts/services.sh).
+/// The server's `mntr` figures.
 async fn mntr(h: &ZkHarness) -> HashMap<String, i64> {
-    let mut stream = tokio::net::TcpStream::connect(&h.server)
-        .await
-        .expect("connect for mntr");
-    stream.write_all(b"mntr").await.expect("send mntr");
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await.expect("read mntr");
-    text.lines()
-        .filter_map(|line| {
-            let (key, value) = line.split_once('\t')?;
-            Some((key.to_owned(), value.trim().parse().ok()?))
-        })
-        .collect()
+    common::mntr(&h.server).await
 }
 
 /// Watch notifications the server sent, by event: the sums of `mntr`'s per-event watcher

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use common::ZkHarness;
 use distlock_core::{AcquireOptions, DistributedLock, LockGuard};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -29,20 +28,9 @@ async fn harness() -> Option<ZkHarness> {
     Some(ZkHarness::new(&server).await)
 }
 
-/// The server's `mntr` figures (a four-letter word whitelisted by scripts/services.sh).
+/// The server's `mntr` figures.
 async fn mntr(h: &ZkHarness) -> HashMap<String, i64> {
-    let mut stream = tokio::net::TcpStream::connect(&h.server)
-        .await
-        .expect("connect for mntr");
-    stream.write_all(b"mntr").await.expect("send mntr");
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await.expect("read mntr");
-    text.lines()
-        .filter_map(|line| {
-            let (key, value) = line.split_once('\t')?;
-            Some((key.to_owned(), value.trim().parse().ok()?))
-        })
-        .collect()
+    common::mntr(&h.server).await
 }
 
 async fn packets(h: &ZkHarness) -> i64 {

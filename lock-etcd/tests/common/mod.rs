@@ -103,3 +103,22 @@ impl Etcd {
 }
 
 pub use conformance_tests::services as service;
+
+/// The `/metrics` text of the member at `endpoint` (`http://host:port`).
+pub async fn metrics(endpoint: &str) -> String {
+    let host = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    distlock_bench::http_get(host, "/metrics")
+        .await
+        .expect("read the metrics endpoint")
+}
+
+/// The value of one `/metrics` line (counters are integers printed as floats).
+pub fn metric_value(line: &str) -> u64 {
+    let number = line.rsplit(' ').next().unwrap_or("0");
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "non-negative integer counters"
+    )]
+    number.parse::<f64>().map_or(0, |v| v as u64)
+}

@@ -444,3 +444,17 @@ impl Harness for ZkHarness {
         result
     }
 }
+
+/// The `mntr` figures of the server at `server` (`host:port`; a four-letter word whitelisted
+/// by scripts/services.sh).
+pub async fn mntr(server: &str) -> HashMap<String, i64> {
+    distlock_bench::exchange(server, b"mntr")
+        .await
+        .expect("read mntr")
+        .lines()
+        .filter_map(|line| {
+            let (key, value) = line.split_once('\t')?;
+            Some((key.to_owned(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
