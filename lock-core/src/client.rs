@@ -11,8 +11,8 @@ use rand::Rng;
 use tracing::{Instrument, debug, warn};
 
 use crate::backend::{
-    AcquireRequest, Attempt, AttemptMode, LockBackend, MAX_IMMEDIATE_POLLS, NEXT_IN_LINE_MAX_POLL,
-    Step, within,
+    AcquireRequest, Acquired, Attempt, AttemptMode, LockBackend, MAX_IMMEDIATE_POLLS,
+    NEXT_IN_LINE_MAX_POLL, Step, within,
 };
 use crate::guard::{Held, LockGuard, NewGuard};
 use crate::registry::{Registry, RegistryKey};
@@ -177,11 +177,7 @@ impl<B: LockBackend> LockClient<B> {
         };
         let op_timeout = self.inner.config.operation_timeout;
         let metrics = self.inner.instruments.handles(&name);
-        let mut attempt = AttemptCleanup::new(
-            self.inner.backend.begin(request.clone()),
-            op_timeout,
-            metrics.clone(),
-        );
+        let mut attempt = self.begin(&request, &metrics);
         // Grants that came back after the lease they grant had run out, in a row.
         let mut late_grants = 0_u32;
         let mut pacing = Pacing::new(options, self.inner.caps.wake_up);
@@ -201,49 +197,24 @@ impl<B: LockBackend> LockClient<B> {
             let delay = match step {
                 Ok(Step::Acquired(acquired)) => {
                     attempt.disarm();
-                    let lease_started = acquired.lease_started.map_or(sent, |s| s.min(sent));
-                    let ttl = options.ttl;
-                    let drift = self.inner.config.drift(ttl);
-                    if Instant::now() >= lease_started + ttl - drift
-                        && late_grants < MAX_LATE_GRANTS
-                    {
-                        // The answer came after the lease it grants had run out (the process
-                        // was paused, or the answer held up past the ttl): somebody else may
-                        // hold the lock by now. Never handed out as a guard: released (it may
-                        // still be ours) and asked for again, with a new attempt under a new
-                        // owner: the release runs in the background and may reach the server
-                        // after the next grant, which, were it the same owner's, it would
-                        // take away from under a guard that believes it holds.
+                    let drift = self.inner.config.drift(options.ttl);
+                    let grant = Grant::new(acquired, sent, options.ttl, drift);
+                    if late_grants < MAX_LATE_GRANTS && grant.is_late() {
+                        // Never handed out as a guard: released (it may still be ours) and
+                        // asked for again with a new attempt under a new owner (see
+                        // `release_late_grant`).
                         late_grants += 1;
-                        warn!(name = %name, ttl = ?ttl, late = ?lease_started.elapsed(), "a grant came back after its lease ran out: not used, asking again");
-                        release_late_grant(acquired.lease, op_timeout);
+                        warn!(name = %name, ttl = ?options.ttl, late = ?grant.lease_started.elapsed(), "a grant came back after its lease ran out: not used, asking again");
+                        release_late_grant(grant.acquired.lease, op_timeout);
                         owner = owners.next()?;
                         request.owner = owner.clone();
-                        attempt = AttemptCleanup::new(
-                            self.inner.backend.begin(request.clone()),
-                            op_timeout,
-                            metrics.clone(),
-                        );
+                        attempt = self.begin(&request, &metrics);
                         continue;
                     }
                     metrics.acquired(started, woken.filter(|_| waiting.is_some()));
-                    return Ok(Some(LockGuard::start(NewGuard {
-                        name,
-                        kind: options.kind,
-                        owner,
-                        token: acquired.token,
-                        backend: self.inner.backend.name(),
-                        lease: acquired.lease,
-                        ttl,
-                        drift,
-                        operation_timeout: op_timeout,
-                        lease_started,
-                        renewal_interval: options.renewal_interval(),
-                        max_hold: options.renewal.max_hold,
-                        reentry,
-                        watchdog: self.inner.watchdog.clone(),
-                        metrics,
-                    })));
+                    return Ok(Some(
+                        self.guard(name, owner, options, grant, reentry, metrics),
+                    ));
                 }
                 Ok(step) => {
                     last_error = None;
@@ -272,20 +243,15 @@ impl<B: LockBackend> LockClient<B> {
                 attempt.abandon().await;
                 return Ok(None);
             }
-            let now = Instant::now();
-            let sleep = match deadline {
-                Some(deadline) if now >= deadline => {
-                    attempt.abandon().await;
-                    if last_error.is_none() {
-                        metrics.timed_out();
-                    }
-                    return Err(last_error.unwrap_or_else(|| Error::Timeout {
-                        name: name.to_string(),
-                        waited: started.elapsed(),
-                    }));
+            let Some(sleep) = until_next_attempt(deadline, delay) else {
+                attempt.abandon().await;
+                if last_error.is_none() {
+                    metrics.timed_out();
                 }
-                Some(deadline) => delay.min(deadline - now),
-                None => delay,
+                return Err(last_error.unwrap_or_else(|| Error::Timeout {
+                    name: name.to_string(),
+                    waited: started.elapsed(),
+                }));
             };
             tokio::select! {
                 () = attempt.get().changed() => pacing.backoff.reset(),
@@ -296,6 +262,84 @@ impl<B: LockBackend> LockClient<B> {
             }
         }
     }
+
+    /// The guard of `grant`, its watchdog started.
+    fn guard(
+        &self,
+        name: LockName,
+        owner: Arc<str>,
+        options: &AcquireOptions,
+        grant: Grant,
+        reentry: Option<(Weak<Registry<Held>>, RegistryKey)>,
+        metrics: Arc<Handles>,
+    ) -> LockGuard {
+        LockGuard::start(NewGuard {
+            name,
+            kind: options.kind,
+            owner,
+            token: grant.acquired.token,
+            backend: self.inner.backend.name(),
+            lease: grant.acquired.lease,
+            ttl: grant.ttl,
+            drift: grant.drift,
+            operation_timeout: self.inner.config.operation_timeout,
+            lease_started: grant.lease_started,
+            renewal_interval: options.renewal_interval(),
+            max_hold: options.renewal.max_hold,
+            reentry,
+            watchdog: self.inner.watchdog.clone(),
+            metrics,
+        })
+    }
+
+    /// A new attempt of the backend for `request`, abandoned if dropped before it ends.
+    fn begin(&self, request: &AcquireRequest, metrics: &Arc<Handles>) -> AttemptCleanup {
+        AttemptCleanup::new(
+            self.inner.backend.begin(request.clone()),
+            self.inner.config.operation_timeout,
+            metrics.clone(),
+        )
+    }
+}
+
+/// A backend's grant, and when its lease started on the client's clock.
+struct Grant {
+    acquired: Acquired,
+    /// The earlier of the backend's lease start and the send of the poll that returned it.
+    lease_started: Instant,
+    ttl: Duration,
+    /// [`ClientConfig::drift`] of the ttl.
+    drift: Duration,
+}
+
+impl Grant {
+    fn new(acquired: Acquired, sent: Instant, ttl: Duration, drift: Duration) -> Self {
+        let lease_started = acquired.lease_started.map_or(sent, |s| s.min(sent));
+        Self {
+            acquired,
+            lease_started,
+            ttl,
+            drift,
+        }
+    }
+
+    /// Whether the grant came back after the lease it grants had run out (the process was
+    /// paused, or the answer held up past the ttl): somebody else may hold the lock by now.
+    fn is_late(&self) -> bool {
+        Instant::now() >= self.lease_started + self.ttl - self.drift
+    }
+}
+
+/// How long a waiting acquisition sleeps before its next attempt (`delay`, cut at the
+/// deadline); `None` once the deadline has passed.
+fn until_next_attempt(deadline: Option<Instant>, delay: Duration) -> Option<Duration> {
+    match deadline {
+        Some(deadline) => deadline
+            .checked_duration_since(Instant::now())
+            .filter(|left| !left.is_zero())
+            .map(|left| delay.min(left)),
+        None => Some(delay),
+    }
 }
 
 /// How many grants in a row may come back too late ([`LockClient::acquire_fresh`]) before one
@@ -303,7 +347,10 @@ impl<B: LockBackend> LockClient<B> {
 /// takes longer than its ttl still ends.
 const MAX_LATE_GRANTS: u32 = 3;
 
-/// Releases, in the background and once, a lease that was granted too late to be used.
+/// Releases, in the background and once, a lease that was granted too late to be used. The
+/// release may reach the server after the acquisition's next grant, which, were it the same
+/// owner's, it would take away from under a guard that believes it holds: so the next
+/// attempt asks under a new owner.
 fn release_late_grant(lease: Box<dyn crate::Lease>, timeout: Duration) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return;
