@@ -233,8 +233,45 @@ async fn run_target(
         result.growth = Some(growth);
         return result;
     }
-    let progress = |scenario| Progress::new(config.progress, label, scenario);
+    let floor_name = format!("{base}/floor");
+    let mut floor = run_s1(target, config, instruments, &base, &floor_name, &mut result).await;
+    if config.scenarios.contended() {
+        run_s2(
+            target,
+            config,
+            &base,
+            floor.as_deref_mut(),
+            &floor_name,
+            &mut result,
+        )
+        .await;
+    }
+    if config.scenarios.rw_mix() {
+        let mix = mixed::Mix::ReadWrite {
+            write_share: config.write_share,
+        };
+        result.rw_mix = run_mixed(target, config, mix, "rw", &base, &mut result).await;
+    }
+    if config.scenarios.semaphore() {
+        let mix = mixed::Mix::Semaphore {
+            permits: config.permits,
+        };
+        result.semaphore = run_mixed(target, config, mix, "semaphore", &base, &mut result).await;
+    }
+    result
+}
 
+/// S1 next to the raw floor and the fenced floor (when the scenarios have S1): their results
+/// into `result`; returns the raw floor (for S2's paused floor), unless it declared itself
+/// unfit or failed to open.
+async fn run_s1(
+    target: &Target,
+    config: &BenchConfig,
+    instruments: &dyn Instruments,
+    base: &str,
+    floor_name: &str,
+    result: &mut TargetResult,
+) -> Option<Box<dyn RawFloor>> {
     let mut floor = match target.floor().await {
         Ok(floor) => floor,
         Err(e) => {
@@ -273,17 +310,17 @@ async fn run_target(
     } else {
         None
     };
-    let (s1_name, floor_name) = (format!("{base}/s1"), format!("{base}/floor"));
+    let s1_name = format!("{base}/s1");
     let fenced_name = format!("{base}/fenced-floor");
     let measured = uncontended::run(
         client.as_deref().map(|c| (c, s1_name.as_str())),
-        floor.as_deref_mut().map(|f| (f, floor_name.as_str())),
+        floor.as_deref_mut().map(|f| (f, floor_name)),
         fenced_floor
             .as_deref_mut()
             .map(|f| (f, fenced_name.as_str())),
         config,
         instruments,
-        progress("s1"),
+        Progress::new(config.progress, target.label(), "s1"),
     )
     .await;
     for (scenario, measured, slot) in [
@@ -313,25 +350,36 @@ async fn run_target(
         None => {}
     }
     drop(client);
+    floor
+}
 
-    if config.scenarios.contended()
-        && let (Some(raw), Some(measured)) = (floor.as_deref_mut(), result.floor.as_mut())
-    {
+/// S2 next to the contended floors and the floor's paused cycle: their results, and S2's
+/// ratios to them, into `result`.
+async fn run_s2(
+    target: &Target,
+    config: &BenchConfig,
+    base: &str,
+    floor: Option<&mut (dyn RawFloor + '_)>,
+    floor_name: &str,
+    result: &mut TargetResult,
+) {
+    let progress = |scenario| Progress::new(config.progress, target.label(), scenario);
+    if let (Some(raw), Some(measured)) = (floor, result.floor.as_mut()) {
         let mut progress = progress("paused floor");
-        match uncontended::paused_floor(raw, &floor_name, config.hold, &mut progress).await {
+        match uncontended::paused_floor(raw, floor_name, config.hold, &mut progress).await {
             Ok(paused) => measured.paused_cycle = Some(paused),
             Err(e) => result.errors.push(ScenarioError::new("floor", &e)),
         }
     }
 
-    if config.scenarios.contended() && target.has_contended_floor() {
-        match contended_floor(target, false, &base, config).await {
+    if target.has_contended_floor() {
+        match contended_floor(target, false, base, config).await {
             Ok(floor) => result.contended_floor = Some(floor),
             Err(e) => result.errors.push(ScenarioError::new("s2 floor", &e)),
         }
     }
-    if config.scenarios.contended() && target.has_fenced_contended_floor() {
-        match contended_floor(target, true, &base, config).await {
+    if target.has_fenced_contended_floor() {
+        match contended_floor(target, true, base, config).await {
             Ok(floor) => result.fenced_contended_floor = Some(floor),
             Err(e) => result
                 .errors
@@ -339,50 +387,45 @@ async fn run_target(
         }
     }
 
-    if config.scenarios.contended() {
-        let s2 = async {
-            let clients = connect(target, config.clients, &mut result.backend).await?;
-            contended::run_s2(clients, format!("{base}/s2"), config, progress("s2")).await
-        };
-        match s2.await {
-            Ok(mut s2) => {
-                s2.floor_ratio = floor_ops.map(|f| s2.critical_sections_per_sec / f);
-                s2.handoff_paused_floor_ratio = result
-                    .floor
-                    .as_ref()
-                    .and_then(|f| f.paused_cycle.as_ref())
-                    .filter(|p| p.p50_us > 0.0)
-                    .map(|p| s2.handoff.p50_us / p.p50_us);
-                if let Some(floor) = &result.contended_floor {
-                    let f = &floor.s2;
-                    s2.contended_floor_ratio = (f.critical_sections_per_sec > 0.0)
-                        .then(|| s2.critical_sections_per_sec / f.critical_sections_per_sec);
-                    s2.handoff_p99_floor_ratio =
-                        (f.handoff.p99_us > 0.0).then(|| s2.handoff.p99_us / f.handoff.p99_us);
-                }
-                if let Some(floor) = &result.fenced_contended_floor {
-                    let f = &floor.s2;
-                    s2.fenced_contended_floor_ratio = (f.critical_sections_per_sec > 0.0)
-                        .then(|| s2.critical_sections_per_sec / f.critical_sections_per_sec);
-                }
-                result.contended = Some(s2);
-            }
-            Err(e) => result.errors.push(ScenarioError::new("s2", &e)),
+    let s2 = async {
+        let clients = connect(target, config.clients, &mut result.backend).await?;
+        contended::run_s2(clients, format!("{base}/s2"), config, progress("s2")).await
+    };
+    match s2.await {
+        Ok(mut s2) => {
+            s2_ratios(&mut s2, result);
+            result.contended = Some(s2);
         }
+        Err(e) => result.errors.push(ScenarioError::new("s2", &e)),
     }
-    if config.scenarios.rw_mix() {
-        let mix = mixed::Mix::ReadWrite {
-            write_share: config.write_share,
-        };
-        result.rw_mix = run_mixed(target, config, mix, "rw", &base, &mut result).await;
+}
+
+/// S2's ratios to the floors measured before it.
+fn s2_ratios(s2: &mut S2Result, result: &TargetResult) {
+    s2.floor_ratio = result
+        .floor
+        .as_ref()
+        .map(|f| f.ops_per_sec)
+        .filter(|ops| *ops > 0.0)
+        .map(|f| s2.critical_sections_per_sec / f);
+    s2.handoff_paused_floor_ratio = result
+        .floor
+        .as_ref()
+        .and_then(|f| f.paused_cycle.as_ref())
+        .filter(|p| p.p50_us > 0.0)
+        .map(|p| s2.handoff.p50_us / p.p50_us);
+    if let Some(floor) = &result.contended_floor {
+        let f = &floor.s2;
+        s2.contended_floor_ratio = (f.critical_sections_per_sec > 0.0)
+            .then(|| s2.critical_sections_per_sec / f.critical_sections_per_sec);
+        s2.handoff_p99_floor_ratio =
+            (f.handoff.p99_us > 0.0).then(|| s2.handoff.p99_us / f.handoff.p99_us);
     }
-    if config.scenarios.semaphore() {
-        let mix = mixed::Mix::Semaphore {
-            permits: config.permits,
-        };
-        result.semaphore = run_mixed(target, config, mix, "semaphore", &base, &mut result).await;
+    if let Some(floor) = &result.fenced_contended_floor {
+        let f = &floor.s2;
+        s2.fenced_contended_floor_ratio = (f.critical_sections_per_sec > 0.0)
+            .then(|| s2.critical_sections_per_sec / f.critical_sections_per_sec);
     }
-    result
 }
 
 /// S2's loop on `target`'s contended floor (`fenced`: its fenced one), one floor per client.

@@ -190,20 +190,20 @@ pub fn svg(label: &str, history: &History, verdict: &Verdict) -> Result<String, 
         .chain(history.acquisitions.iter().map(|a| a.id.worker + 1))
         .max()
         .unwrap_or(1);
-    let origin = history.start;
     let last = history
         .final_acquire
         .as_ref()
         .map_or(history.end, |f| f.returned.max(history.end));
-    let x = |t: Nanos| t.saturating_sub(origin) as f64 / 1e9;
-    let span = x(last).max(0.001);
-    let row = |worker: u32| f64::from(worker);
+    let scale = Scale {
+        origin: history.start,
+        rows,
+    };
+    let span = scale.x(last).max(0.001);
     let mut out = String::new();
     {
         // Three empty rows above the workers hold the legend.
         let height = 120 + 28 * (rows + 3);
         let root = SVGBackend::with_string(&mut out, (1200, height)).into_drawing_area();
-        let err = |e: DrawingAreaErrorKind<std::io::Error>| e.to_string();
         root.fill(&WHITE).map_err(err)?;
         let mut chart = ChartBuilder::on(&root)
             .caption(
@@ -229,114 +229,9 @@ pub fn svg(label: &str, history: &History, verdict: &Verdict) -> Result<String, 
             .x_desc("seconds")
             .draw()
             .map_err(err)?;
-        for kind in FaultKind::ALL {
-            let color = fault_color(kind);
-            let shaded: Vec<_> = history
-                .faults
-                .iter()
-                .filter(|f| f.kind == kind)
-                .map(|f| {
-                    let (lo, hi) = match f.worker {
-                        Some(w) => (row(w) - 0.45, row(w) + 0.45),
-                        None => (-0.6, f64::from(rows) - 0.4),
-                    };
-                    Rectangle::new(
-                        [(x(f.start), lo), (x(f.healed), hi)],
-                        color.mix(0.3).filled(),
-                    )
-                })
-                .collect();
-            if shaded.is_empty() {
-                continue;
-            }
-            chart
-                .draw_series(shaded)
-                .map_err(err)?
-                .label(kind.as_str())
-                .legend(move |(px, py)| {
-                    Rectangle::new([(px, py - 5), (px + 14, py + 5)], color.mix(0.4).filled())
-                });
-        }
-        let jumps: Vec<_> = history
-            .faults
-            .iter()
-            .filter_map(crate::history::Fault::forward_step_at)
-            .map(|at| {
-                PathElement::new(
-                    vec![(x(at), -0.6), (x(at), f64::from(rows) - 0.4)],
-                    fault_color(FaultKind::Clock).stroke_width(2),
-                )
-            })
-            .collect();
-        if !jumps.is_empty() {
-            chart
-                .draw_series(jumps)
-                .map_err(err)?
-                .label("server clock jumped forward")
-                .legend(|(px, py)| {
-                    PathElement::new(
-                        vec![(px + 7, py - 6), (px + 7, py + 6)],
-                        fault_color(FaultKind::Clock).stroke_width(2),
-                    )
-                });
-        }
-        let waits = history.acquisitions.iter().map(|a| {
-            let y = row(a.id.worker);
-            PathElement::new(
-                vec![(x(a.invoked), y), (x(a.returned.unwrap_or(history.end)), y)],
-                BLACK.mix(0.25),
-            )
-        });
-        chart.draw_series(waits).map_err(err)?;
-        let holds = history
-            .acquisitions
-            .iter()
-            .filter(|a| a.acquired())
-            .map(|a| {
-                let from = a.returned.unwrap_or(a.invoked);
-                let until = a
-                    .lost
-                    .or(a.released)
-                    .or(a.valid_until)
-                    .unwrap_or(history.end);
-                let y = row(a.id.worker);
-                Rectangle::new(
-                    [(x(from), y - 0.28), (x(until), y + 0.28)],
-                    BLUE.mix(0.7).filled(),
-                )
-            });
-        chart
-            .draw_series(holds)
-            .map_err(err)?
-            .label("held")
-            .legend(|(px, py)| Rectangle::new([(px, py - 5), (px + 14, py + 5)], BLUE.filled()));
-        let refused: Vec<_> = history
-            .writes
-            .iter()
-            .filter(|w| !w.accepted)
-            .map(|w| Cross::new((x(w.at), row(w.acq.worker)), 5, BLACK.stroke_width(2)))
-            .collect();
-        if !refused.is_empty() {
-            chart
-                .draw_series(refused)
-                .map_err(err)?
-                .label("late write refused by the fence")
-                .legend(|(px, py)| Cross::new((px + 7, py), 5, BLACK.stroke_width(2)));
-        }
-        let violations: Vec<_> = verdict
-            .violations()
-            .map(|f| {
-                let y = f.acqs.first().map_or(-0.5, |a| row(a.worker));
-                Circle::new((x(f.at), y), 7, RED.stroke_width(3))
-            })
-            .collect();
-        if !violations.is_empty() {
-            chart
-                .draw_series(violations)
-                .map_err(err)?
-                .label("violation")
-                .legend(|(px, py)| Circle::new((px + 7, py), 5, RED.stroke_width(3)));
-        }
+        draw_faults(&mut chart, &scale, history)?;
+        draw_holds(&mut chart, &scale, history)?;
+        draw_marks(&mut chart, &scale, history, verdict)?;
         chart
             .configure_series_labels()
             .position(SeriesLabelPosition::UpperRight)
@@ -347,4 +242,178 @@ pub fn svg(label: &str, history: &History, verdict: &Verdict) -> Result<String, 
         root.present().map_err(err)?;
     }
     Ok(out)
+}
+
+/// The timeline's chart: seconds across, a row per worker.
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// Where a history's instants and workers go on the chart.
+struct Scale {
+    origin: Nanos,
+    rows: u32,
+}
+
+impl Scale {
+    /// Seconds since the run started.
+    #[expect(clippy::cast_precision_loss, reason = "a chart's resolution")]
+    fn x(&self, t: Nanos) -> f64 {
+        t.saturating_sub(self.origin) as f64 / 1e9
+    }
+
+    /// A worker's row.
+    fn row(worker: u32) -> f64 {
+        f64::from(worker)
+    }
+
+    /// Below the lowest row, above the highest.
+    fn all_rows(&self) -> (f64, f64) {
+        (-0.6, f64::from(self.rows) - 0.4)
+    }
+}
+
+fn err(e: DrawingAreaErrorKind<std::io::Error>) -> String {
+    e.to_string()
+}
+
+/// The faults, shaded over their worker's row (or every row) while they last, and the server
+/// clock's forward jumps as lines.
+fn draw_faults(chart: &mut Chart<'_, '_>, scale: &Scale, history: &History) -> Result<(), String> {
+    for kind in FaultKind::ALL {
+        let color = fault_color(kind);
+        let shaded: Vec<_> = history
+            .faults
+            .iter()
+            .filter(|f| f.kind == kind)
+            .map(|f| {
+                let (lo, hi) = match f.worker {
+                    Some(w) => (Scale::row(w) - 0.45, Scale::row(w) + 0.45),
+                    None => scale.all_rows(),
+                };
+                Rectangle::new(
+                    [(scale.x(f.start), lo), (scale.x(f.healed), hi)],
+                    color.mix(0.3).filled(),
+                )
+            })
+            .collect();
+        if shaded.is_empty() {
+            continue;
+        }
+        chart
+            .draw_series(shaded)
+            .map_err(err)?
+            .label(kind.as_str())
+            .legend(move |(px, py)| {
+                Rectangle::new([(px, py - 5), (px + 14, py + 5)], color.mix(0.4).filled())
+            });
+    }
+    let (lo, hi) = scale.all_rows();
+    let jumps: Vec<_> = history
+        .faults
+        .iter()
+        .filter_map(crate::history::Fault::forward_step_at)
+        .map(|at| {
+            PathElement::new(
+                vec![(scale.x(at), lo), (scale.x(at), hi)],
+                fault_color(FaultKind::Clock).stroke_width(2),
+            )
+        })
+        .collect();
+    if !jumps.is_empty() {
+        chart
+            .draw_series(jumps)
+            .map_err(err)?
+            .label("server clock jumped forward")
+            .legend(|(px, py)| {
+                PathElement::new(
+                    vec![(px + 7, py - 6), (px + 7, py + 6)],
+                    fault_color(FaultKind::Clock).stroke_width(2),
+                )
+            });
+    }
+    Ok(())
+}
+
+/// Each acquisition's wait as a thin line, and its hold as a bar.
+fn draw_holds(chart: &mut Chart<'_, '_>, scale: &Scale, history: &History) -> Result<(), String> {
+    let waits = history.acquisitions.iter().map(|a| {
+        let y = Scale::row(a.id.worker);
+        PathElement::new(
+            vec![
+                (scale.x(a.invoked), y),
+                (scale.x(a.returned.unwrap_or(history.end)), y),
+            ],
+            BLACK.mix(0.25),
+        )
+    });
+    chart.draw_series(waits).map_err(err)?;
+    let holds = history
+        .acquisitions
+        .iter()
+        .filter(|a| a.acquired())
+        .map(|a| {
+            let from = a.returned.unwrap_or(a.invoked);
+            let until = a
+                .lost
+                .or(a.released)
+                .or(a.valid_until)
+                .unwrap_or(history.end);
+            let y = Scale::row(a.id.worker);
+            Rectangle::new(
+                [(scale.x(from), y - 0.28), (scale.x(until), y + 0.28)],
+                BLUE.mix(0.7).filled(),
+            )
+        });
+    chart
+        .draw_series(holds)
+        .map_err(err)?
+        .label("held")
+        .legend(|(px, py)| Rectangle::new([(px, py - 5), (px + 14, py + 5)], BLUE.filled()));
+    Ok(())
+}
+
+/// The late writes the fence refused (crosses) and the violations (red circles).
+fn draw_marks(
+    chart: &mut Chart<'_, '_>,
+    scale: &Scale,
+    history: &History,
+    verdict: &Verdict,
+) -> Result<(), String> {
+    let refused: Vec<_> = history
+        .writes
+        .iter()
+        .filter(|w| !w.accepted)
+        .map(|w| {
+            Cross::new(
+                (scale.x(w.at), Scale::row(w.acq.worker)),
+                5,
+                BLACK.stroke_width(2),
+            )
+        })
+        .collect();
+    if !refused.is_empty() {
+        chart
+            .draw_series(refused)
+            .map_err(err)?
+            .label("late write refused by the fence")
+            .legend(|(px, py)| Cross::new((px + 7, py), 5, BLACK.stroke_width(2)));
+    }
+    let violations: Vec<_> = verdict
+        .violations()
+        .map(|f| {
+            let y = f.acqs.first().map_or(-0.5, |a| Scale::row(a.worker));
+            Circle::new((scale.x(f.at), y), 7, RED.stroke_width(3))
+        })
+        .collect();
+    if !violations.is_empty() {
+        chart
+            .draw_series(violations)
+            .map_err(err)?
+            .label("violation")
+            .legend(|(px, py)| Circle::new((px + 7, py), 5, RED.stroke_width(3)));
+    }
+    Ok(())
 }
