@@ -233,11 +233,14 @@ background_step clippy-sql-features lint_sql_features
 # (a URL whose backend is not compiled in, tests gated on a feature) must build and lint.
 # Both packages in one invocation per feature: the CLI's build checks the facade with the same
 # feature anyway (it enables only `distlock/<feature>`), so one pass lints both.
+# The backend features are distlock-cli's `all-backends` (scripts/lib/backends.py).
 lint_each_feature() {
-  local feature
+  local feature features
+  features=$(cargo metadata --no-deps --format-version 1 |
+    python3 "$REPO/scripts/lib/backends.py" features) || return
   cargo clippy -p distlock -p distlock-cli --no-default-features --all-targets -- -D warnings ||
     return
-  for feature in sqlite postgres mysql redis etcd zookeeper zookeeper-tls zookeeper-sasl; do
+  for feature in $features; do
     cargo clippy -p distlock -p distlock-cli --no-default-features --features "$feature" \
       --all-targets -- -D warnings || return
   done
@@ -291,10 +294,16 @@ background_step publish-dry-run publish_dry_run
 #      runs failed on load (the measurements are in the history of this file).
 #      DISTLOCK_TEST_PARALLEL_LANES=0 runs every lane one after another.
 PLAN=$BACKGROUND/plan
-# build_tests: builds every test binary, their lanes in $PLAN (scripts/lib/test-lanes.py).
+# The lanes whose conformance binary runs alone.
+SOLO_LANES=${DISTLOCK_TEST_SOLO_LANES:-redis}
+# build_tests: builds every test binary, their lanes in $PLAN (scripts/lib/test-lanes.py; a
+# lane per backend crate, scripts/lib/backends.py).
 build_tests() {
+  cargo metadata --no-deps --format-version 1 |
+    python3 "$REPO/scripts/lib/backends.py" crates >"$BACKGROUND/crates" || return
   cargo test --workspace --all-features --no-run --message-format=json-render-diagnostics |
-    python3 "$REPO/scripts/lib/test-lanes.py" >"$PLAN.new" && mv "$PLAN.new" "$PLAN"
+    python3 "$REPO/scripts/lib/test-lanes.py" "$BACKGROUND/crates" >"$PLAN.new" &&
+    mv "$PLAN.new" "$PLAN"
 }
 # run_lanes: the test binaries of $PLAN (built first when the test-build step was left out).
 run_lanes() {
@@ -356,11 +365,18 @@ run_lanes() {
   show_lane shared all
   zk_clock stop
   t0=$(now_ms)
-  run_group conformance redis
-  run_group conformance etcd zookeeper sql
+  # Redis's conformance binary, the longest, alone (SOLO_LANES); then the others at once.
+  local backends others=() lane
+  backends=$(cut -f1 "$BACKGROUND/crates")
+  for lane in $backends; do
+    [[ " $SOLO_LANES " == *" $lane "* ]] || others+=("$lane")
+  done
+  for lane in $SOLO_LANES; do run_group conformance "$lane"; done
+  run_group conformance "${others[@]}"
   echo "==> test.sh: backend binaries (conformance): $(fmt_ms "$(($(now_ms) - t0))")" >&2
   t0=$(now_ms)
-  run_group other redis etcd zookeeper sql
+  # shellcheck disable=SC2086  # one lane per word
+  run_group other $backends
   echo "==> test.sh: backend binaries (other): $(fmt_ms "$(($(now_ms) - t0))")" >&2
   rm -rf "$lanes_dir"
   return "$rc"

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """The lane plan of scripts/test.sh, from `cargo test --no-run --message-format=json`.
 
-Reads cargo's JSON messages on stdin and prints one line per test binary,
-"LANE<TAB>PACKAGE DIR<TAB>EXECUTABLE": the lane is the backend whose crate built it
-(redis, etcd, zookeeper, sql), or "shared" for the crates that stop no server.
+Usage: test-lanes.py CRATES < cargo's JSON messages
+CRATES: a file of "LANE<TAB>DIR" lines, the backend crates (scripts/lib/backends.py crates).
+Prints one line per test binary, "LANE<TAB>PACKAGE DIR<TAB>EXECUTABLE": the lane of the
+backend crate that built it, or "shared" for the crates that stop no server.
 """
 import json
 import os
 import sys
 
-LANES = {"lock-redis": "redis", "lock-etcd": "etcd", "lock-zk": "zookeeper", "lock-sql": "sql"}
+with open(sys.argv[1]) as crates:
+    LANES = {root: lane for lane, root in (line.rstrip("\n").split("\t") for line in crates)}
 
 for line in sys.stdin:
     try:
@@ -21,5 +23,4 @@ for line in sys.stdin:
     if not msg["profile"]["test"]:
         continue
     root = os.path.dirname(msg["manifest_path"])
-    lane = LANES.get(os.path.basename(root), "shared")
-    print(lane, root, msg["executable"], sep="\t")
+    print(LANES.get(root, "shared"), root, msg["executable"], sep="\t")
