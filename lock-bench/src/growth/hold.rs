@@ -1,0 +1,188 @@
+//! hold-K: one client holding K locks, against the server's counter, CPU and heap.
+
+use super::*;
+
+/// Two back-to-back reads: what reading costs in the counter itself.
+pub(super) async fn read_cost(counter: &mut dyn ServerCounter) -> Result<u64, Error> {
+    let a = counter.read().await?;
+    let b = counter.read().await?;
+    Ok(b.saturating_sub(a))
+}
+
+/// Sleeps `window`, showing the time left.
+pub(super) async fn wait_window(window: Duration, what: &str, instruments: &dyn Instruments) {
+    let start = Instant::now();
+    let end = start + window;
+    loop {
+        let now = Instant::now();
+        if now >= end {
+            break;
+        }
+        instruments.detail(&format!(
+            "{what}: {:.0}s / {:.0}s",
+            (now - start).as_secs_f64(),
+            window.as_secs_f64()
+        ));
+        tokio::time::sleep((end - now).min(Duration::from_millis(500))).await;
+    }
+}
+
+pub(super) async fn hold(
+    target: &Target,
+    config: &BenchConfig,
+    instruments: &dyn Instruments,
+    mut counter: Option<&mut (dyn ServerCounter + '_)>,
+    base: &str,
+    backend: &mut Option<String>,
+    result: &mut GrowthResult,
+) -> Result<(), Error> {
+    let label = target.label();
+    let window = config.hold_window();
+    let ticks = window.as_secs_f64() / config.renewal_tick().as_secs_f64();
+    let client = target.connect().await?;
+    *backend = Some(client.backend().to_owned());
+
+    let mut cost = 0;
+    if let Some(counter) = counter.as_deref_mut() {
+        instruments.phase(&format!("{label} hold: idle window"));
+        cost = read_cost(counter).await?;
+        let before = counter.read().await?;
+        wait_window(window, "idle, no lock held", instruments).await;
+        let after = counter.read().await?;
+        let requests = after.saturating_sub(before).saturating_sub(cost);
+        result.idle = Some(IdleWindow {
+            window_ms: window.as_secs_f64() * 1000.0,
+            read_cost: cost,
+            requests,
+            per_tick: requests as f64 / ticks,
+        });
+    }
+    let idle_per_tick = result.idle.as_ref().map_or(0.0, |i| i.per_tick);
+
+    let options = AcquireOptions::default()
+        .with_ttl(config.hold_ttl)
+        .with_wait(config.acquire_wait);
+    for &k in &config.hold_counts {
+        instruments.phase(&format!("{label} hold K={k}"));
+        let heap_before = instruments.live_heap_bytes();
+        let started = Instant::now();
+        let guards = acquire_many(
+            &*client,
+            &format!("{base}/{k}"),
+            k,
+            &options,
+            config,
+            instruments,
+        )
+        .await?;
+        let acquire_ms = started.elapsed().as_secs_f64() * 1000.0;
+        // The window measures the steady state: one renewal tick first, in which the locks'
+        // schedules align and what the acquisitions left behind lands (a ZooKeeper loss watch
+        // is set a tenth of the ttl after its acquisition; PostgreSQL publishes an idle
+        // connection's counts up to 10 s late).
+        let settle = counter
+            .as_deref()
+            .map_or(Duration::ZERO, ServerCounter::settle)
+            .max(config.renewal_tick());
+        wait_window(settle, &format!("settling with {k} locks"), instruments).await;
+
+        let counted_before = match counter.as_deref_mut() {
+            Some(c) => Some(c.read().await?),
+            None => None,
+        };
+        let cpu_before = instruments.cpu_time();
+        let window_start = Instant::now();
+        wait_window(window, &format!("holding {k} locks"), instruments).await;
+        let held_for = window_start.elapsed();
+        let cpu_after = instruments.cpu_time();
+        // The heap of the steady state: after a renewal tick and the window, when every loss
+        // watch is set and renewal has run.
+        let heap_after = instruments.live_heap_bytes();
+        let counted_after = match counter.as_deref_mut() {
+            Some(c) => Some(c.read().await?),
+            None => None,
+        };
+        let lost = guards.iter().filter(|g| g.is_lost()).count() as u64;
+
+        instruments.detail(&format!("releasing {k} locks"));
+        let started = Instant::now();
+        // Losses after the window (while releasing) count too.
+        let lost_at_release = release_many(guards, config.hold_concurrency).await?;
+        let lost = lost.max(lost_at_release);
+        let release_ms = started.elapsed().as_secs_f64() * 1000.0;
+
+        let ticks = held_for.as_secs_f64() / config.renewal_tick().as_secs_f64();
+        let server_requests = counted_before
+            .zip(counted_after)
+            .map(|(b, a)| a.saturating_sub(b).saturating_sub(cost));
+        let requests_per_tick =
+            server_requests.map(|r| (r as f64 / ticks - idle_per_tick).max(0.0));
+        let cpu_percent = cpu_before
+            .zip(cpu_after)
+            .map(|(b, a)| a.saturating_sub(b).as_secs_f64() / held_for.as_secs_f64() * 100.0);
+        let heap_bytes_per_guard = heap_before
+            .zip(heap_after)
+            .map(|(b, a)| (a as f64 - b as f64) / k as f64);
+        result.hold.push(HoldPoint {
+            locks: k,
+            acquire_ms,
+            release_ms,
+            window_ms: held_for.as_secs_f64() * 1000.0,
+            ticks,
+            server_requests,
+            requests_per_tick,
+            requests_per_tick_per_lock: requests_per_tick.map(|r| r / k as f64),
+            cpu_percent,
+            heap_bytes_per_guard,
+            lost,
+        });
+    }
+    Ok(())
+}
+
+/// Acquires `{base}/{i}` for every i below `count`, `config.hold_concurrency` at a time.
+pub(super) async fn acquire_many(
+    client: &dyn DistributedLock,
+    base: &str,
+    count: usize,
+    options: &AcquireOptions,
+    config: &BenchConfig,
+    instruments: &dyn Instruments,
+) -> Result<Vec<LockGuard>, Error> {
+    let names: Vec<String> = (0..count).map(|i| format!("{base}/{i}")).collect();
+    let mut guards = Vec::with_capacity(count);
+    let mut pending = futures::stream::iter(names.iter())
+        .map(|name| client.acquire(name, options))
+        .buffer_unordered(config.hold_concurrency);
+    let mut shown = Instant::now();
+    while let Some(guard) = pending.next().await {
+        guards.push(guard?);
+        if shown.elapsed() >= Duration::from_millis(250) {
+            shown = Instant::now();
+            instruments.detail(&format!("acquired {} / {count}", guards.len()));
+        }
+    }
+    Ok(guards)
+}
+
+/// Releases every guard, `concurrency` at a time. Returns how many turned out lost (a lost
+/// guard's release reports [`Error::Lost`]); any other error is returned once all ran.
+pub(super) async fn release_many(guards: Vec<LockGuard>, concurrency: usize) -> Result<u64, Error> {
+    let outcomes: Vec<_> = futures::stream::iter(guards)
+        .map(LockGuard::release)
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    let mut lost = 0;
+    let mut first = None;
+    for outcome in outcomes {
+        match outcome {
+            Ok(()) => {}
+            Err(Error::Lost { .. }) => lost += 1,
+            Err(e) => {
+                first.get_or_insert(e);
+            }
+        }
+    }
+    first.map_or(Ok(lost), Err)
+}

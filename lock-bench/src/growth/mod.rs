@@ -1,0 +1,321 @@
+//! The growth curves (issue 22): how distlock's cost grows with the number of held locks
+//! (hold-K), of contending clients (clients-C) and of names (names).
+//!
+//! - **hold-K**: one client acquires K distinct names (renewal on, lease
+//!   [`BenchConfig::hold_ttl`]) with [`BenchConfig::hold_concurrency`] acquisitions in flight,
+//!   holds them for [`BenchConfig::hold_window`], then releases them. Over the window: the
+//!   server's requests per renewal tick (its own counter, [`ServerCounter`], read before and
+//!   after, minus the reads' own cost and minus the idle background measured once per target
+//!   over a window as long with no lock held), the process's CPU time as a percentage of one
+//!   core, and the live heap bytes per held guard ([`Instruments`]). Locks lost during the
+//!   hold are counted (must be 0).
+//! - **clients-C**: S2's loop ([`crate::contended`]) once per client count.
+//! - **names**: [`BenchConfig::names_clients`] clients each acquiring a name picked at random
+//!   among [`BenchConfig::names`] (waiting if another client holds it), holding it for
+//!   [`BenchConfig::hold`], releasing it; next to as many raw floor connections running
+//!   [`RawFloor::cycle`] the same way just before (each on its own share of the names, since
+//!   a raw floor cycle cannot wait), so the ratio compares like with like.
+
+use std::fmt;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use distlock_core::{AcquireOptions, DistributedLock, Error, LockGuard};
+use futures::StreamExt as _;
+use serde::Serialize;
+
+use crate::report::{S2Result, ScenarioError};
+use crate::stats::{Progress, Recorder, rate};
+use crate::{BenchConfig, LatencySummary, RawFloor, Target};
+
+mod hold;
+mod names;
+mod table;
+
+use hold::hold;
+use names::names;
+pub(crate) use table::markdown;
+
+/// A server's own count of the requests it served (all clients together), read by the hold
+/// scenario before and after its window: Redis `total_reads_processed`, PostgreSQL
+/// `pg_stat_database.xact_commit`, MySQL `Questions`, etcd's gRPC counters, ZooKeeper's
+/// `zk_packets_received`.
+#[async_trait]
+pub trait ServerCounter: Send + fmt::Debug {
+    /// What is counted, for the report, e.g. `"Redis INFO stats total_reads_processed"`.
+    fn label(&self) -> &str;
+
+    /// The counter's current value.
+    ///
+    /// # Errors
+    /// Whatever the server answered; the hold scenario then reports no request counts.
+    async fn read(&mut self) -> Result<u64, Error>;
+
+    /// How late the counter may count a request (a server that publishes its counts in
+    /// batches): the hold scenario waits at least this long after acquiring K locks before its
+    /// window starts, so that the acquisitions are not counted as renewals.
+    fn settle(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+/// The measuring process's own instruments, supplied by the binary so that the harness stays
+/// allocator- and platform-agnostic, and its progress display. Every method has a default
+/// that measures or shows nothing ([`NoInstruments`]).
+pub trait Instruments: Send + Sync + fmt::Debug {
+    /// Bytes currently allocated on the heap by the whole process (a counting global
+    /// allocator), or `None` if not known.
+    fn live_heap_bytes(&self) -> Option<u64> {
+        None
+    }
+
+    /// CPU time (user + system) the process has used so far, or `None` if not known.
+    fn cpu_time(&self) -> Option<Duration> {
+        None
+    }
+
+    /// The run has `phases` growth phases in all (called once, before the first).
+    fn begin(&self, phases: u64) {
+        let _ = phases;
+    }
+
+    /// A new phase starts (the previous one is done).
+    fn phase(&self, label: &str) {
+        let _ = label;
+    }
+
+    /// Progress within the current phase.
+    fn detail(&self, text: &str) {
+        let _ = text;
+    }
+
+    /// Every phase is done.
+    fn finish(&self) {}
+}
+
+/// [`Instruments`] that measure and show nothing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoInstruments;
+
+impl Instruments for NoInstruments {}
+
+/// The growth scenarios of one target.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct GrowthResult {
+    /// What the server counter counts, when the target has one.
+    pub server_counter: Option<String>,
+    /// The idle background, when the target has a server counter and hold ran.
+    pub idle: Option<IdleWindow>,
+    /// Hold-K, one entry per K.
+    pub hold: Vec<HoldPoint>,
+    /// Clients-C, one entry per C.
+    pub clients: Vec<ClientsPoint>,
+    /// Names.
+    pub names: Option<NamesResult>,
+    /// Churn.
+    pub churn: Option<crate::ChurnResult>,
+}
+
+/// The server's requests over a window as long as the hold window, with no lock held by this
+/// process (other clients of a shared server, its own housekeeping).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct IdleWindow {
+    /// The window.
+    pub window_ms: f64,
+    /// Requests one pair of counter reads adds by itself, subtracted from every delta.
+    pub read_cost: u64,
+    /// Requests counted over the window, less the reads' cost.
+    pub requests: u64,
+    /// `requests` per renewal tick.
+    pub per_tick: f64,
+}
+
+/// Hold-K for one K.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct HoldPoint {
+    /// K: locks held at once.
+    pub locks: usize,
+    /// Time to acquire all K.
+    pub acquire_ms: f64,
+    /// Time to release all K.
+    pub release_ms: f64,
+    /// The measured window (all K held).
+    pub window_ms: f64,
+    /// Renewal ticks (ttl / 3) in the window.
+    pub ticks: f64,
+    /// Server requests over the window, less the reads' cost (idle not subtracted); `None`
+    /// without a server counter.
+    pub server_requests: Option<u64>,
+    /// `server_requests` per tick, less the idle background per tick (at least 0).
+    pub requests_per_tick: Option<f64>,
+    /// `requests_per_tick / locks`.
+    pub requests_per_tick_per_lock: Option<f64>,
+    /// CPU time of the process over the window, as a percentage of one core.
+    pub cpu_percent: Option<f64>,
+    /// Live heap bytes at the end of the measured window (every lock held a renewal tick and
+    /// more) minus before acquiring, divided by K.
+    pub heap_bytes_per_guard: Option<f64>,
+    /// Guards that reported a loss by the end of the window (must be 0).
+    pub lost: u64,
+}
+
+/// Clients-C for one C: S2 with C clients.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct ClientsPoint {
+    /// C.
+    pub clients: usize,
+    /// Critical sections per second.
+    pub critical_sections_per_sec: f64,
+    /// Handoff to another client, median.
+    pub handoff_p50_us: f64,
+    /// Handoff to another client, 99th percentile.
+    pub handoff_p99_us: f64,
+    /// The longest single acquire.
+    pub longest_wait_us: f64,
+    /// The smallest client share ÷ the fair share 1/C (1 = perfectly fair).
+    pub min_share_of_fair: f64,
+    /// The largest client share ÷ the fair share 1/C.
+    pub max_share_of_fair: f64,
+    /// Everything S2 measured.
+    pub s2: S2Result,
+}
+
+/// Names: clients on many names picked at random, next to the raw floor.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct NamesResult {
+    /// Names picked from.
+    pub names: usize,
+    /// Clients (and floor connections).
+    pub clients: usize,
+    /// Acquisitions returned inside the window.
+    pub acquisitions: u64,
+    /// Acquisitions per second.
+    pub acquisitions_per_sec: f64,
+    /// Duration of every acquire call in the window.
+    pub acquire_wait: LatencySummary,
+    /// Guards lost (must be 0).
+    pub lost: u64,
+    /// The raw floor's label, when the target has one.
+    pub floor_label: Option<String>,
+    /// Floor cycles per second (same clients, names, hold and window).
+    pub floor_cycles_per_sec: Option<f64>,
+    /// `acquisitions_per_sec / floor_cycles_per_sec`.
+    pub floor_ratio: Option<f64>,
+}
+
+/// The number of progress phases `config` gives one target.
+pub(crate) fn phases(config: &BenchConfig, has_counter: bool) -> u64 {
+    let mut n = 0;
+    if config.scenarios.hold() {
+        n += config.hold_counts.len() as u64 + u64::from(has_counter);
+    }
+    if config.scenarios.clients() {
+        n += config.client_counts.len() as u64;
+    }
+    if config.scenarios.names() {
+        n += 2;
+    }
+    if config.scenarios.churn() {
+        n += 1 + u64::from(!config.churn_settle.is_zero());
+    }
+    n
+}
+
+/// Runs the selected growth scenarios on `target`; failures go to `errors`.
+pub(crate) async fn run_target(
+    target: &Target,
+    config: &BenchConfig,
+    instruments: &dyn Instruments,
+    base: &str,
+    backend: &mut Option<String>,
+    errors: &mut Vec<ScenarioError>,
+) -> GrowthResult {
+    let mut result = GrowthResult::default();
+    let label = target.label();
+    if config.scenarios.hold() {
+        let mut counter = match target.server_counter().await {
+            Ok(counter) => counter,
+            Err(e) => {
+                errors.push(ScenarioError::new("hold counter", &e));
+                None
+            }
+        };
+        result.server_counter = counter.as_ref().map(|c| c.label().to_owned());
+        let hold_base = format!("{base}/hold");
+        let hold = hold(
+            target,
+            config,
+            instruments,
+            counter.as_deref_mut(),
+            &hold_base,
+            backend,
+            &mut result,
+        );
+        if let Err(e) = hold.await {
+            errors.push(ScenarioError::new("hold", &e));
+        }
+    }
+    if config.scenarios.clients() {
+        for &count in &config.client_counts {
+            instruments.phase(&format!("{label} clients C={count}"));
+            let measured = async {
+                let clients = crate::connect(target, count, backend).await?;
+                let config = config.clone().with_clients(count);
+                let name = format!("{base}/clients/{count}");
+                let progress = Progress::new(config.progress, label, &format!("clients {count}"));
+                crate::contended::run_s2(clients, name, &config, progress).await
+            };
+            match measured.await {
+                Ok(s2) => result.clients.push(clients_point(count, s2)),
+                Err(e) => errors.push(ScenarioError::new(&format!("clients {count}"), &e)),
+            }
+        }
+    }
+    if config.scenarios.names() {
+        match names(
+            target,
+            config,
+            instruments,
+            &format!("{base}/names"),
+            backend,
+        )
+        .await
+        {
+            Ok(names) => result.names = Some(names),
+            Err(e) => errors.push(ScenarioError::new("names", &e)),
+        }
+    }
+    if config.scenarios.churn() {
+        let base = format!("{base}/churn");
+        match crate::churn::churn(target, config, instruments, &base, backend).await {
+            Ok(churn) => result.churn = Some(churn),
+            Err(e) => errors.push(ScenarioError::new("churn", &e)),
+        }
+    }
+    result
+}
+
+fn clients_point(count: usize, s2: S2Result) -> ClientsPoint {
+    let fair = 1.0 / count as f64;
+    let shares = s2.per_client.iter().map(|c| c.share / fair);
+    let min = shares.clone().fold(f64::INFINITY, f64::min);
+    let max = shares.fold(0.0, f64::max);
+    ClientsPoint {
+        clients: count,
+        critical_sections_per_sec: s2.critical_sections_per_sec,
+        handoff_p50_us: s2.handoff.p50_us,
+        handoff_p99_us: s2.handoff.p99_us,
+        longest_wait_us: s2.longest_wait_us,
+        min_share_of_fair: if min.is_finite() { min } else { 0.0 },
+        max_share_of_fair: max,
+        s2,
+    }
+}
