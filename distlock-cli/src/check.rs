@@ -252,25 +252,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
             ),
         ));
     }
-    let kinds = if args.kind.is_empty() {
-        CheckKind::supported(&caps)
-    } else {
-        let mut kinds = args.kind.clone();
-        kinds.dedup();
-        kinds
-    };
-    if let Some((kind, why)) = kinds
-        .iter()
-        .find_map(|kind| Some((kind, kind.unsupported(&caps)?)))
-    {
-        return Err(Failure::new(
-            CONFIG,
-            format!(
-                "--kind {kind} cannot be checked on {}: {why}",
-                lock.backend()
-            ),
-        ));
-    }
+    let kinds = kinds_to_check(&args, &caps, lock.backend())?;
     let spawner = SelfSpawner {
         exe: std::env::current_exe().map_err(|err| {
             Failure::new(OTHER, format!("cannot find the distlock binary: {err}"))
@@ -278,39 +260,8 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
         op_timeout: args.connection.op_timeout,
     };
     let kind_list: Vec<String> = kinds.iter().copied().map(CheckKind::label).collect();
-    let cut: Vec<&str> = nemesis
-        .iter()
-        .filter(|f| {
-            matches!(
-                f,
-                FaultKind::Partition | FaultKind::Ambiguous | FaultKind::Lossy
-            )
-        })
-        .map(|f| f.as_str())
-        .collect();
-    if nemesis.contains(&FaultKind::Clock) && args.clock_file.is_none() {
-        eprintln!(
-            "distlock check: clock cannot apply to {label}: no --clock-file (the libfaketime \
-             control file of the server under test; scripts/services.sh runs Redis and \
-             PostgreSQL under libfaketime and prints DISTLOCK_TEST_*_CLOCK_FILE)"
-        );
-    }
     let wall_clock_leases = backend.wall_clock_leases();
-    if nemesis.contains(&FaultKind::Clock) && args.clock_file.is_some() && !wall_clock_leases {
-        eprintln!(
-            "distlock check: {} leases run on the server's monotonic clock: a clock step must \
-             change nothing, and any overlap is a violation",
-            lock.backend()
-        );
-    }
-    if upstreams.is_empty() && !cut.is_empty() {
-        eprintln!(
-            "distlock check: {} cannot apply to {label}: its workers' connections cannot be \
-             proxied (SQLite has none; Sentinel and Cluster clients reach the addresses the \
-             servers announce)",
-            cut.join(", "),
-        );
-    }
+    warn_inapplicable(&args, &nemesis, &label, backend, upstreams.is_empty());
     eprintln!(
         "distlock check: {} workers on {label}, {} for {} each, ttl {}, faults: {}",
         args.workers,
@@ -376,12 +327,94 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
         name: &name,
         clock_file: args.clock_file.as_ref().map(|f| f.display().to_string()),
     };
-    if let Some(path) = &args.json {
-        let json = serde_json::to_string_pretty(&JsonReport {
-            params,
-            runs: &runs,
+    write_reports(&args, &label, params, &runs)?;
+    let failed = runs.iter().any(|run| run.verdict.failed());
+    Ok(if failed { VIOLATED } else { 0 })
+}
+
+/// The kinds to check: those asked for (`--kind`), else every kind the backend offers; an
+/// error for a kind it does not.
+fn kinds_to_check(
+    args: &CheckArgs,
+    caps: &distlock::Capabilities,
+    backend: &str,
+) -> Result<Vec<CheckKind>, Failure> {
+    let kinds = if args.kind.is_empty() {
+        CheckKind::supported(caps)
+    } else {
+        let mut kinds = args.kind.clone();
+        kinds.dedup();
+        kinds
+    };
+    if let Some((kind, why)) = kinds
+        .iter()
+        .find_map(|kind| Some((kind, kind.unsupported(caps)?)))
+    {
+        return Err(Failure::new(
+            CONFIG,
+            format!("--kind {kind} cannot be checked on {}: {why}", backend),
+        ));
+    }
+    Ok(kinds)
+}
+
+/// Says on stderr which of the requested faults cannot apply to this run, and what a clock
+/// step means on a backend whose leases do not run on the wall clock.
+fn warn_inapplicable(
+    args: &CheckArgs,
+    nemesis: &[FaultKind],
+    label: &str,
+    backend: &distlock::Descriptor,
+    unproxied: bool,
+) {
+    let cut: Vec<&str> = nemesis
+        .iter()
+        .filter(|f| {
+            matches!(
+                f,
+                FaultKind::Partition | FaultKind::Ambiguous | FaultKind::Lossy
+            )
         })
-        .map_err(|err| Failure::new(OTHER, format!("cannot encode the report: {err}")))?;
+        .map(|f| f.as_str())
+        .collect();
+    if nemesis.contains(&FaultKind::Clock) && args.clock_file.is_none() {
+        eprintln!(
+            "distlock check: clock cannot apply to {label}: no --clock-file (the libfaketime \
+             control file of the server under test; scripts/services.sh runs Redis and \
+             PostgreSQL under libfaketime and prints DISTLOCK_TEST_*_CLOCK_FILE)"
+        );
+    }
+    if nemesis.contains(&FaultKind::Clock)
+        && args.clock_file.is_some()
+        && !backend.wall_clock_leases()
+    {
+        eprintln!(
+            "distlock check: {} leases run on the server's monotonic clock: a clock step must \
+             change nothing, and any overlap is a violation",
+            backend.name()
+        );
+    }
+    if unproxied && !cut.is_empty() {
+        eprintln!(
+            "distlock check: {} cannot apply to {label}: its workers' connections cannot be \
+             proxied (SQLite has none; Sentinel and Cluster clients reach the addresses the \
+             servers announce)",
+            cut.join(", "),
+        );
+    }
+}
+
+/// Writes the reports the flags ask for: JSON (every run), Markdown tables, SVG timelines
+/// (one file per kind when there are several).
+fn write_reports(
+    args: &CheckArgs,
+    label: &str,
+    params: Params<'_>,
+    runs: &[KindRun],
+) -> Result<(), Failure> {
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&JsonReport { params, runs })
+            .map_err(|err| Failure::new(OTHER, format!("cannot encode the report: {err}")))?;
         write(path, &json)?;
     }
     if let Some(path) = &args.markdown {
@@ -392,7 +425,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
         write(path, &tables.join("\n"))?;
     }
     if let Some(path) = &args.svg {
-        for run in &runs {
+        for run in runs {
             let svg = report::svg(
                 &format!("{label}, {}", run.kind),
                 &run.history,
@@ -407,8 +440,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
             write(&path, &svg)?;
         }
     }
-    let failed = runs.iter().any(|run| run.verdict.failed());
-    Ok(if failed { VIOLATED } else { 0 })
+    Ok(())
 }
 
 fn run_failure(err: RunError) -> Failure {
