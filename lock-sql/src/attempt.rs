@@ -15,7 +15,7 @@ use crate::db::Claim;
 use crate::error::map_err;
 use crate::holds::{self, HeldBy, JoinRequest, Joined};
 use crate::lease::SqlLease;
-use crate::wake::{ServerWait, Subscription, Wake, Woken};
+use crate::wake::{ServerWait, Subscription, WakeSignal, Woken};
 
 pub(crate) struct SqlAttempt {
     pub(crate) inner: Arc<Inner>,
@@ -371,10 +371,10 @@ impl Attempt for SqlAttempt {
         }
         match &mut self.subscription {
             Some(sub) => match sub.changed().await {
-                Wake::Changed => {}
-                Wake::Released => self.handed = true,
-                Wake::Handed(version) => self.handed_over = Some((version, None)),
-                Wake::Vacant => self.vacant = true,
+                WakeSignal::Changed => {}
+                WakeSignal::Released => self.handed = true,
+                WakeSignal::Handed(version) => self.handed_over = Some((version, None)),
+                WakeSignal::Vacant => self.vacant = true,
             },
             None => std::future::pending().await,
         }

@@ -118,7 +118,7 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
 
     /// Whether a release hands the lock to the exclusive waiter holding the reservation (the
     /// row becomes the waiter's, with the next version and the ttl it reserved with) and
-    /// tells it so ([`crate::wake::Wake::Handed`]). The default: no, the release frees it.
+    /// tells it so ([`crate::wake::WakeSignal::Handed`]). The default: no, the release frees it.
     fn hands_over(&self) -> bool {
         false
     }
