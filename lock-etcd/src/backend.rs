@@ -50,10 +50,12 @@ pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// [`distlock_core::LockClient`], or use [`crate::connect`].
 #[derive(Clone)]
 pub struct EtcdBackend {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<BackendState>,
 }
 
-pub(crate) struct Shared {
+/// What one backend holds, shared by its clones, attempts and leases: the etcd client, the
+/// client's leases, queue keys and watches, the renewer and the members' health.
+pub(crate) struct BackendState {
     pub(crate) client: Client,
     pub(crate) prefix: String,
     pub(crate) endpoints: Vec<String>,
@@ -162,7 +164,7 @@ impl EtcdBackend {
         let members = Members::default();
         let prober = members::start(&client, config.endpoints(), &members);
         Self {
-            shared: Arc::new(Shared {
+            shared: Arc::new(BackendState {
                 _prober: prober,
                 members,
                 client,

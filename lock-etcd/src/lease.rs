@@ -10,7 +10,7 @@ use distlock_core::{Error, Lease, Result};
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use tracing::debug;
 
-use crate::backend::Shared;
+use crate::backend::BackendState;
 use crate::checks::{CHECKS_PER_TXN, keys_are_ours};
 use crate::error::{attempts, protocol, retryable};
 use crate::keys::{self, QueueKey};
@@ -18,7 +18,7 @@ use crate::session::LeaseSlot;
 
 /// A held lock: its queue key, first in line, on the client's lease.
 pub(crate) struct EtcdLease {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<BackendState>,
     pub(crate) slot: Arc<LeaseSlot>,
     pub(crate) key: Arc<QueueKey>,
     pub(crate) rev: i64,

@@ -28,7 +28,7 @@ use distlock_core::{Error, LockKind, Result};
 use futures::future::join_all;
 use redis::Value;
 
-use crate::backend::Shared;
+use crate::backend::BackendState;
 use crate::error::{RedisError, RedisErrorKind};
 use crate::keys::of_kind;
 use crate::lease::RedisLease;
@@ -50,7 +50,7 @@ use crate::topology::ClusterTopology;
 /// ttl by default).
 pub(crate) const MAX_BATCH: usize = 256;
 
-/// The [`Renewer`] of one backend (one per [`Shared`], so all its leases batch together).
+/// The [`Renewer`] of one backend (one per [`BackendState`], so all its leases batch together).
 #[derive(Debug)]
 pub(crate) struct RedisRenewer {
     /// A cluster's slot map: a batch spreads over its masters, [`MAX_BATCH`] for each.
@@ -121,7 +121,7 @@ fn foreign() -> Result<()> {
 }
 
 /// Renews `batch` on the backend's master(s); `Err` when no master answered at all.
-async fn renew(shared: &Shared, batch: &Batch<'_>) -> Result<Vec<Result<()>>> {
+async fn renew(shared: &BackendState, batch: &Batch<'_>) -> Result<Vec<Result<()>>> {
     if shared.redlock() {
         return redlock::renew_many(shared, batch).await;
     }

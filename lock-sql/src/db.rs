@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use distlock_core::backend::unpoisoned;
 
 use crate::backend::SqlPool;
-use crate::dialect::Shared;
+use crate::dialect::CommonStatements;
 use crate::fence::FencedUpdate;
 use crate::holds::{HeldBy, HolderInfo, JoinRequest, Joined};
 use crate::renew::Renewal;
@@ -138,7 +138,7 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
     ) -> Result<Option<i64>, sqlx::Error>;
 
     /// The statements this database runs as every other does.
-    fn common(&self) -> &dyn Shared;
+    fn common(&self) -> &dyn CommonStatements;
 
     /// Reads the row.
     async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error> {

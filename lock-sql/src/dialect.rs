@@ -84,7 +84,8 @@ impl Sql {
 }
 
 /// A database's statements on its kept connections. The [`Db`](crate::db::Db) trait's
-/// shared methods run them (see [`Shared`]); PostgreSQL runs its notifying ones itself.
+/// provided methods run them (see [`CommonStatements`]); PostgreSQL runs its notifying ones
+/// itself.
 #[derive(Debug)]
 pub(crate) struct Common<DB: sqlx::Database> {
     pub(crate) conns: HotConns<DB>,
@@ -93,9 +94,10 @@ pub(crate) struct Common<DB: sqlx::Database> {
     pub(crate) holds: Holds,
 }
 
-/// [`Common`]'s statements, for the [`Db`](crate::db::Db) trait's shared methods.
+/// [`Common`]'s statements, whatever the database, for the [`Db`](crate::db::Db) trait's
+/// provided methods.
 #[async_trait]
-pub(crate) trait Shared: Send + Sync {
+pub(crate) trait CommonStatements: Send + Sync {
     async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error>;
     async fn renew(
         &self,
@@ -130,7 +132,7 @@ pub(crate) fn q<DB: sqlx::Database>(
 }
 
 #[async_trait]
-impl<DB> Shared for Common<DB>
+impl<DB> CommonStatements for Common<DB>
 where
     DB: Dialect,
     DB::Arguments: IntoArguments<DB>,

@@ -14,7 +14,7 @@ use tokio::sync::{OwnedSemaphorePermit, oneshot};
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
 use crate::db::{Claim, Db, Sessions};
-use crate::dialect::{Common, Shared, Sql, prepare_all, q, server_pool};
+use crate::dialect::{Common, CommonStatements, Sql, prepare_all, q, server_pool};
 use crate::error::{connect_err, map_err};
 use crate::holds::{HolderSql, Holds, holders_table};
 use crate::keys::quote;
@@ -533,7 +533,7 @@ fn answer(done: &sqlx::mysql::MySqlQueryResult) -> Answer {
 
 #[async_trait]
 impl Db for MyDb {
-    fn common(&self) -> &dyn Shared {
+    fn common(&self) -> &dyn CommonStatements {
         &self.common
     }
 

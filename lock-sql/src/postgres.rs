@@ -15,7 +15,7 @@ use sqlx::{AssertSqlSafe, Executor, Row};
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
 use crate::db::{Claim, Db, Sessions};
-use crate::dialect::{Common, Shared, Sql, prepare_all, q, server_pool};
+use crate::dialect::{Common, CommonStatements, Sql, prepare_all, q, server_pool};
 use crate::error::{connect_err, map_err, pooler_err};
 use crate::holds::{HolderSql, Holds, holders_table};
 use crate::keys::quote;
@@ -505,7 +505,7 @@ async fn listen(mut listener: PgListener, notifier: Arc<Notifier>) {
 
 #[async_trait]
 impl Db for PgDb {
-    fn common(&self) -> &dyn Shared {
+    fn common(&self) -> &dyn CommonStatements {
         &self.common
     }
 

@@ -15,7 +15,7 @@ use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
 use crate::db::Db;
-use crate::dialect::{Common, Shared, Sql, q};
+use crate::dialect::{Common, CommonStatements, Sql, q};
 use crate::error::{connect_err, map_err, shape_err, sqlite_busy};
 use crate::holds::{HolderSql, Holds, holders_table};
 use crate::keys::quote;
@@ -566,7 +566,7 @@ fn is_busy(err: &sqlx::Error) -> bool {
 
 #[async_trait]
 impl Db for LiteDb {
-    fn common(&self) -> &dyn Shared {
+    fn common(&self) -> &dyn CommonStatements {
         self.watched()
     }
 
