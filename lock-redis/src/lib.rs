@@ -223,6 +223,7 @@ pub mod bench;
 mod config;
 mod error;
 mod keys;
+mod kinds;
 mod lease;
 mod node;
 mod observe;

@@ -1,4 +1,5 @@
-//! One Redis master: its connection, its subscriber, and the lock scripts run on it.
+//! One Redis master: its connection, its subscriber, and the lock scripts run on it (those
+//! of the shared and permit kinds in `kinds.rs`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,6 +16,7 @@ use crate::topology::{ClusterTopology, Conn, Endpoint, SentinelMaster};
 use crate::RedisConfig;
 use crate::error::{RedisError, RedisErrorKind};
 use crate::keys::{LockKeys, Siblings};
+use crate::kinds::{self, Holder, held_kind, marker_kind};
 use crate::restart::{self, Restarts};
 use crate::scripts::{self, Invocation};
 use crate::wake::Subscriber;
@@ -201,18 +203,19 @@ async fn wrong_port(addr: &str, tls: bool, timeout: Duration) -> Option<String> 
 }
 
 /// What the release script is asked to do (see [`scripts::RELEASE`] and
-/// [`scripts::HOLD_RELEASE`]).
+/// [`HOLD_RELEASE`](crate::kinds::HOLD_RELEASE)).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ReleaseMode {
     Release,
     Abandon,
     Retreat,
-    /// End every shared or permit holder (forced release; [`scripts::HOLD_RELEASE`] only).
+    /// End every shared or permit holder (forced release;
+    /// [`HOLD_RELEASE`](crate::kinds::HOLD_RELEASE) only).
     Force,
 }
 
 impl ReleaseMode {
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Release => "release",
             Self::Abandon => "abandon",
@@ -243,51 +246,6 @@ pub(crate) enum Holding {
         kind: LockKind,
         holders: Vec<Holder>,
     },
-}
-
-/// One live shared or permit holder.
-#[derive(Debug, Clone)]
-pub(crate) struct Holder {
-    pub(crate) owner: String,
-    pub(crate) token: Option<u64>,
-    /// Remaining lease, ms.
-    pub(crate) remaining: i64,
-}
-
-/// The kind of the holders a lock key's value stands for, if it is a marker of shared or
-/// permit holders (see [`scripts::HOLD_ACQUIRE`]).
-pub(crate) fn marker_kind(value: &[u8]) -> Option<LockKind> {
-    if value == scripts::SHARED_MARKER.as_bytes() {
-        return Some(LockKind::Shared);
-    }
-    let digits = value.strip_prefix(b"\0permits:")?;
-    let permits: u32 = std::str::from_utf8(digits).ok()?.parse().ok()?;
-    Some(LockKind::Permit { permits })
-}
-
-/// The kind a script's mismatch answer names (-1 exclusive, 0 shared, N permits).
-fn held_kind(code: i64) -> LockKind {
-    match u32::try_from(code) {
-        Ok(0) => LockKind::Shared,
-        Ok(permits) => LockKind::Permit { permits },
-        Err(_) => LockKind::Exclusive,
-    }
-}
-
-/// The permits argument of the hold scripts: 0 for a shared hold.
-fn permits_arg(kind: LockKind) -> u32 {
-    match kind {
-        LockKind::Permit { permits } => permits,
-        _ => 0,
-    }
-}
-
-/// The lock key's value while holders of `kind` (shared or permits) live.
-pub(crate) fn marker(kind: LockKind) -> String {
-    match kind {
-        LockKind::Permit { permits } => scripts::permits_marker(permits),
-        _ => scripts::SHARED_MARKER.to_owned(),
-    }
 }
 
 impl Node {
@@ -577,7 +535,7 @@ impl Node {
         })
     }
 
-    /// A shared or permit acquisition attempt (see [`scripts::HOLD_ACQUIRE`]).
+    /// A shared or permit acquisition attempt (see [`kinds::acquire_call`]).
     async fn acquire_hold(
         &self,
         keys: &LockKeys,
@@ -585,35 +543,11 @@ impl Node {
         config: &RedisConfig,
         score: &str,
     ) -> Result<Answer, RedisError> {
-        let (holders, tokens) = (keys.holders(), keys.tokens());
         let mut conn = self.conn.clone();
-        let answer: Answer = Invocation::new(
-            &scripts::HOLD_ACQUIRE,
-            &[
-                &keys.lock,
-                &keys.fence,
-                &keys.queue,
-                &keys.alive,
-                &holders,
-                &tokens,
-            ],
-        )
-        .arg(&*request.owner)
-        .arg(millis(request.ttl))
-        .arg(if request.mode == AttemptMode::Wait {
-            "1"
-        } else {
-            "0"
-        })
-        .arg("0")
-        .arg(millis(config.waiter_timeout_for(request.ttl)))
-        .arg(score)
-        .arg(seed_floor(config))
-        .arg(permits_arg(request.kind))
-        .arg(millis(config.forget_after))
-        .invoke(&mut conn)
-        .await
-        .map_err(|e| self.classify(e))?;
+        let answer: Answer = kinds::acquire_call(keys, request, config, score)
+            .invoke(&mut conn)
+            .await
+            .map_err(|e| self.classify(e))?;
         self.replicated(answer, keys, request, config).await
     }
 
@@ -668,19 +602,11 @@ impl Node {
             Invocation::new(&scripts::RENEW, &[&keys.lock])
                 .arg(owner)
                 .arg(millis(ttl))
-                .invoke(&mut conn)
-                .await
         } else {
-            Invocation::new(
-                &scripts::HOLD_RENEW,
-                &[&keys.lock, &keys.holders(), &keys.tokens()],
-            )
-            .arg(owner)
-            .arg(millis(ttl))
-            .arg(marker(kind))
-            .invoke(&mut conn)
-            .await
+            kinds::renew_call(keys, owner, ttl, kind)
         }
+        .invoke(&mut conn)
+        .await
         .map_err(|e| self.classify(e))?;
         Ok(renewed == 1)
     }
@@ -697,26 +623,10 @@ impl Node {
             return self.release_lock(&keys.lock, owner, config, mode).await;
         }
         let mut conn = self.conn.clone();
-        let fair = if config.fair { "1" } else { "0" };
-        let released: i64 = Invocation::new(
-            &scripts::HOLD_RELEASE,
-            &[
-                &keys.lock,
-                &keys.queue,
-                &keys.alive,
-                &keys.holders(),
-                &keys.tokens(),
-            ],
-        )
-        .arg(owner)
-        .arg(fair)
-        .arg(millis(config.handoff))
-        .arg(&keys.channel)
-        .arg(mode.as_str())
-        .arg(permits_arg(kind))
-        .invoke(&mut conn)
-        .await
-        .map_err(|e| self.classify(e))?;
+        let released: i64 = kinds::release_call(keys, owner, config, mode, kind)
+            .invoke(&mut conn)
+            .await
+            .map_err(|e| self.classify(e))?;
         Ok(released == 1)
     }
 
@@ -891,28 +801,9 @@ impl Node {
             return Ok(Holding::Free);
         };
         if let Some(kind) = marker_kind(&value) {
-            let ((secs, micros), members, tokens): HoldersRead = redis::pipe()
-                .cmd("TIME")
-                .zrange_withscores(keys.holders(), 0, -1)
-                .hgetall(keys.tokens())
-                .query_async(&mut conn)
+            return kinds::read_holders(&mut conn, keys, kind)
                 .await
-                .map_err(classify)?;
-            let now = i64::try_from(secs * 1000 + micros / 1000).unwrap_or(i64::MAX);
-            let holders: Vec<Holder> = members
-                .into_iter()
-                .map(|(owner, ends)| Holder {
-                    token: tokens.get(&owner).copied(),
-                    owner,
-                    remaining: ends - now,
-                })
-                .filter(|h| h.remaining > 0)
-                .collect();
-            return Ok(if holders.is_empty() {
-                Holding::Free
-            } else {
-                Holding::Holds { kind, holders }
-            });
+                .map_err(classify);
         }
         // A reservation for a waiter is nobody's lock (yet).
         match String::from_utf8(value) {
@@ -924,16 +815,9 @@ impl Node {
     }
 }
 
-/// The server's `TIME`, the holders with the ends of their leases (ms) and their tokens.
-type HoldersRead = (
-    (u64, u64),
-    Vec<(String, i64)>,
-    std::collections::HashMap<String, u64>,
-);
-
 /// The acquire scripts' seed floor argument: [`scripts::SEED_FLOOR`], or 0 for tokens of at
 /// least the server's clock ([`RedisConfig::clock_tokens`]).
-fn seed_floor(config: &RedisConfig) -> u64 {
+pub(crate) fn seed_floor(config: &RedisConfig) -> u64 {
     if config.clock_tokens {
         0
     } else {
@@ -941,8 +825,9 @@ fn seed_floor(config: &RedisConfig) -> u64 {
     }
 }
 
-/// A script's `{code, value}` answer (see [`scripts::ACQUIRE`], [`scripts::HOLD_ACQUIRE`]); a
-/// granted token is checked by [`FencingToken::from_server`].
+/// A script's `{code, value}` answer (see [`scripts::ACQUIRE`],
+/// [`HOLD_ACQUIRE`](crate::kinds::HOLD_ACQUIRE)); a granted token is checked by
+/// [`FencingToken::from_server`].
 impl redis::FromRedisValue for Answer {
     fn from_redis_value(value: redis::Value) -> Result<Self, redis::ParsingError> {
         let (code, value): (i64, i64) = redis::FromRedisValue::from_redis_value(value)?;

@@ -11,7 +11,7 @@ use distlock_core::backend::unpoisoned;
 use crate::backend::SqlPool;
 use crate::dialect::CommonStatements;
 use crate::fence::FencedUpdate;
-use crate::holds::{HeldBy, HolderInfo, JoinRequest, Joined};
+use crate::kinds::{HeldBy, HolderInfo, JoinRequest, Joined};
 use crate::renew::Renewal;
 use crate::wake::{ServerWait, Subscription};
 
@@ -205,7 +205,7 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
     }
 
     /// A shared or permit acquisition: one transaction that locks the row, checks the
-    /// holders and joins them (see [`crate::holds`]).
+    /// holders and joins them (see [`crate::kinds`]).
     async fn join(&self, req: JoinRequest<'_>) -> Result<Joined, sqlx::Error> {
         self.common().join(req).await
     }

@@ -19,7 +19,7 @@ use crate::db::{Claim, Listed, Peek, bind_value};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use crate::error::shape_err;
 use crate::fence::FencedUpdate;
-use crate::holds::{self, HeldBy, HolderInfo, Holds, JoinRequest, Joined, Tx};
+use crate::kinds::{self, HeldBy, HolderInfo, Holds, JoinRequest, Joined, Tx};
 use crate::pool::HotConns;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use crate::pool::IdleLimit;
@@ -38,7 +38,7 @@ pub(crate) trait Dialect: sqlx::Database {
     /// An owner column as text (MySQL keeps owners as bytes).
     fn owner(row: &Self::Row, index: usize) -> Result<Option<String>, sqlx::Error>;
 
-    /// How a transaction of the holders ([`crate::holds`]) starts: at READ COMMITTED on the
+    /// How a transaction of the holders ([`crate::kinds`]) starts: at READ COMMITTED on the
     /// servers (every statement sees what committed before it, also where the application's
     /// default is stricter), as a writer at once on SQLite (`BEGIN IMMEDIATE`: a deferred
     /// transaction's upgrade to a writer fails as busy without waiting).
@@ -243,7 +243,7 @@ where
     }
 
     async fn hold_info(&self, name: &str) -> Result<Option<HolderInfo>, sqlx::Error> {
-        holds::ready(&self.holds, self.conns.pool()).await?;
+        kinds::ready(&self.holds, self.conns.pool()).await?;
         let query = q(&self.holds.sql.info).bind(name).bind(name);
         let Some(row) = self.conns.fetch_optional(query).await? else {
             return Ok(None);
@@ -278,7 +278,7 @@ where
         name: &str,
         body: impl AsyncFnOnce(&mut Tx<'_, DB>, Peek) -> Result<(T, bool), sqlx::Error>,
     ) -> Result<T, sqlx::Error> {
-        holds::ready(&self.holds, self.conns.pool()).await?;
+        kinds::ready(&self.holds, self.conns.pool()).await?;
         let mut hot = self.conns.get().await?;
         let result = async {
             let mut tx = sqlx::Connection::begin_with(hot.conn(), DB::BEGIN).await?;

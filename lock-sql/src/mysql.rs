@@ -16,8 +16,8 @@ use crate::config::SqlConfig;
 use crate::db::{Claim, Db, Sessions};
 use crate::dialect::{Common, CommonStatements, Sql, prepare_all, q, server_pool};
 use crate::error::{connect_err, map_err};
-use crate::holds::{HolderSql, Holds, holders_table};
 use crate::keys::quote;
+use crate::kinds::{HolderSql, Holds, holders_table};
 use crate::pool::{HotConns, IdleLimit, InUse, checked, open_pool};
 use crate::renew::{BySize, LIST_MAX_BATCH, Renewal, padded, renewed_at, too_many};
 use crate::wake::{ServerWait, WakeLockSql, WakeLocks, spawn_keep_alive};
@@ -220,7 +220,7 @@ fn bind_list<'q>(
     query
 }
 
-/// The holders' statements (see [`crate::holds`]).
+/// The holders' statements (see [`crate::kinds`]).
 fn holder_statements(table: &str, peek: &str) -> HolderSql {
     let t = quote(table, '`');
     let h = quote(&holders_table(table), '`');

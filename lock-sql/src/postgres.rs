@@ -17,8 +17,8 @@ use crate::config::SqlConfig;
 use crate::db::{Claim, Db, Sessions};
 use crate::dialect::{Common, CommonStatements, Sql, prepare_all, q, server_pool};
 use crate::error::{connect_err, map_err, pooler_err};
-use crate::holds::{HolderSql, Holds, holders_table};
 use crate::keys::quote;
+use crate::kinds::{HolderSql, Holds, holders_table};
 use crate::pool::{HotConns, IdleLimit, InUse, open_pool};
 use crate::renew::{PG_MAX_BATCH, Renewal, renewed_at};
 use crate::wake::{Notifier, Subscription, parse_payload};
@@ -186,7 +186,7 @@ fn renew_many_sql(table: &str) -> Arc<str> {
     .into()
 }
 
-/// The holders' statements (see [`crate::holds`]).
+/// The holders' statements (see [`crate::kinds`]).
 fn holder_statements(table: &str, peek: &str) -> HolderSql {
     let t = quote(table, '"');
     let h = quote(&holders_table(table), '"');

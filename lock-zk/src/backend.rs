@@ -20,7 +20,7 @@ use crate::ZkConfig;
 use crate::attempt::ZkAttempt;
 use crate::error::zk_error;
 use crate::keys::{Entry, escape, parse_held, queue, unescape};
-use crate::queue::holders;
+use crate::kinds::holders;
 use crate::session::{Session, open_session};
 
 /// The smallest ttl accepted: the lease is the holder node's data, renewed every ttl/3 by a

@@ -228,6 +228,7 @@ pub mod bench;
 mod config;
 mod error;
 mod keys;
+mod kinds;
 mod lease;
 mod queue;
 mod renew;
