@@ -1,6 +1,6 @@
 //! The backend: connecting, capabilities, inspection, listing and forced release of locks.
-//! The protocol itself is in `attempt.rs` (queueing), `lease.rs` (holding) and `session.rs`
-//! (the shared etcd leases).
+//! The protocol itself is in `attempt.rs` (queueing), `lease.rs` (holding), `renew.rs`
+//! (batched renewal) and `session.rs` (the shared etcd leases).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -26,8 +26,8 @@ use crate::config::EtcdConfig;
 use crate::error::{connect_err, map_err, retryable, tls_cause, transient};
 use crate::keys;
 use crate::keys::{KeyPool, QueueKey};
-use crate::lease::EtcdRenewer;
 use crate::members::{self, Members, Prober};
+use crate::renew::EtcdRenewer;
 use crate::session::LeaseSlot;
 use crate::wake::IdleWatches;
 use crate::watcher::WatchHub;
@@ -69,7 +69,7 @@ pub(crate) struct BackendState {
     pub(crate) watches: IdleWatches,
     /// The client's one watch stream, which carries every wait's watch (see `watcher.rs`).
     pub(crate) hub: WatchHub,
-    /// Renews the client's held locks together (see `lease.rs`).
+    /// Renews the client's held locks together (see `renew.rs`).
     pub(crate) renewer: Arc<EtcdRenewer>,
     /// Where requests report a member that does not answer or connect.
     pub(crate) members: Members,
