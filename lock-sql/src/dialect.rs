@@ -11,18 +11,12 @@ use async_trait::async_trait;
 use sqlx::SqlSafeStr;
 use sqlx::{AssertSqlSafe, ColumnIndex, Decode, Encode, Executor, IntoArguments, Type};
 
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-use crate::config::SqlConfig;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-use crate::db::Sessions;
 use crate::db::{Claim, Listed, Peek, bind_value};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use crate::error::shape_err;
 use crate::fence::FencedUpdate;
 use crate::kinds::{self, HeldBy, HolderInfo, Holds, JoinRequest, Joined, Tx};
 use crate::pool::HotConns;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-use crate::pool::IdleLimit;
 
 /// What SQL text cannot say about a database.
 pub(crate) trait Dialect: sqlx::Database {
@@ -323,47 +317,6 @@ where
     query = query.bind(token);
     query = bind_value!(query, &update.key);
     query.bind(token)
-}
-
-/// The pool of a server database: the config's size, half the connect timeout to wait for a
-/// connection, no ping before each use (see [`HotConns`]) unless the connection idled long
-/// enough for the server to have closed it (see [`IdleLimit`]), and every new connection's
-/// server-side id, read by `session_id` (SQL answering one BIGINT), recorded in `sessions`.
-/// The id is read in the simple query protocol: no prepared statement, which a pooler in
-/// transaction mode would leave on a server connection that another client gets next (the
-/// backend refuses such a pooler, and must connect to say so).
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) fn server_pool<DB>(
-    config: &SqlConfig,
-    session_id: &'static str,
-    sessions: Arc<Sessions>,
-    idle: Arc<IdleLimit>,
-) -> sqlx::pool::PoolOptions<DB>
-where
-    DB: sqlx::Database,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    usize: ColumnIndex<DB::Row>,
-    for<'t> i64: Decode<'t, DB> + Type<DB>,
-{
-    sqlx::pool::PoolOptions::<DB>::new()
-        .max_connections(config.max_connections)
-        .acquire_timeout(config.effective_connect_timeout() / 2)
-        .test_before_acquire(false)
-        .before_acquire(move |conn, meta| {
-            let stale = idle.stale(meta.idle_for);
-            Box::pin(async move {
-                // A failed ping closes the connection; the pool tries another.
-                Ok(!stale || sqlx::Connection::ping(conn).await.is_ok())
-            })
-        })
-        .after_connect(move |conn, _meta| {
-            let sessions = sessions.clone();
-            Box::pin(async move {
-                let row = sqlx::raw_sql(session_id).fetch_one(conn).await?;
-                sessions.add(sqlx::Row::try_get(&row, 0)?);
-                Ok(())
-            })
-        })
 }
 
 /// Prepares `statements` on a pooled connection, so that a table of the wrong shape is

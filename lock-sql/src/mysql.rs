@@ -1,24 +1,22 @@
 //! MySQL / MariaDB: `INSERT .. ON DUPLICATE KEY UPDATE` with `UTC_TIMESTAMP(6)` as the clock;
 //! the new version comes back through `LAST_INSERT_ID(expr)`.
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_core::{Error, Result};
-use sqlx::mysql::MySqlConnectOptions;
+use distlock_core::Result;
 use sqlx::{AssertSqlSafe, Executor, Row};
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
 use crate::db::{Claim, Db, Sessions};
-use crate::dialect::{Common, CommonStatements, Sql, prepare_all, q, server_pool};
-use crate::error::{connect_err, map_err};
+use crate::dialect::{Common, CommonStatements, Sql, prepare_all, q};
+use crate::error::map_err;
 use crate::keys::quote;
 use crate::kinds::{HolderSql, Holds, holders_table};
-use crate::pool::{HotConns, IdleLimit, InUse, checked, open_pool};
+use crate::pool::{HotConns, IdleLimit, InUse, checked, open_server};
 use crate::renew::{BySize, LIST_MAX_BATCH, Renewal, padded, renewed_at, too_many};
 use crate::wake::{ServerWait, WakeLockSql, WakeLocks, spawn_keep_alive};
 
@@ -353,16 +351,9 @@ async fn has_next_ttl(conn: &mut sqlx::MySqlConnection, table: &str) -> Result<b
 
 impl MyDb {
     pub(crate) async fn open(config: &SqlConfig, sessions: Arc<Sessions>) -> Result<Self> {
-        let options = MySqlConnectOptions::from_str(&config.url).map_err(|e| {
-            Error::InvalidConfig(format!("bad MySQL URL {}: {e}", config.redacted_url()))
-        })?;
         let session_id = "SELECT CAST(CONNECTION_ID() AS SIGNED)";
-        let idle = Arc::new(IdleLimit::server());
-        let pool = server_pool::<sqlx::MySql>(config, session_id, sessions, idle.clone());
-        let probe = config.effective_connect_timeout() / 4;
-        let pool = open_pool(pool, options, probe)
-            .await
-            .map_err(|e| connect_err(config, e))?;
+        let (pool, idle) =
+            open_server::<sqlx::MySql>(config, sessions, "MySQL", session_id).await?;
         Self::set_up(pool, config, config.max_connections / 2, idle).await
     }
 
