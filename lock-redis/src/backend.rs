@@ -1,5 +1,5 @@
 //! The backend: connecting to one master or the Redlock nodes, capabilities, inspection,
-//! listing and forced release. The protocol is in `attempt.rs`, `lease.rs`, `node.rs` and, for
+//! listing and forced release. The protocol is in `attempt.rs`, `lease.rs`, `node/` and, for
 //! Redlock, `redlock.rs`.
 
 use std::sync::Arc;

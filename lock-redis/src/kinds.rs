@@ -2,8 +2,9 @@
 //! holders live, their scripts ([`HOLD_ACQUIRE`], [`HOLD_RENEW`], [`HOLD_RELEASE`]) and the
 //! calls a node runs them with, and how a node reads their holders ([`read_holders`]). The
 //! exclusive kind (the mutex, the write side) keeps its scripts in `scripts.rs` and its steps in
-//! `node.rs`. What both kinds share stays there too: the Lua helpers that prune the queue and
-//! wake readers and permit waiters, and the batched renewal's script.
+//! `node/locking.rs`, which also runs these calls. What both kinds share stays in `scripts.rs`:
+//! the Lua helpers that prune the queue and wake readers and permit waiters, and the batched
+//! renewal's script.
 
 use std::sync::LazyLock;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! inspection and forced release. Each works on every master at once (per-node timeouts), and
 //! succeeds only with a majority. The single-master paths in `attempt.rs`, `lease.rs` and
 //! `backend.rs` hand over to these functions when the backend is a Redlock; the per-node
-//! commands are in `node.rs`, shared by both.
+//! commands are in `node/`, shared by both.
 
 use std::time::{Duration, Instant};
 
