@@ -13,7 +13,7 @@ use etcd_client::{
 use tokio::task::JoinHandle;
 use tracing::{debug, trace};
 
-use crate::backend::Shared;
+use crate::backend::BackendState;
 use crate::error::{ATTEMPT_TIMEOUT, lease_not_found, map_err, protocol};
 use crate::keys::{self, QueueKey, key_string};
 use crate::lease::EtcdLease;
@@ -27,7 +27,7 @@ pub(crate) fn token(revision: i64) -> Result<FencingToken> {
 
 /// One acquisition: a queue key of the client on its lease, with the owner as its value.
 pub(crate) struct EtcdAttempt {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<BackendState>,
     pub(crate) name: String,
     pub(crate) mode: AttemptMode,
     pub(crate) ttl: Duration,

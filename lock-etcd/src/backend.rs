@@ -1,6 +1,6 @@
 //! The backend: connecting, capabilities, inspection, listing and forced release of locks.
-//! The protocol itself is in `attempt.rs` (queueing), `lease.rs` (holding) and `session.rs`
-//! (the shared etcd leases).
+//! The protocol itself is in `attempt.rs` (queueing), `lease.rs` (holding), `renew.rs`
+//! (batched renewal) and `session.rs` (the shared etcd leases).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -26,8 +26,8 @@ use crate::config::EtcdConfig;
 use crate::error::{connect_err, map_err, retryable, tls_cause, transient};
 use crate::keys;
 use crate::keys::{KeyPool, QueueKey};
-use crate::lease::EtcdRenewer;
 use crate::members::{self, Members, Prober};
+use crate::renew::EtcdRenewer;
 use crate::session::LeaseSlot;
 use crate::wake::IdleWatches;
 use crate::watcher::WatchHub;
@@ -50,10 +50,12 @@ pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// [`distlock_core::LockClient`], or use [`crate::connect`].
 #[derive(Clone)]
 pub struct EtcdBackend {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<BackendState>,
 }
 
-pub(crate) struct Shared {
+/// What one backend holds, shared by its clones, attempts and leases: the etcd client, the
+/// client's leases, queue keys and watches, the renewer and the members' health.
+pub(crate) struct BackendState {
     pub(crate) client: Client,
     pub(crate) prefix: String,
     pub(crate) endpoints: Vec<String>,
@@ -67,7 +69,7 @@ pub(crate) struct Shared {
     pub(crate) watches: IdleWatches,
     /// The client's one watch stream, which carries every wait's watch (see `watcher.rs`).
     pub(crate) hub: WatchHub,
-    /// Renews the client's held locks together (see `lease.rs`).
+    /// Renews the client's held locks together (see `renew.rs`).
     pub(crate) renewer: Arc<EtcdRenewer>,
     /// Where requests report a member that does not answer or connect.
     pub(crate) members: Members,
@@ -162,7 +164,7 @@ impl EtcdBackend {
         let members = Members::default();
         let prober = members::start(&client, config.endpoints(), &members);
         Self {
-            shared: Arc::new(Shared {
+            shared: Arc::new(BackendState {
                 _prober: prober,
                 members,
                 client,

@@ -6,11 +6,11 @@ use distlock_core::Result;
 use etcd_client::{Client, GetOptions, Txn, TxnOp, TxnOpResponse};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::backend::Shared;
+use crate::backend::BackendState;
 use crate::error::{AttemptError, attempts, map_err, protocol, retryable, shared_err};
 use crate::members::Members;
 
-impl Shared {
+impl BackendState {
     /// Whether `key` still exists with create revision `rev`. Concurrent checks of one client
     /// are batched into one transaction (see [`check_keys`]).
     pub(crate) async fn key_is_ours(&self, key: &str, rev: i64) -> Result<bool> {

@@ -430,19 +430,19 @@ pub(crate) fn protocol(message: &str) -> Error {
 /// [`map_err`] for an error shared by several callers (the source is kept behind an `Arc`).
 pub(crate) fn shared_err(what: &str, err: &Arc<etcd_client::Error>) -> Error {
     #[derive(Debug)]
-    struct Shared(Arc<etcd_client::Error>);
-    impl fmt::Display for Shared {
+    struct ArcError(Arc<etcd_client::Error>);
+    impl fmt::Display for ArcError {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             self.0.fmt(f)
         }
     }
-    impl std::error::Error for Shared {
+    impl std::error::Error for ArcError {
         fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
             Some(&*self.0)
         }
     }
     let message = format!("{what}: {}", cause(err));
-    let source = Shared(err.clone());
+    let source = ArcError(err.clone());
     if retryable(err) {
         Error::unavailable(message, source)
     } else {

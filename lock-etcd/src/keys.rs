@@ -10,7 +10,7 @@ use distlock_core::LockKind;
 use distlock_core::backend::{AsciiSet, NON_ALPHANUMERIC, escape_name, unpoisoned as lock};
 use tracing::debug;
 
-use crate::backend::Shared;
+use crate::backend::BackendState;
 use crate::keys;
 
 /// Bytes escaped in a key segment: all but `[A-Za-z0-9._-]`. The result never contains `/`,
@@ -167,7 +167,7 @@ impl KeyPool {
 /// One queue key of this client: taken from the [`KeyPool`] when an acquisition starts, given
 /// back once the key is known to be gone from the server.
 pub(crate) struct QueueKey {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<BackendState>,
     /// The length of the name's key range (its whole queue), the start of `key`.
     range_len: usize,
     pub(crate) number: u32,
@@ -177,7 +177,7 @@ pub(crate) struct QueueKey {
 }
 
 impl QueueKey {
-    pub(crate) fn new(shared: &Arc<Shared>, range: String, kind: LockKind) -> Arc<Self> {
+    pub(crate) fn new(shared: &Arc<BackendState>, range: String, kind: LockKind) -> Arc<Self> {
         let number = shared.keys.take(&range);
         Arc::new(Self {
             shared: shared.clone(),

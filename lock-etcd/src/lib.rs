@@ -127,6 +127,7 @@ mod keys;
 mod kinds;
 mod lease;
 mod members;
+mod renew;
 mod session;
 mod wake;
 mod watcher;

@@ -9,11 +9,11 @@ use distlock_core::{Error, Result};
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use tracing::debug;
 
-use crate::backend::Shared;
+use crate::backend::BackendState;
 use crate::error::{ATTEMPT_TIMEOUT, AttemptError, map_err, not_sent};
 use crate::members::Members;
 
-impl Shared {
+impl BackendState {
     /// The client's lease for `ttl` (rounded up to whole seconds), granted if needed.
     async fn slot(&self, ttl: Duration) -> Result<Arc<LeaseSlot>> {
         let secs = i64::try_from(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0))

@@ -10,7 +10,7 @@ use distlock_core::{
 };
 use futures::future::join_all;
 
-use crate::backend::Shared;
+use crate::backend::BackendState;
 use crate::keys::LockKeys;
 use crate::lease::RedisLease;
 use crate::node::{Answer, ReleaseMode, within};
@@ -22,7 +22,7 @@ pub(crate) fn remaining(pttl: i64) -> Option<Duration> {
 }
 
 pub(crate) struct RedisAttempt {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<BackendState>,
     pub(crate) keys: Arc<LockKeys>,
     pub(crate) request: AcquireRequest,
     pub(crate) score: String,

@@ -1,5 +1,5 @@
 //! The backend: connecting to one master or the Redlock nodes, capabilities, inspection,
-//! listing and forced release. The protocol is in `attempt.rs`, `lease.rs`, `node.rs` and, for
+//! listing and forced release. The protocol is in `attempt.rs`, `lease.rs`, `node/` and, for
 //! Redlock, `redlock.rs`.
 
 use std::sync::Arc;
@@ -37,11 +37,13 @@ const REDLOCK_MIN_TTL: Duration = Duration::from_millis(500);
 /// Made by [`connect`](crate::connect) or [`RedisBackend::connect`]. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct RedisBackend {
-    shared: Arc<Shared>,
+    shared: Arc<BackendState>,
 }
 
+/// What one backend holds, shared by its clones, attempts, leases and renewer: the nodes,
+/// the configuration, the renewer and the keys cache.
 #[derive(Debug)]
-pub(crate) struct Shared {
+pub(crate) struct BackendState {
     pub(crate) nodes: Vec<Node>,
     pub(crate) config: RedisConfig,
     pub(crate) client: ClientConfig,
@@ -70,7 +72,7 @@ impl RedisBackend {
         };
         if let Some(node) = node {
             return Ok(Self {
-                shared: Arc::new(Shared {
+                shared: Arc::new(BackendState {
                     renewer: Arc::new(RedisRenewer::new(std::slice::from_ref(&node))),
                     nodes: vec![node],
                     config,
@@ -164,7 +166,7 @@ impl RedisBackend {
             });
         }
         Ok(Self {
-            shared: Arc::new(Shared {
+            shared: Arc::new(BackendState {
                 renewer: Arc::new(RedisRenewer::new(&nodes)),
                 nodes,
                 config,
@@ -181,7 +183,7 @@ impl RedisBackend {
     }
 }
 
-impl Shared {
+impl BackendState {
     pub(crate) fn redlock(&self) -> bool {
         self.config.redlock
     }

@@ -184,11 +184,11 @@ impl RedisError {
 /// client certificate or a peer that does not speak TLS as an I/O error of kind `InvalidData`
 /// (a retry cannot help, unlike a dropped connection).
 fn tls_failure(err: &redis::RedisError) -> bool {
-    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    type ArcError = std::sync::Arc<dyn std::error::Error + Send + Sync>;
     let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = next {
         // The client library keeps its I/O error behind an `Arc`, whose `source` skips it.
-        let e = match e.downcast_ref::<Shared>() {
+        let e = match e.downcast_ref::<ArcError>() {
             Some(shared) => &**shared,
             None => e,
         };

@@ -9,14 +9,14 @@ use distlock_core::backend::{LossEpochs, Renewer};
 use distlock_core::{Error, Lease, LockKind, LockName, LossReason, Result};
 use futures::future::BoxFuture;
 
-use crate::backend::Shared;
+use crate::backend::BackendState;
 use crate::keys::LockKeys;
 use crate::node::ReleaseMode;
 use crate::redlock;
 
 #[derive(Debug)]
 pub(crate) struct RedisLease {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<BackendState>,
     /// The lock key only (what batched renewal needs): the name's other keys are made on
     /// demand ([`RedisLease::keys`]), so that a held lock keeps one key, not five.
     pub(crate) lock: String,

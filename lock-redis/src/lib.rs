@@ -224,6 +224,7 @@ mod config;
 mod descriptor;
 mod error;
 mod keys;
+mod kinds;
 mod lease;
 mod node;
 mod observe;

@@ -2,7 +2,7 @@
 //! inspection and forced release. Each works on every master at once (per-node timeouts), and
 //! succeeds only with a majority. The single-master paths in `attempt.rs`, `lease.rs` and
 //! `backend.rs` hand over to these functions when the backend is a Redlock; the per-node
-//! commands are in `node.rs`, shared by both.
+//! commands are in `node/`, shared by both.
 
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,7 @@ use distlock_core::{
 use futures::future::join_all;
 
 use crate::attempt::{RedisAttempt, remaining};
-use crate::backend::Shared;
+use crate::backend::BackendState;
 use crate::error::{RedisError, RedisErrorKind};
 use crate::keys::LockKeys;
 use crate::lease::RedisLease;
@@ -175,7 +175,7 @@ struct Tally<'a> {
 }
 
 impl<'a> Tally<'a> {
-    fn of(shared: &'a Shared, answers: &[std::result::Result<Answer, RedisError>]) -> Self {
+    fn of(shared: &'a BackendState, answers: &[std::result::Result<Answer, RedisError>]) -> Self {
         let mut tally = Tally {
             outcomes: Vec::with_capacity(answers.len()),
             tokens: Vec::new(),
@@ -255,7 +255,10 @@ pub(crate) async fn renew(lease: &RedisLease, ttl: Duration) -> Result<()> {
 /// lock by the rule of [`renew`]: renewed iff a majority renewed it within its validity; not
 /// held when fewer than a majority could still renew it; otherwise unavailable (retried).
 /// `Err` when no master answered at all.
-pub(crate) async fn renew_many(shared: &Shared, batch: &Batch<'_>) -> Result<Vec<Result<()>>> {
+pub(crate) async fn renew_many(
+    shared: &BackendState,
+    batch: &Batch<'_>,
+) -> Result<Vec<Result<()>>> {
     let shortest = batch.iter().map(|(_, ttl)| *ttl).min().unwrap_or_default();
     let timeout = shared.node_timeout(shortest);
     let started = Instant::now();
@@ -353,7 +356,7 @@ type SeenHolder = (usize, LockKind, Option<(u64, usize)>, i64);
 /// majority (no token: see [`Node::inspect`](crate::node::Node::inspect)); `None` when no
 /// majority agrees. Shared holders: those that hold on a majority, described by the one with
 /// the highest token (made as the acquisition made it: [`TOKEN_SCALE`]).
-pub(crate) async fn inspect(shared: &Shared, keys: &LockKeys) -> Result<Option<LockInfo>> {
+pub(crate) async fn inspect(shared: &BackendState, keys: &LockKeys) -> Result<Option<LockInfo>> {
     let timeout = shared.client.operation_timeout;
     let answers = join_all(
         shared
@@ -414,7 +417,7 @@ pub(crate) async fn inspect(shared: &Shared, keys: &LockKeys) -> Result<Option<L
 /// Force release on every master; `true` if any held it. Fails unless a majority answered
 /// (the others free it at expiry).
 pub(crate) async fn force_release(
-    shared: &Shared,
+    shared: &BackendState,
     keys: &LockKeys,
     name: &LockName,
 ) -> Result<bool> {

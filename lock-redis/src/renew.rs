@@ -28,11 +28,12 @@ use distlock_core::{Error, LockKind, Result};
 use futures::future::join_all;
 use redis::Value;
 
-use crate::backend::Shared;
+use crate::backend::BackendState;
 use crate::error::{RedisError, RedisErrorKind};
 use crate::keys::of_kind;
+use crate::kinds::marker;
 use crate::lease::RedisLease;
-use crate::node::{Node, marker, millis};
+use crate::node::{Node, millis};
 use crate::redlock;
 use crate::scripts::{self, Invocation};
 use crate::topology::ClusterTopology;
@@ -50,7 +51,7 @@ use crate::topology::ClusterTopology;
 /// ttl by default).
 pub(crate) const MAX_BATCH: usize = 256;
 
-/// The [`Renewer`] of one backend (one per [`Shared`], so all its leases batch together).
+/// The [`Renewer`] of one backend (one per [`BackendState`], so all its leases batch together).
 #[derive(Debug)]
 pub(crate) struct RedisRenewer {
     /// A cluster's slot map: a batch spreads over its masters, [`MAX_BATCH`] for each.
@@ -121,7 +122,7 @@ fn foreign() -> Result<()> {
 }
 
 /// Renews `batch` on the backend's master(s); `Err` when no master answered at all.
-async fn renew(shared: &Shared, batch: &Batch<'_>) -> Result<Vec<Result<()>>> {
+async fn renew(shared: &BackendState, batch: &Batch<'_>) -> Result<Vec<Result<()>>> {
     if shared.redlock() {
         return redlock::renew_many(shared, batch).await;
     }

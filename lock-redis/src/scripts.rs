@@ -1,5 +1,6 @@
-//! The Lua scripts. Each runs atomically on the server; all use the server's own clock
-//! (`TIME`) only, never a client's.
+//! The Lua scripts (those of the shared and permit kinds are in `kinds.rs`, on the helpers
+//! here). Each runs atomically on the server; all use the server's own clock (`TIME`) only,
+//! never a client's.
 
 use std::sync::LazyLock;
 
@@ -132,7 +133,7 @@ return token
 /// ARGV: owner, ttl ms, wait ("1" to queue), fair ("1"), waiter timeout ms, arrival score
 /// ("" = the server's time in microseconds), [`SEED_FLOOR`], forget ms (see [`NEXT_TOKEN`]).
 /// Returns `{1, token}` when acquired, `{0, retry_ms}` when busy (`retry_ms` < 0: unknown),
-/// `{2, permits}` when the name is a semaphore of that many permits (see [`HOLD_ACQUIRE`]).
+/// `{2, permits}` when the name is a semaphore of that many permits (see [`HOLD_ACQUIRE`](crate::kinds::HOLD_ACQUIRE)).
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         &[
@@ -191,7 +192,7 @@ return {1, token}
 /// it if it waits (`ARGV[3]` = "1"): as `member` in the queue `KEYS[3]` (arrival score
 /// `ARGV[6]`, or the server's `TIME` `t` in µs) with a liveness deadline in `KEYS[4]` (`now` +
 /// the waiter timeout `ARGV[5]`).
-const BUSY: &str = r"
+pub(crate) const BUSY: &str = r"
 if blocked then
   if ARGV[3] == '1' then
     local wto = tonumber(ARGV[5])
@@ -221,7 +222,7 @@ end
 /// a name in use keeps its counter, and a name nobody took for that long leaves no key
 /// behind; its next token comes from the clock, above this one unless the server's clock
 /// went back by more than `forget_after` (see the crate docs, "What is left on the server").
-const NEXT_TOKEN: &str = r"
+pub(crate) const NEXT_TOKEN: &str = r"
 local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
 if fence < floor or (floor == 0 and fence < tonumber(t[1]) * 1000000 + tonumber(t[2])) then
   redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
@@ -258,7 +259,7 @@ return 0
 });
 
 /// Owner-checked extension of many locks in one call, each exactly as [`RENEW`] (exclusive)
-/// or [`HOLD_RENEW`] (a shared hold or a permit) would extend it alone: a refused lock
+/// or [`HOLD_RENEW`](crate::kinds::HOLD_RENEW) (a shared hold or a permit) would extend it alone: a refused lock
 /// answers 0 and does not stop the others, and an error on one lock's keys (`WRONGTYPE`, or
 /// a key another cluster node serves) is caught (`pcall`) and answered for that lock alone.
 ///
@@ -372,7 +373,7 @@ return 0
 /// reserves the lock for it for `handoff` ms by storing [`RESERVED_PREFIX`] + its owner in the
 /// lock key (default mode; the fair mode's queue needs no reservation) and publishes its owner
 /// value on the channel (empty payload: nobody waits). When readers (or permit waiters) head
-/// the queue instead, it wakes them as [`HOLD_RELEASE`] does (reserving the free lock for the
+/// the queue instead, it wakes them as [`HOLD_RELEASE`](crate::kinds::HOLD_RELEASE) does (reserving the free lock for the
 /// readers in the default mode), and a writer that leaves the head of the queue while readers
 /// hold wakes the readers queued behind it. Returns 1 if the lock was released, else 0.
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
@@ -527,247 +528,6 @@ end
 ";
 
 /// `script` with [`HELPERS`] in front.
-fn with_helpers(script: &str) -> Lua {
+pub(crate) fn with_helpers(script: &str) -> Lua {
     Lua::new(&[HELPERS, script].concat())
 }
-
-/// The lock key's value while readers hold the lock (its TTL covers the latest reader's
-/// lease). Like every value this crate stores besides owners, it starts with NUL.
-pub(crate) const SHARED_MARKER: &str = "\0shared";
-
-/// The lock key's value while permits of a semaphore of `permits` are held.
-pub(crate) fn permits_marker(permits: u32) -> String {
-    format!("\0permits:{permits}")
-}
-
-/// Acquire (or queue) a shared hold or a permit, one round trip. The holders are the sorted
-/// set `h` (owner -> server time at which its lease ends) and their tokens the hash `t`;
-/// while any may live, the lock key holds the kind's marker ([`SHARED_MARKER`],
-/// [`permits_marker`]) with a TTL that covers the latest lease, so the exclusive paths (the
-/// fast path's `SET NX` included) refuse by themselves and need no change. A holder is live
-/// while its lease has not ended **and** the lock key holds the marker: the first holder of a
-/// new marker (a new epoch) drops whatever `h` and `t` still hold. A writer's release that
-/// wakes readers reserves the free lock for them (default mode) with `"\0next:\0readers"`, a
-/// reservation (it starts with [`RESERVED_PREFIX`]) for no owner, which readers join as a new
-/// epoch.
-///
-/// Served in arrival order in both modes: a reader holds when no writer is ahead of it in
-/// the queue (a waiting writer queues new readers behind it) and no writer holds or has the
-/// lock reserved; a permit holds when the live holders plus the permit waiters ahead of it
-/// are fewer than the permits.
-///
-/// KEYS: lock, fence, queue, alive, holders, tokens.
-/// ARGV: owner, ttl ms, wait ("1" to queue), (unused), waiter timeout ms, arrival score
-/// ("" = the server's time in microseconds), [`SEED_FLOOR`], permits (0 = a shared hold),
-/// forget ms (see [`NEXT_TOKEN`]).
-/// Returns `{1, token}` when acquired, `{0, retry_ms}` when busy (`retry_ms` < 0: unknown),
-/// `{2, held}` when the name is held as a kind this request can never join (`held`: -1
-/// exclusive, 0 shared, N a semaphore of N permits).
-pub(crate) static HOLD_ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
-    with_helpers(&[
-        r"
-local owner = ARGV[1]
-local ttl = tonumber(ARGV[2])
-local n = tonumber(ARGV[8])
-local marker, member = hold_names(owner, ARGV[8])
-local holder = redis.call('GET', KEYS[1])
-local readers_reserved = holder == '\0next:\0readers'
-if holder and holder ~= marker then
-  local held = -1
-  if holder == '\0shared' or readers_reserved then
-    held = 0
-  elseif string.sub(holder, 1, 9) == '\0permits:' then
-    held = tonumber(string.sub(holder, 10)) or -1
-  end
-  if n > 0 or held > 0 then return {2, held} end
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local epoch = holder == marker
-local count = 0
-if epoch then
-  prune_holders(KEYS[5], KEYS[6], now)
-  if redis.call('ZSCORE', KEYS[5], owner) then
-    -- A retry after a lost reply: the hold is already ours; restart its lease.
-    redis.call('ZADD', KEYS[5], now + ttl, owner)
-    local keep = math.max(redis.call('PTTL', KEYS[1]), ttl)
-    redis.call('PEXPIRE', KEYS[1], keep)
-    redis.call('PEXPIRE', KEYS[5], keep)
-    redis.call('PEXPIRE', KEYS[6], keep)
-    return {1, tonumber(redis.call('HGET', KEYS[6], owner) or '0')}
-  end
-  count = redis.call('ZCOUNT', KEYS[5], '(' .. now, '+inf')
-end
-prune_waiters(KEYS[3], KEYS[4], now)
-local blocked = nil
-local rank = redis.call('ZRANK', KEYS[3], member)
-if holder and not epoch and not readers_reserved then
-  -- A writer holds the lock, or has it reserved.
-  blocked = redis.call('PTTL', KEYS[1])
-elseif n == 0 then
-  local ahead = {}
-  if not rank then
-    ahead = redis.call('ZRANGE', KEYS[3], 0, -1)
-  elseif rank > 0 then
-    ahead = redis.call('ZRANGE', KEYS[3], 0, rank - 1)
-  end
-  for _, w in ipairs(ahead) do
-    if string.sub(w, 1, 3) ~= '\0s:' then
-      -- A writer waits ahead: it goes first.
-      blocked = math.max(redis.call('PTTL', KEYS[1]), -1)
-      break
-    end
-  end
-else
-  local ahead = rank or redis.call('ZCARD', KEYS[3])
-  if count + ahead >= n then
-    blocked = -1
-    if count >= n then
-      local first = redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-      if first[2] then blocked = math.max(tonumber(first[2]) - now, 1) end
-    end
-  end
-end
-",
-        BUSY,
-        r"
-if not epoch then
-  redis.call('DEL', KEYS[5], KEYS[6])
-end
-redis.call('ZADD', KEYS[5], now + ttl, owner)
-local keep = ttl
-if epoch then keep = math.max(redis.call('PTTL', KEYS[1]), ttl) end
-redis.call('SET', KEYS[1], marker, 'PX', keep)
-local floor = tonumber(ARGV[7])
-local fence_keep = keep + tonumber(ARGV[9])
-",
-        NEXT_TOKEN,
-        r"
-redis.call('HSET', KEYS[6], owner, token)
-redis.call('PEXPIRE', KEYS[5], keep)
-redis.call('PEXPIRE', KEYS[6], keep)
-if rank then
-  redis.call('ZREM', KEYS[3], member)
-  redis.call('ZREM', KEYS[4], member)
-end
-return {1, token}
-",
-    ]
-    .concat())
-});
-
-/// Owner-checked extension of a shared hold or a permit. KEYS: lock, holders, tokens.
-/// ARGV: owner, ttl ms, the kind's marker. Returns 1, or 0 when the owner does not hold.
-pub(crate) static HOLD_RENEW: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r"
-if redis.call('GET', KEYS[1]) ~= ARGV[3] then return 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ends = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if not ends or tonumber(ends) <= now then return 0 end
-local ttl = tonumber(ARGV[2])
-redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
-local keep = math.max(redis.call('PTTL', KEYS[1]), ttl)
-redis.call('PEXPIRE', KEYS[1], keep)
-redis.call('PEXPIRE', KEYS[2], keep)
-redis.call('PEXPIRE', KEYS[3], keep)
-return 1
-",
-    )
-});
-
-/// Owner-checked release of a shared hold or a permit, abandonment of such an attempt, a
-/// Redlock retreat, or a forced release of every holder.
-///
-/// KEYS: lock, queue, alive, holders, tokens.
-/// ARGV: owner, fair ("1"), handoff ms, channel, mode ("release", "abandon", "retreat" as
-/// for [`RELEASE`], or "force": end every holder), permits (0 = shared).
-///
-/// Then wakes exactly the waiters this call unblocks: when the last holder left and a writer
-/// heads the queue, that writer (reserving the lock for it in the default mode, as the
-/// mutex's release does); for a semaphore, the permit waiters whose place in the queue now
-/// fits in the free permits and did not before (one for one released permit). Returns 1 if
-/// a live hold was released (force: if any holder was live), else 0.
-pub(crate) static HOLD_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
-    with_helpers(
-        r"
-local owner = ARGV[1]
-local fair = ARGV[2] == '1'
-local mode = ARGV[5]
-local n = tonumber(ARGV[6])
-local marker, member = hold_names(owner, ARGV[6])
-local holder = redis.call('GET', KEYS[1])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local released = 0
-local left = false
-local before = 0
-if holder == marker then
-  prune_holders(KEYS[4], KEYS[5], now)
-  before = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
-  if mode == 'force' then
-    if before > 0 then released = 1 end
-    redis.call('DEL', KEYS[4], KEYS[5])
-    left = true
-  else
-    local ends = redis.call('ZSCORE', KEYS[4], owner)
-    if ends then
-      redis.call('ZREM', KEYS[4], owner)
-      redis.call('HDEL', KEYS[5], owner)
-      left = true
-      if tonumber(ends) > now then released = 1 end
-    end
-  end
-end
-local moved = nil
-if mode == 'release' or mode == 'abandon' then
-  moved = redis.call('ZRANK', KEYS[2], member)
-  if moved then
-    redis.call('ZREM', KEYS[2], member)
-    redis.call('ZREM', KEYS[3], member)
-  end
-end
-if not left and not moved then return released end
-local count = 0
-if holder == marker and left then
-  count = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
-  if count == 0 then
-    redis.call('DEL', KEYS[1], KEYS[4], KEYS[5])
-    holder = false
-  else
-    local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
-    local keep = math.max(tonumber(last[2]) - now, 1)
-    redis.call('PEXPIRE', KEYS[1], keep)
-    redis.call('PEXPIRE', KEYS[4], keep)
-    redis.call('PEXPIRE', KEYS[5], keep)
-  end
-elseif holder == marker then
-  count = before
-end
-prune_waiters(KEYS[2], KEYS[3], now)
-local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-if not head then return released end
-if not holder and string.byte(head, 1) ~= 0 then
-  -- Free, and a writer is first: hand over as the mutex's release does.
-  if not fair then
-    redis.call('SET', KEYS[1], '\0next:' .. head, 'PX', ARGV[3])
-    redis.call('ZREM', KEYS[2], head)
-    redis.call('ZREM', KEYS[3], head)
-  end
-  redis.call('PUBLISH', ARGV[4], head)
-elseif n > 0 and (not holder or holder == marker) then
-  -- The waiter at place i may hold iff count + i < n: wake those that fit now and did not.
-  local hi = n - count - 1
-  local lo = hi
-  if left then lo = n - before end
-  if lo < 0 then lo = 0 end
-  if hi - lo > 127 then hi = lo + 127 end
-  if hi >= lo and (left or moved <= hi) then
-    publish_to(ARGV[4], redis.call('ZRANGE', KEYS[2], lo, hi))
-  end
-end
-return released
-",
-    )
-});

@@ -13,9 +13,9 @@ use crate::backend::{Inner, RESERVATION, micros, remaining, token_of};
 use crate::db;
 use crate::db::Claim;
 use crate::error::map_err;
-use crate::holds::{self, HeldBy, JoinRequest, Joined};
+use crate::kinds::{self, HeldBy, JoinRequest, Joined};
 use crate::lease::SqlLease;
-use crate::wake::{ServerWait, Subscription, Wake, Woken};
+use crate::wake::{ServerWait, Subscription, WakeSignal, Woken};
 
 pub(crate) struct SqlAttempt {
     pub(crate) inner: Arc<Inner>,
@@ -69,7 +69,7 @@ impl SqlAttempt {
     /// is free, expiring, or held by a younger waiter (one write, only then).
     /// A name held as a kind this one can never join is [`Error::Mismatch`] instead.
     async fn busy(&mut self, peek: db::Peek, sent: Instant) -> Result<Step> {
-        if let Some(message) = holds::mismatch(&peek, self.request.kind) {
+        if let Some(message) = kinds::mismatch(&peek, self.request.kind) {
             return Err(self.mismatch(message));
         }
         self.busy_before = true;
@@ -128,7 +128,7 @@ impl SqlAttempt {
     /// backoff is only the safety net). `None`: no wait is possible, poll briskly.
     fn wait_for_release(&mut self, peek: &db::Peek, retry: Option<Duration>) -> Option<Step> {
         let version = peek.version;
-        if holds::held_kind(peek) != Some(LockKind::Exclusive) || self.unarmed == Some(version) {
+        if kinds::held_kind(peek) != Some(LockKind::Exclusive) || self.unarmed == Some(version) {
             self.server_wait = None;
             return None;
         }
@@ -224,7 +224,7 @@ impl SqlAttempt {
     }
 
     /// A poll of a shared hold or a permit: one transaction that joins the holders or says
-    /// why not (see [`crate::holds`]).
+    /// why not (see [`crate::kinds`]).
     async fn poll_hold(&mut self, handed: bool) -> Result<Step> {
         let db = &self.inner.db;
         let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
@@ -234,7 +234,7 @@ impl SqlAttempt {
             // Waiting: look before locking the row, while a writer or a reservation refuses.
             let peek = db.peek(name).await.map_err(|e| map_err("acquire", e))?;
             let refused =
-                |p: &db::Peek| holds::refuses_holds(p, owner) || holds::mismatch(p, kind).is_some();
+                |p: &db::Peek| kinds::refuses_holds(p, owner) || kinds::mismatch(p, kind).is_some();
             if let Some(peek) = peek.filter(refused) {
                 return self.busy(peek, sent).await;
             }
@@ -371,10 +371,10 @@ impl Attempt for SqlAttempt {
         }
         match &mut self.subscription {
             Some(sub) => match sub.changed().await {
-                Wake::Changed => {}
-                Wake::Released => self.handed = true,
-                Wake::Handed(version) => self.handed_over = Some((version, None)),
-                Wake::Vacant => self.vacant = true,
+                WakeSignal::Changed => {}
+                WakeSignal::Released => self.handed = true,
+                WakeSignal::Handed(version) => self.handed_over = Some((version, None)),
+                WakeSignal::Vacant => self.vacant = true,
             },
             None => std::future::pending().await,
         }

@@ -15,7 +15,7 @@ use distlock_core::{
 use crate::attempt::SqlAttempt;
 use crate::db::Db;
 use crate::error::map_err;
-use crate::holds;
+use crate::kinds;
 use crate::renew::SqlRenewer;
 use crate::sweep::Sweeper;
 use crate::{Dialect, FencedUpdate, SqlConfig, db};
@@ -382,7 +382,7 @@ impl LockBackend for SqlBackend {
         let Some(peek) = peek else {
             return Ok(None);
         };
-        match holds::held_kind(&peek) {
+        match kinds::held_kind(&peek) {
             None => Ok(None),
             Some(LockKind::Exclusive) => Ok(Some(LockInfo::new(
                 peek.owner.unwrap_or_default(),
@@ -416,7 +416,7 @@ impl LockBackend for SqlBackend {
             let Ok(name) = LockName::new(row.name) else {
                 continue;
             };
-            let info = match holds::marked(&row.owner) {
+            let info = match kinds::marked(&row.owner) {
                 // Shared holds or permits: their latest holder (an operator's read, one
                 // statement per such name).
                 Some(kind) => match self.holders(name.as_str(), kind).await? {

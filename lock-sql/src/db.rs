@@ -9,9 +9,9 @@ use async_trait::async_trait;
 use distlock_core::backend::unpoisoned;
 
 use crate::backend::SqlPool;
-use crate::dialect::Shared;
+use crate::dialect::CommonStatements;
 use crate::fence::FencedUpdate;
-use crate::holds::{HeldBy, HolderInfo, JoinRequest, Joined};
+use crate::kinds::{HeldBy, HolderInfo, JoinRequest, Joined};
 use crate::renew::Renewal;
 use crate::wake::{ServerWait, Subscription};
 
@@ -118,7 +118,7 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
 
     /// Whether a release hands the lock to the exclusive waiter holding the reservation (the
     /// row becomes the waiter's, with the next version and the ttl it reserved with) and
-    /// tells it so ([`crate::wake::Wake::Handed`]). The default: no, the release frees it.
+    /// tells it so ([`crate::wake::WakeSignal::Handed`]). The default: no, the release frees it.
     fn hands_over(&self) -> bool {
         false
     }
@@ -138,7 +138,7 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
     ) -> Result<Option<i64>, sqlx::Error>;
 
     /// The statements this database runs as every other does.
-    fn common(&self) -> &dyn Shared;
+    fn common(&self) -> &dyn CommonStatements;
 
     /// Reads the row.
     async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error> {
@@ -205,7 +205,7 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
     }
 
     /// A shared or permit acquisition: one transaction that locks the row, checks the
-    /// holders and joins them (see [`crate::holds`]).
+    /// holders and joins them (see [`crate::kinds`]).
     async fn join(&self, req: JoinRequest<'_>) -> Result<Joined, sqlx::Error> {
         self.common().join(req).await
     }

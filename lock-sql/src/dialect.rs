@@ -11,18 +11,12 @@ use async_trait::async_trait;
 use sqlx::SqlSafeStr;
 use sqlx::{AssertSqlSafe, ColumnIndex, Decode, Encode, Executor, IntoArguments, Type};
 
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-use crate::config::SqlConfig;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-use crate::db::Sessions;
 use crate::db::{Claim, Listed, Peek, bind_value};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use crate::error::shape_err;
 use crate::fence::FencedUpdate;
-use crate::holds::{self, HeldBy, HolderInfo, Holds, JoinRequest, Joined, Tx};
+use crate::kinds::{self, HeldBy, HolderInfo, Holds, JoinRequest, Joined, Tx};
 use crate::pool::HotConns;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-use crate::pool::IdleLimit;
 
 /// What SQL text cannot say about a database.
 pub(crate) trait Dialect: sqlx::Database {
@@ -38,7 +32,7 @@ pub(crate) trait Dialect: sqlx::Database {
     /// An owner column as text (MySQL keeps owners as bytes).
     fn owner(row: &Self::Row, index: usize) -> Result<Option<String>, sqlx::Error>;
 
-    /// How a transaction of the holders ([`crate::holds`]) starts: at READ COMMITTED on the
+    /// How a transaction of the holders ([`crate::kinds`]) starts: at READ COMMITTED on the
     /// servers (every statement sees what committed before it, also where the application's
     /// default is stricter), as a writer at once on SQLite (`BEGIN IMMEDIATE`: a deferred
     /// transaction's upgrade to a writer fails as busy without waiting).
@@ -84,7 +78,8 @@ impl Sql {
 }
 
 /// A database's statements on its kept connections. The [`Db`](crate::db::Db) trait's
-/// shared methods run them (see [`Shared`]); PostgreSQL runs its notifying ones itself.
+/// provided methods run them (see [`CommonStatements`]); PostgreSQL runs its notifying ones
+/// itself.
 #[derive(Debug)]
 pub(crate) struct Common<DB: sqlx::Database> {
     pub(crate) conns: HotConns<DB>,
@@ -93,9 +88,10 @@ pub(crate) struct Common<DB: sqlx::Database> {
     pub(crate) holds: Holds,
 }
 
-/// [`Common`]'s statements, for the [`Db`](crate::db::Db) trait's shared methods.
+/// [`Common`]'s statements, whatever the database, for the [`Db`](crate::db::Db) trait's
+/// provided methods.
 #[async_trait]
-pub(crate) trait Shared: Send + Sync {
+pub(crate) trait CommonStatements: Send + Sync {
     async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error>;
     async fn renew(
         &self,
@@ -130,7 +126,7 @@ pub(crate) fn q<DB: sqlx::Database>(
 }
 
 #[async_trait]
-impl<DB> Shared for Common<DB>
+impl<DB> CommonStatements for Common<DB>
 where
     DB: Dialect,
     DB::Arguments: IntoArguments<DB>,
@@ -241,7 +237,7 @@ where
     }
 
     async fn hold_info(&self, name: &str) -> Result<Option<HolderInfo>, sqlx::Error> {
-        holds::ready(&self.holds, self.conns.pool()).await?;
+        kinds::ready(&self.holds, self.conns.pool()).await?;
         let query = q(&self.holds.sql.info).bind(name).bind(name);
         let Some(row) = self.conns.fetch_optional(query).await? else {
             return Ok(None);
@@ -276,7 +272,7 @@ where
         name: &str,
         body: impl AsyncFnOnce(&mut Tx<'_, DB>, Peek) -> Result<(T, bool), sqlx::Error>,
     ) -> Result<T, sqlx::Error> {
-        holds::ready(&self.holds, self.conns.pool()).await?;
+        kinds::ready(&self.holds, self.conns.pool()).await?;
         let mut hot = self.conns.get().await?;
         let result = async {
             let mut tx = sqlx::Connection::begin_with(hot.conn(), DB::BEGIN).await?;
@@ -321,47 +317,6 @@ where
     query = query.bind(token);
     query = bind_value!(query, &update.key);
     query.bind(token)
-}
-
-/// The pool of a server database: the config's size, half the connect timeout to wait for a
-/// connection, no ping before each use (see [`HotConns`]) unless the connection idled long
-/// enough for the server to have closed it (see [`IdleLimit`]), and every new connection's
-/// server-side id, read by `session_id` (SQL answering one BIGINT), recorded in `sessions`.
-/// The id is read in the simple query protocol: no prepared statement, which a pooler in
-/// transaction mode would leave on a server connection that another client gets next (the
-/// backend refuses such a pooler, and must connect to say so).
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) fn server_pool<DB>(
-    config: &SqlConfig,
-    session_id: &'static str,
-    sessions: Arc<Sessions>,
-    idle: Arc<IdleLimit>,
-) -> sqlx::pool::PoolOptions<DB>
-where
-    DB: sqlx::Database,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    usize: ColumnIndex<DB::Row>,
-    for<'t> i64: Decode<'t, DB> + Type<DB>,
-{
-    sqlx::pool::PoolOptions::<DB>::new()
-        .max_connections(config.max_connections)
-        .acquire_timeout(config.effective_connect_timeout() / 2)
-        .test_before_acquire(false)
-        .before_acquire(move |conn, meta| {
-            let stale = idle.stale(meta.idle_for);
-            Box::pin(async move {
-                // A failed ping closes the connection; the pool tries another.
-                Ok(!stale || sqlx::Connection::ping(conn).await.is_ok())
-            })
-        })
-        .after_connect(move |conn, _meta| {
-            let sessions = sessions.clone();
-            Box::pin(async move {
-                let row = sqlx::raw_sql(session_id).fetch_one(conn).await?;
-                sessions.add(sqlx::Row::try_get(&row, 0)?);
-                Ok(())
-            })
-        })
 }
 
 /// Prepares `statements` on a pooled connection, so that a table of the wrong shape is

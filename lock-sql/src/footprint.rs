@@ -7,9 +7,9 @@ use distlock_core::{Footprint, Result};
 
 use crate::SqlPool;
 use crate::error::map_err;
-use crate::holds::holders_table;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use crate::keys::quote;
+use crate::kinds::holders_table;
 
 /// The rows of `table` and of its holders table whose name starts with `prefix`. A holders
 /// table that does not exist (it is created with the first shared hold or permit) has none.

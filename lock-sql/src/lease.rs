@@ -10,7 +10,7 @@ use distlock_core::{Error, Lease, LockKind, LockName, Result};
 
 use crate::backend::{Inner, micros};
 use crate::error::map_err;
-use crate::holds::HeldBy;
+use crate::kinds::HeldBy;
 
 #[derive(Debug)]
 pub(crate) struct SqlLease {

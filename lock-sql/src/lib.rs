@@ -221,8 +221,8 @@ mod dialect;
 mod error;
 mod fence;
 mod footprint;
-mod holds;
 mod keys;
+mod kinds;
 mod lease;
 #[cfg(feature = "mysql")]
 mod mysql;

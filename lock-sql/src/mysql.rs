@@ -1,46 +1,30 @@
 //! MySQL / MariaDB: `INSERT .. ON DUPLICATE KEY UPDATE` with `UTC_TIMESTAMP(6)` as the clock;
 //! the new version comes back through `LAST_INSERT_ID(expr)`.
 
-use std::collections::HashMap;
-use std::str::FromStr;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_core::backend::unpoisoned;
-use distlock_core::{Error, Result};
-use futures::future::{self, Either};
-use sqlx::mysql::MySqlConnectOptions;
-use sqlx::pool::PoolConnection;
+use distlock_core::Result;
 use sqlx::{AssertSqlSafe, Executor, Row};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
 use crate::db::{Claim, Db, Sessions};
-use crate::dialect::{Common, Shared, Sql, prepare_all, q, server_pool};
-use crate::error::{connect_err, map_err};
-use crate::holds::{HolderSql, Holds, holders_table};
+use crate::dialect::{Common, CommonStatements, Sql, prepare_all, q};
+use crate::error::map_err;
 use crate::keys::quote;
-use crate::pool::{HotConns, IdleLimit, InUse, checked, open_pool, ping};
+use crate::kinds::{HolderSql, Holds, holders_table};
+use crate::pool::{HotConns, IdleLimit, InUse, checked, open_server};
 use crate::renew::{BySize, LIST_MAX_BATCH, Renewal, padded, renewed_at, too_many};
-use crate::wake::{ServerWait, Woken, wake_prefix};
+use crate::wake::{ServerWait, WakeLockSql, WakeLocks, spawn_keep_alive};
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
 
 /// The database's clock in microseconds since the Unix epoch: the first version of a new row
 /// (see the crate docs, "A store emptied or recreated").
 const NOW_US: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
-
-/// The statements of the wake locks (see [`MyDb`]).
-#[derive(Debug)]
-struct WakeSql {
-    take: Arc<str>,
-    release: Arc<str>,
-    wait: Arc<str>,
-    /// After a wake-up, with hand-overs: whether the release made the waiter the holder.
-    handed: Arc<str>,
-}
 
 /// A release's assignments, with `handover` (see [`MyDb`]): to the exclusive waiter that
 /// holds a live reservation, if any, else free. `wake`: the assignment of `owner` runs it
@@ -70,7 +54,7 @@ fn release_sets(handover: bool, wake: &str) -> String {
 
 /// The lock table's statements in this dialect; with `handover` (the table has the
 /// `next_ttl` column), a release hands the lock to the reserved exclusive waiter.
-fn statements(table: &str, handover: bool) -> (Sql, Arc<str>, WakeSql, HolderSql) {
+fn statements(table: &str, handover: bool) -> (Sql, Arc<str>, WakeLockSql, HolderSql) {
     let t = quote(table, '`');
     let peek = format!(
         "SELECT owner, version, IF(owner IS NOT NULL AND expires_at > {NOW}, \
@@ -97,7 +81,7 @@ fn statements(table: &str, handover: bool) -> (Sql, Arc<str>, WakeSql, HolderSql
              next_expires = IF(@distlock_take, NULL, next_expires)"
         )
     };
-    let wake = WakeSql {
+    let wake = WakeLockSql {
         // ARGS: name, owner, ttl_us, wake lock prefix. A take of an existing row also takes
         // the holder's wake lock (prefix + new version) on its connection, without waiting.
         take: take("IF(GET_LOCK(CONCAT(?, version), 0) IS NULL, NULL, NULL)").into(),
@@ -234,7 +218,7 @@ fn bind_list<'q>(
     query
 }
 
-/// The holders' statements (see [`crate::holds`]).
+/// The holders' statements (see [`crate::kinds`]).
 fn holder_statements(table: &str, peek: &str) -> HolderSql {
     let t = quote(table, '`');
     let h = quote(&holders_table(table), '`');
@@ -328,14 +312,14 @@ const MAX_WAIT_SECS: u64 = 2;
 /// connection idle for `wait_timeout` (the wake lock going with it: the waiter would then
 /// poll every 20 ms for the rest of the hold). So a task pings every pinned connection idle
 /// for half the time after which the pool checks a connection ([`IdleLimit`]: a quarter of
-/// `wait_timeout`, at most every 30 s): see [`Wake::keep_alive`].
+/// `wait_timeout`, at most every 30 s): see [`WakeLocks::keep_alive`].
 #[derive(Debug)]
 pub(crate) struct MyDb {
     check: Arc<str>,
     /// The batched renewal's update and read, by list size.
     renew_many: (BySize, BySize),
     common: Common<sqlx::MySql>,
-    wake: Arc<Wake>,
+    wake: Arc<WakeLocks>,
     keep_alive: tokio::task::AbortHandle,
 }
 
@@ -343,303 +327,6 @@ impl Drop for MyDb {
     fn drop(&mut self) {
         self.keep_alive.abort();
     }
-}
-
-/// The wake locks' statements, pinned connections and waiting connections.
-#[derive(Debug)]
-struct Wake {
-    table: String,
-    sql: WakeSql,
-    pool: sqlx::MySqlPool,
-    /// The connections holding a holder's wake lock, by name and owner.
-    pinned: Mutex<HashMap<(String, String), Pinned>>,
-    pin_slots: Arc<Semaphore>,
-    wait_slots: Arc<Semaphore>,
-    /// Waiting connections between waits, with their `CONNECTION_ID()` and since when they
-    /// are idle.
-    idle: Mutex<Vec<(PoolConnection<sqlx::MySql>, u64, Instant)>>,
-    /// Whether releases hand the lock to the reserved exclusive waiter.
-    handover: bool,
-    /// How long a connection may idle before its next use pings it (`wait_timeout`).
-    limit: Arc<IdleLimit>,
-}
-
-#[derive(Debug)]
-struct Pinned {
-    /// Locked by the release that takes the connection out, and by a keep-alive ping.
-    conn: Arc<tokio::sync::Mutex<Holding>>,
-    _slot: OwnedSemaphorePermit,
-}
-
-/// A connection that holds a wake lock, and since when it is idle (its take, or its last
-/// keep-alive ping). Closed, never given back to the pool, when dropped with it: closing lets
-/// the wake lock go (a release takes the connection out first).
-#[derive(Debug)]
-struct Holding {
-    conn: Option<PoolConnection<sqlx::MySql>>,
-    since: Instant,
-}
-
-impl Drop for Holding {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            drop(conn.detach());
-        }
-    }
-}
-
-impl Drop for Wake {
-    fn drop(&mut self) {
-        if tokio::runtime::Handle::try_current().is_err() {
-            // Handing a connection back to the pool spawns a task: close them here instead
-            // (pinned ones are closed when dropped).
-            let idle = std::mem::take(unpoisoned_mut(&mut self.idle));
-            idle.into_iter().for_each(|(conn, ..)| drop(conn.detach()));
-        }
-    }
-}
-
-fn unpoisoned_mut<T>(mutex: &mut Mutex<T>) -> &mut T {
-    mutex.get_mut().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl Wake {
-    fn prefix(&self, name: &str) -> String {
-        wake_prefix(&self.table, name)
-    }
-
-    /// Keeps a waiting connection for the next wait.
-    fn park(&self, conn: PoolConnection<sqlx::MySql>, id: u64) {
-        unpoisoned(&self.idle).push((conn, id, Instant::now()));
-    }
-
-    fn unpin(&self, name: &str, owner: &str) -> Option<Pinned> {
-        unpoisoned(&self.pinned).remove(&(name.to_owned(), owner.to_owned()))
-    }
-
-    /// Keeps `conn` (which holds the wake lock of `owner`'s hold of `name`) until the release.
-    fn pin(
-        &self,
-        name: &str,
-        owner: &str,
-        conn: PoolConnection<sqlx::MySql>,
-        slot: OwnedSemaphorePermit,
-    ) {
-        let holding = Holding {
-            conn: Some(conn),
-            since: Instant::now(),
-        };
-        let pinned = Pinned {
-            conn: Arc::new(tokio::sync::Mutex::new(holding)),
-            _slot: slot,
-        };
-        let key = (name.to_owned(), owner.to_owned());
-        // A reentrant take of a lock we hold: the earlier hold's wake lock goes with its
-        // connection, closed when dropped.
-        drop(unpoisoned(&self.pinned).insert(key, pinned));
-    }
-
-    /// The connection pinned for `owner`'s hold of `name` taken out (to release on), and
-    /// since when it is idle; `None`: none, or the keep-alive found it closed.
-    async fn take_pinned(
-        &self,
-        name: &str,
-        owner: &str,
-    ) -> Option<(PoolConnection<sqlx::MySql>, Instant)> {
-        let pinned = self.unpin(name, owner)?;
-        let mut holding = pinned.conn.lock().await;
-        let since = holding.since;
-        holding.conn.take().map(|conn| (conn, since))
-    }
-
-    /// Pings every pinned connection idle for `after` or longer (each at most once a round),
-    /// so that the server does not close it for idleness with the wake lock it holds. One
-    /// in use (by its release) is left alone; one whose ping fails is closed, and its holder's
-    /// waiters poll.
-    async fn keep_alive(&self, after: Duration) {
-        let pinned: Vec<_> = unpoisoned(&self.pinned)
-            .values()
-            .map(|pinned| pinned.conn.clone())
-            .collect();
-        for cell in pinned {
-            let Ok(mut holding) = cell.try_lock() else {
-                continue;
-            };
-            if holding.since.elapsed() < after {
-                continue;
-            }
-            if let Some(conn) = holding.conn.take() {
-                holding.conn = ping(conn).await;
-                holding.since = Instant::now();
-            }
-        }
-    }
-
-    /// A waiting connection and its id: an idle one (pinged first if it idled long enough for
-    /// the server to close it), or a new one from the pool.
-    async fn waiting_conn(&self) -> Result<(PoolConnection<sqlx::MySql>, u64), sqlx::Error> {
-        loop {
-            let Some((conn, id, since)) = unpoisoned(&self.idle).pop() else {
-                break;
-            };
-            if let Some(conn) = checked(conn, since.elapsed(), &self.limit).await {
-                return Ok((conn, id));
-            }
-        }
-        // Closed, not given back, if cancelled mid-way (see `InUse`).
-        let mut conn = InUse::acquire(&self.pool).await?;
-        let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
-            .fetch_one(conn.conn())
-            .await?;
-        Ok((conn.done(), id))
-    }
-
-    /// Waits on the server until the wake lock `lock` is given up (at most `secs`), or
-    /// `cancel` resolves: then the statement is killed and its connection closed. With
-    /// hand-overs, a wake-up then reads whether the release made `owner` the holder.
-    async fn wait(
-        self: Arc<Self>,
-        lock: String,
-        secs: u64,
-        cancel: oneshot::Receiver<()>,
-        _slot: OwnedSemaphorePermit,
-        (name, owner): (String, String),
-    ) -> Woken {
-        let Ok((mut conn, id)) = self.waiting_conn().await else {
-            return Woken::Failed;
-        };
-        let mut killed = false;
-        let answer = {
-            let query = q(&self.sql.wait)
-                .bind(&lock)
-                .bind(&lock)
-                .bind(secs)
-                .bind(&lock)
-                .fetch_one(&mut *conn);
-            let mut query = std::pin::pin!(query);
-            // The wait's answer first, should both be ready.
-            match future::select(query.as_mut(), cancel).await {
-                Either::Left((answer, _)) => answer,
-                Either::Right(_) => {
-                    killed = true;
-                    let kill = format!("KILL QUERY {id}");
-                    if let Err(err) = self.pool.execute(AssertSqlSafe(kill)).await {
-                        tracing::debug!(%err, "could not kill a cancelled wait");
-                    }
-                    query.await
-                }
-            }
-        };
-        let answer = answer.and_then(|row| row.try_get::<Option<i64>, _>(0));
-        match answer {
-            Ok(answer) if !killed => match answer {
-                Some(0 | 3) => {
-                    self.park(conn, id);
-                    if answer == Some(0) {
-                        Woken::NotArmed
-                    } else {
-                        Woken::TimedOut
-                    }
-                }
-                _ if self.handover => self.handed(conn, id, &name, &owner).await,
-                _ => {
-                    self.park(conn, id);
-                    Woken::Released
-                }
-            },
-            // A killed statement's connection is not reused (a late kill could hit the next
-            // statement); a failed one goes back to the pool's own checks.
-            Ok(_) => {
-                drop(conn.detach());
-                Woken::Failed
-            }
-            Err(err) => {
-                tracing::debug!(%err, "wait on a wake lock failed");
-                if killed {
-                    drop(conn.detach());
-                }
-                Woken::Failed
-            }
-        }
-    }
-}
-
-impl Wake {
-    /// After a wake-up: whether the release handed `owner` the lock (a locking read, which
-    /// waits for the release's commit), and if so, the waiter's own wake lock taken on this
-    /// connection, which then stays with the lease (pinned) like a take's.
-    async fn handed(
-        &self,
-        mut conn: PoolConnection<sqlx::MySql>,
-        id: u64,
-        name: &str,
-        owner: &str,
-    ) -> Woken {
-        let slot = self.pin_slots.clone().try_acquire_owned().ok();
-        let prefix = slot.as_ref().map(|_| self.prefix(name));
-        let sent = Instant::now();
-        let row = q(&self.sql.handed)
-            .bind(&prefix)
-            .bind(&prefix)
-            .bind(name)
-            .bind(owner)
-            .fetch_optional(&mut *conn)
-            .await;
-        let read = row.and_then(|row| {
-            row.map(|row| {
-                let version: i64 = row.try_get(0)?;
-                let remaining: i64 = row.try_get(1)?;
-                let woke: Option<i64> = row.try_get(2)?;
-                Ok((version, remaining, woke))
-            })
-            .transpose()
-        });
-        match read {
-            Ok(Some((version, remaining, woke))) => {
-                let left = Duration::from_micros(u64::try_from(remaining).unwrap_or(0));
-                match (woke, slot) {
-                    (Some(1), Some(slot)) => self.pin(name, owner, conn, slot),
-                    _ => self.park(conn, id),
-                }
-                Woken::Handed {
-                    version,
-                    until: sent + left,
-                }
-            }
-            // Freed rather than handed (or to another waiter): the waiter takes.
-            Ok(None) => {
-                self.park(conn, id);
-                Woken::Released
-            }
-            Err(err) => {
-                // A wake lock may be held by the failed statement's connection: close it.
-                tracing::debug!(%err, "reading a hand-over failed");
-                drop(conn.detach());
-                Woken::Released
-            }
-        }
-    }
-}
-
-/// The task of [`Wake::keep_alive`]: a round every half of `idle`'s check interval (a
-/// pinned connection is then pinged before it idled for the whole interval, a half of the
-/// server's `wait_timeout` at most). It ends with the backend.
-fn spawn_keep_alive(wake: &Arc<Wake>, idle: &IdleLimit) -> tokio::task::AbortHandle {
-    let round = idle.check_after().map(|after| after / 2);
-    let wake = Arc::downgrade(wake);
-    let task = tokio::spawn(async move {
-        let Some(round) = round.filter(|round| !round.is_zero()) else {
-            return;
-        };
-        loop {
-            tokio::time::sleep(round).await;
-            let Some(wake) = wake.upgrade() else {
-                return;
-            };
-            wake.keep_alive(round).await;
-        }
-    });
-    task.abort_handle()
 }
 
 /// Whether the lock table (`table`, unquoted, maybe `schema.table`) has the `next_ttl` column
@@ -664,16 +351,9 @@ async fn has_next_ttl(conn: &mut sqlx::MySqlConnection, table: &str) -> Result<b
 
 impl MyDb {
     pub(crate) async fn open(config: &SqlConfig, sessions: Arc<Sessions>) -> Result<Self> {
-        let options = MySqlConnectOptions::from_str(&config.url).map_err(|e| {
-            Error::InvalidConfig(format!("bad MySQL URL {}: {e}", config.redacted_url()))
-        })?;
         let session_id = "SELECT CAST(CONNECTION_ID() AS SIGNED)";
-        let idle = Arc::new(IdleLimit::server());
-        let pool = server_pool::<sqlx::MySql>(config, session_id, sessions, idle.clone());
-        let probe = config.effective_connect_timeout() / 4;
-        let pool = open_pool(pool, options, probe)
-            .await
-            .map_err(|e| connect_err(config, e))?;
+        let (pool, idle) =
+            open_server::<sqlx::MySql>(config, sessions, "MySQL", session_id).await?;
         Self::set_up(pool, config, config.max_connections / 2, idle).await
     }
 
@@ -749,17 +429,14 @@ impl MyDb {
         let slots = usize::try_from(pool.options().get_max_connections() / 4)
             .unwrap_or(0)
             .min(usize::try_from(keep).unwrap_or(0));
-        let wake = Arc::new(Wake {
-            table: config.table.clone(),
-            sql: wake,
-            pool: pool.clone(),
-            pinned: Mutex::default(),
-            pin_slots: Arc::new(Semaphore::new(slots)),
-            wait_slots: Arc::new(Semaphore::new(slots)),
-            idle: Mutex::default(),
+        let wake = Arc::new(WakeLocks::new(
+            config.table.clone(),
+            wake,
+            pool.clone(),
+            slots,
             handover,
-            limit: idle.clone(),
-        });
+            idle.clone(),
+        ));
         let keep_alive = spawn_keep_alive(&wake, &idle);
         Ok(Self {
             wake,
@@ -847,7 +524,7 @@ fn answer(done: &sqlx::mysql::MySqlQueryResult) -> Answer {
 
 #[async_trait]
 impl Db for MyDb {
-    fn common(&self) -> &dyn Shared {
+    fn common(&self) -> &dyn CommonStatements {
         &self.common
     }
 

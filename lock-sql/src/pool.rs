@@ -1,12 +1,27 @@
-//! Opening the pool, connections kept checked out between statements, and how long a
-//! connection may sit idle before it is checked ([`IdleLimit`]).
+//! Opening the pool (a server database's: [`open_server`]), connections kept checked out
+//! between statements, and how long a connection may sit idle before it is checked
+//! ([`IdleLimit`]).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use std::str::FromStr;
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use distlock_core::Error;
 use sqlx::Connection as _;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use sqlx::{ColumnIndex, Decode, Executor, Type};
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use crate::config::SqlConfig;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use crate::db::Sessions;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use crate::error::connect_err;
 
 /// Opens a pool. When the pool gives up with sqlx's bare "pool timed out", one direct
 /// connection attempt (bounded by `probe`) finds the cause to report instead: connection
@@ -26,6 +41,78 @@ pub(crate) async fn open_pool<DB: sqlx::Database>(
         }
         other => other,
     }
+}
+
+/// The pool of a server database: the config's size, half the connect timeout to wait for a
+/// connection, no ping before each use (see [`HotConns`]) unless the connection idled long
+/// enough for the server to have closed it (see [`IdleLimit`]), and every new connection's
+/// server-side id, read by `session_id` (SQL answering one BIGINT), recorded in `sessions`.
+/// The id is read in the simple query protocol: no prepared statement, which a pooler in
+/// transaction mode would leave on a server connection that another client gets next (the
+/// backend refuses such a pooler, and must connect to say so).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn server_pool<DB>(
+    config: &SqlConfig,
+    session_id: &'static str,
+    sessions: Arc<Sessions>,
+    idle: Arc<IdleLimit>,
+) -> sqlx::pool::PoolOptions<DB>
+where
+    DB: sqlx::Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'t> i64: Decode<'t, DB> + Type<DB>,
+{
+    sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(config.max_connections)
+        .acquire_timeout(config.effective_connect_timeout() / 2)
+        .test_before_acquire(false)
+        .before_acquire(move |conn, meta| {
+            let stale = idle.stale(meta.idle_for);
+            Box::pin(async move {
+                // A failed ping closes the connection; the pool tries another.
+                Ok(!stale || sqlx::Connection::ping(conn).await.is_ok())
+            })
+        })
+        .after_connect(move |conn, _meta| {
+            let sessions = sessions.clone();
+            Box::pin(async move {
+                let row = sqlx::raw_sql(session_id).fetch_one(conn).await?;
+                sessions.add(sqlx::Row::try_get(&row, 0)?);
+                Ok(())
+            })
+        })
+}
+
+/// Opens the pool of a server database at `config.url` (`what`: the database's name, for a
+/// bad URL's message), each new connection's server-side id read by `session_id` into
+/// `sessions` (see [`server_pool`]). Returns the pool and the idle limit its `before_acquire`
+/// reads, for the caller to set from the server's own limit.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn open_server<DB>(
+    config: &SqlConfig,
+    sessions: Arc<Sessions>,
+    what: &str,
+    session_id: &'static str,
+) -> distlock_core::Result<(sqlx::Pool<DB>, Arc<IdleLimit>)>
+where
+    DB: sqlx::Database,
+    <DB::Connection as sqlx::Connection>::Options: FromStr<Err = sqlx::Error>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'t> i64: Decode<'t, DB> + Type<DB>,
+{
+    let options: <DB::Connection as sqlx::Connection>::Options =
+        config.url.parse().map_err(|e| {
+            Error::InvalidConfig(format!("bad {what} URL {}: {e}", config.redacted_url()))
+        })?;
+    let idle = Arc::new(IdleLimit::server());
+    let pool = server_pool::<DB>(config, session_id, sessions, idle.clone());
+    let probe = config.effective_connect_timeout() / 4;
+    let pool = open_pool(pool, options, probe)
+        .await
+        .map_err(|e| connect_err(config, e))?;
+    Ok((pool, idle))
 }
 
 /// The longest a server connection sits idle before its next use checks it (a ping): load

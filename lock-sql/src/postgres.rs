@@ -3,23 +3,22 @@
 //! `now()` as the clock, `pg_notify` in the releasing statement (and in the take of a waiter
 //! that held the reservation) and one `LISTEN`ing connection.
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_core::{Error, Result};
-use sqlx::postgres::{PgConnectOptions, PgListener};
+use distlock_core::Result;
+use sqlx::postgres::PgListener;
 use sqlx::{AssertSqlSafe, Executor, Row};
 
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
 use crate::db::{Claim, Db, Sessions};
-use crate::dialect::{Common, Shared, Sql, prepare_all, q, server_pool};
-use crate::error::{connect_err, map_err, pooler_err};
-use crate::holds::{HolderSql, Holds, holders_table};
+use crate::dialect::{Common, CommonStatements, Sql, prepare_all, q};
+use crate::error::{map_err, pooler_err};
 use crate::keys::quote;
-use crate::pool::{HotConns, IdleLimit, InUse, open_pool};
+use crate::kinds::{HolderSql, Holds, holders_table};
+use crate::pool::{HotConns, IdleLimit, InUse, open_server};
 use crate::renew::{PG_MAX_BATCH, Renewal, renewed_at};
 use crate::wake::{Notifier, Subscription, parse_payload};
 
@@ -186,7 +185,7 @@ fn renew_many_sql(table: &str) -> Arc<str> {
     .into()
 }
 
-/// The holders' statements (see [`crate::holds`]).
+/// The holders' statements (see [`crate::kinds`]).
 fn holder_statements(table: &str, peek: &str) -> HolderSql {
     let t = quote(table, '"');
     let h = quote(&holders_table(table), '"');
@@ -283,16 +282,9 @@ impl Drop for PgDb {
 
 impl PgDb {
     pub(crate) async fn open(config: &SqlConfig, sessions: Arc<Sessions>) -> Result<Self> {
-        let options = PgConnectOptions::from_str(&config.url).map_err(|e| {
-            Error::InvalidConfig(format!("bad PostgreSQL URL {}: {e}", config.redacted_url()))
-        })?;
         let session_id = "SELECT pg_backend_pid()::bigint";
-        let idle = Arc::new(IdleLimit::server());
-        let pool = server_pool::<sqlx::Postgres>(config, session_id, sessions, idle.clone());
-        let probe = config.effective_connect_timeout() / 4;
-        let pool = open_pool(pool, options, probe)
-            .await
-            .map_err(|e| connect_err(config, e))?;
+        let (pool, idle) =
+            open_server::<sqlx::Postgres>(config, sessions, "PostgreSQL", session_id).await?;
         Self::set_up(pool, config, config.max_connections / 2, idle).await
     }
 
@@ -505,7 +497,7 @@ async fn listen(mut listener: PgListener, notifier: Arc<Notifier>) {
 
 #[async_trait]
 impl Db for PgDb {
-    fn common(&self) -> &dyn Shared {
+    fn common(&self) -> &dyn CommonStatements {
         &self.common
     }
 

@@ -15,10 +15,10 @@ use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
 use crate::db::Db;
-use crate::dialect::{Common, Shared, Sql, q};
+use crate::dialect::{Common, CommonStatements, Sql, q};
 use crate::error::{connect_err, map_err, shape_err, sqlite_busy};
-use crate::holds::{HolderSql, Holds, holders_table};
 use crate::keys::quote;
+use crate::kinds::{HolderSql, Holds, holders_table};
 use crate::pool::{HotConns, open_pool};
 use crate::renew::{BySize, LIST_MAX_BATCH, Renewal, padded, renewed_by_rows, too_many};
 
@@ -109,7 +109,7 @@ fn renew_many_sql(table: &str) -> BySize {
     })
 }
 
-/// The holders' statements (see [`crate::holds`]). The
+/// The holders' statements (see [`crate::kinds`]). The
 /// transaction's `BEGIN IMMEDIATE` locks the file, so the row is read without `FOR UPDATE`.
 fn holder_statements(table: &str, peek: &str) -> HolderSql {
     let t = quote(table, '"');
@@ -566,7 +566,7 @@ fn is_busy(err: &sqlx::Error) -> bool {
 
 #[async_trait]
 impl Db for LiteDb {
-    fn common(&self) -> &dyn Shared {
+    fn common(&self) -> &dyn CommonStatements {
         self.watched()
     }
 

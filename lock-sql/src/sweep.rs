@@ -30,8 +30,8 @@ use distlock_core::backend::unpoisoned;
 use tracing::{debug, warn};
 
 use crate::SqlPool;
-use crate::holds::holders_table;
 use crate::keys::quote;
+use crate::kinds::holders_table;
 
 /// Rows one delete statement removes at most.
 pub(crate) const BATCH: i64 = 1000;

@@ -1,11 +1,29 @@
-//! What wakes a waiter: PostgreSQL's LISTEN/NOTIFY (one listening connection per backend),
-//! MySQL/MariaDB's user-level locks (a [`ServerWait`] of the waiter at the head of the queue on
-//! the holder's wake lock), or polling.
+//! What wakes a waiter: PostgreSQL's LISTEN/NOTIFY (one listening connection per backend,
+//! its wake-ups sent to the waiters as [`WakeSignal`]s), MySQL/MariaDB's user-level locks (a
+//! [`ServerWait`] of the waiter at the head of the queue on the holder's wake lock; the
+//! connections that hold and wait on wake locks are kept by `WakeLocks`), or polling.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+#[cfg(feature = "mysql")]
+use std::time::{Duration, Instant};
 
+#[cfg(feature = "mysql")]
+use distlock_core::backend::unpoisoned;
+#[cfg(feature = "mysql")]
+use futures::future::{self, Either};
+#[cfg(feature = "mysql")]
+use sqlx::pool::PoolConnection;
+#[cfg(feature = "mysql")]
+use sqlx::{AssertSqlSafe, Executor, Row};
 use tokio::sync::watch;
+#[cfg(feature = "mysql")]
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+
+#[cfg(feature = "mysql")]
+use crate::dialect::q;
+#[cfg(feature = "mysql")]
+use crate::pool::{IdleLimit, InUse, checked, ping};
 
 /// Per-name wake-ups fed by a notification listener. A wake-up may target one waiter (the
 /// holder of the reservation): then only that waiter's task wakes, so a release neither
@@ -19,7 +37,7 @@ pub(crate) struct Notifier {
 /// What the last wake-up said to one waiter. A send always wakes the receiver, equal value
 /// or not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Wake {
+pub(crate) enum WakeSignal {
     /// Something changed on the name: look again.
     Changed,
     /// A release addressed to this waiter (it holds the reservation): take without reading.
@@ -31,7 +49,7 @@ pub(crate) enum Wake {
     Vacant,
 }
 
-pub(crate) type Names = HashMap<String, HashMap<String, watch::Sender<Wake>>>;
+pub(crate) type Names = HashMap<String, HashMap<String, watch::Sender<WakeSignal>>>;
 
 #[cfg_attr(
     not(feature = "postgres"),
@@ -48,7 +66,7 @@ impl Notifier {
             .entry(name.to_owned())
             .or_default()
             .entry(owner.to_owned())
-            .or_insert_with(|| watch::Sender::new(Wake::Changed))
+            .or_insert_with(|| watch::Sender::new(WakeSignal::Changed))
             .subscribe();
         Subscription {
             rx,
@@ -70,15 +88,15 @@ impl Notifier {
             Note::Changed => owners.values().for_each(wake_one),
             Note::Released(target) => {
                 if let Some(tx) = owners.get(target) {
-                    tx.send_replace(Wake::Released);
+                    tx.send_replace(WakeSignal::Released);
                 }
             }
             Note::Handed(target, version) => {
                 for (owner, tx) in owners {
                     let wake = if owner == target {
-                        Wake::Handed(version)
+                        WakeSignal::Handed(version)
                     } else {
-                        Wake::Vacant
+                        WakeSignal::Vacant
                     };
                     tx.send_replace(wake);
                 }
@@ -95,14 +113,14 @@ impl Notifier {
     }
 }
 
-pub(crate) fn wake_one(tx: &watch::Sender<Wake>) {
-    tx.send_replace(Wake::Changed);
+pub(crate) fn wake_one(tx: &watch::Sender<WakeSignal>) {
+    tx.send_replace(WakeSignal::Changed);
 }
 
 /// A waiter's view of the wake-ups of one name.
 #[derive(Debug)]
 pub(crate) struct Subscription {
-    rx: watch::Receiver<Wake>,
+    rx: watch::Receiver<WakeSignal>,
     notifier: Arc<Notifier>,
     name: String,
     owner: String,
@@ -115,7 +133,7 @@ impl Subscription {
     }
 
     /// Resolves on the next wake-up for this waiter after [`mark_seen`](Self::mark_seen).
-    pub(crate) async fn changed(&mut self) -> Wake {
+    pub(crate) async fn changed(&mut self) -> WakeSignal {
         if self.rx.changed().await.is_err() {
             std::future::pending::<()>().await;
         }
@@ -238,6 +256,353 @@ pub(crate) fn wake_prefix(table: &str, name: &str) -> String {
     format!("distlock:{hash:016x}:")
 }
 
+/// The statements of MySQL's wake locks (see [`WakeLocks`]), written by `mysql.rs`.
+#[cfg(feature = "mysql")]
+#[derive(Debug)]
+pub(crate) struct WakeLockSql {
+    pub(crate) take: Arc<str>,
+    pub(crate) release: Arc<str>,
+    pub(crate) wait: Arc<str>,
+    /// After a wake-up, with hand-overs: whether the release made the waiter the holder.
+    pub(crate) handed: Arc<str>,
+}
+
+/// MySQL/MariaDB's wake locks (see [`MyDb`](crate::mysql::MyDb)): their statements, the
+/// connections pinned with the leases (each holding its holder's wake lock) and the waiting
+/// connections.
+#[cfg(feature = "mysql")]
+#[derive(Debug)]
+pub(crate) struct WakeLocks {
+    table: String,
+    pub(crate) sql: WakeLockSql,
+    pool: sqlx::MySqlPool,
+    /// The connections holding a holder's wake lock, by name and owner.
+    pinned: Mutex<HashMap<(String, String), Pinned>>,
+    pub(crate) pin_slots: Arc<Semaphore>,
+    pub(crate) wait_slots: Arc<Semaphore>,
+    /// Waiting connections between waits, with their `CONNECTION_ID()` and since when they
+    /// are idle.
+    idle: Mutex<Vec<(PoolConnection<sqlx::MySql>, u64, Instant)>>,
+    /// Whether releases hand the lock to the reserved exclusive waiter.
+    pub(crate) handover: bool,
+    /// How long a connection may idle before its next use pings it (`wait_timeout`).
+    pub(crate) limit: Arc<IdleLimit>,
+}
+
+/// A pinned connection (see [`WakeLocks::pin`]), with the pin slot it takes.
+#[cfg(feature = "mysql")]
+#[derive(Debug)]
+pub(crate) struct Pinned {
+    /// Locked by the release that takes the connection out, and by a keep-alive ping.
+    conn: Arc<tokio::sync::Mutex<Holding>>,
+    _slot: OwnedSemaphorePermit,
+}
+
+/// A connection that holds a wake lock, and since when it is idle (its take, or its last
+/// keep-alive ping). Closed, never given back to the pool, when dropped with it: closing lets
+/// the wake lock go (a release takes the connection out first).
+#[cfg(feature = "mysql")]
+#[derive(Debug)]
+struct Holding {
+    conn: Option<PoolConnection<sqlx::MySql>>,
+    since: Instant,
+}
+
+#[cfg(feature = "mysql")]
+impl Drop for Holding {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            drop(conn.detach());
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Drop for WakeLocks {
+    fn drop(&mut self) {
+        if tokio::runtime::Handle::try_current().is_err() {
+            // Handing a connection back to the pool spawns a task: close them here instead
+            // (pinned ones are closed when dropped).
+            let idle = std::mem::take(unpoisoned_mut(&mut self.idle));
+            idle.into_iter().for_each(|(conn, ..)| drop(conn.detach()));
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+fn unpoisoned_mut<T>(mutex: &mut Mutex<T>) -> &mut T {
+    mutex.get_mut().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(feature = "mysql")]
+impl WakeLocks {
+    /// The wake locks of `table` on `pool`, with `slots` connections at most pinned and as
+    /// many waiting; `handover`: releases hand the lock to the reserved exclusive waiter;
+    /// `limit`: the server's idle limit (`wait_timeout`).
+    pub(crate) fn new(
+        table: String,
+        sql: WakeLockSql,
+        pool: sqlx::MySqlPool,
+        slots: usize,
+        handover: bool,
+        limit: Arc<IdleLimit>,
+    ) -> Self {
+        Self {
+            table,
+            sql,
+            pool,
+            pinned: Mutex::default(),
+            pin_slots: Arc::new(Semaphore::new(slots)),
+            wait_slots: Arc::new(Semaphore::new(slots)),
+            idle: Mutex::default(),
+            handover,
+            limit,
+        }
+    }
+
+    pub(crate) fn prefix(&self, name: &str) -> String {
+        wake_prefix(&self.table, name)
+    }
+
+    /// Keeps a waiting connection for the next wait.
+    fn park(&self, conn: PoolConnection<sqlx::MySql>, id: u64) {
+        unpoisoned(&self.idle).push((conn, id, Instant::now()));
+    }
+
+    pub(crate) fn unpin(&self, name: &str, owner: &str) -> Option<Pinned> {
+        unpoisoned(&self.pinned).remove(&(name.to_owned(), owner.to_owned()))
+    }
+
+    /// Keeps `conn` (which holds the wake lock of `owner`'s hold of `name`) until the release.
+    pub(crate) fn pin(
+        &self,
+        name: &str,
+        owner: &str,
+        conn: PoolConnection<sqlx::MySql>,
+        slot: OwnedSemaphorePermit,
+    ) {
+        let holding = Holding {
+            conn: Some(conn),
+            since: Instant::now(),
+        };
+        let pinned = Pinned {
+            conn: Arc::new(tokio::sync::Mutex::new(holding)),
+            _slot: slot,
+        };
+        let key = (name.to_owned(), owner.to_owned());
+        // A reentrant take of a lock we hold: the earlier hold's wake lock goes with its
+        // connection, closed when dropped.
+        drop(unpoisoned(&self.pinned).insert(key, pinned));
+    }
+
+    /// The connection pinned for `owner`'s hold of `name` taken out (to release on), and
+    /// since when it is idle; `None`: none, or the keep-alive found it closed.
+    pub(crate) async fn take_pinned(
+        &self,
+        name: &str,
+        owner: &str,
+    ) -> Option<(PoolConnection<sqlx::MySql>, Instant)> {
+        let pinned = self.unpin(name, owner)?;
+        let mut holding = pinned.conn.lock().await;
+        let since = holding.since;
+        holding.conn.take().map(|conn| (conn, since))
+    }
+
+    /// Pings every pinned connection idle for `after` or longer (each at most once a round),
+    /// so that the server does not close it for idleness with the wake lock it holds. One
+    /// in use (by its release) is left alone; one whose ping fails is closed, and its holder's
+    /// waiters poll.
+    async fn keep_alive(&self, after: Duration) {
+        let pinned: Vec<_> = unpoisoned(&self.pinned)
+            .values()
+            .map(|pinned| pinned.conn.clone())
+            .collect();
+        for cell in pinned {
+            let Ok(mut holding) = cell.try_lock() else {
+                continue;
+            };
+            if holding.since.elapsed() < after {
+                continue;
+            }
+            if let Some(conn) = holding.conn.take() {
+                holding.conn = ping(conn).await;
+                holding.since = Instant::now();
+            }
+        }
+    }
+
+    /// A waiting connection and its id: an idle one (pinged first if it idled long enough for
+    /// the server to close it), or a new one from the pool.
+    async fn waiting_conn(&self) -> Result<(PoolConnection<sqlx::MySql>, u64), sqlx::Error> {
+        loop {
+            let Some((conn, id, since)) = unpoisoned(&self.idle).pop() else {
+                break;
+            };
+            if let Some(conn) = checked(conn, since.elapsed(), &self.limit).await {
+                return Ok((conn, id));
+            }
+        }
+        // Closed, not given back, if cancelled mid-way (see `InUse`).
+        let mut conn = InUse::acquire(&self.pool).await?;
+        let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+            .fetch_one(conn.conn())
+            .await?;
+        Ok((conn.done(), id))
+    }
+
+    /// Waits on the server until the wake lock `lock` is given up (at most `secs`), or
+    /// `cancel` resolves: then the statement is killed and its connection closed. With
+    /// hand-overs, a wake-up then reads whether the release made `owner` the holder.
+    pub(crate) async fn wait(
+        self: Arc<Self>,
+        lock: String,
+        secs: u64,
+        cancel: oneshot::Receiver<()>,
+        _slot: OwnedSemaphorePermit,
+        (name, owner): (String, String),
+    ) -> Woken {
+        let Ok((mut conn, id)) = self.waiting_conn().await else {
+            return Woken::Failed;
+        };
+        let mut killed = false;
+        let answer = {
+            let query = q(&self.sql.wait)
+                .bind(&lock)
+                .bind(&lock)
+                .bind(secs)
+                .bind(&lock)
+                .fetch_one(&mut *conn);
+            let mut query = std::pin::pin!(query);
+            // The wait's answer first, should both be ready.
+            match future::select(query.as_mut(), cancel).await {
+                Either::Left((answer, _)) => answer,
+                Either::Right(_) => {
+                    killed = true;
+                    let kill = format!("KILL QUERY {id}");
+                    if let Err(err) = self.pool.execute(AssertSqlSafe(kill)).await {
+                        tracing::debug!(%err, "could not kill a cancelled wait");
+                    }
+                    query.await
+                }
+            }
+        };
+        let answer = answer.and_then(|row| row.try_get::<Option<i64>, _>(0));
+        match answer {
+            Ok(answer) if !killed => match answer {
+                Some(0 | 3) => {
+                    self.park(conn, id);
+                    if answer == Some(0) {
+                        Woken::NotArmed
+                    } else {
+                        Woken::TimedOut
+                    }
+                }
+                _ if self.handover => self.handed(conn, id, &name, &owner).await,
+                _ => {
+                    self.park(conn, id);
+                    Woken::Released
+                }
+            },
+            // A killed statement's connection is not reused (a late kill could hit the next
+            // statement); a failed one goes back to the pool's own checks.
+            Ok(_) => {
+                drop(conn.detach());
+                Woken::Failed
+            }
+            Err(err) => {
+                tracing::debug!(%err, "wait on a wake lock failed");
+                if killed {
+                    drop(conn.detach());
+                }
+                Woken::Failed
+            }
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl WakeLocks {
+    /// After a wake-up: whether the release handed `owner` the lock (a locking read, which
+    /// waits for the release's commit), and if so, the waiter's own wake lock taken on this
+    /// connection, which then stays with the lease (pinned) like a take's.
+    async fn handed(
+        &self,
+        mut conn: PoolConnection<sqlx::MySql>,
+        id: u64,
+        name: &str,
+        owner: &str,
+    ) -> Woken {
+        let slot = self.pin_slots.clone().try_acquire_owned().ok();
+        let prefix = slot.as_ref().map(|_| self.prefix(name));
+        let sent = Instant::now();
+        let row = q(&self.sql.handed)
+            .bind(&prefix)
+            .bind(&prefix)
+            .bind(name)
+            .bind(owner)
+            .fetch_optional(&mut *conn)
+            .await;
+        let read = row.and_then(|row| {
+            row.map(|row| {
+                let version: i64 = row.try_get(0)?;
+                let remaining: i64 = row.try_get(1)?;
+                let woke: Option<i64> = row.try_get(2)?;
+                Ok((version, remaining, woke))
+            })
+            .transpose()
+        });
+        match read {
+            Ok(Some((version, remaining, woke))) => {
+                let left = Duration::from_micros(u64::try_from(remaining).unwrap_or(0));
+                match (woke, slot) {
+                    (Some(1), Some(slot)) => self.pin(name, owner, conn, slot),
+                    _ => self.park(conn, id),
+                }
+                Woken::Handed {
+                    version,
+                    until: sent + left,
+                }
+            }
+            // Freed rather than handed (or to another waiter): the waiter takes.
+            Ok(None) => {
+                self.park(conn, id);
+                Woken::Released
+            }
+            Err(err) => {
+                // A wake lock may be held by the failed statement's connection: close it.
+                tracing::debug!(%err, "reading a hand-over failed");
+                drop(conn.detach());
+                Woken::Released
+            }
+        }
+    }
+}
+
+/// The task of [`WakeLocks::keep_alive`]: a round every half of `idle`'s check interval (a
+/// pinned connection is then pinged before it idled for the whole interval, a half of the
+/// server's `wait_timeout` at most). It ends with the backend.
+#[cfg(feature = "mysql")]
+pub(crate) fn spawn_keep_alive(
+    wake: &Arc<WakeLocks>,
+    idle: &IdleLimit,
+) -> tokio::task::AbortHandle {
+    let round = idle.check_after().map(|after| after / 2);
+    let wake = Arc::downgrade(wake);
+    let task = tokio::spawn(async move {
+        let Some(round) = round.filter(|round| !round.is_zero()) else {
+            return;
+        };
+        loop {
+            tokio::time::sleep(round).await;
+            let Some(wake) = wake.upgrade() else {
+                return;
+            };
+            wake.keep_alive(round).await;
+        }
+    });
+    task.abort_handle()
+}
+
 /// What a notification says about one name (see [`parse_payload`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Note<'a> {
@@ -283,7 +648,7 @@ pub(crate) fn parse_payload(payload: &str) -> Option<(Note<'_>, &str)> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Arc, Note, Notifier, Wake, parse_payload, wake_prefix};
+    use super::{Arc, Note, Notifier, WakeSignal, parse_payload, wake_prefix};
 
     #[test]
     fn wake_lock_names_are_stable_and_short() {
@@ -326,19 +691,23 @@ mod tests {
         b.mark_seen();
         other.mark_seen();
         notifier.wake("x", Note::Released("a"));
-        assert_eq!(a.changed().await, Wake::Released, "not sent to its target");
+        assert_eq!(
+            a.changed().await,
+            WakeSignal::Released,
+            "not sent to its target"
+        );
         assert!(!b.rx.has_changed().expect("open"), "woke a bystander");
         notifier.wake("x", Note::Released("elsewhere"));
         notifier.wake("x", Note::Changed);
-        assert_eq!(a.changed().await, Wake::Changed);
-        assert_eq!(b.changed().await, Wake::Changed);
+        assert_eq!(a.changed().await, WakeSignal::Changed);
+        assert_eq!(b.changed().await, WakeSignal::Changed);
         // A hand-over: its target holds the lock, the other waiters compete for the queue.
         notifier.wake("x", Note::Handed("b", 7));
-        assert_eq!(b.changed().await, Wake::Handed(7));
-        assert_eq!(a.changed().await, Wake::Vacant);
+        assert_eq!(b.changed().await, WakeSignal::Handed(7));
+        assert_eq!(a.changed().await, WakeSignal::Vacant);
         assert!(!other.rx.has_changed().expect("open"), "woke another name");
         notifier.wake_all();
-        assert_eq!(other.changed().await, Wake::Changed);
+        assert_eq!(other.changed().await, WakeSignal::Changed);
         drop((a, b, other));
         assert!(notifier.names().is_empty());
     }

@@ -16,10 +16,10 @@ use zookeeper_client as zk;
 use crate::ZkBackend;
 use crate::error::{denied, zk_error};
 use crate::keys::{Entry, escape, held_data, node_prefix, queue, waiting_data};
+use crate::kinds::{Place, mismatch, place};
 use crate::lease::ZkLease;
 use crate::queue::{
-    Ahead, NodeClock, Place, Written, ensure_parent, join_queue, leave_queue, list_queue, mismatch,
-    place, remove_lapsed,
+    Ahead, NodeClock, Written, ensure_parent, join_queue, leave_queue, list_queue, remove_lapsed,
 };
 use crate::session::Session;
 use crate::wake::Wake;

@@ -20,7 +20,7 @@ use crate::ZkConfig;
 use crate::attempt::ZkAttempt;
 use crate::error::zk_error;
 use crate::keys::{Entry, escape, parse_held, queue, unescape};
-use crate::queue::holders;
+use crate::kinds::holders;
 use crate::session::{Session, open_session};
 
 /// The smallest ttl accepted: the lease is the holder node's data, renewed every ttl/3 by a
@@ -39,10 +39,12 @@ pub const MAX_PERMITS: u32 = 256;
 /// The ZooKeeper [`LockBackend`]. Cheap to clone (clones share the session).
 #[derive(Clone)]
 pub struct ZkBackend {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<BackendState>,
 }
 
-pub(crate) struct Shared {
+/// What one backend holds, shared by its clones and attempts: the configuration and the
+/// current session.
+pub(crate) struct BackendState {
     pub(crate) config: ZkConfig,
     pub(crate) client_config: ClientConfig,
     /// The session timeout the server granted to the first session: the longest ttl.
@@ -76,7 +78,7 @@ impl ZkBackend {
         let session = open_session(&config, client_config.operation_timeout).await?;
         let granted = session.client.session_timeout();
         Ok(Self {
-            shared: Arc::new(Shared {
+            shared: Arc::new(BackendState {
                 config,
                 client_config: client_config.clone(),
                 granted,

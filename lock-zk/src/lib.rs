@@ -229,6 +229,7 @@ mod config;
 mod descriptor;
 mod error;
 mod keys;
+mod kinds;
 mod lease;
 mod queue;
 mod renew;

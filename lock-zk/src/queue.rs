@@ -1,12 +1,11 @@
 //! The queue on the server: the lock node's children, lowest sequence first. Listing it,
 //! joining it (our node created in one multi with a touch of the lock node), and leaving it;
 //! and the clock of a place in it ([`NodeClock`]): every node is a lease, a waiter's too.
-//! Where a shared or permit node stands in the queue, and who holds a name, are here too
-//! ([`place`], [`holders`]).
+//! Where a node of each kind stands in the queue, and who holds a name, are in `kinds.rs`.
 
 use std::time::{Duration, Instant};
 
-use distlock_core::{Error, LockKind, Result};
+use distlock_core::{Error, Result};
 use zookeeper_client as zk;
 
 use crate::ZkConfig;
@@ -29,92 +28,6 @@ pub(crate) fn list_queue<'a>(
             Err(err) => Err(zk_error("listing the queue", err)),
         }
     }
-}
-
-/// Why a node of `kind` can never join the holders of the queue `entries`: the head (the
-/// oldest node, which holds) is of a kind that does not belong with it
-/// ([`LockKind::mismatch`]). Nodes further back that do not belong are attempts about to get
-/// the same answer and leave, and are not counted by [`place`].
-pub(crate) fn mismatch(kind: LockKind, entries: &[Entry]) -> Option<String> {
-    entries.first().and_then(|head| kind.mismatch(head.kind))
-}
-
-/// Where a shared or permit node stands in the queue (the exclusive kind, the mutex, keeps its
-/// own path in `attempt.rs`: the first node holds, every other watches its predecessor).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Place {
-    /// It holds the lock. `successor`: a node behind it may be watching its data as a waiter's
-    /// (a permit node further back that saw it waiting), so the write that marks it held must
-    /// be made, to wake that node.
-    Holds { successor: bool },
-    /// It waits for this node to go: a reader for the latest writer ahead of it (Curator's
-    /// read lock); a permit waiter beyond the first for its predecessor, which signals it
-    /// with a write of its node when it becomes a holder.
-    Behind(Entry),
-    /// The first permit waiter: the release (or removal) of any of these holders frees a
-    /// permit for it, so it watches the lock node's children and judges their leases.
-    FirstWaiter(Vec<Entry>),
-}
-
-/// Where `entries[index]`, a node of `kind`, stands (see [`Place`]).
-///
-/// - Shared: it holds when no exclusive node is ahead of it; otherwise it waits for the
-///   latest exclusive node ahead. A reader that joins behind a waiting writer therefore waits
-///   for that writer, which is the writer preference.
-/// - Permit of N: among the permit nodes of N (others do not belong: see [`mismatch`]), the
-///   first N hold, the next is the first waiter, the others wait for their predecessor.
-/// - Exclusive: first holds, others wait for their predecessor.
-pub(crate) fn place(kind: LockKind, entries: &[Entry], index: usize) -> Place {
-    match kind {
-        LockKind::Permit { permits } => {
-            let own = entries[index].seq;
-            let same: Vec<&Entry> = entries.iter().filter(|e| e.kind == kind).collect();
-            let at = same.iter().position(|e| e.seq == own).unwrap_or(0);
-            let n = usize::try_from(permits).unwrap_or(usize::MAX);
-            match at.checked_sub(n) {
-                None => Place::Holds {
-                    successor: at + 1 < same.len(),
-                },
-                Some(0) => Place::FirstWaiter(same[..n].iter().map(|e| (*e).clone()).collect()),
-                Some(_) => Place::Behind(same[at - 1].clone()),
-            }
-        }
-        LockKind::Shared => match entries[..index]
-            .iter()
-            .rev()
-            .find(|e| e.kind == LockKind::Exclusive)
-        {
-            Some(writer) => Place::Behind(writer.clone()),
-            None => Place::Holds { successor: false },
-        },
-        _ => match index.checked_sub(1) {
-            None => Place::Holds { successor: false },
-            Some(ahead) => Place::Behind(entries[ahead].clone()),
-        },
-    }
-}
-
-/// Who holds a name whose queue is `entries`, and as what: the head alone if it is
-/// exclusive; the readers ahead of the first writer; the first N permit nodes of N. Nodes of
-/// a waiter that may take its hold now (its data still says "waiting") count as holders.
-pub(crate) fn holders(entries: &[Entry]) -> (LockKind, Vec<&Entry>) {
-    let Some(head) = entries.first() else {
-        return (LockKind::Exclusive, Vec::new());
-    };
-    let held = match head.kind {
-        LockKind::Shared => entries
-            .iter()
-            .take_while(|e| e.kind != LockKind::Exclusive)
-            .filter(|e| e.kind == LockKind::Shared)
-            .collect(),
-        LockKind::Permit { permits } => entries
-            .iter()
-            .filter(|e| e.kind == head.kind)
-            .take(usize::try_from(permits).unwrap_or(usize::MAX))
-            .collect(),
-        _ => vec![head],
-    };
-    (head.kind, held)
 }
 
 /// Our node as one of our own writes left it.
@@ -361,60 +274,5 @@ pub(crate) async fn remove_lapsed(
         // Renewed or refreshed meanwhile: alive, and the watch fires for it.
         Err(zk::Error::BadVersion) => Ok(false),
         Err(err) => Err(zk_error("removing a node whose lease ran out", err)),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::keys::{node_prefix, queue};
-
-    fn entries(nodes: &[(LockKind, &str)]) -> Vec<Entry> {
-        queue(
-            nodes
-                .iter()
-                .enumerate()
-                .map(|(seq, (kind, owner))| format!("{}{seq:010}", node_prefix(*kind, owner)))
-                .collect(),
-        )
-    }
-
-    const R: LockKind = LockKind::Shared;
-    const W: LockKind = LockKind::Exclusive;
-    const S2: LockKind = LockKind::Permit { permits: 2 };
-
-    #[test]
-    fn readers_hold_until_a_writer_and_then_wait_for_the_latest_writer_ahead() {
-        let q = entries(&[(R, "a"), (R, "b"), (W, "w"), (R, "c"), (W, "x"), (R, "d")]);
-        let holds = Place::Holds { successor: false };
-        assert_eq!(place(R, &q, 0), holds);
-        assert_eq!(place(R, &q, 1), holds);
-        assert_eq!(place(R, &q, 3), Place::Behind(q[2].clone()));
-        assert_eq!(place(R, &q, 5), Place::Behind(q[4].clone()));
-        assert_eq!(place(W, &q, 2), Place::Behind(q[1].clone()));
-        let (kind, held) = holders(&q);
-        assert_eq!((kind, held.len()), (R, 2));
-        assert_eq!(mismatch(W, &q), None);
-        assert!(mismatch(S2, &q).is_some());
-    }
-
-    #[test]
-    fn the_first_n_permits_hold_the_next_watches_them_the_rest_their_predecessor() {
-        // A foreign writer (about to be told it mismatches) is not counted.
-        let q = entries(&[(S2, "a"), (W, "w"), (S2, "b"), (S2, "c"), (S2, "d")]);
-        assert_eq!(place(S2, &q, 0), Place::Holds { successor: true });
-        assert_eq!(place(S2, &q, 2), Place::Holds { successor: true });
-        assert_eq!(
-            place(S2, &q, 3),
-            Place::FirstWaiter(vec![q[0].clone(), q[2].clone()])
-        );
-        assert_eq!(place(S2, &q, 4), Place::Behind(q[3].clone()));
-        let last = entries(&[(S2, "a"), (S2, "b")]);
-        assert_eq!(place(S2, &last, 1), Place::Holds { successor: false });
-        let (kind, held) = holders(&q);
-        assert_eq!((kind, held.len()), (S2, 2));
-        assert!(mismatch(LockKind::Permit { permits: 3 }, &q).is_some());
-        assert!(mismatch(W, &q).is_some());
-        assert_eq!(mismatch(S2, &q), None);
     }
 }

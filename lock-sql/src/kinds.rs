@@ -1,5 +1,8 @@
-//! Shared holds (the read side of a read-write lock) and semaphore permits: the holders
-//! table, the marker they leave on the lock row, and the short transactions that change them.
+//! The shared (read) and permit (semaphore) kinds: the holders table of shared holds (the read
+//! side of a read-write lock) and semaphore permits, the marker they leave on the lock row, and
+//! the short transactions that change them. The exclusive kind (the mutex, the write side) is
+//! the lock row alone: its one-statement paths are the dialects' [`Sql`](crate::dialect::Sql)
+//! and `attempt.rs`'s.
 //!
 //! The holders live in `<table>_holders (name, owner, token, expires_at, permits)`, one row
 //! per holder, created on the first shared or permit acquisition (unless `create_table` is

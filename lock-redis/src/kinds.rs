@@ -1,0 +1,418 @@
+//! The shared (read) and permit (semaphore) kinds: the marker the lock key holds while their
+//! holders live, their scripts ([`HOLD_ACQUIRE`], [`HOLD_RENEW`], [`HOLD_RELEASE`]) and the
+//! calls a node runs them with, and how a node reads their holders ([`read_holders`]). The
+//! exclusive kind (the mutex, the write side) keeps its scripts in `scripts.rs` and its steps in
+//! `node/locking.rs`, which also runs these calls. What both kinds share stays in `scripts.rs`:
+//! the Lua helpers that prune the queue and wake readers and permit waiters, and the batched
+//! renewal's script.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use distlock_core::{AcquireRequest, AttemptMode, LockKind};
+
+use crate::RedisConfig;
+use crate::keys::LockKeys;
+use crate::node::{Holding, ReleaseMode, millis, seed_floor};
+use crate::scripts::{BUSY, Invocation, Lua, NEXT_TOKEN, with_helpers};
+use crate::topology::Conn;
+
+/// The lock key's value while readers hold the lock (its TTL covers the latest reader's
+/// lease). Like every value this crate stores besides owners, it starts with NUL.
+pub(crate) const SHARED_MARKER: &str = "\0shared";
+
+/// The lock key's value while permits of a semaphore of `permits` are held.
+pub(crate) fn permits_marker(permits: u32) -> String {
+    format!("\0permits:{permits}")
+}
+
+/// The kind of the holders a lock key's value stands for, if it is a marker of shared or
+/// permit holders (see [`HOLD_ACQUIRE`]).
+pub(crate) fn marker_kind(value: &[u8]) -> Option<LockKind> {
+    if value == SHARED_MARKER.as_bytes() {
+        return Some(LockKind::Shared);
+    }
+    let digits = value.strip_prefix(b"\0permits:")?;
+    let permits: u32 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(LockKind::Permit { permits })
+}
+
+/// The kind a script's mismatch answer names (-1 exclusive, 0 shared, N permits).
+pub(crate) fn held_kind(code: i64) -> LockKind {
+    match u32::try_from(code) {
+        Ok(0) => LockKind::Shared,
+        Ok(permits) => LockKind::Permit { permits },
+        Err(_) => LockKind::Exclusive,
+    }
+}
+
+/// The permits argument of the hold scripts: 0 for a shared hold.
+fn permits_arg(kind: LockKind) -> u32 {
+    match kind {
+        LockKind::Permit { permits } => permits,
+        _ => 0,
+    }
+}
+
+/// The lock key's value while holders of `kind` (shared or permits) live.
+pub(crate) fn marker(kind: LockKind) -> String {
+    match kind {
+        LockKind::Permit { permits } => permits_marker(permits),
+        _ => SHARED_MARKER.to_owned(),
+    }
+}
+
+/// Acquire (or queue) a shared hold or a permit, one round trip. The holders are the sorted
+/// set `h` (owner -> server time at which its lease ends) and their tokens the hash `t`;
+/// while any may live, the lock key holds the kind's marker ([`SHARED_MARKER`],
+/// [`permits_marker`]) with a TTL that covers the latest lease, so the exclusive paths (the
+/// fast path's `SET NX` included) refuse by themselves and need no change. A holder is live
+/// while its lease has not ended **and** the lock key holds the marker: the first holder of a
+/// new marker (a new epoch) drops whatever `h` and `t` still hold. A writer's release that
+/// wakes readers reserves the free lock for them (default mode) with `"\0next:\0readers"`, a
+/// reservation (it starts with [`RESERVED_PREFIX`](crate::scripts::RESERVED_PREFIX)) for no owner,
+/// which readers join as a new epoch.
+///
+/// Served in arrival order in both modes: a reader holds when no writer is ahead of it in
+/// the queue (a waiting writer queues new readers behind it) and no writer holds or has the
+/// lock reserved; a permit holds when the live holders plus the permit waiters ahead of it
+/// are fewer than the permits.
+///
+/// KEYS: lock, fence, queue, alive, holders, tokens.
+/// ARGV: owner, ttl ms, wait ("1" to queue), (unused), waiter timeout ms, arrival score
+/// ("" = the server's time in microseconds), [`SEED_FLOOR`](crate::scripts::SEED_FLOOR), permits
+/// (0 = a shared hold), forget ms (see [`NEXT_TOKEN`]).
+/// Returns `{1, token}` when acquired, `{0, retry_ms}` when busy (`retry_ms` < 0: unknown),
+/// `{2, held}` when the name is held as a kind this request can never join (`held`: -1
+/// exclusive, 0 shared, N a semaphore of N permits).
+pub(crate) static HOLD_ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+    with_helpers(&[
+        r"
+local owner = ARGV[1]
+local ttl = tonumber(ARGV[2])
+local n = tonumber(ARGV[8])
+local marker, member = hold_names(owner, ARGV[8])
+local holder = redis.call('GET', KEYS[1])
+local readers_reserved = holder == '\0next:\0readers'
+if holder and holder ~= marker then
+  local held = -1
+  if holder == '\0shared' or readers_reserved then
+    held = 0
+  elseif string.sub(holder, 1, 9) == '\0permits:' then
+    held = tonumber(string.sub(holder, 10)) or -1
+  end
+  if n > 0 or held > 0 then return {2, held} end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local epoch = holder == marker
+local count = 0
+if epoch then
+  prune_holders(KEYS[5], KEYS[6], now)
+  if redis.call('ZSCORE', KEYS[5], owner) then
+    -- A retry after a lost reply: the hold is already ours; restart its lease.
+    redis.call('ZADD', KEYS[5], now + ttl, owner)
+    local keep = math.max(redis.call('PTTL', KEYS[1]), ttl)
+    redis.call('PEXPIRE', KEYS[1], keep)
+    redis.call('PEXPIRE', KEYS[5], keep)
+    redis.call('PEXPIRE', KEYS[6], keep)
+    return {1, tonumber(redis.call('HGET', KEYS[6], owner) or '0')}
+  end
+  count = redis.call('ZCOUNT', KEYS[5], '(' .. now, '+inf')
+end
+prune_waiters(KEYS[3], KEYS[4], now)
+local blocked = nil
+local rank = redis.call('ZRANK', KEYS[3], member)
+if holder and not epoch and not readers_reserved then
+  -- A writer holds the lock, or has it reserved.
+  blocked = redis.call('PTTL', KEYS[1])
+elseif n == 0 then
+  local ahead = {}
+  if not rank then
+    ahead = redis.call('ZRANGE', KEYS[3], 0, -1)
+  elseif rank > 0 then
+    ahead = redis.call('ZRANGE', KEYS[3], 0, rank - 1)
+  end
+  for _, w in ipairs(ahead) do
+    if string.sub(w, 1, 3) ~= '\0s:' then
+      -- A writer waits ahead: it goes first.
+      blocked = math.max(redis.call('PTTL', KEYS[1]), -1)
+      break
+    end
+  end
+else
+  local ahead = rank or redis.call('ZCARD', KEYS[3])
+  if count + ahead >= n then
+    blocked = -1
+    if count >= n then
+      local first = redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      if first[2] then blocked = math.max(tonumber(first[2]) - now, 1) end
+    end
+  end
+end
+",
+        BUSY,
+        r"
+if not epoch then
+  redis.call('DEL', KEYS[5], KEYS[6])
+end
+redis.call('ZADD', KEYS[5], now + ttl, owner)
+local keep = ttl
+if epoch then keep = math.max(redis.call('PTTL', KEYS[1]), ttl) end
+redis.call('SET', KEYS[1], marker, 'PX', keep)
+local floor = tonumber(ARGV[7])
+local fence_keep = keep + tonumber(ARGV[9])
+",
+        NEXT_TOKEN,
+        r"
+redis.call('HSET', KEYS[6], owner, token)
+redis.call('PEXPIRE', KEYS[5], keep)
+redis.call('PEXPIRE', KEYS[6], keep)
+if rank then
+  redis.call('ZREM', KEYS[3], member)
+  redis.call('ZREM', KEYS[4], member)
+end
+return {1, token}
+",
+    ]
+    .concat())
+});
+
+/// Owner-checked extension of a shared hold or a permit. KEYS: lock, holders, tokens.
+/// ARGV: owner, ttl ms, the kind's marker. Returns 1, or 0 when the owner does not hold.
+pub(crate) static HOLD_RENEW: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+if redis.call('GET', KEYS[1]) ~= ARGV[3] then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ends = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not ends or tonumber(ends) <= now then return 0 end
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
+local keep = math.max(redis.call('PTTL', KEYS[1]), ttl)
+redis.call('PEXPIRE', KEYS[1], keep)
+redis.call('PEXPIRE', KEYS[2], keep)
+redis.call('PEXPIRE', KEYS[3], keep)
+return 1
+",
+    )
+});
+
+/// Owner-checked release of a shared hold or a permit, abandonment of such an attempt, a
+/// Redlock retreat, or a forced release of every holder.
+///
+/// KEYS: lock, queue, alive, holders, tokens.
+/// ARGV: owner, fair ("1"), handoff ms, channel, mode ("release", "abandon", "retreat" as
+/// for [`RELEASE`](crate::scripts::RELEASE), or "force": end every holder), permits (0 = shared).
+///
+/// Then wakes exactly the waiters this call unblocks: when the last holder left and a writer
+/// heads the queue, that writer (reserving the lock for it in the default mode, as the
+/// mutex's release does); for a semaphore, the permit waiters whose place in the queue now
+/// fits in the free permits and did not before (one for one released permit). Returns 1 if
+/// a live hold was released (force: if any holder was live), else 0.
+pub(crate) static HOLD_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    with_helpers(
+        r"
+local owner = ARGV[1]
+local fair = ARGV[2] == '1'
+local mode = ARGV[5]
+local n = tonumber(ARGV[6])
+local marker, member = hold_names(owner, ARGV[6])
+local holder = redis.call('GET', KEYS[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local released = 0
+local left = false
+local before = 0
+if holder == marker then
+  prune_holders(KEYS[4], KEYS[5], now)
+  before = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
+  if mode == 'force' then
+    if before > 0 then released = 1 end
+    redis.call('DEL', KEYS[4], KEYS[5])
+    left = true
+  else
+    local ends = redis.call('ZSCORE', KEYS[4], owner)
+    if ends then
+      redis.call('ZREM', KEYS[4], owner)
+      redis.call('HDEL', KEYS[5], owner)
+      left = true
+      if tonumber(ends) > now then released = 1 end
+    end
+  end
+end
+local moved = nil
+if mode == 'release' or mode == 'abandon' then
+  moved = redis.call('ZRANK', KEYS[2], member)
+  if moved then
+    redis.call('ZREM', KEYS[2], member)
+    redis.call('ZREM', KEYS[3], member)
+  end
+end
+if not left and not moved then return released end
+local count = 0
+if holder == marker and left then
+  count = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
+  if count == 0 then
+    redis.call('DEL', KEYS[1], KEYS[4], KEYS[5])
+    holder = false
+  else
+    local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+    local keep = math.max(tonumber(last[2]) - now, 1)
+    redis.call('PEXPIRE', KEYS[1], keep)
+    redis.call('PEXPIRE', KEYS[4], keep)
+    redis.call('PEXPIRE', KEYS[5], keep)
+  end
+elseif holder == marker then
+  count = before
+end
+prune_waiters(KEYS[2], KEYS[3], now)
+local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+if not head then return released end
+if not holder and string.byte(head, 1) ~= 0 then
+  -- Free, and a writer is first: hand over as the mutex's release does.
+  if not fair then
+    redis.call('SET', KEYS[1], '\0next:' .. head, 'PX', ARGV[3])
+    redis.call('ZREM', KEYS[2], head)
+    redis.call('ZREM', KEYS[3], head)
+  end
+  redis.call('PUBLISH', ARGV[4], head)
+elseif n > 0 and (not holder or holder == marker) then
+  -- The waiter at place i may hold iff count + i < n: wake those that fit now and did not.
+  local hi = n - count - 1
+  local lo = hi
+  if left then lo = n - before end
+  if lo < 0 then lo = 0 end
+  if hi - lo > 127 then hi = lo + 127 end
+  if hi >= lo and (left or moved <= hi) then
+    publish_to(ARGV[4], redis.call('ZRANGE', KEYS[2], lo, hi))
+  end
+end
+return released
+",
+    )
+});
+
+/// One live shared or permit holder.
+#[derive(Debug, Clone)]
+pub(crate) struct Holder {
+    pub(crate) owner: String,
+    pub(crate) token: Option<u64>,
+    /// Remaining lease, ms.
+    pub(crate) remaining: i64,
+}
+
+/// The server's `TIME`, the holders with the ends of their leases (ms) and their tokens.
+type HoldersRead = (
+    (u64, u64),
+    Vec<(String, i64)>,
+    std::collections::HashMap<String, u64>,
+);
+
+/// The call of [`HOLD_ACQUIRE`] for `request` (a shared hold or a permit): its keys and
+/// arguments.
+pub(crate) fn acquire_call(
+    keys: &LockKeys,
+    request: &AcquireRequest,
+    config: &RedisConfig,
+    score: &str,
+) -> Invocation {
+    let (holders, tokens) = (keys.holders(), keys.tokens());
+    Invocation::new(
+        &HOLD_ACQUIRE,
+        &[
+            &keys.lock,
+            &keys.fence,
+            &keys.queue,
+            &keys.alive,
+            &holders,
+            &tokens,
+        ],
+    )
+    .arg(&*request.owner)
+    .arg(millis(request.ttl))
+    .arg(if request.mode == AttemptMode::Wait {
+        "1"
+    } else {
+        "0"
+    })
+    .arg("0")
+    .arg(millis(config.waiter_timeout_for(request.ttl)))
+    .arg(score)
+    .arg(seed_floor(config))
+    .arg(permits_arg(request.kind))
+    .arg(millis(config.forget_after))
+}
+
+/// The call of [`HOLD_RENEW`] for `owner`'s hold of `kind` (shared or permits).
+pub(crate) fn renew_call(
+    keys: &LockKeys,
+    owner: &str,
+    ttl: Duration,
+    kind: LockKind,
+) -> Invocation {
+    Invocation::new(&HOLD_RENEW, &[&keys.lock, &keys.holders(), &keys.tokens()])
+        .arg(owner)
+        .arg(millis(ttl))
+        .arg(marker(kind))
+}
+
+/// The call of [`HOLD_RELEASE`] for `owner`'s hold of `kind` (shared or permits), or for
+/// every holder ([`ReleaseMode::Force`]).
+pub(crate) fn release_call(
+    keys: &LockKeys,
+    owner: &str,
+    config: &RedisConfig,
+    mode: ReleaseMode,
+    kind: LockKind,
+) -> Invocation {
+    let fair = if config.fair { "1" } else { "0" };
+    Invocation::new(
+        &HOLD_RELEASE,
+        &[
+            &keys.lock,
+            &keys.queue,
+            &keys.alive,
+            &keys.holders(),
+            &keys.tokens(),
+        ],
+    )
+    .arg(owner)
+    .arg(fair)
+    .arg(millis(config.handoff))
+    .arg(&keys.channel)
+    .arg(mode.as_str())
+    .arg(permits_arg(kind))
+}
+
+/// The live holders of a lock key that holds the marker of `kind`, read on `conn` from their
+/// sorted set (lease not over by the server's clock) with their tokens (see
+/// [`Node::inspect`](crate::node::Node::inspect)).
+pub(crate) async fn read_holders(
+    conn: &mut Conn,
+    keys: &LockKeys,
+    kind: LockKind,
+) -> redis::RedisResult<Holding> {
+    let ((secs, micros), members, tokens): HoldersRead = redis::pipe()
+        .cmd("TIME")
+        .zrange_withscores(keys.holders(), 0, -1)
+        .hgetall(keys.tokens())
+        .query_async(conn)
+        .await?;
+    let now = i64::try_from(secs * 1000 + micros / 1000).unwrap_or(i64::MAX);
+    let holders: Vec<Holder> = members
+        .into_iter()
+        .map(|(owner, ends)| Holder {
+            token: tokens.get(&owner).copied(),
+            owner,
+            remaining: ends - now,
+        })
+        .filter(|h| h.remaining > 0)
+        .collect();
+    Ok(if holders.is_empty() {
+        Holding::Free
+    } else {
+        Holding::Holds { kind, holders }
+    })
+}

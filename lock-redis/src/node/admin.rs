@@ -1,0 +1,156 @@
+//! Operators' requests on one master: who holds a lock ([`Node::inspect`]), its forced
+//! release, and the names and keys under a prefix (by `SCAN`).
+
+use distlock_core::{LockKind, LockName, Result};
+
+use super::{Node, ReleaseMode};
+use crate::RedisConfig;
+use crate::error::RedisError;
+use crate::keys::LockKeys;
+use crate::kinds::{self, Holder, marker_kind};
+use crate::scripts;
+
+/// Who holds a lock on one master, as [`Node::inspect`] reads it.
+#[derive(Debug)]
+pub(crate) enum Holding {
+    Free,
+    /// An exclusive holder and its remaining lease (ms).
+    Exclusive {
+        owner: String,
+        pttl: i64,
+    },
+    /// Live shared or permit holders (never empty).
+    Holds {
+        kind: LockKind,
+        holders: Vec<Holder>,
+    },
+}
+
+impl Node {
+    /// Frees the lock whoever holds it: reads the holder and runs the owner-checked release
+    /// script as that owner (shared or permit holders: the hold release script ending them
+    /// all), so waiters are handed the lock and woken exactly as by a release. The fencing
+    /// counter is untouched. `false`: free (or only reserved for a waiter).
+    pub(crate) async fn force_release(
+        &self,
+        keys: &LockKeys,
+        config: &RedisConfig,
+    ) -> Result<bool, RedisError> {
+        for _ in 0..8 {
+            let (owner, mode, kind) = match self.inspect(keys).await? {
+                Holding::Free => return Ok(false),
+                Holding::Exclusive { owner, .. } => {
+                    (owner, ReleaseMode::Release, LockKind::Exclusive)
+                }
+                Holding::Holds { kind, .. } => (String::new(), ReleaseMode::Force, kind),
+            };
+            if self.release(keys, &owner, config, mode, kind).await? {
+                return Ok(true);
+            }
+            // The holder changed between the read and the script: look again.
+        }
+        Ok(false)
+    }
+
+    /// The names whose lock key exists and starts with `prefix`, by `SCAN` (never `KEYS`), until
+    /// the scan ends or `enough` are found.
+    pub(crate) async fn scan_names(
+        &self,
+        prefix: &str,
+        enough: usize,
+    ) -> Result<Vec<LockName>, RedisError> {
+        self.scan_names_on(self.conn.clone(), prefix, enough).await
+    }
+
+    /// [`Self::scan_names`] on `conn` (a cluster master's own connection).
+    pub(crate) async fn scan_names_on(
+        &self,
+        mut conn: impl redis::aio::ConnectionLike,
+        prefix: &str,
+        enough: usize,
+    ) -> Result<Vec<LockName>, RedisError> {
+        let pattern = crate::keys::lock_key_pattern(prefix);
+        let mut names = std::collections::BTreeSet::new();
+        self.scan(&mut conn, &pattern, |keys| {
+            names.extend(keys.iter().filter_map(|k| crate::keys::name_of_lock_key(k)));
+            names.len() < enough
+        })
+        .await?;
+        Ok(names.into_iter().collect())
+    }
+
+    /// `SCAN MATCH pattern` on `conn`, each batch of keys given to `each` until it answers
+    /// `false` or the scan is complete.
+    async fn scan(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+        pattern: &str,
+        mut each: impl FnMut(&[String]) -> bool,
+    ) -> Result<(), RedisError> {
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(conn)
+                .await
+                .map_err(|e| self.classify(e))?;
+            cursor = next;
+            if !each(&keys) || cursor == 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Counts the keys of every kind of the names starting with `prefix` on `conn` (one
+    /// master), into `footprint`, by kind (see [`crate::keys::kind_of_key`]).
+    pub(crate) async fn count_keys_on(
+        &self,
+        mut conn: impl redis::aio::ConnectionLike,
+        prefix: &str,
+        footprint: &mut distlock_core::Footprint,
+    ) -> Result<(), RedisError> {
+        let pattern = crate::keys::any_key_pattern(prefix);
+        self.scan(&mut conn, &pattern, |keys| {
+            for kind in keys.iter().filter_map(|k| crate::keys::kind_of_key(k)) {
+                footprint.add(kind, 1);
+            }
+            true
+        })
+        .await
+    }
+
+    /// Who holds the lock. An exclusive holder's token cannot be told: the fence counter
+    /// can be ahead of it (under Redlock, each master's counter is raised to the highest
+    /// token handed out), so it is only an upper bound, and is not reported. Shared and permit
+    /// holders are read from their sorted set (live: lease not over by the server's clock)
+    /// with their tokens, in a second round trip.
+    pub(crate) async fn inspect(&self, keys: &LockKeys) -> Result<Holding, RedisError> {
+        let classify = |e| self.classify(e);
+        let mut conn = self.conn.clone();
+        let (value, pttl): (Option<Vec<u8>>, i64) = redis::pipe()
+            .get(&keys.lock)
+            .pttl(&keys.lock)
+            .query_async(&mut conn)
+            .await
+            .map_err(classify)?;
+        let Some(value) = value else {
+            return Ok(Holding::Free);
+        };
+        if let Some(kind) = marker_kind(&value) {
+            return kinds::read_holders(&mut conn, keys, kind)
+                .await
+                .map_err(classify);
+        }
+        // A reservation for a waiter is nobody's lock (yet).
+        match String::from_utf8(value) {
+            Ok(owner) if !owner.starts_with(scripts::RESERVED_PREFIX) => {
+                Ok(Holding::Exclusive { owner, pttl })
+            }
+            _ => Ok(Holding::Free),
+        }
+    }
+}

@@ -1,0 +1,362 @@
+//! The lock scripts run on one master: acquiring (the fast path, the script, the replicas'
+//! acknowledgement), renewing, releasing, raising the fencing counter, and the scripts'
+//! answers. The calls of the shared and permit kinds' scripts are built in `kinds.rs`.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use distlock_core::{AcquireRequest, AttemptMode, FencingToken, LockKind};
+use redis::Cmd;
+
+use super::{Node, millis};
+use crate::RedisConfig;
+use crate::error::{RedisError, RedisErrorKind};
+use crate::keys::{LockKeys, Siblings};
+use crate::kinds::{self, held_kind, marker_kind};
+use crate::scripts::{self, Invocation};
+
+/// What the release script is asked to do (see [`scripts::RELEASE`] and
+/// [`HOLD_RELEASE`](crate::kinds::HOLD_RELEASE)).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReleaseMode {
+    Release,
+    Abandon,
+    Retreat,
+    /// End every shared or permit holder (forced release;
+    /// [`HOLD_RELEASE`](crate::kinds::HOLD_RELEASE) only).
+    Force,
+}
+
+impl ReleaseMode {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Release => "release",
+            Self::Abandon => "abandon",
+            Self::Retreat => "retreat",
+            Self::Force => "force",
+        }
+    }
+}
+
+pub(crate) enum Answer {
+    Acquired(u64),
+    Busy(i64),
+    /// The name is held as this kind, which the request can never join.
+    Mismatch(LockKind),
+}
+
+impl Node {
+    /// One acquisition attempt. `fast`: try the fast path first (see
+    /// [`Self::acquire_fast`]).
+    pub(crate) async fn acquire(
+        &self,
+        keys: &LockKeys,
+        request: &AcquireRequest,
+        config: &RedisConfig,
+        score: &str,
+        fast: bool,
+    ) -> Result<Answer, RedisError> {
+        if request.kind != LockKind::Exclusive {
+            return self.acquire_hold(keys, request, config, score).await;
+        }
+        if fast && self.fast_path.load(Ordering::Relaxed) && !self.contended.lately(&keys.lock) {
+            match self.acquire_fast(keys, request, config).await {
+                Ok(Some(answer)) => {
+                    if matches!(answer, Answer::Acquired(_)) {
+                        self.contended.cleared(&keys.lock);
+                    } else {
+                        self.contended.refused(&keys.lock);
+                    }
+                    return self.replicated(answer, keys, request, config).await;
+                }
+                Ok(None) => self.contended.refused(&keys.lock),
+                Err(err) if err.kind == RedisErrorKind::Unsupported => {
+                    tracing::debug!(node = %self.addr, "SET NX GET refused (Redis < 7.0): acquiring by script only");
+                    self.fast_path.store(false, Ordering::Relaxed);
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        let mut conn = self.conn.clone();
+        let answer: Answer = Invocation::new(
+            &scripts::ACQUIRE,
+            &[&keys.lock, &keys.fence, &keys.queue, &keys.alive],
+        )
+        .arg(&*request.owner)
+        .arg(millis(request.ttl))
+        .arg(if request.mode == AttemptMode::Wait {
+            "1"
+        } else {
+            "0"
+        })
+        .arg(if config.fair { "1" } else { "0" })
+        .arg(millis(config.waiter_timeout_for(request.ttl)))
+        .arg(score)
+        .arg(seed_floor(config))
+        .arg(millis(config.forget_after))
+        .invoke(&mut conn)
+        .await
+        .map_err(|e| self.classify(e))?;
+
+        if matches!(answer, Answer::Busy(_)) {
+            // Taken (also in fair mode, which never tries the fast path): this lock's
+            // release goes straight to the full script.
+            self.contended.refused(&keys.lock);
+        }
+        self.replicated(answer, keys, request, config).await
+    }
+
+    /// With [`RedisConfig::wait_replicas`]: an acquisition counts once that many replicas
+    /// acknowledged it (`WAIT` on the master's connection that ran the script); otherwise it is
+    /// given back and the attempt fails with a retryable error.
+    async fn replicated(
+        &self,
+        answer: Answer,
+        keys: &LockKeys,
+        request: &AcquireRequest,
+        config: &RedisConfig,
+    ) -> Result<Answer, RedisError> {
+        if config.wait_replicas == 0 || !matches!(answer, Answer::Acquired(_)) {
+            return Ok(answer);
+        }
+        let mut wait = Cmd::new();
+        wait.arg("WAIT")
+            .arg(config.wait_replicas)
+            .arg(millis(config.wait_timeout));
+        let acked = self
+            .conn
+            .on_master_of(&keys.lock, &wait)
+            .await
+            .and_then(|v| redis::from_redis_value::<i64>(v).map_err(redis::RedisError::from))
+            .map_err(|e| self.classify(e))?;
+        if acked >= i64::from(config.wait_replicas) {
+            return Ok(answer);
+        }
+        let _ = self
+            .release(
+                keys,
+                &request.owner,
+                config,
+                ReleaseMode::Abandon,
+                request.kind,
+            )
+            .await;
+        Err(RedisError {
+            kind: RedisErrorKind::Timeout,
+            node: self.addr.clone(),
+            source: Some(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "too few replicas acknowledged the acquisition (wait_replicas)",
+            ))),
+        })
+    }
+
+    /// A shared or permit acquisition attempt (see [`kinds::acquire_call`]).
+    async fn acquire_hold(
+        &self,
+        keys: &LockKeys,
+        request: &AcquireRequest,
+        config: &RedisConfig,
+        score: &str,
+    ) -> Result<Answer, RedisError> {
+        let mut conn = self.conn.clone();
+        let answer: Answer = kinds::acquire_call(keys, request, config, score)
+            .invoke(&mut conn)
+            .await
+            .map_err(|e| self.classify(e))?;
+        self.replicated(answer, keys, request, config).await
+    }
+
+    /// The uncontended path: [`scripts::ACQUIRE_FAST`], `SET lock owner NX PX ttl GET` and,
+    /// only if that took the lock, the next token (`INCR fence`; clock tokens and unseeded
+    /// counters by the acquire scripts' rule), atomically, so tokens strictly increase per
+    /// acquisition and a refused attempt burns no counter value. A reservation for a waiter
+    /// lives in the lock key itself, so `NX` also refuses a reserved lock.
+    ///
+    /// `None`: the script must decide (the key is this attempt's own value or reservation, or
+    /// a waiting attempt must be queued).
+    async fn acquire_fast(
+        &self,
+        keys: &LockKeys,
+        request: &AcquireRequest,
+        config: &RedisConfig,
+    ) -> Result<Option<Answer>, RedisError> {
+        let mut conn = self.conn.clone();
+        let reply: FastReply = Invocation::new(&scripts::ACQUIRE_FAST, &[&keys.lock, &keys.fence])
+            .arg(&*request.owner)
+            .arg(millis(request.ttl))
+            .arg(seed_floor(config))
+            .arg(millis(config.forget_after))
+            .invoke(&mut conn)
+            .await
+            .map_err(|e| self.classify(e))?;
+        let previous = match reply {
+            FastReply::Token(token) => return Ok(Some(Answer::Acquired(token))),
+            FastReply::Taken(previous) => previous,
+        };
+        // A permit marker in the lock key: the name is a semaphore (not an `if let` guard:
+        // the declared rust-version predates them).
+        let permits = marker_kind(&previous).filter(|kind| matches!(kind, LockKind::Permit { .. }));
+        Ok(if permits.is_some() {
+            permits.map(Answer::Mismatch)
+        } else if request.mode == AttemptMode::Wait || is_own(&previous, &request.owner) {
+            None
+        } else {
+            Some(Answer::Busy(-1))
+        })
+    }
+
+    pub(crate) async fn renew(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        ttl: Duration,
+        kind: LockKind,
+    ) -> Result<bool, RedisError> {
+        let mut conn = self.conn.clone();
+        let renewed: i64 = if kind == LockKind::Exclusive {
+            Invocation::new(&scripts::RENEW, &[&keys.lock])
+                .arg(owner)
+                .arg(millis(ttl))
+        } else {
+            kinds::renew_call(keys, owner, ttl, kind)
+        }
+        .invoke(&mut conn)
+        .await
+        .map_err(|e| self.classify(e))?;
+        Ok(renewed == 1)
+    }
+
+    pub(crate) async fn release(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        config: &RedisConfig,
+        mode: ReleaseMode,
+        kind: LockKind,
+    ) -> Result<bool, RedisError> {
+        if kind == LockKind::Exclusive {
+            return self.release_lock(&keys.lock, owner, config, mode).await;
+        }
+        let mut conn = self.conn.clone();
+        let released: i64 = kinds::release_call(keys, owner, config, mode, kind)
+            .invoke(&mut conn)
+            .await
+            .map_err(|e| self.classify(e))?;
+        Ok(released == 1)
+    }
+
+    /// [`Self::release`] of an exclusive lock, from its lock key alone (see [`Siblings`]).
+    pub(crate) async fn release_lock(
+        &self,
+        lock: &str,
+        owner: &str,
+        config: &RedisConfig,
+        mode: ReleaseMode,
+    ) -> Result<bool, RedisError> {
+        let mut conn = self.conn.clone();
+        if mode == ReleaseMode::Release && !self.contended.lately(lock) {
+            let queue = crate::keys::queue_of(lock);
+            let released: i64 = Invocation::new(&scripts::RELEASE_ALONE, &[lock, &queue])
+                .arg(owner)
+                .invoke(&mut conn)
+                .await
+                .map_err(|e| self.classify(e))?;
+            if released == 1 {
+                return Ok(true);
+            }
+            // Waiters queued (or the lock is lost): the full script decides, and the next
+            // acquisitions of this lock know it is contended.
+            self.contended.refused(lock);
+        }
+        let siblings = Siblings::of(lock);
+        let released: i64 = Invocation::new(
+            &scripts::RELEASE,
+            &[lock, siblings.queue(), siblings.alive()],
+        )
+        .arg(owner)
+        .arg(if config.fair { "1" } else { "0" })
+        .arg(millis(config.handoff))
+        .arg(siblings.channel())
+        .arg(mode.as_str())
+        .invoke(&mut conn)
+        .await
+        .map_err(|e| self.classify(e))?;
+        Ok(released == 1)
+    }
+
+    /// Raises the fencing counter to at least `token`, kept for `keep` (see
+    /// [`scripts::RAISE_FENCE`]).
+    pub(crate) async fn raise_fence(
+        &self,
+        keys: &LockKeys,
+        token: u64,
+        keep: Duration,
+    ) -> Result<(), RedisError> {
+        let mut conn = self.conn.clone();
+        let _: i64 = Invocation::new(&scripts::RAISE_FENCE, &[&keys.fence])
+            .arg(token)
+            .arg(millis(keep))
+            .invoke(&mut conn)
+            .await
+            .map_err(|e| self.classify(e))?;
+        Ok(())
+    }
+}
+
+/// The acquire scripts' seed floor argument: [`scripts::SEED_FLOOR`], or 0 for tokens of at
+/// least the server's clock ([`RedisConfig::clock_tokens`]).
+pub(crate) fn seed_floor(config: &RedisConfig) -> u64 {
+    if config.clock_tokens {
+        0
+    } else {
+        scripts::SEED_FLOOR
+    }
+}
+
+/// A script's `{code, value}` answer (see [`scripts::ACQUIRE`],
+/// [`HOLD_ACQUIRE`](crate::kinds::HOLD_ACQUIRE)); a granted token is checked by
+/// [`FencingToken::from_server`].
+impl redis::FromRedisValue for Answer {
+    fn from_redis_value(value: redis::Value) -> Result<Self, redis::ParsingError> {
+        let (code, value): (i64, i64) = redis::FromRedisValue::from_redis_value(value)?;
+        Ok(match code {
+            1 => Self::Acquired(
+                FencingToken::from_server(value, "the acquire script's counter")
+                    .map_err(|err| err.to_string())?
+                    .get(),
+            ),
+            2 => Self::Mismatch(held_kind(value)),
+            _ => Self::Busy(value),
+        })
+    }
+}
+
+/// The answer of [`scripts::ACQUIRE_FAST`].
+enum FastReply {
+    /// The lock key's value: the `SET` was refused.
+    Taken(Vec<u8>),
+    /// The `SET` took the lock and the counter stepped to this value.
+    Token(u64),
+}
+
+impl redis::FromRedisValue for FastReply {
+    fn from_redis_value(value: redis::Value) -> Result<Self, redis::ParsingError> {
+        match value {
+            redis::Value::BulkString(taken) => Ok(Self::Taken(taken)),
+            redis::Value::Int(token) => FencingToken::from_server(token, "the fast path's counter")
+                .map(|token| Self::Token(token.get()))
+                .map_err(|err| err.to_string().into()),
+            other => Err(format!("the fast path answered {other:?}").into()),
+        }
+    }
+}
+
+/// Whether a lock key's value is `owner` or a reservation for it.
+pub(crate) fn is_own(value: &[u8], owner: &str) -> bool {
+    let reserved = scripts::RESERVED_PREFIX.as_bytes();
+    value == owner.as_bytes()
+        || value
+            .strip_prefix(reserved)
+            .is_some_and(|rest| rest == owner.as_bytes())
+}

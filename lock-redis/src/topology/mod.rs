@@ -1,0 +1,218 @@
+//! How the one logical master of a lock is found: fixed (`redis://`), named by Sentinels
+//! (`redis+sentinel://`, followed across failovers) or the master of the lock's slot in a
+//! Redis Cluster (`redis+cluster://`, routed by the client library's cluster client).
+//!
+//! [`Conn`] is what the lock scripts run on (a `ConnectionLike` for all three), [`Endpoint`]
+//! tells the pub/sub subscriber, the restart watch and the observers where to connect now.
+//! Sentinel's master is followed in `sentinel.rs`, a cluster's slots are mapped in
+//! `cluster.rs`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_core::{Error, Result};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+use crate::RedisConfig;
+use crate::node::NodeTls;
+
+mod cluster;
+mod sentinel;
+
+pub(crate) use cluster::ClusterTopology;
+pub(crate) use sentinel::SentinelMaster;
+
+/// The connection the lock commands run on.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    /// One master (single-master and Redlock nodes): the auto-reconnecting manager.
+    Direct(ConnectionManager),
+    /// The master the Sentinels name now.
+    Sentinel(Arc<SentinelMaster>),
+    /// A Redis Cluster (MOVED/ASK and topology refresh by the client library).
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Direct(_) => "Conn::Direct",
+            Self::Sentinel(_) => "Conn::Sentinel",
+            Self::Cluster(_) => "Conn::Cluster",
+        })
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Direct(conn) => conn.req_packed_command(cmd),
+            Self::Cluster(conn) => conn.req_packed_command(cmd),
+            Self::Sentinel(master) => {
+                let master = master.clone();
+                Box::pin(async move {
+                    let mut conn = master.connection();
+                    let result = conn.req_packed_command(cmd).await;
+                    master.check(result.as_ref().err());
+                    result
+                })
+            }
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Direct(conn) => conn.req_packed_commands(cmd, offset, count),
+            Self::Cluster(conn) => conn.req_packed_commands(cmd, offset, count),
+            Self::Sentinel(master) => {
+                let master = master.clone();
+                Box::pin(async move {
+                    let mut conn = master.connection();
+                    let result = conn.req_packed_commands(cmd, offset, count).await;
+                    master.check(result.as_ref().err());
+                    result
+                })
+            }
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Direct(conn) => conn.get_db(),
+            Self::Cluster(_) => 0,
+            Self::Sentinel(master) => master.template.db,
+        }
+    }
+}
+
+impl Conn {
+    /// Runs `cmd` (keyless, e.g. `WAIT`) on the master that serves `key` (a plain command
+    /// elsewhere), on the same connection as the lock's own commands.
+    pub(crate) async fn on_master_of(&self, key: &str, cmd: &Cmd) -> redis::RedisResult<Value> {
+        match self {
+            Self::Cluster(conn) => {
+                let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                conn.clone().route_command(cmd.clone(), routing).await
+            }
+            other => cmd.query_async(&mut other.clone()).await,
+        }
+    }
+}
+
+/// Where a node's background connections (pub/sub wake-ups, the restart watch, observers)
+/// go.
+#[derive(Clone, Debug)]
+pub(crate) enum Endpoint {
+    Fixed(Box<redis::Client>),
+    Sentinel(Arc<SentinelMaster>),
+    Cluster(Arc<ClusterTopology>),
+}
+
+impl Endpoint {
+    /// The server to subscribe release wake-ups on: the master, or a node of the cluster
+    /// (classic `PUBLISH` reaches every node of a cluster), the next one after each failure
+    /// (`attempt` counts them).
+    pub(crate) fn pubsub_client(&self, attempt: usize) -> Option<redis::Client> {
+        match self {
+            Self::Fixed(client) => Some((**client).clone()),
+            Self::Sentinel(master) => Some(master.client()),
+            Self::Cluster(topology) => topology.any_node(attempt),
+        }
+    }
+
+    /// The master that serves `key` now (observers track their keys there).
+    pub(crate) async fn master_for(&self, key: &str) -> Option<redis::Client> {
+        match self {
+            Self::Fixed(client) => Some((**client).clone()),
+            Self::Sentinel(master) => Some(master.client()),
+            Self::Cluster(topology) => {
+                // Read afresh: a failover may have moved the slot since the last read.
+                let _ = topology.refresh().await;
+                let addr = topology.master_addr_for(key).await?;
+                topology.client_for(&addr).ok()
+            }
+        }
+    }
+}
+
+/// Makes the clients of data nodes found at run time (a new master, cluster nodes): the
+/// scheme, credentials, database and TLS settings of the URL, another address.
+#[derive(Clone, Debug)]
+pub(crate) struct NodeTemplate {
+    base: url::Url,
+    tls: NodeTls,
+    name: String,
+    pub(crate) db: i64,
+}
+
+impl NodeTemplate {
+    pub(crate) fn new(first_node: &str, tls: NodeTls, config: &RedisConfig) -> Result<Self> {
+        let base = url::Url::parse(first_node).map_err(|e| {
+            Error::InvalidConfig(format!(
+                "invalid node URL {}: {e}",
+                distlock_core::service_url::redact(first_node)
+            ))
+        })?;
+        let db = base
+            .path()
+            .trim_start_matches('/')
+            .parse::<i64>()
+            .unwrap_or(0);
+        Ok(Self {
+            base,
+            tls,
+            name: config.client_name.clone(),
+            db,
+        })
+    }
+
+    /// The URL of the data node at `host:port`.
+    fn url(&self, host: &str, port: u16) -> String {
+        let mut url = self.base.clone();
+        let _ = url.set_host(Some(host));
+        let _ = url.set_port(Some(port));
+        url.into()
+    }
+
+    /// The client of the data node at `host:port`.
+    pub(crate) fn client(&self, host: &str, port: u16) -> Result<redis::Client> {
+        self.tls.client(&self.url(host, port), &self.name)
+    }
+
+    /// The client of a Sentinel at `host:port`: the URL's scheme and TLS, no credentials, no
+    /// database.
+    fn sentinel_client(&self, host: &str, port: u16) -> Result<redis::Client> {
+        let mut url = self.base.clone();
+        let _ = url.set_host(Some(host));
+        let _ = url.set_port(Some(port));
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+        url.set_path("");
+        self.tls.client(url.as_str(), &self.name)
+    }
+}
+
+/// `host:port` of a node URL.
+fn host_port(url: &str) -> Option<(String, u16)> {
+    let parsed = url::Url::parse(url).ok()?;
+    let host = parsed.host_str()?.trim_matches(['[', ']']).to_owned();
+    Some((host, parsed.port().unwrap_or(6379)))
+}
+
+fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout))
+        .set_number_of_retries(1)
+        .set_min_delay(Duration::from_millis(10))
+        .set_max_delay(Duration::from_millis(100))
+}

@@ -1,0 +1,263 @@
+//! Sentinel (`redis+sentinel://`): the master the Sentinels name, asked of all of them at
+//! once and followed across failovers (`+switch-master`, or a request that failed on it).
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use distlock_core::backend::unpoisoned as lock;
+use distlock_core::{Error, Result};
+use futures::StreamExt;
+use futures::future::join_all;
+use redis::aio::ConnectionManager;
+use tokio::task::AbortHandle;
+
+use super::{NodeTemplate, host_port, manager_config};
+use crate::RedisConfig;
+use crate::error::RedisError;
+use crate::node::NodeTls;
+
+/// The master the Sentinels name, with a connection to it, replaced when they name another.
+pub(crate) struct SentinelMaster {
+    name: String,
+    sentinels: Vec<(String, redis::Client)>,
+    pub(super) template: NodeTemplate,
+    timeout: Duration,
+    current: Mutex<Current>,
+    /// One resolution at a time; the last one's end, to space them.
+    resolving: tokio::sync::Mutex<Option<Instant>>,
+    /// The `+switch-master` listeners, stopped with the master.
+    listeners: Mutex<Vec<AbortHandle>>,
+}
+
+struct Current {
+    addr: String,
+    client: redis::Client,
+    conn: ConnectionManager,
+}
+
+impl std::fmt::Debug for SentinelMaster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelMaster")
+            .field("name", &self.name)
+            .field("master", &self.addr())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for SentinelMaster {
+    fn drop(&mut self) {
+        for task in lock(&self.listeners).drain(..) {
+            task.abort();
+        }
+    }
+}
+
+/// How long a failed or finished resolution keeps the next one waiting.
+const RESOLVE_SPACING: Duration = Duration::from_millis(50);
+
+impl SentinelMaster {
+    /// Asks the Sentinels (`config.nodes`) for the master `config.sentinel_master`, connects to
+    /// it and starts listening for `+switch-master` on every Sentinel.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when no Sentinel names a master within `timeout`.
+    pub(crate) async fn connect(
+        config: &RedisConfig,
+        tls: NodeTls,
+        timeout: Duration,
+    ) -> Result<Arc<Self>> {
+        let name = config.sentinel_master.clone().unwrap_or_default();
+        let template = NodeTemplate::new(&config.nodes[0], tls, config)?;
+        let mut sentinels = Vec::new();
+        for node in &config.nodes {
+            let (host, port) = host_port(node).ok_or_else(|| {
+                Error::InvalidConfig(format!(
+                    "invalid Sentinel address {}",
+                    distlock_core::service_url::redact(node)
+                ))
+            })?;
+            let client = template.sentinel_client(&host, port)?;
+            sentinels.push((format!("{host}:{port}"), client));
+        }
+        let (host, port) = resolve(&sentinels, &name, timeout)
+            .await
+            .map_err(|e| e.into_lock_error(&format!("ask the Sentinels for master {name:?}")))?;
+        let client = template.client(&host, port)?;
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config(timeout))
+            .map_err(|e| RedisError::classify(&host, e).into_lock_error("connect"))?;
+        let master = Arc::new(Self {
+            name,
+            sentinels,
+            template,
+            timeout,
+            current: Mutex::new(Current {
+                addr: format!("{host}:{port}"),
+                client,
+                conn,
+            }),
+            resolving: tokio::sync::Mutex::new(None),
+            listeners: Mutex::new(Vec::new()),
+        });
+        let listeners = master
+            .sentinels
+            .iter()
+            .map(|(_, client)| {
+                tokio::spawn(listen(Arc::downgrade(&master), client.clone())).abort_handle()
+            })
+            .collect();
+        *lock(&master.listeners) = listeners;
+        Ok(master)
+    }
+
+    /// The current master's address.
+    pub(crate) fn addr(&self) -> String {
+        lock(&self.current).addr.clone()
+    }
+
+    /// The current master's client.
+    pub(crate) fn client(&self) -> redis::Client {
+        lock(&self.current).client.clone()
+    }
+
+    pub(super) fn connection(&self) -> ConnectionManager {
+        lock(&self.current).conn.clone()
+    }
+
+    /// After a failed request: a master that is gone or was made a replica (`READONLY`) is
+    /// looked up again, in the background.
+    pub(super) fn check(self: &Arc<Self>, error: Option<&redis::RedisError>) {
+        let Some(error) = error else { return };
+        let moved = error.is_io_error()
+            || error.is_connection_refusal()
+            || error.is_connection_dropped()
+            || error.is_timeout()
+            || error.code() == Some("READONLY")
+            || error.to_string().contains("READONLY");
+        if moved && let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let master = self.clone();
+            handle.spawn(async move { master.refresh().await });
+        }
+    }
+
+    /// Asks the Sentinels again and, if they name another master, switches every new request
+    /// to it. Spaced: concurrent callers share one resolution.
+    pub(crate) async fn refresh(&self) {
+        let Ok(mut last) = self.resolving.try_lock() else {
+            // Someone is resolving now: its answer serves us too.
+            let _ = self.resolving.lock().await;
+            return;
+        };
+        if last.is_some_and(|at| at.elapsed() < RESOLVE_SPACING) {
+            return;
+        }
+        let resolved = resolve(&self.sentinels, &self.name, self.timeout).await;
+        *last = Some(Instant::now());
+        let Ok((host, port)) = resolved else { return };
+        let addr = format!("{host}:{port}");
+        if addr == self.addr() {
+            return;
+        }
+        let Ok(client) = self.template.client(&host, port) else {
+            return;
+        };
+        let Ok(conn) =
+            ConnectionManager::new_lazy_with_config(client.clone(), manager_config(self.timeout))
+        else {
+            return;
+        };
+        let mut current = lock(&self.current);
+        tracing::warn!(
+            master = %self.name,
+            old = %current.addr,
+            new = %addr,
+            "Sentinel failover: the lock's master moved"
+        );
+        *current = Current { addr, client, conn };
+    }
+}
+
+/// The master the Sentinels name: asked of all at once, the address most of those that
+/// answered give (ties: the first Sentinel's).
+async fn resolve(
+    sentinels: &[(String, redis::Client)],
+    name: &str,
+    timeout: Duration,
+) -> std::result::Result<(String, u16), RedisError> {
+    let asks = sentinels.iter().map(|(addr, client)| async move {
+        let ask = async {
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            redis::cmd("SENTINEL")
+                .arg("GET-MASTER-ADDR-BY-NAME")
+                .arg(name)
+                .query_async::<Option<(String, u16)>>(&mut conn)
+                .await
+        };
+        match tokio::time::timeout(timeout, ask).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => Err(RedisError::classify(addr, e)),
+            Err(_) => Err(RedisError::timeout(addr)),
+        }
+    });
+    let answers = join_all(asks).await;
+    let mut votes: Vec<((String, u16), usize)> = Vec::new();
+    let mut failure = None;
+    for answer in answers {
+        match answer {
+            Ok(Some(addr)) => match votes.iter_mut().find(|(a, _)| *a == addr) {
+                Some((_, n)) => *n += 1,
+                None => votes.push((addr, 1)),
+            },
+            Ok(None) => {}
+            Err(e) => failure = Some(e),
+        }
+    }
+    let best = votes.iter().map(|(_, n)| *n).max().unwrap_or(0);
+    match votes.into_iter().find(|(_, n)| *n == best) {
+        Some((addr, _)) => Ok(addr),
+        None => Err(failure.unwrap_or_else(|| RedisError {
+            kind: crate::RedisErrorKind::Other,
+            node: sentinels
+                .iter()
+                .map(|(a, _)| a.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+            source: Some(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "no Sentinel knows the master name",
+            ))),
+        })),
+    }
+}
+
+/// Listens for `+switch-master` on one Sentinel and makes the master look again at once;
+/// reconnects while the master lives.
+async fn listen(master: Weak<SentinelMaster>, sentinel: redis::Client) {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let Some(timeout) = master.upgrade().map(|m| m.timeout) else {
+            return;
+        };
+        let subscribed = tokio::time::timeout(timeout, async {
+            let mut pubsub = sentinel.get_async_pubsub().await.ok()?;
+            pubsub.subscribe("+switch-master").await.ok()?;
+            Some(pubsub)
+        })
+        .await;
+        if let Ok(Some(pubsub)) = subscribed {
+            pause = Duration::from_millis(100);
+            let mut messages = pubsub.into_on_message();
+            while let Some(message) = messages.next().await {
+                let Some(master) = master.upgrade() else {
+                    return;
+                };
+                // "<name> <old ip> <old port> <new ip> <new port>"
+                let payload: String = message.get_payload().unwrap_or_default();
+                if payload.split(' ').next() == Some(master.name.as_str()) {
+                    master.refresh().await;
+                }
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
+    }
+}
