@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::Etcd;
 use conformance_tests::server_var;
-use distlock_core::{AcquireOptions, DistributedLock, LockGuard, LossReason};
+use distlock_core::{AcquireOptions, DistributedLock, LockGuard};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -97,41 +97,4 @@ async fn k_locks_cost_a_keepalive_and_a_txn_per_100_per_interval() {
         held.saturating_sub(idle) >= expected / 2,
         "K = {k}: only {held} requests (idle {idle}), {expected} expected"
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lock_removed_behind_its_holder_is_lost_alone() {
-    let _serial = SERIAL.lock().await;
-    let Some((etcd, _)) = setup().await else {
-        return;
-    };
-    let client = etcd.client().await.unwrap();
-    let admin = etcd.client().await.unwrap();
-    let run = uuid::Uuid::new_v4().simple().to_string();
-    let opts = AcquireOptions::default().with_ttl(TTL);
-    let mut guards = Vec::new();
-    for i in 0..20 {
-        let name = format!("removed-{}-{i}", &run[..8]);
-        guards.push(client.try_acquire(&name, &opts).await.unwrap().unwrap());
-    }
-    tokio::time::sleep(TTL).await;
-    assert!(
-        admin
-            .force_release(guards[7].name().as_str())
-            .await
-            .unwrap()
-    );
-    let reason = tokio::time::timeout(TTL, guards[7].lost())
-        .await
-        .expect("the removed lock is reported lost");
-    assert_eq!(reason, LossReason::RenewalRejected);
-    // Several more renewal rounds: the others keep renewing.
-    tokio::time::sleep(TTL * 2).await;
-    for (i, guard) in guards.iter().enumerate() {
-        assert_eq!(guard.is_lost(), i == 7, "lock {i}");
-    }
-    for (i, guard) in guards.into_iter().enumerate() {
-        let released = guard.release().await;
-        assert_eq!(released.is_ok(), i != 7, "release {i}: {released:?}");
-    }
 }

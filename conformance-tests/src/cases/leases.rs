@@ -159,12 +159,17 @@ pub async fn fencing_tokens_strictly_increase(ctx: Ctx) -> Outcome {
 }
 
 /// A lock removed behind its holder's back is reported lost within one renewal interval plus a
-/// round trip, and is free for others.
+/// round trip, and is free for others; the holder's other locks, renewed with it (in one batch
+/// where the backend batches renewals), are not lost with it.
 pub async fn removed_lock_is_reported_lost(ctx: Ctx) -> Outcome {
     let (a, b) = (ctx.client().await, ctx.client().await);
     let name = ctx.name("removed");
     let opts = ctx.opts();
     let interval = opts.renewal_interval().expect("renewal is on by default");
+    let mut kept = Vec::new();
+    for i in 0..KEPT_BESIDE_REMOVED {
+        kept.push(acquire(&*a, &ctx.name(&format!("kept-{i}")), &opts).await);
+    }
     let guard = acquire(&*a, &name, &opts).await;
     let lost = guard.lost();
     hook!(ctx.harness().remove_lock(&name).await);
@@ -187,8 +192,22 @@ pub async fn removed_lock_is_reported_lost(ctx: Ctx) -> Outcome {
     let released = guard.release().await;
     assert!(released.is_err(), "release of a removed lock succeeded");
     release(other.expect("checked")).await;
+    // Two more renewal rounds: the holder's other locks are renewed as before.
+    tokio::time::sleep(interval * 2).await;
+    for (i, kept) in kept.iter().enumerate() {
+        assert!(
+            !kept.is_lost(),
+            "lock {i} of the same holder was lost with the removed one"
+        );
+    }
+    for kept in kept {
+        release(kept).await;
+    }
     Outcome::Passed
 }
+
+/// How many locks the holder of a removed lock keeps beside it.
+const KEPT_BESIDE_REMOVED: usize = 19;
 
 /// `valid_until()` is never later than the moment another client can acquire, and `lost()`
 /// reports the expiry of an unrenewed lease.
