@@ -4,6 +4,8 @@
 //! A seeded generator runs `FUZZ_CASES` cases (default 3000, under a second in CI); run it longer
 //! with `FUZZ_CASES=100000 FUZZ_SEED=7 cargo test -p distlock-core --test options_fuzz`.
 
+use rand::rngs::StdRng;
+use rand::{RngCore as _, SeedableRng as _};
 use std::time::Duration;
 
 use distlock_core::memory::{MemoryBackend, MemoryStore};
@@ -11,15 +13,12 @@ use distlock_core::{
     AcquireOptions, Backoff, ClientConfig, DistributedLock, LockClient, OwnerId, Renewal,
 };
 
-/// xorshift64*: deterministic, no dependency.
-struct Rng(u64);
+/// rand's seeded generator, deterministic per seed, and the picks this target makes.
+struct Rng(StdRng);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        self.0.next_u64()
     }
 
     fn pick<T: Copy>(&mut self, items: &[T]) -> T {
@@ -102,7 +101,7 @@ async fn no_option_value_panics() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0x5EED);
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng(StdRng::seed_from_u64(seed));
     let store = MemoryStore::new();
     // Holds "busy" so that a waiting acquire really waits (and is then cancelled).
     let holder = store.client();
