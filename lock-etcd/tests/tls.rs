@@ -4,6 +4,9 @@
 //! of getting the connection wrong fails at once with a typed, non-retryable error that names
 //! the server and the cause and never shows the password.
 
+mod common;
+
+use common::unique;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,10 +28,6 @@ fn config() -> ClientConfig {
 fn tls_url() -> Option<url::Url> {
     let raw = conformance_tests::server_var("etcd", "DISTLOCK_TEST_ETCD_TLS_URL")?;
     Some(url::Url::parse(&raw).unwrap_or_else(|e| panic!("DISTLOCK_TEST_ETCD_TLS_URL: {e}")))
-}
-
-fn unique(what: &str) -> String {
-    format!("{what}-{}", uuid::Uuid::new_v4().simple())
 }
 
 /// Every rendering of `value` (Debug, alternate Debug), checked for `secret`.

@@ -3,6 +3,10 @@
 //! pool usable by the application, and a fenced write runs inside the application's own
 //! transaction (committed with it, rolled back with it, refused for a stale token).
 
+#[allow(dead_code, reason = "each test file uses a part of the helpers")]
+mod common;
+
+use common::unique;
 use std::time::Duration;
 
 use distlock_core::{AcquireOptions, ClientConfig, DistributedLock, Error, LockClient};
@@ -10,13 +14,6 @@ use distlock_sql::{FencedUpdate, SqlBackend, SqlConfig, SqlPool};
 
 fn config() -> ClientConfig {
     ClientConfig::default().with_operation_timeout(Duration::from_secs(2))
-}
-
-fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    )
 }
 
 /// What every database must show; `app_query` runs one statement of the application on its

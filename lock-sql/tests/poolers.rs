@@ -13,6 +13,14 @@
 //!   statement: a `try_acquire` after 3 s of quiet failed, and so did the release of a lock
 //!   held longer than 2 s (on the holder's connection that keeps the waiters' wake lock).
 
+#[allow(dead_code, reason = "each test file uses a part of the helpers")]
+mod common;
+
+#[allow(
+    unused_imports,
+    reason = "unused when no server dialect is compiled in"
+)]
+use common::unique;
 use std::time::{Duration, Instant};
 
 use distlock_core::{AcquireOptions, ClientConfig, DistributedLock, LockClient, LockGuard};
@@ -21,14 +29,6 @@ use distlock_sql::SqlBackend;
 #[allow(dead_code, reason = "unused when no server dialect is compiled in")]
 fn config() -> ClientConfig {
     ClientConfig::default().with_operation_timeout(Duration::from_secs(2))
-}
-
-#[allow(dead_code, reason = "unused when no server dialect is compiled in")]
-fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    )
 }
 
 /// Two clients of the server in `var`; `None` (the tests skip) when it is unset and not
