@@ -41,11 +41,11 @@ const MIN_TTL: Duration = Duration::from_millis(10);
 /// Shared lock state for any number of in-process clients. Cheap to clone.
 #[derive(Clone, Debug, Default)]
 pub struct MemoryStore {
-    shared: Arc<Shared>,
+    shared: Arc<StoreState>,
 }
 
 #[derive(Debug)]
-struct Shared {
+struct StoreState {
     state: Mutex<State>,
     /// Process-wide fencing counter: strictly increasing for every name.
     tokens: AtomicU64,
@@ -57,7 +57,7 @@ struct Shared {
     renewer: Arc<dyn Renewer>,
 }
 
-impl Default for Shared {
+impl Default for StoreState {
     fn default() -> Self {
         Self {
             state: Mutex::default(),
