@@ -52,39 +52,34 @@ fn release_sets(handover: bool, wake: &str) -> String {
     )
 }
 
-/// The lock table's statements in this dialect; with `handover` (the table has the
-/// `next_ttl` column), a release hands the lock to the reserved exclusive waiter.
-fn statements(table: &str, handover: bool) -> (Sql, Arc<str>, WakeLockSql, HolderSql) {
-    let t = quote(table, '`');
-    let peek = format!(
-        "SELECT owner, version, IF(owner IS NOT NULL AND expires_at > {NOW}, \
-         TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), NULL), next_owner, next_since, \
-         IF(next_owner IS NOT NULL AND next_expires > {NOW}, \
-         TIMESTAMPDIFF(MICROSECOND, {NOW}, next_expires), NULL) FROM {t} WHERE name = ?"
-    );
-    // Assignments run left to right and see earlier ones, so the decision is taken once, into
-    // a session variable, before any column changes; `cleared` is what `next_since` becomes
-    // on a take (after `version`, so that it sees the new version). LAST_INSERT_ID reports
-    // the outcome: the new version when taken, 0 when refused (the clock for a new row).
-    let take = |cleared: &str| {
-        format!(
-            "INSERT INTO {t} (name, owner, version, expires_at) \
-             VALUES (?, ?, LAST_INSERT_ID({NOW_US}), {NOW} + INTERVAL ? MICROSECOND) \
-             ON DUPLICATE KEY UPDATE \
-             version = IF(@distlock_take := ((owner IS NULL OR owner = VALUES(owner) OR expires_at <= {NOW}) \
-               AND (next_owner IS NULL OR next_owner = VALUES(owner) OR next_expires <= {NOW})), \
-               LAST_INSERT_ID(version + 1), version + LAST_INSERT_ID(0)), \
-             owner = IF(@distlock_take, VALUES(owner), owner), \
-             expires_at = IF(@distlock_take, VALUES(expires_at), expires_at), \
-             next_owner = IF(@distlock_take, NULL, next_owner), \
-             next_since = IF(@distlock_take, {cleared}, next_since), \
-             next_expires = IF(@distlock_take, NULL, next_expires)"
-        )
-    };
-    let wake = WakeLockSql {
+/// The take: an upsert that takes a free (or expired, or own) row. Assignments run left to
+/// right and see earlier ones, so the decision is taken once, into a session variable, before any column changes; `cleared` is what `next_since` becomes
+/// on a take (after `version`, so that it sees the new version). LAST_INSERT_ID reports
+/// the outcome: the new version when taken, 0 when refused (the clock for a new row).
+/// `t` is the quoted table.
+fn take_sql(t: &str, cleared: &str) -> String {
+    format!(
+        "INSERT INTO {t} (name, owner, version, expires_at) \
+         VALUES (?, ?, LAST_INSERT_ID({NOW_US}), {NOW} + INTERVAL ? MICROSECOND) \
+         ON DUPLICATE KEY UPDATE \
+         version = IF(@distlock_take := ((owner IS NULL OR owner = VALUES(owner) OR expires_at <= {NOW}) \
+           AND (next_owner IS NULL OR next_owner = VALUES(owner) OR next_expires <= {NOW})), \
+           LAST_INSERT_ID(version + 1), version + LAST_INSERT_ID(0)), \
+         owner = IF(@distlock_take, VALUES(owner), owner), \
+         expires_at = IF(@distlock_take, VALUES(expires_at), expires_at), \
+         next_owner = IF(@distlock_take, NULL, next_owner), \
+         next_since = IF(@distlock_take, {cleared}, next_since), \
+         next_expires = IF(@distlock_take, NULL, next_expires)"
+    )
+}
+
+/// The statements of the wake locks (`GET_LOCK`) beside the table's (`t`: the quoted
+/// table).
+fn wake_lock_sql(t: &str, handover: bool) -> WakeLockSql {
+    WakeLockSql {
         // ARGS: name, owner, ttl_us, wake lock prefix. A take of an existing row also takes
         // the holder's wake lock (prefix + new version) on its connection, without waiting.
-        take: take("IF(GET_LOCK(CONCAT(?, version), 0) IS NULL, NULL, NULL)").into(),
+        take: take_sql(t, "IF(GET_LOCK(CONCAT(?, version), 0) IS NULL, NULL, NULL)").into(),
         // ARGS: wake lock, name, owner, version. The release gives the wake lock up in the
         // same statement, before its commit: the woken waiter's take (or its read of a
         // hand-over, a locking one) waits for the row.
@@ -108,7 +103,21 @@ fn statements(table: &str, handover: bool) -> (Sql, Arc<str>, WakeLockSql, Holde
              WHERE name = ? AND owner = ? AND expires_at > {NOW} LOCK IN SHARE MODE"
         )
         .into(),
-    };
+    }
+}
+
+/// The lock table's statements in this dialect; with `handover` (the table has the
+/// `next_ttl` column), a release hands the lock to the reserved exclusive waiter.
+fn statements(table: &str, handover: bool) -> (Sql, Arc<str>, WakeLockSql, HolderSql) {
+    let t = quote(table, '`');
+    let peek = format!(
+        "SELECT owner, version, IF(owner IS NOT NULL AND expires_at > {NOW}, \
+         TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), NULL), next_owner, next_since, \
+         IF(next_owner IS NOT NULL AND next_expires > {NOW}, \
+         TIMESTAMPDIFF(MICROSECOND, {NOW}, next_expires), NULL) FROM {t} WHERE name = ?"
+    );
+    let take = |cleared: &str| take_sql(&t, cleared);
+    let wake = wake_lock_sql(&t, handover);
     let sql = Sql {
             take: take("NULL").into(),
             peek: peek.as_str().into(),
