@@ -262,23 +262,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
     let kind_list: Vec<String> = kinds.iter().copied().map(CheckKind::label).collect();
     let wall_clock_leases = backend.wall_clock_leases();
     warn_inapplicable(&args, &nemesis, &label, backend, upstreams.is_empty());
-    eprintln!(
-        "distlock check: {} workers on {label}, {} for {} each, ttl {}, faults: {}",
-        args.workers,
-        kind_list.join(", "),
-        humantime::format_duration(args.duration),
-        humantime::format_duration(args.ttl),
-        if nemesis.is_empty() {
-            "none".to_owned()
-        } else {
-            nemesis
-                .iter()
-                .map(|f| f.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        }
-    );
-    let ttl_ns = distlock_check::history::nanos_of(args.ttl);
+    announce(&args, &label, &kind_list, &nemesis);
     let mut runs = Vec::new();
     for &kind in &kinds {
         config.kind = kind;
@@ -292,17 +276,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
             .map_err(run_failure)?;
         let verdict = distlock_check::check(
             &history,
-            &CheckConfig {
-                kind,
-                guarantee: caps.fencing,
-                fifo: caps.fifo,
-                settle: 2 * ttl_ns,
-                max_gap: 2 * ttl_ns + 1_000_000_000,
-                renew_every: distlock_check::history::nanos_of(
-                    distlock::Renewal::auto().interval_for(args.ttl),
-                ),
-                wall_clock_leases,
-            },
+            &judged_by(kind, &caps, args.ttl, wall_clock_leases),
         );
         println!(
             "{}",
@@ -330,6 +304,46 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
     write_reports(&args, &label, params, &runs)?;
     let failed = runs.iter().any(|run| run.verdict.failed());
     Ok(if failed { VIOLATED } else { 0 })
+}
+
+/// What the checker judges a run of `kind` by: the backend's guarantee and fairness, and the
+/// run's ttl (faults settle within two ttls; a stall is one past two ttls and a second).
+fn judged_by(
+    kind: CheckKind,
+    caps: &distlock::Capabilities,
+    ttl: std::time::Duration,
+    wall_clock_leases: bool,
+) -> CheckConfig {
+    let ttl_ns = distlock_check::history::nanos_of(ttl);
+    CheckConfig {
+        kind,
+        guarantee: caps.fencing,
+        fifo: caps.fifo,
+        settle: 2 * ttl_ns,
+        max_gap: 2 * ttl_ns + 1_000_000_000,
+        renew_every: distlock_check::history::nanos_of(distlock::Renewal::auto().interval_for(ttl)),
+        wall_clock_leases,
+    }
+}
+
+/// The run's plan on stderr: workers, kinds, duration, ttl, faults.
+fn announce(args: &CheckArgs, label: &str, kinds: &[String], nemesis: &[FaultKind]) {
+    eprintln!(
+        "distlock check: {} workers on {label}, {} for {} each, ttl {}, faults: {}",
+        args.workers,
+        kinds.join(", "),
+        humantime::format_duration(args.duration),
+        humantime::format_duration(args.ttl),
+        if nemesis.is_empty() {
+            "none".to_owned()
+        } else {
+            nemesis
+                .iter()
+                .map(|f| f.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    );
 }
 
 /// The kinds to check: those asked for (`--kind`), else every kind the backend offers; an

@@ -84,6 +84,19 @@ pub(crate) struct Holding {
     command: Vec<String>,
 }
 
+impl Holding {
+    /// The acquisition's options: the ttl, renewal every ttl/3, and the wait if one is given.
+    fn options(&self) -> AcquireOptions {
+        let opts = AcquireOptions::default()
+            .with_ttl(self.ttl)
+            .with_renewal(Renewal::auto());
+        match self.wait {
+            Some(wait) => opts.with_wait(wait),
+            None => opts,
+        }
+    }
+}
+
 /// Flags of `distlock run`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct RunArgs {
@@ -245,26 +258,10 @@ where
     // (nothing runs yet), afterwards they are passed on to the command's process group.
     let mut signals = Signals::new()?;
     let locks = holding.connection.connect_for_ttl(holding.ttl).await?;
-    let mut opts = AcquireOptions::default()
-        .with_ttl(holding.ttl)
-        .with_renewal(Renewal::auto());
-    if let Some(wait) = holding.wait {
-        opts = opts.with_wait(wait);
-    }
-    let acquiring = take(locks.clone(), opts);
-    tokio::pin!(acquiring);
-    let report_wait = tokio::time::sleep(WAIT_NOTICE);
-    tokio::pin!(report_wait);
-    let mut reported = quiet;
-    let acquired = loop {
-        tokio::select! {
-            acquired = &mut acquiring => break acquired?,
-            signal = signals.recv() => return Ok(128 + signal as u8),
-            () = &mut report_wait, if !reported => {
-                reported = true;
-                report_waiting(&*locks, name, role).await;
-            }
-        }
+    let acquiring = take(locks.clone(), holding.options());
+    let acquired = match wait_for_lock(acquiring, &mut signals, &*locks, name, role, quiet).await {
+        Ok(acquired) => acquired?,
+        Err(signal) => return Ok(128 + signal as u8),
     };
     let Some(held) = acquired else {
         return Err(Failure::new(BUSY, role.busy(name)));
@@ -274,11 +271,7 @@ where
     tracing::info!(
         cgroup = group.in_cgroup(),
         "the command runs in its process group{}",
-        if group.in_cgroup() {
-            " and a cgroup of its own"
-        } else {
-            ""
-        }
+        cgroup_note(group.in_cgroup())
     );
     let guard = held.guard;
     let deadline = Deadline::new(guard.ttl(), holding.grace);
@@ -320,11 +313,10 @@ where
     };
     // Stragglers of the command stop before the lock is released, never after. They too must
     // be gone before the lease ends.
+    let kill_at = deadline.signals(guard.valid_until()).1;
     tokio::select! {
         () = group.finish(holding.grace, quiet) => {}
-        () = tokio::time::sleep_until(deadline.signals(guard.valid_until()).1.into()) => {
-            group.kill().await;
-        }
+        () = tokio::time::sleep_until(kill_at.into()) => group.kill().await,
     }
     if let Some(minimum) = after.hold_at_least {
         tokio::select! {
@@ -334,6 +326,54 @@ where
             }
         }
     }
+    if !release(guard, name).await {
+        return Ok(LOST);
+    }
+    if terminated {
+        return Ok(LOST);
+    }
+    Ok(exit_code(status))
+}
+
+/// Waits for `acquiring`, saying on stderr (unless `quiet`) who holds the lock once the wait
+/// is long; `Err(signal)` when a signal comes first (nothing runs yet: distlock ends).
+async fn wait_for_lock<T>(
+    acquiring: impl Future<Output = T>,
+    signals: &mut Signals,
+    locks: &dyn DistributedLock,
+    name: &str,
+    role: Role,
+    quiet: bool,
+) -> Result<T, Signal> {
+    tokio::pin!(acquiring);
+    let report_wait = tokio::time::sleep(WAIT_NOTICE);
+    tokio::pin!(report_wait);
+    let mut reported = quiet;
+    loop {
+        tokio::select! {
+            acquired = &mut acquiring => return Ok(acquired),
+            signal = signals.recv() => return Err(signal),
+            () = &mut report_wait, if !reported => {
+                reported = true;
+                report_waiting(locks, name, role).await;
+            }
+        }
+    }
+}
+
+/// The end of the log line that says what holds the command's processes together.
+fn cgroup_note(in_cgroup: bool) -> &'static str {
+    if in_cgroup {
+        " and a cgroup of its own"
+    } else {
+        ""
+    }
+}
+
+/// Releases the lock once the command and its stragglers are gone, saying on stderr what
+/// went wrong; `false` when the lock turned out lost (the command may have finished without
+/// it).
+async fn release(guard: LockGuard, name: &str) -> bool {
     let was_lost = guard.is_lost();
     match guard.release().await {
         Ok(()) if !was_lost => {}
@@ -344,16 +384,13 @@ where
             crate::out::stderr_line(format!(
                 "distlock: {err}; the command may have finished without the lock"
             ));
-            return Ok(LOST);
+            return false;
         }
         Err(err) => crate::out::stderr_line(format!(
             "distlock: release failed ({err}); the lock expires after its ttl"
         )),
     }
-    if terminated {
-        return Ok(LOST);
-    }
-    Ok(exit_code(status))
+    true
 }
 
 /// When the command is signalled before its lease ends, if renewals stop succeeding.

@@ -306,59 +306,7 @@ impl Report {
     /// The parameters, one line per scenario.
     pub fn parameters(&self) -> String {
         let c = &self.config;
-        let mut out = String::new();
-        if c.scenarios.uncontended() {
-            let _ = writeln!(
-                out,
-                "- S1 uncontended: one client, {} × ({} + release) after {} warm-up cycles, ttl {}; \
-                 latency = one cycle.",
-                c.cycles,
-                c.s1_call.as_str(),
-                c.warmup_cycles,
-                human(c.ttl)
-            );
-        }
-        if c.scenarios.contended() {
-            let _ = writeln!(
-                out,
-                "- S2 contended: {} clients on one name, hold {}, measured {} after {} warm-up, \
-                 ttl {}, acquire wait bound {}; latency = handoff to another client (holder about \
-                 to call release → next holder's acquire returns).",
-                c.clients,
-                human(c.hold),
-                human(c.duration),
-                human(c.s2_warmup),
-                human(c.ttl),
-                human(c.acquire_wait)
-            );
-        }
-        if c.scenarios.rw_mix() {
-            let _ = writeln!(
-                out,
-                "- RW mix: {} clients on one name, each acquisition exclusive with probability {} \
-                 (else shared), hold {}, measured {} after {} warm-up; latency = acquire call to \
-                 return; gauge: never two writers, never a writer with a reader.",
-                c.mixed_clients,
-                c.write_share,
-                human(c.hold),
-                human(c.duration),
-                human(c.s2_warmup)
-            );
-        }
-        if c.scenarios.semaphore() {
-            let _ = writeln!(
-                out,
-                "- Semaphore: {} clients on one semaphore of {} permits, hold {}, measured {} \
-                 after {} warm-up; latency = acquire call to return; gauge: never more than {} \
-                 holders.",
-                c.mixed_clients,
-                c.permits,
-                human(c.hold),
-                human(c.duration),
-                human(c.s2_warmup),
-                c.permits
-            );
-        }
+        let mut out = scenario_lines(c);
         let _ = writeln!(
             out,
             "- Floor: the backend's minimal raw acquire + release, same loop as S1, interleaved with it in rotating blocks of 100 cycles; ratio = ops/s ÷ floor ops/s. \
@@ -429,6 +377,19 @@ impl Report {
         }
         let mut out = self.parameters();
         out.push('\n');
+        out.push_str(&self.scenarios_markdown());
+        out.push_str(&self.contended_markdown());
+        out.push_str(&self.contended_floor_markdown());
+        out.push_str(&self.fenced_floor_markdown());
+        out.push_str(&self.cpu_markdown());
+        out.push_str(&self.mixed_markdown());
+        out
+    }
+
+    /// The table of every scenario's throughput and latency beside the floor, one row per
+    /// target and scenario (skips and errors included), and the targets without a floor.
+    fn scenarios_markdown(&self) -> String {
+        let mut out = String::new();
         out.push_str("| target | scenario | ops/s | p50 µs | p99 µs | max µs | floor | floor ops/s | ratio |\n");
         out.push_str("|---|---|--:|--:|--:|--:|---|--:|--:|\n");
         for t in &self.targets {
@@ -500,6 +461,12 @@ impl Report {
                 let _ = writeln!(out, "\n- {}: no floor: {why}", t.target);
             }
         }
+        out
+    }
+
+    /// S2's details per target: handoffs, waits, holds, shares, violations, the paused floor.
+    fn contended_markdown(&self) -> String {
+        let mut out = String::new();
         let contended: Vec<_> = self
             .targets
             .iter()
@@ -536,10 +503,6 @@ impl Report {
                 );
             }
         }
-        out.push_str(&self.contended_floor_markdown());
-        out.push_str(&self.fenced_floor_markdown());
-        out.push_str(&self.cpu_markdown());
-        out.push_str(&self.mixed_markdown());
         out
     }
 
@@ -725,4 +688,63 @@ impl Report {
 
 fn human(d: std::time::Duration) -> humantime::FormattedDuration {
     humantime::format_duration(d)
+}
+
+/// The parameters of each scenario the configuration runs (S1, S2, RW mix, semaphore), one
+/// line each, as the report's header lists them.
+fn scenario_lines(c: &BenchConfig) -> String {
+    let mut out = String::new();
+    if c.scenarios.uncontended() {
+        let _ = writeln!(
+            out,
+            "- S1 uncontended: one client, {} × ({} + release) after {} warm-up cycles, ttl {}; \
+             latency = one cycle.",
+            c.cycles,
+            c.s1_call.as_str(),
+            c.warmup_cycles,
+            human(c.ttl)
+        );
+    }
+    if c.scenarios.contended() {
+        let _ = writeln!(
+            out,
+            "- S2 contended: {} clients on one name, hold {}, measured {} after {} warm-up, \
+             ttl {}, acquire wait bound {}; latency = handoff to another client (holder about \
+             to call release → next holder's acquire returns).",
+            c.clients,
+            human(c.hold),
+            human(c.duration),
+            human(c.s2_warmup),
+            human(c.ttl),
+            human(c.acquire_wait)
+        );
+    }
+    if c.scenarios.rw_mix() {
+        let _ = writeln!(
+            out,
+            "- RW mix: {} clients on one name, each acquisition exclusive with probability {} \
+             (else shared), hold {}, measured {} after {} warm-up; latency = acquire call to \
+             return; gauge: never two writers, never a writer with a reader.",
+            c.mixed_clients,
+            c.write_share,
+            human(c.hold),
+            human(c.duration),
+            human(c.s2_warmup)
+        );
+    }
+    if c.scenarios.semaphore() {
+        let _ = writeln!(
+            out,
+            "- Semaphore: {} clients on one semaphore of {} permits, hold {}, measured {} \
+             after {} warm-up; latency = acquire call to return; gauge: never more than {} \
+             holders.",
+            c.mixed_clients,
+            c.permits,
+            human(c.hold),
+            human(c.duration),
+            human(c.s2_warmup),
+            c.permits
+        );
+    }
+    out
 }

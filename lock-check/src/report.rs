@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use plotters::prelude::*;
 use serde::Serialize;
 
-use crate::checker::{Judgement, Rule, Verdict};
+use crate::checker::{Judgement, Rule, Stats, Verdict};
 use crate::history::{FaultKind, History, Nanos};
 use crate::kind::CheckKind;
 
@@ -40,7 +40,32 @@ pub fn markdown(label: &str, verdict: &Verdict) -> String {
         };
         let _ = writeln!(out, "| {} | {result} | {} |", rule.title(), found.len());
     }
-    let s = &verdict.stats;
+    out.push_str(&figures(&verdict.stats));
+    let shown: Vec<_> = verdict.findings.iter().take(10).collect();
+    if !shown.is_empty() {
+        let _ = writeln!(out);
+        for f in &shown {
+            let judged = match &f.judgement {
+                Judgement::Violation => "VIOLATION".to_owned(),
+                Judgement::Expected(_) => "expected".to_owned(),
+            };
+            let _ = writeln!(out, "- {judged} [{:?}] {}", f.rule, f.detail);
+        }
+        if verdict.findings.len() > shown.len() {
+            let _ = writeln!(
+                out,
+                "- ... and {} more",
+                verdict.findings.len() - shown.len()
+            );
+        }
+    }
+    out
+}
+
+/// The figures table of a run's statistics (faults, acquisitions, writes, checks, stalls,
+/// and the clock steps and lost replies when those faults ran).
+fn figures(s: &Stats) -> String {
+    let mut out = String::new();
     let faults = if s.faults.is_empty() {
         "none".to_owned()
     } else {
@@ -105,24 +130,6 @@ pub fn markdown(label: &str, verdict: &Verdict) -> String {
             "| lost replies reached (acquire / renew / release) | {} / {} / {} |",
             r.acquires, r.renewals, r.releases
         );
-    }
-    let shown: Vec<_> = verdict.findings.iter().take(10).collect();
-    if !shown.is_empty() {
-        let _ = writeln!(out);
-        for f in &shown {
-            let judged = match &f.judgement {
-                Judgement::Violation => "VIOLATION".to_owned(),
-                Judgement::Expected(_) => "expected".to_owned(),
-            };
-            let _ = writeln!(out, "- {judged} [{:?}] {}", f.rule, f.detail);
-        }
-        if verdict.findings.len() > shown.len() {
-            let _ = writeln!(
-                out,
-                "- ... and {} more",
-                verdict.findings.len() - shown.len()
-            );
-        }
     }
     out
 }

@@ -45,17 +45,9 @@ pub(super) async fn hold(
     let mut cost = 0;
     if let Some(counter) = counter.as_deref_mut() {
         instruments.phase(&format!("{label} hold: idle window"));
-        cost = read_cost(counter).await?;
-        let before = counter.read().await?;
-        wait_window(window, "idle, no lock held", instruments).await;
-        let after = counter.read().await?;
-        let requests = after.saturating_sub(before).saturating_sub(cost);
-        result.idle = Some(IdleWindow {
-            window_ms: window.as_secs_f64() * 1000.0,
-            read_cost: cost,
-            requests,
-            per_tick: requests as f64 / ticks,
-        });
+        let idle = idle_window(counter, window, ticks, instruments).await?;
+        cost = idle.read_cost;
+        result.idle = Some(idle);
     }
     let idle_per_tick = result.idle.as_ref().map_or(0.0, |i| i.per_tick);
 
@@ -86,10 +78,7 @@ pub(super) async fn hold(
             .max(config.renewal_tick());
         wait_window(settle, &format!("settling with {k} locks"), instruments).await;
 
-        let counted_before = match counter.as_deref_mut() {
-            Some(c) => Some(c.read().await?),
-            None => None,
-        };
+        let counted_before = read(counter.as_deref_mut()).await?;
         let cpu_before = instruments.cpu_time();
         let window_start = Instant::now();
         wait_window(window, &format!("holding {k} locks"), instruments).await;
@@ -98,10 +87,7 @@ pub(super) async fn hold(
         // The heap of the steady state: after a renewal tick and the window, when every loss
         // watch is set and renewal has run.
         let heap_after = instruments.live_heap_bytes();
-        let counted_after = match counter.as_deref_mut() {
-            Some(c) => Some(c.read().await?),
-            None => None,
-        };
+        let counted_after = read(counter.as_deref_mut()).await?;
         let lost = guards.iter().filter(|g| g.is_lost()).count() as u64;
 
         instruments.detail(&format!("releasing {k} locks"));
@@ -185,4 +171,33 @@ pub(super) async fn release_many(guards: Vec<LockGuard>, concurrency: usize) -> 
         }
     }
     first.map_or(Ok(lost), Err)
+}
+
+/// The server's requests over a `window` (`ticks` renewal ticks) with no lock held: the
+/// background that hold-K's figures are measured above, and what a read of the counter costs.
+async fn idle_window(
+    counter: &mut dyn ServerCounter,
+    window: Duration,
+    ticks: f64,
+    instruments: &dyn Instruments,
+) -> Result<IdleWindow, Error> {
+    let cost = read_cost(counter).await?;
+    let before = counter.read().await?;
+    wait_window(window, "idle, no lock held", instruments).await;
+    let after = counter.read().await?;
+    let requests = after.saturating_sub(before).saturating_sub(cost);
+    Ok(IdleWindow {
+        window_ms: window.as_secs_f64() * 1000.0,
+        read_cost: cost,
+        requests,
+        per_tick: requests as f64 / ticks,
+    })
+}
+
+/// The counter's value, if there is a counter.
+async fn read(counter: Option<&mut (dyn ServerCounter + '_)>) -> Result<Option<u64>, Error> {
+    match counter {
+        Some(c) => c.read().await.map(Some),
+        None => Ok(None),
+    }
 }

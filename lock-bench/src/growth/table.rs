@@ -16,102 +16,123 @@ pub(crate) fn markdown(report: &crate::Report) -> String {
         .filter_map(|t| t.growth.as_ref().map(|g| (t, g)))
         .collect();
     if targets.iter().any(|(_, g)| !g.hold.is_empty()) {
-        let _ = writeln!(
-            out,
-            "\n### Hold-K: one client holding K locks (ttl {}, renewal tick {}, window {}, {} acquisitions in flight)\n",
-            humantime::format_duration(c.hold_ttl),
-            humantime::format_duration(c.renewal_tick()),
-            humantime::format_duration(c.hold_window()),
-            c.hold_concurrency
-        );
-        out.push_str("| target | K | server requests / tick | per lock | idle / tick | CPU % of a core | heap bytes / guard | lost | acquire all ms | release all ms | server counter |\n");
-        out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n");
-        for (t, g) in &targets {
-            let idle = g.idle.as_ref().map(|i| i.per_tick);
-            let counter = g
-                .server_counter
-                .as_deref()
-                .unwrap_or("n/a (no server counter)");
-            for h in &g.hold {
-                let lost = if h.lost > 0 {
-                    format!("**{}**", h.lost)
-                } else {
-                    "0".to_owned()
-                };
-                let _ = writeln!(
-                    out,
-                    "| {} | {} | {} | {} | {} | {} | {} | {lost} | {:.0} | {:.0} | {counter} |",
-                    t.target,
-                    h.locks,
-                    opt(h.requests_per_tick, 1),
-                    opt(h.requests_per_tick_per_lock, 2),
-                    opt(idle, 1),
-                    opt(h.cpu_percent, 2),
-                    opt(h.heap_bytes_per_guard, 0),
-                    h.acquire_ms,
-                    h.release_ms,
-                );
-            }
-        }
+        out.push_str(&hold_table(c, &targets));
     }
     if targets.iter().any(|(_, g)| !g.clients.is_empty()) {
-        let _ = writeln!(
-            out,
-            "\n### Clients-C: C clients on one name (S2's loop, hold {}, measured {} after {} warm-up)\n",
-            humantime::format_duration(c.hold),
-            humantime::format_duration(c.duration),
-            humantime::format_duration(c.s2_warmup)
-        );
-        out.push_str("| target | C | critical sections/s | handoff p50 ms | handoff p99 ms | longest wait ms | min share ÷ fair | max share ÷ fair | violations |\n");
-        out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|\n");
-        for (t, g) in &targets {
-            for p in &g.clients {
-                let _ = writeln!(
-                    out,
-                    "| {} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {} |",
-                    t.target,
-                    p.clients,
-                    p.critical_sections_per_sec,
-                    p.handoff_p50_us / 1000.0,
-                    p.handoff_p99_us / 1000.0,
-                    p.longest_wait_us / 1000.0,
-                    p.min_share_of_fair,
-                    p.max_share_of_fair,
-                    p.s2.exclusivity_violations
-                );
-            }
-        }
+        out.push_str(&clients_table(c, &targets));
     }
     if targets.iter().any(|(_, g)| g.names.is_some()) {
-        let _ = writeln!(
-            out,
-            "\n### Names: {} clients, each acquisition on one of {} names picked at random (hold {}, measured {} after {} warm-up)\n",
-            c.names_clients,
-            c.names,
-            humantime::format_duration(c.hold),
-            humantime::format_duration(c.duration),
-            humantime::format_duration(c.s2_warmup)
-        );
-        out.push_str("| target | acquisitions/s | acquire p50 µs | acquire p99 µs | lost | floor | floor cycles/s | ratio |\n");
-        out.push_str("|---|--:|--:|--:|--:|---|--:|--:|\n");
-        for (t, g) in &targets {
-            if let Some(n) = &g.names {
-                let _ = writeln!(
-                    out,
-                    "| {} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {} |",
-                    t.target,
-                    n.acquisitions_per_sec,
-                    n.acquire_wait.p50_us,
-                    n.acquire_wait.p99_us,
-                    n.lost,
-                    n.floor_label.as_deref().unwrap_or("-"),
-                    opt(n.floor_cycles_per_sec, 0),
-                    opt(n.floor_ratio, 3),
-                );
-            }
-        }
-        out.push_str("\nThe floor: the backend's raw acquire + release on the same names, with the same clients (one connection each) and the same hold between cycles, measured just before; each floor connection picks among its own share of the names, since a raw cycle cannot wait for a name another holds.\n");
+        out.push_str(&names_table(c, &targets));
     }
     out.push_str(&crate::churn::markdown(report));
+    out
+}
+
+/// The hold-K table: per target and K, the server's requests, CPU, heap, losses.
+fn hold_table(c: &BenchConfig, targets: &[(&crate::TargetResult, &GrowthResult)]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n### Hold-K: one client holding K locks (ttl {}, renewal tick {}, window {}, {} acquisitions in flight)\n",
+        humantime::format_duration(c.hold_ttl),
+        humantime::format_duration(c.renewal_tick()),
+        humantime::format_duration(c.hold_window()),
+        c.hold_concurrency
+    );
+    out.push_str("| target | K | server requests / tick | per lock | idle / tick | CPU % of a core | heap bytes / guard | lost | acquire all ms | release all ms | server counter |\n");
+    out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n");
+    for (t, g) in targets {
+        let idle = g.idle.as_ref().map(|i| i.per_tick);
+        let counter = g
+            .server_counter
+            .as_deref()
+            .unwrap_or("n/a (no server counter)");
+        for h in &g.hold {
+            let lost = if h.lost > 0 {
+                format!("**{}**", h.lost)
+            } else {
+                "0".to_owned()
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {lost} | {:.0} | {:.0} | {counter} |",
+                t.target,
+                h.locks,
+                opt(h.requests_per_tick, 1),
+                opt(h.requests_per_tick_per_lock, 2),
+                opt(idle, 1),
+                opt(h.cpu_percent, 2),
+                opt(h.heap_bytes_per_guard, 0),
+                h.acquire_ms,
+                h.release_ms,
+            );
+        }
+    }
+    out
+}
+
+/// The clients-C table: S2 per client count, with shares against the fair share.
+fn clients_table(c: &BenchConfig, targets: &[(&crate::TargetResult, &GrowthResult)]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n### Clients-C: C clients on one name (S2's loop, hold {}, measured {} after {} warm-up)\n",
+        humantime::format_duration(c.hold),
+        humantime::format_duration(c.duration),
+        humantime::format_duration(c.s2_warmup)
+    );
+    out.push_str("| target | C | critical sections/s | handoff p50 ms | handoff p99 ms | longest wait ms | min share ÷ fair | max share ÷ fair | violations |\n");
+    out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+    for (t, g) in targets {
+        for p in &g.clients {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {} |",
+                t.target,
+                p.clients,
+                p.critical_sections_per_sec,
+                p.handoff_p50_us / 1000.0,
+                p.handoff_p99_us / 1000.0,
+                p.longest_wait_us / 1000.0,
+                p.min_share_of_fair,
+                p.max_share_of_fair,
+                p.s2.exclusivity_violations
+            );
+        }
+    }
+    out
+}
+
+/// The names table: acquisitions on random names of a large set, beside the raw floor.
+fn names_table(c: &BenchConfig, targets: &[(&crate::TargetResult, &GrowthResult)]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n### Names: {} clients, each acquisition on one of {} names picked at random (hold {}, measured {} after {} warm-up)\n",
+        c.names_clients,
+        c.names,
+        humantime::format_duration(c.hold),
+        humantime::format_duration(c.duration),
+        humantime::format_duration(c.s2_warmup)
+    );
+    out.push_str("| target | acquisitions/s | acquire p50 µs | acquire p99 µs | lost | floor | floor cycles/s | ratio |\n");
+    out.push_str("|---|--:|--:|--:|--:|---|--:|--:|\n");
+    for (t, g) in targets {
+        if let Some(n) = &g.names {
+            let _ = writeln!(
+                out,
+                "| {} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {} |",
+                t.target,
+                n.acquisitions_per_sec,
+                n.acquire_wait.p50_us,
+                n.acquire_wait.p99_us,
+                n.lost,
+                n.floor_label.as_deref().unwrap_or("-"),
+                opt(n.floor_cycles_per_sec, 0),
+                opt(n.floor_ratio, 3),
+            );
+        }
+    }
+    out.push_str("\nThe floor: the backend's raw acquire + release on the same names, with the same clients (one connection each) and the same hold between cycles, measured just before; each floor connection picks among its own share of the names, since a raw cycle cannot wait for a name another holds.\n");
     out
 }

@@ -290,70 +290,12 @@ pub fn check(history: &History, config: &CheckConfig) -> Verdict {
     }
     all_or_none(&acquired, &mut findings);
     observer_order(history, &mut findings);
-    for e in &history.extensions {
-        findings.push(Finding {
-            rule: Rule::RenewedAfterRelease,
-            at: e.at,
-            acqs: vec![e.acq],
-            detail: format!(
-                "{} was released, yet the server still showed it holding lock {} with {} left",
-                e.acq,
-                e.lock,
-                e.remaining_ms
-                    .map_or_else(|| "an unknown lease".to_owned(), |ms| format!("{ms} ms"))
-            ),
-            judgement: Judgement::Violation,
-        });
-    }
+    renewed_after_release(history, &mut findings);
     starvation(history, config, &mut findings);
     let gap = longest_gap(history, config);
-    if gap.0 > config.max_gap {
-        findings.push(Finding {
-            rule: Rule::Liveness,
-            at: gap.1.unwrap_or(history.start),
-            acqs: Vec::new(),
-            detail: format!(
-                "workers waited {} ms with no holder and no fault active (limit {} ms)",
-                gap.0 / 1_000_000,
-                config.max_gap / 1_000_000
-            ),
-            judgement: Judgement::Violation,
-        });
-    }
-    match &history.final_acquire {
-        Some(last) if last.token.is_none() => findings.push(Finding {
-            rule: Rule::FinalAcquire,
-            at: last.returned,
-            acqs: Vec::new(),
-            detail: format!(
-                "the acquisition after healing failed: {}",
-                last.error.as_deref().unwrap_or("no guard")
-            ),
-            judgement: Judgement::Violation,
-        }),
-        Some(_) => {}
-        None => findings.push(Finding {
-            rule: Rule::FinalAcquire,
-            at: history.end,
-            acqs: Vec::new(),
-            detail: "no acquisition was made after healing".into(),
-            judgement: Judgement::Violation,
-        }),
-    }
-    for worker in &history.workers {
-        let detail = match &worker.end {
-            WorkerEnd::Clean | WorkerEnd::Killed => continue,
-            WorkerEnd::Failed(how) => format!("worker {} failed: {how}", worker.id),
-            WorkerEnd::Hung => format!("worker {} did not stop when asked", worker.id),
-        };
-        findings.push(Finding {
-            rule: Rule::Worker,
-            at: history.end,
-            acqs: Vec::new(),
-            detail,
-            judgement: Judgement::Violation,
-        });
-    }
+    liveness(history, config, gap, &mut findings);
+    final_acquire(history, &mut findings);
+    workers(history, &mut findings);
     for finding in &mut findings {
         if finding.rule.is_safety() {
             finding.judgement = judge(history, config, finding.rule, finding.at);

@@ -379,3 +379,87 @@ pub(super) fn longest_gap(history: &History, config: &CheckConfig) -> (Nanos, Op
     }
     best
 }
+
+/// Renewals that raced a release and extended it (the worker's audit after a release).
+pub(super) fn renewed_after_release(history: &History, out: &mut Vec<Finding>) {
+    for e in &history.extensions {
+        out.push(Finding {
+            rule: Rule::RenewedAfterRelease,
+            at: e.at,
+            acqs: vec![e.acq],
+            detail: format!(
+                "{} was released, yet the server still showed it holding lock {} with {} left",
+                e.acq,
+                e.lock,
+                e.remaining_ms
+                    .map_or_else(|| "an unknown lease".to_owned(), |ms| format!("{ms} ms"))
+            ),
+            judgement: Judgement::Violation,
+        });
+    }
+}
+
+/// Workers waited longer than `max_gap` with free capacity and no fault (`gap` from
+/// [`longest_gap`]).
+pub(super) fn liveness(
+    history: &History,
+    config: &CheckConfig,
+    gap: (Nanos, Option<Nanos>),
+    out: &mut Vec<Finding>,
+) {
+    if gap.0 > config.max_gap {
+        out.push(Finding {
+            rule: Rule::Liveness,
+            at: gap.1.unwrap_or(history.start),
+            acqs: Vec::new(),
+            detail: format!(
+                "workers waited {} ms with no holder and no fault active (limit {} ms)",
+                gap.0 / 1_000_000,
+                config.max_gap / 1_000_000
+            ),
+            judgement: Judgement::Violation,
+        });
+    }
+}
+
+/// The acquisition after healing failed, or none was made.
+pub(super) fn final_acquire(history: &History, out: &mut Vec<Finding>) {
+    match &history.final_acquire {
+        Some(last) if last.token.is_none() => out.push(Finding {
+            rule: Rule::FinalAcquire,
+            at: last.returned,
+            acqs: Vec::new(),
+            detail: format!(
+                "the acquisition after healing failed: {}",
+                last.error.as_deref().unwrap_or("no guard")
+            ),
+            judgement: Judgement::Violation,
+        }),
+        Some(_) => {}
+        None => out.push(Finding {
+            rule: Rule::FinalAcquire,
+            at: history.end,
+            acqs: Vec::new(),
+            detail: "no acquisition was made after healing".into(),
+            judgement: Judgement::Violation,
+        }),
+    }
+}
+
+/// Workers that failed on their own or hung.
+pub(super) fn workers(history: &History, out: &mut Vec<Finding>) {
+    for worker in &history.workers {
+        let detail = match &worker.end {
+            WorkerEnd::Clean | WorkerEnd::Killed => continue,
+            WorkerEnd::Failed(how) => format!("worker {} failed: {how}", worker.id),
+            WorkerEnd::Hung => format!("worker {} did not stop when asked", worker.id),
+        };
+        out.push(Finding {
+            rule: Rule::Worker,
+            at: history.end,
+            acqs: Vec::new(),
+            detail,
+            judgement: Judgement::Violation,
+        });
+    }
+}

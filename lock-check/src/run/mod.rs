@@ -209,14 +209,12 @@ pub async fn run(
     }
     let start_at = now();
     let deadline = tokio::time::Instant::now() + config.duration;
-    let mut faults = Vec::new();
     let mut rng = rand::rngs::StdRng::from_rng(&mut rand::rng());
     let ttl = config.ttl;
     let longest = ttl.mul_f64(3.0);
     // Faults other than crashes run as tasks: one at a time, or overlapping with
     // `config.overlap` (two workers paused together, a partition during a restart).
-    let mut active: tokio::task::JoinSet<Result<Ended, RunError>> = tokio::task::JoinSet::new();
-    let mut busy = Busy::default();
+    let mut nemesis = Nemesis::default();
     let clock_file = config
         .clock_file
         .clone()
@@ -229,24 +227,18 @@ pub async fn run(
         && tokio::time::Instant::now() + longest + Duration::from_secs(1) < deadline
     {
         tokio::time::sleep(Duration::from_millis(rng.random_range(500..1500))).await;
-        while let Some(done) = active.try_join_next() {
-            busy.done(done, &mut faults)?;
-        }
+        nemesis.reap()?;
         let kind = config.nemesis[rng.random_range(0..config.nemesis.len())];
-        let Some(target) = target(kind, &fleet, &busy, clock_file.is_some(), &mut rng) else {
+        let Some(target) = target(kind, &fleet, &nemesis.busy, clock_file.is_some(), &mut rng)
+        else {
             continue;
         };
-        let hold = match kind {
-            // Shorter than a partition: a holder's renewals and release, a waiter's acquire,
-            // go through unanswered, and the lease they set must still end.
-            FaultKind::Ambiguous => ttl.mul_f64(rng.random_range(0.5..1.5)),
-            _ => ttl.mul_f64(rng.random_range(1.5..3.0)),
-        };
+        let hold = hold_for(kind, ttl, &mut rng);
         let begun = now();
         if kind == FaultKind::Crash {
             let target = target.unwrap_or_default();
             fleet.crash(target, &mut ends).await?;
-            faults.push(Fault {
+            nemesis.faults.push(Fault {
                 kind,
                 worker: Some(target),
                 start: begun,
@@ -260,40 +252,12 @@ pub async fn run(
         let Some(action) = action(kind, victim, &fleet, clock_file.as_deref(), &mut rng) else {
             continue;
         };
-        let (step_ms, aimed) = match &action {
-            Action::Clock(_, step) => (Some(*step), None),
-            Action::Aim(op, ..) => (None, Some(*op)),
-            _ => (None, None),
-        };
-        if kind == FaultKind::Clock {
-            busy.clock = true;
-        } else {
-            busy.targets.insert(target);
-        }
-        active.spawn(async move {
-            let inflicted = inflict(kind, action, hold, ttl).await?;
-            Ok(Ended {
-                fault: Fault {
-                    kind,
-                    worker: target,
-                    start: inflicted.start.unwrap_or(begun),
-                    healed: inflicted.healed.unwrap_or_else(now),
-                    step_ms,
-                    aimed,
-                },
-                missed: aimed.is_some() && inflicted.start.is_none(),
-            })
-        });
-        if !config.overlap
-            && let Some(done) = active.join_next().await
-        {
-            busy.done(done, &mut faults)?;
+        nemesis.launch(kind, target, action, hold, ttl, begun);
+        if !config.overlap {
+            nemesis.wait_one().await?;
         }
     }
-    while let Some(done) = active.join_next().await {
-        busy.done(done, &mut faults)?;
-    }
-    faults.sort_by_key(|f| f.start);
+    let faults = nemesis.finish().await?;
     tokio::time::sleep_until(deadline).await;
     let end_at = now();
     ends.extend(stop(fleet.running, ttl * 2 + Duration::from_secs(10)).await);

@@ -12,7 +12,7 @@ use tokio::process::Command;
 
 use super::fleet::{Fleet, Running};
 use super::{RunError, io};
-use crate::history::{Fault, FaultKind, now};
+use crate::history::{Fault, FaultKind, Nanos, now};
 use crate::proxy::Proxy;
 use crate::worker::Op;
 
@@ -159,6 +159,89 @@ impl Busy {
             faults.push(fault);
         }
         Ok(())
+    }
+}
+
+/// The faults of a run: those running as tasks (one at a time, or overlapping with
+/// [`RunConfig::overlap`](super::RunConfig::overlap)), what they occupy, and those that ended.
+#[derive(Default)]
+pub(super) struct Nemesis {
+    active: tokio::task::JoinSet<Result<Ended, RunError>>,
+    pub(super) busy: Busy,
+    pub(super) faults: Vec<Fault>,
+}
+
+impl Nemesis {
+    /// Takes in the fault tasks that have ended.
+    pub(super) fn reap(&mut self) -> Result<(), RunError> {
+        while let Some(done) = self.active.try_join_next() {
+            self.busy.done(done, &mut self.faults)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the next fault task to end.
+    pub(super) async fn wait_one(&mut self) -> Result<(), RunError> {
+        if let Some(done) = self.active.join_next().await {
+            self.busy.done(done, &mut self.faults)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for every fault task; returns the faults in the order they began.
+    pub(super) async fn finish(mut self) -> Result<Vec<Fault>, RunError> {
+        while let Some(done) = self.active.join_next().await {
+            self.busy.done(done, &mut self.faults)?;
+        }
+        self.faults.sort_by_key(|f| f.start);
+        Ok(self.faults)
+    }
+
+    /// Starts fault `kind` on `target` (begun at `begun`) as a task: `action` for `hold`, its
+    /// target (or the server's clock) busy until it heals.
+    pub(super) fn launch(
+        &mut self,
+        kind: FaultKind,
+        target: Option<u32>,
+        action: Action,
+        hold: Duration,
+        ttl: Duration,
+        begun: Nanos,
+    ) {
+        let (step_ms, aimed) = match &action {
+            Action::Clock(_, step) => (Some(*step), None),
+            Action::Aim(op, ..) => (None, Some(*op)),
+            _ => (None, None),
+        };
+        if kind == FaultKind::Clock {
+            self.busy.clock = true;
+        } else {
+            self.busy.targets.insert(target);
+        }
+        self.active.spawn(async move {
+            let inflicted = inflict(kind, action, hold, ttl).await?;
+            Ok(Ended {
+                fault: Fault {
+                    kind,
+                    worker: target,
+                    start: inflicted.start.unwrap_or(begun),
+                    healed: inflicted.healed.unwrap_or_else(now),
+                    step_ms,
+                    aimed,
+                },
+                missed: aimed.is_some() && inflicted.start.is_none(),
+            })
+        });
+    }
+}
+
+/// How long fault `kind` lasts: 1.5-3 ttls; an ambiguous-reply fault 0.5-1.5 ttls, shorter
+/// than a partition: a holder's renewals and release, a waiter's acquire, go through
+/// unanswered, and the lease they set must still end.
+pub(super) fn hold_for(kind: FaultKind, ttl: Duration, rng: &mut impl Rng) -> Duration {
+    match kind {
+        FaultKind::Ambiguous => ttl.mul_f64(rng.random_range(0.5..1.5)),
+        _ => ttl.mul_f64(rng.random_range(1.5..3.0)),
     }
 }
 

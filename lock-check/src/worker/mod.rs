@@ -368,6 +368,35 @@ async fn observe(
     }
 }
 
+/// The event of acquisition `seq` being called (a multi-lock's: with the locks it asks for).
+fn invoke(params: &WorkerParams, seq: u64, mode: Mode, locks: &[u32]) -> Event {
+    Event::Invoke {
+        seq,
+        t: now(),
+        mode,
+        locks: if params.kind == CheckKind::Multi {
+            locks.to_vec()
+        } else {
+            Vec::new()
+        },
+    }
+}
+
+/// The event of acquisition `seq` returning `held` (a multi-lock's: with its parts' tokens).
+fn granted(params: &WorkerParams, seq: u64, held: &Held, parts: &[Part]) -> Event {
+    Event::Acquired {
+        seq,
+        t: now(),
+        token: parts.first().map_or(0, |p| p.token),
+        valid_until: at(held.valid_until()),
+        parts: if params.kind == CheckKind::Multi {
+            parts.to_vec()
+        } else {
+            Vec::new()
+        },
+    }
+}
+
 async fn hold(
     lock: &dyn DistributedLock,
     params: &WorkerParams,
@@ -391,19 +420,7 @@ async fn hold(
         }
         let mode = params.kind.mode(id, seq);
         let locks = params.kind.locks(id, seq);
-        sink.event(
-            id,
-            Event::Invoke {
-                seq,
-                t: now(),
-                mode,
-                locks: if params.kind == CheckKind::Multi {
-                    locks.clone()
-                } else {
-                    Vec::new()
-                },
-            },
-        );
+        sink.event(id, invoke(params, seq, mode, &locks));
         aimed(aim, sink, id, Op::Acquire).await;
         let acquired = tokio::select! {
             acquired = acquire(lock, params, &options, mode, &locks) => acquired,
@@ -412,12 +429,13 @@ async fn hold(
         let held = match acquired {
             Ok(held) => held,
             Err(err) => {
+                let error = err.to_string();
                 sink.event(
                     id,
                     Event::Failed {
                         seq,
                         t: now(),
-                        error: err.to_string(),
+                        error,
                     },
                 );
                 if !matches!(err, Error::Timeout { .. }) {
@@ -428,21 +446,7 @@ async fn hold(
             }
         };
         let parts = held.parts(params);
-        let token = parts.first().map_or(0, |p| p.token);
-        sink.event(
-            id,
-            Event::Acquired {
-                seq,
-                t: now(),
-                token,
-                valid_until: at(held.valid_until()),
-                parts: if params.kind == CheckKind::Multi {
-                    parts.clone()
-                } else {
-                    Vec::new()
-                },
-            },
-        );
+        sink.event(id, granted(params, seq, &held, &parts));
         let acq = AcqId { worker: id, seq };
         'steps: for step in 0..params.steps {
             // While at least half a ttl of the section is left: a renewal (every ttl/3) is

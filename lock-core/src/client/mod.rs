@@ -167,11 +167,7 @@ impl<B: LockBackend> LockClient<B> {
     ) -> Result<Option<LockGuard>> {
         let mut owner = owners.next()?;
         let started = Instant::now();
-        let deadline = match mode {
-            AttemptMode::Try => None,
-            // A wait too long to represent as an instant is a wait forever.
-            AttemptMode::Wait => options.wait.and_then(|w| started.checked_add(w)),
-        };
+        let deadline = wait_deadline(mode, options, started);
         let mut request = AcquireRequest {
             name: name.clone(),
             owner: owner.clone(),
@@ -204,9 +200,7 @@ impl<B: LockBackend> LockClient<B> {
                     let drift = self.inner.config.drift(options.ttl);
                     let grant = Grant::new(acquired, sent, options.ttl, drift);
                     if late_grants < MAX_LATE_GRANTS && grant.is_late() {
-                        // Never handed out as a guard: released (it may still be ours) and
-                        // asked for again with a new attempt under a new owner (see
-                        // `release_late_grant`).
+                        // Not a guard: released, asked for again (see `release_late_grant`).
                         late_grants += 1;
                         warn!(name = %name, ttl = ?options.ttl, late = ?grant.lease_started.elapsed(), "a grant came back after its lease ran out: not used, asking again");
                         release_late_grant(grant.acquired.lease, op_timeout);
@@ -252,10 +246,7 @@ impl<B: LockBackend> LockClient<B> {
                 if last_error.is_none() {
                     metrics.timed_out();
                 }
-                return Err(last_error.unwrap_or_else(|| Error::Timeout {
-                    name: name.to_string(),
-                    waited: started.elapsed(),
-                }));
+                return Err(last_error.unwrap_or_else(|| timed_out(&name, started)));
             };
             tokio::select! {
                 () = attempt.get().changed() => pacing.backoff.reset(),

@@ -31,6 +31,27 @@ impl Grant {
     }
 }
 
+/// When a waiting acquisition gives up (`None`: never; a try never waits). A wait too long
+/// to represent as an instant is a wait forever.
+pub(super) fn wait_deadline(
+    mode: AttemptMode,
+    options: &AcquireOptions,
+    started: Instant,
+) -> Option<Instant> {
+    match mode {
+        AttemptMode::Try => None,
+        AttemptMode::Wait => options.wait.and_then(|w| started.checked_add(w)),
+    }
+}
+
+/// The error of a wait for `name` that ran out, begun at `started`.
+pub(super) fn timed_out(name: &LockName, started: Instant) -> Error {
+    Error::Timeout {
+        name: name.to_string(),
+        waited: started.elapsed(),
+    }
+}
+
 /// How long a waiting acquisition sleeps before its next attempt (`delay`, cut at the
 /// deadline); `None` once the deadline has passed.
 pub(super) fn until_next_attempt(deadline: Option<Instant>, delay: Duration) -> Option<Duration> {
