@@ -16,6 +16,9 @@
 #   scripts/services.sh status           one line per server: running / stopped (exit 1 if any
 #                                        server is not running and answering)
 #   scripts/services.sh env              print the export lines only (starts nothing)
+#   scripts/services.sh checks           the configurations of scripts/fault-check.sh that the
+#                                        families declare (add_check), one per line (starts
+#                                        nothing)
 #   scripts/services.sh stop-one NAME    stop one server, KEEP its data dir (fault injection)
 #   scripts/services.sh start-one NAME   (re)start one server on its existing data dir, wait ready
 #   scripts/services.sh restart-one NAME crash one server (SIGKILL) and start it again on its data
@@ -258,7 +261,9 @@ print_env() {
   # The TLS users' password and the certificates are part of several families' lines.
   tls_material
   ENV_SLOTS=()
-  for fam in "${FAMILIES[@]}"; do "${fam}_env"; done
+  for fam in "${FAMILIES[@]}"; do
+    if has_hook "$fam" env; then "${fam}_env"; fi
+  done
   printf '%s\n' "${ENV_SLOTS[@]}"
   printf 'export DISTLOCK_TEST_TLS_DIR=%q\n' "$(tls_dir)"
   printf 'export DISTLOCK_SERVICES_DIR=%q\n' "$STATE"
@@ -311,6 +316,7 @@ main() {
       ;;
     status) status ;;
     env) print_env ;;
+    checks) ((${#CHECK_SLOTS[@]} == 0)) || printf '%s\n' "${CHECK_SLOTS[@]}" ;;
     topology) topology ;;
     failover)
       [[ $# -eq 2 || $# -eq 3 ]] || {

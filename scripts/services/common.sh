@@ -13,7 +13,20 @@
 #   launch_in_background NAME...   servers whose first launch is slow (initdb): launched first and
 #                                  in the background while the others start
 #   stop_one_at_a_time NAME...     servers that `stop` stops one after the other, last
-# and it defines functions FAMILY_HOOK that the driver calls; required:
+#   add_check RANK CONFIG KEY=VALUE...
+#                                  a configuration of scripts/fault-check.sh (`distlock check`
+#                                  under faults) on its servers; `services.sh checks` lists
+#                                  them. KEYs: group (required: the configurations of a group
+#                                  share a server and run one after the other), url (required;
+#                                  @VAR: the value of the export line VAR, {out}: the check's
+#                                  output folder), ttl (default 1s), duration (default: the
+#                                  check's), faults (all, host: no proxy, clock: wall clock
+#                                  steps alone, or a list), restart (the services.sh arguments
+#                                  of the restart fault), clock (the clock file of the clock
+#                                  fault; @VAR or {out} as url), after (configurations of other
+#                                  groups to wait for), runner (host-clock: the checker and its
+#                                  workers run under libfaketime on the clock file)
+# A family with servers defines functions FAMILY_HOOK that the driver calls; required:
 #   FAMILY_port NAME               the port that identifies server NAME (its client port)
 #   FAMILY_comm NAME               its expected /proc/PID/comm
 #   FAMILY_launch NAME             prepare its data dir and config, spawn it (both idempotent on
@@ -60,7 +73,7 @@ FAMILY=""   # the family file being read
 RANK_SEQ=0
 declare -A SERVER_FAMILY=() GROUP_FAMILY=() GROUP_MODES=() FAILOVER_MODE_NOTE=()
 declare -A BACKGROUND_LAUNCH=() SERIAL_STOP=()
-SERVER_SLOTS=() GROUP_SLOTS=() ENV_SLOTS=() PACKAGE_SLOTS=() FAILOVER_MODES=()
+SERVER_SLOTS=() GROUP_SLOTS=() ENV_SLOTS=() PACKAGE_SLOTS=() FAILOVER_MODES=() CHECK_SLOTS=()
 
 # ranked ARRAY RANK VALUE: VALUE into the sparse ARRAY at the index of RANK (bash lists a sparse
 # array in index order, so nothing is sorted).
@@ -77,9 +90,13 @@ begin_family() {
 }
 
 end_family() {
-  local h
-  for h in port comm launch probe env; do
-    has_hook "$FAMILY" "$h" || die "scripts/services/$FAMILY.sh defines no ${FAMILY}_$h"
+  local h name
+  for name in "${!SERVER_FAMILY[@]}"; do
+    [[ ${SERVER_FAMILY[$name]} == "$FAMILY" ]] || continue
+    for h in port comm launch probe env; do
+      has_hook "$FAMILY" "$h" || die "scripts/services/$FAMILY.sh defines no ${FAMILY}_$h"
+    done
+    break
   done
   if ((${#GROUP_SLOTS[@]})) && ! has_hook "$FAMILY" leader; then
     local g
@@ -134,6 +151,27 @@ env_line() {
 }
 
 need_package() { ranked PACKAGE_SLOTS "$1" "$2"; }
+
+# add_check RANK CONFIG KEY=VALUE... (see the top): the line `services.sh checks` prints,
+# CONFIG|group|url|ttl|duration|faults|restart|clock|after|runner.
+add_check() {
+  local rank=$1 config=$2 kv key line
+  shift 2
+  local -A f=([ttl]=1s [faults]=all)
+  for kv in "$@"; do
+    key=${kv%%=*}
+    case $key in
+      group | url | ttl | duration | faults | restart | clock | after | runner) ;;
+      *) die "scripts/services/$FAMILY.sh: check $config: unknown key $key" ;;
+    esac
+    f[$key]=${kv#*=}
+  done
+  [[ -n ${f[group]:-} && -n ${f[url]:-} ]] ||
+    die "scripts/services/$FAMILY.sh: check $config needs a group and a url"
+  line="$config|${f[group]}|${f[url]}|${f[ttl]}|${f[duration]:-}|${f[faults]}|${f[restart]:-}"
+  line+="|${f[clock]:-}|${f[after]:-}|${f[runner]:-}"
+  ranked CHECK_SLOTS "$rank" "$line"
+}
 
 # has_hook FAMILY HOOK: whether FAMILY defines FAMILY_HOOK.
 has_hook() { declare -F "$1_$2" >/dev/null; }

@@ -22,6 +22,14 @@ add_servers 110 etcd etcd-tls etcd-cluster-1 etcd-cluster-2 etcd-cluster-3
 add_group 110 etcd-cluster
 stop_one_at_a_time etcd-cluster-1 etcd-cluster-2 etcd-cluster-3
 
+# The fault-check configurations: a ttl of 2 s (etcd's smallest lease), so 12 s per kind.
+add_check 50 etcd group=etcd url="etcd://$HOST:$ETCD_CLIENT_PORT" ttl=2s duration=12s \
+  restart="restart-one etcd"
+add_check 50 etcd_cluster group=etcd-cluster ttl=2s duration=12s restart="failover etcd-cluster" \
+  url="etcd://$(join , "${CLUSTER_CLIENT_PORTS[@]/#/$HOST:}")"
+add_check 50 etcd_tls group=etcd-tls url=@DISTLOCK_TEST_ETCD_TLS_URL ttl=2s duration=12s \
+  restart="restart-one etcd-tls"
+
 etcd_port() {
   case $1 in
     etcd) printf '%s\n' "$ETCD_CLIENT_PORT" ;;

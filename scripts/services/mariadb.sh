@@ -16,6 +16,15 @@ MARIADB_CLOCK_PORT=13308
 add_servers 140 mariadb
 add_servers 160 mariadb-wait-timeout
 add_servers 330 mariadb-clock
+
+# The fault-check configurations (the one of mariadb-wait-timeout: a server closing connections
+# idle for 2 s).
+add_check 30 mysql group=mariadb url=@DISTLOCK_TEST_MYSQL_URL restart="restart-one mariadb"
+add_check 30 mysql_tls group=mariadb url=@DISTLOCK_TEST_MYSQL_TLS_URL restart="restart-one mariadb"
+add_check 73 mysql_clock group=mariadb-clock url=@DISTLOCK_TEST_MYSQL_CLOCK_URL faults=clock \
+  clock=@DISTLOCK_TEST_MYSQL_CLOCK_FILE
+add_check 81 mysql_wait_timeout group=mariadb-wait-timeout \
+  url=@DISTLOCK_TEST_MYSQL_WAIT_TIMEOUT_URL restart="restart-one mariadb-wait-timeout"
 # mariadb-install-db takes ~1 s: launched first, in parallel with everything else.
 launch_in_background mariadb
 

@@ -12,6 +12,11 @@ PGBOUNCER_TX_PORT=15441
 
 add_servers 150 pgbouncer-session pgbouncer-tx
 
+# The fault-check configuration: PostgreSQL through session pooling, the restart PgBouncer's;
+# in the postgres group, whose restarts would hit it.
+add_check 80 pgbouncer_session group=postgres url=@DISTLOCK_TEST_PGBOUNCER_SESSION_URL \
+  restart="restart-one pgbouncer-session"
+
 pgbouncer_port() {
   case $1 in
     pgbouncer-session) printf '%s\n' "$PGBOUNCER_SESSION_PORT" ;;

@@ -19,6 +19,13 @@ PG_CLOCK_PORT=15433
 
 add_servers 130 postgres
 add_servers 310 postgres-clock
+
+# The fault-check configurations.
+add_check 20 postgres group=postgres url=@DISTLOCK_TEST_POSTGRES_URL restart="restart-one postgres"
+add_check 20 postgres_tls group=postgres url=@DISTLOCK_TEST_POSTGRES_TLS_URL \
+  restart="restart-one postgres"
+add_check 71 postgres_clock group=postgres-clock url=@DISTLOCK_TEST_POSTGRES_CLOCK_URL \
+  faults=clock clock=@DISTLOCK_TEST_POSTGRES_CLOCK_FILE
 # initdb takes ~1 s: launched first, in parallel with everything else.
 launch_in_background postgres postgres-clock
 

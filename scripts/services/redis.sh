@@ -48,6 +48,33 @@ add_group 100 redis-sentinel lagging
 add_group 100 redis-cluster lagging
 failover_mode lagging "Redis groups"
 
+# The fault-check configurations. Redlock of 3 uses 16380-16382, the single master 16379
+# alone, Redlock of 5 all five (after Redlock of 3: their servers overlap, their restarts must
+# not). Sentinel and Cluster run with a ttl of 6 s, longer than their failover (2.3-4.5 s
+# here), so that a holder still passes its check when a promoted replica that missed its lock
+# serves; their clients reach the addresses the servers announce, past the workers' proxies:
+# host faults only; half of their failovers with the master's replicas lagging (`either`).
+add_check 40 redis group=redis url="redis://$HOST:16379" restart="restart-one redis-16379"
+add_check 40 redis_fair group=redis url="redis://$HOST:16379?fair=true" \
+  restart="restart-one redis-16379"
+add_check 40 redis_tls group=redis-tls url=@DISTLOCK_TEST_REDIS_TLS_URL \
+  restart="restart-one redis-tls-16390"
+add_check 40 redlock3 group=redlock3 url="redlock://$HOST:16380,$HOST:16381,$HOST:16382" \
+  restart="restart-one redis-16380"
+add_check 40 redlock5 group=redis after=redlock3 \
+  url="redlock://$HOST:16379,$HOST:16380,$HOST:16381,$HOST:16382,$HOST:16383" \
+  restart="restart-one redis-16382"
+add_check 40 redis_sentinel group=redis-sentinel url=@DISTLOCK_TEST_REDIS_SENTINEL_URL ttl=6s \
+  duration=30s faults=host restart="failover redis-sentinel either"
+add_check 40 redis_cluster group=redis-cluster url=@DISTLOCK_TEST_REDIS_CLUSTER_URL ttl=6s \
+  duration=30s faults=host restart="failover redis-cluster either"
+add_check 70 redis_clock group=redis-clock url=@DISTLOCK_TEST_REDIS_CLOCK_URL faults=clock \
+  clock=@DISTLOCK_TEST_REDIS_CLOCK_FILE
+# One master of three on the stepping clock (the two others are never restarted by any
+# configuration): a step costs that master's vote alone.
+add_check 74 redlock_clock group=redis-clock faults=clock clock=@DISTLOCK_TEST_REDIS_CLOCK_FILE \
+  url="redlock://$HOST:$REDIS_CLOCK_PORT,$HOST:16381,$HOST:16383"
+
 # The port of a Redis server (the number its name ends with).
 redis_port() { printf '%s\n' "${1##*-}"; }
 

@@ -33,6 +33,17 @@ add_servers 120 zookeeper zookeeper-auth zk-ensemble-1 zk-ensemble-2 zk-ensemble
 add_servers 320 zookeeper-clock
 add_group 120 zk-ensemble
 
+# The fault-check configurations.
+add_check 60 zk group=zookeeper url="zk://$HOST:$ZK_PORT" restart="restart-one zookeeper"
+add_check 60 zk_auth group=zookeeper-auth url=@DISTLOCK_TEST_ZK_AUTH_URL \
+  restart="restart-one zookeeper-auth"
+add_check 60 zk_tls group=zookeeper-auth url=@DISTLOCK_TEST_ZK_TLS_URL \
+  restart="restart-one zookeeper-auth"
+add_check 60 zk_ensemble group=zk-ensemble restart="failover zk-ensemble" \
+  url="zk://$(join , "${ZK_ENSEMBLE_CLIENT_PORTS[@]/#/$HOST:}")"
+add_check 72 zk_clock group=zookeeper-clock url=@DISTLOCK_TEST_ZK_CLOCK_URL faults=clock \
+  clock=@DISTLOCK_TEST_ZK_CLOCK_FILE
+
 zookeeper_port() {
   case $1 in
     zookeeper) printf '%s\n' "$ZK_PORT" ;;
