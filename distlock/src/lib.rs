@@ -30,6 +30,10 @@ pub use distlock_core::telemetry;
 #[cfg(feature = "etcd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub use distlock_etcd as etcd;
+/// The NATS JetStream backend (feature `nats`).
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub use distlock_nats as nats;
 /// The Redis and Redlock backends (feature `redis`).
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -212,6 +216,7 @@ registry! {
     "etcd" ["etcd", "etcds"] => distlock_etcd::ETCD,
     "zookeeper" ["zk"] => distlock_zookeeper::ZK,
     "zookeeper-tls" ["zks"] => distlock_zookeeper::ZKS,
+    "nats" ["nats", "tls", "nats+tls"] => distlock_nats::NATS,
 }
 
 fn scheme_of(url: &str) -> Result<&str> {

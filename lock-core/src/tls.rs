@@ -126,6 +126,12 @@ impl TlsFiles {
         self.cert.is_some()
     }
 
+    /// The paths of the client certificate and its key, for a client library that reads
+    /// them itself.
+    pub fn identity_paths(&self) -> Option<(&Path, &Path)> {
+        Some((self.cert.as_deref()?, self.key.as_deref()?))
+    }
+
     /// The URL query for these files (`ca=...&cert=...&key=...`, percent-encoded), empty when
     /// there are none; for backends that rebuild a URL.
     pub fn query(&self) -> String {

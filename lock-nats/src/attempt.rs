@@ -1,0 +1,208 @@
+//! One acquisition: an entry in the name's queue, and the poll that decides whether it holds.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use distlock_core::backend::{AcquireRequest, Acquired, Attempt, AttemptMode, Step};
+use distlock_core::{FencingToken, LockKind, Result};
+
+use crate::backend::BackendState;
+use crate::error::Written;
+use crate::keys::{EntryValue, NameKeys, new_tag};
+use crate::kinds::Queue;
+use crate::lease::NatsLease;
+use crate::wake::Wake;
+
+/// An acquisition of one name: its entry's subject (a tag of its own), and once written, its
+/// revision and first revision (its place in the queue and its fencing token).
+pub(crate) struct NatsAttempt {
+    state: Arc<BackendState>,
+    keys: NameKeys,
+    name: String,
+    subject: String,
+    owner: Arc<str>,
+    kind: LockKind,
+    ttl: Duration,
+    mode: AttemptMode,
+    /// The entry's last revision, once written.
+    rev: Option<u64>,
+    /// Its first revision.
+    first: u64,
+    /// When the write the server's ttl runs from was sent.
+    written: Instant,
+    /// A create was sent whose answer never came: the entry may exist.
+    maybe_created: Option<Instant>,
+    wake: Option<Wake>,
+}
+
+impl NatsAttempt {
+    pub(crate) fn new(state: Arc<BackendState>, request: AcquireRequest) -> Self {
+        let keys = NameKeys::new(&state.bucket, request.name.as_str());
+        let subject = keys.entry(&new_tag());
+        Self {
+            state,
+            keys,
+            name: request.name.as_str().to_owned(),
+            subject,
+            owner: request.owner,
+            kind: request.kind,
+            ttl: request.ttl,
+            mode: request.mode,
+            rev: None,
+            first: 0,
+            written: Instant::now(),
+            maybe_created: None,
+            wake: None,
+        }
+    }
+
+    fn value(&self) -> EntryValue {
+        EntryValue {
+            kind: self.kind,
+            first: self.first,
+            owner: self.owner.to_string(),
+        }
+    }
+
+    fn acquired(&self, rev: u64) -> Acquired {
+        let lease = NatsLease::new(
+            self.state.clone(),
+            self.name.clone(),
+            self.subject.clone(),
+            self.value(),
+            rev,
+        );
+        Acquired::new(Box::new(lease), FencingToken::new(self.first))
+            .with_lease_started(self.written)
+    }
+
+    /// `try_acquire`: one write, stored only if the name's range is as read (nobody came or
+    /// left in between) and admits the entry with nobody waiting.
+    async fn poll_try(&mut self) -> Result<Step> {
+        let queue = Queue::read(&self.state, &self.keys).await?;
+        queue.check_kind(&self.name, self.kind)?;
+        if !queue.admits(self.kind) {
+            return Ok(Step::busy(None));
+        }
+        let publish = BackendState::put(&self.value(), self.ttl, queue.last).header(
+            "Nats-Expected-Last-Subject-Sequence-Subject",
+            self.keys.range.as_str(),
+        );
+        let sent = Instant::now();
+        self.maybe_created = Some(sent);
+        match self.state.send("acquire", &self.subject, publish).await? {
+            Written::Stored(rev) => {
+                self.maybe_created = None;
+                self.rev = Some(rev);
+                self.first = rev;
+                self.written = sent;
+                Ok(Step::Acquired(self.acquired(rev)))
+            }
+            Written::Conflict => {
+                self.maybe_created = None;
+                Ok(Step::Again)
+            }
+        }
+    }
+
+    /// Writes the entry (or finds the one whose answer was lost), or renews it once a third
+    /// of its ttl has passed: a waiter keeps its place while it waits.
+    async fn keep_entry(&mut self) -> Result<bool> {
+        match self.rev {
+            None => {
+                let sent = Instant::now();
+                let created = *self.maybe_created.get_or_insert(sent);
+                let publish = BackendState::put(&self.value(), self.ttl, 0);
+                match self.state.send("acquire", &self.subject, publish).await? {
+                    Written::Stored(rev) => {
+                        self.rev = Some(rev);
+                        self.first = rev;
+                        self.written = sent;
+                    }
+                    Written::Conflict => match self.state.entry(&self.subject).await? {
+                        // An earlier create of ours was stored: its ttl runs from then.
+                        Some(entry) if *entry.value.owner == *self.owner => {
+                            self.rev = Some(entry.rev);
+                            self.first = entry.token();
+                            self.written = created;
+                        }
+                        _ => return Ok(false),
+                    },
+                }
+                self.maybe_created = None;
+            }
+            Some(rev) if self.written.elapsed() >= self.ttl / 3 => {
+                let sent = Instant::now();
+                let publish = BackendState::put(&self.value(), self.ttl, rev);
+                match self.state.send("renew", &self.subject, publish).await? {
+                    Written::Stored(new) => {
+                        self.rev = Some(new);
+                        self.written = sent;
+                    }
+                    // Expired while we waited: a new entry, at the back of the queue.
+                    Written::Conflict => {
+                        self.rev = None;
+                        self.first = 0;
+                        return Ok(false);
+                    }
+                }
+            }
+            Some(_) => {}
+        }
+        Ok(true)
+    }
+
+    async fn poll_wait(&mut self) -> Result<Step> {
+        if self.wake.is_none() {
+            self.wake = Some(Wake::subscribe(&self.state.client, &self.keys.events).await?);
+        }
+        if !self.keep_entry().await? {
+            return Ok(Step::Again);
+        }
+        let queue = Queue::read(&self.state, &self.keys).await?;
+        queue.check_kind(&self.name, self.kind)?;
+        let Some(position) = queue.position(&self.subject) else {
+            // Expired or removed between our write and the read.
+            self.rev = None;
+            self.first = 0;
+            return Ok(Step::Again);
+        };
+        if queue.holds(position) {
+            // The queue may have been read after a renewal of ours: hold at that revision.
+            let rev = queue.entries[position].rev;
+            return Ok(Step::Acquired(self.acquired(rev)));
+        }
+        let renew_in = (self.ttl / 3).saturating_sub(self.written.elapsed());
+        Ok(Step::busy(Some(renew_in.max(Duration::from_millis(10)))))
+    }
+}
+
+#[async_trait]
+impl Attempt for NatsAttempt {
+    async fn poll(&mut self) -> Result<Step> {
+        match self.mode {
+            AttemptMode::Try => self.poll_try().await,
+            AttemptMode::Wait => self.poll_wait().await,
+        }
+    }
+
+    async fn changed(&mut self) {
+        match self.wake.as_mut() {
+            Some(wake) => wake.removal().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    async fn abandon(self: Box<Self>) -> Result<()> {
+        if let Some(rev) = self.rev {
+            if let Written::Stored(_) = self.state.purge(&self.subject, rev).await? {
+                return Ok(());
+            }
+        } else if self.maybe_created.is_none() {
+            return Ok(());
+        }
+        // A write whose answer was lost: the subject is ours alone, remove whatever is there.
+        self.state.purge_any(&self.subject).await.map(|_| ())
+    }
+}

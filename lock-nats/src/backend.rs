@@ -1,0 +1,376 @@
+//! The NATS backend: the connection, the bucket's stream, the writes of the protocol, and the
+//! [`LockBackend`] implementation.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::message::PublishMessage as Publish;
+use async_nats::jetstream::{self, stream};
+use async_trait::async_trait;
+use distlock_core::backend::{AcquireRequest, Attempt, LockBackend, LockInfo, held_among};
+use distlock_core::{
+    Capabilities, Error, FencingGuarantee, FencingToken, Footprint, LockKind, LockName,
+    LossDetection, Result, WakeUp,
+};
+use futures::stream::BoxStream;
+
+use crate::NatsConfig;
+use crate::attempt::NatsAttempt;
+use crate::error::{Written, backend_msg, not_found, request, written};
+use crate::keys::{Bucket, EntryValue, NameKeys};
+use crate::kinds::{Entry, Queue, entry_of};
+use crate::renew::NatsRenewer;
+
+/// The shortest ttl: JetStream's per-message ttl counts whole seconds (a ttl is sent rounded
+/// up, so the server never ends a lease before the client's deadline).
+pub const MIN_TTL: Duration = Duration::from_secs(1);
+
+/// The longest ttl.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// The most permits of a semaphore (every waiter reads the whole queue of its name).
+pub const MAX_PERMITS: u32 = 256;
+
+/// How long the server keeps the marker of a removed entry (its own ttl).
+const MARKER_TTL: Duration = Duration::from_secs(1);
+
+/// The oldest server with per-message ttls and their expiry markers.
+const MIN_SERVER: (u64, u64) = (2, 11);
+
+/// What every part of the backend shares: the connection and the bucket.
+#[derive(Debug)]
+pub(crate) struct BackendState {
+    pub(crate) client: async_nats::Client,
+    pub(crate) js: jetstream::Context,
+    pub(crate) stream: stream::Stream,
+    pub(crate) bucket: Bucket,
+    pub(crate) renewer: Arc<NatsRenewer>,
+}
+
+/// The `Nats-TTL` header of a lease of `ttl`: whole seconds, rounded up.
+pub(crate) fn ttl_header(ttl: Duration) -> String {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    secs.max(1).to_string()
+}
+
+impl BackendState {
+    /// A write of `value` with a ttl, stored only if its subject's last revision is
+    /// `expected` (0: the subject has none).
+    pub(crate) fn put(value: &EntryValue, ttl: Duration, expected: u64) -> Publish {
+        Publish::build()
+            .payload(value.encode())
+            .header("Nats-TTL", ttl_header(ttl).as_str())
+            .expected_last_subject_sequence(expected)
+    }
+
+    /// Sends `publish` to `subject` and waits for its acknowledgement.
+    pub(crate) async fn send(
+        &self,
+        what: &str,
+        subject: &str,
+        publish: Publish,
+    ) -> Result<Written> {
+        let result = match self.js.send_publish(subject.to_owned(), publish).await {
+            Ok(ack) => ack.await.map(|ack| ack.sequence),
+            Err(err) => Err(err),
+        };
+        written(what, result)
+    }
+
+    /// Removes the entry at `subject` if its last revision is `expected`, leaving a purge
+    /// marker that expires by itself.
+    pub(crate) async fn purge(&self, subject: &str, expected: u64) -> Result<Written> {
+        let publish = Publish::build()
+            .header("KV-Operation", "PURGE")
+            .header("Nats-Rollup", "sub")
+            .header("Nats-TTL", ttl_header(MARKER_TTL).as_str())
+            .expected_last_subject_sequence(expected);
+        self.send("purge", subject, publish).await
+    }
+
+    /// Removes whatever is at `subject` (an attempt's own subject, after a write whose answer
+    /// was lost).
+    pub(crate) async fn purge_any(&self, subject: &str) -> Result<Written> {
+        let publish = Publish::build()
+            .header("KV-Operation", "PURGE")
+            .header("Nats-Rollup", "sub")
+            .header("Nats-TTL", ttl_header(MARKER_TTL).as_str());
+        self.send("purge", subject, publish).await
+    }
+
+    /// The entry at `subject` now, if there is one (a marker is none).
+    pub(crate) async fn entry(&self, subject: &str) -> Result<Option<Entry>> {
+        match self.stream.get_last_raw_message_by_subject(subject).await {
+            Ok(message) => entry_of(&message),
+            Err(err) if not_found(&err.kind()) => Ok(None),
+            Err(err) => Err(request("read", err)),
+        }
+    }
+}
+
+/// Connects to the servers of `config`, checks the server's version, and opens (or creates)
+/// the bucket.
+pub(crate) async fn open(config: &NatsConfig, timeout: Duration) -> Result<Arc<BackendState>> {
+    let options = config.connect_options(timeout).await?;
+    let at = config.hosts();
+    let client = tokio::time::timeout(timeout, options.connect(config.server_urls()))
+        .await
+        .map_err(|_| Error::Unavailable {
+            message: format!("NATS at {at}: no server answered within {timeout:?}"),
+            source: None,
+        })?
+        .map_err(|err| crate::error::connect(&at, err))?;
+    check_version(&client)?;
+    let js = jetstream::new(client.clone());
+    let bucket = Bucket::new(config.bucket());
+    let stream = open_stream(&js, &bucket, config.replicas()).await?;
+    Ok(Arc::new(BackendState {
+        renewer: Arc::new(NatsRenewer::new(js.clone(), stream.clone())),
+        client,
+        js,
+        stream,
+        bucket,
+    }))
+}
+
+fn check_version(client: &async_nats::Client) -> Result<()> {
+    let info = client.server_info();
+    let mut parts = info
+        .version
+        .split(['.', '-'])
+        .map(|p| p.parse::<u64>().unwrap_or(0));
+    let version = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if version < MIN_SERVER {
+        return Err(backend_msg(format!(
+            "NATS server {} is too old: locks need per-message ttls (server {}.{} or newer)",
+            info.version, MIN_SERVER.0, MIN_SERVER.1
+        )));
+    }
+    if !info.jetstream {
+        return Err(backend_msg(format!(
+            "NATS server {} has JetStream disabled: start it with -js",
+            info.server_name
+        )));
+    }
+    Ok(())
+}
+
+/// The bucket's stream: a KV bucket (one message per key, rollups, no direct reads so that
+/// every read is the leader's) with per-message ttls, expiry markers, and its messages'
+/// headers republished for wake-ups.
+fn stream_config(bucket: &Bucket, replicas: u8) -> stream::Config {
+    stream::Config {
+        name: bucket.stream.clone(),
+        subjects: vec![format!("{}>", bucket.kv_prefix)],
+        max_messages_per_subject: 1,
+        discard: stream::DiscardPolicy::New,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: false,
+        allow_message_ttl: true,
+        subject_delete_marker_ttl: Some(MARKER_TTL),
+        storage: stream::StorageType::File,
+        num_replicas: usize::from(replicas),
+        republish: Some(stream::Republish {
+            source: format!("{}>", bucket.kv_prefix),
+            destination: format!("{}>", bucket.events_prefix),
+            headers_only: true,
+        }),
+        description: Some("distlock locks".into()),
+        ..Default::default()
+    }
+}
+
+async fn open_stream(
+    js: &jetstream::Context,
+    bucket: &Bucket,
+    replicas: u8,
+) -> Result<stream::Stream> {
+    let wanted = stream_config(bucket, replicas);
+    let mut stream = match js.get_stream(&bucket.stream).await {
+        Ok(stream) => stream,
+        Err(_) => js
+            .get_or_create_stream(wanted.clone())
+            .await
+            .map_err(|err| request(&format!("creating bucket {}", bucket.name), err))?,
+    };
+    let info = stream
+        .info()
+        .await
+        .map_err(|err| request(&format!("bucket {}", bucket.name), err))?;
+    let have = &info.config;
+    let usable = have.allow_message_ttl
+        && have.max_messages_per_subject == 1
+        && have.allow_rollup
+        && have.republish.as_ref().map(|r| &r.destination)
+            == wanted.republish.as_ref().map(|r| &r.destination);
+    if !usable {
+        return Err(backend_msg(format!(
+            "NATS bucket {} exists but is not a distlock bucket (it needs one message per key, \
+             rollups, per-message ttls and a republish to {}>): use another bucket",
+            bucket.name, bucket.events_prefix
+        )));
+    }
+    Ok(stream)
+}
+
+/// The NATS JetStream backend. Create it with [`connect`](crate::connect).
+#[derive(Debug, Clone)]
+pub struct NatsBackend {
+    pub(crate) state: Arc<BackendState>,
+}
+
+impl NatsBackend {
+    /// Connects as [`connect`](crate::connect) does, without the lock client around it.
+    ///
+    /// # Errors
+    /// As [`connect`](crate::connect).
+    pub async fn connect(config: &NatsConfig, timeout: Duration) -> Result<Self> {
+        Ok(Self {
+            state: open(config, timeout).await?,
+        })
+    }
+
+    /// The application's connection this backend uses.
+    pub fn client(&self) -> &async_nats::Client {
+        &self.state.client
+    }
+
+    /// The subject range of `name`'s entries (`$KV.<bucket>.<escaped name>.>`), for tools and
+    /// tests that look at the bucket directly.
+    pub fn key_range(&self, name: &str) -> String {
+        NameKeys::new(&self.state.bucket, name).range
+    }
+
+    /// The subjects of the bucket's keys (held, waited for, or the markers of removed ones).
+    async fn subjects(&self) -> Result<Vec<String>> {
+        use futures::TryStreamExt;
+        let filter = format!("{}>", self.state.bucket.kv_prefix);
+        let mut subjects = self
+            .state
+            .stream
+            .info_with_subjects(filter)
+            .await
+            .map_err(|err| request("listing keys", err))?;
+        let mut out = Vec::new();
+        while let Some((subject, _count)) = subjects
+            .try_next()
+            .await
+            .map_err(|err| request("listing keys", err))?
+        {
+            out.push(subject);
+        }
+        Ok(out)
+    }
+
+    /// The names with keys in the bucket, sorted.
+    async fn names(&self) -> Result<Vec<String>> {
+        let mut names: Vec<String> = self
+            .subjects()
+            .await?
+            .iter()
+            .filter_map(|s| self.state.bucket.name_of(s))
+            .collect();
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+}
+
+#[async_trait]
+impl LockBackend for NatsBackend {
+    fn name(&self) -> &'static str {
+        "nats"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(FencingGuarantee::Linearizable)
+            .with_fifo(true)
+            .with_wake_up(WakeUp::Event)
+            .with_ttl_range(MIN_TTL, MAX_TTL)
+            .with_loss_detection(LossDetection::Renewal)
+            .with_list(true)
+            .with_force_release(true)
+            .with_shared(true)
+            .with_max_permits(MAX_PERMITS)
+    }
+
+    fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
+        Box::new(NatsAttempt::new(self.state.clone(), request))
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let keys = NameKeys::new(&self.state.bucket, name.as_str());
+        let queue = Queue::read(&self.state, &keys).await?;
+        let holders: Vec<&Entry> = queue.holders().collect();
+        let Some(latest) = holders.iter().max_by_key(|e| e.token()) else {
+            return Ok(None);
+        };
+        let kind = latest.value.kind;
+        let info = LockInfo::new(
+            latest.value.owner.clone(),
+            Some(FencingToken::new(latest.token())),
+            None,
+        );
+        let count = u32::try_from(holders.len()).unwrap_or(u32::MAX);
+        Ok(Some(if kind == LockKind::Exclusive {
+            info
+        } else {
+            info.with_holders(kind, count)
+        }))
+    }
+
+    async fn list(&self, prefix: Option<&str>, limit: usize) -> Result<Vec<(LockName, LockInfo)>> {
+        let names = self
+            .names()
+            .await?
+            .into_iter()
+            .filter(|n| prefix.is_none_or(|p| n.starts_with(p)))
+            .filter_map(|n| LockName::new(n).ok())
+            .collect::<Vec<_>>();
+        held_among(self, names, limit).await
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        let keys = NameKeys::new(&self.state.bucket, name.as_str());
+        let queue = Queue::read(&self.state, &keys).await?;
+        let mut removed = false;
+        for holder in queue.holders() {
+            if let Written::Stored(_) = self.state.purge(&holder.subject, holder.rev).await? {
+                removed = true;
+            }
+        }
+        Ok(removed)
+    }
+
+    async fn footprint(&self, prefix: &str) -> Result<Option<Footprint>> {
+        let n = self
+            .subjects()
+            .await?
+            .iter()
+            .filter_map(|s| self.state.bucket.name_of(s))
+            .filter(|n| n.starts_with(prefix))
+            .count();
+        Ok(Some(
+            Footprint::new("keys").with("entries and markers", n as u64),
+        ))
+    }
+
+    fn watch(&self, name: &LockName) -> Option<BoxStream<'static, ()>> {
+        let keys = NameKeys::new(&self.state.bucket, name.as_str());
+        Some(crate::wake::events(self.state.client.clone(), keys.events))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_round_up_to_whole_seconds() {
+        assert_eq!(ttl_header(Duration::from_millis(1)), "1");
+        assert_eq!(ttl_header(Duration::from_millis(1000)), "1");
+        assert_eq!(ttl_header(Duration::from_millis(1001)), "2");
+        assert_eq!(ttl_header(Duration::from_secs(30)), "30");
+    }
+}

@@ -1,0 +1,199 @@
+//! The queue of a name: every entry of its range in the order of its first revision, and
+//! which of them hold, by kind.
+//!
+//! An exclusive entry holds when it is first; a shared entry when every entry before it is
+//! shared (a waiting writer queues later readers behind it); a permit of N when fewer than N
+//! entries are before it. Every entry of a name is of one family: permits of the same N, or
+//! exclusive and shared; anything else is [`Error::Mismatch`].
+
+use async_nats::jetstream::message::StreamMessage;
+use distlock_core::{Error, LockKind, Result};
+
+use crate::backend::BackendState;
+use crate::error::{not_found, request};
+use crate::keys::{EntryValue, NameKeys};
+
+/// One live entry.
+#[derive(Clone, Debug)]
+pub(crate) struct Entry {
+    /// Its subject.
+    pub(crate) subject: String,
+    /// Its current revision (the sequence of its last write).
+    pub(crate) rev: u64,
+    /// What it stores, `first` resolved to the entry's creation revision.
+    pub(crate) value: EntryValue,
+}
+
+impl Entry {
+    /// Its place in the queue, and its fencing token once it holds.
+    pub(crate) fn token(&self) -> u64 {
+        self.value.first
+    }
+}
+
+/// The entries of a name, read from the stream's leader.
+#[derive(Debug, Default)]
+pub(crate) struct Queue {
+    /// Live entries, by first revision.
+    pub(crate) entries: Vec<Entry>,
+    /// The highest sequence in the range, markers included (0: none): what a write that needs
+    /// the range unchanged expects.
+    pub(crate) last: u64,
+}
+
+/// Whether a stored message is a marker (a delete, a purge, a ttl's expiry), not an entry.
+pub(crate) fn is_marker(headers: Option<&async_nats::HeaderMap>) -> bool {
+    headers.is_some_and(|h| {
+        h.get("Nats-Marker-Reason").is_some()
+            || h.get("KV-Operation")
+                .is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"))
+    })
+}
+
+/// The entry a stored message is, or `None` for a marker.
+pub(crate) fn entry_of(message: &StreamMessage) -> Result<Option<Entry>> {
+    if is_marker(Some(&message.headers)) {
+        return Ok(None);
+    }
+    let mut value = EntryValue::decode(&message.payload)?;
+    if value.first == 0 {
+        value.first = message.sequence;
+    }
+    Ok(Some(Entry {
+        subject: message.subject.to_string(),
+        rev: message.sequence,
+        value,
+    }))
+}
+
+impl Queue {
+    /// Reads every entry of `keys`' range: one request per message (the range holds one
+    /// message per key: the bucket keeps no history).
+    pub(crate) async fn read(state: &BackendState, keys: &NameKeys) -> Result<Self> {
+        let mut queue = Self::default();
+        let mut seq = 1;
+        loop {
+            let message = match state
+                .stream
+                .get_first_raw_message_by_subject(&keys.range, seq)
+                .await
+            {
+                Ok(message) => message,
+                Err(err) if not_found(&err.kind()) => break,
+                Err(err) => return Err(request("read", err)),
+            };
+            seq = message.sequence + 1;
+            queue.last = message.sequence;
+            if let Some(entry) = entry_of(&message)? {
+                queue.entries.push(entry);
+            }
+        }
+        queue.entries.sort_by_key(Entry::token);
+        Ok(queue)
+    }
+
+    /// Whether the entry at `index` holds.
+    pub(crate) fn holds(&self, index: usize) -> bool {
+        let before = &self.entries[..index];
+        match self.entries[index].value.kind {
+            LockKind::Shared => before.iter().all(|e| e.value.kind == LockKind::Shared),
+            LockKind::Permit { permits } => index < permits as usize,
+            _ => index == 0,
+        }
+    }
+
+    /// The position of the entry at `subject`.
+    pub(crate) fn position(&self, subject: &str) -> Option<usize> {
+        self.entries.iter().position(|e| e.subject == subject)
+    }
+
+    /// The holders.
+    pub(crate) fn holders(&self) -> impl Iterator<Item = &Entry> {
+        (0..self.entries.len())
+            .filter(|&i| self.holds(i))
+            .map(|i| &self.entries[i])
+    }
+
+    /// Whether an entry of `kind` added now would hold with nobody waiting (`try_acquire`).
+    pub(crate) fn admits(&self, kind: LockKind) -> bool {
+        let n = self.entries.len();
+        (0..n).all(|i| self.holds(i))
+            && match kind {
+                LockKind::Shared => self
+                    .entries
+                    .iter()
+                    .all(|e| e.value.kind == LockKind::Shared),
+                LockKind::Permit { permits } => n < permits as usize,
+                _ => n == 0,
+            }
+    }
+
+    /// [`Error::Mismatch`] when an entry's kind cannot share the name with `kind`.
+    pub(crate) fn check_kind(&self, name: &str, kind: LockKind) -> Result<()> {
+        for entry in &self.entries {
+            if let Some(message) = kind.mismatch(entry.value.kind) {
+                return Err(Error::Mismatch {
+                    name: name.to_owned(),
+                    message,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(kinds: &[LockKind]) -> Queue {
+        Queue {
+            entries: kinds
+                .iter()
+                .enumerate()
+                .map(|(i, &kind)| Entry {
+                    subject: format!("s{i}"),
+                    rev: i as u64 + 1,
+                    value: EntryValue {
+                        kind,
+                        first: i as u64 + 1,
+                        owner: String::new(),
+                    },
+                })
+                .collect(),
+            last: kinds.len() as u64,
+        }
+    }
+
+    const X: LockKind = LockKind::Exclusive;
+    const R: LockKind = LockKind::Shared;
+    const P2: LockKind = LockKind::Permit { permits: 2 };
+
+    #[test]
+    fn who_holds() {
+        let q = queue(&[R, R, X, R]);
+        assert_eq!(
+            (0..4).map(|i| q.holds(i)).collect::<Vec<_>>(),
+            [true, true, false, false]
+        );
+        assert!(!q.admits(R), "a waiting writer queues new readers");
+        assert!(queue(&[R, R]).admits(R));
+        assert!(!queue(&[R]).admits(X));
+        assert!(queue(&[]).admits(X));
+        let p = queue(&[P2, P2, P2]);
+        assert_eq!(p.holders().count(), 2);
+        assert!(queue(&[P2]).admits(P2));
+        assert!(!queue(&[P2, P2]).admits(P2));
+    }
+
+    #[test]
+    fn kinds_that_cannot_share_a_name() {
+        assert!(queue(&[P2]).check_kind("n", X).is_err());
+        assert!(
+            queue(&[P2])
+                .check_kind("n", LockKind::Permit { permits: 3 })
+                .is_err()
+        );
+        assert!(queue(&[R, X]).check_kind("n", R).is_ok());
+    }
+}

@@ -1,0 +1,95 @@
+//! A held lock: its entry, renewed and released by compare-and-set on the entry's revision.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_core::backend::{Lease, Renewer};
+use distlock_core::{Error, Result};
+
+use crate::backend::BackendState;
+use crate::error::Written;
+use crate::keys::EntryValue;
+
+/// The server-side handle of a held lock: its entry's subject and current revision. The
+/// fencing token (`value.first`) stays the acquisition's; the revision moves with every
+/// renewal.
+#[derive(Debug)]
+pub(crate) struct NatsLease {
+    pub(crate) state: Arc<BackendState>,
+    pub(crate) name: String,
+    pub(crate) subject: String,
+    pub(crate) value: EntryValue,
+    rev: Mutex<u64>,
+}
+
+impl NatsLease {
+    pub(crate) fn new(
+        state: Arc<BackendState>,
+        name: String,
+        subject: String,
+        value: EntryValue,
+        rev: u64,
+    ) -> Self {
+        Self {
+            state,
+            name,
+            subject,
+            value,
+            rev: Mutex::new(rev),
+        }
+    }
+
+    pub(crate) fn rev(&self) -> u64 {
+        *self.rev.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn set_rev(&self, rev: u64) {
+        *self.rev.lock().unwrap_or_else(PoisonError::into_inner) = rev;
+    }
+
+    /// The entry's revision now, if it is still this lease's (a write whose answer was lost
+    /// may have moved it): `None` when it is gone or another's.
+    pub(crate) async fn current(&self) -> Result<Option<u64>> {
+        Ok(self
+            .state
+            .entry(&self.subject)
+            .await?
+            .filter(|e| e.value.owner == self.value.owner && e.token() == self.value.first)
+            .map(|e| e.rev))
+    }
+
+    /// After a refused compare-and-set at `rev`: the revision to try again with, or
+    /// [`Error::NotHeld`].
+    pub(crate) async fn after_conflict(&self, rev: u64) -> Result<u64> {
+        match self.current().await? {
+            Some(now) if now != rev => {
+                self.set_rev(now);
+                Ok(now)
+            }
+            _ => Err(Error::not_held(&self.name)),
+        }
+    }
+}
+
+#[async_trait]
+impl Lease for NatsLease {
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        crate::renew::refresh(self, ttl).await
+    }
+
+    async fn release(&self) -> Result<()> {
+        let mut rev = self.rev();
+        for _ in 0..2 {
+            match self.state.purge(&self.subject, rev).await? {
+                Written::Stored(_) => return Ok(()),
+                Written::Conflict => rev = self.after_conflict(rev).await?,
+            }
+        }
+        Err(Error::not_held(&self.name))
+    }
+
+    fn renewer(&self) -> Option<Arc<dyn Renewer>> {
+        Some(self.state.renewer.clone())
+    }
+}

@@ -1,0 +1,82 @@
+//! Renewals: a compare-and-set of the entry on its revision with a fresh ttl, one lease at a
+//! time or a batch pipelined on the connection (every write sent, then every answer read).
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream};
+use async_trait::async_trait;
+use distlock_core::backend::{RenewItem, Renewer, downcast_lease};
+use distlock_core::{Error, Result};
+
+use crate::backend::BackendState;
+use crate::error::{Written, written};
+use crate::lease::NatsLease;
+
+/// Renews `lease` to `ttl` from now, only if its entry is still the one it wrote last.
+pub(crate) async fn refresh(lease: &NatsLease, ttl: Duration) -> Result<()> {
+    let mut rev = lease.rev();
+    for _ in 0..2 {
+        let publish = BackendState::put(&lease.value, ttl, rev);
+        match lease.state.send("renew", &lease.subject, publish).await? {
+            Written::Stored(new) => {
+                lease.set_rev(new);
+                return Ok(());
+            }
+            Written::Conflict => rev = lease.after_conflict(rev).await?,
+        }
+    }
+    Err(Error::not_held(&lease.name))
+}
+
+/// The batched renewer of one connection.
+#[derive(Debug)]
+pub(crate) struct NatsRenewer {
+    js: jetstream::Context,
+}
+
+impl NatsRenewer {
+    pub(crate) fn new(js: jetstream::Context, _stream: stream::Stream) -> Self {
+        Self { js }
+    }
+}
+
+#[async_trait]
+impl Renewer for NatsRenewer {
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Result<()>>> {
+        // Every write first, so that the batch costs one round trip, not one per lease.
+        let mut pending = Vec::with_capacity(items.len());
+        for item in items {
+            let Some(lease) = downcast_lease::<NatsLease>(item.lease) else {
+                pending.push(None);
+                continue;
+            };
+            let rev = lease.rev();
+            let publish = BackendState::put(&lease.value, item.ttl, rev);
+            let sent = self.js.send_publish(lease.subject.clone(), publish).await;
+            pending.push(Some((lease, rev, sent)));
+        }
+        let mut results = Vec::with_capacity(items.len());
+        for (item, entry) in items.iter().zip(pending) {
+            let Some((lease, _rev, sent)) = entry else {
+                results.push(Err(crate::error::backend_msg(
+                    "a lease of another backend in a NATS renewal",
+                )));
+                continue;
+            };
+            let answer = match sent {
+                Ok(ack) => ack.await.map(|ack| ack.sequence),
+                Err(err) => Err(err),
+            };
+            results.push(match written("renew", answer) {
+                Ok(Written::Stored(new)) => {
+                    lease.set_rev(new);
+                    Ok(())
+                }
+                // Moved by a renewal whose answer was lost, or gone: as one renewal decides.
+                Ok(Written::Conflict) => refresh(lease, item.ttl).await,
+                Err(err) => Err(err),
+            });
+        }
+        Ok(results)
+    }
+}

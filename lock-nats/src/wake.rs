@@ -1,0 +1,67 @@
+//! Wake-ups: the server republishes every message stored in the bucket's stream (headers
+//! only) under `_distlock.<bucket>.`; a waiter subscribes to its name's part before it reads
+//! the queue, so no removal after the read is missed, and wakes on removals alone (a
+//! release's purge, a ttl's expiry marker, a force-release): new entries and renewals never
+//! unblock anyone.
+
+use async_nats::Subscriber;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+
+use crate::kinds::is_marker;
+
+/// A subscription to a name's events.
+#[derive(Debug)]
+pub(crate) struct Wake {
+    sub: Option<Subscriber>,
+}
+
+impl Wake {
+    /// Subscribes to `events` (a name's `_distlock.<bucket>.<name>.>`).
+    ///
+    /// # Errors
+    /// When the subscription cannot be sent (the connection is closed).
+    pub(crate) async fn subscribe(
+        client: &async_nats::Client,
+        events: &str,
+    ) -> distlock_core::Result<Self> {
+        let sub = client
+            .subscribe(events.to_owned())
+            .await
+            .map_err(|err| crate::error::request("subscribe", err))?;
+        Ok(Self { sub: Some(sub) })
+    }
+
+    /// Resolves at the next removal of an entry of the name. Cancel safe: a dropped call
+    /// loses no event but the one being read. A closed subscription never resolves again
+    /// (the attempt's `retry_after` still polls).
+    pub(crate) async fn removal(&mut self) {
+        loop {
+            let Some(sub) = self.sub.as_mut() else {
+                return std::future::pending().await;
+            };
+            match sub.next().await {
+                Some(message) if is_marker(message.headers.as_ref()) => return,
+                Some(_) => {}
+                None => {
+                    self.sub = None;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A stream that yields on every event of a name (for observers of an election), and once
+/// at the start, once the subscription is in place (so nothing between the caller's read and
+/// the subscription is missed).
+pub(crate) fn events(client: async_nats::Client, events: String) -> BoxStream<'static, ()> {
+    futures::stream::once(async move { client.subscribe(events).await.ok() })
+        .flat_map(|sub| match sub {
+            Some(sub) => futures::stream::once(async {})
+                .chain(sub.map(|_| ()))
+                .boxed(),
+            None => futures::stream::empty().boxed(),
+        })
+        .boxed()
+}
