@@ -77,6 +77,15 @@ fn servers() -> Vec<Server> {
             url: Box::new(|at| format!("zk://{at}")),
         })
     });
+    #[cfg(feature = "nats")]
+    add("nats", "DISTLOCK_TEST_NATS_URL", |value| {
+        let host = value.strip_prefix("nats://")?.split('/').next()?;
+        Some(Server {
+            backend: "nats",
+            upstream: host.to_owned(),
+            url: Box::new(|at| format!("nats://{at}")),
+        })
+    });
     let _ = &mut add;
     found
 }

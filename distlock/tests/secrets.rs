@@ -194,6 +194,7 @@ async fn no_rendering_or_log_line_over_tls_shows_the_password() {
         ("etcd_tls", "DISTLOCK_TEST_ETCD_TLS_URL"),
         ("zk_auth", "DISTLOCK_TEST_ZK_AUTH_URL"),
         ("zk_tls", "DISTLOCK_TEST_ZK_TLS_URL"),
+        ("nats", "DISTLOCK_TEST_NATS_TLS_URL"),
     ] {
         let Some(url) = conformance_tests::server_var(backend, var) else {
             continue;
