@@ -7,9 +7,9 @@ use async_trait::async_trait;
 use distlock_core::backend::{AcquireRequest, Acquired, Attempt, AttemptMode, Step};
 use distlock_core::{FencingToken, LockKind, Result};
 
-use crate::backend::BackendState;
+use crate::backend::{BackendState, Key};
 use crate::error::Written;
-use crate::keys::{EntryValue, NameKeys, new_tag};
+use crate::keys::{EntryValue, NameKeys, Slot};
 use crate::kinds::Queue;
 use crate::lease::NatsLease;
 use crate::wake::Wake;
@@ -20,7 +20,8 @@ pub(crate) struct NatsAttempt {
     state: Arc<BackendState>,
     keys: NameKeys,
     name: String,
-    subject: String,
+    /// Its key.
+    slot: Slot,
     owner: Arc<str>,
     kind: LockKind,
     ttl: Duration,
@@ -39,12 +40,12 @@ pub(crate) struct NatsAttempt {
 impl NatsAttempt {
     pub(crate) fn new(state: Arc<BackendState>, request: AcquireRequest) -> Self {
         let keys = NameKeys::new(&state.bucket, request.name.as_str());
-        let subject = keys.entry(&new_tag());
+        let slot = state.slots.take(&keys, request.name.as_str(), &state.tag);
         Self {
             state,
             keys,
             name: request.name.as_str().to_owned(),
-            subject,
+            slot,
             owner: request.owner,
             kind: request.kind,
             ttl: request.ttl,
@@ -69,9 +70,10 @@ impl NatsAttempt {
         let lease = NatsLease::new(
             self.state.clone(),
             self.name.clone(),
-            self.subject.clone(),
+            self.slot.subject.clone(),
             self.value(),
             rev,
+            self.slot.hold(),
         );
         Acquired::new(Box::new(lease), FencingToken::new(self.first))
             .with_lease_started(self.written)
@@ -91,7 +93,11 @@ impl NatsAttempt {
         );
         let sent = Instant::now();
         self.maybe_created = Some(sent);
-        match self.state.send("acquire", &self.subject, publish).await? {
+        match self
+            .state
+            .send("acquire", &self.slot.subject, publish)
+            .await?
+        {
             Written::Stored(rev) => {
                 self.maybe_created = None;
                 self.rev = Some(rev);
@@ -113,21 +119,38 @@ impl NatsAttempt {
             None => {
                 let sent = Instant::now();
                 let created = *self.maybe_created.get_or_insert(sent);
-                let publish = BackendState::put(&self.value(), self.ttl, 0);
-                match self.state.send("acquire", &self.subject, publish).await? {
+                let publish = BackendState::put(&self.value(), self.ttl, self.slot.expected);
+                match self
+                    .state
+                    .send("acquire", &self.slot.subject, publish)
+                    .await?
+                {
                     Written::Stored(rev) => {
                         self.rev = Some(rev);
                         self.first = rev;
                         self.written = sent;
                     }
-                    Written::Conflict => match self.state.entry(&self.subject).await? {
+                    Written::Conflict => match self.state.key(&self.slot.subject).await? {
                         // An earlier create of ours was stored: its ttl runs from then.
-                        Some(entry) if *entry.value.owner == *self.owner => {
+                        Key::Live(entry) if *entry.value.owner == *self.owner => {
                             self.rev = Some(entry.rev);
                             self.first = entry.token();
                             self.written = created;
                         }
-                        _ => return Ok(false),
+                        // Another lease of this client still has the key.
+                        Key::Live(_) => {
+                            self.slot.fresh(&self.keys);
+                            return Ok(false);
+                        }
+                        // The marker was not the one we knew (or has expired): expect it.
+                        Key::Marker(rev) => {
+                            self.slot.expected = rev;
+                            return Ok(false);
+                        }
+                        Key::Empty => {
+                            self.slot.expected = 0;
+                            return Ok(false);
+                        }
                     },
                 }
                 self.maybe_created = None;
@@ -135,7 +158,11 @@ impl NatsAttempt {
             Some(rev) if self.written.elapsed() >= self.ttl / 3 => {
                 let sent = Instant::now();
                 let publish = BackendState::put(&self.value(), self.ttl, rev);
-                match self.state.send("renew", &self.subject, publish).await? {
+                match self
+                    .state
+                    .send("renew", &self.slot.subject, publish)
+                    .await?
+                {
                     Written::Stored(new) => {
                         self.rev = Some(new);
                         self.written = sent;
@@ -144,6 +171,7 @@ impl NatsAttempt {
                     Written::Conflict => {
                         self.rev = None;
                         self.first = 0;
+                        self.slot.expected = 0;
                         return Ok(false);
                     }
                 }
@@ -162,10 +190,11 @@ impl NatsAttempt {
         }
         let queue = Queue::read(&self.state, &self.keys).await?;
         queue.check_kind(&self.name, self.kind)?;
-        let Some(position) = queue.position(&self.subject) else {
+        let Some(position) = queue.position(&self.slot.subject) else {
             // Expired or removed between our write and the read.
             self.rev = None;
             self.first = 0;
+            self.slot.expected = 0;
             return Ok(Step::Again);
         };
         if queue.holds(position) {
@@ -196,13 +225,23 @@ impl Attempt for NatsAttempt {
 
     async fn abandon(self: Box<Self>) -> Result<()> {
         if let Some(rev) = self.rev {
-            if let Written::Stored(_) = self.state.purge(&self.subject, rev).await? {
+            if let Written::Stored(marker) = self.state.purge(&self.slot.subject, rev).await? {
+                if self.slot.hold().is_some() {
+                    self.state.slots.released(&self.name, marker);
+                }
                 return Ok(());
             }
         } else if self.maybe_created.is_none() {
             return Ok(());
         }
-        // A write whose answer was lost: the subject is ours alone, remove whatever is there.
-        self.state.purge_any(&self.subject).await.map(|_| ())
+        // A write whose answer was lost: remove whatever is there, if it is ours.
+        match self.state.key(&self.slot.subject).await? {
+            Key::Live(entry) if *entry.value.owner == *self.owner => self
+                .state
+                .purge(&self.slot.subject, entry.rev)
+                .await
+                .map(|_| ()),
+            _ => Ok(()),
+        }
     }
 }

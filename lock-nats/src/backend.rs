@@ -17,7 +17,7 @@ use futures::stream::BoxStream;
 use crate::NatsConfig;
 use crate::attempt::NatsAttempt;
 use crate::error::{Written, backend_msg, not_found, request, written};
-use crate::keys::{Bucket, EntryValue, NameKeys};
+use crate::keys::{Bucket, EntryValue, NameKeys, Slots};
 use crate::kinds::{Entry, Queue, entry_of};
 use crate::renew::NatsRenewer;
 
@@ -45,6 +45,21 @@ pub(crate) struct BackendState {
     pub(crate) stream: stream::Stream,
     pub(crate) bucket: Bucket,
     pub(crate) renewer: Arc<NatsRenewer>,
+    /// The keys this client reuses, per name.
+    pub(crate) slots: Arc<Slots>,
+    /// This client's tag: its key of a name is `<name>.<tag>`.
+    pub(crate) tag: String,
+}
+
+/// What a key holds now.
+#[derive(Debug)]
+pub(crate) enum Key {
+    /// No message.
+    Empty,
+    /// The marker of a removal, at this revision.
+    Marker(u64),
+    /// A live entry.
+    Live(Entry),
 }
 
 /// The `Nats-TTL` header of a lease of `ttl`: whole seconds, rounded up.
@@ -54,6 +69,18 @@ pub(crate) fn ttl_header(ttl: Duration) -> String {
 }
 
 impl BackendState {
+    /// [`Error::Unavailable`] at once while the connection is down (the client reconnects in
+    /// the background): a request sent now would wait for its whole timeout.
+    pub(crate) fn connected(&self) -> Result<()> {
+        match self.client.connection_state() {
+            async_nats::connection::State::Connected => Ok(()),
+            state => Err(Error::Unavailable {
+                message: format!("NATS: not connected ({state:?}), reconnecting"),
+                source: None,
+            }),
+        }
+    }
+
     /// A write of `value` with a ttl, stored only if its subject's last revision is
     /// `expected` (0: the subject has none).
     pub(crate) fn put(value: &EntryValue, ttl: Duration, expected: u64) -> Publish {
@@ -88,23 +115,25 @@ impl BackendState {
         self.send("purge", subject, publish).await
     }
 
-    /// Removes whatever is at `subject` (an attempt's own subject, after a write whose answer
-    /// was lost).
-    pub(crate) async fn purge_any(&self, subject: &str) -> Result<Written> {
-        let publish = Publish::build()
-            .header("KV-Operation", "PURGE")
-            .header("Nats-Rollup", "sub")
-            .header("Nats-TTL", ttl_header(MARKER_TTL).as_str());
-        self.send("purge", subject, publish).await
+    /// What the key at `subject` holds now.
+    pub(crate) async fn key(&self, subject: &str) -> Result<Key> {
+        self.connected()?;
+        match self.stream.get_last_raw_message_by_subject(subject).await {
+            Ok(message) => Ok(match entry_of(&message)? {
+                Some(entry) => Key::Live(entry),
+                None => Key::Marker(message.sequence),
+            }),
+            Err(err) if not_found(&err.kind()) => Ok(Key::Empty),
+            Err(err) => Err(request("read", err)),
+        }
     }
 
     /// The entry at `subject` now, if there is one (a marker is none).
     pub(crate) async fn entry(&self, subject: &str) -> Result<Option<Entry>> {
-        match self.stream.get_last_raw_message_by_subject(subject).await {
-            Ok(message) => entry_of(&message),
-            Err(err) if not_found(&err.kind()) => Ok(None),
-            Err(err) => Err(request("read", err)),
-        }
+        Ok(match self.key(subject).await? {
+            Key::Live(entry) => Some(entry),
+            Key::Empty | Key::Marker(_) => None,
+        })
     }
 }
 
@@ -121,7 +150,9 @@ pub(crate) async fn open(config: &NatsConfig, timeout: Duration) -> Result<Arc<B
         })?
         .map_err(|err| crate::error::connect(&at, err))?;
     check_version(&client)?;
-    let js = jetstream::new(client.clone());
+    // Every JetStream request (a write's acknowledgement, a read) within the operation timeout.
+    let mut js = jetstream::new(client.clone());
+    js.set_timeout(timeout);
     let bucket = Bucket::new(config.bucket());
     let stream = open_stream(&js, &bucket, config.replicas()).await?;
     Ok(Arc::new(BackendState {
@@ -130,6 +161,8 @@ pub(crate) async fn open(config: &NatsConfig, timeout: Duration) -> Result<Arc<B
         js,
         stream,
         bucket,
+        slots: Arc::default(),
+        tag: crate::keys::new_tag(),
     }))
 }
 

@@ -54,14 +54,20 @@ impl RawFloor for KvFloor {
 
     async fn cycle(&mut self, name: &str) -> Result<(), Error> {
         let subject = format!("{}floor.{}", self.state.bucket.kv_prefix, escape(name));
-        let expected = self.last.get(&subject).copied().unwrap_or(0);
-        let create = PublishMessage::build()
-            .payload(bytes::Bytes::from_static(b"floor"))
-            .header("Nats-TTL", "60")
-            .expected_last_subject_sequence(expected);
-        let rev = match self.state.send("create", &subject, create).await? {
-            Written::Stored(rev) => rev,
-            Written::Conflict => return Err(backend_msg(format!("{subject:?} already exists"))),
+        // The last purge's marker, until it expires (then the key has no message).
+        let mut expected = self.last.get(&subject).copied().unwrap_or(0);
+        let rev = loop {
+            let create = PublishMessage::build()
+                .payload(bytes::Bytes::from_static(b"floor"))
+                .header("Nats-TTL", "60")
+                .expected_last_subject_sequence(expected);
+            match self.state.send("create", &subject, create).await? {
+                Written::Stored(rev) => break rev,
+                Written::Conflict if expected != 0 => expected = 0,
+                Written::Conflict => {
+                    return Err(backend_msg(format!("{subject:?} already exists")));
+                }
+            }
         };
         match self.state.purge(&subject, rev).await? {
             Written::Stored(marker) => {

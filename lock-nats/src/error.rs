@@ -42,9 +42,25 @@ pub(crate) fn written(
                 ),
                 err,
             )),
+            _ if transient(&err) => Err(Error::unavailable(format!("NATS {what}: {err}"), err)),
             _ => Err(Error::backend(format!("NATS {what}: {err}"), err)),
         },
     }
+}
+
+/// JetStream answers that say "not now" rather than "no": the cluster has no quorum or no
+/// leader (10008), or a clustered stream cannot check an expected last sequence while an
+/// earlier write of the subject is still being proposed (10164, "wrong last sequence" without
+/// a number: not an answer about the key, so no conflict).
+fn transient(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = err.source();
+    while let Some(e) = source {
+        if let Some(js) = e.downcast_ref::<async_nats::jetstream::Error>() {
+            return matches!(js.error_code().0, 10008 | 10164);
+        }
+        source = e.source();
+    }
+    false
 }
 
 /// Whether a message read failed because there is no such message.

@@ -4,7 +4,10 @@
 //! included), so an escaped name never contains `.` and no name's range holds another's keys.
 //! An entry of the name is the key `<escaped name>.<tag>`, the tag random per acquisition.
 
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use distlock_core::{LockKind, Result};
 
@@ -154,6 +157,112 @@ impl EntryValue {
     }
 }
 
+/// The key a client reuses per name: every release leaves a purge marker on its key (for
+/// the waiters' wake-up) that lives for a second, and a new key per acquisition made a name
+/// acquired in a loop collect a marker per acquisition, each one more request of every queue
+/// read (a cycle took 0.5 ms, then 1.6 ms after 8 cycles, 13 ms in a bench). A client's first
+/// attempt on a name takes the name's key of the client (`<name>.<client tag>`), whose
+/// marker the next acquisition overwrites (the bucket keeps one message per key); further
+/// attempts of the client on the name at the same time take random tags.
+#[derive(Debug, Default)]
+pub(crate) struct Slots {
+    inner: Mutex<SlotState>,
+}
+
+#[derive(Debug, Default)]
+struct SlotState {
+    /// Names whose client key an attempt or lease of this client uses.
+    in_use: HashSet<String>,
+    /// Names whose client key this client released lately: the marker's revision, and when.
+    released: HashMap<String, (u64, Instant)>,
+}
+
+/// How long a released key's marker revision is worth remembering: less than the marker's
+/// life, after which the key has no message and a create expects revision 0.
+const MARKER_MEMORY: Duration = Duration::from_millis(800);
+
+/// The key an attempt writes: its subject, and what its first create expects there.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    pub(crate) subject: String,
+    /// The revision the subject is believed to have (a marker), or 0.
+    pub(crate) expected: u64,
+    /// Set for the client's key of the name: frees it when the attempt or its lease ends.
+    hold: Option<Arc<SlotHold>>,
+}
+
+/// The use of a client key; freed on drop.
+#[derive(Debug)]
+pub(crate) struct SlotHold {
+    slots: Arc<Slots>,
+    name: String,
+}
+
+impl Drop for SlotHold {
+    fn drop(&mut self) {
+        let mut state = self
+            .slots
+            .inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        state.in_use.remove(&self.name);
+    }
+}
+
+impl Slots {
+    /// The key for a new attempt on `name` (escaped: `keys`) by the client tagged `tag`.
+    pub(crate) fn take(self: &Arc<Self>, keys: &NameKeys, name: &str, tag: &str) -> Slot {
+        let mut state = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        if !state.in_use.insert(name.to_owned()) {
+            return Slot {
+                subject: keys.entry(&new_tag()),
+                expected: 0,
+                hold: None,
+            };
+        }
+        let expected = state
+            .released
+            .remove(name)
+            .filter(|(_, at)| at.elapsed() < MARKER_MEMORY)
+            .map_or(0, |(rev, _)| rev);
+        Slot {
+            subject: keys.entry(tag),
+            expected,
+            hold: Some(Arc::new(SlotHold {
+                slots: self.clone(),
+                name: name.to_owned(),
+            })),
+        }
+    }
+
+    /// `name`'s client key was purged at `marker`.
+    pub(crate) fn released(&self, name: &str, marker: u64) {
+        let mut state = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.released.len() >= 1024 {
+            state
+                .released
+                .retain(|_, (_, at)| at.elapsed() < MARKER_MEMORY);
+        }
+        state
+            .released
+            .insert(name.to_owned(), (marker, Instant::now()));
+    }
+}
+
+impl Slot {
+    /// Gives up the client key (its key still holds another lease's entry): a random tag.
+    pub(crate) fn fresh(&mut self, keys: &NameKeys) {
+        self.subject = keys.entry(&new_tag());
+        self.expected = 0;
+        self.hold = None;
+    }
+
+    /// Whether this is the client's key of the name (whose release is remembered).
+    pub(crate) fn hold(&self) -> Option<Arc<SlotHold>> {
+        self.hold.clone()
+    }
+}
+
 /// A random tag for one acquisition's key.
 pub(crate) fn new_tag() -> String {
     uuid::Uuid::new_v4().simple().to_string()
@@ -183,6 +292,23 @@ mod tests {
         assert_eq!(k.events, "_distlock.locks.a=2Eb.>");
         assert_eq!(b.name_of(&k.entry("t1")).as_deref(), Some("a.b"));
         assert_eq!(b.name_of("$KV.other.a.t"), None);
+    }
+
+    #[test]
+    fn a_client_reuses_its_key_of_a_name_when_free() {
+        let slots = Arc::new(Slots::default());
+        let keys = NameKeys::new(&Bucket::new("b"), "n");
+        let a = slots.take(&keys, "n", "me");
+        assert_eq!(a.subject, "$KV.b.n.me");
+        let b = slots.take(&keys, "n", "me");
+        assert_ne!(
+            b.subject, a.subject,
+            "a second attempt at once gets a tag of its own"
+        );
+        slots.released("n", 42);
+        drop(a);
+        let c = slots.take(&keys, "n", "me");
+        assert_eq!((c.subject.as_str(), c.expected), ("$KV.b.n.me", 42));
     }
 
     #[test]

@@ -70,6 +70,7 @@ impl Queue {
     /// Reads every entry of `keys`' range: one request per message (the range holds one
     /// message per key: the bucket keeps no history).
     pub(crate) async fn read(state: &BackendState, keys: &NameKeys) -> Result<Self> {
+        state.connected()?;
         let mut queue = Self::default();
         let mut seq = 1;
         loop {

@@ -9,7 +9,7 @@ use distlock_core::{Error, Result};
 
 use crate::backend::BackendState;
 use crate::error::Written;
-use crate::keys::EntryValue;
+use crate::keys::{EntryValue, SlotHold};
 
 /// The server-side handle of a held lock: its entry's subject and current revision. The
 /// fencing token (`value.first`) stays the acquisition's; the revision moves with every
@@ -21,6 +21,8 @@ pub(crate) struct NatsLease {
     pub(crate) subject: String,
     pub(crate) value: EntryValue,
     rev: Mutex<u64>,
+    /// The client's key of the name, kept in use while the lease lives.
+    slot: Option<Arc<SlotHold>>,
 }
 
 impl NatsLease {
@@ -30,6 +32,7 @@ impl NatsLease {
         subject: String,
         value: EntryValue,
         rev: u64,
+        slot: Option<Arc<SlotHold>>,
     ) -> Self {
         Self {
             state,
@@ -37,6 +40,7 @@ impl NatsLease {
             subject,
             value,
             rev: Mutex::new(rev),
+            slot,
         }
     }
 
@@ -82,7 +86,12 @@ impl Lease for NatsLease {
         let mut rev = self.rev();
         for _ in 0..2 {
             match self.state.purge(&self.subject, rev).await? {
-                Written::Stored(_) => return Ok(()),
+                Written::Stored(marker) => {
+                    if self.slot.is_some() {
+                        self.state.slots.released(&self.name, marker);
+                    }
+                    return Ok(());
+                }
                 Written::Conflict => rev = self.after_conflict(rev).await?,
             }
         }
