@@ -66,7 +66,7 @@ impl NatsAttempt {
         }
     }
 
-    fn acquired(&self, rev: u64) -> Acquired {
+    fn acquired(&self, rev: u64, alone: bool) -> Acquired {
         let lease = NatsLease::new(
             self.state.clone(),
             self.name.clone(),
@@ -74,22 +74,21 @@ impl NatsAttempt {
             self.value(),
             rev,
             self.slot.hold(),
+            self.keys.range.clone(),
+            alone,
         );
         Acquired::new(Box::new(lease), FencingToken::new(self.first))
             .with_lease_started(self.written)
     }
 
-    /// `try_acquire`: one write, stored only if the name's range is as read (nobody came or
-    /// left in between) and admits the entry with nobody waiting.
-    async fn poll_try(&mut self) -> Result<Step> {
-        let queue = Queue::read(&self.state, &self.keys).await?;
-        queue.check_kind(&self.name, self.kind)?;
-        if !queue.admits(self.kind) {
-            return Ok(Step::busy(None));
-        }
-        let publish = BackendState::put(&self.value(), self.ttl, queue.last).header(
-            "Nats-Expected-Last-Subject-Sequence-Subject",
-            self.keys.range.as_str(),
+    /// Writes the entry only if the last revision of the name's range is `last` (nobody came
+    /// or left since it was read): then the entry holds. `alone`: no other entry was live.
+    async fn write_on_range(&mut self, last: u64, alone: bool) -> Result<Step> {
+        let publish = BackendState::put(
+            &self.value(),
+            self.ttl,
+            last,
+            Some(self.keys.range.as_str()),
         );
         let sent = Instant::now();
         self.maybe_created = Some(sent);
@@ -103,13 +102,41 @@ impl NatsAttempt {
                 self.rev = Some(rev);
                 self.first = rev;
                 self.written = sent;
-                Ok(Step::Acquired(self.acquired(rev)))
+                Ok(Step::Acquired(self.acquired(rev, alone)))
             }
             Written::Conflict => {
                 self.maybe_created = None;
                 Ok(Step::Again)
             }
         }
+    }
+
+    /// The client's last release of the name left it free at a known revision (see
+    /// `Slot::clean`): one write expecting that revision on the range takes it, with no read.
+    async fn take_free(&mut self) -> Result<Option<Step>> {
+        if !self.slot.clean || self.rev.is_some() || self.maybe_created.is_some() {
+            return Ok(None);
+        }
+        self.slot.clean = false;
+        match self.write_on_range(self.slot.expected, true).await? {
+            Step::Again => Ok(None),
+            step => Ok(Some(step)),
+        }
+    }
+
+    /// `try_acquire`: one write, stored only if the name's range is as read and admits the
+    /// entry with nobody waiting.
+    async fn poll_try(&mut self) -> Result<Step> {
+        if let Some(step) = self.take_free().await? {
+            return Ok(step);
+        }
+        let queue = Queue::read(&self.state, &self.keys).await?;
+        queue.check_kind(&self.name, self.kind)?;
+        if !queue.admits(self.kind) {
+            return Ok(Step::busy(None));
+        }
+        self.write_on_range(queue.last, queue.entries.is_empty())
+            .await
     }
 
     /// Writes the entry (or finds the one whose answer was lost), or renews it once a third
@@ -119,7 +146,7 @@ impl NatsAttempt {
             None => {
                 let sent = Instant::now();
                 let created = *self.maybe_created.get_or_insert(sent);
-                let publish = BackendState::put(&self.value(), self.ttl, self.slot.expected);
+                let publish = BackendState::put(&self.value(), self.ttl, self.slot.expected, None);
                 match self
                     .state
                     .send("acquire", &self.slot.subject, publish)
@@ -157,7 +184,7 @@ impl NatsAttempt {
             }
             Some(rev) if self.written.elapsed() >= self.ttl / 3 => {
                 let sent = Instant::now();
-                let publish = BackendState::put(&self.value(), self.ttl, rev);
+                let publish = BackendState::put(&self.value(), self.ttl, rev, None);
                 match self
                     .state
                     .send("renew", &self.slot.subject, publish)
@@ -182,6 +209,9 @@ impl NatsAttempt {
     }
 
     async fn poll_wait(&mut self) -> Result<Step> {
+        if let Some(step) = self.take_free().await? {
+            return Ok(step);
+        }
         if self.wake.is_none() {
             self.wake = Some(Wake::subscribe(&self.state.client, &self.keys.events).await?);
         }
@@ -200,7 +230,8 @@ impl NatsAttempt {
         if queue.holds(position) {
             // The queue may have been read after a renewal of ours: hold at that revision.
             let rev = queue.entries[position].rev;
-            return Ok(Step::Acquired(self.acquired(rev)));
+            let alone = queue.entries.len() == 1 && queue.last == rev;
+            return Ok(Step::Acquired(self.acquired(rev, alone)));
         }
         let renew_in = (self.ttl / 3).saturating_sub(self.written.elapsed());
         Ok(Step::busy(Some(renew_in.max(Duration::from_millis(10)))))
@@ -225,9 +256,10 @@ impl Attempt for NatsAttempt {
 
     async fn abandon(self: Box<Self>) -> Result<()> {
         if let Some(rev) = self.rev {
-            if let Written::Stored(marker) = self.state.purge(&self.slot.subject, rev).await? {
+            if let Written::Stored(marker) = self.state.purge(&self.slot.subject, rev, None).await?
+            {
                 if self.slot.hold().is_some() {
-                    self.state.slots.released(&self.name, marker);
+                    self.state.slots.released(&self.name, marker, false);
                 }
                 return Ok(());
             }
@@ -238,7 +270,7 @@ impl Attempt for NatsAttempt {
         match self.state.key(&self.slot.subject).await? {
             Key::Live(entry) if *entry.value.owner == *self.owner => self
                 .state
-                .purge(&self.slot.subject, entry.rev)
+                .purge(&self.slot.subject, entry.rev, None)
                 .await
                 .map(|_| ()),
             _ => Ok(()),

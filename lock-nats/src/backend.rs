@@ -82,12 +82,21 @@ impl BackendState {
     }
 
     /// A write of `value` with a ttl, stored only if its subject's last revision is
-    /// `expected` (0: the subject has none).
-    pub(crate) fn put(value: &EntryValue, ttl: Duration, expected: u64) -> Publish {
-        Publish::build()
-            .payload(value.encode())
-            .header("Nats-TTL", ttl_header(ttl).as_str())
-            .expected_last_subject_sequence(expected)
+    /// `expected` (0: the subject has none), or with `range`, only if the last revision of
+    /// the whole range (every key of the name) is.
+    pub(crate) fn put(
+        value: &EntryValue,
+        ttl: Duration,
+        expected: u64,
+        range: Option<&str>,
+    ) -> Publish {
+        within(
+            Publish::build()
+                .payload(value.encode())
+                .header("Nats-TTL", ttl_header(ttl).as_str())
+                .expected_last_subject_sequence(expected),
+            range,
+        )
     }
 
     /// Sends `publish` to `subject` and waits for its acknowledgement.
@@ -104,15 +113,20 @@ impl BackendState {
         written(what, result)
     }
 
-    /// Removes the entry at `subject` if its last revision is `expected`, leaving a purge
-    /// marker that expires by itself.
-    pub(crate) async fn purge(&self, subject: &str, expected: u64) -> Result<Written> {
+    /// Removes the entry at `subject` if its last revision is `expected` (with `range`: if
+    /// the range's is), leaving a purge marker that expires by itself.
+    pub(crate) async fn purge(
+        &self,
+        subject: &str,
+        expected: u64,
+        range: Option<&str>,
+    ) -> Result<Written> {
         let publish = Publish::build()
             .header("KV-Operation", "PURGE")
             .header("Nats-Rollup", "sub")
             .header("Nats-TTL", ttl_header(MARKER_TTL).as_str())
             .expected_last_subject_sequence(expected);
-        self.send("purge", subject, publish).await
+        self.send("purge", subject, within(publish, range)).await
     }
 
     /// What the key at `subject` holds now.
@@ -134,6 +148,15 @@ impl BackendState {
             Key::Live(entry) => Some(entry),
             Key::Empty | Key::Marker(_) => None,
         })
+    }
+}
+
+/// `publish` with its expected last revision checked on `range` (a wildcard subject) instead
+/// of its own subject.
+fn within(publish: Publish, range: Option<&str>) -> Publish {
+    match range {
+        Some(range) => publish.header("Nats-Expected-Last-Subject-Sequence-Subject", range),
+        None => publish,
     }
 }
 
@@ -369,7 +392,7 @@ impl LockBackend for NatsBackend {
         let queue = Queue::read(&self.state, &keys).await?;
         let mut removed = false;
         for holder in queue.holders() {
-            if let Written::Stored(_) = self.state.purge(&holder.subject, holder.rev).await? {
+            if let Written::Stored(_) = self.state.purge(&holder.subject, holder.rev, None).await? {
                 removed = true;
             }
         }

@@ -69,7 +69,7 @@ impl RawFloor for KvFloor {
                 }
             }
         };
-        match self.state.purge(&subject, rev).await? {
+        match self.state.purge(&subject, rev, None).await? {
             Written::Stored(marker) => {
                 self.last.insert(subject, marker);
                 Ok(())

@@ -173,8 +173,9 @@ pub(crate) struct Slots {
 struct SlotState {
     /// Names whose client key an attempt or lease of this client uses.
     in_use: HashSet<String>,
-    /// Names whose client key this client released lately: the marker's revision, and when.
-    released: HashMap<String, (u64, Instant)>,
+    /// Names whose client key this client released lately: the marker's revision, when, and
+    /// whether the range had no other live entry then (see [`Slot::clean`]).
+    released: HashMap<String, (u64, Instant, bool)>,
 }
 
 /// How long a released key's marker revision is worth remembering: less than the marker's
@@ -187,6 +188,11 @@ pub(crate) struct Slot {
     pub(crate) subject: String,
     /// The revision the subject is believed to have (a marker), or 0.
     pub(crate) expected: u64,
+    /// The marker was the last message of the name's range when it was written, and the
+    /// range had no other live entry (the release was a compare-and-set on the whole range,
+    /// by a lease whose every write had been one): if the range's last revision is still the
+    /// marker's, the name is free, and one write expecting that takes it.
+    pub(crate) clean: bool,
     /// Set for the client's key of the name: frees it when the attempt or its lease ends.
     hold: Option<Arc<SlotHold>>,
 }
@@ -217,17 +223,19 @@ impl Slots {
             return Slot {
                 subject: keys.entry(&new_tag()),
                 expected: 0,
+                clean: false,
                 hold: None,
             };
         }
-        let expected = state
+        let (expected, clean) = state
             .released
             .remove(name)
-            .filter(|(_, at)| at.elapsed() < MARKER_MEMORY)
-            .map_or(0, |(rev, _)| rev);
+            .filter(|(_, at, _)| at.elapsed() < MARKER_MEMORY)
+            .map_or((0, false), |(rev, _, clean)| (rev, clean));
         Slot {
             subject: keys.entry(tag),
             expected,
+            clean,
             hold: Some(Arc::new(SlotHold {
                 slots: self.clone(),
                 name: name.to_owned(),
@@ -235,17 +243,17 @@ impl Slots {
         }
     }
 
-    /// `name`'s client key was purged at `marker`.
-    pub(crate) fn released(&self, name: &str, marker: u64) {
+    /// `name`'s client key was purged at `marker` (`clean`: see [`Slot::clean`]).
+    pub(crate) fn released(&self, name: &str, marker: u64, clean: bool) {
         let mut state = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         if state.released.len() >= 1024 {
             state
                 .released
-                .retain(|_, (_, at)| at.elapsed() < MARKER_MEMORY);
+                .retain(|_, (_, at, _)| at.elapsed() < MARKER_MEMORY);
         }
         state
             .released
-            .insert(name.to_owned(), (marker, Instant::now()));
+            .insert(name.to_owned(), (marker, Instant::now(), clean));
     }
 }
 
@@ -254,6 +262,7 @@ impl Slot {
     pub(crate) fn fresh(&mut self, keys: &NameKeys) {
         self.subject = keys.entry(&new_tag());
         self.expected = 0;
+        self.clean = false;
         self.hold = None;
     }
 
@@ -305,10 +314,13 @@ mod tests {
             b.subject, a.subject,
             "a second attempt at once gets a tag of its own"
         );
-        slots.released("n", 42);
+        slots.released("n", 42, true);
         drop(a);
         let c = slots.take(&keys, "n", "me");
-        assert_eq!((c.subject.as_str(), c.expected), ("$KV.b.n.me", 42));
+        assert_eq!(
+            (c.subject.as_str(), c.expected, c.clean),
+            ("$KV.b.n.me", 42, true)
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! A held lock: its entry, renewed and released by compare-and-set on the entry's revision.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -23,6 +24,12 @@ pub(crate) struct NatsLease {
     rev: Mutex<u64>,
     /// The client's key of the name, kept in use while the lease lives.
     slot: Option<Arc<SlotHold>>,
+    /// The name's range (every key of the name).
+    range: String,
+    /// The name's range has had no other live entry since this lease's last write: every
+    /// write of it was a compare-and-set on the whole range. Its release then leaves the
+    /// name free at a known revision (see `Slot::clean`).
+    alone: AtomicBool,
 }
 
 impl NatsLease {
@@ -33,6 +40,8 @@ impl NatsLease {
         value: EntryValue,
         rev: u64,
         slot: Option<Arc<SlotHold>>,
+        range: String,
+        alone: bool,
     ) -> Self {
         Self {
             state,
@@ -41,7 +50,24 @@ impl NatsLease {
             value,
             rev: Mutex::new(rev),
             slot,
+            range,
+            alone: AtomicBool::new(alone),
         }
+    }
+
+    /// Whether every write of this lease so far was a compare-and-set on the whole range.
+    pub(crate) fn alone(&self) -> bool {
+        self.alone.load(Ordering::Relaxed)
+    }
+
+    /// Somebody else wrote in the range: compare-and-set on the key from now on.
+    pub(crate) fn not_alone(&self) {
+        self.alone.store(false, Ordering::Relaxed);
+    }
+
+    /// The range a write of this lease expects its revision on, if it is alone.
+    pub(crate) fn range(&self, alone: bool) -> Option<&str> {
+        alone.then_some(self.range.as_str())
     }
 
     pub(crate) fn rev(&self) -> u64 {
@@ -84,14 +110,20 @@ impl Lease for NatsLease {
 
     async fn release(&self) -> Result<()> {
         let mut rev = self.rev();
-        for _ in 0..2 {
-            match self.state.purge(&self.subject, rev).await? {
+        for _ in 0..3 {
+            let alone = self.alone();
+            match self
+                .state
+                .purge(&self.subject, rev, self.range(alone))
+                .await?
+            {
                 Written::Stored(marker) => {
                     if self.slot.is_some() {
-                        self.state.slots.released(&self.name, marker);
+                        self.state.slots.released(&self.name, marker, alone);
                     }
                     return Ok(());
                 }
+                Written::Conflict if alone => self.not_alone(),
                 Written::Conflict => rev = self.after_conflict(rev).await?,
             }
         }

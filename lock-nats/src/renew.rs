@@ -15,13 +15,15 @@ use crate::lease::NatsLease;
 /// Renews `lease` to `ttl` from now, only if its entry is still the one it wrote last.
 pub(crate) async fn refresh(lease: &NatsLease, ttl: Duration) -> Result<()> {
     let mut rev = lease.rev();
-    for _ in 0..2 {
-        let publish = BackendState::put(&lease.value, ttl, rev);
+    for _ in 0..3 {
+        let alone = lease.alone();
+        let publish = BackendState::put(&lease.value, ttl, rev, lease.range(alone));
         match lease.state.send("renew", &lease.subject, publish).await? {
             Written::Stored(new) => {
                 lease.set_rev(new);
                 return Ok(());
             }
+            Written::Conflict if alone => lease.not_alone(),
             Written::Conflict => rev = lease.after_conflict(rev).await?,
         }
     }
@@ -51,7 +53,8 @@ impl Renewer for NatsRenewer {
                 continue;
             };
             let rev = lease.rev();
-            let publish = BackendState::put(&lease.value, item.ttl, rev);
+            let publish =
+                BackendState::put(&lease.value, item.ttl, rev, lease.range(lease.alone()));
             let sent = self.js.send_publish(lease.subject.clone(), publish).await;
             pending.push(Some((lease, rev, sent)));
         }
