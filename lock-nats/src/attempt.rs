@@ -11,7 +11,7 @@ use crate::backend::{BackendState, Key};
 use crate::error::Written;
 use crate::keys::{EntryValue, NameKeys, Slot};
 use crate::kinds::Queue;
-use crate::lease::NatsLease;
+use crate::lease::{HeldKey, NatsLease};
 use crate::wake::Wake;
 
 /// An acquisition of one name: its entry's subject (a tag of its own), and once written, its
@@ -67,16 +67,14 @@ impl NatsAttempt {
     }
 
     fn acquired(&self, rev: u64, alone: bool) -> Acquired {
-        let lease = NatsLease::new(
-            self.state.clone(),
-            self.name.clone(),
-            self.slot.subject.clone(),
-            self.value(),
-            rev,
-            self.slot.hold(),
-            self.keys.range.clone(),
+        let key = HeldKey {
+            name: self.name.clone(),
+            subject: self.slot.subject.clone(),
+            range: self.keys.range.clone(),
+            slot: self.slot.hold(),
             alone,
-        );
+        };
+        let lease = NatsLease::new(self.state.clone(), self.value(), rev, key);
         Acquired::new(Box::new(lease), FencingToken::new(self.first))
             .with_lease_started(self.written)
     }

@@ -22,6 +22,8 @@ pub(crate) struct Entry {
     pub(crate) rev: u64,
     /// What it stores, `first` resolved to the entry's creation revision.
     pub(crate) value: EntryValue,
+    /// When its ttl ends by the server's clock (its timestamp plus its ttl), in ns since 1970.
+    pub(crate) expires_ns: Option<i128>,
 }
 
 impl Entry {
@@ -59,19 +61,31 @@ pub(crate) fn entry_of(message: &StreamMessage) -> Result<Option<Entry>> {
     if value.first == 0 {
         value.first = message.sequence;
     }
+    let ttl = message
+        .headers
+        .get("Nats-TTL")
+        .and_then(|v| v.as_str().parse::<i128>().ok());
     Ok(Some(Entry {
         subject: message.subject.to_string(),
         rev: message.sequence,
         value,
+        expires_ns: ttl.map(|secs| message.time.unix_timestamp_nanos() + secs * 1_000_000_000),
     }))
 }
 
 impl Queue {
     /// Reads every entry of `keys`' range: one request per message (the range holds one
     /// message per key: the bucket keeps no history).
+    ///
+    /// An entry whose ttl ended before a later message of the range was written (by the
+    /// server's timestamps) is dead even while the server still has it: the server removes
+    /// expired messages on a timer, and a server killed and restarted brought back an entry
+    /// that had expired before a newer holder was granted (an election's observer then saw
+    /// the older term again: `distlock check`, restart fault).
     pub(crate) async fn read(state: &BackendState, keys: &NameKeys) -> Result<Self> {
         state.connected()?;
         let mut queue = Self::default();
+        let mut newest = i128::MIN;
         let mut seq = 1;
         loop {
             let message = match state
@@ -85,10 +99,14 @@ impl Queue {
             };
             seq = message.sequence + 1;
             queue.last = message.sequence;
+            newest = newest.max(message.time.unix_timestamp_nanos());
             if let Some(entry) = entry_of(&message)? {
                 queue.entries.push(entry);
             }
         }
+        queue
+            .entries
+            .retain(|e| e.expires_ns.is_none_or(|end| end >= newest));
         queue.entries.sort_by_key(Entry::token);
         Ok(queue)
     }
@@ -160,6 +178,7 @@ mod tests {
                         first: i as u64 + 1,
                         owner: String::new(),
                     },
+                    expires_ns: None,
                 })
                 .collect(),
             last: kinds.len() as u64,

@@ -12,6 +12,21 @@ use crate::backend::BackendState;
 use crate::error::Written;
 use crate::keys::{EntryValue, SlotHold};
 
+/// Where a lease's entry is.
+#[derive(Debug)]
+pub(crate) struct HeldKey {
+    /// The lock's name.
+    pub(crate) name: String,
+    /// The entry's subject.
+    pub(crate) subject: String,
+    /// The name's range.
+    pub(crate) range: String,
+    /// The client's key of the name, if the entry is there.
+    pub(crate) slot: Option<Arc<SlotHold>>,
+    /// Whether the range had no other live entry at the lease's last write.
+    pub(crate) alone: bool,
+}
+
 /// The server-side handle of a held lock: its entry's subject and current revision. The
 /// fencing token (`value.first`) stays the acquisition's; the revision moves with every
 /// renewal.
@@ -33,25 +48,16 @@ pub(crate) struct NatsLease {
 }
 
 impl NatsLease {
-    pub(crate) fn new(
-        state: Arc<BackendState>,
-        name: String,
-        subject: String,
-        value: EntryValue,
-        rev: u64,
-        slot: Option<Arc<SlotHold>>,
-        range: String,
-        alone: bool,
-    ) -> Self {
+    pub(crate) fn new(state: Arc<BackendState>, value: EntryValue, rev: u64, key: HeldKey) -> Self {
         Self {
             state,
-            name,
-            subject,
+            name: key.name,
+            subject: key.subject,
             value,
             rev: Mutex::new(rev),
-            slot,
-            range,
-            alone: AtomicBool::new(alone),
+            slot: key.slot,
+            range: key.range,
+            alone: AtomicBool::new(key.alone),
         }
     }
 
