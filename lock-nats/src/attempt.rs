@@ -35,6 +35,8 @@ pub(crate) struct NatsAttempt {
     /// A create was sent whose answer never came: the entry may exist.
     maybe_created: Option<Instant>,
     wake: Option<Wake>,
+    /// The keys whose removal wakes the attempt, by its last read.
+    blockers: Vec<String>,
 }
 
 impl NatsAttempt {
@@ -55,6 +57,7 @@ impl NatsAttempt {
             written: Instant::now(),
             maybe_created: None,
             wake: None,
+            blockers: Vec::new(),
         }
     }
 
@@ -180,6 +183,16 @@ impl NatsAttempt {
                 }
                 self.maybe_created = None;
             }
+            // Paused past its ttl: the server may not have removed the entry yet, but the
+            // waiters behind may already act on its end. Renewing it would bring back a place
+            // ahead of them: remove it (if still ours) and queue again.
+            Some(rev) if self.written.elapsed() >= self.ttl => {
+                self.state.purge(&self.slot.subject, rev, None).await?;
+                self.rev = None;
+                self.first = 0;
+                self.slot.expected = 0;
+                return Ok(false);
+            }
             Some(rev) if self.written.elapsed() >= self.ttl / 3 => {
                 let sent = Instant::now();
                 let publish = BackendState::put(&self.value(), self.ttl, rev, None);
@@ -231,6 +244,7 @@ impl NatsAttempt {
             let alone = queue.entries.len() == 1 && queue.last == rev;
             return Ok(Step::Acquired(self.acquired(rev, alone)));
         }
+        self.blockers = queue.blockers(position);
         let renew_in = (self.ttl / 3).saturating_sub(self.written.elapsed());
         Ok(Step::busy(Some(renew_in.max(Duration::from_millis(10)))))
     }
@@ -247,7 +261,7 @@ impl Attempt for NatsAttempt {
 
     async fn changed(&mut self) {
         match self.wake.as_mut() {
-            Some(wake) => wake.removal().await,
+            Some(wake) => wake.removal(&self.blockers).await,
             None => std::future::pending().await,
         }
     }

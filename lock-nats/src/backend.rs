@@ -16,7 +16,7 @@ use futures::stream::BoxStream;
 
 use crate::NatsConfig;
 use crate::attempt::NatsAttempt;
-use crate::error::{Written, backend_msg, not_found, request, written};
+use crate::error::{Written, backend_msg, not_found, request, subject_busy, written};
 use crate::keys::{Bucket, EntryValue, NameKeys, Slots};
 use crate::kinds::{Entry, Queue, entry_of};
 use crate::renew::NatsRenewer;
@@ -106,11 +106,27 @@ impl BackendState {
         subject: &str,
         publish: Publish,
     ) -> Result<Written> {
-        let result = match self.js.send_publish(subject.to_owned(), publish).await {
-            Ok(ack) => ack.await.map(|ack| ack.sequence),
-            Err(err) => Err(err),
-        };
-        written(what, result)
+        self.connected()?;
+        // A clustered stream refuses a write expecting a revision while an earlier write of
+        // the subject is still being proposed (10164): it was not stored, send it again.
+        let mut pause = Duration::from_millis(2);
+        loop {
+            let result = match self
+                .js
+                .send_publish(subject.to_owned(), publish.clone())
+                .await
+            {
+                Ok(ack) => ack.await.map(|ack| ack.sequence),
+                Err(err) => Err(err),
+            };
+            match result {
+                Err(err) if subject_busy(&err) && pause < Duration::from_millis(100) => {
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                result => return written(what, result),
+            }
+        }
     }
 
     /// Removes the entry at `subject` if its last revision is `expected` (with `range`: if
@@ -357,7 +373,7 @@ impl LockBackend for NatsBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let keys = NameKeys::new(&self.state.bucket, name.as_str());
-        let queue = Queue::read(&self.state, &keys).await?;
+        let queue = Queue::read(&self.state, &keys).await?.observed();
         let holders: Vec<&Entry> = queue.holders().collect();
         let Some(latest) = holders.iter().max_by_key(|e| e.token()) else {
             return Ok(None);

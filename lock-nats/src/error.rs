@@ -48,19 +48,29 @@ pub(crate) fn written(
     }
 }
 
+/// Whether a refused write was refused only because an earlier write of its subject was still
+/// being proposed in the stream's cluster (10164): not stored, so worth sending again.
+pub(crate) fn subject_busy(err: &(dyn std::error::Error + 'static)) -> bool {
+    jetstream_code(err) == Some(10164)
+}
+
+fn jetstream_code(err: &(dyn std::error::Error + 'static)) -> Option<u64> {
+    let mut source = err.source();
+    while let Some(e) = source {
+        if let Some(js) = e.downcast_ref::<async_nats::jetstream::Error>() {
+            return Some(js.error_code().0);
+        }
+        source = e.source();
+    }
+    None
+}
+
 /// JetStream answers that say "not now" rather than "no": the cluster has no quorum or no
 /// leader (10008), or a clustered stream cannot check an expected last sequence while an
 /// earlier write of the subject is still being proposed (10164, "wrong last sequence" without
 /// a number: not an answer about the key, so no conflict).
 fn transient(err: &(dyn std::error::Error + 'static)) -> bool {
-    let mut source = err.source();
-    while let Some(e) = source {
-        if let Some(js) = e.downcast_ref::<async_nats::jetstream::Error>() {
-            return matches!(js.error_code().0, 10008 | 10164);
-        }
-        source = e.source();
-    }
-    false
+    matches!(jetstream_code(err), Some(10008 | 10164))
 }
 
 /// Whether a message read failed because there is no such message.

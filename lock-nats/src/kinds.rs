@@ -41,6 +41,8 @@ pub(crate) struct Queue {
     /// The highest sequence in the range, markers included (0: none): what a write that needs
     /// the range unchanged expects.
     pub(crate) last: u64,
+    /// The latest server timestamp among the range's messages (ns since 1970).
+    pub(crate) newest_ns: i128,
 }
 
 /// Whether a stored message is a marker (a delete, a purge, a ttl's expiry), not an entry.
@@ -75,13 +77,9 @@ pub(crate) fn entry_of(message: &StreamMessage) -> Result<Option<Entry>> {
 
 impl Queue {
     /// Reads every entry of `keys`' range: one request per message (the range holds one
-    /// message per key: the bucket keeps no history).
-    ///
-    /// An entry whose ttl ended before a later message of the range was written (by the
-    /// server's timestamps) is dead even while the server still has it: the server removes
-    /// expired messages on a timer, and a server killed and restarted brought back an entry
-    /// that had expired before a newer holder was granted (an election's observer then saw
-    /// the older term again: `distlock check`, restart fault).
+    /// message per key: the bucket keeps no history). An entry counts until the server
+    /// removes it: its owner can still renew it until then, so no reader may take it for
+    /// gone any earlier.
     pub(crate) async fn read(state: &BackendState, keys: &NameKeys) -> Result<Self> {
         state.connected()?;
         let mut queue = Self::default();
@@ -104,10 +102,8 @@ impl Queue {
                 queue.entries.push(entry);
             }
         }
-        queue
-            .entries
-            .retain(|e| e.expires_ns.is_none_or(|end| end >= newest));
         queue.entries.sort_by_key(Entry::token);
+        queue.newest_ns = newest;
         Ok(queue)
     }
 
@@ -121,9 +117,42 @@ impl Queue {
         }
     }
 
+    /// The subjects of the entries that keep the one at `index` waiting, whose removal is
+    /// worth a new read: an exclusive entry's predecessor, a shared entry's nearest exclusive
+    /// entry ahead, a permit's every entry ahead.
+    pub(crate) fn blockers(&self, index: usize) -> Vec<String> {
+        let ahead = &self.entries[..index];
+        match self.entries[index].value.kind {
+            LockKind::Shared => ahead
+                .iter()
+                .rev()
+                .find(|e| e.value.kind != LockKind::Shared)
+                .map(|e| vec![e.subject.clone()])
+                .unwrap_or_default(),
+            LockKind::Permit { .. } => ahead.iter().map(|e| e.subject.clone()).collect(),
+            _ => ahead
+                .last()
+                .map(|e| vec![e.subject.clone()])
+                .unwrap_or_default(),
+        }
+    }
+
     /// The position of the entry at `subject`.
     pub(crate) fn position(&self, subject: &str) -> Option<usize> {
         self.entries.iter().position(|e| e.subject == subject)
+    }
+
+    /// The queue as an observer should see it: without the entries whose ttl ended before a
+    /// later message of the range was written (by the server's timestamps), which the server
+    /// has not removed yet. A server killed and restarted brought back such an entry for a
+    /// moment, after a newer holder had been granted, and an election's observer saw the
+    /// older term again (`distlock check`, restart fault). Never for a lock decision: the
+    /// entry's owner could still renew it.
+    pub(crate) fn observed(mut self) -> Self {
+        let newest = self.newest_ns;
+        self.entries
+            .retain(|e| e.expires_ns.is_none_or(|end| end >= newest));
+        self
     }
 
     /// The holders.
@@ -182,6 +211,7 @@ mod tests {
                 })
                 .collect(),
             last: kinds.len() as u64,
+            newest_ns: 0,
         }
     }
 
@@ -192,6 +222,9 @@ mod tests {
     #[test]
     fn who_holds() {
         let q = queue(&[R, R, X, R]);
+        assert_eq!(q.blockers(3), ["s2"]);
+        assert_eq!(q.blockers(2), ["s1"]);
+        assert_eq!(queue(&[P2, P2, P2]).blockers(2), ["s0", "s1"]);
         assert_eq!(
             (0..4).map(|i| q.holds(i)).collect::<Vec<_>>(),
             [true, true, false, false]
