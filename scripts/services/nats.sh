@@ -3,7 +3,8 @@
 # ${XDG_CACHE_HOME:-~/.cache}/distlock/nats-venv (python3 -m venv; Debian's python3-venv). Each
 # server: JetStream with file storage in its data dir, an HTTP monitoring port (/healthz, /varz,
 # /jsz), its config generated in conf/NAME.conf. Failover group nats-cluster (kills the leader of
-# the busiest replicated KV_ stream, the lock bucket in use, else the JetStream meta leader).
+# the replicated stream of the default bucket, KV_distlock, else of the busiest replicated KV_
+# stream, else the JetStream meta leader).
 #   nats                         single server, client 14222, monitor 18222
 #   nats-cluster-1..3            3-node JetStream cluster `distlock`: client 14231..14233, routes
 #                                14241..14243, monitor 18231..18233
@@ -189,7 +190,8 @@ nats_env() {
 # when it says so itself; another member may still name a dead one)
 
 # nats_js COMMAND ARGS... NAME=PORT...: COMMAND over the /jsz answers of the members given:
-#   leader                 "STREAM LEADER" of the replicated KV_ stream with the highest last
+#   leader                 "STREAM LEADER" of the replicated KV_distlock stream (the default
+#                          bucket), else of the replicated KV_ stream with the highest last
 #                          sequence, else "- META_LEADER" (LEADER empty while there is none)
 #   successor STREAM OLD   the leader of STREAM (-: the meta leader) when it is not OLD
 #   settled                exit 0 when there is a meta leader, every member given is a current
@@ -243,7 +245,8 @@ def stream_leader(seen):
 if cmd == "leader":
     kv = [(seq, n) for n, (seq, repl, _) in streams().items() if n.startswith("KV_") and repl]
     if kv:
-        _, n = max(kv)
+        # The default bucket's (what fault-check.sh's nats_cluster locks in), else the busiest.
+        _, n = max(kv, key=lambda k: (k[1] == "KV_distlock", k))
         print(n, stream_leader(streams()[n][2]))
     else:
         print("-", meta_leader())
