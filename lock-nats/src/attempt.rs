@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use distlock_core::backend::{AcquireRequest, Acquired, Attempt, AttemptMode, Step};
+use distlock_core::backend::{AcquireRequest, Acquired, Attempt, AttemptMode, Step, spawn_cleanup};
 use distlock_core::{FencingToken, LockKind, Result};
 
 use crate::backend::{BackendState, Key};
@@ -267,25 +267,31 @@ impl Attempt for NatsAttempt {
     }
 
     async fn abandon(self: Box<Self>) -> Result<()> {
-        if let Some(rev) = self.rev {
-            if let Written::Stored(marker) = self.state.purge(&self.slot.subject, rev, None).await?
-            {
-                if self.slot.hold().is_some() {
-                    self.state.slots.released(&self.name, marker, false);
-                }
-                return Ok(());
+        if let Some(rev) = self.rev
+            && let Written::Stored(marker) = self.state.purge(&self.slot.subject, rev, None).await?
+        {
+            if self.slot.hold().is_some() {
+                self.state.slots.released(&self.name, marker, false);
             }
-        } else if self.maybe_created.is_none() {
             return Ok(());
         }
-        // A write whose answer was lost: remove whatever is there, if it is ours.
-        match self.state.key(&self.slot.subject).await? {
-            Key::Live(entry) if *entry.value.owner == *self.owner => self
-                .state
-                .purge(&self.slot.subject, entry.rev, None)
-                .await
-                .map(|_| ()),
-            _ => Ok(()),
+        if self.rev.is_none() && self.maybe_created.is_none() {
+            return Ok(());
         }
+        // A write whose answer never came (the attempt may have been cancelled while it was
+        // in flight, and it may still land) or a key that moved: the subject is this
+        // attempt's alone (a client's key of a name serves one attempt or lease at a time),
+        // so remove whatever is there, with no expectation. Sent after the write on the same
+        // connection, the stream stores it after the write. In the background: a try_acquire
+        // waits for its abandon, and with the server unreachable the purge would add a whole
+        // operation timeout to the refusal.
+        let state = self.state.clone();
+        let subject = self.slot.subject.clone();
+        let slot = self.slot.hold();
+        spawn_cleanup("abandoning a NATS queue entry", None, move || {
+            let (state, subject, _slot) = (state.clone(), subject.clone(), slot.clone());
+            async move { state.purge_any(&subject).await.map(|_| ()) }
+        });
+        Ok(())
     }
 }

@@ -145,6 +145,16 @@ impl BackendState {
         self.send("purge", subject, within(publish, range)).await
     }
 
+    /// Removes whatever is at `subject`, leaving a purge marker that expires by itself: for
+    /// an attempt's own subject only.
+    pub(crate) async fn purge_any(&self, subject: &str) -> Result<Written> {
+        let publish = Publish::build()
+            .header("KV-Operation", "PURGE")
+            .header("Nats-Rollup", "sub")
+            .header("Nats-TTL", ttl_header(MARKER_TTL).as_str());
+        self.send("purge", subject, publish).await
+    }
+
     /// What the key at `subject` holds now.
     pub(crate) async fn key(&self, subject: &str) -> Result<Key> {
         self.connected()?;

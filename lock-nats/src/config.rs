@@ -279,6 +279,11 @@ impl NatsConfig {
             // application gave (and that a proxy in front of the servers stands for).
             .ignore_discovered_servers();
         if let Some(files) = &self.tls {
+            // async-nats builds its rustls configuration with the process's default crypto
+            // provider, which rustls cannot pick when the build has both ring and aws-lc-rs
+            // (cargo unifies features: zookeeper-client brings aws-lc-rs): then it panics.
+            // Ring, as the rest of the workspace; Err means one is installed already.
+            let _ = rustls::crypto::ring::default_provider().install_default();
             options = options.require_tls(true);
             if let Some(ca) = files.ca() {
                 options = options.add_root_certificates(ca.to_path_buf());
