@@ -103,7 +103,24 @@ impl NatsAttempt {
                 self.rev = Some(rev);
                 self.first = rev;
                 self.written = sent;
-                Ok(Step::Acquired(self.acquired(rev, alone)))
+                if !self.state.replicated {
+                    return Ok(Step::Acquired(self.acquired(rev, alone)));
+                }
+                // Raft applies in sequence order: once ours is read back, every lower one is.
+                let queue = Queue::read(&self.state, &self.keys).await?;
+                match queue.position(&self.slot.subject) {
+                    Some(at) if queue.holds(at) => {
+                        let alone = alone && queue.entries.len() == 1;
+                        Ok(Step::Acquired(self.acquired(rev, alone)))
+                    }
+                    _ => {
+                        self.state.purge(&self.slot.subject, rev, None).await?;
+                        self.rev = None;
+                        self.first = 0;
+                        self.slot.expected = 0;
+                        Ok(Step::Again)
+                    }
+                }
             }
             Written::Conflict => {
                 self.maybe_created = None;

@@ -49,6 +49,12 @@ pub(crate) struct BackendState {
     pub(crate) slots: Arc<Slots>,
     /// This client's tag: its key of a name is `<name>.<tag>`.
     pub(crate) tag: String,
+    /// The bucket's stream has replicas: a clustered stream gives a write its sequence when
+    /// it proposes it, so a write expecting the range's last revision can pass while a
+    /// lower-sequence write of the range is still being proposed (conformance on the R3
+    /// cluster: token 11 granted before 10). Writes that decide from an earlier read are
+    /// checked by a read after them there.
+    pub(crate) replicated: bool,
 }
 
 /// What a key holds now.
@@ -203,7 +209,7 @@ pub(crate) async fn open(config: &NatsConfig, timeout: Duration) -> Result<Arc<B
     let mut js = jetstream::new(client.clone());
     js.set_timeout(timeout);
     let bucket = Bucket::new(config.bucket());
-    let stream = open_stream(&js, &bucket, config.replicas()).await?;
+    let (stream, replicated) = open_stream(&js, &bucket, config.replicas()).await?;
     Ok(Arc::new(BackendState {
         renewer: Arc::new(NatsRenewer::new(js.clone(), stream.clone())),
         client,
@@ -212,6 +218,7 @@ pub(crate) async fn open(config: &NatsConfig, timeout: Duration) -> Result<Arc<B
         bucket,
         slots: Arc::default(),
         tag: crate::keys::new_tag(),
+        replicated,
     }))
 }
 
@@ -267,7 +274,7 @@ async fn open_stream(
     js: &jetstream::Context,
     bucket: &Bucket,
     replicas: u8,
-) -> Result<stream::Stream> {
+) -> Result<(stream::Stream, bool)> {
     let wanted = stream_config(bucket, replicas);
     let mut stream = match js.get_stream(&bucket.stream).await {
         Ok(stream) => stream,
@@ -293,7 +300,8 @@ async fn open_stream(
             bucket.name, bucket.events_prefix
         )));
     }
-    Ok(stream)
+    let replicated = have.num_replicas > 1;
+    Ok((stream, replicated))
 }
 
 /// The NATS JetStream backend. Create it with [`connect`](crate::connect).
