@@ -14,6 +14,10 @@ use crate::kinds::Queue;
 use crate::lease::{HeldKey, NatsLease};
 use crate::wake::Wake;
 
+/// How long past its ttl (by the server's timestamps) an entry the server still keeps is
+/// removed by a waiter behind it.
+const STALE_MARGIN_NS: i128 = 2_000_000_000;
+
 /// An acquisition of one name: its entry's subject (a tag of its own), and once written, its
 /// revision and first revision (its place in the queue and its fencing token).
 pub(crate) struct NatsAttempt {
@@ -248,6 +252,27 @@ impl NatsAttempt {
         }
         let queue = Queue::read(&self.state, &self.keys).await?;
         queue.check_kind(&self.name, self.kind)?;
+        // An entry over by its own timestamp plus ttl, and by a margin more, by the server's
+        // later timestamps, that the server still keeps (a server restarted after a kill
+        // brought such entries back, and a waiter behind one timed out in distlock check):
+        // its owner's deadline passed long ago, so remove it, only at the revision read (a
+        // renewal that got there first keeps it), and read again.
+        let stale: Vec<(String, u64)> = queue
+            .entries
+            .iter()
+            .filter(|e| e.subject != self.slot.subject)
+            .filter(|e| {
+                e.expires_ns
+                    .is_some_and(|end| end + STALE_MARGIN_NS < queue.newest_ns)
+            })
+            .map(|e| (e.subject.clone(), e.rev))
+            .collect();
+        if !stale.is_empty() {
+            for (subject, rev) in stale {
+                self.state.purge(&subject, rev, None).await?;
+            }
+            return Ok(Step::Again);
+        }
         let Some(position) = queue.position(&self.slot.subject) else {
             // Expired or removed between our write and the read.
             self.rev = None;
