@@ -211,7 +211,7 @@ pub(crate) async fn open(config: &NatsConfig, timeout: Duration) -> Result<Arc<B
     let bucket = Bucket::new(config.bucket());
     let (stream, replicated) = open_stream(&js, &bucket, config.replicas()).await?;
     Ok(Arc::new(BackendState {
-        renewer: Arc::new(NatsRenewer::new(js.clone(), stream.clone())),
+        renewer: Arc::new(NatsRenewer::new(js.clone())),
         client,
         js,
         stream,

@@ -25,7 +25,7 @@ pub const MAX_REPLICAS: u8 = 5;
 /// let config = NatsConfig::from_url("nats://10.0.0.1:4222,10.0.0.2/app_locks?replicas=3").unwrap();
 /// assert_eq!(config.servers(), ["10.0.0.1:4222", "10.0.0.2:4222"]);
 /// assert_eq!(config.bucket(), "app_locks");
-/// assert_eq!(config.replicas(), 1.max(3));
+/// assert_eq!(config.replicas(), 3);
 ///
 /// // Mutual TLS and a user: the password never shows in Debug or in any error.
 /// let config = NatsConfig::from_url(

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, stream};
+use async_nats::jetstream;
 use async_trait::async_trait;
 use distlock_core::backend::{RenewItem, Renewer, downcast_lease};
 use distlock_core::{Error, Result};
@@ -37,7 +37,7 @@ pub(crate) struct NatsRenewer {
 }
 
 impl NatsRenewer {
-    pub(crate) fn new(js: jetstream::Context, _stream: stream::Stream) -> Self {
+    pub(crate) fn new(js: jetstream::Context) -> Self {
         Self { js }
     }
 }
@@ -60,7 +60,7 @@ impl Renewer for NatsRenewer {
         }
         let mut results = Vec::with_capacity(items.len());
         for (item, entry) in items.iter().zip(pending) {
-            let Some((lease, _rev, sent)) = entry else {
+            let Some((lease, rev, sent)) = entry else {
                 results.push(Err(crate::error::backend_msg(
                     "a lease of another backend in a NATS renewal",
                 )));
@@ -75,8 +75,17 @@ impl Renewer for NatsRenewer {
                     lease.set_rev(new);
                     Ok(())
                 }
-                // Moved by a renewal whose answer was lost, or gone: as one renewal decides.
-                Ok(Written::Conflict) => refresh(lease, item.ttl).await,
+                // Somebody else wrote in the range of a lease that was alone: per key from now
+                // on. Else moved by a renewal whose answer was lost, or gone. Then as one
+                // renewal decides.
+                Ok(Written::Conflict) if lease.alone() => {
+                    lease.not_alone();
+                    refresh(lease, item.ttl).await
+                }
+                Ok(Written::Conflict) => match lease.after_conflict(rev).await {
+                    Ok(_) => refresh(lease, item.ttl).await,
+                    Err(err) => Err(err),
+                },
                 Err(err) => Err(err),
             });
         }
