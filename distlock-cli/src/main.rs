@@ -315,15 +315,16 @@ pub(crate) fn check_ttl(locks: &dyn DistributedLock, ttl: Duration) -> Result<()
 }
 
 /// The log filter: DISTLOCK_LOG if set, else from -q/-v. By default the library's warnings
-/// are shown except the ones distlock reports itself (a lost lock, a forced release).
+/// are shown except the ones distlock reports itself (a lost lock, a forced release, and
+/// async-nats's connection errors, which the NATS backend's error carries).
 fn log_filter(quiet: bool, verbose: u8) -> tracing_subscriber::EnvFilter {
     use tracing_subscriber::EnvFilter;
     if let Ok(filter) = EnvFilter::try_from_env("DISTLOCK_LOG") {
         return filter;
     }
     EnvFilter::new(match (quiet, verbose) {
-        (true, _) => "error",
-        (false, 0) => "warn,distlock_core::guard=error,distlock_core::client=error",
+        (true, _) => "error,async_nats=off",
+        (false, 0) => "warn,distlock_core::guard=error,distlock_core::client=error,async_nats=off",
         (false, 1) => "info",
         (false, 2) => "debug",
         (false, _) => "trace",

@@ -475,7 +475,8 @@ pub fn check_duration(
 }
 
 /// `url` with any password (in the user info or in a query option such as `password=`) replaced
-/// by `***`, cut to [`MAX_ECHO`] characters. Works on malformed URLs too.
+/// by `***`, cut to [`MAX_ECHO`] characters. Works on malformed URLs too. In the NATS schemes
+/// (`nats`, `tls`, `nats+tls`), a user info without a password is a token, replaced whole.
 ///
 /// ```
 /// use distlock_core::service_url::redact;
@@ -483,6 +484,8 @@ pub fn check_duration(
 /// assert_eq!(redact("postgres://app:s3cret@db:5432/x"), "postgres://app:***@db:5432/x");
 /// assert_eq!(redact("redis://h?password=s3cret&db=1"), "redis://h?password=***&db=1");
 /// assert_eq!(redact("redis://h:1"), "redis://h:1");
+/// assert_eq!(redact("nats://t0ken@h:4222"), "nats://***@h:4222");
+/// assert_eq!(redact("postgres://app@db/x"), "postgres://app@db/x");
 /// ```
 pub fn redact(url: &str) -> String {
     let mut out = String::with_capacity(url.len().min(MAX_ECHO + 16));
@@ -513,6 +516,8 @@ pub fn redact(url: &str) -> String {
                     out.push_str(user);
                     out.push_str(":***");
                 }
+                // NATS writes a token as a user without a password.
+                None if is_token_scheme(&url[..start]) => out.push_str("***"),
                 None => out.push_str(userinfo),
             }
             &url[at..]
@@ -556,6 +561,14 @@ pub fn echo(text: &str) -> String {
     }
     let cut: String = text.chars().take(MAX_ECHO).collect();
     format!("{cut}... ({} bytes in all)", text.len())
+}
+
+/// Schemes (given with their `://`) whose user info without a password is a token.
+fn is_token_scheme(scheme: &str) -> bool {
+    let scheme = scheme.strip_suffix("://").unwrap_or(scheme);
+    ["nats", "tls", "nats+tls"]
+        .iter()
+        .any(|t| scheme.eq_ignore_ascii_case(t))
 }
 
 fn is_secret_key(key: &str) -> bool {

@@ -171,6 +171,9 @@ fn no_rendering_shows_the_password() {
         format!("redis://h?a=1&p@ss={secret}"),
         format!("redis://h?=password={secret}"),
         format!(":[//u:{secret}@@&xn--://x"),
+        format!("nats://{secret}@h:4222"),
+        format!("NATS+TLS://{secret}@a,b/bucket?ca=/c.pem"),
+        format!("tls://{secret}@h?x@y"),
     ] {
         let shown = [
             redact(&url),
