@@ -230,13 +230,13 @@ fn check_version(client: &async_nats::Client) -> Result<()> {
         .map(|p| p.parse::<u64>().unwrap_or(0));
     let version = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
     if version < MIN_SERVER {
-        return Err(backend_msg(format!(
+        return Err(Error::Unsupported(format!(
             "NATS server {} is too old: locks need per-message ttls (server {}.{} or newer)",
             info.version, MIN_SERVER.0, MIN_SERVER.1
         )));
     }
     if !info.jetstream {
-        return Err(backend_msg(format!(
+        return Err(Error::Unsupported(format!(
             "NATS server {} has JetStream disabled: start it with -js",
             info.server_name
         )));

@@ -302,7 +302,16 @@ impl NatsConfig {
                 let seed = tokio::fs::read_to_string(path).await.map_err(|err| {
                     Error::InvalidConfig(format!("nkey= file {}: {err}", path.display()))
                 })?;
-                options.nkey(seed.trim().to_owned())
+                let seed = seed.trim();
+                // Checked here: async-nats would dial and fail with "failed signing nonce".
+                // The message names the file and the reason, never the content.
+                nkeys::KeyPair::from_seed(seed).map_err(|err| {
+                    Error::InvalidConfig(format!(
+                        "nkey= file {} does not hold an NKey seed (SU...): {err}",
+                        path.display()
+                    ))
+                })?;
+                options.nkey(seed.to_owned())
             }
             Auth::CredsFile(path) => options.credentials_file(path).await.map_err(|err| {
                 Error::InvalidConfig(format!("creds= file {}: {err}", path.display()))

