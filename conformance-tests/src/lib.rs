@@ -254,6 +254,8 @@ macro_rules! __case_table {
             many_locks_stay_held: true,
             list_shows_held_locks: false,
             force_release_hands_over_with_higher_token: false,
+            release_hold_frees_exactly_that_hold: false,
+            release_hold_of_one_holder_keeps_the_others: false,
             cut_connection_is_survived_or_reported: true,
             server_unavailable_then_recovers: true,
             killed_waiter_does_not_block_the_queue: false,

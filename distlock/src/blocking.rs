@@ -267,6 +267,18 @@ impl Client {
             lock.force_release(&name).await
         })
     }
+
+    /// Releases the one hold of `name` with this owner and token; see
+    /// [`DistributedLock::release_hold`].
+    ///
+    /// # Errors
+    /// As [`DistributedLock::release_hold`]; [`Error::BlockingInAsyncContext`].
+    pub fn release_hold(&self, name: &str, owner: &str, token: FencingToken) -> Result<bool> {
+        let (name, owner) = (name.to_owned(), owner.to_owned());
+        self.call("release_hold", move |lock| async move {
+            lock.release_hold(&name, &owner, token).await
+        })
+    }
 }
 
 fn owned(names: &[&str]) -> Vec<String> {

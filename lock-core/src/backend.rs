@@ -65,6 +65,32 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
         )))
     }
 
+    /// Releases the one live hold of `name` whose owner is `owner` (the
+    /// [`AcquireRequest::owner`] of its acquisition) and whose fencing token is `token`, as its
+    /// holder's release would (its waiters are woken), from any process. Touches nothing else:
+    /// not another holder of a shared lock or semaphore, not a newer hold, not a waiter.
+    /// Returns whether that hold was live and is now released; `Ok(false)` when no live hold
+    /// of `name` has both that owner and that token (released, expired, forced out, or never).
+    /// The check and the removal are one atomic step on the server.
+    ///
+    /// As for [`force_release`](Self::force_release), the fencing state survives and the
+    /// released holder's renewal and release then fail with
+    /// [`Error::NotHeld`](crate::Error::NotHeld). A backend that overrides it declares
+    /// [`Capabilities::release_hold`](crate::Capabilities::release_hold); the default says it
+    /// cannot.
+    async fn release_hold(
+        &self,
+        name: &LockName,
+        owner: &str,
+        token: FencingToken,
+    ) -> Result<bool> {
+        let _ = (name, owner, token);
+        Err(crate::Error::Unsupported(format!(
+            "{} cannot release a hold by its owner and token",
+            self.name()
+        )))
+    }
+
     /// Counts what the server keeps for the lock names that start with `prefix` (every name
     /// when empty; a valid name prefix, checked by the caller): each key, row or node this
     /// backend writes for them, held or not, by kind. For operators and the growth

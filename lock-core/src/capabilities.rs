@@ -28,6 +28,9 @@ pub struct Capabilities {
     pub list: bool,
     /// Whether [`DistributedLock::force_release`](crate::DistributedLock::force_release) works.
     pub force_release: bool,
+    /// Whether [`DistributedLock::release_hold`](crate::DistributedLock::release_hold) works:
+    /// releasing one hold, named by its owner and fencing token, from any process.
+    pub release_hold: bool,
     /// Whether [`LockKind::Shared`](crate::LockKind::Shared) holds (read-write locks) work.
     pub shared: bool,
     /// The largest semaphore [`LockKind::Permit`](crate::LockKind::Permit) may ask for; 0:
@@ -41,7 +44,8 @@ pub struct Capabilities {
 
 impl Capabilities {
     /// Capabilities with the given fencing guarantee; not FIFO, polling, ttl 1 ms ..= 1 day,
-    /// loss detected by renewal, no listing, no force release, exclusive locks only, shared
+    /// loss detected by renewal, no listing, no force release, no release of a hold by its
+    /// token, exclusive locks only, shared
     /// between processes.
     pub fn new(fencing: FencingGuarantee) -> Self {
         Self {
@@ -53,6 +57,7 @@ impl Capabilities {
             loss_detection: LossDetection::Renewal,
             list: false,
             force_release: false,
+            release_hold: false,
             shared: false,
             max_permits: 0,
             process_local: false,
@@ -130,6 +135,14 @@ impl Capabilities {
     #[must_use]
     pub fn with_force_release(mut self, force_release: bool) -> Self {
         self.force_release = force_release;
+        self
+    }
+
+    /// Declares that one hold can be released by its owner and token (see
+    /// [`release_hold`](Self::release_hold)).
+    #[must_use]
+    pub fn with_release_hold(mut self, release_hold: bool) -> Self {
+        self.release_hold = release_hold;
         self
     }
 }

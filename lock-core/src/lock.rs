@@ -208,6 +208,36 @@ pub trait DistributedLock: Send + Sync + Debug {
         Ok(None)
     }
 
+    /// Releases exactly one hold of `name`, the one whose owner is `owner` and whose fencing
+    /// token is `token` (as [`LockGuard::owner`] and [`LockGuard::token`] report them, e.g.
+    /// from `distlock status` or `list`), from any process: a supervisor freeing the lock of
+    /// a worker it knows is dead, without the risk of [`force_release`](Self::force_release)
+    /// freeing a newer holder. Returns `Ok(true)` when that hold was live and is now released
+    /// (its waiters are woken as by a release), `Ok(false)` when no live hold of `name` has
+    /// that owner and that token: released, expired or forced out already, or a typo. Other
+    /// holders of a shared lock or semaphore, newer holds and waiters are untouched.
+    ///
+    /// The holder is not stopped: as after [`force_release`](Self::force_release), it learns
+    /// of the loss at its next renewal, and the next acquisition gets a higher
+    /// [`FencingToken`](crate::FencingToken).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) when the backend cannot do it
+    /// ([`Capabilities::release_hold`]); [`Error::InvalidName`](crate::Error::InvalidName);
+    /// [`Error::InvalidOptions`](crate::Error::InvalidOptions) for an empty owner, one with a
+    /// NUL or one longer than 512 bytes (no stored owner is: at most 161).
+    async fn release_hold(
+        &self,
+        name: &str,
+        owner: &str,
+        token: crate::FencingToken,
+    ) -> Result<bool> {
+        let _ = (name, owner, token);
+        Err(crate::Error::Unsupported(
+            "this lock cannot release a hold by its owner and token".into(),
+        ))
+    }
+
     /// **Dangerous**: frees `name` whoever holds it, as an operator breaking a stuck lock, and
     /// wakes its waiters. Returns whether a live lock was removed (`Ok(false)`: it was free).
     ///

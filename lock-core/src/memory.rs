@@ -193,6 +193,27 @@ impl MemoryStore {
         was_held
     }
 
+    /// Removes the live hold of `name` by `owner` (with `token`, when given) and wakes the
+    /// waiters. Returns whether there was one.
+    fn release(&self, name: &LockName, owner: &str, token: Option<FencingToken>) -> Result<bool> {
+        let mut state = self.available_state()?;
+        let now = Instant::now();
+        let Some(entry) = state.locks.get_mut(name) else {
+            return Ok(false);
+        };
+        match entry.holder(now, owner) {
+            Some(holder) if token.is_none_or(|t| t == holder.token) => {}
+            _ => return Ok(false),
+        }
+        entry.holders.retain(|h| *h.owner != *owner);
+        entry.notify();
+        self.shared.any_change.send_replace(());
+        if entry.is_idle() {
+            state.locks.remove(name);
+        }
+        Ok(true)
+    }
+
     /// Fault injection: while unavailable, every operation fails with [`Error::Unavailable`];
     /// leases keep running out meanwhile.
     pub fn set_available(&self, available: bool) {
@@ -277,6 +298,7 @@ impl LockBackend for MemoryBackend {
             .with_ttl_range(MIN_TTL, Duration::from_secs(365 * 24 * 3600))
             .with_list(true)
             .with_force_release(true)
+            .with_release_hold(true)
             .with_shared(true)
             .with_max_permits(MAX_PERMITS)
             .with_process_local(true)
@@ -331,6 +353,15 @@ impl LockBackend for MemoryBackend {
         // The process-wide token counter is untouched: the next holder's token is higher.
         drop(self.store.available_state()?);
         Ok(self.store.remove(name.as_str()))
+    }
+
+    async fn release_hold(
+        &self,
+        name: &LockName,
+        owner: &str,
+        token: FencingToken,
+    ) -> Result<bool> {
+        self.store.release(name, owner, Some(token))
     }
 
     fn watch(&self, _name: &LockName) -> Option<BoxStream<'static, ()>> {
@@ -537,20 +568,10 @@ impl Lease for MemoryLease {
     }
 
     async fn release(&self) -> Result<()> {
-        let mut state = self.store.available_state()?;
-        let now = Instant::now();
-        let Some(entry) = state.locks.get_mut(&self.name) else {
-            return Err(self.not_held());
-        };
-        if entry.holder(now, &self.owner).is_none() {
-            return Err(self.not_held());
+        if self.store.release(&self.name, &self.owner, None)? {
+            Ok(())
+        } else {
+            Err(self.not_held())
         }
-        entry.holders.retain(|h| h.owner != self.owner);
-        entry.notify();
-        self.store.shared.any_change.send_replace(());
-        if entry.is_idle() {
-            state.locks.remove(&self.name);
-        }
-        Ok(())
     }
 }

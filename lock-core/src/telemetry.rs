@@ -26,7 +26,7 @@
 //! | `distlock_acquire_wait_seconds` | histogram | backend | from the call to holding the lock, for every acquisition counted above |
 //! | `distlock_hold_seconds` | histogram | backend | from acquisition to the end of the hold: release, drop, abandon or loss |
 //! | `distlock_handoff_seconds` | histogram | backend | for an acquisition that found the lock taken: from the wake-up that preceded the successful attempt (the backend's release event, or the end of the pause between polls) to holding the lock |
-//! | `distlock_operation_duration_seconds` | histogram | backend, operation | one backend request: `acquire` (one attempt), `renew` (a batched renewal counts once per lock it renews), `release`, `abandon`, `inspect`, `list`, `force_release` |
+//! | `distlock_operation_duration_seconds` | histogram | backend, operation | one backend request: `acquire` (one attempt), `renew` (a batched renewal counts once per lock it renews), `release`, `abandon`, `inspect`, `list`, `force_release`, `release_hold` |
 //! | `distlock_held_guards` | gauge | backend | locks this process holds: acquired, and neither released, dropped, abandoned nor lost |
 //! | `distlock_waiting_acquires` | gauge | backend | `acquire` calls waiting for a lock they found taken |
 //!
@@ -45,11 +45,13 @@
 //! | `distlock.release` | DEBUG | `backend`, `name`, `token` | a release request (explicit or after a drop) |
 //! | `distlock.loss_signal` | DEBUG | `backend`, `name` | a backend's own loss report (session expiry) |
 //! | `distlock.force_release` | DEBUG | `backend`, `name` | an operator's `force_release` |
+//! | `distlock.release_hold` | DEBUG | `backend`, `name`, `token` | `release_hold` of one hold |
 //! | `distlock.cleanup` | DEBUG | `what` | a cleanup nobody waits for (a lease that ran out, an unanswered queue entry) |
 //! | target `distlock_core::waiting` | DEBUG event | `name` | an `acquire` found the lock taken and waits ([`WAITING_TARGET`](crate::WAITING_TARGET)) |
 //! | target `distlock_core::wait` | WARN event | | an `acquire` keeps failing to reach the backend (rate-limited: once, then every 10 s) |
 //! | `lock lost` | WARN event | `backend`, `name`, `token`, `reason` | a held lock was lost (an abandoned lock's expiry is `DEBUG`) |
 //! | `force-released a lock` | WARN event | `backend`, `name`, `removed` | `force_release` ran |
+//! | `released a hold by its owner and token` | WARN event | `backend`, `name`, `token`, `removed` | `release_hold` ran |
 //! | target `distlock_redis::restart` | WARN event | `old`, `new` | a Redis server restarted and forgot its locks |
 //! | target `distlock_redis::node` | WARN event | | `danger_skip_verify`: TLS certificates are not verified (at connect) |
 //! | target `distlock_zookeeper::backend` | WARN event | `session`, `state` | a ZooKeeper session ended; a new one is opened |
@@ -125,7 +127,7 @@ pub const ERROR_KINDS: [&str; 6] = [
 ];
 
 /// The values of the `operation` label of [`OPERATION_DURATION`].
-pub const OPERATIONS: [&str; 7] = [
+pub const OPERATIONS: [&str; 8] = [
     "acquire",
     "renew",
     "release",
@@ -133,6 +135,7 @@ pub const OPERATIONS: [&str; 7] = [
     "inspect",
     "list",
     "force_release",
+    "release_hold",
 ];
 
 /// A backend request, as the `operation` label names it.
@@ -145,6 +148,7 @@ pub(crate) enum Op {
     Inspect = 4,
     List = 5,
     ForceRelease = 6,
+    ReleaseHold = 7,
 }
 
 /// How a release request ended, as the `result` label names it.

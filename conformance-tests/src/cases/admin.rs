@@ -148,3 +148,139 @@ pub async fn force_release_hands_over_with_higher_token(ctx: Ctx) -> Outcome {
     release(new).await;
     Outcome::Passed
 }
+
+/// `release_hold` frees exactly the hold named by its owner and token: a wrong token, a wrong
+/// owner or a free name remove nothing; the right pair frees it (the holder learns of the loss
+/// within its renewal interval, its renew and release fail, a blocked waiter gets the lock with
+/// a higher token); the same pair again removes nothing and leaves the newer holder holding.
+pub async fn release_hold_frees_exactly_that_hold(ctx: Ctx) -> Outcome {
+    let (a, b, admin) = (ctx.client().await, ctx.client().await, ctx.client().await);
+    if !admin.capabilities().release_hold {
+        return Outcome::Skipped("the backend cannot release a hold by its token".into());
+    }
+    let name = ctx.name("by-token");
+    let opts = ctx.opts();
+    let interval = opts.renewal_interval().expect("renewal is on by default");
+    let release_hold = |owner: String, token: FencingToken| {
+        let (admin, name) = (admin.clone(), name.clone());
+        async move {
+            admin
+                .release_hold(&name, &owner, token)
+                .await
+                .unwrap_or_else(|err| panic!("release_hold({name:?}, {owner:?}, {token}): {err}"))
+        }
+    };
+    assert!(
+        !release_hold("nobody".into(), FencingToken::new(1)).await,
+        "release_hold of a free name reported a removal"
+    );
+    let old = acquire(&*a, &name, &opts).await;
+    let (owner, token) = (old.owner().to_owned(), old.token());
+    let lost = old.lost();
+    let waiter = {
+        let (name, opts) = (name.clone(), opts.clone());
+        tokio::spawn(async move { acquire(&*b, &name, &opts).await })
+    };
+    tokio::time::sleep(ctx.slack().min(ctx.ttl()) / 2).await;
+    assert!(!waiter.is_finished(), "the waiter got a held lock");
+    assert!(
+        !release_hold(owner.clone(), FencingToken::new(token.get() + 1)).await,
+        "a wrong token released the hold"
+    );
+    assert!(
+        !release_hold(format!("{owner}0"), token).await,
+        "a wrong owner released the hold"
+    );
+    old.renew()
+        .await
+        .expect("the holder still holds after the refused releases");
+    assert!(
+        release_hold(owner.clone(), token).await,
+        "release_hold of the live hold reported nothing removed"
+    );
+    tokio::time::timeout(interval + ctx.slack(), lost)
+        .await
+        .unwrap_or_else(|_| panic!("lost() did not resolve within {:?}", interval + ctx.slack()));
+    let renewed = old.renew().await;
+    assert!(
+        matches!(renewed, Err(Error::NotHeld { .. } | Error::Lost { .. })),
+        "renew after release_hold: {renewed:?}"
+    );
+    let within = ctx.ttl() + ctx.slack();
+    let new = tokio::time::timeout(within, waiter)
+        .await
+        .unwrap_or_else(|_| panic!("the waiter did not get the lock within {within:?}"))
+        .expect("the waiter panicked");
+    assert!(
+        new.token() > token,
+        "the next holder's token {} is not above the released holder's {token}",
+        new.token()
+    );
+    assert!(
+        !release_hold(owner.clone(), token).await,
+        "the released hold's pair released something again"
+    );
+    assert!(
+        !release_hold(owner, new.token()).await,
+        "the old owner with the new token released the new hold"
+    );
+    new.renew().await.expect("the new holder still holds");
+    release(new).await;
+    Outcome::Passed
+}
+
+/// `release_hold` of one reader of a read-write lock (or, on a backend without them, one
+/// permit holder of a semaphore) leaves the other holder holding and renewing, and lets a
+/// writer (a second permit) in only once the last one is gone.
+pub async fn release_hold_of_one_holder_keeps_the_others(ctx: Ctx) -> Outcome {
+    let (a, b, admin) = (ctx.client().await, ctx.client().await, ctx.client().await);
+    let caps = admin.capabilities();
+    if !caps.release_hold {
+        return Outcome::Skipped("the backend cannot release a hold by its token".into());
+    }
+    let (opts, other) = if caps.shared {
+        (ctx.opts().shared(), ctx.opts())
+    } else if caps.max_permits >= 2 {
+        // Two of two permits held: a third contender needs one freed.
+        (ctx.opts().with_permits(2), ctx.opts().with_permits(2))
+    } else {
+        return Outcome::Skipped("the backend has no shared holds".into());
+    };
+    let name = ctx.name("by-token-shared");
+    let first = acquire(&*a, &name, &opts).await;
+    let second = acquire(&*b, &name, &opts).await;
+    let lost = first.lost();
+    assert!(
+        admin
+            .release_hold(&name, first.owner(), first.token())
+            .await
+            .expect("release_hold"),
+        "release_hold of a live shared hold reported nothing removed"
+    );
+    let interval = opts.renewal_interval().expect("renewal is on by default");
+    tokio::time::timeout(interval + ctx.slack(), lost)
+        .await
+        .unwrap_or_else(|_| panic!("lost() did not resolve within {:?}", interval + ctx.slack()));
+    second
+        .renew()
+        .await
+        .expect("the other holder still holds after release_hold of the first");
+    assert!(!second.is_lost(), "the other holder lost its hold");
+    if caps.shared {
+        assert!(
+            try_acquire(&*admin, &name, &other).await.is_none(),
+            "a writer got in while a reader still holds"
+        );
+    } else {
+        let third = try_acquire(&*admin, &name, &other)
+            .await
+            .expect("the freed permit is free");
+        release(third).await;
+    }
+    release(second).await;
+    let writer = acquire_within(&*admin, &name, &other, ctx.ttl() + ctx.slack())
+        .await
+        .expect("free once both holds are gone");
+    release(writer).await;
+    Outcome::Passed
+}

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use distlock_core::{
-    AcquireOptions, Backoff, DistributedLock, Error, LockGuard, LockName, LossReason, OwnerId,
-    Renewal,
+    AcquireOptions, Backoff, DistributedLock, Error, FencingToken, LockGuard, LockName, LossReason,
+    OwnerId, Renewal,
 };
 use futures::future::join_all;
 use rand::Rng;

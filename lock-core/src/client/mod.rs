@@ -446,6 +446,54 @@ impl<B: LockBackend> DistributedLock for LockClient<B> {
         self.inner.backend.footprint(prefix).await
     }
 
+    async fn release_hold(
+        &self,
+        name: &str,
+        owner: &str,
+        token: crate::FencingToken,
+    ) -> Result<bool> {
+        let name = LockName::new(name)?;
+        if owner.is_empty() || owner.len() > 512 || owner.contains('\0') {
+            return Err(Error::InvalidOptions(format!(
+                "an owner to release must be 1..=512 bytes without NUL, got {} bytes",
+                owner.len()
+            )));
+        }
+        if !self.inner.backend.capabilities().release_hold {
+            return Err(Error::Unsupported(format!(
+                "{} cannot release a hold by its owner and token",
+                self.backend()
+            )));
+        }
+        let span = tracing::debug_span!(
+            "distlock.release_hold",
+            backend = self.backend(),
+            name = name.as_str(),
+            token = token.get()
+        );
+        let timeout = self.inner.config.operation_timeout;
+        let metrics = self.inner.instruments.handles(&name);
+        let sent = Instant::now();
+        let removed = within(
+            timeout,
+            "release hold",
+            self.inner.backend.release_hold(&name, owner, token),
+        )
+        .instrument(span)
+        .await
+        .and_then(|r| r);
+        metrics.measured(Op::ReleaseHold, sent, &removed);
+        let removed = removed?;
+        tracing::warn!(
+            backend = self.backend(),
+            name = name.as_str(),
+            token = token.get(),
+            removed,
+            "released a hold by its owner and token"
+        );
+        Ok(removed)
+    }
+
     async fn force_release(&self, name: &str) -> Result<bool> {
         let name = LockName::new(name)?;
         let span = tracing::debug_span!(
