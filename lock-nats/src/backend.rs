@@ -381,6 +381,7 @@ impl LockBackend for NatsBackend {
             .with_loss_detection(LossDetection::Renewal)
             .with_list(true)
             .with_force_release(true)
+            .with_release_hold(true)
             .with_shared(true)
             .with_max_permits(MAX_PERMITS)
     }
@@ -431,6 +432,35 @@ impl LockBackend for NatsBackend {
             }
         }
         Ok(removed)
+    }
+
+    /// The holder's entry is purged with a compare-and-set on its revision; a renewal in
+    /// between (a newer revision, the same token) is read again, up to 3 times.
+    async fn release_hold(
+        &self,
+        name: &LockName,
+        owner: &str,
+        token: FencingToken,
+    ) -> Result<bool> {
+        let keys = NameKeys::new(&self.state.bucket, name.as_str());
+        for _ in 0..3 {
+            let queue = Queue::read(&self.state, &keys).await?;
+            let Some(hold) = queue
+                .holders()
+                .find(|e| *e.value.owner == *owner && e.token() == token.get())
+            else {
+                return Ok(false);
+            };
+            if let Written::Stored(_) = self.state.purge(&hold.subject, hold.rev, None).await? {
+                return Ok(true);
+            }
+        }
+        Err(Error::Unavailable {
+            message: format!(
+                "NATS release of a hold of {name}: its entry changed during each of 3 attempts"
+            ),
+            source: None,
+        })
     }
 
     async fn footprint(&self, prefix: &str) -> Result<Option<Footprint>> {
