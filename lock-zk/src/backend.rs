@@ -67,6 +67,51 @@ impl fmt::Debug for ZkBackend {
 }
 
 impl ZkBackend {
+    /// Deletes the holders' nodes (as [`inspect`](LockBackend::inspect) counts them) whose
+    /// data says "held", or only the one of `(owner, token)`, each version-checked so that a
+    /// renewal in between makes it look again. ZooKeeper lets any session delete another's
+    /// ephemeral node. The waiters' watches fire and they take the lock; their nodes were
+    /// created later, so their tokens (`czxid`) are higher. The former holders' renewals
+    /// find their nodes gone and report the loss.
+    async fn remove_holders(
+        &self,
+        name: &LockName,
+        only: Option<(&str, FencingToken)>,
+    ) -> Result<bool> {
+        let session = self.session().await?;
+        session.check_connected()?;
+        let client = &session.client;
+        let parent = self.shared.config.lock_path(name);
+        let mut removed = false;
+        for _ in 0..8 {
+            let children = match client.list_children(&parent).await {
+                Ok(children) => children,
+                Err(zk::Error::NoNode) => return Ok(removed),
+                Err(err) => return Err(zk_error("listing the queue", err)),
+            };
+            let entries = queue(children);
+            let (_, held) = holders(&entries);
+            let mut again = false;
+            for holder in held {
+                if let Some((owner, _)) = only
+                    && unescape(holder.owner_part()).as_deref() != Some(owner)
+                {
+                    continue;
+                }
+                let token = only.map(|(_, token)| token);
+                match remove_held(client, &parent, holder, token).await? {
+                    Some(true) => removed = true,
+                    Some(false) => {}
+                    None => again = true,
+                }
+            }
+            if !again {
+                return Ok(removed);
+            }
+        }
+        Ok(removed)
+    }
+
     /// Opens a session (within `client_config.operation_timeout`) and creates the base node.
     ///
     /// # Errors
@@ -143,6 +188,7 @@ impl LockBackend for ZkBackend {
             .with_loss_detection(LossDetection::Session)
             .with_list(true)
             .with_force_release(true)
+            .with_release_hold(true)
             .with_shared(true)
             .with_max_permits(MAX_PERMITS)
     }
@@ -258,32 +304,19 @@ impl LockBackend for ZkBackend {
     /// were created later, so their tokens (`czxid`) are higher. The former holders' watches
     /// on their own nodes report the loss.
     async fn force_release(&self, name: &LockName) -> Result<bool> {
-        let session = self.session().await?;
-        session.check_connected()?;
-        let client = &session.client;
-        let parent = self.shared.config.lock_path(name);
-        let mut removed = false;
-        for _ in 0..8 {
-            let children = match client.list_children(&parent).await {
-                Ok(children) => children,
-                Err(zk::Error::NoNode) => return Ok(removed),
-                Err(err) => return Err(zk_error("listing the queue", err)),
-            };
-            let entries = queue(children);
-            let (_, held) = holders(&entries);
-            let mut again = false;
-            for holder in held {
-                match remove_held(client, &parent, holder).await? {
-                    Some(true) => removed = true,
-                    Some(false) => {}
-                    None => again = true,
-                }
-            }
-            if !again {
-                return Ok(removed);
-            }
-        }
-        Ok(removed)
+        self.remove_holders(name, None).await
+    }
+
+    /// As [`force_release`](LockBackend::force_release), for the one holder node whose name
+    /// carries `owner` and whose `czxid` (its token) is `token`: the delete is version-checked
+    /// against the data read with that `czxid`.
+    async fn release_hold(
+        &self,
+        name: &LockName,
+        owner: &str,
+        token: FencingToken,
+    ) -> Result<bool> {
+        self.remove_holders(name, Some((owner, token))).await
     }
 
     /// A children watch on the name's node (an exists watch while it does not exist),
@@ -325,11 +358,20 @@ impl LockBackend for ZkBackend {
     }
 }
 
-/// Deletes `holder`'s node if its data says "held", with the version read. `Some(removed)`,
-/// or `None` when it changed meanwhile (renewed, marked, gone): look again.
-async fn remove_held(client: &zk::Client, parent: &str, holder: &Entry) -> Result<Option<bool>> {
+/// Deletes `holder`'s node if its data says "held" (and its `czxid` is `token`, when given),
+/// with the version read. `Some(removed)`, or `None` when it changed meanwhile (renewed,
+/// marked, gone): look again.
+async fn remove_held(
+    client: &zk::Client,
+    parent: &str,
+    holder: &Entry,
+    token: Option<FencingToken>,
+) -> Result<Option<bool>> {
     let path = format!("{parent}/{}", holder.name);
     let stat = match client.get_data(&path).await {
+        Ok((_, stat)) if token.is_some_and(|t| u64::try_from(stat.czxid).ok() != Some(t.get())) => {
+            return Ok(Some(false));
+        }
         Ok((data, stat)) if parse_held(&data).is_some() => stat,
         // A waiter about to take its hold: it does not hold yet.
         Ok(_) => return Ok(Some(false)),
