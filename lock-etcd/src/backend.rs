@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_core::backend::within;
 use distlock_core::{
-    AcquireRequest, Attempt, Capabilities, FencingGuarantee, LockBackend, LockInfo, LockKind,
-    LockName, LossDetection, Result, WakeUp,
+    AcquireRequest, Attempt, Capabilities, FencingGuarantee, FencingToken, LockBackend, LockInfo,
+    LockKind, LockName, LossDetection, Result, WakeUp,
 };
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, WatchOptions,
@@ -206,6 +206,7 @@ impl LockBackend for EtcdBackend {
             .with_loss_detection(LossDetection::Renewal)
             .with_list(true)
             .with_force_release(true)
+            .with_release_hold(true)
             .with_shared(true)
             .with_max_permits(MAX_PERMITS)
     }
@@ -365,11 +366,36 @@ impl LockBackend for EtcdBackend {
     /// the lock; their keys were created later, so their tokens (create revisions) are higher.
     /// A former holder's renewal finds its key gone and reports the loss.
     async fn force_release(&self, name: &LockName) -> Result<bool> {
+        self.remove_holders(name, None).await
+    }
+
+    /// As [`force_release`](LockBackend::force_release), for the one holder key whose value
+    /// is `owner` and whose create revision (its token) is `token`, deleted in a transaction
+    /// that compares both.
+    async fn release_hold(
+        &self,
+        name: &LockName,
+        owner: &str,
+        token: FencingToken,
+    ) -> Result<bool> {
+        self.remove_holders(name, Some((owner, token))).await
+    }
+}
+
+impl EtcdBackend {
+    /// Deletes the holders of `name`, or only the one of `(owner, token)`: whether any was.
+    async fn remove_holders(
+        &self,
+        name: &LockName,
+        only: Option<(&str, FencingToken)>,
+    ) -> Result<bool> {
         let range = keys::name_range(&self.shared.prefix, name.as_str());
-        let queue = GetOptions::new()
+        let mut queue = GetOptions::new()
             .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_keys_only();
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        if only.is_none() {
+            queue = queue.with_keys_only();
+        }
         for _ in 0..8 {
             let resp = self
                 .get_retrying(
@@ -386,6 +412,21 @@ impl LockBackend for EtcdBackend {
             if keys.is_empty() {
                 return Ok(false);
             }
+            if let Some((owner, token)) = only {
+                let kinds: Vec<LockKind> = keys.iter().map(|k| k.kind).collect();
+                let Some(hold) = keys[..keys::holder_count(&kinds)].iter().find(|k| {
+                    k.owner == owner.as_bytes() && u64::try_from(k.rev).ok() == Some(token.get())
+                }) else {
+                    return Ok(false);
+                };
+                // The owner is compared too: a key reused by its client since is not this hold.
+                return self
+                    .delete_if(
+                        hold,
+                        Some(Compare::value(hold.key.clone(), CompareOp::Equal, owner)),
+                    )
+                    .await;
+            }
             if self.delete_holders(&keys).await? {
                 return Ok(true);
             }
@@ -393,33 +434,39 @@ impl LockBackend for EtcdBackend {
         }
         Ok(false)
     }
-}
 
-impl EtcdBackend {
     /// Deletes the holders among `queue` (in create-revision order), each only if it is still
     /// that key; whether any was.
     async fn delete_holders(&self, queue: &[QueuedKey]) -> Result<bool> {
         let kinds: Vec<LockKind> = queue.iter().map(|k| k.kind).collect();
         let mut removed = false;
         for holder in &queue[..keys::holder_count(&kinds)] {
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    holder.key.clone(),
-                    CompareOp::Equal,
-                    holder.rev,
-                )])
-                .and_then([TxnOp::delete(holder.key.clone(), None)]);
-            let done = self
-                .shared
-                .client
-                .kv_client()
-                .txn(txn)
-                .await
-                .map_err(|e| map_err("force release", e))?;
             // Not deleted: that holder released meanwhile.
-            removed |= done.succeeded();
+            removed |= self.delete_if(holder, None).await?;
         }
         Ok(removed)
+    }
+
+    /// Deletes `holder`'s key if it still has its create revision (and `also` holds): whether
+    /// it did.
+    async fn delete_if(&self, holder: &QueuedKey, also: Option<Compare>) -> Result<bool> {
+        let mut compares = vec![Compare::create_revision(
+            holder.key.clone(),
+            CompareOp::Equal,
+            holder.rev,
+        )];
+        compares.extend(also);
+        let txn = Txn::new()
+            .when(compares)
+            .and_then([TxnOp::delete(holder.key.clone(), None)]);
+        let done = self
+            .shared
+            .client
+            .kv_client()
+            .txn(txn)
+            .await
+            .map_err(|e| map_err("deleting a holder's key", e))?;
+        Ok(done.succeeded())
     }
 }
 
