@@ -143,3 +143,68 @@ fn unlock_force_frees_the_lock_the_holder_reports_the_loss_and_a_new_run_proceed
     assert!(out.status.success());
     assert!(text(&out.stdout).contains("was not held"));
 }
+
+#[test]
+fn unlock_by_owner_and_token_frees_only_that_hold() {
+    let env = Env::new();
+    let holder = env.holder("job");
+    let entry = env.wait_until_listed("job");
+    let owner = entry["owner"].as_str().expect("owner").to_owned();
+    let token = entry["token"].as_u64().expect("token");
+    let unlock = |owner: &str, token: u64| {
+        env.run(&[
+            "unlock",
+            "--name",
+            "job",
+            "--owner",
+            owner,
+            "--token",
+            &token.to_string(),
+        ])
+    };
+    for (who, t) in [(owner.as_str(), token + 1), ("somebody-else", token)] {
+        let out = unlock(who, t);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains("nothing released"),
+            "{}",
+            text(&out.stdout)
+        );
+    }
+    assert_eq!(
+        env.list(&[]).len(),
+        1,
+        "a wrong owner or token freed the lock"
+    );
+    // --owner needs --token, and --force does not go with them.
+    for args in [
+        vec!["unlock", "--name", "job", "--owner", &owner],
+        vec!["unlock", "--name", "job", "--token", "1"],
+        vec![
+            "unlock", "--name", "job", "--force", "--owner", &owner, "--token", "1",
+        ],
+    ] {
+        let out = env.run(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    assert_eq!(env.list(&[]).len(), 1, "a refused unlock freed the lock");
+    let out = unlock(&owner, token);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("released the hold"),
+        "{}",
+        text(&out.stdout)
+    );
+    let started = Instant::now();
+    let out = holder.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(76), "{}", text(&out.stderr));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let out = unlock(&owner, token);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("nothing released"));
+}
