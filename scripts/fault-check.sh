@@ -162,6 +162,7 @@ for pid in "${pids[@]}"; do
 done
 
 rc=0
+failed=()
 echo
 echo "| configuration | kind | guarantee | faults injected | acquired / attempts | fenced accesses accepted | late accesses only the fence stopped | holders stopped by their local deadline | violations | expected findings | longest stall | acquire after healing |"
 echo "|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|"
@@ -176,6 +177,14 @@ for config in "${ORDER[@]}"; do
     echo "==> fault-check.sh: $config FAILED (exit $status); its output:" >&2
     sed 's/^/    /' "$OUT/$config.log" >&2 || true
     rc=1
+    failed+=("$config")
   fi
 done
+if ((rc)); then
+  # Last, so that a log cut to its tail still names them, with the reason of each.
+  for config in "${failed[@]}"; do
+    echo "==> fault-check.sh: FAILED $config: $(grep -m 1 -iE 'violation|error|failed' \
+      "$OUT/$config.log" 2>/dev/null | cut -c 1-300)" >&2
+  done
+fi
 exit "$rc"
