@@ -40,6 +40,13 @@ pub(crate) struct CliBenchArgs {
     #[arg(long)]
     fenced_floor: bool,
 
+    /// Run N busy processes (distlock itself, spinning) beside the whole run, so that every
+    /// block, the floors' and distlock's, is measured on the same loaded machine; the report
+    /// says so and how much CPU they got. At most 256.
+    #[arg(long, value_name = "N", default_value_t = 0,
+          value_parser = clap::value_parser!(u16).range(0..=256))]
+    background_load: u16,
+
     #[command(flatten)]
     bench: BenchArgs,
 }
@@ -83,17 +90,25 @@ pub(crate) async fn bench(args: CliBenchArgs) -> Result<u8, Failure> {
         });
         targets.push(with_floor(target, url, args.fenced_floor));
     }
-    let mut config = args.bench.config();
+    let mut config = args
+        .bench
+        .config()
+        .with_background_load(usize::from(args.background_load));
     let growth = config.scenarios.growth_only();
     // The growth scenarios show a progress bar instead of progress lines.
     let instruments = CliInstruments::new(growth && config.progress);
     if growth {
         config.progress = false;
     }
+    let load = crate::bench_load::Load::start(usize::from(args.background_load))?;
     let report = distlock_bench::run_with(&targets, &config, &instruments)
         .await
         .map_err(|err| Failure::from_lock(&err, "benchmark"))?;
+    let load = load.finish();
     println!("{}", report.to_markdown());
+    if args.background_load > 0 {
+        println!("{load}");
+    }
     if let Some(dir) = &args.bench.charts {
         write_charts(&report, dir)?;
     }

@@ -19,6 +19,7 @@
 mod bench;
 mod bench_alloc;
 mod bench_args;
+mod bench_load;
 mod bench_metrics;
 mod check;
 mod child;
@@ -334,6 +335,10 @@ fn log_filter(quiet: bool, verbose: u8) -> tracing_subscriber::EnvFilter {
 fn main() -> ExitCode {
     // `run`'s supervisor: distlock re-executed, before anything else (see contain.rs).
     if let Some(code) = contain::supervisor_main() {
+        return code;
+    }
+    // `bench --background-load`'s busy processes, before anything else too.
+    if let Some(code) = bench_load::busy_main() {
         return code;
     }
     let cli = Cli::parse();

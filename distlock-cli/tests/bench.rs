@@ -407,3 +407,108 @@ fn charts_are_written_as_svg() {
         assert!(svg.contains("memory://bench-charts"), "{file}");
     }
 }
+
+/// The pids of the busy processes of the bench `parent` (their command line names it).
+fn busy_processes(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+                args.get(1) == Some(&&b"__distlock-busy"[..])
+                    && args.get(2) == Some(&parent.to_string().as_bytes())
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn background_load_runs_busy_processes_through_the_run_and_leaves_none() {
+    let env = Env::new();
+    let json = env.path("load.json");
+    let json_arg = json.to_str().expect("utf-8 path");
+    let child = env
+        .distlock(&[
+            "bench",
+            "--url",
+            "memory://bench-load",
+            "--scenario",
+            "s2",
+            "--duration",
+            "2s",
+            "--background-load",
+            "2",
+            "--json",
+            json_arg,
+            "--quiet",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn distlock bench");
+    let pid = child.id();
+    // While S2 runs, the two busy processes are there.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while busy_processes(pid).len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no 2 busy processes seen"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("wait");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(busy_processes(pid).is_empty(), "busy processes left behind");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("- Background load: 2 busy processes (2 still running"))
+        .unwrap_or_else(|| panic!("no load line:\n{stdout}"));
+    // "... got X s of CPU in Y s (Z cores)": they were busy.
+    let cores: f64 = line
+        .rsplit_once('(')
+        .and_then(|(_, c)| c.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no core count in {line}"));
+    assert!(cores > 0.2, "{line}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("the JSON report")).expect("JSON");
+    assert_eq!(report["config"]["background_load"], 2, "{report}");
+    // Out of range: a usage error.
+    let out = env.run(&["bench", "--url", "memory://x", "--background-load", "257"]);
+    assert_eq!(out.status.code(), Some(2));
+
+    // Killed with SIGKILL, the bench leaves no busy process spinning.
+    let mut child = env
+        .distlock(&[
+            "bench",
+            "--url",
+            "memory://bench-load-killed",
+            "--scenario",
+            "s2",
+            "--duration",
+            "30s",
+            "--background-load",
+            "2",
+            "--quiet",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn distlock bench");
+    let pid = child.id();
+    while busy_processes(pid).len() < 2 {
+        assert!(std::time::Instant::now() < deadline + std::time::Duration::from_secs(20));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    let gone = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !busy_processes(pid).is_empty() {
+        assert!(
+            std::time::Instant::now() < gone,
+            "busy processes outlived a killed bench"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

@@ -189,6 +189,11 @@ pub struct BenchConfig {
     /// Prefix of every lock name used by the run, so that runs never collide. Default: a
     /// random `lock-bench/<16 hex digits>`, new for every `BenchConfig::default()`.
     pub name_prefix: String,
+    /// Busy processes that ran beside the whole run (started by the caller, e.g. `distlock
+    /// bench --background-load N`): recorded in the report, so that figures measured on a
+    /// loaded machine say so. Every block, the floors' and distlock's, ran under the same load.
+    /// Default 0.
+    pub background_load: usize,
     /// Print progress lines to stderr during scenarios that take longer than a second.
     /// Default off (the binary turns it on).
     #[serde(skip)]
@@ -229,6 +234,7 @@ impl Default for BenchConfig {
             mixed_clients: 8,
             write_share: 0.1,
             permits: 3,
+            background_load: 0,
             hold_counts: vec![1, 10, 100, 1_000, 10_000],
             hold_ttl: Duration::from_secs(30),
             hold_for: None,
@@ -338,6 +344,14 @@ impl BenchConfig {
     #[must_use]
     pub fn with_write_share(mut self, share: f64) -> Self {
         self.write_share = share;
+        self
+    }
+
+    /// Records `n` busy processes running beside the run (see
+    /// [`background_load`](Self::background_load)); the caller starts them.
+    #[must_use]
+    pub fn with_background_load(mut self, n: usize) -> Self {
+        self.background_load = n;
         self
     }
 

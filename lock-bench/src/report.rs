@@ -307,6 +307,14 @@ impl Report {
     pub fn parameters(&self) -> String {
         let c = &self.config;
         let mut out = scenario_lines(c);
+        if c.background_load > 0 {
+            let _ = writeln!(
+                out,
+                "- Background load: {} busy processes (one core each when scheduled) ran through \
+                 the whole run, the floors' blocks and distlock's alike.",
+                c.background_load
+            );
+        }
         let _ = writeln!(
             out,
             "- Floor: the backend's minimal raw acquire + release, same loop as S1, interleaved with it in rotating blocks of 100 cycles; ratio = ops/s ÷ floor ops/s. \
@@ -367,6 +375,13 @@ impl Report {
     pub fn to_markdown(&self) -> String {
         if self.config.scenarios.growth_only() {
             let mut out = format!("- Runtime: tokio {}.\n", self.runtime);
+            if self.config.background_load > 0 {
+                let _ = writeln!(
+                    out,
+                    "- Background load: {} busy processes through the whole run.",
+                    self.config.background_load
+                );
+            }
             out.push_str(&self.growth_markdown());
             for t in &self.targets {
                 for e in &t.errors {
