@@ -89,64 +89,99 @@ pub async fn force_release_hands_over_with_higher_token(ctx: Ctx) -> Outcome {
             .expect("force release of a free lock"),
         "force release of a free lock reported a removal"
     );
-    let opts = ctx.opts();
-    let interval = opts.renewal_interval().expect("renewal is on by default");
-    let old = acquire(&*a, &name, &opts).await;
-    let old_token = old.token();
-    let lost = old.lost();
-    let waiter = {
-        let (name, opts) = (name.clone(), opts.clone());
-        tokio::spawn(async move { acquire(&*b, &name, &opts).await })
-    };
-    // Let the waiter block (and subscribe to wake-ups where the backend has them).
-    tokio::time::sleep(ctx.slack().min(ctx.ttl()) / 2).await;
-    assert!(!waiter.is_finished(), "the waiter got a held lock");
+    let contest = Contest::start(&ctx, a, b, &name).await;
     let forced = Instant::now();
     assert!(
         admin.force_release(&name).await.expect("force release"),
         "force release of a held lock reported nothing removed"
     );
-    let reason = tokio::time::timeout(interval + ctx.slack(), lost)
-        .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "lost() did not resolve within {:?} of the force release",
-                interval + ctx.slack()
-            )
-        });
-    assert!(
-        old.is_lost(),
-        "lost() resolved ({reason}) but is_lost() is false"
-    );
-    let renewed = old.renew().await;
-    assert!(
-        matches!(renewed, Err(Error::NotHeld { .. } | Error::Lost { .. })),
-        "renew after force release: {renewed:?}"
-    );
-    // A waiter is woken by the release event, or polls within the holder's former lease.
-    let within = ctx.ttl() + ctx.slack();
-    let new = tokio::time::timeout(within, waiter)
-        .await
-        .unwrap_or_else(|_| panic!("the waiter did not get the lock within {within:?}"))
-        .expect("the waiter panicked");
-    assert!(forced.elapsed() <= interval.max(within) + ctx.slack());
-    assert!(
-        new.token() > old_token,
-        "the next holder's token {} is not above the forced-out holder's {old_token}",
-        new.token()
-    );
-    let released = old.release().await;
-    assert!(
-        matches!(released, Err(Error::NotHeld { .. } | Error::Lost { .. })),
-        "release after force release: {released:?}"
-    );
-    assert!(
-        !new.is_lost(),
-        "the old holder's release took the new holder's lock"
-    );
-    new.renew().await.expect("the new holder can renew");
+    let new = contest.hand_over(&ctx, "force_release", forced).await;
     release(new).await;
     Outcome::Passed
+}
+
+/// A holder and a waiter blocked behind it, for the cases that remove the hold behind the
+/// holder's back.
+struct Contest {
+    old: LockGuard,
+    lost: std::pin::Pin<Box<dyn std::future::Future<Output = LossReason> + Send>>,
+    waiter: tokio::task::JoinHandle<LockGuard>,
+    interval: Duration,
+}
+
+impl Contest {
+    /// `a` holds `name`, `b` waits for it (blocked, subscribed to wake-ups where the backend
+    /// has them).
+    async fn start(ctx: &Ctx, a: crate::TestClient, b: crate::TestClient, name: &str) -> Self {
+        let opts = ctx.opts();
+        let interval = opts.renewal_interval().expect("renewal is on by default");
+        let old = acquire(&*a, name, &opts).await;
+        let lost = Box::pin(old.lost());
+        let waiter = {
+            let (name, opts) = (name.to_owned(), opts.clone());
+            tokio::spawn(async move { acquire(&*b, &name, &opts).await })
+        };
+        tokio::time::sleep(ctx.slack().min(ctx.ttl()) / 2).await;
+        assert!(!waiter.is_finished(), "the waiter got a held lock");
+        Self {
+            old,
+            lost,
+            waiter,
+            interval,
+        }
+    }
+
+    /// After `how` removed the hold at `removed`: the old holder learns of the loss within its
+    /// renewal interval, its `renew` and `release` fail, the waiter gets the lock (woken, or
+    /// polling within the former lease) with a higher token and keeps it. The new guard.
+    async fn hand_over(self, ctx: &Ctx, how: &str, removed: Instant) -> LockGuard {
+        let Self {
+            old,
+            lost,
+            waiter,
+            interval,
+        } = self;
+        let old_token = old.token();
+        let reason = tokio::time::timeout(interval + ctx.slack(), lost)
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "lost() did not resolve within {:?} of the {how}",
+                    interval + ctx.slack()
+                )
+            });
+        assert!(
+            old.is_lost(),
+            "lost() resolved ({reason}) but is_lost() is false"
+        );
+        let renewed = old.renew().await;
+        assert!(
+            matches!(renewed, Err(Error::NotHeld { .. } | Error::Lost { .. })),
+            "renew after {how}: {renewed:?}"
+        );
+        let within = ctx.ttl() + ctx.slack();
+        let new = tokio::time::timeout(within, waiter)
+            .await
+            .unwrap_or_else(|_| panic!("the waiter did not get the lock within {within:?}"))
+            .expect("the waiter panicked");
+        assert!(removed.elapsed() <= interval.max(within) + ctx.slack());
+        assert!(
+            new.token() > old_token,
+            "the next holder's token {} is not above the removed holder's {old_token}",
+            new.token()
+        );
+        let released = old.release().await;
+        assert!(
+            matches!(released, Err(Error::NotHeld { .. } | Error::Lost { .. })),
+            "release after {how}: {released:?}"
+        );
+        assert!(
+            !new.is_lost(),
+            "the old holder's release took the new holder's lock"
+        );
+        new.renew().await.expect("the new holder can renew");
+        new
+    }
 }
 
 /// `release_hold` frees exactly the hold named by its owner and token: a wrong token, a wrong
@@ -159,8 +194,6 @@ pub async fn release_hold_frees_exactly_that_hold(ctx: Ctx) -> Outcome {
         return Outcome::Skipped("the backend cannot release a hold by its token".into());
     }
     let name = ctx.name("by-token");
-    let opts = ctx.opts();
-    let interval = opts.renewal_interval().expect("renewal is on by default");
     let release_hold = |owner: String, token: FencingToken| {
         let (admin, name) = (admin.clone(), name.clone());
         async move {
@@ -174,15 +207,8 @@ pub async fn release_hold_frees_exactly_that_hold(ctx: Ctx) -> Outcome {
         !release_hold("nobody".into(), FencingToken::new(1)).await,
         "release_hold of a free name reported a removal"
     );
-    let old = acquire(&*a, &name, &opts).await;
-    let (owner, token) = (old.owner().to_owned(), old.token());
-    let lost = old.lost();
-    let waiter = {
-        let (name, opts) = (name.clone(), opts.clone());
-        tokio::spawn(async move { acquire(&*b, &name, &opts).await })
-    };
-    tokio::time::sleep(ctx.slack().min(ctx.ttl()) / 2).await;
-    assert!(!waiter.is_finished(), "the waiter got a held lock");
+    let contest = Contest::start(&ctx, a, b, &name).await;
+    let (owner, token) = (contest.old.owner().to_owned(), contest.old.token());
     assert!(
         !release_hold(owner.clone(), FencingToken::new(token.get() + 1)).await,
         "a wrong token released the hold"
@@ -191,31 +217,17 @@ pub async fn release_hold_frees_exactly_that_hold(ctx: Ctx) -> Outcome {
         !release_hold(format!("{owner}0"), token).await,
         "a wrong owner released the hold"
     );
-    old.renew()
+    contest
+        .old
+        .renew()
         .await
         .expect("the holder still holds after the refused releases");
+    let removed = Instant::now();
     assert!(
         release_hold(owner.clone(), token).await,
         "release_hold of the live hold reported nothing removed"
     );
-    tokio::time::timeout(interval + ctx.slack(), lost)
-        .await
-        .unwrap_or_else(|_| panic!("lost() did not resolve within {:?}", interval + ctx.slack()));
-    let renewed = old.renew().await;
-    assert!(
-        matches!(renewed, Err(Error::NotHeld { .. } | Error::Lost { .. })),
-        "renew after release_hold: {renewed:?}"
-    );
-    let within = ctx.ttl() + ctx.slack();
-    let new = tokio::time::timeout(within, waiter)
-        .await
-        .unwrap_or_else(|_| panic!("the waiter did not get the lock within {within:?}"))
-        .expect("the waiter panicked");
-    assert!(
-        new.token() > token,
-        "the next holder's token {} is not above the released holder's {token}",
-        new.token()
-    );
+    let new = contest.hand_over(&ctx, "release_hold", removed).await;
     assert!(
         !release_hold(owner.clone(), token).await,
         "the released hold's pair released something again"
