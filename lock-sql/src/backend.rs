@@ -348,6 +348,7 @@ impl LockBackend for SqlBackend {
             .with_ttl_range(MIN_TTL, MAX_TTL)
             .with_list(true)
             .with_force_release(true)
+            .with_release_hold(true)
             .with_shared(true)
             .with_max_permits(MAX_PERMITS)
             .with_process_local(process_local)
@@ -443,6 +444,41 @@ impl LockBackend for SqlBackend {
             .force_release(name.as_str())
             .await
             .map_err(|e| map_err("force release", e))
+    }
+
+    /// An exclusive hold: the lease's own release statement (owner and version checked, a live
+    /// lease only, waiters woken). A shared hold or permit: the kind the row's marker names,
+    /// and the hold's own release transaction (owner and token checked under the row's lock).
+    async fn release_hold(
+        &self,
+        name: &LockName,
+        owner: &str,
+        token: FencingToken,
+    ) -> Result<bool> {
+        let db = &self.inner.db;
+        let Ok(token) = i64::try_from(token.get()) else {
+            return Ok(false);
+        };
+        let failed = |e| map_err("release of a hold", e);
+        if db
+            .release(name.as_str(), owner, token)
+            .await
+            .map_err(failed)?
+        {
+            return Ok(true);
+        }
+        let peek = db.peek(name.as_str()).await.map_err(failed)?;
+        let Some(kind) = peek.and_then(|p| kinds::marked(p.owner.as_deref()?)) else {
+            return Ok(false);
+        };
+        db.release_hold(kinds::HeldBy {
+            name: name.as_str(),
+            owner,
+            kind,
+            token: Some(token),
+        })
+        .await
+        .map_err(failed)
     }
 }
 
