@@ -239,6 +239,7 @@ impl LockBackend for RedisBackend {
             .with_loss_detection(LossDetection::Renewal)
             .with_list(true)
             .with_force_release(true)
+            .with_release_hold(!redlock)
             .with_shared(true)
             .with_max_permits(if redlock { 0 } else { MAX_PERMITS })
     }
@@ -423,6 +424,27 @@ impl LockBackend for RedisBackend {
                 .map_err(|e| e.into_lock_error("force release"));
         }
         redlock::force_release(shared, &keys, name).await
+    }
+
+    /// One master only (the hold's token read, then its owner-checked release script): a Redlock token is
+    /// the largest of the majority's counters at acquisition, which no node can check, so
+    /// Redlock does not declare it.
+    async fn release_hold(
+        &self,
+        name: &LockName,
+        owner: &str,
+        token: FencingToken,
+    ) -> Result<bool> {
+        let shared = &self.shared;
+        if shared.redlock() {
+            return Err(Error::Unsupported(
+                "Redlock cannot release a hold by its token: no node can check it".into(),
+            ));
+        }
+        shared.nodes[0]
+            .release_hold(&LockKeys::new(name), &shared.config, owner, token.get())
+            .await
+            .map_err(|e| e.into_lock_error("release of a hold"))
     }
 }
 

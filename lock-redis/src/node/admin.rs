@@ -52,6 +52,45 @@ impl Node {
         Ok(false)
     }
 
+    /// Releases the one hold of `owner` with `token`, as its holder's release would (the
+    /// owner-checked release script, waiters handed the lock and woken). The token is read
+    /// first: an exclusive holder's is the fencing counter (nothing steps it while the lock is
+    /// held), a shared or permit holder's its entry in the tokens hash. Owners are unique per
+    /// acquisition, so the owner-checked script that follows removes that very hold, or
+    /// nothing if it ended meanwhile. `false`: no live hold with that owner and token.
+    pub(crate) async fn release_hold(
+        &self,
+        keys: &LockKeys,
+        config: &RedisConfig,
+        owner: &str,
+        token: u64,
+    ) -> Result<bool, RedisError> {
+        let kind = match self.inspect(keys).await? {
+            Holding::Exclusive { owner: holder, .. } if holder == owner => {
+                let mut conn = self.conn.clone();
+                let fence: Option<u64> = redis::cmd("GET")
+                    .arg(&keys.fence)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| self.classify(e))?;
+                if fence != Some(token) {
+                    return Ok(false);
+                }
+                LockKind::Exclusive
+            }
+            Holding::Holds { kind, holders }
+                if holders
+                    .iter()
+                    .any(|h| h.owner == owner && h.token == Some(token)) =>
+            {
+                kind
+            }
+            _ => return Ok(false),
+        };
+        self.release(keys, owner, config, ReleaseMode::Release, kind)
+            .await
+    }
+
     /// The names whose lock key exists and starts with `prefix`, by `SCAN` (never `KEYS`), until
     /// the scan ends or `enough` are found.
     pub(crate) async fn scan_names(
