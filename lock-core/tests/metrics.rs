@@ -18,7 +18,8 @@ use distlock_core::telemetry::{
 };
 use distlock_core::{
     AcquireOptions, AcquireRequest, Attempt, Capabilities, ClientConfig, DistributedLock, Error,
-    Lease, LockBackend, LockClient, LockInfo, LockName, LossReason, Renewal, Result, Step,
+    FencingToken, Lease, LockBackend, LockClient, LockInfo, LockName, LossReason, Renewal, Result,
+    Step,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
@@ -90,6 +91,15 @@ impl LockBackend for Counting {
 
     async fn force_release(&self, name: &LockName) -> Result<bool> {
         self.inner.force_release(name).await
+    }
+
+    async fn release_hold(
+        &self,
+        name: &LockName,
+        owner: &str,
+        token: FencingToken,
+    ) -> Result<bool> {
+        self.inner.release_hold(name, owner, token).await
     }
 }
 
@@ -286,6 +296,12 @@ async fn every_metric_after_a_scripted_scenario() {
     let refused = a.acquire("m/refused", &renewing).await.unwrap();
     acquisitions += 1;
     assert!(b.force_release("m/refused").await.unwrap());
+    // A release of a hold by its token, of a hold that is not there: measured, nothing else.
+    assert!(
+        !b.release_hold("m/free", "nobody", FencingToken::new(1))
+            .await
+            .unwrap()
+    );
     let reason = tokio::time::timeout(Duration::from_secs(5), refused.lost())
         .await
         .unwrap();
@@ -412,7 +428,7 @@ async fn every_metric_after_a_scripted_scenario() {
             "renew" => renewed + renew_failed,
             "release" => Served::get(&served.releases),
             "abandon" => Served::get(&served.abandons),
-            _ => 1, // inspect, list, force_release
+            _ => 1, // inspect, list, force_release, release_hold
         };
         let durations = seen.samples(OPERATION_DURATION, &[B, ("operation", operation)]);
         assert_eq!(durations.len() as u64, expected, "{operation} durations");

@@ -114,6 +114,11 @@ fn spans_match_the_table_and_a_healthy_run_is_quiet_at_info() {
             assert!(b.force_release("broken").await?);
             assert_eq!(broken.lost().await, LossReason::RenewalRejected);
             drop(broken);
+            // ... or releases one hold by its owner and token.
+            let one = a.acquire("one", &opts).await?;
+            assert!(b.release_hold("one", one.owner(), one.token()).await?);
+            assert_eq!(one.lost().await, LossReason::RenewalRejected);
+            drop(one);
             Ok::<_, Error>(())
         })
     })
@@ -143,6 +148,8 @@ fn spans_match_the_table_and_a_healthy_run_is_quiet_at_info() {
         loud,
         [
             (Level::WARN, "force-released a lock"),
+            (Level::WARN, "lock lost"),
+            (Level::WARN, "released a hold by its owner and token"),
             (Level::WARN, "lock lost")
         ]
     );
