@@ -311,6 +311,37 @@ pub struct NatsBackend {
 }
 
 impl NatsBackend {
+    /// Purges the holders of `name`, or only the one of `(owner, token)`, each with a
+    /// compare-and-set on the revision read; those renewed in between are read again (up to
+    /// 8 rounds). Whether any was purged.
+    async fn remove_holders(
+        &self,
+        name: &LockName,
+        only: Option<(&str, FencingToken)>,
+    ) -> Result<bool> {
+        let keys = NameKeys::new(&self.state.bucket, name.as_str());
+        let mut removed = false;
+        for _ in 0..8 {
+            let queue = Queue::read(&self.state, &keys).await?;
+            let mut again = false;
+            let chosen = queue.holders().filter(|e| {
+                only.is_none_or(|(owner, token)| {
+                    *e.value.owner == *owner && e.token() == token.get()
+                })
+            });
+            for holder in chosen {
+                match self.state.purge(&holder.subject, holder.rev, None).await? {
+                    Written::Stored(_) => removed = true,
+                    Written::Conflict => again = true,
+                }
+            }
+            if !again {
+                return Ok(removed);
+            }
+        }
+        Ok(removed)
+    }
+
     /// Connects as [`connect`](crate::connect) does, without the lock client around it.
     ///
     /// # Errors
@@ -422,45 +453,21 @@ impl LockBackend for NatsBackend {
         held_among(self, names, limit).await
     }
 
+    /// Purges every holder's entry, each with a compare-and-set on the revision read; a
+    /// holder renewed in between (a newer revision) is read again, up to 8 times.
     async fn force_release(&self, name: &LockName) -> Result<bool> {
-        let keys = NameKeys::new(&self.state.bucket, name.as_str());
-        let queue = Queue::read(&self.state, &keys).await?;
-        let mut removed = false;
-        for holder in queue.holders() {
-            if let Written::Stored(_) = self.state.purge(&holder.subject, holder.rev, None).await? {
-                removed = true;
-            }
-        }
-        Ok(removed)
+        self.remove_holders(name, None).await
     }
 
-    /// The holder's entry is purged with a compare-and-set on its revision; a renewal in
-    /// between (a newer revision, the same token) is read again, up to 3 times.
+    /// As [`force_release`](LockBackend::force_release), for the one holder entry whose value
+    /// carries `owner` and whose first revision (its token) is `token`.
     async fn release_hold(
         &self,
         name: &LockName,
         owner: &str,
         token: FencingToken,
     ) -> Result<bool> {
-        let keys = NameKeys::new(&self.state.bucket, name.as_str());
-        for _ in 0..3 {
-            let queue = Queue::read(&self.state, &keys).await?;
-            let Some(hold) = queue
-                .holders()
-                .find(|e| *e.value.owner == *owner && e.token() == token.get())
-            else {
-                return Ok(false);
-            };
-            if let Written::Stored(_) = self.state.purge(&hold.subject, hold.rev, None).await? {
-                return Ok(true);
-            }
-        }
-        Err(Error::Unavailable {
-            message: format!(
-                "NATS release of a hold of {name}: its entry changed during each of 3 attempts"
-            ),
-            source: None,
-        })
+        self.remove_holders(name, Some((owner, token))).await
     }
 
     async fn footprint(&self, prefix: &str) -> Result<Option<Footprint>> {
