@@ -112,6 +112,10 @@ impl Shared {
 struct ClientStats {
     acquisitions: u64,
     exclusive: u64,
+    /// Time this client spent holding a shared hold or permit inside the measured window.
+    held: Duration,
+    /// The same for exclusive holds.
+    held_exclusive: Duration,
     longest_wait: Duration,
     shared_wait: Recorder,
     exclusive_wait: Recorder,
@@ -122,6 +126,8 @@ impl ClientStats {
         Self {
             acquisitions: 0,
             exclusive: 0,
+            held: Duration::ZERO,
+            held_exclusive: Duration::ZERO,
             longest_wait: Duration::ZERO,
             shared_wait: Recorder::new(),
             exclusive_wait: Recorder::new(),
@@ -183,6 +189,15 @@ async fn client_loop(
         tokio::time::sleep(shared.hold).await;
 
         shared.leave(kind);
+        // The part of this hold inside the measured window (the gauges' span).
+        let inside = Instant::now()
+            .min(shared.measure_until)
+            .saturating_duration_since(acquired.max(shared.measure_from));
+        if kind == LockKind::Exclusive {
+            stats.held_exclusive += inside;
+        } else {
+            stats.held += inside;
+        }
         if let Err(err) = guard.release().await {
             error = Some(err);
             break;
@@ -230,7 +245,10 @@ pub(crate) async fn run_mixed(
     let per_client = client_shares(stats.iter().map(|s| (s.acquisitions, s.longest_wait)));
     let (mut total, mut exclusive) = (0, 0);
     let mut longest_wait = Duration::ZERO;
+    let (mut held, mut held_exclusive) = (Duration::ZERO, Duration::ZERO);
     for stats in stats {
+        held += stats.held;
+        held_exclusive += stats.held_exclusive;
         total += stats.acquisitions;
         exclusive += stats.exclusive;
         longest_wait = longest_wait.max(stats.longest_wait);
@@ -253,6 +271,9 @@ pub(crate) async fn run_mixed(
         longest_wait_us: micros(longest_wait),
         per_client,
         max_holders: shared.max_holders.load(Ordering::SeqCst),
+        mean_holders: held.as_secs_f64() / config.duration.as_secs_f64(),
+        writer_share: read_write
+            .then(|| held_exclusive.as_secs_f64() / config.duration.as_secs_f64()),
         max_writers: read_write.then(|| shared.max_writers.load(Ordering::SeqCst)),
         permits: match mix {
             Mix::Semaphore { permits } => Some(permits),

@@ -264,6 +264,12 @@ pub struct MixedResult {
     pub per_client: Vec<ClientShare>,
     /// The most shared holders (read/write mix) or permit holders (semaphore) at once.
     pub max_holders: u64,
+    /// Shared holders (read/write mix) or permits in use (semaphore) on average over the
+    /// measured window, weighted by time (each hold counted from its acquisition to its
+    /// release's start): how much of its capacity the lock kept in use.
+    pub mean_holders: f64,
+    /// The read/write mix: the share of the window a writer held the lock.
+    pub writer_share: Option<f64>,
     /// The read/write mix: the most exclusive holders at once (must be at most 1).
     pub max_writers: Option<u64>,
     /// The semaphore: its permits, the bound of `max_holders`.
@@ -659,8 +665,8 @@ impl Report {
         if mixed.is_empty() {
             return out;
         }
-        out.push_str("\n| target | scenario | acquisitions | exclusive | shared p50 / p99 µs | exclusive p50 / p99 µs | longest wait ms | per-client share | max holders | max writers | violations |\n");
-        out.push_str("|---|---|--:|--:|--:|--:|--:|---|--:|--:|--:|\n");
+        out.push_str("\n| target | scenario | acquisitions | exclusive | shared p50 / p99 µs | exclusive p50 / p99 µs | longest wait ms | per-client share | max holders | mean holders | writer held % | max writers | violations |\n");
+        out.push_str("|---|---|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|--:|\n");
         let p = |l: &Option<LatencySummary>| {
             l.as_ref().map_or_else(
                 || "-".to_owned(),
@@ -687,7 +693,7 @@ impl Report {
             };
             let _ = writeln!(
                 out,
-                "| {} | {scenario} | {} | {} | {} | {} | {:.1} | {} | {holders} | {writers} | {violations} |",
+                "| {} | {scenario} | {} | {} | {} | {} | {:.1} | {} | {holders} | {:.2} | {} | {writers} | {violations} |",
                 t.target,
                 m.acquisitions,
                 m.exclusive_acquisitions,
@@ -695,6 +701,9 @@ impl Report {
                 p(&m.exclusive_wait),
                 m.longest_wait_us / 1000.0,
                 shares.join(" / "),
+                m.mean_holders,
+                m.writer_share
+                    .map_or_else(|| "-".to_owned(), |w| format!("{:.1}", w * 100.0)),
             );
         }
         out
