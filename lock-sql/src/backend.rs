@@ -1,5 +1,5 @@
 //! The backend over one pool: connecting, creating and checking the table, capabilities,
-//! inspection, listing and forced release.
+//! inspection, listing, forced release and the release of one hold by its owner and token.
 
 use std::fmt;
 use std::sync::Arc;
@@ -446,39 +446,25 @@ impl LockBackend for SqlBackend {
             .map_err(|e| map_err("force release", e))
     }
 
-    /// An exclusive hold: the lease's own release statement (owner and version checked, a live
-    /// lease only, waiters woken). A shared hold or permit: the kind the row's marker names,
-    /// and the hold's own release transaction (owner and token checked under the row's lock).
+    /// The hold's own release, checked against its owner and token on the server: the lock
+    /// row's owner and version for an exclusive hold (one statement), the holders table's
+    /// owner and token for a shared hold or a permit (one transaction, under the lock row's
+    /// lock). The version is kept, and the waiters are woken as by the holder's release. A
+    /// token beyond the version column's range is nobody's.
     async fn release_hold(
         &self,
         name: &LockName,
         owner: &str,
         token: FencingToken,
     ) -> Result<bool> {
-        let db = &self.inner.db;
         let Ok(token) = i64::try_from(token.get()) else {
             return Ok(false);
         };
-        let failed = |e| map_err("release of a hold", e);
-        if db
-            .release(name.as_str(), owner, token)
+        self.inner
+            .db
+            .release_token(name.as_str(), owner, token)
             .await
-            .map_err(failed)?
-        {
-            return Ok(true);
-        }
-        let peek = db.peek(name.as_str()).await.map_err(failed)?;
-        let Some(kind) = peek.and_then(|p| kinds::marked(p.owner.as_deref()?)) else {
-            return Ok(false);
-        };
-        db.release_hold(kinds::HeldBy {
-            name: name.as_str(),
-            owner,
-            kind,
-            token: Some(token),
-        })
-        .await
-        .map_err(failed)
+            .map_err(|e| map_err("release hold", e))
     }
 }
 

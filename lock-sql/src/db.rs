@@ -6,12 +6,13 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_core::LockKind;
 use distlock_core::backend::unpoisoned;
 
 use crate::backend::SqlPool;
 use crate::dialect::CommonStatements;
 use crate::fence::FencedUpdate;
-use crate::kinds::{HeldBy, HolderInfo, JoinRequest, Joined};
+use crate::kinds::{self, HeldBy, HolderInfo, JoinRequest, Joined};
 use crate::renew::Renewal;
 use crate::wake::{ServerWait, Subscription};
 
@@ -181,6 +182,69 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
     /// Owner-and-version-checked release of a live lease (wakes waiters).
     async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {
         self.common().release(name, owner, version).await
+    }
+
+    /// [`Self::release`] of an exclusive lease by another than the lease itself (an operator's
+    /// [`Self::release_token`], maybe in another process): the same statement and wake-up,
+    /// without what only the lease's own release may use (MySQL: the connection pinned with
+    /// the lease, which a wrong version must not take away from it). The default:
+    /// [`Self::release`].
+    async fn release_other(
+        &self,
+        name: &str,
+        owner: &str,
+        version: i64,
+    ) -> Result<bool, sqlx::Error> {
+        self.release(name, owner, version).await
+    }
+
+    /// Releases the one live hold of `name` whose owner is `owner` and whose token is
+    /// `token`, of whatever kind, as its holder's release would (its waiters are woken); from
+    /// any process ([`LockBackend::release_hold`](distlock_core::LockBackend::release_hold)).
+    /// Whether that hold was live and is released now.
+    ///
+    /// An exclusive hold is the lock row (owner column, version column: the token): the
+    /// owner-and-version-checked release statement ([`Self::release_other`]). Otherwise, if
+    /// the row carries a live marker, the hold is a row of the holders table (owner, token):
+    /// the release of a shared hold or permit with that token ([`Self::release_hold`], one
+    /// transaction that locks the lock row and checks the marker, the owner, the token and
+    /// the holder's expiry). A token is given once (every acquisition bumps the version), so
+    /// one hold at most has this owner and token, and each step is atomic on the server. So
+    /// is the answer: an exclusive hold that the first step did not find live was over, or
+    /// not taken yet, then; refusing it is the answer of that moment.
+    async fn release_token(
+        &self,
+        name: &str,
+        owner: &str,
+        token: i64,
+    ) -> Result<bool, sqlx::Error> {
+        if kinds::marked(owner).is_some() {
+            // The lock row's owner while shared holds or permits live, and its version the
+            // latest holder's token: never an owner of a hold, and the release statement would
+            // free the row, ending every holder at once.
+            return Ok(false);
+        }
+        if self.release_other(name, owner, token).await? {
+            return Ok(true);
+        }
+        // Read first, so that a name held exclusively (or free) needs no transaction, nor
+        // the holders table. The transaction checks the marker again under the row lock.
+        let kind = self
+            .peek(name)
+            .await?
+            .as_ref()
+            .and_then(kinds::held_kind)
+            .filter(|kind| *kind != LockKind::Exclusive);
+        let Some(kind) = kind else {
+            return Ok(false);
+        };
+        let held = HeldBy {
+            name,
+            owner,
+            kind,
+            token: Some(token),
+        };
+        self.release_hold(held).await
     }
 
     /// Drops this owner's lock and reservation, whatever the version.

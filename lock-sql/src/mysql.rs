@@ -680,6 +680,25 @@ impl Db for MyDb {
         hot.finish(Ok(true))
     }
 
+    /// The release statement on any connection: the pinned one is taken only once the row
+    /// was released (a wrong version must not unpin the holder's, with its wake lock on it).
+    /// It is then closed, which gives the holder's wake lock up as its release would: the
+    /// waiters waiting on the server take the lock at once. A holder in another process keeps
+    /// its wake lock until its renewal is refused; its waiters' waits end within
+    /// [`MAX_WAIT_SECS`] in any case.
+    async fn release_other(
+        &self,
+        name: &str,
+        owner: &str,
+        version: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let released = self.common.release(name, owner, version).await?;
+        if released {
+            self.forget(name, owner);
+        }
+        Ok(released)
+    }
+
     async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error> {
         self.forget(name, owner);
         self.common.abandon(name, owner).await

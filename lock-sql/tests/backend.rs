@@ -601,6 +601,18 @@ mod mysql {
         format!("distlock:{hash:016x}:{version}")
     }
 
+    /// `client`'s hold of `name` taken with a wake lock: the first take inserts the row (no
+    /// wake lock), so it is released and taken again.
+    async fn held_with_wake_lock(
+        client: &LockClient<SqlBackend>,
+        name: &str,
+        opts: &AcquireOptions,
+    ) -> distlock_core::LockGuard {
+        let first = client.acquire(name, opts).await.expect("first acquire");
+        first.release().await.expect("release");
+        client.acquire(name, opts).await.expect("acquire")
+    }
+
     /// A hand-over whose wake-up never comes (the holder's wake lock is not given up): the
     /// waiter finds the row its own on its next read, holds it with that version, and takes
     /// its own wake lock, so that the waiter after it can wait on the server again.
@@ -613,14 +625,7 @@ mod mysql {
         };
         let name = unique("found");
         let opts = AcquireOptions::default().with_ttl(Duration::from_secs(5));
-        // The first take inserts the row (no wake lock); the second takes one.
-        a.acquire(&name, &opts)
-            .await
-            .expect("acquire")
-            .release()
-            .await
-            .expect("release");
-        let held = a.acquire(&name, &opts).await.expect("acquire");
+        let held = held_with_wake_lock(&a, &name, &opts).await;
         let waiter = waiting(&b, &name, &opts);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while row(&pool, &name).await.2.is_none() {
@@ -703,6 +708,74 @@ mod mysql {
         assert_eq!(row(&pool, &name).await.0, None);
     }
 
+    /// Whether a connection holds the wake lock `lock`, asked every 50 ms for 2 s until the
+    /// answer is `held` (a closed connection's locks go when the server notices the close).
+    async fn wake_lock_held(pool: &sqlx::MySqlPool, lock: &str, held: bool) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let used: Option<i64> = sqlx::query_scalar("SELECT IS_USED_LOCK(?)")
+                .bind(lock)
+                .fetch_one(pool)
+                .await
+                .expect("IS_USED_LOCK");
+            if used.is_some() == held || std::time::Instant::now() >= deadline {
+                return used.is_some();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `release_hold` run by the holder's own client, whose pinned connection holds the wake
+    /// lock that a waiter waits for on the server: a wrong token leaves the connection pinned
+    /// with its wake lock (not back in the pool still holding it), the right pair releases
+    /// the row and gives the wake lock up at once, as the holder's release would, not at the
+    /// holder's next renewal; the waiter gets the lock.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn release_hold_gives_the_holders_wake_lock_up() {
+        let Some(url) = url() else { return };
+        let (a, b) = (client(&url).await, client(&url).await);
+        let SqlPool::MySql(pool) = a.backend_ref().pool() else {
+            unreachable!("a mysql:// client")
+        };
+        let name = unique("by-token");
+        let opts = AcquireOptions::default().with_ttl(Duration::from_secs(10));
+        let held = held_with_wake_lock(&a, &name, &opts).await;
+        let version = i64::try_from(held.token().get()).expect("token");
+        let lock = wake_lock(&name, version);
+        assert!(
+            wake_lock_held(&pool, &lock, true).await,
+            "no wake lock taken"
+        );
+        let waiter = waiting(&b, &name, &opts);
+        let wrong = distlock_core::FencingToken::new(held.token().get() + 1);
+        assert!(
+            !a.release_hold(&name, held.owner(), wrong)
+                .await
+                .expect("release_hold"),
+            "a wrong token released the lock"
+        );
+        held.renew().await.expect("the holder holds");
+        assert!(!waiter.is_finished(), "the waiter got a held lock");
+        // The wake lock is still the pinned connection's: the holder's release gives it up.
+        assert!(
+            a.release_hold(&name, held.owner(), held.token())
+                .await
+                .expect("release_hold"),
+            "the pair released nothing"
+        );
+        assert!(
+            !wake_lock_held(&pool, &lock, false).await,
+            "the wake lock is still held after release_hold"
+        );
+        let next = granted(waiter).await;
+        assert!(next.token() > held.token());
+        assert!(matches!(
+            held.renew().await,
+            Err(Error::NotHeld { .. } | Error::Lost { .. })
+        ));
+        next.release().await.expect("release");
+    }
+
     #[tokio::test]
     async fn fenced_write() {
         let Some(url) = url() else { return };
@@ -763,10 +836,7 @@ mod mysql {
         let opts = AcquireOptions::default()
             .with_ttl(Duration::from_secs(10))
             .with_wait(Duration::from_secs(10));
-        // The first take inserts the row, without a wake lock; the later ones take one.
-        let first = a.acquire(&name, &opts).await.expect("first acquire");
-        first.release().await.expect("release");
-        let held = a.acquire(&name, &opts).await.expect("acquire");
+        let held = held_with_wake_lock(&a, &name, &opts).await;
         let waiter = waiting(&b, &name, &opts);
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(

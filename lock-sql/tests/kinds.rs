@@ -1,7 +1,7 @@
 //! Shared holds (read-write locks) and permits (semaphores) on PostgreSQL, MariaDB and a
 //! SQLite file: how many hold at once, writer preference, expiry of crashed holders, the
-//! order of fencing tokens, kinds that never mix, forced release, and lock tables created by
-//! an earlier version.
+//! order of fencing tokens, kinds that never mix, forced release, the release of one hold by
+//! its owner and token, and lock tables created by an earlier version.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -315,6 +315,54 @@ async fn force_release_frees_all(url: &str) {
     w.release().await.expect("release");
 }
 
+/// `release_hold` names one permit of a semaphore by its owner and token: a wrong token (the
+/// other holder's), a wrong owner, the lock row's marker as the owner (with the row's version)
+/// and the pair again free nothing; the pair frees that permit only (its holder's renewal is
+/// refused, the other holder's goes on, one more permit is free and no more).
+async fn release_hold_frees_one_permit(url: &str) {
+    let (a, b) = (client(url).await, client(url).await);
+    let name = unique("by-token");
+    let p1 = a.acquire(&name, &permits(2)).await.expect("permit");
+    let p2 = b.acquire(&name, &permits(2)).await.expect("permit");
+    let release_hold = async |owner: &str, token| {
+        a.release_hold(&name, owner, token)
+            .await
+            .expect("release_hold")
+    };
+    assert!(!release_hold(p1.owner(), p2.token()).await, "wrong token");
+    assert!(!release_hold(p2.owner(), p1.token()).await, "wrong owner");
+    // The lock row's marker with its version (the latest holder's token) is nobody's hold.
+    let marker = "\u{1}permits:2";
+    assert!(!release_hold(marker, p2.token()).await, "the marker");
+    assert!(release_hold(p1.owner(), p1.token()).await, "the pair");
+    assert!(
+        !release_hold(p1.owner(), p1.token()).await,
+        "the pair again"
+    );
+    assert!(matches!(
+        p1.renew().await,
+        Err(Error::NotHeld { .. } | Error::Lost { .. })
+    ));
+    p2.renew().await.expect("the other permit holder holds");
+    let info = a.inspect(&name).await.expect("inspect").expect("held");
+    assert_eq!((info.holders, info.token), (1, Some(p2.token())));
+    let p3 = b
+        .try_acquire(&name, &permits(2))
+        .await
+        .expect("try")
+        .expect("the freed permit");
+    assert!(p3.token() > p2.token());
+    assert!(
+        b.try_acquire(&name, &permits(2))
+            .await
+            .expect("try")
+            .is_none(),
+        "a third permit of two"
+    );
+    p2.release().await.expect("release");
+    p3.release().await.expect("release");
+}
+
 /// A lock table made by an earlier version (no holders table) keeps its locks and gains the
 /// holders table at the first shared hold; with `create_table=false` a missing holders table
 /// fails shared holds only.
@@ -396,6 +444,12 @@ macro_rules! kinds_suite {
         async fn force_release() {
             let Some(url) = $url else { return };
             super::force_release_frees_all(&url).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn release_hold() {
+            let Some(url) = $url else { return };
+            super::release_hold_frees_one_permit(&url).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
