@@ -291,6 +291,17 @@ fn a_killed_distlock_takes_what_its_command_started_with_it() {
             .spawn()
             .expect("spawn");
         let (child, escaped) = (read_pid(&child), read_pid(&escaped));
+        // `$!` is written when the shell forks: until `setsid` has run, the escapee is still
+        // in the command's process group (a kill then would take it, in either mode).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while nix::unistd::getsid(Some(Pid::from_raw(escaped))).ok() != Some(Pid::from_raw(escaped))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the escapee never left its session"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
         kill_pid(&holder, Signal::SIGKILL);
         let _ = holder.wait();
         wait_gone(
