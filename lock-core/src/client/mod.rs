@@ -71,6 +71,26 @@ impl<B: LockBackend> fmt::Debug for LockClient<B> {
 }
 
 impl<B: LockBackend> LockClient<B> {
+    /// An operator's request on `name` (a forced release, the release of one hold): within
+    /// the operation timeout, in `span`, its duration measured as `op`.
+    async fn operator_call(
+        &self,
+        name: &LockName,
+        op: Op,
+        what: &'static str,
+        span: tracing::Span,
+        call: impl Future<Output = Result<bool>>,
+    ) -> Result<bool> {
+        let metrics = self.inner.instruments.handles(name);
+        let sent = Instant::now();
+        let removed = within(self.inner.config.operation_timeout, what, call)
+            .instrument(span)
+            .await
+            .and_then(|r| r);
+        metrics.measured(op, sent, &removed);
+        removed
+    }
+
     /// A client with the default [`ClientConfig`].
     pub fn new(backend: B) -> Self {
         Self::build(backend, ClientConfig::default())
@@ -459,31 +479,16 @@ impl<B: LockBackend> DistributedLock for LockClient<B> {
                 owner.len()
             )));
         }
-        if !self.inner.backend.capabilities().release_hold {
-            return Err(Error::Unsupported(format!(
-                "{} cannot release a hold by its owner and token",
-                self.backend()
-            )));
-        }
         let span = tracing::debug_span!(
             "distlock.release_hold",
             backend = self.backend(),
             name = name.as_str(),
             token = token.get()
         );
-        let timeout = self.inner.config.operation_timeout;
-        let metrics = self.inner.instruments.handles(&name);
-        let sent = Instant::now();
-        let removed = within(
-            timeout,
-            "release hold",
-            self.inner.backend.release_hold(&name, owner, token),
-        )
-        .instrument(span)
-        .await
-        .and_then(|r| r);
-        metrics.measured(Op::ReleaseHold, sent, &removed);
-        let removed = removed?;
+        let call = self.inner.backend.release_hold(&name, owner, token);
+        let removed = self
+            .operator_call(&name, Op::ReleaseHold, "release hold", span, call)
+            .await?;
         tracing::warn!(
             backend = self.backend(),
             name = name.as_str(),
@@ -501,19 +506,10 @@ impl<B: LockBackend> DistributedLock for LockClient<B> {
             backend = self.backend(),
             name = name.as_str()
         );
-        let timeout = self.inner.config.operation_timeout;
-        let metrics = self.inner.instruments.handles(&name);
-        let sent = Instant::now();
-        let removed = within(
-            timeout,
-            "force release",
-            self.inner.backend.force_release(&name),
-        )
-        .instrument(span)
-        .await
-        .and_then(|r| r);
-        metrics.measured(Op::ForceRelease, sent, &removed);
-        let removed = removed?;
+        let call = self.inner.backend.force_release(&name);
+        let removed = self
+            .operator_call(&name, Op::ForceRelease, "force release", span, call)
+            .await?;
         tracing::warn!(
             backend = self.backend(),
             name = name.as_str(),
