@@ -94,11 +94,15 @@ impl ZkAttempt {
         !self.waiting_marked || self.clock.due(now)
     }
 
-    /// The session to use; a node of a dead session is gone with it.
+    /// The session to use; a node of a dead session is gone with it. A node of a retired
+    /// session (see `ZkBackend::session`) is left to lapse: that session is disconnected.
     async fn session(&mut self) -> Result<Arc<Session>> {
         if let Some(session) = &self.session {
-            if !session.is_dead() {
+            if !session.is_dead() && !session.is_retired() {
                 return Ok(session.clone());
+            }
+            if !session.is_dead() {
+                debug!(node = ?self.node, "moving to the backend's new session");
             }
             self.forget_node();
         }

@@ -2,8 +2,9 @@
 //! The protocol itself is in `attempt.rs` (acquiring) and `lease.rs` (holding).
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use distlock_core::backend::{held_among, unpoisoned as lock};
@@ -13,7 +14,7 @@ use distlock_core::{
 };
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use tracing::warn;
+use tracing::{debug, warn};
 use zookeeper_client as zk;
 
 use crate::ZkConfig;
@@ -36,6 +37,15 @@ pub(crate) const MIN_TTL: Duration = Duration::from_millis(500);
 /// permits is better served by several names.
 pub const MAX_PERMITS: u32 = 256;
 
+/// How long a session may stay disconnected before the backend tries a replacement for new
+/// work. The client library retries a lost connection with a doubling pause (0.1 s, 0.2 s,
+/// ... 6.4 s, 12.8 s): after a server restart of a few seconds it came back up to 13 s after
+/// the server did (measured in `distlock check`'s restart fault, where an acquisition
+/// waiting 10 s failed behind it), so a waiter opens a new session instead of waiting for
+/// the old one. Longer than the library's first pauses (0.1-0.8 s), which cover a dropped
+/// connection to a serving server.
+const REPLACE_AFTER: Duration = Duration::from_secs(2);
+
 /// The ZooKeeper [`LockBackend`]. Cheap to clone (clones share the session).
 #[derive(Clone)]
 pub struct ZkBackend {
@@ -52,6 +62,10 @@ pub(crate) struct BackendState {
     pub(crate) current: Mutex<Arc<Session>>,
     /// Serialises re-connection after a session ended.
     pub(crate) connecting: tokio::sync::Mutex<()>,
+    /// Whether a replacement for a disconnected session is being opened, and since when
+    /// (one at a time, at most one every [`REPLACE_AFTER`]).
+    pub(crate) replacing: AtomicBool,
+    pub(crate) replace_tried: Mutex<Option<Instant>>,
 }
 
 impl fmt::Debug for ZkBackend {
@@ -129,6 +143,8 @@ impl ZkBackend {
                 granted,
                 current: Mutex::new(session),
                 connecting: tokio::sync::Mutex::new(()),
+                replacing: AtomicBool::new(false),
+                replace_tried: Mutex::new(None),
             }),
         })
     }
@@ -149,10 +165,18 @@ impl ZkBackend {
         lock(&self.shared.current).client.session().clone()
     }
 
-    /// The live session, opening a new one if the previous one expired or was closed.
+    /// The live session, opening a new one if the previous one expired or was closed. One
+    /// disconnected for longer than [`REPLACE_AFTER`] is returned as it is (its requests fail
+    /// at once as unavailable), while a replacement opens in the background.
     pub(crate) async fn session(&self) -> Result<Arc<Session>> {
         let current = lock(&self.shared.current).clone();
         if !current.is_dead() {
+            if current
+                .disconnected_for()
+                .is_some_and(|gap| gap >= REPLACE_AFTER)
+            {
+                self.replace_in_background(&current);
+            }
             return Ok(current);
         }
         let _connecting = self.shared.connecting.lock().await;
@@ -171,6 +195,45 @@ impl ZkBackend {
         }
         *lock(&self.shared.current) = fresh.clone();
         Ok(fresh)
+    }
+
+    /// Opens a new session for new work while `stale` stays disconnected. `stale` lives on
+    /// with its guards (they renew if it reconnects, else they run out and report the loss);
+    /// its waiters move to the new session at their next poll, leaving their old queue nodes
+    /// to lapse (a contender removes a node whose lease ran out). Installed only if `stale`
+    /// is still the current session and still disconnected when the new one is open.
+    fn replace_in_background(&self, stale: &Arc<Session>) {
+        {
+            let mut tried = lock(&self.shared.replace_tried);
+            if tried.is_some_and(|at| at.elapsed() < REPLACE_AFTER)
+                || self.shared.replacing.swap(true, Ordering::SeqCst)
+            {
+                return;
+            }
+            *tried = Some(Instant::now());
+        }
+        let shared = self.shared.clone();
+        let stale = stale.clone();
+        tokio::spawn(async move {
+            match open_session(&shared.config, shared.client_config.operation_timeout).await {
+                Ok(fresh) => {
+                    let mut current = lock(&shared.current);
+                    if Arc::ptr_eq(&current, &stale) && !stale.is_connected() && !stale.is_dead() {
+                        warn!(
+                            stale = %stale.client.session_id(),
+                            fresh = %fresh.client.session_id(),
+                            "ZooKeeper session still reconnecting while the servers answer: new work goes to a new session"
+                        );
+                        stale.retire();
+                        *current = fresh;
+                    }
+                }
+                Err(err) => {
+                    debug!(error = %err, "no replacement for the disconnected ZooKeeper session yet")
+                }
+            }
+            shared.replacing.store(false, Ordering::SeqCst);
+        });
     }
 }
 

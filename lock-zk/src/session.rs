@@ -1,9 +1,10 @@
 //! The ZooKeeper session every node of a backend belongs to, and opening it.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use distlock_core::backend::{LossEpochs, within};
+use distlock_core::backend::{LossEpochs, unpoisoned, within};
 use distlock_core::{Error, LossReason, Result};
 use tokio::task::AbortHandle;
 use tracing::{debug, warn};
@@ -25,8 +26,22 @@ pub(crate) struct Session {
     /// Fires once, when the session ends (expired or closed): every guard of the session is
     /// lost then ([`distlock_core::Lease::shared_loss`]), through one watch for all of them.
     pub(crate) lost: LossEpochs,
+    /// How the connection fares, kept up to date by the task that watches the state.
+    link: Arc<Link>,
     /// The task that watches the session's state for its end; stopped with the session.
     watch: AbortHandle,
+}
+
+/// The connection of a session as its watcher saw it last, and whether the backend has
+/// moved new work to another session.
+#[derive(Default)]
+struct Link {
+    /// Since when the client has been reconnecting (`None` while connected).
+    disconnected_since: Mutex<Option<Instant>>,
+    /// Set when the backend opened a replacement because this session stayed disconnected
+    /// while the servers answered (see `ZkBackend::session`): its guards live on, but new
+    /// acquisitions go to the replacement.
+    retired: AtomicBool,
 }
 
 impl Drop for Session {
@@ -35,10 +50,18 @@ impl Drop for Session {
     }
 }
 
-/// Waits for the session's end and reports it to every guard of the session.
-async fn watch_session(mut states: zk::StateWatcher, lost: LossEpochs) {
+/// Waits for the session's end and reports it to every guard of the session; meanwhile
+/// notes when the connection went down.
+async fn watch_session(mut states: zk::StateWatcher, lost: LossEpochs, link: Arc<Link>) {
     let mut state = states.state();
     while !state.is_terminated() {
+        {
+            let mut since = unpoisoned(&link.disconnected_since);
+            *since = match state {
+                zk::SessionState::Disconnected => Some(since.unwrap_or_else(Instant::now)),
+                _ => None,
+            };
+        }
         state = states.changed().await;
     }
     debug!(%state, "ZooKeeper session ended: its locks are lost");
@@ -48,6 +71,21 @@ async fn watch_session(mut states: zk::StateWatcher, lost: LossEpochs) {
 impl Session {
     pub(crate) fn is_dead(&self) -> bool {
         self.client.state().is_terminated()
+    }
+
+    /// How long the client has been trying to reconnect, if it is.
+    pub(crate) fn disconnected_for(&self) -> Option<Duration> {
+        unpoisoned(&self.link.disconnected_since).map(|since| since.elapsed())
+    }
+
+    /// Whether the backend moved new work to a replacement session (this one may still
+    /// reconnect: the guards it holds keep it).
+    pub(crate) fn is_retired(&self) -> bool {
+        self.link.retired.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn retire(&self) {
+        self.link.retired.store(true, Ordering::SeqCst);
     }
 
     pub(crate) fn is_connected(&self) -> bool {
@@ -261,12 +299,19 @@ pub(crate) async fn open_session(config: &ZkConfig, timeout: Duration) -> Result
     .await??;
     debug!(session = %client.session_id(), timeout = ?client.session_timeout(), "ZooKeeper session opened");
     let lost = LossEpochs::new();
-    let watch = tokio::spawn(watch_session(client.state_watcher(), lost.clone())).abort_handle();
+    let link = Arc::<Link>::default();
+    let watch = tokio::spawn(watch_session(
+        client.state_watcher(),
+        lost.clone(),
+        link.clone(),
+    ))
+    .abort_handle();
     Ok(Arc::new(Session {
         client,
         acls,
         renewer: Arc::default(),
         lost,
+        link,
         watch,
     }))
 }

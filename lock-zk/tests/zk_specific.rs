@@ -87,6 +87,34 @@ async fn expired_session_is_reported_and_a_new_session_serves() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_does_not_wait_for_the_client_librarys_reconnect_backoff() {
+    let _serial = SERIAL.lock().await;
+    let Some(h) = harness().await else { return };
+    // The client library retries a lost connection after 0.1, 0.2, 0.4 ... 6.4, 12.8 s: cut
+    // off for 7.5 s (the session, 30 s, lives on), its next try is about 12.7 s after the
+    // cut. Once the path is back, an acquisition must not wait for that try.
+    let (client, tag) = h.proxied().await.expect("connect");
+    let before = client.backend_ref().session_info().id();
+    h.partition(&tag, true);
+    tokio::time::sleep(Duration::from_millis(7500)).await;
+    h.partition(&tag, false);
+    let healed = Instant::now();
+    let options = AcquireOptions::default()
+        .with_ttl(Duration::from_secs(2))
+        .with_wait(Duration::from_secs(4));
+    let guard = client
+        .acquire("backoff", &options)
+        .await
+        .expect("no acquisition within 4 s of the path coming back");
+    assert!(healed.elapsed() < Duration::from_secs(4));
+    assert_ne!(
+        client.backend_ref().session_info().id(),
+        before,
+        "acquired on the old session: the library reconnected early, nothing was tested"
+    );
+    guard.release().await.expect("release");
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_keep_increasing_across_a_server_restart() {
     let _serial = SERIAL.lock().await;
     let Some(h) = harness().await else { return };
