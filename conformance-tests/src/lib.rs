@@ -240,6 +240,8 @@ macro_rules! __case_table {
             release_wakes_blocked_waiter: false,
             crashed_holder_frees_after_ttl: false,
             dropped_guard_frees_lock_promptly: false,
+            lock_delay_keeps_a_crashed_holders_name: false,
+            lock_delay_does_not_hold_a_released_name: false,
             renewal_keeps_lock_beyond_ttl: false,
             stale_holder_cannot_release_or_renew: false,
             fencing_tokens_strictly_increase: false,

@@ -52,6 +52,9 @@ pub(crate) struct Held {
     /// The batch the lease's automatic renewals go to ([`Lease::renewer`]).
     renewer: Option<Arc<dyn Renewer>>,
     pub(crate) ttl: Duration,
+    /// The lease asked of the server at every renewal: the ttl plus the lock-delay
+    /// ([`crate::AcquireOptions::with_lock_delay`]).
+    lease_ttl: Duration,
     /// The margin kept off every lease for clock drift ([`crate::ClientConfig::drift`] of the ttl).
     drift: Duration,
     operation_timeout: Duration,
@@ -91,6 +94,8 @@ pub(crate) struct NewGuard {
     pub(crate) backend: &'static str,
     pub(crate) lease: Box<dyn Lease>,
     pub(crate) ttl: Duration,
+    /// The server's lease: the ttl plus the lock-delay.
+    pub(crate) lease_ttl: Duration,
     /// [`crate::ClientConfig::drift`] of the ttl.
     pub(crate) drift: Duration,
     /// [`crate::ClientConfig::operation_timeout`].
@@ -122,11 +127,12 @@ impl LockGuard {
             lease: new.lease,
             renewer,
             ttl: new.ttl,
+            lease_ttl: new.lease_ttl,
             drift: new.drift,
             operation_timeout: new.operation_timeout,
             hold_limit,
             valid_until: Mutex::new(valid_until),
-            lease_end: Mutex::new(new.lease_started + new.ttl),
+            lease_end: Mutex::new(new.lease_started + new.lease_ttl),
             lost: Mutex::new(None),
             flags: Flags::default(),
             schedule: Mutex::new(Schedule::new(new.lease_started, new.renewal_interval)),
@@ -440,7 +446,7 @@ impl Held {
         let sent = Instant::now();
         let timeout = self.operation_timeout;
         let what = Of("renewal", &self.name);
-        let result = within(timeout, what, self.lease.renew(self.ttl))
+        let result = within(timeout, what, self.lease.renew(self.lease_ttl))
             .instrument(span)
             .await
             .and_then(|answer| answer);
@@ -468,7 +474,7 @@ impl Held {
                 *valid = (*valid).max(until);
                 drop(valid);
                 let mut end = lock(&self.lease_end);
-                *end = (*end).max(sent + self.ttl);
+                *end = (*end).max(sent + self.lease_ttl);
                 Ok(())
             }
             Err(err) if err.is_not_held() => {
@@ -554,6 +560,10 @@ impl Watched for Held {
 
     fn ttl(&self) -> Duration {
         self.ttl
+    }
+
+    fn lease_ttl(&self) -> Duration {
+        self.lease_ttl
     }
 
     fn name(&self) -> &LockName {

@@ -38,6 +38,13 @@ pub struct AcquireOptions {
     /// What is asked for: the whole lock (the default), a shared hold, or one permit of a
     /// semaphore. See [`LockKind`].
     pub kind: LockKind,
+    /// Lock-delay (Chubby's, Consul's): when this hold ends without a release (the holder
+    /// crashed, was cut off or paused past its ttl), nobody gets the name for this long after
+    /// the hold's lease ran out, so that a resource that cannot check fencing tokens gets time
+    /// for the old holder's in-flight writes to drain. A release (or
+    /// [`force_release`](crate::DistributedLock::force_release)) frees the name at once.
+    /// Default zero. See [`with_lock_delay`](Self::with_lock_delay).
+    pub lock_delay: Duration,
 }
 
 impl Default for AcquireOptions {
@@ -49,6 +56,7 @@ impl Default for AcquireOptions {
             backoff: Backoff::default(),
             owner: None,
             kind: LockKind::Exclusive,
+            lock_delay: Duration::ZERO,
         }
     }
 }
@@ -127,6 +135,41 @@ impl AcquireOptions {
         self
     }
 
+    /// Sets the lock-delay: a hold that ends without a release keeps the name from everybody
+    /// for `delay` after its lease ran out.
+    ///
+    /// Enforced by the server: the lease written on the server lasts `ttl + delay` (acquire
+    /// and every renewal), while the holder's own deadline
+    /// ([`LockGuard::valid_until`](crate::LockGuard::valid_until)) and its renewals keep to
+    /// `ttl`; a release deletes the lease at once. So a holder that stops renewing learns it
+    /// may have lost the lock at most `ttl` after its last renewal, and the next holder gets it
+    /// no sooner than `ttl + delay` after it. `ttl + delay` must be within the backend's
+    /// [`Capabilities::max_ttl`]. The delay holds exactly as far as the backend keeps its
+    /// leases: on a Redis failover or a restart without persistence it is lost with the lock
+    /// (see the README's guarantees). The hold's acquisition decides: a later holder's own
+    /// delay applies to its own hold. [`LockInfo::remaining`](crate::LockInfo::remaining)
+    /// shows the server's lease, delay included.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use distlock_core::AcquireOptions;
+    ///
+    /// let opts = AcquireOptions::default()
+    ///     .with_ttl(Duration::from_secs(10))
+    ///     .with_lock_delay(Duration::from_secs(5));
+    /// assert_eq!(opts.lease_ttl(), Duration::from_secs(15));
+    /// ```
+    #[must_use]
+    pub fn with_lock_delay(mut self, delay: Duration) -> Self {
+        self.lock_delay = delay;
+        self
+    }
+
+    /// The lease written on the server: the ttl plus the [lock-delay](Self::with_lock_delay).
+    pub fn lease_ttl(&self) -> Duration {
+        self.ttl.saturating_add(self.lock_delay)
+    }
+
     /// The interval between automatic renewals, if renewal is on.
     pub fn renewal_interval(&self) -> Option<Duration> {
         self.renewal
@@ -167,6 +210,12 @@ impl AcquireOptions {
             return bad(format!(
                 "ttl {:?} is outside this backend's limits ({:?} ..= {:?})",
                 self.ttl, caps.min_ttl, caps.max_ttl
+            ));
+        }
+        if self.lease_ttl() > caps.max_ttl {
+            return bad(format!(
+                "ttl {:?} plus lock-delay {:?} is longer than this backend's longest lease {:?}",
+                self.ttl, self.lock_delay, caps.max_ttl
             ));
         }
         if let Some(interval) = self.renewal.interval

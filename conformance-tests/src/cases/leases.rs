@@ -48,6 +48,77 @@ pub async fn dropped_guard_frees_lock_promptly(ctx: Ctx) -> Outcome {
     Outcome::Passed
 }
 
+/// Lock-delay: a crashed holder's name stays taken for the delay after its lease ran out,
+/// while the holder's own deadline keeps to the ttl.
+pub async fn lock_delay_keeps_a_crashed_holders_name(ctx: Ctx) -> Outcome {
+    let (a, b) = (ctx.client().await, ctx.client().await);
+    let name = ctx.name("delay-crash");
+    let ttl = ctx.ttl();
+    let delay = ttl;
+    let opts = ctx
+        .opts()
+        .with_lock_delay(delay)
+        .with_renewal(Renewal::disabled());
+    let sent = Instant::now();
+    let guard = acquire(&*a, &name, &opts).await;
+    let answered = Instant::now();
+    assert!(
+        guard.valid_until() <= answered + ttl,
+        "the holder's deadline counts the lock-delay: {:?} after the grant (ttl {ttl:?})",
+        guard.valid_until() - answered
+    );
+    guard.abandon();
+    // The next one asks without a delay: the crashed hold's own delay applies.
+    let guard = acquire(&*b, &name, &ctx.opts()).await;
+    let taken = Instant::now();
+    assert!(
+        taken >= sent + ttl + delay,
+        "the lock was taken {:?} after the crashed holder's request, before its ttl {ttl:?} \
+         plus lock-delay {delay:?}",
+        taken - sent
+    );
+    assert!(
+        taken <= answered + ttl + delay + ctx.slack(),
+        "the lock was free only {:?} after the crashed holder's grant (ttl {ttl:?}, lock-delay \
+         {delay:?})",
+        taken - answered
+    );
+    release(guard).await;
+    Outcome::Passed
+}
+
+/// Lock-delay: a release frees the name at once, however long the delay; renewals keep the
+/// lease (delay included) on the server; a ttl plus delay past the backend's longest lease is
+/// refused.
+pub async fn lock_delay_does_not_hold_a_released_name(ctx: Ctx) -> Outcome {
+    let (a, b) = (ctx.client().await, ctx.client().await);
+    let name = ctx.name("delay-release");
+    let ttl = ctx.ttl();
+    let max = a.capabilities().max_ttl;
+    let delay = (ttl * 20).min(max.saturating_sub(ttl));
+    let opts = ctx.opts().with_lock_delay(delay);
+    let guard = acquire(&*a, &name, &opts).await;
+    // Renewed past three ttls, nobody gets it.
+    tokio::time::sleep(ttl * 3).await;
+    assert!(try_acquire(&*b, &name, &ctx.opts()).await.is_none());
+    assert!(!guard.is_lost(), "lost a renewed lock with a lock-delay");
+    let released = Instant::now();
+    release(guard).await;
+    let guard = acquire(&*b, &name, &ctx.opts()).await;
+    let took = released.elapsed();
+    assert!(
+        took < ctx.slack() + opts.backoff.max,
+        "a released lock with a lock-delay of {delay:?} was free only after {took:?}"
+    );
+    release(guard).await;
+    let past = ctx.opts().with_ttl(max).with_lock_delay(ttl);
+    match a.acquire(&name, &past).await {
+        Err(Error::InvalidOptions(msg)) => assert!(msg.contains("lock-delay"), "{msg}"),
+        other => panic!("ttl {max:?} plus lock-delay {ttl:?} was not refused: {other:?}"),
+    }
+    Outcome::Passed
+}
+
 /// Renewal keeps a lock held for more than 3 x ttl, and nobody else gets it meanwhile.
 pub async fn renewal_keeps_lock_beyond_ttl(ctx: Ctx) -> Outcome {
     let (a, b) = (ctx.client().await, ctx.client().await);

@@ -191,7 +191,7 @@ impl<B: LockBackend> LockClient<B> {
         let mut request = AcquireRequest {
             name: name.clone(),
             owner: owner.clone(),
-            ttl: options.ttl,
+            ttl: options.lease_ttl(),
             mode,
             kind: options.kind,
         };
@@ -296,6 +296,7 @@ impl<B: LockBackend> LockClient<B> {
             backend: self.inner.backend.name(),
             lease: grant.acquired.lease,
             ttl: grant.ttl,
+            lease_ttl: options.lease_ttl(),
             drift: grant.drift,
             operation_timeout: self.inner.config.operation_timeout,
             lease_started: grant.lease_started,

@@ -54,8 +54,10 @@ pub(crate) trait Watched: Send + Sync + 'static {
     fn valid_until(&self) -> Instant;
     /// Renewal stops so that the lock is not held past this instant.
     fn hold_limit(&self) -> Option<Instant>;
-    /// The lease length.
+    /// The lease length the holder counts on.
     fn ttl(&self) -> Duration;
+    /// The lease asked of the server at a renewal (the ttl plus any lock-delay).
+    fn lease_ttl(&self) -> Duration;
     /// The lock, for traces.
     fn name(&self) -> &LockName;
     /// False once every guard is gone or the lock was abandoned.
@@ -395,7 +397,7 @@ impl Watchdog {
         let sent = Instant::now();
         let items: Vec<RenewItem<'_>> = batch
             .iter()
-            .map(|held| RenewItem::new(held.lease(), held.ttl()))
+            .map(|held| RenewItem::new(held.lease(), held.lease_ttl()))
             .collect();
         let what = format_args!("batched renewal of {} locks", items.len()).to_string();
         let request = within(timeout, what, renewer.renew_many(&items)).instrument(span);
