@@ -3,7 +3,7 @@
 # backend offers (exclusive, shared, rw-mix, permits:2, election, multi; see `distlock check
 # --help`), with every fault that applies: pauses, crashes, client partitions and server
 # restarts (kill -9, then a restart on the same data directory, through
-# `scripts/services.sh restart-one`).
+# `scripts/services.sh restart-one`), every acquisition with a lock-delay of half the ttl.
 #
 # Usage: scripts/fault-check.sh [CONFIG...]    (default: every configuration)
 #   CONFIG: a configuration the server families of scripts/services/ declare (`add_check`;
@@ -115,6 +115,11 @@ run_one() {
     --svg "$OUT/$config.svg")
   if [[ -n $KINDS ]]; then
     args+=(--kind "$KINDS")
+  fi
+  # Every acquisition asks for a lock-delay of half the ttl: a crashed holder's name stays
+  # taken for it, which the `lock-delay` rule judges.
+  if [[ $ttl =~ ^([0-9]+)s$ ]]; then
+    args+=(--lock-delay "$((BASH_REMATCH[1] * 500))ms")
   fi
   if [[ -n $server ]]; then
     args+=(--restart-cmd "$SERVICES $server")

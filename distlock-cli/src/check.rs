@@ -102,6 +102,12 @@ pub(crate) struct CheckArgs {
     #[arg(long)]
     clock_file: Option<PathBuf>,
 
+    /// The lock-delay every acquisition asks for (see `run --lock-delay`): a crashed holder's
+    /// name stays taken this long after its lease ran out, which the `lock-delay` rule judges
+    /// (with the crash fault). Default: none.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    lock_delay: Duration,
+
     /// Checked writes per critical section.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
     steps: u32,
@@ -167,6 +173,8 @@ struct Params<'a> {
     duration_ms: u128,
     workers: u32,
     ttl_ms: u128,
+    #[serde(skip_serializing_if = "is_zero")]
+    lock_delay_ms: u128,
     steps: u32,
     step_gap_ms: u128,
     nemesis: Vec<&'a str>,
@@ -227,6 +235,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
         duration: args.duration,
         workers: args.workers,
         ttl: args.ttl,
+        lock_delay: args.lock_delay,
         steps: args.steps,
         step_gap,
         nemesis: nemesis.clone(),
@@ -248,6 +257,18 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
                 humantime::format_duration(args.ttl),
                 lock.backend(),
                 humantime::format_duration(caps.min_ttl),
+                humantime::format_duration(caps.max_ttl)
+            ),
+        ));
+    }
+    if args.ttl.saturating_add(args.lock_delay) > caps.max_ttl {
+        return Err(Failure::new(
+            CONFIG,
+            format!(
+                "--ttl {} plus --lock-delay {} is longer than the longest lease {} accepts ({})",
+                humantime::format_duration(args.ttl),
+                humantime::format_duration(args.lock_delay),
+                lock.backend(),
                 humantime::format_duration(caps.max_ttl)
             ),
         ));
@@ -276,7 +297,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
             .map_err(run_failure)?;
         let verdict = distlock_check::check(
             &history,
-            &judged_by(kind, &caps, args.ttl, wall_clock_leases),
+            &judged_by(kind, &caps, args.ttl, args.lock_delay, wall_clock_leases),
         );
         println!(
             "{}",
@@ -295,6 +316,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
         duration_ms: args.duration.as_millis(),
         workers: args.workers,
         ttl_ms: args.ttl.as_millis(),
+        lock_delay_ms: args.lock_delay.as_millis(),
         steps: args.steps,
         step_gap_ms: step_gap.as_millis(),
         nemesis: nemesis.iter().map(|f| f.as_str()).collect(),
@@ -307,23 +329,35 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
 }
 
 /// What the checker judges a run of `kind` by: the backend's guarantee and fairness, and the
-/// run's ttl (faults settle within two ttls; a stall is one past two ttls and a second).
+/// run's ttl and lock-delay (faults settle within two ttls and the delay; a stall is one past
+/// two ttls and a second).
 fn judged_by(
     kind: CheckKind,
     caps: &distlock::Capabilities,
     ttl: std::time::Duration,
+    lock_delay: std::time::Duration,
     wall_clock_leases: bool,
 ) -> CheckConfig {
     let ttl_ns = distlock_check::history::nanos_of(ttl);
+    let delay_ns = distlock_check::history::nanos_of(lock_delay);
     CheckConfig {
         kind,
         guarantee: caps.fencing,
         fifo: caps.fifo,
-        settle: 2 * ttl_ns,
+        settle: 2 * ttl_ns + delay_ns,
         max_gap: 2 * ttl_ns + 1_000_000_000,
         renew_every: distlock_check::history::nanos_of(distlock::Renewal::auto().interval_for(ttl)),
         wall_clock_leases,
+        lock_delay: delay_ns,
     }
+}
+
+#[allow(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's skip_serializing_if passes a reference"
+)]
+fn is_zero(n: &u128) -> bool {
+    *n == 0
 }
 
 /// The run's plan on stderr: workers, kinds, duration, ttl, faults.

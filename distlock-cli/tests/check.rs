@@ -147,6 +147,75 @@ fn every_sabotage_is_caught_by_its_rule() {
     });
 }
 
+/// With `--lock-delay`, crashed holders keep the name for the delay and the run passes; workers
+/// that leave the delay out (the `ignore-lock-delay` sabotage: a backend that ignored it) are
+/// caught by the `lock-delay` rule. One worker, so that every crash hits a holder.
+#[test]
+fn crashed_holders_keep_their_lock_delay_and_its_sabotage_is_caught() {
+    std::thread::scope(|scope| {
+        for sabotage in [None, Some("ignore-lock-delay")] {
+            scope.spawn(move || {
+                let env = Env::new();
+                let url = env.url();
+                let json = env.path("d.json");
+                let mut args = vec![
+                    "check",
+                    "--url",
+                    &url,
+                    "--kind",
+                    "exclusive",
+                    "--duration",
+                    "6s",
+                    "--workers",
+                    "1",
+                    "--ttl",
+                    "500ms",
+                    "--lock-delay",
+                    "1s",
+                    "--nemesis",
+                    "crash",
+                    "--json",
+                    json.to_str().expect("utf-8"),
+                ];
+                if let Some(sabotage) = sabotage {
+                    args.extend(["--sabotage", sabotage]);
+                }
+                let out = env.run(&args);
+                let stdout = text(&out.stdout);
+                let report: serde_json::Value =
+                    serde_json::from_slice(&std::fs::read(&json).expect("the JSON report"))
+                        .expect("JSON");
+                assert_eq!(report["params"]["lock_delay_ms"], 1000);
+                let acquisitions = report["runs"][0]["history"]["acquisitions"]
+                    .as_array()
+                    .expect("acquisitions");
+                let crashed = acquisitions
+                    .iter()
+                    .position(|a| a["token"].is_u64() && a["released"].is_null())
+                    .expect("no crash hit a holder");
+                assert!(
+                    acquisitions[crashed + 1..]
+                        .iter()
+                        .any(|a| a["token"].is_u64()),
+                    "nobody acquired after the crashed holder: nothing was judged"
+                );
+                if sabotage.is_some() {
+                    assert_eq!(out.status.code(), Some(1), "{stdout}");
+                    assert!(stdout.contains("- VIOLATION [LockDelay]"), "{stdout}");
+                } else {
+                    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+                    assert!(
+                        stdout.contains(
+                            "| a crashed holder's name stays taken for its lock-delay | pass | 0 |"
+                        ),
+                        "{stdout}"
+                    );
+                }
+            });
+        }
+    });
+}
+
 #[test]
 fn options_that_cannot_work_are_config_errors() {
     let env = Env::new();

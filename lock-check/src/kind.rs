@@ -195,15 +195,19 @@ pub enum Sabotage {
     WriterAsReader,
     /// Multi-lock workers take only the first name of their set (trips `all-or-none`).
     PartialMulti,
+    /// Workers acquire without the run's lock-delay, as a backend that ignored it would
+    /// (trips `lock-delay` once a crash leaves a hold behind).
+    IgnoreLockDelay,
 }
 
 impl Sabotage {
     /// Every sabotage, in a fixed order.
-    pub const ALL: [Self; 4] = [
+    pub const ALL: [Self; 5] = [
         Self::IgnoreValidity,
         Self::ExtraPermit,
         Self::WriterAsReader,
         Self::PartialMulti,
+        Self::IgnoreLockDelay,
     ];
 
     /// The name used on the command line.
@@ -213,6 +217,7 @@ impl Sabotage {
             Self::ExtraPermit => "extra-permit",
             Self::WriterAsReader => "writer-as-reader",
             Self::PartialMulti => "partial-multi",
+            Self::IgnoreLockDelay => "ignore-lock-delay",
         }
     }
 }

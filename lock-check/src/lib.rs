@@ -44,6 +44,7 @@
 //!     max_gap: 1_000_000,
 //!     renew_every: 100,
 //!     wall_clock_leases: false,
+//!     lock_delay: 0,
 //! };
 //! let verdict = check(&history, &config);
 //! assert_eq!(verdict.stats.writes_rejected, 1);

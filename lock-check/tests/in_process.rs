@@ -25,6 +25,7 @@ async fn run(lock: Arc<dyn DistributedLock>, guarantee: FencingGuarantee) -> (Hi
         kind: CheckKind::Exclusive,
         sabotage: None,
         ttl: Duration::from_secs(1),
+        lock_delay: Duration::ZERO,
         wait: Duration::from_secs(5),
         steps: 3,
         step_gap: Duration::from_millis(5),
@@ -105,6 +106,7 @@ async fn run_with(
         max_gap: 1_000_000_000,
         renew_every: 333_000_000,
         wall_clock_leases: false,
+        lock_delay: 0,
     };
     let verdict = check(&history, &config);
     (history, verdict)
@@ -200,6 +202,7 @@ fn params(kind: CheckKind, sabotage: Option<Sabotage>) -> WorkerParams {
         kind,
         sabotage,
         ttl: Duration::from_millis(300),
+        lock_delay: Duration::ZERO,
         wait: Duration::from_secs(5),
         steps: 3,
         step_gap: Duration::from_millis(40),
@@ -257,6 +260,7 @@ async fn every_kind_passes_on_the_memory_backend() {
                 max_gap: 1_000_000_000,
                 renew_every: 333_000_000,
                 wall_clock_leases: false,
+                lock_delay: 0,
             };
             let mut as_one = history.clone();
             for a in &mut as_one.acquisitions {

@@ -20,6 +20,12 @@
 //!   it asked for.
 //! - [`Rule::ObserverOrder`]: an election observer reported a term older than one it had
 //!   already reported.
+//! - [`Rule::LockDelay`]: with a lock-delay ([`CheckConfig::lock_delay`]), an acquisition
+//!   was granted while a crashed holder's lease plus its delay had not yet run out (and no
+//!   live holder crowded it already, which is an overlap): a hold whose worker never called
+//!   release keeps the name on the server until at least its last known deadline (its
+//!   `valid_until` when granted, or its last passing check, both before its lease's end)
+//!   plus the delay; a later grant that returned before then came too early.
 //! - [`Rule::RenewedAfterRelease`]: half a ttl after a release returned, the server still
 //!   showed the released owner holding a lease that ends later than a ttl after the release:
 //!   a renewal raced the release and extended it.
@@ -87,6 +93,9 @@ pub struct CheckConfig {
     /// step of that clock ends leases early, and the stale checks and overlaps that follow
     /// within `settle` are expected.
     pub wall_clock_leases: bool,
+    /// The lock-delay the workers asked for (zero: none, and the `lock-delay` rule has
+    /// nothing to judge).
+    pub lock_delay: Nanos,
 }
 
 /// The rules of the checker.
@@ -105,6 +114,8 @@ pub enum Rule {
     AllOrNone,
     /// An election observer reported an older term after a newer one.
     ObserverOrder,
+    /// A crashed holder's name was granted before its lock-delay ran out.
+    LockDelay,
     /// A lease was extended after its release.
     RenewedAfterRelease,
     /// Waiters without a holder for too long.
@@ -119,13 +130,14 @@ pub enum Rule {
 
 impl Rule {
     /// Every rule, in report order.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 12] = [
         Self::SharedToken,
         Self::TokenOrder,
         Self::StaleCheck,
         Self::Overlap,
         Self::AllOrNone,
         Self::ObserverOrder,
+        Self::LockDelay,
         Self::RenewedAfterRelease,
         Self::Liveness,
         Self::Starvation,
@@ -142,6 +154,7 @@ impl Rule {
             Self::Overlap => "never more holders at once than the kind allows",
             Self::AllOrNone => "a multi-lock holds all of its locks or none",
             Self::ObserverOrder => "an observer never reports an older term",
+            Self::LockDelay => "a crashed holder's name stays taken for its lock-delay",
             Self::RenewedAfterRelease => "no lease is extended after its release",
             Self::Liveness => "waiters get the lock without stalls",
             Self::Starvation => "no acquisition fails while no fault is active",
@@ -159,6 +172,7 @@ impl Rule {
                 | Self::StaleCheck
                 | Self::Overlap
                 | Self::ObserverOrder
+                | Self::LockDelay
         )
     }
 }
@@ -282,6 +296,7 @@ pub fn check(history: &History, config: &CheckConfig) -> Verdict {
         token_order(&acquired, &mut findings);
         stale_checks(&projected, &acquired, &mut findings);
         overlaps(&projected, config.kind, &mut findings);
+        lock_delays(&projected, config, &mut findings);
         if locks.len() > 1 {
             for finding in &mut findings[from..] {
                 finding.detail = format!("lock {lock}: {}", finding.detail);
@@ -325,7 +340,9 @@ fn judge(history: &History, config: &CheckConfig, rule: Rule, at: Nanos) -> Judg
             config.guarantee
         ));
     }
-    if config.wall_clock_leases && matches!(rule, Rule::StaleCheck | Rule::Overlap) {
+    if config.wall_clock_leases
+        && matches!(rule, Rule::StaleCheck | Rule::Overlap | Rule::LockDelay)
+    {
         // From the forward step until `settle` after the clock is set right: while the clock
         // is off, a lease granted before the step (a waiter's reservation picked up late, too)
         // can surface as a grant at any time.

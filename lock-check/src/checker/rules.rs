@@ -116,13 +116,19 @@ pub(super) fn stale_checks(history: &History, acquired: &[&Acquisition], out: &m
     }
 }
 
-/// Each holder's belief interval: from `acquire` returning to its last passing check.
-pub(super) fn intervals(history: &History) -> Vec<(Nanos, Nanos, &Acquisition)> {
+/// Each acquisition's last passing check.
+fn last_passes(history: &History) -> HashMap<AcqId, Nanos> {
     let mut last_pass: HashMap<AcqId, Nanos> = HashMap::new();
     for c in history.checks.iter().filter(|c| c.passed) {
         let last = last_pass.entry(c.acq).or_insert(c.at);
         *last = (*last).max(c.at);
     }
+    last_pass
+}
+
+/// Each holder's belief interval: from `acquire` returning to its last passing check.
+pub(super) fn intervals(history: &History) -> Vec<(Nanos, Nanos, &Acquisition)> {
+    let last_pass = last_passes(history);
     history
         .acquisitions
         .iter()
@@ -155,18 +161,11 @@ pub(super) fn overlaps(history: &History, kind: CheckKind, out: &mut Vec<Finding
             continue;
         }
         let entering = spans[i].2;
-        let count = |mode| live.iter().filter(|&&j| spans[j].2.mode == mode).count();
-        let (exclusive, shared, permits) = (
-            count(Mode::Exclusive),
-            count(Mode::Shared),
-            count(Mode::Permit),
-        );
-        let crowded = match entering.mode {
-            Mode::Exclusive => !live.is_empty(),
-            Mode::Shared => exclusive > 0 || permits > 0,
-            Mode::Permit => exclusive > 0 || shared > 0 || permits + 1 > capacity,
-        };
-        if crowded {
+        if crowded(
+            entering.mode,
+            live.iter().map(|&j| spans[j].2.mode),
+            capacity,
+        ) {
             let others: Vec<&Acquisition> = live.iter().map(|&j| spans[j].2).collect();
             let mut acqs = vec![entering.id];
             acqs.extend(others.iter().map(|a| a.id));
@@ -195,6 +194,108 @@ pub(super) fn overlaps(history: &History, kind: CheckKind, out: &mut Vec<Finding
             });
         }
         live.insert(i);
+    }
+}
+
+/// Whether a holder of `entering`'s mode finds no room among holders of these modes, for a
+/// kind of `capacity` permits.
+fn crowded(entering: Mode, live: impl Iterator<Item = Mode>, capacity: usize) -> bool {
+    let (mut exclusive, mut shared, mut permits) = (0, 0, 0_usize);
+    let mut any = false;
+    for mode in live {
+        any = true;
+        match mode {
+            Mode::Exclusive => exclusive += 1,
+            Mode::Shared => shared += 1,
+            Mode::Permit => permits += 1,
+        }
+    }
+    match entering {
+        Mode::Exclusive => any,
+        Mode::Shared => exclusive > 0 || permits > 0,
+        Mode::Permit => exclusive > 0 || shared > 0 || permits + 1 > capacity,
+    }
+}
+
+/// Lock-delay: a hold whose worker never called release (it crashed) keeps its room on the
+/// server until at least its last known deadline plus the delay. An acquisition with a larger
+/// token that returned before then, where the live holders alone left it room (else it is
+/// an overlap), was granted too early.
+pub(super) fn lock_delays(history: &History, config: &CheckConfig, out: &mut Vec<Finding>) {
+    let delay = config.lock_delay;
+    if delay == 0 {
+        return;
+    }
+    let capacity = usize::try_from(config.kind.capacity()).unwrap_or(usize::MAX);
+    let last_pass = last_passes(history);
+    // (granted, believed until, reserved until, acquisition) of every crashed hold.
+    let crashed: Vec<(Nanos, Nanos, Nanos, &Acquisition)> = history
+        .acquisitions
+        .iter()
+        .filter(|a| a.acquired() && a.released.is_none())
+        .filter_map(|a| {
+            let from = a.returned?;
+            let believed = last_pass.get(&a.id).copied().unwrap_or(from);
+            let known = a.valid_until.unwrap_or(from).max(believed);
+            Some((from, believed, known.saturating_add(delay), a))
+        })
+        .collect();
+    if crashed.is_empty() {
+        return;
+    }
+    let beliefs = intervals(history);
+    for b in history.acquisitions.iter().filter(|a| a.acquired()) {
+        let Some(at) = b.returned else { continue };
+        let early: Vec<&(Nanos, Nanos, Nanos, &Acquisition)> = crashed
+            .iter()
+            .filter(|(from, believed, until, a)| {
+                a.id != b.id && a.token < b.token && *from <= at && *believed < at && at < *until
+            })
+            .collect();
+        if early.is_empty() {
+            continue;
+        }
+        let live = || {
+            beliefs
+                .iter()
+                .filter(move |(from, until, a)| a.id != b.id && *from <= at && at <= *until)
+                .map(|(_, _, a)| a.mode)
+        };
+        if crowded(b.mode, live(), capacity)
+            || !crowded(
+                b.mode,
+                live().chain(early.iter().map(|e| e.3.mode)),
+                capacity,
+            )
+        {
+            continue;
+        }
+        let mut acqs = vec![b.id];
+        acqs.extend(early.iter().map(|e| e.3.id));
+        out.push(Finding {
+            rule: Rule::LockDelay,
+            at,
+            detail: format!(
+                "{} ({}, token {}) was granted while {} crashed holder(s) kept the name: {}",
+                b.id,
+                mode_name(b.mode),
+                b.token.unwrap_or(0),
+                early.len(),
+                early
+                    .iter()
+                    .map(|(_, _, until, a)| format!(
+                        "{} ({}, token {}) until {} ms later",
+                        a.id,
+                        mode_name(a.mode),
+                        a.token.unwrap_or(0),
+                        until.saturating_sub(at) / 1_000_000
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            acqs,
+            judgement: Judgement::Violation,
+        });
     }
 }
 

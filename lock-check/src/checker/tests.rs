@@ -30,6 +30,7 @@ fn config(guarantee: FencingGuarantee) -> CheckConfig {
         max_gap: 500 * MS,
         renew_every: 100 * MS,
         wall_clock_leases: false,
+        lock_delay: 0,
     }
 }
 
@@ -600,6 +601,97 @@ fn a_failure_without_a_fault_is_starvation_unless_not_fifo_and_a_timeout() {
     assert_eq!(
         verdict.of(Rule::Starvation).count(),
         0,
+        "{:#?}",
+        verdict.findings
+    );
+}
+
+/// A crashed holder (never released) granted at 0 with `valid_until` at 300 ms and a
+/// lock-delay of 500 ms keeps the name until 800 ms: a grant returning at 700 ms is found, one
+/// at 900 ms is not, nor one at 700 ms without a delay or when the holder released.
+#[test]
+fn a_grant_inside_a_crashed_holders_lock_delay_is_found() {
+    let history = |next_at: Nanos, released: Option<Nanos>| {
+        let mut crashed = held(id(0, 0), 0, MS, 10, 0);
+        crashed.valid_until = Some(300 * MS);
+        crashed.released = released;
+        let mut h = History {
+            start: 0,
+            end: 2_000 * MS,
+            acquisitions: vec![
+                crashed,
+                held(id(1, 0), 100 * MS, next_at, 11, next_at + 50 * MS),
+            ],
+            final_acquire: Some(FinalAcquire {
+                invoked: 1_900 * MS,
+                returned: 1_901 * MS,
+                token: Some(12),
+                error: None,
+            }),
+            ..History::default()
+        };
+        h.checks.push(Check {
+            acq: id(0, 0),
+            step: 0,
+            at: 200 * MS,
+            passed: true,
+        });
+        h.checks.push(Check {
+            acq: id(1, 0),
+            step: 0,
+            at: next_at + MS,
+            passed: true,
+        });
+        h
+    };
+    let delayed = CheckConfig {
+        lock_delay: 500 * MS,
+        ..config(FencingGuarantee::Linearizable)
+    };
+    let verdict = check(&history(700 * MS, None), &delayed);
+    let found: Vec<_> = verdict.of(Rule::LockDelay).collect();
+    assert_eq!(found.len(), 1, "{:#?}", verdict.findings);
+    assert_eq!(found[0].acqs, vec![id(1, 0), id(0, 0)]);
+    assert_eq!(found[0].judgement, Judgement::Violation);
+    assert!(
+        found[0].detail.contains("until 100 ms later"),
+        "{}",
+        found[0].detail
+    );
+    assert_eq!(verdict.of(Rule::Overlap).count(), 0);
+    for (h, config) in [
+        (history(900 * MS, None), delayed),
+        (history(700 * MS, Some(250 * MS)), delayed),
+        (
+            history(700 * MS, None),
+            config(FencingGuarantee::Linearizable),
+        ),
+    ] {
+        let verdict = check(&h, &config);
+        assert_eq!(
+            verdict.of(Rule::LockDelay).count(),
+            0,
+            "{:#?}",
+            verdict.findings
+        );
+    }
+    // A forward step of the wall clock the leases end on ends the delay early: expected.
+    let mut stepped = history(700 * MS, None);
+    stepped.faults.push(Fault {
+        kind: FaultKind::Clock,
+        worker: None,
+        start: 400 * MS,
+        healed: 600 * MS,
+        step_ms: Some(1_000),
+        aimed: None,
+    });
+    let wall = CheckConfig {
+        wall_clock_leases: true,
+        ..delayed
+    };
+    let verdict = check(&stepped, &wall);
+    assert!(
+        verdict.of(Rule::LockDelay).count() == 1 && !verdict.failed(),
         "{:#?}",
         verdict.findings
     );

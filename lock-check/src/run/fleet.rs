@@ -127,8 +127,10 @@ pub(super) async fn start(fleet: &Fleet<'_>, id: u32) -> Result<Running, RunErro
         kind: config.kind,
         sabotage: config.sabotage,
         ttl: config.ttl,
-        // Long enough for every other worker to hold once (a section lasts about a ttl).
-        wait: config.ttl * (config.workers + 2),
+        lock_delay: config.lock_delay,
+        // Long enough for every other worker to hold once (a section lasts about a ttl), and
+        // for a crashed holder's lease and lock-delay to run out twice.
+        wait: config.ttl * (config.workers + 2) + config.lock_delay * 2,
         steps: config.steps,
         step_gap: config.step_gap,
     };

@@ -34,6 +34,9 @@ pub struct RunConfig {
     pub workers: u32,
     /// The lock's ttl.
     pub ttl: Duration,
+    /// The lock-delay every acquisition asks for (zero: none); judged by the checker's
+    /// `lock-delay` rule.
+    pub lock_delay: Duration,
     /// Checked writes per critical section.
     pub steps: u32,
     /// The work of each step, between its check and its write.
@@ -279,7 +282,7 @@ pub async fn run(
 /// every lock of a multi-lock run.
 async fn probe(lock: &dyn DistributedLock, config: &RunConfig) -> FinalAcquire {
     let ttl = config.ttl;
-    let wait = (ttl * 3).max(Duration::from_secs(10));
+    let wait = (ttl * 3 + config.lock_delay).max(Duration::from_secs(10));
     let options = AcquireOptions::default().with_ttl(ttl).with_wait(wait);
     let invoked = now();
     let name = config.name.as_str();
@@ -482,6 +485,7 @@ mod tests {
             duration: Duration::from_secs(5),
             workers: 1,
             ttl: Duration::from_secs(1),
+            lock_delay: Duration::ZERO,
             steps: 1,
             step_gap: Duration::ZERO,
             nemesis: vec![FaultKind::Clock],

@@ -50,6 +50,9 @@ pub struct WorkerParams {
     /// A deliberate bug, for the checker's self-tests only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sabotage: Option<Sabotage>,
+    /// The lock-delay every acquisition asks for ([`AcquireOptions::with_lock_delay`]).
+    #[serde(default, skip_serializing_if = "Duration::is_zero")]
+    pub lock_delay: Duration,
 }
 
 /// One thing a worker did, as it logs it.
@@ -409,6 +412,9 @@ async fn hold(
     let mut options = AcquireOptions::default()
         .with_ttl(params.ttl)
         .with_wait(params.wait);
+    if params.sabotage != Some(Sabotage::IgnoreLockDelay) {
+        options = options.with_lock_delay(params.lock_delay);
+    }
     let careless = params.sabotage == Some(Sabotage::IgnoreValidity);
     if careless {
         options = options.with_renewal(Renewal::disabled());
