@@ -315,6 +315,30 @@ pub(crate) fn check_ttl(locks: &dyn DistributedLock, ttl: Duration) -> Result<()
     Err(Failure::new(CONFIG, format!("--ttl {} {why}", shown(ttl))))
 }
 
+/// Exit 78 when the ttl plus the lock-delay is a lease longer than the backend keeps.
+pub(crate) fn check_lock_delay(
+    locks: &dyn DistributedLock,
+    ttl: Duration,
+    lock_delay: Duration,
+) -> Result<(), Failure> {
+    let max = locks.capabilities().max_ttl;
+    if ttl.saturating_add(lock_delay) <= max {
+        return Ok(());
+    }
+    let shown = |d: Duration| humantime::format_duration(d).to_string();
+    Err(Failure::new(
+        CONFIG,
+        format!(
+            "--ttl {} plus --lock-delay {} is a lease longer than the {} backend allows: give at \
+             most {} together",
+            shown(ttl),
+            shown(lock_delay),
+            locks.backend(),
+            shown(max)
+        ),
+    ))
+}
+
 /// The log filter: DISTLOCK_LOG if set, else from -q/-v. By default the library's warnings
 /// are shown except the ones distlock reports itself (a lost lock, a forced release, and
 /// async-nats's connection errors, which the NATS backend's error carries).

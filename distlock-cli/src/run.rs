@@ -62,6 +62,12 @@ pub(crate) struct Holding {
     #[arg(long, value_parser = humantime::parse_duration)]
     wait: Option<Duration>,
 
+    /// Lock-delay: if distlock dies holding the lock (SIGKILL, a crash, a lost host), nobody
+    /// gets it for this long after its lease ran out, so that writes CMD still had in flight
+    /// can drain; a release frees it at once. The server keeps a lease of ttl + this.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    lock_delay: Duration,
+
     /// Time between SIGTERM and SIGKILL for processes the command left running, and the
     /// warning before the lease ends when renewals fail (at most ttl/3: the command is always
     /// dead before the lease ends).
@@ -89,6 +95,7 @@ impl Holding {
     fn options(&self) -> AcquireOptions {
         let opts = AcquireOptions::default()
             .with_ttl(self.ttl)
+            .with_lock_delay(self.lock_delay)
             .with_renewal(Renewal::auto());
         match self.wait {
             Some(wait) => opts.with_wait(wait),
@@ -258,6 +265,7 @@ where
     // (nothing runs yet), afterwards they are passed on to the command's process group.
     let mut signals = Signals::new()?;
     let locks = holding.connection.connect_for_ttl(holding.ttl).await?;
+    crate::check_lock_delay(&*locks, holding.ttl, holding.lock_delay)?;
     let acquiring = take(locks.clone(), holding.options());
     let acquired = match wait_for_lock(acquiring, &mut signals, &*locks, name, role, quiet).await {
         Ok(acquired) => acquired?,

@@ -111,31 +111,44 @@ fn wait_zero_on_a_held_lock_exits_busy() {
     let _ = holder.wait();
 }
 
-#[test]
-fn a_killed_holder_frees_the_lock_after_the_ttl() {
-    let env = Env::new();
-    let pid_file = env.path("child.pid");
-    let script = format!("echo $$ > {}; exec sleep 60", pid_file.display());
-    let mut holder = env
-        .distlock(&[
-            "run", "--name", "crash", "--ttl", "2s", "--", "sh", "-c", &script,
-        ])
-        .spawn()
-        .expect("spawn");
-    env.wait_until_held("crash");
+/// Once `holder` holds `name`: SIGKILLs it, runs `after`, then runs the next `distlock run` of
+/// `name` (waiting up to 20 s, which must succeed); how long after the kill it got the lock.
+fn kill_then_run_next(
+    env: &Env,
+    mut holder: std::process::Child,
+    name: &str,
+    after: impl FnOnce(),
+) -> Duration {
+    env.wait_until_held(name);
     holder.kill().expect("SIGKILL distlock");
     let killed = Instant::now();
     let _ = holder.wait();
-    if let Ok(pid) = read(&pid_file).trim().parse::<i32>() {
-        let _ = Command::new("kill").arg(pid.to_string()).status();
-    }
-    let out = env.run(&["run", "--name", "crash", "--wait", "20s", "--", "true"]);
+    after();
+    let out = env.run(&["run", "--name", name, "--wait", "20s", "--", "true"]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let freed = killed.elapsed();
+    killed.elapsed()
+}
+
+#[test]
+fn a_killed_holder_frees_the_lock_after_the_ttl() {
+    let env = Env::new();
+    let pid_file = env.path("child.pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pid_file.display());
+    let holder = env
+        .distlock(&[
+            "run", "--name", "crash", "--ttl", "2s", "--", "sh", "-c", &script,
+        ])
+        .spawn()
+        .expect("spawn");
+    let freed = kill_then_run_next(&env, holder, "crash", || {
+        if let Ok(pid) = read(&pid_file).trim().parse::<i32>() {
+            let _ = Command::new("kill").arg(pid.to_string()).status();
+        }
+    });
     assert!(
         freed >= Duration::from_millis(1200),
         "freed after {freed:?}, before the ttl"
@@ -143,6 +156,76 @@ fn a_killed_holder_frees_the_lock_after_the_ttl() {
     assert!(
         freed <= Duration::from_secs(6),
         "freed only after {freed:?}"
+    );
+}
+
+/// `--lock-delay`: a SIGKILLed holder's name stays taken for its ttl plus the delay (a
+/// renewal at most ttl/3 before the kill leaves a lease of at least 2/3 ttl + delay); a
+/// released one is free at once.
+#[test]
+fn a_killed_holders_lock_delay_keeps_the_name_and_a_release_frees_it() {
+    let env = Env::new();
+    let holder = env
+        .distlock(&[
+            "run",
+            "--name",
+            "delayed",
+            "--ttl",
+            "1500ms",
+            "--lock-delay",
+            "3s",
+            "--",
+            "sleep",
+            "60",
+        ])
+        .spawn()
+        .expect("spawn");
+    let freed = kill_then_run_next(&env, holder, "delayed", || {});
+    assert!(
+        freed >= Duration::from_millis(3900),
+        "freed after {freed:?}, before 2/3 of the ttl plus the lock-delay"
+    );
+    assert!(
+        freed <= Duration::from_secs(10),
+        "freed only after {freed:?}"
+    );
+
+    let out = env.run(&[
+        "run",
+        "--name",
+        "delayed",
+        "--lock-delay",
+        "30s",
+        "--",
+        "true",
+    ]);
+    assert!(out.status.success());
+    let started = Instant::now();
+    let out = env.run(&["run", "--name", "delayed", "--wait", "0", "--", "true"]);
+    assert!(
+        out.status.success(),
+        "a released lock with a lock-delay was not free: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    // A lease longer than the backend keeps: exit 78 before anything runs.
+    let out = env.run(&[
+        "run",
+        "--name",
+        "delayed",
+        "--ttl",
+        "10s",
+        "--lock-delay",
+        "1000d",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(78));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--ttl 10s plus --lock-delay ") && stderr.contains("backend allows"),
+        "{stderr}"
     );
 }
 
