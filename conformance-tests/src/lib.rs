@@ -258,6 +258,7 @@ macro_rules! __case_table {
             force_release_hands_over_with_higher_token: false,
             release_hold_frees_exactly_that_hold: false,
             release_hold_of_one_holder_keeps_the_others: false,
+            holder_data_is_stored_with_the_hold_and_ends_with_it: false,
             cut_connection_is_survived_or_reported: true,
             server_unavailable_then_recovers: true,
             killed_waiter_does_not_block_the_queue: false,
@@ -280,6 +281,7 @@ macro_rules! __case_table {
             one_leader_at_a_time_with_increasing_terms: false,
             observer_sees_every_leader_change: false,
             deposed_leader_knows_before_the_next_is_elected: false,
+            proclaim_changes_the_value_and_keeps_the_term: false,
         }
     };
 }

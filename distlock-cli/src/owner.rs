@@ -42,6 +42,24 @@ pub(crate) fn run_owner_id() -> String {
     format!("{PREFIX}{host}{suffix}")
 }
 
+/// The holder data `distlock run` stores by default: `host=<host> pid=<pid> cmd=<command>`,
+/// cut to [`distlock::MAX_HOLDER_DATA`] bytes at a character boundary.
+pub(crate) fn run_data(command: &[String]) -> String {
+    let mut data = format!(
+        "host={} pid={} cmd={}",
+        host_name(),
+        std::process::id(),
+        command.join(" ")
+    );
+    data.retain(|c| c != '\0');
+    let mut end = data.len().min(distlock::MAX_HOLDER_DATA);
+    while !data.is_char_boundary(end) {
+        end -= 1;
+    }
+    data.truncate(end);
+    data
+}
+
 /// Parses the owner value a backend reports back into the `distlock run` holder, if it is one.
 pub(crate) fn parse_run_owner(owner: &str) -> Option<RunHolder> {
     let rest = owner.strip_prefix(PREFIX)?;
@@ -95,6 +113,7 @@ pub(crate) fn holder_json(info: &LockInfo) -> serde_json::Map<String, serde_json
         "kind": info.kind.as_str(),
         "permits": permits,
         "holders": info.holders,
+        "data": info.data,
     });
     match value {
         serde_json::Value::Object(map) => map,
@@ -116,5 +135,17 @@ mod tests {
         assert!(!holder.host.is_empty());
         assert_eq!(parse_run_owner("0123456789abcdef"), None);
         assert_eq!(parse_run_owner("distlock-run@host#notapid:x"), None);
+    }
+
+    #[test]
+    fn run_data_names_host_pid_and_command_within_the_limit() {
+        let data = run_data(&["pg_dump".into(), "-f".into(), "x.sql".into()]);
+        assert!(
+            data.starts_with("host=") && data.ends_with(" cmd=pg_dump -f x.sql"),
+            "{data}"
+        );
+        assert!(data.contains(&format!(" pid={} ", std::process::id())));
+        let long = run_data(&["é".repeat(distlock::MAX_HOLDER_DATA)]);
+        assert!(long.len() <= distlock::MAX_HOLDER_DATA && long.len() > 400);
     }
 }

@@ -126,6 +126,16 @@ pub(crate) struct RunArgs {
     #[arg(long, conflicts_with = "wait")]
     skip_if_held: bool,
 
+    /// The data stored with the hold, which `status`, `list` and their --json show (at most
+    /// 512 bytes; anyone who can read the locks can read it). Default, where the backend
+    /// stores data: `host=<host> pid=<pid> cmd=<CMD and its arguments>`.
+    #[arg(long, value_name = "TEXT", conflicts_with = "no_data")]
+    data: Option<String>,
+
+    /// Store no data with the hold (say, when CMD's arguments carry anything private).
+    #[arg(long)]
+    no_data: bool,
+
     /// Keep the lock until this long after it was taken, even if the command ends sooner (it
     /// is released at once on a signal to distlock). Renewal stops once the lease covers it.
     #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
@@ -191,6 +201,11 @@ pub(crate) async fn run(mut args: RunArgs, quiet: bool) -> Result<u8, Failure> {
     let after = After {
         hold_at_least: args.hold_at_least,
     };
+    let data = match (&args.data, args.no_data) {
+        (_, true) => None,
+        (Some(data), _) => Some((data.clone(), true)),
+        (None, false) => Some((crate::owner::run_data(&args.holding.command), false)),
+    };
     let ran = run_holding(
         &args.holding,
         &args.name,
@@ -215,6 +230,21 @@ pub(crate) async fn run(mut args: RunArgs, quiet: bool) -> Result<u8, Failure> {
                 ));
             }
             let mut opts = opts.with_kind(kind);
+            match data {
+                Some((data, _)) if locks.capabilities().holder_data => {
+                    opts = opts.with_data(data);
+                }
+                Some((_, true)) => {
+                    return Err(Failure::new(
+                        CONFIG,
+                        format!(
+                            "--data: the {} backend stores no data with a hold",
+                            locks.backend()
+                        ),
+                    ));
+                }
+                _ => {}
+            }
             // `distlock-run@<host>#<pid>`: lets `status` and `list` show which process holds it.
             if let Ok(owner) = distlock::OwnerId::new(crate::owner::run_owner_id()) {
                 opts = opts.with_owner(owner);

@@ -77,6 +77,9 @@ pub(crate) async fn status(args: StatusArgs) -> Result<u8, Failure> {
                     holder.pid
                 ));
             }
+            if let Some(data) = &info.data {
+                say(format_args!("  data:      {}", printable(data)));
+            }
             match info.token {
                 Some(token) => say(format_args!("  token:     {token}")),
                 None => say(format_args!("  token:     (not reported by {backend})")),

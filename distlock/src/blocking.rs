@@ -396,6 +396,24 @@ impl Guard {
         self.runtime.block_on("renew", self.get().renew())?
     }
 
+    /// Replaces the data stored with the hold; see [`LockGuard::set_data`].
+    ///
+    /// # Errors
+    /// As [`LockGuard::set_data`]; [`Error::BlockingInAsyncContext`].
+    pub fn set_data(&self, data: Option<&str>) -> Result<()> {
+        self.runtime
+            .block_on("set_data", self.get().set_data(data))?
+    }
+
+    /// Proclaims a new leader value; see [`LockGuard::proclaim`].
+    ///
+    /// # Errors
+    /// As [`LockGuard::proclaim`]; [`Error::BlockingInAsyncContext`].
+    pub fn proclaim(&self, value: &str) -> Result<()> {
+        self.runtime
+            .block_on("proclaim", self.get().proclaim(value))?
+    }
+
     /// Releases the lock (or one reentrant hold of it); see [`LockGuard::release`].
     ///
     /// # Errors

@@ -16,8 +16,8 @@ pub use distlock_core::backend::{self, LockInfo};
 pub use distlock_core::{
     AcquireOptions, Backoff, BoxError, Capabilities, ClientConfig, DistributedLock, Error,
     FencingGuarantee, FencingToken, Footprint, Leader, LockClient, LockGuard, LockKind, LockName,
-    LossDetection, LossReason, MultiGuard, NodeOutcome, NodeResult, OwnerId, Renewal, Result,
-    WakeUp, memory, service_url,
+    LossDetection, LossReason, MAX_HOLDER_DATA, MultiGuard, NodeOutcome, NodeResult, OwnerId,
+    Renewal, Result, WakeUp, memory, service_url,
 };
 pub use distlock_core::{ConnectFn, Descriptor};
 

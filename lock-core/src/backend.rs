@@ -259,6 +259,21 @@ pub trait Lease: Any + Send + Sync + Debug + 'static {
     /// [`Error::NotHeld`](crate::Error::NotHeld) when the owner no longer held it.
     async fn release(&self) -> Result<()>;
 
+    /// Replaces the data stored with this hold (`None`: removes it), only if this owner still
+    /// holds it, atomically on the server; `inspect` and `list` show it from then on, and it
+    /// ends with the hold. The core checks the size ([`crate::MAX_HOLDER_DATA`]). Backends
+    /// that declare [`Capabilities::holder_data`] implement it.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`](crate::Error::NotHeld) when the owner no longer holds it; the
+    /// default: [`Error::Unsupported`](crate::Error::Unsupported).
+    async fn set_data(&self, data: Option<&str>) -> Result<()> {
+        let _ = data;
+        Err(crate::Error::Unsupported(
+            "this backend stores no data with a hold".into(),
+        ))
+    }
+
     /// A future that resolves when the backend itself learns the lock is gone (session expiry,
     /// a watch on the key). `None` (the default): loss is detected by renewal only.
     ///
@@ -380,6 +395,8 @@ pub struct LockInfo {
     pub kind: LockKind,
     /// How many hold it (1 for an exclusive hold).
     pub holders: u32,
+    /// The data stored with the hold shown (see [`Lease::set_data`]), if any.
+    pub data: Option<String>,
 }
 
 impl LockInfo {
@@ -391,7 +408,15 @@ impl LockInfo {
             remaining,
             kind: LockKind::Exclusive,
             holders: 1,
+            data: None,
         }
+    }
+
+    /// Adds the data stored with the hold shown.
+    #[must_use]
+    pub fn with_data(mut self, data: Option<String>) -> Self {
+        self.data = data;
+        self
     }
 
     /// Says the lock is held as `kind` by `holders` holders.

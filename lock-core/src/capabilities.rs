@@ -31,6 +31,10 @@ pub struct Capabilities {
     /// Whether [`DistributedLock::release_hold`](crate::DistributedLock::release_hold) works:
     /// releasing one hold, named by its owner and fencing token, from any process.
     pub release_hold: bool,
+    /// Whether holds carry data ([`AcquireOptions::with_data`](crate::AcquireOptions::with_data),
+    /// [`LockGuard::set_data`](crate::LockGuard::set_data), election proclaims), stored with
+    /// the hold on the server and shown by `inspect` and `list`.
+    pub holder_data: bool,
     /// Whether [`LockKind::Shared`](crate::LockKind::Shared) holds (read-write locks) work.
     pub shared: bool,
     /// The largest semaphore [`LockKind::Permit`](crate::LockKind::Permit) may ask for; 0:
@@ -58,6 +62,7 @@ impl Capabilities {
             list: false,
             force_release: false,
             release_hold: false,
+            holder_data: false,
             shared: false,
             max_permits: 0,
             process_local: false,
@@ -143,6 +148,13 @@ impl Capabilities {
     #[must_use]
     pub fn with_release_hold(mut self, release_hold: bool) -> Self {
         self.release_hold = release_hold;
+        self
+    }
+
+    /// Declares that holds carry data (see [`holder_data`](Self::holder_data)).
+    #[must_use]
+    pub fn with_holder_data(mut self, holder_data: bool) -> Self {
+        self.holder_data = holder_data;
         self
     }
 }

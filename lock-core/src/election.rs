@@ -35,13 +35,15 @@ impl Leader {
     /// Longest candidate value, in bytes.
     pub const MAX_VALUE_LEN: usize = 128;
 
-    /// The leader an inspection shows: the exclusive holder, if any.
+    /// The leader an inspection shows: the exclusive holder, if any. Its value is the last one
+    /// it proclaimed (the hold's data), else the one it campaigned with.
     pub(crate) fn from_info(info: LockInfo) -> Option<Self> {
         if info.kind != LockKind::Exclusive {
             return None;
         }
         Some(Self {
-            value: campaign_value(&info.owner).map(str::to_owned),
+            value: campaign_value(&info.owner)
+                .map(|value| info.data.unwrap_or_else(|| value.to_owned())),
             term: info.token,
             owner: info.owner,
             remaining: info.remaining,
@@ -49,8 +51,8 @@ impl Leader {
     }
 }
 
-/// The owner of one campaign for `value`.
-pub(crate) fn campaign_owner(value: &str) -> Result<String> {
+/// Checks a leader value: at most [`Leader::MAX_VALUE_LEN`] bytes, no NUL.
+pub(crate) fn check_value(value: &str) -> Result<()> {
     if value.len() > Leader::MAX_VALUE_LEN || value.contains('\0') {
         return Err(Error::InvalidOptions(format!(
             "a leader value must be at most {} bytes without NUL, got {} bytes",
@@ -58,7 +60,18 @@ pub(crate) fn campaign_owner(value: &str) -> Result<String> {
             value.len()
         )));
     }
+    Ok(())
+}
+
+/// The owner of one campaign for `value`.
+pub(crate) fn campaign_owner(value: &str) -> Result<String> {
+    check_value(value)?;
     Ok(format!("{}@{value}", crate::client::unique_owner(None)))
+}
+
+/// Whether `owner` is a campaign's.
+pub(crate) fn is_campaign_owner(owner: &str) -> bool {
+    campaign_value(owner).is_some()
 }
 
 /// The value of a campaign's owner; `None` for any other owner.
@@ -68,8 +81,11 @@ fn campaign_value(owner: &str) -> Option<&str> {
     id.bytes().all(|b| b.is_ascii_hexdigit()).then_some(value)
 }
 
+/// What an observer compares to tell a change: the leader's owner, term and value.
+type Seen = (String, Option<FencingToken>, Option<String>);
+
 /// The stream of [`DistributedLock::observe`](crate::DistributedLock::observe): the leader
-/// now, then each change (a new owner or term, or no leader), re-read on every wake-up of
+/// now, then each change (a new owner, term or proclaimed value, or no leader), re-read on every wake-up of
 /// `changes` and every `every` in any case. Errors are yielded and the observation goes on.
 pub(crate) fn observe(
     locks: Arc<dyn DistributedLock>,
@@ -82,8 +98,8 @@ pub(crate) fn observe(
         name: LockName,
         changes: Option<BoxStream<'static, ()>>,
         every: Duration,
-        /// The last yielded leader's owner and term (`Some(None)`: no leader).
-        last: Option<Option<(String, Option<FencingToken>)>>,
+        /// The last yielded leader's owner, term and value (`Some(None)`: no leader).
+        last: Option<Option<Seen>>,
         /// Whether a read is due without waiting (first read, or right after a wake-up).
         due: bool,
     }
@@ -118,7 +134,9 @@ pub(crate) fn observe(
                 Ok(info) => info.and_then(Leader::from_info),
                 Err(err) => return Some((Err(err), state)),
             };
-            let seen = leader.as_ref().map(|l| (l.owner.clone(), l.term));
+            let seen = leader
+                .as_ref()
+                .map(|l| (l.owner.clone(), l.term, l.value.clone()));
             if state.last.as_ref() != Some(&seen) {
                 state.last = Some(seen);
                 return Some((Ok(leader), state));

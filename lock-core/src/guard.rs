@@ -257,6 +257,48 @@ impl LockGuard {
         self.held.renew_once().await
     }
 
+    /// Replaces the data stored with this hold on the server (`None` removes it): what
+    /// [`inspect`](crate::DistributedLock::inspect), [`list`](crate::DistributedLock::list) and
+    /// `distlock status --json` show from then on (see
+    /// [`AcquireOptions::with_data`](crate::AcquireOptions::with_data)). Only while this hold is
+    /// ours, checked atomically on the server: a former holder's update is refused. Not a
+    /// renewal: the lease and `valid_until` stay as they are. Cancel safe: dropped, the update
+    /// may or may not have landed.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`] for data over [`crate::MAX_HOLDER_DATA`] bytes or with a NUL;
+    /// [`Error::Unsupported`] on a backend without [`holder_data`](crate::Capabilities::holder_data);
+    /// [`Error::Lost`] if a loss was already reported; [`Error::NotHeld`] if the server says
+    /// the hold is no longer ours (the guard is then lost); [`Error::Unavailable`] if the
+    /// server did not answer in time.
+    pub async fn set_data(&self, data: Option<&str>) -> Result<()> {
+        if let Some(data) = data {
+            crate::options::check_holder_data(data)?;
+        }
+        self.held.set_data(data).await
+    }
+
+    /// Proclaims a new value for the leader of an election (etcd's `Proclaim`): the guard of a
+    /// [`campaign`](crate::DistributedLock::campaign) changes the value
+    /// [`leader`](crate::DistributedLock::leader) and
+    /// [`observe`](crate::DistributedLock::observe) report, without a new election: the term
+    /// stays. Refused once this guard no longer leads (a deposed leader cannot overwrite its
+    /// successor's value). Stored as the hold's data ([`set_data`](Self::set_data)).
+    ///
+    /// # Errors
+    /// As [`set_data`](Self::set_data); [`Error::InvalidOptions`] for a value over
+    /// [`Leader::MAX_VALUE_LEN`](crate::Leader::MAX_VALUE_LEN) bytes, or from a guard that is not
+    /// a campaign's.
+    pub async fn proclaim(&self, value: &str) -> Result<()> {
+        crate::election::check_value(value)?;
+        if !crate::election::is_campaign_owner(&self.held.owner) {
+            return Err(Error::InvalidOptions(
+                "proclaim needs the guard of a campaign, not of a plain lock".into(),
+            ));
+        }
+        self.held.set_data(Some(value)).await
+    }
+
     /// Releases the lock (or one reentrant hold of it).
     ///
     /// # Errors
@@ -436,6 +478,25 @@ impl Held {
             name: self.name.to_string(),
             reason,
         }
+    }
+
+    /// [`LockGuard::set_data`] of checked data.
+    async fn set_data(&self, data: Option<&str>) -> Result<()> {
+        if let Some(reason) = self.loss_reason() {
+            return Err(self.lost_error(reason));
+        }
+        let what = Of("setting the holder data", &self.name);
+        let result = within(self.operation_timeout, what, self.lease.set_data(data))
+            .await
+            .and_then(|answer| answer);
+        if let Err(err) = &result {
+            if err.is_not_held() {
+                self.mark_lost(LossReason::RenewalRejected);
+            } else {
+                self.metrics.backend_error(err);
+            }
+        }
+        result
     }
 
     pub(crate) async fn renew_once(&self) -> Result<()> {

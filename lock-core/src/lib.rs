@@ -139,7 +139,8 @@ pub use lock::DistributedLock;
 pub use multi::MultiGuard;
 pub use name::LockName;
 pub use options::{
-    AcquireOptions, Backoff, ClientConfig, OwnerId, Renewal, default_renewal_interval,
+    AcquireOptions, Backoff, ClientConfig, MAX_HOLDER_DATA, OwnerId, Renewal,
+    default_renewal_interval,
 };
 pub use token::{FencingGuarantee, FencingToken};
 

@@ -97,6 +97,8 @@ struct Holder {
     token: FencingToken,
     expires_at: Instant,
     kind: LockKind,
+    /// The data stored with the hold ([`Lease::set_data`]).
+    data: Option<String>,
 }
 
 impl Entry {
@@ -130,7 +132,8 @@ impl Entry {
                 Some(latest.token),
                 Some(latest.expires_at.saturating_duration_since(now)),
             )
-            .with_holders(latest.kind, count),
+            .with_holders(latest.kind, count)
+            .with_data(latest.data.clone()),
         )
     }
 
@@ -299,6 +302,7 @@ impl LockBackend for MemoryBackend {
             .with_list(true)
             .with_force_release(true)
             .with_release_hold(true)
+            .with_holder_data(true)
             .with_shared(true)
             .with_max_permits(MAX_PERMITS)
             .with_process_local(true)
@@ -450,6 +454,7 @@ impl Attempt for MemoryAttempt {
             token,
             expires_at: now + self.request.ttl,
             kind,
+            data: None,
         });
         self.store.shared.any_change.send_replace(());
         let lease = MemoryLease {
@@ -573,5 +578,21 @@ impl Lease for MemoryLease {
         } else {
             Err(self.not_held())
         }
+    }
+
+    async fn set_data(&self, data: Option<&str>) -> Result<()> {
+        let mut state = self.store.available_state()?;
+        let entry = state.locks.get_mut(&self.name);
+        let Some(entry) = entry else {
+            return Err(self.not_held());
+        };
+        match entry.holder(Instant::now(), &self.owner) {
+            Some(holder) => holder.data = data.map(str::to_owned),
+            None => return Err(self.not_held()),
+        }
+        // Observers of an election see a proclaim at once.
+        drop(state);
+        self.store.shared.any_change.send_replace(());
+        Ok(())
     }
 }

@@ -45,6 +45,9 @@ pub struct AcquireOptions {
     /// [`force_release`](crate::DistributedLock::force_release)) frees the name at once.
     /// Default zero. See [`with_lock_delay`](Self::with_lock_delay).
     pub lock_delay: Duration,
+    /// Data stored with the hold from its acquisition: who holds it and why (a host, a
+    /// process, a job id). See [`with_data`](Self::with_data). Default none.
+    pub data: Option<String>,
 }
 
 impl Default for AcquireOptions {
@@ -57,6 +60,7 @@ impl Default for AcquireOptions {
             owner: None,
             kind: LockKind::Exclusive,
             lock_delay: Duration::ZERO,
+            data: None,
         }
     }
 }
@@ -165,6 +169,26 @@ impl AcquireOptions {
         self
     }
 
+    /// Stores `data` with the hold (at most [`MAX_HOLDER_DATA`](crate::MAX_HOLDER_DATA)
+    /// bytes): [`inspect`](crate::DistributedLock::inspect), [`list`](crate::DistributedLock::list)
+    /// and `distlock status --json` show it while the lock is held, and
+    /// [`LockGuard::set_data`](crate::LockGuard::set_data) replaces it. It is written right
+    /// after the grant, before `acquire` returns (a reader in between sees the hold without
+    /// it), and ends with the hold. Anyone who can read the locks can read it: never a
+    /// secret. Needs [`Capabilities::holder_data`] (else `Unsupported`).
+    ///
+    /// ```
+    /// use distlock_core::AcquireOptions;
+    ///
+    /// let opts = AcquireOptions::default().with_data("host=web-3 job=nightly-report");
+    /// assert_eq!(opts.data.as_deref(), Some("host=web-3 job=nightly-report"));
+    /// ```
+    #[must_use]
+    pub fn with_data(mut self, data: impl Into<String>) -> Self {
+        self.data = Some(data.into());
+        self
+    }
+
     /// The lease written on the server: the ttl plus the [lock-delay](Self::with_lock_delay).
     pub fn lease_ttl(&self) -> Duration {
         self.ttl.saturating_add(self.lock_delay)
@@ -212,6 +236,14 @@ impl AcquireOptions {
                 self.ttl, caps.min_ttl, caps.max_ttl
             ));
         }
+        if let Some(data) = &self.data {
+            if !caps.holder_data {
+                return Err(Error::Unsupported(
+                    "this backend stores no data with a hold".into(),
+                ));
+            }
+            check_holder_data(data)?;
+        }
         if self.lease_ttl() > caps.max_ttl {
             return bad(format!(
                 "ttl {:?} plus lock-delay {:?} is longer than this backend's longest lease {:?}",
@@ -243,6 +275,21 @@ impl AcquireOptions {
         }
         Ok(())
     }
+}
+
+/// The largest data stored with a hold ([`AcquireOptions::with_data`]), in bytes: a host, a
+/// process id and a command line fit; a document does not belong in a lock.
+pub const MAX_HOLDER_DATA: usize = 512;
+
+/// Checks data for a hold: at most [`MAX_HOLDER_DATA`] bytes, no NUL.
+pub(crate) fn check_holder_data(data: &str) -> Result<(), Error> {
+    if data.len() > MAX_HOLDER_DATA || data.contains('\0') {
+        return Err(Error::InvalidOptions(format!(
+            "holder data must be at most {MAX_HOLDER_DATA} bytes without NUL, got {} bytes",
+            data.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Automatic renewal (the "watchdog") of a held lock.

@@ -296,3 +296,76 @@ pub async fn release_hold_of_one_holder_keeps_the_others(ctx: Ctx) -> Outcome {
     release(writer).await;
     Outcome::Passed
 }
+
+/// Holder data: stored with the hold at acquisition, shown by `inspect` (and `list`), replaced
+/// by the holder, kept by renewals, refused from a former holder, gone with the hold; the
+/// latest reader's shown for a read lock. A backend without it refuses the option, typed.
+pub async fn holder_data_is_stored_with_the_hold_and_ends_with_it(ctx: Ctx) -> Outcome {
+    let (a, b) = (ctx.client().await, ctx.client().await);
+    let caps = a.capabilities().clone();
+    let name = ctx.name("data");
+    if !caps.holder_data {
+        return match a.acquire(&name, &ctx.opts().with_data("x")).await {
+            Err(Error::Unsupported(_)) => {
+                Outcome::Skipped("the backend stores no data with a hold".into())
+            }
+            other => panic!("data on a backend without holder_data: {other:?}"),
+        };
+    }
+    let data_of = async |name: &str| b.inspect(name).await.expect("inspect").expect("held").data;
+    let guard = acquire(&*a, &name, &ctx.opts().with_data("host=a pid=1")).await;
+    assert_eq!(data_of(&name).await.as_deref(), Some("host=a pid=1"));
+    if caps.list {
+        let listed = b.list(Some(&name), 10).await.expect("list");
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert_eq!(listed[0].1.data.as_deref(), Some("host=a pid=1"));
+    }
+    guard.set_data(Some("step=2")).await.expect("set_data");
+    assert_eq!(data_of(&name).await.as_deref(), Some("step=2"));
+    // Renewals keep it.
+    tokio::time::sleep(ctx.ttl() * 2).await;
+    assert!(!guard.is_lost());
+    assert_eq!(data_of(&name).await.as_deref(), Some("step=2"));
+    guard.set_data(None).await.expect("clear");
+    assert_eq!(data_of(&name).await, None);
+    let big = "x".repeat(distlock_core::MAX_HOLDER_DATA + 1);
+    assert!(matches!(
+        guard.set_data(Some(&big)).await,
+        Err(Error::InvalidOptions(_))
+    ));
+    assert!(matches!(
+        a.acquire(&ctx.name("data-big"), &ctx.opts().with_data(big.clone()))
+            .await,
+        Err(Error::InvalidOptions(_))
+    ));
+    guard.set_data(Some("last")).await.expect("set_data");
+    release(guard).await;
+
+    // The next hold starts without it; a former holder cannot write over the next one's.
+    let stale = acquire(&*a, &name, &ctx.opts().with_renewal(Renewal::disabled())).await;
+    assert_eq!(
+        data_of(&name).await,
+        None,
+        "the released hold's data stayed"
+    );
+    let next = acquire(&*b, &name, &ctx.opts().with_data("next")).await;
+    let refused = stale.set_data(Some("stale")).await;
+    assert!(
+        refused.as_ref().is_err_and(Error::is_not_held),
+        "a former holder's data was taken: {refused:?}"
+    );
+    assert_eq!(data_of(&name).await.as_deref(), Some("next"));
+    release(next).await;
+
+    if caps.shared {
+        let readers = ctx.name("data-readers");
+        let r1 = acquire(&*a, &readers, &ctx.opts().shared().with_data("r1")).await;
+        let r2 = acquire(&*b, &readers, &ctx.opts().shared().with_data("r2")).await;
+        let info = b.inspect(&readers).await.expect("inspect").expect("held");
+        assert_eq!((info.holders, info.data.as_deref()), (2, Some("r2")));
+        release(r2).await;
+        assert_eq!(data_of(&readers).await.as_deref(), Some("r1"));
+        release(r1).await;
+    }
+    Outcome::Passed
+}

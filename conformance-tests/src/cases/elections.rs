@@ -272,3 +272,77 @@ pub async fn deposed_leader_knows_before_the_next_is_elected(ctx: Ctx) -> Outcom
     release(new).await;
     Outcome::Passed
 }
+
+/// Proclaim: the leader changes its value without a new election (the term stays), observers
+/// see it; a deposed leader's proclaim is refused and leaves its successor's value alone.
+pub async fn proclaim_changes_the_value_and_keeps_the_term(ctx: Ctx) -> Outcome {
+    let (a, b) = (ctx.client().await, ctx.client().await);
+    if !a.capabilities().holder_data {
+        return Outcome::Skipped("the backend stores no data with a hold".into());
+    }
+    let name = ctx.name("proclaim");
+    let opts = ctx.opts().with_wait(LONG_WAIT);
+    let mut changes = b.observe(&name, Duration::from_millis(200));
+    let leader = a.campaign(&name, "v1", &opts).await.expect("campaign");
+    let first = b.leader(&name).await.expect("leader").expect("a leader");
+    assert_eq!(first.value.as_deref(), Some("v1"));
+    leader.proclaim("v2").await.expect("proclaim");
+    let now = b.leader(&name).await.expect("leader").expect("a leader");
+    assert_eq!(
+        (now.value.as_deref(), now.term),
+        (Some("v2"), first.term),
+        "the proclaim changed the term or not the value"
+    );
+    // The observer reports v2 with the same term.
+    let seen = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(item) = changes.next().await {
+            if let Ok(Some(l)) = item
+                && l.value.as_deref() == Some("v2")
+            {
+                return l;
+            }
+        }
+        panic!("the observation ended")
+    })
+    .await
+    .expect("the observer never saw the proclaimed value");
+    assert_eq!(seen.term, first.term);
+    assert!(matches!(
+        leader
+            .proclaim(&"x".repeat(Leader::MAX_VALUE_LEN + 1))
+            .await,
+        Err(Error::InvalidOptions(_))
+    ));
+    release(leader).await;
+
+    // A plain lock's guard has no value to proclaim.
+    let plain = acquire(&*a, &ctx.name("proclaim-plain"), &ctx.opts()).await;
+    assert!(matches!(
+        plain.proclaim("v").await,
+        Err(Error::InvalidOptions(_))
+    ));
+    release(plain).await;
+
+    // A leader that stopped renewing is deposed by the next; its proclaim is refused.
+    let stale = a
+        .campaign(
+            &name,
+            "old",
+            &opts.clone().with_renewal(Renewal::disabled()),
+        )
+        .await
+        .expect("campaign");
+    let next = b.campaign(&name, "new", &opts).await.expect("campaign");
+    let refused = stale.proclaim("late").await;
+    assert!(
+        refused.as_ref().is_err_and(Error::is_not_held),
+        "a deposed leader proclaimed: {refused:?}"
+    );
+    let now = b.leader(&name).await.expect("leader").expect("a leader");
+    assert_eq!(
+        (now.value.as_deref(), now.term),
+        (Some("new"), Some(next.token()))
+    );
+    release(next).await;
+    Outcome::Passed
+}

@@ -230,9 +230,15 @@ impl<B: LockBackend> LockClient<B> {
                         continue;
                     }
                     metrics.acquired(started, woken.filter(|_| waiting.is_some()));
-                    return Ok(Some(
-                        self.guard(name, owner, options, grant, reentry, metrics),
-                    ));
+                    let guard = self.guard(name, owner, options, grant, reentry, metrics);
+                    if let Some(data) = &options.data
+                        && let Err(err) = guard.set_data(Some(data)).await
+                    {
+                        // Not handed out without the data it was asked with.
+                        let _ = guard.release().await;
+                        return Err(err);
+                    }
+                    return Ok(Some(guard));
                 }
                 Ok(step) => {
                     last_error = None;
