@@ -308,7 +308,7 @@ type Released = (u64, Instant, Vec<(u32, String, String)>);
 
 /// Reads the server's view half a ttl after each successful release (when a renewal of ttl/3
 /// would have fired): the released owner must not hold a lease that outlives the release by
-/// more than the ttl it had. Ends when the worker stops releasing.
+/// more than the lease it had (the ttl and the lock-delay). Ends when the worker stops releasing.
 async fn audit(
     lock: &dyn DistributedLock,
     params: &WorkerParams,
@@ -324,9 +324,10 @@ async fn audit(
             if info.owner != owner {
                 continue;
             }
-            // The last renewal before the release could set the lease to end a ttl after it
-            // at the latest (plus a margin for the server's clock and the read).
-            let latest = released + params.ttl + Duration::from_millis(50);
+            // The last renewal before the release could set the lease to end a ttl (and the
+            // lock-delay) after it at the latest (plus a margin for the server's clock and the
+            // read).
+            let latest = released + params.ttl + params.lock_delay + Duration::from_millis(50);
             let ends = info.remaining.map(|r| Instant::now() + r);
             if ends.is_none_or(|ends| ends > latest) {
                 sink.event(
