@@ -74,6 +74,7 @@ impl EtcdAttempt {
             slot,
             key: self.key.clone(),
             rev,
+            owner: self.owner.clone(),
         };
         Ok(Step::Acquired(
             Acquired::new(Box::new(lease), token(rev)?).with_lease_started(lease_started),

@@ -207,6 +207,7 @@ impl LockBackend for EtcdBackend {
             .with_list(true)
             .with_force_release(true)
             .with_release_hold(true)
+            .with_holder_data(true)
             .with_shared(true)
             .with_max_permits(MAX_PERMITS)
     }
@@ -419,13 +420,10 @@ impl EtcdBackend {
                 }) else {
                     return Ok(false);
                 };
-                // The owner is compared too: a key reused by its client since is not this hold.
-                return self
-                    .delete_if(
-                        hold,
-                        Some(Compare::value(hold.key.clone(), CompareOp::Equal, owner)),
-                    )
-                    .await;
+                // Its create revision, compared in the transaction, is this very hold's: a key
+                // reused by its client since has another (and the value, owner and holder
+                // data, may change under a holder's set_data).
+                return self.delete_if(hold).await;
             }
             if self.delete_holders(&keys).await? {
                 return Ok(true);
@@ -442,22 +440,19 @@ impl EtcdBackend {
         let mut removed = false;
         for holder in &queue[..keys::holder_count(&kinds)] {
             // Not deleted: that holder released meanwhile.
-            removed |= self.delete_if(holder, None).await?;
+            removed |= self.delete_if(holder).await?;
         }
         Ok(removed)
     }
 
-    /// Deletes `holder`'s key if it still has its create revision (and `also` holds): whether
-    /// it did.
-    async fn delete_if(&self, holder: &QueuedKey, also: Option<Compare>) -> Result<bool> {
-        let mut compares = vec![Compare::create_revision(
-            holder.key.clone(),
-            CompareOp::Equal,
-            holder.rev,
-        )];
-        compares.extend(also);
+    /// Deletes `holder`'s key if it still has its create revision: whether it did.
+    async fn delete_if(&self, holder: &QueuedKey) -> Result<bool> {
         let txn = Txn::new()
-            .when(compares)
+            .when([Compare::create_revision(
+                holder.key.clone(),
+                CompareOp::Equal,
+                holder.rev,
+            )])
             .and_then([TxnOp::delete(holder.key.clone(), None)]);
         let done = self
             .shared
@@ -476,15 +471,18 @@ struct QueuedKey {
     rev: i64,
     kind: LockKind,
     owner: Vec<u8>,
+    data: Option<Vec<u8>>,
 }
 
 impl QueuedKey {
     fn new(range: &str, kv: &etcd_client::KeyValue) -> Self {
+        let (owner, data) = keys::owner_and_data(kv.value());
         Self {
             key: kv.key().to_vec(),
             rev: kv.create_revision(),
             kind: keys::key_kind(range, kv.key()),
-            owner: kv.value().to_vec(),
+            owner: owner.to_vec(),
+            data: data.map(<[u8]>::to_vec),
         }
     }
 }
@@ -501,7 +499,13 @@ fn holders_info(queue: &[QueuedKey]) -> Option<LockInfo> {
             token(latest.rev).ok(),
             None,
         )
-        .with_holders(latest.kind, u32::try_from(count).unwrap_or(u32::MAX)),
+        .with_holders(latest.kind, u32::try_from(count).unwrap_or(u32::MAX))
+        .with_data(
+            latest
+                .data
+                .as_ref()
+                .map(|data| String::from_utf8_lossy(data).into_owned()),
+        ),
     )
 }
 

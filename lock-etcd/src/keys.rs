@@ -49,6 +49,25 @@ pub(crate) fn name_of_range(prefix: &str, range: &str) -> Option<String> {
     unescape(escaped)
 }
 
+/// A queue key's value: the owner, then, if the holder stored data
+/// ([`distlock_core::Lease::set_data`]), a NUL and the data (neither an owner nor data may
+/// contain a NUL). Written at creation with the owner alone; the data lives and ends with the
+/// key.
+pub(crate) fn value_with_data(owner: &str, data: Option<&str>) -> Vec<u8> {
+    match data {
+        Some(data) => format!("{owner}\0{data}").into_bytes(),
+        None => owner.as_bytes().to_vec(),
+    }
+}
+
+/// The owner and data of a queue key's value ([`value_with_data`]).
+pub(crate) fn owner_and_data(value: &[u8]) -> (&[u8], Option<&[u8]>) {
+    match value.iter().position(|&b| b == 0) {
+        Some(at) => (&value[..at], Some(&value[at + 1..])),
+        None => (value, None),
+    }
+}
+
 /// A queue key of one client (`tag`: a random hex tag of the client) on one name, for an
 /// acquisition of `kind` (see [`kind_tag`]).
 pub(crate) fn entry_key(range: &str, kind: LockKind, tag: &str, number: u32) -> String {

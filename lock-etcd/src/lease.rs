@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use distlock_core::backend::Renewer;
 use distlock_core::{Error, Lease, Result};
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use tracing::debug;
 
 use crate::backend::BackendState;
@@ -21,6 +21,8 @@ pub(crate) struct EtcdLease {
     pub(crate) slot: Arc<LeaseSlot>,
     pub(crate) key: Arc<QueueKey>,
     pub(crate) rev: i64,
+    /// The owner, the first part of the key's value (see [`keys::value_with_data`]).
+    pub(crate) owner: Arc<str>,
 }
 
 impl fmt::Debug for EtcdLease {
@@ -97,6 +99,37 @@ impl Lease for EtcdLease {
         let deleted = self.delete_ours("releasing").await?;
         tracing::trace!(target: "distlock_etcd::wait", key = %self.key.key, "release answered");
         if !deleted {
+            return Err(Error::not_held(self.name()));
+        }
+        Ok(())
+    }
+
+    /// Rewrites our key's value as the owner and `data` ([`keys::value_with_data`]), in a
+    /// transaction comparing the key's create revision with ours (the fencing token: no later
+    /// key can have it), keeping the key's lease: the token and the lease stay, the data ends
+    /// with the key. Safe to send again after an unanswered attempt (the same put).
+    async fn set_data(&self, data: Option<&str>) -> Result<()> {
+        let what = "setting the holder data";
+        let key = &self.key.key;
+        let value = keys::value_with_data(&self.owner, data);
+        let (resp, _) = attempts(what, retryable, &self.shared.members, || {
+            let mut kv = self.shared.client.kv_client();
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    self.rev,
+                )])
+                .and_then([TxnOp::put(
+                    key.clone(),
+                    value.clone(),
+                    Some(PutOptions::new().with_ignore_lease()),
+                )]);
+            async move { kv.txn(txn).await }
+        })
+        .await
+        .map_err(|e| e.into_error(what))?;
+        if !resp.succeeded() {
             return Err(Error::not_held(self.name()));
         }
         Ok(())

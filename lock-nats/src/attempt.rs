@@ -70,6 +70,7 @@ impl NatsAttempt {
             kind: self.kind,
             first: self.first,
             owner: self.owner.to_string(),
+            data: None,
         }
     }
 
@@ -81,7 +82,7 @@ impl NatsAttempt {
             slot: self.slot.hold(),
             alone,
         };
-        let lease = NatsLease::new(self.state.clone(), self.value(), rev, key);
+        let lease = NatsLease::new(self.state.clone(), self.value(), rev, key, self.ttl);
         Acquired::new(Box::new(lease), FencingToken::new(self.first))
             .with_lease_started(self.written)
     }

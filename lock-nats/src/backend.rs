@@ -413,6 +413,7 @@ impl LockBackend for NatsBackend {
             .with_list(true)
             .with_force_release(true)
             .with_release_hold(true)
+            .with_holder_data(true)
             .with_shared(true)
             .with_max_permits(MAX_PERMITS)
     }
@@ -433,7 +434,8 @@ impl LockBackend for NatsBackend {
             latest.value.owner.clone(),
             Some(FencingToken::new(latest.token())),
             None,
-        );
+        )
+        .with_data(latest.value.data.clone());
         let count = u32::try_from(holders.len()).unwrap_or(u32::MAX);
         Ok(Some(if kind == LockKind::Exclusive {
             info

@@ -109,13 +109,16 @@ pub(crate) fn unescape(token: &str) -> Option<String> {
 }
 
 /// What an entry stores: its kind, the revision it was created at (its place in the queue
-/// and its fencing token; 0 in the creating write, which cannot know its own revision), and
-/// the owner. Text: `<kind>\n<first>\n<owner>`, kind `x`, `r` or `p<N>`.
+/// and its fencing token; 0 in the creating write, which cannot know its own revision), the
+/// owner and the holder's data, if any ([`distlock_core::Lease::set_data`]). Text:
+/// `<kind>\n<first>\n<owner>[\0<data>]`, kind `x`, `r` or `p<N>` (neither an owner nor data
+/// contains a NUL).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct EntryValue {
     pub(crate) kind: LockKind,
     pub(crate) first: u64,
     pub(crate) owner: String,
+    pub(crate) data: Option<String>,
 }
 
 impl EntryValue {
@@ -125,7 +128,11 @@ impl EntryValue {
             LockKind::Permit { permits } => format!("p{permits}"),
             _ => "x".to_owned(),
         };
-        bytes::Bytes::from(format!("{kind}\n{}\n{}", self.first, self.owner))
+        let text = format!("{kind}\n{}\n{}", self.first, self.owner);
+        bytes::Bytes::from(match &self.data {
+            Some(data) => format!("{text}\0{data}"),
+            None => text,
+        })
     }
 
     /// The value of `payload`; an entry this backend did not write is an error.
@@ -138,6 +145,10 @@ impl EntryValue {
         let (kind, first, owner) = match (parts.next(), parts.next(), parts.next()) {
             (Some(k), Some(f), Some(o)) => (k, f, o),
             _ => return Err(bad()),
+        };
+        let (owner, data) = match owner.split_once('\0') {
+            Some((owner, data)) => (owner, Some(data.to_owned())),
+            None => (owner, None),
         };
         let kind = match kind {
             "x" => LockKind::Exclusive,
@@ -153,6 +164,7 @@ impl EntryValue {
             kind,
             first: first.parse().map_err(|_| bad())?,
             owner: owner.to_owned(),
+            data,
         })
     }
 }
@@ -330,11 +342,14 @@ mod tests {
             LockKind::Shared,
             LockKind::Permit { permits: 7 },
         ] {
-            let v = EntryValue {
+            let mut v = EntryValue {
                 kind,
                 first: 42,
                 owner: "o\nwith newline".into(),
+                data: None,
             };
+            assert_eq!(EntryValue::decode(&v.encode()).unwrap(), v);
+            v.data = Some("host=h pid=1\ncmd=x".into());
             assert_eq!(EntryValue::decode(&v.encode()).unwrap(), v);
         }
         assert!(EntryValue::decode(b"q\n1\no").is_err());

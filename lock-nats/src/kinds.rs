@@ -206,6 +206,7 @@ mod tests {
                         kind,
                         first: i as u64 + 1,
                         owner: String::new(),
+                        data: None,
                     },
                     expires_ns: None,
                 })

@@ -35,7 +35,11 @@ pub(crate) struct NatsLease {
     pub(crate) state: Arc<BackendState>,
     pub(crate) name: String,
     pub(crate) subject: String,
-    pub(crate) value: EntryValue,
+    /// The entry as written last: kind, token, owner and the holder's data.
+    value: Mutex<EntryValue>,
+    /// The lease length of the acquisition and its renewals: every write of the entry sets
+    /// its `Nats-TTL`, a write of the holder data too.
+    ttl: Duration,
     rev: Mutex<u64>,
     /// The client's key of the name, kept in use while the lease lives.
     slot: Option<Arc<SlotHold>>,
@@ -48,12 +52,19 @@ pub(crate) struct NatsLease {
 }
 
 impl NatsLease {
-    pub(crate) fn new(state: Arc<BackendState>, value: EntryValue, rev: u64, key: HeldKey) -> Self {
+    pub(crate) fn new(
+        state: Arc<BackendState>,
+        value: EntryValue,
+        rev: u64,
+        key: HeldKey,
+        ttl: Duration,
+    ) -> Self {
         Self {
             state,
             name: key.name,
             subject: key.subject,
-            value,
+            value: Mutex::new(value),
+            ttl,
             rev: Mutex::new(rev),
             slot: key.slot,
             range: key.range,
@@ -76,6 +87,14 @@ impl NatsLease {
         alone.then_some(self.range.as_str())
     }
 
+    /// The entry's value as this lease writes it now.
+    pub(crate) fn value(&self) -> EntryValue {
+        self.value
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     pub(crate) fn rev(&self) -> u64 {
         *self.rev.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -87,11 +106,12 @@ impl NatsLease {
     /// The entry's revision now, if it is still this lease's (a write whose answer was lost
     /// may have moved it): `None` when it is gone or another's.
     pub(crate) async fn current(&self) -> Result<Option<u64>> {
+        let ours = self.value();
         Ok(self
             .state
             .entry(&self.subject)
             .await?
-            .filter(|e| e.value.owner == self.value.owner && e.token() == self.value.first)
+            .filter(|e| e.value.owner == ours.owner && e.token() == ours.first)
             .map(|e| e.rev))
     }
 
@@ -127,6 +147,34 @@ impl Lease for NatsLease {
                     if self.slot.is_some() {
                         self.state.slots.released(&self.name, marker, alone);
                     }
+                    return Ok(());
+                }
+                Written::Conflict if alone => self.not_alone(),
+                Written::Conflict => rev = self.after_conflict(rev).await?,
+            }
+        }
+        Err(Error::not_held(&self.name))
+    }
+
+    /// A compare-and-set of the entry on its revision with the new data (and the lease's ttl,
+    /// which every write of the entry sets: it renews the server's lease as a side effect,
+    /// never beyond what a renewal would).
+    ///
+    /// The lease's value changes first, so that a renewal racing this write (and winning its
+    /// compare-and-set) writes the new data too, never the old data back after it.
+    async fn set_data(&self, data: Option<&str>) -> Result<()> {
+        let value = {
+            let mut value = self.value.lock().unwrap_or_else(PoisonError::into_inner);
+            value.data = data.map(str::to_owned);
+            value.clone()
+        };
+        let mut rev = self.rev();
+        for _ in 0..3 {
+            let alone = self.alone();
+            let publish = BackendState::put(&value, self.ttl, rev, self.range(alone));
+            match self.state.send("set data", &self.subject, publish).await? {
+                Written::Stored(new) => {
+                    self.set_rev(new);
                     return Ok(());
                 }
                 Written::Conflict if alone => self.not_alone(),

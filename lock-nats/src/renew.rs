@@ -17,7 +17,7 @@ pub(crate) async fn refresh(lease: &NatsLease, ttl: Duration) -> Result<()> {
     let mut rev = lease.rev();
     for _ in 0..3 {
         let alone = lease.alone();
-        let publish = BackendState::put(&lease.value, ttl, rev, lease.range(alone));
+        let publish = BackendState::put(&lease.value(), ttl, rev, lease.range(alone));
         match lease.state.send("renew", &lease.subject, publish).await? {
             Written::Stored(new) => {
                 lease.set_rev(new);
@@ -54,7 +54,7 @@ impl Renewer for NatsRenewer {
             };
             let rev = lease.rev();
             let publish =
-                BackendState::put(&lease.value, item.ttl, rev, lease.range(lease.alone()));
+                BackendState::put(&lease.value(), item.ttl, rev, lease.range(lease.alone()));
             let sent = self.js.send_publish(lease.subject.clone(), publish).await;
             pending.push(Some((lease, rev, sent)));
         }

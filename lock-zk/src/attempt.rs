@@ -120,7 +120,12 @@ impl ZkAttempt {
         started: Option<Instant>,
     ) -> Result<Step> {
         let token = FencingToken::from_server(czxid, &format!("the czxid of {node}"))?;
-        let lease = ZkLease::new(session, self.request.name.clone(), self.own_path(node));
+        let lease = ZkLease::new(
+            session,
+            self.request.name.clone(),
+            self.own_path(node),
+            self.request.ttl,
+        );
         let acquired = Acquired::new(Box::new(lease), token);
         Ok(Step::Acquired(match started {
             Some(started) => acquired.with_lease_started(started),

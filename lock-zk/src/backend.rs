@@ -20,7 +20,7 @@ use zookeeper_client as zk;
 use crate::ZkConfig;
 use crate::attempt::ZkAttempt;
 use crate::error::zk_error;
-use crate::keys::{Entry, escape, parse_held, queue, unescape};
+use crate::keys::{Entry, escape, holder_data_of, parse_held, queue, unescape};
 use crate::kinds::holders;
 use crate::session::{Session, open_session};
 
@@ -252,6 +252,7 @@ impl LockBackend for ZkBackend {
             .with_list(true)
             .with_force_release(true)
             .with_release_hold(true)
+            .with_holder_data(true)
             .with_shared(true)
             .with_max_permits(MAX_PERMITS)
     }
@@ -290,7 +291,9 @@ impl LockBackend for ZkBackend {
                     let token = FencingToken::from_server(stat.czxid, "a czxid").ok();
                     let count = u32::try_from(held.len()).unwrap_or(u32::MAX);
                     return Ok(Some(
-                        LockInfo::new(owner, token, None).with_holders(kind, count),
+                        LockInfo::new(owner, token, None)
+                            .with_holders(kind, count)
+                            .with_data(holder_data_of(&data)),
                     ));
                 }
                 Err(zk::Error::NoNode) => continue,

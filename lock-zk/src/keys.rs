@@ -96,6 +96,23 @@ pub(crate) fn held_data(ttl: Duration) -> Vec<u8> {
     format!("H{}", ttl.as_millis()).into_bytes()
 }
 
+/// Node data of a holder that stored data ([`distlock_core::Lease::set_data`]): the mark of
+/// [`held_data`], a NUL, the data (which has no NUL). Renewals write it again as it is.
+pub(crate) fn held_data_with(ttl: Duration, data: Option<&str>) -> Vec<u8> {
+    let mut bytes = held_data(ttl);
+    if let Some(data) = data {
+        bytes.push(0);
+        bytes.extend_from_slice(data.as_bytes());
+    }
+    bytes
+}
+
+/// The holder's data in a node's data ([`held_data_with`]), if any.
+pub(crate) fn holder_data_of(node: &[u8]) -> Option<String> {
+    let at = node.iter().position(|&b| b == 0)?;
+    Some(String::from_utf8_lossy(&node[at + 1..]).into_owned())
+}
+
 /// Node data of a waiter: `W<ttl in ms>`. A waiter refreshes its node every third of the ttl
 /// while it waits, so its lease, like a holder's, runs from the node's `mtime`; the waiter
 /// behind it removes the node once that lease ran out (a killed or paused process).
@@ -114,8 +131,10 @@ pub(crate) enum Mark {
 }
 
 impl Mark {
-    /// Parses node data; `None` for data this crate did not write.
+    /// Parses node data (up to a holder's data, see [`held_data_with`]); `None` for data this
+    /// crate did not write.
     pub(crate) fn parse(data: &[u8]) -> Option<Self> {
+        let data = data.split(|&b| b == 0).next().unwrap_or(data);
         let ms = |digits: &[u8]| -> Option<i64> {
             if !digits.iter().all(u8::is_ascii_digit) {
                 return None;

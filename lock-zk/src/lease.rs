@@ -1,16 +1,16 @@
 //! A held lock: renewal and release of the holder's node, on the server's clock.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_core::backend::{LossEpochs, Renewer};
+use distlock_core::backend::{LossEpochs, Renewer, unpoisoned};
 use distlock_core::{Error, Lease, LockName, Result};
 use zookeeper_client as zk;
 
 use crate::error::zk_error;
-use crate::keys::held_data;
+use crate::keys::held_data_with;
 use crate::session::Session;
 
 /// The pause before a release is sent again after a lost connection.
@@ -21,6 +21,9 @@ pub(crate) struct ZkLease {
     pub(crate) session: Arc<Session>,
     pub(crate) name: LockName,
     pub(crate) path: String,
+    /// What the node's data says besides "held": the lease's ttl as last written and the
+    /// holder's data ([`Lease::set_data`]); every write of the node writes both.
+    written: Mutex<(Duration, Option<String>)>,
 }
 
 impl fmt::Debug for ZkLease {
@@ -34,11 +37,30 @@ impl fmt::Debug for ZkLease {
 
 impl ZkLease {
     /// The lease of the holder's node `path`, acquired with `ttl`.
-    pub(crate) fn new(session: Arc<Session>, name: LockName, path: String) -> Self {
+    pub(crate) fn new(session: Arc<Session>, name: LockName, path: String, ttl: Duration) -> Self {
         Self {
             session,
             name,
             path,
+            written: Mutex::new((ttl, None)),
+        }
+    }
+
+    /// The node's data for a renewal to `ttl`: the held mark and the holder's data.
+    pub(crate) fn node_data(&self, ttl: Duration) -> Vec<u8> {
+        let mut written = unpoisoned(&self.written);
+        written.0 = ttl;
+        held_data_with(ttl, written.1.as_deref())
+    }
+
+    /// Writes `data` (our node only exists while we hold it: a plain set_data is
+    /// owner-checked and atomic).
+    async fn write(&self, data: &[u8], what: &str) -> Result<()> {
+        self.session.check_connected()?;
+        match self.session.client.set_data(&self.path, data, None).await {
+            Ok(_) => Ok(()),
+            Err(zk::Error::NoNode | zk::Error::SessionExpired) => Err(Error::not_held(&self.name)),
+            Err(err) => Err(zk_error(what, err)),
         }
     }
 }
@@ -50,19 +72,21 @@ impl Lease for ZkLease {
     }
 
     async fn renew(&self, ttl: Duration) -> Result<()> {
-        self.session.check_connected()?;
         // Only we write our node; it exists only while we hold (or a contender removed it
         // after expiry, or the session ended): a plain set_data is owner-checked and atomic.
-        match self
-            .session
-            .client
-            .set_data(&self.path, &held_data(ttl), None)
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(zk::Error::NoNode | zk::Error::SessionExpired) => Err(Error::not_held(&self.name)),
-            Err(err) => Err(zk_error("renewing the lock", err)),
-        }
+        self.write(&self.node_data(ttl), "renewing the lock").await
+    }
+
+    /// Rewrites the node with the new data and the ttl last written (which moves its `mtime`:
+    /// the lease runs from now, as after a renewal). The data changes here first, so that a
+    /// renewal racing this write writes the new data too.
+    async fn set_data(&self, data: Option<&str>) -> Result<()> {
+        let node = {
+            let mut written = unpoisoned(&self.written);
+            written.1 = data.map(str::to_owned);
+            held_data_with(written.0, data)
+        };
+        self.write(&node, "setting the holder data").await
     }
 
     /// Deletes the holder's node. A release is worth waiting for (the core's operation

@@ -8,7 +8,6 @@ use distlock_core::{Error, Result};
 use zookeeper_client as zk;
 
 use crate::error::zk_error;
-use crate::keys::held_data;
 use crate::lease::ZkLease;
 
 /// Renews the held nodes of one session together: one `multi` of `setData`s, each exactly
@@ -70,7 +69,7 @@ impl Renewer for ZkRenewer {
                     }));
                     continue;
                 }
-                match multi.add_set_data(&lease.path, &held_data(item.ttl), None) {
+                match multi.add_set_data(&lease.path, &lease.node_data(item.ttl), None) {
                     Ok(()) => sent.push(i),
                     Err(err) => results[i] = Some(Err(zk_error("renewing the lock", err))),
                 }
@@ -132,6 +131,7 @@ mod tests {
 
     use super::*;
     use crate::ZkConfig;
+    use crate::keys::held_data;
     use crate::session::open_session;
 
     /// One node removed inside a batch: that lease alone is answered `NotHeld`, the multi is
@@ -156,6 +156,7 @@ mod tests {
                 session.clone(),
                 LockName::new(format!("n{i}")).unwrap(),
                 path,
+                Duration::from_secs(1),
             ));
         }
         client.delete("/n1", None).await.unwrap();
