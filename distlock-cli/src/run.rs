@@ -1,5 +1,6 @@
 //! `distlock run`: hold a lock while a command runs.
 
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -167,6 +168,42 @@ impl RunArgs {
 pub(crate) struct Held {
     pub(crate) guard: LockGuard,
     pub(crate) env: Vec<(&'static str, String)>,
+    /// A leader's value file (`elect --value-file`) and the value proclaimed last.
+    pub(crate) value_file: Option<(PathBuf, String)>,
+}
+
+/// How often a leader's value file is read again.
+const VALUE_FILE_EVERY: Duration = Duration::from_secs(1);
+
+/// The value in a value file: its first line, without surrounding white space.
+pub(crate) async fn read_value_file(path: &Path) -> std::io::Result<String> {
+    let text = tokio::fs::read_to_string(path).await?;
+    Ok(text.lines().next().unwrap_or_default().trim().to_owned())
+}
+
+/// Reads the value file again and proclaims its value if it changed (an unreadable or empty
+/// file, or a value the backend refuses, is reported and left for the next read).
+async fn proclaim_from(file: &mut (PathBuf, String), guard: &LockGuard, name: &str) {
+    let value = match read_value_file(&file.0).await {
+        Ok(value) if !value.is_empty() && value != file.1 => value,
+        Ok(_) => return,
+        Err(err) => {
+            tracing::warn!(file = %file.0.display(), "cannot read the value file: {err}");
+            return;
+        }
+    };
+    match guard.proclaim(&value).await {
+        Ok(()) => {
+            tracing::info!(
+                "proclaimed {:?} as the value of {name:?}",
+                crate::out::printable(&value)
+            );
+            file.1 = value;
+        }
+        // A lost leadership ends the command through the guard's loss.
+        Err(err) if err.is_not_held() => {}
+        Err(err) => tracing::warn!("cannot proclaim the new value of {name:?}: {err}"),
+    }
 }
 
 /// What is held: a lock (`run`) or the leadership of an election (`elect`), for messages.
@@ -253,6 +290,7 @@ pub(crate) async fn run(mut args: RunArgs, quiet: bool) -> Result<u8, Failure> {
             Ok(guard.map(|guard| Held {
                 guard,
                 env: Vec::new(),
+                value_file: None,
             }))
         },
     )
@@ -312,6 +350,7 @@ where
         cgroup_note(group.in_cgroup())
     );
     let guard = held.guard;
+    let mut value_file = held.value_file;
     let deadline = Deadline::new(guard.ttl(), holding.grace);
     let lost = guard.lost();
     tokio::pin!(lost);
@@ -347,6 +386,11 @@ where
                 return Ok(LOST);
             }
             signal = signals.recv() => group.signal(signal),
+            () = tokio::time::sleep(VALUE_FILE_EVERY), if value_file.is_some() => {
+                if let Some(file) = value_file.as_mut() {
+                    proclaim_from(file, &guard, name).await;
+                }
+            }
         }
     };
     // Stragglers of the command stop before the lock is released, never after. They too must

@@ -234,3 +234,66 @@ fn leader_shows_the_leader_and_watch_follows_changes() {
     let status = watch.wait().expect("wait watch");
     assert_eq!(status.code(), Some(0), "{status:?}");
 }
+
+/// `elect --value-file`: the leader's value is the file's first line; a new line written while
+/// it leads is proclaimed (same term) and `leader` shows it. A missing file is exit 78.
+#[test]
+fn a_leader_proclaims_the_new_value_of_its_value_file() {
+    let env = Env::new();
+    let file = env.path("addr");
+    std::fs::write(&file, "10.0.0.1:80\n").expect("write");
+    let (out, go) = (env.path("p.out"), env.path("p.go"));
+    let script = format!(
+        "echo \"$DISTLOCK_LEADER_TERM $DISTLOCK_FENCING_TOKEN $DISTLOCK_LEADER_VALUE\" > {out}.tmp; \
+         mv {out}.tmp {out}; while [ ! -e {go} ]; do sleep 0.05; done",
+        out = out.display(),
+        go = go.display()
+    );
+    let file_arg = file.to_str().expect("utf-8");
+    let leader = env
+        .distlock(&[
+            "elect",
+            "--name",
+            "pro",
+            "--value-file",
+            file_arg,
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn distlock elect");
+    let (term, _, value) = parse(&wait_for(&out));
+    assert_eq!(value, "10.0.0.1:80");
+    std::fs::write(&file, "10.0.0.1:6432\n").expect("write");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let shown = env.run(&["leader", "--name", "pro", "--json"]);
+        let now: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("JSON");
+        if now["value"] == "10.0.0.1:6432" {
+            assert_eq!(now["term"], term, "the proclaim changed the term: {now}");
+            break;
+        }
+        assert_eq!(now["value"], "10.0.0.1:80", "{now}");
+        assert!(Instant::now() < deadline, "the new value was never proclaimed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::fs::write(&go, "").expect("go");
+    let done = leader.wait_with_output().expect("wait");
+    assert!(done.status.success(), "{}", text(&done.stderr));
+
+    let missing = env.path("no-such-file");
+    let out = env.run(&[
+        "elect",
+        "--name",
+        "pro",
+        "--value-file",
+        missing.to_str().expect("utf-8"),
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--value-file"));
+}
