@@ -277,7 +277,10 @@ fn a_leader_proclaims_the_new_value_of_its_value_file() {
             break;
         }
         assert_eq!(now["value"], "10.0.0.1:80", "{now}");
-        assert!(Instant::now() < deadline, "the new value was never proclaimed");
+        assert!(
+            Instant::now() < deadline,
+            "the new value was never proclaimed"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     std::fs::write(&go, "").expect("go");

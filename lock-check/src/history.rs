@@ -137,7 +137,7 @@ pub struct Extension {
 }
 
 /// What an election observer (`observe`) in a worker reported.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Observation {
     /// The observing worker.
     pub worker: u32,
@@ -145,6 +145,11 @@ pub struct Observation {
     pub at: Nanos,
     /// The leader's term (`None`: no leader, or a leader without a term).
     pub term: Option<u64>,
+    /// The leader's value: `w<worker>` as it campaigned, or `w<worker>#<seq>.<step>` as it
+    /// proclaimed in step `step` of its acquisition `seq` (where the backend stores holder
+    /// data).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
 }
 
 /// A holder's check, before a write, that its lock is still valid:

@@ -246,6 +246,15 @@ async fn every_kind_passes_on_the_memory_backend() {
             CheckKind::Election => {
                 let terms: Vec<_> = history.observations.iter().filter_map(|o| o.term).collect();
                 assert!(terms.len() >= 4, "{kind}: {:?}", history.observations);
+                // Leaders proclaimed, observers saw it: the proclaim-term rule had values.
+                assert!(
+                    history
+                        .observations
+                        .iter()
+                        .any(|o| o.value.as_deref().is_some_and(|v| v.contains('#'))),
+                    "{kind}: no proclaimed value observed: {:?}",
+                    history.observations
+                );
             }
             _ => {}
         }

@@ -20,6 +20,11 @@
 //!   it asked for.
 //! - [`Rule::ObserverOrder`]: an election observer reported a term older than one it had
 //!   already reported.
+//! - [`Rule::ProclaimTerm`]: an election observer saw a value with a term that is not its
+//!   leader's: `w<worker>#<seq>.<step>` (proclaimed by acquisition `seq` of that worker) with
+//!   another term than that acquisition's token, or the campaign value `w<worker>` with the
+//!   term of another worker's acquisition. A deposed leader's proclaim that landed on its
+//!   successor's term shows so.
 //! - [`Rule::LockDelay`]: with a lock-delay ([`CheckConfig::lock_delay`]), an acquisition
 //!   was granted while a crashed holder's lease plus its delay had not yet run out (and no
 //!   live holder crowded it already, which is an overlap): a hold whose worker never called
@@ -114,6 +119,8 @@ pub enum Rule {
     AllOrNone,
     /// An election observer reported an older term after a newer one.
     ObserverOrder,
+    /// An observer saw a leader value with another leader's term.
+    ProclaimTerm,
     /// A crashed holder's name was granted before its lock-delay ran out.
     LockDelay,
     /// A lease was extended after its release.
@@ -130,13 +137,14 @@ pub enum Rule {
 
 impl Rule {
     /// Every rule, in report order.
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 13] = [
         Self::SharedToken,
         Self::TokenOrder,
         Self::StaleCheck,
         Self::Overlap,
         Self::AllOrNone,
         Self::ObserverOrder,
+        Self::ProclaimTerm,
         Self::LockDelay,
         Self::RenewedAfterRelease,
         Self::Liveness,
@@ -154,6 +162,7 @@ impl Rule {
             Self::Overlap => "never more holders at once than the kind allows",
             Self::AllOrNone => "a multi-lock holds all of its locks or none",
             Self::ObserverOrder => "an observer never reports an older term",
+            Self::ProclaimTerm => "an observer sees each value with its own leader's term",
             Self::LockDelay => "a crashed holder's name stays taken for its lock-delay",
             Self::RenewedAfterRelease => "no lease is extended after its release",
             Self::Liveness => "waiters get the lock without stalls",
@@ -172,6 +181,7 @@ impl Rule {
                 | Self::StaleCheck
                 | Self::Overlap
                 | Self::ObserverOrder
+                | Self::ProclaimTerm
                 | Self::LockDelay
         )
     }
@@ -305,6 +315,7 @@ pub fn check(history: &History, config: &CheckConfig) -> Verdict {
     }
     all_or_none(&acquired, &mut findings);
     observer_order(history, &mut findings);
+    proclaim_terms(history, &mut findings);
     renewed_after_release(history, &mut findings);
     starvation(history, config, &mut findings);
     let gap = longest_gap(history, config);

@@ -353,6 +353,65 @@ pub(super) fn observer_order(history: &History, out: &mut Vec<Finding>) {
     }
 }
 
+/// The worker and, for a proclaimed value, the acquisition of an election worker's value
+/// (`w<worker>` or `w<worker>#<seq>.<step>`); `None` for any other value.
+fn value_source(value: &str) -> Option<(u32, Option<u64>)> {
+    let rest = value.strip_prefix('w')?;
+    match rest.split_once('#') {
+        None => Some((rest.parse().ok()?, None)),
+        Some((worker, tail)) => {
+            let (seq, step) = tail.split_once('.')?;
+            step.parse::<u32>().ok()?;
+            Some((worker.parse().ok()?, Some(seq.parse().ok()?)))
+        }
+    }
+}
+
+/// Each observed leader value must come with its own leader's term (see [`Rule::ProclaimTerm`]).
+pub(super) fn proclaim_terms(history: &History, out: &mut Vec<Finding>) {
+    let token_of: HashMap<AcqId, u64> = history
+        .acquisitions
+        .iter()
+        .filter(|a| a.acquired())
+        .filter_map(|a| Some((a.id, a.token?)))
+        .collect();
+    let holder_of: HashMap<u64, AcqId> = token_of.iter().map(|(&id, &t)| (t, id)).collect();
+    for o in &history.observations {
+        let (Some(term), Some(value)) = (o.term, o.value.as_deref()) else {
+            continue;
+        };
+        let Some((worker, seq)) = value_source(value) else {
+            continue;
+        };
+        let (fine, acq) = match seq {
+            // Proclaimed by that acquisition: its token is the term.
+            Some(seq) => {
+                let acq = AcqId { worker, seq };
+                (token_of.get(&acq) == Some(&term), acq)
+            }
+            // The campaign value: the term's acquisition (if the worker learnt of it) is that
+            // worker's.
+            None => match holder_of.get(&term) {
+                Some(&acq) => (acq.worker == worker, acq),
+                None => continue,
+            },
+        };
+        if !fine {
+            out.push(Finding {
+                rule: Rule::ProclaimTerm,
+                at: o.at,
+                acqs: vec![acq],
+                detail: format!(
+                    "worker {}'s observer saw value {value:?} with term {term}, which is not \
+                     that leader's",
+                    o.worker
+                ),
+                judgement: Judgement::Violation,
+            });
+        }
+    }
+}
+
 /// An acquisition that failed although no fault (with its settle time) overlapped its wait.
 pub(super) fn starvation(history: &History, config: &CheckConfig, out: &mut Vec<Finding>) {
     for a in history.acquisitions.iter().filter(|a| a.error.is_some()) {

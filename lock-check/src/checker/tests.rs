@@ -540,6 +540,7 @@ fn an_observer_that_goes_back_is_found() {
             worker: 0,
             at: at * MS,
             term,
+            value: None,
         });
     }
     let verdict = check(&h, &of_kind(CheckKind::Election));
@@ -548,11 +549,13 @@ fn an_observer_that_goes_back_is_found() {
         worker: 0,
         at: 5 * MS,
         term: Some(2),
+        value: None,
     });
     h.observations.push(Observation {
         worker: 0,
         at: 6 * MS,
         term: Some(1),
+        value: None,
     });
     let verdict = check(&h, &of_kind(CheckKind::Election));
     let found: Vec<_> = verdict.of(Rule::ObserverOrder).collect();
@@ -695,4 +698,41 @@ fn a_grant_inside_a_crashed_holders_lock_delay_is_found() {
         "{:#?}",
         verdict.findings
     );
+}
+
+/// clean(): acquisition w0#2 has token 14, w1#2 token 15. Values seen with their own leader's
+/// term pass; a proclaim of w0#2 seen with w1#2's term, or w0's campaign value with w1's term,
+/// is found; values this checker did not write are not judged.
+#[test]
+fn a_value_seen_with_another_leaders_term_is_found() {
+    let observed = |value: &str, term: u64| Observation {
+        worker: 3,
+        at: 900 * MS,
+        term: Some(term),
+        value: Some(value.to_owned()),
+    };
+    let mut h = clean();
+    for (value, term) in [
+        ("w0#2.1", 14),
+        ("w1", 15),
+        ("w1#2.0", 15),
+        ("final-probe", 99),
+    ] {
+        h.observations.push(observed(value, term));
+    }
+    let verdict = check(&h, &of_kind(CheckKind::Election));
+    assert!(!verdict.failed(), "{:#?}", verdict.findings);
+    for (value, term) in [("w0#2.1", 15), ("w0", 15)] {
+        let mut bad = h.clone();
+        bad.observations.push(observed(value, term));
+        let verdict = check(&bad, &of_kind(CheckKind::Election));
+        let found: Vec<_> = verdict.of(Rule::ProclaimTerm).collect();
+        assert_eq!(found.len(), 1, "{value}: {:#?}", verdict.findings);
+        assert!(
+            found[0]
+                .detail
+                .contains(&format!("{value:?} with term {term}"))
+        );
+        assert!(verdict.failed());
+    }
 }

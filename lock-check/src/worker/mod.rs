@@ -141,6 +141,9 @@ pub enum Event {
         t: Nanos,
         /// The leader's term (`None`: no leader, or no term).
         term: Option<u64>,
+        /// The leader's value.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        value: Option<String>,
     },
 }
 
@@ -226,6 +229,14 @@ impl Held {
                 (lock, name, guard.owner().to_owned())
             })
             .collect()
+    }
+
+    /// A leader proclaims `value` (refused once it no longer leads: what the
+    /// `proclaim-term` rule checks the server did).
+    async fn proclaim(&self, value: &str) {
+        if let Self::One(guard) = self {
+            let _ = guard.proclaim(value).await;
+        }
     }
 
     /// Releases; whether the release succeeded.
@@ -362,7 +373,8 @@ async fn observe(
             next = leaders.next() => match next {
                 Some(Ok(leader)) => sink.event(params.id, Event::Observed {
                     t: now(),
-                    term: leader.and_then(|l| l.term).map(|t| t.get()),
+                    term: leader.as_ref().and_then(|l| l.term).map(|t| t.get()),
+                    value: leader.and_then(|l| l.value),
                 }),
                 Some(Err(_)) => {}
                 None => return,
@@ -416,6 +428,8 @@ async fn hold(
     if params.sabotage != Some(Sabotage::IgnoreLockDelay) {
         options = options.with_lock_delay(params.lock_delay);
     }
+    // A leader proclaims a new value at every step where the backend stores holder data.
+    let proclaims = params.kind == CheckKind::Election && lock.capabilities().holder_data;
     let careless = params.sabotage == Some(Sabotage::IgnoreValidity);
     if careless {
         options = options.with_renewal(Renewal::disabled());
@@ -473,6 +487,9 @@ async fn hold(
             );
             if !passed {
                 break;
+            }
+            if proclaims {
+                held.proclaim(&format!("w{id}#{seq}.{step}")).await;
             }
             // The step's work, done in the belief of holding the lock; a pause here makes the
             // write below late.

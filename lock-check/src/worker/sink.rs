@@ -126,11 +126,14 @@ impl Sink for Recorder {
             }),
             // The fault it belongs to records it.
             Event::Aimed { .. } => {}
-            Event::Observed { t, term } => state.history.observations.push(Observation {
-                worker,
-                at: t,
-                term,
-            }),
+            Event::Observed { t, term, value } => {
+                state.history.observations.push(Observation {
+                    worker,
+                    at: t,
+                    term,
+                    value,
+                });
+            }
         }
     }
 }
