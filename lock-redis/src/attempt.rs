@@ -2,6 +2,7 @@
 //! a Redlock round is in `redlock.rs`.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -45,6 +46,8 @@ impl RedisAttempt {
             owner: self.request.owner.clone(),
             name: self.request.name.clone(),
             kind: self.request.kind,
+            ttl: self.request.ttl,
+            has_data: AtomicBool::new(false),
         })
     }
 

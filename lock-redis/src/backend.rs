@@ -224,6 +224,8 @@ impl LockBackend for RedisBackend {
         }
     }
 
+    /// Holder data on one master, Sentinel and Cluster; not on Redlock (see
+    /// `RedisLease::set_data` for why), nor release of a hold by its token, nor semaphores.
     fn capabilities(&self) -> Capabilities {
         let redlock = self.shared.redlock();
         let fencing = if redlock {
@@ -240,6 +242,7 @@ impl LockBackend for RedisBackend {
             .with_list(true)
             .with_force_release(true)
             .with_release_hold(!redlock)
+            .with_holder_data(!redlock)
             .with_shared(true)
             .with_max_permits(if redlock { 0 } else { MAX_PERMITS })
     }
@@ -294,19 +297,39 @@ impl LockBackend for RedisBackend {
                 .map_err(|e| e.into_lock_error("inspect"))?;
             return Ok(match holding {
                 Holding::Free => None,
-                Holding::Exclusive { owner, pttl } => {
-                    Some(LockInfo::new(owner, None, remaining(pttl)))
-                }
+                Holding::Exclusive {
+                    owner,
+                    pttl,
+                    data,
+                    counter,
+                } => Some(
+                    LockInfo::new(
+                        owner,
+                        counter.filter(|c| *c > 0).map(FencingToken::new),
+                        remaining(pttl),
+                    )
+                    .with_data(data),
+                ),
                 Holding::Holds { kind, holders } => {
                     let count = u32::try_from(holders.len()).unwrap_or(u32::MAX);
-                    holders.into_iter().max_by_key(|h| h.token).map(|h| {
+                    let Some(latest) = holders.into_iter().max_by_key(|h| h.token) else {
+                        return Ok(None);
+                    };
+                    // The data of the holder shown (one more round trip; it is keyed by
+                    // the owner, so it is that hold's or none, even if it ended meanwhile).
+                    let data = node
+                        .data_of(&keys, &latest.owner)
+                        .await
+                        .map_err(|e| e.into_lock_error("inspect"))?;
+                    Some(
                         LockInfo::new(
-                            h.owner,
-                            h.token.map(FencingToken::new),
-                            remaining(h.remaining),
+                            latest.owner,
+                            latest.token.map(FencingToken::new),
+                            remaining(latest.remaining),
                         )
                         .with_holders(kind, count)
-                    })
+                        .with_data(data),
+                    )
                 }
             });
         }
@@ -381,7 +404,7 @@ impl LockBackend for RedisBackend {
 
     /// `SCAN` of every master (Cluster: each master of the cluster; Redlock: every node,
     /// summed) for the keys of the names, counted by kind: `lock`, `fence`, `queue`,
-    /// `alive`, `holders`, `tokens`.
+    /// `alive`, `holders`, `tokens`, `data`.
     async fn footprint(&self, prefix: &str) -> Result<Option<distlock_core::Footprint>> {
         let mut footprint = distlock_core::Footprint::new("keys");
         let shared = &self.shared;

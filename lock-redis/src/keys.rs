@@ -75,6 +75,14 @@ impl LockKeys {
         self.with_kind('t')
     }
 
+    /// The data stored with the holds (holder data): a hash owner -> data, of every kind
+    /// (an exclusive hold has one field at most). Its TTL follows the lock key's: every
+    /// script that extends a hold extends it too, and the release scripts delete its field
+    /// (or the key) with the hold. Made on demand.
+    pub fn data(&self) -> String {
+        self.with_kind('d')
+    }
+
     fn with_kind(&self, kind: char) -> String {
         of_kind(&self.lock, kind)
     }
@@ -89,7 +97,7 @@ impl LockKeys {
 }
 
 /// `distlock:{` + 16 hex digits + `}:`.
-const HEAD_LEN: usize = 28;
+pub(crate) const HEAD_LEN: usize = 28;
 
 /// Slots of a [`KeysCache`].
 const KEYS_CACHE_SLOTS: usize = 32;
@@ -142,7 +150,7 @@ pub(crate) fn queue_of(lock: &str) -> String {
     of_kind(lock, 'q')
 }
 
-/// The release's keys of the name whose lock key is `lock` (queue, alive, channel), made from
+/// The release's keys of the name whose lock key is `lock` (queue, alive, channel, data), made from
 /// it in one allocation: a held lock keeps only its lock key, and rebuilding every key of its
 /// name ([`LockKeys::new`]: a hash, six allocations) cost more client CPU than the rest of the
 /// release's own work.
@@ -155,7 +163,7 @@ pub(crate) struct Siblings {
 
 impl Siblings {
     /// The kinds, in the order of the accessors below.
-    const KINDS: [char; 3] = ['q', 'a', 'c'];
+    const KINDS: [char; 4] = ['q', 'a', 'c', 'd'];
 
     pub(crate) fn of(lock: &str) -> Self {
         let mut buf = String::with_capacity(lock.len() * Self::KINDS.len());
@@ -189,6 +197,11 @@ impl Siblings {
     /// [`LockKeys::channel`].
     pub(crate) fn channel(&self) -> &str {
         self.nth(2)
+    }
+
+    /// [`LockKeys::data`].
+    pub(crate) fn data(&self) -> &str {
+        self.nth(3)
     }
 }
 
@@ -226,6 +239,7 @@ pub(crate) fn kind_of_key(key: &str) -> Option<&'static str> {
         "a:" => "alive",
         "h:" => "holders",
         "t:" => "tokens",
+        "d:" => "data",
         _ => return None,
     };
     let name = LockName::new(key.get(HEAD_LEN + 2..)?).ok()?;
@@ -273,6 +287,7 @@ mod tests {
         assert_eq!(a.lock.len(), HEAD_LEN + 2 + "a/b".len());
         assert_eq!(a.holders(), format!("distlock:{{{tag:016x}}}:h:a/b"));
         assert_eq!(a.tokens(), format!("distlock:{{{tag:016x}}}:t:a/b"));
+        assert_eq!(a.data(), format!("distlock:{{{tag:016x}}}:d:a/b"));
         assert_eq!(name_of_lock_key(&a.holders()), None);
     }
 
@@ -304,6 +319,7 @@ mod tests {
             assert_eq!(siblings.queue(), keys.queue);
             assert_eq!(siblings.alive(), keys.alive);
             assert_eq!(siblings.channel(), keys.channel);
+            assert_eq!(siblings.data(), keys.data());
             assert_eq!(queue_of(&keys.lock), keys.queue);
         }
     }
@@ -326,6 +342,7 @@ mod tests {
         assert_eq!(kind_of_key(&keys.fence), Some("fence"));
         assert_eq!(kind_of_key(&keys.queue), Some("queue"));
         assert_eq!(kind_of_key(&keys.tokens()), Some("tokens"));
+        assert_eq!(kind_of_key(&keys.data()), Some("data"));
         assert_eq!(kind_of_key("distlock:{0000000000000000}:f:jobs/*x"), None);
         assert_eq!(kind_of_key("distlock:{0000000000000000}:x:"), None);
     }

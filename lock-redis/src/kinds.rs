@@ -78,7 +78,10 @@ pub(crate) fn marker(kind: LockKind) -> String {
 /// lock reserved; a permit holds when the live holders plus the permit waiters ahead of it
 /// are fewer than the permits.
 ///
-/// KEYS: lock, fence, queue, alive, holders, tokens.
+/// The holders' data ([`SET_DATA`](crate::scripts::SET_DATA)) is the hash `d`, kept with `h`
+/// and `t`: dropped with them at a new epoch, a pruned holder's field with its entry.
+///
+/// KEYS: lock, fence, queue, alive, holders, tokens, data.
 /// ARGV: owner, ttl ms, wait ("1" to queue), (unused), waiter timeout ms, arrival score
 /// ("" = the server's time in microseconds), [`SEED_FLOOR`](crate::scripts::SEED_FLOOR), permits
 /// (0 = a shared hold), forget ms (see [`NEXT_TOKEN`]).
@@ -108,7 +111,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local epoch = holder == marker
 local count = 0
 if epoch then
-  prune_holders(KEYS[5], KEYS[6], now)
+  prune_holders(KEYS[5], KEYS[6], KEYS[7], now)
   if redis.call('ZSCORE', KEYS[5], owner) then
     -- A retry after a lost reply: the hold is already ours; restart its lease.
     redis.call('ZADD', KEYS[5], now + ttl, owner)
@@ -116,6 +119,7 @@ if epoch then
     redis.call('PEXPIRE', KEYS[1], keep)
     redis.call('PEXPIRE', KEYS[5], keep)
     redis.call('PEXPIRE', KEYS[6], keep)
+    redis.call('PEXPIRE', KEYS[7], keep)
     return {1, tonumber(redis.call('HGET', KEYS[6], owner) or '0')}
   end
   count = redis.call('ZCOUNT', KEYS[5], '(' .. now, '+inf')
@@ -154,7 +158,7 @@ end
         BUSY,
         r"
 if not epoch then
-  redis.call('DEL', KEYS[5], KEYS[6])
+  redis.call('DEL', KEYS[5], KEYS[6], KEYS[7])
 end
 redis.call('ZADD', KEYS[5], now + ttl, owner)
 local keep = ttl
@@ -168,6 +172,7 @@ local fence_keep = keep + tonumber(ARGV[9])
 redis.call('HSET', KEYS[6], owner, token)
 redis.call('PEXPIRE', KEYS[5], keep)
 redis.call('PEXPIRE', KEYS[6], keep)
+redis.call('PEXPIRE', KEYS[7], keep)
 if rank then
   redis.call('ZREM', KEYS[3], member)
   redis.call('ZREM', KEYS[4], member)
@@ -178,8 +183,9 @@ return {1, token}
     .concat())
 });
 
-/// Owner-checked extension of a shared hold or a permit. KEYS: lock, holders, tokens.
-/// ARGV: owner, ttl ms, the kind's marker. Returns 1, or 0 when the owner does not hold.
+/// Owner-checked extension of a shared hold or a permit (the holders' data key with it).
+/// KEYS: lock, holders, tokens, data. ARGV: owner, ttl ms, the kind's marker. Returns 1, or 0
+/// when the owner does not hold.
 pub(crate) static HOLD_RENEW: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
@@ -194,6 +200,7 @@ local keep = math.max(redis.call('PTTL', KEYS[1]), ttl)
 redis.call('PEXPIRE', KEYS[1], keep)
 redis.call('PEXPIRE', KEYS[2], keep)
 redis.call('PEXPIRE', KEYS[3], keep)
+redis.call('PEXPIRE', KEYS[4], keep)
 return 1
 ",
     )
@@ -202,7 +209,10 @@ return 1
 /// Owner-checked release of a shared hold or a permit, abandonment of such an attempt, a
 /// Redlock retreat, or a forced release of every holder.
 ///
-/// KEYS: lock, queue, alive, holders, tokens.
+/// A holder's data goes with it (its field of `d`, or the whole key with the last holder or a
+/// forced release).
+///
+/// KEYS: lock, queue, alive, holders, tokens, data.
 /// ARGV: owner, fair ("1"), handoff ms, channel, mode ("release", "abandon", "retreat" as
 /// for [`RELEASE`](crate::scripts::RELEASE), or "force": end every holder), permits (0 = shared).
 ///
@@ -226,17 +236,18 @@ local released = 0
 local left = false
 local before = 0
 if holder == marker then
-  prune_holders(KEYS[4], KEYS[5], now)
+  prune_holders(KEYS[4], KEYS[5], KEYS[6], now)
   before = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
   if mode == 'force' then
     if before > 0 then released = 1 end
-    redis.call('DEL', KEYS[4], KEYS[5])
+    redis.call('DEL', KEYS[4], KEYS[5], KEYS[6])
     left = true
   else
     local ends = redis.call('ZSCORE', KEYS[4], owner)
     if ends then
       redis.call('ZREM', KEYS[4], owner)
       redis.call('HDEL', KEYS[5], owner)
+      redis.call('HDEL', KEYS[6], owner)
       left = true
       if tonumber(ends) > now then released = 1 end
     end
@@ -255,7 +266,7 @@ local count = 0
 if holder == marker and left then
   count = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
   if count == 0 then
-    redis.call('DEL', KEYS[1], KEYS[4], KEYS[5])
+    redis.call('DEL', KEYS[1], KEYS[4], KEYS[5], KEYS[6])
     holder = false
   else
     local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
@@ -263,6 +274,7 @@ if holder == marker and left then
     redis.call('PEXPIRE', KEYS[1], keep)
     redis.call('PEXPIRE', KEYS[4], keep)
     redis.call('PEXPIRE', KEYS[5], keep)
+    redis.call('PEXPIRE', KEYS[6], keep)
   end
 elseif holder == marker then
   count = before
@@ -318,7 +330,7 @@ pub(crate) fn acquire_call(
     config: &RedisConfig,
     score: &str,
 ) -> Invocation {
-    let (holders, tokens) = (keys.holders(), keys.tokens());
+    let (holders, tokens, data) = (keys.holders(), keys.tokens(), keys.data());
     Invocation::new(
         &HOLD_ACQUIRE,
         &[
@@ -328,6 +340,7 @@ pub(crate) fn acquire_call(
             &keys.alive,
             &holders,
             &tokens,
+            &data,
         ],
     )
     .arg(&*request.owner)
@@ -352,10 +365,13 @@ pub(crate) fn renew_call(
     ttl: Duration,
     kind: LockKind,
 ) -> Invocation {
-    Invocation::new(&HOLD_RENEW, &[&keys.lock, &keys.holders(), &keys.tokens()])
-        .arg(owner)
-        .arg(millis(ttl))
-        .arg(marker(kind))
+    Invocation::new(
+        &HOLD_RENEW,
+        &[&keys.lock, &keys.holders(), &keys.tokens(), &keys.data()],
+    )
+    .arg(owner)
+    .arg(millis(ttl))
+    .arg(marker(kind))
 }
 
 /// The call of [`HOLD_RELEASE`] for `owner`'s hold of `kind` (shared or permits), or for
@@ -376,6 +392,7 @@ pub(crate) fn release_call(
             &keys.alive,
             &keys.holders(),
             &keys.tokens(),
+            &keys.data(),
         ],
     )
     .arg(owner)

@@ -2,6 +2,7 @@
 //! `redlock.rs`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -24,6 +25,13 @@ pub(crate) struct RedisLease {
     pub(crate) name: LockName,
     /// Exclusive, shared or a permit: which scripts renew and release it.
     pub(crate) kind: LockKind,
+    /// The lease length it was acquired with: the slack of its data's expiry (see
+    /// [`SET_DATA`](crate::scripts::SET_DATA)).
+    pub(crate) ttl: Duration,
+    /// Whether data was ever stored with this hold (set before the write is sent, never
+    /// cleared): only then does the batched renewal extend the data key too, so that holds
+    /// without data pay nothing for it there.
+    pub(crate) has_data: AtomicBool,
 }
 
 impl RedisLease {
@@ -99,6 +107,40 @@ impl Lease for RedisLease {
     /// Every kind, on every topology: see `renew.rs`.
     fn renewer(&self) -> Option<Arc<dyn Renewer>> {
         Some(self.shared.renewer.clone())
+    }
+
+    /// One master (also Sentinel, Cluster): the owner-checked script
+    /// [`SET_DATA`](crate::scripts::SET_DATA) on the lock's master; the data lives in the
+    /// name's data hash, extended and deleted with the hold (see the crate docs, "Holder
+    /// data").
+    ///
+    /// Redlock: [`Error::Unsupported`] (the backend does not declare
+    /// [`holder_data`](distlock_core::Capabilities::holder_data)). Each master would keep its
+    /// own copy, and a write that reaches a majority but not every master leaves them
+    /// disagreeing: telling the latest value from an older one would take a version per write
+    /// and a majority read that writes the latest back (a quorum register), two more rounds
+    /// on every inspect and per holder for read locks, and a hold re-acquired on a master
+    /// after a restart would start there without the data. Redlock's guarantees are best
+    /// effort already; the data is left to the single-master topologies.
+    async fn set_data(&self, data: Option<&str>) -> Result<()> {
+        let shared = &self.shared;
+        if shared.redlock() {
+            return Err(Error::Unsupported(
+                "Redlock stores no data with a hold: the masters' copies could disagree".into(),
+            ));
+        }
+        if data.is_some() {
+            self.has_data.store(true, Ordering::Relaxed);
+        }
+        let set = shared.nodes[0]
+            .set_data(&self.keys(), &self.owner, self.kind, self.ttl, data)
+            .await
+            .map_err(|e| e.into_lock_error("set data"))?;
+        if set {
+            Ok(())
+        } else {
+            Err(Error::not_held(&self.name))
+        }
     }
 
     async fn release(&self) -> Result<()> {

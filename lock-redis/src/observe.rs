@@ -1,10 +1,11 @@
 //! Election observers' wake-ups: Redis client-side caching in broadcasting mode.
 //!
 //! An observer's stream opens one RESP3 connection per master and asks it for
-//! `CLIENT TRACKING ON BCAST PREFIX <lock key> PREFIX <holders key>`: from then on the server
-//! pushes an invalidation whenever one of the name's holder keys changes (a `SET` of a new
-//! holder, by the fast path's script too, a `DEL` at release, a renewal's `PEXPIRE`, and
-//! the key's expiry). Lockers do nothing extra: no script publishes for observers.
+//! `CLIENT TRACKING ON BCAST PREFIX <lock key> PREFIX <holders key> PREFIX <data key>`: from
+//! then on the server pushes an invalidation whenever one of the name's holder keys changes
+//! (a `SET` of a new holder, by the fast path's script too, a `DEL` at release, a renewal's
+//! `PEXPIRE`, and the key's expiry), or the holders' data does (a leader's proclaim). Lockers
+//! do nothing extra: no script publishes for observers.
 
 use std::time::Duration;
 
@@ -38,7 +39,7 @@ pub(crate) fn changes(
     }
     let target = Box::new(Target {
         endpoint: endpoint.clone(),
-        prefixes: [keys.lock.clone(), keys.holders()],
+        prefixes: [keys.lock.clone(), keys.holders(), keys.data()],
         timeout,
     });
     futures::stream::unfold(State::Connect(target), |state| async move {
@@ -99,7 +100,7 @@ pub(crate) fn changes(
 /// connection: Sentinel and Cluster move it), and what it tracks.
 struct Target {
     endpoint: Endpoint,
-    prefixes: [String; 2],
+    prefixes: [String; 3],
     timeout: Duration,
 }
 

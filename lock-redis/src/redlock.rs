@@ -373,7 +373,7 @@ pub(crate) async fn inspect(shared: &BackendState, keys: &LockKeys) -> Result<Op
         let Ok(answer) = answer else { continue };
         match answer {
             Holding::Free => {}
-            Holding::Exclusive { owner, pttl } => held.push((owner, pttl)),
+            Holding::Exclusive { owner, pttl, .. } => held.push((owner, pttl)),
             Holding::Holds { kind, holders } => {
                 for h in holders {
                     let seen = holds.entry(h.owner).or_insert((0, kind, None, i64::MAX));

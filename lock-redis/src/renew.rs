@@ -20,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -184,13 +185,13 @@ async fn script(
             keys.push(tokens);
         }
     }
-    let room: usize = part.iter().map(|(l, _)| l.owner.len() + 24).sum();
+    let room: usize = part.iter().map(|(l, _)| l.owner.len() + 32).sum();
     let mut call = if on_node {
         let room = room + keys.iter().map(|k| k.len() + 16).sum::<usize>();
         let mut call = Invocation::sized(
             &scripts::RENEW_MANY_ON_NODE,
             &[&first.lock],
-            1 + keys.len() + part.len() * 3,
+            1 + keys.len() + part.len() * 4,
             room,
         )
         .arg(keys.len());
@@ -199,14 +200,23 @@ async fn script(
         }
         call
     } else {
-        Invocation::sized(&scripts::RENEW_MANY, &keys, part.len() * 3, room)
+        Invocation::sized(&scripts::RENEW_MANY, &keys, part.len() * 4, room)
     };
     for (lease, ttl) in part {
         let kind_marker = match lease.kind {
             LockKind::Exclusive => String::new(),
             kind => marker(kind),
         };
-        call = call.arg(&*lease.owner).arg(millis(*ttl)).arg(kind_marker);
+        let data = if lease.has_data.load(Ordering::Relaxed) {
+            "1"
+        } else {
+            ""
+        };
+        call = call
+            .arg(&*lease.owner)
+            .arg(millis(*ttl))
+            .arg(kind_marker)
+            .arg(data);
     }
     let mut conn = node.conn.clone();
     let values: Vec<Value> = call.invoke(&mut conn).await.map_err(|e| node.classify(e))?;

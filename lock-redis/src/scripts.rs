@@ -6,6 +6,8 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, ToRedisArgs};
 
+use crate::keys::HEAD_LEN;
+
 /// A Lua script: its `EVALSHA` digest and, for the servers that do not know it yet, its text.
 pub(crate) struct Lua {
     script: Script,
@@ -143,8 +145,11 @@ local member = owner
 local ttl = tonumber(ARGV[2])
 local holder = redis.call('GET', KEYS[1])
 if holder == owner then
-  -- A retry after a lost reply: the lock is already ours; restart its lease.
+  -- A retry after a lost reply: the lock is already ours; restart its lease (and its data's).
   redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('PEXPIRE', ",
+            &data_key("KEYS[1]"),
+            r", ttl)
   return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
 local fair = ARGV[4] == '1'
@@ -245,15 +250,103 @@ redis.call('PEXPIRE', KEYS[2], fence_keep)
 /// scripts' Lua numbers (doubles) until 2255.
 pub(crate) const SEED_FLOOR: u64 = 1_000_000_000_000_000;
 
-/// Owner-checked extension. KEYS: lock. ARGV: owner, ttl ms. Returns 1 or 0.
+/// Owner-checked extension, of the hold's data too (see [`SET_DATA`]: the data key expires
+/// with the lock key). KEYS: lock, data. ARGV: owner, ttl ms. Returns 1 or 0.
 pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
   return 1
 end
 return 0
+",
+    )
+});
+
+/// Lua that defines `data_of(l)`: the data key ([`LockKeys::data`](crate::LockKeys::data))
+/// of the name whose lock key is `l`, for the two scripts that take the lock key alone to keep
+/// their calls short ([`RELEASE_ALONE`], the batched renewal [`RENEW_MANY`]). It carries the
+/// lock key's hash tag, so it lives in the same cluster slot, on the node the call went to.
+fn data_of() -> String {
+    format!("local function data_of(l) return {} end\n", data_key("l"))
+}
+
+/// A Lua expression for the data key of the name whose lock key is the Lua value `lock`: the
+/// lock key with its kind letter `l` (after the [`HEAD_LEN`] bytes of the prefix) made `d`.
+fn data_key(lock: &str) -> String {
+    format!(
+        "string.sub({lock}, 1, {}) .. 'd' .. string.sub({lock}, {})",
+        HEAD_LEN,
+        HEAD_LEN + 2
+    )
+}
+
+/// Replaces the data stored with a hold (holder data), only if the owner still holds it.
+///
+/// The data of every hold of a name is the hash `d` ([`LockKeys::data`](crate::LockKeys::data)):
+/// owner -> data. An exclusive hold's call first deletes the hash (its other fields can only be
+/// a former hold's), a shared hold or a permit replaces or removes its own field. The key takes
+/// the lock key's remaining lease plus one lease of the hold (`ttl`) as its TTL, and every
+/// script that extends or ends a hold extends it or deletes the field with it: the data lives
+/// as long as the hold, and `inspect` reads only the field of the holder it shows, so no
+/// other hold's data is ever shown, and a new hold (a new owner value) starts without any.
+/// Not a renewal: no lease changes.
+///
+/// The slack of one lease: the batched renewal extends the data key only for the leases that
+/// stored data (see [`RENEW_MANY`]), and one already on its way when the lease's flag was set
+/// extends the lock key alone, to at most `ttl` from then; the data key still outlives that
+/// lease, and the next renewal carries the flag. It outlives a hold that ends by expiry by at
+/// most one lease, unseen (`inspect` reads the field of the current holder only).
+///
+/// KEYS: lock, holders, data. ARGV: owner, the kind's marker ("" = exclusive), "1" to store
+/// (else remove), the data, ttl ms. Returns 1, or 0 when the owner does not hold the lock (a
+/// shared or permit holder: its lease ended, or the marker changed).
+pub(crate) static SET_DATA: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+local owner, marker = ARGV[1], ARGV[2]
+local holder = redis.call('GET', KEYS[1])
+if marker == '' then
+  if holder ~= owner then return 0 end
+  redis.call('DEL', KEYS[3])
+else
+  if holder ~= marker then return 0 end
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local ends = redis.call('ZSCORE', KEYS[2], owner)
+  if not ends or tonumber(ends) <= now then return 0 end
+  if ARGV[3] ~= '1' then
+    redis.call('HDEL', KEYS[3], owner)
+    return 1
+  end
+end
+if ARGV[3] == '1' then
+  redis.call('HSET', KEYS[3], owner, ARGV[4])
+  local keep = redis.call('PTTL', KEYS[1])
+  if keep > 0 then redis.call('PEXPIRE', KEYS[3], keep + tonumber(ARGV[5])) end
+end
+return 1
+",
+    )
+});
+
+/// Who holds a lock, with an exclusive holder's data and the fencing counter, atomically.
+/// KEYS: lock, data, fence. Returns `{value, pttl, data, counter}`: the lock key's value (nil:
+/// free) and its `PTTL`; for an owner value (not a marker or a reservation, which start with
+/// NUL), its data field (nil: none) and the counter `f` (nil: forgotten, see [`NEXT_TOKEN`]).
+pub(crate) static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+local value = redis.call('GET', KEYS[1])
+if not value then return {false, -2, false, false} end
+local data, counter = false, false
+if string.byte(value, 1) ~= 0 then
+  data = redis.call('HGET', KEYS[2], value)
+  counter = redis.call('GET', KEYS[3])
+end
+return {value, redis.call('PTTL', KEYS[1]), data, counter}
 ",
     )
 });
@@ -263,13 +356,23 @@ return 0
 /// answers 0 and does not stop the others, and an error on one lock's keys (`WRONGTYPE`, or
 /// a key another cluster node serves) is caught (`pcall`) and answered for that lock alone.
 ///
-/// Per lock `i` (from 0): ARGV[3i+1] owner, ARGV[3i+2] ttl ms, ARGV[3i+3] the kind's marker
-/// ("" = exclusive); KEYS: the lock key for an exclusive lock, else lock, holders, tokens.
+/// Per lock `i` (from 0): ARGV[4i+1] owner, ARGV[4i+2] ttl ms, ARGV[4i+3] the kind's marker
+/// ("" = exclusive), ARGV[4i+4] "1" if the hold stored data (its data key is then extended
+/// too, see [`SET_DATA`]; not for the others: that `PEXPIRE` of a missing key took a third
+/// of the script's time); KEYS: the lock key for an exclusive lock, else lock, holders, tokens.
 /// Returns one answer per lock, in order: 1, 0, or the error's text. The keys are walked in
 /// a loop (no `unpack`, so no bound from Lua's C stack); see [`crate::renew`] for the batch
 /// size.
-pub(crate) static RENEW_MANY: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(&["local keys, args = KEYS, ARGV\n", RENEW_MANY_BODY].concat()));
+pub(crate) static RENEW_MANY: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        &[
+            "local keys, args = KEYS, ARGV\n",
+            &data_of(),
+            RENEW_MANY_BODY,
+        ]
+        .concat(),
+    )
+});
 
 /// [`RENEW_MANY`] for the locks of many slots of one Redis Cluster master. A script's
 /// declared keys must share a slot, and every lock name is a hash tag of its own, so only the
@@ -288,23 +391,26 @@ local keys, args = {}, {}
 for i = 2, n + 1 do keys[#keys + 1] = ARGV[i] end
 for i = n + 2, #ARGV do args[#args + 1] = ARGV[i] end
 ",
+            &data_of(),
             RENEW_MANY_BODY,
         ]
         .concat(),
     )
 });
 
-/// The loop of [`RENEW_MANY`] over the tables `keys` and `args`.
+/// The loop of [`RENEW_MANY`] over the tables `keys` and `args`; the data key (`data_of`,
+/// see [`data_of`]) of a hold that stored data is extended with it.
 const RENEW_MANY_BODY: &str = r"
-local function renew(l, owner, ttl)
+local function renew(l, owner, ttl, data)
   if redis.call('GET', l) == owner then
     redis.call('PEXPIRE', l, ttl)
+    if data == '1' then redis.call('PEXPIRE', data_of(l), ttl) end
     return 1
   end
   return 0
 end
 local now = nil
-local function renew_hold(l, h, t, owner, ttl, marker)
+local function renew_hold(l, h, t, owner, ttl, marker, data)
   if redis.call('GET', l) ~= marker then return 0 end
   if not now then
     local tm = redis.call('TIME')
@@ -318,17 +424,18 @@ local function renew_hold(l, h, t, owner, ttl, marker)
   redis.call('PEXPIRE', l, keep)
   redis.call('PEXPIRE', h, keep)
   redis.call('PEXPIRE', t, keep)
+  if data == '1' then redis.call('PEXPIRE', data_of(l), keep) end
   return 1
 end
 local out = {}
 local k = 1
-for i = 1, #args, 3 do
+for i = 1, #args, 4 do
   local ok, r
   if args[i + 2] == '' then
-    ok, r = pcall(renew, keys[k], args[i], args[i + 1])
+    ok, r = pcall(renew, keys[k], args[i], args[i + 1], args[i + 3])
     k = k + 1
   else
-    ok, r = pcall(renew_hold, keys[k], keys[k + 1], keys[k + 2], args[i], args[i + 1], args[i + 2])
+    ok, r = pcall(renew_hold, keys[k], keys[k + 1], keys[k + 2], args[i], args[i + 1], args[i + 2], args[i + 3])
     k = k + 3
   end
   if ok then
@@ -342,7 +449,8 @@ end
 return out
 ";
 
-/// The release of an uncontended exclusive lock: deletes the lock key if it holds the owner
+/// The release of an uncontended exclusive lock: deletes the lock key (and the hold's data,
+/// `data_of`, see [`data_of`]) if it holds the owner
 /// and nobody is queued (nobody to hand over to or to wake), with the two keys and the one
 /// argument that needs, where [`RELEASE`] takes three keys and five arguments: half the bytes
 /// on the wire, and a little less server time (Redis 7.0, 6 rounds of 20,000 pipelined calls:
@@ -351,20 +459,22 @@ return out
 ///
 /// KEYS: lock, queue. ARGV: owner. Returns 1 if the lock was released, else 0 (nothing done).
 pub(crate) static RELEASE_ALONE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
+    Lua::new(&format!(
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('EXISTS', KEYS[2]) == 0 then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], {})
   return 1
 end
 return 0
 ",
-    )
+        data_key("KEYS[1]")
+    ))
 });
 
-/// Owner-checked release with handoff, abandonment of an attempt, or a Redlock retreat.
+/// Owner-checked release with handoff, abandonment of an attempt, or a Redlock retreat. The
+/// hold's data (`d`, see [`SET_DATA`]) goes with the lock key.
 ///
-/// KEYS: lock, queue, alive.
+/// KEYS: lock, queue, alive, data.
 /// ARGV: owner, fair ("1"), handoff ms, channel, mode: "release" (the owner is done: also
 /// leave the queue), "abandon" (the same for an attempt that ends without the lock: it also
 /// gives up a reservation made for it) or "retreat" (Redlock, after a failed majority: only
@@ -385,7 +495,7 @@ local mode = ARGV[5]
 local holder = redis.call('GET', KEYS[1])
 if mode == 'release' and holder == owner and redis.call('EXISTS', KEYS[2]) == 0 then
   -- Nobody queued: nobody to hand over to or to wake.
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[4])
   return 1
 end
 ",
@@ -396,7 +506,7 @@ local fair = ARGV[2] == '1'
 local released = 0
 local handoff = false
 if holder == owner then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[4])
   holder = false
   released = 1
   handoff = true
@@ -482,8 +592,16 @@ local function prune(z, other, cmd, now, limit)
 end
 -- Drops waiters that stopped polling.
 local function prune_waiters(q, alive, now) prune(alive, q, 'ZREM', now, 64) end
--- Drops holders whose lease ended (at most 128; the others are not counted as live anyway).
-local function prune_holders(h, t, now) prune(h, t, 'HDEL', now, 128) end
+-- Drops holders whose lease ended (at most 128; the others are not counted as live anyway),
+-- with their tokens (`t`) and data (`d`).
+local function prune_holders(h, t, d, now)
+  local gone = redis.call('ZRANGEBYSCORE', h, '-inf', now, 'LIMIT', 0, 128)
+  for _, m in ipairs(gone) do
+    redis.call('ZREM', h, m)
+    redis.call('HDEL', t, m)
+    redis.call('HDEL', d, m)
+  end
+end
 -- The lock key's marker and the queue member of `owner` for a hold of `permits` (0: shared).
 local function hold_names(owner, permits)
   if permits == '0' then return '\0shared', '\0s:' .. owner end
@@ -530,4 +648,33 @@ end
 /// `script` with [`HELPERS`] in front.
 pub(crate) fn with_helpers(script: &str) -> Lua {
     Lua::new(&[HELPERS, script].concat())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::LockKeys;
+
+    /// What the Lua of [`data_key`] computes, in Rust: `string.sub(l, 1, a) .. 'd' ..
+    /// string.sub(l, b)` (1-based, inclusive).
+    fn lua_data_key(lock: &str) -> String {
+        let expr = data_key("l");
+        let numbers: Vec<usize> = expr
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        let [1, to, from] = numbers[..] else {
+            panic!("unexpected expression {expr}")
+        };
+        format!("{}d{}", &lock[..to], &lock[from - 1..])
+    }
+
+    #[test]
+    fn the_scripts_data_key_is_the_names_data_key() {
+        for name in ["a", "jobs/*x", "{tag}:l:q", "ünï/çødé"] {
+            let keys = LockKeys::for_name(name).unwrap();
+            assert_eq!(lua_data_key(&keys.lock), keys.data(), "{name}");
+        }
+        assert!(data_of().starts_with("local function data_of(l) return string.sub(l, 1, 28)"));
+    }
 }

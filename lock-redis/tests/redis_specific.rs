@@ -1073,3 +1073,118 @@ async fn clock_tokens_stay_above_the_server_clock() {
         "an acquisition ran the full acquire script, not the fast path"
     );
 }
+
+/// Holder data lives in the name's hash `d` (owner -> data) with the lock key's expiry: kept
+/// by the batched renewals, gone with a release, an expiry and a forced release; a reader's
+/// field goes with that reader, the key with the last one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_data_lives_and_ends_with_the_hold() {
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    let locks = client(&urls[..1], false).await;
+    let mut raw = common::raw(&urls[0]).await;
+    let name = name("data");
+    let keys = LockKeys::for_name(&name).unwrap();
+    let data = keys.data();
+    let exists = |raw: &mut redis::aio::MultiplexedConnection| {
+        let (mut raw, data) = (raw.clone(), data.clone());
+        async move {
+            redis::cmd("EXISTS")
+                .arg(data)
+                .query_async::<i64>(&mut raw)
+                .await
+                .unwrap()
+                == 1
+        }
+    };
+    let ttl = Duration::from_millis(600);
+    let short = AcquireOptions::default().with_ttl(ttl);
+
+    let guard = locks
+        .acquire(&name, &short.clone().with_data("a"))
+        .await
+        .unwrap();
+    let owner = locks.inspect(&name).await.unwrap().expect("held").owner;
+    let stored: Option<String> = redis::cmd("HGET")
+        .arg(&data)
+        .arg(&owner)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(stored.as_deref(), Some("a"));
+    // Renewed (batched) three times over: the data key expires with the lock key.
+    tokio::time::sleep(ttl * 3).await;
+    assert!(!guard.is_lost());
+    let (lock_ms, data_ms): (i64, i64) = redis::pipe()
+        .pttl(&keys.lock)
+        .pttl(&data)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(
+        data_ms > 0 && (lock_ms - data_ms).abs() <= 2,
+        "lock {lock_ms} ms, data {data_ms} ms"
+    );
+    guard.release().await.unwrap();
+    assert!(!exists(&mut raw).await, "the release left the data");
+
+    // A crashed holder's data expires at most one lease after its lease (the write's slack).
+    let crashed = locks
+        .acquire(
+            &name,
+            &short
+                .clone()
+                .with_data("b")
+                .with_renewal(Renewal::disabled()),
+        )
+        .await
+        .unwrap();
+    crashed.abandon();
+    assert!(exists(&mut raw).await);
+    tokio::time::sleep(ttl + Duration::from_millis(50)).await;
+    assert!(locks.inspect(&name).await.unwrap().is_none());
+    tokio::time::sleep(ttl).await;
+    assert!(
+        !exists(&mut raw).await,
+        "the data outlived the lease by more than one lease"
+    );
+
+    // A forced release takes it.
+    let forced = locks
+        .acquire(&name, &short.clone().with_data("c"))
+        .await
+        .unwrap();
+    assert!(locks.force_release(&name).await.unwrap());
+    assert!(!exists(&mut raw).await, "the forced release left the data");
+    forced.abandon();
+
+    // Readers: a field each; a release takes its own, the last one the key.
+    let readers = short.clone().shared();
+    let r1 = locks
+        .acquire(&name, &readers.clone().with_data("r1"))
+        .await
+        .unwrap();
+    let r2 = locks
+        .acquire(&name, &readers.clone().with_data("r2"))
+        .await
+        .unwrap();
+    let fields = |raw: &mut redis::aio::MultiplexedConnection| {
+        let (mut raw, data) = (raw.clone(), data.clone());
+        async move {
+            let mut values: Vec<String> = redis::cmd("HVALS")
+                .arg(data)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            values.sort();
+            values
+        }
+    };
+    assert_eq!(fields(&mut raw).await, ["r1", "r2"]);
+    r2.release().await.unwrap();
+    assert_eq!(fields(&mut raw).await, ["r1"]);
+    r1.release().await.unwrap();
+    assert!(!exists(&mut raw).await, "the last reader left the data");
+}

@@ -10,14 +10,21 @@ use crate::keys::LockKeys;
 use crate::kinds::{self, Holder, marker_kind};
 use crate::scripts;
 
+/// The answer of [`scripts::INSPECT`]: the lock key's value and `PTTL`, the data and the
+/// fencing counter.
+type Inspected = (Option<Vec<u8>>, i64, Option<String>, Option<u64>);
+
 /// Who holds a lock on one master, as [`Node::inspect`] reads it.
 #[derive(Debug)]
 pub(crate) enum Holding {
     Free,
-    /// An exclusive holder and its remaining lease (ms).
+    /// An exclusive holder, its remaining lease (ms), the data stored with its hold, and the
+    /// fencing counter (on one master, the holder's token: see [`Node::inspect`]).
     Exclusive {
         owner: String,
         pttl: i64,
+        data: Option<String>,
+        counter: Option<u64>,
     },
     /// Live shared or permit holders (never empty).
     Holds {
@@ -54,8 +61,9 @@ impl Node {
 
     /// Releases the one hold of `owner` with `token`, as its holder's release would (the
     /// owner-checked release script, waiters handed the lock and woken). The token is read
-    /// first: an exclusive holder's is the fencing counter (nothing steps it while the lock is
-    /// held), a shared or permit holder's its entry in the tokens hash. Owners are unique per
+    /// first (by [`Self::inspect`]): an exclusive holder's is the fencing counter (nothing
+    /// steps it while the lock is held), a shared or permit holder's its entry in the tokens
+    /// hash. Owners are unique per
     /// acquisition, so the owner-checked script that follows removes that very hold, or
     /// nothing if it ended meanwhile. `false`: no live hold with that owner and token.
     pub(crate) async fn release_hold(
@@ -66,14 +74,12 @@ impl Node {
         token: u64,
     ) -> Result<bool, RedisError> {
         let kind = match self.inspect(keys).await? {
-            Holding::Exclusive { owner: holder, .. } if holder == owner => {
-                let mut conn = self.conn.clone();
-                let fence: Option<u64> = redis::cmd("GET")
-                    .arg(&keys.fence)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| self.classify(e))?;
-                if fence != Some(token) {
+            Holding::Exclusive {
+                owner: holder,
+                counter,
+                ..
+            } if holder == owner => {
+                if counter != Some(token) {
                     return Ok(false);
                 }
                 LockKind::Exclusive
@@ -162,20 +168,24 @@ impl Node {
         .await
     }
 
-    /// Who holds the lock. An exclusive holder's token cannot be told: the fence counter
-    /// can be ahead of it (under Redlock, each master's counter is raised to the highest
-    /// token handed out), so it is only an upper bound, and is not reported. Shared and permit
+    /// Who holds the lock. An exclusive holder is read with its data and the fencing counter
+    /// in one script ([`scripts::INSPECT`]). On one master (also Sentinel, Cluster) the
+    /// counter is the holder's token: only a granted acquisition steps it, and none is
+    /// granted while the lock is held (the acquire script's retry and
+    /// [`Self::release_hold`] rely on the same); it is missing once forgotten
+    /// ([`RedisConfig::forget_after`] after the acquisition, for a lock held longer). Under
+    /// Redlock it is not the token (that is the majority's largest counter, and a master's
+    /// counter is raised to it), so Redlock does not report it. Shared and permit
     /// holders are read from their sorted set (live: lease not over by the server's clock)
-    /// with their tokens, in a second round trip.
+    /// with their tokens, in a second round trip (their data: [`Self::data_of`]).
     pub(crate) async fn inspect(&self, keys: &LockKeys) -> Result<Holding, RedisError> {
         let classify = |e| self.classify(e);
         let mut conn = self.conn.clone();
-        let (value, pttl): (Option<Vec<u8>>, i64) = redis::pipe()
-            .get(&keys.lock)
-            .pttl(&keys.lock)
-            .query_async(&mut conn)
-            .await
-            .map_err(classify)?;
+        let (value, pttl, data, counter): Inspected =
+            scripts::Invocation::new(&scripts::INSPECT, &[&keys.lock, &keys.data(), &keys.fence])
+                .invoke(&mut conn)
+                .await
+                .map_err(classify)?;
         let Some(value) = value else {
             return Ok(Holding::Free);
         };
@@ -186,10 +196,30 @@ impl Node {
         }
         // A reservation for a waiter is nobody's lock (yet).
         match String::from_utf8(value) {
-            Ok(owner) if !owner.starts_with(scripts::RESERVED_PREFIX) => {
-                Ok(Holding::Exclusive { owner, pttl })
-            }
+            Ok(owner) if !owner.starts_with(scripts::RESERVED_PREFIX) => Ok(Holding::Exclusive {
+                owner,
+                pttl,
+                data,
+                counter,
+            }),
             _ => Ok(Holding::Free),
         }
+    }
+
+    /// The data stored with `owner`'s hold (its field of the data hash, see
+    /// [`scripts::SET_DATA`]), if any: that of a shared or permit holder that
+    /// [`Self::inspect`] showed.
+    pub(crate) async fn data_of(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+    ) -> Result<Option<String>, RedisError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("HGET")
+            .arg(keys.data())
+            .arg(owner)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.classify(e))
     }
 }

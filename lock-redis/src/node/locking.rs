@@ -215,7 +215,7 @@ impl Node {
     ) -> Result<bool, RedisError> {
         let mut conn = self.conn.clone();
         let renewed: i64 = if kind == LockKind::Exclusive {
-            Invocation::new(&scripts::RENEW, &[&keys.lock])
+            Invocation::new(&scripts::RENEW, &[&keys.lock, &keys.data()])
                 .arg(owner)
                 .arg(millis(ttl))
         } else {
@@ -272,7 +272,7 @@ impl Node {
         let siblings = Siblings::of(lock);
         let released: i64 = Invocation::new(
             &scripts::RELEASE,
-            &[lock, siblings.queue(), siblings.alive()],
+            &[lock, siblings.queue(), siblings.alive(), siblings.data()],
         )
         .arg(owner)
         .arg(if config.fair { "1" } else { "0" })
@@ -283,6 +283,39 @@ impl Node {
         .await
         .map_err(|e| self.classify(e))?;
         Ok(released == 1)
+    }
+
+    /// Replaces the data of `owner`'s hold of `kind`, acquired for `ttl` (`None`: removes it),
+    /// owner-checked (see [`scripts::SET_DATA`]). `false`: the owner does not hold the lock.
+    pub(crate) async fn set_data(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        kind: LockKind,
+        ttl: Duration,
+        data: Option<&str>,
+    ) -> Result<bool, RedisError> {
+        let kind_marker = match kind {
+            LockKind::Exclusive => String::new(),
+            kind => kinds::marker(kind),
+        };
+        let mut conn = self.conn.clone();
+        let room = owner.len() + data.map_or(0, str::len) + 32;
+        let set: i64 = Invocation::sized(
+            &scripts::SET_DATA,
+            &[&keys.lock, &keys.holders(), &keys.data()],
+            5,
+            room,
+        )
+        .arg(owner)
+        .arg(kind_marker)
+        .arg(if data.is_some() { "1" } else { "0" })
+        .arg(data.unwrap_or(""))
+        .arg(millis(ttl))
+        .invoke(&mut conn)
+        .await
+        .map_err(|e| self.classify(e))?;
+        Ok(set == 1)
     }
 
     /// Raises the fencing counter to at least `token`, kept for `keep` (see
