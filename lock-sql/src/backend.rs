@@ -352,6 +352,7 @@ impl LockBackend for SqlBackend {
             .with_shared(true)
             .with_max_permits(MAX_PERMITS)
             .with_process_local(process_local)
+            .with_holder_data(self.inner.db.has_data())
     }
 
     fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
@@ -373,23 +374,28 @@ impl LockBackend for SqlBackend {
         })
     }
 
+    /// The lock row and its holder data, read in one statement; for shared holds and
+    /// permits, their latest holder and its data (another statement).
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
-        let peek = self
+        let row = self
             .inner
             .db
-            .peek(name.as_str())
+            .inspect(name.as_str())
             .await
             .map_err(|e| map_err("inspect", e))?;
-        let Some(peek) = peek else {
+        let Some((peek, data)) = row else {
             return Ok(None);
         };
         match kinds::held_kind(&peek) {
             None => Ok(None),
-            Some(LockKind::Exclusive) => Ok(Some(LockInfo::new(
-                peek.owner.unwrap_or_default(),
-                Some(token_of(peek.version)?),
-                peek.remaining_us.map(remaining),
-            ))),
+            Some(LockKind::Exclusive) => Ok(Some(
+                LockInfo::new(
+                    peek.owner.unwrap_or_default(),
+                    Some(token_of(peek.version)?),
+                    peek.remaining_us.map(remaining),
+                )
+                .with_data(data),
+            )),
             Some(kind) => self.holders(name.as_str(), kind).await,
         }
     }
@@ -428,7 +434,8 @@ impl LockBackend for SqlBackend {
                     row.owner,
                     Some(token_of(row.version)?),
                     Some(remaining(row.remaining_us)),
-                ),
+                )
+                .with_data(row.data),
             };
             held.push((name, info));
         }
@@ -470,7 +477,7 @@ impl LockBackend for SqlBackend {
 
 impl SqlBackend {
     /// What an inspection shows of a name held as `kind` (shared or permits): its latest
-    /// holder and how many hold it.
+    /// holder (with its data) and how many hold it.
     async fn holders(&self, name: &str, kind: LockKind) -> Result<Option<LockInfo>> {
         let info = self
             .inner
@@ -485,7 +492,8 @@ impl SqlBackend {
                 Some(token_of(h.token)?),
                 Some(remaining(h.remaining_us)),
             )
-            .with_holders(kind, count))
+            .with_holders(kind, count)
+            .with_data(h.data))
         })
         .transpose()
     }

@@ -66,11 +66,14 @@ pub(crate) struct Listed {
     pub(crate) version: i64,
     /// Remaining lease in microseconds.
     pub(crate) remaining_us: i64,
+    /// The holder data of an exclusive hold (the `data` column).
+    pub(crate) data: Option<String>,
 }
 
 impl Listed {
-    /// Reads `name, owner, version, remaining_us` from a row.
-    pub(crate) fn from_row<R: sqlx::Row>(row: &R) -> Result<Self, sqlx::Error>
+    /// Reads `name, owner, version, remaining_us` from a row, with `data` read by the caller
+    /// (column 4, as its dialect reads text kept as bytes).
+    pub(crate) fn from_row<R: sqlx::Row>(row: &R, data: Option<String>) -> Result<Self, sqlx::Error>
     where
         usize: sqlx::ColumnIndex<R>,
         for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
@@ -81,6 +84,7 @@ impl Listed {
             owner: row.try_get(1)?,
             version: row.try_get(2)?,
             remaining_us: row.try_get(3)?,
+            data,
         })
     }
 }
@@ -288,6 +292,38 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
     /// The latest live holder of a shared or permit name and how many hold it.
     async fn hold_info(&self, name: &str) -> Result<Option<HolderInfo>, sqlx::Error> {
         self.common().hold_info(name).await
+    }
+
+    /// The row with the holder data, read in one statement (an operator's read).
+    async fn inspect(&self, name: &str) -> Result<Option<(Peek, Option<String>)>, sqlx::Error> {
+        self.common().inspect(name).await
+    }
+
+    /// Whether holds carry data: the lock table has the `data` column.
+    fn has_data(&self) -> bool {
+        self.common().has_data()
+    }
+
+    /// Owner-and-version-checked replacement of the holder data of a live exclusive lease
+    /// (one statement); `None` clears it. Whether it was replaced.
+    async fn set_data(
+        &self,
+        name: &str,
+        owner: &str,
+        version: i64,
+        data: Option<&str>,
+    ) -> Result<bool, sqlx::Error> {
+        self.common().set_data(name, owner, version, data).await
+    }
+
+    /// Owner-and-token-checked replacement of the holder data of a live shared hold or permit
+    /// (one transaction, as a renewal); `None` clears it. Whether it was replaced.
+    async fn set_hold_data(
+        &self,
+        held: HeldBy<'_>,
+        data: Option<&str>,
+    ) -> Result<bool, sqlx::Error> {
+        self.common().set_hold_data(held, data).await
     }
 
     /// A wake-up subscription for `name`, for backends with events.

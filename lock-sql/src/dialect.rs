@@ -29,7 +29,8 @@ pub(crate) trait Dialect: sqlx::Database {
     /// How many rows a statement changed.
     fn changed(result: &Self::QueryResult) -> u64;
 
-    /// An owner column as text (MySQL keeps owners as bytes).
+    /// An owner column (or another text column: the holder data) as text (MySQL keeps owners
+    /// and data as bytes).
     fn owner(row: &Self::Row, index: usize) -> Result<Option<String>, sqlx::Error>;
 
     /// How a transaction of the holders ([`crate::kinds`]) starts: at READ COMMITTED on the
@@ -62,18 +63,44 @@ pub(crate) struct Sql {
     pub(crate) abandon: Arc<str>,
     /// ARGS: name. Changes one row iff a live lock was freed.
     pub(crate) force: Arc<str>,
-    /// ARGS: prefix, prefix, limit. Returns `name, owner, version, remaining_us` (see
+    /// ARGS: prefix, prefix, limit. Returns `name, owner, version, remaining_us, data` (see
     /// [`Listed`]). Not prepared at connect: operators' reads only.
     pub(crate) list: Arc<str>,
+    /// ARGS: name. Returns the [`peek`](Self::peek)'s columns and the holder data, read
+    /// together (`NULL` for a table without the `data` column). Not prepared at connect:
+    /// operators' reads only.
+    pub(crate) inspect: Arc<str>,
+    /// ARGS: data, name, owner, version. Replaces the holder data of a live lease of that
+    /// owner and version; changes one row iff it did. `None`: the lock table has no `data`
+    /// column (a table of an earlier version, `create_table` off), holds carry no data.
+    pub(crate) set_data: Option<Arc<str>>,
 }
 
 impl Sql {
-    /// The statements prepared at connect (all but `list`), so that a table of the wrong
-    /// shape is reported then.
+    /// The statements prepared at connect (all but the operators' reads), so that a table of
+    /// the wrong shape is reported then.
     pub(crate) fn prepared(&self) -> Vec<&Arc<str>> {
         let mut all = vec![&self.take, &self.peek, &self.reserve, &self.renew];
         all.extend([&self.release, &self.abandon, &self.force]);
+        all.extend(&self.set_data);
         all
+    }
+}
+
+/// What the statements of a lock table write and read of the holder data: the `data` column
+/// when the table has it, else nothing (see [`Sql::set_data`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DataColumn(pub(crate) bool);
+
+impl DataColumn {
+    /// An assignment list's tail that clears the data (`, data = NULL`), or nothing.
+    pub(crate) fn clear(self) -> &'static str {
+        if self.0 { ", data = NULL" } else { "" }
+    }
+
+    /// The data column for a `SELECT`: `data`, or `NULL` for a table without it.
+    pub(crate) fn select(self) -> &'static str {
+        if self.0 { "data" } else { "NULL" }
     }
 }
 
@@ -103,6 +130,21 @@ pub(crate) trait CommonStatements: Send + Sync {
     async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error>;
     async fn force_release(&self, name: &str) -> Result<bool, sqlx::Error>;
     async fn list(&self, prefix: &str, limit: i64) -> Result<Vec<Listed>, sqlx::Error>;
+    async fn inspect(&self, name: &str) -> Result<Option<(Peek, Option<String>)>, sqlx::Error>;
+    /// Whether the lock table has the `data` column ([`Sql::set_data`]).
+    fn has_data(&self) -> bool;
+    async fn set_data(
+        &self,
+        name: &str,
+        owner: &str,
+        version: i64,
+        data: Option<&str>,
+    ) -> Result<bool, sqlx::Error>;
+    async fn set_hold_data(
+        &self,
+        held: HeldBy<'_>,
+        data: Option<&str>,
+    ) -> Result<bool, sqlx::Error>;
     async fn reserve(
         &self,
         name: &str,
@@ -136,6 +178,7 @@ where
     for<'t> &'t str: Encode<'t, DB> + Type<DB>,
     for<'t> i64: Encode<'t, DB> + Decode<'t, DB> + Type<DB>,
     for<'t> Option<i64>: Encode<'t, DB> + Decode<'t, DB> + Type<DB>,
+    for<'t> Option<String>: Encode<'t, DB> + Type<DB>,
     for<'t> f64: Encode<'t, DB> + Type<DB>,
     for<'t> bool: Encode<'t, DB> + Type<DB>,
     for<'t> String: Encode<'t, DB> + Decode<'t, DB> + Type<DB>,
@@ -175,7 +218,60 @@ where
     async fn list(&self, prefix: &str, limit: i64) -> Result<Vec<Listed>, sqlx::Error> {
         let query = q(&self.sql.list).bind(prefix).bind(prefix).bind(limit);
         let rows = query.fetch_all(self.conns.pool()).await?;
-        rows.iter().map(Listed::from_row).collect()
+        rows.iter()
+            .map(|row| Listed::from_row(row, DB::owner(row, 4)?))
+            .collect()
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<(Peek, Option<String>)>, sqlx::Error> {
+        let row = self
+            .conns
+            .fetch_optional(q(&self.sql.inspect).bind(name))
+            .await?;
+        row.map(|row| {
+            let peek = Peek::from_row(&row, |i| DB::owner(&row, i))?;
+            Ok((peek, DB::owner(&row, 6)?))
+        })
+        .transpose()
+    }
+
+    fn has_data(&self) -> bool {
+        self.sql.set_data.is_some()
+    }
+
+    async fn set_data(
+        &self,
+        name: &str,
+        owner: &str,
+        version: i64,
+        data: Option<&str>,
+    ) -> Result<bool, sqlx::Error> {
+        // Without the column no hold has data to replace (the lease asks first).
+        let Some(sql) = &self.sql.set_data else {
+            return Ok(false);
+        };
+        let query = q(sql).bind(data.map(str::to_owned)).bind(name);
+        let query = query.bind(owner).bind(version);
+        Ok(DB::changed(&self.conns.execute(query).await?) == 1)
+    }
+
+    async fn set_hold_data(
+        &self,
+        held: HeldBy<'_>,
+        data: Option<&str>,
+    ) -> Result<bool, sqlx::Error> {
+        if !kinds::ready(&self.holds, self.conns.pool()).await? {
+            return Err(sqlx::Error::Configuration(
+                "the holders table has no `data` column (a table of an earlier version): \
+                 connect once with create_table on to add it"
+                    .into(),
+            ));
+        }
+        self.in_tx(held.name, async |tx, peek| {
+            let set = tx.set_data(held, data, &peek).await?;
+            Ok((set, set))
+        })
+        .await
     }
 
     async fn reserve(
@@ -238,7 +334,8 @@ where
 
     async fn hold_info(&self, name: &str) -> Result<Option<HolderInfo>, sqlx::Error> {
         kinds::ready(&self.holds, self.conns.pool()).await?;
-        let query = q(&self.holds.sql.info).bind(name).bind(name);
+        let info = self.holds.info();
+        let query = q(info).bind(name).bind(name);
         let Some(row) = self.conns.fetch_optional(query).await? else {
             return Ok(None);
         };
@@ -247,6 +344,7 @@ where
             token: sqlx::Row::try_get(&row, 1)?,
             remaining_us: sqlx::Row::try_get(&row, 2)?,
             count: sqlx::Row::try_get(&row, 3)?,
+            data: DB::owner(&row, 4)?,
         }))
     }
 }

@@ -4,12 +4,14 @@
 //! the lock row alone: its one-statement paths are the dialects' [`Sql`](crate::dialect::Sql)
 //! and `attempt.rs`'s.
 //!
-//! The holders live in `<table>_holders (name, owner, token, expires_at, permits)`, one row
-//! per holder, created on the first shared or permit acquisition (unless `create_table` is
-//! off). While live holders exist, the name's row in the lock table carries a **marker** as
-//! its owner (`"\u{1}shared"`, `"\u{1}permits:N"`: never a real owner, which is a UUID or
-//! `id:UUID`) and the latest holder expiry as its `expires_at`, so the one-statement exclusive
-//! take refuses by itself while they live and takes the row once they have all expired.
+//! The holders live in `<table>_holders (name, owner, token, expires_at, permits, data)`, one
+//! row per holder (`data`: the holder's data, `NULL` when none), created on the first shared
+//! or permit acquisition (unless `create_table` is off; with it, a holders table of an
+//! earlier version gets the `data` column then). While live holders exist, the name's row in
+//! the lock table carries a **marker** as its owner (`"\u{1}shared"`, `"\u{1}permits:N"`:
+//! never a real owner, which is a UUID or `id:UUID`) and the latest holder expiry as its
+//! `expires_at`, so the one-statement exclusive take refuses by itself while they live and
+//! takes the row once they have all expired.
 //!
 //! Every change runs as one transaction that first locks the lock row (`SELECT .. FOR
 //! UPDATE`; SQLite: `BEGIN IMMEDIATE`), so that changes of one name are serialized by that
@@ -124,9 +126,20 @@ pub(crate) struct HolderSql {
     pub(crate) free: Arc<str>,
     /// ARGS: name, name. Sets the lock row's expiry to the latest live holder's.
     pub(crate) shrink: Arc<str>,
-    /// ARGS: name, name. Returns `owner, token, remaining_us, count` of the latest live
+    /// ARGS: name, name. Returns `owner, token, remaining_us, count, data` of the latest live
     /// holder. Not locked: an operator's read.
     pub(crate) info: Arc<str>,
+    /// [`info`](Self::info) with `NULL` as the data: for a holders table without the `data`
+    /// column.
+    pub(crate) info_without_data: Arc<str>,
+    /// ARGS: data, name, owner, token. Replaces a live holder's data; changes one row iff it
+    /// did.
+    pub(crate) set_data: Arc<str>,
+    /// No ARGS. Counts the `data` columns of the holders table (0 or 1).
+    pub(crate) has_data: Arc<str>,
+    /// No ARGS. Adds the `data` column to a holders table of an earlier version (when
+    /// [`setup`](Self::setup) may run).
+    pub(crate) add_data: Arc<str>,
     /// ARGS: payload. Wakes waiters at commit (PostgreSQL only).
     pub(crate) notify: Option<Arc<str>>,
     /// Creates the table if missing: run in one transaction before the first use, unless
@@ -136,8 +149,9 @@ pub(crate) struct HolderSql {
 
 impl HolderSql {
     /// The statements prepared on first use, so that a holders table of the wrong shape is
-    /// reported then.
-    fn prepared(&self) -> impl Iterator<Item = &Arc<str>> {
+    /// reported then; `data`: the table has the `data` column.
+    fn prepared(&self, data: bool) -> impl Iterator<Item = &Arc<str>> {
+        let with_data = data.then_some(&self.set_data);
         [
             &self.lock,
             &self.ensure,
@@ -154,6 +168,7 @@ impl HolderSql {
         ]
         .into_iter()
         .chain(&self.notify)
+        .chain(with_data)
     }
 }
 
@@ -161,8 +176,9 @@ impl HolderSql {
 #[derive(Debug)]
 pub(crate) struct Holds {
     pub(crate) sql: HolderSql,
-    /// Set once the table was set up and the statements prepared.
-    pub(crate) ready: tokio::sync::OnceCell<()>,
+    /// Set once the table was set up and the statements prepared: whether the table has the
+    /// `data` column (it has unless it is of an earlier version and may not be altered).
+    pub(crate) ready: tokio::sync::OnceCell<bool>,
 }
 
 impl Holds {
@@ -175,6 +191,20 @@ impl Holds {
         Self {
             sql,
             ready: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// Whether the holders table has the `data` column (known once [`ready`]).
+    pub(crate) fn has_data(&self) -> bool {
+        self.ready.get().copied().unwrap_or(false)
+    }
+
+    /// The statement of an inspection ([`HolderSql::info`]), for the table as it is.
+    pub(crate) fn info(&self) -> &Arc<str> {
+        if self.has_data() {
+            &self.sql.info
+        } else {
+            &self.sql.info_without_data
         }
     }
 }
@@ -198,6 +228,8 @@ pub(crate) struct HolderInfo {
     pub(crate) token: i64,
     pub(crate) remaining_us: i64,
     pub(crate) count: i64,
+    /// The latest holder's data.
+    pub(crate) data: Option<String>,
 }
 
 /// What a shared or permit acquisition asks for.
@@ -409,40 +441,92 @@ where
     }
 }
 
+impl<DB> Tx<'_, DB>
+where
+    DB: Dialect,
+    DB::Arguments: IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'t> &'t str: Encode<'t, DB> + Type<DB>,
+    for<'t> i64: Encode<'t, DB> + Type<DB>,
+    for<'t> String: Encode<'t, DB> + Type<DB>,
+    for<'t> Option<String>: Encode<'t, DB> + Type<DB>,
+{
+    /// The body of a holder data update, after the row is locked: whether the holder was live
+    /// (its row unexpired under the live marker of its kind) and has the data now. Not a
+    /// renewal: the expiries stay.
+    pub(crate) async fn set_data(
+        &mut self,
+        held: HeldBy<'_>,
+        data: Option<&str>,
+        peek: &Peek,
+    ) -> Result<bool, sqlx::Error> {
+        let Some(token) = held.token.filter(|_| carries(peek, held.kind)) else {
+            return Ok(false);
+        };
+        let set = q(&self.sql.set_data).bind(data.map(str::to_owned));
+        let set = set.bind(held.name.to_owned()).bind(held.owner.to_owned());
+        Ok(DB::changed(&set.bind(token).execute(&mut *self.conn).await?) == 1)
+    }
+}
+
 /// Whether the row carries the live marker of `kind`.
 fn carries(peek: &Peek, kind: LockKind) -> bool {
     peek.remaining_us.is_some() && peek.owner.as_deref() == Some(marker(kind).as_str())
 }
 
-/// Sets up the holders table (when it may be created) and prepares its statements, once.
-pub(crate) async fn ready<DB>(holds: &Holds, pool: &sqlx::Pool<DB>) -> Result<(), sqlx::Error>
+/// Sets up the holders table (when it may be created), adds the `data` column to a table of
+/// an earlier version (likewise) and prepares the statements, once. Whether the table has the
+/// `data` column.
+pub(crate) async fn ready<DB>(holds: &Holds, pool: &sqlx::Pool<DB>) -> Result<bool, sqlx::Error>
 where
     DB: Dialect,
+    DB::Arguments: IntoArguments<DB>,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'t> i64: Decode<'t, DB> + Type<DB>,
 {
-    holds
+    let data = holds
         .ready
         .get_or_try_init(|| async {
             // Closed, not given back, if cancelled mid-way (see `InUse`).
             let mut conn = InUse::acquire(pool).await?;
-            if !holds.sql.setup.is_empty() {
+            let create = !holds.sql.setup.is_empty();
+            if create {
                 let mut tx = sqlx::Connection::begin(conn.conn()).await?;
                 for statement in &holds.sql.setup {
                     (&mut *tx).execute(AssertSqlSafe(statement.clone())).await?;
                 }
                 tx.commit().await?;
             }
-            for statement in holds.sql.prepared() {
+            let has_data = async |conn: &mut DB::Connection| {
+                let row = q::<DB>(&holds.sql.has_data).fetch_one(conn).await?;
+                Ok::<_, sqlx::Error>(sqlx::Row::try_get::<i64, _>(&row, 0)? > 0)
+            };
+            // Looked up first: an ALTER waits for every open transaction on the table.
+            let mut data = has_data(conn.conn()).await?;
+            if !data && create {
+                // A concurrent first use may have added it meanwhile (a duplicate column).
+                let added = (&mut *conn.conn())
+                    .execute(AssertSqlSafe(holds.sql.add_data.clone()))
+                    .await;
+                data = has_data(conn.conn()).await?;
+                if let Err(err) = added
+                    && !data
+                {
+                    return Err(err);
+                }
+            }
+            for statement in holds.sql.prepared(data) {
                 use sqlx::SqlSafeStr;
                 conn.conn()
                     .prepare(AssertSqlSafe(statement.clone()).into_sql_str())
                     .await?;
             }
             drop(conn.done());
-            Ok::<(), sqlx::Error>(())
+            Ok::<bool, sqlx::Error>(data)
         })
         .await?;
-    Ok(())
+    Ok(*data)
 }
 
 #[cfg(test)]

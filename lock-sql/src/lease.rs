@@ -94,4 +94,28 @@ impl Lease for SqlLease {
             Err(self.not_held())
         }
     }
+
+    /// The `data` column of the hold's row, replaced by one statement checked as a renewal
+    /// is (owner, version, live lease) for an exclusive hold; for a shared hold or a permit,
+    /// its holder row's, in the hold's own transaction (under the lock row's lock, checked as
+    /// its renewal: the live marker, owner, token, live row). Neither expiry changes.
+    async fn set_data(&self, data: Option<&str>) -> Result<()> {
+        let db = &self.inner.db;
+        if !db.has_data() {
+            return Err(Error::Unsupported(
+                "the lock table has no `data` column (a table of an earlier version): \
+                 connect once with create_table on to add it"
+                    .into(),
+            ));
+        }
+        let set = match self.held() {
+            None => {
+                db.set_data(self.name.as_str(), &self.owner, self.version, data)
+                    .await
+            }
+            Some(held) => db.set_hold_data(held, data).await,
+        }
+        .map_err(|e| map_err("set holder data", e))?;
+        if set { Ok(()) } else { Err(self.not_held()) }
+    }
 }

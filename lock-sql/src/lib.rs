@@ -27,6 +27,7 @@
 //! | `version` | **the fencing token**: incremented by every acquisition, never reset, kept on release; a new row starts at the database's clock in microseconds (see [below](#a-store-emptied-or-recreated)); a row free for [`forget_after`](SqlConfig::forget_after) is deleted (see [below](#what-is-left-in-the-tables)) |
 //! | `expires_at` | end of the lease, on the **database's** clock |
 //! | `next_owner`, `next_since`, `next_expires`, `next_ttl` | the waiter reservation (below); `next_ttl` is the lease an exclusive waiter asks for, for a hand-over |
+//! | `data` | the holder data of the exclusive hold (see below), `NULL` when none: `TEXT` (PostgreSQL, SQLite), `VARBINARY(2048)` (MySQL, the UTF-8 bytes) |
 //!
 //! - **Acquire** is one upsert statement (PostgreSQL: an `UPDATE .. WHERE free` and, for a
 //!   missing row, an `INSERT .. ON CONFLICT DO NOTHING` in one statement, so that a refused
@@ -110,15 +111,29 @@
 //!   bounded by the holder's remaining lease; a reserved waiter without a wake lock to wait
 //!   on reads every 1-20 ms.
 //! - **Loss** is detected by renewal (a refused owner-checked renewal, or the local deadline).
+//! - **Holder data** ([`AcquireOptions::with_data`](distlock_core::AcquireOptions::with_data),
+//!   [`LockGuard::set_data`](distlock_core::LockGuard::set_data)) is the `data` column of
+//!   the hold's row, written by one `UPDATE .. SET data = ? WHERE name = ? AND owner = ? AND
+//!   version = ? AND expires_at > now`, checked as a renewal is (zero rows answers
+//!   [`Error::NotHeld`](distlock_core::Error::NotHeld)) but leaving the lease as it is. It
+//!   ends with the hold: every statement that takes, frees or hands over the row (take,
+//!   release, hand-over, abandon, forced release, a shared holder's marker) clears it in the
+//!   same statement, so an inspection (one statement reading the owner, version, lease and
+//!   data together) never shows a former hold's data; renewals keep it. A lock table of an
+//!   earlier version gets the column at connect when `create_table` is on (checked first, as
+//!   `next_ttl`); without it, holds carry no data and
+//!   [`Capabilities::holder_data`](distlock_core::Capabilities::holder_data) is off.
 //!
 //! # Shared holds and permits
 //!
 //! Read-write locks ([`LockKind::Shared`](distlock_core::LockKind::Shared)) and semaphores of
 //! up to [`MAX_PERMITS`] permits ([`LockKind::Permit`](distlock_core::LockKind::Permit)) keep
 //! one row per holder in a second table, `<table>_holders` (`name`, `owner`, `token`,
-//! `expires_at`, `permits`; primary key `(name, owner)`), created at the first shared or
-//! permit acquisition unless `create_table=false`. Lock tables of earlier versions keep
-//! working as they are; exclusive locks never touch the second table.
+//! `expires_at`, `permits`, `data`: the holder's data, as in the lock table; primary key
+//! `(name, owner)`), created at the first shared or permit acquisition unless
+//! `create_table=false` (with it, a holders table of an earlier version gets the `data`
+//! column at that first use). Lock tables of earlier versions keep working as they are;
+//! exclusive locks never touch the second table.
 //!
 //! - An acquisition, renewal or release of a shared hold or permit is one short transaction
 //!   (at READ COMMITTED; SQLite `BEGIN IMMEDIATE`) that first locks the name's row of the lock
@@ -143,7 +158,9 @@
 //!   a forced release clears the marker and so ends every holder at once (the `version` is
 //!   kept); the next shared or permit acquisition of a row without a live marker deletes the
 //!   holder rows left behind. [`inspect`](distlock_core::DistributedLock::inspect) and
-//!   [`list`](distlock_core::DistributedLock::list) show the latest holder and how many hold.
+//!   [`list`](distlock_core::DistributedLock::list) show the latest holder (with its data)
+//!   and how many hold. A holder's data is replaced in its own transaction, checked as its
+//!   renewal (live marker, owner, token, unexpired row); a new holder row starts without.
 //! - On PostgreSQL the last reader's release (any permit's release) notifies the waiter with
 //!   the reservation, and a taker that held the reservation notifies the others, so readers
 //!   behind one writer all wake.

@@ -12,7 +12,7 @@ use tokio::sync::{OwnedSemaphorePermit, oneshot};
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
 use crate::db::{Claim, Db, Sessions};
-use crate::dialect::{Common, CommonStatements, Sql, prepare_all, q};
+use crate::dialect::{Common, CommonStatements, DataColumn, Sql, prepare_all, q};
 use crate::error::map_err;
 use crate::keys::quote;
 use crate::kinds::{HolderSql, Holds, holders_table};
@@ -22,6 +22,11 @@ use crate::wake::{ServerWait, WakeLockSql, WakeLocks, spawn_keep_alive};
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
 
+/// The type of the `data` columns: the holder data as the UTF-8 bytes it was given (at most
+/// [`MAX_HOLDER_DATA`](distlock_core::MAX_HOLDER_DATA), 512 bytes; room for four times as
+/// many), compared and stored byte for byte whatever the table's character set.
+const DATA_TYPE: &str = "VARBINARY(2048)";
+
 /// The database's clock in microseconds since the Unix epoch: the first version of a new row
 /// (see the crate docs, "A store emptied or recreated").
 const NOW_US: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
@@ -29,10 +34,15 @@ const NOW_US: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIME
 /// A release's assignments, with `handover` (see [`MyDb`]): to the exclusive waiter that
 /// holds a live reservation, if any, else free. `wake`: the assignment of `owner` runs it
 /// too (it gives the holder's wake lock up), whatever it decides. Assignments run left to
-/// right and see earlier ones: the decision is taken first, into a session variable.
-fn release_sets(handover: bool, wake: &str) -> String {
+/// right and see earlier ones: the decision is taken first, into a session variable. `data`:
+/// the holder data is cleared (the freed hold's, or the former holder's on a hand-over).
+fn release_sets(handover: bool, wake: &str, data: DataColumn) -> String {
+    let clear_data = data.clear();
     if !handover {
-        return format!("owner = {}, expires_at = {NOW}", wake.replace("{}", "NULL"));
+        return format!(
+            "owner = {}, expires_at = {NOW}{clear_data}",
+            wake.replace("{}", "NULL")
+        );
     }
     let hand = format!(
         "(next_owner IS NOT NULL AND next_expires > {NOW} AND next_ttl IS NOT NULL \
@@ -43,7 +53,7 @@ fn release_sets(handover: bool, wake: &str) -> String {
         "version = version + IF(@distlock_hand := {hand}, 1, 0), \
          owner = {}, \
          expires_at = IF(@distlock_hand, {NOW} + INTERVAL next_ttl MICROSECOND, {NOW}), \
-         {}, {}, {}, {}",
+         {}, {}, {}, {}{clear_data}",
         wake.replace("{}", "IF(@distlock_hand, next_owner, NULL)"),
         keep("next_owner"),
         keep("next_since"),
@@ -56,8 +66,13 @@ fn release_sets(handover: bool, wake: &str) -> String {
 /// right and see earlier ones, so the decision is taken once, into a session variable, before any column changes; `cleared` is what `next_since` becomes
 /// on a take (after `version`, so that it sees the new version). LAST_INSERT_ID reports
 /// the outcome: the new version when taken, 0 when refused (the clock for a new row).
-/// `t` is the quoted table.
-fn take_sql(t: &str, cleared: &str) -> String {
+/// `t` is the quoted table; `data`: a take clears the holder data (a new row has none).
+fn take_sql(t: &str, cleared: &str, data: DataColumn) -> String {
+    let clear_data = if data.0 {
+        ", data = IF(@distlock_take, NULL, data)"
+    } else {
+        ""
+    };
     format!(
         "INSERT INTO {t} (name, owner, version, expires_at) \
          VALUES (?, ?, LAST_INSERT_ID({NOW_US}), {NOW} + INTERVAL ? MICROSECOND) \
@@ -69,24 +84,29 @@ fn take_sql(t: &str, cleared: &str) -> String {
          expires_at = IF(@distlock_take, VALUES(expires_at), expires_at), \
          next_owner = IF(@distlock_take, NULL, next_owner), \
          next_since = IF(@distlock_take, {cleared}, next_since), \
-         next_expires = IF(@distlock_take, NULL, next_expires)"
+         next_expires = IF(@distlock_take, NULL, next_expires){clear_data}"
     )
 }
 
 /// The statements of the wake locks (`GET_LOCK`) beside the table's (`t`: the quoted
 /// table).
-fn wake_lock_sql(t: &str, handover: bool) -> WakeLockSql {
+fn wake_lock_sql(t: &str, handover: bool, data: DataColumn) -> WakeLockSql {
     WakeLockSql {
         // ARGS: name, owner, ttl_us, wake lock prefix. A take of an existing row also takes
         // the holder's wake lock (prefix + new version) on its connection, without waiting.
-        take: take_sql(t, "IF(GET_LOCK(CONCAT(?, version), 0) IS NULL, NULL, NULL)").into(),
+        take: take_sql(
+            t,
+            "IF(GET_LOCK(CONCAT(?, version), 0) IS NULL, NULL, NULL)",
+            data,
+        )
+        .into(),
         // ARGS: wake lock, name, owner, version. The release gives the wake lock up in the
         // same statement, before its commit: the woken waiter's take (or its read of a
         // hand-over, a locking one) waits for the row.
         release: format!(
             "UPDATE {t} SET {} \
              WHERE name = ? AND owner = ? AND version = ? AND expires_at > {NOW}",
-            release_sets(handover, "IF(RELEASE_LOCK(?) IS NULL, {}, {})")
+            release_sets(handover, "IF(RELEASE_LOCK(?) IS NULL, {}, {})", data)
         )
         .into(),
         // ARGS: wake lock (twice), seconds, wake lock. 0: nobody holds it; 2: it was given up
@@ -107,17 +127,25 @@ fn wake_lock_sql(t: &str, handover: bool) -> WakeLockSql {
 }
 
 /// The lock table's statements in this dialect; with `handover` (the table has the
-/// `next_ttl` column), a release hands the lock to the reserved exclusive waiter.
-fn statements(table: &str, handover: bool) -> (Sql, Arc<str>, WakeLockSql, HolderSql) {
+/// `next_ttl` column), a release hands the lock to the reserved exclusive waiter; with `data`
+/// (the table has the `data` column), holds carry data, which every take, release, hand-over,
+/// abandon and forced release clears.
+fn statements(
+    table: &str,
+    handover: bool,
+    data: DataColumn,
+) -> (Sql, Arc<str>, WakeLockSql, HolderSql) {
     let t = quote(table, '`');
-    let peek = format!(
-        "SELECT owner, version, IF(owner IS NOT NULL AND expires_at > {NOW}, \
+    let clear_data = data.clear();
+    let peek_columns = format!(
+        "owner, version, IF(owner IS NOT NULL AND expires_at > {NOW}, \
          TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), NULL), next_owner, next_since, \
          IF(next_owner IS NOT NULL AND next_expires > {NOW}, \
-         TIMESTAMPDIFF(MICROSECOND, {NOW}, next_expires), NULL) FROM {t} WHERE name = ?"
+         TIMESTAMPDIFF(MICROSECOND, {NOW}, next_expires), NULL)"
     );
-    let take = |cleared: &str| take_sql(&t, cleared);
-    let wake = wake_lock_sql(&t, handover);
+    let peek = format!("SELECT {peek_columns} FROM {t} WHERE name = ?");
+    let take = |cleared: &str| take_sql(&t, cleared, data);
+    let wake = wake_lock_sql(&t, handover, data);
     let sql = Sql {
             take: take("NULL").into(),
             peek: peek.as_str().into(),
@@ -144,33 +172,49 @@ fn statements(table: &str, handover: bool) -> (Sql, Arc<str>, WakeLockSql, Holde
             .into(),
             release: format!(
                 "UPDATE {t} SET {} WHERE name = ? AND owner = ? AND version = ? AND expires_at > {NOW}",
-                release_sets(handover, "{}")
+                release_sets(handover, "{}", data)
             )
             .into(),
+            // The data after the owner: assignments run left to right, and an owner found
+            // NULL (cleared here, or free before) has no data to keep.
             abandon: format!(
                 "UPDATE {t} SET expires_at = IF(owner <=> ?, {NOW}, expires_at), \
-                 owner = IF(owner <=> ?, NULL, owner), \
+                 owner = IF(owner <=> ?, NULL, owner), {}\
                  next_expires = IF(next_owner <=> ?, NULL, next_expires), \
                  next_since = IF(next_owner <=> ?, NULL, next_since), \
                  next_owner = IF(next_owner <=> ?, NULL, next_owner) \
-                 WHERE name = ? AND (owner = ? OR next_owner = ?)"
+                 WHERE name = ? AND (owner = ? OR next_owner = ?)",
+                if data.0 { "data = IF(owner IS NULL, NULL, data), " } else { "" }
             )
             .into(),
             force: format!(
-                "UPDATE {t} SET owner = NULL, expires_at = {NOW} \
+                "UPDATE {t} SET owner = NULL, expires_at = {NOW}{clear_data} \
                  WHERE name = ? AND owner IS NOT NULL AND expires_at > {NOW}"
             )
             .into(),
             list: format!(
                 "SELECT CAST(name AS CHAR CHARACTER SET utf8mb4), CAST(owner AS CHAR CHARACTER SET utf8mb4), \
-                 version, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) \
+                 version, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), {} \
                  FROM {t} WHERE owner IS NOT NULL AND expires_at > {NOW} \
-                 AND LEFT(name, LENGTH(?)) = ? ORDER BY name LIMIT ?"
+                 AND LEFT(name, LENGTH(?)) = ? ORDER BY name LIMIT ?",
+                data.select()
             )
             .into(),
+            inspect: format!(
+                "SELECT {peek_columns}, {} FROM {t} WHERE name = ?",
+                data.select()
+            )
+            .into(),
+            set_data: data.0.then(|| {
+                format!(
+                    "UPDATE {t} SET data = ? \
+                     WHERE name = ? AND owner = ? AND version = ? AND expires_at > {NOW}"
+                )
+                .into()
+            }),
     };
     let check = format!("SELECT version FROM {t} WHERE name = ? AND owner = ?").into();
-    (sql, check, wake, holder_statements(table, &peek))
+    (sql, check, wake, holder_statements(table, &peek, data))
 }
 
 /// The batched renewal's statements (see [`crate::renew`]), by padded list size: the update,
@@ -227,16 +271,26 @@ fn bind_list<'q>(
     query
 }
 
-/// The holders' statements (see [`crate::kinds`]).
-fn holder_statements(table: &str, peek: &str) -> HolderSql {
+/// The holders' statements (see [`crate::kinds`]); `data`: whether the lock table has the
+/// `data` column, cleared when the row gets the marker or is freed.
+fn holder_statements(table: &str, peek: &str, data: DataColumn) -> HolderSql {
     let t = quote(table, '`');
     let h = quote(&holders_table(table), '`');
+    let clear_data = data.clear();
     let live = format!("FROM {h} WHERE name = ? AND expires_at > {NOW}");
+    let info = |data: &str| {
+        format!(
+            "SELECT owner, token, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), \
+             (SELECT COUNT(*) {live}), {data} FROM {h} WHERE name = ? AND expires_at > {NOW} \
+             ORDER BY token DESC LIMIT 1"
+        )
+    };
     let setup = vec![
         format!(
             "CREATE TABLE IF NOT EXISTS {h} (name VARBINARY(512) NOT NULL, \
              owner VARBINARY(255) NOT NULL, token BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL, \
-             permits BIGINT NOT NULL, PRIMARY KEY (name, owner)) ENGINE=InnoDB"
+             permits BIGINT NOT NULL, data {DATA_TYPE} NULL, PRIMARY KEY (name, owner)) \
+             ENGINE=InnoDB"
         )
         .into(),
     ];
@@ -261,7 +315,7 @@ fn holder_statements(table: &str, peek: &str) -> HolderSql {
              expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND), \
              next_since = IF(next_owner <=> ?, NULL, next_since), \
              next_expires = IF(next_owner <=> ?, NULL, next_expires), \
-             next_owner = IF(next_owner <=> ?, NULL, next_owner) WHERE name = ?"
+             next_owner = IF(next_owner <=> ?, NULL, next_owner){clear_data} WHERE name = ?"
         )
         .into(),
         insert: format!(
@@ -283,18 +337,26 @@ fn holder_statements(table: &str, peek: &str) -> HolderSql {
             "DELETE FROM {h} WHERE name = ? AND owner = ? AND token = ? AND expires_at > {NOW}"
         )
         .into(),
-        free: format!("UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE name = ?").into(),
+        free: format!("UPDATE {t} SET owner = NULL, expires_at = {NOW}{clear_data} WHERE name = ?")
+            .into(),
         shrink: format!(
             "UPDATE {t} SET expires_at = COALESCE((SELECT MAX(expires_at) {live}), {NOW}) \
              WHERE name = ?"
         )
         .into(),
-        info: format!(
-            "SELECT owner, token, TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), \
-             (SELECT COUNT(*) {live}) FROM {h} WHERE name = ? AND expires_at > {NOW} \
-             ORDER BY token DESC LIMIT 1"
+        info: info("data").into(),
+        info_without_data: info("NULL").into(),
+        set_data: format!(
+            "UPDATE {h} SET data = ? \
+             WHERE name = ? AND owner = ? AND token = ? AND expires_at > {NOW}"
         )
         .into(),
+        has_data: format!(
+            "SELECT COUNT(*) FROM information_schema.columns WHERE {}",
+            column_of(&holders_table(table), "data")
+        )
+        .into(),
+        add_data: format!("ALTER TABLE {h} ADD COLUMN data {DATA_TYPE} NULL").into(),
         notify: None,
         setup,
     }
@@ -338,20 +400,33 @@ impl Drop for MyDb {
     }
 }
 
-/// Whether the lock table (`table`, unquoted, maybe `schema.table`) has the `next_ttl` column
-/// of hand-overs: a table created by an earlier version and not altered (`create_table` off)
-/// has not, and its releases free the lock instead.
-async fn has_next_ttl(conn: &mut sqlx::MySqlConnection, table: &str) -> Result<bool> {
+/// The `WHERE` of `information_schema.columns` for `column` of `table` (unquoted, maybe
+/// `schema.table`; plain identifiers, safe in literals), in the current database unless
+/// `table` names a schema.
+fn column_of(table: &str, column: &str) -> String {
+    let (schema, name) = match table.split_once('.') {
+        Some((schema, name)) => (format!("'{schema}'"), name),
+        None => ("DATABASE()".to_owned(), table),
+    };
+    format!("table_schema = {schema} AND table_name = '{name}' AND column_name = '{column}'")
+}
+
+/// Whether the lock table (`table`, unquoted, maybe `schema.table`) has `column`: a table
+/// created by an earlier version and not altered (`create_table` off) may lack `next_ttl`
+/// (its releases then free the lock instead of handing it over) or `data` (its holds then
+/// carry no data).
+async fn has_column(conn: &mut sqlx::MySqlConnection, table: &str, column: &str) -> Result<bool> {
     let (schema, name) = match table.split_once('.') {
         Some((schema, name)) => (Some(schema), name),
         None => (None, table),
     };
     let found: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM information_schema.columns \
-         WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? AND column_name = 'next_ttl'",
+         WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? AND column_name = ?",
     )
     .bind(schema)
     .bind(name)
+    .bind(column)
     .fetch_one(conn)
     .await
     .map_err(|e| map_err(&format!("reading the columns of {table}"), e))?;
@@ -399,34 +474,39 @@ impl MyDb {
                 .map_err(|e| map_err("reading wait_timeout", e))?;
         let wait_timeout = wait_timeout.and_then(|s| u64::try_from(s).ok());
         idle.set_server_limit(wait_timeout.map(Duration::from_secs));
-        // With `create_table`, the table has the column once this block is through.
-        let handover = if config.create_table {
+        // With `create_table`, the table has the columns once this block is through.
+        let (handover, data) = if config.create_table {
             let create = format!(
                 "CREATE TABLE IF NOT EXISTS {table} (name VARBINARY(512) NOT NULL PRIMARY KEY, \
                  owner VARBINARY(255) NULL, version BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL, \
                  next_owner VARBINARY(255) NULL, next_since BIGINT NULL, next_expires DATETIME(6) NULL, \
-                 next_ttl BIGINT NULL) ENGINE=InnoDB"
+                 next_ttl BIGINT NULL, data {DATA_TYPE} NULL) ENGINE=InnoDB"
             );
             conn.execute(AssertSqlSafe(create))
                 .await
                 .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
-            if !has_next_ttl(conn, &config.table).await? {
-                // A table of an earlier version: the column of hand-overs. Altered only when
-                // missing, since an ALTER waits for every open transaction on the table; a
-                // concurrent client may have added it meanwhile (duplicate column).
-                let alter = format!("ALTER TABLE {table} ADD COLUMN next_ttl BIGINT NULL");
-                if let Err(err) = conn.execute(AssertSqlSafe(alter)).await
-                    && !has_next_ttl(conn, &config.table).await?
-                {
-                    return Err(map_err(&format!("adding next_ttl to {table}"), err));
+            // A table of an earlier version: the column of hand-overs, the holder data. Each
+            // altered only when missing, since an ALTER waits for every open transaction on
+            // the table; a concurrent client may have added it meanwhile (duplicate column).
+            for (column, ty) in [("next_ttl", "BIGINT"), ("data", DATA_TYPE)] {
+                if !has_column(conn, &config.table, column).await? {
+                    let alter = format!("ALTER TABLE {table} ADD COLUMN {column} {ty} NULL");
+                    if let Err(err) = conn.execute(AssertSqlSafe(alter)).await
+                        && !has_column(conn, &config.table, column).await?
+                    {
+                        return Err(map_err(&format!("adding {column} to {table}"), err));
+                    }
                 }
             }
-            true
+            (true, true)
         } else {
-            has_next_ttl(conn, &config.table).await?
+            (
+                has_column(conn, &config.table, "next_ttl").await?,
+                has_column(conn, &config.table, "data").await?,
+            )
         };
         drop(setup.done());
-        let (sql, check, wake, holds) = statements(&config.table, handover);
+        let (sql, check, wake, holds) = statements(&config.table, handover, DataColumn(data));
         let holds = Holds::new(holds, config.create_table);
         let mut prepared = sql.prepared();
         prepared.extend([&check, &wake.take, &wake.release, &wake.wait, &wake.handed]);

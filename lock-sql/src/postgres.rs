@@ -14,7 +14,7 @@ use sqlx::{AssertSqlSafe, Executor, Row};
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
 use crate::db::{Claim, Db, Sessions};
-use crate::dialect::{Common, CommonStatements, Sql, prepare_all, q};
+use crate::dialect::{Common, CommonStatements, DataColumn, Sql, prepare_all, q};
 use crate::error::{map_err, pooler_err};
 use crate::keys::quote;
 use crate::kinds::{HolderSql, Holds, holders_table};
@@ -28,9 +28,11 @@ const NOW_US: &str = "(EXTRACT(EPOCH FROM now()) * 1000000)::bigint";
 
 /// The lock table's statements in this dialect; with `handover` (the table has the
 /// `next_ttl` column), a release hands the lock to the exclusive waiter holding the
-/// reservation (see [`PgDb`]).
-fn statements(table: &str, handover: bool) -> (Sql, Arc<str>, HolderSql) {
+/// reservation (see [`PgDb`]); with `data` (the table has the `data` column), holds carry
+/// data, which every take, release, hand-over, abandon and forced release clears.
+fn statements(table: &str, handover: bool, data: DataColumn) -> (Sql, Arc<str>, HolderSql) {
     let t = quote(table, '"');
+    let clear_data = data.clear();
     let us = "* interval '1 microsecond'";
     // An UPDATE of a free row, else an INSERT of a missing one. Unlike
     // `INSERT .. ON CONFLICT DO UPDATE .. WHERE`, a refused take locks no row, so it writes
@@ -39,7 +41,7 @@ fn statements(table: &str, handover: bool) -> (Sql, Arc<str>, HolderSql) {
     let take = format!(
         "WITH u AS (UPDATE {t} SET owner = $2, version = version + 1, \
              expires_at = now() + $3::bigint {us}, next_owner = NULL, next_since = NULL, \
-             next_expires = NULL{clear_ttl} \
+             next_expires = NULL{clear_ttl}{clear_data} \
              WHERE name = $1 AND (owner IS NULL OR owner = $2 OR expires_at <= now()) \
              AND (next_owner IS NULL OR next_owner = $2 OR next_expires <= now()) RETURNING version), \
              i AS (INSERT INTO {t} (name, owner, version, expires_at) \
@@ -47,13 +49,11 @@ fn statements(table: &str, handover: bool) -> (Sql, Arc<str>, HolderSql) {
              ON CONFLICT (name) DO NOTHING RETURNING version), \
              v AS (SELECT version FROM u UNION ALL SELECT version FROM i)"
     );
-    let peek = format!(
-        "SELECT owner, version, CASE WHEN owner IS NOT NULL AND expires_at > now() \
+    let peek_columns = "owner, version, CASE WHEN owner IS NOT NULL AND expires_at > now() \
          THEN (EXTRACT(EPOCH FROM (expires_at - now())) * 1000000)::bigint END AS remaining, \
          next_owner, next_since, CASE WHEN next_owner IS NOT NULL AND next_expires > now() \
-         THEN (EXTRACT(EPOCH FROM (next_expires - now())) * 1000000)::bigint END AS next_remaining \
-         FROM {t} WHERE name = $1"
-    );
+         THEN (EXTRACT(EPOCH FROM (next_expires - now())) * 1000000)::bigint END AS next_remaining";
+    let peek = format!("SELECT {peek_columns} FROM {t} WHERE name = $1");
     // Set in a statement's RETURNING (evaluated only for a row it changed), this makes the
     // statement's commit return without waiting for its WAL flush: for writes that need no
     // durability of their own. A waiter's reservation is a hint that lives a second; a lost
@@ -87,10 +87,10 @@ fn statements(table: &str, handover: bool) -> (Sql, Arc<str>, HolderSql) {
             )
             .into(),
             release: if handover {
-                release_handing_over(&t, no_flush)
+                release_handing_over(&t, no_flush, clear_data)
             } else {
                 format!(
-                    "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = now() \
+                    "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = now(){clear_data} \
                      WHERE name = $1 AND owner = $2 AND version = $3 AND expires_at > now() \
                      RETURNING name, next_owner, next_expires > now() AS live, {no_flush}) \
                      SELECT CASE WHEN next_owner IS NULL THEN NULL \
@@ -105,27 +105,41 @@ fn statements(table: &str, handover: bool) -> (Sql, Arc<str>, HolderSql) {
                  owner = CASE WHEN owner = $2 THEN NULL ELSE owner END, \
                  next_expires = CASE WHEN next_owner = $2 THEN NULL ELSE next_expires END, \
                  next_since = CASE WHEN next_owner = $2 THEN NULL ELSE next_since END, \
-                 next_owner = CASE WHEN next_owner = $2 THEN NULL ELSE next_owner END \
+                 next_owner = CASE WHEN next_owner = $2 THEN NULL ELSE next_owner END{} \
                  WHERE name = $1 AND (owner = $2 OR next_owner = $2) RETURNING name) \
-                 SELECT pg_notify($3, '0:' || name) FROM r"
+                 SELECT pg_notify($3, '0:' || name) FROM r",
+                if data.0 { ", data = CASE WHEN owner = $2 THEN NULL ELSE data END" } else { "" }
             )
             .into(),
             force: format!(
-                "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = now() \
+                "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = now(){clear_data} \
                  WHERE name = $1 AND owner IS NOT NULL AND expires_at > now() RETURNING name) \
                  SELECT pg_notify($2, '0:' || name) FROM r"
             )
             .into(),
             list: format!(
                 "SELECT name, owner, version, \
-                 (EXTRACT(EPOCH FROM (expires_at - now())) * 1000000)::bigint \
+                 (EXTRACT(EPOCH FROM (expires_at - now())) * 1000000)::bigint, {} \
                  FROM {t} WHERE owner IS NOT NULL AND expires_at > now() \
-                 AND left(name, length($1)) = $2 ORDER BY name LIMIT $3"
+                 AND left(name, length($1)) = $2 ORDER BY name LIMIT $3",
+                data.select()
             )
             .into(),
+            inspect: format!(
+                "SELECT {peek_columns}, {} FROM {t} WHERE name = $1",
+                data.select()
+            )
+            .into(),
+            set_data: data.0.then(|| {
+                format!(
+                    "UPDATE {t} SET data = $1 \
+                     WHERE name = $2 AND owner = $3 AND version = $4 AND expires_at > now()"
+                )
+                .into()
+            }),
     };
     let take_wake = format!("{take} SELECT version, pg_notify($4, '0:' || $1) FROM v").into();
-    (sql, take_wake, holder_statements(table, &peek))
+    (sql, take_wake, holder_statements(table, &peek, data))
 }
 
 /// The release that hands the lock over. ARGS: name, owner, version, channel.
@@ -136,8 +150,9 @@ fn statements(table: &str, handover: bool) -> (Sql, Arc<str>, HolderSql) {
 /// statement, with the waiter's take done in it. This commit hands out a fencing token, so it
 /// waits for its WAL flush like a take. Otherwise the lock is freed as before: the reserved
 /// waiter (a shared one) or every waiter is woken, and the commit does not wait for its flush.
-/// The assignments all read the row as it was.
-fn release_handing_over(t: &str, no_flush: &str) -> String {
+/// The assignments all read the row as it was. `clear_data` clears the holder data (see
+/// [`DataColumn::clear`]): the freed hold's, or the former holder's on a hand-over.
+fn release_handing_over(t: &str, no_flush: &str, clear_data: &str) -> String {
     let h = "(next_owner IS NOT NULL AND next_expires > now() AND next_ttl IS NOT NULL \
              AND next_owner <> owner)";
     let keep = |column: &str| format!("{column} = CASE WHEN {h} THEN NULL ELSE {column} END");
@@ -145,7 +160,7 @@ fn release_handing_over(t: &str, no_flush: &str) -> String {
         "WITH r AS (UPDATE {t} SET owner = CASE WHEN {h} THEN next_owner END, \
          version = version + CASE WHEN {h} THEN 1 ELSE 0 END, \
          expires_at = now() + CASE WHEN {h} THEN next_ttl ELSE 0 END * interval '1 microsecond', \
-         {}, {}, {}, {} \
+         {}, {}, {}, {}{clear_data} \
          WHERE name = $1 AND owner = $2 AND version = $3 AND expires_at > now() \
          RETURNING name, owner, version, next_owner, next_expires > now() AS live) \
          SELECT CASE WHEN owner IS NOT NULL \
@@ -185,13 +200,21 @@ fn renew_many_sql(table: &str) -> Arc<str> {
     .into()
 }
 
-/// The holders' statements (see [`crate::kinds`]).
-fn holder_statements(table: &str, peek: &str) -> HolderSql {
+/// The holders' statements (see [`crate::kinds`]); `data`: whether the lock table has the
+/// `data` column, cleared when the row gets the marker or is freed.
+fn holder_statements(table: &str, peek: &str, data: DataColumn) -> HolderSql {
     let t = quote(table, '"');
     let h = quote(&holders_table(table), '"');
+    let clear_data = data.clear();
     let us = "* interval '1 microsecond'";
     let remaining = "(EXTRACT(EPOCH FROM (expires_at - now())) * 1000000)::bigint";
     let live = format!("FROM {h} WHERE name = $1 AND expires_at > now()");
+    let info = |data: &str| {
+        format!(
+            "SELECT owner, token, {remaining}, (SELECT count(*) {live}), {data} \
+             FROM {h} WHERE name = $2 AND expires_at > now() ORDER BY token DESC LIMIT 1"
+        )
+    };
     let clear = |n: usize| {
         format!(
             "next_since = CASE WHEN next_owner = ${n} THEN NULL ELSE next_since END, \
@@ -207,7 +230,7 @@ fn holder_statements(table: &str, peek: &str) -> HolderSql {
         format!(
             "CREATE TABLE IF NOT EXISTS {h} (name TEXT COLLATE \"C\" NOT NULL, owner TEXT NOT NULL, \
              token BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, permits BIGINT NOT NULL, \
-             PRIMARY KEY (name, owner))"
+             data TEXT, PRIMARY KEY (name, owner))"
         )
         .into(),
     ];
@@ -224,7 +247,7 @@ fn holder_statements(table: &str, peek: &str) -> HolderSql {
         count: format!("SELECT count(*), min({remaining}) {live}").into(),
         mark: format!(
             "UPDATE {t} SET owner = $1, version = version + 1, \
-             expires_at = GREATEST(expires_at, now() + $2::bigint {us}), {} WHERE name = $6",
+             expires_at = GREATEST(expires_at, now() + $2::bigint {us}), {}{clear_data} WHERE name = $6",
             clear(3)
         )
         .into(),
@@ -246,16 +269,21 @@ fn holder_statements(table: &str, peek: &str) -> HolderSql {
             "DELETE FROM {h} WHERE name = $1 AND owner = $2 AND token = $3 AND expires_at > now()"
         )
         .into(),
-        free: format!("UPDATE {t} SET owner = NULL, expires_at = now() WHERE name = $1").into(),
+        free: format!("UPDATE {t} SET owner = NULL, expires_at = now(){clear_data} WHERE name = $1")
+            .into(),
         shrink: format!(
             "UPDATE {t} SET expires_at = COALESCE((SELECT max(expires_at) {live}), now()) WHERE name = $2"
         )
         .into(),
-        info: format!(
-            "SELECT owner, token, {remaining}, (SELECT count(*) {live}) \
-             FROM {h} WHERE name = $2 AND expires_at > now() ORDER BY token DESC LIMIT 1"
+        info: info("data").into(),
+        info_without_data: info("NULL").into(),
+        set_data: format!(
+            "UPDATE {h} SET data = $1 \
+             WHERE name = $2 AND owner = $3 AND token = $4 AND expires_at > now()"
         )
         .into(),
+        has_data: format!("SELECT count(*) {}", column_of(&h, "data")).into(),
+        add_data: format!("ALTER TABLE {h} ADD COLUMN IF NOT EXISTS data TEXT").into(),
         // The table is a plain identifier: safe in a literal.
         notify: Some(format!("SELECT pg_notify('distlock:{table}', $1)").into()),
         setup,
@@ -308,12 +336,12 @@ impl PgDb {
         check_sessions(&mut listener, &pool, config).await?;
         idle.set_server_limit(idle_session_timeout(&pool).await?);
         let table = quote(&config.table, '"');
-        // With `create_table`, the table has the column once this block is through.
-        let handover = if config.create_table {
+        // With `create_table`, the table has the columns once this block is through.
+        let (handover, data) = if config.create_table {
             let create = format!(
                 "CREATE TABLE IF NOT EXISTS {table} (name TEXT COLLATE \"C\" PRIMARY KEY, owner TEXT, \
                  version BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, next_owner TEXT, \
-                 next_since BIGINT, next_expires TIMESTAMPTZ, next_ttl BIGINT)"
+                 next_since BIGINT, next_expires TIMESTAMPTZ, next_ttl BIGINT, data TEXT)"
             );
             // Concurrent first connects can race on the catalog: serialize them. Closed, not
             // given back, if cancelled mid-way (see `InUse`).
@@ -330,26 +358,31 @@ impl PgDb {
             tx.execute(AssertSqlSafe(create))
                 .await
                 .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
-            if !has_next_ttl(&mut tx, &table).await? {
-                // A table of an earlier version: the column of hand-overs. Altered only when
-                // missing, since an ALTER waits for every open transaction on the table.
-                let alter = format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS next_ttl BIGINT");
-                tx.execute(AssertSqlSafe(alter))
-                    .await
-                    .map_err(|e| map_err(&format!("adding next_ttl to {table}"), e))?;
+            // A table of an earlier version: the column of hand-overs, the holder data. Each
+            // altered only when missing, since an ALTER waits for every open transaction on
+            // the table.
+            for (column, ty) in [("next_ttl", "BIGINT"), ("data", "TEXT")] {
+                if !has_column(&mut tx, &table, column).await? {
+                    let alter =
+                        format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {ty}");
+                    tx.execute(AssertSqlSafe(alter))
+                        .await
+                        .map_err(|e| map_err(&format!("adding {column} to {table}"), e))?;
+                }
             }
             tx.commit().await.map_err(|e| map_err("create table", e))?;
             drop(conn.done());
-            true
+            (true, true)
         } else {
             let mut conn = InUse::acquire(&pool)
                 .await
                 .map_err(|e| map_err("connect", e))?;
-            let found = has_next_ttl(conn.conn(), &table).await?;
+            let found = has_column(conn.conn(), &table, "next_ttl").await?;
+            let data = has_column(conn.conn(), &table, "data").await?;
             drop(conn.done());
-            found
+            (found, data)
         };
-        let (sql, take_wake, holds) = statements(&config.table, handover);
+        let (sql, take_wake, holds) = statements(&config.table, handover, DataColumn(data));
         let holds = Holds::new(holds, config.create_table);
         let renew_many = renew_many_sql(&config.table);
         let mut prepared = sql.prepared();
@@ -462,15 +495,25 @@ async fn idle_session_timeout(pool: &sqlx::PgPool) -> Result<Option<Duration>> {
         .map(Duration::from_millis))
 }
 
-/// Whether the lock table (`table`, quoted) has the `next_ttl` column of hand-overs: a table
-/// created by an earlier version and not altered (`create_table` off) has not, and its
-/// releases free the lock instead.
-async fn has_next_ttl(conn: &mut sqlx::PgConnection, table: &str) -> Result<bool> {
+/// `FROM .. WHERE` of the catalog rows of `column` of `table` (quoted; a plain identifier,
+/// safe in a literal).
+fn column_of(table: &str, column: &str) -> String {
+    format!(
+        "FROM pg_attribute WHERE attrelid = to_regclass('{table}') \
+         AND attname = '{column}' AND NOT attisdropped"
+    )
+}
+
+/// Whether the lock table (`table`, quoted) has `column`: a table created by an earlier
+/// version and not altered (`create_table` off) may lack `next_ttl` (its releases then free
+/// the lock instead of handing it over) or `data` (its holds then carry no data).
+async fn has_column(conn: &mut sqlx::PgConnection, table: &str, column: &str) -> Result<bool> {
     let found: Option<i32> = sqlx::query_scalar(
         "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
-         AND attname = 'next_ttl' AND NOT attisdropped",
+         AND attname = $2 AND NOT attisdropped",
     )
     .bind(table)
+    .bind(column)
     .fetch_optional(conn)
     .await
     .map_err(|e| map_err(&format!("reading the columns of {table}"), e))?;

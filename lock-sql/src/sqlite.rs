@@ -15,7 +15,7 @@ use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
 use crate::db::Db;
-use crate::dialect::{Common, CommonStatements, Sql, q};
+use crate::dialect::{Common, CommonStatements, DataColumn, Sql, q};
 use crate::error::{connect_err, map_err, shape_err, sqlite_busy};
 use crate::keys::quote;
 use crate::kinds::{HolderSql, Holds, holders_table};
@@ -26,20 +26,22 @@ use crate::renew::{BySize, LIST_MAX_BATCH, Renewal, padded, renewed_by_rows, too
 /// version of a new row (see the crate docs, "A store emptied or recreated").
 const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
 
-/// The lock table's statements in this dialect.
-fn statements(table: &str) -> (Sql, HolderSql) {
+/// The lock table's statements in this dialect; with `data` (the table has the `data`
+/// column), holds carry data, which every take, release, abandon and forced release clears.
+fn statements(table: &str, data: DataColumn) -> (Sql, HolderSql) {
     let t = quote(table, '"');
-    let peek = format!(
-        "SELECT owner, version, CASE WHEN owner IS NOT NULL AND expires_at > {NOW} \
+    let clear_data = data.clear();
+    let peek_columns = format!(
+        "owner, version, CASE WHEN owner IS NOT NULL AND expires_at > {NOW} \
          THEN expires_at - {NOW} END, next_owner, next_since, \
-         CASE WHEN next_owner IS NOT NULL AND next_expires > {NOW} THEN next_expires - {NOW} END \
-         FROM {t} WHERE name = ?1"
+         CASE WHEN next_owner IS NOT NULL AND next_expires > {NOW} THEN next_expires - {NOW} END"
     );
+    let peek = format!("SELECT {peek_columns} FROM {t} WHERE name = ?1");
     let sql = Sql {
             take: format!(
                 "INSERT INTO {t} AS l (name, owner, version, expires_at) VALUES (?1, ?2, {NOW}, {NOW} + ?3) \
                  ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, version = l.version + 1, \
-                 expires_at = excluded.expires_at, next_owner = NULL, next_since = NULL, next_expires = NULL \
+                 expires_at = excluded.expires_at, next_owner = NULL, next_since = NULL, next_expires = NULL{clear_data} \
                  WHERE (l.owner IS NULL OR l.owner = excluded.owner OR l.expires_at <= {NOW}) \
                  AND (l.next_owner IS NULL OR l.next_owner = excluded.owner OR l.next_expires <= {NOW}) \
                  RETURNING version"
@@ -58,7 +60,7 @@ fn statements(table: &str) -> (Sql, HolderSql) {
             )
             .into(),
             release: format!(
-                "UPDATE {t} SET owner = NULL, expires_at = {NOW} \
+                "UPDATE {t} SET owner = NULL, expires_at = {NOW}{clear_data} \
                  WHERE name = ?1 AND owner = ?2 AND version = ?3 AND expires_at > {NOW}"
             )
             .into(),
@@ -68,23 +70,37 @@ fn statements(table: &str) -> (Sql, HolderSql) {
                  owner = CASE WHEN owner = ?2 THEN NULL ELSE owner END, \
                  next_expires = CASE WHEN next_owner = ?3 THEN NULL ELSE next_expires END, \
                  next_since = CASE WHEN next_owner = ?4 THEN NULL ELSE next_since END, \
-                 next_owner = CASE WHEN next_owner = ?5 THEN NULL ELSE next_owner END \
-                 WHERE name = ?6 AND (owner = ?7 OR next_owner = ?8)"
+                 next_owner = CASE WHEN next_owner = ?5 THEN NULL ELSE next_owner END{} \
+                 WHERE name = ?6 AND (owner = ?7 OR next_owner = ?8)",
+                if data.0 { ", data = CASE WHEN owner = ?2 THEN NULL ELSE data END" } else { "" }
             )
             .into(),
             force: format!(
-                "UPDATE {t} SET owner = NULL, expires_at = {NOW} \
+                "UPDATE {t} SET owner = NULL, expires_at = {NOW}{clear_data} \
                  WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {NOW}"
             )
             .into(),
             list: format!(
-                "SELECT name, owner, version, expires_at - {NOW} \
+                "SELECT name, owner, version, expires_at - {NOW}, {} \
                  FROM {t} WHERE owner IS NOT NULL AND expires_at > {NOW} \
-                 AND substr(name, 1, length(?1)) = ?2 ORDER BY name LIMIT ?3"
+                 AND substr(name, 1, length(?1)) = ?2 ORDER BY name LIMIT ?3",
+                data.select()
             )
             .into(),
+            inspect: format!(
+                "SELECT {peek_columns}, {} FROM {t} WHERE name = ?1",
+                data.select()
+            )
+            .into(),
+            set_data: data.0.then(|| {
+                format!(
+                    "UPDATE {t} SET data = ?1 \
+                     WHERE name = ?2 AND owner = ?3 AND version = ?4 AND expires_at > {NOW}"
+                )
+                .into()
+            }),
         };
-    (sql, holder_statements(table, &peek))
+    (sql, holder_statements(table, &peek, data))
 }
 
 /// The batched renewal's statement (see [`crate::renew`]), by padded list size. ARGS: name,
@@ -111,15 +127,24 @@ fn renew_many_sql(table: &str) -> BySize {
 
 /// The holders' statements (see [`crate::kinds`]). The
 /// transaction's `BEGIN IMMEDIATE` locks the file, so the row is read without `FOR UPDATE`.
-fn holder_statements(table: &str, peek: &str) -> HolderSql {
+/// `data`: whether the lock table has the `data` column, cleared when the row gets the
+/// marker or is freed.
+fn holder_statements(table: &str, peek: &str, data: DataColumn) -> HolderSql {
     let t = quote(table, '"');
     let h = quote(&holders_table(table), '"');
+    let clear_data = data.clear();
     let live = format!("FROM {h} WHERE name = ?1 AND expires_at > {NOW}");
+    let info = |data: &str| {
+        format!(
+            "SELECT owner, token, expires_at - {NOW}, (SELECT count(*) {live}), {data} \
+             FROM {h} WHERE name = ?2 AND expires_at > {NOW} ORDER BY token DESC LIMIT 1"
+        )
+    };
     let setup = vec![
         format!(
             "CREATE TABLE IF NOT EXISTS {h} (name TEXT NOT NULL, owner TEXT NOT NULL, \
              token INTEGER NOT NULL, expires_at INTEGER NOT NULL, permits INTEGER NOT NULL, \
-             PRIMARY KEY (name, owner)) WITHOUT ROWID"
+             data TEXT, PRIMARY KEY (name, owner)) WITHOUT ROWID"
         )
         .into(),
     ];
@@ -138,7 +163,8 @@ fn holder_statements(table: &str, peek: &str) -> HolderSql {
             "UPDATE {t} SET owner = ?1, version = version + 1, expires_at = max(expires_at, {NOW} + ?2), \
              next_since = CASE WHEN next_owner = ?3 THEN NULL ELSE next_since END, \
              next_expires = CASE WHEN next_owner = ?4 THEN NULL ELSE next_expires END, \
-             next_owner = CASE WHEN next_owner = ?5 THEN NULL ELSE next_owner END WHERE name = ?6"
+             next_owner = CASE WHEN next_owner = ?5 THEN NULL ELSE next_owner END{clear_data} \
+             WHERE name = ?6"
         )
         .into(),
         insert: format!(
@@ -159,17 +185,22 @@ fn holder_statements(table: &str, peek: &str) -> HolderSql {
             "DELETE FROM {h} WHERE name = ?1 AND owner = ?2 AND token = ?3 AND expires_at > {NOW}"
         )
         .into(),
-        free: format!("UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE name = ?1").into(),
+        free: format!("UPDATE {t} SET owner = NULL, expires_at = {NOW}{clear_data} WHERE name = ?1")
+            .into(),
         shrink: format!(
             "UPDATE {t} SET expires_at = coalesce((SELECT max(expires_at) {live}), {NOW}) \
              WHERE name = ?2"
         )
         .into(),
-        info: format!(
-            "SELECT owner, token, expires_at - {NOW}, (SELECT count(*) {live}) \
-             FROM {h} WHERE name = ?2 AND expires_at > {NOW} ORDER BY token DESC LIMIT 1"
+        info: info("data").into(),
+        info_without_data: info("NULL").into(),
+        set_data: format!(
+            "UPDATE {h} SET data = ?1 \
+             WHERE name = ?2 AND owner = ?3 AND token = ?4 AND expires_at > {NOW}"
         )
         .into(),
+        has_data: data_columns(&holders_table(table)).into(),
+        add_data: format!("ALTER TABLE {h} ADD COLUMN data TEXT").into(),
         notify: None,
         setup,
     }
@@ -362,7 +393,23 @@ impl LiteDb {
                         .unwrap_or_else(|| map_err(&format!("creating the lock table {table}"), e))
                 })?;
         }
-        let (sql, holds) = statements(&config.table);
+        let data = has_data(&pool, &config.table, patience).await?;
+        let data = if data || !config.create_table {
+            data
+        } else {
+            // A table of an earlier version: the column of the holder data. Another client
+            // may have added it meanwhile (a duplicate column).
+            let alter = format!("ALTER TABLE {table} ADD COLUMN data TEXT");
+            let added = while_busy(patience, || pool.execute(AssertSqlSafe(alter.clone()))).await;
+            let data = has_data(&pool, &config.table, patience).await?;
+            if let Err(err) = added
+                && !data
+            {
+                return Err(map_err(&format!("adding data to {table}"), err));
+            }
+            data
+        };
+        let (sql, holds) = statements(&config.table, DataColumn(data));
         let holds = Holds::new(holds, config.create_table);
         let renew_many = renew_many_sql(&config.table);
         for statement in sql.prepared().into_iter().chain(renew_many.first()) {
@@ -389,14 +436,36 @@ fn lock_table(table: &str) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS {} (name TEXT NOT NULL PRIMARY KEY, owner TEXT, \
          version INTEGER NOT NULL, expires_at INTEGER NOT NULL, next_owner TEXT, \
-         next_since INTEGER, next_expires INTEGER) WITHOUT ROWID",
+         next_since INTEGER, next_expires INTEGER, data TEXT) WITHOUT ROWID",
         quote(table, '"')
     )
 }
 
+/// The statement that counts the `data` columns (0 or 1) of `table` (unquoted, maybe
+/// `schema.table`; plain identifiers, safe in literals).
+fn data_columns(table: &str) -> String {
+    let source = match table.split_once('.') {
+        Some((schema, name)) => format!("pragma_table_info('{name}', '{schema}')"),
+        None => format!("pragma_table_info('{table}')"),
+    };
+    format!("SELECT count(*) FROM {source} WHERE name = 'data'")
+}
+
+/// Whether the lock table has the `data` column: a table created by an earlier version and
+/// not altered (`create_table` off) has not, and its holds carry no data.
+async fn has_data(pool: &sqlx::SqlitePool, table: &str, patience: Duration) -> Result<bool> {
+    let sql = data_columns(table);
+    let found: i64 = while_busy(patience, || {
+        sqlx::query_scalar(AssertSqlSafe(sql.clone())).fetch_one(pool)
+    })
+    .await
+    .map_err(|e| map_err(&format!("reading the columns of {table}"), e))?;
+    Ok(found > 0)
+}
+
 /// The statements that create every table: the lock table and the holders'.
 fn table_setup(table: &str) -> Vec<String> {
-    let (_, holds) = statements(table);
+    let (_, holds) = statements(table, DataColumn(true));
     std::iter::once(lock_table(table))
         .chain(holds.setup.iter().map(|s| s.to_string()))
         .collect()

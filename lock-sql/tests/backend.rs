@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use distlock_core::{AcquireOptions, ClientConfig, DistributedLock, Error, LockClient};
+use distlock_core::{AcquireOptions, ClientConfig, DistributedLock, Error, LockClient, Renewal};
 use distlock_sql::{FencedUpdate, SqlBackend, SqlPool};
 use sqlx::AssertSqlSafe;
 
@@ -180,6 +180,198 @@ async fn wrong_shape_is_reported(url: &str) {
     exec(&pool, format!("DROP TABLE {table}")).await;
 }
 
+/// A lock table and a holders table of an earlier version (no `data` column; `old` gives
+/// their `CREATE TABLE` statements for a table name): with `create_table` on, the client adds
+/// the columns and holds carry data, exclusive and shared; with it off, the tables stay as
+/// they are, holds carry none (the capability is off, `with_data` refused as unsupported)
+/// and locks of both kinds work as before.
+async fn a_table_without_the_data_column(url: &str, old: impl Fn(&str) -> [String; 2]) {
+    let admin = client(url).await;
+    let pool = admin.backend_ref().pool();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let opts = || AcquireOptions::default().with_ttl(Duration::from_secs(5));
+    for create in [true, false] {
+        let table = unique("old_data");
+        for statement in old(&table) {
+            exec(&pool, statement).await;
+        }
+        let with = format!("{url}{sep}table={table}&create_table={create}");
+        let c = client(&with).await;
+        assert_eq!(
+            c.capabilities().holder_data,
+            create,
+            "create_table={create}"
+        );
+        let (name, readers) = (unique("old"), unique("old_readers"));
+        if create {
+            let guard = c
+                .acquire(&name, &opts().with_data("d1"))
+                .await
+                .expect("acquire with data");
+            let info = c.inspect(&name).await.expect("inspect").expect("held");
+            assert_eq!(info.data.as_deref(), Some("d1"));
+            guard.release().await.expect("release");
+            let reader = c
+                .acquire(&readers, &opts().shared().with_data("r1"))
+                .await
+                .expect("shared with data");
+            let info = c.inspect(&readers).await.expect("inspect").expect("held");
+            assert_eq!((info.holders, info.data.as_deref()), (1, Some("r1")));
+            reader.release().await.expect("release");
+            // Migrated once: the next client finds the columns.
+            let again = client(&with).await;
+            assert!(again.capabilities().holder_data);
+        } else {
+            match c.acquire(&name, &opts().with_data("d1")).await {
+                Err(Error::Unsupported(_)) => {}
+                other => panic!("data without the column: {other:?}"),
+            }
+            let guard = c.acquire(&name, &opts()).await.expect("acquire");
+            let info = c.inspect(&name).await.expect("inspect").expect("held");
+            assert_eq!((info.owner.as_str(), info.data), (guard.owner(), None));
+            guard.release().await.expect("release");
+            let reader = c.acquire(&readers, &opts().shared()).await.expect("shared");
+            let info = c.inspect(&readers).await.expect("inspect").expect("held");
+            assert_eq!((info.holders, info.data), (1, None));
+            reader.release().await.expect("release");
+        }
+        exec(&pool, format!("DROP TABLE {table}_holders")).await;
+        exec(&pool, format!("DROP TABLE {table}")).await;
+    }
+}
+
+/// The holder data ends with its hold, however the hold ends: the next hold of the name
+/// shows none after an expiry, a forced release, a release by owner and token, a release
+/// with a waiter queued (a hand-over on PostgreSQL and MySQL), and for shared holds after a
+/// forced release and an expiry.
+async fn the_data_ends_with_the_hold(url: &str) {
+    let (a, b) = (client(url).await, client(url).await);
+    let shown = async |name: &str| {
+        let info = b.inspect(name).await.expect("inspect").expect("held");
+        (info.owner, info.data)
+    };
+    let opts = || AcquireOptions::default().with_ttl(Duration::from_secs(1));
+    let once = || opts().with_renewal(Renewal::disabled());
+
+    // The same data again is no refusal (MySQL counts the rows found, not those changed).
+    let name = unique("data_same");
+    let guard = a
+        .acquire(&name, &opts().with_data("same"))
+        .await
+        .expect("a");
+    guard
+        .set_data(Some("same"))
+        .await
+        .expect("the same data again");
+    // The longest data, in characters of two bytes, comes back as it was.
+    let longest = "ä".repeat(distlock_core::MAX_HOLDER_DATA / 2);
+    guard
+        .set_data(Some(&longest))
+        .await
+        .expect("the longest data");
+    assert_eq!(shown(&name).await.1.as_deref(), Some(longest.as_str()));
+    guard.release().await.expect("release");
+
+    let name = unique("data_expired");
+    let old = a.acquire(&name, &once().with_data("old")).await.expect("a");
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let next = b.acquire(&name, &opts()).await.expect("b after the expiry");
+    assert_eq!(
+        shown(&name).await,
+        (next.owner().to_owned(), None),
+        "expired"
+    );
+    drop(old);
+    next.release().await.expect("release");
+
+    let name = unique("data_forced");
+    let old = a.acquire(&name, &opts().with_data("old")).await.expect("a");
+    assert!(b.force_release(&name).await.expect("force"));
+    assert_eq!(b.inspect(&name).await.expect("inspect"), None);
+    let next = b
+        .acquire(&name, &opts())
+        .await
+        .expect("b after the forced release");
+    assert_eq!(
+        shown(&name).await,
+        (next.owner().to_owned(), None),
+        "forced"
+    );
+    drop(old);
+    next.release().await.expect("release");
+
+    let name = unique("data_released_hold");
+    let old = a.acquire(&name, &opts().with_data("old")).await.expect("a");
+    assert!(
+        b.release_hold(&name, old.owner(), old.token())
+            .await
+            .expect("release_hold")
+    );
+    let next = b
+        .acquire(&name, &opts())
+        .await
+        .expect("b after release_hold");
+    assert_eq!(
+        shown(&name).await,
+        (next.owner().to_owned(), None),
+        "release_hold"
+    );
+    drop(old);
+    next.release().await.expect("release");
+
+    let name = unique("data_handed");
+    let wait = opts().with_wait(Duration::from_secs(10));
+    let old = a
+        .acquire(&name, &wait.clone().with_data("old"))
+        .await
+        .expect("a");
+    let waiter = {
+        let (b, name) = (b.clone(), name.clone());
+        tokio::spawn(async move { b.acquire(&name, &wait).await })
+    };
+    // Let the waiter claim the reservation.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    old.release().await.expect("release");
+    let next = waiter.await.expect("task").expect("the waiter");
+    assert_eq!(
+        shown(&name).await,
+        (next.owner().to_owned(), None),
+        "handed"
+    );
+    next.release().await.expect("release");
+
+    let readers = unique("data_readers");
+    let old = a
+        .acquire(&readers, &opts().shared().with_data("old"))
+        .await
+        .expect("a reads");
+    assert!(b.force_release(&readers).await.expect("force"));
+    let next = b
+        .acquire(&readers, &opts().shared())
+        .await
+        .expect("b reads");
+    assert_eq!(
+        shown(&readers).await,
+        (next.owner().to_owned(), None),
+        "forced readers"
+    );
+    drop(old);
+    next.release().await.expect("release");
+    let old = a
+        .acquire(&readers, &once().shared().with_data("old"))
+        .await
+        .expect("a reads");
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let next = b
+        .acquire(&readers, &opts().shared())
+        .await
+        .expect("b reads");
+    let info = b.inspect(&readers).await.expect("inspect").expect("held");
+    assert_eq!((info.holders, info.data), (1, None), "expired readers");
+    drop(old);
+    next.release().await.expect("release");
+}
+
 #[test]
 fn bad_urls_are_invalid_config() {
     for url in [
@@ -221,6 +413,30 @@ mod sqlite {
     #[tokio::test]
     async fn wrong_shape() {
         wrong_shape_is_reported(&url()).await;
+    }
+
+    #[tokio::test]
+    async fn data_ends_with_the_hold() {
+        the_data_ends_with_the_hold(&url()).await;
+    }
+
+    #[tokio::test]
+    async fn old_table_without_the_data_column() {
+        a_table_without_the_data_column(&url(), |t| {
+            [
+                format!(
+                    "CREATE TABLE {t} (name TEXT NOT NULL PRIMARY KEY, owner TEXT, \
+                     version INTEGER NOT NULL, expires_at INTEGER NOT NULL, next_owner TEXT, \
+                     next_since INTEGER, next_expires INTEGER) WITHOUT ROWID"
+                ),
+                format!(
+                    "CREATE TABLE {t}_holders (name TEXT NOT NULL, owner TEXT NOT NULL, \
+                     token INTEGER NOT NULL, expires_at INTEGER NOT NULL, \
+                     permits INTEGER NOT NULL, PRIMARY KEY (name, owner)) WITHOUT ROWID"
+                ),
+            ]
+        })
+        .await;
     }
 
     /// The first use of a file creates it, its table, and switches it to WAL.
@@ -539,6 +755,32 @@ mod postgres {
                 .await
                 .expect("drop");
         }
+    }
+
+    #[tokio::test]
+    async fn data_ends_with_the_hold() {
+        let Some(url) = url() else { return };
+        the_data_ends_with_the_hold(&url).await;
+    }
+
+    #[tokio::test]
+    async fn old_table_without_the_data_column() {
+        let Some(url) = url() else { return };
+        a_table_without_the_data_column(&url, |t| {
+            [
+                format!(
+                    "CREATE TABLE {t} (name TEXT COLLATE \"C\" PRIMARY KEY, owner TEXT, \
+                     version BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, next_owner TEXT, \
+                     next_since BIGINT, next_expires TIMESTAMPTZ, next_ttl BIGINT)"
+                ),
+                format!(
+                    "CREATE TABLE {t}_holders (name TEXT COLLATE \"C\" NOT NULL, \
+                     owner TEXT NOT NULL, token BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, \
+                     permits BIGINT NOT NULL, PRIMARY KEY (name, owner))"
+                ),
+            ]
+        })
+        .await;
     }
 
     #[tokio::test]
@@ -883,6 +1125,35 @@ mod mysql {
             .expect("a reservation of the cancelled waiter refused the lock");
         assert!(again.token() > token);
         again.release().await.expect("release");
+    }
+
+    #[tokio::test]
+    async fn data_ends_with_the_hold() {
+        let Some(url) = url() else { return };
+        the_data_ends_with_the_hold(&url).await;
+    }
+
+    #[tokio::test]
+    async fn old_table_without_the_data_column() {
+        let Some(url) = url() else { return };
+        a_table_without_the_data_column(&url, |t| {
+            [
+                format!(
+                    "CREATE TABLE {t} (name VARBINARY(512) NOT NULL PRIMARY KEY, \
+                     owner VARBINARY(255) NULL, version BIGINT NOT NULL, \
+                     expires_at DATETIME(6) NOT NULL, next_owner VARBINARY(255) NULL, \
+                     next_since BIGINT NULL, next_expires DATETIME(6) NULL, next_ttl BIGINT NULL) \
+                     ENGINE=InnoDB"
+                ),
+                format!(
+                    "CREATE TABLE {t}_holders (name VARBINARY(512) NOT NULL, \
+                     owner VARBINARY(255) NOT NULL, token BIGINT NOT NULL, \
+                     expires_at DATETIME(6) NOT NULL, permits BIGINT NOT NULL, \
+                     PRIMARY KEY (name, owner)) ENGINE=InnoDB"
+                ),
+            ]
+        })
+        .await;
     }
 
     #[tokio::test]
