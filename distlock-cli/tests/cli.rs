@@ -328,8 +328,39 @@ fn status_reports_holder_and_token() {
         text.contains("st: held") && text.contains("token:"),
         "{text}"
     );
+    // `run` stores host, pid and command as the hold's data by default.
+    let data = format!("pid={} cmd=sleep 3", holder.id());
+    assert!(
+        text.contains("  data:      host=") && text.contains(&data),
+        "{text}"
+    );
+    let out = env.run(&["status", "--name", "st", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(
+        json["data"].as_str().is_some_and(|d| d.ends_with(&data)),
+        "{json}"
+    );
     holder.kill().expect("kill");
     let _ = holder.wait();
+
+    // --data chooses it, --no-data stores none.
+    for (flag, shown) in [
+        (&["--data", "job=nightly"][..], Some("job=nightly")),
+        (&["--no-data"][..], None),
+    ] {
+        let mut args = vec!["run", "--name", "st2"];
+        args.extend(flag);
+        args.extend(["--", "sleep", "3"]);
+        let mut holder = env.distlock(&args).spawn().expect("spawn");
+        env.wait_until_held("st2");
+        let out = env.run(&["status", "--name", "st2", "--json"]);
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert_eq!(json["data"].as_str(), shown, "{json}");
+        holder.kill().expect("kill");
+        let _ = holder.wait();
+        // The killed holder's lease runs out (ttl 30 s): take the next name.
+        let _ = env.run(&["unlock", "--force", "--name", "st2"]);
+    }
 }
 
 /// A stdout whose reader is gone (`distlock list | head -1` after head exits) ends the command

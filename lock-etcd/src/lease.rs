@@ -47,11 +47,26 @@ impl EtcdLease {
     /// it was. A lost answer is repeated only if the request never left: a repeated delete
     /// whose first answer was lost would find nothing and answer "not held".
     async fn delete_ours(&self, what: &str) -> Result<bool> {
-        let key = &self.key.key;
         // Compared on our key's create revision, which no later key can have: safe to send
         // again after an unanswered attempt or any transport failure (CI, 2026-11-26: a
         // release sent as the leader died failed with `transport error (Unknown)`, and the
         // waiter then waited out the ttl).
+        let (succeeded, unanswered) = self
+            .if_ours(what, TxnOp::delete(self.key.key.clone(), None))
+            .await?;
+        // The key of this acquisition is gone either way (nobody else puts it).
+        self.key.deleted();
+        // After an unanswered attempt, a key found gone was most likely deleted by that
+        // attempt: the release counts as done (a loss before it is reported by the guard's
+        // renewal, not here).
+        Ok(succeeded || unanswered)
+    }
+
+    /// Applies `op` in a transaction comparing our key's create revision with ours, sent
+    /// again after a transport failure: whether it applied, and whether an attempt went
+    /// unanswered.
+    async fn if_ours(&self, what: &str, op: TxnOp) -> Result<(bool, bool)> {
+        let key = &self.key.key;
         let (resp, unanswered) = attempts(what, retryable, &self.shared.members, || {
             let mut kv = self.shared.client.kv_client();
             let txn = Txn::new()
@@ -60,17 +75,12 @@ impl EtcdLease {
                     CompareOp::Equal,
                     self.rev,
                 )])
-                .and_then([TxnOp::delete(key.clone(), None)]);
+                .and_then([op.clone()]);
             async move { kv.txn(txn).await }
         })
         .await
         .map_err(|e| e.into_error(what))?;
-        // The key of this acquisition is gone either way (nobody else puts it).
-        self.key.deleted();
-        // After an unanswered attempt, a key found gone was most likely deleted by that
-        // attempt: the release counts as done (a loss before it is reported by the guard's
-        // renewal, not here).
-        Ok(resp.succeeded() || unanswered)
+        Ok((resp.succeeded(), unanswered))
     }
 }
 
@@ -109,27 +119,13 @@ impl Lease for EtcdLease {
     /// key can have it), keeping the key's lease: the token and the lease stay, the data ends
     /// with the key. Safe to send again after an unanswered attempt (the same put).
     async fn set_data(&self, data: Option<&str>) -> Result<()> {
-        let what = "setting the holder data";
-        let key = &self.key.key;
-        let value = keys::value_with_data(&self.owner, data);
-        let (resp, _) = attempts(what, retryable, &self.shared.members, || {
-            let mut kv = self.shared.client.kv_client();
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    key.clone(),
-                    CompareOp::Equal,
-                    self.rev,
-                )])
-                .and_then([TxnOp::put(
-                    key.clone(),
-                    value.clone(),
-                    Some(PutOptions::new().with_ignore_lease()),
-                )]);
-            async move { kv.txn(txn).await }
-        })
-        .await
-        .map_err(|e| e.into_error(what))?;
-        if !resp.succeeded() {
+        let put = TxnOp::put(
+            self.key.key.clone(),
+            keys::value_with_data(&self.owner, data),
+            Some(PutOptions::new().with_ignore_lease()),
+        );
+        let (succeeded, _) = self.if_ours("setting the holder data", put).await?;
+        if !succeeded {
             return Err(Error::not_held(self.name()));
         }
         Ok(())
