@@ -38,6 +38,15 @@ mariadb_port() {
 
 mariadb_comm() { printf 'mariadbd\n'; }
 
+# mariadb_tmp DATADIR: a temporary directory of the instance's own (made if missing). With the
+# default /tmp, the three instances' bootstraps run at once share it: one failed with "Could not
+# remove temporary table '/tmp/#sql-temptable-...'" and "Unknown table
+# 'mysql.tmp_user_nopasswd,mysql.tmp_user_socket'" (CI, 2026-11-29).
+mariadb_tmp() {
+  mkdir -p "$1.tmp"
+  printf '%s\n' "$1.tmp"
+}
+
 mariadb_launch() {
   local name=$1 dir
   dir=$(data_dir "$name")
@@ -49,13 +58,15 @@ mariadb_launch() {
       if [[ ! -f $dir/.distlock-initialized ]]; then
         rm -rf "$dir"
         mkdir -p "$dir"
-        mariadb-install-db --no-defaults --datadir="$dir" --auth-root-authentication-method=normal \
-          "${user[@]}" --skip-test-db >>"$(log_file mariadb)" 2>&1 ||
+        mariadb-install-db --no-defaults --datadir="$dir" --tmpdir="$(mariadb_tmp "$dir")" \
+          --auth-root-authentication-method=normal "${user[@]}" --skip-test-db \
+          >>"$(log_file mariadb)" 2>&1 ||
           die "mariadb: mariadb-install-db failed, see $(log_file mariadb)"
         touch "$dir/.distlock-initialized"
       fi
       tls_material
-      spawn "$name" mariadbd --no-defaults "${user[@]}" --datadir="$dir" --port="$MARIADB_PORT" \
+      spawn "$name" mariadbd --no-defaults "${user[@]}" --datadir="$dir" \
+        --tmpdir="$(mariadb_tmp "$dir")" --port="$MARIADB_PORT" \
         --bind-address="$HOST" --socket="$sock" --pid-file="$STATE/run/mariadbd.pid" \
         --skip-name-resolve --max-connections=300 --character-set-server=utf8mb4 \
         --collation-server=utf8mb4_unicode_ci --ssl-ca="$(tls_dir)/ca.pem" \
@@ -78,13 +89,15 @@ mariadb_launch() {
       if [[ ! -f $dir/.distlock-initialized ]]; then
         rm -rf "$dir"
         mkdir -p "$dir"
-        mariadb-install-db --no-defaults --datadir="$dir" --auth-root-authentication-method=normal \
-          "${user[@]}" --skip-test-db >>"$(log_file "$name")" 2>&1 ||
+        mariadb-install-db --no-defaults --datadir="$dir" --tmpdir="$(mariadb_tmp "$dir")" \
+          --auth-root-authentication-method=normal "${user[@]}" --skip-test-db \
+          >>"$(log_file "$name")" 2>&1 ||
           die "$name: mariadb-install-db failed, see $(log_file "$name")"
         touch "$dir/.distlock-initialized"
       fi
       spawn "$name" ${clock[@]+env "${clock[@]}"} mariadbd --no-defaults "${user[@]}" \
-        --datadir="$dir" --port="$port" --bind-address="$HOST" --socket="$sock" \
+        --datadir="$dir" --tmpdir="$(mariadb_tmp "$dir")" --port="$port" --bind-address="$HOST" \
+        --socket="$sock" \
         --pid-file="$STATE/run/$name-mariadbd.pid" --skip-name-resolve --max-connections=300 \
         --character-set-server=utf8mb4 --collation-server=utf8mb4_unicode_ci "${extra[@]}"
       ;;
