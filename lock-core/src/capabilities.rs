@@ -49,8 +49,7 @@ pub struct Capabilities {
 impl Capabilities {
     /// Capabilities with the given fencing guarantee; not FIFO, polling, ttl 1 ms ..= 1 day,
     /// loss detected by renewal, no listing, no force release, no release of a hold by its
-    /// token, exclusive locks only, shared
-    /// between processes.
+    /// token, no holder data, exclusive locks only, shared between processes.
     pub fn new(fencing: FencingGuarantee) -> Self {
         Self {
             fencing,
