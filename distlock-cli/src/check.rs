@@ -261,18 +261,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
             ),
         ));
     }
-    if args.ttl.saturating_add(args.lock_delay) > caps.max_ttl {
-        return Err(Failure::new(
-            CONFIG,
-            format!(
-                "--ttl {} plus --lock-delay {} is longer than the longest lease {} accepts ({})",
-                humantime::format_duration(args.ttl),
-                humantime::format_duration(args.lock_delay),
-                lock.backend(),
-                humantime::format_duration(caps.max_ttl)
-            ),
-        ));
-    }
+    crate::check_lock_delay(&*lock, args.ttl, args.lock_delay)?;
     let kinds = kinds_to_check(&args, &caps, lock.backend())?;
     let spawner = SelfSpawner {
         exe: std::env::current_exe().map_err(|err| {

@@ -222,7 +222,7 @@ fn options_that_cannot_work_are_config_errors() {
     let url = env.url();
     let missing = env.path("no-such-clock.rc");
     let missing = missing.to_str().expect("utf-8");
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 10] = [
         (
             &["--url", &url, "--duration", "0s"],
             "a run of 0ms is too short to judge anything: give at least 2s",
@@ -252,6 +252,10 @@ fn options_that_cannot_work_are_config_errors() {
         (
             &["--url", &url, "--faults", "clock", "--clock-file", missing],
             "no-such-clock.rc does not exist",
+        ),
+        (
+            &["--url", &url, "--ttl", "10s", "--lock-delay", "1000d"],
+            "--ttl 10s plus --lock-delay 2years",
         ),
     ];
     for (args, expected) in cases {
