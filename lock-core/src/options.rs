@@ -73,7 +73,11 @@ impl AcquireOptions {
         self
     }
 
-    /// Sets how long `acquire` waits (`Duration::ZERO` tries once).
+    /// Sets how long `acquire` waits (`Duration::ZERO` tries once). At the deadline it fails
+    /// with [`Error::Timeout`](crate::Error::Timeout) after removing its queue entry, if any
+    /// (one round trip). On a backend that wakes waiters by events it ends right there when
+    /// no event came and the holder's lease runs past the deadline; a polling backend asks
+    /// once more at the deadline (one round trip more).
     #[must_use]
     pub fn with_wait(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);

@@ -274,9 +274,22 @@ impl<B: LockBackend> LockClient<B> {
                 }
                 return Err(last_error.unwrap_or_else(|| timed_out(&name, started)));
             };
-            tokio::select! {
-                () = attempt.get().changed() => pacing.backoff.reset(),
-                () = tokio::time::sleep(sleep) => {}
+            // Cut short by the deadline: unless a wake-up comes first, this is the last sleep.
+            let last = sleep < delay;
+            let woke = tokio::select! {
+                () = attempt.get().changed() => true,
+                () = tokio::time::sleep(sleep) => false,
+            };
+            if woke {
+                pacing.backoff.reset();
+            } else if last && last_error.is_none() && pacing.settled() {
+                // Nothing that could free the lock happened before the deadline (no event, and
+                // the holder's lease runs past it): another poll would only say so again, one
+                // or two round trips after the deadline. A lost event costs this wait nothing
+                // more than its deadline.
+                attempt.abandon().await;
+                metrics.timed_out();
+                return Err(timed_out(&name, started));
             }
             if waiting.is_some() {
                 woken = Some(Instant::now());

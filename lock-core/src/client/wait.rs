@@ -95,6 +95,8 @@ pub(super) struct Pacing {
     pub(super) again: u32,
     /// Polls in a row while next in line ([`Step::NextInLine`]).
     pub(super) next_in_line: u32,
+    /// The last answer was busy or next in line ([`Self::settled`]).
+    settled: bool,
 }
 
 impl Pacing {
@@ -105,12 +107,14 @@ impl Pacing {
             ttl: options.ttl,
             again: 0,
             next_in_line: 0,
+            settled: false,
         }
     }
 
     /// How long to wait (a wake-up may come sooner) after a step other than `Acquired`;
     /// `None`: poll again now.
     pub(super) fn after(&mut self, step: &Step) -> Option<Duration> {
+        self.settled = matches!(step, Step::Busy { .. } | Step::NextInLine { .. });
         if !matches!(step, Step::Again) {
             self.again = 0;
         }
@@ -137,6 +141,12 @@ impl Pacing {
                 self.backoff.next()
             }
         })
+    }
+
+    /// Whether the last answer was one that only an event (or the `retry_after` it planned the
+    /// sleep by) can change: busy, or next in line, on a backend whose server notifies waiters.
+    pub(super) fn settled(&self) -> bool {
+        self.wake_up == WakeUp::Event && self.settled
     }
 
     /// After a busy answer: just after the holder's lease runs out (plus a little jitter to
