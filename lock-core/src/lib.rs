@@ -119,6 +119,7 @@ pub mod service_url;
 pub mod telemetry;
 pub mod tls;
 mod token;
+mod upgradeable;
 mod watchdog;
 
 pub use backend::{
@@ -143,6 +144,10 @@ pub use options::{
     default_renewal_interval,
 };
 pub use token::{FencingGuarantee, FencingToken};
+pub use upgradeable::{
+    GATE_SUFFIX, GatedGuard, UpgradeError, Upgradeable, UpgradeableGuard, UpgradeableRwLock, Write,
+    WriteGuard,
+};
 
 /// The `tracing` target of the one `DEBUG` event a waiting acquire emits when its first poll
 /// finds the lock taken (held, or queued ahead of it): from then on it waits.

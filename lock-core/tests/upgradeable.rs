@@ -1,0 +1,129 @@
+//! The upgradeable read-write lock on the in-process backend: who excludes whom, upgrades
+//! and downgrades with no writer in between, a failed upgrade that keeps its hold. The same
+//! cases run on every real backend in the conformance suite.
+
+use std::time::Duration;
+
+use distlock_core::memory::MemoryStore;
+use distlock_core::{AcquireOptions, Error, LockName, UpgradeableRwLock};
+
+fn opts() -> AcquireOptions {
+    AcquireOptions::default().with_ttl(Duration::from_secs(10))
+}
+
+const SHORT: Duration = Duration::from_millis(200);
+
+#[tokio::test]
+async fn one_upgradeable_reader_shares_with_readers_and_excludes_writers() {
+    let rw = UpgradeableRwLock::new(MemoryStore::new().client(), "doc").expect("valid");
+    let up = rw.upgradeable(&opts()).await.expect("upgradeable");
+    assert!(rw.try_upgradeable(&opts()).await.unwrap().is_none());
+    assert!(rw.try_write(&opts()).await.unwrap().is_none());
+    let reader = rw
+        .try_read(&opts())
+        .await
+        .unwrap()
+        .expect("a reader shares");
+    let waited = rw.write(&opts().with_wait(SHORT)).await;
+    assert!(matches!(waited, Err(Error::Timeout { .. })), "{waited:?}");
+    reader.release().await.expect("released");
+    up.release().await.expect("released");
+    let writer = rw.try_write(&opts()).await.unwrap().expect("free again");
+    assert!(rw.try_read(&opts()).await.unwrap().is_none());
+    assert!(rw.try_upgradeable(&opts()).await.unwrap().is_none());
+    writer.release().await.expect("released");
+}
+
+#[tokio::test]
+async fn an_upgrade_waits_for_the_readers_and_no_writer_comes_between() {
+    let rw = UpgradeableRwLock::new(MemoryStore::new().client(), "doc").expect("valid");
+    let up = rw.upgradeable(&opts()).await.expect("upgradeable");
+    let read_token = up.token();
+    let reader = rw.read(&opts()).await.expect("reader");
+    // A writer queues for the gate.
+    let other = rw.clone();
+    let writer = tokio::spawn(async move { other.write(&opts()).await.map(|w| w.token()) });
+    tokio::time::sleep(SHORT).await;
+    let upgrading = tokio::spawn(up.upgrade(Some(Duration::from_secs(5))));
+    tokio::time::sleep(SHORT).await;
+    assert!(!upgrading.is_finished(), "upgraded while a reader reads");
+    reader.release().await.expect("released");
+    let write = upgrading.await.unwrap().expect("upgraded");
+    assert!(
+        write.token() > read_token,
+        "{:?} after {read_token:?}",
+        write.token()
+    );
+    assert!(!writer.is_finished(), "the other writer came between");
+    let token = write.token();
+    write.release().await.expect("released");
+    let later = writer.await.unwrap().expect("the other writer after");
+    assert!(later > token);
+}
+
+#[tokio::test]
+async fn a_timed_out_upgrade_gives_back_the_upgradeable_hold() {
+    let rw = UpgradeableRwLock::new(MemoryStore::new().client(), "doc").expect("valid");
+    let up = rw.upgradeable(&opts()).await.expect("upgradeable");
+    let reader = rw.read(&opts()).await.expect("reader");
+    let failed = up.upgrade(Some(SHORT)).await.expect_err("a reader stays");
+    assert!(
+        matches!(failed.error, Error::Timeout { .. }),
+        "{:?}",
+        failed.error
+    );
+    let up = failed.guard.expect("the upgradeable hold kept");
+    assert!(!up.is_lost());
+    assert!(rw.try_upgradeable(&opts()).await.unwrap().is_none());
+    assert!(rw.try_write(&opts()).await.unwrap().is_none());
+    // Readers read on, and once they are done the upgrade goes through.
+    let second = rw.try_read(&opts()).await.unwrap().expect("readers share");
+    second.release().await.expect("released");
+    reader.release().await.expect("released");
+    let write = up.upgrade(Some(SHORT)).await.expect("upgraded");
+    write.release().await.expect("released");
+}
+
+#[tokio::test]
+async fn a_downgrade_lets_readers_in_and_no_writer() {
+    let rw = UpgradeableRwLock::new(MemoryStore::new().client(), "doc").expect("valid");
+    let write = rw.write(&opts()).await.expect("writer");
+    let write_token = write.token();
+    let other = rw.clone();
+    let writer = tokio::spawn(async move { other.write(&opts()).await.map(|w| w.token()) });
+    let reader_lock = rw.clone();
+    let reader = tokio::spawn(async move { reader_lock.read(&opts()).await });
+    tokio::time::sleep(SHORT).await;
+    let up = write.downgrade_to_upgradeable().await.expect("downgraded");
+    assert!(up.token() > write_token);
+    let reader = reader.await.unwrap().expect("a waiting reader gets in");
+    assert!(!writer.is_finished(), "a writer came between");
+    reader.release().await.expect("released");
+    // Up again, then down to a plain reader: the gate goes, the writer waits for the read.
+    let write = up.upgrade(None).await.expect("upgraded");
+    let read = write.downgrade().await.expect("downgraded");
+    tokio::time::sleep(SHORT).await;
+    assert!(!writer.is_finished(), "a writer got in beside a reader");
+    // The gate let go of: the waiting writer took it, and waits for the reader.
+    assert!(rw.try_upgradeable(&opts()).await.unwrap().is_none());
+    let read_token = read.token();
+    read.release().await.expect("released");
+    let later = writer.await.unwrap().expect("the writer after");
+    assert!(later > read_token);
+}
+
+#[tokio::test]
+async fn names_too_long_for_the_gate_are_refused() {
+    let longest = "n".repeat(LockName::MAX_LEN - distlock_core::GATE_SUFFIX.len());
+    let locks = MemoryStore::new().client();
+    assert!(UpgradeableRwLock::new(locks.clone(), &longest).is_ok());
+    let refused = UpgradeableRwLock::new(locks.clone(), &format!("{longest}n"));
+    assert!(
+        matches!(refused, Err(Error::InvalidName { .. })),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        UpgradeableRwLock::new(locks, ""),
+        Err(Error::InvalidName { .. })
+    ));
+}
