@@ -275,6 +275,8 @@ macro_rules! __case_table {
             read_write_tokens_follow_the_fencing_rule: false,
             crashed_reader_frees_after_ttl_and_loss_is_reported: false,
             cancelled_shared_and_permit_waits_leave_nothing_behind: false,
+            upgradeable_reader_upgrades_with_no_writer_between: false,
+            downgrade_lets_readers_in_and_no_writer: false,
             multi_locks_in_any_order_never_deadlock: false,
             multi_lock_is_all_or_nothing: false,
             multi_lock_reports_loss_of_any_part: false,

@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
 
-use distlock_core::{FencingToken, LockKind};
+use distlock_core::{FencingToken, LockKind, UpgradeableRwLock};
 
 use super::*;
 
@@ -522,5 +522,155 @@ pub async fn cancelled_shared_and_permit_waits_leave_nothing_behind(ctx: Ctx) ->
         let guard = free.unwrap_or_else(|| panic!("cancelled {:?} waits left a trace", ask.kind));
         release(guard).await;
     }
+    Outcome::Passed
+}
+
+/// The upgradeable read-write lock across clients: one upgradeable reader at a time, beside
+/// plain readers and without writers; an upgrade that times out while a reader reads keeps
+/// its hold; an upgrade waits for the readers, and a writer already waiting for the gate
+/// comes after it, with a larger token.
+pub async fn upgradeable_reader_upgrades_with_no_writer_between(ctx: Ctx) -> Outcome {
+    let (a, b, w) = (ctx.client().await, ctx.client().await, ctx.client().await);
+    needs_shared!(a);
+    let name = ctx.name("upgradeable");
+    let lock = |client: &TestClient| {
+        UpgradeableRwLock::new(client.lock.clone(), &name).expect("a valid name")
+    };
+    let (rw_a, rw_b, rw_w) = (lock(&a), lock(&b), lock(&w));
+    let opts = ctx.opts();
+    let up = rw_a.upgradeable(&opts).await.expect("upgradeable");
+    let read_token = up.token();
+    assert!(
+        rw_b.try_upgradeable(&opts).await.expect("try").is_none(),
+        "two upgradeable readers"
+    );
+    assert!(
+        rw_w.try_write(&opts).await.expect("try").is_none(),
+        "a writer beside the upgradeable reader"
+    );
+    let reader = rw_b
+        .try_read(&opts)
+        .await
+        .expect("try")
+        .expect("a plain reader was refused beside the upgradeable one");
+    // A short upgrade while the reader reads: timed out, the hold kept.
+    let failed = up
+        .upgrade(Some(ctx.slack() / 2))
+        .await
+        .expect_err("upgraded beside a reader");
+    assert!(
+        matches!(failed.error, Error::Timeout { .. }),
+        "{failed}: {:?}",
+        failed.error
+    );
+    let up = failed.guard.expect("a timed-out upgrade lost its hold");
+    assert!(
+        rw_b.try_upgradeable(&opts).await.expect("try").is_none(),
+        "the gate was let go of by a timed-out upgrade"
+    );
+    // A writer waits for the gate; the upgrade waits for the reader.
+    let writer = {
+        let (rw, opts) = (rw_w.clone(), opts.clone().with_wait(LONG_WAIT));
+        tokio::spawn(async move { rw.write(&opts).await.map(|g| g.token()) })
+    };
+    tokio::time::sleep(ctx.slack() / 2).await;
+    let upgrading = tokio::spawn(up.upgrade(Some(LONG_WAIT)));
+    tokio::time::sleep(ctx.slack() / 2).await;
+    assert!(!upgrading.is_finished(), "upgraded while a reader read");
+    release(reader).await;
+    let write = tokio::time::timeout(fair_wait(&ctx), upgrading)
+        .await
+        .expect("the upgrade did not end after the reader left")
+        .expect("the upgrade panicked")
+        .unwrap_or_else(|failed| panic!("{failed}: {:?}", failed.error));
+    assert!(
+        write.token() > read_token,
+        "the write token {} is not above the read token {read_token}",
+        write.token()
+    );
+    assert!(
+        !writer.is_finished(),
+        "a writer came between read and upgrade"
+    );
+    assert!(
+        try_acquire(&*b, &name, &opts.clone().shared())
+            .await
+            .is_none(),
+        "a reader beside the upgraded writer"
+    );
+    let token = write.token();
+    write.release().await.expect("released");
+    let later = tokio::time::timeout(fair_wait(&ctx), writer)
+        .await
+        .expect("the waiting writer did not get in after the upgrader")
+        .expect("the writer panicked")
+        .expect("the writer's acquire failed");
+    assert!(
+        later > token,
+        "the next writer's token {later} is not above {token}"
+    );
+    Outcome::Passed
+}
+
+/// A writer downgrades with no writer in between: readers waiting for it get in, a writer
+/// waiting does not until the reader is done; tokens keep increasing across the changes.
+pub async fn downgrade_lets_readers_in_and_no_writer(ctx: Ctx) -> Outcome {
+    let (a, r, w) = (ctx.client().await, ctx.client().await, ctx.client().await);
+    needs_shared!(a);
+    let name = ctx.name("downgrade");
+    let lock = |client: &TestClient| {
+        UpgradeableRwLock::new(client.lock.clone(), &name).expect("a valid name")
+    };
+    let (rw_a, rw_r, rw_w) = (lock(&a), lock(&r), lock(&w));
+    let opts = ctx.opts();
+    let write = rw_a.write(&opts).await.expect("writer");
+    let write_token = write.token();
+    let long = opts.clone().with_wait(LONG_WAIT);
+    let writer = {
+        let (rw, opts) = (rw_w.clone(), long.clone());
+        tokio::spawn(async move { rw.write(&opts).await.map(|g| g.token()) })
+    };
+    let reader = {
+        let (rw, opts) = (rw_r.clone(), long.clone());
+        tokio::spawn(async move { rw.read(&opts).await })
+    };
+    tokio::time::sleep(ctx.slack() / 2).await;
+    assert!(!reader.is_finished(), "a reader beside the writer");
+    let up = write
+        .downgrade_to_upgradeable()
+        .await
+        .expect("downgraded to the upgradeable reader");
+    assert!(
+        up.token() > write_token,
+        "the downgraded read token is not above the write's"
+    );
+    let reader = tokio::time::timeout(fair_wait(&ctx), reader)
+        .await
+        .expect("the waiting reader did not get in after the downgrade")
+        .expect("the reader panicked")
+        .expect("the reader's acquire failed");
+    assert!(!writer.is_finished(), "a writer came in at the downgrade");
+    release(reader).await;
+    let write = up
+        .upgrade(Some(fair_wait(&ctx)))
+        .await
+        .unwrap_or_else(|failed| panic!("{failed}: {:?}", failed.error));
+    let read = write.downgrade().await.expect("downgraded to a reader");
+    tokio::time::sleep(ctx.slack() / 2).await;
+    assert!(
+        !writer.is_finished(),
+        "a writer beside the downgraded reader"
+    );
+    let read_token = read.token();
+    release(read).await;
+    let later = tokio::time::timeout(fair_wait(&ctx), writer)
+        .await
+        .expect("the waiting writer did not get in after the reader")
+        .expect("the writer panicked")
+        .expect("the writer's acquire failed");
+    assert!(
+        later > read_token,
+        "the writer's token {later} is not above {read_token}"
+    );
     Outcome::Passed
 }

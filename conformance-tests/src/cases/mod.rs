@@ -13,7 +13,7 @@ use distlock_core::{
 use futures::future::join_all;
 use rand::Rng;
 
-use crate::{Ctx, HookError, HookResult, Outcome};
+use crate::{Ctx, HookError, HookResult, Outcome, TestClient};
 
 /// A wait long enough to never be the reason a case fails on a healthy server.
 const LONG_WAIT: Duration = Duration::from_secs(60);
