@@ -63,8 +63,10 @@ pub(crate) struct CheckArgs {
     duration: Duration,
 
     /// The primitives to check, comma-separated: exclusive, shared (readers only), rw-mix
-    /// (one writer in three), permits:N, election (with an observer in every worker), multi
-    /// (two of three names at once). Default: every kind the backend offers, in that order.
+    /// (one writer in three), upgradeable (the upgradeable read-write lock: writers that
+    /// downgrade, upgradeable readers that upgrade, plain readers), permits:N, election (with
+    /// an observer in every worker), multi (two of three names at once). Default: every kind
+    /// the backend offers, in that order.
     #[arg(long, value_delimiter = ',', value_parser = parse_kind)]
     kind: Vec<CheckKind>,
 
@@ -537,7 +539,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<u8, Failure> {
         .await
         .map_err(|err| Failure::new(OTHER, format!("cannot reach the register: {err}")))?;
     let aim = distlock_check::StdinAim::start();
-    distlock_check::work(&*lock, &params, &register, &StdoutSink, &*aim, stopped)
+    distlock_check::work(&lock, &params, &register, &StdoutSink, &*aim, stopped)
         .await
         .map_err(|err| Failure::new(OTHER, format!("the register failed: {err}")))?;
     Ok(0)

@@ -108,6 +108,7 @@ fn every_sabotage_is_caught_by_its_rule() {
         ("permits:2", "extra-permit", "Overlap"),
         ("rw-mix", "writer-as-reader", "Overlap"),
         ("multi", "partial-multi", "AllOrNone"),
+        ("upgradeable", "upgrade-by-release", "NoWriterBetween"),
     ];
     std::thread::scope(|scope| {
         for (kind, sabotage, rule) in cases {

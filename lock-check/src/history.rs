@@ -72,6 +72,10 @@ pub struct Acquisition {
     /// For a multi-lock, the locks it got with their tokens (`token` is then the first's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub parts: Vec<Part>,
+    /// The acquisition of the same worker this one continues without a gap for another
+    /// writer: an upgrade of that upgradeable read, or a downgrade of that write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<u64>,
     /// When `acquire` was called.
     pub invoked: Nanos,
     /// When it returned; `None` if the worker died or hung before.

@@ -20,6 +20,10 @@ pub enum CheckKind {
     Election,
     /// Multi-locks: each acquisition takes two of three names with `acquire_all`.
     Multi,
+    /// The upgradeable read-write lock ([`UpgradeableRwLock`](distlock_core::UpgradeableRwLock)):
+    /// of every four acquisitions, one is a writer that downgrades to a reader halfway, one
+    /// the upgradeable reader that upgrades to the writer halfway, two plain readers.
+    Upgradeable,
 }
 
 /// The number of lock names of a [`CheckKind::Multi`] run.
@@ -38,6 +42,7 @@ impl CheckKind {
             Self::RwMix => "rw-mix".into(),
             Self::Election => "election".into(),
             Self::Multi => "multi".into(),
+            Self::Upgradeable => "upgradeable".into(),
         }
     }
 
@@ -45,7 +50,7 @@ impl CheckKind {
     pub fn supported(caps: &Capabilities) -> Vec<Self> {
         let mut kinds = vec![Self::Exclusive];
         if caps.shared {
-            kinds.extend([Self::Shared, Self::RwMix]);
+            kinds.extend([Self::Shared, Self::RwMix, Self::Upgradeable]);
         }
         if caps.max_permits >= 1 {
             kinds.push(Self::Permits(Self::DEFAULT_PERMITS.min(caps.max_permits)));
@@ -57,7 +62,7 @@ impl CheckKind {
     /// Why `caps` cannot run this kind, if it cannot.
     pub fn unsupported(self, caps: &Capabilities) -> Option<String> {
         match self {
-            Self::Shared | Self::RwMix if !caps.shared => {
+            Self::Shared | Self::RwMix | Self::Upgradeable if !caps.shared => {
                 Some("it has no read-write locks (no shared holds)".into())
             }
             Self::Permits(_) if caps.max_permits == 0 => Some("it has no semaphores".into()),
@@ -74,7 +79,7 @@ impl CheckKind {
         match self {
             Self::Permits(n) => n,
             // Readers: any number (bounded by the workers); the checker counts modes.
-            Self::Shared | Self::RwMix => u32::MAX,
+            Self::Shared | Self::RwMix | Self::Upgradeable => u32::MAX,
             Self::Exclusive | Self::Election | Self::Multi => 1,
         }
     }
@@ -87,6 +92,11 @@ impl CheckKind {
             Self::Permits(_) => Mode::Permit,
             Self::RwMix if (u64::from(worker) + seq).is_multiple_of(3) => Mode::Exclusive,
             Self::RwMix => Mode::Shared,
+            Self::Upgradeable => match (u64::from(worker) + seq) % 4 {
+                0 => Mode::Exclusive,
+                1 => Mode::Upgradeable,
+                _ => Mode::Shared,
+            },
         }
     }
 
@@ -142,6 +152,7 @@ impl std::str::FromStr for CheckKind {
             "rw-mix" => Self::RwMix,
             "election" => Self::Election,
             "multi" => Self::Multi,
+            "upgradeable" => Self::Upgradeable,
             "permits" => Self::Permits(Self::DEFAULT_PERMITS),
             other => match other.strip_prefix("permits:").map(str::parse::<u32>) {
                 Some(Ok(n)) if n >= 1 => Self::Permits(n),
@@ -153,7 +164,7 @@ impl std::str::FromStr for CheckKind {
                 None => {
                     return Err(format!(
                         "unknown kind {other:?} (expected exclusive, shared, permits:N, rw-mix, \
-                         election or multi)"
+                         upgradeable, election or multi)"
                     ));
                 }
             },
@@ -172,6 +183,9 @@ pub enum Mode {
     Shared,
     /// One permit of a semaphore.
     Permit,
+    /// The upgradeable reader: reads beside plain readers, excludes writers and other
+    /// upgradeable readers.
+    Upgradeable,
 }
 
 impl Mode {
@@ -198,16 +212,20 @@ pub enum Sabotage {
     /// Workers acquire without the run's lock-delay, as a backend that ignored it would
     /// (trips `lock-delay` once a crash leaves a hold behind).
     IgnoreLockDelay,
+    /// Upgradeable readers upgrade by letting go of everything and asking for the write
+    /// lock anew, so a waiting writer gets in between (trips `no-writer-between`).
+    UpgradeByRelease,
 }
 
 impl Sabotage {
     /// Every sabotage, in a fixed order.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::IgnoreValidity,
         Self::ExtraPermit,
         Self::WriterAsReader,
         Self::PartialMulti,
         Self::IgnoreLockDelay,
+        Self::UpgradeByRelease,
     ];
 
     /// The name used on the command line.
@@ -218,6 +236,7 @@ impl Sabotage {
             Self::WriterAsReader => "writer-as-reader",
             Self::PartialMulti => "partial-multi",
             Self::IgnoreLockDelay => "ignore-lock-delay",
+            Self::UpgradeByRelease => "upgrade-by-release",
         }
     }
 }
@@ -280,6 +299,7 @@ mod tests {
                 CheckKind::Exclusive,
                 CheckKind::Shared,
                 CheckKind::RwMix,
+                CheckKind::Upgradeable,
                 CheckKind::Permits(1),
                 CheckKind::Election,
                 CheckKind::Multi

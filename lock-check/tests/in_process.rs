@@ -59,7 +59,7 @@ async fn run_with(
                 ..params.clone()
             };
             tokio::spawn(async move {
-                work(&*lock, &params, &*register, &*recorder, &NoAim, stopped).await
+                work(&lock, &params, &*register, &*recorder, &NoAim, stopped).await
             })
         })
         .collect();
@@ -209,11 +209,12 @@ fn params(kind: CheckKind, sabotage: Option<Sabotage>) -> WorkerParams {
     }
 }
 
-const KINDS: [CheckKind; 6] = [
+const KINDS: [CheckKind; 7] = [
     CheckKind::Exclusive,
     CheckKind::Shared,
     CheckKind::Permits(2),
     CheckKind::RwMix,
+    CheckKind::Upgradeable,
     CheckKind::Election,
     CheckKind::Multi,
 ];
@@ -254,6 +255,23 @@ async fn every_kind_passes_on_the_memory_backend() {
                         .any(|o| o.value.as_deref().is_some_and(|v| v.contains('#'))),
                     "{kind}: no proclaimed value observed: {:?}",
                     history.observations
+                );
+            }
+            CheckKind::Upgradeable => {
+                // Upgrades (to a writer) and downgrades (to a reader) happened: the
+                // no-writer-between rule had pairs to judge.
+                let changed = |mode| {
+                    history
+                        .acquisitions
+                        .iter()
+                        .filter(|a| a.acquired() && a.after.is_some() && a.mode == mode)
+                        .count()
+                };
+                assert!(
+                    changed(distlock_check::Mode::Exclusive) >= 1
+                        && changed(distlock_check::Mode::Shared) >= 1,
+                    "{kind}: {:#?}",
+                    history.acquisitions
                 );
             }
             _ => {}
@@ -301,6 +319,11 @@ async fn every_sabotage_is_caught_by_its_rule() {
         (CheckKind::Permits(2), Sabotage::ExtraPermit, Rule::Overlap),
         (CheckKind::RwMix, Sabotage::WriterAsReader, Rule::Overlap),
         (CheckKind::Multi, Sabotage::PartialMulti, Rule::AllOrNone),
+        (
+            CheckKind::Upgradeable,
+            Sabotage::UpgradeByRelease,
+            Rule::NoWriterBetween,
+        ),
     ];
     let runs = cases.map(|(kind, sabotage, rule)| async move {
         let mut p = params(kind, Some(sabotage));

@@ -16,6 +16,9 @@
 //!   allows: two exclusive holders, an exclusive holder with anyone else, more than N permit
 //!   holders. A holder believed it from its grant to its last passing check, so its interval
 //!   is `[returned, last passing check]`.
+//! - [`Rule::NoWriterBetween`]: an upgrade (or a downgrade) of an upgradeable lock let
+//!   another writer in: an exclusive holder other than the two believed it held the lock
+//!   between the grant of the hold that was changed and the grant of the new one.
 //! - [`Rule::AllOrNone`]: a multi-lock acquisition returned with a different set of locks than
 //!   it asked for.
 //! - [`Rule::ObserverOrder`]: an election observer reported a term older than one it had
@@ -115,6 +118,8 @@ pub enum Rule {
     StaleCheck,
     /// More holders believed they held the lock at once than its kind allows.
     Overlap,
+    /// An upgrade or a downgrade let another writer in.
+    NoWriterBetween,
     /// A multi-lock returned a different set of locks than it asked for.
     AllOrNone,
     /// An election observer reported an older term after a newer one.
@@ -137,11 +142,12 @@ pub enum Rule {
 
 impl Rule {
     /// Every rule, in report order.
-    pub const ALL: [Self; 13] = [
+    pub const ALL: [Self; 14] = [
         Self::SharedToken,
         Self::TokenOrder,
         Self::StaleCheck,
         Self::Overlap,
+        Self::NoWriterBetween,
         Self::AllOrNone,
         Self::ObserverOrder,
         Self::ProclaimTerm,
@@ -160,6 +166,7 @@ impl Rule {
             Self::TokenOrder => "tokens increase in real-time order",
             Self::StaleCheck => "valid_until/is_lost turn before a newer holder acquires",
             Self::Overlap => "never more holders at once than the kind allows",
+            Self::NoWriterBetween => "no writer gets in at an upgrade or a downgrade",
             Self::AllOrNone => "a multi-lock holds all of its locks or none",
             Self::ObserverOrder => "an observer never reports an older term",
             Self::ProclaimTerm => "an observer sees each value with its own leader's term",
@@ -180,6 +187,7 @@ impl Rule {
                 | Self::TokenOrder
                 | Self::StaleCheck
                 | Self::Overlap
+                | Self::NoWriterBetween
                 | Self::ObserverOrder
                 | Self::ProclaimTerm
                 | Self::LockDelay
@@ -306,6 +314,7 @@ pub fn check(history: &History, config: &CheckConfig) -> Verdict {
         token_order(&acquired, &mut findings);
         stale_checks(&projected, &acquired, &mut findings);
         overlaps(&projected, config.kind, &mut findings);
+        writers_between(&projected, &mut findings);
         lock_delays(&projected, config, &mut findings);
         if locks.len() > 1 {
             for finding in &mut findings[from..] {

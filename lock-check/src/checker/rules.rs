@@ -92,7 +92,7 @@ pub(super) fn stale_checks(history: &History, acquired: &[&Acquisition], out: &m
         };
         let newest = match mode {
             Mode::Exclusive => newest,
-            Mode::Shared => newest_writer,
+            Mode::Shared | Mode::Upgradeable => newest_writer,
             Mode::Permit => continue,
         };
         if let Some(newer) = newest.filter(|b| b.token > Some(own))
@@ -197,10 +197,68 @@ pub(super) fn overlaps(history: &History, kind: CheckKind, out: &mut Vec<Finding
     }
 }
 
+/// An upgrade or a downgrade (an acquisition that continues another of its worker) lets no
+/// other writer in: no other exclusive holder believed it held the lock between the grant of
+/// the hold it continues and its own grant.
+pub(super) fn writers_between(history: &History, out: &mut Vec<Finding>) {
+    let beliefs = intervals(history);
+    let by_id: HashMap<AcqId, &Acquisition> =
+        history.acquisitions.iter().map(|a| (a.id, a)).collect();
+    for changed in history.acquisitions.iter().filter(|a| a.acquired()) {
+        let Some(seq) = changed.after else { continue };
+        let before = AcqId {
+            worker: changed.id.worker,
+            seq,
+        };
+        let (Some(from), Some(to)) = (
+            by_id.get(&before).and_then(|b| b.returned),
+            changed.returned,
+        ) else {
+            continue;
+        };
+        let between: Vec<&Acquisition> = beliefs
+            .iter()
+            .filter(|(start, end, a)| {
+                a.mode == Mode::Exclusive
+                    && a.id != changed.id
+                    && a.id != before
+                    && *start <= to
+                    && *end >= from
+            })
+            .map(|(_, _, a)| *a)
+            .collect();
+        if between.is_empty() {
+            continue;
+        }
+        let mut acqs = vec![changed.id, before];
+        acqs.extend(between.iter().map(|a| a.id));
+        out.push(Finding {
+            rule: Rule::NoWriterBetween,
+            at: to,
+            detail: format!(
+                "{} ({}, token {}) continued {before} granted {} ms earlier, and in between \
+                 {} writer(s) held it: {}",
+                changed.id,
+                mode_name(changed.mode),
+                changed.token.unwrap_or(0),
+                to.saturating_sub(from) / 1_000_000,
+                between.len(),
+                between
+                    .iter()
+                    .map(|a| format!("{} (token {})", a.id, a.token.unwrap_or(0)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            acqs,
+            judgement: Judgement::Violation,
+        });
+    }
+}
+
 /// Whether a holder of `entering`'s mode finds no room among holders of these modes, for a
 /// kind of `capacity` permits.
 fn crowded(entering: Mode, live: impl Iterator<Item = Mode>, capacity: usize) -> bool {
-    let (mut exclusive, mut shared, mut permits) = (0, 0, 0_usize);
+    let (mut exclusive, mut shared, mut permits, mut upgradeable) = (0, 0, 0_usize, 0);
     let mut any = false;
     for mode in live {
         any = true;
@@ -208,12 +266,15 @@ fn crowded(entering: Mode, live: impl Iterator<Item = Mode>, capacity: usize) ->
             Mode::Exclusive => exclusive += 1,
             Mode::Shared => shared += 1,
             Mode::Permit => permits += 1,
+            Mode::Upgradeable => upgradeable += 1,
         }
     }
     match entering {
         Mode::Exclusive => any,
         Mode::Shared => exclusive > 0 || permits > 0,
-        Mode::Permit => exclusive > 0 || shared > 0 || permits + 1 > capacity,
+        // One upgradeable reader at a time, beside plain readers.
+        Mode::Upgradeable => exclusive > 0 || permits > 0 || upgradeable > 0,
+        Mode::Permit => exclusive > 0 || shared > 0 || upgradeable > 0 || permits + 1 > capacity,
     }
 }
 
@@ -304,6 +365,7 @@ pub(super) fn mode_name(mode: Mode) -> &'static str {
         Mode::Exclusive => "exclusive",
         Mode::Shared => "shared",
         Mode::Permit => "permit",
+        Mode::Upgradeable => "upgradeable",
     }
 }
 

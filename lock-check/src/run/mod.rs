@@ -293,6 +293,18 @@ async fn probe(lock: &dyn DistributedLock, config: &RunConfig) -> FinalAcquire {
         CheckKind::Shared => acquired(lock.acquire(name, &options.shared()).await).await,
         CheckKind::Permits(n) => acquired(lock.acquire(name, &options.with_permits(n)).await).await,
         CheckKind::Election => acquired(lock.campaign(name, "final-probe", &options).await).await,
+        CheckKind::Upgradeable => {
+            // The writer's way in: the gate, then the lock.
+            let gate = format!("{name}{}", distlock_core::GATE_SUFFIX);
+            match lock.acquire(&gate, &options).await {
+                Ok(gate) => {
+                    let token = acquired(lock.acquire(name, &options).await).await;
+                    let _ = gate.release().await;
+                    token
+                }
+                Err(err) => Err(err),
+            }
+        }
         CheckKind::Multi => {
             let names: Vec<String> = (0..MULTI_LOCKS)
                 .map(|i| config.kind.lock_name(name, i))

@@ -7,8 +7,11 @@
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use std::sync::Arc;
+
 use distlock_core::{
     AcquireOptions, DistributedLock, Error, LockGuard, LockKind, MultiGuard, Renewal,
+    UpgradeableGuard, UpgradeableRwLock, WriteGuard,
 };
 use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
@@ -71,6 +74,9 @@ pub enum Event {
         /// The locks it asks for (empty: lock 0).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         locks: Vec<u32>,
+        /// The acquisition it continues (an upgrade or a downgrade of it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after: Option<u64>,
     },
     /// `acquire` returned a guard.
     Acquired {
@@ -170,10 +176,13 @@ pub trait Sink: Send + Sync {
     fn event(&self, worker: u32, event: Event);
 }
 
-/// What a worker holds: one guard, or a multi-lock's.
+/// What a worker holds: one guard, a multi-lock's, or an upgradeable lock's upgradeable read
+/// or write (each with its gate).
 enum Held {
     One(LockGuard),
     All(MultiGuard),
+    Upgradeable(UpgradeableGuard),
+    Write(WriteGuard),
 }
 
 impl Held {
@@ -181,6 +190,8 @@ impl Held {
         match self {
             Self::One(guard) => guard.valid_until(),
             Self::All(guard) => guard.valid_until(),
+            Self::Upgradeable(guard) => guard.valid_until(),
+            Self::Write(guard) => guard.valid_until(),
         }
     }
 
@@ -188,13 +199,18 @@ impl Held {
         match self {
             Self::One(guard) => guard.is_lost(),
             Self::All(guard) => guard.is_lost(),
+            Self::Upgradeable(guard) => guard.is_lost(),
+            Self::Write(guard) => guard.is_lost(),
         }
     }
 
+    /// The guards of the run's locks (not an upgradeable lock's gate).
     fn guards(&self) -> &[LockGuard] {
         match self {
             Self::One(guard) => std::slice::from_ref(guard),
             Self::All(guard) => guard.guards(),
+            Self::Upgradeable(guard) => std::slice::from_ref(guard.guard()),
+            Self::Write(guard) => std::slice::from_ref(guard.guard()),
         }
     }
 
@@ -245,13 +261,54 @@ impl Held {
         match self {
             Self::One(guard) => guard.release().await.is_ok(),
             Self::All(guard) => guard.release().await.is_ok(),
+            Self::Upgradeable(guard) => guard.release().await.is_ok(),
+            Self::Write(guard) => guard.release().await.is_ok(),
+        }
+    }
+
+    /// What an upgradeable lock's hold becomes halfway through its section: the upgradeable
+    /// reader the writer, the writer a plain reader (`None`: no change).
+    fn next_mode(&self) -> Option<Mode> {
+        match self {
+            Self::Upgradeable(_) => Some(Mode::Exclusive),
+            Self::Write(_) => Some(Mode::Shared),
+            Self::One(_) | Self::All(_) => None,
+        }
+    }
+
+    /// Upgrades or downgrades (see [`Self::next_mode`]); on failure nothing is held.
+    async fn change(
+        self,
+        lock: &Arc<dyn DistributedLock>,
+        params: &WorkerParams,
+        options: &AcquireOptions,
+    ) -> Result<Self, Error> {
+        match self {
+            Self::Upgradeable(guard) if params.sabotage == Some(Sabotage::UpgradeByRelease) => {
+                let _ = guard.release().await;
+                UpgradeableRwLock::new(lock.clone(), &params.name)?
+                    .write(options)
+                    .await
+                    .map(Self::Write)
+            }
+            Self::Upgradeable(guard) => match guard.upgrade(Some(params.wait)).await {
+                Ok(write) => Ok(Self::Write(write)),
+                Err(failed) => {
+                    if let Some(guard) = failed.guard {
+                        let _ = guard.release().await;
+                    }
+                    Err(failed.error)
+                }
+            },
+            Self::Write(guard) => guard.downgrade().await.map(Self::One),
+            held @ (Self::One(_) | Self::All(_)) => Ok(held),
         }
     }
 }
 
 /// Acquisition `seq` of the worker, as its kind (and sabotage) says.
 async fn acquire(
-    lock: &dyn DistributedLock,
+    lock: &Arc<dyn DistributedLock>,
     params: &WorkerParams,
     options: &AcquireOptions,
     mode: Mode,
@@ -261,7 +318,7 @@ async fn acquire(
     let lock_kind = match (mode, params.kind) {
         (Mode::Exclusive, _) if sabotage == Some(Sabotage::WriterAsReader) => LockKind::Shared,
         (Mode::Exclusive, _) => LockKind::Exclusive,
-        (Mode::Shared, _) => LockKind::Shared,
+        (Mode::Shared | Mode::Upgradeable, _) => LockKind::Shared,
         (Mode::Permit, CheckKind::Permits(permits)) => LockKind::Permit {
             permits: permits + u32::from(sabotage == Some(Sabotage::ExtraPermit)),
         },
@@ -284,6 +341,14 @@ async fn acquire(
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
             lock.acquire_all(&names, &options).await.map(Held::All)
         }
+        CheckKind::Upgradeable => {
+            let rw = UpgradeableRwLock::new(lock.clone(), &params.name)?;
+            match mode {
+                Mode::Exclusive => rw.write(&options).await.map(Held::Write),
+                Mode::Upgradeable => rw.upgradeable(&options).await.map(Held::Upgradeable),
+                _ => rw.read(&options).await.map(Held::One),
+            }
+        }
         _ => lock.acquire(&params.name, &options).await.map(Held::One),
     }
 }
@@ -295,16 +360,16 @@ async fn acquire(
 /// # Errors
 /// The register failed; lock errors are events, not errors.
 pub async fn work(
-    lock: &dyn DistributedLock,
+    lock: &Arc<dyn DistributedLock>,
     params: &WorkerParams,
     register: &dyn Register,
     sink: &dyn Sink,
     aim: &dyn Aim,
     stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let observer = observe(lock, params, sink, stop.clone());
+    let observer = observe(&**lock, params, sink, stop.clone());
     let (released, audits) = tokio::sync::mpsc::unbounded_channel();
-    let auditor = audit(lock, params, sink, audits);
+    let auditor = audit(&**lock, params, sink, audits);
     let (worked, (), ()) = tokio::join!(
         hold(lock, params, register, sink, aim, stop, released),
         observer,
@@ -395,6 +460,7 @@ fn invoke(params: &WorkerParams, seq: u64, mode: Mode, locks: &[u32]) -> Event {
         } else {
             Vec::new()
         },
+        after: None,
     }
 }
 
@@ -414,7 +480,7 @@ fn granted(params: &WorkerParams, seq: u64, held: &Held, parts: &[Part]) -> Even
 }
 
 async fn hold(
-    lock: &dyn DistributedLock,
+    lock: &Arc<dyn DistributedLock>,
     params: &WorkerParams,
     register: &dyn Register,
     sink: &dyn Sink,
@@ -435,19 +501,24 @@ async fn hold(
         options = options.with_renewal(Renewal::disabled());
     }
     let id = params.id;
-    for seq in 0.. {
+    // Acquisition numbers; an upgrade or a downgrade takes one of its own, so the kind's
+    // rotation of modes and locks goes by critical sections.
+    let mut next_seq = 0_u64;
+    'acquisitions: for section in 0.. {
         if *stop.borrow() {
             break;
         }
-        let mode = params.kind.mode(id, seq);
-        let locks = params.kind.locks(id, seq);
+        let mut seq = next_seq;
+        next_seq += 1;
+        let mut mode = params.kind.mode(id, section);
+        let locks = params.kind.locks(id, section);
         sink.event(id, invoke(params, seq, mode, &locks));
         aimed(aim, sink, id, Op::Acquire).await;
         let acquired = tokio::select! {
             acquired = acquire(lock, params, &options, mode, &locks) => acquired,
             _ = stop.wait_for(|stop| *stop) => break,
         };
-        let held = match acquired {
+        let mut held = match acquired {
             Ok(held) => held,
             Err(err) => {
                 let error = err.to_string();
@@ -466,10 +537,49 @@ async fn hold(
                 continue;
             }
         };
-        let parts = held.parts(params);
+        let mut parts = held.parts(params);
         sink.event(id, granted(params, seq, &held, &parts));
-        let acq = AcqId { worker: id, seq };
+        let mut acq = AcqId { worker: id, seq };
         'steps: for step in 0..params.steps {
+            // Halfway, an upgradeable lock's hold upgrades or downgrades: the new mode is an
+            // acquisition of its own that continues this one.
+            if step == params.steps / 2
+                && let Some(next_mode) = held.next_mode()
+            {
+                sink.event(id, Event::Release { seq, t: now() });
+                let after = seq;
+                (seq, mode) = (next_seq, next_mode);
+                next_seq += 1;
+                sink.event(
+                    id,
+                    Event::Invoke {
+                        seq,
+                        t: now(),
+                        mode,
+                        locks: Vec::new(),
+                        after: Some(after),
+                    },
+                );
+                match held.change(lock, params, &options).await {
+                    Ok(changed) => held = changed,
+                    Err(err) => {
+                        let error = err.to_string();
+                        sink.event(
+                            id,
+                            Event::Failed {
+                                seq,
+                                t: now(),
+                                error,
+                            },
+                        );
+                        // Nothing is held after a failed change.
+                        continue 'acquisitions;
+                    }
+                }
+                parts = held.parts(params);
+                sink.event(id, granted(params, seq, &held, &parts));
+                acq = AcqId { worker: id, seq };
+            }
             // While at least half a ttl of the section is left: a renewal (every ttl/3) is
             // sent into the fault before the release.
             if params.step_gap * (params.steps - step) >= params.ttl / 2 {
@@ -504,7 +614,7 @@ async fn hold(
                     lock: part.lock,
                     token: part.token,
                     step,
-                    read: mode == Mode::Shared,
+                    read: matches!(mode, Mode::Shared | Mode::Upgradeable),
                 };
                 // A refused access ends the section; the register records it.
                 if !register.access(access).await? {

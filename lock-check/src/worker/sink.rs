@@ -62,6 +62,7 @@ impl Sink for Recorder {
                 t,
                 mode,
                 locks,
+                after,
             } => {
                 let id = AcqId { worker, seq };
                 state.index.insert(id, state.history.acquisitions.len());
@@ -69,6 +70,7 @@ impl Sink for Recorder {
                     id,
                     mode,
                     locks,
+                    after,
                     invoked: t,
                     ..Acquisition::default()
                 });
