@@ -86,7 +86,7 @@ pub(crate) async fn elect(args: ElectArgs, quiet: bool) -> Result<u8, Failure> {
                     ];
                     let value_file = value_file.map(|file| (file, value));
                     Ok(Some(Held {
-                        guard,
+                        hold: crate::upgrade::Hold::One(guard),
                         env,
                         value_file,
                     }))

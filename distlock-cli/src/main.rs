@@ -35,6 +35,7 @@ mod run;
 mod state;
 mod status;
 mod unlock;
+mod upgrade;
 
 /// Counts live heap bytes for `distlock bench --scenario hold` (bytes per held guard): one
 /// relaxed atomic add or subtract per allocation once `bench` starts counting; for every
@@ -142,6 +143,12 @@ enum Command {
     /// Campaign to lead an election; run CMD while leader (like `etcdctl elect`).
     #[command(after_help = elect::AFTER_HELP)]
     Elect(elect::ElectArgs),
+    /// Inside `run --upgradeable`: become the writer, no other writer in between; prints the
+    /// new fencing token (exit 75: --wait ran out, the upgradeable read is kept).
+    Upgrade(upgrade::UpgradeArgs),
+    /// Inside `run --upgradeable` or `--upgradeable-write`: go back from the write side to
+    /// the upgradeable read, no other writer in between; prints the new fencing token.
+    Downgrade,
     /// Show the leader of an election (exit 3: none); --watch follows every change.
     Leader(leader::LeaderArgs),
     /// Show who holds a lock, its fencing token and remaining lease.
@@ -415,6 +422,8 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run::run(args, cli.quiet).await,
             Command::Elect(args) => elect::elect(args, cli.quiet).await,
+            Command::Upgrade(args) => upgrade::upgrade(args).await,
+            Command::Downgrade => upgrade::downgrade().await,
             Command::Leader(args) => leader::leader(args).await,
             Command::Status(args) => status::status(args).await,
             Command::List(args) => list::list(args).await,

@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distlock::{AcquireOptions, DistributedLock, Error, LockGuard, LockKind, Renewal};
+
+use crate::upgrade::{Control, Hold, Request};
 use nix::sys::signal::Signal;
 use tokio::process::Command;
 use tokio::signal::unix::SignalKind;
@@ -122,6 +124,20 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "N")]
     permits: Option<u64>,
 
+    /// Hold the upgradeable read of the upgradeable read-write lock NAME: beside `run
+    /// --shared` readers, one at a time, no writer. CMD may become the writer with no other
+    /// writer in between by running `distlock upgrade` (it prints the new fencing token), and
+    /// go back with `distlock downgrade`. Every writer of NAME must use
+    /// `--upgradeable-write`.
+    #[arg(long, conflicts_with_all = ["shared", "permits", "upgradeable_write"])]
+    upgradeable: bool,
+
+    /// Hold the write side of the upgradeable read-write lock NAME, through its gate (how
+    /// every writer of a name that `run --upgradeable` uses must write). CMD may go down to
+    /// the upgradeable read with `distlock downgrade`, and up again with `distlock upgrade`.
+    #[arg(long, conflicts_with_all = ["shared", "permits"])]
+    upgradeable_write: bool,
+
     /// For cron: try once and, if the lock is held elsewhere, print nothing and exit 80 (not
     /// an error); the same as --wait 0 with its own exit code.
     #[arg(long, conflicts_with = "wait")]
@@ -163,10 +179,10 @@ impl RunArgs {
     }
 }
 
-/// What a command holds while CMD runs: the guard, and the environment CMD gets besides
+/// What a command holds while CMD runs: the hold, and the environment CMD gets besides
 /// DISTLOCK_FENCING_TOKEN and DISTLOCK_LOCK_NAME.
 pub(crate) struct Held {
-    pub(crate) guard: LockGuard,
+    pub(crate) hold: Hold,
     pub(crate) env: Vec<(&'static str, String)>,
     /// A leader's value file (`elect --value-file`) and the value proclaimed last.
     pub(crate) value_file: Option<(PathBuf, String)>,
@@ -232,6 +248,7 @@ impl Role {
 pub(crate) async fn run(mut args: RunArgs, quiet: bool) -> Result<u8, Failure> {
     let kind = args.kind()?;
     let name = args.name.clone();
+    let (upgradeable, upgradeable_write) = (args.upgradeable, args.upgradeable_write);
     if args.skip_if_held {
         args.holding.wait = Some(Duration::ZERO);
     }
@@ -282,13 +299,21 @@ pub(crate) async fn run(mut args: RunArgs, quiet: bool) -> Result<u8, Failure> {
                 }
                 _ => {}
             }
+            if upgradeable || upgradeable_write {
+                let hold = crate::upgrade::take(locks, &name, &opts, upgradeable_write).await?;
+                return Ok(hold.map(|hold| Held {
+                    hold,
+                    env: Vec::new(),
+                    value_file: None,
+                }));
+            }
             // `distlock-run@<host>#<pid>`: lets `status` and `list` show which process holds it.
             if let Ok(owner) = distlock::OwnerId::new(crate::owner::run_owner_id()) {
                 opts = opts.with_owner(owner);
             }
             let guard = acquire(&*locks, &name, &opts).await?;
             Ok(guard.map(|guard| Held {
-                guard,
+                hold: Hold::One(guard),
                 env: Vec::new(),
                 value_file: None,
             }))
@@ -343,20 +368,31 @@ where
         return Err(Failure::new(BUSY, role.busy(name)));
     };
     crate::child::become_subreaper();
+    // A gated hold takes requests from the command: `distlock upgrade`, `distlock downgrade`.
+    let control = match held.hold {
+        Hold::One(_) => None,
+        Hold::Upgradeable(_) | Hold::Write(_) => Some(Control::open()?),
+    };
+    let mut held = held;
+    if let Some(control) = &control {
+        held.env.push((
+            crate::upgrade::CONTROL_VARIABLE,
+            control.path().display().to_string(),
+        ));
+    }
     let mut group = spawn(holding, name, &held)?;
     tracing::info!(
         cgroup = group.in_cgroup(),
         "the command runs in its process group{}",
         cgroup_note(group.in_cgroup())
     );
-    let guard = held.guard;
+    let mut hold = held.hold;
     let mut value_file = held.value_file;
-    let deadline = Deadline::new(guard.ttl(), holding.grace);
-    let lost = guard.lost();
-    tokio::pin!(lost);
+    let deadline = Deadline::new(hold.ttl(), holding.grace);
+    let mut lost = hold.lost();
     let mut terminated = false;
     let status = loop {
-        let until = guard.valid_until();
+        let until = hold.valid_until();
         let (term_at, kill_at) = deadline.signals(until);
         tokio::select! {
             status = group.wait() => break status.map_err(|e| Failure::new(OTHER, format!("waiting for the command: {e}")))?,
@@ -366,7 +402,7 @@ where
                 return Ok(LOST);
             }
             () = tokio::time::sleep_until(term_at.into()), if !terminated => {
-                if guard.valid_until() > until {
+                if hold.valid_until() > until {
                     continue; // renewed meanwhile
                 }
                 terminated = true;
@@ -378,7 +414,7 @@ where
                 group.signal_all(Signal::SIGTERM);
             }
             () = tokio::time::sleep_until(kill_at.into()), if terminated => {
-                if guard.valid_until() > until {
+                if hold.valid_until() > until {
                     continue;
                 }
                 crate::out::stderr_line(format!("distlock: the lease of {name:?} is about to end; killing the command"));
@@ -388,33 +424,64 @@ where
             signal = signals.recv() => group.signal(signal),
             () = tokio::time::sleep(VALUE_FILE_EVERY), if value_file.is_some() => {
                 if let Some(file) = value_file.as_mut() {
-                    proclaim_from(file, &guard, name).await;
+                    proclaim_from(file, hold.guard(), name).await;
                 }
+            }
+            Some((mut stream, request)) = next_request(control.as_ref()) => {
+                // Signals still reach the command while the change waits.
+                let changing = hold.change(request);
+                tokio::pin!(changing);
+                let (changed, answer) = loop {
+                    tokio::select! {
+                        changed = &mut changing => break changed,
+                        signal = signals.recv() => group.signal(signal),
+                    }
+                };
+                crate::upgrade::answer(&mut stream, &answer).await;
+                let Some(changed) = changed else {
+                    crate::out::stderr_line(format!("distlock: {name:?} is no longer held after the command's request; killing the command"));
+                    group.kill().await;
+                    return Ok(LOST);
+                };
+                hold = changed;
+                lost = hold.lost();
             }
         }
     };
     // Stragglers of the command stop before the lock is released, never after. They too must
     // be gone before the lease ends.
-    let kill_at = deadline.signals(guard.valid_until()).1;
+    let kill_at = deadline.signals(hold.valid_until()).1;
     tokio::select! {
         () = group.finish(holding.grace, quiet) => {}
         () = tokio::time::sleep_until(kill_at.into()) => group.kill().await,
     }
     if let Some(minimum) = after.hold_at_least {
         tokio::select! {
-            () = guard.hold_at_least(minimum) => {}
+            () = hold.hold_at_least(minimum) => {}
             signal = signals.recv() => {
                 tracing::info!(%signal, "released before --hold-at-least on a signal");
             }
         }
     }
-    if !release(guard, name).await {
+    if !release(hold, name).await {
         return Ok(LOST);
     }
     if terminated {
         return Ok(LOST);
     }
     Ok(exit_code(status))
+}
+
+/// The next request of the command on `control`; never, without one.
+async fn next_request(control: Option<&Control>) -> Option<(tokio::net::UnixStream, Request)> {
+    match control {
+        Some(control) => loop {
+            if let Some(request) = control.next().await {
+                return Some(request);
+            }
+        },
+        None => std::future::pending().await,
+    }
 }
 
 /// Waits for `acquiring`, saying on stderr (unless `quiet`) who holds the lock once the wait
@@ -455,9 +522,9 @@ fn cgroup_note(in_cgroup: bool) -> &'static str {
 /// Releases the lock once the command and its stragglers are gone, saying on stderr what
 /// went wrong; `false` when the lock turned out lost (the command may have finished without
 /// it).
-async fn release(guard: LockGuard, name: &str) -> bool {
-    let was_lost = guard.is_lost();
-    match guard.release().await {
+async fn release(hold: Hold, name: &str) -> bool {
+    let was_lost = hold.is_lost();
+    match hold.release().await {
         Ok(()) if !was_lost => {}
         Ok(()) => crate::out::stderr_line(format!(
             "distlock: the lease of {name:?} ran out just as the command ended"
@@ -593,7 +660,7 @@ fn spawn(holding: &Holding, name: &str, held: &Held) -> Result<CommandGroup, Fai
     let mut command = Command::new(program);
     command
         .args(rest)
-        .env("DISTLOCK_FENCING_TOKEN", held.guard.token().to_string())
+        .env("DISTLOCK_FENCING_TOKEN", held.hold.token().to_string())
         .env("DISTLOCK_LOCK_NAME", name)
         .envs(held.env.iter().map(|(key, value)| (key, value)))
         .stdin(Stdio::inherit());

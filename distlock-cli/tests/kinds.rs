@@ -239,3 +239,145 @@ fn the_overlap_gauge_counts_what_it_should() {
     assert_eq!(max_overlap(&[(0, 10), (5, 20), (6, 7)]), 3);
     assert_eq!(max_overlap(&[(0, 10), (5, 20), (11, 30)]), 2);
 }
+
+/// Waits until `path` holds a line, and returns it trimmed.
+fn read_when_written(path: &Path) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.ends_with('\n') {
+            return text.trim().to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never written",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `run --upgradeable`: one at a time, beside `run --shared` readers, no writer; the command's
+/// `distlock upgrade` waits for the reader and gets the write side before a writer that was
+/// already waiting (`run --upgradeable-write`), with a larger token; `distlock downgrade`
+/// goes back. Outside such a run both are refused.
+#[test]
+fn an_upgradeable_run_upgrades_with_no_writer_between() {
+    let env = Env::new();
+    let bin = common::BIN;
+    let script = format!(
+        "touch in; while [ ! -e go ]; do sleep 0.05; done; \
+         w=$({bin} upgrade --wait 20s) || exit 9; echo \"$DISTLOCK_FENCING_TOKEN $w\" > up; \
+         while [ ! -e done ]; do sleep 0.05; done; \
+         r=$({bin} downgrade) || exit 8; echo \"$r\" > down"
+    );
+    let holder = env
+        .distlock(&[
+            "run",
+            "--name",
+            "up",
+            "--upgradeable",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .spawn()
+        .expect("spawn the upgradeable run");
+    wait_for(&env.path("in"));
+    let now = |args: &[&str]| {
+        let mut all = vec!["run", "--name", "up", "--wait", "0"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--", "true"]);
+        env.run(&all).status.code()
+    };
+    assert_eq!(
+        now(&["--shared"]),
+        Some(0),
+        "a reader beside the upgradeable run"
+    );
+    assert_eq!(now(&["--upgradeable"]), Some(75), "two upgradeable runs");
+    assert_eq!(
+        now(&["--upgradeable-write"]),
+        Some(75),
+        "a writer beside it"
+    );
+    // A writer waits for the gate; a reader reads.
+    let writer = env
+        .distlock(&[
+            "run",
+            "--name",
+            "up",
+            "--upgradeable-write",
+            "--",
+            "sh",
+            "-c",
+            "echo $DISTLOCK_FENCING_TOKEN > w",
+        ])
+        .spawn()
+        .expect("spawn the writer");
+    let reader = env
+        .distlock(&[
+            "run",
+            "--name",
+            "up",
+            "--shared",
+            "--",
+            "sh",
+            "-c",
+            "touch r.in; while [ ! -e r.done ]; do sleep 0.05; done",
+        ])
+        .spawn()
+        .expect("spawn the reader");
+    wait_for(&env.path("r.in"));
+    std::fs::write(env.path("go"), "").expect("go");
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(!env.path("up").exists(), "upgraded while a reader read");
+    std::fs::write(env.path("r.done"), "").expect("reader done");
+    wait_success(reader);
+    let up = read_when_written(&env.path("up"));
+    let tokens: Vec<u64> = up.split(' ').map(|t| t.parse().expect("a token")).collect();
+    assert!(
+        tokens[1] > tokens[0],
+        "the write token is not above the read's: {up}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !env.path("w").exists(),
+        "a writer came in beside the upgraded run"
+    );
+    std::fs::write(env.path("done"), "").expect("done");
+    wait_success(holder);
+    let down: u64 = read_when_written(&env.path("down"))
+        .parse()
+        .expect("a token");
+    assert!(
+        down > tokens[1],
+        "the downgraded token {down} is not above {}",
+        tokens[1]
+    );
+    wait_success(writer);
+    let w: u64 = read_when_written(&env.path("w")).parse().expect("a token");
+    assert!(
+        w > down,
+        "the waiting writer's token {w} is not above {down}"
+    );
+    // Outside an upgradeable run, and inside a plain one, the requests are refused.
+    let out = env.run(&["upgrade"]);
+    assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
+    let out = env.run(&[
+        "run",
+        "--name",
+        "plain",
+        "--",
+        "sh",
+        "-c",
+        &format!("{bin} downgrade"),
+    ]);
+    assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("distlock run --upgradeable"),
+        "{}",
+        text(&out.stderr)
+    );
+}
