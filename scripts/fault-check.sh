@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `distlock check` on every backend configuration of the test servers, of every lock kind the
-# backend offers (exclusive, shared, rw-mix, permits:2, election, multi; see `distlock check
+# backend offers (exclusive, shared, rw-mix, upgradeable, permits:2, election, multi; see `distlock check
 # --help`), with every fault that applies: pauses, crashes, client partitions and server
 # restarts (kill -9, then a restart on the same data directory, through
 # `scripts/services.sh restart-one`), every acquisition with a lock-delay of half the ttl.
