@@ -45,6 +45,11 @@ Cron (the same job on several hosts, run once):
       sooner, so a host whose cron fires a little later does not run the job again. Renewal
       stops once the lease covers the minimum; a signal to distlock releases at once.
 
+Upgradeable read-write lock (--upgradeable, --upgradeable-write): CMD also gets
+DISTLOCK_CONTROL and may run `distlock upgrade [--wait D]` (become the writer, no other writer
+in between; prints the new token; exit 75 when the wait runs out, the read is kept) and
+`distlock downgrade` (back to the upgradeable read).
+
 Examples:
   distlock run --name backup -- pg_dump -f /backups/db.sql mydb
   distlock run --name deploy --wait 0 -- make deploy      # give up at once if held (exit 75)
