@@ -259,14 +259,15 @@ fn read_when_written(path: &Path) -> String {
 
 /// `run --upgradeable`: one at a time, beside `run --shared` readers, no writer; the command's
 /// `distlock upgrade` waits for the reader and gets the write side before a writer that was
-/// already waiting (`run --upgradeable-write`), with a larger token; `distlock downgrade`
-/// goes back. Outside such a run both are refused.
+/// already waiting (`run --upgradeable-write`), with a larger token (a short one before it
+/// runs out: exit 75, the hold kept); `distlock downgrade` goes back. Outside such a run both are refused.
 #[test]
 fn an_upgradeable_run_upgrades_with_no_writer_between() {
     let env = Env::new();
     let bin = common::BIN;
     let script = format!(
         "touch in; while [ ! -e go ]; do sleep 0.05; done; \
+         {bin} upgrade --wait 300ms; echo $? > first; \
          w=$({bin} upgrade --wait 20s) || exit 9; echo \"$DISTLOCK_FENCING_TOKEN $w\" > up; \
          while [ ! -e done ]; do sleep 0.05; done; \
          r=$({bin} downgrade) || exit 8; echo \"$r\" > down"
@@ -333,6 +334,8 @@ fn an_upgradeable_run_upgrades_with_no_writer_between() {
     std::fs::write(env.path("go"), "").expect("go");
     std::thread::sleep(Duration::from_millis(700));
     assert!(!env.path("up").exists(), "upgraded while a reader read");
+    // The first, short upgrade ran out beside the reader: exit 75, the read kept.
+    assert_eq!(read_when_written(&env.path("first")), "75");
     std::fs::write(env.path("r.done"), "").expect("reader done");
     wait_success(reader);
     let up = read_when_written(&env.path("up"));
