@@ -122,7 +122,9 @@
 //!   data together) never shows a former hold's data; renewals keep it. A lock table of an
 //!   earlier version gets the column at connect when `create_table` is on (checked first, as
 //!   `next_ttl`); without it, holds carry no data and
-//!   [`Capabilities::holder_data`](distlock_core::Capabilities::holder_data) is off.
+//!   [`Capabilities::holder_data`](distlock_core::Capabilities::holder_data) is off. During
+//!   a rolling upgrade from a version without the column, a hold an older client took shows
+//!   its predecessor's data (the older client does not clear a column it does not know).
 //!
 //! # Shared holds and permits
 //!
