@@ -479,6 +479,161 @@ fn granted(params: &WorkerParams, seq: u64, held: &Held, parts: &[Part]) -> Even
     }
 }
 
+/// What a critical section holds now, and what the history calls it.
+struct Section {
+    held: Held,
+    /// The acquisition it is recorded as.
+    seq: u64,
+    mode: Mode,
+    /// Each lock held with its token.
+    parts: Vec<Part>,
+}
+
+impl Section {
+    /// `held`, granted to acquisition `seq`: recorded.
+    fn granted(held: Held, seq: u64, mode: Mode, params: &WorkerParams, sink: &dyn Sink) -> Self {
+        let parts = held.parts(params);
+        sink.event(params.id, granted(params, seq, &held, &parts));
+        Self {
+            held,
+            seq,
+            mode,
+            parts,
+        }
+    }
+
+    /// Upgrades or downgrades (to `mode`), recorded as the end of this acquisition and
+    /// acquisition `seq` continuing it; `None` when that failed, and nothing is held.
+    async fn change(
+        self,
+        seq: u64,
+        mode: Mode,
+        lock: &Arc<dyn DistributedLock>,
+        params: &WorkerParams,
+        options: &AcquireOptions,
+        sink: &dyn Sink,
+    ) -> Option<Self> {
+        let id = params.id;
+        sink.event(
+            id,
+            Event::Release {
+                seq: self.seq,
+                t: now(),
+            },
+        );
+        sink.event(
+            id,
+            Event::Invoke {
+                seq,
+                t: now(),
+                mode,
+                locks: Vec::new(),
+                after: Some(self.seq),
+            },
+        );
+        match self.held.change(lock, params, options).await {
+            Ok(changed) => Some(Self::granted(changed, seq, mode, params, sink)),
+            Err(err) => {
+                failed(sink, id, seq, &err);
+                None
+            }
+        }
+    }
+}
+
+/// What the steps of a critical section need.
+struct Steps<'a> {
+    params: &'a WorkerParams,
+    register: &'a dyn Register,
+    sink: &'a dyn Sink,
+    aim: &'a dyn Aim,
+    /// Leaders proclaim at every step.
+    proclaims: bool,
+    /// The `ignore-validity` sabotage: checks always pass, nothing renews.
+    careless: bool,
+}
+
+impl Steps<'_> {
+    /// Every acquisition's options.
+    fn options(&self) -> AcquireOptions {
+        let params = self.params;
+        let mut options = AcquireOptions::default()
+            .with_ttl(params.ttl)
+            .with_wait(params.wait);
+        if params.sabotage != Some(Sabotage::IgnoreLockDelay) {
+            options = options.with_lock_delay(params.lock_delay);
+        }
+        if self.careless {
+            options = options.with_renewal(Renewal::disabled());
+        }
+        options
+    }
+}
+
+impl Section {
+    /// Step `step` of the section: the check, the work, the fenced accesses; whether the
+    /// section goes on (a failed check or a refused access ends it).
+    async fn step(&self, step: u32, steps: &Steps<'_>) -> std::io::Result<bool> {
+        let (params, sink) = (steps.params, steps.sink);
+        let (id, seq, mode) = (params.id, self.seq, self.mode);
+        // While at least half a ttl of the section is left: a renewal (every ttl/3) is sent
+        // into the fault before the release.
+        if params.step_gap * (params.steps - step) >= params.ttl / 2 {
+            aimed(steps.aim, sink, id, Op::Renew).await;
+        }
+        let held = &self.held;
+        let passed = steps.careless || (!held.is_lost() && Instant::now() < held.valid_until());
+        sink.event(
+            id,
+            Event::Check {
+                seq,
+                step,
+                t: now(),
+                passed,
+            },
+        );
+        if !passed {
+            return Ok(false);
+        }
+        if steps.proclaims {
+            held.proclaim(&format!("w{id}#{seq}.{step}")).await;
+        }
+        // The step's work, done in the belief of holding the lock; a pause here makes the
+        // write below late.
+        tokio::time::sleep(params.step_gap).await;
+        // A semaphore guards a pool, not one value: its holders have nothing to fence.
+        if mode == Mode::Permit {
+            return Ok(true);
+        }
+        for part in &self.parts {
+            let access = Access {
+                acq: AcqId { worker: id, seq },
+                lock: part.lock,
+                token: part.token,
+                step,
+                read: matches!(mode, Mode::Shared | Mode::Upgradeable),
+            };
+            // A refused access ends the section; the register records it.
+            if !steps.register.access(access).await? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// Records that acquisition `seq` of worker `id` failed with `err`.
+fn failed(sink: &dyn Sink, id: u32, seq: u64, err: &Error) {
+    sink.event(
+        id,
+        Event::Failed {
+            seq,
+            t: now(),
+            error: err.to_string(),
+        },
+    );
+}
+
 async fn hold(
     lock: &Arc<dyn DistributedLock>,
     params: &WorkerParams,
@@ -488,18 +643,16 @@ async fn hold(
     mut stop: watch::Receiver<bool>,
     released: tokio::sync::mpsc::UnboundedSender<Released>,
 ) -> std::io::Result<()> {
-    let mut options = AcquireOptions::default()
-        .with_ttl(params.ttl)
-        .with_wait(params.wait);
-    if params.sabotage != Some(Sabotage::IgnoreLockDelay) {
-        options = options.with_lock_delay(params.lock_delay);
-    }
-    // A leader proclaims a new value at every step where the backend stores holder data.
-    let proclaims = params.kind == CheckKind::Election && lock.capabilities().holder_data;
-    let careless = params.sabotage == Some(Sabotage::IgnoreValidity);
-    if careless {
-        options = options.with_renewal(Renewal::disabled());
-    }
+    let steps = Steps {
+        params,
+        register,
+        sink,
+        aim,
+        // A leader proclaims a new value at every step where the backend stores holder data.
+        proclaims: params.kind == CheckKind::Election && lock.capabilities().holder_data,
+        careless: params.sabotage == Some(Sabotage::IgnoreValidity),
+    };
+    let options = steps.options();
     let id = params.id;
     // Acquisition numbers; an upgrade or a downgrade takes one of its own, so the kind's
     // rotation of modes and locks goes by critical sections.
@@ -508,9 +661,9 @@ async fn hold(
         if *stop.borrow() {
             break;
         }
-        let mut seq = next_seq;
+        let seq = next_seq;
         next_seq += 1;
-        let mut mode = params.kind.mode(id, section);
+        let mode = params.kind.mode(id, section);
         let locks = params.kind.locks(id, section);
         sink.event(id, invoke(params, seq, mode, &locks));
         aimed(aim, sink, id, Op::Acquire).await;
@@ -518,18 +671,10 @@ async fn hold(
             acquired = acquire(lock, params, &options, mode, &locks) => acquired,
             _ = stop.wait_for(|stop| *stop) => break,
         };
-        let mut held = match acquired {
+        let held = match acquired {
             Ok(held) => held,
             Err(err) => {
-                let error = err.to_string();
-                sink.event(
-                    id,
-                    Event::Failed {
-                        seq,
-                        t: now(),
-                        error,
-                    },
-                );
+                failed(sink, id, seq, &err);
                 if !matches!(err, Error::Timeout { .. }) {
                     // Do not spin on a server that refuses at once.
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -537,92 +682,30 @@ async fn hold(
                 continue;
             }
         };
-        let mut parts = held.parts(params);
-        sink.event(id, granted(params, seq, &held, &parts));
-        let mut acq = AcqId { worker: id, seq };
-        'steps: for step in 0..params.steps {
+        let mut now_held = Section::granted(held, seq, mode, params, sink);
+        for step in 0..params.steps {
             // Halfway, an upgradeable lock's hold upgrades or downgrades: the new mode is an
             // acquisition of its own that continues this one.
             if step == params.steps / 2
-                && let Some(next_mode) = held.next_mode()
+                && let Some(next_mode) = now_held.held.next_mode()
             {
-                sink.event(id, Event::Release { seq, t: now() });
-                let after = seq;
-                (seq, mode) = (next_seq, next_mode);
+                let seq = next_seq;
                 next_seq += 1;
-                sink.event(
-                    id,
-                    Event::Invoke {
-                        seq,
-                        t: now(),
-                        mode,
-                        locks: Vec::new(),
-                        after: Some(after),
-                    },
-                );
-                match held.change(lock, params, &options).await {
-                    Ok(changed) => held = changed,
-                    Err(err) => {
-                        let error = err.to_string();
-                        sink.event(
-                            id,
-                            Event::Failed {
-                                seq,
-                                t: now(),
-                                error,
-                            },
-                        );
-                        // Nothing is held after a failed change.
-                        continue 'acquisitions;
-                    }
+                match now_held
+                    .change(seq, next_mode, lock, params, &options, sink)
+                    .await
+                {
+                    Some(changed) => now_held = changed,
+                    // Nothing is held after a failed change.
+                    None => continue 'acquisitions,
                 }
-                parts = held.parts(params);
-                sink.event(id, granted(params, seq, &held, &parts));
-                acq = AcqId { worker: id, seq };
             }
-            // While at least half a ttl of the section is left: a renewal (every ttl/3) is
-            // sent into the fault before the release.
-            if params.step_gap * (params.steps - step) >= params.ttl / 2 {
-                aimed(aim, sink, id, Op::Renew).await;
-            }
-            let passed = careless || (!held.is_lost() && Instant::now() < held.valid_until());
-            sink.event(
-                id,
-                Event::Check {
-                    seq,
-                    step,
-                    t: now(),
-                    passed,
-                },
-            );
-            if !passed {
+            if !now_held.step(step, &steps).await? {
                 break;
-            }
-            if proclaims {
-                held.proclaim(&format!("w{id}#{seq}.{step}")).await;
-            }
-            // The step's work, done in the belief of holding the lock; a pause here makes the
-            // write below late.
-            tokio::time::sleep(params.step_gap).await;
-            // A semaphore guards a pool, not one value: its holders have nothing to fence.
-            if mode == Mode::Permit {
-                continue;
-            }
-            for part in &parts {
-                let access = Access {
-                    acq,
-                    lock: part.lock,
-                    token: part.token,
-                    step,
-                    read: matches!(mode, Mode::Shared | Mode::Upgradeable),
-                };
-                // A refused access ends the section; the register records it.
-                if !register.access(access).await? {
-                    break 'steps;
-                }
             }
         }
         aimed(aim, sink, id, Op::Release).await;
+        let Section { held, seq, .. } = now_held;
         sink.event(id, Event::Release { seq, t: now() });
         let owners = held.owners(params);
         if held.release().await {

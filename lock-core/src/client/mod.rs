@@ -187,7 +187,12 @@ impl<B: LockBackend> LockClient<B> {
     ) -> Result<Option<LockGuard>> {
         let mut owner = owners.next()?;
         let started = Instant::now();
-        let deadline = wait_deadline(mode, options, started);
+        let waits = Waits {
+            name: &name,
+            mode,
+            started,
+            deadline: wait_deadline(mode, options, started),
+        };
         let mut request = AcquireRequest {
             name: name.clone(),
             owner: owner.clone(),
@@ -262,34 +267,11 @@ impl<B: LockBackend> LockClient<B> {
                     return Err(err);
                 }
             };
-            if mode == AttemptMode::Try {
-                metrics.refused();
-                attempt.abandon().await;
-                return Ok(None);
-            }
-            let Some(sleep) = until_next_attempt(deadline, delay) else {
-                attempt.abandon().await;
-                if last_error.is_none() {
-                    metrics.timed_out();
-                }
-                return Err(last_error.unwrap_or_else(|| timed_out(&name, started)));
-            };
-            // Cut short by the deadline: unless a wake-up comes first, this is the last sleep.
-            let last = sleep < delay;
-            let woke = tokio::select! {
-                () = attempt.get().changed() => true,
-                () = tokio::time::sleep(sleep) => false,
-            };
-            if woke {
-                pacing.backoff.reset();
-            } else if last && last_error.is_none() && pacing.settled() {
-                // Nothing that could free the lock happened before the deadline (no event, and
-                // the holder's lease runs past it): another poll would only say so again, one
-                // or two round trips after the deadline. A lost event costs this wait nothing
-                // more than its deadline.
-                attempt.abandon().await;
-                metrics.timed_out();
-                return Err(timed_out(&name, started));
+            if let Some(ended) = waits
+                .pause(&mut attempt, &mut pacing, &metrics, delay, &mut last_error)
+                .await
+            {
+                return ended;
             }
             if waiting.is_some() {
                 woken = Some(Instant::now());

@@ -44,6 +44,63 @@ pub(super) fn wait_deadline(
     }
 }
 
+/// What an acquisition does between two polls.
+pub(super) struct Waits<'a> {
+    pub(super) name: &'a LockName,
+    pub(super) mode: AttemptMode,
+    pub(super) started: Instant,
+    /// [`wait_deadline`].
+    pub(super) deadline: Option<Instant>,
+}
+
+impl Waits<'_> {
+    /// After an answer that did not grant the lock (`last_error`: the poll failed, and is
+    /// retried): ends a try, and a wait whose deadline passed, with their result; else waits
+    /// up to `delay` for a wake-up, and `None`: poll again.
+    pub(super) async fn pause(
+        &self,
+        attempt: &mut AttemptCleanup,
+        pacing: &mut Pacing,
+        metrics: &Handles,
+        delay: Duration,
+        last_error: &mut Option<Error>,
+    ) -> Option<Result<Option<LockGuard>>> {
+        if self.mode == AttemptMode::Try {
+            metrics.refused();
+            attempt.abandon().await;
+            return Some(Ok(None));
+        }
+        let Some(sleep) = until_next_attempt(self.deadline, delay) else {
+            attempt.abandon().await;
+            if last_error.is_none() {
+                metrics.timed_out();
+            }
+            let error = last_error
+                .take()
+                .unwrap_or_else(|| timed_out(self.name, self.started));
+            return Some(Err(error));
+        };
+        // Cut short by the deadline: unless a wake-up comes first, this is the last sleep.
+        let last = sleep < delay;
+        let woke = tokio::select! {
+            () = attempt.get().changed() => true,
+            () = tokio::time::sleep(sleep) => false,
+        };
+        if woke {
+            pacing.backoff.reset();
+        } else if last && last_error.is_none() && pacing.settled() {
+            // Nothing that could free the lock happened before the deadline (no event, and
+            // the holder's lease runs past it): another poll would only say so again, one
+            // or two round trips after the deadline. A lost event costs this wait nothing
+            // more than its deadline.
+            attempt.abandon().await;
+            metrics.timed_out();
+            return Some(Err(timed_out(self.name, self.started)));
+        }
+        None
+    }
+}
+
 /// The error of a wait for `name` that ran out, begun at `started`.
 pub(super) fn timed_out(name: &LockName, started: Instant) -> Error {
     Error::Timeout {
