@@ -369,28 +369,10 @@ where
         Ok(acquired) => acquired?,
         Err(signal) => return Ok(128 + signal as u8),
     };
-    let Some(held) = acquired else {
+    let Some(mut held) = acquired else {
         return Err(Failure::new(BUSY, role.busy(name)));
     };
-    crate::child::become_subreaper();
-    // A gated hold takes requests from the command: `distlock upgrade`, `distlock downgrade`.
-    let control = match held.hold {
-        Hold::One(_) => None,
-        Hold::Upgradeable(_) | Hold::Write(_) => Some(Control::open()?),
-    };
-    let mut held = held;
-    if let Some(control) = &control {
-        held.env.push((
-            crate::upgrade::CONTROL_VARIABLE,
-            control.path().display().to_string(),
-        ));
-    }
-    let mut group = spawn(holding, name, &held)?;
-    tracing::info!(
-        cgroup = group.in_cgroup(),
-        "the command runs in its process group{}",
-        cgroup_note(group.in_cgroup())
-    );
+    let (control, mut group) = start(holding, name, &mut held)?;
     let mut hold = held.hold;
     let mut value_file = held.value_file;
     let deadline = Deadline::new(hold.ttl(), holding.grace);
@@ -432,18 +414,8 @@ where
                     proclaim_from(file, hold.guard(), name).await;
                 }
             }
-            Some((mut stream, request)) = next_request(control.as_ref()) => {
-                // Signals still reach the command while the change waits.
-                let changing = hold.change(request);
-                tokio::pin!(changing);
-                let (changed, answer) = loop {
-                    tokio::select! {
-                        changed = &mut changing => break changed,
-                        signal = signals.recv() => group.signal(signal),
-                    }
-                };
-                crate::upgrade::answer(&mut stream, &answer).await;
-                let Some(changed) = changed else {
+            Some((stream, request)) = next_request(control.as_ref()) => {
+                let Some(changed) = serve(hold, request, stream, &mut signals, &group).await else {
                     crate::out::stderr_line(format!("distlock: {name:?} is no longer held after the command's request; killing the command"));
                     group.kill().await;
                     return Ok(LOST);
@@ -460,6 +432,63 @@ where
         () = group.finish(holding.grace, quiet) => {}
         () = tokio::time::sleep_until(kill_at.into()) => group.kill().await,
     }
+    if !release_after(hold, name, after, &mut signals).await || terminated {
+        return Ok(LOST);
+    }
+    Ok(exit_code(status))
+}
+
+/// Starts the command of `holding` under `held`: contained, and for a gated hold with the
+/// control socket it sends `distlock upgrade` and `distlock downgrade` to (in its environment).
+fn start(
+    holding: &Holding,
+    name: &str,
+    held: &mut Held,
+) -> Result<(Option<Control>, CommandGroup), Failure> {
+    crate::child::become_subreaper();
+    let control = match held.hold {
+        Hold::One(_) => None,
+        Hold::Upgradeable(_) | Hold::Write(_) => Some(Control::open()?),
+    };
+    if let Some(control) = &control {
+        held.env.push((
+            crate::upgrade::CONTROL_VARIABLE,
+            control.path().display().to_string(),
+        ));
+    }
+    let group = spawn(holding, name, held)?;
+    tracing::info!(
+        cgroup = group.in_cgroup(),
+        "the command runs in its process group{}",
+        cgroup_note(group.in_cgroup())
+    );
+    Ok((control, group))
+}
+
+/// Carries out the command's `request` on `hold` and answers it on `stream`, passing signals
+/// on to the command while the change waits; the hold afterwards (`None`: nothing is held).
+async fn serve(
+    hold: Hold,
+    request: Request,
+    mut stream: tokio::net::UnixStream,
+    signals: &mut Signals,
+    group: &CommandGroup,
+) -> Option<Hold> {
+    let changing = hold.change(request);
+    tokio::pin!(changing);
+    let (changed, answer) = loop {
+        tokio::select! {
+            changed = &mut changing => break changed,
+            signal = signals.recv() => group.signal(signal),
+        }
+    };
+    crate::upgrade::answer(&mut stream, &answer).await;
+    changed
+}
+
+/// Keeps `hold` as `after` says (a signal ends that at once), then releases it; `false` when
+/// it turned out lost.
+async fn release_after(hold: Hold, name: &str, after: After, signals: &mut Signals) -> bool {
     if let Some(minimum) = after.hold_at_least {
         tokio::select! {
             () = hold.hold_at_least(minimum) => {}
@@ -468,13 +497,7 @@ where
             }
         }
     }
-    if !release(hold, name).await {
-        return Ok(LOST);
-    }
-    if terminated {
-        return Ok(LOST);
-    }
-    Ok(exit_code(status))
+    release(hold, name).await
 }
 
 /// The next request of the command on `control`; never, without one.
