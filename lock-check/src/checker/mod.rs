@@ -17,8 +17,9 @@
 //!   holders. A holder believed it from its grant to its last passing check, so its interval
 //!   is `[returned, last passing check]`.
 //! - [`Rule::NoWriterBetween`]: an upgrade (or a downgrade) of an upgradeable lock let
-//!   another writer in: an exclusive holder other than the two believed it held the lock
-//!   between the grant of the hold that was changed and the grant of the new one.
+//!   another writer in: another exclusive acquisition got a token between the token of the
+//!   hold that was changed and the new hold's (a grant between the two on the server; not
+//!   judged by the workers' logs, which a paused worker writes late).
 //! - [`Rule::AllOrNone`]: a multi-lock acquisition returned with a different set of locks than
 //!   it asked for.
 //! - [`Rule::ObserverOrder`]: an election observer reported a term older than one it had
@@ -53,7 +54,8 @@
 //! [`CheckConfig::settle`] after the server answered again): a single Redis server without
 //! persistence forgets its locks when it restarts, as the README says. On a backend whose
 //! leases end on the server's wall clock ([`CheckConfig::wall_clock_leases`]: Redis, SQL,
-//! ZooKeeper), a stale check or an overlap from a clock fault's forward step until
+//! ZooKeeper), a stale check, an overlap or a writer between an upgrade's two holds from a
+//! clock fault's forward step until
 //! [`CheckConfig::settle`] after the clock is set right is [`Judgement::Expected`] too,
 //! whatever the guarantee: the step
 //! ended the lease on the server at once, while the holder's own deadline runs on its
@@ -361,7 +363,10 @@ fn judge(history: &History, config: &CheckConfig, rule: Rule, at: Nanos) -> Judg
         ));
     }
     if config.wall_clock_leases
-        && matches!(rule, Rule::StaleCheck | Rule::Overlap | Rule::LockDelay)
+        && matches!(
+            rule,
+            Rule::StaleCheck | Rule::Overlap | Rule::NoWriterBetween | Rule::LockDelay
+        )
     {
         // From the forward step until `settle` after the clock is set right: while the clock
         // is off, a lease granted before the step (a waiter's reservation picked up late, too)

@@ -198,34 +198,35 @@ pub(super) fn overlaps(history: &History, kind: CheckKind, out: &mut Vec<Finding
 }
 
 /// An upgrade or a downgrade (an acquisition that continues another of its worker) lets no
-/// other writer in: no other exclusive holder believed it held the lock between the grant of
-/// the hold it continues and its own grant.
+/// other writer in: no other exclusive acquisition was granted between the hold it continues
+/// and its own grant, that is, with a token between theirs (every grant of a name takes the
+/// next value of its counter). Judged by tokens, not by when the workers logged the grants:
+/// a worker paused after its grant logs it late, and a writer may then come in legitimately
+/// after the grant and before the log.
 pub(super) fn writers_between(history: &History, out: &mut Vec<Finding>) {
-    let beliefs = intervals(history);
     let by_id: HashMap<AcqId, &Acquisition> =
         history.acquisitions.iter().map(|a| (a.id, a)).collect();
+    let writers: Vec<&Acquisition> = history
+        .acquisitions
+        .iter()
+        .filter(|a| a.acquired() && a.mode == Mode::Exclusive)
+        .collect();
     for changed in history.acquisitions.iter().filter(|a| a.acquired()) {
         let Some(seq) = changed.after else { continue };
         let before = AcqId {
             worker: changed.id.worker,
             seq,
         };
-        let (Some(from), Some(to)) = (
-            by_id.get(&before).and_then(|b| b.returned),
+        let (Some(low), Some(high), Some(at)) = (
+            by_id.get(&before).and_then(|b| b.token),
+            changed.token,
             changed.returned,
         ) else {
             continue;
         };
-        let between: Vec<&Acquisition> = beliefs
+        let between: Vec<&&Acquisition> = writers
             .iter()
-            .filter(|(start, end, a)| {
-                a.mode == Mode::Exclusive
-                    && a.id != changed.id
-                    && a.id != before
-                    && *start <= to
-                    && *end >= from
-            })
-            .map(|(_, _, a)| *a)
+            .filter(|a| a.token.is_some_and(|t| low < t && t < high))
             .collect();
         if between.is_empty() {
             continue;
@@ -234,14 +235,12 @@ pub(super) fn writers_between(history: &History, out: &mut Vec<Finding>) {
         acqs.extend(between.iter().map(|a| a.id));
         out.push(Finding {
             rule: Rule::NoWriterBetween,
-            at: to,
+            at,
             detail: format!(
-                "{} ({}, token {}) continued {before} granted {} ms earlier, and in between \
-                 {} writer(s) held it: {}",
+                "{} ({}, token {high}) continued {before} (token {low}), and {} writer(s) \
+                 were granted in between: {}",
                 changed.id,
                 mode_name(changed.mode),
-                changed.token.unwrap_or(0),
-                to.saturating_sub(from) / 1_000_000,
                 between.len(),
                 between
                     .iter()

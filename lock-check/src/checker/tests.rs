@@ -736,3 +736,31 @@ fn a_value_seen_with_another_leaders_term_is_found() {
         assert!(verdict.failed());
     }
 }
+
+/// An upgrade (w0#1 continuing w0#0): a writer granted between the two holds (its token
+/// between theirs) is found; a writer granted after the upgrade is not, even when the
+/// upgrader's worker logged its grant late (paused) and after that writer's grant.
+#[test]
+fn a_writer_between_an_upgrades_two_holds_is_found_by_token() {
+    let upgrade = |writer_token: u64, writer_returned: Nanos| {
+        let mut read = held(id(0, 0), 0, 10 * MS, 10, 100 * MS);
+        read.mode = Mode::Upgradeable;
+        let mut write = held(id(0, 1), 100 * MS, 900 * MS, 20, 950 * MS);
+        write.after = Some(0);
+        let other = held(id(1, 0), 0, writer_returned, writer_token, 980 * MS);
+        History {
+            acquisitions: vec![read, write, other],
+            ..History::default()
+        }
+    };
+    let config = of_kind(CheckKind::Upgradeable);
+    let between = check(&upgrade(15, 200 * MS), &config);
+    let found: Vec<_> = between.of(Rule::NoWriterBetween).collect();
+    assert_eq!(found.len(), 1, "{:#?}", between.findings);
+    assert_eq!(found[0].acqs, [id(0, 1), id(0, 0), id(1, 0)]);
+    assert_eq!(found[0].judgement, Judgement::Violation);
+    // Token 25: granted after the upgrade, though it returned before the paused upgrader
+    // logged its grant.
+    let after = check(&upgrade(25, 500 * MS), &config);
+    assert_eq!(after.of(Rule::NoWriterBetween).count(), 0, "{:#?}", after.findings);
+}
