@@ -229,16 +229,24 @@ impl UpgradeableRwLock {
         };
         let mut options = part(options, kind);
         options.wait = options.wait.map(|w| w.saturating_sub(started.elapsed()));
+        let name = self.name.as_str();
         let taken = if wait {
-            self.locks
-                .acquire(self.name.as_str(), &options)
+            under_gate(&gate, self.locks.acquire(name, &options))
                 .await
                 .map(Some)
         } else {
-            self.locks.try_acquire(self.name.as_str(), &options).await
+            under_gate(&gate, self.locks.try_acquire(name, &options)).await
         };
         match taken {
-            Ok(Some(held)) => Ok(Some((gate, held))),
+            // A gate that lapsed while this waited (a pause, a partition) may be another
+            // writer's by now: the hold of the name alone is not handed out.
+            Ok(Some(held)) => match gate_held(&gate) {
+                Ok(()) => Ok(Some((gate, held))),
+                Err(error) => {
+                    let _ = pair(held, gate).release().await;
+                    Err(error)
+                }
+            },
             other => {
                 let _ = gate.release().await;
                 other.map(|_| None)
@@ -260,6 +268,21 @@ fn part(options: &AcquireOptions, kind: LockKind) -> AcquireOptions {
 /// nothing but a writer that skipped the gate can make it wait at all.
 fn restore_wait(options: &AcquireOptions) -> Duration {
     options.ttl
+}
+
+/// `taking` (a part of the name, asked for while holding `gate`), unless the gate is lost
+/// first: then [`Error::Lost`], and the dropped acquisition leaves nothing behind (as any
+/// cancelled one). A writer cut off while it waits so gives up its place when its gate's
+/// local deadline passes, instead of taking the name after another writer took the gate.
+async fn under_gate<T>(gate: &LockGuard, taking: impl Future<Output = Result<T>>) -> Result<T> {
+    let lost = gate.lost();
+    tokio::select! {
+        taken = taking => taken,
+        reason = lost => Err(Error::Lost {
+            name: gate.name().to_string(),
+            reason,
+        }),
+    }
 }
 
 /// Whether the gate is certainly still ours now: nobody else can have held it meanwhile.
@@ -425,7 +448,7 @@ impl GatedGuard<Upgradeable> {
             wait,
             ..part(&options, LockKind::Exclusive)
         };
-        match locks.acquire(name.as_str(), &write_options).await {
+        match under_gate(&gate, locks.acquire(name.as_str(), &write_options)).await {
             Ok(write) => match gate_held(&gate) {
                 Ok(()) => Ok(WriteGuard::new(locks, &options, gate, write)),
                 Err(error) => {
@@ -438,7 +461,7 @@ impl GatedGuard<Upgradeable> {
                     wait: Some(restore_wait(&options)),
                     ..part(&options, LockKind::Shared)
                 };
-                let guard = match locks.acquire(name.as_str(), &restore).await {
+                let guard = match under_gate(&gate, locks.acquire(name.as_str(), &restore)).await {
                     Ok(read) if gate_held(&gate).is_ok() => {
                         Some(Self::new(locks, &options, gate, read))
                     }
@@ -523,7 +546,7 @@ impl GatedGuard<Write> {
             wait: Some(restore_wait(&options)),
             ..part(&options, LockKind::Shared)
         };
-        match locks.acquire(name.as_str(), &read_options).await {
+        match under_gate(&gate, locks.acquire(name.as_str(), &read_options)).await {
             Ok(read) => match gate_held(&gate) {
                 Ok(()) => Ok((read, gate)),
                 Err(error) => {

@@ -127,3 +127,33 @@ async fn names_too_long_for_the_gate_are_refused() {
         Err(Error::InvalidName { .. })
     ));
 }
+
+/// A writer whose gate is lost while it waits for the readers gives up at once, and leaves no
+/// place in the queue behind: it never takes the name after another writer took the gate.
+#[tokio::test]
+async fn a_writer_that_loses_its_gate_while_waiting_gives_up() {
+    let store = MemoryStore::new();
+    let rw = UpgradeableRwLock::new(store.client(), "doc").expect("valid");
+    let short = AcquireOptions::default().with_ttl(Duration::from_millis(300));
+    let reader = rw.read(&short).await.expect("reader");
+    let writer = {
+        let rw = rw.clone();
+        let opts = short.clone().with_wait(Duration::from_secs(10));
+        tokio::spawn(async move { rw.write(&opts).await })
+    };
+    tokio::time::sleep(SHORT).await;
+    assert!(store.remove("doc#upgrade"), "the writer held the gate");
+    let ended = tokio::time::timeout(Duration::from_secs(3), writer)
+        .await
+        .expect("the writer kept waiting without its gate")
+        .expect("no panic");
+    assert!(matches!(ended, Err(Error::Lost { .. })), "{ended:?}");
+    // Nothing of it is left: with the reader gone, another writer gets in at once.
+    reader.release().await.expect("released");
+    let next = rw
+        .try_write(&short)
+        .await
+        .unwrap()
+        .expect("the writer left no trace");
+    next.release().await.expect("released");
+}
