@@ -200,16 +200,19 @@ pub(super) fn overlaps(history: &History, kind: CheckKind, out: &mut Vec<Finding
 /// An upgrade or a downgrade (an acquisition that continues another of its worker) lets no
 /// other writer in: no other exclusive acquisition was granted between the hold it continues
 /// and its own grant, that is, with a token between theirs (every grant of a name takes the
-/// next value of its counter). Judged by tokens, not by when the workers logged the grants:
-/// a worker paused after its grant logs it late, and a writer may then come in legitimately
-/// after the grant and before the log.
+/// next value of its counter) that believed it held the lock (passed a check). Judged by
+/// tokens, not by when the workers logged the grants: a worker paused after its grant logs it
+/// late, and a writer may then come in legitimately after the grant and before the log.
 pub(super) fn writers_between(history: &History, out: &mut Vec<Finding>) {
     let by_id: HashMap<AcqId, &Acquisition> =
         history.acquisitions.iter().map(|a| (a.id, a)).collect();
+    // Writers that believed they held it (a passing check): a grant that came back already
+    // lost (a writer paused while it waited, whose gate lapsed) never wrote.
+    let believed = last_passes(history);
     let writers: Vec<&Acquisition> = history
         .acquisitions
         .iter()
-        .filter(|a| a.acquired() && a.mode == Mode::Exclusive)
+        .filter(|a| a.acquired() && a.mode == Mode::Exclusive && believed.contains_key(&a.id))
         .collect();
     for changed in history.acquisitions.iter().filter(|a| a.acquired()) {
         let Some(seq) = changed.after else { continue };

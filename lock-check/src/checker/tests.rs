@@ -738,8 +738,9 @@ fn a_value_seen_with_another_leaders_term_is_found() {
 }
 
 /// An upgrade (w0#1 continuing w0#0): a writer granted between the two holds (its token
-/// between theirs) is found; a writer granted after the upgrade is not, even when the
-/// upgrader's worker logged its grant late (paused) and after that writer's grant.
+/// between theirs) that believed it held is found; a writer granted after the upgrade is not,
+/// even when the upgrader's worker logged its grant late (paused) and after that writer's
+/// grant; nor one that never passed a check.
 #[test]
 fn a_writer_between_an_upgrades_two_holds_is_found_by_token() {
     let upgrade = |writer_token: u64, writer_returned: Nanos| {
@@ -748,8 +749,19 @@ fn a_writer_between_an_upgrades_two_holds_is_found_by_token() {
         let mut write = held(id(0, 1), 100 * MS, 900 * MS, 20, 950 * MS);
         write.after = Some(0);
         let other = held(id(1, 0), 0, writer_returned, writer_token, 980 * MS);
+        let passed = |acq, at| Check {
+            acq,
+            step: 0,
+            at,
+            passed: true,
+        };
         History {
             acquisitions: vec![read, write, other],
+            checks: vec![
+                passed(id(0, 0), 20 * MS),
+                passed(id(0, 1), 910 * MS),
+                passed(id(1, 0), writer_returned + MS),
+            ],
             ..History::default()
         }
     };
@@ -762,5 +774,21 @@ fn a_writer_between_an_upgrades_two_holds_is_found_by_token() {
     // Token 25: granted after the upgrade, though it returned before the paused upgrader
     // logged its grant.
     let after = check(&upgrade(25, 500 * MS), &config);
-    assert_eq!(after.of(Rule::NoWriterBetween).count(), 0, "{:#?}", after.findings);
+    assert_eq!(
+        after.of(Rule::NoWriterBetween).count(),
+        0,
+        "{:#?}",
+        after.findings
+    );
+    // A writer granted in between that never passed a check (it came back already lost, its
+    // gate lapsed while it was paused) never wrote: not a finding.
+    let mut unbelieved = upgrade(15, 200 * MS);
+    unbelieved.checks.retain(|c| c.acq != id(1, 0));
+    let quiet = check(&unbelieved, &config);
+    assert_eq!(
+        quiet.of(Rule::NoWriterBetween).count(),
+        0,
+        "{:#?}",
+        quiet.findings
+    );
 }
