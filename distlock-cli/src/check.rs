@@ -251,18 +251,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
     let upstreams = config.validate().map_err(run_failure)?;
     let lock = args.connection.connect().await?;
     let caps = lock.capabilities().clone();
-    if args.ttl < caps.min_ttl || args.ttl > caps.max_ttl {
-        return Err(Failure::new(
-            CONFIG,
-            format!(
-                "--ttl {} is outside what {} accepts ({} to {})",
-                humantime::format_duration(args.ttl),
-                lock.backend(),
-                humantime::format_duration(caps.min_ttl),
-                humantime::format_duration(caps.max_ttl)
-            ),
-        ));
-    }
+    check_ttl(&*lock, args.ttl)?;
     crate::check_lock_delay(&*lock, args.ttl, args.lock_delay)?;
     let kinds = kinds_to_check(&args, &caps, lock.backend())?;
     let spawner = SelfSpawner {
@@ -317,6 +306,24 @@ pub(crate) async fn check(args: CheckArgs) -> Result<u8, Failure> {
     write_reports(&args, &label, params, &runs)?;
     let failed = runs.iter().any(|run| run.verdict.failed());
     Ok(if failed { VIOLATED } else { 0 })
+}
+
+/// Refuses a ttl the backend of `lock` does not accept.
+fn check_ttl(lock: &dyn distlock::DistributedLock, ttl: Duration) -> Result<(), Failure> {
+    let caps = lock.capabilities();
+    if ttl < caps.min_ttl || ttl > caps.max_ttl {
+        return Err(Failure::new(
+            CONFIG,
+            format!(
+                "--ttl {} is outside what {} accepts ({} to {})",
+                humantime::format_duration(ttl),
+                lock.backend(),
+                humantime::format_duration(caps.min_ttl),
+                humantime::format_duration(caps.max_ttl)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// What the checker judges a run of `kind` by: the backend's guarantee and fairness, and the

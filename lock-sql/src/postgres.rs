@@ -64,23 +64,7 @@ fn statements(table: &str, handover: bool, data: DataColumn) -> (Sql, Arc<str>, 
     let sql = Sql {
             take: format!("{take} SELECT version FROM v").into(),
             peek: peek.as_str().into(),
-            reserve: if handover {
-                // Never a reservation of the holder: a hand-over to this waiter came first.
-                format!(
-                    "UPDATE {t} SET next_owner = $2, next_since = $3, \
-                     next_expires = now() + $4::bigint {us}, next_ttl = $5 \
-                     WHERE name = $1 AND owner IS DISTINCT FROM $2 \
-                     AND (next_owner IS NULL OR next_owner = $2 OR next_expires <= now() \
-                     OR next_since > $3) RETURNING owner IS NULL OR expires_at <= now(), {no_flush}"
-                )
-            } else {
-                format!(
-                    "UPDATE {t} SET next_owner = $2, next_since = $3, next_expires = now() + $4::bigint {us} \
-                     WHERE name = $1 AND (next_owner IS NULL OR next_owner = $2 OR next_expires <= now() \
-                     OR next_since > $3) RETURNING owner IS NULL OR expires_at <= now(), {no_flush}"
-                )
-            }
-            .into(),
+            reserve: reserve_sql(&t, handover, no_flush).into(),
             renew: format!(
                 "UPDATE {t} SET expires_at = now() + $1::bigint {us} \
                  WHERE name = $2 AND owner = $3 AND version = $4 AND expires_at > now()"
@@ -99,18 +83,7 @@ fn statements(table: &str, handover: bool, data: DataColumn) -> (Sql, Arc<str>, 
                 )
             }
             .into(),
-            abandon: format!(
-                "WITH r AS (UPDATE {t} SET \
-                 expires_at = CASE WHEN owner = $2 THEN now() ELSE expires_at END, \
-                 owner = CASE WHEN owner = $2 THEN NULL ELSE owner END, \
-                 next_expires = CASE WHEN next_owner = $2 THEN NULL ELSE next_expires END, \
-                 next_since = CASE WHEN next_owner = $2 THEN NULL ELSE next_since END, \
-                 next_owner = CASE WHEN next_owner = $2 THEN NULL ELSE next_owner END{} \
-                 WHERE name = $1 AND (owner = $2 OR next_owner = $2) RETURNING name) \
-                 SELECT pg_notify($3, '0:' || name) FROM r",
-                if data.0 { ", data = CASE WHEN owner = $2 THEN NULL ELSE data END" } else { "" }
-            )
-            .into(),
+            abandon: abandon_sql(&t, data).into(),
             force: format!(
                 "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = now(){clear_data} \
                  WHERE name = $1 AND owner IS NOT NULL AND expires_at > now() RETURNING name) \
@@ -140,6 +113,48 @@ fn statements(table: &str, handover: bool, data: DataColumn) -> (Sql, Arc<str>, 
     };
     let take_wake = format!("{take} SELECT version, pg_notify($4, '0:' || $1) FROM v").into();
     (sql, take_wake, holder_statements(table, &peek, data))
+}
+
+/// A waiter's reservation of the lock's next turn (never the holder's own: a hand-over to this
+/// waiter came first); with `handover`, with the ttl the hand-over gives it. ARGS: name,
+/// owner, since, reservation ttl in microseconds (, the waiter's ttl).
+fn reserve_sql(t: &str, handover: bool, no_flush: &str) -> String {
+    let us = "* interval '1 microsecond'";
+    if handover {
+        format!(
+            "UPDATE {t} SET next_owner = $2, next_since = $3, \
+             next_expires = now() + $4::bigint {us}, next_ttl = $5 \
+             WHERE name = $1 AND owner IS DISTINCT FROM $2 \
+             AND (next_owner IS NULL OR next_owner = $2 OR next_expires <= now() \
+             OR next_since > $3) RETURNING owner IS NULL OR expires_at <= now(), {no_flush}"
+        )
+    } else {
+        format!(
+            "UPDATE {t} SET next_owner = $2, next_since = $3, next_expires = now() + $4::bigint {us} \
+             WHERE name = $1 AND (next_owner IS NULL OR next_owner = $2 OR next_expires <= now() \
+             OR next_since > $3) RETURNING owner IS NULL OR expires_at <= now(), {no_flush}"
+        )
+    }
+}
+
+/// An attempt's cleanup: its hold or its reservation, whichever it has, and a wake-up.
+/// ARGS: name, owner, channel.
+fn abandon_sql(t: &str, data: DataColumn) -> String {
+    format!(
+        "WITH r AS (UPDATE {t} SET \
+         expires_at = CASE WHEN owner = $2 THEN now() ELSE expires_at END, \
+         owner = CASE WHEN owner = $2 THEN NULL ELSE owner END, \
+         next_expires = CASE WHEN next_owner = $2 THEN NULL ELSE next_expires END, \
+         next_since = CASE WHEN next_owner = $2 THEN NULL ELSE next_since END, \
+         next_owner = CASE WHEN next_owner = $2 THEN NULL ELSE next_owner END{} \
+         WHERE name = $1 AND (owner = $2 OR next_owner = $2) RETURNING name) \
+         SELECT pg_notify($3, '0:' || name) FROM r",
+        if data.0 {
+            ", data = CASE WHEN owner = $2 THEN NULL ELSE data END"
+        } else {
+            ""
+        }
+    )
 }
 
 /// The release that hands the lock over. ARGS: name, owner, version, channel.

@@ -236,14 +236,7 @@ impl<B: LockBackend> LockClient<B> {
                     }
                     metrics.acquired(started, woken.filter(|_| waiting.is_some()));
                     let guard = self.guard(name, owner, options, grant, reentry, metrics);
-                    if let Some(data) = &options.data
-                        && let Err(err) = guard.set_data(Some(data)).await
-                    {
-                        // Not handed out without the data it was asked with.
-                        let _ = guard.release().await;
-                        return Err(err);
-                    }
-                    return Ok(Some(guard));
+                    return with_data(guard, options).await.map(Some);
                 }
                 Ok(step) => {
                     last_error = None;

@@ -44,6 +44,18 @@ pub(super) fn wait_deadline(
     }
 }
 
+/// `guard` with the data `options` ask for stored; never handed out without it (released
+/// when the data cannot be stored).
+pub(super) async fn with_data(guard: LockGuard, options: &AcquireOptions) -> Result<LockGuard> {
+    if let Some(data) = &options.data
+        && let Err(err) = guard.set_data(Some(data)).await
+    {
+        let _ = guard.release().await;
+        return Err(err);
+    }
+    Ok(guard)
+}
+
 /// What an acquisition does between two polls.
 pub(super) struct Waits<'a> {
     pub(super) name: &'a LockName,
