@@ -35,9 +35,11 @@ pub const GATE_SUFFIX: &str = "#upgrade";
 /// every reader and writer, but may come between an upgrader's read and its write. The gate's
 /// name `name#upgrade` is reserved for this lock.
 ///
-/// Each part renews itself; a guard is lost when either part is. An upgrade or downgrade that
-/// finds the gate lost (another writer may have come in between) fails with
-/// [`Error::Lost`] rather than hand out a guard whose promise does not hold.
+/// Each part renews itself; a guard is lost when either part is. A wait for the name under
+/// the gate (a writer's, the upgradeable reader's, an upgrade's, a downgrade's) ends with
+/// [`Error::Lost`] as soon as the gate is lost (its local deadline passed while the waiter
+/// was paused or cut off: another writer may have the gate by now), leaving nothing behind;
+/// a hold of the name granted after that is released, never handed out.
 ///
 /// ```
 /// # async fn demo() -> Result<(), distlock_core::Error> {
