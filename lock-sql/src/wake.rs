@@ -256,7 +256,7 @@ pub(crate) fn wake_prefix(table: &str, name: &str) -> String {
     format!("distlock:{hash:016x}:")
 }
 
-/// The statements of MySQL's wake locks (see [`WakeLocks`]), written by `mysql.rs`.
+/// The statements of MySQL's wake locks (see [`WakeLocks`]), written by `mysql/statements.rs`.
 #[cfg(feature = "mysql")]
 #[derive(Debug)]
 pub(crate) struct WakeLockSql {
