@@ -106,6 +106,13 @@ pub trait Harness: Send + Sync + 'static {
         unsupported("remove_lock")
     }
 
+    /// Whether the backend wakes election observers when the leader or its value changes
+    /// ([`LockBackend::watch`](distlock_core::LockBackend::watch)); `false`: they read at
+    /// their interval only.
+    fn observers_woken(&self) -> bool {
+        true
+    }
+
     /// Cuts the connection(s) of `client` on the server side.
     async fn cut_connection(&self, client: &TestClient) -> HookResult {
         let _ = client;
@@ -213,6 +220,11 @@ impl Ctx {
     /// The harness's timing slack.
     pub fn slack(&self) -> Duration {
         self.harness.slack()
+    }
+
+    /// [`Harness::observers_woken`].
+    pub fn observers_woken(&self) -> bool {
+        self.harness.observers_woken()
     }
 }
 

@@ -86,6 +86,10 @@ impl Harness for SqlHarness {
         Duration::from_millis(1000)
     }
 
+    fn observers_woken(&self) -> bool {
+        false // observers read at their interval (README)
+    }
+
     fn operation_timeout(&self) -> Duration {
         OP_TIMEOUT
     }

@@ -273,8 +273,32 @@ pub async fn deposed_leader_knows_before_the_next_is_elected(ctx: Ctx) -> Outcom
     Outcome::Passed
 }
 
+/// The first leader `changes` reports with `value`, within `within`.
+///
+/// # Panics
+/// When none comes (the observation ended, or `within` passed).
+async fn seen_value(
+    changes: &mut futures::stream::BoxStream<'static, distlock_core::Result<Option<Leader>>>,
+    value: &str,
+    within: Duration,
+) -> Leader {
+    tokio::time::timeout(within, async {
+        while let Some(item) = changes.next().await {
+            if let Ok(Some(l)) = item
+                && l.value.as_deref() == Some(value)
+            {
+                return l;
+            }
+        }
+        panic!("the observation ended")
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no observer report of the value {value:?} within {within:?}"))
+}
+
 /// Proclaim: the leader changes its value without a new election (the term stays), observers
-/// see it; a deposed leader's proclaim is refused and leaves its successor's value alone.
+/// see it (at once where the backend signals changes); a deposed leader's proclaim is
+/// refused and leaves its successor's value alone.
 pub async fn proclaim_changes_the_value_and_keeps_the_term(ctx: Ctx) -> Outcome {
     let (a, b) = (ctx.client().await, ctx.client().await);
     if !a.capabilities().holder_data {
@@ -286,6 +310,14 @@ pub async fn proclaim_changes_the_value_and_keeps_the_term(ctx: Ctx) -> Outcome 
     let leader = a.campaign(&name, "v1", &opts).await.expect("campaign");
     let first = b.leader(&name).await.expect("leader").expect("a leader");
     assert_eq!(first.value.as_deref(), Some("v1"));
+    // Where the backend signals changes, an observer that reads only every 30 s sees the
+    // proclaim at once too: the signal covers a value's change, not only a new leader.
+    let mut signalled = ctx
+        .observers_woken()
+        .then(|| b.observe(&name, Duration::from_secs(30)));
+    if let Some(signalled) = signalled.as_mut() {
+        seen_value(signalled, "v1", Duration::from_secs(10)).await;
+    }
     leader.proclaim("v2").await.expect("proclaim");
     let now = b.leader(&name).await.expect("leader").expect("a leader");
     assert_eq!(
@@ -294,19 +326,12 @@ pub async fn proclaim_changes_the_value_and_keeps_the_term(ctx: Ctx) -> Outcome 
         "the proclaim changed the term or not the value"
     );
     // The observer reports v2 with the same term.
-    let seen = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Some(item) = changes.next().await {
-            if let Ok(Some(l)) = item
-                && l.value.as_deref() == Some("v2")
-            {
-                return l;
-            }
-        }
-        panic!("the observation ended")
-    })
-    .await
-    .expect("the observer never saw the proclaimed value");
+    let seen = seen_value(&mut changes, "v2", Duration::from_secs(10)).await;
     assert_eq!(seen.term, first.term);
+    if let Some(signalled) = signalled.as_mut() {
+        let seen = seen_value(signalled, "v2", Duration::from_secs(5)).await;
+        assert_eq!(seen.term, first.term);
+    }
     assert!(matches!(
         leader
             .proclaim(&"x".repeat(Leader::MAX_VALUE_LEN + 1))
