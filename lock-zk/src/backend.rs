@@ -270,6 +270,7 @@ impl LockBackend for ZkBackend {
         session.check_connected()?;
         let client = &session.client;
         let parent = self.shared.config.lock_path(name);
+        synced(client, &parent).await?;
         for _ in 0..3 {
             let children = match client.list_children(&parent).await {
                 Ok(children) => children,
@@ -310,6 +311,7 @@ impl LockBackend for ZkBackend {
         let session = self.session().await?;
         session.check_connected()?;
         let base = self.shared.config.base_path();
+        synced(&session.client, &base).await?;
         let children = match session.client.list_children(&base).await {
             Ok(children) => children,
             Err(zk::Error::NoNode) => return Ok(Vec::new()),
@@ -500,5 +502,17 @@ async fn arm(backend: &ZkBackend, parent: &str) -> Result<Armed> {
             }
         }
         return Ok(Armed { watchers });
+    }
+}
+
+/// Brings the server this session reads from up to the leader's state before a read by
+/// someone who wrote nothing (`inspect`, `list`, an observer): a follower may lag the leader,
+/// and without it another client's fresh hold may not show yet. (ZooKeeper's `sync` is not
+/// quorum-acknowledged: a leader change between it and the read can still show an older
+/// state; lock safety never rests on these reads.)
+async fn synced(client: &zk::Client, path: &str) -> Result<()> {
+    match client.sync(path).await {
+        Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+        Err(err) => Err(zk_error("catching up with the leader", err)),
     }
 }

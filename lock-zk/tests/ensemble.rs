@@ -168,3 +168,36 @@ async fn losing_the_quorum_is_reported_to_the_holder() {
     .await;
     eprintln!("zk_ensemble, quorum lost: the holder was told {reason:?} after {after:?}");
 }
+
+/// A client that only reads (`inspect`, `list`) sees another client's hold at once, although
+/// the two talk to different servers of the ensemble and a follower may lag the leader:
+/// `inspect` and `list` sync with the leader first. (A conformance run on the ensemble saw
+/// `inspect` miss a hold just taken through another server.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reader_on_another_server_sees_a_fresh_hold() {
+    let _serial = SERIAL.lock().await;
+    let Some(h) = harness().await else { return };
+    let on =
+        |server: &str| distlock_zookeeper::connect_with(h.config(server), ClientConfig::default());
+    let writer = on(&h.servers[0]).await.expect("connect").into_dyn();
+    let readers = [
+        on(&h.servers[1]).await.expect("connect").into_dyn(),
+        on(&h.servers[2]).await.expect("connect").into_dyn(),
+    ];
+    let opts = AcquireOptions::default().with_ttl(Duration::from_secs(10));
+    for i in 0..100 {
+        let name = format!("ens-fresh-{}-{i}", std::process::id());
+        let guard = writer.acquire(&name, &opts).await.expect("acquire");
+        for reader in &readers {
+            let info = reader.inspect(&name).await.expect("inspect");
+            assert_eq!(
+                info.map(|i| i.token),
+                Some(Some(guard.token())),
+                "round {i}: a reader on another server did not see the hold"
+            );
+            let listed = reader.list(Some(&name), 2).await.expect("list");
+            assert_eq!(listed.len(), 1, "round {i}: {listed:?}");
+        }
+        guard.release().await.expect("release");
+    }
+}
