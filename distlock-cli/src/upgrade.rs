@@ -90,18 +90,8 @@ impl Hold {
     pub(crate) async fn hold_at_least(&self, minimum: Duration) {
         match self {
             Self::One(guard) => guard.hold_at_least(minimum).await,
-            Self::Upgradeable(held) => {
-                tokio::join!(
-                    held.guard().hold_at_least(minimum),
-                    held.gate_guard().hold_at_least(minimum)
-                );
-            }
-            Self::Write(held) => {
-                tokio::join!(
-                    held.guard().hold_at_least(minimum),
-                    held.gate_guard().hold_at_least(minimum)
-                );
-            }
+            Self::Upgradeable(held) => held.hold_at_least(minimum).await,
+            Self::Write(held) => held.hold_at_least(minimum).await,
         }
     }
 

@@ -321,7 +321,7 @@ pub struct GatedGuard<S> {
     options: AcquireOptions,
     /// The hold of the name, then the gate ([`pair`]).
     parts: MultiGuard,
-    side: PhantomData<S>,
+    side: PhantomData<fn() -> S>,
 }
 
 /// The upgradeable read hold of an [`UpgradeableRwLock`].
@@ -382,6 +382,15 @@ impl<S> GatedGuard<S> {
     /// Resolves when either part is lost, with its name and why. Cancel safe.
     pub fn lost(&self) -> impl Future<Output = (LockName, LossReason)> + Send + 'static {
         self.parts.lost()
+    }
+
+    /// [`LockGuard::hold_at_least`] for both parts at once (each measured from its own
+    /// acquisition; both were taken within one call). Cancel safe, as that is.
+    pub async fn hold_at_least(&self, minimum: Duration) {
+        tokio::join!(
+            self.guard().hold_at_least(minimum),
+            self.gate_guard().hold_at_least(minimum)
+        );
     }
 
     /// Releases both parts.

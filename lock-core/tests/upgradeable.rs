@@ -157,3 +157,23 @@ async fn a_writer_that_loses_its_gate_while_waiting_gives_up() {
         .expect("the writer left no trace");
     next.release().await.expect("released");
 }
+
+/// `hold_at_least` on a gated hold keeps both parts until the minimum has passed.
+#[tokio::test]
+async fn hold_at_least_keeps_both_parts() {
+    let rw = UpgradeableRwLock::new(MemoryStore::new().client(), "doc").expect("valid");
+    let started = std::time::Instant::now();
+    let write = rw.write(&opts()).await.expect("writer");
+    write.hold_at_least(SHORT).await;
+    assert!(started.elapsed() >= SHORT, "{:?}", started.elapsed());
+    assert!(!write.is_lost());
+    assert!(
+        rw.try_read(&opts()).await.unwrap().is_none(),
+        "the name let go of"
+    );
+    assert!(
+        rw.try_upgradeable(&opts()).await.unwrap().is_none(),
+        "the gate let go of"
+    );
+    write.release().await.expect("released");
+}
