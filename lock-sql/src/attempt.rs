@@ -144,16 +144,18 @@ impl SqlAttempt {
 }
 
 impl SqlAttempt {
-    /// After a hand-over to another waiter, which used the reservation up: claims it at once
-    /// (the claim says whether the lock is free, so nothing is read first). `None`: the lock
-    /// is free, take it.
+    /// After a hand-over to another waiter, or a permit taken by the waiter that held the
+    /// reservation and filling the semaphore, either of which used the reservation up: claims
+    /// it at once (the claim says whether the lock is free, so nothing is read first). `None`:
+    /// the lock is free, take it.
     async fn claim_vacant(&mut self) -> Result<Option<Step>> {
         let Some(since) = self.since.filter(|_| self.busy_before) else {
             return Ok(None);
         };
         let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         let reservation = micros(RESERVATION.min(self.request.ttl));
-        let ttl = Some(micros(self.request.ttl));
+        // A hand-over gives the exclusive lock only.
+        let ttl = (self.request.kind == LockKind::Exclusive).then(|| micros(self.request.ttl));
         self.maybe_reserved = true;
         let claimed = self
             .inner
@@ -277,7 +279,7 @@ impl Attempt for SqlAttempt {
                 }
             }
         }
-        if self.request.kind == LockKind::Exclusive
+        if self.request.kind != LockKind::Shared
             && std::mem::take(&mut self.vacant)
             && let Some(step) = self.claim_vacant().await?
         {

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use distlock_core::LockKind;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use sqlx::SqlSafeStr;
 use sqlx::{AssertSqlSafe, ColumnIndex, Decode, Encode, Executor, IntoArguments, Type};
@@ -15,7 +16,7 @@ use crate::db::{Claim, Listed, Peek, bind_value};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use crate::error::shape_err;
 use crate::fence::FencedUpdate;
-use crate::kinds::{self, HeldBy, HolderInfo, Holds, JoinRequest, Joined, Tx};
+use crate::kinds::{self, HeldBy, HolderInfo, Holds, JoinRequest, Joined, Tx, marker};
 use crate::pool::HotConns;
 
 /// What SQL text cannot say about a database.
@@ -113,6 +114,49 @@ pub(crate) struct Common<DB: sqlx::Database> {
     pub(crate) sql: Sql,
     /// The statements of shared holds and permits.
     pub(crate) holds: Holds,
+    /// The calls of the server-side routines that run the holds' transactions in one round
+    /// trip, where they exist (PostgreSQL's functions, MySQL's procedures); else the
+    /// transactions of [`crate::kinds`] run.
+    pub(crate) routines: Option<Calls>,
+}
+
+/// A database's routines of shared holds and permits for one lock table: the statements that
+/// call them, tell whether they exist and create them.
+#[derive(Debug)]
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql")),
+    allow(dead_code, reason = "PostgreSQL's and MySQL's")
+)]
+pub(crate) struct Routines {
+    /// The calls.
+    pub(crate) calls: Calls,
+    /// No ARGS. How many of the three routines exist (3: all).
+    pub(crate) present: Arc<str>,
+    /// The statements that create them (`CREATE OR REPLACE FUNCTION`; MySQL: `CREATE
+    /// PROCEDURE IF NOT EXISTS`, in the text protocol only).
+    pub(crate) create: Vec<String>,
+}
+
+/// The statements that call a database's routines of shared holds and permits
+/// (`postgres/routines.rs`, `mysql/routines.rs`): the same answers as the transactions of
+/// [`crate::kinds`] in one round trip. Each binds name, owner, the kind's marker and two more
+/// arguments (below) and answers one row.
+#[derive(Debug)]
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql")),
+    allow(dead_code, reason = "PostgreSQL's and MySQL's")
+)]
+pub(crate) struct Calls {
+    /// Then ttl_us, permits (0: a shared hold). The row: the lock row's peek columns as the
+    /// join found them, the token taken (`NULL`: refused), and the first holder's remaining
+    /// lease when a full semaphore refused.
+    pub(crate) join: Arc<str>,
+    /// Then token, ttl_us. The row: 1 if the holder was live and is renewed, else 0.
+    pub(crate) renew: Arc<str>,
+    /// Then token (`NULL`: an abandoned attempt's, whose token is unknown), wake (a permit's
+    /// release wakes a waiter even while others hold). The row: 1 if the holder was live and
+    /// has left, else 0.
+    pub(crate) release: Arc<str>,
 }
 
 /// [`Common`]'s statements, whatever the database, for the [`Db`](crate::db::Db) trait's
@@ -308,6 +352,15 @@ where
     }
 
     async fn join(&self, req: JoinRequest<'_>) -> Result<Joined, sqlx::Error> {
+        if let Some(calls) = &self.routines {
+            let query = q(&calls.join).bind(req.name).bind(req.owner);
+            let query = query.bind(marker(req.kind)).bind(req.ttl_us);
+            let row = self.call(query.bind(kinds::permits_of(req.kind))).await?;
+            let peek = Peek::from_row(&row, |i| DB::owner(&row, i))?;
+            let taken = sqlx::Row::try_get(&row, 6)?;
+            let first_end = sqlx::Row::try_get(&row, 7)?;
+            return Ok(Joined::from_server(peek, req.kind, taken, first_end));
+        }
         self.in_tx(req.name, async |tx, peek| {
             let joined = tx.join(req, peek).await?;
             let taken = matches!(joined, Joined::Taken(_));
@@ -317,6 +370,14 @@ where
     }
 
     async fn renew_hold(&self, held: HeldBy<'_>, ttl_us: i64) -> Result<bool, sqlx::Error> {
+        if let Some(calls) = &self.routines {
+            let Some(token) = held.token else {
+                return Ok(false);
+            };
+            let query = q(&calls.renew).bind(held.name).bind(held.owner);
+            let query = query.bind(marker(held.kind)).bind(token).bind(ttl_us);
+            return self.call_answer(query).await;
+        }
         self.in_tx(held.name, async |tx, peek| {
             let renewed = tx.renew(held, ttl_us, &peek).await?;
             Ok((renewed, renewed))
@@ -325,6 +386,12 @@ where
     }
 
     async fn release_hold(&self, held: HeldBy<'_>) -> Result<bool, sqlx::Error> {
+        if let Some(calls) = &self.routines {
+            let wake = matches!(held.kind, LockKind::Permit { .. });
+            let query = q(&calls.release).bind(held.name).bind(held.owner);
+            let query = query.bind(marker(held.kind)).bind(held.token).bind(wake);
+            return self.call_answer(query).await;
+        }
         self.in_tx(held.name, async |tx, peek| {
             let released = tx.release(held, &peek).await?;
             Ok((released, released))
@@ -360,6 +427,26 @@ where
     for<'t> Option<i64>: Decode<'t, DB> + Type<DB>,
     for<'t> String: Encode<'t, DB> + Type<DB>,
 {
+    /// The row a call of a routine ([`Calls`]) answers, the holders table set up first.
+    async fn call(
+        &self,
+        query: sqlx::query::Query<'static, DB, DB::Arguments>,
+    ) -> Result<DB::Row, sqlx::Error> {
+        kinds::ready(&self.holds, self.conns.pool()).await?;
+        // `fetch_all`: MySQL answers a CALL with the row, then the call's status.
+        let rows = self.conns.fetch_all(query).await?;
+        rows.into_iter().next().ok_or(sqlx::Error::RowNotFound)
+    }
+
+    /// Whether a renewal's or a release's call answered 1.
+    async fn call_answer(
+        &self,
+        query: sqlx::query::Query<'static, DB, DB::Arguments>,
+    ) -> Result<bool, sqlx::Error> {
+        let row = self.call(query).await?;
+        Ok(sqlx::Row::try_get::<i64, _>(&row, 0)? == 1)
+    }
+
     /// Runs `body` in a transaction of the holders on a kept connection, after locking the
     /// lock row of `name`; `body` answers its result and whether to commit (else the
     /// transaction rolls back: a refused acquisition writes nothing). A failed or cancelled

@@ -172,6 +172,56 @@ impl HolderSql {
     }
 }
 
+/// [`HolderSql`]'s statements in a server-side routine, each argument replaced by the
+/// routine's parameter or variable of that name: `p_name`, `p_owner`, `p_marker`, `p_ttl`
+/// (µs), `p_permits`, `p_token`, and `o_taken` (the token a join takes).
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql")),
+    allow(dead_code, reason = "PostgreSQL's and MySQL's")
+)]
+pub(crate) struct InRoutine {
+    pub(crate) ensure: String,
+    pub(crate) purge: String,
+    pub(crate) purge_all: String,
+    pub(crate) mark: String,
+    pub(crate) insert: String,
+    pub(crate) extend: String,
+    pub(crate) stretch: String,
+    pub(crate) leave: String,
+    pub(crate) free: String,
+    pub(crate) shrink: String,
+}
+
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql")),
+    allow(dead_code, reason = "PostgreSQL's and MySQL's")
+)]
+impl HolderSql {
+    /// The statements with their arguments replaced by `with_args(statement, names)` (the
+    /// dialect's placeholders, in the order of their ARGS).
+    pub(crate) fn in_routine(&self, with_args: impl Fn(&str, &[&str]) -> String) -> InRoutine {
+        let (name, owner) = ("p_name", "p_owner");
+        InRoutine {
+            ensure: with_args(&self.ensure, &[name]),
+            purge: with_args(&self.purge, &[name, owner]),
+            purge_all: with_args(&self.purge_all, &[name]),
+            mark: with_args(
+                &self.mark,
+                &["p_marker", "p_ttl", owner, owner, owner, name],
+            ),
+            insert: with_args(
+                &self.insert,
+                &[name, owner, "o_taken", "p_ttl", "p_permits"],
+            ),
+            extend: with_args(&self.extend, &["p_ttl", name, owner, "p_token"]),
+            stretch: with_args(&self.stretch, &["p_ttl", name]),
+            leave: with_args(&self.leave, &[name, owner, "p_token"]),
+            free: with_args(&self.free, &[name]),
+            shrink: with_args(&self.shrink, &[name, name]),
+        }
+    }
+}
+
 /// The holders' statements of a database, with the one-time setup of their table.
 #[derive(Debug)]
 pub(crate) struct Holds {
@@ -219,6 +269,29 @@ pub(crate) enum Joined {
     Busy(Peek),
     /// The name is held as another kind that can never be joined (see [`LockKind::mismatch`]).
     Mismatch(String),
+}
+
+impl Joined {
+    /// The answer of a join that ran in the server: `taken`, the token when it took; else why
+    /// not, from the lock row `peek` as it found it (`first_end`: the first holder's remaining
+    /// lease, when a full semaphore refused). The same answers as [`Tx::join`] gives.
+    pub(crate) fn from_server(
+        peek: Peek,
+        kind: LockKind,
+        taken: Option<i64>,
+        first_end: Option<i64>,
+    ) -> Self {
+        match taken {
+            Some(token) => Self::Taken(token),
+            None => match mismatch(&peek, kind) {
+                Some(message) => Self::Mismatch(message),
+                None => Self::Busy(Peek {
+                    remaining_us: first_end.or(peek.remaining_us),
+                    ..peek
+                }),
+            },
+        }
+    }
 }
 
 /// A live holder as an inspection shows it: the latest one, and how many hold.
@@ -348,10 +421,7 @@ where
             self.run(q(&self.sql.purge_all).bind(name.to_owned()))
                 .await?;
         }
-        let permits = match kind {
-            LockKind::Permit { permits } => i64::from(permits),
-            _ => 0,
-        };
+        let permits = permits_of(kind);
         if held.is_some() && permits > 0 {
             let (count, first_end) = self.count(name).await?;
             if count >= permits {
@@ -466,6 +536,14 @@ where
         let set = q(&self.sql.set_data).bind(data.map(str::to_owned));
         let set = set.bind(held.name.to_owned()).bind(held.owner.to_owned());
         Ok(DB::changed(&set.bind(token).execute(&mut *self.conn).await?) == 1)
+    }
+}
+
+/// The permits of a semaphore of `kind`, as the holders table keeps them (0: a shared hold).
+pub(crate) fn permits_of(kind: LockKind) -> i64 {
+    match kind {
+        LockKind::Permit { permits } => i64::from(permits),
+        _ => 0,
     }
 }
 

@@ -424,6 +424,7 @@ impl LiteDb {
                 conns: HotConns::new(pool, keep),
                 sql,
                 holds,
+                routines: None,
             },
             renew_many,
             watch: None,

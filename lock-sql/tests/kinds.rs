@@ -187,13 +187,18 @@ async fn waiting_writer_is_not_starved(url: &str) {
 
 /// At most N permit holders at once under contention; every permit token is unique.
 async fn permits_bound_holders(url: &str) {
+    permits_bound_among(&[url; 4]).await;
+}
+
+/// [`permits_bound_holders`] with a client of each of `urls`.
+async fn permits_bound_among(urls: &[&str]) {
     const N: u32 = 3;
     let name = unique("sem");
     let gauge = Arc::new(AtomicUsize::new(0));
     let peak = Arc::new(AtomicUsize::new(0));
     let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
-    for _ in 0..4 {
+    for url in urls {
         let c = client(url).await;
         for _ in 0..3 {
             let (c, name) = (c.clone(), name.clone());
@@ -460,8 +465,77 @@ macro_rules! kinds_suite {
     };
 }
 
+/// PostgreSQL and MySQL run a join, a renewal and a release of a shared hold or a permit as one
+/// call of a routine that the first client creates with the table: the three routines exist
+/// (`check` fails otherwise; `drop` removes one; `routine` names one by what it does), and
+/// clients that call them share one semaphore with clients that run the transactions instead
+/// (a table without them, `create_table=false`; or a client of an earlier version).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn routines_beside_transactions(
+    url: &str,
+    routine: fn(&str, &str) -> String,
+    check: fn(&str) -> String,
+    drop_routine: fn(&str) -> String,
+) {
+    let table = unique("fn_locks");
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let with_routines = format!("{url}{sep}table={table}");
+    let admin = client(&with_routines).await;
+    let pool = admin.backend_ref().pool();
+    // Creates the holders table too.
+    let g = admin
+        .acquire("probe", &permits(2))
+        .await
+        .expect("a permit by routines");
+    g.release().await.expect("release");
+    let routines = ["join", "renew", "release"].map(|what| routine(&table, what));
+    for routine in &routines {
+        exec(&pool, check(routine)).await;
+        exec(&pool, drop_routine(routine)).await;
+    }
+    let without = format!("{with_routines}&create_table=false");
+    let transactions = client(&without).await;
+    let g = transactions
+        .acquire("probe", &permits(2))
+        .await
+        .expect("a permit by transactions");
+    g.release().await.expect("release");
+    // Created again by the next client that may create the table.
+    drop(client(&with_routines).await);
+    for routine in &routines {
+        exec(&pool, check(routine)).await;
+    }
+    let (a, b) = (with_routines.as_str(), without.as_str());
+    permits_bound_among(&[a, b, a, b]).await;
+    for routine in &routines {
+        exec(&pool, drop_routine(routine)).await;
+    }
+    exec(&pool, format!("DROP TABLE {table}_holders")).await;
+    exec(&pool, format!("DROP TABLE {table}")).await;
+}
+
 #[cfg(feature = "postgres")]
 mod postgres {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn functions_beside_transactions() {
+        let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL");
+        let Some(url) = url else { return };
+        super::routines_beside_transactions(
+            &url,
+            |table, what| {
+                let last = if what == "release" {
+                    "boolean"
+                } else {
+                    "bigint"
+                };
+                format!("{table}_dl_{what}_v1(text, text, text, bigint, {last})")
+            },
+            |f| format!("SELECT '{f}'::regprocedure"),
+            |f| format!("DROP FUNCTION {f}"),
+        )
+        .await;
+    }
+
     kinds_suite!(
         conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL"),
         "CREATE TABLE {t} (name TEXT COLLATE \"C\" PRIMARY KEY, owner TEXT, \
@@ -472,6 +546,19 @@ mod postgres {
 
 #[cfg(feature = "mysql")]
 mod mysql {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn procedures_beside_transactions() {
+        let url = conformance_tests::server_var("mysql", "DISTLOCK_TEST_MYSQL_URL");
+        let Some(url) = url else { return };
+        super::routines_beside_transactions(
+            &url,
+            |table, what| format!("{table}_dl_{what}_v1"),
+            |p| format!("SHOW CREATE PROCEDURE {p}"),
+            |p| format!("DROP PROCEDURE {p}"),
+        )
+        .await;
+    }
+
     kinds_suite!(
         conformance_tests::server_var("mysql", "DISTLOCK_TEST_MYSQL_URL"),
         "CREATE TABLE {t} (name VARBINARY(512) NOT NULL PRIMARY KEY, \

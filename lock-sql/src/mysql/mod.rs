@@ -12,7 +12,7 @@ use tokio::sync::{OwnedSemaphorePermit, oneshot};
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
 use crate::db::{Claim, Db, Sessions};
-use crate::dialect::{Common, CommonStatements, DataColumn, Sql, prepare_all, q};
+use crate::dialect::{Common, CommonStatements, DataColumn, Routines, Sql, prepare_all, q};
 use crate::error::map_err;
 use crate::keys::quote;
 use crate::kinds::{HolderSql, Holds, holders_table};
@@ -20,7 +20,10 @@ use crate::pool::{HotConns, IdleLimit, InUse, checked, open_server};
 use crate::renew::{BySize, LIST_MAX_BATCH, Renewal, padded, renewed_at, too_many};
 use crate::wake::{ServerWait, WakeLockSql, WakeLocks, spawn_keep_alive};
 
+mod routines;
 mod statements;
+
+use routines::routines;
 
 use statements::*;
 
@@ -169,6 +172,10 @@ impl MyDb {
         };
         drop(setup.done());
         let (sql, check, wake, holds) = statements(&config.table, handover, DataColumn(data));
+        let routines = match routines(&config.table, &holds, &peek_columns()) {
+            Some(routines) => set_up_routines(&pool, routines, config.create_table).await,
+            None => None,
+        };
         let holds = Holds::new(holds, config.create_table);
         let mut prepared = sql.prepared();
         prepared.extend([&check, &wake.take, &wake.release, &wake.wait, &wake.handed]);
@@ -196,6 +203,7 @@ impl MyDb {
                 conns: HotConns::new(pool, keep).with_idle_limit(idle),
                 sql,
                 holds,
+                routines: routines.map(|routines| routines.calls),
             },
             check,
             renew_many,
@@ -250,6 +258,45 @@ impl MyDb {
                 let result = self.check(hot.conn(), name, owner).await;
                 hot.finish(result)
             }
+        }
+    }
+}
+
+/// The procedures of `routines` when they exist, creating them first when missing and
+/// `create` (`IF NOT EXISTS`: a concurrent first connect may create them too). A failure to
+/// create them is logged and leaves the transactions in use: they do the same, in more round
+/// trips.
+async fn set_up_routines(
+    pool: &sqlx::MySqlPool,
+    routines: Routines,
+    create: bool,
+) -> Option<Routines> {
+    let made = async {
+        // Closed, not given back, if cancelled mid-way (see `InUse`).
+        let mut conn = InUse::acquire(pool).await?;
+        let count = async |conn: &mut sqlx::MySqlConnection| {
+            sqlx::query_scalar::<_, i64>(AssertSqlSafe(routines.present.clone()))
+                .fetch_one(conn)
+                .await
+        };
+        let mut found = count(conn.conn()).await? == 3;
+        if !found && create {
+            for statement in &routines.create {
+                // Not in the prepared statement protocol.
+                sqlx::raw_sql(AssertSqlSafe(statement.clone()))
+                    .execute(conn.conn())
+                    .await?;
+            }
+            found = count(conn.conn()).await? == 3;
+        }
+        drop(conn.done());
+        Ok::<_, sqlx::Error>(found)
+    };
+    match made.await {
+        Ok(found) => found.then_some(routines),
+        Err(err) => {
+            tracing::warn!(%err, "cannot create the procedures of shared holds and permits; using transactions");
+            None
         }
     }
 }

@@ -15,6 +15,16 @@ pub(super) const DATA_TYPE: &str = "VARBINARY(2048)";
 pub(super) const NOW_US: &str =
     "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
 
+/// The columns of a lock row's [`Peek`](crate::db::Peek).
+pub(super) fn peek_columns() -> String {
+    format!(
+        "owner, version, IF(owner IS NOT NULL AND expires_at > {NOW}, \
+         TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), NULL), next_owner, next_since, \
+         IF(next_owner IS NOT NULL AND next_expires > {NOW}, \
+         TIMESTAMPDIFF(MICROSECOND, {NOW}, next_expires), NULL)"
+    )
+}
+
 /// A release's assignments, with `handover` (see [`MyDb`]): to the exclusive waiter that
 /// holds a live reservation, if any, else free. `wake`: the assignment of `owner` runs it
 /// too (it gives the holder's wake lock up), whatever it decides. Assignments run left to
@@ -121,12 +131,7 @@ pub(super) fn statements(
 ) -> (Sql, Arc<str>, WakeLockSql, HolderSql) {
     let t = quote(table, '`');
     let clear_data = data.clear();
-    let peek_columns = format!(
-        "owner, version, IF(owner IS NOT NULL AND expires_at > {NOW}, \
-         TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at), NULL), next_owner, next_since, \
-         IF(next_owner IS NOT NULL AND next_expires > {NOW}, \
-         TIMESTAMPDIFF(MICROSECOND, {NOW}, next_expires), NULL)"
-    );
+    let peek_columns = peek_columns();
     let peek = format!("SELECT {peek_columns} FROM {t} WHERE name = ?");
     let take = |cleared: &str| take_sql(&t, cleared, data);
     let wake = wake_lock_sql(&t, handover, data);

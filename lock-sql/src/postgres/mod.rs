@@ -14,7 +14,7 @@ use sqlx::{AssertSqlSafe, Executor, Row};
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
 use crate::db::{Claim, Db, Sessions};
-use crate::dialect::{Common, CommonStatements, DataColumn, Sql, prepare_all, q};
+use crate::dialect::{Common, CommonStatements, DataColumn, Routines, Sql, prepare_all, q};
 use crate::error::{map_err, pooler_err};
 use crate::keys::quote;
 use crate::kinds::{HolderSql, Holds, holders_table};
@@ -22,9 +22,22 @@ use crate::pool::{HotConns, IdleLimit, InUse, open_server};
 use crate::renew::{PG_MAX_BATCH, Renewal, renewed_at};
 use crate::wake::{Notifier, Subscription, parse_payload};
 
+mod routines;
+
+use routines::routines;
+
 /// The database's clock in microseconds since the Unix epoch: the first version of a new row
 /// (see the crate docs, "A store emptied or recreated").
 const NOW_US: &str = "(EXTRACT(EPOCH FROM now()) * 1000000)::bigint";
+
+/// The columns of a lock row's [`Peek`](crate::db::Peek).
+const PEEK_COLUMNS: &str = "owner, version, CASE WHEN owner IS NOT NULL AND expires_at > now() \
+     THEN (EXTRACT(EPOCH FROM (expires_at - now())) * 1000000)::bigint END AS remaining, \
+     next_owner, next_since, CASE WHEN next_owner IS NOT NULL AND next_expires > now() \
+     THEN (EXTRACT(EPOCH FROM (next_expires - now())) * 1000000)::bigint END AS next_remaining";
+
+/// The remaining lease of a row (of the holders table) in microseconds.
+const REMAINING: &str = "(EXTRACT(EPOCH FROM (expires_at - now())) * 1000000)::bigint";
 
 /// The lock table's statements in this dialect; with `handover` (the table has the
 /// `next_ttl` column), a release hands the lock to the exclusive waiter holding the
@@ -49,10 +62,7 @@ fn statements(table: &str, handover: bool, data: DataColumn) -> (Sql, Arc<str>, 
              ON CONFLICT (name) DO NOTHING RETURNING version), \
              v AS (SELECT version FROM u UNION ALL SELECT version FROM i)"
     );
-    let peek_columns = "owner, version, CASE WHEN owner IS NOT NULL AND expires_at > now() \
-         THEN (EXTRACT(EPOCH FROM (expires_at - now())) * 1000000)::bigint END AS remaining, \
-         next_owner, next_since, CASE WHEN next_owner IS NOT NULL AND next_expires > now() \
-         THEN (EXTRACT(EPOCH FROM (next_expires - now())) * 1000000)::bigint END AS next_remaining";
+    let peek_columns = PEEK_COLUMNS;
     let peek = format!("SELECT {peek_columns} FROM {t} WHERE name = $1");
     // Set in a statement's RETURNING (evaluated only for a row it changed), this makes the
     // statement's commit return without waiting for its WAL flush: for writes that need no
@@ -222,7 +232,7 @@ fn holder_statements(table: &str, peek: &str, data: DataColumn) -> HolderSql {
     let h = quote(&holders_table(table), '"');
     let clear_data = data.clear();
     let us = "* interval '1 microsecond'";
-    let remaining = "(EXTRACT(EPOCH FROM (expires_at - now())) * 1000000)::bigint";
+    let remaining = REMAINING;
     let live = format!("FROM {h} WHERE name = $1 AND expires_at > now()");
     let info = |data: &str| {
         format!(
@@ -398,12 +408,16 @@ impl PgDb {
             (found, data)
         };
         let (sql, take_wake, holds) = statements(&config.table, handover, DataColumn(data));
+        let channel = format!("distlock:{}", config.table);
+        let routines = match routines(&config.table, &holds, PEEK_COLUMNS, REMAINING, &channel) {
+            Some(routines) => set_up_routines(&pool, routines, config.create_table).await,
+            None => None,
+        };
         let holds = Holds::new(holds, config.create_table);
         let renew_many = renew_many_sql(&config.table);
         let mut prepared = sql.prepared();
         prepared.extend([&take_wake, &renew_many]);
         prepare_all(&pool, &prepared, &table).await?;
-        let channel = format!("distlock:{}", config.table);
         listener
             .listen(&channel)
             .await
@@ -415,6 +429,7 @@ impl PgDb {
                 conns: HotConns::new(pool, keep).with_idle_limit(idle),
                 sql,
                 holds,
+                routines: routines.map(|routines| routines.calls),
             },
             take_wake,
             renew_many,
@@ -423,6 +438,50 @@ impl PgDb {
             listener: task.abort_handle(),
             handover,
         })
+    }
+}
+
+/// The functions of `routines` when they exist, creating them first (in a transaction under
+/// the lock table's advisory lock, as the table) when missing and `create`. A failure to create
+/// them is logged and leaves the transactions in use: they do the same, in more round trips.
+async fn set_up_routines(
+    pool: &sqlx::PgPool,
+    routines: Routines,
+    create: bool,
+) -> Option<Routines> {
+    let made = async {
+        // Closed, not given back, if cancelled mid-way (see `InUse`).
+        let mut conn = InUse::acquire(pool).await?;
+        let present = async |conn: &mut sqlx::PgConnection| {
+            let found: i32 = sqlx::query_scalar(AssertSqlSafe(routines.present.clone()))
+                .fetch_one(conn)
+                .await?;
+            Ok::<_, sqlx::Error>(found == 3)
+        };
+        let mut found = present(conn.conn()).await?;
+        if !found && create {
+            let mut tx = sqlx::Connection::begin(conn.conn()).await?;
+            sqlx::query("SELECT pg_advisory_xact_lock(7283160942917)")
+                .execute(&mut *tx)
+                .await?;
+            if !present(&mut tx).await? {
+                for statement in &routines.create {
+                    tx.execute(AssertSqlSafe(statement.clone())).await?;
+                }
+            }
+            tx.commit().await?;
+            found = true;
+        }
+        drop(conn.done());
+        Ok::<_, sqlx::Error>(found)
+    };
+    match made.await {
+        Ok(true) => Some(routines),
+        Ok(false) => None,
+        Err(err) => {
+            tracing::warn!(%err, "cannot create the functions of shared holds and permits; using transactions");
+            None
+        }
     }
 }
 

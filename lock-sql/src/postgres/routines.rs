@@ -1,0 +1,289 @@
+//! The shared and permit kinds' transactions as PL/pgSQL functions: a join, a renewal and a
+//! release of a shared hold or a permit in one round trip each.
+//!
+//! The transactions of [`kinds`](crate::kinds) take five to eight round trips each (`BEGIN`,
+//! the row lock, the holders' statements, `COMMIT`), and the name's lock row stays locked for
+//! all of them but the first: every other join, renewal and release of the name waits that
+//! long. Run inside the server, the same statements hold the row for a fraction of one round
+//! trip. The functions run the very statements of [`HolderSql`] (their `$n` arguments
+//! replaced by the functions' parameters), in the order [`kinds::Tx`](crate::kinds::Tx)
+//! runs them, and answer what its methods answer; a refused join writes nothing, as the
+//! transaction it replaces rolled back. Each statement of a function sees what committed
+//! before it (read committed), after the row lock, as in the transaction.
+//!
+//! They are created (when missing) with the lock table, so only where the table may be
+//! created ([`SqlConfig::create_table`](crate::SqlConfig::create_table)); with it off, they
+//! are used when present, else the transactions are. A client of an earlier version runs the
+//! transactions: both lock the row first, so they serialize with each other. The names end in
+//! `_v1`: a change of what a function does takes a new name, so that clients of two versions
+//! never run each other's.
+
+use crate::dialect::{Calls, Routines};
+use crate::keys::quote;
+use crate::kinds::{HolderSql, InRoutine};
+
+/// Replaces the arguments `$1`, `$2`, ... of `sql` with `names`, in order.
+fn with_args(sql: &str, names: &[&str]) -> String {
+    let mut out = sql.to_owned();
+    // From the last: `$1` is a prefix of `$10`.
+    for (i, name) in names.iter().enumerate().rev() {
+        out = out.replace(&format!("${}", i + 1), name);
+    }
+    out
+}
+
+/// The functions of lock table `table` (unquoted) with holders' statements `sql`,
+/// `peek_columns` the columns of a lock row's peek, `remaining` the remaining lease of a
+/// holders table row in microseconds and `channel` the `pg_notify` channel; `None` when
+/// their names would not fit PostgreSQL's 63 bytes.
+pub(crate) fn routines(
+    table: &str,
+    sql: &HolderSql,
+    peek_columns: &str,
+    remaining: &str,
+    channel: &str,
+) -> Option<Routines> {
+    let last = table.rsplit('.').next().unwrap_or(table);
+    if last.len() + "_dl_release_v1".len() > 63 {
+        return None;
+    }
+    let name = |what: &str| quote(&format!("{table}_dl_{what}_v1"), '"');
+    let (join, renew, release) = (name("join"), name("renew"), name("release"));
+    let signatures = [
+        format!("{join}(text, text, text, bigint, bigint)"),
+        format!("{renew}(text, text, text, bigint, bigint)"),
+        format!("{release}(text, text, text, bigint, boolean)"),
+    ];
+    // Plain identifiers: safe in literals.
+    let present = signatures
+        .iter()
+        .map(|s| format!("(to_regprocedure('{s}') IS NOT NULL)::int"))
+        .collect::<Vec<_>>()
+        .join(" + ");
+    let parts = Parts {
+        t: quote(table, '"'),
+        h: quote(&crate::kinds::holders_table(table), '"'),
+        in_routine: sql.in_routine(with_args),
+        peek_columns,
+        remaining,
+        channel,
+    };
+    Some(Routines {
+        calls: Calls {
+            join: format!("SELECT * FROM {join}($1, $2, $3, $4, $5)").into(),
+            renew: format!("SELECT {renew}($1, $2, $3, $4, $5)::int::bigint").into(),
+            release: format!("SELECT {release}($1, $2, $3, $4, $5)::int::bigint").into(),
+        },
+        present: format!("SELECT {present}").into(),
+        create: vec![
+            parts.join(&signatures[0]),
+            parts.renew(&signatures[1]),
+            parts.release(&signatures[2]),
+        ],
+    })
+}
+
+/// What the functions' bodies are made of.
+struct Parts<'a> {
+    /// The holders' statements, in the routine.
+    in_routine: InRoutine,
+    t: String,
+    h: String,
+    peek_columns: &'a str,
+    remaining: &'a str,
+    channel: &'a str,
+}
+
+/// Makes the call's commit return without waiting for its WAL flush, where it wrote nothing
+/// that needs to be durable by itself: a refusal (which still locked the row, and PostgreSQL
+/// logs a row lock, so its commit would flush) and a release (lost in a database crash, the
+/// hold stays until its lease ends: never held twice). A join that takes and a renewal commit
+/// synchronously, which flushes every earlier commit with them, so a token is never handed out
+/// twice. The same rule as the exclusive kind's statements.
+const NO_FLUSH: &str = "PERFORM set_config('synchronous_commit', 'off', true)";
+
+/// The variables a peek of the lock row is read into.
+const PEEK_INTO: &str =
+    "o_owner, o_version, o_remaining, o_next_owner, o_next_since, o_next_remaining";
+
+impl Parts<'_> {
+    /// `SELECT .. INTO` the peek variables, the row locked.
+    fn lock(&self) -> String {
+        let Self {
+            t, peek_columns, ..
+        } = self;
+        format!("SELECT {peek_columns} INTO {PEEK_INTO} FROM {t} WHERE name = p_name FOR UPDATE")
+    }
+
+    fn function(signature: &str, params: &str, returns: &str, body: &str) -> String {
+        let name = signature.split('(').next().unwrap_or(signature);
+        format!(
+            "CREATE OR REPLACE FUNCTION {name}({params}) RETURNS {returns} LANGUAGE plpgsql AS $dl$\n{body}\n$dl$"
+        )
+    }
+
+    /// [`Tx::join`](crate::kinds::Tx::join).
+    fn join(&self, signature: &str) -> String {
+        let Self {
+            h,
+            in_routine,
+            remaining,
+            channel,
+            ..
+        } = self;
+        let InRoutine {
+            ensure,
+            purge,
+            purge_all,
+            mark,
+            insert,
+            ..
+        } = in_routine;
+        let lock = self.lock();
+        let no_flush = NO_FLUSH;
+        let body = format!(
+            "DECLARE n bigint; held boolean;
+BEGIN
+  {lock};
+  IF NOT FOUND THEN
+    {ensure};
+    {lock};
+  END IF;
+  held := o_remaining IS NOT NULL;
+  -- Held as another kind (a mismatch or an exclusive holder), or another waiter's turn.
+  IF (held AND o_owner IS DISTINCT FROM p_marker)
+     OR (o_next_remaining IS NOT NULL AND o_next_owner IS DISTINCT FROM p_owner) THEN
+    {no_flush};
+    RETURN NEXT; RETURN;
+  END IF;
+  IF held AND p_permits > 0 THEN
+    SELECT count(*), min({remaining}) INTO n, o_first_end FROM {h}
+      WHERE name = p_name AND expires_at > now() AND owner <> p_owner;
+    IF n >= p_permits THEN {no_flush}; RETURN NEXT; RETURN; END IF;
+    o_first_end := NULL;
+  END IF;
+  IF held THEN {purge}; ELSE {purge_all}; END IF;
+  {mark};
+  o_taken := o_version + 1;
+  {insert};
+  -- The reservation was ours and is gone: the next waiter may claim it. A semaphore now full
+  -- tells the waiters only that (a hand-over to ourselves: they claim the turn, no join can
+  -- take), anything else wakes them to join.
+  IF o_next_owner = p_owner THEN
+    IF p_permits > 0 AND n + 1 >= p_permits THEN
+      PERFORM pg_notify('{channel}',
+        'h' || o_taken || ':' || octet_length(p_owner) || ':' || p_owner || p_name);
+    ELSE
+      PERFORM pg_notify('{channel}', '0:' || p_name);
+    END IF;
+  END IF;
+  RETURN NEXT;
+END"
+        );
+        Self::function(
+            signature,
+            "p_name text, p_owner text, p_marker text, p_ttl bigint, p_permits bigint",
+            "TABLE (o_owner text, o_version bigint, o_remaining bigint, o_next_owner text, \
+             o_next_since bigint, o_next_remaining bigint, o_taken bigint, o_first_end bigint)",
+            &body,
+        )
+    }
+
+    /// [`Tx::renew`](crate::kinds::Tx::renew).
+    fn renew(&self, signature: &str) -> String {
+        let InRoutine {
+            extend, stretch, ..
+        } = &self.in_routine;
+        let lock = self.lock();
+        let no_flush = NO_FLUSH;
+        let body = format!(
+            "DECLARE {}; n bigint;
+BEGIN
+  {lock};
+  IF NOT FOUND OR o_remaining IS NULL OR o_owner IS DISTINCT FROM p_marker THEN
+    {no_flush}; RETURN false;
+  END IF;
+  {extend};
+  GET DIAGNOSTICS n = ROW_COUNT;
+  IF n <> 1 THEN {no_flush}; RETURN false; END IF;
+  {stretch};
+  RETURN true;
+END",
+            peek_variables()
+        );
+        Self::function(
+            signature,
+            "p_name text, p_owner text, p_marker text, p_token bigint, p_ttl bigint",
+            "boolean",
+            &body,
+        )
+    }
+
+    /// [`Tx::release`](crate::kinds::Tx::release).
+    fn release(&self, signature: &str) -> String {
+        let Self {
+            h,
+            in_routine,
+            channel,
+            ..
+        } = self;
+        let InRoutine {
+            purge,
+            leave,
+            free,
+            shrink,
+            ..
+        } = in_routine;
+        let lock = self.lock();
+        let no_flush = NO_FLUSH;
+        let body = format!(
+            "DECLARE {}; n bigint;
+BEGIN
+  {lock};
+  IF NOT FOUND OR o_remaining IS NULL OR o_owner IS DISTINCT FROM p_marker THEN
+    {no_flush}; RETURN false;
+  END IF;
+  IF p_token IS NULL THEN {purge}; ELSE {leave}; END IF;
+  GET DIAGNOSTICS n = ROW_COUNT;
+  IF n = 0 THEN RETURN false; END IF;
+  {no_flush};
+  SELECT count(*) INTO n FROM {h} WHERE name = p_name AND expires_at > now();
+  IF n = 0 THEN {free}; ELSE {shrink}; END IF;
+  -- A writer waits for the last reader; a permit waiter for any permit.
+  IF n = 0 OR p_wake THEN
+    PERFORM pg_notify('{channel}', CASE WHEN o_next_owner IS NOT NULL AND o_next_remaining IS NOT NULL
+      THEN octet_length(o_next_owner) || ':' || o_next_owner || p_name ELSE '0:' || p_name END);
+  END IF;
+  RETURN true;
+END",
+            peek_variables()
+        );
+        Self::function(
+            signature,
+            "p_name text, p_owner text, p_marker text, p_token bigint, p_wake boolean",
+            "boolean",
+            &body,
+        )
+    }
+}
+
+/// The declarations of the peek variables (the join has them as its output columns).
+fn peek_variables() -> &'static str {
+    "o_owner text; o_version bigint; o_remaining bigint; o_next_owner text; \
+     o_next_since bigint; o_next_remaining bigint"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_are_replaced_from_the_last() {
+        assert_eq!(
+            with_args("a = $1 AND b = $10 AND c = $2::bigint", &["x"; 10]),
+            "a = x AND b = x AND c = x::bigint"
+        );
+        let names = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"];
+        assert_eq!(with_args("$1 $10 $2", &names), "a j b");
+    }
+}
