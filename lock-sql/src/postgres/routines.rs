@@ -209,7 +209,7 @@ BEGIN
   {stretch};
   RETURN true;
 END",
-            peek_variables()
+            DECLARE_PEEK
         );
         Self::function(
             signature,
@@ -256,7 +256,7 @@ BEGIN
   END IF;
   RETURN true;
 END",
-            peek_variables()
+            DECLARE_PEEK
         );
         Self::function(
             signature,
@@ -268,10 +268,8 @@ END",
 }
 
 /// The declarations of the peek variables (the join has them as its output columns).
-fn peek_variables() -> &'static str {
-    "o_owner text; o_version bigint; o_remaining bigint; o_next_owner text; \
-     o_next_since bigint; o_next_remaining bigint"
-}
+const DECLARE_PEEK: &str = "o_owner text; o_version bigint; o_remaining bigint; \
+     o_next_owner text; o_next_since bigint; o_next_remaining bigint";
 
 #[cfg(test)]
 mod tests {
