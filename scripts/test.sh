@@ -392,6 +392,10 @@ run_lanes() {
   # shellcheck disable=SC2086  # one lane per word
   run_group other $backends
   echo "==> test.sh: backend binaries (other): $(fmt_ms "$(($(now_ms) - t0))")" >&2
+  # The failing cases' messages, printed again just before the summary: a long run's log is
+  # read from its end, and the failures sections are far from it.
+  grep -h -A1 ' panicked at ' "$lanes_dir"/*.log 2>/dev/null | grep -v '^--$' |
+    head -n 80 >"$BACKGROUND/failures" || true
   rm -rf "$lanes_dir"
   return "$rc"
 }
@@ -414,5 +418,9 @@ fault_check() {
 }
 run_step fault-check fault_check
 
+if [[ -s $BACKGROUND/failures ]]; then
+  echo "==> test.sh: the failing tests' messages (the first 40):" >&2
+  cat "$BACKGROUND/failures" >&2
+fi
 echo "==> test.sh summary: ${summary[*]}" >&2
 exit "$first_rc"
