@@ -203,9 +203,13 @@ fn write_charts(report: &Report, dir: &std::path::Path) -> Result<(), Failure> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Failure::new(CONFIG, format!("cannot create {}: {e}", dir.display())))?;
     type Draw = fn(&Report) -> Result<String, String>;
-    let charts: [(&str, Draw); 2] = [
+    let charts: [(&str, Draw); 3] = [
         ("hold-cost.svg", distlock_bench::hold_cost_svg),
         ("clients-latency.svg", distlock_bench::clients_latency_svg),
+        (
+            "clients-primitives.svg",
+            distlock_bench::clients_primitives_svg,
+        ),
     ];
     for (file, draw) in charts {
         // A chart without data (its scenario did not run) is not written.

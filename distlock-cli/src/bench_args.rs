@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use distlock_bench::{BenchConfig, S1Call, ScenarioSelection};
+use distlock_bench::{BenchConfig, GrowthKind, S1Call, ScenarioSelection};
 
 /// The scenario flags, flattened into `distlock bench`. Defaults match
 /// [`BenchConfig::default`]; durations take humantime syntax (`500ms`, `5s`, `1m`).
@@ -86,6 +86,16 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "4,16,64")]
     pub(crate) client_counts: Vec<usize>,
 
+    /// Hold and clients: the primitives measured, comma-separated (a backend without one
+    /// skips it, saying why).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "mutex,rw,semaphore"
+    )]
+    pub(crate) growth_kinds: Vec<Primitive>,
+
     /// Names: how many names the clients pick from at random.
     #[arg(long, default_value_t = 1_000)]
     pub(crate) names: usize,
@@ -103,7 +113,8 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
     pub(crate) churn_settle: Duration,
 
-    /// Growth scenarios: write SVG charts into DIR (hold-cost.svg, clients-latency.svg).
+    /// Growth scenarios: write SVG charts into DIR (hold-cost.svg, clients-latency.svg,
+    /// clients-primitives.svg).
     #[arg(long, value_name = "DIR")]
     pub(crate) charts: Option<PathBuf>,
 
@@ -142,6 +153,7 @@ impl BenchArgs {
             .with_hold_for(self.hold_for)
             .with_hold_concurrency(self.hold_concurrency)
             .with_client_counts(self.client_counts.clone())
+            .with_growth_kinds(self.growth_kinds.iter().map(|&k| k.into()).collect())
             .with_names(self.names, self.names_clients)
             .with_churn(self.churn_names, self.churn_settle)
             .with_progress(!self.quiet);
@@ -194,6 +206,27 @@ impl From<Scenario> for ScenarioSelection {
     }
 }
 
+/// `--growth-kinds` (the harness's [`GrowthKind`]).
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub(crate) enum Primitive {
+    /// The mutex (exclusive locks; clients: S2's loop).
+    Mutex,
+    /// The read-write lock (hold: read holds; clients: the read/write mix).
+    Rw,
+    /// The semaphore of --permits (hold: one permit per name; clients: its scenario).
+    Semaphore,
+}
+
+impl From<Primitive> for GrowthKind {
+    fn from(kind: Primitive) -> Self {
+        match kind {
+            Primitive::Mutex => Self::Mutex,
+            Primitive::Rw => Self::ReadWrite,
+            Primitive::Semaphore => Self::Semaphore,
+        }
+    }
+}
+
 /// `--s1-call` (the harness's [`S1Call`]).
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub(crate) enum Call {
@@ -218,7 +251,7 @@ mod tests {
     use std::time::Duration;
 
     use clap::Parser;
-    use distlock_bench::{BenchConfig, S1Call, ScenarioSelection};
+    use distlock_bench::{BenchConfig, GrowthKind, S1Call, ScenarioSelection};
 
     use super::BenchArgs;
 
@@ -268,6 +301,8 @@ mod tests {
             "1500ms",
             "--client-counts",
             "2,4",
+            "--growth-kinds",
+            "rw,semaphore",
             "--churn-names",
             "500",
             "--churn-settle",
@@ -291,6 +326,10 @@ mod tests {
         assert_eq!(config.hold_counts, [1, 50]);
         assert_eq!(config.hold_window(), Duration::from_millis(4500));
         assert_eq!(config.client_counts, [2, 4]);
+        assert_eq!(
+            config.growth_kinds,
+            [GrowthKind::ReadWrite, GrowthKind::Semaphore]
+        );
         assert_eq!(config.churn_names, 500);
         assert_eq!(config.churn_settle, Duration::from_secs(3));
         assert_eq!(

@@ -272,6 +272,8 @@ fn hold_reports_the_cost_of_each_held_lock(url: &str) {
         "1,50",
         "--hold-ttl",
         "1500ms",
+        "--growth-kinds",
+        "mutex",
     ];
     let file = format!("hold-{}.json", url.split(':').next().unwrap_or("x"));
     let (target, stdout) = growth_run(&env, &file, &args);
@@ -317,6 +319,8 @@ fn clients_reports_one_s2_per_client_count() {
         "300ms",
         "--s2-warmup",
         "50ms",
+        "--growth-kinds",
+        "mutex",
     ];
     let (target, stdout) = growth_run(&env, "clients.json", &args);
     assert!(stdout.contains("### Clients-C"), "{stdout}");
@@ -398,7 +402,11 @@ fn charts_are_written_as_svg() {
         &dir_arg,
     ];
     growth_run(&env, "charts.json", &args);
-    for file in ["hold-cost.svg", "clients-latency.svg"] {
+    for file in [
+        "hold-cost.svg",
+        "clients-latency.svg",
+        "clients-primitives.svg",
+    ] {
         let svg = std::fs::read_to_string(dir.join(file)).unwrap_or_default();
         assert!(
             svg.contains("<svg") && svg.trim_end().ends_with("</svg>"),
@@ -406,6 +414,95 @@ fn charts_are_written_as_svg() {
         );
         assert!(svg.contains("memory://bench-charts"), "{file}");
     }
+    // One line per primitive where the chart has them.
+    for file in ["hold-cost.svg", "clients-primitives.svg"] {
+        let svg = std::fs::read_to_string(dir.join(file)).unwrap_or_default();
+        for line in [
+            "memory://bench-charts rw",
+            "memory://bench-charts semaphore",
+        ] {
+            assert!(svg.contains(line), "{file} has no line {line:?}");
+        }
+    }
+}
+
+/// `--growth-kinds`: hold-K and clients-C of the read-write lock and the semaphore beside the
+/// mutex's, each within its bound (a semaphore's holders never more than its permits, a
+/// read-write lock's readers together), and a backend without a primitive skips it.
+#[test]
+fn growth_measures_every_primitive() {
+    let env = Env::new();
+    let args = [
+        "--url",
+        "memory://bench-kinds",
+        "--scenario",
+        "growth",
+        "--hold-counts",
+        "20",
+        "--hold-ttl",
+        "300ms",
+        "--hold-for",
+        "1s",
+        "--client-counts",
+        "6",
+        "--permits",
+        "2",
+        "--names",
+        "10",
+        "--names-clients",
+        "2",
+        "--duration",
+        "300ms",
+        "--s2-warmup",
+        "50ms",
+    ];
+    let (target, stdout) = growth_run(&env, "kinds.json", &args);
+    let growth = &target["growth"];
+    let kinds: Vec<_> = growth["hold"]
+        .as_array()
+        .expect("hold points")
+        .iter()
+        .map(|p| {
+            assert_eq!(
+                (p["locks"].as_u64(), p["lost"].as_u64()),
+                (Some(20), Some(0))
+            );
+            p["kind"].as_str().unwrap_or_default().to_owned()
+        })
+        .collect();
+    assert_eq!(kinds, ["mutex", "read_write", "semaphore"], "{growth}");
+    assert_eq!(growth["clients"].as_array().map(Vec::len), Some(1));
+    let mixed = growth["mixed_clients"].as_array().expect("mixed points");
+    assert_eq!(mixed.len(), 2, "{growth}");
+    let (rw, sem) = (&mixed[0]["mixed"], &mixed[1]["mixed"]);
+    assert_eq!(
+        (mixed[0]["kind"].as_str(), mixed[1]["kind"].as_str()),
+        (Some("read_write"), Some("semaphore"))
+    );
+    for point in mixed {
+        assert_eq!(point["clients"], 6, "{point}");
+        assert_eq!(point["mixed"]["violations"], 0, "{point}");
+        assert!(
+            point["acquisitions_per_sec"].as_f64().unwrap_or(0.0) > 0.0,
+            "{point}"
+        );
+    }
+    assert!(
+        rw["max_holders"].as_u64().unwrap_or(0) >= 2,
+        "readers never together: {rw}"
+    );
+    assert_eq!(rw["max_writers"], 1, "{rw}");
+    assert_eq!(sem["max_holders"], 2, "{sem}");
+    for heading in [
+        "| memory://bench-kinds | rw | 20 |",
+        "| memory://bench-kinds | semaphore | 6 |",
+    ] {
+        assert!(stdout.contains(heading), "no row {heading:?}: {stdout}");
+    }
+    assert!(
+        stdout.contains("### Clients-C of the read-write lock"),
+        "{stdout}"
+    );
 }
 
 /// The pids of the busy processes of the bench `parent` (their command line names it).

@@ -4,7 +4,7 @@
 use plotters::coord::combinators::IntoLogRange;
 use plotters::prelude::*;
 
-use crate::Report;
+use crate::{GrowthKind, Report};
 
 /// One panel: a title and, per target, its points `(x, y)`.
 struct Panel {
@@ -24,7 +24,8 @@ const COLORS: [RGBColor; 8] = [
 ];
 
 /// `hold-cost.svg`: server requests per renewal tick, client CPU (% of one core) and heap
-/// bytes per held guard, each against K (log x axis), one line per target.
+/// bytes per held guard, each against K (log x axis), one line per target and primitive
+/// (the mutex's named by its target, the others `target rw`, `target semaphore`).
 ///
 /// # Errors
 /// The chart could not be drawn (a message from the plotting crate), or no target ran hold.
@@ -33,15 +34,18 @@ pub fn hold_cost_svg(report: &Report) -> Result<String, String> {
         report
             .targets
             .iter()
-            .filter_map(|t| {
-                let points: Vec<_> = t
-                    .growth
-                    .as_ref()?
-                    .hold
-                    .iter()
-                    .filter_map(|h| Some((h.locks as f64, value(h)?)))
-                    .collect();
-                (!points.is_empty()).then(|| (t.target.clone(), points))
+            .flat_map(|t| {
+                GrowthKind::ALL.into_iter().filter_map(move |kind| {
+                    let points: Vec<_> = t
+                        .growth
+                        .as_ref()?
+                        .hold
+                        .iter()
+                        .filter(|h| h.kind == kind)
+                        .filter_map(|h| Some((h.locks as f64, value(h)?)))
+                        .collect();
+                    (!points.is_empty()).then(|| (series_label(&t.target, kind), points))
+                })
             })
             .collect::<Vec<_>>()
     };
@@ -109,6 +113,78 @@ pub fn clients_latency_svg(report: &Report) -> Result<String, String> {
         "C (contending clients)",
         &panels,
     )
+}
+
+/// `clients-primitives.svg`: acquisitions per second, the acquire wait's p99 (ms) and the
+/// holders in use on average against the number of contending clients C (log x axis), one
+/// line per target and primitive: the mutex's from S2 (critical sections, the held share),
+/// the read-write lock's from the read/write mix and the semaphore's from its scenario.
+///
+/// # Errors
+/// The chart could not be drawn, or no target ran clients.
+pub fn clients_primitives_svg(report: &Report) -> Result<String, String> {
+    let series = |mutex: fn(&crate::ClientsPoint) -> f64, mixed: fn(&crate::MixedResult) -> f64| {
+        let mut all = Vec::new();
+        for t in &report.targets {
+            let Some(g) = &t.growth else { continue };
+            let points: Vec<_> = g
+                .clients
+                .iter()
+                .map(|c| (c.clients as f64, mutex(c)))
+                .collect();
+            if !points.is_empty() {
+                all.push((series_label(&t.target, GrowthKind::Mutex), points));
+            }
+            for kind in [GrowthKind::ReadWrite, GrowthKind::Semaphore] {
+                let points: Vec<_> = g
+                    .mixed_clients
+                    .iter()
+                    .filter(|c| c.kind == kind)
+                    .map(|c| (c.clients as f64, mixed(&c.mixed)))
+                    .collect();
+                if !points.is_empty() {
+                    all.push((series_label(&t.target, kind), points));
+                }
+            }
+        }
+        all
+    };
+    let panels = [
+        Panel {
+            title: "acquisitions per second",
+            series: series(|c| c.critical_sections_per_sec, |m| m.acquisitions_per_sec),
+        },
+        Panel {
+            title: "acquire wait p99, ms",
+            series: series(
+                |c| c.s2.acquire_wait.p99_us / 1000.0,
+                |m| m.acquire_wait.p99_us / 1000.0,
+            ),
+        },
+        Panel {
+            title: "holders in use on average (a mutex at most 1)",
+            series: series(|c| c.s2.held_share, |m| m.mean_holders),
+        },
+    ];
+    let c = &report.config;
+    draw(
+        &format!(
+            "distlock bench: C clients on one name, every primitive (hold {}, {:.0}% writes, {} permits)",
+            humantime::format_duration(c.hold),
+            c.write_share * 100.0,
+            c.permits
+        ),
+        "C (contending clients)",
+        &panels,
+    )
+}
+
+/// A chart line's label: the target for the mutex, `target rw` / `target semaphore`.
+fn series_label(target: &str, kind: GrowthKind) -> String {
+    match kind {
+        GrowthKind::Mutex => target.to_owned(),
+        kind => format!("{target} {}", kind.as_str()),
+    }
 }
 
 fn draw(caption: &str, x_desc: &str, panels: &[Panel]) -> Result<String, String> {

@@ -4,8 +4,10 @@ use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use distlock_core::Error;
+use distlock_core::{Error, LockKind};
 use serde::{Serialize, Serializer};
+
+use crate::mixed::Mix;
 
 /// Which scenarios a run measures. The raw floor of a target, if it has one, is measured
 /// whenever any scenario runs.
@@ -84,6 +86,56 @@ impl ScenarioSelection {
             self,
             Self::Hold | Self::Clients | Self::Names | Self::Growth | Self::Churn
         )
+    }
+}
+
+/// A primitive of the growth scenarios hold-K and clients-C ([`BenchConfig::growth_kinds`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GrowthKind {
+    /// The mutex: hold-K holds K exclusive locks; clients-C runs S2's loop.
+    Mutex,
+    /// The read-write lock: hold-K holds a read (shared) hold on each of K names; clients-C
+    /// runs the read/write mix ([`BenchConfig::write_share`] of the acquisitions exclusive).
+    ReadWrite,
+    /// The semaphore of [`BenchConfig::permits`]: hold-K holds one permit of each of K
+    /// names; clients-C runs the semaphore scenario.
+    Semaphore,
+}
+
+impl GrowthKind {
+    /// Every primitive, in report order.
+    pub const ALL: [Self; 3] = [Self::Mutex, Self::ReadWrite, Self::Semaphore];
+
+    /// The short name of reports, charts and `--growth-kinds`: `mutex`, `rw`, `semaphore`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Mutex => "mutex",
+            Self::ReadWrite => "rw",
+            Self::Semaphore => "semaphore",
+        }
+    }
+
+    /// The kind of hold-K's acquisitions (a read hold, one permit of `permits`).
+    pub(crate) fn lock_kind(self, permits: u32) -> LockKind {
+        match self {
+            Self::Mutex => LockKind::Exclusive,
+            Self::ReadWrite => LockKind::Shared,
+            Self::Semaphore => LockKind::Permit { permits },
+        }
+    }
+
+    /// The scenario clients-C runs for this primitive, `None` for the mutex (S2's loop).
+    pub(crate) fn mix(self, config: &BenchConfig) -> Option<Mix> {
+        match self {
+            Self::Mutex => None,
+            Self::ReadWrite => Some(Mix::ReadWrite {
+                write_share: config.write_share,
+            }),
+            Self::Semaphore => Some(Mix::Semaphore {
+                permits: config.permits,
+            }),
+        }
     }
 }
 
@@ -175,6 +227,9 @@ pub struct BenchConfig {
     pub hold_concurrency: usize,
     /// Clients: the numbers of contending clients C, one S2 run each. Default 4, 16, 64.
     pub client_counts: Vec<usize>,
+    /// Hold and clients: the primitives measured, each its own curve (a backend without a
+    /// primitive skips it, with the reason in the report). Default all three.
+    pub growth_kinds: Vec<GrowthKind>,
     /// Names: how many names the clients pick from. Default 1 000.
     pub names: usize,
     /// Names: the clients (and raw floor connections). Default 16.
@@ -240,6 +295,7 @@ impl Default for BenchConfig {
             hold_for: None,
             hold_concurrency: 64,
             client_counts: vec![4, 16, 64],
+            growth_kinds: GrowthKind::ALL.to_vec(),
             names: 1_000,
             names_clients: 16,
             churn_names: 100_000,
@@ -397,6 +453,13 @@ impl BenchConfig {
         self
     }
 
+    /// Sets the primitives of the hold and clients scenarios.
+    #[must_use]
+    pub fn with_growth_kinds(mut self, kinds: Vec<GrowthKind>) -> Self {
+        self.growth_kinds = kinds;
+        self
+    }
+
     /// Sets the names scenario's number of names and clients.
     #[must_use]
     pub fn with_names(mut self, names: usize, clients: usize) -> Self {
@@ -483,6 +546,9 @@ impl BenchConfig {
             && (self.client_counts.is_empty() || self.client_counts.contains(&0))
         {
             return bad("client_counts must be non-empty and each at least 1");
+        }
+        if (self.scenarios.hold() || self.scenarios.clients()) && self.growth_kinds.is_empty() {
+            return bad("growth_kinds must name at least one primitive");
         }
         if self.scenarios.names() && (self.names == 0 || self.names_clients == 0) {
             return bad("names and names_clients must be at least 1");

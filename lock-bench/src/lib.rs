@@ -57,7 +57,11 @@
 //!   requests per renewal tick from its own [`ServerCounter`], CPU and heap bytes per guard
 //!   from the binary's [`Instruments`], locks lost), clients-C (S2 per client count) and names
 //!   (random names next to the raw floor run the same way), in [`TargetResult::growth`];
-//!   [`hold_cost_svg`] and [`clients_latency_svg`] chart them. See [`run_with`].
+//!   hold-K and clients-C for each primitive of [`BenchConfig::growth_kinds`] (the read-write
+//!   lock's hold-K holds read holds, its clients-C runs the read/write mix; the semaphore's
+//!   holds one permit per name and runs the semaphore scenario: [`MixedClientsPoint`]);
+//!   [`hold_cost_svg`], [`clients_latency_svg`] and [`clients_primitives_svg`] chart them.
+//!   See [`run_with`].
 //! - **Churn** (issue 42; [`ScenarioSelection::Churn`], not in `Growth`): one client
 //!   acquires and releases [`BenchConfig::churn_names`] distinct names once each, then counts
 //!   what the server still keeps for them through
@@ -118,12 +122,12 @@ mod stats;
 mod target;
 mod uncontended;
 
-pub use charts::{clients_latency_svg, hold_cost_svg};
+pub use charts::{clients_latency_svg, clients_primitives_svg, hold_cost_svg};
 pub use churn::{ChurnResult, Leftover};
-pub use config::{BenchConfig, S1Call, ScenarioSelection};
+pub use config::{BenchConfig, GrowthKind, S1Call, ScenarioSelection};
 pub use growth::{
-    ClientsPoint, GrowthResult, HoldPoint, IdleWindow, Instruments, NamesResult, NoInstruments,
-    ServerCounter,
+    ClientsPoint, GrowthResult, HoldPoint, IdleWindow, Instruments, MixedClientsPoint, NamesResult,
+    NoInstruments, ServerCounter,
 };
 pub use hooks::{
     BenchHooks, ContendedFloorFn, FloorFn, ReadsFn, ServerCounterFn, exchange, http_get,
@@ -227,7 +231,7 @@ async fn run_target(
             instruments,
             &base,
             &mut result.backend,
-            &mut result.errors,
+            (&mut result.errors, &mut result.skipped),
         )
         .await;
         result.growth = Some(growth);

@@ -27,6 +27,12 @@ pub(super) async fn wait_window(window: Duration, what: &str, instruments: &dyn 
     }
 }
 
+/// Hold-K of every primitive of [`BenchConfig::growth_kinds`] the backend has, one K after
+/// another; a primitive the backend lacks goes to `skipped`.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the scenario's inputs and its two outputs"
+)]
 pub(super) async fn hold(
     target: &Target,
     config: &BenchConfig,
@@ -35,6 +41,7 @@ pub(super) async fn hold(
     base: &str,
     backend: &mut Option<String>,
     result: &mut GrowthResult,
+    skipped: &mut Vec<Skipped>,
 ) -> Result<(), Error> {
     let label = target.label();
     let window = config.hold_window();
@@ -42,31 +49,73 @@ pub(super) async fn hold(
     let client = target.connect().await?;
     *backend = Some(client.backend().to_owned());
 
-    let mut cost = 0;
+    let mut read_cost = 0;
     if let Some(counter) = counter.as_deref_mut() {
         instruments.phase(&format!("{label} hold: idle window"));
         let idle = idle_window(counter, window, ticks, instruments).await?;
-        cost = idle.read_cost;
+        read_cost = idle.read_cost;
         result.idle = Some(idle);
     }
-    let idle_per_tick = result.idle.as_ref().map_or(0.0, |i| i.per_tick);
+    let run = HoldRun {
+        client: &*client,
+        config,
+        instruments,
+        read_cost,
+        idle_per_tick: result.idle.as_ref().map_or(0.0, |i| i.per_tick),
+    };
+    for &kind in &config.growth_kinds {
+        let unsupported = kind
+            .mix(config)
+            .and_then(|mix| mix.unsupported(client.backend(), client.capabilities()));
+        if let Some(reason) = unsupported {
+            for &k in &config.hold_counts {
+                instruments.phase(&format!("{label} hold {} K={k}: skipped", kind.as_str()));
+            }
+            skipped.push(Skipped {
+                scenario: format!("hold {}", kind.as_str()),
+                reason,
+            });
+            continue;
+        }
+        for &k in &config.hold_counts {
+            instruments.phase(&format!("{label} hold {} K={k}", kind.as_str()));
+            let name = format!("{base}/{}/{k}", kind.as_str());
+            let point = run.hold_k(kind, k, &name, counter.as_deref_mut()).await?;
+            result.hold.push(point);
+        }
+    }
+    Ok(())
+}
 
-    let options = AcquireOptions::default()
-        .with_ttl(config.hold_ttl)
-        .with_wait(config.acquire_wait);
-    for &k in &config.hold_counts {
-        instruments.phase(&format!("{label} hold K={k}"));
+/// What every K of a hold run shares.
+struct HoldRun<'a> {
+    client: &'a dyn DistributedLock,
+    config: &'a BenchConfig,
+    instruments: &'a dyn Instruments,
+    /// What a pair of counter reads adds to the counter.
+    read_cost: u64,
+    /// The server's idle requests per renewal tick.
+    idle_per_tick: f64,
+}
+
+impl HoldRun<'_> {
+    /// One client holding `k` locks of `kind` under `base`: acquired, settled for a renewal
+    /// tick, held over the window, released.
+    async fn hold_k(
+        &self,
+        kind: GrowthKind,
+        k: usize,
+        base: &str,
+        mut counter: Option<&mut (dyn ServerCounter + '_)>,
+    ) -> Result<HoldPoint, Error> {
+        let (config, instruments) = (self.config, self.instruments);
+        let options = AcquireOptions::default()
+            .with_ttl(config.hold_ttl)
+            .with_wait(config.acquire_wait)
+            .with_kind(kind.lock_kind(config.permits));
         let heap_before = instruments.live_heap_bytes();
         let started = Instant::now();
-        let guards = acquire_many(
-            &*client,
-            &format!("{base}/{k}"),
-            k,
-            &options,
-            config,
-            instruments,
-        )
-        .await?;
+        let guards = acquire_many(self.client, base, k, &options, config, instruments).await?;
         let acquire_ms = started.elapsed().as_secs_f64() * 1000.0;
         // The window measures the steady state: one renewal tick first, in which the locks'
         // schedules align and what the acquisitions left behind lands (a ZooKeeper loss watch
@@ -81,13 +130,14 @@ pub(super) async fn hold(
         let counted_before = read(counter.as_deref_mut()).await?;
         let cpu_before = instruments.cpu_time();
         let window_start = Instant::now();
+        let window = config.hold_window();
         wait_window(window, &format!("holding {k} locks"), instruments).await;
         let held_for = window_start.elapsed();
         let cpu_after = instruments.cpu_time();
         // The heap of the steady state: after a renewal tick and the window, when every loss
         // watch is set and renewal has run.
         let heap_after = instruments.live_heap_bytes();
-        let counted_after = read(counter.as_deref_mut()).await?;
+        let counted_after = read(counter).await?;
         let lost = guards.iter().filter(|g| g.is_lost()).count() as u64;
 
         instruments.detail(&format!("releasing {k} locks"));
@@ -100,16 +150,17 @@ pub(super) async fn hold(
         let ticks = held_for.as_secs_f64() / config.renewal_tick().as_secs_f64();
         let server_requests = counted_before
             .zip(counted_after)
-            .map(|(b, a)| a.saturating_sub(b).saturating_sub(cost));
+            .map(|(b, a)| a.saturating_sub(b).saturating_sub(self.read_cost));
         let requests_per_tick =
-            server_requests.map(|r| (r as f64 / ticks - idle_per_tick).max(0.0));
+            server_requests.map(|r| (r as f64 / ticks - self.idle_per_tick).max(0.0));
         let cpu_percent = cpu_before
             .zip(cpu_after)
             .map(|(b, a)| a.saturating_sub(b).as_secs_f64() / held_for.as_secs_f64() * 100.0);
         let heap_bytes_per_guard = heap_before
             .zip(heap_after)
             .map(|(b, a)| (a as f64 - b as f64) / k as f64);
-        result.hold.push(HoldPoint {
+        Ok(HoldPoint {
+            kind,
             locks: k,
             acquire_ms,
             release_ms,
@@ -121,9 +172,8 @@ pub(super) async fn hold(
             cpu_percent,
             heap_bytes_per_guard,
             lost,
-        });
+        })
     }
-    Ok(())
 }
 
 /// Acquires `{base}/{i}` for every i below `count`, `config.hold_concurrency` at a time.

@@ -9,7 +9,13 @@
 //!   over a window as long with no lock held), the process's CPU time as a percentage of one
 //!   core, and the live heap bytes per held guard ([`Instruments`]). Locks lost during the
 //!   hold are counted (must be 0).
-//! - **clients-C**: S2's loop ([`crate::contended`]) once per client count.
+//! - **clients-C**: S2's loop ([`crate::contended`]) once per client count for the mutex,
+//!   the read/write mix and the semaphore scenario ([`crate::mixed`]) for the read-write
+//!   lock and the semaphore.
+//!
+//! Hold-K and clients-C measure each primitive of [`BenchConfig::growth_kinds`] the backend
+//! has (hold-K of a read-write lock: a read hold on each of K names; of a semaphore: one
+//! permit of each of K names).
 //! - **names**: [`BenchConfig::names_clients`] clients each acquiring a name picked at random
 //!   among [`BenchConfig::names`] (waiting if another client holds it), holding it for
 //!   [`BenchConfig::hold`], releasing it; next to as many raw floor connections running
@@ -27,9 +33,9 @@ use distlock_core::{AcquireOptions, DistributedLock, Error, LockGuard};
 use futures::StreamExt as _;
 use serde::Serialize;
 
-use crate::report::{S2Result, ScenarioError};
+use crate::report::{MixedResult, S2Result, ScenarioError, Skipped};
 use crate::stats::{Progress, Recorder, rate};
-use crate::{BenchConfig, LatencySummary, RawFloor, Target};
+use crate::{BenchConfig, GrowthKind, LatencySummary, RawFloor, Target};
 
 mod hold;
 mod names;
@@ -112,8 +118,10 @@ pub struct GrowthResult {
     pub idle: Option<IdleWindow>,
     /// Hold-K, one entry per K.
     pub hold: Vec<HoldPoint>,
-    /// Clients-C, one entry per C.
+    /// Clients-C of the mutex, one entry per C.
     pub clients: Vec<ClientsPoint>,
+    /// Clients-C of the read-write lock and the semaphore, one entry per primitive and C.
+    pub mixed_clients: Vec<MixedClientsPoint>,
     /// Names.
     pub names: Option<NamesResult>,
     /// Churn.
@@ -139,6 +147,8 @@ pub struct IdleWindow {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct HoldPoint {
+    /// The primitive held.
+    pub kind: GrowthKind,
     /// K: locks held at once.
     pub locks: usize,
     /// Time to acquire all K.
@@ -187,6 +197,24 @@ pub struct ClientsPoint {
     pub s2: S2Result,
 }
 
+/// Clients-C for one C of the read-write lock (the read/write mix) or the semaphore.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct MixedClientsPoint {
+    /// The primitive: [`GrowthKind::ReadWrite`] or [`GrowthKind::Semaphore`].
+    pub kind: GrowthKind,
+    /// C.
+    pub clients: usize,
+    /// Acquisitions (of every kind) per second.
+    pub acquisitions_per_sec: f64,
+    /// The smallest client share ÷ the fair share 1/C (1 = perfectly fair).
+    pub min_share_of_fair: f64,
+    /// The largest client share ÷ the fair share 1/C.
+    pub max_share_of_fair: f64,
+    /// Everything the scenario measured (waits, holders in use, violations).
+    pub mixed: MixedResult,
+}
+
 /// Names: clients on many names picked at random, next to the raw floor.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[non_exhaustive]
@@ -214,11 +242,12 @@ pub struct NamesResult {
 /// The number of progress phases `config` gives one target.
 pub(crate) fn phases(config: &BenchConfig, has_counter: bool) -> u64 {
     let mut n = 0;
+    let kinds = config.growth_kinds.len() as u64;
     if config.scenarios.hold() {
-        n += config.hold_counts.len() as u64 + u64::from(has_counter);
+        n += kinds * config.hold_counts.len() as u64 + u64::from(has_counter);
     }
     if config.scenarios.clients() {
-        n += config.client_counts.len() as u64;
+        n += kinds * config.client_counts.len() as u64;
     }
     if config.scenarios.names() {
         n += 2;
@@ -229,17 +258,17 @@ pub(crate) fn phases(config: &BenchConfig, has_counter: bool) -> u64 {
     n
 }
 
-/// Runs the selected growth scenarios on `target`; failures go to `errors`.
+/// Runs the selected growth scenarios on `target`; failures go to `errors`, primitives the
+/// backend lacks to `skipped`.
 pub(crate) async fn run_target(
     target: &Target,
     config: &BenchConfig,
     instruments: &dyn Instruments,
     base: &str,
     backend: &mut Option<String>,
-    errors: &mut Vec<ScenarioError>,
+    (errors, skipped): (&mut Vec<ScenarioError>, &mut Vec<Skipped>),
 ) -> GrowthResult {
     let mut result = GrowthResult::default();
-    let label = target.label();
     if config.scenarios.hold() {
         let mut counter = match target.server_counter().await {
             Ok(counter) => counter,
@@ -258,24 +287,26 @@ pub(crate) async fn run_target(
             &hold_base,
             backend,
             &mut result,
+            skipped,
         );
         if let Err(e) = hold.await {
             errors.push(ScenarioError::new("hold", &e));
         }
     }
     if config.scenarios.clients() {
-        for &count in &config.client_counts {
-            instruments.phase(&format!("{label} clients C={count}"));
-            let measured = async {
-                let clients = crate::connect(target, count, backend).await?;
-                let config = config.clone().with_clients(count);
-                let name = format!("{base}/clients/{count}");
-                let progress = Progress::new(config.progress, label, &format!("clients {count}"));
-                crate::contended::run_s2(clients, name, &config, progress).await
+        for &kind in &config.growth_kinds {
+            let run = ClientsRun {
+                target,
+                config,
+                instruments,
+                kind,
+                base,
             };
-            match measured.await {
-                Ok(s2) => result.clients.push(clients_point(count, s2)),
-                Err(e) => errors.push(ScenarioError::new(&format!("clients {count}"), &e)),
+            if let Some(reason) = run.every_count(backend, &mut result, errors).await {
+                skipped.push(Skipped {
+                    scenario: format!("clients {}", kind.as_str()),
+                    reason,
+                });
             }
         }
     }
@@ -303,18 +334,97 @@ pub(crate) async fn run_target(
     result
 }
 
-fn clients_point(count: usize, s2: S2Result) -> ClientsPoint {
+/// Clients-C of one primitive.
+struct ClientsRun<'a> {
+    target: &'a Target,
+    config: &'a BenchConfig,
+    instruments: &'a dyn Instruments,
+    kind: GrowthKind,
+    base: &'a str,
+}
+
+impl ClientsRun<'_> {
+    /// Every C of the config: points into `result`, failures into `errors` (the next C runs
+    /// all the same). Returns why the backend lacks the primitive, if it does.
+    async fn every_count(
+        &self,
+        backend: &mut Option<String>,
+        result: &mut GrowthResult,
+        errors: &mut Vec<ScenarioError>,
+    ) -> Option<String> {
+        for &count in &self.config.client_counts {
+            let scenario = match self.kind {
+                GrowthKind::Mutex => format!("clients {count}"),
+                kind => format!("clients {} {count}", kind.as_str()),
+            };
+            let label = self.target.label();
+            self.instruments.phase(&format!("{label} {scenario}"));
+            let progress = Progress::new(self.config.progress, label, &scenario);
+            match self.one_count(count, backend, result, progress).await {
+                Ok(None) => {}
+                Ok(Some(reason)) => return Some(reason),
+                Err(e) => errors.push(ScenarioError::new(&scenario, &e)),
+            }
+        }
+        None
+    }
+
+    /// C = `count`: its point into `result`, or why the backend lacks the primitive.
+    async fn one_count(
+        &self,
+        count: usize,
+        backend: &mut Option<String>,
+        result: &mut GrowthResult,
+        progress: Progress,
+    ) -> Result<Option<String>, Error> {
+        let name = format!("{}/clients/{}/{count}", self.base, self.kind.as_str());
+        let clients = crate::connect(self.target, count, backend).await?;
+        let Some(mix) = self.kind.mix(self.config) else {
+            let config = self.config.clone().with_clients(count);
+            let s2 = crate::contended::run_s2(clients, name, &config, progress).await?;
+            result.clients.push(clients_point(count, s2));
+            return Ok(None);
+        };
+        if let Some(first) = clients.first()
+            && let Some(reason) = mix.unsupported(first.backend(), first.capabilities())
+        {
+            return Ok(Some(reason));
+        }
+        let config = self.config.clone().with_mixed_clients(count);
+        let mixed = crate::mixed::run_mixed(clients, name, mix, &config, progress).await?;
+        let (min, max) = share_bounds(count, mixed.per_client.iter().map(|c| c.share));
+        result.mixed_clients.push(MixedClientsPoint {
+            kind: self.kind,
+            clients: count,
+            acquisitions_per_sec: mixed.acquisitions_per_sec,
+            min_share_of_fair: min,
+            max_share_of_fair: max,
+            mixed,
+        });
+        Ok(None)
+    }
+}
+
+/// The smallest and the largest of `shares` ÷ the fair share 1/`count`.
+fn share_bounds(count: usize, shares: impl Iterator<Item = f64> + Clone) -> (f64, f64) {
     let fair = 1.0 / count as f64;
-    let shares = s2.per_client.iter().map(|c| c.share / fair);
-    let min = shares.clone().fold(f64::INFINITY, f64::min);
-    let max = shares.fold(0.0, f64::max);
+    let min = shares
+        .clone()
+        .map(|s| s / fair)
+        .fold(f64::INFINITY, f64::min);
+    let max = shares.map(|s| s / fair).fold(0.0, f64::max);
+    (if min.is_finite() { min } else { 0.0 }, max)
+}
+
+fn clients_point(count: usize, s2: S2Result) -> ClientsPoint {
+    let (min, max) = share_bounds(count, s2.per_client.iter().map(|c| c.share));
     ClientsPoint {
         clients: count,
         critical_sections_per_sec: s2.critical_sections_per_sec,
         handoff_p50_us: s2.handoff.p50_us,
         handoff_p99_us: s2.handoff.p99_us,
         longest_wait_us: s2.longest_wait_us,
-        min_share_of_fair: if min.is_finite() { min } else { 0.0 },
+        min_share_of_fair: min,
         max_share_of_fair: max,
         s2,
     }

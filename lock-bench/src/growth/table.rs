@@ -21,6 +21,9 @@ pub(crate) fn markdown(report: &crate::Report) -> String {
     if targets.iter().any(|(_, g)| !g.clients.is_empty()) {
         out.push_str(&clients_table(c, &targets));
     }
+    if targets.iter().any(|(_, g)| !g.mixed_clients.is_empty()) {
+        out.push_str(&mixed_clients_table(c, &targets));
+    }
     if targets.iter().any(|(_, g)| g.names.is_some()) {
         out.push_str(&names_table(c, &targets));
     }
@@ -39,8 +42,8 @@ fn hold_table(c: &BenchConfig, targets: &[(&crate::TargetResult, &GrowthResult)]
         humantime::format_duration(c.hold_window()),
         c.hold_concurrency
     );
-    out.push_str("| target | K | server requests / tick | per lock | idle / tick | CPU % of a core | heap bytes / guard | lost | acquire all ms | release all ms | server counter |\n");
-    out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n");
+    out.push_str("| target | primitive | K | server requests / tick | per lock | idle / tick | CPU % of a core | heap bytes / guard | lost | acquire all ms | release all ms | server counter |\n");
+    out.push_str("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n");
     for (t, g) in targets {
         let idle = g.idle.as_ref().map(|i| i.per_tick);
         let counter = g
@@ -55,8 +58,9 @@ fn hold_table(c: &BenchConfig, targets: &[(&crate::TargetResult, &GrowthResult)]
             };
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {lost} | {:.0} | {:.0} | {counter} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {lost} | {:.0} | {:.0} | {counter} |",
                 t.target,
+                h.kind.as_str(),
                 h.locks,
                 opt(h.requests_per_tick, 1),
                 opt(h.requests_per_tick_per_lock, 2),
@@ -97,6 +101,47 @@ fn clients_table(c: &BenchConfig, targets: &[(&crate::TargetResult, &GrowthResul
                 p.min_share_of_fair,
                 p.max_share_of_fair,
                 p.s2.exclusivity_violations
+            );
+        }
+    }
+    out
+}
+
+/// The clients-C table of the read-write lock and the semaphore.
+fn mixed_clients_table(
+    c: &BenchConfig,
+    targets: &[(&crate::TargetResult, &GrowthResult)],
+) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n### Clients-C of the read-write lock ({:.0}% writes) and the semaphore ({} permits): C clients on one name (hold {}, measured {} after {} warm-up)\n",
+        c.write_share * 100.0,
+        c.permits,
+        humantime::format_duration(c.hold),
+        humantime::format_duration(c.duration),
+        humantime::format_duration(c.s2_warmup)
+    );
+    out.push_str("| target | primitive | C | acquisitions/s | acquire p50 ms | acquire p99 ms | longest wait ms | holders in use (mean) | most holders | min share ÷ fair | max share ÷ fair | violations |\n");
+    out.push_str("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+    for (t, g) in targets {
+        for p in &g.mixed_clients {
+            let m = &p.mixed;
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {:.2} | {} | {:.2} | {:.2} | {} |",
+                t.target,
+                p.kind.as_str(),
+                p.clients,
+                p.acquisitions_per_sec,
+                m.acquire_wait.p50_us / 1000.0,
+                m.acquire_wait.p99_us / 1000.0,
+                m.longest_wait_us / 1000.0,
+                m.mean_holders,
+                m.max_holders,
+                p.min_share_of_fair,
+                p.max_share_of_fair,
+                m.violations
             );
         }
     }

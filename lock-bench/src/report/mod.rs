@@ -67,7 +67,8 @@ pub struct TargetResult {
 /// [`Capabilities`](distlock_core::Capabilities) lack the lock kind it needs).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Skipped {
-    /// `"rw"` or `"semaphore"`.
+    /// `"rw"`, `"semaphore"`, or a growth scenario and its primitive (`"hold rw"`,
+    /// `"clients semaphore"`).
     pub scenario: String,
     /// Why, in plain words.
     pub reason: String,
@@ -93,7 +94,13 @@ impl TargetResult {
                 .iter()
                 .map(|c| c.s2.exclusivity_violations)
                 .sum::<u64>();
+            let mixed_clients = g
+                .mixed_clients
+                .iter()
+                .map(|c| c.mixed.violations)
+                .sum::<u64>();
             held + clients
+                + mixed_clients
                 + g.names.as_ref().map_or(0, |n| n.lost)
                 + g.churn.as_ref().map_or(0, |c| c.lost)
         });
