@@ -183,6 +183,20 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
     /// The most leases one [`Self::renew_many`] takes (see [`crate::renew`]).
     fn max_batch(&self) -> usize;
 
+    /// Whether [`Self::renew_holds`] renews a batch of shared holds and permits in one
+    /// statement (PostgreSQL's function); otherwise each renews itself
+    /// ([`Self::renew_hold`]).
+    fn batches_holds(&self) -> bool {
+        false
+    }
+
+    /// The batched [`Self::renew_hold`] of shared holds and permits, sorted by name (at most
+    /// [`Self::max_batch`], each with its ttl): whether each was renewed, in order. Only where
+    /// [`Self::batches_holds`]; the default renews them one after another.
+    async fn renew_holds(&self, batch: &[(HeldBy<'_>, i64)]) -> Result<Vec<bool>, sqlx::Error> {
+        each_hold(self, batch).await
+    }
+
     /// Owner-and-version-checked release of a live lease (wakes waiters).
     async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {
         self.common().release(name, owner, version).await
@@ -397,3 +411,15 @@ macro_rules! bind_value {
     };
 }
 pub(crate) use bind_value;
+
+/// [`Db::renew_hold`] of each of `batch`, one after another: whether each was renewed.
+pub(crate) async fn each_hold<D: Db + ?Sized>(
+    db: &D,
+    batch: &[(HeldBy<'_>, i64)],
+) -> Result<Vec<bool>, sqlx::Error> {
+    let mut renewed = Vec::with_capacity(batch.len());
+    for &(held, ttl_us) in batch {
+        renewed.push(db.renew_hold(held, ttl_us).await?);
+    }
+    Ok(renewed)
+}

@@ -130,7 +130,7 @@ pub(crate) struct Common<DB: sqlx::Database> {
 pub(crate) struct Routines {
     /// The calls.
     pub(crate) calls: Calls,
-    /// No ARGS. How many of the three routines exist (3: all).
+    /// No ARGS. How many of the routines exist (all: as many as [`Self::create`] makes).
     pub(crate) present: Arc<str>,
     /// The statements that create them (`CREATE OR REPLACE FUNCTION`; MySQL: `CREATE
     /// PROCEDURE IF NOT EXISTS`, in the text protocol only).
@@ -157,6 +157,13 @@ pub(crate) struct Calls {
     /// release wakes a waiter even while others hold). The row: 1 if the holder was live and
     /// has left, else 0.
     pub(crate) release: Arc<str>,
+    /// PostgreSQL only: binds the arrays of names, owners, markers, tokens and ttl_us of a
+    /// batch of holds sorted by name. The rows: the 0-based positions of the renewed holds.
+    #[cfg_attr(
+        not(feature = "postgres"),
+        allow(dead_code, reason = "PostgreSQL only")
+    )]
+    pub(crate) renew_many: Option<Arc<str>>,
 }
 
 /// [`Common`]'s statements, whatever the database, for the [`Db`](crate::db::Db) trait's

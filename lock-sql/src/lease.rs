@@ -26,7 +26,7 @@ pub(crate) struct SqlLease {
 impl SqlLease {
     /// The holder, for the statements of a shared hold or a permit; `None` for an exclusive
     /// hold.
-    fn held(&self) -> Option<HeldBy<'_>> {
+    pub(crate) fn held(&self) -> Option<HeldBy<'_>> {
         (self.kind != LockKind::Exclusive).then_some(HeldBy {
             name: self.name.as_str(),
             owner: &self.owner,
@@ -73,9 +73,12 @@ impl Lease for SqlLease {
     }
 
     /// Exclusive leases: the backend's one renewer (see [`crate::renew`]). Shared holds and
-    /// permits: none, their renewal is a transaction of several statements.
+    /// permits: the same where the database renews a batch of them in one statement
+    /// (PostgreSQL's function); elsewhere none, each renews itself (a transaction or a
+    /// procedure call).
     fn renewer(&self) -> Option<Arc<dyn Renewer>> {
-        (self.kind == LockKind::Exclusive).then(|| self.inner.renewer.clone())
+        (self.kind == LockKind::Exclusive || self.inner.db.batches_holds())
+            .then(|| self.inner.renewer.clone())
     }
 
     async fn release(&self) -> Result<()> {

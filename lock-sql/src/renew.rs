@@ -13,10 +13,12 @@
 //!
 //! A batch is sorted by name, so that two batches that meet on a row (a stale lease of one
 //! client on a lock another client holds now) lock their rows in the same order. Shared holds
-//! and permits are not batched: their renewal is a transaction of several statements (the
-//! lock row locked, the holder extended, the lock row's expiry stretched over it), which no
-//! single statement of the three dialects expresses with the same checks; each is renewed
-//! by its own [`Lease::renew`].
+//! and permits: their renewal locks the lock row, extends the holder and stretches the lock
+//! row's expiry over it, which no single statement of the three dialects expresses with the
+//! same checks. On PostgreSQL, where those statements run in a function, a fourth function
+//! runs them for each hold of a batch (sorted by name, as the exclusive batch), one call per
+//! batch ([`Db::renew_holds`](crate::db::Db::renew_holds)); on MySQL/MariaDB and SQLite each
+//! hold is renewed by its own [`Lease::renew`] (a procedure call or a transaction).
 //!
 //! The batch sizes ([`Db::max_batch`](crate::db::Db::max_batch)) per database:
 //! - PostgreSQL: [`PG_MAX_BATCH`]; the list goes as four arrays (`unnest($1::text[], ..)`),
@@ -129,13 +131,32 @@ impl SqlRenewer {
 
 /// Where an item's answer comes from.
 enum Slot<'a> {
-    /// Position in the batch.
+    /// Position in the batch of exclusive leases.
     Batched(usize),
-    /// Renewed on its own: a lease this batch cannot take (another backend's, or not
-    /// exclusive).
+    /// Position in the batch of shared holds and permits.
+    Held(usize),
+    /// Renewed on its own: a lease this batch cannot take (another backend's, or a hold
+    /// where the database renews holds one by one).
     Single(&'a dyn Lease),
     /// Not a lease of this crate.
     Foreign,
+}
+
+/// The positions of `batch` in the order of their names: batches that meet lock their rows
+/// in one order.
+fn name_order<T>(batch: &[T], name: impl Fn(&T) -> &str) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..batch.len()).collect();
+    order.sort_by(|&a, &b| name(&batch[a]).cmp(name(&batch[b])));
+    order
+}
+
+/// The answers to a batch sent in `order` ([`name_order`]), back in the batch's order.
+fn unsorted(order: &[usize], answers: Vec<bool>) -> Vec<bool> {
+    let mut renewed = vec![false; order.len()];
+    for (&i, ok) in order.iter().zip(answers) {
+        renewed[i] = ok;
+    }
+    renewed
 }
 
 #[async_trait]
@@ -147,58 +168,66 @@ impl Renewer for SqlRenewer {
     async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Result<()>>> {
         let mut home: Option<&Arc<Inner>> = None;
         let mut slots = Vec::with_capacity(items.len());
-        let mut batch = Vec::with_capacity(items.len());
+        let (mut batch, mut holds) = (Vec::new(), Vec::new());
         for item in items {
             let slot = match downcast_lease::<SqlLease>(item.lease) {
                 Some(lease)
-                    if lease.kind == LockKind::Exclusive
-                        && home.is_none_or(|h| Arc::ptr_eq(h, &lease.inner)) =>
+                    if home.is_none_or(|h| Arc::ptr_eq(h, &lease.inner))
+                        && (lease.kind == LockKind::Exclusive
+                            || lease.inner.db.batches_holds()) =>
                 {
                     home = Some(&lease.inner);
-                    batch.push(Renewal {
-                        name: lease.name.as_str(),
-                        owner: &lease.owner,
-                        version: lease.version,
-                        ttl_us: micros(item.ttl),
-                    });
-                    Slot::Batched(batch.len() - 1)
+                    match lease.held() {
+                        None => {
+                            batch.push(Renewal {
+                                name: lease.name.as_str(),
+                                owner: &lease.owner,
+                                version: lease.version,
+                                ttl_us: micros(item.ttl),
+                            });
+                            Slot::Batched(batch.len() - 1)
+                        }
+                        Some(held) => {
+                            holds.push((held, micros(item.ttl)));
+                            Slot::Held(holds.len() - 1)
+                        }
+                    }
                 }
                 Some(_) => Slot::Single(item.lease),
                 None => Slot::Foreign,
             };
             slots.push((slot, item.ttl));
         }
-        let renewed = match home {
-            Some(inner) if !batch.is_empty() => {
-                // Sorted by name: batches that meet lock their rows in one order.
-                let mut order: Vec<usize> = (0..batch.len()).collect();
-                order.sort_by(|&a, &b| batch[a].name.cmp(batch[b].name));
+        let (mut renewed, mut held) = (Vec::new(), Vec::new());
+        if let Some(inner) = home {
+            let db = &inner.db;
+            if !batch.is_empty() {
+                let order = name_order(&batch, |r| r.name);
                 let sorted: Vec<Renewal<'_>> = order.iter().map(|&i| batch[i]).collect();
-                let answers = inner
-                    .db
-                    .renew_many(&sorted)
-                    .await
-                    .map_err(|e| map_err("renew", e))?;
-                let mut renewed = vec![false; batch.len()];
-                for (&i, ok) in order.iter().zip(answers) {
-                    renewed[i] = ok;
-                }
-                renewed
+                let answers = db.renew_many(&sorted).await;
+                renewed = unsorted(&order, answers.map_err(|e| map_err("renew", e))?);
             }
-            _ => Vec::new(),
+            if !holds.is_empty() {
+                let order = name_order(&holds, |(h, _)| h.name);
+                let sorted: Vec<_> = order.iter().map(|&i| holds[i]).collect();
+                let answers = db.renew_holds(&sorted).await;
+                held = unsorted(&order, answers.map_err(|e| map_err("renew", e))?);
+            }
+        }
+        let answer = |ok: Option<&bool>, name: &str| {
+            if ok.copied().unwrap_or(false) {
+                Ok(())
+            } else {
+                Err(Error::NotHeld {
+                    name: name.to_owned(),
+                })
+            }
         };
         let mut out = Vec::with_capacity(items.len());
         for (slot, ttl) in slots {
             out.push(match slot {
-                Slot::Batched(i) => {
-                    if renewed.get(i).copied().unwrap_or(false) {
-                        Ok(())
-                    } else {
-                        Err(Error::NotHeld {
-                            name: batch[i].name.to_owned(),
-                        })
-                    }
-                }
+                Slot::Batched(i) => answer(renewed.get(i), batch[i].name),
+                Slot::Held(i) => answer(held.get(i), holds[i].0.name),
                 Slot::Single(lease) => lease.renew(ttl).await,
                 Slot::Foreign => Err(Error::Backend {
                     message: "a lease of another backend in a distlock-sql renewal".to_owned(),

@@ -476,6 +476,7 @@ async fn routines_beside_transactions(
     routine: fn(&str, &str) -> String,
     check: fn(&str) -> String,
     drop_routine: fn(&str) -> String,
+    whats: &[&str],
 ) {
     let table = unique("fn_locks");
     let sep = if url.contains('?') { '&' } else { '?' };
@@ -488,7 +489,7 @@ async fn routines_beside_transactions(
         .await
         .expect("a permit by routines");
     g.release().await.expect("release");
-    let routines = ["join", "renew", "release"].map(|what| routine(&table, what));
+    let routines: Vec<String> = whats.iter().map(|what| routine(&table, what)).collect();
     for routine in &routines {
         exec(&pool, check(routine)).await;
         exec(&pool, drop_routine(routine)).await;
@@ -522,16 +523,16 @@ mod postgres {
         let Some(url) = url else { return };
         super::routines_beside_transactions(
             &url,
-            |table, what| {
-                let last = if what == "release" {
-                    "boolean"
-                } else {
-                    "bigint"
-                };
-                format!("{table}_dl_{what}_v1(text, text, text, bigint, {last})")
+            |table, what| match what {
+                "release" => format!("{table}_dl_{what}_v1(text, text, text, bigint, boolean)"),
+                "renew_many" => {
+                    format!("{table}_dl_{what}_v1(text[], text[], text[], bigint[], bigint[])")
+                }
+                _ => format!("{table}_dl_{what}_v1(text, text, text, bigint, bigint)"),
             },
             |f| format!("SELECT '{f}'::regprocedure"),
             |f| format!("DROP FUNCTION {f}"),
+            &["join", "renew", "release", "renew_many"],
         )
         .await;
     }
@@ -555,6 +556,7 @@ mod mysql {
             |table, what| format!("{table}_dl_{what}_v1"),
             |p| format!("SHOW CREATE PROCEDURE {p}"),
             |p| format!("DROP PROCEDURE {p}"),
+            &["join", "renew", "release"],
         )
         .await;
     }

@@ -3,13 +3,15 @@
 //! `pg_stat_database.xact_commit`, MariaDB `Questions`; SQLite, which has no server, by the
 //! statements sqlx runs on the lock table), next to the idle floor of the same run (the cost
 //! without batching, one statement per lock, is measured by `distlock bench --scenario hold`).
-//! A lock removed behind its holder is lost alone.
+//! A lock removed behind its holder is lost alone. On PostgreSQL the same for shared holds
+//! and permits (a function call per batch); elsewhere those renew one by one.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::{
-    AcquireOptions, ClientConfig, DistributedLock, LockBackend, LockClient, LockGuard, LossReason,
+    AcquireOptions, ClientConfig, DistributedLock, LockBackend, LockClient, LockGuard, LockKind,
+    LossReason,
 };
 use distlock_sql::SqlBackend;
 use futures::future::join_all;
@@ -48,7 +50,7 @@ async fn acquire_in_waves<B: LockBackend>(
 /// Windows of [`INTERVALS`] renewal intervals measured at most, per [`hold`].
 const WINDOWS: usize = 3;
 
-/// `k` locks held by `client` for windows of [`INTERVALS`] renewal intervals (after their
+/// `k` locks of `kind` held by `client` for windows of [`INTERVALS`] renewal intervals (after their
 /// schedules aligned), until a window's count `fits` or [`WINDOWS`] were measured: the
 /// smallest count `counter` saw in a window, and how many locks were lost. The counters
 /// count the whole server, whose own background can land in any window: under the load of
@@ -57,12 +59,12 @@ const WINDOWS: usize = 3;
 /// batching (one statement per lock) fails every window by a factor of hundreds.
 async fn hold<B: LockBackend>(
     client: &LockClient<B>,
-    prefix: &str,
+    (prefix, kind): (&str, LockKind),
     k: usize,
     counter: &dyn Counter,
     fits: impl Fn(u64) -> bool,
 ) -> (u64, usize) {
-    let opts = AcquireOptions::default().with_ttl(TTL);
+    let opts = AcquireOptions::default().with_ttl(TTL).with_kind(kind);
     let names: Vec<String> = (0..k).map(|i| format!("{prefix}-{i}")).collect();
     let guards = acquire_in_waves(client, &names, &opts).await;
     // Two rounds align the schedules (see lock-core's watchdog); one more settles.
@@ -99,13 +101,19 @@ async fn floor(counter: &dyn Counter) -> u64 {
     counter.read().await.saturating_sub(before)
 }
 
-/// K locks held on the database of `url` (whose lock table, `table`, is dropped at the end),
+/// K locks of `kind` held on the database of `url` (whose lock table, `table`, is dropped at the end),
 /// between two idle floors: asserts that batching costs about ceil(K / max_batch) requests per
 /// interval (and at least that many: the renewals were counted), and that no lock is lost.
 /// K is at least twice the batch size: with a single batch per interval the renewals hide in
 /// the server's idle background, which varies by more than that (PostgreSQL, 2026-11-26:
 /// floors of 203 and 13 around a window that counted 12).
-async fn batched(url: &str, table: &str, max_batch: u64, counter: &dyn Counter, label: &str) {
+async fn batched(
+    url: &str,
+    (table, kind): (&str, LockKind),
+    max_batch: u64,
+    counter: &dyn Counter,
+    label: &str,
+) {
     let _alone = ALONE.lock().await;
     let config = ClientConfig::default().with_operation_timeout(Duration::from_secs(5));
     let backend = SqlBackend::connect(distlock_sql::SqlConfig::from_url(url).expect("url"))
@@ -121,12 +129,13 @@ async fn batched(url: &str, table: &str, max_batch: u64, counter: &dyn Counter, 
     // have not quite merged, and the server's idle background (`floor`, plus a little).
     let expected = u64::try_from(k).unwrap_or(u64::MAX).div_ceil(max_batch);
     let most = |floor: u64| (expected + 2) * INTERVALS + floor + 2 * INTERVALS;
-    let (batch, lost) = hold(&client, &unique("batch"), k, counter, |n| n <= most(idle)).await;
+    let prefix = unique("batch");
+    let (batch, lost) = hold(&client, (&prefix, kind), k, counter, |n| n <= most(idle)).await;
     let idle2 = floor(counter).await;
     let per = |n: u64| n as f64 / INTERVALS as f64;
     eprintln!(
-        "{label} K={k}: requests per renewal interval: floor {:.1} / {:.1}, batched {:.1} \
-         ({lost} lost)",
+        "{label} {kind:?} K={k}: requests per renewal interval: floor {:.1} / {:.1}, \
+         batched {:.1} ({lost} lost)",
         per(idle),
         per(idle2),
         per(batch)
@@ -144,18 +153,22 @@ async fn batched(url: &str, table: &str, max_batch: u64, counter: &dyn Counter, 
         "{label} K={k}: only {batch} requests in {INTERVALS} intervals: the renewals were \
          not counted (floor {idle}/{idle2})"
     );
-    common::exec(&pool, format!("DROP TABLE {table}")).await;
+    if kind == LockKind::Exclusive {
+        common::exec(&pool, format!("DROP TABLE {table}")).await;
+    }
 }
 
 /// One of 50 locks freed behind its holder (an operator's forced release) is lost with
-/// `RenewalRejected`; the other 49 go on renewing in their batch. Taken [`ALONE`]: its few
+/// `RenewalRejected`; the other 49 go on renewing in their batch. Locks of `kind`. Taken [`ALONE`]: its few
 /// hundred statements, counted by a batching measurement running meanwhile, failed that
 /// measurement once (PostgreSQL: 614 commits in a window that expected about 12).
-async fn one_forced_release_is_lost_alone(url: &str) {
+async fn one_forced_release_is_lost_alone(url: &str, kind: LockKind) {
     let _alone = ALONE.lock().await;
     let client = common::client_with(url, Duration::from_secs(5)).await;
     let prefix = unique("forced");
-    let opts = AcquireOptions::default().with_ttl(Duration::from_millis(1500));
+    let opts = AcquireOptions::default()
+        .with_ttl(Duration::from_millis(1500))
+        .with_kind(kind);
     let names: Vec<String> = (0..50).map(|i| format!("{prefix}-{i}")).collect();
     let guards: Vec<LockGuard> = join_all(names.iter().map(|name| client.acquire(name, &opts)))
         .await
@@ -225,13 +238,48 @@ mod postgres {
         let admin = sqlx::PgPool::connect(&url).await.expect("admin");
         let table = unique("renewal");
         let url = format!("{url}&table={table}");
-        batched(&url, &table, 1024, &Commits(admin), "postgres").await;
+        batched(
+            &url,
+            (&table, LockKind::Exclusive),
+            1024,
+            &Commits(admin),
+            "postgres",
+        )
+        .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn forced_release_in_a_batch() {
         let Some(url) = url() else { return };
-        one_forced_release_is_lost_alone(&url).await;
+        one_forced_release_is_lost_alone(&url, LockKind::Exclusive).await;
+    }
+
+    /// Shared holds and permits: 2,048 of each (one per name) renewed by a function call per
+    /// batch of 1,024, not one per hold; one forced release in a batch of holds is lost alone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn batched_renewal_of_holds() {
+        let Some(url) = url() else { return };
+        let admin = sqlx::PgPool::connect(&url).await.expect("admin");
+        let table = unique("hold_renewal");
+        let url = format!("{url}&table={table}");
+        for kind in [LockKind::Shared, LockKind::Permit { permits: 3 }] {
+            let counter = Commits(admin.clone());
+            batched(&url, (&table, kind), 1024, &counter, "postgres").await;
+            one_forced_release_is_lost_alone(&url, kind).await;
+        }
+        let pool = distlock_sql::SqlPool::Postgres(admin);
+        for what in ["join", "renew", "release"] {
+            let last = if what == "release" {
+                "boolean"
+            } else {
+                "bigint"
+            };
+            let f = format!("{table}_dl_{what}_v1(text, text, text, bigint, {last})");
+            common::exec(&pool, format!("DROP FUNCTION {f}")).await;
+        }
+        let f = format!("{table}_dl_renew_many_v1(text[], text[], text[], bigint[], bigint[])");
+        common::exec(&pool, format!("DROP FUNCTION {f}")).await;
+        common::exec(&pool, format!("DROP TABLE {table}_holders, {table}")).await;
     }
 
     /// A lock table with history: 50,000 expired leases, analyzed, so that its statistics
@@ -303,13 +351,20 @@ mod mysql {
         let admin = sqlx::MySqlPool::connect(&url).await.expect("admin");
         let table = unique("renewal");
         let url = format!("{url}&table={table}");
-        batched(&url, &table, 512, &Questions(admin), "mysql").await;
+        batched(
+            &url,
+            (&table, LockKind::Exclusive),
+            512,
+            &Questions(admin),
+            "mysql",
+        )
+        .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn forced_release_in_a_batch() {
         let Some(url) = url() else { return };
-        one_forced_release_is_lost_alone(&url).await;
+        one_forced_release_is_lost_alone(&url, LockKind::Exclusive).await;
     }
 }
 
@@ -401,13 +456,20 @@ mod sqlite {
             "sqlite://{}?table={table}&pool_size=4",
             dir.path().join("renewal.db").display()
         );
-        batched(&url, &table, 512, &Counted(statements), "sqlite").await;
+        batched(
+            &url,
+            (&table, LockKind::Exclusive),
+            512,
+            &Counted(statements),
+            "sqlite",
+        )
+        .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn forced_release_in_a_batch() {
         let dir = tempfile::tempdir().expect("tempdir");
         let url = format!("sqlite://{}", dir.path().join("forced.db").display());
-        one_forced_release_is_lost_alone(&url).await;
+        one_forced_release_is_lost_alone(&url, LockKind::Exclusive).await;
     }
 }

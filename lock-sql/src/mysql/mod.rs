@@ -279,7 +279,8 @@ async fn set_up_routines(
                 .fetch_one(conn)
                 .await
         };
-        let mut found = count(conn.conn()).await? == 3;
+        let all = i64::try_from(routines.create.len()).unwrap_or(i64::MAX);
+        let mut found = count(conn.conn()).await? == all;
         if !found && create {
             for statement in &routines.create {
                 // Not in the prepared statement protocol.
@@ -287,7 +288,7 @@ async fn set_up_routines(
                     .execute(conn.conn())
                     .await?;
             }
-            found = count(conn.conn()).await? == 3;
+            found = count(conn.conn()).await? == all;
         }
         drop(conn.done());
         Ok::<_, sqlx::Error>(found)

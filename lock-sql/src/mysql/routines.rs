@@ -78,6 +78,7 @@ pub(crate) fn routines(table: &str, sql: &HolderSql, peek_columns: &str) -> Opti
             join: format!("CALL {join}(?, ?, ?, ?, ?)").into(),
             renew: format!("CALL {renew}(?, ?, ?, ?, ?)").into(),
             release: format!("CALL {release}(?, ?, ?, ?, ?)").into(),
+            renew_many: None,
         },
         present: present.into(),
         create: vec![

@@ -13,11 +13,11 @@ use sqlx::{AssertSqlSafe, Executor, Row};
 
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
-use crate::db::{Claim, Db, Sessions};
-use crate::dialect::{Common, CommonStatements, DataColumn, Routines, Sql, prepare_all, q};
+use crate::db::{Claim, Db, Sessions, each_hold};
+use crate::dialect::{Common, CommonStatements, DataColumn, Sql, prepare_all, q};
 use crate::error::{map_err, pooler_err};
 use crate::keys::quote;
-use crate::kinds::{HolderSql, Holds, holders_table};
+use crate::kinds::{HeldBy, HolderSql, Holds, holders_table, marker};
 use crate::pool::{HotConns, IdleLimit, InUse, open_server};
 use crate::renew::{PG_MAX_BATCH, Renewal, renewed_at};
 use crate::wake::{Notifier, Subscription, parse_payload};
@@ -334,6 +334,11 @@ impl Drop for PgDb {
 }
 
 impl PgDb {
+    /// The call of the function that renews a batch of holds, when the functions are in use.
+    fn renew_holds_call(&self) -> Option<&Arc<str>> {
+        self.common.routines.as_ref()?.renew_many.as_ref()
+    }
+
     pub(crate) async fn open(config: &SqlConfig, sessions: Arc<Sessions>) -> Result<Self> {
         let session_id = "SELECT pg_backend_pid()::bigint";
         let (pool, idle) =
@@ -410,7 +415,7 @@ impl PgDb {
         let (sql, take_wake, holds) = statements(&config.table, handover, DataColumn(data));
         let channel = format!("distlock:{}", config.table);
         let routines = match routines(&config.table, &holds, PEEK_COLUMNS, REMAINING, &channel) {
-            Some(routines) => set_up_routines(&pool, routines, config.create_table).await,
+            Some(routines) => routines::set_up(&pool, routines, config.create_table).await,
             None => None,
         };
         let holds = Holds::new(holds, config.create_table);
@@ -438,50 +443,6 @@ impl PgDb {
             listener: task.abort_handle(),
             handover,
         })
-    }
-}
-
-/// The functions of `routines` when they exist, creating them first (in a transaction under
-/// the lock table's advisory lock, as the table) when missing and `create`. A failure to create
-/// them is logged and leaves the transactions in use: they do the same, in more round trips.
-async fn set_up_routines(
-    pool: &sqlx::PgPool,
-    routines: Routines,
-    create: bool,
-) -> Option<Routines> {
-    let made = async {
-        // Closed, not given back, if cancelled mid-way (see `InUse`).
-        let mut conn = InUse::acquire(pool).await?;
-        let present = async |conn: &mut sqlx::PgConnection| {
-            let found: i32 = sqlx::query_scalar(AssertSqlSafe(routines.present.clone()))
-                .fetch_one(conn)
-                .await?;
-            Ok::<_, sqlx::Error>(found == 3)
-        };
-        let mut found = present(conn.conn()).await?;
-        if !found && create {
-            let mut tx = sqlx::Connection::begin(conn.conn()).await?;
-            sqlx::query("SELECT pg_advisory_xact_lock(7283160942917)")
-                .execute(&mut *tx)
-                .await?;
-            if !present(&mut tx).await? {
-                for statement in &routines.create {
-                    tx.execute(AssertSqlSafe(statement.clone())).await?;
-                }
-            }
-            tx.commit().await?;
-            found = true;
-        }
-        drop(conn.done());
-        Ok::<_, sqlx::Error>(found)
-    };
-    match made.await {
-        Ok(true) => Some(routines),
-        Ok(false) => None,
-        Err(err) => {
-            tracing::warn!(%err, "cannot create the functions of shared holds and permits; using transactions");
-            None
-        }
     }
 }
 
@@ -692,6 +653,29 @@ impl Db for PgDb {
 
     fn max_batch(&self) -> usize {
         PG_MAX_BATCH
+    }
+
+    fn batches_holds(&self) -> bool {
+        self.renew_holds_call().is_some()
+    }
+
+    async fn renew_holds(&self, batch: &[(HeldBy<'_>, i64)]) -> Result<Vec<bool>, sqlx::Error> {
+        let Some(call) = self.renew_holds_call() else {
+            return each_hold(self, batch).await;
+        };
+        let names: Vec<&str> = batch.iter().map(|(h, _)| h.name).collect();
+        let owners: Vec<&str> = batch.iter().map(|(h, _)| h.owner).collect();
+        let markers: Vec<String> = batch.iter().map(|(h, _)| marker(h.kind)).collect();
+        // No token (never a live lease's): NULL, which matches no holder.
+        let tokens: Vec<Option<i64>> = batch.iter().map(|(h, _)| h.token).collect();
+        let ttls: Vec<i64> = batch.iter().map(|&(_, ttl)| ttl).collect();
+        let query = q(call).bind(names).bind(owners).bind(markers).bind(tokens);
+        let rows = self.common.conns.fetch_all(query.bind(ttls)).await?;
+        let positions = rows
+            .iter()
+            .map(|row| row.try_get::<i64, _>(0))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(renewed_at(batch.len(), positions))
     }
 
     async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {

@@ -17,10 +17,20 @@
 //! transactions: both lock the row first, so they serialize with each other. The names end in
 //! `_v1`: a change of what a function does takes a new name, so that clients of two versions
 //! never run each other's.
+//!
+//! A fourth function renews a batch of holds (`_dl_renew_many_v1`, arrays of the renewal's
+//! arguments sorted by name): the watchdog's renewals of every shared hold and permit of a
+//! client in one round trip per [`PG_MAX_BATCH`](crate::renew::PG_MAX_BATCH), each checked
+//! and extended by the very statements of the single renewal, the rows locked in name order
+//! (as the exclusive kind's batch). A client holding 10,000 read holds otherwise sends 10,000
+//! calls per renewal tick.
+
+use sqlx::{AssertSqlSafe, Executor};
 
 use crate::dialect::{Calls, Routines};
 use crate::keys::quote;
 use crate::kinds::{HolderSql, InRoutine};
+use crate::pool::InUse;
 
 /// Replaces the arguments `$1`, `$2`, ... of `sql` with `names`, in order.
 fn with_args(sql: &str, names: &[&str]) -> String {
@@ -44,15 +54,17 @@ pub(crate) fn routines(
     channel: &str,
 ) -> Option<Routines> {
     let last = table.rsplit('.').next().unwrap_or(table);
-    if last.len() + "_dl_release_v1".len() > 63 {
+    if last.len() + "_dl_renew_many_v1".len() > 63 {
         return None;
     }
     let name = |what: &str| quote(&format!("{table}_dl_{what}_v1"), '"');
     let (join, renew, release) = (name("join"), name("renew"), name("release"));
+    let renew_many = name("renew_many");
     let signatures = [
         format!("{join}(text, text, text, bigint, bigint)"),
         format!("{renew}(text, text, text, bigint, bigint)"),
         format!("{release}(text, text, text, bigint, boolean)"),
+        format!("{renew_many}(text[], text[], text[], bigint[], bigint[])"),
     ];
     // Plain identifiers: safe in literals.
     let present = signatures
@@ -73,14 +85,60 @@ pub(crate) fn routines(
             join: format!("SELECT * FROM {join}($1, $2, $3, $4, $5)").into(),
             renew: format!("SELECT {renew}($1, $2, $3, $4, $5)::int::bigint").into(),
             release: format!("SELECT {release}($1, $2, $3, $4, $5)::int::bigint").into(),
+            renew_many: Some(format!("SELECT * FROM {renew_many}($1, $2, $3, $4, $5)").into()),
         },
         present: format!("SELECT {present}").into(),
         create: vec![
             parts.join(&signatures[0]),
             parts.renew(&signatures[1]),
             parts.release(&signatures[2]),
+            parts.renew_many(&signatures[3]),
         ],
     })
+}
+
+/// The functions of `routines` when they exist, creating them first (in a transaction under
+/// the lock table's advisory lock, as the table) when missing and `create`. A failure to create
+/// them is logged and leaves the transactions in use: they do the same, in more round trips.
+pub(super) async fn set_up(
+    pool: &sqlx::PgPool,
+    routines: Routines,
+    create: bool,
+) -> Option<Routines> {
+    let made = async {
+        // Closed, not given back, if cancelled mid-way (see `InUse`).
+        let mut conn = InUse::acquire(pool).await?;
+        let present = async |conn: &mut sqlx::PgConnection| {
+            let found: i32 = sqlx::query_scalar(AssertSqlSafe(routines.present.clone()))
+                .fetch_one(conn)
+                .await?;
+            Ok::<_, sqlx::Error>(usize::try_from(found).is_ok_and(|n| n == routines.create.len()))
+        };
+        let mut found = present(conn.conn()).await?;
+        if !found && create {
+            let mut tx = sqlx::Connection::begin(conn.conn()).await?;
+            sqlx::query("SELECT pg_advisory_xact_lock(7283160942917)")
+                .execute(&mut *tx)
+                .await?;
+            if !present(&mut tx).await? {
+                for statement in &routines.create {
+                    tx.execute(AssertSqlSafe(statement.clone())).await?;
+                }
+            }
+            tx.commit().await?;
+            found = true;
+        }
+        drop(conn.done());
+        Ok::<_, sqlx::Error>(found)
+    };
+    match made.await {
+        Ok(true) => Some(routines),
+        Ok(false) => None,
+        Err(err) => {
+            tracing::warn!(%err, "cannot create the functions of shared holds and permits; using transactions");
+            None
+        }
+    }
 }
 
 /// What the functions' bodies are made of.
@@ -215,6 +273,41 @@ END",
             signature,
             "p_name text, p_owner text, p_marker text, p_token bigint, p_ttl bigint",
             "boolean",
+            &body,
+        )
+    }
+
+    /// [`Tx::renew`](crate::kinds::Tx::renew) of each hold of a batch (arrays sorted by name),
+    /// in one transaction: the 0-based positions of the renewed ones. Unlike the single
+    /// renewal, a refusal does not turn off the commit's flush: the renewals beside it need it.
+    fn renew_many(&self, signature: &str) -> String {
+        let InRoutine {
+            extend, stretch, ..
+        } = &self.in_routine;
+        let lock = self.lock();
+        let body = format!(
+            "DECLARE {DECLARE_PEEK}; n bigint; i int;
+  p_name text; p_owner text; p_marker text; p_token bigint; p_ttl bigint;
+BEGIN
+  FOR i IN 1 .. coalesce(array_length(p_names, 1), 0) LOOP
+    p_name := p_names[i]; p_owner := p_owners[i]; p_marker := p_markers[i];
+    p_token := p_tokens[i]; p_ttl := p_ttls[i];
+    {lock};
+    IF FOUND AND o_remaining IS NOT NULL AND o_owner IS NOT DISTINCT FROM p_marker THEN
+      {extend};
+      GET DIAGNOSTICS n = ROW_COUNT;
+      IF n = 1 THEN
+        {stretch};
+        RETURN NEXT i - 1;
+      END IF;
+    END IF;
+  END LOOP;
+END"
+        );
+        Self::function(
+            signature,
+            "p_names text[], p_owners text[], p_markers text[], p_tokens bigint[], p_ttls bigint[]",
+            "SETOF bigint",
             &body,
         )
     }
