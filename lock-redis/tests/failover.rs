@@ -84,6 +84,12 @@ impl Topo<'_> {
         }
     }
 
+    /// The replicas of each master: Sentinel's 16400-16402 are a master and two replicas,
+    /// the Cluster's six nodes three masters with one replica each (scripts/services/redis.sh).
+    fn replicas(&self) -> usize {
+        if self.sentinel { 2 } else { 1 }
+    }
+
     async fn master_of(&self, key: &str) -> u16 {
         if self.sentinel {
             common::sentinel_master_port(self.url).await
@@ -109,6 +115,41 @@ async fn replicas_of(port: u16) -> Vec<u16> {
                 .and_then(|p| p.parse().ok())
         })
         .collect()
+}
+
+/// Waits (at most 30 s) until the master on `port` counts `expected` replicas online: the
+/// premise of a lagging failover is that every replica is stopped, and a node that is not
+/// attached yet is not stopped. A master killed by the run before comes back as a master of
+/// its own (its config) until Sentinel turns it into a replica; attached then, after the
+/// stop, it is sent a snapshot with the lock on a link of its own, and may be the one
+/// promoted (a CI run saw that: "lagging, yet the new master had the lock").
+async fn all_replicas_online(port: u16, expected: usize) {
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(30);
+    loop {
+        let mut conn = common::raw(&common::local(port)).await;
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut conn)
+            .await
+            .expect("INFO replication");
+        let online = info
+            .lines()
+            .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+            .count();
+        if online >= expected {
+            let waited = started.elapsed();
+            if waited > Duration::from_millis(50) {
+                eprintln!("waited {waited:?} for {expected} replicas of {port} to be online");
+            }
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the master on {port} has {online} of {expected} replicas online after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Waits (at most 10 s) until every replica of the master on `port` has `value` at `key`.
@@ -269,6 +310,7 @@ async fn run_once(topo: Topo<'_>, lagging: bool) -> Run {
     let master = topo.master_of(&keys.lock).await;
     let mut restore = Restore::default();
     if lagging {
+        all_replicas_online(master, topo.replicas()).await;
         for replica in replicas_of(master).await {
             let pid = pid_of(&topo.service(replica));
             signal(&pid, "-STOP");
