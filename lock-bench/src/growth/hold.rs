@@ -139,6 +139,10 @@ impl HoldRun<'_> {
         let heap_after = instruments.live_heap_bytes();
         let counted_after = read(counter).await?;
         let lost = guards.iter().filter(|g| g.is_lost()).count() as u64;
+        let mut loss_reasons = std::collections::BTreeMap::new();
+        for reason in guards.iter().filter_map(LockGuard::loss_reason) {
+            *loss_reasons.entry(format!("{reason:?}")).or_insert(0) += 1;
+        }
 
         instruments.detail(&format!("releasing {k} locks"));
         let started = Instant::now();
@@ -172,6 +176,7 @@ impl HoldRun<'_> {
             cpu_percent,
             heap_bytes_per_guard,
             lost,
+            loss_reasons,
         })
     }
 }
@@ -202,7 +207,8 @@ pub(super) async fn acquire_many(
 }
 
 /// Releases every guard, `concurrency` at a time. Returns how many turned out lost (a lost
-/// guard's release reports [`Error::Lost`]); any other error is returned once all ran.
+/// guard's release reports [`Error::Lost`], one the server no longer has
+/// [`Error::NotHeld`]); any other error is returned once all ran.
 pub(super) async fn release_many(guards: Vec<LockGuard>, concurrency: usize) -> Result<u64, Error> {
     let outcomes: Vec<_> = futures::stream::iter(guards)
         .map(LockGuard::release)
@@ -214,7 +220,7 @@ pub(super) async fn release_many(guards: Vec<LockGuard>, concurrency: usize) -> 
     for outcome in outcomes {
         match outcome {
             Ok(()) => {}
-            Err(Error::Lost { .. }) => lost += 1,
+            Err(Error::Lost { .. } | Error::NotHeld { .. }) => lost += 1,
             Err(e) => {
                 first.get_or_insert(e);
             }

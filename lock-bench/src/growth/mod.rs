@@ -171,8 +171,12 @@ pub struct HoldPoint {
     /// Live heap bytes at the end of the measured window (every lock held a renewal tick and
     /// more) minus before acquiring, divided by K.
     pub heap_bytes_per_guard: Option<f64>,
-    /// Guards that reported a loss by the end of the window (must be 0).
+    /// Guards that reported a loss by the end of the window, or whose release found them no
+    /// longer held (must be 0).
     pub lost: u64,
+    /// The losses reported by the end of the window, by [`LossReason`](distlock_core::LossReason)
+    /// (its variant's name): why they were lost.
+    pub loss_reasons: std::collections::BTreeMap<String, u64>,
 }
 
 /// Clients-C for one C: S2 with C clients.

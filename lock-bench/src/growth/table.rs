@@ -52,7 +52,12 @@ fn hold_table(c: &BenchConfig, targets: &[(&crate::TargetResult, &GrowthResult)]
             .unwrap_or("n/a (no server counter)");
         for h in &g.hold {
             let lost = if h.lost > 0 {
-                format!("**{}**", h.lost)
+                let reasons: Vec<String> = h
+                    .loss_reasons
+                    .iter()
+                    .map(|(r, n)| format!("{r} {n}"))
+                    .collect();
+                format!("**{}** ({})", h.lost, reasons.join(", "))
             } else {
                 "0".to_owned()
             };
