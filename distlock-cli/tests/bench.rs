@@ -467,6 +467,7 @@ fn growth_measures_every_primitive() {
                 (p["locks"].as_u64(), p["lost"].as_u64()),
                 (Some(20), Some(0))
             );
+            assert_eq!(p["loss_reasons"], serde_json::json!({}), "{p}");
             p["kind"].as_str().unwrap_or_default().to_owned()
         })
         .collect();
