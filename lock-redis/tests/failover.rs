@@ -99,8 +99,9 @@ impl Topo<'_> {
     }
 }
 
-/// The ports of the replicas connected to the master on `port` (`INFO replication`).
-async fn replicas_of(port: u16) -> Vec<u16> {
+/// The replicas the master on `port` lists (`INFO replication`): each one's port and whether
+/// it is online.
+async fn replicas_listed(port: u16) -> Vec<(u16, bool)> {
     let mut conn = common::raw(&common::local(port)).await;
     let info: String = redis::cmd("INFO")
         .arg("replication")
@@ -110,10 +111,18 @@ async fn replicas_of(port: u16) -> Vec<u16> {
     info.lines()
         .filter(|l| l.starts_with("slave"))
         .filter_map(|l| {
-            l.split(',')
-                .find_map(|f| f.strip_prefix("port="))
-                .and_then(|p| p.parse().ok())
+            let port = l.split(',').find_map(|f| f.strip_prefix("port="))?;
+            Some((port.parse().ok()?, l.contains("state=online")))
         })
+        .collect()
+}
+
+/// The ports of the replicas connected to the master on `port`.
+async fn replicas_of(port: u16) -> Vec<u16> {
+    replicas_listed(port)
+        .await
+        .into_iter()
+        .map(|(p, _)| p)
         .collect()
 }
 
@@ -127,16 +136,8 @@ async fn all_replicas_online(port: u16, expected: usize) {
     let started = Instant::now();
     let deadline = started + Duration::from_secs(30);
     loop {
-        let mut conn = common::raw(&common::local(port)).await;
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(&mut conn)
-            .await
-            .expect("INFO replication");
-        let online = info
-            .lines()
-            .filter(|l| l.starts_with("slave") && l.contains("state=online"))
-            .count();
+        let listed = replicas_listed(port).await;
+        let online = listed.iter().filter(|(_, online)| *online).count();
         if online >= expected {
             let waited = started.elapsed();
             if waited > Duration::from_millis(50) {
