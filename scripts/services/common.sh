@@ -511,6 +511,8 @@ wait_ready() {
   log "---- last lines of $(log_file "$name") ----"
   tail -n 30 "$(log_file "$name")" >&2 || true
   log "----"
+  # Which part of the probe fails (a family's `diagnose` hook: a line of its own).
+  if server_has diagnose "$name"; then reason+=" ($(hook diagnose "$name" 2>&1 | tr '\n' ' '))"; fi
   # Last, where a caller that keeps only the tail of this output sees it.
   log "$reason"
   return 1

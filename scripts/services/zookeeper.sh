@@ -181,6 +181,22 @@ zookeeper_probe() {
   esac
 }
 
+# zookeeper_diagnose NAME: what each part of the probe of NAME answers now.
+zookeeper_diagnose() {
+  local port
+  port=$(server_port "$1")
+  printf 'srvr on %s: %s' "$port" "$(zk_srvr "$port" | grep -m 1 -E '^(Mode|This)' || echo 'no answer')"
+  if [[ $1 == zookeeper-auth ]]; then
+    printf '; TLS handshake on %s: ' "$ZK_AUTH_TLS_PORT"
+    if timeout 3 openssl s_client -connect "$HOST:$ZK_AUTH_TLS_PORT" -CAfile "$(tls_dir)/ca.pem" \
+      -verify_return_error </dev/null >/dev/null 2>&1; then
+      printf 'ok'
+    else
+      printf 'failed'
+    fi
+  fi
+}
+
 zookeeper_post_ready() {
   case $1 in
     zookeeper-clock) clock_loaded "$1" ;;
