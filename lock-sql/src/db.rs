@@ -184,7 +184,7 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
     fn max_batch(&self) -> usize;
 
     /// Whether [`Self::renew_holds`] renews a batch of shared holds and permits in one
-    /// statement (PostgreSQL's function); otherwise each renews itself
+    /// call (PostgreSQL's function, MySQL's procedure); otherwise each renews itself
     /// ([`Self::renew_hold`]).
     fn batches_holds(&self) -> bool {
         false

@@ -157,12 +157,10 @@ pub(crate) struct Calls {
     /// release wakes a waiter even while others hold). The row: 1 if the holder was live and
     /// has left, else 0.
     pub(crate) release: Arc<str>,
-    /// PostgreSQL only: binds the arrays of names, owners, markers, tokens and ttl_us of a
-    /// batch of holds sorted by name. The rows: the 0-based positions of the renewed holds.
-    #[cfg_attr(
-        not(feature = "postgres"),
-        allow(dead_code, reason = "PostgreSQL only")
-    )]
+    /// The renewal of a batch of holds sorted by name. PostgreSQL binds the arrays of names,
+    /// owners, markers, tokens and ttl_us, and answers the 0-based positions of the renewed
+    /// holds as rows; MySQL binds one JSON array of `[name, owner, marker, token, ttl_us]`
+    /// and answers one row, a string of `1` (renewed) or `0` per hold.
     pub(crate) renew_many: Option<Arc<str>>,
 }
 

@@ -47,10 +47,11 @@
 //!   512 on SQLite (`UPDATE .. FROM (VALUES ..) RETURNING`) and on MySQL/MariaDB (a join to a
 //!   `UNION ALL` list; the matched-row count answers, and only when some lock was refused a
 //!   second statement reads which). Each lock is checked as a single renewal checks it, and a
-//!   refused one is lost alone. Shared holds and permits: on PostgreSQL one function call
-//!   per batch of up to 1,024 (each hold checked and extended by the statements of its single
-//!   renewal, the rows locked in name order); on MySQL/MariaDB and SQLite one by one (a
-//!   procedure call or a short transaction of several statements each).
+//!   refused one is lost alone. Shared holds and permits: one function call per batch of up
+//!   to 1,024 on PostgreSQL (four arrays) and one procedure call per batch of up to 512 on
+//!   MySQL/MariaDB (a JSON array), each hold checked and extended by the statements of its
+//!   single renewal, the rows locked in name order; on SQLite one by one (a short
+//!   transaction of several statements each).
 //! - **Abandon** (an attempt that ends without a guard) clears the owner's lock and
 //!   reservation by owner value, so a lock granted by a reply that never arrived is freed.
 //! - **Waiters**: a waiting attempt that finds the lock busy claims the single reservation

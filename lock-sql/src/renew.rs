@@ -15,10 +15,10 @@
 //! client on a lock another client holds now) lock their rows in the same order. Shared holds
 //! and permits: their renewal locks the lock row, extends the holder and stretches the lock
 //! row's expiry over it, which no single statement of the three dialects expresses with the
-//! same checks. On PostgreSQL, where those statements run in a function, a fourth function
-//! runs them for each hold of a batch (sorted by name, as the exclusive batch), one call per
-//! batch ([`Db::renew_holds`](crate::db::Db::renew_holds)); on MySQL/MariaDB and SQLite each
-//! hold is renewed by its own [`Lease::renew`] (a procedure call or a transaction).
+//! same checks. On PostgreSQL and MySQL/MariaDB, where those statements run in a function
+//! or procedure, a fourth one runs them for each hold of a batch (sorted by name, as the
+//! exclusive batch), one call per batch ([`Db::renew_holds`](crate::db::Db::renew_holds));
+//! on SQLite each hold is renewed by its own [`Lease::renew`] (a transaction).
 //!
 //! The batch sizes ([`Db::max_batch`](crate::db::Db::max_batch)) per database:
 //! - PostgreSQL: [`PG_MAX_BATCH`]; the list goes as four arrays (`unnest($1::text[], ..)`),

@@ -3,8 +3,9 @@
 //! `pg_stat_database.xact_commit`, MariaDB `Questions`; SQLite, which has no server, by the
 //! statements sqlx runs on the lock table), next to the idle floor of the same run (the cost
 //! without batching, one statement per lock, is measured by `distlock bench --scenario hold`).
-//! A lock removed behind its holder is lost alone. On PostgreSQL the same for shared holds
-//! and permits (a function call per batch); elsewhere those renew one by one.
+//! A lock removed behind its holder is lost alone. On PostgreSQL and MariaDB the same for
+//! shared holds and permits (a function or procedure call per batch); SQLite renews those one
+//! by one.
 
 use std::time::Duration;
 
@@ -365,6 +366,27 @@ mod mysql {
     async fn forced_release_in_a_batch() {
         let Some(url) = url() else { return };
         one_forced_release_is_lost_alone(&url, LockKind::Exclusive).await;
+    }
+
+    /// Shared holds and permits: 1,024 of each (one per name) renewed by a procedure call per
+    /// batch of 512 (`Questions` counts the call, not the statements inside it), not one per
+    /// hold; one forced release in a batch of holds is lost alone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn batched_renewal_of_holds() {
+        let Some(url) = url() else { return };
+        let admin = sqlx::MySqlPool::connect(&url).await.expect("admin");
+        let table = unique("hold_renewal");
+        let url = format!("{url}&table={table}");
+        for kind in [LockKind::Shared, LockKind::Permit { permits: 3 }] {
+            let counter = Questions(admin.clone());
+            batched(&url, (&table, kind), 512, &counter, "mysql").await;
+            one_forced_release_is_lost_alone(&url, kind).await;
+        }
+        let pool = distlock_sql::SqlPool::MySql(admin);
+        for what in ["join", "renew", "release", "renew_many"] {
+            common::exec(&pool, format!("DROP PROCEDURE {table}_dl_{what}_v1")).await;
+        }
+        common::exec(&pool, format!("DROP TABLE {table}_holders, {table}")).await;
     }
 }
 

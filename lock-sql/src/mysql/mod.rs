@@ -11,11 +11,11 @@ use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
-use crate::db::{Claim, Db, Sessions};
+use crate::db::{Claim, Db, Sessions, each_hold};
 use crate::dialect::{Common, CommonStatements, DataColumn, Routines, Sql, prepare_all, q};
 use crate::error::map_err;
 use crate::keys::quote;
-use crate::kinds::{HolderSql, Holds, holders_table};
+use crate::kinds::{HeldBy, HolderSql, Holds, holders_table, marker};
 use crate::pool::{HotConns, IdleLimit, InUse, checked, open_server};
 use crate::renew::{BySize, LIST_MAX_BATCH, Renewal, padded, renewed_at, too_many};
 use crate::wake::{ServerWait, WakeLockSql, WakeLocks, spawn_keep_alive};
@@ -210,6 +210,11 @@ impl MyDb {
         })
     }
 
+    /// The call of the procedure that renews a batch of holds, when the procedures are in use.
+    fn renew_holds_call(&self) -> Option<&Arc<str>> {
+        self.common.routines.as_ref()?.renew_many.as_ref()
+    }
+
     /// The version of `owner`'s hold of `name`, read on the connection of the take.
     async fn check(
         &self,
@@ -386,6 +391,36 @@ impl Db for MyDb {
 
     fn max_batch(&self) -> usize {
         LIST_MAX_BATCH
+    }
+
+    fn batches_holds(&self) -> bool {
+        self.renew_holds_call().is_some()
+    }
+
+    /// One call of the procedure `_dl_renew_many_v1` (see `routines.rs`) with the batch as a
+    /// JSON array; its answer, a `1` or `0` per hold, must have one character per hold.
+    async fn renew_holds(&self, batch: &[(HeldBy<'_>, i64)]) -> Result<Vec<bool>, sqlx::Error> {
+        let Some(call) = self.renew_holds_call() else {
+            return each_hold(self, batch).await;
+        };
+        // No token (never a live lease's): null, which matches no holder.
+        let holds: Vec<_> = batch
+            .iter()
+            .map(|(h, ttl)| (h.name, h.owner, marker(h.kind), h.token, ttl))
+            .collect();
+        let json = serde_json::to_string(&holds).map_err(|e| sqlx::Error::Encode(e.into()))?;
+        // `fetch_all`: MySQL answers a CALL with the row, then the call's status.
+        let rows = self.common.conns.fetch_all(q(call).bind(json)).await?;
+        let row = rows.first().ok_or(sqlx::Error::RowNotFound)?;
+        let answer: String = row.try_get(0)?;
+        if answer.len() != batch.len() {
+            return Err(sqlx::Error::Protocol(format!(
+                "the renewal of {} holds answered {} of them",
+                batch.len(),
+                answer.len()
+            )));
+        }
+        Ok(answer.bytes().map(|b| b == b'1').collect())
     }
 
     fn hands_over(&self) -> bool {
