@@ -120,6 +120,18 @@ pub(crate) struct Common<DB: sqlx::Database> {
     pub(crate) routines: Option<Calls>,
 }
 
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql")),
+    allow(dead_code, reason = "PostgreSQL's and MySQL's")
+)]
+impl<DB: sqlx::Database> Common<DB> {
+    /// The call of the routine that renews a batch of holds ([`Calls::renew_many`]), when the
+    /// routines are in use.
+    pub(crate) fn renew_holds_call(&self) -> Option<&Arc<str>> {
+        self.routines.as_ref()?.renew_many.as_ref()
+    }
+}
+
 /// A database's routines of shared holds and permits for one lock table: the statements that
 /// call them, tell whether they exist and create them.
 #[derive(Debug)]

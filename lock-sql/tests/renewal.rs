@@ -159,6 +159,18 @@ async fn batched(
     }
 }
 
+/// [`batched`] and [`one_forced_release_is_lost_alone`] for shared holds, then permits of 3,
+/// on lock table `table` of the database of `url` (left for the caller to drop, with the
+/// routines).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn batched_holds(url: &str, table: &str, max_batch: u64, counter: &dyn Counter, label: &str) {
+    let url = format!("{url}&table={table}");
+    for kind in [LockKind::Shared, LockKind::Permit { permits: 3 }] {
+        batched(&url, (table, kind), max_batch, counter, label).await;
+        one_forced_release_is_lost_alone(&url, kind).await;
+    }
+}
+
 /// One of 50 locks freed behind its holder (an operator's forced release) is lost with
 /// `RenewalRejected`; the other 49 go on renewing in their batch. Locks of `kind`. Taken [`ALONE`]: its few
 /// hundred statements, counted by a batching measurement running meanwhile, failed that
@@ -262,12 +274,7 @@ mod postgres {
         let Some(url) = url() else { return };
         let admin = sqlx::PgPool::connect(&url).await.expect("admin");
         let table = unique("hold_renewal");
-        let url = format!("{url}&table={table}");
-        for kind in [LockKind::Shared, LockKind::Permit { permits: 3 }] {
-            let counter = Commits(admin.clone());
-            batched(&url, (&table, kind), 1024, &counter, "postgres").await;
-            one_forced_release_is_lost_alone(&url, kind).await;
-        }
+        batched_holds(&url, &table, 1024, &Commits(admin.clone()), "postgres").await;
         let pool = distlock_sql::SqlPool::Postgres(admin);
         for what in ["join", "renew", "release"] {
             let last = if what == "release" {
@@ -376,12 +383,7 @@ mod mysql {
         let Some(url) = url() else { return };
         let admin = sqlx::MySqlPool::connect(&url).await.expect("admin");
         let table = unique("hold_renewal");
-        let url = format!("{url}&table={table}");
-        for kind in [LockKind::Shared, LockKind::Permit { permits: 3 }] {
-            let counter = Questions(admin.clone());
-            batched(&url, (&table, kind), 512, &counter, "mysql").await;
-            one_forced_release_is_lost_alone(&url, kind).await;
-        }
+        batched_holds(&url, &table, 512, &Questions(admin.clone()), "mysql").await;
         let pool = distlock_sql::SqlPool::MySql(admin);
         for what in ["join", "renew", "release", "renew_many"] {
             common::exec(&pool, format!("DROP PROCEDURE {table}_dl_{what}_v1")).await;

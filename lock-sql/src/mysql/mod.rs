@@ -210,11 +210,6 @@ impl MyDb {
         })
     }
 
-    /// The call of the procedure that renews a batch of holds, when the procedures are in use.
-    fn renew_holds_call(&self) -> Option<&Arc<str>> {
-        self.common.routines.as_ref()?.renew_many.as_ref()
-    }
-
     /// The version of `owner`'s hold of `name`, read on the connection of the take.
     async fn check(
         &self,
@@ -394,13 +389,13 @@ impl Db for MyDb {
     }
 
     fn batches_holds(&self) -> bool {
-        self.renew_holds_call().is_some()
+        self.common.renew_holds_call().is_some()
     }
 
     /// One call of the procedure `_dl_renew_many_v1` (see `routines.rs`) with the batch as a
     /// JSON array; its answer, a `1` or `0` per hold, must have one character per hold.
     async fn renew_holds(&self, batch: &[(HeldBy<'_>, i64)]) -> Result<Vec<bool>, sqlx::Error> {
-        let Some(call) = self.renew_holds_call() else {
+        let Some(call) = self.common.renew_holds_call() else {
             return each_hold(self, batch).await;
         };
         // No token (never a live lease's): null, which matches no holder.

@@ -14,11 +14,10 @@
 //! shared hold and permit of a client in one round trip and one commit per
 //! [`LIST_MAX_BATCH`](crate::renew::LIST_MAX_BATCH), each hold checked as the single renewal
 //! checks it and extended as it extends it, by statements over the whole batch, the rows
-//! locked in name order. A client holding 10,000
-//! read holds otherwise sends 10,000 calls (and MariaDB flushes its log 10,000 times) per
-//! renewal tick. `JSON_TABLE` needs MariaDB 10.6 or MySQL 8.0: on an older server the
-//! procedures are not created and the transactions are used, as with any failure to create
-//! them.
+//! locked in name order. A client holding 10,000 read holds otherwise sends 10,000 calls (and
+//! MariaDB flushes its log 10,000 times) per renewal tick. `JSON_TABLE` needs MariaDB 10.6 or
+//! MySQL 8.0: on an older server the procedures are not created and the transactions are
+//! used, as with any failure to create them.
 
 use crate::dialect::{Calls, Routines};
 use crate::keys::quote;

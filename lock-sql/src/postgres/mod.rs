@@ -334,11 +334,6 @@ impl Drop for PgDb {
 }
 
 impl PgDb {
-    /// The call of the function that renews a batch of holds, when the functions are in use.
-    fn renew_holds_call(&self) -> Option<&Arc<str>> {
-        self.common.routines.as_ref()?.renew_many.as_ref()
-    }
-
     pub(crate) async fn open(config: &SqlConfig, sessions: Arc<Sessions>) -> Result<Self> {
         let session_id = "SELECT pg_backend_pid()::bigint";
         let (pool, idle) =
@@ -656,11 +651,11 @@ impl Db for PgDb {
     }
 
     fn batches_holds(&self) -> bool {
-        self.renew_holds_call().is_some()
+        self.common.renew_holds_call().is_some()
     }
 
     async fn renew_holds(&self, batch: &[(HeldBy<'_>, i64)]) -> Result<Vec<bool>, sqlx::Error> {
-        let Some(call) = self.renew_holds_call() else {
+        let Some(call) = self.common.renew_holds_call() else {
             return each_hold(self, batch).await;
         };
         let names: Vec<&str> = batch.iter().map(|(h, _)| h.name).collect();
