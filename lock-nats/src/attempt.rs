@@ -300,8 +300,7 @@ impl NatsAttempt {
             let alone = queue.entries.len() == 1 && queue.last == rev;
             return Ok(Step::Acquired(self.acquired(rev, alone)));
         }
-        self.blockers = queue.blockers(position);
-        self.needed = queue.needed(position);
+        (self.blockers, self.needed) = queue.blockers(position);
         self.removed.clear();
         Ok(self.waiting())
     }

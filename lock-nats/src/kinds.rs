@@ -117,31 +117,24 @@ impl Queue {
         }
     }
 
-    /// The subjects of the entries that keep the one at `index` waiting: an exclusive
+    /// The subjects of the entries that keep the one at `index` waiting (an exclusive
     /// entry's and a permit's every entry ahead, a shared entry's every exclusive entry
-    /// ahead. Entries added later queue behind it, so only their removals unblock it.
-    pub(crate) fn blockers(&self, index: usize) -> Vec<String> {
+    /// ahead), and how many of them must leave before it may hold: a permit of N needs
+    /// `index + 1 - N` gone, any other kind every one. Entries added later queue behind it,
+    /// so only these removals unblock it, and a release wakes the waiters it lets in (one
+    /// exclusive or permit waiter, the readers behind a writer), not every waiter behind it.
+    pub(crate) fn blockers(&self, index: usize) -> (Vec<String>, usize) {
         let ahead = self.entries[..index].iter();
-        match self.entries[index].value.kind {
-            LockKind::Shared => ahead
-                .filter(|e| e.value.kind != LockKind::Shared)
-                .map(|e| e.subject.clone())
-                .collect(),
-            _ => ahead.map(|e| e.subject.clone()).collect(),
-        }
-    }
-
-    /// How many of [`Self::blockers`] of the waiting entry at `index` must leave before it
-    /// may hold: a permit of N needs `index + 1 - N` of the entries ahead gone, any other
-    /// kind every blocker. A release thus wakes the waiters it lets in (one exclusive or
-    /// permit waiter, the readers behind a writer), not every waiter behind it.
-    pub(crate) fn needed(&self, index: usize) -> usize {
-        let all = self.blockers(index).len();
-        match self.entries[index].value.kind {
+        let kind = self.entries[index].value.kind;
+        let keys: Vec<String> = ahead
+            .filter(|e| kind != LockKind::Shared || e.value.kind != LockKind::Shared)
+            .map(|e| e.subject.clone())
+            .collect();
+        let needed = match kind {
             LockKind::Permit { permits } => (index + 1).saturating_sub(permits as usize),
-            _ => all,
-        }
-        .clamp(1, all.max(1))
+            _ => keys.len(),
+        };
+        (keys, needed.max(1))
     }
 
     /// The position of the entry at `subject`.
@@ -230,9 +223,9 @@ mod tests {
     #[test]
     fn who_holds() {
         let q = queue(&[R, R, X, R]);
-        assert_eq!(q.blockers(3), ["s2"]);
-        assert_eq!(q.blockers(2), ["s0", "s1"]);
-        assert_eq!(queue(&[P2, P2, P2]).blockers(2), ["s0", "s1"]);
+        assert_eq!(q.blockers(3).0, ["s2"]);
+        assert_eq!(q.blockers(2).0, ["s0", "s1"]);
+        assert_eq!(queue(&[P2, P2, P2]).blockers(2).0, ["s0", "s1"]);
         assert_eq!(
             (0..4).map(|i| q.holds(i)).collect::<Vec<_>>(),
             [true, true, false, false]
@@ -249,14 +242,15 @@ mod tests {
 
     #[test]
     fn removals_a_waiter_needs() {
+        let needed = |q: &Queue, i: usize| q.blockers(i).1;
         let p = queue(&[P2, P2, P2, P2, P2]);
         // The third permit waits for one of the two ahead, the fifth for three of four.
-        assert_eq!([p.needed(2), p.needed(3), p.needed(4)], [1, 2, 3]);
-        assert_eq!(p.blockers(4).len(), 4);
+        assert_eq!([needed(&p, 2), needed(&p, 3), needed(&p, 4)], [1, 2, 3]);
+        assert_eq!(p.blockers(4).0.len(), 4);
         // A writer waits for everybody ahead, a reader for every writer ahead.
         let q = queue(&[X, R, X, R]);
-        assert_eq!([q.needed(1), q.needed(2), q.needed(3)], [1, 2, 2]);
-        assert_eq!(q.blockers(3), ["s0", "s2"]);
+        assert_eq!([needed(&q, 1), needed(&q, 2), needed(&q, 3)], [1, 2, 2]);
+        assert_eq!(q.blockers(3).0, ["s0", "s2"]);
     }
 
     #[test]
