@@ -166,18 +166,20 @@ zk_srvr() {
     2>/dev/null
 }
 
+# zk_tls_handshake: whether zookeeper-auth's secure port completes a verified TLS handshake.
+zk_tls_handshake() {
+  timeout 3 openssl s_client -connect "$HOST:$ZK_AUTH_TLS_PORT" -CAfile "$(tls_dir)/ca.pem" \
+    -verify_return_error </dev/null >/dev/null 2>&1
+}
+
 zookeeper_probe() {
   case $1 in
     zookeeper) zk_srvr | grep -q '^Mode:' ;;
     zookeeper-clock) zk_srvr "$ZK_CLOCK_PORT" | grep -q '^Mode:' ;;
     # A quorum peer serves (and answers with its mode) once the ensemble has a leader.
     zk-ensemble-*) zk_srvr "$(server_port "$1")" | grep -qE '^Mode: (leader|follower)' ;;
-    zookeeper-auth)
-      zk_srvr "$ZK_AUTH_PORT" | grep -q '^Mode:' &&
-        # The secure port completes a verified TLS handshake.
-        timeout 3 openssl s_client -connect "$HOST:$ZK_AUTH_TLS_PORT" -CAfile "$(tls_dir)/ca.pem" \
-          -verify_return_error </dev/null >/dev/null 2>&1
-      ;;
+    # The secure port completes a verified TLS handshake too.
+    zookeeper-auth) zk_srvr "$ZK_AUTH_PORT" | grep -q '^Mode:' && zk_tls_handshake ;;
   esac
 }
 
@@ -188,12 +190,7 @@ zookeeper_diagnose() {
   printf 'srvr on %s: %s' "$port" "$(zk_srvr "$port" | grep -m 1 -E '^(Mode|This)' || echo 'no answer')"
   if [[ $1 == zookeeper-auth ]]; then
     printf '; TLS handshake on %s: ' "$ZK_AUTH_TLS_PORT"
-    if timeout 3 openssl s_client -connect "$HOST:$ZK_AUTH_TLS_PORT" -CAfile "$(tls_dir)/ca.pem" \
-      -verify_return_error </dev/null >/dev/null 2>&1; then
-      printf 'ok'
-    else
-      printf 'failed'
-    fi
+    if zk_tls_handshake; then printf 'ok'; else printf 'failed'; fi
   fi
 }
 
