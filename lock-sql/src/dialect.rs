@@ -16,8 +16,8 @@ use crate::db::{Claim, Listed, Peek, bind_value};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use crate::error::shape_err;
 use crate::fence::FencedUpdate;
+use crate::hot::HotConns;
 use crate::kinds::{self, HeldBy, HolderInfo, Holds, JoinRequest, Joined, Tx, marker};
-use crate::pool::HotConns;
 
 /// What SQL text cannot say about a database.
 pub(crate) trait Dialect: sqlx::Database {
@@ -467,7 +467,7 @@ where
     /// Runs `body` in a transaction of the holders on a kept connection, after locking the
     /// lock row of `name`; `body` answers its result and whether to commit (else the
     /// transaction rolls back: a refused acquisition writes nothing). A failed or cancelled
-    /// transaction closes its connection (see [`Hot::finish`](crate::pool::Hot::finish)), and
+    /// transaction closes its connection (see [`Hot::finish`](crate::hot::Hot::finish)), and
     /// the server rolls it back.
     async fn in_tx<T>(
         &self,

@@ -256,6 +256,7 @@ mod dialect;
 mod error;
 mod fence;
 mod footprint;
+mod hot;
 mod keys;
 mod kinds;
 mod lease;

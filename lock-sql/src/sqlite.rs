@@ -17,9 +17,10 @@ use crate::config::SqlConfig;
 use crate::db::Db;
 use crate::dialect::{Common, CommonStatements, DataColumn, Sql, q};
 use crate::error::{connect_err, map_err, shape_err, sqlite_busy};
+use crate::hot::HotConns;
 use crate::keys::quote;
 use crate::kinds::{HolderSql, Holds, holders_table};
-use crate::pool::{HotConns, open_pool};
+use crate::pool::open_pool;
 use crate::renew::{BySize, LIST_MAX_BATCH, Renewal, padded, renewed_by_rows, too_many};
 
 /// The database's clock in microseconds since the Unix epoch: lease ends, and the first

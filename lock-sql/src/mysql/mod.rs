@@ -14,9 +14,10 @@ use crate::config::SqlConfig;
 use crate::db::{Claim, Db, Sessions, each_hold};
 use crate::dialect::{Common, CommonStatements, DataColumn, Routines, Sql, prepare_all, q};
 use crate::error::map_err;
+use crate::hot::HotConns;
 use crate::keys::quote;
 use crate::kinds::{HeldBy, HolderSql, Holds, holders_table, marker};
-use crate::pool::{HotConns, IdleLimit, InUse, checked, open_server};
+use crate::pool::{IdleLimit, InUse, checked, open_server};
 use crate::renew::{BySize, LIST_MAX_BATCH, Renewal, padded, renewed_at, too_many};
 use crate::wake::{ServerWait, WakeLockSql, WakeLocks, spawn_keep_alive};
 

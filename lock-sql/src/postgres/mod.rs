@@ -16,9 +16,10 @@ use crate::config::SqlConfig;
 use crate::db::{Claim, Db, Sessions, each_hold};
 use crate::dialect::{Common, CommonStatements, DataColumn, Sql, prepare_all, q};
 use crate::error::{map_err, pooler_err};
+use crate::hot::HotConns;
 use crate::keys::quote;
 use crate::kinds::{HeldBy, HolderSql, Holds, holders_table, marker};
-use crate::pool::{HotConns, IdleLimit, InUse, open_server};
+use crate::pool::{IdleLimit, InUse, open_server};
 use crate::renew::{PG_MAX_BATCH, Renewal, renewed_at};
 use crate::wake::{Notifier, Subscription, parse_payload};
 
