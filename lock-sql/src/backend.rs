@@ -78,6 +78,18 @@ impl From<sqlx::SqlitePool> for SqlPool {
 }
 
 impl SqlPool {
+    /// The most connections the pool opens.
+    pub(crate) fn max_connections(&self) -> u32 {
+        match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(pool) => pool.options().get_max_connections(),
+            #[cfg(feature = "mysql")]
+            Self::MySql(pool) => pool.options().get_max_connections(),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(pool) => pool.options().get_max_connections(),
+        }
+    }
+
     /// The database behind the pool.
     pub fn dialect(&self) -> Dialect {
         match self {
@@ -168,7 +180,7 @@ impl SqlBackend {
         let sweeper = Sweeper::new(db.pool(), config.table.clone(), config.forget_after);
         Ok(Self {
             inner: Arc::new(Inner {
-                renewer: SqlRenewer::shared(db.max_batch()),
+                renewer: SqlRenewer::shared(db.max_batch(), db.pool().max_connections()),
                 db,
                 config,
                 sessions,
@@ -226,7 +238,7 @@ impl SqlBackend {
         let sweeper = Sweeper::new(db.pool(), config.table.clone(), config.forget_after);
         Ok(Self {
             inner: Arc::new(Inner {
-                renewer: SqlRenewer::shared(db.max_batch()),
+                renewer: SqlRenewer::shared(db.max_batch(), db.pool().max_connections()),
                 db,
                 config,
                 sessions: Arc::default(),
