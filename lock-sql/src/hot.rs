@@ -99,26 +99,35 @@ impl<DB: sqlx::Database> HotConns<DB> {
     /// A connection, on the statement's turn: a kept one (pinged first if it idled long
     /// enough for the server to close it; closed if that ping fails), or one from the pool.
     ///
+    /// # Errors
+    /// `PoolTimedOut` when the turn and the connection took longer than the pool's acquire
+    /// timeout together (the bound a connection from the pool alone has); as the pool's
+    /// acquire otherwise.
+    ///
     /// Cancel safety: dropped while waiting for its turn, it leaves the line.
     pub(crate) async fn get(&self) -> Result<Hot<'_, DB>, sqlx::Error> {
-        // Never closed: the semaphore lives as long as `self`.
-        let turn = self.turns.acquire().await.ok();
-        let epoch = self.epoch.load(Ordering::Acquire);
-        let conn = loop {
-            let kept = self
-                .idle
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .pop();
-            match kept {
-                Some((conn, since)) => {
-                    if let Some(conn) = checked(conn, since.elapsed(), &self.limit).await {
-                        break conn;
+        let bound = self.pool.options().get_acquire_timeout();
+        let taken = tokio::time::timeout(bound, async {
+            // Never closed: the semaphore lives as long as `self`.
+            let turn = self.turns.acquire().await.ok();
+            loop {
+                let kept = self
+                    .idle
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .pop();
+                match kept {
+                    Some((conn, since)) => {
+                        if let Some(conn) = checked(conn, since.elapsed(), &self.limit).await {
+                            return Ok::<_, sqlx::Error>((conn, turn));
+                        }
                     }
+                    None => return Ok((self.pool.acquire().await?, turn)),
                 }
-                None => break self.pool.acquire().await?,
             }
-        };
+        });
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let (conn, turn) = taken.await.map_err(|_| sqlx::Error::PoolTimedOut)??;
         Ok(Hot {
             home: self,
             conn: InUse::new(conn),
@@ -412,5 +421,27 @@ mod tests {
             .unwrap();
         served.keep(Ok(())).unwrap();
         assert_eq!(conns.idle.lock().unwrap().len(), 1);
+    }
+
+    /// Waiting for a turn counts against the pool's acquire timeout, as waiting in the pool
+    /// does: a statement behind one that never ends gives up with `PoolTimedOut`.
+    #[tokio::test]
+    async fn a_turn_is_bounded_by_the_pools_acquire_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display());
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_millis(200))
+            .connect(&url)
+            .await
+            .unwrap();
+        let conns = HotConns::new(pool, 1);
+        let _busy = conns.get().await.unwrap();
+        let waited = tokio::time::timeout(Duration::from_secs(5), conns.get()).await;
+        assert!(
+            matches!(waited, Ok(Err(sqlx::Error::PoolTimedOut))),
+            "{:?}",
+            waited.map(|r| r.map(|_| ()))
+        );
     }
 }
