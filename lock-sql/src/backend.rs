@@ -78,18 +78,6 @@ impl From<sqlx::SqlitePool> for SqlPool {
 }
 
 impl SqlPool {
-    /// The most connections the pool opens.
-    pub(crate) fn max_connections(&self) -> u32 {
-        match self {
-            #[cfg(feature = "postgres")]
-            Self::Postgres(pool) => pool.options().get_max_connections(),
-            #[cfg(feature = "mysql")]
-            Self::MySql(pool) => pool.options().get_max_connections(),
-            #[cfg(feature = "sqlite")]
-            Self::Sqlite(pool) => pool.options().get_max_connections(),
-        }
-    }
-
     /// The database behind the pool.
     pub fn dialect(&self) -> Dialect {
         match self {
@@ -180,7 +168,7 @@ impl SqlBackend {
         let sweeper = Sweeper::new(db.pool(), config.table.clone(), config.forget_after);
         Ok(Self {
             inner: Arc::new(Inner {
-                renewer: SqlRenewer::shared(db.max_batch(), db.pool().max_connections()),
+                renewer: SqlRenewer::shared(db.max_batch()),
                 db,
                 config,
                 sessions,
@@ -238,7 +226,7 @@ impl SqlBackend {
         let sweeper = Sweeper::new(db.pool(), config.table.clone(), config.forget_after);
         Ok(Self {
             inner: Arc::new(Inner {
-                renewer: SqlRenewer::shared(db.max_batch(), db.pool().max_connections()),
+                renewer: SqlRenewer::shared(db.max_batch()),
                 db,
                 config,
                 sessions: Arc::default(),

@@ -33,7 +33,6 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use distlock_core::backend::{RenewItem, Renewer, downcast_lease};
 use distlock_core::{Error, Lease, LockKind, Result};
-use tokio::sync::Semaphore;
 
 use crate::backend::{Inner, micros};
 use crate::error::map_err;
@@ -119,31 +118,14 @@ pub(crate) fn renewed_at(n: usize, positions: impl IntoIterator<Item = i64>) -> 
 
 /// The renewer of one backend's exclusive leases, kept in its shared state: every lease of
 /// the backend names the same one, so the watchdog batches them all.
-///
-/// The watchdog sends every batch of a tick at once (K leases are K / [`Db::max_batch`]
-/// batches); each takes a connection of the pool for the length of its statement, and the
-/// application's acquisitions and releases wait for a connection behind them (the pool's
-/// connect timeout: a release that fails so loses nothing but the release, a late one holds
-/// its lock longer). So at most a quarter of the pool's connections (at least one) renew at
-/// once, the other batches wait here (within the watchdog's operation timeout, as their
-/// request would).
-///
-/// [`Db::max_batch`]: crate::db::Db::max_batch
 #[derive(Debug)]
 pub(crate) struct SqlRenewer {
     max_batch: usize,
-    /// One permit per batch that may be at the database at once.
-    in_flight: Semaphore,
 }
 
 impl SqlRenewer {
-    /// The renewer of a backend whose pool opens at most `pool_size` connections.
-    pub(crate) fn shared(max_batch: usize, pool_size: u32) -> Arc<dyn Renewer> {
-        let in_flight = usize::try_from(pool_size / 4).unwrap_or(1).max(1);
-        Arc::new(Self {
-            max_batch,
-            in_flight: Semaphore::new(in_flight),
-        })
+    pub(crate) fn shared(max_batch: usize) -> Arc<dyn Renewer> {
+        Arc::new(Self { max_batch })
     }
 }
 
@@ -218,8 +200,6 @@ impl Renewer for SqlRenewer {
         }
         let (mut renewed, mut held) = (Vec::new(), Vec::new());
         if let Some(inner) = home {
-            // Never closed: the semaphore lives as long as the renewer.
-            let _permit = self.in_flight.acquire().await.ok();
             let db = &inner.db;
             if !batch.is_empty() {
                 let order = name_order(&batch, |r| r.name);
