@@ -42,6 +42,10 @@ pub(crate) struct SqlAttempt {
     /// version it found: a release that hands this waiter a later version comes after that
     /// read (the row moved on from that version since), and so does the lease.
     pub(crate) held_seen: Option<(Instant, i64)>,
+    /// The read before [`SqlAttempt::held_seen`] that found an older version: a release may
+    /// hand this waiter the lock or a permit while a read of its own is on the way, which
+    /// then finds the handed version (no bound), while this earlier read still is one.
+    pub(crate) held_seen_before: Option<(Instant, i64)>,
     /// A wait on the server for the release of the holder ahead (MySQL's wake locks), while
     /// this attempt is at the head of the queue.
     pub(crate) server_wait: Option<ServerWait>,
@@ -75,6 +79,9 @@ impl SqlAttempt {
         self.busy_before = true;
         let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         if peek.remaining_us.is_some() && peek.owner.as_deref() != Some(owner) {
+            if let Some(seen) = self.held_seen.filter(|&(_, v)| v < peek.version) {
+                self.held_seen_before = Some(seen);
+            }
             self.held_seen = Some((sent, peek.version));
         }
         let retry = peek.remaining_us.map(remaining);
@@ -95,9 +102,8 @@ impl SqlAttempt {
         };
         let head = if claim {
             self.maybe_reserved = true;
-            let ttl = (self.request.kind == LockKind::Exclusive).then(|| micros(self.request.ttl));
             let claimed = db
-                .reserve(name, owner, since, micros(reservation), ttl)
+                .reserve(name, owner, since, micros(reservation), self.handover_ttl())
                 .await
                 .map_err(|e| map_err("acquire", e))?;
             // Refused: an older waiter's live reservation replaced any of ours.
@@ -154,8 +160,7 @@ impl SqlAttempt {
         };
         let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         let reservation = micros(RESERVATION.min(self.request.ttl));
-        // A hand-over gives the exclusive lock only.
-        let ttl = (self.request.kind == LockKind::Exclusive).then(|| micros(self.request.ttl));
+        let ttl = self.handover_ttl();
         self.maybe_reserved = true;
         let claimed = self
             .inner
@@ -173,6 +178,19 @@ impl SqlAttempt {
                 Some(Step::busy(None))
             }
         })
+    }
+
+    /// The lease this waiter's reservation asks for, should a release hand it what it waits
+    /// for: an exclusive waiter's ttl ([`db::Db::hands_over`]), a permit waiter's negated
+    /// ([`db::Db::hands_permits_over`]: the sign keeps an exclusive release from handing it
+    /// the lock), none for a shared waiter (a release never hands a read hold over).
+    fn handover_ttl(&self) -> Option<i64> {
+        let ttl = micros(self.request.ttl);
+        match self.request.kind {
+            LockKind::Exclusive => Some(ttl),
+            LockKind::Permit { .. } if self.inner.db.hands_permits_over() => Some(-ttl),
+            _ => None,
+        }
     }
 
     fn mismatch(&self, message: String) -> Error {
@@ -272,11 +290,31 @@ impl Attempt for SqlAttempt {
         if self.request.mode == AttemptMode::Wait {
             // Subscribe before the statement is sent, so that no release after it is missed.
             match &mut self.subscription {
-                Some(sub) => sub.mark_seen(),
+                Some(sub) => {
+                    if let Some(version) = sub.mark_seen() {
+                        // A hand-over came while this attempt was busy: take it below.
+                        self.handed_over.get_or_insert((version, None));
+                    }
+                }
                 None => {
                     let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
                     self.subscription = self.inner.db.subscribe(name, owner);
                 }
+            }
+        }
+        // Before a claim of the reservation: a hand-over to this attempt comes first, or it
+        // would claim the reservation while holding.
+        if let Some((version, since)) = self.handed_over.take() {
+            // A release handed us the lock (its notification or our read after the wake-up
+            // says so, both after its commit): held since that release, after `since`, or
+            // after our last read of a holder whose version it follows. Otherwise (a late
+            // notification) the row says what holds.
+            let seen = [self.held_seen, self.held_seen_before]
+                .into_iter()
+                .flatten()
+                .find(|&(_, seen)| seen < version);
+            if let Some(since) = since.or(seen.map(|(at, _)| at)) {
+                return self.handed_over(version, since);
             }
         }
         if self.request.kind != LockKind::Shared
@@ -288,16 +326,6 @@ impl Attempt for SqlAttempt {
         let db = &self.inner.db;
         let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         let handed = std::mem::take(&mut self.handed);
-        if let Some((version, since)) = self.handed_over.take() {
-            // A release handed us the lock (its notification or our read after the wake-up
-            // says so, both after its commit): held since that release, after `since`, or
-            // after our last read of a holder whose version it follows. Otherwise (a late
-            // notification) the row says what holds.
-            let seen = self.held_seen.filter(|&(_, seen)| seen < version);
-            if let Some(since) = since.or(seen.map(|(at, _)| at)) {
-                return self.handed_over(version, since);
-            }
-        }
         if self.request.kind != LockKind::Exclusive {
             return self.poll_hold(handed).await;
         }
@@ -396,8 +424,11 @@ impl Attempt for SqlAttempt {
         let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         let kind = self.request.kind;
         if kind != LockKind::Exclusive {
-            if self.maybe_owned {
-                // A hold taken by a reply that never arrived: leave the holders, by owner.
+            // A release may have handed the reserved permit waiter a permit.
+            let handed = self.maybe_reserved && self.handover_ttl().is_some();
+            if self.maybe_owned || handed {
+                // A hold taken by a reply that never arrived, or handed over by a release
+                // whose wake-up came too late: leave the holders, by owner.
                 let held = HeldBy {
                     name,
                     owner,

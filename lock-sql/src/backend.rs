@@ -368,6 +368,7 @@ impl LockBackend for SqlBackend {
             handed_over: None,
             vacant: false,
             held_seen: None,
+            held_seen_before: None,
             server_wait: None,
             unarmed: None,
             not_armed: (0, 0),

@@ -128,6 +128,15 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// Whether a release of a permit that leaves the semaphore one short of full hands that
+    /// permit to the permit waiter holding the reservation (a holder row of the waiter's, with
+    /// the next version and the ttl it reserved with, stored negated) and tells it so
+    /// ([`crate::wake::WakeSignal::Handed`]). The default: no, the release wakes that waiter,
+    /// which then joins.
+    fn hands_permits_over(&self) -> bool {
+        false
+    }
+
     /// The atomic acquire: takes the row when free, expired, or already this owner's, and not
     /// reserved by another waiter; bumps the version. Returns the new version.
     ///
@@ -152,7 +161,7 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
 
     /// Claims (or keeps) the waiter reservation unless an older waiter holds a live one;
     /// `ttl_us`: the lease an exclusive waiter asks for, should a release hand it the lock
-    /// ([`Db::hands_over`]).
+    /// ([`Db::hands_over`]), or a permit waiter's negated ([`Db::hands_permits_over`]).
     async fn reserve(
         &self,
         name: &str,

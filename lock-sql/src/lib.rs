@@ -26,7 +26,7 @@
 //! | `owner` | the holder's unique owner value, `NULL` when released |
 //! | `version` | **the fencing token**: incremented by every acquisition, never reset, kept on release; a new row starts at the database's clock in microseconds (see [below](#a-store-emptied-or-recreated)); a row free for [`forget_after`](SqlConfig::forget_after) is deleted (see [below](#what-is-left-in-the-tables)) |
 //! | `expires_at` | end of the lease, on the **database's** clock |
-//! | `next_owner`, `next_since`, `next_expires`, `next_ttl` | the waiter reservation (below); `next_ttl` is the lease an exclusive waiter asks for, for a hand-over |
+//! | `next_owner`, `next_since`, `next_expires`, `next_ttl` | the waiter reservation (below); `next_ttl` is the lease an exclusive waiter asks for, for a hand-over (a permit waiter's negated, see [Shared holds and permits](#shared-holds-and-permits)) |
 //! | `data` | the holder data of the exclusive hold (see below), `NULL` when none: `TEXT` (PostgreSQL, SQLite), `VARBINARY(2048)` (MySQL, the UTF-8 bytes) |
 //!
 //! - **Acquire** is one upsert statement (PostgreSQL: an `UPDATE .. WHERE free` and, for a
@@ -63,7 +63,7 @@
 //!   first busy answer a waiter reads the row before it writes: busy polls cost no commit, and
 //!   the reservation is written only when it is claimed or half expired.
 //! - **Hand-over**: on PostgreSQL and MySQL/MariaDB, a release finding a live reservation of
-//!   an exclusive waiter (`next_ttl` set) hands the lock to that waiter in the releasing
+//!   an exclusive waiter (`next_ttl` positive) hands the lock to that waiter in the releasing
 //!   statement itself: the row becomes the waiter's, with the next `version` and the waiter's
 //!   ttl from now, and the reservation is cleared. A handoff is then one statement and one
 //!   commit (the waiter's take is done in it), instead of a release and a take. That commit
@@ -145,9 +145,9 @@
 //!   table (`SELECT .. FOR UPDATE`, inserting a free row if missing), so that every change of
 //!   one name's holders is serialized by that row. A refused acquisition rolls back.
 //! - **PostgreSQL and MySQL/MariaDB** run each of those transactions as one call of a
-//!   server-side routine (PL/pgSQL functions, stored procedures: `<table>_dl_join_v1`,
-//!   `<table>_dl_renew_v1`, `<table>_dl_release_v1`, created with the lock table when
-//!   missing; the same statements in the same order, a refused join writing nothing): one
+//!   server-side routine (PL/pgSQL functions `<table>_dl_join_v2`, `<table>_dl_renew_v2`,
+//!   `<table>_dl_release_v2`; stored procedures `<table>_dl_join_v1`, ...; created with the
+//!   lock table when missing; the same statements in the same order, a refused join writing nothing): one
 //!   round trip instead of five to eight, so the name's row stays locked for a fraction of
 //!   one. On PostgreSQL a refusal and a release commit without waiting for their WAL flush
 //!   (as an exclusive release does: a release lost in a database crash leaves the hold until
@@ -182,6 +182,17 @@
 //! - On PostgreSQL the last reader's release (any permit's release) notifies the waiter with
 //!   the reservation, and a taker that held the reservation notifies the others, so readers
 //!   behind one writer all wake.
+//! - **Permit hand-over** (PostgreSQL's functions, a lock table with `next_ttl`): a permit
+//!   waiter reserves with its ttl negated in `next_ttl` (an exclusive release hands over only
+//!   to a positive one), and the release of a permit that leaves its semaphore one short of
+//!   full gives that permit to the reserved waiter in the same transaction, as the waiter's
+//!   own join would (a holder row of the waiter's, the next `version` as its token, its ttl
+//!   from now), then notifies `h<version>:..` as the exclusive hand-over does: a permit
+//!   changes hands in one call instead of a release, a wake-up and a join. Its commit hands
+//!   out a token, so it waits for its flush. A waiter whose wake-up is lost finds no
+//!   reservation on its next read and joins, which replaces the handed row by a new one of
+//!   its own; an attempt abandoned while it held the reservation leaves the holders by owner
+//!   as well. Functions of earlier clients (`_v1`) wake the waiter to join instead.
 //!
 //! Errors: a dropped connection, a refused connection, SQLite `BUSY` and deadlocks are
 //! [`Error::Unavailable`](distlock_core::Error::Unavailable) (retried by the core); anything else

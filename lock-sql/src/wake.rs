@@ -49,7 +49,22 @@ pub(crate) enum WakeSignal {
     Vacant,
 }
 
-pub(crate) type Names = HashMap<String, HashMap<String, watch::Sender<WakeSignal>>>;
+/// What a waiter's channel holds: the last wake-up, and the version of the last hand-over to
+/// this waiter, which later wake-ups keep (see [`Subscription`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Wake {
+    signal: WakeSignal,
+    handed: Option<i64>,
+}
+
+impl Wake {
+    /// `signal`, keeping the hand-over of `self`.
+    fn then(self, signal: WakeSignal) -> Self {
+        Self { signal, ..self }
+    }
+}
+
+pub(crate) type Names = HashMap<String, HashMap<String, watch::Sender<Wake>>>;
 
 #[cfg_attr(
     not(feature = "postgres"),
@@ -66,10 +81,16 @@ impl Notifier {
             .entry(name.to_owned())
             .or_default()
             .entry(owner.to_owned())
-            .or_insert_with(|| watch::Sender::new(WakeSignal::Changed))
+            .or_insert_with(|| {
+                watch::Sender::new(Wake {
+                    signal: WakeSignal::Changed,
+                    handed: None,
+                })
+            })
             .subscribe();
         Subscription {
             rx,
+            handed_seen: None,
             notifier: self.clone(),
             name: name.to_owned(),
             owner: owner.to_owned(),
@@ -88,17 +109,21 @@ impl Notifier {
             Note::Changed => owners.values().for_each(wake_one),
             Note::Released(target) => {
                 if let Some(tx) = owners.get(target) {
-                    tx.send_replace(WakeSignal::Released);
+                    tx.send_modify(|w| *w = w.then(WakeSignal::Released));
                 }
             }
             Note::Handed(target, version) => {
                 for (owner, tx) in owners {
-                    let wake = if owner == target {
-                        WakeSignal::Handed(version)
-                    } else {
-                        WakeSignal::Vacant
-                    };
-                    tx.send_replace(wake);
+                    tx.send_modify(|w| {
+                        *w = if owner == target {
+                            Wake {
+                                signal: WakeSignal::Handed(version),
+                                handed: Some(version),
+                            }
+                        } else {
+                            w.then(WakeSignal::Vacant)
+                        };
+                    });
                 }
             }
         }
@@ -113,31 +138,55 @@ impl Notifier {
     }
 }
 
-pub(crate) fn wake_one(tx: &watch::Sender<WakeSignal>) {
-    tx.send_replace(WakeSignal::Changed);
+pub(crate) fn wake_one(tx: &watch::Sender<Wake>) {
+    tx.send_modify(|w| *w = w.then(WakeSignal::Changed));
 }
 
 /// A waiter's view of the wake-ups of one name.
+///
+/// A channel keeps only its last value, so a wake-up that came after a hand-over to this
+/// waiter and before the waiter looked (a later hand-over to another waiter, a release that
+/// woke everyone) would hide the hand-over: the waiter, holding the lock or a permit without
+/// knowing, would wait on (a permit waiter claims the reservation again) until it next
+/// reads. So the channel keeps the last hand-over's version beside the last wake-up, and a
+/// hand-over this subscription has not reported yet is reported first.
 #[derive(Debug)]
 pub(crate) struct Subscription {
-    rx: watch::Receiver<WakeSignal>,
+    rx: watch::Receiver<Wake>,
+    /// The version of the last hand-over reported.
+    handed_seen: Option<i64>,
     notifier: Arc<Notifier>,
     name: String,
     owner: String,
 }
 
 impl Subscription {
-    /// Marks every wake-up so far as seen: call before a poll's statement is sent.
-    pub(crate) fn mark_seen(&mut self) {
-        self.rx.borrow_and_update();
+    /// Marks every wake-up so far as seen: call before a poll's statement is sent. Returns the
+    /// version of a hand-over among them not reported before, which the poll must not miss.
+    pub(crate) fn mark_seen(&mut self) -> Option<i64> {
+        let wake = *self.rx.borrow_and_update();
+        self.unreported(wake)
     }
 
-    /// Resolves on the next wake-up for this waiter after [`mark_seen`](Self::mark_seen).
+    fn unreported(&mut self, wake: Wake) -> Option<i64> {
+        let new = wake.handed.filter(|&v| self.handed_seen != Some(v))?;
+        self.handed_seen = Some(new);
+        Some(new)
+    }
+
+    /// Resolves on the next wake-up for this waiter after [`mark_seen`](Self::mark_seen): a
+    /// hand-over not reported yet, else the last wake-up (a hand-over reported before reads
+    /// as [`WakeSignal::Changed`]: look again).
     pub(crate) async fn changed(&mut self) -> WakeSignal {
         if self.rx.changed().await.is_err() {
             std::future::pending::<()>().await;
         }
-        *self.rx.borrow_and_update()
+        let wake = *self.rx.borrow_and_update();
+        match (self.unreported(wake), wake.signal) {
+            (Some(version), _) => WakeSignal::Handed(version),
+            (None, WakeSignal::Handed(_)) => WakeSignal::Changed,
+            (None, signal) => signal,
+        }
     }
 }
 
@@ -647,68 +696,4 @@ pub(crate) fn parse_payload(payload: &str) -> Option<(Note<'_>, &str)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::{Arc, Note, Notifier, WakeSignal, parse_payload, wake_prefix};
-
-    #[test]
-    fn wake_lock_names_are_stable_and_short() {
-        assert_eq!(wake_prefix("t", "a"), wake_prefix("t", "a"));
-        assert_ne!(wake_prefix("t", "a"), wake_prefix("t", "b"));
-        assert_ne!(wake_prefix("t", "a"), wake_prefix("u", "a"));
-        // The known FNV-1a value of "t\0a", so that no build ever changes it.
-        assert_eq!(wake_prefix("t", "a"), "distlock:566dd51943ee5048:");
-        let longest = format!("{}{}", wake_prefix("t", &"x".repeat(512)), i64::MAX);
-        assert!(longest.len() <= 64, "{longest}");
-    }
-
-    #[test]
-    fn payloads() {
-        assert_eq!(
-            parse_payload("3:abcname"),
-            Some((Note::Released("abc"), "name"))
-        );
-        assert_eq!(parse_payload("0:a:b"), Some((Note::Changed, "a:b")));
-        assert_eq!(parse_payload("2:é🔒"), Some((Note::Released("é"), "🔒")));
-        assert_eq!(
-            parse_payload("h42:3:abcn:a"),
-            Some((Note::Handed("abc", 42), "n:a"))
-        );
-        assert_eq!(parse_payload("h42:0:name"), None);
-        assert_eq!(parse_payload("hx:3:abcname"), None);
-        assert_eq!(parse_payload("1:é"), None);
-        assert_eq!(parse_payload("x"), None);
-    }
-
-    /// A wake-up addressed to one waiter wakes that waiter's task only; an unaddressed one
-    /// wakes every waiter of the name; a dropped subscription leaves nothing behind.
-    #[tokio::test]
-    async fn wake_ups_reach_only_the_waiters_they_name() {
-        let notifier = Arc::new(Notifier::default());
-        let mut a = notifier.subscribe("x", "a");
-        let mut b = notifier.subscribe("x", "b");
-        let mut other = notifier.subscribe("y", "c");
-        a.mark_seen();
-        b.mark_seen();
-        other.mark_seen();
-        notifier.wake("x", Note::Released("a"));
-        assert_eq!(
-            a.changed().await,
-            WakeSignal::Released,
-            "not sent to its target"
-        );
-        assert!(!b.rx.has_changed().expect("open"), "woke a bystander");
-        notifier.wake("x", Note::Released("elsewhere"));
-        notifier.wake("x", Note::Changed);
-        assert_eq!(a.changed().await, WakeSignal::Changed);
-        assert_eq!(b.changed().await, WakeSignal::Changed);
-        // A hand-over: its target holds the lock, the other waiters compete for the queue.
-        notifier.wake("x", Note::Handed("b", 7));
-        assert_eq!(b.changed().await, WakeSignal::Handed(7));
-        assert_eq!(a.changed().await, WakeSignal::Vacant);
-        assert!(!other.rx.has_changed().expect("open"), "woke another name");
-        notifier.wake_all();
-        assert_eq!(other.changed().await, WakeSignal::Changed);
-        drop((a, b, other));
-        assert!(notifier.names().is_empty());
-    }
-}
+mod tests;

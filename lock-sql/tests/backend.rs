@@ -601,13 +601,7 @@ mod postgres {
             _clients: _alive,
         } = queued(&url, "handover", Duration::from_secs(3)).await;
         let table = TABLE;
-        let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
-            .await
-            .expect("listen");
-        listener
-            .listen(&format!("distlock:{table}"))
-            .await
-            .expect("listen");
+        let mut listener = common::listen(&pool, table).await;
         let token = held.token();
         held.release().await.expect("release");
         let (owner, version, next_owner, _) = row(&pool, table, &name).await;
@@ -617,16 +611,7 @@ mod postgres {
         let got = granted(waiter).await;
         assert_eq!(got.token().get(), token.get() + 1, "not the handed version");
         let expected = format!("h{version}:{}:{next}{name}", next.len());
-        loop {
-            let note = tokio::time::timeout(Duration::from_secs(5), listener.recv())
-                .await
-                .expect("a notification")
-                .expect("listen");
-            if note.payload().ends_with(name.as_str()) {
-                assert_eq!(note.payload(), expected);
-                break;
-            }
-        }
+        assert_eq!(common::next_note(&mut listener, &name).await, expected);
         // The lease is the waiter's own: renewed past the ttl, then released.
         tokio::time::sleep(Duration::from_secs(4)).await;
         assert!(!got.is_lost(), "the handed lease was not renewed");

@@ -517,6 +517,12 @@ async fn routines_beside_transactions(
 
 #[cfg(feature = "postgres")]
 mod postgres {
+    use std::time::{Duration, Instant};
+
+    use distlock_core::{DistributedLock, LockClient, LockGuard};
+    use distlock_sql::{SqlBackend, SqlPool};
+
+    use super::{client, common, unique, writer};
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn functions_beside_transactions() {
         let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL");
@@ -524,17 +530,207 @@ mod postgres {
         super::routines_beside_transactions(
             &url,
             |table, what| match what {
-                "release" => format!("{table}_dl_{what}_v1(text, text, text, bigint, boolean)"),
+                "release" => format!("{table}_dl_{what}_v2(text, text, text, bigint, boolean)"),
                 "renew_many" => {
-                    format!("{table}_dl_{what}_v1(text[], text[], text[], bigint[], bigint[])")
+                    format!("{table}_dl_{what}_v2(text[], text[], text[], bigint[], bigint[])")
                 }
-                _ => format!("{table}_dl_{what}_v1(text, text, text, bigint, bigint)"),
+                _ => format!("{table}_dl_{what}_v2(text, text, text, bigint, bigint)"),
             },
             |f| format!("SELECT '{f}'::regprocedure"),
             |f| format!("DROP FUNCTION {f}"),
             &["join", "renew", "release", "renew_many"],
         )
         .await;
+    }
+
+    /// The lock row's reservation: `(version, next_owner, next_ttl)`.
+    async fn reservation(pool: &sqlx::PgPool, name: &str) -> (i64, Option<String>, Option<i64>) {
+        sqlx::query_as("SELECT version, next_owner, next_ttl FROM distlock_locks WHERE name = $1")
+            .bind(name)
+            .fetch_one(pool)
+            .await
+            .expect("read the lock row")
+    }
+
+    fn pg(client: &LockClient<SqlBackend>) -> sqlx::PgPool {
+        match client.backend_ref().pool() {
+            SqlPool::Postgres(pool) => pool,
+            #[allow(unreachable_patterns, reason = "other dialects may be compiled in")]
+            _ => unreachable!("a postgres:// client"),
+        }
+    }
+
+    /// A semaphore of 2 permits, both held by one client.
+    struct Full {
+        client: LockClient<SqlBackend>,
+        pool: sqlx::PgPool,
+        name: String,
+        first: LockGuard,
+        second: LockGuard,
+    }
+
+    async fn full(url: &str, prefix: &str) -> Full {
+        let client = client(url).await;
+        let pool = pg(&client);
+        let name = unique(prefix);
+        let first = client
+            .acquire(&name, &super::permits(2))
+            .await
+            .expect("a permit");
+        let second = client
+            .acquire(&name, &super::permits(2))
+            .await
+            .expect("a permit");
+        Full {
+            client,
+            pool,
+            name,
+            first,
+            second,
+        }
+    }
+
+    /// A permit released from a full semaphore goes to the permit waiter holding the
+    /// reservation in the release's own transaction: when the release returns, the waiter's
+    /// holder row is there with the next version and the reservation is gone; a
+    /// `h<version>:` notification tells the waiter, which holds that version as its token, a
+    /// renewable permit. The waiter reserved with its ttl negated, and an exclusive release
+    /// never hands the lock to such a reservation (it frees the lock instead).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_hands_a_permit_to_the_reserved_waiter() {
+        let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL");
+        let Some(url) = url else { return };
+        let b = client(&url).await;
+        let Full {
+            client: a,
+            pool,
+            name,
+            first,
+            second,
+        } = full(&url, "permit_handover").await;
+        let waiter = {
+            let (b, name) = (b.clone(), name.clone());
+            tokio::spawn(async move { b.acquire(&name, &super::permits(2)).await })
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let next = loop {
+            if let (_, Some(next), Some(ttl)) = reservation(&pool, &name).await {
+                assert_eq!(
+                    ttl, -10_000_000,
+                    "a permit waiter reserves with its ttl negated"
+                );
+                break next;
+            }
+            assert!(Instant::now() < deadline, "no waiter reserved {name}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let mut listener = common::listen(&pool, "distlock_locks").await;
+        first.release().await.expect("release");
+        let (version, next_owner, _) = reservation(&pool, &name).await;
+        assert_eq!(next_owner, None, "the reservation outlived the hand-over");
+        let token: Option<i64> = sqlx::query_scalar(
+            "SELECT token FROM distlock_locks_holders WHERE name = $1 AND owner = $2",
+        )
+        .bind(&name)
+        .bind(&next)
+        .fetch_optional(&pool)
+        .await
+        .expect("read the holders");
+        assert_eq!(
+            token,
+            Some(version),
+            "the release did not hand the permit over"
+        );
+        let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiter got its permit within 5 s")
+            .expect("the waiter's task")
+            .expect("the waiter acquires");
+        assert_eq!(
+            i64::try_from(got.token().get()),
+            Ok(version),
+            "not the handed version"
+        );
+        let expected = format!("h{version}:{}:{next}{name}", next.len());
+        assert_eq!(common::next_note(&mut listener, &name).await, expected);
+        got.renew().await.expect("renew the handed permit");
+        got.release().await.expect("release the handed permit");
+        second.release().await.expect("release");
+
+        // An exclusive holder and (as a race of mismatched kinds may leave it) a permit
+        // waiter's reservation: the release frees the lock, it does not hand it over.
+        let name = unique("no_exclusive_handover");
+        let held = a.acquire(&name, &writer()).await.expect("a lock");
+        sqlx::query(
+            "UPDATE distlock_locks SET next_owner = 'permit-waiter', next_since = 0, \
+             next_expires = now() + interval '10 seconds', next_ttl = -10000000 WHERE name = $1",
+        )
+        .bind(&name)
+        .execute(&pool)
+        .await
+        .expect("reserve");
+        held.release().await.expect("release");
+        let owner: Option<String> =
+            sqlx::query_scalar("SELECT owner FROM distlock_locks WHERE name = $1")
+                .bind(&name)
+                .fetch_one(&pool)
+                .await
+                .expect("read the lock row");
+        assert_eq!(
+            owner, None,
+            "an exclusive lock was handed to a permit waiter"
+        );
+    }
+
+    /// A waiter handed a permit while its own poll was in flight may claim the reservation
+    /// again: the next release must not hand it a second permit (which would replace its
+    /// holder row and the token its guard holds) but clear that stale reservation.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stale_reservation_of_a_holder_is_cleared_not_handed_over() {
+        let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL");
+        let Some(url) = url else { return };
+        let Full {
+            client: a,
+            pool,
+            name,
+            first,
+            second,
+        } = full(&url, "stale_reservation").await;
+        let token = i64::try_from(second.token().get()).expect("token");
+        let owner: String = sqlx::query_scalar(
+            "SELECT owner FROM distlock_locks_holders WHERE name = $1 AND token = $2",
+        )
+        .bind(&name)
+        .bind(token)
+        .fetch_one(&pool)
+        .await
+        .expect("the second holder's row");
+        sqlx::query(
+            "UPDATE distlock_locks SET next_owner = $2, next_since = 0, \
+             next_expires = now() + interval '10 seconds', next_ttl = -10000000 WHERE name = $1",
+        )
+        .bind(&name)
+        .bind(&owner)
+        .execute(&pool)
+        .await
+        .expect("reserve");
+        first.release().await.expect("release");
+        assert_eq!(
+            reservation(&pool, &name).await.1,
+            None,
+            "the stale reservation stayed"
+        );
+        second
+            .renew()
+            .await
+            .expect("the holder's permit was replaced");
+        let third = a
+            .try_acquire(&name, &super::permits(2))
+            .await
+            .expect("try")
+            .expect("the released permit is free");
+        second.release().await.expect("release");
+        third.release().await.expect("release");
     }
 
     kinds_suite!(

@@ -170,7 +170,7 @@ fn abandon_sql(t: &str, data: DataColumn) -> String {
 
 /// The release that hands the lock over. ARGS: name, owner, version, channel.
 ///
-/// When an exclusive waiter holds a live reservation (`next_ttl` set), the row becomes that
+/// When an exclusive waiter holds a live reservation (`next_ttl` positive), the row becomes that
 /// waiter's, with the next version and the waiter's ttl from now, and the notification
 /// (`h<version>:..`, see [`crate::wake::parse_payload`]) tells it so: a handoff is this one
 /// statement, with the waiter's take done in it. This commit hands out a fencing token, so it
@@ -179,7 +179,8 @@ fn abandon_sql(t: &str, data: DataColumn) -> String {
 /// The assignments all read the row as it was. `clear_data` clears the holder data (see
 /// [`DataColumn::clear`]): the freed hold's, or the former holder's on a hand-over.
 fn release_handing_over(t: &str, no_flush: &str, clear_data: &str) -> String {
-    let h = "(next_owner IS NOT NULL AND next_expires > now() AND next_ttl IS NOT NULL \
+    // A permit waiter's reservation has a negative `next_ttl`: never handed the lock.
+    let h = "(next_owner IS NOT NULL AND next_expires > now() AND next_ttl > 0 \
              AND next_owner <> owner)";
     let keep = |column: &str| format!("{column} = CASE WHEN {h} THEN NULL ELSE {column} END");
     format!(
@@ -601,6 +602,11 @@ impl Db for PgDb {
 
     fn hands_over(&self) -> bool {
         self.handover
+    }
+
+    fn hands_permits_over(&self) -> bool {
+        // The release function does it; the transactions do not.
+        self.handover && self.common.routines.is_some()
     }
 
     async fn reserve(

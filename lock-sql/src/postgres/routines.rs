@@ -15,10 +15,10 @@
 //! created ([`SqlConfig::create_table`](crate::SqlConfig::create_table)); with it off, they
 //! are used when present, else the transactions are. A client of an earlier version runs the
 //! transactions: both lock the row first, so they serialize with each other. The names end in
-//! `_v1`: a change of what a function does takes a new name, so that clients of two versions
-//! never run each other's.
+//! [`VERSION`]: a change of what a function does takes a new name, so that clients of two
+//! versions never run each other's.
 //!
-//! A fourth function renews a batch of holds (`_dl_renew_many_v1`, arrays of the renewal's
+//! A fourth function renews a batch of holds (`_dl_renew_many_v2`, arrays of the renewal's
 //! arguments sorted by name): the watchdog's renewals of every shared hold and permit of a
 //! client in one round trip per [`PG_MAX_BATCH`](crate::renew::PG_MAX_BATCH), each checked
 //! and extended by the very statements of the single renewal, the rows locked in name order
@@ -31,6 +31,10 @@ use crate::dialect::{Calls, Routines};
 use crate::keys::quote;
 use crate::kinds::{HolderSql, InRoutine};
 use crate::pool::InUse;
+
+/// The functions' version, the end of their names: `v2` releases hand a permit over (see
+/// [`Parts::release`]); `v1` (earlier clients) wake the reserved waiter to join instead.
+const VERSION: &str = "v2";
 
 /// Replaces the arguments `$1`, `$2`, ... of `sql` with `names`, in order.
 fn with_args(sql: &str, names: &[&str]) -> String {
@@ -54,10 +58,10 @@ pub(crate) fn routines(
     channel: &str,
 ) -> Option<Routines> {
     let last = table.rsplit('.').next().unwrap_or(table);
-    if last.len() + "_dl_renew_many_v1".len() > 63 {
+    if last.len() + format!("_dl_renew_many_{VERSION}").len() > 63 {
         return None;
     }
-    let name = |what: &str| quote(&format!("{table}_dl_{what}_v1"), '"');
+    let name = |what: &str| quote(&format!("{table}_dl_{what}_{VERSION}"), '"');
     let (join, renew, release) = (name("join"), name("renew"), name("release"));
     let renew_many = name("renew_many");
     let signatures = [
@@ -180,9 +184,12 @@ impl Parts<'_> {
         )
     }
 
-    /// [`Tx::join`](crate::kinds::Tx::join).
+    /// [`Tx::join`](crate::kinds::Tx::join); a permit that a release handed this waiter (see
+    /// [`Parts::release`]) and that it did not learn of is renewed and taken again, whatever
+    /// the row's reservation says (the transactions never hand a permit over).
     fn join(&self, signature: &str) -> String {
         let Self {
+            t,
             h,
             in_routine,
             remaining,
@@ -195,6 +202,7 @@ impl Parts<'_> {
             purge_all,
             mark,
             insert,
+            stretch,
             ..
         } = in_routine;
         let lock = self.lock();
@@ -208,6 +216,20 @@ BEGIN
     {lock};
   END IF;
   held := o_remaining IS NOT NULL;
+  -- A permit of this waiter's already (a release handed it over, and the wake-up did not
+  -- tell the waiter, or too late to bound its lease): renewed from now, it is the permit
+  -- taken, and a reservation of the waiter's own is stale.
+  IF held AND p_permits > 0 AND o_owner = p_marker THEN
+    UPDATE {h} SET expires_at = now() + p_ttl * interval '1 microsecond'
+      WHERE name = p_name AND owner = p_owner AND expires_at > now() RETURNING token INTO o_taken;
+    IF FOUND THEN
+      {stretch};
+      IF o_next_owner = p_owner THEN
+        UPDATE {t} SET next_owner = NULL, next_since = NULL, next_expires = NULL WHERE name = p_name;
+      END IF;
+      RETURN NEXT; RETURN;
+    END IF;
+  END IF;
   -- Held as another kind (a mismatch or an exclusive holder), or another waiter's turn.
   IF (held AND o_owner IS DISTINCT FROM p_marker)
      OR (o_next_remaining IS NOT NULL AND o_next_owner IS DISTINCT FROM p_owner) THEN
@@ -312,9 +334,21 @@ END"
         )
     }
 
-    /// [`Tx::release`](crate::kinds::Tx::release).
+    /// [`Tx::release`](crate::kinds::Tx::release), and a hand-over: a permit released from a
+    /// full semaphore goes to the permit waiter holding the live reservation (its `next_ttl`
+    /// is its ttl negated, see [`Db::hands_permits_over`](crate::db::Db::hands_permits_over)),
+    /// as a join of that waiter would take it (the next version, the waiter's ttl from now),
+    /// and the notification (`h<version>:..`) tells it so and the other waiters that the
+    /// reservation is free. This commit hands out a token, so it waits for its flush. A
+    /// release that leaves more than one permit free wakes the reserved waiter to join, as
+    /// before (a hand-over would tell the others to claim the reservation while a permit is
+    /// free). A reservation of a live permit holder (a waiter's poll in flight during its
+    /// hand-over claims the cleared reservation again) is stale: the release clears it and
+    /// wakes every waiter, so it neither hands that holder a second permit (which would
+    /// replace its row, and the token it holds) nor queues the others behind it.
     fn release(&self, signature: &str) -> String {
         let Self {
+            t,
             h,
             in_routine,
             channel,
@@ -325,12 +359,14 @@ END"
             leave,
             free,
             shrink,
+            mark,
+            insert,
             ..
         } = in_routine;
         let lock = self.lock();
         let no_flush = NO_FLUSH;
         let body = format!(
-            "DECLARE {}; n bigint;
+            "DECLARE {DECLARE_PEEK}; n bigint; o_taken bigint; p_ttl bigint; p_permits bigint;
 BEGIN
   {lock};
   IF NOT FOUND OR o_remaining IS NULL OR o_owner IS DISTINCT FROM p_marker THEN
@@ -339,8 +375,31 @@ BEGIN
   IF p_token IS NULL THEN {purge}; ELSE {leave}; END IF;
   GET DIAGNOSTICS n = ROW_COUNT;
   IF n = 0 THEN RETURN false; END IF;
-  {no_flush};
   SELECT count(*) INTO n FROM {h} WHERE name = p_name AND expires_at > now();
+  -- A reservation of a permit holder is stale (it was handed its permit while a poll of its
+  -- own renewed the reservation): clear it, wake every waiter, hand nothing to it.
+  IF p_wake AND o_next_remaining IS NOT NULL AND (o_next_owner = p_owner OR EXISTS
+      (SELECT 1 FROM {h} WHERE name = p_name AND owner = o_next_owner AND expires_at > now())) THEN
+    UPDATE {t} SET next_owner = NULL, next_since = NULL, next_expires = NULL WHERE name = p_name;
+    o_next_owner := NULL; o_next_remaining := NULL;
+  END IF;
+  IF p_wake AND o_next_remaining IS NOT NULL
+     AND left(p_marker, 9) = chr(1) || 'permits:' THEN
+    p_permits := substr(p_marker, 10)::bigint;
+    SELECT -next_ttl INTO p_ttl FROM {t} WHERE name = p_name;
+    IF p_ttl > 0 AND n = p_permits - 1 THEN
+      {shrink};
+      p_owner := o_next_owner;
+      {purge};
+      {mark};
+      o_taken := o_version + 1;
+      {insert};
+      PERFORM pg_notify('{channel}',
+        'h' || o_taken || ':' || octet_length(p_owner) || ':' || p_owner || p_name);
+      RETURN true;
+    END IF;
+  END IF;
+  {no_flush};
   IF n = 0 THEN {free}; ELSE {shrink}; END IF;
   -- A writer waits for the last reader; a permit waiter for any permit.
   IF n = 0 OR p_wake THEN
@@ -348,8 +407,7 @@ BEGIN
       THEN octet_length(o_next_owner) || ':' || o_next_owner || p_name ELSE '0:' || p_name END);
   END IF;
   RETURN true;
-END",
-            DECLARE_PEEK
+END"
         );
         Self::function(
             signature,

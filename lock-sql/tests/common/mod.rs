@@ -42,3 +42,32 @@ pub(crate) async fn exec(pool: &SqlPool, sql: String) {
         panic!("{sql}: {err}");
     }
 }
+
+/// A listener of the lock table `table`'s notifications (`distlock:<table>`) on `pool`.
+#[cfg(feature = "postgres")]
+#[allow(dead_code, reason = "not every test file listens")]
+pub(crate) async fn listen(pool: &sqlx::PgPool, table: &str) -> sqlx::postgres::PgListener {
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool)
+        .await
+        .expect("listen");
+    listener
+        .listen(&format!("distlock:{table}"))
+        .await
+        .expect("listen");
+    listener
+}
+
+/// The next notification of `listener` about lock `name`, within 5 s each: its payload.
+#[cfg(feature = "postgres")]
+#[allow(dead_code, reason = "not every test file listens")]
+pub(crate) async fn next_note(listener: &mut sqlx::postgres::PgListener, name: &str) -> String {
+    loop {
+        let note = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+            .await
+            .expect("a notification")
+            .expect("listen");
+        if note.payload().ends_with(name) {
+            return note.payload().to_owned();
+        }
+    }
+}
