@@ -545,14 +545,6 @@ mod postgres {
         }
     }
 
-    fn pg(client: &LockClient<SqlBackend>) -> sqlx::PgPool {
-        match client.backend_ref().pool() {
-            SqlPool::Postgres(pool) => pool,
-            #[allow(unreachable_patterns, reason = "other dialects may be compiled in")]
-            _ => unreachable!("a postgres:// client"),
-        }
-    }
-
     /// A lock `name` of `TABLE` held by one client (`held`, ttl `ttl`) and a second client
     /// waiting for it (`waiter`), which holds the reservation as `next`.
     struct Queued {
@@ -569,7 +561,7 @@ mod postgres {
 
     async fn queued(url: &str, prefix: &str, ttl: Duration) -> Queued {
         let (a, b) = (client(url).await, client(url).await);
-        let pool = pg(&a);
+        let pool = common::pg(&a);
         let name = unique(prefix);
         let opts = AcquireOptions::default().with_ttl(ttl);
         let held = a.acquire(&name, &opts).await.expect("a acquires");
@@ -702,7 +694,7 @@ mod postgres {
         let Some(url) = url() else { return };
         for create in [true, false] {
             let table = unique("old_locks");
-            let admin = pg(&client(&url).await);
+            let admin = common::pg(&client(&url).await);
             let old = format!(
                 "CREATE TABLE {table} (name TEXT COLLATE \"C\" PRIMARY KEY, owner TEXT, \
                  version BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, next_owner TEXT, \

@@ -520,7 +520,7 @@ mod postgres {
     use std::time::{Duration, Instant};
 
     use distlock_core::{DistributedLock, LockClient, LockGuard};
-    use distlock_sql::{SqlBackend, SqlPool};
+    use distlock_sql::SqlBackend;
 
     use super::{client, common, unique, writer};
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -552,14 +552,6 @@ mod postgres {
             .expect("read the lock row")
     }
 
-    fn pg(client: &LockClient<SqlBackend>) -> sqlx::PgPool {
-        match client.backend_ref().pool() {
-            SqlPool::Postgres(pool) => pool,
-            #[allow(unreachable_patterns, reason = "other dialects may be compiled in")]
-            _ => unreachable!("a postgres:// client"),
-        }
-    }
-
     /// A semaphore of 2 permits, both held by one client.
     struct Full {
         client: LockClient<SqlBackend>,
@@ -571,7 +563,7 @@ mod postgres {
 
     async fn full(url: &str, prefix: &str) -> Full {
         let client = client(url).await;
-        let pool = pg(&client);
+        let pool = common::pg(&client);
         let name = unique(prefix);
         let first = client
             .acquire(&name, &super::permits(2))

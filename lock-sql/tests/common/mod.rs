@@ -71,3 +71,14 @@ pub(crate) async fn next_note(listener: &mut sqlx::postgres::PgListener, name: &
         }
     }
 }
+
+/// The PostgreSQL pool of `client`, a `postgres://` client.
+#[cfg(feature = "postgres")]
+#[allow(dead_code, reason = "not every test file reads PostgreSQL directly")]
+pub(crate) fn pg(client: &LockClient<SqlBackend>) -> sqlx::PgPool {
+    match client.backend_ref().pool() {
+        SqlPool::Postgres(pool) => pool,
+        #[allow(unreachable_patterns, reason = "other dialects may be compiled in")]
+        _ => unreachable!("a postgres:// client"),
+    }
+}
