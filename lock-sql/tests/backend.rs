@@ -26,18 +26,6 @@ fn waiting(
     tokio::spawn(async move { client.acquire(&name, &opts).await })
 }
 
-/// The guard a [`waiting`] acquisition gets, within 5 s.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-async fn granted(
-    waiter: tokio::task::JoinHandle<distlock_core::Result<distlock_core::LockGuard>>,
-) -> distlock_core::LockGuard {
-    tokio::time::timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("the waiter got the lock within 5 s")
-        .expect("the waiter's task")
-        .expect("the waiter acquires")
-}
-
 async fn balance(pool: &SqlPool, table: &str) -> (i64, i64) {
     let sql = format!("SELECT balance, fence FROM {table} WHERE id = 7");
     let row: Result<(i64, i64), sqlx::Error> = match pool {
@@ -600,7 +588,7 @@ mod postgres {
         assert_eq!(owner.as_deref(), Some(next.as_str()), "not handed over");
         assert_eq!(version, i64::try_from(token.get()).expect("token") + 1);
         assert_eq!(next_owner, None, "the reservation outlived the hand-over");
-        let got = granted(waiter).await;
+        let got = common::granted(waiter).await;
         assert_eq!(got.token().get(), token.get() + 1, "not the handed version");
         let expected = format!("h{version}:{}:{next}{name}", next.len());
         assert_eq!(common::next_note(&mut listener, &name).await, expected);
@@ -644,7 +632,7 @@ mod postgres {
             "a late notification granted the lock"
         );
         held.release().await.expect("release");
-        let got = granted(waiter).await;
+        let got = common::granted(waiter).await;
         assert_eq!(got.token().get(), token.get() + 1);
         got.release().await.expect("release");
     }
@@ -675,7 +663,7 @@ mod postgres {
             .fetch_one(&pool)
             .await
             .expect("hand over");
-        let got = granted(waiter).await;
+        let got = common::granted(waiter).await;
         assert_eq!(
             i64::try_from(got.token().get()).expect("token"),
             version,
@@ -723,7 +711,7 @@ mod postgres {
             tokio::time::sleep(Duration::from_millis(200)).await;
             let token = held.token();
             held.release().await.expect("release");
-            let got = granted(waiter).await;
+            let got = common::granted(waiter).await;
             assert!(got.token() > token);
             got.release().await.expect("release");
             let drop_table = format!("DROP TABLE {table}");
@@ -915,7 +903,7 @@ mod mysql {
             assert_eq!(owner.as_deref(), Some(reserved.as_str()), "not handed over");
             assert_eq!(version, i64::try_from(token.get()).expect("token") + 1);
             assert_eq!(next_owner, None);
-            held = granted(waiter).await;
+            held = common::granted(waiter).await;
             assert_eq!(
                 held.token().get(),
                 token.get() + 1,
@@ -986,7 +974,7 @@ mod mysql {
             !wake_lock_held(&pool, &lock, false).await,
             "the wake lock is still held after release_hold"
         );
-        let next = granted(waiter).await;
+        let next = common::granted(waiter).await;
         assert!(next.token() > held.token());
         assert!(matches!(
             held.renew().await,

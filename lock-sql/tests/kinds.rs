@@ -552,16 +552,18 @@ mod postgres {
             .expect("read the lock row")
     }
 
-    /// A semaphore of 2 permits, both held by one client.
-    struct Full {
-        client: LockClient<SqlBackend>,
-        pool: sqlx::PgPool,
-        name: String,
-        first: LockGuard,
-        second: LockGuard,
-    }
-
-    async fn full(url: &str, prefix: &str) -> Full {
+    /// A semaphore of 2 permits (`client`, its pool, the name, the two permits), both held
+    /// by one client.
+    async fn full(
+        url: &str,
+        prefix: &str,
+    ) -> (
+        LockClient<SqlBackend>,
+        sqlx::PgPool,
+        String,
+        LockGuard,
+        LockGuard,
+    ) {
         let client = client(url).await;
         let pool = common::pg(&client);
         let name = unique(prefix);
@@ -573,13 +575,7 @@ mod postgres {
             .acquire(&name, &super::permits(2))
             .await
             .expect("a permit");
-        Full {
-            client,
-            pool,
-            name,
-            first,
-            second,
-        }
+        (client, pool, name, first, second)
     }
 
     /// A permit released from a full semaphore goes to the permit waiter holding the
@@ -593,13 +589,7 @@ mod postgres {
         let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL");
         let Some(url) = url else { return };
         let b = client(&url).await;
-        let Full {
-            client: a,
-            pool,
-            name,
-            first,
-            second,
-        } = full(&url, "permit_handover").await;
+        let (a, pool, name, first, second) = full(&url, "permit_handover").await;
         let waiter = {
             let (b, name) = (b.clone(), name.clone());
             tokio::spawn(async move { b.acquire(&name, &super::permits(2)).await })
@@ -633,11 +623,7 @@ mod postgres {
             Some(version),
             "the release did not hand the permit over"
         );
-        let got = tokio::time::timeout(Duration::from_secs(5), waiter)
-            .await
-            .expect("the waiter got its permit within 5 s")
-            .expect("the waiter's task")
-            .expect("the waiter acquires");
+        let got = common::granted(waiter).await;
         assert_eq!(
             i64::try_from(got.token().get()),
             Ok(version),
@@ -681,13 +667,7 @@ mod postgres {
     async fn a_stale_reservation_of_a_holder_is_cleared_not_handed_over() {
         let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL");
         let Some(url) = url else { return };
-        let Full {
-            client: a,
-            pool,
-            name,
-            first,
-            second,
-        } = full(&url, "stale_reservation").await;
+        let (a, pool, name, first, second) = full(&url, "stale_reservation").await;
         let token = i64::try_from(second.token().get()).expect("token");
         let owner: String = sqlx::query_scalar(
             "SELECT owner FROM distlock_locks_holders WHERE name = $1 AND token = $2",

@@ -82,3 +82,15 @@ pub(crate) fn pg(client: &LockClient<SqlBackend>) -> sqlx::PgPool {
         _ => unreachable!("a postgres:// client"),
     }
 }
+
+/// The guard an acquisition running in `waiter`'s task gets, within 5 s.
+#[allow(dead_code, reason = "not every test file waits in a task")]
+pub(crate) async fn granted(
+    waiter: tokio::task::JoinHandle<distlock_core::Result<distlock_core::LockGuard>>,
+) -> distlock_core::LockGuard {
+    tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter got the lock within 5 s")
+        .expect("the waiter's task")
+        .expect("the waiter acquires")
+}
