@@ -324,7 +324,7 @@ main() {
           "and at most one MODE ($(join ', ' in-sync "${FAILOVER_MODES[@]}" either))"
         exit 2
       }
-      lock_state
+      lock_state "$2"
       failover "$2" "${3:-}"
       ;;
     start-one | stop-one | restart-one | kill-one)
@@ -332,7 +332,7 @@ main() {
         log "$action needs one NAME of: ${ALL_SERVERS[*]}"
         exit 2
       fi
-      lock_state
+      if [[ $action == restart-one ]]; then lock_state "$2"; else lock_state; fi
       case $action in
         start-one) start_servers "$2" ;;
         stop-one) stop_one "$2" ;;
@@ -343,7 +343,7 @@ main() {
           # once more (CI, 2026-11-29: zookeeper-auth, restarted by the fault check on a
           # loaded machine, did not answer within 60 s; its restarts take about 1.5 s).
           if ! READY_TIMEOUT=$(((READY_TIMEOUT + 1) / 2)) UNLOCK_BEFORE_READY=1 start_servers "$2"; then
-            lock_state
+            lock_state "$2"
             log "$2 did not answer after its restart: killed and started once more"
             crash_one "$2"
             UNLOCK_BEFORE_READY=1 start_servers "$2"
