@@ -9,14 +9,21 @@
 //!   after `acquire` returns, a writer increments the writer gauge and reads the reader gauge,
 //!   a reader increments the reader gauge and reads the writer gauge; a writer that finds
 //!   another writer or any reader, or a reader that finds a writer, is a violation. Each
-//!   holder decrements its gauge just before calling `release`.
+//!   holder decrements its gauge just before calling `release`. The mix also times the two
+//!   handoffs between the kinds, from the instant just before the `release` that makes the
+//!   name free for the other kind to the return of that kind's next `acquire`, counted only
+//!   when that `acquire` was already waiting at the instant: **writer to readers** (a
+//!   writer's release, then the first reader in) and **readers to writer** (the last reader's
+//!   release, no reader in since, then the writer in). Their p50s together against two S2
+//!   handoffs (the same backend, the same run) answer what a writer's turn between readers
+//!   costs beside a mutex's.
 //! - **Semaphore**: every acquisition is one of [`BenchConfig::permits`] permits; a holder
 //!   that finds `permits` holders already inside is a violation.
 //!
 //! Statistics cover the acquisitions that returned inside the measured window.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use distlock_core::{AcquireOptions, Capabilities, DistributedLock, Error, LockKind};
@@ -69,24 +76,47 @@ struct Shared {
     writers: AtomicU64,
     max_writers: AtomicU64,
     violations: AtomicU64,
+    /// The instant just before the last writer's release, until the first reader in takes it.
+    writer_released: Mutex<Option<Instant>>,
+    /// The instant just before the release of a reader that left no reader in, until a reader
+    /// comes in (which clears it) or the next writer does (which takes it).
+    readers_drained: Mutex<Option<Instant>>,
     /// Acquisitions in the measured window so far, for progress lines.
     measured: AtomicU64,
     /// Set when a client fails, so that the others stop too.
     stop: AtomicBool,
 }
 
+/// Takes the instant in `slot`, if any.
+fn take(slot: &Mutex<Option<Instant>>) -> Option<Instant> {
+    slot.lock().unwrap_or_else(PoisonError::into_inner).take()
+}
+
+/// Puts `at` in `slot`.
+fn put(slot: &Mutex<Option<Instant>>, at: Option<Instant>) {
+    *slot.lock().unwrap_or_else(PoisonError::into_inner) = at;
+}
+
 impl Shared {
     /// Enters the gauges after an acquisition of `kind`; counts a violation of the bound.
-    fn enter(&self, kind: LockKind) {
+    /// Returns the handoff this acquisition ends, if it ends one (see the module's text): the
+    /// instant it started from.
+    fn enter(&self, kind: LockKind) -> Option<Instant> {
+        let mut handoff = None;
         let violated = match kind {
             LockKind::Exclusive => {
                 let writers = self.writers.fetch_add(1, Ordering::SeqCst) + 1;
                 self.max_writers.fetch_max(writers, Ordering::SeqCst);
+                handoff = take(&self.readers_drained);
                 writers > 1 || self.holders.load(Ordering::SeqCst) > 0
             }
             _ => {
                 let holders = self.holders.fetch_add(1, Ordering::SeqCst) + 1;
                 self.max_holders.fetch_max(holders, Ordering::SeqCst);
+                if kind == LockKind::Shared {
+                    handoff = take(&self.writer_released);
+                    put(&self.readers_drained, None);
+                }
                 let over = match kind {
                     LockKind::Permit { permits } => holders > u64::from(permits),
                     _ => false,
@@ -97,14 +127,32 @@ impl Shared {
         if violated {
             self.violations.fetch_add(1, Ordering::SeqCst);
         }
+        handoff
     }
 
     /// Leaves the gauges just before the release of an acquisition of `kind`.
     fn leave(&self, kind: LockKind) {
+        let now = Some(Instant::now());
         match kind {
-            LockKind::Exclusive => self.writers.fetch_sub(1, Ordering::SeqCst),
-            _ => self.holders.fetch_sub(1, Ordering::SeqCst),
-        };
+            LockKind::Exclusive => {
+                put(&self.writer_released, now);
+                self.writers.fetch_sub(1, Ordering::SeqCst);
+            }
+            LockKind::Shared => {
+                // The drained instant goes in before the gauge says so: a reader that comes in
+                // after the gauge's fall finds it there to clear.
+                let mut drained = self
+                    .readers_drained
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if self.holders.fetch_sub(1, Ordering::SeqCst) == 1 {
+                    *drained = now;
+                }
+            }
+            _ => {
+                self.holders.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
     }
 }
 
@@ -119,6 +167,10 @@ struct ClientStats {
     longest_wait: Duration,
     shared_wait: Recorder,
     exclusive_wait: Recorder,
+    /// Writer-to-readers handoffs ended by this client's shared acquisitions.
+    to_readers: Recorder,
+    /// Readers-to-writer handoffs ended by this client's exclusive acquisitions.
+    to_writer: Recorder,
 }
 
 impl ClientStats {
@@ -131,6 +183,8 @@ impl ClientStats {
             longest_wait: Duration::ZERO,
             shared_wait: Recorder::new(),
             exclusive_wait: Recorder::new(),
+            to_readers: Recorder::new(),
+            to_writer: Recorder::new(),
         }
     }
 }
@@ -172,8 +226,17 @@ async fn client_loop(
             }
         };
         let acquired = Instant::now();
-        shared.enter(kind);
+        let handoff = shared.enter(kind);
         if acquired >= shared.measure_from && acquired < shared.measure_until {
+            // Only a handoff to an acquisition that was waiting when it started.
+            if let Some(from) = handoff.filter(|from| asked <= *from) {
+                let recorder = if kind == LockKind::Exclusive {
+                    &mut stats.to_writer
+                } else {
+                    &mut stats.to_readers
+                };
+                recorder.record(acquired.saturating_duration_since(from));
+            }
             shared.measured.fetch_add(1, Ordering::Relaxed);
             stats.acquisitions += 1;
             let waited = acquired - asked;
@@ -232,6 +295,8 @@ pub(crate) async fn run_mixed(
         writers: AtomicU64::new(0),
         max_writers: AtomicU64::new(0),
         violations: AtomicU64::new(0),
+        writer_released: Mutex::new(None),
+        readers_drained: Mutex::new(None),
         measured: AtomicU64::new(0),
         stop: AtomicBool::new(false),
     });
@@ -242,6 +307,7 @@ pub(crate) async fn run_mixed(
     let stats = run_clients(clients, loop_of, window, config, measured, &mut progress).await?;
 
     let (mut shared_wait, mut exclusive_wait) = (Recorder::new(), Recorder::new());
+    let (mut to_readers, mut to_writer) = (Recorder::new(), Recorder::new());
     let per_client = client_shares(stats.iter().map(|s| (s.acquisitions, s.longest_wait)));
     let (mut total, mut exclusive) = (0, 0);
     let mut longest_wait = Duration::ZERO;
@@ -254,6 +320,8 @@ pub(crate) async fn run_mixed(
         longest_wait = longest_wait.max(stats.longest_wait);
         shared_wait.merge(&stats.shared_wait);
         exclusive_wait.merge(&stats.exclusive_wait);
+        to_readers.merge(&stats.to_readers);
+        to_writer.merge(&stats.to_writer);
     }
     let mut all_wait = Recorder::new();
     all_wait.merge(&shared_wait);
@@ -268,6 +336,8 @@ pub(crate) async fn run_mixed(
         acquire_wait: all_wait.summary(),
         shared_wait: read_write.then(|| shared_wait.summary()),
         exclusive_wait: read_write.then(|| exclusive_wait.summary()),
+        writer_to_readers: read_write.then(|| to_readers.summary()),
+        readers_to_writer: read_write.then(|| to_writer.summary()),
         longest_wait_us: micros(longest_wait),
         per_client,
         max_holders: shared.max_holders.load(Ordering::SeqCst),

@@ -560,6 +560,32 @@ async fn rw_mix_and_semaphore_stay_within_their_bounds() {
         sem.mean_holders
     );
     let rw = report.targets[0].rw_mix.as_ref().expect("rw mix");
+    // Writers and readers took turns: both handoffs between the kinds were timed, each
+    // within an acquisition's wait, and the table sets them beside S2's handoffs.
+    let (to_readers, to_writer) = (
+        rw.writer_to_readers.expect("writer to readers"),
+        rw.readers_to_writer.expect("readers to writer"),
+    );
+    assert!(to_readers.count > 0 && to_writer.count > 0, "{rw:?}");
+    assert!(to_readers.count <= rw.acquisitions - rw.exclusive_acquisitions);
+    assert!(to_writer.count <= rw.exclusive_acquisitions);
+    assert_sane(&to_readers, "writer to readers");
+    assert_sane(&to_writer, "readers to writer");
+    assert!(
+        to_writer.max_us <= rw.exclusive_wait.unwrap().max_us + 1000.0,
+        "{rw:?}"
+    );
+    assert!(
+        markdown.contains("| target | writer → readers p50"),
+        "{markdown}"
+    );
+    assert!(
+        markdown
+            .lines()
+            .any(|l| l.starts_with("| memory | ") && l.matches(" (").count() == 2),
+        "{markdown}"
+    );
+    assert!(sem.writer_to_readers.is_none() && sem.readers_to_writer.is_none());
     let writers = rw.writer_share.expect("a writer share");
     assert!(writers > 0.0 && writers < 1.0, "{writers}");
     assert!(rw.mean_holders > 0.0, "{}", rw.mean_holders);

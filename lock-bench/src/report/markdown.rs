@@ -402,6 +402,64 @@ impl Report {
                     .map_or_else(|| "-".to_owned(), |w| format!("{:.1}", w * 100.0)),
             );
         }
+        out.push_str(&self.kind_handoffs_markdown());
+        out
+    }
+
+    /// The read/write mix's handoffs between the kinds, beside two of S2's (mutex) handoffs.
+    fn kind_handoffs_markdown(&self) -> String {
+        let mut out = String::new();
+        let rows: Vec<_> = self
+            .targets
+            .iter()
+            .filter_map(|t| {
+                let m = t.rw_mix.as_ref()?;
+                Some((
+                    t,
+                    m.writer_to_readers.as_ref()?,
+                    m.readers_to_writer.as_ref()?,
+                ))
+            })
+            .collect();
+        if rows.is_empty() {
+            return out;
+        }
+        out.push_str("\nRW mix handoffs between the kinds (each from just before the release that frees the name for the other kind to the other kind's first acquisition that was waiting), against two S2 handoffs of the same target (writer → readers p50 + readers → writer p50 ÷ 2 × S2 handoff p50; ≤ 1: a writer's turn costs no more than two mutex handoffs).\n");
+        out.push_str("\n| target | writer → readers p50 / p99 ms (count) | readers → writer p50 / p99 ms (count) | S2 handoff p50 ms | ÷ 2 S2 handoffs |\n");
+        out.push_str("|---|--:|--:|--:|--:|\n");
+        let ms = |l: &LatencySummary| {
+            format!(
+                "{:.2} / {:.2} ({})",
+                l.p50_us / 1000.0,
+                l.p99_us / 1000.0,
+                l.count
+            )
+        };
+        for (t, to_readers, to_writer) in rows {
+            let s2 = t
+                .contended
+                .as_ref()
+                .map(|c| c.handoff.p50_us)
+                .filter(|p50| *p50 > 0.0);
+            let (s2_ms, ratio) = match s2 {
+                Some(p50) if to_readers.count > 0 && to_writer.count > 0 => (
+                    format!("{:.2}", p50 / 1000.0),
+                    format!(
+                        "{:.2}",
+                        (to_readers.p50_us + to_writer.p50_us) / (2.0 * p50)
+                    ),
+                ),
+                Some(p50) => (format!("{:.2}", p50 / 1000.0), "-".to_owned()),
+                None => ("-".to_owned(), "-".to_owned()),
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {s2_ms} | {ratio} |",
+                t.target,
+                ms(to_readers),
+                ms(to_writer)
+            );
+        }
         out
     }
 }

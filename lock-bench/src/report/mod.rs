@@ -267,6 +267,12 @@ pub struct MixedResult {
     pub shared_wait: Option<LatencySummary>,
     /// The read/write mix: the exclusive acquisitions alone.
     pub exclusive_wait: Option<LatencySummary>,
+    /// The read/write mix: from just before a writer's release to the first reader in, for
+    /// the readers that were waiting then.
+    pub writer_to_readers: Option<LatencySummary>,
+    /// The read/write mix: from just before the release of the last reader in to the next
+    /// writer in, for the writers that were waiting then (no reader in between).
+    pub readers_to_writer: Option<LatencySummary>,
     /// The longest single `acquire` of any client (exact, not histogram-rounded).
     pub longest_wait_us: f64,
     /// Each client's share of the acquisitions.
