@@ -145,8 +145,8 @@
 //!   table (`SELECT .. FOR UPDATE`, inserting a free row if missing), so that every change of
 //!   one name's holders is serialized by that row. A refused acquisition rolls back.
 //! - **PostgreSQL and MySQL/MariaDB** run each of those transactions as one call of a
-//!   server-side routine (PL/pgSQL functions `<table>_dl_join_v2`, `<table>_dl_renew_v2`,
-//!   `<table>_dl_release_v2`; stored procedures `<table>_dl_join_v1`, ...; created with the
+//!   server-side routine (PL/pgSQL functions `<table>_dl_join_v3`, `<table>_dl_renew_v3`,
+//!   `<table>_dl_release_v3`; stored procedures `<table>_dl_join_v1`, ...; created with the
 //!   lock table when missing; the same statements in the same order, a refused join writing nothing): one
 //!   round trip instead of five to eight, so the name's row stays locked for a fraction of
 //!   one. On PostgreSQL a refusal and a release commit without waiting for their WAL flush
@@ -193,6 +193,12 @@
 //!   reservation on its next read and joins, which replaces the handed row by a new one of
 //!   its own; an attempt abandoned while it held the reservation leaves the holders by owner
 //!   as well. Functions of earlier clients (`_v1`) wake the waiter to join instead.
+//! - **Writer hand-over after the last reader** (PostgreSQL's functions, `_v3`): the release
+//!   of the last shared holder (or permit) hands the lock to the exclusive waiter holding a
+//!   live reservation (`next_ttl` positive) in the same transaction, as an exclusive release
+//!   does: the row becomes the writer's with the next `version` (above every reader's token)
+//!   and its ttl from now, `h<version>:..` tells it, and the commit waits for its flush.
+//!   Functions of earlier clients (`_v2`, `_v1`) wake the writer to take the row itself.
 //!
 //! Errors: a dropped connection, a refused connection, SQLite `BUSY` and deadlocks are
 //! [`Error::Unavailable`](distlock_core::Error::Unavailable) (retried by the core); anything else

@@ -530,11 +530,11 @@ mod postgres {
         super::routines_beside_transactions(
             &url,
             |table, what| match what {
-                "release" => format!("{table}_dl_{what}_v2(text, text, text, bigint, boolean)"),
+                "release" => format!("{table}_dl_{what}_v3(text, text, text, bigint, boolean)"),
                 "renew_many" => {
-                    format!("{table}_dl_{what}_v2(text[], text[], text[], bigint[], bigint[])")
+                    format!("{table}_dl_{what}_v3(text[], text[], text[], bigint[], bigint[])")
                 }
-                _ => format!("{table}_dl_{what}_v2(text, text, text, bigint, bigint)"),
+                _ => format!("{table}_dl_{what}_v3(text, text, text, bigint, bigint)"),
             },
             |f| format!("SELECT '{f}'::regprocedure"),
             |f| format!("DROP FUNCTION {f}"),
@@ -550,6 +550,37 @@ mod postgres {
             .fetch_one(pool)
             .await
             .expect("read the lock row")
+    }
+
+    /// The waiter that reserved `name`, once one did, with its reservation's `next_ttl`.
+    async fn reserved(pool: &sqlx::PgPool, name: &str) -> (String, i64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let (_, Some(next), Some(ttl)) = reservation(pool, name).await {
+                return (next, ttl);
+            }
+            assert!(Instant::now() < deadline, "no waiter reserved {name}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// What a release handed waiter `next` of `name` with `version`: the waiter's guard, with
+    /// that version as its token, told by the `h<version>:` notification, and renewable.
+    async fn handed(
+        waiter: tokio::task::JoinHandle<distlock_core::Result<LockGuard>>,
+        listener: &mut sqlx::postgres::PgListener,
+        (name, next, version): (&str, &str, i64),
+    ) -> LockGuard {
+        let got = common::granted(waiter).await;
+        assert_eq!(
+            i64::try_from(got.token().get()),
+            Ok(version),
+            "not the handed version"
+        );
+        let expected = format!("h{version}:{}:{next}{name}", next.len());
+        assert_eq!(common::next_note(listener, name).await, expected);
+        got.renew().await.expect("renew what was handed over");
+        got
     }
 
     /// A semaphore of 2 permits (`client`, its pool, the name, the two permits), both held
@@ -594,18 +625,11 @@ mod postgres {
             let (b, name) = (b.clone(), name.clone());
             tokio::spawn(async move { b.acquire(&name, &super::permits(2)).await })
         };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let next = loop {
-            if let (_, Some(next), Some(ttl)) = reservation(&pool, &name).await {
-                assert_eq!(
-                    ttl, -10_000_000,
-                    "a permit waiter reserves with its ttl negated"
-                );
-                break next;
-            }
-            assert!(Instant::now() < deadline, "no waiter reserved {name}");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        };
+        let (next, ttl) = reserved(&pool, &name).await;
+        assert_eq!(
+            ttl, -10_000_000,
+            "a permit waiter reserves with its ttl negated"
+        );
         let mut listener = common::listen(&pool, "distlock_locks").await;
         first.release().await.expect("release");
         let (version, next_owner, _) = reservation(&pool, &name).await;
@@ -623,15 +647,7 @@ mod postgres {
             Some(version),
             "the release did not hand the permit over"
         );
-        let got = common::granted(waiter).await;
-        assert_eq!(
-            i64::try_from(got.token().get()),
-            Ok(version),
-            "not the handed version"
-        );
-        let expected = format!("h{version}:{}:{next}{name}", next.len());
-        assert_eq!(common::next_note(&mut listener, &name).await, expected);
-        got.renew().await.expect("renew the handed permit");
+        let got = handed(waiter, &mut listener, (&name, &next, version)).await;
         got.release().await.expect("release the handed permit");
         second.release().await.expect("release");
 
@@ -703,6 +719,61 @@ mod postgres {
             .expect("the released permit is free");
         second.release().await.expect("release");
         third.release().await.expect("release");
+    }
+
+    /// The last reader's release hands the lock to the writer holding the reservation, in
+    /// the release's own transaction: when it returns, the row is the writer's with the next
+    /// version (above both readers' tokens) and no reservation; `h<version>:` tells the
+    /// writer, which holds that version as its token, a renewable lock. The first reader's
+    /// release (a reader still in) hands nothing over.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_last_readers_release_hands_the_lock_to_the_reserved_writer() {
+        let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL");
+        let Some(url) = url else { return };
+        let (a, b) = (client(&url).await, client(&url).await);
+        let pool = common::pg(&a);
+        let name = unique("writer_handover");
+        let first = a.acquire(&name, &super::shared()).await.expect("a read");
+        let second = a.acquire(&name, &super::shared()).await.expect("a read");
+        let tokens = [&first, &second].map(|read| i64::try_from(read.token().get()));
+        let writer = {
+            let (b, name) = (b.clone(), name.clone());
+            tokio::spawn(async move { b.acquire(&name, &super::writer()).await })
+        };
+        let (next, ttl) = reserved(&pool, &name).await;
+        assert_eq!(ttl, 10_000_000, "a writer reserves with its ttl");
+        let mut listener = common::listen(&pool, "distlock_locks").await;
+        first.release().await.expect("release");
+        let (_, still, _) = reservation(&pool, &name).await;
+        assert_eq!(still.as_ref(), Some(&next), "handed over with a reader in");
+        second.release().await.expect("release");
+        let (owner, version, reserved): (Option<String>, i64, Option<String>) =
+            sqlx::query_as("SELECT owner, version, next_owner FROM distlock_locks WHERE name = $1")
+                .bind(&name)
+                .fetch_one(&pool)
+                .await
+                .expect("read the lock row");
+        assert_eq!(
+            owner,
+            Some(next.clone()),
+            "the release did not hand the lock over"
+        );
+        assert_eq!(reserved, None, "the reservation outlived the hand-over");
+        for token in tokens {
+            assert!(
+                token.expect("token") < version,
+                "not above the readers' tokens"
+            );
+        }
+        let got = handed(writer, &mut listener, (&name, &next, version)).await;
+        assert!(
+            a.try_acquire(&name, &super::shared())
+                .await
+                .expect("try")
+                .is_none(),
+            "a reader joined the writer"
+        );
+        got.release().await.expect("release the handed lock");
     }
 
     kinds_suite!(

@@ -282,10 +282,10 @@ mod postgres {
             } else {
                 "bigint"
             };
-            let f = format!("{table}_dl_{what}_v2(text, text, text, bigint, {last})");
+            let f = format!("{table}_dl_{what}_v3(text, text, text, bigint, {last})");
             common::exec(&pool, format!("DROP FUNCTION {f}")).await;
         }
-        let f = format!("{table}_dl_renew_many_v2(text[], text[], text[], bigint[], bigint[])");
+        let f = format!("{table}_dl_renew_many_v3(text[], text[], text[], bigint[], bigint[])");
         common::exec(&pool, format!("DROP FUNCTION {f}")).await;
         common::exec(&pool, format!("DROP TABLE {table}_holders, {table}")).await;
     }
