@@ -47,6 +47,8 @@
 # State lives in ${DISTLOCK_SERVICES_DIR:-<repo>/target/services}:
 #   data/NAME/     data dir of each server      logs/NAME.log   stdout+stderr of each server
 #   run/NAME.pid   pid of each server process   conf/           generated config (the families')
+#   .lock          the state lock (exclusive; shared by restart-one and failover, which also
+#                  lock run/NAME.lock or run/GROUP.lock: restarts of different servers run at once)
 # `cargo clean` deletes target/services: stop the servers first (otherwise their pid files are
 # gone and `start` reports the leftover processes holding the ports, with candidate pids).
 # `start` is idempotent: a server whose recorded process is alive is left alone (it is only waited
