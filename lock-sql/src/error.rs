@@ -31,6 +31,18 @@ pub(crate) fn transient_code(code: &str) -> bool {
         || matches!(code, "53300" | "40001" | "40P01" | "70100" | "HYT00")
 }
 
+/// Whether the database rolled the statement's transaction back to break a deadlock or a
+/// serialization conflict (SQLSTATE `40001`, which MySQL/MariaDB give their error 1213, or
+/// PostgreSQL's `40P01`): nothing of it was applied, so the same statement may be sent again.
+pub(crate) fn rolled_back(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db) if db.code().is_some_and(|c| rolled_back_code(&c)))
+}
+
+/// The SQLSTATEs of [`rolled_back`].
+fn rolled_back_code(code: &str) -> bool {
+    matches!(code, "40001" | "40P01")
+}
+
 /// `SQLITE_BUSY`, `SQLITE_LOCKED` and their extended codes. SQLite's codes have at most four
 /// digits, so an all-digit SQLSTATE such as `40001` is never taken for one.
 pub(crate) fn sqlite_busy(code: &str) -> bool {
@@ -134,7 +146,15 @@ pub(crate) fn shape_err(table: &str, err: sqlx::Error) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::transient_code;
+    use super::{rolled_back_code, transient_code};
+
+    #[test]
+    fn only_deadlocks_and_serialization_failures_are_sent_again() {
+        assert!(rolled_back_code("40001") && rolled_back_code("40P01"));
+        for code in ["08006", "53300", "57P01", "23505", "5", "HYT00"] {
+            assert!(!rolled_back_code(code), "{code}");
+        }
+    }
 
     #[test]
     fn retryable_codes_are_told_apart_by_dialect() {

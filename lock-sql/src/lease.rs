@@ -9,8 +9,11 @@ use distlock_core::backend::Renewer;
 use distlock_core::{Error, Lease, LockKind, LockName, Result};
 
 use crate::backend::{Inner, micros};
-use crate::error::map_err;
+use crate::error::{map_err, rolled_back};
 use crate::kinds::HeldBy;
+
+/// How many times a release rolled back by the database is sent again.
+const RELEASE_RETRIES: u64 = 2;
 
 #[derive(Debug)]
 pub(crate) struct SqlLease {
@@ -83,14 +86,26 @@ impl Lease for SqlLease {
 
     async fn release(&self) -> Result<()> {
         let db = &self.inner.db;
-        let released = match self.held() {
-            None => {
-                db.release(self.name.as_str(), &self.owner, self.version)
-                    .await
+        let mut attempt = 0;
+        let released = loop {
+            let sent = match self.held() {
+                None => {
+                    db.release(self.name.as_str(), &self.owner, self.version)
+                        .await
+                }
+                Some(held) => db.release_hold(held).await,
+            };
+            // A release the database rolled back to break a deadlock (MariaDB, shared
+            // releases beside joins of the same name: CI, 2026-11-30) applied nothing: sent
+            // again, at most twice more, within the core's operation timeout.
+            match sent {
+                Err(err) if rolled_back(&err) && attempt < RELEASE_RETRIES => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(2 * attempt)).await;
+                }
+                sent => break sent.map_err(|e| map_err("release", e))?,
             }
-            Some(held) => db.release_hold(held).await,
-        }
-        .map_err(|e| map_err("release", e))?;
+        };
         if released {
             Ok(())
         } else {
