@@ -28,7 +28,8 @@ pub(crate) fn transient_code(code: &str) -> bool {
     sqlite_busy(code)
         || code.starts_with("08") // connection exception
         || code.starts_with("57P") // admin shutdown, crash shutdown, cannot connect now
-        || matches!(code, "53300" | "40001" | "40P01" | "70100" | "HYT00")
+        || rolled_back_code(code)
+        || matches!(code, "53300" | "70100" | "HYT00")
 }
 
 /// Whether the database rolled the statement's transaction back to break a deadlock or a
