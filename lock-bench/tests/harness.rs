@@ -579,12 +579,17 @@ async fn rw_mix_and_semaphore_stay_within_their_bounds() {
         markdown.contains("| target | writer → readers p50"),
         "{markdown}"
     );
-    assert!(
-        markdown
-            .lines()
-            .any(|l| l.starts_with("| memory | ") && l.matches(" (").count() == 2),
-        "{markdown}"
-    );
+    // The handoffs' row ends with their ratio to two S2 handoffs: a number, not "-".
+    let row = markdown
+        .lines()
+        .find(|l| l.starts_with("| memory | ") && l.matches(" (").count() == 2)
+        .unwrap_or_else(|| panic!("no handoff row: {markdown}"));
+    let ratio = row
+        .trim_end_matches(" |")
+        .rsplit("| ")
+        .next()
+        .unwrap_or_default();
+    assert!(ratio.parse::<f64>().is_ok_and(|r| r > 0.0), "{row}");
     assert!(sem.writer_to_readers.is_none() && sem.readers_to_writer.is_none());
     let writers = rw.writer_share.expect("a writer share");
     assert!(writers > 0.0 && writers < 1.0, "{writers}");
