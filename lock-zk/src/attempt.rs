@@ -41,8 +41,12 @@ pub(crate) struct ZkAttempt {
     session: Option<Arc<Session>>,
     /// Our node's name, once known.
     node: Option<String>,
-    /// A create was sent whose outcome we may not have seen (find the node by its prefix).
+    /// A create was sent whose outcome we may not have seen (find the node by its prefix,
+    /// among the nodes of our session: see [`Self::locate`]).
     maybe_created: bool,
+    /// Our nodes in a session we moved away from (see [`Self::session`]): no longer ours to
+    /// wait with, removed through the current session at the next poll.
+    left: Vec<String>,
     /// Our node's data says "waiting".
     waiting_marked: bool,
     /// The watched node was deleted: the next poll expects to be the head.
@@ -67,6 +71,7 @@ impl ZkAttempt {
             session: None,
             node: None,
             maybe_created: false,
+            left: Vec::new(),
             waiting_marked: false,
             predecessor_gone: false,
             created_zxid: None,
@@ -95,14 +100,18 @@ impl ZkAttempt {
     }
 
     /// The session to use; a node of a dead session is gone with it. A node of a retired
-    /// session (see `ZkBackend::session`) is left to lapse: that session is disconnected.
+    /// session (see `ZkBackend::session`), which lives on while that session does, is removed
+    /// through the new one (see [`Self::remove_left`]); the attempt joins the queue again.
     async fn session(&mut self) -> Result<Arc<Session>> {
         if let Some(session) = &self.session {
             if !session.is_dead() && !session.is_retired() {
+                // A waiter polls while the connection is down, and moves once it is replaced.
+                self.backend.replace_if_stale(session);
                 return Ok(session.clone());
             }
             if !session.is_dead() {
                 debug!(node = ?self.node, "moving to the backend's new session");
+                self.left.extend(self.node.take());
             }
             self.forget_node();
         }
@@ -133,9 +142,47 @@ impl ZkAttempt {
         }))
     }
 
+    /// Removes the nodes we left in a session we moved away from, where they would hold our
+    /// place ahead of our new node until their leases ran out. One try each: a node that
+    /// could not be removed lapses (our node is known by name: it is never taken for ours).
+    async fn remove_left(&mut self, session: &Session) {
+        for node in std::mem::take(&mut self.left) {
+            match session.client.delete(&self.own_path(&node), None).await {
+                Ok(()) | Err(zk::Error::NoNode) => {}
+                Err(err) => debug!(%node, %err, "our node of a former session is left to lapse"),
+            }
+        }
+    }
+
+    /// Our node's place in `entries`: by its name once known; after a create whose answer we
+    /// did not see, the node with our prefix that this very session created. A node with our
+    /// prefix from another session (a session we moved away from, whose create's answer we
+    /// missed too) is never ours: holding through it, the lock would end with that session
+    /// while this one holds on, and with the token of another node.
+    async fn locate(&mut self, session: &Session, entries: &[Entry]) -> Result<Option<usize>> {
+        if let Some(node) = &self.node {
+            return Ok(entries.iter().position(|e| &e.name == node));
+        }
+        let ours = session.client.session_id().0;
+        for (index, entry) in entries.iter().enumerate() {
+            if !entry.name.starts_with(&self.prefix) {
+                continue;
+            }
+            match session.client.check_stat(&self.own_path(&entry.name)).await {
+                Ok(Some(stat)) if stat.ephemeral_owner == ours => return Ok(Some(index)),
+                Ok(_) => {}
+                Err(err) => return Err(zk_error("looking for our node", err)),
+            }
+        }
+        Ok(None)
+    }
+
     async fn poll_once(&mut self) -> Result<Option<Step>> {
         let session = self.session().await?;
         session.check_connected()?;
+        if !self.left.is_empty() {
+            self.remove_left(&session).await;
+        }
         let held = held_data(self.request.ttl);
         // The queue, and our node as written by this very call (created, or marked held): its
         // lease starts now.
@@ -156,10 +203,7 @@ impl ZkAttempt {
         } else {
             (list_queue(&session.client, &self.parent).await?, None)
         };
-        let Some(index) = entries
-            .iter()
-            .position(|e| e.name.starts_with(&self.prefix))
-        else {
+        let Some(index) = self.locate(&session, &entries).await? else {
             // Our node is gone (removed, expired by a contender) or was never created.
             self.forget_node();
             return Ok(None);
@@ -621,12 +665,14 @@ impl Attempt for ZkAttempt {
         if session.is_dead() {
             return Ok(()); // our ephemeral node died with the session
         }
-        let (node, maybe_created) = (self.node.clone(), self.maybe_created);
+        // Our node, and those we left in a session we moved away from (not removed yet).
+        let search = self.node.is_none() && self.maybe_created;
+        let nodes: Vec<String> = self.left.iter().chain(&self.node).cloned().collect();
         let (parent, prefix) = (self.parent.clone(), self.prefix.clone());
         if session.is_connected() {
             // Detached, so that a cancelled abandon still removes the entry.
             return detached(async move {
-                leave_queue(&session.client, &parent, &prefix, node, maybe_created).await
+                leave_queue(&session.client, &parent, &prefix, nodes, search).await
             })
             .await;
         }
@@ -635,11 +681,11 @@ impl Attempt for ZkAttempt {
             "leaving the lock queue after a reconnection",
             None,
             move || {
-                let (session, parent, prefix, node) = (
+                let (session, parent, prefix, nodes) = (
                     session.clone(),
                     parent.clone(),
                     prefix.clone(),
-                    node.clone(),
+                    nodes.clone(),
                 );
                 async move {
                     // Within the session timeout; a session that ends takes the node with it.
@@ -654,7 +700,7 @@ impl Attempt for ZkAttempt {
                     if reconnected.is_err() || session.is_dead() {
                         return Ok(());
                     }
-                    leave_queue(&session.client, &parent, &prefix, node, maybe_created).await
+                    leave_queue(&session.client, &parent, &prefix, nodes, search).await
                 }
             },
         );

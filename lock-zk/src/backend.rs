@@ -171,12 +171,7 @@ impl ZkBackend {
     pub(crate) async fn session(&self) -> Result<Arc<Session>> {
         let current = lock(&self.shared.current).clone();
         if !current.is_dead() {
-            if current
-                .disconnected_for()
-                .is_some_and(|gap| gap >= REPLACE_AFTER)
-            {
-                self.replace_in_background(&current);
-            }
+            self.replace_if_stale(&current);
             return Ok(current);
         }
         let _connecting = self.shared.connecting.lock().await;
@@ -195,6 +190,18 @@ impl ZkBackend {
         }
         *lock(&self.shared.current) = fresh.clone();
         Ok(fresh)
+    }
+
+    /// Starts a replacement of `session` (see [`Self::replace_in_background`]) if it has been
+    /// disconnected for [`REPLACE_AFTER`]: for a caller that holds on to a session, as a
+    /// waiting attempt does, and polls it while the connection is down.
+    pub(crate) fn replace_if_stale(&self, session: &Arc<Session>) {
+        if session
+            .disconnected_for()
+            .is_some_and(|gap| gap >= REPLACE_AFTER)
+        {
+            self.replace_in_background(session);
+        }
     }
 
     /// Opens a new session for new work while `stale` stays disconnected. `stale` lives on

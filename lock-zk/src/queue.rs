@@ -120,16 +120,17 @@ pub(crate) async fn join_queue(
     })
 }
 
-/// Deletes our node (found by its unique prefix if a create's reply was lost).
+/// Deletes our nodes: those `known` by name, and, with `search` (a create's reply was lost),
+/// those found by our unique prefix.
 pub(crate) async fn leave_queue(
     client: &zk::Client,
     parent: &str,
     prefix: &str,
-    node: Option<String>,
-    maybe_created: bool,
+    known: Vec<String>,
+    search: bool,
 ) -> Result<()> {
-    let mut targets: Vec<String> = node.iter().cloned().collect();
-    if node.is_none() && maybe_created {
+    let mut targets = known;
+    if search {
         // A create whose reply we never saw: find it by our unique prefix (the listing is
         // sent after the create on the same session, so it includes it).
         match client.list_children(parent).await {

@@ -335,6 +335,64 @@ async fn a_waiter_whose_predecessor_gives_up_is_marked_waiting_again() {
     assert!(h.queue(name).await.is_empty());
 }
 
+/// A waiter whose session stays disconnected while the server answers moves to a new
+/// session and joins the queue again there (see `ZkBackend::session`). It removes the node it
+/// left in the old session (which lives on with that session, ahead of the new node) and
+/// never takes that node for its own, though the two share its owner's prefix: holding
+/// through it, the lock would end with the old session while the new one holds on, and with
+/// the new node's token (CI, 2026-11-30: two leaders at once in the fault check, after a
+/// server restart moved a waiter to a new session).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_moved_to_a_new_session_leaves_its_old_node_behind() {
+    let _serial = SERIAL.lock().await;
+    let Some(h) = harness().await else { return };
+    let name = "moved";
+    let holder = h.backend().await.expect("connect");
+    let guard = holder.acquire(name, &opts()).await.expect("acquire");
+    let (waiter, tag) = h.proxied().await.expect("connect");
+    let before = waiter.backend_ref().session_info().id();
+    let waiting = tokio::spawn(async move {
+        let options = opts().with_wait(Duration::from_secs(60));
+        let guard = waiter.acquire(name, &options).await.expect("acquire");
+        (waiter, guard)
+    });
+    let old = queue_of(&h, name, 2, "the waiter").await[1].clone();
+    // Cut off for 7.5 s: the session (30 s) lives on, and the library's next reconnection
+    // try comes about 12.7 s after the cut, so the waiter moves to a new session.
+    h.partition(&tag, true);
+    tokio::time::sleep(Duration::from_millis(7500)).await;
+    h.partition(&tag, false);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let moved = loop {
+        let last = h.queue(name).await;
+        if last.len() == 2 && last[1] != old {
+            break last[1].clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the waiter did not move to a new node alone: {last:?} (old node {old})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+
+    guard.release().await.expect("release");
+    let (waiter, handed) = waiting.await.expect("waiter");
+    assert_ne!(
+        waiter.backend_ref().session_info().id(),
+        before,
+        "the waiter kept its session: nothing was tested"
+    );
+    assert_eq!(h.queue(name).await, std::slice::from_ref(&moved));
+    let path = format!("{}/{moved}", h.lock_path(name));
+    let (_, czxid) = data_once(&h, &path, |d| d.starts_with(b"H")).await;
+    assert_eq!(
+        handed.token().get(),
+        u64::try_from(czxid).expect("positive zxid")
+    );
+    handed.release().await.expect("release");
+    assert!(h.queue(name).await.is_empty());
+}
+
 /// The queue of `name` once it has `len` nodes (`who` joined it).
 async fn queue_of(h: &ZkHarness, name: &str, len: usize, who: &str) -> Vec<String> {
     tokio::time::timeout(Duration::from_secs(5), h.queue_when(name, len))
