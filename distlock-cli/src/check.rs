@@ -14,7 +14,7 @@ use distlock_check::{
 use serde::Serialize;
 
 use crate::Connection;
-use crate::exit::{CONFIG, Failure, OTHER};
+use crate::exit::{CONFIG, Failure, OTHER, UNAVAILABLE};
 
 /// The environment variable that passes the (proxied) URL to a worker: not its command line,
 /// where other users could read a password.
@@ -531,15 +531,21 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<u8, Failure> {
         op_timeout: args.op_timeout,
         password_file: None,
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    // A worker started while its servers are down (a crashed worker's successor, during a
+    // server restart: up to 75 s in CI, 2026-11-30) connects once they are back, or ends
+    // cleanly when the check stops it first. Any other failure (a bad URL, refused
+    // credentials) ends it at once.
+    let mut waiting = stopped.clone();
     let lock = loop {
         match connection.connect().await {
             Ok(lock) => break lock,
-            Err(failure) if tokio::time::Instant::now() < deadline => {
-                let _ = failure;
-                tokio::time::sleep(Duration::from_millis(200)).await;
+            Err(failure) if failure.code != UNAVAILABLE => return Err(failure),
+            Err(_) => {
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    _ = waiting.wait_for(|stop| *stop) => return Ok(0),
+                }
             }
-            Err(failure) => return Err(failure),
         }
     };
     let register = RemoteRegister::connect(args.register)

@@ -84,3 +84,47 @@ fn a_waiter_whose_server_dies_reports_it() {
         "rate-limited: {stderr}"
     );
 }
+
+/// A check worker started while its server is down (a crashed worker's successor, during a
+/// server restart) keeps trying to connect instead of failing the check, and ends cleanly
+/// when the check stops it first.
+#[cfg(feature = "redis")]
+#[test]
+fn a_check_worker_waits_for_its_server_until_stopped() {
+    let register = std::net::TcpListener::bind("127.0.0.1:0").expect("a register port");
+    let params = r#"{"id":0,"name":"x","ttl":{"secs":1,"nanos":0},"wait":{"secs":1,"nanos":0},"steps":1,"step_gap":{"secs":0,"nanos":100000000}}"#;
+    let mut worker = Command::new(BIN)
+        .args(["check-worker", "--params", params, "--op-timeout", "1s"])
+        .arg("--register")
+        .arg(register.local_addr().expect("its address").to_string())
+        .env("DISTLOCK_CHECK_URL", "redis://127.0.0.1:1")
+        .env("DISTLOCK_CHECK_PARENT", std::process::id().to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn a check worker");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        worker.try_wait().expect("worker status").is_none(),
+        "the worker gave up on its server: {:?}",
+        worker.wait_with_output()
+    );
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(worker.id()).expect("a pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    let stopped = Instant::now();
+    let status = loop {
+        if let Some(status) = worker.try_wait().expect("worker status") {
+            break status;
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(5),
+            "the worker did not end on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    if let Some(mut pipe) = worker.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    assert!(status.success(), "{status}: {stderr}");
+}
