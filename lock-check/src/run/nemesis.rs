@@ -402,7 +402,32 @@ pub(super) async fn inflict(
     Ok(Inflicted::default())
 }
 
+/// A restart slower than this has its output printed (see [`restart`]).
+const SLOW_RESTART: Duration = Duration::from_secs(15);
+
+/// What to print of a restart `cmd` that `took` this long with this `stderr`: nothing unless
+/// it was slow, else a warning line and the last 40 lines of its output, indented.
+fn slow_restart(cmd: &str, took: Duration, stderr: &[u8]) -> Option<String> {
+    if took <= SLOW_RESTART {
+        return None;
+    }
+    let stderr = String::from_utf8_lossy(stderr);
+    let lines: Vec<&str> = stderr.trim().lines().collect();
+    let mut report = format!(
+        "distlock check: warning: the restart ({cmd}) took {:.1} s; the end of its output:\n",
+        took.as_secs_f64()
+    );
+    for line in &lines[lines.len().saturating_sub(40)..] {
+        report.push_str(&format!("    {line}\n"));
+    }
+    Some(report)
+}
+
+/// Runs the restart command `cmd`. One that fails, or takes longer than [`SLOW_RESTART`],
+/// has the end of its output printed on stderr: why a server took so long to come back (its
+/// log's last lines, which part of its probe failed) is otherwise lost with the run's servers.
 pub(super) async fn restart(cmd: &str) -> Result<(), RunError> {
+    let started = std::time::Instant::now();
     let output = tokio::time::timeout(
         Duration::from_secs(120),
         Command::new("sh")
@@ -414,6 +439,9 @@ pub(super) async fn restart(cmd: &str) -> Result<(), RunError> {
     .await
     .map_err(|_| RunError::Restart("it did not finish within 120 s".into()))?
     .map_err(|err| RunError::Restart(err.to_string()))?;
+    if let Some(report) = slow_restart(cmd, started.elapsed(), &output.stderr) {
+        eprint!("{report}");
+    }
     if output.status.success() {
         Ok(())
     } else {
@@ -422,5 +450,29 @@ pub(super) async fn restart(cmd: &str) -> Result<(), RunError> {
         let lines: Vec<&str> = stderr.trim().lines().collect();
         let tail = lines[lines.len().saturating_sub(5)..].join(" / ");
         Err(RunError::Restart(format!("{}: {tail}", output.status)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_restart_prints_the_end_of_its_output() {
+        let output: String = (1..=50).map(|i| format!("line {i}\n")).collect();
+        assert_eq!(
+            slow_restart("restart-one x", SLOW_RESTART, output.as_bytes()),
+            None
+        );
+        let report = slow_restart("restart-one x", Duration::from_secs(75), output.as_bytes())
+            .expect("a slow restart is reported");
+        let lines: Vec<&str> = report.lines().collect();
+        assert_eq!(
+            lines[0],
+            "distlock check: warning: the restart (restart-one x) took 75.0 s; the end of its output:"
+        );
+        assert_eq!(lines.len(), 41);
+        assert_eq!(lines[1], "    line 11");
+        assert_eq!(lines[40], "    line 50");
     }
 }
