@@ -141,6 +141,15 @@
 //! lease ran out), or when the local deadline passes, whichever comes first. After a session
 //! expiry, the next operation opens a new session transparently.
 //!
+//! A session that stays disconnected for 2 s while the servers answer (the client library
+//! would retry it only after its backoff, up to 12.8 s) is replaced for new work; its guards
+//! live on with it. A waiter on it moves: it removes its queue node through the new session
+//! and joins the queue again there. An attempt knows its node by name (after a create whose
+//! answer was lost, by its owner's prefix among the nodes its own session created), never by
+//! the prefix alone: a node left in the old session, alive with that session, is never taken
+//! for the new one's (the lock would end with the old session, and carry another node's
+//! token).
+//!
 //! # Authentication
 //!
 //! `zk://user:password@host:port/...` (or [`ZkConfig::with_digest_auth`]) authenticates the
