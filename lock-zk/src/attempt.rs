@@ -47,6 +47,9 @@ pub(crate) struct ZkAttempt {
     /// Our nodes in a session we moved away from (see [`Self::session`]): no longer ours to
     /// wait with, removed through the current session at the next poll.
     left: Vec<String>,
+    /// A create in a session we moved away from may have made a node whose name we never
+    /// saw: the next poll looks for it by our prefix (see [`Self::remove_left`]).
+    left_unseen: bool,
     /// Our node's data says "waiting".
     waiting_marked: bool,
     /// The watched node was deleted: the next poll expects to be the head.
@@ -72,6 +75,7 @@ impl ZkAttempt {
             node: None,
             maybe_created: false,
             left: Vec::new(),
+            left_unseen: false,
             waiting_marked: false,
             predecessor_gone: false,
             created_zxid: None,
@@ -88,6 +92,7 @@ impl ZkAttempt {
     fn forget_node(&mut self) {
         self.node = None;
         self.maybe_created = false;
+        self.predecessor_gone = false;
         self.waiting_marked = false;
         self.created_zxid = None;
         self.clock.forget();
@@ -111,6 +116,7 @@ impl ZkAttempt {
             }
             if !session.is_dead() {
                 debug!(node = ?self.node, "moving to the backend's new session");
+                self.left_unseen |= self.node.is_none() && self.maybe_created;
                 self.left.extend(self.node.take());
             }
             self.forget_node();
@@ -143,14 +149,33 @@ impl ZkAttempt {
     }
 
     /// Removes the nodes we left in a session we moved away from, where they would hold our
-    /// place ahead of our new node until their leases ran out. One try each: a node that
-    /// could not be removed lapses (our node is known by name: it is never taken for ours).
+    /// place ahead of our new node until their leases ran out: those known by name, and those
+    /// of a create there whose answer we missed (our prefix, another session's node). A name
+    /// is forgotten once its node is gone; a lost connection keeps the rest for the next poll
+    /// (so does a cancelled poll), any other refusal lets that node lapse. Nodes of another
+    /// session are never taken for ours (see [`Self::locate`]) meanwhile.
     async fn remove_left(&mut self, session: &Session) {
-        for node in std::mem::take(&mut self.left) {
-            match session.client.delete(&self.own_path(&node), None).await {
+        if self.left_unseen {
+            let ours = session.client.session_id().0;
+            let Ok(children) = session.client.list_children(&self.parent).await else {
+                return;
+            };
+            for child in children.into_iter().filter(|c| c.starts_with(&self.prefix)) {
+                match session.client.check_stat(&self.own_path(&child)).await {
+                    Ok(Some(stat)) if stat.ephemeral_owner != ours => self.left.push(child),
+                    Ok(_) => {}
+                    Err(_) => return,
+                }
+            }
+            self.left_unseen = false;
+        }
+        while let Some(node) = self.left.first() {
+            match session.client.delete(&self.own_path(node), None).await {
                 Ok(()) | Err(zk::Error::NoNode) => {}
+                Err(zk::Error::ConnectionLoss) => return,
                 Err(err) => debug!(%node, %err, "our node of a former session is left to lapse"),
             }
+            self.left.remove(0);
         }
     }
 
@@ -180,7 +205,7 @@ impl ZkAttempt {
     async fn poll_once(&mut self) -> Result<Option<Step>> {
         let session = self.session().await?;
         session.check_connected()?;
-        if !self.left.is_empty() {
+        if !self.left.is_empty() || self.left_unseen {
             self.remove_left(&session).await;
         }
         let held = held_data(self.request.ttl);
@@ -665,8 +690,10 @@ impl Attempt for ZkAttempt {
         if session.is_dead() {
             return Ok(()); // our ephemeral node died with the session
         }
-        // Our node, and those we left in a session we moved away from (not removed yet).
-        let search = self.node.is_none() && self.maybe_created;
+        // Our node, and those we left in a session we moved away from (not removed yet). The
+        // search by our prefix (unique to this acquisition) finds those of lost creates. Left
+        // nodes of a retired session, should the current one be dead, lapse after a ttl.
+        let search = (self.node.is_none() && self.maybe_created) || self.left_unseen;
         let nodes: Vec<String> = self.left.iter().chain(&self.node).cloned().collect();
         let (parent, prefix) = (self.parent.clone(), self.prefix.clone());
         if session.is_connected() {

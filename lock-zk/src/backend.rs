@@ -206,8 +206,9 @@ impl ZkBackend {
 
     /// Opens a new session for new work while `stale` stays disconnected. `stale` lives on
     /// with its guards (they renew if it reconnects, else they run out and report the loss);
-    /// its waiters move to the new session at their next poll, leaving their old queue nodes
-    /// to lapse (a contender removes a node whose lease ran out). Installed only if `stale`
+    /// its waiters move to the new session at their next poll, removing their old queue
+    /// nodes through it (see `ZkAttempt::remove_left`; one that cannot be removed lapses: a
+    /// contender removes a node whose lease ran out). Installed only if `stale`
     /// is still the current session and still disconnected when the new one is open.
     fn replace_in_background(&self, stale: &Arc<Session>) {
         {
