@@ -14,7 +14,7 @@ use distlock_check::{
 use serde::Serialize;
 
 use crate::Connection;
-use crate::exit::{CONFIG, Failure, OTHER, UNAVAILABLE};
+use crate::exit::{CONFIG, Failure, OTHER};
 
 /// The environment variable that passes the (proxied) URL to a worker: not its command line,
 /// where other users could read a password.
@@ -531,15 +531,17 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<u8, Failure> {
         op_timeout: args.op_timeout,
         password_file: None,
     };
-    // A worker started while its servers are down (a crashed worker's successor, during a
-    // server restart: up to 75 s in CI, 2026-11-30) connects once they are back, or ends
-    // cleanly when the check stops it first. Any other failure (a bad URL, refused
-    // credentials) ends it at once.
+    // A worker started while its servers are down or cut off (a crashed worker's successor,
+    // during a server restart: up to 75 s in CI, 2026-11-30; or behind a partition, where a
+    // TLS handshake ends at once and reads as a plain port) connects once they are back, or
+    // ends cleanly when the check stops it first. A URL or option that cannot work ends it
+    // at once (the checking process, which connected with the same URL, rules out refused
+    // credentials before any worker starts).
     let mut waiting = stopped.clone();
     let lock = loop {
         match connection.connect().await {
             Ok(lock) => break lock,
-            Err(failure) if failure.code != UNAVAILABLE => return Err(failure),
+            Err(failure) if failure.code == CONFIG => return Err(failure),
             Err(_) => {
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_millis(200)) => {}

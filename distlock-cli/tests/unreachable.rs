@@ -85,20 +85,29 @@ fn a_waiter_whose_server_dies_reports_it() {
     );
 }
 
-/// A check worker started while its server is down (a crashed worker's successor, during a
+/// A `distlock check-worker` process for `url`, as the checking process starts one (its
+/// parent: this test), with a register address that nothing answers on yet.
+#[cfg(feature = "redis")]
+fn check_worker(url: &str, register: &std::net::TcpListener) -> Command {
+    let params = r#"{"id":0,"name":"x","ttl":{"secs":1,"nanos":0},"wait":{"secs":1,"nanos":0},"steps":1,"step_gap":{"secs":0,"nanos":100000000}}"#;
+    let mut worker = Command::new(BIN);
+    worker
+        .args(["check-worker", "--params", params, "--op-timeout", "1s"])
+        .arg("--register")
+        .arg(register.local_addr().expect("its address").to_string())
+        .env("DISTLOCK_CHECK_URL", url)
+        .env("DISTLOCK_CHECK_PARENT", std::process::id().to_string());
+    worker
+}
+
+/// A check worker started while its servers are down (a crashed worker's successor, during a
 /// server restart) keeps trying to connect instead of failing the check, and ends cleanly
 /// when the check stops it first.
 #[cfg(feature = "redis")]
 #[test]
 fn a_check_worker_waits_for_its_server_until_stopped() {
     let register = std::net::TcpListener::bind("127.0.0.1:0").expect("a register port");
-    let params = r#"{"id":0,"name":"x","ttl":{"secs":1,"nanos":0},"wait":{"secs":1,"nanos":0},"steps":1,"step_gap":{"secs":0,"nanos":100000000}}"#;
-    let mut worker = Command::new(BIN)
-        .args(["check-worker", "--params", params, "--op-timeout", "1s"])
-        .arg("--register")
-        .arg(register.local_addr().expect("its address").to_string())
-        .env("DISTLOCK_CHECK_URL", "redis://127.0.0.1:1")
-        .env("DISTLOCK_CHECK_PARENT", std::process::id().to_string())
+    let mut worker = check_worker("redis://127.0.0.1:1", &register)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -127,4 +136,19 @@ fn a_check_worker_waits_for_its_server_until_stopped() {
         let _ = pipe.read_to_string(&mut stderr);
     }
     assert!(status.success(), "{status}: {stderr}");
+}
+
+/// A check worker whose URL cannot work (an option no backend knows) ends at once with the
+/// configuration error, instead of retrying until the check stops it.
+#[cfg(feature = "redis")]
+#[test]
+fn a_check_worker_with_a_bad_url_ends_at_once() {
+    let register = std::net::TcpListener::bind("127.0.0.1:0").expect("a register port");
+    let started = Instant::now();
+    let out = check_worker("redis://127.0.0.1:1/?no_such_option=1", &register)
+        .output()
+        .expect("run a check worker");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{stderr}");
 }
