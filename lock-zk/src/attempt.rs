@@ -19,7 +19,8 @@ use crate::keys::{Entry, escape, held_data, node_prefix, queue, waiting_data};
 use crate::kinds::{Place, mismatch, place};
 use crate::lease::ZkLease;
 use crate::queue::{
-    Ahead, NodeClock, Written, ensure_parent, join_queue, leave_queue, list_queue, remove_lapsed,
+    Ahead, NodeClock, Written, ensure_parent, join_queue, leave_queue, list_queue, ours_by_prefix,
+    remove_lapsed,
 };
 use crate::session::Session;
 use crate::wake::Wake;
@@ -156,17 +157,16 @@ impl ZkAttempt {
     /// session are never taken for ours (see [`Self::locate`]) meanwhile.
     async fn remove_left(&mut self, session: &Session) {
         if self.left_unseen {
-            let ours = session.client.session_id().0;
-            let Ok(children) = session.client.list_children(&self.parent).await else {
+            let client = &session.client;
+            let Ok(children) = client.list_children(&self.parent).await else {
                 return;
             };
-            for child in children.into_iter().filter(|c| c.starts_with(&self.prefix)) {
-                match session.client.check_stat(&self.own_path(&child)).await {
-                    Ok(Some(stat)) if stat.ephemeral_owner != ours => self.left.push(child),
-                    Ok(_) => {}
-                    Err(_) => return,
-                }
-            }
+            let Ok(nodes) = ours_by_prefix(client, &self.parent, &self.prefix, children).await
+            else {
+                return;
+            };
+            let others = nodes.into_iter().filter(|(_, mine)| !mine);
+            self.left.extend(others.map(|(node, _)| node));
             self.left_unseen = false;
         }
         while let Some(node) = self.left.first() {
@@ -188,18 +188,12 @@ impl ZkAttempt {
         if let Some(node) = &self.node {
             return Ok(entries.iter().position(|e| &e.name == node));
         }
-        let ours = session.client.session_id().0;
-        for (index, entry) in entries.iter().enumerate() {
-            if !entry.name.starts_with(&self.prefix) {
-                continue;
-            }
-            match session.client.check_stat(&self.own_path(&entry.name)).await {
-                Ok(Some(stat)) if stat.ephemeral_owner == ours => return Ok(Some(index)),
-                Ok(_) => {}
-                Err(err) => return Err(zk_error("looking for our node", err)),
-            }
-        }
-        Ok(None)
+        let names = entries.iter().map(|e| e.name.clone());
+        let nodes = ours_by_prefix(&session.client, &self.parent, &self.prefix, names)
+            .await
+            .map_err(|err| zk_error("looking for our node", err))?;
+        let mine = nodes.into_iter().find(|(_, mine)| *mine);
+        Ok(mine.and_then(|(node, _)| entries.iter().position(|e| e.name == node)))
     }
 
     async fn poll_once(&mut self) -> Result<Option<Step>> {

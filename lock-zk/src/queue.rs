@@ -120,6 +120,37 @@ pub(crate) async fn join_queue(
     })
 }
 
+/// Our nodes among `children` (by our unique `prefix`), each with whether `client`'s own
+/// session created it (its `ephemeralOwner`): one read of each, sent together. A node gone
+/// meanwhile is left out.
+pub(crate) async fn ours_by_prefix(
+    client: &zk::Client,
+    parent: &str,
+    prefix: &str,
+    children: impl IntoIterator<Item = String>,
+) -> std::result::Result<Vec<(String, bool)>, zk::Error> {
+    let names: Vec<String> = children
+        .into_iter()
+        .filter(|child| child.starts_with(prefix))
+        .collect();
+    let session = client.session_id().0;
+    let stats = futures::future::join_all(
+        names
+            .iter()
+            .map(|name| client.check_stat(&format!("{parent}/{name}"))),
+    )
+    .await;
+    names
+        .into_iter()
+        .zip(stats)
+        .filter_map(|(name, stat)| match stat {
+            Ok(Some(stat)) => Some(Ok((name, stat.ephemeral_owner == session))),
+            Ok(None) => None,
+            Err(err) => Some(Err(err)),
+        })
+        .collect()
+}
+
 /// Deletes our nodes: those `known` by name, and, with `search` (a create's reply was lost),
 /// those found by our unique prefix.
 pub(crate) async fn leave_queue(
