@@ -361,12 +361,8 @@ pub async fn fifo_fairness(ctx: Ctx) -> Outcome {
 pub async fn many_locks_stay_held(ctx: Ctx) -> Outcome {
     let (a, b) = (ctx.client().await, ctx.client().await);
     let count = ctx.harness().many_locks();
-    // Never two cases at this scale at once on the machine (see `scale_turn`).
-    let _scale_turn = if count >= crate::SCALE_LOCKS {
-        Some(crate::scale_turn().await)
-    } else {
-        None
-    };
+    // Alone on the machine: no other case of any test binary runs meanwhile (`run_case`,
+    // `machine_turn`).
     let names: Vec<String> = (0..count).map(|i| ctx.name(&format!("many-{i}"))).collect();
     let ttl = ctx.harness().many_locks_ttl();
     let opts = ctx.opts().with_ttl(ttl);
