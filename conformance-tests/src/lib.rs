@@ -449,12 +449,60 @@ impl Drop for Turn {
     }
 }
 
+/// The cases that a transport variant of a configuration (TLS, authentication: see
+/// [`conformance_suite!`]) runs when `DISTLOCK_TEST_VARIANTS=transport`: every case that
+/// depends on the connection (its loss, the server's restart, a renewal stream kept over
+/// time, child processes that connect with the same settings, a token read back) and one
+/// contended case per primitive. The other cases (input checks, queue order, listings,
+/// reentrancy, ...) run the same code whatever the connection; the plain configuration runs
+/// them.
+pub const TRANSPORT_CASES: &[&str] = &[
+    "exclusive_under_contention",
+    "release_wakes_blocked_waiter",
+    "crashed_holder_frees_after_ttl",
+    "renewal_keeps_lock_beyond_ttl",
+    "stale_holder_cannot_release_or_renew",
+    "fencing_tokens_strictly_increase",
+    "removed_lock_is_reported_lost",
+    "cut_connection_is_survived_or_reported",
+    "server_unavailable_then_recovers",
+    "killed_waiter_does_not_block_the_queue",
+    "permits_never_exceed_n_under_contention",
+    "read_write_exclusion_under_contention",
+    "multi_lock_is_all_or_nothing",
+    "one_leader_at_a_time_with_increasing_terms",
+];
+
+/// A configuration of a [`conformance_suite!`].
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// Its name (the suite's module).
+    pub name: &'static str,
+    /// Whether it differs from another configuration only in how it connects.
+    pub transport_variant: bool,
+}
+
+/// Whether transport variants run every case: `DISTLOCK_TEST_VARIANTS` is unset or `full`;
+/// `transport` runs only [`TRANSPORT_CASES`] on them (`scripts/test.sh` does, the full
+/// suites run in `scripts/soak.sh`).
+///
+/// # Panics
+/// On any other value, so that a typo does not silently change what runs.
+pub fn variants_in_full() -> bool {
+    match std::env::var("DISTLOCK_TEST_VARIANTS").as_deref() {
+        Err(_) | Ok("" | "full") => true,
+        Ok("transport") => false,
+        Ok(other) => panic!("DISTLOCK_TEST_VARIANTS={other:?}: expected `full` or `transport`"),
+    }
+}
+
 /// Runs one case for one configuration; used by [`conformance_suite!`]. `module` is the
 /// `module_path!()` of the generated test (`<crate>::<config>`), which gives the test's
 /// libtest name. In a [`child`] process of this test, plays the child's part instead.
 pub async fn run_case<M, MF>(
     module: &str,
-    config: &str,
+    config: Config,
     case: &str,
     disruptive: bool,
     make: M,
@@ -463,6 +511,10 @@ pub async fn run_case<M, MF>(
     M: FnOnce() -> MF,
     MF: Future<Output = Option<Arc<dyn Harness>>>,
 {
+    let Config {
+        name: config,
+        transport_variant,
+    } = config;
     let test = match module.split_once("::") {
         Some((_crate, path)) => format!("{path}::{case}"),
         None => case.to_owned(),
@@ -472,6 +524,12 @@ pub async fn run_case<M, MF>(
             .await
             .unwrap_or_else(|| panic!("the child of {test} has no {config} server"));
         child::child_role(harness).await;
+        return;
+    }
+    if transport_variant && !TRANSPORT_CASES.contains(&case) && !variants_in_full() {
+        loud(&format!(
+            "SKIP {config}::{case}: a transport variant runs only the transport cases under DISTLOCK_TEST_VARIANTS=transport"
+        ));
         return;
     }
     // Cases that take the server away run alone; the others share it. Each binary has
@@ -553,11 +611,21 @@ pub fn server_var(backend: &str, var: &str) -> Option<String> {
 /// Instantiates every conformance case for one backend configuration: a module `$config` with
 /// one `#[tokio::test]` per case of [`CASES`]. `$make` is an
 /// `async fn() -> Option<Arc<dyn Harness>>`.
+///
+/// `conformance_suite!(config, make, transport_variant)` declares a configuration that differs
+/// from another of the same backend only in how it connects (TLS, authentication): it runs
+/// every case when `DISTLOCK_TEST_VARIANTS=full` (the default), and only
+/// [`TRANSPORT_CASES`] when it is `transport` (see [`variants_in_full`]).
 #[macro_export]
 macro_rules! conformance_suite {
     ($config:ident, $make:expr) => {
         mod $config {
-            $crate::__case_table!(__suite_cases! { $config, $make });
+            $crate::__case_table!(__suite_cases! { $config, $make, false });
+        }
+    };
+    ($config:ident, $make:expr, transport_variant) => {
+        mod $config {
+            $crate::__case_table!(__suite_cases! { $config, $make, true });
         }
     };
 }
@@ -565,13 +633,16 @@ macro_rules! conformance_suite {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __suite_cases {
-    ($config:ident, $make:expr; $($case:ident : $disruptive:literal),* $(,)?) => {
+    ($config:ident, $make:expr, $variant:literal; $($case:ident : $disruptive:literal),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() {
                 $crate::run_case(
                     module_path!(),
-                    stringify!($config),
+                    $crate::Config {
+                        name: stringify!($config),
+                        transport_variant: $variant,
+                    },
                     stringify!($case),
                     $disruptive,
                     $make,
@@ -609,6 +680,9 @@ mod tests {
         let mut table: Vec<&str> = super::CASES.iter().map(|(name, _)| *name).collect();
         table.sort_unstable();
         assert_eq!(functions, table);
+        for case in super::TRANSPORT_CASES {
+            assert!(table.contains(case), "TRANSPORT_CASES names no case {case}");
+        }
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/cases");
         let files = std::fs::read_dir(dir).map_or(0, Iterator::count);
         assert_eq!(

@@ -144,5 +144,5 @@ async fn tls() -> Option<Arc<dyn Harness>> {
 }
 
 conformance_tests::conformance_suite!(etcd, crate::single);
-conformance_tests::conformance_suite!(etcd_tls, crate::tls);
+conformance_tests::conformance_suite!(etcd_tls, crate::tls, transport_variant);
 conformance_tests::conformance_suite!(etcd_cluster, crate::cluster);

@@ -153,5 +153,5 @@ async fn tls() -> Option<Arc<dyn Harness>> {
 }
 
 conformance_tests::conformance_suite!(nats, crate::single);
-conformance_tests::conformance_suite!(nats_tls, crate::tls);
+conformance_tests::conformance_suite!(nats_tls, crate::tls, transport_variant);
 conformance_tests::conformance_suite!(nats_cluster, crate::cluster);

@@ -315,6 +315,6 @@ conformance_tests::conformance_suite!(redis, crate::redis_single);
 conformance_tests::conformance_suite!(redis_fair, crate::redis_fair);
 conformance_tests::conformance_suite!(redlock3, crate::redlock3);
 conformance_tests::conformance_suite!(redlock5, crate::redlock5);
-conformance_tests::conformance_suite!(redis_tls, crate::redis_tls);
+conformance_tests::conformance_suite!(redis_tls, crate::redis_tls, transport_variant);
 conformance_tests::conformance_suite!(redis_sentinel, crate::redis_sentinel);
 conformance_tests::conformance_suite!(redis_cluster, crate::redis_cluster);

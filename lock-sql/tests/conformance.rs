@@ -331,9 +331,9 @@ conformance_tests::conformance_suite!(postgres, crate::postgres_harness);
 #[cfg(feature = "mysql")]
 conformance_tests::conformance_suite!(mysql, crate::mysql_harness);
 #[cfg(feature = "postgres")]
-conformance_tests::conformance_suite!(postgres_tls, crate::postgres_tls_harness);
+conformance_tests::conformance_suite!(postgres_tls, crate::postgres_tls_harness, transport_variant);
 #[cfg(feature = "mysql")]
-conformance_tests::conformance_suite!(mysql_tls, crate::mysql_tls_harness);
+conformance_tests::conformance_suite!(mysql_tls, crate::mysql_tls_harness, transport_variant);
 #[cfg(feature = "postgres")]
 conformance_tests::conformance_suite!(pgbouncer_session, crate::pgbouncer_session_harness);
 #[cfg(feature = "mysql")]

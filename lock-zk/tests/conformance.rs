@@ -34,7 +34,7 @@ async fn auth_harness() -> Option<Arc<dyn Harness>> {
     ))
 }
 
-conformance_tests::conformance_suite!(zk_auth, crate::auth_harness);
+conformance_tests::conformance_suite!(zk_auth, crate::auth_harness, transport_variant);
 
 /// The same suite over TLS (to the `secureClientPort` of the same server) with digest
 /// credentials; the admin client uses the plain port.
@@ -48,4 +48,4 @@ async fn tls_harness() -> Option<Arc<dyn Harness>> {
 }
 
 #[cfg(feature = "tls")]
-conformance_tests::conformance_suite!(zk_tls, crate::tls_harness);
+conformance_tests::conformance_suite!(zk_tls, crate::tls_harness, transport_variant);
