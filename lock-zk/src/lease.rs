@@ -22,9 +22,18 @@ pub(crate) struct ZkLease {
     pub(crate) name: LockName,
     pub(crate) path: String,
     /// What the node's data says besides "held": the lease's ttl as last written and the
-    /// holder's data ([`Lease::set_data`]); every write of the node writes both.
-    written: Mutex<(Duration, Option<String>)>,
+    /// holder's data ([`Lease::set_data`]); every write of the node writes both. A write
+    /// holds this lock from the moment it builds its data until its request is sent
+    /// (zookeeper-client sends a request when it is called, not when its answer is awaited),
+    /// so the server applies the writes of the node in the order of their data: a batched
+    /// renewal that built its data before a `set_data` cannot land after it and bring the
+    /// old data back (issue found by the conformance suite in CI: `inspect` right after
+    /// clearing the data still showed it).
+    written: Mutex<Written>,
 }
+
+/// The lease's ttl as last written and the holder's data.
+pub(crate) type Written = (Duration, Option<String>);
 
 impl fmt::Debug for ZkLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -46,18 +55,28 @@ impl ZkLease {
         }
     }
 
+    /// The lock on what the node's data says: held by a write until its request is sent
+    /// (see [`ZkLease::written`]).
+    pub(crate) fn written(&self) -> std::sync::MutexGuard<'_, Written> {
+        unpoisoned(&self.written)
+    }
+
     /// The node's data for a renewal to `ttl`: the held mark and the holder's data.
-    pub(crate) fn node_data(&self, ttl: Duration) -> Vec<u8> {
-        let mut written = unpoisoned(&self.written);
+    pub(crate) fn renewal_data(written: &mut Written, ttl: Duration) -> Vec<u8> {
         written.0 = ttl;
         held_data_with(ttl, written.1.as_deref())
     }
 
-    /// Writes `data` (our node only exists while we hold it: a plain set_data is
-    /// owner-checked and atomic).
-    async fn write(&self, data: &[u8], what: &str) -> Result<()> {
+    /// Writes the data that `update` makes of what was written (our node only exists while
+    /// we hold it: a plain set_data is owner-checked and atomic), sent under the lock.
+    async fn write(&self, update: impl FnOnce(&mut Written) -> Vec<u8>, what: &str) -> Result<()> {
         self.session.check_connected()?;
-        match self.session.client.set_data(&self.path, data, None).await {
+        let answer = {
+            let mut written = self.written();
+            let data = update(&mut written);
+            self.session.client.set_data(&self.path, &data, None)
+        };
+        match answer.await {
             Ok(_) => Ok(()),
             Err(zk::Error::NoNode | zk::Error::SessionExpired) => Err(Error::not_held(&self.name)),
             Err(err) => Err(zk_error(what, err)),
@@ -74,19 +93,26 @@ impl Lease for ZkLease {
     async fn renew(&self, ttl: Duration) -> Result<()> {
         // Only we write our node; it exists only while we hold (or a contender removed it
         // after expiry, or the session ended): a plain set_data is owner-checked and atomic.
-        self.write(&self.node_data(ttl), "renewing the lock").await
+        self.write(
+            |written| Self::renewal_data(written, ttl),
+            "renewing the lock",
+        )
+        .await
     }
 
     /// Rewrites the node with the new data and the ttl last written (which moves its `mtime`:
-    /// the lease runs from now, as after a renewal). The data changes here first, so that a
-    /// renewal racing this write writes the new data too.
+    /// the lease runs from now, as after a renewal). A renewal that comes after writes the new
+    /// data too; one whose request was built before is sent before (see
+    /// [`ZkLease::written`]).
     async fn set_data(&self, data: Option<&str>) -> Result<()> {
-        let node = {
-            let mut written = unpoisoned(&self.written);
-            written.1 = data.map(str::to_owned);
-            held_data_with(written.0, data)
-        };
-        self.write(&node, "setting the holder data").await
+        self.write(
+            |written| {
+                written.1 = data.map(str::to_owned);
+                held_data_with(written.0, data)
+            },
+            "setting the holder data",
+        )
+        .await
     }
 
     /// Deletes the holder's node. A release is worth waiting for (the core's operation

@@ -8,7 +8,7 @@ use distlock_core::{Error, Result};
 use zookeeper_client as zk;
 
 use crate::error::zk_error;
-use crate::lease::ZkLease;
+use crate::lease::{Written, ZkLease};
 
 /// Renews the held nodes of one session together: one `multi` of `setData`s, each exactly
 /// the write [`ZkLease::renew`] makes (unversioned: only the holder writes its node, which
@@ -58,23 +58,43 @@ impl Renewer for ZkRenewer {
         while !pending.is_empty() {
             let mut multi = session.client.new_multi_writer();
             let mut sent = Vec::with_capacity(pending.len());
-            for &i in &pending {
-                let (Some(lease), Some(item)) = (leases[i], items.get(i)) else {
-                    continue;
-                };
-                if !Arc::ptr_eq(&lease.session, &session) {
-                    results[i] = Some(Err(Error::Backend {
-                        message: "a lease of another session in a ZooKeeper renewal".into(),
-                        source: None,
-                    }));
-                    continue;
+            // Each node's data stays locked until the multi is sent, so that a `set_data`
+            // made meanwhile is sent after it (see `ZkLease::written`).
+            let answer = {
+                let mut locked: Vec<(*const ZkLease, std::sync::MutexGuard<'_, Written>)> =
+                    Vec::with_capacity(pending.len());
+                for &i in &pending {
+                    let (Some(lease), Some(item)) = (leases[i], items.get(i)) else {
+                        continue;
+                    };
+                    if !Arc::ptr_eq(&lease.session, &session) {
+                        results[i] = Some(Err(Error::Backend {
+                            message: "a lease of another session in a ZooKeeper renewal".into(),
+                            source: None,
+                        }));
+                        continue;
+                    }
+                    // Locking one lease twice would never return.
+                    if locked.iter().any(|(seen, _)| std::ptr::eq(*seen, lease)) {
+                        results[i] = Some(Err(Error::Backend {
+                            message: "the same lease twice in a ZooKeeper renewal".into(),
+                            source: None,
+                        }));
+                        continue;
+                    }
+                    let mut written = lease.written();
+                    let data = ZkLease::renewal_data(&mut written, item.ttl);
+                    match multi.add_set_data(&lease.path, &data, None) {
+                        Ok(()) => {
+                            sent.push(i);
+                            locked.push((std::ptr::from_ref(lease), written));
+                        }
+                        Err(err) => results[i] = Some(Err(zk_error("renewing the lock", err))),
+                    }
                 }
-                match multi.add_set_data(&lease.path, &lease.node_data(item.ttl), None) {
-                    Ok(()) => sent.push(i),
-                    Err(err) => results[i] = Some(Err(zk_error("renewing the lock", err))),
-                }
-            }
-            match multi.commit().await {
+                multi.commit()
+            };
+            match answer.await {
                 Ok(_) => {
                     for i in sent {
                         results[i] = Some(Ok(()));

@@ -91,3 +91,69 @@ async fn k_locks_cost_a_multi_per_500_per_interval() {
         "K = {k}: only {held} requests (idle {idle}) for {batches} renewal batches"
     );
 }
+
+/// Holder data set while batched renewals rewrite the same nodes is what the next read shows:
+/// a renewal whose request was built before the `set_data` must not reach the server after it
+/// and bring the old data back. Before the fix, `inspect` right after a `set_data` showed the
+/// previous data now and then (first seen in CI, in the conformance case on holder data).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_set_during_batched_renewals_is_never_undone() {
+    let _serial = SERIAL.lock().await;
+    let Some(h) = harness().await else { return };
+    let client = h.backend().await.unwrap();
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    // Renewed every 300 ms, in one multi of 500 nodes: a wide window for the race.
+    let opts = AcquireOptions::default().with_ttl(Duration::from_millis(900));
+    let names: Vec<String> = (0..MAX_BATCH)
+        .map(|i| format!("data-{}-{i}", &run[..8]))
+        .collect();
+    let mut guards: Vec<LockGuard> = Vec::with_capacity(names.len());
+    for chunk in names.chunks(50) {
+        let taken = futures::future::join_all(chunk.iter().map(|n| client.try_acquire(n, &opts)));
+        for guard in taken.await {
+            guards.push(guard.unwrap().expect("a free name"));
+        }
+    }
+    let started = std::time::Instant::now();
+    let mut round = 0u32;
+    let mut checked = 0usize;
+    while started.elapsed() < Duration::from_secs(4) {
+        round += 1;
+        // 20 nodes at a time: set, then read back on the same session.
+        let at = (round as usize * 20) % guards.len();
+        let picked = &guards[at..(at + 20).min(guards.len())];
+        let value = format!("round={round}");
+        let results = futures::future::join_all(picked.iter().map(|guard| {
+            let value = value.clone();
+            let client = &client;
+            async move {
+                guard.set_data(Some(&value)).await.expect("set_data");
+                let shown = client
+                    .inspect(guard.name().as_str())
+                    .await
+                    .expect("inspect");
+                (
+                    guard.name().as_str().to_owned(),
+                    shown.and_then(|info| info.data),
+                )
+            }
+        }))
+        .await;
+        for (name, shown) in results {
+            assert_eq!(
+                shown.as_deref(),
+                Some(value.as_str()),
+                "{name}: old data after set_data"
+            );
+            checked += 1;
+        }
+    }
+    eprintln!("{checked} set_data calls read back, {round} rounds");
+    assert!(
+        guards.iter().all(|g| !g.is_lost()),
+        "locks lost while renewed"
+    );
+    for result in futures::future::join_all(guards.into_iter().map(LockGuard::release)).await {
+        result.unwrap();
+    }
+}
