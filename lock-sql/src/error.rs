@@ -39,6 +39,16 @@ pub(crate) fn rolled_back(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(db) if db.code().is_some_and(|c| rolled_back_code(&c)))
 }
 
+/// Whether nothing of the statement was applied and the same statement may be sent again:
+/// [`rolled_back`], or SQLite's `BUSY`/`LOCKED` (the busy timeout passed before the statement,
+/// or its transaction's `BEGIN IMMEDIATE`, got the file's write lock; SQLite's busy handler is
+/// not fair, and 8 clients of one semaphore on a loaded CI machine kept a release out for the
+/// whole 1 s of the test's busy timeout).
+pub(crate) fn not_applied(err: &sqlx::Error) -> bool {
+    rolled_back(err)
+        || matches!(err, sqlx::Error::Database(db) if db.code().is_some_and(|c| sqlite_busy(&c)))
+}
+
 /// The SQLSTATEs of [`rolled_back`].
 fn rolled_back_code(code: &str) -> bool {
     matches!(code, "40001" | "40P01")

@@ -9,10 +9,10 @@ use distlock_core::backend::Renewer;
 use distlock_core::{Error, Lease, LockKind, LockName, Result};
 
 use crate::backend::{Inner, micros};
-use crate::error::{map_err, rolled_back};
+use crate::error::{map_err, not_applied};
 use crate::kinds::HeldBy;
 
-/// How many times a release rolled back by the database is sent again.
+/// How many times a release that applied nothing (see [`not_applied`]) is sent again.
 const RELEASE_RETRIES: u64 = 2;
 
 #[derive(Debug)]
@@ -96,10 +96,11 @@ impl Lease for SqlLease {
                 Some(held) => db.release_hold(held).await,
             };
             // A release the database rolled back to break a deadlock (MariaDB, shared
-            // releases beside joins of the same name: CI, 2026-11-30) applied nothing: sent
-            // again, at most twice more, within the core's operation timeout.
+            // releases beside joins of the same name: CI, 2026-11-30), or that SQLite's busy
+            // timeout kept from the write lock (a permit's release, CI 2026-11-30), applied
+            // nothing: sent again, at most twice more, within the core's operation timeout.
             match sent {
-                Err(err) if rolled_back(&err) && attempt < RELEASE_RETRIES => {
+                Err(err) if not_applied(&err) && attempt < RELEASE_RETRIES => {
                     attempt += 1;
                     tokio::time::sleep(Duration::from_millis(2 * attempt)).await;
                 }
