@@ -207,7 +207,7 @@ while IFS= read -r line; do printf '    %s\n' "$line"; done <<<"$exports" >&2
 export DISTLOCK_TEST_REQUIRE=all
 # The conformance configurations that differ from another only in how they connect (TLS,
 # authentication) run the cases that depend on the connection (conformance-tests'
-# TRANSPORT_CASES: 14 of 54); scripts/soak.sh runs them in full (DISTLOCK_TEST_VARIANTS=full
+# TRANSPORT_CASES: 14 of 51); scripts/soak.sh runs them in full (DISTLOCK_TEST_VARIANTS=full
 # here does too).
 export DISTLOCK_TEST_VARIANTS=${DISTLOCK_TEST_VARIANTS:-transport}
 
