@@ -32,24 +32,19 @@ pub(crate) fn transient_code(code: &str) -> bool {
         || matches!(code, "53300" | "70100" | "HYT00")
 }
 
-/// Whether the database rolled the statement's transaction back to break a deadlock or a
-/// serialization conflict (SQLSTATE `40001`, which MySQL/MariaDB give their error 1213, or
-/// PostgreSQL's `40P01`): nothing of it was applied, so the same statement may be sent again.
-pub(crate) fn rolled_back(err: &sqlx::Error) -> bool {
-    matches!(err, sqlx::Error::Database(db) if db.code().is_some_and(|c| rolled_back_code(&c)))
-}
-
-/// Whether nothing of the statement was applied and the same statement may be sent again:
-/// [`rolled_back`], or SQLite's `BUSY`/`LOCKED` (the busy timeout passed before the statement,
-/// or its transaction's `BEGIN IMMEDIATE`, got the file's write lock; SQLite's busy handler is
-/// not fair, and 8 clients of one semaphore on a loaded CI machine kept a release out for the
-/// whole 1 s of the test's busy timeout).
+/// Whether nothing of the statement was applied, so that the same statement may be sent
+/// again: the database rolled its transaction back to break a deadlock or a serialization
+/// conflict (SQLSTATE `40001`, which MySQL/MariaDB give their error 1213, or PostgreSQL's
+/// `40P01`), or SQLite refused it with `BUSY`/`LOCKED` (the busy timeout passed before the
+/// statement, or its transaction's `BEGIN IMMEDIATE`, got the file's write lock; SQLite's
+/// busy handler is not fair, and 8 clients of one semaphore on a loaded CI machine kept a
+/// release out for the whole 1 s of the test's busy timeout).
 pub(crate) fn not_applied(err: &sqlx::Error) -> bool {
-    rolled_back(err)
-        || matches!(err, sqlx::Error::Database(db) if db.code().is_some_and(|c| sqlite_busy(&c)))
+    matches!(err, sqlx::Error::Database(db)
+        if db.code().is_some_and(|c| rolled_back_code(&c) || sqlite_busy(&c)))
 }
 
-/// The SQLSTATEs of [`rolled_back`].
+/// The SQLSTATEs of a deadlock or serialization rollback (see [`not_applied`]).
 fn rolled_back_code(code: &str) -> bool {
     matches!(code, "40001" | "40P01")
 }

@@ -61,8 +61,9 @@ impl Renewer for ZkRenewer {
             // Each node's data stays locked until the multi is sent, so that a `set_data`
             // made meanwhile is sent after it (see `ZkLease::written`).
             let answer = {
-                let mut locked: Vec<(*const ZkLease, std::sync::MutexGuard<'_, Written>)> =
+                let mut locked: Vec<std::sync::MutexGuard<'_, Written>> =
                     Vec::with_capacity(pending.len());
+                let mut seen = std::collections::HashSet::with_capacity(pending.len());
                 for &i in &pending {
                     let (Some(lease), Some(item)) = (leases[i], items.get(i)) else {
                         continue;
@@ -75,7 +76,7 @@ impl Renewer for ZkRenewer {
                         continue;
                     }
                     // Locking one lease twice would never return.
-                    if locked.iter().any(|(seen, _)| std::ptr::eq(*seen, lease)) {
+                    if !seen.insert(std::ptr::from_ref(lease)) {
                         results[i] = Some(Err(Error::Backend {
                             message: "the same lease twice in a ZooKeeper renewal".into(),
                             source: None,
@@ -87,7 +88,7 @@ impl Renewer for ZkRenewer {
                     match multi.add_set_data(&lease.path, &data, None) {
                         Ok(()) => {
                             sent.push(i);
-                            locked.push((std::ptr::from_ref(lease), written));
+                            locked.push(written);
                         }
                         Err(err) => results[i] = Some(Err(zk_error("renewing the lock", err))),
                     }
