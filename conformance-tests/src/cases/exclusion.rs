@@ -336,13 +336,16 @@ pub async fn fifo_fairness(ctx: Ctx) -> Outcome {
     for i in 0..WAITERS {
         let client = ctx.client().await;
         let (name, opts, order) = (name.clone(), opts.clone(), order.clone());
-        tasks.push(tokio::spawn(async move {
-            let guard = acquire(&*client, &name, &opts).await;
-            order.lock().expect("order").push(i);
-            release(guard).await;
-        }));
-        // Let this waiter join the queue before the next one arrives.
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        // Each waiter has joined the queue (its first poll found the lock taken) before the
+        // next one arrives.
+        tasks.push(
+            spawn_waiting(async move {
+                let guard = acquire(&*client, &name, &opts).await;
+                order.lock().expect("order").push(i);
+                release(guard).await;
+            })
+            .await,
+        );
     }
     release(guard).await;
     for task in join_all(tasks).await {

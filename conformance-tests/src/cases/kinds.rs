@@ -392,9 +392,8 @@ pub async fn new_readers_queue_behind_a_waiting_writer(ctx: Ctx) -> Outcome {
     let read = ctx.opts().shared();
     let reader = acquire(&*a, &name, &read).await;
     let (name_w, opts_w) = (name.clone(), ctx.opts().with_wait(LONG_WAIT));
-    let waiting = tokio::spawn(async move { w.acquire(&name_w, &opts_w).await });
-    // Let the writer's first poll say it waits.
-    tokio::time::sleep(ctx.slack() / 2).await;
+    // Returns once the writer's first poll says it waits.
+    let waiting = spawn_waiting(async move { w.acquire(&name_w, &opts_w).await }).await;
     assert!(
         try_acquire(&*c, &name, &read).await.is_none(),
         "a new reader went ahead of a waiting writer"

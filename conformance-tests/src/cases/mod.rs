@@ -81,6 +81,29 @@ async fn acquire_within(
     }
 }
 
+/// Spawns `work` (which starts with a waiting acquire) and returns once that acquire waits: its
+/// first poll found the lock taken, so on a FIFO backend it holds its place in the queue.
+///
+/// # Panics
+/// If the acquire does not start waiting within [`LONG_WAIT`].
+async fn spawn_waiting<T: Send + 'static>(
+    work: impl std::future::Future<Output = T> + Send + 'static,
+) -> tokio::task::JoinHandle<T> {
+    use tracing::instrument::WithSubscriber;
+    let waiting = Arc::new(tokio::sync::Notify::new());
+    let task = {
+        let waiting = waiting.clone();
+        tokio::spawn(work.with_subscriber(crate::child::on_waiting(move || waiting.notify_one())))
+    };
+    if tokio::time::timeout(LONG_WAIT, waiting.notified())
+        .await
+        .is_err()
+    {
+        panic!("a waiter did not start waiting within {LONG_WAIT:?}");
+    }
+    task
+}
+
 // After the helpers above: `hook!` is in scope for the modules declared below it.
 mod admin;
 mod elections;

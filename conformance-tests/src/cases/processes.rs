@@ -3,11 +3,10 @@
 
 use nix::sys::signal::Signal;
 use tokio::task::JoinHandle;
-use tracing::instrument::WithSubscriber;
 
 use super::*;
 use crate::TestClient;
-use crate::child::{ChildWaiter, on_waiting};
+use crate::child::ChildWaiter;
 
 /// How long a child process may take to start, connect and make its first poll.
 const CHILD_START: Duration = Duration::from_secs(30);
@@ -54,23 +53,12 @@ async fn queue_behind(
     name: &str,
     opts: AcquireOptions,
 ) -> JoinHandle<(Instant, Held)> {
-    let queued = Arc::new(tokio::sync::Notify::new());
-    let task = {
-        let (name, queued) = (name.to_owned(), queued.clone());
-        tokio::spawn(async move {
-            let acquire = acquire(&*client, &name, &opts)
-                .with_subscriber(on_waiting(move || queued.notify_one()));
-            let guard = acquire.await;
-            (Instant::now(), Held { guard, client })
-        })
-    };
-    if tokio::time::timeout(CHILD_START, queued.notified())
-        .await
-        .is_err()
-    {
-        panic!("the in-process waiter did not start waiting within {CHILD_START:?}");
-    }
-    task
+    let name = name.to_owned();
+    spawn_waiting(async move {
+        let guard = acquire(&*client, &name, &opts).await;
+        (Instant::now(), Held { guard, client })
+    })
+    .await
 }
 
 /// Releases the holder of `queue` (whose child waiter is dead or paused) and returns the next
