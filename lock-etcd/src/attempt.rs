@@ -18,7 +18,7 @@ use crate::error::{ATTEMPT_TIMEOUT, lease_not_found, map_err, protocol};
 use crate::keys::{self, QueueKey, key_string};
 use crate::lease::EtcdLease;
 use crate::session::LeaseSlot;
-use crate::wake::{Blocker, Watch, Woken, next_event, sleep_until};
+use crate::wake::{Blocker, PermitCount, Watch, Woken, next_event, sleep_until};
 
 /// The token of a key created at `revision`.
 pub(crate) fn token(revision: i64) -> Result<FencingToken> {
@@ -43,6 +43,9 @@ pub(crate) struct EtcdAttempt {
     pub(crate) watch_target: Option<(Blocker, i64)>,
     /// The watch of `watch_target`'s blocker (or of an earlier one, until replaced).
     pub(crate) watch: Option<Watch>,
+    /// A permit waiter's count of the keys ahead of its key, from its last read and its
+    /// watch's deletions since (see [`PermitCount`]).
+    pub(crate) count: Option<PermitCount>,
     /// A transaction that may put our key, in a task of its own, while its answer is awaited:
     /// still here when the caller was cancelled meanwhile (see [`Self::put_txn`]).
     pub(crate) put: Option<JoinHandle<Result<etcd_client::TxnResponse, etcd_client::Error>>>,
@@ -474,7 +477,7 @@ impl Attempt for EtcdAttempt {
                 .map(|s| s.refreshed() + distlock_core::default_renewal_interval(s.ttl));
             let from = self.watch_target.as_ref().map_or(0, |(_, from)| *from);
             tokio::select! {
-                event = next_event(&mut self.watch, from) => match event {
+                event = next_event(&mut self.watch, from, self.count.as_mut()) => match event {
                     Woken::Changed => {
                         trace!(target: "distlock_etcd::wait", me = %self.key.key, "watch: deleted");
                         self.park_watch();

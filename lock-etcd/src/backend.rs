@@ -227,6 +227,7 @@ impl LockBackend for EtcdBackend {
             rev: None,
             watch_target: None,
             watch: None,
+            count: None,
             put: None,
         })
     }

@@ -31,63 +31,55 @@
 //! - A writer watches its immediate predecessor's deletion (the mutex's rule).
 //! - A reader watches the deletion of the latest writer key before it: the release of that
 //!   writer wakes exactly the readers up to the next writer, and never the next writer.
-//! - A permit waiter at index N (the first waiter) watches the deletions in the name's range:
-//!   any deletion before it frees a permit (deletions after it, waiters leaving, wake it in
-//!   vain). A waiter further back watches its immediate predecessor's deletion *and puts*:
-//!   when the predecessor turns from first waiter into holder, it *touches* its key (a put of
-//!   the same value on the same lease, guarded by its create revision) if it has a successor,
-//!   and that put tells the successor that it is now the first waiter, to watch the range.
-//!   Watching one fixed key instead would miss releases: with holders k0, k1 of 2 and k2
-//!   watching k0, k1's release would never wake k2.
+//! - A permit waiter watches the deletions in the name's range, each with the deleted key's
+//!   last version (`prev_kv`), and *counts* them: the read that placed it gave the number of
+//!   keys before its own (all permits of N), each deletion of a key created before its own is
+//!   one fewer, and when fewer than N are left it holds, with no read (`wake::PermitCount` says
+//!   why the count is exact). A release thus hands its permit to the first waiter in one
+//!   watch event, as the mutex's does; every waiter behind counts the same event and moves up
+//!   one place without a request. Behind a key of another kind (two kinds racing on one
+//!   name), or once the count cannot be trusted (the waiter's own key deleted, a watch
+//!   cancelled or started after the read), any deletion sends the waiter back to read.
 //!
-//! Interleavings: the successor check and the holder check are one linearizable read, so a
-//! successor queued after it reads the predecessor as a holder already (and watches the
-//! range at once), and one queued before it is touched. A successor whose watch starts after
-//! the touch polls once more (the watch's start revision is past its read). A predecessor that
-//! leaves (release, abandon, expiry) is deleted, which wakes the successor too. So one release
-//! of a permit wakes the first waiter, which takes the permit, plus one touch event for the
-//! next waiter; the waiters further back sleep.
-
-use std::time::Instant;
-
-use std::sync::Arc;
+//! A permit waiter's range watch is kept by the client between waits like a predecessor
+//! watch (`wake.rs`), so the next wait on the name starts counting from its read without
+//! opening a watch. Each release is one event per waiter of the name (server-side fan-out;
+//! no waiter sends anything for it but the one that now holds, which sends nothing either).
+//! Clients of an earlier version, whose waiters behind the first one waited for their
+//! predecessor's *touch* (a put by a waiter turning holder), see no touch from this version:
+//! they move up when their predecessor is deleted instead, later but never wrongly.
 
 use distlock_core::{Result, Step};
 use etcd_client::{
-    Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
-use tracing::debug;
+use tracing::{debug, trace};
 
 use crate::attempt::{EtcdAttempt, header_revision};
-use crate::error::{lease_not_found, map_err, protocol};
-use crate::keys::{self, key_string};
-use crate::session::LeaseSlot;
-use crate::wake::Blocker;
+use crate::error::{map_err, protocol};
+use crate::keys;
+use crate::wake::{Blocker, PermitCount};
 
-/// Where a permit waiter stands, from the keys before it (newest first, at most N + 1 of them).
+/// Where a permit stands, from the keys before it.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum PermitPlace {
     /// Fewer than N keys before it, all permits of N: it holds.
     Holder,
-    /// Exactly N permit holders before it: any deletion among them frees a permit.
-    FirstWaiter,
-    /// Further back (or behind a key of another kind): its predecessor blocks it.
-    Behind,
+    /// N or more keys before it, all permits of N: it waits, counting them (see
+    /// [`PermitCount`]).
+    Waiting { ahead: usize },
+    /// Behind a key of another kind: it waits, reading again after each deletion.
+    Blocked,
 }
 
-/// Classifies a permit of `permits` from the kinds of the keys before it (any order), of which
-/// `complete` says whether all were read (otherwise more than `kinds.len()` exist).
-pub(crate) fn permit_place(
-    kinds: &[distlock_core::LockKind],
-    complete: bool,
-    permits: u32,
-) -> PermitPlace {
+/// Classifies a permit of `permits` from the kinds of all the keys before it (any order).
+pub(crate) fn permit_place(kinds: &[distlock_core::LockKind], permits: u32) -> PermitPlace {
     let ours = distlock_core::LockKind::Permit { permits };
     let n = usize::try_from(permits).unwrap_or(usize::MAX);
-    if !complete || kinds.iter().any(|k| *k != ours) || kinds.len() > n {
-        PermitPlace::Behind
-    } else if kinds.len() == n {
-        PermitPlace::FirstWaiter
+    if kinds.iter().any(|k| *k != ours) {
+        PermitPlace::Blocked
+    } else if kinds.len() >= n {
+        PermitPlace::Waiting { ahead: kinds.len() }
     } else {
         PermitPlace::Holder
     }
@@ -255,45 +247,43 @@ impl EtcdAttempt {
         };
         // Held as another kind: the abandon that follows the error removes our key.
         self.check_kind(pred.key())?;
-        let place = if same.count() == first.count() {
-            let n = i64::from(permits);
-            match first.count() {
-                c if c < n => PermitPlace::Holder,
-                c if c == n => PermitPlace::FirstWaiter,
-                _ => PermitPlace::Behind,
+        // Both counts are of the keys before ours (the reads run before the put).
+        let place = match usize::try_from(first.count()) {
+            Ok(ahead) if same.count() == first.count() => {
+                if ahead < usize::try_from(permits).unwrap_or(usize::MAX) {
+                    PermitPlace::Holder
+                } else {
+                    PermitPlace::Waiting { ahead }
+                }
             }
-        } else {
-            PermitPlace::Behind
+            _ => PermitPlace::Blocked,
         };
         if place == PermitPlace::Holder {
             return Ok(Some(self.acquired(slot, revision, lease_started)?));
         }
-        let pred = key_string(pred.key());
-        Ok(Some(self.wait_behind(place, pred, revision)))
+        Ok(Some(self.wait_permit(&place, permits, revision)))
     }
 
-    /// `acquire` of a permit, later steps: where is our key now? One linearizable read of the
-    /// keys before ours (at most N + 1) and whether a key follows ours.
+    /// `acquire` of a permit, later steps: where is our key now? Without a read when the
+    /// waiter's count of the keys ahead says it holds (see [`PermitCount`]); otherwise one
+    /// linearizable read of the keys before ours (keys only).
     pub(crate) async fn poll_position_permit(
         &mut self,
         rev: i64,
         permits: u32,
     ) -> Result<Option<Step>> {
+        let counted = self.count.take().is_some_and(|c| c.holds());
         let Some(slot) = self.queued_slot().await? else {
             return Ok(None);
         };
         let lease_started = slot.refreshed();
-        let range = self.key.range().to_owned();
+        if counted {
+            trace!(target: "distlock_etcd::wait", me = %self.key.key, rev, "permit: held by the count");
+            return Ok(Some(self.acquired(slot, rev, lease_started)?));
+        }
         let before = GetOptions::new()
             .with_prefix()
             .with_max_create_revision(rev - 1)
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(i64::from(permits) + 1)
-            .with_keys_only();
-        let after = GetOptions::new()
-            .with_prefix()
-            .with_min_create_revision(rev + 1)
-            .with_limit(1)
             .with_keys_only();
         let txn = Txn::new()
             .when([Compare::create_revision(
@@ -301,10 +291,7 @@ impl EtcdAttempt {
                 CompareOp::Equal,
                 rev,
             )])
-            .and_then([
-                TxnOp::get(range.clone(), Some(before)),
-                TxnOp::get(range, Some(after)),
-            ]);
+            .and_then([TxnOp::get(self.key.range().to_owned(), Some(before))]);
         let resp = self
             .shared
             .client
@@ -320,82 +307,28 @@ impl EtcdAttempt {
             return Ok(None);
         }
         let revision = header_revision(resp.header())?;
-        let mut reads = resp.op_responses().into_iter();
-        let (before, after) = (get_of(reads.next())?, get_of(reads.next())?);
+        let before = get_of(resp.op_responses().into_iter().next())?;
         let kinds: Vec<_> = before
             .kvs()
             .iter()
             .map(|kv| keys::key_kind(self.key.range(), kv.key()))
             .collect();
-        let place = permit_place(&kinds, !before.more(), permits);
-        match before.kvs().first() {
-            Some(pred) if place != PermitPlace::Holder => Ok(Some(self.wait_behind(
-                place,
-                key_string(pred.key()),
-                revision,
-            ))),
-            _ => {
-                let successor = !after.kvs().is_empty();
-                self.holder_touching(slot, rev, lease_started, successor)
-                    .await
-            }
+        match permit_place(&kinds, permits) {
+            PermitPlace::Holder => Ok(Some(self.acquired(slot, rev, lease_started)?)),
+            place => Ok(Some(self.wait_permit(&place, permits, revision))),
         }
     }
 
-    /// A permit waiter that just became a holder: if a key follows ours, its owner may be
-    /// watching our key for the moment we stop being a waiter; a put of our key (same value,
-    /// same lease, only if still ours) tells it.
-    async fn holder_touching(
-        &mut self,
-        slot: Arc<LeaseSlot>,
-        rev: i64,
-        lease_started: Instant,
-        successor: bool,
-    ) -> Result<Option<Step>> {
-        if successor {
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    self.key.key.clone(),
-                    CompareOp::Equal,
-                    rev,
-                )])
-                .and_then([TxnOp::put(
-                    self.key.key.clone(),
-                    &*self.owner,
-                    Some(PutOptions::new().with_lease(slot.id)),
-                )]);
-            match self.shared.client.kv_client().txn(txn).await {
-                Err(err) if lease_not_found(&err) => {
-                    slot.mark_dead();
-                    self.rev = None;
-                    return Ok(None);
-                }
-                Err(err) => return Err(map_err("telling the next permit waiter", err)),
-                Ok(resp) if !resp.succeeded() => {
-                    self.rev = None;
-                    return Ok(None);
-                }
-                Ok(_) => {}
+    /// A permit waiter's wait (`place` is not `Holder`), read at `revision`: it watches the
+    /// deletions in the name's range, and counts those ahead of it where it can.
+    fn wait_permit(&mut self, place: &PermitPlace, permits: u32, revision: i64) -> Step {
+        self.count = match (place, self.rev) {
+            (PermitPlace::Waiting { ahead }, Some(rev)) => {
+                Some(PermitCount::new(*ahead, permits, self.key.key.clone(), rev))
             }
-        }
-        Ok(Some(self.acquired(slot, rev, lease_started)?))
-    }
-
-    /// A permit waiter's wait (`place` is not `Holder`), read at `revision`: the first waiter
-    /// watches the deletions of the name's range, one further back its predecessor `pred`.
-    fn wait_behind(&mut self, place: PermitPlace, pred: String, revision: i64) -> Step {
-        let blocker = match place {
-            PermitPlace::FirstWaiter => Blocker {
-                key: self.key.range().to_owned(),
-                prefix: true,
-                puts: false,
-            },
-            PermitPlace::Behind | PermitPlace::Holder => Blocker {
-                key: pred,
-                prefix: false,
-                puts: true,
-            },
+            _ => None,
         };
+        let blocker = Blocker::range(self.key.range().to_owned());
         self.watch_target = Some((blocker, revision + 1));
         Step::busy(None)
     }
@@ -409,19 +342,21 @@ mod tests {
     #[test]
     fn a_permit_waiter_knows_its_place() {
         let p = |permits| LockKind::Permit { permits };
-        assert_eq!(permit_place(&[], true, 2), PermitPlace::Holder);
-        assert_eq!(permit_place(&[p(2)], true, 2), PermitPlace::Holder);
+        assert_eq!(permit_place(&[], 2), PermitPlace::Holder);
+        assert_eq!(permit_place(&[p(2)], 2), PermitPlace::Holder);
         assert_eq!(
-            permit_place(&[p(2), p(2)], true, 2),
-            PermitPlace::FirstWaiter
+            permit_place(&[p(2), p(2)], 2),
+            PermitPlace::Waiting { ahead: 2 }
         );
-        assert_eq!(permit_place(&[p(2); 3], true, 2), PermitPlace::Behind);
-        assert_eq!(permit_place(&[p(2), p(2)], false, 2), PermitPlace::Behind);
+        assert_eq!(
+            permit_place(&[p(2); 3], 2),
+            PermitPlace::Waiting { ahead: 3 }
+        );
         // Behind a key of another kind, whatever the count.
         assert_eq!(
-            permit_place(&[LockKind::Exclusive], true, 2),
-            PermitPlace::Behind
+            permit_place(&[LockKind::Exclusive], 2),
+            PermitPlace::Blocked
         );
-        assert_eq!(permit_place(&[p(3), p(2)], true, 2), PermitPlace::Behind);
+        assert_eq!(permit_place(&[p(3), p(2)], 2), PermitPlace::Blocked);
     }
 }

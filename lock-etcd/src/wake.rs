@@ -9,9 +9,9 @@
 //! in 6 of 132 samples). A watch that woke its waiter (or that the waiter no longer needs) is
 //! therefore kept idle by the client for [`WATCH_IDLE`]: the next wait for the same key
 //! takes it back, long since synced, instead of opening another. Its old events are told
-//! apart by revision (only changes at or after the waiter's read wake it). Only single-key
-//! deletion watches are kept: those are the mutex's and reader's, whose key (reused by its
-//! client, see `keys.rs`) is usually the same predecessor round after round.
+//! apart by revision (only changes at or after the waiter's read wake it). The mutex's and
+//! reader's key (reused by its client, see `keys.rs`) is usually the same predecessor round
+//! after round, and a permit waiter's range watch is the same for every wait on the name.
 //!
 //! Every watch, kept or not, is a watch id on the client's one watch stream (`watcher.rs`):
 //! opening a watch is one create message, and dropping one sends its cancel.
@@ -21,43 +21,106 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use distlock_core::backend::unpoisoned as lock;
-use etcd_client::{EventType, WatchFilterType, WatchOptions};
+use etcd_client::{EventType, WatchFilterType, WatchOptions, WatchResponse};
 
 use crate::watcher::{Answer, HubWatch};
 
-/// What a waiting attempt watches: the one key (or, for the first permit waiter, the name's
-/// range) whose change may unblock it. Deletions always wake; puts only where `puts` says so
-/// (a permit waiter learns that its predecessor became a holder by the predecessor's touch).
+/// What a waiting attempt watches, for deletions only: the one key ahead of it that blocks
+/// it, or (a permit waiter) the name's whole range, whose deletions carry the deleted key's
+/// last version so that the waiter can count the keys ahead of it (see [`PermitCount`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Blocker {
     /// The key, or the start of the watched range.
     pub(crate) key: String,
     /// Whether every key starting with `key` is watched.
     pub(crate) prefix: bool,
-    /// Whether a put wakes too.
-    pub(crate) puts: bool,
 }
 
 impl Blocker {
     /// A deletion of `key` (the mutex's predecessor watch, a reader's writer watch).
     pub(crate) fn deletion(key: String) -> Self {
+        Self { key, prefix: false }
+    }
+
+    /// The deletions in the range of keys starting with `range` (a permit waiter's watch).
+    pub(crate) fn range(range: String) -> Self {
         Self {
-            key,
-            prefix: false,
-            puts: false,
+            key: range,
+            prefix: true,
         }
     }
 
-    /// The watch request: deletions only unless puts wake too.
+    /// The watch request: deletions only; a range watch with each deleted key's last version.
     pub(crate) fn options(&self) -> WatchOptions {
-        let mut options = WatchOptions::new();
-        if !self.puts {
-            options = options.with_filters([WatchFilterType::NoPut]);
-        }
+        let mut options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
         if self.prefix {
-            options = options.with_prefix();
+            options = options.with_prefix().with_prev_key();
         }
         options
+    }
+}
+
+/// A permit waiter's count of the keys ahead of its own, kept up to date from its range
+/// watch's deletions instead of reading the queue again.
+///
+/// Exact by construction: the count comes from a read at revision `from - 1` (the keys before
+/// ours, all permits of the same N: a key of another kind ahead is never counted), the watch
+/// delivers every deletion of the range after that revision exactly once and in order (the
+/// client's stream resumes a broken watch from the last revision it delivered), and no key
+/// ever joins ahead of ours (a later key has a later create revision). A deletion whose
+/// `prev_kv` has a create revision below ours is one key fewer ahead; once fewer than N are,
+/// our key holds a permit from that revision on, exactly as a read would have found. Anything
+/// the count cannot tell (our own key deleted, a deletion without its last version) makes it
+/// stale: the waiter reads the queue again.
+#[derive(Clone, Debug)]
+pub(crate) struct PermitCount {
+    /// Keys ahead of ours at the last read, less the deletions counted since.
+    ahead: usize,
+    permits: usize,
+    /// Our key and its create revision.
+    key: String,
+    rev: i64,
+    /// Whether the count can no longer be trusted (see the type's documentation).
+    stale: bool,
+}
+
+impl PermitCount {
+    /// The count of a waiter with `ahead` keys ahead of its key `key` (created at `rev`), all
+    /// permits of `permits`.
+    pub(crate) fn new(ahead: usize, permits: u32, key: String, rev: i64) -> Self {
+        Self {
+            ahead,
+            permits: usize::try_from(permits).unwrap_or(usize::MAX),
+            key,
+            rev,
+            stale: false,
+        }
+    }
+
+    /// Whether our key holds a permit now, by the count (no read needed).
+    pub(crate) fn holds(&self) -> bool {
+        !self.stale && self.ahead < self.permits
+    }
+
+    /// Counts the deletions of `resp` at `from` or later; true when the waiter should poll:
+    /// it holds by the count, or the count went stale.
+    fn apply(&mut self, resp: &WatchResponse, from: i64) -> bool {
+        for event in resp.events() {
+            if event.event_type() != EventType::Delete
+                || event.kv().is_some_and(|kv| kv.mod_revision() < from)
+            {
+                continue;
+            }
+            match event.prev_kv() {
+                Some(prev) if prev.key() == self.key.as_bytes() => self.stale = true,
+                Some(prev) if prev.create_revision() < self.rev => {
+                    self.ahead = self.ahead.saturating_sub(1);
+                }
+                Some(_) => {}
+                None => self.stale = true,
+            }
+        }
+        self.stale || self.ahead < self.permits
     }
 }
 
@@ -83,23 +146,28 @@ pub(crate) enum Woken {
     Failed,
 }
 
-/// The next watch answer for a waiter whose read was at revision `from - 1`: a deletion (or a
-/// put where the blocker's puts wake) at `from` or later is [`Woken::Changed`]. Never resolves
-/// without a watch.
-pub(crate) async fn next_event(watch: &mut Option<Watch>, from: i64) -> Woken {
-    let Some(Watch {
-        blocker, stream, ..
-    }) = watch
-    else {
+/// The next watch answer for a waiter whose read was at revision `from - 1`: a deletion at
+/// `from` or later is [`Woken::Changed`], or, for a permit waiter that counts the keys ahead
+/// of it (`count`), a deletion after which it holds by the count (or the count went stale).
+/// Never resolves without a watch.
+pub(crate) async fn next_event(
+    watch: &mut Option<Watch>,
+    from: i64,
+    count: Option<&mut PermitCount>,
+) -> Woken {
+    let Some(Watch { stream, .. }) = watch else {
         return std::future::pending().await;
     };
     match stream.next().await {
         Some(Answer::Cancelled) => Woken::Cancelled,
         Some(Answer::Events(resp)) => {
-            let wakes = resp.events().iter().any(|e| {
-                (blocker.puts || e.event_type() == EventType::Delete)
-                    && e.kv().is_none_or(|kv| kv.mod_revision() >= from)
-            });
+            let wakes = match count {
+                Some(count) => count.apply(&resp, from),
+                None => resp.events().iter().any(|e| {
+                    e.event_type() == EventType::Delete
+                        && e.kv().is_none_or(|kv| kv.mod_revision() >= from)
+                }),
+            };
             if wakes {
                 Woken::Changed
             } else {
@@ -158,12 +226,9 @@ impl IdleWatches {
         set.watches.remove(at).map(|(w, _)| w)
     }
 
-    /// Keeps `watch` for the next wait on its key, if it is a kind worth keeping.
+    /// Keeps `watch` for the next wait on its key (or range).
     pub(crate) fn park(&self, mut watch: Watch) {
         watch.kept = true;
-        if watch.blocker.prefix || watch.blocker.puts {
-            return; // dropped: only single-key deletion watches are kept
-        }
         let mut set = lock(&self.inner);
         let mut gone = set.expired();
         if set.watches.len() >= IDLE_WATCHES {
