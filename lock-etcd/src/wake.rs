@@ -105,15 +105,27 @@ impl PermitCount {
     /// Counts the deletions of `resp` at `from` or later; true when the waiter should poll:
     /// it holds by the count, or the count went stale.
     fn apply(&mut self, resp: &WatchResponse, from: i64) -> bool {
-        for event in resp.events() {
-            if event.event_type() != EventType::Delete
-                || event.kv().is_some_and(|kv| kv.mod_revision() < from)
-            {
-                continue;
+        self.count(
+            resp.events()
+                .iter()
+                .filter(|e| e.event_type() == EventType::Delete)
+                .map(|e| Deletion {
+                    revision: e.kv().map(etcd_client::KeyValue::mod_revision),
+                    prev: e.prev_kv().map(|p| (p.key(), p.create_revision())),
+                }),
+            from,
+        )
+    }
+
+    /// [`Self::apply`] on deletions as the count sees them.
+    fn count<'a>(&mut self, deletions: impl Iterator<Item = Deletion<'a>>, from: i64) -> bool {
+        for deletion in deletions {
+            if deletion.revision.is_some_and(|r| r < from) {
+                continue; // already in the read the count started from
             }
-            match event.prev_kv() {
-                Some(prev) if prev.key() == self.key.as_bytes() => self.stale = true,
-                Some(prev) if prev.create_revision() < self.rev => {
+            match deletion.prev {
+                Some((key, _)) if key == self.key.as_bytes() => self.stale = true,
+                Some((_, created)) if created < self.rev => {
                     self.ahead = self.ahead.saturating_sub(1);
                 }
                 Some(_) => {}
@@ -122,6 +134,13 @@ impl PermitCount {
         }
         self.stale || self.ahead < self.permits
     }
+}
+
+/// A deletion in a watched range: its revision, and the deleted key with its create revision
+/// (the event's `prev_kv`), where the event carries them.
+struct Deletion<'a> {
+    revision: Option<i64>,
+    prev: Option<(&'a [u8], i64)>,
 }
 
 /// A watch: what it watches, its id on the client's stream, and the revision it started after.
@@ -264,5 +283,68 @@ pub(crate) async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at.into()).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gone(revision: i64, key: &str, created: i64) -> Deletion<'_> {
+        Deletion {
+            revision: Some(revision),
+            prev: Some((key.as_bytes(), created)),
+        }
+    }
+
+    /// Our key `p2.me.1` created at 50, read at 59 with 3 permits of 2 ahead.
+    fn count() -> PermitCount {
+        PermitCount::new(3, 2, "p2.me.1".to_owned(), 50)
+    }
+
+    #[test]
+    fn each_deletion_ahead_is_one_key_fewer_until_a_permit_is_free() {
+        let mut c = count();
+        assert!(!c.count([gone(60, "p2.a.1", 10)].into_iter(), 60));
+        assert!(!c.holds());
+        assert!(c.count([gone(61, "p2.b.1", 20)].into_iter(), 60));
+        assert!(c.holds());
+    }
+
+    #[test]
+    fn deletions_behind_or_before_the_read_do_not_count() {
+        let mut c = count();
+        // Behind ours (a later create revision): a waiter that left.
+        assert!(!c.count([gone(60, "p2.z.1", 55)].into_iter(), 60));
+        // Already in the read (before `from`).
+        assert!(!c.count([gone(59, "p2.a.1", 10)].into_iter(), 60));
+        assert_eq!(c.ahead, 3);
+        // Two deletions in one answer, one ahead and one behind.
+        let both = [gone(62, "p2.a.1", 10), gone(62, "p2.y.1", 70)];
+        assert!(!c.count(both.into_iter(), 60));
+        assert_eq!(c.ahead, 2);
+    }
+
+    #[test]
+    fn our_own_deletion_or_a_deletion_without_its_version_makes_the_count_stale() {
+        let mut c = count();
+        assert!(c.count([gone(60, "p2.me.1", 50)].into_iter(), 60));
+        assert!(
+            !c.holds(),
+            "our key is gone: read again, never hold by the count"
+        );
+        let mut c = count();
+        let blind = Deletion {
+            revision: Some(60),
+            prev: None,
+        };
+        assert!(c.count([blind].into_iter(), 60));
+        assert!(!c.holds());
+        // Stale stays stale, whatever follows.
+        assert!(c.count(
+            [gone(61, "p2.a.1", 10), gone(61, "p2.b.1", 20)].into_iter(),
+            60
+        ));
+        assert!(!c.holds());
     }
 }
