@@ -286,6 +286,61 @@ impl EtcdAttempt {
         }
     }
 
+    /// Makes sure the attempt watches its `watch_target`'s blocker (a kept watch, or a new
+    /// one); false when the attempt must poll now instead (the watch was refused, or started
+    /// after the read, which may have missed a change in between).
+    async fn watch_blocker(&mut self) -> bool {
+        let Some((pred, from)) = self.watch_target.clone() else {
+            return true;
+        };
+        if self.watch.as_ref().is_none_or(|w| w.blocker != pred) {
+            self.park_watch();
+            self.watch = self.shared.watches.take(&pred);
+            if self.watch.is_some() {
+                trace!(target: "distlock_etcd::wait", me = %self.key.key, key = %pred.key, from, "watch reused");
+            }
+        }
+        if self.watch.is_none() {
+            // From "now", not from `from`: a watch that starts in the past is served by
+            // etcd's catch-up loop, which runs every 100 ms. The gap between our read
+            // and the watch's start is closed below by polling once more.
+            trace!(target: "distlock_etcd::wait", me = %self.key.key, key = %pred.key, from, "watch opening");
+            let mut stream =
+                self.shared
+                    .hub
+                    .watch(&self.shared.client, &self.shared.members, pred.clone());
+            match tokio::time::timeout(ATTEMPT_TIMEOUT, stream.created()).await {
+                Ok(Some(start)) => {
+                    trace!(target: "distlock_etcd::wait", me = %self.key.key, start, from, "watch created");
+                    self.watch = Some(Watch {
+                        blocker: pred,
+                        stream,
+                        start,
+                        kept: false,
+                    });
+                }
+                // Refused or cancelled (a compaction, an expired token): poll again.
+                Ok(None) => return false,
+                Err(_) => {
+                    // The stream's member went silent, perhaps: the client opens a
+                    // new stream; the core's backoff polls again.
+                    debug!("a watch create went unanswered");
+                    stream.reopen();
+                    drop(stream);
+                    self.watch_target = None;
+                }
+            }
+        }
+        // A reused watch started before our read: it misses nothing.
+        if let Some(watch) = &self.watch
+            && from <= watch.start
+        {
+            // The predecessor may have gone between our read and the watch's start.
+            return false;
+        }
+        true
+    }
+
     /// Whether our key (created at `rev`) exists, and the last key before it that blocks us.
     async fn position_txn(&self, rev: i64, serializable: bool) -> Result<etcd_client::TxnResponse> {
         let mut before = self.blockers(
@@ -422,53 +477,8 @@ impl Attempt for EtcdAttempt {
 
     async fn changed(&mut self) {
         loop {
-            if let Some((pred, from)) = self.watch_target.clone() {
-                if self.watch.as_ref().is_none_or(|w| w.blocker != pred) {
-                    self.park_watch();
-                    self.watch = self.shared.watches.take(&pred);
-                    if self.watch.is_some() {
-                        trace!(target: "distlock_etcd::wait", me = %self.key.key, key = %pred.key, from, "watch reused");
-                    }
-                }
-                if self.watch.is_none() {
-                    // From "now", not from `from`: a watch that starts in the past is served by
-                    // etcd's catch-up loop, which runs every 100 ms. The gap between our read
-                    // and the watch's start is closed below by polling once more.
-                    trace!(target: "distlock_etcd::wait", me = %self.key.key, key = %pred.key, from, "watch opening");
-                    let mut stream = self.shared.hub.watch(
-                        &self.shared.client,
-                        &self.shared.members,
-                        pred.clone(),
-                    );
-                    match tokio::time::timeout(ATTEMPT_TIMEOUT, stream.created()).await {
-                        Ok(Some(start)) => {
-                            trace!(target: "distlock_etcd::wait", me = %self.key.key, start, from, "watch created");
-                            self.watch = Some(Watch {
-                                blocker: pred,
-                                stream,
-                                start,
-                                kept: false,
-                            });
-                        }
-                        // Refused or cancelled (a compaction, an expired token): poll again.
-                        Ok(None) => return,
-                        Err(_) => {
-                            // The stream's member went silent, perhaps: the client opens a
-                            // new stream; the core's backoff polls again.
-                            debug!("a watch create went unanswered");
-                            stream.reopen();
-                            drop(stream);
-                            self.watch_target = None;
-                        }
-                    }
-                }
-                // A reused watch started before our read: it misses nothing.
-                if let Some(watch) = &self.watch
-                    && from <= watch.start
-                {
-                    // The predecessor may have gone between our read and the watch's start.
-                    return;
-                }
+            if !self.watch_blocker().await {
+                return;
             }
             // While queued, our key lives on the client's lease: keep it alive.
             let keepalive_at = self
@@ -476,36 +486,52 @@ impl Attempt for EtcdAttempt {
                 .as_ref()
                 .map(|s| s.refreshed() + distlock_core::default_renewal_interval(s.ttl));
             let from = self.watch_target.as_ref().map_or(0, |(_, from)| *from);
-            tokio::select! {
-                event = next_event(&mut self.watch, from, self.count.as_mut()) => match event {
-                    Woken::Changed => {
-                        trace!(target: "distlock_etcd::wait", me = %self.key.key, "watch: deleted");
-                        self.park_watch();
-                        self.watch_target = None;
-                        return;
-                    }
-                    Woken::Nothing => {}
-                    Woken::Cancelled => {
-                        self.watch = None;
-                        self.watch_target = None;
-                        return;
-                    }
-                    Woken::Failed => {
-                        debug!("the watch stream failed");
-                        let kept = self.watch.take().is_some_and(|w| w.kept);
-                        self.watch_target = None;
-                        if kept {
-                            // One kept idle while the client's stream could not be opened
-                            // again, perhaps: poll again at once, and a new watch replaces
-                            // it. (A new one that fails is left to the core's backoff.)
-                            return;
+            let keepalive = sleep_until(keepalive_at);
+            tokio::pin!(keepalive);
+            // The answers that change nothing for this waiter (most of a counting permit
+            // waiter's: a deletion that leaves it short of a permit) are taken here, without
+            // the setup above or a new timer for each.
+            let woken = loop {
+                tokio::select! {
+                    event = next_event(&mut self.watch, from, self.count.as_mut()) => {
+                        if event != Woken::Nothing {
+                            break Some(event);
                         }
                     }
-                },
-                () = sleep_until(keepalive_at) => {
+                    () = &mut keepalive => break None,
+                }
+            };
+            match woken {
+                Some(Woken::Changed) => {
+                    trace!(target: "distlock_etcd::wait", me = %self.key.key, "watch: deleted");
+                    self.park_watch();
+                    self.watch_target = None;
+                    return;
+                }
+                Some(Woken::Nothing) => {}
+                Some(Woken::Cancelled) => {
+                    self.watch = None;
+                    self.watch_target = None;
+                    return;
+                }
+                Some(Woken::Failed) => {
+                    debug!("the watch stream failed");
+                    let kept = self.watch.take().is_some_and(|w| w.kept);
+                    self.watch_target = None;
+                    if kept {
+                        // One kept idle while the client's stream could not be opened
+                        // again, perhaps: poll again at once, and a new watch replaces
+                        // it. (A new one that fails is left to the core's backoff.)
+                        return;
+                    }
+                }
+                None => {
                     trace!(target: "distlock_etcd::wait", me = %self.key.key, "queued keepalive");
                     if let Some(slot) = &self.slot {
-                        match slot.keep_alive(&self.shared.client, &self.shared.members, Instant::now()).await {
+                        match slot
+                            .keep_alive(&self.shared.client, &self.shared.members, Instant::now())
+                            .await
+                        {
                             Ok(true) => {}
                             Ok(false) => return, // our key is gone: poll queues again
                             Err(err) => {
