@@ -279,7 +279,12 @@ impl EtcdAttempt {
                 self.rev = Some(revision);
                 // Held as a semaphore: the abandon that follows the error removes our key.
                 self.check_kind(pred.key())?;
-                let blocker = Blocker::deletion(key_string(pred.key()));
+                // A reader counts the writers ahead of it (the read ran before the put, so its
+                // count is of the keys before ours).
+                let blocker = match (self.kind, usize::try_from(gets[0].count())) {
+                    (LockKind::Shared, Ok(ahead)) => self.count_writers(ahead, revision),
+                    _ => Blocker::deletion(key_string(pred.key())),
+                };
                 self.watch_target = Some((blocker, revision + 1));
                 Ok(Some(Step::busy(None)))
             }
@@ -341,15 +346,26 @@ impl EtcdAttempt {
         true
     }
 
-    /// Whether our key (created at `rev`) exists, and the last key before it that blocks us.
+    /// A reader's wait behind `ahead` writer keys, ours created at `rev`: it counts their
+    /// deletions in the range of the keys that are not shared, and holds once none is left.
+    fn count_writers(&mut self, ahead: usize, rev: i64) -> Blocker {
+        let range = self.key.range().to_owned();
+        let end = keys::non_shared_end(&range);
+        self.count = Some(PermitCount::new(ahead, 1, self.key.key.clone(), rev));
+        Blocker::between(range, end)
+    }
+
+    /// Whether our key (created at `rev`) exists, and the last key before it that blocks us
+    /// (first; a reader gets every writer key before it, usually a few, to count them).
     async fn position_txn(&self, rev: i64, serializable: bool) -> Result<etcd_client::TxnResponse> {
-        let mut before = self.blockers(
-            GetOptions::new()
-                .with_max_create_revision(rev - 1)
-                .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_limit(1)
-                .with_keys_only(),
-        );
+        let mut before = GetOptions::new()
+            .with_max_create_revision(rev - 1)
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_keys_only();
+        if self.kind != LockKind::Shared {
+            before = before.with_limit(1);
+        }
+        let mut before = self.blockers(before);
         if serializable {
             before = before.with_serializable();
         }
@@ -390,10 +406,17 @@ impl EtcdAttempt {
 
     /// `acquire`, later steps: is there still a key before ours?
     async fn poll_position(&mut self, rev: i64) -> Result<Option<Step>> {
+        // A reader whose count of the writers ahead says none is left holds without a read
+        // (see `PermitCount`: its lease, checked just below, vouches for its key).
+        let counted = self.count.take().is_some_and(|c| c.holds());
         let Some(slot) = self.queued_slot().await? else {
             return Ok(None);
         };
         let lease_started = slot.refreshed();
+        if counted {
+            trace!(target: "distlock_etcd::wait", me = %self.key.key, rev, "position: held by the count");
+            return Ok(Some(self.acquired(slot, rev, lease_started)?));
+        }
         // First a serializable read, answered by whichever member the request reaches without
         // a quorum round: any snapshot that holds our key and no key before it proves that
         // every earlier key is gone for good (create revisions never come back). A lagging
@@ -429,7 +452,12 @@ impl EtcdAttempt {
             }
             Some(pred) => {
                 trace!(target: "distlock_etcd::wait", me = %self.key.key, rev, at = revision, pred = %key_string(pred.key()), "position: behind");
-                let blocker = Blocker::deletion(key_string(pred.key()));
+                // A reader's read has every writer key before ours (see `position_txn`).
+                let blocker = if self.kind == LockKind::Shared {
+                    self.count_writers(kvs.len(), rev)
+                } else {
+                    Blocker::deletion(key_string(pred.key()))
+                };
                 self.watch_target = Some((blocker, revision + 1));
                 Ok(Some(Step::busy(None)))
             }

@@ -29,8 +29,12 @@
 //! # Wake-ups: each waiter watches only what blocks it
 //!
 //! - A writer watches its immediate predecessor's deletion (the mutex's rule).
-//! - A reader watches the deletion of the latest writer key before it: the release of that
-//!   writer wakes exactly the readers up to the next writer, and never the next writer.
+//! - A reader watches the deletions of the keys that are not shared (the writers' part of the
+//!   range), with each deleted key's last version, and counts the writer keys ahead of it as
+//!   a permit waiter counts its keys (a permit of one): it holds on the deletion of the last,
+//!   without a read. A writer's release thus lets in the readers up to the next writer with
+//!   one event each, and never wakes the next writer. A reader whose watch started after its
+//!   read (its client's first wait on the name) reads once more, every writer key before it.
 //! - A permit waiter watches the deletions in the name's range, each with the deleted key's
 //!   last version (`prev_kv`), and *counts* them: the read that placed it gave the number of
 //!   keys before its own (all permits of N), each deletion of a key created before its own is

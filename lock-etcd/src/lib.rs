@@ -71,9 +71,9 @@
 //! when first, a reader when no writer key is before it (a waiting writer queues later readers
 //! behind it), a permit when fewer than N keys, all permits of N, are before it. A semaphore
 //! asked with another N, or used as a lock, answers [`Error::Mismatch`]. Each waiter watches
-//! only what blocks it: a writer its predecessor, a reader the latest writer before it; a
-//! permit waiter watches the deletions of the name's range and counts those ahead of it, so
-//! that it starts holding on the deletion that frees its permit, without a read; the `kinds`
+//! only what blocks it: a writer its predecessor; a reader the deletions of writer keys, and
+//! a permit waiter those of the name's range, each counting the keys ahead of it that block
+//! it, so that it starts holding on the deletion that frees it, without a read; the `kinds`
 //! module's documentation has the interleavings. Semaphores go up to [`MAX_PERMITS`].
 //!
 //! **Renew** sends a keepalive for the lease and, concurrently, checks that our key still

@@ -26,42 +26,68 @@ use etcd_client::{EventType, WatchFilterType, WatchOptions, WatchResponse};
 use crate::watcher::{Answer, HubWatch};
 
 /// What a waiting attempt watches, for deletions only: the one key ahead of it that blocks
-/// it, or (a permit waiter) the name's whole range, whose deletions carry the deleted key's
-/// last version so that the waiter can count the keys ahead of it (see [`PermitCount`]).
+/// it, or a range of keys (a permit waiter: the name's whole range; a reader: the part of the
+/// range that is not shared keys), whose deletions carry the deleted key's last version so
+/// that the waiter can count the keys ahead of it that block it (see [`PermitCount`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Blocker {
     /// The key, or the start of the watched range.
     pub(crate) key: String,
-    /// Whether every key starting with `key` is watched.
-    pub(crate) prefix: bool,
+    /// Where the watched range ends, if a range is watched.
+    pub(crate) end: Option<RangeEnd>,
+}
+
+/// The end of a watched range.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum RangeEnd {
+    /// Every key that starts with the blocker's key.
+    Prefix,
+    /// Up to this key (excluded).
+    Before(String),
 }
 
 impl Blocker {
     /// A deletion of `key` (the mutex's predecessor watch, a reader's writer watch).
     pub(crate) fn deletion(key: String) -> Self {
-        Self { key, prefix: false }
+        Self { key, end: None }
     }
 
     /// The deletions in the range of keys starting with `range` (a permit waiter's watch).
     pub(crate) fn range(range: String) -> Self {
         Self {
             key: range,
-            prefix: true,
+            end: Some(RangeEnd::Prefix),
+        }
+    }
+
+    /// The deletions in the range of keys from `start` up to `end` (a reader's watch of the
+    /// keys that are not shared).
+    pub(crate) fn between(start: String, end: String) -> Self {
+        Self {
+            key: start,
+            end: Some(RangeEnd::Before(end)),
         }
     }
 
     /// The watch request: deletions only; a range watch with each deleted key's last version.
     pub(crate) fn options(&self) -> WatchOptions {
-        let mut options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
-        if self.prefix {
-            options = options.with_prefix().with_prev_key();
+        let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        match &self.end {
+            None => options,
+            Some(RangeEnd::Prefix) => options.with_prefix().with_prev_key(),
+            Some(RangeEnd::Before(end)) => options.with_range(end.clone()).with_prev_key(),
         }
-        options
     }
 }
 
 /// A permit waiter's count of the keys ahead of its own, kept up to date from its range
 /// watch's deletions instead of reading the queue again.
+///
+/// A reader counts the same way, as a permit of one, the keys ahead of it that are not shared
+/// (writers): it holds once none is left. Its watch covers only those keys, so it never sees
+/// its own key's deletion; before it holds by the count its lease is checked (refreshed
+/// within a tenth of its ttl, or kept alive), and only the lease's end or the waiter's own
+/// abandon deletes a waiting key.
 ///
 /// Exact by construction: the count comes from a read at revision `from - 1` (the keys before
 /// ours, all permits of the same N: a key of another kind ahead is never counted), the watch
