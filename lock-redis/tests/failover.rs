@@ -465,10 +465,15 @@ fn assert_in_sync(runs: &[Run]) {
             "in sync, B held while A believed: {run:?}"
         );
         assert!(!run.regression, "a token went back: {run:?}");
-        assert!(
-            matches!(run.told, Some((_, LossReason::Failover))),
-            "A was not told of the failover: {run:?}"
-        );
+        // Told of the failover; or, when the failover took about the ttl (a loaded machine:
+        // 5.8 s of a 6 s ttl once in CI), told that renewals failed before any new master
+        // served, which is all A could know then.
+        let told_in_time = match (&run.told, run.serving) {
+            (Some((_, LossReason::Failover)), _) => true,
+            (Some((at, LossReason::ConnectionLost)), Some(serving)) => *at < serving,
+            _ => false,
+        };
+        assert!(told_in_time, "A was not told of the failover: {run:?}");
     }
 }
 
