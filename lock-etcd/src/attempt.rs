@@ -346,6 +346,23 @@ impl EtcdAttempt {
         true
     }
 
+    /// A queued waiter whose count of the keys ahead says it holds (a permit waiter, a reader;
+    /// see [`PermitCount`]) takes the hold without a read: `None` for any other poll. The
+    /// count is used once; its lease, checked here, vouches for its key (a reader's watch does
+    /// not see its own key).
+    async fn held_by_count(&mut self) -> Result<Option<Step>> {
+        let counted = self.count.take().is_some_and(|c| c.holds());
+        let (true, Some(rev)) = (counted, self.rev) else {
+            return Ok(None);
+        };
+        let Some(slot) = self.queued_slot().await? else {
+            return Ok(Some(Step::Again));
+        };
+        trace!(target: "distlock_etcd::wait", me = %self.key.key, rev, "held by the count");
+        let lease_started = slot.refreshed();
+        Ok(Some(self.acquired(slot, rev, lease_started)?))
+    }
+
     /// A reader's wait behind `ahead` writer keys, ours created at `rev`: it counts their
     /// deletions in the range of the keys that are not shared, and holds once none is left.
     fn count_writers(&mut self, ahead: usize, rev: i64) -> Blocker {
@@ -406,17 +423,10 @@ impl EtcdAttempt {
 
     /// `acquire`, later steps: is there still a key before ours?
     async fn poll_position(&mut self, rev: i64) -> Result<Option<Step>> {
-        // A reader whose count of the writers ahead says none is left holds without a read
-        // (see `PermitCount`: its lease, checked just below, vouches for its key).
-        let counted = self.count.take().is_some_and(|c| c.holds());
         let Some(slot) = self.queued_slot().await? else {
             return Ok(None);
         };
         let lease_started = slot.refreshed();
-        if counted {
-            trace!(target: "distlock_etcd::wait", me = %self.key.key, rev, "position: held by the count");
-            return Ok(Some(self.acquired(slot, rev, lease_started)?));
-        }
         // First a serializable read, answered by whichever member the request reaches without
         // a quorum round: any snapshot that holds our key and no key before it proves that
         // every earlier key is gone for good (create revisions never come back). A lagging
@@ -475,6 +485,9 @@ pub(crate) fn header_revision(header: Option<&etcd_client::ResponseHeader>) -> R
 #[async_trait]
 impl Attempt for EtcdAttempt {
     async fn poll(&mut self) -> Result<Step> {
+        if let Some(step) = self.held_by_count().await? {
+            return Ok(step);
+        }
         // Every step is safe to repeat (a repeated put finds its own key), so a transport
         // error is retried at once: the client balances over the endpoints, and a request
         // routed to a member that just went down fails before the balancer skips it. A lease
@@ -514,20 +527,9 @@ impl Attempt for EtcdAttempt {
                 .as_ref()
                 .map(|s| s.refreshed() + distlock_core::default_renewal_interval(s.ttl));
             let from = self.watch_target.as_ref().map_or(0, |(_, from)| *from);
-            let keepalive = sleep_until(keepalive_at);
-            tokio::pin!(keepalive);
-            // The answers that change nothing for this waiter (most of a counting permit
-            // waiter's: a deletion that leaves it short of a permit) are taken here, without
-            // the setup above or a new timer for each.
-            let woken = loop {
-                tokio::select! {
-                    event = next_event(&mut self.watch, from, self.count.as_mut()) => {
-                        if event != Woken::Nothing {
-                            break Some(event);
-                        }
-                    }
-                    () = &mut keepalive => break None,
-                }
+            let woken = tokio::select! {
+                event = next_event(&mut self.watch, from, self.count.as_mut()) => Some(event),
+                () = sleep_until(keepalive_at) => None,
             };
             match woken {
                 Some(Woken::Changed) => {
@@ -536,7 +538,6 @@ impl Attempt for EtcdAttempt {
                     self.watch_target = None;
                     return;
                 }
-                Some(Woken::Nothing) => {}
                 Some(Woken::Cancelled) => {
                     self.watch = None;
                     self.watch_target = None;

@@ -57,7 +57,7 @@ use distlock_core::{Result, Step};
 use etcd_client::{
     Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
-use tracing::{debug, trace};
+use tracing::debug;
 
 use crate::attempt::{EtcdAttempt, header_revision};
 use crate::error::{map_err, protocol};
@@ -268,23 +268,18 @@ impl EtcdAttempt {
         Ok(Some(self.wait_permit(&place, permits, revision)))
     }
 
-    /// `acquire` of a permit, later steps: where is our key now? Without a read when the
-    /// waiter's count of the keys ahead says it holds (see [`PermitCount`]); otherwise one
-    /// linearizable read of the keys before ours (keys only).
+    /// `acquire` of a permit, later steps (when its count does not say it holds, see
+    /// `EtcdAttempt::held_by_count`): where is our key now? One linearizable read of the keys
+    /// before ours (keys only).
     pub(crate) async fn poll_position_permit(
         &mut self,
         rev: i64,
         permits: u32,
     ) -> Result<Option<Step>> {
-        let counted = self.count.take().is_some_and(|c| c.holds());
         let Some(slot) = self.queued_slot().await? else {
             return Ok(None);
         };
         let lease_started = slot.refreshed();
-        if counted {
-            trace!(target: "distlock_etcd::wait", me = %self.key.key, rev, "permit: held by the count");
-            return Ok(Some(self.acquired(slot, rev, lease_started)?));
-        }
         let before = GetOptions::new()
             .with_prefix()
             .with_max_create_revision(rev - 1)

@@ -183,44 +183,44 @@ pub(crate) struct Watch {
 pub(crate) enum Woken {
     /// A change that may unblock the waiter: poll again. The watch is still good.
     Changed,
-    /// Nothing for this waiter (an older change, or a put it does not care about).
-    Nothing,
     /// The server cancelled the watch: poll again, with a new one.
     Cancelled,
     /// The client's stream failed and could not be opened again.
     Failed,
 }
 
-/// The next watch answer for a waiter whose read was at revision `from - 1`: a deletion at
-/// `from` or later is [`Woken::Changed`], or, for a permit waiter that counts the keys ahead
-/// of it (`count`), a deletion after which it holds by the count (or the count went stale).
-/// Never resolves without a watch.
+/// The next watch answer that matters to a waiter whose read was at revision `from - 1`: a
+/// deletion at `from` or later is [`Woken::Changed`], or, for a waiter that counts the keys
+/// ahead of it (`count`), a deletion after which it holds by the count (or the count went
+/// stale). The answers that change nothing (older changes; a counting waiter's deletions that
+/// leave it short) are taken here, counted where they count. Cancel safe: an answer is counted
+/// in `count` when it is taken, and none is taken twice. Never resolves without a watch.
 pub(crate) async fn next_event(
     watch: &mut Option<Watch>,
     from: i64,
-    count: Option<&mut PermitCount>,
+    mut count: Option<&mut PermitCount>,
 ) -> Woken {
     let Some(Watch { stream, .. }) = watch else {
         return std::future::pending().await;
     };
-    match stream.next().await {
-        Some(Answer::Cancelled) => Woken::Cancelled,
-        Some(Answer::Events(resp)) => {
-            let wakes = match count {
-                Some(count) => count.apply(&resp, from),
-                None => resp.events().iter().any(|e| {
-                    e.event_type() == EventType::Delete
-                        && e.kv().is_none_or(|kv| kv.mod_revision() >= from)
-                }),
-            };
-            if wakes {
-                Woken::Changed
-            } else {
-                Woken::Nothing
+    loop {
+        match stream.next().await {
+            Some(Answer::Cancelled) => return Woken::Cancelled,
+            Some(Answer::Events(resp)) => {
+                let wakes = match count.as_deref_mut() {
+                    Some(count) => count.apply(&resp, from),
+                    None => resp.events().iter().any(|e| {
+                        e.event_type() == EventType::Delete
+                            && e.kv().is_none_or(|kv| kv.mod_revision() >= from)
+                    }),
+                };
+                if wakes {
+                    return Woken::Changed;
+                }
             }
+            Some(Answer::Created { .. }) => {}
+            Some(Answer::Failed) | None => return Woken::Failed,
         }
-        Some(Answer::Created { .. }) => Woken::Nothing,
-        Some(Answer::Failed) | None => Woken::Failed,
     }
 }
 
