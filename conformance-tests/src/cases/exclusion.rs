@@ -339,7 +339,7 @@ pub async fn fifo_fairness(ctx: Ctx) -> Outcome {
         // Each waiter has joined the queue (its first poll found the lock taken) before the
         // next one arrives.
         tasks.push(
-            spawn_waiting(async move {
+            spawn_waiting(LONG_WAIT, async move {
                 let guard = acquire(&*client, &name, &opts).await;
                 order.lock().expect("order").push(i);
                 release(guard).await;

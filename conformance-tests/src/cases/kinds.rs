@@ -393,7 +393,7 @@ pub async fn new_readers_queue_behind_a_waiting_writer(ctx: Ctx) -> Outcome {
     let reader = acquire(&*a, &name, &read).await;
     let (name_w, opts_w) = (name.clone(), ctx.opts().with_wait(LONG_WAIT));
     // Returns once the writer's first poll says it waits.
-    let waiting = spawn_waiting(async move { w.acquire(&name_w, &opts_w).await }).await;
+    let waiting = spawn_waiting(LONG_WAIT, async move { w.acquire(&name_w, &opts_w).await }).await;
     assert!(
         try_acquire(&*c, &name, &read).await.is_none(),
         "a new reader went ahead of a waiting writer"

@@ -85,8 +85,9 @@ async fn acquire_within(
 /// first poll found the lock taken, so on a FIFO backend it holds its place in the queue.
 ///
 /// # Panics
-/// If the acquire does not start waiting within [`LONG_WAIT`].
+/// If the acquire does not start waiting `within`.
 async fn spawn_waiting<T: Send + 'static>(
+    within: Duration,
     work: impl std::future::Future<Output = T> + Send + 'static,
 ) -> tokio::task::JoinHandle<T> {
     use tracing::instrument::WithSubscriber;
@@ -95,11 +96,11 @@ async fn spawn_waiting<T: Send + 'static>(
         let waiting = waiting.clone();
         tokio::spawn(work.with_subscriber(crate::child::on_waiting(move || waiting.notify_one())))
     };
-    if tokio::time::timeout(LONG_WAIT, waiting.notified())
+    if tokio::time::timeout(within, waiting.notified())
         .await
         .is_err()
     {
-        panic!("a waiter did not start waiting within {LONG_WAIT:?}");
+        panic!("a waiter did not start waiting within {within:?}");
     }
     task
 }

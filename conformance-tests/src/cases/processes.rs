@@ -54,7 +54,7 @@ async fn queue_behind(
     opts: AcquireOptions,
 ) -> JoinHandle<(Instant, Held)> {
     let name = name.to_owned();
-    spawn_waiting(async move {
+    spawn_waiting(CHILD_START, async move {
         let guard = acquire(&*client, &name, &opts).await;
         (Instant::now(), Held { guard, client })
     })
