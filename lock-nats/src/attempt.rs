@@ -12,7 +12,7 @@ use crate::error::Written;
 use crate::keys::{EntryValue, NameKeys, Slot};
 use crate::kinds::Queue;
 use crate::lease::{HeldKey, NatsLease};
-use crate::wake::Wake;
+use crate::wake::{Count, Heard, Wake};
 
 /// How long past its ttl (by the server's timestamps) an entry the server still keeps is
 /// removed by a waiter behind it.
@@ -39,12 +39,11 @@ pub(crate) struct NatsAttempt {
     /// A create was sent whose answer never came: the entry may exist.
     maybe_created: Option<Instant>,
     wake: Option<Wake>,
-    /// The keys whose removal wakes the attempt, by its last read.
-    blockers: Vec<String>,
-    /// How many of them must be gone before a new read may find it holding.
-    needed: usize,
-    /// Those of them removed since the last read.
-    removed: Vec<String>,
+    /// The removals since the last read of the entries that keep it waiting.
+    count: Count,
+    /// What the last wake-up heard: enough of them gone (the entry holds, see [`Count`]), or
+    /// a removal the count cannot place (read the queue).
+    heard: Heard,
     /// When the queue was last read, and the entry's first revision then.
     read: Option<(Instant, u64)>,
 }
@@ -67,9 +66,8 @@ impl NatsAttempt {
             written: Instant::now(),
             maybe_created: None,
             wake: None,
-            blockers: Vec::new(),
-            needed: 1,
-            removed: Vec::new(),
+            count: Count::default(),
+            heard: Heard::Nothing,
             read: None,
         }
     }
@@ -260,8 +258,22 @@ impl NatsAttempt {
         if !self.keep_entry().await? {
             return Ok(Step::Again);
         }
-        if self.far_back() {
+        let heard = std::mem::replace(&mut self.heard, Heard::Nothing);
+        if heard == Heard::Enough
+            && self.read.is_some_and(|(_, first)| first == self.first)
+            && self.count.connects() == self.connects()
+            && let Some(rev) = self.rev
+        {
+            // Enough of the entries ahead of it by the last read are gone, and none joins
+            // ahead (see `Count`): it holds, at the revision of its last renewal.
+            return Ok(Step::Acquired(self.acquired(rev, false)));
+        }
+        if heard == Heard::Nothing && self.counting() {
             return Ok(self.waiting());
+        }
+        let connects = self.connects();
+        if let Some(wake) = self.wake.as_mut() {
+            wake.drain();
         }
         let queue = Queue::read(&self.state, &self.keys).await?;
         self.read = Some((Instant::now(), self.first));
@@ -294,15 +306,29 @@ impl NatsAttempt {
             self.slot.expected = 0;
             return Ok(Step::Again);
         };
+        if queue.entries[position].token() != self.first {
+            // An earlier entry of our key: the read was served from a state older than our
+            // entry (a stream leader still applying its log after a failover), so it may miss
+            // entries ahead of ours too. Once it shows our entry, it shows every one ahead
+            // (applied in sequence order).
+            return Ok(Step::busy(Some(Duration::from_millis(10))));
+        }
         if queue.holds(position) {
             // The queue may have been read after a renewal of ours: hold at that revision.
             let rev = queue.entries[position].rev;
             let alone = queue.entries.len() == 1 && queue.last == rev;
             return Ok(Step::Acquired(self.acquired(rev, alone)));
         }
-        (self.blockers, self.needed) = queue.blockers(position);
-        self.removed.clear();
+        let (blockers, needed) = queue.blockers(position);
+        let own = (self.slot.subject.clone(), queue.entries[position].rev);
+        self.count = Count::new(blockers, needed, own, connects);
         Ok(self.waiting())
+    }
+
+    /// How many times the client has connected (see [`Count::connects`]).
+    fn connects(&self) -> u64 {
+        let stats = self.state.client.statistics();
+        stats.connects.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Waiting: polled again when a blocker leaves (`changed`) or the entry is due for
@@ -313,18 +339,25 @@ impl NatsAttempt {
     }
 
     /// Whether a poll that only renewed the waiting entry may skip reading the queue: the
-    /// entry is the one last read, more than one blocker must still leave before it could
-    /// hold (a permit waiter far back), the subscription that counts their removals is open,
-    /// and the last read is less than two ttls old (a read also finds entries the server
-    /// kept past their end, and kinds that cannot share the name). 64 permit waiters each
-    /// reading the whole queue (a request per entry) every third of a ttl kept the server
-    /// busy and the semaphore at a few acquisitions a second.
-    fn far_back(&self) -> bool {
-        self.needed > self.removed.len() + 1
-            && self.wake.as_ref().is_some_and(Wake::open)
+    /// entry is the one last read and the subscription that counts the removals ahead of it
+    /// is open on the connection that read (see [`Count`]), and the last read is less than a
+    /// third of a ttl old, or two ttls when more than one removal is still needed (a read also
+    /// finds entries the server kept past their end, and kinds that cannot share the name).
+    /// Such a poll is the core's safety net against a lost wake-up (its backoff's longest
+    /// pause): a wake-up is only lost with the connection. 64 permit waiters each reading the
+    /// whole queue (a request per entry) every third of a ttl kept the server busy and the
+    /// semaphore at a few acquisitions a second; the waiter next in line read it every 200 ms.
+    fn counting(&self) -> bool {
+        let fresh = if self.count.left() > 1 {
+            2 * self.ttl
+        } else {
+            self.ttl / 3
+        };
+        self.wake.as_ref().is_some_and(Wake::open)
+            && self.count.connects() == self.connects()
             && self
                 .read
-                .is_some_and(|(at, first)| first == self.first && at.elapsed() < 2 * self.ttl)
+                .is_some_and(|(at, first)| first == self.first && at.elapsed() < fresh)
     }
 }
 
@@ -340,8 +373,7 @@ impl Attempt for NatsAttempt {
     async fn changed(&mut self) {
         match self.wake.as_mut() {
             Some(wake) => {
-                wake.removal(&self.blockers, self.needed, &mut self.removed)
-                    .await;
+                self.heard = wake.removal(&mut self.count).await;
             }
             None => std::future::pending().await,
         }

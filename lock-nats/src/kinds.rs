@@ -85,6 +85,9 @@ impl Queue {
         let mut queue = Self::default();
         let mut newest = i128::MIN;
         let mut seq = 1;
+        // A key rewritten (renewed) while the walk passed it is found twice: the later message
+        // is the key's (by subject, its index in `entries`).
+        let mut seen = std::collections::HashMap::new();
         loop {
             let message = match state
                 .stream
@@ -98,8 +101,15 @@ impl Queue {
             seq = message.sequence + 1;
             queue.last = message.sequence;
             newest = newest.max(message.time.unix_timestamp_nanos());
+            // A marker the walk finds after the entry it removed leaves the entry in: as if
+            // read before the removal (its subscribers are told of the removal).
             if let Some(entry) = entry_of(&message)? {
-                queue.entries.push(entry);
+                if let Some(&at) = seen.get(&entry.subject) {
+                    queue.entries[at] = entry;
+                } else {
+                    seen.insert(entry.subject.clone(), queue.entries.len());
+                    queue.entries.push(entry);
+                }
             }
         }
         queue.entries.sort_by_key(Entry::token);
@@ -117,18 +127,18 @@ impl Queue {
         }
     }
 
-    /// The subjects of the entries that keep the one at `index` waiting (an exclusive
-    /// entry's and a permit's every entry ahead, a shared entry's every exclusive entry
-    /// ahead), and how many of them must leave before it may hold: a permit of N needs
+    /// The subjects and revisions of the entries that keep the one at `index` waiting (an
+    /// exclusive entry's and a permit's every entry ahead, a shared entry's every exclusive
+    /// entry ahead), and how many of them must leave before it may hold: a permit of N needs
     /// `index + 1 - N` gone, any other kind every one. Entries added later queue behind it,
     /// so only these removals unblock it, and a release wakes the waiters it lets in (one
     /// exclusive or permit waiter, the readers behind a writer), not every waiter behind it.
-    pub(crate) fn blockers(&self, index: usize) -> (Vec<String>, usize) {
+    pub(crate) fn blockers(&self, index: usize) -> (Vec<(String, u64)>, usize) {
         let ahead = self.entries[..index].iter();
         let kind = self.entries[index].value.kind;
-        let keys: Vec<String> = ahead
+        let keys: Vec<(String, u64)> = ahead
             .filter(|e| kind != LockKind::Shared || e.value.kind != LockKind::Shared)
-            .map(|e| e.subject.clone())
+            .map(|e| (e.subject.clone(), e.rev))
             .collect();
         let needed = match kind {
             LockKind::Permit { permits } => (index + 1).saturating_sub(permits as usize),
@@ -220,12 +230,17 @@ mod tests {
     const R: LockKind = LockKind::Shared;
     const P2: LockKind = LockKind::Permit { permits: 2 };
 
+    /// The subjects of the entries that keep the one at `index` of `q` waiting.
+    fn ahead(q: &Queue, index: usize) -> Vec<String> {
+        q.blockers(index).0.into_iter().map(|(s, _)| s).collect()
+    }
+
     #[test]
     fn who_holds() {
         let q = queue(&[R, R, X, R]);
-        assert_eq!(q.blockers(3).0, ["s2"]);
-        assert_eq!(q.blockers(2).0, ["s0", "s1"]);
-        assert_eq!(queue(&[P2, P2, P2]).blockers(2).0, ["s0", "s1"]);
+        assert_eq!(ahead(&q, 3), ["s2"]);
+        assert_eq!(ahead(&q, 2), ["s0", "s1"]);
+        assert_eq!(ahead(&queue(&[P2, P2, P2]), 2), ["s0", "s1"]);
         assert_eq!(
             (0..4).map(|i| q.holds(i)).collect::<Vec<_>>(),
             [true, true, false, false]
@@ -250,7 +265,9 @@ mod tests {
         // A writer waits for everybody ahead, a reader for every writer ahead.
         let q = queue(&[X, R, X, R]);
         assert_eq!([needed(&q, 1), needed(&q, 2), needed(&q, 3)], [1, 2, 2]);
-        assert_eq!(q.blockers(3).0, ["s0", "s2"]);
+        assert_eq!(ahead(&q, 3), ["s0", "s2"]);
+        // With the revisions they were read at.
+        assert_eq!(q.blockers(3).0[1], ("s2".to_owned(), 3));
     }
 
     #[test]

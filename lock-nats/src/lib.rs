@@ -38,8 +38,10 @@
 //! a shared one when only shared ones are before it, a permit of N when fewer than N are
 //! before it; a semaphore asked with another N, or used as a lock, answers
 //! [`Error::Mismatch`]. A waiter subscribes to the name's
-//! republished events before it reads, and wakes on removals only (a purge, a ttl's expiry
-//! marker); it renews its own key every third of its ttl while it waits, so a crashed waiter
+//! republished events before it reads, and counts the removals (a purge, a ttl's expiry
+//! marker) of the keys its read found ahead of it, each only if stored after the revision it
+//! read: it holds on the removal that lets it in, with no read (nobody joins ahead of a
+//! queued entry). It renews its own key every third of its ttl while it waits, so a crashed waiter
 //! leaves the queue after its ttl. `try_acquire` writes its key only if the name's whole range
 //! is as it read it (`Nats-Expected-Last-Subject-Sequence-Subject` on the range) and nobody
 //! waits, so it never leaves a queue entry.
