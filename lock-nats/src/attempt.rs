@@ -14,6 +14,10 @@ use crate::kinds::Queue;
 use crate::lease::{HeldKey, NatsLease};
 use crate::wake::{Count, Heard, Wake};
 
+/// How often at most the waiter next in line reads the queue while its count of removals is
+/// trusted (see `NatsAttempt::counting`).
+const NEXT_IN_LINE_READ: Duration = Duration::from_secs(5);
+
 /// How long past its ttl (by the server's timestamps) an entry the server still keeps is
 /// removed by a waiter behind it.
 const STALE_MARGIN_NS: i128 = 2_000_000_000;
@@ -258,7 +262,8 @@ impl NatsAttempt {
         if !self.keep_entry().await? {
             return Ok(Step::Again);
         }
-        let heard = std::mem::replace(&mut self.heard, Heard::Nothing);
+        // Kept until a read rebuilds the count: a poll cancelled mid-read loses nothing.
+        let heard = self.heard;
         if heard == Heard::Enough
             && self.read.is_some_and(|(_, first)| first == self.first)
             && self.count.connects() == self.connects()
@@ -271,12 +276,16 @@ impl NatsAttempt {
         if heard == Heard::Nothing && self.counting() {
             return Ok(self.waiting());
         }
+        // Until this read ends in a new count, no count is trusted: a read that ends otherwise
+        // (a stale entry purged, a read older than our entry) must not leave the last one,
+        // built for what may be an earlier entry of ours, in force.
+        self.count = Count::default();
+        self.read = None;
         let connects = self.connects();
         if let Some(wake) = self.wake.as_mut() {
             wake.drain();
         }
         let queue = Queue::read(&self.state, &self.keys).await?;
-        self.read = Some((Instant::now(), self.first));
         queue.check_kind(&self.name, self.kind)?;
         // An entry over by its own timestamp plus ttl, and by a margin more, by the server's
         // later timestamps, that the server still keeps (a server restarted after a kill
@@ -322,6 +331,8 @@ impl NatsAttempt {
         let (blockers, needed) = queue.blockers(position);
         let own = (self.slot.subject.clone(), queue.entries[position].rev);
         self.count = Count::new(blockers, needed, own, connects);
+        self.read = Some((Instant::now(), self.first));
+        self.heard = Heard::Nothing;
         Ok(self.waiting())
     }
 
@@ -339,19 +350,23 @@ impl NatsAttempt {
     }
 
     /// Whether a poll that only renewed the waiting entry may skip reading the queue: the
-    /// entry is the one last read and the subscription that counts the removals ahead of it
-    /// is open on the connection that read (see [`Count`]), and the last read is less than a
-    /// third of a ttl old, or two ttls when more than one removal is still needed (a read also
-    /// finds entries the server kept past their end, and kinds that cannot share the name).
-    /// Such a poll is the core's safety net against a lost wake-up (its backoff's longest
-    /// pause): a wake-up is only lost with the connection. 64 permit waiters each reading the
-    /// whole queue (a request per entry) every third of a ttl kept the server busy and the
-    /// semaphore at a few acquisitions a second; the waiter next in line read it every 200 ms.
+    /// entry is the one the count was built for, the subscription that counts the removals
+    /// ahead of it is open on the connection that read (see [`Count`]), and the last read is
+    /// less than [`NEXT_IN_LINE_READ`] old (at most a third of a ttl), or two ttls when more
+    /// than one removal is still needed (a read also finds entries the server kept past their
+    /// end, and kinds that cannot share the name). Such a poll is the core's safety net against
+    /// a lost wake-up (its backoff's longest pause, 200 ms). A wake-up is lost with the
+    /// connection (which forces a read), and otherwise rarely: a route between cluster servers
+    /// broken, or a removal dropped before a read served by a stream leader that had not
+    /// applied it yet; the read bound is what such a waiter waits. 64 permit waiters each
+    /// reading the whole queue (a request per entry) every third of a ttl kept the server busy
+    /// and the semaphore at a few acquisitions a second; the waiter next in line used to read
+    /// it on every safety-net poll.
     fn counting(&self) -> bool {
         let fresh = if self.count.left() > 1 {
             2 * self.ttl
         } else {
-            self.ttl / 3
+            (self.ttl / 3).min(NEXT_IN_LINE_READ)
         };
         self.wake.as_ref().is_some_and(Wake::open)
             && self.count.connects() == self.connects()
@@ -373,7 +388,11 @@ impl Attempt for NatsAttempt {
     async fn changed(&mut self) {
         match self.wake.as_mut() {
             Some(wake) => {
-                self.heard = wake.removal(&mut self.count).await;
+                let heard = wake.removal(&mut self.count).await;
+                // A `Look` not yet acted on stays: only a read answers it.
+                if self.heard != Heard::Look {
+                    self.heard = heard;
+                }
             }
             None => std::future::pending().await,
         }

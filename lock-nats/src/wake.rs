@@ -36,7 +36,9 @@ impl Wake {
     }
 
     /// Drops the events delivered so far, unread: call just before a read of the queue, which
-    /// sees every removal they tell of (each was stored before the client had it).
+    /// sees every removal they tell of (each was stored before the client had it), except a
+    /// read served by a stream leader still applying its log after a failover: such a removal
+    /// is then learnt by the waiter's next read (see `NatsAttempt::counting`).
     pub(crate) fn drain(&mut self) {
         while let Some(sub) = self.sub.as_mut() {
             match sub.next().now_or_never() {
@@ -101,8 +103,10 @@ pub(crate) enum Heard {
 /// (a permit of N at place `i`: `i + 1 - N`; any other kind: all).
 ///
 /// Counting is enough to hold on, with no read: the read saw every entry ahead (an entry's place
-/// is its first revision, so none created later is ever ahead), and the subscription, open
-/// before that read, delivers every removal after it, in the stream's order. A removal of a key
+/// is its first revision, so none created later is ever ahead; the read is retried until it
+/// shows the waiter's own entry, and then shows every one before it), and the subscription,
+/// open before that read, delivers the removals after it (at most once: a lost one only
+/// delays the waiter until its next read), in the stream's order. A removal of a key
 /// counts only if stored after the revision the read saw of it: a key is its client's for one
 /// acquisition at a time but is reused by the next one, so the marker of an earlier entry of
 /// the same key must not count against the entry the read saw. (Not "after the read": a read
