@@ -265,8 +265,7 @@ impl NatsAttempt {
         // Kept until a read rebuilds the count: a poll cancelled mid-read loses nothing.
         let heard = self.heard;
         if heard == Heard::Enough
-            && self.read.is_some_and(|(_, first)| first == self.first)
-            && self.count.connects() == self.connects()
+            && self.count_trusted()
             && let Some(rev) = self.rev
         {
             // Enough of the entries ahead of it by the last read are gone, and none joins
@@ -369,10 +368,14 @@ impl NatsAttempt {
             (self.ttl / 3).min(NEXT_IN_LINE_READ)
         };
         self.wake.as_ref().is_some_and(Wake::open)
+            && self.count_trusted()
+            && self.read.is_some_and(|(at, _)| at.elapsed() < fresh)
+    }
+
+    /// Whether the count is of the current entry and was read on the current connection.
+    fn count_trusted(&self) -> bool {
+        self.read.is_some_and(|(_, first)| first == self.first)
             && self.count.connects() == self.connects()
-            && self
-                .read
-                .is_some_and(|(at, first)| first == self.first && at.elapsed() < fresh)
     }
 }
 

@@ -143,7 +143,7 @@ impl Count {
     ) -> Self {
         Self {
             blockers,
-            needed: needed.max(1),
+            needed,
             removed: Vec::new(),
             own,
             connects,
