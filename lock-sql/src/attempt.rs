@@ -88,6 +88,12 @@ impl SqlAttempt {
         if self.request.mode == AttemptMode::Try {
             return Ok(Step::busy(retry));
         }
+        if self.queued() {
+            // In the queue (its join renewed its place): a release hands it a permit and
+            // tells it. It polls again before its place expires.
+            let renew = RESERVATION.min(self.request.ttl) / 3;
+            return Ok(Step::busy(Some(retry.map_or(renew, |r| r.min(renew)))));
+        }
         let db = &self.inner.db;
         let since = *self.since.get_or_insert(peek.version);
         // A reservation is a lease, no longer than the lock's: a killed or paused waiter at
@@ -150,6 +156,14 @@ impl SqlAttempt {
 }
 
 impl SqlAttempt {
+    /// Whether this attempt waits in the name's queue of permit waiters
+    /// ([`db::Db::queues_permits`]) rather than for the reservation.
+    fn queued(&self) -> bool {
+        matches!(self.request.kind, LockKind::Permit { .. })
+            && self.request.mode == AttemptMode::Wait
+            && self.inner.db.queues_permits()
+    }
+
     /// After a hand-over to another waiter, or a permit taken by the waiter that held the
     /// reservation and filling the semaphore, either of which used the reservation up: claims
     /// it at once (the claim says whether the lock is free, so nothing is read first). `None`:
@@ -250,7 +264,8 @@ impl SqlAttempt {
         let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         let kind = self.request.kind;
         let sent = Instant::now();
-        if self.busy_before && !handed {
+        let queued = self.queued();
+        if self.busy_before && !handed && !queued {
             // Waiting: look before locking the row, while a writer or a reservation refuses.
             let peek = db.peek(name).await.map_err(|e| map_err("acquire", e))?;
             let refused =
@@ -264,7 +279,14 @@ impl SqlAttempt {
             owner,
             kind,
             ttl_us: micros(self.request.ttl),
+            queue_us: if queued {
+                micros(RESERVATION.min(self.request.ttl))
+            } else {
+                0
+            },
         };
+        // A refusal queues the waiter: `abandon` must take it out.
+        self.maybe_reserved |= queued;
         let owned_before = std::mem::replace(&mut self.maybe_owned, true);
         let joined = match db.join(request).await {
             Ok(joined) => joined,
@@ -399,12 +421,19 @@ impl Attempt for SqlAttempt {
             }
             return;
         }
+        let queued = self.queued();
         match &mut self.subscription {
-            Some(sub) => match sub.changed().await {
-                WakeSignal::Changed => {}
-                WakeSignal::Released => self.handed = true,
-                WakeSignal::Handed(version) => self.handed_over = Some((version, None)),
-                WakeSignal::Vacant => self.vacant = true,
+            Some(sub) => loop {
+                match sub.changed().await {
+                    WakeSignal::Changed => {}
+                    WakeSignal::Released => self.handed = true,
+                    WakeSignal::Handed(version) => self.handed_over = Some((version, None)),
+                    // A queued waiter claims no reservation: a hand-over to another is
+                    // nothing to it.
+                    WakeSignal::Vacant if queued => continue,
+                    WakeSignal::Vacant => self.vacant = true,
+                }
+                break;
             },
             None => std::future::pending().await,
         }
@@ -423,6 +452,13 @@ impl Attempt for SqlAttempt {
         let db = &self.inner.db;
         let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         let kind = self.request.kind;
+        let queued = self.queued();
+        if queued && self.maybe_reserved {
+            // Out of the queue first: a release may hand it a permit until then.
+            db.dequeue(name, owner)
+                .await
+                .map_err(|e| map_err("abandon", e))?;
+        }
         if kind != LockKind::Exclusive {
             // A release may have handed the reserved permit waiter a permit.
             let handed = self.maybe_reserved && self.handover_ttl().is_some();
@@ -439,7 +475,8 @@ impl Attempt for SqlAttempt {
                     .await
                     .map_err(|e| map_err("abandon", e))?;
             }
-            if !self.maybe_reserved {
+            if !self.maybe_reserved || queued {
+                // A queued waiter never claims the reservation.
                 return Ok(());
             }
         }

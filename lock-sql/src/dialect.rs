@@ -159,10 +159,15 @@ pub(crate) struct Routines {
     allow(dead_code, reason = "PostgreSQL's and MySQL's")
 )]
 pub(crate) struct Calls {
-    /// Then ttl_us, permits (0: a shared hold). The row: the lock row's peek columns as the
-    /// join found them, the token taken (`NULL`: refused), and the first holder's remaining
-    /// lease when a full semaphore refused.
+    /// Then ttl_us, permits (0: a shared hold), and with [`Self::queue`] the queue lease
+    /// (µs; 0: not queued). The row: the lock row's peek columns as the join found them, the
+    /// token taken (`NULL`: refused), and the first holder's remaining lease when a full
+    /// semaphore refused.
     pub(crate) join: Arc<str>,
+    /// Whether permit waiters queue (PostgreSQL): a refused permit join with a queue lease
+    /// puts its waiter in the name's queue, or keeps it there for that lease from now, and a
+    /// release hands each permit it frees to the first live waiter of the queue.
+    pub(crate) queue: bool,
     /// Then token, ttl_us. The row: 1 if the holder was live and is renewed, else 0.
     pub(crate) renew: Arc<str>,
     /// Then token (`NULL`: an abandoned attempt's, whose token is unknown), wake (a permit's
@@ -372,7 +377,13 @@ where
         if let Some(calls) = &self.routines {
             let query = q(&calls.join).bind(req.name).bind(req.owner);
             let query = query.bind(marker(req.kind)).bind(req.ttl_us);
-            let row = self.call(query.bind(kinds::permits_of(req.kind))).await?;
+            let query = query.bind(kinds::permits_of(req.kind));
+            let query = if calls.queue {
+                query.bind(req.queue_us)
+            } else {
+                query
+            };
+            let row = self.call(query).await?;
             let peek = Peek::from_row(&row, |i| DB::owner(&row, i))?;
             let taken = sqlx::Row::try_get(&row, 6)?;
             let first_end = sqlx::Row::try_get(&row, 7)?;

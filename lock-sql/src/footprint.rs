@@ -1,5 +1,6 @@
 //! What the lock tables keep for the names of a prefix ([`LockBackend::footprint`]): the rows
-//! of the lock table and of its holders table, counted in one statement each.
+//! of the lock table, of its holders table and of its queue of permit waiters (PostgreSQL's),
+//! counted in one statement each.
 //!
 //! [`LockBackend::footprint`]: distlock_core::LockBackend::footprint
 
@@ -9,23 +10,29 @@ use crate::SqlPool;
 use crate::error::map_err;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use crate::keys::quote;
-use crate::kinds::holders_table;
+use crate::kinds::{holders_table, queue_table};
 
-/// The rows of `table` and of its holders table whose name starts with `prefix`. A holders
-/// table that does not exist (it is created with the first shared hold or permit) has none.
+/// The rows of `table`, of its holders table and of its queue whose name starts with
+/// `prefix`. A table that does not exist (the holders table is created with the first shared
+/// hold or permit, the queue with PostgreSQL's functions) has none.
 pub(crate) async fn count(pool: &SqlPool, table: &str, prefix: &str) -> Result<Footprint> {
     let holders = holders_table(table);
     let locks = rows(pool, table, prefix)
         .await
         .map_err(|e| map_err("footprint", e))?;
-    let held = match rows(pool, &holders, prefix).await {
-        Ok(n) => n,
-        Err(e) if missing_table(&e) => 0,
-        Err(e) => return Err(map_err("footprint", e)),
-    };
+    let mut kept = [0; 2];
+    for (n, table) in kept.iter_mut().zip([holders, queue_table(table)]) {
+        *n = match rows(pool, &table, prefix).await {
+            Ok(n) => n,
+            Err(e) if missing_table(&e) => 0,
+            Err(e) => return Err(map_err("footprint", e)),
+        };
+    }
+    let [held, queued] = kept;
     Ok(Footprint::new("rows")
         .with("lock rows", locks)
-        .with("holder rows", held))
+        .with("holder rows", held)
+        .with("queued waiter rows", queued))
 }
 
 /// Whether the error says the table does not exist.

@@ -96,6 +96,15 @@ pub(crate) fn holders_table(table: &str) -> String {
     format!("{table}_holders")
 }
 
+/// The queue of permit waiters of lock table `table` (PostgreSQL's functions make and use it,
+/// see `postgres/routines.rs`): `<table>_queue (name, owner, seq, expires_at, ttl)`, one row
+/// per waiting attempt, first in line the lowest `seq` (the clock in microseconds when it
+/// queued; then `owner`), live until `expires_at` (each poll of the waiter renews it), `ttl`
+/// the lease (µs) it asks for.
+pub(crate) fn queue_table(table: &str) -> String {
+    format!("{table}_queue")
+}
+
 /// A dialect's statements on the holders table, and on the lock row as the holders keep it.
 /// Arguments bind in the order given (as for [`Sql`](crate::dialect::Sql)).
 #[derive(Debug)]
@@ -312,6 +321,10 @@ pub(crate) struct JoinRequest<'a> {
     pub(crate) owner: &'a str,
     pub(crate) kind: LockKind,
     pub(crate) ttl_us: i64,
+    /// The lease of the waiter's place in the name's queue, should a permit join be refused
+    /// (µs; 0: not queued, as a try); only where permit waiters queue
+    /// ([`Db::queues_permits`](crate::db::Db::queues_permits)).
+    pub(crate) queue_us: i64,
 }
 
 /// A holder's lease, as renewal and release name it.
@@ -401,6 +414,8 @@ where
             owner,
             kind,
             ttl_us,
+            // The transactions queue no waiter (see `Db::queues_permits`).
+            queue_us: _,
         } = req;
         let held = held_kind(&peek);
         if let Some(message) = held.and_then(|held| kind.mismatch(held)) {

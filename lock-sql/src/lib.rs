@@ -145,8 +145,8 @@
 //!   table (`SELECT .. FOR UPDATE`, inserting a free row if missing), so that every change of
 //!   one name's holders is serialized by that row. A refused acquisition rolls back.
 //! - **PostgreSQL and MySQL/MariaDB** run each of those transactions as one call of a
-//!   server-side routine (PL/pgSQL functions `<table>_dl_join_v3`, `<table>_dl_renew_v3`,
-//!   `<table>_dl_release_v3`; stored procedures `<table>_dl_join_v1`, ...; created with the
+//!   server-side routine (PL/pgSQL functions `<table>_dl_join_v4`, `<table>_dl_renew_v4`,
+//!   `<table>_dl_release_v4`; stored procedures `<table>_dl_join_v1`, ...; created with the
 //!   lock table when missing; the same statements in the same order, a refused join writing nothing): one
 //!   round trip instead of five to eight, so the name's row stays locked for a fraction of
 //!   one. On PostgreSQL a refusal and a release commit without waiting for their WAL flush
@@ -167,8 +167,9 @@
 //!   and permit tokens are unique and increasing.
 //! - **Writer preference**: a waiting writer claims the waiter reservation as it does on a
 //!   held lock, and a shared acquisition refuses while another waiter's reservation lives, so
-//!   readers arriving after a waiting writer queue behind it. Waiting readers and permit
-//!   waiters use the same reservation, the oldest first.
+//!   readers arriving after a waiting writer queue behind it. Waiting readers use the same
+//!   reservation, the oldest first, and so do permit waiters, except on PostgreSQL's
+//!   functions, where they queue (below).
 //! - A semaphore asked for with another number of permits, or a name used both as a
 //!   semaphore and as a lock, answers [`Error::Mismatch`](distlock_core::Error::Mismatch)
 //!   (read from the marker).
@@ -193,6 +194,25 @@
 //!   reservation on its next read and joins, which replaces the handed row by a new one of
 //!   its own; an attempt abandoned while it held the reservation leaves the holders by owner
 //!   as well. Functions of earlier clients (`_v1`) wake the waiter to join instead.
+//! - **A queue of permit waiters** (PostgreSQL's functions, `_v4`): the single reservation
+//!   serves one waiter at a time, and a semaphore's releases come faster than the next
+//!   waiter's claim of it (three permits hand over three times as often as a lock): a
+//!   release that found no reservation woke every waiter to join, and every hand-over woke
+//!   every other waiter to claim the reservation (8 round trips per acquisition with 8
+//!   contenders, issue 44). Now a refused permit join (waiting, not a try) puts its waiter in
+//!   `<table>_queue (name, owner, seq, expires_at, ttl)` in the same call (created with the
+//!   functions), or keeps its place there, live for the reservation's lease (1 s, at most
+//!   the ttl; the waiter polls, so renews it, every third of that); a join takes only while
+//!   the holders and the live waiters queued ahead of it leave a permit, so waiters are
+//!   served in the order they queued. A release hands each permit it leaves free to the
+//!   first live waiter of the queue (its holder row, the next `version`, its ttl from now,
+//!   its place deleted), notifies it `h<version>:..` and wakes nobody else: an acquisition
+//!   is a join and the release that ends it, two calls. A waiter that gives up leaves the
+//!   queue first, then the holders by owner (a release may have handed it a permit until
+//!   then); a crashed waiter's place expires and is passed over, and a permit handed to it in
+//!   its last second stays taken until that ttl ends, as with the reservation. The
+//!   transactions, and clients of earlier versions, neither queue nor read the queue: they
+//!   stay safe beside it (every join and release locks the row first), not fair.
 //! - **Writer hand-over after the last reader** (PostgreSQL's functions, `_v3`): the release
 //!   of the last shared holder (or permit) hands the lock to the exclusive waiter holding a
 //!   live reservation (`next_ttl` positive) in the same transaction, as an exclusive release

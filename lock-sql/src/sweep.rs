@@ -1,6 +1,6 @@
 //! Forgetting names no longer used (issue 42): the lock rows that stayed free for
 //! [`SqlConfig::forget_after`](crate::SqlConfig::forget_after) are deleted, and so are the
-//! holders' rows that expired as long ago.
+//! holders' rows (and places of the queue of permit waiters) that expired as long ago.
 //!
 //! A lock row's `version` is the name's fencing counter, and a missing row starts at the
 //! database's clock in microseconds (see the crate docs). So a row may go once the clock is
@@ -31,7 +31,7 @@ use tracing::{debug, warn};
 
 use crate::SqlPool;
 use crate::keys::quote;
-use crate::kinds::holders_table;
+use crate::kinds::{holders_table, queue_table};
 
 /// Rows one delete statement removes at most.
 pub(crate) const BATCH: i64 = 1000;
@@ -68,7 +68,7 @@ pub(crate) struct Swept {
     pub(crate) claimed: bool,
     /// Lock rows deleted.
     pub(crate) locks: u64,
-    /// Holders' rows deleted.
+    /// Holders' rows deleted, and places of the queue of permit waiters.
     pub(crate) holders: u64,
 }
 
@@ -128,18 +128,21 @@ impl Sweeper {
             }
             tokio::time::sleep(PAUSE).await;
         }
-        let holders = holders_table(&self.table);
-        for _ in 0..MAX_BATCHES {
-            let n = match delete_holders(&self.pool, &holders, forget).await {
-                Ok(n) => n,
-                Err(e) if crate::footprint::missing_table(&e) => 0,
-                Err(e) => return Err(e),
-            };
-            swept.holders += n;
-            if n < BATCH as u64 {
-                break;
+        // The holders, then the queue of permit waiters (PostgreSQL's functions keep it; a
+        // crashed waiter's place is left behind on a name nobody waits for again).
+        for holders in [holders_table(&self.table), queue_table(&self.table)] {
+            for _ in 0..MAX_BATCHES {
+                let n = match delete_holders(&self.pool, &holders, forget).await {
+                    Ok(n) => n,
+                    Err(e) if crate::footprint::missing_table(&e) => 0,
+                    Err(e) => return Err(e),
+                };
+                swept.holders += n;
+                if n < BATCH as u64 {
+                    break;
+                }
+                tokio::time::sleep(PAUSE).await;
             }
-            tokio::time::sleep(PAUSE).await;
         }
         Ok(swept)
     }
@@ -276,7 +279,7 @@ async fn delete_locks(pool: &SqlPool, table: &str, forget_us: i64) -> Result<u64
     execute(pool, &sql, forget_us).await
 }
 
-/// Deletes at most [`BATCH`] rows of the holders table `holders` whose lease ended
+/// Deletes at most [`BATCH`] rows of the holders table (or the queue) `holders` whose lease ended
 /// `forget_us` ago or more. How many.
 async fn delete_holders(pool: &SqlPool, holders: &str, forget_us: i64) -> Result<u64, sqlx::Error> {
     let h = quote(holders, quote_char(pool));

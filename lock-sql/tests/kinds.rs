@@ -404,6 +404,8 @@ async fn old_table_keeps_working(url: &str, create: &str) {
     held.release().await.expect("release");
     let pool = admin.backend_ref().pool();
     exec(&pool, format!("DROP TABLE {table}_holders")).await;
+    // PostgreSQL's queue of permit waiters, made with its functions.
+    exec(&pool, format!("DROP TABLE IF EXISTS {table}_queue")).await;
     exec(&pool, format!("DROP TABLE {table}")).await;
 }
 
@@ -512,6 +514,8 @@ async fn routines_beside_transactions(
         exec(&pool, drop_routine(routine)).await;
     }
     exec(&pool, format!("DROP TABLE {table}_holders")).await;
+    // PostgreSQL's queue of permit waiters, made with its functions.
+    exec(&pool, format!("DROP TABLE IF EXISTS {table}_queue")).await;
     exec(&pool, format!("DROP TABLE {table}")).await;
 }
 
@@ -530,11 +534,12 @@ mod postgres {
         super::routines_beside_transactions(
             &url,
             |table, what| match what {
-                "release" => format!("{table}_dl_{what}_v3(text, text, text, bigint, boolean)"),
+                "release" => format!("{table}_dl_{what}_v4(text, text, text, bigint, boolean)"),
                 "renew_many" => {
-                    format!("{table}_dl_{what}_v3(text[], text[], text[], bigint[], bigint[])")
+                    format!("{table}_dl_{what}_v4(text[], text[], text[], bigint[], bigint[])")
                 }
-                _ => format!("{table}_dl_{what}_v3(text, text, text, bigint, bigint)"),
+                "join" => format!("{table}_dl_{what}_v4(text, text, text, bigint, bigint, bigint)"),
+                _ => format!("{table}_dl_{what}_v4(text, text, text, bigint, bigint)"),
             },
             |f| format!("SELECT '{f}'::regprocedure"),
             |f| format!("DROP FUNCTION {f}"),
@@ -609,14 +614,56 @@ mod postgres {
         (client, pool, name, first, second)
     }
 
-    /// A permit released from a full semaphore goes to the permit waiter holding the
-    /// reservation in the release's own transaction: when the release returns, the waiter's
-    /// holder row is there with the next version and the reservation is gone; a
-    /// `h<version>:` notification tells the waiter, which holds that version as its token, a
-    /// renewable permit. The waiter reserved with its ttl negated, and an exclusive release
-    /// never hands the lock to such a reservation (it frees the lock instead).
+    /// The live waiters in the queue of permit waiters of `name`, first in line first, with
+    /// the ttl each queued with.
+    async fn queue(pool: &sqlx::PgPool, name: &str) -> Vec<(String, i64)> {
+        sqlx::query_as(
+            "SELECT owner, ttl FROM distlock_locks_queue \
+             WHERE name = $1 AND expires_at > now() ORDER BY seq, owner",
+        )
+        .bind(name)
+        .fetch_all(pool)
+        .await
+        .expect("read the queue")
+    }
+
+    /// The queue of `name` once it has `n` live waiters (within 10 s).
+    async fn queued(pool: &sqlx::PgPool, name: &str, n: usize) -> Vec<(String, i64)> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let queue = queue(pool, name).await;
+            if queue.len() >= n {
+                return queue;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{n} waiters did not queue for {name}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// The token of `owner`'s holder row of `name`, if it has one.
+    async fn holder_token(pool: &sqlx::PgPool, name: &str, owner: &str) -> Option<i64> {
+        sqlx::query_scalar(
+            "SELECT token FROM distlock_locks_holders WHERE name = $1 AND owner = $2",
+        )
+        .bind(name)
+        .bind(owner)
+        .fetch_optional(pool)
+        .await
+        .expect("read the holders")
+    }
+
+    /// A permit released from a full semaphore goes to the first waiter of the name's queue
+    /// in the release's own call: when the release returns, the waiter's holder row is there
+    /// with the next version and its place in the queue is gone; a `h<version>:`
+    /// notification tells the waiter, which holds that version as its token, a renewable
+    /// permit. The waiter queued with its ttl and reserved nothing. An exclusive release
+    /// never hands the lock to a permit waiter's reservation (of an earlier version, its ttl
+    /// negated): it frees the lock instead.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_release_hands_a_permit_to_the_reserved_waiter() {
+    async fn a_release_hands_a_permit_to_the_first_queued_waiter() {
         let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL");
         let Some(url) = url else { return };
         let b = client(&url).await;
@@ -625,29 +672,30 @@ mod postgres {
             let (b, name) = (b.clone(), name.clone());
             tokio::spawn(async move { b.acquire(&name, &super::permits(2)).await })
         };
-        let (next, ttl) = reserved(&pool, &name).await;
+        let first_in_line = queued(&pool, &name, 1).await;
+        let [(next, ttl)] = first_in_line.as_slice() else {
+            panic!("one waiter queues: {first_in_line:?}");
+        };
+        assert_eq!(*ttl, 10_000_000, "a permit waiter queues with its ttl");
         assert_eq!(
-            ttl, -10_000_000,
-            "a permit waiter reserves with its ttl negated"
+            reservation(&pool, &name).await.1,
+            None,
+            "a queued waiter reserved"
         );
         let mut listener = common::listen(&pool, "distlock_locks").await;
         first.release().await.expect("release");
-        let (version, next_owner, _) = reservation(&pool, &name).await;
-        assert_eq!(next_owner, None, "the reservation outlived the hand-over");
-        let token: Option<i64> = sqlx::query_scalar(
-            "SELECT token FROM distlock_locks_holders WHERE name = $1 AND owner = $2",
-        )
-        .bind(&name)
-        .bind(&next)
-        .fetch_optional(&pool)
-        .await
-        .expect("read the holders");
+        let (version, ..) = reservation(&pool, &name).await;
         assert_eq!(
-            token,
+            holder_token(&pool, &name, next).await,
             Some(version),
             "the release did not hand the permit over"
         );
-        let got = handed(waiter, &mut listener, (&name, &next, version)).await;
+        assert_eq!(
+            queue(&pool, &name).await,
+            [],
+            "the handed waiter is still queued"
+        );
+        let got = handed(waiter, &mut listener, (&name, next, version)).await;
         got.release().await.expect("release the handed permit");
         second.release().await.expect("release");
 
@@ -673,6 +721,74 @@ mod postgres {
         assert_eq!(
             owner, None,
             "an exclusive lock was handed to a permit waiter"
+        );
+    }
+
+    /// Queued permit waiters are served in the order they queued, each by the release
+    /// before its turn; a waiter that gave up (its wait ran out) left the queue, and a place
+    /// that expired (a waiter that crashed) is passed over: neither is handed a permit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn queued_waiters_are_served_in_order_and_the_gone_passed_over() {
+        let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL");
+        let Some(url) = url else { return };
+        let a = client(&url).await;
+        let pool = common::pg(&a);
+        let name = unique("permit_queue");
+        let held = a
+            .acquire(&name, &super::permits(1))
+            .await
+            .expect("the permit");
+        sqlx::query(
+            "INSERT INTO distlock_locks_queue (name, owner, seq, expires_at, ttl) \
+             VALUES ($1, 'crashed', 0, now() - interval '1 second', 10000000)",
+        )
+        .bind(&name)
+        .execute(&pool)
+        .await
+        .expect("an expired place, first in line");
+        let mut waiters = Vec::new();
+        let mut owners: Vec<String> = Vec::new();
+        for wait in [20, 1, 20] {
+            let c = client(&url).await;
+            let (key, options) = (name.clone(), super::permits(1));
+            let options = options.with_wait(Duration::from_secs(wait));
+            waiters.push(tokio::spawn(async move { c.acquire(&key, &options).await }));
+            let now = queued(&pool, &name, owners.len() + 1).await;
+            let (first, _) = now
+                .iter()
+                .find(|(owner, _)| !owners.contains(owner))
+                .expect("the new waiter queued");
+            owners.push(first.clone());
+        }
+        let mut waiters = waiters.into_iter();
+        let (first, gives_up, third) = (
+            waiters.next().expect("w1"),
+            waiters.next().expect("w2"),
+            waiters.next().expect("w3"),
+        );
+        match gives_up.await.expect("the waiter's task") {
+            Err(super::Error::Timeout { .. }) => {}
+            other => panic!("expected the wait to run out, got {other:?}"),
+        }
+        let expected = [owners[0].clone(), owners[2].clone()];
+        let left: Vec<String> = queue(&pool, &name)
+            .await
+            .into_iter()
+            .map(|(o, _)| o)
+            .collect();
+        assert_eq!(left, expected, "the waiter that gave up is still queued");
+        held.release().await.expect("release");
+        let got = common::granted(first).await;
+        assert_eq!(holder_token(&pool, &name, &owners[1]).await, None);
+        assert_eq!(holder_token(&pool, &name, "crashed").await, None);
+        assert!(!third.is_finished(), "the third waiter overtook");
+        got.release().await.expect("release");
+        let last = common::granted(third).await;
+        last.release().await.expect("release");
+        assert_eq!(
+            queue(&pool, &name).await,
+            [],
+            "places outlived their waiters"
         );
     }
 

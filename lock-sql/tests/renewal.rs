@@ -276,18 +276,18 @@ mod postgres {
         let table = unique("hold_renewal");
         batched_holds(&url, &table, 1024, &Commits(admin.clone()), "postgres").await;
         let pool = distlock_sql::SqlPool::Postgres(admin);
-        for what in ["join", "renew", "release"] {
-            let last = if what == "release" {
-                "boolean"
-            } else {
-                "bigint"
-            };
-            let f = format!("{table}_dl_{what}_v3(text, text, text, bigint, {last})");
+        for (what, last) in [
+            ("join", "bigint, bigint"),
+            ("renew", "bigint"),
+            ("release", "boolean"),
+        ] {
+            let f = format!("{table}_dl_{what}_v4(text, text, text, bigint, {last})");
             common::exec(&pool, format!("DROP FUNCTION {f}")).await;
         }
-        let f = format!("{table}_dl_renew_many_v3(text[], text[], text[], bigint[], bigint[])");
+        let f = format!("{table}_dl_renew_many_v4(text[], text[], text[], bigint[], bigint[])");
         common::exec(&pool, format!("DROP FUNCTION {f}")).await;
-        common::exec(&pool, format!("DROP TABLE {table}_holders, {table}")).await;
+        let tables = format!("{table}_holders, {table}_queue, {table}");
+        common::exec(&pool, format!("DROP TABLE {tables}")).await;
     }
 
     /// A lock table with history: 50,000 expired leases, analyzed, so that its statistics

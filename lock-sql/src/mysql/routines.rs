@@ -91,6 +91,7 @@ pub(crate) fn routines(table: &str, sql: &HolderSql, peek_columns: &str) -> Opti
             renew: format!("CALL {renew}(?, ?, ?, ?, ?)").into(),
             release: format!("CALL {release}(?, ?, ?, ?, ?)").into(),
             renew_many: Some(format!("CALL {renew_many}(?)").into()),
+            queue: false,
         },
         present: present.into(),
         create: vec![

@@ -321,6 +321,9 @@ fn holder_statements(table: &str, peek: &str, data: DataColumn) -> HolderSql {
 pub(crate) struct PgDb {
     take_wake: Arc<str>,
     renew_many: Arc<str>,
+    /// ARGS: name, owner. Deletes a waiter's place in the queue of permit waiters (only
+    /// used where the functions, which create that queue, are).
+    dequeue: Arc<str>,
     common: Common<sqlx::Postgres>,
     channel: String,
     notifier: Arc<Notifier>,
@@ -435,6 +438,11 @@ impl PgDb {
             },
             take_wake,
             renew_many,
+            dequeue: format!(
+                "DELETE FROM {} WHERE name = $1 AND owner = $2",
+                quote(&crate::kinds::queue_table(&config.table), '"')
+            )
+            .into(),
             channel,
             notifier,
             listener: task.abort_handle(),
@@ -607,6 +615,19 @@ impl Db for PgDb {
     fn hands_permits_over(&self) -> bool {
         // The release function does it; the transactions do not.
         self.handover && self.common.routines.is_some()
+    }
+
+    fn queues_permits(&self) -> bool {
+        self.common
+            .routines
+            .as_ref()
+            .is_some_and(|calls| calls.queue)
+    }
+
+    async fn dequeue(&self, name: &str, owner: &str) -> Result<(), sqlx::Error> {
+        let query = q(&self.dequeue).bind(name).bind(owner);
+        self.common.conns.execute(query).await?;
+        Ok(())
     }
 
     async fn reserve(

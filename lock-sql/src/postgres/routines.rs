@@ -7,8 +7,9 @@
 //! long. Run inside the server, the same statements hold the row for a fraction of one round
 //! trip. The functions run the very statements of [`HolderSql`] (their `$n` arguments
 //! replaced by the functions' parameters), in the order [`kinds::Tx`](crate::kinds::Tx)
-//! runs them, and answer what its methods answer; a refused join writes nothing, as the
-//! transaction it replaces rolled back. Each statement of a function sees what committed
+//! runs them, and answer what its methods answer; a refused join writes nothing (as the
+//! transaction it replaces rolled back) but a permit waiter's place in the queue, which
+//! only the functions keep (see [`queue_table`](crate::kinds::queue_table)). Each statement of a function sees what committed
 //! before it (read committed), after the row lock, as in the transaction.
 //!
 //! They are created (when missing) with the lock table, so only where the table may be
@@ -18,7 +19,7 @@
 //! [`VERSION`]: a change of what a function does takes a new name, so that clients of two
 //! versions never run each other's.
 //!
-//! A fourth function renews a batch of holds (`_dl_renew_many_v3`, arrays of the renewal's
+//! A fourth function renews a batch of holds (`_dl_renew_many_v4`, arrays of the renewal's
 //! arguments sorted by name): the watchdog's renewals of every shared hold and permit of a
 //! client in one round trip per [`PG_MAX_BATCH`](crate::renew::PG_MAX_BATCH), each checked
 //! and extended by the very statements of the single renewal, the rows locked in name order
@@ -32,10 +33,11 @@ use crate::keys::quote;
 use crate::kinds::{HolderSql, InRoutine};
 use crate::pool::InUse;
 
-/// The functions' version, the end of their names: `v3` releases also hand the lock to the
-/// reserved writer when the last reader leaves, `v2` hand a permit over (see
-/// [`Parts::release`]); `v1` (earlier clients) wake the reserved waiter to join instead.
-const VERSION: &str = "v3";
+/// The functions' version, the end of their names: `v4` queues permit waiters (see
+/// [`Parts::release`] and [`queue_table`](crate::kinds::queue_table)), `v3` releases also hand the lock to the reserved
+/// writer when the last reader leaves, `v2` hand a permit over to the reserved permit waiter;
+/// `v1` (earlier clients) wake the reserved waiter to join instead.
+const VERSION: &str = "v4";
 
 /// Replaces the arguments `$1`, `$2`, ... of `sql` with `names`, in order.
 fn with_args(sql: &str, names: &[&str]) -> String {
@@ -66,7 +68,7 @@ pub(crate) fn routines(
     let (join, renew, release) = (name("join"), name("renew"), name("release"));
     let renew_many = name("renew_many");
     let signatures = [
-        format!("{join}(text, text, text, bigint, bigint)"),
+        format!("{join}(text, text, text, bigint, bigint, bigint)"),
         format!("{renew}(text, text, text, bigint, bigint)"),
         format!("{release}(text, text, text, bigint, boolean)"),
         format!("{renew_many}(text[], text[], text[], bigint[], bigint[])"),
@@ -80,6 +82,7 @@ pub(crate) fn routines(
     let parts = Parts {
         t: quote(table, '"'),
         h: quote(&crate::kinds::holders_table(table), '"'),
+        w: quote(&crate::kinds::queue_table(table), '"'),
         in_routine: sql.in_routine(with_args),
         peek_columns,
         remaining,
@@ -87,13 +90,15 @@ pub(crate) fn routines(
     };
     Some(Routines {
         calls: Calls {
-            join: format!("SELECT * FROM {join}($1, $2, $3, $4, $5)").into(),
+            join: format!("SELECT * FROM {join}($1, $2, $3, $4, $5, $6)").into(),
             renew: format!("SELECT {renew}($1, $2, $3, $4, $5)::int::bigint").into(),
             release: format!("SELECT {release}($1, $2, $3, $4, $5)::int::bigint").into(),
             renew_many: Some(format!("SELECT * FROM {renew_many}($1, $2, $3, $4, $5)").into()),
+            queue: true,
         },
         present: format!("SELECT {present}").into(),
         create: vec![
+            parts.queue(),
             parts.join(&signatures[0]),
             parts.renew(&signatures[1]),
             parts.release(&signatures[2]),
@@ -152,6 +157,8 @@ struct Parts<'a> {
     in_routine: InRoutine,
     t: String,
     h: String,
+    /// The queue of permit waiters.
+    w: String,
     peek_columns: &'a str,
     remaining: &'a str,
     channel: &'a str,
@@ -185,13 +192,43 @@ impl Parts<'_> {
         )
     }
 
+    /// The queue of permit waiters ([`queue_table`](crate::kinds::queue_table)), created when missing.
+    fn queue(&self) -> String {
+        format!(
+            "CREATE TABLE IF NOT EXISTS {} (name TEXT COLLATE \"C\" NOT NULL, owner TEXT NOT NULL, \
+             seq BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, ttl BIGINT NOT NULL, \
+             PRIMARY KEY (name, owner))",
+            self.w
+        )
+    }
+
+    /// Queues waiter `p_owner` (ttl `p_ttl`) for `p_queue` µs from now, at the back, or keeps
+    /// its place if it still has a live one (see [`Parts::join`]).
+    fn enqueue(&self) -> String {
+        format!(
+            "INSERT INTO {} AS q (name, owner, seq, expires_at, ttl)
+        VALUES (p_name, p_owner, (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::bigint,
+          now() + p_queue * interval '1 microsecond', p_ttl)
+        ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at,
+          ttl = EXCLUDED.ttl, seq = CASE WHEN q.expires_at > now() THEN q.seq ELSE EXCLUDED.seq END",
+            self.w
+        )
+    }
+
     /// [`Tx::join`](crate::kinds::Tx::join); a permit that a release handed this waiter (see
     /// [`Parts::release`]) and that it did not learn of is renewed and taken again, whatever
     /// the row's reservation says (the transactions never hand a permit over).
+    ///
+    /// A permit join takes only while the holders and the live waiters queued ahead of it
+    /// (all of them, if it is not queued) leave a permit: first come, first served. Refused
+    /// with `p_queue` (µs) above 0, it queues its waiter, or keeps its place, live for that
+    /// long from now; a take leaves the queue. The refusal commits without waiting for its
+    /// flush: a place lost in a crash is taken again by the waiter's next poll.
     fn join(&self, signature: &str) -> String {
         let Self {
             t,
             h,
+            w,
             in_routine,
             remaining,
             channel,
@@ -208,8 +245,9 @@ impl Parts<'_> {
         } = in_routine;
         let lock = self.lock();
         let no_flush = NO_FLUSH;
+        let enqueue = self.enqueue();
         let body = format!(
-            "DECLARE n bigint; held boolean;
+            "DECLARE n bigint := 0; held boolean; w_seq bigint; ahead bigint := 0;
 BEGIN
   {lock};
   IF NOT FOUND THEN
@@ -219,7 +257,7 @@ BEGIN
   held := o_remaining IS NOT NULL;
   -- A permit of this waiter's already (a release handed it over, and the wake-up did not
   -- tell the waiter, or too late to bound its lease): renewed from now, it is the permit
-  -- taken, and a reservation of the waiter's own is stale.
+  -- taken, and a reservation or a place in the queue of the waiter's own is stale.
   IF held AND p_permits > 0 AND o_owner = p_marker THEN
     UPDATE {h} SET expires_at = now() + p_ttl * interval '1 microsecond'
       WHERE name = p_name AND owner = p_owner AND expires_at > now() RETURNING token INTO o_taken;
@@ -228,25 +266,41 @@ BEGIN
       IF o_next_owner = p_owner THEN
         UPDATE {t} SET next_owner = NULL, next_since = NULL, next_expires = NULL WHERE name = p_name;
       END IF;
+      DELETE FROM {w} WHERE name = p_name AND owner = p_owner;
       RETURN NEXT; RETURN;
     END IF;
   END IF;
-  -- Held as another kind (a mismatch or an exclusive holder), or another waiter's turn.
-  IF (held AND o_owner IS DISTINCT FROM p_marker)
-     OR (o_next_remaining IS NOT NULL AND o_next_owner IS DISTINCT FROM p_owner) THEN
+  -- Held as another kind (a mismatch or an exclusive holder).
+  IF held AND o_owner IS DISTINCT FROM p_marker THEN
     {no_flush};
     RETURN NEXT; RETURN;
   END IF;
-  IF held AND p_permits > 0 THEN
-    SELECT count(*), min({remaining}) INTO n, o_first_end FROM {h}
-      WHERE name = p_name AND expires_at > now() AND owner <> p_owner;
-    IF n >= p_permits THEN {no_flush}; RETURN NEXT; RETURN; END IF;
-    o_first_end := NULL;
+  IF p_permits > 0 THEN
+    SELECT seq INTO w_seq FROM {w} WHERE name = p_name AND owner = p_owner AND expires_at > now();
+    SELECT count(*) INTO ahead FROM {w} WHERE name = p_name AND owner <> p_owner
+      AND expires_at > now() AND (w_seq IS NULL OR (seq, owner) < (w_seq, p_owner));
+    IF held THEN
+      SELECT count(*), min({remaining}) INTO n, o_first_end FROM {h}
+        WHERE name = p_name AND expires_at > now() AND owner <> p_owner;
+    END IF;
   END IF;
+  -- Another waiter's turn (a reservation, the waiters queued ahead), or no permit left.
+  IF (o_next_remaining IS NOT NULL AND o_next_owner IS DISTINCT FROM p_owner)
+     OR (p_permits > 0 AND n + ahead >= p_permits) THEN
+    IF p_permits > 0 AND p_queue > 0 THEN
+      {enqueue};
+    END IF;
+    {no_flush};
+    RETURN NEXT; RETURN;
+  END IF;
+  o_first_end := NULL;
   IF held THEN {purge}; ELSE {purge_all}; END IF;
   {mark};
   o_taken := o_version + 1;
   {insert};
+  IF p_permits > 0 THEN
+    DELETE FROM {w} WHERE name = p_name AND owner = p_owner;
+  END IF;
   -- The reservation was ours and is gone: the next waiter may claim it. A semaphore now full
   -- tells the waiters only that (a hand-over to ourselves: they claim the turn, no join can
   -- take), anything else wakes them to join.
@@ -263,7 +317,8 @@ END"
         );
         Self::function(
             signature,
-            "p_name text, p_owner text, p_marker text, p_ttl bigint, p_permits bigint",
+            "p_name text, p_owner text, p_marker text, p_ttl bigint, p_permits bigint, \
+             p_queue bigint",
             "TABLE (o_owner text, o_version bigint, o_remaining bigint, o_next_owner text, \
              o_next_since bigint, o_next_remaining bigint, o_taken bigint, o_first_end bigint)",
             &body,
@@ -335,6 +390,52 @@ END"
         )
     }
 
+    /// The release's hand-over of each permit it leaves free (`n` holders left) to the first
+    /// live waiter of the queue, in order (see [`Parts::release`]): the block of PL/pgSQL,
+    /// which returns when it handed a permit.
+    fn hand_to_queue(&self) -> String {
+        let Self {
+            w,
+            in_routine,
+            channel,
+            ..
+        } = self;
+        let InRoutine {
+            purge,
+            mark,
+            insert,
+            ..
+        } = in_routine;
+        format!(
+            "  -- Each permit left free goes to the first live waiter of the queue.
+  IF p_wake AND left(p_marker, 9) = chr(1) || 'permits:' THEN
+    p_permits := substr(p_marker, 10)::bigint;
+    WHILE n < p_permits LOOP
+      SELECT owner, ttl INTO w_owner, p_ttl FROM {w}
+        WHERE name = p_name AND expires_at > now() ORDER BY seq, owner LIMIT 1;
+      EXIT WHEN NOT FOUND;
+      -- The row's expiry is not shrunk (one write of the row less per handoff): it may
+      -- outlast the holders by what was left of the released lease.
+      IF NOT handed THEN
+        DELETE FROM {w} WHERE name = p_name AND expires_at <= now();
+      END IF;
+      DELETE FROM {w} WHERE name = p_name AND owner = w_owner;
+      p_owner := w_owner;
+      {purge};
+      {mark};
+      o_version := o_version + 1;
+      o_taken := o_version;
+      {insert};
+      PERFORM pg_notify('{channel}',
+        'h' || o_taken || ':' || octet_length(p_owner) || ':' || p_owner || p_name);
+      n := n + 1;
+      handed := true;
+    END LOOP;
+    IF handed THEN RETURN true; END IF;
+  END IF;"
+        )
+    }
+
     /// [`Tx::release`](crate::kinds::Tx::release), and a hand-over: a permit released from a
     /// full semaphore goes to the permit waiter holding the live reservation (its `next_ttl`
     /// is its ttl negated, see [`Db::hands_permits_over`](crate::db::Db::hands_permits_over)),
@@ -347,6 +448,15 @@ END"
     /// hand-over claims the cleared reservation again) is stale: the release clears it and
     /// wakes every waiter, so it neither hands that holder a second permit (which would
     /// replace its row, and the token it holds) nor queues the others behind it.
+    ///
+    /// Before that (`v4`), a permit's release (or an abandoned attempt's clean-up) hands each
+    /// permit it leaves free to the first live waiter of the name's queue, in the order they
+    /// queued (see [`Parts::join`]): a holder row of that waiter's with the next version and
+    /// the ttl it queued with, its place in the queue gone, and `h<version>:..` tells it (the
+    /// others, of earlier versions, claim the reservation, if any). The waiters in the queue
+    /// are neither woken nor read by anyone but the release: a handoff is this one call. Its
+    /// commit hands out tokens, so it waits for its flush. Without a live waiter in the queue,
+    /// the release goes on as `v3`'s.
     ///
     /// The release of the last reader hands the lock to the exclusive waiter holding the
     /// live reservation (a positive `next_ttl`), as an exclusive release does (see
@@ -374,8 +484,10 @@ END"
         } = in_routine;
         let lock = self.lock();
         let no_flush = NO_FLUSH;
+        let to_queue = self.hand_to_queue();
         let body = format!(
             "DECLARE {DECLARE_PEEK}; n bigint; o_taken bigint; p_ttl bigint; p_permits bigint;
+  w_owner text; handed boolean := false;
 BEGIN
   {lock};
   IF NOT FOUND OR o_remaining IS NULL OR o_owner IS DISTINCT FROM p_marker THEN
@@ -392,6 +504,7 @@ BEGIN
     UPDATE {t} SET next_owner = NULL, next_since = NULL, next_expires = NULL WHERE name = p_name;
     o_next_owner := NULL; o_next_remaining := NULL;
   END IF;
+{to_queue}
   IF p_wake AND o_next_remaining IS NOT NULL
      AND left(p_marker, 9) = chr(1) || 'permits:' THEN
     p_permits := substr(p_marker, 10)::bigint;
