@@ -453,15 +453,10 @@ impl Attempt for SqlAttempt {
         let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         let kind = self.request.kind;
         let queued = self.queued();
-        if queued && self.maybe_reserved {
-            // Out of the queue first: a release may hand it a permit until then.
-            db.dequeue(name, owner)
-                .await
-                .map_err(|e| map_err("abandon", e))?;
-        }
         if kind != LockKind::Exclusive {
-            // A release may have handed the reserved permit waiter a permit.
-            let handed = self.maybe_reserved && self.handover_ttl().is_some();
+            // A release may have handed the reserved (or queued) permit waiter a permit. The
+            // release by owner also takes a queued waiter's place for good.
+            let handed = self.maybe_reserved && (self.handover_ttl().is_some() || queued);
             if self.maybe_owned || handed {
                 // A hold taken by a reply that never arrived, or handed over by a release
                 // whose wake-up came too late: leave the holders, by owner.

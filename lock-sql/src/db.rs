@@ -141,16 +141,10 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
     /// ([`JoinRequest::queue_us`](crate::kinds::JoinRequest::queue_us)) puts the waiter in
     /// the name's queue (each join renews its place), and a release hands each permit it frees
     /// to the first waiter in it and tells it so ([`crate::wake::WakeSignal::Handed`]),
-    /// waking nobody else. The default: no.
+    /// waking nobody else; the release of an abandoned attempt's holds by owner
+    /// ([`Self::release_hold`] without a token) takes its place for good. The default: no.
     fn queues_permits(&self) -> bool {
         false
-    }
-
-    /// Takes `owner`'s waiter out of the queue of `name` (an abandoned permit attempt, where
-    /// [`Self::queues_permits`]); a permit handed to it before is the caller's to release.
-    async fn dequeue(&self, name: &str, owner: &str) -> Result<(), sqlx::Error> {
-        let _ = (name, owner);
-        Ok(())
     }
 
     /// The atomic acquire: takes the row when free, expired, or already this owner's, and not

@@ -97,10 +97,11 @@ pub(crate) fn holders_table(table: &str) -> String {
 }
 
 /// The queue of permit waiters of lock table `table` (PostgreSQL's functions make and use it,
-/// see `postgres/routines.rs`): `<table>_queue (name, owner, seq, expires_at, ttl)`, one row
-/// per waiting attempt, first in line the lowest `seq` (the clock in microseconds when it
-/// queued; then `owner`), live until `expires_at` (each poll of the waiter renews it), `ttl`
-/// the lease (µs) it asks for.
+/// see `postgres/routines.rs`): `<table>_queue (name, owner, seq, expires_at, ttl, permits)`,
+/// one row per waiting attempt, first in line the lowest `seq` (the clock in microseconds
+/// when it queued; then `owner`), live until `expires_at` (each poll of the waiter renews
+/// it), `ttl` the lease (µs) it asks for (negative: an abandoned attempt's place, kept gone),
+/// `permits` the semaphore's.
 pub(crate) fn queue_table(table: &str) -> String {
     format!("{table}_queue")
 }

@@ -200,19 +200,25 @@
 //!   release that found no reservation woke every waiter to join, and every hand-over woke
 //!   every other waiter to claim the reservation (8 round trips per acquisition with 8
 //!   contenders, issue 44). Now a refused permit join (waiting, not a try) puts its waiter in
-//!   `<table>_queue (name, owner, seq, expires_at, ttl)` in the same call (created with the
-//!   functions), or keeps its place there, live for the reservation's lease (1 s, at most
-//!   the ttl; the waiter polls, so renews it, every third of that); a join takes only while
-//!   the holders and the live waiters queued ahead of it leave a permit, so waiters are
-//!   served in the order they queued. A release hands each permit it leaves free to the
-//!   first live waiter of the queue (its holder row, the next `version`, its ttl from now,
-//!   its place deleted), notifies it `h<version>:..` and wakes nobody else: an acquisition
-//!   is a join and the release that ends it, two calls. A waiter that gives up leaves the
-//!   queue first, then the holders by owner (a release may have handed it a permit until
-//!   then); a crashed waiter's place expires and is passed over, and a permit handed to it in
-//!   its last second stays taken until that ttl ends, as with the reservation. The
+//!   `<table>_queue (name, owner, seq, expires_at, ttl, permits)` in the same call (created
+//!   with the functions), or keeps its place there, live for the reservation's lease (1 s, at
+//!   most the ttl, from the clock once the row is locked; the waiter polls, so renews it,
+//!   every third of that); a join takes only while the holders and the live waiters queued
+//!   ahead of it (for the same number of permits) leave a permit, so waiters are served in
+//!   the order they queued. A release hands each permit it leaves free to the
+//!   first live waiter of the queue (its holder row, the next `version`, its ttl from the
+//!   clock once the row is locked, which follows the waiter's last poll: `now()`, the
+//!   transaction's start, may precede it; its place deleted), notifies it `h<version>:..` and wakes nobody else: an acquisition
+//!   is a join and the release that ends it, two calls. A release hands only to places of
+//!   its own number of permits (a waiter asking for another number gets
+//!   [`Error::Mismatch`](distlock_core::Error::Mismatch) from its next poll). A waiter that
+//!   gives up leaves in one call, its release by owner, which takes its place for good (a
+//!   negative ttl that a poll still on its way cannot renew) and a permit handed to it
+//!   meanwhile; a crashed waiter's place expires and is passed over, and a permit handed to
+//!   it in its last second stays taken until that ttl ends, as with the reservation. The
 //!   transactions, and clients of earlier versions, neither queue nor read the queue: they
-//!   stay safe beside it (every join and release locks the row first), not fair.
+//!   stay safe beside it (every join and release locks the row first), not fair (a release
+//!   serves the queue before their reservation, and wakes them when permits stay free).
 //! - **Writer hand-over after the last reader** (PostgreSQL's functions, `_v3`): the release
 //!   of the last shared holder (or permit) hands the lock to the exclusive waiter holding a
 //!   live reservation (`next_ttl` positive) in the same transaction, as an exclusive release

@@ -725,8 +725,9 @@ mod postgres {
     }
 
     /// Queued permit waiters are served in the order they queued, each by the release
-    /// before its turn; a waiter that gave up (its wait ran out) left the queue, and a place
-    /// that expired (a waiter that crashed) is passed over: neither is handed a permit.
+    /// before its turn; a waiter that gave up (its wait ran out) left the queue, a place
+    /// that expired (a waiter that crashed) and the place of a waiter for another number of
+    /// permits are passed over: none of them is handed a permit.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn queued_waiters_are_served_in_order_and_the_gone_passed_over() {
         let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL");
@@ -739,15 +740,16 @@ mod postgres {
             .await
             .expect("the permit");
         sqlx::query(
-            "INSERT INTO distlock_locks_queue (name, owner, seq, expires_at, ttl) \
-             VALUES ($1, 'crashed', 0, now() - interval '1 second', 10000000)",
+            "INSERT INTO distlock_locks_queue (name, owner, seq, expires_at, ttl, permits) \
+             VALUES ($1, 'crashed', 0, now() - interval '1 second', 10000000, 1), \
+             ($1, 'two', 1, now() + interval '1 minute', 10000000, 2)",
         )
         .bind(&name)
         .execute(&pool)
         .await
-        .expect("an expired place, first in line");
+        .expect("an expired place and one of a semaphore of 2, first in line");
         let mut waiters = Vec::new();
-        let mut owners: Vec<String> = Vec::new();
+        let mut owners = vec!["two".to_owned()];
         for wait in [20, 1, 20] {
             let c = client(&url).await;
             let (key, options) = (name.clone(), super::permits(1));
@@ -770,16 +772,34 @@ mod postgres {
             Err(super::Error::Timeout { .. }) => {}
             other => panic!("expected the wait to run out, got {other:?}"),
         }
-        let expected = [owners[0].clone(), owners[2].clone()];
+        let expected = [owners[0].clone(), owners[1].clone(), owners[3].clone()];
         let left: Vec<String> = queue(&pool, &name)
             .await
             .into_iter()
             .map(|(o, _)| o)
             .collect();
         assert_eq!(left, expected, "the waiter that gave up is still queued");
+        // A poll of the waiter that gave up, still on its way then, does not queue it again.
+        let join =
+            "SELECT o_taken FROM distlock_locks_dl_join_v4($1, $2, $3, 10000000, 1, 1000000)";
+        let taken: Option<i64> = sqlx::query_scalar(join)
+            .bind(&name)
+            .bind(&owners[2])
+            .bind("\u{1}permits:1")
+            .fetch_one(&pool)
+            .await
+            .expect("a late poll");
+        assert_eq!(taken, None, "the late poll took a held permit");
+        let left: Vec<String> = queue(&pool, &name)
+            .await
+            .into_iter()
+            .map(|(o, _)| o)
+            .collect();
+        assert_eq!(left, expected, "a late poll queued the waiter that gave up");
         held.release().await.expect("release");
         let got = common::granted(first).await;
-        assert_eq!(holder_token(&pool, &name, &owners[1]).await, None);
+        assert_eq!(holder_token(&pool, &name, &owners[2]).await, None);
+        assert_eq!(holder_token(&pool, &name, "two").await, None);
         assert_eq!(holder_token(&pool, &name, "crashed").await, None);
         assert!(!third.is_finished(), "the third waiter overtook");
         got.release().await.expect("release");
@@ -787,7 +807,7 @@ mod postgres {
         last.release().await.expect("release");
         assert_eq!(
             queue(&pool, &name).await,
-            [],
+            [("two".to_owned(), 10_000_000)],
             "places outlived their waiters"
         );
     }

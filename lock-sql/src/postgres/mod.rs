@@ -171,7 +171,9 @@ fn abandon_sql(t: &str, data: DataColumn) -> String {
 /// The release that hands the lock over. ARGS: name, owner, version, channel.
 ///
 /// When an exclusive waiter holds a live reservation (`next_ttl` positive), the row becomes that
-/// waiter's, with the next version and the waiter's ttl from now, and the notification
+/// waiter's, with the next version and the waiter's ttl from the clock as the row is updated
+/// (`clock_timestamp()`, not `now()`: the statement may have started before the waiter's last
+/// read was sent, which bounds its lease; the update follows that read), and the notification
 /// (`h<version>:..`, see [`crate::wake::parse_payload`]) tells it so: a handoff is this one
 /// statement, with the waiter's take done in it. This commit hands out a fencing token, so it
 /// waits for its WAL flush like a take. Otherwise the lock is freed as before: the reserved
@@ -186,7 +188,8 @@ fn release_handing_over(t: &str, no_flush: &str, clear_data: &str) -> String {
     format!(
         "WITH r AS (UPDATE {t} SET owner = CASE WHEN {h} THEN next_owner END, \
          version = version + CASE WHEN {h} THEN 1 ELSE 0 END, \
-         expires_at = now() + CASE WHEN {h} THEN next_ttl ELSE 0 END * interval '1 microsecond', \
+         expires_at = CASE WHEN {h} THEN clock_timestamp() + next_ttl * interval '1 microsecond' \
+         ELSE now() END, \
          {}, {}, {}, {}{clear_data} \
          WHERE name = $1 AND owner = $2 AND version = $3 AND expires_at > now() \
          RETURNING name, owner, version, next_owner, next_expires > now() AS live) \
@@ -321,9 +324,6 @@ fn holder_statements(table: &str, peek: &str, data: DataColumn) -> HolderSql {
 pub(crate) struct PgDb {
     take_wake: Arc<str>,
     renew_many: Arc<str>,
-    /// ARGS: name, owner. Deletes a waiter's place in the queue of permit waiters (only
-    /// used where the functions, which create that queue, are).
-    dequeue: Arc<str>,
     common: Common<sqlx::Postgres>,
     channel: String,
     notifier: Arc<Notifier>,
@@ -438,11 +438,6 @@ impl PgDb {
             },
             take_wake,
             renew_many,
-            dequeue: format!(
-                "DELETE FROM {} WHERE name = $1 AND owner = $2",
-                quote(&crate::kinds::queue_table(&config.table), '"')
-            )
-            .into(),
             channel,
             notifier,
             listener: task.abort_handle(),
@@ -622,12 +617,6 @@ impl Db for PgDb {
             .routines
             .as_ref()
             .is_some_and(|calls| calls.queue)
-    }
-
-    async fn dequeue(&self, name: &str, owner: &str) -> Result<(), sqlx::Error> {
-        let query = q(&self.dequeue).bind(name).bind(owner);
-        self.common.conns.execute(query).await?;
-        Ok(())
     }
 
     async fn reserve(

@@ -74,15 +74,27 @@ pub(crate) fn routines(
         format!("{renew_many}(text[], text[], text[], bigint[], bigint[])"),
     ];
     // Plain identifiers: safe in literals.
+    let queue = quote(&crate::kinds::queue_table(table), '"');
+    // Looked up where `create` makes them: in the table's schema, else the current schema
+    // (the first of the search path), not anywhere on the path. Another role's functions in
+    // a schema later on the path (`public`) would run on this role's lock table (resolved at
+    // each call) but with that role's queue table, which this one may not write.
+    let here = if table.contains('.') {
+        ""
+    } else {
+        "quote_ident(current_schema()) || '.' || "
+    };
+    // The queue table counts as one of the `create` statements.
     let present = signatures
         .iter()
-        .map(|s| format!("(to_regprocedure('{s}') IS NOT NULL)::int"))
+        .map(|s| format!("(to_regprocedure({here}'{s}') IS NOT NULL)::int"))
+        .chain([format!("(to_regclass({here}'{queue}') IS NOT NULL)::int")])
         .collect::<Vec<_>>()
         .join(" + ");
     let parts = Parts {
         t: quote(table, '"'),
         h: quote(&crate::kinds::holders_table(table), '"'),
-        w: quote(&crate::kinds::queue_table(table), '"'),
+        w: queue,
         in_routine: sql.in_routine(with_args),
         peek_columns,
         remaining,
@@ -197,20 +209,25 @@ impl Parts<'_> {
         format!(
             "CREATE TABLE IF NOT EXISTS {} (name TEXT COLLATE \"C\" NOT NULL, owner TEXT NOT NULL, \
              seq BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, ttl BIGINT NOT NULL, \
-             PRIMARY KEY (name, owner))",
+             permits BIGINT NOT NULL, PRIMARY KEY (name, owner))",
             self.w
         )
     }
 
-    /// Queues waiter `p_owner` (ttl `p_ttl`) for `p_queue` µs from now, at the back, or keeps
-    /// its place if it still has a live one (see [`Parts::join`]).
+    /// Queues waiter `p_owner` (ttl `p_ttl`, `p_permits`) for `p_queue` µs from the clock
+    /// (not the transaction's start: a join that waited for the row lock keeps its whole
+    /// lease), at the back, or keeps its place if it still has a live one (see
+    /// [`Parts::join`]). An abandoned attempt's place (a negative ttl, see [`Parts::release`])
+    /// stays gone: a poll of it still on its way when it gave up does not queue it again.
     fn enqueue(&self) -> String {
         format!(
-            "INSERT INTO {} AS q (name, owner, seq, expires_at, ttl)
+            "INSERT INTO {} AS q (name, owner, seq, expires_at, ttl, permits)
         VALUES (p_name, p_owner, (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::bigint,
-          now() + p_queue * interval '1 microsecond', p_ttl)
+          clock_timestamp() + p_queue * interval '1 microsecond', p_ttl, p_permits)
         ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at,
-          ttl = EXCLUDED.ttl, seq = CASE WHEN q.expires_at > now() THEN q.seq ELSE EXCLUDED.seq END",
+          ttl = EXCLUDED.ttl, permits = EXCLUDED.permits,
+          seq = CASE WHEN q.expires_at > now() THEN q.seq ELSE EXCLUDED.seq END
+        WHERE q.ttl >= 0",
             self.w
         )
     }
@@ -278,7 +295,8 @@ BEGIN
   IF p_permits > 0 THEN
     SELECT seq INTO w_seq FROM {w} WHERE name = p_name AND owner = p_owner AND expires_at > now();
     SELECT count(*) INTO ahead FROM {w} WHERE name = p_name AND owner <> p_owner
-      AND expires_at > now() AND (w_seq IS NULL OR (seq, owner) < (w_seq, p_owner));
+      AND expires_at > now() AND permits = p_permits
+      AND (w_seq IS NULL OR (seq, owner) < (w_seq, p_owner));
     IF held THEN
       SELECT count(*), min({remaining}) INTO n, o_first_end FROM {h}
         WHERE name = p_name AND expires_at > now() AND owner <> p_owner;
@@ -406,21 +424,30 @@ END"
             insert,
             ..
         } = in_routine;
+        // The lease starts when the row is locked, not at the transaction's start (`now()`):
+        // the waiter bounds it by its last poll, which the row lock follows, while the
+        // release's transaction may have started before that poll was sent.
+        let (mark, insert) = (
+            mark.replace("now()", "v_at"),
+            insert.replace("now()", "v_at"),
+        );
         format!(
             "  -- Each permit left free goes to the first live waiter of the queue.
   IF p_wake AND left(p_marker, 9) = chr(1) || 'permits:' THEN
     p_permits := substr(p_marker, 10)::bigint;
     WHILE n < p_permits LOOP
       SELECT owner, ttl INTO w_owner, p_ttl FROM {w}
-        WHERE name = p_name AND expires_at > now() ORDER BY seq, owner LIMIT 1;
+        WHERE name = p_name AND expires_at > now() AND permits = p_permits
+        ORDER BY seq, owner LIMIT 1;
       EXIT WHEN NOT FOUND;
       -- The row's expiry is not shrunk (one write of the row less per handoff): it may
       -- outlast the holders by what was left of the released lease.
       IF NOT handed THEN
-        DELETE FROM {w} WHERE name = p_name AND expires_at <= now();
+        DELETE FROM {w} WHERE name = p_name AND expires_at <= now() AND ttl >= 0;
       END IF;
       DELETE FROM {w} WHERE name = p_name AND owner = w_owner;
       p_owner := w_owner;
+      v_at := clock_timestamp();
       {purge};
       {mark};
       o_version := o_version + 1;
@@ -431,7 +458,7 @@ END"
       n := n + 1;
       handed := true;
     END LOOP;
-    IF handed THEN RETURN true; END IF;
+    IF handed AND n >= p_permits THEN RETURN true; END IF;
   END IF;"
         )
     }
@@ -485,12 +512,26 @@ END"
         let lock = self.lock();
         let no_flush = NO_FLUSH;
         let to_queue = self.hand_to_queue();
+        let w = &self.w;
+        // A hand-over's lease starts once the row is locked (see `hand_to_queue`).
+        let (mark, insert) = (
+            mark.replace("now()", "v_at"),
+            insert.replace("now()", "v_at"),
+        );
         let body = format!(
             "DECLARE {DECLARE_PEEK}; n bigint; o_taken bigint; p_ttl bigint; p_permits bigint;
-  w_owner text; handed boolean := false;
+  w_owner text; handed boolean := false; v_at timestamptz; v_row boolean;
 BEGIN
   {lock};
-  IF NOT FOUND OR o_remaining IS NULL OR o_owner IS DISTINCT FROM p_marker THEN
+  v_row := FOUND;
+  -- An abandoned permit attempt's place: gone, and kept gone (a negative ttl) against a poll
+  -- of it still on its way, which would queue it again for a permit nobody releases.
+  IF p_token IS NULL AND left(p_marker, 9) = chr(1) || 'permits:' THEN
+    INSERT INTO {w} AS q (name, owner, seq, expires_at, ttl, permits)
+      VALUES (p_name, p_owner, 0, now(), -1, 0)
+      ON CONFLICT (name, owner) DO UPDATE SET expires_at = now(), ttl = -1;
+  END IF;
+  IF NOT v_row OR o_remaining IS NULL OR o_owner IS DISTINCT FROM p_marker THEN
     {no_flush}; RETURN false;
   END IF;
   IF p_token IS NULL THEN {purge}; ELSE {leave}; END IF;
@@ -512,6 +553,7 @@ BEGIN
     IF p_ttl > 0 AND n = p_permits - 1 THEN
       {shrink};
       p_owner := o_next_owner;
+      v_at := clock_timestamp();
       {purge};
       {mark};
       o_taken := o_version + 1;
@@ -527,7 +569,7 @@ BEGIN
     IF p_ttl > 0 THEN
       {free};
       UPDATE {t} SET owner = next_owner, version = version + 1,
-        expires_at = now() + next_ttl * interval '1 microsecond', next_owner = NULL,
+        expires_at = clock_timestamp() + next_ttl * interval '1 microsecond', next_owner = NULL,
         next_since = NULL, next_expires = NULL, next_ttl = NULL
         WHERE name = p_name RETURNING version INTO o_taken;
       PERFORM pg_notify('{channel}',
@@ -535,7 +577,8 @@ BEGIN
       RETURN true;
     END IF;
   END IF;
-  {no_flush};
+  -- Permits handed to the queue above: this commit hands out tokens.
+  IF NOT handed THEN {no_flush}; END IF;
   IF n = 0 THEN {free}; ELSE {shrink}; END IF;
   -- A writer waits for the last reader; a permit waiter for any permit.
   IF n = 0 OR p_wake THEN
