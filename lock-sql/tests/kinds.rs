@@ -627,6 +627,15 @@ mod postgres {
         .expect("read the queue")
     }
 
+    /// The owners of the live places in the queue of `name`, first in line first.
+    async fn queued_owners(pool: &sqlx::PgPool, name: &str) -> Vec<String> {
+        queue(pool, name)
+            .await
+            .into_iter()
+            .map(|(o, _)| o)
+            .collect()
+    }
+
     /// The queue of `name` once it has `n` live waiters (within 10 s).
     async fn queued(pool: &sqlx::PgPool, name: &str, n: usize) -> Vec<(String, i64)> {
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -773,11 +782,7 @@ mod postgres {
             other => panic!("expected the wait to run out, got {other:?}"),
         }
         let expected = [owners[0].clone(), owners[1].clone(), owners[3].clone()];
-        let left: Vec<String> = queue(&pool, &name)
-            .await
-            .into_iter()
-            .map(|(o, _)| o)
-            .collect();
+        let left = queued_owners(&pool, &name).await;
         assert_eq!(left, expected, "the waiter that gave up is still queued");
         // A poll of the waiter that gave up, still on its way then, does not queue it again.
         let join =
@@ -790,11 +795,7 @@ mod postgres {
             .await
             .expect("a late poll");
         assert_eq!(taken, None, "the late poll took a held permit");
-        let left: Vec<String> = queue(&pool, &name)
-            .await
-            .into_iter()
-            .map(|(o, _)| o)
-            .collect();
+        let left = queued_owners(&pool, &name).await;
         assert_eq!(left, expected, "a late poll queued the waiter that gave up");
         held.release().await.expect("release");
         let got = common::granted(first).await;

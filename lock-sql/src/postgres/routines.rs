@@ -408,29 +408,42 @@ END"
         )
     }
 
-    /// The release's hand-over of each permit it leaves free (`n` holders left) to the first
-    /// live waiter of the queue, in order (see [`Parts::release`]): the block of PL/pgSQL,
-    /// which returns when it handed a permit.
-    fn hand_to_queue(&self) -> String {
-        let Self {
-            w,
-            in_routine,
-            channel,
-            ..
-        } = self;
+    /// The hand-over of a permit to waiter `p_owner` with ttl `p_ttl` in a release: its holder
+    /// row with the next version (`o_taken`; `o_version` moves on with the row) and the
+    /// notification that tells it. The lease starts when the row is locked (`v_at`), not at
+    /// the transaction's start (`now()`): the waiter bounds it by its last poll, which the row
+    /// lock follows, while the release's transaction may have started before that poll was
+    /// sent.
+    fn hand_permit(&self) -> String {
         let InRoutine {
             purge,
             mark,
             insert,
             ..
-        } = in_routine;
-        // The lease starts when the row is locked, not at the transaction's start (`now()`):
-        // the waiter bounds it by its last poll, which the row lock follows, while the
-        // release's transaction may have started before that poll was sent.
+        } = &self.in_routine;
         let (mark, insert) = (
             mark.replace("now()", "v_at"),
             insert.replace("now()", "v_at"),
         );
+        format!(
+            "v_at := clock_timestamp();
+      {purge};
+      {mark};
+      o_version := o_version + 1;
+      o_taken := o_version;
+      {insert};
+      PERFORM pg_notify('{}',
+        'h' || o_taken || ':' || octet_length(p_owner) || ':' || p_owner || p_name);",
+            self.channel
+        )
+    }
+
+    /// The release's hand-over of each permit it leaves free (`n` holders left) to the first
+    /// live waiter of the queue, in order (see [`Parts::release`]): the block of PL/pgSQL,
+    /// which returns when it handed a permit.
+    fn hand_to_queue(&self) -> String {
+        let w = &self.w;
+        let hand = self.hand_permit();
         format!(
             "  -- Each permit left free goes to the first live waiter of the queue.
   IF p_wake AND left(p_marker, 9) = chr(1) || 'permits:' THEN
@@ -447,14 +460,7 @@ END"
       END IF;
       DELETE FROM {w} WHERE name = p_name AND owner = w_owner;
       p_owner := w_owner;
-      v_at := clock_timestamp();
-      {purge};
-      {mark};
-      o_version := o_version + 1;
-      o_taken := o_version;
-      {insert};
-      PERFORM pg_notify('{channel}',
-        'h' || o_taken || ':' || octet_length(p_owner) || ':' || p_owner || p_name);
+      {hand}
       n := n + 1;
       handed := true;
     END LOOP;
@@ -505,19 +511,13 @@ END"
             leave,
             free,
             shrink,
-            mark,
-            insert,
             ..
         } = in_routine;
         let lock = self.lock();
         let no_flush = NO_FLUSH;
         let to_queue = self.hand_to_queue();
         let w = &self.w;
-        // A hand-over's lease starts once the row is locked (see `hand_to_queue`).
-        let (mark, insert) = (
-            mark.replace("now()", "v_at"),
-            insert.replace("now()", "v_at"),
-        );
+        let hand = self.hand_permit();
         let body = format!(
             "DECLARE {DECLARE_PEEK}; n bigint; o_taken bigint; p_ttl bigint; p_permits bigint;
   w_owner text; handed boolean := false; v_at timestamptz; v_row boolean;
@@ -553,13 +553,7 @@ BEGIN
     IF p_ttl > 0 AND n = p_permits - 1 THEN
       {shrink};
       p_owner := o_next_owner;
-      v_at := clock_timestamp();
-      {purge};
-      {mark};
-      o_taken := o_version + 1;
-      {insert};
-      PERFORM pg_notify('{channel}',
-        'h' || o_taken || ':' || octet_length(p_owner) || ':' || p_owner || p_name);
+      {hand}
       RETURN true;
     END IF;
   END IF;
