@@ -320,7 +320,8 @@ impl Attempt for SqlAttempt {
                 }
                 None => {
                     let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
-                    self.subscription = self.inner.db.subscribe(name, owner);
+                    let claims = !self.queued();
+                    self.subscription = self.inner.db.subscribe(name, owner, claims);
                 }
             }
         }
@@ -421,19 +422,13 @@ impl Attempt for SqlAttempt {
             }
             return;
         }
-        let queued = self.queued();
         match &mut self.subscription {
-            Some(sub) => loop {
-                match sub.changed().await {
-                    WakeSignal::Changed => {}
-                    WakeSignal::Released => self.handed = true,
-                    WakeSignal::Handed(version) => self.handed_over = Some((version, None)),
-                    // A queued waiter claims no reservation: a hand-over to another is
-                    // nothing to it.
-                    WakeSignal::Vacant if queued => continue,
-                    WakeSignal::Vacant => self.vacant = true,
-                }
-                break;
+            // A queued waiter is not told of hand-overs to others (it subscribed so).
+            Some(sub) => match sub.changed().await {
+                WakeSignal::Changed => {}
+                WakeSignal::Released => self.handed = true,
+                WakeSignal::Handed(version) => self.handed_over = Some((version, None)),
+                WakeSignal::Vacant => self.vacant = true,
             },
             None => std::future::pending().await,
         }

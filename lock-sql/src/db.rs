@@ -359,9 +359,10 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
         self.common().set_hold_data(held, data).await
     }
 
-    /// A wake-up subscription for `name`, for backends with events.
-    fn subscribe(&self, name: &str, owner: &str) -> Option<Subscription> {
-        let _ = (name, owner);
+    /// A wake-up subscription for `name`, for backends with events; `claims`: the waiter
+    /// claims the reservation, so a hand-over to another wakes it.
+    fn subscribe(&self, name: &str, owner: &str, claims: bool) -> Option<Subscription> {
+        let _ = (name, owner, claims);
         None
     }
 

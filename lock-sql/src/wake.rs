@@ -55,6 +55,9 @@ pub(crate) enum WakeSignal {
 pub(crate) struct Wake {
     signal: WakeSignal,
     handed: Option<i64>,
+    /// Whether the waiter claims the reservation a hand-over to another used up (else it
+    /// waits in a queue, and such a hand-over is nothing to it: it is not woken).
+    claims: bool,
 }
 
 impl Wake {
@@ -75,7 +78,14 @@ impl Notifier {
         self.names.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(crate) fn subscribe(self: &Arc<Self>, name: &str, owner: &str) -> Subscription {
+    /// `claims`: the waiter claims the reservation (see [`WakeSignal::Vacant`]); a queued
+    /// permit waiter does not.
+    pub(crate) fn subscribe(
+        self: &Arc<Self>,
+        name: &str,
+        owner: &str,
+        claims: bool,
+    ) -> Subscription {
         let rx = self
             .names()
             .entry(name.to_owned())
@@ -85,6 +95,7 @@ impl Notifier {
                 watch::Sender::new(Wake {
                     signal: WakeSignal::Changed,
                     handed: None,
+                    claims,
                 })
             })
             .subscribe();
@@ -98,8 +109,8 @@ impl Notifier {
     }
 
     /// Wakes the waiters of `name` as `note` says: a release wakes only its target (if it
-    /// waits here), a hand-over its target and every other waiter (whose turn to reserve it
-    /// is), anything else every waiter.
+    /// waits here), a hand-over its target and every other waiter that claims the
+    /// reservation (whose turn to reserve it is), anything else every waiter.
     pub(crate) fn wake(&self, name: &str, note: Note<'_>) {
         let names = self.names();
         let Some(owners) = names.get(name) else {
@@ -114,15 +125,19 @@ impl Notifier {
             }
             Note::Handed(target, version) => {
                 for (owner, tx) in owners {
-                    tx.send_modify(|w| {
-                        *w = if owner == target {
-                            Wake {
+                    tx.send_if_modified(|w| {
+                        if owner == target {
+                            *w = Wake {
                                 signal: WakeSignal::Handed(version),
                                 handed: Some(version),
-                            }
+                                claims: w.claims,
+                            };
+                        } else if w.claims {
+                            *w = w.then(WakeSignal::Vacant);
                         } else {
-                            w.then(WakeSignal::Vacant)
-                        };
+                            return false;
+                        }
+                        true
                     });
                 }
             }

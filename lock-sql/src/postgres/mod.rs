@@ -727,8 +727,8 @@ impl Db for PgDb {
         Ok(row.is_some())
     }
 
-    fn subscribe(&self, name: &str, owner: &str) -> Option<Subscription> {
-        Some(self.notifier.subscribe(name, owner))
+    fn subscribe(&self, name: &str, owner: &str, claims: bool) -> Option<Subscription> {
+        Some(self.notifier.subscribe(name, owner, claims))
     }
 
     fn pool(&self) -> SqlPool {

@@ -35,12 +35,14 @@ fn payloads() {
 #[tokio::test]
 async fn wake_ups_reach_only_the_waiters_they_name() {
     let notifier = Arc::new(Notifier::default());
-    let mut a = notifier.subscribe("x", "a");
-    let mut b = notifier.subscribe("x", "b");
-    let mut other = notifier.subscribe("y", "c");
+    let mut a = notifier.subscribe("x", "a", true);
+    let mut b = notifier.subscribe("x", "b", true);
+    let mut other = notifier.subscribe("y", "c", true);
+    let mut queued = notifier.subscribe("x", "q", false);
     a.mark_seen();
     b.mark_seen();
     other.mark_seen();
+    queued.mark_seen();
     notifier.wake("x", Note::Released("a"));
     assert_eq!(
         a.changed().await,
@@ -57,6 +59,19 @@ async fn wake_ups_reach_only_the_waiters_they_name() {
     assert_eq!(b.changed().await, WakeSignal::Handed(7));
     assert_eq!(a.changed().await, WakeSignal::Vacant);
     assert!(!other.rx.has_changed().expect("open"), "woke another name");
+    // A queued waiter claims no reservation: a hand-over to another does not wake it, one
+    // to itself and any other wake-up do.
+    assert_eq!(
+        queued.changed().await,
+        WakeSignal::Changed,
+        "the wake-up before"
+    );
+    assert!(
+        !queued.rx.has_changed().expect("open"),
+        "woke a queued waiter"
+    );
+    notifier.wake("x", Note::Handed("q", 8));
+    assert_eq!(queued.changed().await, WakeSignal::Handed(8));
     // Later wake-ups do not hide a hand-over its target has not seen yet, be it waiting
     // or polling; once reported, it is not reported again.
     notifier.wake("x", Note::Handed("a", 9));
@@ -74,6 +89,6 @@ async fn wake_ups_reach_only_the_waiters_they_name() {
     assert_eq!(a.changed().await, WakeSignal::Changed);
     notifier.wake_all();
     assert_eq!(other.changed().await, WakeSignal::Changed);
-    drop((a, b, other));
+    drop((a, b, other, queued));
     assert!(notifier.names().is_empty());
 }
