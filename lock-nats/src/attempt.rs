@@ -123,6 +123,9 @@ impl NatsAttempt {
                     return Ok(Step::Acquired(self.acquired(rev, alone)));
                 }
                 // Raft applies in sequence order: once ours is read back, every lower one is.
+                if let Some(after) = Queue::read_back(&self.state, &self.keys, rev).await? {
+                    return Ok(Step::Acquired(self.acquired(rev, alone && after)));
+                }
                 let queue = Queue::read(&self.state, &self.keys).await?;
                 match queue.position(&self.slot.subject) {
                     Some(at) if queue.holds(at) => {

@@ -117,6 +117,37 @@ impl Queue {
         Ok(queue)
     }
 
+    /// The read after the write of the entry at `rev` on a replicated stream (see
+    /// [`BackendState::replicated`]), in one round trip where [`Queue::read`] takes two when
+    /// it finds the usual: the range's first message is that entry (so every lower sequence
+    /// is applied, and none is an entry ahead of it: it holds, whatever its kind). The two
+    /// requests of such a walk, the range's first message and the first one after the entry,
+    /// go out together. `Some(alone)`: it holds, and whether nothing followed it; `None`:
+    /// anything else, for a full read.
+    pub(crate) async fn read_back(
+        state: &BackendState,
+        keys: &NameKeys,
+        rev: u64,
+    ) -> Result<Option<bool>> {
+        state.connected()?;
+        let stream = &state.stream;
+        let (first, after) = futures::join!(
+            stream.get_first_raw_message_by_subject(&keys.range, 1),
+            stream.get_first_raw_message_by_subject(&keys.range, rev + 1),
+        );
+        match first {
+            Ok(message) if message.sequence == rev => {}
+            Ok(_) => return Ok(None),
+            Err(err) if not_found(&err.kind()) => return Ok(None),
+            Err(err) => return Err(request("read", err)),
+        }
+        match after {
+            Ok(_) => Ok(Some(false)),
+            Err(err) if not_found(&err.kind()) => Ok(Some(true)),
+            Err(err) => Err(request("read", err)),
+        }
+    }
+
     /// Whether the entry at `index` holds.
     pub(crate) fn holds(&self, index: usize) -> bool {
         let before = &self.entries[..index];
