@@ -7,11 +7,38 @@
 //! exclusive and shared; anything else is [`Error::Mismatch`].
 
 use async_nats::jetstream::message::StreamMessage;
+use async_nats::jetstream::response::Response;
 use distlock_core::{Error, LockKind, Result};
 
 use crate::backend::BackendState;
 use crate::error::{not_found, request};
 use crate::keys::{EntryValue, NameKeys};
+
+/// How many reads of keys [`Queue::read_behind`] has in flight at once (a read of a large
+/// queue by each of its many waiters would otherwise flood the server's API queue).
+const READ_AT_ONCE: usize = 32;
+
+/// A request for the stream's info with the subjects under a filter.
+#[derive(serde::Serialize)]
+struct SubjectsRequest<'a> {
+    subjects_filter: &'a str,
+}
+
+/// The answer to a [`SubjectsRequest`]: the subjects on this page (with their message
+/// counts), and how many there are in all.
+#[derive(serde::Deserialize)]
+struct SubjectsPage {
+    #[serde(default)]
+    total: usize,
+    state: SubjectsState,
+}
+
+/// The part of a stream's state a [`SubjectsPage`] reads.
+#[derive(serde::Deserialize)]
+struct SubjectsState {
+    #[serde(default)]
+    subjects: Option<std::collections::HashMap<String, u64>>,
+}
 
 /// One live entry.
 #[derive(Clone, Debug)]
@@ -117,43 +144,64 @@ impl Queue {
         Ok(queue)
     }
 
-    /// [`Queue::read`] for a waiter whose own entry is written: every entry ahead of it was
-    /// in the range before this read began (on a replicated stream, once the read shows the
-    /// waiter's entry: see [`BackendState::replicated`]). The range's keys come in one request
-    /// (the stream's subjects under the range, from its leader), then the last message of
-    /// every key, all at once, where the walk sends a request per message, one after the
-    /// other (16 readers of one name: 2 round trips instead of 17). A key written after the
-    /// first request may be missing: it is behind the waiter's entry. So is, possibly, the
-    /// highest sequence of the range (`last`): this read is not for a write that expects the
-    /// range unchanged, and a lease's compare-and-set on the range fails anyway if anything
-    /// was written after its entry.
+    /// [`Queue::read`] for a waiter whose own entry is written, on a single server: every
+    /// entry ahead of it was in the range before this read began. The range's keys come in
+    /// one request (the stream's subjects under the range), then the last message of every
+    /// key, [`READ_AT_ONCE`] at once, where the walk sends a request per message, one after
+    /// the other (16 readers of one name: 2 round trips instead of 17). A key written after
+    /// the first request may be missing: it is behind the waiter's entry. So is, possibly,
+    /// the highest sequence of the range (`last`): this read is not for a write that expects
+    /// the range unchanged, and a lease's compare-and-set on the range fails anyway if
+    /// anything was written after its entry.
+    ///
+    /// A replicated stream walks: its requests are not answered from one state (a stream
+    /// without a leader answers its info from a member that may lag; a new leader answers
+    /// reads while it applies its log), and only the walk's order (no message is seen before
+    /// every lower one is applied) makes a read that shows the waiter's entry show every entry
+    /// ahead of it. So does a range with more keys than one page of the info lists.
     pub(crate) async fn read_behind(state: &BackendState, keys: &NameKeys) -> Result<Self> {
-        use futures::TryStreamExt;
+        if state.replicated {
+            return Self::read(state, keys).await;
+        }
         state.connected()?;
-        let stream = &state.stream;
-        let subjects: Vec<String> = stream
-            .info_with_subjects(&keys.range)
-            .await
-            .map_err(|e| request("read", e))?
-            .map_ok(|(subject, _)| subject)
-            .try_collect()
+        let ask = SubjectsRequest {
+            subjects_filter: &keys.range,
+        };
+        let info = format!("STREAM.INFO.{}", state.bucket.stream);
+        let page: Response<SubjectsPage> = state
+            .js
+            .request(info, &ask)
             .await
             .map_err(|e| request("read", e))?;
-        let reads = subjects
-            .iter()
-            .map(|subject| stream.get_last_raw_message_by_subject(subject));
+        let page = match page {
+            Response::Ok(page) => page,
+            Response::Err { error } => return Err(request("read", error)),
+        };
+        let subjects = page.state.subjects.unwrap_or_default();
+        if page.total > subjects.len() {
+            return Self::read(state, keys).await;
+        }
+        let subjects: Vec<String> = subjects.into_keys().collect();
+        let mut messages = Vec::with_capacity(subjects.len());
+        for chunk in subjects.chunks(READ_AT_ONCE) {
+            let reads = chunk
+                .iter()
+                .map(|subject| state.stream.get_last_raw_message_by_subject(subject));
+            for read in futures::future::join_all(reads).await {
+                match read {
+                    Ok(message) => messages.push(message),
+                    // Removed, marker and all, since the first request.
+                    Err(err) if not_found(&err.kind()) => {}
+                    Err(err) => return Err(request("read", err)),
+                }
+            }
+        }
         let mut queue = Self::default();
         let mut newest = i128::MIN;
-        for read in futures::future::join_all(reads).await {
-            let message = match read {
-                Ok(message) => message,
-                // Removed, marker and all, since the first request.
-                Err(err) if not_found(&err.kind()) => continue,
-                Err(err) => return Err(request("read", err)),
-            };
+        for message in &messages {
             queue.last = queue.last.max(message.sequence);
             newest = newest.max(message.time.unix_timestamp_nanos());
-            queue.entries.extend(entry_of(&message)?);
+            queue.entries.extend(entry_of(message)?);
         }
         queue.entries.sort_by_key(Entry::token);
         queue.newest_ns = newest;

@@ -37,11 +37,12 @@
 //! per bucket, linearizable on a replicated stream). An exclusive entry holds when it is first,
 //! a shared one when only shared ones are before it, a permit of N when fewer than N are
 //! before it; a semaphore asked with another N, or used as a lock, answers
-//! [`Error::Mismatch`]. A waiter's read, after its own key is written, asks the stream for
-//! the name's keys (its subjects under the range) and then for every key's last message at
-//! once: two round trips whatever the number of keys (a walk of the range, which reads one
-//! message per request in sequence order, is kept for reads that must see the whole range as
-//! of one moment: `try_acquire`, observers). A waiter subscribes to the name's
+//! [`Error::Mismatch`]. On a single server, a waiter's read, after its own key is written,
+//! asks the stream for the name's keys (its subjects under the range) and then for every
+//! key's last message at once: two round trips whatever the number of keys. A walk of the
+//! range, which reads one message per request in sequence order, is kept for reads that must
+//! see the whole range as of one moment (`try_acquire`, observers) and for replicated
+//! streams, whose answers may come from different states. A waiter subscribes to the name's
 //! republished events before it reads, and counts the removals (a purge, a ttl's expiry
 //! marker) of the keys its read found ahead of it, each only if stored after the revision it
 //! read: it holds on the removal that lets it in, with no read (nobody joins ahead of a
