@@ -10,7 +10,7 @@ use distlock_core::{FencingToken, LockKind, Result};
 use crate::backend::{BackendState, Key};
 use crate::error::Written;
 use crate::keys::{EntryValue, NameKeys, Slot};
-use crate::kinds::Queue;
+use crate::kinds::{Queue, ReadBack};
 use crate::lease::{HeldKey, NatsLease};
 use crate::wake::{Count, Heard, Wake};
 
@@ -123,10 +123,12 @@ impl NatsAttempt {
                     return Ok(Step::Acquired(self.acquired(rev, alone)));
                 }
                 // Raft applies in sequence order: once ours is read back, every lower one is.
-                if let Some(after) = Queue::read_back(&self.state, &self.keys, rev).await? {
-                    return Ok(Step::Acquired(self.acquired(rev, alone && after)));
-                }
-                let queue = Queue::read(&self.state, &self.keys).await?;
+                let queue = match Queue::read_back(&self.state, &self.keys, rev).await? {
+                    ReadBack::Holds { alone: after } => {
+                        return Ok(Step::Acquired(self.acquired(rev, alone && after)));
+                    }
+                    ReadBack::Walked(queue) => queue,
+                };
                 match queue.position(&self.slot.subject) {
                     Some(at) if queue.holds(at) => {
                         let alone = alone && queue.entries.len() == 1;

@@ -102,45 +102,77 @@ pub(crate) fn entry_of(message: &StreamMessage) -> Result<Option<Entry>> {
     }))
 }
 
+/// What [`Queue::read_back`] found.
+pub(crate) enum ReadBack {
+    /// The written entry is the range's first message: it holds, and `alone` says whether
+    /// nothing followed it.
+    Holds {
+        /// Nothing followed the entry.
+        alone: bool,
+    },
+    /// Anything else: the range, walked on from its first message.
+    Walked(Queue),
+}
+
 impl Queue {
+    /// Takes in one message of the range. A key found twice (rewritten, renewed, while the
+    /// reads passed it) is the later message's (by subject, its index in `entries`, in
+    /// `seen`). A marker found after the entry it removed leaves the entry in: as if read
+    /// before the removal (its subscribers are told of the removal).
+    fn add(
+        &mut self,
+        message: &StreamMessage,
+        seen: &mut std::collections::HashMap<String, usize>,
+    ) -> Result<()> {
+        self.last = self.last.max(message.sequence);
+        self.newest_ns = self.newest_ns.max(message.time.unix_timestamp_nanos());
+        if let Some(entry) = entry_of(message)? {
+            if let Some(&at) = seen.get(&entry.subject) {
+                self.entries[at] = entry;
+            } else {
+                seen.insert(entry.subject.clone(), self.entries.len());
+                self.entries.push(entry);
+            }
+        }
+        Ok(())
+    }
+
     /// Reads every entry of `keys`' range: one request per message (the range holds one
     /// message per key: the bucket keeps no history). An entry counts until the server
     /// removes it: its owner can still renew it until then, so no reader may take it for
     /// gone any earlier.
     pub(crate) async fn read(state: &BackendState, keys: &NameKeys) -> Result<Self> {
+        Self::walk(state, keys, None).await
+    }
+
+    /// [`Queue::read`], from the range's `first` message when it was read already.
+    async fn walk(
+        state: &BackendState,
+        keys: &NameKeys,
+        first: Option<StreamMessage>,
+    ) -> Result<Self> {
         state.connected()?;
         let mut queue = Self::default();
-        let mut newest = i128::MIN;
-        let mut seq = 1;
-        // A key rewritten (renewed) while the walk passed it is found twice: the later message
-        // is the key's (by subject, its index in `entries`).
         let mut seen = std::collections::HashMap::new();
+        let mut next = first;
+        let mut seq = 1;
         loop {
-            let message = match state
-                .stream
-                .get_first_raw_message_by_subject(&keys.range, seq)
-                .await
-            {
-                Ok(message) => message,
-                Err(err) if not_found(&err.kind()) => break,
-                Err(err) => return Err(request("read", err)),
+            let message = match next.take() {
+                Some(message) => message,
+                None => match state
+                    .stream
+                    .get_first_raw_message_by_subject(&keys.range, seq)
+                    .await
+                {
+                    Ok(message) => message,
+                    Err(err) if not_found(&err.kind()) => break,
+                    Err(err) => return Err(request("read", err)),
+                },
             };
             seq = message.sequence + 1;
-            queue.last = message.sequence;
-            newest = newest.max(message.time.unix_timestamp_nanos());
-            // A marker the walk finds after the entry it removed leaves the entry in: as if
-            // read before the removal (its subscribers are told of the removal).
-            if let Some(entry) = entry_of(&message)? {
-                if let Some(&at) = seen.get(&entry.subject) {
-                    queue.entries[at] = entry;
-                } else {
-                    seen.insert(entry.subject.clone(), queue.entries.len());
-                    queue.entries.push(entry);
-                }
-            }
+            queue.add(&message, &mut seen)?;
         }
         queue.entries.sort_by_key(Entry::token);
-        queue.newest_ns = newest;
         Ok(queue)
     }
 
@@ -182,29 +214,22 @@ impl Queue {
             return Self::read(state, keys).await;
         }
         let subjects: Vec<String> = subjects.into_keys().collect();
-        let mut messages = Vec::with_capacity(subjects.len());
+        let mut queue = Self::default();
+        let mut seen = std::collections::HashMap::new();
         for chunk in subjects.chunks(READ_AT_ONCE) {
             let reads = chunk
                 .iter()
                 .map(|subject| state.stream.get_last_raw_message_by_subject(subject));
             for read in futures::future::join_all(reads).await {
                 match read {
-                    Ok(message) => messages.push(message),
+                    Ok(message) => queue.add(&message, &mut seen)?,
                     // Removed, marker and all, since the first request.
                     Err(err) if not_found(&err.kind()) => {}
                     Err(err) => return Err(request("read", err)),
                 }
             }
         }
-        let mut queue = Self::default();
-        let mut newest = i128::MIN;
-        for message in &messages {
-            queue.last = queue.last.max(message.sequence);
-            newest = newest.max(message.time.unix_timestamp_nanos());
-            queue.entries.extend(entry_of(message)?);
-        }
         queue.entries.sort_by_key(Entry::token);
-        queue.newest_ns = newest;
         Ok(queue)
     }
 
@@ -213,13 +238,12 @@ impl Queue {
     /// it finds the usual: the range's first message is that entry (so every lower sequence
     /// is applied, and none is an entry ahead of it: it holds, whatever its kind). The two
     /// requests of such a walk, the range's first message and the first one after the entry,
-    /// go out together. `Some(alone)`: it holds, and whether nothing followed it; `None`:
-    /// anything else, for a full read.
+    /// go out together. Anything else: the walk, on from the first message read.
     pub(crate) async fn read_back(
         state: &BackendState,
         keys: &NameKeys,
         rev: u64,
-    ) -> Result<Option<bool>> {
+    ) -> Result<ReadBack> {
         state.connected()?;
         let stream = &state.stream;
         let (first, after) = futures::join!(
@@ -228,13 +252,20 @@ impl Queue {
         );
         match first {
             Ok(message) if message.sequence == rev => {}
-            Ok(_) => return Ok(None),
-            Err(err) if not_found(&err.kind()) => return Ok(None),
+            Ok(message) => {
+                return Self::walk(state, keys, Some(message))
+                    .await
+                    .map(ReadBack::Walked);
+            }
+            // Nothing applied yet, not even ours: walk from the start.
+            Err(err) if not_found(&err.kind()) => {
+                return Self::read(state, keys).await.map(ReadBack::Walked);
+            }
             Err(err) => return Err(request("read", err)),
         }
         match after {
-            Ok(_) => Ok(Some(false)),
-            Err(err) if not_found(&err.kind()) => Ok(Some(true)),
+            Ok(_) => Ok(ReadBack::Holds { alone: false }),
+            Err(err) if not_found(&err.kind()) => Ok(ReadBack::Holds { alone: true }),
             Err(err) => Err(request("read", err)),
         }
     }
