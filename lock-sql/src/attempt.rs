@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use distlock_core::backend::NEXT_IN_LINE_MAX_POLL;
 use distlock_core::{
     AcquireRequest, Acquired, Attempt, AttemptMode, Error, LockKind, Result, Step,
 };
@@ -47,7 +48,8 @@ pub(crate) struct SqlAttempt {
     /// then finds the handed version (no bound), while this earlier read still is one.
     pub(crate) held_seen_before: Option<(Instant, i64)>,
     /// A wait on the server for the release of the holder ahead (MySQL's wake locks), while
-    /// this attempt is at the head of the queue.
+    /// this attempt holds the reservation, or of the holder it is paired with, while it is a
+    /// queued permit waiter (see [`SqlAttempt::look_in_queue`]).
     pub(crate) server_wait: Option<ServerWait>,
     /// The holder (by version) that has no wake lock to wait on: poll it instead.
     pub(crate) unarmed: Option<i64>,
@@ -55,6 +57,38 @@ pub(crate) struct SqlAttempt {
     /// many times: a holder that was handed the lock takes its wake lock just after the
     /// hand-over, so a waiter that looked in between waits again (a few times) after a read.
     pub(crate) not_armed: (i64, u32),
+    /// A queued permit waiter that reads between its joins ([`db::Db::queued_look`]): until
+    /// when its place (queued by its last join) needs no join to renew it, and what its last
+    /// read found (waiters ahead, reads in a row that found as many).
+    pub(crate) queue_look: Option<QueueLook>,
+}
+
+/// What a queued permit waiter that reads between its joins keeps (see
+/// [`SqlAttempt::queue_look`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QueueLook {
+    renew_at: Instant,
+    ahead: Option<i64>,
+    same: u32,
+}
+
+impl QueueLook {
+    /// The pause before the next read, after one that found `ahead` waiters before this one:
+    /// a millisecond per place (the first one reads every millisecond while the permits
+    /// change hands), half a millisecond more for each read in a row that found the same,
+    /// at most [`NEXT_IN_LINE_MAX_POLL`]: a semaphore whose holders keep it long is read 50
+    /// times a second by each queued waiter.
+    fn pause(&mut self, ahead: i64) -> Duration {
+        if self.ahead == Some(ahead) {
+            self.same = self.same.saturating_add(1);
+        } else {
+            (self.ahead, self.same) = (Some(ahead), 0);
+        }
+        let places = u32::try_from(ahead.saturating_add(1)).unwrap_or(u32::MAX);
+        let ms = Duration::from_millis(1) * places.min(20)
+            + Duration::from_micros(500) * self.same.min(40);
+        ms.min(NEXT_IN_LINE_MAX_POLL)
+    }
 }
 
 /// How many waits in a row on one holder may find its wake lock not held yet before the
@@ -92,6 +126,19 @@ impl SqlAttempt {
             // In the queue (its join renewed its place): a release hands it a permit and
             // tells it. It polls again before its place expires.
             let renew = RESERVATION.min(self.request.ttl) / 3;
+            if !self.inner.db.has_events() {
+                // Nothing tells it: it reads whether it holds, briskly, and joins again only
+                // to renew its place.
+                let look = self.queue_look.get_or_insert(QueueLook {
+                    renew_at: sent,
+                    ahead: None,
+                    same: 0,
+                });
+                look.renew_at = sent + renew;
+                return Ok(Step::NextInLine {
+                    retry_after: Some(Duration::from_millis(1)),
+                });
+            }
             return Ok(Step::busy(Some(retry.map_or(renew, |r| r.min(renew)))));
         }
         let db = &self.inner.db;
@@ -149,7 +196,10 @@ impl SqlAttempt {
             let remaining = retry.unwrap_or_default();
             // Replacing an earlier wait cancels it.
             let owner = &*self.request.owner;
-            self.server_wait = self.inner.db.wait_release(name, owner, version, remaining);
+            self.server_wait = self
+                .inner
+                .db
+                .wait_release(name, owner, version, remaining, true);
         }
         self.server_wait.as_ref().map(|_| Step::busy(retry))
     }
@@ -260,6 +310,9 @@ impl SqlAttempt {
     /// A poll of a shared hold or a permit: one transaction that joins the holders or says
     /// why not (see [`crate::kinds`]).
     async fn poll_hold(&mut self, handed: bool) -> Result<Step> {
+        if let Some(step) = self.look_in_queue().await? {
+            return Ok(step);
+        }
         let db = &self.inner.db;
         let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         let kind = self.request.kind;
@@ -299,10 +352,96 @@ impl SqlAttempt {
         };
         self.maybe_owned = false;
         match joined {
-            Joined::Taken(version) => self.acquired(version),
+            Joined::Taken(version) => {
+                // A queued permit waiter's wait keeps nothing: it runs to its end.
+                if let Some(wait) = self.server_wait.take() {
+                    wait.let_run();
+                }
+                self.acquired(version)
+            }
             Joined::Busy(peek) => self.busy(peek, sent).await,
             Joined::Mismatch(message) => Err(self.mismatch(message)),
         }
+    }
+}
+
+impl SqlAttempt {
+    /// A queued permit waiter's read between its joins ([`db::Db::queued_look`]), while its
+    /// place needs no renewal: the permit a release handed it, or the pause before the next
+    /// read. `None`: join (to renew the place, or to take what the read could not).
+    async fn look_in_queue(&mut self) -> Result<Option<Step>> {
+        let now = Instant::now();
+        if self.queue_look.is_none_or(|l| now >= l.renew_at) {
+            return Ok(None);
+        }
+        let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
+        let found = self
+            .inner
+            .db
+            .queued_look(name, owner, self.request.kind)
+            .await
+            .map_err(|e| map_err("acquire", e))?;
+        let Some(found) = found else {
+            return Ok(None);
+        };
+        if let Some((token, remaining_us)) = found.handed {
+            if let Some(wait) = self.server_wait.take() {
+                wait.let_run();
+            }
+            // Read after `now`, with `remaining_us` left: the lease ends after `now` plus
+            // that. An instant before the clock's start cannot be told: join instead (it
+            // renews the permit from then).
+            let gone = self.request.ttl.saturating_sub(remaining(remaining_us));
+            let Some(started) = now.checked_sub(gone) else {
+                // The join renews the permit from then; the wake lock the read may have
+                // taken for this token goes.
+                self.inner.db.forget(name, owner);
+                return Ok(None);
+            };
+            return self.handed_over(token, started).map(Some);
+        }
+        if found.free {
+            // A permit freed without a hand-over: join now.
+            return Ok(None);
+        }
+        // A place gone (expired, or never written): join again.
+        let (Some(ahead), Some(look)) = (found.ahead, self.queue_look.as_mut()) else {
+            if let Some(wait) = self.server_wait.take() {
+                wait.let_run();
+            }
+            return Ok(None);
+        };
+        let pause = look.pause(ahead);
+        // The releases hand permits to the queue in its order, and holders mostly release in
+        // the order they took: the waiter `ahead` places from the head waits on the server
+        // for the release of the holder as many places from the oldest (its wake lock held),
+        // and reads again when it comes; the brisk reads go on beside it, for when another
+        // holder releases first.
+        let token = usize::try_from(ahead)
+            .ok()
+            .and_then(|k| found.armed.get(k).copied());
+        match token {
+            Some(token) if self.server_wait.as_ref().map(ServerWait::version) != Some(token) => {
+                // An earlier wait runs to its end: it keeps nothing.
+                if let Some(wait) = self.server_wait.take() {
+                    wait.let_run();
+                }
+                let reservation = RESERVATION.min(self.request.ttl);
+                self.server_wait =
+                    self.inner
+                        .db
+                        .wait_release(name, owner, token, reservation, false);
+            }
+            Some(_) => {}
+            None => {
+                if let Some(wait) = self.server_wait.take() {
+                    wait.let_run();
+                }
+            }
+        }
+        Ok(Some(Step::NextInLine {
+            retry_after: Some(pause),
+        }))
     }
 }
 

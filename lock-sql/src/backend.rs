@@ -372,6 +372,7 @@ impl LockBackend for SqlBackend {
             server_wait: None,
             unarmed: None,
             not_armed: (0, 0),
+            queue_look: None,
         })
     }
 

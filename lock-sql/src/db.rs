@@ -55,6 +55,24 @@ impl Peek {
     }
 }
 
+/// What a queued permit waiter reads between its joins ([`Db::queued_look`]).
+#[derive(Debug)]
+pub(crate) struct QueuedLook {
+    /// The permit a release handed the waiter: its token, and its remaining lease (µs) when
+    /// read.
+    pub(crate) handed: Option<(i64, i64)>,
+    /// How many live waiters are queued ahead of it; `None`: its own place is not live.
+    pub(crate) ahead: Option<i64>,
+    /// Whether the live holders and the waiters ahead leave a permit (one freed without a
+    /// hand-over: an expired lease, a forced release, a client of an earlier version): the
+    /// waiter joins at once rather than at its place's renewal.
+    pub(crate) free: bool,
+    /// The tokens of the other live holders that hold a wake lock, oldest first: the waiter
+    /// `ahead` places from the head waits on the server for the release of the one at that
+    /// place (MySQL).
+    pub(crate) armed: Vec<i64>,
+}
+
 /// A live holder as [`Db::list`] reports it.
 #[derive(Debug)]
 pub(crate) struct Listed {
@@ -167,6 +185,20 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
     /// Reads the row.
     async fn peek(&self, name: &str) -> Result<Option<Peek>, sqlx::Error> {
         self.common().peek(name).await
+    }
+
+    /// A queued permit waiter's read ([`Db::queues_permits`]) where nothing tells it that a
+    /// release handed it a permit (MySQL): whether one did, and its place in the queue. No
+    /// row is locked (MySQL takes the waiter's wake lock with a handed permit); the waiter's
+    /// join still renews its place now and then. `None`: no such read here (PostgreSQL's
+    /// release notifies the waiter).
+    async fn queued_look(
+        &self,
+        _name: &str,
+        _owner: &str,
+        _kind: LockKind,
+    ) -> Result<Option<QueuedLook>, sqlx::Error> {
+        Ok(None)
     }
 
     /// Claims (or keeps) the waiter reservation unless an older waiter holds a live one;
@@ -366,9 +398,10 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
         None
     }
 
-    /// A wait on the server for the release of `name` by its holder with `version` (whose
-    /// lease has `remaining`), for backends that wake waiters that way (MySQL's wake locks);
-    /// with hand-overs, the wait also finds out whether the release made `owner` the holder.
+    /// A wait on the server for the release of `name` by its holder with `version` (an
+    /// exclusive holder's, else a permit holder's token), whose lease has `remaining`, for
+    /// backends that wake waiters that way (MySQL's wake locks); with hand-overs, the wait for
+    /// an `exclusive` holder also finds out whether the release made `owner` the holder.
     /// `None`: none is possible now (no such backend, or its wait connections are all in use);
     /// the waiter polls.
     fn wait_release(
@@ -377,8 +410,9 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
         owner: &str,
         version: i64,
         remaining: Duration,
+        exclusive: bool,
     ) -> Option<ServerWait> {
-        let _ = (name, owner, version, remaining);
+        let _ = (name, owner, version, remaining, exclusive);
         None
     }
 

@@ -164,7 +164,7 @@ pub(crate) struct Calls {
     /// token taken (`NULL`: refused), and the first holder's remaining lease when a full
     /// semaphore refused.
     pub(crate) join: Arc<str>,
-    /// Whether permit waiters queue (PostgreSQL): a refused permit join with a queue lease
+    /// Whether permit waiters queue (PostgreSQL, MySQL): a refused permit join with a queue lease
     /// puts its waiter in the name's queue, or keeps it there for that lease from now, and a
     /// release hands each permit it frees to the first live waiter of the queue.
     pub(crate) queue: bool,

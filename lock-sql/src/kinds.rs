@@ -96,7 +96,7 @@ pub(crate) fn holders_table(table: &str) -> String {
     format!("{table}_holders")
 }
 
-/// The queue of permit waiters of lock table `table` (PostgreSQL's functions make and use it,
+/// The queue of permit waiters of lock table `table` (PostgreSQL's functions and MySQL's procedures make and use it,
 /// see `postgres/routines.rs`): `<table>_queue (name, owner, seq, expires_at, ttl, permits)`,
 /// one row per waiting attempt, first in line the lowest `seq` (the clock in microseconds
 /// when it queued; then `owner`), live until `expires_at` (each poll of the waiter renews

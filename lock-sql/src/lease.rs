@@ -49,10 +49,9 @@ impl Drop for SqlLease {
     fn drop(&mut self) {
         // Released or lost: its row may be due for a sweep within `forget_after`.
         self.inner.sweeper.touched();
-        if self.kind == LockKind::Exclusive {
-            // After a release nothing is left; after a loss, what the take kept goes.
-            self.inner.db.forget(self.name.as_str(), &self.owner);
-        }
+        // After a release nothing is left; after a loss, what the take kept goes (a wake
+        // lock's connection, MySQL's: an exclusive holder's, or a permit's handed over).
+        self.inner.db.forget(self.name.as_str(), &self.owner);
     }
 }
 

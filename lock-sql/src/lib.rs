@@ -146,7 +146,8 @@
 //!   one name's holders is serialized by that row. A refused acquisition rolls back.
 //! - **PostgreSQL and MySQL/MariaDB** run each of those transactions as one call of a
 //!   server-side routine (PL/pgSQL functions `<table>_dl_join_v4`, `<table>_dl_renew_v4`,
-//!   `<table>_dl_release_v4`; stored procedures `<table>_dl_join_v1`, ...; created with the
+//!   `<table>_dl_release_v4`; stored procedures `<table>_dl_join_v2`, `<table>_dl_renew_v1`,
+//!   `<table>_dl_release_v2`; created with the
 //!   lock table when missing; the same statements in the same order, a refused join writing nothing): one
 //!   round trip instead of five to eight, so the name's row stays locked for a fraction of
 //!   one. On PostgreSQL a refusal and a release commit without waiting for their WAL flush
@@ -168,8 +169,8 @@
 //! - **Writer preference**: a waiting writer claims the waiter reservation as it does on a
 //!   held lock, and a shared acquisition refuses while another waiter's reservation lives, so
 //!   readers arriving after a waiting writer queue behind it. Waiting readers use the same
-//!   reservation, the oldest first, and so do permit waiters, except on PostgreSQL's
-//!   functions, where they queue (below).
+//!   reservation, the oldest first, and so do permit waiters, except with PostgreSQL's
+//!   functions and MySQL's procedures, where they queue (below).
 //! - A semaphore asked for with another number of permits, or a name used both as a
 //!   semaphore and as a lock, answers [`Error::Mismatch`](distlock_core::Error::Mismatch)
 //!   (read from the marker).
@@ -219,6 +220,24 @@
 //!   transactions, and clients of earlier versions, neither queue nor read the queue: they
 //!   stay safe beside it (every join and release locks the row first), not fair (a release
 //!   serves the queue before their reservation, and wakes them when permits stay free).
+//! - **MySQL/MariaDB's queue of permit waiters** (stored procedures `_v2`): the same queue
+//!   (`<table>_queue`, created with the procedures), the same rule for a join and the same
+//!   hand-over in the release, but nothing notifies the waiter. A queued waiter reads
+//!   instead, between its joins (which it repeats only to renew its place, every third of
+//!   its lease): one statement that locks nothing says how many live waiters are ahead of
+//!   it and whether a release handed it a permit (its token and the lease left, from which
+//!   the waiter's local deadline counts: it never outlives the server's). It reads a
+//!   millisecond per place ahead of it, half a millisecond later for each read in a row that
+//!   found the same, at most every 20 ms. The read that finds a handed permit also takes
+//!   the holder's wake lock (prefix, then the token) in the same statement, as a take does,
+//!   and its connection stays with the lease: the release runs on it and gives the wake lock
+//!   up once it committed. The waiter `k` places from the head waits on the server for the
+//!   wake lock of the `k`-th oldest holder that has one (the queue is served in order, and
+//!   holders mostly release in the order they took) and reads at once when it is given up;
+//!   when another holder releases first, the brisk reads find it. A wait no longer needed
+//!   (the waiter moved up, or holds) runs to its end in the background (the holder's
+//!   release, 2 s at most) and keeps its connection, instead of being killed. Clients of
+//!   earlier versions (`_v1`) neither queue nor read the queue: safe beside it, not fair.
 //! - **Writer hand-over after the last reader** (PostgreSQL's functions, `_v3`): the release
 //!   of the last shared holder (or permit) hands the lock to the exclusive waiter holding a
 //!   live reservation (`next_ttl` positive) in the same transaction, as an exclusive release

@@ -128,7 +128,7 @@ impl Sweeper {
             }
             tokio::time::sleep(PAUSE).await;
         }
-        // The holders, then the queue of permit waiters (PostgreSQL's functions keep it; a
+        // The holders, then the queue of permit waiters (the routines keep it; a
         // crashed waiter's place is left behind on a name nobody waits for again).
         for holders in [holders_table(&self.table), queue_table(&self.table)] {
             for _ in 0..MAX_BATCHES {

@@ -294,6 +294,21 @@ impl ServerWait {
         (&mut self.task).await.unwrap_or(Woken::Failed)
     }
 
+    /// Leaves the wait to run to its end (the holder's release, or its bound) in the
+    /// background, and its connection to be kept for the next wait: for a wait that is no
+    /// longer needed but keeps nothing when it ends (a permit waiter's, see `SqlAttempt`),
+    /// rather than killing its statement and closing its connection.
+    pub(crate) fn let_run(self) {
+        let Self { task, cancel, .. } = self;
+        if task.is_finished() {
+            return;
+        }
+        drop(tokio::spawn(async move {
+            let _ = task.await;
+            drop(cancel);
+        }));
+    }
+
     /// Stops the wait on the server and waits for its task to end, so that nothing it keeps
     /// (a hand-over's pinned connection) comes after the caller's clean-up.
     pub(crate) async fn stop(mut self) {
@@ -357,6 +372,8 @@ pub(crate) struct WakeLocks {
 #[cfg(feature = "mysql")]
 #[derive(Debug)]
 pub(crate) struct Pinned {
+    /// The version (a permit's token) of the hold whose wake lock it holds.
+    version: i64,
     /// Locked by the release that takes the connection out, and by a keep-alive ping.
     conn: Arc<tokio::sync::Mutex<Holding>>,
     _slot: OwnedSemaphorePermit,
@@ -437,11 +454,13 @@ impl WakeLocks {
         unpoisoned(&self.pinned).remove(&(name.to_owned(), owner.to_owned()))
     }
 
-    /// Keeps `conn` (which holds the wake lock of `owner`'s hold of `name`) until the release.
+    /// Keeps `conn` (which holds the wake lock of `owner`'s hold of `name` with `version`)
+    /// until the release.
     pub(crate) fn pin(
         &self,
         name: &str,
         owner: &str,
+        version: i64,
         conn: PoolConnection<sqlx::MySql>,
         slot: OwnedSemaphorePermit,
     ) {
@@ -450,6 +469,7 @@ impl WakeLocks {
             since: Instant::now(),
         };
         let pinned = Pinned {
+            version,
             conn: Arc::new(tokio::sync::Mutex::new(holding)),
             _slot: slot,
         };
@@ -459,14 +479,24 @@ impl WakeLocks {
         drop(unpoisoned(&self.pinned).insert(key, pinned));
     }
 
-    /// The connection pinned for `owner`'s hold of `name` taken out (to release on), and
-    /// since when it is idle; `None`: none, or the keep-alive found it closed.
+    /// The connection pinned for `owner`'s hold of `name` with `version` taken out (to
+    /// release on), and since when it is idle; `None`: none (one of another version stays
+    /// pinned: a release of a wrong version must not take its holder's wake lock away), or
+    /// the keep-alive found it closed.
     pub(crate) async fn take_pinned(
         &self,
         name: &str,
         owner: &str,
+        version: i64,
     ) -> Option<(PoolConnection<sqlx::MySql>, Instant)> {
-        let pinned = self.unpin(name, owner)?;
+        let pinned = {
+            let mut all = unpoisoned(&self.pinned);
+            let key = (name.to_owned(), owner.to_owned());
+            if all.get(&key)?.version != version {
+                return None;
+            }
+            all.remove(&key)?
+        };
         let mut holding = pinned.conn.lock().await;
         let since = holding.since;
         holding.conn.take().map(|conn| (conn, since))
@@ -516,14 +546,15 @@ impl WakeLocks {
 
     /// Waits on the server until the wake lock `lock` is given up (at most `secs`), or
     /// `cancel` resolves: then the statement is killed and its connection closed. With
-    /// hand-overs, a wake-up then reads whether the release made `owner` the holder.
+    /// hand-overs and `whose` (the name and the waiting owner, for a wait on an exclusive
+    /// holder), a wake-up then reads whether the release made `owner` the holder.
     pub(crate) async fn wait(
         self: Arc<Self>,
         lock: String,
         secs: u64,
         cancel: oneshot::Receiver<()>,
         _slot: OwnedSemaphorePermit,
-        (name, owner): (String, String),
+        whose: Option<(String, String)>,
     ) -> Woken {
         let Ok((mut conn, id)) = self.waiting_conn().await else {
             return Woken::Failed;
@@ -561,11 +592,13 @@ impl WakeLocks {
                         Woken::TimedOut
                     }
                 }
-                _ if self.handover => self.handed(conn, id, &name, &owner).await,
-                _ => {
-                    self.park(conn, id);
-                    Woken::Released
-                }
+                _ => match whose.filter(|_| self.handover) {
+                    Some((name, owner)) => self.handed(conn, id, &name, &owner).await,
+                    None => {
+                        self.park(conn, id);
+                        Woken::Released
+                    }
+                },
             },
             // A killed statement's connection is not reused (a late kill could hit the next
             // statement); a failed one goes back to the pool's own checks.
@@ -619,7 +652,7 @@ impl WakeLocks {
             Ok(Some((version, remaining, woke))) => {
                 let left = Duration::from_micros(u64::try_from(remaining).unwrap_or(0));
                 match (woke, slot) {
-                    (Some(1), Some(slot)) => self.pin(name, owner, conn, slot),
+                    (Some(1), Some(slot)) => self.pin(name, owner, version, conn, slot),
                     _ => self.park(conn, id),
                 }
                 Woken::Handed {

@@ -404,7 +404,7 @@ async fn old_table_keeps_working(url: &str, create: &str) {
     held.release().await.expect("release");
     let pool = admin.backend_ref().pool();
     exec(&pool, format!("DROP TABLE {table}_holders")).await;
-    // PostgreSQL's queue of permit waiters, made with its functions.
+    // The queue of permit waiters, made with the routines.
     exec(&pool, format!("DROP TABLE IF EXISTS {table}_queue")).await;
     exec(&pool, format!("DROP TABLE {table}")).await;
 }
@@ -514,7 +514,7 @@ async fn routines_beside_transactions(
         exec(&pool, drop_routine(routine)).await;
     }
     exec(&pool, format!("DROP TABLE {table}_holders")).await;
-    // PostgreSQL's queue of permit waiters, made with its functions.
+    // The queue of permit waiters, made with the routines.
     exec(&pool, format!("DROP TABLE IF EXISTS {table}_queue")).await;
     exec(&pool, format!("DROP TABLE {table}")).await;
 }
@@ -929,12 +929,138 @@ mod mysql {
         let Some(url) = url else { return };
         super::routines_beside_transactions(
             &url,
-            |table, what| format!("{table}_dl_{what}_v1"),
+            // The join and the release queue permit waiters since `_v2`.
+            |table, what| match what {
+                "join" | "release" => format!("{table}_dl_{what}_v2"),
+                _ => format!("{table}_dl_{what}_v1"),
+            },
             |p| format!("SHOW CREATE PROCEDURE {p}"),
             |p| format!("DROP PROCEDURE {p}"),
-            &["join", "renew", "release"],
+            &["join", "renew", "release", "renew_many"],
         )
         .await;
+    }
+
+    /// The owners of the live places in the queue of permit waiters of `name`, first in line
+    /// first.
+    async fn queued_owners(pool: &sqlx::MySqlPool, name: &str) -> Vec<String> {
+        sqlx::query_scalar(
+            "SELECT CAST(owner AS CHAR) FROM distlock_locks_queue \
+             WHERE name = ? AND expires_at > UTC_TIMESTAMP(6) ORDER BY seq, owner",
+        )
+        .bind(name)
+        .fetch_all(pool)
+        .await
+        .expect("read the queue")
+    }
+
+    /// The queue of `name` once it has `n` live waiters (within 10 s).
+    async fn queued(pool: &sqlx::MySqlPool, name: &str, n: usize) -> Vec<String> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let queue = queued_owners(pool, name).await;
+            if queue.len() >= n {
+                return queue;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{n} waiters did not queue for {name}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
+    /// The token of `owner`'s holder row of `name`, if it has one.
+    async fn holder_token(pool: &sqlx::MySqlPool, name: &str, owner: &str) -> Option<i64> {
+        sqlx::query_scalar("SELECT token FROM distlock_locks_holders WHERE name = ? AND owner = ?")
+            .bind(name)
+            .bind(owner)
+            .fetch_optional(pool)
+            .await
+            .expect("read the holders")
+    }
+
+    /// MySQL's permit waiters queue (procedures `_v2`): a release hands its permit to the
+    /// first live waiter in the release's own call (its holder row with the next version,
+    /// its place gone), and the waiter, which reads rather than being told, holds that
+    /// version as its token; the next release serves the next waiter; a waiter that gives up
+    /// leaves the queue for good, so no release hands it a permit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn queued_permit_waiters_are_handed_permits_in_order() {
+        use distlock_core::DistributedLock;
+        let url = conformance_tests::server_var("mysql", "DISTLOCK_TEST_MYSQL_URL");
+        let Some(url) = url else { return };
+        let (a, b, c) = (
+            super::client(&url).await,
+            super::client(&url).await,
+            super::client(&url).await,
+        );
+        let distlock_sql::SqlPool::MySql(pool) = a.backend_ref().pool() else {
+            panic!("a MySQL pool");
+        };
+        let name = super::unique("my_permit_queue");
+        let first = a
+            .acquire(&name, &super::permits(2))
+            .await
+            .expect("a permit");
+        let second = a
+            .acquire(&name, &super::permits(2))
+            .await
+            .expect("a permit");
+        // A waiter that gives up: queued first, gone before any release.
+        let quitter = a
+            .acquire(
+                &name,
+                &super::permits(2).with_wait(std::time::Duration::from_millis(300)),
+            )
+            .await;
+        assert!(
+            matches!(quitter, Err(distlock_core::Error::Timeout { .. })),
+            "a full semaphore granted a third permit: {quitter:?}"
+        );
+        let spawn = |client: distlock_core::LockClient<distlock_sql::SqlBackend>| {
+            let name = name.clone();
+            tokio::spawn(async move { client.acquire(&name, &super::permits(2)).await })
+        };
+        let b_wait = spawn(b);
+        let [b_owner] = queued(&pool, &name, 1).await.try_into().expect("one place");
+        let c_wait = spawn(c);
+        let queue = queued(&pool, &name, 2).await;
+        assert_eq!(queue.first(), Some(&b_owner), "the queue is not in order");
+        let c_owner = queue[1].clone();
+
+        first.release().await.expect("release");
+        let token = holder_token(&pool, &name, &b_owner).await;
+        assert!(token.is_some(), "the release did not hand its permit over");
+        assert_eq!(
+            queued_owners(&pool, &name).await,
+            std::slice::from_ref(&c_owner)
+        );
+        let got_b = b_wait.await.expect("join").expect("the handed permit");
+        assert_eq!(
+            Some(got_b.token().get()),
+            token.and_then(|t| u64::try_from(t).ok())
+        );
+
+        second.release().await.expect("release");
+        let got_c = c_wait.await.expect("join").expect("the next handed permit");
+        assert_eq!(
+            Some(got_c.token().get()),
+            holder_token(&pool, &name, &c_owner)
+                .await
+                .and_then(|t| u64::try_from(t).ok())
+        );
+        assert!(got_c.token() > got_b.token());
+        assert_eq!(queued_owners(&pool, &name).await, Vec::<String>::new());
+        got_b.release().await.expect("release");
+        got_c.release().await.expect("release");
+        let holders: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM distlock_locks_holders WHERE name = ?")
+                .bind(&name)
+                .fetch_one(&pool)
+                .await
+                .expect("count the holders");
+        assert_eq!(holders, 0, "a permit was handed to the waiter that gave up");
     }
 
     kinds_suite!(

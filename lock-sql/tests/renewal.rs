@@ -385,10 +385,11 @@ mod mysql {
         let table = unique("hold_renewal");
         batched_holds(&url, &table, 512, &Questions(admin.clone()), "mysql").await;
         let pool = distlock_sql::SqlPool::MySql(admin);
-        for what in ["join", "renew", "release", "renew_many"] {
-            common::exec(&pool, format!("DROP PROCEDURE {table}_dl_{what}_v1")).await;
+        for what in ["join_v2", "renew_v1", "release_v2", "renew_many_v1"] {
+            common::exec(&pool, format!("DROP PROCEDURE {table}_dl_{what}")).await;
         }
-        common::exec(&pool, format!("DROP TABLE {table}_holders, {table}")).await;
+        let tables = format!("{table}_holders, {table}_queue, {table}");
+        common::exec(&pool, format!("DROP TABLE {tables}")).await;
     }
 }
 

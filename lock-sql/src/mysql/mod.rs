@@ -5,18 +5,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_core::Result;
+use distlock_core::{LockKind, Result};
 use sqlx::{AssertSqlSafe, Executor, Row};
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
-use crate::db::{Claim, Db, Sessions, each_hold};
+use crate::db::{Claim, Db, QueuedLook, Sessions, each_hold};
 use crate::dialect::{Common, CommonStatements, DataColumn, Routines, Sql, prepare_all, q};
 use crate::error::map_err;
 use crate::hot::HotConns;
 use crate::keys::quote;
-use crate::kinds::{HeldBy, HolderSql, Holds, holders_table, marker};
+use crate::kinds::{self, HeldBy, HolderSql, Holds, holders_table, marker, queue_table};
 use crate::pool::{IdleLimit, InUse, checked, open_server};
 use crate::renew::{BySize, LIST_MAX_BATCH, Renewal, padded, renewed_at, too_many};
 use crate::wake::{ServerWait, WakeLockSql, WakeLocks, spawn_keep_alive};
@@ -42,6 +42,10 @@ const MAX_WAIT_SECS: u64 = 2;
 ///   ([`MyDb::wait_release`]: `GET_LOCK(.., seconds)` in a task of its own, on a connection
 ///   of its own) and takes the lock as soon as the holder gave it up.
 ///
+/// A queued permit waiter (see `queued_look`) takes its wake lock with the read that finds a
+/// permit handed to it, and waits on the wake lock of the holder as many places from the
+/// oldest as it is from the head of the queue.
+///
 /// At most a quarter of the pool is pinned, and at most a quarter waits; beyond that (and for
 /// a first take, which inserts the row) holders take no wake lock and waiters poll.
 ///
@@ -53,6 +57,12 @@ const MAX_WAIT_SECS: u64 = 2;
 #[derive(Debug)]
 pub(crate) struct MyDb {
     check: Arc<str>,
+    /// A queued permit waiter's look ([`queued_look_sql`]); prepared on first use (the queue
+    /// table exists only with the procedures).
+    queued_look: Arc<str>,
+    /// The release of a permit on the connection that holds its wake lock, which the
+    /// procedure gives up after its commit (`None`: no procedures).
+    release_waking: Option<Arc<str>>,
     /// The batched renewal's update and read, by list size.
     renew_many: (BySize, BySize),
     common: Common<sqlx::MySql>,
@@ -177,6 +187,9 @@ impl MyDb {
             Some(routines) => set_up_routines(&pool, routines, config.create_table).await,
             None => None,
         };
+        let release_waking = routines
+            .as_ref()
+            .map(|_| routines::release_call(&config.table, true).into());
         let holds = Holds::new(holds, config.create_table);
         let mut prepared = sql.prepared();
         prepared.extend([&check, &wake.take, &wake.release, &wake.wait, &wake.handed]);
@@ -207,6 +220,8 @@ impl MyDb {
                 routines: routines.map(|routines| routines.calls),
             },
             check,
+            queued_look: queued_look_sql(&config.table).into(),
+            release_waking,
             renew_many,
         })
     }
@@ -250,7 +265,7 @@ impl MyDb {
         match answer(&done) {
             Answer::Taken(version) => {
                 // An existing row: its connection holds the wake lock until the release.
-                self.wake.pin(name, owner, hot.into_pooled(), slot);
+                self.wake.pin(name, owner, version, hot.into_pooled(), slot);
                 Ok(Some(version))
             }
             Answer::Refused => hot.finish(Ok(None)),
@@ -423,6 +438,71 @@ impl Db for MyDb {
         self.wake.handover
     }
 
+    fn queues_permits(&self) -> bool {
+        self.common
+            .routines
+            .as_ref()
+            .is_some_and(|calls| calls.queue)
+    }
+
+    /// The look takes the waiter's wake lock in the same statement when a release handed it
+    /// a permit (its connection then stays with the lease, as a take's does), and lists the
+    /// holders whose wake lock is held, for the waiter to wait on.
+    async fn queued_look(
+        &self,
+        name: &str,
+        owner: &str,
+        kind: LockKind,
+    ) -> Result<Option<QueuedLook>, sqlx::Error> {
+        if !self.queues_permits() {
+            return Ok(None);
+        }
+        let slot = self.wake.pin_slots.clone().try_acquire_owned().ok();
+        let prefix = self.wake.prefix(name);
+        let lock_prefix = slot.as_ref().map(|_| prefix.as_str());
+        // Cancelled or failed mid-way, the connection is closed, and with it any wake lock.
+        let mut hot = self.common.conns.get().await?;
+        let query = q(&self.queued_look).bind(name).bind(owner).bind(name);
+        let query = query.bind(owner).bind(lock_prefix).bind(lock_prefix);
+        let query = query.bind(name).bind(owner).bind(&prefix).bind(name);
+        let query = query.bind(marker(kind)).bind(name).bind(owner);
+        let row = match query.fetch_one(hot.conn()).await {
+            Ok(row) => row,
+            Err(err) => return hot.finish(Err(err)),
+        };
+        let read = (|| {
+            let ahead: i64 = row.try_get(0)?;
+            let placed: i64 = row.try_get(1)?;
+            let token: Option<i64> = row.try_get(2)?;
+            let remaining_us: Option<i64> = row.try_get(3)?;
+            let woke: Option<i64> = row.try_get(4)?;
+            let armed: Option<String> = row.try_get(5)?;
+            let held: i64 = row.try_get(6)?;
+            let permits = kinds::permits_of(kind);
+            let look = QueuedLook {
+                handed: token.zip(remaining_us),
+                ahead: (placed > 0).then_some(ahead),
+                free: held.saturating_add(ahead) < permits,
+                // Cut at 1,024 characters: a token cut short is a wait on nobody's lock.
+                armed: armed
+                    .iter()
+                    .flat_map(|list| list.split(','))
+                    .map_while(|token| token.parse().ok())
+                    .collect(),
+            };
+            Ok::<_, sqlx::Error>((look, woke))
+        })();
+        match (read, slot) {
+            (Ok((look, Some(1))), Some(slot)) => {
+                if let Some((token, _)) = look.handed {
+                    self.wake.pin(name, owner, token, hot.into_pooled(), slot);
+                }
+                Ok(Some(look))
+            }
+            (read, _) => hot.finish(read.map(|(look, _)| Some(look))),
+        }
+    }
+
     async fn arm(&self, name: &str, owner: &str, version: i64) {
         let Ok(slot) = self.wake.pin_slots.clone().try_acquire_owned() else {
             return;
@@ -437,7 +517,7 @@ impl Db for MyDb {
             .fetch_one(hot.conn())
             .await;
         match got {
-            Ok(Some(1)) => self.wake.pin(name, owner, hot.into_pooled(), slot),
+            Ok(Some(1)) => self.wake.pin(name, owner, version, hot.into_pooled(), slot),
             other => {
                 let _ = hot.finish(other.map(drop));
             }
@@ -468,7 +548,7 @@ impl Db for MyDb {
     async fn release(&self, name: &str, owner: &str, version: i64) -> Result<bool, sqlx::Error> {
         // A connection idle past the server's `wait_timeout` may be closed, and its wake lock
         // with it: then the release goes on another one (a failed ping sent nothing).
-        let pinned = match self.wake.take_pinned(name, owner).await {
+        let pinned = match self.wake.take_pinned(name, owner, version).await {
             Some((conn, since)) => checked(conn, since.elapsed(), &self.wake.limit).await,
             None => None,
         };
@@ -520,6 +600,49 @@ impl Db for MyDb {
         Ok(released)
     }
 
+    /// A permit handed over with its wake lock is released on the connection that holds the
+    /// lock, which the release procedure gives up after its commit (see `release_waking`);
+    /// a release of another token leaves that connection pinned. Anything else goes on any
+    /// connection (an abandoned attempt's clean-up first closes the connection of a wake lock
+    /// taken for it, which gives the lock up).
+    async fn release_hold(&self, held: HeldBy<'_>) -> Result<bool, sqlx::Error> {
+        let pinned = match (held.token, &self.release_waking) {
+            (Some(token), Some(_)) => {
+                match self.wake.take_pinned(held.name, held.owner, token).await {
+                    Some((conn, since)) => checked(conn, since.elapsed(), &self.wake.limit).await,
+                    None => None,
+                }
+            }
+            _ => None,
+        };
+        let (Some(conn), Some(call), Some(token)) = (pinned, &self.release_waking, held.token)
+        else {
+            if held.token.is_none() {
+                // An abandoned attempt's clean-up, by owner: whatever it holds goes.
+                self.forget(held.name, held.owner);
+            }
+            return self.common.release_hold(held).await;
+        };
+        let lock = format!("{}{token}", self.wake.prefix(held.name));
+        // Closed if cancelled or failed, which gives the wake lock up as well.
+        let mut hot = self.common.conns.adopt(conn);
+        let query = q(call)
+            .bind(held.name)
+            .bind(held.owner)
+            .bind(marker(held.kind));
+        let query = query.bind(token).bind(true).bind(lock);
+        // `fetch_all`: MySQL answers a CALL with the row, then the call's status.
+        let result = match query.fetch_all(hot.conn()).await {
+            Ok(rows) => rows
+                .first()
+                .ok_or(sqlx::Error::RowNotFound)
+                .and_then(|row| row.try_get::<i64, _>(0))
+                .map(|answer| answer == 1),
+            Err(err) => Err(err),
+        };
+        hot.finish(result)
+    }
+
     async fn abandon(&self, name: &str, owner: &str) -> Result<(), sqlx::Error> {
         self.forget(name, owner);
         self.common.abandon(name, owner).await
@@ -531,13 +654,21 @@ impl Db for MyDb {
         owner: &str,
         version: i64,
         remaining: Duration,
+        exclusive: bool,
     ) -> Option<ServerWait> {
         let slot = self.wake.wait_slots.clone().try_acquire_owned().ok()?;
         let lock = format!("{}{version}", self.wake.prefix(name));
         // Whole seconds (MySQL's GET_LOCK takes no fraction), at least one, at most the cap.
-        let secs = remaining.as_secs().saturating_add(1).min(MAX_WAIT_SECS);
+        // A permit waiter's wait, one second: one it no longer needs runs to its end in the
+        // background (see `ServerWait::let_run`), keeping its wait slot until then.
+        let secs = if exclusive {
+            remaining.as_secs().saturating_add(1).min(MAX_WAIT_SECS)
+        } else {
+            1
+        };
         let (cancel, cancelled) = oneshot::channel();
-        let whose = (name.to_owned(), owner.to_owned());
+        // A permit's release is read by the waiter's own look.
+        let whose = exclusive.then(|| (name.to_owned(), owner.to_owned()));
         let task = tokio::spawn(self.wake.clone().wait(lock, secs, cancelled, slot, whose));
         Some(ServerWait::new(version, task, cancel))
     }

@@ -6,8 +6,10 @@
 //! Each procedure runs the statements of [`HolderSql`] (their `?` arguments replaced by the
 //! procedure's parameters) in one transaction, in the order [`kinds::Tx`](crate::kinds::Tx)
 //! runs them, rolls back what it refuses, and answers with one row. They are created (`IF NOT
-//! EXISTS`) with the lock table, used when present with `create_table=false`, and named
-//! `_v1`: a change of what one does takes a new name.
+//! EXISTS`) with the lock table, used when present with `create_table=false`, and named by
+//! version: a change of what one does takes a new name. The join and the release are `_v2`:
+//! they keep the queue of permit waiters (see [`Parts::join`] and [`Parts::release`]); the
+//! renewals are still `_v1`.
 //!
 //! A fourth procedure renews a batch of holds (`_dl_renew_many_v1`, the renewals' arguments
 //! as one JSON array sorted by name, read by `JSON_TABLE`): the watchdog's renewals of every
@@ -21,9 +23,9 @@
 
 use crate::dialect::{Calls, Routines};
 use crate::keys::quote;
-use crate::kinds::{HolderSql, InRoutine, holders_table};
+use crate::kinds::{HolderSql, InRoutine, holders_table, queue_table};
 
-use super::statements::NOW;
+use super::statements::{NOW, NOW_US};
 
 /// Replaces the arguments `?` of `sql` with `names`, in order (the statements hold no `?` in
 /// a literal).
@@ -65,36 +67,43 @@ pub(crate) fn routines(table: &str, sql: &HolderSql, peek_columns: &str) -> Opti
     if last.len() + "_dl_renew_many_v1".len() > 64 {
         return None;
     }
-    let routine = |what: &str| format!("{last}_dl_{what}_v1");
-    let name = |what: &str| quote(&format!("{table}_dl_{what}_v1"), '`');
-    let (join, renew, release) = (name("join"), name("renew"), name("release"));
-    let renew_many = name("renew_many");
-    // Plain identifiers: safe in literals.
+    // The join and the release of `v2` queue permit waiters (see [`Parts::join`]).
+    let routine = |what: &str, v: u8| format!("{last}_dl_{what}_v{v}");
+    let name = |what: &str, v: u8| quote(&format!("{table}_dl_{what}_v{v}"), '`');
+    let (join, renew, release) = (name("join", 2), name("renew", 1), name("release", 2));
+    let renew_many = name("renew_many", 1);
+    let schema = schema.map_or_else(|| "DATABASE()".to_owned(), |s| format!("'{s}'"));
+    // Plain identifiers: safe in literals. The queue table counts as one of the `create`
+    // statements.
     let present = format!(
-        "SELECT COUNT(*) FROM information_schema.routines \
-         WHERE routine_schema = {} AND routine_name IN ('{}', '{}', '{}', '{}')",
-        schema.map_or_else(|| "DATABASE()".to_owned(), |s| format!("'{s}'")),
-        routine("join"),
-        routine("renew"),
-        routine("release"),
-        routine("renew_many"),
+        "SELECT (SELECT COUNT(*) FROM information_schema.routines \
+         WHERE routine_schema = {schema} AND routine_name IN ('{}', '{}', '{}', '{}')) \
+         + (SELECT COUNT(*) FROM information_schema.tables \
+         WHERE table_schema = {schema} AND table_name = '{}')",
+        routine("join", 2),
+        routine("renew", 1),
+        routine("release", 2),
+        routine("renew_many", 1),
+        queue_table(last),
     );
     let parts = Parts {
         t: quote(table, '`'),
         h: quote(&holders_table(table), '`'),
+        w: quote(&queue_table(table), '`'),
         in_routine: sql.in_routine(with_args),
         peek_columns,
     };
     Some(Routines {
         calls: Calls {
-            join: format!("CALL {join}(?, ?, ?, ?, ?)").into(),
+            join: format!("CALL {join}(?, ?, ?, ?, ?, ?)").into(),
             renew: format!("CALL {renew}(?, ?, ?, ?, ?)").into(),
-            release: format!("CALL {release}(?, ?, ?, ?, ?)").into(),
+            release: release_call(table, false).into(),
             renew_many: Some(format!("CALL {renew_many}(?)").into()),
-            queue: false,
+            queue: true,
         },
         present: present.into(),
         create: vec![
+            parts.queue(),
             parts.join(&join),
             parts.renew(&renew),
             parts.release(&release),
@@ -103,12 +112,23 @@ pub(crate) fn routines(table: &str, sql: &HolderSql, peek_columns: &str) -> Opti
     })
 }
 
+/// The call of the release procedure of lock table `table`: with `lock`, a sixth argument
+/// names the wake lock to give up after the commit (on the connection that holds it), else
+/// none is.
+pub(super) fn release_call(table: &str, lock: bool) -> String {
+    let release = quote(&format!("{table}_dl_release_v2"), '`');
+    let lock = if lock { "?" } else { "NULL" };
+    format!("CALL {release}(?, ?, ?, ?, ?, {lock})")
+}
+
 /// What the procedures' bodies are made of.
 struct Parts<'a> {
     /// The holders' statements, in the routine.
     in_routine: InRoutine,
     t: String,
     h: String,
+    /// The queue of permit waiters.
+    w: String,
     peek_columns: &'a str,
 }
 
@@ -128,25 +148,70 @@ impl Parts<'_> {
     const CARRIES: &'static str =
         "v_found = 1 AND o_remaining IS NOT NULL AND o_owner <=> p_marker";
 
-    /// [`Tx::join`](crate::kinds::Tx::join).
+    /// The queue of permit waiters ([`queue_table`]), created when missing.
+    fn queue(&self) -> String {
+        format!(
+            "CREATE TABLE IF NOT EXISTS {} (name VARBINARY(512) NOT NULL, \
+             owner VARBINARY(255) NOT NULL, seq BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL, \
+             ttl BIGINT NOT NULL, permits BIGINT NOT NULL, PRIMARY KEY (name, owner)) ENGINE=InnoDB",
+            self.w
+        )
+    }
+
+    /// Queues waiter `p_owner` (ttl `p_ttl`, `p_permits`) for `p_queue` µs, at the back, or
+    /// keeps its place if it still has a live one. An abandoned attempt's place (a negative
+    /// ttl, see [`Parts::release`]) stays gone: a poll of it still on its way when it gave up
+    /// does not queue it again. Assignments run left to right and see the earlier ones: `ttl`
+    /// last.
+    fn enqueue(&self) -> String {
+        format!(
+            "INSERT INTO {} (name, owner, seq, expires_at, ttl, permits)
+      VALUES (p_name, p_owner, {NOW_US}, {NOW} + INTERVAL p_queue MICROSECOND, p_ttl, p_permits)
+      ON DUPLICATE KEY UPDATE
+        seq = IF(ttl < 0 OR expires_at > {NOW}, seq, VALUES(seq)),
+        expires_at = IF(ttl < 0, expires_at, VALUES(expires_at)),
+        permits = IF(ttl < 0, permits, VALUES(permits)),
+        ttl = IF(ttl < 0, ttl, VALUES(ttl))",
+            self.w
+        )
+    }
+
+    /// [`Tx::join`](crate::kinds::Tx::join), and the queue of permit waiters (PostgreSQL's
+    /// `v4` rule, see `postgres/routines.rs`): a permit join takes only while the holders and
+    /// the live waiters queued ahead of it (all of them, if it is not queued) leave a permit,
+    /// first come, first served; refused with `p_queue` (µs) above 0, it queues its waiter, or
+    /// keeps its place, live for that long from now; a take leaves the queue. A permit that a
+    /// release handed this waiter (see [`Parts::release`]) and that it did not learn of yet
+    /// is renewed from now and taken again, with the token it was handed (an owner is unique
+    /// per acquisition: the core's reentrancy never asks twice for one).
     fn join(&self, name: &str) -> String {
-        let Self { h, in_routine, .. } = self;
+        let Self {
+            t,
+            h,
+            w,
+            in_routine,
+            ..
+        } = self;
         let InRoutine {
             ensure,
             purge,
             purge_all,
             mark,
             insert,
+            stretch,
             ..
         } = in_routine;
         let lock = self.lock();
+        let enqueue = self.enqueue();
         let answer = "SELECT o_owner, o_version, o_remaining, o_next_owner, o_next_since, \
                       o_next_remaining, o_taken, o_first_end";
         format!(
-            "CREATE PROCEDURE IF NOT EXISTS {name}({PARAMS}, IN p_ttl BIGINT, IN p_permits BIGINT)
+            "CREATE PROCEDURE IF NOT EXISTS {name}({PARAMS}, IN p_ttl BIGINT, IN p_permits BIGINT,
+  IN p_queue BIGINT)
 body: BEGIN
   {DECLARE_PEEK}
   DECLARE o_taken BIGINT; DECLARE o_first_end BIGINT; DECLARE held INT;
+  DECLARE w_seq BIGINT; DECLARE ahead BIGINT DEFAULT 0;
   {HANDLERS}
   {lock};
   IF v_found = 0 THEN
@@ -155,21 +220,58 @@ body: BEGIN
     {lock};
   END IF;
   SET held = o_remaining IS NOT NULL;
-  -- Held as another kind (a mismatch or an exclusive holder), or another waiter's turn.
-  IF (held AND NOT (o_owner <=> p_marker))
-     OR (o_next_remaining IS NOT NULL AND NOT (o_next_owner <=> p_owner)) THEN
+  -- A permit of this waiter's already (a release handed it over, and the waiter has not read
+  -- it yet): renewed from now, it is the permit taken.
+  IF held AND p_permits > 0 AND o_owner <=> p_marker THEN
+    SELECT token INTO o_taken FROM {h}
+      WHERE name = p_name AND owner = p_owner AND expires_at > {NOW} FOR UPDATE;
+    IF o_taken IS NOT NULL THEN
+      UPDATE {h} SET expires_at = {NOW} + INTERVAL p_ttl MICROSECOND
+        WHERE name = p_name AND owner = p_owner AND expires_at > {NOW};
+      {stretch};
+      IF o_next_owner <=> p_owner THEN
+        UPDATE {t} SET next_owner = NULL, next_since = NULL, next_expires = NULL
+          WHERE name = p_name;
+      END IF;
+      DELETE FROM {w} WHERE name = p_name AND owner = p_owner;
+      COMMIT;
+      {answer}; LEAVE body;
+    END IF;
+  END IF;
+  -- Held as another kind (a mismatch or an exclusive holder).
+  IF held AND NOT (o_owner <=> p_marker) THEN
     ROLLBACK; {answer}; LEAVE body;
   END IF;
-  IF held AND p_permits > 0 THEN
-    SELECT COUNT(*), MIN(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)) INTO n, o_first_end
-      FROM {h} WHERE name = p_name AND expires_at > {NOW} AND owner <> p_owner;
-    IF n >= p_permits THEN ROLLBACK; {answer}; LEAVE body; END IF;
-    SET o_first_end = NULL;
+  SET n = 0;
+  IF p_permits > 0 THEN
+    SELECT seq INTO w_seq FROM {w} WHERE name = p_name AND owner = p_owner AND expires_at > {NOW};
+    SELECT COUNT(*) INTO ahead FROM {w} WHERE name = p_name AND owner <> p_owner
+      AND expires_at > {NOW} AND permits = p_permits
+      AND (w_seq IS NULL OR seq < w_seq OR (seq = w_seq AND owner < p_owner));
+    IF held THEN
+      SELECT COUNT(*), MIN(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)) INTO n, o_first_end
+        FROM {h} WHERE name = p_name AND expires_at > {NOW} AND owner <> p_owner;
+    END IF;
   END IF;
+  -- Another waiter's turn (a reservation, the waiters queued ahead), or no permit left.
+  IF (o_next_remaining IS NOT NULL AND NOT (o_next_owner <=> p_owner))
+     OR (p_permits > 0 AND n + ahead >= p_permits) THEN
+    IF p_permits > 0 AND p_queue > 0 THEN
+      {enqueue};
+      COMMIT;
+    ELSE
+      ROLLBACK;
+    END IF;
+    {answer}; LEAVE body;
+  END IF;
+  SET o_first_end = NULL;
   IF held THEN {purge}; ELSE {purge_all}; END IF;
   {mark};
   SET o_taken = o_version + 1;
   {insert};
+  IF p_permits > 0 THEN
+    DELETE FROM {w} WHERE name = p_name AND owner = p_owner;
+  END IF;
   COMMIT;
   {answer};
 END"
@@ -242,31 +344,76 @@ END"
         )
     }
 
-    /// [`Tx::release`](crate::kinds::Tx::release) (no wake-up, `p_wake` unused: MySQL's
-    /// waiters of shared holds and permits poll).
+    /// [`Tx::release`](crate::kinds::Tx::release), and the hand-over of each permit it
+    /// leaves free (`p_wake`: a permit's release) to the first live waiter of the name's
+    /// queue, in the order they queued (see [`Parts::join`]): a holder row of that waiter's
+    /// with the next version and the ttl it queued with (from the hand-over's statement), its
+    /// place in the queue gone. A queued waiter reads whether it holds (see `queued_look`
+    /// in `mysql/mod.rs`), when woken by the holder's wake lock `p_lock` (given up after the
+    /// commit, whatever the release found; `NULL`: none) or briskly. An abandoned permit attempt's place (no token) is
+    /// gone and kept gone (a negative ttl), against a poll of it still on its way, which
+    /// would queue it again for a permit nobody releases.
     fn release(&self, name: &str) -> String {
-        let Self { h, in_routine, .. } = self;
+        let Self {
+            h, w, in_routine, ..
+        } = self;
         let InRoutine {
             purge,
             leave,
             free,
             shrink,
+            mark,
+            insert,
             ..
         } = in_routine;
         let lock = self.lock();
         let carries = Self::CARRIES;
+        let permit = "LEFT(p_marker, 9) = CONCAT(CHAR(1), 'permits:')";
+        // After the commit: a waiter woken by it reads what the release did.
+        let unlock = "IF p_lock IS NOT NULL THEN DO RELEASE_LOCK(p_lock); END IF";
         format!(
-            "CREATE PROCEDURE IF NOT EXISTS {name}({PARAMS}, IN p_token BIGINT, IN p_wake BOOLEAN)
+            "CREATE PROCEDURE IF NOT EXISTS {name}({PARAMS}, IN p_token BIGINT, IN p_wake BOOLEAN,
+  IN p_lock VARBINARY(64))
 body: BEGIN
   {DECLARE_PEEK}
+  DECLARE o_taken BIGINT; DECLARE p_ttl BIGINT; DECLARE p_permits BIGINT;
+  DECLARE w_owner VARBINARY(255); DECLARE handed INT DEFAULT 0;
   {HANDLERS}
   {lock};
-  IF NOT ({carries}) THEN ROLLBACK; SELECT CAST(0 AS SIGNED); LEAVE body; END IF;
+  IF p_token IS NULL AND {permit} THEN
+    INSERT INTO {w} (name, owner, seq, expires_at, ttl, permits)
+      VALUES (p_name, p_owner, 0, {NOW}, -1, 0)
+      ON DUPLICATE KEY UPDATE expires_at = {NOW}, ttl = -1;
+  END IF;
+  IF NOT ({carries}) THEN COMMIT; {unlock}; SELECT CAST(0 AS SIGNED); LEAVE body; END IF;
   IF p_token IS NULL THEN {purge}; SET n = ROW_COUNT(); ELSE {leave}; SET n = ROW_COUNT(); END IF;
-  IF n = 0 THEN ROLLBACK; SELECT CAST(0 AS SIGNED); LEAVE body; END IF;
+  IF n = 0 THEN COMMIT; {unlock}; SELECT CAST(0 AS SIGNED); LEAVE body; END IF;
   SELECT COUNT(*) INTO n FROM {h} WHERE name = p_name AND expires_at > {NOW};
+  IF p_wake AND {permit} THEN
+    SET p_permits = CAST(SUBSTRING(p_marker, 10) AS SIGNED);
+    hand: WHILE n < p_permits DO
+      SET w_owner = NULL;
+      SELECT owner, ttl INTO w_owner, p_ttl FROM {w}
+        WHERE name = p_name AND expires_at > {NOW} AND permits = p_permits AND ttl >= 0
+        ORDER BY seq, owner LIMIT 1 FOR UPDATE;
+      IF w_owner IS NULL THEN LEAVE hand; END IF;
+      IF handed = 0 THEN
+        DELETE FROM {w} WHERE name = p_name AND expires_at <= {NOW} AND ttl >= 0;
+      END IF;
+      DELETE FROM {w} WHERE name = p_name AND owner = w_owner;
+      SET p_owner = w_owner;
+      {purge};
+      {mark};
+      SET o_version = o_version + 1;
+      SET o_taken = o_version;
+      {insert};
+      SET n = n + 1;
+      SET handed = 1;
+    END WHILE;
+  END IF;
   IF n = 0 THEN {free}; ELSE {shrink}; END IF;
   COMMIT;
+  {unlock};
   SELECT CAST(1 AS SIGNED);
 END"
         )

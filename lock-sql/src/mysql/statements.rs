@@ -25,6 +25,36 @@ pub(super) fn peek_columns() -> String {
     )
 }
 
+/// ARGS: name, owner, name, owner, wake lock prefix (twice; NULL: take no wake lock), name,
+/// owner, wake lock prefix, name, marker, name, owner. A queued permit waiter's look (see
+/// [`Db::queued_look`](crate::db::Db::queued_look)): how many live waiters are queued ahead
+/// of it (of its semaphore), whether its own place is live; the token and remaining lease
+/// (µs) of a live permit of its on a row that carries the marker, if a release handed it one,
+/// and whether its wake lock was taken then (on this connection); the tokens of the other
+/// live holders whose wake lock is held, oldest first (cut at `group_concat_max_len`, 1,024
+/// characters by default); and how many live holder rows the name has.
+pub(super) fn queued_look_sql(table: &str) -> String {
+    let t = quote(table, '`');
+    let h = quote(&holders_table(table), '`');
+    let w = quote(&queue_table(table), '`');
+    format!(
+        "SELECT (SELECT COUNT(*) FROM {w} AS a JOIN {w} AS me \
+         ON a.name = me.name AND a.permits = me.permits \
+         WHERE me.name = ? AND me.owner = ? AND me.expires_at > {NOW} AND me.ttl >= 0 \
+         AND a.expires_at > {NOW} AND (a.seq < me.seq OR (a.seq = me.seq AND a.owner < me.owner))), \
+         (SELECT COUNT(*) FROM {w} WHERE name = ? AND owner = ? AND expires_at > {NOW} AND ttl >= 0), \
+         h.token, TIMESTAMPDIFF(MICROSECOND, {NOW}, h.expires_at), \
+         IF(h.token IS NULL OR ? IS NULL, NULL, GET_LOCK(CONCAT(?, h.token), 0)), \
+         (SELECT CAST(GROUP_CONCAT(o.token ORDER BY o.token) AS CHAR) FROM {h} AS o \
+         WHERE o.name = ? AND o.owner <> ? AND o.expires_at > {NOW} \
+         AND IS_USED_LOCK(CONCAT(?, o.token)) IS NOT NULL), \
+         (SELECT COUNT(*) FROM {h} AS l WHERE l.name = ? AND l.expires_at > {NOW}) \
+         FROM (SELECT 1) AS one LEFT JOIN ({h} AS h JOIN {t} AS t \
+         ON t.name = h.name AND t.owner = ? AND t.expires_at > {NOW}) \
+         ON h.name = ? AND h.owner = ? AND h.expires_at > {NOW}"
+    )
+}
+
 /// A release's assignments, with `handover` (see [`MyDb`]): to the exclusive waiter that
 /// holds a live reservation, if any, else free. `wake`: the assignment of `owner` runs it
 /// too (it gives the holder's wake lock up), whatever it decides. Assignments run left to
