@@ -130,6 +130,11 @@ impl<DB: sqlx::Database> Common<DB> {
     pub(crate) fn renew_holds_call(&self) -> Option<&Arc<str>> {
         self.routines.as_ref()?.renew_many.as_ref()
     }
+
+    /// Whether the routines in use queue permit waiters ([`Calls::queue`]).
+    pub(crate) fn queues_permits(&self) -> bool {
+        self.routines.as_ref().is_some_and(|calls| calls.queue)
+    }
 }
 
 /// A database's routines of shared holds and permits for one lock table: the statements that

@@ -409,6 +409,27 @@ async fn old_table_keeps_working(url: &str, create: &str) {
     exec(&pool, format!("DROP TABLE {table}")).await;
 }
 
+/// What `read` (a read of the queue of permit waiters of `name`) answers once it lists `n`
+/// waiters or more; fails after 10 s.
+async fn until_queued<T, F: std::future::Future<Output = Vec<T>>>(
+    name: &str,
+    n: usize,
+    read: impl Fn() -> F,
+) -> Vec<T> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let queue = read().await;
+        if queue.len() >= n {
+            return queue;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} waiters did not queue for {name}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 macro_rules! kinds_suite {
     ($url:expr, $old:expr) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -638,18 +659,7 @@ mod postgres {
 
     /// The queue of `name` once it has `n` live waiters (within 10 s).
     async fn queued(pool: &sqlx::PgPool, name: &str, n: usize) -> Vec<(String, i64)> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let queue = queue(pool, name).await;
-            if queue.len() >= n {
-                return queue;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{n} waiters did not queue for {name}"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        super::until_queued(name, n, || queue(pool, name)).await
     }
 
     /// The token of `owner`'s holder row of `name`, if it has one.
@@ -956,18 +966,7 @@ mod mysql {
 
     /// The queue of `name` once it has `n` live waiters (within 10 s).
     async fn queued(pool: &sqlx::MySqlPool, name: &str, n: usize) -> Vec<String> {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            let queue = queued_owners(pool, name).await;
-            if queue.len() >= n {
-                return queue;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{n} waiters did not queue for {name}"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        super::until_queued(name, n, || queued_owners(pool, name)).await
     }
 
     /// The token of `owner`'s holder row of `name`, if it has one.

@@ -439,10 +439,7 @@ impl Db for MyDb {
     }
 
     fn queues_permits(&self) -> bool {
-        self.common
-            .routines
-            .as_ref()
-            .is_some_and(|calls| calls.queue)
+        self.common.queues_permits()
     }
 
     /// The look takes the waiter's wake lock in the same statement when a release handed it

@@ -613,10 +613,7 @@ impl Db for PgDb {
     }
 
     fn queues_permits(&self) -> bool {
-        self.common
-            .routines
-            .as_ref()
-            .is_some_and(|calls| calls.queue)
+        self.common.queues_permits()
     }
 
     async fn reserve(
