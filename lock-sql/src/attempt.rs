@@ -16,7 +16,7 @@ use crate::db::Claim;
 use crate::error::map_err;
 use crate::kinds::{self, HeldBy, JoinRequest, Joined};
 use crate::lease::SqlLease;
-use crate::wake::{ServerWait, Subscription, WakeSignal, Woken};
+use crate::wake::{ServerWait, Subscription, WaitFor, WakeSignal, Woken};
 
 pub(crate) struct SqlAttempt {
     pub(crate) inner: Arc<Inner>,
@@ -48,8 +48,9 @@ pub(crate) struct SqlAttempt {
     /// then finds the handed version (no bound), while this earlier read still is one.
     pub(crate) held_seen_before: Option<(Instant, i64)>,
     /// A wait on the server for the release of the holder ahead (MySQL's wake locks), while
-    /// this attempt holds the reservation, or of the holder it is paired with, while it is a
-    /// queued permit waiter (see [`SqlAttempt::look_in_queue`]).
+    /// this attempt holds the reservation or is a reader behind a writer (the latest reader's,
+    /// for a writer waiting for the readers), or of the holder it is paired with, while it is
+    /// a queued permit waiter (see [`SqlAttempt::look_in_queue`]).
     pub(crate) server_wait: Option<ServerWait>,
     /// The holder (by version) that has no wake lock to wait on: poll it instead.
     pub(crate) unarmed: Option<i64>,
@@ -171,41 +172,84 @@ impl SqlAttempt {
             mine
         };
         if head {
-            if let Some(step) = self.wait_for_release(&peek, retry) {
+            if let Some(step) = self.wait_for_release(&peek, retry, true) {
                 return Ok(step);
             }
             // Without notifications the core polls the next holder briskly; the others back off.
             return Ok(Step::NextInLine { retry_after: retry });
         }
-        self.server_wait = None;
+        if self.request.kind == LockKind::Shared {
+            // Behind the head, a reader joins with the others once the writer released: it
+            // waits on the server too. No writer holds: the head (a waiting writer, or the
+            // reader that joins first) takes next, then a read tells what to wait for.
+            if let Some(step) = self.wait_for_release(&peek, retry, false) {
+                return Ok(step);
+            }
+            if !self.inner.db.has_events() && kinds::held_kind(&peek).is_none() {
+                return Ok(Step::NextInLine { retry_after: None });
+            }
+        }
+        self.end_wait();
         Ok(Step::busy(retry))
     }
 
-    /// At the head of the queue of a lock held exclusively, on a backend that waits on the
-    /// server for a release ([`db::Db::wait_release`]): such a wait, kept across polls while
-    /// the holder stays the same, and a busy step (the release wakes this attempt, the core's
-    /// backoff is only the safety net). `None`: no wait is possible, poll briskly.
-    fn wait_for_release(&mut self, peek: &db::Peek, retry: Option<Duration>) -> Option<Step> {
+    /// Waiting for a lock held exclusively (or a writer waiting at the head for the readers),
+    /// on a backend that waits on the server for a release ([`db::Db::wait_release`]): such
+    /// a wait, kept across polls while the holder stays the same, and a busy step (the
+    /// release wakes this attempt, the core's backoff is only the safety net). `None`: no
+    /// wait is possible, poll briskly. A writer waits for the latest reader (the row's
+    /// version is its token), mostly the last to leave; should another still hold when it
+    /// left, the wait on a lock nobody holds any more says so ([`Woken::NotArmed`]), and the
+    /// writer polls briskly until the row's version changes. `head`: this attempt holds the
+    /// reservation (else it is a reader behind the head, see [`WaitFor::Behind`]).
+    fn wait_for_release(
+        &mut self,
+        peek: &db::Peek,
+        retry: Option<Duration>,
+        head: bool,
+    ) -> Option<Step> {
         let version = peek.version;
-        if kinds::held_kind(peek) != Some(LockKind::Exclusive) || self.unarmed == Some(version) {
-            self.server_wait = None;
+        let held = kinds::held_kind(peek);
+        let waits = match held {
+            Some(LockKind::Exclusive) => true,
+            Some(LockKind::Shared) => self.request.kind == LockKind::Exclusive,
+            _ => false,
+        };
+        // A reader's wake lock is taken before its join commits: found free, it was given up
+        // for good (the reader left, an older one still holds), so the writer polls.
+        let left = held == Some(LockKind::Shared) && self.not_armed.0 == version;
+        if !waits || left || self.unarmed == Some(version) {
+            self.end_wait();
             return None;
         }
         if self.server_wait.as_ref().map(ServerWait::version) != Some(version) {
-            let name = self.request.name.as_str();
+            self.end_wait();
+            let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
             let remaining = retry.unwrap_or_default();
-            // Replacing an earlier wait cancels it.
-            let owner = &*self.request.owner;
+            // Only a writer's release hands the lock over (to a writer): a wake-up then reads
+            // whether it did. A reader's release frees the name; none hands a read hold over.
+            let purpose = match (head, self.request.kind, held) {
+                (false, ..) => WaitFor::Behind,
+                (true, LockKind::Exclusive, Some(LockKind::Exclusive)) => WaitFor::Handover,
+                (true, ..) => WaitFor::First,
+            };
             self.server_wait = self
                 .inner
                 .db
-                .wait_release(name, owner, version, remaining, true);
+                .wait_release(name, owner, version, remaining, purpose);
         }
         self.server_wait.as_ref().map(|_| Step::busy(retry))
     }
 }
 
 impl SqlAttempt {
+    /// Ends the wait on the server, if any (see [`ServerWait::end`]).
+    fn end_wait(&mut self) {
+        if let Some(wait) = self.server_wait.take() {
+            wait.end();
+        }
+    }
+
     /// Whether this attempt waits in the name's queue of permit waiters
     /// ([`db::Db::queues_permits`]) rather than for the reservation.
     fn queued(&self) -> bool {
@@ -319,6 +363,14 @@ impl SqlAttempt {
         let sent = Instant::now();
         let queued = self.queued();
         if self.busy_before && !handed && !queued {
+            if self
+                .server_wait
+                .as_ref()
+                .is_some_and(|w| w.pending_within(RESERVATION.min(self.request.ttl) / 4))
+            {
+                // The writer has not released (its wake lock is held): nothing to read yet.
+                return Ok(Step::busy(None));
+            }
             // Waiting: look before locking the row, while a writer or a reservation refuses.
             let peek = db.peek(name).await.map_err(|e| map_err("acquire", e))?;
             let refused =
@@ -430,7 +482,7 @@ impl SqlAttempt {
                 self.server_wait =
                     self.inner
                         .db
-                        .wait_release(name, owner, token, reservation, false);
+                        .wait_release(name, owner, token, reservation, WaitFor::First);
             }
             Some(_) => {}
             None => {
@@ -543,10 +595,20 @@ impl Attempt for SqlAttempt {
         if let Some(wait) = &mut self.server_wait {
             // Cancel-safe: the wait runs on in its task.
             let woken = wait.woken().await;
-            let version = wait.version();
+            let (version, purpose) = (wait.version(), wait.purpose());
             self.server_wait = None;
             match woken {
-                Woken::Released => self.handed = true,
+                // Behind the head, a reader reads first: the head (a writer, mostly) takes
+                // before it, and a join would queue on the row ahead of the head's read.
+                Woken::Released if purpose == WaitFor::Behind => {}
+                Woken::Released => {
+                    self.handed = true;
+                    if purpose == WaitFor::First && self.request.kind == LockKind::Exclusive {
+                        // A writer woken by the latest reader: should an older one still
+                        // hold, the writer polls (its wake lock is not the row's version).
+                        self.not_armed = (version, 1);
+                    }
+                }
                 Woken::Handed { version, until } => {
                     // Unknown (an instant before the clock's start): look at the row instead.
                     if let Some(since) = until.checked_sub(self.request.ttl) {
@@ -575,9 +637,14 @@ impl Attempt for SqlAttempt {
 
     async fn abandon(mut self: Box<Self>) -> Result<()> {
         if let Some(wait) = self.server_wait.take() {
-            // A wake-up read may be pinning a handed-over lock's connection: before the
-            // clean-up below, which unpins it.
-            wait.stop().await;
+            if wait.purpose() == WaitFor::Handover {
+                // A wake-up read may be pinning a handed-over lock's connection: before the
+                // clean-up below, which unpins it.
+                wait.stop().await;
+            } else {
+                // It keeps nothing: it runs to its end.
+                wait.let_run();
+            }
         }
         if !self.maybe_owned && !self.maybe_reserved {
             // Every statement was answered: nothing of this attempt is on the server.

@@ -14,7 +14,7 @@ use crate::dialect::CommonStatements;
 use crate::fence::FencedUpdate;
 use crate::kinds::{self, HeldBy, HolderInfo, JoinRequest, Joined};
 use crate::renew::Renewal;
-use crate::wake::{ServerWait, Subscription};
+use crate::wake::{ServerWait, Subscription, WaitFor};
 
 /// A row of the lock table as the attempt needs it.
 #[derive(Debug)]
@@ -399,20 +399,19 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
     }
 
     /// A wait on the server for the release of `name` by its holder with `version` (an
-    /// exclusive holder's, else a permit holder's token), whose lease has `remaining`, for
-    /// backends that wake waiters that way (MySQL's wake locks); with hand-overs, the wait for
-    /// an `exclusive` holder also finds out whether the release made `owner` the holder.
-    /// `None`: none is possible now (no such backend, or its wait connections are all in use);
-    /// the waiter polls.
+    /// exclusive holder's, or a reader's or a permit holder's token), whose lease has
+    /// `remaining`, for backends that wake waiters that way (MySQL's wake locks), for
+    /// `purpose` (see [`WaitFor`]). `None`: none is possible now (no such backend, or its
+    /// wait connections are all in use); the waiter polls.
     fn wait_release(
         &self,
         name: &str,
         owner: &str,
         version: i64,
         remaining: Duration,
-        exclusive: bool,
+        purpose: WaitFor,
     ) -> Option<ServerWait> {
-        let _ = (name, owner, version, remaining, exclusive);
+        let _ = (name, owner, version, remaining, purpose);
         None
     }
 

@@ -380,19 +380,9 @@ where
 
     async fn join(&self, req: JoinRequest<'_>) -> Result<Joined, sqlx::Error> {
         if let Some(calls) = &self.routines {
-            let query = q(&calls.join).bind(req.name).bind(req.owner);
-            let query = query.bind(marker(req.kind)).bind(req.ttl_us);
-            let query = query.bind(kinds::permits_of(req.kind));
-            let query = if calls.queue {
-                query.bind(req.queue_us)
-            } else {
-                query
-            };
+            let query = self.join_query(&calls.join, &req);
             let row = self.call(query).await?;
-            let peek = Peek::from_row(&row, |i| DB::owner(&row, i))?;
-            let taken = sqlx::Row::try_get(&row, 6)?;
-            let first_end = sqlx::Row::try_get(&row, 7)?;
-            return Ok(Joined::from_server(peek, req.kind, taken, first_end));
+            return Self::joined(&row, req.kind);
         }
         self.in_tx(req.name, async |tx, peek| {
             let joined = tx.join(req, peek).await?;
@@ -469,6 +459,30 @@ where
         // `fetch_all`: MySQL answers a CALL with the row, then the call's status.
         let rows = self.conns.fetch_all(query).await?;
         rows.into_iter().next().ok_or(sqlx::Error::RowNotFound)
+    }
+
+    /// The call `call` of the join routine (see [`Calls::join`]) for `req`, with its
+    /// arguments bound; a call with more arguments binds the rest.
+    pub(crate) fn join_query(
+        &self,
+        call: &Arc<str>,
+        req: &JoinRequest<'_>,
+    ) -> sqlx::query::Query<'static, DB, DB::Arguments> {
+        let query = q(call).bind(req.name).bind(req.owner);
+        let query = query.bind(marker(req.kind)).bind(req.ttl_us);
+        let query = query.bind(kinds::permits_of(req.kind));
+        match &self.routines {
+            Some(calls) if calls.queue => query.bind(req.queue_us),
+            _ => query,
+        }
+    }
+
+    /// What the row a join routine answered says for a request of `kind`.
+    pub(crate) fn joined(row: &DB::Row, kind: LockKind) -> Result<Joined, sqlx::Error> {
+        let peek = Peek::from_row(row, |i| DB::owner(row, i))?;
+        let taken = sqlx::Row::try_get(row, 6)?;
+        let first_end = sqlx::Row::try_get(row, 7)?;
+        Ok(Joined::from_server(peek, kind, taken, first_end))
     }
 
     /// Whether a renewal's or a release's call answered 1.

@@ -50,7 +50,7 @@ impl Drop for SqlLease {
         // Released or lost: its row may be due for a sweep within `forget_after`.
         self.inner.sweeper.touched();
         // After a release nothing is left; after a loss, what the take kept goes (a wake
-        // lock's connection, MySQL's: an exclusive holder's, or a permit's handed over).
+        // lock's connection, MySQL's: an exclusive holder's, a joined or handed-over hold's).
         self.inner.db.forget(self.name.as_str(), &self.owner);
     }
 }

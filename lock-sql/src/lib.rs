@@ -109,10 +109,13 @@
 //!   release closes its connection, which gives the wake lock up. Wake locks are hints only:
 //!   exclusion and fencing rest on the row alone. Statement-based binary logging
 //!   (`binlog_format=STATEMENT`) logs every take as unsafe; use `ROW` or `MIXED`.
-//!   Waiters other than the reserved one, and SQLite's, poll
+//!   Readers waiting behind a writer wait on its wake lock too, and a writer waiting for
+//!   readers on the latest reader's (see "MySQL/MariaDB's readers take a wake lock" below).
+//!   Other waiters, and SQLite's, poll
 //!   ([`WakeUp::Polling`](distlock_core::WakeUp::Polling)) with the core's jittered backoff
 //!   bounded by the holder's remaining lease; a reserved waiter without a wake lock to wait
-//!   on reads every 1-20 ms.
+//!   on reads every 1-20 ms, and so does a reader behind the head of the queue while no one
+//!   holds (the head takes next).
 //! - **Loss** is detected by renewal (a refused owner-checked renewal, or the local deadline).
 //! - **Holder data** ([`AcquireOptions::with_data`](distlock_core::AcquireOptions::with_data),
 //!   [`LockGuard::set_data`](distlock_core::LockGuard::set_data)) is the `data` column of
@@ -146,7 +149,7 @@
 //!   one name's holders is serialized by that row. A refused acquisition rolls back.
 //! - **PostgreSQL and MySQL/MariaDB** run each of those transactions as one call of a
 //!   server-side routine (PL/pgSQL functions `<table>_dl_join_v4`, `<table>_dl_renew_v4`,
-//!   `<table>_dl_release_v4`; stored procedures `<table>_dl_join_v2`, `<table>_dl_renew_v1`,
+//!   `<table>_dl_release_v4`; stored procedures `<table>_dl_join_v3`, `<table>_dl_renew_v1`,
 //!   `<table>_dl_release_v2`; created with the
 //!   lock table when missing; the same statements in the same order, a refused join writing nothing): one
 //!   round trip instead of five to eight, so the name's row stays locked for a fraction of
@@ -236,8 +239,23 @@
 //!   holders mostly release in the order they took) and reads at once when it is given up;
 //!   when another holder releases first, the brisk reads find it. A wait no longer needed
 //!   (the waiter moved up, or holds) runs to its end in the background (the holder's
-//!   release, 2 s at most) and keeps its connection, instead of being killed. Clients of
+//!   release, a second at most) and keeps its connection, instead of being killed. Clients of
 //!   earlier versions (`_v1`) neither queue nor read the queue: safe beside it, not fair.
+//! - **MySQL/MariaDB's readers take a wake lock** (join procedure `_v3`): a join that takes
+//!   also takes the new holder's wake lock (prefix, then its token) before its commit, on a
+//!   connection that then stays with the lease (pinned, released on it), while two of the
+//!   client's pin slots are free (one stays for its exclusive takes). The row's version is
+//!   the latest reader's token, so a writer waiting at the head for the readers waits on the
+//!   server for that reader's wake lock, mostly the last to leave, as it waits for a writer;
+//!   should an older reader still hold, the wait finds the lock given up and the writer polls
+//!   briskly. Readers refused behind a writer all wait on the writer's wake lock (not only
+//!   the head: they join together; behind the head, while another of the client's wait
+//!   slots stays free for a head's wait), each wait running to its end in the background
+//!   when no longer needed; woken, the head joins at once, the others read first. Permit holders that joined get a wake lock the same way, which their
+//!   queued waiters wait on. Joins of earlier clients (`_v2`) take none: their readers are
+//!   polled. With `create_table=false`, the procedures of this version must exist (created
+//!   by a client of this version with `create_table=true`), else the transactions are
+//!   used.
 //! - **Writer hand-over after the last reader** (PostgreSQL's functions, `_v3`): the release
 //!   of the last shared holder (or permit) hands the lock to the exclusive waiter holding a
 //!   live reservation (`next_ttl` positive) in the same transaction, as an exclusive release

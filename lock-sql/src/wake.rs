@@ -245,6 +245,22 @@ pub(crate) enum Woken {
     Failed,
 }
 
+/// What a wait on the server is for ([`crate::db::Db::wait_release`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WaitFor {
+    /// An exclusive waiter at the head, for an exclusive holder: the wait lasts the holder's
+    /// lease (at most a cap), and with hand-overs a wake-up reads whether the release made
+    /// the waiter the holder (then its connection may stay with the lease: cancel it, never
+    /// leave it running).
+    Handover,
+    /// Any other wait of a waiter first in its line (a reader or a writer at the head, a
+    /// queued permit waiter): a second at most, keeping nothing.
+    First,
+    /// A reader behind the head of the queue, for the writer's release: a second at most,
+    /// keeping nothing, and only while another wait slot stays free (for the head's).
+    Behind,
+}
+
 /// A wait that runs on the server in a task of its own, for the release of the holder with
 /// `version`: cancelling the future that awaits it ([`ServerWait::woken`]) leaves the wait
 /// running, so the next `changed()` picks it up again. Dropping the `ServerWait` before the
@@ -252,6 +268,7 @@ pub(crate) enum Woken {
 #[derive(Debug)]
 pub(crate) struct ServerWait {
     version: i64,
+    purpose: WaitFor,
     started: std::time::Instant,
     task: tokio::task::JoinHandle<Woken>,
     /// Dropped (with the `ServerWait`, or by [`ServerWait::stop`]) to tell the task to stop
@@ -264,14 +281,16 @@ pub(crate) struct ServerWait {
     allow(dead_code, reason = "server waits are MySQL's")
 )]
 impl ServerWait {
-    /// A wait run by `task`, which stops when `cancel`'s receiver resolves.
+    /// A wait for `purpose` run by `task`, which stops when `cancel`'s receiver resolves.
     pub(crate) fn new(
         version: i64,
+        purpose: WaitFor,
         task: tokio::task::JoinHandle<Woken>,
         cancel: tokio::sync::oneshot::Sender<()>,
     ) -> Self {
         Self {
             version,
+            purpose,
             started: std::time::Instant::now(),
             task,
             cancel: Some(cancel),
@@ -289,6 +308,19 @@ impl ServerWait {
         self.version
     }
 
+    /// What this wait is for.
+    pub(crate) fn purpose(&self) -> WaitFor {
+        self.purpose
+    }
+
+    /// Ends the wait: one that may keep something when it ends ([`WaitFor::Handover`]) is
+    /// cancelled on the server; any other runs to its end (see [`ServerWait::let_run`]).
+    pub(crate) fn end(self) {
+        if self.purpose != WaitFor::Handover {
+            self.let_run();
+        }
+    }
+
     /// Resolves when the wait ended. Cancel-safe: the wait goes on without it.
     pub(crate) async fn woken(&mut self) -> Woken {
         (&mut self.task).await.unwrap_or(Woken::Failed)
@@ -296,7 +328,7 @@ impl ServerWait {
 
     /// Leaves the wait to run to its end (the holder's release, or its bound) in the
     /// background, and its connection to be kept for the next wait: for a wait that is no
-    /// longer needed but keeps nothing when it ends (a permit waiter's, see `SqlAttempt`),
+    /// longer needed but keeps nothing when it ends (any but [`WaitFor::Handover`]'s),
     /// rather than killing its statement and closing its connection.
     pub(crate) fn let_run(self) {
         let Self { task, cancel, .. } = self;
@@ -372,7 +404,7 @@ pub(crate) struct WakeLocks {
 #[cfg(feature = "mysql")]
 #[derive(Debug)]
 pub(crate) struct Pinned {
-    /// The version (a permit's token) of the hold whose wake lock it holds.
+    /// The version (a shared hold's or a permit's token) of the hold whose wake lock it holds.
     version: i64,
     /// Locked by the release that takes the connection out, and by a keep-alive ping.
     conn: Arc<tokio::sync::Mutex<Holding>>,
@@ -546,8 +578,9 @@ impl WakeLocks {
 
     /// Waits on the server until the wake lock `lock` is given up (at most `secs`), or
     /// `cancel` resolves: then the statement is killed and its connection closed. With
-    /// hand-overs and `whose` (the name and the waiting owner, for a wait on an exclusive
-    /// holder), a wake-up then reads whether the release made `owner` the holder.
+    /// hand-overs and `whose` (the name and the waiting owner, for an exclusive waiter's wait
+    /// on an exclusive holder), a wake-up then reads whether the release made `owner` the
+    /// holder.
     pub(crate) async fn wait(
         self: Arc<Self>,
         lock: String,

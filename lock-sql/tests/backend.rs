@@ -1092,6 +1092,69 @@ mod mysql {
         again.release().await.expect("release");
     }
 
+    /// Waits (every 20 ms, at most 5 s) until `client` has `n` connections waiting in
+    /// `GET_LOCK`; fails otherwise.
+    async fn until_waiting(admin: &sqlx::MySqlPool, client: &LockClient<SqlBackend>, n: i64) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while waiting_in_get_lock(admin, client).await != n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no wait on the server"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// A reader's join takes the reader's wake lock (procedure `_v3`) on a connection that
+    /// stays with the hold; the writer waiting at the head for that reader waits on the server
+    /// for it, the reader's release gives it up, and the writer takes; two readers refused
+    /// behind that writer (the head of the queue, and one behind it) both wait on the writer's
+    /// wake lock, and both join after its release.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writers_and_readers_wait_on_each_others_wake_locks() {
+        let Some(url) = url() else { return };
+        let (a, b, c) = (client(&url).await, client(&url).await, client(&url).await);
+        let d = client(&url).await;
+        let admin = sqlx::MySqlPool::connect(&url).await.expect("admin pool");
+        let name = unique("rw-wake");
+        let ttl = Duration::from_secs(10);
+        let write = AcquireOptions::default().with_ttl(ttl).with_wait(ttl);
+        let read = write.clone().shared();
+        let reader = a.acquire(&name, &read).await.expect("read");
+        let lock = wake_lock(&name, i64::try_from(reader.token().get()).expect("token"));
+        assert!(
+            wake_lock_held(&admin, &lock, true).await,
+            "the reader took no wake lock"
+        );
+        let writer = waiting(&b, &name, &write);
+        until_waiting(&admin, &b, 1).await;
+        reader.release().await.expect("release");
+        assert!(
+            !wake_lock_held(&admin, &lock, false).await,
+            "the reader's release kept its wake lock"
+        );
+        let held = tokio::time::timeout(Duration::from_secs(2), writer)
+            .await
+            .expect("the writer was not woken")
+            .expect("join")
+            .expect("write");
+        let next = waiting(&c, &name, &read);
+        until_waiting(&admin, &c, 1).await;
+        let behind = waiting(&d, &name, &read);
+        until_waiting(&admin, &d, 1).await;
+        let token = held.token();
+        held.release().await.expect("release");
+        for reader in [next, behind] {
+            let joined = tokio::time::timeout(Duration::from_secs(2), reader)
+                .await
+                .expect("a reader was not woken")
+                .expect("join")
+                .expect("read");
+            assert!(joined.token() > token);
+            joined.release().await.expect("release");
+        }
+    }
+
     #[tokio::test]
     async fn data_ends_with_the_hold() {
         let Some(url) = url() else { return };

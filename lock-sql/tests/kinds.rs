@@ -940,9 +940,11 @@ mod mysql {
         let Some(url) = url else { return };
         super::routines_beside_transactions(
             &url,
-            // The join and the release queue permit waiters since `_v2`.
+            // The join and the release queue permit waiters since `_v2`; the join takes the
+            // holder's wake lock since `_v3`.
             |table, what| match what {
-                "join" | "release" => format!("{table}_dl_{what}_v2"),
+                "join" => format!("{table}_dl_{what}_v3"),
+                "release" => format!("{table}_dl_{what}_v2"),
                 _ => format!("{table}_dl_{what}_v1"),
             },
             |p| format!("SHOW CREATE PROCEDURE {p}"),

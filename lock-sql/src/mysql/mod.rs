@@ -16,10 +16,12 @@ use crate::dialect::{Common, CommonStatements, DataColumn, Routines, Sql, prepar
 use crate::error::map_err;
 use crate::hot::HotConns;
 use crate::keys::quote;
-use crate::kinds::{self, HeldBy, HolderSql, Holds, holders_table, marker, queue_table};
+use crate::kinds::{
+    self, HeldBy, HolderSql, Holds, JoinRequest, Joined, holders_table, marker, queue_table,
+};
 use crate::pool::{IdleLimit, InUse, checked, open_server};
 use crate::renew::{BySize, LIST_MAX_BATCH, Renewal, padded, renewed_at, too_many};
-use crate::wake::{ServerWait, WakeLockSql, WakeLocks, spawn_keep_alive};
+use crate::wake::{ServerWait, WaitFor, WakeLockSql, WakeLocks, spawn_keep_alive};
 
 mod routines;
 mod statements;
@@ -40,14 +42,19 @@ const MAX_WAIT_SECS: u64 = 2;
 ///   until the release, which gives the wake lock up in its own statement;
 /// - the waiter at the head of the queue waits on the server for that wake lock
 ///   ([`MyDb::wait_release`]: `GET_LOCK(.., seconds)` in a task of its own, on a connection
-///   of its own) and takes the lock as soon as the holder gave it up.
+///   of its own) and takes the lock as soon as the holder gave it up;
+/// - a join that takes a shared hold or a permit takes the holder's wake lock too (procedure
+///   `_v3`, see [`MyDb::join`]): a writer waiting at the head for the readers waits for the
+///   latest one's, and the readers waiting behind a writer wait for the writer's (all of
+///   them, not only the head: they join together).
 ///
 /// A queued permit waiter (see `queued_look`) takes its wake lock with the read that finds a
 /// permit handed to it, and waits on the wake lock of the holder as many places from the
 /// oldest as it is from the head of the queue.
 ///
-/// At most a quarter of the pool is pinned, and at most a quarter waits; beyond that (and for
-/// a first take, which inserts the row) holders take no wake lock and waiters poll.
+/// At most a quarter of the pool is pinned (joins leave one of those for takes), and at most
+/// a quarter waits; beyond that (and for a first take, which inserts the row) holders take no
+/// wake lock and waiters poll.
 ///
 /// A pinned connection idles for as long as its lock is held, and the server closes a
 /// connection idle for `wait_timeout` (the wake lock going with it: the waiter would then
@@ -60,9 +67,11 @@ pub(crate) struct MyDb {
     /// A queued permit waiter's look ([`queued_look_sql`]); prepared on first use (the queue
     /// table exists only with the procedures).
     queued_look: Arc<str>,
-    /// The release of a permit on the connection that holds its wake lock, which the
-    /// procedure gives up after its commit (`None`: no procedures).
+    /// The release of a shared hold or a permit on the connection that holds its wake lock,
+    /// which the procedure gives up after its commit (`None`: no procedures).
     release_waking: Option<Arc<str>>,
+    /// The join that also takes the new holder's wake lock (`None`: no procedures).
+    join_waking: Option<Arc<str>>,
     /// The batched renewal's update and read, by list size.
     renew_many: (BySize, BySize),
     common: Common<sqlx::MySql>,
@@ -190,6 +199,9 @@ impl MyDb {
         let release_waking = routines
             .as_ref()
             .map(|_| routines::release_call(&config.table, true).into());
+        let join_waking = routines
+            .as_ref()
+            .map(|_| routines::join_call(&config.table, true).into());
         let holds = Holds::new(holds, config.create_table);
         let mut prepared = sql.prepared();
         prepared.extend([&check, &wake.take, &wake.release, &wake.wait, &wake.handed]);
@@ -222,6 +234,7 @@ impl MyDb {
             check,
             queued_look: queued_look_sql(&config.table).into(),
             release_waking,
+            join_waking,
             renew_many,
         })
     }
@@ -597,8 +610,50 @@ impl Db for MyDb {
         Ok(released)
     }
 
-    /// A permit handed over with its wake lock is released on the connection that holds the
-    /// lock, which the release procedure gives up after its commit (see `release_waking`);
+    /// A join that takes also takes the new holder's wake lock, when two pin slots are free
+    /// (one stays for the client's exclusive takes, whatever read holds it keeps): its
+    /// connection then stays with the lease (pinned, like a take's), so that a writer waiting
+    /// for the readers, or a queued permit waiter, waits on the server for its release.
+    async fn join(&self, req: JoinRequest<'_>) -> Result<Joined, sqlx::Error> {
+        let slots = &self.wake.pin_slots;
+        // Another join may take a slot between the two: then neither arms (safe, not fair).
+        let slot = slots
+            .clone()
+            .try_acquire_owned()
+            .ok()
+            .filter(|_| slots.available_permits() > 0);
+        let (Some(call), Some(slot)) = (&self.join_waking, slot) else {
+            return self.common.join(req).await;
+        };
+        kinds::ready(&self.common.holds, self.common.conns.pool()).await?;
+        let query = self.common.join_query(call, &req);
+        let query = query.bind(self.wake.prefix(req.name));
+        // Cancelled or failed mid-way, the connection is closed, and with it any wake lock.
+        let mut hot = self.common.conns.get().await?;
+        // `fetch_all`: MySQL answers a CALL with the row, then the call's status.
+        let read = match query.fetch_all(hot.conn()).await {
+            Ok(rows) => rows
+                .first()
+                .ok_or(sqlx::Error::RowNotFound)
+                .and_then(|row| {
+                    let joined = Common::<sqlx::MySql>::joined(row, req.kind)?;
+                    Ok((joined, row.try_get::<Option<i64>, _>(8)?))
+                }),
+            Err(err) => Err(err),
+        };
+        match read {
+            Ok((Joined::Taken(token), Some(1))) => {
+                self.wake
+                    .pin(req.name, req.owner, token, hot.into_pooled(), slot);
+                Ok(Joined::Taken(token))
+            }
+            read => hot.finish(read.map(|(joined, _)| joined)),
+        }
+    }
+
+    /// A hold whose connection holds its wake lock (a join's, a permit handed over) is
+    /// released on that connection: the release procedure gives the lock up after its commit
+    /// (see `release_waking`);
     /// a release of another token leaves that connection pinned. Anything else goes on any
     /// connection (an abandoned attempt's clean-up first closes the connection of a wake lock
     /// taken for it, which gives the lock up).
@@ -651,23 +706,30 @@ impl Db for MyDb {
         owner: &str,
         version: i64,
         remaining: Duration,
-        exclusive: bool,
+        purpose: WaitFor,
     ) -> Option<ServerWait> {
-        let slot = self.wake.wait_slots.clone().try_acquire_owned().ok()?;
+        let slots = &self.wake.wait_slots;
+        let slot = slots.clone().try_acquire_owned().ok()?;
+        if purpose == WaitFor::Behind && slots.available_permits() == 0 {
+            // The last slot stays for a waiter at the head.
+            return None;
+        }
+        let handover = purpose == WaitFor::Handover;
         let lock = format!("{}{version}", self.wake.prefix(name));
         // Whole seconds (MySQL's GET_LOCK takes no fraction), at least one, at most the cap.
-        // A permit waiter's wait, one second: one it no longer needs runs to its end in the
-        // background (see `ServerWait::let_run`), keeping its wait slot until then.
-        let secs = if exclusive {
+        // Any other wait (a reader's, a permit waiter's, a writer's for a reader), one second:
+        // one it no longer needs runs to its end in the background (see
+        // `ServerWait::let_run`), keeping its wait slot until then.
+        let secs = if handover {
             remaining.as_secs().saturating_add(1).min(MAX_WAIT_SECS)
         } else {
             1
         };
         let (cancel, cancelled) = oneshot::channel();
-        // A permit's release is read by the waiter's own look.
-        let whose = exclusive.then(|| (name.to_owned(), owner.to_owned()));
+        // Nothing else is handed over by a release (a permit's is read by the waiter's look).
+        let whose = handover.then(|| (name.to_owned(), owner.to_owned()));
         let task = tokio::spawn(self.wake.clone().wait(lock, secs, cancelled, slot, whose));
-        Some(ServerWait::new(version, task, cancel))
+        Some(ServerWait::new(version, purpose, task, cancel))
     }
 
     fn forget(&self, name: &str, owner: &str) {

@@ -7,9 +7,9 @@
 //! procedure's parameters) in one transaction, in the order [`kinds::Tx`](crate::kinds::Tx)
 //! runs them, rolls back what it refuses, and answers with one row. They are created (`IF NOT
 //! EXISTS`) with the lock table, used when present with `create_table=false`, and named by
-//! version: a change of what one does takes a new name. The join and the release are `_v2`:
-//! they keep the queue of permit waiters (see [`Parts::join`] and [`Parts::release`]); the
-//! renewals are still `_v1`.
+//! version: a change of what one does takes a new name. The release is `_v2`, the join `_v3`:
+//! they keep the queue of permit waiters (see [`Parts::join`] and [`Parts::release`]), and the
+//! join takes the new holder's wake lock when asked to; the renewals are still `_v1`.
 //!
 //! A fourth procedure renews a batch of holds (`_dl_renew_many_v1`, the renewals' arguments
 //! as one JSON array sorted by name, read by `JSON_TABLE`): the watchdog's renewals of every
@@ -67,10 +67,11 @@ pub(crate) fn routines(table: &str, sql: &HolderSql, peek_columns: &str) -> Opti
     if last.len() + "_dl_renew_many_v1".len() > 64 {
         return None;
     }
-    // The join and the release of `v2` queue permit waiters (see [`Parts::join`]).
+    // The join and the release of `v2` queue permit waiters (see [`Parts::join`]); the join
+    // of `v3` also takes the holder's wake lock.
     let routine = |what: &str, v: u8| format!("{last}_dl_{what}_v{v}");
     let name = |what: &str, v: u8| quote(&format!("{table}_dl_{what}_v{v}"), '`');
-    let (join, renew, release) = (name("join", 2), name("renew", 1), name("release", 2));
+    let (join, renew, release) = (name("join", 3), name("renew", 1), name("release", 2));
     let renew_many = name("renew_many", 1);
     let schema = schema.map_or_else(|| "DATABASE()".to_owned(), |s| format!("'{s}'"));
     // Plain identifiers: safe in literals. The queue table counts as one of the `create`
@@ -80,7 +81,7 @@ pub(crate) fn routines(table: &str, sql: &HolderSql, peek_columns: &str) -> Opti
          WHERE routine_schema = {schema} AND routine_name IN ('{}', '{}', '{}', '{}')) \
          + (SELECT COUNT(*) FROM information_schema.tables \
          WHERE table_schema = {schema} AND table_name = '{}')",
-        routine("join", 2),
+        routine("join", 3),
         routine("renew", 1),
         routine("release", 2),
         routine("renew_many", 1),
@@ -95,7 +96,7 @@ pub(crate) fn routines(table: &str, sql: &HolderSql, peek_columns: &str) -> Opti
     };
     Some(Routines {
         calls: Calls {
-            join: format!("CALL {join}(?, ?, ?, ?, ?, ?)").into(),
+            join: join_call(table, false).into(),
             renew: format!("CALL {renew}(?, ?, ?, ?, ?)").into(),
             release: release_call(table, false).into(),
             renew_many: Some(format!("CALL {renew_many}(?)").into()),
@@ -110,6 +111,16 @@ pub(crate) fn routines(table: &str, sql: &HolderSql, peek_columns: &str) -> Opti
             parts.renew_many(&renew_many),
         ],
     })
+}
+
+/// The call of the join procedure of lock table `table`: with `lock`, a seventh argument
+/// is the prefix of the wake locks of the name (see `wake_prefix`), and a join that takes
+/// also takes the new holder's wake lock on its connection, which then stays with the lease
+/// (the row's ninth column: 1 if it was taken); else none is.
+pub(super) fn join_call(table: &str, lock: bool) -> String {
+    let join = quote(&format!("{table}_dl_join_v3"), '`');
+    let lock = if lock { "?" } else { "NULL" };
+    format!("CALL {join}(?, ?, ?, ?, ?, ?, {lock})")
 }
 
 /// The call of the release procedure of lock table `table`: with `lock`, a sixth argument
@@ -183,7 +194,9 @@ impl Parts<'_> {
     /// keeps its place, live for that long from now; a take leaves the queue. A permit that a
     /// release handed this waiter (see [`Parts::release`]) and that it did not learn of yet
     /// is renewed from now and taken again, with the token it was handed (an owner is unique
-    /// per acquisition: the core's reentrancy never asks twice for one).
+    /// per acquisition: the core's reentrancy never asks twice for one). With `p_lock` (the
+    /// prefix of the name's wake locks), a take also takes the holder's wake lock, before its
+    /// commit: whoever reads the new token finds its wake lock held, and waits on it.
     fn join(&self, name: &str) -> String {
         let Self {
             t,
@@ -204,13 +217,15 @@ impl Parts<'_> {
         let lock = self.lock();
         let enqueue = self.enqueue();
         let answer = "SELECT o_owner, o_version, o_remaining, o_next_owner, o_next_since, \
-                      o_next_remaining, o_taken, o_first_end";
+                      o_next_remaining, o_taken, o_first_end, o_armed";
+        let arm = "IF p_lock IS NOT NULL THEN \
+                   SET o_armed = GET_LOCK(CONCAT(p_lock, o_taken), 0); END IF";
         format!(
             "CREATE PROCEDURE IF NOT EXISTS {name}({PARAMS}, IN p_ttl BIGINT, IN p_permits BIGINT,
-  IN p_queue BIGINT)
+  IN p_queue BIGINT, IN p_lock VARBINARY(64))
 body: BEGIN
   {DECLARE_PEEK}
-  DECLARE o_taken BIGINT; DECLARE o_first_end BIGINT; DECLARE held INT;
+  DECLARE o_taken BIGINT; DECLARE o_first_end BIGINT; DECLARE held INT; DECLARE o_armed INT;
   DECLARE w_seq BIGINT; DECLARE ahead BIGINT DEFAULT 0;
   {HANDLERS}
   {lock};
@@ -234,6 +249,7 @@ body: BEGIN
           WHERE name = p_name;
       END IF;
       DELETE FROM {w} WHERE name = p_name AND owner = p_owner;
+      {arm};
       COMMIT;
       {answer}; LEAVE body;
     END IF;
@@ -272,6 +288,7 @@ body: BEGIN
   IF p_permits > 0 THEN
     DELETE FROM {w} WHERE name = p_name AND owner = p_owner;
   END IF;
+  {arm};
   COMMIT;
   {answer};
 END"
