@@ -47,10 +47,10 @@ pub(crate) struct SqlAttempt {
     /// hand this waiter the lock or a permit while a read of its own is on the way, which
     /// then finds the handed version (no bound), while this earlier read still is one.
     pub(crate) held_seen_before: Option<(Instant, i64)>,
-    /// A wait on the server for the release of the holder ahead (MySQL's wake locks), while
-    /// this attempt holds the reservation or is a reader behind a writer (the latest reader's,
-    /// for a writer waiting for the readers), or of the holder it is paired with, while it is
-    /// a queued permit waiter (see [`SqlAttempt::look_in_queue`]).
+    /// A wait on the server for the release of the holder ahead (MySQL's wake locks; the
+    /// latest reader's, for a writer waiting for the readers), while this attempt holds the
+    /// reservation, or of the holder it is paired with, while it is a queued permit waiter
+    /// (see [`SqlAttempt::look_in_queue`]).
     pub(crate) server_wait: Option<ServerWait>,
     /// The holder (by version) that has no wake lock to wait on: poll it instead.
     pub(crate) unarmed: Option<i64>,
@@ -172,22 +172,11 @@ impl SqlAttempt {
             mine
         };
         if head {
-            if let Some(step) = self.wait_for_release(&peek, retry, true) {
+            if let Some(step) = self.wait_for_release(&peek, retry) {
                 return Ok(step);
             }
             // Without notifications the core polls the next holder briskly; the others back off.
             return Ok(Step::NextInLine { retry_after: retry });
-        }
-        if self.request.kind == LockKind::Shared {
-            // Behind the head, a reader joins with the others once the writer released: it
-            // waits on the server too. No writer holds: the head (a waiting writer, or the
-            // reader that joins first) takes next, then a read tells what to wait for.
-            if let Some(step) = self.wait_for_release(&peek, retry, false) {
-                return Ok(step);
-            }
-            if !self.inner.db.has_events() && kinds::held_kind(&peek).is_none() {
-                return Ok(Step::NextInLine { retry_after: None });
-            }
         }
         self.end_wait();
         Ok(Step::busy(retry))
@@ -200,14 +189,8 @@ impl SqlAttempt {
     /// wait is possible, poll briskly. A writer waits for the latest reader (the row's
     /// version is its token), mostly the last to leave; should another still hold when it
     /// left, the wait on a lock nobody holds any more says so ([`Woken::NotArmed`]), and the
-    /// writer polls briskly until the row's version changes. `head`: this attempt holds the
-    /// reservation (else it is a reader behind the head, see [`WaitFor::Behind`]).
-    fn wait_for_release(
-        &mut self,
-        peek: &db::Peek,
-        retry: Option<Duration>,
-        head: bool,
-    ) -> Option<Step> {
+    /// writer polls briskly until the row's version changes.
+    fn wait_for_release(&mut self, peek: &db::Peek, retry: Option<Duration>) -> Option<Step> {
         let version = peek.version;
         let held = kinds::held_kind(peek);
         let waits = match held {
@@ -228,10 +211,9 @@ impl SqlAttempt {
             let remaining = retry.unwrap_or_default();
             // Only a writer's release hands the lock over (to a writer): a wake-up then reads
             // whether it did. A reader's release frees the name; none hands a read hold over.
-            let purpose = match (head, self.request.kind, held) {
-                (false, ..) => WaitFor::Behind,
-                (true, LockKind::Exclusive, Some(LockKind::Exclusive)) => WaitFor::Handover,
-                (true, ..) => WaitFor::First,
+            let purpose = match (self.request.kind, held) {
+                (LockKind::Exclusive, Some(LockKind::Exclusive)) => WaitFor::Handover,
+                _ => WaitFor::First,
             };
             self.server_wait = self
                 .inner
@@ -598,9 +580,6 @@ impl Attempt for SqlAttempt {
             let (version, purpose) = (wait.version(), wait.purpose());
             self.server_wait = None;
             match woken {
-                // Behind the head, a reader reads first: the head (a writer, mostly) takes
-                // before it, and a join would queue on the row ahead of the head's read.
-                Woken::Released if purpose == WaitFor::Behind => {}
                 Woken::Released => {
                     self.handed = true;
                     if purpose == WaitFor::First && self.request.kind == LockKind::Exclusive {

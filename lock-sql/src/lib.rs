@@ -109,13 +109,11 @@
 //!   release closes its connection, which gives the wake lock up. Wake locks are hints only:
 //!   exclusion and fencing rest on the row alone. Statement-based binary logging
 //!   (`binlog_format=STATEMENT`) logs every take as unsafe; use `ROW` or `MIXED`.
-//!   Readers waiting behind a writer wait on its wake lock too, and a writer waiting for
-//!   readers on the latest reader's (see "MySQL/MariaDB's readers take a wake lock" below).
-//!   Other waiters, and SQLite's, poll
+//!   A writer waiting for readers waits on the latest reader's (see "MySQL/MariaDB's readers
+//!   take a wake lock" below). Other waiters, and SQLite's, poll
 //!   ([`WakeUp::Polling`](distlock_core::WakeUp::Polling)) with the core's jittered backoff
 //!   bounded by the holder's remaining lease; a reserved waiter without a wake lock to wait
-//!   on reads every 1-20 ms, and so does a reader behind the head of the queue while no one
-//!   holds (the head takes next).
+//!   on reads every 1-20 ms.
 //! - **Loss** is detected by renewal (a refused owner-checked renewal, or the local deadline).
 //! - **Holder data** ([`AcquireOptions::with_data`](distlock_core::AcquireOptions::with_data),
 //!   [`LockGuard::set_data`](distlock_core::LockGuard::set_data)) is the `data` column of
@@ -248,10 +246,8 @@
 //!   the latest reader's token, so a writer waiting at the head for the readers waits on the
 //!   server for that reader's wake lock, mostly the last to leave, as it waits for a writer;
 //!   should an older reader still hold, the wait finds the lock given up and the writer polls
-//!   briskly. Readers refused behind a writer all wait on the writer's wake lock (not only
-//!   the head: they join together; behind the head, while another of the client's wait
-//!   slots stays free for a head's wait), each wait running to its end in the background
-//!   when no longer needed; woken, the head joins at once, the others read first. Permit holders that joined get a wake lock the same way, which their
+//!   briskly. A reader's wait at the head runs to its end in the background when no longer
+//!   needed (it keeps nothing), instead of being killed. Permit holders that joined get a wake lock the same way, which their
 //!   queued waiters wait on. Joins of earlier clients (`_v2`) take none: their readers are
 //!   polled. With `create_table=false`, the procedures of this version must exist (created
 //!   by a client of this version with `create_table=true`), else the transactions are

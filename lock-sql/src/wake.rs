@@ -256,9 +256,6 @@ pub(crate) enum WaitFor {
     /// Any other wait of a waiter first in its line (a reader or a writer at the head, a
     /// queued permit waiter): a second at most, keeping nothing.
     First,
-    /// A reader behind the head of the queue, for the writer's release: a second at most,
-    /// keeping nothing, and only while another wait slot stays free (for the head's).
-    Behind,
 }
 
 /// A wait that runs on the server in a task of its own, for the release of the holder with

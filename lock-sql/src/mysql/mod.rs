@@ -45,8 +45,7 @@ const MAX_WAIT_SECS: u64 = 2;
 ///   of its own) and takes the lock as soon as the holder gave it up;
 /// - a join that takes a shared hold or a permit takes the holder's wake lock too (procedure
 ///   `_v3`, see [`MyDb::join`]): a writer waiting at the head for the readers waits for the
-///   latest one's, and the readers waiting behind a writer wait for the writer's (all of
-///   them, not only the head: they join together).
+///   latest one's.
 ///
 /// A queued permit waiter (see `queued_look`) takes its wake lock with the read that finds a
 /// permit handed to it, and waits on the wake lock of the holder as many places from the
@@ -708,12 +707,7 @@ impl Db for MyDb {
         remaining: Duration,
         purpose: WaitFor,
     ) -> Option<ServerWait> {
-        let slots = &self.wake.wait_slots;
-        let slot = slots.clone().try_acquire_owned().ok()?;
-        if purpose == WaitFor::Behind && slots.available_permits() == 0 {
-            // The last slot stays for a waiter at the head.
-            return None;
-        }
+        let slot = self.wake.wait_slots.clone().try_acquire_owned().ok()?;
         let handover = purpose == WaitFor::Handover;
         let lock = format!("{}{version}", self.wake.prefix(name));
         // Whole seconds (MySQL's GET_LOCK takes no fraction), at least one, at most the cap.
