@@ -1132,20 +1132,12 @@ mod mysql {
             !wake_lock_held(&admin, &lock, false).await,
             "the reader's release kept its wake lock"
         );
-        let held = tokio::time::timeout(Duration::from_secs(2), writer)
-            .await
-            .expect("the writer was not woken")
-            .expect("join")
-            .expect("write");
+        let held = common::granted_within(writer, Duration::from_secs(2)).await;
         let next = waiting(&c, &name, &read);
         until_waiting(&admin, &c, 1).await;
         let token = held.token();
         held.release().await.expect("release");
-        let joined = tokio::time::timeout(Duration::from_secs(2), next)
-            .await
-            .expect("the reader was not woken")
-            .expect("join")
-            .expect("read");
+        let joined = common::granted_within(next, Duration::from_secs(2)).await;
         assert!(joined.token() > token);
         joined.release().await.expect("release");
     }

@@ -88,9 +88,18 @@ pub(crate) fn pg(client: &LockClient<SqlBackend>) -> sqlx::PgPool {
 pub(crate) async fn granted(
     waiter: tokio::task::JoinHandle<distlock_core::Result<distlock_core::LockGuard>>,
 ) -> distlock_core::LockGuard {
-    tokio::time::timeout(Duration::from_secs(5), waiter)
+    granted_within(waiter, Duration::from_secs(5)).await
+}
+
+/// The guard an acquisition running in `waiter`'s task gets, within `bound`.
+#[allow(dead_code, reason = "not every test file waits in a task")]
+pub(crate) async fn granted_within(
+    waiter: tokio::task::JoinHandle<distlock_core::Result<distlock_core::LockGuard>>,
+    bound: Duration,
+) -> distlock_core::LockGuard {
+    tokio::time::timeout(bound, waiter)
         .await
-        .expect("the waiter got the lock within 5 s")
+        .unwrap_or_else(|_| panic!("the waiter did not get the lock within {bound:?}"))
         .expect("the waiter's task")
         .expect("the waiter acquires")
 }
