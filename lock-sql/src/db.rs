@@ -166,7 +166,8 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
     }
 
     /// The atomic acquire: takes the row when free, expired, or already this owner's, and not
-    /// reserved by another waiter; bumps the version. Returns the new version.
+    /// reserved by another waiter; bumps the version. Returns the new version, only from an
+    /// answer that names `owner` as the row's owner (see [`crate::dialect::granted_to`]).
     ///
     /// `wake_waiters`: the taker may hold the waiter reservation, which a take clears; backends
     /// with events then tell the other waiters in the same statement, so that the next one

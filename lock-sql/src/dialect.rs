@@ -231,6 +231,32 @@ pub(crate) trait CommonStatements: Send + Sync {
     async fn hold_info(&self, name: &str) -> Result<Option<HolderInfo>, sqlx::Error>;
 }
 
+/// The version a take's answer `row` (version, then the row's owner after the take) grants
+/// `owner`.
+///
+/// # Errors
+/// A protocol error (retryable) when the answer names another owner: an answer that is not
+/// this statement's (a server connection out of step with its statements, which the caller
+/// closes) is never taken for a grant; as reading the row otherwise.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite")),
+    allow(dead_code, reason = "MySQL's take answers by affected rows")
+)]
+pub(crate) fn granted_to<R: sqlx::Row>(row: &R, owner: &str) -> Result<i64, sqlx::Error>
+where
+    usize: ColumnIndex<R>,
+    for<'t> i64: Decode<'t, R::Database> + Type<R::Database>,
+    for<'t> String: Decode<'t, R::Database> + Type<R::Database>,
+{
+    let found: String = row.try_get(1)?;
+    if found != owner {
+        return Err(sqlx::Error::Protocol(
+            "the answer to a take names another owner: not a grant".into(),
+        ));
+    }
+    row.try_get(0)
+}
+
 /// A prepared-once statement of a dialect, ready for its arguments.
 pub(crate) fn q<DB: sqlx::Database>(
     sql: &Arc<str>,
@@ -629,5 +655,30 @@ impl Dialect for sqlx::Sqlite {
 
     fn owner(row: &Self::Row, index: usize) -> Result<Option<String>, sqlx::Error> {
         sqlx::Row::try_get(row, index)
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use sqlx::Connection;
+
+    use super::*;
+
+    /// A take's answer grants only the owner it names: an answer naming another owner (not
+    /// this statement's) is a retryable protocol error, never a token.
+    #[tokio::test]
+    async fn a_take_answer_grants_only_the_owner_it_names() {
+        let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:")
+            .await
+            .unwrap();
+        let row = sqlx::query("SELECT 7, 'me'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(granted_to(&row, "me").unwrap(), 7);
+        let taken = granted_to(&row, "someone else");
+        assert!(matches!(taken, Err(sqlx::Error::Protocol(_))), "{taken:?}");
+        let mapped = crate::error::map_err("acquire", taken.unwrap_err());
+        assert!(mapped.is_retryable(), "{mapped}");
     }
 }

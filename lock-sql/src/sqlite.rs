@@ -15,7 +15,7 @@ use sqlx::{AssertSqlSafe, Executor, Row, SqlSafeStr};
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
 use crate::db::Db;
-use crate::dialect::{Common, CommonStatements, DataColumn, Sql, q};
+use crate::dialect::{Common, CommonStatements, DataColumn, Sql, granted_to, q};
 use crate::error::{connect_err, map_err, shape_err, sqlite_busy};
 use crate::hot::HotConns;
 use crate::keys::quote;
@@ -45,7 +45,7 @@ fn statements(table: &str, data: DataColumn) -> (Sql, HolderSql) {
                  expires_at = excluded.expires_at, next_owner = NULL, next_since = NULL, next_expires = NULL{clear_data} \
                  WHERE (l.owner IS NULL OR l.owner = excluded.owner OR l.expires_at <= {NOW}) \
                  AND (l.next_owner IS NULL OR l.next_owner = excluded.owner OR l.next_expires <= {NOW}) \
-                 RETURNING version"
+                 RETURNING version, owner"
             )
             .into(),
             peek: peek.as_str().into(),
@@ -658,7 +658,7 @@ impl Db for LiteDb {
                     .bind(ttl_us),
             )
             .await?;
-        row.map(|r| r.try_get::<i64, _>(0)).transpose()
+        row.map(|r| granted_to(&r, owner)).transpose()
     }
 
     async fn renew_many(&self, batch: &[Renewal<'_>]) -> Result<Vec<bool>, sqlx::Error> {

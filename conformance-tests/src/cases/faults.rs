@@ -37,11 +37,16 @@ pub async fn server_unavailable_then_recovers(ctx: Ctx) -> Outcome {
     let client = ctx.client().await;
     let name = ctx.name("outage");
     let guard = acquire(&*client, &name, &ctx.opts()).await;
+    let before = guard.token();
     release(guard).await;
     let bound = ctx.harness().operation_timeout() + ctx.slack();
     let stopped = ctx.harness().stop_server().await;
     hook!(stopped);
-    let outcome = check_outage(&ctx, &*client, &name, bound).await;
+    let outcome = check_outage(&ctx, &*client, &name, bound)
+        .await
+        // A grant's token tells where it came from: the server (a later token) or an answer
+        // that was not the statement's (the token before).
+        .map_err(|msg| format!("{msg} (the token before the outage: {before:?})"));
     let restarted: HookResult = ctx.harness().start_server().await;
     if let Err(HookError::Failed(reason) | HookError::Unsupported(reason)) = restarted {
         panic!("could not restart the server: {reason}");

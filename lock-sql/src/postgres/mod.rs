@@ -14,7 +14,7 @@ use sqlx::{AssertSqlSafe, Executor, Row};
 use crate::backend::SqlPool;
 use crate::config::SqlConfig;
 use crate::db::{Claim, Db, Sessions, each_hold};
-use crate::dialect::{Common, CommonStatements, DataColumn, Sql, prepare_all, q};
+use crate::dialect::{Common, CommonStatements, DataColumn, Sql, granted_to, prepare_all, q};
 use crate::error::{map_err, pooler_err};
 use crate::hot::HotConns;
 use crate::keys::quote;
@@ -57,11 +57,11 @@ fn statements(table: &str, handover: bool, data: DataColumn) -> (Sql, Arc<str>, 
              expires_at = now() + $3::bigint {us}, next_owner = NULL, next_since = NULL, \
              next_expires = NULL{clear_ttl}{clear_data} \
              WHERE name = $1 AND (owner IS NULL OR owner = $2 OR expires_at <= now()) \
-             AND (next_owner IS NULL OR next_owner = $2 OR next_expires <= now()) RETURNING version), \
+             AND (next_owner IS NULL OR next_owner = $2 OR next_expires <= now()) RETURNING version, owner), \
              i AS (INSERT INTO {t} (name, owner, version, expires_at) \
              SELECT $1, $2, {NOW_US}, now() + $3::bigint {us} WHERE NOT EXISTS (SELECT 1 FROM u) \
-             ON CONFLICT (name) DO NOTHING RETURNING version), \
-             v AS (SELECT version FROM u UNION ALL SELECT version FROM i)"
+             ON CONFLICT (name) DO NOTHING RETURNING version, owner), \
+             v AS (SELECT version, owner FROM u UNION ALL SELECT version, owner FROM i)"
     );
     let peek_columns = PEEK_COLUMNS;
     let peek = format!("SELECT {peek_columns} FROM {t} WHERE name = $1");
@@ -73,7 +73,7 @@ fn statements(table: &str, handover: bool, data: DataColumn) -> (Sql, Arc<str>, 
     // every earlier commit with it, so a token can never be handed out twice.
     let no_flush = "set_config('synchronous_commit', 'off', true)";
     let sql = Sql {
-            take: format!("{take} SELECT version FROM v").into(),
+            take: format!("{take} SELECT version, owner FROM v").into(),
             peek: peek.as_str().into(),
             reserve: reserve_sql(&t, handover, no_flush).into(),
             renew: format!(
@@ -122,7 +122,8 @@ fn statements(table: &str, handover: bool, data: DataColumn) -> (Sql, Arc<str>, 
                 .into()
             }),
     };
-    let take_wake = format!("{take} SELECT version, pg_notify($4, '0:' || $1) FROM v").into();
+    let take_wake =
+        format!("{take} SELECT version, owner, pg_notify($4, '0:' || $1) FROM v").into();
     (sql, take_wake, holder_statements(table, &peek, data))
 }
 
@@ -599,8 +600,9 @@ impl Db for PgDb {
         } else {
             q(&self.common.sql.take).bind(name).bind(owner).bind(ttl_us)
         };
-        let row = self.common.conns.fetch_optional(query).await?;
-        row.map(|r| r.try_get::<i64, _>(0)).transpose()
+        let mut hot = self.common.conns.get().await?;
+        let result = query.fetch_optional(hot.conn()).await;
+        hot.finish(result.and_then(|row| row.map(|r| granted_to(&r, owner)).transpose()))
     }
 
     fn hands_over(&self) -> bool {
