@@ -250,6 +250,9 @@ where
 {
     let found: String = row.try_get(1)?;
     if found != owner {
+        let version = row.try_get::<i64, _>(0).ok();
+        // Not expected of a working connection: leave a trail to what answered.
+        tracing::warn!(%found, %owner, ?version, "the answer to a take names another owner: not a grant, connection closed");
         return Err(sqlx::Error::Protocol(
             "the answer to a take names another owner: not a grant".into(),
         ));

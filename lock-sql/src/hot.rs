@@ -257,15 +257,21 @@ impl<DB: sqlx::Database> Hot<'_, DB> {
     }
 
     /// For a transaction, or a statement whose failure may leave server state on its
-    /// connection (a wake lock): passes the result through, keeping the connection after a
-    /// success and closing it after a failure, so that the server rolls back or lets go.
-    /// Dropped before (the caller was cancelled mid-way, perhaps between `BEGIN` and its
-    /// answer), the connection is closed too (see [`InUse`]): a connection left inside a
-    /// transaction must never serve the next statement.
+    /// connection (a wake lock) or whose answer may not be its own: passes the result
+    /// through, keeping the connection after a success and closing it after a failure, so
+    /// that the server rolls back or lets go; a failure also drops every kept connection, as
+    /// [`Self::keep`]'s does. Dropped before (the caller was cancelled mid-way, perhaps
+    /// between `BEGIN` and its answer), the connection is closed too (see [`InUse`]): a
+    /// connection left inside a transaction must never serve the next statement.
     pub(crate) fn finish<T>(self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
         if result.is_ok() {
             return self.keep(result);
         }
+        self.home
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
         self.conn.close();
         result
     }
@@ -389,6 +395,24 @@ mod tests {
         assert!(
             hot.keep(seen).is_err(),
             "a fresh connection has no marker table"
+        );
+    }
+
+    /// A failure closes its own connection and drops the kept ones (after a restart they
+    /// are all dead), as a failed kept statement does.
+    #[tokio::test]
+    async fn a_finished_failure_drops_the_kept_connections() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = file_pool(&dir, 4).await;
+        let conns = HotConns::new(pool, 2);
+        let (first, second) = (conns.get().await.unwrap(), conns.get().await.unwrap());
+        first.keep(Ok(())).unwrap();
+        assert_eq!(conns.idle.lock().unwrap().len(), 1);
+        let failed = second.finish(Err::<(), _>(sqlx::Error::Protocol("out of step".into())));
+        assert!(failed.is_err());
+        assert!(
+            conns.idle.lock().unwrap().is_empty(),
+            "a failure kept the other connections"
         );
     }
 
