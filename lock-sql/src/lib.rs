@@ -35,7 +35,8 @@
 //!   `ON CONFLICT DO UPDATE .. WHERE`) that takes the row only when it is free, expired (compared with
 //!   `now()` / `UTC_TIMESTAMP(6)` / SQLite's `unixepoch('subsec')`, never the client's clock) or
 //!   already this attempt's, and not reserved by another waiter; it sets the owner and the
-//!   expiry and increments `version`. The database serializes upserts of one row, so at most one
+//!   expiry and increments `version`. (SQLite's clock reads in milliseconds, truncated: its
+//!   leases end a millisecond after the reading plus the ttl, never before the ttl has passed.) The database serializes upserts of one row, so at most one
 //!   owner is live and versions are strictly increasing: [`FencingGuarantee::Linearizable`](distlock_core::FencingGuarantee::Linearizable)
 //!   (releases keep the row; for rows deleted anyway, see below).
 //! - **Renew** and **release** are `UPDATE .. WHERE name = ? AND owner = ? AND version = ? AND

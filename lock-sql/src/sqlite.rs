@@ -27,6 +27,14 @@ use crate::renew::{BySize, LIST_MAX_BATCH, Renewal, padded, renewed_by_rows, too
 /// version of a new row (see the crate docs, "A store emptied or recreated").
 const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
 
+/// The instant a lease starts from: the clock's reading rounded up. `unixepoch('subsec')` has
+/// millisecond resolution, truncated, so [`NOW`] may stand up to a millisecond before the
+/// statement ran; a lease of `ttl` from it then ended up to a millisecond before `ttl` after
+/// the request was sent (in-process SQLite answers within well under a millisecond), before
+/// the `valid_until` its client computed with no drift margin. Reservations, hints, keep
+/// [`NOW`].
+const LEASE_FROM: &str = "(CAST(unixepoch('subsec') * 1000000 AS INTEGER) + 1000)";
+
 /// The lock table's statements in this dialect; with `data` (the table has the `data`
 /// column), holds carry data, which every take, release, abandon and forced release clears.
 fn statements(table: &str, data: DataColumn) -> (Sql, HolderSql) {
@@ -40,7 +48,7 @@ fn statements(table: &str, data: DataColumn) -> (Sql, HolderSql) {
     let peek = format!("SELECT {peek_columns} FROM {t} WHERE name = ?1");
     let sql = Sql {
             take: format!(
-                "INSERT INTO {t} AS l (name, owner, version, expires_at) VALUES (?1, ?2, {NOW}, {NOW} + ?3) \
+                "INSERT INTO {t} AS l (name, owner, version, expires_at) VALUES (?1, ?2, {NOW}, {LEASE_FROM} + ?3) \
                  ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, version = l.version + 1, \
                  expires_at = excluded.expires_at, next_owner = NULL, next_since = NULL, next_expires = NULL{clear_data} \
                  WHERE (l.owner IS NULL OR l.owner = excluded.owner OR l.expires_at <= {NOW}) \
@@ -56,7 +64,7 @@ fn statements(table: &str, data: DataColumn) -> (Sql, HolderSql) {
             )
             .into(),
             renew: format!(
-                "UPDATE {t} SET expires_at = {NOW} + ?1 \
+                "UPDATE {t} SET expires_at = {LEASE_FROM} + ?1 \
                  WHERE name = ?2 AND owner = ?3 AND version = ?4 AND expires_at > {NOW}"
             )
             .into(),
@@ -119,7 +127,7 @@ fn renew_many_sql(table: &str) -> BySize {
             .join(", ");
         format!(
             "WITH v(name, owner, version, ttl) AS (VALUES {list}) \
-             UPDATE {t} AS l SET expires_at = {NOW} + v.ttl FROM v \
+             UPDATE {t} AS l SET expires_at = {LEASE_FROM} + v.ttl FROM v \
              WHERE l.name = v.name AND l.owner = v.owner AND l.version = v.version \
              AND l.expires_at > {NOW} RETURNING name, owner, version"
         )
@@ -161,7 +169,7 @@ fn holder_statements(table: &str, peek: &str, data: DataColumn) -> HolderSql {
         purge_all: format!("DELETE FROM {h} WHERE name = ?1").into(),
         count: format!("SELECT count(*), min(expires_at - {NOW}) {live}").into(),
         mark: format!(
-            "UPDATE {t} SET owner = ?1, version = version + 1, expires_at = max(expires_at, {NOW} + ?2), \
+            "UPDATE {t} SET owner = ?1, version = version + 1, expires_at = max(expires_at, {LEASE_FROM} + ?2), \
              next_since = CASE WHEN next_owner = ?3 THEN NULL ELSE next_since END, \
              next_expires = CASE WHEN next_owner = ?4 THEN NULL ELSE next_expires END, \
              next_owner = CASE WHEN next_owner = ?5 THEN NULL ELSE next_owner END{clear_data} \
@@ -170,16 +178,16 @@ fn holder_statements(table: &str, peek: &str, data: DataColumn) -> HolderSql {
         .into(),
         insert: format!(
             "INSERT INTO {h} (name, owner, token, expires_at, permits) \
-             VALUES (?1, ?2, ?3, {NOW} + ?4, ?5)"
+             VALUES (?1, ?2, ?3, {LEASE_FROM} + ?4, ?5)"
         )
         .into(),
         extend: format!(
-            "UPDATE {h} SET expires_at = {NOW} + ?1 \
+            "UPDATE {h} SET expires_at = {LEASE_FROM} + ?1 \
              WHERE name = ?2 AND owner = ?3 AND token = ?4 AND expires_at > {NOW}"
         )
         .into(),
         stretch: format!(
-            "UPDATE {t} SET expires_at = max(expires_at, {NOW} + ?1) WHERE name = ?2"
+            "UPDATE {t} SET expires_at = max(expires_at, {LEASE_FROM} + ?1) WHERE name = ?2"
         )
         .into(),
         leave: format!(

@@ -44,6 +44,47 @@ async fn balance(pool: &SqlPool, table: &str) -> (i64, i64) {
     row.unwrap_or_else(|e| panic!("read balance: {e}"))
 }
 
+/// No other client takes a lock while its holder's `valid_until` lies ahead, with no drift
+/// margin at all: the server's lease ends no earlier than the ttl after the request was sent.
+/// The other client polls as fast as it can, so that it takes the lock as soon as the server
+/// lets it. (SQLite's clock has millisecond resolution: a lease computed from its reading
+/// alone ended up to a millisecond early.)
+async fn not_taken_before_valid_until(url: &str) {
+    let mut config = ClientConfig::default().with_operation_timeout(Duration::from_secs(2));
+    config.drift_factor = 0.0;
+    config.drift_fixed = Duration::ZERO;
+    let connect = async || match distlock_sql::connect(url, config.clone()).await {
+        Ok(client) => client,
+        Err(err) => panic!("connect: {err}"),
+    };
+    let (a, b) = (connect().await, connect().await);
+    let opts = AcquireOptions::default()
+        .with_ttl(Duration::from_millis(300))
+        .with_renewal(Renewal::disabled());
+    for round in 0..10 {
+        let name = unique("valid-until");
+        let held = a
+            .try_acquire(&name, &opts)
+            .await
+            .expect("try")
+            .expect("free");
+        let valid_until = held.valid_until();
+        held.abandon();
+        let taken = loop {
+            if let Some(taken) = b.try_acquire(&name, &opts).await.expect("try") {
+                break taken;
+            }
+        };
+        let now = std::time::Instant::now();
+        assert!(
+            now >= valid_until,
+            "round {round}: taken {:?} before the holder's valid_until",
+            valid_until - now
+        );
+        taken.release().await.expect("release");
+    }
+}
+
 /// A paused former holder's late write (lower token) is rejected; the current holder can
 /// write several times.
 async fn fenced_write_rejects_stale_token(url: &str) {
@@ -362,15 +403,23 @@ async fn the_data_ends_with_the_hold(url: &str) {
 
 #[test]
 fn bad_urls_are_invalid_config() {
-    for url in [
-        "ftp://host/db",
-        "sqlite://x.db?table=bad-name",
-        "sqlite://x.db?pool_size=many",
-        "sqlite://x.db?busy_timeout=soon",
-        "sqlite::memory:?pool_size=4",
-        "postgres://h/db?connect_timeout=0",
-        "mysql://h/db?create_table=maybe",
-    ] {
+    let mut urls = vec!["ftp://host/db"];
+    // Without its dialect's feature, a URL is unsupported before its options are read.
+    if cfg!(feature = "sqlite") {
+        urls.extend([
+            "sqlite://x.db?table=bad-name",
+            "sqlite://x.db?pool_size=many",
+            "sqlite://x.db?busy_timeout=soon",
+            "sqlite::memory:?pool_size=4",
+        ]);
+    }
+    if cfg!(feature = "postgres") {
+        urls.push("postgres://h/db?connect_timeout=0");
+    }
+    if cfg!(feature = "mysql") {
+        urls.push("mysql://h/db?create_table=maybe");
+    }
+    for url in urls {
         match distlock_sql::SqlConfig::from_url(url) {
             Err(Error::InvalidConfig(msg)) => assert!(!msg.is_empty()),
             other => panic!("{url}: {other:?}"),
@@ -396,6 +445,11 @@ mod sqlite {
     #[tokio::test]
     async fn inspect() {
         inspect_shows_holder(&url()).await;
+    }
+
+    #[tokio::test]
+    async fn valid_until() {
+        not_taken_before_valid_until(&url()).await;
     }
 
     #[tokio::test]
@@ -495,6 +549,12 @@ mod postgres {
     async fn inspect() {
         let Some(url) = url() else { return };
         inspect_shows_holder(&url).await;
+    }
+
+    #[tokio::test]
+    async fn valid_until() {
+        let Some(url) = url() else { return };
+        not_taken_before_valid_until(&url).await;
     }
 
     #[tokio::test]
@@ -993,6 +1053,12 @@ mod mysql {
     async fn inspect() {
         let Some(url) = url() else { return };
         inspect_shows_holder(&url).await;
+    }
+
+    #[tokio::test]
+    async fn valid_until() {
+        let Some(url) = url() else { return };
+        not_taken_before_valid_until(&url).await;
     }
 
     #[tokio::test]
