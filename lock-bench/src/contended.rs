@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use distlock_core::{AcquireOptions, DistributedLock, Error, LockGuard};
+use distlock_core::{AcquireOptions, DistributedLock, Error, LockGuard, LockKind};
 
 use crate::report::{ClientShare, S2Result};
 use crate::stats::{Progress, Recorder, micros, rate, share};
@@ -49,17 +49,33 @@ impl Contender for Arc<dyn DistributedLock> {
     }
 }
 
+/// A floor holds the kind `options` asked for: exclusive, or shared where the server's lock
+/// has shared holds ([`ContendedFloor::has_shared`]).
 #[async_trait]
 impl Contender for Box<dyn ContendedFloor> {
-    type Held = ();
+    type Held = LockKind;
 
-    async fn enter(&mut self, name: &str, options: &AcquireOptions) -> Result<(), Error> {
-        self.acquire(name, options.wait.unwrap_or(Duration::MAX))
-            .await
+    async fn enter(&mut self, name: &str, options: &AcquireOptions) -> Result<LockKind, Error> {
+        let wait = options.wait.unwrap_or(Duration::MAX);
+        match options.kind {
+            LockKind::Shared => self.acquire_shared(name, wait).await?,
+            LockKind::Exclusive => self.acquire(name, wait).await?,
+            kind => {
+                return Err(Error::Unsupported(format!(
+                    "the contended floor {:?} has no {kind} holds",
+                    self.label()
+                )));
+            }
+        }
+        Ok(options.kind)
     }
 
-    async fn leave(&mut self, name: &str, (): ()) -> Result<(), Error> {
-        self.release(name).await
+    async fn leave(&mut self, name: &str, kind: LockKind) -> Result<(), Error> {
+        if kind == LockKind::Shared {
+            self.release_shared(name).await
+        } else {
+            self.release(name).await
+        }
     }
 }
 

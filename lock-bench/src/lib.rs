@@ -37,7 +37,10 @@
 //!   and duration, on the server's own blocking lock ([`ContendedFloor`]: MySQL `GET_LOCK`,
 //!   PostgreSQL advisory locks, etcd's Lock API, a ZooKeeper ephemeral node with a watch),
 //!   measured just before S2 ([`S2Result::contended_floor_ratio`],
-//!   [`S2Result::handoff_p99_floor_ratio`]).
+//!   [`S2Result::handoff_p99_floor_ratio`]). Where the server's lock has shared holds too
+//!   ([`ContendedFloor::has_shared`]: PostgreSQL's advisory locks), the read/write mix runs
+//!   on the floors as well, just before distlock's ([`TargetResult::rw_floor`]): a writer's
+//!   turns between readers on the server's own read-write lock, beside its S2 handoffs.
 //! - **Fenced floors** (for a target that registers them: [`Target::with_fenced_floor`],
 //!   [`Target::with_fenced_contended_floor`]): the floors again, also handing out a fencing
 //!   token (Redis: `INCR` in the transaction of the `SET`; SQL: a token commit per critical
@@ -134,8 +137,8 @@ pub use hooks::{
     probe_error, timed, url_hosts,
 };
 pub use report::{
-    ClientShare, ContendedFloorResult, FloorResult, MixedResult, Report, S1Result, S2Result,
-    ScenarioError, Skipped, TargetResult,
+    ClientShare, ContendedFloorResult, FloorMixResult, FloorResult, MixedResult, Report, S1Result,
+    S2Result, ScenarioError, Skipped, TargetResult,
 };
 pub use stats::LatencySummary;
 pub use target::{
@@ -219,6 +222,7 @@ async fn run_target(
         contended_floor: None,
         fenced_contended_floor: None,
         rw_mix: None,
+        rw_floor: None,
         semaphore: None,
         growth: None,
         skipped: Vec::new(),
@@ -254,6 +258,12 @@ async fn run_target(
         let mix = mixed::Mix::ReadWrite {
             write_share: config.write_share,
         };
+        if target.has_contended_floor() {
+            match floor_mix(target, mix, &base, config).await {
+                Ok(floor) => result.rw_floor = floor,
+                Err(e) => result.errors.push(ScenarioError::new("rw floor", &e)),
+            }
+        }
         result.rw_mix = run_mixed(target, config, mix, "rw", &base, &mut result).await;
     }
     if config.scenarios.semaphore() {
@@ -460,6 +470,29 @@ async fn contended_floor(
     let progress = Progress::new(config.progress, target.label(), scenario);
     let s2 = contended::run_s2(floors, name, config, progress).await?;
     Ok(ContendedFloorResult { label, s2 })
+}
+
+/// The read/write mix `mix` on `target`'s contended floors, one per client, when they have
+/// shared holds (`None` when they have not).
+async fn floor_mix(
+    target: &Target,
+    mix: mixed::Mix,
+    base: &str,
+    config: &BenchConfig,
+) -> Result<Option<FloorMixResult>, Error> {
+    // The first floor says whether the server's lock has shared holds.
+    let Some(first) = target.contended_floor().await?.filter(|f| f.has_shared()) else {
+        return Ok(None);
+    };
+    let label = first.label().to_owned();
+    let mut floors = vec![first];
+    for _ in 1..config.mixed_clients {
+        floors.extend(target.contended_floor().await?);
+    }
+    let progress = Progress::new(config.progress, target.label(), "rw floor");
+    let name = format!("{base}/rw-floor");
+    let mix = mixed::run_mixed(floors, name, mix, config, progress).await?;
+    Ok(Some(FloorMixResult { label, mix }))
 }
 
 /// `count` clients of `target`, each from its own factory call; `backend` learns their

@@ -26,10 +26,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use distlock_core::{AcquireOptions, Capabilities, DistributedLock, Error, LockKind};
+use distlock_core::{AcquireOptions, Capabilities, Error, LockKind};
 
 use crate::BenchConfig;
-use crate::contended::{client_shares, run_clients};
+use crate::contended::{Contender, client_shares, run_clients};
 use crate::report::MixedResult;
 use crate::stats::{Progress, Recorder, micros, rate};
 
@@ -201,9 +201,9 @@ fn unit(id: usize, n: u64) -> f64 {
     (z >> 11) as f64 / (1u64 << 53) as f64
 }
 
-async fn client_loop(
+async fn client_loop<C: Contender>(
     id: usize,
-    client: Arc<dyn DistributedLock>,
+    mut client: C,
     shared: Arc<Shared>,
 ) -> (ClientStats, Option<Error>) {
     let mut stats = ClientStats::new();
@@ -218,7 +218,7 @@ async fn client_loop(
         n += 1;
         let options = shared.options.clone().with_kind(kind);
         let asked = Instant::now();
-        let guard = match client.acquire(&shared.name, &options).await {
+        let guard = match client.enter(&shared.name, &options).await {
             Ok(guard) => guard,
             Err(err) => {
                 error = Some(err);
@@ -261,7 +261,7 @@ async fn client_loop(
         } else {
             stats.held += inside;
         }
-        if let Err(err) = guard.release().await {
+        if let Err(err) = client.leave(&shared.name, guard).await {
             error = Some(err);
             break;
         }
@@ -272,8 +272,9 @@ async fn client_loop(
     (stats, error)
 }
 
-pub(crate) async fn run_mixed(
-    clients: Vec<Arc<dyn DistributedLock>>,
+/// The mix on `clients` (distlock's, or contended floors), one name.
+pub(crate) async fn run_mixed<C: Contender>(
+    clients: Vec<C>,
     name: String,
     mix: Mix,
     config: &BenchConfig,

@@ -143,6 +143,39 @@ pub trait ContendedFloor: Send + fmt::Debug {
     /// # Errors
     /// Whatever the server answered.
     async fn release(&mut self, name: &str) -> Result<(), Error>;
+
+    /// Whether the server's lock also has shared (read) holds, [`Self::acquire_shared`]:
+    /// the read/write mix then runs on the floors too, just before distlock's. Default
+    /// `false`.
+    fn has_shared(&self) -> bool {
+        false
+    }
+
+    /// Blocks until `name` is held shared by this floor (with the other shared holders, never
+    /// with an exclusive one), at most `wait`.
+    ///
+    /// # Errors
+    /// Whatever the server answered, or [`Error::Timeout`] past `wait`;
+    /// [`Error::Unsupported`] by default (see [`Self::has_shared`]).
+    async fn acquire_shared(&mut self, name: &str, wait: Duration) -> Result<(), Error> {
+        let _ = (name, wait);
+        Err(Error::Unsupported(format!(
+            "the contended floor {:?} has no shared holds",
+            self.label()
+        )))
+    }
+
+    /// Releases the shared hold of `name` this floor holds.
+    ///
+    /// # Errors
+    /// Whatever the server answered; [`Error::Unsupported`] by default.
+    async fn release_shared(&mut self, name: &str) -> Result<(), Error> {
+        let _ = name;
+        Err(Error::Unsupported(format!(
+            "the contended floor {:?} has no shared holds",
+            self.label()
+        )))
+    }
 }
 
 /// One backend configuration to measure: a label, a factory of independent clients and an
@@ -282,7 +315,8 @@ impl Target {
     /// The in-memory backend: every client shares one fresh [`MemoryStore`]. Its floor is a
     /// mutex-protected map insert + owner-checked remove, so its ratio shows what the core
     /// machinery (validation, guard, watchdog task) costs on top of the bare data structure;
-    /// its contended floor is one tokio mutex shared by all of a run's floors (one name).
+    /// its contended floor is one tokio read-write lock shared by all of a run's floors (one
+    /// name), held exclusively in S2 and both ways in the read/write mix.
     pub fn memory() -> Self {
         let store = MemoryStore::new();
         Self::new("memory", move || {
@@ -291,9 +325,9 @@ impl Target {
         })
         .with_floor(|| async { Ok(Box::new(MapFloor::default()) as Box<dyn RawFloor>) })
         .with_contended_floor({
-            let lock = Arc::new(tokio::sync::Mutex::new(()));
+            let lock = Arc::new(tokio::sync::RwLock::new(()));
             move || {
-                let floor = MutexFloor {
+                let floor = RwFloor {
                     lock: lock.clone(),
                     held: None,
                 };
@@ -408,22 +442,30 @@ impl RawFloor for MapFloor {
     }
 }
 
-/// The in-memory contended floor: a fair tokio mutex, shared by every floor of the target
-/// (which contends on one name only).
+/// The in-memory contended floor: a fair tokio read-write lock, shared by every floor of the
+/// target (which contends on one name only).
 #[derive(Debug)]
-struct MutexFloor {
-    lock: Arc<tokio::sync::Mutex<()>>,
-    held: Option<tokio::sync::OwnedMutexGuard<()>>,
+struct RwFloor {
+    lock: Arc<tokio::sync::RwLock<()>>,
+    held: Option<RwHeld>,
 }
 
-#[async_trait]
-impl ContendedFloor for MutexFloor {
-    fn label(&self) -> &str {
-        "tokio mutex"
-    }
+/// What an in-memory floor holds.
+#[derive(Debug)]
+enum RwHeld {
+    Write(#[allow(dead_code, reason = "held, not read")] tokio::sync::OwnedRwLockWriteGuard<()>),
+    Read(#[allow(dead_code, reason = "held, not read")] tokio::sync::OwnedRwLockReadGuard<()>),
+}
 
-    async fn acquire(&mut self, name: &str, wait: Duration) -> Result<(), Error> {
-        let held = tokio::time::timeout(wait, self.lock.clone().lock_owned())
+impl RwFloor {
+    /// Waits at most `wait` for `hold`, then keeps what it gives.
+    async fn enter<F: Future<Output = RwHeld>>(
+        &mut self,
+        name: &str,
+        wait: Duration,
+        hold: F,
+    ) -> Result<(), Error> {
+        let held = tokio::time::timeout(wait, hold)
             .await
             .map_err(|_| Error::Timeout {
                 name: name.to_owned(),
@@ -433,12 +475,50 @@ impl ContendedFloor for MutexFloor {
         Ok(())
     }
 
-    async fn release(&mut self, name: &str) -> Result<(), Error> {
+    /// Gives up what it holds, if it is what `shared` says.
+    fn leave(&mut self, name: &str, shared: bool) -> Result<(), Error> {
         match self.held.take() {
-            Some(_) => Ok(()),
-            None => Err(Error::NotHeld {
-                name: name.to_owned(),
-            }),
+            Some(RwHeld::Read(_)) if shared => Ok(()),
+            Some(RwHeld::Write(_)) if !shared => Ok(()),
+            other => {
+                self.held = other;
+                Err(Error::NotHeld {
+                    name: name.to_owned(),
+                })
+            }
         }
+    }
+}
+
+#[async_trait]
+impl ContendedFloor for RwFloor {
+    fn label(&self) -> &str {
+        "tokio rwlock"
+    }
+
+    async fn acquire(&mut self, name: &str, wait: Duration) -> Result<(), Error> {
+        let lock = self.lock.clone();
+        self.enter(name, wait, async {
+            RwHeld::Write(lock.write_owned().await)
+        })
+        .await
+    }
+
+    async fn release(&mut self, name: &str) -> Result<(), Error> {
+        self.leave(name, false)
+    }
+
+    fn has_shared(&self) -> bool {
+        true
+    }
+
+    async fn acquire_shared(&mut self, name: &str, wait: Duration) -> Result<(), Error> {
+        let lock = self.lock.clone();
+        self.enter(name, wait, async { RwHeld::Read(lock.read_owned().await) })
+            .await
+    }
+
+    async fn release_shared(&mut self, name: &str) -> Result<(), Error> {
+        self.leave(name, true)
     }
 }

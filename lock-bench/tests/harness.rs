@@ -176,7 +176,7 @@ async fn both_scenarios_on_memory_give_sane_results() {
         .contended_floor
         .as_ref()
         .expect("memory has a contended floor");
-    assert_eq!(floor.label, "tokio mutex");
+    assert_eq!(floor.label, "tokio rwlock");
     let f = &floor.s2;
     assert_eq!(f.clients, 4);
     assert!(f.critical_sections > 0);
@@ -191,7 +191,7 @@ async fn both_scenarios_on_memory_give_sane_results() {
         "{ratio}"
     );
     assert!(s2.handoff_p99_floor_ratio.is_some_and(|r| r > 0.0));
-    assert!(markdown.contains("| memory | tokio mutex |"), "{markdown}");
+    assert!(markdown.contains("| memory | tokio rwlock |"), "{markdown}");
     assert_eq!(report.runtime, "multi_thread");
 }
 
@@ -579,17 +579,40 @@ async fn rw_mix_and_semaphore_stay_within_their_bounds() {
         markdown.contains("| target | writer → readers p50"),
         "{markdown}"
     );
-    // The handoffs' row ends with their ratio to two S2 handoffs: a number, not "-".
+    // The handoffs' row has their ratio to two S2 handoffs, and the floor's (the memory
+    // floor is a read-write lock) to two of its own: numbers, not "-".
     let row = markdown
         .lines()
         .find(|l| l.starts_with("| memory | ") && l.matches(" (").count() == 2)
         .unwrap_or_else(|| panic!("no handoff row: {markdown}"));
-    let ratio = row
-        .trim_end_matches(" |")
-        .rsplit("| ")
-        .next()
-        .unwrap_or_default();
-    assert!(ratio.parse::<f64>().is_ok_and(|r| r > 0.0), "{row}");
+    let cells: Vec<&str> = row.trim_matches('|').split(" | ").map(str::trim).collect();
+    assert_eq!(cells.len(), 8, "{row}");
+    for ratio in [cells[4], cells[7]] {
+        assert!(ratio.parse::<f64>().is_ok_and(|r| r > 0.0), "{row}");
+    }
+    // The floor's mix ran just before, with as many clients, within the same bounds.
+    let floor = report.targets[0]
+        .rw_floor
+        .as_ref()
+        .expect("a read-write floor");
+    assert_eq!(floor.label, "tokio rwlock");
+    assert_eq!((floor.mix.clients, floor.mix.violations), (rw.clients, 0));
+    assert_eq!(floor.mix.max_writers, Some(1));
+    assert!(floor.mix.exclusive_acquisitions > 0 && floor.mix.max_holders > 1);
+    let floor_turns = (
+        floor
+            .mix
+            .writer_to_readers
+            .expect("floor: writer to readers"),
+        floor
+            .mix
+            .readers_to_writer
+            .expect("floor: readers to writer"),
+    );
+    assert!(
+        floor_turns.0.count > 0 && floor_turns.1.count > 0,
+        "{floor:?}"
+    );
     assert!(sem.writer_to_readers.is_none() && sem.readers_to_writer.is_none());
     let writers = rw.writer_share.expect("a writer share");
     assert!(writers > 0.0 && writers < 1.0, "{writers}");

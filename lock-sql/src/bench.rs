@@ -292,6 +292,23 @@ impl ServerLockFloor {
         .map_err(|e| map_err("contended floor token", e))
     }
 
+    /// The PostgreSQL connection, for shared holds (only PostgreSQL's floor has them).
+    #[cfg(feature = "postgres")]
+    #[allow(
+        clippy::infallible_destructuring_match,
+        reason = "a single pattern with only the postgres feature"
+    )]
+    fn postgres(&mut self) -> Result<&mut sqlx::PgConnection> {
+        let conn = match &mut self.conn {
+            RawConn::Postgres(conn) => conn,
+            #[cfg(feature = "mysql")]
+            RawConn::MySql(_) => return Err(Error::Unsupported(NO_SHARED.into())),
+            #[cfg(feature = "sqlite")]
+            RawConn::Sqlite(_) => return Err(Error::Unsupported(NO_SHARED.into())),
+        };
+        Ok(conn)
+    }
+
     /// The server-side lock of `name`: MySQL lock names are at most 64 characters and
     /// PostgreSQL's keys are numbers, so both come from a hash of the name.
     fn key(name: &str) -> i64 {
@@ -301,6 +318,22 @@ impl ServerLockFloor {
         i64::from_ne_bytes(hasher.finish().to_ne_bytes())
     }
 }
+
+/// A release's answer: whether the floor held `name` until then.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn held_until_now(name: &str, released: bool) -> Result<()> {
+    if released {
+        Ok(())
+    } else {
+        Err(Error::NotHeld {
+            name: name.to_owned(),
+        })
+    }
+}
+
+/// Why a contended floor other than PostgreSQL's has no shared holds.
+#[cfg(all(feature = "postgres", any(feature = "mysql", feature = "sqlite")))]
+const NO_SHARED: &str = "shared holds of the contended floor need PostgreSQL";
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[async_trait]
@@ -350,6 +383,38 @@ impl distlock_bench::ContendedFloor for ServerLockFloor {
         self.take_token(name).await
     }
 
+    /// PostgreSQL's advisory locks have shared holds (`pg_advisory_lock_shared`); MySQL's
+    /// `GET_LOCK` has none.
+    #[cfg(feature = "postgres")]
+    fn has_shared(&self) -> bool {
+        self.dialect == Dialect::Postgres
+    }
+
+    #[cfg(feature = "postgres")]
+    async fn acquire_shared(&mut self, name: &str, wait: std::time::Duration) -> Result<()> {
+        let conn = self.postgres()?;
+        let q = sqlx::query("SELECT pg_advisory_lock_shared($1)").bind(Self::key(name));
+        tokio::time::timeout(wait, conn.execute(q))
+            .await
+            .map_err(|_| Error::Timeout {
+                name: name.to_owned(),
+                waited: wait,
+            })?
+            .map(drop)
+            .map_err(|e| map_err("contended floor", e))
+    }
+
+    #[cfg(feature = "postgres")]
+    async fn release_shared(&mut self, name: &str) -> Result<()> {
+        let conn = self.postgres()?;
+        let released = sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock_shared($1)")
+            .bind(Self::key(name))
+            .fetch_one(conn)
+            .await
+            .map_err(|e| map_err("contended floor", e))?;
+        held_until_now(name, released)
+    }
+
     async fn release(&mut self, name: &str) -> Result<()> {
         let key = Self::key(name);
         let released = match &mut self.conn {
@@ -370,13 +435,7 @@ impl distlock_bench::ContendedFloor for ServerLockFloor {
             RawConn::Sqlite(_) => Ok(false),
         }
         .map_err(|e| map_err("contended floor", e))?;
-        if released {
-            Ok(())
-        } else {
-            Err(Error::NotHeld {
-                name: name.to_owned(),
-            })
-        }
+        held_until_now(name, released)
     }
 }
 

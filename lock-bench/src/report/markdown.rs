@@ -424,9 +424,9 @@ impl Report {
         if rows.is_empty() {
             return out;
         }
-        out.push_str("\nRW mix handoffs between the kinds (each from just before the release that frees the name for the other kind to the other kind's first acquisition that was waiting), against two S2 handoffs of the same target (writer → readers p50 + readers → writer p50 ÷ 2 × S2 handoff p50; ≤ 1: a writer's turn costs no more than two mutex handoffs).\n");
-        out.push_str("\n| target | writer → readers p50 / p99 ms (count) | readers → writer p50 / p99 ms (count) | S2 handoff p50 ms | ÷ 2 S2 handoffs |\n");
-        out.push_str("|---|--:|--:|--:|--:|\n");
+        out.push_str("\nRW mix handoffs between the kinds (each from just before the release that frees the name for the other kind to the other kind's first acquisition that was waiting), against two S2 handoffs of the same target (writer → readers p50 + readers → writer p50 ÷ 2 × S2 handoff p50; ≤ 1: a writer's turn costs no more than two mutex handoffs); where the server has a read-write lock of its own, the same mix on it (the contended floor, just before distlock's mix), against two of its S2 handoffs.\n");
+        out.push_str("\n| target | writer → readers p50 / p99 ms (count) | readers → writer p50 / p99 ms (count) | S2 handoff p50 ms | ÷ 2 S2 handoffs | floor: writer → readers, readers → writer p50 ms | floor S2 handoff p50 ms | floor ÷ 2 floor S2 handoffs |\n");
+        out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|\n");
         let ms = |l: &LatencySummary| {
             format!(
                 "{:.2} / {:.2} ({})",
@@ -435,33 +435,47 @@ impl Report {
                 l.count
             )
         };
+        let opt = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"));
         for (t, to_readers, to_writer) in rows {
-            let s2 = t
-                .contended
-                .as_ref()
-                .map(|c| c.handoff.p50_us)
-                .filter(|p50| *p50 > 0.0);
-            let (s2_ms, ratio) = match s2 {
-                Some(p50) if to_readers.count > 0 && to_writer.count > 0 => (
-                    format!("{:.2}", p50 / 1000.0),
-                    format!(
-                        "{:.2}",
-                        (to_readers.p50_us + to_writer.p50_us) / (2.0 * p50)
-                    ),
-                ),
-                Some(p50) => (format!("{:.2}", p50 / 1000.0), "-".to_owned()),
-                None => ("-".to_owned(), "-".to_owned()),
-            };
+            let s2 = t.contended.as_ref().map(|c| c.handoff.p50_us);
+            let floor = t.rw_floor.as_ref().and_then(|f| {
+                Some((
+                    f.mix.writer_to_readers.as_ref()?,
+                    f.mix.readers_to_writer.as_ref()?,
+                ))
+            });
+            let floor_s2 = t.contended_floor.as_ref().map(|f| f.s2.handoff.p50_us);
+            let floor_turns = floor.map_or_else(
+                || "-".to_owned(),
+                |(r, w)| format!("{:.2}, {:.2}", r.p50_us / 1000.0, w.p50_us / 1000.0),
+            );
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {s2_ms} | {ratio} |",
+                "| {} | {} | {} | {} | {} | {floor_turns} | {} | {} |",
                 t.target,
                 ms(to_readers),
-                ms(to_writer)
+                ms(to_writer),
+                opt(s2.filter(|p| *p > 0.0).map(|p| p / 1000.0)),
+                opt(s2.and_then(|p| turns_ratio(to_readers, to_writer, p))),
+                opt(floor.and(floor_s2).filter(|p| *p > 0.0).map(|p| p / 1000.0)),
+                opt(floor
+                    .zip(floor_s2)
+                    .and_then(|((r, w), p)| turns_ratio(r, w, p))),
             );
         }
         out
     }
+}
+
+/// A writer's two turns (to the readers and back, p50s) over two S2 handoffs of p50
+/// `handoff_us`; `None` without a turn of either kind or a handoff.
+fn turns_ratio(
+    to_readers: &LatencySummary,
+    to_writer: &LatencySummary,
+    handoff_us: f64,
+) -> Option<f64> {
+    (to_readers.count > 0 && to_writer.count > 0 && handoff_us > 0.0)
+        .then(|| (to_readers.p50_us + to_writer.p50_us) / (2.0 * handoff_us))
 }
 
 fn human(d: std::time::Duration) -> humantime::FormattedDuration {

@@ -53,6 +53,10 @@ pub struct TargetResult {
     pub fenced_contended_floor: Option<ContendedFloorResult>,
     /// The read/write mix, if selected, supported and successful.
     pub rw_mix: Option<MixedResult>,
+    /// The read/write mix on the contended floors (the server's own lock, shared and
+    /// exclusive: [`ContendedFloor::has_shared`](crate::ContendedFloor::has_shared)), measured
+    /// just before distlock's, if the target has such a floor and the mix is selected.
+    pub rw_floor: Option<FloorMixResult>,
     /// The semaphore, if selected, supported and successful.
     pub semaphore: Option<MixedResult>,
     /// The growth scenarios (hold-K, clients-C, names), when selected.
@@ -244,6 +248,16 @@ pub struct ContendedFloorResult {
     pub label: String,
     /// The same measurements as S2's.
     pub s2: S2Result,
+}
+
+/// The read/write mix on the contended floors: the server's own read-write lock.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct FloorMixResult {
+    /// What the floor does ([`ContendedFloor::label`](crate::ContendedFloor::label)).
+    pub label: String,
+    /// The same measurements as distlock's mix.
+    pub mix: MixedResult,
 }
 
 /// The read/write mix or the semaphore: several clients on one name, several holders at
