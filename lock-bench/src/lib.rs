@@ -38,7 +38,8 @@
 //!   PostgreSQL advisory locks, etcd's Lock API, a ZooKeeper ephemeral node with a watch),
 //!   measured just before S2 ([`S2Result::contended_floor_ratio`],
 //!   [`S2Result::handoff_p99_floor_ratio`]). Where the server's lock has shared holds too
-//!   ([`ContendedFloor::has_shared`]: PostgreSQL's advisory locks), the read/write mix runs
+//!   ([`ContendedFloor::has_shared`]: PostgreSQL's advisory locks, the memory target's
+//!   tokio read-write lock), the read/write mix runs
 //!   on the floors as well, just before distlock's ([`TargetResult::rw_floor`]): a writer's
 //!   turns between readers on the server's own read-write lock, beside its S2 handoffs.
 //! - **Fenced floors** (for a target that registers them: [`Target::with_fenced_floor`],
@@ -487,7 +488,12 @@ async fn floor_mix(
     let label = first.label().to_owned();
     let mut floors = vec![first];
     for _ in 1..config.mixed_clients {
-        floors.extend(target.contended_floor().await?);
+        let Some(floor) = target.contended_floor().await? else {
+            return Err(Error::Unsupported(format!(
+                "the contended floor {label:?} opened once, then declined"
+            )));
+        };
+        floors.push(floor);
     }
     let progress = Progress::new(config.progress, target.label(), "rw floor");
     let name = format!("{base}/rw-floor");

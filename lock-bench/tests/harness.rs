@@ -597,6 +597,10 @@ async fn rw_mix_and_semaphore_stay_within_their_bounds() {
         .expect("a read-write floor");
     assert_eq!(floor.label, "tokio rwlock");
     assert_eq!((floor.mix.clients, floor.mix.violations), (rw.clients, 0));
+    assert!(
+        markdown.contains("| memory | RW mix on the floor: tokio rwlock | "),
+        "{markdown}"
+    );
     assert_eq!(floor.mix.max_writers, Some(1));
     assert!(floor.mix.exclusive_acquisitions > 0 && floor.mix.max_holders > 1);
     let floor_turns = (

@@ -221,7 +221,10 @@ pub async fn floor(url: &str) -> Result<Box<dyn RawFloor>> {
 /// The contended floor: the database's own blocking lock on one connection, MySQL's
 /// `GET_LOCK(name, timeout)` / `RELEASE_LOCK(name)` or PostgreSQL's session-level
 /// `pg_advisory_lock(key)` / `pg_advisory_unlock(key)` (the server queues the waiters and
-/// wakes the next one itself). SQLite has no blocking lock, so no contended floor (nor is
+/// wakes the next one itself); PostgreSQL's has shared holds too
+/// (`pg_advisory_lock_shared(key)` / `pg_advisory_unlock_shared(key)`), for the read/write
+/// mix. A wait cut short by its bound drops the connection (the floor stops at the error),
+/// and the server gives up the session's locks when it sees it closed. SQLite has no blocking lock, so no contended floor (nor is
 /// there one in a build with only the `sqlite` feature).
 ///
 /// *Fenced*, each acquisition also takes a fencing token that survives a database crash: one

@@ -35,6 +35,12 @@ const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
 /// [`NOW`].
 const LEASE_FROM: &str = "(CAST(unixepoch('subsec') * 1000000 AS INTEGER) + 1000)";
 
+/// What is left of a live lease (`expires_at` above [`NOW`]), in microseconds: counted from
+/// [`LEASE_FROM`], so never more than the ttl right after a take (a reading in the take's
+/// millisecond says the whole ttl), never more than the server's lease; 0 in its last
+/// millisecond.
+const LEFT: &str = "max(expires_at - (CAST(unixepoch('subsec') * 1000000 AS INTEGER) + 1000), 0)";
+
 /// The lock table's statements in this dialect; with `data` (the table has the `data`
 /// column), holds carry data, which every take, release, abandon and forced release clears.
 fn statements(table: &str, data: DataColumn) -> (Sql, HolderSql) {
@@ -42,7 +48,7 @@ fn statements(table: &str, data: DataColumn) -> (Sql, HolderSql) {
     let clear_data = data.clear();
     let peek_columns = format!(
         "owner, version, CASE WHEN owner IS NOT NULL AND expires_at > {NOW} \
-         THEN expires_at - {NOW} END, next_owner, next_since, \
+         THEN {LEFT} END, next_owner, next_since, \
          CASE WHEN next_owner IS NOT NULL AND next_expires > {NOW} THEN next_expires - {NOW} END"
     );
     let peek = format!("SELECT {peek_columns} FROM {t} WHERE name = ?1");
@@ -90,7 +96,7 @@ fn statements(table: &str, data: DataColumn) -> (Sql, HolderSql) {
             )
             .into(),
             list: format!(
-                "SELECT name, owner, version, expires_at - {NOW}, {} \
+                "SELECT name, owner, version, {LEFT}, {} \
                  FROM {t} WHERE owner IS NOT NULL AND expires_at > {NOW} \
                  AND substr(name, 1, length(?1)) = ?2 ORDER BY name LIMIT ?3",
                 data.select()
@@ -145,7 +151,7 @@ fn holder_statements(table: &str, peek: &str, data: DataColumn) -> HolderSql {
     let live = format!("FROM {h} WHERE name = ?1 AND expires_at > {NOW}");
     let info = |data: &str| {
         format!(
-            "SELECT owner, token, expires_at - {NOW}, (SELECT count(*) {live}), {data} \
+            "SELECT owner, token, {LEFT}, (SELECT count(*) {live}), {data} \
              FROM {h} WHERE name = ?2 AND expires_at > {NOW} ORDER BY token DESC LIMIT 1"
         )
     };
@@ -167,7 +173,7 @@ fn holder_statements(table: &str, peek: &str, data: DataColumn) -> HolderSql {
         purge: format!("DELETE FROM {h} WHERE name = ?1 AND (expires_at <= {NOW} OR owner = ?2)")
             .into(),
         purge_all: format!("DELETE FROM {h} WHERE name = ?1").into(),
-        count: format!("SELECT count(*), min(expires_at - {NOW}) {live}").into(),
+        count: format!("SELECT count(*), min({LEFT}) {live}").into(),
         mark: format!(
             "UPDATE {t} SET owner = ?1, version = version + 1, expires_at = max(expires_at, {LEASE_FROM} + ?2), \
              next_since = CASE WHEN next_owner = ?3 THEN NULL ELSE next_since END, \

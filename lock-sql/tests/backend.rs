@@ -71,10 +71,15 @@ async fn not_taken_before_valid_until(url: &str) {
             .expect("free");
         let valid_until = held.valid_until();
         held.abandon();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
         let taken = loop {
             if let Some(taken) = b.try_acquire(&name, &opts).await.expect("try") {
                 break taken;
             }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: a lease of 300 ms still held after 5 s"
+            );
         };
         let now = std::time::Instant::now();
         assert!(

@@ -353,9 +353,13 @@ impl Report {
             .targets
             .iter()
             .flat_map(|t| {
-                let rw = t.rw_mix.as_ref().map(|m| (t, "RW mix", m));
-                let sem = t.semaphore.as_ref().map(|m| (t, "semaphore", m));
-                rw.into_iter().chain(sem)
+                let floor = t
+                    .rw_floor
+                    .as_ref()
+                    .map(|f| (t, format!("RW mix on the floor: {}", f.label), &f.mix));
+                let rw = t.rw_mix.as_ref().map(|m| (t, "RW mix".to_owned(), m));
+                let sem = t.semaphore.as_ref().map(|m| (t, "semaphore".to_owned(), m));
+                floor.into_iter().chain(rw).chain(sem)
             })
             .collect();
         if mixed.is_empty() {

@@ -55,7 +55,8 @@ pub struct TargetResult {
     pub rw_mix: Option<MixedResult>,
     /// The read/write mix on the contended floors (the server's own lock, shared and
     /// exclusive: [`ContendedFloor::has_shared`](crate::ContendedFloor::has_shared)), measured
-    /// just before distlock's, if the target has such a floor and the mix is selected.
+    /// just before distlock's, if the target has such a floor, the mix is selected and the
+    /// floors' run succeeded (its bound is checked as distlock's: [`Self::violations`]).
     pub rw_floor: Option<FloorMixResult>,
     /// The semaphore, if selected, supported and successful.
     pub semaphore: Option<MixedResult>,
@@ -86,7 +87,8 @@ impl TargetResult {
             .contended
             .as_ref()
             .map_or(0, |c| c.exclusivity_violations);
-        let mixed = [&self.rw_mix, &self.semaphore]
+        let floor = self.rw_floor.as_ref().map(|f| &f.mix);
+        let mixed = [self.rw_mix.as_ref(), self.semaphore.as_ref(), floor]
             .into_iter()
             .flatten()
             .map(|m| m.violations)
