@@ -277,6 +277,8 @@ async fn new_master(topo: Topo<'_>, key: &str, old: u16) -> redis::aio::Multiple
 struct Run {
     /// The new master had A's lock when A was told (it reached the replica before the kill).
     survived: bool,
+    /// When the new master was asked whether it had A's lock.
+    read: Option<Duration>,
     /// B was granted the lock while A's guard was not lost and its `valid_until` not passed.
     second_holder: bool,
     /// B's token was not above A's.
@@ -362,6 +364,7 @@ async fn run_once(topo: Topo<'_>, lagging: bool) -> Run {
     let mut guard = Some(guard);
     let mut told = None;
     let mut survived = false;
+    let mut read = None;
     let lost = guard.as_ref().map(|g| g.lost()).expect("guard");
     tokio::pin!(lost);
     tokio::pin!(waiter);
@@ -377,6 +380,7 @@ async fn run_once(topo: Topo<'_>, lagging: bool) -> Run {
                     .await
                     .unwrap_or(None);
                 survived = held.as_deref() == Some(owner_a.as_str());
+                read = Some(Instant::now() - t0);
                 // What an application does when told: stop and let go.
                 if let Some(g) = guard.take() {
                     tokio::spawn(async move { let _ = g.release().await; });
@@ -412,6 +416,7 @@ async fn run_once(topo: Topo<'_>, lagging: bool) -> Run {
     restore.finish().await;
     Run {
         survived,
+        read,
         second_holder: believed,
         regression,
         told: told.map(|(at, why)| (at - t0, why)),
@@ -455,9 +460,13 @@ async fn measure(label: &str, topo: Topo<'_>, lagging: bool) -> Vec<Run> {
 
 fn assert_in_sync(runs: &[Run]) {
     for run in runs {
-        // Replicated before the kill: the new master has the lock (A is told all the same).
+        // Replicated before the kill: the new master has the lock (A is told all the same),
+        // unless it was asked a ttl or more after the kill, when the lease had ended anyway
+        // (every renewal of A's ran before it): a failover slower than the lease, as on a
+        // loaded machine (the new master served 6.07 s after the kill of a 6 s ttl once in CI).
+        let ended = run.read.is_some_and(|read| read >= TTL);
         assert!(
-            run.survived,
+            run.survived || ended,
             "in sync, yet the new master lacked the lock: {run:?}"
         );
         assert!(
