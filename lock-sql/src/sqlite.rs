@@ -23,9 +23,16 @@ use crate::kinds::{HolderSql, Holds, holders_table};
 use crate::pool::open_pool;
 use crate::renew::{BySize, LIST_MAX_BATCH, Renewal, padded, renewed_by_rows, too_many};
 
+/// The text of [`NOW`], for the constants built from it.
+macro_rules! clock {
+    () => {
+        "CAST(unixepoch('subsec') * 1000000 AS INTEGER)"
+    };
+}
+
 /// The database's clock in microseconds since the Unix epoch: lease ends, and the first
 /// version of a new row (see the crate docs, "A store emptied or recreated").
-const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
+const NOW: &str = clock!();
 
 /// The instant a lease starts from: the clock's reading rounded up. `unixepoch('subsec')` has
 /// millisecond resolution, truncated, so [`NOW`] may stand up to a millisecond before the
@@ -33,13 +40,13 @@ const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
 /// the request was sent (in-process SQLite answers within well under a millisecond), before
 /// the `valid_until` its client computed with no drift margin. Reservations, hints, keep
 /// [`NOW`].
-const LEASE_FROM: &str = "(CAST(unixepoch('subsec') * 1000000 AS INTEGER) + 1000)";
+const LEASE_FROM: &str = concat!("(", clock!(), " + 1000)");
 
 /// What is left of a live lease (`expires_at` above [`NOW`]), in microseconds: counted from
 /// [`LEASE_FROM`], so never more than the ttl right after a take (a reading in the take's
 /// millisecond says the whole ttl), never more than the server's lease; 0 in its last
 /// millisecond.
-const LEFT: &str = "max(expires_at - (CAST(unixepoch('subsec') * 1000000 AS INTEGER) + 1000), 0)";
+const LEFT: &str = concat!("max(expires_at - (", clock!(), " + 1000), 0)");
 
 /// The lock table's statements in this dialect; with `data` (the table has the `data`
 /// column), holds carry data, which every take, release, abandon and forced release clears.

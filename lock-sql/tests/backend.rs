@@ -54,11 +54,8 @@ async fn not_taken_before_valid_until(url: &str) {
     let mut config = ClientConfig::default().with_operation_timeout(Duration::from_secs(2));
     config.drift_factor = 0.0005;
     config.drift_fixed = Duration::ZERO;
-    let connect = async || match distlock_sql::connect(url, config.clone()).await {
-        Ok(client) => client,
-        Err(err) => panic!("connect: {err}"),
-    };
-    let (a, b) = (connect().await, connect().await);
+    let a = common::client_of(url, config.clone()).await;
+    let b = common::client_of(url, config).await;
     let opts = AcquireOptions::default()
         .with_ttl(Duration::from_millis(300))
         .with_renewal(Renewal::disabled());

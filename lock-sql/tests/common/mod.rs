@@ -16,7 +16,11 @@ pub(crate) fn unique(prefix: &str) -> String {
 
 /// A client of `url` with operation timeout `timeout`.
 pub(crate) async fn client_with(url: &str, timeout: Duration) -> LockClient<SqlBackend> {
-    let config = ClientConfig::default().with_operation_timeout(timeout);
+    client_of(url, ClientConfig::default().with_operation_timeout(timeout)).await
+}
+
+/// A client of `url` with `config`.
+pub(crate) async fn client_of(url: &str, config: ClientConfig) -> LockClient<SqlBackend> {
     match distlock_sql::connect(url, config).await {
         Ok(client) => client,
         Err(err) => panic!("connect {url}: {err}"),
