@@ -79,8 +79,10 @@ pub(crate) struct Held {
     /// The [`LossEpochs`](crate::backend::LossEpochs) group the guard joined, if any.
     loss_group: Option<usize>,
     metrics: Arc<Handles>,
-    /// When the lock was taken (the acquire request's sending), for the hold time.
-    acquired_at: Instant,
+    /// When `acquire` returned the guard: where [`LockGuard::hold_at_least`]'s minimum and the
+    /// hold time (`distlock_hold_seconds`) count from. The lease is known only to have started
+    /// after `NewGuard::lease_started`, which for a lease handed over may lie long before.
+    returned: Instant,
     /// Counted as held (`distlock_held_guards`) until released, dropped, abandoned or lost.
     holding: AtomicBool,
 }
@@ -100,7 +102,12 @@ pub(crate) struct NewGuard {
     pub(crate) drift: Duration,
     /// [`crate::ClientConfig::operation_timeout`].
     pub(crate) operation_timeout: Duration,
+    /// An instant the lease started after: the sending of the request that took it, or, for a
+    /// lease handed over by a release, an instant known to be before that release (a
+    /// waiter's last read before it, perhaps long before).
     pub(crate) lease_started: Instant,
+    /// When `acquire` returns the guard.
+    pub(crate) returned: Instant,
     pub(crate) renewal_interval: Option<Duration>,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) reentry: Option<(Weak<Registry<Held>>, RegistryKey)>,
@@ -141,7 +148,7 @@ impl LockGuard {
             reentry: new.reentry.map(Box::new),
             loss_group: shared_loss.as_ref().map(|(epochs, _)| epochs.id()),
             metrics: new.metrics,
-            acquired_at: new.lease_started,
+            returned: new.returned,
             holding: AtomicBool::new(true),
         });
         held.metrics.hold_started();
@@ -312,11 +319,13 @@ impl LockGuard {
         self.held.clone().release_on_server().await
     }
 
-    /// Waits until the lock has been held for at least `minimum`, counted from its acquisition
-    /// (the acquire request's sending), so that a job run by several schedulers does not run
-    /// again within that time on a host whose clock or timer fires a little later (ShedLock's
-    /// `lockAtLeastFor`). Call it when the work is done, then [`release`](Self::release) (or
-    /// use [`release_after`](Self::release_after), which does both).
+    /// Waits until the lock has been held for at least `minimum`, counted from `acquire`'s
+    /// return, so that a job run by several schedulers does not run again within that time on
+    /// a host whose clock or timer fires a little later (ShedLock's `lockAtLeastFor`). Not
+    /// from the acquire request's sending: a lease handed over by a release is known only to
+    /// have started after the waiter's last read before it, perhaps long before. Call it when
+    /// the work is done, then [`release`](Self::release) (or use
+    /// [`release_after`](Self::release_after), which does both).
     ///
     /// Renewal goes on only while the lease does not yet cover the minimum plus one operation
     /// timeout (so that the release certainly arrives before the lease ends); then it stops,
@@ -328,7 +337,7 @@ impl LockGuard {
     /// release the guard next rather than go on working under it.
     pub async fn hold_at_least(&self, minimum: Duration) {
         let held = &self.held;
-        let until = held.acquired_at.checked_add(minimum);
+        let until = held.returned.checked_add(minimum);
         let mut renewing = true;
         loop {
             let now = Instant::now();
@@ -458,7 +467,7 @@ impl Held {
     fn end_hold(&self) -> bool {
         let ended = self.holding.swap(false, Ordering::AcqRel);
         if ended {
-            self.metrics.hold_ended(self.acquired_at);
+            self.metrics.hold_ended(self.returned);
         }
         ended
     }

@@ -1,8 +1,12 @@
 //! `LockGuard::hold_at_least` and `release_after` (ShedLock's `lockAtLeastFor`): the lock stays
 //! held until the minimum has passed, renewed while needed and no longer.
 
+mod common;
+
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::Wrapping;
 use distlock_core::memory::{MemoryBackend, MemoryStore};
 use distlock_core::{AcquireOptions, ClientConfig, DistributedLock, LockClient, Renewal};
 
@@ -73,4 +77,26 @@ async fn a_minimum_already_passed_releases_at_once() {
         .unwrap();
     assert!(begun.elapsed() < Duration::from_secs(1));
     assert!(store.is_empty());
+}
+
+/// The minimum counts from `acquire`'s return: a lease handed over by a release is known only
+/// to have started after the waiter's last read before it (here 3 s before the grant came
+/// back), and counting from there ended the hold at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_minimum_counts_from_the_acquires_return() {
+    let store = MemoryStore::new();
+    let backend = Wrapping::new(&store, Arc::new(|lease| lease)).back_dated(Duration::from_secs(3));
+    let holder = LockClient::new(backend);
+    let opts = AcquireOptions::default().with_ttl(Duration::from_secs(30));
+    let guard = holder.acquire("job", &opts).await.unwrap();
+    let returned = Instant::now();
+    let minimum = Duration::from_millis(500);
+    guard.hold_at_least(minimum).await;
+    // Measured from just after the return: a few microseconds late at most.
+    let held = returned.elapsed();
+    assert!(
+        held + Duration::from_millis(20) >= minimum,
+        "held {held:?} after the return, not the minimum {minimum:?}"
+    );
+    guard.release().await.unwrap();
 }

@@ -234,8 +234,9 @@ impl<B: LockBackend> LockClient<B> {
                         attempt = self.begin(&request, &metrics);
                         continue;
                     }
-                    metrics.acquired(started, woken.filter(|_| waiting.is_some()));
-                    let guard = self.guard(name, owner, options, grant, reentry, metrics);
+                    let returned = metrics.acquired(started, woken.filter(|_| waiting.is_some()));
+                    let guard =
+                        self.guard(name, owner, options, (grant, returned), reentry, metrics);
                     return with_data(guard, options).await.map(Some);
                 }
                 Ok(step) => {
@@ -272,13 +273,13 @@ impl<B: LockBackend> LockClient<B> {
         }
     }
 
-    /// The guard of `grant`, its watchdog started.
+    /// The guard of `grant`, returned to the caller at `returned`, its watchdog started.
     fn guard(
         &self,
         name: LockName,
         owner: Arc<str>,
         options: &AcquireOptions,
-        grant: Grant,
+        (grant, returned): (Grant, Instant),
         reentry: Option<(Weak<Registry<Held>>, RegistryKey)>,
         metrics: Arc<Handles>,
     ) -> LockGuard {
@@ -294,6 +295,7 @@ impl<B: LockBackend> LockClient<B> {
             drift: grant.drift,
             operation_timeout: self.inner.config.operation_timeout,
             lease_started: grant.lease_started,
+            returned,
             renewal_interval: options.renewal_interval(),
             max_hold: options.renewal.max_hold,
             reentry,
