@@ -79,9 +79,10 @@ pub(crate) struct Held {
     /// The [`LossEpochs`](crate::backend::LossEpochs) group the guard joined, if any.
     loss_group: Option<usize>,
     metrics: Arc<Handles>,
-    /// When `acquire` returned the guard: where [`LockGuard::hold_at_least`]'s minimum and the
-    /// hold time (`distlock_hold_seconds`) count from. The lease is known only to have started
-    /// after `NewGuard::lease_started`, which for a lease handed over may lie long before.
+    /// When the grant came back (`acquire` returns then, or once it wrote the holder data it
+    /// was asked to): where [`LockGuard::hold_at_least`]'s minimum and the hold time
+    /// (`distlock_hold_seconds`) count from. The lease is known only to have started after
+    /// `NewGuard::lease_started`, which for a lease handed over may lie long before.
     returned: Instant,
     /// Counted as held (`distlock_held_guards`) until released, dropped, abandoned or lost.
     holding: AtomicBool,
@@ -106,7 +107,7 @@ pub(crate) struct NewGuard {
     /// lease handed over by a release, an instant known to be before that release (a
     /// waiter's last read before it, perhaps long before).
     pub(crate) lease_started: Instant,
-    /// When `acquire` returns the guard.
+    /// When the grant came back.
     pub(crate) returned: Instant,
     pub(crate) renewal_interval: Option<Duration>,
     pub(crate) max_hold: Option<Duration>,
@@ -319,13 +320,18 @@ impl LockGuard {
         self.held.clone().release_on_server().await
     }
 
-    /// Waits until the lock has been held for at least `minimum`, counted from `acquire`'s
-    /// return, so that a job run by several schedulers does not run again within that time on
-    /// a host whose clock or timer fires a little later (ShedLock's `lockAtLeastFor`). Not
-    /// from the acquire request's sending: a lease handed over by a release is known only to
-    /// have started after the waiter's last read before it, perhaps long before. Call it when
-    /// the work is done, then [`release`](Self::release) (or use
-    /// [`release_after`](Self::release_after), which does both).
+    /// Waits until the lock has been held for at least `minimum`, counted from its
+    /// acquisition (when the grant came back to `acquire`), so that a job run by several
+    /// schedulers does not run again within that time on a host whose clock or timer fires a
+    /// little later (ShedLock's `lockAtLeastFor`). Not from the acquire request's sending: a
+    /// lease handed over by a release is known only to have started after the waiter's last
+    /// read before it, perhaps long before. Call it when the work is done, then
+    /// [`release`](Self::release) (or use [`release_after`](Self::release_after), which does
+    /// both).
+    ///
+    /// A [`Renewal::max_hold`](crate::Renewal::max_hold) counts from that earlier instant (the
+    /// lease must end by then): a cap less than the minimum plus the wait for the grant ends
+    /// the hold first, as a loss. Leave the cap room above the minimum.
     ///
     /// Renewal goes on only while the lease does not yet cover the minimum plus one operation
     /// timeout (so that the release certainly arrives before the lease ends); then it stops,

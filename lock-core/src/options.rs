@@ -305,7 +305,10 @@ pub struct Renewal {
     /// Interval between renewals; `None` means `ttl / 3`. Must be shorter than the ttl.
     pub interval: Option<Duration>,
     /// Cap on the total hold time: renewal stops so that the lease ends no later than this long
-    /// after acquisition, and the guard then reports [`LossReason::HoldLimitReached`](crate::LossReason::HoldLimitReached).
+    /// after the earliest instant it may have started (the sending of the request that took
+    /// it; for a lease handed over by a release, the waiter's last read before that release),
+    /// and the guard then reports
+    /// [`LossReason::HoldLimitReached`](crate::LossReason::HoldLimitReached).
     pub max_hold: Option<Duration>,
 }
 

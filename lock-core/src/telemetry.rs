@@ -24,7 +24,7 @@
 //! | `distlock_releases_total` | counter | backend, result | release requests sent (explicit or after a drop): `ok`, `not_held` (no longer ours), `error` (no answer: the ttl frees it) |
 //! | `distlock_backend_errors_total` | counter | backend, kind | errors of backend requests: `unavailable`, `backend`, `quorum_not_reached`, `mismatch`, `unsupported`, `other` |
 //! | `distlock_acquire_wait_seconds` | histogram | backend | from the call to holding the lock, for every acquisition counted above |
-//! | `distlock_hold_seconds` | histogram | backend | from `acquire`'s return to the end of the hold: release, drop, abandon or loss |
+//! | `distlock_hold_seconds` | histogram | backend | from when `acquire` got the lock to the end of the hold: release, drop, abandon or loss |
 //! | `distlock_handoff_seconds` | histogram | backend | for an acquisition that found the lock taken: from the wake-up that preceded the successful attempt (the backend's release event, or the end of the pause between polls) to holding the lock |
 //! | `distlock_operation_duration_seconds` | histogram | backend, operation | one backend request: `acquire` (one attempt), `renew` (a batched renewal counts once per lock it renews), `release`, `abandon`, `inspect`, `list`, `force_release`, `release_hold` |
 //! | `distlock_held_guards` | gauge | backend | locks this process holds: acquired, and neither released, dropped, abandoned nor lost |
@@ -90,7 +90,7 @@ pub const RELEASES: &str = "distlock_releases_total";
 pub const BACKEND_ERRORS: &str = "distlock_backend_errors_total";
 /// `distlock_acquire_wait_seconds`: from the call to holding the lock.
 pub const ACQUIRE_WAIT: &str = "distlock_acquire_wait_seconds";
-/// `distlock_hold_seconds`: from `acquire`'s return to the end of the hold.
+/// `distlock_hold_seconds`: from when `acquire` got the lock to the end of the hold.
 pub const HOLD: &str = "distlock_hold_seconds";
 /// `distlock_handoff_seconds`: from the wake-up to holding the lock, after a wait.
 pub const HANDOFF: &str = "distlock_handoff_seconds";
@@ -234,10 +234,9 @@ impl Handles {
         }
     }
 
-    /// A lock was taken on the server after `wait` (since the call); `woken`: the wake-up
-    /// before the successful attempt, when the lock was found taken first.
-    /// Counts an acquisition whose `acquire` started at `started` (last woken at `woken`, if
-    /// it waited); returns now, the instant its hold starts for [`HOLD`].
+    /// Counts an acquisition whose `acquire` started at `started` (`woken`: the wake-up before
+    /// the successful attempt, when the lock was found taken first); returns now, when the
+    /// grant came back: where its hold starts for [`HOLD`].
     pub(crate) fn acquired(&self, started: Instant, woken: Option<Instant>) -> Instant {
         let now = Instant::now();
         self.acquisitions.increment(1);

@@ -75,7 +75,10 @@ impl Attempt for WrappingAttempt {
                 let inner = std::mem::replace(&mut acquired.lease, Box::new(Placeholder));
                 acquired.lease = (self.wrap)(inner);
                 match self.back_date {
-                    Some(ago) => Step::Acquired(acquired.with_lease_started(Instant::now() - ago)),
+                    Some(ago) => {
+                        let started = Instant::now().checked_sub(ago).expect("a clock that old");
+                        Step::Acquired(acquired.with_lease_started(started))
+                    }
                     None => Step::Acquired(acquired),
                 }
             }
