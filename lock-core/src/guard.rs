@@ -320,6 +320,11 @@ impl LockGuard {
         self.held.clone().release_on_server().await
     }
 
+    /// When the grant came back: where [`Self::hold_at_least`] counts from.
+    pub(crate) fn taken_at(&self) -> Instant {
+        self.held.returned
+    }
+
     /// Waits until the lock has been held for at least `minimum`, counted from its
     /// acquisition (when the grant came back to `acquire`), so that a job run by several
     /// schedulers does not run again within that time on a host whose clock or timer fires a

@@ -384,12 +384,19 @@ impl<S> GatedGuard<S> {
         self.parts.lost()
     }
 
-    /// [`LockGuard::hold_at_least`] for both parts at once (each measured from its own
-    /// acquisition; both were taken within one call). Cancel safe, as that is.
+    /// [`LockGuard::hold_at_least`] for both parts at once, measured from the later of their
+    /// acquisitions: the gate is taken first, perhaps long before the name (a writer waits
+    /// for the readers there), and must not stop renewing before the name's minimum ends.
+    /// Cancel safe, as that is.
     pub async fn hold_at_least(&self, minimum: Duration) {
+        let (held, gate) = (self.guard(), self.gate_guard());
+        let since = held.taken_at().max(gate.taken_at());
+        let from = |part: &LockGuard| {
+            minimum.saturating_add(since.saturating_duration_since(part.taken_at()))
+        };
         tokio::join!(
-            self.guard().hold_at_least(minimum),
-            self.gate_guard().hold_at_least(minimum)
+            held.hold_at_least(from(held)),
+            gate.hold_at_least(from(gate))
         );
     }
 

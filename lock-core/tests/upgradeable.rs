@@ -2,10 +2,13 @@
 //! and downgrades with no writer in between, a failed upgrade that keeps its hold. The same
 //! cases run on every real backend in the conformance suite.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::memory::MemoryStore;
-use distlock_core::{AcquireOptions, Error, LockName, UpgradeableRwLock};
+use distlock_core::memory::{MemoryBackend, MemoryStore};
+use distlock_core::{
+    AcquireOptions, ClientConfig, Error, LockClient, LockName, Renewal, UpgradeableRwLock,
+};
 
 fn opts() -> AcquireOptions {
     AcquireOptions::default().with_ttl(Duration::from_secs(10))
@@ -156,6 +159,42 @@ async fn a_writer_that_loses_its_gate_while_waiting_gives_up() {
         .unwrap()
         .expect("the writer left no trace");
     next.release().await.expect("released");
+}
+
+/// A writer takes the gate, then waits for the readers of the name: `hold_at_least` keeps
+/// the gate until the minimum has passed since the name was taken too. Counted from the
+/// gate's own acquisition, the gate stopped renewing once its lease covered its own minimum,
+/// and another client could take it while the name's minimum went on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_at_least_keeps_the_gate_until_the_names_minimum() {
+    // Renewal stops once a lease covers the minimum plus one operation timeout: a short one.
+    let config = ClientConfig::default().with_operation_timeout(Duration::from_millis(100));
+    let store = MemoryStore::new();
+    let client = LockClient::with_config(MemoryBackend::new(store.clone()), config);
+    let rw = UpgradeableRwLock::new(Arc::new(client.expect("valid config")), "doc").expect("valid");
+    let short = AcquireOptions::default()
+        .with_ttl(Duration::from_secs(1))
+        .with_renewal(Renewal::auto());
+    let reader = rw.read(&opts()).await.expect("reader");
+    let leaving = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        reader.release().await
+    });
+    let write = rw.write(&short).await.expect("writer");
+    leaving.await.unwrap().expect("released");
+    let other = store.client();
+    let gate = rw.gate().clone();
+    let (_, taken) = tokio::join!(write.hold_at_least(Duration::from_secs(2)), async {
+        // Past the gate's own minimum (2 s after it) and its lease's end then, before the
+        // name's minimum ends (3.5 s after the gate).
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        other.try_acquire(gate.as_str(), &opts()).await
+    });
+    assert!(
+        taken.expect("answered").is_none(),
+        "another client took the gate before the minimum"
+    );
+    write.release().await.expect("both parts still held");
 }
 
 /// `hold_at_least` on a gated hold keeps both parts until the minimum has passed.
