@@ -4,12 +4,15 @@
 //! every request it serves, so that the metrics are compared with exact counts even where the
 //! number of renewals depends on timing.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
+use common::Wrapping;
 use distlock_core::memory::{MemoryBackend, MemoryStore};
 use distlock_core::telemetry::{
     ACQUIRE_TIMEOUTS, ACQUIRE_WAIT, ACQUISITIONS, BACKEND_ERRORS, ERROR_KINDS, HANDOFF,
@@ -51,15 +54,11 @@ impl Served {
 struct Counting {
     inner: MemoryBackend,
     served: Arc<Served>,
-    /// Grants say their lease started this long before they came back (as a lease handed
-    /// over says: after a read made before the release that handed it).
-    back_date: Option<Duration>,
 }
 
 struct CountingAttempt {
     inner: Box<dyn Attempt>,
     served: Arc<Served>,
-    back_date: Option<Duration>,
 }
 
 #[derive(Debug)]
@@ -82,7 +81,6 @@ impl LockBackend for Counting {
         Box::new(CountingAttempt {
             inner: self.inner.begin(request),
             served: self.served.clone(),
-            back_date: self.back_date,
         })
     }
 
@@ -121,13 +119,7 @@ impl Attempt for CountingAttempt {
                     inner,
                     served: self.served.clone(),
                 });
-                match self.back_date {
-                    Some(ago) => {
-                        let started = Instant::now().checked_sub(ago).expect("a clock that old");
-                        Step::Acquired(acquired.with_lease_started(started))
-                    }
-                    None => Step::Acquired(acquired),
-                }
+                Step::Acquired(acquired)
             }
             other => other,
         })
@@ -259,7 +251,6 @@ async fn every_metric_after_a_scripted_scenario() {
     let backend = || Counting {
         inner: MemoryBackend::new(store.clone()),
         served: served.clone(),
-        back_date: None,
     };
     // The handles bind to the recorder current when the client is built; they record into it
     // from any thread afterwards.
@@ -500,17 +491,14 @@ fn the_lock_name_is_a_label_only_when_asked_for() {
 /// PostgreSQL semaphore's holds of 1 ms had been recorded as 8.85 ms at the median).
 #[test]
 fn the_hold_time_runs_from_the_acquires_return() {
-    let backend = Counting {
-        inner: MemoryBackend::new(MemoryStore::new()),
-        served: Arc::new(Served::default()),
-        back_date: Some(Duration::from_secs(3)),
-    };
+    let store = MemoryStore::new();
+    let backend = Wrapping::new(&store, Arc::new(|lease| lease)).back_dated(Duration::from_secs(3));
     let seen = recorded(|| async {
         let client = LockClient::new(backend);
         let opts = AcquireOptions::default().with_ttl(Duration::from_secs(30));
         client.acquire("x", &opts).await?.release().await
     });
-    let holds = seen.samples(HOLD, &[B]);
+    let holds = seen.samples(HOLD, &[("backend", "wrapping")]);
     assert_eq!(holds.len(), 1, "{holds:?}");
     assert!(
         holds[0] < 1.0,
