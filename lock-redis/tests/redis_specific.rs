@@ -475,8 +475,10 @@ async fn channels_are_unsubscribed_when_nobody_waits() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let idle = idle_from.elapsed();
+    // The idle time starts when the waiter's subscription goes, a release earlier than
+    // `idle_from`: 500 ms of slack for a loaded machine.
     assert!(
-        idle >= Duration::from_millis(1900),
+        idle >= Duration::from_millis(1500),
         "unsubscribed after {idle:?} without a waiter (the idle time is 2 s)"
     );
 }
