@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use distlock_core::backend::{held_among, unpoisoned as lock};
 use distlock_core::{
     AcquireRequest, Attempt, Capabilities, ClientConfig, FencingGuarantee, FencingToken,
-    LockBackend, LockInfo, LockKind, LockName, LossDetection, Result, WakeUp,
+    LockBackend, LockInfo, LockName, LossDetection, Result, WakeUp,
 };
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -20,7 +20,7 @@ use zookeeper_client as zk;
 use crate::ZkConfig;
 use crate::attempt::ZkAttempt;
 use crate::error::zk_error;
-use crate::keys::{Entry, escape, holder_data_of, parse_held, queue, unescape};
+use crate::keys::{Entry, escape, holder_data_of, queue, unescape};
 use crate::kinds::holders;
 use crate::session::{Session, open_session};
 
@@ -81,9 +81,9 @@ impl fmt::Debug for ZkBackend {
 }
 
 impl ZkBackend {
-    /// Deletes the holders' nodes (as [`inspect`](LockBackend::inspect) counts them) whose
-    /// data says "held", or only the one of `(owner, token)`, each version-checked so that a
-    /// renewal in between makes it look again. ZooKeeper lets any session delete another's
+    /// Deletes the holders' nodes (as [`inspect`](LockBackend::inspect) counts them), or only
+    /// the one of `(owner, token)`, each version-checked so that a renewal in between makes it
+    /// look again. ZooKeeper lets any session delete another's
     /// ephemeral node. The waiters' watches fire and they take the lock; their nodes were
     /// created later, so their tokens (`czxid`) are higher. The former holders' renewals
     /// find their nodes gone and report the loss.
@@ -270,9 +270,9 @@ impl LockBackend for ZkBackend {
     }
 
     /// The holders as the queue shows them (the exclusive head; the readers ahead of the first
-    /// writer; the first N permit nodes): the latest holder's node is read
-    /// for its token (`czxid`); an exclusive head whose data says "waiting" is a waiter about
-    /// to take the lock, and nobody holds it yet.
+    /// writer; the first N permit nodes): the latest holder's node is read for its token
+    /// (`czxid`). A holder's node may still say "waiting": a waiter handed the lock holds
+    /// before its "held" mark commits (see the crate docs), so the mark is not asked for.
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let session = self.session().await?;
         session.check_connected()?;
@@ -292,9 +292,6 @@ impl LockBackend for ZkBackend {
             };
             match client.get_data(&format!("{parent}/{}", latest.name)).await {
                 Ok((data, stat)) => {
-                    if kind == LockKind::Exclusive && parse_held(&data).is_none() {
-                        return Ok(None);
-                    }
                     let owner =
                         unescape(latest.owner_part()).unwrap_or_else(|| latest.name.clone());
                     let token = FencingToken::from_server(stat.czxid, "a czxid").ok();
@@ -434,9 +431,10 @@ impl LockBackend for ZkBackend {
     }
 }
 
-/// Deletes `holder`'s node if its data says "held" (and its `czxid` is `token`, when given),
-/// with the version read. `Some(removed)`, or `None` when it changed meanwhile (renewed,
-/// marked, gone): look again.
+/// Deletes `holder`'s node (if its `czxid` is `token`, when given) with the version read,
+/// whatever its mark says: a waiter handed the lock holds while its node still says
+/// "waiting". `Some(removed)`, or `None` when it changed meanwhile (renewed, marked, gone):
+/// look again.
 async fn remove_held(
     client: &zk::Client,
     parent: &str,
@@ -448,9 +446,7 @@ async fn remove_held(
         Ok((_, stat)) if token.is_some_and(|t| u64::try_from(stat.czxid).ok() != Some(t.get())) => {
             return Ok(Some(false));
         }
-        Ok((data, stat)) if parse_held(&data).is_some() => stat,
-        // A waiter about to take its hold: it does not hold yet.
-        Ok(_) => return Ok(Some(false)),
+        Ok((_, stat)) => stat,
         Err(zk::Error::NoNode) => return Ok(None),
         Err(err) => return Err(zk_error("reading a holder", err)),
     };

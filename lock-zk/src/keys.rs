@@ -159,14 +159,6 @@ impl Mark {
     }
 }
 
-/// The ttl in a node's data, if it says "held".
-pub(crate) fn parse_held(data: &[u8]) -> Option<i64> {
-    match Mark::parse(data)? {
-        Mark::Held(ttl) => Some(ttl),
-        Mark::Waiting(_) => None,
-    }
-}
-
 /// A queue node, with the ACL of [`crate::acl::node_acls`].
 pub(crate) const fn ephemeral_sequential(acls: zk::Acls<'static>) -> zk::CreateOptions<'static> {
     zk::CreateMode::EphemeralSequential.with_acls(acls)
@@ -260,8 +252,7 @@ mod tests {
             Mark::parse(&waiting_data(ttl)).and_then(Mark::lease_ms),
             Some(2500)
         );
-        assert_eq!(parse_held(&waiting_data(ttl)), None);
-        assert_eq!(parse_held(&held_data(ttl)), Some(2500));
+        assert_eq!(Mark::parse(&held_data(ttl)), Some(Mark::Held(2500)));
         for foreign in [&b""[..], b"H", b"Hx", b"W-", b"W-5", b"H+5", b"X10", b"w10"] {
             assert_eq!(Mark::parse(foreign), None, "{foreign:?}");
         }

@@ -595,3 +595,33 @@ async fn a_dead_waiters_node_is_removed_after_its_lease() {
     assert!(took < Duration::from_secs(1), "handoff took {took:?}");
     assert!(h.queue(name).await.is_empty());
 }
+
+/// A waiter handed the lock holds before its "held" mark commits (the handoff shortcut of the
+/// mutex and of readers): while its node still says "waiting", inspection counts it as the
+/// holder and a forced release removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_node_still_says_waiting_is_seen_and_can_be_freed() {
+    let Some(h) = harness().await else { return };
+    let client = h.backend().await.expect("connect");
+    // No renewal: nothing writes the "held" mark back during the test.
+    let opts = opts().with_renewal(distlock_core::Renewal::disabled());
+    for (name, opts) in [
+        ("mark-waiting", opts.clone()),
+        ("mark-waiting-read", opts.shared()),
+    ] {
+        let guard = client.acquire(name, &opts).await.expect("acquire");
+        let queue = h.queue(name).await;
+        assert_eq!(queue.len(), 1, "{queue:?}");
+        let node = format!("{}/{}", h.lock_path(name), queue[0]);
+        h.admin
+            .set_data(&node, &waiting_mark(), None)
+            .await
+            .expect("mark the holder's node waiting");
+        let info = client.inspect(name).await.expect("inspect");
+        let info = info.expect("a holder whose node says waiting was not seen");
+        assert_eq!(info.token, Some(guard.token()));
+        assert!(client.force_release(name).await.expect("force release"));
+        assert!(h.queue(name).await.is_empty(), "{name}: the node stayed");
+        assert!(guard.release().await.is_err(), "{name}: released after removal");
+    }
+}
