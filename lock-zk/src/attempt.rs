@@ -211,7 +211,7 @@ impl ZkAttempt {
                 Next::Done(step) => return Ok(step),
             }
         } else if std::mem::take(&mut self.predecessor_gone)
-            && self.request.kind == LockKind::Exclusive
+            && matches!(self.request.kind, LockKind::Exclusive | LockKind::Shared)
             && self.request.mode == AttemptMode::Wait
             && let Some(node) = self.node.clone()
         {
@@ -265,7 +265,13 @@ impl ZkAttempt {
         let client = &session.client;
         self.maybe_created = true;
         let sent = Instant::now();
-        let joined = match join_queue(session, &self.parent, &self.prefix, held).await {
+        let joining = join_queue(session, &self.parent, &self.prefix, held);
+        // A shared or permit node is seldom alone (readers and permit holders share the
+        // name): its listing goes right behind the create, answered in the same round trip.
+        // The mutex's node usually is (an uncontended acquire): it lists only when not.
+        let listing =
+            (self.request.kind != LockKind::Exclusive).then(|| list_queue(client, &self.parent));
+        let joined = match joining.await {
             Ok(joined) => joined,
             Err(zk::Error::NoNode) => {
                 self.maybe_created = false;
@@ -290,15 +296,17 @@ impl ZkAttempt {
             let step = self.acquired(session.clone(), &joined.node, joined.written.czxid, None)?;
             return Ok(Next::Done(Some(step)));
         }
-        Ok(Next::Go((
-            list_queue(client, &self.parent).await?,
-            Some(joined.written),
-        )))
+        let entries = match listing {
+            Some(listing) => listing.await?,
+            None => list_queue(client, &self.parent).await?,
+        };
+        Ok(Next::Go((entries, Some(joined.written))))
     }
 
-    /// The node we watched was deleted: almost always the holder releasing, which makes us the
-    /// head. Lists the queue and restarts our lease in one round trip, so a handoff costs the
-    /// release and this one request. Should we not be the head after all, the waiting paths
+    /// The node we watched was deleted: almost always the holder releasing, which makes ours
+    /// hold (the mutex's node the head; a reader's, the writer it waited for gone). Lists the
+    /// queue and restarts our lease in one round trip, so a handoff costs the release and
+    /// this one request. Should ours not hold after all, the waiting paths
     /// mark the node as a waiter again in their next request, so a stale "held" mark lives for
     /// one round trip at most.
     ///
@@ -324,10 +332,11 @@ impl ZkAttempt {
         if was_waiting
             && let Some(czxid) = self.created_zxid
             && let Some(refreshed) = self.clock.fresh()
-            && entries.first().is_some_and(|head| head.name == node)
+            && self.holds_in(&entries, node)
         {
-            // Ours as the head of the queue. Until the held mark in flight commits, our node
-            // is a waiter's, with a lease that started at `refreshed`; the mark restarts it.
+            // Ours holds (the mutex's node as the head of the queue, a reader's with no writer
+            // ahead). Until the held mark in flight commits, our node is a waiter's, with a
+            // lease that started at `refreshed`; the mark restarts it.
             self.wake = Wake::Idle;
             let step = self.acquired(session.clone(), node, czxid, Some(refreshed))?;
             return Ok(Next::Done(Some(step)));
@@ -343,6 +352,18 @@ impl ZkAttempt {
             }
             Err(err) => Err(zk_error("taking the lock", err)),
         }
+    }
+
+    /// Whether `node` (ours) holds in the queue `entries`: the mutex's as the head, a
+    /// reader's with no writer ahead of it, on a name whose head is of a kind that belongs
+    /// with ours.
+    fn holds_in(&self, entries: &[Entry], node: &str) -> bool {
+        let kind = self.request.kind;
+        mismatch(kind, entries).is_none()
+            && entries
+                .iter()
+                .position(|e| e.name == node)
+                .is_some_and(|index| matches!(place(kind, entries, index), Place::Holds { .. }))
     }
 
     /// Our node heads the queue: the lock is ours, its lease starting with `fresh` or with a

@@ -36,14 +36,20 @@
 //! `numChildren` says whether the new node is alone; alone, it holds the lock and no listing is
 //! needed, so an uncontended acquire costs one write and a release one more, the same as the
 //! raw create + delete. The stat's `mzxid` is the transaction's zxid, which is also the new
-//! node's `czxid`: the token. Only when other nodes exist does the poll list the children.
+//! node's `czxid`: the token. Only when other nodes exist does the mutex's poll list the
+//! children. A reader's or a permit's first poll sends the listing right behind the create
+//! (answered in the same round trip, after it: a session's requests are answered in order),
+//! since readers and permit holders seldom have a name to themselves; alone, its answer is
+//! not needed.
 //!
-//! A handoff costs the release and one read: when its predecessor's node is deleted, a
-//! waiter sends a listing and, right behind it, the "held" mark of its node (see below). The
-//! server answers the listing without waiting for the mark to commit; if it shows the waiter
-//! first, the waiter holds the lock at once. Until the mark commits, its node still says
-//! "waiting", which no contender takes for an expired holder, and its local lease counts
-//! from before the mark was sent.
+//! A handoff costs the release and one read: when the node it waits for is deleted, a
+//! waiter (of the mutex, or a reader whose writer left) sends a listing and, right behind
+//! it, the "held" mark of its node (see below). The server answers the listing without
+//! waiting for the mark to commit; if it shows that the waiter holds (the mutex's node first,
+//! a reader's with no writer ahead), it holds the lock at once. Until the mark commits, its
+//! node still says "waiting", which no contender takes for an expired holder, and its local
+//! lease counts from before the mark was sent. Such a node holds all the same: inspection
+//! and forced releases do not ask for the mark.
 //!
 //! # Read-write locks and semaphores
 //!
@@ -58,7 +64,8 @@
 //! - A reader holds when no exclusive node is ahead of it, and otherwise watches the latest
 //!   exclusive node ahead of it. A reader that joins behind a waiting writer waits for that
 //!   writer: writers are not starved. A writer's release wakes the readers between it and the
-//!   next writer, and nobody else.
+//!   next writer, and nobody else; each holds on its listing, as the mutex's next waiter does
+//!   (the listing and the held mark in one round trip, see above).
 //! - Of the permit nodes of N, the first N hold. The next one, the *first waiter*, lists the
 //!   children with a watch (which fires when a node joins or leaves, not when a holder
 //!   renews) and reads the holders' nodes to remove those whose lease ran out. Every other
