@@ -53,7 +53,7 @@ pub(crate) struct ZkAttempt {
     left_unseen: bool,
     /// Our node's data says "waiting".
     waiting_marked: bool,
-    /// The watched node was deleted: the next poll expects to be the head.
+    /// The watched node was deleted: the next poll expects to hold.
     predecessor_gone: bool,
     /// Our node's creation zxid (its fencing token), once a create's answer gave it.
     created_zxid: Option<i64>,
@@ -367,7 +367,9 @@ impl ZkAttempt {
     }
 
     /// Our node heads the queue: the lock is ours, its lease starting with `fresh` or with a
-    /// "held" mark written now (the node was created earlier, as a waiter).
+    /// "held" mark written now (the node was created earlier, as a waiter). A waiter whose
+    /// node says "waiting" with a fresh lease holds at once, as in [`Self::handoff`]: the mark
+    /// is sent, not awaited, and the lock's lease counts from that waiting lease's start.
     async fn take_head(
         &mut self,
         session: &Arc<Session>,
@@ -375,6 +377,20 @@ impl ZkAttempt {
         fresh: Option<Written>,
         held: &[u8],
     ) -> Result<Option<Step>> {
+        if fresh.is_none()
+            && self.request.mode == AttemptMode::Wait
+            && self.waiting_marked
+            && let (Some(czxid), Some(refreshed)) = (self.created_zxid, self.clock.fresh())
+        {
+            self.waiting_marked = false;
+            // Sent at the call (the waiter behind, if any, is woken by it); a node gone
+            // meanwhile shows in the first renewal, as after the handoff's shortcut.
+            drop(session.client.set_data(&self.own_path(own), held, None));
+            self.wake = Wake::Idle;
+            return self
+                .acquired(session.clone(), own, czxid, Some(refreshed))
+                .map(Some);
+        }
         let written = match fresh {
             Some(written) => written,
             None => match session

@@ -49,7 +49,9 @@
 //! a reader's with no writer ahead), it holds the lock at once. Until the mark commits, its
 //! node still says "waiting", which no contender takes for an expired holder, and its local
 //! lease counts from before the mark was sent. Such a node holds all the same: inspection
-//! and forced releases do not ask for the mark.
+//! and forced releases do not ask for the mark. A waiter that learns it holds from any other
+//! listing (the first permit waiter, woken by a holder's release; a waiter that removed a
+//! lapsed holder) holds the same way: it sends its mark and does not wait for the answer.
 //!
 //! # Read-write locks and semaphores
 //!
@@ -109,10 +111,12 @@
 //! exists only while it holds: owner-checked and atomic), release a `delete`. The client's
 //! watchdog renews the held nodes of a session together: one `multi` of their `set_data`s
 //! (at most 500), and when one node is gone (a multi is all or nothing; the server names the
-//! first failed operation) that lock alone is reported lost and the rest sent again. The
-//! holder's watch on its own node (its loss signal) is persistent, so that a renewal does not
-//! cost a request per lock to set it again. A contender that
-//! is next in line reads the head node and the server's current time (the `mtime` of a write
+//! first failed operation) that lock alone is reported lost and the rest sent again. No
+//! holder watches its own node (every renewal changes its data, so a watch would cost a
+//! registration and a notification per lock and renewal): a node removed behind its holder
+//! (a forced release, a lease judged lapsed) is found by the next renewal, which is
+//! refused, and the session's end by one watch for every guard of the session. A contender
+//! that is next in line reads the head node and the server's current time (the `mtime` of a write
 //! to its own node) in one round trip; if `now - mtime > ttl` it deletes the head with the
 //! version it read, which fails if the holder renewed meanwhile. Both timestamps come from the
 //! server (the leader of an ensemble): clients' clocks are never compared.
@@ -143,8 +147,8 @@
 //!
 //! While the connection is down, guards are uncertain: renewals fail and are retried by
 //! lock-core until the local deadline. [`LockGuard::lost`](distlock_core::LockGuard::lost) fires
-//! when the session expires ([`LossReason::SessionExpired`](distlock_core::LossReason)), when the
-//! holder's node is deleted (a watch on it: `ReleasedElsewhere`, or `LeaseExpired` after the
+//! when the session expires ([`LossReason::SessionExpired`](distlock_core::LossReason)), when a
+//! renewal finds the holder's node deleted (`RenewalRejected`, or `LeaseExpired` after the
 //! lease ran out), or when the local deadline passes, whichever comes first. After a session
 //! expiry, the next operation opens a new session transparently.
 //!

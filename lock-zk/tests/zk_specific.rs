@@ -622,6 +622,9 @@ async fn a_holder_whose_node_still_says_waiting_is_seen_and_can_be_freed() {
         assert_eq!(info.token, Some(guard.token()));
         assert!(client.force_release(name).await.expect("force release"));
         assert!(h.queue(name).await.is_empty(), "{name}: the node stayed");
-        assert!(guard.release().await.is_err(), "{name}: released after removal");
+        assert!(
+            guard.release().await.is_err(),
+            "{name}: released after removal"
+        );
     }
 }
