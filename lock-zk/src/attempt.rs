@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
-use distlock_core::backend::{detached, spawn_cleanup};
+use distlock_core::backend::detached;
 use distlock_core::{
     AcquireRequest, Acquired, Attempt, AttemptMode, Error, FencingToken, LockKind, Result, Step,
 };
@@ -19,8 +19,8 @@ use crate::keys::{Entry, escape, held_data, node_prefix, queue, waiting_data};
 use crate::kinds::{Place, mismatch, place};
 use crate::lease::ZkLease;
 use crate::queue::{
-    Ahead, NodeClock, Written, ensure_parent, join_queue, leave_queue, list_queue, ours_by_prefix,
-    remove_lapsed,
+    Ahead, NodeClock, Written, ensure_parent, join_queue, leave_on_reconnection, leave_queue,
+    list_queue, ours_by_prefix, remove_lapsed,
 };
 use crate::session::Session;
 use crate::wake::Wake;
@@ -735,33 +735,7 @@ impl Attempt for ZkAttempt {
             .await;
         }
         debug!("abandoning while disconnected: the queue entry is removed on reconnection");
-        spawn_cleanup(
-            "leaving the lock queue after a reconnection",
-            None,
-            move || {
-                let (session, parent, prefix, nodes) = (
-                    session.clone(),
-                    parent.clone(),
-                    prefix.clone(),
-                    nodes.clone(),
-                );
-                async move {
-                    // Within the session timeout; a session that ends takes the node with it.
-                    let wait = session.client.session_timeout();
-                    let mut states = session.client.state_watcher();
-                    let reconnected = tokio::time::timeout(wait, async {
-                        while !session.is_connected() && !session.is_dead() {
-                            states.changed().await;
-                        }
-                    })
-                    .await;
-                    if reconnected.is_err() || session.is_dead() {
-                        return Ok(());
-                    }
-                    leave_queue(&session.client, &parent, &prefix, nodes, search).await
-                }
-            },
-        );
+        leave_on_reconnection(session, parent, prefix, nodes, search);
         Ok(())
     }
 }

@@ -3,8 +3,10 @@
 //! and the clock of a place in it ([`NodeClock`]): every node is a lease, a waiter's too.
 //! Where a node of each kind stands in the queue, and who holds a name, are in `kinds.rs`.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use distlock_core::backend::spawn_cleanup;
 use distlock_core::{Error, Result};
 use zookeeper_client as zk;
 
@@ -184,6 +186,44 @@ pub(crate) async fn leave_queue(
         }
     }
     Ok(())
+}
+
+/// Leaves the queue in the background once `session` is connected again (see
+/// [`leave_queue`]): within the session timeout; a session that ends takes our ephemeral
+/// nodes with it.
+pub(crate) fn leave_on_reconnection(
+    session: Arc<Session>,
+    parent: String,
+    prefix: String,
+    nodes: Vec<String>,
+    search: bool,
+) {
+    spawn_cleanup(
+        "leaving the lock queue after a reconnection",
+        None,
+        move || {
+            let (session, parent, prefix, nodes) = (
+                session.clone(),
+                parent.clone(),
+                prefix.clone(),
+                nodes.clone(),
+            );
+            async move {
+                let wait = session.client.session_timeout();
+                let mut states = session.client.state_watcher();
+                let reconnected = tokio::time::timeout(wait, async {
+                    while !session.is_connected() && !session.is_dead() {
+                        states.changed().await;
+                    }
+                })
+                .await;
+                if reconnected.is_err() || session.is_dead() {
+                    return Ok(());
+                }
+                leave_queue(&session.client, &parent, &prefix, nodes, search).await
+            }
+        },
+    );
 }
 
 /// Our node's lease (held or waiting) and the server's clock, as our own writes' answers gave
