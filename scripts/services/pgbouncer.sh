@@ -52,7 +52,7 @@ write_pgbouncer_conf() {
     printf '%s\n' '[databases]' "distlock = host=$HOST port=$PG_PORT dbname=distlock" \
       '[pgbouncer]' "listen_addr = $HOST" "listen_port = $(server_port "$name")" \
       'unix_socket_dir =' 'auth_type = trust' "auth_file = $STATE/conf/pgbouncer-users.txt" \
-      "pool_mode = $mode" 'max_client_conn = 1000' 'default_pool_size = 80' \
+      "pool_mode = $mode" 'max_client_conn = 1000' 'default_pool_size = 200' \
       'ignore_startup_parameters = extra_float_digits' 'server_login_retry = 1' \
       'query_wait_timeout = 30' 'log_connections = 0' 'log_disconnections = 0' \
       'logfile =' 'pidfile =' >"$STATE/conf/$name.ini"

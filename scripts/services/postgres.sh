@@ -121,7 +121,7 @@ postgres_launch() {
   local cmd=("$PG_BIN/postgres" -D "$pgdata" -c "listen_addresses=$HOST"
     -p "$(server_port "$name")"
     -c "unix_socket_directories=$base" -c dynamic_shared_memory_type=mmap -c fsync=on
-    -c max_connections=200 -c ssl=on -c "ssl_cert_file=$base/tls/server.pem"
+    -c max_connections=500 -c ssl=on -c "ssl_cert_file=$base/tls/server.pem"
     -c "ssl_key_file=$base/tls/server.key" -c "ssl_ca_file=$base/tls/ca.pem")
   if [[ $name == postgres-clock ]]; then
     local envs
