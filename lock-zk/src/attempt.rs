@@ -265,13 +265,7 @@ impl ZkAttempt {
         let client = &session.client;
         self.maybe_created = true;
         let sent = Instant::now();
-        let joining = join_queue(session, &self.parent, &self.prefix, held);
-        // A shared or permit node is seldom alone (readers and permit holders share the
-        // name): its listing goes right behind the create, answered in the same round trip.
-        // The mutex's node usually is (an uncontended acquire): it lists only when not.
-        let listing =
-            (self.request.kind != LockKind::Exclusive).then(|| list_queue(client, &self.parent));
-        let joined = match joining.await {
+        let joined = match join_queue(session, &self.parent, &self.prefix, held).await {
             Ok(joined) => joined,
             Err(zk::Error::NoNode) => {
                 self.maybe_created = false;
@@ -296,11 +290,10 @@ impl ZkAttempt {
             let step = self.acquired(session.clone(), &joined.node, joined.written.czxid, None)?;
             return Ok(Next::Done(Some(step)));
         }
-        let entries = match listing {
-            Some(listing) => listing.await?,
-            None => list_queue(client, &self.parent).await?,
-        };
-        Ok(Next::Go((entries, Some(joined.written))))
+        Ok(Next::Go((
+            list_queue(client, &self.parent).await?,
+            Some(joined.written),
+        )))
     }
 
     /// The node we watched was deleted: almost always the holder releasing, which makes ours
@@ -329,9 +322,7 @@ impl ZkAttempt {
         let sent = Instant::now();
         let touch = client.set_data(&self.own_path(node), held, None);
         let entries = list.await?;
-        if was_waiting
-            && let Some(czxid) = self.created_zxid
-            && let Some(refreshed) = self.clock.fresh()
+        if let Some((czxid, refreshed)) = self.waiting_lease(was_waiting)
             && self.holds_in(&entries, node)
         {
             // Ours holds (the mutex's node as the head of the queue, a reader's with no writer
@@ -352,6 +343,17 @@ impl ZkAttempt {
             }
             Err(err) => Err(zk_error("taking the lock", err)),
         }
+    }
+
+    /// The token and the lease start to hold on while our held mark is still in flight: our
+    /// node said "waiting" (`was_waiting`) with a lease fresh enough, and its token is known.
+    /// Until the mark commits, the node behind judges ours by that waiting lease, so the
+    /// lock's lease counts from its start. `None`: the mark's answer must be awaited.
+    fn waiting_lease(&self, was_waiting: bool) -> Option<(i64, Instant)> {
+        if !was_waiting {
+            return None;
+        }
+        Some((self.created_zxid?, self.clock.fresh()?))
     }
 
     /// Whether `node` (ours) holds in the queue `entries`: the mutex's as the head, a
@@ -379,8 +381,7 @@ impl ZkAttempt {
     ) -> Result<Option<Step>> {
         if fresh.is_none()
             && self.request.mode == AttemptMode::Wait
-            && self.waiting_marked
-            && let (Some(czxid), Some(refreshed)) = (self.created_zxid, self.clock.fresh())
+            && let Some((czxid, refreshed)) = self.waiting_lease(self.waiting_marked)
         {
             self.waiting_marked = false;
             // Sent at the call (the waiter behind, if any, is woken by it); a node gone

@@ -36,11 +36,7 @@
 //! `numChildren` says whether the new node is alone; alone, it holds the lock and no listing is
 //! needed, so an uncontended acquire costs one write and a release one more, the same as the
 //! raw create + delete. The stat's `mzxid` is the transaction's zxid, which is also the new
-//! node's `czxid`: the token. Only when other nodes exist does the mutex's poll list the
-//! children. A reader's or a permit's first poll sends the listing right behind the create
-//! (answered in the same round trip, after it: a session's requests are answered in order),
-//! since readers and permit holders seldom have a name to themselves; alone, its answer is
-//! not needed.
+//! node's `czxid`: the token. Only when other nodes exist does the poll list the children.
 //!
 //! A handoff costs the release and one read: when the node it waits for is deleted, a
 //! waiter (of the mutex, or a reader whose writer left) sends a listing and, right behind

@@ -83,50 +83,43 @@ pub(crate) async fn ensure_parent(
 
 /// Creates our node and touches the lock node in one transaction (one write, one round
 /// trip). The lock node's stat in the answer is taken after our create: its child count
-/// says whether ours is the only node (then we hold the lock, whatever a listing says), and its
+/// says whether ours is the only node (then we hold the lock, with no listing), and its
 /// `mzxid` is the transaction's zxid, which is our node's `czxid` (the create's own stat is
 /// missing from multi answers of servers with ZOOKEEPER-4026).
-///
-/// The request is sent at the call, not when the future is first polled, so that a request
-/// sent right after it (a listing) is answered after it, in the same round trip.
-pub(crate) fn join_queue<'a>(
-    session: &'a Session,
-    parent: &'a str,
+pub(crate) async fn join_queue(
+    session: &Session,
+    parent: &str,
     prefix: &str,
     held: &[u8],
-) -> impl Future<Output = std::result::Result<Joined, zk::Error>> + Send + 'a {
+) -> std::result::Result<Joined, zk::Error> {
     let create_path = format!("{parent}/{prefix}");
     let mut multi = session.client.new_multi_writer();
-    let built = multi
-        .add_create(&create_path, held, &ephemeral_sequential(session.acls))
-        .and_then(|()| multi.add_set_data(parent, &[], None));
-    let commit = built.map(|()| multi.commit());
-    async move {
-        let results = commit?.await.map_err(zk::Error::from)?;
-        let (
-            Some(zk::MultiWriteResult::Create { path, stat }),
-            Some(zk::MultiWriteResult::SetData { stat: parent }),
-        ) = (results.first(), results.get(1))
-        else {
-            return Err(zk::Error::UnexpectedError(format!(
-                "unexpected multi answer: {results:?}"
-            )));
-        };
-        let node = path.rsplit('/').next().unwrap_or_default().to_owned();
-        let czxid = if stat.is_invalid() {
-            parent.mzxid
-        } else {
-            stat.czxid
-        };
-        Ok(Joined {
-            node,
-            written: Written {
-                czxid,
-                mtime: parent.mtime,
-            },
-            alone: parent.num_children == 1,
-        })
-    }
+    multi.add_create(&create_path, held, &ephemeral_sequential(session.acls))?;
+    multi.add_set_data(parent, &[], None)?;
+    let results = multi.commit().await.map_err(zk::Error::from)?;
+    let (
+        Some(zk::MultiWriteResult::Create { path, stat }),
+        Some(zk::MultiWriteResult::SetData { stat: parent }),
+    ) = (results.first(), results.get(1))
+    else {
+        return Err(zk::Error::UnexpectedError(format!(
+            "unexpected multi answer: {results:?}"
+        )));
+    };
+    let node = path.rsplit('/').next().unwrap_or_default().to_owned();
+    let czxid = if stat.is_invalid() {
+        parent.mzxid
+    } else {
+        stat.czxid
+    };
+    Ok(Joined {
+        node,
+        written: Written {
+            czxid,
+            mtime: parent.mtime,
+        },
+        alone: parent.num_children == 1,
+    })
 }
 
 /// Our nodes among `children` (by our unique `prefix`), each with whether `client`'s own
