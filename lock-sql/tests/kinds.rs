@@ -431,6 +431,35 @@ async fn until_queued<T, F: std::future::Future<Output = Vec<T>>>(
     }
 }
 
+/// A writer that gives up takes its reservation's ttl (`next_ttl`) with it: left behind, a
+/// release would hand the lock to the next reservation written without one (by a client of a
+/// version before `next_ttl`, a reader's), as to a writer. `reservation` reads the lock row's
+/// `(next_owner, next_ttl)` of a name. (SQLite hands nothing over.)
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn an_abandoned_reservation_leaves_no_ttl<
+    F: std::future::Future<Output = (Option<String>, Option<i64>)>,
+>(
+    url: &str,
+    reservation: impl Fn(String) -> F,
+) {
+    let (a, b) = (client(url).await, client(url).await);
+    let name = unique("abandoned_ttl");
+    let held = a.acquire(&name, &writer()).await.expect("the lock");
+    let gave_up = b
+        .acquire(&name, &writer().with_wait(Duration::from_millis(300)))
+        .await;
+    assert!(
+        matches!(gave_up, Err(Error::Timeout { .. })),
+        "the held lock was granted: {gave_up:?}"
+    );
+    assert_eq!(
+        reservation(name.to_string()).await,
+        (None, None),
+        "the abandoned reservation's ttl stayed"
+    );
+    held.release().await.expect("release");
+}
+
 macro_rules! kinds_suite {
     ($url:expr, $old:expr) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -549,6 +578,24 @@ mod postgres {
     use distlock_sql::SqlBackend;
 
     use super::{client, common, unique, writer};
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_abandoned_reservation_leaves_no_ttl() {
+        let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL");
+        let Some(url) = url else { return };
+        let pool = common::pg(&client(&url).await);
+        super::an_abandoned_reservation_leaves_no_ttl(&url, |name| {
+            let pool = pool.clone();
+            async move {
+                sqlx::query_as("SELECT next_owner, next_ttl FROM distlock_locks WHERE name = $1")
+                    .bind(name)
+                    .fetch_one(&pool)
+                    .await
+                    .expect("read the lock row")
+            }
+        })
+        .await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn functions_beside_transactions() {
         let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL");
@@ -934,6 +981,29 @@ mod postgres {
 
 #[cfg(feature = "mysql")]
 mod mysql {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_abandoned_reservation_leaves_no_ttl() {
+        let url = conformance_tests::server_var("mysql", "DISTLOCK_TEST_MYSQL_URL");
+        let Some(url) = url else { return };
+        let client = super::client(&url).await;
+        let distlock_sql::SqlPool::MySql(pool) = client.backend_ref().pool() else {
+            panic!("a MySQL pool");
+        };
+        super::an_abandoned_reservation_leaves_no_ttl(&url, |name| {
+            let pool = pool.clone();
+            async move {
+                sqlx::query_as(
+                    "SELECT CAST(next_owner AS CHAR), next_ttl FROM distlock_locks WHERE name = ?",
+                )
+                .bind(name)
+                .fetch_one(&pool)
+                .await
+                .expect("read the lock row")
+            }
+        })
+        .await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn procedures_beside_transactions() {
         let url = conformance_tests::server_var("mysql", "DISTLOCK_TEST_MYSQL_URL");

@@ -90,10 +90,18 @@ pub(super) fn release_sets(handover: bool, wake: &str, data: DataColumn) -> Stri
 /// right and see earlier ones, so the decision is taken once, into a session variable, before any column changes; `cleared` is what `next_since` becomes
 /// on a take (after `version`, so that it sees the new version). LAST_INSERT_ID reports
 /// the outcome: the new version when taken, 0 when refused (the clock for a new row).
-/// `t` is the quoted table; `data`: a take clears the holder data (a new row has none).
-pub(super) fn take_sql(t: &str, cleared: &str, data: DataColumn) -> String {
+/// `t` is the quoted table; `data`: a take clears the holder data (a new row has none);
+/// `handover` (the table has `next_ttl`): and the reservation's ttl, with the reservation
+/// (left behind, a release would hand the lock to the next reservation written without one,
+/// by a client of a version before `next_ttl`, as to a writer).
+pub(super) fn take_sql(t: &str, cleared: &str, handover: bool, data: DataColumn) -> String {
     let clear_data = if data.0 {
         ", data = IF(@distlock_take, NULL, data)"
+    } else {
+        ""
+    };
+    let clear_ttl = if handover {
+        ", next_ttl = IF(@distlock_take, NULL, next_ttl)"
     } else {
         ""
     };
@@ -108,7 +116,7 @@ pub(super) fn take_sql(t: &str, cleared: &str, data: DataColumn) -> String {
          expires_at = IF(@distlock_take, VALUES(expires_at), expires_at), \
          next_owner = IF(@distlock_take, NULL, next_owner), \
          next_since = IF(@distlock_take, {cleared}, next_since), \
-         next_expires = IF(@distlock_take, NULL, next_expires){clear_data}"
+         next_expires = IF(@distlock_take, NULL, next_expires){clear_ttl}{clear_data}"
     )
 }
 
@@ -121,6 +129,7 @@ pub(super) fn wake_lock_sql(t: &str, handover: bool, data: DataColumn) -> WakeLo
         take: take_sql(
             t,
             "IF(GET_LOCK(CONCAT(?, version), 0) IS NULL, NULL, NULL)",
+            handover,
             data,
         )
         .into(),
@@ -163,7 +172,7 @@ pub(super) fn statements(
     let clear_data = data.clear();
     let peek_columns = peek_columns();
     let peek = format!("SELECT {peek_columns} FROM {t} WHERE name = ?");
-    let take = |cleared: &str| take_sql(&t, cleared, data);
+    let take = |cleared: &str| take_sql(&t, cleared, handover, data);
     let wake = wake_lock_sql(&t, handover, data);
     let sql = Sql {
             take: take("NULL").into(),
@@ -195,15 +204,17 @@ pub(super) fn statements(
             )
             .into(),
             // The data after the owner: assignments run left to right, and an owner found
-            // NULL (cleared here, or free before) has no data to keep.
+            // NULL (cleared here, or free before) has no data to keep; so is the
+            // reservation's ttl after the reservation (see `take_sql`).
             abandon: format!(
                 "UPDATE {t} SET expires_at = IF(owner <=> ?, {NOW}, expires_at), \
                  owner = IF(owner <=> ?, NULL, owner), {}\
                  next_expires = IF(next_owner <=> ?, NULL, next_expires), \
                  next_since = IF(next_owner <=> ?, NULL, next_since), \
-                 next_owner = IF(next_owner <=> ?, NULL, next_owner) \
+                 next_owner = IF(next_owner <=> ?, NULL, next_owner){} \
                  WHERE name = ? AND (owner = ? OR next_owner = ?)",
-                if data.0 { "data = IF(owner IS NULL, NULL, data), " } else { "" }
+                if data.0 { "data = IF(owner IS NULL, NULL, data), " } else { "" },
+                if handover { ", next_ttl = IF(next_owner IS NULL, NULL, next_ttl)" } else { "" }
             )
             .into(),
             force: format!(

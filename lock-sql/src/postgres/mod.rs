@@ -94,7 +94,7 @@ fn statements(table: &str, handover: bool, data: DataColumn) -> (Sql, Arc<str>, 
                 )
             }
             .into(),
-            abandon: abandon_sql(&t, data).into(),
+            abandon: abandon_sql(&t, handover, data).into(),
             force: format!(
                 "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = now(){clear_data} \
                  WHERE name = $1 AND owner IS NOT NULL AND expires_at > now() RETURNING name) \
@@ -150,15 +150,23 @@ fn reserve_sql(t: &str, handover: bool, no_flush: &str) -> String {
 }
 
 /// An attempt's cleanup: its hold or its reservation, whichever it has, and a wake-up.
-/// ARGS: name, owner, channel.
-fn abandon_sql(t: &str, data: DataColumn) -> String {
+/// ARGS: name, owner, channel. With `handover` (the table has `next_ttl`), the reservation's
+/// ttl goes with it: left behind, a release would hand the lock to the next reservation
+/// written without one (by a client of a version before `next_ttl`, a reader's), as to a
+/// writer.
+fn abandon_sql(t: &str, handover: bool, data: DataColumn) -> String {
+    let clear_ttl = if handover {
+        ", next_ttl = CASE WHEN next_owner = $2 THEN NULL ELSE next_ttl END"
+    } else {
+        ""
+    };
     format!(
         "WITH r AS (UPDATE {t} SET \
          expires_at = CASE WHEN owner = $2 THEN now() ELSE expires_at END, \
          owner = CASE WHEN owner = $2 THEN NULL ELSE owner END, \
          next_expires = CASE WHEN next_owner = $2 THEN NULL ELSE next_expires END, \
          next_since = CASE WHEN next_owner = $2 THEN NULL ELSE next_since END, \
-         next_owner = CASE WHEN next_owner = $2 THEN NULL ELSE next_owner END{} \
+         next_owner = CASE WHEN next_owner = $2 THEN NULL ELSE next_owner END{clear_ttl}{} \
          WHERE name = $1 AND (owner = $2 OR next_owner = $2) RETURNING name) \
          SELECT pg_notify($3, '0:' || name) FROM r",
         if data.0 {
