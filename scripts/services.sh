@@ -7,8 +7,11 @@
 # (scripts/services/common.sh says what it registers and defines).
 #
 # Usage:
-#   scripts/services.sh start            install missing packages (as root), start every server,
-#                                        wait until each answers, print the export lines
+#   scripts/services.sh start [NAME...]  install missing packages (as root), start every server
+#                                        (or only the NAMEs, together, on their data dirs when
+#                                        kept), wait until each answers and their topologies are
+#                                        healthy, print the export lines (a test names its
+#                                        servers: other binaries' outages run beside it)
 #   scripts/services.sh stop             stop every recorded server, wait until it is gone,
 #                                        remove all data dirs, pid files and generated config
 #                                        (log files are kept for post-mortems, truncated by the
@@ -308,8 +311,16 @@ main() {
   local action=${1:-}
   case $action in
     start)
+      shift
+      local n
+      for n in "$@"; do
+        is_server "$n" || {
+          log "start: unknown server $n (one of: ${ALL_SERVERS[*]})"
+          exit 2
+        }
+      done
       lock_state
-      start_servers "${ALL_SERVERS[@]}"
+      if (($#)); then start_servers "$@"; else start_servers "${ALL_SERVERS[@]}"; fi
       print_env
       ;;
     stop)

@@ -563,11 +563,24 @@ pub async fn run_case<M, MF>(
 /// # Errors
 /// The script's stderr when it fails or cannot run.
 pub async fn services(action: &str, name: &str) -> Result<(), String> {
+    services_of(action, &[name]).await
+}
+
+/// Runs `scripts/services.sh ACTION NAME...`: `start` with the servers of a replicated group
+/// that must come back together (a Redis Cluster node started alone never sees a healthy
+/// cluster). Never a bare `start`: it would also bring back the servers that the binaries
+/// running beside this one have stopped for their own outage (CI, 2026-12-01: the Redis
+/// Cluster's outage ended with a bare `start`, which started the MariaDB that the SQL suite had
+/// just stopped, and the SQL "outage" granted a lock).
+///
+/// # Errors
+/// The script's stderr when it fails or cannot run.
+pub async fn services_of(action: &str, names: &[&str]) -> Result<(), String> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
     let out = tokio::process::Command::new("bash")
         .arg(script)
         .arg(action)
-        .arg(name)
+        .args(names)
         .output()
         .await
         .map_err(|e| format!("cannot run services.sh: {e}"))?;
@@ -575,7 +588,8 @@ pub async fn services(action: &str, name: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "services.sh {action} {name} failed: {}",
+            "services.sh {action} {} failed: {}",
+            names.join(" "),
             String::from_utf8_lossy(&out.stderr)
         ))
     }

@@ -276,15 +276,17 @@ impl Harness for RedisHarness {
     }
 
     async fn start_server(&self) -> HookResult {
-        if matches!(
-            self.servers,
-            Servers::Topology {
-                sentinel: false,
-                ..
-            }
-        ) {
-            // `start` starts what is not running and waits until the cluster is healthy.
-            return common::services("start", "")
+        if let Servers::Topology {
+            sentinel: false,
+            ports,
+            ..
+        } = &self.servers
+        {
+            // `start` with the six starts them together and waits until the cluster is
+            // healthy; only those six (see `services_of`).
+            let names: Vec<String> = ports.iter().map(|p| format!("redis-cluster-{p}")).collect();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            return conformance_tests::services_of("start", &names)
                 .await
                 .map_err(HookError::Failed);
         }
