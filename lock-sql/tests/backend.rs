@@ -434,10 +434,8 @@ fn bad_urls_are_invalid_config() {
 mod sqlite {
     use super::*;
 
-    fn url() -> String {
-        let path =
-            std::env::temp_dir().join(format!("distlock-be-{}.db", uuid::Uuid::new_v4().simple()));
-        format!("sqlite://{}", path.display())
+    fn url() -> common::SqliteUrl {
+        common::SqliteUrl::new("distlock-be-")
     }
 
     #[tokio::test]

@@ -22,9 +22,11 @@ struct SqlHarness {
     url: String,
     /// The SQLite file.
     file: Option<std::path::PathBuf>,
-    /// Whether the harness removes [`Self::file`] when dropped (not in a child process, which
-    /// uses its parent's).
-    owns_file: bool,
+    /// The directory of [`Self::file`], removed with it when the harness is dropped (none in a
+    /// child process, which uses its parent's file). The directory, not just the file: a
+    /// client still running (a renewal, a sweep) would create a file removed under it again,
+    /// but not a directory.
+    _dir: Option<tempfile::TempDir>,
     service: Option<&'static str>,
     /// How many locks the "many locks" case holds.
     many_locks: usize,
@@ -38,7 +40,7 @@ impl SqlHarness {
     async fn make(
         url: String,
         service: Option<&'static str>,
-        owns_file: bool,
+        dir: Option<tempfile::TempDir>,
         many_locks: usize,
     ) -> Option<Arc<dyn Harness>> {
         let admin = match distlock_sql::connect(&url, ClientConfig::default()).await {
@@ -50,7 +52,7 @@ impl SqlHarness {
             .map(|rest| rest.split('?').next().unwrap_or(rest).into());
         Some(Arc::new(Self {
             file,
-            owns_file,
+            _dir: dir,
             url,
             service,
             many_locks,
@@ -160,16 +162,6 @@ impl Harness for SqlHarness {
     }
 }
 
-impl Drop for SqlHarness {
-    fn drop(&mut self) {
-        if let Some(file) = self.file.as_ref().filter(|_| self.owns_file) {
-            for suffix in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
-            }
-        }
-    }
-}
-
 impl SqlHarness {
     #[cfg(any(feature = "postgres", feature = "mysql"))]
     async fn kill_sessions(&self, client: &TestClient) -> HookResult {
@@ -265,27 +257,27 @@ async fn services(command: &str, name: &str) -> HookResult {
 #[cfg(feature = "postgres")]
 async fn postgres_harness() -> Option<Arc<dyn Harness>> {
     let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL")?;
-    SqlHarness::make(url, Some("postgres"), false, conformance_tests::SCALE_LOCKS).await
+    SqlHarness::make(url, Some("postgres"), None, conformance_tests::SCALE_LOCKS).await
 }
 
 #[cfg(feature = "mysql")]
 async fn mysql_harness() -> Option<Arc<dyn Harness>> {
     let url = conformance_tests::server_var("mysql", "DISTLOCK_TEST_MYSQL_URL")?;
-    SqlHarness::make(url, Some("mariadb"), false, conformance_tests::SCALE_LOCKS).await
+    SqlHarness::make(url, Some("mariadb"), None, conformance_tests::SCALE_LOCKS).await
 }
 
 /// The same server over verified TLS, as a password user (see `scripts/services.sh`).
 #[cfg(feature = "postgres")]
 async fn postgres_tls_harness() -> Option<Arc<dyn Harness>> {
     let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_TLS_URL")?;
-    SqlHarness::make(url, Some("postgres"), false, 100).await
+    SqlHarness::make(url, Some("postgres"), None, 100).await
 }
 
 /// The same server over verified TLS, as a password user (see `scripts/services.sh`).
 #[cfg(feature = "mysql")]
 async fn mysql_tls_harness() -> Option<Arc<dyn Harness>> {
     let url = conformance_tests::server_var("mysql", "DISTLOCK_TEST_MYSQL_TLS_URL")?;
-    SqlHarness::make(url, Some("mariadb"), false, 100).await
+    SqlHarness::make(url, Some("mariadb"), None, 100).await
 }
 
 /// PostgreSQL through PgBouncer in session pooling (see `scripts/services.sh`); its outage is
@@ -293,34 +285,34 @@ async fn mysql_tls_harness() -> Option<Arc<dyn Harness>> {
 #[cfg(feature = "postgres")]
 async fn pgbouncer_session_harness() -> Option<Arc<dyn Harness>> {
     let url = conformance_tests::server_var("pgbouncer", "DISTLOCK_TEST_PGBOUNCER_SESSION_URL")?;
-    SqlHarness::make(url, Some("pgbouncer-session"), false, 100).await
+    SqlHarness::make(url, Some("pgbouncer-session"), None, 100).await
 }
 
 /// A MariaDB that closes every connection idle for 2 s (`wait_timeout`).
 #[cfg(feature = "mysql")]
 async fn mysql_wait_timeout_harness() -> Option<Arc<dyn Harness>> {
     let url = conformance_tests::server_var("mysql", "DISTLOCK_TEST_MYSQL_WAIT_TIMEOUT_URL")?;
-    SqlHarness::make(url, Some("mariadb-wait-timeout"), false, 100).await
+    SqlHarness::make(url, Some("mariadb-wait-timeout"), None, 100).await
 }
 
 #[cfg(feature = "sqlite")]
 async fn sqlite_harness() -> Option<Arc<dyn Harness>> {
     // A child process of a case uses its parent's file (see `Harness::process_shared`).
-    let inherited = conformance_tests::child::inherited().filter(|path| !path.is_empty());
-    let owns_file = inherited.is_none();
-    let path = inherited.unwrap_or_else(|| {
-        std::env::temp_dir()
-            .join(format!(
-                "distlock-sqlite-{}.db",
-                uuid::Uuid::new_v4().simple()
-            ))
-            .display()
-            .to_string()
-    });
+    let (path, dir) = match conformance_tests::child::inherited().filter(|path| !path.is_empty()) {
+        Some(path) => (path, None),
+        None => {
+            let dir = tempfile::Builder::new()
+                .prefix("distlock-sqlite-")
+                .tempdir()
+                .expect("a temporary directory");
+            let path = dir.path().join("locks.db").display().to_string();
+            (path, Some(dir))
+        }
+    };
     SqlHarness::make(
         format!("sqlite://{path}?busy_timeout=1s"),
         None,
-        owns_file,
+        dir,
         conformance_tests::SCALE_LOCKS,
     )
     .await

@@ -143,11 +143,7 @@ macro_rules! per_database {
 per_database!(
     sqlite,
     "sqlite",
-    Some({
-        let dir = std::env::temp_dir().join(super::unique("distlock_forget"));
-        std::fs::create_dir_all(&dir).unwrap();
-        format!("sqlite://{}", dir.join("locks.db").display())
-    })
+    Some(crate::common::SqliteUrl::new("distlock-forget-"))
 );
 per_database!(
     postgres,

@@ -1146,12 +1146,8 @@ mod mysql {
 
 #[cfg(feature = "sqlite")]
 mod sqlite {
-    fn url() -> Option<String> {
-        let path = std::env::temp_dir().join(format!(
-            "distlock-kinds-{}.db",
-            uuid::Uuid::new_v4().simple()
-        ));
-        Some(format!("sqlite://{}", path.display()))
+    fn url() -> Option<crate::common::SqliteUrl> {
+        Some(crate::common::SqliteUrl::new("distlock-kinds-"))
     }
 
     kinds_suite!(

@@ -14,6 +14,39 @@ pub(crate) fn unique(prefix: &str) -> String {
     )
 }
 
+/// A `sqlite://` URL of a new file in a temporary directory, removed with the file and its
+/// `-wal` / `-shm` when this is dropped (at the end of the test that holds it). Derefs to the
+/// URL.
+#[cfg(feature = "sqlite")]
+#[allow(dead_code, reason = "not every test file uses SQLite")]
+pub(crate) struct SqliteUrl {
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+#[cfg(feature = "sqlite")]
+#[allow(dead_code, reason = "not every test file uses SQLite")]
+impl SqliteUrl {
+    /// A new file named `locks.db` in a new directory whose name starts with `prefix`.
+    pub(crate) fn new(prefix: &str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir()
+            .expect("a temporary directory");
+        let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+        Self { url, _dir: dir }
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl std::ops::Deref for SqliteUrl {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.url
+    }
+}
+
 /// A client of `url` with operation timeout `timeout`.
 pub(crate) async fn client_with(url: &str, timeout: Duration) -> LockClient<SqlBackend> {
     client_of(url, ClientConfig::default().with_operation_timeout(timeout)).await
