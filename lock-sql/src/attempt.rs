@@ -29,6 +29,9 @@ pub(crate) struct SqlAttempt {
     pub(crate) maybe_owned: bool,
     /// Whether this attempt may hold the waiter reservation.
     pub(crate) maybe_reserved: bool,
+    /// Whether a release may have handed this attempt the lock unbeknown to it (see
+    /// [`SqlAttempt::claimed`]): `abandon` must then free the lock by owner.
+    pub(crate) maybe_handed: bool,
     /// Whether the lock was found busy before: later polls read before they write.
     pub(crate) busy_before: bool,
     /// The last wake-up was a release addressed to this waiter: take without reading first.
@@ -155,19 +158,25 @@ impl SqlAttempt {
             peek.next_remaining_us.is_none() || peek.next_since.is_none_or(|s| s > since)
         };
         let head = if claim {
-            self.maybe_reserved = true;
+            let had = std::mem::replace(&mut self.maybe_reserved, true);
             let claimed = db
                 .reserve(name, owner, since, micros(reservation), self.handover_ttl())
                 .await
                 .map_err(|e| map_err("acquire", e))?;
-            // Refused: an older waiter's live reservation replaced any of ours.
-            self.maybe_reserved = claimed != Claim::Refused;
+            if self.claimed(had, claimed) {
+                // Maybe handed the lock: the wait for that hand-over says so, if there is one;
+                // otherwise look at once.
+                return Ok(match &self.server_wait {
+                    Some(wait) if wait.purpose() == WaitFor::Handover => Step::busy(retry),
+                    _ => Step::Again,
+                });
+            }
             if claimed == Claim::GrantedFree {
                 // A release between our read and our claim notified nobody (it notifies the
                 // reservation's holder only): take it now instead of waiting for a notification.
                 return Ok(Step::Again);
             }
-            self.maybe_reserved
+            claimed != Claim::Refused
         } else {
             mine
         };
@@ -251,23 +260,42 @@ impl SqlAttempt {
         let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         let reservation = micros(RESERVATION.min(self.request.ttl));
         let ttl = self.handover_ttl();
-        self.maybe_reserved = true;
+        let had = std::mem::replace(&mut self.maybe_reserved, true);
         let claimed = self
             .inner
             .db
             .reserve(name, owner, since, reservation, ttl)
             .await
             .map_err(|e| map_err("acquire", e))?;
+        let handed = self.claimed(had, claimed);
         Ok(match claimed {
             // The lock is held (by the waiter it was handed to): its release hands it on.
             Claim::Granted => Some(Step::NextInLine { retry_after: None }),
             Claim::GrantedFree => None,
-            Claim::Refused => {
-                // An older waiter holds the reservation: wait for the next wake-up.
-                self.maybe_reserved = false;
-                Some(Step::busy(None))
-            }
+            // Maybe handed the lock: look at once.
+            Claim::Refused if handed => Some(Step::Again),
+            // An older waiter holds the reservation: wait for the next wake-up.
+            Claim::Refused => Some(Step::busy(None)),
         })
+    }
+
+    /// After a claim of the reservation answered `claimed`, by an attempt that may have held
+    /// it before (`had`): records whether it may hold it now ([`SqlAttempt::maybe_reserved`]),
+    /// and returns whether a release may have handed it the lock. A refusal says that another
+    /// waiter's live reservation replaced any of ours or, for an exclusive waiter on a backend
+    /// whose release hands the lock to the reservation's holder ([`db::Db::hands_over`]), that
+    /// a release just did (a claim is never the holder's own): the lock is then this
+    /// attempt's, and if it gives up before it learns so, its clean-up must free the lock
+    /// (otherwise held until its ttl). A permit waiter's claim after a permit was handed to it
+    /// is granted (the lock row names no owner), and a queued one claims nothing.
+    fn claimed(&mut self, had: bool, claimed: Claim) -> bool {
+        self.maybe_reserved = claimed != Claim::Refused;
+        let handed = claimed == Claim::Refused
+            && had
+            && self.request.kind == LockKind::Exclusive
+            && self.inner.db.hands_over();
+        self.maybe_handed |= handed;
+        handed
     }
 
     /// The lease this waiter's reservation asks for, should a release hand it what it waits
@@ -625,7 +653,7 @@ impl Attempt for SqlAttempt {
                 wait.let_run();
             }
         }
-        if !self.maybe_owned && !self.maybe_reserved {
+        if !self.maybe_owned && !self.maybe_reserved && !self.maybe_handed {
             // Every statement was answered: nothing of this attempt is on the server.
             return Ok(());
         }

@@ -363,6 +363,7 @@ impl LockBackend for SqlBackend {
             subscription: None,
             maybe_owned: false,
             maybe_reserved: false,
+            maybe_handed: false,
             busy_before: false,
             handed: false,
             handed_over: None,

@@ -638,6 +638,72 @@ mod postgres {
         }
     }
 
+    /// A writer whose reservation a release turned into the lock, and which is not told so,
+    /// takes that lock. Here the hand-over is written by hand and its notification names
+    /// another waiter, which tells the writer only that the reservation is free: its claim is
+    /// refused (a claim is never the holder's own), and it looks again at once. Before, a
+    /// refused claim made the writer forget its reservation and wait for a wake-up that never
+    /// came: its wait ran out, its clean-up did nothing, and the lock it had been handed
+    /// stayed held until its ttl.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_writer_handed_the_lock_unawares_takes_it() {
+        let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL");
+        let Some(url) = url else { return };
+        let (a, b) = (client(&url).await, client(&url).await);
+        let pool = common::pg(&a);
+        let name = unique("handed_unawares");
+        let held = a.acquire(&name, &writer()).await.expect("the lock");
+        // No poll of its own before its wait runs out (the holder's lease lasts longer): only
+        // a wake-up moves it.
+        let patient =
+            writer()
+                .with_wait(Duration::from_secs(3))
+                .with_backoff(distlock_core::Backoff::new(
+                    Duration::from_millis(2),
+                    Duration::from_secs(10),
+                ));
+        let waiter = {
+            let (b, name) = (b.clone(), name.clone());
+            tokio::spawn(async move { b.acquire(&name, &patient).await })
+        };
+        let (next, _) = reserved(&pool, &name).await;
+        let version: i64 = sqlx::query_scalar(
+            "UPDATE distlock_locks SET owner = next_owner, version = version + 1, \
+             expires_at = now() + interval '10 seconds', next_owner = NULL, next_since = NULL, \
+             next_expires = NULL, next_ttl = NULL \
+             WHERE name = $1 AND next_owner = $2 RETURNING version",
+        )
+        .bind(&name)
+        .bind(&next)
+        .fetch_one(&pool)
+        .await
+        .expect("hand the lock over to the waiter's reservation");
+        assert!(
+            !waiter.is_finished(),
+            "the waiter gave up before the test began"
+        );
+        sqlx::query("SELECT pg_notify('distlock:distlock_locks', $1)")
+            .bind(format!("h{version}:5:other{name}"))
+            .execute(&pool)
+            .await
+            .expect("notify");
+        let got = common::granted_within(waiter, Duration::from_secs(3)).await;
+        assert!(
+            i64::try_from(got.token().get()).is_ok_and(|t| t >= version),
+            "token {:?} is below the handed version {version}",
+            got.token()
+        );
+        assert!(
+            a.try_acquire(&name, &writer())
+                .await
+                .expect("try")
+                .is_none(),
+            "the lock is free while the waiter holds it"
+        );
+        got.release().await.expect("release what was handed over");
+        drop(held);
+    }
+
     /// What a release handed waiter `next` of `name` with `version`: the waiter's guard, with
     /// that version as its token, told by the `h<version>:` notification, and renewable.
     async fn handed(
