@@ -91,9 +91,26 @@ async fn hold<B: LockBackend>(
     (least, lost)
 }
 
-/// One measurement at a time: each counts the requests of the whole server, and the
-/// thousands of renewals of one would be counted by another.
-static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// One measurement at a time per database: each counts the requests of the whole server
+/// (SQLite: the statements on its own table), and the thousands of renewals of one would be
+/// counted by another of the same server. Each database's measurements are one test, so that
+/// they do not hold test threads while they wait here, and the databases' tests run at once
+/// (one after the other, the binary took 185 s of a CI run's 1,091 s of tests).
+static ALONE: [tokio::sync::Mutex<()>; 3] = [
+    tokio::sync::Mutex::const_new(()),
+    tokio::sync::Mutex::const_new(()),
+    tokio::sync::Mutex::const_new(()),
+];
+
+/// The [`ALONE`] lock of the database of `url`.
+fn alone(url: &str) -> &'static tokio::sync::Mutex<()> {
+    let scheme = url.split_once(':').map_or(url, |(scheme, _)| scheme);
+    &ALONE[match scheme {
+        "postgres" | "postgresql" => 0,
+        "mysql" | "mariadb" => 1,
+        _ => 2,
+    }]
+}
 
 /// The idle floor: the requests `counter` sees in as long as [`hold`] counts.
 async fn floor(counter: &dyn Counter) -> u64 {
@@ -115,7 +132,7 @@ async fn batched(
     counter: &dyn Counter,
     label: &str,
 ) {
-    let _alone = ALONE.lock().await;
+    let _alone = alone(url).lock().await;
     let config = ClientConfig::default().with_operation_timeout(Duration::from_secs(5));
     let backend = SqlBackend::connect(distlock_sql::SqlConfig::from_url(url).expect("url"))
         .await
@@ -176,7 +193,7 @@ async fn batched_holds(url: &str, table: &str, max_batch: u64, counter: &dyn Cou
 /// hundred statements, counted by a batching measurement running meanwhile, failed that
 /// measurement once (PostgreSQL: 614 commits in a window that expected about 12).
 async fn one_forced_release_is_lost_alone(url: &str, kind: LockKind) {
-    let _alone = ALONE.lock().await;
+    let _alone = alone(url).lock().await;
     let client = common::client_with(url, Duration::from_secs(5)).await;
     let prefix = unique("forced");
     let opts = AcquireOptions::default()
@@ -245,34 +262,24 @@ mod postgres {
         }
     }
 
+    /// Exclusive locks, then shared holds and permits: 2,048 of each (one per name) renewed
+    /// by a statement (holds: a function call) per batch of 1,024, not one per lock; one
+    /// forced release in a batch is lost alone. One test, one measurement after the other
+    /// (each counts the whole server's commits).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn batched_renewal_statements() {
+    async fn renewals_are_batched_and_a_forced_release_is_lost_alone() {
         let Some(url) = url() else { return };
         let admin = sqlx::PgPool::connect(&url).await.expect("admin");
         let table = unique("renewal");
-        let url = format!("{url}&table={table}");
         batched(
-            &url,
+            &format!("{url}&table={table}"),
             (&table, LockKind::Exclusive),
             1024,
-            &Commits(admin),
+            &Commits(admin.clone()),
             "postgres",
         )
         .await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn forced_release_in_a_batch() {
-        let Some(url) = url() else { return };
         one_forced_release_is_lost_alone(&url, LockKind::Exclusive).await;
-    }
-
-    /// Shared holds and permits: 2,048 of each (one per name) renewed by a function call per
-    /// batch of 1,024, not one per hold; one forced release in a batch of holds is lost alone.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn batched_renewal_of_holds() {
-        let Some(url) = url() else { return };
-        let admin = sqlx::PgPool::connect(&url).await.expect("admin");
         let table = unique("hold_renewal");
         batched_holds(&url, &table, 1024, &Commits(admin.clone()), "postgres").await;
         let pool = distlock_sql::SqlPool::Postgres(admin);
@@ -300,7 +307,7 @@ mod postgres {
         const K: usize = 4096;
         const TTL: Duration = Duration::from_secs(2);
         let Some(url) = url() else { return };
-        let _alone = ALONE.lock().await;
+        let _alone = alone(&url).lock().await;
         let table = unique("history");
         let client = common::client_with(&format!("{url}&table={table}"), TTL).await;
         let pool = client.backend_ref().pool();
@@ -353,35 +360,24 @@ mod mysql {
         }
     }
 
+    /// Exclusive locks, then shared holds and permits: 1,024 of each (one per name) renewed
+    /// by a statement (holds: a procedure call, which `Questions` counts once) per batch of
+    /// 512, not one per lock; one forced release in a batch is lost alone. One test, one
+    /// measurement after the other (each counts the whole server's statements).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn batched_renewal_statements() {
+    async fn renewals_are_batched_and_a_forced_release_is_lost_alone() {
         let Some(url) = url() else { return };
         let admin = sqlx::MySqlPool::connect(&url).await.expect("admin");
         let table = unique("renewal");
-        let url = format!("{url}&table={table}");
         batched(
-            &url,
+            &format!("{url}&table={table}"),
             (&table, LockKind::Exclusive),
             512,
-            &Questions(admin),
+            &Questions(admin.clone()),
             "mysql",
         )
         .await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn forced_release_in_a_batch() {
-        let Some(url) = url() else { return };
         one_forced_release_is_lost_alone(&url, LockKind::Exclusive).await;
-    }
-
-    /// Shared holds and permits: 1,024 of each (one per name) renewed by a procedure call per
-    /// batch of 512 (`Questions` counts the call, not the statements inside it), not one per
-    /// hold; one forced release in a batch of holds is lost alone.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn batched_renewal_of_holds() {
-        let Some(url) = url() else { return };
-        let admin = sqlx::MySqlPool::connect(&url).await.expect("admin");
         let table = unique("hold_renewal");
         batched_holds(&url, &table, 512, &Questions(admin.clone()), "mysql").await;
         let pool = distlock_sql::SqlPool::MySql(admin);
@@ -462,8 +458,10 @@ mod sqlite {
         }
     }
 
+    /// Exclusive locks renewed by a statement per batch of 512; one forced release in a
+    /// batch is lost alone (SQLite renews shared holds and permits one by one).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn batched_renewal_statements() {
+    async fn renewals_are_batched_and_a_forced_release_is_lost_alone() {
         static STATEMENTS: OnceLock<&'static Statements> = OnceLock::new();
         let statements = *STATEMENTS.get_or_init(|| {
             let s: &'static Statements = Box::leak(Box::new(Statements {
@@ -489,11 +487,6 @@ mod sqlite {
             "sqlite",
         )
         .await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn forced_release_in_a_batch() {
-        let dir = tempfile::tempdir().expect("tempdir");
         let url = format!("sqlite://{}", dir.path().join("forced.db").display());
         one_forced_release_is_lost_alone(&url, LockKind::Exclusive).await;
     }
