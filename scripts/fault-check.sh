@@ -153,6 +153,36 @@ for config in "${ORDER[@]}"; do
   fi
   GROUPS_OF[$group]+="$config "
 done
+# The longest groups first (by the sum of their configurations' durations; a group another
+# waits for ranks with that one): started in the families' order, Sentinel's and Cluster's
+# (30 s a kind, about 255 s each) got slots only after 14 others and ended the check at 382 s
+# (CI, 2026-12-01), where the slots' total work was about 2,480 s (310 s on 8 slots).
+declare -A WEIGHT=()
+for config in "${ORDER[@]}"; do
+  IFS='|' read -r group _ _ duration _ <<<"${RUNS[$config]}"
+  case $duration in
+    *ms) secs=1 ;;
+    *s) secs=${duration%s} ;;
+    *m) secs=$((${duration%m} * 60)) ;;
+    *) secs=8 ;;
+  esac
+  [[ $secs =~ ^[0-9]+$ ]] || secs=8
+  WEIGHT[$group]=$((${WEIGHT[$group]:-0} + secs))
+done
+for config in "${ORDER[@]}"; do
+  IFS='|' read -r group _ _ _ _ _ _ after _ <<<"${RUNS[$config]}"
+  for dep in $after; do
+    [[ -n ${RUNS[$dep]:-} ]] || continue
+    dep_group=${RUNS[$dep]%%|*}
+    if ((WEIGHT[$dep_group] < WEIGHT[$group])); then WEIGHT[$dep_group]=${WEIGHT[$group]}; fi
+  done
+done
+mapfile -t GROUP_ORDER < <(
+  for i in "${!GROUP_ORDER[@]}"; do
+    printf '%s %s %s\n' "${WEIGHT[${GROUP_ORDER[i]}]}" "$i" "${GROUP_ORDER[i]}"
+  done | sort -k1,1nr -k2,2n | cut -d' ' -f3
+)
+echo "==> fault-check.sh: groups, longest first: ${GROUP_ORDER[*]}" >&2
 # At most JOBS groups at once (DISTLOCK_CHECK_JOBS, default 8): with all 23 at once on a
 # 2-core machine about a third slower than usual (2026-11-29, load average 38), server
 # restarts took over the checker's 120 s and postgres and redlock3 failed to run. A group
