@@ -30,7 +30,7 @@ pub(crate) struct SqlAttempt {
     /// Whether this attempt may hold the waiter reservation.
     pub(crate) maybe_reserved: bool,
     /// Whether a release may have handed this attempt the lock unbeknown to it (see
-    /// [`SqlAttempt::claimed`]): `abandon` must then free the lock by owner.
+    /// [`SqlAttempt::claim`]): `abandon` must then free the lock by owner.
     pub(crate) maybe_handed: bool,
     /// Whether the lock was found busy before: later polls read before they write.
     pub(crate) busy_before: bool,
@@ -115,7 +115,7 @@ impl SqlAttempt {
             return Err(self.mismatch(message));
         }
         self.busy_before = true;
-        let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
+        let owner = &*self.request.owner;
         if peek.remaining_us.is_some() && peek.owner.as_deref() != Some(owner) {
             if let Some(seen) = self.held_seen.filter(|&(_, v)| v < peek.version) {
                 self.held_seen_before = Some(seen);
@@ -145,10 +145,8 @@ impl SqlAttempt {
             }
             return Ok(Step::busy(Some(retry.map_or(renew, |r| r.min(renew)))));
         }
-        let db = &self.inner.db;
         let since = *self.since.get_or_insert(peek.version);
-        // A reservation is a lease, no longer than the lock's: a killed or paused waiter at
-        // the head blocks the others for its ttl at most.
+        // The reservation's lease (see `claim`).
         let reservation = RESERVATION.min(self.request.ttl);
         let mine = peek.next_owner.as_deref() == Some(owner) && peek.next_remaining_us.is_some();
         let claim = if mine {
@@ -158,12 +156,8 @@ impl SqlAttempt {
             peek.next_remaining_us.is_none() || peek.next_since.is_none_or(|s| s > since)
         };
         let head = if claim {
-            let had = std::mem::replace(&mut self.maybe_reserved, true);
-            let claimed = db
-                .reserve(name, owner, since, micros(reservation), self.handover_ttl())
-                .await
-                .map_err(|e| map_err("acquire", e))?;
-            if self.claimed(had, claimed) {
+            let (claimed, handed) = self.claim(since).await?;
+            if handed {
                 // Maybe handed the lock: the wait for that hand-over says so, if there is one;
                 // otherwise look at once.
                 return Ok(match &self.server_wait {
@@ -257,17 +251,7 @@ impl SqlAttempt {
         let Some(since) = self.since.filter(|_| self.busy_before) else {
             return Ok(None);
         };
-        let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
-        let reservation = micros(RESERVATION.min(self.request.ttl));
-        let ttl = self.handover_ttl();
-        let had = std::mem::replace(&mut self.maybe_reserved, true);
-        let claimed = self
-            .inner
-            .db
-            .reserve(name, owner, since, reservation, ttl)
-            .await
-            .map_err(|e| map_err("acquire", e))?;
-        let handed = self.claimed(had, claimed);
+        let (claimed, handed) = self.claim(since).await?;
         Ok(match claimed {
             // The lock is held (by the waiter it was handed to): its release hands it on.
             Claim::Granted => Some(Step::NextInLine { retry_after: None }),
@@ -279,23 +263,36 @@ impl SqlAttempt {
         })
     }
 
-    /// After a claim of the reservation answered `claimed`, by an attempt that may have held
-    /// it before (`had`): records whether it may hold it now ([`SqlAttempt::maybe_reserved`]),
-    /// and returns whether a release may have handed it the lock. A refusal says that another
-    /// waiter's live reservation replaced any of ours or, for an exclusive waiter on a backend
-    /// whose release hands the lock to the reservation's holder ([`db::Db::hands_over`]), that
-    /// a release just did (a claim is never the holder's own): the lock is then this
-    /// attempt's, and if it gives up before it learns so, its clean-up must free the lock
-    /// (otherwise held until its ttl). A permit waiter's claim after a permit was handed to it
-    /// is granted (the lock row names no owner), and a queued one claims nothing.
-    fn claimed(&mut self, had: bool, claimed: Claim) -> bool {
+    /// Claims the waiter reservation (as old as `since`; a lease no longer than the lock's: a
+    /// killed or paused waiter at the head blocks the others for its ttl at most): the answer,
+    /// and whether a release may have handed this attempt the lock. Records whether the
+    /// attempt may hold the reservation now ([`SqlAttempt::maybe_reserved`]). A refusal says
+    /// that another waiter's live reservation replaced any of ours or, for an exclusive
+    /// waiter on a backend whose release hands the lock to the reservation's holder
+    /// ([`db::Db::hands_over`]), that a release just did (a claim is never the holder's own):
+    /// the lock is then this attempt's, and if it gives up before it learns so, its clean-up
+    /// must free the lock (otherwise held until its ttl). A permit waiter's claim after a
+    /// permit was handed to it is granted (the lock row names no owner), and a queued one
+    /// claims nothing.
+    async fn claim(&mut self, since: i64) -> Result<(Claim, bool)> {
+        let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
+        let reservation = micros(RESERVATION.min(self.request.ttl));
+        let ttl = self.handover_ttl();
+        // The attempt may have held the reservation before this claim.
+        let had = std::mem::replace(&mut self.maybe_reserved, true);
+        let claimed = self
+            .inner
+            .db
+            .reserve(name, owner, since, reservation, ttl)
+            .await
+            .map_err(|e| map_err("acquire", e))?;
         self.maybe_reserved = claimed != Claim::Refused;
         let handed = claimed == Claim::Refused
             && had
             && self.request.kind == LockKind::Exclusive
             && self.inner.db.hands_over();
         self.maybe_handed |= handed;
-        handed
+        Ok((claimed, handed))
     }
 
     /// The lease this waiter's reservation asks for, should a release hand it what it waits
