@@ -9,7 +9,8 @@ use distlock_core::backend::detached;
 use distlock_core::{
     AcquireRequest, Acquired, Attempt, AttemptMode, Error, FencingToken, LockKind, Result, Step,
 };
-use futures::future::OptionFuture;
+use futures::TryFutureExt;
+use futures::future::{Either, OptionFuture};
 use tracing::debug;
 use zookeeper_client as zk;
 
@@ -19,8 +20,8 @@ use crate::keys::{Entry, escape, held_data, node_prefix, queue, waiting_data};
 use crate::kinds::{Place, mismatch, place};
 use crate::lease::ZkLease;
 use crate::queue::{
-    Ahead, NodeClock, Written, ensure_parent, join_queue, leave_on_reconnection, leave_queue,
-    list_queue, ours_by_prefix, remove_lapsed,
+    Ahead, Lapse, NodeClock, ServerNow, Written, ensure_parent, join_queue, leave_on_reconnection,
+    leave_queue, list_queue, ours_by_prefix, remove_lapsed,
 };
 use crate::session::Session;
 use crate::wake::Wake;
@@ -425,10 +426,12 @@ impl ZkAttempt {
         let pred_path = self.own_path(predecessor);
         let sent = Instant::now();
         let waiting = waiting_data(self.request.ttl);
+        // The read first: the write's `mtime`, our reading of the server's clock, is then
+        // stamped after whatever the read saw (see `ServerNow::AfterReads`).
+        let watch = client.get_and_watch_data(&pred_path);
         let mark = self
             .must_write(sent)
             .then(|| client.set_data(&own_path, &waiting, None));
-        let watch = client.get_and_watch_data(&pred_path);
         let (marked, watched) = futures::join!(
             async move {
                 match mark {
@@ -438,10 +441,10 @@ impl ZkAttempt {
             },
             watch
         );
-        let now_ms = match marked {
+        let now = match marked {
             Ok(Some(stat)) => {
                 self.waiting_marked = true;
-                Some(self.clock.wrote(sent, stat.mtime))
+                Some(ServerNow::AfterReads(self.clock.wrote(sent, stat.mtime)))
             }
             Ok(None) => None,
             Err(zk::Error::NoNode) => {
@@ -458,7 +461,7 @@ impl ZkAttempt {
                     data: &data,
                     stat: &stat,
                 };
-                self.judge(client, ahead, now_ms, Some(watcher)).await
+                self.judge(client, ahead, now, Some(watcher)).await
             }
             // The predecessor left between the listing and the watch: look again.
             Err(zk::Error::NoNode) => Ok(None),
@@ -485,24 +488,25 @@ impl ZkAttempt {
             waiting_data(self.request.ttl)
         };
         let sent = Instant::now();
-        let (now_ms, head_read) = match fresh {
-            // A try needs no watch, and its new node's mtime is the server's clock.
+        let (now, head_read) = match fresh {
+            // A try needs no watch, and its new node's mtime is the server's clock, stamped
+            // before the read: should the head look lapsed by it, the next poll reads, then writes.
             Some(written) if try_mode => (
-                written.mtime,
+                ServerNow::BeforeReads(written.mtime),
                 client.get_data(&head_path).await.map(|(d, s)| (d, s, None)),
             ),
             _ => {
-                let touch = client.set_data(&own_path, &touch_data, None);
-                let read = async {
-                    if try_mode {
-                        client.get_data(&head_path).await.map(|(d, s)| (d, s, None))
-                    } else {
+                // The read first (see `ServerNow::AfterReads`): both are sent at the call.
+                let read = if try_mode {
+                    Either::Left(client.get_data(&head_path).map_ok(|(d, s)| (d, s, None)))
+                } else {
+                    Either::Right(
                         client
                             .get_and_watch_data(&head_path)
-                            .await
-                            .map(|(d, s, w)| (d, s, Some(w)))
-                    }
+                            .map_ok(|(d, s, w)| (d, s, Some(w))),
+                    )
                 };
+                let touch = client.set_data(&own_path, &touch_data, None);
                 let (touched, read) = futures::join!(touch, read);
                 let stat = match touched {
                     Ok(stat) => stat,
@@ -515,7 +519,10 @@ impl ZkAttempt {
                 if !try_mode {
                     self.waiting_marked = true;
                 }
-                (self.clock.wrote(sent, stat.mtime), read)
+                (
+                    ServerNow::AfterReads(self.clock.wrote(sent, stat.mtime)),
+                    read,
+                )
             }
         };
         let (data, stat, watcher) = match head_read {
@@ -529,7 +536,7 @@ impl ZkAttempt {
             data: &data,
             stat: &stat,
         };
-        self.judge(client, ahead, Some(now_ms), watcher).await
+        self.judge(client, ahead, Some(now), watcher).await
     }
 
     /// A shared or permit node's poll, once the queue is known (see [`place`]): hold, wait for
@@ -591,27 +598,32 @@ impl ZkAttempt {
         } else {
             waiting_data(self.request.ttl)
         };
-        // Sent in this order on the session: the write, the watched listing, the reads.
+        // Sent in this order on the session: the reads, the watched listing, the write (whose
+        // `mtime` is then stamped after whatever the reads saw: see `ServerNow::AfterReads`).
+        let paths: Vec<String> = holders.iter().map(|h| self.own_path(&h.name)).collect();
+        let reads = futures::future::join_all(paths.iter().map(|path| client.get_data(path)));
+        let listing = (!try_mode).then(|| client.list_and_watch_children(&self.parent));
         let touch = match fresh {
             Some(_) if try_mode => None,
             _ if try_mode || self.must_write(sent) => Some(client.set_data(&own_path, &mark, None)),
             _ => None,
         };
-        let listing = (!try_mode).then(|| client.list_and_watch_children(&self.parent));
-        let paths: Vec<String> = holders.iter().map(|h| self.own_path(&h.name)).collect();
-        let reads = futures::future::join_all(paths.iter().map(|path| client.get_data(path)));
         let (touched, listed, reads) = futures::join!(
             OptionFuture::from(touch),
             OptionFuture::from(listing),
             reads
         );
         let (touched, listed) = (touched.transpose(), listed.transpose());
-        let now_ms = match touched {
+        let now = match touched {
             Ok(Some(stat)) => {
                 self.waiting_marked = !try_mode;
-                Some(self.clock.wrote(sent, stat.mtime))
+                Some(ServerNow::AfterReads(self.clock.wrote(sent, stat.mtime)))
             }
-            Ok(None) => fresh.map(|written| written.mtime),
+            Ok(None) => fresh.map(|written| {
+                // Only a try leaves a fresh node unwritten (a waiter's is not marked yet).
+                debug_assert!(try_mode, "a waiter writes its fresh node");
+                ServerNow::BeforeReads(written.mtime)
+            }),
             Err(zk::Error::NoNode) => {
                 self.forget_node();
                 return Ok(None);
@@ -649,7 +661,7 @@ impl ZkAttempt {
                 data: &data,
                 stat: &stat,
             };
-            if remove_lapsed(client, &ahead, now_ms).await? {
+            if remove_lapsed(client, &ahead, now).await? != Lapse::Alive {
                 return Ok(None);
             }
             if let Some(lease) = ahead.lease_ms()
@@ -664,7 +676,7 @@ impl ZkAttempt {
         let retry_after = self.clock.wait_for(
             first_out.map(|(lease, _)| lease),
             first_out.map_or(0, |(_, mtime)| mtime),
-            now_ms,
+            now.map(ServerNow::ms),
             !try_mode,
         );
         Ok(Some(Step::busy(retry_after)))
@@ -677,10 +689,12 @@ impl ZkAttempt {
         &mut self,
         client: &zk::Client,
         ahead: Ahead<'_>,
-        now_ms: Option<i64>,
+        now: Option<ServerNow>,
         watcher: Option<zk::OneshotWatcher>,
     ) -> Result<Option<Step>> {
-        if remove_lapsed(client, &ahead, now_ms).await? {
+        // Removed, or lapsed by a reading from before the read: look again (the next poll
+        // writes our node after reading it).
+        if remove_lapsed(client, &ahead, now).await? != Lapse::Alive {
             return Ok(None);
         }
         if let Some(watcher) = watcher {
@@ -688,9 +702,9 @@ impl ZkAttempt {
         }
         let lease = ahead.lease_ms();
         let refreshing = self.request.mode == AttemptMode::Wait;
-        let retry_after = self
-            .clock
-            .wait_for(lease, ahead.stat.mtime, now_ms, refreshing);
+        let retry_after =
+            self.clock
+                .wait_for(lease, ahead.stat.mtime, now.map(ServerNow::ms), refreshing);
         Ok(Some(Step::busy(retry_after)))
     }
 }

@@ -115,7 +115,14 @@
 //! that is next in line reads the head node and the server's current time (the `mtime` of a write
 //! to its own node) in one round trip; if `now - mtime > ttl` it deletes the head with the
 //! version it read, which fails if the holder renewed meanwhile. Both timestamps come from the
-//! server (the leader of an ensemble): clients' clocks are never compared.
+//! server (the leader of an ensemble): clients' clocks are never compared. The write is sent
+//! after the read: the server handles a session's requests in order, so its `mtime` was
+//! stamped after every write the read saw, and a step back of the leader's clock between a
+//! renewal and that write can only make the holder look younger. (Sent the other way round,
+//! as before, a renewal stamped after a step back but read after the write looked older by
+//! the step, and was removed while its holder still held: one overlap in a CI run of the
+//! clock fault.) A reading stamped before the read (a try's creation of its node, two round
+//! trips earlier) only says when to look again: the next poll reads, then writes.
 //!
 //! A waiter's node has a lease too: its data is `W<ttl ms>`, and the waiter writes it again
 //! every third of the ttl while it waits (together with the read it sends to watch its

@@ -325,26 +325,123 @@ impl Ahead<'_> {
     }
 }
 
+/// The server's clock (ms), as the answer to a write of our own node stamped it, and whether
+/// that write was sent after the reads it is compared with.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ServerNow {
+    /// Sent after the reads on the session, whose requests the server handles in order: every
+    /// `mtime` they saw was stamped before this one, so a step back of the server's clock
+    /// between the two can only make a node look younger. Judges leases.
+    AfterReads(i64),
+    /// Stamped before the reads were sent (a try's creation of our node, two round trips
+    /// earlier): a holder renewed after a step back of the server's clock would look older by
+    /// the step, and lapsed. Only says when to look again.
+    BeforeReads(i64),
+}
+
+impl ServerNow {
+    /// The reading, whichever it is.
+    pub(crate) fn ms(self) -> i64 {
+        match self {
+            Self::AfterReads(ms) | Self::BeforeReads(ms) => ms,
+        }
+    }
+}
+
+/// What the lease of the node ahead says (see [`lapse`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lapse {
+    /// It runs (or cannot be judged: no lease, no reading of the server's clock): wait.
+    Alive,
+    /// It ran out: remove the node ([`remove_lapsed`]: removed, or gone already).
+    Over,
+    /// It looks over by a reading stamped before the read of the node
+    /// ([`ServerNow::BeforeReads`]): look again with one stamped after.
+    Unsure,
+}
+
+/// Whether the lease of `lease` ms of a node written at `mtime` ran out by `now` (none: no
+/// reading of the server's clock in this poll).
+pub(crate) fn lapse(lease: Option<i64>, mtime: i64, now: Option<ServerNow>) -> Lapse {
+    let (Some(lease), Some(now)) = (lease, now) else {
+        return Lapse::Alive;
+    };
+    match now {
+        _ if now.ms() - mtime <= lease => Lapse::Alive,
+        ServerNow::AfterReads(_) => Lapse::Over,
+        ServerNow::BeforeReads(_) => Lapse::Unsure,
+    }
+}
+
 /// Removes `ahead` if its lease (a holder's or a waiter's) ran out on the server's clock
-/// (`now_ms`, the mtime of our own write in the same round trip), unless it was written
-/// meanwhile (the version check makes this atomic). Returns whether it is gone.
+/// (`now`: see [`lapse`]), unless it was written meanwhile (the version check makes this
+/// atomic). [`Lapse::Over`]: removed, or gone already.
 pub(crate) async fn remove_lapsed(
     client: &zk::Client,
     ahead: &Ahead<'_>,
-    now_ms: Option<i64>,
-) -> Result<bool> {
-    let (Some(lease), Some(now_ms)) = (ahead.lease_ms(), now_ms) else {
-        return Ok(false);
-    };
-    let age = now_ms - ahead.stat.mtime;
-    if age <= lease {
-        return Ok(false);
+    now: Option<ServerNow>,
+) -> Result<Lapse> {
+    let verdict = lapse(ahead.lease_ms(), ahead.stat.mtime, now);
+    if verdict != Lapse::Over {
+        return Ok(verdict);
     }
+    let age = now.map_or(0, |now| now.ms() - ahead.stat.mtime);
+    let lease = ahead.lease_ms();
     tracing::debug!(node = %ahead.name, age, lease, "removing a node whose lease ran out");
     match client.delete(ahead.path, Some(ahead.stat.version)).await {
-        Ok(()) | Err(zk::Error::NoNode) => Ok(true),
+        Ok(()) | Err(zk::Error::NoNode) => Ok(Lapse::Over),
         // Renewed or refreshed meanwhile: alive, and the watch fires for it.
-        Err(zk::Error::BadVersion) => Ok(false),
+        Err(zk::Error::BadVersion) => Ok(Lapse::Alive),
         Err(err) => Err(zk_error("removing a node whose lease ran out", err)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A holder renewed 200 ms after our write, once the leader's clock had stepped back by
+    /// 2 s: its `mtime` is 1.8 s behind our write's. Read after that write (the order this
+    /// crate sent them in before), its lease of 1 s looked over by 0.8 s.
+    #[test]
+    fn a_reading_from_before_the_read_never_removes() {
+        let written = 1_000_000;
+        let renewed = written + 200 - 2_000;
+        assert_eq!(
+            lapse(Some(1_000), renewed, Some(ServerNow::BeforeReads(written))),
+            Lapse::Unsure
+        );
+        // Stamped after the read, the same reading judges: the read saw only what was
+        // stamped before it.
+        assert_eq!(
+            lapse(
+                Some(1_000),
+                written - 1_001,
+                Some(ServerNow::AfterReads(written))
+            ),
+            Lapse::Over
+        );
+        assert_eq!(
+            lapse(
+                Some(1_000),
+                written - 1_000,
+                Some(ServerNow::AfterReads(written))
+            ),
+            Lapse::Alive
+        );
+    }
+
+    #[test]
+    fn no_lease_or_no_reading_is_alive() {
+        assert_eq!(
+            lapse(None, 0, Some(ServerNow::AfterReads(1 << 40))),
+            Lapse::Alive
+        );
+        assert_eq!(lapse(Some(1_000), 0, None), Lapse::Alive);
+        // A lease not over yet is alive by either reading.
+        assert_eq!(
+            lapse(Some(1_000), 500, Some(ServerNow::BeforeReads(900))),
+            Lapse::Alive
+        );
     }
 }
