@@ -451,7 +451,7 @@ impl Sessions {
     }
 }
 
-/// Binds one [`SqlValue`] to a query of any of the databases.
+/// Binds one [`SqlValue`](crate::SqlValue) to a query of any of the databases.
 macro_rules! bind_value {
     ($query:expr, $value:expr) => {
         match $value {

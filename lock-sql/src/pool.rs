@@ -44,7 +44,7 @@ pub(crate) async fn open_pool<DB: sqlx::Database>(
 }
 
 /// The pool of a server database: the config's size, half the connect timeout to wait for a
-/// connection, no ping before each use (see [`HotConns`]) unless the connection idled long
+/// connection, no ping before each use (see [`HotConns`](crate::hot::HotConns)) unless the connection idled long
 /// enough for the server to have closed it (see [`IdleLimit`]), and every new connection's
 /// server-side id, read by `session_id` (SQL answering one BIGINT), recorded in `sessions`.
 /// The id is read in the simple query protocol: no prepared statement, which a pooler in
@@ -128,7 +128,7 @@ pub(crate) const IDLE_CHECK_MAX: Duration = Duration::from_secs(60);
 /// that failed that way may have been sent, so it cannot simply be sent again; a ping has no
 /// effect, so it can. Every connection idle for half the server's limit (at most
 /// [`IDLE_CHECK_MAX`]) is pinged before it serves a statement, and closed if the ping fails:
-/// the sqlx pool's idle ones (`before_acquire`), the kept ones ([`HotConns`]) and MySQL's
+/// the sqlx pool's idle ones (`before_acquire`), the kept ones ([`HotConns`](crate::hot::HotConns)) and MySQL's
 /// waiting and wake-lock connections. A connection used within the limit costs nothing more.
 #[derive(Debug)]
 pub(crate) struct IdleLimit {

@@ -11,7 +11,7 @@ use crate::error::zk_error;
 use crate::lease::{Written, ZkLease};
 
 /// Renews the held nodes of one session together: one `multi` of `setData`s, each exactly
-/// the write [`ZkLease::renew`] makes (unversioned: only the holder writes its node, which
+/// the write `ZkLease::renew` makes (unversioned: only the holder writes its node, which
 /// exists only while it holds, so the node's existence is the owner check). Shared by every
 /// kind (exclusive, shared, permit): each holds through the same node write.
 ///

@@ -27,7 +27,7 @@ pub(super) fn peek_columns() -> String {
 
 /// ARGS: name, owner, name, owner, wake lock prefix (twice; NULL: take no wake lock), name,
 /// owner, wake lock prefix, name, marker, name, owner. A queued permit waiter's look (see
-/// [`Db::queued_look`](crate::db::Db::queued_look)): how many live waiters are queued ahead
+/// [`Db::queued_look`]): how many live waiters are queued ahead
 /// of it (of its semaphore), whether its own place is live; the token and remaining lease
 /// (µs) of a live permit of its on a row that carries the marker, if a release handed it one,
 /// and whether its wake lock was taken then (on this connection); the tokens of the other
