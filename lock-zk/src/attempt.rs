@@ -619,11 +619,9 @@ impl ZkAttempt {
                 self.waiting_marked = !try_mode;
                 Some(ServerNow::AfterReads(self.clock.wrote(sent, stat.mtime)))
             }
-            Ok(None) => fresh.map(|written| {
-                // Only a try leaves a fresh node unwritten (a waiter's is not marked yet).
-                debug_assert!(try_mode, "a waiter writes its fresh node");
-                ServerNow::BeforeReads(written.mtime)
-            }),
+            // Only a try leaves a fresh node unwritten (a waiter's is not marked yet); in a
+            // waiter this would only delay a removal to the next write.
+            Ok(None) => fresh.map(|written| ServerNow::BeforeReads(written.mtime)),
             Err(zk::Error::NoNode) => {
                 self.forget_node();
                 return Ok(None);
