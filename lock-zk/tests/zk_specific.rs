@@ -628,3 +628,109 @@ async fn a_holder_whose_node_still_says_waiting_is_seen_and_can_be_freed() {
         );
     }
 }
+
+/// A TCP proxy for one client connection that records the operation code of every request
+/// the client sends (the `type` of each request header after the connect request), pings
+/// left out.
+struct Recorder {
+    addr: String,
+    ops: std::sync::Arc<std::sync::Mutex<Vec<i32>>>,
+}
+
+impl Recorder {
+    async fn start(target: String) -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("address").to_string();
+        let ops: std::sync::Arc<std::sync::Mutex<Vec<i32>>> = std::sync::Arc::default();
+        let seen = ops.clone();
+        tokio::spawn(async move {
+            let Ok((inbound, _)) = listener.accept().await else {
+                return;
+            };
+            let outbound = tokio::net::TcpStream::connect(&target)
+                .await
+                .expect("connect to the server");
+            let (mut from_client, mut to_client) = inbound.into_split();
+            let (mut from_server, mut to_server) = outbound.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+            });
+            // Frames: a 4-byte length, then (after the connect request) xid and type.
+            let (mut pending, mut frames) = (Vec::new(), 0_usize);
+            let mut chunk = [0_u8; 16 * 1024];
+            while let Ok(n) = from_client.read(&mut chunk).await {
+                if n == 0 || to_server.write_all(&chunk[..n]).await.is_err() {
+                    break;
+                }
+                pending.extend_from_slice(&chunk[..n]);
+                while pending.len() >= 4 {
+                    let len = u32::from_be_bytes(pending[..4].try_into().expect("4 bytes"));
+                    let len = usize::try_from(len).expect("length");
+                    if pending.len() < 4 + len {
+                        break;
+                    }
+                    if frames > 0 && len >= 8 {
+                        let op = i32::from_be_bytes(pending[8..12].try_into().expect("4 bytes"));
+                        if op != 11 {
+                            seen.lock().expect("ops").push(op);
+                        }
+                    }
+                    frames += 1;
+                    pending.drain(..4 + len);
+                }
+            }
+        });
+        Self { addr, ops }
+    }
+
+    fn ops(&self) -> Vec<i32> {
+        self.ops.lock().expect("ops").clone()
+    }
+}
+
+/// A waiter reads the node ahead of it before it writes its own node, in the same round trip:
+/// the write's `mtime`, its reading of the server's clock, is then stamped after every write
+/// the read saw, so a step back of the server's clock can only make the holder look younger.
+/// Sent the other way round (as before), a holder's renewal stamped after a step back and read
+/// after the waiter's write looked older by the step, and the waiter removed the node of a
+/// live holder (CI's clock fault, once). The requests' order on the wire is what this checks:
+/// ZooKeeper's operation codes 4 (getData, the watched read) and 5 (setData).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_reads_the_node_ahead_before_it_writes_its_own() {
+    let Some(h) = harness().await else { return };
+    let (get_data, set_data) = (4, 5);
+    let ttl = AcquireOptions::default()
+        .with_ttl(Duration::from_secs(3))
+        .with_wait(Duration::from_secs(20));
+    let holder = h.backend().await.expect("connect");
+    let name = common::unique("read-first");
+    let guard = holder.acquire(&name, &ttl).await.expect("acquire");
+    let recorder = Recorder::start(h.server.clone()).await;
+    let waiter =
+        distlock_zookeeper::connect_with(h.config(&recorder.addr), common::client_config())
+            .await
+            .expect("connect through the recorder");
+    let wait = {
+        let (name, ttl) = (name.clone(), ttl.clone());
+        tokio::spawn(async move { waiter.acquire(&name, &ttl).await.map(|g| (waiter, g)) })
+    };
+    // The waiter's first look, then one per renewal of the holder (its watch fires) and per
+    // refresh of its own node (every second).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    guard.release().await.expect("release");
+    let (_waiter, taken) = wait.await.expect("join").expect("the waiter acquires");
+    taken.release().await.expect("release");
+    let ops = recorder.ops();
+    let pairs: Vec<(i32, i32)> = ops.windows(2).map(|w| (w[0], w[1])).collect();
+    assert!(
+        pairs.contains(&(get_data, set_data)),
+        "no read of the node ahead followed by the waiter's write: {ops:?}"
+    );
+    assert!(
+        !pairs.contains(&(set_data, get_data)),
+        "the waiter wrote its node before reading the node ahead: {ops:?}"
+    );
+}
