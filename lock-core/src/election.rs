@@ -15,7 +15,7 @@ use crate::{DistributedLock, Error, FencingToken, LockInfo, LockKind, LockName, 
 const VALUE_AT: usize = 32;
 
 /// The leader of an election, as anyone can read it with
-/// [`DistributedLock::leader`](crate::DistributedLock::leader).
+/// [`DistributedLock::leader`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Leader {
@@ -84,7 +84,7 @@ fn campaign_value(owner: &str) -> Option<&str> {
 /// What an observer compares to tell a change: the leader's owner, term and value.
 type Seen = (String, Option<FencingToken>, Option<String>);
 
-/// The stream of [`DistributedLock::observe`](crate::DistributedLock::observe): the leader
+/// The stream of [`DistributedLock::observe`]: the leader
 /// now, then each change (a new owner, term or proclaimed value, or no leader), re-read on every wake-up of
 /// `changes` and every `every` in any case. Errors are yielded and the observation goes on.
 pub(crate) fn observe(

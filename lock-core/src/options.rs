@@ -74,7 +74,7 @@ impl AcquireOptions {
     }
 
     /// Sets how long `acquire` waits (`Duration::ZERO` tries once). At the deadline it fails
-    /// with [`Error::Timeout`](crate::Error::Timeout) after removing its queue entry, if any
+    /// with [`Error::Timeout`] after removing its queue entry, if any
     /// (one round trip). On a backend that wakes waiters by events it ends right there when
     /// no event came and the holder's lease runs past the deadline; a polling backend asks
     /// once more at the deadline (one round trip more).
@@ -173,7 +173,7 @@ impl AcquireOptions {
         self
     }
 
-    /// Stores `data` with the hold (at most [`MAX_HOLDER_DATA`](crate::MAX_HOLDER_DATA)
+    /// Stores `data` with the hold (at most [`MAX_HOLDER_DATA`]
     /// bytes): [`inspect`](crate::DistributedLock::inspect), [`list`](crate::DistributedLock::list)
     /// and `distlock status --json` show it while the lock is held, and
     /// [`LockGuard::set_data`](crate::LockGuard::set_data) replaces it. It is written right

@@ -252,7 +252,7 @@ pub(crate) async fn renew(lease: &RedisLease, ttl: Duration) -> Result<()> {
 }
 
 /// Renews a batch (see `renew.rs`): the batch script on every master at once, then each
-/// lock by the rule of [`renew`]: renewed iff a majority renewed it within its validity; not
+/// lock by the rule of [`renew`](fn@renew): renewed iff a majority renewed it within its validity; not
 /// held when fewer than a majority could still renew it; otherwise unavailable (retried).
 /// `Err` when no master answered at all.
 pub(crate) async fn renew_many(

@@ -376,8 +376,8 @@ pub(crate) static RENEW_MANY: LazyLock<Lua> = LazyLock::new(|| {
 
 /// [`RENEW_MANY`] for the locks of many slots of one Redis Cluster master. A script's
 /// declared keys must share a slot, and every lock name is a hash tag of its own, so only the
-/// first lock's key is declared (KEYS[1], which routes the call to that slot's master) and
-/// the keys are passed in ARGV: ARGV[1] the number of keys n, ARGV[2..n+1] the keys (as
+/// first lock's key is declared (`KEYS[1]`, which routes the call to that slot's master) and
+/// the keys are passed in ARGV: `ARGV[1]` the number of keys n, `ARGV[2..n+1]` the keys (as
 /// [`RENEW_MANY`]'s KEYS), then the locks' arguments as [`RENEW_MANY`]'s ARGV. Scripts without
 /// a shebang may access keys of other slots than the declared one, on the same node (Redis
 /// 7.0+ keeps this for `EVAL` compatibility; older servers never checked); a key that node
