@@ -5,7 +5,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{ZkHarness, service};
-use distlock_core::{AcquireOptions, ClientConfig, DistributedLock, Error, LossReason};
+use distlock_core::{AcquireOptions, ClientConfig, DistributedLock, Error, LockKind, LossReason};
 
 /// Tests of this binary that take the server away or expire sessions run one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -631,10 +631,10 @@ async fn a_holder_whose_node_still_says_waiting_is_seen_and_can_be_freed() {
 
 /// A TCP proxy for one client connection that records the operation code of every request
 /// the client sends (the `type` of each request header after the connect request), pings
-/// left out.
+/// left out, with the instant each arrived.
 struct Recorder {
     addr: String,
-    ops: std::sync::Arc<std::sync::Mutex<Vec<i32>>>,
+    ops: std::sync::Arc<std::sync::Mutex<Vec<(Instant, i32)>>>,
 }
 
 impl Recorder {
@@ -644,7 +644,7 @@ impl Recorder {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("address").to_string();
-        let ops: std::sync::Arc<std::sync::Mutex<Vec<i32>>> = std::sync::Arc::default();
+        let ops: std::sync::Arc<std::sync::Mutex<Vec<(Instant, i32)>>> = std::sync::Arc::default();
         let seen = ops.clone();
         tokio::spawn(async move {
             let Ok((inbound, _)) = listener.accept().await else {
@@ -666,6 +666,7 @@ impl Recorder {
                     break;
                 }
                 pending.extend_from_slice(&chunk[..n]);
+                let at = Instant::now();
                 while pending.len() >= 4 {
                     let len = u32::from_be_bytes(pending[..4].try_into().expect("4 bytes"));
                     let len = usize::try_from(len).expect("length");
@@ -675,7 +676,7 @@ impl Recorder {
                     if frames > 0 && len >= 8 {
                         let op = i32::from_be_bytes(pending[8..12].try_into().expect("4 bytes"));
                         if op != 11 {
-                            seen.lock().expect("ops").push(op);
+                            seen.lock().expect("ops").push((at, op));
                         }
                     }
                     frames += 1;
@@ -686,7 +687,7 @@ impl Recorder {
         Self { addr, ops }
     }
 
-    fn ops(&self) -> Vec<i32> {
+    fn ops(&self) -> Vec<(Instant, i32)> {
         self.ops.lock().expect("ops").clone()
     }
 }
@@ -696,41 +697,76 @@ impl Recorder {
 /// the read saw, so a step back of the server's clock can only make the holder look younger.
 /// Sent the other way round (as before), a holder's renewal stamped after a step back and read
 /// after the waiter's write looked older by the step, and the waiter removed the node of a
-/// live holder (CI's clock fault, once). The requests' order on the wire is what this checks:
-/// ZooKeeper's operation codes 4 (getData, the watched read) and 5 (setData).
+/// live holder (CI's clock fault, once). The requests' order on the wire is what this checks,
+/// on each of the three ways of waiting: a writer next in line (the head's read), a reader
+/// behind a writer (its predecessor's watched read), and the first permit waiter (a read of
+/// every holder). ZooKeeper's operation codes: 4 getData, 5 setData.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_reads_the_node_ahead_before_it_writes_its_own() {
     let Some(h) = harness().await else { return };
     let (get_data, set_data) = (4, 5);
-    let ttl = AcquireOptions::default()
-        .with_ttl(Duration::from_secs(3))
-        .with_wait(Duration::from_secs(20));
-    let holder = h.backend().await.expect("connect");
-    let name = common::unique("read-first");
-    let guard = holder.acquire(&name, &ttl).await.expect("acquire");
-    let recorder = Recorder::start(h.server.clone()).await;
-    let waiter =
-        distlock_zookeeper::connect_with(h.config(&recorder.addr), common::client_config())
+    let one_permit = LockKind::Permit { permits: 1 };
+    let cases = [
+        ("next in line", LockKind::Exclusive, LockKind::Exclusive),
+        ("behind a writer", LockKind::Exclusive, LockKind::Shared),
+        ("first permit waiter", one_permit, one_permit),
+    ];
+    for (case, held, waits) in cases {
+        let options = |kind| {
+            AcquireOptions::default()
+                .with_kind(kind)
+                .with_ttl(Duration::from_secs(3))
+                .with_wait(Duration::from_secs(20))
+        };
+        let holder = h.backend().await.expect("connect");
+        let name = common::unique("read-first");
+        let guard = holder
+            .acquire(&name, &options(held))
             .await
-            .expect("connect through the recorder");
-    let wait = {
-        let (name, ttl) = (name.clone(), ttl.clone());
-        tokio::spawn(async move { waiter.acquire(&name, &ttl).await.map(|g| (waiter, g)) })
-    };
-    // The waiter's first look, then one per renewal of the holder (its watch fires) and per
-    // refresh of its own node (every second).
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    guard.release().await.expect("release");
-    let (_waiter, taken) = wait.await.expect("join").expect("the waiter acquires");
-    taken.release().await.expect("release");
-    let ops = recorder.ops();
-    let pairs: Vec<(i32, i32)> = ops.windows(2).map(|w| (w[0], w[1])).collect();
-    assert!(
-        pairs.contains(&(get_data, set_data)),
-        "no read of the node ahead followed by the waiter's write: {ops:?}"
-    );
-    assert!(
-        !pairs.contains(&(set_data, get_data)),
-        "the waiter wrote its node before reading the node ahead: {ops:?}"
-    );
+            .expect("acquire");
+        let recorder = Recorder::start(h.server.clone()).await;
+        let waiter =
+            distlock_zookeeper::connect_with(h.config(&recorder.addr), common::client_config())
+                .await
+                .expect("connect through the recorder");
+        let wait = {
+            let (name, options) = (name.clone(), options(waits));
+            tokio::spawn(async move { waiter.acquire(&name, &options).await.map(|g| (waiter, g)) })
+        };
+        // The waiter's first look, then one per refresh of its own node (every second), and
+        // per renewal of the holder for those that watch its node.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        guard.release().await.expect("release");
+        let (_waiter, taken) = wait.await.expect("join").expect("the waiter acquires");
+        taken.release().await.expect("release");
+        // A poll's requests are sent together, microseconds apart; polls are a wait apart
+        // (a wake-up, a refresh). Reads within a millisecond of a write are its poll's.
+        let ops = recorder.ops();
+        let codes: Vec<i32> = ops.iter().map(|&(_, op)| op).collect();
+        let near = Duration::from_millis(1);
+        let mut read_first = 0;
+        for (i, &(at, op)) in ops.iter().enumerate() {
+            if op != set_data {
+                continue;
+            }
+            let after = ops[i + 1..]
+                .iter()
+                .take_while(|&&(t, _)| t - at < near)
+                .any(|&(_, op)| op == get_data);
+            assert!(
+                !after,
+                "{case}: the waiter wrote its node before reading the node ahead: {codes:?}"
+            );
+            let before = ops[..i]
+                .iter()
+                .rev()
+                .take_while(|&&(t, _)| at - t < near)
+                .any(|&(_, op)| op == get_data);
+            read_first += usize::from(before);
+        }
+        assert!(
+            read_first > 0,
+            "{case}: no poll both read a node and wrote the waiter's: {codes:?}"
+        );
+    }
 }
