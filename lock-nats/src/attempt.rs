@@ -296,7 +296,16 @@ impl NatsAttempt {
         // brought such entries back, and a waiter behind one timed out in distlock check):
         // its owner's deadline passed long ago, so remove it, only at the revision read (a
         // renewal that got there first keeps it), and read again.
-        let stale = queue.stale(&self.slot.subject, STALE_MARGIN_NS);
+        let stale: Vec<(String, u64)> = queue
+            .entries
+            .iter()
+            .filter(|e| e.subject != self.slot.subject)
+            .filter(|e| {
+                e.expires_ns
+                    .is_some_and(|end| end + STALE_MARGIN_NS < queue.newest_ns)
+            })
+            .map(|e| (e.subject.clone(), e.rev))
+            .collect();
         if !stale.is_empty() {
             for (subject, rev) in stale {
                 self.state.purge(&subject, rev, None).await?;

@@ -68,11 +68,7 @@ pub(crate) struct Queue {
     /// The highest sequence in the range, markers included (0: none): what a write that needs
     /// the range unchanged expects.
     pub(crate) last: u64,
-    /// The server's timestamp of the range's last message (by sequence, `last`), in ns since
-    /// 1970: stamped after every other message of the range, so a step back of the server's
-    /// clock can only make an earlier entry look younger against it. (The latest timestamp
-    /// among the messages could be an earlier one's, stamped before such a step: a live entry
-    /// renewed after the step then looked older by the step.)
+    /// The latest server timestamp among the range's messages (ns since 1970).
     pub(crate) newest_ns: i128,
 }
 
@@ -128,10 +124,8 @@ impl Queue {
         message: &StreamMessage,
         seen: &mut std::collections::HashMap<String, usize>,
     ) -> Result<()> {
-        if message.sequence > self.last {
-            self.last = message.sequence;
-            self.newest_ns = message.time.unix_timestamp_nanos();
-        }
+        self.last = self.last.max(message.sequence);
+        self.newest_ns = self.newest_ns.max(message.time.unix_timestamp_nanos());
         if let Some(entry) = entry_of(message)? {
             if let Some(&at) = seen.get(&entry.subject) {
                 self.entries[at] = entry;
@@ -311,22 +305,6 @@ impl Queue {
         self.entries.iter().position(|e| e.subject == subject)
     }
 
-    /// The entries other than `own` (a subject) over by their own timestamp plus ttl, and by
-    /// `margin_ns` more, against the range's last message (`newest_ns`), with the revisions
-    /// read: what a waiter removes at those revisions (a renewal that got there first keeps
-    /// its entry).
-    pub(crate) fn stale(&self, own: &str, margin_ns: i128) -> Vec<(String, u64)> {
-        self.entries
-            .iter()
-            .filter(|e| e.subject != own)
-            .filter(|e| {
-                e.expires_ns
-                    .is_some_and(|end| end + margin_ns < self.newest_ns)
-            })
-            .map(|e| (e.subject.clone(), e.rev))
-            .collect()
-    }
-
     /// The queue as an observer should see it: without the entries whose ttl ended before a
     /// later message of the range was written (by the server's timestamps), which the server
     /// has not removed yet. A server killed and restarted brought back such an entry for a
@@ -404,56 +382,6 @@ mod tests {
     const X: LockKind = LockKind::Exclusive;
     const R: LockKind = LockKind::Shared;
     const P2: LockKind = LockKind::Permit { permits: 2 };
-
-    /// An exclusive entry's message at `subject`, `sequence`, stamped `at_ms` (ms since 1970),
-    /// with a ttl of `ttl_s` seconds.
-    fn message(subject: &str, sequence: u64, at_ms: i128, ttl_s: u32) -> StreamMessage {
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-TTL", ttl_s.to_string().as_str());
-        let value = EntryValue {
-            kind: X,
-            first: 0,
-            owner: format!("owner-{sequence}"),
-            data: None,
-        };
-        StreamMessage {
-            subject: subject.into(),
-            sequence,
-            headers,
-            payload: value.encode(),
-            time: async_nats::datetime::from_nanos(at_ms * 1_000_000).expect("a time"),
-        }
-    }
-
-    /// The range read in `messages`' order (a reader may meet them in any order).
-    fn read(messages: &[StreamMessage]) -> Queue {
-        let mut q = Queue::default();
-        let mut seen = std::collections::HashMap::new();
-        for m in messages {
-            q.add(m, &mut seen).expect("an entry");
-        }
-        q
-    }
-
-    /// The server's clock stepped back 5 s between a holder's write and its renewal: the
-    /// renewal (the range's last message) is stamped 4.9 s before the waiter's entry written
-    /// before the step. Judged against the latest timestamp, as before, the live holder looked
-    /// 2.9 s past its ttl of 1 s and the 2 s margin; against the last message's, it is not.
-    #[test]
-    fn a_step_back_makes_no_live_entry_stale() {
-        let t = 1_800_000_000_000;
-        let waiter = message("w", 2, t, 1);
-        let renewed = message("h", 3, t + 100 - 5_000, 1);
-        for order in [[waiter.clone(), renewed.clone()], [renewed, waiter]] {
-            let q = read(&order);
-            assert_eq!((q.last, q.newest_ns), (3, (t + 100 - 5_000) * 1_000_000));
-            assert!(q.stale("w", 2_000_000_000).is_empty(), "{:?}", q.entries);
-            assert_eq!(q.observed().entries.len(), 2);
-        }
-        // Without a step, an entry past its ttl and the margin by the last message is stale.
-        let q = read(&[message("h", 1, t, 1), message("w", 2, t + 3_100, 1)]);
-        assert_eq!(q.stale("w", 2_000_000_000), vec![("h".to_owned(), 1)]);
-    }
 
     /// The subjects of the entries that keep the one at `index` of `q` waiting.
     fn ahead(q: &Queue, index: usize) -> Vec<String> {
