@@ -12,7 +12,9 @@ use distlock_core::{
     Acquired, Error, FencingToken, LockInfo, LockKind, LockName, NodeOutcome, NodeResult, Result,
     Step,
 };
+use futures::StreamExt;
 use futures::future::join_all;
+use futures::stream::FuturesUnordered;
 
 use crate::attempt::{RedisAttempt, remaining};
 use crate::backend::BackendState;
@@ -40,30 +42,68 @@ pub(crate) fn token_of(max: u64, index: usize) -> u64 {
 
 /// One Redlock acquisition round: the acquire script on every master at once, each bounded by
 /// the per-node timeout; held iff a majority answered within the validity (ttl - elapsed -
-/// drift). The token comes from the largest counter of that majority ([`TOKEN_SCALE`]), and
-/// the majority's lower counters are raised to it. A failed round releases wherever it may
-/// hold.
+/// drift), as soon as a majority granted it (the slowest masters' answers are not awaited).
+/// The token comes from the largest counter of that majority ([`TOKEN_SCALE`]), and the
+/// majority's lower counters are raised to it. A failed round releases wherever it may hold.
 pub(crate) async fn acquire(attempt: &mut RedisAttempt) -> Result<Step> {
     let shared = attempt.shared.clone();
     let ttl = attempt.request.ttl;
     let timeout = shared.node_timeout(ttl);
     let fast = attempt.fast();
     let started = Instant::now();
-    let answers = join_all(shared.nodes.iter().map(|n| {
-        within(
-            n,
-            timeout,
-            n.acquire(
-                &attempt.keys,
-                &attempt.request,
-                &shared.config,
-                &attempt.score,
-                fast,
-            ),
-        )
-    }))
-    .await;
+    let quorum = shared.quorum();
+    let mut pending: FuturesUnordered<_> = shared
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let answer = within(
+                n,
+                timeout,
+                n.acquire(
+                    &attempt.keys,
+                    &attempt.request,
+                    &shared.config,
+                    &attempt.score,
+                    fast,
+                ),
+            );
+            async move { (i, answer.await) }
+        })
+        .collect();
+    let mut answered: Vec<Option<std::result::Result<Answer, RedisError>>> =
+        shared.nodes.iter().map(|_| None).collect();
+    let mut granted = 0;
+    // A majority that granted is the lock: the round does not wait for the others (their
+    // requests were sent and run on their masters, whose answers only a failed round needs;
+    // the lease's renewals and its release reach every master anyway).
+    while granted < quorum
+        && let Some((i, answer)) = pending.next().await
+    {
+        granted += usize::from(matches!(answer, Ok(Answer::Acquired(_))));
+        answered[i] = Some(answer);
+    }
+    drop(pending);
     let elapsed = started.elapsed();
+    if granted >= quorum && elapsed + shared.client.drift(ttl) < ttl {
+        let tokens: Vec<(&Node, u64)> = shared
+            .nodes
+            .iter()
+            .zip(&answered)
+            .filter_map(|(n, a)| match a {
+                Some(Ok(Answer::Acquired(token))) => Some((n, *token)),
+                _ => None,
+            })
+            .collect();
+        return Ok(Step::Acquired(acquired(attempt, &tokens, timeout).await));
+    }
+    // The round failed: every master answered, or a majority granted too late (a master
+    // not heard from then counts as timed out, and is retreated from as one).
+    let answers: Vec<std::result::Result<Answer, RedisError>> = answered
+        .into_iter()
+        .zip(&shared.nodes)
+        .map(|(a, n)| a.unwrap_or_else(|| Err(RedisError::timeout(&n.addr))))
+        .collect();
     let Tally {
         outcomes,
         tokens,
@@ -71,32 +111,6 @@ pub(crate) async fn acquire(attempt: &mut RedisAttempt) -> Result<Step> {
         hard_failure,
         mismatch,
     } = Tally::of(&shared, &answers);
-    let quorum = shared.quorum();
-    let drift = shared.client.drift(ttl);
-    if tokens.len() >= quorum && elapsed + drift < ttl {
-        let max = tokens.iter().map(|(_, t)| *t).max().unwrap_or(0);
-        let index = tokens
-            .iter()
-            .find(|(_, t)| *t == max)
-            .and_then(|(node, _)| shared.nodes.iter().position(|n| std::ptr::eq(n, *node)))
-            .unwrap_or(0);
-        if tokens.iter().any(|(_, t)| *t != max) {
-            let keep = attempt.request.ttl + shared.config.forget_after;
-            // Bring every node of this majority up to the token handed out, so that any
-            // later majority (which shares a node with this one) continues above it.
-            join_all(
-                tokens
-                    .iter()
-                    .filter(|(_, t)| *t != max)
-                    .map(|(n, _)| within(n, timeout, n.raise_fence(&attempt.keys, max, keep))),
-            )
-            .await;
-        }
-        return Ok(Step::Acquired(Acquired::new(
-            attempt.lease(),
-            FencingToken::new(token_of(max, index)),
-        )));
-    }
     retreat(attempt, &answers, timeout).await;
     if let Some(held) = mismatch {
         return Err(attempt.mismatch(held));
@@ -127,6 +141,31 @@ pub(crate) async fn acquire(attempt: &mut RedisAttempt) -> Result<Step> {
     // subscribes first, as on any busy answer).
     let _subscribed = attempt.busy(None);
     Ok(Step::Contended)
+}
+
+/// The acquisition of a round whose masters `tokens` (a majority) granted it: the token
+/// comes from their largest counter ([`TOKEN_SCALE`]), and their lower counters are raised
+/// to it, so that any later majority (which shares a master with this one) continues above
+/// it.
+async fn acquired(attempt: &RedisAttempt, tokens: &[(&Node, u64)], timeout: Duration) -> Acquired {
+    let shared = &attempt.shared;
+    let max = tokens.iter().map(|(_, t)| *t).max().unwrap_or(0);
+    let index = tokens
+        .iter()
+        .find(|(_, t)| *t == max)
+        .and_then(|(node, _)| shared.nodes.iter().position(|n| std::ptr::eq(n, *node)))
+        .unwrap_or(0);
+    if tokens.iter().any(|(_, t)| *t != max) {
+        let keep = attempt.request.ttl + shared.config.forget_after;
+        join_all(
+            tokens
+                .iter()
+                .filter(|(_, t)| *t != max)
+                .map(|(n, _)| within(n, timeout, n.raise_fence(&attempt.keys, max, keep))),
+        )
+        .await;
+    }
+    Acquired::new(attempt.lease(), FencingToken::new(token_of(max, index)))
 }
 
 /// After a failed round: releases wherever the lock may have been taken (also where the

@@ -1190,3 +1190,58 @@ async fn holder_data_lives_and_ends_with_the_hold() {
     r1.release().await.unwrap();
     assert!(!exists(&mut raw).await, "the last reader left the data");
 }
+
+/// Redlock: an acquisition returns once a majority granted it, without waiting for a slow
+/// master (here one whose clients are paused for 900 ms, within the per-node timeout of a
+/// tenth of the 10 s ttl); the lock it returns excludes others, and the slow master's answer,
+/// when it comes, changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_does_not_wait_for_a_slow_master_once_a_majority_granted() {
+    let Some(urls) = common::urls("redlock3") else {
+        return;
+    };
+    let _exclusive = OUTAGE.write().await;
+    let nodes = &urls[..3];
+    let (lock, other) = (client(nodes, false).await, client(nodes, false).await);
+    let name = name("slow-master");
+    // Connections and scripts in place on every master first.
+    lock.acquire(&name, &opts())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let before = tokens(&lock, &name, 1).await[0];
+    let mut slow = common::raw(&nodes[2]).await;
+    let pause = Duration::from_millis(900);
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(pause.as_millis().to_string())
+        .arg("ALL")
+        .query_async(&mut slow)
+        .await
+        .unwrap();
+    let paused = Instant::now();
+    let guard = lock.acquire(&name, &opts()).await;
+    let took = paused.elapsed();
+    let rival = other.try_acquire(&name, &opts()).await;
+    // Past the pause: both answers of the slow master arrived.
+    tokio::time::sleep(pause.saturating_sub(paused.elapsed()) + Duration::from_millis(200)).await;
+    let guard = guard.expect("acquired with 2 of 3 masters answering");
+    assert!(
+        took < Duration::from_millis(450),
+        "the acquisition waited {took:?} for the paused master"
+    );
+    let token = guard.token().get();
+    assert!(token > before, "token went back: {token} after {before}");
+    assert!(
+        matches!(rival, Ok(None)),
+        "a second client got {rival:?} while the lock was held"
+    );
+    assert!(!guard.is_lost());
+    guard.release().await.expect("release on every master");
+    let next = lock.try_acquire(&name, &opts()).await.unwrap();
+    let next = next.expect("free again after the release");
+    assert!(next.token().get() > token);
+    next.release().await.unwrap();
+}
