@@ -13,6 +13,11 @@
 //!
 //! Usage: `peer-rslock [URL] [CYCLES] [current|multi]`. Prints the mean time per cycle of each
 //! side and the ratios that issue 21 (item 4) asks about.
+//!
+//! `peer-rslock s2 URL,URL,URL [SECONDS] [CLIENTS] [ROUNDS] [current|multi]`: Redlock S2 of
+//! rslock and distlock on those masters, in alternating rounds (see the `s2` module).
+
+mod s2;
 
 use std::error::Error;
 use std::time::{Duration, Instant};
@@ -45,7 +50,11 @@ macro_rules! set_nx {
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).peekable();
+    if args.peek().map(String::as_str) == Some("s2") {
+        args.next();
+        return contended(args.collect());
+    }
     let url = args
         .next()
         .unwrap_or_else(|| "redis://127.0.0.1:16379".into());
@@ -56,15 +65,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         None => 20_000,
     };
     let runtime = args.next().unwrap_or_else(|| "current".into());
-    let rt = match runtime.as_str() {
-        "current" => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?,
-        "multi" => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()?,
-        other => return Err(format!("the runtime is current or multi, not {other:?}").into()),
-    };
+    let rt = runtime_of(&runtime)?;
     let per_cycle = rt.block_on(run(&url, cycles))?;
     let us = |side: usize| per_cycle[side].as_secs_f64() * 1e6;
     let line: Vec<String> = SIDES
@@ -186,4 +187,83 @@ async fn run(url: &str, cycles: u64) -> Result<Vec<Duration>, Box<dyn Error>> {
     }
     let measured = u32::try_from(blocks * BLOCK - WARMUP)?;
     Ok(spent.into_iter().map(|d| d / measured).collect())
+}
+
+/// The `s2` mode: parses its arguments, runs the rounds, prints a Markdown table.
+fn contended(args: Vec<String>) -> Result<(), Box<dyn Error>> {
+    let arg = |i: usize| args.get(i).map(String::as_str);
+    let masters: Vec<String> = arg(0)
+        .unwrap_or("redis://127.0.0.1:16379,redis://127.0.0.1:16380,redis://127.0.0.1:16381")
+        .split(',')
+        .map(|m| {
+            if m.contains("://") {
+                m.to_owned()
+            } else {
+                format!("redis://{m}")
+            }
+        })
+        .collect();
+    let number = |i: usize, default: u64, what: &str| -> Result<u64, String> {
+        arg(i).map_or(Ok(default), |text| {
+            text.parse()
+                .map_err(|e| format!("{what} must be a whole number ({text:?}: {e})"))
+        })
+    };
+    let seconds = number(1, 5, "SECONDS")?;
+    let clients = usize::try_from(number(2, 4, "CLIENTS")?)?;
+    let rounds = usize::try_from(number(3, 3, "ROUNDS")?)?;
+    if clients < 2 || seconds == 0 || rounds == 0 {
+        return Err("CLIENTS must be at least 2, SECONDS and ROUNDS at least 1".into());
+    }
+    let runtime = arg(4).unwrap_or("multi");
+    let rt = runtime_of(runtime)?;
+    let rows = rt.block_on(s2::run(
+        &masters,
+        std::time::Duration::from_secs(seconds),
+        clients,
+        rounds,
+    ))?;
+    println!(
+        "Redlock S2 on {} masters, {clients} clients, hold 1 ms, {seconds} s a round, {runtime} runtime\n",
+        masters.len()
+    );
+    println!(
+        "| round | side | cs/s | held % | handoff p50 / p99 us | min / max share | longest wait ms | overlaps |"
+    );
+    println!("|--:|---|--:|--:|--:|--:|--:|--:|");
+    for (i, r) in rows.iter().enumerate() {
+        println!(
+            "| {} | {} | {:.0} | {:.1} | {:.0} / {:.0} | {:.2} / {:.2} | {:.1} | {} |",
+            i / s2::SIDES.len() + 1,
+            r.side,
+            r.per_second,
+            r.held * 100.0,
+            r.handoff_p50_us,
+            r.handoff_p99_us,
+            r.min_share,
+            r.max_share,
+            r.longest_wait_ms,
+            r.overlaps
+        );
+    }
+    for side in s2::SIDES {
+        let of: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.side == side)
+            .map(|r| r.per_second)
+            .collect();
+        let mean = of.iter().sum::<f64>() / of.len() as f64;
+        println!("\n{side}: mean {mean:.0} cs/s over {} rounds", of.len());
+    }
+    Ok(())
+}
+
+/// The tokio runtime named `current` or `multi`.
+fn runtime_of(name: &str) -> Result<tokio::runtime::Runtime, Box<dyn Error>> {
+    let mut builder = match name {
+        "current" => tokio::runtime::Builder::new_current_thread(),
+        "multi" => tokio::runtime::Builder::new_multi_thread(),
+        other => return Err(format!("the runtime is current or multi, not {other:?}").into()),
+    };
+    Ok(builder.enable_all().build()?)
 }
