@@ -222,9 +222,11 @@
 //! ([`RedisConfig::node_timeout`]). An acquisition succeeds iff a majority acquired AND the
 //! elapsed time plus the clock drift allowance (ttl x 0.01 + 2 ms by default, from
 //! [`distlock_core::ClientConfig`]) is below the ttl; the guard's validity is ttl - elapsed - drift.
-//! The acquisition returns as soon as a majority granted it: a slow or paused master (within
-//! its node timeout) no longer delays every acquisition by its own answer, which only a failed
-//! round needs (its request was sent; the renewals and the release reach every master anyway).
+//! A round that a majority granted returns at once: a slow or paused master (within its node
+//! timeout) no longer delays it by its own answer, which only a failed round needs (a failed
+//! round still waits for every master, up to the node timeout). Its request finishes in the
+//! background; whatever it takes is the holder's, which the renewals and the release reach on
+//! every master.
 //! On failure the lock is released on all nodes (also those whose answer was lost) and the
 //! attempt retries after a random delay; when too few nodes answer at all the error is
 //! [`distlock_core::Error::QuorumNotReached`], listing each node's outcome. A renewal counts only

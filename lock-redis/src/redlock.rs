@@ -4,6 +4,7 @@
 //! `backend.rs` hand over to these functions when the backend is a Redlock; the per-node
 //! commands are in `node/`, shared by both.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use std::collections::HashMap;
@@ -42,7 +43,8 @@ pub(crate) fn token_of(max: u64, index: usize) -> u64 {
 
 /// One Redlock acquisition round: the acquire script on every master at once, each bounded by
 /// the per-node timeout; held iff a majority answered within the validity (ttl - elapsed -
-/// drift), as soon as a majority granted it (the slowest masters' answers are not awaited).
+/// drift), as soon as a majority granted it (the other masters' answers are not awaited; a
+/// failed round waits for every master, up to the node timeout).
 /// The token comes from the largest counter of that majority ([`TOKEN_SCALE`]), and the
 /// majority's lower counters are raised to it. A failed round releases wherever it may hold.
 pub(crate) async fn acquire(attempt: &mut RedisAttempt) -> Result<Step> {
@@ -52,38 +54,47 @@ pub(crate) async fn acquire(attempt: &mut RedisAttempt) -> Result<Step> {
     let fast = attempt.fast();
     let started = Instant::now();
     let quorum = shared.quorum();
-    let mut pending: FuturesUnordered<_> = shared
-        .nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| {
-            let answer = within(
-                n,
-                timeout,
-                n.acquire(
-                    &attempt.keys,
-                    &attempt.request,
-                    &shared.config,
-                    &attempt.score,
-                    fast,
-                ),
-            );
-            async move { (i, answer.await) }
+    // Each request owns what it needs, so that the ones still running when a majority has
+    // granted can finish in the background (below).
+    let round = Arc::new((
+        shared.clone(),
+        attempt.keys.clone(),
+        attempt.request.clone(),
+        attempt.score.clone(),
+    ));
+    let mut pending: FuturesUnordered<_> = (0..shared.nodes.len())
+        .map(|i| {
+            let round = round.clone();
+            async move {
+                let (shared, keys, request, score) = &*round;
+                let n = &shared.nodes[i];
+                let answer = within(
+                    n,
+                    timeout,
+                    n.acquire(keys, request, &shared.config, score, fast),
+                )
+                .await;
+                (i, answer)
+            }
         })
         .collect();
     let mut answered: Vec<Option<std::result::Result<Answer, RedisError>>> =
         shared.nodes.iter().map(|_| None).collect();
     let mut granted = 0;
-    // A majority that granted is the lock: the round does not wait for the others (their
-    // requests were sent and run on their masters, whose answers only a failed round needs;
-    // the lease's renewals and its release reach every master anyway).
+    // A majority that granted is the lock: the round does not wait for the other masters.
+    // Their answers matter only to a failed round; their requests finish in the background,
+    // so that what a master's answer teaches its node (a Redis without `SET NX GET`, a
+    // contended lock) is still learnt, and whatever they take is this owner's, which the
+    // lease's renewals and its release reach on every master.
     while granted < quorum
         && let Some((i, answer)) = pending.next().await
     {
         granted += usize::from(matches!(answer, Ok(Answer::Acquired(_))));
         answered[i] = Some(answer);
     }
-    drop(pending);
+    if !pending.is_empty() {
+        tokio::spawn(async move { while pending.next().await.is_some() {} });
+    }
     let elapsed = started.elapsed();
     if granted >= quorum && elapsed + shared.client.drift(ttl) < ttl {
         let tokens: Vec<(&Node, u64)> = shared
