@@ -222,11 +222,12 @@
 //! ([`RedisConfig::node_timeout`]). An acquisition succeeds iff a majority acquired AND the
 //! elapsed time plus the clock drift allowance (ttl x 0.01 + 2 ms by default, from
 //! [`distlock_core::ClientConfig`]) is below the ttl; the guard's validity is ttl - elapsed - drift.
-//! A round that a majority granted returns at once: a slow or paused master (within its node
-//! timeout) no longer delays it by its own answer, which only a failed round needs (a failed
-//! round still waits for every master, up to the node timeout). Its request finishes in the
-//! background; whatever it takes is the holder's, which the renewals and the release reach on
-//! every master.
+//! An acquisition, a renewal or a release returns as soon as a majority granted, renewed or
+//! released it: a slow or paused master (within its node timeout) no longer delays it by its
+//! own answer, which only a round that fails needs (such a round still waits for every master,
+//! up to the node timeout; so does the watchdog's batched renewal). Its request finishes in the
+//! background; whatever an acquisition takes there is the holder's, which the renewals and the
+//! release reach on every master.
 //! On failure the lock is released on all nodes (also those whose answer was lost) and the
 //! attempt retries after a random delay; when too few nodes answer at all the error is
 //! [`distlock_core::Error::QuorumNotReached`], listing each node's outcome. A renewal counts only

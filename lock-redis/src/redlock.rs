@@ -14,6 +14,7 @@ use distlock_core::{
     Step,
 };
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use futures::future::join_all;
 use futures::stream::FuturesUnordered;
 
@@ -54,49 +55,42 @@ pub(crate) async fn acquire(attempt: &mut RedisAttempt) -> Result<Step> {
     let fast = attempt.fast();
     let started = Instant::now();
     let quorum = shared.quorum();
-    // Each request owns what it needs, so that the ones still running when a majority has
-    // granted can finish in the background (below).
     let round = Arc::new((
         shared.clone(),
         attempt.keys.clone(),
         attempt.request.clone(),
         attempt.score.clone(),
     ));
-    let mut pending: FuturesUnordered<_> = (0..shared.nodes.len())
-        .map(|i| {
+    // A majority that granted is the lock: the other masters' answers matter only to a failed
+    // round, and whatever their requests take is this owner's, which the lease's renewals and
+    // its release reach on every master.
+    let gathered = gather(
+        shared.nodes.len(),
+        quorum,
+        |i| {
             let round = round.clone();
             async move {
                 let (shared, keys, request, score) = &*round;
                 let n = &shared.nodes[i];
-                let answer = within(
+                within(
                     n,
                     timeout,
                     n.acquire(keys, request, &shared.config, score, fast),
                 )
-                .await;
-                (i, answer)
+                .await
             }
-        })
-        .collect();
-    let mut answered: Vec<Option<std::result::Result<Answer, RedisError>>> =
-        shared.nodes.iter().map(|_| None).collect();
-    let mut granted = 0;
-    // A majority that granted is the lock: the round does not wait for the other masters.
-    // Their answers matter only to a failed round; their requests finish in the background,
-    // so that what a master's answer teaches its node (a Redis without `SET NX GET`, a
-    // contended lock) is still learnt, and whatever they take is this owner's, which the
-    // lease's renewals and its release reach on every master.
-    while granted < quorum
-        && let Some((i, answer)) = pending.next().await
-    {
-        granted += usize::from(matches!(answer, Ok(Answer::Acquired(_))));
-        answered[i] = Some(answer);
-    }
-    if !pending.is_empty() {
-        tokio::spawn(async move { while pending.next().await.is_some() {} });
-    }
+        },
+        |answer| matches!(answer, Ok(Answer::Acquired(_))),
+    )
+    .await;
+    let granted = gathered
+        .answers
+        .iter()
+        .filter(|a| matches!(a, Some(Ok(Answer::Acquired(_)))))
+        .count();
     let elapsed = started.elapsed();
     if granted >= quorum && elapsed + shared.client.drift(ttl) < ttl {
+        let answered = gathered.settle();
         let tokens: Vec<(&Node, u64)> = shared
             .nodes
             .iter()
@@ -108,13 +102,9 @@ pub(crate) async fn acquire(attempt: &mut RedisAttempt) -> Result<Step> {
             .collect();
         return Ok(Step::Acquired(acquired(attempt, &tokens, timeout).await));
     }
-    // The round failed: every master answered, or a majority granted too late (a master
-    // not heard from then counts as timed out, and is retreated from as one).
-    let answers: Vec<std::result::Result<Answer, RedisError>> = answered
-        .into_iter()
-        .zip(&shared.nodes)
-        .map(|(a, n)| a.unwrap_or_else(|| Err(RedisError::timeout(&n.addr))))
-        .collect();
+    // The round failed: every master's answer decides what to retreat from (a majority that
+    // granted too late leaves the others to be awaited).
+    let answers = settled(&shared, gathered.all().await);
     let Tally {
         outcomes,
         tokens,
@@ -152,6 +142,85 @@ pub(crate) async fn acquire(attempt: &mut RedisAttempt) -> Result<Step> {
     // subscribes first, as on any busy answer).
     let _subscribed = attempt.busy(None);
     Ok(Step::Contended)
+}
+
+/// Runs one request per master at once (`each(i)` for master `i`, owning what it needs) and
+/// returns their answers as soon as `enough` of them are `good`, else once every master
+/// answered (each bounded by its own timeout); `None` for a master not awaited yet, whose
+/// request goes on in [`Gathered`]. So a slow master, within its node timeout, delays no round
+/// that a majority settled without it.
+async fn gather<T, F>(
+    masters: usize,
+    enough: usize,
+    each: impl Fn(usize) -> F,
+    good: impl Fn(&T) -> bool,
+) -> Gathered<T>
+where
+    F: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let mut rest: Rest<T> = (0..masters)
+        .map(|i| {
+            let request = each(i);
+            Box::pin(async move { (i, request.await) }) as BoxFuture<'static, (usize, T)>
+        })
+        .collect();
+    let mut answers: Vec<Option<T>> = (0..masters).map(|_| None).collect();
+    let mut met = 0;
+    while met < enough
+        && let Some((i, answer)) = rest.next().await
+    {
+        met += usize::from(good(&answer));
+        answers[i] = Some(answer);
+    }
+    Gathered { answers, rest }
+}
+
+/// The requests of a [`gather`] still running.
+type Rest<T> = FuturesUnordered<BoxFuture<'static, (usize, T)>>;
+
+/// What [`gather`] returns: the answers so far, and the requests still running, which must
+/// either be awaited ([`Gathered::all`]) or finish in the background ([`Gathered::settle`]):
+/// never dropped, so that they act on their masters, and teach their nodes what their
+/// answers say (a Redis without `SET NX GET`, a contended lock), as if awaited.
+struct Gathered<T> {
+    answers: Vec<Option<T>>,
+    rest: Rest<T>,
+}
+
+impl<T: Send + 'static> Gathered<T> {
+    /// The answers so far; the requests still running finish in a spawned task.
+    fn settle(self) -> Vec<Option<T>> {
+        let Self { answers, mut rest } = self;
+        if !rest.is_empty() {
+            tokio::spawn(async move { while rest.next().await.is_some() {} });
+        }
+        answers
+    }
+
+    /// Every master's answer (each request is bounded by its own timeout).
+    async fn all(self) -> Vec<Option<T>> {
+        let Self {
+            mut answers,
+            mut rest,
+        } = self;
+        while let Some((i, answer)) = rest.next().await {
+            answers[i] = Some(answer);
+        }
+        answers
+    }
+}
+
+/// The answers of [`gather`], a master not awaited counted as timed out.
+fn settled<T>(
+    shared: &BackendState,
+    answers: Vec<Option<std::result::Result<T, RedisError>>>,
+) -> Vec<std::result::Result<T, RedisError>> {
+    answers
+        .into_iter()
+        .zip(&shared.nodes)
+        .map(|(a, n)| a.unwrap_or_else(|| Err(RedisError::timeout(&n.addr))))
+        .collect()
 }
 
 /// The acquisition of a round whose masters `tokens` (a majority) granted it: the token
@@ -264,24 +333,17 @@ impl<'a> Tally<'a> {
     }
 }
 
-/// Renews on every master; renewed iff a majority did within the validity. Fewer than a
-/// majority that could still renew: not held; otherwise (too slow, too many failures)
-/// unavailable, and the core retries until the local deadline.
+/// Renews on every master; renewed iff a majority did within the validity (returned as soon as
+/// one did, see [`gather`]). Fewer than a majority that could still renew: not held; otherwise
+/// (too slow, too many failures) unavailable, and the core retries until the local deadline.
 pub(crate) async fn renew(lease: &RedisLease, ttl: Duration) -> Result<()> {
     let shared = &lease.shared;
     let started = Instant::now();
     let timeout = shared.node_timeout(ttl);
-    let keys = lease.keys();
-    let results = join_all(
-        shared
-            .nodes
-            .iter()
-            .map(|n| within(n, timeout, n.renew(&keys, &lease.owner, ttl, lease.kind))),
-    )
-    .await;
+    let quorum = shared.quorum();
+    let results = on_masters(lease, timeout, LeaseOp::Renew(ttl)).await;
     let renewed = results.iter().filter(|r| matches!(r, Ok(true))).count();
     let failed = results.iter().filter(|r| r.is_err()).count();
-    let quorum = shared.quorum();
     if renewed >= quorum && started.elapsed() + shared.client.drift(ttl) < ttl {
         return Ok(());
     }
@@ -370,25 +432,62 @@ pub(crate) async fn renew_many(
         .collect())
 }
 
+/// What [`on_masters`] asks of every master.
+#[derive(Clone, Copy)]
+enum LeaseOp {
+    /// An owner-checked renewal for this long.
+    Renew(Duration),
+    /// An owner-checked release.
+    Release,
+}
+
+/// `op` of `lease` on every master at once, each bounded by `timeout`: every master's answer,
+/// or as soon as a majority answered `true` ([`gather`]; a master not awaited counts as timed
+/// out, its request finishes in the background).
+async fn on_masters(
+    lease: &RedisLease,
+    timeout: Duration,
+    op: LeaseOp,
+) -> Vec<std::result::Result<bool, RedisError>> {
+    let shared = &lease.shared;
+    let round = Arc::new((
+        shared.clone(),
+        lease.keys(),
+        lease.owner.clone(),
+        lease.kind,
+    ));
+    let answers = gather(
+        shared.nodes.len(),
+        shared.quorum(),
+        |i| {
+            let round = round.clone();
+            async move {
+                let (shared, keys, owner, kind) = &*round;
+                let n = &shared.nodes[i];
+                let request = async {
+                    match op {
+                        LeaseOp::Renew(ttl) => n.renew(keys, owner, ttl, *kind).await,
+                        LeaseOp::Release => {
+                            let mode = ReleaseMode::Release;
+                            n.release(keys, owner, &shared.config, mode, *kind).await
+                        }
+                    }
+                };
+                within(n, timeout, request).await
+            }
+        },
+        |r| matches!(r, Ok(true)),
+    )
+    .await;
+    settled(shared, answers.settle())
+}
+
 /// Releases on every master (also those that seemed to fail); released iff any held it.
+/// Returns once a majority released it (no majority is left to it; see [`gather`]).
 pub(crate) async fn release(lease: &RedisLease) -> Result<()> {
     let shared = &lease.shared;
     let timeout = shared.cleanup_timeout();
-    let keys = lease.keys();
-    let results = join_all(shared.nodes.iter().map(|n| {
-        within(
-            n,
-            timeout,
-            n.release(
-                &keys,
-                &lease.owner,
-                &shared.config,
-                ReleaseMode::Release,
-                lease.kind,
-            ),
-        )
-    }))
-    .await;
+    let results = on_masters(lease, timeout, LeaseOp::Release).await;
     if results.iter().any(|r| matches!(r, Ok(true))) {
         return Ok(());
     }

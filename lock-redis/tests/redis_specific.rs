@@ -1191,27 +1191,34 @@ async fn holder_data_lives_and_ends_with_the_hold() {
     assert!(!exists(&mut raw).await, "the last reader left the data");
 }
 
-/// Redlock: an acquisition returns once a majority granted it, without waiting for a slow
-/// master (here one whose clients are paused for 900 ms, within the per-node timeout of a
-/// tenth of the 10 s ttl); the lock it returns excludes others, and its release reaches the
-/// slow master too.
+/// Redlock: an acquisition, a renewal and a release return once a majority answered them,
+/// without waiting for a slow master (here one whose clients are paused for 900 ms, within
+/// the per-node timeout of a tenth of the 10 s ttl); the lock still excludes others, tokens
+/// still rise, and what the paused master ran once it woke leaves nothing behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redlock_does_not_wait_for_a_slow_master_once_a_majority_granted() {
+async fn redlock_does_not_wait_for_a_slow_master_once_a_majority_answered() {
     let Some(urls) = common::urls("redlock3") else {
         return;
     };
     let _exclusive = OUTAGE.write().await;
     let nodes = &urls[..3];
-    let (lock, other) = (client(nodes, false).await, client(nodes, false).await);
+    let (lock, other, third) = (
+        client(nodes, false).await,
+        client(nodes, false).await,
+        client(nodes, false).await,
+    );
     let name = name("slow-master");
     let key = LockKeys::for_name(&name).unwrap().lock;
     // Connections and scripts in place on every master first.
-    lock.acquire(&name, &opts())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    for locks in [&lock, &other, &third] {
+        locks
+            .acquire(&name, &opts())
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
     let before = tokens(&lock, &name, 1).await[0];
     let mut slow = common::raw(&nodes[2]).await;
     let pause = Duration::from_millis(900);
@@ -1223,41 +1230,49 @@ async fn redlock_does_not_wait_for_a_slow_master_once_a_majority_granted() {
         .await
         .unwrap();
     let paused = Instant::now();
-    let guard = lock.acquire(&name, &opts()).await;
-    let took = paused.elapsed();
-    // A refused round waits for every master: this one for the paused one.
-    let rival = other.try_acquire(&name, &opts()).await;
-    let rival_done = paused.elapsed();
-    tokio::time::sleep(pause.saturating_sub(paused.elapsed()) + Duration::from_millis(200)).await;
-    let guard = guard.expect("acquired with 2 of 3 masters answering");
-    assert!(
-        took < Duration::from_millis(450),
-        "the acquisition waited {took:?} for the paused master"
-    );
-    assert!(
-        rival_done >= Duration::from_millis(700),
-        "the pause did not hold the rival's round ({rival_done:?}): the test shows nothing"
-    );
+    let mut steps = Vec::new();
+    let mut step = |what: &'static str, from: Instant| steps.push((what, from.elapsed()));
+    let at = Instant::now();
+    let guard = lock
+        .acquire(&name, &opts())
+        .await
+        .expect("acquired with 2 of 3 masters");
+    step("acquire", at);
     let token = guard.token().get();
-    assert!(token > before, "token went back: {token} after {before}");
+    let at = Instant::now();
+    guard.renew().await.expect("renewed on 2 of 3 masters");
+    step("renew", at);
+    let at = Instant::now();
+    guard.release().await.expect("released on 2 of 3 masters");
+    step("release", at);
+    let at = Instant::now();
+    let rival = other.try_acquire(&name, &opts()).await.unwrap();
+    step("the next acquire", at);
+    // A refused round waits for every master: this one for the paused one.
+    let refused = third.try_acquire(&name, &opts()).await.unwrap();
+    let refused_at = paused.elapsed();
+    tokio::time::sleep(pause.saturating_sub(paused.elapsed()) + Duration::from_millis(200)).await;
+    for (what, took) in &steps {
+        assert!(
+            *took < Duration::from_millis(450),
+            "{what} waited {took:?} for the paused master ({steps:?})"
+        );
+    }
     assert!(
-        matches!(rival, Ok(None)),
-        "a second client got {rival:?} while the lock was held"
+        refused_at >= Duration::from_millis(700),
+        "the pause did not hold a refused round ({refused_at:?}): the test shows nothing"
     );
-    // Whatever the paused master ran once it woke (this holder's acquisition, the rival's
-    // and its retreat), the release leaves nothing there.
-    guard.release().await.expect("release");
+    assert!(token > before, "token went back: {token} after {before}");
+    let rival = rival.expect("free on a majority after the release");
+    assert!(rival.token().get() > token, "token went back");
+    assert!(refused.is_none(), "a second holder beside the rival");
+    rival.release().await.expect("release");
+    // Whatever the paused master ran once it woke (each client's requests in their order),
+    // nothing is left there.
     let on_slow: Option<String> = redis::cmd("GET")
         .arg(&key)
         .query_async(&mut slow)
         .await
         .unwrap();
-    assert_eq!(
-        on_slow, None,
-        "the release left the lock on the paused master"
-    );
-    let next = lock.try_acquire(&name, &opts()).await.unwrap();
-    let next = next.expect("free again after the release");
-    assert!(next.token().get() > token);
-    next.release().await.unwrap();
+    assert_eq!(on_slow, None, "a lock was left on the paused master");
 }
