@@ -83,13 +83,8 @@ pub(crate) async fn acquire(attempt: &mut RedisAttempt) -> Result<Step> {
         |answer| matches!(answer, Ok(Answer::Acquired(_))),
     )
     .await;
-    let granted = gathered
-        .answers
-        .iter()
-        .filter(|a| matches!(a, Some(Ok(Answer::Acquired(_)))))
-        .count();
     let elapsed = started.elapsed();
-    if granted >= quorum && elapsed + shared.client.drift(ttl) < ttl {
+    if gathered.good >= quorum && elapsed + shared.client.drift(ttl) < ttl {
         let answered = gathered.settle();
         let tokens: Vec<(&Node, u64)> = shared
             .nodes
@@ -173,7 +168,11 @@ where
         met += usize::from(good(&answer));
         answers[i] = Some(answer);
     }
-    Gathered { answers, rest }
+    Gathered {
+        answers,
+        good: met,
+        rest,
+    }
 }
 
 /// The requests of a [`gather`] still running.
@@ -185,13 +184,17 @@ type Rest<T> = FuturesUnordered<BoxFuture<'static, (usize, T)>>;
 /// answers say (a Redis without `SET NX GET`, a contended lock), as if awaited.
 struct Gathered<T> {
     answers: Vec<Option<T>>,
+    /// How many of `answers` were good.
+    good: usize,
     rest: Rest<T>,
 }
 
 impl<T: Send + 'static> Gathered<T> {
     /// The answers so far; the requests still running finish in a spawned task.
     fn settle(self) -> Vec<Option<T>> {
-        let Self { answers, mut rest } = self;
+        let Self {
+            answers, mut rest, ..
+        } = self;
         if !rest.is_empty() {
             tokio::spawn(async move { while rest.next().await.is_some() {} });
         }
@@ -203,6 +206,7 @@ impl<T: Send + 'static> Gathered<T> {
         let Self {
             mut answers,
             mut rest,
+            ..
         } = self;
         while let Some((i, answer)) = rest.next().await {
             answers[i] = Some(answer);

@@ -131,7 +131,7 @@ async fn one(
     }
     let sections: u64 = counts.iter().sum();
     let fair = sections as f64 / clients as f64;
-    let mut handoffs = shared.handoffs.lock().map_err(|_| "poisoned")?.clone();
+    let mut handoffs = std::mem::take(&mut *shared.handoffs.lock().map_err(|_| "poisoned")?);
     handoffs.sort_unstable();
     let at = |q: f64| {
         handoffs
@@ -141,7 +141,6 @@ async fn one(
     let held = *shared.held.lock().map_err(|_| "poisoned")?;
     Ok(Round {
         side,
-
         per_second: sections as f64 / window.as_secs_f64(),
         held: held.as_secs_f64() / window.as_secs_f64(),
         handoff_p50_us: at(0.5),
