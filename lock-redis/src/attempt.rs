@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use distlock_core::{
@@ -14,8 +14,9 @@ use futures::future::join_all;
 use crate::backend::BackendState;
 use crate::keys::LockKeys;
 use crate::lease::RedisLease;
-use crate::node::{Answer, ReleaseMode, within};
+use crate::node::{Answer, ReleaseMode, millis, within};
 use crate::redlock;
+use crate::scripts::HANDED_OVER;
 use crate::wake::Subscription;
 
 pub(crate) fn remaining(pttl: i64) -> Option<Duration> {
@@ -36,6 +37,13 @@ pub(crate) struct RedisAttempt {
     /// Whether a poll ran already: only the first one may take the fast path, later ones know
     /// the lock is contended and go straight to the script (which queues the waiter).
     pub(crate) polled: bool,
+    /// The last poll answered by the script as busy (one master): when it was sent, and the
+    /// fencing counter it read. A release that hands the lock over ran after that poll (had
+    /// it run before, the poll would have found the lock this attempt's own), so the lease
+    /// it hands over started after the send, and its token is above the counter.
+    pub(crate) last_busy: Option<(Instant, u64)>,
+    /// A hand-over received by [`Attempt::changed`] (its token), for the next poll to return.
+    pub(crate) handed: Option<u64>,
 }
 
 impl RedisAttempt {
@@ -83,6 +91,20 @@ impl RedisAttempt {
         Step::busy(Some(known.map_or(refresh, |k| k.min(refresh))))
     }
 
+    /// The token of a hand-over message `wake` addressed to this attempt that it may hold on
+    /// (see [`scripts::RELEASE`](crate::scripts::RELEASE)): one master, a configuration
+    /// that hands over, the lease this attempt asked for, and a token above the counter its
+    /// last busy poll read (a message sent before that poll ran, for a hand-over lost since,
+    /// e.g. to a forced release, carries a token at most that counter). `None`: poll, which
+    /// finds the lock this attempt's own if it was handed over.
+    fn hand_over(&self, wake: &[u8]) -> Option<u64> {
+        let config = &self.shared.config;
+        let (_, counter) = self.last_busy?;
+        config.hand_over_lease(self.request.ttl)?;
+        let (token, lease) = handed_over(wake, self.request.owner.as_bytes())?;
+        (lease == millis(self.request.ttl) && token > counter).then_some(token)
+    }
+
     /// Whether this poll may try the fast path: only the first one, and never in
     /// fair mode (which must look at the queue even when the lock key is free).
     pub(crate) fn fast(&self) -> bool {
@@ -90,12 +112,21 @@ impl RedisAttempt {
     }
 
     async fn poll_single(&mut self) -> Result<Step> {
+        if let Some(token) = self.handed.take() {
+            // Handed over by the release (see [`Self::hand_over`]): no round trip; the lease
+            // counts from the send of the busy poll before it.
+            let started = self.last_busy.map_or_else(Instant::now, |(sent, _)| sent);
+            return Ok(Step::Acquired(
+                Acquired::new(self.lease(), FencingToken::new(token)).with_lease_started(started),
+            ));
+        }
         let node = &self.shared.nodes[0];
         if !self.polled && self.request.mode == AttemptMode::Wait && self.subs.is_empty() {
             // Still subscribed from an earlier wait of this client: listen before the first
             // poll, so that a busy answer needs neither a subscription nor a poll after it.
             self.subs.extend(node.sub.listening(&self.keys.channel));
         }
+        let sent = Instant::now();
         let answer = node
             .acquire(
                 &self.keys,
@@ -110,7 +141,10 @@ impl RedisAttempt {
             Answer::Acquired(token) => {
                 Step::Acquired(Acquired::new(self.lease(), FencingToken::new(token)))
             }
-            Answer::Busy(ms) => self.busy(Some(ms)),
+            Answer::Busy(ms, counter) => {
+                self.last_busy = counter.map(|counter| (sent, counter));
+                self.busy(Some(ms))
+            }
             Answer::Mismatch(held) => return Err(self.mismatch(held)),
         })
     }
@@ -159,6 +193,7 @@ impl Attempt for RedisAttempt {
             let (wake, _, _) = futures::future::select_all(wakes).await;
             // Targeted at other waiters: those are served next, keep waiting.
             if addressed_to(&wake, owner) {
+                self.handed = self.hand_over(&wake);
                 return;
             }
         }
@@ -170,6 +205,8 @@ impl Attempt for RedisAttempt {
         }
         let shared = &self.shared;
         let timeout = shared.cleanup_timeout();
+        // The lock may have been handed over to this attempt meanwhile: handed on in turn.
+        let hand_over = shared.config.hand_over_lease(self.request.ttl);
         let results = join_all(shared.nodes.iter().map(|n| {
             within(
                 n,
@@ -180,6 +217,7 @@ impl Attempt for RedisAttempt {
                     &shared.config,
                     ReleaseMode::Abandon,
                     self.request.kind,
+                    hand_over,
                 ),
             )
         }))
@@ -201,9 +239,22 @@ pub(crate) fn addressed_to(wake: &[u8], owner: &[u8]) -> bool {
     }
 }
 
+/// A hand-over message addressed to `owner`: `(token, lease ms)`.
+/// Format: [`HANDED_OVER`] + token + `:` + lease ms + NUL + owner.
+pub(crate) fn handed_over(wake: &[u8], owner: &[u8]) -> Option<(u64, u64)> {
+    let rest = wake.strip_prefix(HANDED_OVER)?;
+    let nul = rest.iter().position(|b| *b == 0)?;
+    let (head, to) = (rest.get(..nul)?, rest.get(nul + 1..)?);
+    if to != owner {
+        return None;
+    }
+    let (token, lease) = std::str::from_utf8(head).ok()?.split_once(':')?;
+    Some((token.parse().ok()?, lease.parse().ok()?))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::addressed_to;
+    use super::{addressed_to, handed_over};
 
     #[test]
     fn wake_ups_reach_only_their_addressees() {
@@ -214,5 +265,26 @@ mod tests {
         assert!(addressed_to(b"\0a", b"a"));
         assert!(!addressed_to(b"\0ab\0b", b"a"));
         assert!(!addressed_to(b"\0", b"a"));
+        // A hand-over: addressed to its owner alone, old clients included.
+        assert!(addressed_to(b"\0\x0142:3000\0a", b"a"));
+        assert!(!addressed_to(b"\0\x0142:3000\0a", b"b"));
+    }
+
+    #[test]
+    fn hand_over_messages_parse_for_their_owner_only() {
+        let token = 1_790_000_000_000_123_u64;
+        let wake = format!("\0\x01{token}:3000\0own-er");
+        assert_eq!(handed_over(wake.as_bytes(), b"own-er"), Some((token, 3000)));
+        assert_eq!(handed_over(wake.as_bytes(), b"own"), None);
+        assert_eq!(handed_over(b"own-er", b"own-er"), None);
+        assert_eq!(handed_over(b"\0own-er", b"own-er"), None);
+        for bad in [
+            "\0\x0142\0a",
+            "\0\x01:1\0a",
+            "\0\x011.7e+15:1\0a",
+            "\0\x011:1a",
+        ] {
+            assert_eq!(handed_over(bad.as_bytes(), b"a"), None, "{bad:?}");
+        }
     }
 }

@@ -150,10 +150,10 @@ pub(crate) fn queue_of(lock: &str) -> String {
     of_kind(lock, 'q')
 }
 
-/// The release's keys of the name whose lock key is `lock` (queue, alive, channel, data), made from
-/// it in one allocation: a held lock keeps only its lock key, and rebuilding every key of its
-/// name ([`LockKeys::new`]: a hash, six allocations) cost more client CPU than the rest of the
-/// release's own work.
+/// The release's keys of the name whose lock key is `lock` (queue, alive, channel, data, fence),
+/// made from it in one allocation: a held lock keeps only its lock key, and rebuilding every
+/// key of its name ([`LockKeys::new`]: a hash, six allocations) cost more client CPU than the
+/// rest of the release's own work.
 #[derive(Debug)]
 pub(crate) struct Siblings {
     buf: String,
@@ -163,7 +163,7 @@ pub(crate) struct Siblings {
 
 impl Siblings {
     /// The kinds, in the order of the accessors below.
-    const KINDS: [char; 4] = ['q', 'a', 'c', 'd'];
+    const KINDS: [char; 5] = ['q', 'a', 'c', 'd', 'f'];
 
     pub(crate) fn of(lock: &str) -> Self {
         let mut buf = String::with_capacity(lock.len() * Self::KINDS.len());
@@ -202,6 +202,11 @@ impl Siblings {
     /// [`LockKeys::data`].
     pub(crate) fn data(&self) -> &str {
         self.nth(3)
+    }
+
+    /// [`LockKeys::fence`].
+    pub(crate) fn fence(&self) -> &str {
+        self.nth(4)
     }
 }
 
@@ -320,6 +325,7 @@ mod tests {
             assert_eq!(siblings.alive(), keys.alive);
             assert_eq!(siblings.channel(), keys.channel);
             assert_eq!(siblings.data(), keys.data());
+            assert_eq!(siblings.fence(), keys.fence);
             assert_eq!(queue_of(&keys.lock), keys.queue);
         }
     }

@@ -85,7 +85,8 @@ pub(crate) fn marker(kind: LockKind) -> String {
 /// ARGV: owner, ttl ms, wait ("1" to queue), (unused), waiter timeout ms, arrival score
 /// ("" = the server's time in microseconds), [`SEED_FLOOR`](crate::scripts::SEED_FLOOR), permits
 /// (0 = a shared hold), forget ms (see [`NEXT_TOKEN`]).
-/// Returns `{1, token}` when acquired, `{0, retry_ms}` when busy (`retry_ms` < 0: unknown),
+/// Returns `{1, token}` when acquired, `{0, retry_ms, counter}` when busy (`retry_ms` < 0:
+/// unknown; see [`BUSY`]),
 /// `{2, held}` when the name is held as a kind this request can never join (`held`: -1
 /// exclusive, 0 shared, N a semaphore of N permits).
 pub(crate) static HOLD_ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {

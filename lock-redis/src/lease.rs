@@ -148,11 +148,13 @@ impl Lease for RedisLease {
         if !shared.redlock() {
             let node = &shared.nodes[0];
             let (owner, config, mode) = (&*self.owner, &shared.config, ReleaseMode::Release);
+            let hand_over = config.hand_over_lease(self.ttl);
             // The exclusive release needs no key but the lock's own and its siblings.
             let released = if self.kind == LockKind::Exclusive {
-                node.release_lock(&self.lock, owner, config, mode).await
+                node.release_lock(&self.lock, owner, config, mode, hand_over)
+                    .await
             } else {
-                node.release(&self.keys(), owner, config, mode, self.kind)
+                node.release(&self.keys(), owner, config, mode, self.kind, hand_over)
                     .await
             }
             .map_err(|e| e.into_lock_error("release"))?;

@@ -50,7 +50,7 @@
 //!   the next script that looks at it. A retried poll whose earlier reply was lost finds the
 //!   lock already its own and gets the same token back, with the lease restarted.
 //! - **Renew** is an owner-checked `PEXPIRE`; **release** an owner-checked `DEL` that then
-//!   picks the oldest live waiter and `PUBLISH`es its owner value on the name's channel.
+//!   picks the oldest live waiter and hands the lock over to it, or reserves it (below).
 //!   Both answer [`distlock_core::Error::NotHeld`] when the owner no longer holds the lock.
 //!   The release of a lock this client has not seen contended lately runs a shorter script
 //!   first (the owner-checked `DEL` if nobody is queued, with two keys and one argument); one
@@ -71,13 +71,33 @@
 //!   subscriber connection) wakes everyone. Expiry of a crashed holder's lease is caught by
 //!   sleeping until the remaining `PTTL` that the busy answer carried. Channels are
 //!   unsubscribed when no attempt waits on them any more.
-//! - **No starvation (default)**: a release reserves the lock for the oldest waiter for
-//!   [`RedisConfig::handoff`] (the lock key then holds `"\0next:" + its owner value`, which
-//!   no owner value can equal) and wakes only that waiter, so a releaser that comes
-//!   straight back finds the lock reserved and queues behind the others; waiters are served
-//!   in turn. A reserved waiter that does not come in time loses the reservation (dead
-//!   waiters cost at most one handoff window each). New arrivals may still take a free,
-//!   unreserved lock, so this is not strict FIFO.
+//! - **Hand-over** ([`RedisConfig::hand_over`], on by default; not on Redlock nor with
+//!   [`RedisConfig::wait_replicas`]): when the oldest live waiter wants the lock exclusively,
+//!   the release script itself sets the lock key to that waiter's owner value, with the
+//!   releaser's lease and the next fencing token (the counter stepped as the waiter's own
+//!   acquisition would), takes it out of the queue and publishes `"\0\1" + token + ":" +
+//!   lease ms + "\0" + owner`. A waiter that asked for the same lease holds on that message
+//!   with no round trip of its own, its lease counted from the send of its last poll (which
+//!   found the lock busy, so the release ran after it); one that asked for another lease
+//!   polls, finds the lock its own and restarts the lease with its own ttl, and so does a
+//!   client that predates the hand-over (it reads the message as a list of owners naming
+//!   it). A message is trusted only if its token is above the fencing counter that the
+//!   waiter's last busy poll read: one published before that poll ran (for a hand-over lost
+//!   since, e.g. to a forced release) is not. A contended handoff costs the release alone:
+//!   one round trip and one message, where a reservation costs a message and the waiter's
+//!   acquire round trip. The price: a waiter killed while queued (less than its waiter
+//!   timeout before the release: it stays queued that long) keeps the lock handed to it
+//!   until that lease runs out, where a reservation holds it for [`RedisConfig::handoff`]
+//!   only; a forced release reserves instead of handing over (it does not know the next
+//!   holder's lease).
+//! - **No starvation (default)**: a release hands the lock to the oldest waiter (above), or
+//!   otherwise reserves it for that waiter for [`RedisConfig::handoff`] (the lock key then
+//!   holds `"\0next:" + its owner value`, which no owner value can equal) and wakes only
+//!   that waiter, so a releaser that comes straight back finds the lock taken or reserved
+//!   and queues behind the others; waiters are served in turn. A reserved waiter that does
+//!   not come in time loses the reservation (dead waiters cost at most one handoff window
+//!   each; one handed the lock, its lease). New arrivals may still take a free, unreserved
+//!   lock, so this is not strict FIFO.
 //! - **Fair mode** (`?fair=true`, [`RedisConfig::fair`]): strict FIFO by the queue (like
 //!   Redisson's fair lock): only the head of the queue may take the lock, `try_acquire` fails
 //!   while anybody waits, and a dead head is skipped once its liveness deadline passes.

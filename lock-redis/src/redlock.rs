@@ -265,7 +265,7 @@ async fn retreat(
             .nodes
             .iter()
             .zip(answers)
-            .filter(|(_, a)| !matches!(a, Ok(Answer::Busy(_))))
+            .filter(|(_, a)| !matches!(a, Ok(Answer::Busy(..))))
             .map(|(n, _)| {
                 within(
                     n,
@@ -276,6 +276,7 @@ async fn retreat(
                         &shared.config,
                         ReleaseMode::Retreat,
                         attempt.request.kind,
+                        None,
                     ),
                 )
             }),
@@ -312,7 +313,7 @@ impl<'a> Tally<'a> {
                     tally.tokens.push((node, *token));
                     NodeResult::Acquired
                 }
-                Ok(Answer::Busy(ms)) => {
+                Ok(Answer::Busy(ms, _)) => {
                     tally.busy.push(*ms);
                     NodeResult::HeldByAnother
                 }
@@ -473,7 +474,8 @@ async fn on_masters(
                         LeaseOp::Renew(ttl) => n.renew(keys, owner, ttl, *kind).await,
                         LeaseOp::Release => {
                             let mode = ReleaseMode::Release;
-                            n.release(keys, owner, &shared.config, mode, *kind).await
+                            n.release(keys, owner, &shared.config, mode, *kind, None)
+                                .await
                         }
                     }
                 };

@@ -134,8 +134,8 @@ return token
 /// KEYS: lock, fence, queue, alive.
 /// ARGV: owner, ttl ms, wait ("1" to queue), fair ("1"), waiter timeout ms, arrival score
 /// ("" = the server's time in microseconds), [`SEED_FLOOR`], forget ms (see [`NEXT_TOKEN`]).
-/// Returns `{1, token}` when acquired, `{0, retry_ms}` when busy (`retry_ms` < 0: unknown),
-/// `{2, permits}` when the name is a semaphore of that many permits (see [`HOLD_ACQUIRE`](crate::kinds::HOLD_ACQUIRE)).
+/// Returns `{1, token}` when acquired, `{0, retry_ms, counter}` when busy (`retry_ms` < 0:
+/// unknown; see [`BUSY`]), `{2, permits}` when the name is a semaphore of that many permits (see [`HOLD_ACQUIRE`](crate::kinds::HOLD_ACQUIRE)).
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         &[
@@ -177,15 +177,8 @@ elseif not holder and fair then
 end
 ",
             BUSY,
+            &grant("owner", "ttl"),
             r"
-redis.call('SET', KEYS[1], owner, 'PX', ttl)
-local floor = tonumber(ARGV[7])
-local fence_keep = ttl + tonumber(ARGV[8])
-",
-            NEXT_TOKEN,
-            r"
-redis.call('ZREM', KEYS[3], owner)
-redis.call('ZREM', KEYS[4], owner)
 return {1, token}
 ",
         ]
@@ -193,7 +186,9 @@ return {1, token}
     )
 });
 
-/// Lua that answers a `blocked` attempt of the acquire scripts `{0, blocked}`, first queueing
+/// Lua that answers a `blocked` attempt of the acquire scripts `{0, blocked, counter}` (the
+/// fencing counter `KEYS[2]`, 0 if missing: a hand-over message that does not carry a larger
+/// token was sent before this answer, see `attempt.rs`), first queueing
 /// it if it waits (`ARGV[3]` = "1"): as `member` in the queue `KEYS[3]` (arrival score
 /// `ARGV[6]`, or the server's `TIME` `t` in µs) with a liveness deadline in `KEYS[4]` (`now` +
 /// the waiter timeout `ARGV[5]`).
@@ -210,7 +205,7 @@ if blocked then
     redis.call('PEXPIRE', KEYS[3], wto * 2)
     redis.call('PEXPIRE', KEYS[4], wto * 2)
   end
-  return {0, blocked}
+  return {0, blocked, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
 ";
 
@@ -235,6 +230,21 @@ end
 local token = redis.call('INCR', KEYS[2])
 redis.call('PEXPIRE', KEYS[2], fence_keep)
 ";
+
+/// Lua that gives the lock to the owner value `who` (a Lua variable) for `lease` ms (a Lua
+/// number), as an acquisition does: the lock key set, the next token in `token`
+/// ([`NEXT_TOKEN`], from `t` and the scripts' common arguments `ARGV[7]` (the seed floor) and
+/// `ARGV[8]` (forget ms)), and `who` out of the queue. KEYS: lock, fence, queue, alive.
+fn grant(who: &str, lease: &str) -> String {
+    format!(
+        "redis.call('SET', KEYS[1], {who}, 'PX', {lease})
+local floor = tonumber(ARGV[7])
+local fence_keep = {lease} + tonumber(ARGV[8])
+{NEXT_TOKEN}redis.call('ZREM', KEYS[3], {who})
+redis.call('ZREM', KEYS[4], {who})
+"
+    )
+}
 
 /// Fencing counters below this are seeded from the server's clock before their next step:
 /// 10^15 µs after the Unix epoch is September 2001, so a counter seeded from any later clock
@@ -474,18 +484,29 @@ return 0
 /// Owner-checked release with handoff, abandonment of an attempt, or a Redlock retreat. The
 /// hold's data (`d`, see [`SET_DATA`]) goes with the lock key.
 ///
-/// KEYS: lock, queue, alive, data.
+/// KEYS: lock, fence, queue, alive, data.
 /// ARGV: owner, fair ("1"), handoff ms, channel, mode: "release" (the owner is done: also
 /// leave the queue), "abandon" (the same for an attempt that ends without the lock: it also
-/// gives up a reservation made for it) or "retreat" (Redlock, after a failed majority: only
-/// give the lock back, keep the place in the queue and any reservation).
-/// Then, if this call freed the lock (or gave up a turn), picks the oldest live waiter,
-/// reserves the lock for it for `handoff` ms by storing [`RESERVED_PREFIX`] + its owner in the
-/// lock key (default mode; the fair mode's queue needs no reservation) and publishes its owner
-/// value on the channel (empty payload: nobody waits). When readers (or permit waiters) head
-/// the queue instead, it wakes them as [`HOLD_RELEASE`](crate::kinds::HOLD_RELEASE) does (reserving the free lock for the
-/// readers in the default mode), and a writer that leaves the head of the queue while readers
-/// hold wakes the readers queued behind it. Returns 1 if the lock was released, else 0.
+/// gives up a reservation or a hand-over made for it) or "retreat" (Redlock, after a failed
+/// majority: only give the lock back, keep the place in the queue and any reservation);
+/// hand-over lease ms ("0": reserve instead), [`SEED_FLOOR`], forget ms (see [`NEXT_TOKEN`]).
+///
+/// Then, if this call freed the lock (or gave up a turn), picks the oldest live waiter and:
+/// - with a hand-over lease (`ARGV[6]` > 0), **hands the lock over**: sets the lock key to the
+///   waiter's owner value for that lease, steps the fencing counter as its acquisition would
+///   ([`NEXT_TOKEN`]), takes it out of the queue and publishes [`HANDED_OVER`] + token + `:` +
+///   lease ms + NUL + owner. The waiter holds on the message alone when it asked for the same
+///   lease (see `attempt.rs`); otherwise its next poll finds the lock its own and restarts the
+///   lease with its own ttl (the acquire script's retry branch). A client that predates the
+///   hand-over reads the message as a list of owners that names it, and polls the same way;
+/// - otherwise reserves the lock for it for `handoff` ms by storing [`RESERVED_PREFIX`] + its
+///   owner in the lock key (default mode; the fair mode's queue needs no reservation) and
+///   publishes its owner value on the channel (empty payload: nobody waits).
+///
+/// When readers (or permit waiters) head the queue instead, it wakes them as
+/// [`HOLD_RELEASE`](crate::kinds::HOLD_RELEASE) does (reserving the free lock for the readers
+/// in the default mode), and a writer that leaves the head of the queue while readers hold
+/// wakes the readers queued behind it. Returns 1 if the lock was released, else 0.
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         &[
@@ -493,9 +514,9 @@ pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
 local owner = ARGV[1]
 local mode = ARGV[5]
 local holder = redis.call('GET', KEYS[1])
-if mode == 'release' and holder == owner and redis.call('EXISTS', KEYS[2]) == 0 then
+if mode == 'release' and holder == owner and redis.call('EXISTS', KEYS[3]) == 0 then
   -- Nobody queued: nobody to hand over to or to wake.
-  redis.call('DEL', KEYS[1], KEYS[4])
+  redis.call('DEL', KEYS[1], KEYS[5])
   return 1
 end
 ",
@@ -506,7 +527,7 @@ local fair = ARGV[2] == '1'
 local released = 0
 local handoff = false
 if holder == owner then
-  redis.call('DEL', KEYS[1], KEYS[4])
+  redis.call('DEL', KEYS[1], KEYS[5])
   holder = false
   released = 1
   handoff = true
@@ -516,25 +537,33 @@ elseif holder == '\0next:' .. owner and mode ~= 'retreat' then
   handoff = true
 end
 if mode ~= 'retreat' then
-  if redis.call('ZRANGE', KEYS[2], 0, 0)[1] == owner then handoff = true end
-  redis.call('ZREM', KEYS[2], owner)
+  if redis.call('ZRANGE', KEYS[3], 0, 0)[1] == owner then handoff = true end
   redis.call('ZREM', KEYS[3], owner)
+  redis.call('ZREM', KEYS[4], owner)
 end
 -- Readers holding: a writer that left the head of the queue may unblock the readers behind it.
 if (holder and holder ~= '\0shared') or not handoff then return released end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-prune_waiters(KEYS[2], KEYS[3], now)
-local nxt = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+prune_waiters(KEYS[3], KEYS[4], now)
+local nxt = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
 if nxt and string.byte(nxt, 1) == 0 then
-  wake_holds(KEYS[1], KEYS[2], ARGV[4], not holder and not fair, ARGV[3])
+  wake_holds(KEYS[1], KEYS[3], ARGV[4], not holder and not fair, ARGV[3])
   return released
 end
 if holder then return released end
+local lease = tonumber(ARGV[6])
+if nxt and lease > 0 then
+",
+            &grant("nxt", "lease"),
+            r"
+  redis.call('PUBLISH', ARGV[4], '\0\1' .. string.format('%.0f', token) .. ':' .. ARGV[6] .. '\0' .. nxt)
+  return released
+end
 if nxt and not fair then
   redis.call('SET', KEYS[1], '\0next:' .. nxt, 'PX', ARGV[3])
-  redis.call('ZREM', KEYS[2], nxt)
   redis.call('ZREM', KEYS[3], nxt)
+  redis.call('ZREM', KEYS[4], nxt)
 end
 redis.call('PUBLISH', ARGV[4], nxt or '')
 return released
@@ -543,6 +572,10 @@ return released
         .concat(),
     )
 });
+
+/// The head of a hand-over message ([`RELEASE`]): NUL (so that a client that predates the
+/// hand-over reads the message as a list of owners) and a byte no owner value starts with.
+pub(crate) const HANDED_OVER: &[u8] = b"\0\x01";
 
 /// Raises a fencing counter to at least a value (Redlock, so that every node of a later
 /// majority continues above the token just handed out), kept as the acquire scripts keep it

@@ -34,6 +34,12 @@ async fn client(urls: &[String], fair: bool) -> LockClient<RedisBackend> {
         .expect("connect")
 }
 
+/// Two clients of `config`, each with its own connections.
+async fn two_clients(config: &RedisConfig) -> (LockClient<RedisBackend>, LockClient<RedisBackend>) {
+    let one = || distlock_redis::connect_with(config.clone(), common::client_config(OP));
+    (one().await.unwrap(), one().await.unwrap())
+}
+
 fn kind(err: &Error) -> Option<RedisErrorKind> {
     let mut source = std::error::Error::source(err);
     while let Some(s) = source {
@@ -269,13 +275,8 @@ async fn releaser_does_not_retake_while_another_waits() {
     };
     let _shared = OUTAGE.read().await;
     // A long reservation, so that a slow machine cannot make the check below race its end.
-    let config = || common::config(&urls[..1], false).with_handoff(Duration::from_secs(5));
-    let a = distlock_redis::connect_with(config(), common::client_config(OP))
-        .await
-        .unwrap();
-    let b = distlock_redis::connect_with(config(), common::client_config(OP))
-        .await
-        .unwrap();
+    let config = common::config(&urls[..1], false).with_handoff(Duration::from_secs(5));
+    let (a, b) = two_clients(&config).await;
     let name = name("handoff");
     for _ in 0..5 {
         let held = a.acquire(&name, &opts()).await.unwrap();
@@ -306,6 +307,192 @@ async fn releaser_does_not_retake_while_another_waits() {
         let guard = waiter.await.unwrap().expect("the waiter gets the lock");
         guard.release().await.unwrap();
     }
+}
+
+/// Waits until the one waiter of `keys` is queued and listening on the name's channel (its
+/// poll after the subscription follows at once), then lets that poll land. Returns its owner.
+async fn queued_and_listening(
+    raw: &mut redis::aio::MultiplexedConnection,
+    keys: &LockKeys,
+) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let queued: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&keys.queue)
+            .arg(0)
+            .arg(-1)
+            .query_async(raw)
+            .await
+            .unwrap();
+        let (_, listeners): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&keys.channel)
+            .query_async(raw)
+            .await
+            .unwrap();
+        // The test's own subscriber is one of the listeners.
+        if let [owner] = &queued[..]
+            && listeners >= 2
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            return owner.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the waiter never queued and listened"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// A release hands the lock to the oldest waiter in its own script (owner value, lease and the
+/// next token, published to it), and a waiter that asked for the same lease holds on that
+/// message without a round trip: its lease counts from its last poll, before the release. A
+/// waiter that asked for another lease polls and holds with its own; with `hand_over=false`
+/// the release only reserves the lock, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_the_lock_over_to_the_oldest_waiter() {
+    use futures::StreamExt;
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    let ttl = Duration::from_secs(6);
+    // The waiter polls every 2 s (a third of the waiter timeout; its backoff below): not near
+    // the release.
+    let config = |hand_over| {
+        common::config(&urls[..1], false)
+            .with_waiter_timeout(Duration::from_secs(6))
+            .with_hand_over(hand_over)
+    };
+    for (case, hand_over, waiter_ttl) in [
+        ("handed", true, ttl),
+        ("other-ttl", true, Duration::from_secs(4)),
+        ("reserved", false, ttl),
+    ] {
+        let (a, b) = two_clients(&config(hand_over)).await;
+        let name = name(case);
+        let keys = LockKeys::for_name(&name).unwrap();
+        let mut raw = common::raw(&urls[0]).await;
+        let mut listener = common::client(&urls[0]).get_async_pubsub().await.unwrap();
+        listener.subscribe(&keys.channel).await.unwrap();
+        let held = a.acquire(&name, &opts().with_ttl(ttl)).await.unwrap();
+        let waiter = {
+            let (b, name) = (b.clone(), name.clone());
+            // Its safety-net polls (the backoff's maximum, 250 ms by default) 5 s apart.
+            let slow =
+                distlock_core::Backoff::new(Duration::from_millis(2), Duration::from_secs(5));
+            let options = opts().with_ttl(waiter_ttl).with_backoff(slow);
+            tokio::spawn(async move { b.acquire(&name, &options).await })
+        };
+        let owner = queued_and_listening(&mut raw, &keys).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released_at = Instant::now();
+        held.release().await.unwrap();
+        let message = tokio::time::timeout(OP, listener.on_message().next())
+            .await
+            .expect("a release message")
+            .expect("the listener's stream");
+        let payload = message.get_payload_bytes().to_vec();
+        let guard = waiter.await.unwrap().expect("the waiter gets the lock");
+        assert_eq!(guard.owner(), owner, "{case}");
+        let token = guard.token().get();
+        if hand_over {
+            let expected = format!("\0\x01{token}:{}\0{owner}", ttl.as_millis());
+            assert_eq!(
+                String::from_utf8_lossy(&payload),
+                expected,
+                "{case}: the release did not hand the lock over with the waiter's token"
+            );
+        } else {
+            assert_eq!(
+                payload,
+                owner.as_bytes(),
+                "{case}: a reservation names the waiter"
+            );
+        }
+        let value: Option<String> = redis::cmd("GET")
+            .arg(&keys.lock)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!(value.as_deref(), Some(owner.as_str()), "{case}");
+        // Held on the message: the lease started at the waiter's last poll, >= 300 ms before
+        // the release. Polled: a full lease of its own from after the release.
+        let valid_for = guard.valid_until().saturating_duration_since(released_at);
+        if case == "handed" {
+            assert!(
+                valid_for < ttl - Duration::from_millis(200),
+                "{case}: the waiter polled for a lock handed over to it (valid {valid_for:?} \
+                 after the release)"
+            );
+        } else {
+            assert!(
+                valid_for > waiter_ttl - Duration::from_millis(250),
+                "{case}: the lease does not count from the poll that took the lock \
+                 ({valid_for:?} of {waiter_ttl:?})"
+            );
+        }
+        // The server's lease is the one the holder counts on.
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&keys.lock)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        let left = guard
+            .valid_until()
+            .saturating_duration_since(Instant::now());
+        assert!(
+            u128::try_from(pttl).unwrap() >= left.as_millis(),
+            "{case}: the server's lease ({pttl} ms) ends before the holder's ({left:?})"
+        );
+        guard.release().await.unwrap();
+    }
+}
+
+/// A hand-over message is trusted only if its token is above the counter that the waiter's
+/// last busy poll read: one sent before that poll ran (for a hand-over since lost, say to a
+/// forced release) must not make a second holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_hand_over_message_does_not_make_a_second_holder() {
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    let config = common::config(&urls[..1], false).with_waiter_timeout(Duration::from_secs(6));
+    let (a, b) = two_clients(&config).await;
+    let name = name("stale");
+    let keys = LockKeys::for_name(&name).unwrap();
+    let mut raw = common::raw(&urls[0]).await;
+    let ttl = Duration::from_secs(6);
+    let held = a.acquire(&name, &opts().with_ttl(ttl)).await.unwrap();
+    let waiter = {
+        let (b, name) = (b.clone(), name.clone());
+        tokio::spawn(async move { b.acquire(&name, &opts().with_ttl(ttl)).await })
+    };
+    let mut listener = common::client(&urls[0]).get_async_pubsub().await.unwrap();
+    listener.subscribe(&keys.channel).await.unwrap();
+    let owner = queued_and_listening(&mut raw, &keys).await;
+    // The message of a hand-over that happened before the waiter's last poll: its token is
+    // the current holder's.
+    let stale = format!("\0\x01{}:{}\0{owner}", held.token().get(), ttl.as_millis());
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg(&keys.channel)
+        .arg(&stale)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter took a stale hand-over for the lock while it was held"
+    );
+    assert!(held.renew().await.is_ok(), "the holder lost the lock");
+    let first = held.token();
+    held.release().await.unwrap();
+    let guard = waiter.await.unwrap().expect("the waiter gets the lock");
+    assert!(guard.token() > first);
+    guard.release().await.unwrap();
 }
 
 /// Fair mode: strict FIFO; try_acquire fails while anybody waits; a dead waiter is skipped

@@ -37,6 +37,7 @@ use distlock_core::tls::TlsFiles;
 /// |---|---|---|
 /// | `fair` | strict FIFO queue (`true`/`false`) | `false` |
 /// | `handoff` | how long a release reserves the lock for the oldest waiter | `100ms` |
+/// | `hand_over` | a release hands the lock straight to the oldest waiter (see [`RedisConfig::hand_over`]) | `true` |
 /// | `waiter_timeout` | a waiter silent this long (or for its acquire's ttl, if shorter) is dropped from the queue (at least `30ms`) | `2s` |
 /// | `node_timeout` | Redlock: how long to wait for each node | a tenth of the ttl |
 /// | `client_name` | name in `CLIENT LIST` and `CLIENT SETINFO lib-name` | `distlock` |
@@ -78,6 +79,18 @@ pub struct RedisConfig {
     pub fair: bool,
     /// Default mode: how long a release reserves the lock for the oldest waiter. Default 100 ms.
     pub handoff: Duration,
+    /// One master, Sentinel and Cluster (not Redlock, nor with [`Self::wait_replicas`]): a
+    /// release that finds an exclusive waiter queued **hands the lock over** to the oldest
+    /// live one in the same script (its owner value in the lock key, with the releaser's lease
+    /// and the next fencing token, published to it), so the waiter holds on the message
+    /// without a round trip of its own; its lease counts from its last poll before the
+    /// release. A waiter that asked for another lease, or a client that predates this, polls
+    /// and finds the lock its own. The price: a waiter killed while queued (it stays queued
+    /// for its [`Self::waiter_timeout`]) and then handed the lock keeps it until that lease
+    /// runs out, where a reservation ([`Self::handoff`]) would have kept it that long only.
+    /// `false`: reserve and let the waiter take it (one more round trip per contended
+    /// handoff). Default `true`.
+    pub hand_over: bool,
     /// A waiter that stops polling for this long, or for its acquire's ttl if that is shorter
     /// (killed or paused without leaving the queue), is dropped from the queue. Waiters
     /// re-register every third of it. Default 2 s.
@@ -150,6 +163,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("redlock", &self.redlock)
             .field("fair", &self.fair)
             .field("handoff", &self.handoff)
+            .field("hand_over", &self.hand_over)
             .field("waiter_timeout", &self.waiter_timeout)
             .field("node_timeout", &self.node_timeout)
             .field("client_name", &self.client_name)
@@ -252,6 +266,7 @@ impl RedisConfig {
             nodes: Vec::new(),
             redlock: false,
             fair: false,
+            hand_over: true,
             handoff: Duration::from_millis(100),
             waiter_timeout: Duration::from_secs(2),
             node_timeout: None,
@@ -426,6 +441,7 @@ impl RedisConfig {
         const KNOWN: &[&str] = &[
             "fair",
             "handoff",
+            "hand_over",
             "waiter_timeout",
             "node_timeout",
             "client_name",
@@ -452,6 +468,9 @@ impl RedisConfig {
         }
         if let Some(fair) = options.bool("fair")? {
             self.fair = fair;
+        }
+        if let Some(hand_over) = options.bool("hand_over")? {
+            self.hand_over = hand_over;
         }
         if let Some(handoff) = options.duration_in("handoff", Self::HANDOFF)? {
             self.handoff = handoff;
@@ -484,6 +503,20 @@ impl RedisConfig {
     pub fn with_fair(mut self, fair: bool) -> Self {
         self.fair = fair;
         self
+    }
+
+    /// Hand-over on release on or off (see [`Self::hand_over`]).
+    #[must_use]
+    pub fn with_hand_over(mut self, hand_over: bool) -> Self {
+        self.hand_over = hand_over;
+        self
+    }
+
+    /// The lease a release hands over with ([`Self::hand_over`]): the releaser's `ttl`, or
+    /// `None` when this configuration does not hand over (Redlock, [`Self::wait_replicas`]:
+    /// the replicas' acknowledgement belongs to the connection that wrote).
+    pub(crate) fn hand_over_lease(&self, ttl: Duration) -> Option<Duration> {
+        (self.hand_over && !self.redlock && self.wait_replicas == 0).then_some(ttl)
     }
 
     /// Sets how long a name's fencing counter outlives its last lease

@@ -51,7 +51,7 @@ impl Node {
                 }
                 Holding::Holds { kind, .. } => (String::new(), ReleaseMode::Force, kind),
             };
-            if self.release(keys, &owner, config, mode, kind).await? {
+            if self.release(keys, &owner, config, mode, kind, None).await? {
                 return Ok(true);
             }
             // The holder changed between the read and the script: look again.
@@ -93,7 +93,7 @@ impl Node {
             }
             _ => return Ok(false),
         };
-        self.release(keys, owner, config, ReleaseMode::Release, kind)
+        self.release(keys, owner, config, ReleaseMode::Release, kind, None)
             .await
     }
 

@@ -40,7 +40,9 @@ impl ReleaseMode {
 
 pub(crate) enum Answer {
     Acquired(u64),
-    Busy(i64),
+    /// Taken: the remaining lease in ms (< 0: unknown), and the fencing counter when the
+    /// script read it (see [`scripts::BUSY`]).
+    Busy(i64, Option<u64>),
     /// The name is held as this kind, which the request can never join.
     Mismatch(LockKind),
 }
@@ -98,7 +100,7 @@ impl Node {
         .await
         .map_err(|e| self.classify(e))?;
 
-        if matches!(answer, Answer::Busy(_)) {
+        if matches!(answer, Answer::Busy(..)) {
             // Taken (also in fair mode, which never tries the fast path): this lock's
             // release goes straight to the full script.
             self.contended.refused(&keys.lock);
@@ -139,6 +141,7 @@ impl Node {
                 config,
                 ReleaseMode::Abandon,
                 request.kind,
+                None,
             )
             .await;
         Err(RedisError {
@@ -202,7 +205,7 @@ impl Node {
         } else if request.mode == AttemptMode::Wait || is_own(&previous, &request.owner) {
             None
         } else {
-            Some(Answer::Busy(-1))
+            Some(Answer::Busy(-1, None))
         })
     }
 
@@ -227,6 +230,9 @@ impl Node {
         Ok(renewed == 1)
     }
 
+    /// Releases `owner`'s hold of `kind` (see [`ReleaseMode`]). `hand_over`: the lease with
+    /// which an exclusive lock is handed to its oldest waiter
+    /// ([`RedisConfig::hand_over_lease`]); `None`: reserved for it instead.
     pub(crate) async fn release(
         &self,
         keys: &LockKeys,
@@ -234,9 +240,12 @@ impl Node {
         config: &RedisConfig,
         mode: ReleaseMode,
         kind: LockKind,
+        hand_over: Option<Duration>,
     ) -> Result<bool, RedisError> {
         if kind == LockKind::Exclusive {
-            return self.release_lock(&keys.lock, owner, config, mode).await;
+            return self
+                .release_lock(&keys.lock, owner, config, mode, hand_over)
+                .await;
         }
         let mut conn = self.conn.clone();
         let released: i64 = kinds::release_call(keys, owner, config, mode, kind)
@@ -253,6 +262,7 @@ impl Node {
         owner: &str,
         config: &RedisConfig,
         mode: ReleaseMode,
+        hand_over: Option<Duration>,
     ) -> Result<bool, RedisError> {
         let mut conn = self.conn.clone();
         if mode == ReleaseMode::Release && !self.contended.lately(lock) {
@@ -272,13 +282,22 @@ impl Node {
         let siblings = Siblings::of(lock);
         let released: i64 = Invocation::new(
             &scripts::RELEASE,
-            &[lock, siblings.queue(), siblings.alive(), siblings.data()],
+            &[
+                lock,
+                siblings.fence(),
+                siblings.queue(),
+                siblings.alive(),
+                siblings.data(),
+            ],
         )
         .arg(owner)
         .arg(if config.fair { "1" } else { "0" })
         .arg(millis(config.handoff))
         .arg(siblings.channel())
         .arg(mode.as_str())
+        .arg(hand_over.map_or(0, millis))
+        .arg(seed_floor(config))
+        .arg(millis(config.forget_after))
         .invoke(&mut conn)
         .await
         .map_err(|e| self.classify(e))?;
@@ -347,12 +366,17 @@ pub(crate) fn seed_floor(config: &RedisConfig) -> u64 {
     }
 }
 
-/// A script's `{code, value}` answer (see [`scripts::ACQUIRE`],
-/// [`HOLD_ACQUIRE`](crate::kinds::HOLD_ACQUIRE)); a granted token is checked by
-/// [`FencingToken::from_server`].
+/// A script's `{code, value}` or busy `{0, retry_ms, counter}` answer (see
+/// [`scripts::ACQUIRE`], [`HOLD_ACQUIRE`](crate::kinds::HOLD_ACQUIRE)); a granted token is
+/// checked by [`FencingToken::from_server`].
 impl redis::FromRedisValue for Answer {
     fn from_redis_value(value: redis::Value) -> Result<Self, redis::ParsingError> {
-        let (code, value): (i64, i64) = redis::FromRedisValue::from_redis_value(value)?;
+        let answer: Vec<i64> = redis::FromRedisValue::from_redis_value(value)?;
+        let (code, value, counter) = match answer[..] {
+            [code, value] => (code, value, None),
+            [code, value, counter] => (code, value, u64::try_from(counter).ok()),
+            _ => return Err(format!("the acquire script answered {answer:?}").into()),
+        };
         Ok(match code {
             1 => Self::Acquired(
                 FencingToken::from_server(value, "the acquire script's counter")
@@ -360,7 +384,7 @@ impl redis::FromRedisValue for Answer {
                     .get(),
             ),
             2 => Self::Mismatch(held_kind(value)),
-            _ => Self::Busy(value),
+            _ => Self::Busy(value, counter),
         })
     }
 }
