@@ -14,7 +14,7 @@ use futures::future::join_all;
 use crate::backend::BackendState;
 use crate::keys::LockKeys;
 use crate::lease::RedisLease;
-use crate::node::{Answer, ReleaseMode, millis, within};
+use crate::node::{Answer, Node, ReleaseMode, millis, within};
 use crate::redlock;
 use crate::scripts::HANDED_OVER;
 use crate::wake::Subscription;
@@ -37,13 +37,17 @@ pub(crate) struct RedisAttempt {
     /// Whether a poll ran already: only the first one may take the fast path, later ones know
     /// the lock is contended and go straight to the script (which queues the waiter).
     pub(crate) polled: bool,
-    /// The last poll answered by the script as busy (one master): when it was sent, and the
-    /// fencing counter it read. A release that hands the lock over ran after that poll (had
-    /// it run before, the poll would have found the lock this attempt's own), so the lease
-    /// it hands over started after the send, and its token is above the counter.
-    pub(crate) last_busy: Option<(Instant, u64)>,
-    /// A hand-over received by [`Attempt::changed`] (its token), for the next poll to return.
-    pub(crate) handed: Option<u64>,
+    /// Per node (empty until the first answer that says), what its answer to the last poll
+    /// showed of the fencing counter: when that poll was sent, and the counter (a busy
+    /// answer's, or the token of a grant a failed Redlock round gave back); `None` when that
+    /// answer did not come or showed no counter. A release that hands the lock over on that
+    /// node ran after that poll (had it run before, the poll would have found the lock this
+    /// attempt's own and said so), so the lease it hands over started after the send, and
+    /// its token is above the counter.
+    pub(crate) seen: Vec<Option<(Instant, u64)>>,
+    /// Per node (empty until the first), the token of a hand-over received since the last
+    /// poll ([`Attempt::changed`]); a majority of them is the lock, for the next poll.
+    pub(crate) handed: Vec<Option<u64>>,
 }
 
 impl RedisAttempt {
@@ -91,18 +95,66 @@ impl RedisAttempt {
         Step::busy(Some(known.map_or(refresh, |k| k.min(refresh))))
     }
 
-    /// The token of a hand-over message `wake` addressed to this attempt that it may hold on
-    /// (see [`scripts::RELEASE`](crate::scripts::RELEASE)): one master, a configuration
-    /// that hands over, the lease this attempt asked for, and a token above the counter its
-    /// last busy poll read (a message sent before that poll ran, for a hand-over lost since,
-    /// e.g. to a forced release, carries a token at most that counter). `None`: poll, which
-    /// finds the lock this attempt's own if it was handed over.
-    fn hand_over(&self, wake: &[u8]) -> Option<u64> {
-        let config = &self.shared.config;
-        let (_, counter) = self.last_busy?;
-        config.hand_over_lease(self.request.ttl)?;
+    /// Notes what node `node`'s answer to the poll sent at `sent` showed of its counter (see
+    /// [`Self::seen`]).
+    pub(crate) fn saw(&mut self, node: usize, sent: Instant, counter: u64) {
+        if self.seen.is_empty() {
+            self.seen = vec![None; self.shared.nodes.len()];
+        }
+        if let Some(seen) = self.seen.get_mut(node) {
+            *seen = Some((sent, counter));
+        }
+    }
+
+    /// The token of a hand-over message `wake` from node `node` addressed to this attempt
+    /// that it may count on (see [`scripts::RELEASE`](crate::scripts::RELEASE)): a
+    /// configuration that hands over, the lease this attempt asked for, and a token above
+    /// the counter that node's last answer showed (a message sent before that poll ran, for
+    /// a hand-over lost since, e.g. to a forced release, carries a token at most that
+    /// counter). `None`: poll, which finds the lock this attempt's own if it was handed over.
+    fn hand_over(&self, node: usize, wake: &[u8]) -> Option<u64> {
+        let (_, counter) = self.seen.get(node).copied().flatten()?;
+        self.shared.config.hand_over_lease(self.request.ttl)?;
         let (token, lease) = handed_over(wake, self.request.owner.as_bytes())?;
         (lease == millis(self.request.ttl) && token > counter).then_some(token)
+    }
+
+    /// The hand-overs received since the last poll, if a majority of the nodes handed the
+    /// lock over: `(node, token)`, with the earliest send of the polls before them (the
+    /// lease's start). Clears them: a poll supersedes them otherwise.
+    fn handed_majority(&mut self) -> Option<(Vec<(usize, u64)>, Instant)> {
+        let handed: Vec<(usize, u64)> = std::mem::take(&mut self.handed)
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, token)| Some((i, token?)))
+            .collect();
+        if handed.len() < self.shared.quorum() {
+            return None;
+        }
+        let started = handed
+            .iter()
+            .filter_map(|(i, _)| self.seen.get(*i).copied().flatten())
+            .map(|(sent, _)| sent)
+            .min()?;
+        Some((handed, started))
+    }
+
+    /// The lock, handed over by a majority of the nodes (see [`Self::handed_majority`]): no
+    /// acquire round trip (Redlock: the majority's lower counters raised, as after a round).
+    async fn take_handed(&mut self) -> Option<Acquired> {
+        let (handed, started) = self.handed_majority()?;
+        let acquired = if self.shared.redlock() {
+            let shared = self.shared.clone();
+            let tokens: Vec<(&Node, u64)> = handed
+                .iter()
+                .map(|(i, token)| (&shared.nodes[*i], *token))
+                .collect();
+            let timeout = shared.node_timeout(self.request.ttl);
+            redlock::acquired(self, &tokens, timeout).await
+        } else {
+            Acquired::new(self.lease(), FencingToken::new(handed[0].1))
+        };
+        Some(acquired.with_lease_started(started))
     }
 
     /// Whether this poll may try the fast path: only the first one, and never in
@@ -112,14 +164,6 @@ impl RedisAttempt {
     }
 
     async fn poll_single(&mut self) -> Result<Step> {
-        if let Some(token) = self.handed.take() {
-            // Handed over by the release (see [`Self::hand_over`]): no round trip; the lease
-            // counts from the send of the busy poll before it.
-            let started = self.last_busy.map_or_else(Instant::now, |(sent, _)| sent);
-            return Ok(Step::Acquired(
-                Acquired::new(self.lease(), FencingToken::new(token)).with_lease_started(started),
-            ));
-        }
         let node = &self.shared.nodes[0];
         if !self.polled && self.request.mode == AttemptMode::Wait && self.subs.is_empty() {
             // Still subscribed from an earlier wait of this client: listen before the first
@@ -142,7 +186,9 @@ impl RedisAttempt {
                 Step::Acquired(Acquired::new(self.lease(), FencingToken::new(token)))
             }
             Answer::Busy(ms, counter) => {
-                self.last_busy = counter.map(|counter| (sent, counter));
+                if let Some(counter) = counter {
+                    self.saw(0, sent, counter);
+                }
                 self.busy(Some(ms))
             }
             Answer::Mismatch(held) => return Err(self.mismatch(held)),
@@ -154,6 +200,13 @@ impl RedisAttempt {
 impl Attempt for RedisAttempt {
     async fn poll(&mut self) -> Result<Step> {
         self.settled = false;
+        if let Some(acquired) = self.take_handed().await {
+            return Ok(Step::Acquired(acquired));
+        }
+        // Only this poll's answers count from now on: a node whose answer does not come (an
+        // error, a timeout, this poll cancelled) may have run it after a hand-over and then
+        // lost that, or retreated from it, so a message from it makes the attempt poll.
+        self.seen.iter_mut().for_each(|seen| *seen = None);
         let step = if self.shared.redlock() {
             redlock::acquire(self).await
         } else {
@@ -187,15 +240,37 @@ impl Attempt for RedisAttempt {
                 return std::future::pending().await;
             }
         }
-        let owner = self.request.owner.as_bytes();
+        // Redlock: once one master handed the lock over, the others' hand-overs of the same
+        // release are awaited this long at most; then the poll decides.
+        let mut grace = None;
         loop {
             let wakes = self.subs.iter_mut().map(|s| Box::pin(s.next()));
-            let (wake, _, _) = futures::future::select_all(wakes).await;
+            let next = futures::future::select_all(wakes);
+            let (wake, node, _) = match grace {
+                None => next.await,
+                Some(deadline) => match tokio::time::timeout_at(deadline, next).await {
+                    Ok(woken) => woken,
+                    Err(_) => return,
+                },
+            };
             // Targeted at other waiters: those are served next, keep waiting.
-            if addressed_to(&wake, owner) {
-                self.handed = self.hand_over(&wake);
+            if !addressed_to(&wake, self.request.owner.as_bytes()) {
+                continue;
+            }
+            let Some(token) = self.hand_over(node, &wake) else {
+                return;
+            };
+            if self.handed.is_empty() {
+                self.handed = vec![None; self.shared.nodes.len()];
+            }
+            if let Some(handed) = self.handed.get_mut(node) {
+                *handed = Some(token);
+            }
+            if self.handed.iter().flatten().count() >= self.shared.quorum() {
                 return;
             }
+            let wait = self.shared.node_timeout(self.request.ttl);
+            grace.get_or_insert_with(|| tokio::time::Instant::now() + wait);
         }
     }
 

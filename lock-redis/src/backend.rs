@@ -267,8 +267,8 @@ impl LockBackend for RedisBackend {
             subs: Vec::new(),
             settled: false,
             polled: false,
-            last_busy: None,
-            handed: None,
+            seen: Vec::new(),
+            handed: Vec::new(),
         })
     }
 

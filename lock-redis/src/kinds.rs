@@ -14,7 +14,7 @@ use distlock_core::{AcquireRequest, AttemptMode, LockKind};
 use crate::RedisConfig;
 use crate::keys::LockKeys;
 use crate::node::{Holding, ReleaseMode, millis, seed_floor};
-use crate::scripts::{BUSY, Invocation, Lua, NEXT_TOKEN, with_helpers};
+use crate::scripts::{BUSY, Invocation, Lua, NEXT_TOKEN, hand_over, with_helpers};
 use crate::topology::Conn;
 
 /// The lock key's value while readers hold the lock (its TTL covers the latest reader's
@@ -213,18 +213,20 @@ return 1
 /// A holder's data goes with it (its field of `d`, or the whole key with the last holder or a
 /// forced release).
 ///
-/// KEYS: lock, queue, alive, holders, tokens, data.
+/// KEYS: lock, fence, queue, alive, holders, tokens, data.
 /// ARGV: owner, fair ("1"), handoff ms, channel, mode ("release", "abandon", "retreat" as
-/// for [`RELEASE`](crate::scripts::RELEASE), or "force": end every holder), permits (0 = shared).
+/// for [`RELEASE`](crate::scripts::RELEASE), or "force": end every holder), permits (0 = shared),
+/// [`SEED_FLOOR`](crate::scripts::SEED_FLOOR), forget ms, hand-over lease ms ("0": none).
 ///
 /// Then wakes exactly the waiters this call unblocks: when the last holder left and a writer
-/// heads the queue, that writer (reserving the lock for it in the default mode, as the
-/// mutex's release does); for a semaphore, the permit waiters whose place in the queue now
-/// fits in the free permits and did not before (one for one released permit). Returns 1 if
+/// heads the queue, that writer, as the mutex's release does (the lock handed over to it
+/// with a hand-over lease, else reserved for it in the default mode); for a semaphore, the
+/// permit waiters whose place in the queue now fits in the free permits and did not before (one for one released permit). Returns 1 if
 /// a live hold was released (force: if any holder was live), else 0.
 pub(crate) static HOLD_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     with_helpers(
-        r"
+        &[
+            r"
 local owner = ARGV[1]
 local fair = ARGV[2] == '1'
 local mode = ARGV[5]
@@ -237,18 +239,18 @@ local released = 0
 local left = false
 local before = 0
 if holder == marker then
-  prune_holders(KEYS[4], KEYS[5], KEYS[6], now)
-  before = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
+  prune_holders(KEYS[5], KEYS[6], KEYS[7], now)
+  before = redis.call('ZCOUNT', KEYS[5], '(' .. now, '+inf')
   if mode == 'force' then
     if before > 0 then released = 1 end
-    redis.call('DEL', KEYS[4], KEYS[5], KEYS[6])
+    redis.call('DEL', KEYS[5], KEYS[6], KEYS[7])
     left = true
   else
-    local ends = redis.call('ZSCORE', KEYS[4], owner)
+    local ends = redis.call('ZSCORE', KEYS[5], owner)
     if ends then
-      redis.call('ZREM', KEYS[4], owner)
-      redis.call('HDEL', KEYS[5], owner)
+      redis.call('ZREM', KEYS[5], owner)
       redis.call('HDEL', KEYS[6], owner)
+      redis.call('HDEL', KEYS[7], owner)
       left = true
       if tonumber(ends) > now then released = 1 end
     end
@@ -256,39 +258,46 @@ if holder == marker then
 end
 local moved = nil
 if mode == 'release' or mode == 'abandon' then
-  moved = redis.call('ZRANK', KEYS[2], member)
+  moved = redis.call('ZRANK', KEYS[3], member)
   if moved then
-    redis.call('ZREM', KEYS[2], member)
     redis.call('ZREM', KEYS[3], member)
+    redis.call('ZREM', KEYS[4], member)
   end
 end
 if not left and not moved then return released end
 local count = 0
 if holder == marker and left then
-  count = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
+  count = redis.call('ZCOUNT', KEYS[5], '(' .. now, '+inf')
   if count == 0 then
-    redis.call('DEL', KEYS[1], KEYS[4], KEYS[5], KEYS[6])
+    redis.call('DEL', KEYS[1], KEYS[5], KEYS[6], KEYS[7])
     holder = false
   else
-    local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+    local last = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')
     local keep = math.max(tonumber(last[2]) - now, 1)
     redis.call('PEXPIRE', KEYS[1], keep)
-    redis.call('PEXPIRE', KEYS[4], keep)
     redis.call('PEXPIRE', KEYS[5], keep)
     redis.call('PEXPIRE', KEYS[6], keep)
+    redis.call('PEXPIRE', KEYS[7], keep)
   end
 elseif holder == marker then
   count = before
 end
-prune_waiters(KEYS[2], KEYS[3], now)
-local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+prune_waiters(KEYS[3], KEYS[4], now)
+local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
 if not head then return released end
 if not holder and string.byte(head, 1) ~= 0 then
   -- Free, and a writer is first: hand over as the mutex's release does.
+  local lease = tonumber(ARGV[9])
+  if lease > 0 then
+",
+            &hand_over("head", "lease"),
+            r"
+    return released
+  end
   if not fair then
     redis.call('SET', KEYS[1], '\0next:' .. head, 'PX', ARGV[3])
-    redis.call('ZREM', KEYS[2], head)
     redis.call('ZREM', KEYS[3], head)
+    redis.call('ZREM', KEYS[4], head)
   end
   redis.call('PUBLISH', ARGV[4], head)
 elseif n > 0 and (not holder or holder == marker) then
@@ -299,11 +308,13 @@ elseif n > 0 and (not holder or holder == marker) then
   if lo < 0 then lo = 0 end
   if hi - lo > 127 then hi = lo + 127 end
   if hi >= lo and (left or moved <= hi) then
-    publish_to(ARGV[4], redis.call('ZRANGE', KEYS[2], lo, hi))
+    publish_to(ARGV[4], redis.call('ZRANGE', KEYS[3], lo, hi))
   end
 end
 return released
 ",
+        ]
+        .concat(),
     )
 });
 
@@ -376,19 +387,22 @@ pub(crate) fn renew_call(
 }
 
 /// The call of [`HOLD_RELEASE`] for `owner`'s hold of `kind` (shared or permits), or for
-/// every holder ([`ReleaseMode::Force`]).
+/// every holder ([`ReleaseMode::Force`]); `hand_over`: the lease with which the last holder
+/// hands the lock to a writer at the head of the queue (`None`: reserved for it instead).
 pub(crate) fn release_call(
     keys: &LockKeys,
     owner: &str,
     config: &RedisConfig,
     mode: ReleaseMode,
     kind: LockKind,
+    hand_over: Option<Duration>,
 ) -> Invocation {
     let fair = if config.fair { "1" } else { "0" };
     Invocation::new(
         &HOLD_RELEASE,
         &[
             &keys.lock,
+            &keys.fence,
             &keys.queue,
             &keys.alive,
             &keys.holders(),
@@ -402,6 +416,9 @@ pub(crate) fn release_call(
     .arg(&keys.channel)
     .arg(mode.as_str())
     .arg(permits_arg(kind))
+    .arg(seed_floor(config))
+    .arg(millis(config.forget_after))
+    .arg(hand_over.map_or(0, millis))
 }
 
 /// The live holders of a lock key that holds the marker of `kind`, read on `conn` from their

@@ -71,9 +71,9 @@
 //!   subscriber connection) wakes everyone. Expiry of a crashed holder's lease is caught by
 //!   sleeping until the remaining `PTTL` that the busy answer carried. Channels are
 //!   unsubscribed when no attempt waits on them any more.
-//! - **Hand-over** ([`RedisConfig::hand_over`], on by default; not on Redlock nor with
-//!   [`RedisConfig::wait_replicas`]): when the oldest live waiter wants the lock exclusively,
-//!   the release script itself sets the lock key to that waiter's owner value, with the
+//! - **Hand-over** ([`RedisConfig::hand_over`], on by default; not with
+//!   [`RedisConfig::wait_replicas`]; Redlock: see [Redlock](#redlock)): when the oldest live
+//!   waiter wants the lock exclusively, the release script itself sets the lock key to that waiter's owner value, with the
 //!   releaser's lease and the next fencing token (the counter stepped as the waiter's own
 //!   acquisition would), takes it out of the queue and publishes `"\0\1" + token + ":" +
 //!   lease ms + "\0" + owner`. A waiter that asked for the same lease holds on that message
@@ -82,8 +82,9 @@
 //!   polls, finds the lock its own and restarts the lease with its own ttl, and so does a
 //!   client that predates the hand-over (it reads the message as a list of owners naming
 //!   it). A message is trusted only if its token is above the fencing counter that the
-//!   waiter's last busy poll read: one published before that poll ran (for a hand-over lost
-//!   since, e.g. to a forced release) is not. A contended handoff costs the release alone:
+//!   answer to the waiter's last poll read (busy answers carry it; none came, or none was
+//!   set: not trusted): one published before that poll ran (for a hand-over lost since, e.g.
+//!   to a forced release) is not. A contended handoff costs the release alone:
 //!   one round trip and one message, where a reservation costs a message and the waiter's
 //!   acquire round trip. The price: a waiter killed while queued (less than its waiter
 //!   timeout before the release: it stays queued that long) keeps the lock handed to it
@@ -229,8 +230,9 @@
 //! writer holds `l` or has it reserved and no writer waits ahead of it (a waiting writer
 //! queues new readers behind it: no writer starvation); a permit holds when the live holders
 //! plus the permit waiters ahead of it are fewer than `N`. Wake-ups are targeted: the last
-//! reader's release hands the lock to the writer at the head (reserved for it in the default
-//! mode, as a writer's release does); a writer's release with readers at the head wakes all of
+//! reader's release hands the lock to the writer at the head as a writer's release hands it
+//! to the next writer (see Hand-over above; or reserves it, in the default mode, without the
+//! hand-over); a writer's release with readers at the head wakes all of
 //! them up to the next writer in one message (reserving `l` for them in the default mode); a
 //! released permit wakes the one permit waiter that now fits. Renewal and release are
 //! owner-checked scripts; a lost hold answers [`distlock_core::Error::NotHeld`].
@@ -257,6 +259,17 @@
 //! through different majorities with equal largest counters still get distinct tokens (each
 //! master hands out each counter value once; Redlock takes at most 64 masters). Declared
 //! [`BestEffort`](distlock_core::FencingGuarantee::BestEffort).
+//!
+//! A release hands the lock over on each master as on one (see Hand-over above): each master's
+//! release script gives it to its oldest waiter (mostly the same one on every master, as the
+//! arrival score comes from the waiter; the queues can differ where a poll missed a master)
+//! and publishes its own counter. The waiter holds once a majority of the masters' messages
+//! came, each trusted only if its token is above the counter that master's answer to the
+//! waiter's last poll showed (a busy answer's, or the grant a failed round gave back; no
+//! answer, or no counter: not trusted), with the lease counted from that poll's send, the
+//! token made from the majority's counters and their lower ones raised, as after a round.
+//! Once one master's message came, the others' are awaited for the node timeout at most;
+//! then the waiter polls, and finds the lock its own where it was handed over.
 //!
 //! Read-write locks run the single-master scripts on every node with the same majority and
 //! validity rules (a writer's majority shares a node with any other holder's majority, and a

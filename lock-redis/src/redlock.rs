@@ -100,6 +100,12 @@ pub(crate) async fn acquire(attempt: &mut RedisAttempt) -> Result<Step> {
     // The round failed: every master's answer decides what to retreat from (a majority that
     // granted too late leaves the others to be awaited).
     let answers = settled(&shared, gathered.all().await);
+    // What each master's counter was, for the hand-overs to come (see `RedisAttempt::seen`).
+    for (i, answer) in answers.iter().enumerate() {
+        if let Ok(Answer::Busy(_, Some(counter)) | Answer::Acquired(counter)) = answer {
+            attempt.saw(i, started, *counter);
+        }
+    }
     let Tally {
         outcomes,
         tokens,
@@ -231,7 +237,11 @@ fn settled<T>(
 /// comes from their largest counter ([`TOKEN_SCALE`]), and their lower counters are raised
 /// to it, so that any later majority (which shares a master with this one) continues above
 /// it.
-async fn acquired(attempt: &RedisAttempt, tokens: &[(&Node, u64)], timeout: Duration) -> Acquired {
+pub(crate) async fn acquired(
+    attempt: &RedisAttempt,
+    tokens: &[(&Node, u64)],
+    timeout: Duration,
+) -> Acquired {
     let shared = &attempt.shared;
     let max = tokens.iter().map(|(_, t)| *t).max().unwrap_or(0);
     let index = tokens
@@ -455,6 +465,7 @@ async fn on_masters(
     op: LeaseOp,
 ) -> Vec<std::result::Result<bool, RedisError>> {
     let shared = &lease.shared;
+    let hand_over = shared.config.hand_over_lease(lease.ttl);
     let round = Arc::new((
         shared.clone(),
         lease.keys(),
@@ -474,7 +485,7 @@ async fn on_masters(
                         LeaseOp::Renew(ttl) => n.renew(keys, owner, ttl, *kind).await,
                         LeaseOp::Release => {
                             let mode = ReleaseMode::Release;
-                            n.release(keys, owner, &shared.config, mode, *kind, None)
+                            n.release(keys, owner, &shared.config, mode, *kind, hand_over)
                                 .await
                         }
                     }

@@ -135,7 +135,8 @@ return token
 /// ARGV: owner, ttl ms, wait ("1" to queue), fair ("1"), waiter timeout ms, arrival score
 /// ("" = the server's time in microseconds), [`SEED_FLOOR`], forget ms (see [`NEXT_TOKEN`]).
 /// Returns `{1, token}` when acquired, `{0, retry_ms, counter}` when busy (`retry_ms` < 0:
-/// unknown; see [`BUSY`]), `{2, permits}` when the name is a semaphore of that many permits (see [`HOLD_ACQUIRE`](crate::kinds::HOLD_ACQUIRE)).
+/// unknown; see [`BUSY`]), `{2, permits}` when the name is a semaphore of that many permits
+/// (see [`HOLD_ACQUIRE`](crate::kinds::HOLD_ACQUIRE)).
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         &[
@@ -188,7 +189,7 @@ return {1, token}
 
 /// Lua that answers a `blocked` attempt of the acquire scripts `{0, blocked, counter}` (the
 /// fencing counter `KEYS[2]`, 0 if missing: a hand-over message that does not carry a larger
-/// token was sent before this answer, see `attempt.rs`), first queueing
+/// token was sent before this answer ran, see `attempt.rs`), first queueing
 /// it if it waits (`ARGV[3]` = "1"): as `member` in the queue `KEYS[3]` (arrival score
 /// `ARGV[6]`, or the server's `TIME` `t` in µs) with a liveness deadline in `KEYS[4]` (`now` +
 /// the waiter timeout `ARGV[5]`).
@@ -243,6 +244,16 @@ local fence_keep = {lease} + tonumber(ARGV[8])
 {NEXT_TOKEN}redis.call('ZREM', KEYS[3], {who})
 redis.call('ZREM', KEYS[4], {who})
 "
+    )
+}
+
+/// Lua that hands the lock over to the waiter `who` for `lease` ms (Lua variables; see
+/// [`RELEASE`]): [`grant`], then the hand-over message on the channel `ARGV[4]`.
+pub(crate) fn hand_over(who: &str, lease: &str) -> String {
+    format!(
+        "{}redis.call('PUBLISH', ARGV[4], '\\0\\1' .. string.format('%.0f', token) .. ':' .. \
+         string.format('%d', {lease}) .. '\\0' .. {who})\n",
+        grant(who, lease)
     )
 }
 
@@ -555,9 +566,8 @@ if holder then return released end
 local lease = tonumber(ARGV[6])
 if nxt and lease > 0 then
 ",
-            &grant("nxt", "lease"),
+            &hand_over("nxt", "lease"),
             r"
-  redis.call('PUBLISH', ARGV[4], '\0\1' .. string.format('%.0f', token) .. ':' .. ARGV[6] .. '\0' .. nxt)
   return released
 end
 if nxt and not fair then

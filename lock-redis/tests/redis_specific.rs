@@ -345,11 +345,11 @@ async fn queued_and_listening(
     }
 }
 
-/// A release hands the lock to the oldest waiter in its own script (owner value, lease and the
-/// next token, published to it), and a waiter that asked for the same lease holds on that
-/// message without a round trip: its lease counts from its last poll, before the release. A
-/// waiter that asked for another lease polls and holds with its own; with `hand_over=false`
-/// the release only reserves the lock, as before.
+/// A release (an exclusive holder's, or the last reader's) hands the lock to the oldest waiter
+/// in its own script (owner value, lease and the next token, published to it), and a waiter
+/// that asked for the same lease holds on that message without a round trip: its lease counts
+/// from its last poll, before the release. A waiter that asked for another lease polls and
+/// holds with its own; with `hand_over=false` the release only reserves the lock, as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_hands_the_lock_over_to_the_oldest_waiter() {
     use futures::StreamExt;
@@ -360,23 +360,36 @@ async fn a_release_hands_the_lock_over_to_the_oldest_waiter() {
     let ttl = Duration::from_secs(6);
     // The waiter polls every 2 s (a third of the waiter timeout; its backoff below): not near
     // the release.
-    let config = |hand_over| {
-        common::config(&urls[..1], false)
+    let config = |masters, hand_over| {
+        common::config(&urls[..masters], false)
             .with_waiter_timeout(Duration::from_secs(6))
             .with_hand_over(hand_over)
     };
-    for (case, hand_over, waiter_ttl) in [
-        ("handed", true, ttl),
-        ("other-ttl", true, Duration::from_secs(4)),
-        ("reserved", false, ttl),
-    ] {
-        let (a, b) = two_clients(&config(hand_over)).await;
-        let name = name(case);
+    // One master, and Redlock over three (the waiter holds on a majority of the messages).
+    let cases = [1, 3].into_iter().flat_map(|masters| {
+        [
+            ("handed", true, ttl),
+            // The last reader's release hands the lock to the writer behind it.
+            ("handed-by-reader", true, ttl),
+            ("other-ttl", true, Duration::from_secs(4)),
+            ("reserved", false, ttl),
+        ]
+        .map(|(case, hand_over, waiter_ttl)| (masters, case, hand_over, waiter_ttl))
+    });
+    for (masters, case, hand_over, waiter_ttl) in cases {
+        let first = if case.ends_with("reader") {
+            opts().with_ttl(ttl).shared()
+        } else {
+            opts().with_ttl(ttl)
+        };
+        let case = format!("{case} on {masters}");
+        let (a, b) = two_clients(&config(masters, hand_over)).await;
+        let name = name("hand-over");
         let keys = LockKeys::for_name(&name).unwrap();
         let mut raw = common::raw(&urls[0]).await;
         let mut listener = common::client(&urls[0]).get_async_pubsub().await.unwrap();
         listener.subscribe(&keys.channel).await.unwrap();
-        let held = a.acquire(&name, &opts().with_ttl(ttl)).await.unwrap();
+        let held = a.acquire(&name, &first).await.unwrap();
         let waiter = {
             let (b, name) = (b.clone(), name.clone());
             // Its safety-net polls (the backoff's maximum, 250 ms by default) 5 s apart.
@@ -396,13 +409,37 @@ async fn a_release_hands_the_lock_over_to_the_oldest_waiter() {
         let payload = message.get_payload_bytes().to_vec();
         let guard = waiter.await.unwrap().expect("the waiter gets the lock");
         assert_eq!(guard.owner(), owner, "{case}");
+        // Every master's counter (Redlock raised the majority's to the largest).
+        let mut counters = Vec::new();
+        for url in &urls[..masters] {
+            let counter: Option<u64> = redis::cmd("GET")
+                .arg(&keys.fence)
+                .query_async(&mut common::raw(url).await)
+                .await
+                .unwrap();
+            counters.push(counter.unwrap_or(0));
+        }
+        // The token is the counter of a majority (Redlock: the largest of the majority that
+        // granted it, to which the others of that majority were raised).
         let token = guard.token().get();
+        let counter = if masters == 1 { token } else { token / 64 };
+        assert!(
+            counters.iter().filter(|c| **c == counter).count() > masters / 2,
+            "{case}: token {token} is not the counter of a majority of {counters:?}"
+        );
         if hand_over {
-            let expected = format!("\0\x01{token}:{}\0{owner}", ttl.as_millis());
-            assert_eq!(
-                String::from_utf8_lossy(&payload),
-                expected,
-                "{case}: the release did not hand the lock over with the waiter's token"
+            let text = String::from_utf8_lossy(&payload).into_owned();
+            let handed = text
+                .strip_prefix("\0\x01")
+                .and_then(|rest| rest.strip_suffix(&format!(":{}\0{owner}", ttl.as_millis())))
+                .and_then(|t| t.parse::<u64>().ok());
+            let Some(handed) = handed else {
+                panic!("{case}: the release did not hand the lock over: {text:?}");
+            };
+            // Master 0's counter as the release stepped it (then maybe raised).
+            assert!(
+                handed <= counters[0] && (masters > 1 || handed == token),
+                "{case}: handed over with {handed}, the waiter holds {token}, {counters:?}"
             );
         } else {
             assert_eq!(
@@ -420,7 +457,7 @@ async fn a_release_hands_the_lock_over_to_the_oldest_waiter() {
         // Held on the message: the lease started at the waiter's last poll, >= 300 ms before
         // the release. Polled: a full lease of its own from after the release.
         let valid_for = guard.valid_until().saturating_duration_since(released_at);
-        if case == "handed" {
+        if case.starts_with("handed") {
             assert!(
                 valid_for < ttl - Duration::from_millis(200),
                 "{case}: the waiter polled for a lock handed over to it (valid {valid_for:?} \
@@ -459,7 +496,13 @@ async fn a_stale_hand_over_message_does_not_make_a_second_holder() {
         return;
     };
     let _shared = OUTAGE.read().await;
-    let config = common::config(&urls[..1], false).with_waiter_timeout(Duration::from_secs(6));
+    for masters in [1, 3] {
+        stale_hand_over(&urls[..masters]).await;
+    }
+}
+
+async fn stale_hand_over(urls: &[String]) {
+    let config = common::config(urls, false).with_waiter_timeout(Duration::from_secs(6));
     let (a, b) = two_clients(&config).await;
     let name = name("stale");
     let keys = LockKeys::for_name(&name).unwrap();
@@ -473,15 +516,23 @@ async fn a_stale_hand_over_message_does_not_make_a_second_holder() {
     let mut listener = common::client(&urls[0]).get_async_pubsub().await.unwrap();
     listener.subscribe(&keys.channel).await.unwrap();
     let owner = queued_and_listening(&mut raw, &keys).await;
-    // The message of a hand-over that happened before the waiter's last poll: its token is
-    // the current holder's.
-    let stale = format!("\0\x01{}:{}\0{owner}", held.token().get(), ttl.as_millis());
-    let _: i64 = redis::cmd("PUBLISH")
-        .arg(&keys.channel)
-        .arg(&stale)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    // On every master, the message of a hand-over that happened before the waiter's last
+    // poll: its token is the master's counter, the current holder's.
+    for url in urls {
+        let mut master = common::raw(url).await;
+        let counter: u64 = redis::cmd("GET")
+            .arg(&keys.fence)
+            .query_async(&mut master)
+            .await
+            .unwrap();
+        let stale = format!("\0\x01{counter}:{}\0{owner}", ttl.as_millis());
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(&keys.channel)
+            .arg(&stale)
+            .query_async(&mut master)
+            .await
+            .unwrap();
+    }
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !waiter.is_finished(),

@@ -79,12 +79,12 @@ pub struct RedisConfig {
     pub fair: bool,
     /// Default mode: how long a release reserves the lock for the oldest waiter. Default 100 ms.
     pub handoff: Duration,
-    /// One master, Sentinel and Cluster (not Redlock, nor with [`Self::wait_replicas`]): a
-    /// release that finds an exclusive waiter queued **hands the lock over** to the oldest
-    /// live one in the same script (its owner value in the lock key, with the releaser's lease
-    /// and the next fencing token, published to it), so the waiter holds on the message
-    /// without a round trip of its own; its lease counts from its last poll before the
-    /// release. A waiter that asked for another lease, or a client that predates this, polls
+    /// Not with [`Self::wait_replicas`]: a release that finds an exclusive waiter queued
+    /// **hands the lock over** to the oldest live one in the same script (its owner value in
+    /// the lock key, with the releaser's lease and the next fencing token, published to it),
+    /// so the waiter holds on the message without a round trip of its own (Redlock: on the
+    /// messages of a majority of the masters); its lease counts from its last poll before
+    /// the release. A waiter that asked for another lease, or a client that predates this, polls
     /// and finds the lock its own. The price: a waiter killed while queued (it stays queued
     /// for its [`Self::waiter_timeout`]) and then handed the lock keeps it until that lease
     /// runs out, where a reservation ([`Self::handoff`]) would have kept it that long only.
@@ -513,10 +513,10 @@ impl RedisConfig {
     }
 
     /// The lease a release hands over with ([`Self::hand_over`]): the releaser's `ttl`, or
-    /// `None` when this configuration does not hand over (Redlock, [`Self::wait_replicas`]:
-    /// the replicas' acknowledgement belongs to the connection that wrote).
+    /// `None` when this configuration does not hand over (with [`Self::wait_replicas`]: the
+    /// replicas' acknowledgement belongs to the connection that wrote).
     pub(crate) fn hand_over_lease(&self, ttl: Duration) -> Option<Duration> {
-        (self.hand_over && !self.redlock && self.wait_replicas == 0).then_some(ttl)
+        (self.hand_over && self.wait_replicas == 0).then_some(ttl)
     }
 
     /// Sets how long a name's fencing counter outlives its last lease

@@ -20,13 +20,13 @@ fn parses_hosts_credentials_databases_and_options() {
     assert!(c.fair && c.client_name == "a-b");
     let c = RedisConfig::from_url("redis://[::1]").unwrap();
     assert_eq!(c.nodes, ["redis://[::1]"]);
-    // Hand-over: on by default, off by option, never on Redlock nor with `wait_replicas`.
+    // Hand-over: on by default (Redlock too), off by option, never with `wait_replicas`.
     let ttl = Duration::from_secs(3);
     assert_eq!(c.hand_over_lease(ttl), Some(ttl));
     let c = RedisConfig::from_url("redis://[::1]?hand_over=false").unwrap();
     assert!(!c.hand_over && c.hand_over_lease(ttl).is_none());
     let c = RedisConfig::from_url("redlock://a:1,b:2,c:3").unwrap();
-    assert!(c.hand_over && c.hand_over_lease(ttl).is_none());
+    assert_eq!(c.hand_over_lease(ttl), Some(ttl));
     let c = RedisConfig::from_url("redis+sentinel://a:1/m?wait_replicas=1").unwrap();
     assert!(c.hand_over_lease(ttl).is_none());
     let c = RedisConfig::from_url("REDLOCK://a:1,b:2,c:3/1?node_timeout=7ms").unwrap();

@@ -41,7 +41,7 @@ impl ReleaseMode {
 pub(crate) enum Answer {
     Acquired(u64),
     /// Taken: the remaining lease in ms (< 0: unknown), and the fencing counter when the
-    /// script read it (see [`scripts::BUSY`]).
+    /// script read one (see [`scripts::BUSY`]).
     Busy(i64, Option<u64>),
     /// The name is held as this kind, which the request can never join.
     Mismatch(LockKind),
@@ -231,8 +231,8 @@ impl Node {
     }
 
     /// Releases `owner`'s hold of `kind` (see [`ReleaseMode`]). `hand_over`: the lease with
-    /// which an exclusive lock is handed to its oldest waiter
-    /// ([`RedisConfig::hand_over_lease`]); `None`: reserved for it instead.
+    /// which the lock is handed to the oldest waiter, a writer (after an exclusive hold or the
+    /// last shared one; [`RedisConfig::hand_over_lease`]); `None`: reserved for it instead.
     pub(crate) async fn release(
         &self,
         keys: &LockKeys,
@@ -248,7 +248,7 @@ impl Node {
                 .await;
         }
         let mut conn = self.conn.clone();
-        let released: i64 = kinds::release_call(keys, owner, config, mode, kind)
+        let released: i64 = kinds::release_call(keys, owner, config, mode, kind, hand_over)
             .invoke(&mut conn)
             .await
             .map_err(|e| self.classify(e))?;
@@ -374,7 +374,8 @@ impl redis::FromRedisValue for Answer {
         let answer: Vec<i64> = redis::FromRedisValue::from_redis_value(value)?;
         let (code, value, counter) = match answer[..] {
             [code, value] => (code, value, None),
-            [code, value, counter] => (code, value, u64::try_from(counter).ok()),
+            // 0: no counter (expired, or never used), which tells nothing.
+            [code, value, counter] => (code, value, u64::try_from(counter).ok().filter(|c| *c > 0)),
             _ => return Err(format!("the acquire script answered {answer:?}").into()),
         };
         Ok(match code {
