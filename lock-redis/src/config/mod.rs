@@ -77,7 +77,8 @@ pub struct RedisConfig {
     /// Strict FIFO: a waiter queue kept in Redis decides who is next; `try_acquire` fails while
     /// anybody waits. Default `false`: starvation-free handoff (see the crate docs).
     pub fair: bool,
-    /// Default mode: how long a release reserves the lock for the oldest waiter. Default 100 ms.
+    /// Default mode: how long a release reserves the lock for the oldest waiter, when it does
+    /// not hand it over ([`Self::hand_over`]). Default 100 ms.
     pub handoff: Duration,
     /// Not with [`Self::wait_replicas`]: a release that finds an exclusive waiter queued
     /// **hands the lock over** to the oldest live one in the same script (its owner value in
