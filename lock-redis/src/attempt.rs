@@ -314,16 +314,14 @@ pub(crate) fn addressed_to(wake: &[u8], owner: &[u8]) -> bool {
     }
 }
 
-/// A hand-over message addressed to `owner`: `(token, lease ms)`.
-/// Format: [`HANDED_OVER`] + token + `:` + lease ms + NUL + owner.
+/// A hand-over message addressed to `owner`: `(token, lease ms)`. Format: [`HANDED_OVER`] +
+/// lease ms + `:` + tokens (comma-separated) + NUL + owners (NUL-separated, one per token).
 pub(crate) fn handed_over(wake: &[u8], owner: &[u8]) -> Option<(u64, u64)> {
-    let rest = wake.strip_prefix(HANDED_OVER)?;
-    let nul = rest.iter().position(|b| *b == 0)?;
-    let (head, to) = (rest.get(..nul)?, rest.get(nul + 1..)?);
-    if to != owner {
-        return None;
-    }
-    let (token, lease) = std::str::from_utf8(head).ok()?.split_once(':')?;
+    let mut parts = wake.strip_prefix(HANDED_OVER)?.split(|b| *b == 0);
+    let head = std::str::from_utf8(parts.next()?).ok()?;
+    let place = parts.position(|o| o == owner)?;
+    let (lease, tokens) = head.split_once(':')?;
+    let token = tokens.split(',').nth(place)?;
     Some((token.parse().ok()?, lease.parse().ok()?))
 }
 
@@ -341,23 +339,30 @@ mod tests {
         assert!(!addressed_to(b"\0ab\0b", b"a"));
         assert!(!addressed_to(b"\0", b"a"));
         // A hand-over: addressed to its owner alone, old clients included.
-        assert!(addressed_to(b"\0\x0142:3000\0a", b"a"));
-        assert!(!addressed_to(b"\0\x0142:3000\0a", b"b"));
+        assert!(addressed_to(b"\0\x013000:42\0a", b"a"));
+        assert!(!addressed_to(b"\0\x013000:42\0a", b"b"));
+        assert!(addressed_to(b"\0\x013000:42,43\0b\0a", b"a"));
     }
 
     #[test]
     fn hand_over_messages_parse_for_their_owner_only() {
         let token = 1_790_000_000_000_123_u64;
-        let wake = format!("\0\x01{token}:3000\0own-er");
+        let wake = format!("\0\x013000:{token}\0own-er");
         assert_eq!(handed_over(wake.as_bytes(), b"own-er"), Some((token, 3000)));
         assert_eq!(handed_over(wake.as_bytes(), b"own"), None);
         assert_eq!(handed_over(b"own-er", b"own-er"), None);
         assert_eq!(handed_over(b"\0own-er", b"own-er"), None);
+        // Readers: one token each, in the owners' order.
+        let readers = b"\0\x012000:7,9,11\0r1\0r2\0r3";
+        assert_eq!(handed_over(readers, b"r2"), Some((9, 2000)));
+        assert_eq!(handed_over(readers, b"r3"), Some((11, 2000)));
+        assert_eq!(handed_over(readers, b"r4"), None);
         for bad in [
             "\0\x0142\0a",
-            "\0\x01:1\0a",
-            "\0\x011.7e+15:1\0a",
+            "\0\x011:\0a",
+            "\0\x011:1.7e+15\0a",
             "\0\x011:1a",
+            "\0\x011:5\0b\0a",
         ] {
             assert_eq!(handed_over(bad.as_bytes(), b"a"), None, "{bad:?}");
         }

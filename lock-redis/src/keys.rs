@@ -150,10 +150,10 @@ pub(crate) fn queue_of(lock: &str) -> String {
     of_kind(lock, 'q')
 }
 
-/// The release's keys of the name whose lock key is `lock` (queue, alive, channel, data, fence),
-/// made from it in one allocation: a held lock keeps only its lock key, and rebuilding every
-/// key of its name ([`LockKeys::new`]: a hash, six allocations) cost more client CPU than the
-/// rest of the release's own work.
+/// The release's keys of the name whose lock key is `lock` (queue, alive, channel, data, fence,
+/// holders, tokens), made from it in one allocation: a held lock keeps only its lock key, and
+/// rebuilding every key of its name ([`LockKeys::new`]: a hash, six allocations) cost more
+/// client CPU than the rest of the release's own work.
 #[derive(Debug)]
 pub(crate) struct Siblings {
     buf: String,
@@ -163,7 +163,7 @@ pub(crate) struct Siblings {
 
 impl Siblings {
     /// The kinds, in the order of the accessors below.
-    const KINDS: [char; 5] = ['q', 'a', 'c', 'd', 'f'];
+    const KINDS: [char; 7] = ['q', 'a', 'c', 'd', 'f', 'h', 't'];
 
     pub(crate) fn of(lock: &str) -> Self {
         let mut buf = String::with_capacity(lock.len() * Self::KINDS.len());
@@ -207,6 +207,16 @@ impl Siblings {
     /// [`LockKeys::fence`].
     pub(crate) fn fence(&self) -> &str {
         self.nth(4)
+    }
+
+    /// [`LockKeys::holders`].
+    pub(crate) fn holders(&self) -> &str {
+        self.nth(5)
+    }
+
+    /// [`LockKeys::tokens`].
+    pub(crate) fn tokens(&self) -> &str {
+        self.nth(6)
     }
 }
 
@@ -326,6 +336,8 @@ mod tests {
             assert_eq!(siblings.channel(), keys.channel);
             assert_eq!(siblings.data(), keys.data());
             assert_eq!(siblings.fence(), keys.fence);
+            assert_eq!(siblings.holders(), keys.holders());
+            assert_eq!(siblings.tokens(), keys.tokens());
             assert_eq!(queue_of(&keys.lock), keys.queue);
         }
     }

@@ -68,10 +68,12 @@ pub(crate) fn marker(kind: LockKind) -> String {
 /// [`permits_marker`]) with a TTL that covers the latest lease, so the exclusive paths (the
 /// fast path's `SET NX` included) refuse by themselves and need no change. A holder is live
 /// while its lease has not ended **and** the lock key holds the marker: the first holder of a
-/// new marker (a new epoch) drops whatever `h` and `t` still hold. A writer's release that
-/// wakes readers reserves the free lock for them (default mode) with `"\0next:\0readers"`, a
-/// reservation (it starts with [`RESERVED_PREFIX`](crate::scripts::RESERVED_PREFIX)) for no owner,
-/// which readers join as a new epoch.
+/// new marker (a new epoch) drops whatever `h` and `t` still hold. A writer's release hands
+/// the free lock over to the readers at the head of the queue (a new epoch it writes itself,
+/// see [`RELEASE`](crate::scripts::RELEASE)), or, without the hand-over, wakes them and
+/// reserves the lock for them (default mode) with `"\0next:\0readers"`, a reservation (it
+/// starts with [`RESERVED_PREFIX`](crate::scripts::RESERVED_PREFIX)) for no owner, which
+/// readers join as a new epoch.
 ///
 /// Served in arrival order in both modes: a reader holds when no writer is ahead of it in
 /// the queue (a waiting writer queues new readers behind it) and no writer holds or has the

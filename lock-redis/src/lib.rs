@@ -73,10 +73,10 @@
 //!   unsubscribed when no attempt waits on them any more.
 //! - **Hand-over** ([`RedisConfig::hand_over`], on by default; not with
 //!   [`RedisConfig::wait_replicas`]; Redlock: see [Redlock](#redlock)): when the oldest live
-//!   waiter wants the lock exclusively, the release script itself sets the lock key to that waiter's owner value, with the
-//!   releaser's lease and the next fencing token (the counter stepped as the waiter's own
-//!   acquisition would), takes it out of the queue and publishes `"\0\1" + token + ":" +
-//!   lease ms + "\0" + owner`. A waiter that asked for the same lease holds on that message
+//!   waiter wants the lock exclusively, the release script itself sets the lock key to that
+//!   waiter's owner value, with the releaser's lease and the next fencing token (the counter
+//!   stepped as the waiter's own acquisition would), takes it out of the queue and publishes
+//!   `"\0\1" + lease ms + ":" + token + "\0" + owner` (readers: see below). A waiter that asked for the same lease holds on that message
 //!   with no round trip of its own, its lease counted from the send of its last poll (which
 //!   found the lock busy, so the release ran after it); one that asked for another lease
 //!   polls, finds the lock its own and restarts the lease with its own ttl, and so does a
@@ -86,9 +86,9 @@
 //!   set: not trusted): one published before that poll ran (for a hand-over lost since, e.g.
 //!   to a forced release) is not. A contended handoff costs the release alone:
 //!   one round trip and one message, where a reservation costs a message and the waiter's
-//!   acquire round trip. The price: a waiter killed while queued (less than its waiter
-//!   timeout before the release: it stays queued that long) keeps the lock handed to it
-//!   until that lease runs out, where a reservation holds it for [`RedisConfig::handoff`]
+//!   acquire round trip. The price: a waiter (a writer, or a reader handed a shared hold
+//!   with the others) killed while queued (less than its waiter timeout before the release:
+//!   it stays queued that long) keeps the lock handed to it until that lease runs out, where a reservation holds it for [`RedisConfig::handoff`]
 //!   only; a forced release reserves instead of handing over (it does not know the next
 //!   holder's lease).
 //! - **No starvation (default)**: a release hands the lock to the oldest waiter (above), or
@@ -232,8 +232,10 @@
 //! plus the permit waiters ahead of it are fewer than `N`. Wake-ups are targeted: the last
 //! reader's release hands the lock to the writer at the head as a writer's release hands it
 //! to the next writer (see Hand-over above; or reserves it, in the default mode, without the
-//! hand-over); a writer's release with readers at the head wakes all of
-//! them up to the next writer in one message (reserving `l` for them in the default mode); a
+//! hand-over); a writer's release with readers at the head hands the lock over to all of them
+//! up to the next writer (at most 128) in the same way, their shared holds and tokens written
+//! by the release and one message with each reader's token (without the hand-over it wakes
+//! them in one message, reserving `l` for them in the default mode); a
 //! released permit wakes the one permit waiter that now fits. Renewal and release are
 //! owner-checked scripts; a lost hold answers [`distlock_core::Error::NotHeld`].
 //!

@@ -251,8 +251,8 @@ redis.call('ZREM', KEYS[4], {who})
 /// [`RELEASE`]): [`grant`], then the hand-over message on the channel `ARGV[4]`.
 pub(crate) fn hand_over(who: &str, lease: &str) -> String {
     format!(
-        "{}redis.call('PUBLISH', ARGV[4], '\\0\\1' .. string.format('%.0f', token) .. ':' .. \
-         string.format('%d', {lease}) .. '\\0' .. {who})\n",
+        "{}redis.call('PUBLISH', ARGV[4], '\\0\\1' .. string.format('%d', {lease}) .. ':' .. \
+         string.format('%.0f', token) .. '\\0' .. {who})\n",
         grant(who, lease)
     )
 }
@@ -495,7 +495,7 @@ return 0
 /// Owner-checked release with handoff, abandonment of an attempt, or a Redlock retreat. The
 /// hold's data (`d`, see [`SET_DATA`]) goes with the lock key.
 ///
-/// KEYS: lock, fence, queue, alive, data.
+/// KEYS: lock, fence, queue, alive, data, holders, tokens.
 /// ARGV: owner, fair ("1"), handoff ms, channel, mode: "release" (the owner is done: also
 /// leave the queue), "abandon" (the same for an attempt that ends without the lock: it also
 /// gives up a reservation or a hand-over made for it) or "retreat" (Redlock, after a failed
@@ -505,8 +505,8 @@ return 0
 /// Then, if this call freed the lock (or gave up a turn), picks the oldest live waiter and:
 /// - with a hand-over lease (`ARGV[6]` > 0), **hands the lock over**: sets the lock key to the
 ///   waiter's owner value for that lease, steps the fencing counter as its acquisition would
-///   ([`NEXT_TOKEN`]), takes it out of the queue and publishes [`HANDED_OVER`] + token + `:` +
-///   lease ms + NUL + owner. The waiter holds on the message alone when it asked for the same
+///   ([`NEXT_TOKEN`]), takes it out of the queue and publishes [`HANDED_OVER`] + lease ms +
+///   `:` + token + NUL + owner. The waiter holds on the message alone when it asked for the same
 ///   lease (see `attempt.rs`); otherwise its next poll finds the lock its own and restarts the
 ///   lease with its own ttl (the acquire script's retry branch). A client that predates the
 ///   hand-over reads the message as a list of owners that names it, and polls the same way;
@@ -514,7 +514,11 @@ return 0
 ///   owner in the lock key (default mode; the fair mode's queue needs no reservation) and
 ///   publishes its owner value on the channel (empty payload: nobody waits).
 ///
-/// When readers (or permit waiters) head the queue instead, it wakes them as
+/// When readers head the queue of a lock this call freed, with a hand-over lease it hands the
+/// lock over to them (up to the first writer, at most 128): a new epoch of shared holds in
+/// `h` and `t` as their acquisitions would make it (marker, lease, a token each), out of the
+/// queue, and one message [`HANDED_OVER`] + lease ms + `:` + their tokens (comma-separated) +
+/// NUL + their owners (NUL-separated, in the same order). Otherwise it wakes them as
 /// [`HOLD_RELEASE`](crate::kinds::HOLD_RELEASE) does (reserving the free lock for the readers
 /// in the default mode), and a writer that leaves the head of the queue while readers hold
 /// wakes the readers queued behind it. Returns 1 if the lock was released, else 0.
@@ -558,12 +562,54 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 prune_waiters(KEYS[3], KEYS[4], now)
 local nxt = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+local lease = tonumber(ARGV[6])
+if nxt and lease > 0 and not holder and string.sub(nxt, 1, 3) == '\0s:' then
+  -- Hands the lock over to the live readers at the head (up to the first writer, at most
+  -- 128; the pruning above drops at most 64 dead waiters): a new epoch of shared holds, each
+  -- with its lease and token, as their acquisitions would have made it, and one message
+  -- with every reader's token.
+  local readers = {}
+  for _, w in ipairs(redis.call('ZRANGE', KEYS[3], 0, 127)) do
+    if string.sub(w, 1, 3) ~= '\0s:' then break end
+    if tonumber(redis.call('ZSCORE', KEYS[4], w) or '0') > now then
+      readers[#readers + 1] = w
+    else
+      redis.call('ZREM', KEYS[3], w)
+      redis.call('ZREM', KEYS[4], w)
+    end
+  end
+  if #readers > 0 then
+    redis.call('DEL', KEYS[5], KEYS[6], KEYS[7])
+    redis.call('SET', KEYS[1], '\0shared', 'PX', lease)
+    local floor = tonumber(ARGV[7])
+    local fence_keep = lease + tonumber(ARGV[8])
+    local owners, tokens = {}, {}
+    for _, w in ipairs(readers) do
+      local who = string.sub(w, 4)
+",
+            NEXT_TOKEN,
+            r"
+      redis.call('ZADD', KEYS[6], now + lease, who)
+      redis.call('HSET', KEYS[7], who, token)
+      redis.call('ZREM', KEYS[3], w)
+      redis.call('ZREM', KEYS[4], w)
+      owners[#owners + 1] = who
+      tokens[#tokens + 1] = string.format('%.0f', token)
+    end
+    redis.call('PEXPIRE', KEYS[6], lease)
+    redis.call('PEXPIRE', KEYS[7], lease)
+    redis.call('PUBLISH', ARGV[4], '\0\1' .. string.format('%d', lease) .. ':' ..
+      table.concat(tokens, ',') .. '\0' .. table.concat(owners, '\0'))
+    return released
+  end
+  -- Every reader at the head was dead: whoever is next now.
+  nxt = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+end
 if nxt and string.byte(nxt, 1) == 0 then
   wake_holds(KEYS[1], KEYS[3], ARGV[4], not holder and not fair, ARGV[3])
   return released
 end
 if holder then return released end
-local lease = tonumber(ARGV[6])
 if nxt and lease > 0 then
 ",
             &hand_over("nxt", "lease"),

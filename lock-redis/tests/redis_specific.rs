@@ -371,17 +371,20 @@ async fn a_release_hands_the_lock_over_to_the_oldest_waiter() {
             ("handed", true, ttl),
             // The last reader's release hands the lock to the writer behind it.
             ("handed-by-reader", true, ttl),
+            // A writer's release hands the lock to the reader behind it.
+            ("handed-to-reader", true, ttl),
             ("other-ttl", true, Duration::from_secs(4)),
             ("reserved", false, ttl),
         ]
         .map(|(case, hand_over, waiter_ttl)| (masters, case, hand_over, waiter_ttl))
     });
     for (masters, case, hand_over, waiter_ttl) in cases {
-        let first = if case.ends_with("reader") {
+        let first = if case.ends_with("by-reader") {
             opts().with_ttl(ttl).shared()
         } else {
             opts().with_ttl(ttl)
         };
+        let reader = case.ends_with("to-reader");
         let case = format!("{case} on {masters}");
         let (a, b) = two_clients(&config(masters, hand_over)).await;
         let name = name("hand-over");
@@ -395,10 +398,15 @@ async fn a_release_hands_the_lock_over_to_the_oldest_waiter() {
             // Its safety-net polls (the backoff's maximum, 250 ms by default) 5 s apart.
             let slow =
                 distlock_core::Backoff::new(Duration::from_millis(2), Duration::from_secs(5));
-            let options = opts().with_ttl(waiter_ttl).with_backoff(slow);
+            let mut options = opts().with_ttl(waiter_ttl).with_backoff(slow);
+            if reader {
+                options = options.shared();
+            }
             tokio::spawn(async move { b.acquire(&name, &options).await })
         };
-        let owner = queued_and_listening(&mut raw, &keys).await;
+        let queued = queued_and_listening(&mut raw, &keys).await;
+        // A reader is queued as NUL "s:" + its owner value.
+        let owner = queued.strip_prefix("\0s:").unwrap_or(&queued).to_owned();
         tokio::time::sleep(Duration::from_millis(300)).await;
         let released_at = Instant::now();
         held.release().await.unwrap();
@@ -430,8 +438,8 @@ async fn a_release_hands_the_lock_over_to_the_oldest_waiter() {
         if hand_over {
             let text = String::from_utf8_lossy(&payload).into_owned();
             let handed = text
-                .strip_prefix("\0\x01")
-                .and_then(|rest| rest.strip_suffix(&format!(":{}\0{owner}", ttl.as_millis())))
+                .strip_prefix(&format!("\0\x01{}:", ttl.as_millis()))
+                .and_then(|rest| rest.strip_suffix(&format!("\0{owner}")))
                 .and_then(|t| t.parse::<u64>().ok());
             let Some(handed) = handed else {
                 panic!("{case}: the release did not hand the lock over: {text:?}");
@@ -448,12 +456,26 @@ async fn a_release_hands_the_lock_over_to_the_oldest_waiter() {
                 "{case}: a reservation names the waiter"
             );
         }
-        let value: Option<String> = redis::cmd("GET")
-            .arg(&keys.lock)
-            .query_async(&mut raw)
-            .await
-            .unwrap();
-        assert_eq!(value.as_deref(), Some(owner.as_str()), "{case}");
+        // The lock key names the holder on a majority (Redlock: a master outside the majority
+        // that granted may still be answering).
+        let holder = if reader { "\0shared" } else { owner.as_str() };
+        let mut values = Vec::new();
+        for url in &urls[..masters] {
+            let value: Option<String> = redis::cmd("GET")
+                .arg(&keys.lock)
+                .query_async(&mut common::raw(url).await)
+                .await
+                .unwrap();
+            values.push(value);
+        }
+        assert!(
+            values
+                .iter()
+                .filter(|v| v.as_deref() == Some(holder))
+                .count()
+                > masters / 2,
+            "{case}: {values:?}"
+        );
         // Held on the message: the lease started at the waiter's last poll, >= 300 ms before
         // the release. Polled: a full lease of its own from after the release.
         let valid_for = guard.valid_until().saturating_duration_since(released_at);
@@ -525,7 +547,7 @@ async fn stale_hand_over(urls: &[String]) {
             .query_async(&mut master)
             .await
             .unwrap();
-        let stale = format!("\0\x01{counter}:{}\0{owner}", ttl.as_millis());
+        let stale = format!("\0\x01{}:{counter}\0{owner}", ttl.as_millis());
         let _: i64 = redis::cmd("PUBLISH")
             .arg(&keys.channel)
             .arg(&stale)

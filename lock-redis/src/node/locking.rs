@@ -288,6 +288,8 @@ impl Node {
                 siblings.queue(),
                 siblings.alive(),
                 siblings.data(),
+                siblings.holders(),
+                siblings.tokens(),
             ],
         )
         .arg(owner)
