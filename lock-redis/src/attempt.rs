@@ -19,6 +19,14 @@ use crate::redlock;
 use crate::scripts::HANDED_OVER;
 use crate::wake::Subscription;
 
+/// Redlock: how long a waiter that one master handed the lock over to waits for the other
+/// masters' hand-overs of the same release (sent at once, so due within a round trip of each
+/// other) before it polls (at most the node timeout). A master whose queue differs (a waiter
+/// whose poll reached it and not the others yet) hands over to a waiter the others do not:
+/// that waiter polls after this and finds its hold there, instead of blocking for the node
+/// timeout (a tenth of the ttl) with a hold the others wait behind.
+const HAND_OVER_GRACE: Duration = Duration::from_millis(5);
+
 pub(crate) fn remaining(pttl: i64) -> Option<Duration> {
     u64::try_from(pttl).ok().map(Duration::from_millis)
 }
@@ -241,7 +249,7 @@ impl Attempt for RedisAttempt {
             }
         }
         // Redlock: once one master handed the lock over, the others' hand-overs of the same
-        // release are awaited this long at most; then the poll decides.
+        // release are awaited for [`HAND_OVER_GRACE`] at most; then the poll decides.
         let mut grace = None;
         loop {
             let wakes = self.subs.iter_mut().map(|s| Box::pin(s.next()));
@@ -269,7 +277,10 @@ impl Attempt for RedisAttempt {
             if self.handed.iter().flatten().count() >= self.shared.quorum() {
                 return;
             }
-            let wait = self.shared.node_timeout(self.request.ttl);
+            let wait = self
+                .shared
+                .node_timeout(self.request.ttl)
+                .min(HAND_OVER_GRACE);
             grace.get_or_insert_with(|| tokio::time::Instant::now() + wait);
         }
     }

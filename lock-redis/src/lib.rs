@@ -270,8 +270,10 @@
 //! waiter's last poll showed (a busy answer's, or the grant a failed round gave back; no
 //! answer, or no counter: not trusted), with the lease counted from that poll's send, the
 //! token made from the majority's counters and their lower ones raised, as after a round.
-//! Once one master's message came, the others' are awaited for the node timeout at most;
-//! then the waiter polls, and finds the lock its own where it was handed over.
+//! Once one master's message came, the others' are awaited for 5 ms (at most the node
+//! timeout): a master whose queue differs (a waiter whose poll reached it first) hands over to
+//! a waiter the others do not; that waiter then polls, and finds the lock its own where it
+//! was handed over.
 //!
 //! Read-write locks run the single-master scripts on every node with the same majority and
 //! validity rules (a writer's majority shares a node with any other holder's majority, and a
