@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use distlock_core::{
-    AcquireRequest, Acquired, Attempt, AttemptMode, Error, FencingToken, Lease, Result, Step,
+    AcquireRequest, Acquired, Attempt, AttemptMode, Error, FencingToken, Lease, LockKind, Result,
+    Step,
 };
 use futures::future::join_all;
 
@@ -123,8 +124,15 @@ impl RedisAttempt {
     fn hand_over(&self, node: usize, wake: &[u8]) -> Option<u64> {
         let (_, counter) = self.seen.get(node).copied().flatten()?;
         self.shared.config.hand_over_lease(self.request.ttl)?;
-        let (token, lease) = handed_over(wake, self.request.owner.as_bytes())?;
-        (lease == millis(self.request.ttl) && token > counter).then_some(token)
+        let handed = handed_over(wake, self.request.owner.as_bytes())?;
+        let permits = match self.request.kind {
+            LockKind::Permit { permits } => Some(permits),
+            _ => None,
+        };
+        (handed.lease == millis(self.request.ttl)
+            && handed.permits == permits
+            && handed.token > counter)
+            .then_some(handed.token)
     }
 
     /// The hand-overs received since the last poll, if a majority of the nodes handed the
@@ -325,20 +333,40 @@ pub(crate) fn addressed_to(wake: &[u8], owner: &[u8]) -> bool {
     }
 }
 
-/// A hand-over message addressed to `owner`: `(token, lease ms)`. Format: [`HANDED_OVER`] +
-/// lease ms + `:` + tokens (comma-separated) + NUL + owners (NUL-separated, one per token).
-pub(crate) fn handed_over(wake: &[u8], owner: &[u8]) -> Option<(u64, u64)> {
+/// What a hand-over message gives one waiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Handed {
+    pub(crate) token: u64,
+    /// The lease, ms.
+    pub(crate) lease: u64,
+    /// The kind handed over: the permits of the semaphore a permit is of, `None` for the
+    /// lock or a shared hold (the queue member the release took tells those apart).
+    pub(crate) permits: Option<u32>,
+}
+
+/// A hand-over message addressed to `owner`. Format: [`HANDED_OVER`] + lease ms (then, for
+/// permits, `/` and the semaphore's permits) + `:` + tokens (comma-separated) + NUL + owners
+/// (NUL-separated, one per token).
+pub(crate) fn handed_over(wake: &[u8], owner: &[u8]) -> Option<Handed> {
     let mut parts = wake.strip_prefix(HANDED_OVER)?.split(|b| *b == 0);
     let head = std::str::from_utf8(parts.next()?).ok()?;
     let place = parts.position(|o| o == owner)?;
     let (lease, tokens) = head.split_once(':')?;
-    let token = tokens.split(',').nth(place)?;
-    Some((token.parse().ok()?, lease.parse().ok()?))
+    let token = tokens.split(',').nth(place)?.parse().ok()?;
+    let (lease, permits) = match lease.split_once('/') {
+        Some((lease, permits)) => (lease, Some(permits.parse().ok()?)),
+        None => (lease, None),
+    };
+    Some(Handed {
+        token,
+        lease: lease.parse().ok()?,
+        permits,
+    })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{addressed_to, handed_over};
+    use super::{Handed, addressed_to, handed_over};
 
     #[test]
     fn wake_ups_reach_only_their_addressees() {
@@ -358,22 +386,38 @@ mod tests {
     #[test]
     fn hand_over_messages_parse_for_their_owner_only() {
         let token = 1_790_000_000_000_123_u64;
+        let handed = |token, lease, permits| {
+            Some(Handed {
+                token,
+                lease,
+                permits,
+            })
+        };
         let wake = format!("\0\x013000:{token}\0own-er");
-        assert_eq!(handed_over(wake.as_bytes(), b"own-er"), Some((token, 3000)));
+        assert_eq!(
+            handed_over(wake.as_bytes(), b"own-er"),
+            handed(token, 3000, None)
+        );
         assert_eq!(handed_over(wake.as_bytes(), b"own"), None);
         assert_eq!(handed_over(b"own-er", b"own-er"), None);
         assert_eq!(handed_over(b"\0own-er", b"own-er"), None);
         // Readers: one token each, in the owners' order.
         let readers = b"\0\x012000:7,9,11\0r1\0r2\0r3";
-        assert_eq!(handed_over(readers, b"r2"), Some((9, 2000)));
-        assert_eq!(handed_over(readers, b"r3"), Some((11, 2000)));
+        assert_eq!(handed_over(readers, b"r2"), handed(9, 2000, None));
+        assert_eq!(handed_over(readers, b"r3"), handed(11, 2000, None));
         assert_eq!(handed_over(readers, b"r4"), None);
+        // Permits of a semaphore of 3.
+        let permits = b"\0\x012000/3:7,9\0p1\0p2";
+        assert_eq!(handed_over(permits, b"p2"), handed(9, 2000, Some(3)));
         for bad in [
             "\0\x0142\0a",
             "\0\x011:\0a",
             "\0\x011:1.7e+15\0a",
             "\0\x011:1a",
             "\0\x011:5\0b\0a",
+            "\0\x011/:5\0a",
+            "\0\x011/x:5\0a",
+            "\0\x01/3:5\0a",
         ] {
             assert_eq!(handed_over(bad.as_bytes(), b"a"), None, "{bad:?}");
         }

@@ -220,11 +220,22 @@ return 1
 /// for [`RELEASE`](crate::scripts::RELEASE), or "force": end every holder), permits (0 = shared),
 /// [`SEED_FLOOR`](crate::scripts::SEED_FLOOR), forget ms, hand-over lease ms ("0": none).
 ///
-/// Then wakes exactly the waiters this call unblocks: when the last holder left and a writer
+/// An abandon of a permit attempt that finds the name a semaphore of other permits (a misuse
+/// its poll refused) gives back, as that semaphore's, a permit that one handed it.
+///
+/// Then serves exactly the waiters this call unblocks: when the last holder left and a writer
 /// heads the queue, that writer, as the mutex's release does (the lock handed over to it
-/// with a hand-over lease, else reserved for it in the default mode); for a semaphore, the
-/// permit waiters whose place in the queue now fits in the free permits and did not before (one for one released permit). Returns 1 if
-/// a live hold was released (force: if any holder was live), else 0.
+/// with a hand-over lease, else reserved for it in the default mode); for a semaphore, with
+/// a hand-over lease, once a hold of this call's left or while holders of its permits live,
+/// each free permit goes to the live permit waiter first in line for it (at most 128): a
+/// hold of its own in `h` and `t` as its acquisition would make it (lease, token; a new epoch
+/// if the last holder took the lock key with it), out of the queue, and one message
+/// [`HANDED_OVER`](crate::scripts::HANDED_OVER) + lease ms + `/` + permits + `:` + their
+/// tokens (comma-separated) + NUL + their owners (NUL-separated): the permits tell a waiter
+/// that the hold is of its own semaphore. Without the lease, it wakes the permit
+/// waiters whose place in the queue now fits in the free permits and did not before (one
+/// for one released permit). Returns 1 if a live hold was released (force: if any holder
+/// was live), else 0.
 pub(crate) static HOLD_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     with_helpers(
         &[
@@ -235,6 +246,13 @@ local mode = ARGV[5]
 local n = tonumber(ARGV[6])
 local marker, member = hold_names(owner, ARGV[6])
 local holder = redis.call('GET', KEYS[1])
+if mode == 'abandon' and n > 0 and holder and holder ~= marker
+    and string.sub(holder, 1, 9) == '\0permits:' then
+  -- A release of a semaphore of other permits may have handed this attempt (a misuse that
+  -- its poll refused) a permit of that one: it gives it back, as that semaphore's.
+  marker = holder
+  n = tonumber(string.sub(holder, 10)) or 0
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local released = 0
@@ -303,6 +321,48 @@ if not holder and string.byte(head, 1) ~= 0 then
   end
   redis.call('PUBLISH', ARGV[4], head)
 elseif n > 0 and (not holder or holder == marker) then
+  local lease = tonumber(ARGV[9])
+  if lease > 0 and count < n and (left or holder == marker) then
+    -- Hands each free permit to the live permit waiter first in line for it (at most 128):
+    -- a hold of its own, with the lease and a token, as its acquisition would make it (a
+    -- new epoch if the lock key went with the last holder), out of the queue, and one
+    -- message with every token and the permits.
+    local free = math.min(n - count, 128)
+    local keep = lease
+    if holder then keep = math.max(redis.call('PTTL', KEYS[1]), lease) end
+    local floor = tonumber(ARGV[7])
+    local fence_keep = keep + tonumber(ARGV[8])
+    local owners, tokens = {}, {}
+    for _, w in ipairs(redis.call('ZRANGE', KEYS[3], 0, free + 63)) do
+      if #owners >= free or string.sub(w, 1, 3) ~= '\0p:' then break end
+      if tonumber(redis.call('ZSCORE', KEYS[4], w) or '0') > now then
+        if not holder then
+          redis.call('DEL', KEYS[5], KEYS[6], KEYS[7])
+          redis.call('SET', KEYS[1], marker, 'PX', keep)
+          holder = marker
+        end
+        local who = string.sub(w, 4)
+",
+            NEXT_TOKEN,
+            r"
+        redis.call('ZADD', KEYS[5], now + lease, who)
+        redis.call('HSET', KEYS[6], who, token)
+        owners[#owners + 1] = who
+        tokens[#tokens + 1] = string.format('%.0f', token)
+      end
+      redis.call('ZREM', KEYS[3], w)
+      redis.call('ZREM', KEYS[4], w)
+    end
+    if #owners > 0 then
+      redis.call('PEXPIRE', KEYS[1], keep)
+      redis.call('PEXPIRE', KEYS[5], keep)
+      redis.call('PEXPIRE', KEYS[6], keep)
+      redis.call('PEXPIRE', KEYS[7], keep)
+      redis.call('PUBLISH', ARGV[4], '\0\1' .. string.format('%d', lease) .. '/' .. string.format('%d', n) ..
+        ':' .. table.concat(tokens, ',') .. '\0' .. table.concat(owners, '\0'))
+      return released
+    end
+  end
   -- The waiter at place i may hold iff count + i < n: wake those that fit now and did not.
   local hi = n - count - 1
   local lo = hi
@@ -390,7 +450,8 @@ pub(crate) fn renew_call(
 
 /// The call of [`HOLD_RELEASE`] for `owner`'s hold of `kind` (shared or permits), or for
 /// every holder ([`ReleaseMode::Force`]); `hand_over`: the lease with which the last holder
-/// hands the lock to a writer at the head of the queue (`None`: reserved for it instead).
+/// hands the lock to a writer at the head of the queue, and a permit's release each freed
+/// permit to the permit waiter first in line for it (`None`: reserved or woken instead).
 pub(crate) fn release_call(
     keys: &LockKeys,
     owner: &str,

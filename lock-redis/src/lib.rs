@@ -84,13 +84,16 @@
 //!   it). A message is trusted only if its token is above the fencing counter that the
 //!   answer to the waiter's last poll read (busy answers carry it; none came, or none was
 //!   set: not trusted): one published before that poll ran (for a hand-over lost since, e.g.
-//!   to a forced release) is not. A contended handoff costs the release alone:
+//!   to a forced release) is not. Shared holds and permits are handed over the same way
+//!   (see [Read-write locks and semaphores](#read-write-locks-and-semaphores-single-master)).
+//!   A contended handoff costs the release alone:
 //!   one round trip and one message, where a reservation costs a message and the waiter's
-//!   acquire round trip. The price: a waiter (a writer, or a reader handed a shared hold
-//!   with the others) killed while queued (less than its waiter timeout before the release:
-//!   it stays queued that long) keeps the lock handed to it until that lease runs out, where a reservation holds it for [`RedisConfig::handoff`]
-//!   only; a forced release reserves instead of handing over (it does not know the next
-//!   holder's lease).
+//!   acquire round trip. The price: a waiter (a writer, a reader handed a shared hold with
+//!   the others, a permit waiter handed a permit) killed while queued (less than its waiter
+//!   timeout before the release: it stays queued that long) keeps what was handed to it
+//!   until that lease runs out, where a reservation holds the lock for
+//!   [`RedisConfig::handoff`] only; a forced release reserves instead of handing over (it
+//!   does not know the next holder's lease).
 //! - **No starvation (default)**: a release hands the lock to the oldest waiter (above), or
 //!   otherwise reserves it for that waiter for [`RedisConfig::handoff`] (the lock key then
 //!   holds `"\0next:" + its owner value`, which no owner value can equal) and wakes only
@@ -236,7 +239,11 @@
 //! up to the next writer (at most 128) in the same way, their shared holds and tokens written
 //! by the release and one message with each reader's token (without the hand-over it wakes
 //! them in one message, reserving `l` for them in the default mode); a
-//! released permit wakes the one permit waiter that now fits. Renewal and release are
+//! released permit goes to the permit waiter first in line for it in the same way (its hold
+//! and token written by the release; one message `"\0\1" + lease ms + "/" + N + ":" +
+//! tokens + "\0" + owners`, as the readers' with the semaphore's `N`, several where holds
+//! had expired, held on only by a waiter of a semaphore of `N`; without the hand-over it
+//! wakes the one permit waiter that now fits). Renewal and release are
 //! owner-checked scripts; a lost hold answers [`distlock_core::Error::NotHeld`].
 //!
 //! # Redlock

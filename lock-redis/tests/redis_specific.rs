@@ -345,8 +345,9 @@ async fn queued_and_listening(
     }
 }
 
-/// A release (an exclusive holder's, or the last reader's) hands the lock to the oldest waiter
-/// in its own script (owner value, lease and the next token, published to it), and a waiter
+/// A release (an exclusive holder's, the last reader's, a writer's with a reader behind it, a
+/// permit's) hands the lock (or the permit) to the oldest waiter in its own script (owner
+/// value or hold, lease and the next token, published to it), and a waiter
 /// that asked for the same lease holds on that message without a round trip: its lease counts
 /// from its last poll, before the release. A waiter that asked for another lease polls and
 /// holds with its own; with `hand_over=false` the release only reserves the lock, as before.
@@ -373,14 +374,24 @@ async fn a_release_hands_the_lock_over_to_the_oldest_waiter() {
             ("handed-by-reader", true, ttl),
             // A writer's release hands the lock to the reader behind it.
             ("handed-to-reader", true, ttl),
+            // A released permit goes to the permit waiter behind it.
+            ("handed-permit", true, ttl),
+            ("other-ttl-permit", true, Duration::from_secs(4)),
+            ("reserved-permit", false, ttl),
             ("other-ttl", true, Duration::from_secs(4)),
             ("reserved", false, ttl),
         ]
         .map(|(case, hand_over, waiter_ttl)| (masters, case, hand_over, waiter_ttl))
     });
     for (masters, case, hand_over, waiter_ttl) in cases {
+        if masters > 1 && case.ends_with("permit") {
+            continue; // Redlock has no semaphores
+        }
+        let permit = case.ends_with("permit");
         let first = if case.ends_with("by-reader") {
             opts().with_ttl(ttl).shared()
+        } else if permit {
+            opts().with_ttl(ttl).with_permits(1)
         } else {
             opts().with_ttl(ttl)
         };
@@ -402,11 +413,18 @@ async fn a_release_hands_the_lock_over_to_the_oldest_waiter() {
             if reader {
                 options = options.shared();
             }
+            if permit {
+                options = options.with_permits(1);
+            }
             tokio::spawn(async move { b.acquire(&name, &options).await })
         };
         let queued = queued_and_listening(&mut raw, &keys).await;
-        // A reader is queued as NUL "s:" + its owner value.
-        let owner = queued.strip_prefix("\0s:").unwrap_or(&queued).to_owned();
+        // A reader is queued as NUL "s:" + its owner value, a permit waiter as NUL "p:" + it.
+        let owner = queued
+            .strip_prefix("\0s:")
+            .or_else(|| queued.strip_prefix("\0p:"))
+            .unwrap_or(&queued)
+            .to_owned();
         tokio::time::sleep(Duration::from_millis(300)).await;
         let released_at = Instant::now();
         held.release().await.unwrap();
@@ -437,8 +455,10 @@ async fn a_release_hands_the_lock_over_to_the_oldest_waiter() {
         );
         if hand_over {
             let text = String::from_utf8_lossy(&payload).into_owned();
+            // A permit's message names the semaphore's permits.
+            let permits = if permit { "/1" } else { "" };
             let handed = text
-                .strip_prefix(&format!("\0\x01{}:", ttl.as_millis()))
+                .strip_prefix(&format!("\0\x01{}{permits}:", ttl.as_millis()))
                 .and_then(|rest| rest.strip_suffix(&format!("\0{owner}")))
                 .and_then(|t| t.parse::<u64>().ok());
             let Some(handed) = handed else {
@@ -458,7 +478,13 @@ async fn a_release_hands_the_lock_over_to_the_oldest_waiter() {
         }
         // The lock key names the holder on a majority (Redlock: a master outside the majority
         // that granted may still be answering).
-        let holder = if reader { "\0shared" } else { owner.as_str() };
+        let holder = if reader {
+            "\0shared"
+        } else if permit {
+            "\0permits:1"
+        } else {
+            owner.as_str()
+        };
         let mut values = Vec::new();
         for url in &urls[..masters] {
             let value: Option<String> = redis::cmd("GET")
@@ -505,61 +531,195 @@ async fn a_release_hands_the_lock_over_to_the_oldest_waiter() {
             u128::try_from(pttl).unwrap() >= left.as_millis(),
             "{case}: the server's lease ({pttl} ms) ends before the holder's ({left:?})"
         );
+        if permit {
+            // A permit's own lease: its end in the holders' set, on the server's clock.
+            let ((secs, micros), ends): ((u64, u64), u64) = redis::pipe()
+                .cmd("TIME")
+                .zscore(keys.holders(), &owner)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            let server_left = ends.saturating_sub(secs * 1000 + micros / 1000);
+            assert!(
+                u128::from(server_left) >= left.as_millis(),
+                "{case}: the server's hold ({server_left} ms) ends before the holder's ({left:?})"
+            );
+        }
         guard.release().await.unwrap();
     }
 }
 
 /// A hand-over message is trusted only if its token is above the counter that the waiter's
 /// last busy poll read: one sent before that poll ran (for a hand-over since lost, say to a
-/// forced release) must not make a second holder.
+/// forced release) must not make a second holder; nor may a message of another kind (a
+/// permit waiter trusts a permit of its own semaphore only).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_hand_over_message_does_not_make_a_second_holder() {
     let Some(urls) = common::urls("redis") else {
         return;
     };
     let _shared = OUTAGE.read().await;
+    let ttl = Duration::from_secs(6);
+    // On every master, the message of a hand-over that happened before the waiter's last
+    // poll: its token is the master's counter, the current holder's.
     for masters in [1, 3] {
-        stale_hand_over(&urls[..masters]).await;
+        let stale = [("", 0)];
+        let why = "a stale hand-over";
+        untrusted_hand_over(&urls[..masters], opts().with_ttl(ttl), &stale, why).await;
+    }
+    // A permit waiter trusts only a permit of its own semaphore: a fresh token naming it, but
+    // for a semaphore of other permits or for the lock itself, makes it poll (Redlock has no
+    // semaphores).
+    let sem = opts().with_ttl(ttl).with_permits(1);
+    let why = "another kind's hand-over";
+    untrusted_hand_over(&urls[..1], sem, &[("/2", 1), ("", 1)], why).await;
+}
+
+/// A misuse: a permit waiter of a semaphore of 2, queued on a name that has since become a
+/// semaphore of 3 whose release handed it a permit. The waiter refuses the message (another
+/// semaphore's), its poll fails with a mismatch, and its abandon gives that permit back, as
+/// the semaphore of 3's: nothing is left held for the handed lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_handed_across_semaphores_is_given_back() {
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    let config = common::config(&urls[..1], false).with_waiter_timeout(Duration::from_secs(6));
+    let (a, b) = two_clients(&config).await;
+    let name = name("across");
+    let keys = LockKeys::for_name(&name).unwrap();
+    let mut raw = common::raw(&urls[0]).await;
+    let two = opts().with_ttl(Duration::from_secs(6)).with_permits(2);
+    let held = [
+        a.acquire(&name, &two).await.unwrap(),
+        a.acquire(&name, &two).await.unwrap(),
+    ];
+    let waiter = {
+        let (b, name, two) = (b.clone(), name.clone(), two.clone());
+        tokio::spawn(async move { b.acquire(&name, &two).await })
+    };
+    // `queued_and_listening` counts one listener of the test's own.
+    let mut listener = common::client(&urls[0]).get_async_pubsub().await.unwrap();
+    listener.subscribe(&keys.channel).await.unwrap();
+    let queued = queued_and_listening(&mut raw, &keys).await;
+    let owner = queued
+        .strip_prefix("\0p:")
+        .expect("a permit waiter")
+        .to_owned();
+    // What a release of a semaphore of 3 that handed the waiter a permit leaves: the marker,
+    // the waiter's hold and token, out of the queue, and its message.
+    let ((secs, micros), counter): ((u64, u64), u64) = redis::pipe()
+        .cmd("TIME")
+        .get(&keys.fence)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let (now, token) = (secs * 1000 + micros / 1000, counter + 1);
+    let _: () = redis::pipe()
+        .cmd("SET")
+        .arg(&keys.lock)
+        .arg("\0permits:3")
+        .arg("PX")
+        .arg(6000)
+        .ignore()
+        .del(&[keys.holders(), keys.tokens()])
+        .ignore()
+        .zadd(keys.holders(), &owner, now + 6000)
+        .ignore()
+        .hset(keys.tokens(), &owner, token)
+        .ignore()
+        .set(&keys.fence, token)
+        .ignore()
+        .zrem(&keys.queue, &queued)
+        .ignore()
+        .zrem(&keys.alive, &queued)
+        .ignore()
+        .publish(&keys.channel, format!("\0\x016000/3:{token}\0{owner}"))
+        .ignore()
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let err = tokio::time::timeout(OP, waiter)
+        .await
+        .expect("the waiter neither held nor failed")
+        .unwrap()
+        .expect_err("a waiter of 2 permits took a permit of a semaphore of 3");
+    assert!(matches!(err, Error::Mismatch { .. }), "{err:?}");
+    let deadline = Instant::now() + OP;
+    loop {
+        let hold: Option<u64> = redis::cmd("ZSCORE")
+            .arg(keys.holders())
+            .arg(&owner)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        if hold.is_none() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the refused permit stays held by a waiter that left"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for guard in held {
+        guard.abandon();
     }
 }
 
-async fn stale_hand_over(urls: &[String]) {
+/// A waiter of `options` (on `urls`) queued behind a holder is sent, on every master, one
+/// hand-over message naming it for each `(kind, step)` of `forged`: the lease it asked for,
+/// `kind` after it ("/N": a permit of a semaphore of N), and as token the master's counter
+/// (the holder's) plus `step`. It must trust none of them (`why`): it keeps waiting, the
+/// holder keeps the lock, and the waiter gets it at the holder's release, with a larger token.
+async fn untrusted_hand_over(
+    urls: &[String],
+    options: AcquireOptions,
+    forged: &[(&str, u64)],
+    why: &str,
+) {
     let config = common::config(urls, false).with_waiter_timeout(Duration::from_secs(6));
     let (a, b) = two_clients(&config).await;
-    let name = name("stale");
+    let name = name("untrusted");
     let keys = LockKeys::for_name(&name).unwrap();
     let mut raw = common::raw(&urls[0]).await;
-    let ttl = Duration::from_secs(6);
-    let held = a.acquire(&name, &opts().with_ttl(ttl)).await.unwrap();
+    let held = a.acquire(&name, &options).await.unwrap();
     let waiter = {
-        let (b, name) = (b.clone(), name.clone());
-        tokio::spawn(async move { b.acquire(&name, &opts().with_ttl(ttl)).await })
+        let (b, name, options) = (b.clone(), name.clone(), options.clone());
+        tokio::spawn(async move { b.acquire(&name, &options).await })
     };
+    // `queued_and_listening` counts one listener of the test's own.
     let mut listener = common::client(&urls[0]).get_async_pubsub().await.unwrap();
     listener.subscribe(&keys.channel).await.unwrap();
-    let owner = queued_and_listening(&mut raw, &keys).await;
-    // On every master, the message of a hand-over that happened before the waiter's last
-    // poll: its token is the master's counter, the current holder's.
-    for url in urls {
-        let mut master = common::raw(url).await;
-        let counter: u64 = redis::cmd("GET")
-            .arg(&keys.fence)
-            .query_async(&mut master)
-            .await
-            .unwrap();
-        let stale = format!("\0\x01{}:{counter}\0{owner}", ttl.as_millis());
-        let _: i64 = redis::cmd("PUBLISH")
-            .arg(&keys.channel)
-            .arg(&stale)
-            .query_async(&mut master)
-            .await
-            .unwrap();
+    let queued = queued_and_listening(&mut raw, &keys).await;
+    // A permit waiter is queued as NUL "p:" + its owner value.
+    let owner = queued.strip_prefix("\0p:").unwrap_or(&queued);
+    for (kind, step) in forged {
+        for url in urls {
+            let mut master = common::raw(url).await;
+            let counter: u64 = redis::cmd("GET")
+                .arg(&keys.fence)
+                .query_async(&mut master)
+                .await
+                .unwrap();
+            let ttl = options.ttl.as_millis();
+            let forged = format!("\0\x01{ttl}{kind}:{}\0{owner}", counter + step);
+            let _: i64 = redis::cmd("PUBLISH")
+                .arg(&keys.channel)
+                .arg(&forged)
+                .query_async(&mut master)
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !waiter.is_finished(),
+            "{} master(s): the waiter took {why} ({kind:?}, counter + {step}) while the \
+             lock was held",
+            urls.len()
+        );
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !waiter.is_finished(),
-        "the waiter took a stale hand-over for the lock while it was held"
-    );
     assert!(held.renew().await.is_ok(), "the holder lost the lock");
     let first = held.token();
     held.release().await.unwrap();

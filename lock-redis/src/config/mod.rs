@@ -86,9 +86,11 @@ pub struct RedisConfig {
     /// so the waiter holds on the message without a round trip of its own (Redlock: on the
     /// messages of a majority of the masters); its lease counts from its last poll before
     /// the release. A waiter that asked for another lease, or a client that predates this, polls
-    /// and finds the lock its own. The price: a waiter killed while queued (it stays queued
-    /// for its [`Self::waiter_timeout`]) and then handed the lock keeps it until that lease
-    /// runs out, where a reservation ([`Self::handoff`]) would have kept it that long only.
+    /// and finds the lock its own. Readers behind a writer, and the permit waiters first in
+    /// line for the permits a release frees, are handed their holds the same way. The price:
+    /// a waiter killed while queued (it stays queued for its [`Self::waiter_timeout`]) and
+    /// then handed the lock keeps it until that lease runs out, where a reservation
+    /// ([`Self::handoff`]) would have kept it that long only.
     /// `false`: reserve and let the waiter take it (one more round trip per contended
     /// handoff). Default `true`.
     pub hand_over: bool,

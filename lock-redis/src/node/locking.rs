@@ -231,8 +231,10 @@ impl Node {
     }
 
     /// Releases `owner`'s hold of `kind` (see [`ReleaseMode`]). `hand_over`: the lease with
-    /// which the lock is handed to the oldest waiter, a writer (after an exclusive hold or the
-    /// last shared one; [`RedisConfig::hand_over_lease`]); `None`: reserved for it instead.
+    /// which the lock is handed to the oldest waiter (a writer after an exclusive hold or the
+    /// last shared one, the readers at the head after an exclusive hold), or a freed permit to
+    /// the permit waiter first in line for it ([`RedisConfig::hand_over_lease`]); `None`:
+    /// reserved for it, or woken, instead.
     pub(crate) async fn release(
         &self,
         keys: &LockKeys,
