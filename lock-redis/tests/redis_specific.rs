@@ -383,7 +383,9 @@ async fn a_release_hands_the_lock_over_to_the_oldest_waiter() {
         ]
         .map(|(case, hand_over, waiter_ttl)| (masters, case, hand_over, waiter_ttl))
     });
-    for (masters, case, hand_over, waiter_ttl) in cases {
+    let mut cases: std::collections::VecDeque<_> = cases.map(|case| (case, 1)).collect();
+    while let Some((this, attempt)) = cases.pop_front() {
+        let (masters, case, hand_over, waiter_ttl) = this;
         if masters > 1 && case.ends_with("permit") {
             continue; // Redlock has no semaphores
         }
@@ -506,10 +508,20 @@ async fn a_release_hands_the_lock_over_to_the_oldest_waiter() {
         // the release. Polled: a full lease of its own from after the release.
         let valid_for = guard.valid_until().saturating_duration_since(released_at);
         if case.starts_with("handed") {
+            let polled = valid_for >= ttl - Duration::from_millis(200);
+            if polled && masters > 1 && attempt < 3 {
+                // Redlock: the waiter holds on a majority of the masters' messages that come
+                // within 5 ms of the first; on a loaded machine (CI runs its lanes side by
+                // side) one may come later, and the waiter then polls: safe, a round trip
+                // slower. Tried again; a waiter that polls in all three tries fails.
+                guard.release().await.unwrap();
+                cases.push_front((this, attempt + 1));
+                continue;
+            }
             assert!(
-                valid_for < ttl - Duration::from_millis(200),
+                !polled,
                 "{case}: the waiter polled for a lock handed over to it (valid {valid_for:?} \
-                 after the release)"
+                 after the release, try {attempt})"
             );
         } else {
             assert!(
