@@ -14,7 +14,9 @@ use distlock_core::{AcquireRequest, AttemptMode, LockKind};
 use crate::RedisConfig;
 use crate::keys::LockKeys;
 use crate::node::{Holding, ReleaseMode, millis, seed_floor};
-use crate::scripts::{BUSY, Invocation, Lua, NEXT_TOKEN, hand_over, with_helpers};
+use crate::scripts::{
+    BUSY, Invocation, Lua, NEXT_TOKEN, grant_hold, hand_over, publish_holds, with_helpers,
+};
 use crate::topology::Conn;
 
 /// The lock key's value while readers hold the lock (its TTL covers the latest reader's
@@ -341,25 +343,22 @@ elseif n > 0 and (not holder or holder == marker) then
           redis.call('SET', KEYS[1], marker, 'PX', keep)
           holder = marker
         end
-        local who = string.sub(w, 4)
 ",
-            NEXT_TOKEN,
+            &grant_hold("KEYS[5]", "KEYS[6]"),
             r"
-        redis.call('ZADD', KEYS[5], now + lease, who)
-        redis.call('HSET', KEYS[6], who, token)
-        owners[#owners + 1] = who
-        tokens[#tokens + 1] = string.format('%.0f', token)
+      else
+        redis.call('ZREM', KEYS[3], w)
+        redis.call('ZREM', KEYS[4], w)
       end
-      redis.call('ZREM', KEYS[3], w)
-      redis.call('ZREM', KEYS[4], w)
     end
     if #owners > 0 then
       redis.call('PEXPIRE', KEYS[1], keep)
       redis.call('PEXPIRE', KEYS[5], keep)
       redis.call('PEXPIRE', KEYS[6], keep)
       redis.call('PEXPIRE', KEYS[7], keep)
-      redis.call('PUBLISH', ARGV[4], '\0\1' .. string.format('%d', lease) .. '/' .. string.format('%d', n) ..
-        ':' .. table.concat(tokens, ',') .. '\0' .. table.concat(owners, '\0'))
+",
+            &publish_holds("'/' .. string.format('%d', n)"),
+            r"
       return released
     end
   end

@@ -257,6 +257,37 @@ pub(crate) fn hand_over(who: &str, lease: &str) -> String {
     )
 }
 
+/// Lua that gives the live queue member `w` (a reader or a permit waiter: NUL, a letter and
+/// `:` before its owner value) a hold of its own for `lease` ms, as its acquisition would: its
+/// lease's end (from `now`) in the holders' sorted set `holders`, the next token
+/// ([`NEXT_TOKEN`], which needs `t`, `floor` and `fence_keep`) in the hash `tokens`, out of
+/// the queue (`KEYS[3]`, `KEYS[4]`), and its owner and token added to the Lua tables `owners`
+/// and `tokens` that [`publish_holds`] sends.
+pub(crate) fn grant_hold(holders: &str, tokens: &str) -> String {
+    format!(
+        "local who = string.sub(w, 4)
+{NEXT_TOKEN}redis.call('ZADD', {holders}, now + lease, who)
+redis.call('HSET', {tokens}, who, token)
+redis.call('ZREM', KEYS[3], w)
+redis.call('ZREM', KEYS[4], w)
+owners[#owners + 1] = who
+tokens[#tokens + 1] = string.format('%.0f', token)
+"
+    )
+}
+
+/// Lua that publishes on the channel `ARGV[4]` the holds that [`grant_hold`] gave for `lease`
+/// ms: [`HANDED_OVER`] + lease ms + `kind` (a Lua string expression: `''` for shared holds,
+/// `'/' ..` the semaphore's permits for permits) + `:` + the tokens (comma-separated) + NUL +
+/// the owners (NUL-separated, in the same order).
+pub(crate) fn publish_holds(kind: &str) -> String {
+    format!(
+        "redis.call('PUBLISH', ARGV[4], '\\0\\1' .. string.format('%d', lease) .. {kind} .. ':' ..
+  table.concat(tokens, ',') .. '\\0' .. table.concat(owners, '\\0'))
+"
+    )
+}
+
 /// Fencing counters below this are seeded from the server's clock before their next step:
 /// 10^15 µs after the Unix epoch is September 2001, so a counter seeded from any later clock
 /// is above it, and one that is below it was never seeded (it is missing, because the key is
@@ -585,21 +616,15 @@ if nxt and lease > 0 and not holder and string.sub(nxt, 1, 3) == '\0s:' then
     local fence_keep = lease + tonumber(ARGV[8])
     local owners, tokens = {}, {}
     for _, w in ipairs(readers) do
-      local who = string.sub(w, 4)
 ",
-            NEXT_TOKEN,
+            &grant_hold("KEYS[6]", "KEYS[7]"),
             r"
-      redis.call('ZADD', KEYS[6], now + lease, who)
-      redis.call('HSET', KEYS[7], who, token)
-      redis.call('ZREM', KEYS[3], w)
-      redis.call('ZREM', KEYS[4], w)
-      owners[#owners + 1] = who
-      tokens[#tokens + 1] = string.format('%.0f', token)
     end
     redis.call('PEXPIRE', KEYS[6], lease)
     redis.call('PEXPIRE', KEYS[7], lease)
-    redis.call('PUBLISH', ARGV[4], '\0\1' .. string.format('%d', lease) .. ':' ..
-      table.concat(tokens, ',') .. '\0' .. table.concat(owners, '\0'))
+",
+            &publish_holds("''"),
+            r"
     return released
   end
   -- Every reader at the head was dead: whoever is next now.
