@@ -587,6 +587,56 @@ async fn a_stale_hand_over_message_does_not_make_a_second_holder() {
     untrusted_hand_over(&urls[..1], sem, &[("/2", 1), ("", 1)], why).await;
 }
 
+/// A waiter queued on a fresh name behind holds of another client, listening for wake-ups
+/// (see [`queued_behind`]).
+struct Queued {
+    held: Vec<distlock_core::LockGuard>,
+    waiter: tokio::task::JoinHandle<distlock_core::Result<distlock_core::LockGuard>>,
+    keys: LockKeys,
+    /// A raw connection to the first master.
+    raw: redis::aio::MultiplexedConnection,
+    /// The waiter's queue member, and its owner value.
+    member: String,
+    owner: String,
+    _listener: redis::aio::PubSub,
+}
+
+/// `holds` holds of `holding` on a fresh name of `case`, taken by one client on `urls`
+/// (waiter timeout 6 s), then a waiter of `waiting` from another client, queued and listening.
+async fn queued_behind(
+    urls: &[String],
+    case: &str,
+    holding: &AcquireOptions,
+    holds: usize,
+    waiting: AcquireOptions,
+) -> Queued {
+    let config = common::config(urls, false).with_waiter_timeout(Duration::from_secs(6));
+    let (a, b) = two_clients(&config).await;
+    let name = name(case);
+    let keys = LockKeys::for_name(&name).unwrap();
+    let mut raw = common::raw(&urls[0]).await;
+    let mut held = Vec::new();
+    for _ in 0..holds {
+        held.push(a.acquire(&name, holding).await.unwrap());
+    }
+    let waiter = tokio::spawn(async move { b.acquire(&name, &waiting).await });
+    // `queued_and_listening` counts one listener of the test's own.
+    let mut listener = common::client(&urls[0]).get_async_pubsub().await.unwrap();
+    listener.subscribe(&keys.channel).await.unwrap();
+    let member = queued_and_listening(&mut raw, &keys).await;
+    // A permit waiter is queued as NUL "p:" + its owner value.
+    let owner = member.strip_prefix("\0p:").unwrap_or(&member).to_owned();
+    Queued {
+        held,
+        waiter,
+        keys,
+        raw,
+        member,
+        owner,
+        _listener: listener,
+    }
+}
+
 /// A misuse: a permit waiter of a semaphore of 2, queued on a name that has since become a
 /// semaphore of 3 whose release handed it a permit. The waiter refuses the message (another
 /// semaphore's), its poll fails with a mismatch, and its abandon gives that permit back, as
@@ -597,28 +647,20 @@ async fn a_permit_handed_across_semaphores_is_given_back() {
         return;
     };
     let _shared = OUTAGE.read().await;
-    let config = common::config(&urls[..1], false).with_waiter_timeout(Duration::from_secs(6));
-    let (a, b) = two_clients(&config).await;
-    let name = name("across");
-    let keys = LockKeys::for_name(&name).unwrap();
-    let mut raw = common::raw(&urls[0]).await;
     let two = opts().with_ttl(Duration::from_secs(6)).with_permits(2);
-    let held = [
-        a.acquire(&name, &two).await.unwrap(),
-        a.acquire(&name, &two).await.unwrap(),
-    ];
-    let waiter = {
-        let (b, name, two) = (b.clone(), name.clone(), two.clone());
-        tokio::spawn(async move { b.acquire(&name, &two).await })
-    };
-    // `queued_and_listening` counts one listener of the test's own.
-    let mut listener = common::client(&urls[0]).get_async_pubsub().await.unwrap();
-    listener.subscribe(&keys.channel).await.unwrap();
-    let queued = queued_and_listening(&mut raw, &keys).await;
-    let owner = queued
-        .strip_prefix("\0p:")
-        .expect("a permit waiter")
-        .to_owned();
+    let Queued {
+        held,
+        waiter,
+        keys,
+        mut raw,
+        member: queued,
+        owner,
+        ..
+    } = queued_behind(&urls[..1], "across", &two, 2, two.clone()).await;
+    assert!(
+        queued.starts_with("\0p:"),
+        "not a permit waiter: {queued:?}"
+    );
     // What a release of a semaphore of 3 that handed the waiter a permit leaves: the marker,
     // the waiter's hold and token, out of the queue, and its message.
     let ((secs, micros), counter): ((u64, u64), u64) = redis::pipe()
@@ -691,22 +733,14 @@ async fn untrusted_hand_over(
     forged: &[(&str, u64)],
     why: &str,
 ) {
-    let config = common::config(urls, false).with_waiter_timeout(Duration::from_secs(6));
-    let (a, b) = two_clients(&config).await;
-    let name = name("untrusted");
-    let keys = LockKeys::for_name(&name).unwrap();
-    let mut raw = common::raw(&urls[0]).await;
-    let held = a.acquire(&name, &options).await.unwrap();
-    let waiter = {
-        let (b, name, options) = (b.clone(), name.clone(), options.clone());
-        tokio::spawn(async move { b.acquire(&name, &options).await })
-    };
-    // `queued_and_listening` counts one listener of the test's own.
-    let mut listener = common::client(&urls[0]).get_async_pubsub().await.unwrap();
-    listener.subscribe(&keys.channel).await.unwrap();
-    let queued = queued_and_listening(&mut raw, &keys).await;
-    // A permit waiter is queued as NUL "p:" + its owner value.
-    let owner = queued.strip_prefix("\0p:").unwrap_or(&queued);
+    let Queued {
+        mut held,
+        waiter,
+        keys,
+        owner,
+        ..
+    } = queued_behind(urls, "untrusted", &options, 1, options.clone()).await;
+    let held = held.pop().expect("one hold");
     for (kind, step) in forged {
         for url in urls {
             let mut master = common::raw(url).await;
