@@ -188,9 +188,13 @@
 //!   (MOVED/ASK redirections, slot map refresh). All keys of a name share one slot (the hash
 //!   tag), so every script runs on that slot's master. A script unknown to the node that
 //!   serves it (`NOSCRIPT`: a promoted replica) is sent once as `EVAL` on that node. Wake-ups use
-//!   classic pub/sub: a `PUBLISH` reaches every node of a cluster, so the subscriber connects
-//!   to any node, and to the next one after a failure (sharded pub/sub would need the
-//!   subscriber to follow each slot's master). Observers track the name's keys on the slot's
+//!   classic pub/sub, subscribed on the master that serves the name's slot (one subscriber
+//!   connection per such master), where the script publishes: a subscriber of another node
+//!   waits for the cluster bus to carry the message (about 43 ms now and then, measured). A
+//!   `PUBLISH` reaches every node of a cluster, so after a failure to connect to that master
+//!   the subscriber tries another node (and the slots are read again), and one left on a
+//!   former master still in the cluster after a failover hears later (one cut off hears
+//!   nothing: its waiters poll on their timers until its connection breaks). Observers track the name's keys on the slot's
 //!   master (`CLIENT TRACKING` is per node), found again at each reconnection. `list` scans
 //!   every master.
 //! - **Failover = possible loss** (both): replication is asynchronous, so a promoted replica

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distlock_core::{
-    AcquireOptions, DistributedLock, Error, LockClient, LossReason, NodeResult, Renewal,
+    AcquireOptions, Backoff, DistributedLock, Error, LockClient, LossReason, NodeResult, Renewal,
 };
 use distlock_redis::{LockKeys, RedisBackend, RedisConfig, RedisError, RedisErrorKind};
 
@@ -947,6 +947,74 @@ async fn channels_are_unsubscribed_when_nobody_waits() {
         idle >= Duration::from_millis(1500),
         "unsubscribed after {idle:?} without a waiter (the idle time is 2 s)"
     );
+}
+
+/// In a Redis Cluster a waiter subscribes its name's channel on the master that serves the
+/// name's slot, where the scripts publish (a subscriber of another node hears only what the
+/// cluster bus carries, up to ~43 ms later): one name on each master, each waited on, each
+/// channel subscribed on its own master (`PUBSUB NUMSUB` counts the node's own subscribers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_waiters_subscribe_on_the_names_master() {
+    let Some(url) = common::cluster_url("redis_cluster") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    // The waiter polls on its timers every 10 s / 3 at the most (its backoff 5 s, the ttl
+    // bounding the waiter timeout): a wake-up within 1 s came by message.
+    let config = RedisConfig::from_url(&url)
+        .expect("url")
+        .with_waiter_timeout(Duration::from_secs(30));
+    let (a, b) = two_clients(&config).await;
+    let mut masters = Vec::new();
+    for (_, port) in common::url_hosts(&url) {
+        if common::role(port).await.as_deref() == Some("master") {
+            masters.push(port);
+        }
+    }
+    assert!(masters.len() >= 2, "masters: {masters:?}");
+    // One name per master.
+    let mut names = Vec::new();
+    while names.len() < masters.len() {
+        let name = name("shard");
+        let keys = LockKeys::for_name(&name).unwrap();
+        let port = common::cluster_master_of(&url, &keys.lock).await;
+        if !names.iter().any(|(_, p, _)| *p == port) {
+            names.push((name, port, keys.channel));
+        }
+    }
+    for (name, port, channel) in &names {
+        let held = a.acquire(name, &opts()).await.unwrap();
+        let waiter = {
+            let (b, name) = (b.clone(), name.clone());
+            let slow = Backoff::new(Duration::from_secs(5), Duration::from_secs(5));
+            tokio::spawn(async move { b.acquire(&name, &opts().with_backoff(slow)).await })
+        };
+        let mut raw = common::raw(&common::local(*port)).await;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let (_, n): (String, i64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(channel)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            if n == 1 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the waiter on {name} did not subscribe on its master {port} ({n} there)"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        held.release().await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .expect("the waiter was woken by the release's message")
+            .unwrap()
+            .unwrap();
+        got.release().await.unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use distlock_core::backend::unpoisoned as lock;
 use distlock_core::{Error, Result};
@@ -30,7 +30,12 @@ pub(crate) struct ClusterTopology {
     nodes: Mutex<Vec<(String, u16)>>,
     /// The restart and failover watch of each master that serves guards.
     watches: Mutex<HashMap<String, Arc<Restarts>>>,
+    /// When [`Self::refresh_later`] last started a read.
+    last_background_refresh: Mutex<Option<Instant>>,
 }
+
+/// The least time between two background reads of the slots ([`ClusterTopology::refresh_later`]).
+const REFRESH_SPACING: Duration = Duration::from_secs(1);
 
 impl std::fmt::Debug for ClusterTopology {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -122,6 +127,7 @@ impl ClusterTopology {
             map: Mutex::new(Vec::new()),
             nodes: Mutex::new(Vec::new()),
             watches: Mutex::new(HashMap::new()),
+            last_background_refresh: Mutex::new(None),
         });
         if let Err(e) = topology.refresh().await {
             return Err(e.into_lock_error("read the cluster's slots"));
@@ -189,8 +195,27 @@ impl ClusterTopology {
             .map(|(_, _, addr)| addr.clone())
     }
 
+    /// Reads the slots again in the background, unless a read started less than
+    /// [`REFRESH_SPACING`] ago (or no runtime runs).
+    pub(crate) fn refresh_later(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        {
+            let mut last = lock(&self.last_background_refresh);
+            if last.is_some_and(|at| at.elapsed() < REFRESH_SPACING) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let topology = self.clone();
+        runtime.spawn(async move {
+            let _ = topology.refresh().await;
+        });
+    }
+
     /// Whether `addr` serves any slot as a master, as last read.
-    fn is_master(&self, addr: &str) -> bool {
+    pub(crate) fn is_master(&self, addr: &str) -> bool {
         lock(&self.map).iter().any(|(_, _, a)| a == addr)
     }
 
@@ -204,6 +229,12 @@ impl ClusterTopology {
         self.master_of(slot)
     }
 
+    /// The `host:port` of the master that serves `key` as last read (no read: `None` when the
+    /// slot is not in the map).
+    pub(crate) fn cached_master_for(&self, key: &str) -> Option<String> {
+        self.master_of(key_slot(key.as_bytes()))
+    }
+
     /// A client of the node `host:port`.
     pub(crate) fn client_for(&self, addr: &str) -> Result<redis::Client> {
         let (host, port) = addr
@@ -213,11 +244,15 @@ impl ClusterTopology {
         self.template.client(host, port)
     }
 
-    /// A client of one node of the cluster, the `attempt`-th in turn.
-    pub(super) fn any_node(&self, attempt: usize) -> Option<redis::Client> {
+    /// A client of one node of the cluster (other than `except`, a `host:port`), the
+    /// `attempt`-th in turn.
+    pub(super) fn any_node(&self, attempt: usize, except: Option<&str>) -> Option<redis::Client> {
         let mut nodes = lock(&self.nodes).clone();
         if nodes.is_empty() {
             nodes.clone_from(&self.seeds);
+        }
+        if let Some(except) = except {
+            nodes.retain(|(host, port)| format!("{host}:{port}") != except);
         }
         let (host, port) = nodes.get(attempt % nodes.len().max(1))?;
         self.template.client(host, *port).ok()

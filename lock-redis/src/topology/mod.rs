@@ -118,14 +118,44 @@ pub(crate) enum Endpoint {
 }
 
 impl Endpoint {
-    /// The server to subscribe release wake-ups on: the master, or a node of the cluster
-    /// (classic `PUBLISH` reaches every node of a cluster), the next one after each failure
-    /// (`attempt` counts them).
-    pub(crate) fn pubsub_client(&self, attempt: usize) -> Option<redis::Client> {
+    /// The cluster master whose connection subscribes `channel` (the master that serves its
+    /// slot, as last read; no read here): `None` for a single master or the Sentinels' (one
+    /// connection), and for a cluster whose slots are not known.
+    pub(crate) fn pubsub_shard(&self, channel: &str) -> Option<String> {
+        match self {
+            Self::Fixed(_) | Self::Sentinel(_) => None,
+            Self::Cluster(topology) => topology.cached_master_for(channel),
+        }
+    }
+
+    /// The server to subscribe release wake-ups on: the master; in a cluster the master
+    /// `shard` (where the scripts publish) while it serves slots as last read, every other
+    /// attempt (`attempt` counts the failed ones) and any other node in between; else any
+    /// node, the next one after each failure (classic `PUBLISH` reaches every node of a
+    /// cluster).
+    pub(crate) fn pubsub_client(
+        &self,
+        shard: Option<&str>,
+        attempt: usize,
+    ) -> Option<redis::Client> {
         match self {
             Self::Fixed(client) => Some((**client).clone()),
             Self::Sentinel(master) => Some(master.client()),
-            Self::Cluster(topology) => topology.any_node(attempt),
+            Self::Cluster(topology) => match shard {
+                Some(addr) if attempt.is_multiple_of(2) && topology.is_master(addr) => {
+                    topology.client_for(addr).ok()
+                }
+                Some(addr) => topology.any_node(attempt / 2, Some(addr)),
+                None => topology.any_node(attempt, None),
+            },
+        }
+    }
+
+    /// Reads a cluster's slots again in the background, at most once a second (nothing
+    /// elsewhere): after a failure to reach a node, which a failover may have replaced.
+    pub(crate) fn refresh_later(&self) {
+        if let Self::Cluster(topology) = self {
+            topology.refresh_later();
         }
     }
 
