@@ -104,6 +104,28 @@ impl RedisAttempt {
         Step::busy(Some(known.map_or(refresh, |k| k.min(refresh))))
     }
 
+    /// Before a waiting attempt's first poll: listens on its channel if every node's is still
+    /// subscribed from an earlier wait of this client, so that a busy answer needs neither a
+    /// subscription nor a poll after it, and no release between the poll and the first wait
+    /// goes unheard (a subscription made after the poll, on a channel already subscribed, is
+    /// active at once and misses it: the waiter slept to its backoff's maximum). Otherwise
+    /// [`Self::busy`] subscribes, and the new subscription costs a poll more.
+    pub(crate) fn listen_early(&mut self) {
+        if self.polled || self.request.mode != AttemptMode::Wait || !self.subs.is_empty() {
+            return;
+        }
+        let channel = &self.keys.channel;
+        let subs: Vec<Subscription> = self
+            .shared
+            .nodes
+            .iter()
+            .map_while(|n| n.sub.listening(channel))
+            .collect();
+        if subs.len() == self.shared.nodes.len() {
+            self.subs = subs;
+        }
+    }
+
     /// Notes what node `node`'s answer to the poll sent at `sent` showed of its counter (see
     /// [`Self::seen`]).
     pub(crate) fn saw(&mut self, node: usize, sent: Instant, counter: u64) {
@@ -166,6 +188,11 @@ impl RedisAttempt {
                 .map(|(i, token)| (&shared.nodes[*i], *token))
                 .collect();
             let timeout = shared.node_timeout(self.request.ttl);
+            // Still queued where it was busy at its last poll (or handed a hold since).
+            let queued: Vec<usize> = (0..shared.nodes.len())
+                .filter(|i| !handed.iter().any(|(h, _)| h == i))
+                .collect();
+            redlock::Leave::of(self).spawn(queued);
             redlock::acquired(self, &tokens, timeout).await
         } else {
             Acquired::new(self.lease(), FencingToken::new(handed[0].1))
@@ -180,12 +207,8 @@ impl RedisAttempt {
     }
 
     async fn poll_single(&mut self) -> Result<Step> {
+        self.listen_early();
         let node = &self.shared.nodes[0];
-        if !self.polled && self.request.mode == AttemptMode::Wait && self.subs.is_empty() {
-            // Still subscribed from an earlier wait of this client: listen before the first
-            // poll, so that a busy answer needs neither a subscription nor a poll after it.
-            self.subs.extend(node.sub.listening(&self.keys.channel));
-        }
         let sent = Instant::now();
         let answer = node
             .acquire(

@@ -218,8 +218,9 @@ return 1
 /// forced release).
 ///
 /// KEYS: lock, fence, queue, alive, holders, tokens, data.
-/// ARGV: owner, fair ("1"), handoff ms, channel, mode ("release", "abandon", "retreat" as
-/// for [`RELEASE`](crate::scripts::RELEASE), or "force": end every holder), permits (0 = shared),
+/// ARGV: owner, fair ("1"), handoff ms, channel, mode ("release", "abandon", "retreat",
+/// "leave" as for [`RELEASE`](crate::scripts::RELEASE), or "force": end every holder), permits
+/// (0 = shared),
 /// [`SEED_FLOOR`](crate::scripts::SEED_FLOOR), forget ms, hand-over lease ms ("0": none).
 ///
 /// An abandon of a permit attempt that finds the name a semaphore of other permits (a misuse
@@ -267,7 +268,7 @@ if holder == marker then
     if before > 0 then released = 1 end
     redis.call('DEL', KEYS[5], KEYS[6], KEYS[7])
     left = true
-  else
+  elseif mode ~= 'leave' then
     local ends = redis.call('ZSCORE', KEYS[5], owner)
     if ends then
       redis.call('ZREM', KEYS[5], owner)
@@ -279,7 +280,7 @@ if holder == marker then
   end
 end
 local moved = nil
-if mode == 'release' or mode == 'abandon' then
+if mode == 'release' or mode == 'abandon' or mode == 'leave' then
   moved = redis.call('ZRANK', KEYS[3], member)
   if moved then
     redis.call('ZREM', KEYS[3], member)

@@ -529,8 +529,10 @@ return 0
 /// KEYS: lock, fence, queue, alive, data, holders, tokens.
 /// ARGV: owner, fair ("1"), handoff ms, channel, mode: "release" (the owner is done: also
 /// leave the queue), "abandon" (the same for an attempt that ends without the lock: it also
-/// gives up a reservation or a hand-over made for it) or "retreat" (Redlock, after a failed
-/// majority: only give the lock back, keep the place in the queue and any reservation);
+/// gives up a reservation or a hand-over made for it), "retreat" (Redlock, after a failed
+/// majority: only give the lock back, keep the place in the queue and any reservation) or
+/// "leave" (Redlock, after a majority granted: leave the queue and give up a reservation,
+/// keep a hold);
 /// hand-over lease ms ("0": reserve instead), [`SEED_FLOOR`], forget ms (see [`NEXT_TOKEN`]).
 ///
 /// Then, if this call freed the lock (or gave up a turn), picks the oldest live waiter and:
@@ -572,7 +574,7 @@ end
 local fair = ARGV[2] == '1'
 local released = 0
 local handoff = false
-if holder == owner then
+if holder == owner and mode ~= 'leave' then
   redis.call('DEL', KEYS[1], KEYS[5])
   holder = false
   released = 1

@@ -1017,6 +1017,145 @@ async fn cluster_waiters_subscribe_on_the_names_master() {
     }
 }
 
+/// A Redlock acquisition that a majority granted while another master was busy leaves that
+/// master's queue at once, not at its release: a reader left queued at the head there, ahead
+/// of a writer, made the release that freed that master wake nobody, and the writer slept to
+/// its backoff's maximum (250 ms; the RW mix's p99).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_holder_leaves_the_queue_where_it_was_busy() {
+    let Some(urls) = common::urls("redlock3") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    let locks = client(&urls[..3], false).await;
+    for (case, options) in [("reader", opts().shared()), ("writer", opts())] {
+        let name = name(case);
+        let keys = LockKeys::for_name(&name).unwrap();
+        let mut raw = common::raw(&urls[0]).await;
+        // Another writer holds on the first master alone.
+        let _: () = redis::cmd("SET")
+            .arg(&keys.lock)
+            .arg("another-writer")
+            .arg("PX")
+            .arg(10_000)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        let guard = locks.acquire(&name, &options).await.unwrap();
+        // The acquisition returned on the other two masters' grants: the first one's busy
+        // answer (which queued it there) may come after.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let queued: Vec<String> = redis::cmd("ZRANGE")
+                .arg(&keys.queue)
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            if queued.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{case}: still queued on the busy master while holding: {queued:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        guard.release().await.unwrap();
+        let _: () = redis::cmd("DEL")
+            .arg(&keys.lock)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+    }
+}
+
+/// A Redlock waiter whose channel is still subscribed from an earlier wait listens before its
+/// first round: a release that hands it the lock while that round waits for a slow master
+/// (paused here) is heard. Subscribed after the round, on a channel already live, it missed
+/// those messages and slept until its next poll (a third of the waiter timeout, 1 s here):
+/// 1.53-1.56 s after the release, against the round's and its retreat's 300 ms each now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_waiter_hears_a_release_during_its_first_round() {
+    let Some(urls) = common::urls("redlock3") else {
+        return;
+    };
+    // It pauses a master: no other test of this binary runs meanwhile.
+    let _exclusive = OUTAGE.write().await;
+    let config = common::config(&urls[..3], false).with_waiter_timeout(Duration::from_secs(30));
+    let (a, b) = two_clients(&config).await;
+    let name = name("early");
+    let keys = LockKeys::for_name(&name).unwrap();
+    // 3 s leases: a master answers within 300 ms or not at all (the node timeout).
+    let options = opts()
+        .with_ttl(Duration::from_secs(3))
+        .with_backoff(Backoff::new(Duration::from_secs(5), Duration::from_secs(5)));
+    // A first wait of b subscribes its channel on every master (kept for 2 s after).
+    let held = a.acquire(&name, &options).await.unwrap();
+    let waiter = {
+        let (b, name, options) = (b.clone(), name.clone(), options.clone());
+        tokio::spawn(async move { b.acquire(&name, &options).await })
+    };
+    let mut raws = Vec::new();
+    for url in &urls[..3] {
+        raws.push(common::raw(url).await);
+    }
+    let queued_on_first_two = async |raws: &mut Vec<redis::aio::MultiplexedConnection>| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        'wait: loop {
+            assert!(Instant::now() < deadline, "b never queued");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            for raw in raws.iter_mut().take(2) {
+                let queued: i64 = redis::cmd("ZCARD")
+                    .arg(&keys.queue)
+                    .query_async(raw)
+                    .await
+                    .unwrap();
+                if queued == 0 {
+                    continue 'wait;
+                }
+            }
+            return;
+        }
+    };
+    queued_on_first_two(&mut raws).await;
+    held.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+    let held = a.acquire(&name, &options).await.unwrap();
+    // The third master stops answering; b's next round waits 300 ms for it.
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1_500)
+        .arg("ALL")
+        .query_async(&mut raws[2])
+        .await
+        .unwrap();
+    let paused = Instant::now();
+    let waiter = {
+        let (b, name, options) = (b.clone(), name.clone(), options.clone());
+        tokio::spawn(async move { b.acquire(&name, &options).await })
+    };
+    queued_on_first_two(&mut raws).await;
+    // Handed over to b by the first two masters while its round still waits.
+    held.release().await.unwrap();
+    let released = Instant::now();
+    let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("b took the lock")
+        .unwrap()
+        .unwrap();
+    let after = released.elapsed();
+    got.release().await.unwrap();
+    // The pause holds every client of that master, an unpause too: it runs out.
+    tokio::time::sleep_until((paused + Duration::from_millis(1_600)).into()).await;
+    assert!(
+        after < Duration::from_millis(1_100),
+        "b held {after:?} after the release: it missed the hand-over messages"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_survives_one_node_down_and_reports_a_lost_majority() {
     let Some(urls) = common::urls("redlock3") else {

@@ -22,6 +22,9 @@ pub(crate) enum ReleaseMode {
     Release,
     Abandon,
     Retreat,
+    /// Redlock, a master outside the majority that granted: leave its queue (and give up a
+    /// reservation there), keep a hold it handed since (the lease's renewals reach it).
+    Leave,
     /// End every shared or permit holder (forced release;
     /// [`HOLD_RELEASE`](crate::kinds::HOLD_RELEASE) only).
     Force,
@@ -33,6 +36,7 @@ impl ReleaseMode {
             Self::Release => "release",
             Self::Abandon => "abandon",
             Self::Retreat => "retreat",
+            Self::Leave => "leave",
             Self::Force => "force",
         }
     }
