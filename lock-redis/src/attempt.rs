@@ -192,7 +192,9 @@ impl RedisAttempt {
             let queued: Vec<usize> = (0..shared.nodes.len())
                 .filter(|i| !handed.iter().any(|(h, _)| h == i))
                 .collect();
-            redlock::Leave::of(self).spawn(queued);
+            if let Some(leave) = redlock::Leave::of(self) {
+                leave.spawn(queued);
+            }
             redlock::acquired(self, &tokens, timeout).await
         } else {
             Acquired::new(self.lease(), FencingToken::new(handed[0].1))

@@ -194,9 +194,9 @@
 //!   `PUBLISH` reaches every node of a cluster, so after a failure to connect to that master
 //!   the subscriber tries another node (and the slots are read again), and one left on a
 //!   former master still in the cluster after a failover hears later (one cut off hears
-//!   nothing: its waiters poll on their timers until its connection breaks). Observers track the name's keys on the slot's
-//!   master (`CLIENT TRACKING` is per node), found again at each reconnection. `list` scans
-//!   every master.
+//!   nothing: its waiters poll on their timers until its connection breaks). Observers track
+//!   the name's keys on the slot's master (`CLIENT TRACKING` is per node), found again at each
+//!   reconnection. `list` scans every master.
 //! - **Failover = possible loss** (both): replication is asynchronous, so a promoted replica
 //!   may lack the lock (and its counter may lag). A guard therefore learns of a failover as of
 //!   a restart: the restart watch of its master (Sentinel: the master the Sentinels name;

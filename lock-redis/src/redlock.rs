@@ -90,7 +90,13 @@ pub(crate) async fn acquire(attempt: &mut RedisAttempt) -> Result<Step> {
         // answer comes after this (a grant there is the lease's, like the majority's).
         let leave = Leave::of(attempt);
         let late = leave.clone();
-        let answered = gathered.settle_with(move |rest| Box::pin(late.run(busy(rest))));
+        let answered = gathered.settle_with(move |rest| {
+            Box::pin(async move {
+                if let Some(late) = late {
+                    late.run(busy(rest.iter().map(|(i, a)| (*i, a)))).await;
+                }
+            })
+        });
         let tokens: Vec<(&Node, u64)> = shared
             .nodes
             .iter()
@@ -100,13 +106,14 @@ pub(crate) async fn acquire(attempt: &mut RedisAttempt) -> Result<Step> {
                 _ => None,
             })
             .collect();
-        let queued = busy(
-            answered
-                .iter()
-                .enumerate()
-                .filter_map(|(i, a)| Some((i, a.as_ref()?))),
-        );
-        leave.spawn(queued);
+        if let Some(leave) = leave {
+            leave.spawn(busy(
+                answered
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, a)| Some((i, a.as_ref()?))),
+            ));
+        }
         return Ok(Step::Acquired(acquired(attempt, &tokens, timeout).await));
     }
     // The round failed: every master's answer decides what to retreat from (a majority that
@@ -290,14 +297,12 @@ pub(crate) async fn acquired(
 
 /// The masters among `answers` (index, answer) that answered busy: the attempt is queued
 /// there.
-fn busy<I, A>(answers: I) -> Vec<usize>
-where
-    I: IntoIterator<Item = (usize, A)>,
-    A: std::borrow::Borrow<std::result::Result<Answer, RedisError>>,
-{
+fn busy<'a>(
+    answers: impl IntoIterator<Item = (usize, &'a std::result::Result<Answer, RedisError>)>,
+) -> Vec<usize> {
     answers
         .into_iter()
-        .filter(|(_, a)| matches!(a.borrow(), Ok(Answer::Busy(..))))
+        .filter(|(_, a)| matches!(a, Ok(Answer::Busy(..))))
         .map(|(i, _)| i)
         .collect()
 }
@@ -315,29 +320,24 @@ pub(crate) struct Leave {
     owner: Arc<str>,
     kind: LockKind,
     hand_over: Option<Duration>,
-    /// A waiting attempt (a try is never queued: nothing to leave).
-    waits: bool,
 }
 
 impl Leave {
-    pub(crate) fn of(attempt: &RedisAttempt) -> Self {
-        Self {
+    /// `None` for a try (never queued: nothing to leave).
+    pub(crate) fn of(attempt: &RedisAttempt) -> Option<Self> {
+        (attempt.request.mode == AttemptMode::Wait).then(|| Self {
             shared: attempt.shared.clone(),
             keys: attempt.keys.clone(),
             owner: attempt.request.owner.clone(),
             kind: attempt.request.kind,
             hand_over: attempt.shared.config.hand_over_lease(attempt.request.ttl),
-            waits: attempt.request.mode == AttemptMode::Wait,
-        }
+        })
     }
 
     /// Leaves the queues of the masters `masters` (indices), each bounded by the clean-up
     /// timeout; failures are ignored (the place then lasts until the release, or the waiter
     /// timeout).
     async fn run(self, masters: Vec<usize>) {
-        if !self.waits {
-            return;
-        }
         let timeout = self.shared.cleanup_timeout();
         let leave = masters
             .iter()
@@ -361,8 +361,7 @@ impl Leave {
 
     /// [`Self::run`] in a spawned task (nothing when `masters` is empty or no runtime runs).
     pub(crate) fn spawn(self, masters: Vec<usize>) {
-        if self.waits
-            && !masters.is_empty()
+        if !masters.is_empty()
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
             runtime.spawn(self.run(masters));

@@ -42,11 +42,8 @@ pub(crate) type Wake = Arc<[u8]>;
 /// until its connection breaks, and its waiters poll on their timers meanwhile, as on a master.
 #[derive(Debug)]
 pub(crate) struct Subscriber {
-    endpoint: Endpoint,
-    node: String,
-    timeout: Duration,
     /// The connection of the master, or of any node of a cluster (a channel whose slot's
-    /// master is not known).
+    /// master is not known); the cluster masters' connections are made like it.
     any: Arc<Inner>,
     /// The connection of each cluster master, by `host:port`.
     shards: Mutex<HashMap<String, Arc<Inner>>>,
@@ -108,19 +105,15 @@ struct Conn {
 
 impl Subscriber {
     pub(crate) fn new(endpoint: Endpoint, node: String, timeout: Duration) -> Self {
-        let any = Inner::new(&endpoint, None, &node, timeout);
         Self {
-            endpoint,
-            node,
-            timeout,
-            any,
+            any: Inner::new(&endpoint, None, &node, timeout),
             shards: Mutex::new(HashMap::new()),
         }
     }
 
     /// The connection `channel` is subscribed on: its slot's master's in a cluster.
     fn shard(&self, channel: &str) -> Arc<Inner> {
-        let Some(shard) = self.endpoint.pubsub_shard(channel) else {
+        let Some(shard) = self.any.endpoint.pubsub_shard(channel) else {
             return self.any.clone();
         };
         let mut shards = lock(&self.shards);
@@ -130,12 +123,8 @@ impl Subscriber {
         // A master not seen before (the first wait there, or a failover's new master): forget
         // the connections nobody uses (closed when their last channel went idle).
         shards.retain(|_, inner| Arc::strong_count(inner) > 1 || !lock(&inner.channels).is_empty());
-        let inner = Inner::new(
-            &self.endpoint,
-            Some(shard.clone()),
-            &self.node,
-            self.timeout,
-        );
+        let any = &self.any;
+        let inner = Inner::new(&any.endpoint, Some(shard.clone()), &any.node, any.timeout);
         shards.insert(shard, inner.clone());
         inner
     }
@@ -170,7 +159,7 @@ impl Subscriber {
     /// mutex when this client waits on nothing (in a cluster also the slot map's and the
     /// connections' map's).
     pub(crate) fn listening(&self, channel: &str) -> Option<Subscription> {
-        let Some(shard) = self.endpoint.pubsub_shard(channel) else {
+        let Some(shard) = self.any.endpoint.pubsub_shard(channel) else {
             return Self::listen_on(&self.any, channel);
         };
         let inner = lock(&self.shards).get(&shard)?.clone();
