@@ -51,6 +51,23 @@ fn kind(err: &Error) -> Option<RedisErrorKind> {
     None
 }
 
+/// Polls `check` every 5 ms until it returns `Ok`; fails with its last `Err` once `within`
+/// has passed.
+async fn eventually<F, Fut>(within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        match check().await {
+            Ok(()) => return,
+            Err(why) => assert!(Instant::now() < deadline, "{why}"),
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test]
 async fn invalid_urls_are_typed_config_errors() {
     for url in [
@@ -989,24 +1006,24 @@ async fn cluster_waiters_subscribe_on_the_names_master() {
             let slow = Backoff::new(Duration::from_secs(5), Duration::from_secs(5));
             tokio::spawn(async move { b.acquire(&name, &opts().with_backoff(slow)).await })
         };
-        let mut raw = common::raw(&common::local(*port)).await;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let (_, n): (String, i64) = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg(channel)
-                .query_async(&mut raw)
-                .await
-                .unwrap();
-            if n == 1 {
-                break;
+        let raw = common::raw(&common::local(*port)).await;
+        eventually(Duration::from_secs(5), || {
+            let mut raw = raw.clone();
+            async move {
+                let (_, n): (String, i64) = redis::cmd("PUBSUB")
+                    .arg("NUMSUB")
+                    .arg(channel)
+                    .query_async(&mut raw)
+                    .await
+                    .unwrap();
+                (n == 1).then_some(()).ok_or_else(|| {
+                    format!(
+                        "the waiter on {name} did not subscribe on its master {port} ({n} there)"
+                    )
+                })
             }
-            assert!(
-                Instant::now() < deadline,
-                "the waiter on {name} did not subscribe on its master {port} ({n} there)"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        })
+        .await;
         held.release().await.unwrap();
         let got = tokio::time::timeout(Duration::from_secs(1), waiter)
             .await
@@ -1045,24 +1062,23 @@ async fn a_redlock_holder_leaves_the_queue_where_it_was_busy() {
         // The acquisition returned on the other two masters' grants: the first one's busy
         // answer (which queued it there) may come after.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let deadline = Instant::now() + Duration::from_secs(2);
-        loop {
-            let queued: Vec<String> = redis::cmd("ZRANGE")
-                .arg(&keys.queue)
-                .arg(0)
-                .arg(-1)
-                .query_async(&mut raw)
-                .await
-                .unwrap();
-            if queued.is_empty() {
-                break;
+        eventually(Duration::from_secs(2), || {
+            let mut raw = raw.clone();
+            let queue = keys.queue.clone();
+            async move {
+                let queued: Vec<String> = redis::cmd("ZRANGE")
+                    .arg(&queue)
+                    .arg(0)
+                    .arg(-1)
+                    .query_async(&mut raw)
+                    .await
+                    .unwrap();
+                queued.is_empty().then_some(()).ok_or_else(|| {
+                    format!("{case}: still queued on the busy master while holding: {queued:?}")
+                })
             }
-            assert!(
-                Instant::now() < deadline,
-                "{case}: still queued on the busy master while holding: {queued:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        })
+        .await;
         guard.release().await.unwrap();
         let _: () = redis::cmd("DEL")
             .arg(&keys.lock)
@@ -1102,25 +1118,27 @@ async fn a_redlock_waiter_hears_a_release_during_its_first_round() {
     for url in &urls[..3] {
         raws.push(common::raw(url).await);
     }
-    let queued_on_first_two = async |raws: &mut Vec<redis::aio::MultiplexedConnection>| {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        'wait: loop {
-            assert!(Instant::now() < deadline, "b never queued");
-            tokio::time::sleep(Duration::from_millis(2)).await;
-            for raw in raws.iter_mut().take(2) {
-                let queued: i64 = redis::cmd("ZCARD")
-                    .arg(&keys.queue)
-                    .query_async(raw)
-                    .await
-                    .unwrap();
-                if queued == 0 {
-                    continue 'wait;
+    let first_two = raws[..2].to_vec();
+    let queued_on_first_two = || {
+        eventually(Duration::from_secs(5), || {
+            let first_two = first_two.clone();
+            let queue = keys.queue.clone();
+            async move {
+                for mut raw in first_two {
+                    let queued: i64 = redis::cmd("ZCARD")
+                        .arg(&queue)
+                        .query_async(&mut raw)
+                        .await
+                        .unwrap();
+                    if queued == 0 {
+                        return Err("b never queued".to_owned());
+                    }
                 }
+                Ok(())
             }
-            return;
-        }
+        })
     };
-    queued_on_first_two(&mut raws).await;
+    queued_on_first_two().await;
     held.release().await.unwrap();
     waiter.await.unwrap().unwrap().release().await.unwrap();
     let held = a.acquire(&name, &options).await.unwrap();
@@ -1137,7 +1155,7 @@ async fn a_redlock_waiter_hears_a_release_during_its_first_round() {
         let (b, name, options) = (b.clone(), name.clone(), options.clone());
         tokio::spawn(async move { b.acquire(&name, &options).await })
     };
-    queued_on_first_two(&mut raws).await;
+    queued_on_first_two().await;
     // Handed over to b by the first two masters while its round still waits.
     held.release().await.unwrap();
     let released = Instant::now();
