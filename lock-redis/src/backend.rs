@@ -250,7 +250,8 @@ impl LockBackend for RedisBackend {
     fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
         let keys = self.shared.keys.get(&request.name);
         // Redlock: every node must order waiters alike, so the arrival score comes from here
-        // (a client's clock only orders waiters; it never decides who holds the lock).
+        // (a client's clock orders waiters, and so decides whether a new reader passes a
+        // queued writer; it never decides whether two kinds hold at once).
         let score = if self.shared.redlock() {
             SystemTime::now()
                 .duration_since(UNIX_EPOCH)

@@ -79,8 +79,15 @@ pub(crate) fn marker(kind: LockKind) -> String {
 ///
 /// Served in arrival order in both modes: a reader holds when no writer is ahead of it in
 /// the queue (a waiting writer queues new readers behind it) and no writer holds or has the
-/// lock reserved; a permit holds when the live holders plus the permit waiters ahead of it
-/// are fewer than the permits.
+/// lock reserved. A Redlock reader's place is its arrival score (the same on every master),
+/// so a reader not queued yet is behind the writers of strictly lower scores only (a reader
+/// sorts before a writer of the same score): one that arrived first but reaches this master
+/// after a writer queued here holds at once unless a writer holds or has the lock reserved,
+/// rather than queue ahead of that writer, where no release would wake it (a reader's
+/// release serves a writer at the head; the readers at the head waited to the backoff's
+/// maximum, the writer behind them too: the RW mix's 250 ms stalls on three masters). A
+/// permit holds when the live holders plus the permit waiters ahead of it are fewer than the
+/// permits.
 ///
 /// The holders' data ([`SET_DATA`](crate::scripts::SET_DATA)) is the hash `d`, kept with `h`
 /// and `t`: dropped with them at a new epoch, a pruned holder's field with its entry.
@@ -137,7 +144,9 @@ if holder and not epoch and not readers_reserved then
   blocked = redis.call('PTTL', KEYS[1])
 elseif n == 0 then
   local ahead = {}
-  if not rank then
+  if not rank and ARGV[6] ~= '' then
+    ahead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. ARGV[6])
+  elseif not rank then
     ahead = redis.call('ZRANGE', KEYS[3], 0, -1)
   elseif rank > 0 then
     ahead = redis.call('ZRANGE', KEYS[3], 0, rank - 1)

@@ -235,7 +235,9 @@
 //! Waiters share the mutex's queue `q` (readers as `"\0s:" + owner`, permit waiters as
 //! `"\0p:" + owner`) and are served in arrival order in both modes: a reader holds when no
 //! writer holds `l` or has it reserved and no writer waits ahead of it (a waiting writer
-//! queues new readers behind it: no writer starvation); a permit holds when the live holders
+//! queues new readers behind it: no writer starvation; on Redlock, whose waiters are ordered
+//! by the arrival time their clients' clocks gave them, a reader whose client's clock lags by
+//! X passes the writers that queued within the last X); a permit holds when the live holders
 //! plus the permit waiters ahead of it are fewer than `N`. Wake-ups are targeted: the last
 //! reader's release hands the lock to the writer at the head as a writer's release hands it
 //! to the next writer (see Hand-over above; or reserves it, in the default mode, without the

@@ -40,6 +40,37 @@ async fn two_clients(config: &RedisConfig) -> (LockClient<RedisBackend>, LockCli
     (one().await.unwrap(), one().await.unwrap())
 }
 
+/// `client.acquire(name, options)` in a spawned task (a waiter the test goes on beside).
+fn spawn_acquire(
+    client: &LockClient<RedisBackend>,
+    name: &str,
+    options: &AcquireOptions,
+) -> tokio::task::JoinHandle<distlock_core::Result<distlock_core::LockGuard>> {
+    let (client, name, options) = (client.clone(), name.to_owned(), options.clone());
+    tokio::spawn(async move { client.acquire(&name, &options).await })
+}
+
+/// Two clients of the first three Redlock masters of `urls` whose waiters poll every 10 s
+/// (a third of a 30 s waiter timeout) at most.
+async fn redlock_waiters(urls: &[String]) -> (LockClient<RedisBackend>, LockClient<RedisBackend>) {
+    let config = common::config(&urls[..3], false).with_waiter_timeout(Duration::from_secs(30));
+    two_clients(&config).await
+}
+
+/// A backoff under which a waiter polls on a wake-up alone within these tests' bounds.
+fn wake_ups_only() -> Backoff {
+    Backoff::new(Duration::from_secs(5), Duration::from_secs(5))
+}
+
+/// A plain connection to each server of `urls`.
+async fn raws(urls: &[String]) -> Vec<redis::aio::MultiplexedConnection> {
+    let mut raws = Vec::new();
+    for url in urls {
+        raws.push(common::raw(url).await);
+    }
+    raws
+}
+
 fn kind(err: &Error) -> Option<RedisErrorKind> {
     let mut source = std::error::Error::source(err);
     while let Some(s) = source {
@@ -1001,11 +1032,7 @@ async fn cluster_waiters_subscribe_on_the_names_master() {
     }
     for (name, port, channel) in &names {
         let held = a.acquire(name, &opts()).await.unwrap();
-        let waiter = {
-            let (b, name) = (b.clone(), name.clone());
-            let slow = Backoff::new(Duration::from_secs(5), Duration::from_secs(5));
-            tokio::spawn(async move { b.acquire(&name, &opts().with_backoff(slow)).await })
-        };
+        let waiter = spawn_acquire(&b, name, &opts().with_backoff(wake_ups_only()));
         let raw = common::raw(&common::local(*port)).await;
         eventually(Duration::from_secs(5), || {
             let mut raw = raw.clone();
@@ -1100,24 +1127,17 @@ async fn a_redlock_waiter_hears_a_release_during_its_first_round() {
     };
     // It pauses a master: no other test of this binary runs meanwhile.
     let _exclusive = OUTAGE.write().await;
-    let config = common::config(&urls[..3], false).with_waiter_timeout(Duration::from_secs(30));
-    let (a, b) = two_clients(&config).await;
+    let (a, b) = redlock_waiters(&urls).await;
     let name = name("early");
     let keys = LockKeys::for_name(&name).unwrap();
     // 3 s leases: a master answers within 300 ms or not at all (the node timeout).
     let options = opts()
         .with_ttl(Duration::from_secs(3))
-        .with_backoff(Backoff::new(Duration::from_secs(5), Duration::from_secs(5)));
+        .with_backoff(wake_ups_only());
     // A first wait of b subscribes its channel on every master (kept for 2 s after).
     let held = a.acquire(&name, &options).await.unwrap();
-    let waiter = {
-        let (b, name, options) = (b.clone(), name.clone(), options.clone());
-        tokio::spawn(async move { b.acquire(&name, &options).await })
-    };
-    let mut raws = Vec::new();
-    for url in &urls[..3] {
-        raws.push(common::raw(url).await);
-    }
+    let waiter = spawn_acquire(&b, &name, &options);
+    let mut raws = raws(&urls[..3]).await;
     let first_two = raws[..2].to_vec();
     let queued_on_first_two = || {
         eventually(Duration::from_secs(5), || {
@@ -1151,10 +1171,7 @@ async fn a_redlock_waiter_hears_a_release_during_its_first_round() {
         .await
         .unwrap();
     let paused = Instant::now();
-    let waiter = {
-        let (b, name, options) = (b.clone(), name.clone(), options.clone());
-        tokio::spawn(async move { b.acquire(&name, &options).await })
-    };
+    let waiter = spawn_acquire(&b, &name, &options);
     queued_on_first_two().await;
     // Handed over to b by the first two masters while its round still waits.
     held.release().await.unwrap();
@@ -1171,6 +1188,94 @@ async fn a_redlock_waiter_hears_a_release_during_its_first_round() {
     assert!(
         after < Duration::from_millis(1_100),
         "b held {after:?} after the release: it missed the hand-over messages"
+    );
+}
+
+/// A Redlock reader that arrived before a writer queued on the masters (its arrival score is
+/// lower: raised here on the writer's entries, as when the writer's first round reached the
+/// masters before the reader's) joins the readers that hold. It used to count every queued
+/// waiter as ahead of it: refused behind the writer, it queued ahead of it, where the last
+/// reader's release (which serves a writer at the head only) woke neither of them (the RW
+/// mix's 250 ms stalls on three masters). Before the fix the reader timed out after 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_reader_that_arrived_first_is_not_queued_behind_a_writer() {
+    let Some(urls) = common::urls("redlock3") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    let (a, b) = redlock_waiters(&urls).await;
+    let name = name("arrived-first");
+    let keys = LockKeys::for_name(&name).unwrap();
+    let options = opts().with_backoff(wake_ups_only());
+    let holder = client(&urls[..3], false).await;
+    let held = holder
+        .acquire(&name, &options.clone().shared())
+        .await
+        .unwrap();
+    // A wait of a's that runs out leaves its channels subscribed (for 2 s): the reader's
+    // attempt below listens before its first round and polls again only on a wake-up, as
+    // in a busy client (a first wait subscribes after that round, and polls again at once).
+    let brief = options.clone().with_wait(Duration::from_millis(200));
+    let timed_out = a.acquire(&name, &brief).await;
+    assert!(
+        matches!(timed_out, Err(Error::Timeout { .. })),
+        "{timed_out:?}"
+    );
+    let writer = spawn_acquire(&b, &name, &options);
+    let raws = raws(&urls[..3]).await;
+    // The writer queued on every master, then given a later arrival than the reader's.
+    let later = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+        + 60_000_000;
+    for raw in &raws {
+        eventually(Duration::from_secs(5), || {
+            let (mut raw, queue) = (raw.clone(), keys.queue.clone());
+            async move {
+                let queued: Vec<String> = redis::cmd("ZRANGE")
+                    .arg(&queue)
+                    .arg(0)
+                    .arg(-1)
+                    .query_async(&mut raw)
+                    .await
+                    .unwrap();
+                let [writer] = &queued[..] else {
+                    return Err(format!("the writer is not queued alone: {queued:?}"));
+                };
+                let _: i64 = redis::cmd("ZADD")
+                    .arg(&queue)
+                    .arg("XX")
+                    .arg(later.to_string())
+                    .arg(writer)
+                    .query_async(&mut raw)
+                    .await
+                    .unwrap();
+                Ok(())
+            }
+        })
+        .await;
+    }
+    let reader = a
+        .acquire(
+            &name,
+            &options.clone().shared().with_wait(Duration::from_secs(1)),
+        )
+        .await
+        .expect("the reader that arrived first holds beside the other reader");
+    held.release().await.unwrap();
+    reader.release().await.unwrap();
+    let released = Instant::now();
+    let writer = tokio::time::timeout(Duration::from_secs(5), writer)
+        .await
+        .expect("the writer took the lock")
+        .unwrap()
+        .unwrap();
+    let after = released.elapsed();
+    writer.release().await.unwrap();
+    assert!(
+        after < Duration::from_secs(1),
+        "the writer held {after:?} after the last reader left"
     );
 }
 
