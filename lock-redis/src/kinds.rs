@@ -83,9 +83,9 @@ pub(crate) fn marker(kind: LockKind) -> String {
 /// so a reader not queued yet is behind the writers of strictly lower scores only (a reader
 /// sorts before a writer of the same score): one that arrived first but reaches this master
 /// after a writer queued here holds at once unless a writer holds or has the lock reserved,
-/// rather than queue ahead of that writer, where no release would wake it (a reader's
-/// release serves a writer at the head; the readers at the head waited to the backoff's
-/// maximum, the writer behind them too: the RW mix's 250 ms stalls on three masters). A
+/// rather than queue ahead of that writer, where no reader's release woke it (they served a
+/// writer at the head only; the readers at the head waited to the backoff's maximum, the
+/// writer behind them too: the RW mix's 250 ms stalls on three masters). A
 /// permit holds when the live holders plus the permit waiters ahead of it are fewer than the
 /// permits.
 ///
@@ -235,15 +235,18 @@ return 1
 /// An abandon of a permit attempt that finds the name a semaphore of other permits (a misuse
 /// its poll refused) gives back, as that semaphore's, a permit that one handed it.
 ///
-/// Then serves exactly the waiters this call unblocks: when the last holder left and a writer
-/// heads the queue, that writer, as the mutex's release does (the lock handed over to it
-/// with a hand-over lease, else reserved for it in the default mode); for a semaphore, with
-/// a hand-over lease, once a hold of this call's left or while holders of its permits live,
-/// each free permit goes to the live permit waiter first in line for it (at most 128): a
-/// hold of its own in `h` and `t` as its acquisition would make it (lease, token; a new epoch
-/// if the last holder took the lock key with it), out of the queue, and one message
-/// [`HANDED_OVER`](crate::scripts::HANDED_OVER) + lease ms + `/` + permits + `:` + their
-/// tokens (comma-separated) + NUL + their owners (NUL-separated): the permits tell a waiter
+/// Then serves the waiters this call unblocks: when the last holder left and a writer heads
+/// the queue, that writer, as the mutex's release does (the lock handed over to it with a
+/// hand-over lease, else reserved for it in the default mode); and readers it finds at the
+/// head of a name that is free or held by readers (the writer ahead of them was pruned dead,
+/// or more readers waited than a writer's release hands over to), woken (a free lock
+/// reserved for them in the default mode) as a writer's release without the hand-over does;
+/// for a semaphore, with a hand-over lease, once a hold of this call's left or while holders
+/// of its permits live, each free permit goes to the live permit waiter first in line for it
+/// (at most 128): a hold of its own in `h` and `t` as its acquisition would make it (lease,
+/// token; a new epoch if the last holder took the lock key with it), out of the queue, and
+/// one message [`HANDED_OVER`](crate::scripts::HANDED_OVER) + lease ms + `/` + permits + `:` +
+/// their tokens (comma-separated) + NUL + their owners (NUL-separated): the permits tell a waiter
 /// that the hold is of its own semaphore. Without the lease, it wakes the permit
 /// waiters whose place in the queue now fits in the free permits and did not before (one
 /// for one released permit). Returns 1 if a live hold was released (force: if any holder
@@ -332,6 +335,11 @@ if not holder and string.byte(head, 1) ~= 0 then
     redis.call('ZREM', KEYS[4], head)
   end
   redis.call('PUBLISH', ARGV[4], head)
+elseif n == 0 and (not holder or holder == marker) and string.sub(head, 1, 3) == '\0s:' then
+  -- Free or held by readers, and readers are first: whatever held them back is gone (a
+  -- writer ahead of them pruned dead, or more readers queued than a hand-over takes).
+  -- Woken, they join.
+  wake_holds(KEYS[1], KEYS[3], ARGV[4], not holder and not fair, ARGV[3])
 elseif n > 0 and (not holder or holder == marker) then
   local lease = tonumber(ARGV[9])
   if lease > 0 and count < n and (left or holder == marker) then

@@ -244,13 +244,15 @@
 //! hand-over); a writer's release with readers at the head hands the lock over to all of them
 //! up to the next writer (at most 128) in the same way, their shared holds and tokens written
 //! by the release and one message with each reader's token (without the hand-over it wakes
-//! them in one message, reserving `l` for them in the default mode); a
-//! released permit goes to the permit waiter first in line for it in the same way (its hold
-//! and token written by the release; one message `"\0\1" + lease ms + "/" + N + ":" +
-//! tokens + "\0" + owners`, as the readers' with the semaphore's `N`, several where holds
-//! had expired, held on only by a waiter of a semaphore of `N`; without the hand-over it
-//! wakes the one permit waiter that now fits). Renewal and release are
-//! owner-checked scripts; a lost hold answers [`distlock_core::Error::NotHeld`].
+//! them in one message, reserving `l` for them in the default mode); a released permit goes
+//! to the permit waiter first in line for it in the same way (its hold and token written by
+//! the release; one message `"\0\1" + lease ms + "/" + N + ":" + tokens + "\0" + owners`, as
+//! the readers' with the semaphore's `N`, several where holds had expired, held on only by a
+//! waiter of a semaphore of `N`; without the hand-over it wakes the one permit waiter that
+//! now fits); and a reader's release that finds readers at the head of a name free or held
+//! by readers (the writer ahead of them gone from the queue unreleased, or more readers than
+//! a hand-over takes) wakes them, reserving a free `l` for them in the default mode. Renewal
+//! and release are owner-checked scripts; a lost hold answers [`distlock_core::Error::NotHeld`].
 //!
 //! # Redlock
 //!

@@ -1195,7 +1195,7 @@ async fn a_redlock_waiter_hears_a_release_during_its_first_round() {
 /// lower: raised here on the writer's entries, as when the writer's first round reached the
 /// masters before the reader's) joins the readers that hold. It used to count every queued
 /// waiter as ahead of it: refused behind the writer, it queued ahead of it, where the last
-/// reader's release (which serves a writer at the head only) woke neither of them (the RW
+/// reader's release (which served a writer at the head only) woke neither of them (the RW
 /// mix's 250 ms stalls on three masters). Before the fix the reader timed out after 1 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redlock_reader_that_arrived_first_is_not_queued_behind_a_writer() {
@@ -1277,6 +1277,100 @@ async fn a_redlock_reader_that_arrived_first_is_not_queued_behind_a_writer() {
         after < Duration::from_secs(1),
         "the writer held {after:?} after the last reader left"
     );
+}
+
+/// A reader queued behind a writer that died while waiting (its place pruned once its
+/// liveness ran out) is woken by a holder's release that finds readers at the head of the
+/// queue: the last holder's (the name free; in the default and the fair mode) or another
+/// reader's (while one more holds). Those releases served a writer at the head only: before
+/// the fix the reader slept to its next poll, 3.2 s later in the fair and shared cases, and
+/// did not hold within 8 s in the first (the writer's client, alive, polled again too and
+/// took the free lock first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_behind_a_dead_writer_is_woken_when_readers_may_join() {
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    for (case, fair, holders) in [("free", false, 1), ("fair", true, 1), ("shared", false, 2)] {
+        let config = common::config(&urls[..1], fair).with_waiter_timeout(Duration::from_secs(30));
+        let (a, b) = two_clients(&config).await;
+        let holder = client(&urls[..1], fair).await;
+        let name = name(case);
+        let keys = LockKeys::for_name(&name).unwrap();
+        let options = opts().with_backoff(wake_ups_only());
+        let read = options.clone().shared();
+        let mut held = Vec::new();
+        for _ in 0..holders {
+            held.push(holder.acquire(&name, &read).await.unwrap());
+        }
+        let writer = spawn_acquire(&b, &name, &options);
+        let raw = common::raw(&urls[0]).await;
+        let queued = |n: usize| {
+            let (raw, keys) = (raw.clone(), keys.clone());
+            eventually(Duration::from_secs(5), move || {
+                let (mut raw, keys) = (raw.clone(), keys.clone());
+                async move {
+                    let queued: Vec<String> = redis::cmd("ZRANGE")
+                        .arg(&keys.queue)
+                        .arg(0)
+                        .arg(-1)
+                        .query_async(&mut raw)
+                        .await
+                        .unwrap();
+                    let (_, listeners): (String, i64) = redis::cmd("PUBSUB")
+                        .arg("NUMSUB")
+                        .arg(&keys.channel)
+                        .query_async(&mut raw)
+                        .await
+                        .unwrap();
+                    // One subscription per client.
+                    (queued.len() == n && usize::try_from(listeners).is_ok_and(|l| l >= n))
+                        .then_some(())
+                        .ok_or_else(|| format!("{case}: {queued:?} queued, {listeners} listening"))
+                }
+            })
+        };
+        queued(1).await;
+        let reader = spawn_acquire(&a, &name, &read);
+        queued(2).await;
+        // Both wait on a wake-up now (the reader after the poll its new subscription made).
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut raw = raw.clone();
+        let places: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&keys.queue)
+            .arg(0)
+            .arg(0)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        // The writer dies as far as the server knows: its liveness ran out.
+        let _: i64 = redis::cmd("ZADD")
+            .arg(&keys.alive)
+            .arg("XX")
+            .arg(1)
+            .arg(&places[0])
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        held.pop().unwrap().release().await.unwrap();
+        let released = Instant::now();
+        let reader = tokio::time::timeout(Duration::from_secs(8), reader)
+            .await
+            .unwrap_or_else(|_| panic!("{case}: the reader took the lock"))
+            .unwrap()
+            .unwrap();
+        let after = released.elapsed();
+        writer.abort();
+        reader.release().await.unwrap();
+        for guard in held {
+            guard.release().await.unwrap();
+        }
+        assert!(
+            after < Duration::from_secs(1),
+            "{case}: the reader held {after:?} after a holder's release"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
