@@ -62,6 +62,33 @@ fn wake_ups_only() -> Backoff {
     Backoff::new(Duration::from_secs(5), Duration::from_secs(5))
 }
 
+/// Who waits in `queue` (the queue key of a name), in order.
+async fn queued(raw: &mut redis::aio::MultiplexedConnection, queue: &str) -> Vec<String> {
+    redis::cmd("ZRANGE")
+        .arg(queue)
+        .arg(0)
+        .arg(-1)
+        .query_async(raw)
+        .await
+        .unwrap()
+}
+
+/// The guard `waiter` (a [`spawn_acquire`]) returns within `within`, and how long after
+/// `since` it came; panics with `what` if it does not come in time.
+async fn taken_within(
+    waiter: tokio::task::JoinHandle<distlock_core::Result<distlock_core::LockGuard>>,
+    within: Duration,
+    since: Instant,
+    what: &str,
+) -> (distlock_core::LockGuard, Duration) {
+    let guard = tokio::time::timeout(within, waiter)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not within {within:?}"))
+        .unwrap()
+        .unwrap();
+    (guard, since.elapsed())
+}
+
 /// A plain connection to each server of `urls`.
 async fn raws(urls: &[String]) -> Vec<redis::aio::MultiplexedConnection> {
     let mut raws = Vec::new();
@@ -365,13 +392,7 @@ async fn queued_and_listening(
 ) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let queued: Vec<String> = redis::cmd("ZRANGE")
-            .arg(&keys.queue)
-            .arg(0)
-            .arg(-1)
-            .query_async(raw)
-            .await
-            .unwrap();
+        let queued = queued(raw, &keys.queue).await;
         let (_, listeners): (String, i64) = redis::cmd("PUBSUB")
             .arg("NUMSUB")
             .arg(&keys.channel)
@@ -1093,13 +1114,7 @@ async fn a_redlock_holder_leaves_the_queue_where_it_was_busy() {
             let mut raw = raw.clone();
             let queue = keys.queue.clone();
             async move {
-                let queued: Vec<String> = redis::cmd("ZRANGE")
-                    .arg(&queue)
-                    .arg(0)
-                    .arg(-1)
-                    .query_async(&mut raw)
-                    .await
-                    .unwrap();
+                let queued = queued(&mut raw, &queue).await;
                 queued.is_empty().then_some(()).ok_or_else(|| {
                     format!("{case}: still queued on the busy master while holding: {queued:?}")
                 })
@@ -1176,12 +1191,8 @@ async fn a_redlock_waiter_hears_a_release_during_its_first_round() {
     // Handed over to b by the first two masters while its round still waits.
     held.release().await.unwrap();
     let released = Instant::now();
-    let got = tokio::time::timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("b took the lock")
-        .unwrap()
-        .unwrap();
-    let after = released.elapsed();
+    let (got, after) =
+        taken_within(waiter, Duration::from_secs(5), released, "b took the lock").await;
     got.release().await.unwrap();
     // The pause holds every client of that master, an unpause too: it runs out.
     tokio::time::sleep_until((paused + Duration::from_millis(1_600)).into()).await;
@@ -1233,13 +1244,7 @@ async fn a_redlock_reader_that_arrived_first_is_not_queued_behind_a_writer() {
         eventually(Duration::from_secs(5), || {
             let (mut raw, queue) = (raw.clone(), keys.queue.clone());
             async move {
-                let queued: Vec<String> = redis::cmd("ZRANGE")
-                    .arg(&queue)
-                    .arg(0)
-                    .arg(-1)
-                    .query_async(&mut raw)
-                    .await
-                    .unwrap();
+                let queued = queued(&mut raw, &queue).await;
                 let [writer] = &queued[..] else {
                     return Err(format!("the writer is not queued alone: {queued:?}"));
                 };
@@ -1266,12 +1271,13 @@ async fn a_redlock_reader_that_arrived_first_is_not_queued_behind_a_writer() {
     held.release().await.unwrap();
     reader.release().await.unwrap();
     let released = Instant::now();
-    let writer = tokio::time::timeout(Duration::from_secs(5), writer)
-        .await
-        .expect("the writer took the lock")
-        .unwrap()
-        .unwrap();
-    let after = released.elapsed();
+    let (writer, after) = taken_within(
+        writer,
+        Duration::from_secs(5),
+        released,
+        "the writer took the lock",
+    )
+    .await;
     writer.release().await.unwrap();
     assert!(
         after < Duration::from_secs(1),
@@ -1306,18 +1312,12 @@ async fn a_reader_behind_a_dead_writer_is_woken_when_readers_may_join() {
         }
         let writer = spawn_acquire(&b, &name, &options);
         let raw = common::raw(&urls[0]).await;
-        let queued = |n: usize| {
+        let waiting = |n: usize| {
             let (raw, keys) = (raw.clone(), keys.clone());
             eventually(Duration::from_secs(5), move || {
                 let (mut raw, keys) = (raw.clone(), keys.clone());
                 async move {
-                    let queued: Vec<String> = redis::cmd("ZRANGE")
-                        .arg(&keys.queue)
-                        .arg(0)
-                        .arg(-1)
-                        .query_async(&mut raw)
-                        .await
-                        .unwrap();
+                    let queued = queued(&mut raw, &keys.queue).await;
                     let (_, listeners): (String, i64) = redis::cmd("PUBSUB")
                         .arg("NUMSUB")
                         .arg(&keys.channel)
@@ -1331,9 +1331,9 @@ async fn a_reader_behind_a_dead_writer_is_woken_when_readers_may_join() {
                 }
             })
         };
-        queued(1).await;
+        waiting(1).await;
         let reader = spawn_acquire(&a, &name, &read);
-        queued(2).await;
+        waiting(2).await;
         // Both wait on a wake-up now (the reader after the poll its new subscription made).
         tokio::time::sleep(Duration::from_millis(100)).await;
         let mut raw = raw.clone();
@@ -1355,12 +1355,8 @@ async fn a_reader_behind_a_dead_writer_is_woken_when_readers_may_join() {
             .unwrap();
         held.pop().unwrap().release().await.unwrap();
         let released = Instant::now();
-        let reader = tokio::time::timeout(Duration::from_secs(8), reader)
-            .await
-            .unwrap_or_else(|_| panic!("{case}: the reader took the lock"))
-            .unwrap()
-            .unwrap();
-        let after = released.elapsed();
+        let what = format!("{case}: the reader took the lock");
+        let (reader, after) = taken_within(reader, Duration::from_secs(8), released, &what).await;
         writer.abort();
         reader.release().await.unwrap();
         for guard in held {
