@@ -197,9 +197,33 @@ async fn scripts_and_publishes(
     (delta("evalsha"), delta("publish"))
 }
 
-/// Waits until the server has seen no script call for a while: every waiter has queued,
-/// subscribed and polled again, and now sleeps until a wake-up (its timers are seconds away).
-async fn settled(conn: &mut redis::aio::MultiplexedConnection) -> HashMap<String, u64> {
+/// Waits until `subscribers` clients listen on `channel` and the server has then seen no
+/// script call for a while: every waiter has queued, subscribed and polled again, and now
+/// sleeps until a wake-up (its timers are seconds away). The subscriptions are awaited first:
+/// a waiter's new subscriber connection took longer than the quiet time in a loaded CI run,
+/// and its poll after subscribing then counted as a wake-up's (2026-12-02).
+async fn settled(
+    conn: &mut redis::aio::MultiplexedConnection,
+    channel: &str,
+    subscribers: usize,
+) -> HashMap<String, u64> {
+    let deadline = Instant::now() + SLACK * 4;
+    loop {
+        let (_, listening): (String, usize) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query_async(conn)
+            .await
+            .expect("PUBSUB NUMSUB");
+        if listening >= subscribers {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{listening} of {subscribers} waiters subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let mut last = common::command_calls(conn).await;
     loop {
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -268,14 +292,14 @@ async fn a_release_wakes_only_the_waiters_it_unblocks_read_write() {
     while zcard(raw, &keys.queue).await < 1 + READERS {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let before = settled(raw).await;
+    let before = settled(raw, &keys.channel, 1 + READERS).await;
     reader.release().await.unwrap();
     let writer = tokio::time::timeout(SLACK, writer)
         .await
         .expect("the writer was not woken")
         .unwrap()
         .unwrap();
-    let after_release = settled(raw).await;
+    let after_release = settled(raw, &keys.channel, READERS).await;
     let (scripts, publishes) = scripts_and_publishes(raw, &before).await;
     assert_eq!(
         (scripts, publishes),
@@ -326,14 +350,14 @@ async fn a_release_wakes_only_the_waiters_it_unblocks_permits() {
     while zcard(raw, &keys.queue).await < WAITERS {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let before = settled(raw).await;
+    let before = settled(raw, &keys.channel, WAITERS).await;
     first.release().await.unwrap();
     let deadline = Instant::now() + SLACK;
     while zcard(raw, &keys.queue).await != WAITERS - 1 {
         assert!(Instant::now() < deadline, "no permit waiter got the permit");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    settled(raw).await;
+    settled(raw, &keys.channel, WAITERS - 1).await;
     let (scripts, publishes) = scripts_and_publishes(raw, &before).await;
     assert_eq!(
         (scripts, publishes),
