@@ -28,7 +28,10 @@
 //!   each client's share, and gauges: never two writers, never a writer with a reader
 //!   ([`MixedResult`]).
 //! - **Semaphore**: the same clients on one semaphore of [`BenchConfig::permits`] (3)
-//!   permits; the gauge: never more holders than permits.
+//!   permits; the gauge: never more holders than permits. Just before it, as many distlock
+//!   mutexes as it has permits run side by side, the same clients split among them, each
+//!   name S2's loop ([`TargetResult::semaphore_mutexes`]): a permit changes hands as a mutex
+//!   does, so they are what the semaphore can at best match on the same machine and server.
 //!
 //!   Both are skipped, with the reason in [`TargetResult::skipped`], on a backend whose
 //!   [`Capabilities`](distlock_core::Capabilities) lack the kind. A violated bound makes
@@ -139,7 +142,7 @@ pub use hooks::{
 };
 pub use report::{
     ClientShare, ContendedFloorResult, FloorMixResult, FloorResult, MixedResult, Report, S1Result,
-    S2Result, ScenarioError, Skipped, TargetResult,
+    S2Result, ScenarioError, SideBySideResult, Skipped, TargetResult,
 };
 pub use stats::LatencySummary;
 pub use target::{
@@ -225,6 +228,7 @@ async fn run_target(
         rw_mix: None,
         rw_floor: None,
         semaphore: None,
+        semaphore_mutexes: None,
         growth: None,
         skipped: Vec::new(),
         errors: Vec::new(),
@@ -271,6 +275,12 @@ async fn run_target(
         let mix = mixed::Mix::Semaphore {
             permits: config.permits,
         };
+        match mutexes_side_by_side(target, config, mix, &base, &mut result).await {
+            Ok(side) => result.semaphore_mutexes = side,
+            Err(e) => result
+                .errors
+                .push(ScenarioError::new("semaphore mutexes", &e)),
+        }
         result.semaphore = run_mixed(target, config, mix, "semaphore", &base, &mut result).await;
     }
     result
@@ -516,6 +526,51 @@ async fn connect(
         *backend = Some(client.backend().to_owned());
     }
     Ok(clients)
+}
+
+/// As many distlock mutexes as the semaphore has permits, side by side, each S2's loop on its
+/// own name with its share of the semaphore's clients ([`SideBySideResult`]); `None` when the
+/// backend has no semaphore of that size (the semaphore's run says why).
+async fn mutexes_side_by_side(
+    target: &Target,
+    config: &BenchConfig,
+    mix: mixed::Mix,
+    base: &str,
+    result: &mut TargetResult,
+) -> Result<Option<SideBySideResult>, Error> {
+    let clients = connect(target, config.mixed_clients, &mut result.backend).await?;
+    let Some(client) = clients.first() else {
+        return Ok(None);
+    };
+    if mix
+        .unsupported(client.backend(), client.capabilities())
+        .is_some()
+    {
+        return Ok(None);
+    }
+    let names = usize::try_from(config.permits)
+        .unwrap_or(usize::MAX)
+        .clamp(1, clients.len());
+    let mut groups: Vec<Vec<_>> = (0..names).map(|_| Vec::new()).collect();
+    for (i, client) in clients.into_iter().enumerate() {
+        groups[i % names].push(client);
+    }
+    let runs = groups.into_iter().enumerate().map(|(i, group)| {
+        let scenario = format!("mutex {} of {names} side by side", i + 1);
+        let progress = Progress::new(config.progress, target.label(), &scenario);
+        let name = format!("{base}/semaphore-mutexes/{i}");
+        contended::run_s2(group, name, config, progress)
+    });
+    let runs = futures::future::try_join_all(runs).await?;
+    let critical_sections = runs.iter().map(|r| r.critical_sections).sum();
+    Ok(Some(SideBySideResult {
+        names,
+        clients: config.mixed_clients,
+        critical_sections,
+        critical_sections_per_sec: stats::rate(critical_sections, config.duration),
+        per_name: runs.iter().map(|r| r.critical_sections_per_sec).collect(),
+        violations: runs.iter().map(|r| r.exclusivity_violations).sum(),
+    }))
 }
 
 /// The read/write mix or the semaphore on `target`: skipped (with the reason in `result`)

@@ -441,7 +441,10 @@ async fn failures_are_reported_and_the_run_goes_on() {
     assert!(report.has_failures());
     let broken = &report.targets[0];
     let failed: Vec<_> = broken.errors.iter().map(|e| e.scenario.as_str()).collect();
-    assert_eq!(failed, ["floor", "s1", "s2", "rw", "semaphore"]);
+    assert_eq!(
+        failed,
+        ["floor", "s1", "s2", "rw", "semaphore mutexes", "semaphore"]
+    );
     assert!(broken.errors[1].message.contains("connection refused"));
     assert!(broken.uncontended.is_none() && broken.contended.is_none() && broken.backend.is_none());
     let memory = &report.targets[1];
@@ -540,8 +543,38 @@ async fn rw_mix_and_semaphore_stay_within_their_bounds() {
     assert_eq!(sem.exclusive_acquisitions, 0);
     assert!(sem.shared_wait.is_none());
     assert_sane(&sem.acquire_wait, "semaphore acquire");
+    // Just before it, as many mutexes as it has permits, side by side, its clients split
+    // among them: every name busy, none ever held twice.
+    let side = t
+        .semaphore_mutexes
+        .as_ref()
+        .expect("the mutexes side by side ran");
+    assert_eq!(
+        (side.names, side.clients, side.violations),
+        (2, 6, 0),
+        "{side:?}"
+    );
+    assert_eq!(side.per_name.len(), 2);
+    assert!(side.per_name.iter().all(|r| *r > 0.0), "{side:?}");
+    let sum: f64 = side.per_name.iter().sum();
+    assert!(
+        (sum - side.critical_sections_per_sec).abs() < 1e-6 * sum.max(1.0),
+        "{side:?}"
+    );
 
     let markdown = report.to_markdown();
+    // Its row: the semaphore's rate over the side by side's, and theirs over S2's times the
+    // permits: numbers, not "-".
+    let row = markdown
+        .lines()
+        .find(|l| l.starts_with("| memory | 2 | "))
+        .unwrap_or_else(|| panic!("no side-by-side row: {markdown}"));
+    let cells: Vec<&str> = row.trim_matches('|').split(" | ").map(str::trim).collect();
+    assert_eq!(cells.len(), 9, "{row}");
+    for ratio in [cells[5], cells[7]] {
+        assert!(ratio.parse::<f64>().is_ok_and(|r| r > 0.0), "{row}");
+    }
+    assert_eq!(cells[8], "0", "{row}");
     assert!(
         markdown.contains("| memory | RW mix (20% exclusive) |"),
         "{markdown}"
@@ -624,6 +657,7 @@ async fn rw_mix_and_semaphore_stay_within_their_bounds() {
     let json: serde_json::Value = serde_json::from_str(&report.to_json().unwrap()).unwrap();
     assert_eq!(json["config"]["permits"], 2);
     assert_eq!(json["targets"][0]["semaphore"]["violations"], 0);
+    assert_eq!(json["targets"][0]["semaphore_mutexes"]["names"], 2);
     assert_eq!(json["targets"][0]["rw_mix"]["max_writers"], 1);
 }
 
@@ -697,6 +731,10 @@ async fn scenarios_a_backend_cannot_run_are_skipped_with_the_reason() {
     assert!(!report.has_failures(), "{report:#?}");
     let t = &report.targets[0];
     assert!(t.contended.is_some() && t.rw_mix.is_none() && t.semaphore.is_none());
+    assert!(
+        t.semaphore_mutexes.is_none() && t.errors.is_empty(),
+        "{t:?}"
+    );
     let skipped: Vec<_> = t.skipped.iter().map(|s| s.scenario.as_str()).collect();
     assert_eq!(skipped, ["rw", "semaphore"]);
     assert!(

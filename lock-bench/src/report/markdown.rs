@@ -386,11 +386,7 @@ impl Report {
             let writers = m
                 .max_writers
                 .map_or_else(|| "-".to_owned(), |w| format!("{w} (≤ 1)"));
-            let violations = if m.violations > 0 {
-                format!("**{} VIOLATED**", m.violations)
-            } else {
-                "0".to_owned()
-            };
+            let violations = violations_cell(m.violations);
             let _ = writeln!(
                 out,
                 "| {} | {scenario} | {} | {} | {} | {} | {:.1} | {} | {holders} | {:.2} | {} | {writers} | {violations} |",
@@ -407,6 +403,53 @@ impl Report {
             );
         }
         out.push_str(&self.kind_handoffs_markdown());
+        out.push_str(&self.semaphore_mutexes_markdown());
+        out
+    }
+
+    /// The semaphore beside as many mutexes as it has permits, side by side, and those
+    /// mutexes beside S2 (one mutex) times the permits.
+    fn semaphore_mutexes_markdown(&self) -> String {
+        let mut out = String::new();
+        let rows: Vec<_> = self
+            .targets
+            .iter()
+            .filter_map(|t| Some((t, t.semaphore.as_ref()?, t.semaphore_mutexes.as_ref()?)))
+            .collect();
+        if rows.is_empty() {
+            return out;
+        }
+        out.push_str("\nThe semaphore beside as many mutexes as it has permits, side by side (its clients split among the names, each name S2's loop, all at once, just before the semaphore): a permit changes hands as a mutex does, so the mutexes side by side are what the semaphore can at best match on this machine and server; and those mutexes beside S2 (one name, its own clients) times the permits: below 1, the machine cannot run that many mutexes at S2's speed at once.\n");
+        out.push_str("\n| target | permits | semaphore acquisitions/s | mean holders | mutexes side by side cs/s (per name) | semaphore ÷ side by side | S2 cs/s × permits | side by side ÷ (S2 × permits) | violations |\n");
+        out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+        let opt = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"));
+        for (t, sem, side) in rows {
+            let per_name: Vec<_> = side.per_name.iter().map(|r| format!("{r:.0}")).collect();
+            let names = side.names as f64;
+            let s2 = t
+                .contended
+                .as_ref()
+                .map(|c| c.critical_sections_per_sec * names)
+                .filter(|r| *r > 0.0);
+            let ratio = |a: f64, b: f64| (b > 0.0).then(|| a / b);
+            let violations = violations_cell(side.violations);
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.0} | {:.2} | {:.0} ({}) | {} | {} | {} | {violations} |",
+                t.target,
+                side.names,
+                sem.acquisitions_per_sec,
+                sem.mean_holders,
+                side.critical_sections_per_sec,
+                per_name.join(" / "),
+                opt(ratio(
+                    sem.acquisitions_per_sec,
+                    side.critical_sections_per_sec
+                )),
+                s2.map_or_else(|| "-".to_owned(), |r| format!("{r:.0}")),
+                opt(s2.and_then(|r| ratio(side.critical_sections_per_sec, r))),
+            );
+        }
         out
     }
 
@@ -533,14 +576,25 @@ fn scenario_lines(c: &BenchConfig) -> String {
             out,
             "- Semaphore: {} clients on one semaphore of {} permits, hold {}, measured {} \
              after {} warm-up; latency = acquire call to return; gauge: never more than {} \
-             holders.",
+             holders. Just before it, {} mutexes side by side: the same clients split among \
+             as many names, each S2's loop, same hold, warm-up and duration.",
             c.mixed_clients,
             c.permits,
             human(c.hold),
             human(c.duration),
             human(c.s2_warmup),
+            c.permits,
             c.permits
         );
     }
     out
+}
+
+/// A violations cell: `0`, or the count in bold with VIOLATED.
+fn violations_cell(violations: u64) -> String {
+    if violations > 0 {
+        format!("**{violations} VIOLATED**")
+    } else {
+        "0".to_owned()
+    }
 }

@@ -60,6 +60,11 @@ pub struct TargetResult {
     pub rw_floor: Option<FloorMixResult>,
     /// The semaphore, if selected, supported and successful.
     pub semaphore: Option<MixedResult>,
+    /// What the semaphore can at best match on this machine and server: as many distlock
+    /// mutexes as it has permits, side by side (the semaphore's clients split among them),
+    /// measured just before the semaphore, if it is selected and supported and this run
+    /// succeeded.
+    pub semaphore_mutexes: Option<SideBySideResult>,
     /// The growth scenarios (hold-K, clients-C, names), when selected.
     pub growth: Option<GrowthResult>,
     /// Scenarios not run because the backend lacks the lock kind they need.
@@ -92,7 +97,8 @@ impl TargetResult {
             .into_iter()
             .flatten()
             .map(|m| m.violations)
-            .sum::<u64>();
+            .sum::<u64>()
+            + self.semaphore_mutexes.as_ref().map_or(0, |m| m.violations);
         let growth = self.growth.as_ref().map_or(0, |g| {
             let held = g.hold.iter().map(|h| h.lost).sum::<u64>();
             let clients = g
@@ -189,6 +195,27 @@ pub struct S1Result {
     pub floor_ratio: Option<f64>,
     /// `ops_per_sec / fenced_floor.ops_per_sec`, when the target has a fenced floor.
     pub fenced_floor_ratio: Option<f64>,
+}
+
+/// Mutexes side by side: the semaphore's clients split among as many names as it has permits
+/// (client `i` on name `i` mod names), each name S2's loop on a distlock mutex, all at once.
+/// A semaphore of N permits hands a permit over as a mutex hands its lock over, so this is
+/// its ceiling on the same machine: the server and the clients doing N mutexes' work at once.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct SideBySideResult {
+    /// The names (mutexes): the semaphore's permits, at most its clients.
+    pub names: usize,
+    /// The clients, all names together.
+    pub clients: usize,
+    /// Critical sections of every name whose `acquire` returned inside the measured window.
+    pub critical_sections: u64,
+    /// `critical_sections` per second of the window.
+    pub critical_sections_per_sec: f64,
+    /// Each name's critical sections per second, in name order.
+    pub per_name: Vec<f64>,
+    /// Exclusivity violations on any name (must be 0).
+    pub violations: u64,
 }
 
 /// S2: several clients contending for one name.
