@@ -130,11 +130,17 @@ pub struct ScenarioError {
 }
 
 impl ScenarioError {
+    /// The error's line, then each cause of its source chain that the line does not already
+    /// say (the backends put the short cause in their message; a database error is often its
+    /// own source too): one line, each cause once.
     pub(crate) fn new(scenario: &str, error: &distlock_core::Error) -> Self {
         let mut message = error.to_string();
         let mut source = std::error::Error::source(error);
         while let Some(s) = source {
-            let _ = write!(message, ": {s}");
+            let cause = s.to_string();
+            if !message.contains(&cause) {
+                let _ = write!(message, ": {cause}");
+            }
             source = s.source();
         }
         Self {
@@ -365,5 +371,46 @@ impl Report {
     /// Never in practice (all fields serialize); kept for serde's signature.
     pub fn to_json(&self) -> serde_json::Result<String> {
         serde_json::to_string_pretty(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A database error that is its own source, as sqlx's are.
+    #[derive(Debug)]
+    struct Db(Option<Box<Db>>);
+
+    impl std::fmt::Display for Db {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("1971 (42000): no such variable")
+        }
+    }
+
+    impl std::error::Error for Db {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.0.as_deref().map(|d| d as _)
+        }
+    }
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let said = distlock_core::Error::Backend {
+            message: "acquire failed: 1971 (42000): no such variable".into(),
+            source: Some(Box::new(Db(Some(Box::new(Db(None)))))),
+        };
+        assert_eq!(
+            ScenarioError::new("semaphore", &said).message,
+            "backend error: acquire failed: 1971 (42000): no such variable"
+        );
+        let unsaid = distlock_core::Error::Backend {
+            message: "acquire failed".into(),
+            source: Some(Box::new(Db(None))),
+        };
+        assert_eq!(
+            ScenarioError::new("semaphore", &unsaid).message,
+            "backend error: acquire failed: 1971 (42000): no such variable"
+        );
     }
 }
