@@ -29,9 +29,10 @@
 //!   ([`MixedResult`]).
 //! - **Semaphore**: the same clients on one semaphore of [`BenchConfig::permits`] (3)
 //!   permits; the gauge: never more holders than permits. Just before it, as many distlock
-//!   mutexes as it has permits run side by side, the same clients split among them, each
-//!   name S2's loop ([`TargetResult::semaphore_mutexes`]): a permit changes hands as a mutex
-//!   does, so they are what the semaphore can at best match on the same machine and server.
+//!   mutexes as it has permits (at most its clients) run side by side, the same clients split
+//!   among them, each name S2's loop ([`TargetResult::semaphore_mutexes`]): a permit changes
+//!   hands as a mutex does, so they are about the most the semaphore can match on the same
+//!   machine and server.
 //!
 //!   Both are skipped, with the reason in [`TargetResult::skipped`], on a backend whose
 //!   [`Capabilities`](distlock_core::Capabilities) lack the kind. A violated bound makes
@@ -561,7 +562,12 @@ async fn mutexes_side_by_side(
         let name = format!("{base}/semaphore-mutexes/{i}");
         contended::run_s2(group, name, config, progress)
     });
-    let runs = futures::future::try_join_all(runs).await?;
+    // Every run to its end (each bounded by its deadline), even after one failed: clients
+    // left running would share the server with the semaphore's run that follows.
+    let runs = futures::future::join_all(runs)
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
     let critical_sections = runs.iter().map(|r| r.critical_sections).sum();
     Ok(Some(SideBySideResult {
         names,

@@ -407,23 +407,27 @@ impl Report {
         out
     }
 
-    /// The semaphore beside as many mutexes as it has permits, side by side, and those
-    /// mutexes beside S2 (one mutex) times the permits.
+    /// The semaphore beside as many mutexes as it has permits (at most its clients), side by
+    /// side, and those mutexes beside S2 (one mutex) times their number. A row wherever the
+    /// mutexes ran, the semaphore's cells `-` if it did not.
     fn semaphore_mutexes_markdown(&self) -> String {
         let mut out = String::new();
         let rows: Vec<_> = self
             .targets
             .iter()
-            .filter_map(|t| Some((t, t.semaphore.as_ref()?, t.semaphore_mutexes.as_ref()?)))
+            .filter_map(|t| Some((t, t.semaphore_mutexes.as_ref()?)))
             .collect();
         if rows.is_empty() {
             return out;
         }
-        out.push_str("\nThe semaphore beside as many mutexes as it has permits, side by side (its clients split among the names, each name S2's loop, all at once, just before the semaphore): a permit changes hands as a mutex does, so the mutexes side by side are what the semaphore can at best match on this machine and server; and those mutexes beside S2 (one name, its own clients) times the permits: below 1, the machine cannot run that many mutexes at S2's speed at once.\n");
-        out.push_str("\n| target | permits | semaphore acquisitions/s | mean holders | mutexes side by side cs/s (per name) | semaphore ÷ side by side | S2 cs/s × permits | side by side ÷ (S2 × permits) | violations |\n");
+        out.push_str("\nThe semaphore beside as many mutexes as it has permits (at most its clients), side by side (its clients split among the names, each name S2's loop, all at once, just before the semaphore): a permit changes hands as a mutex does, so the mutexes side by side are about the most the semaphore can match on this machine and server; and those mutexes beside S2 (one name, its own clients) times their number: below 1, the machine does not run that many mutexes at S2's speed at once.\n");
+        out.push_str("\n| target | names | semaphore acquisitions/s | mean holders | mutexes side by side cs/s (per name) | semaphore ÷ side by side | S2 cs/s × names | side by side ÷ (S2 × names) | violations |\n");
         out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|\n");
-        let opt = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"));
-        for (t, sem, side) in rows {
+        let opt = |v: Option<f64>, digits: usize| {
+            v.map_or_else(|| "-".to_owned(), |v| format!("{v:.digits$}"))
+        };
+        let ratio = |a: f64, b: f64| (b > 0.0).then(|| a / b);
+        for (t, side) in rows {
             let per_name: Vec<_> = side.per_name.iter().map(|r| format!("{r:.0}")).collect();
             let names = side.names as f64;
             let s2 = t
@@ -431,23 +435,23 @@ impl Report {
                 .as_ref()
                 .map(|c| c.critical_sections_per_sec * names)
                 .filter(|r| *r > 0.0);
-            let ratio = |a: f64, b: f64| (b > 0.0).then(|| a / b);
-            let violations = violations_cell(side.violations);
+            let sem = t.semaphore.as_ref();
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.0} | {:.2} | {:.0} ({}) | {} | {} | {} | {violations} |",
+                "| {} | {} | {} | {} | {:.0} ({}) | {} | {} | {} | {} |",
                 t.target,
                 side.names,
-                sem.acquisitions_per_sec,
-                sem.mean_holders,
+                opt(sem.map(|m| m.acquisitions_per_sec), 0),
+                opt(sem.map(|m| m.mean_holders), 2),
                 side.critical_sections_per_sec,
                 per_name.join(" / "),
-                opt(ratio(
-                    sem.acquisitions_per_sec,
-                    side.critical_sections_per_sec
-                )),
-                s2.map_or_else(|| "-".to_owned(), |r| format!("{r:.0}")),
-                opt(s2.and_then(|r| ratio(side.critical_sections_per_sec, r))),
+                opt(
+                    sem.and_then(|m| ratio(m.acquisitions_per_sec, side.critical_sections_per_sec)),
+                    2
+                ),
+                opt(s2, 0),
+                opt(s2.and_then(|r| ratio(side.critical_sections_per_sec, r)), 2),
+                violations_cell(side.violations),
             );
         }
         out
@@ -584,7 +588,9 @@ fn scenario_lines(c: &BenchConfig) -> String {
             human(c.duration),
             human(c.s2_warmup),
             c.permits,
-            c.permits
+            usize::try_from(c.permits)
+                .unwrap_or(usize::MAX)
+                .clamp(1, c.mixed_clients.max(1))
         );
     }
     out

@@ -206,7 +206,8 @@ pub struct S1Result {
 /// Mutexes side by side: the semaphore's clients split among as many names as it has permits
 /// (client `i` on name `i` mod names), each name S2's loop on a distlock mutex, all at once.
 /// A semaphore of N permits hands a permit over as a mutex hands its lock over, so this is
-/// its ceiling on the same machine: the server and the clients doing N mutexes' work at once.
+/// about the most it can match on the same machine (a guide, not a bound): the server and the
+/// clients doing N mutexes' work at once.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct SideBySideResult {
