@@ -319,6 +319,14 @@ fn random_prefix() -> String {
 }
 
 impl BenchConfig {
+    /// The names of the mutexes run side by side before the semaphore: one per permit, at
+    /// most one per client (at least one).
+    pub(crate) fn side_by_side_names(&self) -> usize {
+        usize::try_from(self.permits)
+            .unwrap_or(usize::MAX)
+            .clamp(1, self.mixed_clients.max(1))
+    }
+
     /// Sets which scenarios run.
     #[must_use]
     pub fn with_scenarios(mut self, scenarios: ScenarioSelection) -> Self {

@@ -549,9 +549,7 @@ async fn mutexes_side_by_side(
     {
         return Ok(None);
     }
-    let names = usize::try_from(config.permits)
-        .unwrap_or(usize::MAX)
-        .clamp(1, clients.len());
+    let names = config.side_by_side_names().min(clients.len());
     let mut groups: Vec<Vec<_>> = (0..names).map(|_| Vec::new()).collect();
     for (i, client) in clients.into_iter().enumerate() {
         groups[i % names].push(client);

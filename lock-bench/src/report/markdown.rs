@@ -588,9 +588,7 @@ fn scenario_lines(c: &BenchConfig) -> String {
             human(c.duration),
             human(c.s2_warmup),
             c.permits,
-            usize::try_from(c.permits)
-                .unwrap_or(usize::MAX)
-                .clamp(1, c.mixed_clients.max(1))
+            c.side_by_side_names()
         );
     }
     out

@@ -60,10 +60,10 @@ pub struct TargetResult {
     pub rw_floor: Option<FloorMixResult>,
     /// The semaphore, if selected, supported and successful.
     pub semaphore: Option<MixedResult>,
-    /// What the semaphore can at best match on this machine and server: as many distlock
-    /// mutexes as it has permits, side by side (the semaphore's clients split among them),
-    /// measured just before the semaphore, if it is selected and supported and this run
-    /// succeeded.
+    /// About the most the semaphore can match on this machine and server (a guide, not a
+    /// bound): as many distlock mutexes as it has permits (at most its clients), side by side,
+    /// the semaphore's clients split among them, measured just before the semaphore, if it is
+    /// selected and supported and this run succeeded.
     pub semaphore_mutexes: Option<SideBySideResult>,
     /// The growth scenarios (hold-K, clients-C, names), when selected.
     pub growth: Option<GrowthResult>,
