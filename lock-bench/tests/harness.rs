@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use distlock_bench::{
     BenchConfig, LatencySummary, RawFloor, Report, S1Call, ScenarioSelection, Target,
 };
-use distlock_core::Error;
 use distlock_core::memory::MemoryStore;
+use distlock_core::{Error, LockKind};
 
 fn small() -> BenchConfig {
     BenchConfig::default()
@@ -18,6 +18,17 @@ fn small() -> BenchConfig {
         .with_warmup_cycles(20)
         .with_duration(Duration::from_millis(300))
         .with_s2_warmup(Duration::from_millis(50))
+}
+
+/// The side-by-side table's row that starts with `starts`, and its nine cells.
+fn side_by_side_row<'a>(markdown: &'a str, starts: &str) -> (&'a str, Vec<&'a str>) {
+    let row = markdown
+        .lines()
+        .find(|l| l.starts_with(starts))
+        .unwrap_or_else(|| panic!("no side-by-side row: {markdown}"));
+    let cells: Vec<&str> = row.trim_matches('|').split(" | ").map(str::trim).collect();
+    assert_eq!(cells.len(), 9, "{row}");
+    (row, cells)
 }
 
 fn assert_sane(latency: &LatencySummary, what: &str) {
@@ -565,12 +576,7 @@ async fn rw_mix_and_semaphore_stay_within_their_bounds() {
     let markdown = report.to_markdown();
     // Its row: the semaphore's rate over the side by side's, and theirs over S2's times the
     // permits: numbers, not "-".
-    let row = markdown
-        .lines()
-        .find(|l| l.starts_with("| memory | 2 | "))
-        .unwrap_or_else(|| panic!("no side-by-side row: {markdown}"));
-    let cells: Vec<&str> = row.trim_matches('|').split(" | ").map(str::trim).collect();
-    assert_eq!(cells.len(), 9, "{row}");
+    let (row, cells) = side_by_side_row(&markdown, "| memory | 2 | ");
     for ratio in [cells[5], cells[7]] {
         assert!(ratio.parse::<f64>().is_ok_and(|r| r > 0.0), "{row}");
     }
@@ -661,17 +667,45 @@ async fn rw_mix_and_semaphore_stay_within_their_bounds() {
     assert_eq!(json["targets"][0]["rw_mix"]["max_writers"], 1);
 }
 
-/// A memory client that declares neither shared locks nor semaphores.
+/// A memory client that declares neither shared locks nor semaphores (`caps` without them),
+/// or, with `broken_permits`, whose permits' acquisitions fail.
 #[derive(Debug)]
 struct ExclusiveOnly {
     inner: Arc<dyn distlock_core::DistributedLock>,
     caps: distlock_core::Capabilities,
+    broken_permits: bool,
+}
+
+impl ExclusiveOnly {
+    /// A target of such clients on one memory store: exclusive-only ones, or with
+    /// `broken_permits` ones that declare every kind but fail permits.
+    fn target(label: &'static str, broken_permits: bool) -> Target {
+        let store = MemoryStore::new();
+        Target::new(label, move || {
+            let inner = store.client();
+            let caps = if broken_permits {
+                inner.capabilities().clone()
+            } else {
+                distlock_core::Capabilities::new(inner.capabilities().fencing)
+            };
+            let client = Self {
+                inner,
+                caps,
+                broken_permits,
+            };
+            async move { Ok(Arc::new(client) as Arc<dyn distlock_core::DistributedLock>) }
+        })
+    }
 }
 
 #[async_trait]
 impl distlock_core::DistributedLock for ExclusiveOnly {
     fn backend(&self) -> &'static str {
-        "exclusive-only"
+        if self.broken_permits {
+            "broken-permits"
+        } else {
+            "exclusive-only"
+        }
     }
 
     fn capabilities(&self) -> &distlock_core::Capabilities {
@@ -691,6 +725,12 @@ impl distlock_core::DistributedLock for ExclusiveOnly {
         name: &str,
         options: &distlock_core::AcquireOptions,
     ) -> Result<distlock_core::LockGuard, Error> {
+        if self.broken_permits && matches!(options.kind, LockKind::Permit { .. }) {
+            return Err(Error::Backend {
+                message: "permits broken on purpose".into(),
+                source: None,
+            });
+        }
         self.inner.acquire(name, options).await
     }
 
@@ -718,14 +758,7 @@ impl distlock_core::DistributedLock for ExclusiveOnly {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scenarios_a_backend_cannot_run_are_skipped_with_the_reason() {
-    let store = MemoryStore::new();
-    let target = Target::new("plain", move || {
-        let inner = store.client();
-        let caps = distlock_core::Capabilities::new(inner.capabilities().fencing);
-        async move {
-            Ok(Arc::new(ExclusiveOnly { inner, caps }) as Arc<dyn distlock_core::DistributedLock>)
-        }
-    });
+    let target = ExclusiveOnly::target("plain", false);
     let config = small().with_scenarios(ScenarioSelection::All);
     let report = distlock_bench::run(&[target], &config).await.unwrap();
     assert!(!report.has_failures(), "{report:#?}");
@@ -752,4 +785,31 @@ async fn scenarios_a_backend_cannot_run_are_skipped_with_the_reason() {
         markdown.contains("| plain | rw | skipped: the exclusive-only backend has no shared"),
         "{markdown}"
     );
+}
+
+/// The mutexes side by side keep their row when the semaphore after them fails, so that their
+/// figures and violations always show.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mutexes_side_by_side_show_when_the_semaphore_fails() {
+    let target = ExclusiveOnly::target("broken", true);
+    let config = small().with_scenarios(ScenarioSelection::Semaphore);
+    let report = distlock_bench::run(&[target], &config).await.unwrap();
+    let t = &report.targets[0];
+    let failed: Vec<_> = t.errors.iter().map(|e| e.scenario.as_str()).collect();
+    assert_eq!(failed, ["semaphore"], "{t:?}");
+    assert!(t.semaphore.is_none());
+    let side = t
+        .semaphore_mutexes
+        .as_ref()
+        .expect("the mutexes side by side ran");
+    assert!(
+        side.critical_sections > 0 && side.violations == 0,
+        "{side:?}"
+    );
+    let markdown = report.to_markdown();
+    let (row, cells) = side_by_side_row(&markdown, "| broken | 3 | ");
+    // No semaphore: its rate, permits in use and ratio are "-"; the mutexes' rate is there.
+    assert_eq!((cells[2], cells[3], cells[5]), ("-", "-", "-"), "{row}");
+    assert!(cells[4].starts_with(|c: char| c.is_ascii_digit()), "{row}");
+    assert_eq!(cells[8], "0", "{row}");
 }

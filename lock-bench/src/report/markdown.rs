@@ -100,6 +100,7 @@ impl Report {
         out.push_str(&self.fenced_floor_markdown());
         out.push_str(&self.cpu_markdown());
         out.push_str(&self.mixed_markdown());
+        out.push_str(&self.semaphore_mutexes_markdown());
         out
     }
 
@@ -403,7 +404,6 @@ impl Report {
             );
         }
         out.push_str(&self.kind_handoffs_markdown());
-        out.push_str(&self.semaphore_mutexes_markdown());
         out
     }
 
