@@ -549,7 +549,8 @@ async fn mutexes_side_by_side(
     {
         return Ok(None);
     }
-    let names = config.side_by_side_names().min(clients.len());
+    // `connect` made `mixed_clients` clients, the bound of the names.
+    let names = config.side_by_side_names();
     let mut groups: Vec<Vec<_>> = (0..names).map(|_| Vec::new()).collect();
     for (i, client) in clients.into_iter().enumerate() {
         groups[i % names].push(client);
