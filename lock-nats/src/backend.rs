@@ -2,6 +2,7 @@
 //! [`LockBackend`] implementation.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::message::PublishMessage as Publish;
@@ -55,6 +56,16 @@ pub(crate) struct BackendState {
     /// cluster: token 11 granted before 10). Writes that decide from an earlier read are
     /// checked by a read after them there.
     pub(crate) replicated: bool,
+    /// The bucket's stream answers batched direct gets, which a waiter's read of its queue
+    /// uses ([`Queue::read_behind`](crate::kinds::Queue::read_behind)): a single-server
+    /// stream with `allow_direct` (every single-server bucket this version creates). Off for
+    /// good on this client the first time such a read is not answered by the stream itself:
+    /// no responder (the stream was edited since), another stream's answer (a mirror that
+    /// serves direct gets), or no answer in time (a user not allowed to send it); the reads
+    /// then take the stream's info and a get per key, as without.
+    pub(crate) direct: AtomicBool,
+    /// The operation timeout, every request's (half of it the direct read's).
+    pub(crate) timeout: Duration,
 }
 
 /// What a key holds now.
@@ -75,6 +86,21 @@ pub(crate) fn ttl_header(ttl: Duration) -> String {
 }
 
 impl BackendState {
+    /// Whether a waiter's read may be a batched direct get (see [`BackendState::direct`]).
+    pub(crate) fn reads_direct(&self) -> bool {
+        self.direct.load(Ordering::Relaxed)
+    }
+
+    /// Turns the direct reads off for good, because `why`: said once, as a warning.
+    pub(crate) fn no_direct(&self, why: &str) {
+        if self.direct.swap(false, Ordering::Relaxed) {
+            tracing::warn!(
+                stream = %self.bucket.stream,
+                "NATS: {why}; reading queues without direct gets from now on"
+            );
+        }
+    }
+
     /// [`Error::Unavailable`] at once while the connection is down (the client reconnects in
     /// the background): a request sent now would wait for its whole timeout.
     pub(crate) fn connected(&self) -> Result<()> {
@@ -209,7 +235,7 @@ pub(crate) async fn open(config: &NatsConfig, timeout: Duration) -> Result<Arc<B
     let mut js = jetstream::new(client.clone());
     js.set_timeout(timeout);
     let bucket = Bucket::new(config.bucket());
-    let (stream, replicated) = open_stream(&js, &bucket, config.replicas()).await?;
+    let (stream, replicated, direct) = open_stream(&js, &bucket, config.replicas()).await?;
     Ok(Arc::new(BackendState {
         renewer: Arc::new(NatsRenewer::new(js.clone())),
         client,
@@ -219,6 +245,8 @@ pub(crate) async fn open(config: &NatsConfig, timeout: Duration) -> Result<Arc<B
         slots: Arc::default(),
         tag: crate::keys::new_tag(),
         replicated,
+        direct: AtomicBool::new(direct),
+        timeout,
     }))
 }
 
@@ -244,9 +272,9 @@ fn check_version(client: &async_nats::Client) -> Result<()> {
     Ok(())
 }
 
-/// The bucket's stream: a KV bucket (one message per key, rollups, no direct reads so that
-/// every read is the leader's) with per-message ttls, expiry markers, and its messages'
-/// headers republished for wake-ups.
+/// The bucket's stream: a KV bucket (one message per key, rollups; direct gets on a single
+/// server only, so that every read of a replicated stream is the leader's) with per-message
+/// ttls, expiry markers, and its messages' headers republished for wake-ups.
 fn stream_config(bucket: &Bucket, replicas: u8) -> stream::Config {
     stream::Config {
         name: bucket.stream.clone(),
@@ -255,7 +283,7 @@ fn stream_config(bucket: &Bucket, replicas: u8) -> stream::Config {
         discard: stream::DiscardPolicy::New,
         allow_rollup: true,
         deny_delete: true,
-        allow_direct: false,
+        allow_direct: replicas == 1,
         allow_message_ttl: true,
         subject_delete_marker_ttl: Some(MARKER_TTL),
         storage: stream::StorageType::File,
@@ -274,7 +302,7 @@ async fn open_stream(
     js: &jetstream::Context,
     bucket: &Bucket,
     replicas: u8,
-) -> Result<(stream::Stream, bool)> {
+) -> Result<(stream::Stream, bool, bool)> {
     let wanted = stream_config(bucket, replicas);
     let mut stream = match js.get_stream(&bucket.stream).await {
         Ok(stream) => stream,
@@ -301,7 +329,8 @@ async fn open_stream(
         )));
     }
     let replicated = have.num_replicas > 1;
-    Ok((stream, replicated))
+    let direct = !replicated && have.allow_direct;
+    Ok((stream, replicated, direct))
 }
 
 /// The NATS JetStream backend. Create it with [`connect`](crate::connect).

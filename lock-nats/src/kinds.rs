@@ -13,10 +13,23 @@ use distlock_core::{Error, LockKind, Result};
 use crate::backend::BackendState;
 use crate::error::{not_found, request};
 use crate::keys::{EntryValue, NameKeys};
+use futures::StreamExt;
 
 /// How many reads of keys [`Queue::read_behind`] has in flight at once (a read of a large
 /// queue by each of its many waiters would otherwise flood the server's API queue).
 const READ_AT_ONCE: usize = 32;
+
+/// A batched direct get of the last message of every subject under a filter (ADR-31).
+#[derive(serde::Serialize)]
+struct MultiLast<'a> {
+    multi_last: [&'a str; 1],
+}
+
+/// The header of a direct get's answer that names the stream that answered.
+const NATS_STREAM: &str = "Nats-Stream";
+
+/// The header of a batch's end that says how many messages it left out.
+const NUM_PENDING: &str = "Nats-Num-Pending";
 
 /// A request for the stream's info with the subjects under a filter.
 #[derive(serde::Serialize)]
@@ -38,6 +51,14 @@ struct SubjectsPage {
 struct SubjectsState {
     #[serde(default)]
     subjects: Option<std::collections::HashMap<String, u64>>,
+}
+
+/// [`Error::Unavailable`] for a read that failed because `what`.
+fn unavailable(what: &str) -> Error {
+    Error::Unavailable {
+        message: format!("NATS read: {what}"),
+        source: None,
+    }
 }
 
 /// One live entry.
@@ -177,7 +198,9 @@ impl Queue {
     }
 
     /// [`Queue::read`] for a waiter whose own entry is written, on a single server: every
-    /// entry ahead of it was in the range before this read began. The range's keys come in
+    /// entry ahead of it was in the range before this read began. One request where the
+    /// stream answers direct gets ([`Queue::read_direct`]); otherwise (or where that read is
+    /// not possible) the range's keys come in
     /// one request (the stream's subjects under the range), then the last message of every
     /// key, [`READ_AT_ONCE`] at once, where the walk sends a request per message, one after
     /// the other (16 readers of one name: 2 round trips instead of 17). A key written after
@@ -196,6 +219,11 @@ impl Queue {
             return Self::read(state, keys).await;
         }
         state.connected()?;
+        if state.reads_direct()
+            && let Some(queue) = Self::read_direct(state, keys).await?
+        {
+            return Ok(queue);
+        }
         let ask = SubjectsRequest {
             subjects_filter: &keys.range,
         };
@@ -231,6 +259,87 @@ impl Queue {
         }
         queue.entries.sort_by_key(Entry::token);
         Ok(queue)
+    }
+
+    /// [`Queue::read_behind`]'s read in one request, on a stream that answers direct gets
+    /// ([`BackendState::direct`]): the last message of every key under the name's range in
+    /// one batch (`multi_last`, nats-server 2.11), which the server ends with its
+    /// end-of-batch status. `None`: not read so, read as without: the name has more keys
+    /// than one batch may hold (1,024), or the batch was cut short; or the stream does not
+    /// answer such reads, not in time (a server that drops a request its user may not send
+    /// answers nothing), or another stream answered (direct reads are then off for good).
+    async fn read_direct(state: &BackendState, keys: &NameKeys) -> Result<Option<Self>> {
+        let inbox = state.client.new_inbox();
+        // Subscribed before the request goes out: the server handles the two in order.
+        let mut answers = state
+            .client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| request("read", e))?;
+        let ask = serde_json::to_vec(&MultiLast {
+            multi_last: [&keys.range],
+        })
+        .map_err(|e| request("read", e))?;
+        state
+            .client
+            .publish_with_reply(
+                format!("$JS.API.DIRECT.GET.{}", state.bucket.stream),
+                inbox,
+                ask.into(),
+            )
+            .await
+            .map_err(|e| request("read", e))?;
+        // Half the operation's time, which bounds the poll: the other half is the read's
+        // without, should this one go unanswered.
+        let deadline = tokio::time::Instant::now() + state.timeout / 2;
+        let mut queue = Self::default();
+        let mut seen = std::collections::HashMap::new();
+        loop {
+            let answer = match tokio::time::timeout_at(deadline, answers.next()).await {
+                Ok(Some(answer)) => answer,
+                Ok(None) => return Err(unavailable("the direct read's subscription ended")),
+                Err(_) => {
+                    state.no_direct("a direct get was not answered in time");
+                    return Ok(None);
+                }
+            };
+            match answer.status.map(|s| s.as_u16()) {
+                None => {}
+                // The end of the batch: complete when nothing is left pending.
+                Some(204) => {
+                    let pending = answer.headers.as_ref().and_then(|h| h.get(NUM_PENDING));
+                    if pending.is_some_and(|n| n.as_str() != "0") {
+                        return Ok(None);
+                    }
+                    break;
+                }
+                // No key under the range.
+                Some(404) => break,
+                // More keys than one batch may hold.
+                Some(413) => return Ok(None),
+                Some(503) => {
+                    state.no_direct("the stream does not answer direct gets");
+                    return Ok(None);
+                }
+                Some(code) => {
+                    let text = answer.description.unwrap_or_default();
+                    return Err(request(
+                        "read",
+                        std::io::Error::other(format!("direct get answered {code} {text}")),
+                    ));
+                }
+            }
+            let from = answer.headers.as_ref().and_then(|h| h.get(NATS_STREAM));
+            if from.is_none_or(|s| s.as_str() != state.bucket.stream) {
+                // A mirror's answer may lag the stream: not a read to decide on.
+                state.no_direct("a direct get was answered by another stream");
+                return Ok(None);
+            }
+            let message = StreamMessage::try_from(answer).map_err(|e| request("read", e))?;
+            queue.add(&message, &mut seen)?;
+        }
+        queue.entries.sort_by_key(Entry::token);
+        Ok(Some(queue))
     }
 
     /// The read after the write of the entry at `rev` on a replicated stream (see

@@ -21,9 +21,10 @@
 //!
 //! **The bucket.** Locks live in a JetStream key-value bucket (stream `KV_<bucket>`, created
 //! on first use with the URL's `replicas`): one message per key (no history), rollups,
-//! per-message ttls with expiry markers, no direct gets (every read is the stream leader's),
-//! and the headers of every stored message republished to `_distlock.<bucket>.>` for
-//! wake-ups. A server older than 2.11 (no per-message ttls) is refused when connecting.
+//! per-message ttls with expiry markers, direct gets on a single server only (every read of
+//! a replicated stream is its leader's), and the headers of every stored message
+//! republished to `_distlock.<bucket>.>` for wake-ups. A server older than 2.11 (no
+//! per-message ttls) is refused when connecting.
 //!
 //! **Keys.** A lock name is one subject token (every byte outside `[A-Za-z0-9_-]` written
 //! `=XX`); every acquisition of the name, of any kind, is a key `<name>.<random tag>`
@@ -38,6 +39,9 @@
 //! a shared one when only shared ones are before it, a permit of N when fewer than N are
 //! before it; a semaphore asked with another N, or used as a lock, answers
 //! [`Error::Mismatch`]. On a single server, a waiter's read, after its own key is written,
+//! is one request: a batched direct get of every key's last message under the range
+//! (`multi_last`, up to 1,024 keys). On a bucket that does not answer direct gets (one made by
+//! an earlier version; set `allow_direct` on its stream to have them) or with more keys, it
 //! asks the stream for the name's keys (its subjects under the range) and then for every
 //! key's last message at once: two round trips whatever the number of keys. A walk of the
 //! range, which reads one message per request in sequence order, is kept for reads that must

@@ -1,7 +1,9 @@
 //! A release lets the next waiter hold with no read of the queue: the waiter counts the
 //! removals of the keys ahead of it from the republished events (`wake::Count`), so a handoff
-//! costs the release's purge and nothing else. Each read of a queue of N keys is N + 1
-//! `$JS.API.STREAM.MSG.GET` requests; a subscriber to those requests counts them.
+//! costs the release's purge and nothing else. A waiter's read of its queue on the single
+//! server is one batched direct get (`$JS.API.DIRECT.GET`), or, on a stream that does not
+//! answer those, the stream's info and a `$JS.API.STREAM.MSG.GET` per key; a subscriber to
+//! those requests counts them.
 
 use std::time::Duration;
 
@@ -15,12 +17,31 @@ use tokio::task::JoinHandle;
 /// Clients of one fresh bucket on the single server, and a subscriber to its stream's reads.
 struct Setup {
     config: NatsConfig,
-    reads: async_nats::Subscriber,
-    /// Keeps the subscriber's connection.
-    _spy: distlock_nats::NatsBackend,
+    /// The stream's name.
+    stream: String,
+    reads: futures::stream::SelectAll<async_nats::Subscriber>,
+    /// Keeps the subscribers' connection.
+    spy: distlock_nats::NatsBackend,
+}
+
+/// The read requests of the stream seen, by kind.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Reads {
+    /// `$JS.API.STREAM.MSG.GET`: one message each.
+    gets: usize,
+    /// `$JS.API.STREAM.INFO`: the stream's subjects (and every client's connect).
+    infos: usize,
+    /// `$JS.API.DIRECT.GET`: a batch of messages each.
+    direct: usize,
 }
 
 async fn setup() -> Option<Setup> {
+    setup_with(&["STREAM.MSG.GET", "STREAM.INFO", "DIRECT.GET"]).await
+}
+
+/// [`setup`], the subscriber listening to the stream's read requests of `apis` only (one that
+/// listens to `DIRECT.GET` is a responder there: a request sent there gets no "no responders").
+async fn setup_with(apis: &[&str]) -> Option<Setup> {
     let url = server_var("nats", "DISTLOCK_TEST_NATS_URL")?;
     let bucket = format!(
         "handoff-{}",
@@ -32,22 +53,33 @@ async fn setup() -> Option<Setup> {
     let spy = distlock_nats::NatsBackend::connect(&config, Duration::from_secs(5))
         .await
         .expect("spy connection");
-    let reads = spy
-        .client()
-        .subscribe(format!("$JS.API.STREAM.MSG.GET.KV_{bucket}"))
-        .await
-        .expect("subscribe to the stream's reads");
+    let stream = format!("KV_{bucket}");
+    let mut reads = futures::stream::SelectAll::new();
+    for api in apis {
+        let subscriber = spy
+            .client()
+            .subscribe(format!("$JS.API.{api}.{stream}"))
+            .await
+            .expect("subscribe to the stream's reads");
+        reads.push(subscriber);
+    }
     spy.client().flush().await.expect("flush");
     Some(Setup {
         config,
+        stream,
         reads,
-        _spy: spy,
+        spy,
     })
 }
 
 impl Setup {
     async fn client(&self) -> LockClient<distlock_nats::NatsBackend> {
-        let config = ClientConfig::default().with_operation_timeout(Duration::from_secs(5));
+        self.client_with(Duration::from_secs(5)).await
+    }
+
+    /// A client whose requests time out after `timeout`.
+    async fn client_with(&self, timeout: Duration) -> LockClient<distlock_nats::NatsBackend> {
+        let config = ClientConfig::default().with_operation_timeout(timeout);
         distlock_nats::connect_with(self.config.clone(), config)
             .await
             .expect("connect")
@@ -65,17 +97,23 @@ impl Setup {
     }
 
     /// The reads since the last call, once none came for 300 ms (at most 5 s).
-    async fn quiet(&mut self) -> usize {
+    async fn quiet(&mut self) -> Reads {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        let mut reads = 0;
-        while tokio::time::timeout(Duration::from_millis(300), self.reads.next())
-            .await
-            .is_ok()
+        let mut reads = Reads::default();
+        while let Ok(Some(read)) =
+            tokio::time::timeout(Duration::from_millis(300), self.reads.next()).await
         {
-            reads += 1;
+            let subject = read.subject.as_str();
+            if subject.starts_with("$JS.API.DIRECT.GET.") {
+                reads.direct += 1;
+            } else if subject.starts_with("$JS.API.STREAM.INFO.") {
+                reads.infos += 1;
+            } else {
+                reads.gets += 1;
+            }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "{reads} reads in 5 s: the waiters never stop reading"
+                "{reads:?} in 5 s: the waiters never stop reading"
             );
         }
         reads
@@ -110,7 +148,7 @@ async fn handoffs_read_nothing(s: &mut Setup, name: &str, opts: &AcquireOptions,
         held.push(next_holder(&mut waiters).await);
         assert_eq!(
             s.quiet().await,
-            0,
+            Reads::default(),
             "round {round}: the handoff read the queue"
         );
         assert_eq!(waiters.len(), 2 - round, "round {round}: one waiter holds");
@@ -153,8 +191,125 @@ async fn readers_behind_a_writer_read_nothing_on_its_release() {
     while !readers.is_empty() {
         held.push(next_holder(&mut readers).await);
     }
-    assert_eq!(s.quiet().await, 0, "the readers read the queue");
+    assert_eq!(
+        s.quiet().await,
+        Reads::default(),
+        "the readers read the queue"
+    );
     for guard in held {
         guard.release().await.expect("release");
     }
+}
+
+/// A waiter behind two holders and another waiter reads the queue (four keys) in one
+/// request, and finds every entry ahead of it: it waits, and holds once a holder leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiters_read_is_one_direct_get() {
+    let Some(mut s) = setup().await else { return };
+    let opts = AcquireOptions::default()
+        .with_ttl(Duration::from_secs(30))
+        .with_permits(2);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(s.client().await.acquire("sem", &opts).await.expect("hold"));
+    }
+    let mut waiters = vec![s.waiter("sem", &opts).await];
+    let client = s.client().await;
+    s.quiet().await;
+    let waiter = tokio::spawn(async move { client.acquire("sem", &opts).await.expect("wait") });
+    let reads = s.quiet().await;
+    assert!(!waiter.is_finished(), "the waiter should wait");
+    assert_eq!(
+        reads,
+        Reads {
+            direct: 1,
+            ..Reads::default()
+        },
+        "the waiter's read of the queue"
+    );
+    waiters.push(waiter);
+    for _ in 0..2 {
+        held.remove(0).release().await.expect("release");
+        held.push(next_holder(&mut waiters).await);
+    }
+    for guard in held {
+        guard.release().await.expect("release");
+    }
+}
+
+/// The stream of `s` edited not to answer direct gets after a client with request timeout
+/// `timeout` connected, which then waits behind a holder (`unanswered`: the spy of `s` takes
+/// the direct get, which then gets no answer): it tries a direct get once, then
+/// reads the queue as without (the stream's subjects, a get per key), correctly (it waits,
+/// and holds once the holder leaves), and never tries a direct get again.
+async fn read_without_direct_gets(mut s: Setup, timeout: Duration, unanswered: bool) {
+    let opts = AcquireOptions::default().with_ttl(Duration::from_secs(30));
+    let holder = s.client_with(timeout).await;
+    let held = holder.acquire("mutex", &opts).await.expect("hold");
+    let client = s.client_with(timeout).await;
+    let js = async_nats::jetstream::new(s.spy.client().clone());
+    let mut stream = js.get_stream(&s.stream).await.expect("stream");
+    let mut config = stream.info().await.expect("stream info").config.clone();
+    assert!(
+        config.allow_direct,
+        "a single-server bucket answers direct gets"
+    );
+    config.allow_direct = false;
+    js.update_stream(config).await.expect("edit the stream");
+    s.quiet().await;
+    let task = {
+        let (client, opts) = (client.clone(), opts.clone());
+        tokio::spawn(async move { client.acquire("mutex", &opts).await.expect("wait") })
+    };
+    if unanswered {
+        // The unanswered direct get's time (half the timeout), then the reads without.
+        tokio::time::sleep(timeout).await;
+    }
+    let mut reads = s.quiet().await;
+    assert!(!task.is_finished(), "the waiter should wait");
+    // The spy of these requests may not see them (see `setup_with`).
+    reads.direct = 1;
+    assert_eq!(
+        reads,
+        Reads {
+            direct: 1,
+            infos: 1,
+            gets: 2,
+        },
+        "the waiter's reads: its subjects and a get per key (two)"
+    );
+    held.release().await.expect("release");
+    let guard = next_holder(&mut vec![task]).await;
+    // The same client's next wait.
+    let task = {
+        let opts = opts.clone();
+        tokio::spawn(async move { client.acquire("mutex", &opts).await.expect("wait") })
+    };
+    let reads = s.quiet().await;
+    assert!(!task.is_finished(), "the second waiter should wait");
+    assert_eq!(reads.direct, 0, "a direct get after the first: {reads:?}");
+    assert_eq!(reads.infos, 1, "the second waiter's read: {reads:?}");
+    guard.release().await.expect("release");
+    next_holder(&mut vec![task])
+        .await
+        .release()
+        .await
+        .expect("release");
+}
+
+/// No responder: the server answers the direct get at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_without_direct_gets_is_read_without() {
+    let Some(s) = setup_with(&["STREAM.MSG.GET", "STREAM.INFO"]).await else {
+        return;
+    };
+    read_without_direct_gets(s, Duration::from_secs(5), false).await;
+}
+
+/// A direct get nobody answers (as for a user not allowed to send it): the read goes on
+/// without once the request's timeout has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_direct_get_is_read_without() {
+    let Some(s) = setup().await else { return };
+    read_without_direct_gets(s, Duration::from_secs(1), true).await;
 }
