@@ -86,8 +86,7 @@ type Seen = (String, Option<FencingToken>, Option<String>);
 
 /// The stream of [`DistributedLock::observe`]: the leader
 /// now, then each change (a new owner, term or proclaimed value, or no leader), re-read on every wake-up of
-/// `changes` and every `every` in any case; never a term older than one yielded. Errors are
-/// yielded and the observation goes on.
+/// `changes` and every `every` in any case. Errors are yielded and the observation goes on.
 pub(crate) fn observe(
     locks: Arc<dyn DistributedLock>,
     name: LockName,
@@ -103,8 +102,6 @@ pub(crate) fn observe(
         last: Option<Option<Seen>>,
         /// Whether a read is due without waiting (first read, or right after a wake-up).
         due: bool,
-        /// The newest term yielded: an older one read later is stale, never yielded.
-        newest: Option<FencingToken>,
     }
     let every = every.max(Duration::from_millis(1));
     let state = State {
@@ -114,7 +111,6 @@ pub(crate) fn observe(
         every,
         last: None,
         due: true,
-        newest: None,
     };
     futures::stream::unfold(state, |mut state| async move {
         loop {
@@ -138,12 +134,6 @@ pub(crate) fn observe(
                 Ok(info) => info.and_then(Leader::from_info),
                 Err(err) => return Some((Err(err), state)),
             };
-            let term = leader.as_ref().and_then(|l| l.term);
-            if term.is_some() && term < state.newest {
-                // An older leader than one yielded: a stale read, not a change.
-                continue;
-            }
-            state.newest = state.newest.max(term);
             let seen = leader
                 .as_ref()
                 .map(|l| (l.owner.clone(), l.term, l.value.clone()));

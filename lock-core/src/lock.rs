@@ -167,9 +167,7 @@ pub trait DistributedLock: Send + Sync + Debug {
     /// are yielded and the observation goes on; it ends when the stream is dropped.
     ///
     /// A change that comes and goes between two reads is not seen; terms tell how many
-    /// leaders came between. A leader whose term is older than one already yielded is not
-    /// yielded (a stale read: an expired holder's entry still on the server and renewed by a
-    /// late write of its owner, a lagging replica): the terms yielded never go back.
+    /// leaders came between.
     fn observe(&self, name: &str, every: Duration) -> BoxStream<'static, Result<Option<Leader>>>;
 
     /// Reads who holds `name`, for diagnostics (`Ok(None)`: free).
