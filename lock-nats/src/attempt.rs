@@ -289,7 +289,7 @@ impl NatsAttempt {
         if let Some(wake) = self.wake.as_mut() {
             wake.drain();
         }
-        let queue = Queue::read_behind(&self.state, &self.keys).await?;
+        let queue = Queue::read_behind(&self.state, &self.keys, &self.slot.subject).await?;
         queue.check_kind(&self.name, self.kind)?;
         // An entry over by its own timestamp plus ttl, and by a margin more, by the server's
         // later timestamps, that the server still keeps (a server restarted after a kill

@@ -2,8 +2,9 @@
 //! [`LockBackend`] implementation.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
+use std::time::Instant;
 
 use async_nats::jetstream::message::PublishMessage as Publish;
 use async_nats::jetstream::{self, stream};
@@ -35,6 +36,10 @@ pub const MAX_PERMITS: u32 = 256;
 /// How long the server keeps the marker of a removed entry (its own ttl).
 const MARKER_TTL: Duration = Duration::from_secs(1);
 
+/// How long a client reads queues without direct gets after one went unanswered (see
+/// [`BackendState::direct_off_until`]).
+const DIRECT_PAUSE: Duration = Duration::from_secs(60);
+
 /// The oldest server with per-message ttls and their expiry markers.
 const MIN_SERVER: (u64, u64) = (2, 11);
 
@@ -58,12 +63,15 @@ pub(crate) struct BackendState {
     pub(crate) replicated: bool,
     /// The bucket's stream answers batched direct gets, which a waiter's read of its queue
     /// uses ([`Queue::read_behind`](crate::kinds::Queue::read_behind)): a single-server
-    /// stream with `allow_direct` (every single-server bucket this version creates). Off for
-    /// good on this client the first time such a read is not answered by the stream itself:
-    /// no responder (the stream was edited since), another stream's answer (a mirror that
-    /// serves direct gets), or no answer in time (a user not allowed to send it); the reads
-    /// then take the stream's info and a get per key, as without.
-    pub(crate) direct: AtomicBool,
+    /// stream with `allow_direct` (every single-server bucket this version creates), read
+    /// at connect.
+    pub(crate) direct: bool,
+    /// Until when direct reads are off: [`DIRECT_PAUSE`] after a direct get not answered by
+    /// the stream itself (no responder: the stream was edited since; another stream's answer:
+    /// a mirror that serves direct gets; no answer in time: a user not allowed to send it, a
+    /// request lost in a reconnect); the reads then take the stream's info and a get per key,
+    /// as without.
+    pub(crate) direct_off_until: Mutex<Option<Instant>>,
     /// The operation timeout, every request's (half of it the direct read's).
     pub(crate) timeout: Duration,
 }
@@ -88,17 +96,29 @@ pub(crate) fn ttl_header(ttl: Duration) -> String {
 impl BackendState {
     /// Whether a waiter's read may be a batched direct get (see [`BackendState::direct`]).
     pub(crate) fn reads_direct(&self) -> bool {
-        self.direct.load(Ordering::Relaxed)
+        self.direct
+            && self
+                .direct_off_until
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_none_or(|until| Instant::now() >= until)
     }
 
-    /// Turns the direct reads off for good, because `why`: said once, as a warning.
+    /// Turns the direct reads off for [`DIRECT_PAUSE`], because `why` (a warning, unless
+    /// they were off already).
     pub(crate) fn no_direct(&self, why: &str) {
-        if self.direct.swap(false, Ordering::Relaxed) {
+        let now = Instant::now();
+        let mut off = self
+            .direct_off_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if off.is_none_or(|until| now >= until) {
             tracing::warn!(
                 stream = %self.bucket.stream,
-                "NATS: {why}; reading queues without direct gets from now on"
+                "NATS: {why}; reading queues without direct gets for {DIRECT_PAUSE:?}"
             );
         }
+        *off = Some(now + DIRECT_PAUSE);
     }
 
     /// [`Error::Unavailable`] at once while the connection is down (the client reconnects in
@@ -245,7 +265,8 @@ pub(crate) async fn open(config: &NatsConfig, timeout: Duration) -> Result<Arc<B
         slots: Arc::default(),
         tag: crate::keys::new_tag(),
         replicated,
-        direct: AtomicBool::new(direct),
+        direct,
+        direct_off_until: Mutex::new(None),
         timeout,
     }))
 }

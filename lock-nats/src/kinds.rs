@@ -214,13 +214,17 @@ impl Queue {
     /// reads while it applies its log), and only the walk's order (no message is seen before
     /// every lower one is applied) makes a read that shows the waiter's entry show every entry
     /// ahead of it. So does a range with more keys than one page of the info lists.
-    pub(crate) async fn read_behind(state: &BackendState, keys: &NameKeys) -> Result<Self> {
+    pub(crate) async fn read_behind(
+        state: &BackendState,
+        keys: &NameKeys,
+        own: &str,
+    ) -> Result<Self> {
         if state.replicated {
             return Self::read(state, keys).await;
         }
         state.connected()?;
         if state.reads_direct()
-            && let Some(queue) = Self::read_direct(state, keys).await?
+            && let Some(queue) = Self::read_direct(state, keys, own).await?
         {
             return Ok(queue);
         }
@@ -264,11 +268,13 @@ impl Queue {
     /// [`Queue::read_behind`]'s read in one request, on a stream that answers direct gets
     /// ([`BackendState::direct`]): the last message of every key under the name's range in
     /// one batch (`multi_last`, nats-server 2.11), which the server ends with its
-    /// end-of-batch status. `None`: not read so, read as without: the name has more keys
-    /// than one batch may hold (1,024), or the batch was cut short; or the stream does not
-    /// answer such reads, not in time (a server that drops a request its user may not send
-    /// answers nothing), or another stream answered (direct reads are then off for good).
-    async fn read_direct(state: &BackendState, keys: &NameKeys) -> Result<Option<Self>> {
+    /// end-of-batch status, and which must hold the waiter's own entry (subject `own`).
+    /// `None`: not read so, read as without: the name has more keys than one batch may hold
+    /// (1,024), the batch ended otherwise than complete (any status but a complete end, a
+    /// batch without `own`); or the stream does not answer such reads, not in time (a server
+    /// that drops a request its user may not send answers nothing), or another stream
+    /// answered (direct reads are then off for a while, see [`BackendState::no_direct`]).
+    async fn read_direct(state: &BackendState, keys: &NameKeys, own: &str) -> Result<Option<Self>> {
         let inbox = state.client.new_inbox();
         // Subscribed before the request goes out: the server handles the two in order.
         let mut answers = state
@@ -305,31 +311,30 @@ impl Queue {
             };
             match answer.status.map(|s| s.as_u16()) {
                 None => {}
-                // The end of the batch: complete when nothing is left pending.
+                // The end of the batch: complete only when it says nothing is left out.
                 Some(204) => {
-                    let pending = answer.headers.as_ref().and_then(|h| h.get(NUM_PENDING));
-                    if pending.is_some_and(|n| n.as_str() != "0") {
+                    let pending = answer
+                        .headers
+                        .as_ref()
+                        .and_then(|h| h.get_last(NUM_PENDING));
+                    if pending.is_none_or(|n| n.as_str() != "0") {
                         return Ok(None);
                     }
                     break;
                 }
-                // No key under the range.
-                Some(404) => break,
-                // More keys than one batch may hold.
-                Some(413) => return Ok(None),
                 Some(503) => {
                     state.no_direct("the stream does not answer direct gets");
                     return Ok(None);
                 }
-                Some(code) => {
-                    let text = answer.description.unwrap_or_default();
-                    return Err(request(
-                        "read",
-                        std::io::Error::other(format!("direct get answered {code} {text}")),
-                    ));
-                }
+                // Anything else ends the batch unfinished: a 404 where a message the server
+                // picked could not be loaded (an entry expiring during the read: the
+                // messages after it are missing), 413 for more keys than a batch may hold.
+                Some(_) => return Ok(None),
             }
-            let from = answer.headers.as_ref().and_then(|h| h.get(NATS_STREAM));
+            let from = answer
+                .headers
+                .as_ref()
+                .and_then(|h| h.get_last(NATS_STREAM));
             if from.is_none_or(|s| s.as_str() != state.bucket.stream) {
                 // A mirror's answer may lag the stream: not a read to decide on.
                 state.no_direct("a direct get was answered by another stream");
@@ -337,6 +342,10 @@ impl Queue {
             }
             let message = StreamMessage::try_from(answer).map_err(|e| request("read", e))?;
             queue.add(&message, &mut seen)?;
+        }
+        // The waiter's own entry is under the range: a batch without it is not whole.
+        if queue.position(own).is_none() {
+            return Ok(None);
         }
         queue.entries.sort_by_key(Entry::token);
         Ok(Some(queue))
