@@ -53,14 +53,6 @@ struct SubjectsState {
     subjects: Option<std::collections::HashMap<String, u64>>,
 }
 
-/// [`Error::Unavailable`] for a read that failed because `what`.
-fn unavailable(what: &str) -> Error {
-    Error::Unavailable {
-        message: format!("NATS read: {what}"),
-        source: None,
-    }
-}
-
 /// One live entry.
 #[derive(Clone, Debug)]
 pub(crate) struct Entry {
@@ -303,7 +295,12 @@ impl Queue {
         loop {
             let answer = match tokio::time::timeout_at(deadline, answers.next()).await {
                 Ok(Some(answer)) => answer,
-                Ok(None) => return Err(unavailable("the direct read's subscription ended")),
+                Ok(None) => {
+                    return Err(Error::Unavailable {
+                        message: "NATS read: the direct read's subscription ended".into(),
+                        source: None,
+                    });
+                }
                 Err(_) => {
                     state.no_direct("a direct get was not answered in time");
                     return Ok(None);
