@@ -606,18 +606,26 @@ async fn on_masters(
     settled(shared, answers.settle())
 }
 
-/// Releases on every master (also those that seemed to fail); released iff any held it.
-/// Returns once a majority released it (no majority is left to it; see [`gather`]).
+/// Releases on every master (also those that seemed to fail); released iff a majority held
+/// it, as a renewal is renewed ([`renew`](fn@renew)). Returns once a majority released it (the
+/// rest finish in the background; see [`gather`]). Fewer than a majority that could have held
+/// it: not held, though it is removed from the masters that did (a late acquisition's write
+/// that landed after the lock was lost, a master that missed a forced release): the lock was
+/// not the caller's to the end, whatever a minority still showed. Otherwise (too many masters
+/// failed to answer) the first failure: whether it was still held is not known.
 pub(crate) async fn release(lease: &RedisLease) -> Result<()> {
     let shared = &lease.shared;
     let timeout = shared.cleanup_timeout();
+    let quorum = shared.quorum();
     let results = on_masters(lease, timeout, LeaseOp::Release).await;
-    if results.iter().any(|r| matches!(r, Ok(true))) {
+    let released = results.iter().filter(|r| matches!(r, Ok(true))).count();
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    if released >= quorum {
         return Ok(());
     }
     match results.into_iter().find_map(Result::err) {
-        Some(err) => Err(err.into_lock_error("release")),
-        None => Err(Error::not_held(&lease.name)),
+        Some(err) if released + failed >= quorum => Err(err.into_lock_error("release")),
+        _ => Err(Error::not_held(&lease.name)),
     }
 }
 
