@@ -270,7 +270,10 @@
 //! On failure the lock is released on all nodes (also those whose answer was lost) and the
 //! attempt retries after a random delay; when too few nodes answer at all the error is
 //! [`distlock_core::Error::QuorumNotReached`], listing each node's outcome. A renewal counts only
-//! if a majority renewed within the validity. The fencing token comes from the largest of the
+//! if a majority renewed within the validity, and a release only if a majority released: a lock
+//! found on fewer (a late acquisition's write on one master after the lock was removed from
+//! the others) is removed there and answers [`distlock_core::Error::NotHeld`], or the masters'
+//! error when too few answered to tell. The fencing token comes from the largest of the
 //! majority's counters (the lagging nodes of the majority are raised to it): that counter
 //! times 64 plus the index of the first master that gave it, so that readers acquiring at once
 //! through different majorities with equal largest counters still get distinct tokens (each

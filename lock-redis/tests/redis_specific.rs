@@ -1509,6 +1509,26 @@ async fn a_redlock_release_found_on_a_minority_is_not_held() {
     let unrenewed = opts().with_renewal(Renewal::disabled());
     let guard = locks.acquire(&name, &unrenewed).await.unwrap();
     let mut raws = raws(nodes).await;
+    // The acquisition returned on two masters' grants: wait for the third's.
+    for (i, raw) in raws.iter().enumerate() {
+        let (raw, lock) = (raw.clone(), keys.lock.clone());
+        eventually(Duration::from_secs(5), move || {
+            let (mut raw, lock) = (raw.clone(), lock.clone());
+            async move {
+                let on: i64 = redis::cmd("EXISTS")
+                    .arg(&lock)
+                    .query_async(&mut raw)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if on == 1 {
+                    Ok(())
+                } else {
+                    Err(format!("the lock never reached master {i}"))
+                }
+            }
+        })
+        .await;
+    }
     for raw in &mut raws[..2] {
         let removed: i64 = redis::cmd("DEL")
             .arg(&keys.lock)
