@@ -1,6 +1,7 @@
 //! The NATS backend: the connection, the bucket's stream, the writes of the protocol, and the
 //! [`LockBackend`] implementation.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -74,7 +75,15 @@ pub(crate) struct BackendState {
     pub(crate) direct_off_until: Mutex<Option<Instant>>,
     /// The operation timeout, every request's (half of it the direct read's).
     pub(crate) timeout: Duration,
+    /// The highest term (token) [`inspect`](LockBackend::inspect) has shown of each name, at
+    /// most [`SHOWN_NAMES`] names: what [`Queue::observed`] judges an entry that outlived its
+    /// ttl by.
+    pub(crate) shown: Mutex<HashMap<String, u64>>,
 }
+
+/// How many names [`BackendState::shown`] keeps; past that it starts again from none (an
+/// observer of a name forgotten so may show a restart's resurrected entry once).
+const SHOWN_NAMES: usize = 4096;
 
 /// What a key holds now.
 #[derive(Debug)]
@@ -267,6 +276,7 @@ pub(crate) async fn open(config: &NatsConfig, timeout: Duration) -> Result<Arc<B
         replicated,
         direct,
         direct_off_until: Mutex::new(None),
+        shown: Mutex::new(HashMap::new()),
         timeout,
     }))
 }
@@ -474,11 +484,26 @@ impl LockBackend for NatsBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let keys = NameKeys::new(&self.state.bucket, name.as_str());
-        let queue = Queue::read(&self.state, &keys).await?.observed();
+        let queue = Queue::read(&self.state, &keys).await?;
+        let mut shown = self
+            .state
+            .shown
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let queue = queue.observed(shown.get(name.as_str()).copied());
         let holders: Vec<&Entry> = queue.holders().collect();
         let Some(latest) = holders.iter().max_by_key(|e| e.token()) else {
+            if queue.entries.is_empty() {
+                shown.remove(name.as_str());
+            }
             return Ok(None);
         };
+        if shown.len() >= SHOWN_NAMES && !shown.contains_key(name.as_str()) {
+            shown.clear();
+        }
+        let top = shown.entry(name.as_str().to_owned()).or_default();
+        *top = (*top).max(latest.token());
+        drop(shown);
         let kind = latest.value.kind;
         let info = LockInfo::new(
             latest.value.owner.clone(),

@@ -420,16 +420,22 @@ impl Queue {
         self.entries.iter().position(|e| e.subject == subject)
     }
 
-    /// The queue as an observer should see it: without the entries whose ttl ended before a
-    /// later message of the range was written (by the server's timestamps), which the server
-    /// has not removed yet. A server killed and restarted brought back such an entry for a
+    /// The queue as an observer should see it, `shown` the highest term this client has shown
+    /// of the name: without the entries whose ttl ended before a later message of the range
+    /// was written (by the server's timestamps), which the server has not removed yet, when a
+    /// later term was shown. A server killed and restarted brought back such an entry for a
     /// moment, after a newer holder had been granted, and an election's observer saw the
-    /// older term again (`distlock check`, restart fault). Never for a lock decision: the
-    /// entry's owner could still renew it.
-    pub(crate) fn observed(mut self) -> Self {
+    /// older term again (`distlock check`, restart fault). An entry not older than the terms
+    /// shown stays: its owner may still renew it (the server removes an entry some time after
+    /// its ttl, and a renewal that reaches it first keeps it: after a partition healed, say),
+    /// and an observer that showed the term behind it would then show this older one again
+    /// (`distlock check`, election, partition fault: term 3028 after 3096). The lock itself
+    /// never judges by timestamps: an entry holds its place until the server removes it.
+    pub(crate) fn observed(mut self, shown: Option<u64>) -> Self {
         let newest = self.newest_ns;
-        self.entries
-            .retain(|e| e.expires_ns.is_none_or(|end| end >= newest));
+        self.entries.retain(|e| {
+            e.expires_ns.is_none_or(|end| end >= newest) || shown.is_none_or(|top| e.token() >= top)
+        });
         self
     }
 
@@ -501,6 +507,44 @@ mod tests {
     /// The subjects of the entries that keep the one at `index` of `q` waiting.
     fn ahead(q: &Queue, index: usize) -> Vec<String> {
         q.blockers(index).0.into_iter().map(|(s, _)| s).collect()
+    }
+
+    /// An entry past its ttl by the server's timestamps is left out only for an observer that
+    /// showed a later term: one that showed this entry's term (or none) keeps seeing it, since
+    /// its owner may still renew it; a live entry is never left out.
+    #[test]
+    fn an_entry_past_its_ttl_is_left_out_only_behind_a_later_term_shown() {
+        let q = || {
+            let mut q = queue(&[X, X]);
+            q.entries[0].expires_ns = Some(100);
+            q.entries[1].expires_ns = Some(1_000);
+            q.newest_ns = 500;
+            q
+        };
+        let head = |shown| q().observed(shown).holders().next().map(Entry::token);
+        assert_eq!(
+            head(None),
+            Some(1),
+            "a first look shows what the server holds"
+        );
+        assert_eq!(
+            head(Some(1)),
+            Some(1),
+            "the term shown went away before its removal"
+        );
+        assert_eq!(
+            head(Some(2)),
+            Some(2),
+            "a restart's resurrected entry came back"
+        );
+        let mut recreated = queue(&[X]);
+        recreated.entries[0].expires_ns = Some(1_000);
+        recreated.newest_ns = 500;
+        assert_eq!(
+            recreated.observed(Some(9)).entries.len(),
+            1,
+            "a live entry left out"
+        );
     }
 
     #[test]
