@@ -1,7 +1,6 @@
 //! The NATS backend: the connection, the bucket's stream, the writes of the protocol, and the
 //! [`LockBackend`] implementation.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -21,7 +20,7 @@ use crate::NatsConfig;
 use crate::attempt::NatsAttempt;
 use crate::error::{Written, backend_msg, not_found, request, subject_busy, written};
 use crate::keys::{Bucket, EntryValue, NameKeys, Slots};
-use crate::kinds::{Entry, Queue, entry_of};
+use crate::kinds::{Entry, Queue, Shown, entry_of};
 use crate::renew::NatsRenewer;
 
 /// The shortest ttl: JetStream's per-message ttl counts whole seconds (a ttl is sent rounded
@@ -75,15 +74,10 @@ pub(crate) struct BackendState {
     pub(crate) direct_off_until: Mutex<Option<Instant>>,
     /// The operation timeout, every request's (half of it the direct read's).
     pub(crate) timeout: Duration,
-    /// The highest term (token) [`inspect`](LockBackend::inspect) has shown of each name, at
-    /// most [`SHOWN_NAMES`] names: what [`Queue::observed`] judges an entry that outlived its
-    /// ttl by.
-    pub(crate) shown: Mutex<HashMap<String, u64>>,
+    /// The terms [`inspect`](LockBackend::inspect) has shown, per name: what
+    /// [`Queue::observed`] judges an entry that outlived its ttl by.
+    pub(crate) shown: Shown,
 }
-
-/// How many names [`BackendState::shown`] keeps; past that it starts again from none (an
-/// observer of a name forgotten so may show a restart's resurrected entry once).
-const SHOWN_NAMES: usize = 4096;
 
 /// What a key holds now.
 #[derive(Debug)]
@@ -276,7 +270,7 @@ pub(crate) async fn open(config: &NatsConfig, timeout: Duration) -> Result<Arc<B
         replicated,
         direct,
         direct_off_until: Mutex::new(None),
-        shown: Mutex::new(HashMap::new()),
+        shown: Shown::default(),
         timeout,
     }))
 }
@@ -485,25 +479,14 @@ impl LockBackend for NatsBackend {
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let keys = NameKeys::new(&self.state.bucket, name.as_str());
         let queue = Queue::read(&self.state, &keys).await?;
-        let mut shown = self
-            .state
-            .shown
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let queue = queue.observed(shown.get(name.as_str()).copied());
+        let queue = queue.observed(self.state.shown.floor(name.as_str()));
         let holders: Vec<&Entry> = queue.holders().collect();
         let Some(latest) = holders.iter().max_by_key(|e| e.token()) else {
-            if queue.entries.is_empty() {
-                shown.remove(name.as_str());
-            }
             return Ok(None);
         };
-        if shown.len() >= SHOWN_NAMES && !shown.contains_key(name.as_str()) {
-            shown.clear();
+        if let Some(first) = holders.iter().map(|e| e.token()).min() {
+            self.state.shown.saw(name.as_str(), first);
         }
-        let top = shown.entry(name.as_str().to_owned()).or_default();
-        *top = (*top).max(latest.token());
-        drop(shown);
         let kind = latest.value.kind;
         let info = LockInfo::new(
             latest.value.owner.clone(),

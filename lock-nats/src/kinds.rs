@@ -85,6 +85,45 @@ pub(crate) struct Queue {
     pub(crate) newest_ns: i128,
 }
 
+/// What [`inspect`](distlock_core::backend::LockBackend::inspect) has shown, per name: the
+/// highest, over its reads, of the oldest holder's term (token) it showed, at most
+/// [`Shown::NAMES`] names. Tokens are stream sequences and only grow, so a name is never
+/// forgotten for being free for a moment (a release's gap before the next write): only a
+/// name past the bound is, one arbitrary name for each new one.
+#[derive(Debug, Default)]
+pub(crate) struct Shown(std::sync::Mutex<std::collections::HashMap<String, u64>>);
+
+impl Shown {
+    /// How many names it keeps.
+    pub(crate) const NAMES: usize = 4096;
+
+    fn names(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, u64>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The term below which an entry past its ttl is left out (see [`Queue::observed`]).
+    pub(crate) fn floor(&self, name: &str) -> Option<u64> {
+        self.names().get(name).copied()
+    }
+
+    /// Holders of `name` were shown, the oldest with term `oldest`.
+    pub(crate) fn saw(&self, name: &str, oldest: u64) {
+        let mut names = self.names();
+        if let Some(floor) = names.get_mut(name) {
+            *floor = (*floor).max(oldest);
+            return;
+        }
+        if names.len() >= Self::NAMES
+            && let Some(gone) = names.keys().next().cloned()
+        {
+            names.remove(&gone);
+        }
+        names.insert(name.to_owned(), oldest);
+    }
+}
+
 /// Whether a stored message is a marker (a delete, a purge, a ttl's expiry), not an entry.
 pub(crate) fn is_marker(headers: Option<&async_nats::HeaderMap>) -> bool {
     headers.is_some_and(|h| {
@@ -420,21 +459,23 @@ impl Queue {
         self.entries.iter().position(|e| e.subject == subject)
     }
 
-    /// The queue as an observer should see it, `shown` the highest term this client has shown
-    /// of the name: without the entries whose ttl ended before a later message of the range
-    /// was written (by the server's timestamps), which the server has not removed yet, when a
-    /// later term was shown. A server killed and restarted brought back such an entry for a
-    /// moment, after a newer holder had been granted, and an election's observer saw the
-    /// older term again (`distlock check`, restart fault). An entry not older than the terms
-    /// shown stays: its owner may still renew it (the server removes an entry some time after
-    /// its ttl, and a renewal that reaches it first keeps it: after a partition healed, say),
-    /// and an observer that showed the term behind it would then show this older one again
-    /// (`distlock check`, election, partition fault: term 3028 after 3096). The lock itself
+    /// The queue as an observer should see it, `floor` what [`Shown::floor`] says of the
+    /// name: without the entries whose ttl ended before a later message of the range was
+    /// written (by the server's timestamps), which the server has not removed yet, when they
+    /// are older than every holder this client showed last. A server killed and restarted
+    /// brought back such an entry for a moment, after a newer holder had been granted, and an
+    /// election's observer saw the older term again (`distlock check`, restart fault). Any
+    /// other such entry stays: its owner may still renew it (the server removes an entry some
+    /// time after its ttl, and a renewal that reaches it first keeps it: after a partition
+    /// healed, say), and an observer that showed the term behind it would then show this older
+    /// one again (`distlock check`, election, partition fault: term 3028 after 3096). A client
+    /// that has shown nothing of the name yet (a new one, a name forgotten, see [`Shown`])
+    /// sees every entry, a resurrected one too, until the server removes it. The lock itself
     /// never judges by timestamps: an entry holds its place until the server removes it.
-    pub(crate) fn observed(mut self, shown: Option<u64>) -> Self {
+    pub(crate) fn observed(mut self, floor: Option<u64>) -> Self {
         let newest = self.newest_ns;
         self.entries.retain(|e| {
-            e.expires_ns.is_none_or(|end| end >= newest) || shown.is_none_or(|top| e.token() >= top)
+            e.expires_ns.is_none_or(|end| end >= newest) || floor.is_none_or(|f| e.token() >= f)
         });
         self
     }
@@ -509,34 +550,44 @@ mod tests {
         q.blockers(index).0.into_iter().map(|(s, _)| s).collect()
     }
 
-    /// An entry past its ttl by the server's timestamps is left out only for an observer that
-    /// showed a later term: one that showed this entry's term (or none) keeps seeing it, since
-    /// its owner may still renew it; a live entry is never left out.
+    /// An entry past its ttl by the server's timestamps is left out only below the oldest
+    /// holder an observer showed: one that showed this entry (or nothing) keeps seeing it,
+    /// since its owner may still renew it; a live entry is never left out.
     #[test]
     fn an_entry_past_its_ttl_is_left_out_only_behind_a_later_term_shown() {
-        let q = || {
-            let mut q = queue(&[X, X]);
+        let q = |kinds: &[LockKind]| {
+            let mut q = queue(kinds);
+            for e in &mut q.entries {
+                e.expires_ns = Some(1_000);
+            }
             q.entries[0].expires_ns = Some(100);
-            q.entries[1].expires_ns = Some(1_000);
             q.newest_ns = 500;
             q
         };
-        let head = |shown| q().observed(shown).holders().next().map(Entry::token);
+        let holders = |kinds: &[LockKind], floor| -> Vec<u64> {
+            q(kinds)
+                .observed(floor)
+                .holders()
+                .map(Entry::token)
+                .collect()
+        };
         assert_eq!(
-            head(None),
-            Some(1),
+            holders(&[X, X], None),
+            [1],
             "a first look shows what the server holds"
         );
         assert_eq!(
-            head(Some(1)),
-            Some(1),
-            "the term shown went away before its removal"
+            holders(&[X, X], Some(1)),
+            [1],
+            "the term shown went before its removal"
         );
         assert_eq!(
-            head(Some(2)),
-            Some(2),
+            holders(&[X, X], Some(2)),
+            [2],
             "a restart's resurrected entry came back"
         );
+        // Two permits held, the oldest past its ttl, a third waiting: the oldest shown stays.
+        assert_eq!(holders(&[P2, P2, P2], Some(1)), [1, 2]);
         let mut recreated = queue(&[X]);
         recreated.entries[0].expires_ns = Some(1_000);
         recreated.newest_ns = 500;
@@ -545,6 +596,23 @@ mod tests {
             1,
             "a live entry left out"
         );
+    }
+
+    /// The floor of a name only rises, outlives a moment with no holder, and past the bound
+    /// one name makes room for another.
+    #[test]
+    fn the_terms_shown_only_rise_and_are_bounded() {
+        let shown = Shown::default();
+        assert_eq!(shown.floor("a"), None);
+        shown.saw("a", 3096);
+        shown.saw("a", 3028);
+        assert_eq!(shown.floor("a"), Some(3096), "went back to an older term");
+        for i in 0..Shown::NAMES {
+            shown.saw(&format!("n{i}"), 1);
+        }
+        assert_eq!(shown.names().len(), Shown::NAMES);
+        shown.saw("a", 4000);
+        assert_eq!(shown.names().len(), Shown::NAMES);
     }
 
     #[test]
