@@ -598,7 +598,7 @@ mod tests {
         );
     }
 
-    /// The floor of a name only rises, outlives a moment with no holder, and past the bound
+    /// The floor of a name only rises (nothing forgets it but the bound), and past the bound
     /// one name makes room for another.
     #[test]
     fn the_terms_shown_only_rise_and_are_bounded() {
@@ -613,6 +613,7 @@ mod tests {
         assert_eq!(shown.names().len(), Shown::NAMES);
         shown.saw("a", 4000);
         assert_eq!(shown.names().len(), Shown::NAMES);
+        assert_eq!(shown.floor("a"), Some(4000));
     }
 
     #[test]
