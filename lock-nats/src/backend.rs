@@ -2,14 +2,16 @@
 //! [`LockBackend`] implementation.
 
 use std::sync::Arc;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::Duration;
 use std::time::Instant;
 
 use async_nats::jetstream::message::PublishMessage as Publish;
 use async_nats::jetstream::{self, stream};
 use async_trait::async_trait;
-use distlock_core::backend::{AcquireRequest, Attempt, LockBackend, LockInfo, held_among};
+use distlock_core::backend::{
+    AcquireRequest, Attempt, LockBackend, LockInfo, held_among, unpoisoned,
+};
 use distlock_core::{
     Capabilities, Error, FencingGuarantee, FencingToken, Footprint, LockKind, LockName,
     LossDetection, Result, WakeUp,
@@ -100,21 +102,14 @@ impl BackendState {
     /// Whether a waiter's read may be a batched direct get (see [`BackendState::direct`]).
     pub(crate) fn reads_direct(&self) -> bool {
         self.direct
-            && self
-                .direct_off_until
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .is_none_or(|until| Instant::now() >= until)
+            && unpoisoned(&self.direct_off_until).is_none_or(|until| Instant::now() >= until)
     }
 
     /// Turns the direct reads off for [`DIRECT_PAUSE`], because `why` (a warning, unless
     /// they were off already).
     pub(crate) fn no_direct(&self, why: &str) {
         let now = Instant::now();
-        let mut off = self
-            .direct_off_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut off = unpoisoned(&self.direct_off_until);
         if off.is_none_or(|until| now >= until) {
             tracing::warn!(
                 stream = %self.bucket.stream,
@@ -481,12 +476,11 @@ impl LockBackend for NatsBackend {
         let queue = Queue::read(&self.state, &keys).await?;
         let queue = queue.observed(self.state.shown.floor(name.as_str()));
         let holders: Vec<&Entry> = queue.holders().collect();
-        let Some(latest) = holders.iter().max_by_key(|e| e.token()) else {
+        // Entries are in first-revision (token) order: the first holder is the oldest.
+        let (Some(oldest), Some(latest)) = (holders.first(), holders.last()) else {
             return Ok(None);
         };
-        if let Some(first) = holders.iter().map(|e| e.token()).min() {
-            self.state.shown.saw(name.as_str(), first);
-        }
+        self.state.shown.saw(name.as_str(), oldest.token());
         let kind = latest.value.kind;
         let info = LockInfo::new(
             latest.value.owner.clone(),

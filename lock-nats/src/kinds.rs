@@ -98,9 +98,7 @@ impl Shown {
     pub(crate) const NAMES: usize = 4096;
 
     fn names(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, u64>> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        distlock_core::backend::unpoisoned(&self.0)
     }
 
     /// The term below which an entry past its ttl is left out (see [`Queue::observed`]).

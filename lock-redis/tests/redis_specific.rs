@@ -98,6 +98,16 @@ async fn raws(urls: &[String]) -> Vec<redis::aio::MultiplexedConnection> {
     raws
 }
 
+/// Whether `key` exists on the server of `raw`.
+async fn exists(raw: &mut redis::aio::MultiplexedConnection, key: &str) -> bool {
+    let found: i64 = redis::cmd("EXISTS")
+        .arg(key)
+        .query_async(raw)
+        .await
+        .unwrap();
+    found == 1
+}
+
 fn kind(err: &Error) -> Option<RedisErrorKind> {
     let mut source = std::error::Error::source(err);
     while let Some(s) = source {
@@ -1435,13 +1445,9 @@ async fn redlock_survives_one_node_down_and_reports_a_lost_majority() {
         released.is_err(),
         "released a lock left on 1 of 3 masters: {released:?}"
     );
-    let left: i64 = redis::cmd("EXISTS")
-        .arg(&LockKeys::for_name(&name).unwrap().lock)
-        .query_async(&mut common::raw(&nodes[2]).await)
-        .await
-        .unwrap();
-    assert_eq!(
-        left, 0,
+    let lock = LockKeys::for_name(&name).unwrap().lock;
+    assert!(
+        !exists(&mut common::raw(&nodes[2]).await, &lock).await,
         "the release left the lock on the master that held it"
     );
 }
@@ -1464,13 +1470,8 @@ async fn redlock_node_restarted_empty_does_not_admit_a_second_holder() {
     common::wait_ready(&nodes[0]).await;
     let mut raw = common::raw(&nodes[0]).await;
     let keys = LockKeys::for_name(&name).unwrap();
-    let exists: i64 = redis::cmd("EXISTS")
-        .arg(&keys.lock)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
-    assert_eq!(
-        exists, 0,
+    assert!(
+        !exists(&mut raw, &keys.lock).await,
         "the restarted node kept its data (no persistence expected)"
     );
     assert!(
@@ -1515,12 +1516,7 @@ async fn a_redlock_release_found_on_a_minority_is_not_held() {
         eventually(Duration::from_secs(5), move || {
             let (mut raw, lock) = (raw.clone(), lock.clone());
             async move {
-                let on: i64 = redis::cmd("EXISTS")
-                    .arg(&lock)
-                    .query_async(&mut raw)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if on == 1 {
+                if exists(&mut raw, &lock).await {
                     Ok(())
                 } else {
                     Err(format!("the lock never reached master {i}"))
@@ -1542,13 +1538,8 @@ async fn a_redlock_release_found_on_a_minority_is_not_held() {
         .await
         .expect_err("a release found on 1 of 3 masters succeeded");
     assert!(matches!(err, Error::NotHeld { .. }), "{err}");
-    let left: i64 = redis::cmd("EXISTS")
-        .arg(&keys.lock)
-        .query_async(&mut raws[2])
-        .await
-        .unwrap();
-    assert_eq!(
-        left, 0,
+    assert!(
+        !exists(&mut raws[2], &keys.lock).await,
         "the release left the lock on the master that showed it"
     );
 }
