@@ -438,8 +438,10 @@ impl LockBackend for RedisBackend {
 
     /// Runs the release script as the current holder (see `Node::force_release`) on every
     /// node: waiters get the same handoff and pub/sub wake-up as after a release, and the
-    /// fencing counters are kept, so the next token is higher. Redlock: `true` if any node held
-    /// it; fails unless a majority of nodes answered (the others free it at expiry).
+    /// fencing counters are kept, so the next token is higher. Redlock: removed from every
+    /// master that answers, `true` if a majority of masters held it for one owner (a copy on
+    /// fewer was no lock, as for a release); fails unless a majority of masters answered
+    /// (the others free it at expiry).
     async fn force_release(&self, name: &LockName) -> Result<bool> {
         let keys = LockKeys::new(name);
         let shared = &self.shared;
@@ -447,6 +449,7 @@ impl LockBackend for RedisBackend {
             return shared.nodes[0]
                 .force_release(&keys, &shared.config)
                 .await
+                .map(|owners| !owners.is_empty())
                 .map_err(|e| e.into_lock_error("force release"));
         }
         redlock::force_release(shared, &keys, name).await

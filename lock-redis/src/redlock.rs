@@ -695,8 +695,9 @@ pub(crate) async fn inspect(shared: &BackendState, keys: &LockKeys) -> Result<Op
     Ok(None)
 }
 
-/// Force release on every master; `true` if any held it. Fails unless a majority answered
-/// (the others free it at expiry).
+/// Force release on every master; `true` if a majority of them held it for one owner (a
+/// copy on fewer, left by an acquisition that failed or a lock lost, was no lock: removed,
+/// but nobody held it). Fails unless a majority answered (the others free it at expiry).
 pub(crate) async fn force_release(
     shared: &BackendState,
     keys: &LockKeys,
@@ -711,9 +712,12 @@ pub(crate) async fn force_release(
     )
     .await;
     let answered = results.iter().filter(|r| r.is_ok()).count();
-    let removed = results.iter().any(|r| matches!(r, Ok(true)));
+    let mut masters: HashMap<&str, usize> = HashMap::new();
+    for owner in results.iter().flatten().flatten() {
+        *masters.entry(owner.as_str()).or_default() += 1;
+    }
     if answered >= shared.quorum() {
-        return Ok(removed);
+        return Ok(masters.values().any(|&n| n >= shared.quorum()));
     }
     Err(Error::Unavailable {
         message: format!(

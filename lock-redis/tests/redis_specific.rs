@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distlock_core::{
-    AcquireOptions, Backoff, DistributedLock, Error, LockClient, LossReason, NodeResult, Renewal,
+    AcquireOptions, Backoff, DistributedLock, Error, LockClient, LockGuard, LossReason, NodeResult,
+    Renewal,
 };
 use distlock_redis::{LockKeys, RedisBackend, RedisConfig, RedisError, RedisErrorKind};
 
@@ -1505,7 +1506,27 @@ async fn a_redlock_release_found_on_a_minority_is_not_held() {
     let _shared = OUTAGE.read().await;
     let nodes = &urls[..3];
     let locks = client(nodes, false).await;
-    let name = name("minority");
+    let (guard, lock, mut raws) = left_on_masters(&locks, nodes, "minority", 1).await;
+    let err = guard
+        .release()
+        .await
+        .expect_err("a release found on 1 of 3 masters succeeded");
+    assert!(matches!(err, Error::NotHeld { .. }), "{err}");
+    assert!(
+        !exists(&mut raws[2], &lock).await,
+        "the release left the lock on the master that showed it"
+    );
+}
+
+/// A Redlock lock acquired on the three masters `nodes` (no renewal), then deleted by hand
+/// from all but the last `kept`: the guard, the lock key and a raw connection per master.
+async fn left_on_masters(
+    locks: &LockClient<RedisBackend>,
+    nodes: &[String],
+    what: &str,
+    kept: usize,
+) -> (LockGuard, String, Vec<redis::aio::MultiplexedConnection>) {
+    let name = name(what);
     let keys = LockKeys::for_name(&name).unwrap();
     let unrenewed = opts().with_renewal(Renewal::disabled());
     let guard = locks.acquire(&name, &unrenewed).await.unwrap();
@@ -1525,7 +1546,8 @@ async fn a_redlock_release_found_on_a_minority_is_not_held() {
         })
         .await;
     }
-    for raw in &mut raws[..2] {
+    let gone = raws.len() - kept;
+    for raw in &mut raws[..gone] {
         let removed: i64 = redis::cmd("DEL")
             .arg(&keys.lock)
             .query_async(raw)
@@ -1533,15 +1555,32 @@ async fn a_redlock_release_found_on_a_minority_is_not_held() {
             .unwrap();
         assert_eq!(removed, 1, "the lock was not on every master");
     }
-    let err = guard
-        .release()
-        .await
-        .expect_err("a release found on 1 of 3 masters succeeded");
-    assert!(matches!(err, Error::NotHeld { .. }), "{err}");
-    assert!(
-        !exists(&mut raws[2], &keys.lock).await,
-        "the release left the lock on the master that showed it"
-    );
+    (guard, keys.lock, raws)
+}
+
+/// A forced release says a Redlock lock was held only when a majority of the masters held it,
+/// as a release does: a copy on one master of three (what a late acquisition's write leaves)
+/// is removed, but was no lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_force_release_counts_a_majority() {
+    let Some(urls) = common::urls("redlock3") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    let nodes = &urls[..3];
+    let locks = client(nodes, false).await;
+    for (kept, held) in [(1, false), (2, true)] {
+        let (guard, lock, mut raws) = left_on_masters(&locks, nodes, "forced", kept).await;
+        let removed = locks.force_release(guard.name().as_str()).await.unwrap();
+        assert_eq!(
+            removed, held,
+            "a lock on {kept} of 3 masters was reported held: {removed}"
+        );
+        for (i, raw) in raws.iter_mut().enumerate() {
+            assert!(!exists(raw, &lock).await, "left on master {i}");
+        }
+        drop(guard);
+    }
 }
 
 /// Killing the holder's connections: the client reconnects and renewal goes on.

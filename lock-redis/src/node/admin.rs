@@ -37,26 +37,36 @@ impl Node {
     /// Frees the lock whoever holds it: reads the holder and runs the owner-checked release
     /// script as that owner (shared or permit holders: the hold release script ending them
     /// all), so waiters are handed the lock and woken exactly as by a release. The fencing
-    /// counter is untouched. `false`: free (or only reserved for a waiter).
+    /// counter is untouched. Returns the owners of the holds it ended, as read just before
+    /// (a Redlock client counts on how many masters each held); none: free (or only reserved
+    /// for a waiter).
     pub(crate) async fn force_release(
         &self,
         keys: &LockKeys,
         config: &RedisConfig,
-    ) -> Result<bool, RedisError> {
+    ) -> Result<Vec<String>, RedisError> {
         for _ in 0..8 {
-            let (owner, mode, kind) = match self.inspect(keys).await? {
-                Holding::Free => return Ok(false),
-                Holding::Exclusive { owner, .. } => {
-                    (owner, ReleaseMode::Release, LockKind::Exclusive)
-                }
-                Holding::Holds { kind, .. } => (String::new(), ReleaseMode::Force, kind),
+            let (owner, mode, kind, owners) = match self.inspect(keys).await? {
+                Holding::Free => return Ok(Vec::new()),
+                Holding::Exclusive { owner, .. } => (
+                    owner.clone(),
+                    ReleaseMode::Release,
+                    LockKind::Exclusive,
+                    vec![owner],
+                ),
+                Holding::Holds { kind, holders } => (
+                    String::new(),
+                    ReleaseMode::Force,
+                    kind,
+                    holders.into_iter().map(|h| h.owner).collect(),
+                ),
             };
             if self.release(keys, &owner, config, mode, kind, None).await? {
-                return Ok(true);
+                return Ok(owners);
             }
             // The holder changed between the read and the script: look again.
         }
-        Ok(false)
+        Ok(Vec::new())
     }
 
     /// Releases the one hold of `owner` with `token`, as its holder's release would (the
