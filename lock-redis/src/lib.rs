@@ -273,7 +273,8 @@
 //! if a majority renewed within the validity, and a release only if a majority released: a lock
 //! found on fewer (a late acquisition's write on one master after the lock was removed from
 //! the others) is removed there and answers [`distlock_core::Error::NotHeld`], or the masters'
-//! error when too few answered to tell. The fencing token comes from the largest of the
+//! error when too few answered to tell; a forced release removes it the same way and answers
+//! that nothing was held. The fencing token comes from the largest of the
 //! majority's counters (the lagging nodes of the majority are raised to it): that counter
 //! times 64 plus the index of the first master that gave it, so that readers acquiring at once
 //! through different majorities with equal largest counters still get distinct tokens (each
