@@ -439,9 +439,9 @@ impl LockBackend for RedisBackend {
     /// Runs the release script as the current holder (see `Node::force_release`) on every
     /// node: waiters get the same handoff and pub/sub wake-up as after a release, and the
     /// fencing counters are kept, so the next token is higher. Redlock: removed from every
-    /// master that answers, `true` if a majority of masters held it for one owner (a copy on
-    /// fewer was no lock, as for a release); fails unless a majority of masters answered
-    /// (the others free it at expiry).
+    /// master that answers, `true` if a majority of masters held it for one owner, `false` if
+    /// none could have (a copy on fewer was no lock, as for a release); fails when the masters
+    /// that did not answer could have made up that majority (the others free it at expiry).
     async fn force_release(&self, name: &LockName) -> Result<bool> {
         let keys = LockKeys::new(name);
         let shared = &self.shared;

@@ -92,6 +92,15 @@ impl RedisError {
         }
     }
 
+    /// A failure on `node` that is no error of the server's (`why` says what happened).
+    pub(crate) fn other(node: &str, why: String) -> Self {
+        Self {
+            kind: RedisErrorKind::Other,
+            node: node.to_owned(),
+            source: Some(redis::RedisError::from(std::io::Error::other(why))),
+        }
+    }
+
     /// A TLS failure on `node` that the client library did not see as one (`why` says what
     /// the server answered instead).
     pub(crate) fn tls(node: &str, why: String) -> Self {

@@ -249,8 +249,9 @@ return 1
 /// their tokens (comma-separated) + NUL + their owners (NUL-separated): the permits tell a waiter
 /// that the hold is of its own semaphore. Without the lease, it wakes the permit
 /// waiters whose place in the queue now fits in the free permits and did not before (one
-/// for one released permit). Returns 1 if a live hold was released (force: if any holder
-/// was live), else 0.
+/// for one released permit). Returns 1 if a live hold was released, else 0; force: the owners
+/// of the live holds it ended (an array, empty if none), or 0 if the lock key held no marker
+/// of `kind`.
 pub(crate) static HOLD_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     with_helpers(
         &[
@@ -277,7 +278,8 @@ if holder == marker then
   prune_holders(KEYS[5], KEYS[6], KEYS[7], now)
   before = redis.call('ZCOUNT', KEYS[5], '(' .. now, '+inf')
   if mode == 'force' then
-    if before > 0 then released = 1 end
+    -- The owners it ends, as the answer (an array, not 0 or 1: see the doc).
+    released = redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. now, '+inf')
     redis.call('DEL', KEYS[5], KEYS[6], KEYS[7])
     left = true
   elseif mode ~= 'leave' then

@@ -274,11 +274,12 @@
 //! found on fewer (a late acquisition's write on one master after the lock was removed from
 //! the others) is removed there and answers [`distlock_core::Error::NotHeld`], or the masters'
 //! error when too few answered to tell; a forced release removes it the same way and answers
-//! that nothing was held. The fencing token comes from the largest of the
-//! majority's counters (the lagging nodes of the majority are raised to it): that counter
-//! times 64 plus the index of the first master that gave it, so that readers acquiring at once
-//! through different majorities with equal largest counters still get distinct tokens (each
-//! master hands out each counter value once; Redlock takes at most 64 masters). Declared
+//! that nothing was held (or fails, when too few answered to tell). The fencing token comes
+//! from the largest of the majority's counters (the lagging nodes of the majority are raised
+//! to it): that counter times 64 plus the index of the first master that gave it, so that
+//! readers acquiring at once through different majorities with equal largest counters still
+//! get distinct tokens (each master hands out each counter value once; Redlock takes at most
+//! 64 masters). Declared
 //! [`BestEffort`](distlock_core::FencingGuarantee::BestEffort).
 //!
 //! A release hands the lock over on each master as on one (see Hand-over above): each master's

@@ -695,9 +695,11 @@ pub(crate) async fn inspect(shared: &BackendState, keys: &LockKeys) -> Result<Op
     Ok(None)
 }
 
-/// Force release on every master; `true` if a majority of them held it for one owner (a
-/// copy on fewer, left by an acquisition that failed or a lock lost, was no lock: removed,
-/// but nobody held it). Fails unless a majority answered (the others free it at expiry).
+/// Force release on every master; `true` if a majority of them held it for one owner, `false`
+/// if no owner could have held a majority (a copy on fewer, left by an acquisition that failed
+/// or a lock lost, was no lock: removed, but nobody held it). Fails when the masters that did
+/// not answer could have made up a majority with those that showed one owner (the others free
+/// it at expiry), as a release does.
 pub(crate) async fn force_release(
     shared: &BackendState,
     keys: &LockKeys,
@@ -716,12 +718,17 @@ pub(crate) async fn force_release(
     for owner in results.iter().flatten().flatten() {
         *masters.entry(owner.as_str()).or_default() += 1;
     }
-    if answered >= shared.quorum() {
-        return Ok(masters.values().any(|&n| n >= shared.quorum()));
+    let most = masters.values().copied().max().unwrap_or(0);
+    if most >= shared.quorum() {
+        return Ok(true);
+    }
+    if most + (results.len() - answered) < shared.quorum() {
+        return Ok(false);
     }
     Err(Error::Unavailable {
         message: format!(
-            "force release of {:?} reached {answered} of {} Redis masters, {} needed",
+            "force release of {:?} reached {answered} of {} Redis masters, too few to tell \
+             whether {} held it",
             name.as_str(),
             shared.nodes.len(),
             shared.quorum()

@@ -1506,7 +1506,8 @@ async fn a_redlock_release_found_on_a_minority_is_not_held() {
     let _shared = OUTAGE.read().await;
     let nodes = &urls[..3];
     let locks = client(nodes, false).await;
-    let (guard, lock, mut raws) = left_on_masters(&locks, nodes, "minority", 1).await;
+    let unrenewed = opts().with_renewal(Renewal::disabled());
+    let (guard, lock, mut raws) = left_on_masters(&locks, nodes, "minority", &unrenewed, 1).await;
     let err = guard
         .release()
         .await
@@ -1518,18 +1519,18 @@ async fn a_redlock_release_found_on_a_minority_is_not_held() {
     );
 }
 
-/// A Redlock lock acquired on the three masters `nodes` (no renewal), then deleted by hand
+/// A Redlock lock acquired with `options` on the three masters `nodes`, then deleted by hand
 /// from all but the last `kept`: the guard, the lock key and a raw connection per master.
 async fn left_on_masters(
     locks: &LockClient<RedisBackend>,
     nodes: &[String],
     what: &str,
+    options: &AcquireOptions,
     kept: usize,
 ) -> (LockGuard, String, Vec<redis::aio::MultiplexedConnection>) {
     let name = name(what);
     let keys = LockKeys::for_name(&name).unwrap();
-    let unrenewed = opts().with_renewal(Renewal::disabled());
-    let guard = locks.acquire(&name, &unrenewed).await.unwrap();
+    let guard = locks.acquire(&name, options).await.unwrap();
     let mut raws = raws(nodes).await;
     // The acquisition returned on two masters' grants: wait for the third's.
     for (i, raw) in raws.iter().enumerate() {
@@ -1558,9 +1559,9 @@ async fn left_on_masters(
     (guard, keys.lock, raws)
 }
 
-/// A forced release says a Redlock lock was held only when a majority of the masters held it,
-/// as a release does: a copy on one master of three (what a late acquisition's write leaves)
-/// is removed, but was no lock.
+/// A forced release says a Redlock lock was held only when a majority of the masters held it
+/// for one owner, as a release does: a copy on one master of three (what a late acquisition's
+/// write leaves), or two copies of two owners, are removed, but were no lock; so for a reader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redlock_force_release_counts_a_majority() {
     let Some(urls) = common::urls("redlock3") else {
@@ -1569,18 +1570,64 @@ async fn a_redlock_force_release_counts_a_majority() {
     let _shared = OUTAGE.read().await;
     let nodes = &urls[..3];
     let locks = client(nodes, false).await;
-    for (kept, held) in [(1, false), (2, true)] {
-        let (guard, lock, mut raws) = left_on_masters(&locks, nodes, "forced", kept).await;
+    let writer = opts().with_renewal(Renewal::disabled());
+    let reader = writer.clone().shared();
+    // Options, masters kept, whether another owner replaces the first kept one, held.
+    let cases = [
+        (&writer, 1, false, false),
+        (&writer, 2, false, true),
+        (&writer, 2, true, false),
+        (&reader, 1, false, false),
+        (&reader, 3, false, true),
+    ];
+    for (options, kept, foreign, held) in cases {
+        let (guard, lock, mut raws) = left_on_masters(&locks, nodes, "forced", options, kept).await;
+        if foreign {
+            let _: () = redis::cmd("SET")
+                .arg(&lock)
+                .arg("another owner")
+                .arg("PX")
+                .arg(60_000)
+                .query_async(&mut raws[3 - kept])
+                .await
+                .unwrap();
+        }
         let removed = locks.force_release(guard.name().as_str()).await.unwrap();
-        assert_eq!(
-            removed, held,
-            "a lock on {kept} of 3 masters was reported held: {removed}"
-        );
+        let shown = (options.kind, kept, foreign);
+        assert_eq!(removed, held, "{shown:?}: reported held {removed}");
         for (i, raw) in raws.iter_mut().enumerate() {
-            assert!(!exists(raw, &lock).await, "left on master {i}");
+            assert!(!exists(raw, &lock).await, "{shown:?}: left on master {i}");
         }
         drop(guard);
     }
+    // A master that does not answer could have made up a majority with the one that shows
+    // the lock: too few answered to tell, as for a release.
+    let dead = [
+        nodes[0].clone(),
+        nodes[1].clone(),
+        "redis://127.0.0.1:9".to_owned(),
+    ];
+    let partial = client(&dead, false).await;
+    let name = name("forced-dead");
+    let keys = LockKeys::for_name(&name).unwrap();
+    let guard = partial.acquire(&name, &writer).await.unwrap();
+    let mut raws = raws(&nodes[..2]).await;
+    let removed: i64 = redis::cmd("DEL")
+        .arg(&keys.lock)
+        .query_async(&mut raws[0])
+        .await
+        .unwrap();
+    assert_eq!(removed, 1, "the lock was not on both live masters");
+    let err = partial
+        .force_release(&name)
+        .await
+        .expect_err("told a lock on 1 of 2 live masters (1 dead) from a free one");
+    assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+    assert!(
+        !exists(&mut raws[1], &keys.lock).await,
+        "left on the live master"
+    );
+    drop(guard);
 }
 
 /// Killing the holder's connections: the client reconnects and renewal goes on.

@@ -33,40 +33,56 @@ pub(crate) enum Holding {
     },
 }
 
+/// How many times a forced release reads the holder and tries to end it, when the holder
+/// changes between the two.
+const FORCE_TRIES: usize = 8;
+
 impl Node {
     /// Frees the lock whoever holds it: reads the holder and runs the owner-checked release
     /// script as that owner (shared or permit holders: the hold release script ending them
     /// all), so waiters are handed the lock and woken exactly as by a release. The fencing
-    /// counter is untouched. Returns the owners of the holds it ended, as read just before
-    /// (a Redlock client counts on how many masters each held); none: free (or only reserved
-    /// for a waiter).
+    /// counter is untouched. Returns the owners of the live holds it ended (the exclusive
+    /// holder read and released by owner, or the shared or permit holders the script found
+    /// live), for a Redlock client to count on how many masters each held; none: free (or
+    /// only reserved for a waiter). An error if the holder changed at each of its reads.
     pub(crate) async fn force_release(
         &self,
         keys: &LockKeys,
         config: &RedisConfig,
     ) -> Result<Vec<String>, RedisError> {
-        for _ in 0..8 {
-            let (owner, mode, kind, owners) = match self.inspect(keys).await? {
+        for _ in 0..FORCE_TRIES {
+            match self.inspect(keys).await? {
                 Holding::Free => return Ok(Vec::new()),
-                Holding::Exclusive { owner, .. } => (
-                    owner.clone(),
-                    ReleaseMode::Release,
-                    LockKind::Exclusive,
-                    vec![owner],
-                ),
-                Holding::Holds { kind, holders } => (
-                    String::new(),
-                    ReleaseMode::Force,
-                    kind,
-                    holders.into_iter().map(|h| h.owner).collect(),
-                ),
-            };
-            if self.release(keys, &owner, config, mode, kind, None).await? {
-                return Ok(owners);
+                Holding::Exclusive { owner, .. } => {
+                    let (mode, kind) = (ReleaseMode::Release, LockKind::Exclusive);
+                    if self.release(keys, &owner, config, mode, kind, None).await? {
+                        return Ok(vec![owner]);
+                    }
+                }
+                Holding::Holds { kind, .. } => {
+                    let mut conn = self.conn.clone();
+                    let call =
+                        kinds::release_call(keys, "", config, ReleaseMode::Force, kind, None);
+                    let answer: redis::Value =
+                        call.invoke(&mut conn).await.map_err(|e| self.classify(e))?;
+                    // An array of the owners ended; 0: the key held no marker of `kind`.
+                    if let redis::Value::Array(owners) = answer
+                        && !owners.is_empty()
+                    {
+                        return owners
+                            .iter()
+                            .map(redis::from_redis_value_ref::<String>)
+                            .collect::<Result<_, _>>()
+                            .map_err(|e| self.classify(e.into()));
+                    }
+                }
             }
             // The holder changed between the read and the script: look again.
         }
-        Ok(Vec::new())
+        Err(RedisError::other(
+            &self.addr,
+            format!("the holder changed at each of {FORCE_TRIES} reads"),
+        ))
     }
 
     /// Releases the one hold of `owner` with `token`, as its holder's release would (the
