@@ -252,7 +252,10 @@ pub trait DistributedLock: Send + Sync + Debug {
     ///
     /// # Errors
     /// [`Error::Unsupported`](crate::Error::Unsupported) when the backend cannot do it
-    /// ([`Capabilities::force_release`]); [`Error::InvalidName`](crate::Error::InvalidName).
+    /// ([`Capabilities::force_release`]); [`Error::InvalidName`](crate::Error::InvalidName);
+    /// the backend's error when the server cannot be reached, or answers too few to tell
+    /// whether the lock was held (Redlock, fewer masters than a majority could hide: the lock
+    /// is removed from those that answered).
     async fn force_release(&self, name: &str) -> Result<bool> {
         let _ = name;
         Err(crate::Error::Unsupported(format!(

@@ -37,6 +37,9 @@ pub enum RedisErrorKind {
     Failover,
     /// Any other server or protocol error.
     Other,
+    /// The lock changed hands at each of an operation's tries (an operator's forced release
+    /// that found another holder at each read): no error of the server's; retrying later helps.
+    Contended,
 }
 
 impl fmt::Display for RedisErrorKind {
@@ -53,6 +56,7 @@ impl fmt::Display for RedisErrorKind {
             Self::Tls => "the TLS handshake failed",
             Self::Failover => "a failover is under way (the master is down or being replaced)",
             Self::Other => "server error",
+            Self::Contended => "the lock changed hands at each try",
         })
     }
 }
@@ -81,6 +85,7 @@ impl RedisError {
                 | RedisErrorKind::Timeout
                 | RedisErrorKind::Connection
                 | RedisErrorKind::Failover
+                | RedisErrorKind::Contended
         )
     }
 
@@ -92,10 +97,10 @@ impl RedisError {
         }
     }
 
-    /// A failure on `node` that is no error of the server's (`why` says what happened).
-    pub(crate) fn other(node: &str, why: String) -> Self {
+    /// The lock changed hands at each try on `node` (`why` says how often).
+    pub(crate) fn contended(node: &str, why: String) -> Self {
         Self {
-            kind: RedisErrorKind::Other,
+            kind: RedisErrorKind::Contended,
             node: node.to_owned(),
             source: Some(redis::RedisError::from(std::io::Error::other(why))),
         }
@@ -159,7 +164,10 @@ impl RedisError {
     pub(crate) fn into_lock_error(self, what: &str) -> Error {
         // The kind says it all, except for another server error: then the server's words.
         let reason = match self.kind {
-            RedisErrorKind::Other | RedisErrorKind::Auth | RedisErrorKind::Tls => self.summary(),
+            RedisErrorKind::Other
+            | RedisErrorKind::Auth
+            | RedisErrorKind::Tls
+            | RedisErrorKind::Contended => self.summary(),
             _ => self.kind.to_string(),
         };
         let message = if what == "connect" {

@@ -728,7 +728,7 @@ pub(crate) async fn force_release(
     Err(Error::Unavailable {
         message: format!(
             "force release of {:?} reached {answered} of {} Redis masters, too few to tell \
-             whether {} held it",
+             whether a majority ({}) held it",
             name.as_str(),
             shared.nodes.len(),
             shared.quorum()

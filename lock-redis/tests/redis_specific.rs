@@ -1605,7 +1605,7 @@ async fn a_redlock_force_release_counts_a_majority() {
     let dead = [
         nodes[0].clone(),
         nodes[1].clone(),
-        "redis://127.0.0.1:9".to_owned(),
+        "redis://127.0.0.1:1".to_owned(),
     ];
     let partial = client(&dead, false).await;
     let name = name("forced-dead");

@@ -44,7 +44,8 @@ impl Node {
     /// counter is untouched. Returns the owners of the live holds it ended (the exclusive
     /// holder read and released by owner, or the shared or permit holders the script found
     /// live), for a Redlock client to count on how many masters each held; none: free (or
-    /// only reserved for a waiter). An error if the holder changed at each of its reads.
+    /// only reserved for a waiter). [`RedisErrorKind::Contended`](crate::RedisErrorKind) if the
+    /// holder changed at each of its reads.
     pub(crate) async fn force_release(
         &self,
         keys: &LockKeys,
@@ -79,9 +80,9 @@ impl Node {
             }
             // The holder changed between the read and the script: look again.
         }
-        Err(RedisError::other(
+        Err(RedisError::contended(
             &self.addr,
-            format!("the holder changed at each of {FORCE_TRIES} reads"),
+            format!("another holder at each of {FORCE_TRIES} reads"),
         ))
     }
 
