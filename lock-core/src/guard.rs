@@ -593,6 +593,12 @@ impl Held {
             Ok(Ok(())) => Ok(()),
             Ok(Err(err)) if err.is_not_held() => match self.loss_reason() {
                 Some(reason) => Err(self.lost_error(reason)),
+                // The release stopped the watchdog: one that comes back after the local
+                // deadline finds what the watchdog would have called an expiry.
+                None if Instant::now() >= self.valid_until() => {
+                    self.mark_lost(LossReason::LeaseExpired);
+                    Err(self.lost_error(LossReason::LeaseExpired))
+                }
                 None => {
                     self.mark_lost(LossReason::ReleasedElsewhere);
                     Err(err)

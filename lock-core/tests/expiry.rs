@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use distlock_core::memory::MemoryStore;
+use distlock_core::memory::{MemoryBackend, MemoryStore};
 use distlock_core::{
     AcquireOptions, DistributedLock, Lease, LockClient, LossReason, Renewal, Result,
 };
@@ -107,4 +107,64 @@ async fn a_released_or_renewed_lock_is_never_expired() {
     renewed.release().await.unwrap();
     tokio::time::sleep(ttl * 2).await;
     assert!(expired.lock().unwrap().is_empty());
+}
+
+/// A lease whose release waits `delay` before it reaches the store.
+#[derive(Debug)]
+struct SlowRelease {
+    inner: Box<dyn Lease>,
+    delay: Duration,
+}
+
+#[async_trait]
+impl Lease for SlowRelease {
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        self.inner.renew(ttl).await
+    }
+
+    async fn release(&self) -> Result<()> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.release().await
+    }
+}
+
+/// A release sent before the local deadline that finds the lock gone after it: the lease ran
+/// out (what the watchdog, which the release stopped, would have said), not a removal by
+/// somebody else. A release that finds the lock gone before the deadline: somebody else's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_outlives_the_lease_reports_an_expiry() {
+    let ttl = Duration::from_millis(300);
+    let store = MemoryStore::new();
+    for (delay, expected) in [
+        (ttl + Duration::from_millis(200), LossReason::LeaseExpired),
+        (Duration::ZERO, LossReason::ReleasedElsewhere),
+    ] {
+        let client = LockClient::new(Wrapping::new(
+            &store,
+            Arc::new(move |inner| Box::new(SlowRelease { inner, delay })),
+        ));
+        let options = AcquireOptions::default()
+            .with_ttl(ttl)
+            .with_renewal(Renewal::disabled());
+        let guard = client.try_acquire("slow", &options).await.unwrap().unwrap();
+        if delay.is_zero() {
+            // Removed by somebody else while the lease lasts.
+            let other = LockClient::new(MemoryBackend::new(store.clone()));
+            assert!(other.force_release("slow").await.unwrap());
+        }
+        let lost = guard.lost();
+        let err = guard.release().await.unwrap_err();
+        let reason = tokio::time::timeout(Duration::from_secs(5), lost)
+            .await
+            .expect("lost() fires once the release found the lock gone");
+        assert_eq!(reason, expected, "{delay:?}: {err}");
+        if expected == LossReason::LeaseExpired {
+            assert!(
+                matches!(&err, distlock_core::Error::Lost { reason, .. } if *reason == expected),
+                "{err:?}"
+            );
+        } else {
+            assert!(err.is_not_held(), "{err:?}");
+        }
+    }
 }
