@@ -594,10 +594,14 @@ impl Held {
             Ok(Err(err)) if err.is_not_held() => match self.loss_reason() {
                 Some(reason) => Err(self.lost_error(reason)),
                 // The release stopped the watchdog: one that comes back after the local
-                // deadline finds what the watchdog would have called an expiry.
+                // deadline finds what the watchdog would have called an expiry (and why).
                 None if Instant::now() >= self.valid_until() => {
-                    self.mark_lost(LossReason::LeaseExpired);
-                    Err(self.lost_error(LossReason::LeaseExpired))
+                    let valid_until = self.valid_until();
+                    let reason = lock(&self.schedule).expiry_reason(self.hold_limit, valid_until);
+                    self.mark_lost(reason);
+                    // A batched renewal may have marked the loss first: its reason stands.
+                    let reason = self.loss_reason().unwrap_or(LossReason::LeaseExpired);
+                    Err(self.lost_error(reason))
                 }
                 None => {
                     self.mark_lost(LossReason::ReleasedElsewhere);

@@ -109,16 +109,24 @@ async fn a_released_or_renewed_lock_is_never_expired() {
     assert!(expired.lock().unwrap().is_empty());
 }
 
-/// A lease whose release waits `delay` before it reaches the store.
+/// A lease whose release waits `delay` before it reaches the store, and whose renewals fail
+/// without an answer when `unreachable`.
 #[derive(Debug)]
 struct SlowRelease {
     inner: Box<dyn Lease>,
     delay: Duration,
+    unreachable: bool,
 }
 
 #[async_trait]
 impl Lease for SlowRelease {
     async fn renew(&self, ttl: Duration) -> Result<()> {
+        if self.unreachable {
+            return Err(distlock_core::Error::Unavailable {
+                message: "the test's server is unreachable".into(),
+                source: None,
+            });
+        }
         self.inner.renew(ttl).await
     }
 
@@ -129,24 +137,56 @@ impl Lease for SlowRelease {
 }
 
 /// A release sent before the local deadline that finds the lock gone after it: the lease ran
-/// out (what the watchdog, which the release stopped, would have said), not a removal by
-/// somebody else. A release that finds the lock gone before the deadline: somebody else's.
+/// out (what the watchdog, which the release stopped, would have said: a connection lost when
+/// the renewals were failing), not a removal by somebody else. A release that finds the lock
+/// gone before the deadline: somebody else's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_that_outlives_the_lease_reports_an_expiry() {
-    let ttl = Duration::from_millis(300);
     let store = MemoryStore::new();
-    for (delay, expected) in [
-        (ttl + Duration::from_millis(200), LossReason::LeaseExpired),
-        (Duration::ZERO, LossReason::ReleasedElsewhere),
+    // The second case's lease long enough that no stall of a loaded machine outlasts it.
+    for (ttl, delay, unreachable, expected) in [
+        (
+            Duration::from_millis(300),
+            Duration::from_millis(500),
+            false,
+            LossReason::LeaseExpired,
+        ),
+        (
+            Duration::from_millis(300),
+            Duration::from_millis(500),
+            true,
+            LossReason::ConnectionLost,
+        ),
+        (
+            Duration::from_secs(30),
+            Duration::ZERO,
+            false,
+            LossReason::ReleasedElsewhere,
+        ),
     ] {
         let client = LockClient::new(Wrapping::new(
             &store,
-            Arc::new(move |inner| Box::new(SlowRelease { inner, delay })),
+            Arc::new(move |inner| {
+                Box::new(SlowRelease {
+                    inner,
+                    delay,
+                    unreachable,
+                })
+            }),
         ));
+        // Renewed (and failing, when unreachable) every 50 ms until the release.
+        let renewal = if unreachable {
+            Renewal::auto().every(Duration::from_millis(50))
+        } else {
+            Renewal::disabled()
+        };
         let options = AcquireOptions::default()
             .with_ttl(ttl)
-            .with_renewal(Renewal::disabled());
+            .with_renewal(renewal);
         let guard = client.try_acquire("slow", &options).await.unwrap().unwrap();
+        if unreachable {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
         if delay.is_zero() {
             // Removed by somebody else while the lease lasts.
             let other = LockClient::new(MemoryBackend::new(store.clone()));
@@ -158,7 +198,7 @@ async fn a_release_that_outlives_the_lease_reports_an_expiry() {
             .await
             .expect("lost() fires once the release found the lock gone");
         assert_eq!(reason, expected, "{delay:?}: {err}");
-        if expected == LossReason::LeaseExpired {
+        if expected != LossReason::ReleasedElsewhere {
             assert!(
                 matches!(&err, distlock_core::Error::Lost { reason, .. } if *reason == expected),
                 "{err:?}"

@@ -139,6 +139,23 @@ impl Schedule {
             failing: false,
         }
     }
+
+    /// Why a guard with this schedule lost its lock once its local deadline `valid_until`
+    /// passed: its renewals were failing, the deadline is its `hold_limit`, or its lease
+    /// simply ran out.
+    pub(crate) fn expiry_reason(
+        &self,
+        hold_limit: Option<Instant>,
+        valid_until: Instant,
+    ) -> LossReason {
+        if self.failing {
+            LossReason::ConnectionLost
+        } else if hold_limit.is_some_and(|limit| valid_until >= limit) {
+            LossReason::HoldLimitReached
+        } else {
+            LossReason::LeaseExpired
+        }
+    }
 }
 
 /// The deadline map and its task. Cheap to clone (clones share both).
@@ -338,13 +355,7 @@ impl Watchdog {
         let valid_until = held.valid_until();
         let mut schedule = lock(held.schedule());
         if now >= valid_until {
-            let reason = if schedule.failing {
-                LossReason::ConnectionLost
-            } else if held.hold_limit().is_some_and(|limit| valid_until >= limit) {
-                LossReason::HoldLimitReached
-            } else {
-                LossReason::LeaseExpired
-            };
+            let reason = schedule.expiry_reason(held.hold_limit(), valid_until);
             drop(schedule);
             held.mark_lost(reason);
             held.stop().raise();
