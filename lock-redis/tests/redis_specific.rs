@@ -516,16 +516,17 @@ async fn a_release_hands_the_lock_over_to_the_oldest_waiter() {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let released_at = Instant::now();
         held.release().await.unwrap();
-        // The first master's message that names someone (and which master sent it): under load
-        // a Redlock master may find the waiter's place gone and say that nobody waits.
+        // The first master's message (and which master sent it); Redlock: the first that names
+        // someone, as under load a master may find the waiter's place gone and say nobody waits.
         let messages = listeners
             .iter_mut()
             .enumerate()
             .map(|(from, listener)| listener.on_message().map(move |message| (from, message)));
-        let mut named = std::pin::pin!(
-            futures::stream::select_all(messages)
-                .filter(|(_, message)| std::future::ready(!message.get_payload_bytes().is_empty()))
-        );
+        let mut named = std::pin::pin!(futures::stream::select_all(messages).filter(
+            |(_, message)| {
+                std::future::ready(masters == 1 || !message.get_payload_bytes().is_empty())
+            }
+        ));
         let (from, message) = tokio::time::timeout(OP, named.next())
             .await
             .unwrap_or_else(|_| panic!("{case}: no release message"))
