@@ -455,6 +455,20 @@ impl<'a> Tally<'a> {
     }
 }
 
+/// The majority rule of renewals, releases and forced releases, given how many masters
+/// `agreed` (renewed, released, held for one owner) and how many gave no answer (`unknown`):
+/// `Some(true)` when those that agreed are a majority, `Some(false)` when not even the unknown
+/// ones could have made one up, `None` when too few answered to tell.
+fn majority(agreed: usize, unknown: usize, quorum: usize) -> Option<bool> {
+    if agreed >= quorum {
+        Some(true)
+    } else if agreed + unknown < quorum {
+        Some(false)
+    } else {
+        None
+    }
+}
+
 /// Renews on every master; renewed iff a majority did within the validity (returned as soon as
 /// one did, see [`gather`]). Fewer than a majority that could still renew: not held; otherwise
 /// (too slow, too many failures) unavailable, and the core retries until the local deadline.
@@ -466,11 +480,10 @@ pub(crate) async fn renew(lease: &RedisLease, ttl: Duration) -> Result<()> {
     let results = on_masters(lease, timeout, LeaseOp::Renew(ttl)).await;
     let renewed = results.iter().filter(|r| matches!(r, Ok(true))).count();
     let failed = results.iter().filter(|r| r.is_err()).count();
-    if renewed >= quorum && started.elapsed() + shared.client.drift(ttl) < ttl {
-        return Ok(());
-    }
-    if renewed + failed < quorum {
-        return Err(Error::not_held(&lease.name));
+    match majority(renewed, failed, quorum) {
+        Some(true) if started.elapsed() + shared.client.drift(ttl) < ttl => return Ok(()),
+        Some(false) => return Err(Error::not_held(&lease.name)),
+        _ => {}
     }
     Err(Error::Unavailable {
         message: format!(
@@ -535,11 +548,10 @@ pub(crate) async fn renew_many(
                     Ok(None) => failures += 1,
                 }
             }
-            if renewed >= quorum && elapsed + shared.client.drift(*ttl) < *ttl {
-                return Ok(());
-            }
-            if renewed + failures < quorum {
-                return Err(Error::not_held(&lease.name));
+            match majority(renewed, failures, quorum) {
+                Some(true) if elapsed + shared.client.drift(*ttl) < *ttl => return Ok(()),
+                Some(false) => return Err(Error::not_held(&lease.name)),
+                _ => {}
             }
             Err(Error::Unavailable {
                 message: format!(
@@ -620,11 +632,12 @@ pub(crate) async fn release(lease: &RedisLease) -> Result<()> {
     let results = on_masters(lease, timeout, LeaseOp::Release).await;
     let released = results.iter().filter(|r| matches!(r, Ok(true))).count();
     let failed = results.iter().filter(|r| r.is_err()).count();
-    if released >= quorum {
-        return Ok(());
-    }
-    match results.into_iter().find_map(Result::err) {
-        Some(err) if released + failed >= quorum => Err(err.into_lock_error("release")),
+    match (
+        majority(released, failed, quorum),
+        results.into_iter().find_map(Result::err),
+    ) {
+        (Some(true), _) => Ok(()),
+        (None, Some(err)) => Err(err.into_lock_error("release")),
         _ => Err(Error::not_held(&lease.name)),
     }
 }
@@ -719,11 +732,8 @@ pub(crate) async fn force_release(
         *masters.entry(owner.as_str()).or_default() += 1;
     }
     let most = masters.values().copied().max().unwrap_or(0);
-    if most >= shared.quorum() {
-        return Ok(true);
-    }
-    if most + (results.len() - answered) < shared.quorum() {
-        return Ok(false);
+    if let Some(held) = majority(most, results.len() - answered, shared.quorum()) {
+        return Ok(held);
     }
     Err(Error::Unavailable {
         message: format!(
