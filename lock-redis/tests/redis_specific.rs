@@ -534,12 +534,13 @@ async fn a_release_hands_the_lock_over_to_the_oldest_waiter() {
         let payload = message.get_payload_bytes().to_vec();
         let guard = waiter.await.unwrap().expect("the waiter gets the lock");
         assert_eq!(guard.owner(), owner, "{case}");
+        let mut conns = raws(&urls[..masters]).await;
         // Every master's counter (Redlock raised the majority's to the largest).
         let mut counters = Vec::new();
-        for url in &urls[..masters] {
+        for conn in &mut conns {
             let counter: Option<u64> = redis::cmd("GET")
                 .arg(&keys.fence)
-                .query_async(&mut common::raw(url).await)
+                .query_async(conn)
                 .await
                 .unwrap();
             counters.push(counter.unwrap_or(0));
@@ -587,13 +588,13 @@ async fn a_release_hands_the_lock_over_to_the_oldest_waiter() {
         // With each master's lease left (PTTL, in ms; negative when the key is gone) and the
         // holder's.
         let mut values = Vec::new();
-        for url in &urls[..masters] {
+        for conn in &mut conns {
             let value: (Option<String>, i64) = redis::pipe()
                 .cmd("GET")
                 .arg(&keys.lock)
                 .cmd("PTTL")
                 .arg(&keys.lock)
-                .query_async(&mut common::raw(url).await)
+                .query_async(conn)
                 .await
                 .unwrap();
             // What the holder counts on, just after the master answered.
@@ -2294,18 +2295,17 @@ async fn redlock_does_not_wait_for_a_slow_master_once_a_majority_answered() {
     let before = tokens(&lock, &name, 1).await[0];
     // A release answers once a majority released: the last one's copies gone everywhere (a
     // copy left on a running master would make the round below wait for the paused one).
-    eventually(OP, || async {
-        for url in nodes {
-            let value: Option<String> = redis::cmd("GET")
-                .arg(&key)
-                .query_async(&mut common::raw(url).await)
-                .await
-                .unwrap();
-            if let Some(value) = value {
-                return Err(format!("{url} still holds {value:?}"));
+    let masters = raws(nodes).await;
+    eventually(OP, || {
+        let (mut masters, key) = (masters.clone(), key.clone());
+        async move {
+            for (i, raw) in masters.iter_mut().enumerate() {
+                if exists(raw, &key).await {
+                    return Err(format!("master {i} still holds a copy of the lock"));
+                }
             }
+            Ok(())
         }
-        Ok(())
     })
     .await;
     let mut slow = common::raw(&nodes[2]).await;
