@@ -1,6 +1,7 @@
 //! `Lease::expired`: the core calls it once a lock ran out without a release, after the server's
 //! lease certainly ended, and never after a clean release.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -110,18 +111,20 @@ async fn a_released_or_renewed_lock_is_never_expired() {
 }
 
 /// A lease whose release waits `delay` before it reaches the store, and whose renewals fail
-/// without an answer when `unreachable`.
+/// without an answer when `unreachable` (counted in `failed`).
 #[derive(Debug)]
 struct SlowRelease {
     inner: Box<dyn Lease>,
     delay: Duration,
     unreachable: bool,
+    failed: Arc<AtomicUsize>,
 }
 
 #[async_trait]
 impl Lease for SlowRelease {
     async fn renew(&self, ttl: Duration) -> Result<()> {
         if self.unreachable {
+            self.failed.fetch_add(1, Ordering::SeqCst);
             return Err(distlock_core::Error::Unavailable {
                 message: "the test's server is unreachable".into(),
                 source: None,
@@ -143,7 +146,7 @@ impl Lease for SlowRelease {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_that_outlives_the_lease_reports_an_expiry() {
     let store = MemoryStore::new();
-    // The second case's lease long enough that no stall of a loaded machine outlasts it.
+    // The last case's lease long enough that no stall of a loaded machine outlasts it.
     for (ttl, delay, unreachable, expected) in [
         (
             Duration::from_millis(300),
@@ -164,6 +167,8 @@ async fn a_release_that_outlives_the_lease_reports_an_expiry() {
             LossReason::ReleasedElsewhere,
         ),
     ] {
+        let failed = Arc::new(AtomicUsize::new(0));
+        let counted = failed.clone();
         let client = LockClient::new(Wrapping::new(
             &store,
             Arc::new(move |inner| {
@@ -171,6 +176,7 @@ async fn a_release_that_outlives_the_lease_reports_an_expiry() {
                     inner,
                     delay,
                     unreachable,
+                    failed: counted.clone(),
                 })
             }),
         ));
@@ -184,10 +190,17 @@ async fn a_release_that_outlives_the_lease_reports_an_expiry() {
             .with_ttl(ttl)
             .with_renewal(renewal);
         let guard = client.try_acquire("slow", &options).await.unwrap().unwrap();
-        if unreachable {
-            tokio::time::sleep(Duration::from_millis(150)).await;
-        }
-        if delay.is_zero() {
+        // A second renewal sent: the first one's failure was settled (renewals of a guard
+        // come one after another).
+        let renewed_twice = async {
+            while unreachable && failed.load(Ordering::SeqCst) < 2 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), renewed_twice)
+            .await
+            .expect("the guard tried to renew twice");
+        if expected == LossReason::ReleasedElsewhere {
             // Removed by somebody else while the lease lasts.
             let other = LockClient::new(MemoryBackend::new(store.clone()));
             assert!(other.force_release("slow").await.unwrap());
@@ -204,7 +217,10 @@ async fn a_release_that_outlives_the_lease_reports_an_expiry() {
                 "{err:?}"
             );
         } else {
-            assert!(err.is_not_held(), "{err:?}");
+            assert!(
+                matches!(err, distlock_core::Error::NotHeld { .. }),
+                "{err:?}"
+            );
         }
     }
 }
