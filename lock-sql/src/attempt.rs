@@ -212,10 +212,13 @@ impl SqlAttempt {
             self.end_wait();
             let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
             let remaining = retry.unwrap_or_default();
-            // Only a writer's release hands the lock over (to a writer): a wake-up then reads
-            // whether it did. A reader's release frees the name; none hands a read hold over.
+            // A writer's release hands the lock to the writer at the head, and so does the
+            // last reader's (MySQL's release procedure `_v3`): a writer's wake-up reads
+            // whether it did. None hands a read hold over.
             let purpose = match (self.request.kind, held) {
-                (LockKind::Exclusive, Some(LockKind::Exclusive)) => WaitFor::Handover,
+                (LockKind::Exclusive, Some(LockKind::Exclusive | LockKind::Shared)) => {
+                    WaitFor::Handover
+                }
                 _ => WaitFor::First,
             };
             self.server_wait = self
@@ -602,14 +605,15 @@ impl Attempt for SqlAttempt {
         if let Some(wait) = &mut self.server_wait {
             // Cancel-safe: the wait runs on in its task.
             let woken = wait.woken().await;
-            let (version, purpose) = (wait.version(), wait.purpose());
+            let version = wait.version();
             self.server_wait = None;
             match woken {
                 Woken::Released => {
                     self.handed = true;
-                    if purpose == WaitFor::First && self.request.kind == LockKind::Exclusive {
-                        // A writer woken by the latest reader: should an older one still
-                        // hold, the writer polls (its wake lock is not the row's version).
+                    if self.request.kind == LockKind::Exclusive {
+                        // A writer woken by the latest reader, and not handed the lock:
+                        // should an older one still hold, the writer polls (its wake lock is
+                        // not the row's version). Nothing waits on a writer's version again.
                         self.not_armed = (version, 1);
                     }
                 }

@@ -149,7 +149,7 @@
 //! - **PostgreSQL and MySQL/MariaDB** run each of those transactions as one call of a
 //!   server-side routine (PL/pgSQL functions `<table>_dl_join_v4`, `<table>_dl_renew_v4`,
 //!   `<table>_dl_release_v4`; stored procedures `<table>_dl_join_v3`, `<table>_dl_renew_v1`,
-//!   `<table>_dl_release_v2`; created with the
+//!   `<table>_dl_release_v3`; created with the
 //!   lock table when missing; the same statements in the same order, a refused join writing nothing): one
 //!   round trip instead of five to eight, so the name's row stays locked for a fraction of
 //!   one. On PostgreSQL a refusal and a release commit without waiting for their WAL flush
@@ -253,12 +253,17 @@
 //!   polled. With `create_table=false`, the procedures of this version must exist (created
 //!   by a client of this version with `create_table=true`), else the transactions are
 //!   used.
-//! - **Writer hand-over after the last reader** (PostgreSQL's functions, `_v3`): the release
-//!   of the last shared holder (or permit) hands the lock to the exclusive waiter holding a
-//!   live reservation (`next_ttl` positive) in the same transaction, as an exclusive release
-//!   does: the row becomes the writer's with the next `version` (above every reader's token)
-//!   and its ttl from now, `h<version>:..` tells it, and the commit waits for its flush.
-//!   Functions of earlier clients (`_v2`, `_v1`) wake the writer to take the row itself.
+//! - **Writer hand-over after the last reader** (PostgreSQL's functions, `_v3`; MySQL's
+//!   release procedure, `_v3`): the release of the last shared holder (or permit) hands the
+//!   lock to the exclusive waiter holding a live reservation (`next_ttl` positive) in the
+//!   same transaction, as an exclusive release does: the row becomes the writer's with the
+//!   next `version` (above every reader's token) and its ttl from now, and the commit waits
+//!   for its flush. On PostgreSQL `h<version>:..` tells the writer; on MySQL the writer,
+//!   woken by the latest reader's wake lock, reads whether the row is its own (a locking
+//!   read that takes its own wake lock, as after a writer's release) instead of writing it.
+//!   Routines of earlier clients (PostgreSQL `_v2`, `_v1`; MySQL `_v2`) wake the writer to
+//!   take the row itself, and a writer of an earlier client handed the lock takes its own
+//!   row again (the next version).
 //!
 //! Errors: a dropped connection, a refused connection, SQLite `BUSY` and deadlocks are
 //! [`Error::Unavailable`](distlock_core::Error::Unavailable) (retried by the core); anything else

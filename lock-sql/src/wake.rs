@@ -248,13 +248,13 @@ pub(crate) enum Woken {
 /// What a wait on the server is for ([`crate::db::Db::wait_release`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum WaitFor {
-    /// An exclusive waiter at the head, for an exclusive holder: the wait lasts the holder's
-    /// lease (at most a cap), and with hand-overs a wake-up reads whether the release made
-    /// the waiter the holder (then its connection may stay with the lease: cancel it, never
-    /// leave it running).
+    /// An exclusive waiter at the head, for an exclusive holder or the latest reader: the
+    /// wait lasts the holder's lease (at most a cap), and with hand-overs a wake-up reads
+    /// whether the release made the waiter the holder (then its connection may stay with the
+    /// lease: cancel it, never leave it running).
     Handover,
-    /// Any other wait of a waiter first in its line (a reader or a writer at the head, a
-    /// queued permit waiter): a second at most, keeping nothing.
+    /// Any other wait of a waiter first in its line (a reader at the head, a queued permit
+    /// waiter): a second at most, keeping nothing.
     First,
 }
 

@@ -36,6 +36,19 @@ fn permits(n: u32) -> AcquireOptions {
     opts(Duration::from_secs(10)).with_permits(n)
 }
 
+/// Checks that no reader of `client` joins the writer `got` handed `name`, then releases it.
+async fn writer_alone(client: &LockClient<SqlBackend>, name: &str, got: distlock_core::LockGuard) {
+    assert!(
+        client
+            .try_acquire(name, &shared())
+            .await
+            .expect("try")
+            .is_none(),
+        "a reader joined the writer"
+    );
+    got.release().await.expect("release the handed lock");
+}
+
 /// Two readers hold at once, a writer cannot join them, inspection counts them, and the
 /// writer gets the lock once both left.
 async fn readers_share_and_exclude_writers(url: &str) {
@@ -1027,14 +1040,7 @@ mod postgres {
             );
         }
         let got = handed(writer, &mut listener, (&name, &next, version)).await;
-        assert!(
-            a.try_acquire(&name, &super::shared())
-                .await
-                .expect("try")
-                .is_none(),
-            "a reader joined the writer"
-        );
-        got.release().await.expect("release the handed lock");
+        super::writer_alone(&a, &name, got).await;
     }
 
     kinds_suite!(
@@ -1077,10 +1083,11 @@ mod mysql {
         super::routines_beside_transactions(
             &url,
             // The join and the release queue permit waiters since `_v2`; the join takes the
-            // holder's wake lock since `_v3`.
+            // holder's wake lock since `_v3`, and the last holder's release hands the lock
+            // to the reserved writer.
             |table, what| match what {
                 "join" => format!("{table}_dl_{what}_v3"),
-                "release" => format!("{table}_dl_{what}_v2"),
+                "release" => format!("{table}_dl_{what}_v3"),
                 _ => format!("{table}_dl_{what}_v1"),
             },
             |p| format!("SHOW CREATE PROCEDURE {p}"),
@@ -1118,6 +1125,24 @@ mod mysql {
             .expect("read the holders")
     }
 
+    /// Three clients of `url`, and the first one's pool.
+    async fn three_clients(
+        url: &str,
+    ) -> (
+        [distlock_core::LockClient<distlock_sql::SqlBackend>; 3],
+        sqlx::MySqlPool,
+    ) {
+        let clients = [
+            super::client(url).await,
+            super::client(url).await,
+            super::client(url).await,
+        ];
+        let distlock_sql::SqlPool::MySql(pool) = clients[0].backend_ref().pool() else {
+            panic!("a MySQL pool");
+        };
+        (clients, pool)
+    }
+
     /// MySQL's permit waiters queue (procedures `_v2`): a release hands its permit to the
     /// first live waiter in the release's own call (its holder row with the next version,
     /// its place gone), and the waiter, which reads rather than being told, holds that
@@ -1128,14 +1153,7 @@ mod mysql {
         use distlock_core::DistributedLock;
         let url = conformance_tests::server_var("mysql", "DISTLOCK_TEST_MYSQL_URL");
         let Some(url) = url else { return };
-        let (a, b, c) = (
-            super::client(&url).await,
-            super::client(&url).await,
-            super::client(&url).await,
-        );
-        let distlock_sql::SqlPool::MySql(pool) = a.backend_ref().pool() else {
-            panic!("a MySQL pool");
-        };
+        let ([a, b, c], pool) = three_clients(&url).await;
         let name = super::unique("my_permit_queue");
         let first = a
             .acquire(&name, &super::permits(2))
@@ -1199,6 +1217,79 @@ mod mysql {
                 .await
                 .expect("count the holders");
         assert_eq!(holders, 0, "a permit was handed to the waiter that gave up");
+    }
+
+    /// The last reader's release hands the lock to the writer holding the reservation, in
+    /// the release procedure's own transaction (`_v3`): when it returns, the row is the
+    /// writer's with the next version (above both readers' tokens) and no reservation. The
+    /// writer, woken by the latest reader's wake lock (each reader is another client's, so
+    /// each took one), reads that the row is its own and holds that version as its token,
+    /// where it took the row itself (the next version) before. The first reader's release
+    /// (a reader still in) hands nothing over.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_last_readers_release_hands_the_lock_to_the_reserved_writer() {
+        use distlock_core::DistributedLock;
+        let url = conformance_tests::server_var("mysql", "DISTLOCK_TEST_MYSQL_URL");
+        let Some(url) = url else { return };
+        let ([a, b, c], pool) = three_clients(&url).await;
+        let name = super::unique("my_writer_handover");
+        let first = a.acquire(&name, &super::shared()).await.expect("a read");
+        let second = c.acquire(&name, &super::shared()).await.expect("a read");
+        let tokens = [&first, &second].map(|read| read.token().get());
+        let writer = {
+            let (b, name) = (b.clone(), name.clone());
+            tokio::spawn(async move { b.acquire(&name, &super::writer()).await })
+        };
+        let row = |pool: sqlx::MySqlPool, name: String| async move {
+            sqlx::query_as::<_, (Option<String>, i64, Option<String>, Option<i64>)>(
+                "SELECT CAST(owner AS CHAR), version, CAST(next_owner AS CHAR), next_ttl \
+                 FROM distlock_locks WHERE name = ?",
+            )
+            .bind(&name)
+            .fetch_one(&pool)
+            .await
+            .expect("read the lock row")
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let next = loop {
+            if let (_, _, Some(next), ttl) = row(pool.clone(), name.clone()).await {
+                assert_eq!(ttl, Some(10_000_000), "a writer reserves with its ttl");
+                break next;
+            }
+            assert!(std::time::Instant::now() < deadline, "no writer reserved");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        };
+        // Time for the writer to start its wait on the latest reader's wake lock, well
+        // within the quarter of its reservation (250 ms) in which its polls read nothing.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        first.release().await.expect("release");
+        let (_, _, still, _) = row(pool.clone(), name.clone()).await;
+        assert_eq!(still.as_ref(), Some(&next), "handed over with a reader in");
+        second.release().await.expect("release");
+        let (owner, _, reserved, ttl) = row(pool.clone(), name.clone()).await;
+        assert_eq!(
+            owner.as_ref(),
+            Some(&next),
+            "the release did not hand the lock over"
+        );
+        assert_eq!(
+            (reserved, ttl),
+            (None, None),
+            "the reservation outlived the hand-over"
+        );
+        // The version after the latest reader's (readers are refused behind the writer's
+        // reservation): above both readers' tokens.
+        let handed = tokens[1] + 1;
+        let got = super::common::granted(writer).await;
+        assert_eq!(
+            got.token().get(),
+            handed,
+            "not the handed version: the writer took the row again"
+        );
+        let (_, version, _, _) = row(pool.clone(), name.clone()).await;
+        assert_eq!(u64::try_from(version), Ok(handed), "the row moved on");
+        got.renew().await.expect("renew what was handed over");
+        super::writer_alone(&a, &name, got).await;
     }
 
     kinds_suite!(

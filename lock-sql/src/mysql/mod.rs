@@ -45,7 +45,8 @@ const MAX_WAIT_SECS: u64 = 2;
 ///   of its own) and takes the lock as soon as the holder gave it up;
 /// - a join that takes a shared hold or a permit takes the holder's wake lock too (procedure
 ///   `_v3`, see [`MyDb::join`]): a writer waiting at the head for the readers waits for the
-///   latest one's.
+///   latest one's, and reads whether the last one's release handed it the lock (release
+///   procedure `_v3`), as after a writer's.
 ///
 /// A queued permit waiter (see `queued_look`) takes its wake lock with the read that finds a
 /// permit handed to it, and waits on the wake lock of the holder as many places from the
@@ -711,16 +712,17 @@ impl Db for MyDb {
         let handover = purpose == WaitFor::Handover;
         let lock = format!("{}{version}", self.wake.prefix(name));
         // Whole seconds (MySQL's GET_LOCK takes no fraction), at least one, at most the cap.
-        // Any other wait (a reader's, a permit waiter's, a writer's for a reader), one second:
-        // one it no longer needs runs to its end in the background (see
-        // `ServerWait::let_run`), keeping its wait slot until then.
+        // Any other wait (a reader's, a permit waiter's), one second: one it no longer needs
+        // runs to its end in the background (see `ServerWait::let_run`), keeping its wait
+        // slot until then.
         let secs = if handover {
             remaining.as_secs().saturating_add(1).min(MAX_WAIT_SECS)
         } else {
             1
         };
         let (cancel, cancelled) = oneshot::channel();
-        // Nothing else is handed over by a release (a permit's is read by the waiter's look).
+        // A writer's or the last reader's release hands a writer the lock; nothing else is
+        // handed over by a release (a permit's is read by the waiter's look).
         let whose = handover.then(|| (name.to_owned(), owner.to_owned()));
         let task = tokio::spawn(self.wake.clone().wait(lock, secs, cancelled, slot, whose));
         Some(ServerWait::new(version, purpose, task, cancel))

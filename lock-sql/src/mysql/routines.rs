@@ -7,9 +7,10 @@
 //! procedure's parameters) in one transaction, in the order [`kinds::Tx`](crate::kinds::Tx)
 //! runs them, rolls back what it refuses, and answers with one row. They are created (`IF NOT
 //! EXISTS`) with the lock table, used when present with `create_table=false`, and named by
-//! version: a change of what one does takes a new name. The release is `_v2`, the join `_v3`:
-//! they keep the queue of permit waiters (see [`Parts::join`] and [`Parts::release`]), and the
-//! join takes the new holder's wake lock when asked to; the renewals are still `_v1`.
+//! version: a change of what one does takes a new name. The release and the join are `_v3`:
+//! they keep the queue of permit waiters (see [`Parts::join`] and [`Parts::release`]), the
+//! join takes the new holder's wake lock when asked to, and the release of the last holder
+//! hands the lock to the reserved writer; the renewals are still `_v1`.
 //!
 //! A fourth procedure renews a batch of holds (`_dl_renew_many_v1`, the renewals' arguments
 //! as one JSON array sorted by name, read by `JSON_TABLE`): the watchdog's renewals of every
@@ -26,6 +27,15 @@ use crate::keys::quote;
 use crate::kinds::{HolderSql, InRoutine, holders_table, queue_table};
 
 use super::statements::{NOW, NOW_US};
+
+/// The version of the join procedure: `v2` queues permit waiters (see [`Parts::join`]), `v3`
+/// also takes the new holder's wake lock.
+const JOIN: u8 = 3;
+
+/// The version of the release procedure: `v2` hands freed permits to the queue (see
+/// [`Parts::release`]), `v3` also hands the lock to the reserved writer when the last holder
+/// leaves.
+const RELEASE: u8 = 3;
 
 /// Replaces the arguments `?` of `sql` with `names`, in order (the statements hold no `?` in
 /// a literal).
@@ -67,11 +77,13 @@ pub(crate) fn routines(table: &str, sql: &HolderSql, peek_columns: &str) -> Opti
     if last.len() + "_dl_renew_many_v1".len() > 64 {
         return None;
     }
-    // The join and the release of `v2` queue permit waiters (see [`Parts::join`]); the join
-    // of `v3` also takes the holder's wake lock.
     let routine = |what: &str, v: u8| format!("{last}_dl_{what}_v{v}");
     let name = |what: &str, v: u8| quote(&format!("{table}_dl_{what}_v{v}"), '`');
-    let (join, renew, release) = (name("join", 3), name("renew", 1), name("release", 2));
+    let (join, renew, release) = (
+        name("join", JOIN),
+        name("renew", 1),
+        name("release", RELEASE),
+    );
     let renew_many = name("renew_many", 1);
     let schema = schema.map_or_else(|| "DATABASE()".to_owned(), |s| format!("'{s}'"));
     // Plain identifiers: safe in literals. The queue table counts as one of the `create`
@@ -81,9 +93,9 @@ pub(crate) fn routines(table: &str, sql: &HolderSql, peek_columns: &str) -> Opti
          WHERE routine_schema = {schema} AND routine_name IN ('{}', '{}', '{}', '{}')) \
          + (SELECT COUNT(*) FROM information_schema.tables \
          WHERE table_schema = {schema} AND table_name = '{}')",
-        routine("join", 3),
+        routine("join", JOIN),
         routine("renew", 1),
-        routine("release", 2),
+        routine("release", RELEASE),
         routine("renew_many", 1),
         queue_table(last),
     );
@@ -118,7 +130,7 @@ pub(crate) fn routines(table: &str, sql: &HolderSql, peek_columns: &str) -> Opti
 /// also takes the new holder's wake lock on its connection, which then stays with the lease
 /// (the row's ninth column: 1 if it was taken); else none is.
 pub(super) fn join_call(table: &str, lock: bool) -> String {
-    let join = quote(&format!("{table}_dl_join_v3"), '`');
+    let join = quote(&format!("{table}_dl_join_v{JOIN}"), '`');
     let lock = if lock { "?" } else { "NULL" };
     format!("CALL {join}(?, ?, ?, ?, ?, ?, {lock})")
 }
@@ -127,7 +139,7 @@ pub(super) fn join_call(table: &str, lock: bool) -> String {
 /// names the wake lock to give up after the commit (on the connection that holds it), else
 /// none is.
 pub(super) fn release_call(table: &str, lock: bool) -> String {
-    let release = quote(&format!("{table}_dl_release_v2"), '`');
+    let release = quote(&format!("{table}_dl_release_v{RELEASE}"), '`');
     let lock = if lock { "?" } else { "NULL" };
     format!("CALL {release}(?, ?, ?, ?, ?, {lock})")
 }
@@ -367,12 +379,25 @@ END"
     /// with the next version and the ttl it queued with (from the hand-over's statement), its
     /// place in the queue gone. A queued waiter reads whether it holds (see `queued_look`
     /// in `mysql/mod.rs`), when woken by the holder's wake lock `p_lock` (given up after the
-    /// commit, whatever the release found; `NULL`: none) or briskly. An abandoned permit attempt's place (no token) is
-    /// gone and kept gone (a negative ttl), against a poll of it still on its way, which
-    /// would queue it again for a permit nobody releases.
+    /// commit, whatever the release found; `NULL`: none) or briskly. An abandoned permit
+    /// attempt's place (no token) is gone and kept gone (a negative ttl), against a poll of it
+    /// still on its way, which would queue it again for a permit nobody releases.
+    ///
+    /// The release of the last holder (`v3`; PostgreSQL's rule, see `postgres/routines.rs`)
+    /// hands the lock to the exclusive waiter holding the live reservation (a positive
+    /// `next_ttl`: a writer), as an exclusive release does: the row becomes that writer's,
+    /// with the next version (above every reader's token) and its ttl from now, the
+    /// reservation gone. The writer waits on the server for the latest reader's wake lock,
+    /// given up after this commit, and reads whether it was handed the lock (see
+    /// `WakeLocks::handed`): a read where it took the row itself, a write that waits for its
+    /// flush, before.
     fn release(&self, name: &str) -> String {
         let Self {
-            h, w, in_routine, ..
+            t,
+            h,
+            w,
+            in_routine,
+            ..
         } = self;
         let InRoutine {
             purge,
@@ -427,6 +452,20 @@ body: BEGIN
       SET n = n + 1;
       SET handed = 1;
     END WHILE;
+  END IF;
+  -- The last holder out hands the lock to the reserved writer (a positive `next_ttl`).
+  IF n = 0 AND o_next_remaining IS NOT NULL AND NOT (o_next_owner <=> p_owner) THEN
+    SELECT next_ttl INTO p_ttl FROM {t} WHERE name = p_name;
+    IF p_ttl > 0 THEN
+      {free};
+      UPDATE {t} SET owner = next_owner, version = version + 1,
+        expires_at = {NOW} + INTERVAL next_ttl MICROSECOND, next_owner = NULL,
+        next_since = NULL, next_expires = NULL, next_ttl = NULL WHERE name = p_name;
+      COMMIT;
+      {unlock};
+      SELECT CAST(1 AS SIGNED);
+      LEAVE body;
+    END IF;
   END IF;
   IF n = 0 THEN {free}; ELSE {shrink}; END IF;
   COMMIT;
