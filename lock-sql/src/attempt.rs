@@ -613,7 +613,8 @@ impl Attempt for SqlAttempt {
                     if self.request.kind == LockKind::Exclusive {
                         // A writer woken by the latest reader, and not handed the lock:
                         // should an older one still hold, the writer polls (its wake lock is
-                        // not the row's version). Nothing waits on a writer's version again.
+                        // not the row's version). After a writer's release the row has moved
+                        // on from `version`, which this only names.
                         self.not_armed = (version, 1);
                     }
                 }

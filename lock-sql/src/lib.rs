@@ -257,13 +257,18 @@
 //!   release procedure, `_v3`): the release of the last shared holder (or permit) hands the
 //!   lock to the exclusive waiter holding a live reservation (`next_ttl` positive) in the
 //!   same transaction, as an exclusive release does: the row becomes the writer's with the
-//!   next `version` (above every reader's token) and its ttl from now, and the commit waits
-//!   for its flush. On PostgreSQL `h<version>:..` tells the writer; on MySQL the writer,
-//!   woken by the latest reader's wake lock, reads whether the row is its own (a locking
-//!   read that takes its own wake lock, as after a writer's release) instead of writing it.
-//!   Routines of earlier clients (PostgreSQL `_v2`, `_v1`; MySQL `_v2`) wake the writer to
-//!   take the row itself, and a writer of an earlier client handed the lock takes its own
-//!   row again (the next version).
+//!   next `version` (above every reader's token) and its ttl from now, committed before the
+//!   writer can learn of it (on PostgreSQL the commit waits for its flush). On PostgreSQL
+//!   `h<version>:..` tells the writer; on MySQL the writer, woken by the latest reader's
+//!   wake lock, reads whether the row is its own (a locking read that takes its own wake
+//!   lock, as after a writer's release) instead of writing it, and a writer that polls finds
+//!   it in its read. Routines of earlier clients (PostgreSQL `_v2`, `_v1`; MySQL `_v2`) wake
+//!   the writer to take the row itself; a MySQL writer of an earlier client woken by the
+//!   wake lock after a hand-over takes its own row again (the next version).
+//!
+//!   On MySQL the writer's wait on the latest reader is cancelled on the server when no
+//!   longer needed (as its wait on a writer is: its wake-up may keep a connection), not left
+//!   to run to its end as a reader's is.
 //!
 //! Errors: a dropped connection, a refused connection, SQLite `BUSY` and deadlocks are
 //! [`Error::Unavailable`](distlock_core::Error::Unavailable) (retried by the core); anything else
