@@ -1220,6 +1220,21 @@ mod mysql {
         assert_eq!(holders, 0, "a permit was handed to the waiter that gave up");
     }
 
+    /// The lock row of `name`: `(owner, version, next_owner, next_ttl)`.
+    async fn lock_row(
+        pool: &sqlx::MySqlPool,
+        name: &str,
+    ) -> (Option<String>, i64, Option<String>, Option<i64>) {
+        sqlx::query_as(
+            "SELECT CAST(owner AS CHAR), version, CAST(next_owner AS CHAR), next_ttl \
+             FROM distlock_locks WHERE name = ?",
+        )
+        .bind(name)
+        .fetch_one(pool)
+        .await
+        .expect("read the lock row")
+    }
+
     /// The last reader's release hands the lock to the writer holding the reservation, in
     /// the release procedure's own transaction (`_v3`): when it returns, the row is the
     /// writer's with the next version (above both readers' tokens) and no reservation. The
@@ -1241,33 +1256,21 @@ mod mysql {
             let (b, name) = (b.clone(), name.clone());
             tokio::spawn(async move { b.acquire(&name, &super::writer()).await })
         };
-        let row = |pool: sqlx::MySqlPool, name: String| async move {
-            sqlx::query_as::<_, (Option<String>, i64, Option<String>, Option<i64>)>(
-                "SELECT CAST(owner AS CHAR), version, CAST(next_owner AS CHAR), next_ttl \
-                 FROM distlock_locks WHERE name = ?",
-            )
-            .bind(&name)
-            .fetch_one(&pool)
-            .await
-            .expect("read the lock row")
-        };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let next = loop {
-            if let (_, _, Some(next), ttl) = row(pool.clone(), name.clone()).await {
-                assert_eq!(ttl, Some(10_000_000), "a writer reserves with its ttl");
-                break next;
-            }
-            assert!(std::time::Instant::now() < deadline, "no writer reserved");
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        };
+        let reserved = super::until_queued(&name, 1, || async {
+            let (_, _, next, ttl) = lock_row(&pool, &name).await;
+            next.map(|next| (next, ttl)).into_iter().collect()
+        })
+        .await;
+        let [(next, ttl)] = <[_; 1]>::try_from(reserved).expect("one reservation");
+        assert_eq!(ttl, Some(10_000_000), "a writer reserves with its ttl");
         // Time for the writer to start its wait on the latest reader's wake lock, well
         // within the quarter of its reservation (250 ms) in which its polls read nothing.
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         first.release().await.expect("release");
-        let (_, _, still, _) = row(pool.clone(), name.clone()).await;
+        let (_, _, still, _) = lock_row(&pool, &name).await;
         assert_eq!(still.as_ref(), Some(&next), "handed over with a reader in");
         second.release().await.expect("release");
-        let (owner, _, reserved, ttl) = row(pool.clone(), name.clone()).await;
+        let (owner, _, reserved, ttl) = lock_row(&pool, &name).await;
         assert_eq!(
             owner.as_ref(),
             Some(&next),
@@ -1287,7 +1290,7 @@ mod mysql {
             handed,
             "not the handed version: the writer took the row again"
         );
-        let (_, version, _, _) = row(pool.clone(), name.clone()).await;
+        let (_, version, _, _) = lock_row(&pool, &name).await;
         assert_eq!(u64::try_from(version), Ok(handed), "the row moved on");
         got.renew().await.expect("renew what was handed over");
         super::writer_alone(&a, &name, got).await;
