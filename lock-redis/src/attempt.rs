@@ -69,6 +69,12 @@ impl RedisAttempt {
             kind: self.request.kind,
             ttl: self.request.ttl,
             has_data: AtomicBool::new(false),
+            cluster_watch: self
+                .shared
+                .nodes
+                .first()
+                .and_then(|node| node.cluster_topology())
+                .and_then(|topology| topology.confirmed_watch_for(&self.keys.lock)),
         })
     }
 

@@ -14,6 +14,7 @@ use crate::backend::BackendState;
 use crate::keys::LockKeys;
 use crate::node::ReleaseMode;
 use crate::redlock;
+use crate::restart::Restarts;
 
 #[derive(Debug)]
 pub(crate) struct RedisLease {
@@ -32,6 +33,15 @@ pub(crate) struct RedisLease {
     /// cleared): only then does the batched renewal extend the data key too, so that holds
     /// without data pay nothing for it there.
     pub(crate) has_data: AtomicBool,
+    /// Cluster: the watch of the lock's master, when one had already confirmed that master
+    /// when the lock was taken
+    /// ([`confirmed_watch_for`](crate::topology::ClusterTopology::confirmed_watch_for)): the
+    /// guard joins its loss epochs ([`Lease::shared_loss`]), as on one master, instead of a
+    /// loss future of its own that the client's watchdog task must be woken to poll when the
+    /// guard starts and ends. `None` elsewhere, and for the first guards of a master (their
+    /// future looks for the master, starts its watch, and looks again if a stale slot map
+    /// named it).
+    pub(crate) cluster_watch: Option<Arc<Restarts>>,
 }
 
 impl RedisLease {
@@ -59,15 +69,14 @@ impl Lease for RedisLease {
         redlock::renew(self, ttl).await
     }
 
-    /// Single master: a server restart forgets the lock, so the node's restart detection
-    /// reports it at once. (Redlock: one master's restart does not lose a lock held on a
-    /// majority; renewal tells.)
-    ///
-    /// Sentinel: the same watch follows the master the Sentinels name, so a failover shows as
-    /// a new server ([`LossReason::Failover`]). Cluster: the watch of the master that serves
-    /// the lock's slot, which also reports its replacement by a failover.
+    /// Cluster, without a confirmed watch of the lock's master yet (see
+    /// [`RedisLease::cluster_watch`]): the watch of the master that serves the lock's slot,
+    /// which reports a restart and its replacement by a failover, looked for again when a
+    /// stale slot map named a server that is no master. (Single master and Sentinel: see
+    /// `shared_loss`. Redlock: one master's restart does not lose a lock held on a majority;
+    /// renewal tells.)
     fn loss_signal(&self) -> Option<BoxFuture<'static, LossReason>> {
-        if self.shared.redlock() {
+        if self.shared.redlock() || self.cluster_watch.is_some() {
             return None;
         }
         let node = &self.shared.nodes[0];
@@ -90,15 +99,18 @@ impl Lease for RedisLease {
         None
     }
 
-    /// Single master and Sentinel: the node's restart watch, shared by all of its guards (see
-    /// `loss_signal` for what it reports).
+    /// Single master: a server restart forgets the lock, so the node's restart watch, shared
+    /// by all of its guards, reports it at once ([`LossReason::ServerRestarted`]). Sentinel:
+    /// the same watch follows the master the Sentinels name, so a failover shows as a new
+    /// server ([`LossReason::Failover`]). Cluster: the confirmed watch of the lock's master,
+    /// when it had one (see [`RedisLease::cluster_watch`]; otherwise `loss_signal`).
     fn shared_loss(&self) -> Option<(LossEpochs, u64)> {
         if self.shared.redlock() {
             return None;
         }
         let node = &self.shared.nodes[0];
         if node.cluster_topology().is_some() {
-            return None;
+            return self.cluster_watch.as_ref().map(Restarts::shared_loss);
         }
         let restarts = node.restarts.as_ref()?;
         restarts.watchable().then(|| restarts.shared_loss())

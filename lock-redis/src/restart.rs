@@ -180,6 +180,13 @@ impl Restarts {
         !self.blind.load(Ordering::Relaxed)
     }
 
+    /// Whether this watch follows a master for good: a cluster master's once the slots showed
+    /// it a master (from then on its replacement is a loss, never a stale map: see
+    /// [`Self::loss`]), and every other watch.
+    pub(crate) fn confirmed(&self) -> bool {
+        self.watched.confirmed()
+    }
+
     /// A future that resolves with [`LossReason::ServerRestarted`] once the server is found
     /// restarted after this call (a lock taken before a restart is gone with it), or
     /// [`LossReason::Failover`] once another server replaced it as the master; or `None` when the watched cluster master turned out not

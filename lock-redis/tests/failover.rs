@@ -285,6 +285,8 @@ struct Run {
     regression: bool,
     /// When and why A was told (None: not within the run).
     told: Option<(Duration, LossReason)>,
+    /// When and why A was told of its first guard on that master (see [`first_on_master`]).
+    first_told: Option<(Duration, LossReason)>,
     /// When the new master answered as master.
     serving: Option<Duration>,
     /// When B was granted the lock.
@@ -296,12 +298,51 @@ async fn connect(url: &str) -> distlock_core::LockClient<distlock_redis::RedisBa
     distlock_redis::connect(url, config).await.expect("connect")
 }
 
+/// A's first guard on the master that serves `name` (Cluster: a lock named after `name` whose
+/// slot that master serves too), taken before any other guard of A's there: it has no watch
+/// of that master to join yet, so it waits on a loss future of its own, which starts the
+/// client's watch of the master (on a cluster, once that watch found the address a master,
+/// the guards taken after it join it instead: `confirmed_watch_for`). A holds it through the
+/// failover, so that both ways of being told are asserted.
+async fn first_on_master(
+    topo: Topo<'_>,
+    a: &distlock_core::LockClient<distlock_redis::RedisBackend>,
+    name: &str,
+    opts: &AcquireOptions,
+) -> distlock_core::LockGuard {
+    let master = topo
+        .master_of(&LockKeys::for_name(name).expect("name").lock)
+        .await;
+    let mut i = 0;
+    let first = loop {
+        let first = format!("{name}-first-{i}");
+        if topo.sentinel
+            || topo
+                .master_of(&LockKeys::for_name(&first).expect("name").lock)
+                .await
+                == master
+        {
+            break first;
+        }
+        i += 1;
+    };
+    a.acquire(&first, opts).await.expect("A's first guard")
+}
+
 async fn run_once(topo: Topo<'_>, lagging: bool) -> Run {
     let name = format!("failover-{}", common::tag());
     let keys = LockKeys::for_name(&name).expect("name");
     let url = with_options(topo.url);
     let (a, b) = (connect(&url).await, connect(&url).await);
     let opts = AcquireOptions::default().with_ttl(TTL);
+    let first = first_on_master(topo, &a, &name, &opts).await;
+    let first_lost = {
+        let lost = first.lost();
+        tokio::spawn(async move {
+            let reason = lost.await;
+            (Instant::now(), reason)
+        })
+    };
     // The name has a history the replicas saw (its fencing counter), as a lock in use has.
     a.acquire(&name, &opts)
         .await
@@ -402,6 +443,12 @@ async fn run_once(topo: Topo<'_>, lagging: bool) -> Run {
     if let Some(g) = guard.take() {
         let _ = g.release().await;
     }
+    let first_told = tokio::time::timeout(Duration::from_secs(10), first_lost)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .map(|(at, reason)| (at.saturating_duration_since(t0), reason));
+    let _ = first.release().await;
     let serving = tokio::time::timeout(Duration::from_secs(20), serving)
         .await
         .ok()
@@ -420,6 +467,7 @@ async fn run_once(topo: Topo<'_>, lagging: bool) -> Run {
         second_holder: believed,
         regression,
         told: told.map(|(at, why)| (at - t0, why)),
+        first_told,
         serving: serving.map(|at| at - t0),
         granted: granted_at - t0,
     }
@@ -477,12 +525,24 @@ fn assert_in_sync(runs: &[Run]) {
         // Told of the failover; or, when the failover took about the ttl (a loaded machine:
         // 5.8 s of a 6 s ttl once in CI), told that renewals failed before any new master
         // served, which is all A could know then.
-        let told_in_time = match (&run.told, run.serving) {
-            (Some((_, LossReason::Failover)), _) => true,
-            (Some((at, LossReason::ConnectionLost)), Some(serving)) => *at < serving,
-            _ => false,
-        };
-        assert!(told_in_time, "A was not told of the failover: {run:?}");
+        assert!(
+            told_in_time(&run.told, run.serving),
+            "A was not told of the failover: {run:?}"
+        );
+        assert!(
+            told_in_time(&run.first_told, run.serving),
+            "A was not told of the failover on its first guard: {run:?}"
+        );
+    }
+}
+
+/// Told of the failover (`Failover`), or of failed renewals (`ConnectionLost`) before any
+/// new master served.
+fn told_in_time(told: &Option<(Duration, LossReason)>, serving: Option<Duration>) -> bool {
+    match (told, serving) {
+        (Some((_, LossReason::Failover)), _) => true,
+        (Some((at, LossReason::ConnectionLost)), Some(serving)) => *at < serving,
+        _ => false,
     }
 }
 
@@ -501,6 +561,13 @@ fn assert_lagging(runs: &[Run]) {
         assert!(
             matches!(why, LossReason::Failover | LossReason::RenewalRejected),
             "{run:?}"
+        );
+        // Its first guard was taken before the replicas stopped, so the new master may have
+        // it (then only the watch tells), or not (then a renewal may tell first).
+        assert!(
+            told_in_time(&run.first_told, run.serving)
+                || matches!(run.first_told, Some((_, LossReason::RenewalRejected))),
+            "A was not told of the failover on its first guard: {run:?}"
         );
         let serving = run.serving.expect("a new master serves");
         // The promoted replica lacked the lock: B got it as soon as the new master served.

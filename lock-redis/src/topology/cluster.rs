@@ -286,6 +286,16 @@ impl ClusterTopology {
         Some(restarts)
     }
 
+    /// The watch of the master that serves `key` as last read, when it already confirmed that
+    /// address a master and still watches it (see [`Restarts::confirmed`]): no read of the
+    /// slots and no new watch. A guard of that master then joins the watch's loss epochs
+    /// instead of a loss future of its own ([`Restarts::shared_loss`]).
+    pub(crate) fn confirmed_watch_for(&self, key: &str) -> Option<Arc<Restarts>> {
+        let addr = self.cached_master_for(key)?;
+        let restarts = lock(&self.watches).get(&addr)?.clone();
+        (restarts.confirmed() && !restarts.is_gone() && restarts.watchable()).then_some(restarts)
+    }
+
     /// Whether `addr` still serves slots as a master: `None` when the slots cannot be read.
     pub(crate) async fn still_master(&self, addr: &str) -> Option<bool> {
         self.refresh().await.ok()?;
