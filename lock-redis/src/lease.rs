@@ -38,9 +38,11 @@ pub(crate) struct RedisLease {
     /// ([`confirmed_watch_for`](crate::topology::ClusterTopology::confirmed_watch_for)): the
     /// guard joins its loss epochs ([`Lease::shared_loss`]), as on one master, instead of a
     /// loss future of its own that the client's watchdog task must be woken to poll when the
-    /// guard starts and ends. `None` elsewhere, and for the first guards of a master (their
-    /// future looks for the master, starts its watch, and looks again if a stale slot map
-    /// named it).
+    /// guard starts and ends. `None` elsewhere, and on a cluster for the first guards of a
+    /// master, a slot not in the cached map, or a watch that is blind or gone (their future
+    /// looks for the master, starts its watch, and looks again if a stale slot map named
+    /// it); a watch that ends between the lease and the guard's start leaves the guard to the
+    /// future as well (see `shared_loss`).
     pub(crate) cluster_watch: Option<Arc<Restarts>>,
 }
 
@@ -76,7 +78,9 @@ impl Lease for RedisLease {
     /// `shared_loss`. Redlock: one master's restart does not lose a lock held on a majority;
     /// renewal tells.)
     fn loss_signal(&self) -> Option<BoxFuture<'static, LossReason>> {
-        if self.shared.redlock() || self.cluster_watch.is_some() {
+        // The core asks `shared_loss` first: a watch that is gone now (it never comes back)
+        // was gone then too, and the guard joined nothing; one still watching now was then.
+        if self.shared.redlock() || self.cluster_watch.as_ref().is_some_and(|w| !w.is_gone()) {
             return None;
         }
         let node = &self.shared.nodes[0];
@@ -110,7 +114,10 @@ impl Lease for RedisLease {
         }
         let node = &self.shared.nodes[0];
         if node.cluster_topology().is_some() {
-            return self.cluster_watch.as_ref().map(Restarts::shared_loss);
+            return self
+                .cluster_watch
+                .as_ref()
+                .and_then(Restarts::shared_loss_while_watching);
         }
         let restarts = node.restarts.as_ref()?;
         restarts.watchable().then(|| restarts.shared_loss())

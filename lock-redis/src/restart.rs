@@ -213,7 +213,26 @@ impl Restarts {
         (self.epoch.clone(), since)
     }
 
+    /// [`Self::shared_loss`] of a cluster master's watch that may end meanwhile: `None` once it
+    /// is over ([`Self::is_gone`]: its master was replaced, and that last event may precede
+    /// the epoch read here, so a guard joining now would never be told anything).
+    pub(crate) fn shared_loss_while_watching(self: &Arc<Self>) -> Option<(LossEpochs, u64)> {
+        // The epoch first: `gone` is set before the last event is sent, so a watch not gone
+        // after this read had not sent it when the guard joined.
+        let since = self.epoch.current();
+        if self.is_gone() {
+            return None;
+        }
+        self.ensure_watching();
+        Some((self.epoch.clone(), since))
+    }
+
+    /// Starts the watching task unless it runs, or the watch is over (a cluster master
+    /// replaced: its last event was sent, and a new task would watch that address again).
     fn ensure_watching(self: &Arc<Self>) {
+        if self.is_gone() {
+            return;
+        }
         let mut task = lock(&self.task);
         if task.as_ref().is_none_or(AbortHandle::is_finished) {
             *task = Some(tokio::spawn(watch_server(Arc::downgrade(self))).abort_handle());

@@ -299,11 +299,12 @@ async fn connect(url: &str) -> distlock_core::LockClient<distlock_redis::RedisBa
 }
 
 /// A's first guard on the master that serves `name` (Cluster: a lock named after `name` whose
-/// slot that master serves too), taken before any other guard of A's there: it has no watch
-/// of that master to join yet, so it waits on a loss future of its own, which starts the
-/// client's watch of the master (on a cluster, once that watch found the address a master,
-/// the guards taken after it join it instead: `confirmed_watch_for`). A holds it through the
-/// failover, so that both ways of being told are asserted.
+/// slot that master serves too), taken before any other guard of A's there. On a cluster it
+/// has no watch of that master to join yet, so it waits on a loss future of its own, which
+/// starts the client's watch of the master; once that watch found the address a master, the
+/// guards taken after it join it instead (`confirmed_watch_for`), as A's main guard does,
+/// taken 200 ms later. A holds both through the failover, so that both ways of being told
+/// are asserted. (On Sentinel both join the one watch of the master.)
 async fn first_on_master(
     topo: Topo<'_>,
     a: &distlock_core::LockClient<distlock_redis::RedisBackend>,
@@ -379,6 +380,11 @@ async fn run_once(topo: Topo<'_>, lagging: bool) -> Run {
         // replica can lag past the pause above.
         replicated(master, &keys.lock, &owner_a).await;
     }
+    // Nothing ended either guard before the kill: a loss told below is the failover's.
+    assert!(
+        !first.is_lost() && !guard.is_lost(),
+        "A's guards were lost before the kill"
+    );
     let killed = topo.service(master);
     restore.killed = Some(killed.clone());
     let t0 = Instant::now();
