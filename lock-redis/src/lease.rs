@@ -114,13 +114,13 @@ impl Lease for RedisLease {
         }
         let node = &self.shared.nodes[0];
         if node.cluster_topology().is_some() {
-            return self
-                .cluster_watch
-                .as_ref()
-                .and_then(Restarts::shared_loss_while_watching);
+            return self.cluster_watch.as_ref().and_then(Restarts::shared_loss);
         }
         let restarts = node.restarts.as_ref()?;
-        restarts.watchable().then(|| restarts.shared_loss())
+        if !restarts.watchable() {
+            return None;
+        }
+        restarts.shared_loss()
     }
 
     /// Every kind, on every topology: see `renew.rs`.

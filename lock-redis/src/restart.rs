@@ -206,17 +206,11 @@ impl Restarts {
 
     /// The node's restart events and the current epoch, for the core to end every guard
     /// taken before the next restart ([`distlock_core::Lease::shared_loss`]): one watch for
-    /// all of the node's guards. Starts the watching task if it is not running.
-    pub(crate) fn shared_loss(self: &Arc<Self>) -> (LossEpochs, u64) {
-        let since = self.epoch.current();
-        self.ensure_watching();
-        (self.epoch.clone(), since)
-    }
-
-    /// [`Self::shared_loss`] of a cluster master's watch that may end meanwhile: `None` once it
-    /// is over ([`Self::is_gone`]: its master was replaced, and that last event may precede
-    /// the epoch read here, so a guard joining now would never be told anything).
-    pub(crate) fn shared_loss_while_watching(self: &Arc<Self>) -> Option<(LossEpochs, u64)> {
+    /// all of the node's guards. Starts the watching task if it is not running. `None` once
+    /// the watch is over ([`Self::is_gone`], a cluster master's only: its master was replaced,
+    /// and that last event may precede the epoch read here, so a guard joining now would never
+    /// be told anything).
+    pub(crate) fn shared_loss(self: &Arc<Self>) -> Option<(LossEpochs, u64)> {
         // The epoch first: `gone` is set before the last event is sent, so a watch not gone
         // after this read had not sent it when the guard joined.
         let since = self.epoch.current();
