@@ -11,6 +11,7 @@
 #[allow(dead_code, reason = "each test file uses a part of the harness")]
 mod common;
 
+use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -97,7 +98,10 @@ fn now_secs() -> f64 {
         .as_secs_f64()
 }
 
-fn wait_for_file(path: &Path, within: Duration) -> String {
+/// Waits until `child`'s command wrote its line to `path` (its command started, so the run
+/// holds the lock) and returns it; panics with the run's status and stderr when the run ends
+/// first or `within` passes.
+fn wait_for_command(child: &mut Child, path: &Path, within: Duration, what: &str) -> String {
     let deadline = Instant::now() + within;
     loop {
         if let Ok(text) = std::fs::read_to_string(path)
@@ -105,11 +109,15 @@ fn wait_for_file(path: &Path, within: Duration) -> String {
         {
             return text.trim().to_owned();
         }
-        assert!(
-            Instant::now() < deadline,
-            "{} never written",
-            path.display()
-        );
+        if child.try_wait().expect("try_wait").is_some() || Instant::now() > deadline {
+            let _ = child.kill();
+            let status = child.wait().expect("wait");
+            let mut stderr = String::new();
+            if let Some(mut pipe) = child.stderr.take() {
+                let _ = pipe.read_to_string(&mut stderr);
+            }
+            panic!("{what} never started its command ({status}): {stderr}");
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
 }
@@ -141,7 +149,7 @@ fn one_run(runtime: &tokio::runtime::Runtime, server: &Server, run: usize) -> f6
         "trap '' TERM; echo $$ > {}; exec sleep 120",
         pid_file.display()
     );
-    let first = env
+    let mut first = env
         .distlock(&[
             "run",
             "--url",
@@ -161,12 +169,17 @@ fn one_run(runtime: &tokio::runtime::Runtime, server: &Server, run: usize) -> f6
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn the first run");
-    let first_pid: i32 = wait_for_file(&pid_file, Duration::from_secs(30))
-        .parse()
-        .expect("pid");
+    let first_pid: i32 = wait_for_command(
+        &mut first,
+        &pid_file,
+        Duration::from_secs(30),
+        &format!("{}: the first run", server.backend),
+    )
+    .parse()
+    .expect("pid");
     let start_file = env.path("second.start");
     let second_script = format!("echo $EPOCHREALTIME > {}", start_file.display());
-    let second = env
+    let mut second = env
         .distlock(&[
             "run",
             "--url",
@@ -198,24 +211,14 @@ fn one_run(runtime: &tokio::runtime::Runtime, server: &Server, run: usize) -> f6
     }
     let died = now_secs();
     let killed_after = cut.elapsed();
-    let mut second = second;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !std::fs::read_to_string(&start_file).is_ok_and(|t| t.ends_with('\n')) {
-        if second.try_wait().expect("try_wait").is_some() || Instant::now() > deadline {
-            let _ = second.kill();
-            let out = second.wait_with_output().expect("output");
-            panic!(
-                "{}: the second run never started its command ({:?}): {}",
-                server.backend,
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let started: f64 = wait_for_file(&start_file, Duration::from_secs(1))
-        .parse()
-        .expect("EPOCHREALTIME");
+    let started: f64 = wait_for_command(
+        &mut second,
+        &start_file,
+        Duration::from_secs(60),
+        &format!("{}: the second run", server.backend),
+    )
+    .parse()
+    .expect("EPOCHREALTIME");
     let first = finish(first, Duration::from_secs(30), "the first run");
     assert_eq!(
         first.status.code(),
