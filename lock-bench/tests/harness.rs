@@ -251,6 +251,22 @@ async fn raw_floor_plumbing() {
     let markdown = report.to_markdown();
     assert!(markdown.contains("| fake | S1 uncontended |"), "{markdown}");
     assert!(markdown.contains("| two yields |"), "{markdown}");
+    // Each side's cycle latency, for telling a stall of the client from one of the server.
+    let cycle = |side: &str, lat: &distlock_bench::LatencySummary| {
+        format!(
+            "| fake | {side} | {:.1} | {:.1} | {:.1} |",
+            lat.p50_us, lat.p99_us, lat.max_us
+        )
+    };
+    assert!(
+        markdown.contains(&cycle("distlock", &s1.cycle)),
+        "{markdown}"
+    );
+    assert!(
+        markdown.contains(&cycle("floor: two yields", &floor.cycle)),
+        "{markdown}"
+    );
+    assert!(!markdown.contains("| fake | fenced floor:"), "{markdown}");
     assert!(!markdown.contains("S2 contended"), "{markdown}");
     assert!(!markdown.contains("CPU µs/cycle"), "{markdown}");
 }
@@ -332,6 +348,12 @@ async fn a_fenced_floor_runs_in_the_rotation_of_s1() {
         "{markdown}"
     );
     assert!(markdown.contains("- Fenced floors:"), "{markdown}");
+    let lat = &fenced.cycle;
+    let row = format!(
+        "| fenced | fenced floor: two yields + a token | {:.1} | {:.1} | {:.1} |",
+        lat.p50_us, lat.p99_us, lat.max_us
+    );
+    assert!(markdown.contains(&row), "{markdown}");
 
     let config = small().with_scenarios(ScenarioSelection::S2);
     let report = distlock_bench::run(&targets, &config).await.unwrap();

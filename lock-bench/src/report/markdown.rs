@@ -98,6 +98,7 @@ impl Report {
         out.push_str(&self.contended_markdown());
         out.push_str(&self.contended_floor_markdown());
         out.push_str(&self.fenced_floor_markdown());
+        out.push_str(&self.cycle_markdown());
         out.push_str(&self.cpu_markdown());
         out.push_str(&self.mixed_markdown());
         out.push_str(&self.semaphore_mutexes_markdown());
@@ -275,6 +276,43 @@ impl Report {
                 ratio(fenced, plain),
                 ratio(distlock, Some(fenced)),
             );
+        }
+        out
+    }
+
+    /// S1's cycle latency beside each floor's, from the same rotation of blocks, a row per
+    /// side: a stall that S1 shows and its floor does not is the client's, one both show is
+    /// the server's (or the machine's).
+    fn cycle_markdown(&self) -> String {
+        let mut out = String::new();
+        let rows: Vec<_> = self
+            .targets
+            .iter()
+            .filter_map(|t| {
+                let s1 = t.uncontended.as_ref()?;
+                (t.floor.is_some() || t.fenced_floor.is_some()).then_some((t, s1))
+            })
+            .collect();
+        if rows.is_empty() {
+            return out;
+        }
+        out.push_str("\n| target | S1 cycle beside | p50 µs | p99 µs | max µs |\n");
+        out.push_str("|---|---|--:|--:|--:|\n");
+        for (t, s1) in rows {
+            let mut row = |side: &str, lat: &LatencySummary| {
+                let _ = writeln!(
+                    out,
+                    "| {} | {side} | {:.1} | {:.1} | {:.1} |",
+                    t.target, lat.p50_us, lat.p99_us, lat.max_us
+                );
+            };
+            row("distlock", &s1.cycle);
+            if let Some(f) = &t.floor {
+                row(&format!("floor: {}", f.label), &f.cycle);
+            }
+            if let Some(f) = &t.fenced_floor {
+                row(&format!("fenced floor: {}", f.label), &f.cycle);
+            }
         }
         out
     }
