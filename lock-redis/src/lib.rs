@@ -160,17 +160,17 @@
 //! # What is left on the server
 //!
 //! A released name leaves nothing behind for long: the lock key goes with the release (or its
-//! lease), the hold's data `d` with it, the waiter keys `q` and `a` expire twice the waiter
-//! timeout after the last waiter joined, a shared or permit hold's `h` and `t` with the last holder, and the fencing
-//! counter `f` expires [`RedisConfig::forget_after`] (10 minutes by default) after the lease
-//! of the name's last acquisition; every acquisition sets that expiry again (one `PEXPIRE`
-//! in its script), so a name in use keeps its counter. The keys of names no longer used are
-//! therefore bounded by the names acquired within the lease plus `forget_after` (measured:
-//! 100,000 distinct names acquired and released once each left 100,000 counter keys, 166
-//! bytes each, that were all gone after `forget_after`; before, they stayed forever). The
-//! first token of a forgotten name comes from the server's clock, like a new name's, so it
-//! is above every earlier token of that name unless the server's clock went back by more
-//! than the lease plus `forget_after` in between. Count what is kept with
+//! lease), the hold's data `d` with it, the waiter keys `q` and `a` expire twice the waiter timeout
+//! after the last waiter joined, a shared or permit hold's `h` and `t` with the last holder, and
+//! the fencing counter `f` expires [`RedisConfig::forget_after`] (10 minutes by default) after the
+//! lease of the name's last acquisition; every acquisition sets that expiry again (a `PEXPIRE`, or
+//! the `PX` of its clock token's `SET`, in its script), so a name in use keeps its counter. The
+//! keys of names no longer used are therefore bounded by the names acquired within the lease plus
+//! `forget_after` (measured: 100,000 distinct names acquired and released once each left 100,000
+//! counter keys, 166 bytes each, that were all gone after `forget_after`; before, they stayed
+//! forever). The first token of a forgotten name comes from the server's clock, like a new name's,
+//! so it is above every earlier token of that name unless the server's clock went back by more than
+//! the lease plus `forget_after` in between. Count what is kept with
 //! [`DistributedLock::footprint`](distlock_core::DistributedLock::footprint).
 //!
 //! # Sentinel and Cluster
@@ -208,15 +208,16 @@
 //!   master, its guards are lost. The signal comes when the new master is known, about when
 //!   other clients can reach it; a second client may be granted the lock by a new master that
 //!   lacks it before the first hears (see the failover measurements in the README).
-//! - **Fencing**: [`SingleNode`](distlock_core::FencingGuarantee::SingleNode), per master.
-//!   By default ([`RedisConfig::clock_tokens`]) every token is at least the server's `TIME`
-//!   in microseconds (`max(counter + 1, now_us + 1)`, in the acquire scripts), so a promoted
-//!   replica's tokens exceed the old master's as long as the servers' clocks differ by less
-//!   than the failover took. `?wait_replicas=N` makes an acquisition count only once N
-//!   replicas acknowledged it (`WAIT N wait_timeout` after the acquisition, one more round
-//!   trip; too few acknowledgements give the lock back and answer a retryable error), which
-//!   closes the window of a failover to a replica that missed it, short of a replica that
-//!   acknowledged and then lost the race to be promoted.
+//! - **Fencing**: [`SingleNode`](distlock_core::FencingGuarantee::SingleNode), per master. By
+//!   default ([`RedisConfig::clock_tokens`]) every token is at least the server's `TIME` in
+//!   microseconds (`max(counter + 1, now_us + 1)`, in the acquire scripts: `TIME`, `GET f`, then
+//!   `SET f now_us+1 PX keep`, or `INCR f` when the counter is ahead of the clock), so a promoted
+//!   replica's tokens exceed the old master's as long as the servers' clocks differ by less than
+//!   the failover took. `?wait_replicas=N` makes an acquisition count only once N replicas
+//!   acknowledged it (`WAIT N wait_timeout` after the acquisition, one more round trip; too few
+//!   acknowledgements give the lock back and answer a retryable error), which closes the window of
+//!   a failover to a replica that missed it, short of a replica that acknowledged and then lost the
+//!   race to be promoted.
 //!
 //! # Read-write locks and semaphores (single master)
 //!
@@ -227,7 +228,7 @@
 //! and script refuse by themselves, and a holder is live while its lease has not ended and
 //! `l` holds the marker (a forced release, or a marker that expired and was replaced, ends
 //! them all). The acquire script prunes expired holders, counts the live ones (`ZCOUNT`) and
-//! takes the same counter `f` as the mutex (`INCR` in the same script), so every acquisition
+//! takes the same counter `f` as the mutex (stepped in the same script), so every acquisition
 //! of a name, of any kind, gets a larger token. `N` lives in the marker: a request with another
 //! `N`, a permit request on a read-write lock, or any request of the other family answers
 //! [`distlock_core::Error::Mismatch`].

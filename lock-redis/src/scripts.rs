@@ -217,6 +217,10 @@ end
 /// microseconds. `floor` = 0 (clock tokens, [`crate::RedisConfig::clock_tokens`]): every
 /// token is `max(counter + 1, clock + 1)`, so a promoted replica whose counter lags still
 /// continues above the old master's tokens (given clocks that agree within the failover).
+/// Clock tokens take two commands besides the `TIME`: `GET` of the counter, and a `SET` of
+/// the clock plus one with the counter's expiry when the counter is not ahead of it (the
+/// common case); a counter ahead (a clock that went back, or the second and later grants of
+/// one script, which share its `TIME`) is stepped (`INCR`, `PEXPIRE`). Any server version.
 ///
 /// The counter then expires `fence_keep` ms later: the lease plus
 /// [`forget_after`](crate::RedisConfig::forget_after). Every acquisition sets it again, so
@@ -224,12 +228,23 @@ end
 /// behind; its next token comes from the clock, above this one unless the server's clock
 /// went back by more than `forget_after` (see the crate docs, "What is left on the server").
 pub(crate) const NEXT_TOKEN: &str = r"
-local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
-if fence < floor or (floor == 0 and fence < tonumber(t[1]) * 1000000 + tonumber(t[2])) then
-  redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
+local token
+local counter = redis.call('GET', KEYS[2])
+if floor == 0 then
+  token = tonumber(t[1]) * 1000000 + tonumber(t[2]) + 1
+  if counter and tonumber(counter) >= token then
+    token = redis.call('INCR', KEYS[2])
+    redis.call('PEXPIRE', KEYS[2], fence_keep)
+  else
+    redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', fence_keep)
+  end
+else
+  if tonumber(counter or '0') < floor then
+    redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
+  end
+  token = redis.call('INCR', KEYS[2])
+  redis.call('PEXPIRE', KEYS[2], fence_keep)
 end
-local token = redis.call('INCR', KEYS[2])
-redis.call('PEXPIRE', KEYS[2], fence_keep)
 ";
 
 /// Lua that gives the lock to the owner value `who` (a Lua variable) for `lease` ms (a Lua

@@ -2140,6 +2140,19 @@ async fn clock_tokens_stay_above_the_server_clock() {
                 "{case}: token {token} not above the clock {before} µs"
             ),
         }
+        // The counter holds the token, and expires the lease plus forget_after (10 min) on.
+        let (stored, pttl): (u64, i64) = redis::pipe()
+            .get(&keys.fence)
+            .pttl(&keys.fence)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!(stored, token, "{case}: the counter is not the token");
+        let keep = i64::try_from(Duration::from_secs(10 + 600).as_millis()).unwrap();
+        assert!(
+            (keep - 5_000..=keep).contains(&pttl),
+            "{case}: the counter expires in {pttl} ms, expected about {keep}"
+        );
         guard.release().await.unwrap();
     }
     assert_eq!(
@@ -2147,6 +2160,83 @@ async fn clock_tokens_stay_above_the_server_clock() {
         before_calls,
         "an acquisition ran the full acquire script, not the fast path"
     );
+}
+
+/// With clock tokens, a writer's release hands the lock to every reader waiting behind it in
+/// one script, under one `TIME`: each reader gets a token of its own (the second and later
+/// find the counter at or above the clock plus one and step it), all above the writer's, and
+/// the counter keeps the largest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clock_tokens_of_readers_handed_the_lock_at_once_differ() {
+    const READERS: u64 = 4;
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    let name = name("clock-readers");
+    let keys = LockKeys::for_name(&name).unwrap();
+    let mut raw = common::raw(&urls[0]).await;
+    let config = common::config(&urls[..1], false).with_clock_tokens(true);
+    let connect = || distlock_redis::connect_with(config.clone(), common::client_config(OP));
+    let writer = connect()
+        .await
+        .expect("connect")
+        .acquire(&name, &opts())
+        .await
+        .unwrap();
+    let mut readers = Vec::new();
+    for _ in 0..READERS {
+        let (locks, name) = (connect().await.expect("connect"), name.clone());
+        let shared = opts().shared().with_wait(Duration::from_secs(10));
+        readers.push(tokio::spawn(
+            async move { locks.acquire(&name, &shared).await },
+        ));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let queued: u64 = redis::cmd("ZCARD")
+            .arg(&keys.queue)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        if queued == READERS {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{queued} readers queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let first = writer.token().get();
+    writer.release().await.unwrap();
+    let mut guards = Vec::new();
+    for reader in readers {
+        let guard = tokio::time::timeout(Duration::from_secs(10), reader)
+            .await
+            .expect("a reader was not handed the lock")
+            .unwrap()
+            .unwrap();
+        guards.push(guard);
+    }
+    let mut tokens: Vec<u64> = guards.iter().map(|g| g.token().get()).collect();
+    tokens.sort_unstable();
+    // One `TIME` for all: the clock plus one, then the counter stepped by one per reader.
+    let expected: Vec<u64> = (tokens[0]..tokens[0] + READERS).collect();
+    assert_eq!(
+        tokens, expected,
+        "not granted at once, or a token given twice"
+    );
+    assert!(
+        tokens[0] > first,
+        "{tokens:?} not above the writer's {first}"
+    );
+    let counter: u64 = redis::cmd("GET")
+        .arg(&keys.fence)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(counter, tokens[tokens.len() - 1]);
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
 }
 
 /// Holder data lives in the name's hash `d` (owner -> data) with the lock key's expiry: kept
