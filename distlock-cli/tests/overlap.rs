@@ -134,6 +134,20 @@ fn finish(mut child: Child, within: Duration, what: &str) -> std::process::Outpu
     child.wait_with_output().expect("output")
 }
 
+/// Starts `distlock run` on `url` and `name` with the lease [`TTL`] and one more `option`,
+/// running `shell -c script`; its stderr is kept for [`wait_for_command`]'s message.
+fn spawn_run(env: &Env, url: &str, name: &str, option: [&str; 2], shell: [&str; 2]) -> Child {
+    let [flag, value] = option;
+    let [program, script] = shell;
+    env.distlock(&[
+        "run", "--url", url, "--name", name, "--ttl", TTL, flag, value, "--", program, "-c", script,
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn a run")
+}
+
 /// One run: returns the gap (s) between the first command's death and the second's start.
 fn one_run(runtime: &tokio::runtime::Runtime, server: &Server, run: usize) -> f64 {
     let env = Env::new();
@@ -149,26 +163,13 @@ fn one_run(runtime: &tokio::runtime::Runtime, server: &Server, run: usize) -> f6
         "trap '' TERM; echo $$ > {}; exec sleep 120",
         pid_file.display()
     );
-    let mut first = env
-        .distlock(&[
-            "run",
-            "--url",
-            &proxied,
-            "--name",
-            &name,
-            "--ttl",
-            TTL,
-            "--op-timeout",
-            "1s",
-            "--",
-            "sh",
-            "-c",
-            &first_script,
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the first run");
+    let mut first = spawn_run(
+        &env,
+        &proxied,
+        &name,
+        ["--op-timeout", "1s"],
+        ["sh", &first_script],
+    );
     let first_pid: i32 = wait_for_command(
         &mut first,
         &pid_file,
@@ -179,26 +180,13 @@ fn one_run(runtime: &tokio::runtime::Runtime, server: &Server, run: usize) -> f6
     .expect("pid");
     let start_file = env.path("second.start");
     let second_script = format!("echo $EPOCHREALTIME > {}", start_file.display());
-    let mut second = env
-        .distlock(&[
-            "run",
-            "--url",
-            &direct,
-            "--name",
-            &name,
-            "--ttl",
-            TTL,
-            "--wait",
-            "60s",
-            "--",
-            "bash",
-            "-c",
-            &second_script,
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the second run");
+    let mut second = spawn_run(
+        &env,
+        &direct,
+        &name,
+        ["--wait", "60s"],
+        ["bash", &second_script],
+    );
     std::thread::sleep(Duration::from_millis(300));
     proxy.switch().partition(true);
     let cut = Instant::now();
