@@ -218,9 +218,10 @@ end
 /// token is `max(counter + 1, clock + 1)`, so a promoted replica whose counter lags still
 /// continues above the old master's tokens (given clocks that agree within the failover).
 /// Clock tokens take two commands besides the `TIME`: `GET` of the counter, and a `SET` of
-/// the clock plus one with the counter's expiry when the counter is not ahead of it (the
-/// common case); a counter ahead (a clock that went back, or the second and later grants of
-/// one script, which share its `TIME`) is stepped (`INCR`, `PEXPIRE`). Any server version.
+/// the clock plus one with the counter's expiry when the counter is not ahead of the clock
+/// (the common case); a counter ahead (a clock that went back, or the second and later
+/// grants of one script, which share its `TIME`) is stepped like any other (`INCR`,
+/// `PEXPIRE`). Any server version.
 ///
 /// The counter then expires `fence_keep` ms later: the lease plus
 /// [`forget_after`](crate::RedisConfig::forget_after). Every acquisition sets it again, so
@@ -228,18 +229,14 @@ end
 /// behind; its next token comes from the clock, above this one unless the server's clock
 /// went back by more than `forget_after` (see the crate docs, "What is left on the server").
 pub(crate) const NEXT_TOKEN: &str = r"
+local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local token
-local counter = redis.call('GET', KEYS[2])
-if floor == 0 then
-  token = tonumber(t[1]) * 1000000 + tonumber(t[2]) + 1
-  if counter and tonumber(counter) >= token then
-    token = redis.call('INCR', KEYS[2])
-    redis.call('PEXPIRE', KEYS[2], fence_keep)
-  else
-    redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', fence_keep)
-  end
+if floor == 0 and counter <= clock then
+  token = clock + 1
+  redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', fence_keep)
 else
-  if tonumber(counter or '0') < floor then
+  if counter < floor then
     redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
   end
   token = redis.call('INCR', KEYS[2])
