@@ -60,7 +60,9 @@ pub(crate) struct RedisAttempt {
 }
 
 impl RedisAttempt {
-    pub(crate) fn lease(&self) -> Box<dyn Lease> {
+    /// The lease of this attempt's acquisition; Redlock: with the masters whose requests of
+    /// the round that acquired it were still running ([`redlock::Unsettled`]).
+    pub(crate) fn lease(&self, unsettled: Option<redlock::Unsettled>) -> Box<dyn Lease> {
         Box::new(RedisLease {
             shared: self.shared.clone(),
             lock: self.keys.lock.clone(),
@@ -75,6 +77,7 @@ impl RedisAttempt {
                 .first()
                 .and_then(|node| node.cluster_topology())
                 .and_then(|topology| topology.confirmed_watch_for(&self.keys.lock)),
+            unsettled,
         })
     }
 
@@ -201,9 +204,9 @@ impl RedisAttempt {
             if let Some(leave) = redlock::Leave::of(self) {
                 leave.spawn(queued);
             }
-            redlock::acquired(self, &tokens, timeout).await
+            redlock::acquired(self, &tokens, timeout, None).await
         } else {
-            Acquired::new(self.lease(), FencingToken::new(handed[0].1))
+            Acquired::new(self.lease(None), FencingToken::new(handed[0].1))
         };
         Some(acquired.with_lease_started(started))
     }
@@ -230,7 +233,7 @@ impl RedisAttempt {
             .map_err(|e| e.into_lock_error("acquire"))?;
         Ok(match answer {
             Answer::Acquired(token) => {
-                Step::Acquired(Acquired::new(self.lease(), FencingToken::new(token)))
+                Step::Acquired(Acquired::new(self.lease(None), FencingToken::new(token)))
             }
             Answer::Busy(ms, counter) => {
                 if let Some(counter) = counter {

@@ -44,6 +44,9 @@ pub(crate) struct RedisLease {
     /// it); a watch that ends between the lease and the guard's start leaves the guard to the
     /// future as well (see `shared_loss`).
     pub(crate) cluster_watch: Option<Arc<Restarts>>,
+    /// Redlock: the masters whose requests of the acquisition round were still running when
+    /// a majority granted it; the release waits for each there (see [`redlock::Unsettled`]).
+    pub(crate) unsettled: Option<redlock::Unsettled>,
 }
 
 impl RedisLease {

@@ -267,7 +267,8 @@
 //! own answer, which only a round that fails needs (such a round still waits for every master,
 //! up to the node timeout; so does the watchdog's batched renewal). Its request finishes in the
 //! background; whatever an acquisition takes there is the holder's, which the renewals and the
-//! release reach on every master.
+//! release reach on every master (the release there only once the acquisition's request
+//! finished, which may take two scripts: it never leaves a copy granted after it ran).
 //! On failure the lock is released on all nodes (also those whose answer was lost) and the
 //! attempt retries after a random delay; when too few nodes answer at all the error is
 //! [`distlock_core::Error::QuorumNotReached`], listing each node's outcome. A renewal counts only

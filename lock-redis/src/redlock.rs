@@ -90,7 +90,7 @@ pub(crate) async fn acquire(attempt: &mut RedisAttempt) -> Result<Step> {
         // answer comes after this (a grant there is the lease's, like the majority's).
         let leave = Leave::of(attempt);
         let late = leave.clone();
-        let answered = gathered.settle_with(move |rest| {
+        let (answered, unsettled) = gathered.settle_with(move |rest| {
             Box::pin(async move {
                 if let Some(late) = late {
                     late.run(busy(rest.iter().map(|(i, a)| (*i, a)))).await;
@@ -114,7 +114,9 @@ pub(crate) async fn acquire(attempt: &mut RedisAttempt) -> Result<Step> {
                     .filter_map(|(i, a)| Some((i, a.as_ref()?))),
             ));
         }
-        return Ok(Step::Acquired(acquired(attempt, &tokens, timeout).await));
+        return Ok(Step::Acquired(
+            acquired(attempt, &tokens, timeout, unsettled).await,
+        ));
     }
     // The round failed: every master's answer decides what to retreat from (a majority that
     // granted too late leaves the others to be awaited).
@@ -217,27 +219,36 @@ struct Gathered<T> {
 impl<T: Send + 'static> Gathered<T> {
     /// The answers so far; the requests still running finish in a spawned task.
     fn settle(self) -> Vec<Option<T>> {
-        self.settle_with(|_| Box::pin(async {}))
+        self.settle_with(|_| Box::pin(async {})).0
     }
 
-    /// [`Self::settle`], and then `late` with the answers that came in the spawned task.
-    fn settle_with<F>(self, late: F) -> Vec<Option<T>>
+    /// [`Self::settle`], and then `late` with the answers that came in the spawned task; with
+    /// the masters whose requests were still running, as they finish (`None`: none was).
+    fn settle_with<F>(self, late: F) -> (Vec<Option<T>>, Option<Unsettled>)
     where
         F: FnOnce(Vec<(usize, T)>) -> BoxFuture<'static, ()> + Send + 'static,
     {
         let Self {
             answers, mut rest, ..
         } = self;
-        if !rest.is_empty() {
-            tokio::spawn(async move {
-                let mut answered = Vec::new();
-                while let Some(answer) = rest.next().await {
-                    answered.push(answer);
-                }
-                late(answered).await;
-            });
+        if rest.is_empty() {
+            return (answers, None);
         }
-        answers
+        let running = answers
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.is_none())
+            .fold(0, |mask, (i, _)| mask | master_bit(i));
+        let (finished, unsettled) = tokio::sync::watch::channel(running);
+        tokio::spawn(async move {
+            let mut answered = Vec::new();
+            while let Some(answer) = rest.next().await {
+                finished.send_modify(|running| *running &= !master_bit(answer.0));
+                answered.push(answer);
+            }
+            late(answered).await;
+        });
+        (answers, Some(Unsettled(unsettled)))
     }
 
     /// Every master's answer (each request is bounded by its own timeout).
@@ -252,6 +263,36 @@ impl<T: Send + 'static> Gathered<T> {
         }
         answers
     }
+}
+
+/// The masters whose requests of an acquisition round were still running when a majority
+/// granted it ([`Gathered::settle_with`]), as they finish. The lease's release waits for a
+/// master's request before it sends its own there: a request that takes two scripts (the
+/// `SET NX GET` fast path, then the full script where the lock was busy) could otherwise
+/// grant the lock there after the release ran, a copy nobody removes until its ttl runs out
+/// (a master that refuses everyone else meanwhile).
+#[derive(Clone, Debug)]
+pub(crate) struct Unsettled(tokio::sync::watch::Receiver<u64>);
+
+impl Unsettled {
+    /// Returns once master `i`'s request of the round has finished (at once if it had; also
+    /// if the task awaiting it is gone, as with a runtime shutting down). Each request is
+    /// bounded by its node timeout, so this is too.
+    pub(crate) async fn settled(&self, i: usize) {
+        let mut running = self.0.clone();
+        // An error: the sender is gone, nothing is left running.
+        let _ = running
+            .wait_for(|running| running & master_bit(i) == 0)
+            .await;
+    }
+}
+
+/// Master `i`'s bit in a set of masters (Redlock takes at most 64: [`TOKEN_SCALE`]).
+fn master_bit(i: usize) -> u64 {
+    u32::try_from(i)
+        .ok()
+        .and_then(|i| 1u64.checked_shl(i))
+        .unwrap_or(0)
 }
 
 /// The answers of [`gather`], a master not awaited counted as timed out.
@@ -274,6 +315,7 @@ pub(crate) async fn acquired(
     attempt: &RedisAttempt,
     tokens: &[(&Node, u64)],
     timeout: Duration,
+    unsettled: Option<Unsettled>,
 ) -> Acquired {
     let shared = &attempt.shared;
     let max = tokens.iter().map(|(_, t)| *t).max().unwrap_or(0);
@@ -292,7 +334,10 @@ pub(crate) async fn acquired(
         )
         .await;
     }
-    Acquired::new(attempt.lease(), FencingToken::new(token_of(max, index)))
+    Acquired::new(
+        attempt.lease(unsettled),
+        FencingToken::new(token_of(max, index)),
+    )
 }
 
 /// The masters among `answers` (index, answer) that answered busy: the attempt is queued
@@ -590,6 +635,7 @@ async fn on_masters(
         lease.keys(),
         lease.owner.clone(),
         lease.kind,
+        lease.unsettled.clone(),
     ));
     let answers = gather(
         shared.nodes.len(),
@@ -597,8 +643,13 @@ async fn on_masters(
         |i| {
             let round = round.clone();
             async move {
-                let (shared, keys, owner, kind) = &*round;
+                let (shared, keys, owner, kind, unsettled) = &*round;
                 let n = &shared.nodes[i];
+                // A release goes after the acquisition's own request there (see `Unsettled`),
+                // not counting that wait against its timeout.
+                if let (LeaseOp::Release, Some(unsettled)) = (op, unsettled) {
+                    unsettled.settled(i).await;
+                }
                 let request = async {
                     match op {
                         LeaseOp::Renew(ttl) => n.renew(keys, owner, ttl, *kind).await,
@@ -748,4 +799,57 @@ pub(crate) async fn force_release(
             .find_map(Result::err)
             .map(|e| Box::new(e) as distlock_core::BoxError),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A round settled by a majority leaves the late master's request running; `Unsettled`
+    /// answers for the masters that had answered at once, and for the late one only once its
+    /// request finished.
+    #[tokio::test]
+    async fn unsettled_waits_for_the_requests_still_running() {
+        let (finish, finished) = tokio::sync::oneshot::channel::<()>();
+        let finished = std::sync::Mutex::new(Some(finished));
+        let gathered = gather(
+            3,
+            2,
+            |i| {
+                let late = (i == 1).then(|| finished.lock().unwrap().take()).flatten();
+                async move {
+                    if let Some(late) = late {
+                        let _ = late.await;
+                    }
+                    i
+                }
+            },
+            |_| true,
+        )
+        .await;
+        let (answers, unsettled) = gathered.settle_with(|_| Box::pin(async {}));
+        assert_eq!(answers, vec![Some(0), None, Some(2)]);
+        let unsettled = unsettled.expect("master 1 still running");
+        let soon = Duration::from_millis(50);
+        for i in [0, 2] {
+            tokio::time::timeout(soon, unsettled.settled(i))
+                .await
+                .unwrap_or_else(|_| panic!("master {i} had answered"));
+        }
+        assert!(
+            tokio::time::timeout(soon, unsettled.settled(1))
+                .await
+                .is_err(),
+            "master 1's request is still running"
+        );
+        finish.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), unsettled.settled(1))
+            .await
+            .expect("master 1's request finished");
+        let (answers, unsettled) = gather(3, 3, |i| async move { i }, |_| true)
+            .await
+            .settle_with(|_| Box::pin(async {}));
+        assert_eq!(answers, vec![Some(0), Some(1), Some(2)]);
+        assert!(unsettled.is_none(), "nothing was left running");
+    }
 }

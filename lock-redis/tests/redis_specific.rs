@@ -5,6 +5,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use distlock_core::{
@@ -2354,6 +2355,77 @@ async fn holder_data_lives_and_ends_with_the_hold() {
     assert!(!exists(&mut raw).await, "the last reader left the data");
 }
 
+/// Redlock: a release leaves no copy of the lock behind on a master whose acquisition
+/// request was still running when a majority granted the lock. Two clients take turns on one
+/// name, each acquiring while the other's release still runs on a master, so that its first
+/// poll there finds the lock busy: the fast path's script, then the full script, two round
+/// trips that the release once overtook (the full script then granted a copy after the
+/// release, held until its ttl ran out: a master refusing everyone else for 10 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_release_leaves_no_copy_behind_a_late_acquisition() {
+    let Some(urls) = common::urls("redlock3") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    let nodes = &urls[..3];
+    let clients = [client(nodes, false).await, client(nodes, false).await];
+    let names: Vec<String> = (0..4).map(|_| name("late-copy")).collect();
+    // Threads that keep the CPUs busy, so that the runtime's workers are preempted between
+    // the steps of a request: without them the race shows on a loaded machine only.
+    let stop = Arc::new(AtomicBool::new(false));
+    let hogs: Vec<_> = (0..3)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    futures::future::join_all(names.iter().map(|name| {
+        let clients = &clients;
+        async move {
+            for turn in 0..300 {
+                clients[turn % 2]
+                    .acquire(name, &opts())
+                    .await
+                    .unwrap()
+                    .release()
+                    .await
+                    .unwrap();
+            }
+        }
+    }))
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for hog in hogs {
+        hog.join().unwrap();
+    }
+    // Every request still running ends within its node timeout (1 s).
+    let masters = raws(nodes).await;
+    for name in &names {
+        let key = LockKeys::for_name(name).unwrap().lock;
+        no_copy_left(&masters, &key).await;
+    }
+}
+
+/// Waits (up to `OP`) until no master of `masters` holds a copy of the lock `key`.
+async fn no_copy_left(masters: &[redis::aio::MultiplexedConnection], key: &str) {
+    eventually(OP, || {
+        let (mut masters, key) = (masters.to_vec(), key.to_owned());
+        async move {
+            for (i, raw) in masters.iter_mut().enumerate() {
+                if exists(raw, &key).await {
+                    return Err(format!("master {i} still holds a copy of {key}"));
+                }
+            }
+            Ok(())
+        }
+    })
+    .await;
+}
+
 /// Redlock: an acquisition, a renewal and a release return once a majority answered them,
 /// without waiting for a slow master (here one whose clients are paused for 900 ms, within
 /// the per-node timeout of a tenth of the 10 s ttl); the lock still excludes others, tokens
@@ -2386,18 +2458,7 @@ async fn redlock_does_not_wait_for_a_slow_master_once_a_majority_answered() {
     // A release answers once a majority released: the last one's copies gone everywhere (a
     // copy left on a running master would make the round below wait for the paused one).
     let masters = raws(nodes).await;
-    eventually(OP, || {
-        let (mut masters, key) = (masters.clone(), key.clone());
-        async move {
-            for (i, raw) in masters.iter_mut().enumerate() {
-                if exists(raw, &key).await {
-                    return Err(format!("master {i} still holds a copy of the lock"));
-                }
-            }
-            Ok(())
-        }
-    })
-    .await;
+    no_copy_left(&masters, &key).await;
     let mut slow = common::raw(&nodes[2]).await;
     let pause = Duration::from_millis(900);
     let _: () = redis::cmd("CLIENT")
