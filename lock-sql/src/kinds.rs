@@ -147,6 +147,11 @@ pub(crate) struct HolderSql {
     pub(crate) set_data: Arc<str>,
     /// No ARGS. Counts the `data` columns of the holders table (0 or 1).
     pub(crate) has_data: Arc<str>,
+    /// No ARGS. Counts the `data` columns of the holders table where
+    /// [`setup`](Self::setup) would create it (0 or 1; PostgreSQL: in the current schema,
+    /// for a name without one, which the search path may put ahead of another schema's table
+    /// of that name): 1, and no set-up is needed.
+    pub(crate) set_up: Arc<str>,
     /// No ARGS. Adds the `data` column to a holders table of an earlier version (when
     /// [`setup`](Self::setup) may run).
     pub(crate) add_data: Arc<str>,
@@ -585,19 +590,27 @@ where
             // Closed, not given back, if cancelled mid-way (see `InUse`).
             let mut conn = InUse::acquire(pool).await?;
             let create = !holds.sql.setup.is_empty();
-            if create {
+            let count = async |conn: &mut DB::Connection, sql: &Arc<str>| {
+                let row = q::<DB>(sql).fetch_one(conn).await?;
+                Ok::<_, sqlx::Error>(sqlx::Row::try_get::<i64, _>(&row, 0)? > 0)
+            };
+            let has_data = async |conn: &mut DB::Connection| count(conn, &holds.sql.has_data).await;
+            // Looked up first: a table with the column needs no set-up (which serializes
+            // first uses, under a lock on PostgreSQL), and an ALTER waits for every open
+            // transaction on the table.
+            let mut data = if create {
+                count(conn.conn(), &holds.sql.set_up).await?
+            } else {
+                has_data(conn.conn()).await?
+            };
+            if !data && create {
                 let mut tx = sqlx::Connection::begin(conn.conn()).await?;
                 for statement in &holds.sql.setup {
                     (&mut *tx).execute(AssertSqlSafe(statement.clone())).await?;
                 }
                 tx.commit().await?;
+                data = has_data(conn.conn()).await?;
             }
-            let has_data = async |conn: &mut DB::Connection| {
-                let row = q::<DB>(&holds.sql.has_data).fetch_one(conn).await?;
-                Ok::<_, sqlx::Error>(sqlx::Row::try_get::<i64, _>(&row, 0)? > 0)
-            };
-            // Looked up first: an ALTER waits for every open transaction on the table.
-            let mut data = has_data(conn.conn()).await?;
             if !data && create {
                 // A concurrent first use may have added it meanwhile (a duplicate column).
                 let added = (&mut *conn.conn())

@@ -783,6 +783,54 @@ mod postgres {
         }
     }
 
+    /// Once the tables are complete, a connect and a first shared hold only read the
+    /// catalog: they do not wait for the advisory lock that serializes creating them (held
+    /// here by a session stuck in its set-up, as a client stopped mid-connect would leave it).
+    #[tokio::test]
+    async fn a_complete_table_is_not_set_up_again() {
+        let Some(url) = url() else { return };
+        let table = unique("complete");
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let with = format!("{url}{sep}table={table}");
+        let first = client(&with).await;
+        let opts = AcquireOptions::default().with_ttl(Duration::from_secs(5));
+        first
+            .acquire(&unique("readers"), &opts.clone().shared())
+            .await
+            .expect("first shared hold creates the holders table")
+            .release()
+            .await
+            .expect("release");
+        let admin = common::pg(&first);
+        let mut stuck = admin.begin().await.expect("begin");
+        sqlx::query("SELECT pg_advisory_xact_lock(7283160942917)")
+            .execute(&mut *stuck)
+            .await
+            .expect("the set-up lock");
+        let within = Duration::from_secs(5);
+        let next = tokio::time::timeout(
+            within,
+            distlock_sql::connect(&with, ClientConfig::default()),
+        )
+        .await
+        .expect("a connect waited for the set-up lock")
+        .expect("connect");
+        tokio::time::timeout(within, async {
+            let reader = next
+                .acquire(&unique("readers"), &opts.clone().shared())
+                .await;
+            reader.expect("shared").release().await.expect("release");
+        })
+        .await
+        .expect("a first shared hold waited for the set-up lock");
+        stuck.rollback().await.expect("rollback");
+        let drop_tables = format!("DROP TABLE IF EXISTS {table}, {table}_holders, {table}_queue");
+        sqlx::query(AssertSqlSafe(drop_tables))
+            .execute(&admin)
+            .await
+            .expect("drop");
+    }
+
     #[tokio::test]
     async fn data_ends_with_the_hold() {
         let Some(url) = url() else { return };

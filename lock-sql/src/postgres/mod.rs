@@ -322,6 +322,8 @@ fn holder_statements(table: &str, peek: &str, data: DataColumn) -> HolderSql {
         )
         .into(),
         has_data: format!("SELECT count(*) {}", column_of(&h, "data")).into(),
+        set_up: format!("SELECT count(*) {} {}", column_of(&h, "data"), in_creation_schema(&h))
+            .into(),
         add_data: format!("ALTER TABLE {h} ADD COLUMN IF NOT EXISTS data TEXT").into(),
         // The table is a plain identifier: safe in a literal.
         notify: Some(format!("SELECT pg_notify('distlock:{table}', $1)").into()),
@@ -375,18 +377,21 @@ impl PgDb {
         check_sessions(&mut listener, &pool, config).await?;
         idle.set_server_limit(idle_session_timeout(&pool).await?);
         let table = quote(&config.table, '"');
+        // Read first, which is all a connect does once the table is complete: the block that
+        // creates it serializes every connect that runs it, under one advisory lock. Closed,
+        // not given back, if cancelled mid-way (see `InUse`).
+        let mut conn = InUse::acquire(&pool)
+            .await
+            .map_err(|e| map_err("connect", e))?;
+        let mut found = columns(conn.conn(), &table, config.create_table).await?;
         // With `create_table`, the table has the columns once this block is through.
-        let (handover, data) = if config.create_table {
+        if config.create_table && found != (true, true) {
             let create = format!(
                 "CREATE TABLE IF NOT EXISTS {table} (name TEXT COLLATE \"C\" PRIMARY KEY, owner TEXT, \
                  version BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, next_owner TEXT, \
                  next_since BIGINT, next_expires TIMESTAMPTZ, next_ttl BIGINT, data TEXT)"
             );
-            // Concurrent first connects can race on the catalog: serialize them. Closed, not
-            // given back, if cancelled mid-way (see `InUse`).
-            let mut conn = InUse::acquire(&pool)
-                .await
-                .map_err(|e| map_err("create table", e))?;
+            // Concurrent first connects can race on the catalog: serialize them.
             let mut tx = sqlx::Connection::begin(conn.conn())
                 .await
                 .map_err(|e| map_err("create table", e))?;
@@ -398,10 +403,12 @@ impl PgDb {
                 .await
                 .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
             // A table of an earlier version: the column of hand-overs, the holder data. Each
-            // altered only when missing, since an ALTER waits for every open transaction on
-            // the table.
-            for (column, ty) in [("next_ttl", "BIGINT"), ("data", "TEXT")] {
-                if !has_column(&mut tx, &table, column).await? {
+            // altered only when missing (read again under the lock), since an ALTER waits for
+            // every open transaction on the table.
+            let (next_ttl, data) = columns(&mut tx, &table, false).await?;
+            for (column, ty, present) in [("next_ttl", "BIGINT", next_ttl), ("data", "TEXT", data)]
+            {
+                if !present {
                     let alter =
                         format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {ty}");
                     tx.execute(AssertSqlSafe(alter))
@@ -410,17 +417,10 @@ impl PgDb {
                 }
             }
             tx.commit().await.map_err(|e| map_err("create table", e))?;
-            drop(conn.done());
-            (true, true)
-        } else {
-            let mut conn = InUse::acquire(&pool)
-                .await
-                .map_err(|e| map_err("connect", e))?;
-            let found = has_column(conn.conn(), &table, "next_ttl").await?;
-            let data = has_column(conn.conn(), &table, "data").await?;
-            drop(conn.done());
-            (found, data)
-        };
+            found = (true, true);
+        }
+        drop(conn.done());
+        let (handover, data) = found;
         let (sql, take_wake, holds) = statements(&config.table, handover, DataColumn(data));
         let channel = format!("distlock:{}", config.table);
         let routines = match routines(&config.table, &holds, PEEK_COLUMNS, REMAINING, &channel) {
@@ -540,7 +540,7 @@ async fn idle_session_timeout(pool: &sqlx::PgPool) -> Result<Option<Duration>> {
 }
 
 /// `FROM .. WHERE` of the catalog rows of `column` of `table` (quoted; a plain identifier,
-/// safe in a literal).
+/// safe in a literal): of the table the name finds on the search path.
 fn column_of(table: &str, column: &str) -> String {
     format!(
         "FROM pg_attribute WHERE attrelid = to_regclass('{table}') \
@@ -548,20 +548,42 @@ fn column_of(table: &str, column: &str) -> String {
     )
 }
 
-/// Whether the lock table (`table`, quoted) has `column`: a table created by an earlier
-/// version and not altered (`create_table` off) may lack `next_ttl` (its releases then free
-/// the lock instead of handing it over) or `data` (its holds then carry no data).
-async fn has_column(conn: &mut sqlx::PgConnection, table: &str, column: &str) -> Result<bool> {
-    let found: Option<i32> = sqlx::query_scalar(
-        "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
-         AND attname = $2 AND NOT attisdropped",
-    )
-    .bind(table)
-    .bind(column)
-    .fetch_optional(conn)
-    .await
-    .map_err(|e| map_err(&format!("reading the columns of {table}"), e))?;
-    Ok(found.is_some())
+/// A condition on the catalog rows of [`column_of`] `table`: the table is where `CREATE TABLE
+/// IF NOT EXISTS` of its name would look for it (the current schema, for a name without
+/// one), not a table of that name in a schema later on the search path, which such a
+/// `CREATE` would hide behind a new one.
+fn in_creation_schema(table: &str) -> String {
+    if table.contains('.') {
+        String::new()
+    } else {
+        "AND (SELECT relnamespace FROM pg_class WHERE oid = attrelid) = \
+         (SELECT oid FROM pg_namespace WHERE nspname = current_schema())"
+            .into()
+    }
+}
+
+/// Whether the lock table (`table`, quoted) has the column of hand-overs (`next_ttl`) and
+/// the holder data's (`data`), in one query (neither when the table does not exist): a table
+/// created by an earlier version and not altered (`create_table` off) may lack `next_ttl`
+/// (its releases then free the lock instead of handing it over) or `data` (its holds then
+/// carry no data). `here`: only a table [`in_creation_schema`] counts.
+async fn columns(conn: &mut sqlx::PgConnection, table: &str, here: bool) -> Result<(bool, bool)> {
+    let found = format!(
+        "SELECT count(*) FILTER (WHERE attname = 'next_ttl') > 0, \
+         count(*) FILTER (WHERE attname = 'data') > 0 \
+         FROM pg_attribute WHERE attrelid = to_regclass($1) AND NOT attisdropped {}",
+        if here {
+            in_creation_schema(table)
+        } else {
+            String::new()
+        }
+    );
+    let (next_ttl, data): (bool, bool) = sqlx::query_as(AssertSqlSafe(found))
+        .bind(table)
+        .fetch_one(conn)
+        .await
+        .map_err(|e| map_err(&format!("reading the columns of {table}"), e))?;
+    Ok((next_ttl, data))
 }
 
 async fn listen(mut listener: PgListener, notifier: Arc<Notifier>) {
