@@ -275,6 +275,11 @@ impl<T: Send + 'static> Gathered<T> {
 pub(crate) struct Unsettled(tokio::sync::watch::Receiver<u64>);
 
 impl Unsettled {
+    /// Whether master `i`'s request of the round is still running.
+    pub(crate) fn running(&self, i: usize) -> bool {
+        *self.0.borrow() & master_bit(i) != 0
+    }
+
     /// Returns once master `i`'s request of the round has finished (at once if it had; also
     /// if the task awaiting it is gone, as with a runtime shutting down). Each request is
     /// bounded by its node timeout, so this is too.
@@ -641,12 +646,19 @@ async fn on_masters(
         shared.nodes.len(),
         shared.quorum(),
         |i| {
+            // A release where the acquisition's own request still runs goes after it (see
+            // `Unsettled`), not counting that wait against its timeout, and from a task of its
+            // own: a release cancelled meanwhile (its caller's timeout, a dropped future)
+            // still reaches that master.
+            let deferred = matches!(op, LeaseOp::Release)
+                && round
+                    .4
+                    .as_ref()
+                    .is_some_and(|unsettled| unsettled.running(i));
             let round = round.clone();
-            async move {
+            let request = async move {
                 let (shared, keys, owner, kind, unsettled) = &*round;
                 let n = &shared.nodes[i];
-                // A release goes after the acquisition's own request there (see `Unsettled`),
-                // not counting that wait against its timeout.
                 if let (LeaseOp::Release, Some(unsettled)) = (op, unsettled) {
                     unsettled.settled(i).await;
                 }
@@ -661,6 +673,16 @@ async fn on_masters(
                     }
                 };
                 within(n, timeout, request).await
+            };
+            let deferred = deferred.then(|| shared.nodes[i].addr.clone());
+            async move {
+                match deferred {
+                    // A task that panicked or a runtime shutting down: no answer.
+                    Some(addr) => tokio::spawn(request)
+                        .await
+                        .unwrap_or_else(|_| Err(RedisError::timeout(&addr))),
+                    None => request.await,
+                }
             }
         },
         |r| matches!(r, Ok(true)),
@@ -830,6 +852,10 @@ mod tests {
         let (answers, unsettled) = gathered.settle_with(|_| Box::pin(async {}));
         assert_eq!(answers, vec![Some(0), None, Some(2)]);
         let unsettled = unsettled.expect("master 1 still running");
+        assert_eq!(
+            (0..3).map(|i| unsettled.running(i)).collect::<Vec<_>>(),
+            [false, true, false]
+        );
         let soon = Duration::from_millis(50);
         for i in [0, 2] {
             tokio::time::timeout(soon, unsettled.settled(i))
@@ -846,6 +872,7 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), unsettled.settled(1))
             .await
             .expect("master 1's request finished");
+        assert!(!unsettled.running(1));
         let (answers, unsettled) = gather(3, 3, |i| async move { i }, |_| true)
             .await
             .settle_with(|_| Box::pin(async {}));

@@ -2372,17 +2372,7 @@ async fn redlock_release_leaves_no_copy_behind_a_late_acquisition() {
     let names: Vec<String> = (0..4).map(|_| name("late-copy")).collect();
     // Threads that keep the CPUs busy, so that the runtime's workers are preempted between
     // the steps of a request: without them the race shows on a loaded machine only.
-    let stop = Arc::new(AtomicBool::new(false));
-    let hogs: Vec<_> = (0..3)
-        .map(|_| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    std::hint::spin_loop();
-                }
-            })
-        })
-        .collect();
+    let hogs = Hogs::start(3);
     futures::future::join_all(names.iter().map(|name| {
         let clients = &clients;
         async move {
@@ -2398,15 +2388,44 @@ async fn redlock_release_leaves_no_copy_behind_a_late_acquisition() {
         }
     }))
     .await;
-    stop.store(true, Ordering::Relaxed);
-    for hog in hogs {
-        hog.join().unwrap();
-    }
+    drop(hogs);
     // Every request still running ends within its node timeout (1 s).
     let masters = raws(nodes).await;
     for name in &names {
         let key = LockKeys::for_name(name).unwrap().lock;
         no_copy_left(&masters, &key).await;
+    }
+}
+
+/// Threads spinning until dropped (also when a test fails while they run).
+struct Hogs {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Hogs {
+    fn start(n: usize) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..n)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        Self { stop, threads }
+    }
+}
+
+impl Drop for Hogs {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
     }
 }
 
