@@ -321,9 +321,8 @@ fn holder_statements(table: &str, peek: &str, data: DataColumn) -> HolderSql {
              WHERE name = $2 AND owner = $3 AND token = $4 AND expires_at > now()"
         )
         .into(),
-        has_data: format!("SELECT count(*) {}", column_of(&h, "data")).into(),
-        set_up: format!("SELECT count(*) {} {}", column_of(&h, "data"), in_creation_schema(&h))
-            .into(),
+        has_data: format!("SELECT count(*) {}", column_of(&h, "data", false)).into(),
+        set_up: format!("SELECT count(*) {}", column_of(&h, "data", true)).into(),
         add_data: format!("ALTER TABLE {h} ADD COLUMN IF NOT EXISTS data TEXT").into(),
         // The table is a plain identifier: safe in a literal.
         notify: Some(format!("SELECT pg_notify('distlock:{table}', $1)").into()),
@@ -539,44 +538,41 @@ async fn idle_session_timeout(pool: &sqlx::PgPool) -> Result<Option<Duration>> {
         .map(Duration::from_millis))
 }
 
-/// `FROM .. WHERE` of the catalog rows of `column` of `table` (quoted; a plain identifier,
-/// safe in a literal): of the table the name finds on the search path.
-fn column_of(table: &str, column: &str) -> String {
-    format!(
-        "FROM pg_attribute WHERE attrelid = to_regclass('{table}') \
-         AND attname = '{column}' AND NOT attisdropped"
-    )
+/// What goes before the literal of `table` (quoted) so that `to_regclass` or
+/// `to_regprocedure` finds the object where `CREATE .. IF NOT EXISTS` of that name would look
+/// for it: in the name's schema, else the current schema (the first of the search path), not a
+/// same-named one in a schema later on the path, which such a `CREATE` would hide behind a new
+/// one (another role's table in `public`, say).
+pub(super) fn creation_schema(table: &str) -> &'static str {
+    if table.contains('.') {
+        ""
+    } else {
+        "quote_ident(current_schema()) || '.' || "
+    }
 }
 
-/// A condition on the catalog rows of [`column_of`] `table`: the table is where `CREATE TABLE
-/// IF NOT EXISTS` of its name would look for it (the current schema, for a name without
-/// one), not a table of that name in a schema later on the search path, which such a
-/// `CREATE` would hide behind a new one.
-fn in_creation_schema(table: &str) -> String {
-    if table.contains('.') {
-        String::new()
-    } else {
-        "AND (SELECT relnamespace FROM pg_class WHERE oid = attrelid) = \
-         (SELECT oid FROM pg_namespace WHERE nspname = current_schema())"
-            .into()
-    }
+/// `FROM .. WHERE` of the catalog rows of `column` of `table` (quoted; a plain identifier,
+/// safe in a literal): of the table the name finds on the search path, or with `here` of the
+/// one a `CREATE` would make ([`creation_schema`]).
+fn column_of(table: &str, column: &str, here: bool) -> String {
+    let schema = if here { creation_schema(table) } else { "" };
+    format!(
+        "FROM pg_attribute WHERE attrelid = to_regclass({schema}'{table}') \
+         AND attname = '{column}' AND NOT attisdropped"
+    )
 }
 
 /// Whether the lock table (`table`, quoted) has the column of hand-overs (`next_ttl`) and
 /// the holder data's (`data`), in one query (neither when the table does not exist): a table
 /// created by an earlier version and not altered (`create_table` off) may lack `next_ttl`
 /// (its releases then free the lock instead of handing it over) or `data` (its holds then
-/// carry no data). `here`: only a table [`in_creation_schema`] counts.
+/// carry no data). `here`: of the table a `CREATE` would make ([`creation_schema`]).
 async fn columns(conn: &mut sqlx::PgConnection, table: &str, here: bool) -> Result<(bool, bool)> {
+    let schema = if here { creation_schema(table) } else { "" };
     let found = format!(
         "SELECT count(*) FILTER (WHERE attname = 'next_ttl') > 0, \
          count(*) FILTER (WHERE attname = 'data') > 0 \
-         FROM pg_attribute WHERE attrelid = to_regclass($1) AND NOT attisdropped {}",
-        if here {
-            in_creation_schema(table)
-        } else {
-            String::new()
-        }
+         FROM pg_attribute WHERE attrelid = to_regclass({schema}$1) AND NOT attisdropped"
     );
     let (next_ttl, data): (bool, bool) = sqlx::query_as(AssertSqlSafe(found))
         .bind(table)

@@ -75,15 +75,10 @@ pub(crate) fn routines(
     ];
     // Plain identifiers: safe in literals.
     let queue = quote(&crate::kinds::queue_table(table), '"');
-    // Looked up where `create` makes them: in the table's schema, else the current schema
-    // (the first of the search path), not anywhere on the path. Another role's functions in
-    // a schema later on the path (`public`) would run on this role's lock table (resolved at
-    // each call) but with that role's queue table, which this one may not write.
-    let here = if table.contains('.') {
-        ""
-    } else {
-        "quote_ident(current_schema()) || '.' || "
-    };
+    // Looked up where `create` makes them, not anywhere on the path. Another role's functions
+    // in a schema later on the path (`public`) would run on this role's lock table (resolved
+    // at each call) but with that role's queue table, which this one may not write.
+    let here = super::creation_schema(table);
     // The queue table counts as one of the `create` statements.
     let present = signatures
         .iter()
