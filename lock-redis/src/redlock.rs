@@ -640,7 +640,6 @@ async fn on_masters(
         lease.keys(),
         lease.owner.clone(),
         lease.kind,
-        lease.unsettled.clone(),
     ));
     let answers = gather(
         shared.nodes.len(),
@@ -650,18 +649,18 @@ async fn on_masters(
             // `Unsettled`), not counting that wait against its timeout, and from a task of its
             // own: a release cancelled meanwhile (its caller's timeout, a dropped future)
             // still reaches that master.
-            let deferred = matches!(op, LeaseOp::Release)
-                && round
-                    .4
-                    .as_ref()
-                    .is_some_and(|unsettled| unsettled.running(i));
+            let after = match op {
+                LeaseOp::Release => lease.unsettled.as_ref().filter(|u| u.running(i)).cloned(),
+                LeaseOp::Renew(_) => None,
+            };
+            let addr = after.as_ref().map(|_| shared.nodes[i].addr.clone());
             let round = round.clone();
             let request = async move {
-                let (shared, keys, owner, kind, unsettled) = &*round;
-                let n = &shared.nodes[i];
-                if let (LeaseOp::Release, Some(unsettled)) = (op, unsettled) {
-                    unsettled.settled(i).await;
+                if let Some(after) = after {
+                    after.settled(i).await;
                 }
+                let (shared, keys, owner, kind) = &*round;
+                let n = &shared.nodes[i];
                 let request = async {
                     match op {
                         LeaseOp::Renew(ttl) => n.renew(keys, owner, ttl, *kind).await,
@@ -674,9 +673,8 @@ async fn on_masters(
                 };
                 within(n, timeout, request).await
             };
-            let deferred = deferred.then(|| shared.nodes[i].addr.clone());
             async move {
-                match deferred {
+                match addr {
                     // A task that panicked or a runtime shutting down: no answer.
                     Some(addr) => tokio::spawn(request)
                         .await
