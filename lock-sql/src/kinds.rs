@@ -148,10 +148,11 @@ pub(crate) struct HolderSql {
     /// No ARGS. Counts the `data` columns of the holders table (0 or 1).
     pub(crate) has_data: Arc<str>,
     /// No ARGS. Counts the `data` columns of the holders table where
-    /// [`setup`](Self::setup) would create it (0 or 1; PostgreSQL: in the current schema,
-    /// for a name without one, which the search path may put ahead of another schema's table
-    /// of that name): 1, and no set-up is needed.
-    pub(crate) set_up: Arc<str>,
+    /// [`setup`](Self::setup) would create it (0 or 1): 1, and no set-up is needed. `None`:
+    /// that is the table [`has_data`](Self::has_data) finds (every database but PostgreSQL,
+    /// whose search path may put another schema's table of the name ahead of where a
+    /// `CREATE` makes it).
+    pub(crate) set_up: Option<Arc<str>>,
     /// No ARGS. Adds the `data` column to a holders table of an earlier version (when
     /// [`setup`](Self::setup) may run).
     pub(crate) add_data: Arc<str>,
@@ -599,7 +600,8 @@ where
             // first uses, under a lock on PostgreSQL), and an ALTER waits for every open
             // transaction on the table.
             let mut data = if create {
-                count(conn.conn(), &holds.sql.set_up).await?
+                let set_up = holds.sql.set_up.as_ref().unwrap_or(&holds.sql.has_data);
+                count(conn.conn(), set_up).await?
             } else {
                 has_data(conn.conn()).await?
             };

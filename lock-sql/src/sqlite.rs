@@ -170,8 +170,6 @@ fn holder_statements(table: &str, peek: &str, data: DataColumn) -> HolderSql {
         )
         .into(),
     ];
-    // One schema per file: the table a `CREATE` makes is the one found.
-    let has_data: Arc<str> = data_columns(&holders_table(table)).into();
     HolderSql {
         lock: peek.into(),
         ensure: format!(
@@ -223,8 +221,9 @@ fn holder_statements(table: &str, peek: &str, data: DataColumn) -> HolderSql {
              WHERE name = ?2 AND owner = ?3 AND token = ?4 AND expires_at > {NOW}"
         )
         .into(),
-        has_data: has_data.clone(),
-        set_up: has_data,
+        has_data: data_columns(&holders_table(table)).into(),
+        // The table a `CREATE` makes is the one found.
+        set_up: None,
         add_data: format!("ALTER TABLE {h} ADD COLUMN data TEXT").into(),
         notify: None,
         setup,

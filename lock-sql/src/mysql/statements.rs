@@ -324,12 +324,6 @@ pub(super) fn holder_statements(table: &str, peek: &str, data: DataColumn) -> Ho
         )
         .into(),
     ];
-    // No schema on the search path: the table a `CREATE` makes is the one found.
-    let has_data: Arc<str> = format!(
-        "SELECT COUNT(*) FROM information_schema.columns WHERE {}",
-        column_of(&holders_table(table), "data")
-    )
-    .into();
     HolderSql {
         lock: format!("{peek} FOR UPDATE").into(),
         // A no-op update rather than INSERT IGNORE, which would hide other errors.
@@ -387,8 +381,13 @@ pub(super) fn holder_statements(table: &str, peek: &str, data: DataColumn) -> Ho
              WHERE name = ? AND owner = ? AND token = ? AND expires_at > {NOW}"
         )
         .into(),
-        has_data: has_data.clone(),
-        set_up: has_data,
+        has_data: format!(
+            "SELECT COUNT(*) FROM information_schema.columns WHERE {}",
+            column_of(&holders_table(table), "data")
+        )
+        .into(),
+        // No schema search path: the table a `CREATE` makes is the one found.
+        set_up: None,
         add_data: format!("ALTER TABLE {h} ADD COLUMN data {DATA_TYPE} NULL").into(),
         notify: None,
         setup,

@@ -322,7 +322,7 @@ fn holder_statements(table: &str, peek: &str, data: DataColumn) -> HolderSql {
         )
         .into(),
         has_data: format!("SELECT count(*) {}", column_of(&h, "data", false)).into(),
-        set_up: format!("SELECT count(*) {}", column_of(&h, "data", true)).into(),
+        set_up: Some(format!("SELECT count(*) {}", column_of(&h, "data", true)).into()),
         add_data: format!("ALTER TABLE {h} ADD COLUMN IF NOT EXISTS data TEXT").into(),
         // The table is a plain identifier: safe in a literal.
         notify: Some(format!("SELECT pg_notify('distlock:{table}', $1)").into()),
