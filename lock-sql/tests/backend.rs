@@ -272,6 +272,70 @@ async fn a_table_without_the_data_column(url: &str, old: impl Fn(&str) -> [Strin
     }
 }
 
+/// A user connects with the default `create_table` to a lock table whose tables another user
+/// made complete, and takes and releases every kind. `make` gives the statements that make
+/// user `user` (password `password`) for lock table `table`, `remove` those that remove it
+/// again: a user who may read and write those tables but not create any (a connect and a
+/// first shared hold read the catalog before they set anything up), or a user with a schema
+/// of its own (who must make and use tables of its own there: the other user's are not its).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn a_user_of_existing_tables(
+    url: &str,
+    make: impl Fn(&str, &str, &str) -> Vec<String>,
+    remove: impl Fn(&str) -> Vec<String>,
+) {
+    let table = unique("no_create");
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let with = format!("{url}{sep}table={table}");
+    let admin = client(&with).await;
+    let opts = || AcquireOptions::default().with_ttl(Duration::from_secs(5));
+    // Every table made: the lock table and the routines' queue at connect, the holders on
+    // the first shared hold.
+    admin
+        .acquire(&unique("setup"), &opts().shared())
+        .await
+        .expect("the admin's first shared hold")
+        .release()
+        .await
+        .expect("release");
+    let pool = admin.backend_ref().pool();
+    let (user, password) = (unique("dl_user"), unique("pw"));
+    for statement in make(&user, &password, &table) {
+        exec(&pool, statement).await;
+    }
+    let mut as_user = url::Url::parse(&with).expect("url");
+    as_user.set_username(&user).expect("user");
+    as_user.set_password(Some(&password)).expect("password");
+    let used = async {
+        let c = distlock_sql::connect(as_user.as_str(), ClientConfig::default())
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        for (what, opts) in [
+            ("exclusive", opts()),
+            ("shared", opts().shared()),
+            ("permit", opts().with_permits(2)),
+        ] {
+            let guard = c
+                .acquire(&unique("user"), &opts)
+                .await
+                .map_err(|e| format!("{what}: {e}"))?;
+            guard
+                .release()
+                .await
+                .map_err(|e| format!("{what} release: {e}"))?;
+        }
+        Ok::<_, String>(())
+    }
+    .await;
+    for statement in remove(&user) {
+        exec(&pool, statement).await;
+    }
+    for t in ["_queue", "_holders", ""] {
+        exec(&pool, format!("DROP TABLE IF EXISTS {table}{t}")).await;
+    }
+    used.expect("the user's locks");
+}
+
 /// The holder data ends with its hold, however the hold ends: the next hold of the name
 /// shows none after an expiry, a forced release, a release by owner and token, a release
 /// with a waiter queued (a hand-over on PostgreSQL and MySQL), and for shared holds after a
@@ -832,6 +896,51 @@ mod postgres {
     }
 
     #[tokio::test]
+    async fn a_user_who_may_not_create_tables() {
+        let Some(url) = url() else { return };
+        a_user_of_existing_tables(
+            &url,
+            |user, password, t| {
+                vec![
+                    format!("CREATE ROLE {user} LOGIN PASSWORD '{password}'"),
+                    format!(
+                        "GRANT SELECT, INSERT, UPDATE, DELETE ON {t}, {t}_holders, {t}_queue \
+                         TO {user}"
+                    ),
+                ]
+            },
+            |user| vec![format!("DROP OWNED BY {user}"), format!("DROP ROLE {user}")],
+        )
+        .await;
+    }
+
+    /// A role whose own schema comes first on its search path gets tables of its own there,
+    /// though another role's complete tables of the same name are in `public` (which it may
+    /// not write): the set-up looks for them where its `CREATE` would make them, not
+    /// anywhere on the path.
+    #[tokio::test]
+    async fn a_role_with_a_schema_of_its_own() {
+        let Some(url) = url() else { return };
+        a_user_of_existing_tables(
+            &url,
+            |user, password, _| {
+                vec![
+                    format!("CREATE ROLE {user} LOGIN PASSWORD '{password}'"),
+                    format!("CREATE SCHEMA {user} AUTHORIZATION {user}"),
+                ]
+            },
+            |user| {
+                vec![
+                    format!("DROP SCHEMA {user} CASCADE"),
+                    format!("DROP OWNED BY {user}"),
+                    format!("DROP ROLE {user}"),
+                ]
+            },
+        )
+        .await;
+    }
+
+    #[tokio::test]
     async fn data_ends_with_the_hold() {
         let Some(url) = url() else { return };
         the_data_ends_with_the_hold(&url).await;
@@ -1283,6 +1392,27 @@ mod mysql {
                 ),
             ]
         })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_user_who_may_not_create_tables() {
+        let Some(url) = url() else { return };
+        let parsed = url::Url::parse(&url).expect("url");
+        let db = parsed.path().trim_start_matches('/').to_owned();
+        a_user_of_existing_tables(
+            &url,
+            |user, password, t| {
+                vec![
+                    format!("CREATE USER '{user}'@'%' IDENTIFIED BY '{password}'"),
+                    format!("GRANT EXECUTE ON {db}.* TO '{user}'@'%'"),
+                    format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {t} TO '{user}'@'%'"),
+                    format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {t}_holders TO '{user}'@'%'"),
+                    format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {t}_queue TO '{user}'@'%'"),
+                ]
+            },
+            |user| vec![format!("DROP USER '{user}'@'%'")],
+        )
         .await;
     }
 

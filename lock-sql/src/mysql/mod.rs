@@ -96,26 +96,56 @@ fn column_of(table: &str, column: &str) -> String {
     format!("table_schema = {schema} AND table_name = '{name}' AND column_name = '{column}'")
 }
 
-/// Whether the lock table (`table`, unquoted, maybe `schema.table`) has `column`: a table
-/// created by an earlier version and not altered (`create_table` off) may lack `next_ttl`
-/// (its releases then free the lock instead of handing it over) or `data` (its holds then
-/// carry no data).
-async fn has_column(conn: &mut sqlx::MySqlConnection, table: &str, column: &str) -> Result<bool> {
-    let (schema, name) = match table.split_once('.') {
-        Some((schema, name)) => (Some(schema), name),
-        None => (None, table),
-    };
-    let found: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM information_schema.columns \
-         WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? AND column_name = ?",
-    )
-    .bind(schema)
-    .bind(name)
-    .bind(column)
-    .fetch_one(conn)
-    .await
-    .map_err(|e| map_err(&format!("reading the columns of {table}"), e))?;
-    Ok(found > 0)
+/// What a connect reads of the server and the lock table, in one query.
+struct Catalog {
+    /// The session's `wait_timeout` in seconds (see [`IdleLimit`]).
+    wait_timeout: Option<u64>,
+    /// Whether the lock table exists (it has a column).
+    exists: bool,
+    /// Whether it has `next_ttl`: a table created by an earlier version and not altered
+    /// (`create_table` off) may lack it (its releases then free the lock instead of handing
+    /// it over).
+    next_ttl: bool,
+    /// Whether it has `data` (without it, holds carry no data).
+    data: bool,
+}
+
+impl Catalog {
+    /// Reads the catalog for the lock table (`table`, unquoted, maybe `schema.table`: where
+    /// `CREATE TABLE` makes it, the current database unless it names a schema).
+    async fn read(conn: &mut sqlx::MySqlConnection, table: &str) -> Result<Self> {
+        let (schema, name) = match table.split_once('.') {
+            Some((schema, name)) => (Some(schema), name),
+            None => (None, table),
+        };
+        let (wait_timeout, columns, next_ttl, data): (Option<i64>, i64, i64, i64) = sqlx::query_as(
+            "SELECT CAST(@@session.wait_timeout AS SIGNED), CAST(COUNT(*) AS SIGNED), \
+                 CAST(COALESCE(SUM(column_name = 'next_ttl'), 0) AS SIGNED), \
+                 CAST(COALESCE(SUM(column_name = 'data'), 0) AS SIGNED) \
+                 FROM information_schema.columns \
+                 WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ?",
+        )
+        .bind(schema)
+        .bind(name)
+        .fetch_one(conn)
+        .await
+        .map_err(|e| map_err(&format!("reading the columns of {table}"), e))?;
+        Ok(Self {
+            wait_timeout: wait_timeout.and_then(|s| u64::try_from(s).ok()),
+            exists: columns > 0,
+            next_ttl: next_ttl > 0,
+            data: data > 0,
+        })
+    }
+
+    /// Whether the table has `column` (one of the two this reads).
+    fn has(&self, column: &str) -> bool {
+        match column {
+            "next_ttl" => self.next_ttl,
+            "data" => self.data,
+            _ => false,
+        }
+    }
 }
 
 impl MyDb {
@@ -151,16 +181,14 @@ impl MyDb {
             .await
             .map_err(|e| map_err("connect", e))?;
         let conn = setup.conn();
+        // Read first: a complete table needs no `CREATE` (which a user without the right to
+        // create tables may not run, even with `IF NOT EXISTS`, and which MySQL writes to its
+        // binary log on every connect) and no `ALTER` (which waits for every open transaction
+        // on the table).
+        let mut catalog = Catalog::read(conn, &config.table).await?;
         // The server closes a connection idle for `wait_timeout` seconds (see `IdleLimit`).
-        let wait_timeout: Option<i64> =
-            sqlx::query_scalar("SELECT CAST(@@session.wait_timeout AS SIGNED)")
-                .fetch_one(&mut *conn)
-                .await
-                .map_err(|e| map_err("reading wait_timeout", e))?;
-        let wait_timeout = wait_timeout.and_then(|s| u64::try_from(s).ok());
-        idle.set_server_limit(wait_timeout.map(Duration::from_secs));
-        // With `create_table`, the table has the columns once this block is through.
-        let (handover, data) = if config.create_table {
+        idle.set_server_limit(catalog.wait_timeout.map(Duration::from_secs));
+        if config.create_table && !catalog.exists {
             let create = format!(
                 "CREATE TABLE IF NOT EXISTS {table} (name VARBINARY(512) NOT NULL PRIMARY KEY, \
                  owner VARBINARY(255) NULL, version BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL, \
@@ -170,26 +198,26 @@ impl MyDb {
             conn.execute(AssertSqlSafe(create))
                 .await
                 .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
-            // A table of an earlier version: the column of hand-overs, the holder data. Each
-            // altered only when missing, since an ALTER waits for every open transaction on
-            // the table; a concurrent client may have added it meanwhile (duplicate column).
+            // A concurrent client of an earlier version may have made it first.
+            catalog = Catalog::read(conn, &config.table).await?;
+        }
+        if config.create_table {
+            // A table of an earlier version: the column of hand-overs, the holder data. A
+            // concurrent client may have added it meanwhile (duplicate column).
             for (column, ty) in [("next_ttl", "BIGINT"), ("data", DATA_TYPE)] {
-                if !has_column(conn, &config.table, column).await? {
+                if !catalog.has(column) {
                     let alter = format!("ALTER TABLE {table} ADD COLUMN {column} {ty} NULL");
-                    if let Err(err) = conn.execute(AssertSqlSafe(alter)).await
-                        && !has_column(conn, &config.table, column).await?
+                    let altered = conn.execute(AssertSqlSafe(alter)).await;
+                    catalog = Catalog::read(conn, &config.table).await?;
+                    if let Err(err) = altered
+                        && !catalog.has(column)
                     {
                         return Err(map_err(&format!("adding {column} to {table}"), err));
                     }
                 }
             }
-            (true, true)
-        } else {
-            (
-                has_column(conn, &config.table, "next_ttl").await?,
-                has_column(conn, &config.table, "data").await?,
-            )
-        };
+        }
+        let (handover, data) = (catalog.next_ttl, catalog.data);
         drop(setup.done());
         let (sql, check, wake, holds) = statements(&config.table, handover, DataColumn(data));
         let routines = match routines(&config.table, &holds, &peek_columns()) {
