@@ -90,9 +90,10 @@ pub struct SqlConfig {
     /// SQLite `synchronous=full` instead of `normal`.
     pub sync_full: bool,
     /// Create the tables (and on PostgreSQL and MySQL the routines) that do not exist, and
-    /// add the columns of this version to tables of an earlier one. The catalog is read
-    /// first: once everything exists, a connect creates nothing, so a user without the right
-    /// to create tables connects with this on.
+    /// add the columns of this version to tables of an earlier one: the lock table at
+    /// connect, the holders table on the first shared or permit hold. The catalog is read
+    /// first: once everything exists as this version makes it, nothing is created, so a user
+    /// without the right to create tables or routines can keep this on.
     pub create_table: bool,
     /// How long a lock row stays once its lock is free (released, or its lease over, and no
     /// waiter's reservation): a client whose lock ends (released or lost) sweeps such rows

@@ -324,6 +324,51 @@ async fn a_user_of_existing_tables(
                 .await
                 .map_err(|e| format!("{what} release: {e}"))?;
         }
+        // The routines are in use (a failure to set them up falls back to the transactions,
+        // silently): a permit waiter gets a place in their queue, which only they keep.
+        let (name, one) = (unique("queued"), opts().with_permits(1));
+        let held = c.acquire(&name, &one).await.map_err(|e| e.to_string())?;
+        let waiter = {
+            let (c, name, one) = (client(as_user.as_str()).await, name.clone(), one.clone());
+            tokio::spawn(async move { c.acquire(&name, &one).await })
+        };
+        let pool = c.backend_ref().pool();
+        let look = format!("SELECT count(*) FROM {table}_queue WHERE name = ");
+        let started = std::time::Instant::now();
+        loop {
+            let places: i64 = match &pool {
+                #[cfg(feature = "postgres")]
+                SqlPool::Postgres(p) => {
+                    sqlx::query_scalar(AssertSqlSafe(format!("{look}$1")))
+                        .bind(&name)
+                        .fetch_one(p)
+                        .await
+                }
+                #[cfg(feature = "mysql")]
+                SqlPool::MySql(p) => {
+                    sqlx::query_scalar(AssertSqlSafe(format!("{look}?")))
+                        .bind(&name)
+                        .fetch_one(p)
+                        .await
+                }
+                #[allow(unreachable_patterns, reason = "SQLite may be compiled in")]
+                _ => unreachable!("PostgreSQL and MySQL only"),
+            }
+            .map_err(|e| format!("reading the queue: {e}"))?;
+            if places > 0 {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(5) {
+                return Err("the waiter has no place in the routines' queue".to_owned());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        held.release().await.map_err(|e| e.to_string())?;
+        common::granted(waiter)
+            .await
+            .release()
+            .await
+            .map_err(|e| e.to_string())?;
         Ok::<_, String>(())
     }
     .await;

@@ -129,7 +129,12 @@ impl Catalog {
         .bind(name)
         .fetch_one(conn)
         .await
-        .map_err(|e| map_err(&format!("reading the columns of {table}"), e))?;
+        .map_err(|e| {
+            map_err(
+                &format!("reading wait_timeout and the columns of {table}"),
+                e,
+            )
+        })?;
         Ok(Self {
             wait_timeout: wait_timeout.and_then(|s| u64::try_from(s).ok()),
             exists: columns > 0,
@@ -198,7 +203,8 @@ impl MyDb {
             conn.execute(AssertSqlSafe(create))
                 .await
                 .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
-            // A concurrent client of an earlier version may have made it first.
+            // Its columns (or, made first by a concurrent client of an earlier version, those
+            // of that table).
             catalog = Catalog::read(conn, &config.table).await?;
         }
         if config.create_table {
