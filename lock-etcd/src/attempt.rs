@@ -256,20 +256,25 @@ impl EtcdAttempt {
         trace!(target: "distlock_etcd::wait", me = %self.key.key, "enqueue");
         let slot = self.shared.fresh_slot(self.ttl).await?;
         let lease_started = slot.refreshed();
-        let last = self.blockers(
-            GetOptions::new()
-                .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_limit(1)
-                .with_keys_only(),
-        );
-        let read = TxnOp::get(self.key.range().to_owned(), Some(last));
-        let Some((revision, gets)) = self
+        // The newest key before ours: our predecessor. A reader reads every writer key
+        // before it, usually a few, to count them by name.
+        let mut last = GetOptions::new()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_keys_only();
+        if self.kind != LockKind::Shared {
+            last = last.with_limit(1);
+        }
+        let read = TxnOp::get(self.key.range().to_owned(), Some(self.blockers(last)));
+        let Some((revision, mut gets)) = self
             .enqueue_txn(&slot, vec![read], "joining the lock queue")
             .await?
         else {
             return Ok(None);
         };
-        match gets[0].kvs().first() {
+        let mut before = gets
+            .pop()
+            .ok_or_else(|| protocol("a transaction answered without its read"))?;
+        match before.kvs().first() {
             None => {
                 trace!(target: "distlock_etcd::wait", me = %self.key.key, "enqueued: head");
                 Ok(Some(self.acquired(slot, revision, lease_started)?))
@@ -279,10 +284,10 @@ impl EtcdAttempt {
                 self.rev = Some(revision);
                 // Held as a semaphore: the abandon that follows the error removes our key.
                 self.check_kind(pred.key())?;
-                // A reader counts the writers ahead of it (the read ran before the put, so its
-                // count is of the keys before ours).
-                let blocker = match (self.kind, usize::try_from(gets[0].count())) {
-                    (LockKind::Shared, Ok(ahead)) => self.count_writers(ahead, revision),
+                // A reader counts the writers ahead of it (the read ran before the put, so it
+                // has the keys before ours).
+                let blocker = match self.kind {
+                    LockKind::Shared => self.count_writers(before.take_kvs()),
                     _ => Blocker::deletion(key_string(pred.key())),
                 };
                 self.watch_target = Some((blocker, revision + 1));
@@ -363,12 +368,13 @@ impl EtcdAttempt {
         Ok(Some(self.acquired(slot, rev, lease_started)?))
     }
 
-    /// A reader's wait behind `ahead` writer keys, ours created at `rev`: it counts their
-    /// deletions in the range of the keys that are not shared, and holds once none is left.
-    fn count_writers(&mut self, ahead: usize, rev: i64) -> Blocker {
+    /// A reader's wait behind the writer keys `ahead`: it counts their deletions in the range
+    /// of the keys that are not shared, and holds once none is left.
+    fn count_writers(&mut self, ahead: Vec<etcd_client::KeyValue>) -> Blocker {
         let range = self.key.range().to_owned();
         let end = keys::non_shared_end(&range);
-        self.count = Some(PermitCount::new(ahead, 1, self.key.key.clone(), rev));
+        let ahead = ahead.into_iter().map(|kv| kv.into_key_value().0);
+        self.count = Some(PermitCount::new(ahead, 1, self.key.key.clone()));
         Blocker::between(range, end)
     }
 
@@ -464,7 +470,7 @@ impl EtcdAttempt {
                 trace!(target: "distlock_etcd::wait", me = %self.key.key, rev, at = revision, pred = %key_string(pred.key()), "position: behind");
                 // A reader's read has every writer key before ours (see `position_txn`).
                 let blocker = if self.kind == LockKind::Shared {
-                    self.count_writers(kvs.len(), rev)
+                    self.count_writers(kvs)
                 } else {
                     Blocker::deletion(key_string(pred.key()))
                 };

@@ -30,20 +30,21 @@
 //!
 //! - A writer watches its immediate predecessor's deletion (the mutex's rule).
 //! - A reader watches the deletions of the keys that are not shared (the writers' part of the
-//!   range), with each deleted key's last version, and counts the writer keys ahead of it as
-//!   a permit waiter counts its keys (a permit of one): it holds on the deletion of the last,
-//!   without a read. A writer's release thus lets in the readers up to the next writer with
-//!   one event each, and never wakes the next writer. A reader whose watch started after its
-//!   read (its client's first wait on the name) reads once more, every writer key before it.
-//! - A permit waiter watches the deletions in the name's range, each with the deleted key's
-//!   last version (`prev_kv`), and *counts* them: the read that placed it gave the number of
-//!   keys before its own (all permits of N), each deletion of a key created before its own is
-//!   one fewer, and when fewer than N are left it holds, with no read (`wake::PermitCount` says
-//!   why the count is exact). A release thus hands its permit to the first waiter in one
-//!   watch event, as the mutex's does; every waiter behind counts the same event and moves up
-//!   one place without a request. Behind a key of another kind (two kinds racing on one
-//!   name), or once the count cannot be trusted (the waiter's own key deleted, a watch
-//!   cancelled or started after the read), any deletion sends the waiter back to read.
+//!   range) and counts the writer keys ahead of it as a permit waiter counts its keys (a
+//!   permit of one): it holds on the deletion of the last, without a read. A writer's release
+//!   thus lets in the readers up to the next writer with one event each, and never wakes the
+//!   next writer. A reader whose watch started after its read (its client's first wait on the
+//!   name) reads once more, every writer key before it.
+//! - A permit waiter watches the deletions in the name's range and *counts* them: the read
+//!   that placed it gave the keys before its own (all permits of N, by name), the first
+//!   deletion of each of those names is one fewer, and when fewer than N are left it holds,
+//!   with no read (`wake::PermitCount` says why the count is exact). A release thus hands its
+//!   permit to the first waiter in one watch event, as the mutex's does; every waiter behind
+//!   counts the same event and moves up one place without a request. Behind a key of another
+//!   kind (two kinds racing on one name), or once the count cannot be trusted (the waiter's
+//!   own key deleted, a watch cancelled or started after the read), any deletion sends the
+//!   waiter back to read. The watches do not ask for each deleted key's last version
+//!   (`prev_kv`), which etcd reads from its store for every watch and every event.
 //!
 //! A permit waiter's range watch is kept by the client between waits like a predecessor
 //! watch (`wake.rs`), so the next wait on the name starts counting from its read without
@@ -229,43 +230,53 @@ impl EtcdAttempt {
         Ok(None)
     }
 
-    /// `acquire` of a permit, first step: in one transaction, count the keys before ours and
-    /// those that are permits of N, read the newest (our predecessor), and put our key.
+    /// `acquire` of a permit, first step: in one transaction, read the keys before ours (the
+    /// newest first, keys only: a waiter counts them by name, see [`PermitCount`]) and put
+    /// our key.
     pub(crate) async fn poll_enqueue_permit(&mut self, permits: u32) -> Result<Option<Step>> {
         let slot = self.shared.fresh_slot(self.ttl).await?;
         let lease_started = slot.refreshed();
-        let reads = semaphore_reads(self.key.range(), permits).into();
-        let Some((revision, gets)) = self
+        let before = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_keys_only();
+        let reads = vec![TxnOp::get(self.key.range(), Some(before))];
+        let Some((revision, mut gets)) = self
             .enqueue_txn(&slot, reads, "joining the semaphore queue")
             .await?
         else {
             return Ok(None);
         };
-        let (first, same) = match &gets[..] {
-            [first, same] => (first, same),
-            _ => return Err(protocol("a transaction answered without its reads")),
-        };
+        let mut before = gets
+            .pop()
+            .ok_or_else(|| protocol("a transaction answered without its read"))?;
         self.rev = Some(revision);
-        let Some(pred) = first.kvs().first() else {
+        let Some(pred) = before.kvs().first() else {
             return Ok(Some(self.acquired(slot, revision, lease_started)?));
         };
         // Held as another kind: the abandon that follows the error removes our key.
         self.check_kind(pred.key())?;
-        // Both counts are of the keys before ours (the reads run before the put).
-        let place = match usize::try_from(first.count()) {
-            Ok(ahead) if same.count() == first.count() => {
-                if ahead < usize::try_from(permits).unwrap_or(usize::MAX) {
-                    PermitPlace::Holder
-                } else {
-                    PermitPlace::Waiting { ahead }
-                }
-            }
-            _ => PermitPlace::Blocked,
-        };
+        // The keys before ours (the read runs before the put).
+        let place = self.place_permit(&before, permits);
         if place == PermitPlace::Holder {
             return Ok(Some(self.acquired(slot, revision, lease_started)?));
         }
-        Ok(Some(self.wait_permit(&place, permits, revision)))
+        Ok(Some(self.wait_permit(
+            &place,
+            before.take_kvs(),
+            permits,
+            revision,
+        )))
+    }
+
+    /// Where a permit of `permits` stands behind the keys of `before` (every key before ours).
+    fn place_permit(&self, before: &etcd_client::GetResponse, permits: u32) -> PermitPlace {
+        let kinds: Vec<_> = before
+            .kvs()
+            .iter()
+            .map(|kv| keys::key_kind(self.key.range(), kv.key()))
+            .collect();
+        permit_place(&kinds, permits)
     }
 
     /// `acquire` of a permit, later steps (when its count does not say it holds, see
@@ -306,25 +317,34 @@ impl EtcdAttempt {
             return Ok(None);
         }
         let revision = header_revision(resp.header())?;
-        let before = get_of(resp.op_responses().into_iter().next())?;
-        let kinds: Vec<_> = before
-            .kvs()
-            .iter()
-            .map(|kv| keys::key_kind(self.key.range(), kv.key()))
-            .collect();
-        match permit_place(&kinds, permits) {
+        let mut before = get_of(resp.op_responses().into_iter().next())?;
+        match self.place_permit(&before, permits) {
             PermitPlace::Holder => Ok(Some(self.acquired(slot, rev, lease_started)?)),
-            place => Ok(Some(self.wait_permit(&place, permits, revision))),
+            place => Ok(Some(self.wait_permit(
+                &place,
+                before.take_kvs(),
+                permits,
+                revision,
+            ))),
         }
     }
 
-    /// A permit waiter's wait (`place` is not `Holder`), read at `revision`: it watches the
-    /// deletions in the name's range, and counts those ahead of it where it can.
-    fn wait_permit(&mut self, place: &PermitPlace, permits: u32, revision: i64) -> Step {
-        self.count = match (place, self.rev) {
-            (PermitPlace::Waiting { ahead }, Some(rev)) => {
-                Some(PermitCount::new(*ahead, permits, self.key.key.clone(), rev))
-            }
+    /// A permit waiter's wait (`place` is not `Holder`) behind the keys `before`, read at
+    /// `revision`: it watches the deletions in the name's range, and counts those ahead of it
+    /// where it can.
+    fn wait_permit(
+        &mut self,
+        place: &PermitPlace,
+        before: Vec<etcd_client::KeyValue>,
+        permits: u32,
+        revision: i64,
+    ) -> Step {
+        self.count = match place {
+            PermitPlace::Waiting { .. } => Some(PermitCount::new(
+                before.into_iter().map(|kv| kv.into_key_value().0),
+                permits,
+                self.key.key.clone(),
+            )),
             _ => None,
         };
         let blocker = Blocker::range(self.key.range().to_owned());

@@ -16,7 +16,7 @@
 //! Every watch, kept or not, is a watch id on the client's one watch stream (`watcher.rs`):
 //! opening a watch is one create message, and dropping one sends its cancel.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
@@ -27,8 +27,8 @@ use crate::watcher::{Answer, HubWatch};
 
 /// What a waiting attempt watches, for deletions only: the one key ahead of it that blocks
 /// it, or a range of keys (a permit waiter: the name's whole range; a reader: the part of the
-/// range that is not shared keys), whose deletions carry the deleted key's last version so
-/// that the waiter can count the keys ahead of it that block it (see [`PermitCount`]).
+/// range that is not shared keys), whose deletions the waiter counts against the keys ahead
+/// of it that block it (see [`PermitCount`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Blocker {
     /// The key, or the start of the watched range.
@@ -69,13 +69,15 @@ impl Blocker {
         }
     }
 
-    /// The watch request: deletions only; a range watch with each deleted key's last version.
+    /// The watch request: deletions only, without the deleted key's last version (etcd reads
+    /// it from its store for every watch that asks, per event: a range watched by 64 waiters
+    /// made 64 reads of each deletion).
     pub(crate) fn options(&self) -> WatchOptions {
         let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
         match &self.end {
             None => options,
-            Some(RangeEnd::Prefix) => options.with_prefix().with_prev_key(),
-            Some(RangeEnd::Before(end)) => options.with_range(end.clone()).with_prev_key(),
+            Some(RangeEnd::Prefix) => options.with_prefix(),
+            Some(RangeEnd::Before(end)) => options.with_range(end.clone()),
         }
     }
 }
@@ -89,43 +91,43 @@ impl Blocker {
 /// within a tenth of its ttl, or kept alive), and only the lease's end or the waiter's own
 /// abandon deletes a waiting key.
 ///
-/// Exact by construction: the count comes from a read at revision `from - 1` (the keys before
-/// ours, all permits of the same N: a key of another kind ahead is never counted), the watch
-/// delivers every deletion of the range after that revision exactly once and in order (the
-/// client's stream resumes a broken watch from the last revision it delivered), and no key
-/// ever joins ahead of ours (a later key has a later create revision). A deletion whose
-/// `prev_kv` has a create revision below ours is one key fewer ahead; once fewer than N are,
-/// our key holds a permit from that revision on, exactly as a read would have found. Anything
-/// the count cannot tell (our own key deleted, a deletion without its last version) makes it
-/// stale: the waiter reads the queue again.
+/// Exact by construction: the count starts from a read at revision `from - 1` of the keys
+/// before ours, by name (all permits of the same N: a key of another kind ahead is never
+/// counted), the watch delivers every deletion of the range after that revision exactly once
+/// and in order (the client's stream resumes a broken watch from the last revision it
+/// delivered), and no key ever joins ahead of ours (a later key has a later create revision).
+/// The first deletion of a name read ahead is the deletion of that key (it existed at the
+/// read, so a key of that name made later, behind ours, since a client reuses its key names,
+/// comes after it): one key fewer ahead, and the name leaves the set, so the later key's
+/// deletion does not count. Once fewer than N are ahead, our key holds a permit from that
+/// revision on, exactly as a read would have found. Anything the count cannot tell (our own
+/// key deleted, a deletion without its key) makes it stale: the waiter reads the queue again.
 #[derive(Clone, Debug)]
 pub(crate) struct PermitCount {
-    /// Keys ahead of ours at the last read, less the deletions counted since.
-    ahead: usize,
+    /// The keys ahead of ours at the last read, less those deleted since.
+    ahead: HashSet<Vec<u8>>,
     permits: usize,
-    /// Our key and its create revision.
+    /// Our key.
     key: String,
-    rev: i64,
     /// Whether the count can no longer be trusted (see the type's documentation).
     stale: bool,
 }
 
 impl PermitCount {
-    /// The count of a waiter with `ahead` keys ahead of its key `key` (created at `rev`), all
-    /// permits of `permits`.
-    pub(crate) fn new(ahead: usize, permits: u32, key: String, rev: i64) -> Self {
+    /// The count of a waiter with keys `ahead` ahead of its key `key`, all permits of
+    /// `permits`.
+    pub(crate) fn new(ahead: impl IntoIterator<Item = Vec<u8>>, permits: u32, key: String) -> Self {
         Self {
-            ahead,
+            ahead: ahead.into_iter().collect(),
             permits: usize::try_from(permits).unwrap_or(usize::MAX),
             key,
-            rev,
             stale: false,
         }
     }
 
     /// Whether our key holds a permit now, by the count (no read needed).
     pub(crate) fn holds(&self) -> bool {
-        !self.stale && self.ahead < self.permits
+        !self.stale && self.ahead.len() < self.permits
     }
 
     /// Counts the deletions of `resp` at `from` or later; true when the waiter should poll:
@@ -137,7 +139,7 @@ impl PermitCount {
                 .filter(|e| e.event_type() == EventType::Delete)
                 .map(|e| Deletion {
                     revision: e.kv().map(etcd_client::KeyValue::mod_revision),
-                    prev: e.prev_kv().map(|p| (p.key(), p.create_revision())),
+                    key: e.kv().map(etcd_client::KeyValue::key),
                 }),
             from,
         )
@@ -149,24 +151,23 @@ impl PermitCount {
             if deletion.revision.is_some_and(|r| r < from) {
                 continue; // already in the read the count started from
             }
-            match deletion.prev {
-                Some((key, _)) if key == self.key.as_bytes() => self.stale = true,
-                Some((_, created)) if created < self.rev => {
-                    self.ahead = self.ahead.saturating_sub(1);
+            match deletion.key {
+                Some(key) if key == self.key.as_bytes() => self.stale = true,
+                Some(key) => {
+                    self.ahead.remove(key);
                 }
-                Some(_) => {}
                 None => self.stale = true,
             }
         }
-        self.stale || self.ahead < self.permits
+        self.stale || self.ahead.len() < self.permits
     }
 }
 
-/// A deletion in a watched range: its revision, and the deleted key with its create revision
-/// (the event's `prev_kv`), where the event carries them.
+/// A deletion in a watched range: its revision and the deleted key, where the event carries
+/// them.
 struct Deletion<'a> {
     revision: Option<i64>,
-    prev: Option<(&'a [u8], i64)>,
+    key: Option<&'a [u8]>,
 }
 
 /// A watch: what it watches, its id on the client's stream, and the revision it started after.
@@ -316,45 +317,50 @@ pub(crate) async fn sleep_until(at: Option<Instant>) {
 mod tests {
     use super::*;
 
-    fn gone(revision: i64, key: &str, created: i64) -> Deletion<'_> {
+    fn gone(revision: i64, key: &str) -> Deletion<'_> {
         Deletion {
             revision: Some(revision),
-            prev: Some((key.as_bytes(), created)),
+            key: Some(key.as_bytes()),
         }
     }
 
-    /// Our key `p2.me.1` created at 50, read at 59 with 3 permits of 2 ahead.
+    /// Our key `p2.me.1`, read at 59 with 3 permits of 2 ahead.
     fn count() -> PermitCount {
-        PermitCount::new(3, 2, "p2.me.1".to_owned(), 50)
+        let ahead = ["p2.a.1", "p2.b.1", "p2.c.1"].map(|k| k.as_bytes().to_vec());
+        PermitCount::new(ahead, 2, "p2.me.1".to_owned())
     }
 
     #[test]
     fn each_deletion_ahead_is_one_key_fewer_until_a_permit_is_free() {
         let mut c = count();
-        assert!(!c.count([gone(60, "p2.a.1", 10)].into_iter(), 60));
+        assert!(!c.count([gone(60, "p2.a.1")].into_iter(), 60));
         assert!(!c.holds());
-        assert!(c.count([gone(61, "p2.b.1", 20)].into_iter(), 60));
+        assert!(c.count([gone(61, "p2.b.1")].into_iter(), 60));
         assert!(c.holds());
     }
 
     #[test]
     fn deletions_behind_or_before_the_read_do_not_count() {
         let mut c = count();
-        // Behind ours (a later create revision): a waiter that left.
-        assert!(!c.count([gone(60, "p2.z.1", 55)].into_iter(), 60));
+        // Behind ours (not read ahead): a waiter that left.
+        assert!(!c.count([gone(60, "p2.z.1")].into_iter(), 60));
         // Already in the read (before `from`).
-        assert!(!c.count([gone(59, "p2.a.1", 10)].into_iter(), 60));
-        assert_eq!(c.ahead, 3);
+        assert!(!c.count([gone(59, "p2.a.1")].into_iter(), 60));
+        assert_eq!(c.ahead.len(), 3);
         // Two deletions in one answer, one ahead and one behind.
-        let both = [gone(62, "p2.a.1", 10), gone(62, "p2.y.1", 70)];
+        let both = [gone(62, "p2.a.1"), gone(62, "p2.y.1")];
         assert!(!c.count(both.into_iter(), 60));
-        assert_eq!(c.ahead, 2);
+        assert_eq!(c.ahead.len(), 2);
+        // The same name again: a key made behind ours after the one ahead was deleted.
+        assert!(!c.count([gone(63, "p2.a.1")].into_iter(), 60));
+        assert_eq!(c.ahead.len(), 2);
+        assert!(!c.holds());
     }
 
     #[test]
     fn our_own_deletion_or_a_deletion_without_its_version_makes_the_count_stale() {
         let mut c = count();
-        assert!(c.count([gone(60, "p2.me.1", 50)].into_iter(), 60));
+        assert!(c.count([gone(60, "p2.me.1")].into_iter(), 60));
         assert!(
             !c.holds(),
             "our key is gone: read again, never hold by the count"
@@ -362,15 +368,12 @@ mod tests {
         let mut c = count();
         let blind = Deletion {
             revision: Some(60),
-            prev: None,
+            key: None,
         };
         assert!(c.count([blind].into_iter(), 60));
         assert!(!c.holds());
         // Stale stays stale, whatever follows.
-        assert!(c.count(
-            [gone(61, "p2.a.1", 10), gone(61, "p2.b.1", 20)].into_iter(),
-            60
-        ));
+        assert!(c.count([gone(61, "p2.a.1"), gone(61, "p2.b.1")].into_iter(), 60));
         assert!(!c.holds());
     }
 }
