@@ -251,7 +251,7 @@ impl EtcdAttempt {
     }
 
     /// `acquire`, first step: join the queue and learn the predecessor in one transaction (for
-    /// a reader, the latest writer; see `kinds.rs` for permits).
+    /// a reader, every writer key before ours, the latest first; see `kinds.rs` for permits).
     async fn poll_enqueue(&mut self) -> Result<Option<Step>> {
         trace!(target: "distlock_etcd::wait", me = %self.key.key, "enqueue");
         let slot = self.shared.fresh_slot(self.ttl).await?;

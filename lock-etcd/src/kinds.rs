@@ -90,8 +90,9 @@ pub(crate) fn permit_place(kinds: &[distlock_core::LockKind], permits: u32) -> P
     }
 }
 
-/// The reads that place a permit of N: the name's newest key (its `count` is the size of the
-/// whole range, whatever the limit) and the number of permit keys of N.
+/// The reads of a `try_acquire` of a permit of N: the name's newest key (its `count` is the
+/// size of the whole range, whatever the limit) and the number of permit keys of N. (A
+/// waiting `acquire` reads every key before its own instead, to count them by name.)
 fn semaphore_reads(range: &str, permits: u32) -> [TxnOp; 2] {
     let (start, end) = keys::permit_range(range, permits);
     let newest = GetOptions::new()

@@ -358,6 +358,17 @@ mod tests {
     }
 
     #[test]
+    fn a_deletion_told_twice_counts_once() {
+        // A reader behind two writers counts as a permit of one.
+        let writers = ["w.1", "w.2"].map(|k| k.as_bytes().to_vec());
+        let mut c = PermitCount::new(writers, 1, "r.me.1".to_owned());
+        assert!(!c.count([gone(60, "w.1"), gone(60, "w.1")].into_iter(), 60));
+        assert!(!c.holds(), "one writer is still ahead");
+        assert!(c.count([gone(61, "w.2")].into_iter(), 60));
+        assert!(c.holds());
+    }
+
+    #[test]
     fn our_own_deletion_or_a_deletion_without_its_version_makes_the_count_stale() {
         let mut c = count();
         assert!(c.count([gone(60, "p2.me.1")].into_iter(), 60));
