@@ -333,10 +333,35 @@ fn route(response: WatchResponse, live: &mut HashMap<i64, Live>) -> bool {
         }
         return false;
     }
-    // Every change up to the response's revision has been sent to this watch.
-    watch.next = watch.next.max(revision + 1);
+    let last = response
+        .events()
+        .last()
+        .and_then(|e| e.kv().map(etcd_client::KeyValue::mod_revision));
+    watch.next = watch.next.max(covered(revision, last) + 1);
     if !response.events().is_empty() {
         let _ = watch.answers.send(Answer::Events(response));
     }
     false
+}
+
+/// The last revision of a watch's changes that a response with header revision `header`
+/// and last event at revision `last` (if any) has sent: the resumed watch starts after it.
+/// A response with events covers its events only: etcd's catch-up of a watch far behind
+/// sends at most 1,000 revisions a response with the store's current revision in its header,
+/// the rest still to come (`syncWatchers`, `moreRev`), so resuming after the header would
+/// skip them. A response without events (a progress report) covers its header's revision.
+fn covered(header: i64, last: Option<i64>) -> i64 {
+    last.unwrap_or(header)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::covered;
+
+    #[test]
+    fn a_catch_up_batch_covers_its_events_not_its_header() {
+        // Events up to 1,500 of a watch far behind, the store at 2,400: resume at 1,501.
+        assert_eq!(covered(2_400, Some(1_500)), 1_500);
+        assert_eq!(covered(2_400, None), 2_400);
+    }
 }
