@@ -110,6 +110,9 @@ struct Catalog {
     data: bool,
 }
 
+/// Whether a [`Catalog`] found one column of the lock table.
+type HasColumn = fn(&Catalog) -> bool;
+
 impl Catalog {
     /// Reads the catalog for the lock table (`table`, unquoted, maybe `schema.table`: where
     /// `CREATE TABLE` makes it, the current database unless it names a schema).
@@ -141,15 +144,6 @@ impl Catalog {
             next_ttl: next_ttl > 0,
             data: data > 0,
         })
-    }
-
-    /// Whether the table has `column` (one of the two this reads).
-    fn has(&self, column: &str) -> bool {
-        match column {
-            "next_ttl" => self.next_ttl,
-            "data" => self.data,
-            _ => false,
-        }
     }
 }
 
@@ -210,13 +204,17 @@ impl MyDb {
         if config.create_table {
             // A table of an earlier version: the column of hand-overs, the holder data. A
             // concurrent client may have added it meanwhile (duplicate column).
-            for (column, ty) in [("next_ttl", "BIGINT"), ("data", DATA_TYPE)] {
-                if !catalog.has(column) {
+            let columns: [(&str, &str, HasColumn); 2] = [
+                ("next_ttl", "BIGINT", |c| c.next_ttl),
+                ("data", DATA_TYPE, |c| c.data),
+            ];
+            for (column, ty, has) in columns {
+                if !has(&catalog) {
                     let alter = format!("ALTER TABLE {table} ADD COLUMN {column} {ty} NULL");
                     let altered = conn.execute(AssertSqlSafe(alter)).await;
                     catalog = Catalog::read(conn, &config.table).await?;
                     if let Err(err) = altered
-                        && !catalog.has(column)
+                        && !has(&catalog)
                     {
                         return Err(map_err(&format!("adding {column} to {table}"), err));
                     }
