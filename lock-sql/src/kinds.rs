@@ -9,13 +9,16 @@
 //! or permit acquisition (unless `create_table` is off; with it, a holders table of an
 //! earlier version gets the `data` column then). While live holders exist, the name's row in
 //! the lock table carries a **marker** as its owner (`"\u{1}shared"`, `"\u{1}permits:N"`:
-//! never a real owner, which is a UUID or `id:UUID`) and the latest holder expiry as its
-//! `expires_at`, so the one-statement exclusive take refuses by itself while they live and
-//! takes the row once they have all expired.
+//! never a real owner, which is a UUID or `id:UUID`) and at least the latest holder expiry as
+//! its `expires_at` (a reader that leaves PostgreSQL's functions while others hold does not
+//! lower it, see the crate docs), so the one-statement exclusive take refuses by itself while
+//! they live and takes the row once they have all expired.
 //!
 //! Every change runs as one transaction that first locks the lock row (`SELECT .. FOR
 //! UPDATE`; SQLite: `BEGIN IMMEDIATE`), so that changes of one name are serialized by that
-//! row and every read of the holders table sees the committed state. A holder is live while
+//! row and every read of the holders table sees the committed state (except the first step
+//! of a reader's release by PostgreSQL's functions, which deletes its own holder row without
+//! that lock: see `postgres/routines.rs`). A holder is live while
 //! its row's expiry is in the future **and** the lock row carries its marker: a forced release
 //! (which clears the marker) or an exclusive take of an expired marker ends every holder at
 //! once, and the next shared or permit acquisition on a row without a live marker (a new

@@ -735,6 +735,155 @@ mod postgres {
         }
     }
 
+    /// Two clients, each holding a read hold (ttl 30 s) of a new name.
+    struct TwoReaders {
+        clients: [LockClient<SqlBackend>; 2],
+        pool: sqlx::PgPool,
+        name: String,
+        held: [distlock_core::LockGuard; 2],
+    }
+
+    async fn two_readers(url: &str, prefix: &str) -> TwoReaders {
+        let clients = [client(url).await, client(url).await];
+        let pool = common::pg(&clients[0]);
+        let name = unique(prefix);
+        let reads = AcquireOptions::default()
+            .with_ttl(Duration::from_secs(30))
+            .shared();
+        let first = clients[0]
+            .acquire(&name, &reads)
+            .await
+            .expect("first reader");
+        let second = clients[1]
+            .acquire(&name, &reads)
+            .await
+            .expect("second reader");
+        TwoReaders {
+            clients,
+            pool,
+            name,
+            held: [first, second],
+        }
+    }
+
+    /// A reader's release that leaves another reader holding does not lock the name's row
+    /// (readers of one name took turns on it, issue 44): it leaves while another transaction
+    /// holds that row. The last reader's release frees the name: a writer takes it at once.
+    #[tokio::test]
+    async fn a_reader_leaves_without_the_names_row() {
+        let Some(url) = url() else { return };
+        let TwoReaders {
+            clients: [a, _b],
+            pool,
+            name,
+            held: [first, second],
+        } = two_readers(&url, "reader-leaves").await;
+        let mut tx = pool.begin().await.expect("begin");
+        let lock = format!("SELECT 1 FROM {TABLE} WHERE name = $1 FOR UPDATE");
+        sqlx::query(AssertSqlSafe(lock))
+            .bind(&name)
+            .execute(&mut *tx)
+            .await
+            .expect("lock the name's row");
+        tokio::time::timeout(Duration::from_secs(10), first.release())
+            .await
+            .expect("the release waited for the name's row")
+            .expect("release");
+        tx.rollback().await.expect("rollback");
+        second.release().await.expect("the last reader's release");
+        let writer = a
+            .try_acquire(&name, &AcquireOptions::default())
+            .await
+            .expect("try")
+            .expect("the last reader's release left the name held");
+        writer.release().await.expect("release the writer");
+    }
+
+    /// The first steps of two readers' releases: the one that finds the other (and locks its
+    /// row) answers that it is done; the other, whose delete waits for that commit, then
+    /// finds nobody and answers that it may be the last, and its second step frees the name.
+    /// A look that locked nothing, or waited for locked rows, would let both answer done (the
+    /// name held until its lease ends) or wait on each other.
+    #[tokio::test]
+    async fn a_reader_that_may_be_last_says_so() {
+        let Some(url) = url() else { return };
+        let TwoReaders {
+            clients: _clients,
+            pool,
+            name,
+            held: _held,
+        } = two_readers(&url, "may-be-last").await;
+        let holders =
+            format!("SELECT owner, token FROM {TABLE}_holders WHERE name = $1 ORDER BY owner");
+        let holders: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(holders))
+            .bind(&name)
+            .fetch_all(&pool)
+            .await
+            .expect("holders");
+        let [low, high] = <[_; 2]>::try_from(holders).expect("two holders");
+        let step = |n: i32, (owner, token): &(String, i64)| {
+            let call =
+                format!("SELECT {TABLE}_dl_release_v5($1, $2, chr(1) || 'shared', $3, false, {n})");
+            sqlx::query_scalar::<_, Option<bool>>(AssertSqlSafe(call))
+                .bind(name.clone())
+                .bind(owner.clone())
+                .bind(*token)
+        };
+        let mut tx = pool.begin().await.expect("begin");
+        let done = step(1, &low)
+            .fetch_one(&mut *tx)
+            .await
+            .expect("first step of one");
+        assert_eq!(done, Some(true), "the other holder was not found");
+        let other = {
+            let (query, pool) = (step(1, &high), pool.clone());
+            tokio::spawn(async move { query.fetch_one(&pool).await })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            !other.is_finished(),
+            "the other's delete did not wait for the look's lock"
+        );
+        tx.commit().await.expect("commit");
+        let last = other.await.expect("join").expect("first step of the other");
+        assert_eq!(last, None, "the last holder did not say it may be the last");
+        step(2, &high).fetch_one(&pool).await.expect("second step");
+        assert_eq!(
+            row(&pool, TABLE, &name).await.0,
+            None,
+            "the name stayed held"
+        );
+    }
+
+    /// Readers that leave at the same moment, each maybe the last: one of them frees the
+    /// name (none leaves it to the others, who have left too), round after round.
+    #[tokio::test]
+    async fn readers_leaving_together_free_the_name() {
+        let Some(url) = url() else { return };
+        let clients = [client(&url).await, client(&url).await, client(&url).await];
+        let reads = AcquireOptions::default()
+            .with_ttl(Duration::from_secs(30))
+            .shared();
+        for round in 0..100 {
+            let name = unique("readers-leave");
+            let mut held = Vec::new();
+            for c in &clients {
+                held.push(c.acquire(&name, &reads).await.expect("reader"));
+            }
+            let released = futures::future::join_all(held.into_iter().map(|g| g.release())).await;
+            assert!(
+                released.iter().all(Result::is_ok),
+                "round {round}: {released:?}"
+            );
+            let writer = clients[0]
+                .try_acquire(&name, &AcquireOptions::default())
+                .await
+                .expect("try");
+            let writer = writer.unwrap_or_else(|| panic!("round {round}: the name stayed held"));
+            writer.release().await.expect("release the writer");
+        }
+    }
+
     /// The release hands the lock to the waiter holding the reservation, in its own
     /// statement: the row goes from the holder to the waiter with the next version (never
     /// free in between), a `h<version>:` notification says so, and the waiter holds it with

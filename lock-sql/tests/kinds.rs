@@ -617,12 +617,14 @@ mod postgres {
         super::routines_beside_transactions(
             &url,
             |table, what| match what {
-                "release" => format!("{table}_dl_{what}_v4(text, text, text, bigint, boolean)"),
-                "renew_many" => {
-                    format!("{table}_dl_{what}_v4(text[], text[], text[], bigint[], bigint[])")
+                "release" => {
+                    format!("{table}_dl_{what}_v5(text, text, text, bigint, boolean, integer)")
                 }
-                "join" => format!("{table}_dl_{what}_v4(text, text, text, bigint, bigint, bigint)"),
-                _ => format!("{table}_dl_{what}_v4(text, text, text, bigint, bigint)"),
+                "renew_many" => {
+                    format!("{table}_dl_{what}_v5(text[], text[], text[], bigint[], bigint[])")
+                }
+                "join" => format!("{table}_dl_{what}_v5(text, text, text, bigint, bigint, bigint)"),
+                _ => format!("{table}_dl_{what}_v5(text, text, text, bigint, bigint)"),
             },
             |f| format!("SELECT '{f}'::regprocedure"),
             |f| format!("DROP FUNCTION {f}"),
@@ -924,7 +926,7 @@ mod postgres {
         assert_eq!(left, expected, "the waiter that gave up is still queued");
         // A poll of the waiter that gave up, still on its way then, does not queue it again.
         let join =
-            "SELECT o_taken FROM distlock_locks_dl_join_v4($1, $2, $3, 10000000, 1, 1000000)";
+            "SELECT o_taken FROM distlock_locks_dl_join_v5($1, $2, $3, 10000000, 1, 1000000)";
         let taken: Option<i64> = sqlx::query_scalar(join)
             .bind(&name)
             .bind(&owners[2])

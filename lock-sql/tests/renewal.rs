@@ -286,12 +286,12 @@ mod postgres {
         for (what, last) in [
             ("join", "bigint, bigint"),
             ("renew", "bigint"),
-            ("release", "boolean"),
+            ("release", "boolean, integer"),
         ] {
-            let f = format!("{table}_dl_{what}_v4(text, text, text, bigint, {last})");
+            let f = format!("{table}_dl_{what}_v5(text, text, text, bigint, {last})");
             common::exec(&pool, format!("DROP FUNCTION {f}")).await;
         }
-        let f = format!("{table}_dl_renew_many_v4(text[], text[], text[], bigint[], bigint[])");
+        let f = format!("{table}_dl_renew_many_v5(text[], text[], text[], bigint[], bigint[])");
         common::exec(&pool, format!("DROP FUNCTION {f}")).await;
         let tables = format!("{table}_holders, {table}_queue, {table}");
         common::exec(&pool, format!("DROP TABLE {tables}")).await;

@@ -1,5 +1,6 @@
 //! The shared and permit kinds' transactions as PL/pgSQL functions: a join, a renewal and a
-//! release of a shared hold or a permit in one round trip each.
+//! release of a shared hold or a permit in one round trip each (two for a reader that may be
+//! the last to leave: see [`Parts::release`]).
 //!
 //! The transactions of [`kinds`](crate::kinds) take five to eight round trips each (`BEGIN`,
 //! the row lock, the holders' statements, `COMMIT`), and the name's lock row stays locked for
@@ -10,16 +11,18 @@
 //! runs them, and answer what its methods answer; a refused join writes nothing (as the
 //! transaction it replaces rolled back) but a permit waiter's place in the queue, which
 //! only the functions keep (see [`queue_table`](crate::kinds::queue_table)). Each statement of a function sees what committed
-//! before it (read committed), after the row lock, as in the transaction.
+//! before it (read committed), after the row lock, as in the transaction (but the first step
+//! of a reader's release, which does not lock the row: see [`Parts::release`]).
 //!
 //! They are created (when missing) with the lock table, so only where the table may be
 //! created ([`SqlConfig::create_table`](crate::SqlConfig::create_table)); with it off, they
 //! are used when present, else the transactions are. A client of an earlier version runs the
-//! transactions: both lock the row first, so they serialize with each other. The names end in
+//! transactions: both lock the row first, so they serialize with each other (a reader's first
+//! release step, which does not, deletes only its own holder row). The names end in
 //! [`VERSION`]: a change of what a function does takes a new name, so that clients of two
 //! versions never run each other's.
 //!
-//! A fourth function renews a batch of holds (`_dl_renew_many_v4`, arrays of the renewal's
+//! A fourth function renews a batch of holds (`_dl_renew_many_v5`, arrays of the renewal's
 //! arguments sorted by name): the watchdog's renewals of every shared hold and permit of a
 //! client in one round trip per [`PG_MAX_BATCH`](crate::renew::PG_MAX_BATCH), each checked
 //! and extended by the very statements of the single renewal, the rows locked in name order
@@ -33,11 +36,12 @@ use crate::keys::quote;
 use crate::kinds::{HolderSql, InRoutine};
 use crate::pool::InUse;
 
-/// The functions' version, the end of their names: `v4` queues permit waiters (see
+/// The functions' version, the end of their names: `v5` lets a reader that does not leave
+/// last release without locking the name's row (see [`Parts::release`]), `v4` queues permit waiters (see
 /// [`Parts::release`] and [`queue_table`](crate::kinds::queue_table)), `v3` releases also hand the lock to the reserved
 /// writer when the last reader leaves, `v2` hand a permit over to the reserved permit waiter;
 /// `v1` (earlier clients) wake the reserved waiter to join instead.
-const VERSION: &str = "v4";
+const VERSION: &str = "v5";
 
 /// Replaces the arguments `$1`, `$2`, ... of `sql` with `names`, in order.
 fn with_args(sql: &str, names: &[&str]) -> String {
@@ -70,7 +74,7 @@ pub(crate) fn routines(
     let signatures = [
         format!("{join}(text, text, text, bigint, bigint, bigint)"),
         format!("{renew}(text, text, text, bigint, bigint)"),
-        format!("{release}(text, text, text, bigint, boolean)"),
+        format!("{release}(text, text, text, bigint, boolean, integer)"),
         format!("{renew_many}(text[], text[], text[], bigint[], bigint[])"),
     ];
     // Plain identifiers: safe in literals.
@@ -99,7 +103,11 @@ pub(crate) fn routines(
         calls: Calls {
             join: format!("SELECT * FROM {join}($1, $2, $3, $4, $5, $6)").into(),
             renew: format!("SELECT {renew}($1, $2, $3, $4, $5)::int::bigint").into(),
-            release: format!("SELECT {release}($1, $2, $3, $4, $5)::int::bigint").into(),
+            release: format!("SELECT {release}($1, $2, $3, $4, $5, 0)::int::bigint").into(),
+            release_steps: Some((
+                format!("SELECT {release}($1, $2, $3, $4, $5, 1)::int::bigint").into(),
+                format!("SELECT {release}($1, $2, $3, $4, $5, 2)::int::bigint").into(),
+            )),
             renew_many: Some(format!("SELECT * FROM {renew_many}($1, $2, $3, $4, $5)").into()),
             queue: true,
         },
@@ -493,6 +501,18 @@ END"
     /// `h<version>:..` tells it; this commit waits for its flush. Until then the writer was
     /// woken and took the row itself: a wake-up and a take more per turn (issue 44 measured
     /// a writer's turn between readers at 2.5 mutex handoffs on PostgreSQL).
+    ///
+    /// Since `v5` a read hold's release runs in steps (`p_step`; 0: all of the above in one
+    /// call, as every other release). Step 1 reads the lock row without locking it, deletes
+    /// the holder's own row and looks for another live holder row that no release has locked
+    /// (`FOR KEY SHARE SKIP LOCKED`, which also keeps that holder's release from deleting it
+    /// before this commit): found, it answers `true` and the release is done, since that
+    /// holder's release comes later and sees this one gone. Otherwise it answers `NULL` (left,
+    /// maybe the last) and step 2 runs the rest of step 0 without the holder's own row (the
+    /// row locked, the holders counted, the name freed or handed to the reserved writer). A
+    /// step 1 waits for nothing once it holds a lock (its delete takes its first, its look
+    /// skips locked rows, it never locks the lock row), so what waits for it is never waited
+    /// for by it: no deadlock.
     fn release(&self, signature: &str) -> String {
         let Self {
             t,
@@ -517,6 +537,29 @@ END"
             "DECLARE {DECLARE_PEEK}; n bigint; o_taken bigint; p_ttl bigint; p_permits bigint;
   w_owner text; handed boolean := false; v_at timestamptz; v_row boolean;
 BEGIN
+  IF p_step = 1 AND p_token IS NOT NULL THEN
+    -- A reader's release: its own row, the name's row read and not locked. A holder this
+    -- read or the delete cannot tell live (an expiry at the moment of a renewal still on
+    -- its way) goes on below, the row locked, as step 0.
+    SELECT owner, expires_at > now() INTO o_owner, v_row FROM {t} WHERE name = p_name;
+    IF FOUND AND v_row AND o_owner = p_marker THEN
+      {leave};
+      IF FOUND THEN
+        {no_flush};
+        -- Another live holder row that no release (or purge) has locked: its holder leaves
+        -- after this commit (locked here until then), sees this row gone, and it or a later
+        -- holder frees the name. Looked for from this owner on, so that leavers spread.
+        PERFORM 1 FROM {h} WHERE name = p_name AND owner > p_owner AND expires_at > now()
+          ORDER BY owner LIMIT 1 FOR KEY SHARE SKIP LOCKED;
+        IF FOUND THEN RETURN true; END IF;
+        PERFORM 1 FROM {h} WHERE name = p_name AND owner < p_owner AND expires_at > now()
+          ORDER BY owner LIMIT 1 FOR KEY SHARE SKIP LOCKED;
+        IF FOUND THEN RETURN true; END IF;
+        -- Maybe the last: the caller calls again with step 2, which locks the name's row.
+        RETURN NULL;
+      END IF;
+    END IF;
+  END IF;
   {lock};
   v_row := FOUND;
   -- An abandoned permit attempt's place: gone, and kept gone (a negative ttl) against a poll
@@ -529,8 +572,14 @@ BEGIN
   IF NOT v_row OR o_remaining IS NULL OR o_owner IS DISTINCT FROM p_marker THEN
     {no_flush}; RETURN false;
   END IF;
-  IF p_token IS NULL THEN {purge}; ELSE {leave}; END IF;
-  GET DIAGNOSTICS n = ROW_COUNT;
+  IF p_step = 2 THEN
+    -- Step 1 took the holder's row out: what is left of its release.
+    n := 1;
+  ELSIF p_token IS NULL THEN
+    {purge}; GET DIAGNOSTICS n = ROW_COUNT;
+  ELSE
+    {leave}; GET DIAGNOSTICS n = ROW_COUNT;
+  END IF;
   IF n = 0 THEN RETURN false; END IF;
   SELECT count(*) INTO n FROM {h} WHERE name = p_name AND expires_at > now();
   -- A reservation of a permit holder is stale (it was handed its permit while a poll of its
@@ -579,7 +628,8 @@ END"
         );
         Self::function(
             signature,
-            "p_name text, p_owner text, p_marker text, p_token bigint, p_wake boolean",
+            "p_name text, p_owner text, p_marker text, p_token bigint, p_wake boolean, \
+             p_step integer",
             "boolean",
             &body,
         )
