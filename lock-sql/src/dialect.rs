@@ -5,10 +5,10 @@
 //! numbered to match).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_core::LockKind;
+use distlock_core::backend::{RetryPolicy, retrying};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use sqlx::SqlSafeStr;
 use sqlx::{AssertSqlSafe, ColumnIndex, Decode, Encode, Executor, IntoArguments, Type};
@@ -180,13 +180,12 @@ pub(crate) struct Calls {
     /// release wakes a waiter even while others hold). The row: 1 if the holder was live and
     /// has left, else 0.
     pub(crate) release: Arc<str>,
-    /// A read hold's release in two steps (PostgreSQL), with [`Self::release`]'s arguments.
-    /// The first leaves the holders without locking the name's row and answers 1 (left,
+    /// A read hold's release in two steps (PostgreSQL): [`Self::release`]'s arguments, then
+    /// the step (a bigint). Step 1 leaves the holders without locking the name's row and answers 1 (left,
     /// another live holder is not leaving: it or a later one frees the name), 0 (not a live
-    /// holder) or
-    /// `NULL` (left, maybe the last holder); only then the second runs what is left of
+    /// holder) or `NULL` (left, maybe the last holder); only then step 2 runs what is left of
     /// [`Self::release`] (the row locked, the name freed or handed to the reserved writer).
-    pub(crate) release_steps: Option<(Arc<str>, Arc<str>)>,
+    pub(crate) release_in_steps: Option<Arc<str>>,
     /// The renewal of a batch of holds sorted by name. PostgreSQL binds the arrays of names,
     /// owners, markers, tokens and ttl_us, and answers the 0-based positions of the renewed
     /// holds as rows; MySQL binds one JSON array of `[name, owner, marker, token, ttl_us]`
@@ -452,26 +451,25 @@ where
                 let query = q(sql).bind(held.name).bind(held.owner);
                 query.bind(marker(held.kind)).bind(held.token).bind(wake)
             };
-            let steps = calls.release_steps.as_ref();
             let shared = held.kind == LockKind::Shared && held.token.is_some();
-            if let Some((first, rest)) = steps.filter(|_| shared) {
-                let row = self.call(call(first)).await?;
+            if let Some(steps) = calls.release_in_steps.as_ref().filter(|_| shared) {
+                let row = self.call(call(steps).bind(1_i64)).await?;
                 if let Some(answer) = sqlx::Row::try_get::<Option<i64>, _>(&row, 0)? {
                     return Ok(answer == 1);
                 }
                 // Left, and maybe the last holder: the name is freed (or handed over) now. The
-                // hold is gone whatever this answers: a failed second step is tried again (a
-                // release tried again from the start would find no hold), and after that the
-                // name waits for its lease to end.
-                for pause in [10, 40, 0] {
-                    match self.call(call(rest)).await {
-                        Ok(_) => break,
-                        Err(err) if pause == 0 => {
-                            tracing::warn!(%err, name = held.name, "a read hold left, but the name \
-                                stays held until its lease ends");
-                        }
-                        Err(_) => tokio::time::sleep(Duration::from_millis(pause)).await,
-                    }
+                // hold is gone whatever this answers: a failed step 2 is tried again (a release
+                // tried again from the start would find no hold), and after that the name
+                // waits for its lease to end.
+                let rest = retrying(
+                    "the rest of a read hold's release",
+                    RetryPolicy::TRANSIENT,
+                    |_: &sqlx::Error| true,
+                    || self.call(call(steps).bind(2_i64)),
+                )
+                .await;
+                if let Err(err) = rest {
+                    tracing::warn!(%err, name = held.name, "a read hold left, but the name stays held until its lease ends");
                 }
                 return Ok(true);
             }

@@ -277,17 +277,17 @@
 //!   after this one and sees it gone, and this release is done. Otherwise the holder was
 //!   maybe the last, and a second call locks the row and does the rest (frees the name, or
 //!   hands it to the reserved writer, or leaves it to holders that joined since; tried again
-//!   twice if it fails, since a release tried again from the start would find no hold). A
-//!   holder the unlocked read cannot tell live (an expiry while its renewal is on its way)
-//!   releases as before, the row locked. The first
-//!   step waits for nothing once it holds a lock (it never locks the name's row, and its
-//!   look skips locked rows), so it cannot be part of a deadlock. A release that leaves others holding no longer
-//!   lowers the row's `expires_at` to the latest live holder's: after a reader dies holding,
-//!   a writer may wait for the end of a lease that a reader who left had (at most a ttl
-//!   after its last renewal). A release stopped between the two steps (its future cancelled
-//!   or timed out by the client's operation timeout, the process gone, the second step
-//!   failing three times) leaves the name to expire. Transactions, MySQL and SQLite
-//!   release as before.
+//!   on failure under [`RetryPolicy::TRANSIENT`](distlock_core::backend::RetryPolicy), since
+//!   a release tried again from the start would find no hold). A holder the unlocked read
+//!   cannot tell live (an expiry while its renewal is on its way) releases as before, the
+//!   row locked. The first step waits for nothing once it holds a lock (it never locks the
+//!   name's row, and its look skips locked rows), so it cannot be part of a deadlock. A
+//!   release that leaves others holding no longer lowers the row's `expires_at` to the latest
+//!   live holder's: after a reader dies holding, a writer may wait for the end of a lease
+//!   that a reader who left had (at most a ttl after its last renewal). A release stopped
+//!   between the two steps (its future cancelled or timed out by the client's operation
+//!   timeout, the process gone, the second step failing every retry) leaves the name to
+//!   expire. Transactions, MySQL and SQLite release as before.
 //!
 //!   On MySQL the writer's wait on the latest reader is cancelled on the server when no
 //!   longer needed (as its wait on a writer is: its wake-up may keep a connection), not left

@@ -111,7 +111,7 @@ pub(crate) fn routines(table: &str, sql: &HolderSql, peek_columns: &str) -> Opti
             join: join_call(table, false).into(),
             renew: format!("CALL {renew}(?, ?, ?, ?, ?)").into(),
             release: release_call(table, false).into(),
-            release_steps: None,
+            release_in_steps: None,
             renew_many: Some(format!("CALL {renew_many}(?)").into()),
             queue: true,
         },

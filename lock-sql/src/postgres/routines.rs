@@ -37,8 +37,8 @@ use crate::kinds::{HolderSql, InRoutine};
 use crate::pool::InUse;
 
 /// The functions' version, the end of their names: `v5` lets a reader that does not leave
-/// last release without locking the name's row (see [`Parts::release`]), `v4` queues permit waiters (see
-/// [`Parts::release`] and [`queue_table`](crate::kinds::queue_table)), `v3` releases also hand the lock to the reserved
+/// last release without locking the name's row (see [`Parts::release`]), `v4` queues permit
+/// waiters (see [`Parts::release`] and [`queue_table`](crate::kinds::queue_table)), `v3` releases also hand the lock to the reserved
 /// writer when the last reader leaves, `v2` hand a permit over to the reserved permit waiter;
 /// `v1` (earlier clients) wake the reserved waiter to join instead.
 const VERSION: &str = "v5";
@@ -104,10 +104,9 @@ pub(crate) fn routines(
             join: format!("SELECT * FROM {join}($1, $2, $3, $4, $5, $6)").into(),
             renew: format!("SELECT {renew}($1, $2, $3, $4, $5)::int::bigint").into(),
             release: format!("SELECT {release}($1, $2, $3, $4, $5, 0)::int::bigint").into(),
-            release_steps: Some((
-                format!("SELECT {release}($1, $2, $3, $4, $5, 1)::int::bigint").into(),
-                format!("SELECT {release}($1, $2, $3, $4, $5, 2)::int::bigint").into(),
-            )),
+            release_in_steps: Some(
+                format!("SELECT {release}($1, $2, $3, $4, $5, $6::integer)::int::bigint").into(),
+            ),
             renew_many: Some(format!("SELECT * FROM {renew_many}($1, $2, $3, $4, $5)").into()),
             queue: true,
         },
