@@ -14,8 +14,8 @@ use std::fmt;
 ///
 /// # Fencing
 ///
-/// Every acquisition of a name, of any kind, takes the next value of one counter of that
-/// name, so:
+/// Every acquisition of a name, of any kind, takes its token from one counter of that name
+/// (readers beside other readers may draw theirs from a range the counter set aside), so:
 /// - exclusive holders (writers, mutex holders, leaders) get strictly increasing tokens;
 /// - a shared holder's token is larger than every earlier writer's and smaller than every
 ///   later writer's;

@@ -18,7 +18,8 @@
 //! UPDATE`; SQLite: `BEGIN IMMEDIATE`), so that changes of one name are serialized by that
 //! row and every read of the holders table sees the committed state (except the first step
 //! of a reader's release by PostgreSQL's functions, which deletes its own holder row without
-//! that lock: see `postgres/routines.rs`). A holder is live while
+//! that lock, and a reader's join beside live readers there, which locks the row for share:
+//! see `postgres/routines.rs`). A holder is live while
 //! its row's expiry is in the future **and** the lock row carries its marker: a forced release
 //! (which clears the marker) or an exclusive take of an expired marker ends every holder at
 //! once, and the next shared or permit acquisition on a row without a live marker (a new

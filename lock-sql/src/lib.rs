@@ -24,7 +24,7 @@
 //! |---|---|
 //! | `name` | the lock name, primary key, bound as a parameter and compared byte for byte (`TEXT COLLATE "C"` on PostgreSQL, `VARBINARY` on MySQL, `TEXT` with SQLite's binary collation), so no two distinct names collide |
 //! | `owner` | the holder's unique owner value, `NULL` when released |
-//! | `version` | **the fencing token**: incremented by every acquisition, never reset, kept on release; a new row starts at the database's clock in microseconds (see [below](#a-store-emptied-or-recreated)); a row free for [`forget_after`](SqlConfig::forget_after) is deleted (see [below](#what-is-left-in-the-tables)) |
+//! | `version` | **the fencing token**: raised by every acquisition (by one; by 16 when a PostgreSQL reader sets a range of readers' tokens, see [below](#fencing-and-readers-beside-readers)), never reset, kept on release; a new row starts at the database's clock in microseconds (see [below](#a-store-emptied-or-recreated)); a row free for [`forget_after`](SqlConfig::forget_after) is deleted (see [below](#what-is-left-in-the-tables)) |
 //! | `expires_at` | end of the lease, on the **database's** clock |
 //! | `next_owner`, `next_since`, `next_expires`, `next_ttl` | the waiter reservation (below); `next_ttl` is the lease an exclusive waiter asks for, for a hand-over (a permit waiter's negated, see [Shared holds and permits](#shared-holds-and-permits)) |
 //! | `data` | the holder data of the exclusive hold (see below), `NULL` when none: `TEXT` (PostgreSQL, SQLite), `VARBINARY(2048)` (MySQL, the UTF-8 bytes) |
@@ -148,8 +148,8 @@
 //!   one name's holders is serialized by that row (but a PostgreSQL reader's release: below,
 //!   "A reader leaves without locking the name's row"). A refused acquisition rolls back.
 //! - **PostgreSQL and MySQL/MariaDB** run each of those transactions as one call of a
-//!   server-side routine (PL/pgSQL functions `<table>_dl_join_v5`, `<table>_dl_renew_v5`,
-//!   `<table>_dl_release_v5`; stored procedures `<table>_dl_join_v3`, `<table>_dl_renew_v1`,
+//!   server-side routine (PL/pgSQL functions `<table>_dl_join_v6`, `<table>_dl_renew_v6`,
+//!   `<table>_dl_release_v6`; stored procedures `<table>_dl_join_v3`, `<table>_dl_renew_v1`,
 //!   `<table>_dl_release_v3`; created with the
 //!   lock table when missing; the same statements in the same order, a refused join writing
 //!   nothing): one round trip (a PostgreSQL reader's release: two when it may be the last to
@@ -168,8 +168,9 @@
 //!   and takes it when they have all expired, as it takes any expired lease. The last holder
 //!   to leave frees the row.
 //! - **Fencing**: every acquisition of any kind increments the row's `version` and takes it
-//!   as its token, so a shared holder's token lies between the writers before and after it,
-//!   and permit tokens are unique and increasing.
+//!   as its token (but a PostgreSQL reader beside live readers, below), so a shared holder's
+//!   token lies between the writers before and after it, and permit tokens are unique and
+//!   increasing.
 //! - **Writer preference**: a waiting writer claims the waiter reservation as it does on a
 //!   held lock, and a shared acquisition refuses while another waiter's reservation lives, so
 //!   readers arriving after a waiting writer queue behind it. Waiting readers use the same
@@ -284,10 +285,44 @@
 //!   name's row, and its look skips locked rows), so it cannot be part of a deadlock. A
 //!   release that leaves others holding no longer lowers the row's `expires_at` to the latest
 //!   live holder's: after a reader dies holding, a writer may wait for the end of a lease
-//!   that a reader who left had (at most a ttl after its last renewal). A release stopped
+//!   that a reader who left had (at most a ttl after its last renewal, or half a ttl more
+//!   since `_v6`, below). A release stopped
 //!   between the two steps (its future cancelled or timed out by the client's operation
 //!   timeout, the process gone, the second step failing every retry) leaves the name to
 //!   expire. Transactions, MySQL and SQLite release as before.
+//! - <a id="fencing-and-readers-beside-readers"></a>**A reader joins live readers without
+//!   locking the name's row for update** (PostgreSQL's functions, `_v6`): each join locked
+//!   the row until its commit, which waits for its flush, so joins of one name still took
+//!   turns. A reader that finds the row carrying the live read marker, with a lease left of
+//!   at least its ttl, no live reservation and a range of readers' tokens that is the row's,
+//!   now locks the row only for share (which other such joins share; a writer's take, a
+//!   reservation, a renewal or a release that locks it waits for their commits, and they for
+//!   its), reads it again, and takes a token of the range: `read_base` plus the next value of
+//!   the table's sequence `<table>_dl_reads`, kept only if it lies above `read_from` and
+//!   below the row's `version`. The range is set by a reader that locks the row for update
+//!   (the first of an epoch, or when the range is spent or not the row's): its token is the
+//!   next `version` as before, `read_from` that token, `version` moves 16 past it, and the
+//!   row's expiry gets half a ttl more than the reader's lease, so that the readers after it
+//!   join beside it. So a reader's token lies above the writer before it and below the
+//!   writer after it (who takes `version` plus one), and tokens within a range are unique
+//!   (the sequence hands each value once; a value cached by a session, a sequence made again
+//!   or a range that a client of an earlier version moved past fails the checks and the
+//!   reader locks the row for update). A join that would write the row (a new epoch or
+//!   range, a longer lease) or be refused locks it for update without waiting when nobody
+//!   holds it, else waits for the holder's commit while locking for share, and joins beside
+//!   the readers that holder let in; a lock for share that finds the row changed is let go
+//!   (a subtransaction rolled back) and the join looks again, at most three times, then
+//!   locks the row for update. PostgreSQL lets a lock for share by-pass a lock for update
+//!   that waits while only locks for share hold the row: a writer's reservation, a renewal
+//!   or a release may wait for up to 15 readers' joins (a range) before the next join must
+//!   lock the row for update behind it. Costs: a row whose last readers die holding stays
+//!   held half a ttl longer (at most one and a half ttl after the latest join that set a
+//!   range); each range moves the version 16 on (as 16 acquisitions, for "A store emptied
+//!   or recreated"); the sequence starts at the database's clock in microseconds, like a
+//!   new row, so one made again starts above the old one. A database user who may not use
+//!   the sequence (`USAGE` or `UPDATE` on it) joins as before, the row locked for update;
+//!   the sequence and the columns `read_base`, `read_from` are created with the functions
+//!   and the table (`create_table`).
 //!
 //!   On MySQL the writer's wait on the latest reader is cancelled on the server when no
 //!   longer needed (as its wait on a writer is: its wake-up may keep a connection), not left

@@ -823,7 +823,7 @@ mod postgres {
         let [low, high] = <[_; 2]>::try_from(holders).expect("two holders");
         let step = |n: i32, (owner, token): &(String, i64)| {
             let call =
-                format!("SELECT {TABLE}_dl_release_v5($1, $2, chr(1) || 'shared', $3, false, {n})");
+                format!("SELECT {TABLE}_dl_release_v6($1, $2, chr(1) || 'shared', $3, false, {n})");
             sqlx::query_scalar::<_, Option<bool>>(AssertSqlSafe(call))
                 .bind(name.clone())
                 .bind(owner.clone())
@@ -882,6 +882,214 @@ mod postgres {
             let writer = writer.unwrap_or_else(|| panic!("round {round}: the name stayed held"));
             writer.release().await.expect("release the writer");
         }
+    }
+
+    /// A guard's token as the row's `version` type.
+    fn token_of(guard: &distlock_core::LockGuard) -> i64 {
+        i64::try_from(guard.token().get()).expect("a token in bigint's range")
+    }
+
+    /// Clients of a lock table of their own (its sequence of readers' tokens too, which
+    /// other tests' readers would otherwise draw from), and that table's name.
+    async fn own_table(url: &str, prefix: &str) -> ([LockClient<SqlBackend>; 2], String) {
+        let table = unique(prefix).replace('-', "_");
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let url = format!("{url}{sep}table={table}");
+        ([client(&url).await, client(&url).await], table)
+    }
+
+    /// Read holds with a 30 s ttl.
+    fn reads() -> AcquireOptions {
+        AcquireOptions::default()
+            .with_ttl(Duration::from_secs(30))
+            .shared()
+    }
+
+    /// A writer takes `name` at once, its token above `top`, and releases it.
+    async fn writer_above(
+        client: &LockClient<SqlBackend>,
+        name: &str,
+        top: distlock_core::FencingToken,
+    ) {
+        let writer = client
+            .try_acquire(name, &AcquireOptions::default())
+            .await
+            .expect("try")
+            .expect("the readers left the name held");
+        assert!(writer.token() > top, "a writer below a reader");
+        writer.release().await.expect("release the writer");
+    }
+
+    /// Drops `table`, its holders, queue and sequence.
+    async fn drop_own_table(pool: &sqlx::PgPool, table: &str) {
+        for sql in [
+            format!("DROP TABLE {table}_holders, {table}_queue, {table}"),
+            format!("DROP SEQUENCE {table}_dl_reads"),
+        ] {
+            sqlx::query(AssertSqlSafe(sql))
+                .execute(pool)
+                .await
+                .expect("drop the table");
+        }
+    }
+
+    /// A reader beside a live reader joins with the row locked for share only (readers of
+    /// one name took turns on its row, issue 44): it joins while another transaction holds
+    /// the row for share, which a lock for update would wait for. Its token lies above the
+    /// first reader's and below the row's version, which it leaves as it was, so a writer
+    /// after both takes a larger one.
+    #[tokio::test]
+    async fn a_reader_joins_readers_without_locking_the_row_for_update() {
+        let Some(url) = url() else { return };
+        let ([a, b], table) = own_table(&url, "beside").await;
+        let (pool, name, reads) = (common::pg(&a), unique("reader-joins"), reads());
+        let first = a.acquire(&name, &reads).await.expect("first reader");
+        let version = row(&pool, &table, &name).await.1;
+        let mut tx = pool.begin().await.expect("begin");
+        let lock = format!("SELECT 1 FROM {table} WHERE name = $1 FOR SHARE");
+        sqlx::query(AssertSqlSafe(lock))
+            .bind(&name)
+            .execute(&mut *tx)
+            .await
+            .expect("lock the name's row for share");
+        let second = tokio::time::timeout(Duration::from_secs(10), b.acquire(&name, &reads))
+            .await
+            .expect("the join waited for the name's row")
+            .expect("second reader");
+        tx.rollback().await.expect("rollback");
+        assert_eq!(
+            row(&pool, &table, &name).await.1,
+            version,
+            "the row changed"
+        );
+        assert!(
+            first.token() < second.token() && token_of(&second) < version,
+            "tokens {} then {}, row at {version}",
+            first.token(),
+            second.token()
+        );
+        let top = second.token();
+        first.release().await.expect("release");
+        second.release().await.expect("release");
+        writer_above(&a, &name, top).await;
+        drop_own_table(&pool, &table).await;
+    }
+
+    /// A reader's token stays between the writers when the readers' range is not the row's:
+    /// after a join that moved the row's version without a range (a client of an earlier
+    /// version), with the range used up, and with the sequence started again. Each such
+    /// reader locks the row, takes a token above its version and sets a new range, which the
+    /// next reader draws from without moving the row's version.
+    #[tokio::test]
+    async fn readers_take_no_token_out_of_their_range() {
+        let Some(url) = url() else { return };
+        let ([a, b], table) = own_table(&url, "ranges").await;
+        let (pool, name, reads) = (common::pg(&a), unique("reader-range"), reads());
+        let version = async || row(&pool, &table, &name).await.1;
+        let alter = async |sql: String| {
+            sqlx::query(AssertSqlSafe(sql))
+                .bind(&name)
+                .execute(&pool)
+                .await
+                .expect("alter the row");
+        };
+        let mut held = vec![a.acquire(&name, &reads).await.expect("first reader")];
+        let spoilt = [
+            // An earlier client's join: the next version as its token, the range as it was.
+            format!("UPDATE {table} SET version = version + 1 WHERE name = $1"),
+            // The range used up: every token drawn would reach the row's version.
+            format!("UPDATE {table} SET read_base = version WHERE name = $1"),
+            // The sequence started again: every token drawn would be below the range.
+            format!("SELECT setval('{table}_dl_reads', 1) WHERE $1 IS NOT NULL"),
+        ];
+        for (i, sql) in spoilt.into_iter().enumerate() {
+            alter(sql).await;
+            let before = version().await;
+            let taken = [&a, &b][i % 2]
+                .acquire(&name, &reads)
+                .await
+                .expect("a reader after the range was spoilt");
+            assert!(
+                token_of(&taken) > before,
+                "case {i}: a reader at {} below the row's version {before}",
+                taken.token()
+            );
+            held.push(taken);
+            let set = version().await;
+            let beside = [&b, &a][i % 2]
+                .acquire(&name, &reads)
+                .await
+                .expect("a reader of the new range");
+            assert!(
+                beside.token() > held[held.len() - 1].token() && token_of(&beside) < set,
+                "case {i}: a reader at {} beside {}, row at {set}",
+                beside.token(),
+                held[held.len() - 1].token()
+            );
+            assert_eq!(
+                version().await,
+                set,
+                "case {i}: the reader moved the version"
+            );
+            held.push(beside);
+        }
+        let mut tokens: Vec<_> = held.iter().map(|g| g.token()).collect();
+        tokens.sort();
+        tokens.dedup();
+        assert_eq!(tokens.len(), held.len(), "two readers share a token");
+        let top = tokens.last().copied().expect("tokens");
+        for g in held {
+            g.release().await.expect("release");
+        }
+        writer_above(&a, &name, top).await;
+        drop_own_table(&pool, &table).await;
+    }
+
+    /// A reader that finds the readers' range used up and, the row locked for update, is
+    /// refused (a writer reserved the name meanwhile) takes nothing: the token it drew from
+    /// the spent range is no answer.
+    #[tokio::test]
+    async fn a_refusal_after_a_spent_range_takes_no_token() {
+        let Some(url) = url() else { return };
+        let ([a, b], table) = own_table(&url, "spent").await;
+        let (pool, name, reads) = (common::pg(&a), unique("spent-range"), reads());
+        let first = a.acquire(&name, &reads).await.expect("first reader");
+        let spend = format!("UPDATE {table} SET read_base = version WHERE name = $1");
+        sqlx::query(AssertSqlSafe(spend))
+            .bind(&name)
+            .execute(&pool)
+            .await
+            .expect("spend the range");
+        let mut tx = pool.begin().await.expect("begin");
+        let lock = format!("SELECT 1 FROM {table} WHERE name = $1 FOR SHARE");
+        sqlx::query(AssertSqlSafe(lock))
+            .bind(&name)
+            .execute(&mut *tx)
+            .await
+            .expect("lock the name's row for share");
+        let joining = {
+            let (b, name, reads) = (b, name.clone(), reads.clone());
+            tokio::spawn(async move { (b.try_acquire(&name, &reads).await, b) })
+        };
+        // The join draws from the spent range, then waits to lock the row for update.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let reserve = format!(
+            "UPDATE {table} SET next_owner = 'a writer', next_since = 0, \
+             next_expires = now() + interval '1 minute' WHERE name = $1"
+        );
+        sqlx::query(AssertSqlSafe(reserve))
+            .bind(&name)
+            .execute(&mut *tx)
+            .await
+            .expect("reserve the name");
+        tx.commit().await.expect("commit");
+        let (joined, _b) = joining.await.expect("join");
+        assert!(
+            joined.expect("the try").is_none(),
+            "a reader refused behind a writer's reservation holds"
+        );
+        first.release().await.expect("release");
+        drop_own_table(&pool, &table).await;
     }
 
     /// The release hands the lock to the waiter holding the reservation, in its own

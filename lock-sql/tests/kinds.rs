@@ -421,6 +421,10 @@ async fn old_table_keeps_working(url: &str, create: &str) {
     // The queue of permit waiters, made with the routines.
     exec(&pool, format!("DROP TABLE IF EXISTS {table}_queue")).await;
     exec(&pool, format!("DROP TABLE {table}")).await;
+    if url.starts_with("postgres") {
+        // PostgreSQL's readers' tokens, made with the functions.
+        exec(&pool, format!("DROP SEQUENCE {table}_dl_reads")).await;
+    }
 }
 
 /// What `read` (a read of the queue of permit waiters of `name`) answers once it lists `n`
@@ -582,6 +586,10 @@ async fn routines_beside_transactions(
     // The queue of permit waiters, made with the routines.
     exec(&pool, format!("DROP TABLE IF EXISTS {table}_queue")).await;
     exec(&pool, format!("DROP TABLE {table}")).await;
+    if url.starts_with("postgres") {
+        // PostgreSQL's readers' tokens, made with the functions.
+        exec(&pool, format!("DROP SEQUENCE {table}_dl_reads")).await;
+    }
 }
 
 #[cfg(feature = "postgres")]
@@ -618,13 +626,15 @@ mod postgres {
             &url,
             |table, what| match what {
                 "release" => {
-                    format!("{table}_dl_{what}_v5(text, text, text, bigint, boolean, integer)")
+                    format!("{table}_dl_{what}_v6(text, text, text, bigint, boolean, integer)")
                 }
                 "renew_many" => {
-                    format!("{table}_dl_{what}_v5(text[], text[], text[], bigint[], bigint[])")
+                    format!("{table}_dl_{what}_v6(text[], text[], text[], bigint[], bigint[])")
                 }
-                "join" => format!("{table}_dl_{what}_v5(text, text, text, bigint, bigint, bigint)"),
-                _ => format!("{table}_dl_{what}_v5(text, text, text, bigint, bigint)"),
+                "join" => format!(
+                    "{table}_dl_{what}_v6(text, text, text, bigint, bigint, bigint, integer)"
+                ),
+                _ => format!("{table}_dl_{what}_v6(text, text, text, bigint, bigint)"),
             },
             |f| format!("SELECT '{f}'::regprocedure"),
             |f| format!("DROP FUNCTION {f}"),
@@ -926,7 +936,7 @@ mod postgres {
         assert_eq!(left, expected, "the waiter that gave up is still queued");
         // A poll of the waiter that gave up, still on its way then, does not queue it again.
         let join =
-            "SELECT o_taken FROM distlock_locks_dl_join_v5($1, $2, $3, 10000000, 1, 1000000)";
+            "SELECT o_taken FROM distlock_locks_dl_join_v6($1, $2, $3, 10000000, 1, 1000000, 1)";
         let taken: Option<i64> = sqlx::query_scalar(join)
             .bind(&name)
             .bind(&owners[2])

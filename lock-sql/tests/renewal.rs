@@ -284,17 +284,18 @@ mod postgres {
         batched_holds(&url, &table, 1024, &Commits(admin.clone()), "postgres").await;
         let pool = distlock_sql::SqlPool::Postgres(admin);
         for (what, last) in [
-            ("join", "bigint, bigint"),
+            ("join", "bigint, bigint, integer"),
             ("renew", "bigint"),
             ("release", "boolean, integer"),
         ] {
-            let f = format!("{table}_dl_{what}_v5(text, text, text, bigint, {last})");
+            let f = format!("{table}_dl_{what}_v6(text, text, text, bigint, {last})");
             common::exec(&pool, format!("DROP FUNCTION {f}")).await;
         }
-        let f = format!("{table}_dl_renew_many_v5(text[], text[], text[], bigint[], bigint[])");
+        let f = format!("{table}_dl_renew_many_v6(text[], text[], text[], bigint[], bigint[])");
         common::exec(&pool, format!("DROP FUNCTION {f}")).await;
         let tables = format!("{table}_holders, {table}_queue, {table}");
         common::exec(&pool, format!("DROP TABLE {tables}")).await;
+        common::exec(&pool, format!("DROP SEQUENCE {table}_dl_reads")).await;
     }
 
     /// A lock table with history: 50,000 expired leases, analyzed, so that its statistics

@@ -28,8 +28,9 @@ mod routines;
 use routines::routines;
 
 /// The database's clock in microseconds since the Unix epoch: the first version of a new row
-/// (see the crate docs, "A store emptied or recreated").
-const NOW_US: &str = "(EXTRACT(EPOCH FROM now()) * 1000000)::bigint";
+/// (see the crate docs, "A store emptied or recreated"), and the first value of the sequence
+/// of readers' tokens (see `routines`).
+pub(super) const NOW_US: &str = "(EXTRACT(EPOCH FROM now()) * 1000000)::bigint";
 
 /// The columns of a lock row's [`Peek`](crate::db::Peek).
 const PEEK_COLUMNS: &str = "owner, version, CASE WHEN owner IS NOT NULL AND expires_at > now() \
@@ -384,11 +385,12 @@ impl PgDb {
             .map_err(|e| map_err("connect", e))?;
         let mut found = columns(conn.conn(), &table, config.create_table).await?;
         // With `create_table`, the table has the columns once this block is through.
-        if config.create_table && found != (true, true) {
+        if config.create_table && found != (true, true, true) {
             let create = format!(
                 "CREATE TABLE IF NOT EXISTS {table} (name TEXT COLLATE \"C\" PRIMARY KEY, owner TEXT, \
                  version BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, next_owner TEXT, \
-                 next_since BIGINT, next_expires TIMESTAMPTZ, next_ttl BIGINT, data TEXT)"
+                 next_since BIGINT, next_expires TIMESTAMPTZ, next_ttl BIGINT, data TEXT, \
+                 read_base BIGINT, read_from BIGINT)"
             );
             // Concurrent first connects can race on the catalog: serialize them.
             let mut tx = sqlx::Connection::begin(conn.conn())
@@ -401,12 +403,16 @@ impl PgDb {
             tx.execute(AssertSqlSafe(create))
                 .await
                 .map_err(|e| map_err(&format!("creating the lock table {table}"), e))?;
-            // A table of an earlier version: the column of hand-overs, the holder data. Each
-            // altered only when missing (read again under the lock), since an ALTER waits for
-            // every open transaction on the table.
-            let (next_ttl, data) = columns(&mut tx, &table, false).await?;
-            for (column, ty, present) in [("next_ttl", "BIGINT", next_ttl), ("data", "TEXT", data)]
-            {
+            // A table of an earlier version: the column of hand-overs, the holder data, the
+            // readers' tokens (see `routines`). Each altered only when missing (read again
+            // under the lock), since an ALTER waits for every open transaction on the table.
+            let (next_ttl, data, reads) = columns(&mut tx, &table, false).await?;
+            for (column, ty, present) in [
+                ("next_ttl", "BIGINT", next_ttl),
+                ("data", "TEXT", data),
+                ("read_base", "BIGINT", reads),
+                ("read_from", "BIGINT", reads),
+            ] {
                 if !present {
                     let alter =
                         format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {ty}");
@@ -416,13 +422,16 @@ impl PgDb {
                 }
             }
             tx.commit().await.map_err(|e| map_err("create table", e))?;
-            found = (true, true);
+            found = (true, true, true);
         }
         drop(conn.done());
-        let (handover, data) = found;
+        let (handover, data, reads) = found;
         let (sql, take_wake, holds) = statements(&config.table, handover, DataColumn(data));
         let channel = format!("distlock:{}", config.table);
-        let routines = match routines(&config.table, &holds, PEEK_COLUMNS, REMAINING, &channel) {
+        // The functions read and write the readers' columns (a table without them, of an
+        // earlier version, that this client may not alter: the transactions run).
+        let made = routines(&config.table, &holds, PEEK_COLUMNS, REMAINING, &channel);
+        let routines = match made.filter(|_| reads) {
             Some(routines) => routines::set_up(&pool, routines, config.create_table).await,
             None => None,
         };
@@ -562,24 +571,30 @@ fn column_of(table: &str, column: &str, here: bool) -> String {
     )
 }
 
-/// Whether the lock table (`table`, quoted) has the column of hand-overs (`next_ttl`) and
-/// the holder data's (`data`), in one query (neither when the table does not exist): a table
-/// created by an earlier version and not altered (`create_table` off) may lack `next_ttl`
-/// (its releases then free the lock instead of handing it over) or `data` (its holds then
-/// carry no data). `here`: of the table a `CREATE` would make ([`creation_schema`]).
-async fn columns(conn: &mut sqlx::PgConnection, table: &str, here: bool) -> Result<(bool, bool)> {
+/// Whether the lock table (`table`, quoted) has the column of hand-overs (`next_ttl`), the
+/// holder data's (`data`) and the readers' (`read_base` and `read_from`), in one query (none
+/// when the table does not exist): a table created by an earlier version and not altered
+/// (`create_table` off) may lack `next_ttl` (its releases then free the lock instead of
+/// handing it over), `data` (its holds then carry no data) or the readers' (the functions of
+/// shared holds and permits are not used: the transactions run). `here`: of the table a
+/// `CREATE` would make ([`creation_schema`]).
+async fn columns(
+    conn: &mut sqlx::PgConnection,
+    table: &str,
+    here: bool,
+) -> Result<(bool, bool, bool)> {
     let schema = if here { creation_schema(table) } else { "" };
     let found = format!(
         "SELECT count(*) FILTER (WHERE attname = 'next_ttl') > 0, \
-         count(*) FILTER (WHERE attname = 'data') > 0 \
+         count(*) FILTER (WHERE attname = 'data') > 0, \
+         count(*) FILTER (WHERE attname IN ('read_base', 'read_from')) = 2 \
          FROM pg_attribute WHERE attrelid = to_regclass({schema}$1) AND NOT attisdropped"
     );
-    let (next_ttl, data): (bool, bool) = sqlx::query_as(AssertSqlSafe(found))
+    sqlx::query_as(AssertSqlSafe(found))
         .bind(table)
         .fetch_one(conn)
         .await
-        .map_err(|e| map_err(&format!("reading the columns of {table}"), e))?;
-    Ok((next_ttl, data))
+        .map_err(|e| map_err(&format!("reading the columns of {table}"), e))
 }
 
 async fn listen(mut listener: PgListener, notifier: Arc<Notifier>) {

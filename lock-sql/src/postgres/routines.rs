@@ -12,17 +12,20 @@
 //! transaction it replaces rolled back) but a permit waiter's place in the queue, which
 //! only the functions keep (see [`queue_table`](crate::kinds::queue_table)). Each statement of a function sees what committed
 //! before it (read committed), after the row lock, as in the transaction (but the first step
-//! of a reader's release, which does not lock the row: see [`Parts::release`]).
+//! of a reader's release, which does not lock the row: see [`Parts::release`], and a
+//! reader's join beside live readers, which locks it for share: see [`Parts::join`]).
 //!
 //! They are created (when missing) with the lock table, so only where the table may be
 //! created ([`SqlConfig::create_table`](crate::SqlConfig::create_table)); with it off, they
 //! are used when present, else the transactions are. A client of an earlier version runs the
 //! transactions: both lock the row first, so they serialize with each other (a reader's first
-//! release step, which does not, deletes only its own holder row). The names end in
+//! release step, which does not, deletes only its own holder row; a reader beside readers
+//! shares the row's lock with its likes only, and keeps to a range that an earlier client's
+//! join moves the row past). The names end in
 //! [`VERSION`]: a change of what a function does takes a new name, so that clients of two
 //! versions never run each other's.
 //!
-//! A fourth function renews a batch of holds (`_dl_renew_many_v5`, arrays of the renewal's
+//! A fourth function renews a batch of holds (`_dl_renew_many_v6`, arrays of the renewal's
 //! arguments sorted by name): the watchdog's renewals of every shared hold and permit of a
 //! client in one round trip per [`PG_MAX_BATCH`](crate::renew::PG_MAX_BATCH), each checked
 //! and extended by the very statements of the single renewal, the rows locked in name order
@@ -36,12 +39,13 @@ use crate::keys::quote;
 use crate::kinds::{HolderSql, InRoutine};
 use crate::pool::InUse;
 
-/// The functions' version, the end of their names: `v5` lets a reader that does not leave
-/// last release without locking the name's row (see [`Parts::release`]), `v4` queues permit
+/// The functions' version, the end of their names: `v6` lets a reader join live readers
+/// without locking the name's row for update (see [`Parts::join`]), `v5` lets a reader that
+/// does not leave last release without locking the name's row (see [`Parts::release`]), `v4` queues permit
 /// waiters (see [`Parts::release`] and [`queue_table`](crate::kinds::queue_table)), `v3` releases also hand the lock to the reserved
 /// writer when the last reader leaves, `v2` hand a permit over to the reserved permit waiter;
 /// `v1` (earlier clients) wake the reserved waiter to join instead.
-const VERSION: &str = "v5";
+const VERSION: &str = "v6";
 
 /// Replaces the arguments `$1`, `$2`, ... of `sql` with `names`, in order.
 fn with_args(sql: &str, names: &[&str]) -> String {
@@ -63,7 +67,7 @@ pub(crate) fn routines(
     peek_columns: &str,
     remaining: &str,
     channel: &str,
-) -> Option<Routines> {
+) -> Option<Made> {
     let last = table.rsplit('.').next().unwrap_or(table);
     if last.len() + format!("_dl_renew_many_{VERSION}").len() > 63 {
         return None;
@@ -71,37 +75,41 @@ pub(crate) fn routines(
     let name = |what: &str| quote(&format!("{table}_dl_{what}_{VERSION}"), '"');
     let (join, renew, release) = (name("join"), name("renew"), name("release"));
     let renew_many = name("renew_many");
+    let join_call = |reads: i32| format!("SELECT * FROM {join}($1, $2, $3, $4, $5, $6, {reads})");
     let signatures = [
-        format!("{join}(text, text, text, bigint, bigint, bigint)"),
+        format!("{join}(text, text, text, bigint, bigint, bigint, integer)"),
         format!("{renew}(text, text, text, bigint, bigint)"),
         format!("{release}(text, text, text, bigint, boolean, integer)"),
         format!("{renew_many}(text[], text[], text[], bigint[], bigint[])"),
     ];
     // Plain identifiers: safe in literals.
     let queue = quote(&crate::kinds::queue_table(table), '"');
+    // Not versioned: every version from `v6` on draws readers' tokens from it.
+    let reads = quote(&format!("{table}_dl_reads"), '"');
     // Looked up where `create` makes them, not anywhere on the path. Another role's functions
     // in a schema later on the path (`public`) would run on this role's lock table (resolved
     // at each call) but with that role's queue table, which this one may not write.
     let here = super::creation_schema(table);
-    // The queue table counts as one of the `create` statements.
+    // The queue table and the sequence count as two of the `create` statements.
     let present = signatures
         .iter()
         .map(|s| format!("(to_regprocedure({here}'{s}') IS NOT NULL)::int"))
-        .chain([format!("(to_regclass({here}'{queue}') IS NOT NULL)::int")])
+        .chain([&queue, &reads].map(|r| format!("(to_regclass({here}'{r}') IS NOT NULL)::int")))
         .collect::<Vec<_>>()
         .join(" + ");
     let parts = Parts {
         t: quote(table, '"'),
         h: quote(&crate::kinds::holders_table(table), '"'),
         w: queue,
+        reads,
         in_routine: sql.in_routine(with_args),
         peek_columns,
         remaining,
         channel,
     };
-    Some(Routines {
+    let routines = Routines {
         calls: Calls {
-            join: format!("SELECT * FROM {join}($1, $2, $3, $4, $5, $6)").into(),
+            join: join_call(READS).into(),
             renew: format!("SELECT {renew}($1, $2, $3, $4, $5)::int::bigint").into(),
             release: format!("SELECT {release}($1, $2, $3, $4, $5, 0)::int::bigint").into(),
             release_in_steps: Some(
@@ -113,22 +121,49 @@ pub(crate) fn routines(
         present: format!("SELECT {present}").into(),
         create: vec![
             parts.queue(),
+            parts.sequence(),
             parts.join(&signatures[0]),
             parts.renew(&signatures[1]),
             parts.release(&signatures[2]),
             parts.renew_many(&signatures[3]),
         ],
+    };
+    Some(Made {
+        routines,
+        may_draw: format!(
+            "SELECT has_sequence_privilege({here}'{}', 'USAGE, UPDATE')",
+            parts.reads
+        ),
+        join_without: join_call(READS_NONE),
     })
 }
+
+/// What [`routines`] makes: the functions, and what [`set_up`] needs to call them for a
+/// database user who may not draw from the sequence of readers' tokens.
+pub(crate) struct Made {
+    routines: Routines,
+    /// One row: whether the user may draw from the sequence (`nextval`).
+    may_draw: String,
+    /// The join's call that draws nothing from it.
+    join_without: String,
+}
+
+/// The join's `p_reads` (see [`Parts::join`]): a reader beside live readers takes a token of
+/// their range, the row locked for share; a reader that locks the row for update sets a new
+/// range.
+const READS: i32 = 1;
+/// Neither: a user who may not draw from the sequence (every join locks the row for update).
+const READS_NONE: i32 = 0;
 
 /// The functions of `routines` when they exist, creating them first (in a transaction under
 /// the lock table's advisory lock, as the table) when missing and `create`. A failure to create
 /// them is logged and leaves the transactions in use: they do the same, in more round trips.
-pub(super) async fn set_up(
-    pool: &sqlx::PgPool,
-    routines: Routines,
-    create: bool,
-) -> Option<Routines> {
+pub(super) async fn set_up(pool: &sqlx::PgPool, made: Made, create: bool) -> Option<Routines> {
+    let Made {
+        mut routines,
+        may_draw,
+        join_without,
+    } = made;
     let made = async {
         // Closed, not given back, if cancelled mid-way (see `InUse`).
         let mut conn = InUse::acquire(pool).await?;
@@ -152,12 +187,25 @@ pub(super) async fn set_up(
             tx.commit().await?;
             found = true;
         }
+        let drawn = if found {
+            sqlx::query_scalar(AssertSqlSafe(may_draw))
+                .fetch_one(conn.conn())
+                .await?
+        } else {
+            false
+        };
         drop(conn.done());
-        Ok::<_, sqlx::Error>(found)
+        Ok::<_, sqlx::Error>((found, drawn))
     };
     match made.await {
-        Ok(true) => Some(routines),
-        Ok(false) => None,
+        Ok((true, true)) => Some(routines),
+        Ok((true, false)) => {
+            // Granted the tables and functions but not the sequence: every join locks the
+            // name's row for update, as before `v6`.
+            routines.calls.join = join_without.into();
+            Some(routines)
+        }
+        Ok((false, _)) => None,
         Err(err) => {
             tracing::warn!(%err, "cannot create the functions of shared holds and permits; using transactions");
             None
@@ -173,10 +221,19 @@ struct Parts<'a> {
     h: String,
     /// The queue of permit waiters.
     w: String,
+    /// The sequence of readers' tokens (see [`Parts::join`]).
+    reads: String,
     peek_columns: &'a str,
     remaining: &'a str,
     channel: &'a str,
 }
+
+/// How many tokens a readers' range holds (see [`Parts::join`]): the row's version moves on by
+/// as many more when a reader sets one, and at most as many readers join beside each other
+/// before one locks the row for update again, letting a renewal, a release or a writer's
+/// reservation queued for the row in (PostgreSQL does not queue a lock for share behind one
+/// for update while only locks for share hold the row).
+const READ_RANGE: i64 = 16;
 
 /// Makes the call's commit return without waiting for its WAL flush, where it wrote nothing
 /// that needs to be durable by itself: a refusal (which still locked the row, and PostgreSQL
@@ -216,6 +273,20 @@ impl Parts<'_> {
         )
     }
 
+    /// The sequence of readers' tokens (see [`Parts::join`]), created when missing. It starts
+    /// at the database's clock in microseconds, as a new lock row does, so that one made again
+    /// (dropped, or a table restored without it) starts above every value of the one before,
+    /// unless the clock went back. One value at a time, never cycling: a session's cache
+    /// would hold values back from the ranges set meanwhile.
+    fn sequence(&self) -> String {
+        format!(
+            "DO $dl$ BEGIN EXECUTE 'CREATE SEQUENCE IF NOT EXISTS {} AS bigint START WITH ' \
+             || {} || ' CACHE 1 NO CYCLE'; END $dl$",
+            self.reads,
+            super::NOW_US
+        )
+    }
+
     /// Queues waiter `p_owner` (ttl `p_ttl`, `p_permits`) for `p_queue` µs from the clock
     /// (not the transaction's start: a join that waited for the row lock keeps its whole
     /// lease), at the back, or keeps its place if it still has a live one (see
@@ -243,15 +314,30 @@ impl Parts<'_> {
     /// with `p_queue` (µs) above 0, it queues its waiter, or keeps its place, live for that
     /// long from now; a take leaves the queue. The refusal commits without waiting for its
     /// flush: a place lost in a crash is taken again by the waiter's next poll.
+    ///
+    /// Since `v6` a reader (`p_reads` 1, see [`READS`]) joins live readers with the row
+    /// locked for share only, its token from their range (`read_base` plus the next value of
+    /// the sequence, kept only above `read_from` and below the row's `version`, which is
+    /// `read_from` plus [`READ_RANGE`] while the range is the row's), as the crate docs
+    /// describe ("A reader joins live readers without locking the name's row for update").
+    /// A reader that locks the row for update and takes sets a new range. The row's state is
+    /// read first without a lock: a join that would write the row or be refused locks it for
+    /// update (`SKIP LOCKED`: no wait), and when another transaction holds it, locks it for
+    /// share instead, which waits for that commit, and looks again. A lock for share that
+    /// finds the row no longer fit is let go by rolling its block (a subtransaction) back, so
+    /// a join never holds a lock for share while it waits for one for update: no deadlock.
+    /// After three looks, or a spent range, the join locks the row for update and goes on as
+    /// before.
     fn join(&self, signature: &str) -> String {
         let Self {
             t,
             h,
             w,
+            reads,
             in_routine,
+            peek_columns,
             remaining,
             channel,
-            ..
         } = self;
         let InRoutine {
             ensure,
@@ -265,9 +351,52 @@ impl Parts<'_> {
         let lock = self.lock();
         let no_flush = NO_FLUSH;
         let enqueue = self.enqueue();
+        // Whether a reader may join beside the row's readers, with a token of their range.
+        let beside = format!(
+            "(o_owner = p_marker AND o_remaining >= p_ttl AND o_next_remaining IS NULL \
+             AND o_version = v_from + {READ_RANGE})"
+        );
         let body = format!(
-            "DECLARE n bigint := 0; held boolean; w_seq bigint; ahead bigint := 0;
+            "DECLARE n bigint := 0; held boolean; w_seq bigint; ahead bigint := 0; v_base bigint;
+  v_from bigint; v_spent boolean := false;
 BEGIN
+  -- A reader beside live readers, its token from their range: the row read, then locked
+  -- for share (no writer, free, reservation or new range until this commit) and read again.
+  IF p_reads = 1 AND p_permits = 0 THEN
+    FOR v_try IN 1 .. 3 LOOP
+      SELECT {peek_columns}, read_base, read_from INTO {PEEK_INTO}, v_base, v_from
+        FROM {t} WHERE name = p_name;
+      EXIT WHEN NOT FOUND;
+      IF NOT coalesce({beside}, false) THEN
+        -- This join writes the row (a new epoch or range, a longer lease) or is refused: it
+        -- locks the row for update (below), unless another transaction holds it, whose
+        -- commit it then waits for, locking for share: the readers queued behind a join
+        -- that marks the row join beside it.
+        PERFORM 1 FROM {t} WHERE name = p_name FOR UPDATE SKIP LOCKED;
+        EXIT WHEN FOUND;
+      END IF;
+      BEGIN
+        SELECT {peek_columns}, read_base, read_from INTO {PEEK_INTO}, v_base, v_from
+          FROM {t} WHERE name = p_name FOR SHARE;
+        IF {beside} THEN
+          o_taken := v_base + nextval('{reads}');
+          -- Within the range whatever the sequence did (a value cached by a session
+          -- before the range began, the sequence made again).
+          v_spent := o_taken <= v_from OR o_taken >= o_version;
+          IF NOT v_spent THEN
+            {insert} ON CONFLICT (name, owner) DO NOTHING;
+            IF FOUND THEN RETURN NEXT; RETURN; END IF;
+          END IF;
+        END IF;
+        -- Not beside readers after all: the lock for share let go (the block rolled back).
+        RAISE EXCEPTION 'not beside readers';
+      EXCEPTION WHEN raise_exception THEN
+        -- A token drawn and not taken is no answer.
+        o_taken := NULL;
+      END;
+      EXIT WHEN v_spent;
+    END LOOP;
+  END IF;
   {lock};
   IF NOT FOUND THEN
     {ensure};
@@ -320,6 +449,13 @@ BEGIN
   {insert};
   IF p_permits > 0 THEN
     DELETE FROM {w} WHERE name = p_name AND owner = p_owner;
+  ELSIF p_reads = 1 THEN
+    -- A new range of readers' tokens, above this one's and below the row's version, and half
+    -- a lease more of the row's expiry, so that the readers after this one join beside it.
+    UPDATE {t} SET version = o_taken + {READ_RANGE}, read_from = o_taken,
+      read_base = o_taken - nextval('{reads}'),
+      expires_at = GREATEST(expires_at, now() + (p_ttl + p_ttl / 2) * interval '1 microsecond')
+      WHERE name = p_name;
   END IF;
   -- The reservation was ours and is gone: the next waiter may claim it. A semaphore now full
   -- tells the waiters only that (a hand-over to ourselves: they claim the turn, no join can
@@ -338,7 +474,7 @@ END"
         Self::function(
             signature,
             "p_name text, p_owner text, p_marker text, p_ttl bigint, p_permits bigint, \
-             p_queue bigint",
+             p_queue bigint, p_reads integer",
             "TABLE (o_owner text, o_version bigint, o_remaining bigint, o_next_owner text, \
              o_next_since bigint, o_next_remaining bigint, o_taken bigint, o_first_end bigint)",
             &body,
