@@ -278,8 +278,9 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
     /// the row carries a live marker, the hold is a row of the holders table (owner, token):
     /// the release of a shared hold or permit with that token ([`Self::release_hold`], one
     /// transaction that locks the lock row and checks the marker, the owner, the token and
-    /// the holder's expiry). A token is given once (every acquisition bumps the version), so
-    /// one hold at most has this owner and token, and each step is atomic on the server. So
+    /// the holder's expiry). A token is given once (every acquisition raises the version, or
+    /// draws from a readers' range below it), so one hold at most has this owner and token,
+    /// and each step is atomic on the server. So
     /// is the answer: an exclusive hold that the first step did not find live was over, or
     /// not taken yet, then; refusing it is the answer of that moment.
     async fn release_token(
@@ -289,8 +290,8 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
         token: i64,
     ) -> Result<bool, sqlx::Error> {
         if kinds::marked(owner).is_some() {
-            // The lock row's owner while shared holds or permits live, and its version the
-            // latest holder's token: never an owner of a hold, and the release statement would
+            // The lock row's owner while shared holds or permits live, and its version at or
+            // above the latest holder's token: never an owner of a hold, and the release statement would
             // free the row, ending every holder at once.
             return Ok(false);
         }

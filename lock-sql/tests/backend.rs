@@ -920,11 +920,16 @@ mod postgres {
         writer.release().await.expect("release the writer");
     }
 
-    /// Drops `table`, its holders, queue and sequence.
+    /// Drops `table`, its holders, queue, sequence and functions.
     async fn drop_own_table(pool: &sqlx::PgPool, table: &str) {
+        let functions = format!(
+            "DO $$ DECLARE f regprocedure; BEGIN FOR f IN SELECT oid::regprocedure FROM pg_proc \
+             WHERE proname LIKE '{table}\\_dl\\_%' LOOP EXECUTE 'DROP FUNCTION ' || f; END LOOP; END $$"
+        );
         for sql in [
             format!("DROP TABLE {table}_holders, {table}_queue, {table}"),
             format!("DROP SEQUENCE {table}_dl_reads"),
+            functions,
         ] {
             sqlx::query(AssertSqlSafe(sql))
                 .execute(pool)
@@ -943,7 +948,12 @@ mod postgres {
         let Some(url) = url() else { return };
         let ([a, b], table) = own_table(&url, "beside").await;
         let (pool, name, reads) = (common::pg(&a), unique("reader-joins"), reads());
+        // The first reader of the name sets no range; the second, joining it, sets one.
         let first = a.acquire(&name, &reads).await.expect("first reader");
+        let setter = b
+            .acquire(&name, &reads)
+            .await
+            .expect("the reader that sets a range");
         let version = row(&pool, &table, &name).await.1;
         let mut tx = pool.begin().await.expect("begin");
         let lock = format!("SELECT 1 FROM {table} WHERE name = $1 FOR SHARE");
@@ -969,8 +979,9 @@ mod postgres {
             second.token()
         );
         let top = second.token();
-        first.release().await.expect("release");
-        second.release().await.expect("release");
+        for g in [first, setter, second] {
+            g.release().await.expect("release");
+        }
         writer_above(&a, &name, top).await;
         drop_own_table(&pool, &table).await;
     }
@@ -1045,16 +1056,25 @@ mod postgres {
         drop_own_table(&pool, &table).await;
     }
 
-    /// A reader that finds the readers' range used up and, the row locked for update, is
-    /// refused (a writer reserved the name meanwhile) takes nothing: the token it drew from
-    /// the spent range is no answer.
+    /// A reader whose draw falls out of the readers' range and that, the row locked for
+    /// update, is refused (a writer reserved the name meanwhile) takes nothing: the token it
+    /// drew is no answer.
     #[tokio::test]
     async fn a_refusal_after_a_spent_range_takes_no_token() {
         let Some(url) = url() else { return };
         let ([a, b], table) = own_table(&url, "spent").await;
         let (pool, name, reads) = (common::pg(&a), unique("spent-range"), reads());
         let first = a.acquire(&name, &reads).await.expect("first reader");
-        let spend = format!("UPDATE {table} SET read_base = version WHERE name = $1");
+        let setter = a
+            .acquire(&name, &reads)
+            .await
+            .expect("the reader that sets a range");
+        // A token drawn falls below the range (a sequence started again), which only the draw
+        // finds out.
+        let spend = format!(
+            "UPDATE {table} SET read_base = read_from - 1000000 - \
+             (SELECT last_value FROM {table}_dl_reads) WHERE name = $1"
+        );
         sqlx::query(AssertSqlSafe(spend))
             .bind(&name)
             .execute(&pool)
@@ -1072,7 +1092,23 @@ mod postgres {
             tokio::spawn(async move { (b.try_acquire(&name, &reads).await, b) })
         };
         // The join draws from the spent range, then waits to lock the row for update.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        let waiting = format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND query LIKE '%{table}_dl_join_v6%'"
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while sqlx::query_scalar::<_, i64>(AssertSqlSafe(waiting.clone()))
+            .fetch_one(&pool)
+            .await
+            .expect("pg_stat_activity")
+            == 0
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the join never waited for the row"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let reserve = format!(
             "UPDATE {table} SET next_owner = 'a writer', next_since = 0, \
              next_expires = now() + interval '1 minute' WHERE name = $1"
@@ -1088,6 +1124,7 @@ mod postgres {
             joined.expect("the try").is_none(),
             "a reader refused behind a writer's reservation holds"
         );
+        setter.release().await.expect("release");
         first.release().await.expect("release");
         drop_own_table(&pool, &table).await;
     }

@@ -351,6 +351,7 @@ impl Parts<'_> {
         let lock = self.lock();
         let no_flush = NO_FLUSH;
         let enqueue = self.enqueue();
+        let mark_reads = mark_reads(mark, reads);
         // Whether a reader may join beside the row's readers, with a token of their range.
         let beside = format!(
             "(o_owner = p_marker AND o_remaining >= p_ttl AND o_next_remaining IS NULL \
@@ -367,7 +368,11 @@ BEGIN
       SELECT {peek_columns}, read_base, read_from INTO {PEEK_INTO}, v_base, v_from
         FROM {t} WHERE name = p_name;
       EXIT WHEN NOT FOUND;
-      IF NOT coalesce({beside}, false) THEN
+      IF coalesce({beside}, false) THEN
+        -- A range that draws of the table's other names have spent: no lock for share.
+        SELECT v_base + last_value + is_called::int >= o_version INTO v_spent FROM {reads};
+        EXIT WHEN v_spent;
+      ELSE
         -- This join writes the row (a new epoch or range, a longer lease) or is refused: it
         -- locks the row for update (below), unless another transaction holds it, whose
         -- commit it then waits for, locking for share: the readers queued behind a join
@@ -444,18 +449,15 @@ BEGIN
   END IF;
   o_first_end := NULL;
   IF held THEN {purge}; ELSE {purge_all}; END IF;
-  {mark};
+  -- A reader joining live readers sets a new range of readers' tokens, above its own and
+  -- below the row's version, and half a lease more of the row's expiry, so that the readers
+  -- after it join beside it. The first reader of an epoch sets none: most names are read by
+  -- one reader at a time, whose joins a range would only slow (the sequence's page is one).
+  IF p_reads = 1 AND p_permits = 0 AND held THEN {mark_reads}; ELSE {mark}; END IF;
   o_taken := o_version + 1;
   {insert};
   IF p_permits > 0 THEN
     DELETE FROM {w} WHERE name = p_name AND owner = p_owner;
-  ELSIF p_reads = 1 THEN
-    -- A new range of readers' tokens, above this one's and below the row's version, and half
-    -- a lease more of the row's expiry, so that the readers after this one join beside it.
-    UPDATE {t} SET version = o_taken + {READ_RANGE}, read_from = o_taken,
-      read_base = o_taken - nextval('{reads}'),
-      expires_at = GREATEST(expires_at, now() + (p_ttl + p_ttl / 2) * interval '1 microsecond')
-      WHERE name = p_name;
   END IF;
   -- The reservation was ours and is gone: the next waiter may claim it. A semaphore now full
   -- tells the waiters only that (a hand-over to ourselves: they claim the turn, no join can
@@ -771,6 +773,25 @@ END"
     }
 }
 
+/// The join's `mark` (see [`InRoutine`]) of a reader that sets a new range of readers'
+/// tokens from the sequence `reads` (see [`Parts::join`]): its token (the next version) is
+/// `read_from`, the version moves [`READ_RANGE`] past it, and the row's expiry covers half a
+/// lease more than the reader's.
+fn mark_reads(mark: &str, reads: &str) -> String {
+    let bump = "version = version + 1,";
+    let lease = "now() + p_ttl::bigint";
+    debug_assert!(mark.contains(bump) && mark.contains(lease), "{mark}");
+    mark.replacen(
+        bump,
+        &format!(
+            "version = version + 1 + {READ_RANGE}, read_from = version + 1, \
+             read_base = version + 1 - nextval('{reads}'),"
+        ),
+        1,
+    )
+    .replacen(lease, "now() + (p_ttl + p_ttl / 2)::bigint", 1)
+}
+
 /// The declarations of the peek variables (the join has them as its output columns).
 const DECLARE_PEEK: &str = "o_owner text; o_version bigint; o_remaining bigint; \
      o_next_owner text; o_next_since bigint; o_next_remaining bigint";
@@ -778,6 +799,18 @@ const DECLARE_PEEK: &str = "o_owner text; o_version bigint; o_remaining bigint; 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reader_that_marks_the_row_sets_a_range() {
+        let (_, _, holds) = super::super::statements("t", true, crate::dialect::DataColumn(true));
+        let mark = holds.in_routine(with_args).mark;
+        let marked = mark_reads(&mark, "\"t_dl_reads\"");
+        assert!(
+            marked.contains("version = version + 1 + 16, read_from = version + 1,")
+                && marked.contains("now() + (p_ttl + p_ttl / 2)::bigint"),
+            "{marked}"
+        );
+    }
 
     #[test]
     fn arguments_are_replaced_from_the_last() {
