@@ -300,10 +300,12 @@
 //!   its), reads it again, and takes a token of the range: `read_base` plus the next value of
 //!   the table's sequence `<table>_dl_reads`, kept only if it lies above `read_from` and
 //!   below the row's `version`. The range is set by a reader that locks the row for update
-//!   (the first of an epoch, or when the range is spent or not the row's): its token is the
-//!   next `version` as before, `read_from` that token, `version` moves 16 past it, and the
-//!   row's expiry gets half a ttl more than the reader's lease, so that the readers after it
-//!   join beside it. So a reader's token lies above the writer before it and below the
+//!   and joins live readers (the first reader of an epoch sets none: most names have one
+//!   reader at a time, and a range would only cost them): its token is the next `version` as
+//!   before, `read_from` that token, `version` moves 16 past it, and the row's expiry gets
+//!   half a ttl more than the reader's lease, so that the readers after it join beside it. A
+//!   range that draws for the table's other names spent (the sequence is the table's) is
+//!   seen from the sequence's `last_value` before any lock for share. So a reader's token lies above the writer before it and below the
 //!   writer after it (who takes `version` plus one), and tokens within a range are unique
 //!   (the sequence hands each value once; a value cached by a session, a sequence made again
 //!   or a range that a client of an earlier version moved past fails the checks and the

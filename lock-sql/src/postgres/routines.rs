@@ -320,7 +320,7 @@ impl Parts<'_> {
     /// the sequence, kept only above `read_from` and below the row's `version`, which is
     /// `read_from` plus [`READ_RANGE`] while the range is the row's), as the crate docs
     /// describe ("A reader joins live readers without locking the name's row for update").
-    /// A reader that locks the row for update and takes sets a new range. The row's state is
+    /// A reader that locks the row for update and joins live readers sets a new range. The row's state is
     /// read first without a lock: a join that would write the row or be refused locks it for
     /// update (`SKIP LOCKED`: no wait), and when another transaction holds it, locks it for
     /// share instead, which waits for that commit, and looks again. A lock for share that
