@@ -905,12 +905,17 @@ mod postgres {
             .shared()
     }
 
-    /// A writer takes `name` at once, its token above `top`, and releases it.
+    /// The readers `held` release `name`; then a writer takes it at once, its token above
+    /// every reader's, and releases it.
     async fn writer_above(
         client: &LockClient<SqlBackend>,
         name: &str,
-        top: distlock_core::FencingToken,
+        held: Vec<distlock_core::LockGuard>,
     ) {
+        let top = held.iter().map(|g| g.token()).max().expect("readers");
+        for g in held {
+            g.release().await.expect("release");
+        }
         let writer = client
             .try_acquire(name, &AcquireOptions::default())
             .await
@@ -978,11 +983,7 @@ mod postgres {
             first.token(),
             second.token()
         );
-        let top = second.token();
-        for g in [first, setter, second] {
-            g.release().await.expect("release");
-        }
-        writer_above(&a, &name, top).await;
+        writer_above(&a, &name, vec![first, setter, second]).await;
         drop_own_table(&pool, &table).await;
     }
 
@@ -1048,11 +1049,7 @@ mod postgres {
         tokens.sort();
         tokens.dedup();
         assert_eq!(tokens.len(), held.len(), "two readers share a token");
-        let top = tokens.last().copied().expect("tokens");
-        for g in held {
-            g.release().await.expect("release");
-        }
-        writer_above(&a, &name, top).await;
+        writer_above(&a, &name, held).await;
         drop_own_table(&pool, &table).await;
     }
 

@@ -352,6 +352,11 @@ impl Parts<'_> {
         let no_flush = NO_FLUSH;
         let enqueue = self.enqueue();
         let mark_reads = mark_reads(mark, reads);
+        // The row's peek and range, read (then again, locked for share).
+        let read_row = format!(
+            "SELECT {peek_columns}, read_base, read_from INTO {PEEK_INTO}, v_base, v_from \
+             FROM {t} WHERE name = p_name"
+        );
         // Whether a reader may join beside the row's readers, with a token of their range.
         let beside = format!(
             "(o_owner = p_marker AND o_remaining >= p_ttl AND o_next_remaining IS NULL \
@@ -365,8 +370,7 @@ BEGIN
   -- for share (no writer, free, reservation or new range until this commit) and read again.
   IF p_reads = 1 AND p_permits = 0 THEN
     FOR v_try IN 1 .. 3 LOOP
-      SELECT {peek_columns}, read_base, read_from INTO {PEEK_INTO}, v_base, v_from
-        FROM {t} WHERE name = p_name;
+      {read_row};
       EXIT WHEN NOT FOUND;
       IF coalesce({beside}, false) THEN
         -- A range that draws of the table's other names have spent: no lock for share.
@@ -381,8 +385,7 @@ BEGIN
         EXIT WHEN FOUND;
       END IF;
       BEGIN
-        SELECT {peek_columns}, read_base, read_from INTO {PEEK_INTO}, v_base, v_from
-          FROM {t} WHERE name = p_name FOR SHARE;
+        {read_row} FOR SHARE;
         IF {beside} THEN
           o_taken := v_base + nextval('{reads}');
           -- Within the range whatever the sequence did (a value cached by a session
@@ -799,6 +802,21 @@ const DECLARE_PEEK: &str = "o_owner text; o_version bigint; o_remaining bigint; 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reader_reads_the_row_then_locks_it_for_share() {
+        let (_, _, holds) = super::super::statements("t", true, crate::dialect::DataColumn(true));
+        let made = routines("t", &holds, "owner", "0", "c").expect("the functions");
+        let join = &made.routines.create[2];
+        let read = "read_base, read_from INTO o_owner, o_version, o_remaining, o_next_owner, \
+                    o_next_since, o_next_remaining, v_base, v_from FROM \"t\" WHERE name = p_name";
+        assert_eq!(join.matches(&format!("{read};")).count(), 1, "{join}");
+        assert_eq!(
+            join.matches(&format!("{read} FOR SHARE;")).count(),
+            1,
+            "{join}"
+        );
+    }
 
     #[test]
     fn a_reader_that_marks_the_row_sets_a_range() {
