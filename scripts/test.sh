@@ -464,8 +464,9 @@ run_lanes() {
   echo "==> test.sh: backend binaries (other): $(fmt_ms "$(($(now_ms) - t0))")" >&2
   # The failing cases' messages, printed again just before the summary: a long run's log is
   # read from its end, and the failures sections are far from it.
-  grep -h -A1 ' panicked at ' "$lanes_dir"/*.log 2>/dev/null | grep -v '^--$' |
-    head -n 80 >"$BACKGROUND/failures" || true
+  # Three lines after each: an assert_eq!'s message, left and right.
+  grep -h -A3 ' panicked at ' "$lanes_dir"/*.log 2>/dev/null | grep -v '^--$' |
+    head -n 160 >"$BACKGROUND/failures" || true
   rm -rf "$lanes_dir"
   return "$rc"
 }
