@@ -626,15 +626,15 @@ mod postgres {
             &url,
             |table, what| match what {
                 "release" => {
-                    format!("{table}_dl_{what}_v6(text, text, text, bigint, boolean, integer)")
+                    format!("{table}_dl_{what}_v7(text, text, text, bigint, boolean, integer)")
                 }
                 "renew_many" => {
-                    format!("{table}_dl_{what}_v6(text[], text[], text[], bigint[], bigint[])")
+                    format!("{table}_dl_{what}_v7(text[], text[], text[], bigint[], bigint[])")
                 }
                 "join" => format!(
-                    "{table}_dl_{what}_v6(text, text, text, bigint, bigint, bigint, integer)"
+                    "{table}_dl_{what}_v7(text, text, text, bigint, bigint, bigint, integer)"
                 ),
-                _ => format!("{table}_dl_{what}_v6(text, text, text, bigint, bigint)"),
+                _ => format!("{table}_dl_{what}_v7(text, text, text, bigint, bigint)"),
             },
             |f| format!("SELECT '{f}'::regprocedure"),
             |f| format!("DROP FUNCTION {f}"),
@@ -936,7 +936,7 @@ mod postgres {
         assert_eq!(left, expected, "the waiter that gave up is still queued");
         // A poll of the waiter that gave up, still on its way then, does not queue it again.
         let join =
-            "SELECT o_taken FROM distlock_locks_dl_join_v6($1, $2, $3, 10000000, 1, 1000000, 1)";
+            "SELECT o_taken FROM distlock_locks_dl_join_v7($1, $2, $3, 10000000, 1, 1000000, 1)";
         let taken: Option<i64> = sqlx::query_scalar(join)
             .bind(&name)
             .bind(&owners[2])

@@ -25,7 +25,7 @@
 //! [`VERSION`]: a change of what a function does takes a new name, so that clients of two
 //! versions never run each other's.
 //!
-//! A fourth function renews a batch of holds (`_dl_renew_many_v6`, arrays of the renewal's
+//! A fourth function renews a batch of holds (`_dl_renew_many_v7`, arrays of the renewal's
 //! arguments sorted by name): the watchdog's renewals of every shared hold and permit of a
 //! client in one round trip per [`PG_MAX_BATCH`](crate::renew::PG_MAX_BATCH), each checked
 //! and extended by the very statements of the single renewal, the rows locked in name order
@@ -39,13 +39,14 @@ use crate::keys::quote;
 use crate::kinds::{HolderSql, InRoutine};
 use crate::pool::InUse;
 
-/// The functions' version, the end of their names: `v6` lets a reader join live readers
+/// The functions' version, the end of their names: `v7` has a reader's second release step
+/// end the readers' turn also when their marker ran out (see [`Parts::release`]), `v6` lets a reader join live readers
 /// without locking the name's row for update (see [`Parts::join`]), `v5` lets a reader that
 /// does not leave last release without locking the name's row (see [`Parts::release`]), `v4` queues permit
 /// waiters (see [`Parts::release`] and [`queue_table`](crate::kinds::queue_table)), `v3` releases also hand the lock to the reserved
 /// writer when the last reader leaves, `v2` hand a permit over to the reserved permit waiter;
 /// `v1` (earlier clients) wake the reserved waiter to join instead.
-const VERSION: &str = "v6";
+const VERSION: &str = "v7";
 
 /// Replaces the arguments `$1`, `$2`, ... of `sql` with `names`, in order.
 fn with_args(sql: &str, names: &[&str]) -> String {
@@ -709,7 +710,10 @@ BEGIN
       VALUES (p_name, p_owner, 0, now(), -1, 0)
       ON CONFLICT (name, owner) DO UPDATE SET expires_at = now(), ttl = -1;
   END IF;
-  IF NOT v_row OR o_remaining IS NULL OR o_owner IS DISTINCT FROM p_marker THEN
+  -- Step 2 ends the readers' turn also when their marker ran out: a release whose count saw
+  -- this holder's row (deleted by step 1, not yet committed) and whose shrink, a statement
+  -- later, did not, set the marker's expiry to now. Nobody else wakes the waiters then.
+  IF NOT v_row OR o_owner IS DISTINCT FROM p_marker OR (o_remaining IS NULL AND p_step <> 2) THEN
     {no_flush}; RETURN false;
   END IF;
   IF p_step = 2 THEN
