@@ -185,6 +185,7 @@ pub(crate) struct Calls {
     /// another live holder is not leaving: it or a later one frees the name), 0 (not a live
     /// holder) or `NULL` (left, maybe the last holder); only then step 2 runs what is left of
     /// [`Self::release`] (the row locked, the name freed or handed to the reserved writer).
+    /// A step 1 that finds the name's row free runs step 2 itself and answers 1.
     pub(crate) release_in_steps: Option<Arc<str>>,
     /// The renewal of a batch of holds sorted by name. PostgreSQL binds the arrays of names,
     /// owners, markers, tokens and ttl_us, and answers the 0-based positions of the renewed

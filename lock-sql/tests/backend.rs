@@ -858,15 +858,92 @@ mod postgres {
             !other.is_finished(),
             "the other's delete did not wait for the look's lock"
         );
+        // The name's row held by another transaction: the step does not wait for it.
+        let row_held = lock_row(&pool, &name).await;
         tx.commit().await.expect("commit");
         let last = other.await.expect("join").expect("first step of the other");
         assert_eq!(last, None, "the last holder did not say it may be the last");
+        row_held.rollback().await.expect("rollback");
         step(2, &high).fetch_one(&pool).await.expect("second step");
         assert_eq!(
             row(&pool, TABLE, &name).await.0,
             None,
             "the name stayed held"
         );
+    }
+
+    /// A transaction holding the lock row of `name` for update.
+    async fn lock_row(
+        pool: &sqlx::PgPool,
+        name: &str,
+    ) -> sqlx::Transaction<'static, sqlx::Postgres> {
+        let mut tx = pool.begin().await.expect("begin");
+        let lock = format!("SELECT 1 FROM {TABLE} WHERE name = $1 FOR UPDATE");
+        sqlx::query(AssertSqlSafe(lock))
+            .bind(name)
+            .execute(&mut *tx)
+            .await
+            .expect("lock the name's row");
+        tx
+    }
+
+    /// The last reader's first release step, the name's row free, ends the readers' turn in
+    /// the same call (one round trip less for the last reader, issue 44): it hands the name
+    /// to the reserved writer.
+    #[tokio::test]
+    async fn a_last_readers_first_step_hands_over() {
+        let Some(url) = url() else { return };
+        let (readers, last) = a_reader_before_a_writer(&url, "first-step-hands").await;
+        let (pool, name) = (&readers.pool, &readers.name);
+        let (_, before, _, _) = row(pool, TABLE, name).await;
+        let ended = release_step(name, 1, &last)
+            .fetch_one(pool)
+            .await
+            .expect("first step");
+        assert_eq!(
+            ended,
+            Some(true),
+            "the last reader's first step did not end the turn"
+        );
+        assert_handed_to_writer(pool, name, before).await;
+    }
+
+    /// Two readers of which one has left (its first release step found the other), and a
+    /// writer's reservation: the readers and the holder left.
+    async fn a_reader_before_a_writer(url: &str, prefix: &str) -> (TwoReaders, (String, i64)) {
+        let readers = two_readers(url, prefix).await;
+        let (pool, name) = (&readers.pool, &readers.name);
+        reserve_for_writer(pool, name).await;
+        let [low, high] = read_holders(pool, name).await;
+        let done = release_step(name, 1, &low)
+            .fetch_one(pool)
+            .await
+            .expect("first step");
+        assert_eq!(done, Some(true), "the other holder was not found");
+        (readers, high)
+    }
+
+    /// The name is the reserved writer's (see [`reserve_for_writer`]), with a version above
+    /// `before`, and the reservation is gone.
+    async fn assert_handed_to_writer(pool: &sqlx::PgPool, name: &str, before: i64) {
+        let (owner, version, next, _) = row(pool, TABLE, name).await;
+        assert_eq!(owner.as_deref(), Some("writer"), "not handed to the writer");
+        assert!(version > before, "the hand-over kept the readers' version");
+        assert_eq!(next, None, "the reservation stayed");
+    }
+
+    /// A writer's reservation of `name` (`writer`), with the lease it wants when handed the
+    /// lock.
+    async fn reserve_for_writer(pool: &sqlx::PgPool, name: &str) {
+        let reserve = format!(
+            "UPDATE {TABLE} SET next_owner = 'writer', next_since = version, \
+             next_expires = now() + interval '30 seconds', next_ttl = 30000000 WHERE name = $1"
+        );
+        sqlx::query(AssertSqlSafe(reserve))
+            .bind(name)
+            .execute(pool)
+            .await
+            .expect("reserve");
     }
 
     /// A reader's second release step that finds the read marker run out still ends the
@@ -879,24 +956,13 @@ mod postgres {
     #[tokio::test]
     async fn a_last_reader_hands_over_after_its_marker_ran_out() {
         let Some(url) = url() else { return };
-        let readers = two_readers(&url, "marker-ran-out").await;
+        let (readers, high) = a_reader_before_a_writer(&url, "marker-ran-out").await;
         let (pool, name) = (&readers.pool, &readers.name);
-        // A writer's reservation, with the lease it wants when handed the lock.
-        let reserve = format!(
-            "UPDATE {TABLE} SET next_owner = 'writer', next_since = version, \
-             next_expires = now() + interval '30 seconds', next_ttl = 30000000 WHERE name = $1"
-        );
-        sqlx::query(AssertSqlSafe(reserve))
-            .bind(name)
-            .execute(pool)
-            .await
-            .expect("reserve");
-        let [low, high] = read_holders(pool, name).await;
         let step = |n: i32, holder: &(String, i64)| release_step(name, n, holder);
-        let done = step(1, &low).fetch_one(pool).await.expect("first step");
-        assert_eq!(done, Some(true), "the other holder was not found");
+        let row_held = lock_row(pool, name).await;
         let last = step(1, &high).fetch_one(pool).await.expect("first step");
         assert_eq!(last, None, "the last holder did not say it may be the last");
+        row_held.rollback().await.expect("rollback");
         // What the racing release's shrink left: the marker's expiry now.
         let ran_out = format!("UPDATE {TABLE} SET expires_at = now() WHERE name = $1");
         sqlx::query(AssertSqlSafe(ran_out))
@@ -907,10 +973,7 @@ mod postgres {
         let (_, before, _, _) = row(pool, TABLE, name).await;
         let ended = step(2, &high).fetch_one(pool).await.expect("second step");
         assert_eq!(ended, Some(true), "the second step did not end the turn");
-        let (owner, version, next, _) = row(pool, TABLE, name).await;
-        assert_eq!(owner.as_deref(), Some("writer"), "not handed to the writer");
-        assert!(version > before, "the hand-over kept the readers' version");
-        assert_eq!(next, None, "the reservation stayed");
+        assert_handed_to_writer(pool, name, before).await;
     }
 
     /// Readers that leave at the same moment, each maybe the last: one of them frees the

@@ -650,10 +650,14 @@ END"
     /// before this commit): found, it answers `true` and the release is done, since that
     /// holder's release comes later and sees this one gone. Otherwise it answers `NULL` (left,
     /// maybe the last) and step 2 runs the rest of step 0 without the holder's own row (the
-    /// row locked, the holders counted, the name freed or handed to the reserved writer). A
-    /// step 1 waits for nothing once it holds a lock (its delete takes its first, its look
-    /// skips locked rows, it never locks the lock row), so what waits for it is never waited
-    /// for by it: no deadlock.
+    /// row locked, the holders counted, the name freed or handed to the reserved writer).
+    /// Since `v7` a step 1 that would answer `NULL` first tries to lock the lock row, skipping
+    /// it if another transaction holds it: locked, it goes on as step 2 in the same call (the
+    /// last reader's release in one round trip, not two). A step 1 waits for nothing once it
+    /// holds a lock (its delete takes its first, its look and its lock of the lock row skip
+    /// locked rows, and a step 2 in the same call waits only on rows it holds), so what waits
+    /// for it is never waited for by it: no deadlock. A step 2 answers `true` whatever it
+    /// finds: its hold left with step 1.
     fn release(&self, signature: &str) -> String {
         let Self {
             t,
@@ -686,18 +690,21 @@ BEGIN
     IF FOUND AND v_row AND o_owner = p_marker THEN
       {leave};
       IF FOUND THEN
-        {no_flush};
         -- Another live holder row that no release (or purge) has locked: its holder leaves
         -- after this commit (locked here until then), sees this row gone, and it or a later
         -- holder frees the name. Looked for from this owner on, so that leavers spread.
         PERFORM 1 FROM {h} WHERE name = p_name AND owner > p_owner AND expires_at > now()
           ORDER BY owner LIMIT 1 FOR KEY SHARE SKIP LOCKED;
-        IF FOUND THEN RETURN true; END IF;
+        IF FOUND THEN {no_flush}; RETURN true; END IF;
         PERFORM 1 FROM {h} WHERE name = p_name AND owner < p_owner AND expires_at > now()
           ORDER BY owner LIMIT 1 FOR KEY SHARE SKIP LOCKED;
-        IF FOUND THEN RETURN true; END IF;
-        -- Maybe the last: the caller calls again with step 2, which locks the name's row.
-        RETURN NULL;
+        IF FOUND THEN {no_flush}; RETURN true; END IF;
+        -- Maybe the last. Unless another transaction holds the name's row (the caller then
+        -- calls again with step 2, which waits for it), the row is locked now and this
+        -- release goes on as step 2: one round trip less for the last reader's release.
+        PERFORM 1 FROM {t} WHERE name = p_name FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN {no_flush}; RETURN NULL; END IF;
+        p_step := 2;
       END IF;
     END IF;
   END IF;
@@ -714,7 +721,8 @@ BEGIN
   -- this holder's row (deleted by step 1, not yet committed) and whose shrink, a statement
   -- later, did not, set the marker's expiry to now. Nobody else wakes the waiters then.
   IF NOT v_row OR o_owner IS DISTINCT FROM p_marker OR (o_remaining IS NULL AND p_step <> 2) THEN
-    {no_flush}; RETURN false;
+    -- Step 2's hold left with step 1: what happened to the name since is no refusal.
+    {no_flush}; RETURN p_step = 2;
   END IF;
   IF p_step = 2 THEN
     -- Step 1 took the holder's row out: what is left of its release.
