@@ -153,7 +153,7 @@
 //!   `<table>_dl_release_v3`; created with the
 //!   lock table when missing; the same statements in the same order, a refused join writing
 //!   nothing): one round trip (a PostgreSQL reader's release: two when it may be the last to
-//!   leave) instead of five to eight, so the name's row stays locked for a fraction of
+//!   leave and another transaction holds the name's row) instead of five to eight, so the name's row stays locked for a fraction of
 //!   one. On PostgreSQL a refusal and a release commit without waiting for their WAL flush
 //!   (as an exclusive release does: a release lost in a database crash leaves the hold until
 //!   its lease ends); a join that takes and a renewal flush. With `create_table=false` the
@@ -276,13 +276,15 @@
 //!   live holder whose row no release or purge has locked, locking it (`FOR KEY SHARE SKIP
 //!   LOCKED`) until its commit, which needs no flush: found, that holder's release comes
 //!   after this one and sees it gone, and this release is done. Otherwise the holder was
-//!   maybe the last, and a second call locks the row and does the rest (frees the name, or
-//!   hands it to the reserved writer, or leaves it to holders that joined since; tried again
-//!   on failure under [`RetryPolicy::TRANSIENT`](distlock_core::backend::RetryPolicy), since
-//!   a release tried again from the start would find no hold). A holder the unlocked read
-//!   cannot tell live (an expiry while its renewal is on its way) releases as before, the
-//!   row locked. The first step waits for nothing once it holds a lock (it never locks the
-//!   name's row, and its look skips locked rows), so it cannot be part of a deadlock. A
+//!   maybe the last, and the row locked does the rest (frees the name, or hands it to the
+//!   reserved writer, or leaves it to holders that joined since): since `_v7` the first step
+//!   itself when it can lock the row without waiting (`FOR UPDATE SKIP LOCKED`), else a
+//!   second call (tried again on failure under
+//!   [`RetryPolicy::TRANSIENT`](distlock_core::backend::RetryPolicy), since a release tried
+//!   again from the start would find no hold). A holder the unlocked read cannot tell live
+//!   (an expiry while its renewal is on its way) releases as before, the row locked. The
+//!   first step waits for nothing once it holds a lock (it never waits for the name's row,
+//!   and its look skips locked rows), so it cannot be part of a deadlock. A
 //!   release that leaves others holding no longer lowers the row's `expires_at` to the latest
 //!   live holder's: after a reader dies holding, a writer may wait for the end of a lease
 //!   that a reader who left had (at most a ttl after its last renewal, or half a ttl more

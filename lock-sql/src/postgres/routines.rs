@@ -40,8 +40,9 @@ use crate::kinds::{HolderSql, InRoutine};
 use crate::pool::InUse;
 
 /// The functions' version, the end of their names: `v7` has a reader's second release step
-/// end the readers' turn also when their marker ran out (see [`Parts::release`]), `v6` lets a reader join live readers
-/// without locking the name's row for update (see [`Parts::join`]), `v5` lets a reader that
+/// end the readers' turn also when their marker ran out, and the last reader's first step
+/// run the second itself when the name's row is free (see [`Parts::release`]), `v6` lets a
+/// reader join live readers without locking the name's row for update (see [`Parts::join`]), `v5` lets a reader that
 /// does not leave last release without locking the name's row (see [`Parts::release`]), `v4` queues permit
 /// waiters (see [`Parts::release`] and [`queue_table`](crate::kinds::queue_table)), `v3` releases also hand the lock to the reserved
 /// writer when the last reader leaves, `v2` hand a permit over to the reserved permit waiter;
