@@ -291,8 +291,8 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
     ) -> Result<bool, sqlx::Error> {
         if kinds::marked(owner).is_some() {
             // The lock row's owner while shared holds or permits live, and its version at or
-            // above the latest holder's token: never an owner of a hold, and the release statement would
-            // free the row, ending every holder at once.
+            // above the latest holder's token: never an owner of a hold, and the release
+            // statement would free the row, ending every holder at once.
             return Ok(false);
         }
         if self.release_other(name, owner, token).await? {

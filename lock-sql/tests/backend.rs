@@ -778,13 +778,7 @@ mod postgres {
             name,
             held: [first, second],
         } = two_readers(&url, "reader-leaves").await;
-        let mut tx = pool.begin().await.expect("begin");
-        let lock = format!("SELECT 1 FROM {TABLE} WHERE name = $1 FOR UPDATE");
-        sqlx::query(AssertSqlSafe(lock))
-            .bind(&name)
-            .execute(&mut *tx)
-            .await
-            .expect("lock the name's row");
+        let tx = lock_row(&pool, TABLE, &name, "FOR UPDATE").await;
         tokio::time::timeout(Duration::from_secs(10), first.release())
             .await
             .expect("the release waited for the name's row")
@@ -859,7 +853,7 @@ mod postgres {
             "the other's delete did not wait for the look's lock"
         );
         // The name's row held by another transaction: the step does not wait for it.
-        let row_held = lock_row(&pool, &name).await;
+        let row_held = lock_row(&pool, TABLE, &name, "FOR UPDATE").await;
         tx.commit().await.expect("commit");
         let last = other.await.expect("join").expect("first step of the other");
         assert_eq!(last, None, "the last holder did not say it may be the last");
@@ -872,18 +866,23 @@ mod postgres {
         );
     }
 
-    /// A transaction holding the lock row of `name` for update.
+    /// Runs `sql`, whose `$1` is `name`, on `on`, panicking with `what` on failure.
+    async fn on_name<'e>(on: impl sqlx::PgExecutor<'e>, sql: String, name: &str, what: &str) {
+        if let Err(err) = sqlx::query(AssertSqlSafe(sql)).bind(name).execute(on).await {
+            panic!("{what}: {err}");
+        }
+    }
+
+    /// A transaction holding the lock row of `name` in `table` (`FOR UPDATE` or `FOR SHARE`).
     async fn lock_row(
         pool: &sqlx::PgPool,
+        table: &str,
         name: &str,
+        mode: &str,
     ) -> sqlx::Transaction<'static, sqlx::Postgres> {
         let mut tx = pool.begin().await.expect("begin");
-        let lock = format!("SELECT 1 FROM {TABLE} WHERE name = $1 FOR UPDATE");
-        sqlx::query(AssertSqlSafe(lock))
-            .bind(name)
-            .execute(&mut *tx)
-            .await
-            .expect("lock the name's row");
+        let lock = format!("SELECT 1 FROM {table} WHERE name = $1 {mode}");
+        on_name(&mut *tx, lock, name, &format!("lock the name's row {mode}")).await;
         tx
     }
 
@@ -939,11 +938,7 @@ mod postgres {
             "UPDATE {TABLE} SET next_owner = 'writer', next_since = version, \
              next_expires = now() + interval '30 seconds', next_ttl = 30000000 WHERE name = $1"
         );
-        sqlx::query(AssertSqlSafe(reserve))
-            .bind(name)
-            .execute(pool)
-            .await
-            .expect("reserve");
+        on_name(pool, reserve, name, "reserve").await;
     }
 
     /// A reader's second release step that finds the read marker run out still ends the
@@ -959,17 +954,13 @@ mod postgres {
         let (readers, high) = a_reader_before_a_writer(&url, "marker-ran-out").await;
         let (pool, name) = (&readers.pool, &readers.name);
         let step = |n: i32, holder: &(String, i64)| release_step(name, n, holder);
-        let row_held = lock_row(pool, name).await;
+        let row_held = lock_row(pool, TABLE, name, "FOR UPDATE").await;
         let last = step(1, &high).fetch_one(pool).await.expect("first step");
         assert_eq!(last, None, "the last holder did not say it may be the last");
         row_held.rollback().await.expect("rollback");
         // What the racing release's shrink left: the marker's expiry now.
         let ran_out = format!("UPDATE {TABLE} SET expires_at = now() WHERE name = $1");
-        sqlx::query(AssertSqlSafe(ran_out))
-            .bind(name)
-            .execute(pool)
-            .await
-            .expect("run the marker out");
+        on_name(pool, ran_out, name, "run the marker out").await;
         let (_, before, _, _) = row(pool, TABLE, name).await;
         let ended = step(2, &high).fetch_one(pool).await.expect("second step");
         assert_eq!(ended, Some(true), "the second step did not end the turn");
@@ -1081,13 +1072,7 @@ mod postgres {
             .await
             .expect("the reader that sets a range");
         let version = row(&pool, &table, &name).await.1;
-        let mut tx = pool.begin().await.expect("begin");
-        let lock = format!("SELECT 1 FROM {table} WHERE name = $1 FOR SHARE");
-        sqlx::query(AssertSqlSafe(lock))
-            .bind(&name)
-            .execute(&mut *tx)
-            .await
-            .expect("lock the name's row for share");
+        let tx = lock_row(&pool, &table, &name, "FOR SHARE").await;
         let second = tokio::time::timeout(Duration::from_secs(10), b.acquire(&name, &reads))
             .await
             .expect("the join waited for the name's row")
@@ -1119,13 +1104,7 @@ mod postgres {
         let ([a, b], table) = own_table(&url, "ranges").await;
         let (pool, name, reads) = (common::pg(&a), unique("reader-range"), reads());
         let version = async || row(&pool, &table, &name).await.1;
-        let alter = async |sql: String| {
-            sqlx::query(AssertSqlSafe(sql))
-                .bind(&name)
-                .execute(&pool)
-                .await
-                .expect("alter the row");
-        };
+        let alter = async |sql: String| on_name(&pool, sql, &name, "alter the row").await;
         let mut held = vec![a.acquire(&name, &reads).await.expect("first reader")];
         let spoilt = [
             // An earlier client's join: the next version as its token, the range as it was.
@@ -1193,18 +1172,8 @@ mod postgres {
             "UPDATE {table} SET read_base = read_from - 1000000 - \
              (SELECT last_value FROM {table}_dl_reads) WHERE name = $1"
         );
-        sqlx::query(AssertSqlSafe(spend))
-            .bind(&name)
-            .execute(&pool)
-            .await
-            .expect("spend the range");
-        let mut tx = pool.begin().await.expect("begin");
-        let lock = format!("SELECT 1 FROM {table} WHERE name = $1 FOR SHARE");
-        sqlx::query(AssertSqlSafe(lock))
-            .bind(&name)
-            .execute(&mut *tx)
-            .await
-            .expect("lock the name's row for share");
+        on_name(&pool, spend, &name, "spend the range").await;
+        let mut tx = lock_row(&pool, &table, &name, "FOR SHARE").await;
         let joining = {
             let (b, name, reads) = (b, name.clone(), reads.clone());
             tokio::spawn(async move { (b.try_acquire(&name, &reads).await, b) })
@@ -1231,11 +1200,7 @@ mod postgres {
             "UPDATE {table} SET next_owner = 'a writer', next_since = 0, \
              next_expires = now() + interval '1 minute' WHERE name = $1"
         );
-        sqlx::query(AssertSqlSafe(reserve))
-            .bind(&name)
-            .execute(&mut *tx)
-            .await
-            .expect("reserve the name");
+        on_name(&mut *tx, reserve, &name, "reserve the name").await;
         tx.commit().await.expect("commit");
         let (joined, _b) = joining.await.expect("join");
         assert!(

@@ -39,14 +39,15 @@ use crate::keys::quote;
 use crate::kinds::{HolderSql, InRoutine};
 use crate::pool::InUse;
 
-/// The functions' version, the end of their names: `v7` has a reader's second release step
-/// end the readers' turn also when their marker ran out, and the last reader's first step
-/// run the second itself when the name's row is free (see [`Parts::release`]), `v6` lets a
-/// reader join live readers without locking the name's row for update (see [`Parts::join`]), `v5` lets a reader that
-/// does not leave last release without locking the name's row (see [`Parts::release`]), `v4` queues permit
-/// waiters (see [`Parts::release`] and [`queue_table`](crate::kinds::queue_table)), `v3` releases also hand the lock to the reserved
-/// writer when the last reader leaves, `v2` hand a permit over to the reserved permit waiter;
-/// `v1` (earlier clients) wake the reserved waiter to join instead.
+/// The functions' version, the end of their names: `v7` has a reader's second release step end the
+/// readers' turn also when their marker ran out, and the last reader's first step run the second
+/// itself when the name's row is free (see [`Parts::release`]), `v6` lets a reader join live
+/// readers without locking the name's row for update (see [`Parts::join`]), `v5` lets a reader that
+/// does not leave last release without locking the name's row (see [`Parts::release`]), `v4` queues
+/// permit waiters (see [`Parts::release`] and [`queue_table`](crate::kinds::queue_table)), `v3`
+/// releases also hand the lock to the reserved writer when the last reader leaves, `v2` hand a
+/// permit over to the reserved permit waiter; `v1` (earlier clients) wake the reserved waiter to
+/// join instead.
 const VERSION: &str = "v7";
 
 /// Replaces the arguments `$1`, `$2`, ... of `sql` with `names`, in order.
@@ -322,10 +323,10 @@ impl Parts<'_> {
     /// the sequence, kept only above `read_from` and below the row's `version`, which is
     /// `read_from` plus [`READ_RANGE`] while the range is the row's), as the crate docs
     /// describe ("A reader joins live readers without locking the name's row for update").
-    /// A reader that locks the row for update and joins live readers sets a new range. The row's state is
-    /// read first without a lock: a join that would write the row or be refused locks it for
-    /// update (`SKIP LOCKED`: no wait), and when another transaction holds it, locks it for
-    /// share instead, which waits for that commit, and looks again. A lock for share that
+    /// A reader that locks the row for update and joins live readers sets a new range. The
+    /// row's state is read first without a lock: a join that would write the row or be
+    /// refused locks it for update (`SKIP LOCKED`: no wait), and when another transaction
+    /// holds it, locks it for share instead, which waits for that commit, and looks again. A lock for share that
     /// finds the row no longer fit is let go by rolling its block (a subtransaction) back, so
     /// a join never holds a lock for share while it waits for one for update: no deadlock.
     /// After three looks, or a spent range, the join locks the row for update and goes on as
