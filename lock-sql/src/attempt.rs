@@ -274,9 +274,13 @@ impl SqlAttempt {
     /// waiter on a backend whose release hands the lock to the reservation's holder
     /// ([`db::Db::hands_over`]), that a release just did (a claim is never the holder's own):
     /// the lock is then this attempt's, and if it gives up before it learns so, its clean-up
-    /// must free the lock (otherwise held until its ttl). A permit waiter's claim after a
-    /// permit was handed to it is granted (the lock row names no owner), and a queued one
-    /// claims nothing.
+    /// must free the lock (otherwise held until its ttl). A reader's refusal after it may have
+    /// held the reservation, where a writer's release hands the reserved reader a read hold
+    /// ([`db::Db::hands_reads_over`]), may follow such a hand-over too (then the others claim
+    /// the reservation it used up). A permit or read hold handed over leaves the lock row
+    /// naming no owner of it: a claim after one is granted, and the reservation so renewed is
+    /// stale (the next join or release of the name clears it). A queued permit waiter claims
+    /// nothing.
     async fn claim(&mut self, since: i64) -> Result<(Claim, bool)> {
         let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         let reservation = micros(RESERVATION.min(self.request.ttl));
@@ -292,8 +296,11 @@ impl SqlAttempt {
         self.maybe_reserved = claimed != Claim::Refused;
         let handed = claimed == Claim::Refused
             && had
-            && self.request.kind == LockKind::Exclusive
-            && self.inner.db.hands_over();
+            && match self.request.kind {
+                LockKind::Exclusive => self.inner.db.hands_over(),
+                LockKind::Shared => self.inner.db.hands_reads_over(),
+                _ => false,
+            };
         self.maybe_handed |= handed;
         Ok((claimed, handed))
     }
@@ -301,12 +308,14 @@ impl SqlAttempt {
     /// The lease this waiter's reservation asks for, should a release hand it what it waits
     /// for: an exclusive waiter's ttl ([`db::Db::hands_over`]), a permit waiter's negated
     /// ([`db::Db::hands_permits_over`]: the sign keeps an exclusive release from handing it
-    /// the lock), none for a shared waiter (a release never hands a read hold over).
+    /// the lock), a shared waiter's negated too ([`db::Db::hands_reads_over`]: a writer's
+    /// release hands it a read hold; a reader's never hands the lock to a reader), else none.
     fn handover_ttl(&self) -> Option<i64> {
         let ttl = micros(self.request.ttl);
         match self.request.kind {
             LockKind::Exclusive => Some(ttl),
             LockKind::Permit { .. } if self.inner.db.hands_permits_over() => Some(-ttl),
+            LockKind::Shared if self.inner.db.hands_reads_over() => Some(-ttl),
             _ => None,
         }
     }
@@ -666,7 +675,8 @@ impl Attempt for SqlAttempt {
         if kind != LockKind::Exclusive {
             // A release may have handed the reserved (or queued) permit waiter a permit. The
             // release by owner also takes a queued waiter's place for good.
-            let handed = self.maybe_reserved && (self.handover_ttl().is_some() || queued);
+            let handed = self.maybe_handed
+                || self.maybe_reserved && (self.handover_ttl().is_some() || queued);
             if self.maybe_owned || handed {
                 // A hold taken by a reply that never arrived, or handed over by a release
                 // whose wake-up came too late: leave the holders, by owner.

@@ -155,6 +155,15 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// Whether an exclusive release hands a read hold to the shared waiter holding the
+    /// reservation (the row marked shared with the next version, a holder row of the
+    /// waiter's with that token and the ttl it reserved with, stored negated) and tells it so
+    /// ([`crate::wake::WakeSignal::Handed`]). The default: no, the release wakes that waiter,
+    /// which then joins.
+    fn hands_reads_over(&self) -> bool {
+        false
+    }
+
     /// Whether permit waiters queue: a refused permit join with a queue lease
     /// ([`JoinRequest::queue_us`](crate::kinds::JoinRequest::queue_us)) puts the waiter in
     /// the name's queue (each join renews its place), and a release hands each permit it frees

@@ -814,7 +814,7 @@ mod postgres {
     ) -> sqlx::query::QueryScalar<'static, sqlx::Postgres, Option<bool>, sqlx::postgres::PgArguments>
     {
         let call =
-            format!("SELECT {TABLE}_dl_release_v7($1, $2, chr(1) || 'shared', $3, false, {n})");
+            format!("SELECT {TABLE}_dl_release_v8($1, $2, chr(1) || 'shared', $3, false, {n})");
         sqlx::query_scalar(AssertSqlSafe(call))
             .bind(name.to_owned())
             .bind(owner.clone())
@@ -965,6 +965,123 @@ mod postgres {
         let ended = step(2, &high).fetch_one(pool).await.expect("second step");
         assert_eq!(ended, Some(true), "the second step did not end the turn");
         assert_handed_to_writer(pool, name, before).await;
+    }
+
+    /// A writer's release hands a read hold to the reader holding the reservation (a writer's
+    /// turn to the readers was a wake-up, then the reader's join: a round trip and a commit
+    /// more, issue 44): the reader's reservation carries its ttl negated, and the release
+    /// marks the row shared with the next version, adds the reader's holder row and tells it
+    /// (`h<version>:..`), which the reader takes as its hold.
+    #[tokio::test]
+    async fn a_writers_release_hands_the_reserved_reader_a_read_hold() {
+        let Some(url) = url() else { return };
+        let (a, b) = (client(&url).await, client(&url).await);
+        let pool = common::pg(&a);
+        let name = unique("hand-read");
+        let ttl = Duration::from_secs(30);
+        let writes = AcquireOptions::default().with_ttl(ttl);
+        let writer = a.acquire(&name, &writes).await.expect("the writer");
+        let reader = waiting(&b, &name, &writes.clone().shared());
+        let next = reserved(&pool, TABLE, &name).await;
+        let (_, _, _, next_ttl) = row(&pool, TABLE, &name).await;
+        let micros = i64::try_from(ttl.as_micros()).expect("µs");
+        assert_eq!(next_ttl, Some(-micros), "the reader's ttl, negated");
+        let mut listener = common::listen(&pool, TABLE).await;
+        let before = token_of(&writer);
+        writer.release().await.expect("the writer's release");
+        let read = common::granted(reader).await;
+        let token = token_of(&read);
+        assert_eq!(token, before + 1, "the next version");
+        let handed = format!("h{token}:{}:{next}{name}", next.len());
+        assert_eq!(common::next_note(&mut listener, &name).await, handed);
+        read.renew().await.expect("renew the read hold handed over");
+        let (owner, version, next_owner, next_ttl) = row(&pool, TABLE, &name).await;
+        assert_eq!(owner.as_deref(), Some("\u{1}shared"), "not marked shared");
+        assert_eq!((version, next_owner, next_ttl), (token, None, None));
+        let holders = format!("SELECT owner, token FROM {TABLE}_holders WHERE name = $1");
+        let holders: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(holders))
+            .bind(&name)
+            .fetch_all(&pool)
+            .await
+            .expect("holders");
+        assert_eq!(holders, [(next, token)]);
+        read.release().await.expect("the reader's release");
+    }
+
+    /// A reader holding a read hold of `name` (ttl 30 s) whose own reservation is live again,
+    /// as when its poll renewed the reservation while a writer's release handed it the hold:
+    /// the reader's client, the other client, the pool and the guard.
+    async fn a_reader_reserving_while_it_holds(
+        url: &str,
+        prefix: &str,
+    ) -> (
+        [LockClient<SqlBackend>; 2],
+        sqlx::PgPool,
+        String,
+        distlock_core::LockGuard,
+    ) {
+        let TwoReaders {
+            clients,
+            pool,
+            name,
+            held: [held, second],
+        } = two_readers(url, prefix).await;
+        second.release().await.expect("the second reader's release");
+        let holders = format!("SELECT owner FROM {TABLE}_holders WHERE name = $1");
+        let owner: String = sqlx::query_scalar(AssertSqlSafe(holders))
+            .bind(&name)
+            .fetch_one(&pool)
+            .await
+            .expect("the reader's owner");
+        let reserve = format!(
+            "UPDATE {TABLE} SET next_owner = '{owner}', next_since = version, \
+             next_expires = now() + interval '30 seconds', next_ttl = -30000000 WHERE name = $1"
+        );
+        on_name(&pool, reserve, &name, "reserve").await;
+        (clients, pool, name, held)
+    }
+
+    /// A reservation of a live read holder keeps no other reader out: the join clears it.
+    #[tokio::test]
+    async fn a_readers_stale_reservation_keeps_no_reader_out() {
+        let Some(url) = url() else { return };
+        let (clients, pool, name, held) =
+            a_reader_reserving_while_it_holds(&url, "stale-reserve-join").await;
+        let reads = AcquireOptions::default().shared();
+        let other = clients[1]
+            .try_acquire(&name, &reads)
+            .await
+            .expect("try")
+            .expect("the holder's own reservation kept a reader out");
+        assert_eq!(
+            row(&pool, TABLE, &name).await.2,
+            None,
+            "the reservation stayed"
+        );
+        other.release().await.expect("release");
+        held.release().await.expect("release");
+    }
+
+    /// The release of a read holder whose own reservation is live clears it: a writer takes
+    /// the name at once (the release woke nobody else, and the reservation kept writers out
+    /// until it ran out).
+    #[tokio::test]
+    async fn a_readers_release_clears_its_stale_reservation() {
+        let Some(url) = url() else { return };
+        let (clients, pool, name, held) =
+            a_reader_reserving_while_it_holds(&url, "stale-reserve-release").await;
+        held.release().await.expect("release");
+        assert_eq!(
+            row(&pool, TABLE, &name).await.2,
+            None,
+            "the reservation stayed"
+        );
+        let writer = clients[1]
+            .try_acquire(&name, &AcquireOptions::default())
+            .await
+            .expect("try")
+            .expect("the released reader's reservation kept the writer out");
+        writer.release().await.expect("release the writer");
     }
 
     /// Readers that leave at the same moment, each maybe the last: one of them frees the
@@ -1181,7 +1298,7 @@ mod postgres {
         // The join draws from the spent range, then waits to lock the row for update.
         let waiting = format!(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-             AND query LIKE '%{table}_dl_join_v7%'"
+             AND query LIKE '%{table}_dl_join_v8%'"
         );
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while sqlx::query_scalar::<_, i64>(AssertSqlSafe(waiting.clone()))

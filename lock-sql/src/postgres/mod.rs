@@ -72,7 +72,7 @@ fn statements(table: &str, handover: bool, data: DataColumn) -> (Sql, Arc<str>, 
     // release (a database crash within the WAL writer's delay) leaves the lock held until its
     // lease ends, never held twice; and every take commits synchronously, which flushes
     // every earlier commit with it, so a token can never be handed out twice.
-    let no_flush = "set_config('synchronous_commit', 'off', true)";
+    let no_flush = NO_FLUSH;
     let sql = Sql {
             take: format!("{take} SELECT version, owner FROM v").into(),
             peek: peek.as_str().into(),
@@ -83,7 +83,7 @@ fn statements(table: &str, handover: bool, data: DataColumn) -> (Sql, Arc<str>, 
             )
             .into(),
             release: if handover {
-                release_handing_over(&t, no_flush, clear_data)
+                release_handing_over(&t, clear_data, None)
             } else {
                 format!(
                     "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = now(){clear_data} \
@@ -178,6 +178,10 @@ fn abandon_sql(t: &str, handover: bool, data: DataColumn) -> String {
     )
 }
 
+/// Set in a statement's `RETURNING` or `SELECT`, makes its commit return without waiting for
+/// its WAL flush (see [`statements`]).
+const NO_FLUSH: &str = "set_config('synchronous_commit', 'off', true)";
+
 /// The release that hands the lock over. ARGS: name, owner, version, channel.
 ///
 /// When an exclusive waiter holds a live reservation (`next_ttl` positive), the row becomes that
@@ -190,11 +194,31 @@ fn abandon_sql(t: &str, handover: bool, data: DataColumn) -> String {
 /// waiter (a shared one) or every waiter is woken, and the commit does not wait for its flush.
 /// The assignments all read the row as it was. `clear_data` clears the holder data (see
 /// [`DataColumn::clear`]): the freed hold's, or the former holder's on a hand-over.
-fn release_handing_over(t: &str, no_flush: &str, clear_data: &str) -> String {
+///
+/// With `hand_read` (the function of that name, see `routines`), a live reservation of a
+/// reader (a negative `next_ttl`, its ttl negated, see [`Db::hands_reads_over`]) is handed
+/// a read hold: the row is freed as above, then that function, called in this statement,
+/// marks it shared with the next version, adds the reader's holder row and tells it
+/// (`h<version>:..`); the commit waits for its flush. Only readers of this version reserve
+/// with a negative `next_ttl` on a name a writer holds (a permit waiter queues instead, and
+/// one of a version before `_v4`, which reserved with its ttl negated, waits on a name held
+/// as a semaphore: a writer's name only by misuse of the name for both). A release of an
+/// earlier client wakes such a reader, which then joins, as before.
+fn release_handing_over(t: &str, clear_data: &str, hand_read: Option<&str>) -> String {
+    let no_flush = NO_FLUSH;
     // A permit waiter's reservation has a negative `next_ttl`: never handed the lock.
     let h = "(next_owner IS NOT NULL AND next_expires > now() AND next_ttl > 0 \
              AND next_owner <> owner)";
     let keep = |column: &str| format!("{column} = CASE WHEN {h} THEN NULL ELSE {column} END");
+    // A reader's live reservation, read from the row as this statement left it.
+    let reader = "live AND next_ttl < 0";
+    let (read, flushed) = match hand_read {
+        Some(f) => (
+            format!("WHEN {reader} THEN {f}(name, next_owner, -next_ttl)"),
+            format!("AND NOT coalesce({reader}, false)"),
+        ),
+        None => (String::new(), String::new()),
+    };
     format!(
         "WITH r AS (UPDATE {t} SET owner = CASE WHEN {h} THEN next_owner END, \
          version = version + CASE WHEN {h} THEN 1 ELSE 0 END, \
@@ -202,13 +226,13 @@ fn release_handing_over(t: &str, no_flush: &str, clear_data: &str) -> String {
          ELSE now() END, \
          {}, {}, {}, {}{clear_data} \
          WHERE name = $1 AND owner = $2 AND version = $3 AND expires_at > now() \
-         RETURNING name, owner, version, next_owner, next_expires > now() AS live) \
+         RETURNING name, owner, version, next_owner, next_expires > now() AS live, next_ttl) \
          SELECT CASE WHEN owner IS NOT NULL \
          THEN pg_notify($4, 'h' || version || ':' || octet_length(owner) || ':' || owner || name) \
-         WHEN next_owner IS NULL THEN NULL \
+         WHEN next_owner IS NULL THEN NULL {read} \
          WHEN live THEN pg_notify($4, octet_length(next_owner) || ':' || next_owner || name) \
          ELSE pg_notify($4, '0:' || name) END, \
-         CASE WHEN owner IS NULL THEN {no_flush} END FROM r",
+         CASE WHEN owner IS NULL {flushed} THEN {no_flush} END FROM r",
         keep("next_owner"),
         keep("next_since"),
         keep("next_expires"),
@@ -341,6 +365,9 @@ pub(crate) struct PgDb {
     listener: tokio::task::AbortHandle,
     /// Whether releases hand the lock to the reserved exclusive waiter.
     handover: bool,
+    /// Whether a writer's release hands a read hold to the reserved reader (see
+    /// [`release_handing_over`]).
+    reads_handed: bool,
 }
 
 impl Drop for PgDb {
@@ -426,15 +453,26 @@ impl PgDb {
         }
         drop(conn.done());
         let (handover, data, reads) = found;
-        let (sql, take_wake, holds) = statements(&config.table, handover, DataColumn(data));
+        let (mut sql, take_wake, holds) = statements(&config.table, handover, DataColumn(data));
         let channel = format!("distlock:{}", config.table);
         // The functions read and write the readers' columns (a table without them, of an
         // earlier version, that this client may not alter: the transactions run).
         let made = routines(&config.table, &holds, PEEK_COLUMNS, REMAINING, &channel);
         let routines = match made.filter(|_| reads) {
-            Some(routines) => routines::set_up(&pool, routines, config.create_table).await,
+            Some(made) => {
+                let hand_read = made.hand_read.clone();
+                routines::set_up(&pool, made, config.create_table)
+                    .await
+                    .map(|routines| (routines, hand_read))
+            }
             None => None,
         };
+        // With the functions, a writer's release hands a read hold to the reserved reader.
+        let reads_handed = handover && routines.is_some();
+        if let Some((_, hand_read)) = routines.as_ref().filter(|_| reads_handed) {
+            sql.release =
+                release_handing_over(&table, DataColumn(data).clear(), Some(hand_read)).into();
+        }
         let holds = Holds::new(holds, config.create_table);
         let renew_many = renew_many_sql(&config.table);
         let mut prepared = sql.prepared();
@@ -451,7 +489,7 @@ impl PgDb {
                 conns: HotConns::new(pool, keep).with_idle_limit(idle),
                 sql,
                 holds,
-                routines: routines.map(|routines| routines.calls),
+                routines: routines.map(|(routines, _)| routines.calls),
             },
             take_wake,
             renew_many,
@@ -459,6 +497,7 @@ impl PgDb {
             notifier,
             listener: task.abort_handle(),
             handover,
+            reads_handed,
         })
     }
 }
@@ -653,6 +692,10 @@ impl Db for PgDb {
     fn hands_permits_over(&self) -> bool {
         // The release function does it; the transactions do not.
         self.handover && self.common.routines.is_some()
+    }
+
+    fn hands_reads_over(&self) -> bool {
+        self.reads_handed
     }
 
     fn queues_permits(&self) -> bool {

@@ -25,12 +25,15 @@
 //! [`VERSION`]: a change of what a function does takes a new name, so that clients of two
 //! versions never run each other's.
 //!
-//! A fourth function renews a batch of holds (`_dl_renew_many_v7`, arrays of the renewal's
+//! A fourth function renews a batch of holds (`_dl_renew_many_v8`, arrays of the renewal's
 //! arguments sorted by name): the watchdog's renewals of every shared hold and permit of a
 //! client in one round trip per [`PG_MAX_BATCH`](crate::renew::PG_MAX_BATCH), each checked
 //! and extended by the very statements of the single renewal, the rows locked in name order
 //! (as the exclusive kind's batch). A client holding 10,000 read holds otherwise sends 10,000
 //! calls per renewal tick.
+//!
+//! A fifth (`_dl_hand_read_v8`, see [`Parts::hand_read`]) is called by a writer's release
+//! statement, not by a client: it hands a read hold to the reserved reader.
 
 use sqlx::{AssertSqlSafe, Executor};
 
@@ -39,7 +42,10 @@ use crate::keys::quote;
 use crate::kinds::{HolderSql, InRoutine};
 use crate::pool::InUse;
 
-/// The functions' version, the end of their names: `v7` has a reader's second release step end the
+/// The functions' version, the end of their names: `v8` adds the hand-over of a read hold to the
+/// reserved reader in a writer's release ([`Parts::hand_read`]), and clears a reservation whose
+/// waiter holds already (a join or a release of the name's other holders, see [`Parts::join`]),
+/// `v7` has a reader's second release step end the
 /// readers' turn also when their marker ran out, and the last reader's first step run the second
 /// itself when the name's row is free (see [`Parts::release`]), `v6` lets a reader join live
 /// readers without locking the name's row for update (see [`Parts::join`]), `v5` lets a reader that
@@ -48,7 +54,7 @@ use crate::pool::InUse;
 /// releases also hand the lock to the reserved writer when the last reader leaves, `v2` hand a
 /// permit over to the reserved permit waiter; `v1` (earlier clients) wake the reserved waiter to
 /// join instead.
-const VERSION: &str = "v7";
+const VERSION: &str = "v8";
 
 /// Replaces the arguments `$1`, `$2`, ... of `sql` with `names`, in order.
 fn with_args(sql: &str, names: &[&str]) -> String {
@@ -78,12 +84,14 @@ pub(crate) fn routines(
     let name = |what: &str| quote(&format!("{table}_dl_{what}_{VERSION}"), '"');
     let (join, renew, release) = (name("join"), name("renew"), name("release"));
     let renew_many = name("renew_many");
+    let hand_read = name("hand_read");
     let join_call = |reads: i32| format!("SELECT * FROM {join}($1, $2, $3, $4, $5, $6, {reads})");
     let signatures = [
         format!("{join}(text, text, text, bigint, bigint, bigint, integer)"),
         format!("{renew}(text, text, text, bigint, bigint)"),
         format!("{release}(text, text, text, bigint, boolean, integer)"),
         format!("{renew_many}(text[], text[], text[], bigint[], bigint[])"),
+        format!("{hand_read}(text, text, bigint)"),
     ];
     // Plain identifiers: safe in literals.
     let queue = quote(&crate::kinds::queue_table(table), '"');
@@ -129,6 +137,7 @@ pub(crate) fn routines(
             parts.renew(&signatures[1]),
             parts.release(&signatures[2]),
             parts.renew_many(&signatures[3]),
+            parts.hand_read(&signatures[4]),
         ],
     };
     Some(Made {
@@ -138,6 +147,7 @@ pub(crate) fn routines(
             parts.reads
         ),
         join_without: join_call(READS_NONE),
+        hand_read,
     })
 }
 
@@ -149,6 +159,9 @@ pub(crate) struct Made {
     may_draw: String,
     /// The join's call that draws nothing from it.
     join_without: String,
+    /// The name of the function that hands a read hold over in a writer's release (see
+    /// [`Parts::hand_read`]), for [`release_handing_over`](super::release_handing_over).
+    pub(crate) hand_read: String,
 }
 
 /// The join's `p_reads` (see [`Parts::join`]): a reader beside live readers takes a token of
@@ -166,6 +179,7 @@ pub(super) async fn set_up(pool: &sqlx::PgPool, made: Made, create: bool) -> Opt
         mut routines,
         may_draw,
         join_without,
+        ..
     } = made;
     let made = async {
         // Closed, not given back, if cancelled mid-way (see `InUse`).
@@ -443,6 +457,16 @@ BEGIN
       SELECT count(*), min({remaining}) INTO n, o_first_end FROM {h}
         WHERE name = p_name AND expires_at > now() AND owner <> p_owner;
     END IF;
+  END IF;
+  -- A reservation of a live holder of the name is stale (a hand-over of a read hold or a
+  -- permit while a poll of that waiter's own renewed the reservation): cleared, it keeps
+  -- nobody out.
+  IF held AND o_owner = p_marker AND o_next_remaining IS NOT NULL
+     AND o_next_owner IS DISTINCT FROM p_owner AND EXISTS (SELECT 1 FROM {h}
+       WHERE name = p_name AND owner = o_next_owner AND expires_at > now()) THEN
+    UPDATE {t} SET next_owner = NULL, next_since = NULL, next_expires = NULL, next_ttl = NULL
+      WHERE name = p_name;
+    o_next_owner := NULL; o_next_remaining := NULL; o_next_since := NULL;
   END IF;
   -- Another waiter's turn (a reservation, the waiters queued ahead), or no permit left.
   IF (o_next_remaining IS NOT NULL AND o_next_owner IS DISTINCT FROM p_owner)
@@ -736,11 +760,12 @@ BEGIN
   END IF;
   IF n = 0 THEN RETURN false; END IF;
   SELECT count(*) INTO n FROM {h} WHERE name = p_name AND expires_at > now();
-  -- A reservation of a permit holder is stale (it was handed its permit while a poll of its
-  -- own renewed the reservation): clear it, wake every waiter, hand nothing to it.
-  IF p_wake AND o_next_remaining IS NOT NULL AND (o_next_owner = p_owner OR EXISTS
+  -- A reservation of a holder is stale (it was handed its permit or read hold while a poll of
+  -- its own renewed the reservation): clear it, wake every waiter, hand nothing to it.
+  IF o_next_remaining IS NOT NULL AND (o_next_owner = p_owner OR EXISTS
       (SELECT 1 FROM {h} WHERE name = p_name AND owner = o_next_owner AND expires_at > now())) THEN
-    UPDATE {t} SET next_owner = NULL, next_since = NULL, next_expires = NULL WHERE name = p_name;
+    UPDATE {t} SET next_owner = NULL, next_since = NULL, next_expires = NULL, next_ttl = NULL
+      WHERE name = p_name;
     o_next_owner := NULL; o_next_remaining := NULL;
   END IF;
 {to_queue}
@@ -789,6 +814,75 @@ END"
         )
     }
 }
+
+impl Parts<'_> {
+    /// The hand-over of a read hold to reader `p_owner` (ttl `p_ttl`) in a writer's release
+    /// (see [`release_handing_over`](super::release_handing_over)), which calls it in the same
+    /// statement, after it freed the name's row (locked by it: this function, `VOLATILE`, sees
+    /// that change) and found this reader's live reservation with the ttl stored negated
+    /// ([`Db::hands_reads_over`](crate::db::Db::hands_reads_over)): what the reader's join
+    /// would do on the free row, done for it. A new epoch (the holders' rows of the name
+    /// deleted: none was live, a writer held), the row marked shared with the next version
+    /// and the reservation cleared, a holder row of the reader's with that token, and
+    /// `h<version>:..` tells the reader (and the other waiters: readers then join beside it,
+    /// a writer claims the reservation). The lease starts when the function runs (`v_at`),
+    /// not at the transaction's start: the reader bounds it by its last read, which found the
+    /// writer holding, before the release. The calling statement lets the commit wait for its
+    /// flush: it hands out a token. Should the row not be as said (a call of another kind),
+    /// it hands nothing and wakes every waiter.
+    ///
+    /// Until `v8` the release woke the reserved reader, which then joined: a round trip and a
+    /// commit more in a writer's turn to the readers.
+    fn hand_read(&self, signature: &str) -> String {
+        let Self {
+            t,
+            in_routine,
+            channel,
+            ..
+        } = self;
+        let InRoutine {
+            purge_all,
+            mark,
+            insert,
+            ..
+        } = in_routine;
+        let where_name = " WHERE name = p_name";
+        debug_assert!(mark.ends_with(where_name), "{mark}");
+        let mark = mark.replace("now()", "v_at").replacen(
+            where_name,
+            &format!(", next_ttl = NULL{where_name}"),
+            1,
+        );
+        let insert = insert.replace("now()", "v_at");
+        let body = format!(
+            "DECLARE o_taken bigint; v_at timestamptz; p_marker text := {SHARED};
+  p_permits bigint := 0;
+BEGIN
+  PERFORM 1 FROM {t} WHERE name = p_name AND owner IS NULL AND next_owner = p_owner
+    AND next_expires > now() AND next_ttl = -p_ttl;
+  IF NOT FOUND THEN
+    PERFORM pg_notify('{channel}', '0:' || p_name);
+    RETURN;
+  END IF;
+  v_at := clock_timestamp();
+  {purge_all};
+  {mark} RETURNING version INTO o_taken;
+  {insert};
+  PERFORM pg_notify('{channel}',
+    'h' || o_taken || ':' || octet_length(p_owner) || ':' || p_owner || p_name);
+END"
+        );
+        Self::function(
+            signature,
+            "p_name text, p_owner text, p_ttl bigint",
+            "void",
+            &body,
+        )
+    }
+}
+
+/// The shared marker ([`marker`](crate::kinds::marker)) as a PostgreSQL expression.
+const SHARED: &str = "chr(1) || 'shared'";
 
 /// The join's `mark` (see [`InRoutine`]) of a reader that sets a new range of readers'
 /// tokens from the sequence `reads` (see [`Parts::join`]): its token (the next version) is
