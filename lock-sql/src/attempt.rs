@@ -370,6 +370,19 @@ impl SqlAttempt {
         Ok(Acquired::new(Box::new(lease), token_of(version)?))
     }
 
+    /// Whether a writer's release may have handed this reader a read hold it did not learn of
+    /// (its notification lost): it may hold the reservation, and `peek` shows the name read
+    /// with another waiter's reservation instead. Its join then answers (it renews a read hold
+    /// of this owner's and takes it, see `routines`), where a look would refuse it until
+    /// that hold ran out.
+    fn maybe_handed_read(&self, peek: &db::Peek) -> bool {
+        self.request.kind == LockKind::Shared
+            && self.inner.db.hands_reads_over()
+            && (self.maybe_reserved || self.maybe_handed)
+            && kinds::held_kind(peek) == Some(LockKind::Shared)
+            && kinds::reserved_by_other(peek, &self.request.owner)
+    }
+
     /// A poll of a shared hold or a permit: one transaction that joins the holders or says
     /// why not (see [`crate::kinds`]).
     async fn poll_hold(&mut self, handed: bool) -> Result<Step> {
@@ -394,7 +407,9 @@ impl SqlAttempt {
             let peek = db.peek(name).await.map_err(|e| map_err("acquire", e))?;
             let refused =
                 |p: &db::Peek| kinds::refuses_holds(p, owner) || kinds::mismatch(p, kind).is_some();
-            if let Some(peek) = peek.filter(refused) {
+            if let Some(peek) = peek.filter(refused)
+                && !self.maybe_handed_read(&peek)
+            {
                 return self.busy(peek, sent).await;
             }
         }
@@ -673,8 +688,18 @@ impl Attempt for SqlAttempt {
         let kind = self.request.kind;
         let queued = self.queued();
         if kind != LockKind::Exclusive {
-            // A release may have handed the reserved (or queued) permit waiter a permit. The
-            // release by owner also takes a queued waiter's place for good.
+            let reserved = self.maybe_reserved && !queued;
+            if reserved {
+                // The reservation first (a queued waiter never claims it): once it is gone,
+                // no release hands this attempt anything, so the release by owner below
+                // finds whatever one handed it before.
+                db.abandon(name, owner)
+                    .await
+                    .map_err(|e| map_err("abandon", e))?;
+            }
+            // A release may have handed the reserved (or queued) permit waiter a permit, or
+            // the reserved reader a read hold. The release by owner also takes a queued
+            // waiter's place for good.
             let handed = self.maybe_handed
                 || self.maybe_reserved && (self.handover_ttl().is_some() || queued);
             if self.maybe_owned || handed {
@@ -690,10 +715,7 @@ impl Attempt for SqlAttempt {
                     .await
                     .map_err(|e| map_err("abandon", e))?;
             }
-            if !self.maybe_reserved || queued {
-                // A queued waiter never claims the reservation.
-                return Ok(());
-            }
+            return Ok(());
         }
         // The exclusive lock (if taken) and the reservation, by owner.
         db.abandon(name, owner)

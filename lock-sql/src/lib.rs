@@ -327,28 +327,39 @@
 //!   the sequence (`USAGE` or `UPDATE` on it) joins as before, the row locked for update;
 //!   the sequence and the columns `read_base`, `read_from` are created with the functions
 //!   and the table (`create_table`).
+//!
+//!   On MySQL the writer's wait on the latest reader is cancelled on the server when no
+//!   longer needed (as its wait on a writer is: its wake-up may keep a connection), not left
+//!   to run to its end as a reader's is.
 //! - **Reader hand-over after a writer** (PostgreSQL's functions, `_v8`): a reader waiting
 //!   for a writer reserves the next turn with its ttl negated in `next_ttl` (a writer's is
 //!   positive), and the writer's release statement, finding that live reservation, frees
 //!   the row and calls `<table>_dl_hand_read_v8` in the same statement, which does what the
 //!   reader's join would: a new epoch, the row marked shared with the next `version`, a
 //!   holder row of the reader's with that token and its ttl from the call's clock, and
-//!   `h<version>:..` tells the reader, which holds from then; the other waiting readers,
-//!   told of the hand-over, join beside it. The commit waits for its flush (it hands out a
-//!   token). Until then the release woke the reserved reader, which joined: a round trip and
-//!   a commit more in each writer's turn to the readers (`distlock bench --scenario rw-mix
-//!   --clients 8`, four runs of each interleaved: writer → readers p50 1.06-1.27 ms before,
-//!   0.69-0.78 after). A reservation renewed by a reader's poll while a release handed it
-//!   its hold is stale: the next join of another reader or release of a holder clears it.
-//!   Releases of earlier clients wake the reserved reader, which joins, as before. The
-//!   release statement calls the function only where the functions exist; a permit waiter
-//!   of a client before `_v4`, which reserved with its ttl negated too, is taken for a
-//!   reader only on a name used both as a semaphore and as a lock (a mismatch of kinds):
-//!   it is then handed a read hold, never the exclusive lock, and its renewal fails.
-//!
-//!   On MySQL the writer's wait on the latest reader is cancelled on the server when no
-//!   longer needed (as its wait on a writer is: its wake-up may keep a connection), not left
-//!   to run to its end as a reader's is.
+//!   `h<version>:..` tells the reader, which holds it with its lease counted from its last
+//!   read that found the writer holding (as for a writer's hand-over; such a read, sent while
+//!   the release's commit waits for its flush, still finds the writer, so the count can start
+//!   late by up to that commit's latency, which the drift margin's fixed part covers where a
+//!   commit takes less). The other waiting readers, told of the hand-over, join it (the
+//!   first of them sets a range of readers' tokens, the rest join beside). The commit waits
+//!   for its flush (it hands out a token). Until then the release woke the reserved reader,
+//!   which joined: a round trip and a commit more in each writer's turn to the readers
+//!   (`distlock bench --scenario rw-mix --clients 8`, four runs of each interleaved: writer →
+//!   readers p50 1.06-1.27 ms before, 0.69-0.78 after). Races the hand-over leaves: a
+//!   reader's poll that renews its reservation just after it was handed its hold leaves a
+//!   stale reservation, which a join of another reader clears (one that finds its owner
+//!   holding) and the release of any reader clears (a reader's reservation on a name read
+//!   keeps its reader out of nothing; joins and releases of `_v7` clients clear neither);
+//!   a reader whose reservation vanished while the name turned read
+//!   joins instead of looking, and its join takes a read hold it was handed and not told of
+//!   (the notification lost), renewed; a reader that gives up clears its reservation before
+//!   it releases by owner what it may have been handed. Releases of earlier clients wake
+//!   the reserved reader, which joins, as before. The release statement calls the function
+//!   only where the functions exist and the user may execute it; a permit waiter of a client
+//!   before `_v4`, which reserved with its ttl negated too, is taken for a reader only on a
+//!   name used both as a semaphore and as a lock (a mismatch of kinds): it is then handed a
+//!   read hold, never the exclusive lock, and its renewal fails.
 //!
 //! Errors: a dropped connection, a refused connection, SQLite `BUSY` and deadlocks are
 //! [`Error::Unavailable`](distlock_core::Error::Unavailable) (retried by the core); anything else

@@ -785,11 +785,16 @@ mod postgres {
             .expect("release");
         tx.rollback().await.expect("rollback");
         second.release().await.expect("the last reader's release");
-        let writer = a
-            .try_acquire(&name, &AcquireOptions::default())
+        a_writer_takes_at_once(&a, &name, "the last reader's release left the name held").await;
+    }
+
+    /// `client` takes `name` exclusively at once (else panics with `held`) and releases it.
+    async fn a_writer_takes_at_once(client: &LockClient<SqlBackend>, name: &str, held: &str) {
+        let writer = client
+            .try_acquire(name, &AcquireOptions::default())
             .await
             .expect("try")
-            .expect("the last reader's release left the name held");
+            .expect(held);
         writer.release().await.expect("release the writer");
     }
 
@@ -931,6 +936,16 @@ mod postgres {
         assert_eq!(next, None, "the reservation stayed");
     }
 
+    /// A reader's reservation of `name` (`owner`, a plain identifier), with the lease it
+    /// wants when handed a read hold, negated.
+    async fn reserve_for_reader(pool: &sqlx::PgPool, name: &str, owner: &str) {
+        let reserve = format!(
+            "UPDATE {TABLE} SET next_owner = '{owner}', next_since = version, \
+             next_expires = now() + interval '30 seconds', next_ttl = -30000000 WHERE name = $1"
+        );
+        on_name(pool, reserve, name, "reserve").await;
+    }
+
     /// A writer's reservation of `name` (`writer`), with the lease it wants when handed the
     /// lock.
     async fn reserve_for_writer(pool: &sqlx::PgPool, name: &str) {
@@ -1033,11 +1048,7 @@ mod postgres {
             .fetch_one(&pool)
             .await
             .expect("the reader's owner");
-        let reserve = format!(
-            "UPDATE {TABLE} SET next_owner = '{owner}', next_since = version, \
-             next_expires = now() + interval '30 seconds', next_ttl = -30000000 WHERE name = $1"
-        );
-        on_name(&pool, reserve, &name, "reserve").await;
+        reserve_for_reader(&pool, &name, &owner).await;
         (clients, pool, name, held)
     }
 
@@ -1076,12 +1087,51 @@ mod postgres {
             None,
             "the reservation stayed"
         );
-        let writer = clients[1]
-            .try_acquire(&name, &AcquireOptions::default())
+        let kept = "the released reader's reservation kept the writer out";
+        a_writer_takes_at_once(&clients[1], &name, kept).await;
+    }
+
+    /// A reader's join that finds a read hold of its own (a writer's release handed it over,
+    /// and the notification was lost) renews it and takes it, whatever reservation another
+    /// waiter holds since: a refusal would keep the reader waiting behind its own hold,
+    /// and the writer behind that hold, until it ran out.
+    #[tokio::test]
+    async fn a_readers_join_takes_a_read_hold_it_was_handed() {
+        let Some(url) = url() else { return };
+        let readers = two_readers(&url, "join-handed").await;
+        let (pool, name) = (&readers.pool, &readers.name);
+        reserve_for_writer(pool, name).await;
+        let [(owner, token), _] = read_holders(pool, name).await;
+        let join = format!(
+            "SELECT o_taken FROM {TABLE}_dl_join_v8($1, $2, chr(1) || 'shared', 30000000, 0, 0, 1)"
+        );
+        let taken: Option<i64> = sqlx::query_scalar(AssertSqlSafe(join))
+            .bind(name)
+            .bind(&owner)
+            .fetch_one(pool)
             .await
-            .expect("try")
-            .expect("the released reader's reservation kept the writer out");
-        writer.release().await.expect("release the writer");
+            .expect("join");
+        assert_eq!(taken, Some(token), "not the read hold it was handed");
+        assert_eq!(read_holders(pool, name).await[0], (owner, token));
+    }
+
+    /// A reader's reservation left on a name read (its reader gone: it would join on its next
+    /// poll otherwise) keeps no writer out once the readers have left: their releases clear
+    /// it. Left, it refused the writer's take (and claim) until it ran out, and nobody woke
+    /// the writer then.
+    #[tokio::test]
+    async fn readers_leave_no_readers_reservation_behind() {
+        let Some(url) = url() else { return };
+        let TwoReaders {
+            clients: [a, _b],
+            pool,
+            name,
+            held: [first, second],
+        } = two_readers(&url, "reader-reservation-left").await;
+        reserve_for_reader(&pool, &name, "gone-reader").await;
+        first.release().await.expect("release");
+        second.release().await.expect("the last reader's release");
+        a_writer_takes_at_once(&a, &name, "a reader's reservation kept the writer out").await;
     }
 
     /// Readers that leave at the same moment, each maybe the last: one of them frees the
@@ -1534,21 +1584,44 @@ mod postgres {
             .expect("drop");
     }
 
+    /// A role `user` that may read and write the lock tables `t` (and call their functions).
+    fn a_role_on_the_tables(user: &str, password: &str, t: &str) -> Vec<String> {
+        vec![
+            format!("CREATE ROLE {user} LOGIN PASSWORD '{password}'"),
+            format!(
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON {t}, {t}_holders, {t}_queue TO {user}"
+            ),
+        ]
+    }
+
+    /// Drops the role `user` and its grants.
+    fn drop_role(user: &str) -> Vec<String> {
+        vec![format!("DROP OWNED BY {user}"), format!("DROP ROLE {user}")]
+    }
+
     #[tokio::test]
     async fn a_user_who_may_not_create_tables() {
+        let Some(url) = url() else { return };
+        a_user_of_existing_tables(&url, a_role_on_the_tables, drop_role).await;
+    }
+
+    /// A role that may not call the hand-over of a read hold (`EXECUTE` revoked from
+    /// `PUBLIC`) still releases what it holds: its exclusive release, which otherwise names
+    /// that function, does not then (every release failed, each lock held until its ttl).
+    #[tokio::test]
+    async fn a_user_who_may_not_hand_reads_over() {
         let Some(url) = url() else { return };
         a_user_of_existing_tables(
             &url,
             |user, password, t| {
-                vec![
-                    format!("CREATE ROLE {user} LOGIN PASSWORD '{password}'"),
-                    format!(
-                        "GRANT SELECT, INSERT, UPDATE, DELETE ON {t}, {t}_holders, {t}_queue \
-                         TO {user}"
-                    ),
-                ]
+                let mut made = a_role_on_the_tables(user, password, t);
+                made.push(format!(
+                    "REVOKE EXECUTE ON FUNCTION {t}_dl_hand_read_v8(text, text, bigint) \
+                     FROM PUBLIC"
+                ));
+                made
             },
-            |user| vec![format!("DROP OWNED BY {user}"), format!("DROP ROLE {user}")],
+            drop_role,
         )
         .await;
     }

@@ -463,15 +463,17 @@ impl PgDb {
                 let hand_read = made.hand_read.clone();
                 routines::set_up(&pool, made, config.create_table)
                     .await
-                    .map(|routines| (routines, hand_read))
+                    .map(|(routines, hands)| (routines, hands.then_some(hand_read)))
             }
             None => None,
         };
-        // With the functions, a writer's release hands a read hold to the reserved reader.
-        let reads_handed = handover && routines.is_some();
-        if let Some((_, hand_read)) = routines.as_ref().filter(|_| reads_handed) {
+        // With the functions (and the right to call the hand-over: every exclusive release
+        // names it), a writer's release hands a read hold to the reserved reader.
+        let hand_read = routines.as_ref().and_then(|(_, h)| h.clone());
+        let reads_handed = handover && hand_read.is_some();
+        if let Some(hand_read) = hand_read.filter(|_| reads_handed) {
             sql.release =
-                release_handing_over(&table, DataColumn(data).clear(), Some(hand_read)).into();
+                release_handing_over(&table, DataColumn(data).clear(), Some(&hand_read)).into();
         }
         let holds = Holds::new(holds, config.create_table);
         let renew_many = renew_many_sql(&config.table);

@@ -140,8 +140,13 @@ pub(crate) fn routines(
             parts.hand_read(&signatures[4]),
         ],
     };
+    let may_hand = format!(
+        "SELECT has_function_privilege({here}'{}', 'EXECUTE')",
+        signatures[4]
+    );
     Some(Made {
         routines,
+        may_hand,
         may_draw: format!(
             "SELECT has_sequence_privilege({here}'{}', 'USAGE, UPDATE')",
             parts.reads
@@ -157,6 +162,9 @@ pub(crate) struct Made {
     routines: Routines,
     /// One row: whether the user may draw from the sequence (`nextval`).
     may_draw: String,
+    /// One row: whether the user may call the function that hands a read hold over (which
+    /// every exclusive release statement then names, see [`Made::hand_read`]).
+    may_hand: String,
     /// The join's call that draws nothing from it.
     join_without: String,
     /// The name of the function that hands a read hold over in a writer's release (see
@@ -172,12 +180,18 @@ const READS: i32 = 1;
 const READS_NONE: i32 = 0;
 
 /// The functions of `routines` when they exist, creating them first (in a transaction under
-/// the lock table's advisory lock, as the table) when missing and `create`. A failure to create
-/// them is logged and leaves the transactions in use: they do the same, in more round trips.
-pub(super) async fn set_up(pool: &sqlx::PgPool, made: Made, create: bool) -> Option<Routines> {
+/// the lock table's advisory lock, as the table) when missing and `create`, and whether the
+/// user may call the hand-over of a read hold. A failure to create them is logged and leaves
+/// the transactions in use: they do the same, in more round trips.
+pub(super) async fn set_up(
+    pool: &sqlx::PgPool,
+    made: Made,
+    create: bool,
+) -> Option<(Routines, bool)> {
     let Made {
         mut routines,
         may_draw,
+        may_hand,
         join_without,
         ..
     } = made;
@@ -204,25 +218,31 @@ pub(super) async fn set_up(pool: &sqlx::PgPool, made: Made, create: bool) -> Opt
             tx.commit().await?;
             found = true;
         }
-        let drawn = if found {
-            sqlx::query_scalar(AssertSqlSafe(may_draw))
-                .fetch_one(conn.conn())
-                .await?
+        let (drawn, hands) = if found {
+            let may = async |sql: String, conn: &mut sqlx::PgConnection| {
+                sqlx::query_scalar::<_, bool>(AssertSqlSafe(sql))
+                    .fetch_one(conn)
+                    .await
+            };
+            (
+                may(may_draw, conn.conn()).await?,
+                may(may_hand, conn.conn()).await?,
+            )
         } else {
-            false
+            (false, false)
         };
         drop(conn.done());
-        Ok::<_, sqlx::Error>((found, drawn))
+        Ok::<_, sqlx::Error>((found, drawn, hands))
     };
     match made.await {
-        Ok((true, true)) => Some(routines),
-        Ok((true, false)) => {
+        Ok((true, true, hands)) => Some((routines, hands)),
+        Ok((true, false, hands)) => {
             // Granted the tables and functions but not the sequence: every join locks the
             // name's row for update, as before `v6`.
             routines.calls.join = join_without.into();
-            Some(routines)
+            Some((routines, hands))
         }
-        Ok((false, _)) => None,
+        Ok((false, ..)) => None,
         Err(err) => {
             tracing::warn!(%err, "cannot create the functions of shared holds and permits; using transactions");
             None
@@ -428,10 +448,11 @@ BEGIN
     {lock};
   END IF;
   held := o_remaining IS NOT NULL;
-  -- A permit of this waiter's already (a release handed it over, and the wake-up did not
-  -- tell the waiter, or too late to bound its lease): renewed from now, it is the permit
-  -- taken, and a reservation or a place in the queue of the waiter's own is stale.
-  IF held AND p_permits > 0 AND o_owner = p_marker THEN
+  -- A permit or read hold of this waiter's already (a release handed it over, and the
+  -- wake-up did not tell the waiter, or too late to bound its lease): renewed from now, it
+  -- is the hold taken, and a reservation or a place in the queue of the waiter's own is
+  -- stale.
+  IF held AND o_owner = p_marker THEN
     UPDATE {h} SET expires_at = now() + p_ttl * interval '1 microsecond'
       WHERE name = p_name AND owner = p_owner AND expires_at > now() RETURNING token INTO o_taken;
     IF FOUND THEN
@@ -761,9 +782,13 @@ BEGIN
   IF n = 0 THEN RETURN false; END IF;
   SELECT count(*) INTO n FROM {h} WHERE name = p_name AND expires_at > now();
   -- A reservation of a holder is stale (it was handed its permit or read hold while a poll of
-  -- its own renewed the reservation): clear it, wake every waiter, hand nothing to it.
+  -- its own renewed the reservation): clear it, wake every waiter, hand nothing to it. So is
+  -- a reader's (its ttl negated) on a name read: that reader joins on its next poll, its own
+  -- reservation keeping it out of nothing, and left behind (the reader gone) it would keep
+  -- the writers out, unwoken, until it ran out.
   IF o_next_remaining IS NOT NULL AND (o_next_owner = p_owner OR EXISTS
-      (SELECT 1 FROM {h} WHERE name = p_name AND owner = o_next_owner AND expires_at > now())) THEN
+      (SELECT 1 FROM {h} WHERE name = p_name AND owner = o_next_owner AND expires_at > now())
+      OR (p_marker = {SHARED} AND (SELECT next_ttl FROM {t} WHERE name = p_name) < 0)) THEN
     UPDATE {t} SET next_owner = NULL, next_since = NULL, next_expires = NULL, next_ttl = NULL
       WHERE name = p_name;
     o_next_owner := NULL; o_next_remaining := NULL;
@@ -824,12 +849,13 @@ impl Parts<'_> {
     /// would do on the free row, done for it. A new epoch (the holders' rows of the name
     /// deleted: none was live, a writer held), the row marked shared with the next version
     /// and the reservation cleared, a holder row of the reader's with that token, and
-    /// `h<version>:..` tells the reader (and the other waiters: readers then join beside it,
-    /// a writer claims the reservation). The lease starts when the function runs (`v_at`),
-    /// not at the transaction's start: the reader bounds it by its last read, which found the
-    /// writer holding, before the release. The calling statement lets the commit wait for its
-    /// flush: it hands out a token. Should the row not be as said (a call of another kind),
-    /// it hands nothing and wakes every waiter.
+    /// `h<version>:..` tells the reader (and the other waiters: readers then join it, a
+    /// writer claims the reservation). The lease starts when the function runs (`v_at`), not
+    /// at the transaction's start: the reader bounds it by its last read that found the
+    /// writer holding (which may be sent while this commit waits for its flush: see "Reader
+    /// hand-over after a writer" in the crate docs). The calling statement lets the commit
+    /// wait for its flush: it hands out a token. Should the row not be as said (a call of
+    /// another kind), it hands nothing and wakes every waiter.
     ///
     /// Until `v8` the release woke the reserved reader, which then joined: a round trip and a
     /// commit more in a writer's turn to the readers.
