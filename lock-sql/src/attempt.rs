@@ -445,7 +445,16 @@ impl SqlAttempt {
                 }
                 self.acquired(version)
             }
-            Joined::Busy(peek) => self.busy(peek, sent).await,
+            Joined::Busy(peek) => {
+                if self.maybe_handed_read(&peek) {
+                    // The join found no read hold handed to this reader (it would have taken
+                    // it) and another waiter's reservation, the row locked: nothing of this
+                    // attempt's is on the name, and its next polls look again.
+                    self.maybe_reserved = false;
+                    self.maybe_handed = false;
+                }
+                self.busy(peek, sent).await
+            }
             Joined::Mismatch(message) => Err(self.mismatch(message)),
         }
     }
