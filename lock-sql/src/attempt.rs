@@ -696,39 +696,33 @@ impl Attempt for SqlAttempt {
         let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         let kind = self.request.kind;
         let queued = self.queued();
-        if kind != LockKind::Exclusive {
-            let reserved = self.maybe_reserved && !queued;
-            if reserved {
-                // The reservation first (a queued waiter never claims it): once it is gone,
-                // no release hands this attempt anything, so the release by owner below
-                // finds whatever one handed it before.
-                db.abandon(name, owner)
-                    .await
-                    .map_err(|e| map_err("abandon", e))?;
-            }
-            // A release may have handed the reserved (or queued) permit waiter a permit, or
-            // the reserved reader a read hold. The release by owner also takes a queued
-            // waiter's place for good.
-            let handed = self.maybe_handed
-                || self.maybe_reserved && (self.handover_ttl().is_some() || queued);
-            if self.maybe_owned || handed {
-                // A hold taken by a reply that never arrived, or handed over by a release
-                // whose wake-up came too late: leave the holders, by owner.
-                let held = HeldBy {
-                    name,
-                    owner,
-                    kind,
-                    token: None,
-                };
-                db.release_hold(held)
-                    .await
-                    .map_err(|e| map_err("abandon", e))?;
-            }
-            return Ok(());
+        if kind == LockKind::Exclusive || self.maybe_reserved && !queued {
+            // The exclusive lock (if taken) and the reservation, by owner (a queued waiter
+            // never claims it). First: once the reservation is gone, no release hands this
+            // attempt anything, so the release by owner below finds whatever one handed it
+            // before.
+            db.abandon(name, owner)
+                .await
+                .map_err(|e| map_err("abandon", e))?;
         }
-        // The exclusive lock (if taken) and the reservation, by owner.
-        db.abandon(name, owner)
-            .await
-            .map_err(|e| map_err("abandon", e))
+        // A release may have handed the reserved (or queued) permit waiter a permit, or the
+        // reserved reader a read hold. The release by owner also takes a queued waiter's
+        // place for good.
+        let handed =
+            self.maybe_handed || self.maybe_reserved && (self.handover_ttl().is_some() || queued);
+        if kind != LockKind::Exclusive && (self.maybe_owned || handed) {
+            // A hold taken by a reply that never arrived, or handed over by a release whose
+            // wake-up came too late: leave the holders, by owner.
+            let held = HeldBy {
+                name,
+                owner,
+                kind,
+                token: None,
+            };
+            db.release_hold(held)
+                .await
+                .map_err(|e| map_err("abandon", e))?;
+        }
+        Ok(())
     }
 }

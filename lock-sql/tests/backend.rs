@@ -1122,16 +1122,14 @@ mod postgres {
     #[tokio::test]
     async fn readers_leave_no_readers_reservation_behind() {
         let Some(url) = url() else { return };
-        let TwoReaders {
-            clients: [a, _b],
-            pool,
-            name,
-            held: [first, second],
-        } = two_readers(&url, "reader-reservation-left").await;
-        reserve_for_reader(&pool, &name, "gone-reader").await;
-        first.release().await.expect("release");
-        second.release().await.expect("the last reader's release");
-        a_writer_takes_at_once(&a, &name, "a reader's reservation kept the writer out").await;
+        let readers = two_readers(&url, "reader-reservation-left").await;
+        let (pool, name) = (&readers.pool, &readers.name);
+        reserve_for_reader(pool, name, "gone-reader").await;
+        for held in readers.held {
+            held.release().await.expect("a reader's release");
+        }
+        let kept = "a reader's reservation kept the writer out";
+        a_writer_takes_at_once(&readers.clients[0], name, kept).await;
     }
 
     /// Readers that leave at the same moment, each maybe the last: one of them frees the

@@ -285,6 +285,15 @@ const PEEK_INTO: &str =
     "o_owner, o_version, o_remaining, o_next_owner, o_next_since, o_next_remaining";
 
 impl Parts<'_> {
+    /// Clears the name's reservation (a stale one: its waiter holds, or needs none).
+    fn unreserve(&self) -> String {
+        format!(
+            "UPDATE {} SET next_owner = NULL, next_since = NULL, next_expires = NULL, \
+             next_ttl = NULL WHERE name = p_name",
+            self.t
+        )
+    }
+
     /// `SELECT .. INTO` the peek variables, the row locked.
     fn lock(&self) -> String {
         let Self {
@@ -389,6 +398,7 @@ impl Parts<'_> {
         let no_flush = NO_FLUSH;
         let enqueue = self.enqueue();
         let mark_reads = mark_reads(mark, reads);
+        let unreserve = self.unreserve();
         // The row's peek and range, read (then again, locked for share).
         let read_row = format!(
             "SELECT {peek_columns}, read_base, read_from INTO {PEEK_INTO}, v_base, v_from \
@@ -458,7 +468,7 @@ BEGIN
     IF FOUND THEN
       {stretch};
       IF o_next_owner = p_owner THEN
-        UPDATE {t} SET next_owner = NULL, next_since = NULL, next_expires = NULL WHERE name = p_name;
+        {unreserve};
       END IF;
       DELETE FROM {w} WHERE name = p_name AND owner = p_owner;
       RETURN NEXT; RETURN;
@@ -485,8 +495,7 @@ BEGIN
   IF held AND o_owner = p_marker AND o_next_remaining IS NOT NULL
      AND o_next_owner IS DISTINCT FROM p_owner AND EXISTS (SELECT 1 FROM {h}
        WHERE name = p_name AND owner = o_next_owner AND expires_at > now()) THEN
-    UPDATE {t} SET next_owner = NULL, next_since = NULL, next_expires = NULL, next_ttl = NULL
-      WHERE name = p_name;
+    {unreserve};
     o_next_owner := NULL; o_next_remaining := NULL; o_next_since := NULL;
   END IF;
   -- Another waiter's turn (a reservation, the waiters queued ahead), or no permit left.
@@ -722,6 +731,7 @@ END"
         } = in_routine;
         let lock = self.lock();
         let no_flush = NO_FLUSH;
+        let unreserve = self.unreserve();
         let to_queue = self.hand_to_queue();
         let w = &self.w;
         let hand = self.hand_permit();
@@ -789,8 +799,7 @@ BEGIN
   IF o_next_remaining IS NOT NULL AND (o_next_owner = p_owner OR EXISTS
       (SELECT 1 FROM {h} WHERE name = p_name AND owner = o_next_owner AND expires_at > now())
       OR (p_marker = {SHARED} AND (SELECT next_ttl FROM {t} WHERE name = p_name) < 0)) THEN
-    UPDATE {t} SET next_owner = NULL, next_since = NULL, next_expires = NULL, next_ttl = NULL
-      WHERE name = p_name;
+    {unreserve};
     o_next_owner := NULL; o_next_remaining := NULL;
   END IF;
 {to_queue}
