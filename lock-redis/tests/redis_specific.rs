@@ -100,6 +100,25 @@ async fn raws(urls: &[String]) -> Vec<redis::aio::MultiplexedConnection> {
     raws
 }
 
+/// Returns once `lock` (a lock key) exists on every master of `raws`: a Redlock acquisition
+/// returns on a majority's grants, and the others' requests may still be on their way (a
+/// request of another client that reaches such a master first finds the name free there).
+async fn on_every_master(raws: &[redis::aio::MultiplexedConnection], lock: &str) {
+    for (i, raw) in raws.iter().enumerate() {
+        eventually(Duration::from_secs(5), || {
+            let (mut raw, lock) = (raw.clone(), lock.to_owned());
+            async move {
+                if exists(&mut raw, &lock).await {
+                    Ok(())
+                } else {
+                    Err(format!("the lock never reached master {i}"))
+                }
+            }
+        })
+        .await;
+    }
+}
+
 /// Whether `key` exists on the server of `raw`.
 async fn exists(raw: &mut redis::aio::MultiplexedConnection, key: &str) -> bool {
     let found: i64 = redis::cmd("EXISTS")
@@ -1269,6 +1288,12 @@ async fn a_redlock_reader_that_arrived_first_is_not_queued_behind_a_writer() {
         .acquire(&name, &options.clone().shared())
         .await
         .unwrap();
+    let raws = raws(&urls[..3]).await;
+    // The hold on every master first: the acquisition returned on two masters' grants, and
+    // without this wait the third master showed no lock key (nor holders) 5 s later in 1 run
+    // in 6 of this binary with 4 busy processes beside it: the writer, finding the name free
+    // there, took it in each round and retreated, never queued there.
+    on_every_master(&raws, &keys.lock).await;
     // A wait of a's that runs out leaves its channels subscribed (for 2 s): the reader's
     // attempt below listens before its first round and polls again only on a wake-up, as
     // in a busy client (a first wait subscribes after that round, and polls again at once).
@@ -1279,7 +1304,6 @@ async fn a_redlock_reader_that_arrived_first_is_not_queued_behind_a_writer() {
         "{timed_out:?}"
     );
     let writer = spawn_acquire(&b, &name, &options);
-    let raws = raws(&urls[..3]).await;
     // The writer queued on every master, then given a later arrival than the reader's.
     let later = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1567,21 +1591,7 @@ async fn left_on_masters(
     let keys = LockKeys::for_name(&name).unwrap();
     let guard = locks.acquire(&name, options).await.unwrap();
     let mut raws = raws(nodes).await;
-    // The acquisition returned on two masters' grants: wait for the third's.
-    for (i, raw) in raws.iter().enumerate() {
-        let (raw, lock) = (raw.clone(), keys.lock.clone());
-        eventually(Duration::from_secs(5), move || {
-            let (mut raw, lock) = (raw.clone(), lock.clone());
-            async move {
-                if exists(&mut raw, &lock).await {
-                    Ok(())
-                } else {
-                    Err(format!("the lock never reached master {i}"))
-                }
-            }
-        })
-        .await;
-    }
+    on_every_master(&raws, &keys.lock).await;
     let gone = raws.len() - kept;
     for raw in &mut raws[..gone] {
         let removed: i64 = redis::cmd("DEL")
