@@ -130,12 +130,7 @@ async fn queued_within(
     loop {
         let mut all = true;
         for raw in raws {
-            let queued: i64 = redis::cmd("ZCARD")
-                .arg(queue)
-                .query_async(&mut raw.clone())
-                .await
-                .unwrap();
-            all &= queued > 0;
+            all &= !queued(&mut raw.clone(), queue).await.is_empty();
         }
         if all {
             return true;
@@ -1268,11 +1263,9 @@ async fn a_redlock_waiter_hears_a_release_during_its_first_round() {
     let (after, paused) = loop {
         tries += 1;
         let held = a.acquire(&name, &options).await.unwrap();
-        // Held on the third master too before it pauses. Without this wait the release below
-        // failed once in a fresh-clone CI (unknown: "no answer in time" from the paused
-        // master, so fewer than two of the others released), as when a grant still on its
-        // way to one of the first two when b's round took the name there left the lock on
-        // the other alone.
+        // Held on every master before the third pauses: without this wait (and the one
+        // above), the release below failed once in a fresh-clone CI (unknown: "no answer in
+        // time" from the paused master, fewer than two of the others having released).
         on_every_master(&raws, &keys.lock).await;
         // The third master stops answering; b's next round waits 300 ms for it.
         let _: () = redis::cmd("CLIENT")
