@@ -150,7 +150,7 @@
 //! - **PostgreSQL and MySQL/MariaDB** run each of those transactions as one call of a
 //!   server-side routine (PL/pgSQL functions `<table>_dl_join_v8`, `<table>_dl_renew_v8`,
 //!   `<table>_dl_release_v8`; stored procedures `<table>_dl_join_v3`, `<table>_dl_renew_v1`,
-//!   `<table>_dl_release_v3`; created with the
+//!   `<table>_dl_release_v4`; created with the
 //!   lock table when missing; the same statements in the same order, a refused join writing
 //!   nothing): one round trip (a PostgreSQL reader's release: two when it may be the last to
 //!   leave and another transaction holds the name's row) instead of five to eight, so the name's row stays locked for a fraction of
@@ -291,7 +291,12 @@
 //!   since `_v6`, below). A release stopped
 //!   between the two steps (its future cancelled or timed out by the client's operation
 //!   timeout, the process gone, the second step failing every retry) leaves the name to
-//!   expire. Transactions, MySQL and SQLite release as before.
+//!   expire. MySQL/MariaDB's release procedure does the same since `_v4`, in one call: the
+//!   first step's look locks the other holder's row `FOR UPDATE SKIP LOCKED` (MySQL has no
+//!   `FOR KEY SHARE`), and a release that may be the last commits its leave and goes on in a
+//!   second transaction of the same call, which locks the name's row holding nothing else
+//!   (the connection lost between the two leaves the name to expire, as above). Transactions
+//!   and SQLite release as before.
 //! - <a id="fencing-and-readers-beside-readers"></a>**A reader joins live readers without
 //!   locking the name's row for update** (PostgreSQL's functions, `_v6`): each join locked
 //!   the row until its commit, which waits for its flush, so joins of one name still took

@@ -2076,6 +2076,111 @@ mod mysql {
         joined.release().await.expect("release");
     }
 
+    /// Two clients, each holding a read hold (ttl 30 s) of a new name, and a pool of the
+    /// test's own.
+    async fn two_readers(
+        url: &str,
+        prefix: &str,
+    ) -> (
+        [LockClient<SqlBackend>; 2],
+        sqlx::MySqlPool,
+        String,
+        [distlock_core::LockGuard; 2],
+    ) {
+        let clients = [client(url).await, client(url).await];
+        let admin = sqlx::MySqlPool::connect(url).await.expect("admin pool");
+        let name = unique(prefix);
+        let reads = AcquireOptions::default()
+            .with_ttl(Duration::from_secs(30))
+            .shared();
+        let first = clients[0].acquire(&name, &reads).await.expect("first");
+        let second = clients[1].acquire(&name, &reads).await.expect("second");
+        (clients, admin, name, [first, second])
+    }
+
+    /// Whether a writer takes `name` at once (released again if so).
+    async fn a_writer_takes(client: &LockClient<SqlBackend>, name: &str) -> bool {
+        let writer = client
+            .try_acquire(name, &AcquireOptions::default())
+            .await
+            .expect("try");
+        match writer {
+            Some(writer) => {
+                writer.release().await.expect("release the writer");
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A reader's release that leaves another reader holding does not lock the name's row
+    /// (procedure `_v4`; readers of one name took turns on it, issue 44): it leaves while
+    /// another transaction holds that row. The last reader's release frees the name.
+    #[tokio::test]
+    async fn a_reader_leaves_without_the_names_row() {
+        let Some(url) = url() else { return };
+        let ([a, _b], admin, name, [first, second]) = two_readers(&url, "reader-leaves").await;
+        let mut tx = admin.begin().await.expect("begin");
+        sqlx::query("SELECT version FROM distlock_locks WHERE name = ? FOR UPDATE")
+            .bind(&name)
+            .fetch_one(&mut *tx)
+            .await
+            .expect("lock the name's row");
+        leave_while_locked(tx, first, "the name's row").await;
+        the_last_reader_frees(&a, &name, second).await;
+    }
+
+    /// `reader` releases within 10 s while `tx` holds `what` locked, which `tx` then lets go.
+    async fn leave_while_locked(
+        tx: sqlx::Transaction<'_, sqlx::MySql>,
+        reader: distlock_core::LockGuard,
+        what: &str,
+    ) {
+        tokio::time::timeout(Duration::from_secs(10), reader.release())
+            .await
+            .unwrap_or_else(|_| panic!("the release waited for {what}"))
+            .expect("release");
+        tx.rollback().await.expect("rollback");
+    }
+
+    /// The name is still read (a writer cannot take it) until `last`, its last reader,
+    /// releases: then `client` takes it at once.
+    async fn the_last_reader_frees(
+        client: &LockClient<SqlBackend>,
+        name: &str,
+        last: distlock_core::LockGuard,
+    ) {
+        assert!(!a_writer_takes(client, name).await, "a reader's hold ended");
+        last.release().await.expect("the last reader's release");
+        assert!(
+            a_writer_takes(client, name).await,
+            "the last reader's release left the name held"
+        );
+    }
+
+    /// A reader's release that finds the other holder's row locked (by that holder's own
+    /// release, say) may be the last: it goes on in a second transaction, the name's row
+    /// locked, and finds that holder still there, so the name stays read; that holder's
+    /// release then frees it.
+    #[tokio::test]
+    async fn a_reader_that_may_be_last_counts_again() {
+        let Some(url) = url() else { return };
+        let ([a, _b], admin, name, [first, second]) = two_readers(&url, "may-be-last").await;
+        let other = second.owner().to_owned();
+        let mut tx = admin.begin().await.expect("begin");
+        let locked: Option<i64> = sqlx::query_scalar(
+            "SELECT token FROM distlock_locks_holders WHERE name = ? AND owner = ? FOR UPDATE",
+        )
+        .bind(&name)
+        .bind(&other)
+        .fetch_optional(&mut *tx)
+        .await
+        .expect("lock the other holder's row");
+        assert!(locked.is_some(), "no holder row of {other}");
+        leave_while_locked(tx, first, "the other holder's row").await;
+        the_last_reader_frees(&a, &name, second).await;
+    }
+
     #[tokio::test]
     async fn data_ends_with_the_hold() {
         let Some(url) = url() else { return };

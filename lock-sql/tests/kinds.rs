@@ -1100,10 +1100,11 @@ mod mysql {
             &url,
             // The join and the release queue permit waiters since `_v2`; the join takes the
             // holder's wake lock since `_v3`, and the last holder's release hands the lock
-            // to the reserved writer.
+            // to the reserved writer; a reader's release leaves without locking the name's
+            // row since `_v4`.
             |table, what| match what {
                 "join" => format!("{table}_dl_{what}_v3"),
-                "release" => format!("{table}_dl_{what}_v3"),
+                "release" => format!("{table}_dl_{what}_v4"),
                 _ => format!("{table}_dl_{what}_v1"),
             },
             |p| format!("SHOW CREATE PROCEDURE {p}"),

@@ -7,10 +7,11 @@
 //! procedure's parameters) in one transaction, in the order [`kinds::Tx`](crate::kinds::Tx)
 //! runs them, rolls back what it refuses, and answers with one row. They are created (`IF NOT
 //! EXISTS`) with the lock table, used when present with `create_table=false`, and named by
-//! version: a change of what one does takes a new name. The release and the join are `_v3`:
-//! they keep the queue of permit waiters (see [`Parts::join`] and [`Parts::release`]), the
-//! join takes the new holder's wake lock when asked to, and the release of the last holder
-//! hands the lock to the reserved writer; the renewals are still `_v1`.
+//! version: a change of what one does takes a new name. The join is `_v3` and the release
+//! `_v4`: they keep the queue of permit waiters (see [`Parts::join`] and [`Parts::release`]),
+//! the join takes the new holder's wake lock when asked to, the release of the last holder
+//! hands the lock to the reserved writer, and a reader's release leaves without locking the
+//! name's row while another reader holds; the renewals are still `_v1`.
 //!
 //! A fourth procedure renews a batch of holds (`_dl_renew_many_v1`, the renewals' arguments
 //! as one JSON array sorted by name, read by `JSON_TABLE`): the watchdog's renewals of every
@@ -35,7 +36,7 @@ const JOIN: u8 = 3;
 /// The version of the release procedure: `v2` hands freed permits to the queue (see
 /// [`Parts::release`]), `v3` also hands the lock to the reserved writer when the last holder
 /// leaves.
-const RELEASE: u8 = 3;
+const RELEASE: u8 = 4;
 
 /// Replaces the arguments `?` of `sql` with `names`, in order (the statements hold no `?` in
 /// a literal).
@@ -61,6 +62,9 @@ const HANDLERS: &str = "DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
   DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
   SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
   START TRANSACTION;";
+
+/// The shared marker ([`marker`](crate::kinds::marker)) as a MySQL expression.
+const SHARED: &str = "CONCAT(CHAR(1), 'shared')";
 
 /// The parameters every procedure starts with.
 const PARAMS: &str =
@@ -392,6 +396,20 @@ END"
     /// given up after this commit, and reads whether it was handed the lock (see
     /// `WakeLocks::handed`): a read where it took the row itself, a write that waits for its
     /// flush, before.
+    ///
+    /// A read hold's release (`v4`; PostgreSQL's steps, see `postgres/routines.rs`) first
+    /// reads the name's row without locking it, deletes the holder's own row and looks for
+    /// another live holder row that no release or purge has locked, locking it (`FOR UPDATE
+    /// SKIP LOCKED`) until its commit: found, that holder's release comes after this one and
+    /// sees it gone, and this release is done, the name's row untouched (its expiry may
+    /// outlast the holders by what was left of this lease). Otherwise it commits its leave
+    /// and goes on in a second transaction as any release of a holder already gone: the
+    /// name's row locked, the holders counted, the name freed, handed to the reserved writer,
+    /// or left to the holders that joined since; that step answers 1 whatever it finds. The
+    /// first step waits for nothing once it holds a lock, and the second holds nothing of
+    /// the first's: no deadlock. Until `v4` every reader's release locked the name's row, so
+    /// readers of one name took turns on it (16 readers of one name on MariaDB made 0.3 of
+    /// the acquisitions of 16 clients on 1,000 names).
     fn release(&self, name: &str) -> String {
         let Self {
             t,
@@ -420,16 +438,48 @@ END"
 body: BEGIN
   {DECLARE_PEEK}
   DECLARE o_taken BIGINT; DECLARE p_ttl BIGINT; DECLARE p_permits BIGINT;
-  DECLARE w_owner VARBINARY(255); DECLARE handed INT DEFAULT 0;
+  DECLARE w_owner VARBINARY(255); DECLARE handed INT DEFAULT 0; DECLARE v_live INT;
+  DECLARE v_step INT DEFAULT 0;
   {HANDLERS}
+  IF p_token IS NOT NULL AND p_marker = {SHARED} THEN
+    -- A reader's release: its own row, the name's row read and not locked.
+    SELECT owner, expires_at > {NOW} INTO o_owner, v_live FROM {t} WHERE name = p_name;
+    IF v_found = 1 AND v_live AND o_owner <=> p_marker THEN
+      {leave};
+      IF ROW_COUNT() = 1 THEN
+        -- Another live holder row that no release (or purge) has locked: its holder leaves
+        -- after this commit (locked here until then), sees this row gone, and it or a later
+        -- holder frees the name.
+        SET w_owner = NULL;
+        SELECT owner INTO w_owner FROM {h} WHERE name = p_name AND owner <> p_owner
+          AND expires_at > {NOW} LIMIT 1 FOR UPDATE SKIP LOCKED;
+        IF w_owner IS NOT NULL THEN COMMIT; {unlock}; SELECT CAST(1 AS SIGNED); LEAVE body; END IF;
+        -- Maybe the last: the leave committed, the rest in a transaction of its own, which
+        -- waits for the name's row holding nothing.
+        COMMIT;
+        SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+        START TRANSACTION;
+        SET v_step = 2;
+      END IF;
+    END IF;
+    SET v_found = 1;
+  END IF;
   {lock};
   IF p_token IS NULL AND {permit} THEN
     INSERT INTO {w} (name, owner, seq, expires_at, ttl, permits)
       VALUES (p_name, p_owner, 0, {NOW}, -1, 0)
       ON DUPLICATE KEY UPDATE expires_at = {NOW}, ttl = -1;
   END IF;
-  IF NOT ({carries}) THEN COMMIT; {unlock}; SELECT CAST(0 AS SIGNED); LEAVE body; END IF;
-  IF p_token IS NULL THEN {purge}; SET n = ROW_COUNT(); ELSE {leave}; SET n = ROW_COUNT(); END IF;
+  -- The second step's hold left with the first: what happened to the name since is no
+  -- refusal.
+  IF NOT ({carries}) THEN COMMIT; {unlock}; SELECT CAST(v_step = 2 AS SIGNED); LEAVE body; END IF;
+  IF v_step = 2 THEN
+    SET n = 1;
+  ELSEIF p_token IS NULL THEN
+    {purge}; SET n = ROW_COUNT();
+  ELSE
+    {leave}; SET n = ROW_COUNT();
+  END IF;
   IF n = 0 THEN COMMIT; {unlock}; SELECT CAST(0 AS SIGNED); LEAVE body; END IF;
   SELECT COUNT(*) INTO n FROM {h} WHERE name = p_name AND expires_at > {NOW};
   IF p_wake AND {permit} THEN
