@@ -293,10 +293,11 @@
 //!   timeout, the process gone, the second step failing every retry) leaves the name to
 //!   expire. MySQL/MariaDB's release procedure does the same since `_v4`, in one call: the
 //!   first step's look locks the other holder's row `FOR UPDATE SKIP LOCKED` (MySQL has no
-//!   `FOR KEY SHARE`), and a release that may be the last commits its leave and goes on in a
-//!   second transaction of the same call, which locks the name's row holding nothing else
-//!   (the connection lost between the two leaves the name to expire, as above). Transactions
-//!   and SQLite release as before.
+//!   `FOR KEY SHARE`), and a release that may be the last, finding the name's row locked by
+//!   another transaction, commits its leave and goes on in a second transaction of the same
+//!   call, which waits for that row holding nothing else (an error or a connection lost
+//!   between the two leaves the name to expire, as above; the release answers that the hold
+//!   is gone). Transactions and SQLite release as before.
 //! - <a id="fencing-and-readers-beside-readers"></a>**A reader joins live readers without
 //!   locking the name's row for update** (PostgreSQL's functions, `_v6`): each join locked
 //!   the row until its commit, which waits for its flush, so joins of one name still took

@@ -2181,6 +2181,112 @@ mod mysql {
         the_last_reader_frees(&a, &name, second).await;
     }
 
+    /// `tx` locks the holder row of `holder` of `name`, then the name's row.
+    async fn lock_holder_and_name(
+        tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+        name: &str,
+        holder: &distlock_core::LockGuard,
+    ) {
+        let found: Option<i64> = sqlx::query_scalar(
+            "SELECT token FROM distlock_locks_holders WHERE name = ? AND owner = ? FOR UPDATE",
+        )
+        .bind(name)
+        .bind(holder.owner())
+        .fetch_optional(&mut **tx)
+        .await
+        .expect("lock the other holder's row");
+        assert!(found.is_some(), "no holder row of {}", holder.owner());
+        sqlx::query("SELECT version FROM distlock_locks WHERE name = ? FOR UPDATE")
+            .bind(name)
+            .fetch_one(&mut **tx)
+            .await
+            .expect("lock the name's row");
+    }
+
+    /// Whether `owner` still has its holder row of `name`.
+    async fn has_holder_row(pool: &sqlx::MySqlPool, name: &str, owner: &str) -> bool {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT COUNT(*) FROM distlock_locks_holders WHERE name = ? AND owner = ?",
+        )
+        .bind(name)
+        .bind(owner)
+        .fetch_one(pool)
+        .await
+        .expect("holder rows")
+            > 0
+    }
+
+    /// A reader's release that may be the last while another transaction holds the name's
+    /// row commits its leave (seen gone at once) and waits for that row in a second
+    /// transaction of the same call, which answers once the row is let go; the name stays
+    /// read by the other reader, whose release frees it.
+    #[tokio::test]
+    async fn a_reader_that_may_be_last_waits_for_the_row_after_leaving() {
+        let Some(url) = url() else { return };
+        let ([a, _b], admin, name, [first, second]) = two_readers(&url, "leaves-waits").await;
+        let mut tx = admin.begin().await.expect("begin");
+        lock_holder_and_name(&mut tx, &name, &second).await;
+        let before = first.owner().to_owned();
+        let release = tokio::spawn(async move { first.release().await });
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while has_holder_row(&admin, &name, &before).await {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the leave was not committed while the release waited for the name's row"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            !release.is_finished(),
+            "the release did not wait for the name's row"
+        );
+        tx.rollback().await.expect("rollback");
+        tokio::time::timeout(Duration::from_secs(10), release)
+            .await
+            .expect("the release did not end once the row was let go")
+            .expect("join")
+            .expect("release");
+        the_last_reader_frees(&a, &name, second).await;
+    }
+
+    /// An error in the second transaction (here a lock wait timeout of 1 s on the name's
+    /// row) after the leave committed answers that the hold was released: it is gone, and a
+    /// caller told otherwise would call again and be told it held nothing.
+    #[tokio::test]
+    async fn an_error_after_the_leave_still_answers_released() {
+        let Some(url) = url() else { return };
+        let ([_a, _b], admin, name, [first, second]) = two_readers(&url, "leave-error").await;
+        let mut tx = admin.begin().await.expect("begin");
+        lock_holder_and_name(&mut tx, &name, &second).await;
+        let mut conn = admin.acquire().await.expect("a connection");
+        sqlx::query("SET SESSION innodb_lock_wait_timeout = 1")
+            .execute(&mut *conn)
+            .await
+            .expect("lock wait timeout");
+        let token = i64::try_from(first.token().get()).expect("token");
+        let answers: Vec<i64> = sqlx::query_scalar(
+            "CALL distlock_locks_dl_release_v4(?, ?, CONCAT(CHAR(1), 'shared'), ?, false, NULL)",
+        )
+        .bind(&name)
+        .bind(first.owner())
+        .bind(token)
+        .fetch_all(&mut *conn)
+        .await
+        .expect("the call answered an error");
+        assert_eq!(answers, [1], "the answer");
+        assert!(
+            !has_holder_row(&admin, &name, first.owner()).await,
+            "the leave was undone"
+        );
+        assert!(
+            has_holder_row(&admin, &name, second.owner()).await,
+            "the other reader left"
+        );
+        tx.rollback().await.expect("rollback");
+        drop(conn);
+        second.release().await.expect("the other reader's release");
+    }
+
     #[tokio::test]
     async fn data_ends_with_the_hold() {
         let Some(url) = url() else { return };

@@ -4,8 +4,9 @@
 //! round trip instead of five to eight).
 //!
 //! Each procedure runs the statements of [`HolderSql`] (their `?` arguments replaced by the
-//! procedure's parameters) in one transaction, in the order [`kinds::Tx`](crate::kinds::Tx)
-//! runs them, rolls back what it refuses, and answers with one row. They are created (`IF NOT
+//! procedure's parameters) in one transaction (a reader's release that may be the last: in
+//! two, see [`Parts::release`]), in the order [`kinds::Tx`](crate::kinds::Tx) runs them,
+//! rolls back what it refuses, and answers with one row. They are created (`IF NOT
 //! EXISTS`) with the lock table, used when present with `create_table=false`, and named by
 //! version: a change of what one does takes a new name. The join is `_v3` and the release
 //! `_v4`: they keep the queue of permit waiters (see [`Parts::join`] and [`Parts::release`]),
@@ -35,7 +36,7 @@ const JOIN: u8 = 3;
 
 /// The version of the release procedure: `v2` hands freed permits to the queue (see
 /// [`Parts::release`]), `v3` also hands the lock to the reserved writer when the last holder
-/// leaves.
+/// leaves, `v4` lets a reader leave without locking the name's row while another holds.
 const RELEASE: u8 = 4;
 
 /// Replaces the arguments `?` of `sql` with `names`, in order (the statements hold no `?` in
@@ -402,14 +403,18 @@ END"
     /// another live holder row that no release or purge has locked, locking it (`FOR UPDATE
     /// SKIP LOCKED`) until its commit: found, that holder's release comes after this one and
     /// sees it gone, and this release is done, the name's row untouched (its expiry may
-    /// outlast the holders by what was left of this lease). Otherwise it commits its leave
-    /// and goes on in a second transaction as any release of a holder already gone: the
-    /// name's row locked, the holders counted, the name freed, handed to the reserved writer,
-    /// or left to the holders that joined since; that step answers 1 whatever it finds. The
-    /// first step waits for nothing once it holds a lock, and the second holds nothing of
-    /// the first's: no deadlock. Until `v4` every reader's release locked the name's row, so
-    /// readers of one name took turns on it (16 readers of one name on MariaDB made 0.3 of
-    /// the acquisitions of 16 clients on 1,000 names).
+    /// outlast the holders by what was left of this lease). Otherwise it was maybe the last:
+    /// it locks the name's row unless another transaction holds it (`SKIP LOCKED`), else
+    /// commits its leave and waits for the row in a second transaction, holding nothing of
+    /// the first's; then it goes on as any release of a holder already gone: the holders
+    /// counted, the name freed (also when the readers' marker ran out meanwhile: a release
+    /// whose count saw this holder's row and whose shrink did not set its expiry to now),
+    /// handed to the reserved writer, or left to the holders that joined since, and it
+    /// answers 1 whatever it finds. An error once the leave committed answers 1 too (the
+    /// hold is gone; the name then waits for its marker's expiry). The first step waits for
+    /// nothing once it holds a lock: no deadlock. Until `v4` every reader's release locked
+    /// the name's row, so readers of one name took turns on it (16 readers of one name on
+    /// MariaDB made 0.3 of the acquisitions of 16 clients on 1,000 names).
     fn release(&self, name: &str) -> String {
         let Self {
             t,
@@ -428,10 +433,22 @@ END"
             ..
         } = in_routine;
         let lock = self.lock();
-        let carries = Self::CARRIES;
         let permit = "LEFT(p_marker, 9) = CONCAT(CHAR(1), 'permits:')";
         // After the commit: a waiter woken by it reads what the release did.
         let unlock = "IF p_lock IS NOT NULL THEN DO RELEASE_LOCK(p_lock); END IF";
+        // An error after the first step committed the leave: the hold is gone, and the
+        // caller must not be told otherwise (nor call again: the leave would find nothing).
+        let rethrow = "BEGIN ROLLBACK; RESIGNAL; END;";
+        debug_assert!(HANDLERS.contains(rethrow), "{HANDLERS}");
+        let handlers = HANDLERS.replacen(
+            rethrow,
+            &format!(
+                "BEGIN ROLLBACK;
+    IF v_left = 1 THEN {unlock}; SELECT CAST(1 AS SIGNED); ELSE RESIGNAL; END IF;
+  END;"
+            ),
+            1,
+        );
         format!(
             "CREATE PROCEDURE IF NOT EXISTS {name}({PARAMS}, IN p_token BIGINT, IN p_wake BOOLEAN,
   IN p_lock VARBINARY(64))
@@ -439,8 +456,8 @@ body: BEGIN
   {DECLARE_PEEK}
   DECLARE o_taken BIGINT; DECLARE p_ttl BIGINT; DECLARE p_permits BIGINT;
   DECLARE w_owner VARBINARY(255); DECLARE handed INT DEFAULT 0; DECLARE v_live INT;
-  DECLARE v_step INT DEFAULT 0;
-  {HANDLERS}
+  DECLARE v_step INT DEFAULT 0; DECLARE v_left INT DEFAULT 0;
+  {handlers}
   IF p_token IS NOT NULL AND p_marker = {SHARED} THEN
     -- A reader's release: its own row, the name's row read and not locked.
     SELECT owner, expires_at > {NOW} INTO o_owner, v_live FROM {t} WHERE name = p_name;
@@ -454,11 +471,17 @@ body: BEGIN
         SELECT owner INTO w_owner FROM {h} WHERE name = p_name AND owner <> p_owner
           AND expires_at > {NOW} LIMIT 1 FOR UPDATE SKIP LOCKED;
         IF w_owner IS NOT NULL THEN COMMIT; {unlock}; SELECT CAST(1 AS SIGNED); LEAVE body; END IF;
-        -- Maybe the last: the leave committed, the rest in a transaction of its own, which
-        -- waits for the name's row holding nothing.
-        COMMIT;
-        SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-        START TRANSACTION;
+        -- Maybe the last. Unless another transaction holds the name's row, it is locked now
+        -- and the rest goes on in this transaction; else the leave commits and the rest runs
+        -- in a transaction of its own, which waits for the row holding nothing.
+        SET v_live = NULL;
+        SELECT 1 INTO v_live FROM {t} WHERE name = p_name FOR UPDATE SKIP LOCKED;
+        IF v_live IS NULL THEN
+          COMMIT;
+          SET v_left = 1;
+          SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+          START TRANSACTION;
+        END IF;
         SET v_step = 2;
       END IF;
     END IF;
@@ -471,8 +494,13 @@ body: BEGIN
       ON DUPLICATE KEY UPDATE expires_at = {NOW}, ttl = -1;
   END IF;
   -- The second step's hold left with the first: what happened to the name since is no
-  -- refusal.
-  IF NOT ({carries}) THEN COMMIT; {unlock}; SELECT CAST(v_step = 2 AS SIGNED); LEAVE body; END IF;
+  -- refusal. It also ends the readers' turn when their marker ran out: a release whose
+  -- count saw this holder's row (deleted by the first step, not yet committed) and whose
+  -- shrink, a statement later, did not, set the marker's expiry to now.
+  IF NOT (v_found = 1 AND o_owner <=> p_marker AND (o_remaining IS NOT NULL OR v_step = 2))
+  THEN
+    COMMIT; {unlock}; SELECT CAST(v_step = 2 AS SIGNED); LEAVE body;
+  END IF;
   IF v_step = 2 THEN
     SET n = 1;
   ELSEIF p_token IS NULL THEN
