@@ -2121,11 +2121,7 @@ mod mysql {
         let Some(url) = url() else { return };
         let ([a, _b], admin, name, [first, second]) = two_readers(&url, "reader-leaves").await;
         let mut tx = admin.begin().await.expect("begin");
-        sqlx::query("SELECT version FROM distlock_locks WHERE name = ? FOR UPDATE")
-            .bind(&name)
-            .fetch_one(&mut *tx)
-            .await
-            .expect("lock the name's row");
+        lock_name_row(&mut tx, &name).await;
         leave_while_locked(tx, first, "the name's row").await;
         the_last_reader_frees(&a, &name, second).await;
     }
@@ -2159,30 +2155,21 @@ mod mysql {
     }
 
     /// A reader's release that finds the other holder's row locked (by that holder's own
-    /// release, say) may be the last: it goes on in a second transaction, the name's row
-    /// locked, and finds that holder still there, so the name stays read; that holder's
-    /// release then frees it.
+    /// release, say) may be the last: it locks the name's row (free here, so in the same
+    /// transaction) and finds that holder still there, so the name stays read; that
+    /// holder's release then frees it.
     #[tokio::test]
     async fn a_reader_that_may_be_last_counts_again() {
         let Some(url) = url() else { return };
         let ([a, _b], admin, name, [first, second]) = two_readers(&url, "may-be-last").await;
-        let other = second.owner().to_owned();
         let mut tx = admin.begin().await.expect("begin");
-        let locked: Option<i64> = sqlx::query_scalar(
-            "SELECT token FROM distlock_locks_holders WHERE name = ? AND owner = ? FOR UPDATE",
-        )
-        .bind(&name)
-        .bind(&other)
-        .fetch_optional(&mut *tx)
-        .await
-        .expect("lock the other holder's row");
-        assert!(locked.is_some(), "no holder row of {other}");
+        lock_holder_row(&mut tx, &name, &second).await;
         leave_while_locked(tx, first, "the other holder's row").await;
         the_last_reader_frees(&a, &name, second).await;
     }
 
-    /// `tx` locks the holder row of `holder` of `name`, then the name's row.
-    async fn lock_holder_and_name(
+    /// `tx` locks the holder row of `holder` of `name` (which must exist).
+    async fn lock_holder_row(
         tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
         name: &str,
         holder: &distlock_core::LockGuard,
@@ -2196,11 +2183,25 @@ mod mysql {
         .await
         .expect("lock the other holder's row");
         assert!(found.is_some(), "no holder row of {}", holder.owner());
+    }
+
+    /// `tx` locks the lock row of `name`.
+    async fn lock_name_row(tx: &mut sqlx::Transaction<'_, sqlx::MySql>, name: &str) {
         sqlx::query("SELECT version FROM distlock_locks WHERE name = ? FOR UPDATE")
             .bind(name)
             .fetch_one(&mut **tx)
             .await
             .expect("lock the name's row");
+    }
+
+    /// `tx` locks the holder row of `holder` of `name`, then the name's row.
+    async fn lock_holder_and_name(
+        tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+        name: &str,
+        holder: &distlock_core::LockGuard,
+    ) {
+        lock_holder_row(tx, name, holder).await;
+        lock_name_row(tx, name).await;
     }
 
     /// Whether `owner` still has its holder row of `name`.
