@@ -32,6 +32,10 @@ pub(crate) struct SqlAttempt {
     /// Whether a release may have handed this attempt the lock unbeknown to it (see
     /// [`SqlAttempt::claim`]): `abandon` must then free the lock by owner.
     pub(crate) maybe_handed: bool,
+    /// Whether a reader's join may have queued it behind a writer (see
+    /// [`SqlAttempt::queues_read`]): a writer's release may hand it a read hold, and
+    /// `abandon` must then take its place out for good and leave any hold handed to it.
+    pub(crate) maybe_queued: bool,
     /// Whether the lock was found busy before: later polls read before they write.
     pub(crate) busy_before: bool,
     /// The last wake-up was a release addressed to this waiter: take without reading first.
@@ -246,6 +250,16 @@ impl SqlAttempt {
             && self.inner.db.queues_permits()
     }
 
+    /// Whether this waiting reader's joins queue it when a writer refuses it, beside its
+    /// claims of the reservation: where a writer's release hands read holds over
+    /// ([`db::Db::hands_reads_over`]), it hands one to each reader so queued too, not only to
+    /// the reserved one (PostgreSQL's functions, see `postgres/routines.rs`).
+    fn queues_read(&self) -> bool {
+        self.request.kind == LockKind::Shared
+            && self.request.mode == AttemptMode::Wait
+            && self.inner.db.hands_reads_over()
+    }
+
     /// After a hand-over to another waiter, or a permit taken by the waiter that held the
     /// reservation and filling the semaphore, either of which used the reservation up: claims
     /// it at once (the claim says whether the lock is free, so nothing is read first). `None`:
@@ -378,7 +392,7 @@ impl SqlAttempt {
     fn maybe_handed_read(&self, peek: &db::Peek) -> bool {
         self.request.kind == LockKind::Shared
             && self.inner.db.hands_reads_over()
-            && (self.maybe_reserved || self.maybe_handed)
+            && (self.maybe_reserved || self.maybe_handed || self.maybe_queued)
             && kinds::held_kind(peek) == Some(LockKind::Shared)
             && kinds::reserved_by_other(peek, &self.request.owner)
     }
@@ -420,12 +434,17 @@ impl SqlAttempt {
             ttl_us: micros(self.request.ttl),
             queue_us: if queued {
                 micros(RESERVATION.min(self.request.ttl))
+            } else if self.queues_read() {
+                // Negative: nothing of this attempt's is queued yet, no place to take out.
+                let us = micros(RESERVATION.min(self.request.ttl));
+                if self.maybe_queued { us } else { -us }
             } else {
                 0
             },
         };
         // A refusal queues the waiter: `abandon` must take it out.
         self.maybe_reserved |= queued;
+        self.maybe_queued |= request.queue_us != 0 && !queued;
         let owned_before = std::mem::replace(&mut self.maybe_owned, true);
         let joined = match db.join(request).await {
             Ok(joined) => joined,
@@ -439,6 +458,8 @@ impl SqlAttempt {
         self.maybe_owned = false;
         match joined {
             Joined::Taken(version) => {
+                // A reader's take leaves the queue (or never was in it).
+                self.maybe_queued = false;
                 // A queued permit waiter's wait keeps nothing: it runs to its end.
                 if let Some(wait) = self.server_wait.take() {
                     wait.let_run();
@@ -688,7 +709,7 @@ impl Attempt for SqlAttempt {
                 wait.let_run();
             }
         }
-        if !self.maybe_owned && !self.maybe_reserved && !self.maybe_handed {
+        if !self.maybe_owned && !self.maybe_reserved && !self.maybe_handed && !self.maybe_queued {
             // Every statement was answered: nothing of this attempt is on the server.
             return Ok(());
         }
@@ -706,10 +727,11 @@ impl Attempt for SqlAttempt {
                 .map_err(|e| map_err("abandon", e))?;
         }
         // A release may have handed the reserved (or queued) permit waiter a permit, or the
-        // reserved reader a read hold. The release by owner also takes a queued waiter's
-        // place for good.
-        let handed =
-            self.maybe_handed || self.maybe_reserved && (self.handover_ttl().is_some() || queued);
+        // reserved (or queued) reader a read hold. The release by owner also takes a queued
+        // waiter's place for good.
+        let handed = self.maybe_handed
+            || self.maybe_queued
+            || self.maybe_reserved && (self.handover_ttl().is_some() || queued);
         if kind != LockKind::Exclusive && (self.maybe_owned || handed) {
             // A hold taken by a reply that never arrived, or handed over by a release whose
             // wake-up came too late: leave the holders, by owner.

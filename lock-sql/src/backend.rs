@@ -364,6 +364,7 @@ impl LockBackend for SqlBackend {
             maybe_owned: false,
             maybe_reserved: false,
             maybe_handed: false,
+            maybe_queued: false,
             busy_before: false,
             handed: false,
             handed_over: None,

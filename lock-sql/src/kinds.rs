@@ -334,7 +334,10 @@ pub(crate) struct JoinRequest<'a> {
     pub(crate) ttl_us: i64,
     /// The lease of the waiter's place in the name's queue, should a permit join be refused
     /// (µs; 0: not queued, as a try); only where permit waiters queue
-    /// ([`Db::queues_permits`](crate::db::Db::queues_permits)).
+    /// ([`Db::queues_permits`](crate::db::Db::queues_permits)). A waiting reader's, where a
+    /// writer's release hands read holds over
+    /// ([`Db::hands_reads_over`](crate::db::Db::hands_reads_over)), should a writer refuse it:
+    /// negative on its first join (it has no place to take out when it takes).
     pub(crate) queue_us: i64,
 }
 

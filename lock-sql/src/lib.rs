@@ -148,8 +148,8 @@
 //!   one name's holders is serialized by that row (but a PostgreSQL reader's release: below,
 //!   "A reader leaves without locking the name's row"). A refused acquisition rolls back.
 //! - **PostgreSQL and MySQL/MariaDB** run each of those transactions as one call of a
-//!   server-side routine (PL/pgSQL functions `<table>_dl_join_v8`, `<table>_dl_renew_v8`,
-//!   `<table>_dl_release_v8`; stored procedures `<table>_dl_join_v3`, `<table>_dl_renew_v1`,
+//!   server-side routine (PL/pgSQL functions `<table>_dl_join_v9`, `<table>_dl_renew_v9`,
+//!   `<table>_dl_release_v9`; stored procedures `<table>_dl_join_v3`, `<table>_dl_renew_v1`,
 //!   `<table>_dl_release_v4`; created with the
 //!   lock table when missing; the same statements in the same order, a refused join writing
 //!   nothing): one round trip (a PostgreSQL reader's release: two when it may be the last to
@@ -337,19 +337,31 @@
 //!   On MySQL the writer's wait on the latest reader is cancelled on the server when no
 //!   longer needed (as its wait on a writer is: its wake-up may keep a connection), not left
 //!   to run to its end as a reader's is.
-//! - **Reader hand-over after a writer** (PostgreSQL's functions, `_v8`): a reader waiting
+//! - **Reader hand-over after a writer** (PostgreSQL's functions, since `_v8`; every queued
+//!   reader since `_v9`): a reader waiting
 //!   for a writer reserves the next turn with its ttl negated in `next_ttl` (a writer's is
 //!   positive), and the writer's release statement, finding that live reservation, frees
-//!   the row and calls `<table>_dl_hand_read_v8` in the same statement, which does what the
+//!   the row and calls `<table>_dl_hand_read_v9` in the same statement, which does what the
 //!   reader's join would: a new epoch, the row marked shared with the next `version`, a
 //!   holder row of the reader's with that token and its ttl from the call's clock, and
 //!   `h<version>:..` tells the reader, which holds it with its lease counted from its last
 //!   read that found the writer holding (as for a writer's hand-over; such a read, sent while
 //!   the release's commit waits for its flush, still finds the writer, so the count can start
 //!   late by up to that commit's latency, which the drift margin's fixed part covers where a
-//!   commit takes less). The other waiting readers, told of the hand-over, join it (the
-//!   first of them sets a range of readers' tokens, the rest join beside). The commit waits
-//!   for its flush (it hands out a token). Until then the release woke the reserved reader,
+//!   commit takes less). Since `_v9` the readers behind it are handed theirs in the same
+//!   call: a waiting reader that a writer refuses (holding, or reserving the next turn)
+//!   queues in the table of permit waiters (`permits` 0, its place live for a second from
+//!   each refusal), and the hand-over gives each live place, in order, a holder row with the
+//!   next token and the ttl it queued with, told by its own `h<version>:..`, and takes every
+//!   reader's place of the name out. A reader's take takes its own place out; one that gives
+//!   up leaves its place barred (a negative ttl), as a permit waiter does, and releases by
+//!   owner what it may have been handed. A reader whose place lapsed (a writer that held
+//!   longer than a second) or that never queued (a client before `_v9`), told of the
+//!   hand-over, joins it (the first of them sets a range of readers' tokens, the rest join
+//!   beside), as every reader but the reserved one did before: each such join a commit that
+//!   waits for its flush under the name's row lock, one after the other, which the last
+//!   reader's release, and the writer after it, waited behind. The commit waits for its
+//!   flush (it hands out a token). Until then the release woke the reserved reader,
 //!   which joined: a round trip and a commit more in each writer's turn to the readers
 //!   (`distlock bench --scenario rw-mix --clients 8`, four runs of each interleaved: writer →
 //!   readers p50 1.06-1.27 ms before, 0.69-0.78 after). Races the hand-over leaves: a

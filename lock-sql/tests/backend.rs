@@ -819,7 +819,7 @@ mod postgres {
     ) -> sqlx::query::QueryScalar<'static, sqlx::Postgres, Option<bool>, sqlx::postgres::PgArguments>
     {
         let call =
-            format!("SELECT {TABLE}_dl_release_v8($1, $2, chr(1) || 'shared', $3, false, {n})");
+            format!("SELECT {TABLE}_dl_release_v9($1, $2, chr(1) || 'shared', $3, false, {n})");
         sqlx::query_scalar(AssertSqlSafe(call))
             .bind(name.to_owned())
             .bind(owner.clone())
@@ -1023,6 +1023,185 @@ mod postgres {
         read.release().await.expect("the reader's release");
     }
 
+    /// The readers' places in the queue of `name` (owner, ttl), live or barred, in order;
+    /// with `at_least`, read again (every 5 ms, 10 s at most) until that many are live.
+    async fn reader_places(pool: &sqlx::PgPool, name: &str, at_least: usize) -> Vec<(String, i64)> {
+        let sql = format!(
+            "SELECT owner, ttl, expires_at > now() FROM {TABLE}_queue \
+             WHERE name = $1 AND permits = 0 ORDER BY seq, owner"
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let places: Vec<(String, i64, bool)> = sqlx::query_as(AssertSqlSafe(sql.clone()))
+                .bind(name)
+                .fetch_all(pool)
+                .await
+                .expect("the queue");
+            if places.iter().filter(|p| p.2).count() >= at_least {
+                return places.into_iter().map(|(o, t, _)| (o, t)).collect();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{at_least} readers did not queue for {name}: {places:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// A writer holding a new name (ttl 30 s) of the first of `n` clients, and a reader of the
+    /// second waiting for it that holds the reservation.
+    struct WriterAhead {
+        clients: Vec<LockClient<SqlBackend>>,
+        pool: sqlx::PgPool,
+        name: String,
+        reads: AcquireOptions,
+        writer: distlock_core::LockGuard,
+        first: tokio::task::JoinHandle<distlock_core::Result<distlock_core::LockGuard>>,
+        next: String,
+    }
+
+    async fn writer_ahead(url: &str, prefix: &str, n: usize) -> WriterAhead {
+        let mut clients = Vec::new();
+        for _ in 0..n {
+            clients.push(client(url).await);
+        }
+        let pool = common::pg(&clients[0]);
+        let name = unique(prefix);
+        let writes = AcquireOptions::default().with_ttl(Duration::from_secs(30));
+        let reads = writes.clone().shared();
+        let writer = clients[0]
+            .acquire(&name, &writes)
+            .await
+            .expect("the writer");
+        let first = waiting(&clients[1], &name, &reads);
+        let next = reserved(&pool, TABLE, &name).await;
+        WriterAhead {
+            clients,
+            pool,
+            name,
+            reads,
+            writer,
+            first,
+            next,
+        }
+    }
+
+    /// The places of `name`'s queue kept live for 30 s (live a second from each refusal),
+    /// whatever the machine's pace.
+    async fn keep_places(pool: &sqlx::PgPool, name: &str) {
+        let keep = format!(
+            "UPDATE {TABLE}_queue SET expires_at = now() + interval '30 seconds' WHERE name = $1"
+        );
+        on_name(pool, keep, name, "keep the places").await;
+    }
+
+    /// A writer's release hands a read hold to every reader queued behind it, not only to the
+    /// reserved one (issue 44: the others were woken and joined, each a commit under the
+    /// name's row lock, one after the other, and the writer after them waited behind those
+    /// joins). A reader that a writer refuses queues (`permits` 0); the release gives each
+    /// live place a holder row with the next token, in the order they queued, and tells it
+    /// (`h<version>:..`); the places go.
+    #[tokio::test]
+    async fn a_writers_release_hands_every_queued_reader_a_read_hold() {
+        let Some(url) = url() else { return };
+        let WriterAhead {
+            clients,
+            pool,
+            name,
+            reads,
+            writer,
+            first,
+            next,
+        } = writer_ahead(&url, "hand-queued", 4).await;
+        let others = [
+            waiting(&clients[2], &name, &reads),
+            waiting(&clients[3], &name, &reads),
+        ];
+        // Every reader's first join queued it, the reserved one's too.
+        reader_places(&pool, &name, 3).await;
+        keep_places(&pool, &name).await;
+        let queued: Vec<String> = reader_places(&pool, &name, 3)
+            .await
+            .into_iter()
+            .map(|(owner, _)| owner)
+            .filter(|owner| *owner != next)
+            .collect();
+        assert_eq!(queued.len(), 2, "{queued:?}");
+        let mut listener = common::listen(&pool, TABLE).await;
+        let before = token_of(&writer);
+        writer.release().await.expect("the writer's release");
+        let mut notes = Vec::new();
+        for _ in 0..3 {
+            notes.push(common::next_note(&mut listener, &name).await);
+        }
+        // The queued readers in their order, then the reserved one, each told its token.
+        let told = |owner: &str, token: i64| format!("h{token}:{}:{owner}{name}", owner.len());
+        let expected = [
+            told(&queued[0], before + 2),
+            told(&queued[1], before + 3),
+            told(&next, before + 1),
+        ];
+        assert_eq!(notes, expected, "not handed over by the release");
+        let read = common::granted(first).await;
+        assert_eq!(token_of(&read), before + 1);
+        let mut tokens = vec![token_of(&read)];
+        let mut holds = vec![read];
+        for other in others {
+            let hold = common::granted(other).await;
+            tokens.push(token_of(&hold));
+            holds.push(hold);
+        }
+        tokens.sort_unstable();
+        assert_eq!(tokens, [before + 1, before + 2, before + 3]);
+        let (owner, version, next_owner, _) = row(&pool, TABLE, &name).await;
+        assert_eq!(owner.as_deref(), Some("\u{1}shared"), "not marked shared");
+        assert_eq!((version, next_owner), (before + 3, None));
+        assert_eq!(reader_places(&pool, &name, 0).await, [], "places left");
+        for hold in holds {
+            hold.renew().await.expect("renew a read hold handed over");
+            hold.release().await.expect("release it");
+        }
+        a_writer_takes_at_once(&clients[0], &name, "the readers left the name held").await;
+    }
+
+    /// A reader that gives up while queued keeps its place barred (a negative ttl): the
+    /// writer's release hands it nothing (a read hold nobody would release, keeping writers
+    /// out until its lease ran out), and hands the reserved reader its hold.
+    #[tokio::test]
+    async fn a_reader_that_gave_up_is_handed_nothing() {
+        let Some(url) = url() else { return };
+        let ahead = writer_ahead(&url, "queued-gave-up", 3).await;
+        let (pool, name, next) = (&ahead.pool, &ahead.name, &ahead.next);
+        let brief = ahead.reads.clone().with_wait(Duration::from_millis(300));
+        let gave_up = ahead.clients[2].acquire(name, &brief).await;
+        assert!(gave_up.is_err(), "a reader took a name a writer holds");
+        let places = reader_places(pool, name, 0).await;
+        let barred: Vec<_> = places.iter().filter(|(_, ttl)| *ttl < 0).collect();
+        assert_eq!(barred.len(), 1, "{places:?}");
+        keep_places(pool, name).await;
+        let before = token_of(&ahead.writer);
+        ahead.writer.release().await.expect("the writer's release");
+        let read = common::granted(ahead.first).await;
+        assert_eq!(token_of(&read), before + 1);
+        let holders = format!("SELECT owner, token FROM {TABLE}_holders WHERE name = $1");
+        let holders: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(holders))
+            .bind(name)
+            .fetch_all(pool)
+            .await
+            .expect("holders");
+        assert_eq!(
+            holders,
+            [(next.clone(), before + 1)],
+            "handed to a reader that gave up"
+        );
+        assert_eq!(
+            reader_places(pool, name, 0).await,
+            [(barred[0].0.clone(), -1)],
+            "the barred place went"
+        );
+        read.release().await.expect("the reader's release");
+    }
+
     /// A reader holding a read hold of `name` (ttl 30 s) whose own reservation is live again,
     /// as when its poll renewed the reservation while a writer's release handed it the hold:
     /// the reader's client, the other client, the pool and the guard.
@@ -1103,7 +1282,7 @@ mod postgres {
         reserve_for_writer(pool, name).await;
         let [(owner, token), _] = read_holders(pool, name).await;
         let join = format!(
-            "SELECT o_taken FROM {TABLE}_dl_join_v8($1, $2, chr(1) || 'shared', 30000000, 0, 0, 1)"
+            "SELECT o_taken FROM {TABLE}_dl_join_v9($1, $2, chr(1) || 'shared', 30000000, 0, 0, 1)"
         );
         let taken: Option<i64> = sqlx::query_scalar(AssertSqlSafe(join))
             .bind(name)
@@ -1113,6 +1292,55 @@ mod postgres {
             .expect("join");
         assert_eq!(taken, Some(token), "not the read hold it was handed");
         assert_eq!(read_holders(pool, name).await[0], (owner, token));
+    }
+
+    /// A reader's join that takes with a positive `p_queue` (a waiter that may have queued)
+    /// takes its place out of the queue, beside live readers (the lock for share) and as the
+    /// first reader of an epoch: left, a writer's release would hand that place a read hold
+    /// nobody releases. One with a negative `p_queue` (a first join) queues when refused.
+    #[tokio::test]
+    async fn a_readers_take_takes_its_place_out() {
+        let Some(url) = url() else { return };
+        let readers = two_readers(&url, "take-place").await;
+        let pool = &readers.pool;
+        let free = unique("take-place-free");
+        let join = format!(
+            "SELECT o_taken FROM {TABLE}_dl_join_v9($1, $2, chr(1) || 'shared', 30000000, 0, $3, 1)"
+        );
+        let place = format!(
+            "INSERT INTO {TABLE}_queue (name, owner, seq, expires_at, ttl, permits) \
+             VALUES ($1, 'queued', 0, now() + interval '30 seconds', 30000000, 0)"
+        );
+        for name in [&readers.name, &free] {
+            on_name(pool, place.clone(), name, "queue").await;
+            let taken: Option<i64> = sqlx::query_scalar(AssertSqlSafe(join.clone()))
+                .bind(name)
+                .bind("queued")
+                .bind(1_000_000_i64)
+                .fetch_one(pool)
+                .await
+                .expect("join");
+            assert!(taken.is_some(), "the queued reader did not join {name}");
+            assert_eq!(reader_places(pool, name, 0).await, [], "its place stayed");
+        }
+        // A writer now (the readers of `free`, one, gone first): a first join queues.
+        let writer = unique("take-place-writer");
+        let writes = AcquireOptions::default().with_ttl(Duration::from_secs(30));
+        let held = readers.clients[0]
+            .acquire(&writer, &writes)
+            .await
+            .expect("writer");
+        let refused: Option<i64> = sqlx::query_scalar(AssertSqlSafe(join))
+            .bind(&writer)
+            .bind("refused")
+            .bind(-1_000_000_i64)
+            .fetch_one(pool)
+            .await
+            .expect("join");
+        assert_eq!(refused, None, "a reader joined a writer");
+        let places = reader_places(pool, &writer, 1).await;
+        assert_eq!(places, [("refused".to_owned(), 30_000_000)]);
+        held.release().await.expect("the writer's release");
     }
 
     /// A reader's reservation left on a name read (its reader gone: it would join on its next
@@ -1159,6 +1387,41 @@ mod postgres {
             let writer = writer.unwrap_or_else(|| panic!("round {round}: the name stayed held"));
             writer.release().await.expect("release the writer");
         }
+    }
+
+    /// A maybe-last reader's release that locked the name's row waits for another reader's
+    /// leave in progress (its holder row deleted, not yet committed) and counts that reader
+    /// gone: it frees the name itself. Counted as live, that reader's second step freed it
+    /// instead, and readers handed their holds together, leaving together, passed the name
+    /// on one second step after another before the writer waiting for them got it.
+    #[tokio::test]
+    async fn a_last_reader_counts_a_leave_in_progress_as_gone() {
+        let Some(url) = url() else { return };
+        let readers = two_readers(&url, "leave-in-progress").await;
+        let (pool, name) = (&readers.pool, &readers.name);
+        let [first, second] = readers.held;
+        let other = read_holders(pool, name)
+            .await
+            .into_iter()
+            .find(|(_, token)| *token == token_of(&second))
+            .expect("the second reader's row");
+        let mut leaving = pool.begin().await.expect("begin");
+        let leave = format!(
+            "DELETE FROM {TABLE}_holders WHERE name = $1 AND owner = '{}'",
+            other.0
+        );
+        on_name(&mut *leaving, leave, name, "leave").await;
+        let release = tokio::spawn(first.release());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let commit = async { leaving.commit().await.expect("commit the leave") };
+        common::waits_then_releases(release, "the leave in progress", commit).await;
+        a_writer_takes_at_once(
+            &readers.clients[0],
+            name,
+            "the last reader's release left the name held",
+        )
+        .await;
+        drop(second);
     }
 
     /// A guard's token as the row's `version` type.
@@ -1346,7 +1609,7 @@ mod postgres {
         // The join draws from the spent range, then waits to lock the row for update.
         let waiting = format!(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-             AND query LIKE '%{table}_dl_join_v8%'"
+             AND query LIKE '%{table}_dl_join_v9%'"
         );
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while sqlx::query_scalar::<_, i64>(AssertSqlSafe(waiting.clone()))
@@ -1614,7 +1877,7 @@ mod postgres {
             |user, password, t| {
                 let mut made = a_role_on_the_tables(user, password, t);
                 made.push(format!(
-                    "REVOKE EXECUTE ON FUNCTION {t}_dl_hand_read_v8(text, text, bigint) \
+                    "REVOKE EXECUTE ON FUNCTION {t}_dl_hand_read_v9(text, text, bigint) \
                      FROM PUBLIC"
                 ));
                 made
@@ -2237,16 +2500,8 @@ mod mysql {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert!(
-            !release.is_finished(),
-            "the release did not wait for the name's row"
-        );
-        tx.rollback().await.expect("rollback");
-        tokio::time::timeout(Duration::from_secs(10), release)
-            .await
-            .expect("the release did not end once the row was let go")
-            .expect("join")
-            .expect("release");
+        let rollback = async { tx.rollback().await.expect("rollback") };
+        common::waits_then_releases(release, "the name's row", rollback).await;
         the_last_reader_frees(&a, &name, second).await;
     }
 

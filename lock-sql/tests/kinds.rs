@@ -626,16 +626,16 @@ mod postgres {
             &url,
             |table, what| match what {
                 "release" => {
-                    format!("{table}_dl_{what}_v8(text, text, text, bigint, boolean, integer)")
+                    format!("{table}_dl_{what}_v9(text, text, text, bigint, boolean, integer)")
                 }
                 "renew_many" => {
-                    format!("{table}_dl_{what}_v8(text[], text[], text[], bigint[], bigint[])")
+                    format!("{table}_dl_{what}_v9(text[], text[], text[], bigint[], bigint[])")
                 }
                 "join" => format!(
-                    "{table}_dl_{what}_v8(text, text, text, bigint, bigint, bigint, integer)"
+                    "{table}_dl_{what}_v9(text, text, text, bigint, bigint, bigint, integer)"
                 ),
-                "hand_read" => format!("{table}_dl_{what}_v8(text, text, bigint)"),
-                _ => format!("{table}_dl_{what}_v8(text, text, text, bigint, bigint)"),
+                "hand_read" => format!("{table}_dl_{what}_v9(text, text, bigint)"),
+                _ => format!("{table}_dl_{what}_v9(text, text, text, bigint, bigint)"),
             },
             |f| format!("SELECT '{f}'::regprocedure"),
             |f| format!("DROP FUNCTION {f}"),
@@ -939,7 +939,7 @@ mod postgres {
         assert_eq!(left, expected, "the waiter that gave up is still queued");
         // A poll of the waiter that gave up, still on its way then, does not queue it again.
         let join =
-            "SELECT o_taken FROM distlock_locks_dl_join_v8($1, $2, $3, 10000000, 1, 1000000, 1)";
+            "SELECT o_taken FROM distlock_locks_dl_join_v9($1, $2, $3, 10000000, 1, 1000000, 1)";
         let taken: Option<i64> = sqlx::query_scalar(join)
             .bind(&name)
             .bind(&owners[2])

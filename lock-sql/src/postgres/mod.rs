@@ -199,7 +199,8 @@ const NO_FLUSH: &str = "set_config('synchronous_commit', 'off', true)";
 /// reader (a negative `next_ttl`, its ttl negated, see [`Db::hands_reads_over`]) is handed
 /// a read hold: the row is freed as above, then that function, called in this statement,
 /// marks it shared with the next version, adds the reader's holder row and tells it
-/// (`h<version>:..`); the commit waits for its flush. Only readers of this version reserve
+/// (`h<version>:..`), and does the same for each reader queued behind it (since `_v9`); the
+/// commit waits for its flush. Only readers of this version reserve
 /// with a negative `next_ttl` on a name a writer holds (a permit waiter queues instead, and
 /// one of a version before `_v4`, which reserved with its ttl negated, waits on a name held
 /// as a semaphore: a writer's name only by misuse of the name for both). A release of an

@@ -25,15 +25,15 @@
 //! [`VERSION`]: a change of what a function does takes a new name, so that clients of two
 //! versions never run each other's.
 //!
-//! A fourth function renews a batch of holds (`_dl_renew_many_v8`, arrays of the renewal's
+//! A fourth function renews a batch of holds (`_dl_renew_many_v9`, arrays of the renewal's
 //! arguments sorted by name): the watchdog's renewals of every shared hold and permit of a
 //! client in one round trip per [`PG_MAX_BATCH`](crate::renew::PG_MAX_BATCH), each checked
 //! and extended by the very statements of the single renewal, the rows locked in name order
 //! (as the exclusive kind's batch). A client holding 10,000 read holds otherwise sends 10,000
 //! calls per renewal tick.
 //!
-//! A fifth (`_dl_hand_read_v8`, see [`Parts::hand_read`]) is called by a writer's release
-//! statement, not by a client: it hands a read hold to the reserved reader.
+//! A fifth (`_dl_hand_read_v9`, see [`Parts::hand_read`]) is called by a writer's release
+//! statement, not by a client: it hands a read hold to the reserved reader and the queued ones.
 
 use sqlx::{AssertSqlSafe, Executor};
 
@@ -42,19 +42,22 @@ use crate::keys::quote;
 use crate::kinds::{HolderSql, InRoutine};
 use crate::pool::InUse;
 
-/// The functions' version, the end of their names: `v8` adds the hand-over of a read hold to the
-/// reserved reader in a writer's release ([`Parts::hand_read`]), and clears a reservation whose
-/// waiter holds already (a join or a release of the name's other holders, see [`Parts::join`]),
-/// `v7` has a reader's second release step end the
-/// readers' turn also when their marker ran out, and the last reader's first step run the second
-/// itself when the name's row is free (see [`Parts::release`]), `v6` lets a reader join live
-/// readers without locking the name's row for update (see [`Parts::join`]), `v5` lets a reader that
-/// does not leave last release without locking the name's row (see [`Parts::release`]), `v4` queues
-/// permit waiters (see [`Parts::release`] and [`queue_table`](crate::kinds::queue_table)), `v3`
-/// releases also hand the lock to the reserved writer when the last reader leaves, `v2` hand a
-/// permit over to the reserved permit waiter; `v1` (earlier clients) wake the reserved waiter to
-/// join instead.
-const VERSION: &str = "v8";
+/// The functions' version, the end of their names: `v9` queues a waiting reader that a writer
+/// refuses (as permit waiters queue, see [`Parts::join`]), has a writer's release hand a read
+/// hold to every live reader in that queue beside the reserved one ([`Parts::hand_read`]) and
+/// a reader's release that locked the name's row wait for a leave in progress (see
+/// [`Parts::release`]), `v8` adds the hand-over of a read hold to the reserved reader in a
+/// writer's release ([`Parts::hand_read`]), and clears a reservation whose waiter holds already
+/// (a join or a release of the name's other holders, see [`Parts::join`]), `v7` has a reader's
+/// second release step end the readers' turn also when their marker ran out, and the last
+/// reader's first step run the second itself when the name's row is free (see
+/// [`Parts::release`]), `v6` lets a reader join live readers without locking the name's row for
+/// update (see [`Parts::join`]), `v5` lets a reader that does not leave last release without
+/// locking the name's row (see [`Parts::release`]), `v4` queues permit waiters (see
+/// [`Parts::release`] and [`queue_table`](crate::kinds::queue_table)), `v3` releases also hand
+/// the lock to the reserved writer when the last reader leaves, `v2` hand a permit over to the
+/// reserved permit waiter; `v1` (earlier clients) wake the reserved waiter to join instead.
+const VERSION: &str = "v9";
 
 /// Replaces the arguments `$1`, `$2`, ... of `sql` with `names`, in order.
 fn with_args(sql: &str, names: &[&str]) -> String {
@@ -333,16 +336,16 @@ impl Parts<'_> {
         )
     }
 
-    /// Queues waiter `p_owner` (ttl `p_ttl`, `p_permits`) for `p_queue` µs from the clock
-    /// (not the transaction's start: a join that waited for the row lock keeps its whole
-    /// lease), at the back, or keeps its place if it still has a live one (see
+    /// Queues waiter `p_owner` (ttl `p_ttl`, `p_permits`; 0: a reader) for `|p_queue|` µs from
+    /// the clock (not the transaction's start: a join that waited for the row lock keeps its
+    /// whole lease), at the back, or keeps its place if it still has a live one (see
     /// [`Parts::join`]). An abandoned attempt's place (a negative ttl, see [`Parts::release`])
     /// stays gone: a poll of it still on its way when it gave up does not queue it again.
     fn enqueue(&self) -> String {
         format!(
             "INSERT INTO {} AS q (name, owner, seq, expires_at, ttl, permits)
         VALUES (p_name, p_owner, (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::bigint,
-          clock_timestamp() + p_queue * interval '1 microsecond', p_ttl, p_permits)
+          clock_timestamp() + abs(p_queue) * interval '1 microsecond', p_ttl, p_permits)
         ON CONFLICT (name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at,
           ttl = EXCLUDED.ttl, permits = EXCLUDED.permits,
           seq = CASE WHEN q.expires_at > now() THEN q.seq ELSE EXCLUDED.seq END
@@ -360,6 +363,14 @@ impl Parts<'_> {
     /// with `p_queue` (µs) above 0, it queues its waiter, or keeps its place, live for that
     /// long from now; a take leaves the queue. The refusal commits without waiting for its
     /// flush: a place lost in a crash is taken again by the waiter's next poll.
+    ///
+    /// Since `v9` a reader refused by a writer (holding, or reserving the next turn) with
+    /// `p_queue` other than 0 queues too (`permits` 0), for `|p_queue|` µs: a writer's
+    /// release hands a read hold to the readers queued (see [`Parts::hand_read`]). A reader's
+    /// join that takes with `p_queue` above 0 (a waiter that may have queued before) takes
+    /// its place out; below 0 (its first join: nothing queued yet) it spares that delete. A
+    /// place that lapses (the writer held longer) is only a reader that joins when woken, as
+    /// before.
     ///
     /// Since `v6` a reader (`p_reads` 1, see [`READS`]) joins live readers with the row
     /// locked for share only, its token from their range (`read_base` plus the next value of
@@ -440,7 +451,12 @@ BEGIN
           v_spent := o_taken <= v_from OR o_taken >= o_version;
           IF NOT v_spent THEN
             {insert} ON CONFLICT (name, owner) DO NOTHING;
-            IF FOUND THEN RETURN NEXT; RETURN; END IF;
+            IF FOUND THEN
+              IF p_queue > 0 THEN
+                DELETE FROM {w} WHERE name = p_name AND owner = p_owner;
+              END IF;
+              RETURN NEXT; RETURN;
+            END IF;
           END IF;
         END IF;
         -- Not beside readers after all: the lock for share let go (the block rolled back).
@@ -474,8 +490,12 @@ BEGIN
       RETURN NEXT; RETURN;
     END IF;
   END IF;
-  -- Held as another kind (a mismatch or an exclusive holder).
+  -- Held as another kind (a mismatch or an exclusive holder). A waiting reader refused by
+  -- a writer queues, for the writer's release to hand it a read hold.
   IF held AND o_owner IS DISTINCT FROM p_marker THEN
+    IF p_permits = 0 AND p_queue <> 0 AND left(o_owner, 1) <> chr(1) THEN
+      {enqueue};
+    END IF;
     {no_flush};
     RETURN NEXT; RETURN;
   END IF;
@@ -501,7 +521,7 @@ BEGIN
   -- Another waiter's turn (a reservation, the waiters queued ahead), or no permit left.
   IF (o_next_remaining IS NOT NULL AND o_next_owner IS DISTINCT FROM p_owner)
      OR (p_permits > 0 AND n + ahead >= p_permits) THEN
-    IF p_permits > 0 AND p_queue > 0 THEN
+    IF p_queue <> 0 THEN
       {enqueue};
     END IF;
     {no_flush};
@@ -516,7 +536,7 @@ BEGIN
   IF p_reads = 1 AND p_permits = 0 AND held THEN {mark_reads}; ELSE {mark}; END IF;
   o_taken := o_version + 1;
   {insert};
-  IF p_permits > 0 THEN
+  IF p_permits > 0 OR p_queue > 0 THEN
     DELETE FROM {w} WHERE name = p_name AND owner = p_owner;
   END IF;
   -- The reservation was ours and is gone: the next waiter may claim it. A semaphore now full
@@ -714,6 +734,15 @@ END"
     /// locked rows, and a step 2 in the same call waits only on rows it holds), so what waits
     /// for it is never waited for by it: no deadlock. A step 2 answers `true` whatever it
     /// finds: its hold left with step 1.
+    ///
+    /// Since `v9` a reader's release that locked the lock row counts the live holder rows
+    /// locked for key share, so that it waits for a leave in progress (a step 1 that deleted
+    /// its row and has not committed) and counts that reader gone: it frees the name or hands
+    /// it to the reserved writer itself, where it counted that reader and left the name to
+    /// its step 2 (readers handed their holds together leave together, and passed the name on
+    /// one step 2 after another). What it waits for is a step 1, which waits for nothing once
+    /// it holds its row, or a release that locked the lock row before it (none can now); a
+    /// renewal's update of a holder row takes no lock that conflicts: no deadlock.
     fn release(&self, signature: &str) -> String {
         let Self {
             t,
@@ -767,9 +796,10 @@ BEGIN
   END IF;
   {lock};
   v_row := FOUND;
-  -- An abandoned permit attempt's place: gone, and kept gone (a negative ttl) against a poll
-  -- of it still on its way, which would queue it again for a permit nobody releases.
-  IF p_token IS NULL AND left(p_marker, 9) = chr(1) || 'permits:' THEN
+  -- An abandoned permit or read attempt's place: gone, and kept gone (a negative ttl)
+  -- against a poll of it still on its way, which would queue it again for a permit nobody
+  -- releases (or a read hold a writer's release hands it).
+  IF p_token IS NULL AND (left(p_marker, 9) = chr(1) || 'permits:' OR p_marker = {SHARED}) THEN
     INSERT INTO {w} AS q (name, owner, seq, expires_at, ttl, permits)
       VALUES (p_name, p_owner, 0, now(), -1, 0)
       ON CONFLICT (name, owner) DO UPDATE SET expires_at = now(), ttl = -1;
@@ -790,7 +820,17 @@ BEGIN
     {leave}; GET DIAGNOSTICS n = ROW_COUNT;
   END IF;
   IF n = 0 THEN RETURN false; END IF;
-  SELECT count(*) INTO n FROM {h} WHERE name = p_name AND expires_at > now();
+  IF p_marker = {SHARED} THEN
+    -- Each live holder row locked for key share: one that another reader's first step is
+    -- deleting (which does not wait for this row, see above) is waited for, and counted
+    -- only if that release rolls back. Readers handed their holds together leave together:
+    -- counted as live, the first steps that found this row locked each called a second,
+    -- one after the other, and only the last of them handed the name on.
+    SELECT count(*) INTO n FROM (SELECT 1 FROM {h} WHERE name = p_name AND expires_at > now()
+      FOR KEY SHARE) AS live;
+  ELSE
+    SELECT count(*) INTO n FROM {h} WHERE name = p_name AND expires_at > now();
+  END IF;
   -- A reservation of a holder is stale (it was handed its permit or read hold while a poll of
   -- its own renewed the reservation): clear it, wake every waiter, hand nothing to it. So is
   -- a reader's (its ttl negated) on a name read: that reader joins on its next poll, its own
@@ -866,11 +906,22 @@ impl Parts<'_> {
     /// wait for its flush: it hands out a token. Should the row not be as said (a call of
     /// another kind), it hands nothing and wakes every waiter.
     ///
+    /// Since `v9` it hands a read hold to every reader queued with a live place too (see
+    /// [`Parts::join`]: a reader that a writer refused), in the order they queued, each with
+    /// the next token after the reserved reader's (the row's version moves to the last) and
+    /// the ttl it queued with, told by its own `h<version>:..` (sent before the reserved
+    /// reader's); every reader's place of the name goes, but an abandoned one's (a negative
+    /// ttl), which keeps it out. Until then those readers were woken by the hand-over and
+    /// joined, each a commit that waits for its flush, under the name's row lock, one after
+    /// the other: the last reader's release, and so the writer after them, waited behind
+    /// those joins (issue 44).
+    ///
     /// Until `v8` the release woke the reserved reader, which then joined: a round trip and a
     /// commit more in a writer's turn to the readers.
     fn hand_read(&self, signature: &str) -> String {
         let Self {
             t,
+            w,
             in_routine,
             channel,
             ..
@@ -891,7 +942,8 @@ impl Parts<'_> {
         let insert = insert.replace("now()", "v_at");
         let body = format!(
             "DECLARE o_taken bigint; v_at timestamptz; p_marker text := {SHARED};
-  p_permits bigint := 0;
+  p_permits bigint := 0; v_first text := p_owner; v_token bigint; v_until timestamptz;
+  v_place record;
 BEGIN
   PERFORM 1 FROM {t} WHERE name = p_name AND owner IS NULL AND next_owner = p_owner
     AND next_expires > now() AND next_ttl = -p_ttl;
@@ -903,8 +955,28 @@ BEGIN
   {purge_all};
   {mark} RETURNING version INTO o_taken;
   {insert};
+  v_token := o_taken;
+  -- The readers queued behind it (live places, in their order): a holder row each, with the
+  -- next tokens and the ttl it queued with, and told so; their places (and the reserved
+  -- reader's) gone. An abandoned reader's place (a negative ttl) stays.
+  v_until := v_at + p_ttl * interval '1 microsecond';
+  FOR v_place IN SELECT owner, ttl FROM {w} WHERE name = p_name AND permits = 0 AND ttl > 0
+      AND expires_at > now() AND owner <> v_first ORDER BY seq, owner FOR UPDATE LOOP
+    p_owner := v_place.owner;
+    p_ttl := v_place.ttl;
+    o_taken := o_taken + 1;
+    {insert};
+    v_until := greatest(v_until, v_at + p_ttl * interval '1 microsecond');
+    PERFORM pg_notify('{channel}',
+      'h' || o_taken || ':' || octet_length(p_owner) || ':' || p_owner || p_name);
+  END LOOP;
+  IF p_owner <> v_first THEN
+    UPDATE {t} SET version = o_taken, expires_at = greatest(expires_at, v_until)
+      WHERE name = p_name;
+  END IF;
+  DELETE FROM {w} WHERE name = p_name AND permits = 0 AND ttl >= 0;
   PERFORM pg_notify('{channel}',
-    'h' || o_taken || ':' || octet_length(p_owner) || ':' || p_owner || p_name);
+    'h' || v_token || ':' || octet_length(v_first) || ':' || v_first || p_name);
 END"
         );
         Self::function(

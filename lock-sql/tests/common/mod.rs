@@ -128,6 +128,26 @@ pub(crate) async fn granted(
     granted_within(waiter, Duration::from_secs(5)).await
 }
 
+/// A release running in `release`'s task that must wait for `what` still waits; once
+/// `let_go` lets `what` go, it ends within 10 s, released.
+#[allow(dead_code, reason = "not every test file releases in a task")]
+pub(crate) async fn waits_then_releases(
+    release: tokio::task::JoinHandle<distlock_core::Result<()>>,
+    what: &str,
+    let_go: impl Future<Output = ()>,
+) {
+    assert!(
+        !release.is_finished(),
+        "the release did not wait for {what}"
+    );
+    let_go.await;
+    tokio::time::timeout(Duration::from_secs(10), release)
+        .await
+        .unwrap_or_else(|_| panic!("the release did not end once {what} was let go"))
+        .expect("the release's task")
+        .expect("release");
+}
+
 /// The guard an acquisition running in `waiter`'s task gets, within `bound`.
 #[allow(dead_code, reason = "not every test file waits in a task")]
 pub(crate) async fn granted_within(
