@@ -385,14 +385,17 @@ impl SqlAttempt {
     }
 
     /// Whether a writer's release may have handed this reader a read hold it did not learn of
-    /// (its notification lost): it may hold the reservation, and `peek` shows the name read
-    /// with another waiter's reservation instead. Its join then answers (it renews a read hold
-    /// of this owner's and takes it, see `routines`), where a look would refuse it until
-    /// that hold ran out.
+    /// (its notification lost): it may hold the reservation, or be queued and `peek` shows a
+    /// version past the one its last look found refusing it (a hand-over moves it on; while
+    /// the readers ahead of a writer's reservation hold, it stays), and `peek` shows the name
+    /// read with another waiter's reservation instead. Its join then answers (it renews a
+    /// read hold of this owner's and takes it, see `routines`), where a look would refuse it
+    /// until that hold ran out.
     fn maybe_handed_read(&self, peek: &db::Peek) -> bool {
+        let moved_on = || self.held_seen.is_none_or(|(_, seen)| peek.version > seen);
         self.request.kind == LockKind::Shared
             && self.inner.db.hands_reads_over()
-            && (self.maybe_reserved || self.maybe_handed || self.maybe_queued)
+            && (self.maybe_reserved || self.maybe_handed || self.maybe_queued && moved_on())
             && kinds::held_kind(peek) == Some(LockKind::Shared)
             && kinds::reserved_by_other(peek, &self.request.owner)
     }
@@ -720,8 +723,9 @@ impl Attempt for SqlAttempt {
         if kind == LockKind::Exclusive || self.maybe_reserved && !queued {
             // The exclusive lock (if taken) and the reservation, by owner (a queued waiter
             // never claims it). First: once the reservation is gone, no release hands this
-            // attempt anything, so the release by owner below finds whatever one handed it
-            // before.
+            // attempt anything (but a queued reader's place, which the release by owner below
+            // bars under the name's row lock, before it releases what a hand-over gave), so
+            // the release by owner below finds whatever one handed it before.
             db.abandon(name, owner)
                 .await
                 .map_err(|e| map_err("abandon", e))?;

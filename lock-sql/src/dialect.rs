@@ -174,10 +174,15 @@ pub(crate) struct Calls {
     /// puts its waiter in the name's queue, or keeps it there for that lease from now, and a
     /// release hands each permit it frees to the first live waiter of the queue.
     pub(crate) queue: bool,
+    /// Whether waiting readers queue too (PostgreSQL's functions since `_v9`, where the user
+    /// may call the hand-over of read holds): a read hold's release then passes `wake`, and
+    /// takes its owner's place in the queue out, should one be left.
+    pub(crate) reads_queue: bool,
     /// Then token, ttl_us. The row: 1 if the holder was live and is renewed, else 0.
     pub(crate) renew: Arc<str>,
     /// Then token (`NULL`: an abandoned attempt's, whose token is unknown), wake (a permit's
-    /// release wakes a waiter even while others hold). The row: 1 if the holder was live and
+    /// release wakes a waiter even while others hold; a read hold's, with
+    /// [`Self::reads_queue`]). The row: 1 if the holder was live and
     /// has left, else 0.
     pub(crate) release: Arc<str>,
     /// A read hold's release in two steps (PostgreSQL): [`Self::release`]'s arguments, then
@@ -447,7 +452,11 @@ where
 
     async fn release_hold(&self, held: HeldBy<'_>) -> Result<bool, sqlx::Error> {
         if let Some(calls) = &self.routines {
-            let wake = matches!(held.kind, LockKind::Permit { .. });
+            let wake = match held.kind {
+                LockKind::Permit { .. } => true,
+                LockKind::Shared => calls.reads_queue,
+                _ => false,
+            };
             let call = |sql: &Arc<str>| {
                 let query = q(sql).bind(held.name).bind(held.owner);
                 query.bind(marker(held.kind)).bind(held.token).bind(wake)

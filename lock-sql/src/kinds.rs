@@ -105,7 +105,8 @@ pub(crate) fn holders_table(table: &str) -> String {
 /// one row per waiting attempt, first in line the lowest `seq` (the clock in microseconds
 /// when it queued; then `owner`), live until `expires_at` (each poll of the waiter renews
 /// it), `ttl` the lease (µs) it asks for (negative: an abandoned attempt's place, kept gone),
-/// `permits` the semaphore's.
+/// `permits` the semaphore's; 0 for a reader that a writer refused (PostgreSQL's functions
+/// since `_v9`: a writer's release hands each such reader a read hold).
 pub(crate) fn queue_table(table: &str) -> String {
     format!("{table}_queue")
 }

@@ -351,9 +351,14 @@
 //!   commit takes less). Since `_v9` the readers behind it are handed theirs in the same
 //!   call: a waiting reader that a writer refuses (holding, or reserving the next turn)
 //!   queues in the table of permit waiters (`permits` 0, its place live for a second from
-//!   each refusal), and the hand-over gives each live place, in order, a holder row with the
-//!   next token and the ttl it queued with, told by its own `h<version>:..`, and takes every
-//!   reader's place of the name out. A reader's take takes its own place out; one that gives
+//!   its last refused join; after its first it mostly looks without joining, so about a
+//!   second), and the hand-over gives each live place, in order, a holder row with the next
+//!   token and the ttl it queued with, told by its own `H<version>:..` (which wakes nobody
+//!   else; the reserved reader's `h`, last, wakes the other waiters), and takes every
+//!   reader's place of the name out. A reader's take, and its release (should a hand-over of
+//!   a client before `_v9`, which keeps no queue, have left its place), takes its own place
+//!   out; the hand-over and the queue need the user's rights on the queue table (else
+//!   readers do not queue), as permit waiters do. One that gives
 //!   up leaves its place barred (a negative ttl), as a permit waiter does, and releases by
 //!   owner what it may have been handed. A reader whose place lapsed (a writer that held
 //!   longer than a second) or that never queued (a client before `_v9`), told of the

@@ -110,7 +110,8 @@ impl Notifier {
 
     /// Wakes the waiters of `name` as `note` says: a release wakes only its target (if it
     /// waits here), a hand-over its target and every other waiter that claims the
-    /// reservation (whose turn to reserve it is), anything else every waiter.
+    /// reservation (whose turn to reserve it is; [`Note::HandedAlone`]: only its target),
+    /// anything else every waiter.
     pub(crate) fn wake(&self, name: &str, note: Note<'_>) {
         let names = self.names();
         let Some(owners) = names.get(name) else {
@@ -123,7 +124,8 @@ impl Notifier {
                     tx.send_modify(|w| *w = w.then(WakeSignal::Released));
                 }
             }
-            Note::Handed(target, version) => {
+            Note::Handed(target, version) | Note::HandedAlone(target, version) => {
+                let others = matches!(note, Note::Handed(..));
                 for (owner, tx) in owners {
                     tx.send_if_modified(|w| {
                         if owner == target {
@@ -132,7 +134,7 @@ impl Notifier {
                                 handed: Some(version),
                                 claims: w.claims,
                             };
-                        } else if w.claims {
+                        } else if w.claims && others {
                             *w = w.then(WakeSignal::Vacant);
                         } else {
                             return false;
@@ -740,21 +742,27 @@ pub(crate) enum Note<'a> {
     /// The holder's release handed the lock to this waiter (which held the reservation),
     /// with this version.
     Handed(&'a str, i64),
+    /// One of the hand-overs of read holds to queued readers that a writer's release makes
+    /// before the reserved reader's (PostgreSQL's `hand_read`): as [`Note::Handed`] to its
+    /// target, nothing to the other waiters, whom the reserved reader's note wakes once.
+    HandedAlone(&'a str, i64),
 }
 
 /// Splits a notification payload into its name and what it says: `<owner byte
 /// length>:<owner><name>` (an empty owner addresses every waiter) for a release, or
-/// `h<version>:<owner byte length>:<owner><name>` for a hand-over. Clients that predate
-/// hand-overs read the latter as malformed, and wake every waiter.
+/// `h<version>:<owner byte length>:<owner><name>` for a hand-over (`H<version>:..` for one
+/// that wakes nobody else, [`Note::HandedAlone`]). Clients that predate hand-overs read the
+/// latter as malformed, and wake every waiter (as those before `H` read it).
 #[cfg_attr(
     not(feature = "postgres"),
     allow(dead_code, reason = "LISTEN/NOTIFY is PostgreSQL's")
 )]
 pub(crate) fn parse_payload(payload: &str) -> Option<(Note<'_>, &str)> {
-    let (handed, payload) = match payload.strip_prefix('h') {
+    let (handed, payload) = match payload.strip_prefix(['h', 'H']) {
         Some(rest) => {
             let (version, rest) = rest.split_once(':')?;
-            (Some(version.parse::<i64>().ok()?), rest)
+            let alone = payload.starts_with('H');
+            (Some((version.parse::<i64>().ok()?, alone)), rest)
         }
         None => (None, payload),
     };
@@ -765,7 +773,8 @@ pub(crate) fn parse_payload(payload: &str) -> Option<(Note<'_>, &str)> {
     }
     let (owner, name) = rest.split_at(len);
     let note = match (handed, owner.is_empty()) {
-        (Some(version), false) => Note::Handed(owner, version),
+        (Some((version, false)), false) => Note::Handed(owner, version),
+        (Some((version, true)), false) => Note::HandedAlone(owner, version),
         (Some(_), true) => return None,
         (None, false) => Note::Released(owner),
         (None, true) => Note::Changed,

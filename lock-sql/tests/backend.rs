@@ -1025,9 +1025,14 @@ mod postgres {
 
     /// The readers' places in the queue of `name` (owner, ttl), live or barred, in order;
     /// with `at_least`, read again (every 5 ms, 10 s at most) until that many are live.
-    async fn reader_places(pool: &sqlx::PgPool, name: &str, at_least: usize) -> Vec<(String, i64)> {
+    async fn reader_places(
+        pool: &sqlx::PgPool,
+        table: &str,
+        name: &str,
+        at_least: usize,
+    ) -> Vec<(String, i64)> {
         let sql = format!(
-            "SELECT owner, ttl, expires_at > now() FROM {TABLE}_queue \
+            "SELECT owner, ttl, expires_at > now() FROM {table}_queue \
              WHERE name = $1 AND permits = 0 ORDER BY seq, owner"
         );
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -1118,9 +1123,9 @@ mod postgres {
             waiting(&clients[3], &name, &reads),
         ];
         // Every reader's first join queued it, the reserved one's too.
-        reader_places(&pool, &name, 3).await;
+        reader_places(&pool, TABLE, &name, 3).await;
         keep_places(&pool, &name).await;
-        let queued: Vec<String> = reader_places(&pool, &name, 3)
+        let queued: Vec<String> = reader_places(&pool, TABLE, &name, 3)
             .await
             .into_iter()
             .map(|(owner, _)| owner)
@@ -1134,12 +1139,14 @@ mod postgres {
         for _ in 0..3 {
             notes.push(common::next_note(&mut listener, &name).await);
         }
-        // The queued readers in their order, then the reserved one, each told its token.
-        let told = |owner: &str, token: i64| format!("h{token}:{}:{owner}{name}", owner.len());
+        // The queued readers in their order, then the reserved one, each told its token; only
+        // the last note (`h`) wakes the other waiters.
+        let told =
+            |h: char, owner: &str, token: i64| format!("{h}{token}:{}:{owner}{name}", owner.len());
         let expected = [
-            told(&queued[0], before + 2),
-            told(&queued[1], before + 3),
-            told(&next, before + 1),
+            told('H', &queued[0], before + 2),
+            told('H', &queued[1], before + 3),
+            told('h', &next, before + 1),
         ];
         assert_eq!(notes, expected, "not handed over by the release");
         let read = common::granted(first).await;
@@ -1156,7 +1163,11 @@ mod postgres {
         let (owner, version, next_owner, _) = row(&pool, TABLE, &name).await;
         assert_eq!(owner.as_deref(), Some("\u{1}shared"), "not marked shared");
         assert_eq!((version, next_owner), (before + 3, None));
-        assert_eq!(reader_places(&pool, &name, 0).await, [], "places left");
+        assert_eq!(
+            reader_places(&pool, TABLE, &name, 0).await,
+            [],
+            "places left"
+        );
         for hold in holds {
             hold.renew().await.expect("renew a read hold handed over");
             hold.release().await.expect("release it");
@@ -1175,7 +1186,7 @@ mod postgres {
         let brief = ahead.reads.clone().with_wait(Duration::from_millis(300));
         let gave_up = ahead.clients[2].acquire(name, &brief).await;
         assert!(gave_up.is_err(), "a reader took a name a writer holds");
-        let places = reader_places(pool, name, 0).await;
+        let places = reader_places(pool, TABLE, name, 0).await;
         let barred: Vec<_> = places.iter().filter(|(_, ttl)| *ttl < 0).collect();
         assert_eq!(barred.len(), 1, "{places:?}");
         keep_places(pool, name).await;
@@ -1195,7 +1206,7 @@ mod postgres {
             "handed to a reader that gave up"
         );
         assert_eq!(
-            reader_places(pool, name, 0).await,
+            reader_places(pool, TABLE, name, 0).await,
             [(barred[0].0.clone(), -1)],
             "the barred place went"
         );
@@ -1301,46 +1312,91 @@ mod postgres {
     #[tokio::test]
     async fn a_readers_take_takes_its_place_out() {
         let Some(url) = url() else { return };
-        let readers = two_readers(&url, "take-place").await;
-        let pool = &readers.pool;
-        let free = unique("take-place-free");
+        // A table of its own: the readers' range, set by the second reader, is not spent by
+        // other tests' readers before the third joins.
+        let ([a, b], table) = own_table(&url, "take-place").await;
+        let (pool, name, reads) = (common::pg(&a), unique("take-place"), reads());
+        let first = a.acquire(&name, &reads).await.expect("first reader");
+        let setter = b.acquire(&name, &reads).await.expect("second reader");
         let join = format!(
-            "SELECT o_taken FROM {TABLE}_dl_join_v9($1, $2, chr(1) || 'shared', 30000000, 0, $3, 1)"
+            "SELECT o_taken FROM {table}_dl_join_v9($1, $2, chr(1) || 'shared', 30000000, 0, $3, 1)"
         );
         let place = format!(
-            "INSERT INTO {TABLE}_queue (name, owner, seq, expires_at, ttl, permits) \
+            "INSERT INTO {table}_queue (name, owner, seq, expires_at, ttl, permits) \
              VALUES ($1, 'queued', 0, now() + interval '30 seconds', 30000000, 0)"
         );
-        for name in [&readers.name, &free] {
-            on_name(pool, place.clone(), name, "queue").await;
+        let free = unique("take-place-free");
+        let gone = a.acquire(&free, &reads).await.expect("a reader of `free`");
+        gone.release().await.expect("its release");
+        // Beside live readers (the row's version stays), and as the first reader of `free`
+        // (an epoch, a new version).
+        for (name, beside) in [(&name, true), (&free, false)] {
+            on_name(&pool, place.clone(), name, "queue").await;
+            let version = row(&pool, &table, name).await.1;
             let taken: Option<i64> = sqlx::query_scalar(AssertSqlSafe(join.clone()))
                 .bind(name)
                 .bind("queued")
                 .bind(1_000_000_i64)
-                .fetch_one(pool)
+                .fetch_one(&pool)
                 .await
                 .expect("join");
             assert!(taken.is_some(), "the queued reader did not join {name}");
-            assert_eq!(reader_places(pool, name, 0).await, [], "its place stayed");
+            let kept = row(&pool, &table, name).await.1 == version;
+            assert_eq!(kept, beside, "not the path asked for on {name}");
+            assert_eq!(
+                reader_places(&pool, &table, name, 0).await,
+                [],
+                "its place stayed"
+            );
         }
-        // A writer now (the readers of `free`, one, gone first): a first join queues.
+        // A writer now: a reader's first join (negative) queues.
         let writer = unique("take-place-writer");
         let writes = AcquireOptions::default().with_ttl(Duration::from_secs(30));
-        let held = readers.clients[0]
-            .acquire(&writer, &writes)
-            .await
-            .expect("writer");
+        let held = a.acquire(&writer, &writes).await.expect("writer");
         let refused: Option<i64> = sqlx::query_scalar(AssertSqlSafe(join))
             .bind(&writer)
             .bind("refused")
             .bind(-1_000_000_i64)
-            .fetch_one(pool)
+            .fetch_one(&pool)
             .await
             .expect("join");
         assert_eq!(refused, None, "a reader joined a writer");
-        let places = reader_places(pool, &writer, 1).await;
+        let places = reader_places(&pool, &table, &writer, 1).await;
         assert_eq!(places, [("refused".to_owned(), 30_000_000)]);
         held.release().await.expect("the writer's release");
+        for held in [first, setter] {
+            held.release().await.expect("a reader's release");
+        }
+        drop_own_table(&pool, &table).await;
+    }
+
+    /// A reader's release takes its place in the queue out: a hand-over of a client before
+    /// `_v9` (which keeps no queue) that told a queued reader of its hold left the place,
+    /// and a later hand-over would have given that owner, done with the name, a hold
+    /// nobody releases (writers kept out for its ttl).
+    #[tokio::test]
+    async fn a_readers_release_takes_its_place_out() {
+        let Some(url) = url() else { return };
+        let readers = two_readers(&url, "release-place").await;
+        let (pool, name) = (&readers.pool, &readers.name);
+        let [first, second] = readers.held;
+        let (owner, _) = read_holders(pool, name)
+            .await
+            .into_iter()
+            .find(|(_, token)| *token == token_of(&first))
+            .expect("the first reader's row");
+        let place = format!(
+            "INSERT INTO {TABLE}_queue (name, owner, seq, expires_at, ttl, permits) \
+             VALUES ($1, '{owner}', 0, now() + interval '30 seconds', 30000000, 0)"
+        );
+        on_name(pool, place, name, "queue").await;
+        first.release().await.expect("the first reader's release");
+        assert_eq!(
+            reader_places(pool, TABLE, name, 0).await,
+            [],
+            "its place stayed"
+        );
+        second.release().await.expect("the second reader's release");
     }
 
     /// A reader's reservation left on a name read (its reader gone: it would join on its next

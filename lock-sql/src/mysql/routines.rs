@@ -119,6 +119,7 @@ pub(crate) fn routines(table: &str, sql: &HolderSql, peek_columns: &str) -> Opti
             release_in_steps: None,
             renew_many: Some(format!("CALL {renew_many}(?)").into()),
             queue: true,
+            reads_queue: false,
         },
         present: present.into(),
         create: vec![

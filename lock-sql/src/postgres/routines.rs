@@ -9,8 +9,9 @@
 //! trip. The functions run the very statements of [`HolderSql`] (their `$n` arguments
 //! replaced by the functions' parameters), in the order [`kinds::Tx`](crate::kinds::Tx)
 //! runs them, and answer what its methods answer; a refused join writes nothing (as the
-//! transaction it replaces rolled back) but a permit waiter's place in the queue, which
-//! only the functions keep (see [`queue_table`](crate::kinds::queue_table)). Each statement of a function sees what committed
+//! transaction it replaces rolled back) but a permit waiter's or a waiting reader's place in
+//! the queue, which only the functions keep (see [`queue_table`](crate::kinds::queue_table)).
+//! Each statement of a function sees what committed
 //! before it (read committed), after the row lock, as in the transaction (but the first step
 //! of a reader's release, which does not lock the row: see [`Parts::release`], and a
 //! reader's join beside live readers, which locks it for share: see [`Parts::join`]).
@@ -131,6 +132,7 @@ pub(crate) fn routines(
             ),
             renew_many: Some(format!("SELECT * FROM {renew_many}($1, $2, $3, $4, $5)").into()),
             queue: true,
+            reads_queue: false,
         },
         present: format!("SELECT {present}").into(),
         create: vec![
@@ -143,9 +145,14 @@ pub(crate) fn routines(
             parts.hand_read(&signatures[4]),
         ],
     };
+    // Since `v9` the hand-over reads, locks and deletes readers' places in the queue, and a
+    // reader that queues (only where it may hand over) writes its own.
     let may_hand = format!(
-        "SELECT has_function_privilege({here}'{}', 'EXECUTE')",
-        signatures[4]
+        "SELECT has_function_privilege({here}'{}', 'EXECUTE'){}",
+        signatures[4],
+        ["SELECT", "INSERT", "UPDATE", "DELETE"]
+            .map(|p| format!(" AND has_table_privilege({here}'{}', '{p}')", parts.w))
+            .concat()
     );
     Some(Made {
         routines,
@@ -166,7 +173,8 @@ pub(crate) struct Made {
     /// One row: whether the user may draw from the sequence (`nextval`).
     may_draw: String,
     /// One row: whether the user may call the function that hands a read hold over (which
-    /// every exclusive release statement then names, see [`Made::hand_read`]).
+    /// every exclusive release statement then names, see [`Made::hand_read`]) and read and
+    /// write the queue, where readers then queue (see [`Parts::join`]).
     may_hand: String,
     /// The join's call that draws nothing from it.
     join_without: String,
@@ -238,11 +246,15 @@ pub(super) async fn set_up(
         Ok::<_, sqlx::Error>((found, drawn, hands))
     };
     match made.await {
-        Ok((true, true, hands)) => Some((routines, hands)),
+        Ok((true, true, hands)) => {
+            routines.calls.reads_queue = hands;
+            Some((routines, hands))
+        }
         Ok((true, false, hands)) => {
             // Granted the tables and functions but not the sequence: every join locks the
             // name's row for update, as before `v6`.
             routines.calls.join = join_without.into();
+            routines.calls.reads_queue = hands;
             Some((routines, hands))
         }
         Ok((false, ..)) => None,
@@ -259,7 +271,7 @@ struct Parts<'a> {
     in_routine: InRoutine,
     t: String,
     h: String,
-    /// The queue of permit waiters.
+    /// The queue of permit waiters and of readers that a writer refused.
     w: String,
     /// The sequence of readers' tokens (see [`Parts::join`]).
     reads: String,
@@ -740,9 +752,10 @@ END"
     /// its row and has not committed) and counts that reader gone: it frees the name or hands
     /// it to the reserved writer itself, where it counted that reader and left the name to
     /// its step 2 (readers handed their holds together leave together, and passed the name on
-    /// one step 2 after another). What it waits for is a step 1, which waits for nothing once
-    /// it holds its row, or a release that locked the lock row before it (none can now); a
-    /// renewal's update of a holder row takes no lock that conflicts: no deadlock.
+    /// one step 2 after another). The count waits only for a transaction that deletes a
+    /// holder row without holding the lock row, which is a step 1, and a step 1 waits for
+    /// nothing once its delete holds its row; a renewal's update of a holder row takes no
+    /// lock that conflicts with key share: no deadlock.
     fn release(&self, signature: &str) -> String {
         let Self {
             t,
@@ -776,7 +789,14 @@ BEGIN
     IF FOUND AND v_row AND o_owner = p_marker THEN
       {leave};
       IF FOUND THEN
-        -- Another live holder row that no release (or purge) has locked: its holder leaves
+        -- Its place in the queue, left by a hand-over of an earlier client's (`_v8`, which
+        -- keeps no queue) that told it: gone, or a later hand-over would give this owner,
+        -- whose attempt is over, a hold nobody releases. Only where readers queue (`p_wake`).
+        IF p_wake THEN
+          DELETE FROM {w} WHERE name = p_name AND owner = p_owner AND ttl >= 0;
+        END IF;
+        -- Another live holder row that no release (or purge) is deleting (a counting
+        -- release's lock for key share does not keep it out): its holder leaves
         -- after this commit (locked here until then), sees this row gone, and it or a later
         -- holder frees the name. Looked for from this owner on, so that leavers spread.
         PERFORM 1 FROM {h} WHERE name = p_name AND owner > p_owner AND expires_at > now()
@@ -872,7 +892,7 @@ BEGIN
   IF NOT handed THEN {no_flush}; END IF;
   IF n = 0 THEN {free}; ELSE {shrink}; END IF;
   -- A writer waits for the last reader; a permit waiter for any permit.
-  IF n = 0 OR p_wake THEN
+  IF n = 0 OR (p_wake AND p_marker <> {SHARED}) THEN
     PERFORM pg_notify('{channel}', CASE WHEN o_next_owner IS NOT NULL AND o_next_remaining IS NOT NULL
       THEN octet_length(o_next_owner) || ':' || o_next_owner || p_name ELSE '0:' || p_name END);
   END IF;
@@ -909,8 +929,8 @@ impl Parts<'_> {
     /// Since `v9` it hands a read hold to every reader queued with a live place too (see
     /// [`Parts::join`]: a reader that a writer refused), in the order they queued, each with
     /// the next token after the reserved reader's (the row's version moves to the last) and
-    /// the ttl it queued with, told by its own `h<version>:..` (sent before the reserved
-    /// reader's); every reader's place of the name goes, but an abandoned one's (a negative
+    /// the ttl it queued with, told by its own `H<version>:..` (sent before the reserved
+    /// reader's `h`, which alone wakes the other waiters); every reader's place of the name goes, but an abandoned one's (a negative
     /// ttl), which keeps it out. Until then those readers were woken by the hand-over and
     /// joined, each a commit that waits for its flush, under the name's row lock, one after
     /// the other: the last reader's release, and so the writer after them, waited behind
@@ -967,8 +987,9 @@ BEGIN
     o_taken := o_taken + 1;
     {insert};
     v_until := greatest(v_until, v_at + p_ttl * interval '1 microsecond');
+    -- Tells that reader only: the reserved reader's note, last, wakes the other waiters.
     PERFORM pg_notify('{channel}',
-      'h' || o_taken || ':' || octet_length(p_owner) || ':' || p_owner || p_name);
+      'H' || o_taken || ':' || octet_length(p_owner) || ':' || p_owner || p_name);
   END LOOP;
   IF p_owner <> v_first THEN
     UPDATE {t} SET version = o_taken, expires_at = greatest(expires_at, v_until)

@@ -24,7 +24,12 @@ fn payloads() {
         parse_payload("h42:3:abcn:a"),
         Some((Note::Handed("abc", 42), "n:a"))
     );
+    assert_eq!(
+        parse_payload("H42:3:abcn:a"),
+        Some((Note::HandedAlone("abc", 42), "n:a"))
+    );
     assert_eq!(parse_payload("h42:0:name"), None);
+    assert_eq!(parse_payload("H42:0:name"), None);
     assert_eq!(parse_payload("hx:3:abcname"), None);
     assert_eq!(parse_payload("1:é"), None);
     assert_eq!(parse_payload("x"), None);
@@ -72,6 +77,11 @@ async fn wake_ups_reach_only_the_waiters_they_name() {
     );
     notifier.wake("x", Note::Handed("q", 8));
     assert_eq!(queued.changed().await, WakeSignal::Handed(8));
+    // A hand-over that wakes nobody else: its target holds, the claimers sleep on.
+    assert_eq!(a.changed().await, WakeSignal::Vacant, "the hand-over to q");
+    notifier.wake("x", Note::HandedAlone("b", 12));
+    assert_eq!(b.changed().await, WakeSignal::Handed(12));
+    assert!(!a.rx.has_changed().expect("open"), "woke a claimer");
     // Later wake-ups do not hide a hand-over its target has not seen yet, be it waiting
     // or polling; once reported, it is not reported again.
     notifier.wake("x", Note::Handed("a", 9));
