@@ -380,6 +380,7 @@ impl SqlAttempt {
             owner: self.request.owner.clone(),
             version,
             kind: self.request.kind,
+            queued: self.maybe_queued,
         };
         Ok(Acquired::new(Box::new(lease), token_of(version)?))
     }
@@ -744,6 +745,7 @@ impl Attempt for SqlAttempt {
                 owner,
                 kind,
                 token: None,
+                queued: self.maybe_queued,
             };
             db.release_hold(held)
                 .await

@@ -323,6 +323,8 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
             owner,
             kind,
             token: Some(token),
+            // Another's hold: whether it left a place is not known here.
+            queued: true,
         };
         self.release_hold(held).await
     }

@@ -175,8 +175,9 @@ pub(crate) struct Calls {
     /// release hands each permit it frees to the first live waiter of the queue.
     pub(crate) queue: bool,
     /// Whether waiting readers queue too (PostgreSQL's functions since `_v9`, where the user
-    /// may call the hand-over of read holds): a read hold's release then passes `wake`, and
-    /// takes its owner's place in the queue out, should one be left.
+    /// may call the hand-over of read holds): the release of a read hold that may have left a
+    /// place ([`HeldBy::queued`](crate::kinds::HeldBy::queued)) then passes `wake`, and takes
+    /// that place out.
     pub(crate) reads_queue: bool,
     /// Then token, ttl_us. The row: 1 if the holder was live and is renewed, else 0.
     pub(crate) renew: Arc<str>,
@@ -454,7 +455,7 @@ where
         if let Some(calls) = &self.routines {
             let wake = match held.kind {
                 LockKind::Permit { .. } => true,
-                LockKind::Shared => calls.reads_queue,
+                LockKind::Shared => calls.reads_queue && held.queued,
                 _ => false,
             };
             let call = |sql: &Arc<str>| {

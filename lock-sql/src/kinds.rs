@@ -350,6 +350,11 @@ pub(crate) struct HeldBy<'a> {
     pub(crate) kind: LockKind,
     /// The holder's token; `None` for an abandoned attempt, whose token is unknown.
     pub(crate) token: Option<i64>,
+    /// Whether the attempt may have left a place in the name's queue: a reader queued behind a
+    /// writer and told by a hand-over that it holds (see [`Calls::reads_queue`]).
+    ///
+    /// [`Calls::reads_queue`]: crate::dialect::Calls::reads_queue
+    pub(crate) queued: bool,
 }
 
 /// The statements of one transaction, on its connection (a short name for the bounds).

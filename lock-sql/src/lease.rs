@@ -24,6 +24,8 @@ pub(crate) struct SqlLease {
     pub(crate) version: i64,
     /// How it is held.
     pub(crate) kind: LockKind,
+    /// Whether the acquisition may have left a place in the queue ([`HeldBy::queued`]).
+    pub(crate) queued: bool,
 }
 
 impl SqlLease {
@@ -35,6 +37,7 @@ impl SqlLease {
             owner: &self.owner,
             kind: self.kind,
             token: Some(self.version),
+            queued: self.queued,
         })
     }
 

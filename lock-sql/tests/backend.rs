@@ -1109,35 +1109,29 @@ mod postgres {
     #[tokio::test]
     async fn a_writers_release_hands_every_queued_reader_a_read_hold() {
         let Some(url) = url() else { return };
-        let WriterAhead {
-            clients,
-            pool,
-            name,
-            reads,
-            writer,
-            first,
-            next,
-        } = writer_ahead(&url, "hand-queued", 4).await;
+        let ahead = writer_ahead(&url, "hand-queued", 4).await;
+        let (clients, pool, name, reads) = (&ahead.clients, &ahead.pool, &ahead.name, &ahead.reads);
+        let (writer, first, next) = (ahead.writer, ahead.first, &ahead.next);
         let others = [
-            waiting(&clients[2], &name, &reads),
-            waiting(&clients[3], &name, &reads),
+            waiting(&clients[2], name, reads),
+            waiting(&clients[3], name, reads),
         ];
         // Every reader's first join queued it, the reserved one's too.
-        reader_places(&pool, TABLE, &name, 3).await;
-        keep_places(&pool, &name).await;
-        let queued: Vec<String> = reader_places(&pool, TABLE, &name, 3)
+        reader_places(pool, TABLE, name, 3).await;
+        keep_places(pool, name).await;
+        let queued: Vec<String> = reader_places(pool, TABLE, name, 3)
             .await
             .into_iter()
             .map(|(owner, _)| owner)
-            .filter(|owner| *owner != next)
+            .filter(|owner| owner != next)
             .collect();
         assert_eq!(queued.len(), 2, "{queued:?}");
-        let mut listener = common::listen(&pool, TABLE).await;
+        let mut listener = common::listen(pool, TABLE).await;
         let before = token_of(&writer);
         writer.release().await.expect("the writer's release");
         let mut notes = Vec::new();
         for _ in 0..3 {
-            notes.push(common::next_note(&mut listener, &name).await);
+            notes.push(common::next_note(&mut listener, name).await);
         }
         // The queued readers in their order, then the reserved one, each told its token; only
         // the last note (`h`) wakes the other waiters.
@@ -1146,7 +1140,7 @@ mod postgres {
         let expected = [
             told('H', &queued[0], before + 2),
             told('H', &queued[1], before + 3),
-            told('h', &next, before + 1),
+            told('h', next, before + 1),
         ];
         assert_eq!(notes, expected, "not handed over by the release");
         let read = common::granted(first).await;
@@ -1160,19 +1154,15 @@ mod postgres {
         }
         tokens.sort_unstable();
         assert_eq!(tokens, [before + 1, before + 2, before + 3]);
-        let (owner, version, next_owner, _) = row(&pool, TABLE, &name).await;
+        let (owner, version, next_owner, _) = row(pool, TABLE, name).await;
         assert_eq!(owner.as_deref(), Some("\u{1}shared"), "not marked shared");
         assert_eq!((version, next_owner), (before + 3, None));
-        assert_eq!(
-            reader_places(&pool, TABLE, &name, 0).await,
-            [],
-            "places left"
-        );
+        assert_eq!(reader_places(pool, TABLE, name, 0).await, [], "places left");
         for hold in holds {
             hold.renew().await.expect("renew a read hold handed over");
             hold.release().await.expect("release it");
         }
-        a_writer_takes_at_once(&clients[0], &name, "the readers left the name held").await;
+        a_writer_takes_at_once(&clients[0], name, "the readers left the name held").await;
     }
 
     /// A reader that gives up while queued keeps its place barred (a negative ttl): the
@@ -1370,33 +1360,29 @@ mod postgres {
         drop_own_table(&pool, &table).await;
     }
 
-    /// A reader's release takes its place in the queue out: a hand-over of a client before
-    /// `_v9` (which keeps no queue) that told a queued reader of its hold left the place,
-    /// and a later hand-over would have given that owner, done with the name, a hold
-    /// nobody releases (writers kept out for its ttl).
+    /// A reader's release takes its place in the queue out, when it was queued and told of
+    /// its hold: a hand-over of a client before `_v9` (which keeps no queue) left that place,
+    /// and a later hand-over would have given that owner, done with the name, a hold nobody
+    /// releases (writers kept out for its ttl). The place is written back here after the
+    /// hand-over, as such a client leaves it.
     #[tokio::test]
-    async fn a_readers_release_takes_its_place_out() {
+    async fn a_handed_readers_release_takes_its_place_out() {
         let Some(url) = url() else { return };
-        let readers = two_readers(&url, "release-place").await;
-        let (pool, name) = (&readers.pool, &readers.name);
-        let [first, second] = readers.held;
-        let (owner, _) = read_holders(pool, name)
-            .await
-            .into_iter()
-            .find(|(_, token)| *token == token_of(&first))
-            .expect("the first reader's row");
+        let ahead = writer_ahead(&url, "release-place", 2).await;
+        let (pool, name, next) = (&ahead.pool, &ahead.name, &ahead.next);
+        ahead.writer.release().await.expect("the writer's release");
+        let read = common::granted(ahead.first).await;
         let place = format!(
             "INSERT INTO {TABLE}_queue (name, owner, seq, expires_at, ttl, permits) \
-             VALUES ($1, '{owner}', 0, now() + interval '30 seconds', 30000000, 0)"
+             VALUES ($1, '{next}', 0, now() + interval '30 seconds', 30000000, 0)"
         );
         on_name(pool, place, name, "queue").await;
-        first.release().await.expect("the first reader's release");
+        read.release().await.expect("the reader's release");
         assert_eq!(
             reader_places(pool, TABLE, name, 0).await,
             [],
             "its place stayed"
         );
-        second.release().await.expect("the second reader's release");
     }
 
     /// A reader's reservation left on a name read (its reader gone: it would join on its next

@@ -791,7 +791,8 @@ BEGIN
       IF FOUND THEN
         -- Its place in the queue, left by a hand-over of an earlier client's (`_v8`, which
         -- keeps no queue) that told it: gone, or a later hand-over would give this owner,
-        -- whose attempt is over, a hold nobody releases. Only where readers queue (`p_wake`).
+        -- whose attempt is over, a hold nobody releases. Only for a hold that may have left
+        -- one (`p_wake`: a reader queued, then told it holds): not on every reader's release.
         IF p_wake THEN
           DELETE FROM {w} WHERE name = p_name AND owner = p_owner AND ttl >= 0;
         END IF;
