@@ -2563,7 +2563,7 @@ mod mysql {
             .expect("lock wait timeout");
         let token = i64::try_from(first.token().get()).expect("token");
         let answers: Vec<i64> = sqlx::query_scalar(
-            "CALL distlock_locks_dl_release_v4(?, ?, CONCAT(CHAR(1), 'shared'), ?, false, NULL)",
+            "CALL distlock_locks_dl_release_v5(?, ?, CONCAT(CHAR(1), 'shared'), ?, false, NULL)",
         )
         .bind(&name)
         .bind(first.owner())
@@ -2650,5 +2650,75 @@ mod mysql {
             }
             other => panic!("missing database: {other:?}"),
         }
+    }
+
+    /// A release hands a freed permit to the first live waiter of the queue, past a place
+    /// that lapsed ahead of it (a crashed waiter's: left to the sweeper since the release
+    /// procedure `_v5`), and the name's row then covers the new holder's lease.
+    #[tokio::test]
+    async fn a_permit_is_handed_past_a_lapsed_place_and_the_row_covers_it() {
+        let Some(url) = url() else { return };
+        let (a, b) = (client(&url).await, client(&url).await);
+        let SqlPool::MySql(pool) = a.backend_ref().pool() else {
+            unreachable!("a mysql:// client")
+        };
+        let name = unique("lapsed");
+        let opts = AcquireOptions::default()
+            .with_ttl(Duration::from_secs(30))
+            .with_permits(1);
+        // A shorter lease than the waiter's: the row must grow to cover the handed one.
+        let short = opts.clone().with_ttl(Duration::from_secs(5));
+        let held = a.acquire(&name, &short).await.expect("acquire");
+        // First in line by its `seq`, but lapsed a second ago.
+        sqlx::query(
+            "INSERT INTO distlock_locks_queue (name, owner, seq, expires_at, ttl, permits) \
+             VALUES (?, 'crashed', 0, UTC_TIMESTAMP(6) - INTERVAL 1 SECOND, 30000000, 1)",
+        )
+        .bind(&name)
+        .execute(&pool)
+        .await
+        .expect("a lapsed place");
+        let waiter = waiting(&b, &name, &opts);
+        let live = "SELECT COUNT(*) FROM distlock_locks_queue \
+                    WHERE name = ? AND owner <> 'crashed' AND expires_at > UTC_TIMESTAMP(6)";
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let places: i64 = sqlx::query_scalar(live)
+                .bind(&name)
+                .fetch_one(&pool)
+                .await
+                .expect("places");
+            if places > 0 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the waiter never queued"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        held.release().await.expect("release");
+        let next = common::granted(waiter).await;
+        assert!(
+            !has_holder_row(&pool, &name, "crashed").await,
+            "the lapsed place was handed the permit"
+        );
+        // Within the few microseconds between the hand-over's statements (the mark reads the
+        // clock before the holder row's insert does), and well past the first lease.
+        let covered: Option<i64> = sqlx::query_scalar(
+            "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, t.expires_at, h.expires_at) < 100000 \
+             AND t.expires_at > UTC_TIMESTAMP(6) + INTERVAL 20 SECOND AS SIGNED) \
+             FROM distlock_locks AS t JOIN distlock_locks_holders AS h ON h.name = t.name \
+             WHERE t.name = ? AND h.owner = ?",
+        )
+        .bind(&name)
+        .bind(next.owner())
+        .fetch_optional(&pool)
+        .await
+        .expect("the rows");
+        assert_eq!(covered, Some(1), "the row does not cover the handed permit");
+        next.release().await.expect("release");
+        let (owner, _, _) = row(&pool, &name).await;
+        assert_eq!(owner, None, "the last release did not free the name");
     }
 }

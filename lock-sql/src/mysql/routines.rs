@@ -9,7 +9,7 @@
 //! rolls back what it refuses, and answers with one row. They are created (`IF NOT
 //! EXISTS`) with the lock table, used when present with `create_table=false`, and named by
 //! version: a change of what one does takes a new name. The join is `_v3` and the release
-//! `_v4`: they keep the queue of permit waiters (see [`Parts::join`] and [`Parts::release`]),
+//! `_v5`: they keep the queue of permit waiters (see [`Parts::join`] and [`Parts::release`]),
 //! the join takes the new holder's wake lock when asked to, the release of the last holder
 //! hands the lock to the reserved writer, and a reader's release leaves without locking the
 //! name's row while another reader holds; the renewals are still `_v1`.
@@ -36,8 +36,9 @@ const JOIN: u8 = 3;
 
 /// The version of the release procedure: `v2` hands freed permits to the queue (see
 /// [`Parts::release`]), `v3` also hands the lock to the reserved writer when the last holder
-/// leaves, `v4` lets a reader leave without locking the name's row while another holds.
-const RELEASE: u8 = 4;
+/// leaves, `v4` lets a reader leave without locking the name's row while another holds, `v5`
+/// hands a permit over with two statements fewer (see [`Parts::release`]).
+const RELEASE: u8 = 5;
 
 /// Replaces the arguments `?` of `sql` with `names`, in order (the statements hold no `?` in
 /// a literal).
@@ -390,6 +391,15 @@ END"
     /// attempt's place (no token) is gone and kept gone (a negative ttl), against a poll of it
     /// still on its way, which would queue it again for a permit nobody releases.
     ///
+    /// Since `v5` a hand-over leaves the places that lapsed to the sweeper (`sweep.rs`; every
+    /// read of the queue skips them, and they were only a crashed waiter's: an abandoned
+    /// one's stays barred either way) and the row's expiry as the hand-over's mark sets it
+    /// (covering the new holder, which the shrink would only bring back to it unless the
+    /// leaving holder's lease was the longest): two statements fewer under the name's row
+    /// lock, in the release that a handed waiter waits for. Measured with `--scenario
+    /// semaphore --clients 8` on MariaDB, four rounds each way interleaved: 3,034-3,468 ->
+    /// 3,527-3,736 acquisitions per 5 s.
+    ///
     /// The release of the last holder (`v3`; PostgreSQL's rule, see `postgres/routines.rs`)
     /// hands the lock to the exclusive waiter holding the live reservation (a positive
     /// `next_ttl`: a writer), as an exclusive release does: the row becomes that writer's,
@@ -519,9 +529,6 @@ body: BEGIN
         WHERE name = p_name AND expires_at > {NOW} AND permits = p_permits AND ttl >= 0
         ORDER BY seq, owner LIMIT 1 FOR UPDATE;
       IF w_owner IS NULL THEN LEAVE hand; END IF;
-      IF handed = 0 THEN
-        DELETE FROM {w} WHERE name = p_name AND expires_at <= {NOW} AND ttl >= 0;
-      END IF;
       DELETE FROM {w} WHERE name = p_name AND owner = w_owner;
       SET p_owner = w_owner;
       {purge};
@@ -547,7 +554,7 @@ body: BEGIN
       LEAVE body;
     END IF;
   END IF;
-  IF n = 0 THEN {free}; ELSE {shrink}; END IF;
+  IF n = 0 THEN {free}; ELSEIF handed = 0 THEN {shrink}; END IF;
   COMMIT;
   {unlock};
   SELECT CAST(1 AS SIGNED);
