@@ -2679,30 +2679,37 @@ mod mysql {
         .await
         .expect("a lapsed place");
         let waiter = waiting(&b, &name, &opts);
-        let live = "SELECT COUNT(*) FROM distlock_locks_queue \
+        let live = "SELECT CAST(owner AS CHAR) FROM distlock_locks_queue \
                     WHERE name = ? AND owner <> 'crashed' AND expires_at > UTC_TIMESTAMP(6)";
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let places: i64 = sqlx::query_scalar(live)
+        let queued = loop {
+            let place: Option<String> = sqlx::query_scalar(live)
                 .bind(&name)
-                .fetch_one(&pool)
+                .fetch_optional(&pool)
                 .await
                 .expect("places");
-            if places > 0 {
-                break;
+            if let Some(owner) = place {
+                break owner;
             }
             assert!(
                 std::time::Instant::now() < deadline,
                 "the waiter never queued"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        };
         held.release().await.expect("release");
-        let next = common::granted(waiter).await;
+        // Handed by the release itself: the waiter's holder row is there as it returns (the
+        // waiter's own join, had the release left the permit free, comes a look later).
+        assert!(
+            has_holder_row(&pool, &name, &queued).await,
+            "the release did not hand the queued waiter the permit"
+        );
         assert!(
             !has_holder_row(&pool, &name, "crashed").await,
             "the lapsed place was handed the permit"
         );
+        let next = common::granted(waiter).await;
+        assert_eq!(next.owner(), queued, "another attempt holds the permit");
         // Within the few microseconds between the hand-over's statements (the mark reads the
         // clock before the holder row's insert does), and well past the first lease.
         let covered: Option<i64> = sqlx::query_scalar(
