@@ -2060,9 +2060,7 @@ mod mysql {
     async fn a_handed_lock_found_by_reading_takes_its_wake_lock() {
         let Some(url) = url() else { return };
         let (a, b) = (client(&url).await, client(&url).await);
-        let SqlPool::MySql(pool) = a.backend_ref().pool() else {
-            unreachable!("a mysql:// client")
-        };
+        let pool = common::my(&a);
         let name = unique("found");
         let opts = AcquireOptions::default().with_ttl(Duration::from_secs(5));
         let held = held_with_wake_lock(&a, &name, &opts).await;
@@ -2112,9 +2110,7 @@ mod mysql {
     async fn a_release_hands_the_lock_to_the_reserved_waiter() {
         let Some(url) = url() else { return };
         let clients = [client(&url).await, client(&url).await, client(&url).await];
-        let SqlPool::MySql(pool) = clients[0].backend_ref().pool() else {
-            unreachable!("a mysql:// client")
-        };
+        let pool = common::my(&clients[0]);
         let name = unique("handover");
         let opts = AcquireOptions::default().with_ttl(Duration::from_secs(3));
         let mut held = clients[0].acquire(&name, &opts).await.expect("acquire");
@@ -2174,9 +2170,7 @@ mod mysql {
     async fn release_hold_gives_the_holders_wake_lock_up() {
         let Some(url) = url() else { return };
         let (a, b) = (client(&url).await, client(&url).await);
-        let SqlPool::MySql(pool) = a.backend_ref().pool() else {
-            unreachable!("a mysql:// client")
-        };
+        let pool = common::my(&a);
         let name = unique("by-token");
         let opts = AcquireOptions::default().with_ttl(Duration::from_secs(10));
         let held = held_with_wake_lock(&a, &name, &opts).await;
@@ -2659,9 +2653,7 @@ mod mysql {
     async fn a_permit_is_handed_past_a_lapsed_place_and_the_row_covers_it() {
         let Some(url) = url() else { return };
         let (a, b) = (client(&url).await, client(&url).await);
-        let SqlPool::MySql(pool) = a.backend_ref().pool() else {
-            unreachable!("a mysql:// client")
-        };
+        let pool = common::my(&a);
         let name = unique("lapsed");
         let opts = AcquireOptions::default()
             .with_ttl(Duration::from_secs(30))

@@ -397,8 +397,8 @@ END"
     /// (covering the new holder, which the shrink would only bring back to it unless the
     /// leaving holder's lease was the longest): two statements fewer under the name's row
     /// lock, in the release that a handed waiter waits for. Measured with `--scenario
-    /// semaphore --clients 8` on MariaDB, four rounds each way interleaved: 3,034-3,468 ->
-    /// 3,527-3,736 acquisitions per 5 s.
+    /// semaphore --clients 8` on MariaDB, eight pairs interleaved in two rounds (as the README
+    /// has them): 3,034-3,474 -> 3,525-3,828 acquisitions per 5 s.
     ///
     /// The release of the last holder (`v3`; PostgreSQL's rule, see `postgres/routines.rs`)
     /// hands the lock to the exclusive waiter holding the live reservation (a positive

@@ -120,6 +120,17 @@ pub(crate) fn pg(client: &LockClient<SqlBackend>) -> sqlx::PgPool {
     }
 }
 
+/// The MySQL pool of `client`, a `mysql://` client.
+#[cfg(feature = "mysql")]
+#[allow(dead_code, reason = "not every test file reads MySQL directly")]
+pub(crate) fn my(client: &LockClient<SqlBackend>) -> sqlx::MySqlPool {
+    match client.backend_ref().pool() {
+        SqlPool::MySql(pool) => pool,
+        #[allow(unreachable_patterns, reason = "other dialects may be compiled in")]
+        _ => unreachable!("a mysql:// client"),
+    }
+}
+
 /// The guard an acquisition running in `waiter`'s task gets, within 5 s.
 #[allow(dead_code, reason = "not every test file waits in a task")]
 pub(crate) async fn granted(
