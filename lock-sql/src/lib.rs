@@ -149,7 +149,7 @@
 //!   "A reader leaves without locking the name's row"). A refused acquisition rolls back.
 //! - **PostgreSQL and MySQL/MariaDB** run each of those transactions as one call of a
 //!   server-side routine (PL/pgSQL functions `<table>_dl_join_v9`, `<table>_dl_renew_v9`,
-//!   `<table>_dl_release_v9`; stored procedures `<table>_dl_join_v3`, `<table>_dl_renew_v1`,
+//!   `<table>_dl_release_v9`; stored procedures `<table>_dl_join_v4`, `<table>_dl_renew_v1`,
 //!   `<table>_dl_release_v5`; created with the
 //!   lock table when missing; the same statements in the same order, a refused join writing
 //!   nothing): one round trip (a PostgreSQL reader's release: two when it may be the last to

@@ -2103,6 +2103,56 @@ mod mysql {
         got.release().await.expect("release");
     }
 
+    /// A reader joining live readers locks the name's row only to step its version (join
+    /// `_v4`), and touches no other holder's row: it joins while another transaction holds
+    /// every holder row of the name locked (as leaving readers' releases do, each its own).
+    /// The join before `_v4` locked the name's row first and purged the name's holder rows
+    /// under it, so it waited for those locks (`innodb_lock_wait_timeout`, 50 s by default).
+    #[tokio::test]
+    async fn a_reader_joins_past_locked_holder_rows() {
+        let Some(url) = url() else { return };
+        let (a, b, c) = (client(&url).await, client(&url).await, client(&url).await);
+        let pool = common::my(&a);
+        let name = unique("readers_past");
+        let opts = AcquireOptions::default()
+            .with_ttl(Duration::from_secs(10))
+            .shared();
+        let first = a.acquire(&name, &opts).await.expect("first reader");
+        let second = b.acquire(&name, &opts).await.expect("second reader");
+        // At the isolation the releases run at: the rows locked, not the gaps between them
+        // (a new holder row's insert waits for a gap lock of repeatable read).
+        let mut conn = pool.acquire().await.expect("connection").detach();
+        sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .execute(&mut conn)
+            .await
+            .expect("read committed");
+        let mut tx = sqlx::Connection::begin(&mut conn).await.expect("begin");
+        let locked: Vec<String> = sqlx::query_scalar(
+            "SELECT CAST(owner AS CHAR) FROM distlock_locks_holders WHERE name = ? FOR UPDATE",
+        )
+        .bind(&name)
+        .fetch_all(&mut *tx)
+        .await
+        .expect("lock the holder rows");
+        assert_eq!(locked.len(), 2, "two holder rows locked");
+        let third = tokio::time::timeout(Duration::from_secs(5), c.acquire(&name, &opts))
+            .await
+            .expect("the third reader joined while the holder rows were locked")
+            .expect("third reader");
+        assert!(
+            third.token() > second.token() && second.token() > first.token(),
+            "tokens did not increase: {:?}, {:?}, {:?}",
+            first.token(),
+            second.token(),
+            third.token()
+        );
+        tx.rollback().await.expect("rollback");
+        for guard in [first, second, third] {
+            guard.release().await.expect("release");
+        }
+        assert_eq!(row(&pool, &name).await.0, None, "the name is free again");
+    }
+
     /// The release hands the lock to the waiter holding the reservation (which waits on the
     /// holder's wake lock): the row goes from the holder to the waiter with the next version,
     /// and the waiter holds it with that token; then it hands it on the same way.

@@ -1101,9 +1101,11 @@ mod mysql {
             // The join and the release queue permit waiters since `_v2`; the join takes the
             // holder's wake lock since `_v3`, and the last holder's release hands the lock
             // to the reserved writer; a reader's release leaves without locking the name's
-            // row since `_v4`; a permit's hand-over runs two statements fewer since `_v5`.
+            // row since `_v4`; a permit's hand-over runs two statements fewer since `_v5`; a
+            // reader joins live readers locking the name's row only to step its version since
+            // the join's `_v4`.
             |table, what| match what {
-                "join" => format!("{table}_dl_{what}_v3"),
+                "join" => format!("{table}_dl_{what}_v4"),
                 "release" => format!("{table}_dl_{what}_v5"),
                 _ => format!("{table}_dl_{what}_v1"),
             },
