@@ -145,14 +145,16 @@
 //! - An acquisition, renewal or release of a shared hold or permit is one short transaction
 //!   (at READ COMMITTED; SQLite `BEGIN IMMEDIATE`) that first locks the name's row of the lock
 //!   table (`SELECT .. FOR UPDATE`, inserting a free row if missing), so that every change of
-//!   one name's holders is serialized by that row (but a PostgreSQL reader's release: below,
-//!   "A reader leaves without locking the name's row"). A refused acquisition rolls back.
+//!   one name's holders is serialized by that row (but a reader's release: below, "A reader
+//!   leaves without locking the name's row"; and a MariaDB/MySQL reader joining live readers,
+//!   which locks the row by the `UPDATE` that steps its version: join procedure `_v4`). A
+//!   refused acquisition rolls back.
 //! - **PostgreSQL and MySQL/MariaDB** run each of those transactions as one call of a
 //!   server-side routine (PL/pgSQL functions `<table>_dl_join_v9`, `<table>_dl_renew_v9`,
 //!   `<table>_dl_release_v9`; stored procedures `<table>_dl_join_v4`, `<table>_dl_renew_v1`,
 //!   `<table>_dl_release_v5`; created with the
-//!   lock table when missing; the same statements in the same order, a refused join writing
-//!   nothing): one round trip (a PostgreSQL reader's release: two when it may be the last to
+//!   lock table when missing; the same statements in the same order, but for the shortcuts
+//!   of readers named above, a refused join writing nothing): one round trip (a PostgreSQL reader's release: two when it may be the last to
 //!   leave and another transaction holds the name's row) instead of five to eight, so the name's row stays locked for a fraction of
 //!   one. On PostgreSQL a refusal and a release commit without waiting for their WAL flush
 //!   (as an exclusive release does: a release lost in a database crash leaves the hold until
@@ -333,6 +335,16 @@
 //!   the sequence (`USAGE` or `UPDATE` on it) joins as before, the row locked for update;
 //!   the sequence and the columns `read_base`, `read_from` are created with the functions
 //!   and the table (`create_table`).
+//!
+//!   MySQL/MariaDB's join procedure does it differently since `_v4`: a reader that finds the
+//!   row carrying the live read marker with no live reservation steps the row's version by
+//!   one `UPDATE` that says so in its `WHERE` (its token, read back by `LAST_INSERT_ID`),
+//!   then deletes a holder row of its own left from before and inserts its new one, so the
+//!   row is locked for those statements and the commit, not from the join's first read; no
+//!   other holder's row is read or locked (the join before purged the name's holder rows
+//!   under the row's lock, so it waited for each leaving reader's release); lapsed rows are
+//!   left to other joins and the sweeper. An `UPDATE` that finds the row otherwise changes
+//!   nothing, and the join goes on as before.
 //!
 //!   On MySQL the writer's wait on the latest reader is cancelled on the server when no
 //!   longer needed (as its wait on a writer is: its wake-up may keep a connection), not left
