@@ -152,18 +152,19 @@
 //! - **PostgreSQL and MySQL/MariaDB** run each of those transactions as one call of a
 //!   server-side routine (PL/pgSQL functions `<table>_dl_join_v9`, `<table>_dl_renew_v9`,
 //!   `<table>_dl_release_v9`; stored procedures `<table>_dl_join_v4`, `<table>_dl_renew_v1`,
-//!   `<table>_dl_release_v5`; created with the
-//!   lock table when missing; the same statements in the same order, but for the shortcuts
-//!   of readers named above, a refused join writing nothing): one round trip (a PostgreSQL reader's release: two when it may be the last to
-//!   leave and another transaction holds the name's row) instead of five to eight, so the name's row stays locked for a fraction of
-//!   one. On PostgreSQL a refusal and a release commit without waiting for their WAL flush
-//!   (as an exclusive release does: a release lost in a database crash leaves the hold until
-//!   its lease ends); a join that takes and a renewal flush. With `create_table=false` the
-//!   routines are used when they exist, else the transactions run (so does a client of an
-//!   earlier version; both lock the row first, so they mix). The database user needs the
-//!   right to create routines in the table's schema (MySQL: `CREATE ROUTINE`), as it needs
-//!   it for tables; when the creation fails, a warning is logged and the transactions run.
-//!   SQLite runs the transactions: its round trips stay in the process.
+//!   `<table>_dl_release_v5`; created with the lock table when missing; the same statements
+//!   in the same order, but for the shortcuts of readers named above, a refused join writing
+//!   nothing): one round trip (a PostgreSQL reader's release: two when it may be the last to
+//!   leave and another transaction holds the name's row) instead of five to eight, so the
+//!   name's row stays locked for a fraction of one. On PostgreSQL a refusal and a release
+//!   commit without waiting for their WAL flush (as an exclusive release does: a release lost
+//!   in a database crash leaves the hold until its lease ends); a join that takes and a
+//!   renewal flush. With `create_table=false` the routines are used when they exist, else
+//!   the transactions run (so does a client of an earlier version; both lock the row first,
+//!   so they mix). The database user needs the right to create routines in the table's
+//!   schema (MySQL: `CREATE ROUTINE`), as it needs it for tables; when the creation fails, a
+//!   warning is logged and the transactions run. SQLite runs the transactions: its round
+//!   trips stay in the process.
 //! - While holders live, the lock row's `owner` is a **marker** (`\u{1}shared`,
 //!   `\u{1}permits:N`, never a real owner) and its `expires_at` at least the latest holder
 //!   expiry: the exclusive take (unchanged, one statement) refuses the name while they live
