@@ -2607,7 +2607,7 @@ mod mysql {
             .expect("lock wait timeout");
         let token = i64::try_from(first.token().get()).expect("token");
         let answers: Vec<i64> = sqlx::query_scalar(
-            "CALL distlock_locks_dl_release_v5(?, ?, CONCAT(CHAR(1), 'shared'), ?, false, NULL)",
+            "CALL distlock_locks_dl_release_v6(?, ?, CONCAT(CHAR(1), 'shared'), ?, false, NULL)",
         )
         .bind(&name)
         .bind(first.owner())
@@ -2696,6 +2696,29 @@ mod mysql {
         }
     }
 
+    /// The owner of the live place in the queue of permit waiters of `name` (but the test's
+    /// `crashed` one), once a waiter queued (at most 10 s).
+    async fn live_place(pool: &sqlx::MySqlPool, name: &str) -> String {
+        let live = "SELECT CAST(owner AS CHAR) FROM distlock_locks_queue \
+                    WHERE name = ? AND owner <> 'crashed' AND expires_at > UTC_TIMESTAMP(6)";
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let place: Option<String> = sqlx::query_scalar(live)
+                .bind(name)
+                .fetch_optional(pool)
+                .await
+                .expect("places");
+            if let Some(owner) = place {
+                return owner;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the waiter never queued"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// A release hands a freed permit to the first live waiter of the queue, past a place
     /// that lapsed ahead of it (a crashed waiter's: left to the sweeper since the release
     /// procedure `_v5`), and the name's row then covers the new holder's lease.
@@ -2721,24 +2744,7 @@ mod mysql {
         .await
         .expect("a lapsed place");
         let waiter = waiting(&b, &name, &opts);
-        let live = "SELECT CAST(owner AS CHAR) FROM distlock_locks_queue \
-                    WHERE name = ? AND owner <> 'crashed' AND expires_at > UTC_TIMESTAMP(6)";
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        let queued = loop {
-            let place: Option<String> = sqlx::query_scalar(live)
-                .bind(&name)
-                .fetch_optional(&pool)
-                .await
-                .expect("places");
-            if let Some(owner) = place {
-                break owner;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the waiter never queued"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
+        let queued = live_place(&pool, &name).await;
         held.release().await.expect("release");
         // Handed by the release itself: the waiter's holder row is there as it returns (the
         // waiter's own join, had the release left the permit free, comes a look later).
@@ -2769,5 +2775,50 @@ mod mysql {
         next.release().await.expect("release");
         let (owner, _, _) = row(&pool, &name).await;
         assert_eq!(owner, None, "the last release did not free the name");
+    }
+
+    /// A permit's release hands it to the first waiter in place (release procedure `_v6`):
+    /// it deletes its own holder row and inserts the waiter's, and touches no other holder's
+    /// row, so it hands over while another transaction holds the other holder's row locked
+    /// (as that holder's own release or renewal does). The release before `_v6` purged the
+    /// name's holder rows under the name's row lock, and so waited for that lock
+    /// (`innodb_lock_wait_timeout`, 50 s by default).
+    #[tokio::test]
+    async fn a_permit_is_handed_past_a_locked_holder_row() {
+        let Some(url) = url() else { return };
+        let (a, b, c) = (client(&url).await, client(&url).await, client(&url).await);
+        let pool = common::my(&a);
+        let name = unique("handed_past");
+        let opts = AcquireOptions::default()
+            .with_ttl(Duration::from_secs(30))
+            .with_permits(2);
+        let leaving = a.acquire(&name, &opts).await.expect("first permit");
+        let staying = c.acquire(&name, &opts).await.expect("second permit");
+        let waiter = waiting(&b, &name, &opts);
+        let queued = live_place(&pool, &name).await;
+        // The staying holder's row by its key: the row locked, no gap beside it.
+        let mut tx = pool.begin().await.expect("begin");
+        lock_holder_row(&mut tx, &name, &staying).await;
+        let token = leaving.token();
+        tokio::time::timeout(Duration::from_secs(5), leaving.release())
+            .await
+            .expect("the release handed over while a holder row was locked")
+            .expect("release");
+        let next = tokio::time::timeout(Duration::from_secs(5), common::granted(waiter))
+            .await
+            .expect("the waiter took the handed permit while a holder row was locked");
+        assert_eq!(next.owner(), queued, "another attempt holds the permit");
+        assert!(
+            next.token() > token && next.token() > staying.token(),
+            "the handed token is not the newest: {:?} after {:?} and {:?}",
+            next.token(),
+            token,
+            staying.token()
+        );
+        tx.rollback().await.expect("rollback");
+        for guard in [next, staying] {
+            guard.release().await.expect("release");
+        }
+        assert_eq!(row(&pool, &name).await.0, None, "the name is free again");
     }
 }
