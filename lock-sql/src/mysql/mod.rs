@@ -504,25 +504,40 @@ impl Db for MyDb {
         let lock_prefix = slot.as_ref().map(|_| prefix.as_str());
         // Cancelled or failed mid-way, the connection is closed, and with it any wake lock.
         let mut hot = self.common.conns.get().await?;
-        let query = q(&self.queued_look).bind(name).bind(owner).bind(name);
-        let query = query.bind(owner).bind(lock_prefix).bind(lock_prefix);
-        let query = query.bind(name).bind(owner).bind(&prefix).bind(name);
-        let query = query.bind(marker(kind)).bind(name).bind(owner);
-        let row = match query.fetch_one(hot.conn()).await {
-            Ok(row) => row,
+        let query = q(&self.queued_look).bind(name).bind(owner);
+        let query = query.bind(lock_prefix).bind(lock_prefix).bind(marker(kind));
+        let query = query
+            .bind(name)
+            .bind(owner)
+            .bind(owner)
+            .bind(&prefix)
+            .bind(name);
+        let rows = match query.fetch_all(hot.conn()).await {
+            Ok(rows) => rows,
             Err(err) => return hot.finish(Err(err)),
         };
         let read = (|| {
-            let ahead: i64 = row.try_get(0)?;
-            let placed: i64 = row.try_get(1)?;
-            let token: Option<i64> = row.try_get(2)?;
-            let remaining_us: Option<i64> = row.try_get(3)?;
-            let woke: Option<i64> = row.try_get(4)?;
-            let armed: Option<String> = row.try_get(5)?;
-            let held: i64 = row.try_get(6)?;
+            let (mut ahead, mut placed, mut handed, mut woke) = (0, 0, None, None);
+            let (mut held, mut armed) = (0_i64, None::<String>);
+            for row in &rows {
+                match row.try_get::<i64, _>(0)? {
+                    1 => {
+                        ahead = row.try_get::<Option<i64>, _>(1)?.unwrap_or(0);
+                        placed = row.try_get(2)?;
+                    }
+                    2 => {
+                        handed = Some((row.try_get(1)?, row.try_get(2)?));
+                        woke = row.try_get::<Option<i64>, _>(3)?;
+                    }
+                    _ => {
+                        held = row.try_get(1)?;
+                        armed = row.try_get(4)?;
+                    }
+                }
+            }
             let permits = kinds::permits_of(kind);
             let look = QueuedLook {
-                handed: token.zip(remaining_us),
+                handed,
                 ahead: (placed > 0).then_some(ahead),
                 free: held.saturating_add(ahead) < permits,
                 // Cut at 1,024 characters: a token cut short is a wait on nobody's lock.
