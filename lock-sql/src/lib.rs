@@ -149,12 +149,12 @@
 //!   leaves without locking the name's row"; a MariaDB/MySQL reader joining live readers,
 //!   which locks the row by the `UPDATE` that steps its version: join procedure `_v4`; and a
 //!   MariaDB/MySQL permit's release with a waiter queued, which locks it the same way and
-//!   hands the permit over in place: release procedure `_v6`). A refused acquisition rolls
+//!   hands the permit over in place: release procedure `_v7`). A refused acquisition rolls
 //!   back.
 //! - **PostgreSQL and MySQL/MariaDB** run each of those transactions as one call of a
 //!   server-side routine (PL/pgSQL functions `<table>_dl_join_v9`, `<table>_dl_renew_v9`,
 //!   `<table>_dl_release_v9`; stored procedures `<table>_dl_join_v5`, `<table>_dl_renew_v1`,
-//!   `<table>_dl_release_v6`; created with the lock table when missing; the same statements
+//!   `<table>_dl_release_v7`; created with the lock table when missing; the same statements
 //!   in the same order, but for the shortcuts of readers named above, a refused join writing
 //!   nothing): one round trip (a PostgreSQL reader's release: two when it may be the last to
 //!   leave and another transaction holds the name's row) instead of five to eight, so the

@@ -2607,7 +2607,7 @@ mod mysql {
             .expect("lock wait timeout");
         let token = i64::try_from(first.token().get()).expect("token");
         let answers: Vec<i64> = sqlx::query_scalar(
-            "CALL distlock_locks_dl_release_v6(?, ?, CONCAT(CHAR(1), 'shared'), ?, false, NULL)",
+            "CALL distlock_locks_dl_release_v7(?, ?, CONCAT(CHAR(1), 'shared'), ?, false, NULL)",
         )
         .bind(&name)
         .bind(first.owner())
@@ -2777,10 +2777,10 @@ mod mysql {
         assert_eq!(owner, None, "the last release did not free the name");
     }
 
-    /// A permit's release hands it to the first waiter in place (release procedure `_v6`):
+    /// A permit's release hands it to the first waiter in place (release procedure `_v7`):
     /// it deletes its own holder row and inserts the waiter's, and touches no other holder's
     /// row, so it hands over while another transaction holds the other holder's row locked
-    /// (as that holder's own release or renewal does). The release before `_v6` purged the
+    /// (as that holder's own release or renewal does). The release before `_v7` purged the
     /// name's holder rows under the name's row lock, and so waited for that lock
     /// (`innodb_lock_wait_timeout`, 50 s by default).
     #[tokio::test]
@@ -2820,5 +2820,100 @@ mod mysql {
             guard.release().await.expect("release");
         }
         assert_eq!(row(&pool, &name).await.0, None, "the name is free again");
+    }
+
+    /// A waiter queued again while a permit handed to it earlier lapsed unseen (its holder
+    /// row still there, expired) is handed the next permit all the same: the in-place
+    /// hand-over (release procedure `_v7`) deletes that row by its key first. Without it
+    /// the insert of the waiter's new holder row failed on the table's key, and every
+    /// release of the name answered that error until the row went.
+    #[tokio::test]
+    async fn a_permit_is_handed_to_a_waiter_with_a_lapsed_hold_of_its_own() {
+        let Some(url) = url() else { return };
+        let (a, b) = (client(&url).await, client(&url).await);
+        let pool = common::my(&a);
+        let name = unique("own_lapsed");
+        let opts = AcquireOptions::default()
+            .with_ttl(Duration::from_secs(30))
+            .with_permits(1);
+        let held = a.acquire(&name, &opts).await.expect("acquire");
+        let waiter = waiting(&b, &name, &opts);
+        let queued = live_place(&pool, &name).await;
+        sqlx::query(
+            "INSERT INTO distlock_locks_holders (name, owner, token, expires_at, permits) \
+             VALUES (?, ?, 1, UTC_TIMESTAMP(6) - INTERVAL 1 SECOND, 1)",
+        )
+        .bind(&name)
+        .bind(&queued)
+        .execute(&pool)
+        .await
+        .expect("a lapsed hold of the waiter's");
+        let token = held.token();
+        tokio::time::timeout(Duration::from_secs(5), held.release())
+            .await
+            .expect("the release answered")
+            .expect("release");
+        let next = tokio::time::timeout(Duration::from_secs(5), common::granted(waiter))
+            .await
+            .expect("the waiter took the handed permit");
+        assert_eq!(next.owner(), queued, "another attempt holds the permit");
+        assert!(next.token() > token, "the handed token is not the newest");
+        next.release().await.expect("release");
+        assert_eq!(row(&pool, &name).await.0, None, "the name is free again");
+    }
+
+    /// A permit's release with a waiter queued, of a hold that is not there (lapsed, or
+    /// released by force), hands nothing and changes nothing: the in-place hand-over
+    /// (release procedure `_v7`) has stepped the name's row's version and stretched its
+    /// expiry over the waiter's ttl before it finds the hold gone, and rolls all of it back.
+    /// Called directly, while the name's one permit is held, so that no join of the waiter's
+    /// moves the row meanwhile.
+    #[tokio::test]
+    async fn a_permit_release_that_finds_its_hold_gone_changes_nothing() {
+        let Some(url) = url() else { return };
+        let (a, b) = (client(&url).await, client(&url).await);
+        let pool = common::my(&a);
+        let name = unique("gone_hold");
+        let short = AcquireOptions::default()
+            .with_ttl(Duration::from_secs(5))
+            .with_permits(1);
+        let held = a.acquire(&name, &short).await.expect("acquire");
+        let waiter = waiting(&b, &name, &short.clone().with_ttl(Duration::from_secs(60)));
+        let queued = live_place(&pool, &name).await;
+        let expiry = "SELECT version, CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), \
+                      expires_at) AS SIGNED) FROM distlock_locks WHERE name = ?";
+        let (version, left): (i64, i64) = sqlx::query_as(expiry)
+            .bind(&name)
+            .fetch_one(&pool)
+            .await
+            .expect("the row before");
+        let answers: Vec<i64> = sqlx::query_scalar(
+            "CALL distlock_locks_dl_release_v7(?, 'nobody', CONCAT(CHAR(1), 'permits:1'), 1, \
+             true, NULL)",
+        )
+        .bind(&name)
+        .fetch_all(&pool)
+        .await
+        .expect("the call");
+        assert_eq!(answers, [0], "a release of no hold answered");
+        let (after, left_after): (i64, i64) = sqlx::query_as(expiry)
+            .bind(&name)
+            .fetch_one(&pool)
+            .await
+            .expect("the row after");
+        assert_eq!(after, version, "the release stepped the version");
+        assert!(
+            left_after <= left,
+            "the release stretched the row: {left} -> {left_after} us left"
+        );
+        assert!(
+            !has_holder_row(&pool, &name, &queued).await,
+            "the release handed a permit"
+        );
+        held.release().await.expect("release");
+        let next = tokio::time::timeout(Duration::from_secs(10), common::granted(waiter))
+            .await
+            .expect("the waiter took the permit");
+        next.release().await.expect("release");
     }
 }

@@ -1102,13 +1102,13 @@ mod mysql {
             // holder's wake lock since `_v3`, and the last holder's release hands the lock
             // to the reserved writer; a reader's release leaves without locking the name's
             // row since `_v4`; a permit's hand-over runs two statements fewer since `_v5`, and
-            // hands the permit over in place since `_v6`; a reader joins live readers locking
+            // hands the permit over in place since `_v7`; a reader joins live readers locking
             // the name's row only to step its version since the join's `_v4`, and a queued
             // permit waiter's join counts the holders only when the queue leaves a permit
             // since `_v5`.
             |table, what| match what {
                 "join" => format!("{table}_dl_{what}_v5"),
-                "release" => format!("{table}_dl_{what}_v6"),
+                "release" => format!("{table}_dl_{what}_v7"),
                 _ => format!("{table}_dl_{what}_v1"),
             },
             |p| format!("SHOW CREATE PROCEDURE {p}"),

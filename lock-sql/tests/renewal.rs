@@ -384,7 +384,7 @@ mod mysql {
         let table = unique("hold_renewal");
         batched_holds(&url, &table, 512, &Questions(admin.clone()), "mysql").await;
         let pool = distlock_sql::SqlPool::MySql(admin);
-        for what in ["join_v5", "renew_v1", "release_v6", "renew_many_v1"] {
+        for what in ["join_v5", "renew_v1", "release_v7", "renew_many_v1"] {
             common::exec(&pool, format!("DROP PROCEDURE {table}_dl_{what}")).await;
         }
         let tables = format!("{table}_holders, {table}_queue, {table}");

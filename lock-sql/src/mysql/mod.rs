@@ -517,7 +517,7 @@ impl Db for MyDb {
             Err(err) => return hot.finish(Err(err)),
         };
         let read = (|| {
-            let (mut ahead, mut placed, mut handed, mut woke) = (0, 0, None, None);
+            let (mut ahead, mut placed, mut handed, mut woke) = (0_i64, 0_i64, None, None);
             let (mut held, mut armed) = (0_i64, None::<String>);
             for row in &rows {
                 match row.try_get::<i64, _>(0)? {

@@ -9,7 +9,7 @@
 //! rolls back what it refuses, and answers with one row. They are created (`IF NOT
 //! EXISTS`) with the lock table, used when present with `create_table=false`, and named by
 //! version: a change of what one does takes a new name. The join is `_v5` and the release
-//! `_v6`: they keep the queue of permit waiters (see [`Parts::join`] and [`Parts::release`]),
+//! `_v7`: they keep the queue of permit waiters (see [`Parts::join`] and [`Parts::release`]),
 //! the join takes the new holder's wake lock when asked to (and a reader joining live readers
 //! locks the name's row only to step its version), the release of the last holder
 //! hands the lock to the reserved writer, a reader's release leaves without locking the
@@ -41,9 +41,10 @@ const JOIN: u8 = 5;
 /// The version of the release procedure: `v2` hands freed permits to the queue (see
 /// [`Parts::release`]), `v3` also hands the lock to the reserved writer when the last holder
 /// leaves, `v4` lets a reader leave without locking the name's row while another holds, `v5`
-/// hands a permit over with two statements fewer, `v6` hands it over in place (see
-/// [`Parts::release`]).
-const RELEASE: u8 = 6;
+/// hands a permit over with two statements fewer, `v7` hands it over in place (see
+/// [`Parts::release`]; `v6` named a dropped experiment, README "What released names leave
+/// behind").
+const RELEASE: u8 = 7;
 
 /// Replaces the arguments `?` of `sql` with `names`, in order (the statements hold no `?` in
 /// a literal).
@@ -442,22 +443,28 @@ END"
     /// semaphore --clients 8` on MariaDB, eight pairs interleaved in two rounds (as the README
     /// has them): 3,034-3,474 -> 3,525-3,828 acquisitions per 5 s.
     ///
-    /// Since `v6` a permit's release first reads the first live waiter of the queue without
+    /// Since `v7` a permit's release first reads the first live waiter of the queue without
     /// locking anything; with one there, it steps the name's row's version (its row locked
     /// from that `UPDATE`, which also checks the semaphore's live marker and stretches the
     /// row's expiry over the waiter's ttl), locks that waiter's place (`FOR UPDATE`, the
     /// first live one again: another release may have handed it meanwhile), deletes its own
-    /// holder row and inserts the waiter's with the stepped version as its token, deletes
-    /// the place and commits: the permit handed in place, the holder count unchanged, so
-    /// the holders are not counted, no other holder's row is read or locked (lapsed ones
-    /// are left to the joins' purges and the sweeper), and the name's row stays locked for
-    /// five statements instead of eight. Should the place or the hold be gone, or the marker
-    /// not live, it goes on as the release it was (a version maybe stepped, a token unused).
-    /// The locks are taken in the order of every other procedure: the name's row, then the
-    /// queue's row. `--scenario semaphore --clients 8` on MariaDB 10.11, release builds
-    /// interleaved, seven pairs (the last three in reverse order): 795, 782, 729, 760, 753,
-    /// 752, 762 -> 835, 784, 804, 787, 805, 805, 826 acquisitions/s (mean 762 -> 807, +6%),
-    /// semaphore / its three mutexes side by side 0.60-0.64 -> 0.63-0.67.
+    /// holder row and any lapsed one of the waiter's (a permit handed to it that it never
+    /// learned of: by its key), inserts the waiter's with the stepped version as its token,
+    /// deletes the place and commits: the permit handed in place, the holder count
+    /// unchanged, so the holders are not counted, no other holder's row is read or locked
+    /// (lapsed ones are left to the joins' purges and the sweeper), and the name's row stays
+    /// locked for six statements instead of eight. Should the place or the hold be gone
+    /// meanwhile, all of it is rolled back and the release goes on as any other; with no
+    /// live marker or nobody queued, nothing was written. The locks are taken in the order
+    /// of every other procedure: the name's row, then the queue's row. Unlike the hand-over
+    /// below, it hands only the permit it frees (permits left free by lapsed holders are
+    /// taken by the waiters' own joins, which their looks start). `--scenario semaphore
+    /// --clients 8` on MariaDB 10.11, release builds interleaved, seven pairs (the last
+    /// three in reverse order; this form without the delete of the waiter's lapsed row,
+    /// added after a review): 795, 782, 729, 760, 753, 752, 762 -> 835, 784, 804, 787, 805,
+    /// 805, 826 acquisitions/s (mean 762 -> 807, +6%), semaphore / its three mutexes side by
+    /// side 0.60-0.64 -> 0.63-0.67. (`v6` named an experiment dropped on 2026-12-05: README,
+    /// "What released names leave behind".)
     ///
     /// The release of the last holder (`v3`; PostgreSQL's rule, see `postgres/routines.rs`)
     /// hands the lock to the exclusive waiter holding the live reservation (a positive
@@ -566,7 +573,7 @@ body: BEGIN
     SET v_found = 1;
   END IF;
   IF p_wake AND p_token IS NOT NULL AND {permit} THEN
-    -- A permit's release with a waiter queued (v6): the name's row locked by the step of its
+    -- A permit's release with a waiter queued (v7): the name's row locked by the step of its
     -- version (the next token), the permit handed in place to the first live waiter.
     SET p_permits = CAST(SUBSTRING(p_marker, 10) AS SIGNED), w_owner = NULL;
     {head};
@@ -577,21 +584,26 @@ body: BEGIN
       IF ROW_COUNT() = 1 THEN
         SET o_taken = LAST_INSERT_ID(), v_owner = w_owner, v_ttl = p_ttl, w_owner = NULL;
         {head} FOR UPDATE;
-        IF w_owner IS NOT NULL THEN
-          {leave};
-          IF ROW_COUNT() = 1 THEN
-            DELETE FROM {w} WHERE name = p_name AND owner = w_owner;
-            SET p_owner = w_owner;
-            {insert};
-            -- Another waiter's ttl than the one read first: the row covers it too.
-            IF NOT (w_owner <=> v_owner AND p_ttl <=> v_ttl) THEN {stretch}; END IF;
-            COMMIT; {unlock}; SELECT CAST(1 AS SIGNED); LEAVE body;
-          END IF;
+        SET n = 0;
+        IF w_owner IS NOT NULL THEN {leave}; SET n = ROW_COUNT(); END IF;
+        IF n = 1 THEN
+          -- A lapsed holder row of the waiter's own (a permit handed to it that it never
+          -- learned of) goes first: by its key, no other holder's row read.
+          DELETE FROM {h} WHERE name = p_name AND owner = w_owner;
+          DELETE FROM {w} WHERE name = p_name AND owner = w_owner;
+          SET p_owner = w_owner;
+          {insert};
+          -- Another waiter's ttl than the one read first: the row covers it too.
+          IF NOT (w_owner <=> v_owner AND p_ttl <=> v_ttl) THEN {stretch}; END IF;
+          COMMIT; {unlock}; SELECT CAST(1 AS SIGNED); LEAVE body;
         END IF;
+        -- Nothing handed (the place or the hold gone meanwhile): undone whole, the name's
+        -- row as it was, and the release goes on as any other.
+        ROLLBACK;
+        SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+        START TRANSACTION;
       END IF;
     END IF;
-    -- Nobody queued, or the hold gone: as any release (the version maybe stepped, a token
-    -- unused).
     SET v_found = 1;
   END IF;
   {lock};
