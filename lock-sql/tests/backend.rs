@@ -2719,6 +2719,50 @@ mod mysql {
         }
     }
 
+    /// A semaphore of `permits` whose permits are all held (each by a client of its own,
+    /// for `ttl`), and a waiter queued behind them, asking for `waiter_ttl`.
+    struct Queued {
+        _clients: Vec<LockClient<SqlBackend>>,
+        pool: sqlx::MySqlPool,
+        name: String,
+        held: Vec<distlock_core::LockGuard>,
+        waiter: tokio::task::JoinHandle<distlock_core::Result<distlock_core::LockGuard>>,
+        /// The waiter's owner, as its place in the queue has it.
+        queued: String,
+    }
+
+    async fn full_and_queued(
+        url: &str,
+        label: &str,
+        permits: u32,
+        ttl: Duration,
+        waiter_ttl: Duration,
+    ) -> Queued {
+        let mut clients = Vec::new();
+        for _ in 0..=permits {
+            clients.push(client(url).await);
+        }
+        let pool = common::my(&clients[0]);
+        let name = unique(label);
+        let opts = AcquireOptions::default()
+            .with_ttl(ttl)
+            .with_permits(permits);
+        let mut held = Vec::new();
+        for holder in &clients[1..] {
+            held.push(holder.acquire(&name, &opts).await.expect("a permit"));
+        }
+        let waiter = waiting(&clients[0], &name, &opts.with_ttl(waiter_ttl));
+        let queued = live_place(&pool, &name).await;
+        Queued {
+            _clients: clients,
+            pool,
+            name,
+            held,
+            waiter,
+            queued,
+        }
+    }
+
     /// A release hands a freed permit to the first live waiter of the queue, past a place
     /// that lapsed ahead of it (a crashed waiter's: left to the sweeper since the release
     /// procedure `_v5`), and the name's row then covers the new holder's lease.
@@ -2786,25 +2830,19 @@ mod mysql {
     #[tokio::test]
     async fn a_permit_is_handed_past_a_locked_holder_row() {
         let Some(url) = url() else { return };
-        let (a, b, c) = (client(&url).await, client(&url).await, client(&url).await);
-        let pool = common::my(&a);
-        let name = unique("handed_past");
-        let opts = AcquireOptions::default()
-            .with_ttl(Duration::from_secs(30))
-            .with_permits(2);
-        let leaving = a.acquire(&name, &opts).await.expect("first permit");
-        let staying = c.acquire(&name, &opts).await.expect("second permit");
-        let waiter = waiting(&b, &name, &opts);
-        let queued = live_place(&pool, &name).await;
+        let long = Duration::from_secs(30);
+        let q = full_and_queued(&url, "handed_past", 2, long, long).await;
+        let (pool, name, queued) = (&q.pool, &q.name, &q.queued);
+        let [leaving, staying] = <[_; 2]>::try_from(q.held).expect("two holders");
         // The staying holder's row by its key: the row locked, no gap beside it.
         let mut tx = pool.begin().await.expect("begin");
-        lock_holder_row(&mut tx, &name, &staying).await;
+        lock_holder_row(&mut tx, name, &staying).await;
         let token = leaving.token();
         tokio::time::timeout(Duration::from_secs(5), leaving.release())
             .await
             .expect("the release handed over while a holder row was locked")
             .expect("release");
-        let next = tokio::time::timeout(Duration::from_secs(5), common::granted(waiter))
+        let next = tokio::time::timeout(Duration::from_secs(5), common::granted(q.waiter))
             .await
             .expect("the waiter took the handed permit while a holder row was locked");
         assert_eq!(next.owner(), queued, "another attempt holds the permit");
@@ -2819,7 +2857,7 @@ mod mysql {
         for guard in [next, staying] {
             guard.release().await.expect("release");
         }
-        assert_eq!(row(&pool, &name).await.0, None, "the name is free again");
+        assert_eq!(row(pool, name).await.0, None, "the name is free again");
     }
 
     /// A waiter queued again while a permit handed to it earlier lapsed unseen (its holder
@@ -2830,36 +2868,31 @@ mod mysql {
     #[tokio::test]
     async fn a_permit_is_handed_to_a_waiter_with_a_lapsed_hold_of_its_own() {
         let Some(url) = url() else { return };
-        let (a, b) = (client(&url).await, client(&url).await);
-        let pool = common::my(&a);
-        let name = unique("own_lapsed");
-        let opts = AcquireOptions::default()
-            .with_ttl(Duration::from_secs(30))
-            .with_permits(1);
-        let held = a.acquire(&name, &opts).await.expect("acquire");
-        let waiter = waiting(&b, &name, &opts);
-        let queued = live_place(&pool, &name).await;
+        let long = Duration::from_secs(30);
+        let mut q = full_and_queued(&url, "own_lapsed", 1, long, long).await;
+        let (pool, name, queued) = (&q.pool, &q.name, &q.queued);
         sqlx::query(
             "INSERT INTO distlock_locks_holders (name, owner, token, expires_at, permits) \
              VALUES (?, ?, 1, UTC_TIMESTAMP(6) - INTERVAL 1 SECOND, 1)",
         )
-        .bind(&name)
-        .bind(&queued)
-        .execute(&pool)
+        .bind(name)
+        .bind(queued)
+        .execute(pool)
         .await
         .expect("a lapsed hold of the waiter's");
+        let held = q.held.pop().expect("the holder");
         let token = held.token();
         tokio::time::timeout(Duration::from_secs(5), held.release())
             .await
             .expect("the release answered")
             .expect("release");
-        let next = tokio::time::timeout(Duration::from_secs(5), common::granted(waiter))
+        let next = tokio::time::timeout(Duration::from_secs(5), common::granted(q.waiter))
             .await
             .expect("the waiter took the handed permit");
         assert_eq!(next.owner(), queued, "another attempt holds the permit");
         assert!(next.token() > token, "the handed token is not the newest");
         next.release().await.expect("release");
-        assert_eq!(row(&pool, &name).await.0, None, "the name is free again");
+        assert_eq!(row(pool, name).await.0, None, "the name is free again");
     }
 
     /// A permit's release with a waiter queued, of a hold that is not there (lapsed, or
@@ -2871,34 +2904,28 @@ mod mysql {
     #[tokio::test]
     async fn a_permit_release_that_finds_its_hold_gone_changes_nothing() {
         let Some(url) = url() else { return };
-        let (a, b) = (client(&url).await, client(&url).await);
-        let pool = common::my(&a);
-        let name = unique("gone_hold");
-        let short = AcquireOptions::default()
-            .with_ttl(Duration::from_secs(5))
-            .with_permits(1);
-        let held = a.acquire(&name, &short).await.expect("acquire");
-        let waiter = waiting(&b, &name, &short.clone().with_ttl(Duration::from_secs(60)));
-        let queued = live_place(&pool, &name).await;
+        let (short, long) = (Duration::from_secs(5), Duration::from_secs(60));
+        let mut q = full_and_queued(&url, "gone_hold", 1, short, long).await;
+        let (pool, name, queued) = (&q.pool, &q.name, &q.queued);
         let expiry = "SELECT version, CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), \
                       expires_at) AS SIGNED) FROM distlock_locks WHERE name = ?";
         let (version, left): (i64, i64) = sqlx::query_as(expiry)
-            .bind(&name)
-            .fetch_one(&pool)
+            .bind(name)
+            .fetch_one(pool)
             .await
             .expect("the row before");
         let answers: Vec<i64> = sqlx::query_scalar(
             "CALL distlock_locks_dl_release_v7(?, 'nobody', CONCAT(CHAR(1), 'permits:1'), 1, \
              true, NULL)",
         )
-        .bind(&name)
-        .fetch_all(&pool)
+        .bind(name)
+        .fetch_all(pool)
         .await
         .expect("the call");
         assert_eq!(answers, [0], "a release of no hold answered");
         let (after, left_after): (i64, i64) = sqlx::query_as(expiry)
-            .bind(&name)
-            .fetch_one(&pool)
+            .bind(name)
+            .fetch_one(pool)
             .await
             .expect("the row after");
         assert_eq!(after, version, "the release stepped the version");
@@ -2907,11 +2934,12 @@ mod mysql {
             "the release stretched the row: {left} -> {left_after} us left"
         );
         assert!(
-            !has_holder_row(&pool, &name, &queued).await,
+            !has_holder_row(pool, name, queued).await,
             "the release handed a permit"
         );
+        let held = q.held.pop().expect("the holder");
         held.release().await.expect("release");
-        let next = tokio::time::timeout(Duration::from_secs(10), common::granted(waiter))
+        let next = tokio::time::timeout(Duration::from_secs(10), common::granted(q.waiter))
             .await
             .expect("the waiter took the permit");
         next.release().await.expect("release");
