@@ -149,11 +149,12 @@
 //!   leaves without locking the name's row"; a MariaDB/MySQL reader joining live readers,
 //!   which locks the row by the `UPDATE` that steps its version: join procedure `_v4`; and a
 //!   MariaDB/MySQL permit's release with a waiter queued, which locks it the same way and
-//!   hands the permit over in place: release procedure `_v7`). A refused acquisition rolls
-//!   back.
+//!   hands the permit over in place: release procedure `_v7`; and a PostgreSQL permit
+//!   waiter's first join into a full semaphore, refused and queued without the row's lock:
+//!   join function `_v10`, below). A refused acquisition rolls back.
 //! - **PostgreSQL and MySQL/MariaDB** run each of those transactions as one call of a
-//!   server-side routine (PL/pgSQL functions `<table>_dl_join_v9`, `<table>_dl_renew_v9`,
-//!   `<table>_dl_release_v9`; stored procedures `<table>_dl_join_v5`, `<table>_dl_renew_v1`,
+//!   server-side routine (PL/pgSQL functions `<table>_dl_join_v10`, `<table>_dl_renew_v10`,
+//!   `<table>_dl_release_v10`; stored procedures `<table>_dl_join_v5`, `<table>_dl_renew_v1`,
 //!   `<table>_dl_release_v7`; created with the lock table when missing; the same statements
 //!   in the same order, but for the shortcuts of readers named above, a refused join writing
 //!   nothing): one round trip (a PostgreSQL reader's release: two when it may be the last to
@@ -228,8 +229,14 @@
 //!   meanwhile; a crashed waiter's place expires and is passed over, and a permit handed to
 //!   it in its last second stays taken until that ttl ends, as with the reservation. The
 //!   transactions, and clients of earlier versions, neither queue nor read the queue: they
-//!   stay safe beside it (every join and release locks the row first), not fair (a release
-//!   serves the queue before their reservation, and wakes them when permits stay free).
+//!   stay safe beside it (every join that takes and every release locks the row first), not
+//!   fair (a release serves the queue before their reservation, and wakes them when permits
+//!   stay free).
+//!   Since `_v10` a waiter's first join that finds the semaphore full (the live holders and
+//!   live places at least its permits, read without a lock) queues it and is refused
+//!   without locking the name's row, so the refusals of a full semaphore no longer queue
+//!   on that row with its releases; a release that counted before the place was committed
+//!   and hands nothing wakes the waiters, as above, and their joins lock the row.
 //! - **MySQL/MariaDB's queue of permit waiters** (stored procedures `_v2`): the same queue
 //!   (`<table>_queue`, created with the procedures), the same rule for a join and the same
 //!   hand-over in the release, but nothing notifies the waiter. A queued waiter reads
@@ -356,7 +363,7 @@
 //!   reader since `_v9`): a reader waiting
 //!   for a writer reserves the next turn with its ttl negated in `next_ttl` (a writer's is
 //!   positive), and the writer's release statement, finding that live reservation, frees
-//!   the row and calls `<table>_dl_hand_read_v9` in the same statement, which does what the
+//!   the row and calls `<table>_dl_hand_read_v10` in the same statement, which does what the
 //!   reader's join would: a new epoch, the row marked shared with the next `version`, a
 //!   holder row of the reader's with that token and its ttl from the call's clock, and
 //!   `h<version>:..` tells the reader, which holds it with its lease counted from its last

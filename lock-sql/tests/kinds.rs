@@ -626,16 +626,16 @@ mod postgres {
             &url,
             |table, what| match what {
                 "release" => {
-                    format!("{table}_dl_{what}_v9(text, text, text, bigint, boolean, integer)")
+                    format!("{table}_dl_{what}_v10(text, text, text, bigint, boolean, integer)")
                 }
                 "renew_many" => {
-                    format!("{table}_dl_{what}_v9(text[], text[], text[], bigint[], bigint[])")
+                    format!("{table}_dl_{what}_v10(text[], text[], text[], bigint[], bigint[])")
                 }
                 "join" => format!(
-                    "{table}_dl_{what}_v9(text, text, text, bigint, bigint, bigint, integer)"
+                    "{table}_dl_{what}_v10(text, text, text, bigint, bigint, bigint, integer)"
                 ),
-                "hand_read" => format!("{table}_dl_{what}_v9(text, text, bigint)"),
-                _ => format!("{table}_dl_{what}_v9(text, text, text, bigint, bigint)"),
+                "hand_read" => format!("{table}_dl_{what}_v10(text, text, bigint)"),
+                _ => format!("{table}_dl_{what}_v10(text, text, text, bigint, bigint)"),
             },
             |f| format!("SELECT '{f}'::regprocedure"),
             |f| format!("DROP FUNCTION {f}"),
@@ -939,7 +939,7 @@ mod postgres {
         assert_eq!(left, expected, "the waiter that gave up is still queued");
         // A poll of the waiter that gave up, still on its way then, does not queue it again.
         let join =
-            "SELECT o_taken FROM distlock_locks_dl_join_v9($1, $2, $3, 10000000, 1, 1000000, 1)";
+            "SELECT o_taken FROM distlock_locks_dl_join_v10($1, $2, $3, 10000000, 1, 1000000, 1)";
         let taken: Option<i64> = sqlx::query_scalar(join)
             .bind(&name)
             .bind(&owners[2])
@@ -964,6 +964,112 @@ mod postgres {
             [("two".to_owned(), 10_000_000)],
             "places outlived their waiters"
         );
+    }
+
+    /// A permit waiter's first join into a full semaphore queues it and is refused without
+    /// locking the name's row (`_v10`: every acquisition of a full semaphore was such a
+    /// refusal and a release, both queued on that one row lock, issue 44). The waiter gets
+    /// its place while another transaction holds the row for update, which a join of `_v9`
+    /// waited for, and the release then hands it the permit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_permit_waiter_queues_without_locking_the_row() {
+        let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL");
+        let Some(url) = url else { return };
+        let (a, b) = (client(&url).await, client(&url).await);
+        let (pool, name) = (common::pg(&a), unique("queues-unlocked"));
+        let held = a
+            .acquire(&name, &super::permits(1))
+            .await
+            .expect("the permit");
+        let mut tx = pool.begin().await.expect("begin");
+        sqlx::query("SELECT 1 FROM distlock_locks WHERE name = $1 FOR UPDATE")
+            .bind(&name)
+            .execute(&mut *tx)
+            .await
+            .expect("lock the name's row");
+        let waiter = {
+            let name = name.clone();
+            tokio::spawn(async move { b.acquire(&name, &super::permits(1)).await })
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while queue(&pool, &name).await.is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "the waiter did not queue while the name's row was locked"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tx.rollback().await.expect("rollback");
+        let first = held.token();
+        held.release().await.expect("release");
+        let got = common::granted(waiter).await;
+        assert!(
+            got.token() > first,
+            "the handed permit's token is not above"
+        );
+        got.release().await.expect("release");
+        assert!(
+            queue(&pool, &name).await.is_empty(),
+            "a place outlived its waiter"
+        );
+    }
+
+    /// A release that counted the waiters before a place queued without the row's lock was
+    /// committed hands nothing: it frees the permit and wakes every waiter of the name
+    /// (`0:<name>`), and the waiter's next join takes the permit. So no permit stays free
+    /// while a waiter sleeps in the queue.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_before_an_unlocked_place_commits_wakes_every_waiter() {
+        let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL");
+        let Some(url) = url else { return };
+        let client = client(&url).await;
+        let (pool, name) = (common::pg(&client), unique("place-after-release"));
+        let held = client
+            .acquire(&name, &super::permits(1))
+            .await
+            .expect("the permit");
+        let mut listener = common::listen(&pool, "distlock_locks").await;
+        let join =
+            "SELECT o_taken FROM distlock_locks_dl_join_v10($1, $2, $3, 10000000, 1, 1000000, 0)";
+        let owner = unique("late-place");
+        let call = |owner: &str| {
+            sqlx::query_scalar::<_, Option<i64>>(join)
+                .bind(name.clone())
+                .bind(owner.to_owned())
+                .bind("\u{1}permits:1")
+        };
+        let mut tx = pool.begin().await.expect("begin");
+        let refused = call(&owner)
+            .fetch_one(&mut *tx)
+            .await
+            .expect("the first join");
+        assert_eq!(refused, None, "a full semaphore let the join in");
+        tokio::time::timeout(Duration::from_secs(10), held.release())
+            .await
+            .expect("the release waited for the uncommitted place")
+            .expect("release");
+        tx.commit().await.expect("commit the place");
+        assert_eq!(
+            common::next_note(&mut listener, &name).await,
+            format!("0:{name}")
+        );
+        let taken = call(&owner).fetch_one(&pool).await.expect("the next join");
+        let token = taken.expect("the woken waiter's join found the permit taken");
+        assert_eq!(holder_token(&pool, &name, &owner).await, Some(token));
+        assert!(
+            queue(&pool, &name).await.is_empty(),
+            "the place outlived the take"
+        );
+        let release = "SELECT distlock_locks_dl_release_v10($1, $2, $3, $4, true, 0)";
+        let released: Option<bool> = sqlx::query_scalar(release)
+            .bind(&name)
+            .bind(&owner)
+            .bind("\u{1}permits:1")
+            .bind(token)
+            .fetch_one(&pool)
+            .await
+            .expect("release the permit");
+        assert_eq!(released, Some(true));
     }
 
     /// A waiter handed a permit while its own poll was in flight may claim the reservation

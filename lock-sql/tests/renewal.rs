@@ -288,12 +288,12 @@ mod postgres {
             ("renew", "bigint"),
             ("release", "boolean, integer"),
         ] {
-            let f = format!("{table}_dl_{what}_v9(text, text, text, bigint, {last})");
+            let f = format!("{table}_dl_{what}_v10(text, text, text, bigint, {last})");
             common::exec(&pool, format!("DROP FUNCTION {f}")).await;
         }
-        let f = format!("{table}_dl_renew_many_v9(text[], text[], text[], bigint[], bigint[])");
+        let f = format!("{table}_dl_renew_many_v10(text[], text[], text[], bigint[], bigint[])");
         common::exec(&pool, format!("DROP FUNCTION {f}")).await;
-        let f = format!("{table}_dl_hand_read_v9(text, text, bigint)");
+        let f = format!("{table}_dl_hand_read_v10(text, text, bigint)");
         common::exec(&pool, format!("DROP FUNCTION {f}")).await;
         let tables = format!("{table}_holders, {table}_queue, {table}");
         common::exec(&pool, format!("DROP TABLE {tables}")).await;

@@ -26,14 +26,14 @@
 //! [`VERSION`]: a change of what a function does takes a new name, so that clients of two
 //! versions never run each other's.
 //!
-//! A fourth function renews a batch of holds (`_dl_renew_many_v9`, arrays of the renewal's
+//! A fourth function renews a batch of holds (`_dl_renew_many_v10`, arrays of the renewal's
 //! arguments sorted by name): the watchdog's renewals of every shared hold and permit of a
 //! client in one round trip per [`PG_MAX_BATCH`](crate::renew::PG_MAX_BATCH), each checked
 //! and extended by the very statements of the single renewal, the rows locked in name order
 //! (as the exclusive kind's batch). A client holding 10,000 read holds otherwise sends 10,000
 //! calls per renewal tick.
 //!
-//! A fifth (`_dl_hand_read_v9`, see [`Parts::hand_read`]) is called by a writer's release
+//! A fifth (`_dl_hand_read_v10`, see [`Parts::hand_read`]) is called by a writer's release
 //! statement, not by a client: it hands a read hold to the reserved reader and the queued ones.
 
 use sqlx::{AssertSqlSafe, Executor};
@@ -43,7 +43,9 @@ use crate::keys::quote;
 use crate::kinds::{HolderSql, InRoutine};
 use crate::pool::InUse;
 
-/// The functions' version, the end of their names: `v9` queues a waiting reader that a writer
+/// The functions' version, the end of their names: `v10` refuses a permit waiter's first join
+/// into a full semaphore, and queues it, without locking the name's row (see [`Parts::join`]),
+/// `v9` queues a waiting reader that a writer
 /// refuses (as permit waiters queue, see [`Parts::join`]), has a writer's release hand a read
 /// hold to every live reader in that queue beside the reserved one ([`Parts::hand_read`]) and
 /// a reader's release that locked the name's row wait for a leave in progress (see
@@ -58,7 +60,7 @@ use crate::pool::InUse;
 /// [`Parts::release`] and [`queue_table`](crate::kinds::queue_table)), `v3` releases also hand
 /// the lock to the reserved writer when the last reader leaves, `v2` hand a permit over to the
 /// reserved permit waiter; `v1` (earlier clients) wake the reserved waiter to join instead.
-const VERSION: &str = "v9";
+const VERSION: &str = "v10";
 
 /// Replaces the arguments `$1`, `$2`, ... of `sql` with `names`, in order.
 fn with_args(sql: &str, names: &[&str]) -> String {
@@ -376,6 +378,24 @@ impl Parts<'_> {
     /// long from now; a take leaves the queue. The refusal commits without waiting for its
     /// flush: a place lost in a crash is taken again by the waiter's next poll.
     ///
+    /// Since `v10` a permit waiter's join (`p_queue` above 0) that finds, without locking the
+    /// name's row, the live marker of its semaphore, no live reservation, no place and no
+    /// holder row of its own, and the live holders and live waiters queued (for as many
+    /// permits) at least `p_permits`, queues itself (`ON CONFLICT DO NOTHING`) and is refused
+    /// there, its commit not waiting for its flush; anything else (a place to insert that is
+    /// there after all included) goes on as before, the row locked. Every join that takes
+    /// still locks the row, so no more than `p_permits` hold. Each acquisition of a full
+    /// semaphore was such a refusal and a release, both on the name's one row lock, which the
+    /// first refusals no longer take (a queued waiter's later joins, which renew its place or
+    /// follow a wake-up, still lock it). A release that counted before this place was
+    /// committed and hands nothing wakes the name's waiters (see [`Parts::release`]: every
+    /// one, or the holder of a live reservation, which only clients before `v4` claim), whose
+    /// joins then lock the row. A hand-over to this waiter needs a place of its own, which it
+    /// had none of when it looked; should a poll of its own still on its way (a retry after a
+    /// timeout) have queued it meanwhile and a release handed it a permit, a second look
+    /// after the insert finds that holder row and the join goes on locked, which takes the
+    /// permit and the place out: a place left beside a hold would be handed a second permit.
+    ///
     /// Since `v9` a reader refused by a writer (holding, or reserving the next turn) with
     /// `p_queue` other than 0 queues too (`permits` 0), for `|p_queue|` µs: a writer's
     /// release hands a read hold to the readers queued (see [`Parts::hand_read`]). A reader's
@@ -479,6 +499,33 @@ BEGIN
       END;
       EXIT WHEN v_spent;
     END LOOP;
+  END IF;
+  -- A permit waiter's first join into a full semaphore: refused and queued without
+  -- locking the name's row (see the function's docs).
+  IF p_permits > 0 AND p_queue > 0 THEN
+    SELECT {peek_columns} INTO {PEEK_INTO} FROM {t} WHERE name = p_name;
+    IF FOUND AND o_owner = p_marker AND o_remaining IS NOT NULL AND o_next_remaining IS NULL
+       AND NOT EXISTS (SELECT 1 FROM {w} WHERE name = p_name AND owner = p_owner)
+       AND NOT EXISTS (SELECT 1 FROM {h} WHERE name = p_name AND owner = p_owner) THEN
+      SELECT count(*) INTO ahead FROM {w} WHERE name = p_name AND expires_at > now()
+        AND permits = p_permits;
+      SELECT count(*), min({remaining}) INTO n, o_first_end FROM {h}
+        WHERE name = p_name AND expires_at > now();
+      IF n + ahead >= p_permits THEN
+        INSERT INTO {w} (name, owner, seq, expires_at, ttl, permits)
+          VALUES (p_name, p_owner, (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::bigint,
+            clock_timestamp() + p_queue * interval '1 microsecond', p_ttl, p_permits)
+          ON CONFLICT (name, owner) DO NOTHING;
+        -- Looked at again in a statement of its own (a snapshot after the insert): a
+        -- release that handed this owner a permit meanwhile (a poll of its own, still on
+        -- its way, queued it) left its holder row, and the locked path below takes that
+        -- permit and this place out.
+        IF FOUND AND NOT EXISTS (SELECT 1 FROM {h} WHERE name = p_name AND owner = p_owner) THEN
+          {no_flush}; RETURN NEXT; RETURN;
+        END IF;
+      END IF;
+    END IF;
+    n := 0; ahead := 0; o_first_end := NULL;
   END IF;
   {lock};
   IF NOT FOUND THEN
