@@ -313,10 +313,15 @@ impl Parts<'_> {
 
     /// `SELECT .. INTO` the peek variables, the row locked.
     fn lock(&self) -> String {
+        format!("{} FOR UPDATE", self.peek())
+    }
+
+    /// Reads the lock row into the peek variables, not locked.
+    fn peek(&self) -> String {
         let Self {
             t, peek_columns, ..
         } = self;
-        format!("SELECT {peek_columns} INTO {PEEK_INTO} FROM {t} WHERE name = p_name FOR UPDATE")
+        format!("SELECT {peek_columns} INTO {PEEK_INTO} FROM {t} WHERE name = p_name")
     }
 
     fn function(signature: &str, params: &str, returns: &str, body: &str) -> String {
@@ -437,10 +442,21 @@ impl Parts<'_> {
             stretch,
             ..
         } = in_routine;
-        let lock = self.lock();
+        let (peek, lock) = (self.peek(), self.lock());
         let no_flush = NO_FLUSH;
         let enqueue = self.enqueue();
         let mark_reads = mark_reads(mark, reads);
+        // A permit join's count of the live waiters queued ahead of it (all of them while
+        // `w_seq` is NULL: it has no live place) and of the other live holders.
+        let ahead = format!(
+            "SELECT count(*) INTO ahead FROM {w} WHERE name = p_name AND owner <> p_owner
+      AND expires_at > now() AND permits = p_permits
+      AND (w_seq IS NULL OR (seq, owner) < (w_seq, p_owner))"
+        );
+        let holders = format!(
+            "SELECT count(*), min({remaining}) INTO n, o_first_end FROM {h}
+        WHERE name = p_name AND expires_at > now() AND owner <> p_owner"
+        );
         let unreserve = self.unreserve();
         // The row's peek and range, read (then again, locked for share).
         let read_row = format!(
@@ -503,14 +519,12 @@ BEGIN
   -- A permit waiter's first join into a full semaphore: refused and queued without
   -- locking the name's row (see the function's docs).
   IF p_permits > 0 AND p_queue > 0 THEN
-    SELECT {peek_columns} INTO {PEEK_INTO} FROM {t} WHERE name = p_name;
+    {peek};
     IF FOUND AND o_owner = p_marker AND o_remaining IS NOT NULL AND o_next_remaining IS NULL
        AND NOT EXISTS (SELECT 1 FROM {w} WHERE name = p_name AND owner = p_owner)
        AND NOT EXISTS (SELECT 1 FROM {h} WHERE name = p_name AND owner = p_owner) THEN
-      SELECT count(*) INTO ahead FROM {w} WHERE name = p_name AND expires_at > now()
-        AND permits = p_permits;
-      SELECT count(*), min({remaining}) INTO n, o_first_end FROM {h}
-        WHERE name = p_name AND expires_at > now();
+      {ahead};
+      {holders};
       IF n + ahead >= p_permits THEN
         INSERT INTO {w} (name, owner, seq, expires_at, ttl, permits)
           VALUES (p_name, p_owner, (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::bigint,
@@ -560,12 +574,9 @@ BEGIN
   END IF;
   IF p_permits > 0 THEN
     SELECT seq INTO w_seq FROM {w} WHERE name = p_name AND owner = p_owner AND expires_at > now();
-    SELECT count(*) INTO ahead FROM {w} WHERE name = p_name AND owner <> p_owner
-      AND expires_at > now() AND permits = p_permits
-      AND (w_seq IS NULL OR (seq, owner) < (w_seq, p_owner));
+    {ahead};
     IF held THEN
-      SELECT count(*), min({remaining}) INTO n, o_first_end FROM {h}
-        WHERE name = p_name AND expires_at > now() AND owner <> p_owner;
+      {holders};
     END IF;
   END IF;
   -- A reservation of a live holder of the name is stale (a hand-over of a read hold or a
