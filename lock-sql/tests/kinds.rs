@@ -750,6 +750,23 @@ mod postgres {
         got
     }
 
+    /// A semaphore of `permits` on a new name (`client`, its pool, the name) and one permit
+    /// of it, held by that client.
+    async fn one_held(
+        url: &str,
+        prefix: &str,
+        permits: u32,
+    ) -> (LockClient<SqlBackend>, sqlx::PgPool, String, LockGuard) {
+        let client = client(url).await;
+        let pool = common::pg(&client);
+        let name = unique(prefix);
+        let held = client
+            .acquire(&name, &super::permits(permits))
+            .await
+            .expect("a permit");
+        (client, pool, name, held)
+    }
+
     /// A semaphore of 2 permits (`client`, its pool, the name, the two permits), both held
     /// by one client.
     async fn full(
@@ -762,13 +779,7 @@ mod postgres {
         LockGuard,
         LockGuard,
     ) {
-        let client = client(url).await;
-        let pool = common::pg(&client);
-        let name = unique(prefix);
-        let first = client
-            .acquire(&name, &super::permits(2))
-            .await
-            .expect("a permit");
+        let (client, pool, name, first) = one_held(url, prefix, 2).await;
         let second = client
             .acquire(&name, &super::permits(2))
             .await
@@ -894,13 +905,7 @@ mod postgres {
     async fn queued_waiters_are_served_in_order_and_the_gone_passed_over() {
         let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL");
         let Some(url) = url else { return };
-        let a = client(&url).await;
-        let pool = common::pg(&a);
-        let name = unique("permit_queue");
-        let held = a
-            .acquire(&name, &super::permits(1))
-            .await
-            .expect("the permit");
+        let (_a, pool, name, held) = one_held(&url, "permit_queue", 1).await;
         sqlx::query(
             "INSERT INTO distlock_locks_queue (name, owner, seq, expires_at, ttl, permits) \
              VALUES ($1, 'crashed', 0, now() - interval '1 second', 10000000, 1), \
@@ -975,12 +980,8 @@ mod postgres {
     async fn a_permit_waiter_queues_without_locking_the_row() {
         let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL");
         let Some(url) = url else { return };
-        let (a, b) = (client(&url).await, client(&url).await);
-        let (pool, name) = (common::pg(&a), unique("queues-unlocked"));
-        let held = a
-            .acquire(&name, &super::permits(1))
-            .await
-            .expect("the permit");
+        let (_a, pool, name, held) = one_held(&url, "queues-unlocked", 1).await;
+        let b = client(&url).await;
         let mut tx = pool.begin().await.expect("begin");
         sqlx::query("SELECT 1 FROM distlock_locks WHERE name = $1 FOR UPDATE")
             .bind(&name)
@@ -1016,12 +1017,7 @@ mod postgres {
     async fn a_release_before_an_unlocked_place_commits_wakes_every_waiter() {
         let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL");
         let Some(url) = url else { return };
-        let client = client(&url).await;
-        let (pool, name) = (common::pg(&client), unique("place-after-release"));
-        let held = client
-            .acquire(&name, &super::permits(1))
-            .await
-            .expect("the permit");
+        let (_client, pool, name, held) = one_held(&url, "place-after-release", 1).await;
         let mut listener = common::listen(&pool, "distlock_locks").await;
         let join =
             "SELECT o_taken FROM distlock_locks_dl_join_v10($1, $2, $3, 10000000, 1, 1000000, 0)";
