@@ -591,10 +591,15 @@ impl Attempt for SqlAttempt {
             // says so, both after its commit): held since that release, after `since`, or
             // after our last read of a holder whose version it follows. Otherwise (a late
             // notification) the row says what holds.
+            // A queued permit waiter's busy answers all came before any hand-over to it (a
+            // release hands a permit only to a place it locks, after the join that queued or
+            // refused it committed, and its joins wait for that release), whatever version a
+            // permit handed from the row's range of tokens has (below the row's).
             let seen = [self.held_seen, self.held_seen_before]
                 .into_iter()
                 .flatten()
-                .find(|&(_, seen)| seen < version);
+                .find(|&(_, seen)| seen < version)
+                .or(self.held_seen.filter(|_| self.queued()));
             if let Some(since) = since.or(seen.map(|(at, _)| at)) {
                 return self.handed_over(version, since);
             }

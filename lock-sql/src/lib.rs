@@ -237,6 +237,14 @@
 //!   without locking the name's row, so the refusals of a full semaphore no longer queue
 //!   on that row with its releases; a release that counted before the place was committed
 //!   and hands nothing wakes the waiters, as above, and their joins lock the row.
+//!   Since `_v11` a release hands its permit to the first waiter without locking the name's
+//!   row for update where it can: the row locked for share, the token drawn from the row's
+//!   range of tokens (as a reader beside readers draws its own, below), which a hand-over
+//!   with the row locked sets (the marker's expiry then covers half a lease more than the
+//!   waiter's). Such hand-overs of different permits no longer wait for each other's commit
+//!   and its flush on the name's one row; the waiter bounds its lease by its last refused
+//!   join, which precedes the hand-over (its joins lock the row for update, and so wait for
+//!   it). A semaphore whose last holders die holding stays marked up to half a lease longer.
 //! - **MySQL/MariaDB's queue of permit waiters** (stored procedures `_v2`): the same queue
 //!   (`<table>_queue`, created with the procedures), the same rule for a join and the same
 //!   hand-over in the release, but nothing notifies the waiter. A queued waiter reads

@@ -819,7 +819,7 @@ mod postgres {
     ) -> sqlx::query::QueryScalar<'static, sqlx::Postgres, Option<bool>, sqlx::postgres::PgArguments>
     {
         let call =
-            format!("SELECT {TABLE}_dl_release_v10($1, $2, chr(1) || 'shared', $3, false, {n})");
+            format!("SELECT {TABLE}_dl_release_v11($1, $2, chr(1) || 'shared', $3, false, {n}, 1)");
         sqlx::query_scalar(AssertSqlSafe(call))
             .bind(name.to_owned())
             .bind(owner.clone())
@@ -1283,7 +1283,7 @@ mod postgres {
         reserve_for_writer(pool, name).await;
         let [(owner, token), _] = read_holders(pool, name).await;
         let join = format!(
-            "SELECT o_taken FROM {TABLE}_dl_join_v10($1, $2, chr(1) || 'shared', 30000000, 0, 0, 1)"
+            "SELECT o_taken FROM {TABLE}_dl_join_v11($1, $2, chr(1) || 'shared', 30000000, 0, 0, 1)"
         );
         let taken: Option<i64> = sqlx::query_scalar(AssertSqlSafe(join))
             .bind(name)
@@ -1309,7 +1309,7 @@ mod postgres {
         let first = a.acquire(&name, &reads).await.expect("first reader");
         let setter = b.acquire(&name, &reads).await.expect("second reader");
         let join = format!(
-            "SELECT o_taken FROM {table}_dl_join_v10($1, $2, chr(1) || 'shared', 30000000, 0, $3, 1)"
+            "SELECT o_taken FROM {table}_dl_join_v11($1, $2, chr(1) || 'shared', 30000000, 0, $3, 1)"
         );
         let place = format!(
             "INSERT INTO {table}_queue (name, owner, seq, expires_at, ttl, permits) \
@@ -1651,7 +1651,7 @@ mod postgres {
         // The join draws from the spent range, then waits to lock the row for update.
         let waiting = format!(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-             AND query LIKE '%{table}_dl_join_v10%'"
+             AND query LIKE '%{table}_dl_join_v11%'"
         );
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while sqlx::query_scalar::<_, i64>(AssertSqlSafe(waiting.clone()))
@@ -1919,7 +1919,7 @@ mod postgres {
             |user, password, t| {
                 let mut made = a_role_on_the_tables(user, password, t);
                 made.push(format!(
-                    "REVOKE EXECUTE ON FUNCTION {t}_dl_hand_read_v10(text, text, bigint) \
+                    "REVOKE EXECUTE ON FUNCTION {t}_dl_hand_read_v11(text, text, bigint) \
                      FROM PUBLIC"
                 ));
                 made

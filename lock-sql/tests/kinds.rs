@@ -626,16 +626,18 @@ mod postgres {
             &url,
             |table, what| match what {
                 "release" => {
-                    format!("{table}_dl_{what}_v10(text, text, text, bigint, boolean, integer)")
+                    format!(
+                        "{table}_dl_{what}_v11(text, text, text, bigint, boolean, integer, integer)"
+                    )
                 }
                 "renew_many" => {
-                    format!("{table}_dl_{what}_v10(text[], text[], text[], bigint[], bigint[])")
+                    format!("{table}_dl_{what}_v11(text[], text[], text[], bigint[], bigint[])")
                 }
                 "join" => format!(
-                    "{table}_dl_{what}_v10(text, text, text, bigint, bigint, bigint, integer)"
+                    "{table}_dl_{what}_v11(text, text, text, bigint, bigint, bigint, integer)"
                 ),
-                "hand_read" => format!("{table}_dl_{what}_v10(text, text, bigint)"),
-                _ => format!("{table}_dl_{what}_v10(text, text, text, bigint, bigint)"),
+                "hand_read" => format!("{table}_dl_{what}_v11(text, text, bigint)"),
+                _ => format!("{table}_dl_{what}_v11(text, text, text, bigint, bigint)"),
             },
             |f| format!("SELECT '{f}'::regprocedure"),
             |f| format!("DROP FUNCTION {f}"),
@@ -828,7 +830,9 @@ mod postgres {
 
     /// A permit released from a full semaphore goes to the first waiter of the name's queue
     /// in the release's own call: when the release returns, the waiter's holder row is there
-    /// with the next version and its place in the queue is gone; a `h<version>:`
+    /// with the next version (since `_v11` the first token of the range of tokens the
+    /// hand-over sets: the row's version moves 16 past it) and its place in the queue is
+    /// gone; a `h<version>:`
     /// notification tells the waiter, which holds that version as its token, a renewable
     /// permit. The waiter queued with its ttl and reserved nothing. An exclusive release
     /// never hands the lock to a permit waiter's reservation (of an earlier version, its ttl
@@ -857,17 +861,19 @@ mod postgres {
         let mut listener = common::listen(&pool, "distlock_locks").await;
         first.release().await.expect("release");
         let (version, ..) = reservation(&pool, &name).await;
+        let token = holder_token(&pool, &name, next).await;
+        let token = token.expect("the release did not hand the permit over");
         assert_eq!(
-            holder_token(&pool, &name, next).await,
-            Some(version),
-            "the release did not hand the permit over"
+            token,
+            version - 16,
+            "not the first token of the range it set"
         );
         assert_eq!(
             queue(&pool, &name).await,
             [],
             "the handed waiter is still queued"
         );
-        let got = handed(waiter, &mut listener, (&name, next, version)).await;
+        let got = handed(waiter, &mut listener, (&name, next, token)).await;
         got.release().await.expect("release the handed permit");
         second.release().await.expect("release");
 
@@ -944,7 +950,7 @@ mod postgres {
         assert_eq!(left, expected, "the waiter that gave up is still queued");
         // A poll of the waiter that gave up, still on its way then, does not queue it again.
         let join =
-            "SELECT o_taken FROM distlock_locks_dl_join_v10($1, $2, $3, 10000000, 1, 1000000, 1)";
+            "SELECT o_taken FROM distlock_locks_dl_join_v11($1, $2, $3, 10000000, 1, 1000000, 1)";
         let taken: Option<i64> = sqlx::query_scalar(join)
             .bind(&name)
             .bind(&owners[2])
@@ -1009,6 +1015,57 @@ mod postgres {
         );
     }
 
+    /// A permit's release hands it to the first queued waiter without locking the name's row
+    /// for update, once a hand-over with the row locked has set a range of tokens (`_v11`:
+    /// each hand-over kept the name's one row locked until its commit was flushed, so the
+    /// hand-overs of different permits waited for each other, issue 44). The second
+    /// hand-over goes through while another transaction holds the row for share, which a
+    /// release of `_v10` waited for, and the waiter holds on the notification (a poll of its
+    /// would wait for the row too); its token is of the range: above the first waiter's,
+    /// below the row's version.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_permit_is_handed_over_from_the_range_without_the_row_locked() {
+        let url = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL");
+        let Some(url) = url else { return };
+        let (_a, pool, name, held) = one_held(&url, "handed-from-range", 1).await;
+        let wait = |client: LockClient<SqlBackend>| {
+            let name = name.clone();
+            tokio::spawn(async move { client.acquire(&name, &super::permits(1)).await })
+        };
+        let second = wait(client(&url).await);
+        queued(&pool, &name, 1).await;
+        held.release().await.expect("release");
+        // Handed with the row locked: it sets the range.
+        let second = common::granted(second).await;
+        let third = wait(client(&url).await);
+        queued(&pool, &name, 1).await;
+        let mut tx = pool.begin().await.expect("begin");
+        let version: i64 =
+            sqlx::query_scalar("SELECT version FROM distlock_locks WHERE name = $1 FOR SHARE")
+                .bind(&name)
+                .fetch_one(&mut *tx)
+                .await
+                .expect("lock the name's row for share");
+        let before = second.token();
+        tokio::time::timeout(Duration::from_secs(10), second.release())
+            .await
+            .expect("the release waited for the row")
+            .expect("release");
+        let third = common::granted(third).await;
+        let token = i64::try_from(third.token().get()).expect("token");
+        assert!(third.token() > before, "the handed token is not above");
+        assert!(
+            token < version,
+            "not a token of the range: {token} ≥ {version}"
+        );
+        tx.rollback().await.expect("rollback");
+        third.release().await.expect("release");
+        assert!(
+            queue(&pool, &name).await.is_empty(),
+            "a place outlived its waiter"
+        );
+    }
+
     /// A release that counted the waiters before a place queued without the row's lock was
     /// committed hands nothing: it frees the permit and wakes every waiter of the name
     /// (`0:<name>`), and the waiter's next join takes the permit. So no permit stays free
@@ -1020,7 +1077,7 @@ mod postgres {
         let (_client, pool, name, held) = one_held(&url, "place-after-release", 1).await;
         let mut listener = common::listen(&pool, "distlock_locks").await;
         let join =
-            "SELECT o_taken FROM distlock_locks_dl_join_v10($1, $2, $3, 10000000, 1, 1000000, 0)";
+            "SELECT o_taken FROM distlock_locks_dl_join_v11($1, $2, $3, 10000000, 1, 1000000, 0)";
         let owner = unique("late-place");
         let call = |owner: &str| {
             sqlx::query_scalar::<_, Option<i64>>(join)
@@ -1050,7 +1107,7 @@ mod postgres {
             queue(&pool, &name).await.is_empty(),
             "the place outlived the take"
         );
-        let release = "SELECT distlock_locks_dl_release_v10($1, $2, $3, $4, true, 0)";
+        let release = "SELECT distlock_locks_dl_release_v11($1, $2, $3, $4, true, 0, 1)";
         let released: Option<bool> = sqlx::query_scalar(release)
             .bind(&name)
             .bind(&owner)

@@ -286,14 +286,14 @@ mod postgres {
         for (what, last) in [
             ("join", "bigint, bigint, integer"),
             ("renew", "bigint"),
-            ("release", "boolean, integer"),
+            ("release", "boolean, integer, integer"),
         ] {
-            let f = format!("{table}_dl_{what}_v10(text, text, text, bigint, {last})");
+            let f = format!("{table}_dl_{what}_v11(text, text, text, bigint, {last})");
             common::exec(&pool, format!("DROP FUNCTION {f}")).await;
         }
-        let f = format!("{table}_dl_renew_many_v10(text[], text[], text[], bigint[], bigint[])");
+        let f = format!("{table}_dl_renew_many_v11(text[], text[], text[], bigint[], bigint[])");
         common::exec(&pool, format!("DROP FUNCTION {f}")).await;
-        let f = format!("{table}_dl_hand_read_v10(text, text, bigint)");
+        let f = format!("{table}_dl_hand_read_v11(text, text, bigint)");
         common::exec(&pool, format!("DROP FUNCTION {f}")).await;
         let tables = format!("{table}_holders, {table}_queue, {table}");
         common::exec(&pool, format!("DROP TABLE {tables}")).await;

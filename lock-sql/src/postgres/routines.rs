@@ -22,18 +22,18 @@
 //! transactions: both lock the row first, so they serialize with each other (a reader's first
 //! release step, which does not, deletes only its own holder row; a reader beside readers
 //! shares the row's lock with its likes only, and keeps to a range that an earlier client's
-//! join moves the row past). The names end in
-//! [`VERSION`]: a change of what a function does takes a new name, so that clients of two
+//! join moves the row past; so does a permit's release that hands it over from the range).
+//! The names end in [`VERSION`]: a change of what a function does takes a new name, so that clients of two
 //! versions never run each other's.
 //!
-//! A fourth function renews a batch of holds (`_dl_renew_many_v10`, arrays of the renewal's
+//! A fourth function renews a batch of holds (`_dl_renew_many_v11`, arrays of the renewal's
 //! arguments sorted by name): the watchdog's renewals of every shared hold and permit of a
 //! client in one round trip per [`PG_MAX_BATCH`](crate::renew::PG_MAX_BATCH), each checked
 //! and extended by the very statements of the single renewal, the rows locked in name order
 //! (as the exclusive kind's batch). A client holding 10,000 read holds otherwise sends 10,000
 //! calls per renewal tick.
 //!
-//! A fifth (`_dl_hand_read_v10`, see [`Parts::hand_read`]) is called by a writer's release
+//! A fifth (`_dl_hand_read_v11`, see [`Parts::hand_read`]) is called by a writer's release
 //! statement, not by a client: it hands a read hold to the reserved reader and the queued ones.
 
 use sqlx::{AssertSqlSafe, Executor};
@@ -43,7 +43,9 @@ use crate::keys::quote;
 use crate::kinds::{HolderSql, InRoutine};
 use crate::pool::InUse;
 
-/// The functions' version, the end of their names: `v10` refuses a permit waiter's first join
+/// The functions' version, the end of their names: `v11` hands a released permit to the first
+/// waiter in the queue without locking the name's row for update, its token from the row's
+/// range (see [`Parts::release`]), `v10` refuses a permit waiter's first join
 /// into a full semaphore, and queues it, without locking the name's row (see [`Parts::join`]),
 /// `v9` queues a waiting reader that a writer
 /// refuses (as permit waiters queue, see [`Parts::join`]), has a writer's release hand a read
@@ -60,7 +62,7 @@ use crate::pool::InUse;
 /// [`Parts::release`] and [`queue_table`](crate::kinds::queue_table)), `v3` releases also hand
 /// the lock to the reserved writer when the last reader leaves, `v2` hand a permit over to the
 /// reserved permit waiter; `v1` (earlier clients) wake the reserved waiter to join instead.
-const VERSION: &str = "v10";
+const VERSION: &str = "v11";
 
 /// Replaces the arguments `$1`, `$2`, ... of `sql` with `names`, in order.
 fn with_args(sql: &str, names: &[&str]) -> String {
@@ -92,10 +94,13 @@ pub(crate) fn routines(
     let renew_many = name("renew_many");
     let hand_read = name("hand_read");
     let join_call = |reads: i32| format!("SELECT * FROM {join}($1, $2, $3, $4, $5, $6, {reads})");
+    let release_call = |step: &str, reads: i32| {
+        format!("SELECT {release}($1, $2, $3, $4, $5, {step}, {reads})::int::bigint")
+    };
     let signatures = [
         format!("{join}(text, text, text, bigint, bigint, bigint, integer)"),
         format!("{renew}(text, text, text, bigint, bigint)"),
-        format!("{release}(text, text, text, bigint, boolean, integer)"),
+        format!("{release}(text, text, text, bigint, boolean, integer, integer)"),
         format!("{renew_many}(text[], text[], text[], bigint[], bigint[])"),
         format!("{hand_read}(text, text, bigint)"),
     ];
@@ -128,10 +133,8 @@ pub(crate) fn routines(
         calls: Calls {
             join: join_call(READS).into(),
             renew: format!("SELECT {renew}($1, $2, $3, $4, $5)::int::bigint").into(),
-            release: format!("SELECT {release}($1, $2, $3, $4, $5, 0)::int::bigint").into(),
-            release_in_steps: Some(
-                format!("SELECT {release}($1, $2, $3, $4, $5, $6::integer)::int::bigint").into(),
-            ),
+            release: release_call("0", READS).into(),
+            release_in_steps: Some(release_call("$6::integer", READS).into()),
             renew_many: Some(format!("SELECT * FROM {renew_many}($1, $2, $3, $4, $5)").into()),
             queue: true,
             reads_queue: false,
@@ -164,6 +167,8 @@ pub(crate) fn routines(
             parts.reads
         ),
         join_without: join_call(READS_NONE),
+        release_without: release_call("0", READS_NONE),
+        steps_without: release_call("$6::integer", READS_NONE),
         hand_read,
     })
 }
@@ -180,14 +185,20 @@ pub(crate) struct Made {
     may_hand: String,
     /// The join's call that draws nothing from it.
     join_without: String,
+    /// The release's call that draws nothing from it (every permit's hand-over locks the
+    /// name's row for update).
+    release_without: String,
+    /// The same, of a read hold's release in steps.
+    steps_without: String,
     /// The name of the function that hands a read hold over in a writer's release (see
     /// [`Parts::hand_read`]), for [`release_handing_over`](super::release_handing_over).
     pub(crate) hand_read: String,
 }
 
-/// The join's `p_reads` (see [`Parts::join`]): a reader beside live readers takes a token of
-/// their range, the row locked for share; a reader that locks the row for update sets a new
-/// range.
+/// The join's and the release's `p_reads` (see [`Parts::join`], [`Parts::release`]): a reader
+/// beside live readers takes a token of their range, the row locked for share; a reader that
+/// locks the row for update sets a new range; a permit's release hands it over with a token
+/// of the range where it can, and a hand-over with the row locked sets a new range.
 const READS: i32 = 1;
 /// Neither: a user who may not draw from the sequence (every join locks the row for update).
 const READS_NONE: i32 = 0;
@@ -206,6 +217,8 @@ pub(super) async fn set_up(
         may_draw,
         may_hand,
         join_without,
+        release_without,
+        steps_without,
         ..
     } = made;
     let made = async {
@@ -253,9 +266,11 @@ pub(super) async fn set_up(
             Some((routines, hands))
         }
         Ok((true, false, hands)) => {
-            // Granted the tables and functions but not the sequence: every join locks the
-            // name's row for update, as before `v6`.
+            // Granted the tables and functions but not the sequence: every join and every
+            // permit's hand-over locks the name's row for update, as before `v6` and `v11`.
             routines.calls.join = join_without.into();
+            routines.calls.release = release_without.into();
+            routines.calls.release_in_steps = Some(steps_without.into());
             routines.calls.reads_queue = hands;
             Some((routines, hands))
         }
@@ -711,6 +726,7 @@ END"
             insert,
             ..
         } = &self.in_routine;
+        let ranged = mark_reads(mark, &self.reads).replace("now()", "v_at");
         let (mark, insert) = (
             mark.replace("now()", "v_at"),
             insert.replace("now()", "v_at"),
@@ -718,9 +734,16 @@ END"
         format!(
             "v_at := clock_timestamp();
       {purge};
-      {mark};
-      o_version := o_version + 1;
-      o_taken := o_version;
+      IF p_reads = 1 THEN
+        -- A new range of tokens, which the releases after it hand out (see `release`).
+        {ranged};
+        o_version := o_version + 1 + {READ_RANGE};
+        o_taken := o_version - {READ_RANGE};
+      ELSE
+        {mark};
+        o_version := o_version + 1;
+        o_taken := o_version;
+      END IF;
       {insert};
       PERFORM pg_notify('{}',
         'h' || o_taken || ':' || octet_length(p_owner) || ':' || p_owner || p_name);",
@@ -805,6 +828,31 @@ END"
     /// for it is never waited for by it: no deadlock. A step 2 answers `true` whatever it
     /// finds: its hold left with step 1.
     ///
+    /// Since `v11` a permit's release (`p_reads` 1, see [`READS`]) first tries to hand its
+    /// permit to the first live waiter of the queue without locking the name's row for
+    /// update: in a block (a subtransaction) it locks the row for share (no join, release,
+    /// renewal or forced release that locks it for update runs until this commit, and other
+    /// such hand-overs run beside it), and goes on only if the row carries the semaphore's
+    /// live marker, no live reservation and a range of tokens that is the row's (as a
+    /// reader's join beside readers, see [`Parts::join`]); it deletes the holder's own live
+    /// row, locks the first live place of its number of permits that no other release has
+    /// locked (`SKIP LOCKED`), draws the token from the range (`read_base` plus the
+    /// sequence's next value, above `read_from` and below the row's `version`), checks that
+    /// the marker's expiry covers the waiter's lease from now, inserts the waiter's holder
+    /// row, deletes its place and notifies `h<token>:..`. Anything else rolls the block back
+    /// (its lock for share let go) and the release goes on as before, the row locked. A
+    /// permit changes hands, so the count of holders stays; the waiter's joins lock the row
+    /// for update and so wait for this commit (and then find the permit), and its first,
+    /// unlocked join queues only without a place: every answer that refused the waiter
+    /// precedes the hand-over, which is what bounds its lease (see `attempt.rs`). Its commit
+    /// hands out a token, so it waits for its flush, but under a lock for share: the
+    /// hand-overs of different permits no longer wait for each other's flush (each such
+    /// commit held the name's row until it was flushed). A hand-over with the row locked
+    /// (`hand_permit`) sets a new range with its token (the version moves [`READ_RANGE`]
+    /// past it, the marker's expiry half a lease past the waiter's), so one of them in
+    /// [`READ_RANGE`] hand-overs locks the row. Where the user may not draw from the
+    /// sequence (`p_reads` 0) every hand-over locks the row, as before.
+    ///
     /// Since `v9` a reader's release that locked the lock row counts the live holder rows
     /// locked for key share, so that it waits for a leave in progress (a step 1 that deleted
     /// its row and has not committed) and counts that reader gone: it frees the name or hands
@@ -820,6 +868,8 @@ END"
             h,
             in_routine,
             channel,
+            reads,
+            peek_columns,
             ..
         } = self;
         let InRoutine {
@@ -827,8 +877,12 @@ END"
             leave,
             free,
             shrink,
+            insert,
             ..
         } = in_routine;
+        let insert_waiter = insert
+            .replace("p_owner", "w_owner")
+            .replace("now()", "v_at");
         let lock = self.lock();
         let no_flush = NO_FLUSH;
         let unreserve = self.unreserve();
@@ -837,8 +891,43 @@ END"
         let hand = self.hand_permit();
         let body = format!(
             "DECLARE {DECLARE_PEEK}; n bigint; o_taken bigint; p_ttl bigint; p_permits bigint;
-  w_owner text; handed boolean := false; v_at timestamptz; v_row boolean;
+  w_owner text; handed boolean := false; v_at timestamptz; v_row boolean; v_base bigint;
+  v_from bigint; v_expires timestamptz;
 BEGIN
+  -- A permit handed to the first waiter without the name's row locked for update: a token
+  -- of the row's range, the row locked for share (see the function's docs).
+  IF p_reads = 1 AND p_step = 0 AND p_wake AND p_token IS NOT NULL
+     AND left(p_marker, 9) = chr(1) || 'permits:' THEN
+    BEGIN
+      SELECT {peek_columns}, read_base, read_from, expires_at
+        INTO {PEEK_INTO}, v_base, v_from, v_expires FROM {t} WHERE name = p_name FOR SHARE;
+      IF NOT FOUND OR o_owner IS DISTINCT FROM p_marker OR o_remaining IS NULL
+         OR o_next_remaining IS NOT NULL OR o_version IS DISTINCT FROM v_from + {READ_RANGE} THEN
+        RAISE EXCEPTION 'not by the range';
+      END IF;
+      {leave};
+      IF NOT FOUND THEN RAISE EXCEPTION 'not by the range'; END IF;
+      p_permits := substr(p_marker, 10)::bigint;
+      SELECT owner, ttl INTO w_owner, p_ttl FROM {w}
+        WHERE name = p_name AND expires_at > now() AND permits = p_permits AND ttl >= 0
+        ORDER BY seq, owner LIMIT 1 FOR UPDATE SKIP LOCKED;
+      IF NOT FOUND THEN RAISE EXCEPTION 'not by the range'; END IF;
+      v_at := clock_timestamp();
+      o_taken := v_base + nextval('{reads}');
+      IF v_expires < v_at + p_ttl * interval '1 microsecond' OR o_taken <= v_from
+         OR o_taken >= o_version THEN
+        RAISE EXCEPTION 'not by the range';
+      END IF;
+      {insert_waiter};
+      DELETE FROM {w} WHERE name = p_name AND owner = w_owner;
+      PERFORM pg_notify('{channel}',
+        'h' || o_taken || ':' || octet_length(w_owner) || ':' || w_owner || p_name);
+      RETURN true;
+    EXCEPTION WHEN raise_exception OR unique_violation THEN
+      -- Not so (the block rolled back, its lock for share let go): the name's row locked.
+      o_taken := NULL;
+    END;
+  END IF;
   IF p_step = 1 AND p_token IS NOT NULL THEN
     -- A reader's release: its own row, the name's row read and not locked. A holder this
     -- read or the delete cannot tell live (an expiry at the moment of a renewal still on
@@ -961,7 +1050,7 @@ END"
         Self::function(
             signature,
             "p_name text, p_owner text, p_marker text, p_token bigint, p_wake boolean, \
-             p_step integer",
+             p_step integer, p_reads integer",
             "boolean",
             &body,
         )
