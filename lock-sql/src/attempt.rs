@@ -591,15 +591,13 @@ impl Attempt for SqlAttempt {
             // says so, both after its commit): held since that release, after `since`, or
             // after our last read of a holder whose version it follows. Otherwise (a late
             // notification) the row says what holds.
-            // A queued permit waiter's busy answers all came before any hand-over to it (a
-            // release hands a permit only to a place it locks, after the join that queued or
-            // refused it committed, and its joins wait for that release), whatever version a
-            // permit handed from the row's range of tokens has (below the row's).
+            // (A permit waiter's refusal on PostgreSQL reports the last token drawn from the
+            // row's range as its version, so that a permit handed from the range later
+            // follows it too: see `postgres/routines.rs`.)
             let seen = [self.held_seen, self.held_seen_before]
                 .into_iter()
                 .flatten()
-                .find(|&(_, seen)| seen < version)
-                .or(self.held_seen.filter(|_| self.queued()));
+                .find(|&(_, seen)| seen < version);
             if let Some(since) = since.or(seen.map(|(at, _)| at)) {
                 return self.handed_over(version, since);
             }

@@ -176,7 +176,7 @@
 //! - **Fencing**: every acquisition of any kind increments the row's `version` and takes it
 //!   as its token (but a PostgreSQL reader beside live readers, below), so a shared holder's
 //!   token lies between the writers before and after it, and permit tokens are unique and
-//!   increasing.
+//!   increasing (but those of PostgreSQL's permits handed over together, below).
 //! - **Writer preference**: a waiting writer claims the waiter reservation as it does on a
 //!   held lock, and a shared acquisition refuses while another waiter's reservation lives, so
 //!   readers arriving after a waiting writer queue behind it. Waiting readers use the same
@@ -242,9 +242,12 @@
 //!   range of tokens (as a reader beside readers draws its own, below), which a hand-over
 //!   with the row locked sets (the marker's expiry then covers half a lease more than the
 //!   waiter's). Such hand-overs of different permits no longer wait for each other's commit
-//!   and its flush on the name's one row; the waiter bounds its lease by its last refused
-//!   join, which precedes the hand-over (its joins lock the row for update, and so wait for
-//!   it). A semaphore whose last holders die holding stays marked up to half a lease longer.
+//!   and its flush on the name's one row. A waiter's refusal answers the last token drawn
+//!   from the range as its version, so that the waiter, told of a later token, bounds its
+//!   lease by that refusal's read, as it does for a hand-over with the row locked. Permits
+//!   whose holds overlap may get their tokens in another order than they were handed over:
+//!   unique, not ordered. A semaphore whose last holders die holding stays marked up to half
+//!   a lease longer.
 //! - **MySQL/MariaDB's queue of permit waiters** (stored procedures `_v2`): the same queue
 //!   (`<table>_queue`, created with the procedures), the same rule for a join and the same
 //!   hand-over in the release, but nothing notifies the waiter. A queued waiter reads

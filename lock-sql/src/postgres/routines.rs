@@ -398,6 +398,12 @@ impl Parts<'_> {
     /// long from now; a take leaves the queue. The refusal commits without waiting for its
     /// flush: a place lost in a crash is taken again by the waiter's next poll.
     ///
+    /// Since `v11` a permit waiter's refusal (`p_reads` 1) answers, as the row's version, the
+    /// last value drawn from the row's range of tokens while that range is live (below the
+    /// version), so that a waiter told of a permit handed from the range later (see
+    /// [`Parts::release`]) can tell that hand-over followed its read, as it tells by the
+    /// version when a release hands over with the row locked.
+    ///
     /// Since `v10` a permit waiter's join (`p_queue` above 0) that finds, without locking the
     /// name's row, the live marker of its semaphore, no live reservation, no place and no
     /// holder row of its own, and the live holders and live waiters queued (for as many
@@ -473,6 +479,17 @@ impl Parts<'_> {
         WHERE name = p_name AND expires_at > now() AND owner <> p_owner"
         );
         let unreserve = self.unreserve();
+        // A refused permit waiter's answer: the version is the last value drawn from the
+        // row's range while it is live (see `release`), else the row's.
+        let cursor = format!(
+            "IF p_reads = 1 AND p_permits > 0 THEN
+      SELECT read_base, read_from, version INTO v_base, v_from, v_top FROM {t}
+        WHERE name = p_name;
+      IF v_top = v_from + {READ_RANGE} THEN
+        SELECT LEAST(v_top, v_base + last_value) INTO o_version FROM {reads};
+      END IF;
+    END IF;"
+        );
         // The row's peek and range, read (then again, locked for share).
         let read_row = format!(
             "SELECT {peek_columns}, read_base, read_from INTO {PEEK_INTO}, v_base, v_from \
@@ -485,7 +502,7 @@ impl Parts<'_> {
         );
         let body = format!(
             "DECLARE n bigint := 0; held boolean; w_seq bigint; ahead bigint := 0; v_base bigint;
-  v_from bigint; v_spent boolean := false;
+  v_from bigint; v_spent boolean := false; v_top bigint;
 BEGIN
   -- A reader beside live readers, its token from their range: the row read, then locked
   -- for share (no writer, free, reservation or new range until this commit) and read again.
@@ -550,6 +567,7 @@ BEGIN
         -- its way, queued it) left its holder row, and the locked path below takes that
         -- permit and this place out.
         IF FOUND AND NOT EXISTS (SELECT 1 FROM {h} WHERE name = p_name AND owner = p_owner) THEN
+          {cursor}
           {no_flush}; RETURN NEXT; RETURN;
         END IF;
       END IF;
@@ -609,6 +627,7 @@ BEGIN
     IF p_queue <> 0 THEN
       {enqueue};
     END IF;
+    {cursor}
     {no_flush};
     RETURN NEXT; RETURN;
   END IF;
@@ -763,7 +782,7 @@ END"
     p_permits := substr(p_marker, 10)::bigint;
     WHILE n < p_permits LOOP
       SELECT owner, ttl INTO w_owner, p_ttl FROM {w}
-        WHERE name = p_name AND expires_at > now() AND permits = p_permits
+        WHERE name = p_name AND expires_at > now() AND permits = p_permits AND ttl >= 0
         ORDER BY seq, owner LIMIT 1;
       EXIT WHEN NOT FOUND;
       -- The row's expiry is not shrunk (one write of the row less per handoff): it may
@@ -833,25 +852,32 @@ END"
     /// update: in a block (a subtransaction) it locks the row for share (no join, release,
     /// renewal or forced release that locks it for update runs until this commit, and other
     /// such hand-overs run beside it), and goes on only if the row carries the semaphore's
-    /// live marker, no live reservation and a range of tokens that is the row's (as a
-    /// reader's join beside readers, see [`Parts::join`]); it deletes the holder's own live
+    /// live marker, no live reservation and a range of tokens that is the row's and not
+    /// spent (as a reader's join beside readers, see [`Parts::join`]), and every permit is
+    /// held (else the locked path hands each free one); it deletes the holder's own live
     /// row, locks the first live place of its number of permits that no other release has
     /// locked (`SKIP LOCKED`), draws the token from the range (`read_base` plus the
-    /// sequence's next value, above `read_from` and below the row's `version`), checks that
-    /// the marker's expiry covers the waiter's lease from now, inserts the waiter's holder
-    /// row, deletes its place and notifies `h<token>:..`. Anything else rolls the block back
-    /// (its lock for share let go) and the release goes on as before, the row locked. A
-    /// permit changes hands, so the count of holders stays; the waiter's joins lock the row
-    /// for update and so wait for this commit (and then find the permit), and its first,
-    /// unlocked join queues only without a place: every answer that refused the waiter
-    /// precedes the hand-over, which is what bounds its lease (see `attempt.rs`). Its commit
-    /// hands out a token, so it waits for its flush, but under a lock for share: the
-    /// hand-overs of different permits no longer wait for each other's flush (each such
-    /// commit held the name's row until it was flushed). A hand-over with the row locked
-    /// (`hand_permit`) sets a new range with its token (the version moves [`READ_RANGE`]
-    /// past it, the marker's expiry half a lease past the waiter's), so one of them in
-    /// [`READ_RANGE`] hand-overs locks the row. Where the user may not draw from the
-    /// sequence (`p_reads` 0) every hand-over locks the row, as before.
+    /// sequence's next value, above `read_from` and below the row's `version`), starts the
+    /// lease after the draw, checks that the marker's expiry covers it, inserts the waiter's
+    /// holder row, deletes its place and notifies `h<token>:..`. Anything else rolls the
+    /// block back (its lock for share let go) and the release goes on as before, the row
+    /// locked. A permit changes hands, so the count of holders stays. The waiter holds on
+    /// the notification when a read of its saw the lock held at a lower version (see
+    /// `attempt.rs`): a permit waiter's refusal answers, while the row has a live range, the
+    /// last value drawn from it as its version ([`Parts::join`]), and a token drawn after
+    /// that read is above it, with its lease started after the read. A refusal that came
+    /// after the hand-over (the handed lease ran out first) answers that token or more, and
+    /// bounds nothing. Its commit hands out a token, so it waits for its flush, but under a
+    /// lock for share: the hand-overs of different permits no longer wait for each other's
+    /// flush (each such commit held the name's row until it was flushed). A hand-over with
+    /// the row locked (`hand_permit`) sets a new range with its token (the version moves
+    /// [`READ_RANGE`] past it, the marker's expiry half a lease past the waiter's), so about
+    /// one in [`READ_RANGE`] hand-overs locks the row. Concurrent hand-overs may commit in
+    /// another order than they drew: tokens of permits whose holds overlap are unique, not
+    /// ordered. Where the user may not draw from the sequence (`p_reads` 0) every hand-over
+    /// locks the row, as before. Since `v11` no release hands a permit to an abandoned
+    /// attempt's place (a negative ttl), which a release that waited for the row behind the
+    /// abandon could find still live.
     ///
     /// Since `v9` a reader's release that locked the lock row counts the live holder rows
     /// locked for key share, so that it waits for a leave in progress (a step 1 that deleted
@@ -892,7 +918,7 @@ END"
         let body = format!(
             "DECLARE {DECLARE_PEEK}; n bigint; o_taken bigint; p_ttl bigint; p_permits bigint;
   w_owner text; handed boolean := false; v_at timestamptz; v_row boolean; v_base bigint;
-  v_from bigint; v_expires timestamptz;
+  v_from bigint; v_expires timestamptz; v_spent boolean;
 BEGIN
   -- A permit handed to the first waiter without the name's row locked for update: a token
   -- of the row's range, the row locked for share (see the function's docs).
@@ -905,15 +931,24 @@ BEGIN
          OR o_next_remaining IS NOT NULL OR o_version IS DISTINCT FROM v_from + {READ_RANGE} THEN
         RAISE EXCEPTION 'not by the range';
       END IF;
+      -- A range that draws (of the table's other names too) have spent: nothing drawn.
+      SELECT v_base + last_value + is_called::int >= o_version INTO v_spent FROM {reads};
+      p_permits := substr(p_marker, 10)::bigint;
+      -- Another permit free (a holder's lease ran out): the locked path hands each one.
+      SELECT count(*) INTO n FROM {h} WHERE name = p_name AND expires_at > now();
+      IF v_spent OR n < p_permits THEN RAISE EXCEPTION 'not by the range'; END IF;
       {leave};
       IF NOT FOUND THEN RAISE EXCEPTION 'not by the range'; END IF;
-      p_permits := substr(p_marker, 10)::bigint;
       SELECT owner, ttl INTO w_owner, p_ttl FROM {w}
         WHERE name = p_name AND expires_at > now() AND permits = p_permits AND ttl >= 0
         ORDER BY seq, owner LIMIT 1 FOR UPDATE SKIP LOCKED;
-      IF NOT FOUND THEN RAISE EXCEPTION 'not by the range'; END IF;
-      v_at := clock_timestamp();
+      IF NOT FOUND OR v_expires < clock_timestamp() + p_ttl * interval '1 microsecond' THEN
+        RAISE EXCEPTION 'not by the range';
+      END IF;
       o_taken := v_base + nextval('{reads}');
+      -- The lease starts after the draw: a refusal of this waiter's that read the range's
+      -- last drawn value below this token came before it (see `join`).
+      v_at := clock_timestamp();
       IF v_expires < v_at + p_ttl * interval '1 microsecond' OR o_taken <= v_from
          OR o_taken >= o_version THEN
         RAISE EXCEPTION 'not by the range';
