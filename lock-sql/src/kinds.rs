@@ -206,6 +206,12 @@ pub(crate) struct InRoutine {
     pub(crate) purge_all: String,
     pub(crate) mark: String,
     pub(crate) insert: String,
+    /// [`HolderSql::insert`] for the waiter `w_owner` a release hands a permit to.
+    #[cfg_attr(
+        not(feature = "postgres"),
+        allow(dead_code, reason = "PostgreSQL's release")
+    )]
+    pub(crate) insert_waiter: String,
     pub(crate) extend: String,
     pub(crate) stretch: String,
     pub(crate) leave: String,
@@ -233,6 +239,10 @@ impl HolderSql {
             insert: with_args(
                 &self.insert,
                 &[name, owner, "o_taken", "p_ttl", "p_permits"],
+            ),
+            insert_waiter: with_args(
+                &self.insert,
+                &[name, "w_owner", "o_taken", "p_ttl", "p_permits"],
             ),
             extend: with_args(&self.extend, &["p_ttl", name, owner, "p_token"]),
             stretch: with_args(&self.stretch, &["p_ttl", name]),

@@ -272,27 +272,26 @@ async fn a_table_without_the_data_column(url: &str, old: impl Fn(&str) -> [Strin
     }
 }
 
-/// A user connects with the default `create_table` to a lock table whose tables another user
-/// made complete, and takes and releases every kind. `make` gives the statements that make
-/// user `user` (password `password`) for lock table `table`, `remove` those that remove it
-/// again: a user who may read and write those tables but not create any (a connect and a
-/// first shared hold read the catalog before they set anything up), or a user with a schema
-/// of its own (who must make and use tables of its own there: the other user's are not its).
+/// A lock table of its own (a unique name from `prefix`) whose tables the returned admin
+/// client made complete (the lock table and the routines' queue at connect, the holders on
+/// its first shared hold), and a user that `make` made on it (see
+/// [`a_user_of_existing_tables`]): the admin client, the table, the user and the URL that
+/// connects as that user.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-async fn a_user_of_existing_tables(
+async fn a_user_on_a_new_table(
     url: &str,
+    prefix: &str,
     make: impl Fn(&str, &str, &str) -> Vec<String>,
-    remove: impl Fn(&str) -> Vec<String>,
-) {
-    let table = unique("no_create");
+) -> (LockClient<SqlBackend>, String, String, url::Url) {
+    let table = unique(prefix);
     let sep = if url.contains('?') { '&' } else { '?' };
     let with = format!("{url}{sep}table={table}");
     let admin = client(&with).await;
-    let opts = || AcquireOptions::default().with_ttl(Duration::from_secs(5));
-    // Every table made: the lock table and the routines' queue at connect, the holders on
-    // the first shared hold.
+    let shared = AcquireOptions::default()
+        .with_ttl(Duration::from_secs(5))
+        .shared();
     admin
-        .acquire(&unique("setup"), &opts().shared())
+        .acquire(&unique("setup"), &shared)
         .await
         .expect("the admin's first shared hold")
         .release()
@@ -306,6 +305,24 @@ async fn a_user_of_existing_tables(
     let mut as_user = url::Url::parse(&with).expect("url");
     as_user.set_username(&user).expect("user");
     as_user.set_password(Some(&password)).expect("password");
+    (admin, table, user, as_user)
+}
+
+/// A user connects with the default `create_table` to a lock table whose tables another user
+/// made complete, and takes and releases every kind. `make` gives the statements that make
+/// user `user` (password `password`) for lock table `table`, `remove` those that remove it
+/// again: a user who may read and write those tables but not create any (a connect and a
+/// first shared hold read the catalog before they set anything up), or a user with a schema
+/// of its own (who must make and use tables of its own there: the other user's are not its).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn a_user_of_existing_tables(
+    url: &str,
+    make: impl Fn(&str, &str, &str) -> Vec<String>,
+    remove: impl Fn(&str) -> Vec<String>,
+) {
+    let (admin, table, user, as_user) = a_user_on_a_new_table(url, "no_create", make).await;
+    let pool = admin.backend_ref().pool();
+    let opts = || AcquireOptions::default().with_ttl(Duration::from_secs(5));
     let used = async {
         let c = distlock_sql::connect(as_user.as_str(), ClientConfig::default())
             .await
@@ -1906,6 +1923,70 @@ mod postgres {
     async fn a_user_who_may_not_create_tables() {
         let Some(url) = url() else { return };
         a_user_of_existing_tables(&url, a_role_on_the_tables, drop_role).await;
+    }
+
+    /// A role that may draw from the sequence of readers' tokens but not read it (`USAGE`
+    /// without `SELECT`) draws nothing: its joins and hand-overs lock the name's row, as a
+    /// role without the sequence does. With `_v11` as first written, its first hand-over set
+    /// a range of tokens, and every permit waiter's refusal after it read the sequence and
+    /// failed.
+    #[tokio::test]
+    async fn a_user_who_may_draw_but_not_read_the_sequence() {
+        let Some(url) = url() else { return };
+        let (admin, table, user, as_user) =
+            a_user_on_a_new_table(&url, "usage_only", |user, password, t| {
+                let mut made = a_role_on_the_tables(user, password, t);
+                made.push(format!("GRANT USAGE ON SEQUENCE {t}_dl_reads TO {user}"));
+                made
+            })
+            .await;
+        let pool = admin.backend_ref().pool();
+        let opts = AcquireOptions::default()
+            .with_ttl(Duration::from_secs(10))
+            .with_wait(Duration::from_secs(20));
+        let connect = || distlock_sql::connect(as_user.as_str(), ClientConfig::default());
+        let (a, b, c) = (
+            connect().await.expect("connect"),
+            connect().await.expect("connect"),
+            connect().await.expect("connect"),
+        );
+        let (name, permit) = (unique("permit"), opts.with_permits(1));
+        let pg = common::pg(&admin);
+        let queued = || async {
+            let count = format!(
+                "SELECT count(*) FROM {table}_queue WHERE name = $1 AND expires_at > now()"
+            );
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while sqlx::query_scalar::<_, i64>(AssertSqlSafe(count.clone()))
+                .bind(&name)
+                .fetch_one(&pg)
+                .await
+                .expect("read the queue")
+                == 0
+            {
+                assert!(std::time::Instant::now() < deadline, "no waiter queued");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        let wait = |client: distlock_core::LockClient<SqlBackend>| {
+            let (name, permit) = (name.clone(), permit.clone());
+            tokio::spawn(async move { client.acquire(&name, &permit).await })
+        };
+        let held = a.acquire(&name, &permit).await.expect("a permit");
+        let second = wait(b);
+        queued().await;
+        held.release().await.expect("release");
+        let second = common::granted(second).await;
+        let third = wait(c);
+        queued().await;
+        second.release().await.expect("release the handed permit");
+        let third = common::granted(third).await;
+        third.release().await.expect("release");
+        for statement in drop_role(&user) {
+            exec(&pool, statement).await;
+        }
+        let drop_tables = format!("DROP TABLE IF EXISTS {table}, {table}_holders, {table}_queue");
+        exec(&pool, drop_tables).await;
     }
 
     /// A role that may not call the hand-over of a read hold (`EXECUTE` revoked from

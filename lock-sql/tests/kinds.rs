@@ -1052,6 +1052,8 @@ mod postgres {
         // Handed with the row locked: it sets the range.
         let second = common::granted(second).await;
         let third = wait(c);
+        // Its first join queued it; the next (to renew its place) comes a quarter second or
+        // more later, long after the hand-over below (a join would wait for the row).
         super::until_queued(&name, 1, places).await;
         let mut tx = pool.begin().await.expect("begin");
         let version: i64 =

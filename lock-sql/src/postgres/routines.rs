@@ -162,8 +162,11 @@ pub(crate) fn routines(
     Some(Made {
         routines,
         may_hand,
+        // Drawn (`nextval`: USAGE or UPDATE) and read (the range's spent check, a permit
+        // waiter's refusal: SELECT).
         may_draw: format!(
-            "SELECT has_sequence_privilege({here}'{}', 'USAGE, UPDATE')",
+            "SELECT has_sequence_privilege({here}'{0}', 'USAGE, UPDATE') \
+             AND has_sequence_privilege({here}'{0}', 'SELECT')",
             parts.reads
         ),
         join_without: join_call(READS_NONE),
@@ -486,7 +489,8 @@ impl Parts<'_> {
       SELECT read_base, read_from, version INTO v_base, v_from, v_top FROM {t}
         WHERE name = p_name;
       IF v_top = v_from + {READ_RANGE} THEN
-        SELECT LEAST(v_top, v_base + last_value) INTO o_version FROM {reads};
+        SELECT LEAST(v_top, v_base + last_value - 1 + is_called::int) INTO o_version
+          FROM {reads};
       END IF;
     END IF;"
         );
@@ -874,10 +878,12 @@ END"
     /// [`READ_RANGE`] past it, the marker's expiry half a lease past the waiter's), so about
     /// one in [`READ_RANGE`] hand-overs locks the row. Concurrent hand-overs may commit in
     /// another order than they drew: tokens of permits whose holds overlap are unique, not
-    /// ordered. Where the user may not draw from the sequence (`p_reads` 0) every hand-over
-    /// locks the row, as before. Since `v11` no release hands a permit to an abandoned
-    /// attempt's place (a negative ttl), which a release that waited for the row behind the
-    /// abandon could find still live.
+    /// ordered. Where the user may not draw from the sequence or read it (`p_reads` 0) every
+    /// hand-over locks the row, as before. The bound relies on the sequence never going back
+    /// (no `setval` or `ALTER SEQUENCE .. RESTART` below its value, no restore of an older
+    /// copy of it without its lock table), as the readers' tokens do. Since `v11` no release
+    /// hands a permit to an abandoned attempt's place (a negative ttl), which a release that
+    /// waited for the row behind the abandon could find still live.
     ///
     /// Since `v9` a reader's release that locked the lock row counts the live holder rows
     /// locked for key share, so that it waits for a leave in progress (a step 1 that deleted
@@ -903,12 +909,10 @@ END"
             leave,
             free,
             shrink,
-            insert,
+            insert_waiter,
             ..
         } = in_routine;
-        let insert_waiter = insert
-            .replace("p_owner", "w_owner")
-            .replace("now()", "v_at");
+        let insert_waiter = insert_waiter.replace("now()", "v_at");
         let lock = self.lock();
         let no_flush = NO_FLUSH;
         let unreserve = self.unreserve();
@@ -1235,6 +1239,20 @@ mod tests {
             1,
             "{join}"
         );
+    }
+
+    /// The release hands a permit to `w_owner` in the holders table of its lock table, whose
+    /// name may contain `owner` (the statement's arguments are named, not found by text).
+    #[test]
+    fn a_hand_over_inserts_into_the_tables_own_holders() {
+        let table = "shop_owners";
+        let (_, _, holds) = super::super::statements(table, true, crate::dialect::DataColumn(true));
+        let made = routines(table, &holds, "owner", "0", "c").expect("the functions");
+        let release = &made.routines.create[4];
+        let insert = "INSERT INTO \"shop_owners_holders\" (name, owner, token, expires_at, \
+                      permits) VALUES (p_name, w_owner, o_taken,";
+        assert!(release.contains(insert), "{release}");
+        assert!(!release.contains("show_owners"), "{release}");
     }
 
     #[test]
