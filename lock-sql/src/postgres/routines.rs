@@ -23,8 +23,8 @@
 //! release step, which does not, deletes only its own holder row; a reader beside readers
 //! shares the row's lock with its likes only, and keeps to a range that an earlier client's
 //! join moves the row past; so does a permit's release that hands it over from the range).
-//! The names end in [`VERSION`]: a change of what a function does takes a new name, so that clients of two
-//! versions never run each other's.
+//! The names end in [`VERSION`]: a change of what a function does takes a new name, so that
+//! clients of two versions never run each other's.
 //!
 //! A fourth function renews a batch of holds (`_dl_renew_many_v11`, arrays of the renewal's
 //! arguments sorted by name): the watchdog's renewals of every shared hold and permit of a
@@ -203,7 +203,8 @@ pub(crate) struct Made {
 /// locks the row for update sets a new range; a permit's release hands it over with a token
 /// of the range where it can, and a hand-over with the row locked sets a new range.
 const READS: i32 = 1;
-/// Neither: a user who may not draw from the sequence (every join locks the row for update).
+/// Neither: a user who may not draw from the sequence or read it (every join and every
+/// permit's hand-over locks the row for update).
 const READS_NONE: i32 = 0;
 
 /// The functions of `routines` when they exist, creating them first (in a transaction under
