@@ -335,6 +335,16 @@ impl Parts<'_> {
         format!("{} FOR UPDATE", self.peek())
     }
 
+    /// Whether draws (of the table's other names too) have spent the range read into
+    /// `v_base` and `o_version` (its top): into `v_spent`. A reader beside readers and a
+    /// permit's hand-over from the range look before they draw.
+    fn spent(&self) -> String {
+        format!(
+            "SELECT v_base + last_value + is_called::int >= o_version INTO v_spent FROM {}",
+            self.reads
+        )
+    }
+
     /// Reads the lock row into the peek variables, not locked.
     fn peek(&self) -> String {
         let Self {
@@ -467,7 +477,7 @@ impl Parts<'_> {
             stretch,
             ..
         } = in_routine;
-        let (peek, lock) = (self.peek(), self.lock());
+        let (peek, lock, spent) = (self.peek(), self.lock(), self.spent());
         let no_flush = NO_FLUSH;
         let enqueue = self.enqueue();
         let mark_reads = mark_reads(mark, reads);
@@ -517,7 +527,7 @@ BEGIN
       EXIT WHEN NOT FOUND;
       IF coalesce({beside}, false) THEN
         -- A range that draws of the table's other names have spent: no lock for share.
-        SELECT v_base + last_value + is_called::int >= o_version INTO v_spent FROM {reads};
+        {spent};
         EXIT WHEN v_spent;
       ELSE
         -- This join writes the row (a new epoch or range, a longer lease) or is refused: it
@@ -914,7 +924,7 @@ END"
             ..
         } = in_routine;
         let insert_waiter = insert_waiter.replace("now()", "v_at");
-        let lock = self.lock();
+        let (lock, spent) = (self.lock(), self.spent());
         let no_flush = NO_FLUSH;
         let unreserve = self.unreserve();
         let to_queue = self.hand_to_queue();
@@ -937,7 +947,7 @@ BEGIN
         RAISE EXCEPTION 'not by the range';
       END IF;
       -- A range that draws (of the table's other names too) have spent: nothing drawn.
-      SELECT v_base + last_value + is_called::int >= o_version INTO v_spent FROM {reads};
+      {spent};
       p_permits := substr(p_marker, 10)::bigint;
       -- Another permit free (a holder's lease ran out): the locked path hands each one.
       SELECT count(*) INTO n FROM {h} WHERE name = p_name AND expires_at > now();
