@@ -44,6 +44,33 @@ pub(crate) fn not_applied(err: &sqlx::Error) -> bool {
         if db.code().is_some_and(|c| rolled_back_code(&c) || sqlite_busy(&c)))
 }
 
+/// How many times a statement that applied nothing (see [`not_applied`]) is sent again.
+const RESEND: u64 = 2;
+
+/// `statement`'s answer, sent again (at most twice more, 2 and 4 ms later) while the database
+/// applied nothing of it (see [`not_applied`]): for statements that free by owner, whose
+/// answer nobody waits for or that must not leave a hold behind for a deadlock's sake. A
+/// release the database rolled back to break a deadlock (MariaDB, shared releases beside
+/// joins of the same name: CI, 2026-11-30), or that SQLite's busy timeout kept from the
+/// write lock (a permit's release, CI 2026-11-30); an abandoned attempt's clean-up (a
+/// cancelled reader's place left queued, then handed a read hold that kept a writer out for
+/// its whole lease: CI, 2026-12-06). Within the caller's operation timeout.
+pub(crate) async fn resent<T, F>(mut statement: impl FnMut() -> F) -> Result<T, sqlx::Error>
+where
+    F: Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut attempt = 0;
+    loop {
+        match statement().await {
+            Err(err) if not_applied(&err) && attempt < RESEND => {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(2 * attempt)).await;
+            }
+            answer => return answer,
+        }
+    }
+}
+
 /// The SQLSTATEs of a deadlock or serialization rollback (see [`not_applied`]).
 fn rolled_back_code(code: &str) -> bool {
     matches!(code, "40001" | "40P01")
@@ -152,7 +179,76 @@ pub(crate) fn shape_err(table: &str, err: sqlx::Error) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::{rolled_back_code, transient_code};
+    use std::borrow::Cow;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::{resent, rolled_back_code, transient_code};
+
+    /// A database's refusal with SQLSTATE `.0`.
+    #[derive(Debug)]
+    struct Refused(&'static str);
+
+    impl std::fmt::Display for Refused {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "refused with {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Refused {}
+
+    impl sqlx::error::DatabaseError for Refused {
+        fn message(&self) -> &str {
+            "refused"
+        }
+        fn code(&self) -> Option<Cow<'_, str>> {
+            Some(self.0.into())
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    /// How many times [`resent`] sends a statement whose answers are `answers`, in turn (the
+    /// last one again once they run out), and its final answer's code (`None`: applied).
+    async fn sends(answers: &[Option<&'static str>]) -> (usize, Option<String>) {
+        let sent = AtomicUsize::new(0);
+        let answer = resent(|| async {
+            let now = sent.fetch_add(1, Ordering::Relaxed);
+            match answers[now.min(answers.len() - 1)] {
+                None => Ok(()),
+                Some(code) => Err(sqlx::Error::Database(Box::new(Refused(code)))),
+            }
+        })
+        .await;
+        let code = answer.err().map(|err| match err {
+            sqlx::Error::Database(db) => db.code().unwrap_or_default().into_owned(),
+            other => other.to_string(),
+        });
+        (sent.into_inner(), code)
+    }
+
+    #[tokio::test]
+    async fn only_what_applied_nothing_is_sent_again_at_most_twice() {
+        assert_eq!(sends(&[None]).await, (1, None));
+        // A deadlock's rollback, then applied.
+        assert_eq!(sends(&[Some("40001"), None]).await, (2, None));
+        assert_eq!(sends(&[Some("40P01"), Some("5"), None]).await, (3, None));
+        // Rolled back every time: three sends, the last answer kept.
+        assert_eq!(sends(&[Some("40001")]).await, (3, Some("40001".into())));
+        // A statement that may have applied (a lost connection, a unique violation): once.
+        for code in ["08006", "23505"] {
+            assert_eq!(sends(&[Some(code), None]).await, (1, Some(code.into())));
+        }
+    }
 
     #[test]
     fn only_deadlocks_and_serialization_failures_are_sent_again() {

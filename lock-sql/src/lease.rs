@@ -9,11 +9,8 @@ use distlock_core::backend::Renewer;
 use distlock_core::{Error, Lease, LockKind, LockName, Result};
 
 use crate::backend::{Inner, micros};
-use crate::error::{map_err, not_applied};
+use crate::error::{map_err, resent};
 use crate::kinds::HeldBy;
-
-/// How many times a release that applied nothing (see [`not_applied`]) is sent again.
-const RELEASE_RETRIES: u64 = 2;
 
 #[derive(Debug)]
 pub(crate) struct SqlLease {
@@ -88,27 +85,17 @@ impl Lease for SqlLease {
 
     async fn release(&self) -> Result<()> {
         let db = &self.inner.db;
-        let mut attempt = 0;
-        let released = loop {
-            let sent = match self.held() {
+        let released = resent(|| async {
+            match self.held() {
                 None => {
                     db.release(self.name.as_str(), &self.owner, self.version)
                         .await
                 }
                 Some(held) => db.release_hold(held).await,
-            };
-            // A release the database rolled back to break a deadlock (MariaDB, shared
-            // releases beside joins of the same name: CI, 2026-11-30), or that SQLite's busy
-            // timeout kept from the write lock (a permit's release, CI 2026-11-30), applied
-            // nothing: sent again, at most twice more, within the core's operation timeout.
-            match sent {
-                Err(err) if not_applied(&err) && attempt < RELEASE_RETRIES => {
-                    attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(2 * attempt)).await;
-                }
-                sent => break sent.map_err(|e| map_err("release", e))?,
             }
-        };
+        })
+        .await
+        .map_err(|e| map_err("release", e))?;
         if released {
             Ok(())
         } else {
