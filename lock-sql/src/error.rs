@@ -48,13 +48,13 @@ pub(crate) fn not_applied(err: &sqlx::Error) -> bool {
 const RESEND: u64 = 2;
 
 /// `statement`'s answer, sent again (at most twice more, 2 and 4 ms later) while the database
-/// applied nothing of it (see [`not_applied`]): for statements that free by owner, whose
-/// answer nobody waits for or that must not leave a hold behind for a deadlock's sake. A
+/// applied nothing of it (see [`not_applied`]): for a release and an abandoned attempt's
+/// clean-up, each one statement or one transaction that gives up what its owner held. A
 /// release the database rolled back to break a deadlock (MariaDB, shared releases beside
 /// joins of the same name: CI, 2026-11-30), or that SQLite's busy timeout kept from the
-/// write lock (a permit's release, CI 2026-11-30); an abandoned attempt's clean-up (a
-/// cancelled reader's place left queued, then handed a read hold that kept a writer out for
-/// its whole lease: CI, 2026-12-06). Within the caller's operation timeout.
+/// write lock (a permit's release, CI 2026-11-30), left the hold to its ttl; a clean-up so
+/// rolled back leaves the attempt's reservation, queue place or hold to theirs. Within the
+/// caller's operation timeout.
 pub(crate) async fn resent<T, F>(mut statement: impl FnMut() -> F) -> Result<T, sqlx::Error>
 where
     F: Future<Output = Result<T, sqlx::Error>>,
@@ -181,6 +181,7 @@ pub(crate) fn shape_err(table: &str, err: sqlx::Error) -> Error {
 mod tests {
     use std::borrow::Cow;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
 
     use super::{resent, rolled_back_code, transient_code};
 
@@ -236,18 +237,40 @@ mod tests {
         (sent.into_inner(), code)
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn only_what_applied_nothing_is_sent_again_at_most_twice() {
+        let started = tokio::time::Instant::now();
         assert_eq!(sends(&[None]).await, (1, None));
-        // A deadlock's rollback, then applied.
+        assert_eq!(
+            started.elapsed(),
+            Duration::ZERO,
+            "a pause before an answer"
+        );
+        // A deadlock's rollback, then applied: sent again 2 ms later.
         assert_eq!(sends(&[Some("40001"), None]).await, (2, None));
-        assert_eq!(sends(&[Some("40P01"), Some("5"), None]).await, (3, None));
+        assert_eq!(started.elapsed(), Duration::from_millis(2));
+        // SQLite's BUSY and LOCKED (extended codes too): then 4 ms after the second.
+        assert_eq!(sends(&[Some("517"), Some("6"), None]).await, (3, None));
+        assert_eq!(started.elapsed(), Duration::from_millis(8));
         // Rolled back every time: three sends, the last answer kept.
-        assert_eq!(sends(&[Some("40001")]).await, (3, Some("40001".into())));
+        let rolled = [Some("40P01"), Some("262"), Some("5")];
+        assert_eq!(sends(&rolled).await, (3, Some("5".into())));
         // A statement that may have applied (a lost connection, a unique violation): once.
         for code in ["08006", "23505"] {
             assert_eq!(sends(&[Some(code), None]).await, (1, Some(code.into())));
         }
+    }
+
+    #[tokio::test]
+    async fn a_transport_error_is_not_sent_again() {
+        let sent = AtomicUsize::new(0);
+        let answer: Result<(), _> = resent(|| async {
+            sent.fetch_add(1, Ordering::Relaxed);
+            Err(sqlx::Error::PoolTimedOut)
+        })
+        .await;
+        assert!(matches!(answer, Err(sqlx::Error::PoolTimedOut)));
+        assert_eq!(sent.into_inner(), 1);
     }
 
     #[test]
