@@ -12,6 +12,7 @@ use tracing::{Instrument, debug, warn};
 
 use crate::backend::unpoisoned as lock;
 use crate::backend::{Lease, Renewer, within};
+use crate::finish::to_the_end;
 use crate::flag::{Flag, Flags};
 use crate::registry::{Reentrant, Registry, RegistryKey};
 use crate::telemetry::{Handles, Op, Released};
@@ -309,6 +310,11 @@ impl LockGuard {
 
     /// Releases the lock (or one reentrant hold of it).
     ///
+    /// Cancel safe: the release, once called, reaches the server even if this future is
+    /// dropped before its answer (a `tokio::time::timeout` or `select!` around it): the rest
+    /// of it then runs on a task of its own, as a dropped guard's release does, and its
+    /// answer is not reported.
+    ///
     /// # Errors
     /// [`Error::Lost`] or [`Error::NotHeld`] if the lock was no longer ours;
     /// [`Error::Unavailable`] if the server did not answer (the lock then expires by its ttl).
@@ -317,7 +323,7 @@ impl LockGuard {
         if !self.held.drop_hold() {
             return Ok(());
         }
-        self.held.clone().release_on_server().await
+        to_the_end(self.held.clone().release_on_server()).await
     }
 
     /// When the grant came back: where [`Self::hold_at_least`] counts from.

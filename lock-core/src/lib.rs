@@ -103,6 +103,7 @@ mod client;
 mod descriptor;
 mod election;
 mod error;
+mod finish;
 mod flag;
 mod footprint;
 mod guard;

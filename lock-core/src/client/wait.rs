@@ -2,6 +2,7 @@
 //! waits, the cleanup of an attempt it gives up, and what it does with a late grant.
 
 use super::*;
+use crate::finish::to_the_end;
 
 /// A backend's grant, and when its lease started on the client's clock.
 pub(super) struct Grant {
@@ -334,9 +335,13 @@ impl AttemptCleanup {
         self.attempt = None;
     }
 
+    /// Abandons the attempt (once). Cancel safe: the clean-up, once started, runs to its end
+    /// on a task of its own if the caller's future is dropped first (see
+    /// [`to_the_end`](crate::finish::to_the_end)).
     pub(super) async fn abandon(&mut self) {
         if let Some(attempt) = self.attempt.take() {
-            abandon_quietly(attempt, self.timeout, &self.metrics).await;
+            let (timeout, metrics) = (self.timeout, self.metrics.clone());
+            to_the_end(async move { abandon_quietly(attempt, timeout, &metrics).await }).await;
         }
     }
 }

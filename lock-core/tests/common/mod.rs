@@ -2,6 +2,7 @@
 //! core does with a lease's optional hooks (renewer, loss signal).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -16,7 +17,11 @@ pub(crate) struct Wrapping {
     inner: MemoryBackend,
     wrap: Wrap,
     back_date: Option<Duration>,
+    slow_abandon: Option<SlowAbandon>,
 }
+
+/// An attempt's clean-up that takes `.0`, then counts itself done in `.1`.
+pub(crate) type SlowAbandon = (Duration, Arc<AtomicUsize>);
 
 impl Wrapping {
     pub(crate) fn new(store: &MemoryStore, wrap: Wrap) -> Self {
@@ -24,7 +29,15 @@ impl Wrapping {
             inner: MemoryBackend::new(store.clone()),
             wrap,
             back_date: None,
+            slow_abandon: None,
         }
+    }
+
+    /// Its attempts' clean-ups take `delay`, then count themselves in `done`.
+    #[allow(dead_code, reason = "used by some of the tests that share this module")]
+    pub(crate) fn slow_abandon(mut self, delay: Duration, done: Arc<AtomicUsize>) -> Self {
+        self.slow_abandon = Some((delay, done));
+        self
     }
 
     /// Its grants say their lease started `ago` before they came back, as a lease handed over
@@ -46,6 +59,7 @@ struct WrappingAttempt {
     inner: Box<dyn Attempt>,
     wrap: Wrap,
     back_date: Option<Duration>,
+    slow_abandon: Option<SlowAbandon>,
 }
 
 #[async_trait]
@@ -63,6 +77,7 @@ impl LockBackend for Wrapping {
             inner: self.inner.begin(request),
             wrap: self.wrap.clone(),
             back_date: self.back_date,
+            slow_abandon: self.slow_abandon.clone(),
         })
     }
 }
@@ -91,7 +106,13 @@ impl Attempt for WrappingAttempt {
     }
 
     async fn abandon(self: Box<Self>) -> Result<()> {
-        self.inner.abandon().await
+        let Some((delay, done)) = self.slow_abandon else {
+            return self.inner.abandon().await;
+        };
+        tokio::time::sleep(delay).await;
+        let abandoned = self.inner.abandon().await;
+        done.fetch_add(1, Ordering::SeqCst);
+        abandoned
     }
 }
 
