@@ -313,7 +313,8 @@ impl LockGuard {
     /// Cancel safe: the release, once called, reaches the server even if this future is
     /// dropped before its answer (a `tokio::time::timeout` or `select!` around it): the rest
     /// of it then runs on a task of its own, as a dropped guard's release does, and its
-    /// answer is not reported.
+    /// answer is not reported. Like that task, it needs the runtime to go on running (a
+    /// runtime shut down first drops it; the ttl then frees the lock).
     ///
     /// # Errors
     /// [`Error::Lost`] or [`Error::NotHeld`] if the lock was no longer ours;

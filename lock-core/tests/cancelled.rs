@@ -1,6 +1,7 @@
 //! A release or an attempt's clean-up, once started, reaches the server even when the caller's
-//! future is dropped before it ends (a `tokio::time::timeout` or `select!` around it): the rest
-//! runs on a task of its own. Before, a cancelled release left the lock held (its renewal
+//! future is dropped before it ends (a `tokio::time::timeout` or `select!` around it; here a
+//! `select!` that drops it once the slow work has started): the rest runs on a task of its
+//! own. Before, a cancelled release left the lock held (its renewal
 //! already stopped) until its ttl, and a cancelled clean-up left the attempt's traces.
 
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use distlock_core::memory::{MemoryBackend, MemoryStore};
 use distlock_core::{AcquireOptions, DistributedLock, Lease, LockClient, Result};
+use tokio::sync::Notify;
 
 mod common;
 use common::Wrapping;
@@ -17,9 +19,9 @@ use common::Wrapping;
 /// How long the test's slow release or clean-up takes.
 const SLOW: Duration = Duration::from_millis(200);
 
-/// A lease whose release reaches the server [`SLOW`] late.
+/// A lease whose release says it started, then reaches the server [`SLOW`] late.
 #[derive(Debug)]
-struct SlowRelease(Box<dyn Lease>);
+struct SlowRelease(Box<dyn Lease>, Arc<Notify>);
 
 #[async_trait]
 impl Lease for SlowRelease {
@@ -28,6 +30,7 @@ impl Lease for SlowRelease {
     }
 
     async fn release(&self) -> Result<()> {
+        self.1.notify_one();
         tokio::time::sleep(SLOW).await;
         self.0.release().await
     }
@@ -41,14 +44,19 @@ fn opts() -> AcquireOptions {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_cut_short_by_its_caller_still_frees_the_lock() {
     let store = MemoryStore::new();
+    let started = Arc::new(Notify::new());
+    let notify = started.clone();
     let slow = LockClient::new(Wrapping::new(
         &store,
-        Arc::new(|inner| Box::new(SlowRelease(inner))),
+        Arc::new(move |inner| Box::new(SlowRelease(inner, notify.clone()))),
     ));
     let other = LockClient::new(MemoryBackend::new(store.clone()));
     let guard = slow.try_acquire("cut", &opts()).await.unwrap().unwrap();
-    let cut = tokio::time::timeout(Duration::from_millis(20), guard.release()).await;
-    assert!(cut.is_err(), "the slow release answered within 20 ms");
+    // Cut short once the release has started.
+    tokio::select! {
+        released = guard.release() => panic!("the slow release answered first: {released:?}"),
+        () = started.notified() => {}
+    }
     // Generous: the release needs SLOW; the lease would need a minute.
     let until = Instant::now() + Duration::from_secs(10);
     let taken = loop {
@@ -67,16 +75,20 @@ async fn a_release_cut_short_by_its_caller_still_frees_the_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_up_cut_short_by_its_caller_still_runs() {
     let store = MemoryStore::new();
-    let abandoned = Arc::new(AtomicUsize::new(0));
-    let slow = LockClient::new(
-        Wrapping::new(&store, Arc::new(|inner| inner)).slow_abandon(SLOW, abandoned.clone()),
-    );
+    let (started, abandoned) = (Arc::new(Notify::new()), Arc::new(AtomicUsize::new(0)));
+    let slow = LockClient::new(Wrapping::new(&store, Arc::new(|inner| inner)).slow_abandon(
+        SLOW,
+        started.clone(),
+        abandoned.clone(),
+    ));
     let holder = LockClient::new(MemoryBackend::new(store.clone()));
     let held = holder.try_acquire("busy", &opts()).await.unwrap().unwrap();
     // The refused try cleans its attempt up before it answers: cut short in that clean-up.
     let opts = opts();
-    let cut = tokio::time::timeout(Duration::from_millis(20), slow.try_acquire("busy", &opts));
-    assert!(cut.await.is_err(), "the slow clean-up ended within 20 ms");
+    tokio::select! {
+        tried = slow.try_acquire("busy", &opts) => panic!("the try answered first: {tried:?}"),
+        () = started.notified() => {}
+    }
     assert_eq!(abandoned.load(Ordering::SeqCst), 0);
     let until = Instant::now() + Duration::from_secs(10);
     while abandoned.load(Ordering::SeqCst) == 0 {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use distlock_core::memory::{MemoryBackend, MemoryStore};
 use distlock_core::{AcquireRequest, Attempt, Capabilities, Lease, LockBackend, Result, Step};
+use tokio::sync::Notify;
 
 /// Turns the memory backend's lease into the test's.
 pub(crate) type Wrap = Arc<dyn Fn(Box<dyn Lease>) -> Box<dyn Lease> + Send + Sync>;
@@ -20,8 +21,9 @@ pub(crate) struct Wrapping {
     slow_abandon: Option<SlowAbandon>,
 }
 
-/// An attempt's clean-up that takes `.0`, then counts itself done in `.1`.
-pub(crate) type SlowAbandon = (Duration, Arc<AtomicUsize>);
+/// An attempt's clean-up that says it started in `.1`, takes `.0`, then counts itself done
+/// in `.2`.
+pub(crate) type SlowAbandon = (Duration, Arc<Notify>, Arc<AtomicUsize>);
 
 impl Wrapping {
     pub(crate) fn new(store: &MemoryStore, wrap: Wrap) -> Self {
@@ -33,10 +35,16 @@ impl Wrapping {
         }
     }
 
-    /// Its attempts' clean-ups take `delay`, then count themselves in `done`.
+    /// Its attempts' clean-ups notify `started`, take `delay`, then count themselves in
+    /// `done`.
     #[allow(dead_code, reason = "used by some of the tests that share this module")]
-    pub(crate) fn slow_abandon(mut self, delay: Duration, done: Arc<AtomicUsize>) -> Self {
-        self.slow_abandon = Some((delay, done));
+    pub(crate) fn slow_abandon(
+        mut self,
+        delay: Duration,
+        started: Arc<Notify>,
+        done: Arc<AtomicUsize>,
+    ) -> Self {
+        self.slow_abandon = Some((delay, started, done));
         self
     }
 
@@ -106,9 +114,10 @@ impl Attempt for WrappingAttempt {
     }
 
     async fn abandon(self: Box<Self>) -> Result<()> {
-        let Some((delay, done)) = self.slow_abandon else {
+        let Some((delay, started, done)) = self.slow_abandon else {
             return self.inner.abandon().await;
         };
+        started.notify_one();
         tokio::time::sleep(delay).await;
         let abandoned = self.inner.abandon().await;
         done.fetch_add(1, Ordering::SeqCst);
