@@ -13,7 +13,7 @@ use distlock_core::{
 use crate::backend::{Inner, RESERVATION, micros, remaining, token_of};
 use crate::db;
 use crate::db::Claim;
-use crate::error::{map_err, resent};
+use crate::error::map_err;
 use crate::kinds::{self, HeldBy, JoinRequest, Joined};
 use crate::lease::SqlLease;
 use crate::wake::{ServerWait, Subscription, WaitFor, WakeSignal, Woken};
@@ -730,7 +730,7 @@ impl Attempt for SqlAttempt {
             // attempt anything (but a queued reader's place, which the release by owner below
             // bars under the name's row lock, before it releases what a hand-over gave), so
             // the release by owner below finds whatever one handed it before.
-            resent(|| db.abandon(name, owner))
+            db.abandon(name, owner)
                 .await
                 .map_err(|e| map_err("abandon", e))?;
         }
@@ -750,7 +750,7 @@ impl Attempt for SqlAttempt {
                 token: None,
                 queued: self.maybe_queued,
             };
-            resent(|| db.release_hold(held))
+            db.release_hold(held)
                 .await
                 .map_err(|e| map_err("abandon", e))?;
         }
