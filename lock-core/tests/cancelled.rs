@@ -1,8 +1,8 @@
 //! A release or an attempt's clean-up, once started, reaches the server even when the caller's
 //! future is dropped before it ends (a `tokio::time::timeout` or `select!` around it; here a
 //! `select!` that drops it once the slow work has started): the rest runs on a task of its
-//! own. Before, a cancelled release left the lock held (its renewal
-//! already stopped) until its ttl, and a cancelled clean-up left the attempt's traces.
+//! own. Before, a cancelled release left the lock held (its renewal already stopped) until
+//! its ttl, and a cancelled clean-up left the attempt's traces.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

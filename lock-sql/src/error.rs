@@ -1,6 +1,9 @@
 //! sqlx errors as distlock errors, and which SQLSTATEs and SQLite codes are worth retrying.
 
+use std::time::Duration;
+
 use distlock_core::Error;
+use distlock_core::backend::RetryPolicy;
 
 use crate::{Dialect, SqlConfig};
 
@@ -44,34 +47,20 @@ pub(crate) fn not_applied(err: &sqlx::Error) -> bool {
         if db.code().is_some_and(|c| rolled_back_code(&c) || sqlite_busy(&c)))
 }
 
-/// How many times a statement that applied nothing (see [`not_applied`]) is sent again.
-const RESEND: u64 = 2;
-
-/// `statement`'s answer, sent again (at most twice more, 2 and 4 ms later) while the database
-/// applied nothing of it (see [`not_applied`]): for a release, one statement or one
-/// transaction that gives up what its owner held. A release the database rolled back to
-/// break a deadlock (MariaDB, shared releases beside joins of the same name: CI, 2026-11-30),
-/// or that SQLite's busy timeout kept from the write lock (a permit's release, CI 2026-11-30),
-/// left the hold to its ttl. Not for an abandoned attempt's clean-up: sent again after
-/// SQLite's busy timeout, it made a refused `try_acquire` during an outage (the file's
-/// write lock held) take the whole operation timeout more (3.01 s against the conformance
-/// bound of 3 s, CI 2026-12-06), for a deadlock never seen there. Within the caller's
-/// operation timeout.
-pub(crate) async fn resent<T, F>(mut statement: impl FnMut() -> F) -> Result<T, sqlx::Error>
-where
-    F: Future<Output = Result<T, sqlx::Error>>,
-{
-    let mut attempt = 0;
-    loop {
-        match statement().await {
-            Err(err) if not_applied(&err) && attempt < RESEND => {
-                attempt += 1;
-                tokio::time::sleep(std::time::Duration::from_millis(2 * attempt)).await;
-            }
-            answer => return answer,
-        }
-    }
-}
+/// How a release that applied nothing (see [`not_applied`]) is sent again: at most twice
+/// more, about 2 and 4 ms later (each pause jittered down by up to a quarter), within the
+/// caller's operation timeout. A release the database rolled back to break a deadlock
+/// (MariaDB, shared releases beside joins of the same name: CI, 2026-11-30), or that SQLite's
+/// busy timeout kept from the write lock (a permit's release, CI 2026-11-30), left the hold to
+/// its ttl. Not for an abandoned attempt's clean-up: sent again after SQLite's busy timeout,
+/// it made a refused `try_acquire` during an outage (the file's write lock held) take the
+/// whole operation timeout more (3.01 s against the conformance bound of 3 s, CI 2026-12-06),
+/// for a deadlock never seen there.
+pub(crate) const RELEASE_RETRY: RetryPolicy = RetryPolicy {
+    retries: 2,
+    first: Duration::from_millis(2),
+    max: Duration::from_millis(4),
+};
 
 /// The SQLSTATEs of a deadlock or serialization rollback (see [`not_applied`]).
 fn rolled_back_code(code: &str) -> bool {
@@ -185,7 +174,9 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
-    use super::{resent, rolled_back_code, transient_code};
+    use distlock_core::backend::retrying;
+
+    use super::{RELEASE_RETRY, not_applied, rolled_back_code, transient_code};
 
     /// A database's refusal with SQLSTATE `.0`.
     #[derive(Debug)]
@@ -220,11 +211,12 @@ mod tests {
         }
     }
 
-    /// How many times [`resent`] sends a statement whose answers are `answers`, in turn (the
-    /// last one again once they run out), and its final answer's code (`None`: applied).
+    /// How many times a release is sent ([`RELEASE_RETRY`] on [`not_applied`]) whose answers
+    /// are `answers`, in turn (the last one again once they run out), and its final answer's
+    /// code (`None`: applied).
     async fn sends(answers: &[Option<&'static str>]) -> (usize, Option<String>) {
         let sent = AtomicUsize::new(0);
-        let answer = resent(|| async {
+        let answer = retrying("release", RELEASE_RETRY, not_applied, || async {
             let now = sent.fetch_add(1, Ordering::Relaxed);
             match answers[now.min(answers.len() - 1)] {
                 None => Ok(()),
@@ -239,21 +231,23 @@ mod tests {
         (sent.into_inner(), code)
     }
 
+    /// Asserts that `answers` took `count` sends and paused `low` to `high` µs in all.
+    async fn paused(answers: &[Option<&'static str>], count: usize, low: u64, high: u64) {
+        let started = tokio::time::Instant::now();
+        assert_eq!(sends(answers).await, (count, None), "{answers:?}");
+        let took = started.elapsed();
+        let (low, high) = (Duration::from_micros(low), Duration::from_micros(high));
+        assert!(low <= took && took <= high, "{answers:?} paused {took:?}");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn only_what_applied_nothing_is_sent_again_at_most_twice() {
-        let started = tokio::time::Instant::now();
-        assert_eq!(sends(&[None]).await, (1, None));
-        assert_eq!(
-            started.elapsed(),
-            Duration::ZERO,
-            "a pause before an answer"
-        );
-        // A deadlock's rollback, then applied: sent again 2 ms later.
-        assert_eq!(sends(&[Some("40001"), None]).await, (2, None));
-        assert_eq!(started.elapsed(), Duration::from_millis(2));
-        // SQLite's BUSY and LOCKED (extended codes too): then 4 ms after the second.
-        assert_eq!(sends(&[Some("517"), Some("6"), None]).await, (3, None));
-        assert_eq!(started.elapsed(), Duration::from_millis(8));
+        // Applied at once: no pause.
+        paused(&[None], 1, 0, 0).await;
+        // A deadlock's rollback, then applied: sent again about 2 ms later.
+        paused(&[Some("40001"), None], 2, 1_500, 2_000).await;
+        // SQLite's BUSY and LOCKED (extended codes too): then about 4 ms after the second.
+        paused(&[Some("517"), Some("6"), None], 3, 4_500, 6_000).await;
         // Rolled back every time: three sends, the last answer kept.
         let rolled = [Some("40P01"), Some("262"), Some("5")];
         assert_eq!(sends(&rolled).await, (3, Some("5".into())));
@@ -266,7 +260,7 @@ mod tests {
     #[tokio::test]
     async fn a_transport_error_is_not_sent_again() {
         let sent = AtomicUsize::new(0);
-        let answer: Result<(), _> = resent(|| async {
+        let answer: Result<(), _> = retrying("release", RELEASE_RETRY, not_applied, || async {
             sent.fetch_add(1, Ordering::Relaxed);
             Err(sqlx::Error::PoolTimedOut)
         })

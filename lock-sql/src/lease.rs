@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_core::backend::Renewer;
+use distlock_core::backend::{Renewer, retrying};
 use distlock_core::{Error, Lease, LockKind, LockName, Result};
 
 use crate::backend::{Inner, micros};
-use crate::error::{map_err, resent};
+use crate::error::{RELEASE_RETRY, map_err, not_applied};
 use crate::kinds::HeldBy;
 
 #[derive(Debug)]
@@ -85,7 +85,7 @@ impl Lease for SqlLease {
 
     async fn release(&self) -> Result<()> {
         let db = &self.inner.db;
-        let released = resent(|| async {
+        let released = retrying("release", RELEASE_RETRY, not_applied, || async {
             match self.held() {
                 None => {
                     db.release(self.name.as_str(), &self.owner, self.version)
