@@ -1,9 +1,94 @@
-//! Work that must run to its end once started: a release, an abandoned attempt's clean-up.
+//! Work that must run to its end once started: a release, an abandoned attempt's clean-up, a
+//! backend's request that may leave something on the server.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+
+use tokio::sync::watch;
+
+/// The requests of one attempt that must not be cut short, and the end of those that were.
+///
+/// An attempt's request that may leave something on the server (a take, a join, a queue
+/// entry) is sent, and then the caller's future may be dropped before its answer (an
+/// operation timeout, the caller's `timeout` or `select!`): the request still runs on the
+/// server, and may be applied *after* the attempt's [`abandon`](crate::Attempt::abandon) sent
+/// its clean-up on another connection, which then found nothing to free. What the request
+/// left stays until its ttl. Run such requests with [`InFlight::run`]: cut short, the rest
+/// of the request runs on a task of its own, and [`InFlight::settled`], awaited at the start
+/// of `abandon`, waits for it. Awaited to its end, a request spawns nothing (one allocation).
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use std::time::Duration;
+/// use distlock_core::backend::InFlight;
+///
+/// let in_flight = InFlight::default();
+/// // A request cut short by its caller after 10 ms...
+/// let request = in_flight.run(async { tokio::time::sleep(Duration::from_millis(50)).await; 7 });
+/// assert!(tokio::time::timeout(Duration::from_millis(10), request).await.is_err());
+/// // ... ends on a task of its own, which the clean-up waits for before it frees anything.
+/// in_flight.settled().await;
+/// assert_eq!(in_flight.run(async { 8 }).await, 8);
+/// # });
+/// ```
+#[derive(Clone, Debug)]
+pub struct InFlight {
+    /// How many requests cut short still run.
+    late: Arc<watch::Sender<usize>>,
+}
+
+impl Default for InFlight {
+    fn default() -> Self {
+        Self {
+            late: Arc::new(watch::Sender::new(0)),
+        }
+    }
+}
+
+impl InFlight {
+    /// `request`'s answer. Cancel safe: dropped before its end, the rest of `request` runs on
+    /// a task of its own (on the current runtime; with none, it is dropped), which
+    /// [`Self::settled`] waits for.
+    pub async fn run<F>(&self, request: F) -> F::Output
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        ToTheEnd {
+            work: Some(Box::pin(request)),
+            late: Some(self.late.clone()),
+        }
+        .await
+    }
+
+    /// Waits until every request cut short so far has ended (at once when none was; a task
+    /// that panicked, or that its runtime dropped, has ended too). Cancel safe.
+    pub async fn settled(&self) {
+        let mut late = self.late.subscribe();
+        // The sender is `self`'s: never closed while this waits.
+        let _ = late.wait_for(|running| *running == 0).await;
+    }
+}
+
+/// One request cut short still running, counted in [`InFlight`] until dropped.
+struct Running(Arc<watch::Sender<usize>>);
+
+impl Running {
+    fn new(late: Arc<watch::Sender<usize>>) -> Self {
+        late.send_modify(|running| *running += 1);
+        Self(late)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0
+            .send_modify(|running| *running = running.saturating_sub(1));
+    }
+}
 
 /// `work`, awaited by its caller; if the caller's future is dropped before `work` ends (a
 /// `tokio::time::timeout` or a `select!` around a release, an acquisition cut short while it
@@ -16,14 +101,22 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    ToTheEnd(Some(Box::pin(work)))
+    ToTheEnd {
+        work: Some(Box::pin(work)),
+        late: None,
+    }
 }
 
-/// See [`to_the_end`].
-pub(crate) struct ToTheEnd<F>(Option<Pin<Box<F>>>)
+/// See [`to_the_end`] and [`InFlight::run`].
+pub(crate) struct ToTheEnd<F>
 where
     F: Future + Send + 'static,
-    F::Output: Send + 'static;
+    F::Output: Send + 'static,
+{
+    work: Option<Pin<Box<F>>>,
+    /// Where the rest of `work`, if it is cut short, is counted while it runs ([`InFlight`]'s).
+    late: Option<Arc<watch::Sender<usize>>>,
+}
 
 impl<F> Future for ToTheEnd<F>
 where
@@ -35,11 +128,11 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
         // Polled again after its end: it never ends twice.
-        let Some(work) = this.0.as_mut() else {
+        let Some(work) = this.work.as_mut() else {
             return Poll::Pending;
         };
         let output = std::task::ready!(work.as_mut().poll(cx));
-        this.0 = None;
+        this.work = None;
         Poll::Ready(output)
     }
 }
@@ -50,10 +143,14 @@ where
     F::Output: Send + 'static,
 {
     fn drop(&mut self) {
-        if let Some(work) = self.0.take()
+        if let Some(work) = self.work.take()
             && let Ok(handle) = tokio::runtime::Handle::try_current()
         {
-            drop(handle.spawn(work));
+            let running = self.late.clone().map(Running::new);
+            drop(handle.spawn(async move {
+                work.await;
+                drop(running);
+            }));
         }
     }
 }
@@ -65,7 +162,7 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ToTheEnd")
-            .field("running", &self.0.is_some())
+            .field("running", &self.work.is_some())
             .finish()
     }
 }
@@ -76,7 +173,7 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
-    use super::to_the_end;
+    use super::{InFlight, to_the_end};
 
     /// Work that ends `after` from its first poll, then says so in `done`.
     fn work(after: Duration) -> (impl Future<Output = u8> + Send + 'static, Arc<AtomicBool>) {
@@ -108,6 +205,44 @@ mod tests {
             done.load(Ordering::SeqCst),
             "the rest of the work did not run"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn settled_waits_for_the_requests_cut_short() {
+        let in_flight = InFlight::default();
+        let started = tokio::time::Instant::now();
+        in_flight.settled().await;
+        assert_eq!(
+            started.elapsed(),
+            Duration::ZERO,
+            "waited with nothing cut short"
+        );
+        let (first, first_done) = work(Duration::from_millis(50));
+        let (second, second_done) = work(Duration::from_millis(80));
+        let (whole, _) = work(Duration::from_millis(5));
+        assert_eq!(in_flight.run(whole).await, 7);
+        for request in [first, second] {
+            let cut = tokio::time::timeout(Duration::from_millis(10), in_flight.run(request));
+            assert!(cut.await.is_err(), "the request ended within 10 ms");
+        }
+        in_flight.settled().await;
+        assert!(first_done.load(Ordering::SeqCst) && second_done.load(Ordering::SeqCst));
+        // The second, started 15 ms in, ends 80 ms later.
+        assert_eq!(started.elapsed(), Duration::from_millis(5 + 10 + 80));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_cut_short_that_panics_has_ended() {
+        let in_flight = InFlight::default();
+        let request = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            panic!("the request's own panic");
+        };
+        let cut = tokio::time::timeout(Duration::from_millis(1), in_flight.run(request)).await;
+        assert!(cut.is_err());
+        tokio::time::timeout(Duration::from_secs(10), in_flight.settled())
+            .await
+            .expect("settled waited for a task that panicked");
     }
 
     #[test]
