@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use distlock_core::backend::NEXT_IN_LINE_MAX_POLL;
+use distlock_core::backend::{InFlight, NEXT_IN_LINE_MAX_POLL};
 use distlock_core::{
-    AcquireRequest, Acquired, Attempt, AttemptMode, Error, LockKind, Result, Step,
+    AcquireRequest, Acquired, Attempt, AttemptMode, Error, LockKind, LockName, Result, Step,
 };
 
 use crate::backend::{Inner, RESERVATION, micros, remaining, token_of};
@@ -69,6 +69,11 @@ pub(crate) struct SqlAttempt {
     /// when its place (queued by its last join) needs no join to renew it, and what its last
     /// read found (waiters ahead, reads in a row that found as many).
     pub(crate) queue_look: Option<QueueLook>,
+    /// The statements that may leave something on the server (a take, a join, a claim of
+    /// the reservation), run to their end even when the poll that sent them is dropped
+    /// first: [`Attempt::abandon`] waits for them, so that its clean-up by owner comes after
+    /// them on the server (see [`SqlAttempt::sent`]).
+    pub(crate) in_flight: InFlight,
 }
 
 /// What a queued permit waiter that reads between its joins keeps (see
@@ -296,15 +301,17 @@ impl SqlAttempt {
     /// stale (the next join or release of the name clears it). A queued permit waiter claims
     /// nothing.
     async fn claim(&mut self, since: i64) -> Result<(Claim, bool)> {
-        let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
         let reservation = micros(RESERVATION.min(self.request.ttl));
         let ttl = self.handover_ttl();
         // The attempt may have held the reservation before this claim.
         let had = std::mem::replace(&mut self.maybe_reserved, true);
         let claimed = self
-            .inner
-            .db
-            .reserve(name, owner, since, reservation, ttl)
+            .sent(|inner, name, owner| async move {
+                inner
+                    .db
+                    .reserve(name.as_str(), &owner, since, reservation, ttl)
+                    .await
+            })
             .await
             .map_err(|e| map_err("acquire", e))?;
         self.maybe_reserved = claimed != Claim::Refused;
@@ -317,6 +324,25 @@ impl SqlAttempt {
             };
         self.maybe_handed |= handed;
         Ok((claimed, handed))
+    }
+
+    /// `statement`'s answer, given the backend, the name and the owner to own: a statement
+    /// that may leave something on the server (a take, a join, a claim of the reservation).
+    /// Dropped before its answer (the core's operation timeout, the caller's `timeout` or
+    /// `select!`), the statement was perhaps sent and runs on the server anyway, maybe after
+    /// the clean-up that [`Attempt::abandon`] sends on another connection, which would then
+    /// find nothing to free by owner, and what the statement left would stay until its ttl
+    /// (a reservation claimed just after its clean-up kept a writer out for a second). So its
+    /// end is awaited on a task of its own, which `abandon` waits for first
+    /// ([`InFlight`]); awaited to its end, it spawns nothing.
+    async fn sent<T, F>(&self, statement: impl FnOnce(Arc<Inner>, LockName, Arc<str>) -> F) -> T
+    where
+        F: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (inner, name) = (self.inner.clone(), self.request.name.clone());
+        let request = statement(inner, name, self.request.owner.clone());
+        self.in_flight.run(request).await
     }
 
     /// The lease this waiter's reservation asks for, should a release hand it what it waits
@@ -450,7 +476,23 @@ impl SqlAttempt {
         self.maybe_reserved |= queued;
         self.maybe_queued |= request.queue_us != 0 && !queued;
         let owned_before = std::mem::replace(&mut self.maybe_owned, true);
-        let joined = match db.join(request).await {
+        let JoinRequest {
+            kind,
+            ttl_us,
+            queue_us,
+            ..
+        } = request;
+        let joined = self.sent(|inner, name, owner| async move {
+            let request = JoinRequest {
+                name: name.as_str(),
+                owner: &owner,
+                kind,
+                ttl_us,
+                queue_us,
+            };
+            inner.db.join(request).await
+        });
+        let joined = match joined.await {
             Ok(joined) => joined,
             Err(err) => {
                 if !Self::maybe_sent(&err) {
@@ -639,7 +681,11 @@ impl Attempt for SqlAttempt {
         }
         let ttl = micros(self.request.ttl);
         let owned_before = std::mem::replace(&mut self.maybe_owned, true);
-        let taken = match db.take(name, owner, ttl, self.maybe_reserved).await {
+        let reserved = self.maybe_reserved;
+        let taken = self.sent(|inner, name, owner| async move {
+            inner.db.take(name.as_str(), &owner, ttl, reserved).await
+        });
+        let taken = match taken.await {
             Ok(taken) => taken,
             Err(err) => {
                 if !Self::maybe_sent(&err) {
@@ -706,6 +752,8 @@ impl Attempt for SqlAttempt {
     }
 
     async fn abandon(mut self: Box<Self>) -> Result<()> {
+        // A take, join or claim cut short still runs: its effect comes before the clean-up.
+        self.in_flight.settled().await;
         if let Some(wait) = self.server_wait.take() {
             if wait.purpose() == WaitFor::Handover {
                 // A wake-up read may be pinning a handed-over lock's connection: before the

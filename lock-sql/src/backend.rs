@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_core::backend::{Renewer, within};
+use distlock_core::backend::{InFlight, Renewer, within};
 use distlock_core::{
     AcquireRequest, Attempt, Capabilities, Error, FencingGuarantee, FencingToken, LockBackend,
     LockInfo, LockKind, LockName, Result, WakeUp,
@@ -375,6 +375,7 @@ impl LockBackend for SqlBackend {
             unarmed: None,
             not_armed: (0, 0),
             queue_look: None,
+            in_flight: InFlight::default(),
         })
     }
 

@@ -478,6 +478,43 @@ async fn an_abandoned_reservation_leaves_no_ttl<
     held.release().await.expect("release");
 }
 
+/// Acquisitions cut short by their caller at every moment of their first 40 ms, in 0.5 ms
+/// steps (a reader's, a permit waiter's and a writer's, each while another client holds the
+/// name), leave nothing behind that keeps a writer out once the holder releases: a take,
+/// join or claim of the reservation that was sent when its poll was dropped still runs on
+/// the server, and the attempt's clean-up (by owner, on another connection) must come after
+/// it, not find nothing and leave it a second (the reservation) or the lease's 10 s. The
+/// writer tries every 5 ms for 500 ms.
+async fn cut_short_waits_leave_nothing(url: &str) {
+    let (a, b) = (client(url).await, client(url).await);
+    for step in 0..80u64 {
+        let cut = Duration::from_micros(500 * step);
+        let (hold, ask) = match step % 3 {
+            0 => (writer(), shared()),
+            1 => (permits(1), permits(1)),
+            _ => (writer(), writer()),
+        };
+        let name = unique("cut_short");
+        let holder = a.acquire(&name, &hold).await.expect("the holder");
+        let waited = tokio::time::timeout(cut, b.acquire(&name, &ask)).await;
+        assert!(waited.is_err(), "{:?} acquired a held name", ask.kind);
+        holder.release().await.expect("release");
+        let until = Instant::now() + Duration::from_millis(500);
+        let free = loop {
+            match b.try_acquire(&name, &hold).await.expect("try") {
+                Some(guard) => break guard,
+                None => assert!(
+                    Instant::now() < until,
+                    "a {:?} wait cut short after {cut:?} left a trace",
+                    ask.kind
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        free.release().await.expect("release");
+    }
+}
+
 macro_rules! kinds_suite {
     ($url:expr, $old:expr) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -526,6 +563,12 @@ macro_rules! kinds_suite {
         async fn release_hold() {
             let Some(url) = $url else { return };
             super::release_hold_frees_one_permit(&url).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn cut_short() {
+            let Some(url) = $url else { return };
+            super::cut_short_waits_leave_nothing(&url).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
