@@ -49,14 +49,17 @@ impl Default for InFlight {
 }
 
 impl InFlight {
-    /// `request`'s answer. Cancel safe: dropped before its end, the rest of `request` runs on
-    /// a task of its own (on the current runtime; with none, it is dropped), which
-    /// [`Self::settled`] waits for.
+    /// `request`'s answer, once every request cut short before it has ended: one request of
+    /// the attempt runs at a time, also when an operation timeout cut the one before. Cancel
+    /// safe: dropped while it waits for those, `request` is dropped unsent; dropped after,
+    /// the rest of `request` runs on a task of its own (on the current runtime; with none,
+    /// it is dropped), which [`Self::settled`] waits for.
     pub async fn run<F>(&self, request: F) -> F::Output
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
+        self.settled().await;
         ToTheEnd {
             work: Some(Box::pin(request)),
             late: Some(self.late.clone()),
@@ -70,6 +73,22 @@ impl InFlight {
         let mut late = self.late.subscribe();
         // The sender is `self`'s: never closed while this waits.
         let _ = late.wait_for(|running| *running == 0).await;
+    }
+
+    /// `work` (an attempt's clean-up), once every request cut short has ended, run to its end
+    /// like [`to_the_end`]'s: dropped while it waits for those (the clean-up's own timeout,
+    /// the caller's `select!`), the wait and then `work` go on on a task of its own, so that
+    /// a slow request cut short does not cost the clean-up that must follow it.
+    pub fn after<F>(&self, work: F) -> impl Future<Output = F::Output> + Send + 'static
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let in_flight = self.clone();
+        to_the_end(async move {
+            in_flight.settled().await;
+            work.await
+        })
     }
 }
 
@@ -207,28 +226,70 @@ mod tests {
         );
     }
 
+    /// A request of 50 ms, cut short 10 ms in, whose rest runs on a task of its own.
+    async fn cut_short(in_flight: &InFlight) -> Arc<AtomicBool> {
+        let (request, done) = work(Duration::from_millis(50));
+        let cut = tokio::time::timeout(Duration::from_millis(10), in_flight.run(request));
+        assert!(cut.await.is_err(), "the request ended within 10 ms");
+        done
+    }
+
     #[tokio::test(start_paused = true)]
     async fn settled_waits_for_the_requests_cut_short() {
         let in_flight = InFlight::default();
         let started = tokio::time::Instant::now();
         in_flight.settled().await;
-        assert_eq!(
-            started.elapsed(),
-            Duration::ZERO,
-            "waited with nothing cut short"
-        );
-        let (first, first_done) = work(Duration::from_millis(50));
-        let (second, second_done) = work(Duration::from_millis(80));
+        assert_eq!(started.elapsed(), Duration::ZERO, "waited with none cut");
         let (whole, _) = work(Duration::from_millis(5));
         assert_eq!(in_flight.run(whole).await, 7);
-        for request in [first, second] {
-            let cut = tokio::time::timeout(Duration::from_millis(10), in_flight.run(request));
-            assert!(cut.await.is_err(), "the request ended within 10 ms");
-        }
+        let done = cut_short(&in_flight).await;
         in_flight.settled().await;
-        assert!(first_done.load(Ordering::SeqCst) && second_done.load(Ordering::SeqCst));
-        // The second, started 15 ms in, ends 80 ms later.
-        assert_eq!(started.elapsed(), Duration::from_millis(5 + 10 + 80));
+        assert!(done.load(Ordering::SeqCst));
+        // Cut 15 ms in, the request started 5 ms in ends 50 ms after its start.
+        assert_eq!(started.elapsed(), Duration::from_millis(5 + 50));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_waits_for_the_one_cut_short_before_it() {
+        let in_flight = InFlight::default();
+        let started = tokio::time::Instant::now();
+        let first = cut_short(&in_flight).await;
+        // Dropped while it waits for the first: never sent.
+        let (unsent, unsent_done) = work(Duration::from_millis(1));
+        let cut = tokio::time::timeout(Duration::from_millis(10), in_flight.run(unsent));
+        assert!(cut.await.is_err(), "ran before the request cut short ended");
+        let order = first.clone();
+        let next = async move { order.load(Ordering::SeqCst) };
+        assert!(
+            in_flight.run(next).await,
+            "sent before the one cut short ended"
+        );
+        assert_eq!(started.elapsed(), Duration::from_millis(50));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !unsent_done.load(Ordering::SeqCst),
+            "a dropped wait sent its request"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn work_after_those_cut_short_runs_to_its_end() {
+        let in_flight = InFlight::default();
+        let first = cut_short(&in_flight).await;
+        let (order, done) = (first.clone(), Arc::new(AtomicBool::new(false)));
+        let flag = done.clone();
+        let clean_up = in_flight.after(async move {
+            assert!(
+                order.load(Ordering::SeqCst),
+                "ran before the request cut short"
+            );
+            flag.store(true, Ordering::SeqCst);
+        });
+        // Its own timeout cuts it while it waits for the request cut short.
+        let cut = tokio::time::timeout(Duration::from_millis(10), clean_up).await;
+        assert!(cut.is_err(), "did not wait for the request cut short");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(done.load(Ordering::SeqCst), "the work after was dropped");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -334,7 +334,10 @@ impl SqlAttempt {
     /// find nothing to free by owner, and what the statement left would stay until its ttl
     /// (a reservation claimed just after its clean-up kept a writer out for a second). So its
     /// end is awaited on a task of its own, which `abandon` waits for first
-    /// ([`InFlight`]); awaited to its end, it spawns nothing.
+    /// ([`InFlight`]); awaited to its end, it spawns nothing. That rest may still wait for a
+    /// connection (at most the pool's acquire timeout, half the connect timeout) and then
+    /// send the statement: the clean-up after it frees what it took. A statement waits for
+    /// the one cut short before it, so that an attempt has one on the server at a time.
     async fn sent<T, F>(&self, statement: impl FnOnce(Arc<Inner>, LockName, Arc<str>) -> F) -> T
     where
         F: Future<Output = T> + Send + 'static,
@@ -751,9 +754,17 @@ impl Attempt for SqlAttempt {
         }
     }
 
-    async fn abandon(mut self: Box<Self>) -> Result<()> {
-        // A take, join or claim cut short still runs: its effect comes before the clean-up.
-        self.in_flight.settled().await;
+    async fn abandon(self: Box<Self>) -> Result<()> {
+        // A take, join or claim cut short still runs: its effect comes before the clean-up,
+        // which runs to its end even if its timeout drops this future while it waits.
+        let in_flight = self.in_flight.clone();
+        in_flight.after(self.clean_up()).await
+    }
+}
+
+impl SqlAttempt {
+    /// [`Attempt::abandon`]'s clean-up, once every take, join or claim cut short has ended.
+    async fn clean_up(mut self: Box<Self>) -> Result<()> {
         if let Some(wait) = self.server_wait.take() {
             if wait.purpose() == WaitFor::Handover {
                 // A wake-up read may be pinning a handed-over lock's connection: before the
