@@ -6,6 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -17,15 +18,18 @@ use tokio::sync::watch;
 /// server, and may be applied *after* the attempt's [`abandon`](crate::Attempt::abandon) sent
 /// its clean-up on another connection, which then found nothing to free. What the request
 /// left stays until its ttl. Run such requests with [`InFlight::run`]: cut short, the rest
-/// of the request runs on a task of its own, and [`InFlight::settled`], awaited at the start
-/// of `abandon`, waits for it. Awaited to its end, a request spawns nothing (one allocation).
+/// of the request runs on a task of its own, for at most the bound given to
+/// [`InFlight::new`] (a connection that stopped answering must not hold the attempt up for
+/// good; dropped then, the request ends as any cut short request did before), and
+/// [`InFlight::settled`], awaited before `abandon`'s clean-up ([`InFlight::after`]), waits
+/// for it. Awaited to its end, a request spawns nothing (one allocation).
 ///
 /// ```
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// use std::time::Duration;
 /// use distlock_core::backend::InFlight;
 ///
-/// let in_flight = InFlight::default();
+/// let in_flight = InFlight::new(Duration::from_secs(5));
 /// // A request cut short by its caller after 10 ms...
 /// let request = in_flight.run(async { tokio::time::sleep(Duration::from_millis(50)).await; 7 });
 /// assert!(tokio::time::timeout(Duration::from_millis(10), request).await.is_err());
@@ -36,24 +40,34 @@ use tokio::sync::watch;
 /// ```
 #[derive(Clone, Debug)]
 pub struct InFlight {
-    /// How many requests cut short still run.
-    late: Arc<watch::Sender<usize>>,
+    /// How many requests cut short still run, and for how long each may.
+    late: Late,
 }
 
-impl Default for InFlight {
-    fn default() -> Self {
-        Self {
-            late: Arc::new(watch::Sender::new(0)),
-        }
-    }
+/// Where the rest of a request cut short is counted while it runs, and its bound.
+#[derive(Clone, Debug)]
+struct Late {
+    running: Arc<watch::Sender<usize>>,
+    bound: Duration,
 }
 
 impl InFlight {
+    /// An attempt's requests, the rest of each one cut short given at most `bound` to end
+    /// (a backend's operation timeout, say: the request has had up to one already).
+    pub fn new(bound: Duration) -> Self {
+        Self {
+            late: Late {
+                running: Arc::new(watch::Sender::new(0)),
+                bound,
+            },
+        }
+    }
+
     /// `request`'s answer, once every request cut short before it has ended: one request of
     /// the attempt runs at a time, also when an operation timeout cut the one before. Cancel
     /// safe: dropped while it waits for those, `request` is dropped unsent; dropped after,
     /// the rest of `request` runs on a task of its own (on the current runtime; with none,
-    /// it is dropped), which [`Self::settled`] waits for.
+    /// it is dropped) for at most the bound, which [`Self::settled`] waits for.
     pub async fn run<F>(&self, request: F) -> F::Output
     where
         F: Future + Send + 'static,
@@ -70,9 +84,23 @@ impl InFlight {
     /// Waits until every request cut short so far has ended (at once when none was; a task
     /// that panicked, or that its runtime dropped, has ended too). Cancel safe.
     pub async fn settled(&self) {
-        let mut late = self.late.subscribe();
+        let mut late = self.late.running.subscribe();
         // The sender is `self`'s: never closed while this waits.
         let _ = late.wait_for(|running| *running == 0).await;
+    }
+
+    /// Runs `work` on a task of its own (on the current runtime; with none, it is dropped)
+    /// for at most the bound, counted like a request cut short: for what an attempt ends
+    /// without waiting for it, and may leave something behind until it ends (a wait on the
+    /// server stopped mid-way), which [`Self::settled`] then waits for.
+    pub fn track<F>(&self, work: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        drop(ToTheEnd {
+            work: Some(Box::pin(work)),
+            late: Some(self.late.clone()),
+        });
     }
 
     /// `work` (an attempt's clean-up), once every request cut short has ended, run to its end
@@ -96,9 +124,9 @@ impl InFlight {
 struct Running(Arc<watch::Sender<usize>>);
 
 impl Running {
-    fn new(late: Arc<watch::Sender<usize>>) -> Self {
-        late.send_modify(|running| *running += 1);
-        Self(late)
+    fn new(late: &Late) -> Self {
+        late.running.send_modify(|running| *running += 1);
+        Self(late.running.clone())
     }
 }
 
@@ -133,8 +161,9 @@ where
     F::Output: Send + 'static,
 {
     work: Option<Pin<Box<F>>>,
-    /// Where the rest of `work`, if it is cut short, is counted while it runs ([`InFlight`]'s).
-    late: Option<Arc<watch::Sender<usize>>>,
+    /// Where the rest of `work`, if it is cut short, is counted while it runs, and for how
+    /// long it may ([`InFlight`]'s; `None`: to its end, uncounted).
+    late: Option<Late>,
 }
 
 impl<F> Future for ToTheEnd<F>
@@ -165,11 +194,19 @@ where
         if let Some(work) = self.work.take()
             && let Ok(handle) = tokio::runtime::Handle::try_current()
         {
-            let running = self.late.clone().map(Running::new);
-            drop(handle.spawn(async move {
-                work.await;
-                drop(running);
-            }));
+            drop(match self.late.take() {
+                Some(late) => {
+                    let running = Running::new(&late);
+                    handle.spawn(async move {
+                        // Past the bound the request is dropped (its connection closed).
+                        let _ = tokio::time::timeout(late.bound, work).await;
+                        drop(running);
+                    })
+                }
+                None => handle.spawn(async move {
+                    work.await;
+                }),
+            });
         }
     }
 }
@@ -236,7 +273,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn settled_waits_for_the_requests_cut_short() {
-        let in_flight = InFlight::default();
+        let in_flight = InFlight::new(Duration::from_secs(1));
         let started = tokio::time::Instant::now();
         in_flight.settled().await;
         assert_eq!(started.elapsed(), Duration::ZERO, "waited with none cut");
@@ -251,7 +288,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_request_waits_for_the_one_cut_short_before_it() {
-        let in_flight = InFlight::default();
+        let in_flight = InFlight::new(Duration::from_secs(1));
         let started = tokio::time::Instant::now();
         let first = cut_short(&in_flight).await;
         // Dropped while it waits for the first: never sent.
@@ -274,7 +311,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn work_after_those_cut_short_runs_to_its_end() {
-        let in_flight = InFlight::default();
+        let in_flight = InFlight::new(Duration::from_secs(1));
         let first = cut_short(&in_flight).await;
         let (order, done) = (first.clone(), Arc::new(AtomicBool::new(false)));
         let flag = done.clone();
@@ -292,9 +329,40 @@ mod tests {
         assert!(done.load(Ordering::SeqCst), "the work after was dropped");
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn tracked_work_is_waited_for_up_to_its_bound() {
+        let in_flight = InFlight::new(Duration::from_millis(30));
+        let started = tokio::time::Instant::now();
+        let (quick, quick_done) = work(Duration::from_millis(20));
+        in_flight.track(async move {
+            quick.await;
+        });
+        in_flight.settled().await;
+        assert!(quick_done.load(Ordering::SeqCst));
+        assert_eq!(started.elapsed(), Duration::from_millis(20));
+        let (slow, slow_done) = work(Duration::from_millis(50));
+        in_flight.track(async move {
+            slow.await;
+        });
+        in_flight.settled().await;
+        assert!(!slow_done.load(Ordering::SeqCst), "ran past its bound");
+        assert_eq!(started.elapsed(), Duration::from_millis(20 + 30));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_cut_short_is_given_up_after_its_bound() {
+        let in_flight = InFlight::new(Duration::from_millis(30));
+        let started = tokio::time::Instant::now();
+        let done = cut_short(&in_flight).await;
+        in_flight.settled().await;
+        assert!(!done.load(Ordering::SeqCst), "ran past its bound");
+        // Cut 10 ms in, then given 30 ms more.
+        assert_eq!(started.elapsed(), Duration::from_millis(10 + 30));
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_request_cut_short_that_panics_has_ended() {
-        let in_flight = InFlight::default();
+        let in_flight = InFlight::new(Duration::from_secs(1));
         let request = async {
             tokio::time::sleep(Duration::from_millis(20)).await;
             panic!("the request's own panic");

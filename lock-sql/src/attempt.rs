@@ -74,6 +74,9 @@ pub(crate) struct SqlAttempt {
     /// first: [`Attempt::abandon`] waits for them, so that its clean-up by owner comes after
     /// them on the server (see [`SqlAttempt::sent`]).
     pub(crate) in_flight: InFlight,
+    /// The [`WaitFor::Handover`] waits this attempt ended, until stopped on the server (see
+    /// [`SqlAttempt::end_wait`]); the clean-up waits for them.
+    pub(crate) ended_waits: InFlight,
 }
 
 /// What a queued permit waiter that reads between its joins keeps (see
@@ -240,10 +243,17 @@ impl SqlAttempt {
 }
 
 impl SqlAttempt {
-    /// Ends the wait on the server, if any (see [`ServerWait::end`]).
+    /// Ends the wait on the server, if any: one that keeps nothing runs to its end
+    /// ([`ServerWait::let_run`]); a [`WaitFor::Handover`] wait is stopped on the server, on a
+    /// task of its own, which the clean-up waits for (`ended_waits`): its wake-up read may
+    /// have begun, and may pin a handed-over lock's connection after the wait was ended.
     fn end_wait(&mut self) {
         if let Some(wait) = self.server_wait.take() {
-            wait.end();
+            if wait.purpose() == WaitFor::Handover {
+                self.ended_waits.track(wait.stop());
+            } else {
+                wait.let_run();
+            }
         }
     }
 
@@ -613,6 +623,8 @@ impl SqlAttempt {
 #[async_trait]
 impl Attempt for SqlAttempt {
     async fn poll(&mut self) -> Result<Step> {
+        // A take, join or claim cut short (by the core's operation timeout) ends first.
+        self.in_flight.settled().await;
         if self.request.mode == AttemptMode::Wait {
             // Subscribe before the statement is sent, so that no release after it is missed.
             match &mut self.subscription {
@@ -628,6 +640,12 @@ impl Attempt for SqlAttempt {
                     self.subscription = self.inner.db.subscribe(name, owner, claims);
                 }
             }
+        }
+        if self.maybe_owned {
+            // A take or join of this attempt's got no answer: it may have taken (again) what
+            // a release handed over, with a newer version than the hand-over's. The row says
+            // what holds: the read or the take (join) below.
+            self.handed_over = None;
         }
         // Before a claim of the reservation: a hand-over to this attempt comes first, or it
         // would claim the reservation while holding.
@@ -755,15 +773,21 @@ impl Attempt for SqlAttempt {
     }
 
     async fn abandon(self: Box<Self>) -> Result<()> {
-        // A take, join or claim cut short still runs: its effect comes before the clean-up,
-        // which runs to its end even if its timeout drops this future while it waits.
-        let in_flight = self.in_flight.clone();
-        in_flight.after(self.clean_up()).await
+        // A take, join or claim cut short, or a hand-over wait ended, may still run: what it
+        // leaves comes before the clean-up, which runs to its end even if its timeout drops
+        // this future while it waits.
+        let (in_flight, ended) = (self.in_flight.clone(), self.ended_waits.clone());
+        let clean_up = async move {
+            ended.settled().await;
+            self.clean_up().await
+        };
+        in_flight.after(clean_up).await
     }
 }
 
 impl SqlAttempt {
-    /// [`Attempt::abandon`]'s clean-up, once every take, join or claim cut short has ended.
+    /// [`Attempt::abandon`]'s clean-up, once every take, join or claim cut short and every
+    /// hand-over wait ended has ended.
     async fn clean_up(mut self: Box<Self>) -> Result<()> {
         if let Some(wait) = self.server_wait.take() {
             if wait.purpose() == WaitFor::Handover {

@@ -375,7 +375,10 @@ impl LockBackend for SqlBackend {
             unarmed: None,
             not_armed: (0, 0),
             queue_look: None,
-            in_flight: InFlight::default(),
+            // The rest of a statement cut short gets another operation timeout (which the
+            // connect timeout follows unless the URL sets its own).
+            in_flight: InFlight::new(self.inner.config.effective_connect_timeout()),
+            ended_waits: InFlight::new(self.inner.config.effective_connect_timeout()),
         })
     }
 

@@ -312,14 +312,6 @@ impl ServerWait {
         self.purpose
     }
 
-    /// Ends the wait: one that may keep something when it ends ([`WaitFor::Handover`]) is
-    /// cancelled on the server; any other runs to its end (see [`ServerWait::let_run`]).
-    pub(crate) fn end(self) {
-        if self.purpose != WaitFor::Handover {
-            self.let_run();
-        }
-    }
-
     /// Resolves when the wait ended. Cancel-safe: the wait goes on without it.
     pub(crate) async fn woken(&mut self) -> Woken {
         (&mut self.task).await.unwrap_or(Woken::Failed)
