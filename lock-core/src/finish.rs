@@ -104,7 +104,7 @@ impl InFlight {
     }
 
     /// `work` (an attempt's clean-up), once every request cut short has ended, run to its end
-    /// like [`to_the_end`]'s: dropped while it waits for those (the clean-up's own timeout,
+    /// as a release is: dropped while it waits for those (the clean-up's own timeout,
     /// the caller's `select!`), the wait and then `work` go on on a task of its own, so that
     /// a slow request cut short does not cost the clean-up that must follow it.
     pub fn after<F>(&self, work: F) -> impl Future<Output = F::Output> + Send + 'static
@@ -175,13 +175,16 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
-        // Polled again after its end: it never ends twice.
-        let Some(work) = this.work.as_mut() else {
+        // Polled again after its end: it never ends twice. Out of `this` while polled: should
+        // `work` panic, the unwinding drops it, and does not spawn it again.
+        let Some(mut work) = this.work.take() else {
             return Poll::Pending;
         };
-        let output = std::task::ready!(work.as_mut().poll(cx));
-        this.work = None;
-        Poll::Ready(output)
+        let output = work.as_mut().poll(cx);
+        if output.is_pending() {
+            this.work = Some(work);
+        }
+        output
     }
 }
 
@@ -360,7 +363,7 @@ mod tests {
         assert_eq!(started.elapsed(), Duration::from_millis(10 + 30));
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[tokio::test(start_paused = true)]
     async fn a_request_cut_short_that_panics_has_ended() {
         let in_flight = InFlight::new(Duration::from_secs(1));
         let request = async {

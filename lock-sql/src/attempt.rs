@@ -25,7 +25,10 @@ pub(crate) struct SqlAttempt {
     pub(crate) since: Option<i64>,
     pub(crate) subscription: Option<Subscription>,
     /// Whether an acquire statement was sent without a definite "not taken" answer (its
-    /// reply lost or cancelled): `abandon` must then free the lock by owner.
+    /// reply lost or cancelled): `abandon` must then free the lock by owner, and until the
+    /// next answer a poll trusts no hand-over's notification ([`SqlAttempt::handed_over`]:
+    /// the statement may have re-taken the row since, with a newer version) and a reader
+    /// or permit waiter joins rather than reads first.
     pub(crate) maybe_owned: bool,
     /// Whether this attempt may hold the waiter reservation.
     pub(crate) maybe_reserved: bool,
@@ -41,7 +44,8 @@ pub(crate) struct SqlAttempt {
     /// The last wake-up was a release addressed to this waiter: take without reading first.
     pub(crate) handed: bool,
     /// The last wake-up said a release handed this waiter the lock, with this version and a
-    /// lease that began after this instant (`None`: after [`SqlAttempt::held_seen`]).
+    /// lease that began after this instant (`None`: after [`SqlAttempt::held_seen`]);
+    /// discarded while [`SqlAttempt::maybe_owned`].
     pub(crate) handed_over: Option<(i64, Option<Instant>)>,
     /// The last wake-up said a release handed the lock to another waiter: the reservation
     /// is free, claim it without reading first.
@@ -451,7 +455,8 @@ impl SqlAttempt {
         let kind = self.request.kind;
         let sent = Instant::now();
         let queued = self.queued();
-        if self.busy_before && !handed && !queued {
+        // With a join's answer missing, join: it may hold what a hand-over gave it since.
+        if self.busy_before && !handed && !queued && !self.maybe_owned {
             if self
                 .server_wait
                 .as_ref()

@@ -375,8 +375,9 @@ impl LockBackend for SqlBackend {
             unarmed: None,
             not_armed: (0, 0),
             queue_look: None,
-            // The rest of a statement cut short gets another operation timeout (which the
-            // connect timeout follows unless the URL sets its own).
+            // The rest of a statement cut short gets another connect timeout: the client's
+            // operation timeout within `CONNECT_TIMEOUT`, unless the URL sets its own (5 s
+            // for the application's own pool).
             in_flight: InFlight::new(self.inner.config.effective_connect_timeout()),
             ended_waits: InFlight::new(self.inner.config.effective_connect_timeout()),
         })

@@ -480,11 +480,11 @@ async fn an_abandoned_reservation_leaves_no_ttl<
 
 /// Acquisitions cut short by their caller at every moment of their first 40 ms, in 0.5 ms
 /// steps (a reader's, a permit waiter's and a writer's, each while another client holds the
-/// name), leave nothing behind that keeps a writer out once the holder releases: a take,
+/// name), leave nothing behind that keeps the holder's kind out once it releases: a take,
 /// join or claim of the reservation that was sent when its poll was dropped still runs on
 /// the server, and the attempt's clean-up (by owner, on another connection) must come after
 /// it, not find nothing and leave it a second (the reservation) or the lease's 10 s. The
-/// writer tries every 5 ms for 500 ms.
+/// try of the holder's kind goes every 5 ms for 500 ms.
 async fn cut_short_waits_leave_nothing(url: &str) {
     let (a, b) = (client(url).await, client(url).await);
     for step in 0..80u64 {
