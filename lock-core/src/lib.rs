@@ -85,8 +85,11 @@
 //! Shared helpers for backends live in [`backend`] too: the one retry policy
 //! ([`backend::RetryPolicy`], [`backend::retrying`], [`backend::Retries`]; the backend only
 //! says which failed requests may be sent again), [`backend::within`] to bound a request,
-//! [`backend::spawn_cleanup`] for cleanups nobody waits for, [`backend::unpoisoned`], and
-//! [`backend::escape_name`] for keys and node names.
+//! [`backend::spawn_cleanup`] for cleanups nobody waits for, [`backend::InFlight`] for
+//! requests that must reach their end before the attempt's clean-up (on a backend whose
+//! requests go over several connections, a pool's, a request cut short by a cancellation may
+//! still be applied after a clean-up sent on another connection), [`backend::unpoisoned`],
+//! and [`backend::escape_name`] for keys and node names.
 //!
 //! Then `LockClient::new(backend)` is a complete [`DistributedLock`], and one line in the
 //! conformance suite (`conformance_tests::conformance_suite!`) proves it against a real server.
