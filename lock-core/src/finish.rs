@@ -81,6 +81,11 @@ impl InFlight {
         .await
     }
 
+    /// How long the rest of a request cut short may run (see [`Self::new`]).
+    pub fn bound(&self) -> Duration {
+        self.late.bound
+    }
+
     /// Waits until every request cut short so far has ended (at once when none was; a task
     /// that panicked, or that its runtime dropped, has ended too). Cancel safe.
     pub async fn settled(&self) {

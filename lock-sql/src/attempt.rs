@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use distlock_core::backend::{InFlight, NEXT_IN_LINE_MAX_POLL};
+use distlock_core::backend::{InFlight, NEXT_IN_LINE_MAX_POLL, within};
 use distlock_core::{
     AcquireRequest, Acquired, Attempt, AttemptMode, Error, LockKind, LockName, Result, Step,
 };
@@ -780,11 +780,16 @@ impl Attempt for SqlAttempt {
     async fn abandon(self: Box<Self>) -> Result<()> {
         // A take, join or claim cut short, or a hand-over wait ended, may still run: what it
         // leaves comes before the clean-up, which runs to its end even if its timeout drops
-        // this future while it waits.
+        // this future while it waits (the core's timeout bounds it when not), for at most
+        // the ttl and the bound of a request cut short: what the attempt left has expired
+        // by then, and a connection that stopped answering does not keep it for good.
         let (in_flight, ended) = (self.in_flight.clone(), self.ended_waits.clone());
+        let bound = in_flight.bound().saturating_add(self.request.ttl);
         let clean_up = async move {
             ended.settled().await;
-            self.clean_up().await
+            within(bound, "abandoning an attempt", self.clean_up())
+                .await
+                .and_then(|cleaned| cleaned)
         };
         in_flight.after(clean_up).await
     }
