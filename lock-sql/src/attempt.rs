@@ -350,8 +350,9 @@ impl SqlAttempt {
     /// end is awaited on a task of its own, which `abandon` waits for first
     /// ([`InFlight`]); awaited to its end, it spawns nothing. That rest may still wait for a
     /// connection (at most the pool's acquire timeout, half the connect timeout) and then
-    /// send the statement: the clean-up after it frees what it took. A statement waits for
-    /// the one cut short before it, so that an attempt has one on the server at a time.
+    /// send the statement: the clean-up after it frees what it took. Such a statement waits
+    /// for the one cut short before it, so that an attempt has one of them on the server at
+    /// a time (its reads, `peek` and the queued waiter's look, are not among them).
     async fn sent<T, F>(&self, statement: impl FnOnce(Arc<Inner>, LockName, Arc<str>) -> F) -> T
     where
         F: Future<Output = T> + Send + 'static,
