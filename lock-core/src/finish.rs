@@ -233,8 +233,11 @@ where
 
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
+    use std::pin::Pin;
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::task::{Context, Poll};
     use std::time::Duration;
 
     use super::{InFlight, to_the_end};
@@ -341,20 +344,16 @@ mod tests {
     async fn tracked_work_is_waited_for_up_to_its_bound() {
         let in_flight = InFlight::new(Duration::from_millis(30));
         let started = tokio::time::Instant::now();
-        let (quick, quick_done) = work(Duration::from_millis(20));
-        in_flight.track(async move {
-            quick.await;
-        });
-        in_flight.settled().await;
-        assert!(quick_done.load(Ordering::SeqCst));
-        assert_eq!(started.elapsed(), Duration::from_millis(20));
-        let (slow, slow_done) = work(Duration::from_millis(50));
-        in_flight.track(async move {
-            slow.await;
-        });
-        in_flight.settled().await;
-        assert!(!slow_done.load(Ordering::SeqCst), "ran past its bound");
-        assert_eq!(started.elapsed(), Duration::from_millis(20 + 30));
+        // Work of 20 ms ends within the bound; work of 50 ms is given up after 30.
+        for (ms, ends, settled_at) in [(20, true, 20), (50, false, 20 + 30)] {
+            let (tracked, done) = work(Duration::from_millis(ms));
+            in_flight.track(async move {
+                tracked.await;
+            });
+            in_flight.settled().await;
+            assert_eq!(done.load(Ordering::SeqCst), ends, "work of {ms} ms");
+            assert_eq!(started.elapsed(), Duration::from_millis(settled_at));
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -380,6 +379,27 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(10), in_flight.settled())
             .await
             .expect("settled waited for a task that panicked");
+    }
+
+    /// Work that panics at each poll, counting its polls.
+    struct Panics(Arc<AtomicUsize>);
+
+    impl Future for Panics {
+        type Output = ();
+
+        fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            panic!("the work's own panic");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn work_that_panics_is_not_run_again() {
+        let polls = Arc::new(AtomicUsize::new(0));
+        let task = tokio::spawn(to_the_end(Panics(polls.clone())));
+        assert!(task.await.is_err_and(|e| e.is_panic()));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(polls.load(Ordering::SeqCst), 1, "spawned again by its drop");
     }
 
     #[test]
