@@ -12,8 +12,8 @@ pub(crate) struct BenchArgs {
     /// Scenarios to run: s1 (uncontended), s2 (contended mutex), rw-mix (shared and exclusive
     /// acquisitions), semaphore, or all; or the growth curves (long, not in all): hold (one
     /// client holding K locks), clients (C clients on one name), names (16 clients on 1 000
-    /// names), or growth (all three); churn (what --churn-names released names leave on
-    /// the server; not in growth).
+    /// names, each primitive of --growth-kinds), or growth (all three); churn (what
+    /// --churn-names released names leave on the server; not in growth).
     #[arg(long, value_enum, default_value = "all")]
     pub(crate) scenario: Scenario,
 

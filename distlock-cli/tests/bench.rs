@@ -371,6 +371,17 @@ fn names_runs_next_to_the_raw_floor() {
         names["floor_ratio"].as_f64().is_some_and(|r| r > 0.0),
         "{names}"
     );
+    // The read-write lock's mix and a semaphore's permit on the same many names, no floor.
+    let others = target["growth"]["names_mixed"].as_array().expect("others");
+    let kinds: Vec<_> = others.iter().map(|n| n["kind"].as_str()).collect();
+    assert_eq!(kinds, [Some("read_write"), Some("semaphore")], "{others:?}");
+    for n in others {
+        assert!(n["acquisitions"].as_u64().unwrap_or(0) > 0, "{n}");
+        assert_eq!(
+            (n["lost"].as_u64(), n["floor_ratio"].as_f64()),
+            (Some(0), None)
+        );
+    }
 }
 
 /// `--charts DIR` writes both growth charts as SVG.
@@ -450,7 +461,7 @@ fn growth_measures_every_primitive() {
         "--names",
         "10",
         "--names-clients",
-        "2",
+        "6",
         "--duration",
         "300ms",
         "--s2-warmup",
@@ -504,6 +515,50 @@ fn growth_measures_every_primitive() {
         stdout.contains("### Clients-C of the read-write lock"),
         "{stdout}"
     );
+    // Names of every primitive, each beside clients-C of the same primitive and C (6) on one
+    // name: the one-name figure is that point's rate.
+    let one_name = [
+        &growth["clients"][0]["critical_sections_per_sec"],
+        &mixed[0]["acquisitions_per_sec"],
+        &mixed[1]["acquisitions_per_sec"],
+    ];
+    let names_mixed = growth["names_mixed"]
+        .as_array()
+        .expect("names of the others");
+    let names: Vec<_> = std::iter::once(&growth["names"])
+        .chain(names_mixed)
+        .collect();
+    assert_eq!(names.len(), 3, "{growth}");
+    for ((n, kind), one) in names
+        .iter()
+        .zip(["mutex", "read_write", "semaphore"])
+        .zip(one_name)
+    {
+        assert_eq!(n["kind"], kind, "{n}");
+        assert_eq!(
+            (n["clients"].as_u64(), n["lost"].as_u64()),
+            (Some(6), Some(0))
+        );
+        let rate = n["acquisitions_per_sec"].as_f64().unwrap_or(0.0);
+        assert!(rate > 0.0, "{n}");
+        assert_eq!(&n["one_name_per_sec"], one, "{n}");
+        let ratio = n["one_name_ratio"].as_f64().unwrap_or(0.0);
+        assert!(
+            (ratio - one.as_f64().unwrap_or(0.0) / rate).abs() < 1e-9,
+            "{n}"
+        );
+    }
+    assert!(names_mixed.iter().all(|n| n["floor_ratio"].is_null()));
+    for row in [
+        "| memory://bench-kinds | rw | ",
+        "| memory://bench-kinds | semaphore | ",
+    ] {
+        let in_names = stdout
+            .split("### Names")
+            .nth(1)
+            .is_some_and(|names| names.contains(row));
+        assert!(in_names, "no names row {row:?}: {stdout}");
+    }
 }
 
 /// The pids of the busy processes of the bench `parent` (their command line names it).

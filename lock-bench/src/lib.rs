@@ -65,9 +65,10 @@
 //!   requests per renewal tick from its own [`ServerCounter`], CPU and heap bytes per guard
 //!   from the binary's [`Instruments`], locks lost), clients-C (S2 per client count) and names
 //!   (random names next to the raw floor run the same way), in [`TargetResult::growth`];
-//!   hold-K and clients-C for each primitive of [`BenchConfig::growth_kinds`] (the read-write
-//!   lock's hold-K holds read holds, its clients-C runs the read/write mix; the semaphore's
-//!   holds one permit per name and runs the semaphore scenario: [`MixedClientsPoint`]);
+//!   hold-K, clients-C and names for each primitive of [`BenchConfig::growth_kinds`] (the
+//!   read-write lock's hold-K holds read holds, its clients-C and names run the read/write
+//!   mix; the semaphore's holds one permit per name and runs the semaphore scenario:
+//!   [`MixedClientsPoint`]);
 //!   [`hold_cost_svg`], [`clients_latency_svg`] and [`clients_primitives_svg`] chart them.
 //!   See [`run_with`].
 //! - **Churn** (issue 42; [`ScenarioSelection::Churn`], not in `Growth`): one client

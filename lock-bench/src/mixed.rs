@@ -59,6 +59,17 @@ impl Mix {
             _ => None,
         }
     }
+
+    /// The kind of client `id`'s `n`-th acquisition: a permit of the semaphore; in the
+    /// read/write mix exclusive for about `write_share` of them (a fixed pseudo-random
+    /// sequence per client), else shared.
+    pub(crate) fn kind_of(self, id: usize, n: u64) -> LockKind {
+        match self {
+            Self::ReadWrite { write_share } if unit(id, n) < write_share => LockKind::Exclusive,
+            Self::ReadWrite { .. } => LockKind::Shared,
+            Self::Semaphore { permits } => LockKind::Permit { permits },
+        }
+    }
 }
 
 struct Shared {
@@ -210,11 +221,7 @@ async fn client_loop<C: Contender>(
     let mut error = None;
     let mut n = 0;
     while !shared.stop.load(Ordering::Relaxed) && Instant::now() < shared.measure_until {
-        let kind = match shared.mix {
-            Mix::ReadWrite { write_share } if unit(id, n) < write_share => LockKind::Exclusive,
-            Mix::ReadWrite { .. } => LockKind::Shared,
-            Mix::Semaphore { permits } => LockKind::Permit { permits },
-        };
+        let kind = shared.mix.kind_of(id, n);
         n += 1;
         let options = shared.options.clone().with_kind(kind);
         let asked = Instant::now();

@@ -20,7 +20,12 @@
 //!   among [`BenchConfig::names`] (waiting if another client holds it), holding it for
 //!   [`BenchConfig::hold`], releasing it; next to as many raw floor connections running
 //!   [`RawFloor::cycle`] the same way just before (each on its own share of the names, since
-//!   a raw floor cycle cannot wait), so the ratio compares like with like.
+//!   a raw floor cycle cannot wait), so the ratio compares like with like. Then the same for
+//!   each other primitive of [`BenchConfig::growth_kinds`] the backend has, with no floor (a
+//!   raw floor is a mutex's): the read/write mix (its share of writers) on each name, one
+//!   permit of a semaphore per name. Beside clients-C of the same primitive with as many
+//!   clients on one name, it says how near one name comes to independent ones: issue 44's
+//!   readers that "scale like independent locks".
 
 use std::fmt;
 use std::fmt::Write as _;
@@ -33,6 +38,7 @@ use distlock_core::{AcquireOptions, DistributedLock, Error, LockGuard};
 use futures::StreamExt as _;
 use serde::Serialize;
 
+use crate::mixed::Mix;
 use crate::report::{MixedResult, S2Result, ScenarioError, Skipped};
 use crate::stats::{Progress, Recorder, rate};
 use crate::{BenchConfig, GrowthKind, LatencySummary, RawFloor, Target};
@@ -42,7 +48,7 @@ mod names;
 mod table;
 
 use hold::hold;
-use names::names;
+use names::{Named, names};
 pub(crate) use table::markdown;
 
 /// A server's own count of the requests it served (all clients together), read by the hold
@@ -122,8 +128,10 @@ pub struct GrowthResult {
     pub clients: Vec<ClientsPoint>,
     /// Clients-C of the read-write lock and the semaphore, one entry per primitive and C.
     pub mixed_clients: Vec<MixedClientsPoint>,
-    /// Names.
+    /// Names of the mutex.
     pub names: Option<NamesResult>,
+    /// Names of the read-write lock and the semaphore, one entry per primitive.
+    pub names_mixed: Vec<NamesResult>,
     /// Churn.
     pub churn: Option<crate::ChurnResult>,
 }
@@ -223,6 +231,9 @@ pub struct MixedClientsPoint {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct NamesResult {
+    /// The primitive: the mutex, the read-write lock (the read/write mix, each acquisition
+    /// on a name of its own pick) or one permit of a semaphore per name.
+    pub kind: GrowthKind,
     /// Names picked from.
     pub names: usize,
     /// Clients (and floor connections).
@@ -241,6 +252,34 @@ pub struct NamesResult {
     pub floor_cycles_per_sec: Option<f64>,
     /// `acquisitions_per_sec / floor_cycles_per_sec`.
     pub floor_ratio: Option<f64>,
+    /// Clients-C of the same primitive with C = [`Self::clients`] on one name, when it ran
+    /// with that C: its critical sections (the mutex) or acquisitions per second.
+    pub one_name_per_sec: Option<f64>,
+    /// `one_name_per_sec / acquisitions_per_sec`: one name against independent ones (1 = as
+    /// many clients on one name go as fast as on names of their own).
+    pub one_name_ratio: Option<f64>,
+}
+
+impl NamesResult {
+    /// Sets the one-name figures from `result`'s clients-C of the same primitive and C.
+    fn beside_one_name(&mut self, result: &GrowthResult) {
+        let one = match self.kind {
+            GrowthKind::Mutex => result
+                .clients
+                .iter()
+                .find(|p| p.clients == self.clients)
+                .map(|p| p.critical_sections_per_sec),
+            kind => result
+                .mixed_clients
+                .iter()
+                .find(|p| p.kind == kind && p.clients == self.clients)
+                .map(|p| p.acquisitions_per_sec),
+        };
+        self.one_name_per_sec = one;
+        self.one_name_ratio = one
+            .filter(|_| self.acquisitions_per_sec > 0.0)
+            .map(|one| one / self.acquisitions_per_sec);
+    }
 }
 
 /// The number of progress phases `config` gives one target.
@@ -254,7 +293,13 @@ pub(crate) fn phases(config: &BenchConfig, has_counter: bool) -> u64 {
         n += kinds * config.client_counts.len() as u64;
     }
     if config.scenarios.names() {
-        n += 2;
+        // The mutex's floor and clients, then each other primitive's clients.
+        let mixed = config
+            .growth_kinds
+            .iter()
+            .filter(|k| **k != GrowthKind::Mutex)
+            .count() as u64;
+        n += 2 + mixed;
     }
     if config.scenarios.churn() {
         n += 1 + u64::from(!config.churn_settle.is_zero());
@@ -315,17 +360,29 @@ pub(crate) async fn run_target(
         }
     }
     if config.scenarios.names() {
-        match names(
-            target,
-            config,
-            instruments,
-            &format!("{base}/names"),
-            backend,
-        )
-        .await
-        {
-            Ok(names) => result.names = Some(names),
-            Err(e) => errors.push(ScenarioError::new("names", &e)),
+        let others = config
+            .growth_kinds
+            .iter()
+            .filter(|k| **k != GrowthKind::Mutex);
+        for &kind in std::iter::once(&GrowthKind::Mutex).chain(others) {
+            let (scenario, names_base) = match kind {
+                GrowthKind::Mutex => ("names".to_owned(), format!("{base}/names")),
+                kind => (
+                    format!("names {}", kind.as_str()),
+                    format!("{base}/names/{}", kind.as_str()),
+                ),
+            };
+            match names(target, config, instruments, &names_base, kind, backend).await {
+                Ok(Named::Ran(mut names)) => {
+                    names.beside_one_name(&result);
+                    match kind {
+                        GrowthKind::Mutex => result.names = Some(names),
+                        _ => result.names_mixed.push(names),
+                    }
+                }
+                Ok(Named::Lacks(reason)) => skipped.push(Skipped { scenario, reason }),
+                Err(e) => errors.push(ScenarioError::new(&scenario, &e)),
+            }
         }
     }
     if config.scenarios.churn() {

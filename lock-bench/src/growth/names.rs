@@ -98,23 +98,35 @@ pub(super) async fn join<T: Send + 'static>(
     Ok(values)
 }
 
+/// What [`names`] did with one primitive.
+pub(super) enum Named {
+    /// It ran.
+    Ran(NamesResult),
+    /// The backend lacks the primitive: why.
+    Lacks(String),
+}
+
+/// Names for `kind`: the mutex beside the raw floor; the read-write lock (the read/write mix
+/// of [`BenchConfig::write_share`]) and the semaphore alone, a floor being a mutex.
 pub(super) async fn names(
     target: &Target,
     config: &BenchConfig,
     instruments: &dyn Instruments,
     base: &str,
+    kind: GrowthKind,
     backend: &mut Option<String>,
-) -> Result<NamesResult, Error> {
+) -> Result<Named, Error> {
     let label = target.label();
     let count = config.names_clients;
     let all: Arc<Vec<String>> =
         Arc::new((0..config.names).map(|i| format!("{base}/{i}")).collect());
+    let mix = kind.mix(config);
 
     // The raw floor first: each connection on the names i with i % count == its index, so that
     // no two floor cycles ever meet on one name (a raw cycle cannot wait).
-    instruments.phase(&format!("{label} names: raw floor"));
     let mut floors = Vec::with_capacity(count);
-    if target.has_floor() {
+    if mix.is_none() && target.has_floor() {
+        instruments.phase(&format!("{label} names: raw floor"));
         for _ in 0..count {
             floors.extend(target.floor().await?);
         }
@@ -139,8 +151,17 @@ pub(super) async fn names(
         (label, Some(rate(cycles, config.duration)))
     };
 
-    instruments.phase(&format!("{label} names: {count} clients"));
+    let scenario = match mix {
+        None => "names".to_owned(),
+        Some(_) => format!("names {}", kind.as_str()),
+    };
+    instruments.phase(&format!("{label} {scenario}: {count} clients"));
     let clients = crate::connect(target, count, backend).await?;
+    if let (Some(mix), Some(first)) = (mix, clients.first())
+        && let Some(reason) = mix.unsupported(first.backend(), first.capabilities())
+    {
+        return Ok(Named::Lacks(reason));
+    }
     let window = Window::new(config);
     let options = AcquireOptions::default()
         .with_ttl(config.ttl)
@@ -154,13 +175,13 @@ pub(super) async fn names(
                 client,
                 all.clone(),
                 window.clone(),
-                options.clone(),
+                (options.clone(), mix),
                 config.hold,
             );
             tokio::spawn(loop_)
         })
         .collect();
-    let outcomes = join(handles, &window, config, instruments, "names").await?;
+    let outcomes = join(handles, &window, config, instruments, &scenario).await?;
     let mut wait = Recorder::new();
     let (mut acquisitions, mut lost) = (0, 0);
     for (n, l, w) in outcomes {
@@ -169,7 +190,8 @@ pub(super) async fn names(
         wait.merge(&w);
     }
     let acquisitions_per_sec = rate(acquisitions, config.duration);
-    Ok(NamesResult {
+    Ok(Named::Ran(NamesResult {
+        kind,
         names: config.names,
         clients: count,
         acquisitions,
@@ -181,7 +203,9 @@ pub(super) async fn names(
         floor_ratio: floor_cycles_per_sec
             .filter(|f| *f > 0.0)
             .map(|f| acquisitions_per_sec / f),
-    })
+        one_name_per_sec: None,
+        one_name_ratio: None,
+    }))
 }
 
 pub(super) async fn floor_loop(
@@ -216,16 +240,26 @@ pub(super) async fn names_loop(
     client: Arc<dyn DistributedLock>,
     names: Arc<Vec<String>>,
     window: Arc<Window>,
-    options: AcquireOptions,
+    (options, mix): (AcquireOptions, Option<Mix>),
     hold: Duration,
 ) -> Result<(u64, u64, Recorder), Error> {
     let mut pick = Pick::new(id);
     let (mut acquisitions, mut lost) = (0, 0);
     let mut wait = Recorder::new();
+    let mut n = 0;
     while window.running() {
         let name = &names[pick.below(names.len())];
+        let kinded;
+        let options = match mix {
+            None => &options,
+            Some(mix) => {
+                kinded = options.clone().with_kind(mix.kind_of(id, n));
+                &kinded
+            }
+        };
+        n += 1;
         let asked = Instant::now();
-        let guard = match client.acquire(name, &options).await {
+        let guard = match client.acquire(name, options).await {
             Ok(guard) => guard,
             Err(e) => {
                 window.stop.store(true, Ordering::Relaxed);

@@ -24,7 +24,10 @@ pub(crate) fn markdown(report: &crate::Report) -> String {
     if targets.iter().any(|(_, g)| !g.mixed_clients.is_empty()) {
         out.push_str(&mixed_clients_table(c, &targets));
     }
-    if targets.iter().any(|(_, g)| g.names.is_some()) {
+    if targets
+        .iter()
+        .any(|(_, g)| g.names.is_some() || !g.names_mixed.is_empty())
+    {
         out.push_str(&names_table(c, &targets));
     }
     out.push_str(&crate::churn::markdown(report));
@@ -165,14 +168,15 @@ fn names_table(c: &BenchConfig, targets: &[(&crate::TargetResult, &GrowthResult)
         humantime::format_duration(c.duration),
         humantime::format_duration(c.s2_warmup)
     );
-    out.push_str("| target | acquisitions/s | acquire p50 µs | acquire p99 µs | lost | floor | floor cycles/s | ratio |\n");
-    out.push_str("|---|--:|--:|--:|--:|---|--:|--:|\n");
+    out.push_str("| target | primitive | acquisitions/s | acquire p50 µs | acquire p99 µs | lost | floor | floor cycles/s | ratio | one name /s | one name ÷ names |\n");
+    out.push_str("|---|---|--:|--:|--:|--:|---|--:|--:|--:|--:|\n");
     for (t, g) in targets {
-        if let Some(n) = &g.names {
+        for n in g.names.iter().chain(&g.names_mixed) {
             let _ = writeln!(
                 out,
-                "| {} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {} |",
+                "| {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} |",
                 t.target,
+                n.kind.as_str(),
                 n.acquisitions_per_sec,
                 n.acquire_wait.p50_us,
                 n.acquire_wait.p99_us,
@@ -180,9 +184,17 @@ fn names_table(c: &BenchConfig, targets: &[(&crate::TargetResult, &GrowthResult)
                 n.floor_label.as_deref().unwrap_or("-"),
                 opt(n.floor_cycles_per_sec, 0),
                 opt(n.floor_ratio, 3),
+                opt(n.one_name_per_sec, 0),
+                opt(n.one_name_ratio, 2),
             );
         }
     }
-    out.push_str("\nThe floor: the backend's raw acquire + release on the same names, with the same clients (one connection each) and the same hold between cycles, measured just before; each floor connection picks among its own share of the names, since a raw cycle cannot wait for a name another holds.\n");
+    let _ = writeln!(
+        out,
+        "\nThe floor (the mutex's only): the backend's raw acquire + release on the same names, with the same clients (one connection each) and the same hold between cycles, measured just before; each floor connection picks among its own share of the names, since a raw cycle cannot wait for a name another holds. The read-write lock runs the read/write mix ({:.0}% writes) on each name, the semaphore one permit of {} on each. One name: clients-C of the same primitive with C = {} on one name, when it ran; ÷ names = how near one name comes to independent ones.",
+        c.write_share * 100.0,
+        c.permits,
+        c.names_clients
+    );
     out
 }

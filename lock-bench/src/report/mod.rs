@@ -113,7 +113,11 @@ impl TargetResult {
                 .sum::<u64>();
             held + clients
                 + mixed_clients
-                + g.names.as_ref().map_or(0, |n| n.lost)
+                + g.names
+                    .iter()
+                    .chain(&g.names_mixed)
+                    .map(|n| n.lost)
+                    .sum::<u64>()
                 + g.churn.as_ref().map_or(0, |c| c.lost)
         });
         s2 + mixed + growth
