@@ -13,6 +13,7 @@ use futures::stream::BoxStream;
 
 use crate::{Capabilities, FencingToken, LockKind, LockName, LossReason, Result};
 
+pub use crate::contended::Contended;
 pub use crate::finish::InFlight;
 pub use crate::loss::LossEpochs;
 pub use crate::retry::{Retries, RetryPolicy, detached, retrying, spawn_cleanup, within};

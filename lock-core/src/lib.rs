@@ -103,6 +103,7 @@
 pub mod backend;
 mod capabilities;
 mod client;
+mod contended;
 mod descriptor;
 mod election;
 mod error;

@@ -71,11 +71,11 @@ impl Node {
                     if matches!(answer, Answer::Acquired(_)) {
                         self.contended.cleared(&keys.lock);
                     } else {
-                        self.contended.refused(&keys.lock);
+                        self.contended.saw(&keys.lock);
                     }
                     return self.replicated(answer, keys, request, config).await;
                 }
-                Ok(None) => self.contended.refused(&keys.lock),
+                Ok(None) => self.contended.saw(&keys.lock),
                 Err(err) if err.kind == RedisErrorKind::Unsupported => {
                     tracing::debug!(node = %self.addr, "SET NX GET refused (Redis < 7.0): acquiring by script only");
                     self.fast_path.store(false, Ordering::Relaxed);
@@ -107,7 +107,7 @@ impl Node {
         if matches!(answer, Answer::Busy(..)) {
             // Taken (also in fair mode, which never tries the fast path): this lock's
             // release goes straight to the full script.
-            self.contended.refused(&keys.lock);
+            self.contended.saw(&keys.lock);
         }
         self.replicated(answer, keys, request, config).await
     }
@@ -283,7 +283,7 @@ impl Node {
             }
             // Waiters queued (or the lock is lost): the full script decides, and the next
             // acquisitions of this lock know it is contended.
-            self.contended.refused(lock);
+            self.contended.saw(lock);
         }
         let siblings = Siblings::of(lock);
         let released: i64 = Invocation::new(

@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use distlock_core::backend::Contended;
 use distlock_core::{Error, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
@@ -39,66 +40,15 @@ pub(crate) struct Node {
     /// Whether the server takes `SET ... NX GET` (Redis >= 7.0); cleared at the first
     /// refusal, after which every acquisition runs the script.
     pub(crate) fast_path: AtomicBool,
-    /// Locks this client saw contended lately.
+    /// Locks this client saw contended lately (a refused fast path, a busy answer of the
+    /// script, a release that found waiters): their acquisitions go straight to the script,
+    /// and their releases to the full release script. A refused fast path costs a round trip,
+    /// so on a contended lock it doubled the round trips of an acquisition (and, while the
+    /// fast path was a `MULTI` whose `INCR` always ran, the counter's growth: 13,099 values
+    /// for 6,550 acquisitions in an independent benchmark); the short release script
+    /// ([`RELEASE_ALONE`](crate::scripts::RELEASE_ALONE)) costs a round trip when waiters
+    /// are queued. An uncontended lock keeps both short paths.
     pub(crate) contended: Contended,
-}
-
-/// The locks this client saw contended (a refused fast path, a busy answer of the script, a
-/// release that found waiters) within the last [`Self::WINDOW`]: their acquisitions go
-/// straight to the script, and their releases to the full release script. A refused fast path
-/// costs a round trip, so on a contended lock it doubled the round trips of an acquisition
-/// (and, while the fast path was a `MULTI` whose `INCR` always ran, the counter's growth:
-/// 13,099 values for 6,550 acquisitions in an independent benchmark); the short release script
-/// ([`RELEASE_ALONE`](crate::scripts::RELEASE_ALONE)) costs a round trip when waiters are
-/// queued. An uncontended lock keeps both short paths.
-#[derive(Debug, Default)]
-pub(crate) struct Contended {
-    seen: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
-}
-
-impl Contended {
-    /// How long a refusal sends a lock's acquisitions to the script.
-    const WINDOW: Duration = Duration::from_secs(1);
-    /// The most locks remembered: past it, the expired entries go (all of them if none has).
-    const MAX: usize = 1024;
-
-    fn seen(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Instant>> {
-        self.seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Whether the fast path of `key` was refused within the window.
-    pub(crate) fn lately(&self, key: &str) -> bool {
-        self.seen()
-            .get(key)
-            .is_some_and(|at| at.elapsed() < Self::WINDOW)
-    }
-
-    /// Records that `key` was seen contended.
-    pub(crate) fn refused(&self, key: &str) {
-        let mut seen = self.seen();
-        // Seen already (every busy poll of a waiter): no new key to allocate.
-        if let Some(at) = seen.get_mut(key) {
-            *at = Instant::now();
-            return;
-        }
-        if seen.len() >= Self::MAX {
-            seen.retain(|_, at| at.elapsed() < Self::WINDOW);
-            if seen.len() >= Self::MAX {
-                seen.clear();
-            }
-        }
-        seen.insert(key.to_owned(), Instant::now());
-    }
-
-    /// Forgets `key` (its fast path succeeded).
-    pub(crate) fn cleared(&self, key: &str) {
-        let mut seen = self.seen();
-        if !seen.is_empty() {
-            seen.remove(key);
-        }
-    }
 }
 
 impl Node {
@@ -297,31 +247,4 @@ pub(crate) async fn within<T>(
     tokio::time::timeout(timeout, fut)
         .await
         .unwrap_or_else(|_| Err(RedisError::timeout(&node.addr)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Contended;
-
-    #[test]
-    fn a_refused_fast_path_is_remembered_until_it_succeeds() {
-        let contended = Contended::default();
-        assert!(!contended.lately("a"));
-        contended.refused("a");
-        assert!(contended.lately("a"));
-        assert!(!contended.lately("b"));
-        contended.cleared("a");
-        assert!(!contended.lately("a"));
-    }
-
-    #[test]
-    fn the_memory_is_bounded() {
-        let contended = Contended::default();
-        for i in 0..Contended::MAX * 3 {
-            contended.refused(&i.to_string());
-            assert!(contended.seen().len() <= Contended::MAX);
-        }
-        // The newest one is always remembered.
-        assert!(contended.lately(&(Contended::MAX * 3 - 1).to_string()));
-    }
 }
