@@ -266,7 +266,12 @@ impl ZkAttempt {
         let client = &session.client;
         self.maybe_created = true;
         let sent = Instant::now();
-        let joined = match join_queue(session, &self.parent, &self.prefix, held).await {
+        // A reader or a permit that lately joined others: its listing rides behind the join.
+        let kinds = self.request.kind != LockKind::Exclusive;
+        let state = self.backend.shared.clone();
+        let contended = &state.contended;
+        let list = kinds && contended.lately(&self.parent);
+        let joined = match join_queue(session, &self.parent, &self.prefix, held, list).await {
             Ok(joined) => joined,
             Err(zk::Error::NoNode) => {
                 self.maybe_created = false;
@@ -286,15 +291,23 @@ impl ZkAttempt {
         self.created_zxid = Some(joined.written.czxid);
         self.clock.wrote(sent, joined.written.mtime);
         self.node = Some(joined.node.clone());
+        if kinds {
+            if joined.alone {
+                contended.cleared(&self.parent);
+            } else {
+                contended.saw(&self.parent);
+            }
+        }
         if joined.alone {
             self.wake = Wake::Idle;
             let step = self.acquired(session.clone(), &joined.node, joined.written.czxid, None)?;
             return Ok(Next::Done(Some(step)));
         }
-        Ok(Next::Go((
-            list_queue(client, &self.parent).await?,
-            Some(joined.written),
-        )))
+        let entries = match joined.queue {
+            Some(queue) => queue?,
+            None => list_queue(client, &self.parent).await?,
+        };
+        Ok(Next::Go((entries, Some(joined.written))))
     }
 
     /// The node we watched was deleted: almost always the holder releasing, which makes ours

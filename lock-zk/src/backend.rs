@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use distlock_core::backend::{held_among, unpoisoned as lock};
+use distlock_core::backend::{Contended, held_among, unpoisoned as lock};
 use distlock_core::{
     AcquireRequest, Attempt, Capabilities, ClientConfig, FencingGuarantee, FencingToken,
     LockBackend, LockInfo, LockName, LossDetection, Result, WakeUp,
@@ -66,6 +66,11 @@ pub(crate) struct BackendState {
     /// (one at a time, at most one every [`REPLACE_AFTER`]).
     pub(crate) replacing: AtomicBool,
     pub(crate) replace_tried: Mutex<Option<Instant>>,
+    /// The lock nodes whose readers' and permits' joins lately found other nodes: their
+    /// joins send the listing of the queue behind them (see [`join_queue`]).
+    ///
+    /// [`join_queue`]: crate::queue::join_queue
+    pub(crate) contended: Contended,
 }
 
 impl fmt::Debug for ZkBackend {
@@ -145,6 +150,7 @@ impl ZkBackend {
                 connecting: tokio::sync::Mutex::new(()),
                 replacing: AtomicBool::new(false),
                 replace_tried: Mutex::new(None),
+                contended: Contended::default(),
             }),
         })
     }

@@ -23,12 +23,15 @@ pub(crate) fn list_queue<'a>(
     parent: &str,
 ) -> impl Future<Output = Result<Vec<Entry>>> + Send + 'a {
     let listing = client.list_children(parent);
-    async move {
-        match listing.await {
-            Ok(children) => Ok(queue(children)),
-            Err(zk::Error::NoNode) => Ok(Vec::new()),
-            Err(err) => Err(zk_error("listing the queue", err)),
-        }
+    async move { listed(listing.await) }
+}
+
+/// The queue a listing of the lock node answered (see [`list_queue`]).
+fn listed(answer: std::result::Result<Vec<String>, zk::Error>) -> Result<Vec<Entry>> {
+    match answer {
+        Ok(children) => Ok(queue(children)),
+        Err(zk::Error::NoNode) => Ok(Vec::new()),
+        Err(err) => Err(zk_error("listing the queue", err)),
     }
 }
 
@@ -57,6 +60,9 @@ pub(crate) struct Joined {
     pub(crate) written: Written,
     /// Ours is the only node: we hold the lock.
     pub(crate) alone: bool,
+    /// The queue as a listing sent right after the join read it (our node in it), when
+    /// asked for and ours is not alone.
+    pub(crate) queue: Option<Result<Vec<Entry>>>,
 }
 
 /// Creates the lock node (a container, removed by the server once empty), and the base node
@@ -86,17 +92,27 @@ pub(crate) async fn ensure_parent(
 /// says whether ours is the only node (then we hold the lock, with no listing), and its
 /// `mzxid` is the transaction's zxid, which is our node's `czxid` (the create's own stat is
 /// missing from multi answers of servers with ZOOKEEPER-4026).
+///
+/// With `list`, the queue's listing is sent right behind the transaction, before its
+/// answer: the server answers a session's requests in order, so the listing sees our node,
+/// and a join that is not alone (a reader beside readers, a permit beside holders) knows its
+/// place with no second round trip. A join alone pays that read for nothing, so only the
+/// readers and permits of a lock node whose joins lately found others ask (the mutex,
+/// whose waiters wait anyway, never does).
 pub(crate) async fn join_queue(
     session: &Session,
     parent: &str,
     prefix: &str,
     held: &[u8],
+    list: bool,
 ) -> std::result::Result<Joined, zk::Error> {
     let create_path = format!("{parent}/{prefix}");
     let mut multi = session.client.new_multi_writer();
     multi.add_create(&create_path, held, &ephemeral_sequential(session.acls))?;
     multi.add_set_data(parent, &[], None)?;
-    let results = multi.commit().await.map_err(zk::Error::from)?;
+    let commit = multi.commit();
+    let listing = list.then(|| session.client.list_children(parent));
+    let results = commit.await.map_err(zk::Error::from)?;
     let (
         Some(zk::MultiWriteResult::Create { path, stat }),
         Some(zk::MultiWriteResult::SetData { stat: parent }),
@@ -112,13 +128,19 @@ pub(crate) async fn join_queue(
     } else {
         stat.czxid
     };
+    let alone = parent.num_children == 1;
+    let queue = match listing {
+        Some(listing) if !alone => Some(listed(listing.await)),
+        _ => None,
+    };
     Ok(Joined {
         node,
         written: Written {
             czxid,
             mtime: parent.mtime,
         },
-        alone: parent.num_children == 1,
+        alone,
+        queue,
     })
 }
 
