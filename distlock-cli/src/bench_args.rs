@@ -12,8 +12,8 @@ pub(crate) struct BenchArgs {
     /// Scenarios to run: s1 (uncontended), s2 (contended mutex), rw-mix (shared and exclusive
     /// acquisitions), semaphore, or all; or the growth curves (long, not in all): hold (one
     /// client holding K locks), clients (C clients on one name), names (16 clients on 1 000
-    /// names, each primitive of --growth-kinds), or growth (all three); churn (what
-    /// --churn-names released names leave on the server; not in growth).
+    /// names: the mutex, then each other primitive of --growth-kinds), or growth (all three);
+    /// churn (what --churn-names released names leave on the server; not in growth).
     #[arg(long, value_enum, default_value = "all")]
     pub(crate) scenario: Scenario,
 
@@ -86,7 +86,7 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "4,16,64")]
     pub(crate) client_counts: Vec<usize>,
 
-    /// Hold and clients: the primitives measured, comma-separated (a backend without one
+    /// Hold, clients and names: the primitives measured, comma-separated (a backend without one
     /// skips it, saying why).
     #[arg(
         long,

@@ -382,6 +382,13 @@ fn names_runs_next_to_the_raw_floor() {
             (Some(0), None)
         );
     }
+    // No clients-C ran: nothing to set beside them.
+    for n in std::iter::once(&target["growth"]["names"]).chain(others) {
+        assert!(
+            n["one_name_per_sec"].is_null() && n["one_name_ratio"].is_null(),
+            "{n}"
+        );
+    }
 }
 
 /// `--charts DIR` writes both growth charts as SVG.
@@ -461,7 +468,7 @@ fn growth_measures_every_primitive() {
         "--names",
         "10",
         "--names-clients",
-        "6",
+        "2",
         "--duration",
         "300ms",
         "--s2-warmup",
@@ -515,12 +522,51 @@ fn growth_measures_every_primitive() {
         stdout.contains("### Clients-C of the read-write lock"),
         "{stdout}"
     );
-    // Names of every primitive, each beside clients-C of the same primitive and C (6) on one
-    // name: the one-name figure is that point's rate.
+}
+
+/// `--scenario names` measures every primitive, each beside clients-C of the same primitive
+/// with as many clients (C = `--names-clients`, neither the first nor the last C) on one
+/// name.
+#[test]
+fn names_sit_beside_the_same_clients_on_one_name() {
+    let env = Env::new();
+    let args = [
+        "--url",
+        "memory://bench-names-kinds",
+        "--scenario",
+        "growth",
+        "--hold-counts",
+        "1",
+        "--hold-ttl",
+        "300ms",
+        "--hold-for",
+        "100ms",
+        "--client-counts",
+        "2,4,6",
+        "--names",
+        "20",
+        "--names-clients",
+        "4",
+        "--duration",
+        "300ms",
+        "--s2-warmup",
+        "50ms",
+    ];
+    let (target, stdout) = growth_run(&env, "names-kinds.json", &args);
+    let growth = &target["growth"];
+    let at_four = |points: &serde_json::Value, kind: Option<&str>| {
+        points
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["clients"] == 4 && kind.is_none_or(|k| p["kind"] == k))
+            .cloned()
+            .unwrap_or_default()
+    };
     let one_name = [
-        &growth["clients"][0]["critical_sections_per_sec"],
-        &mixed[0]["acquisitions_per_sec"],
-        &mixed[1]["acquisitions_per_sec"],
+        at_four(&growth["clients"], None)["critical_sections_per_sec"].clone(),
+        at_four(&growth["mixed_clients"], Some("read_write"))["acquisitions_per_sec"].clone(),
+        at_four(&growth["mixed_clients"], Some("semaphore"))["acquisitions_per_sec"].clone(),
     ];
     let names_mixed = growth["names_mixed"]
         .as_array()
@@ -537,11 +583,11 @@ fn growth_measures_every_primitive() {
         assert_eq!(n["kind"], kind, "{n}");
         assert_eq!(
             (n["clients"].as_u64(), n["lost"].as_u64()),
-            (Some(6), Some(0))
+            (Some(4), Some(0))
         );
         let rate = n["acquisitions_per_sec"].as_f64().unwrap_or(0.0);
-        assert!(rate > 0.0, "{n}");
-        assert_eq!(&n["one_name_per_sec"], one, "{n}");
+        assert!(rate > 0.0 && one.as_f64().is_some_and(|o| o > 0.0), "{n}");
+        assert_eq!(n["one_name_per_sec"], one, "{n}");
         let ratio = n["one_name_ratio"].as_f64().unwrap_or(0.0);
         assert!(
             (ratio - one.as_f64().unwrap_or(0.0) / rate).abs() < 1e-9,
@@ -549,15 +595,13 @@ fn growth_measures_every_primitive() {
         );
     }
     assert!(names_mixed.iter().all(|n| n["floor_ratio"].is_null()));
+    let table = stdout.split("### Names").nth(1).unwrap_or_default();
     for row in [
-        "| memory://bench-kinds | rw | ",
-        "| memory://bench-kinds | semaphore | ",
+        "| memory://bench-names-kinds | mutex | ",
+        "| memory://bench-names-kinds | rw | ",
+        "| memory://bench-names-kinds | semaphore | ",
     ] {
-        let in_names = stdout
-            .split("### Names")
-            .nth(1)
-            .is_some_and(|names| names.contains(row));
-        assert!(in_names, "no names row {row:?}: {stdout}");
+        assert!(table.contains(row), "no names row {row:?}: {stdout}");
     }
 }
 

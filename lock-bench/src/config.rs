@@ -30,7 +30,8 @@ pub enum ScenarioSelection {
     /// Growth: S2 for each client count of [`BenchConfig::client_counts`].
     Clients,
     /// Growth: [`BenchConfig::names_clients`] clients on [`BenchConfig::names`] names picked at
-    /// random, next to the raw floor run the same way.
+    /// random, the mutex next to the raw floor run the same way, then each other primitive
+    /// of [`BenchConfig::growth_kinds`].
     Names,
     /// Growth: hold, clients and names.
     Growth,
@@ -227,7 +228,7 @@ pub struct BenchConfig {
     pub hold_concurrency: usize,
     /// Clients: the numbers of contending clients C, one S2 run each. Default 4, 16, 64.
     pub client_counts: Vec<usize>,
-    /// Hold and clients: the primitives measured, each its own curve (a backend without a
+    /// Hold, clients and names: the primitives measured, each its own curve (a backend without a
     /// primitive skips it, with the reason in the report). Default all three.
     pub growth_kinds: Vec<GrowthKind>,
     /// Names: how many names the clients pick from. Default 1 000.

@@ -227,7 +227,7 @@ pub struct MixedClientsPoint {
     pub mixed: MixedResult,
 }
 
-/// Names: clients on many names picked at random, next to the raw floor.
+/// Names: clients on many names picked at random (the mutex's next to the raw floor).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct NamesResult {

@@ -125,8 +125,11 @@ pub(super) async fn names(
     // The raw floor first: each connection on the names i with i % count == its index, so that
     // no two floor cycles ever meet on one name (a raw cycle cannot wait).
     let mut floors = Vec::with_capacity(count);
-    if mix.is_none() && target.has_floor() {
+    if mix.is_none() {
+        // A phase of its own whether or not the target has a floor (see `phases`).
         instruments.phase(&format!("{label} names: raw floor"));
+    }
+    if mix.is_none() && target.has_floor() {
         for _ in 0..count {
             floors.extend(target.floor().await?);
         }
