@@ -2,35 +2,50 @@
 //! path that suits a contended name (more requests at once) only where it pays.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// The names (or keys) a client saw contended within the last [`Self::WINDOW`]; at most
-/// [`Self::MAX`] of them, so the memory stays bounded whatever the names.
+use crate::backend::unpoisoned;
+
+/// The names (or keys) a client saw contended within the last second; at most 1,024 of
+/// them, so the memory stays bounded whatever the names.
 ///
 /// A backend records a name when it meets others on it ([`Self::saw`]: a refusal, waiters
 /// found by a release, holders beside a reader), forgets it when it found the name free
 /// ([`Self::cleared`]), and asks [`Self::lately`] before choosing a path. Redis sends a
 /// contended lock's acquisitions straight to its script, and its releases to the full
-/// release script, where the short paths would cost a round trip more; ZooKeeper sends a
-/// reader's listing of the queue behind its join, which a reader alone would read for
-/// nothing.
+/// release script, where the short paths would cost a round trip more; ZooKeeper sends the
+/// listing of the queue right behind a reader's or a permit's join, which a join alone would
+/// read for nothing.
+///
+/// ```
+/// use distlock_core::backend::Contended;
+///
+/// let contended = Contended::default();
+/// assert!(!contended.lately("orders"));
+/// contended.saw("orders"); // a refusal, say
+/// assert!(contended.lately("orders"));
+/// contended.cleared("orders"); // found free
+/// assert!(!contended.lately("orders"));
+/// ```
 #[derive(Debug, Default)]
 pub struct Contended {
     seen: Mutex<HashMap<String, Instant>>,
 }
 
 impl Contended {
-    /// How long a name counts as contended after it was last seen so.
-    pub const WINDOW: Duration = Duration::from_secs(1);
+    /// How long a name counts as contended after it was last seen so (the type's doc says
+    /// it in words).
+    const WINDOW: Duration = Duration::from_secs(1);
     /// The most names remembered: past it, the expired entries go (all of them if none has).
-    pub const MAX: usize = 1024;
+    /// The type's doc says it in words.
+    const MAX: usize = 1024;
 
     fn seen(&self) -> MutexGuard<'_, HashMap<String, Instant>> {
-        self.seen.lock().unwrap_or_else(PoisonError::into_inner)
+        unpoisoned(&self.seen)
     }
 
-    /// Whether `key` was seen contended within [`Self::WINDOW`] (and not cleared since).
+    /// Whether `key` was seen contended within the last second (and not cleared since).
     pub fn lately(&self, key: &str) -> bool {
         self.seen()
             .get(key)

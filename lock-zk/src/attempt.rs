@@ -271,23 +271,25 @@ impl ZkAttempt {
         let state = self.backend.shared.clone();
         let contended = &state.contended;
         let list = kinds && contended.lately(&self.parent);
-        let joined = match join_queue(session, &self.parent, &self.prefix, held, list).await {
-            Ok(joined) => joined,
-            Err(zk::Error::NoNode) => {
-                self.maybe_created = false;
-                ensure_parent(session, &self.backend.shared.config, &self.parent).await?;
-                return Ok(Next::Done(None));
-            }
-            Err(zk::Error::NoAuth) => {
-                self.maybe_created = false;
-                return Err(denied(
-                    &self.backend.shared.config,
-                    &self.parent,
-                    "joining the queue",
-                ));
-            }
-            Err(err) => return Err(zk_error("joining the queue", err)),
-        };
+        let (joined, listing) =
+            match join_queue(session, &self.parent, &self.prefix, held, list).await {
+                Ok(joined) => joined,
+                Err(zk::Error::NoNode) => {
+                    self.maybe_created = false;
+                    ensure_parent(session, &self.backend.shared.config, &self.parent).await?;
+                    return Ok(Next::Done(None));
+                }
+                Err(zk::Error::NoAuth) => {
+                    self.maybe_created = false;
+                    return Err(denied(
+                        &self.backend.shared.config,
+                        &self.parent,
+                        "joining the queue",
+                    ));
+                }
+                Err(err) => return Err(zk_error("joining the queue", err)),
+            };
+        // Recorded before the listing is awaited: a poll dropped there keeps the join.
         self.created_zxid = Some(joined.written.czxid);
         self.clock.wrote(sent, joined.written.mtime);
         self.node = Some(joined.node.clone());
@@ -303,8 +305,8 @@ impl ZkAttempt {
             let step = self.acquired(session.clone(), &joined.node, joined.written.czxid, None)?;
             return Ok(Next::Done(Some(step)));
         }
-        let entries = match joined.queue {
-            Some(queue) => queue?,
+        let entries = match listing {
+            Some(listing) => listing.await?,
             None => list_queue(client, &self.parent).await?,
         };
         Ok(Next::Go((entries, Some(joined.written))))

@@ -37,6 +37,11 @@
 //! needed, so an uncontended acquire costs one write and a release one more, the same as the
 //! raw create + delete. The stat's `mzxid` is the transaction's zxid, which is also the new
 //! node's `czxid`: the token. Only when other nodes exist does the poll list the children.
+//! A reader's or a permit's join on a lock node whose joins met other nodes within the last
+//! second sends that listing right behind the `multi`, before its answer: the server answers
+//! a session's requests in order, so the listing shows the new node, and a reader beside
+//! readers knows its place in one round trip (16 readers of one name: 3,326 → 3,530
+//! acquisitions/s; a semaphore of 3 with 8 clients: 767 → 918).
 //!
 //! A handoff costs the release and one read: when the node it waits for is deleted, a
 //! waiter (of the mutex, or a reader whose writer left) sends a listing and, right behind

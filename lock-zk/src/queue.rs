@@ -60,10 +60,10 @@ pub(crate) struct Joined {
     pub(crate) written: Written,
     /// Ours is the only node: we hold the lock.
     pub(crate) alone: bool,
-    /// The queue as a listing sent right after the join read it (our node in it), when
-    /// asked for and ours is not alone.
-    pub(crate) queue: Option<Result<Vec<Entry>>>,
 }
+
+/// The answer to the listing [`join_queue`] sent right behind the join (our node in it).
+pub(crate) type Listing<'a> = futures::future::BoxFuture<'a, Result<Vec<Entry>>>;
 
 /// Creates the lock node (a container, removed by the server once empty), and the base node
 /// if it went missing.
@@ -99,19 +99,25 @@ pub(crate) async fn ensure_parent(
 /// place with no second round trip. A join alone pays that read for nothing, so only the
 /// readers and permits of a lock node whose joins lately found others ask (the mutex,
 /// whose waiters wait anyway, never does).
-pub(crate) async fn join_queue(
-    session: &Session,
+///
+/// Returns the listing unawaited, so that the caller records the join first: a poll dropped
+/// while it waits for the listing keeps what the join's answer told it.
+pub(crate) async fn join_queue<'a>(
+    session: &'a Session,
     parent: &str,
     prefix: &str,
     held: &[u8],
     list: bool,
-) -> std::result::Result<Joined, zk::Error> {
+) -> std::result::Result<(Joined, Option<Listing<'a>>), zk::Error> {
     let create_path = format!("{parent}/{prefix}");
     let mut multi = session.client.new_multi_writer();
     multi.add_create(&create_path, held, &ephemeral_sequential(session.acls))?;
     multi.add_set_data(parent, &[], None)?;
     let commit = multi.commit();
-    let listing = list.then(|| session.client.list_children(parent));
+    let listing = list.then(|| -> Listing<'a> {
+        let listing = session.client.list_children(parent);
+        Box::pin(async move { listed(listing.await) })
+    });
     let results = commit.await.map_err(zk::Error::from)?;
     let (
         Some(zk::MultiWriteResult::Create { path, stat }),
@@ -128,20 +134,15 @@ pub(crate) async fn join_queue(
     } else {
         stat.czxid
     };
-    let alone = parent.num_children == 1;
-    let queue = match listing {
-        Some(listing) if !alone => Some(listed(listing.await)),
-        _ => None,
-    };
-    Ok(Joined {
+    let joined = Joined {
         node,
         written: Written {
             czxid,
             mtime: parent.mtime,
         },
-        alone,
-        queue,
-    })
+        alone: parent.num_children == 1,
+    };
+    Ok((joined, listing))
 }
 
 /// Our nodes among `children` (by our unique `prefix`), each with whether `client`'s own
