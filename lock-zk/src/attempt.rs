@@ -268,9 +268,7 @@ impl ZkAttempt {
         let sent = Instant::now();
         // A reader or a permit that lately joined others: its listing rides behind the join.
         let kinds = self.request.kind != LockKind::Exclusive;
-        let state = self.backend.shared.clone();
-        let contended = &state.contended;
-        let list = kinds && contended.lately(&self.parent);
+        let list = kinds && self.backend.shared.contended.lately(&self.parent);
         let (joined, listing) =
             match join_queue(session, &self.parent, &self.prefix, held, list).await {
                 Ok(joined) => joined,
@@ -294,6 +292,7 @@ impl ZkAttempt {
         self.clock.wrote(sent, joined.written.mtime);
         self.node = Some(joined.node.clone());
         if kinds {
+            let contended = &self.backend.shared.contended;
             if joined.alone {
                 contended.cleared(&self.parent);
             } else {

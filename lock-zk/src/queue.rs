@@ -21,17 +21,14 @@ use crate::session::{Session, create_base};
 pub(crate) fn list_queue<'a>(
     client: &'a zk::Client,
     parent: &str,
-) -> impl Future<Output = Result<Vec<Entry>>> + Send + 'a {
+) -> impl Future<Output = Result<Vec<Entry>>> + Send + use<'a> {
     let listing = client.list_children(parent);
-    async move { listed(listing.await) }
-}
-
-/// The queue a listing of the lock node answered (see [`list_queue`]).
-fn listed(answer: std::result::Result<Vec<String>, zk::Error>) -> Result<Vec<Entry>> {
-    match answer {
-        Ok(children) => Ok(queue(children)),
-        Err(zk::Error::NoNode) => Ok(Vec::new()),
-        Err(err) => Err(zk_error("listing the queue", err)),
+    async move {
+        match listing.await {
+            Ok(children) => Ok(queue(children)),
+            Err(zk::Error::NoNode) => Ok(Vec::new()),
+            Err(err) => Err(zk_error("listing the queue", err)),
+        }
     }
 }
 
@@ -114,10 +111,7 @@ pub(crate) async fn join_queue<'a>(
     multi.add_create(&create_path, held, &ephemeral_sequential(session.acls))?;
     multi.add_set_data(parent, &[], None)?;
     let commit = multi.commit();
-    let listing = list.then(|| -> Listing<'a> {
-        let listing = session.client.list_children(parent);
-        Box::pin(async move { listed(listing.await) })
-    });
+    let listing = list.then(|| -> Listing<'a> { Box::pin(list_queue(&session.client, parent)) });
     let results = commit.await.map_err(zk::Error::from)?;
     let (
         Some(zk::MultiWriteResult::Create { path, stat }),
