@@ -48,7 +48,7 @@ mod names;
 mod table;
 
 use hold::hold;
-use names::{Named, names};
+use names::{Named, names, names_kinds, names_scenario};
 pub(crate) use table::markdown;
 
 /// A server's own count of the requests it served (all clients together), read by the hold
@@ -134,6 +134,13 @@ pub struct GrowthResult {
     pub names_mixed: Vec<NamesResult>,
     /// Churn.
     pub churn: Option<crate::ChurnResult>,
+}
+
+impl GrowthResult {
+    /// Names of every primitive that ran: the mutex's first.
+    pub(crate) fn every_names(&self) -> impl Iterator<Item = &NamesResult> {
+        self.names.iter().chain(&self.names_mixed)
+    }
 }
 
 /// The server's requests over a window as long as the hold window, with no lock held by this
@@ -293,13 +300,8 @@ pub(crate) fn phases(config: &BenchConfig, has_counter: bool) -> u64 {
         n += kinds * config.client_counts.len() as u64;
     }
     if config.scenarios.names() {
-        // The mutex's floor and clients, then each other primitive's clients.
-        let mixed = config
-            .growth_kinds
-            .iter()
-            .filter(|k| **k != GrowthKind::Mutex)
-            .count() as u64;
-        n += 2 + mixed;
+        // The mutex's floor, then each primitive's clients.
+        n += 1 + names_kinds(config).count() as u64;
     }
     if config.scenarios.churn() {
         n += 1 + u64::from(!config.churn_settle.is_zero());
@@ -360,18 +362,12 @@ pub(crate) async fn run_target(
         }
     }
     if config.scenarios.names() {
-        let others = config
-            .growth_kinds
-            .iter()
-            .filter(|k| **k != GrowthKind::Mutex);
-        for &kind in std::iter::once(&GrowthKind::Mutex).chain(others) {
-            let (scenario, names_base) = match kind {
-                GrowthKind::Mutex => ("names".to_owned(), format!("{base}/names")),
-                kind => (
-                    format!("names {}", kind.as_str()),
-                    format!("{base}/names/{}", kind.as_str()),
-                ),
+        for kind in names_kinds(config) {
+            let names_base = match kind {
+                GrowthKind::Mutex => format!("{base}/names"),
+                kind => format!("{base}/names/{}", kind.as_str()),
             };
+            let scenario = names_scenario(kind);
             match names(target, config, instruments, &names_base, kind, backend).await {
                 Ok(Named::Ran(mut names)) => {
                     names.beside_one_name(&result);

@@ -106,6 +106,24 @@ pub(super) enum Named {
     Lacks(String),
 }
 
+/// The primitives names runs, in order: the mutex always (beside the raw floor), then each
+/// other one of [`BenchConfig::growth_kinds`].
+pub(super) fn names_kinds(config: &BenchConfig) -> impl Iterator<Item = GrowthKind> + '_ {
+    let others = config
+        .growth_kinds
+        .iter()
+        .filter(|k| **k != GrowthKind::Mutex);
+    std::iter::once(GrowthKind::Mutex).chain(others.copied())
+}
+
+/// The scenario's name for `kind` in phases, skips and errors: `names`, `names rw`, ...
+pub(super) fn names_scenario(kind: GrowthKind) -> String {
+    match kind {
+        GrowthKind::Mutex => "names".to_owned(),
+        kind => format!("names {}", kind.as_str()),
+    }
+}
+
 /// Names for `kind`: the mutex beside the raw floor; the read-write lock (the read/write mix
 /// of [`BenchConfig::write_share`]) and the semaphore alone, a floor being a mutex.
 pub(super) async fn names(
@@ -128,10 +146,10 @@ pub(super) async fn names(
     if mix.is_none() {
         // A phase of its own whether or not the target has a floor (see `phases`).
         instruments.phase(&format!("{label} names: raw floor"));
-    }
-    if mix.is_none() && target.has_floor() {
-        for _ in 0..count {
-            floors.extend(target.floor().await?);
+        if target.has_floor() {
+            for _ in 0..count {
+                floors.extend(target.floor().await?);
+            }
         }
     }
     let (floor_label, floor_cycles_per_sec) = if floors.is_empty() {
@@ -154,10 +172,7 @@ pub(super) async fn names(
         (label, Some(rate(cycles, config.duration)))
     };
 
-    let scenario = match mix {
-        None => "names".to_owned(),
-        Some(_) => format!("names {}", kind.as_str()),
-    };
+    let scenario = names_scenario(kind);
     instruments.phase(&format!("{label} {scenario}: {count} clients"));
     let clients = crate::connect(target, count, backend).await?;
     if let (Some(mix), Some(first)) = (mix, clients.first())

@@ -26,7 +26,7 @@ pub(crate) fn markdown(report: &crate::Report) -> String {
     }
     if targets
         .iter()
-        .any(|(_, g)| g.names.is_some() || !g.names_mixed.is_empty())
+        .any(|(_, g)| g.every_names().next().is_some())
     {
         out.push_str(&names_table(c, &targets));
     }
@@ -171,7 +171,7 @@ fn names_table(c: &BenchConfig, targets: &[(&crate::TargetResult, &GrowthResult)
     out.push_str("| target | primitive | acquisitions/s | acquire p50 µs | acquire p99 µs | lost | floor | floor cycles/s | ratio | one name /s | one name ÷ names |\n");
     out.push_str("|---|---|--:|--:|--:|--:|---|--:|--:|--:|--:|\n");
     for (t, g) in targets {
-        for n in g.names.iter().chain(&g.names_mixed) {
+        for n in g.every_names() {
             let _ = writeln!(
                 out,
                 "| {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} |",

@@ -113,11 +113,7 @@ impl TargetResult {
                 .sum::<u64>();
             held + clients
                 + mixed_clients
-                + g.names
-                    .iter()
-                    .chain(&g.names_mixed)
-                    .map(|n| n.lost)
-                    .sum::<u64>()
+                + g.every_names().map(|n| n.lost).sum::<u64>()
                 + g.churn.as_ref().map_or(0, |c| c.lost)
         });
         s2 + mixed + growth
