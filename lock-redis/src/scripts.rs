@@ -217,7 +217,10 @@ end
 /// microseconds. `floor` = 0 (clock tokens, [`crate::RedisConfig::clock_tokens`]): every
 /// token is `max(counter + 1, clock + 1)`, so a promoted replica whose counter lags still
 /// continues above the old master's tokens (given clocks that agree within the failover).
-/// Clock tokens take two commands besides the `TIME`: `GET` of the counter, and a `SET` of
+/// Counter tokens (`floor` > 0) take two commands: the `INCR` first, as the fast path's
+/// ([`ACQUIRE_FAST`]), and the `PEXPIRE`; a step that lands at or below `floor` (a counter
+/// missing or unseeded) sets the counter from the clock and steps it again. Clock tokens take
+/// two commands besides the `TIME`: `GET` of the counter, and a `SET` of
 /// the clock plus one with the counter's expiry when the counter is not ahead of the clock
 /// (the common case); a counter ahead (a clock that went back, or the second and later
 /// grants of one script, which share its `TIME`) is stepped like any other (`INCR`,
@@ -229,18 +232,24 @@ end
 /// behind; its next token comes from the clock, above this one unless the server's clock
 /// went back by more than `forget_after` (see the crate docs, "What is left on the server").
 pub(crate) const NEXT_TOKEN: &str = r"
-local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
-local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local token
-if floor == 0 and counter <= clock then
-  token = clock + 1
-  redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', fence_keep)
-else
-  if counter < floor then
-    redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
-  end
+if floor > 0 then
   token = redis.call('INCR', KEYS[2])
+  if token <= floor then
+    redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
+    token = redis.call('INCR', KEYS[2])
+  end
   redis.call('PEXPIRE', KEYS[2], fence_keep)
+else
+  local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+  local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if counter <= clock then
+    token = clock + 1
+    redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', fence_keep)
+  else
+    token = redis.call('INCR', KEYS[2])
+    redis.call('PEXPIRE', KEYS[2], fence_keep)
+  end
 end
 ";
 

@@ -143,6 +143,89 @@ async fn an_expired_permit_holder_is_pruned_by_the_next_acquirer() {
     assert_eq!(left, 0, "the last release left keys behind");
 }
 
+/// The remaining lives (`PTTL`, ms) of the lock key and the holders' keys.
+async fn lives(conn: &mut redis::aio::MultiplexedConnection, keys: &LockKeys) -> [i64; 4] {
+    let mut lives = [0; 4];
+    for (life, key) in lives.iter_mut().zip([
+        keys.lock.clone(),
+        keys.holders(),
+        keys.tokens(),
+        keys.data(),
+    ]) {
+        *life = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(conn)
+            .await
+            .expect("PTTL");
+    }
+    lives
+}
+
+/// The lock key (the readers' marker) and the holders' keys last to the latest read lease. A
+/// reader whose lease ends before another's leaves them as they are, with no `PEXPIRE`; the
+/// reader whose lease ends last shrinks them to the latest lease left.
+#[tokio::test]
+async fn the_readers_marker_lasts_to_the_latest_lease_left() {
+    let Some(mut herd) = Herd::start("marker-life").await else {
+        return;
+    };
+    let c = client(&herd.urls[..1]).await;
+    let read = |secs| {
+        opts()
+            .shared()
+            .with_ttl(Duration::from_secs(secs))
+            .with_renewal(Renewal::disabled())
+    };
+    let long = c.acquire(&herd.name, &read(60)).await.unwrap();
+    let short = c.acquire(&herd.name, &read(20)).await.unwrap();
+    long.set_data(Some("long")).await.unwrap();
+    // The data key lives a lease longer than the lock key (see `SET_DATA`).
+    let lasting = |lives: [i64; 4]| {
+        let [lock, holders, tokens, data] = lives;
+        for life in [lock, holders, tokens] {
+            assert!((50_000..=60_000).contains(&life), "a life of {life} ms");
+        }
+        assert!(
+            (lock..=lock + 60_000).contains(&data),
+            "data lives {data} ms"
+        );
+    };
+    lasting(lives(&mut herd.raw, &herd.keys).await);
+    let before = common::command_calls(&mut herd.raw).await;
+    short.release().await.unwrap();
+    let after = common::command_calls(&mut herd.raw).await;
+    let pexpires = |stats: &HashMap<String, u64>| stats.get("pexpire").copied().unwrap_or(0);
+    assert_eq!(
+        pexpires(&after),
+        pexpires(&before),
+        "a release before the latest lease set the keys' lives again"
+    );
+    lasting(lives(&mut herd.raw, &herd.keys).await);
+    let later = c.acquire(&herd.name, &read(20)).await.unwrap();
+    later.set_data(Some("later")).await.unwrap();
+    long.release().await.unwrap();
+    for life in lives(&mut herd.raw, &herd.keys).await {
+        assert!(
+            (10_000..=20_000).contains(&life),
+            "a life of {life} ms after the latest lease left, 20 s to the next"
+        );
+    }
+    assert!(
+        c.try_acquire(&herd.name, &opts()).await.unwrap().is_none(),
+        "a writer got in beside a live reader"
+    );
+    later.release().await.unwrap();
+    let left: usize = redis::cmd("EXISTS")
+        .arg(&herd.keys.lock)
+        .arg(herd.keys.holders())
+        .arg(herd.keys.tokens())
+        .arg(herd.keys.data())
+        .query_async(&mut herd.raw)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the last release left keys behind");
+}
+
 /// A reader that crashed blocks a waiting writer until its lease ends, not longer; the writer
 /// then gets the lock with a higher token, and the crashed reader's renewal is refused.
 #[tokio::test]
