@@ -226,9 +226,10 @@ return 1
 ///
 /// A holder's data goes with it (its field of `d`, or the whole key with the last holder or a
 /// forced release). The marker and the holders' keys last at least to the latest lease (every
-/// acquisition and renewal extends them to its own): a leaver whose lease ended after every
-/// other shrinks them to the latest lease left; any other leaver leaves them as they are
-/// (four `PEXPIRE`s fewer for most releases of a read hold among others).
+/// acquisition, renewal and hand-over extends them to its own): a leave shrinks them to the
+/// latest lease left only when the marker lasts longer (the leaver's lease ended last, or a
+/// hand-over's lease outlasted the holds), and otherwise leaves them as they are (one `PTTL`
+/// instead of four `PEXPIRE`s for most releases of a read hold among others).
 ///
 /// KEYS: lock, fence, queue, alive, holders, tokens, data.
 /// ARGV: owner, fair ("1"), handoff ms, channel, mode ("release", "abandon", "retreat",
@@ -278,7 +279,6 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local released = 0
 local left = false
 local before = 0
-local ends = nil
 if holder == marker then
   prune_holders(KEYS[5], KEYS[6], KEYS[7], now)
   before = redis.call('ZCOUNT', KEYS[5], '(' .. now, '+inf')
@@ -288,7 +288,7 @@ if holder == marker then
     redis.call('DEL', KEYS[5], KEYS[6], KEYS[7])
     left = true
   elseif mode ~= 'leave' then
-    ends = redis.call('ZSCORE', KEYS[5], owner)
+    local ends = redis.call('ZSCORE', KEYS[5], owner)
     if ends then
       redis.call('ZREM', KEYS[5], owner)
       redis.call('HDEL', KEYS[6], owner)
@@ -316,11 +316,12 @@ if holder == marker and left then
     redis.call('DEL', KEYS[1], KEYS[5], KEYS[6], KEYS[7])
     holder = false
   else
-    -- The marker (and the holders' keys) already last to the latest lease of those left,
-    -- or beyond it only if the leaver's ended later: then shrink them to that lease.
+    -- The marker (and the holders' keys with it) lasts at least to the latest lease left:
+    -- shrink them to it only where the marker lasts longer (the leaver's lease ended last,
+    -- or a hand-over's lease outlasted the holds), within the millisecond of `now`.
     local last = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')
-    if tonumber(ends) > tonumber(last[2]) then
-      local keep = math.max(tonumber(last[2]) - now, 1)
+    local keep = math.max(tonumber(last[2]) - now, 1)
+    if redis.call('PTTL', KEYS[1]) > keep + 2 then
       redis.call('PEXPIRE', KEYS[1], keep)
       redis.call('PEXPIRE', KEYS[5], keep)
       redis.call('PEXPIRE', KEYS[6], keep)

@@ -163,7 +163,8 @@ async fn lives(conn: &mut redis::aio::MultiplexedConnection, keys: &LockKeys) ->
 
 /// The lock key (the readers' marker) and the holders' keys last to the latest read lease. A
 /// reader whose lease ends before another's leaves them as they are, with no `PEXPIRE`; the
-/// reader whose lease ends last shrinks them to the latest lease left.
+/// reader whose lease ends last shrinks them to the latest lease left, and so does any
+/// leaver when the marker outlasts every hold.
 #[tokio::test]
 async fn the_readers_marker_lasts_to_the_latest_lease_left() {
     let Some(mut herd) = Herd::start("marker-life").await else {
@@ -214,7 +215,22 @@ async fn the_readers_marker_lasts_to_the_latest_lease_left() {
         c.try_acquire(&herd.name, &opts()).await.unwrap().is_none(),
         "a writer got in beside a live reader"
     );
+    // A marker that outlasts every hold (as a hand-over's longer lease leaves it) is shrunk by
+    // a leaver whose lease did not end last, too.
+    let other = c.acquire(&herd.name, &read(20)).await.unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(&herd.keys.lock)
+        .arg(60_000)
+        .query_async(&mut herd.raw)
+        .await
+        .unwrap();
     later.release().await.unwrap();
+    let [lock, ..] = lives(&mut herd.raw, &herd.keys).await;
+    assert!(
+        (10_000..=20_000).contains(&lock),
+        "the lock key lives {lock} ms beyond the holds' 20 s"
+    );
+    other.release().await.unwrap();
     let left: usize = redis::cmd("EXISTS")
         .arg(&herd.keys.lock)
         .arg(herd.keys.holders())
