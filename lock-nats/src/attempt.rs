@@ -261,7 +261,14 @@ impl NatsAttempt {
         if let Some(step) = self.take_free().await? {
             return Ok(step);
         }
-        if self.wake.is_none() {
+        // Subscribed before the read, except a reader's where no attempt of this client on
+        // the name had to wait lately: a reader beside readers holds at its first read and
+        // needs no subscription, to which the server would send every write of the name
+        // (16 readers of one name: a dozen messages an acquisition). Should it have to wait,
+        // it subscribes then and reads again.
+        if self.wake.is_none()
+            && (self.kind != LockKind::Shared || self.state.waited.lately(&self.name))
+        {
             self.wake = Some(Wake::subscribe(&self.state.client, &self.keys.events).await?);
         }
         if !self.keep_entry().await? {
@@ -278,6 +285,8 @@ impl NatsAttempt {
             return Ok(Step::Acquired(self.acquired(rev, false)));
         }
         if heard == Heard::Nothing && self.counting() {
+            // Still waiting: the name stays one whose readers subscribe first.
+            self.state.waited.saw(&self.name);
             return Ok(self.waiting());
         }
         // Until this read ends in a new count, no count is trusted: a read that ends otherwise
@@ -331,6 +340,14 @@ impl NatsAttempt {
             let rev = queue.entries[position].rev;
             let alone = queue.entries.len() == 1 && queue.last == rev;
             return Ok(Step::Acquired(self.acquired(rev, alone)));
+        }
+        self.state.waited.saw(&self.name);
+        if self.wake.is_none() {
+            // Read unsubscribed: a removal between that read and the subscription would go
+            // unheard. Subscribe, then read again: the server takes the subscription before
+            // the read sent after it, so what it does not tell, the read shows.
+            self.wake = Some(Wake::subscribe(&self.state.client, &self.keys.events).await?);
+            return Ok(Step::Again);
         }
         let (blockers, needed) = queue.blockers(position);
         let own = (self.slot.subject.clone(), queue.entries[position].rev);

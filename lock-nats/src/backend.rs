@@ -10,7 +10,7 @@ use async_nats::jetstream::message::PublishMessage as Publish;
 use async_nats::jetstream::{self, stream};
 use async_trait::async_trait;
 use distlock_core::backend::{
-    AcquireRequest, Attempt, LockBackend, LockInfo, held_among, unpoisoned,
+    AcquireRequest, Attempt, Contended, LockBackend, LockInfo, held_among, unpoisoned,
 };
 use distlock_core::{
     Capabilities, Error, FencingGuarantee, FencingToken, Footprint, LockKind, LockName,
@@ -55,6 +55,11 @@ pub(crate) struct BackendState {
     pub(crate) renewer: Arc<NatsRenewer>,
     /// The keys this client reuses, per name.
     pub(crate) slots: Arc<Slots>,
+    /// The names whose attempts of this client had to wait lately: a reader's next attempt
+    /// there subscribes to the name's events before it reads the queue, as every other
+    /// kind's does (see `NatsAttempt::poll_wait`); elsewhere a reader subscribes only once a
+    /// read says it must wait.
+    pub(crate) waited: Contended,
     /// This client's tag: its key of a name is `<name>.<tag>`.
     pub(crate) tag: String,
     /// The bucket's stream has replicas: a clustered stream gives a write its sequence when
@@ -261,6 +266,7 @@ pub(crate) async fn open(config: &NatsConfig, timeout: Duration) -> Result<Arc<B
         stream,
         bucket,
         slots: Arc::default(),
+        waited: Contended::default(),
         tag: crate::keys::new_tag(),
         replicated,
         direct,

@@ -315,3 +315,71 @@ async fn an_unanswered_direct_get_is_read_without() {
     let Some(s) = setup().await else { return };
     read_without_direct_gets(s, Duration::from_secs(1), true).await;
 }
+
+/// A reader beside readers reads the queue once and holds, with no subscription: nothing is
+/// sent to it but its write's answer and its read's batch (the keys of the name, then the
+/// batch's end), not the name's events. A reader that must wait (behind a writer) subscribes
+/// then, reads again, and holds on the writer's release with no read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_beside_readers_is_sent_no_event() {
+    let Some(mut s) = setup().await else { return };
+    let read = AcquireOptions::default()
+        .with_ttl(Duration::from_secs(30))
+        .shared();
+    let holders = s.client().await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(holders.acquire("rw", &read).await.expect("read"));
+    }
+    let reader = s.client().await;
+    let nats = reader.backend_ref().client().clone();
+    let received = || {
+        nats.statistics()
+            .in_messages
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    s.quiet().await;
+    let before = received();
+    let guard = reader
+        .acquire("rw", &read)
+        .await
+        .expect("read beside readers");
+    // Anything sent late (an event of its write) comes within the quiet time.
+    let reads = s.quiet().await;
+    assert_eq!(
+        (reads, received() - before),
+        (
+            Reads {
+                direct: 1,
+                ..Reads::default()
+            },
+            1 + 4 + 1
+        ),
+        "the reader's read, and the messages sent to it: its write's answer, four keys, the end"
+    );
+    guard.release().await.expect("release");
+    for guard in held {
+        guard.release().await.expect("release");
+    }
+    let write = AcquireOptions::default().with_ttl(Duration::from_secs(30));
+    let writer = holders.acquire("rw", &write).await.expect("write");
+    s.quiet().await;
+    let waiter = {
+        let (reader, read) = (reader.clone(), read.clone());
+        tokio::spawn(async move { reader.acquire("rw", &read).await.expect("wait") })
+    };
+    let reads = s.quiet().await;
+    assert!(!waiter.is_finished(), "the reader should wait");
+    assert_eq!(
+        reads,
+        Reads {
+            direct: 2,
+            ..Reads::default()
+        },
+        "a reader that must wait reads again once subscribed"
+    );
+    writer.release().await.expect("release");
+    let guard = next_holder(&mut vec![waiter]).await;
+    assert_eq!(s.quiet().await, Reads::default(), "the woken reader read");
+    guard.release().await.expect("release");
+}
