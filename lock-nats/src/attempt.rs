@@ -261,14 +261,12 @@ impl NatsAttempt {
         if let Some(step) = self.take_free().await? {
             return Ok(step);
         }
-        // Subscribed before the read, except a reader's where no attempt of this client on
-        // the name had to wait lately: a reader beside readers holds at its first read and
-        // needs no subscription, to which the server would send every write of the name
-        // (16 readers of one name: a dozen messages an acquisition). Should it have to wait,
-        // it subscribes then and reads again.
-        if self.wake.is_none()
-            && (self.kind != LockKind::Shared || self.state.waited.lately(&self.name))
-        {
+        // Subscribed before the read only where this client's attempts on the name had to
+        // wait lately: elsewhere (a free name, a reader beside readers) the first read finds
+        // the entry holding, and a subscription would only be sent every write of the name
+        // (16 readers of one name: a dozen messages an acquisition; a free name: its own
+        // write's). Should the read say it must wait, it subscribes then and reads again.
+        if self.wake.is_none() && self.state.waited.lately(&self.name) {
             self.wake = Some(Wake::subscribe(&self.state.client, &self.keys.events).await?);
         }
         if !self.keep_entry().await? {

@@ -202,7 +202,8 @@ async fn readers_behind_a_writer_read_nothing_on_its_release() {
 }
 
 /// A waiter behind two holders and another waiter reads the queue (four keys) in one
-/// request, and finds every entry ahead of it: it waits, and holds once a holder leaves.
+/// request, and finds every entry ahead of it: it waits, and holds once a holder leaves. Its
+/// client had not waited on the name lately, so it read once unsubscribed first: two reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiters_read_is_one_direct_get() {
     let Some(mut s) = setup().await else { return };
@@ -222,10 +223,10 @@ async fn a_waiters_read_is_one_direct_get() {
     assert_eq!(
         reads,
         Reads {
-            direct: 1,
+            direct: 2,
             ..Reads::default()
         },
-        "the waiter's read of the queue"
+        "the waiter's reads of the queue"
     );
     waiters.push(waiter);
     for _ in 0..2 {
@@ -241,7 +242,8 @@ async fn a_waiters_read_is_one_direct_get() {
 /// `timeout` connected, which then waits behind a holder (`unanswered`: the spy of `s` takes
 /// the direct get, which then gets no answer): it tries a direct get once, then
 /// reads the queue as without (the stream's subjects, a get per key), correctly (it waits,
-/// and holds once the holder leaves), and tries no direct get again for a while.
+/// and holds once the holder leaves), and tries no direct get again for a while. Its next
+/// wait, soon after, subscribes before it reads: one read.
 async fn read_without_direct_gets(mut s: Setup, timeout: Duration, unanswered: bool) {
     let opts = AcquireOptions::default().with_ttl(Duration::from_secs(30));
     let holder = s.client_with(timeout).await;
@@ -272,10 +274,11 @@ async fn read_without_direct_gets(mut s: Setup, timeout: Duration, unanswered: b
         Reads {
             // Seen only where the spy listens to direct gets (see `setup_with`).
             direct: usize::from(unanswered),
-            infos: 1,
-            gets: 2,
+            // Twice (unsubscribed, then subscribed: its client had not waited lately).
+            infos: 2,
+            gets: 4,
         },
-        "the waiter's reads: its subjects and a get per key (two)"
+        "the waiter's reads: its subjects and a get per key (two), twice"
     );
     held.release().await.expect("release");
     let guard = next_holder(&mut vec![task]).await;
@@ -316,10 +319,11 @@ async fn an_unanswered_direct_get_is_read_without() {
     read_without_direct_gets(s, Duration::from_secs(1), true).await;
 }
 
-/// A reader beside readers reads the queue once and holds, with no subscription: nothing is
-/// sent to it but its write's answer and its read's batch (the keys of the name, then the
-/// batch's end), not the name's events. A reader that must wait (behind a writer) subscribes
-/// then, reads again, and holds on the writer's release with no read.
+/// A reader beside readers, or a lock on a free name, reads the queue once and holds, with no
+/// subscription: nothing is sent to it but its write's answer and its read's batch (the keys
+/// of the name, then the batch's end), not the name's events. A reader that must wait
+/// (behind a writer) subscribes then, reads again, and holds on the writer's release with no
+/// read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_beside_readers_is_sent_no_event() {
     let Some(mut s) = setup().await else { return };
@@ -357,6 +361,22 @@ async fn a_reader_beside_readers_is_sent_no_event() {
         ),
         "the reader's read, and the messages sent to it: its write's answer, four keys, the end"
     );
+    let before = received();
+    let lock = AcquireOptions::default().with_ttl(Duration::from_secs(30));
+    let free = reader.acquire("free", &lock).await.expect("a free lock");
+    let reads = s.quiet().await;
+    assert_eq!(
+        (reads, received() - before),
+        (
+            Reads {
+                direct: 1,
+                ..Reads::default()
+            },
+            1 + 1 + 1
+        ),
+        "a free lock's read, and the messages sent to it: its write's answer, its key, the end"
+    );
+    free.release().await.expect("release");
     guard.release().await.expect("release");
     for guard in held {
         guard.release().await.expect("release");
