@@ -337,44 +337,36 @@ async fn a_reader_beside_readers_is_sent_no_event() {
     }
     let reader = s.client().await;
     let nats = reader.backend_ref().client().clone();
-    let received = || {
-        nats.statistics()
-            .in_messages
-            .load(std::sync::atomic::Ordering::Relaxed)
-    };
     s.quiet().await;
-    let before = received();
-    let guard = reader
-        .acquire("rw", &read)
-        .await
-        .expect("read beside readers");
-    // Anything sent late (an event of its write) comes within the quiet time.
-    let reads = s.quiet().await;
+    // Each acquisition: one read, and what was sent to the reader's client meanwhile (anything
+    // sent late, an event of its write, comes within the quiet time).
+    let mut acquire = async |name: &str, opts: &AcquireOptions| {
+        let received = || {
+            nats.statistics()
+                .in_messages
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+        let before = received();
+        let guard = reader.acquire(name, opts).await.expect("acquire");
+        let one_read = Reads {
+            direct: 1,
+            ..Reads::default()
+        };
+        assert_eq!(s.quiet().await, one_read, "{name}: the reads");
+        (guard, received() - before)
+    };
+    let (guard, sent) = acquire("rw", &read).await;
     assert_eq!(
-        (reads, received() - before),
-        (
-            Reads {
-                direct: 1,
-                ..Reads::default()
-            },
-            1 + 4 + 1
-        ),
-        "the reader's read, and the messages sent to it: its write's answer, four keys, the end"
+        sent,
+        1 + 4 + 1,
+        "sent to a reader beside readers: its write's answer, four keys, the end"
     );
-    let before = received();
     let lock = AcquireOptions::default().with_ttl(Duration::from_secs(30));
-    let free = reader.acquire("free", &lock).await.expect("a free lock");
-    let reads = s.quiet().await;
+    let (free, sent) = acquire("free", &lock).await;
     assert_eq!(
-        (reads, received() - before),
-        (
-            Reads {
-                direct: 1,
-                ..Reads::default()
-            },
-            1 + 1 + 1
-        ),
-        "a free lock's read, and the messages sent to it: its write's answer, its key, the end"
+        sent,
+        1 + 1 + 1,
+        "sent to a free lock: its write's answer, its key, the end"
     );
     free.release().await.expect("release");
     guard.release().await.expect("release");
