@@ -261,12 +261,17 @@ impl NatsAttempt {
         if let Some(step) = self.take_free().await? {
             return Ok(step);
         }
-        // Subscribed before the read only where this client's attempts on the name had to
-        // wait lately: elsewhere (a free name, a reader beside readers) the first read finds
-        // the entry holding, and a subscription would only be sent every write of the name
-        // (16 readers of one name: a dozen messages an acquisition; a free name: its own
-        // write's). Should the read say it must wait, it subscribes then and reads again.
-        if self.wake.is_none() && self.state.waited.lately(&self.name) {
+        // Where a read is one request (a single server's batched direct get), subscribed
+        // before the read only if this client's attempts on the name had to wait lately:
+        // elsewhere (a free name, a reader beside readers) the first read finds the entry
+        // holding, and a subscription would only be sent every write of the name (16 readers
+        // of one name: a dozen messages an acquisition; a free name: its own write's). Should
+        // the read say it must wait, it subscribes then and reads again. Where a read takes a
+        // request per key (a replicated stream's walk, a stream without direct gets), a
+        // second one would cost more than the events: subscribed first, always.
+        if self.wake.is_none()
+            && (!self.state.reads_direct() || self.state.waited.lately(&self.name))
+        {
             self.wake = Some(Wake::subscribe(&self.state.client, &self.keys.events).await?);
         }
         if !self.keep_entry().await? {
@@ -279,11 +284,13 @@ impl NatsAttempt {
             && let Some(rev) = self.rev
         {
             // Enough of the entries ahead of it by the last read are gone, and none joins
-            // ahead (see `Count`): it holds, at the revision of its last renewal.
+            // ahead (see `Count`): it holds, at the revision of its last renewal. It waited:
+            // the client's next attempt on the name subscribes first.
+            self.state.waited.saw(&self.name);
             return Ok(Step::Acquired(self.acquired(rev, false)));
         }
         if heard == Heard::Nothing && self.counting() {
-            // Still waiting: the name stays one whose readers subscribe first.
+            // Still waiting: the name stays one whose attempts subscribe first.
             self.state.waited.saw(&self.name);
             return Ok(self.waiting());
         }

@@ -55,10 +55,10 @@ pub(crate) struct BackendState {
     pub(crate) renewer: Arc<NatsRenewer>,
     /// The keys this client reuses, per name.
     pub(crate) slots: Arc<Slots>,
-    /// The names whose attempts of this client had to wait lately: the next attempt there
-    /// subscribes to the name's events before it reads the queue (see
-    /// `NatsAttempt::poll_wait`); elsewhere an attempt subscribes only once a read says it
-    /// must wait.
+    /// The names whose attempts of this client had to wait lately: where a read of the queue
+    /// is one request ([`BackendState::reads_direct`]), the next attempt there subscribes to
+    /// the name's events before it reads the queue (see `NatsAttempt::poll_wait`), and an
+    /// attempt elsewhere only once a read says it must wait.
     pub(crate) waited: Contended,
     /// This client's tag: its key of a name is `<name>.<tag>`.
     pub(crate) tag: String,

@@ -49,9 +49,10 @@
 //! streams, whose answers may come from different states. A waiter subscribes to the name's
 //! republished events before the read it waits by, and counts the removals (a purge, a ttl's
 //! expiry marker) of the keys that read found ahead of it, each only if stored after the
-//! revision it read (an attempt whose client did not wait on the name within the last second
-//! reads first, unsubscribed: on a free name or beside readers it holds at once, sent no
-//! event; should it have to wait, it subscribes and reads again): it holds on the removal
+//! revision it read (on a single server, where that read is one request, an attempt whose
+//! client did not wait on the name within the last second reads first, unsubscribed: on a
+//! free name or beside readers it holds at once, sent no event; should it have to wait, it
+//! subscribes and reads again): it holds on the removal
 //! that lets it in, with no read (nobody joins ahead of a queued entry). It renews its own
 //! key every third of its ttl while it waits, so a crashed waiter leaves the queue after its
 //! ttl. `try_acquire` writes its key only if the name's whole range is as it read it

@@ -1,12 +1,12 @@
 //! Wake-ups: the server republishes every message stored in the bucket's stream (headers
 //! only) under `_distlock.<bucket>.`; a waiter subscribes to its name's part before the read
-//! of the queue that it waits by (it may read once before, unsubscribed, and hold if it
-//! can), so no removal after that read is missed, and counts the removals (a release's
-//! purge, a ttl's expiry marker, a force-release) of the keys that block it ([`Count`]): an
-//! exclusive waiter holds once every key ahead is gone, a reader once every writer ahead is, a
-//! permit waiter of N at place `i` once `i + 1 - N` keys ahead are, each on that removal and
-//! with no read. New entries and renewals never unblock anyone, and a release wakes the
-//! waiters it lets in, not the name's every waiter.
+//! of the queue that it waits by (on a single server it may read once before, unsubscribed,
+//! and hold if it can), so no removal after that read is missed, and counts the removals (a
+//! release's purge, a ttl's expiry marker, a force-release) of the keys that block it
+//! ([`Count`]): an exclusive waiter holds once every key ahead is gone, a reader once every
+//! writer ahead is, a permit waiter of N at place `i` once `i + 1 - N` keys ahead are, each
+//! on that removal and with no read. New entries and renewals never unblock anyone, and a
+//! release wakes the waiters it lets in, not the name's every waiter.
 
 use async_nats::Subscriber;
 use futures::stream::BoxStream;

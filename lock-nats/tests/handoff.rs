@@ -205,7 +205,7 @@ async fn readers_behind_a_writer_read_nothing_on_its_release() {
 /// request, and finds every entry ahead of it: it waits, and holds once a holder leaves. Its
 /// client had not waited on the name lately, so it read once unsubscribed first: two reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiters_read_is_one_direct_get() {
+async fn a_waiters_reads_are_one_direct_get_each() {
     let Some(mut s) = setup().await else { return };
     let opts = AcquireOptions::default()
         .with_ttl(Duration::from_secs(30))
@@ -243,7 +243,8 @@ async fn a_waiters_read_is_one_direct_get() {
 /// the direct get, which then gets no answer): it tries a direct get once, then
 /// reads the queue as without (the stream's subjects, a get per key), correctly (it waits,
 /// and holds once the holder leaves), and tries no direct get again for a while. Its next
-/// wait, soon after, subscribes before it reads: one read.
+/// wait, on another name, subscribes before it reads (a read is a request per key now): one
+/// read.
 async fn read_without_direct_gets(mut s: Setup, timeout: Duration, unanswered: bool) {
     let opts = AcquireOptions::default().with_ttl(Duration::from_secs(30));
     let holder = s.client_with(timeout).await;
@@ -282,10 +283,13 @@ async fn read_without_direct_gets(mut s: Setup, timeout: Duration, unanswered: b
     );
     held.release().await.expect("release");
     let guard = next_holder(&mut vec![task]).await;
-    // The same client's next wait.
+    let other = holder.acquire("other", &opts).await.expect("hold");
+    s.quiet().await;
+    // The same client's next wait, on a name it never waited on: with its reads a request per
+    // key now, it subscribes before it reads, and reads once.
     let task = {
         let opts = opts.clone();
-        tokio::spawn(async move { client.acquire("mutex", &opts).await.expect("wait") })
+        tokio::spawn(async move { client.acquire("other", &opts).await.expect("wait") })
     };
     let reads = s.quiet().await;
     assert!(!task.is_finished(), "the second waiter should wait");
@@ -294,12 +298,13 @@ async fn read_without_direct_gets(mut s: Setup, timeout: Duration, unanswered: b
         "a direct get soon after the first: {reads:?}"
     );
     assert_eq!(reads.infos, 1, "the second waiter's read: {reads:?}");
-    guard.release().await.expect("release");
+    other.release().await.expect("release");
     next_holder(&mut vec![task])
         .await
         .release()
         .await
         .expect("release");
+    guard.release().await.expect("release");
 }
 
 /// No responder: the server answers the direct get at once.
