@@ -52,10 +52,10 @@
 //! revision it read (on a single server, where that read is one request, an attempt whose
 //! client did not wait on the name within the last second reads first, unsubscribed: on a
 //! free name or beside readers it holds at once, sent no event; should it have to wait, it
-//! subscribes and reads again): it holds on the removal
-//! that lets it in, with no read (nobody joins ahead of a queued entry). It renews its own
-//! key every third of its ttl while it waits, so a crashed waiter leaves the queue after its
-//! ttl. `try_acquire` writes its key only if the name's whole range is as it read it
+//! subscribes and reads again): it holds on the removal that lets it in, with no read
+//! (nobody joins ahead of a queued entry). It renews its own key every third of its ttl while
+//! it waits, so a crashed waiter leaves the queue after its ttl. `try_acquire` writes its key
+//! only if the name's whole range is as it read it
 //! (`Nats-Expected-Last-Subject-Sequence-Subject` on the range) and nobody waits, so it never
 //! leaves a queue entry.
 //!
