@@ -35,6 +35,16 @@ struct Reads {
     direct: usize,
 }
 
+impl Reads {
+    /// `n` batched direct gets and nothing else.
+    fn direct(n: usize) -> Self {
+        Self {
+            direct: n,
+            ..Self::default()
+        }
+    }
+}
+
 async fn setup() -> Option<Setup> {
     setup_with(&["STREAM.MSG.GET", "STREAM.INFO", "DIRECT.GET"]).await
 }
@@ -220,14 +230,7 @@ async fn a_waiters_reads_are_one_direct_get_each() {
     let waiter = tokio::spawn(async move { client.acquire("sem", &opts).await.expect("wait") });
     let reads = s.quiet().await;
     assert!(!waiter.is_finished(), "the waiter should wait");
-    assert_eq!(
-        reads,
-        Reads {
-            direct: 2,
-            ..Reads::default()
-        },
-        "the waiter's reads of the queue"
-    );
+    assert_eq!(reads, Reads::direct(2), "the waiter's reads of the queue");
     waiters.push(waiter);
     for _ in 0..2 {
         held.remove(0).release().await.expect("release");
@@ -353,11 +356,7 @@ async fn a_reader_beside_readers_is_sent_no_event() {
         };
         let before = received();
         let guard = reader.acquire(name, opts).await.expect("acquire");
-        let one_read = Reads {
-            direct: 1,
-            ..Reads::default()
-        };
-        assert_eq!(s.quiet().await, one_read, "{name}: the reads");
+        assert_eq!(s.quiet().await, Reads::direct(1), "{name}: the reads");
         (guard, received() - before)
     };
     let (guard, sent) = acquire("rw", &read).await;
@@ -389,10 +388,7 @@ async fn a_reader_beside_readers_is_sent_no_event() {
     assert!(!waiter.is_finished(), "the reader should wait");
     assert_eq!(
         reads,
-        Reads {
-            direct: 2,
-            ..Reads::default()
-        },
+        Reads::direct(2),
         "a reader that must wait reads again once subscribed"
     );
     writer.release().await.expect("release");
