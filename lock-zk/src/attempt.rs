@@ -17,14 +17,14 @@ use zookeeper_client as zk;
 use crate::ZkBackend;
 use crate::error::{denied, zk_error};
 use crate::keys::{Entry, escape, held_data, node_prefix, queue, waiting_data};
-use crate::kinds::{Place, mismatch, place};
+use crate::kinds::{Place, blockers, mismatch, place};
 use crate::lease::ZkLease;
 use crate::queue::{
     Ahead, Lapse, NodeClock, ServerNow, Written, ensure_parent, join_queue, leave_on_reconnection,
     leave_queue, list_queue, ours_by_prefix, remove_lapsed,
 };
 use crate::session::Session;
-use crate::wake::Wake;
+use crate::wake::{Wake, Woken};
 
 /// What one path of a poll decided: go on with `T`, or end the poll with this answer.
 pub(crate) enum Next<T> {
@@ -56,6 +56,9 @@ pub(crate) struct ZkAttempt {
     waiting_marked: bool,
     /// The watched node was deleted: the next poll expects to hold.
     predecessor_gone: bool,
+    /// Every node that kept ours from holding was deleted (see [`Wake::cleared`]): the next
+    /// poll holds without a look at the queue, while our waiting lease is fresh.
+    blockers_gone: bool,
     /// Our node's creation zxid (its fencing token), once a create's answer gave it.
     created_zxid: Option<i64>,
     /// Our node's lease and the server's clock.
@@ -80,6 +83,7 @@ impl ZkAttempt {
             left_unseen: false,
             waiting_marked: false,
             predecessor_gone: false,
+            blockers_gone: false,
             created_zxid: None,
             clock: NodeClock::new(request_ttl),
             wake: Wake::Idle,
@@ -95,6 +99,7 @@ impl ZkAttempt {
         self.node = None;
         self.maybe_created = false;
         self.predecessor_gone = false;
+        self.blockers_gone = false;
         self.waiting_marked = false;
         self.created_zxid = None;
         self.clock.forget();
@@ -204,6 +209,12 @@ impl ZkAttempt {
             self.remove_left(&session).await;
         }
         let held = held_data(self.request.ttl);
+        if std::mem::take(&mut self.blockers_gone)
+            && let Some(node) = self.node.clone()
+            && let Some(step) = self.hold_on_waiting_lease(&session, &node, &held)?
+        {
+            return Ok(Some(step));
+        }
         // The queue, and our node as written by this very call (created, or marked held): its
         // lease starts now.
         let (entries, fresh) = if self.node.is_none() && !self.maybe_created {
@@ -246,6 +257,13 @@ impl ZkAttempt {
         }
         if self.request.mode == AttemptMode::Try && index > 1 {
             return Ok(Some(Step::busy(None)));
+        }
+        if self.request.mode == AttemptMode::Wait
+            && let Some(blockers) = blockers(self.request.kind, &entries, index)
+        {
+            return self
+                .wait_for_blockers(&session, &own, &blockers, &held)
+                .await;
         }
         if index > 1 {
             return self
@@ -383,6 +401,29 @@ impl ZkAttempt {
                 .is_some_and(|index| matches!(place(kind, entries, index), Place::Holds { .. }))
     }
 
+    /// Ours holds now (it heads the queue, or every node that kept it from holding is gone)
+    /// on its waiting lease: our node says "waiting" with a lease fresh enough, as in
+    /// [`Self::handoff`]. The held mark is sent, not awaited (the waiter behind, if any, is
+    /// woken by it), and the lock's lease counts from that waiting lease's start; a node gone
+    /// meanwhile shows in the first renewal, as after the handoff's shortcut. `None`: no such
+    /// lease (the caller writes, or looks again).
+    fn hold_on_waiting_lease(
+        &mut self,
+        session: &Arc<Session>,
+        own: &str,
+        held: &[u8],
+    ) -> Result<Option<Step>> {
+        let Some((czxid, refreshed)) = self.waiting_lease(self.waiting_marked) else {
+            return Ok(None);
+        };
+        self.waiting_marked = false;
+        // Sent at the call.
+        drop(session.client.set_data(&self.own_path(own), held, None));
+        self.wake = Wake::Idle;
+        self.acquired(session.clone(), own, czxid, Some(refreshed))
+            .map(Some)
+    }
+
     /// Our node heads the queue: the lock is ours, its lease starting with `fresh` or with a
     /// "held" mark written now (the node was created earlier, as a waiter). A waiter whose
     /// node says "waiting" with a fresh lease holds at once, as in [`Self::handoff`]: the mark
@@ -396,16 +437,9 @@ impl ZkAttempt {
     ) -> Result<Option<Step>> {
         if fresh.is_none()
             && self.request.mode == AttemptMode::Wait
-            && let Some((czxid, refreshed)) = self.waiting_lease(self.waiting_marked)
+            && let Some(step) = self.hold_on_waiting_lease(session, own, held)?
         {
-            self.waiting_marked = false;
-            // Sent at the call (the waiter behind, if any, is woken by it); a node gone
-            // meanwhile shows in the first renewal, as after the handoff's shortcut.
-            drop(session.client.set_data(&self.own_path(own), held, None));
-            self.wake = Wake::Idle;
-            return self
-                .acquired(session.clone(), own, czxid, Some(refreshed))
-                .map(Some);
+            return Ok(Some(step));
         }
         let written = match fresh {
             Some(written) => written,
@@ -425,6 +459,77 @@ impl ZkAttempt {
         self.wake = Wake::Idle;
         self.acquired(session.clone(), own, written.czxid, None)
             .map(Some)
+    }
+
+    /// Waits for every node of `blockers` to go (see [`blockers`]: their deletion alone makes
+    /// ours hold). In one round trip it reads and watches each, then writes our node when due
+    /// ([`Self::must_write`]; after the reads, see `ServerNow::AfterReads`), and removes those
+    /// whose lease ran out. A node gone already is one less to wait for; with none left, ours
+    /// holds at once. Once the last one is deleted, the next poll holds without a look at the
+    /// queue ([`Woken::Clear`]): a writer behind readers that leave at about the same time no
+    /// longer looks at the queue after each one.
+    async fn wait_for_blockers(
+        &mut self,
+        session: &Arc<Session>,
+        own: &str,
+        blockers: &[&Entry],
+        held: &[u8],
+    ) -> Result<Option<Step>> {
+        let client = &session.client;
+        let paths: Vec<String> = blockers.iter().map(|e| self.own_path(&e.name)).collect();
+        let sent = Instant::now();
+        let waiting = waiting_data(self.request.ttl);
+        // Sent at the call, in this order: the reads, then the write.
+        let reads = futures::future::join_all(paths.iter().map(|p| client.get_and_watch_data(p)));
+        let mark = self
+            .must_write(sent)
+            .then(|| client.set_data(&self.own_path(own), &waiting, None));
+        let (marked, reads) = futures::join!(OptionFuture::from(mark), reads);
+        let now = match marked.transpose() {
+            Ok(Some(stat)) => {
+                self.waiting_marked = true;
+                Some(ServerNow::AfterReads(self.clock.wrote(sent, stat.mtime)))
+            }
+            Ok(None) => None,
+            Err(zk::Error::NoNode) => {
+                self.forget_node();
+                return Ok(None);
+            }
+            Err(err) => return Err(zk_error("marking the waiter", err)),
+        };
+        let mut watchers = Vec::with_capacity(blockers.len());
+        let mut first_out = None;
+        for ((blocker, path), read) in blockers.iter().zip(&paths).zip(reads) {
+            let (data, stat, watcher) = match read {
+                Ok(read) => read,
+                Err(zk::Error::NoNode) => continue,
+                Err(err) => return Err(zk_error("watching the node ahead", err)),
+            };
+            if !still_ahead(
+                client,
+                &blocker.name,
+                path,
+                (&data, &stat),
+                now,
+                &mut first_out,
+            )
+            .await?
+            {
+                return Ok(None);
+            }
+            watchers.push(watcher);
+        }
+        if watchers.is_empty() {
+            return self.hold_on_waiting_lease(session, own, held);
+        }
+        self.wake = Wake::cleared(watchers);
+        let retry_after = self.clock.wait_for(
+            first_out.map(|(lease, _)| lease),
+            first_out.map_or(0, |(_, mtime)| mtime),
+            now.map(ServerNow::ms),
+            true,
+        );
+        Ok(Some(Step::busy(retry_after)))
     }
 
     /// Behind another waiter: watch only the predecessor, and write our node (marking it as
@@ -581,7 +686,10 @@ impl ZkAttempt {
                     Ok(Some(Step::busy(None)))
                 }
             }
-            Place::Behind(blocker) => self.wait_behind(&session.client, own, &blocker.name).await,
+            Place::Behind(blocker) => match blockers(self.request.kind, entries, index) {
+                Some(blockers) => self.wait_for_blockers(session, own, &blockers, held).await,
+                None => self.wait_behind(&session.client, own, &blocker.name).await,
+            },
             Place::FirstWaiter(holders) => self.first_waiter(session, own, &holders, fresh).await,
         }
     }
@@ -660,26 +768,24 @@ impl ZkAttempt {
             Err(err) => return Err(zk_error("watching the holders", err)),
         };
         // The holder whose lease runs out first: when to look again.
-        let mut first_out: Option<(i64, i64)> = None;
+        let mut first_out = None;
         for ((holder, path), read) in holders.iter().zip(&paths).zip(reads) {
             let (data, stat) = match read {
                 Ok(read) => read,
                 Err(zk::Error::NoNode) => return Ok(None), // released meanwhile
                 Err(err) => return Err(zk_error("reading a holder", err)),
             };
-            let ahead = Ahead {
-                name: &holder.name,
+            if !still_ahead(
+                client,
+                &holder.name,
                 path,
-                data: &data,
-                stat: &stat,
-            };
-            if remove_lapsed(client, &ahead, now).await? != Lapse::Alive {
-                return Ok(None);
-            }
-            if let Some(lease) = ahead.lease_ms()
-                && first_out.is_none_or(|(l, m)| stat.mtime + lease < m + l)
+                (&data, &stat),
+                now,
+                &mut first_out,
+            )
+            .await?
             {
-                first_out = Some((lease, stat.mtime));
+                return Ok(None);
             }
         }
         if let Some(watcher) = watcher {
@@ -721,6 +827,36 @@ impl ZkAttempt {
     }
 }
 
+/// One of several nodes ahead of ours, as `read` (its data and stat) saw it: removes it if
+/// its lease ran out ([`remove_lapsed`]; `false`: look again), else keeps in `first_out` the
+/// lease (ms) and `mtime` of whichever node read so far runs out first (one without a lease
+/// counts for none).
+async fn still_ahead(
+    client: &zk::Client,
+    name: &str,
+    path: &str,
+    read: (&[u8], &zk::Stat),
+    now: Option<ServerNow>,
+    first_out: &mut Option<(i64, i64)>,
+) -> Result<bool> {
+    let (data, stat) = read;
+    let ahead = Ahead {
+        name,
+        path,
+        data,
+        stat,
+    };
+    if remove_lapsed(client, &ahead, now).await? != Lapse::Alive {
+        return Ok(false);
+    }
+    if let Some(lease) = ahead.lease_ms()
+        && first_out.is_none_or(|(l, m)| stat.mtime + lease < m + l)
+    {
+        *first_out = Some((lease, stat.mtime));
+    }
+    Ok(true)
+}
+
 #[async_trait]
 impl Attempt for ZkAttempt {
     async fn poll(&mut self) -> Result<Step> {
@@ -733,7 +869,9 @@ impl Attempt for ZkAttempt {
     async fn changed(&mut self) {
         match &mut self.wake {
             Wake::Watch(watch) => {
-                self.predecessor_gone = watch.await;
+                let woken = watch.await;
+                self.predecessor_gone = woken != Woken::Changed;
+                self.blockers_gone = woken == Woken::Clear;
                 self.wake = Wake::Now;
             }
             Wake::Now => {}

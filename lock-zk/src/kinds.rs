@@ -71,6 +71,35 @@ pub(crate) fn place(kind: LockKind, entries: &[Entry], index: usize) -> Place {
     }
 }
 
+/// At most this many nodes are watched by one waiter (see [`blockers`]): each of its looks
+/// at the queue reads them all (a writer behind more readers waits for its predecessor).
+pub(crate) const MAX_BLOCKERS: usize = 8;
+
+/// The nodes whose deletion alone makes `entries[index]`, a waiting node of `kind`, hold
+/// (nodes ahead of it only ever leave the queue; none joins ahead): a writer's readers, when
+/// only readers (at most [`MAX_BLOCKERS`]) are ahead of it; a reader's writer, when one writer
+/// is ahead of it. `None` otherwise (the mutex's queue, a reader behind two writers, permits):
+/// it waits for one node and looks at the queue when that one goes. Nor when a node ahead does
+/// not belong with `kind` (see [`mismatch`]): that attempt is about to leave, but could still
+/// become the head first.
+pub(crate) fn blockers(kind: LockKind, entries: &[Entry], index: usize) -> Option<Vec<&Entry>> {
+    let ahead = &entries[..index];
+    if ahead.is_empty() || ahead.iter().any(|e| kind.mismatch(e.kind).is_some()) {
+        return None;
+    }
+    match kind {
+        LockKind::Exclusive => (ahead.len() <= MAX_BLOCKERS
+            && ahead.iter().all(|e| e.kind == LockKind::Shared))
+        .then(|| ahead.iter().collect()),
+        LockKind::Shared => {
+            let mut writers = ahead.iter().filter(|e| e.kind == LockKind::Exclusive);
+            let first = writers.next()?;
+            writers.next().is_none().then(|| vec![first])
+        }
+        _ => None,
+    }
+}
+
 /// Who holds a name whose queue is `entries`, and as what: the head alone if it is
 /// exclusive; the readers ahead of the first writer; the first N permit nodes of N. Nodes of
 /// a waiter that may take its hold now (its data still says "waiting") count as holders.
@@ -126,6 +155,33 @@ mod tests {
         assert_eq!((kind, held.len()), (R, 2));
         assert_eq!(mismatch(W, &q), None);
         assert!(mismatch(S2, &q).is_some());
+    }
+
+    #[test]
+    fn a_writer_waits_for_every_reader_ahead_a_reader_for_its_one_writer() {
+        let names = |b: Option<Vec<&Entry>>| b.map(|b| b.iter().map(|e| e.seq).collect::<Vec<_>>());
+        let q = entries(&[(R, "a"), (R, "b"), (W, "w"), (R, "c"), (W, "x"), (R, "d")]);
+        assert_eq!(names(blockers(W, &q, 2)), Some(vec![0, 1]));
+        assert_eq!(names(blockers(R, &q, 3)), Some(vec![2]));
+        // Behind two writers, or a writer behind a writer: wait for the predecessor.
+        assert_eq!(names(blockers(R, &q, 5)), None);
+        assert_eq!(names(blockers(W, &q, 4)), None);
+        // Holding: nothing to wait for.
+        assert_eq!(names(blockers(R, &q, 1)), None);
+        // A node ahead of another kind could still become the head.
+        let odd = entries(&[(W, "w"), (S2, "s"), (R, "r")]);
+        assert_eq!(names(blockers(R, &odd, 2)), None);
+        let mutex = entries(&[(W, "w"), (W, "x")]);
+        assert_eq!(names(blockers(W, &mutex, 1)), None);
+        let many: Vec<(LockKind, String)> =
+            (0..=MAX_BLOCKERS).map(|i| (R, format!("r{i}"))).collect();
+        let mut many: Vec<(LockKind, &str)> = many.iter().map(|(k, o)| (*k, o.as_str())).collect();
+        many.push((W, "w"));
+        assert_eq!(names(blockers(W, &entries(&many), MAX_BLOCKERS + 1)), None);
+        assert_eq!(
+            names(blockers(W, &entries(&many[1..]), MAX_BLOCKERS)).map(|b| b.len()),
+            Some(MAX_BLOCKERS)
+        );
     }
 
     #[test]

@@ -64,11 +64,21 @@
 //! lease ran out.
 //!
 //! - A writer holds when its node is first, and watches its predecessor: the mutex, as is.
+//!   Behind readers only (at most 8 of them), it watches each of them, and holds once the
+//!   last is deleted with no look at the queue (only its held mark, sent, not awaited): nodes
+//!   ahead of a node only ever leave the queue, none joins ahead, so those deletions alone
+//!   let it in. Readers that leave about together no longer wake it one after the other to
+//!   list the queue and watch the next.
 //! - A reader holds when no exclusive node is ahead of it, and otherwise watches the latest
 //!   exclusive node ahead of it. A reader that joins behind a waiting writer waits for that
 //!   writer: writers are not starved. A writer's release wakes the readers between it and the
-//!   next writer, and nobody else; each holds on its listing, as the mutex's next waiter does
-//!   (the listing and the held mark in one round trip, see above).
+//!   next writer, and nobody else. A reader with that one writer ahead holds on its deletion
+//!   as the writer behind readers does (its held mark only); behind two writers or more, on
+//!   its listing, as the mutex's next waiter does (the listing and the held mark in one round
+//!   trip, see above). Either shortcut is taken while the waiter's own lease is fresh (see
+//!   "Leases on the server's clock"), else it lists the queue first; a node ahead of a kind
+//!   that does not belong with it (an attempt about to be told `Mismatch`) makes it list
+//!   too.
 //! - Of the permit nodes of N, the first N hold. The next one, the *first waiter*, lists the
 //!   children with a watch (which fires when a node joins or leaves, not when a holder
 //!   renews) and reads the holders' nodes to remove those whose lease ran out. Every other
@@ -98,9 +108,10 @@
 //! - Cost of the leases: ZooKeeper's data and exists watches fire on data changes too, and
 //!   a node's lease lives in its data. A waiter is therefore also woken, and looks again (a
 //!   listing and a read), when the node it watches is written: each renewal of a holder
-//!   (every ttl/3), a waiter's refresh (every ttl/3), a writer's held mark. Readers waiting
-//!   for one writer all see that writer's writes; none of this wakes anybody else, and a
-//!   release still wakes only the waiters it unblocks.
+//!   (every ttl/3), a waiter's refresh (every ttl/3), a writer's held mark; a writer that
+//!   watches the readers ahead of it, by the renewal of any of them, and each of its looks
+//!   reads them all. Readers waiting for one writer all see that writer's writes; none of
+//!   this wakes anybody else, and a release still wakes only the waiters it unblocks.
 //!
 //! # Leases on the server's clock
 //!

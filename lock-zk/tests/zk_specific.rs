@@ -5,7 +5,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{ZkHarness, service};
-use distlock_core::{AcquireOptions, ClientConfig, DistributedLock, Error, LockKind, LossReason};
+use distlock_core::{
+    AcquireOptions, Backoff, ClientConfig, DistributedLock, Error, LockGuard, LockKind, LossReason,
+};
 
 /// Tests of this binary that take the server away or expire sessions run one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -692,6 +694,31 @@ impl Recorder {
     }
 }
 
+/// A waiting acquisition of `name` with `options` by a client connected through a
+/// [`Recorder`] of its requests: the recorder, and the task, which returns the client (kept
+/// alive while its guard lives) with the guard.
+async fn wait_through_recorder(
+    h: &ZkHarness,
+    name: &str,
+    options: AcquireOptions,
+) -> (
+    Recorder,
+    tokio::task::JoinHandle<Result<(ZkClient, LockGuard), Error>>,
+) {
+    let recorder = Recorder::start(h.server.clone()).await;
+    let waiter =
+        distlock_zookeeper::connect_with(h.config(&recorder.addr), common::client_config())
+            .await
+            .expect("connect through the recorder");
+    let name = name.to_owned();
+    let wait =
+        tokio::spawn(async move { waiter.acquire(&name, &options).await.map(|g| (waiter, g)) });
+    (recorder, wait)
+}
+
+/// A client of this backend.
+type ZkClient = distlock_core::LockClient<distlock_zookeeper::ZkBackend>;
+
 /// A waiter reads the node ahead of it before it writes its own node, in the same round trip:
 /// the write's `mtime`, its reading of the server's clock, is then stamped after every write
 /// the read saw, so a step back of the server's clock can only make the holder look younger.
@@ -724,15 +751,7 @@ async fn a_waiter_reads_the_node_ahead_before_it_writes_its_own() {
             .acquire(&name, &options(held))
             .await
             .expect("acquire");
-        let recorder = Recorder::start(h.server.clone()).await;
-        let waiter =
-            distlock_zookeeper::connect_with(h.config(&recorder.addr), common::client_config())
-                .await
-                .expect("connect through the recorder");
-        let wait = {
-            let (name, options) = (name.clone(), options(waits));
-            tokio::spawn(async move { waiter.acquire(&name, &options).await.map(|g| (waiter, g)) })
-        };
+        let (recorder, wait) = wait_through_recorder(&h, &name, options(waits)).await;
         // The waiter's first look, then one per refresh of its own node (every second), and
         // per renewal of the holder for those that watch its node.
         tokio::time::sleep(Duration::from_millis(2500)).await;
@@ -771,6 +790,78 @@ async fn a_waiter_reads_the_node_ahead_before_it_writes_its_own() {
         assert!(
             read_first > 0,
             "{case}: no poll both read a node and wrote the waiter's: {codes:?}"
+        );
+    }
+}
+
+/// A waiter whose blockers' deletion alone lets it in holds without a look at the queue: a
+/// writer behind three readers (which leave one after the other, the last it watched first)
+/// and a reader behind one writer each send only the write that marks their node held once
+/// the last of them is gone. Before, each deletion of the watched node cost a listing of the
+/// queue (and a new watch while readers remained): a round trip more in each turn of a
+/// read-write lock. ZooKeeper's operation code 5: setData.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writers_and_a_readers_turn_need_no_look_at_the_queue() {
+    let Some(h) = harness().await else { return };
+    let (set_data, delete) = (5, 2);
+    let options = |kind| {
+        AcquireOptions::default()
+            .with_kind(kind)
+            .with_ttl(Duration::from_secs(30))
+            .with_wait(Duration::from_secs(20))
+            // No poll but on a wake-up: the core's safety net (a poll every 250 ms by
+            // default, against a lost event) would list the queue at random times.
+            .with_backoff(Backoff::new(
+                Duration::from_millis(2),
+                Duration::from_secs(60),
+            ))
+    };
+    let cases = [
+        (
+            "a writer behind three readers",
+            LockKind::Shared,
+            3,
+            LockKind::Exclusive,
+        ),
+        (
+            "a reader behind a writer",
+            LockKind::Exclusive,
+            1,
+            LockKind::Shared,
+        ),
+    ];
+    for (case, held, count, waits) in cases {
+        let holder = h.backend().await.expect("connect");
+        let name = common::unique("turn");
+        let mut guards = Vec::new();
+        for _ in 0..count {
+            guards.push(
+                holder
+                    .acquire(&name, &options(held))
+                    .await
+                    .expect("acquire"),
+            );
+        }
+        let (recorder, wait) = wait_through_recorder(&h, &name, options(waits)).await;
+        // The waiter's first polls; its own node needs no refresh for 10 s, nor the
+        // holders' renewal.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        assert!(!wait.is_finished(), "{case}: acquired while blocked");
+        let before = recorder.ops().len();
+        // The newest first: the writer's predecessor, which alone it watched before.
+        while let Some(guard) = guards.pop() {
+            guard.release().await.expect("release");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (_waiter, taken) = wait.await.expect("join").expect("the waiter acquires");
+        // The held mark is sent, not awaited: the release's answer, on the same connection,
+        // comes after it.
+        taken.release().await.expect("release");
+        let after: Vec<i32> = recorder.ops()[before..].iter().map(|&(_, op)| op).collect();
+        assert_eq!(
+            after,
+            vec![set_data, delete],
+            "{case}: requests from the first release to the waiter's own release"
         );
     }
 }
