@@ -9,8 +9,7 @@ use distlock_core::backend::detached;
 use distlock_core::{
     AcquireRequest, Acquired, Attempt, AttemptMode, Error, FencingToken, LockKind, Result, Step,
 };
-use futures::TryFutureExt;
-use futures::future::{Either, OptionFuture};
+use futures::future::OptionFuture;
 use tracing::debug;
 use zookeeper_client as zk;
 
@@ -588,8 +587,10 @@ impl ZkAttempt {
         }
     }
 
-    /// We are next: read the head and the server's clock (our own write's mtime) in one round
-    /// trip, watch the head, and remove it if its lease ran out on the server's clock.
+    /// A try next in line (a waiter next in line waits for the head as its blocker, see
+    /// [`Self::wait_for_blockers`]): reads the head and the server's clock (our own write's
+    /// mtime) in one round trip, and removes the head if its lease ran out on the server's
+    /// clock.
     async fn next_in_line(
         &mut self,
         client: &zk::Client,
@@ -598,34 +599,24 @@ impl ZkAttempt {
         fresh: Option<Written>,
         held: &[u8],
     ) -> Result<Option<Step>> {
-        let own_path = self.own_path(own);
+        debug_assert_eq!(
+            self.request.mode,
+            AttemptMode::Try,
+            "a waiter's is a blocker"
+        );
         let head_path = self.own_path(head);
-        let try_mode = self.request.mode == AttemptMode::Try;
-        let touch_data = if try_mode {
-            held.to_vec()
-        } else {
-            waiting_data(self.request.ttl)
-        };
-        let sent = Instant::now();
         let (now, head_read) = match fresh {
-            // A try needs no watch, and its new node's mtime is the server's clock, stamped
-            // before the read: should the head look lapsed by it, the next poll reads, then writes.
-            Some(written) if try_mode => (
+            // Its new node's mtime is the server's clock, stamped before the read: should the
+            // head look lapsed by it, the next poll reads, then writes.
+            Some(written) => (
                 ServerNow::BeforeReads(written.mtime),
-                client.get_data(&head_path).await.map(|(d, s)| (d, s, None)),
+                client.get_data(&head_path).await,
             ),
-            _ => {
+            None => {
+                let sent = Instant::now();
                 // The read first (see `ServerNow::AfterReads`): both are sent at the call.
-                let read = if try_mode {
-                    Either::Left(client.get_data(&head_path).map_ok(|(d, s)| (d, s, None)))
-                } else {
-                    Either::Right(
-                        client
-                            .get_and_watch_data(&head_path)
-                            .map_ok(|(d, s, w)| (d, s, Some(w))),
-                    )
-                };
-                let touch = client.set_data(&own_path, &touch_data, None);
+                let read = client.get_data(&head_path);
+                let touch = client.set_data(&self.own_path(own), held, None);
                 let (touched, read) = futures::join!(touch, read);
                 let stat = match touched {
                     Ok(stat) => stat,
@@ -635,16 +626,13 @@ impl ZkAttempt {
                     }
                     Err(err) => return Err(zk_error("marking the waiter", err)),
                 };
-                if !try_mode {
-                    self.waiting_marked = true;
-                }
                 (
                     ServerNow::AfterReads(self.clock.wrote(sent, stat.mtime)),
                     read,
                 )
             }
         };
-        let (data, stat, watcher) = match head_read {
+        let (data, stat) = match head_read {
             Ok(read) => read,
             Err(zk::Error::NoNode) => return Ok(None),
             Err(err) => return Err(zk_error("reading the holder", err)),
@@ -655,7 +643,7 @@ impl ZkAttempt {
             data: &data,
             stat: &stat,
         };
-        self.judge(client, ahead, Some(now), watcher).await
+        self.judge(client, ahead, Some(now), None).await
     }
 
     /// A shared or permit node's poll, once the queue is known (see [`place`]): hold, wait for

@@ -76,18 +76,21 @@ pub(crate) fn place(kind: LockKind, entries: &[Entry], index: usize) -> Place {
 pub(crate) const MAX_BLOCKERS: usize = 8;
 
 /// The nodes whose deletion alone makes `entries[index]`, a waiting node of `kind`, hold
-/// (nodes ahead of it only ever leave the queue; none joins ahead): a writer's readers, when
-/// only readers (at most [`MAX_BLOCKERS`]) are ahead of it; a reader's writer, when one writer
-/// is ahead of it. `None` otherwise (the mutex's queue, a reader behind two writers, permits):
-/// it waits for one node and looks at the queue when that one goes. Nor when a node ahead does
-/// not belong with `kind` (see [`mismatch`]): that attempt is about to leave, but could still
-/// become the head first.
+/// (nodes ahead of it only ever leave the queue; none joins ahead): a writer's (or the
+/// mutex's) head when it is next in line; its readers, when only readers (at most
+/// [`MAX_BLOCKERS`]) are ahead of it; a reader's writer, when one writer is ahead of it.
+/// `None` otherwise (further back in the mutex's queue, a reader behind two writers,
+/// permits): it waits for one node and looks at the queue when that one goes. Nor when a
+/// node ahead does not belong with `kind` (see [`mismatch`]): that attempt is about to leave,
+/// but could still become the head first.
 pub(crate) fn blockers(kind: LockKind, entries: &[Entry], index: usize) -> Option<Vec<&Entry>> {
     let ahead = &entries[..index];
     if ahead.is_empty() || ahead.iter().any(|e| kind.mismatch(e.kind).is_some()) {
         return None;
     }
     match kind {
+        // Next in line: the head, whatever its kind.
+        LockKind::Exclusive if index == 1 => Some(vec![&entries[0]]),
         LockKind::Exclusive => (ahead.len() <= MAX_BLOCKERS
             && ahead.iter().all(|e| e.kind == LockKind::Shared))
         .then(|| ahead.iter().collect()),
@@ -171,8 +174,9 @@ mod tests {
         // A node ahead of another kind could still become the head.
         let odd = entries(&[(W, "w"), (S2, "s"), (R, "r")]);
         assert_eq!(names(blockers(R, &odd, 2)), None);
-        let mutex = entries(&[(W, "w"), (W, "x")]);
-        assert_eq!(names(blockers(W, &mutex, 1)), None);
+        let mutex = entries(&[(W, "w"), (W, "x"), (W, "y")]);
+        assert_eq!(names(blockers(W, &mutex, 1)), Some(vec![0]));
+        assert_eq!(names(blockers(W, &mutex, 2)), None);
         let many: Vec<(LockKind, String)> =
             (0..=MAX_BLOCKERS).map(|i| (R, format!("r{i}"))).collect();
         let mut many: Vec<(LockKind, &str)> = many.iter().map(|(k, o)| (*k, o.as_str())).collect();

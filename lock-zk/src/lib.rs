@@ -43,16 +43,21 @@
 //! readers knows its place in one round trip (16 readers of one name: 3,326 → 3,530
 //! acquisitions/s; a semaphore of 3 with 8 clients: 767 → 918).
 //!
-//! A handoff costs the release and one read: when the node it waits for is deleted, a
-//! waiter (of the mutex, or a reader whose writer left) sends a listing and, right behind
-//! it, the "held" mark of its node (see below). The server answers the listing without
-//! waiting for the mark to commit; if it shows that the waiter holds (the mutex's node first,
-//! a reader's with no writer ahead), it holds the lock at once. Until the mark commits, its
-//! node still says "waiting", which no contender takes for an expired holder, and its local
-//! lease counts from before the mark was sent. Such a node holds all the same: inspection
-//! and forced releases do not ask for the mark. A waiter that learns it holds from any other
-//! listing (the first permit waiter, woken by a holder's release; a waiter that removed a
-//! lapsed holder) holds the same way: it sends its mark and does not wait for the answer.
+//! A handoff costs the release alone where the waiter knows every node that keeps it from
+//! holding: nodes ahead of a node only ever leave the queue (none joins ahead), so the waiter
+//! next in line (the mutex's, a writer's) watches the head, and holds as soon as the head is
+//! deleted, with no request but the "held" mark of its node (see below), sent, not awaited
+//! (the same for a writer behind readers only and a reader behind one writer, see below).
+//! Further back, when the node it watches is deleted, a waiter sends a listing and, right
+//! behind it, its held mark: the server answers the listing without waiting for the mark to
+//! commit; if it shows that the waiter holds, it holds the lock at once, a handoff of the
+//! release and one read. Until the mark commits, its node still says "waiting", which no
+//! contender takes for an expired holder (both shortcuts are taken only while that waiting
+//! lease is fresh), and its local lease counts from before the mark was sent. Such a node
+//! holds all the same: inspection and forced releases do not ask for the mark. A waiter
+//! that learns it holds from any other listing (the first permit waiter, woken by a holder's
+//! release; a waiter that removed a lapsed holder) holds the same way: it sends its mark and
+//! does not wait for the answer.
 //!
 //! # Read-write locks and semaphores
 //!
@@ -65,10 +70,9 @@
 //!
 //! - A writer holds when its node is first, and watches its predecessor: the mutex, as is.
 //!   Behind readers only (at most 8 of them), it watches each of them, and holds once the
-//!   last is deleted with no look at the queue (only its held mark, sent, not awaited): nodes
-//!   ahead of a node only ever leave the queue, none joins ahead, so those deletions alone
-//!   let it in. Readers that leave about together no longer wake it one after the other to
-//!   list the queue and watch the next.
+//!   last is deleted with no look at the queue (only its held mark, sent, not awaited), as
+//!   the mutex's next in line does on the head's deletion. Readers that leave about together
+//!   no longer wake it one after the other to list the queue and watch the next.
 //! - A reader holds when no exclusive node is ahead of it, and otherwise watches the latest
 //!   exclusive node ahead of it. A reader that joins behind a waiting writer waits for that
 //!   writer: writers are not starved. A writer's release wakes the readers between it and the
@@ -128,10 +132,12 @@
 //! registration and a notification per lock and renewal): a node removed behind its holder
 //! (a forced release, a lease judged lapsed) is found by the next renewal, which is
 //! refused, and the session's end by one watch for every guard of the session. A contender
-//! that is next in line reads the head node and the server's current time (the `mtime` of a write
-//! to its own node) in one round trip; if `now - mtime > ttl` it deletes the head with the
-//! version it read, which fails if the holder renewed meanwhile. Both timestamps come from the
-//! server (the leader of an ensemble): clients' clocks are never compared. The write is sent
+//! that is next in line reads the head node and, when a write of its own node is due (its
+//! waiting mark, a refresh, or the time the head's lease may run out; a try: always), the
+//! server's current time (the `mtime` of that write) in one round trip; if `now - mtime >
+//! ttl` it deletes the head with the version it read, which fails if the holder renewed
+//! meanwhile. Both timestamps come from the server (the leader of an ensemble): clients'
+//! clocks are never compared. The write is sent
 //! after the read: the server handles a session's requests in order, so its `mtime` was
 //! stamped after every write the read saw, and a step back of the leader's clock between a
 //! renewal and that write can only make the holder look younger. (Sent the other way round,

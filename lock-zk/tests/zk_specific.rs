@@ -795,13 +795,13 @@ async fn a_waiter_reads_the_node_ahead_before_it_writes_its_own() {
 }
 
 /// A waiter whose blockers' deletion alone lets it in holds without a look at the queue: a
-/// writer behind three readers (which leave one after the other, the last it watched first)
-/// and a reader behind one writer each send only the write that marks their node held once
-/// the last of them is gone. Before, each deletion of the watched node cost a listing of the
-/// queue (and a new watch while readers remained): a round trip more in each turn of a
-/// read-write lock. ZooKeeper's operation code 5: setData.
+/// writer behind three readers (which leave one after the other, the last it watched first),
+/// a reader behind one writer and the mutex's next in line each send only the write that
+/// marks their node held once the last of them is gone. Before, each deletion of the watched
+/// node cost a listing of the queue (and a new watch while readers remained): a round trip
+/// more in each handoff. ZooKeeper's operation codes: 5 setData, 2 delete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_writers_and_a_readers_turn_need_no_look_at_the_queue() {
+async fn a_turn_needs_no_look_at_the_queue() {
     let Some(h) = harness().await else { return };
     let (set_data, delete) = (5, 2);
     let options = |kind| {
@@ -828,6 +828,12 @@ async fn a_writers_and_a_readers_turn_need_no_look_at_the_queue() {
             LockKind::Exclusive,
             1,
             LockKind::Shared,
+        ),
+        (
+            "the mutex's next in line",
+            LockKind::Exclusive,
+            1,
+            LockKind::Exclusive,
         ),
     ];
     for (case, held, count, waits) in cases {
