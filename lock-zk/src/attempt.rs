@@ -602,7 +602,7 @@ impl ZkAttempt {
         debug_assert_eq!(
             self.request.mode,
             AttemptMode::Try,
-            "a waiter's is a blocker"
+            "a waiter next in line waits for the head as a blocker"
         );
         let head_path = self.own_path(head);
         let (now, head_read) = match fresh {

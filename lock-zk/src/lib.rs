@@ -1,8 +1,8 @@
 #![doc = include_str!("../README.md")]
 //!
 //! ZooKeeper backend for distlock: a fair (FIFO) lock queue of ephemeral sequential nodes,
-//! woken by watches on the predecessor only, with `czxid` fencing tokens and session-loss
-//! detection.
+//! woken by watches on the nodes ahead that keep a waiter out (its predecessor; a writer's
+//! readers), with `czxid` fencing tokens and session-loss detection.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), distlock_core::Error> {
@@ -257,7 +257,7 @@
 //!
 //! | fencing | fairness | wake-up | loss detection |
 //! |---|---|---|---|
-//! | `Linearizable`: the holder node's `czxid` | FIFO (sequence order; readers behind a waiting writer wait) | watch on the predecessor (a reader: the latest writer ahead; the first permit waiter: the children) | session state (one watch per session) + renewal (a node removed behind its holder: the next renewal) |
+//! | `Linearizable`: the holder node's `czxid` | FIFO (sequence order; readers behind a waiting writer wait) | watch on the predecessor (a reader: the latest writer ahead; a writer behind readers only: each of them; the first permit waiter: the children) | session state (one watch per session) + renewal (a node removed behind its holder: the next renewal) |
 //!
 //! Tokens strictly increase per name: nodes are granted in sequence order, which is `czxid`
 //! order, and zxids only grow, also across server restarts (the epoch is in the high bits).
