@@ -53,11 +53,11 @@ pub(crate) struct ZkAttempt {
     left_unseen: bool,
     /// Our node's data says "waiting".
     waiting_marked: bool,
-    /// The watched node was deleted: the next poll expects to hold.
-    predecessor_gone: bool,
-    /// Every node that kept ours from holding was deleted (see [`Wake::cleared`]): the next
-    /// poll holds without a look at the queue, while our waiting lease is fresh.
-    blockers_gone: bool,
+    /// What the last watch saw, for the next poll: the watched node deleted
+    /// ([`Woken::Gone`]: it expects to hold), or every node that kept ours from holding
+    /// ([`Woken::Clear`]: it holds without a look at the queue while our waiting lease is
+    /// fresh).
+    woken: Option<Woken>,
     /// Our node's creation zxid (its fencing token), once a create's answer gave it.
     created_zxid: Option<i64>,
     /// Our node's lease and the server's clock.
@@ -81,8 +81,7 @@ impl ZkAttempt {
             left: Vec::new(),
             left_unseen: false,
             waiting_marked: false,
-            predecessor_gone: false,
-            blockers_gone: false,
+            woken: None,
             created_zxid: None,
             clock: NodeClock::new(request_ttl),
             wake: Wake::Idle,
@@ -97,8 +96,7 @@ impl ZkAttempt {
     fn forget_node(&mut self) {
         self.node = None;
         self.maybe_created = false;
-        self.predecessor_gone = false;
-        self.blockers_gone = false;
+        self.woken = None;
         self.waiting_marked = false;
         self.created_zxid = None;
         self.clock.forget();
@@ -208,7 +206,8 @@ impl ZkAttempt {
             self.remove_left(&session).await;
         }
         let held = held_data(self.request.ttl);
-        if std::mem::take(&mut self.blockers_gone)
+        let woken = self.woken.take();
+        if woken == Some(Woken::Clear)
             && let Some(node) = self.node.clone()
             && let Some(step) = self.hold_on_waiting_lease(&session, &node, &held)?
         {
@@ -221,7 +220,7 @@ impl ZkAttempt {
                 Next::Go(go) => go,
                 Next::Done(step) => return Ok(step),
             }
-        } else if std::mem::take(&mut self.predecessor_gone)
+        } else if matches!(woken, Some(Woken::Gone | Woken::Clear))
             && matches!(self.request.kind, LockKind::Exclusive | LockKind::Shared)
             && self.request.mode == AttemptMode::Wait
             && let Some(node) = self.node.clone()
@@ -857,9 +856,7 @@ impl Attempt for ZkAttempt {
     async fn changed(&mut self) {
         match &mut self.wake {
             Wake::Watch(watch) => {
-                let woken = watch.await;
-                self.predecessor_gone = woken != Woken::Changed;
-                self.blockers_gone = woken == Woken::Clear;
+                self.woken = Some(watch.await);
                 self.wake = Wake::Now;
             }
             Wake::Now => {}
