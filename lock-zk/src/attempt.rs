@@ -495,28 +495,22 @@ impl ZkAttempt {
             }
             Err(err) => return Err(zk_error("marking the waiter", err)),
         };
-        let mut watchers = Vec::with_capacity(blockers.len());
-        let mut first_out = None;
-        for ((blocker, path), read) in blockers.iter().zip(&paths).zip(reads) {
-            let (data, stat, watcher) = match read {
-                Ok(read) => read,
-                Err(zk::Error::NoNode) => continue,
-                Err(err) => return Err(zk_error("watching the node ahead", err)),
-            };
-            if !still_ahead(
-                client,
-                &blocker.name,
-                path,
-                (&data, &stat),
-                now,
-                &mut first_out,
-            )
-            .await?
-            {
-                return Ok(None);
-            }
-            watchers.push(watcher);
-        }
+        let (reads, watchers): (Vec<_>, Vec<_>) = reads
+            .into_iter()
+            .map(|read| match read {
+                Ok((data, stat, watcher)) => (Ok((data, stat)), Some(watcher)),
+                Err(err) => (Err(err), None),
+            })
+            .unzip();
+        let names = blockers.iter().map(|e| e.name.as_str());
+        let what = "watching the node ahead";
+        let Verdict::Alive { first_out } =
+            judge_ahead(client, names, &paths, reads, now, what).await?
+        else {
+            return Ok(None);
+        };
+        // The watches of the nodes read (a node gone already is one less to wait for).
+        let watchers: Vec<_> = watchers.into_iter().flatten().collect();
         if watchers.is_empty() {
             return self.hold_on_waiting_lease(session, own, held);
         }
@@ -754,27 +748,19 @@ impl ZkAttempt {
             Err(zk::Error::NoNode) => return Ok(None),
             Err(err) => return Err(zk_error("watching the holders", err)),
         };
-        // The holder whose lease runs out first: when to look again.
-        let mut first_out = None;
-        for ((holder, path), read) in holders.iter().zip(&paths).zip(reads) {
-            let (data, stat) = match read {
-                Ok(read) => read,
-                Err(zk::Error::NoNode) => return Ok(None), // released meanwhile
-                Err(err) => return Err(zk_error("reading a holder", err)),
-            };
-            if !still_ahead(
-                client,
-                &holder.name,
-                path,
-                (&data, &stat),
-                now,
-                &mut first_out,
-            )
-            .await?
-            {
-                return Ok(None);
-            }
+        if reads
+            .iter()
+            .any(|read| matches!(read, Err(zk::Error::NoNode)))
+        {
+            return Ok(None); // released meanwhile
         }
+        // The holder whose lease runs out first: when to look again.
+        let names = holders.iter().map(|h| h.name.as_str());
+        let Verdict::Alive { first_out } =
+            judge_ahead(client, names, &paths, reads, now, "reading a holder").await?
+        else {
+            return Ok(None);
+        };
         if let Some(watcher) = watcher {
             self.wake = Wake::deleted(watcher);
         }
@@ -814,34 +800,49 @@ impl ZkAttempt {
     }
 }
 
-/// One of several nodes ahead of ours, as `read` (its data and stat) saw it: removes it if
-/// its lease ran out ([`remove_lapsed`]; `false`: look again), else keeps in `first_out` the
-/// lease (ms) and `mtime` of whichever node read so far runs out first (one without a lease
-/// counts for none).
-async fn still_ahead(
+/// What nodes ahead of ours, read together, say (see [`judge_ahead`]).
+enum Verdict {
+    /// One was removed, its lease run out (or may have run out): look again.
+    LookAgain,
+    /// Those read are alive; the lease (ms) and `mtime` of the one whose lease runs out first
+    /// (none: no lease among them).
+    Alive { first_out: Option<(i64, i64)> },
+}
+
+/// Judges the nodes ahead of ours (`names`, at `paths`) as `reads` saw them, in one round
+/// trip: removes those whose lease ran out ([`remove_lapsed`]); a node gone before its read
+/// is skipped. Other errors of a read end it with `what`.
+async fn judge_ahead<'a>(
     client: &zk::Client,
-    name: &str,
-    path: &str,
-    read: (&[u8], &zk::Stat),
+    names: impl Iterator<Item = &'a str>,
+    paths: &[String],
+    reads: Vec<std::result::Result<(Vec<u8>, zk::Stat), zk::Error>>,
     now: Option<ServerNow>,
-    first_out: &mut Option<(i64, i64)>,
-) -> Result<bool> {
-    let (data, stat) = read;
-    let ahead = Ahead {
-        name,
-        path,
-        data,
-        stat,
-    };
-    if remove_lapsed(client, &ahead, now).await? != Lapse::Alive {
-        return Ok(false);
+    what: &str,
+) -> Result<Verdict> {
+    let mut first_out: Option<(i64, i64)> = None;
+    for ((name, path), read) in names.zip(paths).zip(reads) {
+        let (data, stat) = match read {
+            Ok(read) => read,
+            Err(zk::Error::NoNode) => continue,
+            Err(err) => return Err(zk_error(what, err)),
+        };
+        let ahead = Ahead {
+            name,
+            path,
+            data: &data,
+            stat: &stat,
+        };
+        if remove_lapsed(client, &ahead, now).await? != Lapse::Alive {
+            return Ok(Verdict::LookAgain);
+        }
+        if let Some(lease) = ahead.lease_ms()
+            && first_out.is_none_or(|(l, m)| stat.mtime + lease < m + l)
+        {
+            first_out = Some((lease, stat.mtime));
+        }
     }
-    if let Some(lease) = ahead.lease_ms()
-        && first_out.is_none_or(|(l, m)| stat.mtime + lease < m + l)
-    {
-        *first_out = Some((lease, stat.mtime));
-    }
-    Ok(true)
+    Ok(Verdict::Alive { first_out })
 }
 
 #[async_trait]
