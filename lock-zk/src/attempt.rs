@@ -16,7 +16,7 @@ use zookeeper_client as zk;
 use crate::ZkBackend;
 use crate::error::{denied, zk_error};
 use crate::keys::{Entry, escape, held_data, node_prefix, queue, waiting_data};
-use crate::kinds::{Place, blockers, mismatch, place};
+use crate::kinds::{Blockers, Place, blockers, mismatch, place};
 use crate::lease::ZkLease;
 use crate::queue::{
     Ahead, Lapse, NodeClock, ServerNow, Written, ensure_parent, join_queue, leave_on_reconnection,
@@ -54,9 +54,9 @@ pub(crate) struct ZkAttempt {
     /// Our node's data says "waiting".
     waiting_marked: bool,
     /// What the last watch saw, for the next poll: the watched node deleted
-    /// ([`Woken::Gone`]: it expects to hold), or every node that kept ours from holding
-    /// ([`Woken::Clear`]: it holds without a look at the queue while our waiting lease is
-    /// fresh).
+    /// ([`Woken::Gone`]: it expects to hold), or enough of the nodes that kept ours from
+    /// holding ([`Woken::Clear`]: it holds without a look at the queue while our waiting lease
+    /// is fresh).
     woken: Option<Woken>,
     /// Our node's creation zxid (its fencing token), once a create's answer gave it.
     created_zxid: Option<i64>,
@@ -459,22 +459,24 @@ impl ZkAttempt {
             .map(Some)
     }
 
-    /// Waits for every node of `blockers` to go (see [`blockers`]: their deletion alone makes
-    /// ours hold). In one round trip it reads and watches each, then writes our node when due
-    /// ([`Self::must_write`]; after the reads, see `ServerNow::AfterReads`), and removes those
-    /// whose lease ran out. A node gone already is one less to wait for; with none left, ours
-    /// holds at once. Once the last one is deleted, the next poll holds without a look at the
-    /// queue ([`Woken::Clear`]): a writer behind readers that leave at about the same time no
-    /// longer looks at the queue after each one.
+    /// Waits for the nodes of `blockers` to go, as many as it needs (see [`blockers`]: their
+    /// deletion alone makes ours hold). In one round trip it reads and watches each, then
+    /// writes our node when due ([`Self::must_write`]; after the reads, see
+    /// `ServerNow::AfterReads`), and removes those whose lease ran out. A node gone already
+    /// is one less to wait for; with enough gone, ours holds at once. Once enough are
+    /// deleted, the next poll holds without a look at the queue ([`Woken::Clear`]): a writer
+    /// behind readers that leave at about the same time no longer looks at the queue after
+    /// each one, nor a permit waiter after each release ahead of it.
     async fn wait_for_blockers(
         &mut self,
         session: &Arc<Session>,
         own: &str,
-        blockers: &[&Entry],
+        blockers: &Blockers<'_>,
         held: &[u8],
     ) -> Result<Option<Step>> {
         let client = &session.client;
-        let paths: Vec<String> = blockers.iter().map(|e| self.own_path(&e.name)).collect();
+        let nodes = &blockers.nodes;
+        let paths: Vec<String> = nodes.iter().map(|e| self.own_path(&e.name)).collect();
         let sent = Instant::now();
         let waiting = waiting_data(self.request.ttl);
         // Sent at the call, in this order: the reads, then the write.
@@ -497,12 +499,13 @@ impl ZkAttempt {
         };
         let (reads, watchers): (Vec<_>, Vec<_>) = reads
             .into_iter()
-            .map(|read| match read {
-                Ok((data, stat, watcher)) => (Ok((data, stat)), Some(watcher)),
+            .zip(&paths)
+            .map(|(read, path)| match read {
+                Ok((data, stat, watcher)) => (Ok((data, stat)), Some((path.clone(), watcher))),
                 Err(err) => (Err(err), None),
             })
             .unzip();
-        let names = blockers.iter().map(|e| e.name.as_str());
+        let names = nodes.iter().map(|e| e.name.as_str());
         let what = "watching the node ahead";
         let Verdict::Alive { first_out } =
             judge_ahead(client, names, &paths, reads, now, what).await?
@@ -511,10 +514,11 @@ impl ZkAttempt {
         };
         // The watches of the nodes read (a node gone already is one less to wait for).
         let watchers: Vec<_> = watchers.into_iter().flatten().collect();
-        if watchers.is_empty() {
+        let gone = nodes.len() - watchers.len();
+        if gone >= blockers.needed {
             return self.hold_on_waiting_lease(session, own, held);
         }
-        self.wake = Wake::cleared(watchers);
+        self.wake = Wake::counted(client.clone(), watchers, blockers.needed - gone);
         let retry_after = self.clock.wait_for(
             first_out.map(|(lease, _)| lease),
             first_out.map_or(0, |(_, mtime)| mtime),
@@ -650,10 +654,17 @@ impl ZkAttempt {
         held: &[u8],
     ) -> Result<Option<Step>> {
         let own = entries[index].name.as_str();
-        match place(self.request.kind, entries, index) {
-            // A successor that saw our node waiting watches its data: the write marking it
-            // held wakes it (it may now be the first waiter). Without one, a node created by
-            // this poll holds with its creation as it is.
+        let place = place(self.request.kind, entries, index);
+        if self.request.mode == AttemptMode::Wait
+            && matches!(place, Place::Behind(_) | Place::FirstWaiter(_))
+            && let Some(blockers) = blockers(self.request.kind, entries, index)
+        {
+            return self.wait_for_blockers(session, own, &blockers, held).await;
+        }
+        match place {
+            // A successor that saw our node waiting may watch its data: the write marking it
+            // held wakes it (it may now be among the waiters that count, or the first waiter).
+            // Without one, a node created by this poll holds with its creation as it is.
             Place::Holds { successor } => {
                 let fresh = fresh.filter(|_| !successor);
                 self.take_head(session, own, fresh, held).await
@@ -667,10 +678,7 @@ impl ZkAttempt {
                     Ok(Some(Step::busy(None)))
                 }
             }
-            Place::Behind(blocker) => match blockers(self.request.kind, entries, index) {
-                Some(blockers) => self.wait_for_blockers(session, own, &blockers, held).await,
-                None => self.wait_behind(&session.client, own, &blocker.name).await,
-            },
+            Place::Behind(blocker) => self.wait_behind(&session.client, own, &blocker.name).await,
             Place::FirstWaiter(holders) => self.first_waiter(session, own, &holders, fresh).await,
         }
     }
@@ -682,9 +690,10 @@ impl ZkAttempt {
     /// reads every holder's node to remove those whose lease ran out. A try reads the holders
     /// with the server's clock of its own write, without a watch.
     ///
+    /// Taken by a try, and by a waiter with more than `kinds::MAX_BLOCKERS` holders
+    /// ahead (a waiter with fewer counts their deletions, see [`Self::wait_for_blockers`]).
     /// The waiter behind it watches its node: when it becomes a holder, the write that marks
-    /// it held wakes that one, which then takes over the children watch. So a release wakes
-    /// the waiter it frees a permit for, and that one wakes the next: never all of them.
+    /// it held wakes that one, which then takes over the children watch.
     async fn first_waiter(
         &mut self,
         session: &Arc<Session>,

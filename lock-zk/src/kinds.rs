@@ -21,15 +21,19 @@ pub(crate) fn mismatch(kind: LockKind, entries: &[Entry]) -> Option<String> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Place {
     /// It holds the lock. `successor`: a node behind it may be watching its data as a waiter's
-    /// (a permit node further back that saw it waiting), so the write that marks it held must
-    /// be made, to wake that node.
+    /// (a permit node further back that saw it waiting, and waits for it to hold), so the
+    /// write that marks it held must be made, to wake that node.
     Holds { successor: bool },
     /// It waits for this node to go: a reader for the latest writer ahead of it (Curator's
-    /// read lock); a permit waiter beyond the first for its predecessor, which signals it
-    /// with a write of its node when it becomes a holder.
+    /// read lock); a permit waiter beyond the first for its predecessor, or beyond the
+    /// waiters that count ([`PERMIT_WAITERS_COUNTING`]) for the waiter that many places
+    /// ahead, which signals it with a write of its node when it becomes a holder. Most wait
+    /// for [`blockers`] instead, when there are any.
     Behind(Entry),
     /// The first permit waiter: the release (or removal) of any of these holders frees a
-    /// permit for it, so it watches the lock node's children and judges their leases.
+    /// permit for it. It counts their deletions (see [`blockers`]); with more than
+    /// [`MAX_BLOCKERS`] of them, or as a try, it lists the lock node's children (with a watch)
+    /// and judges their leases.
     FirstWaiter(Vec<Entry>),
 }
 
@@ -39,7 +43,8 @@ pub(crate) enum Place {
 ///   latest exclusive node ahead. A reader that joins behind a waiting writer therefore waits
 ///   for that writer, which is the writer preference.
 /// - Permit of N: among the permit nodes of N (others do not belong: see [`mismatch`]), the
-///   first N hold, the next is the first waiter, the others wait for their predecessor.
+///   first N hold, the next is the first waiter, the others wait for their predecessor (the
+///   second waiter) or the waiter [`PERMIT_WAITERS_COUNTING`] places ahead.
 /// - Exclusive: first holds, others wait for their predecessor.
 pub(crate) fn place(kind: LockKind, entries: &[Entry], index: usize) -> Place {
     match kind {
@@ -53,7 +58,11 @@ pub(crate) fn place(kind: LockKind, entries: &[Entry], index: usize) -> Place {
                     successor: at + 1 < same.len(),
                 },
                 Some(0) => Place::FirstWaiter(same[..n].iter().map(|e| (*e).clone()).collect()),
-                Some(_) => Place::Behind(same[at - 1].clone()),
+                // Its predecessor, or, beyond the waiters that count, the waiter whose hold
+                // brings it among them.
+                Some(waiter) => {
+                    Place::Behind(same[at - waiter.min(PERMIT_WAITERS_COUNTING)].clone())
+                }
             }
         }
         LockKind::Shared => match entries[..index]
@@ -72,35 +81,72 @@ pub(crate) fn place(kind: LockKind, entries: &[Entry], index: usize) -> Place {
 }
 
 /// At most this many nodes are watched by one waiter (see [`blockers`]): each of its looks
-/// at the queue reads them all (a writer behind more readers waits for its predecessor).
+/// at the queue reads them all (a writer behind more readers, or a permit waiter behind more
+/// nodes, waits for one node ahead).
 pub(crate) const MAX_BLOCKERS: usize = 8;
 
+/// How many permit waiters, from the first, count the deletions of the nodes ahead of them
+/// (see [`blockers`]); a waiter further back watches the waiter this many places ahead,
+/// whose hold brings it among them (see [`place`]). Each release notifies every counting
+/// waiter, so the window bounds what a release costs however many wait, and two waiters
+/// armed let two releases in a row each hand a permit over with no request (one counting
+/// waiter gained nothing measurable: the next one was not ready for the next release).
+pub(crate) const PERMIT_WAITERS_COUNTING: usize = 2;
+
 /// The nodes whose deletion alone makes `entries[index]`, a waiting node of `kind`, hold
-/// (nodes ahead of it only ever leave the queue; none joins ahead): a writer's (or the
-/// mutex's) head when it is next in line; its readers, when only readers (at most
-/// [`MAX_BLOCKERS`]) are ahead of it; a reader's writer, when one writer is ahead of it.
-/// `None` otherwise (further back in the mutex's queue, a reader behind two writers,
-/// permits): it waits for one node and looks at the queue when that one goes. Nor when a
-/// node ahead does not belong with `kind` (see [`mismatch`]): that attempt is about to leave,
-/// but could still become the head first.
-pub(crate) fn blockers(kind: LockKind, entries: &[Entry], index: usize) -> Option<Vec<&Entry>> {
+/// (nodes ahead of it only ever leave the queue; none joins ahead), and how many of them must
+/// go: a writer's (or the mutex's) head when it is next in line; its readers, when only
+/// readers (at most [`MAX_BLOCKERS`]) are ahead of it; a reader's writer, when one writer is
+/// ahead of it (all of them, in these three); a permit waiter's every node ahead, when at most
+/// [`MAX_BLOCKERS`] are, of which all but N - 1 (one for the first waiter, two for the next).
+/// `None` otherwise (further back in the mutex's queue, a reader behind two writers, permits
+/// further back): it waits for one node and looks at the queue when that one goes. Nor when
+/// a node ahead does not belong with `kind` (see [`mismatch`]): that attempt is about to
+/// leave, but could still become the head first.
+pub(crate) fn blockers(kind: LockKind, entries: &[Entry], index: usize) -> Option<Blockers<'_>> {
     let ahead = &entries[..index];
     if ahead.is_empty() || ahead.iter().any(|e| kind.mismatch(e.kind).is_some()) {
         return None;
     }
-    match kind {
+    let nodes: Vec<&Entry> = match kind {
         // Next in line: the head, whatever its kind.
-        LockKind::Exclusive if index == 1 => Some(vec![&entries[0]]),
+        LockKind::Exclusive if index == 1 => vec![&entries[0]],
         LockKind::Exclusive => (ahead.len() <= MAX_BLOCKERS
             && ahead.iter().all(|e| e.kind == LockKind::Shared))
-        .then(|| ahead.iter().collect()),
+        .then(|| ahead.iter().collect())?,
         LockKind::Shared => {
             let mut writers = ahead.iter().filter(|e| e.kind == LockKind::Exclusive);
             let first = writers.next()?;
-            writers.next().is_none().then(|| vec![first])
+            writers.next().is_none().then(|| vec![first])?
         }
-        _ => None,
-    }
+        LockKind::Permit { permits } => {
+            // Every node ahead is a permit node of N (none mismatches): ours holds once all
+            // but N - 1 of them are gone.
+            let n = usize::try_from(permits).ok()?;
+            let needed = index.checked_sub(n)? + 1;
+            return (index <= MAX_BLOCKERS && needed <= PERMIT_WAITERS_COUNTING).then(|| {
+                Blockers {
+                    nodes: ahead.iter().collect(),
+                    needed,
+                }
+            });
+        }
+        _ => return None,
+    };
+    Some(Blockers {
+        needed: nodes.len(),
+        nodes,
+    })
+}
+
+/// What keeps a waiting node from holding (see [`blockers`]): once `needed` of `nodes` are
+/// deleted, it holds.
+#[derive(Debug)]
+pub(crate) struct Blockers<'a> {
+    /// The nodes ahead it waits on.
+    pub(crate) nodes: Vec<&'a Entry>,
+    /// How many of them must go.
+    pub(crate) needed: usize,
 }
 
 /// Who holds a name whose queue is `entries`, and as what: the head alone if it is
@@ -162,7 +208,12 @@ mod tests {
 
     #[test]
     fn a_writer_waits_for_every_reader_ahead_a_reader_for_its_one_writer() {
-        let names = |b: Option<Vec<&Entry>>| b.map(|b| b.iter().map(|e| e.seq).collect::<Vec<_>>());
+        let names = |b: Option<Blockers<'_>>| {
+            b.map(|b| {
+                assert_eq!(b.needed, b.nodes.len());
+                b.nodes.iter().map(|e| e.seq).collect::<Vec<_>>()
+            })
+        };
         let q = entries(&[(R, "a"), (R, "b"), (W, "w"), (R, "c"), (W, "x"), (R, "d")]);
         assert_eq!(names(blockers(W, &q, 2)), Some(vec![0, 1]));
         assert_eq!(names(blockers(R, &q, 3)), Some(vec![2]));
@@ -206,5 +257,35 @@ mod tests {
         assert!(mismatch(LockKind::Permit { permits: 3 }, &q).is_some());
         assert!(mismatch(W, &q).is_some());
         assert_eq!(mismatch(S2, &q), None);
+    }
+
+    #[test]
+    fn a_permit_waiter_counts_the_deletions_of_the_nodes_ahead() {
+        let counted = |b: Option<Blockers<'_>>| b.map(|b| (b.nodes.len(), b.needed));
+        let q = entries(&[(S2, "a"), (S2, "b"), (S2, "c"), (S2, "d"), (S2, "e")]);
+        // Holders wait for nothing; the first waiter for any one of the two holders; the
+        // next for two of the three nodes ahead; the third for its predecessor.
+        assert_eq!(counted(blockers(S2, &q, 1)), None);
+        assert_eq!(counted(blockers(S2, &q, 2)), Some((2, 1)));
+        assert_eq!(counted(blockers(S2, &q, 3)), Some((3, 2)));
+        assert_eq!(PERMIT_WAITERS_COUNTING, 2);
+        assert_eq!(counted(blockers(S2, &q, 4)), None);
+        // It watches the first waiter, whose hold brings it among those that count.
+        assert_eq!(place(S2, &q, 4), Place::Behind(q[2].clone()));
+        // A writer ahead (about to be told it mismatches) could still become the head.
+        let odd = entries(&[(S2, "a"), (W, "w"), (S2, "b"), (S2, "c")]);
+        assert_eq!(counted(blockers(S2, &odd, 3)), None);
+        // Beyond MAX_BLOCKERS nodes ahead: its predecessor only.
+        let s7 = LockKind::Permit { permits: 7 };
+        let many: Vec<(LockKind, String)> = (0..=MAX_BLOCKERS + 1)
+            .map(|i| (s7, format!("s{i}")))
+            .collect();
+        let many: Vec<(LockKind, &str)> = many.iter().map(|(k, o)| (*k, o.as_str())).collect();
+        let q = entries(&many);
+        assert_eq!(
+            counted(blockers(s7, &q, MAX_BLOCKERS)),
+            Some((MAX_BLOCKERS, PERMIT_WAITERS_COUNTING))
+        );
+        assert_eq!(counted(blockers(s7, &q, MAX_BLOCKERS + 1)), None);
     }
 }

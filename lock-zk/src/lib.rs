@@ -2,7 +2,8 @@
 //!
 //! ZooKeeper backend for distlock: a fair (FIFO) lock queue of ephemeral sequential nodes,
 //! woken by watches on the nodes ahead that keep a waiter out (its predecessor; a writer's
-//! readers), with `czxid` fencing tokens and session-loss detection.
+//! readers; the nodes ahead of a permit waiter near the head), with `czxid` fencing tokens
+//! and session-loss detection.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), distlock_core::Error> {
@@ -27,7 +28,8 @@
 //! Each acquisition creates one `EPHEMERAL_SEQUENTIAL` child `<escaped owner>.<sequence>`,
 //! where the owner is the unique value lock-core gives every acquisition. The child with the
 //! lowest sequence holds the lock; the others wait in sequence order (FIFO), each watching only
-//! its predecessor (no herd effect). Because the name carries the unique owner, a create whose
+//! its predecessor (no herd effect; the read-write lock and the semaphore watch a few nodes
+//! more, below). Because the name carries the unique owner, a create whose
 //! reply was lost is found again by listing the children (Curator's "protected mode"), and
 //! [`Attempt::abandon`](distlock_core::Attempt::abandon) deletes it, so no orphan blocks the queue.
 //!
@@ -47,7 +49,11 @@
 //! holding: nodes ahead of a node only ever leave the queue (none joins ahead), so the waiter
 //! next in line (the mutex's, a writer's) watches the head, and holds as soon as the head is
 //! deleted, with no request but the "held" mark of its node (see below), sent, not awaited
-//! (the same for a writer behind readers only and a reader behind one writer, see below).
+//! (the same for a writer behind readers only, a reader behind one writer and the first two
+//! permit waiters, see below). A change of a node such a waiter watches (a renewal, a held
+//! mark) costs it one read of that node, which watches it again, not a look at the queue:
+//! such a write restarts that node's lease, and the waiter looks again by the end of the
+//! lease it judged, or by its own refresh (a third of its ttl) at the latest.
 //! Further back, when the node it watches is deleted, a waiter sends a listing and, right
 //! behind it, its held mark: the server answers the listing without waiting for the mark to
 //! commit; if it shows that the waiter holds, it holds the lock at once, a handoff of the
@@ -55,9 +61,8 @@
 //! contender takes for an expired holder (both shortcuts are taken only while that waiting
 //! lease is fresh), and its local lease counts from before the mark was sent. Such a node
 //! holds all the same: inspection and forced releases do not ask for the mark. A waiter
-//! that learns it holds from any other listing (the first permit waiter, woken by a holder's
-//! release; a waiter that removed a lapsed holder) holds the same way: it sends its mark and
-//! does not wait for the answer.
+//! that learns it holds from any other listing (a waiter further back, or one that removed a
+//! lapsed holder) holds the same way: it sends its mark and does not wait for the answer.
 //!
 //! # Read-write locks and semaphores
 //!
@@ -83,17 +88,24 @@
 //!   "Leases on the server's clock"), else it lists the queue first; a node ahead of a kind
 //!   that does not belong with it (an attempt about to be told `Mismatch`) makes it list
 //!   too.
-//! - Of the permit nodes of N, the first N hold. The next one, the *first waiter*, lists the
-//!   children with a watch (which fires when a node joins or leaves, not when a holder
-//!   renews) and reads the holders' nodes to remove those whose lease ran out. Every other
-//!   waiter watches its predecessor's node. When a waiter becomes a holder, the write that
-//!   marks its node held wakes the waiter behind it, which then finds itself first waiter
-//!   (or a holder) and takes over the children watch. A node that holds as soon as it is
+//! - Of the permit nodes of N, the first N hold. The first two waiters (at most 8 nodes
+//!   ahead: `PERMIT_WAITERS_COUNTING` and `MAX_BLOCKERS` in the `kinds` module) read and
+//!   watch every node ahead of them in one round trip, remove those whose lease ran out,
+//!   and count their deletions: the first waiter holds at the first, the second at the
+//!   second, each with its held mark alone, as the mutex's next in line does (nodes ahead
+//!   only ever leave the queue). A waiter further back watches the waiter two places ahead
+//!   of it, whose held mark (the write that marks it held) brings it among the two that
+//!   count; beyond 8 nodes ahead (64 contenders, say), its predecessor, and a first waiter
+//!   with more than 8 holders ahead lists the children with a watch (which fires when a
+//!   node joins or leaves) and reads the holders' nodes. A node that holds as soon as it is
 //!   created writes that mark too when its listing shows a permit node behind it: that node
-//!   may have listed before a release and seen it waiting. (Watching one fixed node, such as
-//!   the holder N places ahead, would miss releases of the other holders.) So a release
-//!   wakes the waiter it frees a permit for, and that waiter wakes the next one: two
-//!   notifications, however many wait.
+//!   may have listed before a release and seen it waiting. So a release reaches the two
+//!   waiters that count, one of which it frees a permit for, and that one's mark the other
+//!   and the next waiter: four notifications, however many wait. Before (2026-12-06), the
+//!   first waiter listed the queue on every release and join, and the next waiter took over
+//!   its watch only once the first had its permit: two round trips on the way to each
+//!   permit, which three permits changing hands as often as one lock did not leave time
+//!   for.
 //! - Kinds that do not belong together: the head of the queue (the oldest node, a holder) says
 //!   what the name is; a permit request on a name whose head is not a permit node of the same
 //!   N, or a shared or exclusive request on a semaphore, answers
@@ -108,14 +120,14 @@
 //!   permit or read acquisitions whose attempts overlap may return in the other order than
 //!   their tokens: the token is the place in the queue.
 //! - [`MAX_PERMITS`] bounds N: the first waiter reads every holder's node in each of its
-//!   polls.
+//!   looks.
 //! - Cost of the leases: ZooKeeper's data and exists watches fire on data changes too, and
-//!   a node's lease lives in its data. A waiter is therefore also woken, and looks again (a
-//!   listing and a read), when the node it watches is written: each renewal of a holder
-//!   (every ttl/3), a waiter's refresh (every ttl/3), a writer's held mark; a writer that
-//!   watches the readers ahead of it, by the renewal of any of them, and each of its looks
-//!   reads them all. Readers waiting for one writer all see that writer's writes; none of
-//!   this wakes anybody else, and a release still wakes only the waiters it unblocks.
+//!   a node's lease lives in its data. A waiter that watches its predecessor is therefore
+//!   also woken, and looks again (a listing and a read), when that node is written: each
+//!   renewal of a holder (every ttl/3), a waiter's refresh (every ttl/3), a held mark. A
+//!   waiter that watches several nodes (a writer behind readers, the mutex's next in line, a
+//!   reader behind one writer, the two permit waiters that count) reads only the node that
+//!   was written, to watch it again. None of this wakes anybody else.
 //!
 //! # Leases on the server's clock
 //!
@@ -147,8 +159,8 @@
 //! trips earlier) only says when to look again: the next poll reads, then writes.
 //!
 //! A waiter's node has a lease too: its data is `W<ttl ms>`, and the waiter writes it again
-//! every third of the ttl while it waits (together with the read it sends to watch its
-//! predecessor, so it costs one more write per third of the ttl). The waiter behind a node
+//! every third of the ttl while it waits (together with the reads it sends to watch the
+//! nodes ahead, so it costs one more write per third of the ttl). The waiter behind a node
 //! whose lease ran out, a holder's or a waiter's, removes it the same way, with the version
 //! it read. So a waiter whose process was killed, or paused (`SIGSTOP`, a long GC pause, a
 //! frozen VM), blocks the queue for one ttl, not until its session expires (30 s by default);
@@ -257,7 +269,7 @@
 //!
 //! | fencing | fairness | wake-up | loss detection |
 //! |---|---|---|---|
-//! | `Linearizable`: the holder node's `czxid` | FIFO (sequence order; readers behind a waiting writer wait) | watch on the predecessor (a reader: the latest writer ahead; a writer behind readers only: each of them; the first permit waiter: the children) | session state (one watch per session) + renewal (a node removed behind its holder: the next renewal) |
+//! | `Linearizable`: the holder node's `czxid` | FIFO (sequence order; readers behind a waiting writer wait) | watch on the predecessor (a reader: the latest writer ahead; a writer behind readers only: each of them; the first two permit waiters: every node ahead, counting their deletions; later permit waiters: the waiter two ahead) | session state (one watch per session) + renewal (a node removed behind its holder: the next renewal) |
 //!
 //! Tokens strictly increase per name: nodes are granted in sequence order, which is `czxid`
 //! order, and zxids only grow, also across server restarts (the epoch is in the high bits).

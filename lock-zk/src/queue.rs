@@ -407,7 +407,8 @@ pub(crate) async fn remove_lapsed(
     tracing::debug!(node = %ahead.name, age, lease, "removing a node whose lease ran out");
     match client.delete(ahead.path, Some(ahead.stat.version)).await {
         Ok(()) | Err(zk::Error::NoNode) => Ok(Lapse::Over),
-        // Renewed or refreshed meanwhile: alive, and the watch fires for it.
+        // Renewed or refreshed meanwhile: alive (the waiter looks again at once: its deadline
+        // is the lease it read, which ran out).
         Err(zk::Error::BadVersion) => Ok(Lapse::Alive),
         Err(err) => Err(zk_error("removing a node whose lease ran out", err)),
     }

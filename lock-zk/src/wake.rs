@@ -1,17 +1,20 @@
 //! What wakes a waiter: a watch on the node or nodes it waits for.
 
+use futures::StreamExt;
 use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 use zookeeper_client as zk;
 
 /// What a watch saw when it fired.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Woken {
-    /// A watched node changed (a renewal, a waiting mark), or a session event: look again.
+    /// A watched node changed (a renewal, a waiting mark: for a waiter watching one node), a
+    /// session's end, or a failed read to watch a node again: look again.
     Changed,
     /// The watched node was deleted; whether ours holds now takes a look.
     Gone,
-    /// Every node that kept ours from holding was deleted (see [`Wake::cleared`]): ours holds,
-    /// no look needed.
+    /// Enough of the nodes that kept ours from holding were deleted (see [`Wake::counted`]):
+    /// ours holds, no look needed.
     Clear,
 }
 
@@ -37,23 +40,64 @@ impl Wake {
         }))
     }
 
-    /// Woken once every node of `watchers` (all the nodes that keep ours from holding; nodes
-    /// ahead of ours only ever leave the queue, none joins ahead) was deleted, as
-    /// [`Woken::Clear`]; at the first other event (a renewal, a held mark, a session event),
-    /// as [`Woken::Changed`].
-    pub(crate) fn cleared(watchers: Vec<zk::OneshotWatcher>) -> Self {
-        let each = watchers.into_iter().map(|watcher| async move {
-            match watcher.changed().await.event_type {
-                zk::EventType::NodeDeleted => Ok(()),
-                _ => Err(()),
-            }
-        });
-        let all = futures::future::try_join_all(each);
+    /// Woken once `needed` nodes of `watched` (nodes ahead of ours, with the path and the
+    /// watch of each; nodes ahead only ever leave the queue, none joins ahead) were deleted,
+    /// as [`Woken::Clear`]: all of them for a writer behind readers, one of the N holders for
+    /// the first permit waiter. A watched node's data change (a renewal, a held mark) does not
+    /// wake the waiter: its watch is set again by a read of that node alone on `client` (a
+    /// node gone by then counts as deleted), so holders that renew or readers that mark their
+    /// holds cost a read each, not a look at the queue. Such a write restarts the node's
+    /// lease, and the waiter looks again by the end of the lease it judged, or by its own
+    /// refresh (a third of its ttl) at the latest. Any other event (the session's end), or a
+    /// read that fails otherwise, wakes it as [`Woken::Changed`].
+    pub(crate) fn counted(
+        client: zk::Client,
+        watched: Vec<(String, zk::OneshotWatcher)>,
+        needed: usize,
+    ) -> Self {
+        let client = std::sync::Arc::new(client);
+        let each: FuturesUnordered<_> = watched
+            .into_iter()
+            .map(|(path, watcher)| until_deleted(client.clone(), path, watcher))
+            .collect();
+        debug_assert!(
+            needed > 0 && needed <= each.len(),
+            "{needed} of {}",
+            each.len()
+        );
         Self::Watch(Box::pin(async move {
-            match all.await {
-                Ok(_) => Woken::Clear,
-                Err(()) => Woken::Changed,
+            let mut each = each;
+            let mut gone = 0;
+            while let Some(outcome) = each.next().await {
+                if outcome.is_err() {
+                    return Woken::Changed;
+                }
+                gone += 1;
+                if gone >= needed {
+                    return Woken::Clear;
+                }
             }
+            Woken::Changed
         }))
+    }
+}
+
+/// Resolves when the node at `path`, watched by `watcher`, is deleted (`Ok`), watching it
+/// again after each change of its data; `Err` at any other event or failed read.
+async fn until_deleted(
+    client: std::sync::Arc<zk::Client>,
+    path: String,
+    mut watcher: zk::OneshotWatcher,
+) -> Result<(), ()> {
+    loop {
+        match watcher.changed().await.event_type {
+            zk::EventType::NodeDeleted => return Ok(()),
+            zk::EventType::NodeDataChanged => match client.get_and_watch_data(&path).await {
+                Ok((_, _, again)) => watcher = again,
+                Err(zk::Error::NoNode) => return Ok(()),
+                Err(_) => return Err(()),
+            },
+            _ => return Err(()),
+        }
     }
 }

@@ -165,7 +165,7 @@ impl Notified {
 }
 
 /// A permit holder whose session ends stops counting at once: the server removes its node
-/// and the first waiter's children watch fires, long before the holder's ttl.
+/// and the first waiter's watch on it fires, long before the holder's ttl.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_of_a_closed_session_frees_at_once() {
     let _serial = SERIAL.lock().await;
@@ -313,11 +313,12 @@ fn herd_opts() -> AcquireOptions {
         .with_wait(Duration::from_secs(30))
 }
 
-/// The herd check of a semaphore: with 2 holders and 6 waiters, a release notifies the
-/// first waiter (its children watch) and, once that one marks itself held, the next waiter
-/// (which takes over the children watch): never the 6. Then a release of the *other* holder
-/// than the one released first still reaches the new first waiter (a waiter watching one
-/// fixed holder would miss it).
+/// The herd check of a semaphore: with 2 holders and 6 waiters, a release notifies the two
+/// waiters that count the deletions ahead of them (`PERMIT_WAITERS_COUNTING` in the crate),
+/// and once the first marks itself held, the second (whose watch on it is set again by one
+/// read) and the third (which watches it to join those that count): never the 6. Then a
+/// release of the *other* holder than the one released first still reaches the new first
+/// waiter (a waiter watching one fixed holder would miss it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_release_wakes_only_the_waiter_it_frees_a_permit_for() {
     const WAITERS: usize = 6;
@@ -343,9 +344,10 @@ async fn a_permit_release_wakes_only_the_waiter_it_frees_a_permit_for() {
         "{} waiters woken by the children watch: {seen:?}",
         seen.children
     );
-    // The release notifies the first waiter; its held mark the next; the released holder's
-    // own loss watch may fire too.
-    assert!(seen.total() <= 3, "a herd: {seen:?}");
+    // The release notifies the two counting waiters; the first one's held mark the second
+    // and the third; the released holder's own loss watch may fire too. As many with 60
+    // waiters: what one release costs does not grow with the queue.
+    assert!(seen.total() <= 5, "a herd: {seen:?}");
     // Holders h1 and w0 now, w1 first waiter: the newer holder leaves first.
     w0.release().await.expect("release");
     let w1 = got(waiting.next().unwrap(), "the second waiter").await;

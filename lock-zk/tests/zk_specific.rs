@@ -716,6 +716,64 @@ async fn wait_through_recorder(
     (recorder, wait)
 }
 
+/// A permit waiter counts the deletions of the nodes ahead of it: behind two holders of a
+/// semaphore of 2 and one more waiter, it holds once two of those three are gone, with no
+/// request but its held mark, and the waiter ahead becoming a holder (its held mark, a change
+/// of a node it watches) costs it one read of that node to watch it again, not a look at the
+/// queue. Before, it watched its predecessor, which woke it to list the queue and become the
+/// first waiter (a listing with a watch and a read of each holder), and the next release woke
+/// it to list the queue again.
+/// ZooKeeper's operation codes: 4 getData, 5 setData, 2 delete, 18 removeWatches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_waiter_counts_the_releases_ahead() {
+    let Some(h) = harness().await else { return };
+    let (get_data, set_data, delete, remove_watches) = (4, 5, 2, 18);
+    let options = AcquireOptions::default()
+        .with_kind(LockKind::Permit { permits: 2 })
+        .with_ttl(Duration::from_secs(30))
+        .with_wait(Duration::from_secs(20))
+        // No poll but on a wake-up (see `a_turn_needs_no_look_at_the_queue`).
+        .with_backoff(Backoff::new(
+            Duration::from_millis(2),
+            Duration::from_secs(60),
+        ));
+    let holder = h.backend().await.expect("connect");
+    let name = common::unique("permits-counted");
+    let first = holder.acquire(&name, &options).await.expect("acquire");
+    let second = holder.acquire(&name, &options).await.expect("acquire");
+    let ahead = {
+        let (holder, name, options) = (holder.clone(), name.clone(), options.clone());
+        tokio::spawn(async move { holder.acquire(&name, &options).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!ahead.is_finished(), "a third permit of two was granted");
+    let (recorder, wait) = wait_through_recorder(&h, &name, options.clone()).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(!wait.is_finished(), "a fourth permit of two was granted");
+    let before = recorder.ops().len();
+    // The newest holder first; the waiter ahead takes its permit.
+    second.release().await.expect("release");
+    let ahead = ahead
+        .await
+        .expect("join")
+        .expect("the waiter ahead acquires");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!wait.is_finished(), "a third permit of two was granted");
+    first.release().await.expect("release");
+    let (_waiter, taken) = wait.await.expect("join").expect("the waiter acquires");
+    // The held mark is sent, not awaited: the release's answer, on the same connection,
+    // comes after it.
+    taken.release().await.expect("release");
+    ahead.release().await.expect("release");
+    // Its watch on the node still ahead of it, no longer needed, is removed before the mark.
+    let after: Vec<i32> = recorder.ops()[before..].iter().map(|&(_, op)| op).collect();
+    assert_eq!(
+        after,
+        vec![get_data, remove_watches, set_data, delete],
+        "requests from the first release to the waiter's own release"
+    );
+}
+
 /// A client of this backend.
 type ZkClient = distlock_core::LockClient<distlock_zookeeper::ZkBackend>;
 
