@@ -367,6 +367,40 @@ async fn a_permit_release_wakes_only_the_waiter_it_frees_a_permit_for() {
     h.drained(&name).await;
 }
 
+/// A permit waiter that counts the deletions ahead of it holds only once enough are gone:
+/// behind the two holders of a semaphore of 2 and a waiter, the waiter ahead giving up (its
+/// node deleted) is one of the two deletions it needs, not both; a holder's release then lets
+/// it in beside the other holder, never as a third.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counting_permit_waiter_holds_once_enough_nodes_ahead_are_gone() {
+    let Some((_serial, h, name, c)) = setup("count-sem", 4).await else {
+        return;
+    };
+    let opts = herd_opts().with_permits(2);
+    let first = c[0].acquire(&name, &opts).await.expect("acquire");
+    let second = c[1].acquire(&name, &opts).await.expect("acquire");
+    let ahead = enqueue(&h, &c[2], &name, &opts, 3).await;
+    let waiter = enqueue(&h, &c[3], &name, &opts, 4).await;
+    settled(&h, &name, 2).await;
+    // The waiter ahead gives up: its acquisition dropped, its node removed.
+    ahead.abort();
+    tokio::time::timeout(SOON, h.queue_when(&name, 3))
+        .await
+        .expect("the node of the waiter that gave up is still there");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiter.is_finished(), "a third permit of two was granted");
+    first.release().await.expect("release");
+    let taken = got(waiter, "the waiter").await;
+    assert_eq!(
+        h.queue(&name).await.len(),
+        2,
+        "holders besides the two permits"
+    );
+    taken.release().await.expect("release");
+    second.release().await.expect("release");
+    h.drained(&name).await;
+}
+
 /// The herd check of a read-write lock: a writer holds, 2 readers wait behind it, then a
 /// writer, then 4 readers. The first writer's release notifies the 2 readers it frees (they
 /// watch it) and the waiting writer once (its predecessor marks itself held), and none of
