@@ -95,9 +95,10 @@
 //!   second, each with its held mark alone, as the mutex's next in line does (nodes ahead
 //!   only ever leave the queue). A waiter further back watches the waiter two places ahead
 //!   of it, whose held mark (the write that marks it held) brings it among the two that
-//!   count; beyond 8 nodes ahead (64 contenders, say), its predecessor, and a first waiter
-//!   with more than 8 holders ahead lists the children with a watch (which fires when a
-//!   node joins or leaves) and reads the holders' nodes. A node that holds as soon as it is
+//!   count. A second waiter with more than 8 nodes ahead (N of 8 or more) watches its
+//!   predecessor, and a first waiter with more than 8 holders ahead (N of 9 or more) lists
+//!   the children with a watch (which fires when a node joins or leaves) and reads the
+//!   holders' nodes. A node that holds as soon as it is
 //!   created writes that mark too when its listing shows a permit node behind it: that node
 //!   may have listed before a release and seen it waiting. So a release reaches the two
 //!   waiters that count, one of which it frees a permit for, and that one's mark the other
