@@ -345,8 +345,8 @@ async fn a_permit_release_wakes_only_the_waiter_it_frees_a_permit_for() {
         seen.children
     );
     // The release notifies the two counting waiters; the first one's held mark the second
-    // and the third; the released holder's own loss watch may fire too. As many with 60
-    // waiters: what one release costs does not grow with the queue.
+    // and the third; the released holder's own loss watch may fire too (the other three
+    // waiters watch waiters that did not change).
     assert!(seen.total() <= 5, "a herd: {seen:?}");
     // Holders h1 and w0 now, w1 first waiter: the newer holder leaves first.
     w0.release().await.expect("release");
