@@ -101,6 +101,8 @@ impl ZkBackend {
         session.check_connected()?;
         let client = &session.client;
         let parent = self.shared.config.lock_path(name);
+        // A hold just taken through another server must show in the listing.
+        synced(client, &parent).await?;
         let mut removed = false;
         for _ in 0..8 {
             let children = match client.list_children(&parent).await {
@@ -516,7 +518,8 @@ async fn arm(backend: &ZkBackend, parent: &str) -> Result<Armed> {
 }
 
 /// Brings the server this session reads from up to the leader's state before a read by
-/// someone who wrote nothing (`inspect`, `list`, an observer): a follower may lag the leader,
+/// someone who wrote nothing (`inspect`, `list`, an observer, a forced release or
+/// `release_hold` looking for the holders): a follower may lag the leader,
 /// and without it another client's fresh hold may not show yet. (ZooKeeper's `sync` is not
 /// quorum-acknowledged: a leader change between it and the read can still show an older
 /// state; lock safety never rests on these reads.)

@@ -279,7 +279,8 @@
 //! client just took through another server of the ensemble (measured: in 100 rounds of
 //! acquire on one server and `inspect` on the two others, the 21st missed it).
 //! [`inspect`](distlock_core::DistributedLock::inspect), `list`, `leader` and observers
-//! therefore `sync` their server with the leader before they read (one round trip more). The
+//! therefore `sync` their server with the leader before they read (one round trip more), and
+//! so do forced releases and `release_hold` before they look for the holders. The
 //! locks themselves never rest on such reads: an acquisition reads after its own write, which
 //! a server applies in order.
 
