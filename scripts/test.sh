@@ -467,6 +467,16 @@ run_lanes() {
   # Three lines after each: an assert_eq!'s message, left and right.
   grep -h -A3 ' panicked at ' "$lanes_dir"/*.log 2>/dev/null | grep -v '^--$' |
     head -n 160 >"$BACKGROUND/failures" || true
+  # Then each failed binary's last 12 lines and exit line: the names of its failing cases, or
+  # the last words of one that failed without a panic (a crash, an abort, an `Err` returned).
+  # A CI run failed so, and its printed tail named no test (2026-12-07).
+  awk '/^---- [^ ]+: [^ ]+: exit [0-9]+ in / {
+         if ($5 != 0) { for (i = (n > 12 ? n - 12 : 0); i < n; i++) print b[i % 12]; print }
+         n = 0; next
+       }
+       /^---- [^ ]+: [^ ]+$/ { n = 0; next }
+       { b[n % 12] = $0; n++ }' "$lanes_dir"/*.log 2>/dev/null |
+    head -n 200 >>"$BACKGROUND/failures" || true
   rm -rf "$lanes_dir"
   return "$rc"
 }
@@ -490,7 +500,7 @@ fault_check() {
 run_step fault-check fault_check
 
 if [[ -s $BACKGROUND/failures ]]; then
-  echo "==> test.sh: the failing tests' messages (the first 40):" >&2
+  echo "==> test.sh: the failing tests' messages, then the failed binaries' ends:" >&2
   cat "$BACKGROUND/failures" >&2
 fi
 echo "==> test.sh summary: ${summary[*]}" >&2
