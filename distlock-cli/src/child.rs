@@ -38,7 +38,8 @@ pub(crate) fn become_subreaper() {
 }
 
 /// Makes the process `command` starts die (SIGKILL) with the thread that spawns it, however
-/// distlock ends; if distlock is already gone when the child would exec, the spawn fails.
+/// distlock ends; if distlock is already gone when the child would exec, the child dies so
+/// before it (see `arm_parent_death`).
 ///
 /// The signal is armed between fork and exec, so no instant of the child's program runs
 /// without it. Like [`CommandGroup::spawn`], spawn from a thread that lives as long as
@@ -46,7 +47,8 @@ pub(crate) fn become_subreaper() {
 pub(crate) fn dies_with_distlock(command: &mut Command) {
     let parent = getpid();
     // SAFETY: the closure runs in the forked child before exec and makes only
-    // async-signal-safe system calls (prctl, getppid); it allocates nothing and takes no lock.
+    // async-signal-safe system calls (prctl, getppid, kill); it allocates nothing and takes no
+    // lock.
     #[expect(
         unsafe_code,
         reason = "pre_exec is the only way to arm PR_SET_PDEATHSIG"
@@ -56,12 +58,18 @@ pub(crate) fn dies_with_distlock(command: &mut Command) {
     }
 }
 
-/// In a forked child before exec: SIGKILL when the parent dies, and an error if `parent`
-/// already died (the child was re-parented before the signal was armed).
+/// In a forked child before exec: SIGKILL when the parent dies, and at once if `parent`
+/// already died (the child was re-parented before the signal was armed), as the armed signal
+/// would have done. Not an error: the spawn reports one through a pipe to the parent, and
+/// with the parent gone that write fails and the standard library aborts the child, printing
+/// "fatal runtime error" on the command's standard error (seen in CI, when a test killed
+/// distlock as it spawned its command).
 fn arm_parent_death(parent: Pid) -> std::io::Result<()> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
     if getppid() != parent {
-        // An errno, not `io::Error::other`: nothing may be allocated between fork and exec.
+        nix::sys::signal::raise(Signal::SIGKILL)?;
+        // Not reached: SIGKILL cannot be caught. An errno, not `io::Error::other`: nothing
+        // may be allocated between fork and exec.
         return Err(Errno::ESRCH.into());
     }
     Ok(())
@@ -116,6 +124,9 @@ impl CommandGroup {
         let terminal = in_terminal_foreground();
         let pre_exec = move || -> std::io::Result<()> {
             // Between fork and exec only async-signal-safe calls: these are plain syscalls.
+            // The parent's death first: should distlock be gone already, the child dies here,
+            // before a step below can fail for that reason and report it to nobody.
+            arm_parent_death(parent)?;
             setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
             if let Some(procs) = &joining {
                 contain::join(procs)?;
@@ -129,11 +140,11 @@ impl CommandGroup {
                 pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&ttou), None)?;
                 taken?;
             }
-            arm_parent_death(parent)
+            Ok(())
         };
         // SAFETY: the closure runs in the forked child before exec and makes only
         // async-signal-safe system calls (setpgid, write, sigprocmask, tcsetpgrp, prctl,
-        // getppid, getpid) on values made before the fork; it allocates nothing and takes no
+        // getppid, getpid, kill) on values made before the fork; it allocates nothing and takes no
         // lock.
         #[expect(
             unsafe_code,
@@ -292,5 +303,33 @@ fn reap_orphans() {
         if status == nix::sys::wait::WaitStatus::StillAlive {
             break;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    use std::process::Stdio;
+
+    use super::*;
+
+    /// A child whose parent is gone when it would exec dies of SIGKILL there, as the armed
+    /// parent-death signal would have killed it, and prints nothing: an error would go to a
+    /// parent that cannot read it, and the standard library aborts a child whose error it
+    /// cannot send. Here the parent lives and the child is told another one (a pid above any
+    /// pid_max), so it sees its parent gone; before, its spawn failed with ESRCH.
+    #[test]
+    fn a_child_whose_parent_is_gone_dies_quietly_before_exec() {
+        let mut command = std::process::Command::new("true");
+        command.stdout(Stdio::piped()).stderr(Stdio::piped());
+        // SAFETY: the closure makes only async-signal-safe system calls (prctl, getppid,
+        // kill) and allocates nothing.
+        #[expect(unsafe_code, reason = "pre_exec is how the child arms the signal")]
+        unsafe {
+            command.pre_exec(|| arm_parent_death(Pid::from_raw(i32::MAX)));
+        }
+        let output = command.output().expect("the spawn");
+        assert_eq!(output.status.signal(), Some(9), "{:?}", output.status);
+        assert!(output.stderr.is_empty(), "{:?}", output.stderr);
     }
 }
