@@ -464,8 +464,13 @@ run_lanes() {
   echo "==> test.sh: backend binaries (other): $(fmt_ms "$(($(now_ms) - t0))")" >&2
   # The failing cases' messages, printed again just before the summary: a long run's log is
   # read from its end, and the failures sections are far from it.
-  # Three lines after each: an assert_eq!'s message, left and right.
-  grep -h -A3 ' panicked at ' "$lanes_dir"/*.log 2>/dev/null | grep -v '^--$' |
+  # Three lines after each: an assert_eq!'s message, left and right. The logs read leave out
+  # a pool's `LANE-all.log`, the copy of its workers' logs (read too, each failure came twice).
+  local logs=() log
+  for log in "$lanes_dir"/*.log; do
+    [[ $log == *-all.log ]] || logs+=("$log")
+  done
+  grep -h -A3 ' panicked at ' "${logs[@]}" 2>/dev/null | grep -v '^--$' |
     head -n 160 >"$BACKGROUND/failures" || true
   # Then each failed binary's last 12 lines and exit line: the names of its failing cases, or
   # the last words of one that failed without a panic (a crash, an abort, an `Err` returned).
@@ -475,7 +480,7 @@ run_lanes() {
          n = 0; next
        }
        /^---- [^ ]+: [^ ]+$/ { n = 0; next }
-       { b[n % 12] = $0; n++ }' "$lanes_dir"/*.log 2>/dev/null |
+       { b[n % 12] = $0; n++ }' "${logs[@]}" 2>/dev/null |
     head -n 200 >>"$BACKGROUND/failures" || true
   rm -rf "$lanes_dir"
   return "$rc"
