@@ -82,7 +82,7 @@ pub(crate) struct BackendState {
     /// The operation timeout, every request's (half of it the direct read's).
     pub(crate) timeout: Duration,
     /// The terms [`inspect`](LockBackend::inspect) has shown, per name: what
-    /// [`Queue::observed`] judges an entry that outlived its ttl by.
+    /// [`Queue::observed`] judges an older entry by.
     pub(crate) shown: Shown,
 }
 
@@ -480,7 +480,7 @@ impl LockBackend for NatsBackend {
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let keys = NameKeys::new(&self.state.bucket, name.as_str());
         let queue = Queue::read(&self.state, &keys).await?;
-        let queue = queue.observed(self.state.shown.floor(name.as_str()));
+        let queue = queue.observed(self.state.shown.floor(name.as_str()), self.state.replicated);
         let holders: Vec<&Entry> = queue.holders().collect();
         // Entries are in first-revision (token) order: the first holder is the oldest.
         let (Some(oldest), Some(latest)) = (holders.first(), holders.last()) else {

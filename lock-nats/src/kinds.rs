@@ -101,7 +101,7 @@ impl Shown {
         distlock_core::backend::unpoisoned(&self.0)
     }
 
-    /// The term below which an entry past its ttl is left out (see [`Queue::observed`]).
+    /// The term below which an entry is left out (see [`Queue::observed`]).
     pub(crate) fn floor(&self, name: &str) -> Option<u64> {
         self.names().get(name).copied()
     }
@@ -458,22 +458,34 @@ impl Queue {
     }
 
     /// The queue as an observer should see it, `floor` what [`Shown::floor`] says of the
-    /// name: without the entries whose ttl ended before a later message of the range was
-    /// written (by the server's timestamps), which the server has not removed yet, when they
-    /// are older than every holder this client showed last. A server killed and restarted
-    /// brought back such an entry for a moment, after a newer holder had been granted, and an
-    /// election's observer saw the older term again (`distlock check`, restart fault). Any
-    /// other such entry stays: its owner may still renew it (the server removes an entry some
-    /// time after its ttl, and a renewal that reaches it first keeps it: after a partition
-    /// healed, say), and an observer that showed the term behind it would then show this older
-    /// one again (`distlock check`, election, partition fault: term 3028 after 3096). A client
-    /// that has shown nothing of the name yet (a new one, a name forgotten, see [`Shown`])
-    /// sees every entry, a resurrected one too, until the server removes it. The lock itself
-    /// never judges by timestamps: an entry holds its place until the server removes it.
-    pub(crate) fn observed(mut self, floor: Option<u64>) -> Self {
+    /// name: without the entries older than the highest oldest holder this client showed
+    /// (`floor`): on a single server every one of them; on a `replicated` stream those whose
+    /// ttl ended before a later message of the range was written (by the server's
+    /// timestamps), which the server has not removed yet.
+    ///
+    /// On a single server a read misses no live entry (the walk reads the range in sequence
+    /// order, and a renewal's message comes after the one it replaces), and the first entry
+    /// of a read holds: an entry older than a holder shown was gone from that read, removed
+    /// (a renewal's compare-and-set fails on a removed key), and is back only because the
+    /// server brought it back. A server killed and restarted brings back keys released in
+    /// the seconds before whose purge markers' ttl had run out, each with its last write,
+    /// until its ttl's removal runs again (lock-nats/tests/restart.rs): an election's
+    /// observer that had shown a newer term showed the older one again (`distlock check`,
+    /// restart fault: term 6412 after 6415). A replicated stream's read may miss a live
+    /// entry (a new leader answers reads while it applies its log): one in its ttl may be a
+    /// live holder's and stays (the observer goes back to it: the term it showed was not the
+    /// leader's). A client that has shown nothing of the name yet (a new one, a name
+    /// forgotten, see [`Shown`]) sees every entry, a brought-back one too, until the server
+    /// removes it. A stream whose sequences start over (its bucket deleted and created
+    /// again, a memory-storage stream restarted, its data lost) has its new entries left out
+    /// by a client that showed a higher term, until its sequences pass `floor`: its tokens
+    /// went back, which a fenced resource refuses as well. The lock itself never judges so:
+    /// an entry holds its place until the server removes it.
+    pub(crate) fn observed(mut self, floor: Option<u64>, replicated: bool) -> Self {
         let newest = self.newest_ns;
         self.entries.retain(|e| {
-            e.expires_ns.is_none_or(|end| end >= newest) || floor.is_none_or(|f| e.token() >= f)
+            let kept = || replicated && e.expires_ns.is_none_or(|end| end >= newest);
+            floor.is_none_or(|f| e.token() >= f || kept())
         });
         self
     }
@@ -548,9 +560,10 @@ mod tests {
         q.blockers(index).0.into_iter().map(|(s, _)| s).collect()
     }
 
-    /// An entry past its ttl by the server's timestamps is left out only below the oldest
-    /// holder an observer showed: one that showed this entry (or nothing) keeps seeing it,
-    /// since its owner may still renew it; a live entry is never left out.
+    /// On a replicated stream, an entry past its ttl by the server's timestamps is left out
+    /// only below the oldest holder an observer showed: one that showed this entry (or
+    /// nothing) keeps seeing it, since its owner may still renew it; an entry in its ttl is
+    /// never left out.
     #[test]
     fn an_entry_past_its_ttl_is_left_out_only_behind_a_later_term_shown() {
         let q = |kinds: &[LockKind]| {
@@ -564,7 +577,7 @@ mod tests {
         };
         let holders = |kinds: &[LockKind], floor| -> Vec<u64> {
             q(kinds)
-                .observed(floor)
+                .observed(floor, true)
                 .holders()
                 .map(Entry::token)
                 .collect()
@@ -590,10 +603,56 @@ mod tests {
         recreated.entries[0].expires_ns = Some(1_000);
         recreated.newest_ns = 500;
         assert_eq!(
-            recreated.observed(Some(9)).entries.len(),
+            recreated.observed(Some(9), true).entries.len(),
             1,
             "a live entry left out"
         );
+    }
+
+    /// On a single server, every entry below the oldest holder an observer showed is left
+    /// out, in its ttl or without one too: a read misses no live entry, so it was removed,
+    /// and came back with a restart (`distlock check`, term 6412 after 6415). A replicated
+    /// stream keeps the one in its ttl.
+    #[test]
+    fn a_single_servers_entry_older_than_a_term_shown_is_left_out() {
+        let holders = |kinds: &[LockKind], floor| -> Vec<u64> {
+            let mut q = queue(kinds);
+            for e in &mut q.entries {
+                e.expires_ns = Some(1_000);
+            }
+            q.newest_ns = 500;
+            q.observed(floor, false)
+                .holders()
+                .map(Entry::token)
+                .collect()
+        };
+        assert_eq!(
+            holders(&[X, X, X], Some(3)),
+            [3],
+            "brought back, in its ttl"
+        );
+        assert_eq!(holders(&[X, X, X], Some(1)), [1], "the term shown holds");
+        assert_eq!(
+            holders(&[X, X, X], None),
+            [1],
+            "nothing shown: what the server holds"
+        );
+        assert_eq!(holders(&[P2, P2, P2], Some(2)), [2, 3]);
+        let mut q = queue(&[X, X]);
+        q.entries[0].expires_ns = Some(1_000);
+        q.newest_ns = 500;
+        let replicated: Vec<u64> = q
+            .observed(Some(2), true)
+            .holders()
+            .map(Entry::token)
+            .collect();
+        assert_eq!(
+            replicated,
+            [1],
+            "a replicated stream's read may have missed it"
+        );
+        let no_ttl = queue(&[X, X]).observed(Some(2), false);
+        assert_eq!(no_ttl.holders().map(Entry::token).collect::<Vec<_>>(), [2]);
     }
 
     /// The floor of a name only rises (nothing forgets it but the bound), and past the bound
