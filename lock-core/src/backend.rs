@@ -134,6 +134,27 @@ pub struct AcquireRequest {
     pub kind: LockKind,
 }
 
+impl AcquireRequest {
+    /// A request as the core makes it, for a backend's own tests of its attempts: `owner`
+    /// must be unique to the acquisition, as the core's are.
+    #[must_use]
+    pub fn new(
+        name: LockName,
+        owner: Arc<str>,
+        ttl: Duration,
+        mode: AttemptMode,
+        kind: LockKind,
+    ) -> Self {
+        Self {
+            name,
+            owner,
+            ttl,
+            mode,
+            kind,
+        }
+    }
+}
+
 /// Whether an attempt may queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AttemptMode {
