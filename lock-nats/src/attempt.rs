@@ -40,8 +40,18 @@ pub(crate) struct NatsAttempt {
     first: u64,
     /// When the write the server's ttl runs from was sent.
     written: Instant,
-    /// A create was sent whose answer never came: the entry may exist.
-    maybe_created: Option<Instant>,
+    /// When the first write (a create, or a renewal) that may have been stored unbeknown to
+    /// the attempt was sent: one whose answer never came, or an entry a replicated stream's
+    /// read did not show. A create that finds the entry keeps it with its ttl running from
+    /// then (a renewal cancelled in flight and stored moves the entry, and the next renewal
+    /// is refused). Cleared once a write of ours is stored.
+    unanswered: Option<Instant>,
+    /// The last revision of this attempt's latest entry known to be gone (removed, expired,
+    /// or given up): an entry of ours read back at or below it is not one to keep. A single
+    /// server killed and restarted brings back keys removed in the seconds before (see
+    /// `Queue::observed`); kept, such an entry would take its old place, ahead of holders
+    /// granted since.
+    gone: u64,
     wake: Option<Wake>,
     /// The removals since the last read of the entries that keep it waiting.
     count: Count,
@@ -68,7 +78,8 @@ impl NatsAttempt {
             rev: None,
             first: 0,
             written: Instant::now(),
-            maybe_created: None,
+            unanswered: None,
+            gone: 0,
             wake: None,
             count: Count::default(),
             heard: Heard::Nothing,
@@ -83,6 +94,30 @@ impl NatsAttempt {
             owner: self.owner.to_string(),
             data: None,
         }
+    }
+
+    /// No entry any more: the last one is gone or given up (see `gone`), and the next create
+    /// expects no key.
+    fn requeue(&mut self) {
+        if let Some(rev) = self.rev.take() {
+            self.gone = self.gone.max(rev);
+        }
+        self.first = 0;
+        self.slot.expected = 0;
+    }
+
+    /// Removes the entry at `rev` if it is still there (a compare-and-set) and leaves none
+    /// (see `requeue`); the next create expects the removal's marker.
+    async fn give_up(&mut self, rev: u64) -> Result<()> {
+        let removed = self.state.purge(&self.slot.subject, rev, None).await?;
+        self.gone = self.gone.max(rev);
+        self.requeue();
+        if let Written::Stored(marker) = removed {
+            // Every earlier write of ours expected an older revision: none can land now.
+            self.unanswered = None;
+            self.slot.expected = marker;
+        }
+        Ok(())
     }
 
     fn acquired(&self, rev: u64, alone: bool) -> Acquired {
@@ -108,14 +143,14 @@ impl NatsAttempt {
             Some(self.keys.range.as_str()),
         );
         let sent = Instant::now();
-        self.maybe_created = Some(sent);
+        self.unanswered.get_or_insert(sent);
         match self
             .state
             .send("acquire", &self.slot.subject, publish)
             .await?
         {
             Written::Stored(rev) => {
-                self.maybe_created = None;
+                self.unanswered = None;
                 self.rev = Some(rev);
                 self.first = rev;
                 self.written = sent;
@@ -135,16 +170,13 @@ impl NatsAttempt {
                         Ok(Step::Acquired(self.acquired(rev, alone)))
                     }
                     _ => {
-                        self.state.purge(&self.slot.subject, rev, None).await?;
-                        self.rev = None;
-                        self.first = 0;
-                        self.slot.expected = 0;
+                        self.give_up(rev).await?;
                         Ok(Step::Again)
                     }
                 }
             }
             Written::Conflict => {
-                self.maybe_created = None;
+                self.unanswered = None;
                 Ok(Step::Again)
             }
         }
@@ -153,7 +185,7 @@ impl NatsAttempt {
     /// The client's last release of the name left it free at a known revision (see
     /// `Slot::clean`): one write expecting that revision on the range takes it, with no read.
     async fn take_free(&mut self) -> Result<Option<Step>> {
-        if !self.slot.clean || self.rev.is_some() || self.maybe_created.is_some() {
+        if !self.slot.clean || self.rev.is_some() || self.unanswered.is_some() {
             return Ok(None);
         }
         self.slot.clean = false;
@@ -184,7 +216,7 @@ impl NatsAttempt {
         match self.rev {
             None => {
                 let sent = Instant::now();
-                let created = *self.maybe_created.get_or_insert(sent);
+                let created = *self.unanswered.get_or_insert(sent);
                 let publish = BackendState::put(&self.value(), self.ttl, self.slot.expected, None);
                 match self
                     .state
@@ -197,8 +229,17 @@ impl NatsAttempt {
                         self.written = sent;
                     }
                     Written::Conflict => match self.state.key(&self.slot.subject).await? {
-                        // An earlier create of ours was stored: its ttl runs from then.
+                        // An earlier write of ours whose answer never came was stored (a
+                        // create, or a renewal that moved the entry): its ttl runs from then.
+                        // Unless that ttl has run out (the server may keep it a moment, but
+                        // the waiters behind may act on its end), or the entry is one known
+                        // gone and brought back by a restart: then its place is no longer
+                        // ours. Remove it (at the revision read) and create a new one.
                         Key::Live(entry) if *entry.value.owner == *self.owner => {
+                            if entry.rev <= self.gone || created.elapsed() >= self.ttl {
+                                self.give_up(entry.rev).await?;
+                                return Ok(false);
+                            }
                             self.rev = Some(entry.rev);
                             self.first = entry.token();
                             self.written = created;
@@ -219,21 +260,19 @@ impl NatsAttempt {
                         }
                     },
                 }
-                self.maybe_created = None;
+                self.unanswered = None;
             }
             // Paused past its ttl: the server may not have removed the entry yet, but the
             // waiters behind may already act on its end. Renewing it would bring back a place
             // ahead of them: remove it (if still ours) and queue again.
             Some(rev) if self.written.elapsed() >= self.ttl => {
-                self.state.purge(&self.slot.subject, rev, None).await?;
-                self.rev = None;
-                self.first = 0;
-                self.slot.expected = 0;
+                self.give_up(rev).await?;
                 return Ok(false);
             }
             Some(rev) if self.written.elapsed() >= self.ttl / 3 => {
                 let sent = Instant::now();
                 let publish = BackendState::put(&self.value(), self.ttl, rev, None);
+                self.unanswered.get_or_insert(sent);
                 match self
                     .state
                     .send("renew", &self.slot.subject, publish)
@@ -242,12 +281,12 @@ impl NatsAttempt {
                     Written::Stored(new) => {
                         self.rev = Some(new);
                         self.written = sent;
+                        self.unanswered = None;
                     }
-                    // Expired while we waited: a new entry, at the back of the queue.
+                    // Expired while we waited: a new entry, at the back of the queue. Or a
+                    // renewal of ours cancelled in flight moved it: the create finds it.
                     Written::Conflict => {
-                        self.rev = None;
-                        self.first = 0;
-                        self.slot.expected = 0;
+                        self.requeue();
                         return Ok(false);
                     }
                 }
@@ -327,10 +366,17 @@ impl NatsAttempt {
             return Ok(Step::Again);
         }
         let Some(position) = queue.position(&self.slot.subject) else {
-            // Expired or removed between our write and the read.
-            self.rev = None;
-            self.first = 0;
-            self.slot.expected = 0;
+            // Expired or removed between our write and the read. Or, on a replicated stream,
+            // not shown yet by a leader still applying its log: then it may be there, its ttl
+            // running from its last write, and the create finds it (not gone, only unseen).
+            if self.state.replicated && self.rev.is_some() {
+                self.unanswered.get_or_insert(self.written);
+                self.rev = None;
+                self.first = 0;
+                self.slot.expected = 0;
+            } else {
+                self.requeue();
+            }
             return Ok(Step::Again);
         };
         if queue.entries[position].token() != self.first {
@@ -437,7 +483,7 @@ impl Attempt for NatsAttempt {
             }
             return Ok(());
         }
-        if self.rev.is_none() && self.maybe_created.is_none() {
+        if self.rev.is_none() && self.unanswered.is_none() {
             return Ok(());
         }
         // A write whose answer never came (the attempt may have been cancelled while it was
@@ -455,5 +501,172 @@ impl Attempt for NatsAttempt {
             async move { state.purge_any(&subject).await.map(|_| ()) }
         });
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use distlock_core::LockName;
+
+    use super::*;
+    use crate::NatsConfig;
+
+    /// An attempt on a fresh bucket of the test server, or `None` with no server.
+    async fn attempt(name: &str) -> Option<NatsAttempt> {
+        let url = conformance_tests::server_var("nats", "DISTLOCK_TEST_NATS_URL")?;
+        let bucket = format!(
+            "attempt-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
+        let config = NatsConfig::from_url(&url)
+            .and_then(|c| c.with_bucket(&bucket))
+            .expect("NATS URL");
+        let state = crate::backend::open(&config, Duration::from_secs(5))
+            .await
+            .expect("open the bucket");
+        let request = AcquireRequest::new(
+            LockName::new(name).expect("name"),
+            Arc::from(uuid::Uuid::new_v4().simple().to_string()),
+            Duration::from_secs(30),
+            AttemptMode::Wait,
+            LockKind::Exclusive,
+        );
+        Some(NatsAttempt::new(state, request))
+    }
+
+    /// Writes the attempt's entry; its revision.
+    async fn written(attempt: &mut NatsAttempt) -> u64 {
+        for _ in 0..4 {
+            if attempt.keep_entry().await.expect("create") {
+                return attempt.rev.expect("written");
+            }
+        }
+        panic!("no entry written in 4 tries");
+    }
+
+    /// The attempt's entry known gone (a renewal found it removed, its ttl ran out under a
+    /// pause) but read back at its old revision, as a single server killed and restarted
+    /// brings back a removed key: its old place is not taken again, it is removed and the next
+    /// entry is written behind it.
+    #[tokio::test]
+    async fn an_entry_of_ours_known_gone_and_read_back_is_not_kept() {
+        let Some(mut attempt) = attempt("gone").await else {
+            return;
+        };
+        let old = written(&mut attempt).await;
+        // Gone as far as the attempt knows; still on the server, as if brought back.
+        attempt.requeue();
+        assert!(
+            !attempt.keep_entry().await.expect("create"),
+            "an entry known gone was kept"
+        );
+        assert_eq!(attempt.rev, None);
+        let new = written(&mut attempt).await;
+        assert!(new > old, "the new entry {new} is not behind the old {old}");
+        assert_eq!(attempt.first, new, "the old entry's token kept");
+        // The new entry is this attempt's to keep: found again after a lost answer.
+        lose_answer(&mut attempt, Instant::now());
+        assert!(attempt.keep_entry().await.expect("create"), "not kept");
+        assert_eq!((attempt.rev, attempt.first), (Some(new), new));
+    }
+
+    /// As if the attempt's last create was cancelled in flight, sent at `sent`.
+    fn lose_answer(attempt: &mut NatsAttempt, sent: Instant) {
+        attempt.rev = None;
+        attempt.first = 0;
+        attempt.unanswered = Some(sent);
+    }
+
+    /// A create whose answer never came, found a ttl after it was sent (the server may keep
+    /// an entry a moment past its end): not kept, the waiters behind may already act on its
+    /// end.
+    #[tokio::test]
+    async fn an_entry_of_ours_past_its_ttl_is_not_kept() {
+        let Some(mut attempt) = attempt("late").await else {
+            return;
+        };
+        let old = written(&mut attempt).await;
+        let sent = Instant::now()
+            .checked_sub(attempt.ttl)
+            .expect("a clock past 30 s");
+        lose_answer(&mut attempt, sent);
+        assert!(
+            !attempt.keep_entry().await.expect("create"),
+            "an entry past its ttl was kept"
+        );
+        let new = written(&mut attempt).await;
+        assert!(new > old, "the new entry {new} is not behind the old {old}");
+        assert_eq!(attempt.first, new, "the old entry's token kept");
+    }
+
+    /// A create whose answer never came (cancelled in flight) but that was stored: the next
+    /// create finds the entry and keeps it, with its place and token.
+    #[tokio::test]
+    async fn a_stored_create_whose_answer_was_lost_is_kept() {
+        let Some(mut attempt) = attempt("lost").await else {
+            return;
+        };
+        let sent = Instant::now();
+        let rev = written(&mut attempt).await;
+        lose_answer(&mut attempt, sent);
+        assert!(attempt.keep_entry().await.expect("create"), "not kept");
+        assert_eq!((attempt.rev, attempt.first), (Some(rev), rev));
+        assert_eq!(attempt.written, sent, "its ttl runs from the lost create");
+    }
+
+    /// A renewal cancelled in flight (the core's operation timeout drops the poll) but
+    /// stored: the entry is kept with its place, its ttl running from that renewal, not from
+    /// the create that finds it (a grant would otherwise believe in a lease longer than the
+    /// server's).
+    #[tokio::test]
+    async fn a_renewal_cancelled_in_flight_counts_its_ttl_from_its_sending() {
+        let Some(mut attempt) = attempt("renewed").await else {
+            return;
+        };
+        let rev = written(&mut attempt).await;
+        // Due for renewal.
+        attempt.written = Instant::now()
+            .checked_sub(attempt.ttl / 2)
+            .expect("a clock past 15 s");
+        let before = Instant::now();
+        {
+            let renewal = attempt.keep_entry();
+            tokio::pin!(renewal);
+            // Polled once (the renewal is sent), then dropped, as a timeout drops it.
+            assert!(
+                futures::poll!(renewal.as_mut()).is_pending(),
+                "answered at once"
+            );
+        }
+        let after = Instant::now();
+        let stored = async {
+            loop {
+                if let Key::Live(entry) = attempt.state.key(&attempt.slot.subject).await?
+                    && entry.rev > rev
+                {
+                    return Ok(entry.rev);
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        let renewed: Result<u64> = tokio::time::timeout(Duration::from_secs(5), stored)
+            .await
+            .expect("the cancelled renewal was not stored");
+        let renewed = renewed.expect("read the key");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut kept = false;
+        for _ in 0..4 {
+            if attempt.keep_entry().await.expect("keep") {
+                kept = true;
+                break;
+            }
+        }
+        assert!(kept, "the entry was not kept");
+        assert_eq!((attempt.rev, attempt.first), (Some(renewed), rev));
+        assert!(
+            (before..=after).contains(&attempt.written),
+            "its ttl counted from {:?} after the renewal was sent",
+            attempt.written.saturating_duration_since(after)
+        );
     }
 }
