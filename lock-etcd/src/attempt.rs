@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use distlock_core::backend::{Retries, RetryPolicy, spawn_cleanup};
+use distlock_core::backend::{AcquireRequest, Retries, RetryPolicy, spawn_cleanup};
 use distlock_core::{Acquired, Attempt, AttemptMode, Error, FencingToken, LockKind, Result, Step};
 use etcd_client::{
     Compare, CompareOp, GetOptions, GetResponse, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
@@ -52,6 +52,27 @@ pub(crate) struct EtcdAttempt {
 }
 
 impl EtcdAttempt {
+    /// An attempt of `request`, on a key of its own in the name's range.
+    pub(crate) fn new(shared: &Arc<BackendState>, request: AcquireRequest) -> Self {
+        let range = keys::name_range(&shared.prefix, request.name.as_str());
+        let key = QueueKey::new(shared, range, request.kind);
+        Self {
+            shared: shared.clone(),
+            name: request.name.as_str().to_owned(),
+            mode: request.mode,
+            ttl: request.ttl,
+            owner: request.owner,
+            kind: request.kind,
+            key,
+            slot: None,
+            rev: None,
+            watch_target: None,
+            watch: None,
+            count: None,
+            put: None,
+        }
+    }
+
     /// [`Error::Mismatch`] if a queue key `key` of the name says it is held (or asked for) as
     /// a kind ours can never join.
     pub(crate) fn check_kind(&self, key: &[u8]) -> Result<()> {
@@ -200,7 +221,8 @@ impl EtcdAttempt {
     /// The transaction that queues our key: if it does not exist yet, `reads` and then the
     /// put; otherwise a read of our key. Answers the revision and the reads, or `None` when
     /// polling again is needed (the lease was gone; or our key existed, from an earlier poll
-    /// whose answer was lost, and `rev` now says where it is).
+    /// whose answer was lost, and `rev` now says where it is, or it was on a lease the attempt
+    /// does not keep alive, and it was removed).
     pub(crate) async fn enqueue_txn(
         &mut self,
         slot: &Arc<LeaseSlot>,
@@ -234,13 +256,30 @@ impl EtcdAttempt {
             return Err(protocol("a transaction answered without its read"));
         };
         if !succeeded {
-            // Our key exists already: an earlier poll's answer was lost. Find its place.
+            // Our key exists already: an earlier poll's answer was lost. Find its place, and
+            // keep alive the lease it is on: this poll's, or the one an earlier poll queued
+            // it with (a lease that died since took its keys with it). Keeping the old one
+            // after this poll's put landed on a new lease, the attempt found that lease dead
+            // on every poll and queued again, forever.
             match first.kvs().first() {
-                Some(kv) => {
+                Some(kv) if kv.lease() == slot.id => {
                     self.rev = Some(kv.create_revision());
-                    if self.slot.is_none() {
-                        self.slot = Some(slot.clone());
-                    }
+                    self.slot = Some(slot.clone());
+                }
+                Some(kv) if self.slot.as_ref().is_some_and(|s| s.id == kv.lease()) => {
+                    self.rev = Some(kv.create_revision());
+                }
+                // On a lease the attempt does not keep alive: not a place it can keep. Removed,
+                // and put again on the next poll (the key's number stays the attempt's).
+                Some(_) => {
+                    self.rev = None;
+                    self.shared
+                        .client
+                        .kv_client()
+                        .delete(self.key.key.clone(), None)
+                        .await
+                        .map_err(|e| map_err("removing a queue key on an unknown lease", e))?;
+                    self.key.set_may_exist(false);
                 }
                 None => self.rev = None,
             }
@@ -414,7 +453,8 @@ impl EtcdAttempt {
             self.rev = None;
             return Ok(None);
         };
-        if slot.refreshed().elapsed() >= slot.ttl / 10 {
+        // A lease known dead took our key with it, however recently it was refreshed.
+        if slot.is_dead() || slot.refreshed().elapsed() >= slot.ttl / 10 {
             trace!(target: "distlock_etcd::wait", me = %self.key.key, "position: keepalive first");
             if !slot
                 .keep_alive(&self.shared.client, &self.shared.members, Instant::now())
@@ -624,4 +664,146 @@ fn remove_unanswered(kv: etcd_client::KvClient, key: Arc<QueueKey>) {
             Ok(())
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use distlock_core::{ClientConfig, DistributedLock, LockName};
+    use etcd_client::PutOptions;
+
+    use super::*;
+    use crate::{EtcdBackend, EtcdConfig};
+
+    /// A waiter queued on the client's lease, which dies; the put that queues it again lands
+    /// on the client's new lease (or, `foreign`, on a lease the client does not know), but its
+    /// answer is lost (made here, as that put would have been stored); then the holder ahead
+    /// leaves, and `pause` later the waiter polls. Its next put finds the key: it must hold on
+    /// the client's new lease, which it keeps alive.
+    async fn lost_put_on_a_new_lease(pause: Duration, foreign: bool) {
+        let Some(endpoints) = conformance_tests::server_var("etcd", "DISTLOCK_TEST_ETCD_ENDPOINTS")
+        else {
+            return;
+        };
+        let prefix = format!("lost-put-{}", uuid::Uuid::new_v4().simple());
+        let config = EtcdConfig::new(endpoints.split(','))
+            .and_then(|c| c.with_prefix(&prefix))
+            .expect("etcd endpoints");
+        let holder = crate::connect_with(config.clone(), ClientConfig::default())
+            .await
+            .expect("connect the holder");
+        let ttl = Duration::from_secs(5);
+        let opts = distlock_core::AcquireOptions::default().with_ttl(Duration::from_secs(30));
+        let held = holder.acquire("lost-put", &opts).await.expect("hold");
+        let backend = EtcdBackend::connect(&config, Duration::from_secs(5))
+            .await
+            .expect("connect");
+        let shared = backend.shared.clone();
+        let request = AcquireRequest::new(
+            LockName::new("lost-put").expect("name"),
+            Arc::from("lost-put-waiter"),
+            ttl,
+            AttemptMode::Wait,
+            LockKind::Exclusive,
+        );
+        let mut attempt = EtcdAttempt::new(&shared, request.clone());
+        let step = attempt.poll().await.expect("queue");
+        assert!(matches!(step, Step::Busy { .. }), "not queued: {step:?}");
+        let old = attempt.slot.clone().expect("queued on a lease");
+        shared
+            .client
+            .lease_client()
+            .revoke(old.id)
+            .await
+            .expect("revoke the waiter's lease");
+        let members = &shared.members;
+        let alive = old
+            .keep_alive(&shared.client, members, Instant::now())
+            .await;
+        assert!(!alive.expect("keepalive"), "the revoked lease still alive");
+        let new = shared.fresh_slot(ttl).await.expect("a new lease");
+        assert_ne!(new.id, old.id);
+        let foreign = if foreign {
+            let granted = shared.client.lease_client().grant(30, None).await;
+            Some(granted.expect("a lease of no client").id())
+        } else {
+            None
+        };
+        let landed = foreign.unwrap_or(new.id);
+        shared
+            .client
+            .kv_client()
+            .put(
+                attempt.key.key.clone(),
+                keys::value_with_data("lost-put-waiter", None),
+                Some(PutOptions::new().with_lease(landed)),
+            )
+            .await
+            .expect("the put whose answer was lost");
+        held.release().await.expect("release");
+        tokio::time::sleep(pause).await;
+        let mut acquired = None;
+        for _ in 0..20 {
+            match attempt.poll().await.expect("poll") {
+                Step::Acquired(grant) => {
+                    acquired = Some(grant);
+                    break;
+                }
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+        let grant = acquired.expect("the waiter never held, the holder gone");
+        assert_eq!(
+            attempt.slot.as_ref().map(|s| s.id),
+            Some(new.id),
+            "held on the dead lease"
+        );
+        // The key's number is still the attempt's: a second attempt gets another key.
+        let second = EtcdAttempt::new(&shared, request);
+        assert_ne!(
+            second.key.key, attempt.key.key,
+            "the key given to another attempt"
+        );
+        let key = shared
+            .client
+            .kv_client()
+            .get(attempt.key.key.clone(), None)
+            .await;
+        let on = key
+            .expect("read the key")
+            .kvs()
+            .first()
+            .map(|kv| kv.lease());
+        assert_eq!(on, Some(new.id), "the key is not on the lease kept alive");
+        grant.lease.release().await.expect("release the grant");
+        if let Some(id) = foreign {
+            shared
+                .client
+                .lease_client()
+                .revoke(id)
+                .await
+                .expect("revoke");
+        }
+    }
+
+    /// Polled at once, while its dead lease's last refresh is recent (when the set-up takes
+    /// less than a tenth of the ttl): it used to hold on that lease (its renewals refused: a
+    /// lock reported lost, its key left on the new one).
+    #[tokio::test]
+    async fn a_waiter_whose_lost_put_landed_on_a_new_lease_holds_on_it() {
+        lost_put_on_a_new_lease(Duration::ZERO, false).await;
+    }
+
+    /// Polled past a tenth of the ttl, when it keeps its lease alive first: it used to find
+    /// the dead lease dead on every poll and queue again, forever.
+    #[tokio::test]
+    async fn a_waiter_whose_lost_put_landed_on_a_new_lease_is_not_stuck() {
+        lost_put_on_a_new_lease(Duration::from_millis(600), false).await;
+    }
+
+    /// The lost put found on a lease the attempt does not keep alive: the key is put again on
+    /// the client's lease.
+    #[tokio::test]
+    async fn a_waiter_whose_lost_put_landed_on_an_unknown_lease_queues_again() {
+        lost_put_on_a_new_lease(Duration::ZERO, true).await;
+    }
 }

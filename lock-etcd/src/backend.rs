@@ -25,7 +25,7 @@ use crate::checks::KeyCheck;
 use crate::config::EtcdConfig;
 use crate::error::{connect_err, map_err, retryable, tls_cause, transient};
 use crate::keys;
-use crate::keys::{KeyPool, QueueKey};
+use crate::keys::KeyPool;
 use crate::members::{self, Members, Prober};
 use crate::renew::EtcdRenewer;
 use crate::session::LeaseSlot;
@@ -213,23 +213,7 @@ impl LockBackend for EtcdBackend {
     }
 
     fn begin(&self, request: AcquireRequest) -> Box<dyn Attempt> {
-        let range = keys::name_range(&self.shared.prefix, request.name.as_str());
-        let key = QueueKey::new(&self.shared, range, request.kind);
-        Box::new(EtcdAttempt {
-            shared: self.shared.clone(),
-            name: request.name.as_str().to_owned(),
-            mode: request.mode,
-            ttl: request.ttl,
-            owner: request.owner,
-            kind: request.kind,
-            key,
-            slot: None,
-            rev: None,
-            watch_target: None,
-            watch: None,
-            count: None,
-            put: None,
-        })
+        Box::new(EtcdAttempt::new(&self.shared, request))
     }
 
     /// A watch on every key of the name (holders and queue, of every kind: a reader's or a

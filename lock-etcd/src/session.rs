@@ -97,7 +97,7 @@ impl LeaseSlot {
         *lock(&self.refreshed)
     }
 
-    fn is_dead(&self) -> bool {
+    pub(crate) fn is_dead(&self) -> bool {
         self.dead.load(Ordering::Acquire)
     }
 
