@@ -126,7 +126,24 @@ impl ZkAttempt {
             self.forget_node();
         }
         let session = self.backend.session().await?;
+        // Kept first: a refused waiter that moved here removes the nodes it left on the old
+        // session through this one (see `abandon`).
         self.session = Some(session.clone());
+        // The longest ttl is the first session's timeout (the backend's capabilities); a
+        // session opened since (the first ended, or stayed disconnected) may have been granted
+        // less, by a server restarted with a lower `maxSessionTimeout`. A holder cut off from
+        // the ensemble believes it holds until its lease's end: past the session's timeout,
+        // the server has deleted its node and granted the lock to another. (A session that
+        // reconnects keeps the timeout it was first granted, as far as the client tells.)
+        let timeout = session.client.session_timeout();
+        if self.request.ttl > timeout {
+            return Err(Error::InvalidOptions(format!(
+                "a lease of {:?} (ttl plus lock-delay) is longer than the {timeout:?} timeout \
+                 the ZooKeeper server granted the session now open: ask for at most that, or \
+                 raise the server's maxSessionTimeout",
+                self.request.ttl
+            )));
+        }
         Ok(session)
     }
 
@@ -898,5 +915,124 @@ impl Attempt for ZkAttempt {
         debug!("abandoning while disconnected: the queue entry is removed on reconnection");
         leave_on_reconnection(session, parent, prefix, nodes, search);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use distlock_core::{AcquireOptions, ClientConfig, DistributedLock, LockClient};
+
+    use super::*;
+    use crate::ZkConfig;
+    use crate::session::open_session;
+
+    /// The test server's configuration, asking for a 20 s session timeout.
+    fn config() -> Option<ZkConfig> {
+        let connect = conformance_tests::server_var("zk", "DISTLOCK_TEST_ZK_CONNECT")?;
+        let config = ZkConfig::new(&connect).expect("connect string");
+        Some(config.with_session_timeout(Duration::from_secs(20)))
+    }
+
+    /// A session of `config` granted a 4 s timeout.
+    async fn short_session(config: ZkConfig, options: &ClientConfig) -> Arc<Session> {
+        let short = config.with_session_timeout(Duration::from_secs(4));
+        let session = open_session(&short, options.operation_timeout)
+            .await
+            .expect("open a session");
+        assert_eq!(session.client.session_timeout(), Duration::from_secs(4));
+        session
+    }
+
+    /// A session that replaced the first was granted a shorter timeout than the ttl asked for
+    /// (which the first session's allowed): the acquisition is refused with a clear error,
+    /// and one within the new timeout holds.
+    #[tokio::test]
+    async fn a_ttl_past_a_new_sessions_shorter_timeout_is_refused() {
+        let Some(config) = config() else {
+            return;
+        };
+        let options = ClientConfig::default();
+        let backend = ZkBackend::connect(config.clone(), &options)
+            .await
+            .expect("connect");
+        assert_eq!(backend.session_timeout(), Duration::from_secs(20));
+        // As when the first session ended and the server granted its replacement less.
+        let replacement = short_session(config, &options).await;
+        *distlock_core::backend::unpoisoned(&backend.shared.current) = replacement;
+        let client = LockClient::with_config(backend, options).expect("client");
+        let name = format!("short-session-{}", uuid::Uuid::new_v4().simple());
+        let long = AcquireOptions::default().with_ttl(Duration::from_secs(10));
+        match client.acquire(&name, &long).await {
+            Err(Error::InvalidOptions(message)) => {
+                assert!(message.contains("4s"), "{message}");
+            }
+            other => panic!("a 10 s lease on a 4 s session: {other:?}"),
+        }
+        let within = AcquireOptions::default().with_ttl(Duration::from_secs(3));
+        let guard = client.acquire(&name, &within).await.expect("acquire");
+        guard.release().await.expect("release");
+    }
+
+    /// A waiter queued on the first session, which the backend replaces (as when it stays
+    /// disconnected) with one granted a shorter timeout than the waiter's lease: the waiter
+    /// is refused at its next poll, and its node on the first session is removed.
+    #[tokio::test]
+    async fn a_waiter_moved_to_a_shorter_session_is_refused_and_leaves_the_queue() {
+        let Some(config) = config() else {
+            return;
+        };
+        let options = ClientConfig::default();
+        let name = format!("moved-waiter-{}", uuid::Uuid::new_v4().simple());
+        let holder = crate::connect_with(config.clone(), options.clone())
+            .await
+            .expect("connect the holder");
+        let opts = AcquireOptions::default().with_ttl(Duration::from_secs(6));
+        let held = holder.acquire(&name, &opts).await.expect("hold");
+        let backend = ZkBackend::connect(config.clone(), &options)
+            .await
+            .expect("connect");
+        let shared = backend.shared.clone();
+        let client = LockClient::with_config(backend, options.clone()).expect("client");
+        let waiter = tokio::spawn({
+            let name = name.clone();
+            async move { client.acquire(&name, &opts).await.map(|_| ()) }
+        });
+        let parent = config.lock_path(&distlock_core::LockName::new(&name).expect("name"));
+        let queued = || async {
+            let session = distlock_core::backend::unpoisoned(&shared.current).clone();
+            let children = session.client.list_children(&parent).await;
+            children.expect("list the queue").len()
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while queued().await < 2 {
+            assert!(Instant::now() < deadline, "the waiter never queued");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let replacement = short_session(config, &options).await;
+        {
+            let mut current = distlock_core::backend::unpoisoned(&shared.current);
+            current.retire();
+            *current = replacement;
+        }
+        // Its next poll comes by a third of its lease, to renew its waiting mark.
+        let refused = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("the waiter was not refused in time")
+            .expect("the waiter's task");
+        match refused {
+            Err(Error::InvalidOptions(message)) => assert!(message.contains("4s"), "{message}"),
+            other => panic!("a 6 s lease on a 4 s session: {other:?}"),
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while queued().await > 1 {
+            assert!(
+                Instant::now() < deadline,
+                "the refused waiter's node stayed"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        held.release().await.expect("release");
     }
 }

@@ -162,7 +162,9 @@ impl ZkBackend {
         &self.shared.config
     }
 
-    /// The session timeout the server granted, which is also the longest accepted ttl.
+    /// The session timeout the server granted the first session, which is also the longest
+    /// accepted ttl (a session opened later that the server grants less refuses longer
+    /// leases).
     pub fn session_timeout(&self) -> Duration {
         self.shared.granted
     }
@@ -193,9 +195,7 @@ impl ZkBackend {
             self.shared.client_config.operation_timeout,
         )
         .await?;
-        if fresh.client.session_timeout() < self.shared.granted {
-            warn!(granted = ?fresh.client.session_timeout(), "the new session has a shorter timeout than the first");
-        }
+        warn_if_shorter(&self.shared, &fresh);
         *lock(&self.shared.current) = fresh.clone();
         Ok(fresh)
     }
@@ -240,6 +240,7 @@ impl ZkBackend {
                             fresh = %fresh.client.session_id(),
                             "ZooKeeper session still reconnecting while the servers answer: new work goes to a new session"
                         );
+                        warn_if_shorter(&shared, &fresh);
                         stale.retire();
                         *current = fresh;
                     }
@@ -250,6 +251,20 @@ impl ZkBackend {
             }
             shared.replacing.store(false, Ordering::SeqCst);
         });
+    }
+}
+
+/// Warns when the server granted a replacement session `fresh` a shorter timeout than the
+/// first: its attempts refuse leases longer than that (see `ZkAttempt::session`).
+fn warn_if_shorter(shared: &BackendState, fresh: &Session) {
+    let granted = fresh.client.session_timeout();
+    if granted < shared.granted {
+        warn!(
+            ?granted,
+            first = ?shared.granted,
+            "the new ZooKeeper session has a shorter timeout than the first: longer leases \
+             are refused"
+        );
     }
 }
 

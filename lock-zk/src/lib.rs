@@ -179,7 +179,11 @@
 //! (default 30 s, `?session_timeout=` in the URL). The longest accepted ttl is the timeout the
 //! server granted: a holder cut off from the ensemble keeps believing it holds the lock until
 //! its local deadline (at most one ttl after its last renewal was sent), and the server must
-//! not delete its node (session expiry) before that. The shortest ttl is 500 ms. A crashed
+//! not delete its node (session expiry) before that. A session opened later (the first ended,
+//! or stayed disconnected) that the server grants a shorter timeout (restarted with a lower
+//! `maxSessionTimeout`) refuses an acquisition whose lease is longer than that timeout, a
+//! waiter too at its next poll on it: [`Error::InvalidOptions`](distlock_core::Error).
+//! The shortest ttl is 500 ms. A crashed
 //! process's held locks and its queue entries (waiters) are freed after their ttl by the
 //! waiters behind them; its session expiry removes whatever is left.
 //!
