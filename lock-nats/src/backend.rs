@@ -38,6 +38,11 @@ pub const MAX_PERMITS: u32 = 256;
 /// How long the server keeps the marker of a removed entry (its own ttl).
 const MARKER_TTL: Duration = Duration::from_secs(1);
 
+/// How much longer than the entry's ttl the marker of a holder removed behind its owner's
+/// back stays (see `NatsBackend::remove_holders`): beyond the owner's drift margin, and past
+/// the server's removal of an entry it brought back.
+const REMOVED_MARGIN: Duration = Duration::from_secs(3);
+
 /// How long a client reads queues without direct gets after one went unanswered (see
 /// [`BackendState::direct_off_until`]).
 const DIRECT_PAUSE: Duration = Duration::from_secs(60);
@@ -192,10 +197,22 @@ impl BackendState {
         expected: u64,
         range: Option<&str>,
     ) -> Result<Written> {
+        self.purge_leaving(subject, expected, range, MARKER_TTL)
+            .await
+    }
+
+    /// [`Self::purge`], its marker kept `marker_ttl`.
+    pub(crate) async fn purge_leaving(
+        &self,
+        subject: &str,
+        expected: u64,
+        range: Option<&str>,
+        marker_ttl: Duration,
+    ) -> Result<Written> {
         let publish = Publish::build()
             .header("KV-Operation", "PURGE")
             .header("Nats-Rollup", "sub")
-            .header("Nats-TTL", ttl_header(MARKER_TTL).as_str())
+            .header("Nats-TTL", ttl_header(marker_ttl).as_str())
             .expected_last_subject_sequence(expected);
         self.send("purge", subject, within(publish, range)).await
     }
@@ -369,6 +386,13 @@ impl NatsBackend {
     /// Purges the holders of `name`, or only the one of `(owner, token)`, each with a
     /// compare-and-set on the revision read; those renewed in between are read again (up to
     /// 8 rounds). Whether any was purged.
+    ///
+    /// Behind its owner's back: each purge's marker outlives the entry's ttl (by the
+    /// server's clock) by [`REMOVED_MARGIN`]. While it stands, the owner's renewals (a
+    /// compare-and-set on the entry's revision) are refused, so the owner learns of the loss
+    /// before its lease ends; a single server killed and restarted brings back removed keys
+    /// whose markers are gone (see `Queue::observed`), and with a marker gone before the
+    /// entry's end, the owner's next renewal was stored beside the next holder.
     async fn remove_holders(
         &self,
         name: &LockName,
@@ -385,7 +409,17 @@ impl NatsBackend {
                 })
             });
             for holder in chosen {
-                match self.state.purge(&holder.subject, holder.rev, None).await? {
+                let left = holder.expires_ns.map_or(MAX_TTL, |end| {
+                    let longest = i128::try_from(MAX_TTL.as_nanos()).unwrap_or(i128::MAX);
+                    let left = (end - queue.newest_ns).clamp(0, longest);
+                    Duration::from_nanos(u64::try_from(left).unwrap_or(u64::MAX))
+                });
+                let marker = left + REMOVED_MARGIN;
+                let purged = self
+                    .state
+                    .purge_leaving(&holder.subject, holder.rev, None, marker)
+                    .await?;
+                match purged {
                     Written::Stored(_) => removed = true,
                     Written::Conflict => again = true,
                 }

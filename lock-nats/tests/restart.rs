@@ -3,7 +3,8 @@
 //! markers: the released key is read again, with its last write, until its ttl's removal runs
 //! once more (nats-server 2.15; `distlock check`, restart fault: an election's observer
 //! showed term 6412 after 6415). An observer that showed a newer term must not show such a
-//! key's older one. The server is restarted: this binary runs alone on it (scripts/test.sh
+//! key's older one; a holder removed behind its owner's back must not come back for the owner
+//! to renew it. The server is restarted: this binary runs alone on it (scripts/test.sh
 //! runs a backend crate's binaries other than its conformance suite one after another).
 
 use std::time::Duration;
@@ -14,6 +15,21 @@ use distlock_nats::{NatsBackend, NatsConfig};
 
 /// How many times the scene is played at most until a restart brings a key back.
 const ROUNDS: usize = 4;
+
+/// Taken by each test for its whole scene: one restarts the server in the middle of another's.
+static SERVER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The server's turn (see [`SERVER`]) and its configuration on a bucket of its own named
+/// after `what`; `None` with no server.
+async fn turn(what: &str) -> Option<(tokio::sync::MutexGuard<'static, ()>, NatsConfig)> {
+    let url = server_var("nats", "DISTLOCK_TEST_NATS_URL")?;
+    let turn = SERVER.lock().await;
+    let bucket = format!("{what}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let config = NatsConfig::from_url(&url)
+        .and_then(|c| c.with_bucket(&bucket))
+        .expect("NATS URL");
+    Some((turn, config))
+}
 
 /// A new client, or `None` while the server is away.
 async fn try_client(config: &NatsConfig) -> Option<LockClient<NatsBackend>> {
@@ -43,16 +59,9 @@ async fn shown(client: &LockClient<NatsBackend>, name: &str) -> distlock_core::R
 /// again). The ttl (6 s) leaves the restart time to come back before the keys expire.
 #[tokio::test]
 async fn an_observer_never_shows_a_term_a_restart_brought_back() {
-    let Some(url) = server_var("nats", "DISTLOCK_TEST_NATS_URL") else {
+    let Some((_turn, config)) = turn("restart").await else {
         return;
     };
-    let bucket = format!(
-        "restart-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    );
-    let config = NatsConfig::from_url(&url)
-        .and_then(|c| c.with_bucket(&bucket))
-        .expect("NATS URL");
     let ttl = Duration::from_secs(6);
     let opts = AcquireOptions::default().with_ttl(ttl);
     for round in 0..ROUNDS {
@@ -117,4 +126,53 @@ async fn an_observer_never_shows_a_term_a_restart_brought_back() {
         eprintln!("round {round}: the restart brought nothing back; played again");
     }
     panic!("no restart of {ROUNDS} brought a released key back: nothing was judged");
+}
+
+/// A holder removed behind its back (`force_release`) and the lock granted to a waiter, then
+/// the server killed and restarted: the removed key must not come back for its owner's next
+/// renewal to be stored beside the new holder (with the removal's marker gone after 1 s, it
+/// did: the owner renewed and held on). The owner must learn of its loss while the new holder
+/// holds. The ttl (15 s) puts the owner's first renewal (at 5 s) after the restart.
+#[tokio::test]
+async fn a_holder_removed_behind_its_back_stays_removed_across_a_restart() {
+    let Some((_turn, config)) = turn("forced").await else {
+        return;
+    };
+    let ttl = Duration::from_secs(15);
+    let opts = AcquireOptions::default().with_ttl(ttl);
+    let started = tokio::time::Instant::now();
+    let owner = client(&config).await;
+    let held = owner.acquire("forced", &opts).await.expect("hold");
+    let waiter = client(&config).await;
+    let next = tokio::spawn({
+        let opts = opts.clone();
+        async move { waiter.acquire("forced", &opts).await }
+    });
+    // Queued (its entry written) well within this.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!next.is_finished(), "the waiter did not wait");
+    let admin = client(&config).await;
+    assert!(
+        admin.force_release("forced").await.expect("force"),
+        "nothing removed"
+    );
+    let next = next
+        .await
+        .expect("the waiter's task")
+        .expect("the next holder");
+    // Past the 1 s marker a release leaves: then the restart brought removed keys back.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    services("restart-one", "nats").await.expect("restart");
+    let end = started + ttl * 4 / 5;
+    while !held.is_lost() {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "the removed owner still holds {:?} in, beside the next holder (lost: {})",
+            started.elapsed(),
+            next.is_lost()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!next.is_lost(), "the next holder lost its lock");
+    next.release().await.expect("release");
 }
