@@ -475,8 +475,11 @@ impl Attempt for NatsAttempt {
     }
 
     async fn abandon(self: Box<Self>) -> Result<()> {
+        // An error (the server away) leaves the entry to the removal in the background below,
+        // not to its ttl: ahead in line, it would keep every waiter behind it waiting.
         if let Some(rev) = self.rev
-            && let Written::Stored(marker) = self.state.purge(&self.slot.subject, rev, None).await?
+            && let Ok(Written::Stored(marker)) =
+                self.state.purge(&self.slot.subject, rev, None).await
         {
             if self.slot.hold().is_some() {
                 self.state.slots.released(&self.name, marker, false);
@@ -487,12 +490,12 @@ impl Attempt for NatsAttempt {
             return Ok(());
         }
         // A write whose answer never came (the attempt may have been cancelled while it was
-        // in flight, and it may still land) or a key that moved: the subject is this
-        // attempt's alone (a client's key of a name serves one attempt or lease at a time),
-        // so remove whatever is there, with no expectation. Sent after the write on the same
-        // connection, the stream stores it after the write. In the background: a try_acquire
-        // waits for its abandon, and with the server unreachable the purge would add a whole
-        // operation timeout to the refusal.
+        // in flight, and it may still land), a key that moved, or a removal that failed: the
+        // subject is this attempt's alone (a client's key of a name serves one attempt or
+        // lease at a time), so remove whatever is there, with no expectation. Sent after the
+        // write on the same connection, the stream stores it after the write. In the
+        // background: a try_acquire waits for its abandon, and with the server unreachable
+        // the purge would add a whole operation timeout to the refusal.
         let state = self.state.clone();
         let subject = self.slot.subject.clone();
         let slot = self.slot.hold();

@@ -176,3 +176,53 @@ async fn a_holder_removed_behind_its_back_stays_removed_across_a_restart() {
     assert!(!next.is_lost(), "the next holder lost its lock");
     next.release().await.expect("release");
 }
+
+/// A waiter that gives up (its acquire dropped) while the server is down: its entry, which
+/// the abandon's removal could not reach, is removed once the server is back, not left for
+/// its ttl (30 s) ahead of every later acquisition (it was: the removal's error ended the
+/// abandon).
+#[tokio::test]
+async fn a_waiter_abandoned_while_the_server_is_down_leaves_once_it_is_back() {
+    let Some((_turn, config)) = turn("left").await else {
+        return;
+    };
+    let opts = AcquireOptions::default().with_ttl(Duration::from_secs(30));
+    let holder = client(&config).await;
+    let held = holder.acquire("left", &opts).await.expect("hold");
+    let waiter = client(&config).await;
+    let waiting = tokio::spawn({
+        let opts = opts.clone();
+        async move { waiter.acquire("left", &opts).await.map(|_| ()) }
+    });
+    // Queued (its entry written) well within this.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "the waiter did not wait");
+    services("stop-one", "nats").await.expect("stop");
+    waiting.abort();
+    let _ = waiting.await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    services("start-one", "nats").await.expect("start");
+    // The holder's release once its client is back.
+    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    while shown(&holder, "left").await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "the holder never reconnected"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    held.release().await.expect("release");
+    let next = client(&config).await;
+    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(Some(guard)) = next.try_acquire("left", &opts).await {
+            guard.release().await.expect("release");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "the abandoned waiter's entry still ahead 10 s after the server came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
