@@ -127,7 +127,8 @@ impl ZkAttempt {
         }
         let session = self.backend.session().await?;
         // Kept first: a refused waiter that moved here removes the nodes it left on the old
-        // session through this one (see `abandon`).
+        // session through this one (see `abandon`). Checked once, when taken: the refusal
+        // below is not retryable, so the attempt ends (a session's timeout does not change).
         self.session = Some(session.clone());
         // The longest ttl is the first session's timeout (the backend's capabilities); a
         // session opened since (the first ended, or stayed disconnected) may have been granted
@@ -1011,11 +1012,13 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let replacement = short_session(config, &options).await;
-        {
+        // The first session kept open: its last handle dropped, the client library would
+        // close it, and its nodes would go without the waiter removing them.
+        let first = {
             let mut current = distlock_core::backend::unpoisoned(&shared.current);
             current.retire();
-            *current = replacement;
-        }
+            std::mem::replace(&mut *current, replacement)
+        };
         // Its next poll comes by a third of its lease, to renew its waiting mark.
         let refused = tokio::time::timeout(Duration::from_secs(10), waiter)
             .await
@@ -1033,6 +1036,8 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        assert!(!first.is_dead(), "the first session ended");
+        drop(first);
         held.release().await.expect("release");
     }
 }
