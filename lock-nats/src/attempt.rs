@@ -475,8 +475,10 @@ impl Attempt for NatsAttempt {
     }
 
     async fn abandon(self: Box<Self>) -> Result<()> {
-        // An error (the server away) leaves the entry to the removal in the background below,
-        // not to its ttl: ahead in line, it would keep every waiter behind it waiting.
+        // An error (the connection down: nothing sent) leaves the entry to the removal in the
+        // background below, not to its ttl: ahead in line, it would keep every waiter behind
+        // it waiting. A removal sent but unanswered (the server hung past the core's limit on
+        // the abandon) is stored once the server answers (tests/restart.rs).
         if let Some(rev) = self.rev
             && let Ok(Written::Stored(marker)) =
                 self.state.purge(&self.slot.subject, rev, None).await

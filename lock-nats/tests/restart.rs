@@ -177,37 +177,87 @@ async fn a_holder_removed_behind_its_back_stays_removed_across_a_restart() {
     next.release().await.expect("release");
 }
 
-/// A waiter that gives up (its acquire dropped) while the server is down: its entry, which
-/// the abandon's removal could not reach, is removed once the server is back, not left for
-/// its ttl (30 s) ahead of every later acquisition (it was: the removal's error ended the
-/// abandon).
-#[tokio::test]
-async fn a_waiter_abandoned_while_the_server_is_down_leaves_once_it_is_back() {
-    let Some((_turn, config)) = turn("left").await else {
+/// The NATS server stopped with `SIGSTOP` (its connections stay open, nothing answers) until
+/// dropped, which sends `SIGCONT`.
+struct Hung(String);
+
+impl Hung {
+    /// Stops the test server, whose pid `scripts/services.sh` recorded.
+    fn stop() -> Self {
+        let dir = std::env::var("DISTLOCK_SERVICES_DIR").unwrap_or_else(|_| {
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../target/services").to_owned()
+        });
+        let pid = std::fs::read_to_string(format!("{dir}/run/nats.pid")).expect("the pid file");
+        let hung = Self(pid.trim().to_owned());
+        hung.signal("-STOP");
+        hung
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = std::process::Command::new("kill")
+            .args([signal, &self.0])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal} {}", self.0);
+    }
+}
+
+impl Drop for Hung {
+    fn drop(&mut self) {
+        self.signal("-CONT");
+    }
+}
+
+/// What the server goes through while a waiter gives up.
+#[derive(Clone, Copy)]
+enum Outage {
+    /// Stopped, then started again 0.5 s later: the client knows it is disconnected.
+    Stopped,
+    /// Hung for 3 s (see [`Hung`]): the connection looks up, no answer comes.
+    Hung,
+}
+
+/// A waiter (ttl 30 s) gives up (its acquire dropped) during `outage`; once the server
+/// answers again and the holder releases, another client's `try_acquire` must take the name
+/// within 10 s: the abandoned entry was removed, not left for its ttl ahead of every later
+/// acquisition.
+async fn an_abandoned_waiter_leaves_after(outage: Outage, name: &str) {
+    let Some((_turn, config)) = turn(name).await else {
         return;
     };
     let opts = AcquireOptions::default().with_ttl(Duration::from_secs(30));
     let holder = client(&config).await;
-    let held = holder.acquire("left", &opts).await.expect("hold");
+    let held = holder.acquire(name, &opts).await.expect("hold");
     let waiter = client(&config).await;
     let waiting = tokio::spawn({
-        let opts = opts.clone();
-        async move { waiter.acquire("left", &opts).await.map(|_| ()) }
+        let (opts, name) = (opts.clone(), name.to_owned());
+        async move { waiter.acquire(&name, &opts).await.map(|_| ()) }
     });
     // Queued (its entry written) well within this.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!waiting.is_finished(), "the waiter did not wait");
-    services("stop-one", "nats").await.expect("stop");
-    waiting.abort();
-    let _ = waiting.await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    services("start-one", "nats").await.expect("start");
-    // The holder's release once its client is back.
+    match outage {
+        Outage::Stopped => {
+            services("stop-one", "nats").await.expect("stop");
+            waiting.abort();
+            let _ = waiting.await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            services("start-one", "nats").await.expect("start");
+        }
+        Outage::Hung => {
+            let hung = Hung::stop();
+            waiting.abort();
+            let _ = waiting.await;
+            // Past the core's limit on the abandon (the operation timeout, 2 s).
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            drop(hung);
+        }
+    }
     let end = tokio::time::Instant::now() + Duration::from_secs(10);
-    while shown(&holder, "left").await.is_err() {
+    while shown(&holder, name).await.is_err() {
         assert!(
             tokio::time::Instant::now() < end,
-            "the holder never reconnected"
+            "the holder never got an answer"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -215,14 +265,28 @@ async fn a_waiter_abandoned_while_the_server_is_down_leaves_once_it_is_back() {
     let next = client(&config).await;
     let end = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        if let Ok(Some(guard)) = next.try_acquire("left", &opts).await {
+        if let Ok(Some(guard)) = next.try_acquire(name, &opts).await {
             guard.release().await.expect("release");
             break;
         }
         assert!(
             tokio::time::Instant::now() < end,
-            "the abandoned waiter's entry still ahead 10 s after the server came back"
+            "the abandoned waiter's entry still ahead 10 s after the server answered again"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The server stopped: the abandon's removal failed at once, and its error ended the
+/// abandon (the entry stayed).
+#[tokio::test]
+async fn a_waiter_abandoned_while_the_server_is_down_leaves_once_it_is_back() {
+    an_abandoned_waiter_leaves_after(Outage::Stopped, "left").await;
+}
+
+/// The server hung: the abandon's removal got no answer before the core dropped the abandon
+/// at its limit, but it was sent, and the server stores it once it answers again.
+#[tokio::test]
+async fn a_waiter_abandoned_while_the_server_hangs_leaves_once_it_answers() {
+    an_abandoned_waiter_leaves_after(Outage::Hung, "hung").await;
 }
