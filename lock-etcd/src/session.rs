@@ -97,6 +97,7 @@ impl LeaseSlot {
         *lock(&self.refreshed)
     }
 
+    /// Whether the server said the lease is gone (its keys with it).
     pub(crate) fn is_dead(&self) -> bool {
         self.dead.load(Ordering::Acquire)
     }
