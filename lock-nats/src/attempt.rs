@@ -369,14 +369,10 @@ impl NatsAttempt {
             // Expired or removed between our write and the read. Or, on a replicated stream,
             // not shown yet by a leader still applying its log: then it may be there, its ttl
             // running from its last write, and the create finds it (not gone, only unseen).
-            if self.state.replicated && self.rev.is_some() {
+            if self.state.replicated && self.rev.take().is_some() {
                 self.unanswered.get_or_insert(self.written);
-                self.rev = None;
-                self.first = 0;
-                self.slot.expected = 0;
-            } else {
-                self.requeue();
             }
+            self.requeue();
             return Ok(Step::Again);
         };
         if queue.entries[position].token() != self.first {
