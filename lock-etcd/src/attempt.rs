@@ -691,7 +691,8 @@ mod tests {
         let holder = crate::connect_with(config.clone(), ClientConfig::default())
             .await
             .expect("connect the holder");
-        let ttl = Duration::from_secs(5);
+        // A tenth of it (2 s) is far more than the set-up takes, loaded machine or not.
+        let ttl = Duration::from_secs(20);
         let opts = distlock_core::AcquireOptions::default().with_ttl(Duration::from_secs(30));
         let held = holder.acquire("lost-put", &opts).await.expect("hold");
         let backend = EtcdBackend::connect(&config, Duration::from_secs(5))
@@ -785,9 +786,9 @@ mod tests {
         }
     }
 
-    /// Polled at once, while its dead lease's last refresh is recent (when the set-up takes
-    /// less than a tenth of the ttl): it used to hold on that lease (its renewals refused: a
-    /// lock reported lost, its key left on the new one).
+    /// Polled at once, while its dead lease's last refresh is recent (less than a tenth of
+    /// the ttl old): it used to hold on that lease (its renewals refused: a lock reported
+    /// lost, its key left on the new one).
     #[tokio::test]
     async fn a_waiter_whose_lost_put_landed_on_a_new_lease_holds_on_it() {
         lost_put_on_a_new_lease(Duration::ZERO, false).await;
@@ -797,7 +798,7 @@ mod tests {
     /// the dead lease dead on every poll and queue again, forever.
     #[tokio::test]
     async fn a_waiter_whose_lost_put_landed_on_a_new_lease_is_not_stuck() {
-        lost_put_on_a_new_lease(Duration::from_millis(600), false).await;
+        lost_put_on_a_new_lease(Duration::from_millis(2_100), false).await;
     }
 
     /// The lost put found on a lease the attempt does not keep alive: the key is put again on
