@@ -63,6 +63,14 @@ impl RedisBackend {
     pub async fn connect(config: RedisConfig, client: ClientConfig) -> Result<Self> {
         config.validate()?;
         client.validate()?;
+        if config.wait_replicas > 0 && config.wait_timeout >= client.operation_timeout {
+            // The acquisition's `WAIT` would outlast the request's own timeout, and the grant
+            // then stay until its ttl.
+            return Err(Error::InvalidConfig(format!(
+                "wait_timeout ({:?}) must be shorter than the operation timeout ({:?})",
+                config.wait_timeout, client.operation_timeout
+            )));
+        }
         let tls = NodeTls::load(&config).await?;
         let timeout = client.operation_timeout;
         let node = match config.topology() {

@@ -214,8 +214,10 @@
 //!   `SET f now_us+1 PX keep`, or `INCR f` when the counter is ahead of the clock), so a promoted
 //!   replica's tokens exceed the old master's as long as the servers' clocks differ by less than
 //!   the failover took. `?wait_replicas=N` makes an acquisition count only once N replicas
-//!   acknowledged it (`WAIT N wait_timeout` after the acquisition, one more round trip; too few
-//!   acknowledgements give the lock back and answer a retryable error), which closes the window of
+//!   acknowledged it (after a grant, its owner-checked renewal and `WAIT N wait_timeout` in one
+//!   pipeline, one more round trip: on whatever connection, the count is of replicas that have
+//!   the hold; too few acknowledgements give the lock back and answer a retryable error;
+//!   `wait_timeout` must be shorter than the operation timeout), which closes the window of
 //!   a failover to a replica that missed it, short of a replica that acknowledged and then lost the
 //!   race to be promoted.
 //!

@@ -4,7 +4,9 @@
 
 use std::sync::LazyLock;
 
-use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, ToRedisArgs};
+use redis::{
+    Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, ToRedisArgs, Value,
+};
 
 use crate::keys::HEAD_LEN;
 
@@ -76,19 +78,72 @@ impl Invocation {
         conn: &mut impl redis::aio::ConnectionLike,
     ) -> RedisResult<T> {
         match self.cmd.query_async(conn).await {
-            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                let mut eval = Cmd::with_capacity(8, self.script.code.len() + 256);
-                eval.arg("EVAL").arg(&self.script.code);
-                for arg in self.cmd.args_iter().skip(2) {
-                    if let redis::Arg::Simple(bytes) = arg {
-                        eval.arg(bytes);
-                    }
-                }
-                eval.query_async(conn).await
-            }
+            Err(err) if is_no_script(&err) => self.eval().query_async(conn).await,
             result => result,
         }
     }
+
+    /// Runs the call and `WAIT replicas timeout_ms` after it in one pipeline, so on one
+    /// connection (on a cluster, the master of the call's first key): the count of replicas
+    /// that acknowledged, the second value, covers the call's own writes. A `WAIT` sent on its
+    /// own may go out on a fresh connection (a reconnect, the master a Sentinel names now, a
+    /// slot moved), where it covers no write at all and answers at once with every replica.
+    /// The `WAIT` runs whatever the call answered; it returns at once when the replicas have
+    /// this connection's writes, else after `timeout_ms` (never 0, which waits for good).
+    pub(crate) async fn invoke_acked<T: FromRedisValue>(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+        replicas: u32,
+        timeout_ms: u64,
+    ) -> RedisResult<(T, i64)> {
+        let timeout_ms = timeout_ms.max(1);
+        match acked(self.cmd.clone(), conn, replicas, timeout_ms).await {
+            Err(err) if is_no_script(&err) => acked(self.eval(), conn, replicas, timeout_ms).await,
+            result => result,
+        }
+    }
+
+    /// The call as `EVAL` with the script's text (for a server that does not know it).
+    fn eval(&self) -> Cmd {
+        let mut eval = Cmd::with_capacity(8, self.script.code.len() + 256);
+        eval.arg("EVAL").arg(&self.script.code);
+        for arg in self.cmd.args_iter().skip(2) {
+            if let redis::Arg::Simple(bytes) = arg {
+                eval.arg(bytes);
+            }
+        }
+        eval
+    }
+}
+
+fn is_no_script(err: &redis::RedisError) -> bool {
+    err.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+/// `call` then `WAIT` in one pipeline (see [`Invocation::invoke_acked`]): the call's answer
+/// and the count of replicas, or the call's error.
+async fn acked<T: FromRedisValue>(
+    call: Cmd,
+    conn: &mut impl redis::aio::ConnectionLike,
+    replicas: u32,
+    timeout_ms: u64,
+) -> RedisResult<(T, i64)> {
+    let mut pipe = redis::pipe();
+    pipe.add_command(call)
+        .cmd("WAIT")
+        .arg(replicas)
+        .arg(timeout_ms)
+        .ignore_errors();
+    let mut answers: Vec<Value> = pipe.query_async(conn).await?;
+    let (Some(waited), Some(answer), None) = (answers.pop(), answers.pop(), answers.pop()) else {
+        return Err(redis::RedisError::from((
+            ErrorKind::Parse,
+            "a pipeline of two commands did not get two answers",
+        )));
+    };
+    let answer = T::from_redis_value(answer.extract_error()?)?;
+    let acked = i64::from_redis_value(waited.extract_error()?)?;
+    Ok((answer, acked))
 }
 
 /// The fast path of an exclusive acquisition (see the crate docs): `SET NX PX GET`, and the
@@ -813,5 +868,202 @@ mod tests {
             assert_eq!(lua_data_key(&keys.lock), keys.data(), "{name}");
         }
         assert!(data_of().starts_with("local function data_of(l) return string.sub(l, 1, 28)"));
+    }
+
+    /// A connection that opens a new one to the server for every request: what a reconnect,
+    /// or a master the Sentinels name anew, does between two requests.
+    struct Fresh(redis::Client);
+
+    impl Fresh {
+        async fn connection(&self) -> RedisResult<redis::aio::MultiplexedConnection> {
+            let config = redis::AsyncConnectionConfig::new()
+                .set_response_timeout(Some(std::time::Duration::from_secs(10)));
+            self.0
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+        }
+    }
+
+    impl redis::aio::ConnectionLike for Fresh {
+        fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, Value> {
+            Box::pin(async move { self.connection().await?.req_packed_command(cmd).await })
+        }
+
+        fn req_packed_commands<'a>(
+            &'a mut self,
+            cmd: &'a redis::Pipeline,
+            offset: usize,
+            count: usize,
+        ) -> redis::RedisFuture<'a, Vec<Value>> {
+            Box::pin(async move {
+                let mut conn = self.connection().await?;
+                conn.req_packed_commands(cmd, offset, count).await
+            })
+        }
+
+        fn get_db(&self) -> i64 {
+            0
+        }
+    }
+
+    /// Test services stopped (`SIGSTOP`), resumed when dropped, also by a failing test.
+    struct Stopped(Vec<String>);
+
+    impl Stopped {
+        fn signal(name: &str, signal: &str) -> bool {
+            let dir = std::env::var("DISTLOCK_SERVICES_DIR").unwrap_or_else(|_| {
+                concat!(env!("CARGO_MANIFEST_DIR"), "/../target/services").to_owned()
+            });
+            let Ok(pid) = std::fs::read_to_string(format!("{dir}/run/{name}.pid")) else {
+                return false;
+            };
+            let status = std::process::Command::new("kill")
+                .args([signal, pid.trim()])
+                .status();
+            status.is_ok_and(|s| s.success())
+        }
+
+        fn stop(names: &[String]) -> Self {
+            let mut stopped = Self(Vec::new());
+            for name in names {
+                assert!(Self::signal(name, "-STOP"), "could not stop {name}");
+                stopped.0.push(name.clone());
+            }
+            stopped
+        }
+    }
+
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            for name in self.0.drain(..) {
+                Self::signal(&name, "-CONT");
+            }
+        }
+    }
+
+    /// The master the Sentinels of `url` name, and the ports of every replica they know.
+    async fn sentinel_view(url: &str) -> (redis::Client, Vec<u16>) {
+        let rest = url.split_once("://").expect("URL").1;
+        let (hosts, name) = rest.split_once('/').expect("a master name");
+        let name = name.split(['/', '?']).next().unwrap();
+        for host in hosts.split(',') {
+            let Ok(sentinel) = redis::Client::open(format!("redis://{host}")) else {
+                continue;
+            };
+            let Ok(mut conn) = sentinel.get_multiplexed_async_connection().await else {
+                continue;
+            };
+            let master: RedisResult<(String, u16)> = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(name)
+                .query_async(&mut conn)
+                .await;
+            let replicas: RedisResult<Vec<Vec<String>>> = redis::cmd("SENTINEL")
+                .arg("replicas")
+                .arg(name)
+                .query_async(&mut conn)
+                .await;
+            let (Ok((host, port)), Ok(replicas)) = (master, replicas) else {
+                continue;
+            };
+            let ports = replicas
+                .iter()
+                .filter_map(|fields| {
+                    let at = fields.iter().position(|f| f == "port")?;
+                    fields.get(at + 1)?.parse().ok()
+                })
+                .filter(|p| *p != port)
+                .collect();
+            let master = redis::Client::open(format!("redis://{host}:{port}")).unwrap();
+            return (master, ports);
+        }
+        panic!("no Sentinel of {url} answered");
+    }
+
+    /// Waits (at most 30 s) until the master lists every one of `replicas` online.
+    async fn all_online(master: &redis::Client, replicas: &[u16]) {
+        let mut conn = master.get_multiplexed_async_connection().await.unwrap();
+        for _ in 0..300 {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let online = |port: &u16| {
+                info.lines().any(|l| {
+                    l.starts_with("slave")
+                        && l.contains(&format!("port={port},"))
+                        && l.contains("state=online")
+                })
+            };
+            if replicas.iter().all(online) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("the replicas {replicas:?} are not all online");
+    }
+
+    /// A renewal pipelined with `WAIT` counts the replicas that have the hold, also on a
+    /// connection replaced since the acquisition: 0 with the master's replicas stopped (a
+    /// `WAIT` sent alone, on a new connection, counted every replica at once), theirs once
+    /// they run, and a hold the master lacks is not renewed.
+    #[tokio::test]
+    async fn a_renewal_with_wait_counts_the_replicas_that_have_the_hold() {
+        let Some(url) =
+            conformance_tests::server_var("redis_sentinel", "DISTLOCK_TEST_REDIS_SENTINEL_URL")
+        else {
+            return;
+        };
+        let (master, replicas) = sentinel_view(&url).await;
+        assert!(!replicas.is_empty(), "the Sentinels know no replica");
+        all_online(&master, &replicas).await;
+        let mut fresh = Fresh(master);
+        let owner = || uuid::Uuid::new_v4().to_string();
+        let keys = |owner: &str| LockKeys::for_name(&format!("acked-{owner}")).unwrap();
+        let acquire = |owner: &str| {
+            let keys = keys(owner);
+            Invocation::new(&ACQUIRE_FAST, &[&keys.lock, &keys.fence])
+                .arg(owner)
+                .arg(20_000)
+                .arg(0)
+                .arg(60_000)
+        };
+        let renew = |owner: &str| {
+            let keys = keys(owner);
+            Invocation::new(&RENEW, &[&keys.lock, &keys.data()])
+                .arg(owner)
+                .arg(20_000)
+        };
+
+        let a = owner();
+        let names: Vec<String> = replicas.iter().map(|p| format!("redis-repl-{p}")).collect();
+        let stopped = Stopped::stop(&names);
+        let taken: RedisResult<Value> = acquire(&a).invoke(&mut fresh).await;
+        let renewed = renew(&a).invoke_acked::<i64>(&mut fresh, 1, 300).await;
+        drop(stopped);
+        assert!(matches!(taken, Ok(Value::Int(_))), "not taken: {taken:?}");
+        assert_eq!(
+            renewed.expect("the renewal"),
+            (1, 0),
+            "counted stopped replicas"
+        );
+
+        let b = owner();
+        let taken: RedisResult<Value> = acquire(&b).invoke(&mut fresh).await;
+        assert!(matches!(taken, Ok(Value::Int(_))), "not taken: {taken:?}");
+        let (renewed, acked) = renew(&b)
+            .invoke_acked::<i64>(&mut fresh, 1, 5_000)
+            .await
+            .expect("the renewal");
+        assert!(
+            renewed == 1 && acked >= 1,
+            "({renewed}, {acked}) once they run"
+        );
+        let (renewed, _) = renew(&owner())
+            .invoke_acked::<i64>(&mut fresh, 1, 5_000)
+            .await
+            .expect("the renewal");
+        assert_eq!(renewed, 0, "renewed a hold that is not there");
     }
 }

@@ -123,13 +123,17 @@ pub struct RedisConfig {
     /// full acquire script both apply it. Default `true` for Sentinel
     /// and Cluster, `false` for one master and Redlock.
     pub clock_tokens: bool,
-    /// After a granted acquisition, wait until this many replicas acknowledged it (`WAIT N
-    /// wait_timeout` on the master's connection that ran the acquire script: one more round
-    /// trip, only with this option); an acquisition that fewer replicas acknowledged in time
-    /// is given back and answers a retryable [`Error::Unavailable`]. Sentinel and Cluster
-    /// only. Default 0 (no wait).
+    /// After a granted acquisition, wait until this many replicas acknowledged it (its
+    /// owner-checked renewal and `WAIT N wait_timeout` in one pipeline: one more round trip,
+    /// only for a grant; the count is of replicas that have the hold, whichever connection the
+    /// pipeline takes); an acquisition that fewer replicas acknowledged in time is given back
+    /// and answers a retryable [`Error::Unavailable`]. While the replicas lag, the client's
+    /// other commands on that master's connection queue behind the `WAIT`. Sentinel and
+    /// Cluster only. Default 0 (no wait).
     pub wait_replicas: u32,
-    /// How long an acquisition waits for [`Self::wait_replicas`]. Default 100 ms.
+    /// How long an acquisition waits for [`Self::wait_replicas`]. Default 100 ms; shorter than
+    /// the client's operation timeout ([`RedisBackend::connect`](crate::RedisBackend::connect)
+    /// refuses it otherwise).
     pub wait_timeout: Duration,
     /// How long a name's fencing counter outlives its last acquisition's lease: each
     /// acquisition sets the counter key to expire after its ttl plus this, so a name in use

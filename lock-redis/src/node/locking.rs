@@ -6,7 +6,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use distlock_core::{AcquireRequest, AttemptMode, FencingToken, LockKind};
-use redis::Cmd;
 
 use super::{Node, millis};
 use crate::RedisConfig;
@@ -113,8 +112,8 @@ impl Node {
     }
 
     /// With [`RedisConfig::wait_replicas`]: an acquisition counts once that many replicas
-    /// acknowledged it (`WAIT` on the master's connection that ran the script); otherwise it is
-    /// given back and the attempt fails with a retryable error.
+    /// acknowledged it ([`Self::acknowledged`]); otherwise, or when that check fails, it is
+    /// given back and the attempt fails with a retryable error (the check's own, if it failed).
     async fn replicated(
         &self,
         answer: Answer,
@@ -125,17 +124,8 @@ impl Node {
         if config.wait_replicas == 0 || !matches!(answer, Answer::Acquired(_)) {
             return Ok(answer);
         }
-        let mut wait = Cmd::new();
-        wait.arg("WAIT")
-            .arg(config.wait_replicas)
-            .arg(millis(config.wait_timeout));
-        let acked = self
-            .conn
-            .on_master_of(&keys.lock, &wait)
-            .await
-            .and_then(|v| redis::from_redis_value::<i64>(v).map_err(redis::RedisError::from))
-            .map_err(|e| self.classify(e))?;
-        if acked >= i64::from(config.wait_replicas) {
+        let acknowledged = self.acknowledged(keys, request, config).await;
+        if matches!(acknowledged, Ok(true)) {
             return Ok(answer);
         }
         let _ = self
@@ -148,14 +138,41 @@ impl Node {
                 None,
             )
             .await;
-        Err(RedisError {
+        Err(acknowledged.err().unwrap_or_else(|| RedisError {
             kind: RedisErrorKind::Timeout,
             node: self.addr.clone(),
             source: Some(redis::RedisError::from((
                 redis::ErrorKind::Io,
                 "too few replicas acknowledged the acquisition (wait_replicas)",
             ))),
-        })
+        }))
+    }
+
+    /// Whether [`RedisConfig::wait_replicas`] replicas have `request`'s hold, just acquired:
+    /// its renewal (owner-checked, the lease from now) and `WAIT` in one pipeline
+    /// ([`Invocation::invoke_acked`]). Only a granted attempt waits so: a refused one sends
+    /// no `WAIT`, which would hold up the connection's other commands while replicas lag.
+    ///
+    /// `WAIT` counts the replicas that have the writes of the connection it runs on. On the
+    /// acquisition's connection those include the grant; a `WAIT` of its own on another one
+    /// (after a reconnect, on the master a Sentinel names now, where a cluster moved the slot)
+    /// counted every replica at once, the grant on none. The renewal covers both: it finds the
+    /// hold on the master the `WAIT` asks, and a replica that acknowledged the renewal has
+    /// everything that master wrote before it, the hold too. `false`: too few replicas, or the
+    /// hold is not on that master.
+    async fn acknowledged(
+        &self,
+        keys: &LockKeys,
+        request: &AcquireRequest,
+        config: &RedisConfig,
+    ) -> Result<bool, RedisError> {
+        let mut conn = self.conn.clone();
+        let renewal = renewal(keys, &request.owner, request.ttl, request.kind);
+        let (renewed, acked): (i64, i64) = renewal
+            .invoke_acked(&mut conn, config.wait_replicas, millis(config.wait_timeout))
+            .await
+            .map_err(|e| self.classify(e))?;
+        Ok(renewed == 1 && acked >= i64::from(config.wait_replicas))
     }
 
     /// A shared or permit acquisition attempt (see [`kinds::acquire_call`]).
@@ -221,16 +238,10 @@ impl Node {
         kind: LockKind,
     ) -> Result<bool, RedisError> {
         let mut conn = self.conn.clone();
-        let renewed: i64 = if kind == LockKind::Exclusive {
-            Invocation::new(&scripts::RENEW, &[&keys.lock, &keys.data()])
-                .arg(owner)
-                .arg(millis(ttl))
-        } else {
-            kinds::renew_call(keys, owner, ttl, kind)
-        }
-        .invoke(&mut conn)
-        .await
-        .map_err(|e| self.classify(e))?;
+        let renewed: i64 = renewal(keys, owner, ttl, kind)
+            .invoke(&mut conn)
+            .await
+            .map_err(|e| self.classify(e))?;
         Ok(renewed == 1)
     }
 
@@ -415,6 +426,17 @@ impl redis::FromRedisValue for FastReply {
                 .map_err(|err| err.to_string().into()),
             other => Err(format!("the fast path answered {other:?}").into()),
         }
+    }
+}
+
+/// The renewal of `owner`'s hold of `kind` to `ttl` from now: 1 if it holds, else 0.
+fn renewal(keys: &LockKeys, owner: &str, ttl: Duration, kind: LockKind) -> Invocation {
+    if kind == LockKind::Exclusive {
+        Invocation::new(&scripts::RENEW, &[&keys.lock, &keys.data()])
+            .arg(owner)
+            .arg(millis(ttl))
+    } else {
+        kinds::renew_call(keys, owner, ttl, kind)
     }
 }
 

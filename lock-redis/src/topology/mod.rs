@@ -13,7 +13,6 @@ use std::time::Duration;
 use distlock_core::{Error, Result};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use crate::RedisConfig;
@@ -89,21 +88,6 @@ impl ConnectionLike for Conn {
             Self::Direct(conn) => conn.get_db(),
             Self::Cluster(_) => 0,
             Self::Sentinel(master) => master.template.db,
-        }
-    }
-}
-
-impl Conn {
-    /// Runs `cmd` (keyless, e.g. `WAIT`) on the master that serves `key` (a plain command
-    /// elsewhere), on the same connection as the lock's own commands.
-    pub(crate) async fn on_master_of(&self, key: &str, cmd: &Cmd) -> redis::RedisResult<Value> {
-        match self {
-            Self::Cluster(conn) => {
-                let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
-                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-                conn.clone().route_command(cmd.clone(), routing).await
-            }
-            other => cmd.query_async(&mut other.clone()).await,
         }
     }
 }
