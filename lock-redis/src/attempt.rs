@@ -350,10 +350,48 @@ impl Attempt for RedisAttempt {
             )
         }))
         .await;
-        match results.into_iter().find_map(Result::err) {
+        let mut first = None;
+        for (node, result) in results.into_iter().enumerate() {
+            if let Err(err) = result {
+                // Its queue entry (or a hold handed to it meanwhile) would stay, ahead of
+                // every later acquisition, until the waiter timeout or the handed lease ends:
+                // tried again in the background (a unique owner: it frees nothing else).
+                self.abandon_later(node, hand_over);
+                first.get_or_insert(err);
+            }
+        }
+        match first {
             Some(err) => Err(err.into_lock_error("abandon")),
             None => Ok(()),
         }
+    }
+}
+
+impl RedisAttempt {
+    /// [`Attempt::abandon`] on `node` once more, in the background until it is answered.
+    fn abandon_later(&self, node: usize, hand_over: Option<Duration>) {
+        let (shared, keys) = (self.shared.clone(), self.keys.clone());
+        let (owner, kind) = (self.request.owner.clone(), self.request.kind);
+        distlock_core::backend::spawn_cleanup("abandoning a Redis attempt", None, move || {
+            let (shared, keys, owner) = (shared.clone(), keys.clone(), owner.clone());
+            async move {
+                let Some(n) = shared.nodes.get(node) else {
+                    return Ok(());
+                };
+                let release = n.release(
+                    &keys,
+                    &owner,
+                    &shared.config,
+                    ReleaseMode::Abandon,
+                    kind,
+                    hand_over,
+                );
+                within(n, shared.cleanup_timeout(), release)
+                    .await
+                    .map(|_| ())
+                    .map_err(|err| err.into_lock_error("abandon"))
+            }
+        });
     }
 }
 

@@ -1748,6 +1748,49 @@ async fn killed_connection_is_reconnected() {
     guard.release().await.unwrap();
 }
 
+/// A waiter dropped just as its connections are killed: its abandon fails, and is tried again
+/// in the background once the client reconnects, so the holder's release does not hand the
+/// lock to its queue entry (where it would stay for the entry's lease, the ttl), and the next
+/// acquisition gets the lock at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_abandon_is_tried_again_in_the_background() {
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    let tag = common::tag();
+    let config = common::config(&urls[..1], false).with_client_name(tag.clone());
+    let waiter = distlock_redis::connect_with(config, common::client_config(OP))
+        .await
+        .unwrap();
+    let (holder, next) = (
+        client(&urls[..1], false).await,
+        client(&urls[..1], false).await,
+    );
+    let name = name("abandon-again");
+    let guard = holder.acquire(&name, &opts()).await.unwrap();
+    let waiting = {
+        let (name, opts) = (name.clone(), opts().with_wait(Duration::from_secs(20)));
+        tokio::spawn(async move { waiter.acquire(&name, &opts).await.map(drop) })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the waiter did not wait");
+    assert!(common::kill_tagged(&urls[0], &tag).await.unwrap() >= 1);
+    waiting.abort();
+    let _ = waiting.await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    guard.release().await.unwrap();
+    let started = Instant::now();
+    let wait = opts().with_wait(Duration::from_secs(5));
+    let taken = next.acquire(&name, &wait).await;
+    assert!(
+        taken.is_ok() && started.elapsed() < Duration::from_secs(3),
+        "the next acquisition waited {:?}: {:?}",
+        started.elapsed(),
+        taken.map(drop)
+    );
+}
+
 /// Restarts the server of `url` without its data (the test servers keep nothing on disk).
 async fn restart_empty(url: &str) {
     let name = common::service_name(url);
