@@ -63,11 +63,11 @@ impl RedisBackend {
     pub async fn connect(config: RedisConfig, client: ClientConfig) -> Result<Self> {
         config.validate()?;
         client.validate()?;
-        if config.wait_replicas > 0 && config.wait_timeout >= client.operation_timeout {
-            // The acquisition's `WAIT` would outlast the request's own timeout, and the grant
-            // then stay until its ttl.
+        if config.wait_replicas > 0 && config.wait_timeout > client.operation_timeout / 2 {
+            // A poll (the acquisition, then its replicas' wait, then a give-back) must end
+            // within the operation timeout: past it, the poll is cut short and the grant stays.
             return Err(Error::InvalidConfig(format!(
-                "wait_timeout ({:?}) must be shorter than the operation timeout ({:?})",
+                "wait_timeout ({:?}) must be at most half the operation timeout ({:?})",
                 config.wait_timeout, client.operation_timeout
             )));
         }

@@ -217,7 +217,7 @@
 //!   acknowledged it (after a grant, its owner-checked renewal and `WAIT N wait_timeout` in one
 //!   pipeline, one more round trip: on whatever connection, the count is of replicas that have
 //!   the hold; too few acknowledgements give the lock back and answer a retryable error;
-//!   `wait_timeout` must be shorter than the operation timeout), which closes the window of
+//!   `wait_timeout` must be at most half the operation timeout), which closes the window of
 //!   a failover to a replica that missed it, short of a replica that acknowledged and then lost the
 //!   race to be promoted.
 //!

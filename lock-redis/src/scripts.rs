@@ -78,7 +78,9 @@ impl Invocation {
         conn: &mut impl redis::aio::ConnectionLike,
     ) -> RedisResult<T> {
         match self.cmd.query_async(conn).await {
-            Err(err) if is_no_script(&err) => self.eval().query_async(conn).await,
+            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.eval().query_async(conn).await
+            }
             result => result,
         }
     }
@@ -89,18 +91,16 @@ impl Invocation {
     /// own may go out on a fresh connection (a reconnect, the master a Sentinel names now, a
     /// slot moved), where it covers no write at all and answers at once with every replica.
     /// The `WAIT` runs whatever the call answered; it returns at once when the replicas have
-    /// this connection's writes, else after `timeout_ms` (never 0, which waits for good).
+    /// this connection's writes, else after `timeout_ms` (never 0, which waits for good). The
+    /// call goes as `EVAL` with the script's text: a `NOSCRIPT` (a master just promoted knows
+    /// no script) would cost a second pipeline, and a second `WAIT`.
     pub(crate) async fn invoke_acked<T: FromRedisValue>(
         &self,
         conn: &mut impl redis::aio::ConnectionLike,
         replicas: u32,
         timeout_ms: u64,
     ) -> RedisResult<(T, i64)> {
-        let timeout_ms = timeout_ms.max(1);
-        match acked(self.cmd.clone(), conn, replicas, timeout_ms).await {
-            Err(err) if is_no_script(&err) => acked(self.eval(), conn, replicas, timeout_ms).await,
-            result => result,
-        }
+        acked(self.eval(), conn, replicas, timeout_ms.max(1)).await
     }
 
     /// The call as `EVAL` with the script's text (for a server that does not know it).
@@ -114,10 +114,6 @@ impl Invocation {
         }
         eval
     }
-}
-
-fn is_no_script(err: &redis::RedisError) -> bool {
-    err.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
 /// `call` then `WAIT` in one pipeline (see [`Invocation::invoke_acked`]): the call's answer

@@ -201,8 +201,8 @@ async fn invalid_urls_are_typed_config_errors() {
         "redis://127.0.0.1:6379?handoff=20",
         "redis://127.0.0.1:6379?unknown=1",
         "redis://127.0.0.1:6379?client_name=has%20space",
-        // OP is 2 s: the replicas' wait would outlast an acquisition's request.
-        "redis+sentinel://127.0.0.1:1/m?wait_replicas=1&wait_timeout=2s",
+        // OP is 2 s: the replicas' wait must take at most half of it.
+        "redis+sentinel://127.0.0.1:1/m?wait_replicas=1&wait_timeout=1001ms",
     ] {
         let started = Instant::now();
         let result = distlock_redis::connect(url, common::client_config(OP)).await;

@@ -131,7 +131,7 @@ pub struct RedisConfig {
     /// other commands on that master's connection queue behind the `WAIT`. Sentinel and
     /// Cluster only. Default 0 (no wait).
     pub wait_replicas: u32,
-    /// How long an acquisition waits for [`Self::wait_replicas`]. Default 100 ms; shorter than
+    /// How long an acquisition waits for [`Self::wait_replicas`]. Default 100 ms; at most half
     /// the client's operation timeout ([`RedisBackend::connect`](crate::RedisBackend::connect)
     /// refuses it otherwise).
     pub wait_timeout: Duration,

@@ -124,10 +124,9 @@ impl Node {
         if config.wait_replicas == 0 || !matches!(answer, Answer::Acquired(_)) {
             return Ok(answer);
         }
-        let acknowledged = self.acknowledged(keys, request, config).await;
-        if matches!(acknowledged, Ok(true)) {
+        let Err(err) = self.acknowledged(keys, request, config).await else {
             return Ok(answer);
-        }
+        };
         let _ = self
             .release(
                 keys,
@@ -138,14 +137,7 @@ impl Node {
                 None,
             )
             .await;
-        Err(acknowledged.err().unwrap_or_else(|| RedisError {
-            kind: RedisErrorKind::Timeout,
-            node: self.addr.clone(),
-            source: Some(redis::RedisError::from((
-                redis::ErrorKind::Io,
-                "too few replicas acknowledged the acquisition (wait_replicas)",
-            ))),
-        }))
+        Err(err)
     }
 
     /// Whether [`RedisConfig::wait_replicas`] replicas have `request`'s hold, just acquired:
@@ -158,21 +150,35 @@ impl Node {
     /// (after a reconnect, on the master a Sentinel names now, where a cluster moved the slot)
     /// counted every replica at once, the grant on none. The renewal covers both: it finds the
     /// hold on the master the `WAIT` asks, and a replica that acknowledged the renewal has
-    /// everything that master wrote before it, the hold too. `false`: too few replicas, or the
-    /// hold is not on that master.
+    /// everything that master wrote before it, the hold too.
+    ///
+    /// # Errors
+    /// A retryable one for too few replicas, or a hold that is not on that master; the
+    /// request's own otherwise.
     async fn acknowledged(
         &self,
         keys: &LockKeys,
         request: &AcquireRequest,
         config: &RedisConfig,
-    ) -> Result<bool, RedisError> {
+    ) -> Result<(), RedisError> {
         let mut conn = self.conn.clone();
         let renewal = renewal(keys, &request.owner, request.ttl, request.kind);
         let (renewed, acked): (i64, i64) = renewal
             .invoke_acked(&mut conn, config.wait_replicas, millis(config.wait_timeout))
             .await
             .map_err(|e| self.classify(e))?;
-        Ok(renewed == 1 && acked >= i64::from(config.wait_replicas))
+        let why = if renewed != 1 {
+            "the master had no longer the hold it had just granted (wait_replicas)"
+        } else if acked < i64::from(config.wait_replicas) {
+            "too few replicas acknowledged the acquisition (wait_replicas)"
+        } else {
+            return Ok(());
+        };
+        Err(RedisError {
+            kind: RedisErrorKind::Timeout,
+            node: self.addr.clone(),
+            source: Some(redis::RedisError::from((redis::ErrorKind::Io, why))),
+        })
     }
 
     /// A shared or permit acquisition attempt (see [`kinds::acquire_call`]).
