@@ -28,6 +28,10 @@ use crate::wake::Subscription;
 /// timeout (a tenth of the ttl) with a hold the others wait behind.
 const HAND_OVER_GRACE: Duration = Duration::from_millis(5);
 
+/// How long after a failed abandon it is tried again ([`RedisAttempt::abandon_later`]): a
+/// connection that broke reconnects first.
+const ABANDON_AGAIN_AFTER: Duration = Duration::from_millis(100);
+
 pub(crate) fn remaining(pttl: i64) -> Option<Duration> {
     u64::try_from(pttl).ok().map(Duration::from_millis)
 }
@@ -355,8 +359,11 @@ impl Attempt for RedisAttempt {
             if let Err(err) = result {
                 // Its queue entry (or a hold handed to it meanwhile) would stay, ahead of
                 // every later acquisition, until the waiter timeout or the handed lease ends:
-                // tried again in the background (a unique owner: it frees nothing else).
-                self.abandon_later(node, hand_over);
+                // tried again in the background (a unique owner: it frees nothing else), if
+                // the failure may pass.
+                if err.is_transient() {
+                    self.abandon_later(node, hand_over);
+                }
                 first.get_or_insert(err);
             }
         }
@@ -372,26 +379,31 @@ impl RedisAttempt {
     fn abandon_later(&self, node: usize, hand_over: Option<Duration>) {
         let (shared, keys) = (self.shared.clone(), self.keys.clone());
         let (owner, kind) = (self.request.owner.clone(), self.request.kind);
-        distlock_core::backend::spawn_cleanup("abandoning a Redis attempt", None, move || {
-            let (shared, keys, owner) = (shared.clone(), keys.clone(), owner.clone());
-            async move {
-                let Some(n) = shared.nodes.get(node) else {
-                    return Ok(());
-                };
-                let release = n.release(
-                    &keys,
-                    &owner,
-                    &shared.config,
-                    ReleaseMode::Abandon,
-                    kind,
-                    hand_over,
-                );
-                within(n, shared.cleanup_timeout(), release)
-                    .await
-                    .map(|_| ())
-                    .map_err(|err| err.into_lock_error("abandon"))
-            }
-        });
+        let start = Instant::now() + ABANDON_AGAIN_AFTER;
+        distlock_core::backend::spawn_cleanup(
+            "abandoning a Redis attempt",
+            Some(start),
+            move || {
+                let (shared, keys, owner) = (shared.clone(), keys.clone(), owner.clone());
+                async move {
+                    let Some(n) = shared.nodes.get(node) else {
+                        return Ok(());
+                    };
+                    let release = n.release(
+                        &keys,
+                        &owner,
+                        &shared.config,
+                        ReleaseMode::Abandon,
+                        kind,
+                        hand_over,
+                    );
+                    within(n, shared.cleanup_timeout(), release)
+                        .await
+                        .map(|_| ())
+                        .map_err(|err| err.into_lock_error("abandon"))
+                }
+            },
+        );
     }
 }
 

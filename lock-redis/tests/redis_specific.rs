@@ -1778,7 +1778,17 @@ async fn a_failed_abandon_is_tried_again_in_the_background() {
     assert!(common::kill_tagged(&urls[0], &tag).await.unwrap() >= 1);
     waiting.abort();
     let _ = waiting.await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The abandon ran at once, on the dead connection: the entry is still queued (else the
+    // case is not the one under test; the retry starts 100 ms after the failure).
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let queue = LockKeys::for_name(&name).unwrap().queue;
+    let queued: u64 = redis::cmd("ZCARD")
+        .arg(&queue)
+        .query_async(&mut common::raw(&urls[0]).await)
+        .await
+        .unwrap();
+    assert_eq!(queued, 1, "the first abandon did not fail");
+    tokio::time::sleep(Duration::from_millis(20)).await;
     guard.release().await.unwrap();
     let started = Instant::now();
     let wait = opts().with_wait(Duration::from_secs(5));
