@@ -371,6 +371,7 @@ impl LockBackend for SqlBackend {
             vacant: false,
             held_seen: None,
             held_seen_before: None,
+            claimed_at: None,
             server_wait: None,
             unarmed: None,
             not_armed: (0, 0),

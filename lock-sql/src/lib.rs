@@ -378,12 +378,13 @@
 //!   reader's join would: a new epoch, the row marked shared with the next `version`, a
 //!   holder row of the reader's with that token and its ttl from the call's clock, and
 //!   `h<version>:..` tells the reader, which holds it with its lease counted from its last
-//!   read that found the writer holding (as for a writer's hand-over; such a read, sent while
-//!   the release's commit waits for its flush, still finds the writer, so the count can start
-//!   late by up to that commit's latency, which the drift margin's fixed part covers where a
-//!   commit takes less). Since `_v9` the readers behind it are handed theirs in the same
-//!   call: a waiting reader that a writer refuses (holding, or reserving the next turn)
-//!   queues in the table of permit waiters (`permits` 0, its place live for a second from
+//!   read that found the writer holding (such a read, sent while the release's commit waits
+//!   for its flush, still finds the writer, so the count can start late by up to that
+//!   commit's latency, which the drift margin's fixed part covers where a commit takes less;
+//!   a writer handed the lock counts from its last claim of the reservation instead, which
+//!   the release read, so never late). Since `_v9` the readers behind it are handed theirs
+//!   in the same call: a waiting reader that a writer refuses (holding, or reserving the next
+//!   turn) queues in the table of permit waiters (`permits` 0, its place live for a second from
 //!   its last refused join; after its first it mostly looks without joining, so about a
 //!   second), and the hand-over gives each live place, in order, a holder row with the next
 //!   token and the ttl it queued with, told by its own `H<version>:..` (which wakes nobody

@@ -752,6 +752,81 @@ mod postgres {
         }
     }
 
+    /// A hand-over's lease starts when the release's statement runs, before its commit,
+    /// and a waiter that read the row in between still saw the old holder: the lease it
+    /// believes ends no later than the server's. The release's commit is made 500 ms slow
+    /// (a deferred trigger, as a slow flush or standby would).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_handed_over_ends_no_later_than_the_servers() {
+        let Some(url) = url() else { return };
+        let table = unique("slow_commit");
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let url = format!("{url}{sep}table={table}");
+        let (a, b) = (client(&url).await, client(&url).await);
+        let pool = common::pg(&a);
+        // The first acquisition creates the table.
+        let (name, opts) = (unique("slow-commit"), AcquireOptions::default());
+        let first = a.acquire(&name, &opts).await.expect("a");
+        first.release().await.expect("a releases");
+        let admin = a.backend_ref().pool();
+        exec(
+            &admin,
+            format!(
+                "CREATE FUNCTION {table}_slow() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN PERFORM pg_sleep(0.5); RETURN NULL; END $$"
+            ),
+        )
+        .await;
+        exec(
+            &admin,
+            format!(
+                "CREATE CONSTRAINT TRIGGER {table}_slow AFTER UPDATE ON {table} \
+                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW \
+                 WHEN (OLD.owner IS NOT NULL AND NEW.owner IS NOT NULL \
+                 AND OLD.owner <> NEW.owner) EXECUTE FUNCTION {table}_slow()"
+            ),
+        )
+        .await;
+        // Hand-overs with a ttl of 3 s and of 1 s (its claims are up to half of it old): the
+        // waiter learns of one by its notification or by its own claim or read after the
+        // commit (then from the server's remaining lease).
+        let mut over = Vec::new();
+        for ttl in [3000, 3000, 3000, 1000, 1000] {
+            let opts = AcquireOptions::default().with_ttl(Duration::from_millis(ttl));
+            let name = unique("slow-commit");
+            let held = a.acquire(&name, &opts).await.expect("a acquires");
+            let waiter = waiting(&b, &name, &opts);
+            reserved(&pool, &table, &name).await;
+            held.release().await.expect("a releases");
+            let guard = waiter.await.expect("the waiter").expect("b acquires");
+            let believed = guard
+                .valid_until()
+                .saturating_duration_since(std::time::Instant::now());
+            let sql = format!(
+                "SELECT extract(epoch FROM expires_at - clock_timestamp())::float8 \
+                 FROM {table} WHERE name = $1"
+            );
+            let server: f64 = sqlx::query_scalar(AssertSqlSafe(sql))
+                .bind(&name)
+                .fetch_one(&pool)
+                .await
+                .expect("the server's lease");
+            guard.release().await.expect("b releases");
+            over.push((ttl, believed.as_secs_f64() - server));
+        }
+        drop_own_table(&pool, &table).await;
+        exec(&admin, format!("DROP FUNCTION {table}_slow()")).await;
+        assert!(
+            over.iter().all(|(_, s)| *s <= 0.005),
+            "b's lease ended after the server's by {over:?} s"
+        );
+        // Not dated back by half a reservation either (the drift margin is at most 32 ms).
+        assert!(
+            over.iter().all(|(_, s)| *s > -0.25),
+            "b's lease ended before the server's by {over:?} s"
+        );
+    }
+
     /// Two clients, each holding a read hold (ttl 30 s) of a new name.
     struct TwoReaders {
         clients: [LockClient<SqlBackend>; 2],
@@ -1531,8 +1606,8 @@ mod postgres {
              WHERE proname LIKE '{table}\\_dl\\_%' LOOP EXECUTE 'DROP FUNCTION ' || f; END LOOP; END $$"
         );
         for sql in [
-            format!("DROP TABLE {table}_holders, {table}_queue, {table}"),
-            format!("DROP SEQUENCE {table}_dl_reads"),
+            format!("DROP TABLE IF EXISTS {table}_holders, {table}_queue, {table}"),
+            format!("DROP SEQUENCE IF EXISTS {table}_dl_reads"),
             functions,
         ] {
             sqlx::query(AssertSqlSafe(sql))

@@ -187,7 +187,9 @@ const NO_FLUSH: &str = "set_config('synchronous_commit', 'off', true)";
 /// When an exclusive waiter holds a live reservation (`next_ttl` positive), the row becomes that
 /// waiter's, with the next version and the waiter's ttl from the clock as the row is updated
 /// (`clock_timestamp()`, not `now()`: the statement may have started before the waiter's last
-/// read was sent, which bounds its lease; the update follows that read), and the notification
+/// claim of the reservation was sent, which bounds its lease; the update read that claim's
+/// commit, so it follows its send. A read of the waiter's may follow the update, while this
+/// commit waits, and still find the old holder: see `SqlAttempt::claimed_at`), and the notification
 /// (`h<version>:..`, see [`crate::wake::parse_payload`]) tells it so: a handoff is this one
 /// statement, with the waiter's take done in it. This commit hands out a fencing token, so it
 /// waits for its WAL flush like a take. Otherwise the lock is freed as before: the reserved
