@@ -168,7 +168,7 @@ impl Node {
             .await
             .map_err(|e| self.classify(e))?;
         let why = if renewed != 1 {
-            "the master had no longer the hold it had just granted (wait_replicas)"
+            "the master no longer had the hold it had just granted (wait_replicas)"
         } else if acked < i64::from(config.wait_replicas) {
             "too few replicas acknowledged the acquisition (wait_replicas)"
         } else {
