@@ -1720,6 +1720,17 @@ async fn a_redlock_force_release_counts_a_majority() {
     drop(guard);
 }
 
+/// A client of the single master `url` whose connections are named with a tag of its own
+/// (for `common::kill_tagged`): the tag and the client.
+async fn tagged_client(url: &str) -> (String, LockClient<RedisBackend>) {
+    let tag = common::tag();
+    let config = common::config(&[url.to_owned()], false).with_client_name(tag.clone());
+    let client = distlock_redis::connect_with(config, common::client_config(OP))
+        .await
+        .expect("connect");
+    (tag, client)
+}
+
 /// Killing the holder's connections: the client reconnects and renewal goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_connection_is_reconnected() {
@@ -1727,11 +1738,7 @@ async fn killed_connection_is_reconnected() {
         return;
     };
     let _exclusive = OUTAGE.write().await;
-    let tag = common::tag();
-    let config = common::config(&urls[..1], false).with_client_name(tag.clone());
-    let locks = distlock_redis::connect_with(config, common::client_config(OP))
-        .await
-        .unwrap();
+    let (tag, locks) = tagged_client(&urls[0]).await;
     let name = name("kill");
     let ttl = Duration::from_secs(1);
     let guard = locks
@@ -1758,11 +1765,7 @@ async fn a_failed_abandon_is_tried_again_in_the_background() {
         return;
     };
     let _shared = OUTAGE.read().await;
-    let tag = common::tag();
-    let config = common::config(&urls[..1], false).with_client_name(tag.clone());
-    let waiter = distlock_redis::connect_with(config, common::client_config(OP))
-        .await
-        .unwrap();
+    let (tag, waiter) = tagged_client(&urls[0]).await;
     let (holder, next) = (
         client(&urls[..1], false).await,
         client(&urls[..1], false).await,
