@@ -60,12 +60,11 @@ pub(crate) struct SqlAttempt {
     pub(crate) held_seen_before: Option<(Instant, i64)>,
     /// When the last claim of the reservation that it granted (or whose answer did not come)
     /// was sent (`None` once a claim was refused, unless that refusal was a hand-over): a
-    /// release that hands the lock to
-    /// the reservation's holder read that claim's commit, so the release's update, where the
-    /// handed lease starts, came after this send. A read sent after that update, while the
-    /// release commits (its WAL flush, a synchronous standby), still finds the old holder:
-    /// [`SqlAttempt::held_seen`] alone then dated the lease later than the server did (by
-    /// 465 ms with a commit made 500 ms slow).
+    /// release that hands the lock to the reservation's holder read that claim's commit, so
+    /// the release's update, where the handed lease starts, came after this send. A read
+    /// sent after that update, while the release commits (its WAL flush, a synchronous
+    /// standby), still finds the old holder: [`SqlAttempt::held_seen`] alone then dated the
+    /// lease later than the server did (by 465 ms with a commit made 500 ms slow).
     pub(crate) claimed_at: Option<Instant>,
     /// A wait on the server for the release of the holder ahead (MySQL's wake locks; the
     /// latest reader's, for a writer waiting for the readers), while this attempt holds the
