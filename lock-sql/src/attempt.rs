@@ -44,15 +44,19 @@ pub(crate) struct SqlAttempt {
     /// The last wake-up was a release addressed to this waiter: take without reading first.
     pub(crate) handed: bool,
     /// The last wake-up said a release handed this waiter the lock, with this version and a
-    /// lease that began after this instant (`None`: after [`SqlAttempt::held_seen`]);
-    /// discarded while [`SqlAttempt::maybe_owned`].
+    /// lease that began after this instant (`None`: as [`SqlAttempt::handed_after_reads`]
+    /// bounds it, or a read hold, as a read of it says); discarded while
+    /// [`SqlAttempt::maybe_owned`].
     pub(crate) handed_over: Option<(i64, Option<Instant>)>,
     /// The last wake-up said a release handed the lock to another waiter: the reservation
     /// is free, claim it without reading first.
     pub(crate) vacant: bool,
     /// When the last read was sent that found the lock held by another owner, and the
-    /// version it found: a release that hands this waiter a later version comes after that
-    /// read (the row moved on from that version since), and so does the lease.
+    /// version it found: a release that hands this waiter a later version commits after that
+    /// read (the row moved on from that version since). Its statement, where the handed lease
+    /// starts, may come before: a read sent while that release commits still finds the old
+    /// holder. A bound of a writer's or a permit's lease only with [`SqlAttempt::claimed_at`]
+    /// or a join's refusal (which waits for that commit), never of a read hold's.
     pub(crate) held_seen: Option<(Instant, i64)>,
     /// The read before [`SqlAttempt::held_seen`] that found an older version: a release may
     /// hand this waiter the lock or a permit while a read of its own is on the way, which
@@ -60,12 +64,21 @@ pub(crate) struct SqlAttempt {
     pub(crate) held_seen_before: Option<(Instant, i64)>,
     /// When the last claim of the reservation that it granted (or whose answer did not come)
     /// was sent (`None` once a claim was refused, unless that refusal was a hand-over): a
-    /// release that hands the lock to the reservation's holder read that claim's commit, so
-    /// the release's update, where the handed lease starts, came after this send. A read
-    /// sent after that update, while the release commits (its WAL flush, a synchronous
-    /// standby), still finds the old holder: [`SqlAttempt::held_seen`] alone then dated the
-    /// lease later than the server did (by 465 ms with a commit made 500 ms slow).
+    /// release that hands the lock to an exclusive waiter holding the reservation read that
+    /// claim's commit (a claim sent later, while the release commits, finds the waiter
+    /// holding and is refused), so the release's update, where the handed lease starts,
+    /// came after this send. A read sent after that update, while the release commits (its
+    /// WAL flush, a synchronous standby), still finds the old holder:
+    /// [`SqlAttempt::held_seen`] alone then dated the lease later than the server did (by
+    /// 465 ms with a commit made 500 ms slow). No bound of a read hold's: a reader's claim
+    /// sent while the release commits waits for that commit and is granted (a stale
+    /// reservation).
     pub(crate) claimed_at: Option<Instant>,
+    /// When this reader's last join was sent that was refused, and the version it found: a
+    /// refused join locked the name's row (PostgreSQL's functions), so a release that
+    /// updated the row after it, and the read hold it handed over, came after this send. A
+    /// bound of a read hold's lease (see [`SqlAttempt::read_hold_started`]).
+    pub(crate) refused_join: Option<(Instant, i64)>,
     /// A wait on the server for the release of the holder ahead (MySQL's wake locks; the
     /// latest reader's, for a writer waiting for the readers), while this attempt holds the
     /// reservation, or of the holder it is paired with, while it is a queued permit waiter
@@ -406,6 +419,48 @@ impl SqlAttempt {
         !matches!(err, sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed)
     }
 
+    /// A bound on when the release that handed this attempt the lock or a permit with
+    /// `version` ran, from what it sent before: its last read of a holder whose version it
+    /// follows (a permit waiter's refused join on PostgreSQL reports the last token drawn
+    /// from the row's range as its version, so that a permit handed from the range later
+    /// follows it too: see `postgres/routines.rs`) and, handed to the reservation's holder,
+    /// its last claim. `None`: no such bound, or one that leaves less than half the lease
+    /// (a short ttl, whose claims are as old as half of it): the row says what holds, which
+    /// dates it from the server's remaining lease instead, one read more.
+    fn handed_after_reads(&self, version: i64) -> Option<Instant> {
+        [self.held_seen, self.held_seen_before]
+            .into_iter()
+            .flatten()
+            .find(|&(_, seen)| seen < version)
+            .map(|(at, _)| self.claimed_at.map_or(at, |claimed| at.min(claimed)))
+            .filter(|&at| at + self.request.ttl / 2 > Instant::now())
+    }
+
+    /// An instant no later than the start of the read hold with token `version` that a
+    /// writer's release handed this reader: its last refused join's send
+    /// ([`SqlAttempt::refused_join`]), when younger than an eighth of the lease (a fast
+    /// turn: nothing more to send, the lease counted short by that age at most), else from a
+    /// read of the hold now ([`db::Db::hold_left`]): that read's send, less what the hold's
+    /// lease had run then. `None`: no such live hold (or an instant before the clock's
+    /// start): the reader's join says what holds (it takes a hold handed to it, renewed).
+    async fn read_hold_started(&self, version: i64) -> Result<Option<Instant>> {
+        let sent = Instant::now();
+        if let Some((at, _)) = self
+            .refused_join
+            .filter(|&(at, seen)| seen < version && at + self.request.ttl / 8 > sent)
+        {
+            return Ok(Some(at));
+        }
+        let (name, owner) = (self.request.name.as_str(), &*self.request.owner);
+        let left = self
+            .inner
+            .db
+            .hold_left(name, owner, version)
+            .await
+            .map_err(|e| map_err("acquire", e))?;
+        Ok(left.and_then(|us| sent.checked_sub(self.request.ttl.saturating_sub(remaining(us)))))
+    }
+
     /// A lease of what a release handed this attempt, with token `version`, if that lease
     /// began after `since` (see [`SqlAttempt::held_seen`]).
     fn handed_over(&self, version: i64, since: Instant) -> Result<Step> {
@@ -548,6 +603,7 @@ impl SqlAttempt {
                 self.acquired(version)
             }
             Joined::Busy(peek) => {
+                self.refused_join = Some((sent, peek.version));
                 if self.maybe_handed_read(&peek) {
                     // The join found no read hold handed to this reader (it would have taken
                     // it) and another waiter's reservation, the row locked: nothing of this
@@ -671,25 +727,24 @@ impl Attempt for SqlAttempt {
         }
         // Before a claim of the reservation: a hand-over to this attempt comes first, or it
         // would claim the reservation while holding.
-        if let Some((version, since)) = self.handed_over.take() {
+        if let Some((version, since)) = self.handed_over {
             // A release handed us the lock (its notification or our read after the wake-up
-            // says so, both after its commit): held since that release, after `since`, or
-            // after our last read of a holder whose version it follows. Otherwise (a late
-            // notification) the row says what holds.
-            // (A permit waiter's refusal on PostgreSQL reports the last token drawn from the
-            // row's range as its version, so that a permit handed from the range later
-            // follows it too: see `postgres/routines.rs`.)
-            let seen = [self.held_seen, self.held_seen_before]
-                .into_iter()
-                .flatten()
-                .find(|&(_, seen)| seen < version)
-                // Handed to the reservation's holder: no later than its last claim's send.
-                .map(|(at, _)| self.claimed_at.map_or(at, |claimed| at.min(claimed)))
-                // A bound that leaves less than half the lease (a short ttl, whose claims are
-                // as old as half of it): the read below dates it from the server's remaining
-                // lease instead, one read more.
-                .filter(|&at| at + self.request.ttl / 2 > Instant::now());
-            if let Some(since) = since.or(seen) {
+            // says so, both after its commit): held since that release, after `since`, after
+            // what `handed_after_reads` bounds it by, or, a read hold, what
+            // `read_hold_started` does.
+            // Otherwise (a late notification) the row says what holds.
+            let since = match since {
+                Some(since) => Some(since),
+                // A read hold: a refused join or a read of it dates it (see `Db::hold_left`).
+                // The hand-over stays noted until that read's answer: a read that fails or
+                // is cancelled leaves it to the next poll.
+                None if self.request.kind == LockKind::Shared => {
+                    self.read_hold_started(version).await?
+                }
+                None => self.handed_after_reads(version),
+            };
+            self.handed_over = None;
+            if let Some(since) = since {
                 return self.handed_over(version, since);
             }
         }

@@ -372,6 +372,7 @@ impl LockBackend for SqlBackend {
             held_seen: None,
             held_seen_before: None,
             claimed_at: None,
+            refused_join: None,
             server_wait: None,
             unarmed: None,
             not_armed: (0, 0),

@@ -164,6 +164,23 @@ pub(crate) trait Db: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// The remaining lease (µs) of `owner`'s live read hold `token` of `name`, read now;
+    /// `None`: no such hold. Where a writer's release hands read holds over
+    /// ([`Self::hands_reads_over`]), the reader told so dates its lease from this read,
+    /// unless a recent join of its that was refused does: nothing else it sent before bounds
+    /// when the release's statement ran (a read sent while that release commits still finds
+    /// the writer; a claim of the reservation sent then waits for that commit, and is
+    /// granted). The default (no such hand-overs): `None`, the reader's join takes what it
+    /// was handed.
+    async fn hold_left(
+        &self,
+        _name: &str,
+        _owner: &str,
+        _token: i64,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        Ok(None)
+    }
+
     /// Whether permit waiters queue: a refused permit join with a queue lease
     /// ([`JoinRequest::queue_us`](crate::kinds::JoinRequest::queue_us)) puts the waiter in
     /// the name's queue (each join renews its place), and a release hands each permit it frees

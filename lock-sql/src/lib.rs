@@ -377,12 +377,18 @@
 //!   the row and calls `<table>_dl_hand_read_v10` in the same statement, which does what the
 //!   reader's join would: a new epoch, the row marked shared with the next `version`, a
 //!   holder row of the reader's with that token and its ttl from the call's clock, and
-//!   `h<version>:..` tells the reader, which holds it with its lease counted from its last
-//!   read that found the writer holding (such a read, sent while the release's commit waits
-//!   for its flush, still finds the writer, so the count can start late by up to that
-//!   commit's latency, which the drift margin's fixed part covers where a commit takes less;
-//!   a writer handed the lock counts from its last claim of the reservation instead, which
-//!   the release read, so never late). Since `_v9` the readers behind it are handed theirs
+//!   `h<version>:..` tells the reader, which reads its holder row and counts its lease from
+//!   that read's send, with the server's remaining lease then: a round trip more in a
+//!   writer's turn to the readers. Nothing a reader sent before bounds when the release's
+//!   statement ran: a read sent while the release's commit waits for its flush still finds
+//!   the writer, and a claim of the reservation sent then waits for that commit and is
+//!   granted (a stale reservation). Counted from the last read that found the writer, as
+//!   until then, a lease handed over with a commit made 500 ms slow ended 0.45-0.48 s after
+//!   the server's (19 of 20 read holds, the reserved reader's and a queued one's), now
+//!   0.012-0.032 s before it (mostly the drift margin); a writer handed the lock counts from
+//!   the earlier of its last read and its last claim of the reservation, which the release
+//!   read (its later claims are refused), so never late (a bound that leaves less than half
+//!   the lease: from a read of the row). Since `_v9` the readers behind it are handed theirs
 //!   in the same call: a waiting reader that a writer refuses (holding, or reserving the next
 //!   turn) queues in the table of permit waiters (`permits` 0, its place live for a second from
 //!   its last refused join; after its first it mostly looks without joining, so about a

@@ -752,41 +752,123 @@ mod postgres {
         }
     }
 
-    /// A hand-over's lease starts when the release's statement runs, before its commit,
-    /// and a waiter that read the row in between still saw the old holder: the lease it
-    /// believes ends no later than the server's. The release's commit is made 500 ms slow
-    /// (a deferred trigger, as a slow flush or standby would).
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_lease_handed_over_ends_no_later_than_the_servers() {
-        let Some(url) = url() else { return };
+    /// Clients of a lock table `t` of their own whose commits of a change that `event` names
+    /// (`UPDATE ON {t}`, with `{t}` for the table's name) and `when` selects (a condition on
+    /// `OLD` and `NEW`) are made 500 ms slow, once a transaction (a deferred trigger, as a
+    /// slow flush or standby would), the pool and the table's name.
+    async fn slow_commits(
+        url: &str,
+        event: &str,
+        when: &str,
+    ) -> ([LockClient<SqlBackend>; 3], sqlx::PgPool, String) {
         let table = unique("slow_commit");
         let sep = if url.contains('?') { '&' } else { '?' };
         let url = format!("{url}{sep}table={table}");
-        let (a, b) = (client(&url).await, client(&url).await);
-        let pool = common::pg(&a);
-        // The first acquisition creates the table.
-        let (name, opts) = (unique("slow-commit"), AcquireOptions::default());
-        let first = a.acquire(&name, &opts).await.expect("a");
-        first.release().await.expect("a releases");
-        let admin = a.backend_ref().pool();
+        let clients = [client(&url).await, client(&url).await, client(&url).await];
+        let pool = common::pg(&clients[0]);
+        // The first acquisitions create the tables.
+        let opts = AcquireOptions::default();
+        for opts in [opts.clone(), opts.clone().shared(), opts.with_permits(1)] {
+            let first = clients[0].acquire(&unique("slow-commit"), &opts).await;
+            first.expect("a").release().await.expect("a releases");
+        }
+        let admin = clients[0].backend_ref().pool();
         exec(
             &admin,
             format!(
                 "CREATE FUNCTION {table}_slow() RETURNS trigger LANGUAGE plpgsql AS \
-                 $$ BEGIN PERFORM pg_sleep(0.5); RETURN NULL; END $$"
+                 $$ BEGIN IF coalesce(current_setting('distlock_test.slept', true), '') = '' \
+                 THEN PERFORM set_config('distlock_test.slept', 'yes', true); \
+                 PERFORM pg_sleep(0.5); END IF; RETURN NULL; END $$"
             ),
         )
         .await;
         exec(
             &admin,
             format!(
-                "CREATE CONSTRAINT TRIGGER {table}_slow AFTER UPDATE ON {table} \
-                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW \
-                 WHEN (OLD.owner IS NOT NULL AND NEW.owner IS NOT NULL \
-                 AND OLD.owner <> NEW.owner) EXECUTE FUNCTION {table}_slow()"
+                "CREATE CONSTRAINT TRIGGER {table}_slow AFTER {event} \
+                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ({when}) \
+                 EXECUTE FUNCTION {table}_slow()",
+                event = event.replace("{t}", &table)
             ),
         )
         .await;
+        (clients, pool, table)
+    }
+
+    /// Drops what [`slow_commits`] made.
+    async fn drop_slow_commits(pool: &sqlx::PgPool, table: &str) {
+        drop_own_table(pool, table).await;
+        let admin = SqlPool::Postgres(pool.clone());
+        exec(&admin, format!("DROP FUNCTION {table}_slow()")).await;
+    }
+
+    /// How much later than the server's the lease of `guard` (of `name` in `table`, its
+    /// holders' table when `read`) ends, and how much of the server's is left, in seconds.
+    async fn lease_over(
+        pool: &sqlx::PgPool,
+        table: &str,
+        name: &str,
+        guard: &distlock_core::LockGuard,
+        read: bool,
+    ) -> (f64, f64) {
+        let (from, token) = if read {
+            (format!("{table}_holders"), "token")
+        } else {
+            (table.to_owned(), "version")
+        };
+        let sql = format!(
+            "SELECT extract(epoch FROM expires_at - clock_timestamp())::float8 \
+             FROM {from} WHERE name = $1 AND {token} = $2"
+        );
+        let server: f64 = sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(name)
+            .bind(token_of(guard))
+            .fetch_one(pool)
+            .await
+            .expect("the server's lease");
+        // Read after the server's, so that the read's delay counts against neither.
+        let believed = guard
+            .valid_until()
+            .saturating_duration_since(std::time::Instant::now());
+        (believed.as_secs_f64() - server, server)
+    }
+
+    /// Every lease in `over` (ttl in ms, seconds later than the server's) ends no later than
+    /// the server's. Nor much earlier than the server's less the drift margin: by less than
+    /// the slow commit and a margin (a take or join sent while the release commits, answered
+    /// after it, dates its lease from its send), and most by less than 100 ms.
+    fn no_later_than_the_servers(over: &[(u64, f64)]) {
+        assert!(
+            over.iter().all(|(_, s)| *s <= 0.005),
+            "a lease ended after the server's by {over:?} s"
+        );
+        let drift = |ttl: u64| {
+            let ttl = Duration::from_millis(ttl);
+            ClientConfig::default().drift(ttl).as_secs_f64()
+        };
+        assert!(
+            over.iter().all(|&(ttl, s)| s + drift(ttl) > -0.75),
+            "a lease ended before the server's by {over:?} s"
+        );
+        let close = over
+            .iter()
+            .filter(|&&(ttl, s)| s + drift(ttl) > -0.1)
+            .count();
+        assert!(
+            close * 2 > over.len(),
+            "most leases ended before the server's by 100 ms or more: {over:?} s"
+        );
+    }
+
+    /// A hand-over's lease starts when the release's statement runs, before its commit,
+    /// and a waiter that read the row in between still saw the old holder: the lease it
+    /// believes ends no later than the server's. The release's commit is made 500 ms slow.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_handed_over_ends_no_later_than_the_servers() {
+        let Some(url) = url() else { return };
+        let when = "OLD.owner IS NOT NULL AND NEW.owner IS NOT NULL AND OLD.owner <> NEW.owner";
+        let ([a, b, _], pool, table) = slow_commits(&url, "UPDATE ON {t}", when).await;
         // Hand-overs with a ttl of 3 s and of 1 s (its claims are up to half of it old): the
         // waiter learns of one by its notification or by its own claim or read after the
         // commit (then from the server's remaining lease).
@@ -799,31 +881,91 @@ mod postgres {
             reserved(&pool, &table, &name).await;
             held.release().await.expect("a releases");
             let guard = waiter.await.expect("the waiter").expect("b acquires");
-            let believed = guard
-                .valid_until()
-                .saturating_duration_since(std::time::Instant::now());
-            let sql = format!(
-                "SELECT extract(epoch FROM expires_at - clock_timestamp())::float8 \
-                 FROM {table} WHERE name = $1"
-            );
-            let server: f64 = sqlx::query_scalar(AssertSqlSafe(sql))
-                .bind(&name)
-                .fetch_one(&pool)
-                .await
-                .expect("the server's lease");
+            over.push((ttl, lease_over(&pool, &table, &name, &guard, false).await.0));
             guard.release().await.expect("b releases");
-            over.push((ttl, believed.as_secs_f64() - server));
         }
-        drop_own_table(&pool, &table).await;
-        exec(&admin, format!("DROP FUNCTION {table}_slow()")).await;
-        assert!(
-            over.iter().all(|(_, s)| *s <= 0.005),
-            "b's lease ended after the server's by {over:?} s"
+        drop_slow_commits(&pool, &table).await;
+        no_later_than_the_servers(&over);
+    }
+
+    /// Waits until `n` waiters of `name` hold a live place in `table`'s queue of permit
+    /// waiters (of a semaphore of `permits`; 0: readers).
+    async fn places(pool: &sqlx::PgPool, table: &str, name: &str, permits: i64, n: i64) {
+        let sql = format!(
+            "SELECT count(*) FROM {table}_queue \
+             WHERE name = $1 AND permits = $2 AND expires_at > now()"
         );
-        // Not dated back by half a reservation either (the drift margin is at most 32 ms).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let live: i64 = sqlx::query_scalar(AssertSqlSafe(sql.clone()))
+                .bind(name)
+                .bind(permits)
+                .fetch_one(pool)
+                .await
+                .expect("the queue");
+            if live >= n {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{n} waiters did not queue for {name}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// As [`a_lease_handed_over_ends_no_later_than_the_servers`], for the holds that a
+    /// release hands over in the holders' table: the read holds a writer's release hands to
+    /// the reserved reader and to a reader queued behind it, and a permit. The commit of a
+    /// holder's row added is made 500 ms slow.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hold_handed_over_ends_no_later_than_the_servers() {
+        let Some(url) = url() else { return };
+        let ([a, b, c], pool, table) = slow_commits(&url, "INSERT ON {t}_holders", "true").await;
+        let mut over = Vec::new();
+        let mut handed = Vec::new();
+        for ttl in [30000, 30000, 3000, 3000, 3000, 1000, 1000] {
+            let writes = AcquireOptions::default().with_ttl(Duration::from_millis(ttl));
+            let reads = writes.clone().shared();
+            let name = unique("slow-commit");
+            let held = a.acquire(&name, &writes).await.expect("a acquires");
+            let first = waiting(&b, &name, &reads);
+            reserved(&pool, &table, &name).await;
+            let second = waiting(&c, &name, &reads);
+            // Both readers' first joins queued them, the reserved one's too.
+            places(&pool, &table, &name, 0, 2).await;
+            held.release().await.expect("a releases");
+            let released = std::time::Instant::now();
+            for waiter in [first, second] {
+                let guard = common::granted(waiter).await;
+                let (late, left) = lease_over(&pool, &table, &name, &guard, true).await;
+                over.push((ttl, late));
+                // Whether the hold is the one the release's statement made, its lease begun
+                // before the release's 500 ms commit, not one a join renewed after it (a
+                // reader that finds no hold to read joins, as one that polls between that
+                // commit and its notification does). A 1 s hold renews at once.
+                let began = Duration::from_millis(ttl).as_secs_f64() - left;
+                if ttl >= 3000 {
+                    handed.push((began, began > released.elapsed().as_secs_f64() + 0.4));
+                }
+                guard.release().await.expect("a reader releases");
+            }
+            let permit = writes.clone().with_permits(1);
+            let name = unique("slow-commit");
+            let held = a.acquire(&name, &permit).await.expect("a takes the permit");
+            let waiter = waiting(&b, &name, &permit);
+            places(&pool, &table, &name, 1, 1).await;
+            held.release().await.expect("a releases the permit");
+            let guard = common::granted(waiter).await;
+            over.push((ttl, lease_over(&pool, &table, &name, &guard, true).await.0));
+            guard.release().await.expect("b releases the permit");
+        }
+        drop_slow_commits(&pool, &table).await;
+        no_later_than_the_servers(&over);
+        let read = handed.iter().filter(|(_, before)| *before).count();
         assert!(
-            over.iter().all(|(_, s)| *s > -0.25),
-            "b's lease ended before the server's by {over:?} s"
+            read * 2 > handed.len(),
+            "most read holds were renewed after the release: {handed:?}"
         );
     }
 
@@ -2027,33 +2169,17 @@ mod postgres {
         );
         let (name, permit) = (unique("permit"), opts.with_permits(1));
         let pg = common::pg(&admin);
-        let queued = || async {
-            let count = format!(
-                "SELECT count(*) FROM {table}_queue WHERE name = $1 AND expires_at > now()"
-            );
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while sqlx::query_scalar::<_, i64>(AssertSqlSafe(count.clone()))
-                .bind(&name)
-                .fetch_one(&pg)
-                .await
-                .expect("read the queue")
-                == 0
-            {
-                assert!(std::time::Instant::now() < deadline, "no waiter queued");
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        };
         let wait = |client: distlock_core::LockClient<SqlBackend>| {
             let (name, permit) = (name.clone(), permit.clone());
             tokio::spawn(async move { client.acquire(&name, &permit).await })
         };
         let held = a.acquire(&name, &permit).await.expect("a permit");
         let second = wait(b);
-        queued().await;
+        places(&pg, &table, &name, 1, 1).await;
         held.release().await.expect("release");
         let second = common::granted(second).await;
         let third = wait(c);
-        queued().await;
+        places(&pg, &table, &name, 1, 1).await;
         second.release().await.expect("release the handed permit");
         let third = common::granted(third).await;
         third.release().await.expect("release");

@@ -362,6 +362,9 @@ fn holder_statements(table: &str, peek: &str, data: DataColumn) -> HolderSql {
 pub(crate) struct PgDb {
     take_wake: Arc<str>,
     renew_many: Arc<str>,
+    /// ARGS: name, owner, token. The remaining lease (µs) of that live hold: a read hold a
+    /// writer's release handed over ([`Db::hold_left`]).
+    hold_left: Arc<str>,
     common: Common<sqlx::Postgres>,
     channel: String,
     notifier: Arc<Notifier>,
@@ -480,6 +483,12 @@ impl PgDb {
         }
         let holds = Holds::new(holds, config.create_table);
         let renew_many = renew_many_sql(&config.table);
+        let hold_left: Arc<str> = format!(
+            "SELECT {REMAINING} FROM {} \
+             WHERE name = $1 AND owner = $2 AND token = $3 AND expires_at > now()",
+            quote(&holders_table(&config.table), '"')
+        )
+        .into();
         let mut prepared = sql.prepared();
         prepared.extend([&take_wake, &renew_many]);
         prepare_all(&pool, &prepared, &table).await?;
@@ -498,6 +507,7 @@ impl PgDb {
             },
             take_wake,
             renew_many,
+            hold_left,
             channel,
             notifier,
             listener: task.abort_handle(),
@@ -701,6 +711,17 @@ impl Db for PgDb {
 
     fn hands_reads_over(&self) -> bool {
         self.reads_handed
+    }
+
+    async fn hold_left(
+        &self,
+        name: &str,
+        owner: &str,
+        token: i64,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let query = q(&self.hold_left).bind(name).bind(owner).bind(token);
+        let row = self.common.conns.fetch_optional(query).await?;
+        row.map(|row| row.try_get(0)).transpose()
     }
 
     fn queues_permits(&self) -> bool {

@@ -1118,11 +1118,10 @@ impl Parts<'_> {
     /// and the reservation cleared, a holder row of the reader's with that token, and
     /// `h<version>:..` tells the reader (and the other waiters: readers then join it, a
     /// writer claims the reservation). The lease starts when the function runs (`v_at`), not
-    /// at the transaction's start: the reader bounds it by its last read that found the
-    /// writer holding (which may be sent while this commit waits for its flush: see "Reader
-    /// hand-over after a writer" in the crate docs). The calling statement lets the commit
-    /// wait for its flush: it hands out a token. Should the row not be as said (a call of
-    /// another kind), it hands nothing and wakes every waiter.
+    /// at the transaction's start: the reader dates it by a read of its holder row once told
+    /// (see "Reader hand-over after a writer" in the crate docs). The calling statement lets
+    /// the commit wait for its flush: it hands out a token. Should the row not be as said (a
+    /// call of another kind), it hands nothing and wakes every waiter.
     ///
     /// Since `v9` it hands a read hold to every reader queued with a live place too (see
     /// [`Parts::join`]: a reader that a writer refused), in the order they queued, each with
