@@ -45,6 +45,16 @@ impl NatsRenewer {
 #[async_trait]
 impl Renewer for NatsRenewer {
     async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Result<()>>> {
+        // Nothing sent while the connection is down (as one renewal): async-nats keeps a
+        // publish made then and sends it once reconnected, when the holder may have let the
+        // lock go (a release that failed meanwhile), and a renewal stored then held the entry
+        // for a whole ttl more.
+        if let Some(lease) = items
+            .iter()
+            .find_map(|item| downcast_lease::<NatsLease>(item.lease))
+        {
+            lease.state.connected()?;
+        }
         // Every write first, so that the batch costs one round trip, not one per lease.
         let mut pending = Vec::with_capacity(items.len());
         for item in items {

@@ -290,3 +290,48 @@ async fn a_waiter_abandoned_while_the_server_is_down_leaves_once_it_is_back() {
 async fn a_waiter_abandoned_while_the_server_hangs_leaves_once_it_answers() {
     an_abandoned_waiter_leaves_after(Outage::Hung, "hung").await;
 }
+
+/// A renewal due while the server is down is not kept to be sent once the client has
+/// reconnected: the holder may have let the lock go by then (here its release failed, the
+/// server away), and such a renewal stored the entry again for a whole ttl from its landing,
+/// ahead of every later acquisition. The entry must end with the lease its last stored write
+/// gave it: the next client takes the name within 2.5 s of the ttl after the acquisition.
+#[tokio::test]
+async fn a_renewal_due_while_the_server_is_down_is_not_sent_once_it_is_back() {
+    let Some((_turn, config)) = turn("renewal-down").await else {
+        return;
+    };
+    let ttl = Duration::from_secs(10);
+    let opts = AcquireOptions::default().with_ttl(ttl);
+    let holder = client(&config).await;
+    let held = holder.acquire("down", &opts).await.expect("hold");
+    let acquired = tokio::time::Instant::now();
+    services("stop-one", "nats").await.expect("stop");
+    // The first renewal (at a third of the ttl) and its retries fall in the outage.
+    tokio::time::sleep_until(acquired + ttl / 3 + Duration::from_secs(1)).await;
+    assert!(
+        held.release().await.is_err(),
+        "released with the server away"
+    );
+    services("start-one", "nats").await.expect("start");
+    let next = loop {
+        if let Some(next) = try_client(&config).await {
+            break next;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let end = acquired + ttl + Duration::from_millis(2500);
+    loop {
+        if let Ok(Some(guard)) = next.try_acquire("down", &opts).await {
+            guard.release().await.expect("release");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "the released entry still held {:?} after its acquisition",
+            acquired.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(holder);
+}
