@@ -45,16 +45,6 @@ impl NatsRenewer {
 #[async_trait]
 impl Renewer for NatsRenewer {
     async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Result<()>>> {
-        // Nothing sent while the connection is down (as one renewal): async-nats keeps a
-        // publish made then and sends it once reconnected, when the holder may have let the
-        // lock go (a release that failed meanwhile), and a renewal stored then held the entry
-        // for a whole ttl more.
-        if let Some(lease) = items
-            .iter()
-            .find_map(|item| downcast_lease::<NatsLease>(item.lease))
-        {
-            lease.state.connected()?;
-        }
         // Every write first, so that the batch costs one round trip, not one per lease.
         let mut pending = Vec::with_capacity(items.len());
         for item in items {
@@ -65,7 +55,15 @@ impl Renewer for NatsRenewer {
             let rev = lease.rev();
             let publish =
                 BackendState::put(&lease.value(), item.ttl, rev, lease.range(lease.alone()));
-            let sent = self.js.send_publish(lease.subject.clone(), publish).await;
+            // Nothing sent while the connection is down (as one renewal): async-nats keeps a
+            // publish made then and sends it once reconnected, when the holder may have let
+            // the lock go (a release that failed meanwhile), and a renewal stored then held
+            // the entry for a whole ttl more. Checked before each send: the connection may
+            // drop part-way through the batch.
+            let sent = match lease.state.connected() {
+                Ok(()) => Ok(self.js.send_publish(lease.subject.clone(), publish).await),
+                Err(err) => Err(err),
+            };
             pending.push(Some((lease, rev, sent)));
         }
         let mut results = Vec::with_capacity(items.len());
@@ -75,6 +73,13 @@ impl Renewer for NatsRenewer {
                     "a lease of another backend in a NATS renewal",
                 )));
                 continue;
+            };
+            let sent = match sent {
+                Ok(sent) => sent,
+                Err(down) => {
+                    results.push(Err(down));
+                    continue;
+                }
             };
             let answer = match sent {
                 Ok(ack) => ack.await.map(|ack| ack.sequence),
