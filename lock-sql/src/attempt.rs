@@ -458,7 +458,7 @@ impl SqlAttempt {
             .hold_left(name, owner, version)
             .await
             .map_err(|e| map_err("acquire", e))?;
-        Ok(left.and_then(|us| sent.checked_sub(self.request.ttl.saturating_sub(remaining(us)))))
+        Ok(left.and_then(|us| self.started(sent, us)))
     }
 
     /// A lease of what a release handed this attempt, with token `version`, if that lease
@@ -472,14 +472,20 @@ impl SqlAttempt {
     /// its notification was lost), with `remaining_us` left of it then.
     fn found_handed(&self, peek: &db::Peek, sent: Instant) -> Option<Result<Step>> {
         let owner = &*self.request.owner;
-        let remaining = remaining(peek.remaining_us?);
+        let remaining_us = peek.remaining_us?;
         if peek.owner.as_deref() != Some(owner) || !self.inner.db.hands_over() {
             return None;
         }
-        let gone = self.request.ttl.saturating_sub(remaining);
         // An instant before the clock's start cannot be told: take it again instead.
-        let started = sent.checked_sub(gone)?;
+        let started = self.started(sent, remaining_us)?;
         Some(self.handed_over(peek.version, started))
+    }
+
+    /// When a lease of this attempt's ttl began at the latest, read at `sent` with
+    /// `remaining_us` left of it: `sent` less what had run. `None`: an instant before the
+    /// clock's start.
+    fn started(&self, sent: Instant, remaining_us: i64) -> Option<Instant> {
+        sent.checked_sub(self.request.ttl.saturating_sub(remaining(remaining_us)))
     }
 
     /// A lease of what this attempt took, with token `version`.
@@ -644,8 +650,7 @@ impl SqlAttempt {
             // Read after `now`, with `remaining_us` left: the lease ends after `now` plus
             // that. An instant before the clock's start cannot be told: join instead (it
             // renews the permit from then).
-            let gone = self.request.ttl.saturating_sub(remaining(remaining_us));
-            let Some(started) = now.checked_sub(gone) else {
+            let Some(started) = self.started(now, remaining_us) else {
                 // The join renews the permit from then; the wake lock the read may have
                 // taken for this token goes.
                 self.inner.db.forget(name, owner);
@@ -731,8 +736,8 @@ impl Attempt for SqlAttempt {
             // A release handed us the lock (its notification or our read after the wake-up
             // says so, both after its commit): held since that release, after `since`, after
             // what `handed_after_reads` bounds it by, or, a read hold, what
-            // `read_hold_started` does.
-            // Otherwise (a late notification) the row says what holds.
+            // `read_hold_started` does. Otherwise (a late notification) the row says what
+            // holds.
             let since = match since {
                 Some(since) => Some(since),
                 // A read hold: a refused join or a read of it dates it (see `Db::hold_left`).
