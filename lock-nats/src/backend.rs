@@ -141,6 +141,20 @@ impl BackendState {
         }
     }
 
+    /// Waits until the connection is up (at once when it is), at most the operation
+    /// timeout, then answers as [`Self::connected`]: for a release, which should reach a
+    /// server that comes back meanwhile rather than fail at once and leave the lock held for
+    /// a whole ttl. Only the connection: a replicated stream may still have no leader. While
+    /// the client reconnects its connection task takes no command, so a flush queued then is
+    /// answered once it is connected again: no polling. Nothing is sent (cancel safe).
+    pub(crate) async fn reconnected(&self) -> Result<()> {
+        if self.connected().is_err() {
+            // A flush that fails (the client closed) or times out leaves the state to say so.
+            let _ = tokio::time::timeout(self.timeout, self.client.flush()).await;
+        }
+        self.connected()
+    }
+
     /// A write of `value` with a ttl, stored only if its subject's last revision is
     /// `expected` (0: the subject has none), or with `range`, only if the last revision of
     /// the whole range (every key of the name) is.
@@ -398,6 +412,7 @@ impl NatsBackend {
         name: &LockName,
         only: Option<(&str, FencingToken)>,
     ) -> Result<bool> {
+        self.state.reconnected().await?;
         let keys = NameKeys::new(&self.state.bucket, name.as_str());
         let mut removed = false;
         for _ in 0..8 {

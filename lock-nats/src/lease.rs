@@ -135,6 +135,7 @@ impl Lease for NatsLease {
     }
 
     async fn release(&self) -> Result<()> {
+        self.state.reconnected().await?;
         let mut rev = self.rev();
         for _ in 0..3 {
             let alone = self.alone();

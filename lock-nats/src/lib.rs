@@ -65,6 +65,9 @@
 //! answer was lost) is taken up, anything else answers `NotHeld`. The client's watchdog renews
 //! its locks in batches, every write of a batch sent before the first answer is read.
 //! **Release** purges the key if its revision is ours (the purge marker expires after 1 s).
+//! While the client reconnects, a release (and an operator's removal) waits for the
+//! connection (not for a replicated stream's leader) within the operation timeout; every
+//! other request fails at once as `Unavailable`, and a renewal due then is not sent.
 //!
 //! # Guarantees and what they rest on
 //!

@@ -293,7 +293,7 @@ async fn a_waiter_abandoned_while_the_server_hangs_leaves_once_it_answers() {
 
 /// A renewal due while the server is down is not kept to be sent once the client has
 /// reconnected: the holder may have let the lock go by then (here its release failed, the
-/// server away), and such a renewal stored the entry again for a whole ttl from its landing,
+/// server away for the whole operation timeout), and such a renewal stored the entry again for a whole ttl from its landing,
 /// ahead of every later acquisition. The entry must end with the lease its last stored write
 /// gave it: the next client takes the name within 2.5 s of the ttl after the acquisition.
 #[tokio::test]
@@ -334,4 +334,57 @@ async fn a_renewal_due_while_the_server_is_down_is_not_sent_once_it_is_back() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     drop(holder);
+}
+
+/// A release called while the client reconnects (the server stopped, started again 300 ms
+/// later) waits for the connection within its operation timeout and removes the entry: the
+/// name is free at once, not a ttl later (it failed at once as `Unavailable`, and the lock
+/// stayed held for its ttl of 30 s).
+#[tokio::test]
+async fn a_release_while_the_client_reconnects_reaches_the_server() {
+    let Some((_turn, config)) = turn("release-down").await else {
+        return;
+    };
+    let opts = AcquireOptions::default().with_ttl(Duration::from_secs(30));
+    // Above the services' readiness timeout (60 s): another lane's server may hold their
+    // state lock while it starts, and the client's pauses between reconnections grow to 4 s.
+    let options = ClientConfig::default().with_operation_timeout(Duration::from_secs(90));
+    let holder = distlock_nats::connect_with(config.clone(), options)
+        .await
+        .expect("connect");
+    let held = holder.acquire("down", &opts).await.expect("hold");
+    let nats = holder.backend_ref().client().clone();
+    services("stop-one", "nats").await.expect("stop");
+    // The server closes its connections as it stops: the client knows it is away.
+    let seen = tokio::time::timeout(Duration::from_secs(10), async {
+        while nats.connection_state() == async_nats::connection::State::Connected {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let release = tokio::spawn(held.release());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waited = !release.is_finished();
+    // Started again before any assertion: a failure must not leave the next tests without it.
+    services("start-one", "nats").await.expect("start");
+    let started = tokio::time::Instant::now();
+    assert!(seen.is_ok(), "the client did not see the server go");
+    assert!(waited, "the release did not wait");
+    release
+        .await
+        .expect("the release's task")
+        .expect("the release, once the server is back");
+    // The client's next reconnection comes at most 4 s after the server is ready.
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the release came back {:?} after the server",
+        started.elapsed()
+    );
+    let next = client(&config).await;
+    let guard = next
+        .try_acquire("down", &opts)
+        .await
+        .expect("try_acquire")
+        .expect("the released name is free");
+    guard.release().await.expect("release");
 }
