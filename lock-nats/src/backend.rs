@@ -385,6 +385,15 @@ async fn open_stream(
             bucket.name, bucket.events_prefix
         )));
     }
+    if have.storage != stream::StorageType::File {
+        // A stream kept in memory starts again at sequence 1 when its servers restart: the
+        // tokens would go back, and a late write of a paused former holder pass the fence.
+        return Err(Error::Unsupported(format!(
+            "NATS bucket {} keeps its messages in memory, so a restart would restart its \
+             sequences (the fencing tokens): use a bucket on file storage",
+            bucket.name
+        )));
+    }
     let replicated = have.num_replicas > 1;
     let direct = !replicated && have.allow_direct;
     Ok((stream, replicated, direct))
@@ -608,5 +617,46 @@ mod tests {
         assert_eq!(ttl_header(Duration::from_millis(1000)), "1");
         assert_eq!(ttl_header(Duration::from_millis(1001)), "2");
         assert_eq!(ttl_header(Duration::from_secs(30)), "30");
+    }
+
+    /// A bucket made as distlock makes its own but kept in memory (by an operator, or a
+    /// tool) is refused: its sequences, the tokens, would start again at 1 after a restart.
+    #[tokio::test]
+    async fn a_bucket_kept_in_memory_is_refused() {
+        let Some(url) = conformance_tests::server_var("nats", "DISTLOCK_TEST_NATS_URL") else {
+            return;
+        };
+        let name = format!("memory-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let config = NatsConfig::from_url(&url)
+            .and_then(|c| c.with_bucket(&name))
+            .expect("NATS URL");
+        let timeout = Duration::from_secs(5);
+        let client = config
+            .connect_options(timeout)
+            .await
+            .expect("options")
+            .connect(config.server_urls())
+            .await
+            .expect("connect");
+        let js = jetstream::new(client);
+        let bucket = Bucket::new(config.bucket());
+        let mut memory = stream_config(&bucket, 1);
+        memory.storage = stream::StorageType::Memory;
+        js.create_stream(memory)
+            .await
+            .expect("the stream in memory");
+        let refused = open(&config, timeout).await.map(|_| ());
+        js.delete_stream(&bucket.stream).await.expect("clean up");
+        match refused {
+            Err(Error::Unsupported(message)) => {
+                assert!(message.contains("in memory"), "{message}");
+            }
+            other => panic!("a bucket in memory: {other:?}"),
+        }
+        // The same bucket on file storage opens.
+        open(&config, timeout)
+            .await
+            .expect("a bucket on file storage");
+        js.delete_stream(&bucket.stream).await.expect("clean up");
     }
 }

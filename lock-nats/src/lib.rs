@@ -73,7 +73,7 @@
 //!
 //! | | |
 //! |---|---|
-//! | fencing | the stream sequence: [`Linearizable`](distlock_core::FencingGuarantee::Linearizable), greater after restarts (file storage keeps it) |
+//! | fencing | the stream sequence: [`Linearizable`](distlock_core::FencingGuarantee::Linearizable), greater after restarts (file storage keeps it; a bucket kept in memory is refused) |
 //! | fairness | FIFO by first revision, for every kind; a waiting writer blocks later readers |
 //! | wake-up | the server's republish of the name's removals (purges, expiry markers) |
 //! | loss detection | renewal (our key gone or rewritten), and the core's local deadline |
