@@ -215,11 +215,12 @@
 //!   replica's tokens exceed the old master's as long as the servers' clocks differ by less than
 //!   the failover took. `?wait_replicas=N` makes an acquisition count only once N replicas
 //!   acknowledged it (after a grant, its owner-checked renewal and `WAIT N wait_timeout` in one
-//!   pipeline, one more round trip: on whatever connection, the count is of replicas that have
-//!   the hold; too few acknowledgements give the lock back and answer a retryable error;
-//!   `wait_timeout` must be at most half the operation timeout), which closes the window of
-//!   a failover to a replica that missed it, short of a replica that acknowledged and then lost the
-//!   race to be promoted.
+//!   pipeline, one more round trip, sent on a connection of its own, as a `WAIT` blocks its
+//!   connection while the replicas lag; the renewal makes the count that of replicas that
+//!   have the hold, whichever connection granted it; too few acknowledgements give the lock
+//!   back and answer a retryable error; `wait_timeout` must be at most half the operation
+//!   timeout), which closes the window of a failover to a replica that missed it, short of a
+//!   replica that acknowledged and then lost the race to be promoted.
 //!
 //! # Read-write locks and semaphores (single master)
 //!

@@ -684,3 +684,111 @@ async fn sentinel_wait_replicas_holds_back() {
 async fn cluster_wait_replicas_holds_back() {
     wait_replicas_holds_back(false).await;
 }
+
+/// `wait_replicas=1` with the replicas stopped: three acquisitions on the master each wait
+/// `wait_timeout` (1 s) for them, one after another, and a release of another lock on that
+/// master, sent once a `WAIT` is under way, comes back at once, the three still waiting. A
+/// `WAIT` blocks its connection until it returns: sent on the lock commands' connection, it
+/// held the release up behind all three (about 2.9 s).
+async fn wait_replicas_does_not_hold_up_other_commands(sentinel: bool) {
+    let Some(url) = url_of(sentinel) else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let topo = Topo {
+        url: &url,
+        sentinel,
+    };
+    let tag = common::tag();
+    let held = format!("wait-held-{tag}");
+    let master = topo
+        .master_of(&LockKeys::for_name(&held).expect("name").lock)
+        .await;
+    let sep = if topo.url.contains('?') { '&' } else { '?' };
+    let url = format!("{}{sep}wait_replicas=1&wait_timeout=1s", topo.url);
+    let client = distlock_redis::connect(&url, common::client_config(Duration::from_secs(5)))
+        .await
+        .expect("connect");
+    let opts = AcquireOptions::default().with_ttl(TTL);
+    let guard = client.acquire(&held, &opts).await.expect("held");
+    // Three names the same master serves.
+    let mut others = Vec::new();
+    let mut i = 0;
+    while others.len() < 3 {
+        let name = format!("wait-other-{tag}-{i}");
+        i += 1;
+        if topo
+            .master_of(&LockKeys::for_name(&name).expect("name").lock)
+            .await
+            == master
+        {
+            others.push(name);
+        }
+    }
+    // Every replica stopped: one attached later would acknowledge.
+    all_replicas_online(master, topo.replicas()).await;
+    let mut restore = Restore::default();
+    for replica in replicas_of(master).await {
+        let pid = pid_of(&topo.service(replica));
+        signal(&pid, "-STOP");
+        restore.stopped.push(pid);
+    }
+    let attempts: Vec<_> = others
+        .into_iter()
+        .map(|name| {
+            let (client, opts) = (client.clone(), opts.clone());
+            tokio::spawn(async move { client.try_acquire(&name, &opts).await.map(drop) })
+        })
+        .collect();
+    waits_under_way(master).await;
+    let sent = tokio::time::Instant::now();
+    let released = guard.release().await;
+    let took = sent.elapsed();
+    eprintln!("the release took {took:?} while three grants waited for stopped replicas");
+    let waiting = attempts.iter().filter(|a| !a.is_finished()).count();
+    for attempt in attempts {
+        let refused = attempt.await.expect("the attempt's task");
+        assert!(
+            refused.as_ref().is_err_and(|e| e.is_retryable()),
+            "an attempt without its replicas: {refused:?}"
+        );
+    }
+    restore.finish().await;
+    released.expect("the release");
+    assert_eq!(
+        waiting, 3,
+        "not every attempt was still waiting after the release"
+    );
+    assert!(
+        took < Duration::from_millis(500),
+        "the release waited {took:?} behind the grants' waits for the replicas"
+    );
+}
+
+/// Waits (at most 10 s) until a client of the master on `port` runs `WAIT`.
+async fn waits_under_way(port: u16) {
+    let mut conn = common::raw(&common::local(port)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut conn)
+            .await
+            .expect("CLIENT LIST");
+        if list.lines().any(|l| l.contains(" cmd=wait ")) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no WAIT under way after 10 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_wait_replicas_does_not_hold_up_other_commands() {
+    wait_replicas_does_not_hold_up_other_commands(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_wait_replicas_does_not_hold_up_other_commands() {
+    wait_replicas_does_not_hold_up_other_commands(false).await;
+}

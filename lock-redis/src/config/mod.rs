@@ -127,8 +127,11 @@ pub struct RedisConfig {
     /// owner-checked renewal and `WAIT N wait_timeout` in one pipeline: one more round trip,
     /// only for a grant; the count is of replicas that have the hold, whichever connection the
     /// pipeline takes); an acquisition that fewer replicas acknowledged in time is given back
-    /// and answers a retryable [`Error::Unavailable`]. While the replicas lag, the client's
-    /// other commands on that master's connection queue behind the `WAIT`. Sentinel and
+    /// and answers a retryable [`Error::Unavailable`]. The pipeline has a connection of its
+    /// own (on a cluster, to every node), as a `WAIT` blocks its connection until the replicas
+    /// answer or `wait_timeout`: while they lag, the client's other commands go on, but the
+    /// grants' waits on a master queue behind one another (the k-th of k grants at once waits
+    /// about k times `wait_timeout`, and fails at the operation timeout). Sentinel and
     /// Cluster only. Default 0 (no wait).
     pub wait_replicas: u32,
     /// How long an acquisition waits for [`Self::wait_replicas`]. Default 100 ms; at most half

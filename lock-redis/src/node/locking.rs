@@ -142,8 +142,9 @@ impl Node {
 
     /// Whether [`RedisConfig::wait_replicas`] replicas have `request`'s hold, just acquired:
     /// its renewal (owner-checked, the lease from now) and `WAIT` in one pipeline
-    /// ([`Invocation::invoke_acked`]). Only a granted attempt waits so: a refused one sends
-    /// no `WAIT`, which would hold up the connection's other commands while replicas lag.
+    /// ([`Invocation::invoke_acked`]), on the node's `WAIT` connection ([`Node::waits`]),
+    /// where a `WAIT` holds up no lock command. Only a granted attempt waits so: a refused one
+    /// sends no `WAIT`, which would hold up the other grants' while replicas lag.
     ///
     /// `WAIT` counts the replicas that have the writes of the connection it runs on. On the
     /// acquisition's connection those include the grant; a `WAIT` of its own on another one
@@ -161,7 +162,7 @@ impl Node {
         request: &AcquireRequest,
         config: &RedisConfig,
     ) -> Result<(), RedisError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.waits.clone();
         let renewal = renewal(keys, &request.owner, request.ttl, request.kind);
         let (renewed, acked): (i64, i64) = renewal
             .invoke_acked(&mut conn, config.wait_replicas, millis(config.wait_timeout))

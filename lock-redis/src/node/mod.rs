@@ -10,7 +10,7 @@ use distlock_core::backend::Contended;
 use distlock_core::{Error, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use crate::topology::{ClusterTopology, Conn, Endpoint, SentinelMaster};
+use crate::topology::{ClusterTopology, Conn, Endpoint, Lane, SentinelMaster};
 
 use crate::RedisConfig;
 use crate::error::{RedisError, RedisErrorKind};
@@ -31,6 +31,9 @@ use tls::wrong_port;
 pub(crate) struct Node {
     pub(crate) addr: String,
     pub(crate) conn: Conn,
+    /// Where a `wait_replicas` grant's renewal and `WAIT` go: with `wait_replicas`, a
+    /// connection of their own (see [`Lane::Waits`]); the same as `conn` otherwise.
+    pub(crate) waits: Conn,
     /// Where the background connections go (election observers' too).
     pub(crate) endpoint: Endpoint,
     pub(crate) sub: Subscriber,
@@ -131,9 +134,11 @@ impl Node {
         let restarts = Arc::new(Restarts::new(client.clone(), timeout, run_id));
         let endpoint = Endpoint::Fixed(Box::new(client));
         let sub = Subscriber::new(endpoint.clone(), addr.clone(), timeout);
+        let conn = Conn::Direct(conn);
         let node = Self {
             addr,
-            conn: Conn::Direct(conn),
+            waits: conn.clone(),
+            conn,
             endpoint,
             sub,
             restarts: Some(restarts),
@@ -154,7 +159,8 @@ impl Node {
         timeout: Duration,
     ) -> Result<Self> {
         let master = SentinelMaster::connect(config, tls, timeout).await?;
-        let mut conn = Conn::Sentinel(master.clone());
+        let mut conn = Conn::Sentinel(master.clone(), Lane::Locks);
+        let waits = Conn::Sentinel(master.clone(), Lane::Waits);
         let addr = master.addr();
         let named: redis::RedisResult<()> = tokio::time::timeout(
             timeout,
@@ -167,6 +173,17 @@ impl Node {
         .unwrap_or(Ok(()));
         if let Err(err) = named {
             return Err(RedisError::classify(&addr, err).into_lock_error("connect"));
+        }
+        if config.wait_replicas > 0 {
+            // Connected now (and named, best effort): the first grant does not pay for it.
+            let _ = tokio::time::timeout(
+                timeout,
+                redis::cmd("CLIENT")
+                    .arg("SETNAME")
+                    .arg(&config.client_name)
+                    .query_async::<()>(&mut waits.clone()),
+            )
+            .await;
         }
         let run_id = restart::run_id(&mut conn, timeout)
             .await
@@ -182,6 +199,7 @@ impl Node {
                 config.sentinel_master.as_deref().unwrap_or("")
             ),
             conn,
+            waits,
             endpoint,
             sub,
             restarts: Some(restarts),
@@ -201,12 +219,14 @@ impl Node {
     ) -> Result<Self> {
         let topology = ClusterTopology::connect(config, tls, timeout).await?;
         let conn = Conn::Cluster(topology.conn.clone());
+        let waits = Conn::Cluster(topology.waits.clone());
         let addr = "cluster".to_owned();
         let endpoint = Endpoint::Cluster(topology);
         let sub = Subscriber::new(endpoint.clone(), addr.clone(), timeout);
         Ok(Self {
             addr,
             conn,
+            waits,
             endpoint,
             sub,
             restarts: None,

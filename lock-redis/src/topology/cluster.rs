@@ -21,6 +21,9 @@ use crate::restart::Restarts;
 /// of each master, observers, listing and wake-ups).
 pub(crate) struct ClusterTopology {
     pub(crate) conn: ClusterConnection,
+    /// With `wait_replicas`, the `WAIT` lane (see [`Lane::Waits`](super::Lane::Waits)): a
+    /// connection set of its own; else the lock commands' connection.
+    pub(crate) waits: ClusterConnection,
     template: NodeTemplate,
     seeds: Vec<(String, u16)>,
     timeout: Duration,
@@ -110,17 +113,26 @@ impl ClusterTopology {
                 "invalid Redis Cluster configuration ({shown}): {e}"
             ))
         })?;
-        let conn = tokio::time::timeout(timeout, client.get_async_connection())
-            .await
-            .unwrap_or_else(|_| {
-                Err(redis::RedisError::from((
-                    redis::ErrorKind::Io,
-                    "connect timed out",
-                )))
-            })
-            .map_err(|e| RedisError::classify(&shown, e).into_lock_error("connect"))?;
+        let connect = async || {
+            tokio::time::timeout(timeout, client.get_async_connection())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(redis::RedisError::from((
+                        redis::ErrorKind::Io,
+                        "connect timed out",
+                    )))
+                })
+                .map_err(|e| RedisError::classify(&shown, e).into_lock_error("connect"))
+        };
+        let (conn, waits) = if config.wait_replicas > 0 {
+            tokio::try_join!(connect(), connect())?
+        } else {
+            let conn = connect().await?;
+            (conn.clone(), conn)
+        };
         let topology = Arc::new(Self {
             conn,
+            waits,
             template,
             seeds,
             timeout,
@@ -133,15 +145,20 @@ impl ClusterTopology {
             return Err(e.into_lock_error("read the cluster's slots"));
         }
         // Names the connections (CLIENT SETNAME goes to every node), for CLIENT LIST.
-        let mut conn = topology.conn.clone();
-        let _ = tokio::time::timeout(
-            timeout,
-            redis::cmd("CLIENT")
-                .arg("SETNAME")
-                .arg(&config.client_name)
-                .query_async::<Value>(&mut conn),
-        )
-        .await;
+        let named = if config.wait_replicas > 0 { 2 } else { 1 };
+        for mut conn in [topology.conn.clone(), topology.waits.clone()]
+            .into_iter()
+            .take(named)
+        {
+            let _ = tokio::time::timeout(
+                timeout,
+                redis::cmd("CLIENT")
+                    .arg("SETNAME")
+                    .arg(&config.client_name)
+                    .query_async::<Value>(&mut conn),
+            )
+            .await;
+        }
         Ok(topology)
     }
 

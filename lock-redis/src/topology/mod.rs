@@ -22,15 +22,15 @@ mod cluster;
 mod sentinel;
 
 pub(crate) use cluster::ClusterTopology;
-pub(crate) use sentinel::SentinelMaster;
+pub(crate) use sentinel::{Lane, SentinelMaster};
 
 /// The connection the lock commands run on.
 #[derive(Clone)]
 pub(crate) enum Conn {
     /// One master (single-master and Redlock nodes): the auto-reconnecting manager.
     Direct(ConnectionManager),
-    /// The master the Sentinels name now.
-    Sentinel(Arc<SentinelMaster>),
+    /// The master the Sentinels name now, on one of its two connections.
+    Sentinel(Arc<SentinelMaster>, Lane),
     /// A Redis Cluster (MOVED/ASK and topology refresh by the client library).
     Cluster(ClusterConnection),
 }
@@ -39,7 +39,7 @@ impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::Direct(_) => "Conn::Direct",
-            Self::Sentinel(_) => "Conn::Sentinel",
+            Self::Sentinel(..) => "Conn::Sentinel",
             Self::Cluster(_) => "Conn::Cluster",
         })
     }
@@ -50,10 +50,10 @@ impl ConnectionLike for Conn {
         match self {
             Self::Direct(conn) => conn.req_packed_command(cmd),
             Self::Cluster(conn) => conn.req_packed_command(cmd),
-            Self::Sentinel(master) => {
-                let master = master.clone();
+            Self::Sentinel(master, lane) => {
+                let (master, lane) = (master.clone(), *lane);
                 Box::pin(async move {
-                    let mut conn = master.connection();
+                    let mut conn = master.connection(lane);
                     let result = conn.req_packed_command(cmd).await;
                     master.check(result.as_ref().err());
                     result
@@ -71,10 +71,10 @@ impl ConnectionLike for Conn {
         match self {
             Self::Direct(conn) => conn.req_packed_commands(cmd, offset, count),
             Self::Cluster(conn) => conn.req_packed_commands(cmd, offset, count),
-            Self::Sentinel(master) => {
-                let master = master.clone();
+            Self::Sentinel(master, lane) => {
+                let (master, lane) = (master.clone(), *lane);
                 Box::pin(async move {
-                    let mut conn = master.connection();
+                    let mut conn = master.connection(lane);
                     let result = conn.req_packed_commands(cmd, offset, count).await;
                     master.check(result.as_ref().err());
                     result
@@ -87,7 +87,7 @@ impl ConnectionLike for Conn {
         match self {
             Self::Direct(conn) => conn.get_db(),
             Self::Cluster(_) => 0,
-            Self::Sentinel(master) => master.template.db,
+            Self::Sentinel(master, _) => master.template.db,
         }
     }
 }

@@ -22,6 +22,9 @@ pub(crate) struct SentinelMaster {
     sentinels: Vec<(String, redis::Client)>,
     pub(super) template: NodeTemplate,
     timeout: Duration,
+    /// Whether grants wait for replicas (`wait_replicas`): only then has the master a
+    /// connection for their `WAIT`s ([`Lane::Waits`]).
+    waits: bool,
     current: Mutex<Current>,
     /// One resolution at a time; the last one's end, to space them.
     resolving: tokio::sync::Mutex<Option<Instant>>,
@@ -33,6 +36,20 @@ struct Current {
     addr: String,
     client: redis::Client,
     conn: ConnectionManager,
+    /// The `WAIT` lane (see [`Lane::Waits`]), connected at its first use; `conn` without
+    /// `wait_replicas`.
+    waits: ConnectionManager,
+}
+
+/// Which of the master's two connections a request goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lane {
+    /// The lock commands.
+    Locks,
+    /// The `wait_replicas` grants' pipelines: a `WAIT` blocks its connection until the
+    /// replicas acknowledge or its timeout, and on the lock commands' connection it held up
+    /// every renewal, release and attempt behind it while the replicas lagged.
+    Waits,
 }
 
 impl std::fmt::Debug for SentinelMaster {
@@ -83,17 +100,27 @@ impl SentinelMaster {
             .await
             .map_err(|e| e.into_lock_error(&format!("ask the Sentinels for master {name:?}")))?;
         let client = template.client(&host, port)?;
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config(timeout))
-            .map_err(|e| RedisError::classify(&host, e).into_lock_error("connect"))?;
+        let lazy = || {
+            ConnectionManager::new_lazy_with_config(client.clone(), manager_config(timeout))
+                .map_err(|e| RedisError::classify(&host, e).into_lock_error("connect"))
+        };
+        let conn = lazy()?;
+        let waits = if config.wait_replicas > 0 {
+            lazy()?
+        } else {
+            conn.clone()
+        };
         let master = Arc::new(Self {
             name,
             sentinels,
             template,
             timeout,
+            waits: config.wait_replicas > 0,
             current: Mutex::new(Current {
                 addr: format!("{host}:{port}"),
                 client,
                 conn,
+                waits,
             }),
             resolving: tokio::sync::Mutex::new(None),
             listeners: Mutex::new(Vec::new()),
@@ -119,8 +146,13 @@ impl SentinelMaster {
         lock(&self.current).client.clone()
     }
 
-    pub(super) fn connection(&self) -> ConnectionManager {
-        lock(&self.current).conn.clone()
+    /// The current master's connection of `lane`.
+    pub(super) fn connection(&self, lane: Lane) -> ConnectionManager {
+        let current = lock(&self.current);
+        match lane {
+            Lane::Locks => current.conn.clone(),
+            Lane::Waits => current.waits.clone(),
+        }
     }
 
     /// After a failed request: a master that is gone or was made a replica (`READONLY`) is
@@ -160,10 +192,15 @@ impl SentinelMaster {
         let Ok(client) = self.template.client(&host, port) else {
             return;
         };
-        let Ok(conn) =
+        let lazy = || {
             ConnectionManager::new_lazy_with_config(client.clone(), manager_config(self.timeout))
-        else {
-            return;
+        };
+        let Ok(conn) = lazy() else { return };
+        let waits = if self.waits {
+            let Ok(waits) = lazy() else { return };
+            waits
+        } else {
+            conn.clone()
         };
         let mut current = lock(&self.current);
         tracing::warn!(
@@ -172,7 +209,12 @@ impl SentinelMaster {
             new = %addr,
             "Sentinel failover: the lock's master moved"
         );
-        *current = Current { addr, client, conn };
+        *current = Current {
+            addr,
+            client,
+            conn,
+            waits,
+        };
     }
 }
 
