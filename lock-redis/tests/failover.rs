@@ -53,12 +53,15 @@ fn options() -> Option<String> {
 
 fn with_options(url: &str) -> String {
     match options() {
-        Some(options) => {
-            let sep = if url.contains('?') { '&' } else { '?' };
-            format!("{url}{sep}{options}")
-        }
+        Some(options) => with_query(url, &options),
         None => url.to_owned(),
     }
+}
+
+/// `url` with `query` (`key=value&...`) added to its query.
+fn with_query(url: &str, query: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{query}")
 }
 
 fn runs() -> usize {
@@ -205,6 +208,15 @@ struct Restore {
 }
 
 impl Restore {
+    /// Stops (`SIGSTOP`) every replica the master on `master` lists now.
+    async fn stop_replicas(&mut self, topo: Topo<'_>, master: u16) {
+        for replica in replicas_of(master).await {
+            let pid = pid_of(&topo.service(replica));
+            signal(&pid, "-STOP");
+            self.stopped.push(pid);
+        }
+    }
+
     fn resume(&mut self) {
         for pid in self.stopped.drain(..) {
             signal(&pid, "-CONT");
@@ -356,11 +368,7 @@ async fn run_once(topo: Topo<'_>, lagging: bool) -> Run {
     let mut restore = Restore::default();
     if lagging {
         all_replicas_online(master, topo.replicas()).await;
-        for replica in replicas_of(master).await {
-            let pid = pid_of(&topo.service(replica));
-            signal(&pid, "-STOP");
-            restore.stopped.push(pid);
-        }
+        restore.stop_replicas(topo, master).await;
         fill_replication_link(master, &keys).await;
     }
     let guard = a.acquire(&name, &opts).await.expect("A acquires");
@@ -652,16 +660,11 @@ async fn wait_replicas_holds_back(sentinel: bool) {
     };
     let name = format!("wait-{}", common::tag());
     let keys = LockKeys::for_name(&name).expect("name");
-    let sep = if topo.url.contains('?') { '&' } else { '?' };
-    let url = format!("{}{sep}wait_replicas=1&wait_timeout=200ms", topo.url);
+    let url = with_query(topo.url, "wait_replicas=1&wait_timeout=200ms");
     let client = connect(&url).await;
     let master = topo.master_of(&keys.lock).await;
     let mut restore = Restore::default();
-    for replica in replicas_of(master).await {
-        let pid = pid_of(&topo.service(replica));
-        signal(&pid, "-STOP");
-        restore.stopped.push(pid);
-    }
+    restore.stop_replicas(topo, master).await;
     let opts = AcquireOptions::default().with_ttl(TTL);
     let refused = client.try_acquire(&name, &opts).await;
     restore.resume();
@@ -704,8 +707,7 @@ async fn wait_replicas_does_not_hold_up_other_commands(sentinel: bool) {
     let master = topo
         .master_of(&LockKeys::for_name(&held).expect("name").lock)
         .await;
-    let sep = if topo.url.contains('?') { '&' } else { '?' };
-    let url = format!("{}{sep}wait_replicas=1&wait_timeout=1s", topo.url);
+    let url = with_query(topo.url, "wait_replicas=1&wait_timeout=1s");
     let client = distlock_redis::connect(&url, common::client_config(Duration::from_secs(5)))
         .await
         .expect("connect");
@@ -728,11 +730,7 @@ async fn wait_replicas_does_not_hold_up_other_commands(sentinel: bool) {
     // Every replica stopped: one attached later would acknowledge.
     all_replicas_online(master, topo.replicas()).await;
     let mut restore = Restore::default();
-    for replica in replicas_of(master).await {
-        let pid = pid_of(&topo.service(replica));
-        signal(&pid, "-STOP");
-        restore.stopped.push(pid);
-    }
+    restore.stop_replicas(topo, master).await;
     let attempts: Vec<_> = others
         .into_iter()
         .map(|name| {
