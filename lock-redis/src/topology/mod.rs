@@ -55,7 +55,7 @@ impl ConnectionLike for Conn {
                 Box::pin(async move {
                     let mut conn = master.connection(lane);
                     let result = conn.req_packed_command(cmd).await;
-                    master.check(result.as_ref().err());
+                    master.check(result.as_ref().map(std::slice::from_ref));
                     result
                 })
             }
@@ -76,7 +76,7 @@ impl ConnectionLike for Conn {
                 Box::pin(async move {
                     let mut conn = master.connection(lane);
                     let result = conn.req_packed_commands(cmd, offset, count).await;
-                    master.check(result.as_ref().err());
+                    master.check(result.as_ref().map(Vec::as_slice));
                     result
                 })
             }

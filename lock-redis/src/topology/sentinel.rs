@@ -8,6 +8,7 @@ use distlock_core::backend::unpoisoned as lock;
 use distlock_core::{Error, Result};
 use futures::StreamExt;
 use futures::future::join_all;
+use redis::Value;
 use redis::aio::ConnectionManager;
 use tokio::task::AbortHandle;
 
@@ -155,16 +156,24 @@ impl SentinelMaster {
         }
     }
 
-    /// After a failed request: a master that is gone or was made a replica (`READONLY`) is
-    /// looked up again, in the background.
-    pub(super) fn check(self: &Arc<Self>, error: Option<&redis::RedisError>) {
-        let Some(error) = error else { return };
-        let moved = error.is_io_error()
-            || error.is_connection_refusal()
-            || error.is_connection_dropped()
-            || error.is_timeout()
-            || error.code() == Some("READONLY")
-            || error.to_string().contains("READONLY");
+    /// After a request, its answers or its failure: a master that is gone or was made a
+    /// replica (`READONLY`) is looked up again, in the background. A server's refusal comes
+    /// back as an answer ([`Value::ServerError`]), not as a failed request.
+    pub(super) fn check(
+        self: &Arc<Self>,
+        outcome: std::result::Result<&[Value], &redis::RedisError>,
+    ) {
+        let moved = match outcome {
+            Ok(answers) => answers.iter().any(read_only),
+            Err(error) => {
+                error.is_io_error()
+                    || error.is_connection_refusal()
+                    || error.is_connection_dropped()
+                    || error.is_timeout()
+                    || error.code() == Some("READONLY")
+                    || error.to_string().contains("READONLY")
+            }
+        };
         if moved && let Ok(handle) = tokio::runtime::Handle::try_current() {
             let master = self.clone();
             handle.spawn(async move { master.refresh().await });
@@ -216,6 +225,13 @@ impl SentinelMaster {
             waits,
         };
     }
+}
+
+/// Whether `answer` is a `READONLY` refusal (a master made a replica), also one a script's
+/// write got, which names it in its message.
+fn read_only(answer: &Value) -> bool {
+    matches!(answer, Value::ServerError(error)
+        if error.code() == "READONLY" || error.details().is_some_and(|d| d.contains("READONLY")))
 }
 
 /// The master the Sentinels name: asked of all at once, the address most of those that
@@ -301,5 +317,109 @@ async fn listen(master: Weak<SentinelMaster>, sentinel: redis::Client) {
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_secs(2));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::{Conn, Lane};
+
+    /// A replica of the master the Sentinels named at connect time (`ROLE`).
+    async fn a_replica(master: &SentinelMaster) -> (String, u16) {
+        let mut conn = master
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("the master");
+        let (_, _, replicas): (String, i64, Vec<(String, String, String)>) = redis::cmd("ROLE")
+            .query_async(&mut conn)
+            .await
+            .expect("ROLE");
+        replicas
+            .into_iter()
+            .find_map(|(host, port, _)| Some((host, port.parse().ok()?)))
+            .expect("a replica")
+    }
+
+    /// Points `master`'s requests at the replica `(host, port)`, as if the master the client
+    /// knew had been made a replica behind its back.
+    fn demoted(master: &SentinelMaster, (host, port): &(String, u16)) {
+        let client = master.template.client(host, *port).expect("client");
+        let lazy = || {
+            ConnectionManager::new_lazy_with_config(client.clone(), manager_config(master.timeout))
+                .expect("manager")
+        };
+        let (conn, waits) = (lazy(), lazy());
+        *lock(&master.current) = Current {
+            addr: format!("{host}:{port}"),
+            client: client.clone(),
+            conn,
+            waits,
+        };
+    }
+
+    /// Waits (at most 5 s) until `master` goes to `named` again.
+    async fn looked_up_again(master: &SentinelMaster, named: &str, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while master.addr() != named {
+            assert!(
+                Instant::now() < deadline,
+                "after {what}, still on {} 5 s later",
+                master.addr()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// A master that answers `READONLY` (made a replica) is looked up again, for a command
+    /// and for a script's write in a pipeline: the Sentinels' master serves the next
+    /// requests. The refusal comes back as an answer, not as a failed request: unseen, the
+    /// client went on writing to the replica until a Sentinel's `+switch-master` or the
+    /// restart watch told it.
+    #[tokio::test]
+    async fn a_master_answering_read_only_is_looked_up_again() {
+        let Some(url) =
+            conformance_tests::server_var("redis_sentinel", "DISTLOCK_TEST_REDIS_SENTINEL_URL")
+        else {
+            return;
+        };
+        let config = RedisConfig::from_url(&url).expect("URL");
+        let tls = NodeTls::load(&config).await.expect("TLS");
+        let master = SentinelMaster::connect(&config, tls, Duration::from_secs(5))
+            .await
+            .expect("connect");
+        let named = master.addr();
+        let replica = a_replica(&master).await;
+        let key = format!("read-only-{}", uuid::Uuid::new_v4().simple());
+        let mut conn = Conn::Sentinel(master.clone(), Lane::Locks);
+
+        demoted(&master, &replica);
+        let set: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(&key)
+            .arg("x")
+            .query_async(&mut conn)
+            .await;
+        let refused = set.expect_err("a replica took a write");
+        assert_eq!(refused.code(), Some("READONLY"), "{refused}");
+        looked_up_again(&master, &named, "a refused SET").await;
+
+        // Past the spacing of resolutions.
+        tokio::time::sleep(RESOLVE_SPACING * 2).await;
+        demoted(&master, &replica);
+        let written: redis::RedisResult<Vec<Value>> = redis::pipe()
+            .cmd("EVAL")
+            .arg("return redis.call('SET', KEYS[1], ARGV[1])")
+            .arg(1)
+            .arg(&key)
+            .arg("x")
+            .ignore_errors()
+            .query_async(&mut conn)
+            .await;
+        let answers = written.expect("the pipeline's answers");
+        assert!(answers.iter().any(read_only), "{answers:?}");
+        looked_up_again(&master, &named, "a script's refused write").await;
+
+        let _: redis::RedisResult<()> = redis::cmd("DEL").arg(&key).query_async(&mut conn).await;
     }
 }
