@@ -231,7 +231,7 @@ async fn script(
 }
 
 /// One lock's answer in a batch: 1 renewed, 0 not held, else the error of that lock alone.
-fn answer(node: &Node, value: Value) -> std::result::Result<bool, RedisError> {
+pub(crate) fn answer(node: &Node, value: Value) -> std::result::Result<bool, RedisError> {
     match value {
         Value::Int(renewed) => Ok(renewed == 1),
         Value::ServerError(err) => Err(node.classify(err.into())),

@@ -1011,6 +1011,7 @@ mod tests {
         else {
             return;
         };
+        let _group = crate::topology::SENTINEL_GROUP.lock().await;
         let (master, replicas) = sentinel_view(&url).await;
         assert!(!replicas.is_empty(), "the Sentinels know no replica");
         all_online(&master, &replicas).await;

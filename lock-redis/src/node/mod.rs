@@ -236,11 +236,15 @@ impl Node {
     }
 
     /// A failure of a request: a read-only answer on a Sentinel or Cluster master means a
-    /// failover demoted it (the master is looked up again): retryable.
+    /// failover demoted it: retryable; a Sentinel's master is looked up again (also for a
+    /// refusal a batch renewal answers for one of its locks, which no request check sees).
     pub(crate) fn classify(&self, e: redis::RedisError) -> RedisError {
         let mut error = RedisError::classify(&self.addr, e);
         if error.kind == RedisErrorKind::ReadOnly && !matches!(self.conn, Conn::Direct(_)) {
             error.kind = RedisErrorKind::Failover;
+            if let Endpoint::Sentinel(master) = &self.endpoint {
+                master.look_again();
+            }
         }
         error
     }

@@ -24,6 +24,11 @@ mod sentinel;
 pub(crate) use cluster::ClusterTopology;
 pub(crate) use sentinel::{Lane, SentinelMaster};
 
+/// Taken by the unit tests that use the test Sentinel group's servers: one stops its
+/// replicas, which another's requests to a replica would wait on.
+#[cfg(test)]
+pub(crate) static SENTINEL_GROUP: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The connection the lock commands run on.
 #[derive(Clone)]
 pub(crate) enum Conn {

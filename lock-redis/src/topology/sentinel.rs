@@ -165,16 +165,23 @@ impl SentinelMaster {
     ) {
         let moved = match outcome {
             Ok(answers) => answers.iter().any(read_only),
+            // A refusal inside an answer (a batch renewal's, a transaction's) is seen where it
+            // is classified (`Node::classify`).
             Err(error) => {
                 error.is_io_error()
                     || error.is_connection_refusal()
                     || error.is_connection_dropped()
                     || error.is_timeout()
-                    || error.code() == Some("READONLY")
-                    || error.to_string().contains("READONLY")
             }
         };
-        if moved && let Ok(handle) = tokio::runtime::Handle::try_current() {
+        if moved {
+            self.look_again();
+        }
+    }
+
+    /// Asks the Sentinels for the master again, in the background ([`Self::refresh`]).
+    pub(crate) fn look_again(self: &Arc<Self>) {
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let master = self.clone();
             handle.spawn(async move { master.refresh().await });
         }
@@ -228,11 +235,15 @@ impl SentinelMaster {
 }
 
 /// Whether `answer` is a `READONLY` refusal (a master made a replica), also one a script's
-/// write got, which names it in its message.
+/// write got, which a server before 7.0 quotes in a script error.
 fn read_only(answer: &Value) -> bool {
     matches!(answer, Value::ServerError(error)
-        if error.code() == "READONLY" || error.details().is_some_and(|d| d.contains("READONLY")))
+        if error.code() == "READONLY"
+            || error.details().is_some_and(|d| d.contains(READ_ONLY_REFUSAL)))
 }
+
+/// The text of a replica's refusal of a write.
+const READ_ONLY_REFUSAL: &str = "READONLY You can't write";
 
 /// The master the Sentinels name: asked of all at once, the address most of those that
 /// answered give (ties: the first Sentinel's).
@@ -325,22 +336,44 @@ mod tests {
     use super::*;
     use crate::topology::{Conn, Lane};
 
-    /// A replica of the master the Sentinels named at connect time (`ROLE`).
-    async fn a_replica(master: &SentinelMaster) -> (String, u16) {
+    /// The replicas online of the master the Sentinels named at connect time (`ROLE`),
+    /// waited for (at most 30 s) after a test that stopped or killed one.
+    async fn replicas(master: &SentinelMaster) -> Vec<(String, u16)> {
         let mut conn = master
             .client()
             .get_multiplexed_async_connection()
             .await
             .expect("the master");
-        let (_, _, replicas): (String, i64, Vec<(String, String, String)>) = redis::cmd("ROLE")
-            .query_async(&mut conn)
-            .await
-            .expect("ROLE");
-        replicas
-            .into_iter()
-            .find_map(|(host, port, _)| Some((host, port.parse().ok()?)))
-            .expect("a replica")
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (_, _, listed): (String, i64, Vec<(String, String, String)>) = redis::cmd("ROLE")
+                .query_async(&mut conn)
+                .await
+                .expect("ROLE");
+            let online: Vec<(String, u16)> = listed
+                .into_iter()
+                .filter_map(|(host, port, _)| Some((host, port.parse().ok()?)))
+                .collect();
+            if !online.is_empty() {
+                return online;
+            }
+            assert!(Instant::now() < deadline, "no replica online after 30 s");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
+
+    /// The test Sentinel group's turn, configuration and TLS; `None` without it.
+    async fn group() -> Option<(tokio::sync::MutexGuard<'static, ()>, RedisConfig, NodeTls)> {
+        let url =
+            conformance_tests::server_var("redis_sentinel", "DISTLOCK_TEST_REDIS_SENTINEL_URL")?;
+        let turn = crate::topology::SENTINEL_GROUP.lock().await;
+        let config = RedisConfig::from_url(&url).expect("URL");
+        let tls = NodeTls::load(&config).await.expect("TLS");
+        Some((turn, config, tls))
+    }
+
+    /// The test masters' timeout, every Sentinel's answer's.
+    const TIMEOUT: Duration = Duration::from_secs(2);
 
     /// Points `master`'s requests at the replica `(host, port)`, as if the master the client
     /// knew had been made a replica behind its back.
@@ -359,13 +392,14 @@ mod tests {
         };
     }
 
-    /// Waits (at most 5 s) until `master` goes to `named` again.
+    /// Waits (at most 10 s: a resolution waits up to 2 s for a Sentinel) until `master`
+    /// goes to `named` again.
     async fn looked_up_again(master: &SentinelMaster, named: &str, what: &str) {
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + Duration::from_secs(10);
         while master.addr() != named {
             assert!(
                 Instant::now() < deadline,
-                "after {what}, still on {} 5 s later",
+                "after {what}, still on {} 10 s later",
                 master.addr()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -379,18 +413,14 @@ mod tests {
     /// restart watch told it.
     #[tokio::test]
     async fn a_master_answering_read_only_is_looked_up_again() {
-        let Some(url) =
-            conformance_tests::server_var("redis_sentinel", "DISTLOCK_TEST_REDIS_SENTINEL_URL")
-        else {
+        let Some((_group, config, tls)) = group().await else {
             return;
         };
-        let config = RedisConfig::from_url(&url).expect("URL");
-        let tls = NodeTls::load(&config).await.expect("TLS");
-        let master = SentinelMaster::connect(&config, tls, Duration::from_secs(5))
+        let master = SentinelMaster::connect(&config, tls, TIMEOUT)
             .await
             .expect("connect");
         let named = master.addr();
-        let replica = a_replica(&master).await;
+        let replica = replicas(&master).await.swap_remove(0);
         let key = format!("read-only-{}", uuid::Uuid::new_v4().simple());
         let mut conn = Conn::Sentinel(master.clone(), Lane::Locks);
 
@@ -421,5 +451,65 @@ mod tests {
         looked_up_again(&master, &named, "a script's refused write").await;
 
         let _: redis::RedisResult<()> = redis::cmd("DEL").arg(&key).query_async(&mut conn).await;
+    }
+
+    /// A batch renewal on a master made a replica answers each lock's refusal inside its
+    /// answer (an array), which no request check sees: its classification looks the master
+    /// up again. The lock is written on the master and on every replica first, so that the
+    /// replica finds it ours and refuses the renewal's write.
+    #[tokio::test]
+    async fn a_batch_renewal_refused_as_read_only_looks_the_master_up_again() {
+        let Some((_group, config, tls)) = group().await else {
+            return;
+        };
+        let node = crate::node::Node::sentinel(&config, tls, TIMEOUT)
+            .await
+            .expect("connect");
+        let crate::topology::Endpoint::Sentinel(master) = &node.endpoint else {
+            panic!("a Sentinel node without its master");
+        };
+        let named = master.addr();
+        let replicas = replicas(master).await;
+        let owner = uuid::Uuid::new_v4().simple().to_string();
+        let keys = crate::LockKeys::for_name(&format!("batch-{owner}")).expect("name");
+        let mut conn = node.conn.clone();
+        let () = redis::cmd("SET")
+            .arg(&keys.lock)
+            .arg(&owner)
+            .arg("PX")
+            .arg(60_000)
+            .query_async(&mut conn)
+            .await
+            .expect("SET");
+        let copies: i64 = redis::cmd("WAIT")
+            .arg(replicas.len())
+            .arg(5_000)
+            .query_async(&mut conn)
+            .await
+            .expect("WAIT");
+        assert_eq!(copies, replicas.len() as i64, "the replicas lack the lock");
+
+        demoted(master, &replicas[0]);
+        let answers: Vec<Value> =
+            crate::scripts::Invocation::new(&crate::scripts::RENEW_MANY, &[&keys.lock])
+                .arg(&owner)
+                .arg(30_000)
+                .arg("")
+                .arg("")
+                .invoke(&mut conn)
+                .await
+                .expect("the batch's answers");
+        let [answer] = <[Value; 1]>::try_from(answers).expect("one answer");
+        let refused = crate::renew::answer(&node, answer).expect_err("a replica renewed");
+        assert_eq!(
+            refused.kind,
+            crate::error::RedisErrorKind::Failover,
+            "{refused:?}"
+        );
+        looked_up_again(master, &named, "a batch renewal's refusal").await;
+        let _: redis::RedisResult<()> = redis::cmd("DEL")
+            .arg(&keys.lock)
+            .query_async(&mut conn)
+            .await;
     }
 }
