@@ -102,7 +102,7 @@ impl ZkBackend {
         let client = &session.client;
         let parent = self.shared.config.lock_path(name);
         // A hold just taken through another server must show in the listing.
-        synced(client, &parent).await?;
+        synced(client, &self.shared.config.base_path()).await?;
         let mut removed = false;
         for _ in 0..8 {
             let children = match client.list_children(&parent).await {
@@ -301,7 +301,7 @@ impl LockBackend for ZkBackend {
         session.check_connected()?;
         let client = &session.client;
         let parent = self.shared.config.lock_path(name);
-        synced(client, &parent).await?;
+        synced(client, &self.shared.config.base_path()).await?;
         for _ in 0..3 {
             let children = match client.list_children(&parent).await {
                 Ok(children) => children,
@@ -532,15 +532,29 @@ async fn arm(backend: &ZkBackend, parent: &str) -> Result<Armed> {
     }
 }
 
-/// Brings the server this session reads from up to the leader's state before a read by
-/// someone who wrote nothing (`inspect`, `list`, an observer, a forced release or
-/// `release_hold` looking for the holders): a follower may lag the leader,
-/// and without it another client's fresh hold may not show yet. (ZooKeeper's `sync` is not
-/// quorum-acknowledged: a leader change between it and the read can still show an older
-/// state; lock safety never rests on these reads.)
-async fn synced(client: &zk::Client, path: &str) -> Result<()> {
-    match client.sync(path).await {
-        Ok(()) | Err(zk::Error::NoNode) => Ok(()),
-        Err(err) => Err(zk_error("catching up with the leader", err)),
+/// Brings the server this session reads from up to every write committed before, ahead of
+/// a read by someone who wrote nothing (`inspect`, `list`, an observer, a forced release or
+/// `release_hold` looking for the holders), so that another client's hold that `acquire`
+/// returned shows: a write barrier, a transaction of one version check of the base node
+/// (`base`; any version), which the session's server, whether follower or leader, answers
+/// only once it applied every write ordered before it. `sync` did not do: the leader serves
+/// its own clients' `sync` as a read, and it applies a commit after it sent it to the
+/// followers, one of which may already have applied it and answered the acquisition (a
+/// busy machine's reader missed a hold so in 1 of 8 runs of 200 reads). One quorum write
+/// more per such read; lock safety never rests on these reads.
+async fn synced(client: &zk::Client, base: &str) -> Result<()> {
+    let what = "catching up with the leader";
+    let mut barrier = client.new_multi_writer();
+    barrier
+        .add_check_version(base, -1)
+        .map_err(|err| zk_error(what, err))?;
+    match barrier.commit().await {
+        // No base node yet: no lock to see.
+        Ok(_)
+        | Err(zk::MultiWriteError::OperationFailed {
+            source: zk::Error::NoNode,
+            ..
+        }) => Ok(()),
+        Err(err) => Err(zk_error(what, err.into())),
     }
 }
