@@ -823,7 +823,10 @@ mod postgres {
         );
         // A renewal answered between the two reads (a 1 s hold handed over after a 500 ms
         // commit renews at once) moved the belief past what the server's read saw: a CI run
-        // measured +0.49 s so. Measured again then: a renewal is answered after its commit.
+        // measured +0.49 s so. Measured again then: a renewal answered before `before` is
+        // committed and visible to the read that follows (PostgreSQL makes a commit visible
+        // before it answers it); one committed but not yet answered only makes the belief
+        // earlier.
         for _ in 0..10 {
             let before = guard.valid_until();
             let server: f64 = sqlx::query_scalar(AssertSqlSafe(sql.clone()))

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use distlock_core::backend::{Contended, held_among, unpoisoned as lock};
+use distlock_core::backend::{Contended, unpoisoned as lock};
 use distlock_core::{
     AcquireRequest, Attempt, Capabilities, ClientConfig, FencingGuarantee, FencingToken,
     LockBackend, LockInfo, LockName, LossDetection, Result, WakeUp,
@@ -19,7 +19,7 @@ use zookeeper_client as zk;
 
 use crate::ZkConfig;
 use crate::attempt::ZkAttempt;
-use crate::error::zk_error;
+use crate::error::{denied, zk_error};
 use crate::keys::{Entry, escape, holder_data_of, queue, unescape};
 use crate::kinds::holders;
 use crate::session::{Session, open_session};
@@ -102,7 +102,7 @@ impl ZkBackend {
         let client = &session.client;
         let parent = self.shared.config.lock_path(name);
         // A hold just taken through another server must show in the listing.
-        synced(client, &self.shared.config.base_path()).await?;
+        barrier(&self.shared.config, client, &parent).await?;
         let mut removed = false;
         for _ in 0..8 {
             let children = match client.list_children(&parent).await {
@@ -299,47 +299,20 @@ impl LockBackend for ZkBackend {
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let session = self.session().await?;
         session.check_connected()?;
-        let client = &session.client;
         let parent = self.shared.config.lock_path(name);
-        synced(client, &self.shared.config.base_path()).await?;
-        for _ in 0..3 {
-            let children = match client.list_children(&parent).await {
-                Ok(children) => children,
-                Err(zk::Error::NoNode) => return Ok(None),
-                Err(err) => return Err(zk_error("listing the queue", err)),
-            };
-            let entries = queue(children);
-            let (kind, held) = holders(&entries);
-            let Some(latest) = held.last() else {
-                return Ok(None);
-            };
-            match client.get_data(&format!("{parent}/{}", latest.name)).await {
-                Ok((data, stat)) => {
-                    let owner =
-                        unescape(latest.owner_part()).unwrap_or_else(|| latest.name.clone());
-                    let token = FencingToken::from_server(stat.czxid, "a czxid").ok();
-                    let count = u32::try_from(held.len()).unwrap_or(u32::MAX);
-                    return Ok(Some(
-                        LockInfo::new(owner, token, None)
-                            .with_holders(kind, count)
-                            .with_data(holder_data_of(&data)),
-                    ));
-                }
-                Err(zk::Error::NoNode) => continue,
-                Err(err) => return Err(zk_error("reading the holder", err)),
-            }
-        }
-        Ok(None)
+        barrier(&self.shared.config, &session.client, &parent).await?;
+        inspect_on(&session.client, &parent).await
     }
 
     /// The children of the base node are the escaped lock names; each is read as
-    /// [`inspect`](LockBackend::inspect) reads it, in name order, until `limit` are held.
+    /// [`inspect`](LockBackend::inspect) reads it (behind one barrier for all), in name
+    /// order, until `limit` are held.
     /// The remaining lease is not reported.
     async fn list(&self, prefix: Option<&str>, limit: usize) -> Result<Vec<(LockName, LockInfo)>> {
         let session = self.session().await?;
         session.check_connected()?;
         let base = self.shared.config.base_path();
-        synced(&session.client, &base).await?;
+        barrier(&self.shared.config, &session.client, &base).await?;
         let children = match session.client.list_children(&base).await {
             Ok(children) => children,
             Err(zk::Error::NoNode) => return Ok(Vec::new()),
@@ -352,7 +325,18 @@ impl LockBackend for ZkBackend {
             .filter_map(|child| LockName::new(unescape(child)?).ok())
             .collect();
         names.sort();
-        held_among(self, names, limit).await
+        // Behind the one barrier above: each name read on the same client.
+        let mut held = Vec::new();
+        for name in names {
+            if held.len() >= limit {
+                break;
+            }
+            let parent = self.shared.config.lock_path(&name);
+            if let Some(info) = inspect_on(&session.client, &parent).await? {
+                held.push((name, info));
+            }
+        }
+        Ok(held)
     }
 
     /// The lock nodes (containers: the server removes one some time after its last child,
@@ -533,28 +517,71 @@ async fn arm(backend: &ZkBackend, parent: &str) -> Result<Armed> {
 }
 
 /// Brings the server this session reads from up to every write committed before, ahead of
-/// a read by someone who wrote nothing (`inspect`, `list`, an observer, a forced release or
-/// `release_hold` looking for the holders), so that another client's hold that `acquire`
-/// returned shows: a write barrier, a transaction of one version check of the base node
-/// (`base`; any version), which the session's server, whether follower or leader, answers
-/// only once it applied every write ordered before it. `sync` did not do: the leader serves
-/// its own clients' `sync` as a read, and it applies a commit after it sent it to the
-/// followers, one of which may already have applied it and answered the acquisition (a
-/// busy machine's reader missed a hold so in 1 of 8 runs of 200 reads). One quorum write
-/// more per such read; lock safety never rests on these reads.
-async fn synced(client: &zk::Client, base: &str) -> Result<()> {
-    let what = "catching up with the leader";
+/// a read of `path` by someone who wrote nothing (`inspect`, `list`, an observer, a forced
+/// release or `release_hold` looking for the holders), so that another client's hold that
+/// `acquire` returned shows: a write barrier, a transaction of one version check of `path`
+/// (any version), which the session's server, follower or leader, answers only once it
+/// applied every write ordered before it; a check that finds no node is a transaction too,
+/// ordered the same. It needs the READ permission the read needs. `sync` did not do: the
+/// leader serves its own clients' `sync` as a read, and it applies a commit after it sent it
+/// to the followers, one of which may already have applied it and answered the acquisition
+/// (with the machine busy, 1 of 8 runs of 100 rounds missed a hold so). One quorum write more
+/// per such read (an observer's wake-up, an `inspect`; one per `list`); lock safety never
+/// rests on these reads.
+async fn barrier(config: &ZkConfig, client: &zk::Client, path: &str) -> Result<()> {
+    let what = "a read's write barrier";
     let mut barrier = client.new_multi_writer();
     barrier
-        .add_check_version(base, -1)
+        .add_check_version(path, -1)
         .map_err(|err| zk_error(what, err))?;
     match barrier.commit().await {
-        // No base node yet: no lock to see.
+        // No node: nothing to see, and the transaction was ordered all the same.
         Ok(_)
         | Err(zk::MultiWriteError::OperationFailed {
             source: zk::Error::NoNode,
             ..
         }) => Ok(()),
+        Err(
+            zk::MultiWriteError::OperationFailed {
+                source: zk::Error::NoAuth,
+                ..
+            }
+            | zk::MultiWriteError::RequestFailed {
+                source: zk::Error::NoAuth,
+            },
+        ) => Err(denied(config, path, what)),
         Err(err) => Err(zk_error(what, err.into())),
     }
+}
+
+/// [`inspect`](LockBackend::inspect)'s read of the lock node `parent` on `client`, behind a
+/// [`barrier`] sent on that client.
+async fn inspect_on(client: &zk::Client, parent: &str) -> Result<Option<LockInfo>> {
+    for _ in 0..3 {
+        let children = match client.list_children(parent).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => return Ok(None),
+            Err(err) => return Err(zk_error("listing the queue", err)),
+        };
+        let entries = queue(children);
+        let (kind, held) = holders(&entries);
+        let Some(latest) = held.last() else {
+            return Ok(None);
+        };
+        match client.get_data(&format!("{parent}/{}", latest.name)).await {
+            Ok((data, stat)) => {
+                let owner = unescape(latest.owner_part()).unwrap_or_else(|| latest.name.clone());
+                let token = FencingToken::from_server(stat.czxid, "a czxid").ok();
+                let count = u32::try_from(held.len()).unwrap_or(u32::MAX);
+                return Ok(Some(
+                    LockInfo::new(owner, token, None)
+                        .with_holders(kind, count)
+                        .with_data(holder_data_of(&data)),
+                ));
+            }
+            Err(zk::Error::NoNode) => continue,
+            Err(err) => return Err(zk_error("reading the holder", err)),
+        }
+    }
+    Ok(None)
 }

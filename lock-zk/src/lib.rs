@@ -279,16 +279,17 @@
 //! Tokens strictly increase per name: nodes are granted in sequence order, which is `czxid`
 //! order, and zxids only grow, also across server restarts (the epoch is in the high bits).
 //!
-//! A follower may lag the leader, so a client that only reads could miss a hold another
+//! A server (a follower, or even the leader) may not yet have applied a write another server
+//! already applied and answered, so a client that only reads could miss a hold another
 //! client just took through another server of the ensemble (measured: in 100 rounds of
 //! acquire on one server and `inspect` on the two others, the 21st missed it).
 //! [`inspect`](distlock_core::DistributedLock::inspect), `list`, `leader` and observers
-//! therefore send a write barrier before they read (a transaction that checks the base node's
-//! version, any version: one quorum write more), and so do forced releases and `release_hold`
-//! before they look for the holders. ZooKeeper's `sync` was not enough: the leader answers its
-//! own clients' `sync` as a read, maybe before it applied a hold a follower already applied
-//! and granted (with the machine busy, 1 of 8 runs of 200 reads missed one; with the
-//! barrier, none of 14). The
+//! therefore send a write barrier before they read (a transaction that checks the version of
+//! the node they read, any version: one quorum write more per `inspect`, per `list`, per
+//! observer wake-up), and so do forced releases and `release_hold` before they look for the
+//! holders. ZooKeeper's `sync` was not enough: the leader answers its own clients' `sync` as
+//! a read, maybe before it applied a hold a follower already applied and granted (with the
+//! machine busy, 1 of 8 runs of 100 rounds missed one; with the barrier, none of 14). The
 //! locks themselves never rest on such reads: an acquisition reads after its own write, which
 //! a server applies in order.
 

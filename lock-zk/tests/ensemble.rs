@@ -183,11 +183,8 @@ async fn a_reader_on_another_server_sees_a_fresh_hold() {
     let on =
         |server: &str| distlock_zookeeper::connect_with(h.config(server), ClientConfig::default());
     let leading = leader(&h).await.expect("a leader");
-    let at = h
-        .servers
-        .iter()
-        .enumerate()
-        .position(|(i, _)| format!("zk-ensemble-{}", i + 1) == leading)
+    let at = (0..h.servers.len())
+        .position(|i| format!("zk-ensemble-{}", i + 1) == leading)
         .expect("the leader among the servers");
     let follower = |n: usize| &h.servers[(at + n) % h.servers.len()];
     let writer = on(follower(1)).await.expect("connect").into_dyn();
@@ -199,16 +196,22 @@ async fn a_reader_on_another_server_sees_a_fresh_hold() {
     for i in 0..100 {
         let name = format!("ens-fresh-{}-{i}", std::process::id());
         let guard = writer.acquire(&name, &opts).await.expect("acquire");
-        for (reader, on) in readers.iter().zip(["the leader", "the other follower"]) {
+        for (reader, role) in readers.iter().zip(["the leader", "the other follower"]) {
             let info = reader.inspect(&name).await.expect("inspect");
             assert_eq!(
                 info.map(|i| i.token),
                 Some(Some(guard.token())),
-                "round {i}: a reader on {on} did not see the hold"
+                "round {i}: a reader on {role} did not see the hold"
             );
             let listed = reader.list(Some(&name), 2).await.expect("list");
             assert_eq!(listed.len(), 1, "round {i}: {listed:?}");
         }
         guard.release().await.expect("release");
     }
+    // Else the rounds after a change had no reader on the leader.
+    assert_eq!(
+        leader(&h).await.as_deref(),
+        Ok(leading.as_str()),
+        "the leadership moved during the rounds"
+    );
 }
