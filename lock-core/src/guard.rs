@@ -317,12 +317,18 @@ impl LockGuard {
     /// runtime shut down first drops it; the ttl then frees the lock).
     ///
     /// # Errors
-    /// [`Error::Lost`] or [`Error::NotHeld`] if the lock was no longer ours;
+    /// [`Error::Lost`] or [`Error::NotHeld`] if the lock was no longer ours (a reentrant hold
+    /// released while others go on reports a loss already known, and sends nothing);
     /// [`Error::Unavailable`] if the server did not answer (the lock then expires by its ttl).
     pub async fn release(mut self) -> Result<()> {
         self.finished = true;
         if !self.held.drop_hold() {
-            return Ok(());
+            // Other holds keep the lease and nothing is sent, but a loss is still reported.
+            return match self.held.loss_reason() {
+                Some(reason) => Err(self.held.lost_error(reason)),
+                None if self.held.is_lost() => Err(self.held.lost_error(LossReason::LeaseExpired)),
+                None => Ok(()),
+            };
         }
         to_the_end(self.held.clone().release_on_server()).await
     }
@@ -345,8 +351,9 @@ impl LockGuard {
     /// lease must end by then): a cap less than the minimum plus the wait for the grant ends
     /// the hold first, as a loss. Leave the cap room above the minimum.
     ///
-    /// Renewal goes on only while the lease does not yet cover the minimum plus one operation
-    /// timeout (so that the release certainly arrives before the lease ends); then it stops,
+    /// Renewal goes on only while the holder's deadline ([`valid_until`](Self::valid_until))
+    /// does not yet cover the minimum plus one operation timeout (so that the release
+    /// certainly arrives before the lease ends); then it stops,
     /// so a holder that dies while waiting leaves a lease that ends soon after the minimum,
     /// not a ttl later. Returns at once when the minimum has passed or the lock is lost; a
     /// minimum too far away to represent is waited for until the lock is lost.
@@ -362,8 +369,12 @@ impl LockGuard {
             if until.is_some_and(|until| now >= until) || held.is_lost() {
                 return;
             }
-            let covered =
-                until.is_some_and(|until| *lock(&held.lease_end) >= until + held.operation_timeout);
+            // The holder's own deadline, not the server's lease (longer by the drift margin and
+            // any lock-delay): renewal stopped on the lease alone left a deadline that passed
+            // before the minimum, and the hold ended there as a loss.
+            let covered = until
+                .and_then(|until| until.checked_add(held.operation_timeout))
+                .is_some_and(|needed| held.valid_until() >= needed);
             if renewing && covered {
                 renewing = false;
                 held.stop().raise();

@@ -279,6 +279,25 @@ impl AcquireOptions {
         }
         Ok(())
     }
+
+    /// Checks the renewal interval against the holder's deadline, which the client's drift
+    /// margin puts before the ttl: a renewal due after that deadline would find every hold
+    /// lost before its first renewal.
+    pub(crate) fn check_renewal(&self, config: &ClientConfig) -> Result<(), Error> {
+        let Some(interval) = self.renewal_interval() else {
+            return Ok(());
+        };
+        let deadline = self.ttl.saturating_sub(config.drift(self.ttl));
+        if interval >= deadline {
+            return Err(Error::InvalidOptions(format!(
+                "renewal interval {interval:?} must be shorter than the ttl {:?} less the \
+                 client's drift margin {:?}",
+                self.ttl,
+                config.drift(self.ttl)
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// The largest data stored with a hold ([`AcquireOptions::with_data`]), in bytes: a host, a
@@ -356,7 +375,10 @@ impl Renewal {
 
     /// Renew at this interval instead of `ttl / 3`. The interval counts from when the last
     /// renewal was sent, not from its answer, so a slow answer does not shrink the margin the
-    /// lease keeps (`ttl - interval`); rounds are at least `interval / 4` apart.
+    /// lease keeps (`ttl - interval`); rounds are at least `interval / 4` apart. It must be
+    /// shorter than the holder's deadline, the ttl less the client's drift margin
+    /// ([`ClientConfig::drift`]): a longer one is refused at acquire
+    /// ([`Error::InvalidOptions`]).
     #[must_use]
     pub fn every(mut self, interval: Duration) -> Self {
         self.interval = Some(interval);

@@ -101,3 +101,45 @@ async fn the_minimum_counts_from_the_acquires_return() {
     );
     guard.release().await.unwrap();
 }
+
+/// Renewal stops once the holder's own deadline covers the minimum, not the server's lease:
+/// with a lock-delay the lease lasts 2 s longer than that deadline, and stopping on the lease
+/// let the deadline pass 0.3 s in, ending the hold there as a loss and releasing the lock
+/// 0.7 s before the minimum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_delay_does_not_end_the_minimum_early() {
+    let store = MemoryStore::new();
+    let holder = client(&store, Duration::from_millis(200));
+    let other = client(&store, Duration::from_millis(200));
+    let opts = AcquireOptions::default()
+        .with_ttl(Duration::from_millis(300))
+        .with_lock_delay(Duration::from_secs(2))
+        .with_renewal(Renewal::auto());
+    let started = Instant::now();
+    let guard = holder.acquire("nightly", &opts).await.unwrap();
+    let minimum = Duration::from_secs(1);
+    let releasing = tokio::spawn(guard.release_after(minimum));
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(
+        other.try_acquire("nightly", &opts).await.unwrap().is_none(),
+        "the lock was free 0.7 s into a 1 s minimum"
+    );
+    releasing.await.unwrap().unwrap();
+    assert!(started.elapsed() >= minimum, "released before the minimum");
+}
+
+/// An operation timeout too long to add to an instant is a valid configuration: the minimum
+/// is then never covered, and renewal goes on to the end (adding it panicked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_longest_operation_timeout_does_not_panic() {
+    let store = MemoryStore::new();
+    let holder = client(&store, Duration::MAX);
+    let opts = AcquireOptions::default().with_ttl(Duration::from_millis(300));
+    let guard = holder.acquire("long", &opts).await.unwrap();
+    let started = Instant::now();
+    let minimum = Duration::from_millis(500);
+    guard.hold_at_least(minimum).await;
+    assert!(started.elapsed() >= minimum);
+    assert!(!guard.is_lost(), "renewal stopped before the minimum");
+    guard.release().await.unwrap();
+}

@@ -148,6 +148,7 @@ impl<B: LockBackend> LockClient<B> {
     ) -> Result<Option<LockGuard>> {
         let name = LockName::new(name)?;
         options.validate(&self.inner.caps)?;
+        options.check_renewal(&self.inner.config)?;
         let Some(owner) = options.owner.clone() else {
             return self
                 .acquire_fresh(name, Owners::Plain(None), options, mode, None)
@@ -392,6 +393,7 @@ impl<B: LockBackend> DistributedLock for LockClient<B> {
             let name = LockName::new(name)?;
             let options = options.clone().exclusive();
             options.validate(&self.inner.caps)?;
+            options.check_renewal(&self.inner.config)?;
             let guard = self
                 .acquire_fresh(
                     name,
