@@ -426,11 +426,20 @@ where
         }
     };
     // Stragglers of the command stop before the lock is released, never after. They too must
-    // be gone before the lease ends.
+    // be gone before the lease ends, and at once when the lock is lost: the grace is for a
+    // lock still held.
     let kill_at = deadline.signals(hold.valid_until()).1;
     tokio::select! {
         () = group.finish(holding.grace, quiet) => {}
         () = tokio::time::sleep_until(kill_at.into()) => group.kill().await,
+        reason = &mut lost => {
+            crate::out::stderr_line(format!(
+                "distlock: {} ({reason}); killing what the command left running",
+                role.lost(name)
+            ));
+            group.kill().await;
+            return Ok(LOST);
+        }
     }
     if !release_after(hold, name, after, &mut signals).await || terminated {
         return Ok(LOST);

@@ -467,3 +467,54 @@ fn skip_if_held_and_hold_at_least_run_a_job_once() {
         String::from_utf8_lossy(&next.stderr)
     );
 }
+
+/// A lock lost while distlock waits for what the command left behind kills it at once: the
+/// grace is for a lock still held. Before, the leftover ran on beside the next holder until
+/// the grace or the lease's old end (8-12 s here).
+#[test]
+fn a_lock_lost_while_leftovers_drain_kills_them_at_once() {
+    let env = Env::new();
+    let background = env.path("background.pid");
+    let script = format!(
+        "sh -c 'trap \"\" TERM; sleep 60' & echo $! > {}",
+        background.display()
+    );
+    let holder = env
+        .distlock(&[
+            "run", "--name", "drain", "--ttl", "12s", "--grace", "30s", "--", "sh", "-c", &script,
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let leftover = read_pid(&background);
+    // The command itself has exited by now; its leftover ignores the SIGTERM.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(alive(leftover), "the leftover did not outlive the command");
+    let out = env.run(&["unlock", "--name", "drain", "--force"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let unlocked = Instant::now();
+    // The next renewal (every 4 s) finds the lock gone.
+    wait_gone(
+        leftover,
+        Duration::from_secs(7),
+        "the leftover of a lost lock",
+    );
+    let out = holder.wait_with_output().expect("wait");
+    assert_eq!(
+        out.status.code(),
+        Some(76),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(unlocked.elapsed() < Duration::from_secs(8));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("killing what the command left running"),
+        "{stderr}"
+    );
+}
