@@ -189,10 +189,14 @@ impl CommandGroup {
         self.child.wait().await
     }
 
-    /// Sends `signal` to every process of the group (a signal passed on, as a shell does).
+    /// Sends `signal` to every process of the group (a signal passed on, as a shell does), and
+    /// SIGCONT after a signal that ends a process (see [`continues`]).
     pub(crate) fn signal(&self, signal: Signal) {
         // ESRCH: the group is gone already.
         let _ = killpg(self.pgid, signal);
+        if continues(signal) {
+            let _ = killpg(self.pgid, Signal::SIGCONT);
+        }
     }
 
     /// Sends `signal` to everything the command started: its group, and its cgroup if any.
@@ -200,6 +204,9 @@ impl CommandGroup {
         self.signal(signal);
         if let Some(cgroup) = &self.cgroup {
             cgroup.signal(signal);
+            if continues(signal) {
+                cgroup.signal(Signal::SIGCONT);
+            }
         }
     }
 
@@ -288,6 +295,17 @@ impl Drop for CommandGroup {
             self.give_back_terminal();
         }
     }
+}
+
+/// Whether SIGCONT follows `signal`: a stopped process (Ctrl-Z in the command's terminal,
+/// `kill -STOP`) keeps a signal pending until it is continued, and distlock, waiting for the
+/// command to exit, waited for ever. A shell's `kill` continues a stopped job after SIGTERM and
+/// SIGHUP too; SIGKILL needs no help.
+fn continues(signal: Signal) -> bool {
+    matches!(
+        signal,
+        Signal::SIGTERM | Signal::SIGHUP | Signal::SIGINT | Signal::SIGQUIT
+    )
 }
 
 /// Whether distlock's process group owns the terminal on standard input.

@@ -518,3 +518,25 @@ fn a_lock_lost_while_leftovers_drain_kills_them_at_once() {
         "{stderr}"
     );
 }
+
+/// A signal passed on to a stopped command continues it, so that it acts on the signal: the
+/// signal stayed pending, and distlock waited for the command for ever, renewing the lock.
+#[test]
+fn a_signal_reaches_a_stopped_command() {
+    let env = Env::new();
+    let pid_file = env.path("command.pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pid_file.display());
+    let mut holder = env
+        .distlock(&[
+            "run", "--name", "stopped", "--ttl", "3s", "--", "sh", "-c", &script,
+        ])
+        .spawn()
+        .expect("spawn");
+    let command = read_pid(&pid_file);
+    kill(Pid::from_raw(command), Signal::SIGSTOP).expect("stop the command");
+    std::thread::sleep(Duration::from_millis(300));
+    kill_pid(&holder, Signal::SIGTERM);
+    wait_gone(command, Duration::from_secs(5), "the stopped command");
+    let status = holder.wait().expect("wait");
+    assert_eq!(status.code(), Some(128 + Signal::SIGTERM as i32));
+}
