@@ -159,9 +159,7 @@ impl NatsAttempt {
                 }
                 // Raft applies in sequence order: once ours is read back, every lower one is.
                 let queue = match Queue::read_back(&self.state, &self.keys, rev).await? {
-                    ReadBack::Holds { alone: after } => {
-                        return Ok(Step::Acquired(self.acquired(rev, alone && after)));
-                    }
+                    ReadBack::Alone => return Ok(Step::Acquired(self.acquired(rev, alone))),
                     ReadBack::Walked(queue) => queue,
                 };
                 match queue.position(&self.slot.subject) {
@@ -525,14 +523,18 @@ mod tests {
         let state = crate::backend::open(&config, Duration::from_secs(5))
             .await
             .expect("open the bucket");
-        let request = AcquireRequest::new(
+        Some(NatsAttempt::new(state, request(name)))
+    }
+
+    /// A waiting exclusive acquisition of `name` by an owner of its own, ttl 30 s.
+    fn request(name: &str) -> AcquireRequest {
+        AcquireRequest::new(
             LockName::new(name).expect("name"),
             Arc::from(uuid::Uuid::new_v4().simple().to_string()),
             Duration::from_secs(30),
             AttemptMode::Wait,
             LockKind::Exclusive,
-        );
-        Some(NatsAttempt::new(state, request))
+        )
     }
 
     /// Writes the attempt's entry; its revision.
@@ -669,5 +671,44 @@ mod tests {
             "its ttl counted from {:?} after the renewal was sent",
             attempt.written.saturating_duration_since(after)
         );
+    }
+
+    /// The read back after a write on a replicated stream: an entry ahead of the written one
+    /// but rewritten after it (renewed, or its data set) sits at a higher sequence with its
+    /// old place. The read back took the written entry, the range's first message, for the
+    /// head of the queue, and two held: on the R3 cluster, a `try_acquire` whose write passed
+    /// while a waiter's lower-sequence create was still proposed (see
+    /// `BackendState::replicated`), once that waiter held and set its data.
+    #[tokio::test]
+    async fn an_entry_ahead_rewritten_after_ours_is_seen_by_the_read_back() {
+        let Some(mut ahead) = attempt("rewritten").await else {
+            return;
+        };
+        let first = written(&mut ahead).await;
+        let mut ours = NatsAttempt::new(ahead.state.clone(), request("rewritten"));
+        let rev = written(&mut ours).await;
+        assert!(rev > first);
+        // The entry ahead renewed after ours: its message moves past ours, its place stays.
+        ahead.written = Instant::now()
+            .checked_sub(ahead.ttl / 2)
+            .expect("a clock past 15 s");
+        assert!(ahead.keep_entry().await.expect("renew"), "not renewed");
+        assert!(ahead.rev.is_some_and(|renewed| renewed > rev));
+        assert_eq!(ahead.first, first);
+        let queue = match Queue::read_back(&ours.state, &ours.keys, rev)
+            .await
+            .expect("read back")
+        {
+            ReadBack::Alone => panic!("the written entry was taken for the only one"),
+            ReadBack::Walked(queue) => queue,
+        };
+        assert_eq!(queue.position(&ahead.slot.subject), Some(0));
+        let at = queue.position(&ours.slot.subject).expect("ours read");
+        assert!(!queue.holds(at), "ours holds behind a live entry");
+        // Alone on a free name: the one-round-trip answer.
+        let mut alone = attempt("alone").await.expect("a server");
+        let rev = written(&mut alone).await;
+        let read = Queue::read_back(&alone.state, &alone.keys, rev).await;
+        assert!(matches!(read, Ok(ReadBack::Alone)));
     }
 }

@@ -154,12 +154,8 @@ pub(crate) fn entry_of(message: &StreamMessage) -> Result<Option<Entry>> {
 
 /// What [`Queue::read_back`] found.
 pub(crate) enum ReadBack {
-    /// The written entry is the range's first message: it holds, and `alone` says whether
-    /// nothing followed it.
-    Holds {
-        /// Nothing followed the entry.
-        alone: bool,
-    },
+    /// The written entry is the range's only message: it holds, alone.
+    Alone,
     /// Anything else: the range, walked on from its first message.
     Walked(Queue),
 }
@@ -387,10 +383,12 @@ impl Queue {
 
     /// The read after the write of the entry at `rev` on a replicated stream (see
     /// [`BackendState::replicated`]), in one round trip where [`Queue::read`] takes two when
-    /// it finds the usual: the range's first message is that entry (so every lower sequence
-    /// is applied, and none is an entry ahead of it: it holds, whatever its kind). The two
-    /// requests of such a walk, the range's first message and the first one after the entry,
-    /// go out together. Anything else: the walk, on from the first message read.
+    /// it finds the usual on a free name: the range's first message is that entry (so every
+    /// lower sequence is applied, and no entry is there) and none follows it (no entry ahead
+    /// was rewritten since: a renewal or new data moves an entry to a higher sequence and
+    /// keeps its place, so an entry ahead of ours may sit after it). The two requests of such
+    /// a walk, the range's first message and the first one after the entry, go out together.
+    /// Anything else: the walk, on from the first message read.
     pub(crate) async fn read_back(
         state: &BackendState,
         keys: &NameKeys,
@@ -402,8 +400,8 @@ impl Queue {
             stream.get_first_raw_message_by_subject(&keys.range, 1),
             stream.get_first_raw_message_by_subject(&keys.range, rev + 1),
         );
-        match first {
-            Ok(message) if message.sequence == rev => {}
+        let ours = match first {
+            Ok(message) if message.sequence == rev => message,
             Ok(message) => {
                 return Self::walk(state, keys, Some(message))
                     .await
@@ -414,10 +412,14 @@ impl Queue {
                 return Self::read(state, keys).await.map(ReadBack::Walked);
             }
             Err(err) => return Err(request("read", err)),
-        }
+        };
         match after {
-            Ok(_) => Ok(ReadBack::Holds { alone: false }),
-            Err(err) if not_found(&err.kind()) => Ok(ReadBack::Holds { alone: true }),
+            // A new entry behind ours, or an entry ahead rewritten after ours was stored
+            // (taking it for one behind let two hold): the walk tells them apart.
+            Ok(_) => Self::walk(state, keys, Some(ours))
+                .await
+                .map(ReadBack::Walked),
+            Err(err) if not_found(&err.kind()) => Ok(ReadBack::Alone),
             Err(err) => Err(request("read", err)),
         }
     }
