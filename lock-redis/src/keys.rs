@@ -16,7 +16,8 @@ use distlock_core::LockName;
 pub struct LockKeys {
     /// The lock itself: a string holding the owner value, with the lease as its TTL.
     pub lock: String,
-    /// The fencing counter (`INCR` on every acquisition). Never expires.
+    /// The fencing counter (`INCR` on every acquisition). Lives as long as the lease plus
+    /// `forget_after` ([`RedisConfig::forget_after`](crate::RedisConfig::forget_after)).
     pub fence: String,
     /// Waiters in arrival order (sorted set scored by arrival time).
     pub queue: String,

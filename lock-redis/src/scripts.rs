@@ -243,7 +243,10 @@ return {1, token}
 /// token was sent before this answer ran, see `attempt.rs`), first queueing
 /// it if it waits (`ARGV[3]` = "1"): as `member` in the queue `KEYS[3]` (arrival score
 /// `ARGV[6]`, or the server's `TIME` `t` in µs) with a liveness deadline in `KEYS[4]` (`now` +
-/// the waiter timeout `ARGV[5]`).
+/// the waiter timeout `ARGV[5]`). Both keys live at least twice that timeout, never less than
+/// they did: a waiter's timeout follows its ttl, and one with a short ttl shortened them under
+/// the waiters with longer ones, whose places then vanished between their polls (a release
+/// found nobody to hand the lock to, and a `try_acquire` of the fair mode took it).
 pub(crate) const BUSY: &str = r"
 if blocked then
   if ARGV[3] == '1' then
@@ -254,8 +257,8 @@ if blocked then
     end
     redis.call('ZADD', KEYS[3], 'NX', score, member)
     redis.call('ZADD', KEYS[4], now + wto, member)
-    redis.call('PEXPIRE', KEYS[3], wto * 2)
-    redis.call('PEXPIRE', KEYS[4], wto * 2)
+    if redis.call('PTTL', KEYS[3]) < wto * 2 then redis.call('PEXPIRE', KEYS[3], wto * 2) end
+    if redis.call('PTTL', KEYS[4]) < wto * 2 then redis.call('PEXPIRE', KEYS[4], wto * 2) end
   end
   return {0, blocked, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end

@@ -1048,6 +1048,75 @@ async fn a_waiters_place_lasts_no_longer_than_its_ttl() {
     guard.release().await.unwrap();
 }
 
+/// A waiter with a short ttl (so a short waiter timeout) does not shorten the queue's life
+/// under a waiter with a longer one: it set both queue keys to expire at twice its own timeout
+/// (400 ms), and the longer waiter's place vanished before its next poll (about 3.3 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_waiter_does_not_expire_the_queue_under_a_longer_one() {
+    let Some(urls) = common::urls("redis") else {
+        return;
+    };
+    let _shared = OUTAGE.read().await;
+    let config = common::config(&urls[..1], true).with_waiter_timeout(Duration::from_secs(30));
+    let locks = distlock_redis::connect_with(config, common::client_config(OP))
+        .await
+        .map(Arc::new)
+        .unwrap();
+    let name = name("short-waiter");
+    let keys = LockKeys::for_name(&name).unwrap();
+    let holder = locks.acquire(&name, &opts()).await.unwrap();
+    let waiter = {
+        let (locks, name) = (locks.clone(), name.clone());
+        tokio::spawn(async move {
+            // Polling only to keep its place (every 3.3 s), or when a release wakes it.
+            let options = opts()
+                .with_wait(Duration::from_secs(20))
+                .with_backoff(wake_ups_only());
+            locks.acquire(&name, &options).await
+        })
+    };
+    let mut raw = common::raw(&urls[0]).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let queued = loop {
+        let queued: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&keys.queue)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        if let [member] = queued.as_slice() {
+            break member.clone();
+        }
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    // Past the waiter's first polls (a read again once subscribed).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let short = opts()
+        .with_ttl(Duration::from_millis(200))
+        .with_wait(Duration::from_millis(50));
+    let refused = locks.acquire(&name, &short).await;
+    assert!(
+        matches!(refused, Err(Error::Timeout { .. })),
+        "{:?}",
+        refused.map(|g| g.token())
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let place: Option<f64> = redis::cmd("ZSCORE")
+        .arg(&keys.queue)
+        .arg(&queued)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(place.is_some(), "the longer waiter's place vanished");
+    // Its turn: the release hands the lock over to it.
+    assert!(locks.try_acquire(&name, &opts()).await.unwrap().is_none());
+    holder.release().await.unwrap();
+    let guard = waiter.await.unwrap().unwrap();
+    guard.release().await.unwrap();
+}
+
 /// The subscriber keeps a name's channel subscribed for a while after its last waiter (the
 /// next wait on it needs no new subscription), and unsubscribes it once nobody waited on it
 /// for `SUBSCRIPTION_IDLE` (2 s).
