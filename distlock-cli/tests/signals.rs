@@ -475,8 +475,10 @@ fn skip_if_held_and_hold_at_least_run_a_job_once() {
 fn a_lock_lost_while_leftovers_drain_kills_them_at_once() {
     let env = Env::new();
     let background = env.path("background.pid");
+    // The leftover writes its pid once it ignores SIGTERM, and the command waits for that.
     let script = format!(
-        "sh -c 'trap \"\" TERM; sleep 60' & echo $! > {}",
+        "sh -c 'trap \"\" TERM; echo $$ > {0}.tmp; mv {0}.tmp {0}; exec sleep 60' & \
+         while [ ! -e {0} ]; do sleep 0.01; done",
         background.display()
     );
     let holder = env
