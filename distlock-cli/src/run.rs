@@ -203,8 +203,17 @@ pub(crate) async fn read_value_file(path: &Path) -> std::io::Result<String> {
 }
 
 /// Reads the value file again and proclaims its value if it changed (an unreadable or empty
-/// file, or a value the backend refuses, is reported and left for the next read).
+/// file, or a value the backend refuses, is reported and left for the next read). Only a
+/// regular file is read again: a named pipe (`--value-file <(...)`) gave its value at the
+/// start, and opening it again would wait for a writer for ever, and the leader's loop with it
+/// (no signal passed on, the command's exit not seen).
 async fn proclaim_from(file: &mut (PathBuf, String), guard: &LockGuard, name: &str) {
+    if tokio::fs::metadata(&file.0)
+        .await
+        .is_ok_and(|meta| !meta.is_file())
+    {
+        return;
+    }
     let value = match read_value_file(&file.0).await {
         Ok(value) if !value.is_empty() && value != file.1 => value,
         Ok(_) => return,
@@ -411,7 +420,14 @@ where
             signal = signals.recv() => group.signal(signal),
             () = tokio::time::sleep(VALUE_FILE_EVERY), if value_file.is_some() => {
                 if let Some(file) = value_file.as_mut() {
-                    proclaim_from(file, hold.guard(), name).await;
+                    // A proclamation takes up to an operation timeout when the server does
+                    // not answer: the loss and the lease's end are not left waiting on it.
+                    let due = if terminated { kill_at } else { term_at };
+                    tokio::select! {
+                        () = proclaim_from(file, hold.guard(), name) => {}
+                        _ = hold.lost() => {}
+                        () = tokio::time::sleep_until(due.into()) => {}
+                    }
                 }
             }
             Some((stream, request)) = next_request(control.as_ref()) => {

@@ -9,7 +9,7 @@ mod common;
 use common::Env;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -299,4 +299,55 @@ fn a_leader_proclaims_the_new_value_of_its_value_file() {
     ]);
     assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("--value-file"));
+}
+
+/// A named pipe as the value file (`--value-file <(...)`) gives the value at the start and is
+/// not read again: opening it again waited for a writer for ever, and the leader's loop with
+/// it, so a SIGTERM was never passed on and distlock hung.
+#[test]
+fn a_value_file_that_is_a_pipe_is_read_once() {
+    let env = Env::new();
+    let fifo = env.path("value.fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let mut writer = Command::new("sh")
+        .args(["-c", &format!("echo 10.0.0.9:80 > {}", fifo.display())])
+        .spawn()
+        .expect("spawn the pipe's writer");
+    let started = env.path("in");
+    let script = format!(
+        "echo \"$DISTLOCK_LEADER_VALUE\" > {0}.tmp; mv {0}.tmp {0}; sleep 60",
+        started.display()
+    );
+    let mut leader = env
+        .distlock(&[
+            "elect",
+            "--name",
+            "piped",
+            "--value-file",
+            fifo.to_str().expect("utf-8"),
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .spawn()
+        .expect("spawn distlock elect");
+    assert_eq!(wait_for(&started).trim(), "10.0.0.9:80");
+    assert!(writer.wait().expect("the writer").success());
+    // Past the loop's next reads of the value file (every second).
+    std::thread::sleep(Duration::from_millis(2500));
+    kill(Pid::from_raw(leader.id() as i32), Signal::SIGTERM).expect("SIGTERM");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        if let Some(status) = leader.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = leader.kill();
+            panic!("distlock elect did not end 5 s after SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(128 + Signal::SIGTERM as i32));
 }
