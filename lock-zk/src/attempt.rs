@@ -257,7 +257,7 @@ impl ZkAttempt {
         };
         let own = entries[index].name.clone();
         self.node = Some(own.clone());
-        if let Some(message) = mismatch(self.request.kind, &entries) {
+        if let Some(message) = mismatch(self.request.kind, &entries[..index]) {
             return Err(Error::Mismatch {
                 name: self.request.name.to_string(),
                 message,
@@ -406,15 +406,17 @@ impl ZkAttempt {
     }
 
     /// Whether `node` (ours) holds in the queue `entries`: the mutex's as the head, a
-    /// reader's with no writer ahead of it, on a name whose head is of a kind that belongs
+    /// reader's with no writer ahead of it, with no node ahead of a kind that does not belong
     /// with ours.
     fn holds_in(&self, entries: &[Entry], node: &str) -> bool {
         let kind = self.request.kind;
-        mismatch(kind, entries).is_none()
-            && entries
-                .iter()
-                .position(|e| e.name == node)
-                .is_some_and(|index| matches!(place(kind, entries, index), Place::Holds { .. }))
+        entries
+            .iter()
+            .position(|e| e.name == node)
+            .is_some_and(|index| {
+                mismatch(kind, &entries[..index]).is_none()
+                    && matches!(place(kind, entries, index), Place::Holds { .. })
+            })
     }
 
     /// Ours holds now (it heads the queue, or every node that kept it from holding is gone)

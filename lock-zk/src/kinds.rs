@@ -8,12 +8,15 @@ use distlock_core::LockKind;
 
 use crate::keys::Entry;
 
-/// Why a node of `kind` can never join the holders of the queue `entries`: the head (the
-/// oldest node, which holds) is of a kind that does not belong with it
-/// ([`LockKind::mismatch`]). Nodes further back that do not belong are attempts about to get
-/// the same answer and leave, and are not counted by [`place`].
-pub(crate) fn mismatch(kind: LockKind, entries: &[Entry]) -> Option<String> {
-    entries.first().and_then(|head| kind.mismatch(head.kind))
+/// Why a node of `kind` can never join the holders, given the nodes `ahead` of it in the
+/// queue: one of them is of a kind that does not belong with it ([`LockKind::mismatch`]).
+/// Not only the head (the oldest node, which holds): a node of another kind behind the head
+/// is an attempt about to be told so and leave, unless its look at the queue comes late (a
+/// slow answer, a poll cut short, whose node is kept) and finds it the head by then. It then
+/// held beside ours, which [`place`] let hold without counting it (a writer beside a permit
+/// holder, tokens out of order). The later node is refused instead.
+pub(crate) fn mismatch(kind: LockKind, ahead: &[Entry]) -> Option<String> {
+    ahead.iter().find_map(|node| kind.mismatch(node.kind))
 }
 
 /// Where a shared or permit node stands in the queue (the exclusive kind, the mutex, keeps its
@@ -202,8 +205,8 @@ mod tests {
         assert_eq!(place(W, &q, 2), Place::Behind(q[1].clone()));
         let (kind, held) = holders(&q);
         assert_eq!((kind, held.len()), (R, 2));
-        assert_eq!(mismatch(W, &q), None);
-        assert!(mismatch(S2, &q).is_some());
+        assert_eq!(mismatch(W, &q[..2]), None);
+        assert!(mismatch(S2, &q[..1]).is_some());
     }
 
     #[test]
@@ -241,7 +244,8 @@ mod tests {
 
     #[test]
     fn the_first_n_permits_hold_the_next_watches_them_the_rest_their_predecessor() {
-        // A foreign writer (about to be told it mismatches) is not counted.
+        // A foreign writer (told it mismatches) is not counted; the permits behind it are
+        // refused before they are placed (see `mismatch`).
         let q = entries(&[(S2, "a"), (W, "w"), (S2, "b"), (S2, "c"), (S2, "d")]);
         assert_eq!(place(S2, &q, 0), Place::Holds { successor: true });
         assert_eq!(place(S2, &q, 2), Place::Holds { successor: true });
@@ -256,7 +260,12 @@ mod tests {
         assert_eq!((kind, held.len()), (S2, 2));
         assert!(mismatch(LockKind::Permit { permits: 3 }, &q).is_some());
         assert!(mismatch(W, &q).is_some());
-        assert_eq!(mismatch(S2, &q), None);
+        assert_eq!(mismatch(S2, &q[..1]), None);
+        assert!(mismatch(S2, &q[..2]).is_some(), "a writer ahead not seen");
+        // Whatever the head: a permit of another count, or a reader, behind a reader head.
+        let mixed = entries(&[(R, "a"), (S2, "s"), (R, "b")]);
+        assert!(mismatch(R, &mixed[..2]).is_some());
+        assert_eq!(mismatch(S2, &mixed[..0]), None);
     }
 
     #[test]

@@ -598,6 +598,42 @@ async fn a_dead_waiters_node_is_removed_after_its_lease() {
     assert!(h.queue(name).await.is_empty());
 }
 
+/// A node of another kind behind the head (a writer whose look at the queue comes late: a
+/// poll cut short keeps its node) refuses the permit behind it: once the head left, that
+/// writer found itself the head and held beside the permit, which had held without counting
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_of_another_kind_ahead_refuses_a_permit() {
+    let _serial = SERIAL.lock().await;
+    let Some(h) = harness().await else { return };
+    let name = "kind-behind-head";
+    let permits = opts().with_kind(LockKind::Permit { permits: 2 });
+    let first = h.backend().await.expect("connect");
+    let guard = first.acquire(name, &permits).await.expect("acquire");
+    // The writer's node as its join left it, its listing not yet answered: held by nobody.
+    let (_, seq) = h
+        .admin
+        .create(
+            &format!("{}/stranded.", h.lock_path(name)),
+            b"W30000",
+            &zookeeper_client::CreateMode::EphemeralSequential
+                .with_acls(zookeeper_client::Acls::anyone_all()),
+        )
+        .await
+        .expect("create the writer's node");
+    let second = h.backend().await.expect("connect");
+    match second.try_acquire(name, &permits).await {
+        Err(Error::Mismatch { .. }) => {}
+        Ok(Some(_)) => panic!("a permit held behind a writer's node"),
+        other => panic!("{other:?}"),
+    }
+    guard.release().await.expect("release");
+    h.admin
+        .delete(&format!("{}/stranded.{seq}", h.lock_path(name)), None)
+        .await
+        .expect("remove the writer's node");
+}
+
 /// A waiter handed the lock holds before its "held" mark commits (the handoff shortcut of the
 /// mutex and of readers): while its node still says "waiting", inspection counts it as the
 /// holder and a forced release removes it.
