@@ -624,13 +624,28 @@ pub(super) fn renewed_after_release(history: &History, out: &mut Vec<Finding>) {
 }
 
 /// Workers waited longer than `max_gap` with free capacity and no fault (`gap` from
-/// [`longest_gap`]).
+/// [`longest_gap`]), or no worker held the lock in the whole run: with faults overlapping
+/// (a new one before the last healed) every failure falls in a fault's window and no stretch
+/// is fault-free, so a lock the workers could never take passed on its final acquisition
+/// alone (made by a client of its own, not through the proxy).
 pub(super) fn liveness(
     history: &History,
     config: &CheckConfig,
     gap: (Nanos, Option<Nanos>),
     out: &mut Vec<Finding>,
 ) {
+    if !history.workers.is_empty() && !history.acquisitions.iter().any(Acquisition::acquired) {
+        out.push(Finding {
+            rule: Rule::Liveness,
+            at: history.end,
+            acqs: Vec::new(),
+            detail: format!(
+                "no worker held the lock in the whole run ({} attempts)",
+                history.acquisitions.len()
+            ),
+            judgement: Judgement::Violation,
+        });
+    }
     if gap.0 > config.max_gap {
         out.push(Finding {
             rule: Rule::Liveness,

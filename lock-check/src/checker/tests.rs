@@ -312,6 +312,44 @@ fn a_stall_without_a_fault_is_found_and_one_during_a_fault_is_not() {
     assert_eq!(verdict.of(Rule::Liveness).count(), 0, "{:?}", verdict.stats);
 }
 
+/// A run in which no worker ever held the lock fails, even when every failure fell in a
+/// fault's window and the final acquisition (a client of its own) succeeded.
+#[test]
+fn a_run_with_no_hold_at_all_is_found() {
+    let mut h = clean();
+    for acq in &mut h.acquisitions {
+        acq.returned = Some(acq.invoked + 700 * MS);
+        acq.token = None;
+        acq.valid_until = None;
+        acq.released = None;
+        acq.error = Some("timed out".into());
+    }
+    h.checks.clear();
+    h.writes.clear();
+    h.faults.push(Fault {
+        kind: FaultKind::Partition,
+        worker: None,
+        start: 0,
+        healed: h.end,
+        step_ms: None,
+        aimed: None,
+    });
+    let verdict = check(&h, &config(FencingGuarantee::Linearizable));
+    let none: Vec<_> = verdict.of(Rule::Liveness).collect();
+    assert_eq!(none.len(), 1, "{:?}", verdict.findings);
+    assert!(none[0].detail.contains("no worker held"), "{:?}", none[0]);
+    assert!(verdict.failed());
+    // One hold is enough.
+    h.acquisitions[0] = clean().acquisitions[0].clone();
+    let verdict = check(&h, &config(FencingGuarantee::Linearizable));
+    assert_eq!(
+        verdict.of(Rule::Liveness).count(),
+        0,
+        "{:?}",
+        verdict.findings
+    );
+}
+
 #[test]
 fn failed_workers_and_a_missing_final_acquire_are_found_but_killed_ones_are_not() {
     let mut h = clean();

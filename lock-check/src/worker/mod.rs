@@ -582,13 +582,17 @@ impl Section {
             aimed(steps.aim, sink, id, Op::Renew).await;
         }
         let held = &self.held;
-        let passed = steps.careless || (!held.is_lost() && Instant::now() < held.valid_until());
+        // The check is stamped with the instant it judged: read again for the stamp, a pause
+        // in between (the faults' SIGSTOP) stamped a check that passed in time after the
+        // next holder's grant, a false violation.
+        let judged = Instant::now();
+        let passed = steps.careless || (!held.is_lost() && judged < held.valid_until());
         sink.event(
             id,
             Event::Check {
                 seq,
                 step,
-                t: now(),
+                t: at(judged),
                 passed,
             },
         );
