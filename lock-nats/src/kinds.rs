@@ -152,14 +152,6 @@ pub(crate) fn entry_of(message: &StreamMessage) -> Result<Option<Entry>> {
     }))
 }
 
-/// What [`Queue::read_back`] found.
-pub(crate) enum ReadBack {
-    /// The written entry is the range's only message: it holds, alone.
-    Alone,
-    /// Anything else: the range, walked on from its first message.
-    Walked(Queue),
-}
-
 impl Queue {
     /// Takes in one message of the range. A key found twice (rewritten, renewed, while the
     /// reads passed it) is the later message's (by subject, its index in `entries`, in
@@ -379,49 +371,6 @@ impl Queue {
         }
         queue.entries.sort_by_key(Entry::token);
         Ok(Some(queue))
-    }
-
-    /// The read after the write of the entry at `rev` on a replicated stream (see
-    /// [`BackendState::replicated`]), in one round trip where [`Queue::read`] takes two when
-    /// it finds the usual on a free name: the range's first message is that entry (so every
-    /// lower sequence is applied, and no entry is there) and none follows it (no entry ahead
-    /// was rewritten since: a renewal or new data moves an entry to a higher sequence and
-    /// keeps its place, so an entry ahead of ours may sit after it). The two requests of such
-    /// a walk, the range's first message and the first one after the entry, go out together.
-    /// Anything else: the walk, on from the first message read.
-    pub(crate) async fn read_back(
-        state: &BackendState,
-        keys: &NameKeys,
-        rev: u64,
-    ) -> Result<ReadBack> {
-        state.connected()?;
-        let stream = &state.stream;
-        let (first, after) = futures::join!(
-            stream.get_first_raw_message_by_subject(&keys.range, 1),
-            stream.get_first_raw_message_by_subject(&keys.range, rev + 1),
-        );
-        let ours = match first {
-            Ok(message) if message.sequence == rev => message,
-            Ok(message) => {
-                return Self::walk(state, keys, Some(message))
-                    .await
-                    .map(ReadBack::Walked);
-            }
-            // Nothing applied yet, not even ours: walk from the start.
-            Err(err) if not_found(&err.kind()) => {
-                return Self::read(state, keys).await.map(ReadBack::Walked);
-            }
-            Err(err) => return Err(request("read", err)),
-        };
-        match after {
-            // A new entry behind ours, or an entry ahead rewritten after ours was stored
-            // (taking it for one behind let two hold): the walk tells them apart.
-            Ok(_) => Self::walk(state, keys, Some(ours))
-                .await
-                .map(ReadBack::Walked),
-            Err(err) if not_found(&err.kind()) => Ok(ReadBack::Alone),
-            Err(err) => Err(request("read", err)),
-        }
     }
 
     /// Whether the entry at `index` holds.
