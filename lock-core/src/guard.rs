@@ -324,9 +324,8 @@ impl LockGuard {
         self.finished = true;
         if !self.held.drop_hold() {
             // Other holds keep the lease and nothing is sent, but a loss is still reported.
-            return match self.held.loss_reason() {
+            return match self.held.known_loss() {
                 Some(reason) => Err(self.held.lost_error(reason)),
-                None if self.held.is_lost() => Err(self.held.lost_error(LossReason::LeaseExpired)),
                 None => Ok(()),
             };
         }
@@ -379,7 +378,7 @@ impl LockGuard {
                 renewing = false;
                 held.stop().raise();
                 held.watchdog.unwatch(&**held);
-                debug!(name = %held.name, "renewal stopped: the lease covers the minimum hold");
+                debug!(name = %held.name, "renewal stopped: the deadline covers the minimum hold");
             }
             // Woken by the minimum, a loss, or in time to see the next renewal's lease end.
             let step = now + (held.ttl / 6).max(Duration::from_millis(1));
@@ -511,6 +510,22 @@ impl Held {
         *holds == 0
     }
 
+    /// The loss already known, or, past the local deadline, what the watchdog would call that
+    /// expiry (and why), marked as it would.
+    fn known_loss(&self) -> Option<LossReason> {
+        if let Some(reason) = self.loss_reason() {
+            return Some(reason);
+        }
+        let valid_until = self.valid_until();
+        if Instant::now() < valid_until {
+            return None;
+        }
+        let reason = lock(&self.schedule).expiry_reason(self.hold_limit, valid_until);
+        self.mark_lost(reason);
+        // A batched renewal may have marked the loss first: its reason stands.
+        self.loss_reason()
+    }
+
     fn lost_error(&self, reason: LossReason) -> Error {
         Error::Lost {
             name: self.name.to_string(),
@@ -614,11 +629,7 @@ impl Held {
                 // The release stopped the watchdog: one that comes back after the local
                 // deadline finds what the watchdog would have called an expiry (and why).
                 None if Instant::now() >= self.valid_until() => {
-                    let valid_until = self.valid_until();
-                    let reason = lock(&self.schedule).expiry_reason(self.hold_limit, valid_until);
-                    self.mark_lost(reason);
-                    // A batched renewal may have marked the loss first: its reason stands.
-                    let reason = self.loss_reason().unwrap_or(LossReason::LeaseExpired);
+                    let reason = self.known_loss().unwrap_or(LossReason::LeaseExpired);
                     Err(self.lost_error(reason))
                 }
                 None => {

@@ -205,7 +205,8 @@ impl AcquireOptions {
             .then(|| self.renewal.interval_for(self.ttl))
     }
 
-    /// Checks the options against themselves and the backend's limits.
+    /// Checks the options against themselves and the backend's limits. `acquire` also checks
+    /// a renewal interval against the client's drift margin (see [`Renewal::every`]).
     ///
     /// # Errors
     /// [`Error::InvalidOptions`] naming the offending value; [`Error::Unsupported`] for a
@@ -321,7 +322,8 @@ pub(crate) fn check_holder_data(data: &str) -> Result<(), Error> {
 pub struct Renewal {
     /// Whether the guard renews its lease in the background.
     pub enabled: bool,
-    /// Interval between renewals; `None` means `ttl / 3`. Must be shorter than the ttl.
+    /// Interval between renewals; `None` means `ttl / 3`. Must be shorter than the ttl less
+    /// the client's drift margin (see [`Renewal::every`]).
     pub interval: Option<Duration>,
     /// Cap on the total hold time: renewal stops so that the lease ends no later than this long
     /// after the earliest instant it may have started (the sending of the request that took
