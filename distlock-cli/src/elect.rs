@@ -39,8 +39,9 @@ pub(crate) struct ElectArgs {
     value: Option<String>,
 
     /// Read the value from the first line of this file, and again every second while
-    /// leading: a new value is proclaimed (same term; `distlock leader` and observers see it),
-    /// so CMD can change what it advertises by writing the file.
+    /// leading (a regular file; a named pipe is read once): a new value is proclaimed (same
+    /// term; `distlock leader` and observers see it), so CMD can change what it advertises by
+    /// writing the file.
     #[arg(long, value_name = "FILE")]
     value_file: Option<PathBuf>,
 

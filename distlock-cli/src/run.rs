@@ -423,10 +423,13 @@ where
                     // A proclamation takes up to an operation timeout when the server does
                     // not answer: the loss and the lease's end are not left waiting on it.
                     let due = if terminated { kill_at } else { term_at };
-                    tokio::select! {
-                        () = proclaim_from(file, hold.guard(), name) => {}
-                        _ = hold.lost() => {}
-                        () = tokio::time::sleep_until(due.into()) => {}
+                    loop {
+                        tokio::select! {
+                            () = proclaim_from(file, hold.guard(), name) => break,
+                            _ = hold.lost() => break,
+                            () = tokio::time::sleep_until(due.into()) => break,
+                            signal = signals.recv() => group.signal(signal),
+                        }
                     }
                 }
             }
