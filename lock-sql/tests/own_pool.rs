@@ -185,3 +185,47 @@ async fn sqlite_pool() {
         .expect("insert");
     check_pool!(&url, pool);
 }
+
+/// Sessions whose transactions default to REPEATABLE READ (the role's, the database's or the
+/// URL's `options`): the backend's own pool sets READ COMMITTED on every connection, and an
+/// application's pool that runs so is refused. The lock functions count a name's holders
+/// after waiting for its row, and a snapshot from before that wait missed a reader that
+/// joined meanwhile, freeing the name for a writer beside it.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn postgres_sessions_stricter_than_read_committed() {
+    let Some(url) = conformance_tests::server_var("postgres", "DISTLOCK_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let joiner = if url.contains('?') { '&' } else { '?' };
+    let strict =
+        format!("{url}{joiner}options=-c%20default_transaction_isolation%3Drepeatable%5C%20read");
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&strict)
+        .await
+        .expect("the application's pool");
+    let level: String = sqlx::query_scalar("SHOW default_transaction_isolation")
+        .fetch_one(&pool)
+        .await
+        .expect("read the level");
+    assert_eq!(
+        level, "repeatable read",
+        "the URL's options were not applied"
+    );
+    match distlock_sql::from_pool(SqlPool::from(pool), config()).await {
+        Err(Error::InvalidConfig(message)) => {
+            assert!(message.contains("read committed"), "{message}")
+        }
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("a pool at repeatable read was taken"),
+    }
+    // Through the URL: taken, every session at READ COMMITTED.
+    let locks = distlock_sql::connect(&strict, config())
+        .await
+        .expect("connect at a stricter default");
+    let name = unique("strict");
+    let opts = AcquireOptions::default().with_ttl(Duration::from_secs(5));
+    let guard = locks.acquire(&name, &opts).await.expect("acquire");
+    guard.release().await.expect("release");
+}

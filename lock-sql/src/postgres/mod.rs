@@ -384,7 +384,10 @@ impl Drop for PgDb {
 
 impl PgDb {
     pub(crate) async fn open(config: &SqlConfig, sessions: Arc<Sessions>) -> Result<Self> {
-        let session_id = "SELECT pg_backend_pid()::bigint";
+        // Every session at READ COMMITTED whatever the database's or the role's default (see
+        // `check_isolation`).
+        let session_id = "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ \
+                          COMMITTED; SELECT pg_backend_pid()::bigint";
         let (pool, idle) =
             open_server::<sqlx::Postgres>(config, sessions, "PostgreSQL", session_id).await?;
         Self::set_up(pool, config, config.max_connections / 2, idle).await
@@ -408,6 +411,7 @@ impl PgDb {
             .await
             .map_err(|e| map_err("LISTEN", e))?;
         check_sessions(&mut listener, &pool, config).await?;
+        check_isolation(&pool).await?;
         idle.set_server_limit(idle_session_timeout(&pool).await?);
         let table = quote(&config.table, '"');
         // Read first, which is all a connect does once the table is complete: the block that
@@ -584,6 +588,28 @@ async fn check_sessions(
         }
     }
     listener.unlisten(&channel).await.map_err(failed)
+}
+
+/// Refuses sessions whose transactions do not run at READ COMMITTED by default. The
+/// backend's functions are called as single statements, each its own transaction at the
+/// session's default level, and count a name's live holders after waiting for its row lock:
+/// under REPEATABLE READ that count reads the snapshot from before the wait, misses a reader
+/// that joined meanwhile, and frees the name for a writer beside it. A pool the backend opens
+/// sets it on every connection; a pool of the application's own
+/// ([`PgDb::on_pool`]) must (`default_transaction_isolation`, or its `after_connect`).
+async fn check_isolation(pool: &sqlx::PgPool) -> Result<()> {
+    let level: String =
+        sqlx::query_scalar("SELECT current_setting('default_transaction_isolation')")
+            .fetch_one(pool)
+            .await
+            .map_err(|e| map_err("reading default_transaction_isolation", e))?;
+    if level == "read committed" {
+        return Ok(());
+    }
+    Err(distlock_core::Error::InvalidConfig(format!(
+        "the pool's sessions run transactions at {level} by default; distlock's lock \
+         functions need read committed (set default_transaction_isolation on its connections)"
+    )))
 }
 
 /// The server's `idle_session_timeout` (PostgreSQL 14 and later; `None`: off or unknown): it
