@@ -323,6 +323,14 @@ impl SqlConfig {
     /// [`POOL_SIZE`], [`CONNECT_TIMEOUT`] or [`BUSY_TIMEOUT`].
     pub fn validate(&self) -> Result<(), Error> {
         validate_table(&self.table)?;
+        if self.dialect == Dialect::Postgres && self.table.len() > PG_TABLE_MAX {
+            return Err(Error::InvalidConfig(format!(
+                "table name {:?} is {} bytes; on PostgreSQL at most {PG_TABLE_MAX} (its \
+                 wake-up channel, \"distlock:\" and the name, must fit the server's 63)",
+                self.table,
+                self.table.len()
+            )));
+        }
         service_url::check_integer("pool_size", self.max_connections, &POOL_SIZE)
             .map_err(Error::InvalidConfig)?;
         let duration = |key: &str, value: Duration, range: &RangeInclusive<Duration>| {
@@ -459,6 +467,12 @@ fn sqlite_in_memory(base: &str, query: &str) -> bool {
         || url::form_urlencoded::parse(query.as_bytes()).any(|(k, v)| k == "mode" && v == "memory")
 }
 
+/// The longest table name (`schema.table` whole) on PostgreSQL: the channel its waiters
+/// listen on is `distlock:` and the name, and a channel of 64 bytes or more fails every
+/// `NOTIFY` (the hand-overs and wake-ups of a contended lock) while `LISTEN` cuts it short;
+/// the tables `<table>_holders` and `<table>_queue` fit within 63 bytes with it too.
+pub(crate) const PG_TABLE_MAX: usize = 63 - "distlock:".len();
+
 fn validate_table(table: &str) -> Result<(), Error> {
     validate_ident("table name", table).map_err(Error::InvalidConfig)
 }
@@ -481,6 +495,27 @@ mod tests {
                 "{url}"
             );
         }
+    }
+
+    /// A PostgreSQL table name whose wake-up channel (`distlock:` and the name) would not fit
+    /// the server's 63 bytes is refused: its NOTIFYs failed, so every hand-over of a
+    /// contended lock did, while uncontended locks worked.
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn a_postgres_table_name_leaves_room_for_its_channel() {
+        let config = SqlConfig::from_url("postgres://h/db").unwrap_or_else(|e| panic!("{e}"));
+        let fits = format!("s.{}", "t".repeat(PG_TABLE_MAX - 2));
+        assert!(config.clone().with_table(fits).validate().is_ok());
+        let long = format!("s.{}", "t".repeat(PG_TABLE_MAX - 1));
+        match config.with_table(long).validate() {
+            Err(Error::InvalidConfig(message)) => assert!(message.contains("channel"), "{message}"),
+            other => panic!("{other:?}"),
+        }
+        let url = format!("postgres://h/db?table={}", "t".repeat(PG_TABLE_MAX + 1));
+        assert!(matches!(
+            SqlConfig::from_url(&url),
+            Err(Error::InvalidConfig(_))
+        ));
     }
 
     /// Issue 47: `pool_size=100000000` was accepted and allocated gigabytes before failing.
