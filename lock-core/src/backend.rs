@@ -130,7 +130,9 @@ pub struct AcquireRequest {
     pub mode: AttemptMode,
     /// What is asked for. Checked against [`Capabilities`] by the core: a backend only sees
     /// the kinds it declares. Holders of other kinds on the name must answer
-    /// [`Error::Mismatch`](crate::Error::Mismatch) where [`LockKind::mismatch`] says so.
+    /// [`Error::Mismatch`](crate::Error::Mismatch) where [`LockKind::mismatch`] says so, and
+    /// so may attempts of such kinds queued ahead of this one (one of them may be the head by
+    /// the time it looks at the queue).
     pub kind: LockKind,
 }
 

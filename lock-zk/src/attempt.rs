@@ -710,9 +710,9 @@ impl ZkAttempt {
     /// reads every holder's node to remove those whose lease ran out. A try reads the holders
     /// with the server's clock of its own write, without a watch.
     ///
-    /// Taken by a try, by a waiter with more than `kinds::MAX_BLOCKERS` holders ahead, and
-    /// by one with a node of another kind ahead (about to be told `Mismatch`); any other
-    /// first waiter counts the holders' deletions (see [`Self::wait_for_blockers`]).
+    /// Taken by a try and by a waiter with more than `kinds::MAX_BLOCKERS` holders ahead;
+    /// any other first waiter counts the holders' deletions (see
+    /// [`Self::wait_for_blockers`]).
     /// The waiter behind it watches its node: when it becomes a holder, the write that marks
     /// it held wakes that one, which then takes over the children watch.
     async fn first_waiter(

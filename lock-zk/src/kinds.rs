@@ -104,8 +104,8 @@ pub(crate) const PERMIT_WAITERS_COUNTING: usize = 2;
 /// [`MAX_BLOCKERS`] are, of which all but N - 1 (one for the first waiter, two for the next).
 /// `None` otherwise (further back in the mutex's queue, a reader behind two writers, permits
 /// further back): it waits for one node and looks at the queue when that one goes. Nor when
-/// a node ahead does not belong with `kind` (see [`mismatch`]): that attempt is about to
-/// leave, but could still become the head first.
+/// a node ahead does not belong with `kind`: such an attempt is refused before it is placed
+/// (see [`mismatch`]); kept here so that no count ever skips such a node.
 pub(crate) fn blockers(kind: LockKind, entries: &[Entry], index: usize) -> Option<Blockers<'_>> {
     let ahead = &entries[..index];
     if ahead.is_empty() || ahead.iter().any(|e| kind.mismatch(e.kind).is_some()) {
@@ -154,7 +154,8 @@ pub(crate) struct Blockers<'a> {
 
 /// Who holds a name whose queue is `entries`, and as what: the head alone if it is
 /// exclusive; the readers ahead of the first writer; the first N permit nodes of N. Nodes of
-/// a waiter that may take its hold now (its data still says "waiting") count as holders.
+/// a waiter that may take its hold now (its data still says "waiting") count as holders. A
+/// node of another kind ends them: the nodes behind it are refused (see [`mismatch`]).
 pub(crate) fn holders(entries: &[Entry]) -> (LockKind, Vec<&Entry>) {
     let Some(head) = entries.first() else {
         return (LockKind::Exclusive, Vec::new());
@@ -162,12 +163,11 @@ pub(crate) fn holders(entries: &[Entry]) -> (LockKind, Vec<&Entry>) {
     let held = match head.kind {
         LockKind::Shared => entries
             .iter()
-            .take_while(|e| e.kind != LockKind::Exclusive)
-            .filter(|e| e.kind == LockKind::Shared)
+            .take_while(|e| e.kind == LockKind::Shared)
             .collect(),
         LockKind::Permit { permits } => entries
             .iter()
-            .filter(|e| e.kind == head.kind)
+            .take_while(|e| e.kind == head.kind)
             .take(usize::try_from(permits).unwrap_or(usize::MAX))
             .collect(),
         _ => vec![head],
@@ -257,6 +257,12 @@ mod tests {
         let last = entries(&[(S2, "a"), (S2, "b")]);
         assert_eq!(place(S2, &last, 1), Place::Holds { successor: false });
         let (kind, held) = holders(&q);
+        assert_eq!(
+            (kind, held.len()),
+            (S2, 1),
+            "the permits behind the writer are refused"
+        );
+        let (kind, held) = holders(&q[2..]);
         assert_eq!((kind, held.len()), (S2, 2));
         assert!(mismatch(LockKind::Permit { permits: 3 }, &q).is_some());
         assert!(mismatch(W, &q).is_some());
