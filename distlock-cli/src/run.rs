@@ -422,12 +422,17 @@ where
                 if let Some(file) = value_file.as_mut() {
                     // A proclamation takes up to an operation timeout when the server does
                     // not answer: the loss and the lease's end are not left waiting on it.
+                    // Made once: a signal passed on does not start the proclamation again.
                     let due = if terminated { kill_at } else { term_at };
+                    let proclaiming = proclaim_from(file, hold.guard(), name);
+                    let gone = hold.lost();
+                    let ends = tokio::time::sleep_until(due.into());
+                    tokio::pin!(proclaiming, gone, ends);
                     loop {
                         tokio::select! {
-                            () = proclaim_from(file, hold.guard(), name) => break,
-                            _ = hold.lost() => break,
-                            () = tokio::time::sleep_until(due.into()) => break,
+                            () = &mut proclaiming => break,
+                            _ = &mut gone => break,
+                            () = &mut ends => break,
                             signal = signals.recv() => group.signal(signal),
                         }
                     }
