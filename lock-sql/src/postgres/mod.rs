@@ -596,14 +596,15 @@ async fn check_sessions(
 /// under REPEATABLE READ that count reads the snapshot from before the wait, misses a reader
 /// that joined meanwhile, and frees the name for a writer beside it. A pool the backend opens
 /// sets it on every connection; a pool of the application's own
-/// ([`PgDb::on_pool`]) must (`default_transaction_isolation`, or its `after_connect`).
+/// ([`PgDb::on_pool`]) must (`default_transaction_isolation`, or its `after_connect`): one of
+/// its connections is checked here, once (READ UNCOMMITTED runs as READ COMMITTED).
 async fn check_isolation(pool: &sqlx::PgPool) -> Result<()> {
     let level: String =
         sqlx::query_scalar("SELECT current_setting('default_transaction_isolation')")
             .fetch_one(pool)
             .await
             .map_err(|e| map_err("reading default_transaction_isolation", e))?;
-    if level == "read committed" {
+    if level == "read committed" || level == "read uncommitted" {
         return Ok(());
     }
     Err(distlock_core::Error::InvalidConfig(format!(
