@@ -180,32 +180,19 @@ impl Queue {
     /// removes it: its owner can still renew it until then, so no reader may take it for
     /// gone any earlier.
     pub(crate) async fn read(state: &BackendState, keys: &NameKeys) -> Result<Self> {
-        Self::walk(state, keys, None).await
-    }
-
-    /// [`Queue::read`], from the range's `first` message when it was read already.
-    async fn walk(
-        state: &BackendState,
-        keys: &NameKeys,
-        first: Option<StreamMessage>,
-    ) -> Result<Self> {
         state.connected()?;
         let mut queue = Self::default();
         let mut seen = std::collections::HashMap::new();
-        let mut next = first;
         let mut seq = 1;
         loop {
-            let message = match next.take() {
-                Some(message) => message,
-                None => match state
-                    .stream
-                    .get_first_raw_message_by_subject(&keys.range, seq)
-                    .await
-                {
-                    Ok(message) => message,
-                    Err(err) if not_found(&err.kind()) => break,
-                    Err(err) => return Err(request("read", err)),
-                },
+            let message = match state
+                .stream
+                .get_first_raw_message_by_subject(&keys.range, seq)
+                .await
+            {
+                Ok(message) => message,
+                Err(err) if not_found(&err.kind()) => break,
+                Err(err) => return Err(request("read", err)),
             };
             seq = message.sequence + 1;
             queue.add(&message, &mut seen)?;
