@@ -39,7 +39,8 @@
 //!   showed the released owner holding a lease that ends later than a ttl after the release:
 //!   a renewal raced the release and extended it.
 //! - [`Rule::Liveness`]: workers waited while the lock had free capacity and no fault was
-//!   active for longer than [`CheckConfig::max_gap`].
+//!   active for longer than [`CheckConfig::max_gap`], or no worker held the lock in the
+//!   whole run.
 //! - [`Rule::Starvation`]: an acquisition failed (its wait ran out, or the server refused)
 //!   although no fault was active during its wait.
 //! - [`Rule::FinalAcquire`]: the acquisition after healing failed.
