@@ -1076,21 +1076,12 @@ async fn a_short_waiter_does_not_expire_the_queue_under_a_longer_one() {
         })
     };
     let mut raw = common::raw(&urls[0]).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let queued = loop {
-        let queued: Vec<String> = redis::cmd("ZRANGE")
-            .arg(&keys.queue)
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut raw)
-            .await
-            .unwrap();
-        if let [member] = queued.as_slice() {
-            break member.clone();
-        }
-        assert!(Instant::now() < deadline, "the waiter never queued");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
+    assert!(
+        queued_within(&[raw.clone()], &keys.queue, Duration::from_secs(10)).await,
+        "the waiter never queued"
+    );
+    let [queued] = <[String; 1]>::try_from(queued(&mut raw, &keys.queue).await)
+        .unwrap_or_else(|all| panic!("one waiter queued, not {all:?}"));
     // Past the waiter's first polls (a read again once subscribed).
     tokio::time::sleep(Duration::from_millis(300)).await;
     let short = opts()

@@ -559,15 +559,7 @@ async fn a_dead_waiters_node_is_removed_after_its_lease() {
     // A waiter's node as a process killed while waiting leaves it: marked waiting with a
     // lease of 500 ms, in a session that stays alive (the harness's own).
     let created = Instant::now();
-    h.admin
-        .create(
-            &format!("{}/dead.", h.lock_path(name)),
-            b"W500",
-            &zookeeper_client::CreateMode::EphemeralSequential
-                .with_acls(zookeeper_client::Acls::anyone_all()),
-        )
-        .await
-        .expect("create the dead waiter's node");
+    h.stray_node(name, "dead", b"W500").await;
     let waiter = h.backend().await.expect("connect");
     let waiting = tokio::spawn(async move {
         let guard = waiter.acquire(name, &opts()).await.expect("acquire");
@@ -611,16 +603,7 @@ async fn a_node_of_another_kind_ahead_refuses_a_permit() {
     let first = h.backend().await.expect("connect");
     let guard = first.acquire(name, &permits).await.expect("acquire");
     // The writer's node as its join left it, its listing not yet answered: held by nobody.
-    let (_, seq) = h
-        .admin
-        .create(
-            &format!("{}/stranded.", h.lock_path(name)),
-            b"W30000",
-            &zookeeper_client::CreateMode::EphemeralSequential
-                .with_acls(zookeeper_client::Acls::anyone_all()),
-        )
-        .await
-        .expect("create the writer's node");
+    let stranded = h.stray_node(name, "stranded", b"W30000").await;
     let second = h.backend().await.expect("connect");
     match second.try_acquire(name, &permits).await {
         Err(Error::Mismatch { .. }) => {}
@@ -629,7 +612,7 @@ async fn a_node_of_another_kind_ahead_refuses_a_permit() {
     }
     guard.release().await.expect("release");
     h.admin
-        .delete(&format!("{}/stranded.{seq}", h.lock_path(name)), None)
+        .delete(&stranded, None)
         .await
         .expect("remove the writer's node");
 }

@@ -308,6 +308,22 @@ impl ZkHarness {
             .lock_path(&LockName::new(name).expect("valid name"))
     }
 
+    /// Creates a queue node of `name` in the admin's session (which stays alive), as an
+    /// exclusive attempt tagged `tag` would, with `data` (its mark and lease, as `W500`);
+    /// its path.
+    pub async fn stray_node(&self, name: &str, tag: &str, data: &[u8]) -> String {
+        let (_, seq) = self
+            .admin
+            .create(
+                &format!("{}/{tag}.", self.lock_path(name)),
+                data,
+                &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all()),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("creating a {tag} node of {name:?}: {e}"));
+        format!("{}/{tag}.{seq}", self.lock_path(name))
+    }
+
     /// Resolves once `name` has no queue node left (watch-driven, no polling).
     pub async fn drained(&self, name: &str) {
         self.queue_when(name, 0).await;
