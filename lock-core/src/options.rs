@@ -288,13 +288,12 @@ impl AcquireOptions {
         let Some(interval) = self.renewal_interval() else {
             return Ok(());
         };
-        let deadline = self.ttl.saturating_sub(config.drift(self.ttl));
-        if interval >= deadline {
+        let drift = config.drift(self.ttl);
+        if interval >= self.ttl.saturating_sub(drift) {
             return Err(Error::InvalidOptions(format!(
                 "renewal interval {interval:?} must be shorter than the ttl {:?} less the \
-                 client's drift margin {:?}",
-                self.ttl,
-                config.drift(self.ttl)
+                 client's drift margin {drift:?}",
+                self.ttl
             )));
         }
         Ok(())
