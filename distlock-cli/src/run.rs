@@ -388,8 +388,6 @@ where
     let mut lost = hold.lost();
     let mut terminated = false;
     let status = loop {
-        let until = hold.valid_until();
-        let (term_at, kill_at) = deadline.signals(until);
         tokio::select! {
             status = group.wait() => break status.map_err(|e| Failure::new(OTHER, format!("waiting for the command: {e}")))?,
             reason = &mut lost => {
@@ -397,25 +395,11 @@ where
                 group.kill().await;
                 return Ok(LOST);
             }
-            () = tokio::time::sleep_until(term_at.into()), if !terminated => {
-                if hold.valid_until() > until {
-                    continue; // renewed meanwhile
+            due = running_out(|| hold.valid_until(), deadline, terminated) => {
+                if lease_due(due, &group, deadline, &mut terminated, name) {
+                    group.kill().await;
+                    return Ok(LOST);
                 }
-                terminated = true;
-                crate::out::stderr_line(format!(
-                    "distlock: renewals of {name:?} are failing and its lease ends in {}; \
-                     terminating the command",
-                    humantime::format_duration(deadline.term_lead)
-                ));
-                group.signal_all(Signal::SIGTERM);
-            }
-            () = tokio::time::sleep_until(kill_at.into()), if terminated => {
-                if hold.valid_until() > until {
-                    continue;
-                }
-                crate::out::stderr_line(format!("distlock: the lease of {name:?} is about to end; killing the command"));
-                group.kill().await;
-                return Ok(LOST);
             }
             signal = signals.recv() => group.signal(signal),
             () = tokio::time::sleep(VALUE_FILE_EVERY), if value_file.is_some() => {
@@ -423,25 +407,29 @@ where
                     // A proclamation takes up to an operation timeout when the server does
                     // not answer: the loss and the lease's end are not left waiting on it.
                     // Made once: a signal passed on does not start the proclamation again.
-                    let due = if terminated { kill_at } else { term_at };
                     let proclaiming = proclaim_from(file, hold.guard(), name);
                     let gone = hold.lost();
-                    let ends = tokio::time::sleep_until(due.into());
+                    let ends = running_out(|| hold.valid_until(), deadline, terminated);
                     tokio::pin!(proclaiming, gone, ends);
                     loop {
                         tokio::select! {
                             () = &mut proclaiming => break,
                             _ = &mut gone => break,
-                            () = &mut ends => break,
+                            due = &mut ends => {
+                                if lease_due(due, &group, deadline, &mut terminated, name) {
+                                    group.kill().await;
+                                    return Ok(LOST);
+                                }
+                                break;
+                            }
                             signal = signals.recv() => group.signal(signal),
                         }
                     }
                 }
             }
             Some((stream, request)) = next_request(control.as_ref()) => {
-                let Some(changed) = serve(hold, request, stream, &mut signals, &group).await else {
-                    crate::out::stderr_line(format!("distlock: {name:?} is no longer held after the command's request; killing the command"));
-                    group.kill().await;
+                let serving = Serving { signals: &mut signals, group: &mut group, deadline, name, role };
+                let Some(changed) = serve(hold, request, stream, serving, &mut terminated).await else {
                     return Ok(LOST);
                 };
                 hold = changed;
@@ -498,25 +486,127 @@ fn start(
     Ok((control, group))
 }
 
-/// Carries out the command's `request` on `hold` and answers it on `stream`, passing signals
-/// on to the command while the change waits; the hold afterwards (`None`: nothing is held).
+/// What [`serve`] watches while a change of the hold waits.
+struct Serving<'a> {
+    signals: &'a mut Signals,
+    group: &'a mut CommandGroup,
+    deadline: Deadline,
+    name: &'a str,
+    role: Role,
+}
+
+/// Carries out the command's `request` on `hold` and answers it on `stream`. While the change
+/// waits (an upgrade waits for the readers), signals are passed on to the command, and the
+/// command is held to the lease of what the change keeps throughout (the gate) as the run's
+/// loop holds it to the hold's: terminated when renewals fail, killed before that lease ends
+/// or at once when it is lost. The hold afterwards; `None` when nothing is held any more, the
+/// command then killed.
 async fn serve(
     hold: Hold,
     request: Request,
     mut stream: tokio::net::UnixStream,
-    signals: &mut Signals,
-    group: &CommandGroup,
+    serving: Serving<'_>,
+    terminated: &mut bool,
 ) -> Option<Hold> {
+    let Serving {
+        signals,
+        group,
+        deadline,
+        name,
+        role,
+    } = serving;
+    let kept = hold.kept_lease();
+    let lost = kept.lost();
     let changing = hold.change(request);
-    tokio::pin!(changing);
+    let valid_until = || kept.valid_until();
+    let ends = running_out(&valid_until, deadline, *terminated);
+    tokio::pin!(changing, lost, ends);
     let (changed, answer) = loop {
         tokio::select! {
             changed = &mut changing => break changed,
             signal = signals.recv() => group.signal(signal),
+            reason = &mut lost => {
+                crate::out::stderr_line(format!(
+                    "distlock: {} while the command's request was carried out ({reason}); \
+                     killing the command",
+                    role.lost(name)
+                ));
+                group.kill().await;
+                return None;
+            }
+            due = &mut ends => {
+                if lease_due(due, group, deadline, terminated, name) {
+                    group.kill().await;
+                    return None;
+                }
+                ends.set(running_out(&valid_until, deadline, *terminated));
+            }
         }
     };
     crate::upgrade::answer(&mut stream, &answer).await;
+    if changed.is_none() {
+        crate::out::stderr_line(format!(
+            "distlock: {name:?} is no longer held after the command's request; killing the command"
+        ));
+        group.kill().await;
+    }
     changed
+}
+
+/// What the lease's end calls for, once renewals stopped succeeding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Due {
+    /// Warn the command: SIGTERM to every process.
+    Term,
+    /// Kill the command: the lease is about to end.
+    Kill,
+}
+
+/// Resolves when renewals failed long enough that the command must be warned
+/// ([`Deadline::term_lead`] before the end of the lease `valid_until` reads, each renewal
+/// moving it) or, once `terminated`, killed ([`Deadline::kill_lead`] before). Cancel safe.
+async fn running_out(
+    valid_until: impl Fn() -> Instant,
+    deadline: Deadline,
+    terminated: bool,
+) -> Due {
+    loop {
+        let until = valid_until();
+        let (term_at, kill_at) = deadline.signals(until);
+        tokio::time::sleep_until(if terminated { kill_at } else { term_at }.into()).await;
+        if valid_until() <= until {
+            return if terminated { Due::Kill } else { Due::Term };
+        }
+    }
+}
+
+/// Does what `due` calls for, saying so on stderr: SIGTERM to the command (`terminated` then
+/// says so), or `true`: kill it now.
+fn lease_due(
+    due: Due,
+    group: &CommandGroup,
+    deadline: Deadline,
+    terminated: &mut bool,
+    name: &str,
+) -> bool {
+    match due {
+        Due::Kill => {
+            crate::out::stderr_line(format!(
+                "distlock: the lease of {name:?} is about to end; killing the command"
+            ));
+            true
+        }
+        Due::Term => {
+            *terminated = true;
+            crate::out::stderr_line(format!(
+                "distlock: renewals of {name:?} are failing and its lease ends in {}; \
+                 terminating the command",
+                humantime::format_duration(deadline.term_lead)
+            ));
+            group.signal_all(Signal::SIGTERM);
+            false
+        }
+    }
 }
 
 /// Keeps `hold` as `after` says (a signal ends that at once), then releases it; `false` when

@@ -10,7 +10,8 @@ use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use distlock::{
-    Error, FencingToken, LockGuard, LossReason, UpgradeableGuard, UpgradeableRwLock, WriteGuard,
+    Error, FencingToken, LeaseView, LockGuard, LossReason, UpgradeableGuard, UpgradeableRwLock,
+    WriteGuard,
 };
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::{UnixListener, UnixStream};
@@ -45,6 +46,17 @@ impl Hold {
             Self::One(guard) => guard,
             Self::Upgradeable(held) => held.guard(),
             Self::Write(held) => held.guard(),
+        }
+    }
+
+    /// The lease of the part a [`change`](Self::change) keeps throughout (for a gated hold,
+    /// the gate: it keeps other writers out while the name's part is let go of and taken
+    /// again), seen from outside the hold.
+    pub(crate) fn kept_lease(&self) -> LeaseView {
+        match self {
+            Self::One(guard) => guard.lease_view(),
+            Self::Upgradeable(held) => held.gate_guard().lease_view(),
+            Self::Write(held) => held.gate_guard().lease_view(),
         }
     }
 

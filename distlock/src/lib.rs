@@ -15,10 +15,10 @@ use std::sync::Arc;
 pub use distlock_core::backend::{self, LockInfo};
 pub use distlock_core::{
     AcquireOptions, Backoff, BoxError, Capabilities, ClientConfig, DistributedLock, Error,
-    FencingGuarantee, FencingToken, Footprint, GatedGuard, Leader, LockClient, LockGuard, LockKind,
-    LockName, LossDetection, LossReason, MAX_HOLDER_DATA, MultiGuard, NodeOutcome, NodeResult,
-    OwnerId, Renewal, Result, UpgradeError, UpgradeableGuard, UpgradeableRwLock, WakeUp,
-    WriteGuard, memory, service_url,
+    FencingGuarantee, FencingToken, Footprint, GatedGuard, Leader, LeaseView, LockClient,
+    LockGuard, LockKind, LockName, LossDetection, LossReason, MAX_HOLDER_DATA, MultiGuard,
+    NodeOutcome, NodeResult, OwnerId, Renewal, Result, UpgradeError, UpgradeableGuard,
+    UpgradeableRwLock, WakeUp, WriteGuard, memory, service_url,
 };
 pub use distlock_core::{ConnectFn, Descriptor};
 

@@ -246,13 +246,47 @@ impl LockGuard {
     ///
     /// Cancel safe: dropping it has no effect.
     pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
-        let held = self.held.clone();
-        async move {
-            held.flags.flag(LOST).raised().await;
-            match held.loss_reason() {
-                Some(reason) => reason,
-                None => std::future::pending().await,
-            }
+        Self::lost_of(self.held.clone())
+    }
+
+    /// [`Self::lost`] of the lease `held`.
+    async fn lost_of(held: Arc<Held>) -> LossReason {
+        held.flags.flag(LOST).raised().await;
+        match held.loss_reason() {
+            Some(reason) => reason,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// A view of this guard's lease that does not depend on the guard's lifetime: its
+    /// [`valid_until`](LeaseView::valid_until) follows the renewals for as long as the guard
+    /// (or a guard it became part of, such as a [`GatedGuard`](crate::GatedGuard) moved into
+    /// an upgrade) goes on holding. For code that hands the guard to a future which consumes
+    /// it, and must still stop its work before the lease ends.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), distlock_core::Error> {
+    /// use std::time::Duration;
+    /// use distlock_core::{AcquireOptions, UpgradeableRwLock, memory::MemoryStore};
+    ///
+    /// let store = MemoryStore::new();
+    /// let rw = UpgradeableRwLock::new(store.client(), "config")?;
+    /// let opts = AcquireOptions::default().with_ttl(Duration::from_millis(300));
+    /// let maybe_writer = rw.upgradeable(&opts).await?;
+    /// // The gate is held throughout the upgrade, which consumes the guard.
+    /// let gate = maybe_writer.gate_guard().lease_view();
+    /// let before = gate.valid_until();
+    /// let writer = maybe_writer.upgrade(None).await.map_err(|failed| failed.error)?;
+    /// tokio::time::sleep(Duration::from_millis(400)).await;
+    /// assert!(gate.valid_until() > before, "renewed while the writer holds");
+    /// assert!(!gate.is_lost());
+    /// writer.release().await?;
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub fn lease_view(&self) -> LeaseView {
+        LeaseView {
+            held: self.held.clone(),
         }
     }
 
@@ -435,6 +469,44 @@ impl Drop for LockGuard {
                 debug!(name = %self.held.name, "guard dropped outside a runtime; the ttl frees the lock")
             }
         }
+    }
+}
+
+/// A guard's lease seen from outside the guard ([`LockGuard::lease_view`]). Cloned cheaply;
+/// `'static`. Once the guard is released, abandoned or dropped, its
+/// [`valid_until`](Self::valid_until) no longer moves (a released lock is not held, whatever it
+/// says), and [`lost`](Self::lost) resolves only if the lock was lost before.
+#[derive(Clone)]
+pub struct LeaseView {
+    held: Arc<Held>,
+}
+
+impl LeaseView {
+    /// As [`LockGuard::valid_until`]: until when the lock is certainly held, as of the last
+    /// successful acquire or renew request.
+    pub fn valid_until(&self) -> Instant {
+        self.held.valid_until()
+    }
+
+    /// As [`LockGuard::is_lost`].
+    pub fn is_lost(&self) -> bool {
+        self.held.is_lost()
+    }
+
+    /// As [`LockGuard::lost`]: resolves when the lock is lost (never after a clean
+    /// release). Cancel safe.
+    pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
+        LockGuard::lost_of(self.held.clone())
+    }
+}
+
+impl fmt::Debug for LeaseView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseView")
+            .field("name", &self.held.name)
+            .field("token", &self.held.token)
+            .field("lost", &self.held.loss_reason())
+            .finish_non_exhaustive()
     }
 }
 

@@ -139,7 +139,7 @@ pub use error::{
     BoxError, Error, LossReason, NodeOutcome, NodeResult, Result, io_cause, tcp_cause,
 };
 pub use footprint::Footprint;
-pub use guard::LockGuard;
+pub use guard::{LeaseView, LockGuard};
 pub use kind::LockKind;
 pub use lock::DistributedLock;
 pub use multi::MultiGuard;
