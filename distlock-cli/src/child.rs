@@ -9,6 +9,8 @@
 //!   group is gone (and reap it) before it releases the lock.
 //! - When distlock runs in the foreground of a terminal, the command's group gets the terminal
 //!   (as a shell does for a job), so an interactive command can read it and Ctrl-C reaches it.
+//!   distlock, now in the background, ignores SIGTTOU: a terminal set to `stty tostop` would
+//!   otherwise stop it at its first line on stderr.
 //! - A supervisor and, where one can be made, a cgroup v2 leaf catch what the parent-death
 //!   signal does not: the processes the command started (see `contain.rs`).
 
@@ -17,7 +19,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use nix::errno::Errno;
-use nix::sys::signal::{SigSet, SigmaskHow, Signal, killpg, pthread_sigmask};
+use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, killpg, pthread_sigmask, signal};
 use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::{Pid, getpgrp, getpid, getppid, setpgid, tcgetpgrp, tcsetpgrp};
 use tokio::process::{Child, Command};
@@ -139,19 +141,37 @@ impl CommandGroup {
                 let taken = tcsetpgrp(std::io::stdin(), getpid());
                 pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&ttou), None)?;
                 taken?;
+                // distlock ignores SIGTTOU from here on (below); the command gets the default.
+                // SAFETY: setting a disposition (no handler) is the sigaction system call.
+                #[expect(unsafe_code, reason = "signal(2) has no safe wrapper in nix")]
+                unsafe {
+                    signal(Signal::SIGTTOU, SigHandler::SigDfl)?;
+                }
             }
             Ok(())
         };
         // SAFETY: the closure runs in the forked child before exec and makes only
-        // async-signal-safe system calls (setpgid, write, sigprocmask, tcsetpgrp, prctl,
-        // getppid, getpid, kill) on values made before the fork; it allocates nothing and takes no
-        // lock.
+        // async-signal-safe system calls (setpgid, write, sigprocmask, tcsetpgrp, sigaction,
+        // prctl, getppid, getpid, kill) on values made before the fork; it allocates nothing
+        // and takes no lock.
         #[expect(
             unsafe_code,
             reason = "pre_exec is the only way to arm PR_SET_PDEATHSIG"
         )]
         unsafe {
             command.pre_exec(pre_exec);
+        }
+        if terminal {
+            // Once the command's group has the terminal, distlock is in the background: with
+            // `stty tostop`, its first line on the terminal (a loss, a failing renewal) would
+            // stop it by SIGTTOU, renewal and the kill included. Ignored, the write goes
+            // through.
+            // SAFETY: setting a disposition (no handler) is the sigaction system call.
+            #[expect(unsafe_code, reason = "signal(2) has no safe wrapper in nix")]
+            let ignored = unsafe { signal(Signal::SIGTTOU, SigHandler::SigIgn) };
+            if let Err(err) = ignored {
+                tracing::debug!(%err, "cannot ignore SIGTTOU");
+            }
         }
         let spawned = command.spawn();
         // The command's copies of the pipe and of cgroup.procs go with the closure.

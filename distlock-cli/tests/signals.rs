@@ -194,6 +194,44 @@ fn an_interactive_command_gets_the_terminal() {
     assert!(text.contains("exit 0"), "{text}");
 }
 
+/// With `stty tostop`, a background process that writes to the terminal is stopped by
+/// SIGTTOU. distlock is in the background once its command has the terminal: its line about a
+/// loss must not stop it before it kills the command.
+#[test]
+fn a_terminal_set_to_tostop_does_not_stop_distlock() {
+    let env = Env::new();
+    let url = env.url();
+    // Job control (`set -m`), as in an interactive shell: distlock gets a process group of its
+    // own whose parent's group is another of the session (else writes fail with EIO instead).
+    let inner = format!(
+        "set -m; stty tostop; {BIN} run --url {url} --name tty --ttl 3s -- sh -c \
+         '{BIN} unlock --url {url} --name tty --force; sleep 8; echo survived'; echo \"exit $?\""
+    );
+    let script = Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .env("SHELL", "bash")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("script(1) from util-linux");
+    let pid = script.id() as i32;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut script = script;
+    while script.try_wait().expect("try_wait").is_none() {
+        if Instant::now() > deadline {
+            // A stopped distlock and its command would hold the terminal open for ever.
+            let _ = kill(Pid::from_raw(-pid), Signal::SIGKILL);
+            let _ = script.kill();
+            panic!("distlock never ended: stopped by SIGTTOU?");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = script.wait_with_output().expect("output");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("exit 76"), "{text}");
+    assert!(!text.contains("survived"), "{text}");
+}
+
 #[test]
 fn a_waiting_run_says_so_once_and_names_the_holder() {
     let env = Env::new();
