@@ -391,13 +391,13 @@ where
         tokio::select! {
             status = group.wait() => break status.map_err(|e| Failure::new(OTHER, format!("waiting for the command: {e}")))?,
             reason = &mut lost => {
-                crate::out::stderr_line(format!("distlock: {} ({reason}); killing the command", role.lost(name)));
                 group.kill().await;
+                let lost = role.lost(name);
+                crate::out::stderr_line(format!("distlock: {lost} ({reason}); killed the command"));
                 return Ok(LOST);
             }
             due = running_out(|| hold.valid_until(), deadline, terminated) => {
-                if lease_due(due, &group, deadline, &mut terminated, name) {
-                    group.kill().await;
+                if lease_due(due, &mut group, deadline, &mut terminated, name).await {
                     return Ok(LOST);
                 }
             }
@@ -406,34 +406,38 @@ where
                 if let Some(file) = value_file.as_mut() {
                     // A proclamation takes up to an operation timeout when the server does
                     // not answer: the loss and the lease's end are not left waiting on it.
-                    // Made once: a signal passed on does not start the proclamation again.
+                    // Made once: a signal passed on does not start the proclamation again. It is
+                    // given up at the next step of the lease's end as it stands now (the loop
+                    // then takes that step), however the renewals go meanwhile: a read that
+                    // never ends (a hung file system) does not keep the loop from the command.
+                    let (term_at, kill_at) = deadline.signals(hold.valid_until());
+                    let due = if terminated { kill_at } else { term_at };
                     let proclaiming = proclaim_from(file, hold.guard(), name);
                     let gone = hold.lost();
-                    let ends = running_out(|| hold.valid_until(), deadline, terminated);
+                    let ends = tokio::time::sleep_until(due.into());
                     tokio::pin!(proclaiming, gone, ends);
                     loop {
                         tokio::select! {
                             () = &mut proclaiming => break,
                             _ = &mut gone => break,
-                            due = &mut ends => {
-                                if lease_due(due, &group, deadline, &mut terminated, name) {
-                                    group.kill().await;
-                                    return Ok(LOST);
-                                }
-                                break;
-                            }
+                            () = &mut ends => break,
                             signal = signals.recv() => group.signal(signal),
                         }
                     }
                 }
             }
             Some((stream, request)) = next_request(control.as_ref()) => {
-                let serving = Serving { signals: &mut signals, group: &mut group, deadline, name, role };
-                let Some(changed) = serve(hold, request, stream, serving, &mut terminated).await else {
-                    return Ok(LOST);
+                let serving = Serving {
+                    signals: &mut signals, group: &mut group, deadline, name, role,
+                    grace: holding.grace, quiet,
                 };
-                hold = changed;
-                lost = hold.lost();
+                match serve(hold, request, stream, serving, &mut terminated).await {
+                    Ok(changed) => {
+                        hold = changed;
+                        lost = hold.lost();
+                    }
+                    Err(code) => return Ok(code),
+                }
             }
         }
     };
@@ -493,27 +497,36 @@ struct Serving<'a> {
     deadline: Deadline,
     name: &'a str,
     role: Role,
+    /// `--grace`, for what the command leaves running.
+    grace: Duration,
+    /// No notes about leftovers.
+    quiet: bool,
 }
 
 /// Carries out the command's `request` on `hold` and answers it on `stream`. While the change
 /// waits (an upgrade waits for the readers), signals are passed on to the command, and the
 /// command is held to the lease of what the change keeps throughout (the gate) as the run's
 /// loop holds it to the hold's: terminated when renewals fail, killed before that lease ends
-/// or at once when it is lost. The hold afterwards; `None` when nothing is held any more, the
-/// command then killed.
+/// or at once when it is lost. A command that exits meanwhile (its `distlock upgrade` killed
+/// by a timeout or a Ctrl-C) ends the run as it would have without the request: what it left
+/// running is stopped first, then the request is given up (what it holds is released in the
+/// background, or expires). The hold afterwards, or the exit code the run ends with (the
+/// command killed, or exited).
 async fn serve(
     hold: Hold,
     request: Request,
     mut stream: tokio::net::UnixStream,
     serving: Serving<'_>,
     terminated: &mut bool,
-) -> Option<Hold> {
+) -> Result<Hold, u8> {
     let Serving {
         signals,
         group,
         deadline,
         name,
         role,
+        grace,
+        quiet,
     } = serving;
     let kept = hold.kept_lease();
     let lost = kept.lost();
@@ -526,31 +539,47 @@ async fn serve(
             changed = &mut changing => break changed,
             signal = signals.recv() => group.signal(signal),
             reason = &mut lost => {
+                group.kill().await;
                 crate::out::stderr_line(format!(
                     "distlock: {} while the command's request was carried out ({reason}); \
-                     killing the command",
+                     killed the command",
                     role.lost(name)
                 ));
-                group.kill().await;
-                return None;
+                return Err(LOST);
             }
             due = &mut ends => {
-                if lease_due(due, group, deadline, terminated, name) {
-                    group.kill().await;
-                    return None;
+                if lease_due(due, group, deadline, terminated, name).await {
+                    return Err(LOST);
                 }
                 ends.set(running_out(&valid_until, deadline, *terminated));
+            }
+            status = group.wait() => {
+                let code = status.map_or(OTHER, exit_code);
+                let kill_at = deadline.signals(kept.valid_until()).1;
+                tokio::select! {
+                    () = group.finish(grace, quiet) => {}
+                    () = tokio::time::sleep_until(kill_at.into()) => group.kill().await,
+                    _ = &mut lost => {
+                        group.kill().await;
+                        return Err(LOST);
+                    }
+                }
+                return Err(if *terminated { LOST } else { code });
             }
         }
     };
     crate::upgrade::answer(&mut stream, &answer).await;
-    if changed.is_none() {
-        crate::out::stderr_line(format!(
-            "distlock: {name:?} is no longer held after the command's request; killing the command"
-        ));
-        group.kill().await;
+    match changed {
+        Some(changed) => Ok(changed),
+        None => {
+            group.kill().await;
+            crate::out::stderr_line(format!(
+                "distlock: {name:?} is no longer held after the command's request; killed the \
+                 command"
+            ));
+            Err(LOST)
+        }
     }
-    changed
 }
 
 /// What the lease's end calls for, once renewals stopped succeeding.
@@ -580,30 +609,32 @@ async fn running_out(
     }
 }
 
-/// Does what `due` calls for, saying so on stderr: SIGTERM to the command (`terminated` then
-/// says so), or `true`: kill it now.
-fn lease_due(
+/// Does what `due` calls for, then says so on stderr (a write that blocks comes after the
+/// signal): SIGTERM to the command (`terminated` then says so), or kill it (`true`: the run
+/// ends).
+async fn lease_due(
     due: Due,
-    group: &CommandGroup,
+    group: &mut CommandGroup,
     deadline: Deadline,
     terminated: &mut bool,
     name: &str,
 ) -> bool {
     match due {
         Due::Kill => {
+            group.kill().await;
             crate::out::stderr_line(format!(
-                "distlock: the lease of {name:?} is about to end; killing the command"
+                "distlock: the lease of {name:?} was about to end; killed the command"
             ));
             true
         }
         Due::Term => {
             *terminated = true;
+            group.signal_all(Signal::SIGTERM);
             crate::out::stderr_line(format!(
                 "distlock: renewals of {name:?} are failing and its lease ends in {}; \
-                 terminating the command",
+                 terminated the command",
                 humantime::format_duration(deadline.term_lead)
             ));
-            group.signal_all(Signal::SIGTERM);
             false
         }
     }

@@ -77,6 +77,26 @@ fn assert_mismatch(env: &Env, (name, hold, kind): (&str, &str, &str), probe: &[&
     assert!(text(&out.stderr).contains(says), "{}", text(&out.stderr));
 }
 
+/// A `run --shared` of `name` whose command reads until the file `r.done` appears; returns
+/// once it holds.
+fn reading(env: &Env, name: &str) -> Child {
+    let reader = env
+        .distlock(&[
+            "run",
+            "--name",
+            name,
+            "--shared",
+            "--",
+            "sh",
+            "-c",
+            "touch r.in; while [ ! -e r.done ]; do sleep 0.05; done",
+        ])
+        .spawn()
+        .expect("spawn the reader");
+    wait_for(&env.path("r.in"));
+    reader
+}
+
 fn wait_success(child: Child) {
     let out = child.wait_with_output().expect("wait");
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -317,20 +337,7 @@ fn an_upgradeable_run_upgrades_with_no_writer_between() {
         ])
         .spawn()
         .expect("spawn the writer");
-    let reader = env
-        .distlock(&[
-            "run",
-            "--name",
-            "up",
-            "--shared",
-            "--",
-            "sh",
-            "-c",
-            "touch r.in; while [ ! -e r.done ]; do sleep 0.05; done",
-        ])
-        .spawn()
-        .expect("spawn the reader");
-    wait_for(&env.path("r.in"));
+    let reader = reading(&env, "up");
     std::fs::write(env.path("go"), "").expect("go");
     std::thread::sleep(Duration::from_millis(700));
     assert!(!env.path("up").exists(), "upgraded while a reader read");
@@ -383,4 +390,58 @@ fn an_upgradeable_run_upgrades_with_no_writer_between() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// A command that exits while its `distlock upgrade` waits (the request killed by `timeout`)
+/// ends the run with its own exit status and lets go of the name; distlock used to wait for
+/// the upgrade for ever (it has no `--wait`), keeping the gate from every writer.
+#[test]
+fn a_command_that_exits_while_its_upgrade_waits_ends_the_run() {
+    let env = Env::new();
+    let bin = common::BIN;
+    let reader = reading(&env, "upx");
+    let started = Instant::now();
+    let mut upgrading = env
+        .distlock(&[
+            "run",
+            "--name",
+            "upx",
+            "--ttl",
+            "3s",
+            "--upgradeable",
+            "--",
+            "sh",
+            "-c",
+            &format!("timeout 1 {bin} upgrade; exit 3"),
+        ])
+        .spawn()
+        .expect("spawn the upgradeable run");
+    let deadline = started + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = upgrading.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = upgrading.kill();
+            std::fs::write(env.path("r.done"), "").expect("reader done");
+            panic!("the run still waits for the upgrade of a command that exited");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(3), "the command's exit status");
+    // The reader is still reading; a writer gets the gate once it is done (within the 3 s
+    // ttl of what the run gave up, at the latest).
+    std::fs::write(env.path("r.done"), "").expect("reader done");
+    wait_success(reader);
+    let out = env.run(&[
+        "run",
+        "--name",
+        "upx",
+        "--upgradeable-write",
+        "--wait",
+        "10s",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
