@@ -9,8 +9,8 @@
 //!   group is gone (and reap it) before it releases the lock.
 //! - When distlock runs in the foreground of a terminal, the command's group gets the terminal
 //!   (as a shell does for a job), so an interactive command can read it and Ctrl-C reaches it.
-//!   distlock, now in the background, ignores SIGTTOU: a terminal set to `stty tostop` would
-//!   otherwise stop it at its first line on stderr.
+//! - distlock ignores the signals that stop a job (SIGTSTP, SIGTTOU) while its command runs:
+//!   a stopped distlock would neither renew nor kill (see `never_stop`).
 //! - A supervisor and, where one can be made, a cgroup v2 leaf catch what the parent-death
 //!   signal does not: the processes the command started (see `contain.rs`).
 
@@ -124,6 +124,7 @@ impl CommandGroup {
             .map_err(|err| SpawnError::Contain(format!("cannot start the supervisor: {err}")))?;
         let parent = getpid();
         let terminal = in_terminal_foreground();
+        let kept = never_stop();
         let pre_exec = move || -> std::io::Result<()> {
             // Between fork and exec only async-signal-safe calls: these are plain syscalls.
             // The parent's death first: should distlock be gone already, the child dies here,
@@ -141,11 +142,14 @@ impl CommandGroup {
                 let taken = tcsetpgrp(std::io::stdin(), getpid());
                 pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&ttou), None)?;
                 taken?;
-                // distlock ignores SIGTTOU from here on (below); the command gets the default.
-                // SAFETY: setting a disposition (no handler) is the sigaction system call.
+            }
+            // The command gets the dispositions distlock had before `never_stop`.
+            for (stop, before) in kept.into_iter().flatten() {
+                // SAFETY: setting a disposition (default or ignore, no handler) is the
+                // sigaction system call.
                 #[expect(unsafe_code, reason = "signal(2) has no safe wrapper in nix")]
                 unsafe {
-                    signal(Signal::SIGTTOU, SigHandler::SigDfl)?;
+                    signal(stop, before)?;
                 }
             }
             Ok(())
@@ -160,18 +164,6 @@ impl CommandGroup {
         )]
         unsafe {
             command.pre_exec(pre_exec);
-        }
-        if terminal {
-            // Once the command's group has the terminal, distlock is in the background: with
-            // `stty tostop`, its first line on the terminal (a loss, a failing renewal) would
-            // stop it by SIGTTOU, renewal and the kill included. Ignored, the write goes
-            // through.
-            // SAFETY: setting a disposition (no handler) is the sigaction system call.
-            #[expect(unsafe_code, reason = "signal(2) has no safe wrapper in nix")]
-            let ignored = unsafe { signal(Signal::SIGTTOU, SigHandler::SigIgn) };
-            if let Err(err) = ignored {
-                tracing::debug!(%err, "cannot ignore SIGTTOU");
-            }
         }
         let spawned = command.spawn();
         // The command's copies of the pipe and of cgroup.procs go with the closure.
@@ -332,6 +324,24 @@ fn continues(signal: Signal) -> bool {
 fn in_terminal_foreground() -> bool {
     let stdin = std::io::stdin();
     stdin.is_terminal() && tcgetpgrp(&stdin) == Ok(getpgrp())
+}
+
+/// Makes distlock ignore the signals that stop a job (SIGTSTP, SIGTTOU), as its command is about
+/// to start: a stopped distlock neither renews nor kills, and its command runs on without the
+/// lock. Ctrl-Z reaches distlock when its command does not have the terminal (stdin not a
+/// terminal), and once the command's group has it, distlock is in the background, where with
+/// `stty tostop` its first line on the terminal (a loss, failing renewals) would stop it. The
+/// dispositions they had before, for the command (`None`: left as it was).
+fn never_stop() -> [Option<(Signal, SigHandler)>; 2] {
+    [Signal::SIGTSTP, Signal::SIGTTOU].map(|stop| {
+        // SAFETY: setting a disposition (ignore, no handler) is the sigaction system call.
+        #[expect(unsafe_code, reason = "signal(2) has no safe wrapper in nix")]
+        let before = unsafe { signal(stop, SigHandler::SigIgn) };
+        before
+            .inspect_err(|err| tracing::debug!(%err, %stop, "cannot ignore a stop signal"))
+            .ok()
+            .map(|before| (stop, before))
+    })
 }
 
 /// Reaps exited orphans that were re-parented to distlock (the subreaper), so that they leave

@@ -195,17 +195,22 @@ fn an_interactive_command_gets_the_terminal() {
 }
 
 /// With `stty tostop`, a background process that writes to the terminal is stopped by
-/// SIGTTOU. distlock is in the background once its command has the terminal: its line about a
-/// loss must not stop it before it kills the command.
+/// SIGTTOU. distlock is in the background once its command has the terminal: a line it writes
+/// then (here the warning that the value file of `elect` is gone) must not stop it, or a loss
+/// (here a force-unlock) would never kill the command.
 #[test]
 fn a_terminal_set_to_tostop_does_not_stop_distlock() {
     let env = Env::new();
     let url = env.url();
+    let value = env.path("value");
+    std::fs::write(&value, "v1\n").expect("value file");
     // Job control (`set -m`), as in an interactive shell: distlock gets a process group of its
     // own whose parent's group is another of the session (else writes fail with EIO instead).
     let inner = format!(
-        "set -m; stty tostop; {BIN} run --url {url} --name tty --ttl 3s -- sh -c \
-         '{BIN} unlock --url {url} --name tty --force; sleep 8; echo survived'; echo \"exit $?\""
+        "set -m; stty tostop; {BIN} elect --url {url} --name tty --ttl 3s --value-file {value} \
+         -- sh -c 'rm {value}; sleep 2; {BIN} unlock --url {url} --name tty --force; sleep 8; \
+         echo survived'; echo \"exit $?\"",
+        value = value.display()
     );
     let script = Command::new("script")
         .args(["-qec", &inner, "/dev/null"])
@@ -230,6 +235,56 @@ fn a_terminal_set_to_tostop_does_not_stop_distlock() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("exit 76"), "{text}");
     assert!(!text.contains("survived"), "{text}");
+}
+
+/// Ctrl-Z reaches distlock, not its command, when stdin is not a terminal (no hand-over): a
+/// stopped distlock would neither renew nor kill while its command runs on. distlock ignores
+/// SIGTSTP, so a force-unlock still kills the command at once.
+#[test]
+fn a_stop_signal_does_not_stop_distlock() {
+    use std::os::unix::process::CommandExt as _;
+    let env = Env::new();
+    let mut run = env.distlock(&[
+        "run",
+        "--name",
+        "tstp",
+        "--ttl",
+        "3s",
+        "--",
+        "sh",
+        "-c",
+        "echo $$ > pid; sleep 30",
+    ]);
+    // A process group of its own, whose parent is in another group of the session (a shell's
+    // job): the kernel discards SIGTSTP sent to an orphaned group.
+    let mut run = run
+        .process_group(0)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let pid = read_pid(&env.path("pid"));
+    kill_pid(&run, Signal::SIGTSTP);
+    std::thread::sleep(Duration::from_millis(200));
+    let out = env.run(&["unlock", "--name", "tstp", "--force"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = run.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = run.kill();
+            panic!("distlock did not end after the force-unlock: stopped by SIGTSTP?");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(76));
+    wait_gone(pid, Duration::from_secs(5), "the command");
 }
 
 #[test]
