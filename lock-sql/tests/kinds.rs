@@ -1373,6 +1373,79 @@ mod mysql {
         (clients, pool)
     }
 
+    /// A permit handed to a queued waiter lasts no longer than the semaphore's marker: a
+    /// release's hand-over dates the name's row before the waiter's holder row (each statement
+    /// of a procedure at its own time), so the holder row can end later than the marker, and a
+    /// waiter that took its lease from the holder row alone believed it held after the marker
+    /// ended, when a join may purge and grant its permit again. Here the name's row is made
+    /// to end 2 s from now and the waiter handed a holder row of 30 s by hand: its lease must
+    /// end with the marker.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_handed_permit_ends_with_the_marker() {
+        use distlock_core::DistributedLock;
+        let url = conformance_tests::server_var("mysql", "DISTLOCK_TEST_MYSQL_URL");
+        let Some(url) = url else { return };
+        let ([a, b, _], pool) = three_clients(&url).await;
+        let name = super::unique("my_permit_marker");
+        let held = a
+            .acquire(&name, &super::permits(1))
+            .await
+            .expect("a permit");
+        let waiter = {
+            let name = name.clone();
+            let opts = super::opts(std::time::Duration::from_secs(30)).with_permits(1);
+            tokio::spawn(async move { b.acquire(&name, &opts).await })
+        };
+        let owner = queued(&pool, &name, 1).await.remove(0);
+        let mut tx = pool.begin().await.expect("begin");
+        let version: i64 =
+            sqlx::query_scalar("SELECT version FROM distlock_locks WHERE name = ? FOR UPDATE")
+                .bind(&name)
+                .fetch_one(&mut *tx)
+                .await
+                .expect("the name's row");
+        for sql in [
+            "UPDATE distlock_locks SET version = version + 1, \
+             expires_at = UTC_TIMESTAMP(6) + INTERVAL 2 SECOND WHERE name = ?",
+            "DELETE FROM distlock_locks_holders WHERE name = ?",
+            "DELETE FROM distlock_locks_queue WHERE name = ?",
+        ] {
+            sqlx::query(sql)
+                .bind(&name)
+                .execute(&mut *tx)
+                .await
+                .expect("hand the permit over by hand");
+        }
+        sqlx::query(
+            "INSERT INTO distlock_locks_holders (name, owner, token, expires_at, permits) \
+             VALUES (?, ?, ?, UTC_TIMESTAMP(6) + INTERVAL 30 SECOND, 1)",
+        )
+        .bind(&name)
+        .bind(&owner)
+        .bind(version + 1)
+        .execute(&mut *tx)
+        .await
+        .expect("the waiter's holder row");
+        tx.commit().await.expect("commit");
+        let handed_at = std::time::Instant::now();
+        let got = tokio::time::timeout(std::time::Duration::from_secs(10), waiter)
+            .await
+            .expect("the waiter saw its permit")
+            .expect("join")
+            .expect("the handed permit");
+        assert_eq!(
+            got.token().get(),
+            u64::try_from(version + 1).expect("token")
+        );
+        assert!(
+            got.valid_until() <= handed_at + std::time::Duration::from_secs(2),
+            "the waiter holds {:?} past the hand-over, the marker only 2 s",
+            got.valid_until() - handed_at
+        );
+        got.abandon();
+        held.abandon();
+    }
+
     /// MySQL's permit waiters queue (procedures `_v2`): a release hands its permit to the
     /// first live waiter in the release's own call (its holder row with the next version,
     /// its place gone), and the waiter, which reads rather than being told, holds that

@@ -31,8 +31,10 @@ pub(super) fn peek_columns() -> String {
 /// - `1`: how many live waiters are queued ahead of it (of its semaphore) and how many places
 ///   its own live place was compared with (0: its place is not live);
 /// - `2` (only if a release handed it one): the token and remaining lease (µs) of a live
-///   permit of its on a row that carries the marker, and whether its wake lock was taken
-///   then (on this connection);
+///   permit of its on a row that carries the marker (the lease no longer than the marker's:
+///   a hand-over dates the name's row before the holder row, each statement of the procedure
+///   at its own `NOW`, and a permit outliving its marker is not a permit), and whether its
+///   wake lock was taken then (on this connection);
 /// - `3`: how many live holder rows the name has, and the tokens of the other live holders
 ///   whose wake lock is held, oldest first (cut at `group_concat_max_len`, 1,024 characters
 ///   by default).
@@ -51,7 +53,8 @@ pub(super) fn queued_look_sql(table: &str) -> String {
          NULL, NULL \
          FROM {w} AS me JOIN {w} AS a ON a.name = me.name AND a.expires_at > {NOW} \
          WHERE me.name = ? AND me.owner = ? AND me.expires_at > {NOW} AND me.ttl >= 0 \
-         UNION ALL SELECT 2, h.token, TIMESTAMPDIFF(MICROSECOND, {NOW}, h.expires_at), \
+         UNION ALL SELECT 2, h.token, \
+         TIMESTAMPDIFF(MICROSECOND, {NOW}, LEAST(h.expires_at, t.expires_at)), \
          IF(? IS NULL, NULL, GET_LOCK(CONCAT(?, h.token), 0)), NULL \
          FROM {h} AS h JOIN {t} AS t ON t.name = h.name AND t.owner = ? AND t.expires_at > {NOW} \
          WHERE h.name = ? AND h.owner = ? AND h.expires_at > {NOW} \
