@@ -86,6 +86,14 @@ impl EtcdAttempt {
         }
     }
 
+    /// [`check_kind`](Self::check_kind) of every key of `ahead` (the keys before ours that
+    /// were read): an attempt queued behind a key of another kind, the head or not, is
+    /// refused rather than left to wait until that key goes and hold a name used as another
+    /// kind.
+    pub(crate) fn check_kinds(&self, ahead: &[etcd_client::KeyValue]) -> Result<()> {
+        ahead.iter().try_for_each(|kv| self.check_kind(kv.key()))
+    }
+
     pub(crate) fn acquired(
         &mut self,
         slot: Arc<LeaseSlot>,
@@ -321,8 +329,9 @@ impl EtcdAttempt {
             Some(pred) => {
                 trace!(target: "distlock_etcd::wait", me = %self.key.key, rev = revision, pred = %key_string(pred.key()), "queued behind");
                 self.rev = Some(revision);
-                // Held as a semaphore: the abandon that follows the error removes our key.
-                self.check_kind(pred.key())?;
+                // Held as a semaphore: the abandon that follows the error removes our key. (A
+                // writer read only the newest key; a reader every key that can block it.)
+                self.check_kinds(before.kvs())?;
                 // A reader counts the writers ahead of it (the read ran before the put, so it
                 // has the keys before ours).
                 let blocker = match self.kind {
@@ -508,6 +517,9 @@ impl EtcdAttempt {
             }
             Some(pred) => {
                 trace!(target: "distlock_etcd::wait", me = %self.key.key, rev, at = revision, pred = %key_string(pred.key()), "position: behind");
+                // The key now ahead of a writer, or any ahead of a reader, may be of another
+                // kind that the first read did not show (a newer key of our kind hid it).
+                self.check_kinds(&kvs)?;
                 // A reader's read has every writer key before ours (see `position_txn`).
                 let blocker = if self.kind == LockKind::Shared {
                     self.count_writers(kvs)

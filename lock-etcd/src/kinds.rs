@@ -20,11 +20,14 @@
 //!
 //! # Mismatch
 //!
-//! An acquisition compares its kind with the newest key before it (read in the transaction
-//! that queues it, or the first key for `try_acquire`): a semaphore of another N, or a
-//! semaphore used as a lock, answers [`Error::Mismatch`](distlock_core::Error::Mismatch), and
-//! the attempt's abandon removes its key. Two kinds racing on one name can still both queue
-//! for a moment; the holding rule above keeps that safe.
+//! An acquisition compares its kind with the keys before it that it reads (in the transaction
+//! that queues it, and at every later read of its place; the first key for `try_acquire`): a
+//! writer the key just ahead of it, a reader every key that can block it, a permit every key
+//! before it. A semaphore of another N, or a semaphore used as a lock, answers
+//! [`Error::Mismatch`](distlock_core::Error::Mismatch), and the attempt's abandon removes its
+//! key. Two kinds racing on one name can still both queue for a moment; the holding rule
+//! above keeps that safe, and the later reads refuse the one that queued behind the other
+//! (not only the other's key that happened to be the newest when it queued).
 //!
 //! # Wake-ups: each waiter watches only what blocks it
 //!
@@ -40,10 +43,10 @@
 //!   deletion of each of those names is one fewer, and when fewer than N are left it holds,
 //!   with no read (`wake::PermitCount` says why the count is exact). A release thus hands its
 //!   permit to the first waiter in one watch event, as the mutex's does; every waiter behind
-//!   counts the same event and moves up one place without a request. Behind a key of another
-//!   kind (two kinds racing on one name), or once the count cannot be trusted (the waiter's
-//!   own key deleted, a watch cancelled or started after the read), any deletion sends the
-//!   waiter back to read. The watches do not ask for each deleted key's last version
+//!   counts the same event and moves up one place without a request. Once the count cannot
+//!   be trusted (the waiter's own key deleted, a watch cancelled or started after the read),
+//!   any deletion sends the waiter back to read (and a key of another kind ahead refuses it,
+//!   see Mismatch above). The watches do not ask for each deleted key's last version
 //!   (`prev_kv`), which etcd reads from its store for every watch and every event.
 //!
 //! A permit waiter's range watch is kept by the client between waits like a predecessor
@@ -65,26 +68,21 @@ use crate::error::{map_err, protocol};
 use crate::keys;
 use crate::wake::{Blocker, PermitCount};
 
-/// Where a permit stands, from the keys before it.
+/// Where a permit stands, from the keys before it (all permits of its N: a key of another
+/// kind refuses it, see [`EtcdAttempt::check_kinds`]).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum PermitPlace {
-    /// Fewer than N keys before it, all permits of N: it holds.
+    /// Fewer than N keys before it: it holds.
     Holder,
-    /// N or more keys before it, all permits of N: it waits, counting them (see
-    /// [`PermitCount`]).
+    /// N or more keys before it: it waits, counting them (see [`PermitCount`]).
     Waiting { ahead: usize },
-    /// Behind a key of another kind: it waits, reading again after each deletion.
-    Blocked,
 }
 
-/// Classifies a permit of `permits` from the kinds of all the keys before it (any order).
-pub(crate) fn permit_place(kinds: &[distlock_core::LockKind], permits: u32) -> PermitPlace {
-    let ours = distlock_core::LockKind::Permit { permits };
+/// Classifies a permit of `permits` behind `ahead` keys, all permits of its N.
+pub(crate) fn permit_place(ahead: usize, permits: u32) -> PermitPlace {
     let n = usize::try_from(permits).unwrap_or(usize::MAX);
-    if kinds.iter().any(|k| *k != ours) {
-        PermitPlace::Blocked
-    } else if kinds.len() >= n {
-        PermitPlace::Waiting { ahead: kinds.len() }
+    if ahead >= n {
+        PermitPlace::Waiting { ahead }
     } else {
         PermitPlace::Holder
     }
@@ -252,13 +250,12 @@ impl EtcdAttempt {
             .pop()
             .ok_or_else(|| protocol("a transaction answered without its read"))?;
         self.rev = Some(revision);
-        let Some(pred) = before.kvs().first() else {
+        if before.kvs().is_empty() {
             return Ok(Some(self.acquired(slot, revision, lease_started)?));
-        };
-        // Held as another kind: the abandon that follows the error removes our key.
-        self.check_kind(pred.key())?;
-        // The keys before ours (the read runs before the put).
-        let place = self.place_permit(&before, permits);
+        }
+        // The keys before ours (the read runs before the put); held or queued as another
+        // kind: the abandon that follows the error removes our key.
+        let place = self.place_permit(&before, permits)?;
         if place == PermitPlace::Holder {
             return Ok(Some(self.acquired(slot, revision, lease_started)?));
         }
@@ -270,14 +267,15 @@ impl EtcdAttempt {
         )))
     }
 
-    /// Where a permit of `permits` stands behind the keys of `before` (every key before ours).
-    fn place_permit(&self, before: &etcd_client::GetResponse, permits: u32) -> PermitPlace {
-        let kinds: Vec<_> = before
-            .kvs()
-            .iter()
-            .map(|kv| keys::key_kind(self.key.range(), kv.key()))
-            .collect();
-        permit_place(&kinds, permits)
+    /// Where a permit of `permits` stands behind the keys of `before` (every key before
+    /// ours); [`Error::Mismatch`](distlock_core::Error::Mismatch) behind a key of another kind.
+    fn place_permit(
+        &self,
+        before: &etcd_client::GetResponse,
+        permits: u32,
+    ) -> distlock_core::Result<PermitPlace> {
+        self.check_kinds(before.kvs())?;
+        Ok(permit_place(before.kvs().len(), permits))
     }
 
     /// `acquire` of a permit, later steps (when its count does not say it holds, see
@@ -319,7 +317,7 @@ impl EtcdAttempt {
         }
         let revision = header_revision(resp.header())?;
         let mut before = get_of(resp.op_responses().into_iter().next())?;
-        match self.place_permit(&before, permits) {
+        match self.place_permit(&before, permits)? {
             PermitPlace::Holder => Ok(Some(self.acquired(slot, rev, lease_started)?)),
             place => Ok(Some(self.wait_permit(
                 &place,
@@ -346,7 +344,7 @@ impl EtcdAttempt {
                 permits,
                 self.key.key.clone(),
             )),
-            _ => None,
+            PermitPlace::Holder => None,
         };
         let blocker = Blocker::range(self.key.range().to_owned());
         self.watch_target = Some((blocker, revision + 1));
@@ -357,26 +355,12 @@ impl EtcdAttempt {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use distlock_core::LockKind;
 
     #[test]
     fn a_permit_waiter_knows_its_place() {
-        let p = |permits| LockKind::Permit { permits };
-        assert_eq!(permit_place(&[], 2), PermitPlace::Holder);
-        assert_eq!(permit_place(&[p(2)], 2), PermitPlace::Holder);
-        assert_eq!(
-            permit_place(&[p(2), p(2)], 2),
-            PermitPlace::Waiting { ahead: 2 }
-        );
-        assert_eq!(
-            permit_place(&[p(2); 3], 2),
-            PermitPlace::Waiting { ahead: 3 }
-        );
-        // Behind a key of another kind, whatever the count.
-        assert_eq!(
-            permit_place(&[LockKind::Exclusive], 2),
-            PermitPlace::Blocked
-        );
-        assert_eq!(permit_place(&[p(3), p(2)], 2), PermitPlace::Blocked);
+        assert_eq!(permit_place(0, 2), PermitPlace::Holder);
+        assert_eq!(permit_place(1, 2), PermitPlace::Holder);
+        assert_eq!(permit_place(2, 2), PermitPlace::Waiting { ahead: 2 });
+        assert_eq!(permit_place(3, 2), PermitPlace::Waiting { ahead: 3 });
     }
 }

@@ -178,3 +178,51 @@ async fn observers_are_woken_by_shared_and_permit_holders() {
         );
     }
 }
+
+/// An attempt queued behind a key of another kind is refused, whether that key is the one
+/// just ahead of it or further: a left-over key of its own kind in between (here a crashed
+/// process's, whose lease runs 2 s) hid the foreign key from the check of the newest key
+/// only, and the attempt waited for the foreign holder to go, to take a name used as
+/// another kind.
+#[tokio::test]
+async fn a_foreign_kind_behind_a_key_of_ours_refuses_the_attempt() {
+    let Some(etcd) = single().await else { return };
+    let (a, b) = (etcd.client().await.unwrap(), etcd.client().await.unwrap());
+    let waits = |opts: AcquireOptions| opts.with_ttl(TTL).with_wait(Duration::from_secs(4));
+    // (what holds, the crashed key's kind tag, what then asks)
+    let cases = [
+        (
+            AcquireOptions::default(),
+            "p2.",
+            waits(AcquireOptions::default().with_permits(2)),
+        ),
+        (
+            AcquireOptions::default().with_permits(2),
+            "",
+            waits(AcquireOptions::default().shared()),
+        ),
+        (
+            AcquireOptions::default().with_permits(2),
+            "",
+            waits(AcquireOptions::default()),
+        ),
+    ];
+    for (held, crashed, asks) in cases {
+        let name = unique("foreign-behind");
+        let holder = a
+            .acquire(&name, &held.clone().with_ttl(Duration::from_secs(30)))
+            .await
+            .expect("the holder");
+        crashed_holder(&etcd, &name, crashed).await;
+        let started = Instant::now();
+        let got = b.acquire(&name, &asks).await;
+        assert!(
+            matches!(got, Err(distlock_core::Error::Mismatch { .. })),
+            "{:?} behind a crashed {crashed:?} key and a {:?} holder: {got:?} after {:?}",
+            asks.kind,
+            held.kind,
+            started.elapsed()
+        );
+        holder.release().await.expect("release");
+    }
+}
