@@ -691,15 +691,19 @@ mod tests {
     /// answer is lost (made here, as that put would have been stored); then the holder ahead
     /// leaves, and `pause` later the waiter polls. Its next put finds the key: it must hold on
     /// the client's new lease, which it keeps alive.
+    /// The test server's configuration under a prefix of its own (`label` and a random part);
+    /// `None` without a server.
+    fn config(label: &str) -> Option<EtcdConfig> {
+        let endpoints = conformance_tests::server_var("etcd", "DISTLOCK_TEST_ETCD_ENDPOINTS")?;
+        let prefix = format!("{label}-{}", uuid::Uuid::new_v4().simple());
+        let config = EtcdConfig::new(endpoints.split(',')).and_then(|c| c.with_prefix(&prefix));
+        Some(config.expect("etcd endpoints"))
+    }
+
     async fn lost_put_on_a_new_lease(pause: Duration, foreign: bool) {
-        let Some(endpoints) = conformance_tests::server_var("etcd", "DISTLOCK_TEST_ETCD_ENDPOINTS")
-        else {
+        let Some(config) = config("lost-put") else {
             return;
         };
-        let prefix = format!("lost-put-{}", uuid::Uuid::new_v4().simple());
-        let config = EtcdConfig::new(endpoints.split(','))
-            .and_then(|c| c.with_prefix(&prefix))
-            .expect("etcd endpoints");
         let holder = crate::connect_with(config.clone(), ClientConfig::default())
             .await
             .expect("connect the holder");
@@ -796,6 +800,55 @@ mod tests {
                 .await
                 .expect("revoke");
         }
+    }
+
+    /// A release whose first attempt went unanswered and whose repeat found the key gone
+    /// counts as done only while the key's lease lives: a key gone with its lease (expired
+    /// while the holder paused) is a loss, which the release's stop of the watchdog would
+    /// otherwise hide.
+    #[tokio::test]
+    async fn an_unanswered_release_of_a_key_gone_with_its_lease_is_a_loss() {
+        let Some(config) = config("gone-lease") else {
+            return;
+        };
+        let backend = EtcdBackend::connect(&config, Duration::from_secs(5))
+            .await
+            .expect("connect");
+        let shared = backend.shared.clone();
+        let request = AcquireRequest::new(
+            LockName::new("gone-lease").expect("name"),
+            Arc::from("gone-lease-holder"),
+            Duration::from_secs(20),
+            AttemptMode::Try,
+            LockKind::Exclusive,
+        );
+        let mut attempt = EtcdAttempt::new(&shared, request);
+        let step = attempt.poll().await.expect("poll");
+        assert!(matches!(step, Step::Acquired(_)), "not held: {step:?}");
+        let key = attempt.key.clone();
+        let read = shared.client.kv_client().get(key.key.clone(), None).await;
+        let rev = read.expect("read the key").kvs()[0].create_revision();
+        let lease = crate::lease::EtcdLease {
+            shared: shared.clone(),
+            slot: attempt.slot.clone().expect("held on a lease"),
+            key,
+            rev,
+            owner: Arc::from("gone-lease-holder"),
+        };
+        assert!(
+            lease.gone_by_our_delete().await,
+            "a key gone while its lease lives counts as deleted by the release"
+        );
+        shared
+            .client
+            .lease_client()
+            .revoke(lease.slot.id)
+            .await
+            .expect("revoke the holder's lease");
+        assert!(
+            !lease.gone_by_our_delete().await,
+            "a key gone with its lease counted as released"
+        );
     }
 
     /// Polled at once, while its dead lease's last refresh is recent (less than a tenth of

@@ -44,8 +44,8 @@ impl EtcdLease {
     }
 
     /// Deletes our key if it is still the one we created (by its create revision); true if
-    /// it was. A lost answer is repeated only if the request never left: a repeated delete
-    /// whose first answer was lost would find nothing and answer "not held".
+    /// it was, or if an attempt went unanswered and the repeat found the key gone with its
+    /// lease still alive (see [`Self::gone_by_our_delete`]).
     async fn delete_ours(&self, what: &str) -> Result<bool> {
         // Compared on our key's create revision, which no later key can have: safe to send
         // again after an unanswered attempt or any transport failure (CI, 2026-11-26: a
@@ -56,10 +56,23 @@ impl EtcdLease {
             .await?;
         // The key of this acquisition is gone either way (nobody else puts it).
         self.key.deleted();
-        // After an unanswered attempt, a key found gone was most likely deleted by that
-        // attempt: the release counts as done (a loss before it is reported by the guard's
-        // renewal, not here).
-        Ok(succeeded || unanswered)
+        if succeeded || !unanswered {
+            return Ok(succeeded);
+        }
+        Ok(self.gone_by_our_delete().await)
+    }
+
+    /// After an unanswered attempt, a repeat that found our key gone: whether that attempt
+    /// deleted it (the key's lease still lives), not the lease's end, which took the key
+    /// before the release: a loss that the guard's renewal no longer reports (a release stops
+    /// it). A forced release (`distlock unlock --force`) cannot be told from our own deletion;
+    /// a lease that cannot be asked about counts as living (the release as done).
+    pub(crate) async fn gone_by_our_delete(&self) -> bool {
+        let alive = self
+            .slot
+            .keep_alive(&self.shared.client, &self.shared.members, Instant::now())
+            .await;
+        alive.unwrap_or(true)
     }
 
     /// Applies `op` in a transaction comparing our key's create revision with ours, sent

@@ -89,8 +89,12 @@
 //! **Failover.** The client balances over all endpoints. A request routed to a member that just
 //! went down fails before the balancer skips that member, so acquire steps, key checks and
 //! `inspect` (all safe to repeat: a repeated put finds its own key) are retried at once up to
-//! four times (10-80 ms apart); a release only when the request certainly never left (a failed
-//! connection), since a repeated delete could not tell a lost answer from a lost lock.
+//! four times (10-80 ms apart), and a release too (its delete compares our key's create
+//! revision). A repeat of a release whose first answer was lost that finds the key gone cannot
+//! tell from the key alone whether that first delete took it or the lock was lost before:
+//! it asks whether the key's lease lives (a keepalive). Alive, the release counts as done (a
+//! forced release in between cannot be told from ours); gone, the key went with it, and the
+//! release answers `NotHeld`.
 //!
 //! **The reaper.** Because the lease is shared, a guard that stops renewing (renewal disabled,
 //! hold limit reached, [`abandon`](distlock_core::LockGuard::abandon)) would stay held as long as
