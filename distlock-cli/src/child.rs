@@ -9,8 +9,8 @@
 //!   group is gone (and reap it) before it releases the lock.
 //! - When distlock runs in the foreground of a terminal, the command's group gets the terminal
 //!   (as a shell does for a job), so an interactive command can read it and Ctrl-C reaches it.
-//! - distlock ignores the signals that stop a job (SIGTSTP, SIGTTOU) while its command runs:
-//!   a stopped distlock would neither renew nor kill (see `never_stop`).
+//! - distlock ignores the signals that stop a job (SIGTSTP, SIGTTOU) from its command's start
+//!   on: a stopped distlock would neither renew nor kill (see `never_stop`).
 //! - A supervisor and, where one can be made, a cgroup v2 leaf catch what the parent-death
 //!   signal does not: the processes the command started (see `contain.rs`).
 

@@ -5,7 +5,7 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock::{AcquireOptions, DistributedLock, Error, LockGuard, LockKind, Renewal};
+use distlock::{AcquireOptions, DistributedLock, Error, LockGuard, LockKind, LossReason, Renewal};
 
 use crate::upgrade::{Control, Hold, Request};
 use nix::sys::signal::Signal;
@@ -441,21 +441,16 @@ where
             }
         }
     };
-    // Stragglers of the command stop before the lock is released, never after. They too must
-    // be gone before the lease ends, and at once when the lock is lost: the grace is for a
-    // lock still held.
     let kill_at = deadline.signals(hold.valid_until()).1;
-    tokio::select! {
-        () = group.finish(holding.grace, quiet) => {}
-        () = tokio::time::sleep_until(kill_at.into()) => group.kill().await,
-        reason = &mut lost => {
-            crate::out::stderr_line(format!(
-                "distlock: {} ({reason}); killing what the command left running",
-                role.lost(name)
-            ));
-            group.kill().await;
-            return Ok(LOST);
-        }
+    let draining = Draining {
+        grace: holding.grace,
+        quiet,
+        kill_at,
+        role,
+        name,
+    };
+    if !draining.drain(&mut group, &mut lost).await {
+        return Ok(LOST);
     }
     if !release_after(hold, name, after, &mut signals).await || terminated {
         return Ok(LOST);
@@ -508,10 +503,10 @@ struct Serving<'a> {
 /// command is held to the lease of what the change keeps throughout (the gate) as the run's
 /// loop holds it to the hold's: terminated when renewals fail, killed before that lease ends
 /// or at once when it is lost. A command that exits meanwhile (its `distlock upgrade` killed
-/// by a timeout or a Ctrl-C) ends the run as it would have without the request: what it left
-/// running is stopped first, then the request is given up (what it holds is released in the
-/// background, or expires). The hold afterwards, or the exit code the run ends with (the
-/// command killed, or exited).
+/// by a timeout or a Ctrl-C) ends the run with its status: what it left running is stopped
+/// first, then the request is given up. What the request held (the gate, a place in the
+/// name's queue) is then not released: distlock exits, and it expires with its lease. The
+/// hold afterwards, or the exit code the run ends with (the command killed, or exited).
 async fn serve(
     hold: Hold,
     request: Request,
@@ -554,17 +549,19 @@ async fn serve(
                 ends.set(running_out(&valid_until, deadline, *terminated));
             }
             status = group.wait() => {
-                let code = status.map_or(OTHER, exit_code);
-                let kill_at = deadline.signals(kept.valid_until()).1;
-                tokio::select! {
-                    () = group.finish(grace, quiet) => {}
-                    () = tokio::time::sleep_until(kill_at.into()) => group.kill().await,
-                    _ = &mut lost => {
-                        group.kill().await;
-                        return Err(LOST);
+                let code = match status {
+                    Ok(status) => exit_code(status),
+                    Err(err) => {
+                        crate::out::stderr_line(format!("distlock: waiting for the command: {err}"));
+                        OTHER
                     }
+                };
+                let kill_at = deadline.signals(kept.valid_until()).1;
+                let draining = Draining { grace, quiet, kill_at, role, name };
+                if !draining.drain(group, &mut lost).await || *terminated || kept.is_lost() {
+                    return Err(LOST);
                 }
-                return Err(if *terminated { LOST } else { code });
+                return Err(code);
             }
         }
     };
@@ -578,6 +575,44 @@ async fn serve(
                  command"
             ));
             Err(LOST)
+        }
+    }
+}
+
+/// How the processes a command left running are stopped once it exited (see
+/// [`Draining::drain`]).
+struct Draining<'a> {
+    /// `--grace` between their SIGTERM and SIGKILL.
+    grace: Duration,
+    /// No notes about them.
+    quiet: bool,
+    /// When they are killed whatever the grace: the lease is about to end.
+    kill_at: Instant,
+    role: Role,
+    name: &'a str,
+}
+
+impl Draining<'_> {
+    /// Stops what the command left running before the lock is released, never after: SIGTERM,
+    /// SIGKILL after the grace, at `kill_at` at the latest, and at once when `lost` resolves
+    /// (the grace is for a lock still held; a loss known already comes first). `false` when
+    /// the lock was lost.
+    async fn drain(self, group: &mut CommandGroup, lost: impl Future<Output = LossReason>) -> bool {
+        tokio::select! {
+            biased;
+            reason = lost => {
+                group.kill().await;
+                crate::out::stderr_line(format!(
+                    "distlock: {} ({reason}); killed what the command left running",
+                    self.role.lost(self.name)
+                ));
+                false
+            }
+            () = group.finish(self.grace, self.quiet) => true,
+            () = tokio::time::sleep_until(self.kill_at.into()) => {
+                group.kill().await;
+                true
+            }
         }
     }
 }

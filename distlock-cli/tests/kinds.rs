@@ -428,10 +428,10 @@ fn a_command_that_exits_while_its_upgrade_waits_ends_the_run() {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    assert_eq!(status.code(), Some(3), "the command's exit status");
-    // The reader is still reading; a writer gets the gate once it is done (within the 3 s
-    // ttl of what the run gave up, at the latest).
     std::fs::write(env.path("r.done"), "").expect("reader done");
+    assert_eq!(status.code(), Some(3), "the command's exit status");
+    // A writer gets the gate and the name once the reader is done and what the run gave up
+    // expired (the gate, a place in the queue: within their 3 s ttl).
     wait_success(reader);
     let out = env.run(&[
         "run",

@@ -9,6 +9,7 @@
 mod common;
 
 use common::{BIN, Env, alive};
+use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -215,6 +216,7 @@ fn a_terminal_set_to_tostop_does_not_stop_distlock() {
     let script = Command::new("script")
         .args(["-qec", &inner, "/dev/null"])
         .env("SHELL", "bash")
+        .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -242,7 +244,6 @@ fn a_terminal_set_to_tostop_does_not_stop_distlock() {
 /// SIGTSTP, so a force-unlock still kills the command at once.
 #[test]
 fn a_stop_signal_does_not_stop_distlock() {
-    use std::os::unix::process::CommandExt as _;
     let env = Env::new();
     let mut run = env.distlock(&[
         "run",
@@ -609,7 +610,7 @@ fn a_lock_lost_while_leftovers_drain_kills_them_at_once() {
     assert!(unlocked.elapsed() < Duration::from_secs(8));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("killing what the command left running"),
+        stderr.contains("killed what the command left running"),
         "{stderr}"
     );
 }
