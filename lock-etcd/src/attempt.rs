@@ -835,8 +835,11 @@ mod tests {
             rev,
             owner: Arc::from("gone-lease-holder"),
         };
+        // Answered: what the delete said.
+        assert!(lease.deleted_by_us(true, false).await);
+        assert!(!lease.deleted_by_us(false, false).await);
         assert!(
-            lease.gone_by_our_delete().await,
+            lease.deleted_by_us(false, true).await,
             "a key gone while its lease lives counts as deleted by the release"
         );
         shared
@@ -846,8 +849,12 @@ mod tests {
             .await
             .expect("revoke the holder's lease");
         assert!(
-            !lease.gone_by_our_delete().await,
+            !lease.deleted_by_us(false, true).await,
             "a key gone with its lease counted as released"
+        );
+        assert!(
+            lease.deleted_by_us(true, true).await,
+            "a delete that took the key"
         );
     }
 

@@ -45,7 +45,7 @@ impl EtcdLease {
 
     /// Deletes our key if it is still the one we created (by its create revision); true if
     /// it was, or if an attempt went unanswered and the repeat found the key gone with its
-    /// lease still alive (see [`Self::gone_by_our_delete`]).
+    /// lease still alive (see [`Self::deleted_by_us`]).
     async fn delete_ours(&self, what: &str) -> Result<bool> {
         // Compared on our key's create revision, which no later key can have: safe to send
         // again after an unanswered attempt or any transport failure (CI, 2026-11-26: a
@@ -56,18 +56,20 @@ impl EtcdLease {
             .await?;
         // The key of this acquisition is gone either way (nobody else puts it).
         self.key.deleted();
-        if succeeded || !unanswered {
-            return Ok(succeeded);
-        }
-        Ok(self.gone_by_our_delete().await)
+        Ok(self.deleted_by_us(succeeded, unanswered).await)
     }
 
-    /// After an unanswered attempt, a repeat that found our key gone: whether that attempt
-    /// deleted it (the key's lease still lives), not the lease's end, which took the key
-    /// before the release: a loss that the guard's renewal no longer reports (a release stops
-    /// it). A forced release (`distlock unlock --force`) cannot be told from our own deletion;
-    /// a lease that cannot be asked about counts as living (the release as done).
-    pub(crate) async fn gone_by_our_delete(&self) -> bool {
+    /// Whether a delete of our key that `succeeded` (or not) after attempts of which one went
+    /// `unanswered` (or none) took the key. A repeat that found the key gone after an
+    /// unanswered attempt asks whether the key's lease lives: alive, that attempt deleted it;
+    /// gone, the lease's end took the key before the release, a loss that the guard's renewal
+    /// no longer reports (a release stops it). A forced release (`distlock unlock --force`)
+    /// cannot be told from our own deletion; a lease that cannot be asked about counts as
+    /// living (the release as done).
+    pub(crate) async fn deleted_by_us(&self, succeeded: bool, unanswered: bool) -> bool {
+        if succeeded || !unanswered {
+            return succeeded;
+        }
         let alive = self
             .slot
             .keep_alive(&self.shared.client, &self.shared.members, Instant::now())
